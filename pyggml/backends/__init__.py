@@ -1,0 +1,1 @@
+"""Backends: one package each (`cpu`, ...), each subclassing `Buffer` and `Backend`."""

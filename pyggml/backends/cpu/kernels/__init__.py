@@ -1,0 +1,80 @@
+"""The CPU backend's kernel table: one kernel per op.
+
+A kernel *prepares* one node. It gets the node, numpy views of its destination
+and sources, and the compute settings, and returns a function of no arguments
+that computes the node into `dst` (writing into dst's memory: `out=`, slice
+assignment; never rebinding). Preparing once and calling many times is what
+makes a graph plan cheap to recompute.
+
+Views (made by `pyggml.core.memory.view`): 4-D, shape (ne3, ne2, ne1, ne0),
+strides reversed `nb`, so permuted and transposed sources arrive as strided
+views. Quantized types come as raw blocks (ne3, ne2, ne1, row bytes) of uint8,
+BF16 as uint16. `srcs[i]` is None where `node.src[i]` is None.
+
+Kernels read their parameters from `node.op_params` at prepare time and may
+take scratch memory from `params.work` (shared by all nodes of a graph, since
+they run one after another).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pyggml.core.tensor import GGMLOp, Tensor
+
+
+class WorkArea:
+    """The backend's reusable scratch memory (ggml's `work_data`)."""
+
+    def __init__(self) -> None:
+        self.data = np.zeros(0, dtype=np.uint8)
+
+    def get(self, nbytes: int) -> np.ndarray:
+        """At least `nbytes` of scratch (uint8), valid until the next larger request."""
+        if self.data.nbytes < nbytes:
+            self.data = np.zeros(nbytes, dtype=np.uint8)
+        return self.data[:nbytes]
+
+    @property
+    def size(self) -> int:
+        return self.data.nbytes
+
+
+@dataclass
+class ComputeParams:
+    n_threads: int = 1
+    work: WorkArea = field(default_factory=WorkArea)
+
+
+Compute = Callable[[], None]
+Kernel = Callable[[Tensor, np.ndarray, list[np.ndarray | None], ComputeParams], Compute]
+
+
+def _noop() -> None:
+    pass
+
+
+def view_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
+    """VIEW, RESHAPE, PERMUTE, TRANSPOSE (and NONE): nothing to compute."""
+    return _noop
+
+
+def _table() -> dict[GGMLOp, Kernel]:
+    from pyggml.backends.cpu.kernels import conv, custom, elementwise, layout, matmul, norm, reduce
+
+    table: dict[GGMLOp, Kernel] = {
+        GGMLOp.NONE: view_kernel,
+        GGMLOp.VIEW: view_kernel,
+        GGMLOp.RESHAPE: view_kernel,
+        GGMLOp.PERMUTE: view_kernel,
+        GGMLOp.TRANSPOSE: view_kernel,
+    }
+    for module in (elementwise, layout, reduce, norm, matmul, conv, custom):
+        table.update(module.KERNELS)
+    return table
+
+
+KERNELS: dict[GGMLOp, Kernel] = _table()

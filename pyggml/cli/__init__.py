@@ -1,0 +1,5 @@
+"""The `pyggml` command."""
+
+from pyggml.cli.main import main
+
+__all__ = ["main"]

@@ -1,0 +1,64 @@
+"""The error hierarchy: every bad input raises a subclass of `GGMLError`.
+
+Each class also derives from the closest built-in exception, so code that
+catches `ValueError` or `MemoryError` keeps working. Messages name the tensor
+and the numbers involved.
+"""
+
+from __future__ import annotations
+
+
+class GGMLError(Exception):
+    """Base class of every error pyggml raises on bad input."""
+
+
+class ShapeError(GGMLError, ValueError):
+    """An op's operands have shapes or layouts its shape rule rejects."""
+
+
+class ArgumentError(GGMLError, ValueError):
+    """An argument is out of its range (a dimension, a name, an op parameter)."""
+
+
+class UnsupportedTypeError(GGMLError, TypeError):
+    """A tensor type that an op, a conversion or a backend cannot handle."""
+
+
+class ContextFullError(GGMLError, MemoryError):
+    """A `Context`'s memory pool has no room for another tensor or graph."""
+
+
+class NotAllocatedError(GGMLError):
+    """A tensor has no memory (its `data` is None) where memory is needed."""
+
+
+class OutOfBoundsError(GGMLError, IndexError):
+    """A read or write outside a tensor's bytes or a buffer's range."""
+
+
+class LayoutError(GGMLError, ValueError):
+    """Two tensors that must have the same type, `ne` and `nb` do not."""
+
+
+class BufferFreedError(GGMLError):
+    """A buffer (or a backend) was used after it was freed."""
+
+
+class OutOfMemoryError(GGMLError, MemoryError):
+    """An allocator or a buffer has no block large enough."""
+
+
+class LimitExceededError(GGMLError):
+    """A named limit of the seed (MAX_FREE_BLOCKS, GGML_MAX_SPLITS, ...) was exceeded."""
+
+
+class UnsupportedOpError(GGMLError, NotImplementedError):
+    """A backend was asked to compute an op it does not support."""
+
+
+class GraphError(GGMLError):
+    """A graph is full, or is used in a way its allocation does not allow."""
+
+
+class GGUFError(GGMLError, ValueError):
+    """A GGUF file is malformed, truncated, or holds something unsupported."""

@@ -1,0 +1,96 @@
+"""Host memory: a registry of numpy arrays by real address.
+
+Every host allocation (a context's arena, a CPU buffer, caller memory handed to
+`cpu_buffer_from_ptr`) registers its numpy array here, so any tensor whose
+`data` address falls inside host memory can be viewed zero-copy by address, as
+C code would dereference the pointer.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+import numpy as np
+
+from pyggml.core.errors import NotAllocatedError, OutOfBoundsError
+from pyggml.core.tensor import Tensor, nbytes_of
+from pyggml.core.types import TYPE_TRAITS, GGMLType
+
+# parallel lists sorted by base address
+_bases: list[int] = []
+_ends: list[int] = []
+_arrays: list[np.ndarray] = []
+
+
+def address_of(array: np.ndarray) -> int:
+    return int(array.__array_interface__["data"][0])
+
+
+def register(array: np.ndarray) -> int:
+    """Make `array` (1-D uint8, C-contiguous) reachable by address; returns its base."""
+    if array.dtype != np.uint8 or array.ndim != 1 or not array.flags.c_contiguous:
+        array = array.reshape(-1).view(np.uint8)
+    base = address_of(array)
+    i = bisect.bisect_right(_bases, base)
+    _bases.insert(i, base)
+    _ends.insert(i, base + array.nbytes)
+    _arrays.insert(i, array)
+    return base
+
+
+def unregister(array: np.ndarray) -> None:
+    base = address_of(array.reshape(-1).view(np.uint8) if array.ndim != 1 else array)
+    for i in range(bisect.bisect_left(_bases, base), len(_bases)):
+        if _bases[i] != base:
+            break
+        if _arrays[i] is array or _ends[i] - _bases[i] == array.nbytes:
+            del _bases[i], _ends[i], _arrays[i]
+            return
+
+
+def find(addr: int, nbytes: int = 1) -> tuple[np.ndarray, int] | None:
+    """The registered array holding [addr, addr + nbytes) and the offset in it, or None."""
+    i = bisect.bisect_right(_bases, addr) - 1
+    while i >= 0:
+        if _bases[i] <= addr and addr + nbytes <= _ends[i]:
+            return _arrays[i], addr - _bases[i]
+        if _ends[i] <= addr and i < len(_bases) - 1:
+            break
+        i -= 1
+    return None
+
+
+def is_host_address(addr: int | None, nbytes: int = 1) -> bool:
+    return addr is not None and find(addr, nbytes) is not None
+
+
+def view(addr: int, type: GGMLType, ne: list[int], nb: list[int], name: str = "?") -> np.ndarray:
+    """A numpy view of host memory at `addr` with ggml's shape and strides.
+
+    Shape is (ne3, ne2, ne1, ne0) and strides reversed `nb`; quantized types
+    are viewed as raw blocks (ne3, ne2, ne1, row bytes) of uint8, BF16 as uint16.
+    """
+    tr = TYPE_TRAITS[type]
+    if tr.blck_size > 1:
+        dtype = np.dtype(np.uint8)
+        shape = (ne[3], ne[2], ne[1], ne[0] // tr.blck_size * tr.type_size)
+        strides = (nb[3], nb[2], nb[1], 1)
+    else:
+        dtype = tr.np_dtype
+        shape = (ne[3], ne[2], ne[1], ne[0])
+        strides = (nb[3], nb[2], nb[1], nb[0])
+    extent = nbytes_of(type, ne, nb)
+    found = find(addr, max(extent, 1))
+    if found is None:
+        raise OutOfBoundsError(
+            f"tensor '{name}': {extent} bytes at address {addr:#x} are not inside any host memory"
+        )
+    array, offset = found
+    return np.ndarray(shape, dtype=dtype, buffer=array, offset=offset, strides=strides)
+
+
+def tensor_view(t: Tensor) -> np.ndarray:
+    """Zero-copy numpy view of a tensor in host memory (see `view`)."""
+    if t.data is None:
+        raise NotAllocatedError(f"tensor '{t.name}' has no memory (data is None)")
+    return view(t.data, t.type, t.ne, t.nb, t.name)

@@ -1,0 +1,38 @@
+"""MUL_MAT and OUT_PROD."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pyggml.core.ops._build import require, set_op
+from pyggml.core.tensor import GGMLOp, Tensor
+from pyggml.core.types import GGMLType
+
+if TYPE_CHECKING:
+    from pyggml.core.context import Context
+
+
+def can_mul_mat(a: Tensor, b: Tensor) -> bool:
+    return a.ne[0] == b.ne[0] and b.ne[2] % a.ne[2] == 0 and b.ne[3] % a.ne[3] == 0
+
+
+def mul_mat(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
+    """a[K, M] x b[K, N] -> [M, N] (= b @ a.T in numpy terms); a broadcasts over dims 2 and 3."""
+    require(can_mul_mat(a, b), "mul_mat", "a.ne[0] must equal b.ne[0], and b.ne[2], b.ne[3] be multiples of a's",
+            a, b)
+    require(not a.is_transposed(), "mul_mat", "a must not be transposed", a)
+    result = ctx.new_tensor_4d(GGMLType.F32, a.ne[1], b.ne[1], b.ne[2], b.ne[3])
+    return set_op(result, GGMLOp.MUL_MAT, a, b)
+
+
+def can_out_prod(a: Tensor, b: Tensor) -> bool:
+    return a.ne[1] == b.ne[1] and b.ne[2] % a.ne[2] == 0 and b.ne[3] % a.ne[3] == 0
+
+
+def out_prod(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
+    """a[M, K] and b[N, K] -> [M, N]: sum over k of a[:, k] outer b[:, k]."""
+    require(can_out_prod(a, b), "out_prod", "a.ne[1] must equal b.ne[1], and b.ne[2], b.ne[3] be multiples of a's",
+            a, b)
+    require(not a.is_transposed(), "out_prod", "a must not be transposed", a)
+    result = ctx.new_tensor_4d(GGMLType.F32, a.ne[0], b.ne[0], a.ne[2], b.ne[3])
+    return set_op(result, GGMLOp.OUT_PROD, a, b)

@@ -1,0 +1,344 @@
+"""`Tensor`: ggml's `struct ggml_tensor`, with its field names and helpers.
+
+`ne` counts elements per dimension (`ne[0]` innermost), `nb` strides in bytes.
+A tensor owns no memory: `data` is an integer address (or None) and `buffer`
+the backend buffer that holds it; views point into their `view_src`.
+"""
+
+from __future__ import annotations
+
+import struct
+from enum import IntEnum, IntFlag
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from pyggml.core.errors import ArgumentError
+from pyggml.core.types import TYPE_TRAITS, GGMLType
+
+if TYPE_CHECKING:
+    from pyggml.core.context import Context
+
+GGML_MAX_DIMS = 4
+GGML_MAX_SRC = 10
+GGML_MAX_NAME = 64
+GGML_MAX_OP_PARAMS = 64  # bytes: 16 int32 words
+
+
+class GGMLOp(IntEnum):
+    """ggml's `enum ggml_op` (late 2023 order), plus CONV_1D/CONV_2D names for lookups."""
+
+    NONE = 0
+    DUP = 1
+    ADD = 2
+    ADD1 = 3
+    ACC = 4
+    SUB = 5
+    MUL = 6
+    DIV = 7
+    SQR = 8
+    SQRT = 9
+    LOG = 10
+    SUM = 11
+    SUM_ROWS = 12
+    MEAN = 13
+    ARGMAX = 14
+    REPEAT = 15
+    REPEAT_BACK = 16
+    CONCAT = 17
+    SILU_BACK = 18
+    NORM = 19
+    RMS_NORM = 20
+    RMS_NORM_BACK = 21
+    GROUP_NORM = 22
+    MUL_MAT = 23
+    MUL_MAT_ID = 24
+    OUT_PROD = 25
+    SCALE = 26
+    SET = 27
+    CPY = 28
+    CONT = 29
+    RESHAPE = 30
+    VIEW = 31
+    PERMUTE = 32
+    TRANSPOSE = 33
+    GET_ROWS = 34
+    GET_ROWS_BACK = 35
+    DIAG = 36
+    DIAG_MASK_INF = 37
+    DIAG_MASK_ZERO = 38
+    SOFT_MAX = 39
+    SOFT_MAX_BACK = 40
+    ROPE = 41
+    ROPE_BACK = 42
+    ALIBI = 43
+    CLAMP = 44
+    CONV_TRANSPOSE_1D = 45
+    IM2COL = 46
+    CONV_TRANSPOSE_2D = 47
+    POOL_1D = 48
+    POOL_2D = 49
+    UPSCALE = 50
+    PAD = 51
+    ARGSORT = 52
+    LEAKY_RELU = 53
+    FLASH_ATTN = 54
+    FLASH_FF = 55
+    FLASH_ATTN_BACK = 56
+    WIN_PART = 57
+    WIN_UNPART = 58
+    GET_REL_POS = 59
+    ADD_REL_POS = 60
+    UNARY = 61
+    MAP_UNARY = 62
+    MAP_BINARY = 63
+    MAP_CUSTOM1_F32 = 64
+    MAP_CUSTOM2_F32 = 65
+    MAP_CUSTOM3_F32 = 66
+    MAP_CUSTOM1 = 67
+    MAP_CUSTOM2 = 68
+    MAP_CUSTOM3 = 69
+    CROSS_ENTROPY_LOSS = 70
+    CROSS_ENTROPY_LOSS_BACK = 71
+    # ggml of late 2023 builds conv_1d/conv_2d as IM2COL + MUL_MAT; these two
+    # ids exist so that older code naming the ops still finds them.
+    CONV_1D = 72
+    CONV_2D = 73
+
+
+class UnaryOp(IntEnum):
+    ABS = 0
+    SGN = 1
+    NEG = 2
+    STEP = 3
+    TANH = 4
+    ELU = 5
+    RELU = 6
+    GELU = 7
+    GELU_QUICK = 8
+    SILU = 9
+    LEAKY = 10
+    HARDSWISH = 11
+    HARDSIGMOID = 12
+
+
+class TensorFlag(IntFlag):
+    INPUT = 1
+    OUTPUT = 2
+    PARAM = 4
+
+
+VIEW_OPS = frozenset({GGMLOp.VIEW, GGMLOp.RESHAPE, GGMLOp.PERMUTE, GGMLOp.TRANSPOSE})
+
+
+def is_view_op(op: GGMLOp) -> bool:
+    """ggml_is_view_op: ops whose result is a view of src[0] (no compute)."""
+    return op in VIEW_OPS
+
+
+class Tensor:
+    """ggml's tensor. Build tensors through a `Context`, not directly."""
+
+    __slots__ = (
+        "type", "ne", "nb", "op", "op_params", "flags", "src", "view_src", "view_offs",
+        "data", "buffer", "name", "extra", "ctx", "__weakref__",
+    )
+
+    def __init__(self, ctx: Context | None, type: GGMLType, ne: list[int], nb: list[int] | None = None) -> None:
+        self.type: GGMLType = type
+        self.ne: list[int] = list(ne) + [1] * (GGML_MAX_DIMS - len(ne))
+        if nb is None:
+            nb = default_strides(type, self.ne)
+        self.nb: list[int] = list(nb)
+        self.op: GGMLOp = GGMLOp.NONE
+        self.op_params: np.ndarray = np.zeros(GGML_MAX_OP_PARAMS // 4, dtype=np.int32)
+        self.flags: TensorFlag = TensorFlag(0)
+        self.src: list[Tensor | None] = [None] * GGML_MAX_SRC
+        self.view_src: Tensor | None = None
+        self.view_offs: int = 0
+        self.data: int | None = None
+        self.buffer: Any = None  # pyggml.backend.Buffer; typed loosely to keep core free of the backend layer
+        self.name: str = ""
+        self.extra: Any = None  # backend-specific per-tensor data (ggml's `extra`)
+        self.ctx: Context | None = ctx
+
+    # --- op parameters (ggml's int32 words) ---
+
+    def set_op_params(self, values: list[int | float] | tuple[int | float, ...]) -> None:
+        """Store ints as int32 words and floats as their float32 bits, in order."""
+        if len(values) > GGML_MAX_OP_PARAMS // 4:
+            raise ArgumentError(f"{len(values)} op params for '{self.name}', at most {GGML_MAX_OP_PARAMS // 4}")
+        self.op_params[:] = 0
+        for i, v in enumerate(values):
+            if isinstance(v, float):
+                self.op_params[i] = struct.unpack("<i", struct.pack("<f", v))[0]
+            else:
+                self.op_params[i] = int(v)
+
+    def get_op_params_i32(self, i: int) -> int:
+        return int(self.op_params[i])
+
+    def get_op_params_f32(self, i: int) -> float:
+        return float(self.op_params[i : i + 1].view(np.float32)[0])
+
+    def set_op_params_i32(self, i: int, value: int) -> None:
+        self.op_params[i] = value
+
+    def set_op_params_f32(self, i: int, value: float) -> None:
+        self.op_params[i : i + 1].view(np.float32)[0] = value
+
+    # --- flags ---
+
+    def set_input(self) -> Tensor:
+        self.flags |= TensorFlag.INPUT
+        return self
+
+    def set_output(self) -> Tensor:
+        self.flags |= TensorFlag.OUTPUT
+        return self
+
+    def set_param(self) -> Tensor:
+        self.flags |= TensorFlag.PARAM
+        return self
+
+    @property
+    def is_param(self) -> bool:
+        return bool(self.flags & TensorFlag.PARAM)
+
+    # --- names ---
+
+    def set_name(self, name: str) -> Tensor:
+        self.name = name[: GGML_MAX_NAME - 1]
+        return self
+
+    def format_name(self, fmt: str, *args: object) -> Tensor:
+        return self.set_name(fmt % args if args else fmt)
+
+    def get_name(self) -> str:
+        return self.name
+
+    # --- sizes ---
+
+    def nelements(self) -> int:
+        ne = self.ne
+        return ne[0] * ne[1] * ne[2] * ne[3]
+
+    def nrows(self) -> int:
+        ne = self.ne
+        return ne[1] * ne[2] * ne[3]
+
+    def nbytes(self) -> int:
+        """ggml_nbytes: the bytes from the first to one past the last element."""
+        return nbytes_of(self.type, self.ne, self.nb)
+
+    def element_size(self) -> int:
+        return TYPE_TRAITS[self.type].type_size
+
+    def row_size(self) -> int:
+        tr = TYPE_TRAITS[self.type]
+        return self.ne[0] * tr.type_size // tr.blck_size
+
+    def n_dims(self) -> int:
+        """ggml_n_dims: index of the last dimension above 1, plus one (at least 1)."""
+        for i in range(GGML_MAX_DIMS - 1, 0, -1):
+            if self.ne[i] > 1:
+                return i + 1
+        return 1
+
+    # --- layout predicates ---
+
+    def is_contiguous(self) -> bool:
+        tr = TYPE_TRAITS[self.type]
+        ne, nb = self.ne, self.nb
+        return (
+            nb[0] == tr.type_size
+            and nb[1] == nb[0] * ne[0] // tr.blck_size
+            and nb[2] == nb[1] * ne[1]
+            and nb[3] == nb[2] * ne[2]
+        )
+
+    def is_transposed(self) -> bool:
+        return self.nb[0] > self.nb[1]
+
+    def is_permuted(self) -> bool:
+        nb = self.nb
+        return nb[0] > nb[1] or nb[1] > nb[2] or nb[2] > nb[3]
+
+    def is_scalar(self) -> bool:
+        return self.ne == [1, 1, 1, 1]
+
+    def is_vector(self) -> bool:
+        return self.ne[1] == 1 and self.ne[2] == 1 and self.ne[3] == 1
+
+    def is_matrix(self) -> bool:
+        return self.ne[2] == 1 and self.ne[3] == 1
+
+    def is_view(self) -> bool:
+        return self.view_src is not None
+
+    # --- data access ---
+
+    def numpy(self) -> np.ndarray:
+        """A zero-copy numpy view of the tensor's memory (host memory only).
+
+        Shape is reversed `ne`, strides reversed `nb`; quantized types come as
+        raw uint8 blocks (last axis = row bytes). For other memory, use
+        `pyggml.backend.tensor_get_numpy`.
+        """
+        from pyggml.core.memory import tensor_view
+
+        return tensor_view(self)
+
+    def __repr__(self) -> str:
+        ne = "x".join(str(n) for n in self.ne[: self.n_dims()])
+        return f"Tensor('{self.name}', {self.type.name}, ne={ne}, op={self.op.name})"
+
+
+def default_strides(type: GGMLType, ne: list[int]) -> list[int]:
+    """Strides of a contiguous tensor (ggml_new_tensor_impl): rows padded to whole blocks."""
+    tr = TYPE_TRAITS[type]
+    nb0 = tr.type_size
+    nb1 = nb0 * (ne[0] // tr.blck_size)
+    nb2 = nb1 * ne[1]
+    nb3 = nb2 * ne[2]
+    return [nb0, nb1, nb2, nb3]
+
+
+def nbytes_of(type: GGMLType, ne: list[int], nb: list[int]) -> int:
+    """ggml_nbytes for a type, shape and strides."""
+    for n in ne:
+        if n <= 0:
+            return 0
+    tr = TYPE_TRAITS[type]
+    if tr.blck_size == 1:
+        size = tr.type_size
+        for i in range(GGML_MAX_DIMS):
+            size += (ne[i] - 1) * nb[i]
+        return size
+    size = ne[0] * nb[0] // tr.blck_size
+    for i in range(1, GGML_MAX_DIMS):
+        size += (ne[i] - 1) * nb[i]
+    return size
+
+
+def are_same_shape(a: Tensor, b: Tensor) -> bool:
+    return a.ne == b.ne
+
+
+def are_same_layout(a: Tensor, b: Tensor) -> bool:
+    """Same type, `ne` and `nb` (the seed's ggml_are_same_layout)."""
+    return a.type == b.type and a.ne == b.ne and a.nb == b.nb
+
+
+def can_repeat(a: Tensor, b: Tensor) -> bool:
+    """ggml_can_repeat: `a` tiles `b` (each of b's dims a multiple of a's)."""
+    return all(a.ne[i] > 0 and b.ne[i] % a.ne[i] == 0 for i in range(GGML_MAX_DIMS))
+
+
+def can_repeat_rows(a: Tensor, b: Tensor) -> bool:
+    return a.ne[0] == b.ne[0] and can_repeat(a, b)
+
+
+def shape_str(t: Tensor) -> str:
+    """'name' [ne0, ne1, ne2, ne3] type, for error messages."""
+    return f"'{t.name}' {t.type.name}{list(t.ne)}"
