@@ -1,8 +1,373 @@
-"""CPU kernels: elementwise ops."""
+"""CPU kernels: element-wise ops.
+
+Binary arithmetic (ADD, SUB, MUL, DIV, ADD1) with ggml's broadcasting (src1
+tiles over src0), ACC, the unary math ops (SQR, SQRT, LOG, SCALE, CLAMP,
+LEAKY_RELU) and UNARY's functions. F32 and F16 operands in any mix; values are
+computed in f32 and stored in dst's type, as ggml converts.
+
+Each kernel does its shape work once and returns a compute function that is a
+single numpy call where it can be (`functools.partial` of a ufunc with
+`out=dst`), so a plan of many tiny nodes costs little Python per node.
+Multi-step functions (GELU, SILU, ...) work in f32 scratch and write dst last,
+so in-place nodes (dst a view of src0) are safe.
+"""
 
 from __future__ import annotations
 
-from pyggml.backends.cpu.kernels import Kernel
-from pyggml.core.tensor import GGMLOp
+import functools
 
-KERNELS: dict[GGMLOp, Kernel] = {}
+import numpy as np
+
+from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
+from pyggml.backends.cpu.kernels._common import (
+    F32,
+    FLOAT_TYPES,
+    all_float,
+    collapse,
+    ggml_broadcast,
+    noop,
+    require_types,
+    same_memory,
+    scratch,
+)
+from pyggml.core.errors import ArgumentError, LayoutError, OutOfBoundsError, ShapeError
+from pyggml.core.tensor import GGMLOp, Tensor, UnaryOp
+
+# ggml.c's constants
+GELU_COEF_A = 0.044715
+GELU_QUICK_COEF = -1.702
+SQRT_2_OVER_PI = 0.79788456080286535587989211986876
+LEAKY_SLOPE = 0.1  # the old GGML_UNARY_OP_LEAKY
+
+
+# --- binary ops with broadcasting ---
+
+
+def _binary(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], ufunc: np.ufunc) -> Compute:
+    """dst = ufunc(src0, src1) with src1 tiled over src0 (each src0.ne[i] a multiple of src1.ne[i])."""
+    require_types(node, FLOAT_TYPES, node, node.src[0], node.src[1])
+    a, b = srcs[0], srcs[1]
+    assert a is not None and b is not None
+    if a.shape != dst.shape or any(n % m != 0 for n, m in zip(a.shape, b.shape, strict=True)):
+        raise ShapeError(f"CPU {node.op.name} '{node.name}': src1 {b.shape[::-1]} does not tile src0 "
+                         f"{a.shape[::-1]} into dst {dst.shape[::-1]} (ne order)")
+    if dst.size == 0:
+        return noop
+    (d, a), b = ggml_broadcast([dst, a], b)
+    d, a, b = collapse(d, a, np.broadcast_to(b, d.shape))
+    return functools.partial(ufunc, a, b, out=d)
+
+
+def add_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
+    return _binary(node, dst, srcs, np.add)
+
+
+def sub_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
+    return _binary(node, dst, srcs, np.subtract)
+
+
+def mul_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
+    return _binary(node, dst, srcs, np.multiply)
+
+
+def div_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
+    return _binary(node, dst, srcs, np.divide)
+
+
+def add1_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
+    """dst = src0 + the single value of src1."""
+    b = srcs[1]
+    assert b is not None
+    if b.size != 1:
+        raise ShapeError(f"CPU ADD1 '{node.name}': src1 must be a scalar, got ne {list(b.shape[::-1])}")
+    return _binary(node, dst, srcs, np.add)
+
+
+def acc_view(node: Tensor, dst: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """ACC/SET's window into dst: src1's shape at byte strides op_params[0:3], byte offset op_params[3].
+
+    As in ggml, dst must be contiguous and element stride is the element size.
+    """
+    nb1, nb2, nb3, offset = (int(node.op_params[i]) for i in range(4))
+    if not dst.flags.c_contiguous:
+        raise LayoutError(f"CPU {node.op.name} '{node.name}': dst must be contiguous")
+    strides = (nb3, nb2, nb1, dst.itemsize)
+    if min(strides) < 0 or offset < 0:
+        raise ArgumentError(f"CPU {node.op.name} '{node.name}': negative stride or offset "
+                            f"(nb1={nb1}, nb2={nb2}, nb3={nb3}, offset={offset})")
+    extent = offset + dst.itemsize + sum((n - 1) * s for n, s in zip(shape, strides, strict=True) if n > 0)
+    if any(n == 0 for n in shape):
+        extent = 0
+    if extent > dst.nbytes:
+        raise OutOfBoundsError(f"CPU {node.op.name} '{node.name}': the window of {list(shape[::-1])} at offset "
+                               f"{offset} with strides {[nb1, nb2, nb3]} ends at byte {extent}, "
+                               f"past dst's {dst.nbytes} bytes")
+    flat = dst.reshape(-1).view(np.uint8)
+    return np.ndarray(shape, dtype=dst.dtype, buffer=flat, offset=offset, strides=strides)
+
+
+def acc_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
+    """dst = src0, then dst's window (op_params: nb1, nb2, nb3, offset) += src1."""
+    require_types(node, FLOAT_TYPES, node, node.src[0], node.src[1])
+    a, b = srcs[0], srcs[1]
+    assert a is not None and b is not None
+    view = acc_view(node, dst, b.shape)
+    copy = not same_memory(dst, a)
+
+    def run() -> None:
+        if copy:
+            np.copyto(dst, a)
+        np.add(view, b, out=view)
+
+    return run
+
+
+# --- unary math ---
+
+
+def _unary_ufunc(node: Tensor, dst: np.ndarray, x: np.ndarray, ufunc: np.ufunc, *args: object) -> Compute:
+    """dst = ufunc(x, *args) in one call (numpy computes f16 through f32 and rounds once)."""
+    if dst.size == 0:
+        return noop
+    d, x = collapse(dst, x)
+    return functools.partial(ufunc, x, *args, out=d)
+
+
+def _src0(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None]) -> np.ndarray:
+    require_types(node, FLOAT_TYPES, node, node.src[0])
+    x = srcs[0]
+    assert x is not None
+    if x.shape != dst.shape:
+        raise ShapeError(f"CPU {node.op.name} '{node.name}': src0 ne {list(x.shape[::-1])} "
+                         f"and dst ne {list(dst.shape[::-1])} differ")
+    return x
+
+
+def sqr_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
+    return _unary_ufunc(node, dst, _src0(node, dst, srcs), np.square)
+
+
+def sqrt_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
+    return _unary_ufunc(node, dst, _src0(node, dst, srcs), np.sqrt)
+
+
+def log_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
+    return _unary_ufunc(node, dst, _src0(node, dst, srcs), np.log)
+
+
+def scale_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
+    """dst = src0 * s, s the f32 in op_params[0]."""
+    s = np.float32(node.get_op_params_f32(0))
+    return _unary_ufunc(node, dst, _src0(node, dst, srcs), np.multiply, s)
+
+
+def clamp_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
+    """dst = max(min(x, max), min), the bounds f32 in op_params[0] (min) and [1] (max), as ggml orders them."""
+    x = _src0(node, dst, srcs)
+    lo = np.float32(node.get_op_params_f32(0))
+    hi = np.float32(node.get_op_params_f32(1))
+    if dst.size == 0:
+        return noop
+    d, x = collapse(dst, x)
+
+    def run() -> None:
+        np.minimum(x, hi, out=d)
+        np.maximum(d, lo, out=d)
+
+    return run
+
+
+def _leaky(d: np.ndarray, x: np.ndarray, slope: float, params: ComputeParams) -> Compute:
+    """dst = max(x, 0) + slope * min(x, 0)."""
+    t, u = scratch(params, x.shape, x.shape)
+    s = np.float32(slope)
+
+    def run() -> None:
+        np.minimum(x, 0.0, out=t, dtype=F32)
+        np.multiply(t, s, out=t)
+        np.maximum(x, 0.0, out=u, dtype=F32)
+        np.add(t, u, out=d)
+
+    return run
+
+
+def leaky_relu_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None],
+                      params: ComputeParams) -> Compute:
+    """LEAKY_RELU with the negative slope f32 in op_params[0]."""
+    x = _src0(node, dst, srcs)
+    if dst.size == 0:
+        return noop
+    d, x = collapse(dst, x)
+    return _leaky(d, x, node.get_op_params_f32(0), params)
+
+
+# --- UNARY: one prepare function per ggml_unary_op ---
+
+
+def _elu(d: np.ndarray, x: np.ndarray, params: ComputeParams) -> Compute:
+    """x > 0 ? x : exp(x) - 1, computed as expm1(min(x, 0)) + max(x, 0)."""
+    t, u = scratch(params, x.shape, x.shape)
+
+    def run() -> None:
+        np.minimum(x, 0.0, out=t, dtype=F32)
+        np.expm1(t, out=t)
+        np.maximum(x, 0.0, out=u, dtype=F32)
+        np.add(t, u, out=d)
+
+    return run
+
+
+def _gelu(d: np.ndarray, x: np.ndarray, params: ComputeParams) -> Compute:
+    """0.5 x (1 + tanh(sqrt(2/pi) x (1 + a x^2))), ggml's tanh approximation, in f32.
+
+    ggml of late 2023 reads GELU from an f16 table (input and output rounded to
+    f16); this computes the formula in f32, so results differ from ggml's by at
+    most f16 rounding (about 1e-3 relative).
+    """
+    (t,) = scratch(params, x.shape)
+    a = np.float32(GELU_COEF_A)
+    c = np.float32(SQRT_2_OVER_PI)
+
+    def run() -> None:
+        np.multiply(x, x, out=t, dtype=F32)
+        np.multiply(t, a, out=t)
+        np.add(t, 1.0, out=t)
+        np.multiply(t, x, out=t)
+        np.multiply(t, c, out=t)
+        np.tanh(t, out=t)
+        np.add(t, 1.0, out=t)
+        np.multiply(t, x, out=t)
+        np.multiply(t, 0.5, out=d)
+
+    return run
+
+
+def _gelu_quick(d: np.ndarray, x: np.ndarray, params: ComputeParams) -> Compute:
+    """x / (1 + exp(-1.702 x)), in f32 (ggml's table rounds through f16, as for GELU)."""
+    (t,) = scratch(params, x.shape)
+    k = np.float32(GELU_QUICK_COEF)
+
+    def run() -> None:
+        np.multiply(x, k, out=t, dtype=F32)
+        np.exp(t, out=t)
+        np.add(t, 1.0, out=t)
+        np.divide(x, t, out=d, dtype=F32)
+
+    return run
+
+
+def _silu(d: np.ndarray, x: np.ndarray, params: ComputeParams) -> Compute:
+    """x / (1 + exp(-x)), in f32 (ggml's table rounds through f16, as for GELU)."""
+    (t,) = scratch(params, x.shape)
+
+    def run() -> None:
+        np.negative(x, out=t, dtype=F32)
+        np.exp(t, out=t)
+        np.add(t, 1.0, out=t)
+        np.divide(x, t, out=d, dtype=F32)
+
+    return run
+
+
+def _hardsigmoid_into(t: np.ndarray, x: np.ndarray) -> None:
+    """t = min(1, max(0, (x + 3) / 6))."""
+    np.add(x, 3.0, out=t, dtype=F32)
+    np.divide(t, 6.0, out=t)
+    np.clip(t, 0.0, 1.0, out=t)
+
+
+def _hardswish(d: np.ndarray, x: np.ndarray, params: ComputeParams) -> Compute:
+    """x * min(1, max(0, (x + 3) / 6))."""
+    (t,) = scratch(params, x.shape)
+
+    def run() -> None:
+        _hardsigmoid_into(t, x)
+        np.multiply(x, t, out=d, dtype=F32)
+
+    return run
+
+
+def _hardsigmoid(d: np.ndarray, x: np.ndarray, params: ComputeParams) -> Compute:
+    (t,) = scratch(params, x.shape)
+
+    def run() -> None:
+        _hardsigmoid_into(t, x)
+        np.copyto(d, t)
+
+    return run
+
+
+def _leaky_unary(d: np.ndarray, x: np.ndarray, params: ComputeParams) -> Compute:
+    return _leaky(d, x, LEAKY_SLOPE, params)
+
+
+def _one_call(ufunc: np.ufunc, *args: object):  # noqa: ANN202
+    def prepare(d: np.ndarray, x: np.ndarray, params: ComputeParams) -> Compute:
+        return functools.partial(ufunc, x, *args, out=d)
+
+    return prepare
+
+
+_UNARY = {
+    UnaryOp.ABS: _one_call(np.absolute),
+    UnaryOp.SGN: _one_call(np.sign),
+    UnaryOp.NEG: _one_call(np.negative),
+    UnaryOp.STEP: _one_call(np.greater, 0.0),
+    UnaryOp.TANH: _one_call(np.tanh),
+    UnaryOp.ELU: _elu,
+    UnaryOp.RELU: _one_call(np.maximum, 0.0),
+    UnaryOp.GELU: _gelu,
+    UnaryOp.GELU_QUICK: _gelu_quick,
+    UnaryOp.SILU: _silu,
+    UnaryOp.LEAKY: _leaky_unary,
+    UnaryOp.HARDSWISH: _hardswish,
+    UnaryOp.HARDSIGMOID: _hardsigmoid,
+}
+
+
+def unary_op_of(node: Tensor) -> UnaryOp | None:
+    try:
+        return UnaryOp(node.get_op_params_i32(0))
+    except ValueError:
+        return None
+
+
+def unary_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
+    """UNARY: the function named by op_params[0] (a ggml_unary_op)."""
+    x = _src0(node, dst, srcs)
+    op = unary_op_of(node)
+    if op is None:
+        raise ArgumentError(f"CPU UNARY '{node.name}': unknown unary op {node.get_op_params_i32(0)}")
+    if dst.size == 0:
+        return noop
+    d, x = collapse(dst, x)
+    return _UNARY[op](d, x, params)
+
+
+KERNELS: dict[GGMLOp, Kernel] = {
+    GGMLOp.ADD: add_kernel,
+    GGMLOp.SUB: sub_kernel,
+    GGMLOp.MUL: mul_kernel,
+    GGMLOp.DIV: div_kernel,
+    GGMLOp.ADD1: add1_kernel,
+    GGMLOp.ACC: acc_kernel,
+    GGMLOp.SQR: sqr_kernel,
+    GGMLOp.SQRT: sqrt_kernel,
+    GGMLOp.LOG: log_kernel,
+    GGMLOp.SCALE: scale_kernel,
+    GGMLOp.CLAMP: clamp_kernel,
+    GGMLOp.LEAKY_RELU: leaky_relu_kernel,
+    GGMLOp.UNARY: unary_kernel,
+}
+
+
+def supports(node: Tensor) -> bool:
+    """Whether these kernels compute `node`: F32/F16 operands and a known unary function."""
+    if node.op not in KERNELS:
+        return False
+    if not all_float(node, node.src[0], node.src[1]):
+        return False
+    if node.op == GGMLOp.UNARY:
+        return unary_op_of(node) is not None
+    return True
+

@@ -1,0 +1,162 @@
+"""Helpers the CPU kernels share: strided views, ggml broadcasting, scratch, BF16.
+
+Everything here runs at prepare time (shape logic, views) except the small
+conversion helpers, which kernels call from their compute functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from pyggml.backends.cpu.kernels import ComputeParams
+from pyggml.core.errors import UnsupportedTypeError
+from pyggml.core.tensor import Tensor
+from pyggml.core.types import TYPE_TRAITS, GGMLType
+
+F32 = np.dtype(np.float32)
+FLOAT_TYPES = (GGMLType.F32, GGMLType.F16)
+
+
+def noop() -> None:
+    """The compute function of a node with nothing to do (empty tensors)."""
+
+
+def require_types(node: Tensor, allowed: Sequence[GGMLType], *tensors: Tensor | None) -> None:
+    """Raise UnsupportedTypeError naming the op and tensor unless every tensor's type is allowed."""
+    for t in tensors:
+        if t is not None and t.type not in allowed:
+            names = ", ".join(a.name for a in allowed)
+            raise UnsupportedTypeError(
+                f"CPU {node.op.name}: tensor '{t.name}' has type {t.type.name}; this kernel takes {names}"
+            )
+
+
+def all_float(*tensors: Tensor | None) -> bool:
+    """True if every given tensor is F32 or F16 (the types every math kernel takes)."""
+    return all(t is None or t.type in FLOAT_TYPES for t in tensors)
+
+
+# --- views ---
+
+
+def split_axis(a: np.ndarray, axis: int, outer: int, inner: int) -> np.ndarray:
+    """View axis `axis` of `a` (size outer*inner) as two axes (outer, inner); never copies."""
+    s = a.strides[axis]
+    shape = a.shape[:axis] + (outer, inner) + a.shape[axis + 1:]
+    strides = a.strides[:axis] + (s * inner, s) + a.strides[axis + 1:]
+    return as_strided(a, shape, strides, writeable=a.flags.writeable)
+
+
+def ggml_broadcast(big: Sequence[np.ndarray], small: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
+    """Views that make `small` repeat over the arrays in `big` the way ggml tiles.
+
+    ggml repeats src1 along every dimension where src0.ne[i] is a multiple of
+    src1.ne[i]: element i maps to i % ne1. numpy broadcasts only size-1 axes, so
+    an axis of size n in `big` against size m (1 < m < n) in `small` becomes
+    (n/m, m) in `big` and (1, m) in `small`. All arrays share `big[0]`'s shape.
+    """
+    big = list(big)
+    shape = big[0].shape
+    axis = len(shape) - 1
+    while axis >= 0:
+        n, m = shape[axis], small.shape[axis]
+        if m != n and m != 1:
+            big = [split_axis(b, axis, n // m, m) for b in big]
+            small = split_axis(small, axis, 1, m)
+        axis -= 1
+    return big, small
+
+
+def collapse(*arrays: np.ndarray) -> list[np.ndarray]:
+    """Same-shape views with size-1 axes dropped and adjacent axes merged where every array allows.
+
+    A contiguous tensor becomes 1-D, a row-broadcast becomes 2-D: fewer axes
+    make numpy's inner loops longer and its per-call overhead smaller.
+    Broadcast inputs (stride 0) are fine; all arrays must have the same shape.
+    """
+    shape = arrays[0].shape
+    axes = [i for i, n in enumerate(shape) if n != 1]
+    if not axes:
+        return [as_strided(a, (1,), (a.itemsize,), writeable=a.flags.writeable) for a in arrays]
+    # merge from the innermost axis outwards
+    sizes = [shape[axes[-1]]]
+    strides = [[a.strides[axes[-1]]] for a in arrays]
+    for i in reversed(axes[:-1]):
+        n = shape[i]
+        if all(a.strides[i] == st[-1] * sizes[-1] for a, st in zip(arrays, strides, strict=True)):
+            sizes[-1] *= n
+            continue
+        sizes.append(n)
+        for a, st in zip(arrays, strides, strict=True):
+            st.append(a.strides[i])
+    sizes.reverse()
+    out = []
+    for a, st in zip(arrays, strides, strict=True):
+        st.reverse()
+        out.append(as_strided(a, tuple(sizes), tuple(st), writeable=a.flags.writeable))
+    return out
+
+
+def reshape_view(a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
+    """`a` reshaped (row-major element order) without copying, or None if that needs a copy."""
+    try:
+        return np.reshape(a, shape, copy=False)
+    except ValueError:
+        return None
+
+
+def same_memory(a: np.ndarray, b: np.ndarray) -> bool:
+    """True if `a` and `b` view the very same elements (in-place ops: dst is a view of src0)."""
+    return (
+        a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
+        and a.shape == b.shape
+        and a.strides == b.strides
+        and a.dtype == b.dtype
+    )
+
+
+def scratch(params: ComputeParams, *shapes: tuple[int, ...]) -> list[np.ndarray]:
+    """Float32 scratch arrays of the given shapes, carved from the backend's shared work area.
+
+    Valid while this node computes (nodes run one after another, so sharing is safe).
+    """
+    sizes = [int(np.prod(s, dtype=np.int64)) for s in shapes]
+    # round each piece up to 16 floats so every array starts 64-byte aligned within the area
+    padded = [(n + 15) // 16 * 16 for n in sizes]
+    raw = params.work.get(4 * sum(padded)).view(np.float32)
+    out = []
+    pos = 0
+    for shape, n, p in zip(shapes, sizes, padded, strict=True):
+        out.append(raw[pos:pos + n].reshape(shape))
+        pos += p
+    return out
+
+
+# --- BF16 (numpy has no bfloat16: the elements are uint16) ---
+
+
+def bf16_to_f32(src: np.ndarray, out: np.ndarray) -> None:
+    """Widen bf16 bits (uint16) to float32 into `out` (same shape): the bits are the top half."""
+    np.left_shift(src, 16, out=out.view(np.uint32), dtype=np.uint32)
+
+
+def f32_to_bf16(src: np.ndarray, out: np.ndarray) -> None:
+    """Round float32 to bf16 bits into `out` (uint16), nearest-even, NaN kept quiet (as ggml does)."""
+    u = np.ascontiguousarray(src, dtype=np.float32).view(np.uint32)
+    rounded = (u + (np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1)))) >> np.uint32(16)
+    nan = (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+    if nan.any():
+        rounded = np.where(nan, (u >> np.uint32(16)) | np.uint32(64), rounded)
+    np.copyto(out, rounded, casting="unsafe")
+
+
+def is_plain_float(t: GGMLType) -> bool:
+    return t in FLOAT_TYPES
+
+
+def is_convertible(t: GGMLType) -> bool:
+    """Types CPY/DUP/GET_ROWS can read and write: F32, F16, BF16 and the quantized ones."""
+    return t in (GGMLType.F32, GGMLType.F16, GGMLType.BF16) or TYPE_TRAITS[t].is_quantized

@@ -1,0 +1,129 @@
+"""Run one node through its CPU kernel, without the CPU backend.
+
+Tensors live in a `no_alloc=False` Context (host memory), so `.numpy()` and
+`memory.tensor_view` see them. Arrays here are in numpy order: shape is the
+reversed `ne`, (ne3, ne2, ne1, ne0), and may have fewer than 4 axes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pyggml.backends.cpu.kernels import KERNELS, ComputeParams
+from pyggml.core import memory
+from pyggml.core.context import Context
+from pyggml.core.tensor import Tensor
+from pyggml.core.types import GGMLType
+
+F32, F16, BF16 = GGMLType.F32, GGMLType.F16, GGMLType.BF16
+
+# relative tolerance by storage type
+RTOL = {F32: 1e-5, F16: 2e-3, BF16: 1e-2}
+
+
+def new_ctx(mb: int = 16) -> Context:
+    return Context(mem_size=mb * 1024 * 1024, no_alloc=False)
+
+
+def bf16_bits(values: np.ndarray) -> np.ndarray:
+    """float -> bf16 bits, round to nearest even (written here, apart from the kernels)."""
+    u = np.asarray(values, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def bf16_values(bits: np.ndarray) -> np.ndarray:
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def stored(type: GGMLType, values: np.ndarray) -> np.ndarray:
+    """The float32 values a tensor of `type` holds after storing `values`."""
+    values = np.asarray(values, dtype=np.float32)
+    if type == F16:
+        return values.astype(np.float16).astype(np.float32)
+    if type == BF16:
+        return bf16_values(bf16_bits(values))
+    return values
+
+
+def _ne(shape: tuple[int, ...]) -> list[int]:
+    return list(shape[::-1])
+
+
+def tensor(ctx: Context, type: GGMLType, values: np.ndarray, name: str = "") -> Tensor:
+    """A contiguous tensor holding `values` (numpy order) converted to `type`."""
+    values = np.asarray(values)
+    t = ctx.new_tensor(type, _ne(values.shape) or [1])
+    t.set_name(name)
+    fill(t, values)
+    return t
+
+
+def fill(t: Tensor, values: np.ndarray) -> None:
+    view = t.numpy()
+    values = np.asarray(values).reshape(view.shape[:3] + (-1,))
+    if t.type == BF16:
+        view[...] = bf16_bits(values)
+    elif t.type in (F32, F16, GGMLType.I32):
+        view[...] = values
+    else:
+        from pyggml.core.types import from_float
+
+        view[...] = from_float(t.type, values.astype(np.float32))
+
+
+def transposed(ctx: Context, type: GGMLType, values: np.ndarray, name: str = "") -> Tensor:
+    """A non-contiguous tensor (ggml_transpose of a contiguous one) holding `values` (numpy order, >= 2-D)."""
+    values = np.asarray(values)
+    base = tensor(ctx, type, np.swapaxes(values, -1, -2), name + ".base")
+    t = ctx.transpose(base)
+    t.set_name(name)
+    assert t.ne == _ne(values.shape) + [1] * (4 - values.ndim)
+    return t
+
+
+def permuted(ctx: Context, type: GGMLType, values: np.ndarray, name: str = "") -> Tensor:
+    """A non-contiguous tensor (dims 1 and 2 swapped by ggml_permute) holding 4-D `values` (numpy order)."""
+    values = np.asarray(values)
+    assert values.ndim == 4
+    base = tensor(ctx, type, np.swapaxes(values, 1, 2), name + ".base")
+    t = ctx.permute(base, 0, 2, 1, 3)
+    t.set_name(name)
+    assert t.ne == _ne(values.shape)
+    return t
+
+
+def values_of(t: Tensor) -> np.ndarray:
+    """A tensor's values as float32 (or its ints), shape (ne3, ne2, ne1, ne0)."""
+    v = t.numpy()
+    if t.type == BF16:
+        return bf16_values(v)
+    if t.type == F16:
+        return v.astype(np.float32)
+    return np.array(v)
+
+
+def run(node: Tensor, params: ComputeParams | None = None) -> np.ndarray:
+    """Prepare and compute `node` through its CPU kernel; returns dst's values (4-D, numpy order)."""
+    fn = compile_node(node, params)
+    fn()
+    return values_of(node)
+
+
+def compile_node(node: Tensor, params: ComputeParams | None = None):  # noqa: ANN201
+    params = params if params is not None else ComputeParams()
+    dst = memory.tensor_view(node)
+    srcs = [memory.tensor_view(s) if s is not None else None for s in node.src]
+    return KERNELS[node.op](node, dst, srcs, params)
+
+
+def as4(values: np.ndarray) -> np.ndarray:
+    values = np.asarray(values)
+    return values.reshape((1,) * (4 - values.ndim) + values.shape)
+
+
+def assert_close(got: np.ndarray, want: np.ndarray, type: GGMLType, atol: float | None = None) -> None:
+    got = np.asarray(got, dtype=np.float64)
+    want = as4(np.asarray(want, dtype=np.float64))
+    assert got.shape == want.shape, (got.shape, want.shape)
+    rtol = RTOL.get(type, 1e-5)
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=atol if atol is not None else rtol)

@@ -1,0 +1,294 @@
+"""CPU kernels of the element-wise ops against numpy references written here from ggml's definitions."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from kernel_helpers import F16, F32, as4, assert_close, compile_node, new_ctx, permuted, run, stored, tensor, transposed
+
+from pyggml.backends.cpu.kernels import ComputeParams
+from pyggml.backends.cpu.kernels import elementwise as ew
+from pyggml.core.errors import GGMLError, OutOfBoundsError, UnsupportedTypeError
+from pyggml.core.tensor import GGMLOp, UnaryOp
+from pyggml.core.types import GGMLType
+
+TYPES = [F32, F16]
+
+
+def tile_to(b: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """ggml's repeat: b's element i lands at every i + k*ne (written with np.tile)."""
+    b = as4(b)
+    reps = tuple(n // m for n, m in zip(shape, b.shape, strict=True))
+    return np.tile(b, reps)
+
+
+BINARY = {
+    GGMLOp.ADD: ("add", np.add),
+    GGMLOp.SUB: ("sub", np.subtract),
+    GGMLOp.MUL: ("mul", np.multiply),
+    GGMLOp.DIV: ("div", np.divide),
+}
+
+# (src0 shape, src1 shape) in numpy order
+BROADCASTS = [
+    ((2, 3, 4, 8), (2, 3, 4, 8)),  # same shape
+    ((2, 3, 4, 8), (1, 1, 1, 8)),  # a row over all rows
+    ((2, 3, 4, 8), (1, 3, 1, 8)),  # per-ne2 rows
+    ((2, 3, 4, 8), (1, 1, 2, 8)),  # ne1 = 2 tiles ne1 = 4 (not numpy broadcasting)
+    ((2, 3, 4, 8), (1, 1, 1, 4)),  # ne0 = 4 tiles inside each row of 8
+    ((2, 3, 6, 8), (2, 1, 3, 2)),  # several tiled dims at once
+    ((1, 1, 5, 7), (1, 1, 1, 1)),  # scalar
+]
+
+
+@pytest.mark.parametrize("op", list(BINARY))
+@pytest.mark.parametrize("shapes", BROADCASTS)
+@pytest.mark.parametrize("types", [(F32, F32), (F16, F16), (F16, F32)])
+def test_binary_broadcast(op: GGMLOp, shapes: tuple, types: tuple, rng: np.random.Generator) -> None:
+    sa, sb = shapes
+    ta, tb = types
+    a = rng.uniform(0.5, 2.0, sa).astype(np.float32)
+    b = rng.uniform(0.5, 2.0, sb).astype(np.float32) * rng.choice([-1, 1], sb)
+    ctx = new_ctx()
+    name, fn = BINARY[op]
+    node = getattr(ctx, name)(tensor(ctx, ta, a), tensor(ctx, tb, b))
+    want = fn(stored(ta, a), tile_to(stored(tb, b), sa))
+    assert_close(run(node), stored(node.type, want), node.type)
+
+
+@pytest.mark.parametrize("op", list(BINARY))
+@pytest.mark.parametrize("type", TYPES)
+def test_binary_non_contiguous(op: GGMLOp, type: GGMLType, rng: np.random.Generator) -> None:
+    a = rng.uniform(0.5, 2.0, (2, 3, 4, 6)).astype(np.float32)
+    b = rng.uniform(0.5, 2.0, (1, 3, 2, 6)).astype(np.float32)
+    ctx = new_ctx()
+    name, fn = BINARY[op]
+    ta = permuted(ctx, type, a, "a")
+    tb = transposed(ctx, type, b, "b")
+    assert not ta.is_contiguous() and not tb.is_contiguous()
+    node = getattr(ctx, name)(ta, tb)
+    want = fn(stored(type, a), tile_to(stored(type, b), a.shape))
+    assert_close(run(node), stored(type, want), type)
+
+
+@pytest.mark.parametrize("type", TYPES)
+def test_add_inplace_writes_into_src0(type: GGMLType, rng: np.random.Generator) -> None:
+    a = rng.standard_normal((3, 5)).astype(np.float32)
+    b = rng.standard_normal((1, 5)).astype(np.float32)
+    ctx = new_ctx()
+    ta = tensor(ctx, type, a)
+    node = ctx.add_inplace(ta, tensor(ctx, type, b))
+    run(node)
+    assert_close(stored(F32, ta.numpy()), stored(type, stored(type, a) + stored(type, b)), type)
+
+
+def test_binary_plan_runs_again_with_new_inputs(rng: np.random.Generator) -> None:
+    ctx = new_ctx()
+    ta = tensor(ctx, F32, np.zeros((2, 4), np.float32))
+    tb = tensor(ctx, F32, np.zeros((1, 4), np.float32))
+    node = ctx.mul(ta, tb)
+    fn = compile_node(node)
+    for _ in range(3):
+        a = rng.standard_normal((2, 4)).astype(np.float32)
+        b = rng.standard_normal((1, 4)).astype(np.float32)
+        ta.numpy()[...] = a
+        tb.numpy()[...] = b
+        fn()
+        assert_close(node.numpy(), a * b, F32)
+
+
+def _node(ctx, op: GGMLOp, srcs: list, params: list | None = None, type: GGMLType | None = None):  # noqa: ANN001, ANN202
+    """A node built by hand (for ops whose builder is not in the tree yet): result like src0."""
+    out = ctx.new_tensor(type if type is not None else srcs[0].type, list(srcs[0].ne))
+    out.op = op
+    for i, s in enumerate(srcs):
+        out.src[i] = s
+    if params:
+        out.set_op_params(params)
+    return out
+
+
+def _build(ctx, name: str, *args, op: GGMLOp, params: list | None = None, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202
+    builder = getattr(ctx, name, None)
+    if builder is not None:
+        node = builder(*args, **kw)
+        assert node.op == op
+        return node
+    return _node(ctx, op, [a for a in args if hasattr(a, "ne")], params)
+
+
+@pytest.mark.parametrize("type", TYPES)
+@pytest.mark.parametrize("src1_type", [F32, F16])
+def test_add1(type: GGMLType, src1_type: GGMLType, rng: np.random.Generator) -> None:
+    a = rng.standard_normal((2, 3, 7)).astype(np.float32)
+    ctx = new_ctx()
+    s = tensor(ctx, src1_type, np.array([1.75], np.float32))
+    node = _build(ctx, "add1", transposed(ctx, type, a), s, op=GGMLOp.ADD1)
+    assert_close(run(node), stored(type, stored(type, a) + 1.75), type)
+
+
+def _acc_params(shape_dst: tuple, esize: int, offset_elems: int) -> list[int]:
+    ne0, ne1 = shape_dst[-1], shape_dst[-2]
+    nb1 = ne0 * esize
+    nb2 = nb1 * ne1
+    nb3 = nb2 * (shape_dst[-3] if len(shape_dst) > 2 else 1)
+    return [nb1, nb2, nb3, offset_elems * esize]
+
+
+@pytest.mark.parametrize("type", TYPES)
+def test_acc(type: GGMLType, rng: np.random.Generator) -> None:
+    a = rng.standard_normal((2, 5, 8)).astype(np.float32)
+    b = rng.standard_normal((2, 2, 3)).astype(np.float32)
+    esize = 4 if type == F32 else 2
+    nb1, nb2, nb3, offset = _acc_params(a.shape, esize, 1 * 8 + 2)  # start at row 1, column 2
+    ctx = new_ctx()
+    ta, tb = tensor(ctx, type, a), tensor(ctx, F32, b)
+    if hasattr(ctx, "acc"):
+        node = ctx.acc(ta, tb, nb1, nb2, nb3, offset)
+    else:
+        node = _node(ctx, GGMLOp.ACC, [ta, tb], [nb1, nb2, nb3, offset, 0])
+    want = stored(type, a).copy()
+    want[:, 1:3, 2:5] += b
+    assert_close(run(node), stored(type, want), type)
+    assert_close(stored(F32, ta.numpy()), stored(type, a), type)  # src0 untouched
+
+
+def test_acc_window_out_of_bounds_raises(rng: np.random.Generator) -> None:
+    ctx = new_ctx()
+    ta = tensor(ctx, F32, np.zeros((2, 4), np.float32))
+    tb = tensor(ctx, F32, np.zeros((2, 4), np.float32))
+    node = _node(ctx, GGMLOp.ACC, [ta, tb], [16, 32, 32, 4, 0])
+    with pytest.raises(OutOfBoundsError):
+        compile_node(node)
+
+
+# --- unary math ---
+
+
+def gelu_ref(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * x * (1.0 + 0.044715 * x * x)))
+
+
+UNARY_REF = {
+    UnaryOp.ABS: np.abs,
+    UnaryOp.SGN: np.sign,
+    UnaryOp.NEG: np.negative,
+    UnaryOp.STEP: lambda x: (x > 0).astype(np.float64),
+    UnaryOp.TANH: np.tanh,
+    UnaryOp.ELU: lambda x: np.where(x > 0, x, np.exp(x) - 1.0),
+    UnaryOp.RELU: lambda x: np.where(x > 0, x, 0.0),
+    UnaryOp.GELU: gelu_ref,
+    UnaryOp.GELU_QUICK: lambda x: x / (1.0 + np.exp(-1.702 * x)),
+    UnaryOp.SILU: lambda x: x / (1.0 + np.exp(-x)),
+    UnaryOp.LEAKY: lambda x: np.where(x > 0, x, 0.1 * x),
+    UnaryOp.HARDSWISH: lambda x: x * np.minimum(1.0, np.maximum(0.0, (x + 3.0) / 6.0)),
+    UnaryOp.HARDSIGMOID: lambda x: np.minimum(1.0, np.maximum(0.0, (x + 3.0) / 6.0)),
+}
+
+
+@pytest.mark.parametrize("uop", list(UNARY_REF))
+@pytest.mark.parametrize("type", TYPES)
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+def test_unary(uop: UnaryOp, type: GGMLType, layout: str, rng: np.random.Generator) -> None:
+    x = (rng.standard_normal((3, 4, 10)) * 3).astype(np.float32)
+    x[0, 0, :3] = [0.0, -0.0, 0.0]
+    ctx = new_ctx()
+    t = tensor(ctx, type, x) if layout == "contiguous" else transposed(ctx, type, x)
+    node = ctx.unary(t, uop)
+    xs = stored(type, x).astype(np.float64)
+    # GELU: ggml of late 2023 reads an f16 table; we compute in f32, so compare within 1e-3 (see the kernel)
+    atol = 1e-3 if uop == UnaryOp.GELU and type == F32 else None
+    assert_close(run(node), stored(type, UNARY_REF[uop](xs)), type, atol=atol)
+
+
+@pytest.mark.parametrize("uop", [UnaryOp.GELU, UnaryOp.SILU, UnaryOp.RELU])
+def test_unary_inplace(uop: UnaryOp, rng: np.random.Generator) -> None:
+    x = rng.standard_normal((4, 6)).astype(np.float32)
+    ctx = new_ctx()
+    t = tensor(ctx, F32, x)
+    node = ctx.unary_inplace(t, uop)
+    run(node)
+    assert_close(stored(F32, t.numpy()), UNARY_REF[uop](x.astype(np.float64)), F32, atol=1e-6)
+
+
+SIMPLE = {
+    GGMLOp.SQR: ("sqr", np.square),
+    GGMLOp.SQRT: ("sqrt", np.sqrt),
+    GGMLOp.LOG: ("log", np.log),
+}
+
+
+@pytest.mark.parametrize("op", list(SIMPLE))
+@pytest.mark.parametrize("type", TYPES)
+def test_sqr_sqrt_log(op: GGMLOp, type: GGMLType, rng: np.random.Generator) -> None:
+    x = rng.uniform(0.1, 4.0, (2, 3, 5)).astype(np.float32)
+    ctx = new_ctx()
+    name, fn = SIMPLE[op]
+    node = _build(ctx, name, transposed(ctx, type, x), op=op)
+    assert_close(run(node), stored(type, fn(stored(type, x).astype(np.float64))), type)
+
+
+@pytest.mark.parametrize("type", TYPES)
+def test_scale(type: GGMLType, rng: np.random.Generator) -> None:
+    x = rng.standard_normal((2, 3, 5)).astype(np.float32)
+    ctx = new_ctx()
+    node = ctx.scale(transposed(ctx, type, x), 0.125)
+    assert_close(run(node), stored(type, stored(type, x) * 0.125), type)
+
+
+@pytest.mark.parametrize("type", TYPES)
+def test_clamp(type: GGMLType, rng: np.random.Generator) -> None:
+    x = (rng.standard_normal((3, 9)) * 2).astype(np.float32)
+    ctx = new_ctx()
+    t = transposed(ctx, type, x)
+    if hasattr(ctx, "clamp"):
+        node = ctx.clamp(t, -0.5, 1.25)
+    else:
+        node = _node(ctx, GGMLOp.CLAMP, [t], [-0.5, 1.25])
+    want = np.maximum(np.minimum(stored(type, x), 1.25), -0.5)
+    assert_close(run(node), stored(type, want), type)
+
+
+@pytest.mark.parametrize("type", TYPES)
+def test_leaky_relu(type: GGMLType, rng: np.random.Generator) -> None:
+    x = rng.standard_normal((3, 9)).astype(np.float32)
+    ctx = new_ctx()
+    t = transposed(ctx, type, x)
+    if hasattr(ctx, "leaky_relu"):
+        node = ctx.leaky_relu(t, 0.05, False)
+    else:
+        node = _node(ctx, GGMLOp.LEAKY_RELU, [t], [0.05])
+    xs = stored(type, x).astype(np.float64)
+    assert_close(run(node), stored(type, np.where(xs > 0, xs, 0.05 * xs)), type)
+
+
+def test_supports_and_type_errors() -> None:
+    ctx = new_ctx()
+    a = ctx.new_tensor_2d(GGMLType.Q8_0, 32, 2)
+    b = ctx.new_tensor_2d(F32, 32, 2)
+    node = ctx.add(a, b)
+    assert not ew.supports(node)
+    with pytest.raises(UnsupportedTypeError, match="ADD"):
+        compile_node(node)
+    assert ew.supports(ctx.add(b, b))
+    assert ew.supports(ctx.unary(b, UnaryOp.GELU))
+    bad = ctx.unary(b, UnaryOp.GELU)
+    bad.op_params[0] = 99
+    assert not ew.supports(bad)
+    with pytest.raises(GGMLError):
+        compile_node(bad)
+
+
+def test_scratch_is_shared_through_the_work_area(rng: np.random.Generator) -> None:
+    ctx = new_ctx()
+    x = rng.standard_normal((8, 16)).astype(np.float32)
+    params = ComputeParams()
+    n1 = ctx.unary(tensor(ctx, F32, x), UnaryOp.GELU)
+    n2 = ctx.unary(tensor(ctx, F32, x), UnaryOp.SILU)
+    f1, f2 = compile_node(n1, params), compile_node(n2, params)
+    f1()
+    f2()
+    assert params.work.size >= x.nbytes
+    assert_close(n1.numpy(), gelu_ref(x), F32, atol=1e-6)
+    assert_close(n2.numpy(), x / (1 + np.exp(-x.astype(np.float64))), F32, atol=1e-6)
