@@ -12,7 +12,7 @@ import numpy as np
 from pyggml.backends.cpu.kernels import KERNELS, ComputeParams
 from pyggml.core import memory
 from pyggml.core.context import Context
-from pyggml.core.tensor import Tensor
+from pyggml.core.tensor import GGMLOp, Tensor
 from pyggml.core.types import GGMLType
 
 F32, F16, BF16 = GGMLType.F32, GGMLType.F16, GGMLType.BF16
@@ -127,3 +127,28 @@ def assert_close(got: np.ndarray, want: np.ndarray, type: GGMLType, atol: float 
     assert got.shape == want.shape, (got.shape, want.shape)
     rtol = RTOL.get(type, 1e-5)
     np.testing.assert_allclose(got, want, rtol=rtol, atol=atol if atol is not None else rtol)
+
+
+def manual_node(ctx: Context, op: GGMLOp, srcs: list[Tensor | None], params: list[int | float] | None = None,
+                type: GGMLType | None = None, ne: list[int] | None = None) -> Tensor:
+    """A node made by hand the way ggml's builder would (for ops whose builder is not in the tree yet)."""
+    first = srcs[0]
+    assert first is not None
+    out = ctx.new_tensor(type if type is not None else first.type, ne if ne is not None else list(first.ne))
+    out.op = op
+    for i, s in enumerate(srcs):
+        out.src[i] = s
+    if params:
+        out.set_op_params(params)
+    return out
+
+
+def build(ctx: Context, name: str, *args: object, op: GGMLOp, params: list[int | float] | None = None,
+          type: GGMLType | None = None, ne: list[int] | None = None, **kw: object) -> Tensor:
+    """ctx.<name>(*args, **kw) if the builder exists, else `manual_node` with the tensor args and `params`."""
+    builder = getattr(ctx, name, None)
+    if builder is not None:
+        node = builder(*args, **kw)
+        assert node.op == op, (node.op, op)
+        return node
+    return manual_node(ctx, op, [a for a in args if isinstance(a, Tensor)], params, type, ne)

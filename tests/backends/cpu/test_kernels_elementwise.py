@@ -4,7 +4,21 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from kernel_helpers import F16, F32, as4, assert_close, compile_node, new_ctx, permuted, run, stored, tensor, transposed
+from kernel_helpers import (
+    F16,
+    F32,
+    as4,
+    assert_close,
+    build,
+    compile_node,
+    manual_node,
+    new_ctx,
+    permuted,
+    run,
+    stored,
+    tensor,
+    transposed,
+)
 
 from pyggml.backends.cpu.kernels import ComputeParams
 from pyggml.backends.cpu.kernels import elementwise as ew
@@ -97,33 +111,13 @@ def test_binary_plan_runs_again_with_new_inputs(rng: np.random.Generator) -> Non
         assert_close(node.numpy(), a * b, F32)
 
 
-def _node(ctx, op: GGMLOp, srcs: list, params: list | None = None, type: GGMLType | None = None):  # noqa: ANN001, ANN202
-    """A node built by hand (for ops whose builder is not in the tree yet): result like src0."""
-    out = ctx.new_tensor(type if type is not None else srcs[0].type, list(srcs[0].ne))
-    out.op = op
-    for i, s in enumerate(srcs):
-        out.src[i] = s
-    if params:
-        out.set_op_params(params)
-    return out
-
-
-def _build(ctx, name: str, *args, op: GGMLOp, params: list | None = None, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202
-    builder = getattr(ctx, name, None)
-    if builder is not None:
-        node = builder(*args, **kw)
-        assert node.op == op
-        return node
-    return _node(ctx, op, [a for a in args if hasattr(a, "ne")], params)
-
-
 @pytest.mark.parametrize("type", TYPES)
 @pytest.mark.parametrize("src1_type", [F32, F16])
 def test_add1(type: GGMLType, src1_type: GGMLType, rng: np.random.Generator) -> None:
     a = rng.standard_normal((2, 3, 7)).astype(np.float32)
     ctx = new_ctx()
     s = tensor(ctx, src1_type, np.array([1.75], np.float32))
-    node = _build(ctx, "add1", transposed(ctx, type, a), s, op=GGMLOp.ADD1)
+    node = build(ctx, "add1", transposed(ctx, type, a), s, op=GGMLOp.ADD1)
     assert_close(run(node), stored(type, stored(type, a) + 1.75), type)
 
 
@@ -146,7 +140,7 @@ def test_acc(type: GGMLType, rng: np.random.Generator) -> None:
     if hasattr(ctx, "acc"):
         node = ctx.acc(ta, tb, nb1, nb2, nb3, offset)
     else:
-        node = _node(ctx, GGMLOp.ACC, [ta, tb], [nb1, nb2, nb3, offset, 0])
+        node = manual_node(ctx, GGMLOp.ACC, [ta, tb], [nb1, nb2, nb3, offset, 0])
     want = stored(type, a).copy()
     want[:, 1:3, 2:5] += b
     assert_close(run(node), stored(type, want), type)
@@ -157,7 +151,7 @@ def test_acc_window_out_of_bounds_raises(rng: np.random.Generator) -> None:
     ctx = new_ctx()
     ta = tensor(ctx, F32, np.zeros((2, 4), np.float32))
     tb = tensor(ctx, F32, np.zeros((2, 4), np.float32))
-    node = _node(ctx, GGMLOp.ACC, [ta, tb], [16, 32, 32, 4, 0])
+    node = manual_node(ctx, GGMLOp.ACC, [ta, tb], [16, 32, 32, 4, 0])
     with pytest.raises(OutOfBoundsError):
         compile_node(node)
 
@@ -225,7 +219,7 @@ def test_sqr_sqrt_log(op: GGMLOp, type: GGMLType, rng: np.random.Generator) -> N
     x = rng.uniform(0.1, 4.0, (2, 3, 5)).astype(np.float32)
     ctx = new_ctx()
     name, fn = SIMPLE[op]
-    node = _build(ctx, name, transposed(ctx, type, x), op=op)
+    node = build(ctx, name, transposed(ctx, type, x), op=op)
     assert_close(run(node), stored(type, fn(stored(type, x).astype(np.float64))), type)
 
 
@@ -245,7 +239,7 @@ def test_clamp(type: GGMLType, rng: np.random.Generator) -> None:
     if hasattr(ctx, "clamp"):
         node = ctx.clamp(t, -0.5, 1.25)
     else:
-        node = _node(ctx, GGMLOp.CLAMP, [t], [-0.5, 1.25])
+        node = manual_node(ctx, GGMLOp.CLAMP, [t], [-0.5, 1.25])
     want = np.maximum(np.minimum(stored(type, x), 1.25), -0.5)
     assert_close(run(node), stored(type, want), type)
 
@@ -258,7 +252,7 @@ def test_leaky_relu(type: GGMLType, rng: np.random.Generator) -> None:
     if hasattr(ctx, "leaky_relu"):
         node = ctx.leaky_relu(t, 0.05, False)
     else:
-        node = _node(ctx, GGMLOp.LEAKY_RELU, [t], [0.05])
+        node = manual_node(ctx, GGMLOp.LEAKY_RELU, [t], [0.05])
     xs = stored(type, x).astype(np.float64)
     assert_close(run(node), stored(type, np.where(xs > 0, xs, 0.05 * xs)), type)
 

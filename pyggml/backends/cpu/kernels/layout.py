@@ -1,8 +1,374 @@
-"""CPU kernels: layout ops."""
+"""CPU kernels: ops that copy and rearrange data.
+
+DUP, CPY and CONT copy src0's elements in row-major order of src0's `ne` into
+dst's elements in row-major order of dst's `ne` (ggml's dup), converting
+between F32, F16, BF16 and the quantized types (through f32 rows with
+`pyggml.core.types.to_float`/`from_float`). GET_ROWS picks rows of any of
+those types (dequantizing only the picked rows) into F32. REPEAT, CONCAT,
+DIAG, PAD, UPSCALE and SET move F32/F16 (or any plain type) data as ggml does.
+"""
 
 from __future__ import annotations
 
-from pyggml.backends.cpu.kernels import Kernel
-from pyggml.core.tensor import GGMLOp
+import functools
+from collections.abc import Callable
 
-KERNELS: dict[GGMLOp, Kernel] = {}
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
+from pyggml.backends.cpu.kernels._common import (
+    bf16_to_f32,
+    collapse,
+    f32_to_bf16,
+    ggml_broadcast,
+    is_convertible,
+    noop,
+    reshape_view,
+    same_memory,
+    scratch,
+    split_axis,
+)
+from pyggml.backends.cpu.kernels.elementwise import acc_view
+from pyggml.core.errors import OutOfBoundsError, ShapeError, UnsupportedTypeError
+from pyggml.core.tensor import GGMLOp, Tensor
+from pyggml.core.types import TYPE_TRAITS, GGMLType, from_float, to_float
+
+_NUMPY_FLOATS = (GGMLType.F32, GGMLType.F16)
+
+
+def _is_plain(t: GGMLType) -> bool:
+    """Types whose elements numpy holds natively and converts by casting (F32, F16, ints; not BF16)."""
+    return not TYPE_TRAITS[t].is_quantized and t != GGMLType.BF16
+
+
+def _logical_shape(t: Tensor) -> tuple[int, int, int, int]:
+    return (t.ne[3], t.ne[2], t.ne[1], t.ne[0])
+
+
+def _as_blocks(raw: np.ndarray, type: GGMLType) -> np.ndarray:
+    """Quantized raw rows (..., row bytes) as one opaque element per block (..., blocks), a view."""
+    ts = TYPE_TRAITS[type].type_size
+    return raw.view(np.dtype((np.void, ts)))
+
+
+def _copy_fn(d: np.ndarray, s: np.ndarray) -> Compute:
+    """Copy (with numpy casting) s's elements in row-major order into d's, without a copy at prepare time."""
+    if d.shape == s.shape:
+        d, s = collapse(d, s)
+        return functools.partial(np.copyto, d, s)
+    dv = reshape_view(d, s.shape)
+    if dv is not None:
+        dv, s = collapse(dv, s)
+        return functools.partial(np.copyto, dv, s)
+    sv = reshape_view(s, d.shape)
+    if sv is not None:
+        d, sv = collapse(d, sv)
+        return functools.partial(np.copyto, d, sv)
+
+    def run() -> None:
+        # both sides strided in incompatible ways: numpy's reshape copies src at run time
+        np.copyto(d, np.reshape(s, d.shape))
+
+    return run
+
+
+def _to_f32_fn(type: GGMLType, src: np.ndarray, shape: tuple[int, ...],
+               params: ComputeParams) -> Callable[[], np.ndarray]:
+    """A function returning src's values as float32 in logical `shape` (ne3, ne2, ne1, ne0)."""
+    if type == GGMLType.F32:
+        return lambda: src
+    if type == GGMLType.F16:
+        (t,) = scratch(params, shape)
+
+        def f16() -> np.ndarray:
+            np.copyto(t, src)
+            return t
+
+        return f16
+    if type == GGMLType.BF16:
+        (t,) = scratch(params, shape)
+
+        def bf16() -> np.ndarray:
+            bf16_to_f32(src, t)
+            return t
+
+        return bf16
+
+    def quantized() -> np.ndarray:
+        return to_float(type, np.ascontiguousarray(src)).reshape(shape)
+
+    return quantized
+
+
+def _from_f32_fn(type: GGMLType, dst: np.ndarray, shape: tuple[int, ...]) -> Callable[[np.ndarray], None]:
+    """A function storing float32 values of logical `shape` (dst's) into dst's type."""
+    if type in _NUMPY_FLOATS:
+        return lambda v: np.copyto(dst, v)
+    if type == GGMLType.BF16:
+        return lambda v: f32_to_bf16(v, dst)
+
+    def quantized(v: np.ndarray) -> None:
+        dst[...] = from_float(type, np.ascontiguousarray(v, dtype=np.float32)).reshape(dst.shape)
+
+    return quantized
+
+
+def _row_major(v: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """v's elements in row-major order, as `shape` (a view where numpy can)."""
+    return v if v.shape == shape else np.reshape(v, shape)
+
+
+def copy_prepare(node: Tensor, src_t: Tensor, dst: np.ndarray, src: np.ndarray, params: ComputeParams) -> Compute:
+    """ggml's dup: src's elements in row-major order of its ne go to dst's in row-major order of dst's ne."""
+    st, dt = src_t.type, node.type
+    if src_t.nelements() != node.nelements():
+        raise ShapeError(f"CPU {node.op.name} '{node.name}': {src_t.nelements()} elements in "
+                         f"'{src_t.name}' but {node.nelements()} in dst")
+    if node.nelements() == 0:
+        return noop
+    if st == dt and TYPE_TRAITS[st].is_quantized:
+        # same quantized type: blocks are copied as they are (ggml's dup_bytes)
+        return _copy_fn(_as_blocks(dst, dt), _as_blocks(src, st))
+    if st == dt or (_is_plain(st) and _is_plain(dt) and st in _NUMPY_FLOATS and dt in _NUMPY_FLOATS):
+        return _copy_fn(dst, src)
+    if not (is_convertible(st) and is_convertible(dt)):
+        raise UnsupportedTypeError(f"CPU {node.op.name} '{node.name}': cannot convert {st.name} "
+                                   f"('{src_t.name}') to {dt.name}")
+    src_shape, dst_shape = _logical_shape(src_t), _logical_shape(node)
+    read = _to_f32_fn(st, src, src_shape, params)
+    write = _from_f32_fn(dt, dst, dst_shape)
+
+    def run() -> None:
+        write(_row_major(read(), dst_shape))
+
+    return run
+
+
+def dup_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
+    """DUP and CONT: dst gets src0's elements (row-major), converted to dst's type."""
+    src = srcs[0]
+    assert src is not None and node.src[0] is not None
+    return copy_prepare(node, node.src[0], dst, src, params)
+
+
+def cpy_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
+    """CPY: src0 into dst (a view of src1), converting to src1's type."""
+    return dup_kernel(node, dst, srcs, params)
+
+
+# --- GET_ROWS ---
+
+
+def get_rows_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None],
+                    params: ComputeParams) -> Compute:
+    """dst[:, i10, i11, i12] = src0[:, src1[i10, i11, i12], i11, i12] (ggml's ne order), as F32 (or I32).
+
+    Quantized and BF16 rows are converted after picking, so only the picked rows are dequantized.
+    """
+    a_t, i_t = node.src[0], node.src[1]
+    a, idx = srcs[0], srcs[1]
+    assert a_t is not None and i_t is not None and a is not None and idx is not None
+    st = a_t.type
+    if i_t.type != GGMLType.I32:
+        raise UnsupportedTypeError(f"CPU GET_ROWS '{node.name}': indices '{i_t.name}' must be I32, not {i_t.type.name}")
+    if not (is_convertible(st) or st == GGMLType.I32):
+        raise UnsupportedTypeError(f"CPU GET_ROWS '{node.name}': rows of type {st.name} ('{a_t.name}')")
+    want_int = st == GGMLType.I32
+    if node.type not in (GGMLType.F32, GGMLType.F16, GGMLType.I32) or (node.type == GGMLType.I32) != want_int:
+        raise UnsupportedTypeError(f"CPU GET_ROWS '{node.name}': dst type {node.type.name} for rows of {st.name}")
+    ne10, ne11, ne12 = i_t.ne[0], i_t.ne[1], i_t.ne[2]
+    if a_t.ne[2] != ne11 or a_t.ne[3] != ne12 or i_t.ne[3] != 1 or node.ne != [a_t.ne[0], ne10, ne11, ne12]:
+        raise ShapeError(f"CPU GET_ROWS '{node.name}': rows {a_t.ne}, indices {i_t.ne}, dst {node.ne} do not fit "
+                         "(need rows.ne[2] == idx.ne[1], rows.ne[3] == idx.ne[2], dst [rows.ne0, idx.ne0..2])")
+    if node.nelements() == 0:
+        return noop
+    n_rows = a_t.ne[1]
+    ids = idx[0]  # (ne12, ne11, ne10)
+    name = node.name
+
+    def check() -> None:
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= n_rows:
+            raise OutOfBoundsError(f"CPU GET_ROWS '{name}': row index {lo if lo < 0 else hi} outside [0, {n_rows})")
+
+    if ne11 == 1 and ne12 == 1 and a.dtype == dst.dtype and ids.size > 0:
+        # the common case (embeddings): one np.take straight into dst
+        a2, i1, d2 = a[0, 0], ids[0, 0], dst[0, 0]
+
+        def take() -> None:
+            check()
+            np.take(a2, i1, axis=0, out=d2, mode="clip")  # indices are checked, so 'clip' never clips
+
+        return take
+
+    i3 = np.arange(ne12).reshape(ne12, 1, 1)
+    i2 = np.arange(ne11).reshape(1, ne11, 1)
+    if st == GGMLType.BF16:
+        def convert(rows: np.ndarray) -> None:
+            np.copyto(dst, (rows.astype(np.uint32) << 16).view(np.float32))
+    elif TYPE_TRAITS[st].is_quantized:
+        def convert(rows: np.ndarray) -> None:
+            np.copyto(dst, to_float(st, rows).reshape(dst.shape))
+    else:
+        def convert(rows: np.ndarray) -> None:
+            np.copyto(dst, rows)
+
+    def gather() -> None:
+        check()
+        convert(a[i3, i2, ids])
+
+    return gather
+
+
+# --- REPEAT, CONCAT, DIAG, PAD, UPSCALE, SET ---
+
+
+def _same_type(node: Tensor, *srcs: Tensor | None) -> None:
+    for s in srcs:
+        if s is not None and (s.type != node.type or TYPE_TRAITS[s.type].is_quantized):
+            raise UnsupportedTypeError(f"CPU {node.op.name} '{node.name}': '{s.name}' is {s.type.name}, "
+                                       f"dst is {node.type.name}; this kernel copies one non-quantized type")
+
+
+def repeat_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
+    """dst tiles src0: element i of each dim comes from i % src0.ne."""
+    _same_type(node, node.src[0])
+    src = srcs[0]
+    assert src is not None
+    if any(n % m != 0 for n, m in zip(dst.shape, src.shape, strict=True)):
+        raise ShapeError(f"CPU REPEAT '{node.name}': src ne {list(src.shape[::-1])} does not tile "
+                         f"dst ne {list(dst.shape[::-1])}")
+    if dst.size == 0:
+        return noop
+    (d,), s = ggml_broadcast([dst], src)
+    d, s = collapse(d, np.broadcast_to(s, d.shape))
+    return functools.partial(np.copyto, d, s)
+
+
+def concat_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
+    """src0 then src1 along dimension 2 (ggml of late 2023 concatenates there only)."""
+    _same_type(node, node.src[0], node.src[1])
+    a, b = srcs[0], srcs[1]
+    assert a is not None and b is not None
+    n = a.shape[1]
+    if dst.shape != (a.shape[0], n + b.shape[1], a.shape[2], a.shape[3]) or a.shape[::2] != b.shape[::2]:
+        raise ShapeError(f"CPU CONCAT '{node.name}': ne {list(a.shape[::-1])} and {list(b.shape[::-1])} "
+                         f"do not join into {list(dst.shape[::-1])} along dim 2")
+    da, db = dst[:, :n], dst[:, n:]
+
+    def run() -> None:
+        np.copyto(da, a)
+        np.copyto(db, b)
+
+    return run
+
+
+def diag_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
+    """A row [ne0, 1, ne2, ne3] to diagonal matrices [ne0, ne0, ne2, ne3]."""
+    _same_type(node, node.src[0])
+    src = srcs[0]
+    assert src is not None
+    n = src.shape[3]
+    if src.shape[2] != 1 or dst.shape != (src.shape[0], src.shape[1], n, n):
+        raise ShapeError(f"CPU DIAG '{node.name}': src ne {list(src.shape[::-1])}, dst ne {list(dst.shape[::-1])}")
+    s3, s2, s1, s0 = dst.strides
+    diagonal = as_strided(dst, (dst.shape[0], dst.shape[1], n), (s3, s2, s1 + s0))
+    row = src[:, :, 0, :]
+
+    def run() -> None:
+        dst.fill(0)
+        np.copyto(diagonal, row)
+
+    return run
+
+
+def pad_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
+    """src0 with zeros appended at the end of each dimension."""
+    _same_type(node, node.src[0])
+    src = srcs[0]
+    assert src is not None
+    if any(d < s for d, s in zip(dst.shape, src.shape, strict=True)):
+        raise ShapeError(f"CPU PAD '{node.name}': dst ne {list(dst.shape[::-1])} smaller than src "
+                         f"ne {list(src.shape[::-1])}")
+    inner = dst[: src.shape[0], : src.shape[1], : src.shape[2], : src.shape[3]]
+
+    def run() -> None:
+        dst.fill(0)
+        np.copyto(inner, src)
+
+    return run
+
+
+def upscale_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
+    """Nearest neighbour: dst[i0, i1, i2, i3] = src[i0 / f, i1 / f, i2, i3], f = op_params[0]."""
+    _same_type(node, node.src[0])
+    src = srcs[0]
+    assert src is not None
+    f = node.get_op_params_i32(0)
+    n3, n2, n1, n0 = src.shape
+    if f < 1 or dst.shape != (n3, n2, n1 * f, n0 * f):
+        raise ShapeError(f"CPU UPSCALE '{node.name}': src ne {list(src.shape[::-1])} by {f} "
+                         f"is not dst ne {list(dst.shape[::-1])}")
+    if dst.size == 0:
+        return noop
+    d = split_axis(split_axis(dst, 3, n0, f), 2, n1, f)  # (n3, n2, n1, f, n0, f)
+    s = np.broadcast_to(src[:, :, :, None, :, None], d.shape)
+    return functools.partial(np.copyto, d, s)
+
+
+def set_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
+    """dst = src0, then dst's window (op_params: nb1, nb2, nb3, offset in bytes) = src1."""
+    a_t, b_t = node.src[0], node.src[1]
+    a, b = srcs[0], srcs[1]
+    assert a is not None and b is not None and a_t is not None and b_t is not None
+    _same_type(node, a_t)
+    if b_t.type != node.type and not (b_t.type in _NUMPY_FLOATS and node.type in _NUMPY_FLOATS):
+        raise UnsupportedTypeError(f"CPU SET '{node.name}': cannot store {b_t.type.name} into {node.type.name}")
+    view = acc_view(node, dst, b.shape)
+    copy = not same_memory(dst, a)
+
+    def run() -> None:
+        if copy:
+            np.copyto(dst, a)
+        np.copyto(view, b)
+
+    return run
+
+
+KERNELS: dict[GGMLOp, Kernel] = {
+    GGMLOp.DUP: dup_kernel,
+    GGMLOp.CONT: dup_kernel,
+    GGMLOp.CPY: cpy_kernel,
+    GGMLOp.GET_ROWS: get_rows_kernel,
+    GGMLOp.REPEAT: repeat_kernel,
+    GGMLOp.CONCAT: concat_kernel,
+    GGMLOp.DIAG: diag_kernel,
+    GGMLOp.PAD: pad_kernel,
+    GGMLOp.UPSCALE: upscale_kernel,
+    GGMLOp.SET: set_kernel,
+}
+
+
+def supports(node: Tensor) -> bool:
+    """Whether these kernels compute `node` (types as the kernels above take them)."""
+    op = node.op
+    if op not in KERNELS:
+        return False
+    src0 = node.src[0]
+    if src0 is None:
+        return False
+    if op in (GGMLOp.DUP, GGMLOp.CONT, GGMLOp.CPY):
+        st, dt = src0.type, node.type
+        return st == dt or (is_convertible(st) and is_convertible(dt))
+    if op == GGMLOp.GET_ROWS:
+        idx = node.src[1]
+        if idx is None or idx.type != GGMLType.I32:
+            return False
+        if src0.type == GGMLType.I32:
+            return node.type == GGMLType.I32
+        return is_convertible(src0.type) and node.type in _NUMPY_FLOATS
+    srcs = [s for s in node.src[:2] if s is not None]
+    if op == GGMLOp.SET:
+        srcs = srcs[:1]
+    return all(s.type == node.type and not TYPE_TRAITS[s.type].is_quantized for s in srcs)
