@@ -1,8 +1,139 @@
-"""CPU kernels: reduce ops."""
+"""CPU kernels: reductions and sorting (SUM, SUM_ROWS, MEAN, ARGMAX, ARGSORT).
+
+F32 and F16 sources; sums accumulate in f32 with numpy's pairwise summation
+(SUM, one value over the whole tensor, in f64 as ggml's ggml_float).
+"""
 
 from __future__ import annotations
 
-from pyggml.backends.cpu.kernels import Kernel
-from pyggml.core.tensor import GGMLOp
+import functools
 
-KERNELS: dict[GGMLOp, Kernel] = {}
+import numpy as np
+
+from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
+from pyggml.backends.cpu.kernels._common import F32, FLOAT_TYPES, all_float, noop, require_types, scratch
+from pyggml.core.errors import ArgumentError, ShapeError, UnsupportedTypeError
+from pyggml.core.tensor import GGMLOp, Tensor
+from pyggml.core.types import GGMLType
+
+SORT_ASC = 0
+SORT_DESC = 1
+
+
+def _src(node: Tensor, srcs: list[np.ndarray | None]) -> np.ndarray:
+    require_types(node, FLOAT_TYPES, node.src[0])
+    x = srcs[0]
+    assert x is not None
+    return x
+
+
+def _require_int_dst(node: Tensor) -> None:
+    if node.type != GGMLType.I32:
+        raise UnsupportedTypeError(f"CPU {node.op.name} '{node.name}': dst must be I32, not {node.type.name}")
+
+
+def sum_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
+    """dst[0] = the sum of all of src0's elements."""
+    x = _src(node, srcs)
+    require_types(node, FLOAT_TYPES, node)
+    if dst.size != 1:
+        raise ShapeError(f"CPU SUM '{node.name}': dst must hold one element, has ne {list(dst.shape[::-1])}")
+    d = dst.reshape(())
+
+    def run() -> None:
+        d[()] = np.sum(x, dtype=np.float64)
+
+    return run
+
+
+def sum_rows_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
+    """dst[0, i1, i2, i3] = sum over i0 of src0[i0, i1, i2, i3]."""
+    x = _src(node, srcs)
+    require_types(node, FLOAT_TYPES, node)
+    if dst.shape != x.shape[:3] + (1,):
+        raise ShapeError(f"CPU SUM_ROWS '{node.name}': dst ne {list(dst.shape[::-1])} for src ne {list(x.shape[::-1])}")
+    if dst.size == 0:
+        return noop
+    return functools.partial(np.add.reduce, x, axis=-1, dtype=F32, out=dst, keepdims=True)
+
+
+def mean_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
+    """dst[0, i1, i2, i3] = the mean of row (i1, i2, i3) of src0."""
+    x = _src(node, srcs)
+    require_types(node, FLOAT_TYPES, node)
+    if dst.shape != x.shape[:3] + (1,):
+        raise ShapeError(f"CPU MEAN '{node.name}': dst ne {list(dst.shape[::-1])} for src ne {list(x.shape[::-1])}")
+    if dst.size == 0:
+        return noop
+    n = np.float32(x.shape[3])
+    if dst.dtype == F32:
+        acc = dst
+    else:
+        (acc,) = scratch(params, dst.shape)
+
+    def run() -> None:
+        np.add.reduce(x, axis=-1, dtype=F32, out=acc, keepdims=True)
+        np.divide(acc, n, out=dst)
+
+    return run
+
+
+def argmax_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
+    """dst[i1] = the index of the first largest element of row i1 of the matrix src0 (I32)."""
+    x = _src(node, srcs)
+    _require_int_dst(node)
+    if x.shape[:2] != (1, 1) or dst.size != x.shape[2]:
+        raise ShapeError(f"CPU ARGMAX '{node.name}': src0 must be a matrix and dst hold one index per row "
+                         f"(src ne {list(x.shape[::-1])}, dst ne {list(dst.shape[::-1])})")
+    if dst.size == 0:
+        return noop
+    m = x[0, 0]
+    d = dst.reshape(-1)
+
+    def run() -> None:
+        np.copyto(d, np.argmax(m, axis=-1), casting="same_kind")
+
+    return run
+
+
+def argsort_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
+    """dst = the indices that sort each row of src0 (I32), ascending or descending by op_params[0].
+
+    Equal elements keep their order (a stable sort); ggml's exchange sort may order ties differently.
+    """
+    x = _src(node, srcs)
+    _require_int_dst(node)
+    order = node.get_op_params_i32(0)
+    if order not in (SORT_ASC, SORT_DESC):
+        raise ArgumentError(f"CPU ARGSORT '{node.name}': unknown sort order {order}")
+    if dst.shape != x.shape:
+        raise ShapeError(f"CPU ARGSORT '{node.name}': dst ne {list(dst.shape[::-1])} for src ne {list(x.shape[::-1])}")
+    if dst.size == 0:
+        return noop
+
+    if order == SORT_ASC:
+        def run() -> None:
+            np.copyto(dst, np.argsort(x, axis=-1, kind="stable"), casting="same_kind")
+    else:
+        def run() -> None:
+            np.copyto(dst, np.argsort(np.negative(x), axis=-1, kind="stable"), casting="same_kind")
+
+    return run
+
+
+KERNELS: dict[GGMLOp, Kernel] = {
+    GGMLOp.SUM: sum_kernel,
+    GGMLOp.SUM_ROWS: sum_rows_kernel,
+    GGMLOp.MEAN: mean_kernel,
+    GGMLOp.ARGMAX: argmax_kernel,
+    GGMLOp.ARGSORT: argsort_kernel,
+}
+
+
+def supports(node: Tensor) -> bool:
+    """Whether these kernels compute `node`: F32/F16 sources, I32 dst for ARGMAX and ARGSORT."""
+    if node.op not in KERNELS or not all_float(node.src[0]):
+        return False
+    if node.op in (GGMLOp.ARGMAX, GGMLOp.ARGSORT):
+        return node.type == GGMLType.I32
+    return all_float(node)
