@@ -1,0 +1,278 @@
+"""CPU kernels of the normalization/attention ops against numpy references written here from ggml's definitions."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from kernel_helpers import (
+    F16,
+    F32,
+    assert_close,
+    build,
+    compile_node,
+    manual_node,
+    new_ctx,
+    permuted,
+    run,
+    stored,
+    tensor,
+    transposed,
+)
+
+from pyggml.backends.cpu.kernels import norm
+from pyggml.core.errors import GGMLError
+from pyggml.core.tensor import GGMLOp
+from pyggml.core.types import GGMLType
+
+TYPES = [F32, F16]
+I32 = GGMLType.I32
+
+
+def rows(x: np.ndarray):  # noqa: ANN201
+    """Every row (last axis) of a 4-D array with its index."""
+    for i3 in range(x.shape[0]):
+        for i2 in range(x.shape[1]):
+            for i1 in range(x.shape[2]):
+                yield (i3, i2, i1), x[i3, i2, i1]
+
+
+# --- NORM, RMS_NORM, GROUP_NORM ---
+
+
+@pytest.mark.parametrize("type", TYPES)
+@pytest.mark.parametrize("layout_", ["contiguous", "permuted"])
+def test_norm(type: GGMLType, layout_: str, rng: np.random.Generator) -> None:
+    x = (rng.standard_normal((2, 3, 4, 32)) * 2 + 1).astype(np.float32)
+    eps = 1e-5
+    ctx = new_ctx()
+    t = tensor(ctx, type, x) if layout_ == "contiguous" else permuted(ctx, type, x)
+    node = build(ctx, "norm", t, eps, op=GGMLOp.NORM, params=[eps])
+    xs = stored(type, x).astype(np.float64)
+    want = np.zeros_like(xs)
+    for idx, r in rows(xs):
+        mean = sum(r) / len(r)
+        var = sum((v - mean) ** 2 for v in r) / len(r)
+        want[idx] = (r - mean) / math.sqrt(var + eps)
+    assert_close(run(node), stored(type, want), type, atol=1e-5 if type == F32 else 4e-3)
+
+
+@pytest.mark.parametrize("type", TYPES)
+@pytest.mark.parametrize("layout_", ["contiguous", "permuted"])
+def test_rms_norm(type: GGMLType, layout_: str, rng: np.random.Generator) -> None:
+    x = (rng.standard_normal((2, 3, 4, 32)) * 2).astype(np.float32)
+    eps = 1e-6
+    ctx = new_ctx()
+    t = tensor(ctx, type, x) if layout_ == "contiguous" else permuted(ctx, type, x)
+    node = build(ctx, "rms_norm", t, eps, op=GGMLOp.RMS_NORM, params=[eps])
+    xs = stored(type, x).astype(np.float64)
+    want = np.zeros_like(xs)
+    for idx, r in rows(xs):
+        want[idx] = r / math.sqrt(sum(v * v for v in r) / len(r) + eps)
+    assert_close(run(node), stored(type, want), type, atol=1e-5 if type == F32 else 4e-3)
+
+
+@pytest.mark.parametrize("type", TYPES)
+@pytest.mark.parametrize("channels,groups", [(8, 4), (10, 4), (6, 6), (10, 6)])
+def test_group_norm(type: GGMLType, channels: int, groups: int, rng: np.random.Generator) -> None:
+    x = (rng.standard_normal((2, channels, 3, 5)) + 0.5).astype(np.float32)
+    ctx = new_ctx()
+    node = build(ctx, "group_norm", permuted(ctx, type, x), groups, op=GGMLOp.GROUP_NORM, params=[groups])
+    xs = stored(type, x).astype(np.float64)
+    want = np.zeros_like(xs)
+    per = (channels + groups - 1) // groups
+    for g in range(groups):
+        lo, hi = g * per, min(g * per + per, channels)
+        if lo >= hi:
+            continue
+        for n in range(2):
+            block = xs[n, lo:hi]
+            mean = block.mean()
+            var = ((block - mean) ** 2).mean()
+            want[n, lo:hi] = (block - mean) / math.sqrt(var + 1e-6)
+    assert_close(run(node), stored(type, want), type, atol=1e-5 if type == F32 else 4e-3)
+
+
+# --- SOFT_MAX ---
+
+
+def soft_max_ref(x: np.ndarray, mask: np.ndarray | None, scale: float) -> np.ndarray:
+    """ggml's soft_max: flat row r adds mask row r % mask.ne1."""
+    x = x.astype(np.float64)
+    out = np.zeros_like(x)
+    flat = x.reshape(-1, x.shape[-1])
+    res = out.reshape(-1, x.shape[-1])
+    for r in range(flat.shape[0]):
+        w = flat[r] * scale
+        if mask is not None:
+            m2 = mask.reshape(-1, mask.shape[-1])
+            w = w + m2[r % m2.shape[0]]
+        e = np.exp(w - w.max())
+        res[r] = e / e.sum()
+    return out
+
+
+@pytest.mark.parametrize("type", TYPES)
+@pytest.mark.parametrize("mask_rows", [None, 4, 2, 6])
+def test_soft_max(type: GGMLType, mask_rows: int | None, rng: np.random.Generator) -> None:
+    x = rng.standard_normal((1, 3, 4, 10)).astype(np.float32)
+    scale = 0.35
+    ctx = new_ctx()
+    t = permuted(ctx, type, x)
+    mask = None
+    tm = None
+    if mask_rows is not None:
+        mask = np.triu(np.full((mask_rows, 10), -np.inf, np.float32), 1 + 6)
+        mask += rng.standard_normal((mask_rows, 10)).astype(np.float32) * 0.1
+        tm = tensor(ctx, F32, mask)
+    if hasattr(ctx, "soft_max_ext"):
+        node = ctx.soft_max_ext(t, tm, scale)
+    else:
+        node = manual_node(ctx, GGMLOp.SOFT_MAX, [t, tm], [scale])
+    want = soft_max_ref(stored(type, x), mask, scale)
+    assert_close(run(node), stored(type, want), type, atol=1e-6 if type == F32 else 1e-3)
+
+
+def test_soft_max_plain_is_scale_one(rng: np.random.Generator) -> None:
+    x = rng.standard_normal((5, 7)).astype(np.float32)
+    ctx = new_ctx()
+    t = transposed(ctx, F32, x)
+    node = ctx.soft_max(t) if hasattr(ctx, "soft_max") else manual_node(ctx, GGMLOp.SOFT_MAX, [t], [1.0])
+    assert_close(run(node), soft_max_ref(x, None, 1.0), F32, atol=1e-6)
+
+
+# --- DIAG_MASK ---
+
+
+@pytest.mark.parametrize("type", TYPES)
+@pytest.mark.parametrize("op", [GGMLOp.DIAG_MASK_INF, GGMLOp.DIAG_MASK_ZERO])
+@pytest.mark.parametrize("n_past", [0, 2])
+def test_diag_mask(type: GGMLType, op: GGMLOp, n_past: int, rng: np.random.Generator) -> None:
+    x = rng.standard_normal((2, 3, 4, 6)).astype(np.float32)
+    ctx = new_ctx()
+    name = "diag_mask_inf" if op == GGMLOp.DIAG_MASK_INF else "diag_mask_zero"
+    node = build(ctx, name, permuted(ctx, type, x), n_past, op=op, params=[n_past])
+    value = -np.inf if op == GGMLOp.DIAG_MASK_INF else 0.0
+    want = stored(type, x).copy()
+    for i1 in range(4):
+        for i0 in range(6):
+            if i0 > n_past + i1:
+                want[:, :, i1, i0] = value
+    np.testing.assert_array_equal(run(node), want)
+
+
+# --- ROPE ---
+
+
+def corr_dims_ref(n_dims: int, n_orig: int, base: float, beta_fast: float, beta_slow: float) -> tuple[float, float]:
+    def dim(n_rot: float) -> float:
+        return n_dims * math.log(n_orig / (n_rot * 2 * math.pi)) / (2 * math.log(base))
+
+    return max(0.0, math.floor(dim(beta_fast))), min(n_dims - 1.0, math.ceil(dim(beta_slow)))
+
+
+def rope_ref(x: np.ndarray, pos: np.ndarray, n_dims: int, mode: int, n_orig: int, base: float, fscale: float,
+             ext: float, attn: float, beta_fast: float, beta_slow: float) -> np.ndarray:
+    """Written from ggml's rope_yarn: angle p * base^(-2k/n_dims), YaRN ramp over pair index k."""
+    x = x.astype(np.float64)
+    out = x.copy()
+    ne0 = x.shape[3]
+    low, high = corr_dims_ref(n_dims, n_orig, base, beta_fast, beta_slow)
+    neox = mode & 2
+    n_pairs = n_dims // 2 if neox else ne0 // 2
+    for (i3, i2, i1), r in rows(x):
+        p = float(pos[i2])
+        for k in range(n_pairs):
+            extrap = p * base ** (-2.0 * k / n_dims)
+            theta = fscale * extrap
+            mscale = attn
+            if ext != 0.0:
+                ramp = 1 - min(1.0, max(0.0, (k - low) / max(0.001, high - low)))
+                mix = ramp * ext
+                theta = theta * (1 - mix) + extrap * mix
+                mscale *= 1 + 0.1 * math.log(1 / fscale)
+            c, s = math.cos(theta) * mscale, math.sin(theta) * mscale
+            j0, j1 = (k, k + n_dims // 2) if neox else (2 * k, 2 * k + 1)
+            out[i3, i2, i1, j0] = r[j0] * c - r[j1] * s
+            out[i3, i2, i1, j1] = r[j0] * s + r[j1] * c
+    return out
+
+
+ROPE_CASES = [
+    # n_dims, mode, freq_base, freq_scale, ext_factor, attn_factor, ne0
+    (16, 0, 10000.0, 1.0, 0.0, 1.0, 16),
+    (8, 0, 10000.0, 1.0, 0.0, 1.0, 16),  # normal mode turns the whole row
+    (16, 2, 10000.0, 1.0, 0.0, 1.0, 16),
+    (8, 2, 10000.0, 1.0, 0.0, 1.0, 12),  # NeoX: the first n_dims turn, the rest is copied
+    (16, 0, 500000.0, 0.25, 0.0, 1.0, 16),
+    (16, 0, 10000.0, 0.25, 1.0, 1.0, 16),  # YaRN
+    (16, 2, 10000.0, 0.5, 0.5, 0.9, 16),  # YaRN, NeoX
+]
+
+
+@pytest.mark.parametrize("type", TYPES)
+@pytest.mark.parametrize("case", ROPE_CASES)
+def test_rope(type: GGMLType, case: tuple, rng: np.random.Generator) -> None:
+    n_dims, mode, base, fscale, ext, attn, ne0 = case
+    n_orig, beta_fast, beta_slow = 64, 32.0, 1.0
+    x = rng.standard_normal((1, 5, 3, ne0)).astype(np.float32)  # [ne0, n_head=3, n_tokens=5]
+    positions = np.array([0, 1, 7, 30, 100], np.int32)
+    ctx = new_ctx()
+    t = permuted(ctx, type, x)
+    tp = tensor(ctx, I32, positions)
+    params = [0, n_dims, mode, 0, n_orig, base, fscale, ext, attn, beta_fast, beta_slow, 0.0, 0]
+    if hasattr(ctx, "rope_custom"):
+        node = ctx.rope_custom(t, tp, n_dims, mode, 0, n_orig, base, fscale, ext, attn, beta_fast, beta_slow)
+    else:
+        node = manual_node(ctx, GGMLOp.ROPE, [t, tp], params)
+    want = rope_ref(stored(type, x), positions, n_dims, mode, n_orig, base, fscale, ext, attn, beta_fast, beta_slow)
+    assert_close(run(node), stored(type, want), type, atol=2e-5 if type == F32 else 2e-3)
+
+
+def test_rope_inplace(rng: np.random.Generator) -> None:
+    x = rng.standard_normal((1, 4, 2, 8)).astype(np.float32)
+    positions = np.array([3, 4, 5, 6], np.int32)
+    ctx = new_ctx()
+    t = tensor(ctx, F32, x)
+    node = ctx.view_tensor(t)
+    node.op, node.src[0], node.src[1] = GGMLOp.ROPE, t, tensor(ctx, I32, positions)
+    node.set_op_params([0, 8, 2, 0, 64, 10000.0, 1.0, 0.0, 1.0, 32.0, 1.0, 0.0, 0])
+    run(node)
+    want = rope_ref(x, positions, 8, 2, 64, 10000.0, 1.0, 0.0, 1.0, 32.0, 1.0)
+    assert_close(t.numpy(), want, F32, atol=2e-5)
+
+
+def test_rope_rejects_glm_and_bad_dims() -> None:
+    ctx = new_ctx()
+    t = ctx.new_tensor_3d(F32, 8, 2, 3)
+    tp = tensor(ctx, I32, np.arange(3, dtype=np.int32))
+    glm = manual_node(ctx, GGMLOp.ROPE, [t, tp], [0, 8, 4, 0, 64, 10000.0, 1.0, 0.0, 1.0, 32.0, 1.0, 0.0, 0])
+    assert not norm.supports(glm)
+    with pytest.raises(GGMLError, match="GLM"):
+        compile_node(glm)
+    odd = manual_node(ctx, GGMLOp.ROPE, [t, tp], [0, 7, 0, 0, 64, 10000.0, 1.0, 0.0, 1.0, 32.0, 1.0, 0.0, 0])
+    with pytest.raises(GGMLError, match="n_dims"):
+        compile_node(odd)
+
+
+# --- ALIBI ---
+
+
+@pytest.mark.parametrize("type", TYPES)
+@pytest.mark.parametrize("n_head", [4, 6])
+def test_alibi(type: GGMLType, n_head: int, rng: np.random.Generator) -> None:
+    x = rng.standard_normal((1, n_head, 3, 7)).astype(np.float32)
+    max_bias = 8.0
+    ctx = new_ctx()
+    node = build(ctx, "alibi", permuted(ctx, type, x), 0, n_head, max_bias, op=GGMLOp.ALIBI,
+                 params=[0, n_head, max_bias])
+    n_log2 = 2 ** math.floor(math.log2(n_head))
+    m0 = 2.0 ** (-max_bias / n_log2)
+    m1 = 2.0 ** (-(max_bias / 2) / n_log2)
+    want = stored(type, x).astype(np.float64)
+    for k in range(n_head):
+        slope = m0 ** (k + 1) if k < n_log2 else m1 ** (2 * (k - n_log2) + 1)
+        for i in range(7):
+            want[0, k, :, i] += i * slope
+    assert_close(run(node), stored(type, want), type, atol=1e-5 if type == F32 else 4e-3)
