@@ -1,8 +1,233 @@
-"""CPU kernels: conv ops."""
+"""CPU kernels: convolution helpers and pooling.
+
+IM2COL (ggml's conv_1d/conv_2d are IM2COL + MUL_MAT), CONV_TRANSPOSE_1D,
+POOL_1D and POOL_2D. Sliding windows are strided views of a zero-padded f32
+copy of the input (kept per node, so the padding stays zero between runs);
+one numpy copy or reduction then fills dst.
+"""
 
 from __future__ import annotations
 
-from pyggml.backends.cpu.kernels import Kernel
-from pyggml.core.tensor import GGMLOp
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
-KERNELS: dict[GGMLOp, Kernel] = {}
+from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
+from pyggml.backends.cpu.kernels._common import F32, FLOAT_TYPES, all_float, noop, require_types, scratch, split_axis
+from pyggml.core.errors import ArgumentError, ShapeError
+from pyggml.core.tensor import GGMLOp, Tensor
+
+POOL_MAX = 0
+POOL_AVG = 1
+FLT_MAX = float(np.finfo(np.float32).max)
+
+
+def _padded(x: np.ndarray, pad_h: int, pad_w: int, fill: float, force_copy: bool) -> tuple[np.ndarray, Compute | None]:
+    """x (..., H, W) with pad_h rows and pad_w columns of `fill` on both sides.
+
+    Returns the array to read windows from and the function that refreshes it
+    from x each run (None when x itself can be read: no padding, f32).
+    """
+    if pad_h == 0 and pad_w == 0 and x.dtype == F32 and not force_copy:
+        return x, None
+    h, w = x.shape[-2], x.shape[-1]
+    p = np.full(x.shape[:-2] + (h + 2 * pad_h, w + 2 * pad_w), fill, F32)
+    inner = p[..., pad_h: pad_h + h, pad_w: pad_w + w]
+
+    def refresh() -> None:
+        np.copyto(inner, x)
+
+    return p, refresh
+
+
+def _windows(p: np.ndarray, out_hw: tuple[int, int], k_hw: tuple[int, int], s_hw: tuple[int, int],
+             d_hw: tuple[int, int], node: Tensor) -> np.ndarray:
+    """Windows of p (..., H, W) as (..., OH, OW, KH, KW).
+
+    Element [oh, ow, kh, kw] is p[oh*sh + kh*dh, ow*sw + kw*dw]; a strided view, no copy.
+    """
+    (oh, ow), (kh, kw), (sh, sw), (dh, dw) = out_hw, k_hw, s_hw, d_hw
+    h, w = p.shape[-2], p.shape[-1]
+    last_h = (oh - 1) * sh + (kh - 1) * dh
+    last_w = (ow - 1) * sw + (kw - 1) * dw
+    if min(oh, ow, kh, kw) > 0 and (last_h >= h or last_w >= w or last_h < 0 or last_w < 0):
+        raise ShapeError(f"CPU {node.op.name} '{node.name}': output {ow}x{oh} with kernel {kw}x{kh}, stride "
+                         f"{sw}x{sh}, dilation {dw}x{dh} reads past the (padded) input {w}x{h}")
+    st_h, st_w = p.strides[-2], p.strides[-1]
+    shape = p.shape[:-2] + (oh, ow, kh, kw)
+    strides = p.strides[:-2] + (sh * st_h, sw * st_w, dh * st_h, dw * st_w)
+    return as_strided(p, shape, strides, writeable=False)
+
+
+def im2col_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
+    """Unfold the input's patches into rows: dst[(c, kh, kw), ow, oh, n] = padded input[n, c, ih, iw].
+
+    src[0] is the kernel (only its shape is used: [KW, KH, IC, OC], or [K, IC, OC]
+    in 1-D), src[1] the input [IW, IH, IC, N] (1-D: [IL, IC, N]); op_params
+    [s0, s1, p0, p1, d0, d1, is_2D]; dst [IC*KH*KW, OW, OH, N] (1-D: [IC*K, OL, N]).
+    Positions outside the input read zero.
+    """
+    k_t, x_t = node.src[0], node.src[1]
+    x = srcs[1]
+    assert k_t is not None and x_t is not None and x is not None
+    require_types(node, FLOAT_TYPES, node, x_t)
+    s0, s1, p0, p1, d0, d1, is_2d = (node.get_op_params_i32(i) for i in range(7))
+    if min(s0, d0) < 1 or (is_2d and min(s1, d1) < 1) or min(p0, p1) < 0:
+        raise ArgumentError(f"CPU IM2COL '{node.name}': strides and dilations must be >= 1, paddings >= 0 "
+                            f"(s={s0},{s1} p={p0},{p1} d={d0},{d1})")
+    if is_2d:
+        n, ic = x.shape[0], x.shape[1]
+        kh, kw = k_t.ne[1], k_t.ne[0]
+        oh, ow = node.ne[2], node.ne[1]
+        x4 = x
+        d6 = dst  # (N, OH, OW, IC*KH*KW)
+    else:
+        n, ic = x.shape[1], x.shape[2]
+        kh, kw, oh, ow = 1, k_t.ne[0], 1, node.ne[1]
+        x4 = x[0][:, :, None, :]
+        d6 = dst[0][:, None, :, :]
+    if k_t.ne[2 if is_2d else 1] != ic or dst.shape[-1] != ic * kh * kw or d6.shape[:3] != (n, oh, ow):
+        raise ShapeError(f"CPU IM2COL '{node.name}': kernel {k_t.ne}, input {x_t.ne} and dst {node.ne} do not fit")
+    if dst.size == 0:
+        return noop
+    d6 = split_axis(split_axis(d6, 3, ic, kh * kw), 4, kh, kw).transpose(0, 3, 4, 1, 2, 5)  # (N, IC, KH, OH, OW, KW)
+    p, refresh = _padded(x4, p1, p0, 0.0, force_copy=False)
+    win = _windows(p, (oh, ow), (kh, kw), (s1, s0), (d1, d0), node)  # (N, IC, OH, OW, KH, KW)
+    src = win.transpose(0, 1, 4, 2, 3, 5)  # (N, IC, KH, OH, OW, KW)
+
+    def run() -> None:
+        if refresh is not None:
+            refresh()
+        np.copyto(d6, src)
+
+    return run
+
+
+def conv_transpose_1d_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None],
+                             params: ComputeParams) -> Compute:
+    """dst[o, oc] = sum over l, k, ic with o = l*s0 + k*d0 - p0 of input[l, ic] * kernel[k, oc, ic].
+
+    src[0] kernel [K, OC, IC], src[1] input [L, IC], op_params [s0, p0, d0],
+    dst [OL, OC] with OL = (L - 1)*s0 - 2*p0 + d0*(K - 1) + 1 in ggml.
+    """
+    k_t, x_t = node.src[0], node.src[1]
+    w, x = srcs[0], srcs[1]
+    assert k_t is not None and x_t is not None and w is not None and x is not None
+    require_types(node, FLOAT_TYPES, node, k_t, x_t)
+    s0, p0, d0 = (node.get_op_params_i32(i) for i in range(3))
+    if s0 < 1 or d0 < 1 or p0 < 0:
+        raise ArgumentError(f"CPU CONV_TRANSPOSE_1D '{node.name}': s0={s0}, d0={d0} must be >= 1, p0={p0} >= 0")
+    k_len, oc, ic = k_t.ne[0], k_t.ne[1], k_t.ne[2]
+    length = x_t.ne[0]
+    ol = node.ne[0]
+    if x_t.ne[1] != ic or k_t.ne[3] != 1 or x_t.ne[2] != 1 or x_t.ne[3] != 1 or node.ne[1:] != [oc, 1, 1]:
+        raise ShapeError(f"CPU CONV_TRANSPOSE_1D '{node.name}': kernel {k_t.ne}, input {x_t.ne}, dst {node.ne} "
+                         "do not fit ([K, OC, IC], [L, IC], [OL, OC])")
+    if dst.size == 0:
+        return noop
+    w3 = w[0]  # (IC, OC, K)
+    x2 = x[0, 0]  # (IC, L)
+    (acc,) = scratch(params, (oc, ol))
+    # for each kernel tap k, the input positions l whose output o = l*s0 + k*d0 - p0 falls inside [0, OL)
+    taps = []
+    for k in range(k_len):
+        start = k * d0 - p0
+        lo = 0
+        while lo < length and start + lo * s0 < 0:
+            lo += 1
+        hi = length
+        while hi > lo and start + (hi - 1) * s0 >= ol:
+            hi -= 1
+        if hi > lo:
+            o = start + lo * s0
+            taps.append((k, slice(o, o + (hi - lo - 1) * s0 + 1, s0), slice(lo, hi)))
+    out = dst[0, 0]
+
+    def run() -> None:
+        t = np.tensordot(w3.astype(F32, copy=False), x2.astype(F32, copy=False), axes=(0, 0))  # (OC, K, L)
+        acc.fill(0)
+        for k, o_sl, l_sl in taps:
+            acc[:, o_sl] += t[:, k, l_sl]
+        np.copyto(out, acc)
+
+    return run
+
+
+def _pool(node: Tensor, dst: np.ndarray, x: np.ndarray, op: int, k_hw: tuple[int, int], s_hw: tuple[int, int],
+          p_hw: tuple[int, int], params: ComputeParams) -> Compute:
+    """Max or average over windows of x (..., H, W) into dst (..., OH, OW).
+
+    As ggml: the average divides by the whole window (padding counts as zeros),
+    the max ignores padding.
+    """
+    if op not in (POOL_MAX, POOL_AVG):
+        raise ArgumentError(f"CPU {node.op.name} '{node.name}': unknown pool op {op}")
+    if min(k_hw) < 1 or min(s_hw) < 1 or min(p_hw) < 0:
+        raise ArgumentError(f"CPU {node.op.name} '{node.name}': kernel {k_hw} and stride {s_hw} must be >= 1, "
+                            f"padding {p_hw} >= 0")
+    if dst.size == 0:
+        return noop
+    fill = 0.0 if op == POOL_AVG else -FLT_MAX
+    p, refresh = _padded(x, p_hw[0], p_hw[1], fill, force_copy=False)
+    win = _windows(p, dst.shape[-2:], k_hw, s_hw, (1, 1), node)
+    ka = np.float32(k_hw[0] * k_hw[1])
+    if dst.dtype == F32:
+        acc = dst
+    else:
+        (acc,) = scratch(params, dst.shape)
+
+    def run() -> None:
+        if refresh is not None:
+            refresh()
+        if op == POOL_AVG:
+            np.add.reduce(win, axis=(-2, -1), dtype=F32, out=acc)
+            np.divide(acc, ka, out=dst)
+        else:
+            np.maximum.reduce(win, axis=(-2, -1), out=acc)
+            if acc is not dst:
+                np.copyto(dst, acc)
+
+    return run
+
+
+def pool_1d_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
+    """Pool each row: op_params [op, k0, s0, p0]; dst [OL, ne1, ...], OL = (ne0 + 2*p0 - k0)/s0 + 1.
+
+    ggml of late 2023 computes only k0 == s0, p0 == 0; other settings follow POOL_2D's rules.
+    """
+    x_t = node.src[0]
+    x = srcs[0]
+    assert x_t is not None and x is not None
+    require_types(node, FLOAT_TYPES, node, x_t)
+    op, k0, s0, p0 = (node.get_op_params_i32(i) for i in range(4))
+    if dst.shape[:3] != x.shape[:3]:
+        raise ShapeError(f"CPU POOL_1D '{node.name}': src ne {x_t.ne} and dst ne {node.ne} differ beyond dim 0")
+    return _pool(node, dst[..., None, :], x[..., None, :], op, (1, k0), (1, s0), (0, p0), params)
+
+
+def pool_2d_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
+    """Pool each plane: op_params [op, k0, k1, s0, s1, p0, p1]; dst [OW, OH, ne2, ne3]."""
+    x_t = node.src[0]
+    x = srcs[0]
+    assert x_t is not None and x is not None
+    require_types(node, FLOAT_TYPES, node, x_t)
+    op, k0, k1, s0, s1, p0, p1 = (node.get_op_params_i32(i) for i in range(7))
+    if dst.shape[:2] != x.shape[:2]:
+        raise ShapeError(f"CPU POOL_2D '{node.name}': src ne {x_t.ne} and dst ne {node.ne} differ in dims 2, 3")
+    return _pool(node, dst, x, op, (k1, k0), (s1, s0), (p1, p0), params)
+
+
+KERNELS: dict[GGMLOp, Kernel] = {
+    GGMLOp.IM2COL: im2col_kernel,
+    GGMLOp.CONV_TRANSPOSE_1D: conv_transpose_1d_kernel,
+    GGMLOp.POOL_1D: pool_1d_kernel,
+    GGMLOp.POOL_2D: pool_2d_kernel,
+}
+
+
+def supports(node: Tensor) -> bool:
+    """Whether these kernels compute `node`: F32/F16 data (IM2COL's kernel tensor may be any type)."""
+    if node.op not in KERNELS:
+        return False
+    if node.op == GGMLOp.IM2COL:
+        return all_float(node, node.src[1])
+    return all_float(node, node.src[0], node.src[1])
