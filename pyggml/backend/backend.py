@@ -7,18 +7,37 @@ hooks: `_get_name`, `_alloc_buffer`, `_get_alignment`, `_set_tensor_async`,
 seed's defaults: `_synchronize` does nothing, `_cpy_tensor_from` and
 `_cpy_tensor_to` return False (not handled: the copy goes through host
 memory), plans default to remembering the graph and computing it.
+
+The public graph functions check the whole graph before anything runs (every
+tensor allocated, no freed buffer, every op supported), so a backend's hooks
+only see graphs they can compute; `graph_plan_compute` does no checks of its
+own beyond the backend being alive, to stay cheap.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pyggml.core.errors import BufferFreedError
-from pyggml.core.tensor import Tensor
+from pyggml.backend.buffer import tensor_buffer
+from pyggml.core.errors import ArgumentError, BufferFreedError, NotAllocatedError, UnsupportedOpError
+from pyggml.core.tensor import GGMLOp, Tensor, is_view_op
 
 if TYPE_CHECKING:
     from pyggml.backend.buffer import Buffer
     from pyggml.core.graph import Graph
+
+
+def op_desc(node: Tensor) -> str:
+    """The op's name as ggml_op_desc gives it (UNARY shows its function)."""
+    if node.op == GGMLOp.UNARY:
+        from pyggml.core.tensor import UnaryOp
+
+        code = node.get_op_params_i32(0)
+        try:
+            return UnaryOp(code).name
+        except ValueError:
+            return f"UNARY({code})"
+    return node.op.name
 
 
 class Backend:
@@ -42,9 +61,11 @@ class Backend:
         raise NotImplementedError
 
     def _set_tensor_async(self, tensor: Tensor, data: memoryview, offset: int, size: int) -> None:
+        """Copy `size` bytes of `data` (1-D, format 'B') to the tensor's bytes from `offset` (checked already)."""
         raise NotImplementedError
 
     def _get_tensor_async(self, tensor: Tensor, data: memoryview, offset: int, size: int) -> None:
+        """Copy `size` bytes of the tensor from `offset` into `data` (1-D, writable, format 'B')."""
         raise NotImplementedError
 
     def _synchronize(self) -> None:
@@ -85,6 +106,7 @@ class Backend:
         return self._get_name()
 
     def free(self) -> None:
+        """ggml_backend_free; freeing twice is harmless."""
         if self.freed:
             return
         self._free()
@@ -97,8 +119,6 @@ class Backend:
         """ggml_backend_alloc_buffer: a new buffer of `size` bytes."""
         self.check_alive()
         if size < 0:
-            from pyggml.core.errors import ArgumentError
-
             raise ArgumentError(f"backend '{self.name()}': cannot allocate a buffer of {size} bytes")
         return self._alloc_buffer(int(size))
 
@@ -107,7 +127,60 @@ class Backend:
         self._synchronize()
 
     def supports_op(self, op: Tensor) -> bool:
-        return self._supports_op(op)
+        """ggml_backend_supports_op: whether this backend can compute node `op`."""
+        return bool(self._supports_op(op))
+
+    def graph_plan_create(self, graph: Graph) -> Any:
+        """ggml_backend_graph_plan_create: check `graph` and precompute it for `graph_plan_compute`."""
+        self.check_alive()
+        self.check_graph(graph, "graph_plan_create")
+        return self._graph_plan_create(graph)
+
+    def graph_plan_free(self, plan: Any) -> None:
+        self._graph_plan_free(plan)
+
+    def graph_plan_compute(self, plan: Any) -> None:
+        """ggml_backend_graph_plan_compute: run a plan (checked when it was made)."""
+        self.check_alive()
+        self._graph_plan_compute(plan)
+
+    def graph_compute(self, graph: Graph) -> None:
+        """ggml_backend_graph_compute: check `graph`, then compute every node in order."""
+        self.check_alive()
+        self.check_graph(graph, "graph_compute")
+        self._graph_compute(graph)
+
+    def check_graph(self, graph: Graph, what: str = "graph_compute") -> None:
+        """Raise before anything runs unless every node can be computed here.
+
+        Every node and source must have memory (NotAllocatedError) in a buffer
+        that is not freed (BufferFreedError), and every node that computes
+        (not a view, not NONE) must be supported (UnsupportedOpError).
+        """
+        name = self.name()
+        for i, node in enumerate(graph.nodes):
+            for j, t in enumerate((node, *node.src)):
+                if t is None:
+                    continue
+                if j == 0:
+                    who = f"node {i} '{node.name}' ({op_desc(node)})"
+                else:
+                    who = f"'{t.name}', src[{j - 1}] of node {i} '{node.name}' ({op_desc(node)}),"
+                if t.data is None:
+                    raise NotAllocatedError(f"{what} on '{name}': {who} is not allocated")
+                buffer = tensor_buffer(t)
+                if buffer is not None and buffer.freed:
+                    raise BufferFreedError(
+                        f"{what} on '{name}': {who} is in buffer '{buffer.name}' ({buffer.size} bytes), which was freed"
+                    )
+            if node.op == GGMLOp.NONE or is_view_op(node.op):
+                continue
+            if not self.supports_op(node):
+                types = ", ".join(f"{s.name}:{s.type.name}" for s in node.src if s is not None)
+                raise UnsupportedOpError(
+                    f"{what}: backend '{name}' does not support op {op_desc(node)} of node {i} '{node.name}' "
+                    f"({node.type.name}{list(node.ne)}; sources {types or 'none'})"
+                )
 
     def __enter__(self) -> Backend:
         return self

@@ -1,0 +1,16 @@
+"""The CPU backend: host memory in aligned numpy arrays, one kernel per op, plans, threads."""
+
+from pyggml.backends.cpu.backend import (
+    CPUBackend,
+    cpu_init,
+    cpu_set_n_threads,
+    graph_compute_with_ctx,
+    is_cpu,
+    set_blas_threads,
+)
+from pyggml.backends.cpu.backend import cpu_backend_buffer_from_ptr as cpu_buffer_from_ptr
+from pyggml.backends.cpu.buffer import TENSOR_ALIGNMENT, CPUBuffer
+from pyggml.backends.cpu.plan import CPUPlan, kernel_supports
+
+__all__ = ["TENSOR_ALIGNMENT", "CPUBackend", "CPUBuffer", "CPUPlan", "cpu_buffer_from_ptr", "cpu_init",
+           "cpu_set_n_threads", "graph_compute_with_ctx", "is_cpu", "kernel_supports", "set_blas_threads"]

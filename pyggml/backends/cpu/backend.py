@@ -1,0 +1,172 @@
+"""The CPU backend (ggml-backend.c's CPU part): host memory, kernels, plans, threads.
+
+`n_threads` defaults to os.cpu_count(). It is honoured twice: BLAS (numpy's
+OpenBLAS/MKL) is limited to it through threadpoolctl, once whenever the count
+a compute needs differs from the one last set (not per kernel: the switch
+costs milliseconds); JIT kernels read `params.n_threads`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+
+from pyggml.backend.backend import Backend
+from pyggml.backend.tensor_io import tensor_get, tensor_set
+from pyggml.backends.cpu.buffer import TENSOR_ALIGNMENT, CPUBuffer, cpu_alloc_buffer, cpu_buffer_from_ptr
+from pyggml.backends.cpu.kernels import ComputeParams, WorkArea
+from pyggml.backends.cpu.plan import CPUPlan, kernel_supports, plan_compute, plan_create
+from pyggml.core import memory
+from pyggml.core.context import Context
+from pyggml.core.errors import ArgumentError, OutOfBoundsError
+from pyggml.core.graph import Graph
+from pyggml.core.tensor import Tensor
+
+log = logging.getLogger("pyggml.backends.cpu")
+
+# the BLAS thread count last set through threadpoolctl (None: never set, the library's default)
+_blas_threads: int | None = None
+
+
+def set_blas_threads(n_threads: int) -> None:
+    """Limit BLAS to `n_threads`, calling threadpoolctl only when the count changes."""
+    global _blas_threads
+    if _blas_threads == n_threads:
+        return
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # optional at run time: BLAS keeps its own default
+        log.debug("threadpoolctl is not installed; BLAS thread count left as is")
+        _blas_threads = n_threads
+        return
+    threadpool_limits(limits=n_threads, user_api="blas")
+    _blas_threads = n_threads
+
+
+def _host_bytes(t: Tensor, what: str) -> np.ndarray:
+    """A writable uint8 view of a host tensor's nbytes from its data address."""
+    assert t.data is not None
+    nbytes = t.nbytes()
+    found = memory.find(t.data, max(nbytes, 1))
+    if found is None:
+        raise OutOfBoundsError(f"CPU {what}: {nbytes} bytes of '{t.name}' at {t.data:#x} are not in host memory")
+    array, offset = found
+    return array[offset: offset + nbytes]
+
+
+class CPUBackend(Backend):
+    """ggml_backend_cpu: computes with the kernels of `pyggml.backends.cpu.kernels`."""
+
+    def __init__(self, n_threads: int | None = None) -> None:
+        super().__init__()
+        self.n_threads: int = n_threads if n_threads is not None else (os.cpu_count() or 1)
+        self.work = WorkArea()  # the seed's work_data/work_size, reused by graph_compute
+
+    # --- hooks ---
+
+    def _get_name(self) -> str:
+        return "CPU"
+
+    def _free(self) -> None:
+        self.work = WorkArea()
+
+    def _alloc_buffer(self, size: int) -> CPUBuffer:
+        return cpu_alloc_buffer(self, size)
+
+    def _get_alignment(self) -> int:
+        return TENSOR_ALIGNMENT
+
+    def _set_tensor_async(self, tensor: Tensor, data: memoryview, offset: int, size: int) -> None:
+        if size == 0:
+            return
+        assert tensor.data is not None
+        found = memory.find(tensor.data + offset, size)
+        if found is None:
+            raise OutOfBoundsError(f"CPU tensor_set: bytes {offset}..{offset + size} of '{tensor.name}' "
+                                   f"are not in host memory")
+        array, pos = found
+        array[pos: pos + size] = np.frombuffer(data, dtype=np.uint8, count=size)
+
+    def _get_tensor_async(self, tensor: Tensor, data: memoryview, offset: int, size: int) -> None:
+        if size == 0:
+            return
+        assert tensor.data is not None
+        found = memory.find(tensor.data + offset, size)
+        if found is None:
+            raise OutOfBoundsError(f"CPU tensor_get: bytes {offset}..{offset + size} of '{tensor.name}' "
+                                   f"are not in host memory")
+        array, pos = found
+        np.frombuffer(data, dtype=np.uint8, count=size)[:] = array[pos: pos + size]
+
+    def _cpy_tensor_from(self, src: Tensor, dst: Tensor) -> bool:
+        # the seed: ggml_backend_tensor_get(src, dst->data, 0, ggml_nbytes(src))
+        tensor_get(src, _host_bytes(dst, "cpy_tensor_from"), 0, src.nbytes())
+        return True
+
+    def _cpy_tensor_to(self, src: Tensor, dst: Tensor) -> bool:
+        # the seed: ggml_backend_tensor_set(dst, src->data, 0, ggml_nbytes(src))
+        tensor_set(dst, _host_bytes(src, "cpy_tensor_to"), 0, src.nbytes())
+        return True
+
+    def _graph_plan_create(self, graph: Graph) -> CPUPlan:
+        # each plan has its own work area, as the seed mallocs work_data per plan
+        return plan_create(graph, ComputeParams(n_threads=self.n_threads, work=WorkArea()))
+
+    def _graph_plan_free(self, plan: CPUPlan) -> None:
+        plan.freed = True
+        plan.computes = []
+        plan.buffers = []
+
+    def _graph_plan_compute(self, plan: CPUPlan) -> None:
+        set_blas_threads(plan.params.n_threads)
+        plan_compute(plan)
+
+    def _graph_compute(self, graph: Graph) -> None:
+        plan = plan_create(graph, ComputeParams(n_threads=self.n_threads, work=self.work))
+        set_blas_threads(self.n_threads)
+        plan_compute(plan)
+
+    def _supports_op(self, op: Tensor) -> bool:
+        return kernel_supports(op)
+
+
+def cpu_init(n_threads: int | None = None) -> CPUBackend:
+    """ggml_backend_cpu_init."""
+    return CPUBackend(n_threads)
+
+
+def is_cpu(backend: Backend | None) -> bool:
+    """ggml_backend_is_cpu."""
+    return isinstance(backend, CPUBackend)
+
+
+def cpu_set_n_threads(backend_cpu: Backend, n_threads: int) -> None:
+    """ggml_backend_cpu_set_n_threads: plans made after this use `n_threads`."""
+    if not is_cpu(backend_cpu):
+        raise ArgumentError(f"cpu_set_n_threads: backend '{backend_cpu.name()}' is not the CPU backend")
+    if int(n_threads) < 1:
+        raise ArgumentError(f"cpu_set_n_threads: n_threads must be >= 1, got {n_threads}")
+    assert isinstance(backend_cpu, CPUBackend)
+    backend_cpu.n_threads = int(n_threads)
+
+
+def cpu_backend_buffer_from_ptr(backend_cpu: Backend, ptr: object, size: int) -> CPUBuffer:
+    """ggml_backend_cpu_buffer_from_ptr (see `pyggml.backends.cpu.buffer.cpu_buffer_from_ptr`)."""
+    if not is_cpu(backend_cpu):
+        raise ArgumentError(f"cpu_buffer_from_ptr: backend '{backend_cpu.name()}' is not the CPU backend")
+    backend_cpu.check_alive()
+    return cpu_buffer_from_ptr(backend_cpu, ptr, size)
+
+
+def graph_compute_with_ctx(ctx: Context, graph: Graph, n_threads: int | None = None) -> None:
+    """ggml_graph_compute_with_ctx: compute a graph whose tensors live in a Context's memory
+    (`no_alloc=False`), with no buffer, on a CPU backend of `n_threads`."""
+    if n_threads is not None and n_threads < 1:
+        raise ArgumentError(f"graph_compute_with_ctx: n_threads must be >= 1, got {n_threads}")
+    backend = CPUBackend(n_threads)
+    try:
+        backend.graph_compute(graph)
+    finally:
+        backend.free()

@@ -1,0 +1,111 @@
+"""CPU buffers: host memory in numpy arrays, registered by real address.
+
+`alloc_buffer` memory is a numpy uint8 array of size + TENSOR_ALIGNMENT bytes,
+as the seed mallocs size + TENSOR_ALIGNMENT. The seed keeps malloc's (maybe
+unaligned) pointer as the base and leaves the allocator to align; here the
+extra bytes align the base itself, so `get_base()` is a multiple of
+TENSOR_ALIGNMENT and all `size` bytes from it are usable (`get_size()` is the
+size asked for).
+
+`cpu_buffer_from_ptr` wraps memory the caller owns; freeing such a buffer only
+forgets the memory, it never releases it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from pyggml.backend.buffer import Buffer
+from pyggml.core import memory
+from pyggml.core.errors import ArgumentError, OutOfBoundsError
+
+if TYPE_CHECKING:
+    from pyggml.backend.backend import Backend
+
+TENSOR_ALIGNMENT = 64  # should be enough for AVX 512 (the seed)
+
+
+class CPUBuffer(Buffer):
+    """`size` bytes of host memory from `base`; `array` is a uint8 view of exactly those bytes."""
+
+    def __init__(self, backend: Backend | None, array: np.ndarray | None, base: int, size: int,
+                 owned: bool, registered: bool, owner: object = None) -> None:
+        super().__init__(backend, size, context=array)
+        self.array = array
+        self.base = base
+        self.owned = owned  # the memory is ours (alloc_buffer), not the caller's (from_ptr)
+        self.registered = registered  # we registered `array` in pyggml.core.memory and must unregister it
+        self.owner = owner  # the caller's object for from_ptr buffers, kept alive while the buffer lives
+
+    def _get_base(self) -> int:
+        return self.base
+
+    def _free_buffer(self) -> None:
+        if self.registered and self.array is not None:
+            memory.unregister(self.array)
+        # drop our references; numpy views made earlier (plans) keep the memory alive, never dangling
+        self.array = None
+        self.context = None
+        self.owner = None
+
+    def _is_host(self) -> bool:
+        return True
+
+
+def cpu_alloc_buffer(backend: Backend | None, size: int) -> CPUBuffer:
+    """A buffer of `size` bytes whose base is TENSOR_ALIGNMENT-aligned (zero-filled)."""
+    raw = np.zeros(size + TENSOR_ALIGNMENT, dtype=np.uint8)
+    shift = (-memory.address_of(raw)) % TENSOR_ALIGNMENT
+    array = raw[shift: shift + size]
+    base = memory.register(array)
+    return CPUBuffer(backend, array, base, size, owned=True, registered=True)
+
+
+def cpu_buffer_from_ptr(backend: Backend | None, ptr: object, size: int) -> CPUBuffer:
+    """ggml_backend_cpu_buffer_from_ptr: a buffer over `size` bytes of memory the caller owns.
+
+    `ptr` is a writable, C-contiguous buffer-protocol object (a numpy array, a
+    bytearray, ...) whose first `size` bytes become the buffer, or an int
+    address inside host memory that is already registered (a context's arena,
+    another buffer). The memory is never released by the buffer.
+    """
+    if size < 0:
+        raise ArgumentError(f"cpu_buffer_from_ptr: size must be >= 0, got {size}")
+    if isinstance(ptr, (int, np.integer)) and not isinstance(ptr, bool):
+        addr = int(ptr)
+        if addr == 0:
+            raise ArgumentError("cpu_buffer_from_ptr: ptr is NULL")
+        found = memory.find(addr, max(size, 1))
+        if found is None:
+            raise OutOfBoundsError(
+                f"cpu_buffer_from_ptr: {size} bytes at address {addr:#x} are not inside any registered host memory"
+            )
+        array, offset = found
+        return CPUBuffer(backend, array[offset: offset + size], addr, size, owned=False, registered=False)
+    if isinstance(ptr, np.ndarray):
+        arr = ptr
+        if not arr.flags.writeable:
+            raise ArgumentError("cpu_buffer_from_ptr: the array is read-only")
+        if not arr.flags.c_contiguous:
+            raise ArgumentError(f"cpu_buffer_from_ptr: the array is not C-contiguous (strides {arr.strides})")
+        raw = arr.reshape(-1).view(np.uint8)
+    else:
+        try:
+            mv = memoryview(ptr)  # type: ignore[arg-type]
+        except TypeError:
+            raise ArgumentError(f"cpu_buffer_from_ptr: {type(ptr).__name__} is neither an address "
+                                f"nor a buffer-protocol object") from None
+        if mv.readonly:
+            raise ArgumentError(f"cpu_buffer_from_ptr: the {type(ptr).__name__} is read-only")
+        if not mv.c_contiguous:
+            raise ArgumentError(f"cpu_buffer_from_ptr: the {type(ptr).__name__} is not contiguous")
+        raw = np.frombuffer(mv.cast("B") if mv.ndim != 1 or mv.format != "B" else mv, dtype=np.uint8)
+    if size > raw.nbytes:
+        raise OutOfBoundsError(f"cpu_buffer_from_ptr: size {size} is larger than the memory given ({raw.nbytes} bytes)")
+    if size == 0:
+        raise ArgumentError("cpu_buffer_from_ptr: an empty buffer over caller memory has no base address")
+    array = raw[:size]
+    base = memory.register(array)
+    return CPUBuffer(backend, array, base, size, owned=False, registered=True, owner=ptr)

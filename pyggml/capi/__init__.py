@@ -1,0 +1,3 @@
+"""pyggml.capi: ggml's C API by its own names, each a thin call into the classes."""
+
+from pyggml.capi.backend import *  # noqa: F403
