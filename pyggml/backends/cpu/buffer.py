@@ -28,7 +28,7 @@ TENSOR_ALIGNMENT = 64  # should be enough for AVX 512 (the seed)
 
 
 class CPUBuffer(Buffer):
-    """`size` bytes of host memory from `base`; `array` is a uint8 view of exactly those bytes."""
+    """`size` bytes of host memory from `base`; `array` is a uint8 view of those bytes (one byte for size 0)."""
 
     def __init__(self, backend: Backend | None, array: np.ndarray | None, base: int, size: int,
                  owned: bool, registered: bool, owner: object = None) -> None:
@@ -58,7 +58,8 @@ def cpu_alloc_buffer(backend: Backend | None, size: int) -> CPUBuffer:
     """A buffer of `size` bytes whose base is TENSOR_ALIGNMENT-aligned (zero-filled)."""
     raw = np.zeros(size + TENSOR_ALIGNMENT, dtype=np.uint8)
     shift = (-memory.address_of(raw)) % TENSOR_ALIGNMENT
-    array = raw[shift: shift + size]
+    # a 0-byte buffer still gets one byte: numpy puts empty slices at the array's start, unaligned
+    array = raw[shift: shift + max(size, 1)]
     base = memory.register(array)
     return CPUBuffer(backend, array, base, size, owned=True, registered=True)
 
