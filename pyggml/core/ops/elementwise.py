@@ -1,5 +1,13 @@
 """Element-wise ops: binary arithmetic with ggml's broadcasting (b repeats to
-a's shape), unary functions, and SCALE."""
+a's shape), ADD1, ACC, SET, SQR, SQRT, LOG, CLAMP, LEAKY_RELU, SCALE and the
+unary functions (UNARY and its shortcuts relu, gelu, silu, ...).
+
+Shape rules are ggml's. Where ggml asserts only what its own CPU kernel cannot
+do (ADD1's packed rows, ACC's F32-only), the rule is left to the backends'
+`supports_op`: pyggml's kernels take strided and F16 operands.
+
+Names shadow a few builtins (abs, set, min/max arguments) on purpose: they are
+ggml's names, and callers use them as `ops.abs` or `ctx.abs`."""
 
 from __future__ import annotations
 
@@ -66,3 +74,202 @@ def unary(ctx: Context, a: Tensor, op: UnaryOp, inplace: bool = False) -> Tensor
 
 def unary_inplace(ctx: Context, a: Tensor, op: UnaryOp) -> Tensor:
     return unary(ctx, a, op, True)
+
+
+def add1(ctx: Context, a: Tensor, b: Tensor, inplace: bool = False) -> Tensor:
+    """a + b with b a scalar (one element)."""
+    require(b.is_scalar(), "add1", "b must be a scalar (ne == [1, 1, 1, 1])", a, b)
+    return set_op(same_or_view(ctx, a, inplace), GGMLOp.ADD1, a, b)
+
+
+def add1_inplace(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
+    return add1(ctx, a, b, True)
+
+
+def acc(ctx: Context, a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: int, offset: int,
+        inplace: bool = False) -> Tensor:
+    """a, with b added into the window of a at byte `offset` with byte strides nb1..nb3 and b's shape.
+
+    op_params: [nb1, nb2, nb3, offset, inplace] as ggml_acc_impl stores them.
+    """
+    require(b.nelements() <= a.nelements(), "acc", f"b has {b.nelements()} elements, more than a's {a.nelements()}",
+            a, b)
+    require(a.is_contiguous(), "acc", "a must be contiguous", a)
+    result = same_or_view(ctx, a, inplace)
+    return set_op(result, GGMLOp.ACC, a, b, params=[nb1, nb2, nb3, offset, 1 if inplace else 0])
+
+
+def acc_inplace(ctx: Context, a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: int, offset: int) -> Tensor:
+    return acc(ctx, a, b, nb1, nb2, nb3, offset, True)
+
+
+def set(ctx: Context, a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: int, offset: int,
+        inplace: bool = False) -> Tensor:
+    """a, with the window at byte `offset` (byte strides nb1..nb3, b's shape) replaced by b.
+
+    op_params: [nb1, nb2, nb3, offset, inplace] as ggml_set_impl stores them.
+    """
+    require(a.nelements() >= b.nelements(), "set", f"b has {b.nelements()} elements, more than a's {a.nelements()}",
+            a, b)
+    result = same_or_view(ctx, a, inplace)
+    return set_op(result, GGMLOp.SET, a, b, params=[nb1, nb2, nb3, offset, 1 if inplace else 0])
+
+
+def set_inplace(ctx: Context, a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: int, offset: int) -> Tensor:
+    return set(ctx, a, b, nb1, nb2, nb3, offset, True)
+
+
+def set_1d(ctx: Context, a: Tensor, b: Tensor, offset: int) -> Tensor:
+    return set(ctx, a, b, a.nb[1], a.nb[2], a.nb[3], offset, False)
+
+
+def set_1d_inplace(ctx: Context, a: Tensor, b: Tensor, offset: int) -> Tensor:
+    return set(ctx, a, b, a.nb[1], a.nb[2], a.nb[3], offset, True)
+
+
+def set_2d(ctx: Context, a: Tensor, b: Tensor, nb1: int, offset: int) -> Tensor:
+    return set(ctx, a, b, nb1, a.nb[2], a.nb[3], offset, False)
+
+
+def set_2d_inplace(ctx: Context, a: Tensor, b: Tensor, nb1: int, offset: int) -> Tensor:
+    return set(ctx, a, b, nb1, a.nb[2], a.nb[3], offset, True)
+
+
+def _same_shape_op(ctx: Context, op: GGMLOp, a: Tensor, inplace: bool) -> Tensor:
+    return set_op(same_or_view(ctx, a, inplace), op, a)
+
+
+def sqr(ctx: Context, a: Tensor) -> Tensor:
+    return _same_shape_op(ctx, GGMLOp.SQR, a, False)
+
+
+def sqr_inplace(ctx: Context, a: Tensor) -> Tensor:
+    return _same_shape_op(ctx, GGMLOp.SQR, a, True)
+
+
+def sqrt(ctx: Context, a: Tensor) -> Tensor:
+    return _same_shape_op(ctx, GGMLOp.SQRT, a, False)
+
+
+def sqrt_inplace(ctx: Context, a: Tensor) -> Tensor:
+    return _same_shape_op(ctx, GGMLOp.SQRT, a, True)
+
+
+def log(ctx: Context, a: Tensor) -> Tensor:
+    return _same_shape_op(ctx, GGMLOp.LOG, a, False)
+
+
+def log_inplace(ctx: Context, a: Tensor) -> Tensor:
+    return _same_shape_op(ctx, GGMLOp.LOG, a, True)
+
+
+def clamp(ctx: Context, a: Tensor, min: float, max: float) -> Tensor:
+    """Clamp to [min, max]; op_params [min, max] as f32.
+
+    The result is a view of `a` (computed in place), as in ggml of late 2023.
+    """
+    return set_op(ctx.view_tensor(a), GGMLOp.CLAMP, a, params=[float(min), float(max)])
+
+
+def leaky_relu(ctx: Context, a: Tensor, negative_slope: float, inplace: bool = False) -> Tensor:
+    """x if x > 0 else negative_slope * x; the slope f32 in op_params[0]."""
+    return set_op(same_or_view(ctx, a, inplace), GGMLOp.LEAKY_RELU, a, params=[float(negative_slope)])
+
+
+# --- unary shortcuts (UNARY with the function in op_params[0]) ---
+
+
+def abs(ctx: Context, a: Tensor) -> Tensor:
+    return unary(ctx, a, UnaryOp.ABS)
+
+
+def abs_inplace(ctx: Context, a: Tensor) -> Tensor:
+    return unary(ctx, a, UnaryOp.ABS, True)
+
+
+def sgn(ctx: Context, a: Tensor) -> Tensor:
+    return unary(ctx, a, UnaryOp.SGN)
+
+
+def sgn_inplace(ctx: Context, a: Tensor) -> Tensor:
+    return unary(ctx, a, UnaryOp.SGN, True)
+
+
+def neg(ctx: Context, a: Tensor) -> Tensor:
+    return unary(ctx, a, UnaryOp.NEG)
+
+
+def neg_inplace(ctx: Context, a: Tensor) -> Tensor:
+    return unary(ctx, a, UnaryOp.NEG, True)
+
+
+def step(ctx: Context, a: Tensor) -> Tensor:
+    return unary(ctx, a, UnaryOp.STEP)
+
+
+def step_inplace(ctx: Context, a: Tensor) -> Tensor:
+    return unary(ctx, a, UnaryOp.STEP, True)
+
+
+def tanh(ctx: Context, a: Tensor) -> Tensor:
+    return unary(ctx, a, UnaryOp.TANH)
+
+
+def tanh_inplace(ctx: Context, a: Tensor) -> Tensor:
+    return unary(ctx, a, UnaryOp.TANH, True)
+
+
+def elu(ctx: Context, a: Tensor) -> Tensor:
+    return unary(ctx, a, UnaryOp.ELU)
+
+
+def elu_inplace(ctx: Context, a: Tensor) -> Tensor:
+    return unary(ctx, a, UnaryOp.ELU, True)
+
+
+def relu(ctx: Context, a: Tensor) -> Tensor:
+    return unary(ctx, a, UnaryOp.RELU)
+
+
+def relu_inplace(ctx: Context, a: Tensor) -> Tensor:
+    return unary(ctx, a, UnaryOp.RELU, True)
+
+
+def gelu(ctx: Context, a: Tensor) -> Tensor:
+    return unary(ctx, a, UnaryOp.GELU)
+
+
+def gelu_inplace(ctx: Context, a: Tensor) -> Tensor:
+    return unary(ctx, a, UnaryOp.GELU, True)
+
+
+def gelu_quick(ctx: Context, a: Tensor) -> Tensor:
+    return unary(ctx, a, UnaryOp.GELU_QUICK)
+
+
+def gelu_quick_inplace(ctx: Context, a: Tensor) -> Tensor:
+    return unary(ctx, a, UnaryOp.GELU_QUICK, True)
+
+
+def silu(ctx: Context, a: Tensor) -> Tensor:
+    return unary(ctx, a, UnaryOp.SILU)
+
+
+def silu_inplace(ctx: Context, a: Tensor) -> Tensor:
+    return unary(ctx, a, UnaryOp.SILU, True)
+
+
+def hardswish(ctx: Context, a: Tensor) -> Tensor:
+    return unary(ctx, a, UnaryOp.HARDSWISH)
+
+
+def hardswish_inplace(ctx: Context, a: Tensor) -> Tensor:
+    return unary(ctx, a, UnaryOp.HARDSWISH, True)
+
+
+def hardsigmoid(ctx: Context, a: Tensor) -> Tensor:
+    return unary(ctx, a, UnaryOp.HARDSIGMOID)
+
+
+def hardsigmoid_inplace(ctx: Context, a: Tensor) -> Tensor:
+    return unary(ctx, a, UnaryOp.HARDSIGMOID, True)
