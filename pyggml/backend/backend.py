@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pyggml.backend.buffer import tensor_buffer
 from pyggml.core.errors import ArgumentError, BufferFreedError, NotAllocatedError, UnsupportedOpError
 from pyggml.core.tensor import GGMLOp, Tensor, is_view_op
 
@@ -38,6 +37,13 @@ def op_desc(node: Tensor) -> str:
         except ValueError:
             return f"UNARY({code})"
     return node.op.name
+
+
+def _who(node: Tensor, i: int, t: Tensor, j: int) -> str:
+    """Names tensor `t` (j = 0: the node itself, else src[j - 1]) of node `i` for an error message."""
+    if j == 0:
+        return f"node {i} '{node.name}' ({op_desc(node)})"
+    return f"'{t.name}', src[{j - 1}] of node {i} '{node.name}' ({op_desc(node)}),"
 
 
 class Backend:
@@ -157,29 +163,26 @@ class Backend:
         that is not freed (BufferFreedError), and every node that computes
         (not a view, not NONE) must be supported (UnsupportedOpError).
         """
-        name = self.name()
         for i, node in enumerate(graph.nodes):
-            for j, t in enumerate((node, *node.src)):
-                if t is None:
-                    continue
-                if j == 0:
-                    who = f"node {i} '{node.name}' ({op_desc(node)})"
-                else:
-                    who = f"'{t.name}', src[{j - 1}] of node {i} '{node.name}' ({op_desc(node)}),"
-                if t.data is None:
-                    raise NotAllocatedError(f"{what} on '{name}': {who} is not allocated")
-                buffer = tensor_buffer(t)
-                if buffer is not None and buffer.freed:
-                    raise BufferFreedError(
-                        f"{what} on '{name}': {who} is in buffer '{buffer.name}' ({buffer.size} bytes), which was freed"
-                    )
+            j = 0
+            for t in (node, *node.src):
+                if t is not None:
+                    if t.data is None:
+                        raise NotAllocatedError(f"{what} on '{self.name()}': {_who(node, i, t, j)} is not allocated")
+                    buffer = t.buffer if t.buffer is not None or t.view_src is None else t.view_src.buffer
+                    if buffer is not None and buffer.freed:
+                        raise BufferFreedError(
+                            f"{what} on '{self.name()}': {_who(node, i, t, j)} is in buffer '{buffer.name}' "
+                            f"({buffer.size} bytes), which was freed"
+                        )
+                j += 1
             if node.op == GGMLOp.NONE or is_view_op(node.op):
                 continue
-            if not self.supports_op(node):
+            if not self._supports_op(node):
                 types = ", ".join(f"{s.name}:{s.type.name}" for s in node.src if s is not None)
                 raise UnsupportedOpError(
-                    f"{what}: backend '{name}' does not support op {op_desc(node)} of node {i} '{node.name}' "
-                    f"({node.type.name}{list(node.ne)}; sources {types or 'none'})"
+                    f"{what}: backend '{self.name()}' does not support op {op_desc(node)} of node {i} "
+                    f"'{node.name}' ({node.type.name}{list(node.ne)}; sources {types or 'none'})"
                 )
 
     def __enter__(self) -> Backend:
