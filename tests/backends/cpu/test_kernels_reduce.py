@@ -10,6 +10,7 @@ from kernel_helpers import (
     assert_close,
     build,
     compile_node,
+    manual_node,
     new_ctx,
     permuted,
     run,
@@ -96,7 +97,7 @@ def test_supports_and_errors() -> None:
     f = tensor(ctx, F32, np.zeros((3, 4), np.float32))
     node = build(ctx, "argmax", f, op=GGMLOp.ARGMAX, type=I32, ne=[3])
     assert reduce.supports(node)
-    bad = build(ctx, "sum_rows", ctx.new_tensor_2d(GGMLType.Q8_0, 32, 2), op=GGMLOp.SUM_ROWS, type=F32, ne=[1, 2])
+    bad = manual_node(ctx, GGMLOp.SUM_ROWS, [ctx.new_tensor_2d(GGMLType.Q8_0, 32, 2)], type=F32, ne=[1, 2])
     assert not reduce.supports(bad)
     with pytest.raises(GGMLError, match="SUM_ROWS"):
         compile_node(bad)
