@@ -7,11 +7,15 @@ also a method of `Context` through `OpBuilders` (`ctx.add(a, b)`).
 from __future__ import annotations
 
 from pyggml.core.ops import elementwise, layout, matmul
+from pyggml.core.ops import norm as norm_ops  # `norm` itself is the op builder below
+from pyggml.core.ops import reduce as reduce_ops
 from pyggml.core.ops.elementwise import *  # noqa: F403
 from pyggml.core.ops.layout import *  # noqa: F403
 from pyggml.core.ops.matmul import *  # noqa: F403
+from pyggml.core.ops.norm import *  # noqa: F403
+from pyggml.core.ops.reduce import *  # noqa: F403
 
-_MODULES = [elementwise, layout, matmul]
+_MODULES = [elementwise, layout, matmul, reduce_ops, norm_ops]
 
 
 class OpBuilders:
@@ -101,3 +105,30 @@ class OpBuilders:
     # matrix products
     mul_mat = matmul.mul_mat
     out_prod = matmul.out_prod
+    # reductions and sorting
+    sum = reduce_ops.sum
+    sum_rows = reduce_ops.sum_rows
+    mean = reduce_ops.mean
+    argmax = reduce_ops.argmax
+    argsort = reduce_ops.argsort
+    top_k = reduce_ops.top_k
+    # norms, soft_max, masks, positions
+    norm = norm_ops.norm
+    norm_inplace = norm_ops.norm_inplace
+    rms_norm = norm_ops.rms_norm
+    rms_norm_inplace = norm_ops.rms_norm_inplace
+    group_norm = norm_ops.group_norm
+    group_norm_inplace = norm_ops.group_norm_inplace
+    soft_max = norm_ops.soft_max
+    soft_max_inplace = norm_ops.soft_max_inplace
+    soft_max_ext = norm_ops.soft_max_ext
+    diag_mask_inf = norm_ops.diag_mask_inf
+    diag_mask_inf_inplace = norm_ops.diag_mask_inf_inplace
+    diag_mask_zero = norm_ops.diag_mask_zero
+    diag_mask_zero_inplace = norm_ops.diag_mask_zero_inplace
+    rope = norm_ops.rope
+    rope_inplace = norm_ops.rope_inplace
+    rope_custom = norm_ops.rope_custom
+    rope_custom_inplace = norm_ops.rope_custom_inplace
+    rope_xpos_inplace = norm_ops.rope_xpos_inplace
+    alibi = norm_ops.alibi

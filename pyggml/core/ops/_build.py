@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pyggml.core.errors import ShapeError
+from pyggml.core.errors import ArgumentError, ShapeError
 from pyggml.core.tensor import GGMLOp, Tensor, shape_str
 
 if TYPE_CHECKING:
@@ -16,6 +16,13 @@ def require(cond: bool, op: str, message: str, *tensors: Tensor) -> None:
     if not cond:
         operands = ", ".join(shape_str(t) for t in tensors)
         raise ShapeError(f"{op}: {message} ({operands})" if tensors else f"{op}: {message}")
+
+
+def require_arg(cond: bool, op: str, message: str, *tensors: Tensor) -> None:
+    """Raise ArgumentError (an op parameter out of range) naming the op and the operands unless `cond`."""
+    if not cond:
+        operands = ", ".join(shape_str(t) for t in tensors)
+        raise ArgumentError(f"{op}: {message} ({operands})" if tensors else f"{op}: {message}")
 
 
 def set_op(result: Tensor, op: GGMLOp, *srcs: Tensor | None, params: list[int | float] | None = None) -> Tensor:
