@@ -6,16 +6,18 @@ also a method of `Context` through `OpBuilders` (`ctx.add(a, b)`).
 
 from __future__ import annotations
 
-from pyggml.core.ops import elementwise, layout, matmul
+from pyggml.core.ops import conv, custom, elementwise, layout, matmul
 from pyggml.core.ops import norm as norm_ops  # `norm` itself is the op builder below
 from pyggml.core.ops import reduce as reduce_ops
+from pyggml.core.ops.conv import *  # noqa: F403
+from pyggml.core.ops.custom import *  # noqa: F403
 from pyggml.core.ops.elementwise import *  # noqa: F403
 from pyggml.core.ops.layout import *  # noqa: F403
 from pyggml.core.ops.matmul import *  # noqa: F403
 from pyggml.core.ops.norm import *  # noqa: F403
 from pyggml.core.ops.reduce import *  # noqa: F403
 
-_MODULES = [elementwise, layout, matmul, reduce_ops, norm_ops]
+_MODULES = [elementwise, layout, matmul, reduce_ops, norm_ops, conv, custom]
 
 
 class OpBuilders:
@@ -132,3 +134,20 @@ class OpBuilders:
     rope_custom_inplace = norm_ops.rope_custom_inplace
     rope_xpos_inplace = norm_ops.rope_xpos_inplace
     alibi = norm_ops.alibi
+    # convolution and pooling
+    im2col = conv.im2col
+    conv_1d = conv.conv_1d
+    conv_1d_ph = conv.conv_1d_ph
+    conv_2d = conv.conv_2d
+    conv_2d_sk_p0 = conv.conv_2d_sk_p0
+    conv_2d_s1_ph = conv.conv_2d_s1_ph
+    conv_transpose_1d = conv.conv_transpose_1d
+    pool_1d = conv.pool_1d
+    pool_2d = conv.pool_2d
+    # custom ops (Python callables)
+    map_custom1 = custom.map_custom1
+    map_custom1_inplace = custom.map_custom1_inplace
+    map_custom2 = custom.map_custom2
+    map_custom2_inplace = custom.map_custom2_inplace
+    map_custom3 = custom.map_custom3
+    map_custom3_inplace = custom.map_custom3_inplace
