@@ -1,0 +1,1055 @@
+"""ggml.h by its C names and argument order, each a thin call into pyggml.core.
+
+Code ported from C reads the same:
+
+    ctx = ggml_init(ggml_init_params(mem_size=16 * 1024 * 1024, mem_buffer=None, no_alloc=False))
+    a = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 4, 3)
+    c = ggml_mul_mat(ctx, a, b)
+    gf = ggml_new_graph(ctx)
+    ggml_build_forward_expand(gf, c)
+
+Pointers are Python objects (`struct ggml_context *` a `Context`, `struct
+ggml_tensor *` a `Tensor`, `struct ggml_cgraph *` a `Graph`); NULL is None.
+Enums are pyggml's IntEnums, so `GGML_TYPE_F32 == 0` holds. Type numbers are
+those of GGUF files (GGML_TYPE_I32 is 26, as in the gguf package).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from pyggml.core import ops
+from pyggml.core.context import GGML_DEFAULT_GRAPH_SIZE as GGML_DEFAULT_GRAPH_SIZE
+from pyggml.core.context import GGML_MEM_ALIGN as GGML_MEM_ALIGN
+from pyggml.core.context import GGML_OBJECT_SIZE as GGML_OBJECT_SIZE
+from pyggml.core.context import GGML_TENSOR_SIZE as GGML_TENSOR_SIZE
+from pyggml.core.context import Context, pad, tensor_overhead
+from pyggml.core.errors import ArgumentError
+from pyggml.core.graph import EvalOrder, Graph, graph_overhead, hash_size
+from pyggml.core.ops.conv import PoolOp
+from pyggml.core.ops.custom import GGML_N_TASKS_MAX as GGML_N_TASKS_MAX
+from pyggml.core.ops.norm import ROPE_MODE_GLM, ROPE_MODE_NEOX
+from pyggml.core.ops.reduce import SortOrder
+from pyggml.core.tensor import GGML_MAX_DIMS as GGML_MAX_DIMS
+from pyggml.core.tensor import GGML_MAX_NAME as GGML_MAX_NAME
+from pyggml.core.tensor import GGML_MAX_OP_PARAMS as GGML_MAX_OP_PARAMS
+from pyggml.core.tensor import GGML_MAX_SRC as GGML_MAX_SRC
+from pyggml.core.tensor import (
+    GGMLOp,
+    Tensor,
+    TensorFlag,
+    UnaryOp,
+    are_same_layout,
+    are_same_shape,
+    can_repeat,
+)
+from pyggml.core.types import TYPE_TRAITS, GGMLType, as_type
+
+# --- constants ---
+
+GGML_DEFAULT_N_THREADS = 4
+
+# enum ggml_type
+GGML_TYPE_F32 = GGMLType.F32
+GGML_TYPE_F16 = GGMLType.F16
+GGML_TYPE_Q4_0 = GGMLType.Q4_0
+GGML_TYPE_Q4_1 = GGMLType.Q4_1
+GGML_TYPE_Q5_0 = GGMLType.Q5_0
+GGML_TYPE_Q5_1 = GGMLType.Q5_1
+GGML_TYPE_Q8_0 = GGMLType.Q8_0
+GGML_TYPE_Q8_1 = GGMLType.Q8_1
+GGML_TYPE_Q2_K = GGMLType.Q2_K
+GGML_TYPE_Q3_K = GGMLType.Q3_K
+GGML_TYPE_Q4_K = GGMLType.Q4_K
+GGML_TYPE_Q5_K = GGMLType.Q5_K
+GGML_TYPE_Q6_K = GGMLType.Q6_K
+GGML_TYPE_Q8_K = GGMLType.Q8_K
+GGML_TYPE_I8 = GGMLType.I8
+GGML_TYPE_I16 = GGMLType.I16
+GGML_TYPE_I32 = GGMLType.I32
+GGML_TYPE_I64 = GGMLType.I64
+GGML_TYPE_F64 = GGMLType.F64
+GGML_TYPE_BF16 = GGMLType.BF16
+
+# enum ggml_op (GGML_OP_COUNT as in ggml of late 2023)
+GGML_OP_NONE = GGMLOp.NONE
+GGML_OP_DUP = GGMLOp.DUP
+GGML_OP_ADD = GGMLOp.ADD
+GGML_OP_ADD1 = GGMLOp.ADD1
+GGML_OP_ACC = GGMLOp.ACC
+GGML_OP_SUB = GGMLOp.SUB
+GGML_OP_MUL = GGMLOp.MUL
+GGML_OP_DIV = GGMLOp.DIV
+GGML_OP_SQR = GGMLOp.SQR
+GGML_OP_SQRT = GGMLOp.SQRT
+GGML_OP_LOG = GGMLOp.LOG
+GGML_OP_SUM = GGMLOp.SUM
+GGML_OP_SUM_ROWS = GGMLOp.SUM_ROWS
+GGML_OP_MEAN = GGMLOp.MEAN
+GGML_OP_ARGMAX = GGMLOp.ARGMAX
+GGML_OP_REPEAT = GGMLOp.REPEAT
+GGML_OP_REPEAT_BACK = GGMLOp.REPEAT_BACK
+GGML_OP_CONCAT = GGMLOp.CONCAT
+GGML_OP_SILU_BACK = GGMLOp.SILU_BACK
+GGML_OP_NORM = GGMLOp.NORM
+GGML_OP_RMS_NORM = GGMLOp.RMS_NORM
+GGML_OP_RMS_NORM_BACK = GGMLOp.RMS_NORM_BACK
+GGML_OP_GROUP_NORM = GGMLOp.GROUP_NORM
+GGML_OP_MUL_MAT = GGMLOp.MUL_MAT
+GGML_OP_MUL_MAT_ID = GGMLOp.MUL_MAT_ID
+GGML_OP_OUT_PROD = GGMLOp.OUT_PROD
+GGML_OP_SCALE = GGMLOp.SCALE
+GGML_OP_SET = GGMLOp.SET
+GGML_OP_CPY = GGMLOp.CPY
+GGML_OP_CONT = GGMLOp.CONT
+GGML_OP_RESHAPE = GGMLOp.RESHAPE
+GGML_OP_VIEW = GGMLOp.VIEW
+GGML_OP_PERMUTE = GGMLOp.PERMUTE
+GGML_OP_TRANSPOSE = GGMLOp.TRANSPOSE
+GGML_OP_GET_ROWS = GGMLOp.GET_ROWS
+GGML_OP_GET_ROWS_BACK = GGMLOp.GET_ROWS_BACK
+GGML_OP_DIAG = GGMLOp.DIAG
+GGML_OP_DIAG_MASK_INF = GGMLOp.DIAG_MASK_INF
+GGML_OP_DIAG_MASK_ZERO = GGMLOp.DIAG_MASK_ZERO
+GGML_OP_SOFT_MAX = GGMLOp.SOFT_MAX
+GGML_OP_SOFT_MAX_BACK = GGMLOp.SOFT_MAX_BACK
+GGML_OP_ROPE = GGMLOp.ROPE
+GGML_OP_ROPE_BACK = GGMLOp.ROPE_BACK
+GGML_OP_ALIBI = GGMLOp.ALIBI
+GGML_OP_CLAMP = GGMLOp.CLAMP
+GGML_OP_CONV_TRANSPOSE_1D = GGMLOp.CONV_TRANSPOSE_1D
+GGML_OP_IM2COL = GGMLOp.IM2COL
+GGML_OP_CONV_TRANSPOSE_2D = GGMLOp.CONV_TRANSPOSE_2D
+GGML_OP_POOL_1D = GGMLOp.POOL_1D
+GGML_OP_POOL_2D = GGMLOp.POOL_2D
+GGML_OP_UPSCALE = GGMLOp.UPSCALE
+GGML_OP_PAD = GGMLOp.PAD
+GGML_OP_ARGSORT = GGMLOp.ARGSORT
+GGML_OP_LEAKY_RELU = GGMLOp.LEAKY_RELU
+GGML_OP_FLASH_ATTN = GGMLOp.FLASH_ATTN
+GGML_OP_FLASH_FF = GGMLOp.FLASH_FF
+GGML_OP_FLASH_ATTN_BACK = GGMLOp.FLASH_ATTN_BACK
+GGML_OP_WIN_PART = GGMLOp.WIN_PART
+GGML_OP_WIN_UNPART = GGMLOp.WIN_UNPART
+GGML_OP_GET_REL_POS = GGMLOp.GET_REL_POS
+GGML_OP_ADD_REL_POS = GGMLOp.ADD_REL_POS
+GGML_OP_UNARY = GGMLOp.UNARY
+GGML_OP_MAP_UNARY = GGMLOp.MAP_UNARY
+GGML_OP_MAP_BINARY = GGMLOp.MAP_BINARY
+GGML_OP_MAP_CUSTOM1_F32 = GGMLOp.MAP_CUSTOM1_F32
+GGML_OP_MAP_CUSTOM2_F32 = GGMLOp.MAP_CUSTOM2_F32
+GGML_OP_MAP_CUSTOM3_F32 = GGMLOp.MAP_CUSTOM3_F32
+GGML_OP_MAP_CUSTOM1 = GGMLOp.MAP_CUSTOM1
+GGML_OP_MAP_CUSTOM2 = GGMLOp.MAP_CUSTOM2
+GGML_OP_MAP_CUSTOM3 = GGMLOp.MAP_CUSTOM3
+GGML_OP_CROSS_ENTROPY_LOSS = GGMLOp.CROSS_ENTROPY_LOSS
+GGML_OP_CROSS_ENTROPY_LOSS_BACK = GGMLOp.CROSS_ENTROPY_LOSS_BACK
+GGML_OP_COUNT = 72
+
+# enum ggml_unary_op
+GGML_UNARY_OP_ABS = UnaryOp.ABS
+GGML_UNARY_OP_SGN = UnaryOp.SGN
+GGML_UNARY_OP_NEG = UnaryOp.NEG
+GGML_UNARY_OP_STEP = UnaryOp.STEP
+GGML_UNARY_OP_TANH = UnaryOp.TANH
+GGML_UNARY_OP_ELU = UnaryOp.ELU
+GGML_UNARY_OP_RELU = UnaryOp.RELU
+GGML_UNARY_OP_GELU = UnaryOp.GELU
+GGML_UNARY_OP_GELU_QUICK = UnaryOp.GELU_QUICK
+GGML_UNARY_OP_SILU = UnaryOp.SILU
+GGML_UNARY_OP_LEAKY = UnaryOp.LEAKY
+GGML_UNARY_OP_HARDSWISH = UnaryOp.HARDSWISH
+GGML_UNARY_OP_HARDSIGMOID = UnaryOp.HARDSIGMOID
+GGML_UNARY_OP_COUNT = len(UnaryOp)
+
+# enum ggml_op_pool
+GGML_OP_POOL_MAX = PoolOp.MAX
+GGML_OP_POOL_AVG = PoolOp.AVG
+GGML_OP_POOL_COUNT = 2
+
+# enum ggml_sort_order: late-2023 names, and the GGML_SORT_ORDER_* names of later ggml
+GGML_SORT_ASC = SortOrder.ASC
+GGML_SORT_DESC = SortOrder.DESC
+GGML_SORT_ORDER_ASC = SortOrder.ASC
+GGML_SORT_ORDER_DESC = SortOrder.DESC
+
+# rope modes: ggml of late 2023 passes plain ints (0 normal, 2 NeoX, 4 GLM); later ggml names NeoX
+GGML_ROPE_TYPE_NORMAL = 0
+GGML_ROPE_TYPE_NEOX = ROPE_MODE_NEOX
+GGML_ROPE_TYPE_GLM = ROPE_MODE_GLM
+
+# enum ggml_cgraph_eval_order
+GGML_CGRAPH_EVAL_ORDER_LEFT_TO_RIGHT = EvalOrder.LEFT_TO_RIGHT
+GGML_CGRAPH_EVAL_ORDER_RIGHT_TO_LEFT = EvalOrder.RIGHT_TO_LEFT
+
+# tensor flags (later ggml's enum ggml_tensor_flag)
+GGML_TENSOR_FLAG_INPUT = TensorFlag.INPUT
+GGML_TENSOR_FLAG_OUTPUT = TensorFlag.OUTPUT
+GGML_TENSOR_FLAG_PARAM = TensorFlag.PARAM
+
+
+# --- context ---
+
+
+@dataclass
+class ggml_init_params:  # noqa: N801 - ggml's struct name
+    """struct ggml_init_params."""
+
+    mem_size: int = 0
+    mem_buffer: np.ndarray | None = None
+    no_alloc: bool = False
+
+
+def ggml_init(params: ggml_init_params | dict[str, Any] | int | None = None, mem_buffer: np.ndarray | None = None,
+              no_alloc: bool | None = None, *, mem_size: int | None = None) -> Context:
+    """ggml_init: a params struct or dict, or mem_size/mem_buffer/no_alloc as arguments.
+
+    `ggml_init(ggml_init_params(mem_size=n))`, `ggml_init({"mem_size": n, "no_alloc": True})`
+    and `ggml_init(mem_size=n, no_alloc=True)` are the same.
+    """
+    if isinstance(params, dict):
+        unknown = sorted(k for k in params if k not in ("mem_size", "mem_buffer", "no_alloc"))
+        if unknown:
+            raise ArgumentError(f"ggml_init: unknown params {unknown} (mem_size, mem_buffer, no_alloc)")
+        p = ggml_init_params(**params)
+    elif isinstance(params, ggml_init_params):
+        p = ggml_init_params(params.mem_size, params.mem_buffer, params.no_alloc)
+    elif params is None:
+        p = ggml_init_params()
+    else:
+        p = ggml_init_params(mem_size=int(params))
+    if mem_size is not None:
+        p.mem_size = mem_size
+    if mem_buffer is not None:
+        p.mem_buffer = mem_buffer
+    if no_alloc is not None:
+        p.no_alloc = no_alloc
+    return Context(mem_size=p.mem_size, mem_buffer=p.mem_buffer, no_alloc=p.no_alloc)
+
+
+def ggml_free(ctx: Context | None) -> None:
+    if ctx is not None:
+        ctx.free()
+
+
+def ggml_used_mem(ctx: Context) -> int:
+    return ctx.used_mem()
+
+
+def ggml_get_mem_size(ctx: Context) -> int:
+    return ctx.get_mem_size()
+
+
+def ggml_get_no_alloc(ctx: Context) -> bool:
+    return ctx.get_no_alloc()
+
+
+def ggml_set_no_alloc(ctx: Context, no_alloc: bool) -> None:
+    ctx.set_no_alloc(no_alloc)
+
+
+def ggml_get_max_tensor_size(ctx: Context) -> int:
+    return ctx.get_max_tensor_size()
+
+
+def ggml_tensor_overhead() -> int:
+    return tensor_overhead()
+
+
+def ggml_graph_overhead() -> int:
+    return graph_overhead(GGML_DEFAULT_GRAPH_SIZE, False)
+
+
+def ggml_graph_overhead_custom(size: int, grads: bool) -> int:
+    return graph_overhead(size, grads)
+
+
+# --- tensors ---
+
+
+def ggml_new_tensor(ctx: Context, type: GGMLType | int, n_dims: int, ne: list[int] | tuple[int, ...]) -> Tensor:
+    if not 1 <= n_dims <= GGML_MAX_DIMS or len(ne) < n_dims:
+        raise ArgumentError(f"ggml_new_tensor: n_dims={n_dims} with ne={list(ne)}")
+    return ctx.new_tensor(type, list(ne[:n_dims]))
+
+
+def ggml_new_tensor_1d(ctx: Context, type: GGMLType | int, ne0: int) -> Tensor:
+    return ctx.new_tensor_1d(type, ne0)
+
+
+def ggml_new_tensor_2d(ctx: Context, type: GGMLType | int, ne0: int, ne1: int) -> Tensor:
+    return ctx.new_tensor_2d(type, ne0, ne1)
+
+
+def ggml_new_tensor_3d(ctx: Context, type: GGMLType | int, ne0: int, ne1: int, ne2: int) -> Tensor:
+    return ctx.new_tensor_3d(type, ne0, ne1, ne2)
+
+
+def ggml_new_tensor_4d(ctx: Context, type: GGMLType | int, ne0: int, ne1: int, ne2: int, ne3: int) -> Tensor:
+    return ctx.new_tensor_4d(type, ne0, ne1, ne2, ne3)
+
+
+def ggml_new_i32(ctx: Context, value: int) -> Tensor:
+    return ctx.new_i32(value)
+
+
+def ggml_new_f32(ctx: Context, value: float) -> Tensor:
+    return ctx.new_f32(value)
+
+
+def ggml_dup_tensor(ctx: Context, src: Tensor) -> Tensor:
+    return ctx.dup_tensor(src)
+
+
+def ggml_view_tensor(ctx: Context, src: Tensor) -> Tensor:
+    return ctx.view_tensor(src)
+
+
+def ggml_get_first_tensor(ctx: Context) -> Tensor | None:
+    return ctx.get_first_tensor()
+
+
+def ggml_get_next_tensor(ctx: Context, tensor: Tensor) -> Tensor | None:
+    return ctx.get_next_tensor(tensor)
+
+
+def ggml_get_tensor(ctx: Context, name: str) -> Tensor | None:
+    return ctx.get_tensor(name)
+
+
+def ggml_set_name(tensor: Tensor, name: str) -> Tensor:
+    return tensor.set_name(name)
+
+
+def ggml_get_name(tensor: Tensor) -> str:
+    return tensor.get_name()
+
+
+def ggml_format_name(tensor: Tensor, fmt: str, *args: object) -> Tensor:
+    return tensor.format_name(fmt, *args)
+
+
+def ggml_set_input(tensor: Tensor) -> None:
+    tensor.set_input()
+
+
+def ggml_set_output(tensor: Tensor) -> None:
+    tensor.set_output()
+
+
+def ggml_set_param(ctx: Context, tensor: Tensor) -> None:
+    """Mark a tensor as a parameter (in ggml it gets a gradient; here the PARAM flag)."""
+    tensor.set_param()
+
+
+def ggml_get_op_params_i32(tensor: Tensor, i: int) -> int:
+    return tensor.get_op_params_i32(i)
+
+
+def ggml_get_op_params_f32(tensor: Tensor, i: int) -> float:
+    return tensor.get_op_params_f32(i)
+
+
+def ggml_set_op_params_i32(tensor: Tensor, i: int, value: int) -> None:
+    tensor.set_op_params_i32(i, value)
+
+
+def ggml_set_op_params_f32(tensor: Tensor, i: int, value: float) -> None:
+    tensor.set_op_params_f32(i, value)
+
+
+def ggml_get_unary_op(tensor: Tensor) -> UnaryOp:
+    return UnaryOp(tensor.get_op_params_i32(0))
+
+
+# --- sizes, types, layout ---
+
+
+def ggml_nelements(tensor: Tensor) -> int:
+    return tensor.nelements()
+
+
+def ggml_nrows(tensor: Tensor) -> int:
+    return tensor.nrows()
+
+
+def ggml_nbytes(tensor: Tensor) -> int:
+    return tensor.nbytes()
+
+
+def ggml_nbytes_pad(tensor: Tensor) -> int:
+    return pad(tensor.nbytes(), GGML_MEM_ALIGN)
+
+
+def ggml_element_size(tensor: Tensor) -> int:
+    return tensor.element_size()
+
+
+def ggml_row_size(type: GGMLType | int, ne: int) -> int:
+    t = as_type(type)
+    tr = TYPE_TRAITS[t]
+    if ne % tr.blck_size != 0:
+        raise ArgumentError(f"ggml_row_size: {ne} elements are not a whole number of {tr.name} blocks "
+                            f"of {tr.blck_size}")
+    return tr.type_size * ne // tr.blck_size
+
+
+def ggml_type_size(type: GGMLType | int) -> int:
+    return TYPE_TRAITS[as_type(type)].type_size
+
+
+def ggml_blck_size(type: GGMLType | int) -> int:
+    return TYPE_TRAITS[as_type(type)].blck_size
+
+
+def ggml_type_sizef(type: GGMLType | int) -> float:
+    tr = TYPE_TRAITS[as_type(type)]
+    return tr.type_size / tr.blck_size
+
+
+def ggml_type_name(type: GGMLType | int) -> str:
+    return TYPE_TRAITS[as_type(type)].name
+
+
+def ggml_is_quantized(type: GGMLType | int) -> bool:
+    return TYPE_TRAITS[as_type(type)].is_quantized
+
+
+def ggml_op_name(op: GGMLOp | int) -> str:
+    return GGMLOp(op).name
+
+
+def ggml_unary_op_name(op: UnaryOp | int) -> str:
+    return UnaryOp(op).name
+
+
+def ggml_op_desc(tensor: Tensor) -> str:
+    """The op's name, or the unary function's for UNARY (later ggml's ggml_op_desc)."""
+    if tensor.op == GGMLOp.UNARY:
+        return ggml_unary_op_name(ggml_get_unary_op(tensor))
+    return ggml_op_name(tensor.op)
+
+
+def ggml_is_contiguous(tensor: Tensor) -> bool:
+    return tensor.is_contiguous()
+
+
+def ggml_is_transposed(tensor: Tensor) -> bool:
+    return tensor.is_transposed()
+
+
+def ggml_is_permuted(tensor: Tensor) -> bool:
+    return tensor.is_permuted()
+
+
+def ggml_is_scalar(tensor: Tensor) -> bool:
+    return tensor.is_scalar()
+
+
+def ggml_is_vector(tensor: Tensor) -> bool:
+    return tensor.is_vector()
+
+
+def ggml_is_matrix(tensor: Tensor) -> bool:
+    return tensor.is_matrix()
+
+
+def ggml_is_3d(tensor: Tensor) -> bool:
+    return tensor.ne[3] == 1
+
+
+def ggml_n_dims(tensor: Tensor) -> int:
+    return tensor.n_dims()
+
+
+def ggml_are_same_shape(t0: Tensor, t1: Tensor) -> bool:
+    return are_same_shape(t0, t1)
+
+
+def ggml_are_same_layout(a: Tensor, b: Tensor) -> bool:
+    return are_same_layout(a, b)
+
+
+def ggml_can_repeat(t0: Tensor, t1: Tensor) -> bool:
+    """Whether t0 repeats to t1's shape."""
+    return can_repeat(t0, t1)
+
+
+# --- ops: copies, views and layout ---
+
+
+def ggml_dup(ctx: Context, a: Tensor) -> Tensor:
+    return ops.dup(ctx, a)
+
+
+def ggml_dup_inplace(ctx: Context, a: Tensor) -> Tensor:
+    return ops.dup_inplace(ctx, a)
+
+
+def ggml_cpy(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
+    return ops.cpy(ctx, a, b)
+
+
+def ggml_cont(ctx: Context, a: Tensor) -> Tensor:
+    return ops.cont(ctx, a)
+
+
+def ggml_cont_1d(ctx: Context, a: Tensor, ne0: int) -> Tensor:
+    return ops.cont_1d(ctx, a, ne0)
+
+
+def ggml_cont_2d(ctx: Context, a: Tensor, ne0: int, ne1: int) -> Tensor:
+    return ops.cont_2d(ctx, a, ne0, ne1)
+
+
+def ggml_cont_3d(ctx: Context, a: Tensor, ne0: int, ne1: int, ne2: int) -> Tensor:
+    return ops.cont_3d(ctx, a, ne0, ne1, ne2)
+
+
+def ggml_cont_4d(ctx: Context, a: Tensor, ne0: int, ne1: int, ne2: int, ne3: int) -> Tensor:
+    return ops.cont_4d(ctx, a, ne0, ne1, ne2, ne3)
+
+
+def ggml_reshape(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
+    return ops.reshape(ctx, a, b)
+
+
+def ggml_reshape_1d(ctx: Context, a: Tensor, ne0: int) -> Tensor:
+    return ops.reshape_1d(ctx, a, ne0)
+
+
+def ggml_reshape_2d(ctx: Context, a: Tensor, ne0: int, ne1: int) -> Tensor:
+    return ops.reshape_2d(ctx, a, ne0, ne1)
+
+
+def ggml_reshape_3d(ctx: Context, a: Tensor, ne0: int, ne1: int, ne2: int) -> Tensor:
+    return ops.reshape_3d(ctx, a, ne0, ne1, ne2)
+
+
+def ggml_reshape_4d(ctx: Context, a: Tensor, ne0: int, ne1: int, ne2: int, ne3: int) -> Tensor:
+    return ops.reshape_4d(ctx, a, ne0, ne1, ne2, ne3)
+
+
+def ggml_view_1d(ctx: Context, a: Tensor, ne0: int, offset: int) -> Tensor:
+    return ops.view_1d(ctx, a, ne0, offset)
+
+
+def ggml_view_2d(ctx: Context, a: Tensor, ne0: int, ne1: int, nb1: int, offset: int) -> Tensor:
+    return ops.view_2d(ctx, a, ne0, ne1, nb1, offset)
+
+
+def ggml_view_3d(ctx: Context, a: Tensor, ne0: int, ne1: int, ne2: int, nb1: int, nb2: int, offset: int) -> Tensor:
+    return ops.view_3d(ctx, a, ne0, ne1, ne2, nb1, nb2, offset)
+
+
+def ggml_view_4d(ctx: Context, a: Tensor, ne0: int, ne1: int, ne2: int, ne3: int,
+                 nb1: int, nb2: int, nb3: int, offset: int) -> Tensor:
+    return ops.view_4d(ctx, a, ne0, ne1, ne2, ne3, nb1, nb2, nb3, offset)
+
+
+def ggml_permute(ctx: Context, a: Tensor, axis0: int, axis1: int, axis2: int, axis3: int) -> Tensor:
+    return ops.permute(ctx, a, axis0, axis1, axis2, axis3)
+
+
+def ggml_transpose(ctx: Context, a: Tensor) -> Tensor:
+    return ops.transpose(ctx, a)
+
+
+def ggml_get_rows(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
+    return ops.get_rows(ctx, a, b)
+
+
+def ggml_repeat(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
+    return ops.repeat(ctx, a, b)
+
+
+def ggml_concat(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
+    return ops.concat(ctx, a, b)
+
+
+def ggml_diag(ctx: Context, a: Tensor) -> Tensor:
+    return ops.diag(ctx, a)
+
+
+def ggml_pad(ctx: Context, a: Tensor, p0: int, p1: int, p2: int, p3: int) -> Tensor:
+    return ops.pad(ctx, a, p0, p1, p2, p3)
+
+
+def ggml_upscale(ctx: Context, a: Tensor, scale_factor: int) -> Tensor:
+    return ops.upscale(ctx, a, scale_factor)
+
+
+# --- ops: element-wise ---
+
+
+def ggml_add(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
+    return ops.add(ctx, a, b)
+
+
+def ggml_add_inplace(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
+    return ops.add_inplace(ctx, a, b)
+
+
+def ggml_add1(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
+    return ops.add1(ctx, a, b)
+
+
+def ggml_add1_inplace(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
+    return ops.add1_inplace(ctx, a, b)
+
+
+def ggml_acc(ctx: Context, a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: int, offset: int) -> Tensor:
+    return ops.acc(ctx, a, b, nb1, nb2, nb3, offset)
+
+
+def ggml_acc_inplace(ctx: Context, a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: int, offset: int) -> Tensor:
+    return ops.acc_inplace(ctx, a, b, nb1, nb2, nb3, offset)
+
+
+def ggml_sub(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
+    return ops.sub(ctx, a, b)
+
+
+def ggml_sub_inplace(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
+    return ops.sub_inplace(ctx, a, b)
+
+
+def ggml_mul(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
+    return ops.mul(ctx, a, b)
+
+
+def ggml_mul_inplace(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
+    return ops.mul_inplace(ctx, a, b)
+
+
+def ggml_div(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
+    return ops.div(ctx, a, b)
+
+
+def ggml_div_inplace(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
+    return ops.div_inplace(ctx, a, b)
+
+
+def ggml_sqr(ctx: Context, a: Tensor) -> Tensor:
+    return ops.sqr(ctx, a)
+
+
+def ggml_sqr_inplace(ctx: Context, a: Tensor) -> Tensor:
+    return ops.sqr_inplace(ctx, a)
+
+
+def ggml_sqrt(ctx: Context, a: Tensor) -> Tensor:
+    return ops.sqrt(ctx, a)
+
+
+def ggml_sqrt_inplace(ctx: Context, a: Tensor) -> Tensor:
+    return ops.sqrt_inplace(ctx, a)
+
+
+def ggml_log(ctx: Context, a: Tensor) -> Tensor:
+    return ops.log(ctx, a)
+
+
+def ggml_log_inplace(ctx: Context, a: Tensor) -> Tensor:
+    return ops.log_inplace(ctx, a)
+
+
+def ggml_scale(ctx: Context, a: Tensor, s: float) -> Tensor:
+    return ops.scale(ctx, a, s)
+
+
+def ggml_scale_inplace(ctx: Context, a: Tensor, s: float) -> Tensor:
+    return ops.scale_inplace(ctx, a, s)
+
+
+def ggml_set(ctx: Context, a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: int, offset: int) -> Tensor:
+    return ops.set(ctx, a, b, nb1, nb2, nb3, offset)
+
+
+def ggml_set_inplace(ctx: Context, a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: int, offset: int) -> Tensor:
+    return ops.set_inplace(ctx, a, b, nb1, nb2, nb3, offset)
+
+
+def ggml_set_1d(ctx: Context, a: Tensor, b: Tensor, offset: int) -> Tensor:
+    return ops.set_1d(ctx, a, b, offset)
+
+
+def ggml_set_1d_inplace(ctx: Context, a: Tensor, b: Tensor, offset: int) -> Tensor:
+    return ops.set_1d_inplace(ctx, a, b, offset)
+
+
+def ggml_set_2d(ctx: Context, a: Tensor, b: Tensor, nb1: int, offset: int) -> Tensor:
+    return ops.set_2d(ctx, a, b, nb1, offset)
+
+
+def ggml_set_2d_inplace(ctx: Context, a: Tensor, b: Tensor, nb1: int, offset: int) -> Tensor:
+    return ops.set_2d_inplace(ctx, a, b, nb1, offset)
+
+
+def ggml_clamp(ctx: Context, a: Tensor, min: float, max: float) -> Tensor:
+    return ops.clamp(ctx, a, min, max)
+
+
+def ggml_leaky_relu(ctx: Context, a: Tensor, negative_slope: float, inplace: bool) -> Tensor:
+    return ops.leaky_relu(ctx, a, negative_slope, inplace)
+
+
+def ggml_unary(ctx: Context, a: Tensor, op: UnaryOp | int) -> Tensor:
+    return ops.unary(ctx, a, UnaryOp(op))
+
+
+def ggml_unary_inplace(ctx: Context, a: Tensor, op: UnaryOp | int) -> Tensor:
+    return ops.unary_inplace(ctx, a, UnaryOp(op))
+
+
+def ggml_abs(ctx: Context, a: Tensor) -> Tensor:
+    return ops.abs(ctx, a)
+
+
+def ggml_abs_inplace(ctx: Context, a: Tensor) -> Tensor:
+    return ops.abs_inplace(ctx, a)
+
+
+def ggml_sgn(ctx: Context, a: Tensor) -> Tensor:
+    return ops.sgn(ctx, a)
+
+
+def ggml_sgn_inplace(ctx: Context, a: Tensor) -> Tensor:
+    return ops.sgn_inplace(ctx, a)
+
+
+def ggml_neg(ctx: Context, a: Tensor) -> Tensor:
+    return ops.neg(ctx, a)
+
+
+def ggml_neg_inplace(ctx: Context, a: Tensor) -> Tensor:
+    return ops.neg_inplace(ctx, a)
+
+
+def ggml_step(ctx: Context, a: Tensor) -> Tensor:
+    return ops.step(ctx, a)
+
+
+def ggml_step_inplace(ctx: Context, a: Tensor) -> Tensor:
+    return ops.step_inplace(ctx, a)
+
+
+def ggml_tanh(ctx: Context, a: Tensor) -> Tensor:
+    return ops.tanh(ctx, a)
+
+
+def ggml_tanh_inplace(ctx: Context, a: Tensor) -> Tensor:
+    return ops.tanh_inplace(ctx, a)
+
+
+def ggml_elu(ctx: Context, a: Tensor) -> Tensor:
+    return ops.elu(ctx, a)
+
+
+def ggml_elu_inplace(ctx: Context, a: Tensor) -> Tensor:
+    return ops.elu_inplace(ctx, a)
+
+
+def ggml_relu(ctx: Context, a: Tensor) -> Tensor:
+    return ops.relu(ctx, a)
+
+
+def ggml_relu_inplace(ctx: Context, a: Tensor) -> Tensor:
+    return ops.relu_inplace(ctx, a)
+
+
+def ggml_gelu(ctx: Context, a: Tensor) -> Tensor:
+    return ops.gelu(ctx, a)
+
+
+def ggml_gelu_inplace(ctx: Context, a: Tensor) -> Tensor:
+    return ops.gelu_inplace(ctx, a)
+
+
+def ggml_gelu_quick(ctx: Context, a: Tensor) -> Tensor:
+    return ops.gelu_quick(ctx, a)
+
+
+def ggml_gelu_quick_inplace(ctx: Context, a: Tensor) -> Tensor:
+    return ops.gelu_quick_inplace(ctx, a)
+
+
+def ggml_silu(ctx: Context, a: Tensor) -> Tensor:
+    return ops.silu(ctx, a)
+
+
+def ggml_silu_inplace(ctx: Context, a: Tensor) -> Tensor:
+    return ops.silu_inplace(ctx, a)
+
+
+def ggml_hardswish(ctx: Context, a: Tensor) -> Tensor:
+    return ops.hardswish(ctx, a)
+
+
+def ggml_hardswish_inplace(ctx: Context, a: Tensor) -> Tensor:
+    return ops.hardswish_inplace(ctx, a)
+
+
+def ggml_hardsigmoid(ctx: Context, a: Tensor) -> Tensor:
+    return ops.hardsigmoid(ctx, a)
+
+
+def ggml_hardsigmoid_inplace(ctx: Context, a: Tensor) -> Tensor:
+    return ops.hardsigmoid_inplace(ctx, a)
+
+
+# --- ops: reductions and sorting ---
+
+
+def ggml_sum(ctx: Context, a: Tensor) -> Tensor:
+    return ops.sum(ctx, a)
+
+
+def ggml_sum_rows(ctx: Context, a: Tensor) -> Tensor:
+    return ops.sum_rows(ctx, a)
+
+
+def ggml_mean(ctx: Context, a: Tensor) -> Tensor:
+    return ops.mean(ctx, a)
+
+
+def ggml_argmax(ctx: Context, a: Tensor) -> Tensor:
+    return ops.argmax(ctx, a)
+
+
+def ggml_argsort(ctx: Context, a: Tensor, order: SortOrder | int) -> Tensor:
+    return ops.argsort(ctx, a, order)
+
+
+def ggml_top_k(ctx: Context, a: Tensor, k: int) -> Tensor:
+    return ops.top_k(ctx, a, k)
+
+
+# --- ops: matrix products ---
+
+
+def ggml_mul_mat(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
+    return ops.mul_mat(ctx, a, b)
+
+
+def ggml_out_prod(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
+    return ops.out_prod(ctx, a, b)
+
+
+# --- ops: norms, soft_max, masks, positions ---
+
+
+def ggml_norm(ctx: Context, a: Tensor, eps: float) -> Tensor:
+    return ops.norm(ctx, a, eps)
+
+
+def ggml_norm_inplace(ctx: Context, a: Tensor, eps: float) -> Tensor:
+    return ops.norm_inplace(ctx, a, eps)
+
+
+def ggml_rms_norm(ctx: Context, a: Tensor, eps: float) -> Tensor:
+    return ops.rms_norm(ctx, a, eps)
+
+
+def ggml_rms_norm_inplace(ctx: Context, a: Tensor, eps: float) -> Tensor:
+    return ops.rms_norm_inplace(ctx, a, eps)
+
+
+def ggml_group_norm(ctx: Context, a: Tensor, n_groups: int) -> Tensor:
+    return ops.group_norm(ctx, a, n_groups)
+
+
+def ggml_group_norm_inplace(ctx: Context, a: Tensor, n_groups: int) -> Tensor:
+    return ops.group_norm_inplace(ctx, a, n_groups)
+
+
+def ggml_soft_max(ctx: Context, a: Tensor) -> Tensor:
+    return ops.soft_max(ctx, a)
+
+
+def ggml_soft_max_inplace(ctx: Context, a: Tensor) -> Tensor:
+    return ops.soft_max_inplace(ctx, a)
+
+
+def ggml_soft_max_ext(ctx: Context, a: Tensor, mask: Tensor | None, scale: float) -> Tensor:
+    return ops.soft_max_ext(ctx, a, mask, scale)
+
+
+def ggml_diag_mask_inf(ctx: Context, a: Tensor, n_past: int) -> Tensor:
+    return ops.diag_mask_inf(ctx, a, n_past)
+
+
+def ggml_diag_mask_inf_inplace(ctx: Context, a: Tensor, n_past: int) -> Tensor:
+    return ops.diag_mask_inf_inplace(ctx, a, n_past)
+
+
+def ggml_diag_mask_zero(ctx: Context, a: Tensor, n_past: int) -> Tensor:
+    return ops.diag_mask_zero(ctx, a, n_past)
+
+
+def ggml_diag_mask_zero_inplace(ctx: Context, a: Tensor, n_past: int) -> Tensor:
+    return ops.diag_mask_zero_inplace(ctx, a, n_past)
+
+
+def ggml_rope(ctx: Context, a: Tensor, b: Tensor, n_dims: int, mode: int, n_ctx: int) -> Tensor:
+    return ops.rope(ctx, a, b, n_dims, mode, n_ctx)
+
+
+def ggml_rope_inplace(ctx: Context, a: Tensor, b: Tensor, n_dims: int, mode: int, n_ctx: int) -> Tensor:
+    return ops.rope_inplace(ctx, a, b, n_dims, mode, n_ctx)
+
+
+def ggml_rope_custom(ctx: Context, a: Tensor, b: Tensor, n_dims: int, mode: int, n_ctx: int, n_orig_ctx: int,
+                     freq_base: float, freq_scale: float, ext_factor: float, attn_factor: float,
+                     beta_fast: float, beta_slow: float) -> Tensor:
+    return ops.rope_custom(ctx, a, b, n_dims, mode, n_ctx, n_orig_ctx, freq_base, freq_scale, ext_factor,
+                           attn_factor, beta_fast, beta_slow)
+
+
+def ggml_rope_custom_inplace(ctx: Context, a: Tensor, b: Tensor, n_dims: int, mode: int, n_ctx: int,
+                             n_orig_ctx: int, freq_base: float, freq_scale: float, ext_factor: float,
+                             attn_factor: float, beta_fast: float, beta_slow: float) -> Tensor:
+    return ops.rope_custom_inplace(ctx, a, b, n_dims, mode, n_ctx, n_orig_ctx, freq_base, freq_scale, ext_factor,
+                                   attn_factor, beta_fast, beta_slow)
+
+
+def ggml_rope_xpos_inplace(ctx: Context, a: Tensor, b: Tensor, n_dims: int, base: float, down: bool) -> Tensor:
+    return ops.rope_xpos_inplace(ctx, a, b, n_dims, base, down)
+
+
+def ggml_alibi(ctx: Context, a: Tensor, n_past: int, n_head: int, bias_max: float) -> Tensor:
+    return ops.alibi(ctx, a, n_past, n_head, bias_max)
+
+
+# --- ops: convolution and pooling ---
+
+
+def ggml_im2col(ctx: Context, a: Tensor, b: Tensor, s0: int, s1: int, p0: int, p1: int, d0: int, d1: int,
+                is_2D: bool) -> Tensor:
+    return ops.im2col(ctx, a, b, s0, s1, p0, p1, d0, d1, is_2D)
+
+
+def ggml_conv_1d(ctx: Context, a: Tensor, b: Tensor, s0: int, p0: int, d0: int) -> Tensor:
+    return ops.conv_1d(ctx, a, b, s0, p0, d0)
+
+
+def ggml_conv_1d_ph(ctx: Context, a: Tensor, b: Tensor, s: int, d: int) -> Tensor:
+    return ops.conv_1d_ph(ctx, a, b, s, d)
+
+
+def ggml_conv_2d(ctx: Context, a: Tensor, b: Tensor, s0: int, s1: int, p0: int, p1: int, d0: int,
+                 d1: int) -> Tensor:
+    return ops.conv_2d(ctx, a, b, s0, s1, p0, p1, d0, d1)
+
+
+def ggml_conv_2d_sk_p0(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
+    return ops.conv_2d_sk_p0(ctx, a, b)
+
+
+def ggml_conv_2d_s1_ph(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
+    return ops.conv_2d_s1_ph(ctx, a, b)
+
+
+def ggml_conv_transpose_1d(ctx: Context, a: Tensor, b: Tensor, s0: int, p0: int, d0: int) -> Tensor:
+    return ops.conv_transpose_1d(ctx, a, b, s0, p0, d0)
+
+
+def ggml_pool_1d(ctx: Context, a: Tensor, op: PoolOp | int, k0: int, s0: int, p0: int) -> Tensor:
+    return ops.pool_1d(ctx, a, op, k0, s0, p0)
+
+
+def ggml_pool_2d(ctx: Context, a: Tensor, op: PoolOp | int, k0: int, k1: int, s0: int, s1: int,
+                 p0: float, p1: float) -> Tensor:
+    return ops.pool_2d(ctx, a, op, k0, k1, s0, s1, p0, p1)
+
+
+# --- ops: custom ---
+
+
+def ggml_map_custom1(ctx: Context, a: Tensor, fun: Callable[..., None], n_tasks: int, userdata: Any) -> Tensor:
+    return ops.map_custom1(ctx, a, fun, n_tasks, userdata)
+
+
+def ggml_map_custom1_inplace(ctx: Context, a: Tensor, fun: Callable[..., None], n_tasks: int,
+                             userdata: Any) -> Tensor:
+    return ops.map_custom1_inplace(ctx, a, fun, n_tasks, userdata)
+
+
+def ggml_map_custom2(ctx: Context, a: Tensor, b: Tensor, fun: Callable[..., None], n_tasks: int,
+                     userdata: Any) -> Tensor:
+    return ops.map_custom2(ctx, a, b, fun, n_tasks, userdata)
+
+
+def ggml_map_custom2_inplace(ctx: Context, a: Tensor, b: Tensor, fun: Callable[..., None], n_tasks: int,
+                             userdata: Any) -> Tensor:
+    return ops.map_custom2_inplace(ctx, a, b, fun, n_tasks, userdata)
+
+
+def ggml_map_custom3(ctx: Context, a: Tensor, b: Tensor, c: Tensor, fun: Callable[..., None], n_tasks: int,
+                     userdata: Any) -> Tensor:
+    return ops.map_custom3(ctx, a, b, c, fun, n_tasks, userdata)
+
+
+def ggml_map_custom3_inplace(ctx: Context, a: Tensor, b: Tensor, c: Tensor, fun: Callable[..., None],
+                             n_tasks: int, userdata: Any) -> Tensor:
+    return ops.map_custom3_inplace(ctx, a, b, c, fun, n_tasks, userdata)
+
+
+# --- graphs ---
+
+
+def ggml_new_graph(ctx: Context) -> Graph:
+    return ctx.new_graph(GGML_DEFAULT_GRAPH_SIZE, False)
+
+
+def ggml_new_graph_custom(ctx: Context, size: int, grads: bool) -> Graph:
+    return ctx.new_graph(size, grads)
+
+
+def ggml_graph_view(ctx: Context, cgraph: Graph, i0: int, i1: int) -> Graph:
+    return ctx.graph_view(cgraph, i0, i1)
+
+
+def ggml_graph_cpy(src: Graph, dst: Graph) -> None:
+    src.cpy(dst)
+
+
+def ggml_graph_clear(cgraph: Graph) -> None:
+    cgraph.clear()
+
+
+def ggml_build_forward_expand(cgraph: Graph, tensor: Tensor) -> None:
+    cgraph.build_forward_expand(tensor)
+
+
+def ggml_graph_get_tensor(cgraph: Graph, name: str) -> Tensor | None:
+    return cgraph.get_tensor(name)
+
+
+def ggml_graph_n_nodes(cgraph: Graph) -> int:
+    return cgraph.n_nodes
+
+
+def ggml_graph_node(cgraph: Graph, i: int) -> Tensor:
+    return cgraph.node(i)
+
+
+def ggml_graph_print(cgraph: Graph) -> None:
+    """Log the graph's nodes and leafs (logger 'pyggml.graph', level INFO)."""
+    cgraph.print()
+
+
+def ggml_graph_dump_dot(gb: Graph, gf: Graph | None, filename: str) -> None:
+    """Write Graphviz source of `gb` to `filename` (`gf`, the forward graph of a backward one, is unused)."""
+    gb.dump_dot(filename)
+
+
+def ggml_hash_size(min_sz: int) -> int:
+    return hash_size(min_sz)
+
+
+__all__ = [name for name in dir() if name.startswith(("ggml_", "GGML_"))]
