@@ -47,6 +47,8 @@ class Context(OpBuilders):
         self.tensors: list[Tensor] = []
         self.graphs: list[object] = []
         self._used = 0  # bytes of the pool taken so far (objects and data)
+        self._offs0 = 0  # bytes skipped at the start of the arena to align the first object
+        self._limit = mem_size  # end offset of the usable pool in the arena
         self._arena: np.ndarray | None = None
         self._arena_owned = mem_buffer is None
         self._base: int | None = None
@@ -60,7 +62,10 @@ class Context(OpBuilders):
             self._arena = np.zeros(mem_size + GGML_MEM_ALIGN, dtype=np.uint8)
         if self._arena is not None:
             self._base = memory.register(self._arena)
-            self._used = (-self._base) % GGML_MEM_ALIGN  # first object aligned like ggml's
+            self._offs0 = (-self._base) % GGML_MEM_ALIGN  # first object aligned like ggml's
+            self._used = self._offs0
+            if self._arena_owned:
+                self._limit = mem_size + self._offs0  # the owned arena has GGML_MEM_ALIGN spare bytes for this
 
     # --- lifecycle ---
 
@@ -82,7 +87,7 @@ class Context(OpBuilders):
         self.free()
 
     def used_mem(self) -> int:
-        return self._used
+        return self._used - self._offs0
 
     def get_mem_size(self) -> int:
         return self.mem_size
@@ -99,13 +104,17 @@ class Context(OpBuilders):
     # --- pool ---
 
     def _take(self, nbytes: int, what: str) -> int:
-        """Reserve `nbytes` of the pool (aligned); returns the offset of the data."""
-        start = pad(self._used, GGML_MEM_ALIGN)
-        end = start + nbytes
-        if end > self.mem_size:
+        """Reserve `nbytes` of the pool, padded to GGML_MEM_ALIGN as ggml_new_object pads it.
+
+        Returns the offset of the object in the arena; base + offset is GGML_MEM_ALIGN-aligned
+        (`_used` stays `_offs0` plus a multiple of GGML_MEM_ALIGN).
+        """
+        start = self._used
+        end = start + pad(nbytes, GGML_MEM_ALIGN)
+        if end > self._limit:
             raise ContextFullError(
                 f"not enough space in the context's memory pool for {what} "
-                f"(needed {end - self._used} bytes, available {self.mem_size - self._used} of {self.mem_size})"
+                f"(needed {end - self._used} bytes, available {self._limit - self._used} of {self.mem_size})"
             )
         self._used = end
         return start
@@ -147,7 +156,7 @@ class Context(OpBuilders):
                 t.data = view_src.data + view_offs
         elif alloc_data:
             assert self._base is not None
-            t.data = self._base + pad(offs + tensor_overhead(), GGML_MEM_ALIGN)
+            t.data = self._base + offs + tensor_overhead()  # tensor_overhead() is a multiple of GGML_MEM_ALIGN
         self.tensors.append(t)
         return t
 
@@ -219,5 +228,6 @@ class Context(OpBuilders):
     def graph_view(self, graph, i0: int, i1: int):  # noqa: ANN001, ANN201
         from pyggml.core.graph import GRAPH_STRUCT_SIZE
 
+        view = graph.view(i0, i1)  # checks i0, i1 before the pool is touched
         self._take(GGML_OBJECT_SIZE + GRAPH_STRUCT_SIZE, "a graph view")
-        return graph.view(i0, i1)
+        return view

@@ -162,6 +162,8 @@ class Graph:
 
     def view(self, i0: int, i1: int) -> Graph:
         """ggml_graph_view: nodes i0..i1 of this graph, no leafs, no hash table."""
+        if not 0 <= i0 <= i1 <= len(self.nodes):
+            raise GraphError(f"graph_view: nodes [{i0}, {i1}) are not inside the graph's {len(self.nodes)} nodes")
         g = Graph.__new__(Graph)
         g.size = i1 - i0
         g.nodes = self.nodes[i0:i1]
