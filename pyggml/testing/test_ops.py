@@ -522,17 +522,20 @@ def conv_cases() -> list[OpCase]:
     return cases
 
 
-def _custom1(dst: Any, a: Any, ith: int, nth: int, userdata: Any) -> None:
-    """y = 2a + 1 over this thread's rows (a pure function of its inputs, like ggml's test callbacks)."""
-    np.copyto(dst, 2 * np.asarray(a) + 1)
+def _custom1(dst: Tensor, a: Tensor, ith: int, nth: int, userdata: Any) -> None:
+    """y = 2a + 1 on the rows of task ith of nth (Tensors, read and written through .numpy())."""
+    d, x = dst.numpy(), a.numpy()
+    d[:, :, ith::nth] = 2 * x[:, :, ith::nth] + 1
 
 
-def _custom2(dst: Any, a: Any, b: Any, ith: int, nth: int, userdata: Any) -> None:
-    np.copyto(dst, np.asarray(a) * np.asarray(b) - 1)
+def _custom2(dst: Tensor, a: Tensor, b: Tensor, ith: int, nth: int, userdata: Any) -> None:
+    d, x, y = dst.numpy(), a.numpy(), b.numpy()
+    d[:, :, ith::nth] = x[:, :, ith::nth] * y[:, :, ith::nth] - 1
 
 
-def _custom3(dst: Any, a: Any, b: Any, c: Any, ith: int, nth: int, userdata: Any) -> None:
-    np.copyto(dst, np.asarray(a) + np.asarray(b) * np.asarray(c))
+def _custom3(dst: Tensor, a: Tensor, b: Tensor, c: Tensor, ith: int, nth: int, userdata: Any) -> None:
+    d, x, y, z = dst.numpy(), a.numpy(), b.numpy(), c.numpy()
+    d[:, :, ith::nth] = x[:, :, ith::nth] + y[:, :, ith::nth] * z[:, :, ith::nth]
 
 
 def custom_cases() -> list[OpCase]:
