@@ -1,0 +1,924 @@
+"""Row conversion between ggml types and float32: ggml's `to_float` / `from_float`.
+
+Every `GGMLType` converts to float32, and every type ggml can quantize to
+converts from float32. The quantizers are ggml's *reference* algorithms
+(`quantize_row_*_reference` in ggml-quants.c of late 2023, with the helpers
+`make_qx_quants`, `make_q3_quants` and `make_qkx2_quants` the K-quants use),
+written with numpy over all blocks at once. They reproduce the C code's
+float32 arithmetic operation by operation, so the bytes are ggml's bytes (the
+tests check digests of ggml's own output): sums the C code accumulates weight
+by weight are added in the same order (never with np.sum, which adds
+pairwise), ggml's `nearest_int` is reproduced bit for bit, and C's choices
+among equal values (first maximum, sign of a zero) are kept.
+
+That is ggml built without fused multiply-adds: llama.cpp's Makefile
+(`-std=c11`) or any build without `-march=native`. A CMake build with
+`-march=native` on an FMA machine (GNU C contracts `a*b + c` by default)
+rounds some intermediates differently and writes different bytes for a few
+percent of the K-quant blocks. Non-finite inputs give well-formed blocks of
+no particular meaning, as in ggml.
+
+Block layouts are in `BLOCK_DTYPES` (numpy structured dtypes whose fields are
+the C struct's fields, little-endian, at the C offsets) and in the docstring
+of each type's dequantizer. MUL_MAT converts src1 to its weight's
+`vec_dot_type` with `quantize_q8_0` / `quantize_q8_1` / `quantize_q8_K`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from pyggml.core.errors import ArgumentError, UnsupportedTypeError
+from pyggml.core.types import QK_K, TYPE_TRAITS, GGMLType, as_type
+
+F32 = np.float32
+
+# --- block layouts -----------------------------------------------------------
+
+BLOCK_DTYPES: dict[GGMLType, np.dtype] = {
+    GGMLType.Q4_0: np.dtype([("d", "<f2"), ("qs", "u1", 16)]),
+    GGMLType.Q4_1: np.dtype([("d", "<f2"), ("m", "<f2"), ("qs", "u1", 16)]),
+    GGMLType.Q5_0: np.dtype([("d", "<f2"), ("qh", "<u4"), ("qs", "u1", 16)]),
+    GGMLType.Q5_1: np.dtype([("d", "<f2"), ("m", "<f2"), ("qh", "<u4"), ("qs", "u1", 16)]),
+    GGMLType.Q8_0: np.dtype([("d", "<f2"), ("qs", "i1", 32)]),
+    GGMLType.Q8_1: np.dtype([("d", "<f4"), ("s", "<f4"), ("qs", "i1", 32)]),
+    GGMLType.Q2_K: np.dtype([("scales", "u1", 16), ("qs", "u1", 64), ("d", "<f2"), ("dmin", "<f2")]),
+    GGMLType.Q3_K: np.dtype([("hmask", "u1", 32), ("qs", "u1", 64), ("scales", "u1", 12), ("d", "<f2")]),
+    GGMLType.Q4_K: np.dtype([("d", "<f2"), ("dmin", "<f2"), ("scales", "u1", 12), ("qs", "u1", 128)]),
+    GGMLType.Q5_K: np.dtype(
+        [("d", "<f2"), ("dmin", "<f2"), ("scales", "u1", 12), ("qh", "u1", 32), ("qs", "u1", 128)]
+    ),
+    GGMLType.Q6_K: np.dtype([("ql", "u1", 128), ("qh", "u1", 64), ("scales", "i1", 16), ("d", "<f2")]),
+    GGMLType.Q8_K: np.dtype([("d", "<f4"), ("qs", "i1", 256), ("bsums", "<i2", 16)]),
+}
+
+
+def block_dtype(t: GGMLType) -> np.dtype:
+    """The structured dtype of one block of quantized type `t` (view raw uint8 rows with it)."""
+    t = as_type(t)
+    if t not in BLOCK_DTYPES:
+        raise UnsupportedTypeError(f"{t.name.lower()} is not a block-quantized type")
+    return BLOCK_DTYPES[t]
+
+
+# --- small helpers -----------------------------------------------------------
+
+
+def _f16_bytes(d: np.ndarray) -> np.ndarray:
+    """float32 (nb,) -> its fp16 bytes (nb, 2), rounded to nearest even like GGML_FP32_TO_FP16."""
+    return d.astype("<f2").view(np.uint8).reshape(-1, 2)
+
+
+def _f16_at(blocks: np.ndarray, off: int) -> np.ndarray:
+    """The fp16 field at byte `off` of each block, as float32 (nb, 1)."""
+    return blocks[:, off : off + 2].copy().view("<f2").astype(F32)
+
+
+def _f32_at(blocks: np.ndarray, off: int) -> np.ndarray:
+    return blocks[:, off : off + 4].copy().view("<f4")
+
+
+def _nearest_int(v: np.ndarray) -> np.ndarray:
+    """ggml's nearest_int, bit for bit, as exact float32 integers.
+
+    Round half to even for |v| < 2^22; beyond that (and for inf/NaN, which
+    arise from tiny blocks) the same garbage the C trick gives, so such
+    blocks still match ggml's bytes.
+    """
+    bits = (v + F32(12582912)).view(np.int32)
+    bits &= 0x7FFFFF  # in place: this runs inside the K-quant searches
+    bits -= 0x400000
+    return bits.astype(F32)
+
+
+def _roundf(v: np.ndarray) -> np.ndarray:
+    """C roundf on float32: half away from zero. Exact: v - trunc(v) has no rounding error."""
+    r = np.trunc(v)
+    r += np.copysign((np.abs(v - r) >= 0.5).astype(F32), v)
+    return r
+
+
+def _first_absmax(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(value, |value|) of the first element of largest magnitude in each row.
+
+    C's `if (ax > amax) {amax = ax; max = x;}` from 0 keeps the first maximum
+    and never picks a NaN; so does argmax once NaNs count as 0. A row of
+    zeros gives +0 (C's initial value), whatever the signs of its zeros.
+    """
+    ax = np.abs(x)
+    ax = np.where(np.isnan(ax), F32(0), ax)
+    i = ax.argmax(axis=-1)[..., None]
+    amax = np.take_along_axis(ax, i, axis=-1)[..., 0]
+    return np.where(amax == 0, F32(0), np.take_along_axis(x, i, axis=-1)[..., 0]), amax
+
+
+def _first_min_max(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Row minima and maxima as C's `if (v < min) min = v;` scan finds them: the first of equal
+    values, which only matters for the sign of a zero (it reaches d = (max - min)/n)."""
+    mn, mx = x.min(axis=1), x.max(axis=1)
+    for v in (mn, mx):
+        rows = np.nonzero(v == 0)[0]
+        if rows.size:
+            first = (x[rows] == 0).argmax(axis=1)
+            v[rows] = x[rows, first]
+    return mn, mx
+
+
+def _max0(v: np.ndarray) -> np.ndarray:
+    """max(0, v...) over the last axis, skipping NaN: C's `if (v > m) m = v;` from m = 0."""
+    return np.fmax.reduce(v, axis=-1, initial=F32(0)).astype(F32)
+
+
+def _safe_inv(d: np.ndarray) -> np.ndarray:
+    """`d ? 1.0f/d : 0.0f`."""
+    with np.errstate(divide="ignore"):
+        return np.where(d == 0, F32(0), F32(1) / d).astype(F32)
+
+
+def _u8(v: np.ndarray) -> np.ndarray:
+    """An int array stored into uint8_t (wraps like C)."""
+    return (v.astype(np.int64) & 0xFF).astype(np.uint8)
+
+
+def _pack_2bit(L: np.ndarray) -> np.ndarray:
+    """Q2_K/Q3_K qs: byte 32*h + l holds L[128h + l + 32k] at bits 2k (k = 0..3)."""
+    nb = L.shape[0]
+    r = L.astype(np.uint8).reshape(nb, 2, 4, 32)
+    q = r[:, :, 0] | (r[:, :, 1] << 2) | (r[:, :, 2] << 4) | (r[:, :, 3] << 6)
+    return q.reshape(nb, 64)
+
+
+def _unpack_2bit(qs: np.ndarray) -> np.ndarray:
+    """Inverse of _pack_2bit: (nb, 64) bytes -> (nb, 256) values 0..3."""
+    nb = qs.shape[0]
+    q = qs.reshape(nb, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)
+    return (q & 3).reshape(nb, 256)
+
+
+def _bits_of(v: np.ndarray, shifts: tuple[int, ...]) -> np.ndarray:
+    """Bytes (..., n) -> (..., len(shifts), n) of (byte >> shift) & 1."""
+    s = np.array(shifts, np.uint8).reshape(len(shifts), 1)
+    return (v[..., None, :] >> s) & 1
+
+
+# --- ggml's K-quant helpers ---------------------------------------------------------
+#
+# These work on sub-blocks laid out as columns: x has shape (n, m) for m
+# sub-blocks of n weights, so the C loops over a sub-block's weights become
+# loops over rows, each one numpy operation over all m sub-blocks, and sums
+# run in C's order at full speed (np.cumsum along a short last axis is ~10x
+# slower than adding rows).
+
+
+def _colsum(v: np.ndarray) -> np.ndarray:
+    """Sum over axis 0 in order, like C's `s += v[i]` loop from 0 (np.sum adds pairwise)."""
+    s = v[0].copy()
+    for row in v[1:]:
+        s += row
+    return s
+
+
+def _columns(x: np.ndarray, n: int) -> np.ndarray:
+    """Super-blocks (nb, 256) -> sub-blocks of n weights as columns (n, nb * 256 // n)."""
+    return np.ascontiguousarray(x.reshape(-1, n).T)
+
+
+def _make_qkx2_quants(
+    x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: float, nstep: int, use_mad: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """make_qkx2_quants for each column of x (n, m) with weights w: (scale, the_min, L (n, m)).
+
+    Searches nstep+1 scales around nmax/(max-min) and keeps the one with the
+    least weighted error; a column's min moves with each improvement, so later
+    steps see the new min, as in C.
+    """
+    mn = np.minimum(x.min(axis=0), F32(0))
+    mx = x.max(axis=0)
+    sum_w = _colsum(w)
+    sum_x = _colsum(w * x)
+    flat = mx == mn
+
+    def err(scale: np.ndarray, mins: np.ndarray, L: np.ndarray) -> np.ndarray:
+        diff = scale * L
+        diff += mins
+        diff -= x
+        diff = np.abs(diff, out=diff) if use_mad else np.multiply(diff, diff, out=diff)
+        diff *= w
+        return _colsum(diff)
+
+    iscale = F32(nmax) / (mx - mn)
+    scale = F32(1) / iscale
+    L = np.clip(_nearest_int(iscale * (x - mn)), 0, nmax)
+    best = err(scale, mn, L)
+    for step in range(nstep + 1):
+        iscale = (F32(rmin) + F32(rdelta) * F32(step) + F32(nmax)) / (mx - mn)
+        La = np.clip(_nearest_int(iscale * (x - mn)), 0, nmax)
+        wl = w * La
+        sum_l = _colsum(wl)
+        sum_xl = _colsum(wl * x)
+        wl *= La
+        sum_l2 = _colsum(wl)
+        D = sum_w * sum_l2 - sum_l * sum_l
+        this_scale = (sum_w * sum_xl - sum_x * sum_l) / D
+        this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D
+        pos = this_min > 0
+        this_min = np.where(pos, F32(0), this_min)
+        this_scale = np.where(pos, sum_xl / sum_l2, this_scale)
+        mad = err(this_scale, this_min, La)
+        better = (D > 0) & (mad < best)
+        L = np.where(better, La, L)
+        best = np.where(better, mad, best)
+        scale = np.where(better, this_scale, scale)
+        mn = np.where(better, this_min, mn)
+    # a constant column (after min <= 0): all zero quants, min = that constant
+    L = np.where(flat, F32(0), L)
+    scale = np.where(flat, F32(0), scale)
+    return scale.astype(F32), (-mn).astype(F32), L
+
+
+def _make_qx_quants(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
+    """make_qx_quants(n, nmax, x, L, rmse_type=1) for each column of x (n, m): (scale, L in 0..2*nmax-1).
+
+    Weighted by x^2; tries 18 scales around nmax/max and keeps the best.
+    """
+    mx, amax = _first_absmax(x.T)
+    w = x * x
+    wx = w * x
+    lo, hi = -nmax, nmax - 1
+    iscale = F32(-nmax) / mx
+    l = np.clip(_nearest_int(iscale * x), lo, hi)
+    L = l + F32(nmax)
+    sumlx = _colsum(wx * l)
+    suml2 = _colsum(w * l * l)
+    scale = sumlx / suml2
+    best = scale * sumlx
+    for step in range(-9, 10):
+        if step == 0:
+            continue
+        iscale = -(F32(nmax) + F32(0.1) * F32(step)) / mx
+        l = np.clip(_nearest_int(iscale * x), lo, hi)
+        slx = _colsum(wx * l)
+        sl2 = _colsum(w * l * l)
+        upd = (sl2 > 0) & (slx * slx > best * sl2)
+        L = np.where(upd, l + F32(nmax), L)
+        scale = np.where(upd, slx / sl2, scale)
+        best = np.where(upd, scale * slx, best)
+    tiny = amax < F32(1e-30)
+    L = np.where(tiny, F32(0), L)
+    scale = np.where(tiny, F32(0), scale)
+    return scale.astype(F32), L
+
+
+def _make_q3_quants(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
+    """make_q3_quants(n, nmax, x, L, do_rmse=true) for each column of x (n, m): (scale, L in 0..2*nmax-1).
+
+    Starts from rounding at nmax/max, then moves single quants while that
+    lowers the x^2-weighted error, weight by weight (up to 5 passes).
+    """
+    n, m = x.shape
+    mx, amax = _first_absmax(x.T)
+    iscale = F32(-nmax) / mx
+    L = np.clip(_nearest_int(iscale * x), -nmax, nmax - 1)
+    w = x * x
+    wx = w * x
+    sumlx = _colsum(wx * L)
+    suml2 = _colsum(w * L * L)
+    # A column whose pass changed nothing would change nothing in the next
+    # pass either, so each pass revisits only the columns the previous pass
+    # changed: the same result as C's per-block early break.
+    active = np.arange(m)
+    for _ in range(5):
+        if active.size == 0:
+            break
+        La, wa, wxa, xa = L[:, active], w[:, active], wx[:, active], x[:, active]
+        slx_a, sl2_a = sumlx[active], suml2[active]
+        changed = np.zeros(active.size, bool)
+        for i in range(n):
+            wi, wxi, xi, Li = wa[i], wxa[i], xa[i], La[i]
+            slx = slx_a - wxi * Li
+            sl2 = sl2_a - wi * Li * Li
+            new_l = np.clip(_nearest_int(xi * sl2 / slx), -nmax, nmax - 1)
+            slx2 = slx + wxi * new_l
+            sl22 = sl2 + wi * new_l * new_l
+            upd = (slx > 0) & (new_l != Li) & (sl22 > 0) & (slx2 * slx2 * sl2_a > slx_a * slx_a * sl22)
+            La[i] = np.where(upd, new_l, Li)
+            slx_a = np.where(upd, slx2, slx_a)
+            sl2_a = np.where(upd, sl22, sl2_a)
+            changed |= upd
+        L[:, active], sumlx[active], suml2[active] = La, slx_a, sl2_a
+        active = active[changed]
+    L = L + F32(nmax)
+    scale = sumlx / suml2
+    zero = amax == 0
+    L = np.where(zero, F32(0), L)
+    scale = np.where(zero, F32(0), scale)
+    return scale.astype(F32), L
+
+
+# --- legacy quants: Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q8_1 ---------------------------------
+
+_NIBBLE_LO = (np.arange(256) & 15).astype(F32)
+_NIBBLE_HI = (np.arange(256) >> 4).astype(F32)
+
+
+def _quantize_q4_0(x: np.ndarray) -> np.ndarray:
+    nb = x.shape[0]
+    mx, _ = _first_absmax(x)
+    d = mx / F32(-8)
+    q = np.minimum((x * _safe_inv(d)[:, None] + F32(8.5)).astype(np.uint8), 15)  # C's (int8_t) truncation
+    out = np.empty((nb, 18), np.uint8)
+    out[:, :2] = _f16_bytes(d)
+    out[:, 2:] = q[:, :16] | (q[:, 16:] << 4)
+    return out
+
+
+def _dequantize_q4_0(b: np.ndarray) -> np.ndarray:
+    """Q4_0, 32 weights in 18 bytes: d fp16 @0, qs u8[16] @2.
+
+    Weight j (j < 16) is (qs[j] & 15) - 8, weight j + 16 is (qs[j] >> 4) - 8;
+    x = q * d.
+    """
+    d = _f16_at(b, 0)
+    qs = b[:, 2:]
+    out = np.empty((b.shape[0], 32), F32)
+    np.take(_NIBBLE_LO - 8, qs, out=out[:, :16])
+    np.take(_NIBBLE_HI - 8, qs, out=out[:, 16:])
+    out *= d
+    return out
+
+
+def _quantize_q4_1(x: np.ndarray) -> np.ndarray:
+    nb = x.shape[0]
+    mn, mx = _first_min_max(x)
+    d = (mx - mn) / F32(15)
+    q = np.minimum(((x - mn[:, None]) * _safe_inv(d)[:, None] + F32(0.5)).astype(np.uint8), 15)
+    out = np.empty((nb, 20), np.uint8)
+    out[:, 0:2] = _f16_bytes(d)
+    out[:, 2:4] = _f16_bytes(mn)
+    out[:, 4:] = q[:, :16] | (q[:, 16:] << 4)
+    return out
+
+
+def _dequantize_q4_1(b: np.ndarray) -> np.ndarray:
+    """Q4_1, 32 weights in 20 bytes: d fp16 @0, m fp16 @2, qs u8[16] @4.
+
+    Nibbles as in Q4_0 but unsigned (0..15); x = q * d + m.
+    """
+    d, m = _f16_at(b, 0), _f16_at(b, 2)
+    qs = b[:, 4:]
+    out = np.empty((b.shape[0], 32), F32)
+    np.take(_NIBBLE_LO, qs, out=out[:, :16])
+    np.take(_NIBBLE_HI, qs, out=out[:, 16:])
+    out *= d
+    out += m
+    return out
+
+
+def _q5_pack(q: np.ndarray, head: list[np.ndarray]) -> np.ndarray:
+    nb = q.shape[0]
+    qh = np.packbits(q >> 4, axis=1, bitorder="little")  # bit j of the little-endian u32 = bit 4 of quant j
+    qs = (q[:, :16] & 15) | ((q[:, 16:] & 15) << 4)
+    return np.concatenate([*head, qh.reshape(nb, 4), qs], axis=1)
+
+
+def _q5_values(b: np.ndarray, qh_off: int) -> np.ndarray:
+    """5-bit quants 0..31 of Q5_0/Q5_1 blocks as float32 (nb, 32)."""
+    qs = b[:, qh_off + 4 :]
+    hi = np.unpackbits(b[:, qh_off : qh_off + 4], axis=1, bitorder="little")  # (nb, 32): bit j of qh
+    out = np.empty((b.shape[0], 32), F32)
+    np.take(_NIBBLE_LO, qs, out=out[:, :16])
+    np.take(_NIBBLE_HI, qs, out=out[:, 16:])
+    out += hi.astype(F32) * F32(16)
+    return out
+
+
+def _quantize_q5_0(x: np.ndarray) -> np.ndarray:
+    mx, _ = _first_absmax(x)
+    d = mx / F32(-16)
+    q = np.minimum((x * _safe_inv(d)[:, None] + F32(16.5)).astype(np.uint8), 31)
+    return _q5_pack(q, [_f16_bytes(d)])
+
+
+def _dequantize_q5_0(b: np.ndarray) -> np.ndarray:
+    """Q5_0, 32 weights in 22 bytes: d fp16 @0, qh u32 (little-endian) @2, qs u8[16] @6.
+
+    Low nibbles as in Q4_0; bit j of qh is bit 4 of weight j; x = (q - 16) * d.
+    """
+    q = _q5_values(b, 2)
+    q -= F32(16)
+    q *= _f16_at(b, 0)
+    return q
+
+
+def _quantize_q5_1(x: np.ndarray) -> np.ndarray:
+    mn, mx = _first_min_max(x)
+    d = (mx - mn) / F32(31)
+    q = ((x - mn[:, None]) * _safe_inv(d)[:, None] + F32(0.5)).astype(np.uint8)
+    return _q5_pack(q, [_f16_bytes(d), _f16_bytes(mn)])
+
+
+def _dequantize_q5_1(b: np.ndarray) -> np.ndarray:
+    """Q5_1, 32 weights in 24 bytes: d fp16 @0, m fp16 @2, qh u32 @4, qs u8[16] @8.
+
+    Quants 0..31 built as in Q5_0; x = q * d + m.
+    """
+    q = _q5_values(b, 4)
+    q *= _f16_at(b, 0)
+    q += _f16_at(b, 2)
+    return q
+
+
+def _q8_absmax_quants(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q8_0/Q8_1's d = amax/127 and quants roundf(x/d)."""
+    d = np.abs(x).max(axis=1) / F32(127)
+    q = _roundf(x * _safe_inv(d)[:, None]).astype(np.int8)
+    return d, q
+
+
+def _quantize_q8_0(x: np.ndarray) -> np.ndarray:
+    nb = x.shape[0]
+    d, q = _q8_absmax_quants(x)
+    out = np.empty((nb, 34), np.uint8)
+    out[:, :2] = _f16_bytes(d)
+    out[:, 2:] = q.view(np.uint8)
+    return out
+
+
+def _dequantize_q8_0(b: np.ndarray) -> np.ndarray:
+    """Q8_0, 32 weights in 34 bytes: d fp16 @0, qs i8[32] @2; x = q * d."""
+    out = b[:, 2:].view(np.int8).astype(F32)
+    out *= _f16_at(b, 0)
+    return out
+
+
+def _quantize_q8_1(x: np.ndarray) -> np.ndarray:
+    nb = x.shape[0]
+    d, q = _q8_absmax_quants(x)
+    s = q.sum(axis=1, dtype=np.int32).astype(F32) * d  # C: int sum, then sum*d in float
+    out = np.empty((nb, 40), np.uint8)
+    out[:, 0:4] = d.astype("<f4").view(np.uint8).reshape(nb, 4)
+    out[:, 4:8] = s.astype("<f4").view(np.uint8).reshape(nb, 4)
+    out[:, 8:] = q.view(np.uint8)
+    return out
+
+
+def _dequantize_q8_1(b: np.ndarray) -> np.ndarray:
+    """Q8_1, 32 weights in 40 bytes: d f32 @0, s f32 @4 (= d * sum(qs)), qs i8[32] @8; x = q * d.
+
+    (This is the late-2023 layout; later ggml stores d and s as fp16 in 36 bytes.)
+    """
+    out = b[:, 8:].view(np.int8).astype(F32)
+    out *= _f32_at(b, 0)
+    return out
+
+
+# --- K-quants: Q2_K Q3_K Q4_K Q5_K Q6_K Q8_K (super-blocks of 256) ---------------------
+
+
+def _quantize_q2_k(x: np.ndarray) -> np.ndarray:
+    nb = x.shape[0]
+    xt = _columns(x, 16)
+    sc, mins, L = _make_qkx2_quants(xt, np.abs(xt), 3, -0.5, 0.1, 15, True)
+    sc, mins, L = sc.reshape(nb, 16), mins.reshape(nb, 16), L.T.reshape(nb, 16, 16)
+    max_scale, max_min = _max0(sc), _max0(mins)
+    has_s, has_m = max_scale > 0, max_min > 0
+    with np.errstate(divide="ignore"):
+        ls = np.where(has_s[:, None], _nearest_int((F32(15) / max_scale)[:, None] * sc), F32(0))
+        lm = np.where(has_m[:, None], _nearest_int((F32(15) / max_min)[:, None] * mins), F32(0))
+    scales = _u8(ls.astype(np.int64) | (lm.astype(np.int64) << 4))
+    d16 = _f16_bytes(np.where(has_s, max_scale / F32(15), F32(0)).astype(F32))
+    dmin16 = _f16_bytes(np.where(has_m, max_min / F32(15), F32(0)).astype(F32))
+    # requantize with the rounded scales; a sub-block whose scale rounds to 0 keeps its L
+    dq = d16.copy().view("<f2").astype(F32)
+    dmq = dmin16.copy().view("<f2").astype(F32)
+    dl = dq * (scales & 15).astype(F32)
+    ml = dmq * (scales >> 4).astype(F32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        Ln = np.clip(_nearest_int((x.reshape(nb, 16, 16) + ml[..., None]) / dl[..., None]), 0, 3)
+    L = np.where((dl != 0)[..., None], Ln, L).reshape(nb, 256)
+    return np.concatenate([scales, _pack_2bit(L), d16, dmin16], axis=1)
+
+
+def _dequantize_q2_k(b: np.ndarray) -> np.ndarray:
+    """Q2_K, 256 weights in 84 bytes: scales u8[16] @0, qs u8[64] @16, d fp16 @80, dmin fp16 @82.
+
+    16 sub-blocks of 16; sub-block k has scale d * (scales[k] & 15) and min
+    dmin * (scales[k] >> 4). 2-bit quant of weight e = 128h + 32s + l (h < 2,
+    s < 4, l < 32) is (qs[32h + l] >> 2s) & 3; x = q * scale - min.
+    """
+    nb = b.shape[0]
+    sc = b[:, :16]
+    dl = (_f16_at(b, 80) * (sc & 15).astype(F32))[..., None]
+    ml = (_f16_at(b, 82) * (sc >> 4).astype(F32))[..., None]
+    q = _unpack_2bit(b[:, 16:80]).astype(F32).reshape(nb, 16, 16)
+    q *= dl
+    q -= ml
+    return q.reshape(nb, 256)
+
+
+def _quantize_q3_k(x: np.ndarray) -> np.ndarray:
+    nb = x.shape[0]
+    sc, L = _make_q3_quants(_columns(x, 16), 4)
+    sc, L = sc.reshape(nb, 16), L.T.reshape(nb, 16, 16)
+    max_scale, _ = _first_absmax(sc)
+    nz = max_scale != 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        iscale = F32(-32) / max_scale
+        l = _nearest_int(iscale[:, None] * sc)
+    l = np.where(nz[:, None], l, F32(0)).astype(np.int64)
+    l = ((l + 128) & 255) - 128  # C stores nearest_int into an int8_t
+    l = np.clip(l, -32, 31) + 32
+    l = np.where(nz[:, None], l, 0)  # no scales at all: the 12 bytes stay zero
+    scales = np.empty((nb, 12), np.uint8)
+    scales[:, :8] = (l[:, :8] & 15) | ((l[:, 8:] & 15) << 4)
+    hi = (l >> 4).reshape(nb, 4, 4)  # [group of 4 sub-blocks, position in group]
+    scales[:, 8:] = hi[:, 0] | (hi[:, 1] << 2) | (hi[:, 2] << 4) | (hi[:, 3] << 6)
+    with np.errstate(divide="ignore"):
+        d16 = _f16_bytes(np.where(nz, F32(1) / iscale, F32(0)).astype(F32))
+    dl = d16.copy().view("<f2").astype(F32) * (l - 32).astype(F32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        Ln = np.clip(_nearest_int(x.reshape(nb, 16, 16) / dl[..., None]), -4, 3) + F32(4)
+    L = np.where((dl != 0)[..., None], Ln, L).reshape(nb, 256).astype(np.uint8)
+    high = L > 3
+    hmask = np.packbits(high.reshape(nb, 8, 32).transpose(0, 2, 1), axis=2, bitorder="little").reshape(nb, 32)
+    L = np.where(high, L - 4, L)
+    return np.concatenate([hmask, _pack_2bit(L), scales, d16], axis=1)
+
+
+def _q3_k_scales(b: np.ndarray) -> np.ndarray:
+    """The 16 signed 6-bit scales (-32..31) of Q3_K blocks, int8 (nb, 16)."""
+    s = b[:, 96:108]
+    lo = np.concatenate([s[:, :8] & 15, s[:, :8] >> 4], axis=1)  # sub-blocks 0..7, 8..15
+    hi = (s[:, 8:12][:, None, :] >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 4, 1)) & 3
+    return (lo | (hi.reshape(-1, 16) << 4)).astype(np.int8) - np.int8(32)
+
+
+def _dequantize_q3_k(b: np.ndarray) -> np.ndarray:
+    """Q3_K, 256 weights in 110 bytes: hmask u8[32] @0, qs u8[64] @32, scales u8[12] @96, d fp16 @108.
+
+    16 sub-blocks of 16 with signed 6-bit scales: for sub-block k, the low 4
+    bits are nibble (k // 8) of scales[k % 8] and the high 2 bits are bits
+    2*(k // 4) of scales[8 + k % 4]; scale = d * (s6 - 32). Weight e has
+    low bits (qs as in Q2_K) and high bit (hmask[e % 32] >> (e // 32)) & 1;
+    q = low - (0 if high else 4); x = q * scale.
+    """
+    nb = b.shape[0]
+    dl = (_f16_at(b, 108) * _q3_k_scales(b).astype(F32))[..., None]
+    low = _unpack_2bit(b[:, 32:96]).astype(np.int8)
+    high = _bits_of(b[:, :32], tuple(range(8))).reshape(nb, 256).astype(np.int8)
+    q = (low - ((1 - high) << 2)).astype(F32).reshape(nb, 16, 16)
+    q *= dl
+    return q.reshape(nb, 256)
+
+
+def _k4_scales_pack(ls: np.ndarray, lm: np.ndarray) -> np.ndarray:
+    """Q4_K/Q5_K: 8 six-bit scales and mins -> 12 bytes."""
+    out = np.empty((ls.shape[0], 12), np.uint8)
+    out[:, 0:4] = ls[:, :4] | ((ls[:, 4:] >> 4) << 6)
+    out[:, 4:8] = lm[:, :4] | ((lm[:, 4:] >> 4) << 6)
+    out[:, 8:12] = (ls[:, 4:] & 15) | ((lm[:, 4:] & 15) << 4)
+    return out
+
+
+def _k4_scales(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Inverse of _k4_scales_pack (ggml's get_scale_min_k4): (scales, mins) uint8 (nb, 8)."""
+    sc = np.concatenate([s[:, 0:4] & 63, (s[:, 8:12] & 15) | ((s[:, 0:4] >> 6) << 4)], axis=1)
+    mn = np.concatenate([s[:, 4:8] & 63, (s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4)], axis=1)
+    return sc, mn
+
+
+def _qkx_super(x: np.ndarray, nmax: int, rmin: float, nstep: int) -> tuple[np.ndarray, np.ndarray]:
+    """The Q4_K/Q5_K quantizer up to the quants: (12 scale bytes + d + dmin (nb, 16), L (nb, 256))."""
+    nb = x.shape[0]
+    xt = _columns(x, 32)
+    av_x = np.sqrt(_colsum(xt * xt) / F32(32))
+    sc, mins, L = _make_qkx2_quants(xt, av_x + np.abs(xt), nmax, rmin, 0.1, nstep, False)
+    sc, mins, L = sc.reshape(nb, 8), mins.reshape(nb, 8), L.T.reshape(nb, 8, 32)
+    max_scale, max_min = _max0(sc), _max0(mins)
+    with np.errstate(divide="ignore"):
+        inv_scale = np.where(max_scale > 0, F32(63) / max_scale, F32(0)).astype(F32)
+        inv_min = np.where(max_min > 0, F32(63) / max_min, F32(0)).astype(F32)
+    # C: uint8_t ls = nearest_int(...); ls = MIN(63, ls)
+    ls = np.minimum(_u8(_nearest_int(inv_scale[:, None] * sc).astype(np.int64)), 63)
+    lm = np.minimum(_u8(_nearest_int(inv_min[:, None] * mins).astype(np.int64)), 63)
+    d16 = _f16_bytes((max_scale / F32(63)).astype(F32))
+    dmin16 = _f16_bytes((max_min / F32(63)).astype(F32))
+    dl = d16.copy().view("<f2").astype(F32) * ls.astype(F32)
+    ml = dmin16.copy().view("<f2").astype(F32) * lm.astype(F32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        Ln = np.clip(_nearest_int((x.reshape(nb, 8, 32) + ml[..., None]) / dl[..., None]), 0, nmax)
+    L = np.where((dl != 0)[..., None], Ln, L).reshape(nb, 256).astype(np.uint8)
+    return np.concatenate([d16, dmin16, _k4_scales_pack(ls, lm)], axis=1), L
+
+
+def _quantize_q4_k(x: np.ndarray) -> np.ndarray:
+    head, L = _qkx_super(x, 15, -1.0, 20)
+    r = L.reshape(-1, 4, 2, 32)
+    return np.concatenate([head, (r[:, :, 0] | (r[:, :, 1] << 4)).reshape(-1, 128)], axis=1)
+
+
+def _dequantize_q4_k(b: np.ndarray) -> np.ndarray:
+    """Q4_K, 256 weights in 144 bytes: d fp16 @0, dmin fp16 @2, scales u8[12] @4, qs u8[128] @16.
+
+    8 sub-blocks of 32 with 6-bit scale sc and min m (ggml's get_scale_min_k4):
+    for k < 4, sc = scales[k] & 63, m = scales[k+4] & 63; for k >= 4,
+    sc = (scales[k+4] & 15) | (scales[k-4] >> 6) << 4, m = (scales[k+4] >> 4) |
+    (scales[k] >> 6) << 4. Weight 64c + l (l < 32) is qs[32c + l] & 15,
+    weight 64c + 32 + l is qs[32c + l] >> 4; x = q * d*sc - dmin*m.
+    """
+    nb = b.shape[0]
+    sc, mn = _k4_scales(b[:, 4:16])
+    dl = (_f16_at(b, 0) * sc.astype(F32))[..., None]
+    ml = (_f16_at(b, 2) * mn.astype(F32))[..., None]
+    qs = b[:, 16:].reshape(nb, 4, 32)
+    q = np.empty((nb, 4, 2, 32), F32)
+    np.take(_NIBBLE_LO, qs, out=q[:, :, 0])
+    np.take(_NIBBLE_HI, qs, out=q[:, :, 1])
+    q = q.reshape(nb, 8, 32)
+    q *= dl
+    q -= ml
+    return q.reshape(nb, 256)
+
+
+def _quantize_q5_k(x: np.ndarray) -> np.ndarray:
+    head, L = _qkx_super(x, 31, -0.5, 15)
+    r = L.reshape(-1, 4, 2, 32)  # [chunk of 64, half, l]
+    qh = np.packbits((r >> 4).reshape(-1, 8, 32).transpose(0, 2, 1), axis=2, bitorder="little")
+    qs = (r[:, :, 0] & 15) | ((r[:, :, 1] & 15) << 4)
+    return np.concatenate([head, qh.reshape(-1, 32), qs.reshape(-1, 128)], axis=1)
+
+
+def _dequantize_q5_k(b: np.ndarray) -> np.ndarray:
+    """Q5_K, 256 weights in 176 bytes: d fp16 @0, dmin fp16 @2, scales u8[12] @4, qh u8[32] @16, qs u8[128] @48.
+
+    Scales, mins and low nibbles as in Q4_K; bit 4 of weight e = 32k + l
+    (k = sub-block) is (qh[l] >> k) & 1; x = q * d*sc - dmin*m.
+    """
+    nb = b.shape[0]
+    sc, mn = _k4_scales(b[:, 4:16])
+    dl = (_f16_at(b, 0) * sc.astype(F32))[..., None]
+    ml = (_f16_at(b, 2) * mn.astype(F32))[..., None]
+    qs = b[:, 48:].reshape(nb, 4, 32)
+    q = np.empty((nb, 4, 2, 32), F32)
+    np.take(_NIBBLE_LO, qs, out=q[:, :, 0])
+    np.take(_NIBBLE_HI, qs, out=q[:, :, 1])
+    q = q.reshape(nb, 8, 32)
+    q += _bits_of(b[:, 16:48], tuple(range(8))).astype(F32) * F32(16)
+    q *= dl
+    q -= ml
+    return q.reshape(nb, 256)
+
+
+def _quantize_q6_k(x: np.ndarray) -> np.ndarray:
+    nb = x.shape[0]
+    sc, L = _make_qx_quants(_columns(x, 16), 32)
+    sc, L = sc.reshape(nb, 16), L.T.reshape(nb, 16, 16)
+    max_scale, max_abs = _first_absmax(sc)
+    zero = max_abs == 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        iscale = F32(-128) / max_scale
+        d = F32(1) / iscale
+        l = np.where(zero[:, None], F32(0), _nearest_int(iscale[:, None] * sc))
+    l = np.minimum(l.astype(np.int64), 127)
+    scales = _u8(l)  # int8_t bytes
+    d16 = _f16_bytes(np.where(zero, F32(0), d).astype(F32))
+    dl = d16.copy().view("<f2").astype(F32) * scales.view(np.int8).astype(F32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        Ln = np.clip(_nearest_int(x.reshape(nb, 16, 16) / dl[..., None]), -32, 31) + F32(32)
+    L = np.where((dl != 0)[..., None], Ln, L).reshape(nb, 256).astype(np.uint8)
+    r = L.reshape(nb, 2, 4, 32)  # [half of 128, quarter, l]
+    ql = np.concatenate([(r[:, :, 0] & 15) | ((r[:, :, 2] & 15) << 4), (r[:, :, 1] & 15) | ((r[:, :, 3] & 15) << 4)],
+                        axis=2)
+    h = r >> 4
+    qh = h[:, :, 0] | (h[:, :, 1] << 2) | (h[:, :, 2] << 4) | (h[:, :, 3] << 6)
+    out = np.concatenate([ql.reshape(nb, 128), qh.reshape(nb, 64), scales, d16], axis=1)
+    out[zero] = 0  # C: memset of the whole block
+    return out
+
+
+def _dequantize_q6_k(b: np.ndarray) -> np.ndarray:
+    """Q6_K, 256 weights in 210 bytes: ql u8[128] @0, qh u8[64] @128, scales i8[16] @192, d fp16 @208.
+
+    For weight e = 128h + 32k + l (h < 2, k < 4, l < 32): low 4 bits are
+    nibble (k // 2) of ql[64h + 32(k % 2) + l], high 2 bits are
+    (qh[32h + l] >> 2k) & 3; q = q6 - 32; sub-block e // 16 has scale
+    d * scales[e // 16]; x = scale * q.
+    """
+    nb = b.shape[0]
+    ql = b[:, :128].reshape(nb, 2, 2, 32)  # [h, k % 2, l]
+    low = np.stack([ql & 15, ql >> 4], axis=2).reshape(nb, 2, 4, 32)  # [h, k, l]: k = 2*nibble + k%2
+    qh = b[:, 128:192].reshape(nb, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)
+    q = ((low | ((qh & 3) << 4)).astype(np.int8) - np.int8(32)).astype(F32).reshape(nb, 16, 16)
+    dl = _f16_at(b, 208) * b[:, 192:208].view(np.int8).astype(F32)
+    q *= dl[..., None]
+    return q.reshape(nb, 256)
+
+
+def _quantize_q8_k(x: np.ndarray) -> np.ndarray:
+    nb = x.shape[0]
+    mx, amax = _first_absmax(x)
+    zero = amax == 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        iscale = F32(-128) / mx
+        q = np.minimum(_nearest_int(iscale[:, None] * x), F32(127))
+        d = F32(1) / iscale
+    q = _u8(np.where(zero[:, None], F32(0), q).astype(np.int64)).view(np.int8)
+    d = np.where(zero, F32(0), d).astype("<f4")
+    # ggml leaves bsums unset for an all-zero block; they are 0 here
+    bsums = q.reshape(nb, 16, 16).sum(axis=2, dtype=np.int16).astype("<i2")
+    return np.concatenate(
+        [d.view(np.uint8).reshape(nb, 4), q.view(np.uint8), bsums.view(np.uint8).reshape(nb, 32)], axis=1
+    )
+
+
+def _dequantize_q8_k(b: np.ndarray) -> np.ndarray:
+    """Q8_K, 256 weights in 292 bytes: d f32 @0, qs i8[256] @4, bsums i16[16] @260 (sums of 16 quants).
+
+    x = q * d. Only a vec_dot type: src1 of K-quant MUL_MATs.
+    """
+    out = b[:, 4:260].view(np.int8).astype(F32)
+    out *= _f32_at(b, 0)
+    return out
+
+
+_QUANTIZE: dict[GGMLType, Callable[[np.ndarray], np.ndarray]] = {
+    GGMLType.Q4_0: _quantize_q4_0,
+    GGMLType.Q4_1: _quantize_q4_1,
+    GGMLType.Q5_0: _quantize_q5_0,
+    GGMLType.Q5_1: _quantize_q5_1,
+    GGMLType.Q8_0: _quantize_q8_0,
+    GGMLType.Q8_1: _quantize_q8_1,
+    GGMLType.Q2_K: _quantize_q2_k,
+    GGMLType.Q3_K: _quantize_q3_k,
+    GGMLType.Q4_K: _quantize_q4_k,
+    GGMLType.Q5_K: _quantize_q5_k,
+    GGMLType.Q6_K: _quantize_q6_k,
+    GGMLType.Q8_K: _quantize_q8_k,
+}
+
+_DEQUANTIZE: dict[GGMLType, Callable[[np.ndarray], np.ndarray]] = {
+    GGMLType.Q4_0: _dequantize_q4_0,
+    GGMLType.Q4_1: _dequantize_q4_1,
+    GGMLType.Q5_0: _dequantize_q5_0,
+    GGMLType.Q5_1: _dequantize_q5_1,
+    GGMLType.Q8_0: _dequantize_q8_0,
+    GGMLType.Q8_1: _dequantize_q8_1,
+    GGMLType.Q2_K: _dequantize_q2_k,
+    GGMLType.Q3_K: _dequantize_q3_k,
+    GGMLType.Q4_K: _dequantize_q4_k,
+    GGMLType.Q5_K: _dequantize_q5_k,
+    GGMLType.Q6_K: _dequantize_q6_k,
+    GGMLType.Q8_K: _dequantize_q8_k,
+}
+
+assert set(_QUANTIZE) == set(_DEQUANTIZE) == set(BLOCK_DTYPES)
+assert all(BLOCK_DTYPES[t].itemsize == TYPE_TRAITS[t].type_size for t in BLOCK_DTYPES)
+assert QK_K == 256
+
+# Elements per step of a conversion: the temporaries of a step stay in cache
+# (measured best around 2^18 for both directions), and memory stays bounded.
+_CHUNK_ELEMS = 1 << 18
+
+
+# --- block-level API ---------------------------------------------------------------
+
+
+def dequantize_blocks(t: GGMLType, raw: np.ndarray) -> np.ndarray:
+    """Blocks of quantized type `t`, uint8 (nb, type_size) -> float32 (nb, blck_size)."""
+    t = as_type(t)
+    if t not in _DEQUANTIZE:
+        raise UnsupportedTypeError(f"dequantize_blocks: {t.name.lower()} is not a block-quantized type")
+    tr = TYPE_TRAITS[t]
+    b = np.ascontiguousarray(raw).view(np.uint8).reshape(-1, tr.type_size)
+    fn = _DEQUANTIZE[t]
+    step = _CHUNK_ELEMS // tr.blck_size
+    if b.shape[0] <= step:
+        return fn(b)
+    out = np.empty((b.shape[0], tr.blck_size), F32)
+    for i in range(0, b.shape[0], step):
+        out[i : i + step] = fn(b[i : i + step])
+    return out
+
+
+def quantize_blocks(t: GGMLType, values: np.ndarray) -> np.ndarray:
+    """float32 (nb, blck_size) -> blocks of quantized type `t`, uint8 (nb, type_size)."""
+    t = as_type(t)
+    if t not in _QUANTIZE:
+        raise UnsupportedTypeError(f"quantize_blocks: {t.name.lower()} is not a block-quantized type")
+    tr = TYPE_TRAITS[t]
+    x = np.ascontiguousarray(values, dtype=F32).reshape(-1, tr.blck_size)
+    fn = _QUANTIZE[t]
+    step = _CHUNK_ELEMS // tr.blck_size
+    with np.errstate(all="ignore"):  # C float semantics: NaN/inf flow through without warnings
+        if x.shape[0] <= step:
+            return fn(x)
+        out = np.empty((x.shape[0], tr.type_size), np.uint8)
+        for i in range(0, x.shape[0], step):
+            out[i : i + step] = fn(x[i : i + step])
+        return out
+
+
+# --- row-level API ------------------------------------------------------------------
+
+
+def _check_n(t: GGMLType, got: int, n: int | None) -> None:
+    if n is not None and n != got:
+        raise ArgumentError(f"to_float: expected {n} {t.name.lower()} elements per row, the data holds {got}")
+
+
+def to_float(t: GGMLType, raw: np.ndarray, n: int | None = None) -> np.ndarray:
+    """Rows of type `t` -> float32 (ggml's to_float).
+
+    Plain types: `raw` is an array of the type's numpy dtype (BF16 as uint16),
+    any shape; raw bytes (uint8) are viewed as that dtype along the last axis.
+    Quantized types: `raw` is uint8 with rows of whole blocks in the last axis
+    (a flat array of whole blocks is one row); the result's last axis counts
+    elements. `n`, if given, is the number of elements per row the caller
+    expects.
+    """
+    t = as_type(t)
+    tr = TYPE_TRAITS[t]
+    raw = np.asarray(raw)
+    name = tr.name
+    if not tr.is_quantized:
+        dt = tr.np_dtype
+        assert dt is not None
+        if raw.dtype != dt:
+            if raw.dtype not in (np.uint8, np.int8) or raw.ndim == 0:
+                raise UnsupportedTypeError(f"to_float: {name} data must be {dt} (or raw uint8 bytes), got {raw.dtype}")
+            if raw.shape[-1] % dt.itemsize:
+                raise ArgumentError(
+                    f"to_float: a row of {raw.shape[-1]} bytes is not a whole number of {dt.itemsize}-byte {name} "
+                    "elements"
+                )
+            raw = np.ascontiguousarray(raw).view(dt)
+        if t == GGMLType.BF16:
+            out = (raw.astype(np.uint32) << 16).view(F32)
+        else:
+            out = raw.astype(F32)  # always a copy: the result never aliases the source
+        _check_n(t, out.shape[-1] if out.ndim else 1, n)
+        return out
+    if raw.dtype not in (np.uint8, np.int8):
+        raise UnsupportedTypeError(f"to_float: {name} data must be raw bytes (uint8), got {raw.dtype}")
+    if raw.ndim == 0:
+        raise ArgumentError(f"to_float: {name} data must hold whole blocks, got a scalar")
+    row_bytes = raw.shape[-1]
+    if row_bytes % tr.type_size:
+        raise ArgumentError(
+            f"to_float: a row of {row_bytes} bytes is not a whole number of {name} blocks of {tr.type_size} bytes"
+        )
+    n_elem = row_bytes // tr.type_size * tr.blck_size
+    _check_n(t, n_elem, n)
+    out = dequantize_blocks(t, raw.view(np.uint8))
+    return out.reshape(*raw.shape[:-1], n_elem)
+
+
+def _bf16_from_f32(x: np.ndarray) -> np.ndarray:
+    """ggml_compute_fp32_to_bf16: round to nearest even on the bits; NaN kept, made quiet."""
+    u = x.view(np.uint32)
+    nan = (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+    rounded = ((u.astype(np.uint64) + (0x7FFF + ((u >> 16) & 1))) >> 16).astype(np.uint16)
+    quiet = ((u >> 16) | np.uint32(64)).astype(np.uint16)
+    return np.where(nan, quiet, rounded)
+
+
+def from_float(t: GGMLType, values: np.ndarray) -> np.ndarray:
+    """float32 rows (last axis = elements) -> type `t` (ggml's from_float).
+
+    Plain types give the type's numpy dtype (BF16 as uint16; integer types
+    by a plain C-style cast); quantized types give uint8 with the last axis
+    in bytes. The last axis must be a whole number of blocks.
+    """
+    t = as_type(t)
+    tr = TYPE_TRAITS[t]
+    x = np.ascontiguousarray(values, dtype=F32)
+    if not tr.is_quantized:
+        if t == GGMLType.BF16:
+            return _bf16_from_f32(x)
+        with np.errstate(invalid="ignore", over="ignore"):
+            return x.astype(tr.np_dtype)
+    if x.ndim == 0:
+        raise ArgumentError(f"from_float: {tr.name} needs rows of whole blocks of {tr.blck_size}, got a scalar")
+    if x.shape[-1] % tr.blck_size:
+        raise ArgumentError(
+            f"from_float: a row of {x.shape[-1]} elements is not a whole number of {tr.name} blocks of {tr.blck_size}"
+        )
+    out = quantize_blocks(t, x)
+    return out.reshape(*x.shape[:-1], x.shape[-1] // tr.blck_size * tr.type_size)
+
+
+def quantize_q8_0(values: np.ndarray) -> np.ndarray:
+    """Activations -> Q8_0 rows (MUL_MAT's src1 for Q4_0/Q5_0/Q8_0 weights)."""
+    return from_float(GGMLType.Q8_0, values)
+
+
+def quantize_q8_1(values: np.ndarray) -> np.ndarray:
+    """Activations -> Q8_1 rows (MUL_MAT's src1 for Q4_1/Q5_1 weights)."""
+    return from_float(GGMLType.Q8_1, values)
+
+
+def quantize_q8_K(values: np.ndarray) -> np.ndarray:
+    """Activations -> Q8_K rows (MUL_MAT's src1 for the K-quant weights)."""
+    return from_float(GGMLType.Q8_K, values)

@@ -1,0 +1,465 @@
+"""Row conversion between ggml types and float32 (pyggml.core.quants).
+
+Three independent references:
+- the gguf package's numpy (de)quantizers, where it has them;
+- ggml's own bytes: `GOLDEN` holds SHA-256 digests of what ggml's C reference
+  quantizers (quantize_row_*_reference, ggml-quants.c of late 2023, built
+  with gcc -O2 -std=c11, so without fused multiply-adds) write for
+  `golden_input`, a signal made from integer hashing only so it never depends
+  on a random generator's stream;
+- properties written here from the block layouts (Q8_1's s, Q8_K's bsums,
+  error bounds, rounding edge cases).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+
+import gguf.quants as gq
+import numpy as np
+import pytest
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from pyggml.core import quants
+from pyggml.core.errors import ArgumentError, GGMLError, UnsupportedTypeError
+from pyggml.core.types import TYPE_TRAITS, GGMLType, from_float, row_size, to_float
+
+T = GGMLType
+QUANTIZED = [t for t in GGMLType if TYPE_TRAITS[t].is_quantized]
+PLAIN = [t for t in GGMLType if not TYPE_TRAITS[t].is_quantized]
+GGUF_QUANTIZES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]  # gguf has no Q8_1, Q8_K or K-quant quantizers
+GGUF_DEQUANTIZES = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K,
+                    T.Q6_K]
+
+# (elements, bytes) per block, from the static_asserts of ggml-quants.h (late 2023) and ggml.c's type_traits
+GGML_SIZES = {
+    T.F32: (1, 4), T.F16: (1, 2), T.BF16: (1, 2), T.F64: (1, 8),
+    T.I8: (1, 1), T.I16: (1, 2), T.I32: (1, 4), T.I64: (1, 8),
+    T.Q4_0: (32, 18), T.Q4_1: (32, 20), T.Q5_0: (32, 22), T.Q5_1: (32, 24), T.Q8_0: (32, 34), T.Q8_1: (32, 40),
+    T.Q2_K: (256, 84), T.Q3_K: (256, 110), T.Q4_K: (256, 144), T.Q5_K: (256, 176), T.Q6_K: (256, 210),
+    T.Q8_K: (256, 292),
+}
+
+
+def name(t: GGMLType) -> str:
+    return t.name
+
+
+def gq_type(t: GGMLType) -> GGMLQuantizationType:
+    return GGMLQuantizationType(int(t))
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    """splitmix64 finalizer (uint64 arithmetic wraps)."""
+    z = z + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+@functools.cache
+def golden_input(n_blocks: int, bs: int) -> np.ndarray:
+    """A deterministic (n_blocks, bs) float32 signal with the blocks that stress a quantizer.
+
+    Bell-shaped values (a sum of three 21-bit uniforms, exact in float32)
+    times a power-of-two scale per block; by block index mod 16 some blocks
+    are on a grid of halves with a first weight of 127 (bs 32) or -128
+    (bs 256), which makes Q8_0/Q8_1/Q8_K's scale 1 and their rounding meet
+    exact ties; subnormal; all zero; constant; sparse; with one outlier;
+    all positive; all negative; or on a grid of halves.
+    """
+    h = _mix(np.arange(n_blocks * bs, dtype=np.uint64))
+    u = [((h >> np.uint64(21 * k)) & np.uint64(0x1FFFFF)).astype(np.int64) for k in range(3)]
+    x = ((u[0] + u[1] + u[2] - 3 * (1 << 20)) / float(1 << 20)).reshape(n_blocks, bs)
+    e = (_mix(np.arange(n_blocks, dtype=np.uint64) + np.uint64(7777)) % np.uint64(12)).astype(np.int64) - 8
+    x = x * np.exp2(e)[:, None]
+    kind = np.arange(n_blocks) % 16
+    top2 = (h >> np.uint64(62)).reshape(n_blocks, bs)
+    x[kind == 1] = np.clip(np.round(x[kind == 1] * 8) / 2, -100, 100)
+    x[kind == 1, 0] = 127.0 if bs == 32 else -128.0
+    x[kind == 2] *= 2.0**-140
+    x[kind == 3] = np.copysign(0.0, x[kind == 3])  # zeros of both signs
+    x[kind == 5] = x[kind == 5][:, :1]
+    x[kind == 7] = np.where(top2[kind == 7] == 3, x[kind == 7], np.copysign(0.0, x[kind == 7]))  # 1 in 4 kept
+    x[kind == 9, bs // 3] *= 64
+    x[kind == 11] = np.abs(x[kind == 11])
+    x[kind == 13] = -np.abs(x[kind == 13])
+    x[kind == 15] = np.round(x[kind == 15] * 2) / 2
+    x = x.astype(np.float32)
+    x.flags.writeable = False
+    return x
+
+
+# 4M weights each: the K-quant searches take rare branches (a fifth pass of make_q3_quants,
+# a last-bit difference deciding between two scales) about once in a thousand super-blocks
+GOLDEN_BLOCKS = {32: 1 << 17, 256: 1 << 14}
+GOLDEN: dict[GGMLType, str] = {}  # filled below
+
+
+def sha(a: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
+
+
+def nmse(x: np.ndarray, y: np.ndarray) -> float:
+    """Normalized mean squared error, as ggml's test-backend-ops measures it."""
+    return float(np.sum((x.astype(np.float64) - y) ** 2) / np.sum(x.astype(np.float64) ** 2))
+
+
+def valid_random_blocks(t: GGMLType, nb: int, rng: np.random.Generator) -> np.ndarray:
+    """Random bytes for nb blocks of t, with finite random values in the float fields (d, m, s, dmin)."""
+    raw = rng.integers(0, 256, (nb, TYPE_TRAITS[t].type_size), dtype=np.uint8)
+    view = raw.view(quants.BLOCK_DTYPES[t]).reshape(nb)
+    for name in view.dtype.names:
+        if view.dtype[name].kind == "f":
+            view[name] = rng.uniform(-2, 2, nb).astype(view.dtype[name])
+    return raw
+
+
+# --- traits -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("t", list(GGMLType), ids=name)
+def test_traits_match_ggml_and_gguf(t: GGMLType) -> None:
+    tr = TYPE_TRAITS[t]
+    assert (tr.blck_size, tr.type_size) == GGML_SIZES[t]
+    assert (tr.blck_size, tr.type_size) == tuple(GGML_QUANT_SIZES[gq_type(t)])
+    assert row_size(t, 3 * tr.blck_size) == 3 * tr.type_size
+    if t in quants.BLOCK_DTYPES:
+        assert quants.BLOCK_DTYPES[t].itemsize == tr.type_size
+        assert quants.block_dtype(t) == quants.BLOCK_DTYPES[t]
+
+
+@pytest.mark.parametrize("t", QUANTIZED, ids=name)
+def test_partial_blocks_are_rejected_with_the_numbers(t: GGMLType) -> None:
+    tr = TYPE_TRAITS[t]
+    with pytest.raises(ArgumentError, match=str(tr.blck_size + 1)):
+        row_size(t, tr.blck_size + 1)
+    with pytest.raises(ArgumentError, match=rf"{tr.blck_size + 1}.*{tr.blck_size}"):
+        from_float(t, np.zeros((2, tr.blck_size + 1), np.float32))
+    with pytest.raises(ArgumentError, match=rf"{tr.type_size - 1}.*{tr.type_size}"):
+        to_float(t, np.zeros((2, tr.type_size - 1), np.uint8))
+    with pytest.raises(ArgumentError):
+        from_float(t, np.float32(1.0))
+    with pytest.raises(UnsupportedTypeError, match="uint8"):
+        to_float(t, np.zeros(tr.type_size, np.float32))
+
+
+def test_block_dtype_of_a_plain_type_is_an_error() -> None:
+    with pytest.raises(UnsupportedTypeError, match="f16"):
+        quants.block_dtype(T.F16)
+    with pytest.raises(UnsupportedTypeError):
+        quants.dequantize_blocks(T.F32, np.zeros(4, np.uint8))
+
+
+def test_unknown_type_is_an_error() -> None:
+    with pytest.raises(UnsupportedTypeError, match="99"):
+        to_float(99, np.zeros(4, np.uint8))  # type: ignore[arg-type]
+
+
+# --- every type converts -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("t", list(GGMLType), ids=name)
+def test_every_type_converts_to_float_keeping_leading_axes(t: GGMLType, rng: np.random.Generator) -> None:
+    tr = TYPE_TRAITS[t]
+    if tr.is_quantized:
+        raw = valid_random_blocks(t, 2 * 3 * 2, rng).reshape(2, 3, 2 * tr.type_size)
+        out = to_float(t, raw)
+        assert out.dtype == np.float32 and out.shape == (2, 3, 2 * tr.blck_size)
+        # a flat array of whole blocks is one row, the same values
+        np.testing.assert_array_equal(to_float(t, raw.reshape(-1)), out.reshape(-1))
+        np.testing.assert_array_equal(quants.dequantize_blocks(t, raw), out.reshape(-1, tr.blck_size))
+        assert to_float(t, raw, n=2 * tr.blck_size).shape == out.shape
+        with pytest.raises(ArgumentError, match=str(2 * tr.blck_size)):
+            to_float(t, raw, n=tr.blck_size)
+    else:
+        vals = rng.integers(-100, 100, (2, 3, 4)).astype(np.float32)
+        stored = from_float(t, vals)
+        assert stored.dtype == tr.np_dtype and stored.shape == (2, 3, 4)
+        out = to_float(t, stored)
+        assert out.dtype == np.float32
+        np.testing.assert_array_equal(out, vals)  # small integers are exact in every plain type
+        np.testing.assert_array_equal(to_float(t, stored.view(np.uint8)), vals)  # raw bytes are viewed
+
+
+def test_to_float_of_f32_is_a_copy() -> None:
+    a = np.arange(4, dtype=np.float32)
+    b = to_float(T.F32, a)
+    b[0] = 7
+    assert a[0] == 0
+
+
+# --- against the gguf package --------------------------------------------------------
+
+
+@pytest.mark.parametrize("t", GGUF_DEQUANTIZES, ids=name)
+def test_to_float_equals_gguf_dequantize(t: GGMLType, rng: np.random.Generator) -> None:
+    tr = TYPE_TRAITS[t]
+    if tr.is_quantized:
+        random_raw = valid_random_blocks(t, 64, rng).reshape(4, 16 * tr.type_size)
+        x = rng.standard_normal((4, 16 * tr.blck_size)).astype(np.float32)
+        quantized = from_float(t, x)
+        for raw in (random_raw, quantized):
+            np.testing.assert_array_equal(to_float(t, raw), gq.dequantize(raw, gq_type(t)))
+    else:
+        bits = rng.integers(0, 1 << (8 * tr.type_size), 300, dtype=np.uint64).astype(f"<u{tr.type_size}")
+        raw = bits.view(tr.np_dtype)
+        raw = raw[np.isfinite(to_float(t, raw))]
+        np.testing.assert_array_equal(to_float(t, raw), gq.dequantize(raw.view(np.uint8), gq_type(t)).reshape(-1))
+
+
+@pytest.mark.parametrize("t", GGUF_QUANTIZES + [T.BF16, T.F16], ids=name)
+def test_from_float_equals_gguf_quantize_bytes(t: GGMLType, rng: np.random.Generator) -> None:
+    x = np.concatenate([
+        rng.standard_normal((64, 256)),
+        rng.uniform(0, 5, (16, 256)),  # all positive: the min is not 0
+        rng.standard_normal((16, 256)) * np.exp(rng.uniform(-12, 8, (16, 1))),
+        np.round(rng.standard_normal((16, 256)) * 4) / 4,  # ties for the rounding
+    ]).astype(np.float32)
+    ours = from_float(t, x)
+    theirs = gq.quantize(x, gq_type(t))
+    np.testing.assert_array_equal(ours.view(np.uint8), theirs.view(np.uint8))
+
+
+# --- against ggml's own bytes ------------------------------------------------------------
+
+
+GOLDEN.update({
+    T.Q4_0: "ed1142f125db971d61cc0732e172ce7f9bccd1938aa2086d5c0dc4951dd3a644",
+    T.Q4_1: "4957f89c0b49b4a5b9b4bb051a3f55bdfaf0f9e12e4fb498b1057044ccac4afd",
+    T.Q5_0: "2057b7b8be56d6bfe663d6cce46675baff37c1d1719a188fe6228a2e23237539",
+    T.Q5_1: "89c288ccb67c7c7bd061e0506673f94ad32393bdea1a689a46fed4d85f030f83",
+    T.Q8_0: "165b79c456104d472aadd6671df0c24ef9f7e73590b145939b1f74b4ccbd7b81",
+    T.Q8_1: "ab2fbe29c1bc882f5bf5fdd524dc361357bab7e509f71adde8347b06413c9bb0",
+    T.Q2_K: "1f98094ca16e8c232da34e40902b43d2b7d0ada430af3bba1e263d0f6c1059e6",
+    T.Q3_K: "abc6cc2cfa25aedb219963844fb7ec618ee2067c5c445d129799cd3d7455c91e",
+    T.Q4_K: "c4d347670944eef91d65709b7fe9fb65431f3e6593ab154acc77563ecf2836d6",
+    T.Q5_K: "fdd8b1e7b906c22bd32fbaed4b7ef5712b8f0dfe09309a0a9ba88fff5c701e2b",
+    T.Q6_K: "7273efc97a9072af8e0967d7a7d4e5cfd7e33dc614f3c969d78029fdb76fc5e9",
+    T.Q8_K: "55260821779a6afa1170c07e4d6e1c36a479851fa1b70919daab3d9fefd4186b",
+})
+
+
+@pytest.mark.parametrize("t", QUANTIZED, ids=name)
+def test_quantizers_reproduce_ggml_reference_bytes(t: GGMLType) -> None:
+    bs = TYPE_TRAITS[t].blck_size
+    x = golden_input(GOLDEN_BLOCKS[bs], bs)
+    assert sha(from_float(t, x)) == GOLDEN[t]
+
+
+def test_golden_input_is_the_one_the_digests_were_made_from() -> None:
+    # guards the digests against an accidental change of the signal
+    assert sha(golden_input(GOLDEN_BLOCKS[32], 32)) == GOLDEN_INPUT_32
+    assert sha(golden_input(GOLDEN_BLOCKS[256], 256)) == GOLDEN_INPUT_256
+
+
+GOLDEN_INPUT_32 = "cd27d5ed2897e7fd2fa9a72b7158c494af6c61889ee946c7c013d4ad47746161"
+GOLDEN_INPUT_256 = "8709b626a362e04fa256c07719571edae68c7a62335d163457ca91be70b46262"
+
+
+def test_all_zero_blocks_keep_ggml_signed_zero_scales() -> None:
+    # ggml starts its max search at +0, so an all-zero Q4_0 block has d = +0/-8 = -0 (0x8000);
+    # Q4_1's min is the first of equal values, so a leading -0 gives m = -0
+    z = np.zeros((2, 32), np.float32)
+    z[1, 0] = -0.0
+    q40 = from_float(T.Q4_0, z)
+    assert q40[:, :2].tolist() == [[0x00, 0x80], [0x00, 0x80]]
+    assert (q40[:, 2:] == 0x88).all()  # every quant is 8, i.e. 0
+    q41 = from_float(T.Q4_1, z)
+    assert q41[:, 2:4].tolist() == [[0x00, 0x00], [0x00, 0x80]]
+    assert (to_float(T.Q4_1, q41) == 0).all()
+
+
+# --- the vec-dot types Q8_1 and Q8_K (no gguf quantizer) ------------------------------------
+
+
+def test_q8_1_layout_and_sum(rng: np.random.Generator) -> None:
+    x = rng.standard_normal((8, 32 * 16)).astype(np.float32)
+    x[0, :32] = 0
+    raw = quants.quantize_q8_1(x)
+    np.testing.assert_array_equal(raw, from_float(T.Q8_1, x))
+    blocks = raw.reshape(-1).view(quants.BLOCK_DTYPES[T.Q8_1])
+    xb = x.reshape(-1, 32)
+    amax = np.abs(xb).max(axis=1)
+    np.testing.assert_array_equal(blocks["d"], amax / np.float32(127))
+    np.testing.assert_array_equal(blocks["s"], blocks["qs"].astype(np.int32).sum(axis=1).astype(np.float32)
+                                  * blocks["d"])
+    assert blocks["d"][0] == 0 and (blocks["qs"][0] == 0).all()
+    # quants are round(x/d) half away from zero, within +-127, and the largest magnitude is +-127
+    q = blocks["qs"].astype(np.int32)
+    assert np.abs(q).max() == 127 and (np.abs(q[1:]).max(axis=1) == 127).all()
+    back = to_float(T.Q8_1, raw)
+    np.testing.assert_array_equal(back.reshape(-1, 32), q.astype(np.float32) * blocks["d"][:, None])
+    assert (np.abs(back - x).reshape(-1, 32) <= blocks["d"][:, None] * 0.5 * (1 + 1e-5)).all()
+
+
+def test_q8_1_and_q8_0_share_their_quants(rng: np.random.Generator) -> None:
+    x = rng.standard_normal((4, 256)).astype(np.float32)
+    q8_0 = quants.quantize_q8_0(x).reshape(-1).view(quants.BLOCK_DTYPES[T.Q8_0])
+    q8_1 = quants.quantize_q8_1(x).reshape(-1).view(quants.BLOCK_DTYPES[T.Q8_1])
+    np.testing.assert_array_equal(q8_0["qs"], q8_1["qs"])
+    np.testing.assert_array_equal(q8_0["d"], q8_1["d"].astype(np.float16))
+
+
+def test_q8_k_layout_and_bsums(rng: np.random.Generator) -> None:
+    x = rng.standard_normal((3, 512)).astype(np.float32)
+    x[1, :256] = 0
+    x[2, 300] = -50.0  # the largest magnitude is negative: it maps to -128
+    raw = quants.quantize_q8_K(x)
+    np.testing.assert_array_equal(raw, from_float(T.Q8_K, x))
+    blocks = raw.reshape(-1).view(quants.BLOCK_DTYPES[T.Q8_K])
+    q = blocks["qs"].astype(np.int32)
+    np.testing.assert_array_equal(blocks["bsums"], q.reshape(-1, 16, 16).sum(axis=2))
+    assert blocks["d"][2] == 0 and (q[2] == 0).all() and (blocks["bsums"][2] == 0).all()
+    assert q[5, 300 - 256] == -128
+    xb = x.reshape(-1, 256)
+    mx = xb[np.arange(6), np.abs(xb).argmax(axis=1)]
+    live = mx != 0
+    np.testing.assert_array_equal(blocks["d"][live], np.float32(1) / (np.float32(-128) / mx[live]))
+    back = to_float(T.Q8_K, raw).reshape(-1, 256)
+    np.testing.assert_array_equal(back, q.astype(np.float32) * blocks["d"][:, None])
+    assert (np.abs(back - xb) <= np.abs(blocks["d"])[:, None] * 0.5 * (1 + 1e-5)).all()
+
+
+# --- round trips of the K-quants (no gguf quantizer) -------------------------------------
+
+
+# upper bounds of the normalized MSE of a round trip of Gaussian data, about 1.3x what these
+# quantizers (whose bytes are ggml's) give; each extra bit should divide it by about 4
+K_NMSE = {T.Q2_K: 0.11, T.Q3_K: 0.03, T.Q4_K: 0.0065, T.Q5_K: 0.0017, T.Q6_K: 0.0004, T.Q8_K: 6e-5,
+          T.Q4_0: 0.0095, T.Q4_1: 0.008, T.Q5_0: 0.0024, T.Q5_1: 0.0019, T.Q8_0: 3.7e-5, T.Q8_1: 3.7e-5}
+
+
+@pytest.mark.parametrize("t", list(K_NMSE), ids=name)
+def test_round_trip_error_fits_the_bit_width(t: GGMLType, rng: np.random.Generator) -> None:
+    x = rng.standard_normal((16, 4096)).astype(np.float32)
+    back = to_float(t, from_float(t, x))
+    err = nmse(x, back)
+    assert K_NMSE[t] / 2 < err < K_NMSE[t]  # a far smaller error would mean the bytes are not the type's
+
+
+@pytest.mark.parametrize("t", [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K], ids=name)
+def test_k_quants_of_special_blocks(t: GGMLType, rng: np.random.Generator) -> None:
+    x = np.zeros((4, 256), np.float32)
+    x[1] = 0.75  # constant
+    x[2, ::7] = rng.standard_normal(37).astype(np.float32)  # sparse
+    x[3] = rng.uniform(1, 2, 256).astype(np.float32)  # all positive, far from 0
+    back = to_float(t, from_float(t, x))
+    assert (back[0] == 0).all()
+    assert nmse(x[1:], back[1:]) < K_NMSE[t] * 2
+    # re-quantizing the dequantized values is stable: a valid block round-trips to nearly itself
+    again = to_float(t, from_float(t, back))
+    assert nmse(back[1:], again[1:]) < K_NMSE[t]
+
+
+@pytest.mark.parametrize("t", [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K], ids=name)
+def test_k_quant_blocks_are_self_consistent(t: GGMLType, rng: np.random.Generator) -> None:
+    """The quants decode with the scales that were stored (dequantize(x) is what x quantized to)."""
+    x = rng.standard_normal((8, 256)).astype(np.float32) * np.float32(3)
+    raw = from_float(t, x)
+    blocks = raw.reshape(-1).view(quants.BLOCK_DTYPES[t])
+    back = to_float(t, raw)
+    d = blocks["d"].astype(np.float32)
+    assert (d > 0).all() if t in (T.Q2_K, T.Q4_K, T.Q5_K) else (d != 0).all()
+    # every dequantized value is within one quantization step of the input
+    step = {T.Q2_K: 3, T.Q3_K: 4, T.Q4_K: 15, T.Q5_K: 31, T.Q6_K: 32}[t]
+    spread = np.abs(x).max(axis=1, keepdims=True)
+    assert (np.abs(back - x) <= 2 * spread / step).all()
+
+
+# --- the vec-dot helpers ---------------------------------------------------------------
+
+
+def test_vec_dot_helpers_are_from_float() -> None:
+    x = golden_input(8, 256).reshape(2, 1024)
+    np.testing.assert_array_equal(quants.quantize_q8_0(x), from_float(T.Q8_0, x))
+    np.testing.assert_array_equal(quants.quantize_q8_1(x), from_float(T.Q8_1, x))
+    np.testing.assert_array_equal(quants.quantize_q8_K(x), from_float(T.Q8_K, x))
+    assert quants.quantize_q8_0(x).shape == (2, 1024 // 32 * 34)
+    np.testing.assert_array_equal(quants.quantize_blocks(T.Q8_0, x), quants.quantize_q8_0(x).reshape(-1, 34))
+
+
+def test_large_inputs_are_converted_in_pieces_with_the_same_result() -> None:
+    x = golden_input(2 * quants._CHUNK_ELEMS // 256 + 3, 256)
+    for t in (T.Q8_0, T.Q4_K):
+        whole = np.concatenate([quants.quantize_blocks(t, x[i : i + 100]) for i in range(0, len(x), 100)])
+        np.testing.assert_array_equal(quants.quantize_blocks(t, x), whole)
+        np.testing.assert_array_equal(quants.dequantize_blocks(t, whole),
+                                      np.concatenate([quants.dequantize_blocks(t, whole[i : i + 100])
+                                                      for i in range(0, len(whole), 100)]))
+
+
+# --- BF16 and F16 rounding ------------------------------------------------------------------
+
+
+def f32_of_bits(*bits: int) -> np.ndarray:
+    return np.array(bits, np.uint32).view(np.float32)
+
+
+def test_bf16_rounds_to_nearest_even_on_the_bits() -> None:
+    x = f32_of_bits(
+        0x3F800000,  # 1.0
+        0x3F808000,  # halfway between 0x3F80 and 0x3F81: to the even 0x3F80
+        0x3F818000,  # halfway between 0x3F81 and 0x3F82: to the even 0x3F82
+        0x3F808001,  # just above halfway: up
+        0x3F807FFF,  # just below halfway: down
+        0x80000000,  # -0
+        0x00008000,  # subnormal tie: to the even 0
+        0x00018000,  # subnormal tie: to the even 2
+        0x7F7FFFFF,  # FLT_MAX rounds up to inf, as ggml does
+        0x7F800000,  # inf
+        0xFF800000,  # -inf
+        0xC0490FDB,  # -pi
+    )
+    want = [0x3F80, 0x3F80, 0x3F82, 0x3F81, 0x3F80, 0x8000, 0x0000, 0x0002, 0x7F80, 0x7F80, 0xFF80, 0xC049]
+    got = from_float(T.BF16, x)
+    assert got.dtype == np.uint16
+    assert got.tolist() == want
+
+
+def test_bf16_keeps_nan_and_makes_it_quiet() -> None:
+    x = f32_of_bits(0x7F800001, 0x7F80FFFF, 0xFFC00000, 0x7FFFFFFF, 0xFF812345)
+    got = from_float(T.BF16, x)
+    # (bits >> 16) | 0x40: a signalling NaN whose payload is all in the low half would otherwise become inf
+    assert got.tolist() == [0x7FC0, 0x7FC0, 0xFFC0, 0x7FFF, 0xFFC1]
+    assert np.isnan(to_float(T.BF16, got)).all()
+
+
+def test_bf16_to_float_is_exact() -> None:
+    bits = np.arange(0, 1 << 16, 7, dtype=np.uint16)
+    out = to_float(T.BF16, bits)
+    np.testing.assert_array_equal(out.view(np.uint32), bits.astype(np.uint32) << 16)
+
+
+def test_f16_rounds_to_nearest_even() -> None:
+    x = np.array([
+        1 + 2.0**-11,  # halfway between 1 and 1 + 2^-10: to 1
+        1 + 3 * 2.0**-11,  # halfway: to the even 1 + 2^-9
+        65504.0,  # the largest f16
+        65519.0,  # rounds down to 65504
+        65520.0,  # halfway to 2^16: overflows to inf
+        2.0**-25,  # halfway between 0 and the smallest subnormal: to 0
+        3 * 2.0**-25,  # halfway between 2^-24 and 2^-23: to 2^-23
+        -0.0,
+    ], np.float32)
+    got = from_float(T.F16, x)
+    assert got.dtype == np.float16
+    assert got.view(np.uint16).tolist() == [0x3C00, 0x3C02, 0x7BFF, 0x7BFF, 0x7C00, 0x0000, 0x0002, 0x8000]
+    np.testing.assert_array_equal(to_float(T.F16, got)[:3], [1.0, 1 + 2.0**-9, 65504.0])
+
+
+def test_integer_types_are_a_plain_cast() -> None:
+    x = np.array([1.9, -1.9, 100.5, -0.0], np.float32)
+    for t, dt in ((T.I8, np.int8), (T.I16, np.int16), (T.I32, np.int32), (T.I64, np.int64)):
+        got = from_float(t, x)
+        assert got.dtype == dt
+        assert got.tolist() == [1, -1, 100, 0]
+    assert from_float(T.F64, x).dtype == np.float64
+
+
+def test_errors_are_ggml_errors() -> None:
+    with pytest.raises(GGMLError):
+        from_float(T.Q4_0, np.zeros(31, np.float32))
+    with pytest.raises(ValueError):
+        from_float(T.Q4_0, np.zeros(31, np.float32))
