@@ -272,8 +272,9 @@ def rope_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], pa
     ne3, ne2, ne1, ne0 = x.shape
     if n_dims <= 0 or n_dims % 2 or n_dims > ne0:
         raise ArgumentError(f"CPU ROPE '{node.name}': n_dims={n_dims} must be even, > 0 and <= ne0={ne0}")
-    if pos_t.nelements() < ne2:
-        raise ShapeError(f"CPU ROPE '{node.name}': {pos_t.nelements()} positions for ne2={ne2}")
+    if not pos_t.is_vector() or pos_t.ne[0] < ne2:
+        raise ShapeError(f"CPU ROPE '{node.name}': positions must be a vector of at least ne2={ne2}, "
+                         f"got ne {pos_t.ne}")
     if dst.size == 0:
         return noop
     neox = bool(mode & ROPE_MODE_NEOX)
@@ -304,7 +305,7 @@ def rope_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], pa
 
     theta = np.empty((ne2, n_pairs), F32)
     a, b, t = scratch(params, x0.shape, x0.shape, x0.shape)
-    positions = pos.reshape(-1)[:ne2]
+    positions = pos[0, 0, 0, :ne2]  # a view: the positions are read at run time
 
     def run() -> None:
         # theta[p, k] = ((p * ts) * ts) ... k times, in f32 like ggml's running product
