@@ -289,3 +289,26 @@ def test_alibi(type: GGMLType, n_head: int, rng: np.random.Generator) -> None:
         for i in range(7):
             want[0, k, :, i] += i * slope
     assert_close(run(node), stored(type, want), type, atol=1e-5 if type == F32 else 4e-3)
+
+
+def test_prepared_nodes_read_new_inputs_on_each_run(rng: np.random.Generator) -> None:
+    """A compute function prepared once must see positions, masks and data written after prepare."""
+    x = rng.standard_normal((1, 3, 2, 8)).astype(np.float32)
+    ctx = new_ctx()
+    t, tp = tensor(ctx, F32, x), tensor(ctx, I32, np.zeros(3, np.int32))
+    rope = ctx.rope_custom(t, tp, 8, 0, 0, 64, 10000.0, 1.0, 0.0, 1.0, 32.0, 1.0)
+    s = tensor(ctx, F32, np.zeros((2, 8), np.float32))
+    m = tensor(ctx, F32, np.zeros((2, 8), np.float32))
+    sm = ctx.soft_max_ext(s, m, 1.0)
+    f_rope, f_sm = compile_node(rope), compile_node(sm)
+    for _ in range(2):
+        positions = rng.integers(0, 50, 3).astype(np.int32)
+        tp.numpy()[...] = positions
+        sv, mv = rng.standard_normal((2, 8)).astype(np.float32), rng.standard_normal((2, 8)).astype(np.float32)
+        s.numpy()[...] = sv
+        m.numpy()[...] = mv
+        f_rope()
+        f_sm()
+        want = rope_ref(x, positions, 8, 0, 64, 10000.0, 1.0, 0.0, 1.0, 32.0, 1.0)
+        assert_close(rope.numpy(), want, F32, atol=2e-5)
+        assert_close(sm.numpy(), soft_max_ref(sv, mv, 1.0).reshape(1, 1, 2, 8), F32, atol=1e-6)
