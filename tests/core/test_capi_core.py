@@ -1,0 +1,369 @@
+"""pyggml.capi's ggml.h names: each a thin call into the classes, with C's argument order."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+import pyggml.capi as capi
+from pyggml.capi import (
+    GGML_DEFAULT_GRAPH_SIZE,
+    GGML_MAX_DIMS,
+    GGML_MAX_NAME,
+    GGML_MAX_OP_PARAMS,
+    GGML_MAX_SRC,
+    GGML_OP_ADD,
+    GGML_OP_COUNT,
+    GGML_OP_MUL_MAT,
+    GGML_OP_NONE,
+    GGML_OP_POOL_AVG,
+    GGML_OP_ROPE,
+    GGML_OP_UNARY,
+    GGML_SORT_DESC,
+    GGML_TYPE_F16,
+    GGML_TYPE_F32,
+    GGML_TYPE_I32,
+    GGML_TYPE_Q4_0,
+    GGML_TYPE_Q8_0,
+    GGML_UNARY_OP_GELU,
+    GGML_UNARY_OP_SILU,
+    ggml_build_forward_expand,
+    ggml_format_name,
+    ggml_get_name,
+    ggml_get_tensor,
+    ggml_graph_cpy,
+    ggml_graph_dump_dot,
+    ggml_graph_overhead,
+    ggml_graph_print,
+    ggml_graph_view,
+    ggml_init,
+    ggml_init_params,
+    ggml_mul_mat,
+    ggml_nbytes,
+    ggml_new_graph,
+    ggml_new_graph_custom,
+    ggml_new_tensor,
+    ggml_new_tensor_1d,
+    ggml_new_tensor_2d,
+    ggml_new_tensor_3d,
+    ggml_new_tensor_4d,
+    ggml_set_name,
+    ggml_tensor_overhead,
+)
+from pyggml.core import ops
+from pyggml.core.context import Context
+from pyggml.core.errors import ArgumentError, ContextFullError
+from pyggml.core.tensor import GGMLOp, Tensor, UnaryOp
+from pyggml.core.types import GGMLType
+
+
+def test_constants() -> None:
+    assert GGML_MAX_DIMS == 4
+    assert GGML_MAX_SRC == 10
+    assert GGML_MAX_NAME == 64
+    assert GGML_MAX_OP_PARAMS == 64
+    assert GGML_DEFAULT_GRAPH_SIZE == 2048
+    assert GGML_TYPE_F32 == 0 and GGML_TYPE_F16 == 1 and GGML_TYPE_Q4_0 == 2 and GGML_TYPE_Q8_0 == 8
+    assert GGML_TYPE_I32 == GGMLType.I32 == 26  # the gguf package's numbering
+    assert GGML_OP_NONE == 0 and GGML_OP_ADD == 2 and GGML_OP_MUL_MAT == 23 and GGML_OP_ROPE == 41
+    assert GGML_OP_UNARY == 61 and GGML_OP_COUNT == 72
+    assert GGML_UNARY_OP_GELU == 7 and GGML_UNARY_OP_SILU == 9
+    assert GGML_SORT_DESC == 1 and GGML_OP_POOL_AVG == 1
+    assert capi.GGML_N_TASKS_MAX == -1
+    # every op and unary op of the enums has its constant
+    for op in GGMLOp:
+        if op.value < GGML_OP_COUNT:
+            assert getattr(capi, f"GGML_OP_{op.name}") is op
+    for u in UnaryOp:
+        assert getattr(capi, f"GGML_UNARY_OP_{u.name}") is u
+    for t in GGMLType:
+        assert getattr(capi, f"GGML_TYPE_{t.name}") is t
+
+
+def test_ggml_init_forms() -> None:
+    c1 = ggml_init(ggml_init_params(mem_size=4096, mem_buffer=None, no_alloc=True))
+    c2 = ggml_init({"mem_size": 4096, "no_alloc": True})
+    c3 = ggml_init(mem_size=4096, no_alloc=True)
+    c4 = ggml_init(4096, None, True)
+    for c in (c1, c2, c3, c4):
+        assert isinstance(c, Context)
+        assert capi.ggml_get_mem_size(c) == 4096
+        assert capi.ggml_get_no_alloc(c)
+    c5 = ggml_init(mem_size=4096)
+    assert not c5.no_alloc
+    assert ggml_new_tensor_1d(c5, GGML_TYPE_F32, 4).data is not None
+    buf = np.zeros(8192, np.uint8)
+    c6 = ggml_init(ggml_init_params(mem_size=8192, mem_buffer=buf))
+    t = ggml_new_tensor_1d(c6, GGML_TYPE_F32, 2)
+    assert buf.__array_interface__["data"][0] <= t.data < buf.__array_interface__["data"][0] + 8192
+    with pytest.raises(ArgumentError, match=r"unknown params \['mem'\]"):
+        ggml_init({"mem": 4096})
+    capi.ggml_free(c5)
+    capi.ggml_free(None)
+
+
+def test_ported_c_code_reads_the_same() -> None:
+    # from ggml's simple example: two matrices, their product, a graph
+    ctx = ggml_init(ggml_init_params(mem_size=3 * ggml_tensor_overhead() + ggml_graph_overhead(), no_alloc=True))
+    a = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 2, 4)
+    b = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 2, 3)
+    ggml_set_name(a, "a")
+    ggml_format_name(b, "%s_%d", "b", 0)
+    result = ggml_mul_mat(ctx, a, b)
+    gf = ggml_new_graph(ctx)
+    ggml_build_forward_expand(gf, result)
+    assert result.ne == [4, 3, 1, 1]
+    assert gf.nodes == [result] and gf.leafs == [a, b]
+    assert ggml_get_name(b) == "b_0"
+    assert ggml_get_tensor(ctx, "a") is a
+    assert capi.ggml_graph_get_tensor(gf, "node_0") is result
+    assert capi.ggml_graph_n_nodes(gf) == 1 and capi.ggml_graph_node(gf, -1) is result
+    with pytest.raises(ContextFullError):  # exactly the room for 3 tensors and one graph
+        ggml_new_tensor_1d(ctx, GGML_TYPE_F32, 1)
+
+
+def test_tensor_creation_and_sizes() -> None:
+    ctx = ggml_init(mem_size=1 << 16, no_alloc=True)
+    t = ggml_new_tensor(ctx, GGML_TYPE_F32, 3, [4, 3, 2, 99])  # only n_dims of ne are read
+    assert t.ne == [4, 3, 2, 1]
+    with pytest.raises(ArgumentError, match="n_dims=5"):
+        ggml_new_tensor(ctx, GGML_TYPE_F32, 5, [1, 1, 1, 1, 1])
+    q = ggml_new_tensor_2d(ctx, GGML_TYPE_Q4_0, 64, 2)
+    assert ggml_nbytes(q) == 72
+    assert capi.ggml_nbytes_pad(q) == 80
+    assert capi.ggml_nrows(q) == 2 and capi.ggml_nelements(q) == 128
+    assert capi.ggml_row_size(GGML_TYPE_Q4_0, 64) == 36
+    assert capi.ggml_row_size(GGML_TYPE_F16, 7) == 14
+    with pytest.raises(ArgumentError, match="40 elements are not a whole number of q4_0 blocks of 32"):
+        capi.ggml_row_size(GGML_TYPE_Q4_0, 40)
+    assert capi.ggml_type_size(GGML_TYPE_Q8_0) == 34 and capi.ggml_blck_size(GGML_TYPE_Q8_0) == 32
+    assert capi.ggml_type_sizef(GGML_TYPE_Q8_0) == 34 / 32
+    assert capi.ggml_type_name(GGML_TYPE_Q4_0) == "q4_0" and capi.ggml_type_name(0) == "f32"
+    assert capi.ggml_is_quantized(GGML_TYPE_Q4_0) and not capi.ggml_is_quantized(GGML_TYPE_F16)
+    assert capi.ggml_element_size(q) == 18
+    t4 = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, 2, 3, 4, 5)
+    assert capi.ggml_n_dims(t4) == 4 and capi.ggml_is_contiguous(t4)
+    tr = capi.ggml_transpose(ctx, ggml_new_tensor_3d(ctx, GGML_TYPE_F32, 2, 3, 4))
+    assert capi.ggml_is_transposed(tr) and capi.ggml_is_permuted(tr) and not capi.ggml_is_contiguous(tr)
+    s = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, 1)
+    assert capi.ggml_is_scalar(s) and capi.ggml_is_vector(s) and capi.ggml_is_matrix(s) and capi.ggml_is_3d(s)
+    assert capi.ggml_can_repeat(s, t4) and not capi.ggml_can_repeat(t4, s)
+    assert capi.ggml_are_same_shape(t4, capi.ggml_dup_tensor(ctx, t4))
+    assert not capi.ggml_are_same_layout(tr, capi.ggml_dup_tensor(ctx, tr))
+    v = capi.ggml_view_tensor(ctx, t4)
+    assert v.view_src is t4
+    assert capi.ggml_get_first_tensor(ctx) is t
+    assert capi.ggml_get_next_tensor(ctx, t) is q
+    assert capi.ggml_used_mem(ctx) == len(ctx.tensors) * ggml_tensor_overhead()
+
+
+def test_names_flags_and_op_params() -> None:
+    ctx = ggml_init(mem_size=1 << 20, no_alloc=True)
+    x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 8, 2)
+    r = capi.ggml_rms_norm(ctx, x, 1e-6)
+    assert capi.ggml_get_op_params_f32(r, 0) == np.float32(1e-6)
+    capi.ggml_set_op_params_i32(r, 1, 5)
+    assert capi.ggml_get_op_params_i32(r, 1) == 5
+    capi.ggml_set_op_params_f32(r, 2, 0.5)
+    assert capi.ggml_get_op_params_f32(r, 2) == 0.5
+    g = capi.ggml_gelu(ctx, x)
+    assert capi.ggml_get_unary_op(g) == GGML_UNARY_OP_GELU
+    assert capi.ggml_op_desc(g) == "GELU" and capi.ggml_op_desc(r) == "RMS_NORM"
+    assert capi.ggml_op_name(GGML_OP_MUL_MAT) == "MUL_MAT" and capi.ggml_unary_op_name(9) == "SILU"
+    w = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 8, 8)
+    capi.ggml_set_param(ctx, w)
+    capi.ggml_set_input(x)
+    capi.ggml_set_output(r)
+    assert x.flags & capi.GGML_TENSOR_FLAG_INPUT and r.flags & capi.GGML_TENSOR_FLAG_OUTPUT
+    gf = ggml_new_graph(ctx)
+    ggml_build_forward_expand(gf, ggml_mul_mat(ctx, w, x))
+    assert gf.n_nodes == 2 and gf.nodes[0] is w  # a param is a node
+    assert gf.leafs == [x]
+
+
+def test_graph_functions(tmp_path: object, caplog: pytest.LogCaptureFixture) -> None:
+    ctx = ggml_init(mem_size=1 << 22, no_alloc=True)
+    a = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, 4)
+    x = capi.ggml_sqr(ctx, capi.ggml_neg(ctx, capi.ggml_relu(ctx, a)))
+    gf = ggml_new_graph_custom(ctx, 16, False)
+    assert gf.size == 16
+    ggml_build_forward_expand(gf, x)
+    gv = ggml_graph_view(ctx, gf, 1, 3)
+    assert gv.nodes == gf.nodes[1:3] and gv.n_leafs == 0
+    dst = ggml_new_graph(ctx)
+    ggml_graph_cpy(gf, dst)
+    assert dst.nodes == gf.nodes
+    capi.ggml_graph_clear(dst)
+    assert dst.n_nodes == 0
+    assert capi.ggml_hash_size(4096) == 4099
+    assert capi.ggml_graph_overhead_custom(16, False) < ggml_graph_overhead()
+    path = f"{tmp_path}/gf.dot"
+    ggml_graph_dump_dot(gf, None, path)
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    assert text.startswith("digraph G {") and text.count(" -> ") == 3
+    with caplog.at_level(logging.INFO, logger="pyggml.graph"):
+        ggml_graph_print(gf)
+    assert "n_nodes = 3" in caplog.text and "n_leafs = 1" in caplog.text
+
+
+# --- every ggml_<op> is the builder, with C's argument order ---
+
+
+def _fun(*args: object) -> None:
+    pass
+
+
+def _op_cases(ctx: Context) -> list[tuple[str, tuple[object, ...], Callable[..., Tensor], tuple[object, ...]]]:
+    """(capi name, its arguments after ctx, the builder, the builder's arguments after ctx)."""
+    f32 = GGMLType.F32
+    a = ctx.new_tensor_3d(f32, 8, 6, 4)
+    b = ctx.new_tensor_3d(f32, 8, 1, 4)
+    m = ctx.new_tensor_2d(f32, 8, 5)
+    s = ctx.new_tensor_1d(f32, 1)
+    pos = ctx.new_tensor_1d(GGMLType.I32, 4)
+    mask = ctx.new_tensor_2d(f32, 8, 6)
+    k2 = ctx.new_tensor_4d(GGMLType.F16, 3, 3, 4, 2)
+    x2 = ctx.new_tensor_4d(f32, 8, 8, 4, 1)
+    k1 = ctx.new_tensor_3d(GGMLType.F16, 3, 6, 2)
+    k1t = ctx.new_tensor_3d(GGMLType.F16, 3, 2, 6)
+    x1 = ctx.new_tensor_2d(f32, 10, 6)
+    idx = ctx.new_tensor_2d(GGMLType.I32, 3, 4)
+    cases: list[tuple[str, tuple[object, ...], Callable[..., Tensor], tuple[object, ...]]] = []
+    for name in ["add", "sub", "mul", "div"]:
+        cases.append((f"ggml_{name}", (a, b), getattr(ops, name), (a, b)))
+        cases.append((f"ggml_{name}_inplace", (a, b), getattr(ops, f"{name}_inplace"), (a, b)))
+    for name in ["dup", "dup_inplace", "cont", "transpose", "sqr", "sqr_inplace", "sqrt", "sqrt_inplace", "log",
+                 "log_inplace", "sum", "sum_rows", "mean", "soft_max", "soft_max_inplace",
+                 "abs", "abs_inplace", "sgn", "sgn_inplace", "neg", "neg_inplace", "step", "step_inplace", "tanh",
+                 "tanh_inplace", "elu", "elu_inplace", "relu", "relu_inplace", "gelu", "gelu_inplace", "gelu_quick",
+                 "gelu_quick_inplace", "silu", "silu_inplace", "hardswish", "hardswish_inplace", "hardsigmoid",
+                 "hardsigmoid_inplace"]:
+        cases.append((f"ggml_{name}", (a,), getattr(ops, name), (a,)))
+    cases += [
+        ("ggml_add1", (a, s), ops.add1, (a, s)),
+        ("ggml_add1_inplace", (a, s), ops.add1_inplace, (a, s)),
+        ("ggml_acc", (a, b, 32, 192, 768, 4), ops.acc, (a, b, 32, 192, 768, 4)),
+        ("ggml_acc_inplace", (a, b, 32, 192, 768, 4), ops.acc_inplace, (a, b, 32, 192, 768, 4)),
+        ("ggml_set", (a, b, 32, 192, 768, 4), ops.set, (a, b, 32, 192, 768, 4)),
+        ("ggml_set_inplace", (a, b, 32, 192, 768, 4), ops.set_inplace, (a, b, 32, 192, 768, 4)),
+        ("ggml_set_1d", (a, s, 8), ops.set_1d, (a, s, 8)),
+        ("ggml_set_1d_inplace", (a, s, 8), ops.set_1d_inplace, (a, s, 8)),
+        ("ggml_set_2d", (a, b, 64, 8), ops.set_2d, (a, b, 64, 8)),
+        ("ggml_set_2d_inplace", (a, b, 64, 8), ops.set_2d_inplace, (a, b, 64, 8)),
+        ("ggml_scale", (a, 0.5), ops.scale, (a, 0.5)),
+        ("ggml_scale_inplace", (a, 0.5), ops.scale_inplace, (a, 0.5)),
+        ("ggml_clamp", (a, -1.0, 2.0), ops.clamp, (a, -1.0, 2.0)),
+        ("ggml_leaky_relu", (a, 0.1, True), ops.leaky_relu, (a, 0.1, True)),
+        ("ggml_unary", (a, UnaryOp.ELU), ops.unary, (a, UnaryOp.ELU)),
+        ("ggml_unary_inplace", (a, 6), ops.unary_inplace, (a, UnaryOp.RELU)),
+        ("ggml_argmax", (m,), ops.argmax, (m,)),
+        ("ggml_argsort", (a, GGML_SORT_DESC), ops.argsort, (a, 1)),
+        ("ggml_top_k", (a, 3), ops.top_k, (a, 3)),
+        ("ggml_cpy", (a, ctx.new_tensor_1d(GGMLType.F16, 192)), ops.cpy, None),
+        ("ggml_cont_1d", (a, 192), ops.cont_1d, (a, 192)),
+        ("ggml_cont_2d", (a, 48, 4), ops.cont_2d, (a, 48, 4)),
+        ("ggml_cont_3d", (a, 6, 8, 4), ops.cont_3d, (a, 6, 8, 4)),
+        ("ggml_cont_4d", (a, 6, 8, 2, 2), ops.cont_4d, (a, 6, 8, 2, 2)),
+        ("ggml_reshape", (a, ctx.new_tensor_2d(GGMLType.I32, 48, 4)), ops.reshape, None),
+        ("ggml_reshape_1d", (a, 192), ops.reshape_1d, (a, 192)),
+        ("ggml_reshape_2d", (a, 48, 4), ops.reshape_2d, (a, 48, 4)),
+        ("ggml_reshape_3d", (a, 6, 8, 4), ops.reshape_3d, (a, 6, 8, 4)),
+        ("ggml_reshape_4d", (a, 6, 8, 2, 2), ops.reshape_4d, (a, 6, 8, 2, 2)),
+        ("ggml_view_1d", (a, 5, 12), ops.view_1d, (a, 5, 12)),
+        ("ggml_view_2d", (a, 4, 3, 64, 8), ops.view_2d, (a, 4, 3, 64, 8)),
+        ("ggml_view_3d", (a, 4, 3, 2, 64, 192, 8), ops.view_3d, (a, 4, 3, 2, 64, 192, 8)),
+        ("ggml_view_4d", (a, 4, 3, 2, 1, 64, 192, 384, 8), ops.view_4d, (a, 4, 3, 2, 1, 64, 192, 384, 8)),
+        ("ggml_permute", (a, 1, 2, 0, 3), ops.permute, (a, 1, 2, 0, 3)),
+        ("ggml_get_rows", (a, idx), ops.get_rows, None),
+        ("ggml_repeat", (b, a), ops.repeat, (b, a)),
+        ("ggml_concat", (a, a), ops.concat, (a, a)),
+        ("ggml_diag", (b,), ops.diag, (b,)),
+        ("ggml_pad", (a, 1, 2, 0, 1), ops.pad, (a, 1, 2, 0, 1)),
+        ("ggml_upscale", (a, 2), ops.upscale, (a, 2)),
+        ("ggml_mul_mat", (m, a), ops.mul_mat, (m, a)),
+        ("ggml_out_prod", (a, a), ops.out_prod, (a, a)),
+        ("ggml_norm", (a, 1e-5), ops.norm, (a, 1e-5)),
+        ("ggml_norm_inplace", (a, 1e-5), ops.norm_inplace, (a, 1e-5)),
+        ("ggml_rms_norm", (a, 1e-5), ops.rms_norm, (a, 1e-5)),
+        ("ggml_rms_norm_inplace", (a, 1e-5), ops.rms_norm_inplace, (a, 1e-5)),
+        ("ggml_group_norm", (a, 2), ops.group_norm, (a, 2)),
+        ("ggml_group_norm_inplace", (a, 2), ops.group_norm_inplace, (a, 2)),
+        ("ggml_soft_max_ext", (a, mask, 0.25), ops.soft_max_ext, (a, mask, 0.25)),
+        ("ggml_diag_mask_inf", (a, 2), ops.diag_mask_inf, (a, 2)),
+        ("ggml_diag_mask_inf_inplace", (a, 2), ops.diag_mask_inf_inplace, (a, 2)),
+        ("ggml_diag_mask_zero", (a, 2), ops.diag_mask_zero, (a, 2)),
+        ("ggml_diag_mask_zero_inplace", (a, 2), ops.diag_mask_zero_inplace, (a, 2)),
+        ("ggml_rope", (a, pos, 8, 2, 512), ops.rope, (a, pos, 8, 2, 512)),
+        ("ggml_rope_inplace", (a, pos, 8, 0, 512), ops.rope_inplace, (a, pos, 8, 0, 512)),
+        ("ggml_rope_custom", (a, pos, 8, 2, 512, 256, 1e4, 0.5, 1.0, 1.0, 32.0, 1.0),
+         ops.rope_custom, (a, pos, 8, 2, 512, 256, 1e4, 0.5, 1.0, 1.0, 32.0, 1.0)),
+        ("ggml_rope_custom_inplace", (a, pos, 8, 2, 512, 256, 1e4, 0.5, 1.0, 1.0, 32.0, 1.0),
+         ops.rope_custom_inplace, (a, pos, 8, 2, 512, 256, 1e4, 0.5, 1.0, 1.0, 32.0, 1.0)),
+        ("ggml_rope_xpos_inplace", (a, pos, 8, 512.0, False), ops.rope_xpos_inplace, (a, pos, 8, 512.0, False)),
+        ("ggml_alibi", (a, 0, 4, 8.0), ops.alibi, (a, 0, 4, 8.0)),
+        ("ggml_im2col", (k2, x2, 1, 1, 1, 1, 1, 1, True), ops.im2col, (k2, x2, 1, 1, 1, 1, 1, 1, True)),
+        ("ggml_conv_1d", (k1, x1, 1, 1, 1), ops.conv_1d, (k1, x1, 1, 1, 1)),
+        ("ggml_conv_1d_ph", (k1, x1, 1, 1), ops.conv_1d_ph, (k1, x1, 1, 1)),
+        ("ggml_conv_2d", (k2, x2, 2, 2, 1, 1, 1, 1), ops.conv_2d, (k2, x2, 2, 2, 1, 1, 1, 1)),
+        ("ggml_conv_2d_sk_p0", (k2, x2), ops.conv_2d_sk_p0, (k2, x2)),
+        ("ggml_conv_2d_s1_ph", (k2, x2), ops.conv_2d_s1_ph, (k2, x2)),
+        ("ggml_conv_transpose_1d", (k1t, x1, 2, 0, 1), ops.conv_transpose_1d, (k1t, x1, 2, 0, 1)),
+        ("ggml_pool_1d", (a, GGML_OP_POOL_AVG, 2, 2, 0), ops.pool_1d, (a, 1, 2, 2, 0)),
+        ("ggml_pool_2d", (a, 0, 2, 2, 2, 2, 0, 0), ops.pool_2d, (a, 0, 2, 2, 2, 2, 0, 0)),
+        ("ggml_map_custom1", (a, _fun, 2, None), ops.map_custom1, (a, _fun, 2, None)),
+        ("ggml_map_custom1_inplace", (a, _fun, 2, None), ops.map_custom1_inplace, (a, _fun, 2, None)),
+        ("ggml_map_custom2", (a, b, _fun, 2, None), ops.map_custom2, (a, b, _fun, 2, None)),
+        ("ggml_map_custom2_inplace", (a, b, _fun, 2, None), ops.map_custom2_inplace, (a, b, _fun, 2, None)),
+        ("ggml_map_custom3", (a, b, s, _fun, 2, None), ops.map_custom3, (a, b, s, _fun, 2, None)),
+        ("ggml_map_custom3_inplace", (a, b, s, _fun, 2, None), ops.map_custom3_inplace, (a, b, s, _fun, 2, None)),
+    ]
+    return cases
+
+
+def _same_node(x: Tensor, y: Tensor) -> None:
+    assert (x.op, x.type, x.ne, x.nb) == (y.op, y.type, y.ne, y.nb)
+    assert list(x.op_params) == list(y.op_params)
+    assert (x.view_src is None) == (y.view_src is None) and x.view_offs == y.view_offs
+    for sx, sy in zip(x.src, y.src, strict=True):
+        if sx is None or sy is None:
+            assert sx is sy
+        elif sx.op == GGMLOp.NONE:
+            assert sx is sy  # operands are the same tensors
+        else:
+            _same_node(sx, sy)  # intermediate nodes (conv's im2col, top_k's argsort) are built alike
+
+
+def test_every_op_function_matches_its_builder() -> None:
+    ctx = ggml_init(mem_size=1 << 22, no_alloc=True)
+    for cname, args, builder, bargs in _op_cases(ctx):
+        got = getattr(capi, cname)(ctx, *args)
+        want = builder(ctx, *(args if bargs is None else bargs))
+        try:
+            _same_node(got, want)
+        except AssertionError as e:
+            raise AssertionError(f"{cname}: {e}") from e
+
+
+def test_every_builder_has_a_capi_function() -> None:
+    ctx = ggml_init(mem_size=1 << 22, no_alloc=True)
+    covered = {c[0] for c in _op_cases(ctx)}
+    from pyggml.core.ops import OpBuilders
+
+    builders = {n for n in vars(OpBuilders) if not n.startswith("_")}
+    missing = sorted(n for n in builders if not hasattr(capi, f"ggml_{n}"))
+    assert missing == []
+    untested = sorted(f"ggml_{n}" for n in builders if f"ggml_{n}" not in covered)
+    assert untested == []
+
+
+def test_capi_functions_take_ctx_first_like_c() -> None:
+    ctx_first = [n for n in dir(capi) if n.startswith("ggml_") and callable(getattr(capi, n))
+                 and inspect.signature(getattr(capi, n)).parameters.get("ctx") is not None]
+    for n in ctx_first:
+        assert next(iter(inspect.signature(getattr(capi, n)).parameters)) == "ctx", n
+    assert len(ctx_first) > 120
