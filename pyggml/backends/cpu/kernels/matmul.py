@@ -1,8 +1,505 @@
-"""CPU kernels: matmul ops."""
+"""CPU kernels: MUL_MAT and OUT_PROD.
+
+MUL_MAT (ggml_compute_forward_mul_mat): dst[M, N, ne2, ne3] (F32), for every
+(i2, i3), dst[n, m] = sum_k src0[m, k] * src1[n, k], where src0 broadcasts
+over dims 2 and 3: i02 = i2 / (ne12/ne02), i03 = i3 / (ne13/ne03) (each
+src0 matrix serves consecutive src1 matrices). By src0's type:
+
+- F32: numpy matmul (BLAS) into dst, one call over all matrices.
+- F16, BF16: src1 is rounded to the weight type (ggml's vec_dot_type) and
+  back to f32, so every product is the exact product of two f16 (bf16) values
+  as in ggml. With fewer than `HALF_BLAS_MIN_COLS` src1 columns (decoding),
+  a numba kernel reads the weights' halves directly, in parallel over rows.
+  From that many columns up, tiles of `TILE_BYTES` of weight rows are widened
+  to f32 (exact) and multiplied by BLAS. Either way the weights are never
+  converted whole; the results differ from ggml's only in float summation
+  order.
+- Quantized (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K): src1 rows are
+  quantized to the vec_dot_type (Q8_0, Q8_1 or Q8_K) exactly as ggml's
+  reference quantize_row_q8_* (see quant_dot), then, with fewer than
+  `BLAS_MIN_COLS` columns, numba kernels compute ggml's vec_dot on the raw
+  blocks: exact integer block dot products scaled by the blocks' scales
+  (parallel over weight rows, `params.n_threads` threads). Q8_1 and Q8_K
+  have no vec_dot in ggml (they are only dot-product partners) and are not
+  accepted as src0, as in ggml's type_traits.
+  Documented deviation, for prompts: with `BLAS_MIN_COLS` or more columns,
+  tiles of weight rows are dequantized to f32 (ggml's dequantize_row
+  arithmetic) and multiplied by BLAS with the dequantized q8 src1 values
+  (q * d). The operands are the same numbers ggml multiplies, but products
+  and sums are rounded in f32 instead of summed as integers per block: the
+  difference to the exact path is float rounding (relative ~1e-7, far
+  below MUL_MAT's 5e-4 NMSE threshold), at a fraction of the time.
+
+src1 may be F32 (any strides: permuted and transposed views are copied to
+rows first) or already the vec_dot_type (F16 for F16 weights, Q8_0 for
+Q4_0, ...), as ggml allows. dst must be F32.
+
+OUT_PROD (ggml_compute_forward_out_prod): dst[ne00, ne10, ne02, ne13], for
+every (i2, i3), dst[i1, i0] = sum_k src0[k, i0] * src1[k, i1] with src0's
+rows indexed by k = i01 = i11; src0 matrix (i2, i3 / (ne13/ne03)). ggml
+zeroes dst and accumulates, so dst is overwritten. src0 F32 goes to BLAS in
+one call; F16, BF16 and quantized src0 are converted to f32 in tiles of rows
+(late-2023 ggml has no F16 out_prod; the conversion is exact). src1 F32
+(F16 and BF16 are widened). As in ggml, dim 2 does not broadcast: dst's
+ne2 is src0's, and src1's ne2 must equal it.
+"""
 
 from __future__ import annotations
 
-from pyggml.backends.cpu.kernels import Kernel
-from pyggml.core.tensor import GGMLOp
+import math
+from collections.abc import Callable
 
-KERNELS: dict[GGMLOp, Kernel] = {}
+import numba
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
+from pyggml.backends.cpu.kernels import quant_dot as qd
+from pyggml.backends.cpu.kernels._common import noop
+from pyggml.core.errors import ShapeError, UnsupportedTypeError
+from pyggml.core.tensor import GGMLOp, Tensor
+from pyggml.core.types import TYPE_TRAITS, GGMLType
+
+F32, F16, BF16 = GGMLType.F32, GGMLType.F16, GGMLType.BF16
+
+# src0 types with a vec_dot in ggml (late 2023), plus BF16 as later ggml
+MUL_MAT_TYPES: tuple[GGMLType, ...] = (
+    F32, F16, BF16,
+    GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
+    GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,
+)
+QUANT_TYPES: tuple[GGMLType, ...] = MUL_MAT_TYPES[3:]
+OUT_PROD_SRC1_TYPES: tuple[GGMLType, ...] = (F32, F16, BF16)
+
+# src1 columns (per matrix) from which tiles of f32 weights go through BLAS (measured on 4096x4096,
+# see benchmarks/bench_matmul.py: below these the direct kernels win, above them BLAS does)
+BLAS_MIN_COLS = 16
+HALF_BLAS_MIN_COLS = 8
+# bytes of one f32 tile of converted weight rows
+TILE_BYTES = 8 << 20
+
+_ALIGN = 64
+
+
+# --- what the kernels accept ---
+
+
+def _mul_mat_problem(node: Tensor) -> str | None:
+    """Why the CPU cannot compute this MUL_MAT node, or None if it can."""
+    a, b = node.src[0], node.src[1]
+    if a is None or b is None:
+        return "needs two sources"
+    if a.type not in MUL_MAT_TYPES:
+        return f"src0 '{a.name}' has type {a.type.name}, which has no dot product (ggml's vec_dot)"
+    vdt = TYPE_TRAITS[a.type].vec_dot_type
+    if b.type not in (F32, vdt):
+        return f"src1 '{b.name}' has type {b.type.name}; with {a.type.name} weights it must be F32 or {vdt.name}"
+    if node.type != F32:
+        return f"dst has type {node.type.name}, must be F32"
+    if a.nb[0] != TYPE_TRAITS[a.type].type_size or (TYPE_TRAITS[b.type].is_quantized
+                                                    and b.nb[0] != TYPE_TRAITS[b.type].type_size):
+        return "quantized and half rows must be contiguous (nb[0] equal to the type size)"
+    if a.ne[0] != b.ne[0] or b.ne[2] % max(a.ne[2], 1) != 0 or b.ne[3] % max(a.ne[3], 1) != 0:
+        return f"src0 ne {a.ne} and src1 ne {b.ne} do not fit (ne0 equal, src1 ne2/ne3 multiples of src0's)"
+    if node.ne != [a.ne[1], b.ne[1], b.ne[2], b.ne[3]]:
+        return f"dst ne {node.ne} is not [{a.ne[1]}, {b.ne[1]}, {b.ne[2]}, {b.ne[3]}]"
+    return None
+
+
+def _out_prod_problem(node: Tensor) -> str | None:
+    """Why the CPU cannot compute this OUT_PROD node, or None if it can."""
+    a, b = node.src[0], node.src[1]
+    if a is None or b is None:
+        return "needs two sources"
+    if a.type not in MUL_MAT_TYPES:
+        return f"src0 '{a.name}' has type {a.type.name}, which cannot be converted to f32 rows"
+    if b.type not in OUT_PROD_SRC1_TYPES:
+        return f"src1 '{b.name}' has type {b.type.name}; it must be F32, F16 or BF16"
+    if node.type != F32:
+        return f"dst has type {node.type.name}, must be F32"
+    if a.nb[0] != TYPE_TRAITS[a.type].type_size:
+        return "src0 rows must be contiguous (nb[0] equal to the type size)"
+    if a.ne[1] != b.ne[1] or a.ne[2] != b.ne[2] or b.ne[3] % max(a.ne[3], 1) != 0:
+        return (f"src0 ne {a.ne} and src1 ne {b.ne} do not fit (ne1 and ne2 equal, "
+                "src1 ne3 a multiple of src0's)")
+    if node.ne != [a.ne[0], b.ne[0], a.ne[2], b.ne[3]]:
+        return f"dst ne {node.ne} is not [{a.ne[0]}, {b.ne[0]}, {a.ne[2]}, {b.ne[3]}]"
+    return None
+
+
+def supports(node: Tensor) -> bool:
+    """Whether these kernels compute `node` (its types and shapes), as supports_op needs."""
+    if node.op == GGMLOp.MUL_MAT:
+        return _mul_mat_problem(node) is None
+    if node.op == GGMLOp.OUT_PROD:
+        return _out_prod_problem(node) is None
+    return False
+
+
+def _check(node: Tensor, problem: str | None) -> None:
+    if problem is None:
+        return
+    a, b = node.src[0], node.src[1]
+    types = f"{a.type.name if a else None} x {b.type.name if b else None} -> {node.type.name}"
+    cls = ShapeError if (" ne " in problem or "contiguous" in problem) else UnsupportedTypeError
+    raise cls(f"CPU {node.op.name} '{node.name}' ({types}): {problem}")
+
+
+# --- helpers (prepare time) ---
+
+
+def _carve(params: ComputeParams, specs: list[tuple[tuple[int, ...], np.dtype]]) -> list[np.ndarray]:
+    """Arrays of the given shapes and dtypes from the backend's shared work area, each 64-byte aligned."""
+    sizes = [int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize for shape, dt in specs]
+    padded = [(s + _ALIGN - 1) // _ALIGN * _ALIGN for s in sizes]
+    raw = params.work.get(sum(padded) + _ALIGN)
+    start = -raw.__array_interface__["data"][0] % _ALIGN
+    out = []
+    for (shape, dt), size, pad in zip(specs, sizes, padded, strict=True):
+        out.append(raw[start:start + size].view(dt).reshape(shape))
+        start += pad
+    return out
+
+
+def _row_bytes(a: np.ndarray) -> np.ndarray:
+    """A view whose rows are bytes (uint8), for F16/BF16 (rows contiguous) and quantized views."""
+    return a if a.dtype == np.uint8 else a.view(np.uint8)
+
+
+def _weight_rows(src0: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """src0's memory as one byte array, and the byte offset of every row in (i03, i02, i01) order."""
+    b = _row_bytes(src0)
+    ne3, ne2, ne1, row = b.shape
+    s3, s2, s1, _ = b.strides
+    offs = (np.arange(ne3, dtype=np.int64)[:, None, None] * s3
+            + np.arange(ne2, dtype=np.int64)[None, :, None] * s2
+            + np.arange(ne1, dtype=np.int64)[None, None, :] * s1).reshape(-1)
+    extent = int(offs.max()) + row if offs.size else 0
+    mem = as_strided(b, shape=(extent,), strides=(1,), writeable=b.flags.writeable)
+    return mem, np.ascontiguousarray(offs)
+
+
+def _split_dims(a: np.ndarray, r3: int, r2: int) -> np.ndarray:
+    """(n3, n2, x, y) -> (n3/r3, r3, n2/r2, r2, x, y), a view (rows i3 = i03*r3 + j, as ggml broadcasts)."""
+    n3, n2 = a.shape[0], a.shape[1]
+    s3, s2 = a.strides[0], a.strides[1]
+    return as_strided(a, (n3 // r3, r3, n2 // r2, r2) + a.shape[2:], (s3 * r3, s3, s2 * r2, s2) + a.strides[2:],
+                      writeable=a.flags.writeable)
+
+
+def _repeat_dims(a: np.ndarray, r3: int, r2: int) -> np.ndarray:
+    """(n3, n2, x, y) -> (n3, r3, n2, r2, x, y) with stride 0 on the repeats (src0 broadcast)."""
+    s3, s2 = a.strides[0], a.strides[1]
+    return as_strided(a, (a.shape[0], r3, a.shape[1], r2) + a.shape[2:], (s3, 0, s2, 0) + a.strides[2:],
+                      writeable=False)
+
+
+def _as_rows(a: np.ndarray, nrows: int) -> np.ndarray | None:
+    """a (..., n) as (nrows, n) without copying, or None."""
+    try:
+        return np.reshape(a, (nrows, a.shape[-1]), copy=False)
+    except ValueError:
+        return None
+
+
+def _set_threads(params: ComputeParams) -> int:
+    n = max(1, min(int(params.n_threads), numba.config.NUMBA_NUM_THREADS))
+    if numba.get_num_threads() != n:
+        numba.set_num_threads(n)
+    return n
+
+
+def _chunk(M: int, n_slices: int, n_threads: int) -> int:
+    """Weight rows per work item: about 8 items per thread, at least 4 rows."""
+    per_slice = max(1, math.ceil(8 * n_threads / max(n_slices, 1)))
+    return max(4, math.ceil(M / per_slice))
+
+
+def _src1_f32_fn(src1: np.ndarray, type: GGMLType, xs: np.ndarray | None) -> Callable[[], np.ndarray]:
+    """A function returning src1's values as C-contiguous float32 rows (NY, K): a view or a copy into xs."""
+    nrows = src1.shape[0] * src1.shape[1] * src1.shape[2]
+    if type == F32 and xs is None:
+        rows = _as_rows(src1, nrows)
+        assert rows is not None and rows.flags.c_contiguous
+        return lambda: rows
+    assert xs is not None
+    dst4 = xs.reshape(src1.shape)
+    if type == BF16:
+        def bf16() -> np.ndarray:
+            np.left_shift(src1, 16, out=dst4.view(np.uint32), dtype=np.uint32)
+            return xs
+
+        return bf16
+
+    def copy() -> np.ndarray:
+        np.copyto(dst4, src1)
+        return xs
+
+    return copy
+
+
+def _needs_copy(src1: np.ndarray, type: GGMLType) -> bool:
+    if type != F32:
+        return True
+    rows = _as_rows(src1, src1.shape[0] * src1.shape[1] * src1.shape[2])
+    return rows is None or not rows.flags.c_contiguous
+
+
+_Q8_DTYPES = {
+    GGMLType.Q8_0: np.dtype([("d", "<f2"), ("qs", "i1", (32,))]),
+    GGMLType.Q8_1: np.dtype([("d", "<f4"), ("s", "<f4"), ("qs", "i1", (32,))]),
+    GGMLType.Q8_K: np.dtype([("d", "<f4"), ("qs", "i1", (256,)), ("bsums", "<i2", (16,))]),
+}
+
+
+def _unpack_q8(type: GGMLType, src1: np.ndarray, yq: np.ndarray, yd: np.ndarray, ys: np.ndarray,
+               yb: np.ndarray) -> None:
+    """src1 already in the vec_dot_type: split its raw blocks into the arrays quant_dot reads."""
+    ny = yq.shape[0]
+    blocks = np.ascontiguousarray(src1).reshape(ny, -1).view(_Q8_DTYPES[type])
+    np.copyto(yq, blocks["qs"].reshape(ny, -1))
+    np.copyto(yd, blocks["d"])
+    if type == GGMLType.Q8_1:
+        np.copyto(ys, blocks["s"])
+    if type == GGMLType.Q8_K:
+        np.copyto(yb, blocks["bsums"].reshape(ny, -1))  # ggml uses the stored sums
+    else:
+        np.sum(yq.reshape(ny, -1, 16), axis=-1, dtype=np.int32, out=yb)
+
+
+# --- MUL_MAT ---
+
+
+def mul_mat_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
+    """MUL_MAT for F32, F16, BF16 and quantized src0 (see the module docstring for the arithmetic)."""
+    _check(node, _mul_mat_problem(node))
+    a, b = node.src[0], node.src[1]
+    assert a is not None and b is not None
+    src0, src1 = srcs[0], srcs[1]
+    assert src0 is not None and src1 is not None
+    if dst.size == 0:
+        return noop
+    if a.ne[0] == 0:
+        return lambda: dst.fill(0)
+    if a.type == F32:
+        return _mul_mat_f32(dst, src0, src1)
+    return _mul_mat_numba(a.type, b.type, a.ne[0], dst, src0, src1, params)
+
+
+def _mul_mat_f32(dst: np.ndarray, src0: np.ndarray, src1: np.ndarray) -> Compute:
+    ne13, ne12 = src1.shape[0], src1.shape[1]
+    r3, r2 = ne13 // src0.shape[0], ne12 // src0.shape[1]
+    if r3 == 1 and r2 == 1:
+        w, x, d = src0, src1, dst
+    else:
+        w, x, d = _repeat_dims(src0, r3, r2), _split_dims(src1, r3, r2), _split_dims(dst, r3, r2)
+    wt = np.swapaxes(w, -1, -2)
+    if dst.shape[0] * dst.shape[1] == 1:
+        # one matrix (so no broadcast): 2-D operands skip numpy's batch loop
+        x, wt, d = x[0, 0], wt[0, 0], d[0, 0]
+
+    def run() -> None:
+        np.matmul(x, wt, out=d)
+
+    return run
+
+
+def _mul_mat_numba(wtype: GGMLType, xtype: GGMLType, K: int, dst: np.ndarray, src0: np.ndarray,
+                   src1: np.ndarray, params: ComputeParams) -> Compute:
+    ne03, ne02, M = src0.shape[0], src0.shape[1], src0.shape[2]
+    ne13, ne12, N = src1.shape[0], src1.shape[1], src1.shape[2]
+    r3, r2 = ne13 // ne03, ne12 // ne02
+    n_slices = ne13 * ne12
+    ny = n_slices * N
+    kind = int(wtype)
+    wt = TYPE_TRAITS[wtype]
+    quantized = wt.is_quantized
+    vdt = wt.vec_dot_type
+    nb = K // wt.blck_size  # blocks per row (elements for F16/BF16)
+
+    w, w_off = _weight_rows(src0)
+    # first weight row of each output slice s = i13*ne12 + i12
+    i13 = np.repeat(np.arange(ne13, dtype=np.int64), ne12)
+    i12 = np.tile(np.arange(ne12, dtype=np.int64), ne13)
+    w_base = np.ascontiguousarray(((i13 // r3) * ne02 + i12 // r2) * M)
+
+    out = _as_rows(dst, ny)
+    if out is None or not out.flags.c_contiguous:
+        raise ShapeError(f"CPU MUL_MAT: dst with shape {dst.shape} and strides {dst.strides} is not contiguous")
+
+    blas = N >= (BLAS_MIN_COLS if quantized else HALF_BLAS_MIN_COLS)
+    tile_rows = max(1, min(M, TILE_BYTES // max(4 * K, 1)))
+
+    specs: list[tuple[tuple[int, ...], np.dtype]] = []
+    x_from_src1 = TYPE_TRAITS[xtype].is_quantized is False
+    copy_x = x_from_src1 and (_needs_copy(src1, xtype) or not quantized)  # half weights round x: never in place
+    if copy_x:
+        specs.append(((ny, K), np.dtype(np.float32)))
+    if quantized:
+        qk = TYPE_TRAITS[vdt].blck_size
+        specs += [((ny, K), np.dtype(np.int8)), ((ny, K // qk), np.dtype(np.float32)),
+                  ((ny, K // qk), np.dtype(np.float32)), ((ny, K // 16), np.dtype(np.int32))]
+        if blas:
+            specs.append(((ny, K), np.dtype(np.float32)))
+    if blas:
+        specs.append(((tile_rows, K), np.dtype(np.float32)))
+    scratch = _carve(params, specs)
+    xs = scratch.pop(0) if copy_x else None
+    get_x = _src1_f32_fn(src1, xtype, xs) if x_from_src1 else None
+    tile = scratch.pop() if blas else None
+
+    if quantized:
+        yq, yd, ys, yb = scratch[:4]
+        yf = scratch[4] if blas else None
+        empty_x = np.zeros((0, 0), np.float32)
+
+        def prepare_y() -> None:
+            if get_x is None:
+                _unpack_q8(xtype, src1, yq, yd, ys, yb)
+            else:
+                qd.quantize_rows(int(vdt), get_x(), yq, yd, ys, yb)
+
+        if not blas:
+            def run_q() -> None:
+                nt = _set_threads(params)
+                prepare_y()
+                qd.mul_mat_rows(kind, w, w_off, nb, empty_x, yq, yd, ys, yb, N, w_base, out,
+                                _chunk(M, n_slices, nt))
+
+            return run_q
+
+        assert yf is not None and tile is not None
+        qk = TYPE_TRAITS[vdt].blck_size
+
+        def run_qb() -> None:
+            _set_threads(params)
+            prepare_y()
+            # the q8 values ggml multiplies: q * d
+            np.multiply(yq.reshape(ny, -1, qk), yd[:, :, None], out=yf.reshape(ny, -1, qk))
+            _tiled_blas(kind, w, w_off, nb, yf, out, N, ne03 * ne02, M, r3, r2, ne12, tile)
+
+        return run_qb
+
+    # F16 / BF16 weights: src1 rounded to the weight type (unless it already is that type)
+    assert get_x is not None
+    half_kind = kind
+    round_x = xtype == F32
+    empty_q = np.zeros((0, 0), np.int8)
+    empty_f = np.zeros((0, 0), np.float32)
+    empty_i = np.zeros((0, 0), np.int32)
+
+    def half_x() -> np.ndarray:
+        x = get_x()
+        if round_x:
+            qd.round_rows(half_kind, x)
+        return x
+
+    if not blas:
+        def run_h() -> None:
+            nt = _set_threads(params)
+            x = half_x()
+            qd.mul_mat_rows(kind, w, w_off, nb, x, empty_q, empty_f, empty_f, empty_i, N, w_base, out,
+                            _chunk(M, n_slices, nt))
+
+        return run_h
+
+    assert tile is not None
+
+    def run_hb() -> None:
+        _set_threads(params)
+        x = half_x()
+        _tiled_blas(kind, w, w_off, nb, x, out, N, ne03 * ne02, M, r3, r2, ne12, tile)
+
+    return run_hb
+
+
+def _tiled_blas(kind: int, w: np.ndarray, w_off: np.ndarray, nb: int, x: np.ndarray, out: np.ndarray, N: int,
+                n_wslices: int, M: int, r3: int, r2: int, ne12: int, tile: np.ndarray) -> None:
+    """out[s*N:(s+1)*N, m0:m1] = x[s*N:(s+1)*N] @ rows[m0:m1].T, with weight rows converted to f32 a tile at a time.
+
+    Each converted tile serves every src1 matrix that broadcasts over it.
+    """
+    R = tile.shape[0]
+    n_w2 = ne12 // r2  # src0's ne02
+    for ws in range(n_wslices):
+        i03, i02 = divmod(ws, n_w2)
+        slices = [(i03 * r3 + j3) * ne12 + i02 * r2 + j2 for j3 in range(r3) for j2 in range(r2)]
+        for m0 in range(0, M, R):
+            m1 = min(M, m0 + R)
+            t = tile[:m1 - m0]
+            qd.rows_to_f32(kind, w, w_off, ws * M + m0, nb, t)
+            for s in slices:
+                np.matmul(x[s * N:(s + 1) * N], t.T, out=out[s * N:(s + 1) * N, m0:m1])
+
+
+# --- OUT_PROD ---
+
+
+def out_prod_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None],
+                    params: ComputeParams) -> Compute:
+    """OUT_PROD: dst[i1, i0] = sum_k src0[k, i0] * src1[k, i1] per matrix (F32 BLAS; other src0 in f32 tiles)."""
+    _check(node, _out_prod_problem(node))
+    a, b = node.src[0], node.src[1]
+    assert a is not None and b is not None
+    src0, src1 = srcs[0], srcs[1]
+    assert src0 is not None and src1 is not None
+    if dst.size == 0:
+        return noop
+    if a.ne[1] == 0:
+        return lambda: dst.fill(0)
+    r3 = src1.shape[0] // src0.shape[0]
+
+    # src1 as f32 (a view for F32, a widened copy otherwise)
+    if b.type == F32:
+        get_x: Callable[[], np.ndarray] = lambda: src1  # noqa: E731
+        x4 = src1
+    else:
+        (xs,) = _carve(params, [(src1.shape, np.dtype(np.float32))])
+        get_x = _src1_f32_fn(src1, b.type, xs.reshape(-1, src1.shape[3]))
+        x4 = xs
+
+    if a.type == F32:
+        w6 = _repeat_dims(src0, r3, 1)
+        x6 = np.swapaxes(_split_dims(x4, r3, 1), -1, -2)
+        d6 = _split_dims(dst, r3, 1)
+
+        def run_f32() -> None:
+            get_x()
+            np.matmul(x6, w6, out=d6)
+
+        return run_f32
+
+    K, ne00 = a.ne[1], a.ne[0]
+    nb = ne00 // TYPE_TRAITS[a.type].blck_size
+    kind = int(a.type)
+    w, w_off = _weight_rows(src0)
+    tile_rows = max(1, min(K, TILE_BYTES // max(4 * ne00, 1)))
+    f32 = np.dtype(np.float32)
+    tile, acc = _carve(params, [((tile_rows, ne00), f32), ((dst.shape[2], ne00), f32)])
+    ne02 = src0.shape[1]
+
+    def run_tiles() -> None:
+        _set_threads(params)
+        get_x()
+        for i3 in range(dst.shape[0]):
+            for i2 in range(dst.shape[1]):
+                ws = (i3 // r3) * ne02 + i2
+                x = x4[i3, i2]  # (K, ne10)
+                d = dst[i3, i2]  # (ne10, ne00)
+                for k0 in range(0, K, tile_rows):
+                    k1 = min(K, k0 + tile_rows)
+                    t = tile[:k1 - k0]
+                    qd.rows_to_f32(kind, w, w_off, ws * K + k0, nb, t)
+                    if k0 == 0:
+                        np.matmul(x[k0:k1].T, t, out=d)
+                    else:
+                        np.matmul(x[k0:k1].T, t, out=acc)
+                        np.add(d, acc, out=d)
+
+    return run_tiles
+
+
+KERNELS: dict[GGMLOp, Kernel] = {
+    GGMLOp.MUL_MAT: mul_mat_kernel,
+    GGMLOp.OUT_PROD: out_prod_kernel,
+}

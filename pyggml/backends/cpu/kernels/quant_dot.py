@@ -1,0 +1,882 @@
+"""Numba kernels behind MUL_MAT: ggml's vec_dot for quantized, F16 and BF16 weights.
+
+ggml multiplies a weight row by a src1 row with `vec_dot` of the weight type,
+after converting src1 to the type's `vec_dot_type` (Q8_0, Q8_1, Q8_K, F16,
+BF16). This module does the same:
+
+- `quantize_rows` converts src1 rows exactly as ggml's reference
+  `quantize_row_q8_0/q8_1/q8_K` do (float32 arithmetic, `roundf` = round
+  half away from zero for Q8_0/Q8_1, `nearest_int` = round half to even for
+  Q8_K, the Q8_0 scale rounded to f16, Q8_K's scale -128/max). The blocks are
+  kept split: values `yq` (int8), scales `yd` (float32; Q8_0's already
+  rounded through f16), Q8_1's `s = sum * d` in `ys`, and integer sums of
+  every 16 values in `yb` (Q8_K's `bsums`; for Q8_0/Q8_1 the same sums, which
+  let offsets such as Q4_0's `-8` be applied once per block).
+- `mul_mat_rows` computes `out[col, row] = vec_dot(weight row, src1 col)`
+  in parallel over weight rows (numba `prange`), reading the weights in
+  their compact form. Each block's integer dot product is exact, as in
+  ggml's scalar code, and is scaled by the block's f16/f32 scales in the
+  order ggml's reference `ggml_vec_dot_<type>_q8_<x>` uses; only the float
+  summation order over blocks may differ from ggml's SIMD builds.
+- `rows_to_f32` dequantizes (or widens, for F16/BF16) weight rows into
+  float32, row by row, for the BLAS path of `matmul.py`.
+
+Why intrinsics: numba leaves LLVM's SLP vectorizer off and its loop
+vectorizer does nothing useful on 16- or 32-element loops, so a block's dot
+product written as a Python loop runs scalar (about 5x slower). The few
+primitives below (`dot_nibbles`, `dot_bits16/32`, `dot_mask32`, `dot_i8x32`,
+`dot_f16x32`, ...) are written in portable LLVM vector IR (no target
+intrinsics): a fixed-size load, unpack, exact integer multiply-add, and a
+reduction. Everything else is plain numba.
+
+Integer identities used (all exact): a field `(byte >> shift) & mask` times
+y summed over a block; a weight value with an offset, e.g. Q4_0's
+`nibble - 8`, as `sum(nibble * y) - 8 * sum(y)`; Q5's fifth bit as
+`16 * sum(bit * y)`; Q6_K's value `(low4 | high2 << 4) - 32` as
+`sum(low4 * y) + 16 * sum(high2 * y) - 32 * sum(y)`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic
+
+from pyggml.core.types import GGMLType
+
+# kinds: the GGMLType numbers (module-level ints are compile-time constants in numba)
+F16 = int(GGMLType.F16)
+BF16 = int(GGMLType.BF16)
+Q4_0 = int(GGMLType.Q4_0)
+Q4_1 = int(GGMLType.Q4_1)
+Q5_0 = int(GGMLType.Q5_0)
+Q5_1 = int(GGMLType.Q5_1)
+Q8_0 = int(GGMLType.Q8_0)
+Q8_1 = int(GGMLType.Q8_1)
+Q2_K = int(GGMLType.Q2_K)
+Q3_K = int(GGMLType.Q3_K)
+Q4_K = int(GGMLType.Q4_K)
+Q5_K = int(GGMLType.Q5_K)
+Q6_K = int(GGMLType.Q6_K)
+Q8_K = int(GGMLType.Q8_K)
+
+# --- LLVM vector primitives ---
+#
+# Arrays are passed whole with an element offset, so no array views are made in
+# the hot loops. Byte offsets address uint8 weight rows; src1 offsets count
+# int8 (or float32) elements.
+
+_I8 = ir.IntType(8)
+_I16 = ir.IntType(16)
+_I32 = ir.IntType(32)
+_F32 = ir.FloatType()
+
+
+def _address(context, builder, arrty, arr, offset):  # noqa: ANN001, ANN202
+    """Pointer to element `offset` of a C-contiguous array (any number of dims, flat index)."""
+    a = context.make_array(arrty)(context, builder, value=arr)
+    return builder.gep(a.data, [offset])
+
+
+def _load_vector(builder, ptr, elem: ir.Type, n: int):  # noqa: ANN001, ANN202
+    return builder.load(builder.bitcast(ptr, ir.VectorType(elem, n).as_pointer()), align=1)
+
+
+def _splat(builder, value, n: int):  # noqa: ANN001, ANN202
+    vty = ir.VectorType(value.type, n)
+    undef = ir.Constant(vty, None)
+    one = builder.insert_element(undef, value, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(one, undef, ir.Constant(ir.VectorType(_I32, n), [0] * n))
+
+
+def _reduce_add_i32(builder, v, n: int):  # noqa: ANN001, ANN202
+    """Exact sum of an <n x i32> vector."""
+    fnty = ir.FunctionType(_I32, [ir.VectorType(_I32, n)])
+    fn = builder.module.declare_intrinsic(f"llvm.vector.reduce.add.v{n}i32", fnty=fnty)
+    return builder.call(fn, [v])
+
+
+def _sum_f32_tree(builder, v, n: int):  # noqa: ANN001, ANN202
+    """Sum of an <n x float> vector by halving (a fixed order: lanes i and i + n/2 first)."""
+    while n > 1:
+        h = n // 2
+        lo = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, h), list(range(h))))
+        hi = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, h), list(range(h, n))))
+        v = builder.fadd(lo, hi)
+        n = h
+    return builder.extract_element(v, ir.Constant(_I32, 0))
+
+
+def _dot_i16(builder, a16, b16, n: int):  # noqa: ANN001, ANN202
+    """Exact integer dot of two <n x i16> vectors whose products fit in i16 (|a*b| <= 32640)."""
+    prod = builder.mul(a16, b16)
+    return _reduce_add_i32(builder, builder.sext(prod, ir.VectorType(_I32, n)), n)
+
+
+@intrinsic
+def load_f16(typingctx, w, i):  # noqa: ANN001, ANN201
+    """The IEEE half at byte offset `i` of uint8 array `w`, as float32 (exact)."""
+    sig = types.float32(w, types.intp)
+
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        p = _address(context, builder, signature.args[0], args[0], args[1])
+        h = builder.load(builder.bitcast(p, _I16.as_pointer()), align=1)
+        return builder.fpext(builder.bitcast(h, ir.HalfType()), _F32)
+
+    return sig, codegen
+
+
+@intrinsic
+def load_bf16(typingctx, w, i):  # noqa: ANN001, ANN201
+    """The bfloat16 at byte offset `i` of uint8 array `w`, as float32 (exact: the bits are the top half)."""
+    sig = types.float32(w, types.intp)
+
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        p = _address(context, builder, signature.args[0], args[0], args[1])
+        h = builder.load(builder.bitcast(p, _I16.as_pointer()), align=1)
+        u = builder.shl(builder.zext(h, _I32), ir.Constant(_I32, 16))
+        return builder.bitcast(u, _F32)
+
+    return sig, codegen
+
+
+@intrinsic
+def load_f32(typingctx, w, i):  # noqa: ANN001, ANN201
+    """The float32 at byte offset `i` of uint8 array `w`."""
+    sig = types.float32(w, types.intp)
+
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        p = _address(context, builder, signature.args[0], args[0], args[1])
+        return builder.load(builder.bitcast(p, _F32.as_pointer()), align=1)
+
+    return sig, codegen
+
+
+@intrinsic
+def load_u32(typingctx, w, i):  # noqa: ANN001, ANN201
+    """The little-endian uint32 at byte offset `i` of uint8 array `w` (Q5's `qh`)."""
+    sig = types.uint32(w, types.intp)
+
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        p = _address(context, builder, signature.args[0], args[0], args[1])
+        return builder.load(builder.bitcast(p, _I32.as_pointer()), align=1)
+
+    return sig, codegen
+
+
+@intrinsic
+def round_f16(typingctx, x):  # noqa: ANN001, ANN201
+    """float32 -> nearest f16 (ties to even, as GGML_FP32_TO_FP16) -> float32."""
+    sig = types.float32(types.float32)
+
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        return builder.fpext(builder.fptrunc(args[0], ir.HalfType()), _F32)
+
+    return sig, codegen
+
+
+@intrinsic
+def dot_nibbles(typingctx, w, i, y, j):  # noqa: ANN001, ANN201
+    """sum_t (w[i+t] & 15) * y[j+t] + (w[i+t] >> 4) * y[j+16+t], t < 16: the Q4/Q5 block layout."""
+    sig = types.int32(w, types.intp, y, types.intp)
+
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        pw = _address(context, builder, signature.args[0], args[0], args[1])
+        py = _address(context, builder, signature.args[2], args[2], args[3])
+        q = _load_vector(builder, pw, _I8, 16)
+        lo = builder.and_(q, ir.Constant(ir.VectorType(_I8, 16), [15] * 16))
+        hi = builder.lshr(q, ir.Constant(ir.VectorType(_I8, 16), [4] * 16))
+        both = builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(_I32, 32), list(range(32))))
+        v16 = ir.VectorType(_I16, 32)
+        yv = _load_vector(builder, py, _I8, 32)
+        return _dot_i16(builder, builder.zext(both, v16), builder.sext(yv, v16), 32)
+
+    return sig, codegen
+
+
+def _make_dot_bits(n: int):  # noqa: ANN202
+    @intrinsic
+    def dot_bits(typingctx, w, i, shift, mask, y, j):  # noqa: ANN001, ANN202
+        sig = types.int32(w, types.intp, types.intp, types.intp, y, types.intp)
+
+        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+            pw = _address(context, builder, signature.args[0], args[0], args[1])
+            py = _address(context, builder, signature.args[4], args[4], args[5])
+            q = _load_vector(builder, pw, _I8, n)
+            s = _splat(builder, builder.trunc(args[2], _I8), n)
+            m = _splat(builder, builder.trunc(args[3], _I8), n)
+            field = builder.and_(builder.lshr(q, s), m)
+            v16 = ir.VectorType(_I16, n)
+            yv = _load_vector(builder, py, _I8, n)
+            return _dot_i16(builder, builder.zext(field, v16), builder.sext(yv, v16), n)
+
+        return sig, codegen
+
+    return dot_bits
+
+
+dot_bits16 = _make_dot_bits(16)
+dot_bits16.__doc__ = "sum_t ((w[i+t] >> shift) & mask) * y[j+t], t < 16 (exact int32)."
+dot_bits32 = _make_dot_bits(32)
+dot_bits32.__doc__ = "sum_t ((w[i+t] >> shift) & mask) * y[j+t], t < 32 (exact int32)."
+
+
+@intrinsic
+def dot_mask32(typingctx, bits, y, j):  # noqa: ANN001, ANN201
+    """sum_t ((bits >> t) & 1) * y[j+t], t < 32: Q5_0/Q5_1's fifth bits."""
+    sig = types.int32(types.uint32, y, types.intp)
+
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        py = _address(context, builder, signature.args[1], args[1], args[2])
+        v32 = ir.VectorType(_I32, 32)
+        b = builder.lshr(_splat(builder, args[0], 32), ir.Constant(v32, list(range(32))))
+        b = builder.and_(b, ir.Constant(v32, [1] * 32))
+        yv = builder.sext(_load_vector(builder, py, _I8, 32), v32)
+        return _reduce_add_i32(builder, builder.mul(b, yv), 32)
+
+    return sig, codegen
+
+
+@intrinsic
+def dot_i8x32(typingctx, w, i, y, j):  # noqa: ANN001, ANN201
+    """sum_t int8(w[i+t]) * y[j+t], t < 32: Q8_0 weights."""
+    sig = types.int32(w, types.intp, y, types.intp)
+
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        pw = _address(context, builder, signature.args[0], args[0], args[1])
+        py = _address(context, builder, signature.args[2], args[2], args[3])
+        v16 = ir.VectorType(_I16, 32)
+        a = builder.sext(_load_vector(builder, pw, _I8, 32), v16)
+        b = builder.sext(_load_vector(builder, py, _I8, 32), v16)
+        return _dot_i16(builder, a, b, 32)  # |a*b| <= 128*128 = 16384
+
+    return sig, codegen
+
+
+def _widen_halves(builder, h, kind: int):  # noqa: ANN001, ANN202
+    """<32 x i16> f16 or bf16 bits -> <32 x float> (exact)."""
+    if kind == F16:
+        return builder.fpext(builder.bitcast(h, ir.VectorType(ir.HalfType(), 32)), ir.VectorType(_F32, 32))
+    v32 = ir.VectorType(_I32, 32)
+    u = builder.shl(builder.zext(h, v32), ir.Constant(v32, [16] * 32))
+    return builder.bitcast(u, ir.VectorType(_F32, 32))
+
+
+def _make_dot_half(kind: int):  # noqa: ANN202
+    @intrinsic
+    def dot_half(typingctx, w, i, x, j):  # noqa: ANN001, ANN202
+        sig = types.float32(w, types.intp, x, types.intp)
+
+        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+            pw = _address(context, builder, signature.args[0], args[0], args[1])
+            px = _address(context, builder, signature.args[2], args[2], args[3])
+            wf = _widen_halves(builder, _load_vector(builder, pw, _I16, 32), kind)
+            xf = _load_vector(builder, px, _F32, 32)
+            return _sum_f32_tree(builder, builder.fmul(wf, xf), 32)
+
+        return sig, codegen
+
+    return dot_half
+
+
+dot_f16x32 = _make_dot_half(F16)
+dot_f16x32.__doc__ = "sum_t f16(w at byte i+2t) * x[j+t], t < 32, float32 products summed as a halving tree."
+dot_bf16x32 = _make_dot_half(BF16)
+dot_bf16x32.__doc__ = "sum_t bf16(w at byte i+2t) * x[j+t], t < 32, float32 products summed as a halving tree."
+
+
+def _make_widen_half(kind: int):  # noqa: ANN202
+    @intrinsic
+    def widen_half(typingctx, w, i, out, j):  # noqa: ANN001, ANN202
+        sig = types.void(w, types.intp, out, types.intp)
+
+        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+            pw = _address(context, builder, signature.args[0], args[0], args[1])
+            po = _address(context, builder, signature.args[2], args[2], args[3])
+            wf = _widen_halves(builder, _load_vector(builder, pw, _I16, 32), kind)
+            builder.store(wf, builder.bitcast(po, ir.VectorType(_F32, 32).as_pointer()), align=1)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return widen_half
+
+
+widen_f16x32 = _make_widen_half(F16)
+widen_f16x32.__doc__ = "out[j+t] = f16(w at byte i+2t), t < 32."
+widen_bf16x32 = _make_widen_half(BF16)
+widen_bf16x32.__doc__ = "out[j+t] = bf16(w at byte i+2t), t < 32."
+
+
+# --- src1 -> vec_dot_type (ggml's reference quantize_row_q8_0 / q8_1 / q8_K) ---
+
+
+@njit(cache=True)
+def _roundf(v: float) -> int:
+    """C's roundf: nearest integer, halves away from zero (exact: |v| + 0.5 is exact in float64)."""
+    a = np.floor(abs(np.float64(v)) + 0.5)
+    return int(a) if v >= 0 else -int(a)
+
+
+@njit(cache=True)
+def _quantize_q8_0_row(x, yq, yd, yb, r):  # noqa: ANN001, ANN202
+    nb = x.shape[1] // 32
+    for b in range(nb):
+        k0 = b * 32
+        amax = np.float32(0.0)
+        for t in range(32):
+            v = abs(x[r, k0 + t])
+            amax = amax if amax > v else v  # ggml's MAX(amax, fabsf(v))
+        d = amax / np.float32(127.0)
+        inv = np.float32(1.0) / d if d != 0 else np.float32(0.0)
+        yd[r, b] = round_f16(d)  # block_q8_0 stores d as f16; the dot reads it back
+        s0 = 0
+        s1 = 0
+        for t in range(32):
+            q = _roundf(x[r, k0 + t] * inv)
+            yq[r, k0 + t] = q
+            if t < 16:
+                s0 += q
+            else:
+                s1 += q
+        yb[r, 2 * b] = s0
+        yb[r, 2 * b + 1] = s1
+
+
+@njit(cache=True)
+def _quantize_q8_1_row(x, yq, yd, ys, yb, r):  # noqa: ANN001, ANN202
+    nb = x.shape[1] // 32
+    for b in range(nb):
+        k0 = b * 32
+        amax = np.float32(0.0)
+        for t in range(32):
+            v = abs(x[r, k0 + t])
+            amax = amax if amax > v else v
+        d = amax / np.float32(127.0)
+        inv = np.float32(1.0) / d if d != 0 else np.float32(0.0)
+        yd[r, b] = d  # block_q8_1 (late 2023) keeps d and s as float32
+        s0 = 0
+        s1 = 0
+        for t in range(32):
+            q = _roundf(x[r, k0 + t] * inv)
+            yq[r, k0 + t] = q
+            if t < 16:
+                s0 += q
+            else:
+                s1 += q
+        yb[r, 2 * b] = s0
+        yb[r, 2 * b + 1] = s1
+        ys[r, b] = np.float32(s0 + s1) * d
+
+
+@njit(cache=True)
+def _quantize_q8_K_row(x, yq, yd, yb, r):  # noqa: ANN001, ANN202, N802
+    nb = x.shape[1] // 256
+    for b in range(nb):
+        k0 = b * 256
+        amax = np.float32(0.0)
+        vmax = np.float32(0.0)
+        for t in range(256):
+            v = abs(x[r, k0 + t])
+            if v > amax:
+                amax = v
+                vmax = x[r, k0 + t]
+        if amax == 0:
+            yd[r, b] = 0.0
+            for t in range(256):
+                yq[r, k0 + t] = 0
+            for t in range(16):
+                yb[r, 16 * b + t] = 0
+            continue
+        iscale = np.float32(-128.0) / vmax
+        for t in range(256):
+            # nearest_int: the float32 product rounded half to even
+            q = int(np.rint(np.float64(iscale * x[r, k0 + t])))
+            yq[r, k0 + t] = min(127, q)
+        for g in range(16):
+            s = 0
+            for t in range(16):
+                s += yq[r, k0 + 16 * g + t]
+            yb[r, 16 * b + g] = s
+        yd[r, b] = np.float32(1.0) / iscale
+
+
+@njit(parallel=True, cache=True)
+def quantize_rows(kind, x, yq, yd, ys, yb):  # noqa: ANN001, ANN201
+    """Quantize float32 rows x (n, K) to `kind` (Q8_0, Q8_1 or Q8_K), split as described in the module doc."""
+    for r in prange(x.shape[0]):
+        if kind == Q8_0:
+            _quantize_q8_0_row(x, yq, yd, yb, r)
+        elif kind == Q8_1:
+            _quantize_q8_1_row(x, yq, yd, ys, yb, r)
+        else:
+            _quantize_q8_K_row(x, yq, yd, yb, r)
+
+
+@njit(cache=True)
+def round_rows(kind, x):  # noqa: ANN001, ANN201
+    """Round float32 values in place to `kind` (F16 or BF16) and back: src1 converted to vec_dot_type."""
+    flat = x.reshape(-1)
+    if kind == F16:
+        for k in range(flat.shape[0]):
+            flat[k] = round_f16(flat[k])
+        return
+    bits = flat.view(np.uint32)
+    for k in range(bits.shape[0]):
+        u = bits[k]
+        if (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):
+            bits[k] = (u | np.uint32(0x400000)) & np.uint32(0xFFFF0000)  # NaN stays a quiet NaN
+        else:
+            bits[k] = (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
+
+
+# --- vec_dot per weight type: one weight row (at byte o of w) times src1 row r ---
+
+
+@njit(cache=True)
+def _i8(v: int) -> int:
+    """A byte read as int8."""
+    return v - 256 if v > 127 else v
+
+
+@njit(cache=True)
+def _dot_q4_0(w, o, nb, yq, yd, yb, r):  # noqa: ANN001, ANN202
+    sumf = np.float32(0.0)
+    yo = r * yq.shape[1]
+    for b in range(nb):
+        ob = o + 18 * b
+        sumi = dot_nibbles(w, ob + 2, yq, yo + 32 * b) - 8 * (yb[r, 2 * b] + yb[r, 2 * b + 1])
+        sumf += np.float32(sumi) * load_f16(w, ob) * yd[r, b]
+    return sumf
+
+
+@njit(cache=True)
+def _dot_q4_1(w, o, nb, yq, yd, ys, r):  # noqa: ANN001, ANN202
+    sumf = np.float32(0.0)
+    yo = r * yq.shape[1]
+    for b in range(nb):
+        ob = o + 20 * b
+        sumi = dot_nibbles(w, ob + 4, yq, yo + 32 * b)
+        sumf += (load_f16(w, ob) * yd[r, b]) * np.float32(sumi) + load_f16(w, ob + 2) * ys[r, b]
+    return sumf
+
+
+@njit(cache=True)
+def _dot_q5_0(w, o, nb, yq, yd, yb, r):  # noqa: ANN001, ANN202
+    sumf = np.float32(0.0)
+    yo = r * yq.shape[1]
+    for b in range(nb):
+        ob = o + 22 * b
+        j = yo + 32 * b
+        sumi = (dot_nibbles(w, ob + 6, yq, j) + 16 * dot_mask32(load_u32(w, ob + 2), yq, j)
+                - 16 * (yb[r, 2 * b] + yb[r, 2 * b + 1]))
+        sumf += (load_f16(w, ob) * yd[r, b]) * np.float32(sumi)
+    return sumf
+
+
+@njit(cache=True)
+def _dot_q5_1(w, o, nb, yq, yd, ys, r):  # noqa: ANN001, ANN202
+    sumf = np.float32(0.0)
+    yo = r * yq.shape[1]
+    for b in range(nb):
+        ob = o + 24 * b
+        j = yo + 32 * b
+        sumi = dot_nibbles(w, ob + 8, yq, j) + 16 * dot_mask32(load_u32(w, ob + 4), yq, j)
+        sumf += (load_f16(w, ob) * yd[r, b]) * np.float32(sumi) + load_f16(w, ob + 2) * ys[r, b]
+    return sumf
+
+
+@njit(cache=True)
+def _dot_q8_0(w, o, nb, yq, yd, r):  # noqa: ANN001, ANN202
+    sumf = np.float32(0.0)
+    yo = r * yq.shape[1]
+    for b in range(nb):
+        ob = o + 34 * b
+        sumi = dot_i8x32(w, ob + 2, yq, yo + 32 * b)
+        sumf += np.float32(sumi) * (load_f16(w, ob) * yd[r, b])
+    return sumf
+
+
+@njit(cache=True)
+def _dot_q2_K(w, o, nb, yq, yd, yb, r):  # noqa: ANN001, ANN202, N802
+    # block_q2_K: scales[16] (low 4 bits scale, high 4 bits min), qs[64], d, dmin
+    sumf = np.float32(0.0)
+    yo = r * yq.shape[1]
+    for b in range(nb):
+        ob = o + 84 * b
+        j0 = yo + 256 * b
+        summs = 0
+        for t in range(16):
+            summs += yb[r, 16 * b + t] * (np.int64(w[ob + t]) >> 4)
+        isum = 0
+        for k in range(2):
+            for f in range(4):
+                for h in range(2):
+                    sc = np.int64(w[ob + 8 * k + 2 * f + h]) & 15
+                    isum += sc * dot_bits16(w, ob + 16 + 32 * k + 16 * h, 2 * f, 3, yq, j0 + 128 * k + 32 * f + 16 * h)
+        dall = yd[r, b] * load_f16(w, ob + 80)
+        dmin = yd[r, b] * load_f16(w, ob + 82)
+        sumf += dall * np.float32(isum) - dmin * np.float32(summs)
+    return sumf
+
+
+@njit(cache=True)
+def _q3_K_scale(w, os, sub):  # noqa: ANN001, ANN202, N802
+    """The 6-bit scale `sub` (0..15) of a Q3_K block whose scales start at byte os, minus 32."""
+    if sub < 8:
+        low = np.int64(w[os + sub]) & 15
+    else:
+        low = np.int64(w[os + sub - 8]) >> 4
+    high = (np.int64(w[os + 8 + sub % 4]) >> (2 * (sub // 4))) & 3
+    return (low | (high << 4)) - 32
+
+
+@njit(cache=True)
+def _dot_q3_K(w, o, nb, yq, yd, yb, r):  # noqa: ANN001, ANN202, N802
+    # block_q3_K: hmask[32], qs[64], scales[12], d; value = low2 - (high bit ? 0 : 4)
+    sumf = np.float32(0.0)
+    yo = r * yq.shape[1]
+    for b in range(nb):
+        ob = o + 110 * b
+        j0 = yo + 256 * b
+        isum = 0
+        for h in range(2):
+            for s in range(4):
+                for t in range(2):
+                    sub = 8 * h + 2 * s + t
+                    j = j0 + 128 * h + 32 * s + 16 * t
+                    v = (dot_bits16(w, ob + 32 + 32 * h + 16 * t, 2 * s, 3, yq, j)
+                         + 4 * dot_bits16(w, ob + 16 * t, 4 * h + s, 1, yq, j) - 4 * yb[r, 16 * b + sub])
+                    isum += _q3_K_scale(w, ob + 96, sub) * v
+        sumf += (load_f16(w, ob + 108) * yd[r, b]) * np.float32(isum)
+    return sumf
+
+
+@njit(cache=True)
+def _scale_min_k4(w, os, j):  # noqa: ANN001, ANN202
+    """ggml's get_scale_min_k4: the 6-bit scale and min of sub-block j (0..7), scales starting at byte os."""
+    if j < 4:
+        return np.int64(w[os + j]) & 63, np.int64(w[os + j + 4]) & 63
+    sc = (np.int64(w[os + j + 4]) & 15) | ((np.int64(w[os + j - 4]) >> 6) << 4)
+    mn = (np.int64(w[os + j + 4]) >> 4) | ((np.int64(w[os + j]) >> 6) << 4)
+    return sc, mn
+
+
+@njit(cache=True)
+def _dot_q4_K(w, o, nb, yq, yd, yb, r):  # noqa: ANN001, ANN202, N802
+    # block_q4_K: d, dmin, scales[12], qs[128]; 32-element sub-blocks
+    sumf = np.float32(0.0)
+    yo = r * yq.shape[1]
+    for b in range(nb):
+        ob = o + 144 * b
+        j0 = yo + 256 * b
+        isum = 0
+        summs = 0
+        for k in range(4):
+            sc0, m0 = _scale_min_k4(w, ob + 4, 2 * k)
+            sc1, m1 = _scale_min_k4(w, ob + 4, 2 * k + 1)
+            isum += sc0 * dot_bits32(w, ob + 16 + 32 * k, 0, 15, yq, j0 + 64 * k)
+            isum += sc1 * dot_bits32(w, ob + 16 + 32 * k, 4, 15, yq, j0 + 64 * k + 32)
+            g = 16 * b + 4 * k
+            summs += m0 * (yb[r, g] + yb[r, g + 1]) + m1 * (yb[r, g + 2] + yb[r, g + 3])
+        d = load_f16(w, ob) * yd[r, b]
+        dmin = load_f16(w, ob + 2) * yd[r, b]
+        sumf += d * np.float32(isum) - dmin * np.float32(summs)
+    return sumf
+
+
+@njit(cache=True)
+def _dot_q5_K(w, o, nb, yq, yd, yb, r):  # noqa: ANN001, ANN202, N802
+    # block_q5_K: d, dmin, scales[12], qh[32], qs[128]; fifth bit of element 64k+32h+l is bit 2k+h of qh[l]
+    sumf = np.float32(0.0)
+    yo = r * yq.shape[1]
+    for b in range(nb):
+        ob = o + 176 * b
+        j0 = yo + 256 * b
+        isum = 0
+        summs = 0
+        for k in range(4):
+            sc0, m0 = _scale_min_k4(w, ob + 4, 2 * k)
+            sc1, m1 = _scale_min_k4(w, ob + 4, 2 * k + 1)
+            j = j0 + 64 * k
+            isum += sc0 * (dot_bits32(w, ob + 48 + 32 * k, 0, 15, yq, j)
+                           + 16 * dot_bits32(w, ob + 16, 2 * k, 1, yq, j))
+            isum += sc1 * (dot_bits32(w, ob + 48 + 32 * k, 4, 15, yq, j + 32)
+                           + 16 * dot_bits32(w, ob + 16, 2 * k + 1, 1, yq, j + 32))
+            g = 16 * b + 4 * k
+            summs += m0 * (yb[r, g] + yb[r, g + 1]) + m1 * (yb[r, g + 2] + yb[r, g + 3])
+        d = load_f16(w, ob) * yd[r, b]
+        dmin = load_f16(w, ob + 2) * yd[r, b]
+        sumf += d * np.float32(isum) - dmin * np.float32(summs)
+    return sumf
+
+
+@njit(cache=True)
+def _dot_q6_K(w, o, nb, yq, yd, yb, r):  # noqa: ANN001, ANN202, N802
+    # block_q6_K: ql[128], qh[64], scales[16] (int8), d; value = (low4 | high2 << 4) - 32
+    sumf = np.float32(0.0)
+    yo = r * yq.shape[1]
+    for b in range(nb):
+        ob = o + 210 * b
+        j0 = yo + 256 * b
+        isum = 0
+        for n in range(2):
+            for q in range(4):
+                for t in range(2):
+                    sub = 8 * n + 2 * q + t
+                    j = j0 + 128 * n + 32 * q + 16 * t
+                    v = (dot_bits16(w, ob + 64 * n + 32 * (q & 1) + 16 * t, 4 * (q >> 1), 15, yq, j)
+                         + 16 * dot_bits16(w, ob + 128 + 32 * n + 16 * t, 2 * q, 3, yq, j) - 32 * yb[r, 16 * b + sub])
+                    isum += _i8(np.int64(w[ob + 192 + sub])) * v
+        sumf += (load_f16(w, ob + 208) * yd[r, b]) * np.float32(isum)
+    return sumf
+
+
+@njit(cache=True)
+def _dot_half(kind, w, o, xf, r):  # noqa: ANN001, ANN202
+    """F16/BF16 weight row times float32 row r of xf (already rounded to the weight type)."""
+    K = xf.shape[1]
+    xo = r * K
+    sumf = np.float32(0.0)
+    k = 0
+    if kind == F16:
+        while k + 32 <= K:
+            sumf += dot_f16x32(w, o + 2 * k, xf, xo + k)
+            k += 32
+        while k < K:
+            sumf += load_f16(w, o + 2 * k) * xf[r, k]
+            k += 1
+    else:
+        while k + 32 <= K:
+            sumf += dot_bf16x32(w, o + 2 * k, xf, xo + k)
+            k += 32
+        while k < K:
+            sumf += load_bf16(w, o + 2 * k) * xf[r, k]
+            k += 1
+    return sumf
+
+
+@njit(cache=True)
+def _row_dot(kind, w, o, nb, xf, yq, yd, ys, yb, r):  # noqa: ANN001, ANN202
+    if kind == Q4_0:
+        return _dot_q4_0(w, o, nb, yq, yd, yb, r)
+    if kind == Q4_1:
+        return _dot_q4_1(w, o, nb, yq, yd, ys, r)
+    if kind == Q5_0:
+        return _dot_q5_0(w, o, nb, yq, yd, yb, r)
+    if kind == Q5_1:
+        return _dot_q5_1(w, o, nb, yq, yd, ys, r)
+    if kind == Q8_0:
+        return _dot_q8_0(w, o, nb, yq, yd, r)
+    if kind == Q2_K:
+        return _dot_q2_K(w, o, nb, yq, yd, yb, r)
+    if kind == Q3_K:
+        return _dot_q3_K(w, o, nb, yq, yd, yb, r)
+    if kind == Q4_K:
+        return _dot_q4_K(w, o, nb, yq, yd, yb, r)
+    if kind == Q5_K:
+        return _dot_q5_K(w, o, nb, yq, yd, yb, r)
+    if kind == Q6_K:
+        return _dot_q6_K(w, o, nb, yq, yd, yb, r)
+    return _dot_half(kind, w, o, xf, r)
+
+
+@njit(parallel=True, cache=True)
+def mul_mat_rows(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, chunk):  # noqa: ANN001, ANN201
+    """out[s*n_cols + c, m] = vec_dot(weight row w_off[w_base[s] + m], src1 row s*n_cols + c).
+
+    `w` is the weights' memory as bytes, `w_off` the byte offset of every weight
+    row, `w_base[s]` the first weight row (index into w_off) of output slice s,
+    `nb` the blocks per row. src1 rows come as `xf` (F16/BF16 weights) or as the
+    split quantized arrays. Work items are (slice, chunk of `chunk` weight rows).
+    """
+    n_slices = w_base.shape[0]
+    M = out.shape[1]
+    n_chunks = (M + chunk - 1) // chunk
+    for item in prange(n_slices * n_chunks):
+        s = item // n_chunks
+        m0 = (item % n_chunks) * chunk
+        m1 = min(M, m0 + chunk)
+        for m in range(m0, m1):
+            o = w_off[w_base[s] + m]
+            for c in range(n_cols):
+                r = s * n_cols + c
+                out[r, m] = _row_dot(kind, w, o, nb, xf, yq, yd, ys, yb, r)
+
+
+# --- weight rows -> float32 (ggml's dequantize_row_<type>, same arithmetic) ---
+
+
+@njit(cache=True)
+def _deq_q4_0(w, o, nb, out, i):  # noqa: ANN001, ANN202
+    for b in range(nb):
+        ob = o + 18 * b
+        d = load_f16(w, ob)
+        for t in range(16):
+            q = np.int64(w[ob + 2 + t])
+            out[i, 32 * b + t] = np.float32((q & 15) - 8) * d
+            out[i, 32 * b + 16 + t] = np.float32((q >> 4) - 8) * d
+
+
+@njit(cache=True)
+def _deq_q4_1(w, o, nb, out, i):  # noqa: ANN001, ANN202
+    for b in range(nb):
+        ob = o + 20 * b
+        d = load_f16(w, ob)
+        m = load_f16(w, ob + 2)
+        for t in range(16):
+            q = np.int64(w[ob + 4 + t])
+            out[i, 32 * b + t] = np.float32(q & 15) * d + m
+            out[i, 32 * b + 16 + t] = np.float32(q >> 4) * d + m
+
+
+@njit(cache=True)
+def _deq_q5(w, o, nb, out, i, size, with_min):  # noqa: ANN001, ANN202
+    """Q5_0 (size 22, value (q - 16) * d) and Q5_1 (size 24, value q * d + m)."""
+    for b in range(nb):
+        ob = o + size * b
+        d = load_f16(w, ob)
+        m = load_f16(w, ob + 2) if with_min else np.float32(0.0)
+        qh = np.int64(load_u32(w, ob + 4 if with_min else ob + 2))
+        qs = ob + (8 if with_min else 6)
+        off = 0 if with_min else 16
+        for t in range(16):
+            q = np.int64(w[qs + t])
+            x0 = ((q & 15) | (((qh >> t) & 1) << 4)) - off
+            x1 = ((q >> 4) | (((qh >> (t + 16)) & 1) << 4)) - off
+            if with_min:
+                out[i, 32 * b + t] = np.float32(x0) * d + m
+                out[i, 32 * b + 16 + t] = np.float32(x1) * d + m
+            else:
+                out[i, 32 * b + t] = np.float32(x0) * d
+                out[i, 32 * b + 16 + t] = np.float32(x1) * d
+
+
+@njit(cache=True)
+def _deq_q8_0(w, o, nb, out, i):  # noqa: ANN001, ANN202
+    for b in range(nb):
+        ob = o + 34 * b
+        d = load_f16(w, ob)
+        for t in range(32):
+            out[i, 32 * b + t] = np.float32(_i8(np.int64(w[ob + 2 + t]))) * d
+
+
+@njit(cache=True)
+def _deq_q2_K(w, o, nb, out, i):  # noqa: ANN001, ANN202, N802
+    for b in range(nb):
+        ob = o + 84 * b
+        d = load_f16(w, ob + 80)
+        dmin = load_f16(w, ob + 82)
+        for k in range(2):
+            for f in range(4):
+                for h in range(2):
+                    sc = np.int64(w[ob + 8 * k + 2 * f + h])
+                    dl = d * np.float32(sc & 15)
+                    ml = dmin * np.float32(sc >> 4)
+                    for t in range(16):
+                        q = (np.int64(w[ob + 16 + 32 * k + 16 * h + t]) >> (2 * f)) & 3
+                        out[i, 256 * b + 128 * k + 32 * f + 16 * h + t] = dl * np.float32(q) - ml
+
+
+@njit(cache=True)
+def _deq_q3_K(w, o, nb, out, i):  # noqa: ANN001, ANN202, N802
+    for b in range(nb):
+        ob = o + 110 * b
+        d = load_f16(w, ob + 108)
+        for h in range(2):
+            for s in range(4):
+                for t in range(2):
+                    sub = 8 * h + 2 * s + t
+                    dl = d * np.float32(_q3_K_scale(w, ob + 96, sub))
+                    for u in range(16):
+                        lq = (np.int64(w[ob + 32 + 32 * h + 16 * t + u]) >> (2 * s)) & 3
+                        hb = (np.int64(w[ob + 16 * t + u]) >> (4 * h + s)) & 1
+                        out[i, 256 * b + 128 * h + 32 * s + 16 * t + u] = dl * np.float32(lq - (0 if hb else 4))
+
+
+@njit(cache=True)
+def _deq_q45_K(w, o, nb, out, i, five):  # noqa: ANN001, ANN202
+    """Q4_K (144-byte blocks) and Q5_K (176, with qh[32] before qs)."""
+    size = 176 if five else 144
+    for b in range(nb):
+        ob = o + size * b
+        d = load_f16(w, ob)
+        dmin = load_f16(w, ob + 2)
+        qs = ob + (48 if five else 16)
+        for k in range(4):
+            for h in range(2):
+                sc, mn = _scale_min_k4(w, ob + 4, 2 * k + h)
+                d1 = d * np.float32(sc)
+                m1 = dmin * np.float32(mn)
+                for t in range(32):
+                    q = (np.int64(w[qs + 32 * k + t]) >> (4 * h)) & 15
+                    if five:
+                        q += ((np.int64(w[ob + 16 + t]) >> (2 * k + h)) & 1) << 4
+                    out[i, 256 * b + 64 * k + 32 * h + t] = d1 * np.float32(q) - m1
+
+
+@njit(cache=True)
+def _deq_q6_K(w, o, nb, out, i):  # noqa: ANN001, ANN202, N802
+    for b in range(nb):
+        ob = o + 210 * b
+        d = load_f16(w, ob + 208)
+        for n in range(2):
+            for q in range(4):
+                for t in range(2):
+                    sub = 8 * n + 2 * q + t
+                    ds = d * np.float32(_i8(np.int64(w[ob + 192 + sub])))
+                    for u in range(16):
+                        lo = (np.int64(w[ob + 64 * n + 32 * (q & 1) + 16 * t + u]) >> (4 * (q >> 1))) & 15
+                        hi = (np.int64(w[ob + 128 + 32 * n + 16 * t + u]) >> (2 * q)) & 3
+                        out[i, 256 * b + 128 * n + 32 * q + 16 * t + u] = ds * np.float32((lo | (hi << 4)) - 32)
+
+
+@njit(cache=True)
+def _widen_half_row(kind, w, o, out, i):  # noqa: ANN001, ANN202
+    K = out.shape[1]
+    oo = i * K
+    k = 0
+    if kind == F16:
+        while k + 32 <= K:
+            widen_f16x32(w, o + 2 * k, out, oo + k)
+            k += 32
+        while k < K:
+            out[i, k] = load_f16(w, o + 2 * k)
+            k += 1
+    else:
+        while k + 32 <= K:
+            widen_bf16x32(w, o + 2 * k, out, oo + k)
+            k += 32
+        while k < K:
+            out[i, k] = load_bf16(w, o + 2 * k)
+            k += 1
+
+
+@njit(parallel=True, cache=True)
+def rows_to_f32(kind, w, w_off, r0, nb, out):  # noqa: ANN001, ANN201
+    """out[i] = weight row w_off[r0 + i] as float32, for i < out.shape[0]; `nb` = blocks per row."""
+    for i in prange(out.shape[0]):
+        o = w_off[r0 + i]
+        if kind == Q4_0:
+            _deq_q4_0(w, o, nb, out, i)
+        elif kind == Q4_1:
+            _deq_q4_1(w, o, nb, out, i)
+        elif kind == Q5_0:
+            _deq_q5(w, o, nb, out, i, 22, False)
+        elif kind == Q5_1:
+            _deq_q5(w, o, nb, out, i, 24, True)
+        elif kind == Q8_0:
+            _deq_q8_0(w, o, nb, out, i)
+        elif kind == Q2_K:
+            _deq_q2_K(w, o, nb, out, i)
+        elif kind == Q3_K:
+            _deq_q3_K(w, o, nb, out, i)
+        elif kind == Q4_K:
+            _deq_q45_K(w, o, nb, out, i, False)
+        elif kind == Q5_K:
+            _deq_q45_K(w, o, nb, out, i, True)
+        elif kind == Q6_K:
+            _deq_q6_K(w, o, nb, out, i)
+        else:
+            _widen_half_row(kind, w, o, out, i)
