@@ -8,27 +8,35 @@ src0 matrix serves consecutive src1 matrices). By src0's type:
 - F32: numpy matmul (BLAS) into dst, one call over all matrices.
 - F16, BF16: src1 is rounded to the weight type (ggml's vec_dot_type) and
   back to f32, so every product is the exact product of two f16 (bf16) values
-  as in ggml. With fewer than `HALF_BLAS_MIN_COLS` src1 columns (decoding),
-  a numba kernel reads the weights' halves directly, in parallel over rows.
-  From that many columns up, tiles of `TILE_BYTES` of weight rows are widened
-  to f32 (exact) and multiplied by BLAS. Either way the weights are never
-  converted whole; the results differ from ggml's only in float summation
-  order.
+  as in ggml; the results differ from ggml's only in float summation order.
+  With fewer than `HALF_BLAS_MIN_COLS` src1 columns (decoding), a numba
+  kernel reads the weights' halves directly, in parallel over rows: 0.5 ms
+  for a 4096x4096 F16 mat-vec, twice as fast as numpy's f32 mat-vec, where
+  widening the weights to f32 first (even vectorized, in cache-sized tiles)
+  and calling BLAS takes 2 ms, and numpy's own f16 cast alone 20 ms. From
+  that many columns up, tiles of `TILE_BYTES` of weight rows are widened to
+  f32 (exact) and multiplied by BLAS, so memory stays bounded.
 - Quantized (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K): src1 rows are
   quantized to the vec_dot_type (Q8_0, Q8_1 or Q8_K) exactly as ggml's
   reference quantize_row_q8_* (see quant_dot), then, with fewer than
   `BLAS_MIN_COLS` columns, numba kernels compute ggml's vec_dot on the raw
   blocks: exact integer block dot products scaled by the blocks' scales
-  (parallel over weight rows, `params.n_threads` threads). Q8_1 and Q8_K
-  have no vec_dot in ggml (they are only dot-product partners) and are not
-  accepted as src0, as in ggml's type_traits.
+  (parallel over weight rows, `params.n_threads` threads). The weights are
+  read in their compact form, never dequantized. Q8_1 and Q8_K have no
+  vec_dot in ggml (they are only dot-product partners) and are not accepted
+  as src0, as in ggml's type_traits.
   Documented deviation, for prompts: with `BLAS_MIN_COLS` or more columns,
   tiles of weight rows are dequantized to f32 (ggml's dequantize_row
-  arithmetic) and multiplied by BLAS with the dequantized q8 src1 values
-  (q * d). The operands are the same numbers ggml multiplies, but products
-  and sums are rounded in f32 instead of summed as integers per block: the
-  difference to the exact path is float rounding (relative ~1e-7, far
-  below MUL_MAT's 5e-4 NMSE threshold), at a fraction of the time.
+  arithmetic, bit for bit) and multiplied by BLAS with the dequantized q8
+  src1 values (q * d). The operands are the same numbers ggml multiplies,
+  but products and sums are rounded in f32 instead of summed as integers per
+  block: the difference to the exact path is float rounding (NMSE ~1e-13,
+  relative ~1e-7; MUL_MAT's threshold is 5e-4), at a fraction of the time
+  (512 columns: ~85 ms instead of ~0.4 s for 4096x4096).
+
+On the BLAS paths numba runs on one thread (see `_set_threads`): its
+conversions are ~1 ms per 4096x4096 matrix, and BLAS's spinning workers
+would otherwise fight a parallel numba region for the cores.
 
 src1 may be F32 (any strides: permuted and transposed views are copied to
 rows first) or already the vec_dot_type (F16 for F16 weights, Q8_0 for
@@ -71,10 +79,10 @@ MUL_MAT_TYPES: tuple[GGMLType, ...] = (
 QUANT_TYPES: tuple[GGMLType, ...] = MUL_MAT_TYPES[3:]
 OUT_PROD_SRC1_TYPES: tuple[GGMLType, ...] = (F32, F16, BF16)
 
-# src1 columns (per matrix) from which tiles of f32 weights go through BLAS (measured on 4096x4096,
-# see benchmarks/bench_matmul.py: below these the direct kernels win, above them BLAS does)
+# src1 columns (per matrix) from which tiles of f32 weights go through BLAS: the crossover measured on
+# 4096x4096 weights, 2 threads (python benchmarks/bench_matmul.py --sweep)
 BLAS_MIN_COLS = 16
-HALF_BLAS_MIN_COLS = 8
+HALF_BLAS_MIN_COLS = 12
 # bytes of one f32 tile of converted weight rows
 TILE_BYTES = 8 << 20
 
@@ -202,8 +210,18 @@ def _as_rows(a: np.ndarray, nrows: int) -> np.ndarray | None:
         return None
 
 
-def _set_threads(params: ComputeParams) -> int:
-    n = max(1, min(int(params.n_threads), numba.config.NUMBA_NUM_THREADS))
+def _set_threads(params: ComputeParams, blas: bool = False) -> int:
+    """Set numba's thread count for this compute: params.n_threads, or 1 on the BLAS paths.
+
+    On the BLAS paths numba's conversions run between BLAS calls, whose worker
+    threads keep spinning for a while after each call (OpenBLAS's thread
+    timeout); a parallel numba region then fights them for the cores, and its
+    own OpenMP workers would spin against the next BLAS call in turn. Measured
+    on 2 cores (benchmarks/bench_matmul.py), converting on one thread while the
+    other core idles in BLAS's spin makes the 512-column Q4_0 product ~1.7x
+    faster than converting on both.
+    """
+    n = 1 if blas else max(1, min(int(params.n_threads), numba.config.NUMBA_NUM_THREADS))
     if numba.get_num_threads() != n:
         numba.set_num_threads(n)
     return n
@@ -372,7 +390,7 @@ def _mul_mat_numba(wtype: GGMLType, xtype: GGMLType, K: int, dst: np.ndarray, sr
         qk = TYPE_TRAITS[vdt].blck_size
 
         def run_qb() -> None:
-            _set_threads(params)
+            _set_threads(params, blas=True)
             prepare_y()
             # the q8 values ggml multiplies: q * d
             np.multiply(yq.reshape(ny, -1, qk), yd[:, :, None], out=yf.reshape(ny, -1, qk))
@@ -406,7 +424,7 @@ def _mul_mat_numba(wtype: GGMLType, xtype: GGMLType, K: int, dst: np.ndarray, sr
     assert tile is not None
 
     def run_hb() -> None:
-        _set_threads(params)
+        _set_threads(params, blas=True)
         x = half_x()
         _tiled_blas(kind, w, w_off, nb, x, out, N, ne03 * ne02, M, r3, r2, ne12, tile)
 
@@ -479,7 +497,7 @@ def out_prod_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None]
     ne02 = src0.shape[1]
 
     def run_tiles() -> None:
-        _set_threads(params)
+        _set_threads(params, blas=True)
         get_x()
         for i3 in range(dst.shape[0]):
             for i2 in range(dst.shape[1]):

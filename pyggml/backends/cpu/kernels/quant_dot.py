@@ -24,7 +24,7 @@ BF16). This module does the same:
 Why intrinsics: numba leaves LLVM's SLP vectorizer off and its loop
 vectorizer does nothing useful on 16- or 32-element loops, so a block's dot
 product written as a Python loop runs scalar (about 5x slower). The few
-primitives below (`dot_nibbles`, `dot_bits16/32`, `dot_mask32`, `dot_i8x32`,
+primitives below (`dot_nibbles`, `dot_bits16/32`, `dot_mask32`, `dot_u8x32`,
 `dot_f16x32`, ...) are written in portable LLVM vector IR (no target
 intrinsics): a fixed-size load, unpack, exact integer multiply-add, and a
 reduction. Everything else is plain numba.
@@ -108,10 +108,15 @@ def _sum_f32_tree(builder, v, n: int):  # noqa: ANN001, ANN202
     return builder.extract_element(v, ir.Constant(_I32, 0))
 
 
-def _dot_i16(builder, a16, b16, n: int):  # noqa: ANN001, ANN202
-    """Exact integer dot of two <n x i16> vectors whose products fit in i16 (|a*b| <= 32640)."""
-    prod = builder.mul(a16, b16)
-    return _reduce_add_i32(builder, builder.sext(prod, ir.VectorType(_I32, n)), n)
+def _dot_u8_i8(builder, u, y, n: int):  # noqa: ANN001, ANN202
+    """Exact integer dot of an <n x i8> vector read unsigned (0..255) and one read signed.
+
+    Written as i32 products of zero- and sign-extended bytes, the form LLVM
+    turns into vpdpbusd / pmaddwd (multiply and add groups), not 32-bit multiplies.
+    """
+    v32 = ir.VectorType(_I32, n)
+    prod = builder.mul(builder.zext(u, v32), builder.sext(y, v32), flags=["nsw"])
+    return _reduce_add_i32(builder, prod, n)
 
 
 @intrinsic
@@ -188,9 +193,7 @@ def dot_nibbles(typingctx, w, i, y, j):  # noqa: ANN001, ANN201
         lo = builder.and_(q, ir.Constant(ir.VectorType(_I8, 16), [15] * 16))
         hi = builder.lshr(q, ir.Constant(ir.VectorType(_I8, 16), [4] * 16))
         both = builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(_I32, 32), list(range(32))))
-        v16 = ir.VectorType(_I16, 32)
-        yv = _load_vector(builder, py, _I8, 32)
-        return _dot_i16(builder, builder.zext(both, v16), builder.sext(yv, v16), 32)
+        return _dot_u8_i8(builder, both, _load_vector(builder, py, _I8, 32), 32)
 
     return sig, codegen
 
@@ -207,9 +210,7 @@ def _make_dot_bits(n: int):  # noqa: ANN202
             s = _splat(builder, builder.trunc(args[2], _I8), n)
             m = _splat(builder, builder.trunc(args[3], _I8), n)
             field = builder.and_(builder.lshr(q, s), m)
-            v16 = ir.VectorType(_I16, n)
-            yv = _load_vector(builder, py, _I8, n)
-            return _dot_i16(builder, builder.zext(field, v16), builder.sext(yv, v16), n)
+            return _dot_u8_i8(builder, field, _load_vector(builder, py, _I8, n), n)
 
         return sig, codegen
 
@@ -239,17 +240,19 @@ def dot_mask32(typingctx, bits, y, j):  # noqa: ANN001, ANN201
 
 
 @intrinsic
-def dot_i8x32(typingctx, w, i, y, j):  # noqa: ANN001, ANN201
-    """sum_t int8(w[i+t]) * y[j+t], t < 32: Q8_0 weights."""
+def dot_u8x32(typingctx, w, i, y, j):  # noqa: ANN001, ANN201
+    """sum_t (w[i+t] ^ 128) * y[j+t], t < 32: Q8_0 weights offset by 128 into 0..255.
+
+    sum(int8(w) * y) is this minus 128 * sum(y) (exact); unsigned-times-signed
+    bytes is the form the CPU's dot-product instructions take.
+    """
     sig = types.int32(w, types.intp, y, types.intp)
 
     def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
         pw = _address(context, builder, signature.args[0], args[0], args[1])
         py = _address(context, builder, signature.args[2], args[2], args[3])
-        v16 = ir.VectorType(_I16, 32)
-        a = builder.sext(_load_vector(builder, pw, _I8, 32), v16)
-        b = builder.sext(_load_vector(builder, py, _I8, 32), v16)
-        return _dot_i16(builder, a, b, 32)  # |a*b| <= 128*128 = 16384
+        u = builder.xor(_load_vector(builder, pw, _I8, 32), ir.Constant(ir.VectorType(_I8, 32), [128] * 32))
+        return _dot_u8_i8(builder, u, _load_vector(builder, py, _I8, 32), 32)
 
     return sig, codegen
 
@@ -307,6 +310,67 @@ widen_f16x32 = _make_widen_half(F16)
 widen_f16x32.__doc__ = "out[j+t] = f16(w at byte i+2t), t < 32."
 widen_bf16x32 = _make_widen_half(BF16)
 widen_bf16x32.__doc__ = "out[j+t] = bf16(w at byte i+2t), t < 32."
+
+
+def _store_scaled(builder, context, signature, args, v, n: int, d, bias, out_arg: int):  # noqa: ANN001, ANN202
+    """out[j+t] = float(v[t]) * d + bias (an fmul then an fadd, as ggml's dequantize_row code)."""
+    vf = ir.VectorType(_F32, n)
+    f = builder.fadd(builder.fmul(builder.sitofp(v, vf), _splat(builder, d, n)), _splat(builder, bias, n))
+    po = _address(context, builder, signature.args[out_arg], args[out_arg], args[out_arg + 1])
+    builder.store(f, builder.bitcast(po, vf.as_pointer()), align=1)
+    return context.get_dummy_value()
+
+
+def _make_deq_fields(n: int):  # noqa: ANN202
+    @intrinsic
+    def deq_fields(typingctx, w, i1, s1, m1, i2, s2, m2, mul2, off, d, bias, out, j):  # noqa: ANN001, ANN202
+        ip = types.intp
+        sig = types.void(w, ip, ip, ip, ip, ip, ip, ip, ip, types.float32, types.float32, out, ip)
+
+        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+            v32 = ir.VectorType(_I32, n)
+
+            def field(pos: int) -> ir.Value:
+                p = _address(context, builder, signature.args[0], args[0], args[pos])
+                q = builder.zext(_load_vector(builder, p, _I8, n), v32)
+                sh = _splat(builder, builder.trunc(args[pos + 1], _I32), n)
+                return builder.and_(builder.lshr(q, sh), _splat(builder, builder.trunc(args[pos + 2], _I32), n))
+
+            v = builder.add(field(1), builder.mul(field(4), _splat(builder, builder.trunc(args[7], _I32), n)))
+            v = builder.add(v, _splat(builder, builder.trunc(args[8], _I32), n))
+            return _store_scaled(builder, context, signature, args, v, n, args[9], args[10], 11)
+
+        return sig, codegen
+
+    return deq_fields
+
+
+deq_fields16 = _make_deq_fields(16)
+_DEQ_DOC = "out[j+t] = float(((w[i1+t] >> s1) & m1) + ((w[i2+t] >> s2) & m2) * mul2 + off) * d + bias, t < {}."
+deq_fields16.__doc__ = _DEQ_DOC.format(16)
+deq_fields32 = _make_deq_fields(32)
+deq_fields32.__doc__ = _DEQ_DOC.format(32)
+
+
+@intrinsic
+def deq_q5(typingctx, w, i, bits, off, d, bias, out, j):  # noqa: ANN001, ANN201
+    """A Q5_0/Q5_1 block: out[j+e] = float(nibble_e | ((bits >> e) & 1) << 4) + off) * d + bias, e < 32."""
+    ip = types.intp
+    sig = types.void(w, ip, types.uint32, ip, types.float32, types.float32, out, ip)
+
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        v32 = ir.VectorType(_I32, 32)
+        pw = _address(context, builder, signature.args[0], args[0], args[1])
+        q = _load_vector(builder, pw, _I8, 16)
+        lo = builder.and_(q, ir.Constant(ir.VectorType(_I8, 16), [15] * 16))
+        hi = builder.lshr(q, ir.Constant(ir.VectorType(_I8, 16), [4] * 16))
+        nib = builder.zext(builder.shuffle_vector(lo, hi, ir.Constant(v32, list(range(32)))), v32)
+        hb = builder.lshr(_splat(builder, args[2], 32), ir.Constant(v32, list(range(32))))
+        hb = builder.shl(builder.and_(hb, ir.Constant(v32, [1] * 32)), ir.Constant(v32, [4] * 32))
+        v = builder.add(builder.or_(nib, hb), _splat(builder, builder.trunc(args[3], _I32), 32))
+        return _store_scaled(builder, context, signature, args, v, 32, args[4], args[5], 6)
+
+    return sig, codegen
 
 
 # --- src1 -> vec_dot_type (ggml's reference quantize_row_q8_0 / q8_1 / q8_K) ---
@@ -488,12 +552,12 @@ def _dot_q5_1(w, o, nb, yq, yd, ys, r):  # noqa: ANN001, ANN202
 
 
 @njit(cache=True)
-def _dot_q8_0(w, o, nb, yq, yd, r):  # noqa: ANN001, ANN202
+def _dot_q8_0(w, o, nb, yq, yd, yb, r):  # noqa: ANN001, ANN202
     sumf = np.float32(0.0)
     yo = r * yq.shape[1]
     for b in range(nb):
         ob = o + 34 * b
-        sumi = dot_i8x32(w, ob + 2, yq, yo + 32 * b)
+        sumi = dot_u8x32(w, ob + 2, yq, yo + 32 * b) - 128 * (yb[r, 2 * b] + yb[r, 2 * b + 1])
         sumf += np.float32(sumi) * (load_f16(w, ob) * yd[r, b])
     return sumf
 
@@ -668,7 +732,7 @@ def _row_dot(kind, w, o, nb, xf, yq, yd, ys, yb, r):  # noqa: ANN001, ANN202
     if kind == Q5_1:
         return _dot_q5_1(w, o, nb, yq, yd, ys, r)
     if kind == Q8_0:
-        return _dot_q8_0(w, o, nb, yq, yd, r)
+        return _dot_q8_0(w, o, nb, yq, yd, yb, r)
     if kind == Q2_K:
         return _dot_q2_K(w, o, nb, yq, yd, yb, r)
     if kind == Q3_K:
@@ -710,60 +774,52 @@ def mul_mat_rows(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, ch
 
 @njit(cache=True)
 def _deq_q4_0(w, o, nb, out, i):  # noqa: ANN001, ANN202
+    oo = i * out.shape[1]
+    zero = np.float32(0.0)
     for b in range(nb):
         ob = o + 18 * b
         d = load_f16(w, ob)
-        for t in range(16):
-            q = np.int64(w[ob + 2 + t])
-            out[i, 32 * b + t] = np.float32((q & 15) - 8) * d
-            out[i, 32 * b + 16 + t] = np.float32((q >> 4) - 8) * d
+        deq_fields16(w, ob + 2, 0, 15, ob, 0, 0, 0, -8, d, zero, out, oo + 32 * b)
+        deq_fields16(w, ob + 2, 4, 15, ob, 0, 0, 0, -8, d, zero, out, oo + 32 * b + 16)
 
 
 @njit(cache=True)
 def _deq_q4_1(w, o, nb, out, i):  # noqa: ANN001, ANN202
+    oo = i * out.shape[1]
     for b in range(nb):
         ob = o + 20 * b
         d = load_f16(w, ob)
         m = load_f16(w, ob + 2)
-        for t in range(16):
-            q = np.int64(w[ob + 4 + t])
-            out[i, 32 * b + t] = np.float32(q & 15) * d + m
-            out[i, 32 * b + 16 + t] = np.float32(q >> 4) * d + m
+        deq_fields16(w, ob + 4, 0, 15, ob, 0, 0, 0, 0, d, m, out, oo + 32 * b)
+        deq_fields16(w, ob + 4, 4, 15, ob, 0, 0, 0, 0, d, m, out, oo + 32 * b + 16)
 
 
 @njit(cache=True)
-def _deq_q5(w, o, nb, out, i, size, with_min):  # noqa: ANN001, ANN202
-    """Q5_0 (size 22, value (q - 16) * d) and Q5_1 (size 24, value q * d + m)."""
+def _deq_q5(w, o, nb, out, i, with_min):  # noqa: ANN001, ANN202
+    """Q5_0 (22-byte blocks, value (q - 16) * d) and Q5_1 (24, value q * d + m)."""
+    oo = i * out.shape[1]
     for b in range(nb):
-        ob = o + size * b
-        d = load_f16(w, ob)
-        m = load_f16(w, ob + 2) if with_min else np.float32(0.0)
-        qh = np.int64(load_u32(w, ob + 4 if with_min else ob + 2))
-        qs = ob + (8 if with_min else 6)
-        off = 0 if with_min else 16
-        for t in range(16):
-            q = np.int64(w[qs + t])
-            x0 = ((q & 15) | (((qh >> t) & 1) << 4)) - off
-            x1 = ((q >> 4) | (((qh >> (t + 16)) & 1) << 4)) - off
-            if with_min:
-                out[i, 32 * b + t] = np.float32(x0) * d + m
-                out[i, 32 * b + 16 + t] = np.float32(x1) * d + m
-            else:
-                out[i, 32 * b + t] = np.float32(x0) * d
-                out[i, 32 * b + 16 + t] = np.float32(x1) * d
+        if with_min:
+            ob = o + 24 * b
+            deq_q5(w, ob + 8, load_u32(w, ob + 4), 0, load_f16(w, ob), load_f16(w, ob + 2), out, oo + 32 * b)
+        else:
+            ob = o + 22 * b
+            deq_q5(w, ob + 6, load_u32(w, ob + 2), -16, load_f16(w, ob), np.float32(0.0), out, oo + 32 * b)
 
 
 @njit(cache=True)
 def _deq_q8_0(w, o, nb, out, i):  # noqa: ANN001, ANN202
+    # int8 = byte - 256 * (byte >> 7)
+    oo = i * out.shape[1]
+    zero = np.float32(0.0)
     for b in range(nb):
         ob = o + 34 * b
-        d = load_f16(w, ob)
-        for t in range(32):
-            out[i, 32 * b + t] = np.float32(_i8(np.int64(w[ob + 2 + t]))) * d
+        deq_fields32(w, ob + 2, 0, 255, ob + 2, 7, 1, -256, 0, load_f16(w, ob), zero, out, oo + 32 * b)
 
 
 @njit(cache=True)
 def _deq_q2_K(w, o, nb, out, i):  # noqa: ANN001, ANN202, N802
+    oo = i * out.shape[1]
     for b in range(nb):
         ob = o + 84 * b
         d = load_f16(w, ob + 80)
@@ -774,31 +830,31 @@ def _deq_q2_K(w, o, nb, out, i):  # noqa: ANN001, ANN202, N802
                     sc = np.int64(w[ob + 8 * k + 2 * f + h])
                     dl = d * np.float32(sc & 15)
                     ml = dmin * np.float32(sc >> 4)
-                    for t in range(16):
-                        q = (np.int64(w[ob + 16 + 32 * k + 16 * h + t]) >> (2 * f)) & 3
-                        out[i, 256 * b + 128 * k + 32 * f + 16 * h + t] = dl * np.float32(q) - ml
+                    deq_fields16(w, ob + 16 + 32 * k + 16 * h, 2 * f, 3, ob, 0, 0, 0, 0, dl, -ml,
+                                 out, oo + 256 * b + 128 * k + 32 * f + 16 * h)
 
 
 @njit(cache=True)
 def _deq_q3_K(w, o, nb, out, i):  # noqa: ANN001, ANN202, N802
+    # value = low2 - (high bit ? 0 : 4) = low2 + 4 * high bit - 4
+    oo = i * out.shape[1]
+    zero = np.float32(0.0)
     for b in range(nb):
         ob = o + 110 * b
         d = load_f16(w, ob + 108)
         for h in range(2):
             for s in range(4):
                 for t in range(2):
-                    sub = 8 * h + 2 * s + t
-                    dl = d * np.float32(_q3_K_scale(w, ob + 96, sub))
-                    for u in range(16):
-                        lq = (np.int64(w[ob + 32 + 32 * h + 16 * t + u]) >> (2 * s)) & 3
-                        hb = (np.int64(w[ob + 16 * t + u]) >> (4 * h + s)) & 1
-                        out[i, 256 * b + 128 * h + 32 * s + 16 * t + u] = dl * np.float32(lq - (0 if hb else 4))
+                    dl = d * np.float32(_q3_K_scale(w, ob + 96, 8 * h + 2 * s + t))
+                    deq_fields16(w, ob + 32 + 32 * h + 16 * t, 2 * s, 3, ob + 16 * t, 4 * h + s, 1, 4, -4, dl, zero,
+                                 out, oo + 256 * b + 128 * h + 32 * s + 16 * t)
 
 
 @njit(cache=True)
 def _deq_q45_K(w, o, nb, out, i, five):  # noqa: ANN001, ANN202
-    """Q4_K (144-byte blocks) and Q5_K (176, with qh[32] before qs)."""
+    """Q4_K (144-byte blocks) and Q5_K (176, with qh[32] before qs: fifth bit of 64k+32h+l is bit 2k+h of qh[l])."""
     size = 176 if five else 144
+    oo = i * out.shape[1]
     for b in range(nb):
         ob = o + size * b
         d = load_f16(w, ob)
@@ -809,15 +865,14 @@ def _deq_q45_K(w, o, nb, out, i, five):  # noqa: ANN001, ANN202
                 sc, mn = _scale_min_k4(w, ob + 4, 2 * k + h)
                 d1 = d * np.float32(sc)
                 m1 = dmin * np.float32(mn)
-                for t in range(32):
-                    q = (np.int64(w[qs + 32 * k + t]) >> (4 * h)) & 15
-                    if five:
-                        q += ((np.int64(w[ob + 16 + t]) >> (2 * k + h)) & 1) << 4
-                    out[i, 256 * b + 64 * k + 32 * h + t] = d1 * np.float32(q) - m1
+                deq_fields32(w, qs + 32 * k, 4 * h, 15, ob + 16, 2 * k + h, 1, 16 if five else 0, 0, d1, -m1,
+                             out, oo + 256 * b + 64 * k + 32 * h)
 
 
 @njit(cache=True)
 def _deq_q6_K(w, o, nb, out, i):  # noqa: ANN001, ANN202, N802
+    oo = i * out.shape[1]
+    zero = np.float32(0.0)
     for b in range(nb):
         ob = o + 210 * b
         d = load_f16(w, ob + 208)
@@ -826,10 +881,9 @@ def _deq_q6_K(w, o, nb, out, i):  # noqa: ANN001, ANN202, N802
                 for t in range(2):
                     sub = 8 * n + 2 * q + t
                     ds = d * np.float32(_i8(np.int64(w[ob + 192 + sub])))
-                    for u in range(16):
-                        lo = (np.int64(w[ob + 64 * n + 32 * (q & 1) + 16 * t + u]) >> (4 * (q >> 1))) & 15
-                        hi = (np.int64(w[ob + 128 + 32 * n + 16 * t + u]) >> (2 * q)) & 3
-                        out[i, 256 * b + 128 * n + 32 * q + 16 * t + u] = ds * np.float32((lo | (hi << 4)) - 32)
+                    deq_fields16(w, ob + 64 * n + 32 * (q & 1) + 16 * t, 4 * (q >> 1), 15,
+                                 ob + 128 + 32 * n + 16 * t, 2 * q, 3, 16, -32, ds, zero,
+                                 out, oo + 256 * b + 128 * n + 32 * q + 16 * t)
 
 
 @njit(cache=True)
@@ -863,9 +917,9 @@ def rows_to_f32(kind, w, w_off, r0, nb, out):  # noqa: ANN001, ANN201
         elif kind == Q4_1:
             _deq_q4_1(w, o, nb, out, i)
         elif kind == Q5_0:
-            _deq_q5(w, o, nb, out, i, 22, False)
+            _deq_q5(w, o, nb, out, i, False)
         elif kind == Q5_1:
-            _deq_q5(w, o, nb, out, i, 24, True)
+            _deq_q5(w, o, nb, out, i, True)
         elif kind == Q8_0:
             _deq_q8_0(w, o, nb, out, i)
         elif kind == Q2_K:

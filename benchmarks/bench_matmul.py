@@ -1,0 +1,188 @@
+"""MUL_MAT on the CPU kernels against numpy, measured in the same run (2 threads for both).
+
+(b) F32 4096x4096 weights times 1, 8 and 512 columns: the MUL_MAT kernel
+    against numpy `x @ W.T` into a preallocated out (GFLOP/s).
+(c) Q8_0 and Q4_0 mat-vec (4096x4096, one column) against numpy mat-vec on
+    the dequantized f32 weights: time and GB/s of weight bytes read (the
+    quantized kernel reads 3.8x / 7.1x fewer bytes).
+Also shown: the other weight types' mat-vec, 512 columns through the
+dequantized-tile BLAS path, and (--sweep) the direct kernels against the
+BLAS path by column count, which sets BLAS_MIN_COLS / HALF_BLAS_MIN_COLS.
+
+Each kernel is prepared once and computed many times, as a graph plan does;
+times are medians of `--repeats` runs, ours and the peer's alternating.
+
+    python benchmarks/bench_matmul.py [--repeats 15] [--threads 2] [--sweep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import gguf
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+from pyggml.backends.cpu.kernels import KERNELS, ComputeParams, matmul
+from pyggml.core import memory
+from pyggml.core.context import Context
+from pyggml.core.tensor import Tensor
+from pyggml.core.types import TYPE_TRAITS, GGMLType
+
+M = K = 4096
+
+
+def medians(fns: list[Callable[[], None]], repeats: int, rounds: int = 3) -> list[float]:
+    """Median seconds of each function over `repeats` calls.
+
+    The calls come in `rounds` blocks per function, the functions taking turns
+    (so changes of machine load hit all alike), each block after a pause: BLAS
+    and OpenMP worker threads spin for a while after a call, and the next block
+    must not pay for the previous function's spinning threads.
+    """
+    for fn in fns:
+        fn()  # warm up (numba compiles or loads its cache here)
+    times: list[list[float]] = [[] for _ in fns]
+    per_round = max(1, repeats // rounds)
+    for _ in range(rounds):
+        for fn, ts in zip(fns, times, strict=True):
+            time.sleep(0.3)
+            for _ in range(per_round):
+                t0 = time.perf_counter()
+                fn()
+                ts.append(time.perf_counter() - t0)
+    return [statistics.median(ts) for ts in times]
+
+
+def weights(wtype: GGMLType, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """(stored weights, their f32 values) for a 4096x4096 matrix of `wtype`."""
+    w = rng.standard_normal((M, K), dtype=np.float32)
+    if wtype == GGMLType.F32:
+        return w, w
+    if wtype == GGMLType.F16:
+        h = w.astype(np.float16)
+        return h, h.astype(np.float32)
+    if wtype == GGMLType.BF16:
+        bits = (w.view(np.uint32) >> 16).astype(np.uint16)
+        return bits, (bits.astype(np.uint32) << 16).view(np.float32)
+    qt = gguf.GGMLQuantizationType(int(wtype))
+    try:
+        raw = gguf.quants.quantize(w, qt)
+    except NotImplementedError:  # gguf cannot make K-quants: random blocks with sane f16 scales
+        bs, ts = TYPE_TRAITS[wtype].blck_size, TYPE_TRAITS[wtype].type_size
+        raw = rng.integers(0, 256, (M, K // bs, ts), dtype=np.uint8)
+        fields = {GGMLType.Q2_K: (80, 82), GGMLType.Q3_K: (108,), GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2),
+                  GGMLType.Q6_K: (208,)}[wtype]
+        for off in fields:
+            d = rng.uniform(0.001, 0.01, raw.shape[:2]).astype(np.float16)
+            raw[:, :, off:off + 2] = d.view(np.uint8).reshape(raw.shape[:2] + (2,))
+        raw = raw.reshape(M, -1)
+    return raw, gguf.quants.dequantize(raw, qt)
+
+
+class Case:
+    """One MUL_MAT node (weights x N columns) prepared through the kernel, plus its numpy peer."""
+
+    def __init__(self, wtype: GGMLType, n: int, rng: np.random.Generator, n_threads: int) -> None:
+        stored, self.wf = weights(wtype, rng)
+        self.wtype, self.n = wtype, n
+        self.ctx = Context(mem_size=stored.nbytes + 4 * K * n + 4 * M * n + (1 << 20), no_alloc=False)
+        w = self.ctx.new_tensor_2d(wtype, K, M)
+        w.numpy()[0, 0] = stored
+        x = self.ctx.new_tensor_2d(GGMLType.F32, K, n)
+        self.x = rng.standard_normal((n, K), dtype=np.float32)
+        x.numpy()[0, 0] = self.x
+        self.node: Tensor = self.ctx.mul_mat(w, x)
+        srcs = [memory.tensor_view(s) if s is not None else None for s in self.node.src]
+        self.compute = KERNELS[self.node.op](self.node, memory.tensor_view(self.node), srcs,
+                                            ComputeParams(n_threads=n_threads))
+        self.weight_bytes = stored.nbytes
+        self.out = np.empty((n, M), np.float32)
+        self.wt = self.wf.T
+
+    def peer(self) -> None:
+        np.matmul(self.x, self.wt, out=self.out)
+
+    def check(self) -> float:
+        """NMSE of the kernel's result against the peer's (f32 weights, unrounded src1)."""
+        self.compute()
+        self.peer()
+        got = self.node.numpy()[0, 0]
+        return float(np.sum((got - self.out) ** 2) / np.sum(self.out ** 2))
+
+    def close(self) -> None:
+        self.ctx.free()
+
+
+def gflops(n: int, t: float) -> float:
+    return 2.0 * M * K * n / t / 1e9
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--sweep", action="store_true", help="direct kernels vs BLAS path by column count")
+    args = parser.parse_args()
+    rng = np.random.default_rng(0)
+    nt = args.threads
+
+    with threadpool_limits(limits=nt, user_api="blas"):
+        print(f"MUL_MAT, {M}x{K} weights, {nt} threads, median of {args.repeats} runs; peer: numpy (OpenBLAS)")
+        print()
+        print("(b) F32 weights: kernel vs numpy x @ W.T into a preallocated out")
+        print(f"  {'columns':>8} {'kernel ms':>10} {'GFLOP/s':>9} {'numpy ms':>10} {'GFLOP/s':>9} {'ratio':>7}")
+        for n in (1, 8, 512):
+            case = Case(GGMLType.F32, n, rng, nt)
+            ours, peer = medians([case.compute, case.peer], args.repeats)
+            print(f"  {n:>8} {ours * 1e3:10.3f} {gflops(n, ours):9.1f} {peer * 1e3:10.3f} {gflops(n, peer):9.1f}"
+                  f" {peer / ours:6.2f}x")
+            case.close()
+        print("  (ratio = numpy time / kernel time; > 1 means the kernel is faster)")
+        print()
+
+        print("(c) mat-vec (1 column): kernel on the stored weights vs numpy on dequantized f32 weights")
+        print(f"  {'type':>6} {'kernel ms':>10} {'GB/s':>7} {'numpy ms':>10} {'GB/s':>7} {'ratio':>7} {'NMSE':>9}")
+        for wtype in (GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_1, GGMLType.Q5_0,
+                      GGMLType.Q5_1, GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K):
+            case = Case(wtype, 1, rng, nt)
+            err = case.check()
+            ours, peer = medians([case.compute, case.peer], args.repeats)
+            print(f"  {wtype.name:>6} {ours * 1e3:10.3f} {case.weight_bytes / ours / 1e9:7.1f} {peer * 1e3:10.3f}"
+                  f" {M * K * 4 / peer / 1e9:7.1f} {peer / ours:6.2f}x {err:9.1e}")
+            case.close()
+        print("  (GB/s of weight bytes read; NMSE vs the f32 product, i.e. the src1 rounding ggml does)")
+        print()
+
+        print("512 columns (prompt): dequantized tiles + BLAS vs numpy GEMM on f32 weights")
+        print(f"  {'type':>6} {'kernel ms':>10} {'GFLOP/s':>9} {'numpy ms':>10} {'GFLOP/s':>9} {'ratio':>7}")
+        for wtype in (GGMLType.F16, GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_K, GGMLType.Q6_K):
+            case = Case(wtype, 512, rng, nt)
+            ours, peer = medians([case.compute, case.peer], max(3, args.repeats // 3))
+            print(f"  {wtype.name:>6} {ours * 1e3:10.3f} {gflops(512, ours):9.1f} {peer * 1e3:10.3f}"
+                  f" {gflops(512, peer):9.1f} {peer / ours:6.2f}x")
+            case.close()
+
+        if args.sweep:
+            print()
+            print("direct kernels vs dequantized tiles + BLAS, by columns (ms; thresholds: "
+                  f"BLAS_MIN_COLS={matmul.BLAS_MIN_COLS}, HALF_BLAS_MIN_COLS={matmul.HALF_BLAS_MIN_COLS})")
+            saved = (matmul.BLAS_MIN_COLS, matmul.HALF_BLAS_MIN_COLS)
+            print(f"  {'type':>6} {'columns':>8} {'direct':>9} {'BLAS':>9}")
+            for wtype in (GGMLType.F16, GGMLType.Q4_0, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q6_K):
+                for n in (2, 4, 8, 16, 32):
+                    row = []
+                    for min_cols in (10**9, 1):
+                        matmul.BLAS_MIN_COLS = matmul.HALF_BLAS_MIN_COLS = min_cols
+                        case = Case(wtype, n, rng, nt)
+                        row.append(medians([case.compute], max(3, args.repeats // 3))[0])
+                        case.close()
+                    print(f"  {wtype.name:>6} {n:>8} {row[0] * 1e3:9.3f} {row[1] * 1e3:9.3f}")
+            matmul.BLAS_MIN_COLS, matmul.HALF_BLAS_MIN_COLS = saved
+
+
+if __name__ == "__main__":
+    main()
