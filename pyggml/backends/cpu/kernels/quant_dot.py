@@ -24,7 +24,7 @@ BF16). This module does the same:
 Why intrinsics: numba leaves LLVM's SLP vectorizer off and its loop
 vectorizer does nothing useful on 16- or 32-element loops, so a block's dot
 product written as a Python loop runs scalar (about 5x slower). The few
-primitives below (`dot_nibbles`, `dot_bits16/32`, `dot_mask32`, `dot_u8x32`,
+primitives below (`dot_nibbles`, `dot_bits16/32`, `dot_fields16/32`, `dot_mask32`, `dot_u8x32`,
 `dot_f16x32`, ...) are written in portable LLVM vector IR (no target
 intrinsics): a fixed-size load, unpack, exact integer multiply-add, and a
 reduction. Everything else is plain numba.
@@ -221,6 +221,36 @@ dot_bits16 = _make_dot_bits(16)
 dot_bits16.__doc__ = "sum_t ((w[i+t] >> shift) & mask) * y[j+t], t < 16 (exact int32)."
 dot_bits32 = _make_dot_bits(32)
 dot_bits32.__doc__ = "sum_t ((w[i+t] >> shift) & mask) * y[j+t], t < 32 (exact int32)."
+
+
+def _make_dot_fields(n: int):  # noqa: ANN202
+    @intrinsic
+    def dot_fields(typingctx, w, i1, s1, m1, i2, s2, m2, mul2, y, j):  # noqa: ANN001, ANN202
+        ip = types.intp
+        sig = types.int32(w, ip, ip, ip, ip, ip, ip, ip, y, ip)
+
+        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+            def field(pos: int) -> ir.Value:
+                p = _address(context, builder, signature.args[0], args[0], args[pos])
+                q = _load_vector(builder, p, _I8, n)
+                s = _splat(builder, builder.trunc(args[pos + 1], _I8), n)
+                return builder.and_(builder.lshr(q, s), _splat(builder, builder.trunc(args[pos + 2], _I8), n))
+
+            # the combined value fits a byte (at most 63 in the K-quants), read unsigned
+            v = builder.add(field(1), builder.mul(field(4), _splat(builder, builder.trunc(args[7], _I8), n)))
+            py = _address(context, builder, signature.args[8], args[8], args[9])
+            return _dot_u8_i8(builder, v, _load_vector(builder, py, _I8, n), n)
+
+        return sig, codegen
+
+    return dot_fields
+
+
+_DOT_FIELDS_DOC = "sum_t (((w[i1+t] >> s1) & m1) + ((w[i2+t] >> s2) & m2) * mul2) * y[j+t], t < {} (value < 256)."
+dot_fields16 = _make_dot_fields(16)
+dot_fields16.__doc__ = _DOT_FIELDS_DOC.format(16)
+dot_fields32 = _make_dot_fields(32)
+dot_fields32.__doc__ = _DOT_FIELDS_DOC.format(32)
 
 
 @intrinsic
@@ -588,11 +618,8 @@ def _dot_q2_K(w, o, nb, yq, yd, yb, r):  # noqa: ANN001, ANN202, N802
 @njit(cache=True)
 def _q3_K_scale(w, os, sub):  # noqa: ANN001, ANN202, N802
     """The 6-bit scale `sub` (0..15) of a Q3_K block whose scales start at byte os, minus 32."""
-    if sub < 8:
-        low = np.int64(w[os + sub]) & 15
-    else:
-        low = np.int64(w[os + sub - 8]) >> 4
-    high = (np.int64(w[os + 8 + sub % 4]) >> (2 * (sub // 4))) & 3
+    low = (np.int64(w[os + (sub & 7)]) >> (4 * (sub >> 3))) & 15  # sub < 8: low nibble of byte sub, else high
+    high = (np.int64(w[os + 8 + (sub & 3)]) >> (2 * (sub >> 2))) & 3
     return (low | (high << 4)) - 32
 
 
@@ -610,8 +637,8 @@ def _dot_q3_K(w, o, nb, yq, yd, yb, r):  # noqa: ANN001, ANN202, N802
                 for t in range(2):
                     sub = 8 * h + 2 * s + t
                     j = j0 + 128 * h + 32 * s + 16 * t
-                    v = (dot_bits16(w, ob + 32 + 32 * h + 16 * t, 2 * s, 3, yq, j)
-                         + 4 * dot_bits16(w, ob + 16 * t, 4 * h + s, 1, yq, j) - 4 * yb[r, 16 * b + sub])
+                    v = (dot_fields16(w, ob + 32 + 32 * h + 16 * t, 2 * s, 3, ob + 16 * t, 4 * h + s, 1, 4, yq, j)
+                         - 4 * yb[r, 16 * b + sub])
                     isum += _q3_K_scale(w, ob + 96, sub) * v
         sumf += (load_f16(w, ob + 108) * yd[r, b]) * np.float32(isum)
     return sumf
@@ -664,10 +691,8 @@ def _dot_q5_K(w, o, nb, yq, yd, yb, r):  # noqa: ANN001, ANN202, N802
             sc0, m0 = _scale_min_k4(w, ob + 4, 2 * k)
             sc1, m1 = _scale_min_k4(w, ob + 4, 2 * k + 1)
             j = j0 + 64 * k
-            isum += sc0 * (dot_bits32(w, ob + 48 + 32 * k, 0, 15, yq, j)
-                           + 16 * dot_bits32(w, ob + 16, 2 * k, 1, yq, j))
-            isum += sc1 * (dot_bits32(w, ob + 48 + 32 * k, 4, 15, yq, j + 32)
-                           + 16 * dot_bits32(w, ob + 16, 2 * k + 1, 1, yq, j + 32))
+            isum += sc0 * dot_fields32(w, ob + 48 + 32 * k, 0, 15, ob + 16, 2 * k, 1, 16, yq, j)
+            isum += sc1 * dot_fields32(w, ob + 48 + 32 * k, 4, 15, ob + 16, 2 * k + 1, 1, 16, yq, j + 32)
             g = 16 * b + 4 * k
             summs += m0 * (yb[r, g] + yb[r, g + 1]) + m1 * (yb[r, g + 2] + yb[r, g + 3])
         d = load_f16(w, ob) * yd[r, b]
@@ -690,8 +715,8 @@ def _dot_q6_K(w, o, nb, yq, yd, yb, r):  # noqa: ANN001, ANN202, N802
                 for t in range(2):
                     sub = 8 * n + 2 * q + t
                     j = j0 + 128 * n + 32 * q + 16 * t
-                    v = (dot_bits16(w, ob + 64 * n + 32 * (q & 1) + 16 * t, 4 * (q >> 1), 15, yq, j)
-                         + 16 * dot_bits16(w, ob + 128 + 32 * n + 16 * t, 2 * q, 3, yq, j) - 32 * yb[r, 16 * b + sub])
+                    v = (dot_fields16(w, ob + 64 * n + 32 * (q & 1) + 16 * t, 4 * (q >> 1), 15,
+                                      ob + 128 + 32 * n + 16 * t, 2 * q, 3, 16, yq, j) - 32 * yb[r, 16 * b + sub])
                     isum += _i8(np.int64(w[ob + 192 + sub])) * v
         sumf += (load_f16(w, ob + 208) * yd[r, b]) * np.float32(isum)
     return sumf
