@@ -363,14 +363,15 @@ def test_out_prod(wtype: GGMLType, layout: str, rng: np.random.Generator, monkey
     assert_matches(run(node), out_prod_reference(wvals, x))
 
 
+@pytest.mark.parametrize("wtype", [F32, F16, Q.Q4_0])
 @pytest.mark.parametrize("xtype", [F16, BF16])
-def test_out_prod_half_src1(xtype: GGMLType, rng: np.random.Generator) -> None:
+def test_out_prod_half_src1(wtype: GGMLType, xtype: GGMLType, rng: np.random.Generator) -> None:
     ctx = new_ctx(16)
-    w = rng.standard_normal((1, 1, 6, 32)).astype(np.float32)
-    x = rng.standard_normal((1, 1, 6, 5)).astype(np.float32)
+    stored, wvals = random_weights(wtype, (1, 2, 6, 64), rng)
+    x = rng.standard_normal((1, 2, 6, 5)).astype(np.float32)
     b = tensor(ctx, xtype, x)
     xs = x.astype(np.float16).astype(np.float32) if xtype == F16 else bf16_values(bf16_bits(x))
-    assert_matches(run(ctx.out_prod(tensor(ctx, F32, w), b)), out_prod_reference(w, xs))
+    assert_matches(run(ctx.out_prod(weight_tensor(ctx, wtype, stored), b)), out_prod_reference(wvals, xs))
 
 
 # --- what is (not) supported ---

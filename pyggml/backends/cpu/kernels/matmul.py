@@ -64,7 +64,7 @@ from numpy.lib.stride_tricks import as_strided
 from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
 from pyggml.backends.cpu.kernels import quant_dot as qd
 from pyggml.backends.cpu.kernels._common import noop
-from pyggml.core.errors import ShapeError, UnsupportedTypeError
+from pyggml.core.errors import GGMLError, ShapeError, UnsupportedTypeError
 from pyggml.core.tensor import GGMLOp, Tensor
 from pyggml.core.types import TYPE_TRAITS, GGMLType
 
@@ -92,46 +92,50 @@ _ALIGN = 64
 # --- what the kernels accept ---
 
 
-def _mul_mat_problem(node: Tensor) -> str | None:
-    """Why the CPU cannot compute this MUL_MAT node, or None if it can."""
+Problem = tuple[type[GGMLError], str] | None
+
+
+def _mul_mat_problem(node: Tensor) -> Problem:
+    """Why the CPU cannot compute this MUL_MAT node (error class and reason), or None if it can."""
     a, b = node.src[0], node.src[1]
     if a is None or b is None:
-        return "needs two sources"
+        return ShapeError, "needs two sources"
     if a.type not in MUL_MAT_TYPES:
-        return f"src0 '{a.name}' has type {a.type.name}, which has no dot product (ggml's vec_dot)"
+        return UnsupportedTypeError, f"src0 '{a.name}' has type {a.type.name}, which has no dot product (vec_dot)"
     vdt = TYPE_TRAITS[a.type].vec_dot_type
     if b.type not in (F32, vdt):
-        return f"src1 '{b.name}' has type {b.type.name}; with {a.type.name} weights it must be F32 or {vdt.name}"
+        return (UnsupportedTypeError,
+                f"src1 '{b.name}' has type {b.type.name}; with {a.type.name} weights it must be F32 or {vdt.name}")
     if node.type != F32:
-        return f"dst has type {node.type.name}, must be F32"
+        return UnsupportedTypeError, f"dst has type {node.type.name}, must be F32"
     if a.nb[0] != TYPE_TRAITS[a.type].type_size or (TYPE_TRAITS[b.type].is_quantized
                                                     and b.nb[0] != TYPE_TRAITS[b.type].type_size):
-        return "quantized and half rows must be contiguous (nb[0] equal to the type size)"
+        return ShapeError, f"rows must be contiguous (src0 nb {a.nb}, src1 nb {b.nb})"
     if a.ne[0] != b.ne[0] or b.ne[2] % max(a.ne[2], 1) != 0 or b.ne[3] % max(a.ne[3], 1) != 0:
-        return f"src0 ne {a.ne} and src1 ne {b.ne} do not fit (ne0 equal, src1 ne2/ne3 multiples of src0's)"
+        return ShapeError, f"src0 ne {a.ne} and src1 ne {b.ne} do not fit (ne0 equal, src1 ne2/ne3 multiples of src0's)"
     if node.ne != [a.ne[1], b.ne[1], b.ne[2], b.ne[3]]:
-        return f"dst ne {node.ne} is not [{a.ne[1]}, {b.ne[1]}, {b.ne[2]}, {b.ne[3]}]"
+        return ShapeError, f"dst ne {node.ne} is not [{a.ne[1]}, {b.ne[1]}, {b.ne[2]}, {b.ne[3]}]"
     return None
 
 
-def _out_prod_problem(node: Tensor) -> str | None:
-    """Why the CPU cannot compute this OUT_PROD node, or None if it can."""
+def _out_prod_problem(node: Tensor) -> Problem:
+    """Why the CPU cannot compute this OUT_PROD node (error class and reason), or None if it can."""
     a, b = node.src[0], node.src[1]
     if a is None or b is None:
-        return "needs two sources"
+        return ShapeError, "needs two sources"
     if a.type not in MUL_MAT_TYPES:
-        return f"src0 '{a.name}' has type {a.type.name}, which cannot be converted to f32 rows"
+        return UnsupportedTypeError, f"src0 '{a.name}' has type {a.type.name}, which has no f32 conversion here"
     if b.type not in OUT_PROD_SRC1_TYPES:
-        return f"src1 '{b.name}' has type {b.type.name}; it must be F32, F16 or BF16"
+        return UnsupportedTypeError, f"src1 '{b.name}' has type {b.type.name}; it must be F32, F16 or BF16"
     if node.type != F32:
-        return f"dst has type {node.type.name}, must be F32"
+        return UnsupportedTypeError, f"dst has type {node.type.name}, must be F32"
     if a.nb[0] != TYPE_TRAITS[a.type].type_size:
-        return "src0 rows must be contiguous (nb[0] equal to the type size)"
+        return ShapeError, f"src0 rows must be contiguous (nb {a.nb})"
     if a.ne[1] != b.ne[1] or a.ne[2] != b.ne[2] or b.ne[3] % max(a.ne[3], 1) != 0:
-        return (f"src0 ne {a.ne} and src1 ne {b.ne} do not fit (ne1 and ne2 equal, "
-                "src1 ne3 a multiple of src0's)")
+        return ShapeError, (f"src0 ne {a.ne} and src1 ne {b.ne} do not fit (ne1 and ne2 equal, "
+                            "src1 ne3 a multiple of src0's)")
     if node.ne != [a.ne[0], b.ne[0], a.ne[2], b.ne[3]]:
-        return f"dst ne {node.ne} is not [{a.ne[0]}, {b.ne[0]}, {a.ne[2]}, {b.ne[3]}]"
+        return ShapeError, f"dst ne {node.ne} is not [{a.ne[0]}, {b.ne[0]}, {a.ne[2]}, {b.ne[3]}]"
     return None
 
 
@@ -144,13 +148,14 @@ def supports(node: Tensor) -> bool:
     return False
 
 
-def _check(node: Tensor, problem: str | None) -> None:
+def _check(node: Tensor, problem: Problem) -> None:
+    """Raise the problem's error, naming the op, the node and the types."""
     if problem is None:
         return
+    cls, reason = problem
     a, b = node.src[0], node.src[1]
     types = f"{a.type.name if a else None} x {b.type.name if b else None} -> {node.type.name}"
-    cls = ShapeError if (" ne " in problem or "contiguous" in problem) else UnsupportedTypeError
-    raise cls(f"CPU {node.op.name} '{node.name}' ({types}): {problem}")
+    raise cls(f"CPU {node.op.name} '{node.name}' ({types}): {reason}")
 
 
 # --- helpers (prepare time) ---
@@ -349,7 +354,7 @@ def _mul_mat_numba(wtype: GGMLType, xtype: GGMLType, K: int, dst: np.ndarray, sr
     tile_rows = max(1, min(M, TILE_BYTES // max(4 * K, 1)))
 
     specs: list[tuple[tuple[int, ...], np.dtype]] = []
-    x_from_src1 = TYPE_TRAITS[xtype].is_quantized is False
+    x_from_src1 = not TYPE_TRAITS[xtype].is_quantized
     copy_x = x_from_src1 and (_needs_copy(src1, xtype) or not quantized)  # half weights round x: never in place
     if copy_x:
         specs.append(((ny, K), np.dtype(np.float32)))
@@ -400,7 +405,6 @@ def _mul_mat_numba(wtype: GGMLType, xtype: GGMLType, K: int, dst: np.ndarray, sr
 
     # F16 / BF16 weights: src1 rounded to the weight type (unless it already is that type)
     assert get_x is not None
-    half_kind = kind
     round_x = xtype == F32
     empty_q = np.zeros((0, 0), np.int8)
     empty_f = np.zeros((0, 0), np.float32)
@@ -409,7 +413,7 @@ def _mul_mat_numba(wtype: GGMLType, xtype: GGMLType, K: int, dst: np.ndarray, sr
     def half_x() -> np.ndarray:
         x = get_x()
         if round_x:
-            qd.round_rows(half_kind, x)
+            qd.round_rows(kind, x)
         return x
 
     if not blas:
@@ -466,15 +470,24 @@ def out_prod_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None]
     if a.ne[1] == 0:
         return lambda: dst.fill(0)
     r3 = src1.shape[0] // src0.shape[0]
+    K, ne00 = a.ne[1], a.ne[0]
+    f32 = np.dtype(np.float32)
+    tile_rows = max(1, min(K, TILE_BYTES // max(4 * ne00, 1)))
 
-    # src1 as f32 (a view for F32, a widened copy otherwise)
+    # all scratch of this node in one piece: src1 widened to f32 (unless F32), a tile and a sum for src0's rows
+    specs: list[tuple[tuple[int, ...], np.dtype]] = []
+    if b.type != F32:
+        specs.append((src1.shape, f32))
+    if a.type != F32:
+        specs += [((tile_rows, ne00), f32), ((dst.shape[2], ne00), f32)]
+    scratch = _carve(params, specs)
+
     if b.type == F32:
         get_x: Callable[[], np.ndarray] = lambda: src1  # noqa: E731
         x4 = src1
     else:
-        (xs,) = _carve(params, [(src1.shape, np.dtype(np.float32))])
-        get_x = _src1_f32_fn(src1, b.type, xs.reshape(-1, src1.shape[3]))
-        x4 = xs
+        x4 = scratch.pop(0)
+        get_x = _src1_f32_fn(src1, b.type, x4.reshape(-1, src1.shape[3]))
 
     if a.type == F32:
         w6 = _repeat_dims(src0, r3, 1)
@@ -487,13 +500,10 @@ def out_prod_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None]
 
         return run_f32
 
-    K, ne00 = a.ne[1], a.ne[0]
+    tile, acc = scratch
     nb = ne00 // TYPE_TRAITS[a.type].blck_size
     kind = int(a.type)
     w, w_off = _weight_rows(src0)
-    tile_rows = max(1, min(K, TILE_BYTES // max(4 * ne00, 1)))
-    f32 = np.dtype(np.float32)
-    tile, acc = _carve(params, [((tile_rows, ne00), f32), ((dst.shape[2], ne00), f32)])
     ne02 = src0.shape[1]
 
     def run_tiles() -> None:
