@@ -1,0 +1,137 @@
+"""Loading a GGUF file's tensors into backend buffers.
+
+Each tensor goes to the backend its caller chooses (per layer, as llama.cpp's
+`--n-gpu-layers` does). For a CPU backend the weights stay where they are:
+one CPU buffer is made over the mapped file (`cpu_buffer_from_ptr`) and every
+tensor's `data` points at its bytes in the mapping, so loading costs no copy
+and pages are read from disk when first touched. That needs the tensors'
+addresses aligned as the kernels want them (the file's alignment, 32 by
+default, on a page-aligned mapping); otherwise, and for every other backend,
+the tensors are placed in a new buffer of the backend by a `TensorAllocator`
+(sizes measured first) and their bytes copied in with `tensor_set`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from pyggml.alloc.tensor_allocator import TensorAllocator
+from pyggml.backend.backend import Backend
+from pyggml.backend.buffer import Buffer
+from pyggml.backend.tensor_io import tensor_set
+from pyggml.backends.cpu import cpu_buffer_from_ptr, is_cpu
+from pyggml.core import memory
+from pyggml.core.context import Context, tensor_overhead
+from pyggml.core.tensor import Tensor
+from pyggml.gguf.reader import GGUFFile, TensorInfo
+
+ZERO_COPY_ALIGNMENT = 32  # what the CPU kernels' numpy views need at least (AVX2 loads of whole blocks)
+
+
+@dataclass
+class LoadedTensors:
+    """The tensors of a file in backend buffers: the context that holds the tensor objects,
+    the tensors by name, the buffers, and the bytes each backend holds."""
+
+    ctx: Context
+    tensors: dict[str, Tensor]
+    buffers: list[Buffer] = field(default_factory=list)
+    nbytes: dict[int, int] = field(default_factory=dict)  # id(backend) -> weight bytes
+    zero_copy: dict[int, bool] = field(default_factory=dict)  # id(backend) -> weights left in the mapping
+
+    def free(self) -> None:
+        for buffer in self.buffers:
+            if not buffer.freed:
+                buffer.free()
+        self.buffers = []
+        self.ctx.free()
+
+
+def load_tensors(gf: GGUFFile, names: list[str], backend_of: Mapping[str, Backend] | Callable[[str], Backend],
+                 use_mmap: bool = True, progress: bool = True) -> LoadedTensors:
+    """Create tensors `names` of `gf` and place each in a buffer of `backend_of[name]`.
+
+    Raises GGUFError (from `gf.tensor`) naming a missing tensor before any
+    memory is taken.
+    """
+    infos = [gf.tensor(name) for name in names]  # every missing tensor reported before anything happens
+    pick = backend_of if callable(backend_of) else backend_of.__getitem__
+    ctx = Context(mem_size=(len(infos) + 1) * tensor_overhead(), no_alloc=True)
+    tensors: dict[str, Tensor] = {}
+    groups: dict[int, tuple[Backend, list[tuple[TensorInfo, Tensor]]]] = {}
+    for info in infos:
+        t = ctx.new_tensor(info.type, list(info.ne) or [1])
+        t.set_name(info.name)
+        tensors[info.name] = t
+        backend = pick(info.name)
+        groups.setdefault(id(backend), (backend, []))[1].append((info, t))
+
+    loaded = LoadedTensors(ctx, tensors)
+    total = sum(info.nbytes for info in infos)
+    from tqdm import tqdm
+
+    try:
+        with tqdm(total=total, unit="B", unit_scale=True, desc=f"loading {gf.name}", disable=not progress,
+                  leave=False) as bar:
+            for backend, items in groups.values():
+                if use_mmap and is_cpu(backend) and _mappable(gf, items):
+                    buffer = _map_cpu(gf, backend, items)
+                    loaded.zero_copy[id(backend)] = True
+                    bar.update(sum(info.nbytes for info, _ in items))
+                else:
+                    buffer = _copy_in(gf, backend, items, bar.update)
+                    loaded.zero_copy[id(backend)] = False
+                loaded.buffers.append(buffer)
+                loaded.nbytes[id(backend)] = sum(info.nbytes for info, _ in items)
+    except BaseException:
+        loaded.free()
+        raise
+    return loaded
+
+
+def _mappable(gf: GGUFFile, items: list[tuple[TensorInfo, Tensor]]) -> bool:
+    """Whether every tensor's bytes in the mapping are aligned for zero-copy use."""
+    if not gf.data.flags.writeable or not items:
+        return False
+    base = memory.address_of(gf.data)
+    return all((base + info.offset) % ZERO_COPY_ALIGNMENT == 0 for info, _ in items)
+
+
+def _map_cpu(gf: GGUFFile, backend: Backend, items: list[tuple[TensorInfo, Tensor]]) -> Buffer:
+    """One CPU buffer over the part of the mapping that holds `items`; tensors point into it."""
+    lo = min(info.offset for info, _ in items)
+    hi = max(info.offset + info.nbytes for info, _ in items)
+    buffer = cpu_buffer_from_ptr(backend, gf.data[lo:hi], hi - lo)
+    buffer.name = f"CPU mmap {gf.name}"
+    base = buffer.get_base()
+    for info, t in items:
+        t.data = base + (info.offset - lo)
+        t.buffer = buffer
+        buffer.init_tensor(t)
+    return buffer
+
+
+def _copy_in(gf: GGUFFile, backend: Backend, items: list[tuple[TensorInfo, Tensor]],
+             progress: Callable[[int], object]) -> Buffer:
+    """A new buffer of `backend`, sized by a measure pass, the tensors allocated in it and filled."""
+    measure = TensorAllocator.new_measure_from_backend(backend)
+    try:
+        for _, t in items:
+            measure.alloc(t)
+            t.data = None  # measured only
+            t.buffer = None
+        size = measure.get_max_size()
+    finally:
+        measure.free()
+    buffer = backend.alloc_buffer(max(size, 1))
+    talloc = TensorAllocator.new_from_buffer(buffer)
+    try:
+        for info, t in items:
+            talloc.alloc(t)
+            tensor_set(t, gf.tensor_bytes(info.name))
+            progress(info.nbytes)
+    except BaseException:
+        buffer.free()
+        raise
+    return buffer

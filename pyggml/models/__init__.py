@@ -1,0 +1,9 @@
+"""Models from GGUF files (LLaMA family): `load(path, backends, n_ctx, n_layers_on)` -> `Model`.
+
+The tokenizers and samplers live in `pyggml.models.tokenizer` and `pyggml.models.sampling`.
+"""
+
+from pyggml.models.llama import LlamaHParams, build_llama
+from pyggml.models.model import Model, load
+
+__all__ = ["LlamaHParams", "Model", "build_llama", "load"]

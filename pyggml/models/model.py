@@ -1,0 +1,279 @@
+"""`Model`: a LLaMA GGUF file loaded over backends, evaluated batch by batch with a KV cache.
+
+    model = pyggml.models.load("model.gguf", backends=["torch", "cpu"], n_layers_on=[20])
+    logits = model.eval(model.tokenize("Hello"))         # (n_ids, n_vocab), extends the KV cache
+    for tok in model.generate("Once upon a time", 32, Sampler(temperature=0)):
+        print(model.detokenize([tok]), end="")
+
+Layers are placed as llama.cpp's `--n-gpu-layers` places them: the first
+`n_layers_on[0]` layers on the first backend, the next `n_layers_on[1]` on
+the second, the rest on the last; the token embeddings go with the first
+layer, the output norm and head with the last. Weights, the KV cache of a
+layer and the layer's compute sit on the same backend; with more than one
+backend the scheduler joins them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from pyggml.backend.backend import Backend
+from pyggml.backend.registry import init_backend
+from pyggml.backend.tensor_io import tensor_get_numpy
+from pyggml.backends.cpu import cpu_init, cpu_set_n_threads, is_cpu
+from pyggml.core.context import Context, tensor_overhead
+from pyggml.core.errors import ArgumentError
+from pyggml.core.graph import graph_overhead
+from pyggml.core.types import GGMLType, as_type
+from pyggml.gguf.loader import LoadedTensors, load_tensors
+from pyggml.gguf.reader import GGUFFile, read_gguf
+from pyggml.models.kv_cache import KVCache
+from pyggml.models.llama import LlamaHParams, build_llama, graph_size, layer_of, tensor_names
+from pyggml.models.runner import SchedRunner, SingleRunner
+
+
+def _layer_backends(n_layer: int, backends: list[Backend], n_layers_on: int | Sequence[int] | None) -> list[Backend]:
+    """The backend of each layer: `n_layers_on[i]` layers on backends[i] in order, the rest on the last."""
+    if n_layers_on is None:
+        counts: list[int] = []
+    elif isinstance(n_layers_on, int):
+        counts = [n_layers_on]
+    else:
+        counts = [int(n) for n in n_layers_on]
+    if any(n < 0 for n in counts):
+        raise ArgumentError(f"n_layers_on must be >= 0 layer counts, got {counts}")
+    if len(counts) > len(backends):
+        raise ArgumentError(f"n_layers_on gives {len(counts)} counts for {len(backends)} backends")
+    if n_layers_on is None:
+        return [backends[0]] * n_layer
+    out: list[Backend] = []
+    for backend, n in zip(backends, counts, strict=False):
+        out += [backend] * n
+    out = out[:n_layer]
+    out += [backends[len(counts)] if len(counts) < len(backends) else backends[-1]] * (n_layer - len(out))
+    return out
+
+
+class Model:
+    """A loaded LLaMA model: weights in backend buffers, a KV cache, a runner that computes its graphs."""
+
+    def __init__(self, gf: GGUFFile, backends: list[Backend], n_ctx: int = 512,
+                 n_layers_on: int | Sequence[int] | None = None, n_batch: int = 512,
+                 kv_type: GGMLType | str = GGMLType.F32, use_mmap: bool = True, progress: bool = True,
+                 use_sched: bool | None = None) -> None:
+        if not backends:
+            raise ArgumentError("load: no backends given")
+        if n_batch < 1:
+            raise ArgumentError(f"load: n_batch must be >= 1, got {n_batch}")
+        self.file = gf
+        self.hparams = LlamaHParams.from_gguf(gf)
+        hp = self.hparams
+        self.backends = backends
+        self.n_ctx = int(n_ctx)
+        self.n_batch = min(int(n_batch), self.n_ctx)
+        self.layer_backend = _layer_backends(hp.n_layer, backends, n_layers_on)
+        first, last = self.layer_backend[0] if hp.n_layer else backends[0], \
+            self.layer_backend[-1] if hp.n_layer else backends[0]
+
+        def backend_of(name: str) -> Backend:
+            il = layer_of(name)
+            if il is not None:
+                return self.layer_backend[il]
+            return first if name == "token_embd.weight" else last
+
+        names = tensor_names(hp, gf)
+        self.weights: LoadedTensors = load_tensors(gf, names, backend_of, use_mmap=use_mmap, progress=progress)
+        self.w = self.weights.tensors
+        self._check_shapes()
+        try:
+            self.kv = KVCache(hp.n_layer, self.n_ctx, hp.n_embd_gqa, self.layer_backend, as_type(kv_type))
+            self.input_backend = first
+            if use_sched is None:
+                use_sched = len({id(b) for b in backends}) > 1
+            self.runner: SingleRunner | SchedRunner
+            if use_sched:
+                self.runner = SchedRunner(backends, first, self._measure_graph)
+            else:
+                self.runner = SingleRunner(first)
+        except BaseException:
+            self.weights.free()
+            raise
+        self._tokenizer: Any = None
+        self._graph_ctx: Context | None = None
+
+    # --- checks ---
+
+    def _check_shapes(self) -> None:
+        from pyggml.core.errors import GGUFError
+
+        hp = self.hparams
+        e, f, q, kv = hp.n_embd, hp.n_ff, hp.n_embd, hp.n_embd_gqa
+        want = {"token_embd.weight": (e, hp.n_vocab), "output_norm.weight": (e,), "output.weight": (e, hp.n_vocab)}
+        for il in range(hp.n_layer):
+            b = f"blk.{il}."
+            want.update({b + "attn_norm.weight": (e,), b + "attn_q.weight": (e, q), b + "attn_k.weight": (e, kv),
+                         b + "attn_v.weight": (e, kv), b + "attn_output.weight": (q, e), b + "ffn_norm.weight": (e,),
+                         b + "ffn_gate.weight": (e, f), b + "ffn_up.weight": (e, f), b + "ffn_down.weight": (f, e)})
+        for name, ne in want.items():
+            t = self.w.get(name)
+            if t is None:
+                continue
+            if tuple(t.ne[: len(ne)]) != ne or any(n != 1 for n in t.ne[len(ne):]):
+                raise GGUFError(f"'{self.file.name}': tensor '{name}' has ne={list(t.ne[:t.n_dims()])}, "
+                                f"the hyperparameters want {list(ne)}")
+
+    # --- graphs ---
+
+    def _new_ctx(self) -> Context:
+        size = graph_size(self.hparams)
+        return Context(mem_size=size * tensor_overhead() + graph_overhead(size), no_alloc=True)
+
+    def _measure_graph(self) -> tuple[Any, list[Any]]:
+        """The largest graph a batch makes (n_batch tokens at the end of the context), for the scheduler."""
+        ctx = self._new_ctx()
+        self._measure_ctx = ctx
+        gf, inp = build_llama(ctx, self.hparams, self.w, self.kv, self.n_batch, self.n_ctx - self.n_batch)
+        return gf, [inp.tokens, inp.pos, inp.mask]
+
+    def _decode(self, ids: np.ndarray, last_only: bool) -> np.ndarray:
+        """Evaluate one batch at the end of the KV cache; logits (n_outputs, n_vocab)."""
+        n_tokens = len(ids)
+        n_past = self.kv.n
+        self.kv.check_room(n_tokens)
+        ctx = self._new_ctx()
+        try:
+            gf, inp = build_llama(ctx, self.hparams, self.w, self.kv, n_tokens, n_past, last_only)
+            pos = np.arange(n_past, n_past + n_tokens, dtype=np.int32)
+            cells = np.arange(n_past + n_tokens, dtype=np.int32)
+            mask = np.where(cells[None, :] <= pos[:, None], np.float32(0), np.float32(-np.inf)).astype(np.float32)
+            self.runner.run(gf, [(inp.tokens, ids.astype(np.int32)), (inp.pos, pos), (inp.mask, mask)])
+            logits = tensor_get_numpy(inp.logits).reshape(-1, self.hparams.n_vocab)
+        finally:
+            ctx.free()
+        self.kv.n = n_past + n_tokens
+        return logits
+
+    # --- the API ---
+
+    def eval(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Evaluate `ids` after the tokens already in the KV cache (in batches of n_batch);
+        returns the logits of every id, shape (len(ids), n_vocab)."""
+        arr = self._check_ids(ids)
+        out = [self._decode(arr[i: i + self.n_batch], False) for i in range(0, len(arr), self.n_batch)]
+        if not out:
+            return np.zeros((0, self.hparams.n_vocab), dtype=np.float32)
+        return np.concatenate(out, axis=0)
+
+    def eval_last(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
+        """As `eval`, but only the logits of the last id are computed (what generation needs)."""
+        arr = self._check_ids(ids)
+        if len(arr) == 0:
+            raise ArgumentError("eval_last: no ids given")
+        logits = None
+        for i in range(0, len(arr), self.n_batch):
+            logits = self._decode(arr[i: i + self.n_batch], True)
+        assert logits is not None
+        return logits[-1]
+
+    def _check_ids(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
+        arr = np.asarray(ids, dtype=np.int64).reshape(-1)
+        if arr.size and (arr.min() < 0 or arr.max() >= self.hparams.n_vocab):
+            bad = int(arr[(arr < 0) | (arr >= self.hparams.n_vocab)][0])
+            raise ArgumentError(f"token id {bad} is out of the vocabulary (n_vocab {self.hparams.n_vocab})")
+        self.kv.check_room(int(arr.size))
+        return arr.astype(np.int32)
+
+    def reset(self) -> None:
+        """Empty the KV cache: the next eval starts at position 0."""
+        self.kv.clear()
+
+    @property
+    def n_past(self) -> int:
+        return self.kv.n
+
+    @property
+    def tokenizer(self) -> Any:
+        if self._tokenizer is None:
+            from pyggml.models.tokenizer import Tokenizer
+
+            self._tokenizer = Tokenizer.from_gguf(self.file)
+        return self._tokenizer
+
+    def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
+        return list(self.tokenizer.encode(text, add_bos))
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return str(self.tokenizer.decode(list(ids)))
+
+    def token_eos(self) -> int | None:
+        eos = self.file.get("tokenizer.ggml.eos_token_id", None)
+        return None if eos is None else int(eos)
+
+    def generate(self, prompt: str | Sequence[int], max_tokens: int, sampler: Any = None,
+                 stop_at_eos: bool = True) -> Iterator[int]:
+        """Yield up to `max_tokens` new token ids after `prompt` (text or ids), continuing the KV cache.
+
+        `sampler` has `sample(logits, history) -> int` (None: greedy). Stops after
+        the end-of-sequence token when `stop_at_eos`.
+        """
+        ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(i) for i in prompt]
+        history = list(ids)
+        if max_tokens <= 0:
+            return
+        logits = self.eval_last(ids)
+        eos = self.token_eos() if stop_at_eos else None
+        for n in range(max_tokens):
+            tok = int(np.argmax(logits)) if sampler is None else int(sampler.sample(logits, history))
+            history.append(tok)
+            yield tok
+            if tok == eos or n == max_tokens - 1:
+                return
+            logits = self.eval_last([tok])
+
+    # --- memory ---
+
+    def memory(self) -> dict[str, dict[str, int]]:
+        """Bytes per backend ("<name>#<index>"): weights, KV cache, compute buffer."""
+        compute = self.runner.buffer_sizes()
+        out: dict[str, dict[str, int]] = {}
+        for i, b in enumerate(self.backends):
+            out[f"{b.name()}#{i}"] = {"weights": self.weights.nbytes.get(id(b), 0),
+                                      "kv_cache": self.kv.nbytes.get(id(b), 0),
+                                      "compute": compute.get(id(b), 0)}
+        return out
+
+    def free(self) -> None:
+        self.runner.free()
+        self.kv.free()
+        self.weights.free()
+
+    def __repr__(self) -> str:
+        hp = self.hparams
+        return (f"Model('{self.file.name}', n_layer={hp.n_layer}, n_embd={hp.n_embd}, n_vocab={hp.n_vocab}, "
+                f"n_ctx={self.n_ctx}, backends={[b.name() for b in self.backends]})")
+
+
+def load(path: str | os.PathLike[str], backends: Sequence[Backend | str] | None = None, n_ctx: int = 512,
+         n_layers_on: int | Sequence[int] | None = None, n_threads: int | None = None, **kwargs: Any) -> Model:
+    """Load a LLaMA GGUF file over `backends` (Backend objects or registry names; default one CPU backend).
+
+    `n_layers_on`: layer counts of the first backends (the rest on the last);
+    `n_threads`: thread count of the CPU backends. Further keywords go to
+    `Model` (n_batch, kv_type, use_mmap, progress, use_sched).
+    """
+    bs: list[Backend] = []
+    for b in backends if backends is not None else ["cpu"]:
+        if isinstance(b, str):
+            bs.append(cpu_init(n_threads) if b == "cpu" else init_backend(b))
+        else:
+            bs.append(b)
+    if n_threads is not None:
+        for b in bs:
+            if is_cpu(b):
+                cpu_set_n_threads(b, n_threads)
+    gf = read_gguf(path)
+    return Model(gf, bs, n_ctx=n_ctx, n_layers_on=n_layers_on, **kwargs)
