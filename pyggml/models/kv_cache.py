@@ -23,6 +23,26 @@ from pyggml.core.tensor import Tensor
 from pyggml.core.types import TYPE_TRAITS, GGMLType
 
 
+class KVWrite:
+    """A CPY node writing a batch into the cache: the node, its destination view, the bytes one cell
+    moves the view. `move(cells)` points both at cells further on, so a graph decoding one token can
+    be computed again for the next token without being built again."""
+
+    __slots__ = ("node", "view", "cell_bytes")
+
+    def __init__(self, node: Tensor, view: Tensor, cell_bytes: int) -> None:
+        self.node = node
+        self.view = view
+        self.cell_bytes = cell_bytes
+
+    def move(self, cells: int) -> None:
+        d = cells * self.cell_bytes
+        for t in (self.view, self.node):  # the CPY result is a view of the cache at the same place
+            t.view_offs += d
+            if t.data is not None:
+                t.data += d
+
+
 class KVCache:
     """Per-layer K and V tensors of `n_ctx` cells, placed on `backend_of_layer[il]`."""
 
@@ -73,7 +93,7 @@ class KVCache:
             raise ArgumentError(f"KV cache full: {self.n} cells used + {n_tokens} new tokens > n_ctx {self.n_ctx}")
 
     def store(self, ctx: Context, graph: Graph, il: int, k_cur: Tensor, v_cur: Tensor, n_tokens: int,
-              head: int) -> None:
+              head: int) -> list[KVWrite]:
         """Add to `graph` the copies of this batch's K and V (layer `il`) into cells head..head+n_tokens."""
         n_embd_gqa, es = self.n_embd_gqa, self.elsize
         k_view = ctx.view_1d(self.k[il], n_tokens * n_embd_gqa, es * n_embd_gqa * head)
@@ -82,8 +102,11 @@ class KVCache:
         v_cur_t = ctx.transpose(ctx.reshape_2d(v_cur, n_embd_gqa, n_tokens))
         v_view = ctx.view_2d(self.v[il], n_tokens, n_embd_gqa, es * self.n_ctx, es * head)
         v_view.set_name(f"v_cache_view-{il}")
-        graph.build_forward_expand(ctx.cpy(k_cur, k_view))
-        graph.build_forward_expand(ctx.cpy(v_cur_t, v_view))
+        k_cpy = ctx.cpy(k_cur, k_view)
+        v_cpy = ctx.cpy(v_cur_t, v_view)
+        graph.build_forward_expand(k_cpy)
+        graph.build_forward_expand(v_cpy)
+        return [KVWrite(k_cpy, k_view, es * n_embd_gqa), KVWrite(v_cpy, v_view, es)]
 
     def k_view(self, ctx: Context, il: int, n_kv: int, head_dim: int, n_head_kv: int) -> Tensor:
         """Keys of cells 0..n_kv as [head_dim, n_kv, n_head_kv]."""

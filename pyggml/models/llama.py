@@ -25,12 +25,12 @@ import math
 from dataclasses import dataclass
 
 from pyggml.core.context import Context
-from pyggml.core.errors import GGUFError
+from pyggml.core.errors import ArgumentError, GGUFError
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import Tensor
 from pyggml.core.types import GGMLType
 from pyggml.gguf.reader import GGUFFile
-from pyggml.models.kv_cache import KVCache
+from pyggml.models.kv_cache import KVCache, KVWrite
 
 LLAMA_ARCHS = ("llama",)
 ROPE_MODE_NORMAL = 0
@@ -126,15 +126,23 @@ class LlamaInputs:
     pos: Tensor  # I32 [n_tokens]
     mask: Tensor  # F32 [n_kv, n_tokens]: 0 where a token sees a cell, -inf elsewhere
     logits: Tensor  # F32 [n_vocab, n_outputs]
+    kv_writes: list[KVWrite]  # the CPY nodes storing this batch's K and V
 
 
 def build_llama(ctx: Context, hp: LlamaHParams, w: dict[str, Tensor], kv: KVCache, n_tokens: int,
-                n_past: int, last_only: bool = False) -> tuple[Graph, LlamaInputs]:
+                n_past: int, last_only: bool = False, n_kv: int | None = None) -> tuple[Graph, LlamaInputs]:
     """The graph of one batch: `n_tokens` tokens at positions n_past.., written to KV cells n_past..
 
-    `last_only` computes the logits of the last token only (generation needs no more).
+    Attention reads cells 0..n_kv (default n_past + n_tokens; more is allowed, the mask hides
+    cells a token must not see). `last_only` computes the logits of the last token only
+    (generation needs no more).
     """
-    n_kv = n_past + n_tokens
+    if n_kv is None:
+        n_kv = n_past + n_tokens
+    if not n_past + n_tokens <= n_kv <= kv.n_ctx:
+        raise ArgumentError(f"build_llama: n_kv {n_kv} must cover n_past {n_past} + n_tokens {n_tokens} "
+                            f"and fit n_ctx {kv.n_ctx}")
+    writes: list[KVWrite] = []
     head_dim, n_head, n_head_kv = hp.head_dim, hp.n_head, hp.n_head_kv
     eps = hp.f_norm_rms_eps
     gf = ctx.new_graph(graph_size(hp))
@@ -160,7 +168,7 @@ def build_llama(ctx: Context, hp: LlamaHParams, w: dict[str, Tensor], kv: KVCach
         v = ctx.mul_mat(w[b + "attn_v.weight"], cur).set_name(f"Vcur-{il}")
         q = rope(ctx.reshape_3d(q, head_dim, n_head, n_tokens)).set_name(f"Qcur-rope-{il}")
         k = rope(ctx.reshape_3d(k, head_dim, n_head_kv, n_tokens)).set_name(f"Kcur-rope-{il}")
-        kv.store(ctx, gf, il, k, v, n_tokens, n_past)
+        writes += kv.store(ctx, gf, il, k, v, n_tokens, n_past)
 
         q = ctx.permute(q, 0, 2, 1, 3)  # [head_dim, n_tokens, n_head]
         keys = kv.k_view(ctx, il, n_kv, head_dim, n_head_kv).set_name(f"k-{il}")
@@ -185,7 +193,7 @@ def build_llama(ctx: Context, hp: LlamaHParams, w: dict[str, Tensor], kv: KVCach
     head = w.get("output.weight", w["token_embd.weight"])  # tied embeddings when the file has no output
     logits = ctx.mul_mat(head, cur).set_name("result_output").set_output()
     gf.build_forward_expand(logits)
-    return gf, LlamaInputs(tokens, pos, mask, logits)
+    return gf, LlamaInputs(tokens, pos, mask, logits, writes)
 
 
 def graph_size(hp: LlamaHParams) -> int:

@@ -23,7 +23,7 @@ import numpy as np
 
 from pyggml.backend.backend import Backend
 from pyggml.backend.registry import init_backend
-from pyggml.backend.tensor_io import tensor_get_numpy
+from pyggml.backend.tensor_io import tensor_get_numpy, tensor_set
 from pyggml.backends.cpu import cpu_init, cpu_set_n_threads, is_cpu
 from pyggml.core.context import Context, tensor_overhead
 from pyggml.core.errors import ArgumentError
@@ -33,7 +33,11 @@ from pyggml.gguf.loader import LoadedTensors, load_tensors
 from pyggml.gguf.reader import GGUFFile, read_gguf
 from pyggml.models.kv_cache import KVCache
 from pyggml.models.llama import LlamaHParams, build_llama, graph_size, layer_of, tensor_names
-from pyggml.models.runner import SchedRunner, SingleRunner
+from pyggml.models.runner import PlannedGraph, SchedRunner, SingleRunner
+
+KV_PAD = 32  # decode graphs read the cache in multiples of 32 cells (as llama.cpp pads n_kv), so one graph
+# serves 32 consecutive tokens
+MAX_DECODE_GRAPHS = 4  # planned one-token graphs kept (each has its own small compute buffer)
 
 
 def _layer_backends(n_layer: int, backends: list[Backend], n_layers_on: int | Sequence[int] | None) -> list[Backend]:
@@ -64,7 +68,7 @@ class Model:
     def __init__(self, gf: GGUFFile, backends: list[Backend], n_ctx: int = 512,
                  n_layers_on: int | Sequence[int] | None = None, n_batch: int = 512,
                  kv_type: GGMLType | str = GGMLType.F32, use_mmap: bool = True, progress: bool = True,
-                 use_sched: bool | None = None) -> None:
+                 use_sched: bool | None = None, reuse_graphs: bool = True) -> None:
         if not backends:
             raise ArgumentError("load: no backends given")
         if n_batch < 1:
@@ -103,7 +107,9 @@ class Model:
             self.weights.free()
             raise
         self._tokenizer: Any = None
-        self._graph_ctx: Context | None = None
+        # one-token graphs by (n_kv, last_only), planned once and moved along the cache (single backend only)
+        self.reuse_graphs = reuse_graphs and isinstance(self.runner, SingleRunner)
+        self._decode_graphs: dict[tuple[int, bool], tuple[PlannedGraph, Any, list[int]]] = {}
 
     # --- checks ---
 
@@ -139,23 +145,57 @@ class Model:
         gf, inp = build_llama(ctx, self.hparams, self.w, self.kv, self.n_batch, self.n_ctx - self.n_batch)
         return gf, [inp.tokens, inp.pos, inp.mask]
 
+    @staticmethod
+    def _mask(pos: np.ndarray, n_kv: int) -> np.ndarray:
+        """KQ_mask: 0 where the token at position pos[i] sees cell j (j <= pos[i]), -inf elsewhere."""
+        cells = np.arange(n_kv, dtype=np.int32)
+        return np.where(cells[None, :] <= pos[:, None], np.float32(0), np.float32(-np.inf)).astype(np.float32)
+
     def _decode(self, ids: np.ndarray, last_only: bool) -> np.ndarray:
         """Evaluate one batch at the end of the KV cache; logits (n_outputs, n_vocab)."""
         n_tokens = len(ids)
         n_past = self.kv.n
         self.kv.check_room(n_tokens)
-        ctx = self._new_ctx()
-        try:
-            gf, inp = build_llama(ctx, self.hparams, self.w, self.kv, n_tokens, n_past, last_only)
-            pos = np.arange(n_past, n_past + n_tokens, dtype=np.int32)
-            cells = np.arange(n_past + n_tokens, dtype=np.int32)
-            mask = np.where(cells[None, :] <= pos[:, None], np.float32(0), np.float32(-np.inf)).astype(np.float32)
-            self.runner.run(gf, [(inp.tokens, ids.astype(np.int32)), (inp.pos, pos), (inp.mask, mask)])
-            logits = tensor_get_numpy(inp.logits).reshape(-1, self.hparams.n_vocab)
-        finally:
-            ctx.free()
+        pos = np.arange(n_past, n_past + n_tokens, dtype=np.int32)
+        if n_tokens == 1 and self.reuse_graphs:
+            logits = self._decode_one(ids, pos, last_only)
+        else:
+            ctx = self._new_ctx()
+            try:
+                gf, inp = build_llama(ctx, self.hparams, self.w, self.kv, n_tokens, n_past, last_only)
+                self.runner.run(gf, [(inp.tokens, ids), (inp.pos, pos), (inp.mask, self._mask(pos, n_past + n_tokens))])
+                logits = tensor_get_numpy(inp.logits).reshape(-1, self.hparams.n_vocab)
+            finally:
+                ctx.free()
         self.kv.n = n_past + n_tokens
         return logits
+
+    def _decode_one(self, ids: np.ndarray, pos: np.ndarray, last_only: bool) -> np.ndarray:
+        """One token through a planned graph: built for the first token of its n_kv bucket,
+        its KV writes moved to this token's cell for the next ones."""
+        n_past = int(pos[0])
+        n_kv = min(self.n_ctx, (n_past + 1 + KV_PAD - 1) // KV_PAD * KV_PAD)
+        key = (n_kv, last_only)
+        entry = self._decode_graphs.get(key)
+        if entry is None:
+            while len(self._decode_graphs) >= MAX_DECODE_GRAPHS:
+                old, _, _ = self._decode_graphs.pop(next(iter(self._decode_graphs)))
+                old.free()
+            ctx = self._new_ctx()
+            gf, inp = build_llama(ctx, self.hparams, self.w, self.kv, 1, n_past, last_only, n_kv=n_kv)
+            planned = PlannedGraph(self.runner.backend, gf, [wr.node for wr in inp.kv_writes], owner=ctx)
+            entry = (planned, inp, [n_past])
+            self._decode_graphs[key] = entry
+        planned, inp, head = entry
+        if head[0] != n_past:
+            for wr in inp.kv_writes:
+                wr.move(n_past - head[0])
+            head[0] = n_past
+        tensor_set(inp.tokens, ids)
+        tensor_set(inp.pos, pos)
+        tensor_set(inp.mask, self._mask(pos, n_kv))
+        planned.compute()
+        return tensor_get_numpy(inp.logits).reshape(-1, self.hparams.n_vocab)
 
     # --- the API ---
 
@@ -247,6 +287,9 @@ class Model:
         return out
 
     def free(self) -> None:
+        for planned, _, _ in self._decode_graphs.values():
+            planned.free()
+        self._decode_graphs = {}
         self.runner.free()
         self.kv.free()
         self.weights.free()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -46,6 +47,70 @@ def _init_view(t: Tensor) -> None:
         t.buffer.init_tensor(t)
 
 
+def allocate_graph(backend: Backend, graph: Graph, buffer: Buffer | None = None) -> Buffer:
+    """Place every tensor of `graph` that has no memory (inputs, results) in `buffer`, or in a new
+    buffer of `backend` just large enough; views get their source's memory."""
+    todo = [t for t in _graph_tensors(graph) if t.data is None and t.view_src is None]
+    align = backend.get_alignment()
+    size = sum((t.nbytes() + align - 1) // align * align for t in todo) + align
+    if buffer is None or buffer.get_size() < size:
+        buffer = backend.alloc_buffer(size)
+        buffer.name = f"{backend.name()} compute"
+    talloc = TensorAllocator.new_from_buffer(buffer)
+    for t in todo:
+        talloc.alloc(t)
+    for t in _graph_tensors(graph):
+        if t.data is None and t.view_src is not None:
+            _init_view(t)
+    return buffer
+
+
+class PlannedGraph:
+    """A graph allocated once in its own buffer and planned once, then computed many times.
+
+    Nodes in `recompute` (the KV writes, whose destination moves from one
+    token to the next) are left out of the plans and computed on their own
+    each time, so they see where their memory is now; the plans cover the
+    runs of nodes between them. Decoding a token then costs the kernels and
+    one call per run, not a graph build, an allocation and a plan.
+    """
+
+    def __init__(self, backend: Backend, graph: Graph, recompute: list[Tensor], owner: object = None) -> None:
+        self.backend = backend
+        self.graph = graph
+        self.owner = owner  # what must live as long as the graph (its context)
+        self.buffer = allocate_graph(backend, graph)
+        index = {id(n): i for i, n in enumerate(graph.nodes)}
+        cuts = sorted(index[id(t)] for t in recompute)
+        self.steps: list[Any] = []
+        start = 0
+        try:
+            for i in [*cuts, graph.n_nodes]:
+                if i > start:
+                    self.steps.append(backend.graph_plan_create(graph.view(start, i)))
+                if i < graph.n_nodes:
+                    self.steps.append(graph.view(i, i + 1))
+                start = i + 1
+        except BaseException:
+            self.free()
+            raise
+
+    def compute(self) -> None:
+        backend = self.backend
+        for step in self.steps:
+            if isinstance(step, Graph):
+                backend.graph_compute(step)
+            else:
+                backend.graph_plan_compute(step)
+
+    def free(self) -> None:
+        for step in self.steps:
+            if not isinstance(step, Graph):
+                self.backend.graph_plan_free(step)
+        self.steps = []
+        self.buffer.free()
+
+
 class SingleRunner:
     """Compute on one backend, intermediates in a reused compute buffer."""
 
@@ -54,25 +119,12 @@ class SingleRunner:
         self.buffer: Buffer | None = None
         self.max_size = 0
 
-    def _needed(self, tensors: list[Tensor]) -> int:
-        align = self.backend.get_alignment()
-        return sum((t.nbytes() + align - 1) // align * align for t in tensors) + align
-
     def run(self, graph: Graph, inputs: Inputs) -> None:
-        todo = [t for t in _graph_tensors(graph) if t.data is None and t.view_src is None]
-        size = self._needed(todo)
-        if self.buffer is None or self.buffer.get_size() < size:
+        buffer = allocate_graph(self.backend, graph, self.buffer)
+        if buffer is not self.buffer:
             if self.buffer is not None:
                 self.buffer.free()
-            self.buffer = self.backend.alloc_buffer(size)
-            self.buffer.name = f"{self.backend.name()} compute"
-            self.max_size = size
-        talloc = TensorAllocator.new_from_buffer(self.buffer)
-        for t in todo:
-            talloc.alloc(t)
-        for t in _graph_tensors(graph):
-            if t.data is None and t.view_src is not None:
-                _init_view(t)
+            self.buffer = buffer
         for t, values in inputs:
             tensor_set(t, values)
         self.backend.graph_compute(graph)
