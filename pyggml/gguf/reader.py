@@ -39,6 +39,38 @@ class TensorInfo:
         return int(np.prod(self.ne, dtype=np.int64)) if self.ne else 1
 
 
+def _reader_class() -> type:
+    """gguf.GGUFReader with the tensor infos checked before the package builds numpy views of them,
+    so a bad type or a file cut short inside the tensor data is reported by tensor name."""
+    import gguf
+
+    class Reader(gguf.GGUFReader):  # type: ignore[misc]
+        def _build_tensors(self, start_offs: int, fields: list[Any]) -> None:
+            size = int(self.data.nbytes)
+            for field in fields:
+                _, name_data, _, dims, raw_dtype, offset_tensor = field.parts
+                name = bytes(name_data).decode("utf-8", errors="replace")
+                raw = int(raw_dtype[0])
+                try:
+                    t = GGMLType(raw)
+                except ValueError:
+                    raise GGUFError(f"tensor '{name}' has unsupported type {raw}") from None
+                tr = TYPE_TRAITS[t]
+                ne = [int(d) for d in dims]
+                n = int(np.prod(ne, dtype=np.int64)) if ne else 1
+                if ne and ne[0] % tr.blck_size:
+                    raise GGUFError(f"tensor '{name}' ({t.name}) has ne[0]={ne[0]}, not a multiple of the block "
+                                    f"size {tr.blck_size}")
+                begin = start_offs + int(offset_tensor[0])
+                end = begin + n // tr.blck_size * tr.type_size
+                if end > size:
+                    raise GGUFError(f"is truncated: tensor '{name}' ({t.name}, ne={ne}) needs bytes {begin}..{end}, "
+                                    f"the file has {size} bytes")
+            super()._build_tensors(start_offs, fields)
+
+    return Reader
+
+
 class GGUFFile:
     """A memory-mapped GGUF file: metadata by key, tensor infos by name, tensor bytes zero-copy.
 
@@ -60,12 +92,11 @@ class GGUFFile:
             magic = f.read(4)
         if magic != b"GGUF":
             raise GGUFError(f"'{self.name}' is not a GGUF file (magic {magic!r}, expected b'GGUF')")
-        import gguf
-
         try:
-            self.reader = gguf.GGUFReader(self.path, mode)  # type: ignore[arg-type]
-        except GGUFError:
-            raise
+            self.reader = _reader_class()(self.path, mode)
+        except GGUFError as e:
+            sep = " " if str(e).startswith("is ") else ": "
+            raise GGUFError(f"'{self.name}'{sep}{e}") from None
         except Exception as e:  # the package raises ValueError, IndexError, KeyError, ... on bad bytes
             raise GGUFError(f"'{self.name}' is corrupt or truncated ({self.file_size} bytes): "
                             f"{type(e).__name__}: {e}") from None
