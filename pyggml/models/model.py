@@ -279,6 +279,9 @@ class Model:
     def memory(self) -> dict[str, dict[str, int]]:
         """Bytes per backend ("<name>#<index>"): weights, KV cache, compute buffer."""
         compute = self.runner.buffer_sizes()
+        for planned, _, _ in self._decode_graphs.values():  # the planned one-token graphs' own buffers
+            key = id(planned.backend)
+            compute[key] = compute.get(key, 0) + planned.buffer.get_size()
         out: dict[str, dict[str, int]] = {}
         for i, b in enumerate(self.backends):
             out[f"{b.name()}#{i}"] = {"weights": self.weights.nbytes.get(id(b), 0),

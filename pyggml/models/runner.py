@@ -82,14 +82,14 @@ class PlannedGraph:
         self.buffer = allocate_graph(backend, graph)
         index = {id(n): i for i, n in enumerate(graph.nodes)}
         cuts = sorted(index[id(t)] for t in recompute)
-        self.steps: list[Any] = []
+        self.steps: list[tuple[bool, Any]] = []  # (is a plan, the plan or the one-node graph)
         start = 0
         try:
             for i in [*cuts, graph.n_nodes]:
                 if i > start:
-                    self.steps.append(backend.graph_plan_create(graph.view(start, i)))
+                    self.steps.append((True, backend.graph_plan_create(graph.view(start, i))))
                 if i < graph.n_nodes:
-                    self.steps.append(graph.view(i, i + 1))
+                    self.steps.append((False, graph.view(i, i + 1)))
                 start = i + 1
         except BaseException:
             self.free()
@@ -97,18 +97,21 @@ class PlannedGraph:
 
     def compute(self) -> None:
         backend = self.backend
-        for step in self.steps:
-            if isinstance(step, Graph):
-                backend.graph_compute(step)
-            else:
+        for is_plan, step in self.steps:
+            if is_plan:
                 backend.graph_plan_compute(step)
+            else:
+                backend.graph_compute(step)
 
     def free(self) -> None:
-        for step in self.steps:
-            if not isinstance(step, Graph):
+        for is_plan, step in self.steps:
+            if is_plan:
                 self.backend.graph_plan_free(step)
         self.steps = []
         self.buffer.free()
+        free = getattr(self.owner, "free", None)
+        if free is not None:
+            free()
 
 
 class SingleRunner:

@@ -191,3 +191,17 @@ def test_missing_tensor_and_wrong_shape(tmp_path: Path) -> None:
 
 def test_errors_are_ggml_errors() -> None:
     assert issubclass(GGUFError, GGMLError)
+
+
+def test_tokenize_detokenize_through_the_files_vocab(llama_file: Path) -> None:
+    tok_mod = pytest.importorskip("pyggml.models.tokenizer")
+    model = pm.load(llama_file, n_ctx=64, progress=False)
+    ref = tok_mod.Tokenizer.from_gguf(read_gguf(llama_file))
+    text = "the word is hot, 42!"
+    ids = model.tokenize(text)
+    assert ids == list(ref.encode(text, True)) and ids[0] == 1  # BOS
+    assert model.tokenize(text, add_bos=False) == ids[1:]
+    assert model.detokenize(ids[1:]).strip() == text
+    gen = list(model.generate(text, 3, stop_at_eos=False))
+    model.reset()
+    assert gen == list(model.generate(ids, 3, stop_at_eos=False))
