@@ -26,7 +26,7 @@ from pyggml.backend.registry import init_backend
 from pyggml.backend.tensor_io import tensor_get_numpy, tensor_set
 from pyggml.backends.cpu import cpu_init, cpu_set_n_threads, is_cpu
 from pyggml.core.context import Context, tensor_overhead
-from pyggml.core.errors import ArgumentError
+from pyggml.core.errors import ArgumentError, GGUFError
 from pyggml.core.graph import graph_overhead
 from pyggml.core.types import GGMLType, as_type
 from pyggml.gguf.loader import LoadedTensors, load_tensors
@@ -80,8 +80,8 @@ class Model:
         self.n_ctx = int(n_ctx)
         self.n_batch = min(int(n_batch), self.n_ctx)
         self.layer_backend = _layer_backends(hp.n_layer, backends, n_layers_on)
-        first, last = self.layer_backend[0] if hp.n_layer else backends[0], \
-            self.layer_backend[-1] if hp.n_layer else backends[0]
+        first = self.layer_backend[0] if hp.n_layer else backends[0]
+        last = self.layer_backend[-1] if hp.n_layer else backends[0]
 
         def backend_of(name: str) -> Backend:
             il = layer_of(name)
@@ -92,8 +92,8 @@ class Model:
         names = tensor_names(hp, gf)
         self.weights: LoadedTensors = load_tensors(gf, names, backend_of, use_mmap=use_mmap, progress=progress)
         self.w = self.weights.tensors
-        self._check_shapes()
         try:
+            self._check_shapes()
             self.kv = KVCache(hp.n_layer, self.n_ctx, hp.n_embd_gqa, self.layer_backend, as_type(kv_type))
             self.input_backend = first
             if use_sched is None:
@@ -114,8 +114,6 @@ class Model:
     # --- checks ---
 
     def _check_shapes(self) -> None:
-        from pyggml.core.errors import GGUFError
-
         hp = self.hparams
         e, f, q, kv = hp.n_embd, hp.n_ff, hp.n_embd, hp.n_embd_gqa
         want = {"token_embd.weight": (e, hp.n_vocab), "output_norm.weight": (e,), "output.weight": (e, hp.n_vocab)}
