@@ -95,6 +95,19 @@ def test_token_by_token_equals_whole_sequence(tiny_gguf: object, reuse_graphs: b
     assert np.abs(steps - whole).max() < 1e-5
 
 
+def test_f16_kv_cache(tiny_llama: TinyLlama, tiny_gguf: object, prompt32: np.ndarray) -> None:
+    """llama.cpp's default cache type: keys and values rounded to F16 (relative 2^-11), and the
+    queries / softmax rows converted to F16 for the dot products with them: ~1e-3 of the logits."""
+    model = load(tiny_gguf("F32"), kv_type="F16")
+    assert model.memory()["CPU#0"]["kv_cache"] == 2 * 2 * 64 * 32 * 2
+    whole = model.eval(prompt32)
+    ref = tiny_llama.logits(prompt32)
+    assert np.abs(whole - ref).max() / np.abs(ref).max() < 3e-3
+    model.reset()
+    steps = np.concatenate([model.eval([t]) for t in prompt32])
+    assert np.abs(steps - whole).max() / np.abs(ref).max() < 3e-3
+
+
 def test_quantized_token_by_token(tiny_gguf: object) -> None:
     ids = np.random.default_rng(2).integers(3, 320, 12)
     model = load(tiny_gguf("Q4_0"))
