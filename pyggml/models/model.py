@@ -92,6 +92,7 @@ class Model:
         names = tensor_names(hp, gf)
         self.weights: LoadedTensors = load_tensors(gf, names, backend_of, use_mmap=use_mmap, progress=progress)
         self.w = self.weights.tensors
+        self._measure_ctx: Context | None = None
         try:
             self._check_shapes()
             self.kv = KVCache(hp.n_layer, self.n_ctx, hp.n_embd_gqa, self.layer_backend, as_type(kv_type))
@@ -102,7 +103,10 @@ class Model:
             if use_sched:
                 self.runner = SchedRunner(backends, first, self._measure_graph)
             else:
-                self.runner = SingleRunner(first)
+                self.runner = SingleRunner(first, self._measure_graph)
+            if self._measure_ctx is not None:
+                self._measure_ctx.free()  # the measure graph was only for sizes
+                self._measure_ctx = None
         except BaseException:
             self.weights.free()
             raise
@@ -138,8 +142,7 @@ class Model:
 
     def _measure_graph(self) -> tuple[Any, list[Any]]:
         """The largest graph a batch makes (n_batch tokens at the end of the context), for the scheduler."""
-        ctx = self._new_ctx()
-        self._measure_ctx = ctx
+        ctx = self._measure_ctx = self._new_ctx()
         gf, inp = build_llama(ctx, self.hparams, self.w, self.kv, self.n_batch, self.n_ctx - self.n_batch)
         return gf, [inp.tokens, inp.pos, inp.mask]
 

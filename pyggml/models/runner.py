@@ -114,20 +114,55 @@ class PlannedGraph:
             free()
 
 
-class SingleRunner:
-    """Compute on one backend, intermediates in a reused compute buffer."""
+def _graph_allocator_class() -> type | None:
+    """pyggml.alloc's GraphAllocator, or None where it is not available."""
+    try:
+        from pyggml.alloc.graph_allocator import GraphAllocator
+    except ImportError:
+        return None
+    return GraphAllocator
 
-    def __init__(self, backend: Backend) -> None:
+
+class SingleRunner:
+    """Compute on one backend, intermediates in a reused compute buffer.
+
+    With `GraphAllocator` (and a measure graph to size the buffer, as
+    llama.cpp measures its worst-case graph), intermediates share memory once
+    their consumers have run; without it every tensor of a graph gets its own
+    bytes in the buffer, which grows to the largest graph seen.
+    """
+
+    def __init__(self, backend: Backend,
+                 build_measure_graph: Callable[[], tuple[Graph, list[Tensor]]] | None = None) -> None:
         self.backend = backend
         self.buffer: Buffer | None = None
-        self.max_size = 0
+        self.talloc: TensorAllocator | None = None
+        self.galloc: Any = None
+        galloc_class = _graph_allocator_class()
+        if galloc_class is not None and build_measure_graph is not None:
+            graph, _ = build_measure_graph()
+            measure = TensorAllocator.new_measure_from_backend(backend)
+            try:
+                galloc_class().alloc_graph(measure, graph)
+                size = measure.get_max_size() + backend.get_alignment()
+            finally:
+                measure.free()
+            self.buffer = backend.alloc_buffer(size)
+            self.buffer.name = f"{backend.name()} compute"
+            self.talloc = TensorAllocator.new_from_buffer(self.buffer)
+            self.galloc = galloc_class()
+            log.debug("compute buffer of %d bytes (measured)", size)
 
     def run(self, graph: Graph, inputs: Inputs) -> None:
-        buffer = allocate_graph(self.backend, graph, self.buffer)
-        if buffer is not self.buffer:
-            if self.buffer is not None:
-                self.buffer.free()
-            self.buffer = buffer
+        if self.galloc is not None and self.talloc is not None:
+            self.talloc.reset()
+            self.galloc.alloc_graph(self.talloc, graph)
+        else:
+            buffer = allocate_graph(self.backend, graph, self.buffer)
+            if buffer is not self.buffer:
+                if self.buffer is not None:
+                    self.buffer.free()
+                self.buffer = buffer
         for t, values in inputs:
             tensor_set(t, values)
         self.backend.graph_compute(graph)
@@ -136,6 +171,9 @@ class SingleRunner:
         return {id(self.backend): self.buffer.get_size() if self.buffer is not None else 0}
 
     def free(self) -> None:
+        if self.galloc is not None:
+            self.galloc.free()
+            self.galloc = None
         if self.buffer is not None:
             self.buffer.free()
             self.buffer = None
