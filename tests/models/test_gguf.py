@@ -205,3 +205,35 @@ def test_tokenize_detokenize_through_the_files_vocab(llama_file: Path) -> None:
     gen = list(model.generate(text, 3, stop_at_eos=False))
     model.reset()
     assert gen == list(model.generate(ids, 3, stop_at_eos=False))
+
+
+def test_layer_placement_like_n_gpu_layers() -> None:
+    from pyggml.core.errors import ArgumentError
+    from pyggml.models.model import _layer_backends
+
+    a, b, c = object(), object(), object()
+    assert _layer_backends(4, [a, b], None) == [a] * 4  # type: ignore[list-item]
+    assert _layer_backends(4, [a, b], 1) == [a, b, b, b]  # type: ignore[list-item]
+    assert _layer_backends(4, [a, b], [0]) == [b] * 4  # type: ignore[list-item]
+    assert _layer_backends(4, [a, b], [9]) == [a] * 4  # type: ignore[list-item]
+    assert _layer_backends(5, [a, b, c], [2, 1]) == [a, a, b, c, c]  # type: ignore[list-item]
+    assert _layer_backends(3, [a, b], [1, 1]) == [a, b, b]  # type: ignore[list-item]
+    with pytest.raises(ArgumentError, match="3 counts for 2 backends"):
+        _layer_backends(3, [a, b], [1, 1, 1])  # type: ignore[list-item]
+    with pytest.raises(ArgumentError, match=">= 0"):
+        _layer_backends(3, [a, b], [-1])  # type: ignore[list-item]
+
+
+def test_model_placement_and_empty_eval(llama_file: Path) -> None:
+    from pyggml.backends.cpu import cpu_init
+
+    a, b = cpu_init(1), cpu_init(1)
+    model = pm.load(llama_file, backends=[a, b], n_layers_on=[1], n_ctx=16, progress=False, use_sched=False)
+    w = model.w
+    assert w["token_embd.weight"].buffer.backend is a and w["blk.0.attn_q.weight"].buffer.backend is a
+    assert w["blk.1.attn_q.weight"].buffer.backend is b and w["output.weight"].buffer.backend is b
+    assert model.kv.k[0].buffer.backend is a and model.kv.v[1].buffer.backend is b
+    assert model.eval([]).shape == (0, 300)
+    assert model.n_past == 0
+    with pytest.raises(GGMLError, match="no ids"):
+        model.eval_last([])
