@@ -15,6 +15,7 @@ backend the scheduler joins them.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -33,7 +34,9 @@ from pyggml.gguf.loader import LoadedTensors, load_tensors
 from pyggml.gguf.reader import GGUFFile, read_gguf
 from pyggml.models.kv_cache import KVCache
 from pyggml.models.llama import LlamaHParams, build_llama, graph_size, layer_of, tensor_names
-from pyggml.models.runner import PlannedGraph, SchedRunner, SingleRunner
+from pyggml.models.runner import PlannedGraph, SchedRunner, SingleRunner, SplitRunner, scheduler_class
+
+log = logging.getLogger("pyggml.models")
 
 KV_PAD = 32  # decode graphs read the cache in multiples of 32 cells (as llama.cpp pads n_kv), so one graph
 # serves 32 consecutive tokens
@@ -99,8 +102,11 @@ class Model:
             self.input_backend = first
             if use_sched is None:
                 use_sched = len({id(b) for b in backends}) > 1
-            self.runner: SingleRunner | SchedRunner
-            if use_sched:
+            self.runner: SingleRunner | SchedRunner | SplitRunner
+            if use_sched and scheduler_class() is None:
+                log.warning("pyggml.sched is not available: the layers' backends are joined by SplitRunner")
+                self.runner = SplitRunner(backends, first)
+            elif use_sched:
                 self.runner = SchedRunner(backends, first, self._measure_graph)
             else:
                 self.runner = SingleRunner(first, self._measure_graph)

@@ -1,6 +1,6 @@
 """Running a model's graph: memory for intermediates and inputs, then compute.
 
-Two ways, behind one method (`run(graph, inputs)`):
+Behind one method (`run(graph, inputs)`):
 
 - `SchedRunner`: several backends joined by `pyggml.sched.Scheduler`, as
   llama.cpp does: a worst-case graph is measured once (`init_measure`) to
@@ -8,9 +8,15 @@ Two ways, behind one method (`run(graph, inputs)`):
   the input backend's allocator and `graph_compute` splits, allocates,
   copies and computes.
 - `SingleRunner`: one backend, no scheduler: the graph's tensors placed in
-  one compute buffer that is reused (grown when a graph needs more) by
-  `GraphAllocator` when it is there, else one after another with a
-  `TensorAllocator`.
+  one compute buffer that is reused, by `GraphAllocator` when it is there,
+  else one after another with a `TensorAllocator`.
+- `SplitRunner`: several host backends without the scheduler (a stand-in
+  while `pyggml.sched` is missing): runs of nodes on the backend of their
+  weights.
+
+`PlannedGraph` is a graph allocated and planned once and computed many times
+(the one-token decoding graphs), its KV writes computed apart because their
+destination moves.
 """
 
 from __future__ import annotations
@@ -25,8 +31,9 @@ from pyggml.alloc.tensor_allocator import TensorAllocator
 from pyggml.backend.backend import Backend
 from pyggml.backend.buffer import Buffer
 from pyggml.backend.tensor_io import tensor_set
+from pyggml.core.errors import UnsupportedOpError
 from pyggml.core.graph import Graph
-from pyggml.core.tensor import Tensor
+from pyggml.core.tensor import GGMLOp, Tensor
 
 log = logging.getLogger("pyggml.models")
 
@@ -179,13 +186,106 @@ class SingleRunner:
             self.buffer = None
 
 
+def scheduler_class() -> type | None:
+    """pyggml.sched's Scheduler, or None where it is not available."""
+    try:
+        from pyggml.sched import Scheduler
+    except ImportError:
+        return None
+    return Scheduler
+
+
+def is_host_backend(backend: Backend) -> bool:
+    """Whether `backend`'s buffers are host memory (what SplitRunner needs)."""
+    probe = backend.alloc_buffer(1)
+    try:
+        return probe.is_host()
+    finally:
+        probe.free()
+
+
+class SplitRunner:
+    """A stand-in for the scheduler where `pyggml.sched` is not there, for host backends only.
+
+    Each node is computed on the backend of the weight or cache it uses (the
+    scheduler's first pass), else on the backend of its first source (a
+    leaf input: on `input_backend`); runs of consecutive nodes of one
+    backend are computed there, intermediates in that backend's compute
+    buffer. With host memory on every side a run reads its sources where they
+    are, so no copies are needed; other backends need the scheduler.
+    """
+
+    def __init__(self, backends: list[Backend], input_backend: Backend) -> None:
+        for b in backends:
+            if not is_host_backend(b):
+                raise UnsupportedOpError(f"backend '{b.name()}' is not host memory: splitting a model over it needs "
+                                         f"pyggml.sched.Scheduler")
+        self.backends = backends
+        self.input_backend = input_backend
+        self.buffers: dict[int, Buffer] = {}
+
+    def _assign(self, graph: Graph) -> dict[int, Backend]:
+        where: dict[int, Backend] = {}
+        for leaf in graph.leafs:
+            buffer = leaf.buffer if leaf.buffer is not None or leaf.view_src is None else leaf.view_src.buffer
+            where[id(leaf)] = buffer.backend if buffer is not None and buffer.backend else self.input_backend
+        for node in graph.nodes:
+            backend = None
+            src_buffer = node.view_src.buffer if node.view_src is not None else None
+            if src_buffer is not None and src_buffer.backend is not None:
+                backend = src_buffer.backend  # a view of the KV cache
+            for s in node.src:
+                if backend is None and s is not None and s.op == GGMLOp.NONE and s.buffer is not None \
+                        and s.buffer.backend is not None:
+                    backend = s.buffer.backend  # a weight
+            for s in node.src:
+                if backend is None and s is not None and id(s) in where:
+                    backend = where[id(s)]
+            where[id(node)] = backend or self.input_backend
+        return where
+
+    def run(self, graph: Graph, inputs: Inputs) -> None:
+        where = self._assign(graph)
+        groups: dict[int, tuple[Backend, Graph]] = {}
+        for t in _graph_tensors(graph):
+            if t.data is None and t.view_src is None:
+                b = where[id(t)]
+                groups.setdefault(id(b), (b, Graph(graph.size)))[1].nodes.append(t)
+        for key, (backend, part) in groups.items():
+            buffer = allocate_graph(backend, part, self.buffers.get(key))
+            if buffer is not self.buffers.get(key):
+                old = self.buffers.get(key)
+                if old is not None:
+                    old.free()
+                self.buffers[key] = buffer
+        for t in _graph_tensors(graph):
+            if t.data is None and t.view_src is not None:
+                _init_view(t)
+        for t, values in inputs:
+            tensor_set(t, values)
+        start = 0
+        nodes = graph.nodes
+        for i in range(1, len(nodes) + 1):
+            if i == len(nodes) or where[id(nodes[i])] is not where[id(nodes[start])]:
+                where[id(nodes[start])].graph_compute(graph.view(start, i))
+                start = i
+
+    def buffer_sizes(self) -> dict[int, int]:
+        return {key: buffer.get_size() for key, buffer in self.buffers.items()}
+
+    def free(self) -> None:
+        for buffer in self.buffers.values():
+            buffer.free()
+        self.buffers = {}
+
+
 class SchedRunner:
     """Compute over several backends with the scheduler; inputs live on `input_backend`."""
 
     def __init__(self, backends: list[Backend], input_backend: Backend,
                  build_measure_graph: Callable[[], tuple[Graph, list[Tensor]]]) -> None:
-        from pyggml.sched import Scheduler
-
+        Scheduler = scheduler_class()
+        assert Scheduler is not None, "SchedRunner needs pyggml.sched.Scheduler"
         self.backends = backends
         self.input_backend = input_backend
         self.sched = Scheduler(backends)
