@@ -265,7 +265,7 @@ class Model:
         """Yield up to `max_tokens` new token ids after `prompt` (text or ids), continuing the KV cache.
 
         `sampler` has `sample(logits, history) -> int` (None: greedy). Stops after
-        the end-of-sequence token when `stop_at_eos`.
+        the end-of-sequence token when `stop_at_eos`, and when the KV cache is full.
         """
         ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(i) for i in prompt]
         history = list(ids)
@@ -277,8 +277,8 @@ class Model:
             tok = int(np.argmax(logits)) if sampler is None else int(sampler.sample(logits, history))
             history.append(tok)
             yield tok
-            if tok == eos or n == max_tokens - 1:
-                return
+            if tok == eos or n == max_tokens - 1 or self.kv.n >= self.n_ctx:
+                return  # done, or the context is full (the last token is yielded, not evaluated)
             logits = self.eval_last([tok])
 
     # --- memory ---

@@ -171,6 +171,12 @@ def test_kv_cache_full_and_bad_ids_leave_the_model_usable(tiny_gguf: object) -> 
     assert model.eval([3]).shape == (1, 320)
 
 
+def test_generate_stops_when_the_context_is_full(tiny_gguf: object) -> None:
+    model = load(tiny_gguf("F32"), n_ctx=16)
+    toks = list(model.generate(list(range(3, 13)), 20, stop_at_eos=False))
+    assert len(toks) == 7 and model.n_past == 16
+
+
 def test_memory_figures(tiny_gguf: object) -> None:
     model = load(tiny_gguf("F32"), n_ctx=64)
     model.eval([1, 2, 3])
