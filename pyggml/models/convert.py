@@ -38,6 +38,12 @@ HF_TO_GGUF = {
 }
 
 
+# llama.cpp's llama_ftype of a file whose 2-D weights are all of one type
+LLAMA_FTYPE = {GGMLType.F32: 0, GGMLType.F16: 1, GGMLType.Q4_0: 2, GGMLType.Q4_1: 3, GGMLType.Q8_0: 7,
+               GGMLType.Q5_0: 8, GGMLType.Q5_1: 9, GGMLType.Q2_K: 10, GGMLType.Q4_K: 15, GGMLType.Q5_K: 17,
+               GGMLType.Q6_K: 18, GGMLType.BF16: 32}
+
+
 def permute(weights: np.ndarray, n_head: int, n_head_kv: int | None) -> np.ndarray:
     """llama.cpp convert.py's `permute`: HF's rotate-half rows of Q/K to ggml's interleaved pairs."""
     if n_head_kv is not None and n_head != n_head_kv:
@@ -104,7 +110,7 @@ def write_llama_gguf(path: str | os.PathLike[str], config: Mapping[str, Any], st
     scaling = config.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
     meta: dict[str, Any] = {
         "general.name": str(config.get("name", "pyggml-llama")),
-        "general.file_type": 0 if t2d == GGMLType.F32 else 1 if t2d == GGMLType.F16 else int(t2d),
+        "general.file_type": LLAMA_FTYPE.get(t2d, 0),
         "llama.context_length": int(config.get("max_position_embeddings", 2048)),
         "llama.embedding_length": n_embd,
         "llama.block_count": n_layer,
