@@ -247,7 +247,10 @@ class Model:
         if self._tokenizer is None:
             from pyggml.models.tokenizer import Tokenizer
 
-            self._tokenizer = Tokenizer.from_gguf(self.file)
+            try:
+                self._tokenizer = Tokenizer.from_gguf(self.file)  # reads like a gguf.GGUFReader (fields, get_field)
+            except (AttributeError, TypeError):
+                self._tokenizer = Tokenizer.from_gguf(self.file.reader)  # the package's own reader
         return self._tokenizer
 
     def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
