@@ -1,0 +1,319 @@
+"""`TensorAllocator`: the seed's `ggml_tallocr`, tensors placed in one buffer.
+
+Free memory is a list of `FreeBlock`s sorted by address. `alloc` takes the
+best fitting block among all but the last one (the smallest that fits; on a
+tie the later block, as the seed's `<=` picks it) and falls back to the last
+block, the big tail of the buffer, only when no other block fits, so the
+tail stays as large as possible. `free_tensor` gives the bytes back and
+merges them with the block that ends where they start and/or the block that
+starts where they end.
+
+A measure allocator runs the same plan over a fake address range (base
+0x1000, SIZE_MAX/2 bytes) and never touches memory or calls the buffer's
+`init_tensor`/`free_tensor` hooks: its `max_size` is the size a real buffer
+needs for the same sequence of allocations.
+
+The seed's fixed array of MAX_FREE_BLOCKS blocks is a limit here
+(`max_free_blocks`, default MAX_FREE_BLOCKS); exceeding it raises
+`LimitExceededError`. Every error is raised before anything changes, so the
+allocator stays usable.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from pyggml.backend.buffer import Buffer
+from pyggml.core.errors import ArgumentError, LimitExceededError, OutOfMemoryError
+from pyggml.core.tensor import Tensor
+
+if TYPE_CHECKING:
+    from pyggml.backend.backend import Backend
+
+log = logging.getLogger("pyggml.alloc")
+
+MAX_FREE_BLOCKS = 256
+SIZE_MAX = 2**64 - 1
+MEASURE_BASE = 0x1000  # the seed's fake base address of a measure allocator
+
+
+def aligned_offset(buffer: int | None, offset: int, alignment: int) -> int:
+    """`offset` moved up so that `buffer + offset` is a multiple of `alignment` (a power of 2)."""
+    if alignment <= 0 or alignment & (alignment - 1):
+        raise ArgumentError(f"alignment must be a power of 2, got {alignment}")
+    base = buffer or 0
+    align = (alignment - ((base + offset) % alignment)) % alignment
+    return offset + align
+
+
+class FreeBlock:
+    """The seed's `struct free_block`: `size` free bytes from address `addr`."""
+
+    __slots__ = ("addr", "size")
+
+    def __init__(self, addr: int, size: int) -> None:
+        self.addr = addr
+        self.size = size
+
+    def __repr__(self) -> str:
+        return f"FreeBlock(addr={self.addr:#x}, size={self.size})"
+
+
+class MeasureBuffer(Buffer):
+    """The fake address range of a measure allocator: `size` bytes from `base`, no memory behind it.
+
+    The seed wraps the pointer 0x1000 in a CPU buffer of SIZE_MAX/2 bytes; a
+    Python CPU buffer needs real memory, so this buffer stands in for it. It
+    has no backend (as the seed's NULL backend), hence no alignment of its own:
+    the allocator is given one.
+    """
+
+    def __init__(self, base: int, size: int) -> None:
+        super().__init__(None, size)
+        self.name = "measure"
+        self.base = base
+
+    def _get_base(self) -> int:
+        return self.base
+
+
+class TensorAllocator:
+    """ggml_tallocr: tensors placed in `buffer` by best fit over sorted free blocks."""
+
+    def __init__(self, buffer: Buffer, buffer_owned: bool = False, alignment: int | None = None,
+                 measure: bool = False, max_free_blocks: int = MAX_FREE_BLOCKS) -> None:
+        """ggml_tallocr_new_from_buffer's initialization; `alignment` None asks the buffer.
+
+        Prefer the constructors `new`, `new_measure`, `new_from_buffer`,
+        `new_from_backend`, `new_measure_from_backend`.
+        """
+        if max_free_blocks < 1:
+            raise ArgumentError(f"max_free_blocks must be >= 1, got {max_free_blocks}")
+        self.buffer = buffer
+        self.buffer_owned = buffer_owned
+        self.base: int = buffer.get_base()
+        self.alignment: int = buffer.get_alignment() if alignment is None else int(alignment)
+        aligned_offset(None, 0, self.alignment)  # checks the alignment is a power of 2
+        self.free_blocks: list[FreeBlock] = []
+        self.max_size = 0
+        self.measure = measure
+        self.max_free_blocks = max_free_blocks
+        self.reset()
+
+    # --- constructors (ggml_tallocr_new_*) ---
+
+    @classmethod
+    def new(cls, data: object, size: int, alignment: int, max_free_blocks: int = MAX_FREE_BLOCKS) -> TensorAllocator:
+        """ggml_tallocr_new: an allocator over `size` bytes of caller memory (an array or a host address)."""
+        from pyggml.backends.cpu.buffer import cpu_buffer_from_ptr
+
+        buffer = cpu_buffer_from_ptr(None, data, size)
+        buffer.name = "CPU"  # caller memory is a CPU buffer (with no backend, as the seed's NULL)
+        return cls(buffer, buffer_owned=True, alignment=alignment, max_free_blocks=max_free_blocks)
+
+    @classmethod
+    def new_measure(cls, alignment: int, max_free_blocks: int = MAX_FREE_BLOCKS) -> TensorAllocator:
+        """ggml_tallocr_new_measure: a measure allocator over the fake range 0x1000 .. +SIZE_MAX/2."""
+        buffer = MeasureBuffer(MEASURE_BASE, SIZE_MAX // 2)
+        return cls(buffer, buffer_owned=True, alignment=alignment, measure=True, max_free_blocks=max_free_blocks)
+
+    @classmethod
+    def new_from_buffer(cls, buffer: Buffer, max_free_blocks: int = MAX_FREE_BLOCKS) -> TensorAllocator:
+        """ggml_tallocr_new_from_buffer: an allocator over `buffer`, which the caller keeps owning."""
+        return cls(buffer, buffer_owned=False, max_free_blocks=max_free_blocks)
+
+    @classmethod
+    def new_from_backend(cls, backend: Backend, size: int, max_free_blocks: int = MAX_FREE_BLOCKS) -> TensorAllocator:
+        """ggml_tallocr_new_from_backend: an allocator over a new buffer of `size` bytes, freed with it."""
+        buffer = backend.alloc_buffer(size)
+        return cls(buffer, buffer_owned=True, max_free_blocks=max_free_blocks)
+
+    @classmethod
+    def new_measure_from_backend(cls, backend: Backend, max_free_blocks: int = MAX_FREE_BLOCKS) -> TensorAllocator:
+        """ggml_tallocr_new_measure_from_backend: a measure allocator that asks a buffer of `backend`
+        for tensor sizes (`get_alloc_size`) and alignment.
+
+        As in the seed, the buffer is a real 1-byte buffer and the fake range starts at its base.
+        """
+        buffer = backend.alloc_buffer(1)
+        return cls(buffer, buffer_owned=True, measure=True, max_free_blocks=max_free_blocks)
+
+    # --- state ---
+
+    @property
+    def n_free_blocks(self) -> int:
+        return len(self.free_blocks)
+
+    def reset(self) -> None:
+        """ggml_tallocr_reset: one free block over the whole (aligned) buffer.
+
+        As in the seed, `max_size` is kept: it is the peak since the allocator was made.
+        """
+        align_offset = aligned_offset(self.base, 0, self.alignment)
+        if self.measure:
+            # the seed restricts a measure allocator to half of size_t to avoid overflows
+            size = SIZE_MAX // 2
+        else:
+            # a buffer smaller than its alignment padding has no usable bytes (size_t would wrap in C)
+            size = max(self.buffer.get_size() - align_offset, 0)
+        self.free_blocks = [FreeBlock(self.base + align_offset, size)]
+
+    def free(self) -> None:
+        """ggml_tallocr_free: frees the buffer if the allocator made it."""
+        if self.buffer_owned:
+            self.buffer.free()
+
+    def is_measure(self) -> bool:
+        return self.measure
+
+    def get_buffer(self) -> Buffer:
+        return self.buffer
+
+    def get_max_size(self) -> int:
+        """ggml_tallocr_max_size: the highest end (from base) of any allocation so far."""
+        return self.max_size
+
+    def is_own(self, tensor: Tensor) -> bool:
+        """ggml_tallocr_is_own: whether `tensor`'s memory is in this allocator's buffer."""
+        return tensor.buffer is self.buffer
+
+    def largest_free_block(self) -> int:
+        size = 0
+        for block in self.free_blocks:
+            size = max(size, block.size)
+        return size
+
+    def alloc_size(self, tensor: Tensor) -> int:
+        """The bytes `alloc` takes for `tensor`: the buffer's alloc size, aligned."""
+        return aligned_offset(None, self.buffer.get_alloc_size(tensor), self.alignment)
+
+    # --- alloc / free ---
+
+    def alloc(self, tensor: Tensor) -> None:
+        """ggml_tallocr_alloc: give `tensor` memory from the best fitting free block."""
+        if tensor.view_src is not None:
+            # views generally get data pointer from one of their sources
+            raise ArgumentError(f"cannot allocate view '{tensor.name}'; views get memory from their view_src "
+                                f"'{tensor.view_src.name}'")
+        if tensor.data is not None:
+            raise ArgumentError(f"cannot allocate '{tensor.name}': it already has memory (data {tensor.data:#x})")
+
+        size = self.alloc_size(tensor)
+        blocks = self.free_blocks
+        n_free_blocks = len(blocks)
+
+        max_avail = 0
+
+        # find the best fitting free block besides the last block
+        best_fit_block = -1
+        best_fit_size = SIZE_MAX
+        for i in range(n_free_blocks - 1):
+            block = blocks[i]
+            max_avail = max(max_avail, block.size)
+            if block.size >= size and block.size <= best_fit_size:
+                best_fit_block = i
+                best_fit_size = block.size
+
+        if best_fit_block == -1:
+            # the last block is our last resort (a full buffer has no blocks at all)
+            if n_free_blocks > 0:
+                max_avail = max(max_avail, blocks[-1].size)
+            if n_free_blocks > 0 and blocks[-1].size >= size:
+                best_fit_block = n_free_blocks - 1
+            else:
+                raise OutOfMemoryError(
+                    f"not enough space in buffer '{self.buffer.name}' for '{tensor.name}' "
+                    f"(needed {size} bytes, largest free block {max_avail})"
+                )
+
+        log.debug("alloc: allocating %s (%d bytes) - block %d", tensor.name, size, best_fit_block)
+
+        block = blocks[best_fit_block]
+        addr = block.addr
+        block.addr += size
+        block.size -= size
+        if block.size == 0:
+            # remove block if empty
+            blocks.pop(best_fit_block)
+
+        tensor.data = addr
+        tensor.buffer = self.buffer
+        if not self.measure:
+            self.buffer.init_tensor(tensor)
+
+        self.max_size = max(self.max_size, addr - self.base + size)
+
+    def free_tensor(self, tensor: Tensor) -> None:
+        """ggml_tallocr_free_tensor: give `tensor`'s bytes back; tensors of other buffers are ignored.
+
+        The graph allocator tries to free weights and other tensors of other
+        buffers; the easiest way to deal with that is to ignore them. As in the
+        seed, `tensor.data` is left as it is (the graph still reads it).
+        """
+        if not self.is_own(tensor):
+            return
+
+        ptr = tensor.data
+        assert ptr is not None  # a tensor of this buffer always has an address
+        size = self.alloc_size(tensor)
+        blocks = self.free_blocks
+        n_free_blocks = len(blocks)
+        log.debug("free: freeing %s at %#x (%d bytes) - n_free_blocks = %d", tensor.name, ptr, size, n_free_blocks)
+
+        # see if we can merge with an existing block
+        for i in range(n_free_blocks):
+            block = blocks[i]
+            # check if ptr is at the end of the block
+            if block.addr + block.size == ptr:
+                self._free_tensor_hook(tensor)
+                block.size += size
+                # check if we can merge with the next block
+                if i < n_free_blocks - 1 and block.addr + block.size == blocks[i + 1].addr:
+                    block.size += blocks[i + 1].size
+                    blocks.pop(i + 1)
+                return
+            # check if ptr is at the beginning of the block
+            if ptr + size == block.addr:
+                self._free_tensor_hook(tensor)
+                block.addr = ptr
+                block.size += size
+                # check if we can merge with the previous block
+                if i > 0 and blocks[i - 1].addr + blocks[i - 1].size == block.addr:
+                    blocks[i - 1].size += block.size
+                    blocks.pop(i)
+                return
+
+        # otherwise, add a new block; the seed asserts on its fixed array, checked here before any change
+        if n_free_blocks >= self.max_free_blocks:
+            raise LimitExceededError(
+                f"cannot free '{tensor.name}' ({size} bytes at offset {ptr - self.base}) in buffer "
+                f"'{self.buffer.name}': out of free blocks (MAX_FREE_BLOCKS = {self.max_free_blocks})"
+            )
+        self._free_tensor_hook(tensor)
+        # insert the new block in the correct position to keep the list sorted by address (to make merging faster)
+        insert_pos = 0
+        while insert_pos < n_free_blocks and blocks[insert_pos].addr < ptr:
+            insert_pos += 1
+        blocks.insert(insert_pos, FreeBlock(ptr, size))
+
+    def _free_tensor_hook(self, tensor: Tensor) -> None:
+        # the seed calls the buffer's free_tensor before merging; here it comes once the free cannot fail
+        if not self.measure:
+            self.buffer.free_tensor(tensor)
+
+    # --- snapshots (the graph allocator undoes a failed graph with them) ---
+
+    def snapshot(self) -> tuple[list[tuple[int, int]], int]:
+        """The free blocks and max_size, to `restore` after a failed sequence of allocations."""
+        return [(b.addr, b.size) for b in self.free_blocks], self.max_size
+
+    def restore(self, state: tuple[list[tuple[int, int]], int]) -> None:
+        blocks, max_size = state
+        self.free_blocks = [FreeBlock(addr, size) for addr, size in blocks]
+        self.max_size = max_size
+
+    def __repr__(self) -> str:
+        kind = "measure" if self.measure else f"buffer '{self.buffer.name}'"
+        return (f"TensorAllocator({kind}, alignment={self.alignment}, n_free_blocks={self.n_free_blocks}, "
+                f"max_size={self.max_size})")
