@@ -127,8 +127,14 @@ def _first_min_max(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _max0(v: np.ndarray) -> np.ndarray:
-    """max(0, v...) over the last axis, skipping NaN: C's `if (v > m) m = v;` from m = 0."""
-    return np.fmax.reduce(v, axis=-1, initial=F32(0)).astype(F32)
+    """max(0, v...) over the last axis, skipping NaN: C's `if (v > m) m = v;` from m = 0.
+
+    A result that is not above zero is +0.0 as in C: which zero np.fmax keeps
+    among +0.0 and -0.0 depends on the CPU's SIMD path (AVX-512 and AVX2 differ),
+    and a -0.0 would reach the stored f16 scale as its sign bit.
+    """
+    m = np.fmax.reduce(v, axis=-1, initial=F32(0)).astype(F32)
+    return np.where(m > 0, m, F32(0))
 
 
 def _safe_inv(d: np.ndarray) -> np.ndarray:
