@@ -1,0 +1,426 @@
+"""`GraphAllocator`: the seed's `ggml_gallocr`, a graph's tensors placed so that memory is reused.
+
+The allocator walks the graph in execution order (or in the `parse_seq`
+order) and, before each node, gives memory to the node's sources and then to
+the node; after the node it counts one consumer off each source, and a source
+with no consumers and no views left gives its memory back to its tensor
+allocator, so that later nodes reuse it. The counts come from a first pass
+over the graph: `n_children` (how many nodes read the tensor) and `n_views`
+(how many views of it exist in the graph).
+
+Decisions equal the seed's:
+
+- A view gets its memory from its `view_src` (`init_view`), never its own.
+- In-place reuse: a node of an op that can run in place (`op_can_inplace`)
+  takes the memory of a source when the source is in this allocator's buffer
+  (`TensorAllocator.is_own`), has memory, is read only by this node
+  (`n_children == 1`), has no views, and has the node's type, `ne` and `nb`.
+  The node then becomes a view of that source (its `view_src` is set), so the
+  memory is freed once both are done. A source that is itself a view is
+  reused only when it starts at its view_src's memory (offset 0) and is the
+  only view of it: the seed cannot keep the offset and still free the memory.
+- A view's source is freed when its last view and its last child are done.
+- Tensors with memory outside the allocator's buffer (weights, the KV cache,
+  tensors of a `Context` with memory) are never freed: the tensor allocator
+  ignores tensors of other buffers. As in the seed, a tensor that was given
+  memory by the same allocator before `alloc_graph` (an input allocated with
+  `Allocr.alloc`) is the allocator's, and is freed after its last consumer.
+- With a parse_seq, nodes are allocated in its order and sources are freed
+  only at its -1 barriers (nodes between barriers may run concurrently).
+
+An allocation that fails (a full buffer, too many free blocks, a view whose
+source has no memory) raises a GGMLError after putting every tensor
+allocator it used and every tensor it changed back as they were, so the
+allocator can be used again (with a bigger buffer, say).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from pyggml.alloc.hash_set import HashSet, hash_size
+from pyggml.alloc.tensor_allocator import TensorAllocator
+from pyggml.core.errors import ArgumentError, GGMLError, GraphError
+from pyggml.core.graph import Graph
+from pyggml.core.tensor import GGML_MAX_DIMS, GGML_MAX_SRC, GGMLOp, Tensor
+
+log = logging.getLogger("pyggml.alloc")
+
+# the seed's ggml_op_can_inplace list: ops whose kernels read each element before writing it
+INPLACE_OPS = frozenset({
+    GGMLOp.SCALE,
+    GGMLOp.DIAG_MASK_ZERO,
+    GGMLOp.DIAG_MASK_INF,
+    GGMLOp.ADD,
+    GGMLOp.ADD1,
+    GGMLOp.SUB,
+    GGMLOp.MUL,
+    GGMLOp.DIV,
+    GGMLOp.SQR,
+    GGMLOp.SQRT,
+    GGMLOp.LOG,
+    GGMLOp.UNARY,
+    GGMLOp.ROPE,
+    GGMLOp.RMS_NORM,
+    GGMLOp.SOFT_MAX,
+})
+
+
+def op_can_inplace(op: GGMLOp) -> bool:
+    """ggml_op_can_inplace: whether a node of `op` may write over a source's memory."""
+    return op in INPLACE_OPS
+
+
+def are_same_layout(a: Tensor, b: Tensor) -> bool:
+    """ggml_are_same_layout: same type, `ne` and `nb` (so element i is at the same byte in both)."""
+    if a.type != b.type:
+        return False
+    for i in range(GGML_MAX_DIMS):
+        if a.ne[i] != b.ne[i] or a.nb[i] != b.nb[i]:
+            return False
+    return True
+
+
+class HashNode:
+    """The seed's `struct hash_node`: per-tensor counts, plus whether this pass allocated it.
+
+    `n_children`: nodes still to run that read the tensor. `n_views`: views
+    of the tensor still in use (in-place reuse adds one). `allocated`: the
+    tensor got memory from a tensor allocator in this pass (not in the seed;
+    reports and tests read it).
+    """
+
+    __slots__ = ("allocated", "n_children", "n_views")
+
+    def __init__(self) -> None:
+        self.n_children = 0
+        self.n_views = 0
+        self.allocated = False
+
+    def __repr__(self) -> str:
+        return f"HashNode(n_children={self.n_children}, n_views={self.n_views}, allocated={self.allocated})"
+
+
+# what is saved of a tensor before the allocator changes it: data, buffer, view_src, view_offs
+_TensorState = tuple[Tensor, Any, Any, Any, int]
+
+
+class GraphAllocator:
+    """ggml_gallocr: allocate a graph's tensors through tensor allocators, reusing freed memory."""
+
+    def __init__(self) -> None:
+        """ggml_gallocr_new."""
+        self.talloc: TensorAllocator | None = None
+        self.hash_set: Any = None  # HashSet (or any set with find_or_insert/size) of the current pass
+        self.hash_values: dict[int, HashNode] = {}  # slot -> counts
+        self.hash_allocs: Any = None  # slot -> TensorAllocator | None (alloc_graph_n)
+        self.parse_seq: list[int] = []
+        # rollback state of the pass in progress
+        self._saved_tensors: dict[int, _TensorState] = {}
+        self._saved_tallocs: dict[int, tuple[TensorAllocator, Any]] = {}
+        self._debug = False
+
+    # --- public API (ggml_gallocr_*) ---
+
+    def free(self) -> None:
+        """ggml_gallocr_free: drop the tables; the allocator can still be used (they are remade per pass)."""
+        self.talloc = None
+        self.hash_set = None
+        self.hash_values = {}
+        self.hash_allocs = None
+        self.parse_seq = []
+
+    def set_parse_seq(self, parse_seq: Sequence[int]) -> None:
+        """ggml_gallocr_set_parse_seq: node indices in allocation order, -1 marking barriers.
+
+        Sources are freed only at barriers; an empty list restores the graph order.
+        """
+        seq = [int(i) for i in parse_seq]
+        for i in seq:
+            if i < -1:
+                raise ArgumentError(f"parse_seq entries are node indices or -1 (a barrier), got {i}")
+        self.parse_seq = seq
+
+    def alloc_graph(self, talloc: TensorAllocator, graph: Graph) -> int:
+        """ggml_gallocr_alloc_graph: allocate `graph` with `talloc`; returns talloc's max size.
+
+        With a measure allocator the result is the buffer size the graph needs.
+        """
+        # the seed sizes its table as the graph's visited hash table; a graph view has none, and views of
+        # tensors outside the graph add keys, so the capacity also covers every tensor the graph can name
+        n_tensors = graph.n_nodes * (2 + 2 * GGML_MAX_SRC) + graph.n_leafs
+        size = max(graph.visited_hash_table.size, hash_size(n_tensors))
+        self.hash_set = HashSet(size)
+        self.hash_values = {}
+        self.hash_allocs = None
+        self.talloc = talloc
+        self._begin()
+        self._touch_talloc(talloc)
+        try:
+            self._alloc_graph_impl(graph)
+        except GGMLError:
+            self._rollback()
+            raise
+        finally:
+            self.talloc = None
+            self._end()
+        max_size = talloc.get_max_size()
+        self._log_report(graph, talloc)
+        return max_size
+
+    def alloc_graph_n(self, graph: Graph, hash_set: Any, hash_node_talloc: Any) -> None:
+        """ggml_gallocr_alloc_graph_n: allocate `graph` with a tensor allocator per tensor.
+
+        `hash_node_talloc[hash_set.find_or_insert(t)]` is the allocator of
+        tensor t (None: t has memory already, or no allocator). The scheduler
+        passes its hash set and the allocator of each tensor's backend.
+        """
+        if hash_set.size < graph.n_nodes + graph.n_leafs:
+            raise GraphError(f"alloc_graph_n: hash set of size {hash_set.size} is smaller than the graph's "
+                             f"{graph.n_nodes} nodes + {graph.n_leafs} leafs")
+        self.talloc = None
+        self.hash_values = {}
+        self.hash_set = hash_set
+        self.hash_allocs = hash_node_talloc
+        self._begin()
+        try:
+            self._alloc_graph_impl(graph)
+        except GGMLError:
+            self._rollback()
+            raise
+        finally:
+            # remove unowned resources
+            self.hash_set = None
+            self.hash_allocs = None
+            self._end()
+
+    def hash_node(self, t: Tensor) -> HashNode | None:
+        """The counts of `t` left by the last pass (None if the pass never looked at t)."""
+        if self.hash_set is None:
+            return None
+        find = getattr(self.hash_set, "find", None)
+        slot = find(t) if find is not None else self.hash_set.keys.get(id(t))
+        return None if slot is None else self.hash_values.get(slot)
+
+    # --- rollback of a failed pass ---
+
+    def _begin(self) -> None:
+        self._saved_tensors = {}
+        self._saved_tallocs = {}
+        self._debug = log.isEnabledFor(logging.DEBUG)
+
+    def _end(self) -> None:
+        self._saved_tensors = {}
+        self._saved_tallocs = {}
+
+    def _touch_talloc(self, talloc: TensorAllocator) -> None:
+        key = id(talloc)
+        if key not in self._saved_tallocs:
+            self._saved_tallocs[key] = (talloc, talloc.snapshot())
+
+    def _save(self, t: Tensor) -> None:
+        key = id(t)
+        if key not in self._saved_tensors:
+            self._saved_tensors[key] = (t, t.data, t.buffer, t.view_src, t.view_offs)
+
+    def _rollback(self) -> None:
+        for t, data, buffer, view_src, view_offs in self._saved_tensors.values():
+            t.data = data
+            t.buffer = buffer
+            t.view_src = view_src
+            t.view_offs = view_offs
+        for talloc, state in self._saved_tallocs.values():
+            talloc.restore(state)
+        log.debug("alloc_graph failed: %d tensors and %d allocators restored",
+                  len(self._saved_tensors), len(self._saved_tallocs))
+
+    # --- the seed's static functions ---
+
+    def _hash_get(self, t: Tensor) -> HashNode:
+        """hash_get: t's counts, made on first use."""
+        slot = self.hash_set.find_or_insert(t)
+        hn = self.hash_values.get(slot)
+        if hn is None:
+            hn = HashNode()
+            self.hash_values[slot] = hn
+        return hn
+
+    def _node_tallocr(self, node: Tensor) -> TensorAllocator | None:
+        """node_tallocr: the one allocator of alloc_graph, else the node's entry of the allocator map."""
+        if self.talloc is not None:
+            return self.talloc
+        slot = self.hash_set.find_or_insert(node)
+        allocs = self.hash_allocs
+        if isinstance(allocs, dict):
+            talloc = allocs.get(slot)
+        else:
+            talloc = allocs[slot] if slot < len(allocs) else None
+        if talloc is not None:
+            self._touch_talloc(talloc)
+        return talloc
+
+    def _init_view(self, view: Tensor) -> None:
+        """init_view: a view's memory is its view_src's, at view_offs."""
+        alloc = self._node_tallocr(view)
+        view_src = view.view_src
+        if view_src is None or view_src.data is None:
+            src_name = view_src.name if view_src is not None else "(none)"
+            raise GraphError(f"cannot place view '{view.name}': its view_src '{src_name}' has no memory "
+                             f"(allocate the source first, or give it memory)")
+        self._save(view)
+        view.buffer = view_src.buffer
+        view.data = view_src.data + view.view_offs
+        # as in the seed the view is initialized by the node's allocator's buffer (the owning buffer would be
+        # right, see the seed's FIXME; the two are the same for every buffer pyggml has)
+        if alloc is not None and not alloc.measure:
+            alloc.buffer.init_tensor(view)
+
+    def _allocate_node(self, node: Tensor) -> None:
+        """allocate_node: give `node` memory (a view, a source's memory in place, or a new block)."""
+        alloc = self._node_tallocr(node)
+        if node.data is not None:
+            return
+        if node.view_src is not None:
+            self._init_view(node)
+            return
+        # see if we can reuse a parent's buffer (inplace)
+        if node.op in INPLACE_OPS:
+            for parent in node.src:
+                if parent is None:
+                    break
+                # if the node's data is external, then we cannot re-use it
+                if alloc is None or not alloc.is_own(parent):
+                    continue
+                p_hn = self._hash_get(parent)
+                if (parent.data is not None and p_hn.n_children == 1 and p_hn.n_views == 0
+                        and are_same_layout(node, parent)):
+                    if parent.view_src is not None:
+                        view_src = parent.view_src
+                        view_src_hn = self._hash_get(view_src)
+                        if (view_src_hn.n_views == 1 and view_src_hn.n_children == 0
+                                and view_src.data == parent.data):
+                            # only at offset 0: with an offset the memory could not be freed later
+                            if self._debug:
+                                log.debug("reusing view parent %s (%s) for %s", parent.name, view_src.name, node.name)
+                            self._save(node)
+                            node.view_src = view_src
+                            view_src_hn.n_views += 1
+                            self._init_view(node)
+                            return
+                    else:
+                        if self._debug:
+                            log.debug("reusing parent %s for %s", parent.name, node.name)
+                        self._save(node)
+                        node.view_src = parent
+                        p_hn.n_views += 1
+                        self._init_view(node)
+                        return
+        if alloc is None:
+            raise GraphError(f"cannot allocate '{node.name}': no tensor allocator is given for it "
+                             f"(its hash_node_talloc entry is None)")
+        self._save(node)
+        alloc.alloc(node)
+        self._hash_get(node).allocated = True
+
+    def _free_node(self, node: Tensor) -> None:
+        """free_node: give node's memory back to its allocator (which ignores tensors of other buffers)."""
+        alloc = self._node_tallocr(node)
+        if alloc is not None:
+            alloc.free_tensor(node)
+
+    def _alloc_graph_impl(self, graph: Graph) -> None:
+        """ggml_tallocr_alloc_graph_impl."""
+        parse_seq = self.parse_seq
+        parse_seq_len = len(parse_seq)
+        nodes = graph.nodes
+        for i in parse_seq:
+            if i >= len(nodes):
+                raise GraphError(f"parse_seq names node {i}, but the graph has {len(nodes)} nodes")
+        debug = self._debug
+
+        # count number of children and views
+        for node in nodes:
+            view_src = node.view_src
+            if view_src is not None:
+                self._hash_get(view_src).n_views += 1
+                if node.buffer is None and node.data is not None:
+                    # view of a pre-allocated tensor, didn't call init_view() yet
+                    self._init_view(node)
+            for parent in node.src:
+                if parent is None:
+                    break
+                self._hash_get(parent).n_children += 1
+                if parent.view_src is not None and parent.buffer is None and parent.data is not None:
+                    self._init_view(parent)
+
+        # allocate tensors
+        # if we have parse_seq then we allocate nodes following the list, and we only free nodes at barriers
+        last_barrier_pos = 0
+        n_nodes = parse_seq_len if parse_seq_len else len(nodes)
+
+        for ind in range(n_nodes):
+            # allocate a node if there is no parse_seq or this is not a barrier
+            if parse_seq_len == 0 or parse_seq[ind] != -1:
+                i = parse_seq[ind] if parse_seq_len else ind
+                node = nodes[i]
+
+                # allocate parents (leafs)
+                for parent in node.src:
+                    if parent is None:
+                        break
+                    self._allocate_node(parent)
+
+                # allocate node
+                self._allocate_node(node)
+
+                if debug:
+                    names = []
+                    for parent in node.src:
+                        if parent is None:
+                            break
+                        names.append(parent.name)
+                    log.debug("exec: %s (%s) <= %s", node.op.name, node.name, ", ".join(names))
+
+            # update parents
+            # update immediately if there is no parse_seq
+            # update only at barriers if there is parse_seq
+            if parse_seq_len == 0 or parse_seq[ind] == -1:
+                update_start = last_barrier_pos if parse_seq_len else ind
+                update_end = ind if parse_seq_len else ind + 1
+                for i in range(update_start, update_end):
+                    node_i = parse_seq[i] if parse_seq_len else i
+                    node = nodes[node_i]
+                    for parent in node.src:
+                        if parent is None:
+                            break
+                        p_hn = self._hash_get(parent)
+                        p_hn.n_children -= 1
+                        if p_hn.n_children == 0 and p_hn.n_views == 0:
+                            view_src = parent.view_src
+                            if view_src is not None:
+                                view_src_hn = self._hash_get(view_src)
+                                view_src_hn.n_views -= 1
+                                if debug:
+                                    log.debug("view_src %s: %d children, %d views", view_src.name,
+                                              view_src_hn.n_children, view_src_hn.n_views)
+                                if view_src_hn.n_views == 0 and view_src_hn.n_children == 0:
+                                    self._free_node(view_src)
+                            else:
+                                self._free_node(parent)
+                if parse_seq_len:
+                    last_barrier_pos = ind + 1
+
+    def _log_report(self, graph: Graph, talloc: TensorAllocator) -> None:
+        """Log the memory report of the pass (pyggml.alloc at DEBUG); costs nothing when not logged."""
+        if not log.isEnabledFor(logging.DEBUG):
+            return
+        try:
+            from pyggml.alloc.report import memory_report
+        except ImportError:
+            return
+        log.debug("%s", memory_report(graph, talloc).format())
+
+    def __repr__(self) -> str:
+        return f"GraphAllocator(parse_seq_len={len(self.parse_seq)})"
