@@ -5,5 +5,7 @@ The tokenizers and samplers live in `pyggml.models.tokenizer` and `pyggml.models
 
 from pyggml.models.llama import LlamaHParams, build_llama
 from pyggml.models.model import Model, load
+from pyggml.models.sampling import Sampler
+from pyggml.models.tokenizer import Tokenizer
 
-__all__ = ["LlamaHParams", "Model", "build_llama", "load"]
+__all__ = ["LlamaHParams", "Model", "Sampler", "Tokenizer", "build_llama", "load"]
