@@ -147,9 +147,12 @@ class SingleRunner:
         self.galloc: Any = None
         galloc_class = _graph_allocator_class()
         if galloc_class is not None and build_measure_graph is not None:
-            graph, _ = build_measure_graph()
+            graph, inputs = build_measure_graph()
             measure = TensorAllocator.new_measure_from_backend(backend)
             try:
+                # inputs first, as `run` places them (see there)
+                for t in inputs:
+                    measure.alloc(t)
                 galloc_class().alloc_graph(measure, graph)
                 size = measure.get_max_size() + backend.get_alignment()
             finally:
@@ -163,6 +166,12 @@ class SingleRunner:
     def run(self, graph: Graph, inputs: Inputs) -> None:
         if self.galloc is not None and self.talloc is not None:
             self.talloc.reset()
+            # The inputs are written before the graph runs, so they get memory of their own first, as
+            # llama.cpp allocates its inputs before ggml_allocr_alloc_graph: the graph allocator would
+            # otherwise hand a consumed input's bytes to an input that is read later.
+            for t, _ in inputs:
+                if t.data is None:
+                    self.talloc.alloc(t)
             self.galloc.alloc_graph(self.talloc, graph)
         else:
             buffer = allocate_graph(self.backend, graph, self.buffer)
