@@ -1,0 +1,160 @@
+"""`Sampler`: the next token from a row of logits, in llama.cpp's order (common/sampling.cpp).
+
+1. repetition penalty over the last `repeat_last_n` tokens of the history
+   (llama_sample_repetition_penalties: a positive logit is divided by the penalty, a negative one
+   multiplied, so a penalty > 1 always makes the token less likely; then the frequency and presence
+   penalties are subtracted),
+2. temperature <= 0: greedy, the argmax of the penalized logits,
+3. else top-k, top-p, min-p, temperature (sampler_queue's default order), then one draw from the
+   softmax of what is left, with a numpy Generator (seeded: the same seed gives the same tokens).
+
+    sampler = Sampler(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=42)
+    tok = sampler.sample(logits, history)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from pyggml.core.errors import ArgumentError
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    """llama_sample_softmax's probabilities (max subtracted for range)."""
+    e = np.exp(logits - logits.max())
+    return e / e.sum()
+
+
+class Sampler:
+    """Sampling parameters with llama.cpp's names and defaults, and the random generator they draw with.
+
+    temperature: <= 0 means greedy; top_k: 0 keeps every token; top_p: 1.0 disables;
+    min_p: 0.0 disables; repeat_penalty: 1.0 disables; repeat_last_n: 0 disables, -1 uses the
+    whole history; frequency_penalty/presence_penalty: 0.0 disables; min_keep: the candidates
+    top-k/top-p/min-p always keep.
+    """
+
+    def __init__(self, temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
+                 repeat_penalty: float = 1.1, repeat_last_n: int = 64, seed: int | None = None, *,
+                 frequency_penalty: float = 0.0, presence_penalty: float = 0.0, min_keep: int = 1) -> None:
+        self.temperature = _float_arg("temperature", temperature)
+        self.top_k = _int_arg("top_k", top_k, 0)
+        self.top_p = _float_arg("top_p", top_p)
+        if not 0.0 < self.top_p <= 1.0:
+            raise ArgumentError(f"top_p must be in (0, 1], got {top_p}")
+        self.min_p = _float_arg("min_p", min_p)
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ArgumentError(f"min_p must be in [0, 1], got {min_p}")
+        self.repeat_penalty = _float_arg("repeat_penalty", repeat_penalty)
+        if self.repeat_penalty <= 0.0:
+            raise ArgumentError(f"repeat_penalty must be > 0, got {repeat_penalty}")
+        self.repeat_last_n = _int_arg("repeat_last_n", repeat_last_n, -1)
+        self.frequency_penalty = _float_arg("frequency_penalty", frequency_penalty)
+        self.presence_penalty = _float_arg("presence_penalty", presence_penalty)
+        self.min_keep = _int_arg("min_keep", min_keep, 1)
+        if seed is not None:
+            seed = _int_arg("seed", seed, 0)
+        self.seed = seed
+        self.rng = np.random.default_rng(seed)
+
+    def reset(self, seed: int | None = None) -> None:
+        """Restart the random generator (from `seed`, else from the sampler's own seed)."""
+        if seed is not None:
+            self.seed = _int_arg("seed", seed, 0)
+        self.rng = np.random.default_rng(self.seed)
+
+    # --- steps ---
+
+    def apply_penalties(self, logits: np.ndarray, history: Sequence[int]) -> np.ndarray:
+        """llama_sample_repetition_penalties over the last `repeat_last_n` tokens (a new array)."""
+        logits = np.array(logits, dtype=np.float32, copy=True)
+        last_n = len(history) if self.repeat_last_n == -1 else min(self.repeat_last_n, len(history))
+        if last_n == 0 or (self.repeat_penalty == 1.0 and self.frequency_penalty == 0.0
+                           and self.presence_penalty == 0.0):
+            return logits
+        recent = np.asarray(history[len(history) - last_n:], dtype=np.int64)
+        n_vocab = logits.shape[0]
+        if recent.min() < 0 or recent.max() >= n_vocab:
+            bad = int(recent[(recent < 0) | (recent >= n_vocab)][0])
+            raise ArgumentError(f"history token id {bad} is out of the vocabulary (n_vocab {n_vocab})")
+        ids, counts = np.unique(recent, return_counts=True)
+        sel = logits[ids]
+        sel = np.where(sel <= 0, sel * np.float32(self.repeat_penalty), sel / np.float32(self.repeat_penalty))
+        sel = sel - (counts.astype(np.float32) * np.float32(self.frequency_penalty)
+                     + np.float32(self.presence_penalty))
+        logits[ids] = sel.astype(np.float32)
+        return logits
+
+    def candidates(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The token ids left after top-k, top-p and min-p, and their probabilities after temperature
+        (sorted by logit, highest first), from penalized logits; the distribution `sample` draws from."""
+        n_vocab = logits.shape[0]
+        min_keep = self.min_keep
+        # llama_sample_top_k: sort descending and keep k (0: all); at least min_keep
+        k = n_vocab if self.top_k <= 0 else self.top_k
+        k = min(max(k, min_keep), n_vocab)
+        if k < n_vocab:
+            part = np.argpartition(-logits, k - 1)[:k]
+            ids = part[np.argsort(-logits[part], kind="stable")]
+        else:
+            ids = np.argsort(-logits, kind="stable")
+        cur = logits[ids].astype(np.float64)
+        # llama_sample_top_p: the smallest head whose probability sum reaches p
+        if self.top_p < 1.0:
+            probs = _softmax(cur)
+            cum = np.cumsum(probs)
+            reach = np.nonzero((cum >= self.top_p) & (np.arange(1, len(cum) + 1) >= min_keep))[0]
+            last = int(reach[0]) + 1 if reach.size else len(cum)
+            ids, cur = ids[:last], cur[:last]
+        # llama_sample_min_p: drop tokens less likely than min_p times the most likely one
+        if self.min_p > 0.0 and len(cur):
+            probs = _softmax(cur)
+            keep = (probs >= self.min_p * probs[0]) | (np.arange(len(probs)) < min_keep)
+            keep[0] = True
+            drop = np.nonzero(~keep)[0]
+            last = int(drop[0]) if drop.size else len(cur)  # the candidates are sorted: cut at the first drop
+            ids, cur = ids[:last], cur[:last]
+        # llama_sample_temp
+        cur = cur / self.temperature
+        return ids, _softmax(cur)
+
+    def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
+        """The next token id from `logits` (n_vocab,) given the tokens so far (`history`)."""
+        logits = np.asarray(logits)
+        if logits.ndim != 1 or logits.shape[0] == 0:
+            raise ArgumentError(f"logits must be one row (n_vocab,), got shape {tuple(logits.shape)}")
+        cur = self.apply_penalties(logits, history)
+        if self.temperature <= 0.0:
+            return int(np.argmax(cur))  # llama_sample_token_greedy
+        ids, probs = self.candidates(cur)
+        # llama_sample_token: one draw from the distribution (inverse CDF of a uniform)
+        cum = np.cumsum(probs)
+        u = self.rng.random() * cum[-1]
+        i = min(int(np.searchsorted(cum, u, side="right")), len(ids) - 1)
+        return int(ids[i])
+
+    def __repr__(self) -> str:
+        return (f"Sampler(temperature={self.temperature}, top_k={self.top_k}, top_p={self.top_p}, "
+                f"min_p={self.min_p}, repeat_penalty={self.repeat_penalty}, repeat_last_n={self.repeat_last_n}, "
+                f"seed={self.seed})")
+
+
+def _float_arg(name: str, value: float) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ArgumentError(f"{name} must be a number, got {value!r}") from None
+    if not math.isfinite(v):
+        raise ArgumentError(f"{name} must be finite, got {value}")
+    return v
+
+
+def _int_arg(name: str, value: int, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise ArgumentError(f"{name} must be an integer, got {value!r}")
+    if int(value) < minimum:
+        raise ArgumentError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
