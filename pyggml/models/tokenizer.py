@@ -149,6 +149,10 @@ class Tokenizer:
         if self.vocab_type == "spm":
             # the <0xXX> byte tokens of byte fallback; None where the vocab lacks one
             self._byte_ids: list[int | None] = [self.token_to_id.get(f"<0x{b:02X}>") for b in range(256)]
+            self._spm_unk_runs = self.unk_id is not None and any(b is None for b in self._byte_ids)
+            # every two characters that stand side by side in some token: text is cut elsewhere
+            self._spm_pairs: set[str] = {t[k: k + 2] for t in self.token_to_id for k in range(len(t) - 1)}
+            self._spm_cache: dict[str, list[int]] = {}
         else:
             if merges is None:
                 raise GGUFError("tokenizer.ggml.merges is missing: a 'gpt2' (BPE) vocab needs its merges")
@@ -262,34 +266,54 @@ class Tokenizer:
         return out
 
     def _spm_tokenize(self, text: str, out: list[int]) -> None:
-        """llm_tokenizer_spm::tokenize. Symbol i covers text[start[i]: start[i] + n[i]] (merged
-        symbols are contiguous; a symbol merged into its left neighbour has n = 0)."""
+        """llm_tokenizer_spm::tokenize, run on independent pieces of `text`.
+
+        Cut between two characters that no token has side by side, no merge can join the two
+        sides: each side's merges only ever look at that side, in the same relative order
+        (score, then position). The pieces (words, mostly, for SentencePiece vocabs) are encoded
+        on their own and cached, which gives the ids of encoding the whole text at once.
+        """
+        pairs = self._spm_pairs
+        cache = self._spm_cache
+        segment = self._spm_segment
+        collapse = self._spm_unk_runs
+        unk_id = self.unk_id
+        base = len(out)
+        start = 0
+        n = len(text)
+        for i in range(1, n + 1):
+            if i < n and text[i - 1: i + 1] in pairs:
+                continue
+            piece = text[start:i]
+            start = i
+            ids = cache.get(piece)
+            if ids is None:
+                ids = segment(piece)
+                if len(cache) < 100_000:
+                    cache[piece] = ids
+            if collapse and ids and ids[0] == unk_id and len(out) > base and out[-1] == unk_id:
+                out.extend(ids[1:])  # a run of unknown characters is one UNK
+            else:
+                out.extend(ids)
+
+    def _spm_segment(self, text: str) -> list[int]:
+        """llm_tokenizer_spm::tokenize of one piece. Symbol i starts at character i (a UTF-8
+        character of llama.cpp's split) and covers n[i] characters; a symbol merged into its left
+        neighbour has n = 0."""
         token_to_id = self.token_to_id
         scores = self.scores
         n_sym = len(text)
-        start = list(range(n_sym))
         n = [1] * n_sym
         prev = list(range(-1, n_sym - 1))
         nxt = list(range(1, n_sym + 1))
         nxt[-1] = -1
         # work queue of bigrams, best first: highest score, then leftmost (llm_bigram_spm::comparator)
         work: list[tuple[float, int, int, int]] = []
-        rev_merge: dict[str, tuple[int, int]] = {}
-
-        def try_add_bigram(left: int, right: int) -> None:
-            if left == -1 or right == -1:
-                return
-            size = n[left] + n[right]
-            piece = text[start[left]: start[left] + size]
-            tid = token_to_id.get(piece)
-            if tid is None:
-                return
-            heapq.heappush(work, (-scores[tid], left, right, size))
-            rev_merge[piece] = (left, right)
-
-        for i in range(1, n_sym):
-            try_add_bigram(i - 1, i)
-
+        push = heapq.heappush
+        for left in range(n_sym - 1):
+            tid = token_to_id.get(text[left: left + 2])
+            if tid is not None:
+                push(work, (-scores[tid], left, left + 1, 2))
         while work:
             _, left, right, size = heapq.heappop(work)
             # one of the symbols already got merged: skip
@@ -297,25 +321,33 @@ class Tokenizer:
                 continue
             n[left] = size
             n[right] = 0
-            nxt[left] = nxt[right]
-            if nxt[right] >= 0:
-                prev[nxt[right]] = left
-            try_add_bigram(prev[left], left)
-            try_add_bigram(left, nxt[left])
+            after = nxt[right]
+            nxt[left] = after
+            if after >= 0:
+                prev[after] = left
+            # try_add_bigram(prev, left) and try_add_bigram(left, next)
+            before = prev[left]
+            if before >= 0:
+                tid = token_to_id.get(text[before: left + size])
+                if tid is not None:
+                    push(work, (-scores[tid], before, left, left + size - before))
+            if after >= 0:
+                tid = token_to_id.get(text[left: after + n[after]])
+                if tid is not None:
+                    push(work, (-scores[tid], left, after, size + n[after]))
 
+        # resegment: every merged symbol is a token (merges only make tokens), so llama.cpp's
+        # rev_merge split never applies here; a lone character without a token falls back to bytes
+        out: list[int] = []
         byte_ids = self._byte_ids
         unk_id = self.unk_id
-        base = len(out)
-
-        def resegment(i: int) -> None:
-            piece = text[start[i]: start[i] + n[i]]
+        i = 0
+        while i != -1:
+            piece = text[i: i + n[i]]
             tid = token_to_id.get(piece)
             if tid is not None:
                 out.append(tid)
-                return
-            p = rev_merge.get(piece)
-            if p is None:
-                # a character without a token: its UTF-8 bytes as byte tokens
+            else:
                 raw = piece.encode("utf-8", errors="surrogatepass")
                 ids = [byte_ids[b] for b in raw]
                 if all(t is not None for t in ids):
@@ -323,19 +355,13 @@ class Tokenizer:
                 elif unk_id is not None:
                     # a vocab without byte tokens: UNK, one for a run of unknown characters as
                     # SentencePiece does (llama.cpp has no rule here: it throws)
-                    if len(out) == base or out[-1] != unk_id:
+                    if not out or out[-1] != unk_id:
                         out.append(unk_id)
-                elif raw:
+                else:
                     raise ArgumentError(f"cannot tokenize {piece!r}: the vocab has neither its byte tokens "
                                         f"nor an unknown token")
-                return
-            resegment(p[0])
-            resegment(p[1])
-
-        i = 0
-        while i != -1:
-            resegment(i)
             i = nxt[i]
+        return out
 
     def _bpe_tokenize(self, text: str, out: list[int]) -> None:
         """llm_tokenizer_bpe::tokenize: GPT-2 pre-tokenizer words, each merged on its own."""
@@ -360,28 +386,31 @@ class Tokenizer:
             nxt[-1] = -1
             # bigrams, best first: lowest rank, then leftmost (llm_bigram_bpe::comparator)
             work: list[tuple[int, int, int, str]] = []
-
-            def add_new_bigram(left: int, right: int) -> None:
-                if left == -1 or right == -1:
-                    return
-                rank = ranks.get((syms[left], syms[right]))
-                if rank is None:
-                    return
-                heapq.heappush(work, (rank, left, right, syms[left] + syms[right]))
-
+            push = heapq.heappush
             for i in range(1, n_sym):
-                add_new_bigram(i - 1, i)
+                rank = ranks.get((syms[i - 1], syms[i]))
+                if rank is not None:
+                    push(work, (rank, i - 1, i, syms[i - 1] + syms[i]))
             while work:
                 _, left, right, merged = heapq.heappop(work)
                 if not syms[left] or not syms[right] or syms[left] + syms[right] != merged:
                     continue  # outdated bigram
                 syms[left] = merged
                 syms[right] = ""
-                nxt[left] = nxt[right]
-                if nxt[right] >= 0:
-                    prev[nxt[right]] = left
-                add_new_bigram(prev[left], left)
-                add_new_bigram(left, nxt[left])
+                after = nxt[right]
+                nxt[left] = after
+                if after >= 0:
+                    prev[after] = left
+                # add_new_bigram(prev, left) and add_new_bigram(left, next)
+                before = prev[left]
+                if before >= 0:
+                    rank = ranks.get((syms[before], merged))
+                    if rank is not None:
+                        push(work, (rank, before, left, syms[before] + merged))
+                if after >= 0:
+                    rank = ranks.get((merged, syms[after]))
+                    if rank is not None:
+                        push(work, (rank, left, after, merged + syms[after]))
         out: list[int] = []
         for s in syms:
             if not s:

@@ -144,6 +144,18 @@ def test_spm_training_sentences_and_long_text(sp_pair: tuple[Any, Tokenizer]) ->
     assert tok.decode(tok.encode(text)) == text
 
 
+def test_spm_cut_into_pieces_equals_one_run(sp_pair: tuple[Any, Tokenizer]) -> None:
+    """encode cuts the text where no token can span and caches the pieces; the merge loop over the
+    whole text at once (llama.cpp's way) gives the same ids, cold and warm cache."""
+    _, tok = sp_pair
+    text = "\n".join(training_sentences(60, seed=2) + CORPUS)
+    whole = tok._spm_segment((" " + text).replace(" ", "\u2581"))
+    tok._spm_cache.clear()
+    assert tok.encode(text, add_bos=False) == whole
+    assert tok.encode(text, add_bos=False) == whole
+    assert len(tok._spm_cache) > 50  # it was cut into many pieces
+
+
 def test_spm_without_byte_tokens_uses_unk() -> None:
     """A vocab without <0xXX> tokens: an unknown run becomes one UNK, as sentencepiece does (decoded as
     llama.cpp prints UNK, "▅")."""
