@@ -1,0 +1,19 @@
+"""pyggml.sched: the multi-backend scheduler (the seed's ggml_backend_sched)."""
+
+from pyggml.sched.debug import fmt_size, format_assignments
+from pyggml.sched.graphviz import sched_to_dot
+from pyggml.sched.scheduler import (
+    DEBUG_ENV,
+    GGML_MAX_BACKENDS,
+    GGML_MAX_SPLIT_INPUTS,
+    GGML_MAX_SPLITS,
+    Scheduler,
+    debug_enabled,
+    dup_tensor_layout,
+)
+from pyggml.sched.split import Split
+from pyggml.sched.stats import BackendStats, SchedStats
+
+__all__ = ["DEBUG_ENV", "GGML_MAX_BACKENDS", "GGML_MAX_SPLITS", "GGML_MAX_SPLIT_INPUTS", "BackendStats",
+           "SchedStats", "Scheduler", "Split", "debug_enabled", "dup_tensor_layout", "fmt_size",
+           "format_assignments", "sched_to_dot"]

@@ -1,0 +1,68 @@
+"""The seed's assignment printout (sched_print_assignments), as text for `logging`.
+
+Set the environment variable GGML_SCHED_DEBUG (to anything but "0") and
+enable DEBUG logging for "pyggml.sched" to get it after every split, with
+the per-backend timings after every compute. One line per split start:
+
+    ## SPLIT #1: CPU # 2 inputs: [attn_norm-0 (   0K)] [x (   0K)]
+
+and one per node that is not a view op: index, op, name, size, backend and
+the cause of the assignment ("1.dst", "1.vsrc", "1.srcN", "2.srcN",
+"2.prio", "usr"), then the same for each source.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pyggml.core.tensor import Tensor, is_view_op
+
+if TYPE_CHECKING:
+    from pyggml.core.graph import Graph
+    from pyggml.sched.scheduler import Scheduler
+
+
+def fmt_size(size: int) -> str:
+    """The seed's fmt_size: whole MiB above 1 MiB, else whole KiB."""
+    if size >= 1024 * 1024:
+        return f"{size // 1024 // 1024}M"
+    return f"{size // 1024}K"
+
+
+def _fit(s: str, width: int) -> str:
+    """printf's %W.Ws: truncated to `width`, right-aligned in it."""
+    return f"{s[:width]:>{width}}"
+
+
+def format_assignments(sched: Scheduler, graph: Graph) -> str:
+    """The printout of the last split of `graph` (the graph the scheduler split last)."""
+    lines: list[str] = []
+
+    def where(t: Tensor) -> tuple[str, str]:
+        backend = sched.tensor_backend(t)
+        return (backend.name() if backend is not None else "NULL"), sched.tensor_cause(t)
+
+    cur_split = 0
+    splits = sched.splits
+    for i, node in enumerate(graph.nodes):
+        if cur_split < len(splits) and i == splits[cur_split].i_start:
+            split = splits[cur_split]
+            backend = split.backend
+            inputs = " ".join(f"[{t.name} ({_fit(fmt_size(t.nbytes()), 5)})]" for t in split.inputs)
+            lines.append("")
+            lines.append(f"## SPLIT #{cur_split}: {backend.name() if backend else 'NULL'} # {split.n_inputs} "
+                         f"inputs: {inputs}")
+            cur_split += 1
+        if is_view_op(node.op):
+            continue
+        name, cause = where(node)
+        line = (f"node #{i:3d} ({_fit(node.op.name, 10)}): {_fit(node.name, 20)} ({_fit(fmt_size(node.nbytes()), 4)}) "
+                f"[{_fit(name, 4)} {_fit(cause, 8)}]:")
+        for src in node.src:
+            if src is None:
+                break
+            src_name, src_cause = where(src)
+            line += (f" {_fit(src.name, 20)} ({_fit(fmt_size(src.nbytes()), 4)}) "
+                     f"[{_fit(src_name, 4)} {_fit(src_cause, 8)}]")
+        lines.append(line)
+    return "\n".join(lines)

@@ -1,0 +1,740 @@
+"""`Scheduler`: the seed's `ggml_backend_sched`, one graph computed over several backends.
+
+Backends are given in priority order (the first is preferred). Until
+`init_measure(graph)` every backend has a measure allocator; `init_measure`
+splits and allocates the measure graph to learn each backend's compute
+buffer size, then gives every backend a real buffer of that size. Each
+`graph_compute(graph)` then:
+
+1. assigns every node to a backend (`_split_graph`, the seed's four passes):
+   (1) leafs and nodes whose memory is already in a backend's buffer go to
+   that backend ("1.dst"), else the backend of their view source
+   ("1.vsrc"), else of their sources with memory (lowest priority number,
+   then size: "1.srcN"); (2) nodes still unassigned take a source's
+   assignment ("2.srcN"); (3) sources still unassigned (leafs without
+   memory) take their consumer's;
+2. cuts the node list wherever the backend changes (view ops do not count),
+   lists per split the sources that live on another backend (its inputs),
+   makes one copy per (tensor, backend) named "<backend>#<name>" with the
+   source's layout and points the consumers at it;
+3. allocates every backend's part with the graph allocator's
+   `alloc_graph_n`, the copies of a split's inputs placed at the split's start;
+4. per split copies the inputs in and runs the split's nodes on its backend;
+5. resets the allocators (the memory is reused by the next graph).
+
+Where pyggml differs from the C seed (see DESIGN.md "Where the seed is wrong"):
+
+- Assignments made with `set_node_backend` hold until `reset()` (which every
+  `graph_compute` and `init_measure` ends with, as the seed's `sched_reset`),
+  also when made before `init_measure`: the seed clears its table before pass
+  1, so its "do not overwrite user assignments" never held.
+- The passes give a node only a backend whose `supports_op` accepts it (the
+  seed ignores op support, so a MUL_MAT-only backend such as ggml's BLAS would
+  be handed every op after its matrix products). A node that no source's
+  backend can compute, or that has no assigned source at all (the seed leaves
+  it NULL and crashes), goes to the first backend, in priority order, that
+  supports it ("2.prio"). Memory pins: "1.dst"/"1.vsrc" and user assignments
+  are kept even when the backend cannot compute the op, and that is reported
+  before anything runs.
+- A split lists a tensor once among its inputs even when several of its
+  nodes read it (the seed lists it, copies it and counts it against
+  GGML_MAX_SPLIT_INPUTS once per reading source).
+- The seed's fixed arrays and asserts are limits (`max_backends`,
+  `max_splits`, `max_split_inputs`, defaults as the seed's) that raise
+  LimitExceededError, and the other asserts raise GGMLErrors, before any
+  node runs; a graph whose split fails is left as it was given.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from collections.abc import Sequence
+
+from pyggml.alloc.graph_allocator import GraphAllocator
+from pyggml.alloc.hash_set import HashSet
+from pyggml.alloc.tensor_allocator import TensorAllocator
+from pyggml.backend.backend import Backend, op_desc
+from pyggml.backend.buffer import Buffer
+from pyggml.backend.tensor_io import tensor_copy
+from pyggml.core.context import Context, tensor_overhead
+from pyggml.core.errors import (
+    ArgumentError,
+    BufferFreedError,
+    GraphError,
+    LimitExceededError,
+    NotAllocatedError,
+    OutOfMemoryError,
+    UnsupportedOpError,
+)
+from pyggml.core.graph import Graph
+from pyggml.core.tensor import GGMLOp, Tensor, is_view_op
+from pyggml.sched.split import Split
+from pyggml.sched.stats import BackendStats, SchedStats
+
+log = logging.getLogger("pyggml.sched")
+
+GGML_MAX_BACKENDS = 4
+GGML_MAX_SPLITS = 256
+GGML_MAX_SPLIT_INPUTS = 16
+
+DEBUG_ENV = "GGML_SCHED_DEBUG"
+
+_NO_PRIO = math.inf  # the seed's INT_MAX: "not one of the scheduler's backends"
+
+
+def debug_enabled() -> bool:
+    """Whether GGML_SCHED_DEBUG asks for the assignment printout (any value but "", "0")."""
+    return os.environ.get(DEBUG_ENV, "") not in ("", "0")
+
+
+def _buffer_backend(t: Tensor) -> Backend | None:
+    """ggml_get_backend as the seed has it: the backend of the tensor's own buffer (not its view source's)."""
+    buffer = t.buffer
+    return buffer.backend if buffer is not None else None
+
+
+def dup_tensor_layout(ctx: Context, tensor: Tensor) -> Tensor:
+    """ggml_dup_tensor_layout: a new tensor of the same type, `ne` and `nb` (a copy keeps the layout)."""
+    dup = ctx.dup_tensor(tensor)
+    dup.nb = list(tensor.nb)
+    return dup
+
+
+class Scheduler:
+    """ggml_backend_sched: assigns nodes to `backends` (priority order), splits, allocates, computes."""
+
+    def __init__(self, backends: Sequence[Backend], max_backends: int = GGML_MAX_BACKENDS,
+                 max_splits: int = GGML_MAX_SPLITS, max_split_inputs: int = GGML_MAX_SPLIT_INPUTS) -> None:
+        """ggml_backend_sched_new: measure allocators for every backend, in the order given."""
+        backends = list(backends)
+        for name, value in (("max_backends", max_backends), ("max_splits", max_splits),
+                            ("max_split_inputs", max_split_inputs)):
+            if value < 1:
+                raise ArgumentError(f"Scheduler: {name} must be >= 1, got {value}")
+        if not backends:
+            raise ArgumentError("Scheduler: at least one backend is needed")
+        if len(backends) > max_backends:
+            raise LimitExceededError(
+                f"Scheduler: {len(backends)} backends ({', '.join(b.name() for b in backends)}) exceed "
+                f"GGML_MAX_BACKENDS = {max_backends}"
+            )
+        for i, b in enumerate(backends):
+            if not isinstance(b, Backend):
+                raise ArgumentError(f"Scheduler: backend {i} is a {type(b).__name__}, not a Backend")
+            b.check_alive()
+            for j in range(i):
+                if backends[j] is b:
+                    raise ArgumentError(f"Scheduler: backend '{b.name()}' is given twice (positions {j} and {i}); "
+                                        f"two backends of one kind must be two instances")
+        self.backends: list[Backend] = backends
+        self.max_backends = max_backends
+        self.max_splits = max_splits
+        self.max_split_inputs = max_split_inputs
+
+        self.galloc = GraphAllocator()
+        self.tallocs: list[TensorAllocator] = []
+        self._own_buffers: dict[int, Buffer] = {}  # every buffer the scheduler made, by id (kept alive)
+        try:
+            for b in backends:
+                self.tallocs.append(self._new_tallocr(b, None))
+        except BaseException:
+            for talloc in self.tallocs:
+                talloc.free()
+            raise
+
+        self.hash_set: HashSet | None = None  # made by init_measure, sized for the measure graph
+        self.measure_hash_size = 0  # the measure graph's visited_hash_table.size
+        self.node_talloc: list[TensorAllocator | None] = []  # [hash_set.size]: each tensor's allocator
+        self.node_copies: dict[int, list[Tensor | None]] = {}  # slot -> the tensor's copy per backend
+        self.causes: dict[int, str] = {}  # slot -> why the tensor got its backend (debug)
+        self.user_assignments: dict[int, tuple[Tensor, int]] = {}  # id(tensor) -> (tensor, backend index)
+
+        self.ctx: Context | None = None  # the copies of the last split
+        self.graph: Graph | None = None  # the graph the allocator saw: each split's input copies, then its nodes
+        self.splits: list[Split] = []
+        self.stats = SchedStats(backends=[BackendStats(b.name()) for b in backends])
+        self.freed = False
+
+    # --- construction helpers ---
+
+    def _new_tallocr(self, backend: Backend, size: int | None) -> TensorAllocator:
+        """A measure allocator of `backend` (size None) or one over a new buffer of `size` bytes."""
+        if size is None:
+            talloc = TensorAllocator.new_measure_from_backend(backend)
+        else:
+            talloc = TensorAllocator.new_from_backend(backend, size)
+        self._own_buffers[id(talloc.buffer)] = talloc.buffer
+        return talloc
+
+    @property
+    def n_backends(self) -> int:
+        return len(self.backends)
+
+    @property
+    def n_splits(self) -> int:
+        return len(self.splits)
+
+    @property
+    def measured(self) -> bool:
+        """True once init_measure has given every backend its real compute buffer."""
+        return self.hash_set is not None
+
+    def _check_alive(self) -> None:
+        if self.freed:
+            raise BufferFreedError("the scheduler was used after it was freed")
+
+    # --- priorities (the seed's sched_backend_prio / sched_allocr_prio) ---
+
+    def backend_prio(self, backend: Backend | None) -> float:
+        """The backend's index in priority order (lower is better); inf if it is not one of ours."""
+        for i, b in enumerate(self.backends):
+            if b is backend:
+                return i
+        return _NO_PRIO
+
+    def _allocr_prio(self, allocr: TensorAllocator | None) -> float:
+        for i, talloc in enumerate(self.tallocs):
+            if talloc is allocr:
+                return i
+        return _NO_PRIO
+
+    def _backend_index(self, backend: Backend, what: str) -> int:
+        prio = self.backend_prio(backend)
+        if prio == _NO_PRIO:
+            names = ", ".join(f"'{b.name()}'" for b in self.backends)
+            raise ArgumentError(f"{what}: backend '{backend.name()}' is not one of the scheduler's backends "
+                                f"({names})")
+        return int(prio)
+
+    # --- public API (ggml_backend_sched_*) ---
+
+    def get_tallocr(self, backend: Backend) -> TensorAllocator:
+        """ggml_backend_sched_get_tallocr: the allocator of `backend`'s compute buffer (inputs go here)."""
+        self._check_alive()
+        return self.tallocs[self._backend_index(backend, "get_tallocr")]
+
+    def get_buffer(self, backend: Backend) -> Buffer:
+        """ggml_backend_sched_get_buffer: `backend`'s compute buffer (a measure buffer before init_measure)."""
+        self._check_alive()
+        return self.tallocs[self._backend_index(backend, "get_buffer")].get_buffer()
+
+    def set_node_backend(self, node: Tensor, backend: Backend) -> None:
+        """ggml_backend_sched_set_node_backend: compute `node` on `backend`; the passes never change it.
+
+        The assignment holds until `reset()`, which ends every graph_compute and
+        init_measure: assign the nodes of each graph before computing it.
+        """
+        self._check_alive()
+        index = self._backend_index(backend, f"set_node_backend('{node.name}')")
+        self.user_assignments[id(node)] = (node, index)
+        if self.hash_set is not None:
+            self.node_talloc[self.hash_set.find_or_insert(node)] = self.tallocs[index]
+
+    def get_node_backend(self, node: Tensor) -> Backend | None:
+        """The backend `node` is assigned to: by the last split, else by set_node_backend, else None."""
+        if self.hash_set is not None:
+            slot = self.hash_set.find(node)
+            if slot is not None and self.node_talloc[slot] is not None:
+                return self.node_talloc[slot].get_buffer().backend
+        user = self.user_assignments.get(id(node))
+        if user is not None and user[0] is node:
+            return self.backends[user[1]]
+        return None
+
+    def init_measure(self, measure_graph: Graph) -> None:
+        """ggml_backend_sched_init_measure: size every backend's compute buffer for `measure_graph`.
+
+        Use the largest graph that will be computed. Calling it again measures
+        anew (the real buffers are freed and new ones made).
+        """
+        self._check_alive()
+        if self.hash_set is not None:
+            # measuring again: back to measure allocators (the seed would measure with the real buffers)
+            for i, b in enumerate(self.backends):
+                self.tallocs[i].free()
+                self.tallocs[i] = self._new_tallocr(b, None)
+        # initialize hash tables
+        self.measure_hash_size = measure_graph.visited_hash_table.size
+        hash_size = self.measure_hash_size + self.max_splits * self.max_split_inputs
+        self.hash_set = HashSet(hash_size)
+        self.node_talloc = [None] * hash_size
+        try:
+            t0 = time.perf_counter()
+            self._split_graph(measure_graph)
+            t1 = time.perf_counter()
+            self._alloc_splits()
+            t2 = time.perf_counter()
+        except BaseException:
+            self.hash_set = None
+            self.reset()
+            raise
+        self._new_stats(measure_graph, t1 - t0, t2 - t1)
+
+        # allocate buffers and reset allocators
+        sizes = [talloc.get_max_size() for talloc in self.tallocs]
+        for i, b in enumerate(self.backends):
+            self.tallocs[i].free()
+            self.tallocs[i] = self._new_tallocr(b, sizes[i])
+        log.debug("init_measure: compute buffer sizes %s",
+                  ", ".join(f"{b.name()} {s} bytes" for b, s in zip(self.backends, sizes, strict=True)))
+        self.reset()
+
+    def graph_compute(self, graph: Graph) -> None:
+        """ggml_backend_sched_graph_compute: split, allocate and compute `graph`, then reset.
+
+        `graph` must be new (built for this call, as llama.cpp builds one per
+        batch): the split points its nodes at the scheduler's copies and its
+        tensors keep their memory in the compute buffers until the next call.
+        """
+        self._check_alive()
+        if self.hash_set is None:
+            raise GraphError("graph_compute: call init_measure(measure_graph) first; it sizes the backends' "
+                             "compute buffers")
+        if self.hash_set.size < graph.visited_hash_table.size + self.max_splits * self.max_split_inputs:
+            raise GraphError(
+                f"graph_compute: the graph (size {graph.size}, hash table {graph.visited_hash_table.size}) is larger "
+                f"than the measure graph (hash table {self.measure_hash_size}); measure with the largest graph"
+            )
+        try:
+            t0 = time.perf_counter()
+            self._split_graph(graph)
+            t1 = time.perf_counter()
+            self._alloc_splits()
+            t2 = time.perf_counter()
+            self._new_stats(graph, t1 - t0, t2 - t1)
+            self._compute_splits()
+        finally:
+            self._reset_tallocs()
+            self.user_assignments.clear()
+        if debug_enabled():
+            log.debug("%s", self.stats.format())
+
+    def reset(self) -> None:
+        """Free every compute buffer's allocations and forget set_node_backend assignments.
+
+        The seed's sched_reset (it only resets the allocators); graph_compute and
+        init_measure end with it.
+        """
+        self._reset_tallocs()
+        self.user_assignments.clear()
+
+    def free(self) -> None:
+        """ggml_backend_sched_free: the compute buffers and tables; freeing twice is harmless."""
+        if self.freed:
+            return
+        for talloc in self.tallocs:
+            talloc.free()
+        self.galloc.free()
+        self.hash_set = None
+        self.node_talloc = []
+        self.node_copies = {}
+        self.user_assignments.clear()
+        self.ctx = None
+        self.graph = None
+        self.splits = []
+        self.freed = True
+
+    def __enter__(self) -> Scheduler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.free()
+
+    def _reset_tallocs(self) -> None:
+        for talloc in self.tallocs:
+            talloc.reset()
+
+    # --- observability ---
+
+    def format_assignments(self, graph: Graph) -> str:
+        """The seed's sched_print_assignments as text (splits, each node's backend and cause)."""
+        from pyggml.sched.debug import format_assignments
+
+        return format_assignments(self, graph)
+
+    def dump_dot(self, graph: Graph, filename: str | None = None) -> str:
+        """Graphviz source of the last split graph, coloured by backend, splits as clusters."""
+        from pyggml.sched.graphviz import sched_to_dot
+
+        text = sched_to_dot(self, graph)
+        if filename is not None:
+            with open(filename, "w", encoding="utf-8") as f:
+                f.write(text)
+        return text
+
+    def tensor_backend(self, t: Tensor) -> Backend | None:
+        """The backend `t` was assigned to by the last split (None if it has none)."""
+        if self.hash_set is None:
+            return None
+        slot = self.hash_set.find(t)
+        if slot is None:
+            return None
+        talloc = self.node_talloc[slot]
+        return talloc.get_buffer().backend if talloc is not None else None
+
+    def tensor_cause(self, t: Tensor) -> str:
+        """Why the last split gave `t` its backend ("1.dst", "2.src0", "usr", ...; "" if no pass said)."""
+        if self.hash_set is None:
+            return ""
+        slot = self.hash_set.find(t)
+        return self.causes.get(slot, "") if slot is not None else ""
+
+    def _new_stats(self, graph: Graph, split_time: float, alloc_time: float) -> None:
+        self.stats = SchedStats(n_nodes=graph.n_nodes, n_splits=len(self.splits), split_time=split_time,
+                                alloc_time=alloc_time, backends=[BackendStats(b.name()) for b in self.backends])
+
+    # --- the passes (sched_split_graph) ---
+
+    def _supports(self, index: int, node: Tensor) -> bool:
+        """Whether backend `index` can compute `node` (views and leafs compute nothing: any backend)."""
+        op = node.op
+        if op == GGMLOp.NONE or is_view_op(op):
+            return True
+        return self.backends[index].supports_op(node)
+
+    def _first_supporting(self, node: Tensor) -> int:
+        for i in range(len(self.backends)):
+            if self._supports(i, node):
+                return i
+        names = ", ".join(f"'{b.name()}'" for b in self.backends)
+        types = ", ".join(f"{s.name}:{s.type.name}" for s in node.src if s is not None)
+        raise UnsupportedOpError(f"none of the scheduler's backends ({names}) supports op {op_desc(node)} of node "
+                                 f"'{node.name}' ({node.type.name}{list(node.ne)}; sources {types or 'none'})")
+
+    def _backend_from_cur(self, node: Tensor, slot: int) -> int | None:
+        """sched_backend_from_cur: the backend that node's memory, or its sources' memory, calls for."""
+        causes = self.causes
+        # if the dst tensor is already allocated in a buffer, we must assume that it is critical to keep it there
+        # ie. kv cache updates
+        cur_backend = _buffer_backend(node)
+        if cur_backend is not None:
+            causes[slot] = "1.dst"
+            return self._backend_index(cur_backend, f"node '{node.name}' (its memory)")
+
+        # view_src
+        if node.view_src is not None:
+            vsrc_backend = _buffer_backend(node.view_src)
+            if vsrc_backend is not None:
+                causes[slot] = "1.vsrc"
+                return self._backend_index(vsrc_backend, f"node '{node.name}' (the memory of its view source "
+                                                         f"'{node.view_src.name}')")
+
+        # src: the lowest priority number, then the size (the seed's rule, as written)
+        cur_prio = _NO_PRIO
+        cur_size = 0
+        best: int | None = None
+        for j, src in enumerate(node.src):
+            if src is None:
+                break
+            src_backend = _buffer_backend(src)
+            if src_backend is not None:
+                src_prio = self.backend_prio(src_backend)
+                src_size = src.nbytes()
+                if src_prio < cur_prio and src_size >= cur_size and self._supports(int(src_prio), node):
+                    cur_prio = src_prio
+                    cur_size = src_size
+                    best = int(src_prio)
+                    causes[slot] = f"1.src{j}"
+        return best
+
+    def _split_graph(self, graph: Graph) -> None:
+        """sched_split_graph: assign backends to nodes and cut the graph into splits.
+
+        On error the graph's sources are put back as they were.
+        """
+        self._check_fresh(graph)
+        hash_set = self.hash_set
+        assert hash_set is not None
+        # reset state
+        hash_set.reset()
+        node_talloc = self.node_talloc = [None] * hash_set.size
+        self.node_copies = {}
+        self.causes = {}
+        causes = self.causes
+        self.splits = []
+        self.graph = None
+        self.ctx = Context(mem_size=self.max_splits * self.max_split_inputs * tensor_overhead(), no_alloc=True)
+        tallocs = self.tallocs
+        find = hash_set.find_or_insert
+
+        # user assignments first: the passes skip tensors that have a backend
+        for t, index in self.user_assignments.values():
+            slot = find(t)
+            node_talloc[slot] = tallocs[index]
+            causes[slot] = "usr"
+
+        # pass 1: assign backends to ops with allocated inputs
+        for leaf in graph.leafs:
+            slot = find(leaf)
+            if node_talloc[slot] is not None:
+                # do not overwrite user assignments
+                continue
+            leaf_backend = _buffer_backend(leaf)
+            if leaf_backend is None and leaf.view_src is not None:
+                leaf_backend = _buffer_backend(leaf.view_src)
+            if leaf_backend is not None:
+                node_talloc[slot] = tallocs[self._backend_index(leaf_backend, f"leaf '{leaf.name}' (its memory)")]
+
+        for node in graph.nodes:
+            slot = find(node)
+            if node_talloc[slot] is not None:
+                # do not overwrite user assignments
+                continue
+            node_backend = self._backend_from_cur(node, slot)
+            if node_backend is not None:
+                node_talloc[slot] = tallocs[node_backend]
+
+        # pass 2: assign backends to ops from current assignments
+        for node in graph.nodes:
+            slot = find(node)
+            if node_talloc[slot] is not None:
+                continue
+            cur_prio = _NO_PRIO
+            cur_size = 0
+            best: int | None = None
+            for j, src in enumerate(node.src):
+                if src is None:
+                    break
+                src_allocr = node_talloc[find(src)]
+                if src_allocr is not None:
+                    src_prio = self._allocr_prio(src_allocr)
+                    src_size = src.nbytes()
+                    if src_prio < cur_prio and src_size >= cur_size and self._supports(int(src_prio), node):
+                        cur_prio = src_prio
+                        cur_size = src_size
+                        best = int(src_prio)
+                        causes[slot] = f"2.src{j}"
+            if best is None:
+                # no source's backend can compute it, or no source has a backend: the first one that can
+                best = self._first_supporting(node)
+                causes[slot] = "2.prio"
+            node_talloc[slot] = tallocs[best]
+
+        # pass 3: assign backends to remaining src from dst (should only be leafs)
+        for node in graph.nodes:
+            node_allocr = node_talloc[find(node)]
+            for src in node.src:
+                if src is None:
+                    break
+                src_slot = find(src)
+                if node_talloc[src_slot] is None:
+                    node_talloc[src_slot] = node_allocr
+
+        rewired: list[tuple[Tensor, int, Tensor]] = []
+        try:
+            self._split_nodes(graph, rewired)
+        except BaseException:
+            for node, j, src in reversed(rewired):
+                node.src[j] = src
+            self.splits = []
+            raise
+
+        if debug_enabled():
+            log.debug("%s", self.format_assignments(graph))
+
+    def _split_nodes(self, graph: Graph, rewired: list[tuple[Tensor, int, Tensor]]) -> None:
+        """Pass 4: split the graph, find the tensors that need to be copied, build the allocation graph."""
+        hash_set = self.hash_set
+        assert hash_set is not None and self.ctx is not None
+        find = hash_set.find_or_insert
+        node_talloc = self.node_talloc
+        node_copies = self.node_copies
+        n_backends = len(self.backends)
+        nodes = graph.nodes
+
+        splits = self.splits
+        if not nodes:
+            self.graph = Graph(0)
+            return
+        # find first backend (a graph of views only: the first view's)
+        first_allocr = node_talloc[find(nodes[0])]
+        for node in nodes:
+            if node.view_src is None:
+                first_allocr = node_talloc[find(node)]
+                break
+        split = Split(first_allocr, 0)
+        splits.append(split)
+        cur_allocr = first_allocr
+        cur_backend_id = self._allocr_prio(cur_allocr)
+        for i, node in enumerate(nodes):
+            if is_view_op(node.op):
+                continue
+            node_allocr = node_talloc[find(node)]
+            if node_allocr is None:
+                raise GraphError(f"node {i} '{node.name}' ({op_desc(node)}) has no backend")
+            if node_allocr is not cur_allocr:
+                split.i_end = i
+                if len(splits) >= self.max_splits:
+                    raise LimitExceededError(
+                        f"the graph needs more than GGML_MAX_SPLITS = {self.max_splits} splits (node {i} "
+                        f"'{node.name}' starts another one on '{node_allocr.get_buffer().backend.name()}')"
+                    )
+                split = Split(node_allocr, i)
+                splits.append(split)
+                cur_allocr = node_allocr
+                cur_backend_id = self._allocr_prio(cur_allocr)
+            backend_id = int(cur_backend_id)
+            if not self._supports(backend_id, node):
+                raise UnsupportedOpError(
+                    f"node {i} '{node.name}' is on backend '{self.backends[backend_id].name()}' "
+                    f"({self._why(node)}), which does not support op {op_desc(node)}"
+                )
+
+            # find inputs that are not on the same backend
+            for j, src in enumerate(node.src):
+                if src is None:
+                    break
+                src_slot = find(src)
+                src_allocr = node_talloc[src_slot]
+                if src_allocr is node_allocr:
+                    continue
+                inputs = split.inputs
+                if not any(t is src for t in inputs):
+                    if len(inputs) >= self.max_split_inputs:
+                        raise LimitExceededError(
+                            f"split {len(splits) - 1} on '{self.backends[backend_id].name()}' needs more than "
+                            f"GGML_MAX_SPLIT_INPUTS = {self.max_split_inputs} inputs from other backends "
+                            f"('{src.name}', source {j} of node {i} '{node.name}', would be one too many)"
+                        )
+                    inputs.append(src)
+
+                # create copies
+                copies = node_copies.get(src_slot)
+                if copies is None:
+                    copies = node_copies[src_slot] = [None] * n_backends
+                tensor_copy_ = copies[backend_id]
+                if tensor_copy_ is None:
+                    tensor_copy_ = dup_tensor_layout(self.ctx, src)
+                    copies[backend_id] = tensor_copy_
+                    node_talloc[find(tensor_copy_)] = node_allocr
+                    tensor_copy_.format_name("%s#%s", self.backends[backend_id].name(), src.name)
+                rewired.append((node, j, src))
+                node.src[j] = tensor_copy_
+        split.i_end = len(nodes)
+
+        # sanity check: all sources should have the same backend as the node
+        for node in nodes:
+            node_allocr = node_talloc[find(node)]
+            for j, src in enumerate(node.src):
+                if src is None:
+                    break
+                src_allocr = node_talloc[find(src)]
+                if src_allocr is not node_allocr:
+                    log.debug("%s has backend %s, src %d (%s) has backend %s", node.name,
+                              _allocr_name(node_allocr), j, src.name, _allocr_name(src_allocr))
+
+        # create copies of the graph for each split
+        # FIXME (seed): avoid this copy, pass split inputs to alloc_graph_n in some other way
+        graph_copy = Graph(len(nodes) + len(splits) * self.max_split_inputs)
+        copy_nodes = graph_copy.nodes
+        for split in splits:
+            split.graph = graph.view(split.i_start, split.i_end)
+            split_backend_id = int(self._allocr_prio(split.tallocr))
+            # add inputs to the graph copy so that they are allocated by the graph allocator at the start of the split
+            for inp in split.inputs:
+                input_cpy = node_copies[find(inp)][split_backend_id]
+                assert input_cpy is not None
+                input_cpy.src[0] = inp
+                copy_nodes.append(input_cpy)
+            copy_nodes.extend(nodes[split.i_start:split.i_end])
+        self.graph = graph_copy
+
+    def _why(self, node: Tensor) -> str:
+        slot = self.hash_set.find(node) if self.hash_set is not None else None
+        cause = self.causes.get(slot, "") if slot is not None else ""
+        return {
+            "usr": "set by set_node_backend",
+            "1.dst": "its memory is in that backend's buffer",
+            "1.vsrc": "its view source's memory is in that backend's buffer",
+        }.get(cause, f"assigned by pass {cause or '?'}")
+
+    def _check_fresh(self, graph: Graph) -> None:
+        """Refuse a graph whose nodes already have memory in the scheduler's buffers.
+
+        Splitting rewires sources to copies and allocation leaves addresses in
+        the nodes: a graph computed (or measured) before would be split from
+        stale copies and never recomputed correctly. Build a new graph instead.
+        """
+        own = self._own_buffers
+        for i, node in enumerate(graph.nodes):
+            buffer = node.buffer
+            if buffer is not None and id(buffer) in own and own[id(buffer)] is buffer:
+                raise GraphError(
+                    f"node {i} '{node.name}' already has memory in the scheduler's buffer '{buffer.name}': this graph "
+                    f"was measured or computed before; build a new graph for each init_measure/graph_compute"
+                )
+
+    # --- allocation and compute ---
+
+    def _alloc_splits(self) -> None:
+        """sched_alloc_splits: place every tensor of the split graph in its backend's buffer."""
+        assert self.graph is not None and self.hash_set is not None
+        try:
+            self.galloc.alloc_graph_n(self.graph, self.hash_set, self.node_talloc)
+        except OutOfMemoryError as e:
+            raise OutOfMemoryError(f"{e}; the graph needs more memory than init_measure measured (measure with the "
+                                   f"largest graph)") from e
+
+    def _compute_splits(self) -> None:
+        """sched_compute_splits: per split, copy its inputs into its backend, then compute its nodes."""
+        hash_set = self.hash_set
+        assert hash_set is not None
+        stats = self.stats.backends
+        for split in self.splits:
+            assert split.tallocr is not None and split.graph is not None
+            split_backend = split.tallocr.get_buffer().backend
+            assert split_backend is not None
+            split_backend_id = int(self.backend_prio(split_backend))
+            bstats = stats[split_backend_id]
+            bstats.n_splits += 1
+
+            # copy the input tensors to the split backend
+            copy_start = time.perf_counter()
+            for inp in split.inputs:
+                input_cpy = self.node_copies[hash_set.find_or_insert(inp)][split_backend_id]
+                assert input_cpy is not None
+                if inp.buffer is None:
+                    if inp.view_src is None or inp.view_src.buffer is None:
+                        raise NotAllocatedError(f"split input '{inp.name}' has no buffer and no view source with "
+                                                f"one")
+                    view = inp
+                    view.buffer = view.view_src.buffer
+                    view.data = view.view_src.data + view.view_offs
+                    # the seed initializes the view with the scheduler's buffer of that backend; the owning buffer
+                    # is the intent (see init_view's FIXME in the seed) and works for buffers the scheduler lacks
+                    view.buffer.init_tensor(view)
+                if input_cpy.buffer is None:
+                    raise NotAllocatedError(f"input copy '{input_cpy.name}' has no buffer")
+                if inp.buffer.backend is input_cpy.buffer.backend or input_cpy.buffer.backend is not split_backend:
+                    raise GraphError(f"split input '{inp.name}' on '{_buffer_name(inp)}' cannot be copied to "
+                                     f"'{input_cpy.name}' on '{_buffer_name(input_cpy)}' for backend "
+                                     f"'{split_backend.name()}'")
+                tensor_copy(inp, input_cpy)
+                bstats.n_copies += 1
+                bstats.bytes_copied += input_cpy.nbytes()
+            copy_end = time.perf_counter()
+            bstats.copy_time += copy_end - copy_start
+
+            split_backend.graph_compute(split.graph)
+            bstats.compute_time += time.perf_counter() - copy_end
+
+
+def _allocr_name(allocr: TensorAllocator | None) -> str:
+    if allocr is None:
+        return "NULL"
+    backend = allocr.get_buffer().backend
+    return backend.name() if backend is not None else "NULL"
+
+
+def _buffer_name(t: Tensor) -> str:
+    buffer = t.buffer
+    if buffer is None or buffer.backend is None:
+        return "NULL"
+    return buffer.backend.name()
+
+
+__all__ = ["DEBUG_ENV", "GGML_MAX_BACKENDS", "GGML_MAX_SPLITS", "GGML_MAX_SPLIT_INPUTS", "Scheduler", "debug_enabled",
+           "dup_tensor_layout"]
