@@ -1,22 +1,59 @@
-"""`pyggml`: the command line. Subcommands are added by the layers that provide them."""
+"""`pyggml`: the command line (run, info, bench, test-ops).
+
+Errors a user can cause end in one line on stderr and a non-zero exit code
+(1 for a failed command, 2 for a bad option); `--debug` re-raises them, so
+the traceback shows, and turns on debug logging.
+"""
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
+
+from pyggml.cli import bench, info, run
+from pyggml.cli._common import CLIError, Parser, add_debug
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pyggml", description="ggml's backend layer in Python")
+    parser = Parser(prog="pyggml", description="ggml's backend layer in Python: run, inspect and benchmark "
+                                               "LLaMA GGUF models, test backends")
     parser.add_argument("--version", action="store_true", help="print the version and exit")
-    sub = parser.add_subparsers(dest="command")
+    parser.add_argument("--debug", action="store_true", default=False,
+                        help="show the traceback of an error and debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    run.add_parser(sub)
+    info.add_parser(sub)
+    bench.add_parser(sub)
     test_ops = sub.add_parser("test-ops", help="check every op of a backend against the CPU backend "
                                                "(like ggml's test-backend-ops)")
     test_ops.add_argument("-b", "--backend", default="cpu", help="backend to test, by registry name (default: cpu)")
     test_ops.add_argument("-o", "--op", default=None, help="only the cases of this op (ggml's op name, e.g. ADD, "
                                                            "MUL_MAT, GELU)")
     test_ops.add_argument("-v", "--verbose", action="store_true", help="say why a case is not supported")
+    add_debug(test_ops)
     return parser
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "run":
+        return run.run(args)
+    if args.command == "info":
+        return info.run(args)
+    if args.command == "bench":
+        return bench.run(args)
+    if args.command == "test-ops":
+        from pyggml.core.errors import GGMLError
+        from pyggml.testing import test_ops
+
+        try:
+            return test_ops.run(args.backend, args.op, sys.stdout, args.verbose)
+        except GGMLError as e:  # an unknown backend name, a backend that cannot start (exit code 2, as before)
+            if args.debug:
+                raise
+            print(f"pyggml test-ops: {e}", file=sys.stderr)
+            return 2
+    raise AssertionError(args.command)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,17 +64,42 @@ def main(argv: list[str] | None = None) -> int:
 
         print(__version__)
         return 0
-    if args.command == "test-ops":
-        from pyggml.core.errors import GGMLError
-        from pyggml.testing import test_ops
+    if args.command is None:
+        parser.print_help()
+        return 0
+    prog = f"pyggml {args.command}"
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    from pyggml.core.errors import GGMLError
 
-        try:
-            return test_ops.run(args.backend, args.op, sys.stdout, args.verbose)
-        except GGMLError as e:  # an unknown backend name, a backend that cannot start
-            print(f"pyggml test-ops: {e}", file=sys.stderr)
-            return 2
-    parser.print_help()
-    return 0
+    try:
+        return _dispatch(args)
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        print(f"\n{prog}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `pyggml run | head`: the reader left
+        sys.stderr.close()
+        return 1
+    except (CLIError, GGMLError, OSError, ValueError, MemoryError) as e:
+        if args.debug:
+            raise
+        print(f"{prog}: error: {_one_line(e)}", file=sys.stderr)
+        return 1
+    except Exception as e:  # a bug: still one line, the traceback is one --debug away
+        if args.debug:
+            raise
+        print(f"{prog}: internal error: {type(e).__name__}: {_one_line(e)} (run with --debug for the traceback)",
+              file=sys.stderr)
+        return 1
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    if isinstance(e, OSError) and e.filename and str(e.filename) not in text:
+        text += f": '{e.filename}'"
+    return text
 
 
 if __name__ == "__main__":

@@ -1,0 +1,112 @@
+"""`pyggml bench MODEL.gguf [-p 128] [-n 32] [-r 3]`: prompt and generation speed, like llama-bench.
+
+What llama-bench measures and this repeats: `pp<P>` evaluates a batch of P
+random tokens on an empty cache (prompt processing), `tg<N>` decodes N tokens
+one at a time after a BOS token (text generation); one untimed warm-up run of
+each test first (it plans graphs and touches the mapped weights), then `-r`
+timed repetitions, reported as mean ± standard deviation of tokens/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any, TextIO
+
+import numpy as np
+
+from pyggml.cli._common import (
+    CLIError,
+    add_backend_options,
+    add_debug,
+    backend_plan,
+    check_model_path,
+    fmt_bytes,
+    fmt_count,
+    init_backends,
+    non_negative_int,
+    positive_int,
+    table,
+)
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser("bench", help="measure prompt and generation tokens/s (like llama-bench)",
+                       description="Measure prompt processing (pp: a batch of P random tokens) and text generation "
+                                   "(tg: N tokens one by one) in tokens/s, as mean ± std over repetitions after a "
+                                   "warm-up run, like llama.cpp's llama-bench.")
+    p.add_argument("model", metavar="MODEL.gguf", help="a LLaMA-family GGUF file")
+    p.add_argument("-p", "--n-prompt", type=non_negative_int, default=128, metavar="P",
+                   help="prompt tokens of the pp test, 0 skips it (default: 128)")
+    p.add_argument("-n", "--n-gen", type=non_negative_int, default=32, metavar="N",
+                   help="generated tokens of the tg test, 0 skips it (default: 32)")
+    p.add_argument("-r", "--repetitions", type=positive_int, default=3, metavar="R",
+                   help="timed repetitions of each test (default: 3)")
+    p.add_argument("--batch", type=positive_int, default=512, metavar="B",
+                   help="batch size of prompt processing (default: 512)")
+    add_backend_options(p)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random tokens (default: 0)")
+    add_debug(p)
+    return p
+
+
+def _time_pp(model: Any, tokens: np.ndarray) -> float:
+    model.reset()
+    t0 = time.perf_counter()
+    model.eval_last(tokens)
+    return time.perf_counter() - t0
+
+
+def _time_tg(model: Any, first: int, tokens: np.ndarray) -> float:
+    """llama-bench's test_gen: decode `first`, then one token at a time (the next ids are random,
+    so the time does not depend on what the model writes)."""
+    model.reset()
+    t0 = time.perf_counter()
+    model.eval_last([first])
+    for tok in tokens[:-1]:
+        model.eval_last([int(tok)])
+    return time.perf_counter() - t0
+
+
+def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    out = out or sys.stdout  # looked up per call: tests and callers swap sys.stdout
+    err = err or sys.stderr
+    from pyggml.models import load
+
+    path = check_model_path(args.model)
+    if args.n_prompt == 0 and args.n_gen == 0:
+        raise CLIError("nothing to measure: -p and -n are both 0")
+    backends, counts = backend_plan(args.backend, args.n_layers_on)
+    objs = init_backends(backends, args.threads)
+    n_ctx = max(args.n_prompt, args.n_gen, 1)
+    model = load(path, objs, n_ctx=n_ctx, n_layers_on=counts, n_batch=min(args.batch, n_ctx),
+                 progress=err.isatty())
+    try:
+        rng = np.random.default_rng(args.seed)
+        n_vocab = model.hparams.n_vocab
+        bos = model.file.get("tokenizer.ggml.bos_token_id", None)
+        first = int(bos) if bos is not None else int(rng.integers(n_vocab))
+        tests: list[tuple[str, int, Any]] = []
+        if args.n_prompt:
+            tests.append((f"pp{args.n_prompt}", args.n_prompt,
+                          lambda: _time_pp(model, rng.integers(0, n_vocab, args.n_prompt))))
+        if args.n_gen:
+            tests.append((f"tg{args.n_gen}", args.n_gen,
+                          lambda: _time_tg(model, first, rng.integers(0, n_vocab, args.n_gen))))
+        n_params = sum(t.nelements() for t in model.file)
+        n_bytes = sum(t.nbytes for t in model.file)
+        threads = ",".join(str(b.n_threads) for b in model.backends if hasattr(b, "n_threads")) or "-"
+        rows = [["model", "size", "params", "backend", "threads", "test", "t/s"]]
+        for name, n, fn in tests:
+            fn()  # warm-up: plans the graphs, pages the weights in
+            rates = np.array([n / fn() for _ in range(args.repetitions)])
+            std = float(rates.std(ddof=1)) if len(rates) > 1 else 0.0
+            rows.append([model.file.name, fmt_bytes(n_bytes), fmt_count(n_params),
+                         "+".join(b.name() for b in model.backends), threads, name,
+                         f"{rates.mean():.2f} ± {std:.2f}"])
+        for line in table(rows, right=(1, 2, 4, 6)):
+            print(line, file=out)
+    finally:
+        model.free()
+    return 0

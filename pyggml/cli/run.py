@@ -1,0 +1,242 @@
+"""`pyggml run [MODEL.gguf] -p PROMPT -n N`: generate text and report how fast and how big.
+
+Like llama.cpp's `llama-cli`: the prompt and the generated text stream to
+stdout as the tokens come; the figures (load time, prompt and generation
+tokens/s, memory per backend, with --verbose the scheduler's split plan) go to
+stderr, so `pyggml run > out.txt` keeps only the text. Without MODEL it runs
+the model shipped inside the package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from typing import Any, TextIO
+
+from pyggml.cli._common import (
+    CLIError,
+    add_backend_options,
+    add_debug,
+    backend_plan,
+    builtin_model_path,
+    check_model_path,
+    fmt_bytes,
+    init_backends,
+    non_negative_int,
+    positive_int,
+    table,
+)
+
+DEFAULT_PROMPT = "The module"  # how the built-in model's documents start most often
+DEFAULT_N_PREDICT = 64
+MAX_DEFAULT_CTX = 512
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser("run", help="generate text with a LLaMA GGUF model (the built-in one without MODEL)",
+                       description="Generate text with a LLaMA GGUF model: stream it, then print load time, "
+                                   "prompt and generation tokens/s and memory per backend (on stderr). Without "
+                                   "MODEL it runs the small model shipped with pyggml (trained on the docstrings "
+                                   "of Python's standard library).")
+    p.add_argument("model", nargs="?", default=None, metavar="MODEL.gguf",
+                   help="a LLaMA-family GGUF file (default: the built-in model)")
+    p.add_argument("-p", "--prompt", default=None, help=f"the prompt (default: {DEFAULT_PROMPT!r} for the built-in "
+                                                        f"model, the BOS token alone for a file)")
+    p.add_argument("-n", "--n-predict", type=non_negative_int, default=DEFAULT_N_PREDICT, metavar="N",
+                   help=f"tokens to generate (default: {DEFAULT_N_PREDICT}); it stops earlier at the end-of-text "
+                        f"token or when the context is full")
+    add_backend_options(p)
+    p.add_argument("-c", "--ctx", type=positive_int, default=None, metavar="N",
+                   help=f"context size in tokens (default: the model's training context, at most {MAX_DEFAULT_CTX})")
+    p.add_argument("--temp", type=float, default=0.8, help="temperature; <= 0 is greedy (default: 0.8)")
+    p.add_argument("--top-k", type=int, default=40, help="keep the K most likely tokens, 0 keeps all (default: 40)")
+    p.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling threshold (default: 0.95)")
+    p.add_argument("--min-p", type=float, default=0.05,
+                   help="drop tokens below min-p times the top probability (default: 0.05)")
+    p.add_argument("--repeat-penalty", type=float, default=1.1,
+                   help="penalty of the last 64 tokens, 1.0 is off (default: 1.1)")
+    p.add_argument("-s", "--seed", type=int, default=None, help="sampling seed (default: random, printed)")
+    p.add_argument("-v", "--verbose", action="store_true", help="also print the model and the scheduler's split plan")
+    add_debug(p)
+    return p
+
+
+def make_sampler(args: argparse.Namespace, seed: int) -> Any:
+    """The sampler of the options; None (the model's greedy argmax) for --temp <= 0 with no penalty."""
+    try:
+        from pyggml.models.sampling import Sampler
+    except ImportError:
+        if args.temp <= 0:
+            return None
+        raise CLIError("sampling needs pyggml.models.sampling, which is missing here; use --temp 0") from None
+    if args.top_k < 0:
+        raise CLIError(f"--top-k must be >= 0, got {args.top_k}")
+    if not 0.0 < args.top_p <= 1.0:
+        raise CLIError(f"--top-p must be in (0, 1], got {args.top_p}")
+    if not 0.0 <= args.min_p <= 1.0:
+        raise CLIError(f"--min-p must be in [0, 1], got {args.min_p}")
+    if args.repeat_penalty <= 0:
+        raise CLIError(f"--repeat-penalty must be > 0, got {args.repeat_penalty}")
+    return Sampler(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                   repeat_penalty=args.repeat_penalty, repeat_last_n=64, seed=seed)
+
+
+def split_plan(model: Any) -> list[str]:
+    """The runner's plan in words: which backend computes which nodes, and what is copied between them."""
+    runner = model.runner
+    sched = getattr(runner, "sched", None)
+    lines: list[str] = []
+    if sched is not None:
+        splits = list(getattr(sched, "splits", []) or [])
+        splits = splits[: int(getattr(sched, "n_splits", len(splits)))]
+        backends = list(getattr(sched, "backends", model.backends))
+        lines.append(f"scheduler: {len(splits)} split(s) over {len(backends)} backend(s) "
+                     f"({', '.join(b.name() for b in backends)})")
+        for i, split in enumerate(splits):
+            b = getattr(split, "backend_id", None)
+            name = backends[b].name() if isinstance(b, int) and 0 <= b < len(backends) else str(b)
+            start, end = getattr(split, "i_start", "?"), getattr(split, "i_end", "?")
+            inputs = list(getattr(split, "inputs", []) or [])[: int(getattr(split, "n_inputs", 0) or 0)]
+            names = ", ".join(getattr(t, "name", "?") or "?" for t in inputs[:6])
+            more = f", ... ({len(inputs)} in all)" if len(inputs) > 6 else ""
+            lines.append(f"  split {i}: {name}, nodes {start}..{end}"
+                         + (f", {len(inputs)} input(s) copied in: {names}{more}" if inputs else ""))
+        if not splits:
+            lines.append("  (no graph computed yet)")
+        return lines
+    layer = model.layer_backend
+    runs: list[tuple[str, int, int]] = []
+    for il, b in enumerate(layer):
+        name = b.name()
+        if runs and runs[-1][0] == name:
+            runs[-1] = (name, runs[-1][1], il)
+        else:
+            runs.append((name, il, il))
+    kind = type(runner).__name__
+    lines.append(f"{kind}: {len(runs)} part(s) over {len({id(b) for b in model.backends})} backend(s)")
+    for name, a, b in runs:
+        lines.append(f"  layers {a}..{b}: {name}")
+    return lines
+
+
+def print_memory(model: Any, out: TextIO) -> None:
+    rows = [["backend", "weights", "KV cache", "compute", "total"]]
+    for name, m in model.memory().items():
+        total = m["weights"] + m["kv_cache"] + m["compute"]
+        rows.append([name, fmt_bytes(m["weights"]), fmt_bytes(m["kv_cache"]), fmt_bytes(m["compute"]),
+                     fmt_bytes(total)])
+    for line in table(rows, right=(1, 2, 3, 4)):
+        print(line, file=out)
+
+
+class TextStream:
+    """Prints the text of a growing token list as it grows: decoding the whole list each time keeps
+    SentencePiece's spaces and multi-byte characters (split over byte tokens) right."""
+
+    def __init__(self, model: Any, prompt_ids: list[int], out: TextIO) -> None:
+        self.model = model
+        self.ids = list(prompt_ids)
+        self.base = model.detokenize(self.ids)
+        self.printed = 0
+        self.out = out
+
+    def add(self, tok: int) -> None:
+        self.ids.append(tok)
+        text = self.model.detokenize(self.ids)[len(self.base):]
+        if text.endswith("\ufffd"):
+            return  # an incomplete UTF-8 character: wait for its other bytes
+        self.out.write(text[self.printed:])
+        self.out.flush()
+        self.printed = len(text)
+
+
+def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    out = out or sys.stdout  # looked up per call: tests and callers swap sys.stdout
+    err = err or sys.stderr
+    from pyggml.gguf.reader import read_gguf
+    from pyggml.models import load
+
+    builtin = args.model is None
+    path = builtin_model_path() if builtin else check_model_path(args.model)
+    backends, counts = backend_plan(args.backend, args.n_layers_on)
+    seed = args.seed if args.seed is not None else random.randrange(2**31)
+    sampler = make_sampler(args, seed)
+
+    gf = read_gguf(path)  # the header only: the training context gives the default --ctx
+    n_ctx_train = int(gf.get(f"{gf.get('general.architecture', 'llama')}.context_length", 2048))
+    gf.close()
+    n_ctx = args.ctx or min(n_ctx_train, MAX_DEFAULT_CTX)
+
+    t0 = time.perf_counter()
+    objs = init_backends(backends, args.threads)
+    model = load(path, objs, n_ctx=n_ctx, n_layers_on=counts, progress=err.isatty())
+    t_load = time.perf_counter() - t0
+    try:
+        t0 = time.perf_counter()
+        _warm_up(model)
+        t_warm = time.perf_counter() - t0
+        prompt = args.prompt if args.prompt is not None else (DEFAULT_PROMPT if builtin else "")
+        prompt_ids = model.tokenize(prompt)
+        if not prompt_ids:
+            raise CLIError("the prompt has no tokens (and the model adds no BOS token); give one with -p")
+        if len(prompt_ids) >= n_ctx:
+            raise CLIError(f"the prompt has {len(prompt_ids)} tokens, the context only {n_ctx} (raise --ctx)")
+        if args.verbose:
+            hp = model.hparams
+            print(f"model: {path} ({model.file.file_size / 2**20:.2f} MiB), n_layer {hp.n_layer}, n_embd {hp.n_embd}, "
+                  f"n_head {hp.n_head}/{hp.n_head_kv}, n_vocab {hp.n_vocab}, n_ctx {n_ctx}", file=err)
+            print(f"backends: {', '.join(f'{b.name()}' for b in model.backends)}; layers: "
+                  + ", ".join(f"{i}:{b.name()}" for i, b in enumerate(model.layer_backend)), file=err)
+        out.write(prompt)
+        out.flush()
+        stream = TextStream(model, prompt_ids, out)
+        n_gen = 0
+        t_first = t_end = t_start = time.perf_counter()
+        for tok in model.generate(prompt_ids, args.n_predict, sampler):
+            if n_gen == 0:
+                t_first = time.perf_counter()  # the prompt's evaluation and the first sample
+            n_gen += 1
+            stream.add(tok)
+        t_end = time.perf_counter()
+        out.write("\n")
+        out.flush()
+
+        n_prompt = len(prompt_ids)
+        t_prompt = (t_first if n_gen else t_end) - t_start
+        n_eval = max(0, n_gen - 1)  # each token after the first was evaluated before the next was sampled
+        t_eval = t_end - t_first if n_gen else 0.0
+        stop = ""
+        if n_gen < args.n_predict:
+            stop = " (end of text)" if model.n_past < n_ctx else " (context full)"
+        print("", file=err)
+        print(f"seed: {seed}   sampling: temp {args.temp}, top-k {args.top_k}, top-p {args.top_p}, "
+              f"min-p {args.min_p}, repeat-penalty {args.repeat_penalty}", file=err)
+        print(f"load time:  {t_load * 1000:9.1f} ms   (+ {t_warm * 1000:.1f} ms warm-up)", file=err)
+        print(f"prompt:     {t_prompt * 1000:9.1f} ms / {n_prompt:4d} tokens ({_rate(n_prompt, t_prompt)} tokens/s)",
+              file=err)
+        print(f"generation: {t_eval * 1000:9.1f} ms / {n_eval:4d} tokens ({_rate(n_eval, t_eval)} tokens/s)"
+              f"   {n_gen} generated{stop}", file=err)
+        print_memory(model, err)
+        if args.verbose:
+            for line in split_plan(model):
+                print(line, file=err)
+    finally:
+        model.free()
+    return 0
+
+
+def _warm_up(model: Any) -> None:
+    """llama.cpp's warm-up: one batch and one single-token decode before anything is timed, so the
+    figures leave out what happens once (compiling kernels, paging the mapped weights in)."""
+    first = model.file.get("tokenizer.ggml.bos_token_id", 0)
+    first = int(first) if first is not None else 0
+    if model.n_ctx >= 3:
+        model.eval_last([first, first])
+        model.eval_last([first])
+    model.reset()
+
+
+def _rate(n: int, seconds: float) -> str:
+    return f"{n / seconds:8.2f}" if n and seconds > 0 else "     n/a"
