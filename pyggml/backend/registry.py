@@ -53,4 +53,14 @@ def _cpu_factory(arg: str | None = None) -> Backend:
     return cpu_init()
 
 
+def _torch_factory(arg: str | None = None) -> Backend:
+    """"torch" (the cpu device) and "torch:<device>"; torch is imported only here, when asked for."""
+    try:
+        from pyggml.backends.torch import torch_init
+    except ImportError as e:
+        raise ArgumentError(f"the torch backend needs PyTorch (pip install pyggml[torch]): {e}") from None
+    return torch_init(arg or "cpu")
+
+
 register_backend("cpu", _cpu_factory)
+register_backend("torch", _torch_factory)

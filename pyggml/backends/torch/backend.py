@@ -1,0 +1,256 @@
+"""The torch backend: memory and kernels of PyTorch on one device (`cpu`, `cuda:N`).
+
+Named `Torch(<device>)`, found by the registry as "torch" (the cpu device)
+and "torch:<device>" ("torch:cuda:0"). Buffers are torch uint8 tensors on the
+device (see `buffer`); kernels are torch ops writing into views of them (see
+`kernels`); graphs are computed through plans (see `plan`).
+
+Transfers: tensor set/get copy between the caller's memory and the device
+with `non_blocking` on CUDA (the `_async` forms return before the copy ends;
+`synchronize` waits for the device's stream), plain copies on the cpu device.
+`cpy_tensor_from`/`cpy_tensor_to` copy directly between a torch buffer and a
+CPU (host) buffer or another torch buffer: torch views of both sides
+(`torch.from_numpy` over the host bytes, no temporary), one `copy_`.
+
+Threads: torch's intra-op thread count is process-wide; a backend with
+`n_threads` set (`torch_set_n_threads`) sets it before each compute when it
+differs, as the CPU backend limits BLAS.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+import torch
+
+from pyggml.backend.backend import Backend
+from pyggml.backend.buffer import Buffer, tensor_buffer
+from pyggml.backends.torch.buffer import TORCH_ALIGNMENT, TorchBuffer, torch_alloc_buffer
+from pyggml.backends.torch.cache import DEFAULT_WEIGHT_CACHE_BYTES, WeightCache
+from pyggml.backends.torch.kernels import supports
+from pyggml.backends.torch.plan import TorchPlan, plan_compute, plan_create
+from pyggml.core import memory
+from pyggml.core.errors import ArgumentError, NotAllocatedError
+from pyggml.core.graph import Graph
+from pyggml.core.tensor import Tensor
+
+log = logging.getLogger("pyggml.backends.torch")
+
+
+def parse_device(device: str | torch.device | None) -> torch.device:
+    """The torch device for a name ("cpu", "cuda", "cuda:1"); ArgumentError if torch cannot use it here."""
+    try:
+        dev = torch.device(device if device else "cpu")
+    except (RuntimeError, TypeError) as e:
+        raise ArgumentError(f"torch backend: {device!r} is not a torch device name ({e})") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ArgumentError(f"torch backend: device '{device}' asked for, but CUDA is not available "
+                                f"(torch {torch.__version__})")
+        index = torch.cuda.current_device() if dev.index is None else dev.index
+        if index >= torch.cuda.device_count():
+            raise ArgumentError(f"torch backend: device '{device}' asked for, but there are only "
+                                f"{torch.cuda.device_count()} CUDA devices")
+        return torch.device("cuda", index)
+    if dev.type != "cpu":
+        # other device types (mps, xpu, ...) may work, but nothing here has checked them
+        raise ArgumentError(f"torch backend: device type '{dev.type}' is not supported (cpu, cuda)")
+    return dev
+
+
+def _cpu_flag(name: str) -> bool:
+    fn = getattr(torch.cpu, name, None)
+    try:
+        return bool(fn()) if fn is not None else False
+    except RuntimeError:
+        return False
+
+
+def half_matmul_is_fast(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether the device has matrix units for `dtype` (F16/BF16) products, so half GEMMs beat f32 ones."""
+    if device.type == "cuda":
+        return dtype == torch.float16 or torch.cuda.is_bf16_supported()
+    if dtype == torch.bfloat16:
+        return _cpu_flag("_is_amx_tile_supported") or _cpu_flag("_is_avx512_bf16_supported")
+    return _cpu_flag("_is_amx_fp16_supported")
+
+
+def _host_source(data: memoryview, size: int) -> torch.Tensor:
+    """A uint8 torch tensor over the caller's bytes (read only here; torch warns about read-only memory)."""
+    if data.readonly:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.frombuffer(data, dtype=torch.uint8, count=size)
+    return torch.frombuffer(data, dtype=torch.uint8, count=size)
+
+
+def _host_bytes(t: Tensor, nbytes: int) -> torch.Tensor | None:
+    """A writable uint8 torch view of nbytes of host memory at t.data, or None if it is not host memory."""
+    assert t.data is not None
+    found = memory.find(t.data, max(nbytes, 1))
+    if found is None:
+        return None
+    array, pos = found
+    return torch.from_numpy(array[pos: pos + nbytes])
+
+
+class TorchBackend(Backend):
+    """A pyggml backend computing with PyTorch on `device`.
+
+    `weight_cache_bytes` bounds the weight cache (converted MUL_MAT weights,
+    see `pyggml.backends.torch.cache`); `quant_dtype` is the dtype Q8_0/Q4_0
+    weights are dequantized to (default: bfloat16 where BF16 matrix products
+    are fast, else float32, which is exact).
+    """
+
+    def __init__(self, device: str | torch.device | None = "cpu", n_threads: int | None = None,
+                 weight_cache_bytes: int = DEFAULT_WEIGHT_CACHE_BYTES, quant_dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        self.device = parse_device(device)
+        if n_threads is not None and n_threads < 1:
+            raise ArgumentError(f"torch backend: n_threads must be >= 1, got {n_threads}")
+        self.n_threads = n_threads
+        self.weight_cache = WeightCache(weight_cache_bytes)
+        self.non_blocking = self.device.type == "cuda"
+        self._fast_half = {dt: half_matmul_is_fast(self.device, dt) for dt in (torch.float16, torch.bfloat16)}
+        if quant_dtype is None:
+            quant_dtype = torch.bfloat16 if self._fast_half[torch.bfloat16] else torch.float32
+        if quant_dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            raise ArgumentError(f"torch backend: quant_dtype must be float32, float16 or bfloat16, got {quant_dtype}")
+        self.quant_dtype = quant_dtype
+
+    # --- policy ---
+
+    def half_is_fast(self, dtype: torch.dtype) -> bool:
+        return self._fast_half.get(dtype, False)
+
+    def apply_n_threads(self) -> None:
+        """Set torch's thread count to ours, if we have one and it differs (it is process-wide)."""
+        if self.n_threads is not None and torch.get_num_threads() != self.n_threads:
+            torch.set_num_threads(self.n_threads)
+
+    # --- hooks ---
+
+    def _get_name(self) -> str:
+        return f"Torch({self.device})"
+
+    def _free(self) -> None:
+        self.weight_cache.clear()
+
+    def _alloc_buffer(self, size: int) -> TorchBuffer:
+        return torch_alloc_buffer(self, size)
+
+    def _get_alignment(self) -> int:
+        return TORCH_ALIGNMENT
+
+    def _own(self, t: Tensor, what: str) -> TorchBuffer:
+        buffer = tensor_buffer(t)
+        if not isinstance(buffer, TorchBuffer):
+            raise NotAllocatedError(f"{self.name()} {what}: tensor '{t.name}' is not in a torch buffer")
+        return buffer
+
+    def _set_tensor_async(self, tensor: Tensor, data: memoryview, offset: int, size: int) -> None:
+        if size == 0:
+            return
+        buffer = self._own(tensor, "tensor_set")
+        assert tensor.data is not None
+        start = buffer.check_range(tensor.data + offset, size, tensor.name)
+        buffer.bytes_at(start, size).copy_(_host_source(data, size), non_blocking=self.non_blocking)
+        buffer.note_write(start, size)
+
+    def _get_tensor_async(self, tensor: Tensor, data: memoryview, offset: int, size: int) -> None:
+        if size == 0:
+            return
+        buffer = self._own(tensor, "tensor_get")
+        assert tensor.data is not None
+        start = buffer.check_range(tensor.data + offset, size, tensor.name)
+        out = torch.frombuffer(data, dtype=torch.uint8, count=size)
+        out.copy_(buffer.bytes_at(start, size), non_blocking=self.non_blocking)
+
+    def _synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _cpy_tensor_from(self, src: Tensor, dst: Tensor) -> bool:
+        """dst (ours) <- src from host memory or any torch buffer: one copy_ between views, no temporary."""
+        dbuf = self._own(dst, "cpy_tensor_from")
+        nbytes = src.nbytes()
+        assert dst.data is not None and src.data is not None
+        dstart = dbuf.check_range(dst.data, nbytes, dst.name)
+        sbuf = tensor_buffer(src)
+        if isinstance(sbuf, TorchBuffer):
+            source = sbuf.bytes_at(sbuf.check_range(src.data, nbytes, src.name), nbytes)
+        elif sbuf is not None and sbuf.is_host():
+            host = _host_bytes(src, nbytes)
+            if host is None:
+                return False
+            source = host
+        else:
+            return False
+        if nbytes:
+            dbuf.bytes_at(dstart, nbytes).copy_(source, non_blocking=self.non_blocking)
+            dbuf.note_write(dstart, nbytes)
+        return True
+
+    def _cpy_tensor_to(self, src: Tensor, dst: Tensor) -> bool:
+        """src (ours) -> dst in host memory or any torch buffer; host copies are complete on return."""
+        sbuf = self._own(src, "cpy_tensor_to")
+        nbytes = src.nbytes()
+        assert dst.data is not None and src.data is not None
+        source = sbuf.bytes_at(sbuf.check_range(src.data, nbytes, src.name), nbytes)
+        dbuf: Buffer | None = tensor_buffer(dst)
+        if isinstance(dbuf, TorchBuffer):
+            dstart = dbuf.check_range(dst.data, nbytes, dst.name)
+            if nbytes:
+                dbuf.bytes_at(dstart, nbytes).copy_(source, non_blocking=self.non_blocking)
+                dbuf.note_write(dstart, nbytes)
+            return True
+        if dbuf is not None and dbuf.is_host():
+            host = _host_bytes(dst, nbytes)
+            if host is None:
+                return False
+            if nbytes:
+                host.copy_(source)
+                self._synchronize()
+            return True
+        return False
+
+    def _graph_plan_create(self, graph: Graph) -> TorchPlan:
+        return plan_create(self, graph)
+
+    def _graph_plan_free(self, plan: TorchPlan) -> None:
+        plan.freed = True
+        plan.computes = []
+        plan.buffers = []
+        plan.writes = []
+
+    def _graph_plan_compute(self, plan: TorchPlan) -> None:
+        plan_compute(plan)
+
+    def _graph_compute(self, graph: Graph) -> None:
+        plan_compute(plan_create(self, graph))
+
+    def _supports_op(self, op: Tensor) -> bool:
+        return supports(op)
+
+
+def torch_init(device: str | torch.device | None = "cpu", n_threads: int | None = None,
+               weight_cache_bytes: int = DEFAULT_WEIGHT_CACHE_BYTES,
+               quant_dtype: torch.dtype | None = None) -> TorchBackend:
+    """A torch backend on `device` ("cpu", "cuda:0", ...); see TorchBackend for the other arguments."""
+    return TorchBackend(device, n_threads, weight_cache_bytes, quant_dtype)
+
+
+def is_torch(backend: Backend | None) -> bool:
+    return isinstance(backend, TorchBackend)
+
+
+def torch_set_n_threads(backend: Backend, n_threads: int) -> None:
+    """Computes of `backend` run with torch.set_num_threads(n_threads) (torch's count is process-wide)."""
+    if not is_torch(backend):
+        raise ArgumentError(f"torch_set_n_threads: backend '{backend.name()}' is not a torch backend")
+    if int(n_threads) < 1:
+        raise ArgumentError(f"torch_set_n_threads: n_threads must be >= 1, got {n_threads}")
+    assert isinstance(backend, TorchBackend)
+    backend.n_threads = int(n_threads)

@@ -1,0 +1,189 @@
+"""Torch buffers: a backend's memory as one torch uint8 tensor on a device.
+
+A buffer of `size` bytes is a uint8 tensor of `size + TORCH_ALIGNMENT` bytes
+on the backend's device (`cpu`, `cuda:N`); the extra bytes move the base to a
+multiple of TORCH_ALIGNMENT, as the CPU buffer does, so the addresses the
+allocators hand out are aligned the way the seed's arithmetic expects.
+`get_base()` is that aligned data pointer inside the tensor's storage: a real
+device address, so `tensor.data` means the same thing on every backend.
+
+Tensors are read and written as torch views of the storage: the uint8 tensor
+is viewed as the tensor's dtype once (`_flat`), then `torch.as_strided` with
+ggml's `ne`/`nb` (in elements) gives a 4-D view (ne3, ne2, ne1, ne0), exactly
+as `pyggml.core.memory.view` does for host memory. Quantized types come as
+raw rows (ne3, ne2, ne1, row bytes) of uint8.
+
+`is_host()` is False, also on the `cpu` device, where the bytes are in fact
+host memory. The buffer stands in for device memory: pyggml's host-memory
+registry (`pyggml.core.memory`) does not know it, so the CPU backend cannot
+read it by address, and graphs split between torch and CPU must go through
+the scheduler's copies exactly as they would with `cuda:0`. A `cpu` run then
+exercises the same code paths a GPU run does, instead of hiding missing copies
+behind zero-copy views. It also keeps the weight cache honest: every write
+into a torch buffer goes through the backend's hooks (`note_write`), none
+behind its back through a numpy view.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import torch
+
+from pyggml.backend.buffer import Buffer
+from pyggml.core.errors import LayoutError, OutOfBoundsError, UnsupportedTypeError
+from pyggml.core.tensor import Tensor, nbytes_of
+from pyggml.core.types import TYPE_TRAITS, GGMLType
+
+if TYPE_CHECKING:
+    from pyggml.backends.torch.backend import TorchBackend
+
+log = logging.getLogger("pyggml.backends.torch")
+
+TORCH_ALIGNMENT = 256
+
+# ggml types whose elements torch holds natively; quantized types are viewed as raw uint8 rows
+TORCH_DTYPES: dict[GGMLType, torch.dtype] = {
+    GGMLType.F32: torch.float32,
+    GGMLType.F16: torch.float16,
+    GGMLType.BF16: torch.bfloat16,
+    GGMLType.F64: torch.float64,
+    GGMLType.I8: torch.int8,
+    GGMLType.I16: torch.int16,
+    GGMLType.I32: torch.int32,
+    GGMLType.I64: torch.int64,
+}
+
+
+def view_dtype(type: GGMLType) -> torch.dtype:
+    """The torch dtype a tensor of `type` is viewed as (uint8 raw blocks for quantized types)."""
+    if TYPE_TRAITS[type].is_quantized:
+        return torch.uint8
+    dtype = TORCH_DTYPES.get(type)
+    if dtype is None:
+        raise UnsupportedTypeError(f"torch backend: no torch dtype for type {type.name}")
+    return dtype
+
+
+class TorchBuffer(Buffer):
+    """`size` bytes of a device's memory from `base` (TORCH_ALIGNMENT-aligned), in the uint8 tensor `raw`.
+
+    `generation` counts the writes into the buffer (set, copies, graph
+    computes); `note_write` bumps it and drops what the backend's weight cache
+    derived from the bytes written.
+    """
+
+    def __init__(self, backend: TorchBackend, size: int) -> None:
+        super().__init__(backend, size)
+        self.device: torch.device = backend.device
+        # the extra 8 bytes keep every dtype's flat view (rounded down to whole elements) past the last byte
+        self.raw: torch.Tensor | None = torch.zeros(size + TORCH_ALIGNMENT + 8, dtype=torch.uint8,
+                                                    device=self.device)
+        self.storage_ptr = self.raw.untyped_storage().data_ptr()
+        shift = (-self.storage_ptr) % TORCH_ALIGNMENT
+        self.shift = shift
+        self.base = self.storage_ptr + shift
+        self.generation = 0
+        self._flat: dict[torch.dtype, torch.Tensor] = {}
+
+    # --- hooks ---
+
+    def _get_base(self) -> int:
+        return self.base
+
+    def _free_buffer(self) -> None:
+        backend = self.backend
+        if backend is not None:
+            backend.weight_cache.drop_buffer(self)  # type: ignore[attr-defined]
+        # the storage goes when the last view of it does (plans hold views, checked against `freed`)
+        self.raw = None
+        self._flat = {}
+
+    def _is_host(self) -> bool:
+        return False  # see the module docstring
+
+    # --- torch views ---
+
+    def _alive_raw(self) -> torch.Tensor:
+        self.check_alive()
+        assert self.raw is not None
+        return self.raw
+
+    def flat(self, dtype: torch.dtype) -> torch.Tensor:
+        """The whole allocation as a 1-D tensor of `dtype` (a view, made once per dtype)."""
+        t = self._flat.get(dtype)
+        if t is None:
+            raw = self._alive_raw()
+            itemsize = torch.empty(0, dtype=dtype).element_size()
+            t = raw[: raw.numel() // itemsize * itemsize].view(dtype)
+            self._flat[dtype] = t
+        return t
+
+    def check_range(self, addr: int, nbytes: int, name: str) -> int:
+        """The byte offset of [addr, addr + nbytes) from the base; OutOfBoundsError if it is not inside."""
+        offset = addr - self.base
+        if offset < 0 or offset + nbytes > self.size:
+            raise OutOfBoundsError(
+                f"torch buffer '{self.name}': {nbytes} bytes of '{name}' at offset {offset} are outside its "
+                f"{self.size} bytes"
+            )
+        return offset
+
+    def bytes_at(self, offset: int, nbytes: int) -> torch.Tensor:
+        """A uint8 view of `nbytes` from byte `offset` (from the base), checked against the size."""
+        if offset < 0 or offset + nbytes > self.size:
+            raise OutOfBoundsError(f"torch buffer '{self.name}': bytes {offset}..{offset + nbytes} are outside its "
+                                   f"{self.size} bytes")
+        start = self.shift + offset
+        return self._alive_raw()[start: start + nbytes]
+
+    def view(self, addr: int, type: GGMLType, ne: list[int], nb: list[int], name: str = "?") -> torch.Tensor:
+        """A 4-D torch view (ne3, ne2, ne1, ne0) of a tensor at `addr` with ggml's strides `nb` (bytes).
+
+        Quantized types: raw rows (ne3, ne2, ne1, row bytes) of uint8. The
+        address and strides must be whole elements of the dtype (LayoutError).
+        """
+        extent = nbytes_of(type, ne, nb)
+        self.check_range(addr, extent, name)
+        dtype = view_dtype(type)
+        tr = TYPE_TRAITS[type]
+        if tr.is_quantized:
+            shape = (ne[3], ne[2], ne[1], ne[0] // tr.blck_size * tr.type_size)
+            byte_strides = (nb[3], nb[2], nb[1], 1)
+        else:
+            shape = (ne[3], ne[2], ne[1], ne[0])
+            byte_strides = (nb[3], nb[2], nb[1], nb[0])
+        itemsize = 1 if tr.is_quantized else tr.type_size
+        rel = addr - self.storage_ptr
+        if rel % itemsize or any(s % itemsize for s in byte_strides):
+            raise LayoutError(
+                f"torch buffer '{self.name}': tensor '{name}' ({type.name}) at offset {addr - self.base} with "
+                f"strides nb={list(nb)} is not aligned to its {itemsize}-byte elements"
+            )
+        return torch.as_strided(self.flat(dtype), shape, tuple(s // itemsize for s in byte_strides), rel // itemsize)
+
+    def tensor_view(self, t: Tensor) -> torch.Tensor:
+        """The torch view of ggml tensor `t` (which must have memory in this buffer)."""
+        assert t.data is not None
+        return self.view(t.data, t.type, t.ne, t.nb, t.name)
+
+    # --- writes ---
+
+    def note_write(self, offset: int, nbytes: int) -> None:
+        """Record that bytes [offset, offset + nbytes) (from the base) changed: the weight cache forgets them."""
+        self.generation += 1
+        backend = self.backend
+        if backend is not None:
+            backend.weight_cache.invalidate(self, offset, offset + nbytes)  # type: ignore[attr-defined]
+
+
+def torch_alloc_buffer(backend: TorchBackend, size: int) -> TorchBuffer:
+    """A zero-filled buffer of `size` bytes on the backend's device."""
+    try:
+        return TorchBuffer(backend, size)
+    except RuntimeError as e:  # torch's OutOfMemoryError is a RuntimeError; the CPU allocator raises one too
+        from pyggml.core.errors import OutOfMemoryError
+
+        raise OutOfMemoryError(f"torch backend '{backend.name()}': cannot allocate a buffer of {size} bytes "
+                               f"on {backend.device}: {e}") from e

@@ -1,0 +1,158 @@
+"""Torch kernel: MUL_MAT, and the policy for the weight types it takes.
+
+MUL_MAT (as ggml_compute_forward_mul_mat): dst[M, N, ne2, ne3] (F32); for
+every (i2, i3), dst[n, m] = sum_k src0[m, k] * src1[n, k]; src0 broadcasts
+over dims 2 and 3 with i02 = i2 / (ne12/ne02), i03 = i3 / (ne13/ne03) (each
+src0 matrix serves consecutive src1 matrices).
+
+Policy by src0's type (the computation dtype is the "compute dtype"):
+
+- F32: an f32 matmul of the views as they are.
+- F16, BF16: src1 is rounded to the weight's type first, as ggml rounds it to
+  the vec_dot_type, so the products are those ggml forms. Then either
+  * native: the matmul runs in the half type (the output is rounded to it,
+    ~3 significant digits, then widened into dst), when the device multiplies
+    halves fast (CUDA; a CPU with AMX or AVX512-BF16 for BF16, AMX-FP16 for
+    F16), or when src1 has fewer than `HALF_NATIVE_MAX_COLS` columns (decoding:
+    a matrix-vector product is memory-bound and reads half the bytes); or
+  * widened: the weight is widened to f32 (exact) through the weight cache,
+    and the rounded src1 is widened too: an f32 matmul of exactly ggml's
+    operands. On a CPU without half matrix units (AVX2 only), torch's half
+    GEMM is ~10x slower than its f32 GEMM, so prompts take this path.
+- Q8_0, Q4_0: the weight is dequantized (ggml's dequantize_row arithmetic,
+  exact in f32) into the backend's `quant_dtype` (f32, or BF16 where BF16 is
+  fast) through the weight cache; src1 is converted to that dtype. Documented
+  deviation: ggml quantizes src1 to Q8_0 and sums integer block products;
+  here src1 keeps its f32 values, so results differ from ggml's by src1's
+  quantization error (NMSE ~1e-5, MUL_MAT's threshold is 5e-4).
+
+The weight cache (pyggml.backends.torch.cache) converts each weight once and
+keeps it until its bytes change: a set, a copy into them, or a graph that
+writes them. A weight the plan itself writes (a quantized or half KV cache
+read right after the CPY into it) is converted on every compute instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from pyggml.backends.torch.kernels import Compute, Kernel, PlanContext, noop
+from pyggml.backends.torch.kernels._common import BF16, F16, F32, Q4_0, Q8_0
+from pyggml.backends.torch.kernels.quants import dequantize
+from pyggml.core.errors import GGMLError, ShapeError, UnsupportedTypeError
+from pyggml.core.tensor import GGMLOp, Tensor
+from pyggml.core.types import TYPE_TRAITS
+
+MUL_MAT_TYPES = (F32, F16, BF16, Q8_0, Q4_0)
+# below this many src1 columns per matrix, F16/BF16 weights are multiplied in their own type (see above);
+# measured on 4096x4096 weights with benchmarks/bench_torch.py --sweep
+HALF_NATIVE_MAX_COLS = 4
+
+Problem = tuple[type[GGMLError], str] | None
+
+
+def mul_mat_problem(node: Tensor) -> Problem:
+    """Why these kernels cannot compute this MUL_MAT node (error class and reason), or None."""
+    a, b = node.src[0], node.src[1]
+    if a is None or b is None:
+        return ShapeError, "needs two sources"
+    if a.type not in MUL_MAT_TYPES:
+        return UnsupportedTypeError, (f"src0 '{a.name}' has type {a.type.name}; the torch backend takes "
+                                      f"{', '.join(t.name for t in MUL_MAT_TYPES)}")
+    if b.type != F32 and not (a.type in (F16, BF16) and b.type == a.type):
+        return UnsupportedTypeError, (f"src1 '{b.name}' has type {b.type.name}; with {a.type.name} weights it must "
+                                      f"be F32" + (f" or {a.type.name}" if a.type in (F16, BF16) else ""))
+    if node.type != F32:
+        return UnsupportedTypeError, f"dst has type {node.type.name}, must be F32"
+    if TYPE_TRAITS[a.type].is_quantized and a.nb[0] != TYPE_TRAITS[a.type].type_size:
+        return ShapeError, f"quantized src0 rows must be contiguous (nb {a.nb})"
+    if a.ne[0] != b.ne[0] or b.ne[2] % max(a.ne[2], 1) != 0 or b.ne[3] % max(a.ne[3], 1) != 0:
+        return ShapeError, f"src0 ne {a.ne} and src1 ne {b.ne} do not fit (ne0 equal, src1 ne2/ne3 multiples of src0's)"
+    if node.ne != [a.ne[1], b.ne[1], b.ne[2], b.ne[3]]:
+        return ShapeError, f"dst ne {node.ne} is not [{a.ne[1]}, {b.ne[1]}, {b.ne[2]}, {b.ne[3]}]"
+    return None
+
+
+def _half_dtype(t: Tensor) -> torch.dtype:
+    return torch.float16 if t.type == F16 else torch.bfloat16
+
+
+def mul_mat_kernel(node: Tensor, pc: PlanContext) -> Compute:
+    """dst = src1 x src0^T per matrix, with the weight policy of the module docstring."""
+    problem = mul_mat_problem(node)
+    if problem is not None:
+        cls, reason = problem
+        a_t, b_t = node.src[0], node.src[1]
+        types = f"{a_t.type.name if a_t else None} x {b_t.type.name if b_t else None} -> {node.type.name}"
+        raise cls(f"torch MUL_MAT '{node.name}' ({types}): {reason}")
+    a_t, b_t = node.src[0], node.src[1]
+    assert a_t is not None and b_t is not None
+    d, a, b = pc.view(node), pc.view(a_t), pc.view(b_t)
+    if d.numel() == 0:
+        return noop
+    if a_t.ne[0] == 0:
+        return d.zero_  # k == 0: empty sums
+
+    backend = pc.backend
+    wtype = a_t.type
+    f32 = torch.float32
+    convert_w: Callable[[], torch.Tensor] | None = None
+    if wtype == F32:
+        cdt = f32
+
+        def convert_x() -> torch.Tensor:
+            return b if b.dtype == f32 else b.to(f32)
+    elif wtype in (F16, BF16):
+        half = _half_dtype(a_t)
+        native = backend.half_is_fast(half) or b_t.ne[1] < HALF_NATIVE_MAX_COLS
+        cdt = half if native else f32
+        if not native:
+            def convert_w() -> torch.Tensor:
+                return a.to(f32)
+
+        def convert_x() -> torch.Tensor:
+            return b.to(half).to(cdt)  # rounded to the weight's type (ggml's vec_dot_type)
+    else:
+        cdt = backend.quant_dtype
+
+        def convert_w() -> torch.Tensor:
+            return dequantize(wtype, a).to(cdt)
+
+        def convert_x() -> torch.Tensor:
+            return b.to(cdt)
+
+    get_w: Callable[[], torch.Tensor] = (lambda: a) if convert_w is None else pc.derived(a_t, cdt, convert_w)
+
+    ne02, ne03 = a_t.ne[2], a_t.ne[3]
+    ne12, ne13 = b_t.ne[2], b_t.ne[3]
+    if ne02 == 1 and ne03 == 1:
+        # one weight matrix for all of src1: torch folds src1's rows into one GEMM
+        direct = cdt == f32 and d.is_contiguous()
+
+        def run_2d() -> None:
+            w = get_w()[0, 0]
+            if direct:
+                torch.matmul(convert_x(), w.t(), out=d)
+            else:
+                d.copy_(torch.matmul(convert_x(), w.t()))
+
+        return run_2d
+
+    r2, r3 = ne12 // ne02, ne13 // ne03
+    d6 = d.unflatten(1, (ne02, r2)).unflatten(0, (ne03, r3))
+
+    def run_batched() -> None:
+        w6 = get_w().unsqueeze(1).unsqueeze(3)  # (ne03, 1, ne02, 1, ne01, ne00)
+        x6 = convert_x().unflatten(1, (ne02, r2)).unflatten(0, (ne03, r3))
+        d6.copy_(torch.matmul(x6, w6.transpose(-1, -2)))
+
+    return run_batched
+
+
+KERNELS: dict[GGMLOp, Kernel] = {GGMLOp.MUL_MAT: mul_mat_kernel}
+
+
+def supports(node: Tensor) -> bool:
+    return node.op == GGMLOp.MUL_MAT and mul_mat_problem(node) is None
