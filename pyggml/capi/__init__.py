@@ -2,3 +2,4 @@
 
 from pyggml.capi.backend import *  # noqa: F403
 from pyggml.capi.core import *  # noqa: F403
+from pyggml.capi.sched import *  # noqa: F403

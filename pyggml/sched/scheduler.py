@@ -247,16 +247,15 @@ class Scheduler:
     def init_measure(self, measure_graph: Graph) -> None:
         """ggml_backend_sched_init_measure: size every backend's compute buffer for `measure_graph`.
 
-        Use the largest graph that will be computed. Calling it again measures
-        anew (the real buffers are freed and new ones made).
+        Use the largest graph that will be computed, with its inputs allocated
+        in `get_tallocr(backend)` first, as they will be for each compute. A
+        scheduler measures once (the seed would measure again with the real
+        buffers): make a new one for a larger graph.
         """
         self._check_alive()
         if self.hash_set is not None:
-            # measuring again: back to measure allocators (the seed would measure with the real buffers)
-            for i, b in enumerate(self.backends):
-                self.tallocs[i].free()
-                self.tallocs[i] = self._new_tallocr(b, None)
-        # initialize hash tables
+            raise GraphError("init_measure: this scheduler has measured already; its compute buffers are allocated "
+                             "(make a new Scheduler to measure a larger graph)")
         self.measure_hash_size = measure_graph.visited_hash_table.size
         hash_size = self.measure_hash_size + self.max_splits * self.max_split_inputs
         self.hash_set = HashSet(hash_size)

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
+from pyggml.alloc.tensor_allocator import TensorAllocator
+from pyggml.backend import tensor_set
 from pyggml.backends.cpu import CPUBackend
 from pyggml.backends.testing_blas import TestingBLASBackend
+from pyggml.core.context import Context
+from pyggml.core.types import GGMLType
 
 
 class CountingCPU(CPUBackend):
@@ -38,3 +43,15 @@ def cpu_b() -> CountingCPU:
 @pytest.fixture
 def blas() -> TestingBLASBackend:
     return TestingBLASBackend()
+
+
+@pytest.fixture
+def small_weight(cpu_a):  # noqa: ANN001, ANN201
+    ctx = Context(mem_size=1 << 16, no_alloc=True)
+    w = ctx.new_tensor_2d(GGMLType.F32, 4, 3).set_name("w")
+    buffer = cpu_a.alloc_buffer(256)
+    TensorAllocator.new_from_buffer(buffer).alloc(w)
+    values = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+    tensor_set(w, values)
+    yield w, values
+    buffer.free()

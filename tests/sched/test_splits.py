@@ -3,25 +3,17 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
-from sched_llama_block import (
-    build_block,
+from sched_graphs import (
     compute_on_one_backend,
     input_values,
     make_weights,
-    set_inputs,
+    run_block,
+    small_run,
+    split_table,
 )
 
-from pyggml.alloc.tensor_allocator import TensorAllocator
-from pyggml.backend import tensor_get_numpy, tensor_set
-from pyggml.core.context import Context
-from pyggml.core.types import GGMLType
+from pyggml.backend import tensor_get_numpy
 from pyggml.sched import Scheduler
-
-
-def split_table(sched: Scheduler) -> list[tuple[object, int, int, list[str]]]:
-    return [(s.backend, s.i_start, s.i_end, [t.name for t in s.inputs]) for s in sched.splits]
-
 
 # --- a small graph ---
 #
@@ -37,49 +29,6 @@ def split_table(sched: Scheduler) -> list[tuple[object, int, int, list[str]]]:
 #   split 0: A, nodes 0..3, inputs [x]  (y reads x from B)   -> copy "CPU#x" on A
 #   split 1: B, nodes 3..5, inputs [rr] (m reads rr from A)  -> copy "CPU#rr" on B
 #   split 2: A, nodes 5..6, inputs [m]  (out reads m from B) -> copy "CPU#m" on A
-
-
-class SmallGraph:
-    def __init__(self, w: object) -> None:
-        self.ctx = ctx = Context(mem_size=1 << 20, no_alloc=True)
-        self.x = ctx.new_tensor_2d(GGMLType.F32, 4, 2).set_name("x")
-        self.x2 = ctx.new_tensor_2d(GGMLType.F32, 6, 1).set_name("x2")
-        self.y = ctx.mul_mat(w, self.x).set_name("y")
-        self.r = ctx.relu(self.y).set_name("r")
-        self.rr = ctx.reshape_2d(self.r, 6, 1).set_name("rr")
-        self.m = ctx.mul(self.rr, self.x2).set_name("m")
-        self.yr = ctx.reshape_2d(self.y, 6, 1).set_name("yr")
-        self.out = ctx.add(self.m, self.yr).set_name("out")
-        self.graph = ctx.new_graph()
-        self.graph.build_forward_expand(self.out)
-
-
-@pytest.fixture
-def small_weight(cpu_a):  # noqa: ANN001, ANN201
-    ctx = Context(mem_size=1 << 16, no_alloc=True)
-    w = ctx.new_tensor_2d(GGMLType.F32, 4, 3).set_name("w")
-    buffer = cpu_a.alloc_buffer(256)
-    TensorAllocator.new_from_buffer(buffer).alloc(w)
-    values = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
-    tensor_set(w, values)
-    yield w, values
-    buffer.free()
-
-
-def small_run(sched: Scheduler, w: object, input_backend: object, rng: np.random.Generator | None):  # noqa: ANN201
-    g = SmallGraph(w)
-    talloc = sched.get_tallocr(input_backend)
-    talloc.alloc(g.x)
-    talloc.alloc(g.x2)
-    if rng is None:
-        sched.init_measure(g.graph)
-        return g, None, None
-    X = rng.standard_normal((2, 4)).astype(np.float32)
-    X2 = rng.standard_normal((1, 6)).astype(np.float32)
-    tensor_set(g.x, X)
-    tensor_set(g.x2, X2)
-    sched.graph_compute(g.graph)
-    return g, X, X2
 
 
 def test_small_graph_splits_inputs_and_copies(cpu_a, cpu_b, small_weight, rng) -> None:  # noqa: ANN001
@@ -151,22 +100,6 @@ LLAMA_BACKENDS_TWO_CPU = {
     "ffn_norm-0": "A", "ffn_gate": "A", "ffn_silu": "A", "ffn_up": "A", "ffn_par": "A", "ffn_out": "A",
     "l_out": "A",
 }
-
-
-def run_block(sched: Scheduler, weights: object, n_tokens: int, input_backend: object,
-              values: tuple | None):  # noqa: ANN201
-    """Build a new block graph, place its inputs in the scheduler's buffer of `input_backend`, then
-    init_measure (values None) or set the inputs and compute."""
-    block = build_block(weights.tensors, n_tokens)
-    talloc = sched.get_tallocr(input_backend)
-    for t in block.inputs:
-        talloc.alloc(t)
-    if values is None:
-        sched.init_measure(block.graph)
-    else:
-        set_inputs(block, values)
-        sched.graph_compute(block.graph)
-    return block
 
 
 def test_llama_block_over_two_cpu_backends(cpu_a, cpu_b) -> None:  # noqa: ANN001

@@ -1,4 +1,5 @@
-"""A small LLaMA block (attention without KV cache, SwiGLU feed-forward) for the scheduler tests.
+"""Graphs of the scheduler tests: a small graph worked out by hand, and a small LLaMA block
+(attention without KV cache, SwiGLU feed-forward).
 
 Weights go to the backend `weight_backend(name)` picks, each in one buffer per
 backend; the graph's inputs (x, pos, mask) are left without memory for the
@@ -16,13 +17,14 @@ import numpy as np
 
 from pyggml.alloc.graph_allocator import GraphAllocator
 from pyggml.alloc.tensor_allocator import TensorAllocator
-from pyggml.backend import tensor_get_numpy, tensor_set_numpy
+from pyggml.backend import tensor_get_numpy, tensor_set, tensor_set_numpy
 from pyggml.backend.backend import Backend
 from pyggml.backend.buffer import Buffer
 from pyggml.core.context import Context
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import Tensor
 from pyggml.core.types import GGMLType
+from pyggml.sched import Scheduler
 
 N_EMBD, N_HEAD, N_FF = 8, 2, 16
 HEAD_DIM = N_EMBD // N_HEAD
@@ -145,3 +147,54 @@ def compute_on_one_backend(backend: Backend, n_tokens: int, values: tuple[np.nda
     finally:
         buffer.free()
         weights.free()
+
+
+def split_table(sched: Scheduler) -> list[tuple[object, int, int, list[str]]]:
+    return [(s.backend, s.i_start, s.i_end, [t.name for t in s.inputs]) for s in sched.splits]
+
+
+class SmallGraph:
+    def __init__(self, w: object) -> None:
+        self.ctx = ctx = Context(mem_size=1 << 20, no_alloc=True)
+        self.x = ctx.new_tensor_2d(GGMLType.F32, 4, 2).set_name("x")
+        self.x2 = ctx.new_tensor_2d(GGMLType.F32, 6, 1).set_name("x2")
+        self.y = ctx.mul_mat(w, self.x).set_name("y")
+        self.r = ctx.relu(self.y).set_name("r")
+        self.rr = ctx.reshape_2d(self.r, 6, 1).set_name("rr")
+        self.m = ctx.mul(self.rr, self.x2).set_name("m")
+        self.yr = ctx.reshape_2d(self.y, 6, 1).set_name("yr")
+        self.out = ctx.add(self.m, self.yr).set_name("out")
+        self.graph = ctx.new_graph()
+        self.graph.build_forward_expand(self.out)
+
+
+def small_run(sched: Scheduler, w: object, input_backend: object, rng: np.random.Generator | None):  # noqa: ANN201
+    g = SmallGraph(w)
+    talloc = sched.get_tallocr(input_backend)
+    talloc.alloc(g.x)
+    talloc.alloc(g.x2)
+    if rng is None:
+        sched.init_measure(g.graph)
+        return g, None, None
+    X = rng.standard_normal((2, 4)).astype(np.float32)
+    X2 = rng.standard_normal((1, 6)).astype(np.float32)
+    tensor_set(g.x, X)
+    tensor_set(g.x2, X2)
+    sched.graph_compute(g.graph)
+    return g, X, X2
+
+
+def run_block(sched: Scheduler, weights: object, n_tokens: int, input_backend: object,
+              values: tuple | None):  # noqa: ANN201
+    """Build a new block graph, place its inputs in the scheduler's buffer of `input_backend`, then
+    init_measure (values None) or set the inputs and compute."""
+    block = build_block(weights.tensors, n_tokens)
+    talloc = sched.get_tallocr(input_backend)
+    for t in block.inputs:
+        talloc.alloc(t)
+    if values is None:
+        sched.init_measure(block.graph)
+    else:
+        set_inputs(block, values)
+        sched.graph_compute(block.graph)
+    return block
