@@ -1,0 +1,140 @@
+"""`pyggml run`: the streamed text is what the model API generates, the figures are printed,
+options reach the model (backends, layers, context, sampling)."""
+
+from __future__ import annotations
+
+import io
+import re
+from pathlib import Path
+
+import pytest
+from cli_util import one_line
+
+from pyggml.cli._common import fmt_bytes
+from pyggml.cli.main import main
+from pyggml.cli.run import TextStream
+
+PROMPT = "the cat is on it"
+
+
+def greedy_text(path: Path, prompt: str, n: int, **load_kw: object) -> str:
+    """What the model API writes greedily: the reference the command's stdout must equal."""
+    from pyggml.models import load
+
+    model = load(path, n_ctx=128, progress=False, **load_kw)
+    try:
+        ids = model.tokenize(prompt)
+        gen = list(model.generate(ids, n, None))
+        return model.detokenize(ids + gen)
+    finally:
+        model.free()
+
+
+def test_run_streams_the_greedy_text(tiny_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", str(tiny_model), "-p", PROMPT, "-n", "6", "--temp", "0", "--repeat-penalty", "1.0"]) == 0
+    captured = capsys.readouterr()
+    expected = greedy_text(tiny_model, PROMPT, 6)
+    assert captured.out == expected + "\n"
+    assert captured.out.startswith(PROMPT)
+
+
+def test_run_prints_the_figures(tiny_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from pyggml.gguf.reader import read_gguf
+
+    assert main(["run", str(tiny_model), "-p", PROMPT, "-n", "5", "--temp", "0", "--seed", "7"]) == 0
+    err = capsys.readouterr().err
+    assert re.search(r"^seed: 7 ", err, re.M)
+    assert re.search(r"^load time: +\d+\.\d ms", err, re.M)
+    n_prompt = 1 + len(PROMPT.split()) * 0  # at least the BOS
+    m = re.search(r"^prompt: +[\d.]+ ms / +(\d+) tokens \( *([\d.]+) tokens/s\)", err, re.M)
+    assert m and int(m.group(1)) > n_prompt and float(m.group(2)) > 0
+    m = re.search(r"^generation: +[\d.]+ ms / +(\d+) tokens \( *([\d.]+|n/a) tokens/s\) +(\d+) generated", err, re.M)
+    assert m and int(m.group(3)) <= 5 and int(m.group(1)) == int(m.group(3)) - 1
+    weights = sum(t.nbytes for t in read_gguf(tiny_model).tensors.values())
+    row = re.search(r"^\| CPU#0 +\| +(.+?) \| +(.+?) \| +(.+?) \| +(.+?) \|$", err, re.M)
+    assert row, err
+    assert row.group(1) == fmt_bytes(weights)
+    assert row.group(2) == fmt_bytes(2 * 2 * 128 * 32 * 4)  # K and V, 2 layers, n_ctx 128, n_embd_gqa 32, f32
+
+
+def test_run_verbose_shows_the_plan(tiny_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", str(tiny_model), "-p", PROMPT, "-n", "2", "--temp", "0", "-v"]) == 0
+    err = capsys.readouterr().err
+    assert "n_layer 2, n_embd 64, n_head 4/2, n_vocab 320, n_ctx 128" in err
+    assert re.search(r"^  layers 0\.\.1: CPU$", err, re.M)
+
+
+def test_run_split_over_two_backends_writes_the_same(tiny_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Layer 0 on one CPU backend, layer 1 on another: the text must not change."""
+    argv = ["run", str(tiny_model), "-p", PROMPT, "-n", "6", "--temp", "0", "--repeat-penalty", "1.0"]
+    assert main(argv + ["--backend", "cpu", "--backend", "cpu", "--n-layers-on", "cpu=1", "-v"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == greedy_text(tiny_model, PROMPT, 6) + "\n"
+    assert re.search(r"^\| CPU#0 ", captured.err, re.M) and re.search(r"^\| CPU#1 ", captured.err, re.M)
+    assert "backends: CPU, CPU; layers: 0:CPU, 1:CPU" in captured.err
+
+
+def test_run_ctx_and_n(tiny_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", str(tiny_model), "-p", PROMPT, "-n", "0"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == PROMPT + "\n"
+    assert "0 generated" in captured.err
+    # a context of 24 tokens: generation stops when it is full
+    assert main(["run", str(tiny_model), "-p", PROMPT, "-n", "50", "--ctx", "24", "--temp", "0"]) == 0
+    m = re.search(r"(\d+) generated \(context full\)", capsys.readouterr().err)
+    assert m and int(m.group(1)) < 50
+    assert main(["run", str(tiny_model), "-p", PROMPT * 10, "--ctx", "16"]) == 1
+    assert "raise --ctx" in one_line(capsys.readouterr().err)
+
+
+def test_run_sampling_is_seeded(tiny_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("pyggml.models.sampling")
+    argv = ["run", str(tiny_model), "-p", PROMPT, "-n", "12", "--temp", "1.5", "--top-k", "0", "--top-p", "1",
+            "--min-p", "0"]
+    texts = []
+    for seed in ["1", "1", "2"]:
+        assert main(argv + ["--seed", seed]) == 0
+        texts.append(capsys.readouterr().out)
+    assert texts[0] == texts[1]
+    assert texts[0] != texts[2]  # 12 tokens at temperature 1.5 over 320 ids: equal by chance is unlikely
+
+
+@pytest.mark.parametrize("option, value, words", [("--top-p", "0", "--top-p must be in (0, 1]"),
+                                                  ("--min-p", "2", "--min-p must be in [0, 1]"),
+                                                  ("--top-k", "-1", "--top-k must be >= 0"),
+                                                  ("--repeat-penalty", "0", "--repeat-penalty must be > 0")])
+def test_run_bad_sampling_values(option: str, value: str, words: str, tiny_model: Path,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("pyggml.models.sampling")
+    assert main(["run", str(tiny_model), option, value]) == 1
+    assert words in one_line(capsys.readouterr().err)
+
+
+class _Fake:
+    """Detokenizes with the real tokenizer of the tiny file (byte tokens included)."""
+
+    def __init__(self, path: Path) -> None:
+        from pyggml.gguf.reader import read_gguf
+        from pyggml.models.tokenizer import Tokenizer
+
+        self.tok = Tokenizer.from_gguf(read_gguf(path))
+
+    def detokenize(self, ids: list[int]) -> str:
+        return self.tok.decode(ids)
+
+
+def test_text_stream_keeps_spaces_and_multibyte_characters(tiny_model: Path) -> None:
+    fake = _Fake(tiny_model)
+    prompt = fake.tok.encode("the")
+    whole = fake.tok.encode("the café über it")
+    assert whole[: len(prompt)] == prompt
+    new = whole[len(prompt):]
+    assert any(3 <= i < 3 + 256 for i in new)  # é and ü go through the byte tokens <0x00>..<0xFF>
+    out = io.StringIO()
+    stream = TextStream(fake, prompt, out)
+    seen = []
+    for tok in new:
+        stream.add(tok)
+        seen.append(out.getvalue())
+    assert out.getvalue() == " café über it"
+    assert all("\ufffd" not in s for s in seen)  # half a character is never printed
