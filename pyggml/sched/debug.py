@@ -48,7 +48,7 @@ def format_assignments(sched: Scheduler, graph: Graph) -> str:
         if cur_split < len(splits) and i == splits[cur_split].i_start:
             split = splits[cur_split]
             backend = split.backend
-            inputs = " ".join(f"[{t.name} ({_fit(fmt_size(t.nbytes()), 5)})]" for t in split.inputs)
+            inputs = "".join(f"[{t.name} ({_fit(fmt_size(t.nbytes()), 5)})] " for t in split.inputs)
             lines.append("")
             lines.append(f"## SPLIT #{cur_split}: {backend.name() if backend else 'NULL'} # {split.n_inputs} "
                          f"inputs: {inputs}")
