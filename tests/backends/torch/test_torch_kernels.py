@@ -1,0 +1,357 @@
+"""Torch kernels against numpy references written here, the MUL_MAT weight policy and its cache."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from pyggml.backend import tensor_get_numpy, tensor_set, tensor_set_numpy  # noqa: E402
+from pyggml.backends.torch import TorchBackend, torch_init  # noqa: E402
+from pyggml.backends.torch.kernels.matmul import HALF_NATIVE_MAX_COLS  # noqa: E402
+from pyggml.core.context import Context  # noqa: E402
+from pyggml.core.errors import OutOfBoundsError, ShapeError, UnsupportedTypeError  # noqa: E402
+from pyggml.core.graph import Graph  # noqa: E402
+from pyggml.core.tensor import GGMLOp, Tensor, UnaryOp  # noqa: E402
+from pyggml.core.types import GGMLType, from_float, to_float  # noqa: E402
+from pyggml.testing import alloc_ctx_tensors  # noqa: E402
+
+F32, F16, BF16, I32, Q8_0, Q4_0 = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.I32, GGMLType.Q8_0,
+                                   GGMLType.Q4_0)
+
+
+def _graph(ctx: Context, *outs: Tensor) -> Graph:
+    g = ctx.new_graph()
+    for t in outs:
+        g.build_forward_expand(t)
+    return g
+
+
+def _ctx() -> Context:
+    return Context(mem_size=1 << 20, no_alloc=True)
+
+
+def _quantized_values(type: GGMLType, w: np.ndarray) -> np.ndarray:
+    """What a quantized weight holds: `w` quantized with ggml's reference and dequantized (f64)."""
+    return np.asarray(to_float(type, from_float(type, w.astype(np.float32))), dtype=np.float64).reshape(w.shape)
+
+
+# --- independent references ---
+
+
+def test_mul_mat_broadcasts_src0_over_consecutive_src1_matrices(rng: np.random.Generator) -> None:
+    """GQA: src0 [k, m, 2, 1] against src1 [k, n, 4, 3] -> src0 matrix i2 // 2 for src1 matrix i2 (not i2 % 2)."""
+    tb = torch_init()
+    ctx = _ctx()
+    a = ctx.new_tensor_4d(F32, 8, 5, 2, 1).set_name("a")
+    b = ctx.new_tensor_4d(F32, 8, 3, 4, 3).set_name("b")
+    out = ctx.mul_mat(a, b)
+    alloc_ctx_tensors(ctx, tb)
+    av = rng.standard_normal((1, 2, 5, 8)).astype(np.float32)
+    bv = rng.standard_normal((3, 4, 3, 8)).astype(np.float32)
+    tensor_set_numpy(a, av)
+    tensor_set_numpy(b, bv)
+    tb.graph_compute(_graph(ctx, out))
+    want = np.einsum("zinx,zimx->zinm", bv.astype(np.float64), np.repeat(av, 2, axis=1)[[0, 0, 0]])
+    assert np.allclose(tensor_get_numpy(out), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("wtype", [F16, BF16])
+@pytest.mark.parametrize("n_cols", [1, HALF_NATIVE_MAX_COLS + 3])
+def test_mul_mat_half_weights_round_src1_to_the_weight_type(wtype: GGMLType, n_cols: int,
+                                                           rng: np.random.Generator) -> None:
+    """Both paths (native half below HALF_NATIVE_MAX_COLS columns, widened to f32 from it up) multiply
+    the weight's values by src1 rounded to the weight's type, as ggml."""
+    tb = torch_init()
+    ctx = _ctx()
+    a = ctx.new_tensor_2d(wtype, 64, 6).set_name("w")
+    b = ctx.new_tensor_2d(F32, 64, n_cols).set_name("x")
+    out = ctx.mul_mat(a, b)
+    alloc_ctx_tensors(ctx, tb)
+    wv = rng.standard_normal((6, 64)).astype(np.float32)
+    xv = rng.standard_normal((n_cols, 64)).astype(np.float32)
+    tensor_set_numpy(a, wv)
+    tensor_set_numpy(b, xv)
+    tb.graph_compute(_graph(ctx, out))
+    tdt = torch.float16 if wtype == F16 else torch.bfloat16
+    w_held = torch.from_numpy(wv).to(tdt).double().numpy()
+    x_rounded = torch.from_numpy(xv).to(tdt).double().numpy()
+    want = x_rounded @ w_held.T
+    got = tensor_get_numpy(out)
+    native = n_cols < HALF_NATIVE_MAX_COLS and not tb.half_is_fast(tdt)
+    # the native path rounds its output to the half type; the widened one is f32 all along
+    tol = (1e-2 if wtype == BF16 else 2e-3) if native else 1e-5
+    assert np.allclose(got, want, rtol=tol, atol=tol * np.abs(want).max())
+
+
+@pytest.mark.parametrize("wtype", [Q8_0, Q4_0])
+def test_mul_mat_quantized_weights_are_dequantized_exactly(wtype: GGMLType, rng: np.random.Generator) -> None:
+    tb = torch_init()
+    ctx = _ctx()
+    a = ctx.new_tensor_2d(wtype, 64, 4).set_name("w")
+    b = ctx.new_tensor_2d(F32, 64, 3).set_name("x")
+    out = ctx.mul_mat(a, b)
+    alloc_ctx_tensors(ctx, tb)
+    wv = rng.standard_normal((4, 64)).astype(np.float32)
+    xv = rng.standard_normal((3, 64)).astype(np.float32)
+    tensor_set_numpy(a, wv)
+    tensor_set_numpy(b, xv)
+    tb.graph_compute(_graph(ctx, out))
+    want = xv.astype(np.float64) @ _quantized_values(wtype, wv).T
+    assert np.allclose(tensor_get_numpy(out), want, rtol=1e-5, atol=1e-5)
+
+
+def test_quant_dtype_bf16_is_close(rng: np.random.Generator) -> None:
+    tb = torch_init(quant_dtype=torch.bfloat16)
+    assert tb.quant_dtype == torch.bfloat16
+    ctx = _ctx()
+    a = ctx.new_tensor_2d(Q8_0, 64, 4).set_name("w")
+    b = ctx.new_tensor_2d(F32, 64, 8).set_name("x")
+    out = ctx.mul_mat(a, b)
+    alloc_ctx_tensors(ctx, tb)
+    wv = rng.standard_normal((4, 64)).astype(np.float32)
+    xv = rng.standard_normal((8, 64)).astype(np.float32)
+    tensor_set_numpy(a, wv)
+    tensor_set_numpy(b, xv)
+    tb.graph_compute(_graph(ctx, out))
+    want = xv.astype(np.float64) @ _quantized_values(Q8_0, wv).T
+    got = tensor_get_numpy(out)
+    assert np.sum((got - want) ** 2) / np.sum(want**2) < 1e-4
+
+
+def test_rms_norm_soft_max_mask_rope_neox(rng: np.random.Generator) -> None:
+    tb = torch_init()
+    ctx = _ctx()
+    x = ctx.new_tensor_3d(F32, 8, 3, 2).set_name("x")
+    mask = ctx.new_tensor_2d(F32, 8, 3).set_name("mask")
+    pos = ctx.new_tensor_1d(I32, 2).set_name("pos")
+    norm = ctx.rms_norm(x, 1e-5)
+    sm = ctx.soft_max_ext(x, mask, 0.5)
+    rope = ctx.rope(x, pos, 4, 2, 16)  # NeoX over the first 4 of 8 dims
+    g = _graph(ctx, norm, sm, rope)
+    alloc_ctx_tensors(ctx, tb)
+    xv = rng.standard_normal((2, 3, 8)).astype(np.float32)
+    mv = np.where(rng.random((3, 8)) < 0.3, -np.inf, 0.0).astype(np.float32)
+    mv[:, 0] = 0.0
+    tensor_set_numpy(x, xv)
+    tensor_set_numpy(mask, mv)
+    tensor_set_numpy(pos, [3, 7])
+    tb.graph_compute(g)
+    x64 = xv.astype(np.float64)
+    want_norm = x64 / np.sqrt(np.mean(x64**2, axis=-1, keepdims=True) + 1e-5)
+    assert np.allclose(tensor_get_numpy(norm), want_norm, rtol=1e-5, atol=1e-6)
+    z = x64 * 0.5 + mv
+    e = np.exp(z - z.max(axis=-1, keepdims=True))
+    assert np.allclose(tensor_get_numpy(sm), e / e.sum(axis=-1, keepdims=True), rtol=1e-5, atol=1e-7)
+    want_rope = x64.copy()
+    for i2, p in enumerate([3, 7]):
+        for k in range(2):
+            ang = p * 10000.0 ** (-2 * k / 4)
+            c, s = np.cos(ang), np.sin(ang)
+            x0, x1 = x64[i2, :, k], x64[i2, :, k + 2]
+            want_rope[i2, :, k], want_rope[i2, :, k + 2] = x0 * c - x1 * s, x0 * s + x1 * c
+    assert np.allclose(tensor_get_numpy(rope), want_rope, rtol=1e-5, atol=1e-5)
+
+
+def test_get_rows_quantized_and_bounds(rng: np.random.Generator) -> None:
+    tb = torch_init()
+    ctx = _ctx()
+    a = ctx.new_tensor_2d(Q4_0, 64, 5).set_name("table")
+    idx = ctx.new_tensor_1d(I32, 3).set_name("idx")
+    out = ctx.get_rows(a, idx).set_name("rows")
+    g = _graph(ctx, out)
+    alloc_ctx_tensors(ctx, tb)
+    av = rng.standard_normal((5, 64)).astype(np.float32)
+    tensor_set_numpy(a, av)
+    tensor_set_numpy(idx, [4, 0, 4])
+    tb.graph_compute(g)
+    assert np.array_equal(tensor_get_numpy(out), _quantized_values(Q4_0, av)[[4, 0, 4]].astype(np.float32))
+    tensor_set_numpy(idx, [1, 5, 0])
+    with pytest.raises(OutOfBoundsError, match="'rows': row index 5 outside \\[0, 5\\)"):
+        tb.graph_compute(g)
+
+
+def test_unary_and_in_place_add(rng: np.random.Generator) -> None:
+    tb = torch_init()
+    ctx = _ctx()
+    x = ctx.new_tensor_2d(F32, 6, 4).set_name("x")
+    y = ctx.new_tensor_1d(F32, 6).set_name("y")
+    gelu = ctx.unary(x, UnaryOp.GELU)
+    silu = ctx.unary(x, UnaryOp.SILU)
+    relu = ctx.unary(x, UnaryOp.RELU)
+    g = _graph(ctx, gelu, silu, relu)
+    g.build_forward_expand(ctx.add_inplace(x, y))  # after the unaries read x
+    alloc_ctx_tensors(ctx, tb)
+    xv = rng.standard_normal((4, 6)).astype(np.float32)
+    yv = rng.standard_normal(6).astype(np.float32)
+    tensor_set_numpy(x, xv)
+    tensor_set_numpy(y, yv)
+    tb.graph_compute(g)
+    x64 = xv.astype(np.float64)
+    want_gelu = 0.5 * x64 * (1 + np.tanh(np.sqrt(2 / np.pi) * x64 * (1 + 0.044715 * x64**2)))
+    assert np.allclose(tensor_get_numpy(gelu), want_gelu, rtol=1e-5, atol=1e-6)
+    assert np.allclose(tensor_get_numpy(silu), x64 / (1 + np.exp(-x64)), rtol=1e-5, atol=1e-6)
+    assert np.array_equal(tensor_get_numpy(relu), np.maximum(xv, 0))
+    assert np.allclose(tensor_get_numpy(x), xv + yv, rtol=1e-6)
+
+
+# --- supports_op is exact ---
+
+
+def test_supports_op_types() -> None:
+    tb = torch_init()
+    ctx = _ctx()
+    f32 = ctx.new_tensor_2d(F32, 64, 4)
+    assert tb.supports_op(ctx.mul_mat(ctx.new_tensor_2d(Q8_0, 64, 4), f32))
+    assert not tb.supports_op(ctx.mul_mat(ctx.new_tensor_2d(GGMLType.Q4_1, 64, 4), f32))
+    assert not tb.supports_op(ctx.mul_mat(ctx.new_tensor_2d(Q8_0, 64, 4), ctx.new_tensor_2d(F16, 64, 4)))
+    assert tb.supports_op(ctx.mul_mat(ctx.new_tensor_2d(F16, 64, 4), ctx.new_tensor_2d(F16, 64, 4)))
+    assert tb.supports_op(ctx.cpy(f32, ctx.new_tensor_2d(BF16, 64, 4)))
+    assert not tb.supports_op(ctx.cpy(f32, ctx.new_tensor_2d(Q8_0, 64, 4)))
+    assert not tb.supports_op(ctx.get_rows(ctx.new_tensor_2d(GGMLType.Q5_0, 64, 4), ctx.new_tensor_1d(I32, 2)))
+    assert not tb.supports_op(ctx.unary(f32, UnaryOp.TANH))
+    assert tb.supports_op(ctx.unary(f32, UnaryOp.SILU))
+    assert not tb.supports_op(ctx.sub(f32, f32))
+    assert tb.supports_op(ctx.view_1d(f32, 4, 0)) and tb.supports_op(ctx.transpose(f32))
+    assert not tb.supports_op(ctx.rope(ctx.new_tensor_3d(F32, 8, 2, 3), ctx.new_tensor_1d(I32, 3), 8, 4, 16))
+
+
+def test_kernels_raise_their_error_classes() -> None:
+    from pyggml.backends.torch.kernels.matmul import mul_mat_problem
+
+    ctx = _ctx()
+    node = ctx.mul_mat(ctx.new_tensor_2d(GGMLType.Q6_K, 256, 4), ctx.new_tensor_2d(F32, 256, 2))
+    cls, reason = mul_mat_problem(node)  # type: ignore[misc]
+    assert cls is UnsupportedTypeError and "Q6_K" in reason
+    node = ctx.mul_mat(ctx.new_tensor_2d(F32, 8, 4), ctx.new_tensor_2d(F32, 8, 2))
+    node.ne = [4, 3, 1, 1]
+    cls, reason = mul_mat_problem(node)  # type: ignore[misc]
+    assert cls is ShapeError and "dst ne" in reason
+
+
+# --- the weight cache ---
+
+
+def _matmul_setup(tb: TorchBackend, wtype: GGMLType, n_cols: int = 8, rng_seed: int = 0) -> tuple:
+    rng = np.random.default_rng(rng_seed)
+    ctx = _ctx()
+    w = ctx.new_tensor_2d(wtype, 64, 4).set_name("w")
+    x = ctx.new_tensor_2d(F32, 64, n_cols).set_name("x")
+    out = ctx.mul_mat(w, x)
+    buf = alloc_ctx_tensors(ctx, tb)
+    wv = rng.standard_normal((4, 64)).astype(np.float32)
+    xv = rng.standard_normal((n_cols, 64)).astype(np.float32)
+    tensor_set_numpy(w, wv)
+    tensor_set_numpy(x, xv)
+    return ctx, buf, w, x, out, wv, xv
+
+
+def test_weight_cache_converts_once_and_forgets_on_set() -> None:
+    tb = torch_init()
+    ctx, buf, w, x, out, wv, xv = _matmul_setup(tb, Q8_0)
+    plan = tb.graph_plan_create(_graph(ctx, out))
+    cache = tb.weight_cache
+    for _ in range(3):
+        tb.graph_plan_compute(plan)
+    assert (cache.misses, cache.hits, len(cache.entries)) == (1, 2, 1)
+    assert np.allclose(tensor_get_numpy(out), xv @ _quantized_values(Q8_0, wv).T, rtol=1e-5, atol=1e-5)
+    # new weights through tensor_set: the cached dequantization must not be used
+    wv2 = -2 * wv[::-1].copy()
+    tensor_set_numpy(w, wv2)
+    assert len(cache.entries) == 0
+    tb.graph_plan_compute(plan)
+    assert np.allclose(tensor_get_numpy(out), xv @ _quantized_values(Q8_0, wv2).T, rtol=1e-5, atol=1e-5)
+    # a partial write (one row's bytes) also invalidates; setting x (same buffer, other bytes) does not
+    tensor_set_numpy(x, xv * 2)
+    assert len(cache.entries) == 1
+    row = np.asarray(from_float(Q8_0, np.full((1, 64), 0.5, np.float32)), dtype=np.uint8)
+    tensor_set(w, row, offset=w.nb[1] * 2)
+    assert len(cache.entries) == 0
+    tb.graph_plan_compute(plan)
+    wv3 = _quantized_values(Q8_0, wv2)
+    wv3[2] = np.asarray(to_float(Q8_0, row), dtype=np.float64).ravel()  # 0.5 as Q8_0 holds it
+    assert np.allclose(tensor_get_numpy(out), (2 * xv) @ wv3.T, rtol=1e-5, atol=1e-5)
+    buf.free()
+
+
+def test_weight_cache_forgets_bytes_a_graph_writes() -> None:
+    """A widened F16 weight is cached by one plan; another plan CPYs new values into it."""
+    tb = torch_init()
+    ctx, buf, w, x, out, wv, xv = _matmul_setup(tb, F16, n_cols=HALF_NATIVE_MAX_COLS + 4)
+    src = ctx.new_tensor_2d(F32, 64, 4).set_name("src")
+    write = ctx.cpy(src, w)
+    buf2 = alloc_ctx_tensors(ctx, tb)
+    use_w = tb.graph_plan_create(_graph(ctx, out))
+    write_w = tb.graph_plan_create(_graph(ctx, write))
+    if tb.half_is_fast(torch.float16):
+        pytest.skip("F16 weights are not widened (nor cached) on this device")
+    tb.graph_plan_compute(use_w)
+    assert len(tb.weight_cache.entries) == 1
+    new = np.full((4, 64), 0.25, np.float32)
+    tensor_set_numpy(src, new)
+    tb.graph_plan_compute(write_w)
+    assert len(tb.weight_cache.entries) == 0
+    tb.graph_plan_compute(use_w)
+    x_h = xv.astype(np.float16).astype(np.float64)
+    assert np.allclose(tensor_get_numpy(out), x_h @ new.T, rtol=1e-5, atol=1e-5)
+    buf.free()
+    buf2.free()
+
+
+def test_weight_a_plan_writes_is_converted_each_time() -> None:
+    """CPY into an F16 weight and MUL_MAT with it in one graph: never from the cache (another plan filled it)."""
+    tb = torch_init()
+    ctx, buf, w, x, out, wv, xv = _matmul_setup(tb, F16, n_cols=HALF_NATIVE_MAX_COLS + 4)
+    src = ctx.new_tensor_2d(F32, 64, 4).set_name("src")
+    write = ctx.cpy(src, w)
+    out2 = ctx.mul_mat(write, x).set_name("out2")
+    buf2 = alloc_ctx_tensors(ctx, tb)
+    plan = tb.graph_plan_create(_graph(ctx, out2))
+    reader = tb.graph_plan_create(_graph(ctx, out))  # caches w as it is before each write
+    x_h = xv.astype(np.float16).astype(np.float64)
+    for k in (1.0, -3.0):
+        tb.graph_plan_compute(reader)
+        assert len(tb.weight_cache.entries) == 1 or tb.half_is_fast(torch.float16)
+        tensor_set_numpy(src, np.full((4, 64), k, np.float32))
+        tb.graph_plan_compute(plan)
+        assert np.allclose(tensor_get_numpy(out2), x_h @ np.full((4, 64), k).T, rtol=1e-5)
+    assert len(tb.weight_cache.entries) == 0
+    buf.free()
+    buf2.free()
+
+
+def test_weight_cache_limit_and_buffer_free() -> None:
+    one = 4 * 64 * 4  # bytes of one dequantized 4x64 weight in f32
+    tb = torch_init(weight_cache_bytes=one)
+    ctx, buf, w, x, out, wv, xv = _matmul_setup(tb, Q8_0)
+    w2 = ctx.new_tensor_2d(Q8_0, 64, 4).set_name("w2")
+    out2 = ctx.mul_mat(w2, x)
+    buf2 = alloc_ctx_tensors(ctx, tb)
+    tensor_set_numpy(w2, wv * 3)
+    plan = tb.graph_plan_create(_graph(ctx, out, out2))
+    tb.graph_plan_compute(plan)
+    cache = tb.weight_cache
+    assert len(cache.entries) == 1 and cache.nbytes == one  # the second evicted the first
+    tb.graph_plan_compute(plan)
+    assert np.allclose(tensor_get_numpy(out2), xv @ _quantized_values(Q8_0, wv * 3).T, rtol=1e-5, atol=1e-5)
+    assert np.allclose(tensor_get_numpy(out), xv @ _quantized_values(Q8_0, wv).T, rtol=1e-5, atol=1e-5)
+    buf2.free()
+    assert all(e.buffer is not buf2 for e in cache.entries.values())
+    buf.free()
+    assert len(cache.entries) == 0 and cache.nbytes == 0
+    tiny = torch_init(weight_cache_bytes=16)
+    ctx, buf, w, x, out, wv, xv = _matmul_setup(tiny, Q4_0)
+    tiny.graph_compute(_graph(ctx, out))
+    assert len(tiny.weight_cache.entries) == 0  # larger than the limit: converted, not kept
+    assert np.allclose(tensor_get_numpy(out), xv @ _quantized_values(Q4_0, wv).T, rtol=1e-5, atol=1e-5)
+
+
+def test_views_only_graph_computes_nothing() -> None:
+    tb = torch_init()
+    ctx = _ctx()
+    a = ctx.new_tensor_2d(F32, 4, 4)
+    v = ctx.transpose(ctx.reshape_2d(a, 8, 2))
+    alloc_ctx_tensors(ctx, tb)
+    plan = tb.graph_plan_create(_graph(ctx, v))
+    assert plan.computes == [] and v.op == GGMLOp.TRANSPOSE
