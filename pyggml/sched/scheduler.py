@@ -83,6 +83,7 @@ GGML_MAX_SPLIT_INPUTS = 16
 DEBUG_ENV = "GGML_SCHED_DEBUG"
 
 _NO_PRIO = math.inf  # the seed's INT_MAX: "not one of the scheduler's backends"
+_UNCHECKED_CAUSES = ("1.dst", "1.vsrc", "usr")  # assignments made without asking supports_op
 
 
 def debug_enabled() -> bool:
@@ -134,16 +135,18 @@ class Scheduler:
         self.max_splits = max_splits
         self.max_split_inputs = max_split_inputs
 
+        self._backend_ids = {id(b): i for i, b in enumerate(backends)}  # priorities (the list keeps ids unique)
         self.galloc = GraphAllocator()
-        self.tallocs: list[TensorAllocator] = []
         self._own_buffers: dict[int, Buffer] = {}  # every buffer the scheduler made, by id (kept alive)
+        tallocs: list[TensorAllocator] = []
         try:
             for b in backends:
-                self.tallocs.append(self._new_tallocr(b, None))
+                tallocs.append(self._new_tallocr(b, None))
         except BaseException:
-            for talloc in self.tallocs:
+            for talloc in tallocs:
                 talloc.free()
             raise
+        self._set_tallocs(tallocs)
 
         self.hash_set: HashSet | None = None  # made by init_measure, sized for the measure graph
         self.measure_hash_size = 0  # the measure graph's visited_hash_table.size
@@ -190,16 +193,14 @@ class Scheduler:
 
     def backend_prio(self, backend: Backend | None) -> float:
         """The backend's index in priority order (lower is better); inf if it is not one of ours."""
-        for i, b in enumerate(self.backends):
-            if b is backend:
-                return i
-        return _NO_PRIO
+        return self._backend_ids.get(id(backend), _NO_PRIO)
 
     def _allocr_prio(self, allocr: TensorAllocator | None) -> float:
-        for i, talloc in enumerate(self.tallocs):
-            if talloc is allocr:
-                return i
-        return _NO_PRIO
+        return self._talloc_ids.get(id(allocr), _NO_PRIO)
+
+    def _set_tallocs(self, tallocs: list[TensorAllocator]) -> None:
+        self.tallocs = tallocs
+        self._talloc_ids = {id(t): i for i, t in enumerate(tallocs)}  # the list keeps the ids unique
 
     def _backend_index(self, backend: Backend, what: str) -> int:
         prio = self.backend_prio(backend)
@@ -274,9 +275,9 @@ class Scheduler:
 
         # allocate buffers and reset allocators
         sizes = [talloc.get_max_size() for talloc in self.tallocs]
-        for i, b in enumerate(self.backends):
-            self.tallocs[i].free()
-            self.tallocs[i] = self._new_tallocr(b, sizes[i])
+        for talloc in self.tallocs:
+            talloc.free()
+        self._set_tallocs([self._new_tallocr(b, size) for b, size in zip(self.backends, sizes, strict=True)])
         log.debug("init_measure: compute buffer sizes %s",
                   ", ".join(f"{b.name()} {s} bytes" for b, s in zip(self.backends, sizes, strict=True)))
         self.reset()
@@ -431,12 +432,13 @@ class Scheduler:
             src_backend = _buffer_backend(src)
             if src_backend is not None:
                 src_prio = self.backend_prio(src_backend)
-                src_size = src.nbytes()
-                if src_prio < cur_prio and src_size >= cur_size and self._supports(int(src_prio), node):
-                    cur_prio = src_prio
-                    cur_size = src_size
-                    best = int(src_prio)
-                    causes[slot] = f"1.src{j}"
+                if src_prio < cur_prio:  # (nbytes only when it matters)
+                    src_size = src.nbytes()
+                    if src_size >= cur_size and self._supports(int(src_prio), node):
+                        cur_prio = src_prio
+                        cur_size = src_size
+                        best = int(src_prio)
+                        causes[slot] = f"1.src{j}"
         return best
 
     def _split_graph(self, graph: Graph) -> None:
@@ -477,8 +479,9 @@ class Scheduler:
             if leaf_backend is not None:
                 node_talloc[slot] = tallocs[self._backend_index(leaf_backend, f"leaf '{leaf.name}' (its memory)")]
 
-        for node in graph.nodes:
-            slot = find(node)
+        nodes = graph.nodes
+        slots = [find(node) for node in nodes]
+        for node, slot in zip(nodes, slots, strict=True):
             if node_talloc[slot] is not None:
                 # do not overwrite user assignments
                 continue
@@ -487,8 +490,7 @@ class Scheduler:
                 node_talloc[slot] = tallocs[node_backend]
 
         # pass 2: assign backends to ops from current assignments
-        for node in graph.nodes:
-            slot = find(node)
+        for node, slot in zip(nodes, slots, strict=True):
             if node_talloc[slot] is not None:
                 continue
             cur_prio = _NO_PRIO
@@ -500,12 +502,13 @@ class Scheduler:
                 src_allocr = node_talloc[find(src)]
                 if src_allocr is not None:
                     src_prio = self._allocr_prio(src_allocr)
-                    src_size = src.nbytes()
-                    if src_prio < cur_prio and src_size >= cur_size and self._supports(int(src_prio), node):
-                        cur_prio = src_prio
-                        cur_size = src_size
-                        best = int(src_prio)
-                        causes[slot] = f"2.src{j}"
+                    if src_prio < cur_prio:
+                        src_size = src.nbytes()
+                        if src_size >= cur_size and self._supports(int(src_prio), node):
+                            cur_prio = src_prio
+                            cur_size = src_size
+                            best = int(src_prio)
+                            causes[slot] = f"2.src{j}"
             if best is None:
                 # no source's backend can compute it, or no source has a backend: the first one that can
                 best = self._first_supporting(node)
@@ -513,8 +516,8 @@ class Scheduler:
             node_talloc[slot] = tallocs[best]
 
         # pass 3: assign backends to remaining src from dst (should only be leafs)
-        for node in graph.nodes:
-            node_allocr = node_talloc[find(node)]
+        for node, slot in zip(nodes, slots, strict=True):
+            node_allocr = node_talloc[slot]
             for src in node.src:
                 if src is None:
                     break
@@ -524,7 +527,7 @@ class Scheduler:
 
         rewired: list[tuple[Tensor, int, Tensor]] = []
         try:
-            self._split_nodes(graph, rewired)
+            self._split_nodes(graph, slots, rewired)
         except BaseException:
             for node, j, src in reversed(rewired):
                 node.src[j] = src
@@ -534,7 +537,7 @@ class Scheduler:
         if debug_enabled():
             log.debug("%s", self.format_assignments(graph))
 
-    def _split_nodes(self, graph: Graph, rewired: list[tuple[Tensor, int, Tensor]]) -> None:
+    def _split_nodes(self, graph: Graph, slots: list[int], rewired: list[tuple[Tensor, int, Tensor]]) -> None:
         """Pass 4: split the graph, find the tensors that need to be copied, build the allocation graph."""
         hash_set = self.hash_set
         assert hash_set is not None and self.ctx is not None
@@ -549,19 +552,21 @@ class Scheduler:
             self.graph = Graph(0)
             return
         # find first backend (a graph of views only: the first view's)
-        first_allocr = node_talloc[find(nodes[0])]
-        for node in nodes:
+        first_allocr = node_talloc[slots[0]]
+        for node, slot in zip(nodes, slots, strict=True):
             if node.view_src is None:
-                first_allocr = node_talloc[find(node)]
+                first_allocr = node_talloc[slot]
                 break
         split = Split(first_allocr, 0)
         splits.append(split)
         cur_allocr = first_allocr
         cur_backend_id = self._allocr_prio(cur_allocr)
+        causes = self.causes
         for i, node in enumerate(nodes):
             if is_view_op(node.op):
                 continue
-            node_allocr = node_talloc[find(node)]
+            slot = slots[i]
+            node_allocr = node_talloc[slot]
             if node_allocr is None:
                 raise GraphError(f"node {i} '{node.name}' ({op_desc(node)}) has no backend")
             if node_allocr is not cur_allocr:
@@ -576,7 +581,8 @@ class Scheduler:
                 cur_allocr = node_allocr
                 cur_backend_id = self._allocr_prio(cur_allocr)
             backend_id = int(cur_backend_id)
-            if not self._supports(backend_id, node):
+            # the passes chose supporting backends; memory pins and user assignments did not look
+            if causes.get(slot) in _UNCHECKED_CAUSES and not self._supports(backend_id, node):
                 raise UnsupportedOpError(
                     f"node {i} '{node.name}' is on backend '{self.backends[backend_id].name()}' "
                     f"({self._why(node)}), which does not support op {op_desc(node)}"
@@ -614,9 +620,10 @@ class Scheduler:
                 node.src[j] = tensor_copy_
         split.i_end = len(nodes)
 
-        # sanity check: all sources should have the same backend as the node
-        for node in nodes:
-            node_allocr = node_talloc[find(node)]
+        # sanity check: all sources should have the same backend as the node (printed by the seed; here a debug
+        # message, as view ops keep sources of another backend when the user assigned them elsewhere)
+        for node, slot in zip(nodes, slots, strict=True) if log.isEnabledFor(logging.DEBUG) else ():
+            node_allocr = node_talloc[slot]
             for j, src in enumerate(node.src):
                 if src is None:
                     break
