@@ -1,0 +1,32 @@
+"""`pyggml test-ops -b torch`: every case the torch backend supports agrees with the CPU backend."""
+
+from __future__ import annotations
+
+import io
+import re
+
+import pytest
+
+pytest.importorskip("torch")
+
+from pyggml.testing import test_ops  # noqa: E402
+
+# the ops the torch backend implements: each must have passing cases, none failing
+TORCH_OPS = ["ADD", "MUL", "SCALE", "RMS_NORM", "NORM", "SOFT_MAX", "ROPE", "GET_ROWS", "CPY", "CONT", "DUP", "VIEW",
+             "RESHAPE", "PERMUTE", "TRANSPOSE", "GELU", "SILU", "RELU", "MUL_MAT"]
+
+
+def test_checker_is_clean_for_the_torch_backend() -> None:
+    out = io.StringIO()
+    code = test_ops.run("torch", None, out, verbose=False)
+    text = out.getvalue()
+    assert text.startswith("Testing backend Torch(cpu) against CPU")
+    failures = [line for line in text.splitlines() if line.rstrip().endswith("FAIL") or " FAIL (" in line]
+    assert code == 0 and not failures, "\n".join(failures)
+    summary = re.search(r"(\d+)/(\d+) passed, (\d+) failed, (\d+) not supported", text)
+    assert summary is not None and summary.group(3) == "0"
+    ok = {line.split()[0] for line in text.splitlines()[2:] if line.rstrip().endswith(" OK")}
+    assert set(TORCH_OPS) <= ok, sorted(set(TORCH_OPS) - ok)
+    # the MUL_MAT weight types the backend takes were all checked
+    for t in ("type_a=f32", "type_a=f16", "type_a=bf16", "type_a=q8_0", "type_a=q4_0"):
+        assert re.search(rf"MUL_MAT\s+{t},.*OK", text), t
