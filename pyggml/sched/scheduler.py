@@ -461,7 +461,8 @@ class Scheduler:
         tallocs = self.tallocs
         find = hash_set.find_or_insert
 
-        # user assignments first: the passes skip tensors that have a backend
+        # user assignments first: the passes skip tensors that have a backend (the seed clears its table just
+        # before pass 1, so its "do not overwrite user assignments" never held; here they hold until reset)
         for t, index in self.user_assignments.values():
             slot = find(t)
             node_talloc[slot] = tallocs[index]
@@ -510,7 +511,8 @@ class Scheduler:
                             best = int(src_prio)
                             causes[slot] = f"2.src{j}"
             if best is None:
-                # no source's backend can compute it, or no source has a backend: the first one that can
+                # no source's backend can compute it, or no source has a backend (the seed leaves the node NULL
+                # and crashes, or hands it to a backend that cannot compute it): the first one that can
                 best = self._first_supporting(node)
                 causes[slot] = "2.prio"
             node_talloc[slot] = tallocs[best]
@@ -597,6 +599,8 @@ class Scheduler:
                 if src_allocr is node_allocr:
                     continue
                 inputs = split.inputs
+                # once per split: the seed appends src for every reading source, copying it and counting it
+                # against GGML_MAX_SPLIT_INPUTS once per read
                 if not any(t is src for t in inputs):
                     if len(inputs) >= self.max_split_inputs:
                         raise LimitExceededError(
