@@ -47,8 +47,10 @@ from pyggml.core.types import TYPE_TRAITS
 
 MUL_MAT_TYPES = (F32, F16, BF16, Q8_0, Q4_0)
 # below this many src1 columns per matrix, F16/BF16 weights are multiplied in their own type (see above);
-# measured on 4096x4096 weights with benchmarks/bench_torch.py --sweep
-HALF_NATIVE_MAX_COLS = 4
+# measured on 4096x4096 weights, 2 threads, AVX2 (benchmarks/bench_torch.py --sweep): the half matmul wins
+# up to 8 columns (1.3x at 1, ~2x at 2-8: it reads half the bytes, and torch's f32 GEMM is slow at small n),
+# the widened f32 GEMM from 16 on
+HALF_NATIVE_MAX_COLS = 12
 
 Problem = tuple[type[GGMLError], str] | None
 
