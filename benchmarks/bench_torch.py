@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import statistics
 import time
 from collections.abc import Callable
@@ -133,7 +134,8 @@ def sweep(tb: Backend, repeats: int) -> None:
 # --- (b) a LLaMA block through the scheduler ---
 
 
-def bench_llama(tb: Backend, cpu_a: Backend, cpu_b: Backend, n_tokens: int, repeats: int) -> None:
+def bench_llama(tb: Backend, cpu_a: Backend, cpu_b: Backend, cpu_c: Backend, n_tokens: int,
+                repeats: int) -> None:
     try:
         from pyggml.sched import Scheduler
     except ImportError:
@@ -155,7 +157,9 @@ def bench_llama(tb: Backend, cpu_a: Backend, cpu_b: Backend, n_tokens: int, repe
                   / math.sqrt(shapes[n.split(".")[-2]][0]) + (1.0 if "norm" in n else 0.0)) for n in tensor_names(hp)}
 
     class Setup:
-        def __init__(self, backends: list[Backend], layer: Backend, host: Backend) -> None:
+        def __init__(self, backends: list[Backend], layer: Backend, host: Backend, pin: bool = False) -> None:
+            self.pin = pin
+            self.layer = layer
             self.buffers = []
             self.w = {}
             groups: dict[int, tuple[Backend, list[str]]] = {}
@@ -173,7 +177,7 @@ def bench_llama(tb: Backend, cpu_a: Backend, cpu_b: Backend, n_tokens: int, repe
             self.kv = KVCache(1, n_ctx, kv, [layer], GGMLType.F16)
             self.host = host
             self.sched = Scheduler(backends)
-            ctx, g, ins, _ = self.graph(n_tokens, n_ctx - n_tokens)
+            ctx, g, ins, _ = self.graph(n_tokens, 0)  # the prompt graph: the largest one computed
             talloc = self.sched.get_tallocr(host)
             for t in ins:
                 talloc.alloc(t)
@@ -185,6 +189,12 @@ def bench_llama(tb: Backend, cpu_a: Backend, cpu_b: Backend, n_tokens: int, repe
             size = graph_size(hp)
             ctx = Context(mem_size=size * tensor_overhead() + graph_overhead(size), no_alloc=True)
             g, inp = build_llama(ctx, hp, self.w, self.kv, n, n_past)
+            if self.pin:
+                # as llama.cpp's per-layer callback: every node from the layer's first named node to its last
+                # runs on the layer's backend (else ROPE and SOFT_MAX follow their CPU inputs pos and mask)
+                idx = [i for i, t in enumerate(g.nodes) if re.search(r"-0( |$)", t.name)]
+                for t in g.nodes[min(idx): max(idx) + 1]:
+                    self.sched.set_node_backend(t, self.layer)
             return ctx, g, [inp.tokens, inp.pos, inp.mask], inp.logits
 
         def step(self, n: int, n_past: int) -> None:
@@ -208,17 +218,21 @@ def bench_llama(tb: Backend, cpu_a: Backend, cpu_b: Backend, n_tokens: int, repe
 
     cpu_only = Setup([cpu_a], cpu_a, cpu_a)
     split = Setup([tb, cpu_b], tb, cpu_b)
+    pinned = Setup([tb, cpu_c], tb, cpu_c, pin=True)
     print(f"(b) LLaMA block (TinyLlama-1.1B layer, F16 weights, F16 KV cache) through the scheduler, "
-          f"ms (median of {repeats})")
+          f"ms (median of {repeats}); torch+CPU: the scheduler's own assignment, and the layer pinned")
     for label, n, n_past in ((f"prompt of {n_tokens} tokens", n_tokens, 0), ("one decoded token", 1, n_tokens)):
-        t_cpu, t_split = medians([lambda n=n, p=n_past: cpu_only.step(n, p),
-                                  lambda n=n, p=n_past: split.step(n, p)], repeats)
-        a, b = split.logits.astype(np.float64), cpu_only.logits.astype(np.float64)
-        nmse = float(np.sum((a - b) ** 2) / np.sum(b**2))
-        print(f"    {label:<22} CPU alone {t_cpu * 1e3:8.1f}   torch+CPU {t_split * 1e3:8.1f}   "
-              f"CPU/torch+CPU {t_cpu / t_split:5.2f}x   splits {split.sched.n_splits}   NMSE {nmse:.1e}")
-    cpu_only.free()
-    split.free()
+        setups = [cpu_only, split, pinned]
+        times = medians([lambda s=s, n=n, p=n_past: s.step(n, p) for s in setups], repeats)
+        line = f"    {label:<22} CPU alone {times[0] * 1e3:8.1f}"
+        for name, s, t in (("torch+CPU", split, times[1]), ("pinned", pinned, times[2])):
+            a, b = s.logits.astype(np.float64), cpu_only.logits.astype(np.float64)
+            nmse = float(np.sum((a - b) ** 2) / np.sum(b**2))
+            line += (f" | {name} {t * 1e3:8.1f} (CPU/this {times[0] / t:4.2f}x, {s.sched.n_splits} splits, "
+                     f"NMSE {nmse:.0e})")
+        print(line)
+    for s in (cpu_only, split, pinned):
+        s.free()
 
 
 def main() -> None:
@@ -238,7 +252,7 @@ def main() -> None:
         sweep(tb, args.repeats)
     bench_matmul(tb, cpu, [GGMLType[t.strip().upper()] for t in args.types.split(",")], args.repeats)
     if not args.no_llama:
-        bench_llama(tb, cpu, cpu_init(args.threads), args.tokens, args.repeats)
+        bench_llama(tb, cpu, cpu_init(args.threads), cpu_init(args.threads), args.tokens, args.repeats)
 
 
 if __name__ == "__main__":
