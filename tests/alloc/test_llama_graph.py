@@ -109,3 +109,18 @@ def test_one_byte_less_fails_cleanly() -> None:
     assert talloc.n_free_blocks == 1 and talloc.max_size == 0
     buf.free()
     wm.free()
+
+
+def test_bench_alloc_runs_on_small_dims() -> None:
+    """benchmarks/bench_alloc.py's figures on a tiny graph: reuse beats no reuse, the bound holds."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_alloc.py"
+    spec = importlib.util.spec_from_file_location("bench_alloc", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    r = bench.bench_one(LlamaDims(2, 4, 32, 4, 2, 48, 40, 8), repeats=1)
+    assert r["nodes"] > 0
+    assert 0 < r["lower_bound"] <= r["peak"] < r["no_reuse"]
