@@ -130,15 +130,28 @@ def mul_mat_kernel(node: Tensor, pc: PlanContext) -> Compute:
     ne02, ne03 = a_t.ne[2], a_t.ne[3]
     ne12, ne13 = b_t.ne[2], b_t.ne[3]
     if ne02 == 1 and ne03 == 1:
-        # one weight matrix for all of src1: torch folds src1's rows into one GEMM
-        direct = cdt == f32 and d.is_contiguous()
+        # one weight matrix for all of src1: src1's rows folded into one 2-D GEMM (torch.mm), written
+        # straight into dst when dst is contiguous and the product is f32
+        ne00, ne01 = a_t.ne[0], a_t.ne[1]
+        d2 = d.view(-1, ne01) if d.is_contiguous() else None
+        direct = cdt == f32 and d2 is not None
+
+        if direct and b_t.nelements() == ne00:
+            # one column (decoding): a matrix-vector product, torch.mv (gemv) beats mm's 1-row GEMM
+            d1 = d.view(ne01)
+
+            def run_mv() -> None:
+                torch.mv(get_w()[0, 0], convert_x().view(ne00), out=d1)
+
+            return run_mv
 
         def run_2d() -> None:
             w = get_w()[0, 0]
+            x2 = convert_x().reshape(-1, ne00)
             if direct:
-                torch.matmul(convert_x(), w.t(), out=d)
+                torch.mm(x2, w.t(), out=d2)
             else:
-                d.copy_(torch.matmul(convert_x(), w.t()))
+                d.copy_(torch.mm(x2, w.t()).view(d.shape))
 
         return run_2d
 
