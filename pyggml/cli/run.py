@@ -91,34 +91,39 @@ def split_plan(model: Any) -> list[str]:
     if sched is not None:
         splits = list(getattr(sched, "splits", []) or [])
         splits = splits[: int(getattr(sched, "n_splits", len(splits)))]
-        backends = list(getattr(sched, "backends", model.backends))
-        lines.append(f"scheduler: {len(splits)} split(s) over {len(backends)} backend(s) "
-                     f"({', '.join(b.name() for b in backends)})")
+        lines.append(f"scheduler: {len(splits)} split(s) of the last graph over {len(model.backends)} backend(s) "
+                     f"({', '.join(_backend_label(model, b) for b in model.backends)})")
         for i, split in enumerate(splits):
-            b = getattr(split, "backend_id", None)
-            name = backends[b].name() if isinstance(b, int) and 0 <= b < len(backends) else str(b)
-            start, end = getattr(split, "i_start", "?"), getattr(split, "i_end", "?")
-            inputs = list(getattr(split, "inputs", []) or [])[: int(getattr(split, "n_inputs", 0) or 0)]
+            backend = getattr(split, "backend", None)
+            name = _backend_label(model, backend) if backend is not None else "NULL"
+            inputs = list(getattr(split, "inputs", []) or [])
             names = ", ".join(getattr(t, "name", "?") or "?" for t in inputs[:6])
             more = f", ... ({len(inputs)} in all)" if len(inputs) > 6 else ""
-            lines.append(f"  split {i}: {name}, nodes {start}..{end}"
+            lines.append(f"  split {i}: {name}, nodes {split.i_start}..{split.i_end}"
                          + (f", {len(inputs)} input(s) copied in: {names}{more}" if inputs else ""))
         if not splits:
             lines.append("  (no graph computed yet)")
         return lines
-    layer = model.layer_backend
     runs: list[tuple[str, int, int]] = []
-    for il, b in enumerate(layer):
-        name = b.name()
+    for il, b in enumerate(model.layer_backend):
+        name = _backend_label(model, b)
         if runs and runs[-1][0] == name:
             runs[-1] = (name, runs[-1][1], il)
         else:
             runs.append((name, il, il))
-    kind = type(runner).__name__
-    lines.append(f"{kind}: {len(runs)} part(s) over {len({id(b) for b in model.backends})} backend(s)")
+    lines.append(f"{type(runner).__name__}: {len(runs)} part(s) over {len({id(b) for b in model.backends})} "
+                 f"backend(s)")
     for name, a, b in runs:
         lines.append(f"  layers {a}..{b}: {name}")
     return lines
+
+
+def _backend_label(model: Any, backend: Any) -> str:
+    """"<name>#<index>" as model.memory() names the backends (two CPU backends stay apart)."""
+    for i, b in enumerate(model.backends):
+        if b is backend:
+            return f"{b.name()}#{i}"
+    return str(backend.name())
 
 
 def print_memory(model: Any, out: TextIO) -> None:
@@ -187,8 +192,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
             hp = model.hparams
             print(f"model: {path} ({model.file.file_size / 2**20:.2f} MiB), n_layer {hp.n_layer}, n_embd {hp.n_embd}, "
                   f"n_head {hp.n_head}/{hp.n_head_kv}, n_vocab {hp.n_vocab}, n_ctx {n_ctx}", file=err)
-            print(f"backends: {', '.join(f'{b.name()}' for b in model.backends)}; layers: "
-                  + ", ".join(f"{i}:{b.name()}" for i, b in enumerate(model.layer_backend)), file=err)
+            print(f"backends: {', '.join(_backend_label(model, b) for b in model.backends)}; layers: "
+                  + ", ".join(f"{i}:{_backend_label(model, b)}" for i, b in enumerate(model.layer_backend)), file=err)
         out.write(prompt)
         out.flush()
         stream = TextStream(model, prompt_ids, out)

@@ -61,7 +61,7 @@ def test_run_verbose_shows_the_plan(tiny_model: Path, capsys: pytest.CaptureFixt
     assert main(["run", str(tiny_model), "-p", PROMPT, "-n", "2", "--temp", "0", "-v"]) == 0
     err = capsys.readouterr().err
     assert "n_layer 2, n_embd 64, n_head 4/2, n_vocab 320, n_ctx 128" in err
-    assert re.search(r"^  layers 0\.\.1: CPU$", err, re.M)
+    assert re.search(r"^  layers 0\.\.1: CPU#0$", err, re.M)
 
 
 def test_run_split_over_two_backends_writes_the_same(tiny_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -71,7 +71,11 @@ def test_run_split_over_two_backends_writes_the_same(tiny_model: Path, capsys: p
     captured = capsys.readouterr()
     assert captured.out == greedy_text(tiny_model, PROMPT, 6) + "\n"
     assert re.search(r"^\| CPU#0 ", captured.err, re.M) and re.search(r"^\| CPU#1 ", captured.err, re.M)
-    assert "backends: CPU, CPU; layers: 0:CPU, 1:CPU" in captured.err
+    assert "backends: CPU#0, CPU#1; layers: 0:CPU#0, 1:CPU#1" in captured.err
+    # the scheduler's plan of the last graph: splits on both backends, the second one reading copies
+    assert re.search(r"^scheduler: \d+ split\(s\) of the last graph over 2 backend\(s\)", captured.err, re.M)
+    assert re.search(r"^  split 0: CPU#0, nodes 0\.\.\d+", captured.err, re.M)
+    assert re.search(r"^  split \d+: CPU#1, nodes \d+\.\.\d+, \d+ input\(s\) copied in: ", captured.err, re.M)
 
 
 def test_run_ctx_and_n(tiny_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
