@@ -125,6 +125,10 @@ class TorchBackend(Backend):
     def half_is_fast(self, dtype: torch.dtype) -> bool:
         return self._fast_half.get(dtype, False)
 
+    def set_n_threads(self, n_threads: int) -> None:
+        """Computes of this backend run with torch.set_num_threads(n_threads) (see torch_set_n_threads)."""
+        torch_set_n_threads(self, n_threads)
+
     def apply_n_threads(self) -> None:
         """Set torch's thread count to ours, if we have one and it differs (it is process-wide)."""
         if self.n_threads is not None and torch.get_num_threads() != self.n_threads:

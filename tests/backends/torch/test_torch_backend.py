@@ -313,5 +313,8 @@ def test_n_threads_is_applied_to_torch_when_computing() -> None:
         torch_set_n_threads(tb, want)
         tb.graph_compute(g)
         assert torch.get_num_threads() == want
+        tb.set_n_threads(before)
+        tb.graph_compute(g)
+        assert torch.get_num_threads() == before and tb.n_threads == before
     finally:
         torch.set_num_threads(before)
