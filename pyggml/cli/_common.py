@@ -9,13 +9,10 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from importlib import resources
 from pathlib import Path
 from typing import Any, NoReturn
 
-from pyggml.core.errors import ArgumentError
-
-BUILTIN_MODEL = "builtin-llama.gguf"
+from pyggml.core.errors import ArgumentError, GGUFError
 
 
 class CLIError(Exception):
@@ -136,11 +133,12 @@ def init_backends(names: Sequence[str], n_threads: int | None) -> list[Any]:
 
 def builtin_model_path() -> Path:
     """The GGUF file shipped inside the package (pyggml/data/builtin-llama.gguf)."""
-    path = Path(str(resources.files("pyggml").joinpath("data", BUILTIN_MODEL)))
-    if not path.is_file():
-        raise CLIError(f"the built-in model is missing ({path}); train it with tools/train_builtin_model.py "
-                       f"or give a MODEL.gguf")
-    return path
+    from pyggml.models.builtin import builtin_model_path as path_in_package
+
+    try:
+        return path_in_package()
+    except GGUFError as e:
+        raise CLIError(f"{e}, or give a MODEL.gguf") from None
 
 
 def check_model_path(path: str) -> Path:
