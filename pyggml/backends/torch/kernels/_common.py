@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
-from pyggml.backends.torch.kernels import Compute
+from pyggml.backends.torch.kernels import Compute, PlanContext
 from pyggml.core.errors import ShapeError, UnsupportedTypeError
 from pyggml.core.tensor import Tensor
 from pyggml.core.types import GGMLType
@@ -36,6 +36,15 @@ def same_shape(node: Tensor, x: torch.Tensor, d: torch.Tensor) -> None:
     if x.shape != d.shape:
         raise ShapeError(f"torch {node.op.name} '{node.name}': src0 ne {list(x.shape)[::-1]} and dst ne "
                          f"{list(d.shape)[::-1]} differ")
+
+
+def unary_operands(node: Tensor, pc: PlanContext) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dst, src0) views of a node whose one float source has dst's shape (SCALE, UNARY, the norms)."""
+    require(node, FLOAT_TYPES, node, node.src[0])
+    assert node.src[0] is not None
+    d, x = pc.view(node), pc.view(node.src[0])
+    same_shape(node, x, d)
+    return d, x
 
 
 def ggml_tile(big: Sequence[torch.Tensor], small: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:

@@ -27,8 +27,8 @@ from pyggml.backends.torch.kernels._common import (
     copy_fn,
     ggml_tile,
     require,
-    same_shape,
     tiles,
+    unary_operands,
 )
 from pyggml.backends.torch.kernels.quants import dequantize
 from pyggml.core.errors import ArgumentError, OutOfBoundsError, ShapeError, UnsupportedTypeError
@@ -66,17 +66,9 @@ def mul_kernel(node: Tensor, pc: PlanContext) -> Compute:
 # --- SCALE, UNARY ---
 
 
-def _src0(node: Tensor, pc: PlanContext) -> tuple[torch.Tensor, torch.Tensor]:
-    require(node, FLOAT_TYPES, node, node.src[0])
-    assert node.src[0] is not None
-    d, x = pc.view(node), pc.view(node.src[0])
-    same_shape(node, x, d)
-    return d, x
-
-
 def scale_kernel(node: Tensor, pc: PlanContext) -> Compute:
     """dst = src0 * s, s the f32 in op_params[0]."""
-    d, x = _src0(node, pc)
+    d, x = unary_operands(node, pc)
     if d.numel() == 0:
         return noop
     return functools.partial(torch.mul, x, node.get_op_params_f32(0), out=d)
@@ -91,7 +83,7 @@ def unary_op_of(node: Tensor) -> UnaryOp | None:
 
 def unary_kernel(node: Tensor, pc: PlanContext) -> Compute:
     """UNARY GELU (tanh approximation), SILU (x / (1 + exp(-x))) and RELU (max(x, 0))."""
-    d, x = _src0(node, pc)
+    d, x = unary_operands(node, pc)
     op = unary_op_of(node)
     if op not in UNARY_OPS:
         raise ArgumentError(f"torch UNARY '{node.name}': unary op {node.get_op_params_i32(0)} is not one of "

@@ -13,19 +13,19 @@ import torch
 
 from pyggml.backends.cpu.kernels.norm import ROPE_MODE_GLM, ROPE_MODE_NEOX, rope_yarn_corr_dims
 from pyggml.backends.torch.kernels import Compute, Kernel, PlanContext, noop
-from pyggml.backends.torch.kernels._common import FLOAT_TYPES, I32, all_of, ggml_tile, require, same_shape, tiles
+from pyggml.backends.torch.kernels._common import (
+    FLOAT_TYPES,
+    I32,
+    all_of,
+    ggml_tile,
+    require,
+    tiles,
+    unary_operands,
+)
 from pyggml.core.errors import ArgumentError, ShapeError, UnsupportedTypeError
 from pyggml.core.tensor import GGMLOp, Tensor
 
 F32 = torch.float32
-
-
-def _src0(node: Tensor, pc: PlanContext) -> tuple[torch.Tensor, torch.Tensor]:
-    require(node, FLOAT_TYPES, node, node.src[0])
-    assert node.src[0] is not None
-    d, x = pc.view(node), pc.view(node.src[0])
-    same_shape(node, x, d)
-    return d, x
 
 
 # --- RMS_NORM, NORM ---
@@ -33,7 +33,7 @@ def _src0(node: Tensor, pc: PlanContext) -> tuple[torch.Tensor, torch.Tensor]:
 
 def rms_norm_kernel(node: Tensor, pc: PlanContext) -> Compute:
     """Each row: x / sqrt(mean(x^2) + eps), eps the f32 in op_params[0]."""
-    d, x = _src0(node, pc)
+    d, x = unary_operands(node, pc)
     eps = node.get_op_params_f32(0)
     if d.numel() == 0:
         return noop
@@ -49,7 +49,7 @@ def rms_norm_kernel(node: Tensor, pc: PlanContext) -> Compute:
 
 def norm_kernel(node: Tensor, pc: PlanContext) -> Compute:
     """Each row: (x - mean) / sqrt(variance + eps), eps the f32 in op_params[0]."""
-    d, x = _src0(node, pc)
+    d, x = unary_operands(node, pc)
     eps = node.get_op_params_f32(0)
     if d.numel() == 0:
         return noop
@@ -73,7 +73,7 @@ def soft_max_kernel(node: Tensor, pc: PlanContext) -> Compute:
     The mask's flat row r % ne11 goes with src's flat row r, as ggml reads it:
     a broadcast view where ne11 divides src's rows evenly, else gathered.
     """
-    d, x = _src0(node, pc)
+    d, x = unary_operands(node, pc)
     mask_t = node.src[1]
     require(node, FLOAT_TYPES, mask_t)
     scale = node.get_op_params_f32(0)
@@ -129,7 +129,7 @@ def rope_kernel(node: Tensor, pc: PlanContext) -> Compute:
     the rest. The angles' powers are made once, in f32 by repeated
     multiplication as ggml makes theta.
     """
-    d, x = _src0(node, pc)
+    d, x = unary_operands(node, pc)
     pos_t = node.src[1]
     if pos_t is None or pos_t.type != I32:
         raise UnsupportedTypeError(f"torch ROPE '{node.name}': positions (src[1]) must be an I32 tensor")
