@@ -5,6 +5,8 @@ backends as a sequence and, like C, their count (which must not exceed the
 sequence's length). `ggml_backend_sched_reset` and
 `ggml_backend_sched_get_node_backend` are not in the seed (its reset is the
 static `sched_reset`); they are ggml's names for them from a little later.
+`ggml_backend_sched_reserve` (in its own section below) is not in the seed
+either: ggml added it later, with the graph allocator's "reserve".
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ __all__ = [
     "ggml_backend_sched_new", "ggml_backend_sched_free", "ggml_backend_sched_init_measure",
     "ggml_backend_sched_graph_compute", "ggml_backend_sched_get_tallocr", "ggml_backend_sched_get_buffer",
     "ggml_backend_sched_set_node_backend", "ggml_backend_sched_get_node_backend", "ggml_backend_sched_reset",
+    "ggml_backend_sched_reserve",
 ]
 
 
@@ -69,3 +72,15 @@ def ggml_backend_sched_get_node_backend(sched: Scheduler, node: Tensor) -> Backe
 
 def ggml_backend_sched_reset(sched: Scheduler) -> None:
     sched.reset()
+
+
+# --- not in the seed: ggml's later names ---
+
+
+def ggml_backend_sched_reserve(sched: Scheduler, measure_graph: Graph) -> bool:
+    """Grow the compute buffers so that `measure_graph` fits (Scheduler.reserve); the graph stays usable.
+
+    Returns True as ggml's does (failures raise GGMLErrors here).
+    """
+    sched.reserve(measure_graph)
+    return True

@@ -42,7 +42,15 @@ Where pyggml differs from the C seed (see DESIGN.md "Where the seed is wrong"):
 - The seed's fixed arrays and asserts are limits (`max_backends`,
   `max_splits`, `max_split_inputs`, defaults as the seed's) that raise
   LimitExceededError, and the other asserts raise GGMLErrors, before any
-  node runs; a graph whose split fails is left as it was given.
+  node runs; a graph whose split or allocation fails is left as it was given
+  (its sources point at its own tensors again, not at the copies).
+- `reserve(graph)` (not in the seed: ggml's later `ggml_backend_sched_reserve`)
+  grows the compute buffers so that another graph fits. A graph smaller than
+  the measure graph can need more memory than measured: its best-fit choices
+  differ and leave other holes. `auto_reserve=True` makes `graph_compute`
+  reserve and retry once when the allocation runs out of memory (or the graph
+  is larger than the hash table measured); the default keeps the seed's
+  behaviour, an OutOfMemoryError.
 """
 
 from __future__ import annotations
@@ -52,13 +60,14 @@ import math
 import os
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from pyggml.alloc.graph_allocator import GraphAllocator
 from pyggml.alloc.hash_set import HashSet
-from pyggml.alloc.tensor_allocator import TensorAllocator
+from pyggml.alloc.tensor_allocator import SIZE_MAX, FreeBlock, TensorAllocator
 from pyggml.backend.backend import Backend, op_desc
 from pyggml.backend.buffer import Buffer
-from pyggml.backend.tensor_io import tensor_copy
+from pyggml.backend.tensor_io import tensor_copy, tensor_get, tensor_set
 from pyggml.core.context import Context, tensor_overhead
 from pyggml.core.errors import (
     ArgumentError,
@@ -108,8 +117,13 @@ class Scheduler:
     """ggml_backend_sched: assigns nodes to `backends` (priority order), splits, allocates, computes."""
 
     def __init__(self, backends: Sequence[Backend], max_backends: int = GGML_MAX_BACKENDS,
-                 max_splits: int = GGML_MAX_SPLITS, max_split_inputs: int = GGML_MAX_SPLIT_INPUTS) -> None:
-        """ggml_backend_sched_new: measure allocators for every backend, in the order given."""
+                 max_splits: int = GGML_MAX_SPLITS, max_split_inputs: int = GGML_MAX_SPLIT_INPUTS,
+                 auto_reserve: bool = False) -> None:
+        """ggml_backend_sched_new: measure allocators for every backend, in the order given.
+
+        `auto_reserve` (not in the seed): a `graph_compute` whose allocation runs
+        out of memory calls `reserve(graph)` and tries once more instead of raising.
+        """
         backends = list(backends)
         for name, value in (("max_backends", max_backends), ("max_splits", max_splits),
                             ("max_split_inputs", max_split_inputs)):
@@ -134,6 +148,7 @@ class Scheduler:
         self.max_backends = max_backends
         self.max_splits = max_splits
         self.max_split_inputs = max_split_inputs
+        self.auto_reserve = auto_reserve
 
         self._backend_ids = {id(b): i for i, b in enumerate(backends)}  # priorities (the list keeps ids unique)
         self.galloc = GraphAllocator()
@@ -158,6 +173,7 @@ class Scheduler:
         self.ctx: Context | None = None  # the copies of the last split
         self.graph: Graph | None = None  # the graph the allocator saw: each split's input copies, then its nodes
         self.splits: list[Split] = []
+        self._rewired: list[tuple[Tensor, int, Tensor]] = []  # (node, j, its own source j) the split replaced
         self.stats = SchedStats(backends=[BackendStats(b.name()) for b in backends])
         self.freed = False
 
@@ -288,29 +304,132 @@ class Scheduler:
         `graph` must be new (built for this call, as llama.cpp builds one per
         batch): the split points its nodes at the scheduler's copies and its
         tensors keep their memory in the compute buffers until the next call.
+        With `auto_reserve`, a graph that does not fit is reserved (the
+        buffers grow) and allocated once more; without it, the seed's error.
         """
         self._check_alive()
         if self.hash_set is None:
             raise GraphError("graph_compute: call init_measure(measure_graph) first; it sizes the backends' "
                              "compute buffers")
-        if self.hash_set.size < graph.visited_hash_table.size + self.max_splits * self.max_split_inputs:
-            raise GraphError(
-                f"graph_compute: the graph (size {graph.size}, hash table {graph.visited_hash_table.size}) is larger "
-                f"than the measure graph (hash table {self.measure_hash_size}); measure with the largest graph"
-            )
         try:
-            t0 = time.perf_counter()
-            self._split_graph(graph)
-            t1 = time.perf_counter()
-            self._alloc_splits()
-            t2 = time.perf_counter()
-            self._new_stats(graph, t1 - t0, t2 - t1)
+            if not self._hash_fits(graph):
+                if not self.auto_reserve:
+                    raise GraphError(
+                        f"graph_compute: the graph (size {graph.size}, hash table {graph.visited_hash_table.size}) "
+                        f"is larger than the measure graph (hash table {self.measure_hash_size}); measure with the "
+                        f"largest graph"
+                    )
+                self.reserve(graph)
+            try:
+                split_time, alloc_time = self._split_and_alloc(graph)
+            except OutOfMemoryError as e:
+                if not self.auto_reserve:
+                    raise
+                log.debug("graph_compute: %s; reserving the graph and trying again", e)
+                self.reserve(graph)
+                split_time, alloc_time = self._split_and_alloc(graph)
+            self._new_stats(graph, split_time, alloc_time)
             self._compute_splits()
         finally:
             self._reset_tallocs()
             self.user_assignments.clear()
         if debug_enabled():
             log.debug("%s", self.stats.format())
+
+    def _hash_fits(self, graph: Graph) -> bool:
+        """Whether the hash set (sized by the measure graph) holds `graph`'s tensors and its split copies."""
+        assert self.hash_set is not None
+        return self.hash_set.size >= graph.visited_hash_table.size + self.max_splits * self.max_split_inputs
+
+    def _split_and_alloc(self, graph: Graph) -> tuple[float, float]:
+        """Split and allocate `graph`; a failed allocation (rolled back by the graph allocator) also
+        takes the split back, so the graph can be split again. Returns the two times."""
+        t0 = time.perf_counter()
+        self._split_graph(graph)
+        t1 = time.perf_counter()
+        try:
+            self._alloc_splits()
+        except BaseException:
+            self._unsplit()
+            raise
+        return t1 - t0, time.perf_counter() - t1
+
+    def _unsplit(self) -> None:
+        """Point the graph's nodes at their own sources again (undo pass 4's rewiring to copies)."""
+        for node, j, src in reversed(self._rewired):
+            node.src[j] = src
+        self._rewired = []
+        self.splits = []
+        self.graph = None
+
+    def reserve(self, graph: Graph) -> None:
+        """Grow each backend's compute buffer to what `graph` needs, if it needs more (not in the seed).
+
+        ggml's later `ggml_backend_sched_reserve`: `graph` is split and allocated
+        with measure allocators that start as the compute buffers are now (the
+        inputs already placed with `get_tallocr` stay where they are), nothing is
+        computed, and the graph is left as it was given, usable for
+        `graph_compute`. A buffer that is too small is replaced by one of the
+        measured size (plus one alignment, so that the buffer's tail never runs
+        out when the allocation repeats the measured one); the graph's tensors
+        in it move along with their bytes. Other tensors placed in that buffer
+        (not in `graph`) lose their memory. Buffers with room are kept as they are.
+        """
+        self._check_alive()
+        if self.hash_set is None:
+            raise GraphError("reserve: call init_measure(measure_graph) first; reserve grows the compute buffers "
+                             "it made")
+        self._check_fresh(graph)
+        if not self._hash_fits(graph):
+            hash_size = graph.visited_hash_table.size + self.max_splits * self.max_split_inputs
+            log.debug("reserve: hash set grown from %d to %d", self.hash_set.size, hash_size)
+            self.hash_set = HashSet(hash_size)
+            self.node_talloc = [None] * hash_size
+            self.measure_hash_size = graph.visited_hash_table.size
+
+        tensors = _graph_tensors(graph)
+        saved = [(t, t.data, t.buffer, t.view_src, t.view_offs, list(t.src)) for t in tensors]
+        real = self.tallocs
+        measures: list[TensorAllocator] = []
+        try:
+            for backend, talloc in zip(self.backends, real, strict=True):
+                measure = TensorAllocator.new_measure_from_backend(backend)
+                measures.append(measure)
+                _copy_allocator_state(talloc, measure, SIZE_MAX // 2)
+            _move_tensors(tensors, list(zip(real, measures, strict=True)), copy_data=False)
+            self._set_tallocs(measures)
+            self._split_graph(graph)
+            self._alloc_splits()
+            needed = [measure.get_max_size() for measure in measures]
+        finally:
+            self._set_tallocs(real)
+            for t, data, buffer, view_src, view_offs, src in saved:
+                t.data, t.buffer, t.view_src, t.view_offs = data, buffer, view_src, view_offs
+                t.src[:] = src
+            self._rewired = []
+            self.splits = []
+            self.graph = None
+            self.node_copies = {}
+            self.hash_set.reset()
+            self.node_talloc = [None] * self.hash_set.size
+            for measure in measures:
+                measure.free()
+
+        for i, size in enumerate(needed):
+            old = self.tallocs[i]
+            old_size = old.get_buffer().get_size()
+            if size <= old_size:
+                continue
+            backend = self.backends[i]
+            new = self._new_tallocr(backend, size + backend.get_alignment())
+            _copy_allocator_state(old, new, new.get_buffer().get_size())
+            _move_tensors(tensors, [(old, new)], copy_data=True)
+            tallocs = list(self.tallocs)
+            tallocs[i] = new
+            self._set_tallocs(tallocs)
+            old.free()
+            log.info("compute buffer of %s#%d grown from %d to %d bytes", backend.name(), i, old_size,
+                     new.get_buffer().get_size())
 
     def reset(self) -> None:
         """Free every compute buffer's allocations and forget set_node_backend assignments.
@@ -528,12 +647,11 @@ class Scheduler:
                     node_talloc[src_slot] = node_allocr
 
         rewired: list[tuple[Tensor, int, Tensor]] = []
+        self._rewired = rewired
         try:
             self._split_nodes(graph, slots, rewired)
         except BaseException:
-            for node, j, src in reversed(rewired):
-                node.src[j] = src
-            self.splits = []
+            self._unsplit()
             raise
 
         if debug_enabled():
@@ -730,6 +848,73 @@ class Scheduler:
 
             split_backend.graph_compute(split.graph)
             bstats.compute_time += time.perf_counter() - copy_end
+
+
+def _graph_tensors(graph: Graph) -> list[Tensor]:
+    """Every tensor the graph names: nodes, leafs, sources and view sources (each once)."""
+    seen: dict[int, Tensor] = {}
+    for t in (*graph.leafs, *graph.nodes):
+        seen.setdefault(id(t), t)
+    for node in graph.nodes:
+        for src in node.src:
+            if src is None:
+                break
+            seen.setdefault(id(src), src)
+    for t in list(seen.values()):
+        if t.view_src is not None:
+            seen.setdefault(id(t.view_src), t.view_src)
+    return list(seen.values())
+
+
+def _copy_allocator_state(src: TensorAllocator, dst: TensorAllocator, dst_size: int) -> None:
+    """Make `dst` (as large as or larger than `src`) hold what `src` holds: the same free blocks at the
+    same offsets from the base, the tail (the last block) grown to the end of `dst`'s `dst_size` bytes.
+
+    The best-fit choices of the two allocators are then the same (the tail's size decides only whether
+    an allocation fits, never where it goes).
+    """
+    src_size = src.get_buffer().get_size()
+    end = src.base + src_size
+    blocks = [FreeBlock(b.addr - src.base + dst.base, b.size) for b in src.free_blocks]
+    if src.free_blocks and src.free_blocks[-1].addr + src.free_blocks[-1].size >= end:
+        used = src.free_blocks[-1].addr - src.base  # the end of the highest allocation
+        blocks[-1].size += dst_size - src_size
+    else:
+        used = src_size
+        if dst_size > src_size:
+            blocks.append(FreeBlock(dst.base + src_size, dst_size - src_size))
+    dst.free_blocks = blocks
+    dst.max_size = used
+
+
+def _move_tensors(tensors: list[Tensor], moves: list[tuple[TensorAllocator, TensorAllocator]], copy_data: bool) -> None:
+    """Move the tensors of each pair's first buffer to the same offset in the second buffer.
+
+    Views follow their source (also views not yet given a buffer, whose `data` is set). With
+    `copy_data` the bytes come along (the old buffer must still be alive).
+    """
+    by_buffer: dict[int, tuple[TensorAllocator, TensorAllocator]] = {id(a.buffer): (a, b) for a, b in moves}
+    plan: list[tuple[Tensor, Any, int, bool]] = []  # tensor, new buffer or None (keep None), new address, own
+    for t in tensors:
+        if t.data is None:
+            continue
+        holder = t.buffer if t.buffer is not None else (t.view_src.buffer if t.view_src is not None else None)
+        move = by_buffer.get(id(holder)) if holder is not None else None
+        if move is None or move[0].buffer is not holder:
+            continue
+        old, new = move
+        own = t.buffer is not None and t.view_src is None
+        plan.append((t, new.buffer if t.buffer is not None else None, t.data - old.base + new.base, own))
+    for t, buffer, addr, own in plan:
+        data = None
+        if copy_data and own:
+            data = bytearray(t.nbytes())
+            tensor_get(t, data)
+        t.data = addr
+        t.buffer = buffer
+        if data is not None:
+            buffer.init_tensor(t)
+            tensor_set(t, data)
 
 
 def _allocr_name(allocr: TensorAllocator | None) -> str:
