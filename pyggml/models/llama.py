@@ -22,12 +22,12 @@ elements) is the right one for GGUF files.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pyggml.core.context import Context
 from pyggml.core.errors import ArgumentError, GGUFError
 from pyggml.core.graph import Graph
-from pyggml.core.tensor import Tensor
+from pyggml.core.tensor import GGMLOp, Tensor
 from pyggml.core.types import GGMLType
 from pyggml.gguf.reader import GGUFFile
 from pyggml.models.kv_cache import KVCache, KVWrite
@@ -127,6 +127,10 @@ class LlamaInputs:
     mask: Tensor  # F32 [n_kv, n_tokens]: 0 where a token sees a cell, -inf elsewhere
     logits: Tensor  # F32 [n_vocab, n_outputs]
     kv_writes: list[KVWrite]  # the CPY nodes storing this batch's K and V
+    # per layer, the nodes built for it (views, reshapes and unnamed ones too): llama.cpp's scheduler puts
+    # them on the layer's backend (ggml_backend_sched_set_node_backend), so that nodes without a weight
+    # among their sources (kq, softmax, rope) do not go to the backend of the inputs (pos, mask)
+    layer_nodes: list[list[Tensor]] = field(default_factory=list)
 
 
 def build_llama(ctx: Context, hp: LlamaHParams, w: dict[str, Tensor], kv: KVCache, n_tokens: int,
@@ -157,8 +161,10 @@ def build_llama(ctx: Context, hp: LlamaHParams, w: dict[str, Tensor], kv: KVCach
                                hp.rope_freq_scale, 0.0, 1.0, 32.0, 1.0)
 
     x = ctx.get_rows(w["token_embd.weight"], tokens).set_name("inp_embd")
+    layer_nodes: list[list[Tensor]] = []
     for il in range(hp.n_layer):
         b = f"blk.{il}."
+        first_tensor = len(ctx.tensors)
         inp_sa = x
         cur = ctx.mul(ctx.rms_norm(x, eps), w[b + "attn_norm.weight"]).set_name(f"attn_norm-{il}")
 
@@ -186,6 +192,7 @@ def build_llama(ctx: Context, hp: LlamaHParams, w: dict[str, Tensor], kv: KVCach
         gate = ctx.silu(ctx.mul_mat(w[b + "ffn_gate.weight"], cur)).set_name(f"ffn_silu-{il}")
         cur = ctx.mul_mat(w[b + "ffn_down.weight"], ctx.mul(gate, up)).set_name(f"ffn_out-{il}")
         x = ctx.add(cur, ffn_inp).set_name(f"l_out-{il}")
+        layer_nodes.append([t for t in ctx.tensors[first_tensor:] if t.op != GGMLOp.NONE])
 
     if last_only and n_tokens > 1:
         x = ctx.view_2d(x, hp.n_embd, 1, x.nb[1], (n_tokens - 1) * x.nb[1]).set_name("last_token")
@@ -193,7 +200,7 @@ def build_llama(ctx: Context, hp: LlamaHParams, w: dict[str, Tensor], kv: KVCach
     head = w.get("output.weight", w["token_embd.weight"])  # tied embeddings when the file has no output
     logits = ctx.mul_mat(head, cur).set_name("result_output").set_output()
     gf.build_forward_expand(logits)
-    return gf, LlamaInputs(tokens, pos, mask, logits, writes)
+    return gf, LlamaInputs(tokens, pos, mask, logits, writes, layer_nodes)
 
 
 def graph_size(hp: LlamaHParams) -> int:

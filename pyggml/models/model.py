@@ -33,7 +33,7 @@ from pyggml.core.types import GGMLType, as_type
 from pyggml.gguf.loader import LoadedTensors, load_tensors
 from pyggml.gguf.reader import GGUFFile, read_gguf
 from pyggml.models.kv_cache import KVCache
-from pyggml.models.llama import LlamaHParams, build_llama, graph_size, layer_of, tensor_names
+from pyggml.models.llama import LlamaHParams, LlamaInputs, build_llama, graph_size, layer_of, tensor_names
 from pyggml.models.runner import PlannedGraph, SchedRunner, SingleRunner, SplitRunner, scheduler_class
 
 log = logging.getLogger("pyggml.models")
@@ -107,7 +107,7 @@ class Model:
                 log.warning("pyggml.sched is not available: the layers' backends are joined by SplitRunner")
                 self.runner = SplitRunner(backends, first)
             elif use_sched:
-                self.runner = SchedRunner(backends, first, self._measure_graph)
+                self.runner = SchedRunner(backends, first, self._sched_measure_graph)
             else:
                 self.runner = SingleRunner(first, self._measure_graph)
             if self._measure_ctx is not None:
@@ -152,6 +152,16 @@ class Model:
         gf, inp = build_llama(ctx, self.hparams, self.w, self.kv, self.n_batch, self.n_ctx - self.n_batch)
         return gf, [inp.tokens, inp.pos, inp.mask]
 
+    def _sched_measure_graph(self) -> tuple[Any, list[Any], list[tuple[list[Any], Backend]]]:
+        """The measure graph for SchedRunner, with its layers' nodes on their backends (see `_node_backends`)."""
+        ctx = self._measure_ctx = self._new_ctx()
+        gf, inp = build_llama(ctx, self.hparams, self.w, self.kv, self.n_batch, self.n_ctx - self.n_batch)
+        return gf, [inp.tokens, inp.pos, inp.mask], self._node_backends(inp)
+
+    def _node_backends(self, inp: LlamaInputs) -> list[tuple[list[Any], Backend]]:
+        """Each layer's nodes on the layer's backend, as llama.cpp assigns them for its scheduler."""
+        return list(zip(inp.layer_nodes, self.layer_backend, strict=True))
+
     @staticmethod
     def _mask(pos: np.ndarray, n_kv: int) -> np.ndarray:
         """KQ_mask: 0 where the token at position pos[i] sees cell j (j <= pos[i]), -inf elsewhere."""
@@ -170,7 +180,11 @@ class Model:
             ctx = self._new_ctx()
             try:
                 gf, inp = build_llama(ctx, self.hparams, self.w, self.kv, n_tokens, n_past, last_only)
-                self.runner.run(gf, [(inp.tokens, ids), (inp.pos, pos), (inp.mask, self._mask(pos, n_past + n_tokens))])
+                inputs = [(inp.tokens, ids), (inp.pos, pos), (inp.mask, self._mask(pos, n_past + n_tokens))]
+                if isinstance(self.runner, SchedRunner):
+                    self.runner.run(gf, inputs, self._node_backends(inp))
+                else:
+                    self.runner.run(gf, inputs)
                 logits = tensor_get_numpy(inp.logits).reshape(-1, self.hparams.n_vocab)
             finally:
                 ctx.free()

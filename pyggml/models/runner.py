@@ -22,7 +22,7 @@ destination moves.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -38,6 +38,9 @@ from pyggml.core.tensor import GGMLOp, Tensor
 log = logging.getLogger("pyggml.models")
 
 Inputs = list[tuple[Tensor, np.ndarray]]
+NodeBackends = Sequence[tuple[Sequence[Tensor], Backend]]  # groups of nodes and the backend that computes them
+# a measure graph and its inputs, for SchedRunner also its node_backends
+MeasureGraph = tuple[Graph, list[Tensor]] | tuple[Graph, list[Tensor], NodeBackends]
 
 
 def _graph_tensors(graph: Graph) -> list[Tensor]:
@@ -289,27 +292,46 @@ class SplitRunner:
 
 
 class SchedRunner:
-    """Compute over several backends with the scheduler; inputs live on `input_backend`."""
+    """Compute over several backends with the scheduler; inputs live on `input_backend`.
+
+    `node_backends` (given with each graph, and by `build_measure_graph` as a
+    third element for the measure graph) lists groups of nodes and the backend
+    that computes them, as llama.cpp puts each layer's nodes on the layer's
+    backend with ggml_backend_sched_set_node_backend: left to the scheduler's
+    passes, nodes without a weight among their sources (RoPE reads the
+    positions, the softmax the mask) would follow the inputs to the first
+    backend and bounce back, a split each time. The scheduler reserves a graph
+    that does not fit the measured buffers (`auto_reserve`) instead of failing:
+    a smaller graph than the measure graph can need more memory.
+    """
 
     def __init__(self, backends: list[Backend], input_backend: Backend,
-                 build_measure_graph: Callable[[], tuple[Graph, list[Tensor]]]) -> None:
+                 build_measure_graph: Callable[[], MeasureGraph],
+                 auto_reserve: bool = True) -> None:
         Scheduler = scheduler_class()
         assert Scheduler is not None, "SchedRunner needs pyggml.sched.Scheduler"
         self.backends = backends
         self.input_backend = input_backend
-        self.sched = Scheduler(backends)
-        graph, inputs = build_measure_graph()
+        self.sched = Scheduler(backends, auto_reserve=auto_reserve)
+        graph, inputs, *rest = build_measure_graph()
         talloc = self.sched.get_tallocr(input_backend)
         for t in inputs:
             talloc.alloc(t)
+        self._set_node_backends(rest[0] if rest else ())
         self.sched.init_measure(graph)
 
-    def run(self, graph: Graph, inputs: Inputs) -> None:
+    def _set_node_backends(self, node_backends: NodeBackends) -> None:
+        for nodes, backend in node_backends:
+            for node in nodes:
+                self.sched.set_node_backend(node, backend)
+
+    def run(self, graph: Graph, inputs: Inputs, node_backends: NodeBackends = ()) -> None:
         talloc = self.sched.get_tallocr(self.input_backend)
         for t, _ in inputs:
             talloc.alloc(t)
         for t, values in inputs:
             tensor_set(t, values)
+        self._set_node_backends(node_backends)
         self.sched.graph_compute(graph)
 
     def buffer_sizes(self) -> dict[int, int]:
