@@ -267,12 +267,12 @@ class Scheduler:
         Use the largest graph that will be computed, with its inputs allocated
         in `get_tallocr(backend)` first, as they will be for each compute. A
         scheduler measures once (the seed would measure again with the real
-        buffers): make a new one for a larger graph.
+        buffers): `reserve` a larger graph (or make a new scheduler).
         """
         self._check_alive()
         if self.hash_set is not None:
             raise GraphError("init_measure: this scheduler has measured already; its compute buffers are allocated "
-                             "(make a new Scheduler to measure a larger graph)")
+                             "(reserve(graph) grows them for a larger graph)")
         self.measure_hash_size = measure_graph.visited_hash_table.size
         hash_size = self.measure_hash_size + self.max_splits * self.max_split_inputs
         self.hash_set = HashSet(hash_size)
@@ -804,7 +804,8 @@ class Scheduler:
             self.galloc.alloc_graph_n(self.graph, self.hash_set, self.node_talloc)
         except OutOfMemoryError as e:
             raise OutOfMemoryError(f"{e}; the graph needs more memory than init_measure measured (measure with the "
-                                   f"largest graph)") from e
+                                   f"largest graph, reserve(graph) first, or make the Scheduler with "
+                                   f"auto_reserve=True)") from e
 
     def _compute_splits(self) -> None:
         """sched_compute_splits: per split, copy its inputs into its backend, then compute its nodes."""
