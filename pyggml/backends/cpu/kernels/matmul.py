@@ -21,7 +21,7 @@ src0 matrix serves consecutive src1 matrices). By src0's type:
   reference quantize_row_q8_* (see quant_dot), then, with fewer than
   `BLAS_MIN_COLS` columns, numba kernels compute ggml's vec_dot on the raw
   blocks: exact integer block dot products scaled by the blocks' scales
-  (parallel over weight rows, `params.n_threads` threads). The weights are
+  (see Threads below). The weights are
   read in their compact form, never dequantized. Q8_1 and Q8_K have no
   vec_dot in ggml (they are only dot-product partners) and are not accepted
   as src0, as in ggml's type_traits.
@@ -34,9 +34,13 @@ src0 matrix serves consecutive src1 matrices). By src0's type:
   relative ~1e-7; MUL_MAT's threshold is 5e-4), at a fraction of the time
   (512 columns: ~85 ms instead of ~0.4 s for 4096x4096).
 
-On the BLAS paths numba runs on one thread (see `_set_threads`): its
-conversions are ~1 ms per 4096x4096 matrix, and BLAS's spinning workers
-would otherwise fight a parallel numba region for the cores.
+Threads: the direct kernels of a product smaller than `PARALLEL_MIN_WORK`
+multiply-adds run on the calling thread (a hand-off to other threads costs
+more than such a product: see there); larger ones run on `params.n_threads`
+threads, the caller and workers of `threads.POOL` taking chunks of weight rows
+from a shared counter. The numba conversions of the BLAS paths run on the
+calling thread: they are ~1 ms per 4096x4096 matrix, and BLAS's spinning
+workers would otherwise fight them for the cores.
 
 src1 may be F32 (any strides: permuted and transposed views are copied to
 rows first) or already the vec_dot_type (F16 for F16 weights, Q8_0 for
@@ -54,16 +58,17 @@ ne2 is src0's, and src1's ne2 must equal it.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
-import numba
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
 from pyggml.backends.cpu.kernels import quant_dot as qd
 from pyggml.backends.cpu.kernels._common import noop
+from pyggml.backends.cpu.kernels.threads import POOL
 from pyggml.core.errors import GGMLError, ShapeError, UnsupportedTypeError
 from pyggml.core.tensor import GGMLOp, Tensor
 from pyggml.core.types import TYPE_TRAITS, GGMLType
@@ -83,6 +88,9 @@ OUT_PROD_SRC1_TYPES: tuple[GGMLType, ...] = (F32, F16, BF16)
 # 4096x4096 weights, 2 threads (python benchmarks/bench_matmul.py --sweep)
 BLAS_MIN_COLS = 16
 HALF_BLAS_MIN_COLS = 12
+# multiply-adds (weight elements x src1 columns) of a direct-kernel product below which it runs on the
+# calling thread: measured on 2 cores (python benchmarks/bench_matmul.py --sweep), see the module doc
+PARALLEL_MIN_WORK = 1 << 20
 # bytes of one f32 tile of converted weight rows
 TILE_BYTES = 8 << 20
 
@@ -215,27 +223,16 @@ def _as_rows(a: np.ndarray, nrows: int) -> np.ndarray | None:
         return None
 
 
-def _set_threads(params: ComputeParams, blas: bool = False) -> int:
-    """Set numba's thread count for this compute: params.n_threads, or 1 on the BLAS paths.
-
-    On the BLAS paths numba's conversions run between BLAS calls, whose worker
-    threads keep spinning for a while after each call (OpenBLAS's thread
-    timeout); a parallel numba region then fights them for the cores, and its
-    own OpenMP workers would spin against the next BLAS call in turn. Measured
-    on 2 cores (benchmarks/bench_matmul.py), converting on one thread while the
-    other core idles in BLAS's spin makes the 512-column Q4_0 product ~1.7x
-    faster than converting on both.
-    """
-    n = 1 if blas else max(1, min(int(params.n_threads), numba.config.NUMBA_NUM_THREADS))
-    if numba.get_num_threads() != n:
-        numba.set_num_threads(n)
-    return n
+def _kernel_threads(params: ComputeParams, work: int) -> int:
+    """Threads of a direct-kernel product of `work` multiply-adds: 1 below PARALLEL_MIN_WORK, else
+    params.n_threads."""
+    return 1 if work < PARALLEL_MIN_WORK else max(1, int(params.n_threads))
 
 
 def _chunk(M: int, n_slices: int, n_threads: int) -> int:
-    """Weight rows per work item: about 8 items per thread, at least 4 rows."""
-    per_slice = max(1, math.ceil(8 * n_threads / max(n_slices, 1)))
-    return max(4, math.ceil(M / per_slice))
+    """Weight rows per work item: about 16 items per thread (taken as threads come free), at least 8 rows."""
+    per_slice = max(1, math.ceil(16 * n_threads / max(n_slices, 1)))
+    return max(8, math.ceil(M / per_slice))
 
 
 def _src1_f32_fn(src1: np.ndarray, type: GGMLType, xs: np.ndarray | None) -> Callable[[], np.ndarray]:
@@ -374,7 +371,6 @@ def _mul_mat_numba(wtype: GGMLType, xtype: GGMLType, K: int, dst: np.ndarray, sr
     if quantized:
         yq, yd, ys, yb = scratch[:4]
         yf = scratch[4] if blas else None
-        empty_x = np.zeros((0, 0), np.float32)
 
         def prepare_y() -> None:
             if get_x is None:
@@ -383,11 +379,12 @@ def _mul_mat_numba(wtype: GGMLType, xtype: GGMLType, K: int, dst: np.ndarray, sr
                 qd.quantize_rows(int(vdt), get_x(), yq, yd, ys, yb)
 
         if not blas:
+            direct = _direct(kind, w, w_off, nb, np.zeros((0, 0), np.float32), yq, yd, ys, yb, N, w_base, out,
+                             params, M * K * ny)
+
             def run_q() -> None:
-                nt = _set_threads(params)
                 prepare_y()
-                qd.mul_mat_rows(kind, w, w_off, nb, empty_x, yq, yd, ys, yb, N, w_base, out,
-                                _chunk(M, n_slices, nt))
+                direct()
 
             return run_q
 
@@ -395,7 +392,6 @@ def _mul_mat_numba(wtype: GGMLType, xtype: GGMLType, K: int, dst: np.ndarray, sr
         qk = TYPE_TRAITS[vdt].blck_size
 
         def run_qb() -> None:
-            _set_threads(params, blas=True)
             prepare_y()
             # the q8 values ggml multiplies: q * d
             np.multiply(yq.reshape(ny, -1, qk), yd[:, :, None], out=yf.reshape(ny, -1, qk))
@@ -406,9 +402,6 @@ def _mul_mat_numba(wtype: GGMLType, xtype: GGMLType, K: int, dst: np.ndarray, sr
     # F16 / BF16 weights: src1 rounded to the weight type (unless it already is that type)
     assert get_x is not None
     round_x = xtype == F32
-    empty_q = np.zeros((0, 0), np.int8)
-    empty_f = np.zeros((0, 0), np.float32)
-    empty_i = np.zeros((0, 0), np.int32)
 
     def half_x() -> np.ndarray:
         x = get_x()
@@ -417,22 +410,45 @@ def _mul_mat_numba(wtype: GGMLType, xtype: GGMLType, K: int, dst: np.ndarray, sr
         return x
 
     if not blas:
+        assert xs is not None  # half_x's result: src1 is always copied (and rounded) into xs
+        direct = _direct(kind, w, w_off, nb, xs, np.zeros((0, 0), np.int8), np.zeros((0, 0), np.float32),
+                         np.zeros((0, 0), np.float32), np.zeros((0, 0), np.int32), N, w_base, out, params, M * K * ny)
+
         def run_h() -> None:
-            nt = _set_threads(params)
-            x = half_x()
-            qd.mul_mat_rows(kind, w, w_off, nb, x, empty_q, empty_f, empty_f, empty_i, N, w_base, out,
-                            _chunk(M, n_slices, nt))
+            half_x()
+            direct()
 
         return run_h
 
     assert tile is not None
 
     def run_hb() -> None:
-        _set_threads(params, blas=True)
         x = half_x()
         _tiled_blas(kind, w, w_off, nb, x, out, N, ne03 * ne02, M, r3, r2, ne12, tile)
 
     return run_hb
+
+
+def _direct(kind: int, w: np.ndarray, w_off: np.ndarray, nb: int, xf: np.ndarray, yq: np.ndarray, yd: np.ndarray,
+            ys: np.ndarray, yb: np.ndarray, N: int, w_base: np.ndarray, out: np.ndarray, params: ComputeParams,
+            work: int) -> Compute:
+    """The direct kernels' call for these operands: on the calling thread below PARALLEL_MIN_WORK, else
+    on params.n_threads threads (the caller and pool workers sharing the rows, see `threads`)."""
+    nt = _kernel_threads(params, work)
+    if nt == 1:
+        return functools.partial(qd.mul_mat_rows_serial, kind, w, w_off, nb, xf, yq, yd, ys, yb, N, w_base, out)
+    chunk = _chunk(out.shape[1], w_base.shape[0], nt)
+    ctr = np.zeros(2, np.int64)  # items taken, items done: reset by each call
+    helper = functools.partial(qd.mul_mat_rows, kind, w, w_off, nb, xf, yq, yd, ys, yb, N, w_base, out, chunk,
+                               ctr, False)
+
+    def run() -> None:
+        ctr[1] = 0
+        ctr[0] = 0
+        POOL.submit(helper, nt - 1)
+        qd.mul_mat_rows(kind, w, w_off, nb, xf, yq, yd, ys, yb, N, w_base, out, chunk, ctr, True)
+
+    return run
 
 
 def _tiled_blas(kind: int, w: np.ndarray, w_off: np.ndarray, nb: int, x: np.ndarray, out: np.ndarray, N: int,
@@ -507,7 +523,6 @@ def out_prod_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None]
     ne02 = src0.shape[1]
 
     def run_tiles() -> None:
-        _set_threads(params, blas=True)
         get_x()
         for i3 in range(dst.shape[0]):
             for i2 in range(dst.shape[1]):

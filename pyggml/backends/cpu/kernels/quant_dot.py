@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import njit, types
 from numba.extending import intrinsic
 
 from pyggml.core.types import GGMLType
@@ -177,6 +177,30 @@ def round_f16(typingctx, x):  # noqa: ANN001, ANN201
 
     def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
         return builder.fpext(builder.fptrunc(args[0], ir.HalfType()), _F32)
+
+    return sig, codegen
+
+
+@intrinsic
+def atomic_add(typingctx, a, i, v):  # noqa: ANN001, ANN201
+    """Atomically add `v` to int64 element `i` of `a`; returns the value before (sequentially consistent)."""
+    sig = types.int64(a, types.intp, types.int64)
+
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        p = _address(context, builder, signature.args[0], args[0], args[1])
+        return builder.atomic_rmw("add", p, args[2], "seq_cst")
+
+    return sig, codegen
+
+
+@intrinsic
+def atomic_load(typingctx, a, i):  # noqa: ANN001, ANN201
+    """Int64 element `i` of `a`, read atomically (acquire): a loop polling it is not optimized away."""
+    sig = types.int64(a, types.intp)
+
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        p = _address(context, builder, signature.args[0], args[0], args[1])
+        return builder.load_atomic(p, "acquire", 8)
 
     return sig, codegen
 
@@ -496,10 +520,14 @@ def _quantize_q8_K_row(x, yq, yd, yb, r):  # noqa: ANN001, ANN202, N802
         yd[r, b] = np.float32(1.0) / iscale
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def quantize_rows(kind, x, yq, yd, ys, yb):  # noqa: ANN001, ANN201
-    """Quantize float32 rows x (n, K) to `kind` (Q8_0, Q8_1 or Q8_K), split as described in the module doc."""
-    for r in prange(x.shape[0]):
+    """Quantize float32 rows x (n, K) to `kind` (Q8_0, Q8_1 or Q8_K), split as described in the module doc.
+
+    One thread: the rows of one MUL_MAT's src1 are few when its direct kernels run (fewer than
+    BLAS_MIN_COLS columns per matrix), and on the BLAS path numba stays on one thread (see matmul.py).
+    """
+    for r in range(x.shape[0]):
         if kind == Q8_0:
             _quantize_q8_0_row(x, yq, yd, yb, r)
         elif kind == Q8_1:
@@ -771,27 +799,54 @@ def _row_dot(kind, w, o, nb, xf, yq, yd, ys, yb, r):  # noqa: ANN001, ANN202
     return _dot_half(kind, w, o, xf, r)
 
 
-@njit(parallel=True, cache=True)
-def mul_mat_rows(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, chunk):  # noqa: ANN001, ANN201
+@njit(cache=True)
+def _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, s, m0, m1):  # noqa: ANN001, ANN202
+    """Weight rows m0..m1 of output slice s against that slice's n_cols src1 rows."""
+    for m in range(m0, m1):
+        o = w_off[w_base[s] + m]
+        for c in range(n_cols):
+            r = s * n_cols + c
+            out[r, m] = _row_dot(kind, w, o, nb, xf, yq, yd, ys, yb, r)
+
+
+@njit(nogil=True, cache=True)
+def mul_mat_rows(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, chunk, ctr, wait):  # noqa: ANN001, ANN201
     """out[s*n_cols + c, m] = vec_dot(weight row w_off[w_base[s] + m], src1 row s*n_cols + c).
 
     `w` is the weights' memory as bytes, `w_off` the byte offset of every weight
     row, `w_base[s]` the first weight row (index into w_off) of output slice s,
     `nb` the blocks per row. src1 rows come as `xf` (F16/BF16 weights) or as the
-    split quantized arrays. Work items are (slice, chunk of `chunk` weight rows).
+    split quantized arrays.
+
+    Several threads call this at once with the same arguments (see
+    `pyggml.backends.cpu.kernels.threads`): work items, (slice, chunk of `chunk`
+    weight rows), are taken one at a time from the counter `ctr[0]` (atomic
+    fetch-and-add) and counted done in `ctr[1]`, so a thread that starts late
+    or is descheduled takes fewer items instead of holding the others up. The
+    caller's thread (`wait`) returns only when every item is done.
     """
     n_slices = w_base.shape[0]
     M = out.shape[1]
     n_chunks = (M + chunk - 1) // chunk
-    for item in prange(n_slices * n_chunks):
+    total = n_slices * n_chunks
+    while True:
+        item = atomic_add(ctr, 0, 1)
+        if item >= total:
+            break
         s = item // n_chunks
         m0 = (item % n_chunks) * chunk
-        m1 = min(M, m0 + chunk)
-        for m in range(m0, m1):
-            o = w_off[w_base[s] + m]
-            for c in range(n_cols):
-                r = s * n_cols + c
-                out[r, m] = _row_dot(kind, w, o, nb, xf, yq, yd, ys, yb, r)
+        _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, s, m0, min(M, m0 + chunk))
+        atomic_add(ctr, 1, 1)
+    if wait:
+        while atomic_load(ctr, 1) < total:
+            pass
+
+
+@njit(cache=True)
+def mul_mat_rows_serial(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out):  # noqa: ANN001, ANN201
+    """`mul_mat_rows` on the calling thread: no parallel region to launch (see matmul.PARALLEL_MIN_WORK)."""
+    for s in range(w_base.shape[0]):
+        _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, s, 0, out.shape[1])
 
 
 # --- weight rows -> float32 (ggml's dequantize_row_<type>, same arithmetic) ---
@@ -932,10 +987,13 @@ def _widen_half_row(kind, w, o, out, i):  # noqa: ANN001, ANN202
             k += 1
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def rows_to_f32(kind, w, w_off, r0, nb, out):  # noqa: ANN001, ANN201
-    """out[i] = weight row w_off[r0 + i] as float32, for i < out.shape[0]; `nb` = blocks per row."""
-    for i in prange(out.shape[0]):
+    """out[i] = weight row w_off[r0 + i] as float32, for i < out.shape[0]; `nb` = blocks per row.
+
+    One thread: it runs between BLAS calls, whose spinning workers hold the other cores (matmul.py).
+    """
+    for i in range(out.shape[0]):
         o = w_off[r0 + i]
         if kind == Q4_0:
             _deq_q4_0(w, o, nb, out, i)

@@ -1,0 +1,105 @@
+"""The threaded path of the MUL_MAT direct kernels: the caller and pool workers share the rows.
+
+Results must equal the one-thread path bit for bit (each output is one row's
+dot product, whoever computes it), for every slicing and thread count; a
+worker that starts after its call has returned must change nothing.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import gguf
+import numpy as np
+import pytest
+from kernel_helpers import F16, F32, compile_node, new_ctx, tensor
+
+from pyggml.backends.cpu.kernels import ComputeParams, matmul
+from pyggml.backends.cpu.kernels import quant_dot as qd
+from pyggml.backends.cpu.kernels.threads import WorkerPool
+from pyggml.core.types import GGMLType
+
+
+def _weights(ctx, wtype: GGMLType, shape: tuple[int, ...], rng: np.random.Generator):  # noqa: ANN001, ANN202
+    values = rng.standard_normal(shape).astype(np.float32)
+    t = ctx.new_tensor(wtype, list(shape[::-1]))
+    if wtype == F16:
+        t.numpy()[...] = values.astype(np.float16)
+    else:
+        raw = gguf.quants.quantize(values.reshape(-1, shape[-1]), gguf.GGMLQuantizationType(int(wtype)))
+        t.numpy()[...] = raw.reshape(t.numpy().shape)
+    return t
+
+
+@pytest.mark.parametrize("wtype", [GGMLType.Q4_0, GGMLType.Q8_0, F16])
+@pytest.mark.parametrize(("wshape", "xshape"), [((1, 1, 300, 64), (1, 1, 3, 64)),
+                                                ((1, 2, 70, 64), (2, 4, 2, 64))])  # broadcast over dims 2, 3
+@pytest.mark.parametrize("n_threads", [2, 3])
+def test_threaded_equals_one_thread(wtype: GGMLType, wshape: tuple[int, ...], xshape: tuple[int, ...],
+                                    n_threads: int, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
+    ctx = new_ctx(8)
+    w = _weights(ctx, wtype, wshape, rng)
+    x = tensor(ctx, F32, rng.standard_normal(xshape).astype(np.float32))
+    got = []
+    for min_work, nt in ((1 << 62, 1), (0, n_threads)):
+        monkeypatch.setattr(matmul, "PARALLEL_MIN_WORK", min_work)
+        node = ctx.mul_mat(w, x)
+        fn = compile_node(node, ComputeParams(n_threads=nt))
+        for _ in range(3):  # repeated calls reuse the prepared counter
+            fn()
+        got.append(node.numpy().copy())
+    assert np.any(got[0] != 0)
+    np.testing.assert_array_equal(got[0], got[1])
+
+
+def test_small_products_stay_on_the_calling_thread(rng: np.random.Generator) -> None:
+    """Below PARALLEL_MIN_WORK the prepared call is the one-thread kernel itself (no hand-off)."""
+    ctx = new_ctx(4)
+    node = ctx.mul_mat(_weights(ctx, F16, (1, 1, 64, 64), rng), tensor(ctx, F32, np.ones((1, 1, 1, 64), np.float32)))
+    assert 64 * 64 < matmul.PARALLEL_MIN_WORK
+    fn = compile_node(node, ComputeParams(n_threads=2))
+    fn()
+    assert fn.__closure__ is not None
+    inner = [c.cell_contents for c in fn.__closure__ if callable(c.cell_contents)]
+    assert any(getattr(f, "func", None) is qd.mul_mat_rows_serial for f in inner)
+
+
+def test_late_worker_changes_nothing(rng: np.random.Generator) -> None:
+    """mul_mat_rows with an exhausted counter (its call already returned) takes no item and writes nothing."""
+    K, M = 64, 40
+    w = rng.standard_normal((M, K)).astype(np.float16)
+    wb, w_off = w.view(np.uint8).reshape(-1), np.arange(M, dtype=np.int64) * 2 * K
+    x = rng.standard_normal((1, K)).astype(np.float32)
+    out = np.zeros((1, M), np.float32)
+    empty = (np.zeros((0, 0), np.int8), np.zeros((0, 0), np.float32), np.zeros((0, 0), np.float32),
+             np.zeros((0, 0), np.int32))
+    base = np.zeros(1, np.int64)
+    ctr = np.zeros(2, np.int64)
+    qd.mul_mat_rows(qd.F16, wb, w_off, K, x, *empty, 1, base, out, 8, ctr, True)
+    assert list(ctr) == [5 + 1, 5]  # 5 items of 8 rows, one failed take
+    want = out.copy()
+    np.testing.assert_allclose(want[0], w.astype(np.float32) @ x[0], rtol=1e-5, atol=1e-5)
+    out[...] = -1
+    qd.mul_mat_rows(qd.F16, wb, w_off, K, x, *empty, 1, base, out, 8, ctr, False)
+    assert np.all(out == -1) and ctr[1] == 5
+
+
+def test_pool_runs_jobs_on_its_threads_and_survives_errors() -> None:
+    pool = WorkerPool()
+    seen: list[int] = []
+    done = threading.Semaphore(0)
+
+    def fail() -> None:
+        done.release()
+        raise RuntimeError("boom")
+
+    def record() -> None:
+        seen.append(threading.get_ident())
+        done.release()
+
+    pool.submit(fail, 1)
+    pool.submit(record, 2)
+    for _ in range(3):
+        assert done.acquire(timeout=10)
+    assert len(pool.workers) == 2 and all(t.is_alive() for t in pool.workers)
+    assert len(seen) == 2 and threading.get_ident() not in seen
