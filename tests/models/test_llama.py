@@ -9,7 +9,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import torch  # noqa: E402
-from conftest import TinyLlama, make_tiny_llama  # noqa: E402
+from tiny_llama import TinyLlama, make_tiny_llama  # noqa: E402
 
 import pyggml.models as pm  # noqa: E402
 from pyggml.backends.cpu import CPUBackend, cpu_init  # noqa: E402
