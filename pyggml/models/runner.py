@@ -31,6 +31,7 @@ from pyggml.alloc.tensor_allocator import TensorAllocator
 from pyggml.backend.backend import Backend
 from pyggml.backend.buffer import Buffer
 from pyggml.backend.tensor_io import tensor_set
+from pyggml.backends.cpu import is_cpu
 from pyggml.core.errors import UnsupportedOpError
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import GGMLOp, Tensor
@@ -81,7 +82,8 @@ class PlannedGraph:
     Nodes in `recompute` (the KV writes, whose destination moves from one
     token to the next) are left out of the plans and computed on their own
     each time, so they see where their memory is now; the plans cover the
-    runs of nodes between them. Decoding a token then costs the kernels and
+    runs of nodes between them. The CPU backend's plans follow moved tensors
+    themselves, so there the whole graph is one plan. Decoding a token then costs the kernels and
     one call per run, not a graph build, an allocation and a plan.
     """
 
@@ -91,7 +93,9 @@ class PlannedGraph:
         self.owner = owner  # what must live as long as the graph (its context)
         self.buffer = allocate_graph(backend, graph)
         index = {id(n): i for i, n in enumerate(graph.nodes)}
-        cuts = sorted(index[id(t)] for t in recompute)
+        # CPU plans follow tensors whose memory moved (ggml's kernels read `data` when they run): one plan
+        # for the whole graph. Other backends' plans may hold on to where a tensor was: cut around the nodes.
+        cuts = [] if is_cpu(backend) else sorted(index[id(t)] for t in recompute)
         self.steps: list[tuple[bool, Any]] = []  # (is a plan, the plan or the one-node graph)
         start = 0
         try:

@@ -20,7 +20,7 @@ from pyggml.backends.cpu.kernels import KERNELS, Compute, ComputeParams, _common
 from pyggml.core import memory
 from pyggml.core.errors import BufferFreedError, GraphError, UnsupportedOpError
 from pyggml.core.graph import Graph
-from pyggml.core.tensor import GGMLOp, Tensor, is_view_op
+from pyggml.core.tensor import GGMLOp, Tensor, is_view_op, nbytes_of
 
 Supports = Callable[[Tensor], bool]
 
@@ -48,59 +48,148 @@ def _is_noop(fn: Compute) -> bool:
     return fn is kernels._noop or fn is _common.noop
 
 
+class _Seen:
+    """A tensor a plan reads or writes, as it was when the plan prepared it."""
+
+    __slots__ = ("tensor", "data", "view", "type", "ne", "nb", "users", "base", "base_addr", "extent", "buffer")
+
+    def __init__(self, tensor: Tensor, view: np.ndarray) -> None:
+        self.tensor = tensor
+        self.users: list[int] = []  # indices of the computes whose node reads or writes it
+        self.buffer = tensor_buffer(tensor)
+        self.set_view(view)
+
+    def set_view(self, view: np.ndarray) -> None:
+        t = self.tensor
+        self.view = view
+        self.data = t.data
+        self.type = t.type
+        self.ne = tuple(t.ne)
+        self.nb = tuple(t.nb)
+        self.extent = nbytes_of(t.type, t.ne, t.nb)
+        base = view.base  # memory.view's views are made on a registered 1-D host array
+        if base is not getattr(self, "base", None):
+            self.base = base if isinstance(base, np.ndarray) and base.ndim == 1 else None
+            self.base_addr = memory.address_of(base) if self.base is not None else 0
+
+    def follow(self) -> None:
+        """View the tensor where it is now (same layout in the same host array: without a lookup)."""
+        t = self.tensor
+        assert t.data is not None
+        if self.base is not None and t.type == self.type and tuple(t.ne) == self.ne and tuple(t.nb) == self.nb:
+            offset = t.data - self.base_addr
+            if 0 <= offset and offset + self.extent <= self.base.nbytes:
+                v = self.view
+                self.view = np.ndarray(v.shape, v.dtype, buffer=self.base, offset=offset, strides=v.strides)
+                self.data = t.data
+                return
+        self.set_view(memory.view(t.data, t.type, t.ne, t.nb, t.name))
+
+
 class CPUPlan:
-    """ggml_backend_plan_cpu: the compute functions of a graph's nodes, in order."""
+    """ggml_backend_plan_cpu: the compute functions of a graph's nodes, in order.
 
-    __slots__ = ("graph", "computes", "params", "buffers", "n_nodes", "freed")
+    As in ggml, where kernels read `tensor->data` when they run, a plan follows
+    tensors whose memory moved after it was made (a KV-cache write moved to the
+    next cell, a graph allocated again): `plan_compute` compares every tensor's
+    `data` with the one it prepared (a few microseconds for a LLaMA layer's
+    graph) and prepares again the nodes that read or write a moved tensor.
+    """
 
-    def __init__(self, graph: Graph, computes: list[Compute], params: ComputeParams, buffers: list[Buffer]) -> None:
+    __slots__ = ("graph", "computes", "params", "buffers", "n_nodes", "freed", "nodes", "seen", "watch", "datas",
+                 "by_id")
+
+    def __init__(self, graph: Graph, computes: list[Compute], params: ComputeParams, buffers: list[Buffer],
+                 nodes: list[Tensor] | None = None, seen: list[_Seen] | None = None) -> None:
         self.graph = graph
         self.computes = computes
         self.params = params
         self.buffers = buffers  # checked on each compute: a freed buffer must not be written
         self.n_nodes = graph.n_nodes
         self.freed = False
+        self.nodes = nodes if nodes is not None else []  # the node of each compute
+        self.seen = seen if seen is not None else []
+        self.watch = [r.tensor for r in self.seen]
+        self.datas = [r.data for r in self.seen]
+        self.by_id = {id(r.tensor): r for r in self.seen}
 
     def __repr__(self) -> str:
         return f"CPUPlan(n_nodes={self.n_nodes}, computes={len(self.computes)}, n_threads={self.params.n_threads})"
 
 
+def _prepare(node: Tensor, index: int, view_of: Callable[[Tensor], np.ndarray], params: ComputeParams) -> Compute:
+    kernel = KERNELS.get(node.op)
+    if kernel is None:
+        raise UnsupportedOpError(f"CPU: no kernel for op {node.op.name} (node {index} '{node.name}')")
+    dst = view_of(node)
+    srcs = [view_of(s) if s is not None else None for s in node.src]
+    return kernel(node, dst, srcs, params)
+
+
 def plan_create(graph: Graph, params: ComputeParams) -> CPUPlan:
     """Prepare every node of `graph` (raises before anything computes if a kernel rejects a node)."""
-    views: dict[int, np.ndarray] = {}
+    seen: dict[int, _Seen] = {}
     buffers: dict[int, Buffer] = {}
 
     def view_of(t: Tensor) -> np.ndarray:
-        v = views.get(id(t))
-        if v is None:
+        r = seen.get(id(t))
+        if r is None:
             assert t.data is not None
-            v = memory.view(t.data, t.type, t.ne, t.nb, t.name)
-            views[id(t)] = v
+            r = seen[id(t)] = _Seen(t, memory.view(t.data, t.type, t.ne, t.nb, t.name))
             buffer = tensor_buffer(t)
             if buffer is not None:
                 buffers[id(buffer)] = buffer
-        return v
+        return r.view
 
     computes: list[Compute] = []
+    nodes: list[Tensor] = []
     for i, node in enumerate(graph.nodes):
         op = node.op
         if op == GGMLOp.NONE or is_view_op(op):
             continue
-        kernel = KERNELS.get(op)
-        if kernel is None:
-            raise UnsupportedOpError(f"CPU: no kernel for op {op.name} (node {i} '{node.name}')")
-        dst = view_of(node)
-        srcs = [view_of(s) if s is not None else None for s in node.src]
-        fn = kernel(node, dst, srcs, params)
+        fn = _prepare(node, i, view_of, params)
         if not _is_noop(fn):
+            for t in (node, *node.src):
+                if t is not None and id(t) in seen:
+                    users = seen[id(t)].users
+                    if not users or users[-1] != len(computes):
+                        users.append(len(computes))
             computes.append(fn)
-    return CPUPlan(graph, computes, params, list(buffers.values()))
+            nodes.append(node)
+    return CPUPlan(graph, computes, params, list(buffers.values()), nodes, list(seen.values()))
+
+
+def _follow(plan: CPUPlan, datas: list[int | None]) -> None:
+    """Prepare again the computes whose tensors moved since the plan prepared them."""
+    moved = [plan.seen[i] for i, (now, then) in enumerate(zip(datas, plan.datas, strict=True)) if now != then]
+    redo: set[int] = set()
+    for r in moved:
+        redo.update(r.users)
+    new_buffers = False
+    for r in moved:
+        t = r.tensor
+        if t.data is None:
+            raise GraphError(f"graph_plan_compute: tensor '{t.name}' of the plan has no memory any more")
+        r.follow()
+        buffer = tensor_buffer(t)
+        if buffer is not r.buffer:
+            r.buffer = buffer
+            new_buffers = True
+    if new_buffers:  # the buffers the plan uses now, for the freed-buffer check
+        plan.buffers = list({id(r.buffer): r.buffer for r in plan.seen if r.buffer is not None}.values())
+    by_id = plan.by_id
+    for i in sorted(redo):
+        plan.computes[i] = _prepare(plan.nodes[i], i, lambda t: by_id[id(t)].view, plan.params)
+    plan.datas = datas
 
 
 def plan_compute(plan: CPUPlan) -> None:
     """Run the plan's compute functions in order (ggml_graph_compute)."""
     if plan.freed:
         raise GraphError(f"graph_plan_compute: the plan of {plan.n_nodes} nodes was freed")
+    datas = [t.data for t in plan.watch]
+    if datas != plan.datas:
+        _follow(plan, datas)
     for buffer in plan.buffers:
         if buffer.freed:
             raise BufferFreedError(
