@@ -12,22 +12,27 @@ BF16). This module does the same:
   rounded through f16), Q8_1's `s = sum * d` in `ys`, and integer sums of
   every 16 values in `yb` (Q8_K's `bsums`; for Q8_0/Q8_1 the same sums, which
   let offsets such as Q4_0's `-8` be applied once per block).
-- `mul_mat_rows` computes `out[col, row] = vec_dot(weight row, src1 col)`
-  in parallel over weight rows (numba `prange`), reading the weights in
-  their compact form. Each block's integer dot product is exact, as in
-  ggml's scalar code, and is scaled by the block's f16/f32 scales in the
-  order ggml's reference `ggml_vec_dot_<type>_q8_<x>` uses; only the float
-  summation order over blocks may differ from ggml's SIMD builds.
+- `mul_mat_rows` (several threads, see `threads.py`) and
+  `mul_mat_rows_serial` compute `out[col, row] = vec_dot(weight row, src1
+  col)`, reading the weights in their compact form. Each block's integer dot
+  product is exact, as in ggml's scalar code, and is scaled by the block's
+  f16/f32 scales as ggml's reference `ggml_vec_dot_<type>_q8_<x>` does; only
+  the float summation order may differ (Q8_0, Q4_0, F16 and BF16 rows keep
+  8 or 32 lane sums to the row's end, as ggml's AVX2 code keeps a vector
+  accumulator).
 - `rows_to_f32` dequantizes (or widens, for F16/BF16) weight rows into
   float32, row by row, for the BLAS path of `matmul.py`.
 
 Why intrinsics: numba leaves LLVM's SLP vectorizer off and its loop
 vectorizer does nothing useful on 16- or 32-element loops, so a block's dot
 product written as a Python loop runs scalar (about 5x slower). The few
-primitives below (`dot_nibbles`, `dot_bits16/32`, `dot_fields16/32`, `dot_mask32`, `dot_u8x32`,
-`dot_f16x32`, ...) are written in portable LLVM vector IR (no target
-intrinsics): a fixed-size load, unpack, exact integer multiply-add, and a
-reduction. Everything else is plain numba.
+primitives below (`dot_nibbles`, `dot_bits16/32`, `dot_fields16/32`,
+`dot_mask32`, and the whole-row loops `dot_q8_0_row`, `dot_q4_0_row`,
+`dot_f16_row`, `dot_bf16_row`) are written in portable LLVM vector IR (no
+target intrinsics): fixed-size loads, unpack, exact integer multiply-add,
+and a reduction. On AVX2 (checked with numba's inspect_asm) the integer
+products become vpmovsxbw + vpmaddwd and the f16 loads vcvtph2ps.
+Everything else is plain numba.
 
 Integer identities used (all exact): a field `(byte >> shift) & mask` times
 y summed over a block; a weight value with an offset, e.g. Q4_0's
@@ -41,6 +46,7 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 from pyggml.core.types import GGMLType
@@ -293,24 +299,6 @@ def dot_mask32(typingctx, bits, y, j):  # noqa: ANN001, ANN201
     return sig, codegen
 
 
-@intrinsic
-def dot_u8x32(typingctx, w, i, y, j):  # noqa: ANN001, ANN201
-    """sum_t (w[i+t] ^ 128) * y[j+t], t < 32: Q8_0 weights offset by 128 into 0..255.
-
-    sum(int8(w) * y) is this minus 128 * sum(y) (exact); unsigned-times-signed
-    bytes is the form the CPU's dot-product instructions take.
-    """
-    sig = types.int32(w, types.intp, y, types.intp)
-
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
-        pw = _address(context, builder, signature.args[0], args[0], args[1])
-        py = _address(context, builder, signature.args[2], args[2], args[3])
-        u = builder.xor(_load_vector(builder, pw, _I8, 32), ir.Constant(ir.VectorType(_I8, 32), [128] * 32))
-        return _dot_u8_i8(builder, u, _load_vector(builder, py, _I8, 32), 32)
-
-    return sig, codegen
-
-
 def _widen_halves(builder, h, kind: int):  # noqa: ANN001, ANN202
     """<32 x i16> f16 or bf16 bits -> <32 x float> (exact)."""
     if kind == F16:
@@ -318,29 +306,6 @@ def _widen_halves(builder, h, kind: int):  # noqa: ANN001, ANN202
     v32 = ir.VectorType(_I32, 32)
     u = builder.shl(builder.zext(h, v32), ir.Constant(v32, [16] * 32))
     return builder.bitcast(u, ir.VectorType(_F32, 32))
-
-
-def _make_dot_half(kind: int):  # noqa: ANN202
-    @intrinsic
-    def dot_half(typingctx, w, i, x, j):  # noqa: ANN001, ANN202
-        sig = types.float32(w, types.intp, x, types.intp)
-
-        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
-            pw = _address(context, builder, signature.args[0], args[0], args[1])
-            px = _address(context, builder, signature.args[2], args[2], args[3])
-            wf = _widen_halves(builder, _load_vector(builder, pw, _I16, 32), kind)
-            xf = _load_vector(builder, px, _F32, 32)
-            return _sum_f32_tree(builder, builder.fmul(wf, xf), 32)
-
-        return sig, codegen
-
-    return dot_half
-
-
-dot_f16x32 = _make_dot_half(F16)
-dot_f16x32.__doc__ = "sum_t f16(w at byte i+2t) * x[j+t], t < 32, float32 products summed as a halving tree."
-dot_bf16x32 = _make_dot_half(BF16)
-dot_bf16x32.__doc__ = "sum_t bf16(w at byte i+2t) * x[j+t], t < 32, float32 products summed as a halving tree."
 
 
 def _make_widen_half(kind: int):  # noqa: ANN202
@@ -364,6 +329,114 @@ widen_f16x32 = _make_widen_half(F16)
 widen_f16x32.__doc__ = "out[j+t] = f16(w at byte i+2t), t < 32."
 widen_bf16x32 = _make_widen_half(BF16)
 widen_bf16x32.__doc__ = "out[j+t] = bf16(w at byte i+2t), t < 32."
+
+
+# --- whole rows: one vector accumulator per row, reduced once at its end ---
+#
+# The per-block primitives above reduce every block to a scalar, a chain of
+# shuffles per 32 values that costs more than the block's arithmetic. The row
+# loops below keep the lanes' sums in a vector for the whole row (AVX2: a
+# vpmaddwd per 16 int8 pairs, a vfmadd per 8 floats) and sum the lanes once.
+# Integer block sums stay exact; only the float summation order changes.
+
+
+def _fmuladd(builder, a, b, c):  # noqa: ANN001, ANN202
+    """a * b + c, fused where the CPU has FMA (llvm.fmuladd)."""
+    fnty = ir.FunctionType(a.type, [a.type, a.type, a.type])
+    n = a.type.count
+    fn = builder.module.declare_intrinsic(f"llvm.fmuladd.v{n}f32", fnty=fnty)
+    return builder.call(fn, [a, b, c])
+
+
+def _shuffle(builder, v, idx: list[int]):  # noqa: ANN001, ANN202
+    return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, len(idx)), idx))
+
+
+def _make_dot_half_row(kind: int):  # noqa: ANN202
+    @intrinsic
+    def dot_half_row(typingctx, w, o, x, j, n):  # noqa: ANN001, ANN202
+        sig = types.float32(w, types.intp, x, types.intp, types.intp)
+
+        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+            pw = _address(context, builder, signature.args[0], args[0], args[1])
+            px = _address(context, builder, signature.args[2], args[2], args[3])
+            vf = ir.VectorType(_F32, 32)
+            acc = cgutils.alloca_once_value(builder, ir.Constant(vf, [0.0] * 32))
+            n_blocks = builder.ashr(args[4], ir.Constant(args[4].type, 5))
+            with cgutils.for_range(builder, n_blocks) as loop:
+                i = loop.index
+                wv = _load_vector(builder, builder.gep(pw, [builder.shl(i, ir.Constant(i.type, 6))]), _I16, 32)
+                xv = _load_vector(builder, builder.gep(px, [builder.shl(i, ir.Constant(i.type, 5))]), _F32, 32)
+                builder.store(_fmuladd(builder, _widen_halves(builder, wv, kind), xv, builder.load(acc)), acc)
+            return _sum_f32_tree(builder, builder.load(acc), 32)
+
+        return sig, codegen
+
+    return dot_half_row
+
+
+dot_f16_row = _make_dot_half_row(F16)
+dot_f16_row.__doc__ = "sum_t f16(w at byte i+2t) * x[j+t], t < n (n a multiple of 32), lanes summed at the end."
+dot_bf16_row = _make_dot_half_row(BF16)
+dot_bf16_row.__doc__ = "sum_t bf16(w at byte i+2t) * x[j+t], t < n (n a multiple of 32), lanes summed at the end."
+
+
+def _q8_0_values(builder, p):  # noqa: ANN001, ANN202
+    """Q8_0's 32 int8 values at p."""
+    return _load_vector(builder, p, _I8, 32)
+
+
+def _q4_0_values(builder, p):  # noqa: ANN001, ANN202
+    """Q4_0's 32 values (nibble - 8, as int8) from the 16 bytes at p: low nibbles first."""
+    q = _load_vector(builder, p, _I8, 16)
+    v16 = ir.VectorType(_I8, 16)
+    lo = builder.and_(q, ir.Constant(v16, [15] * 16))
+    hi = builder.lshr(q, ir.Constant(v16, [4] * 16))
+    both = builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(_I32, 32), list(range(32))))
+    return builder.sub(both, ir.Constant(ir.VectorType(_I8, 32), [8] * 32))
+
+
+def _make_dot_q_row(block_bytes: int, values):  # noqa: ANN001, ANN202
+    @intrinsic
+    def dot_q_row(typingctx, w, o, nb, yq, j, yd, k):  # noqa: ANN001, ANN202
+        ip = types.intp
+        sig = types.float32(w, ip, ip, yq, ip, yd, ip)
+
+        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+            pw = _address(context, builder, signature.args[0], args[0], args[1])
+            py = _address(context, builder, signature.args[3], args[3], args[4])
+            pd = _address(context, builder, signature.args[5], args[5], args[6])
+            v8f = ir.VectorType(_F32, 8)
+            v32 = ir.VectorType(_I32, 32)
+            acc = cgutils.alloca_once_value(builder, ir.Constant(v8f, [0.0] * 8))
+            with cgutils.for_range(builder, args[2]) as loop:
+                b = loop.index
+                pb = builder.gep(pw, [builder.mul(b, ir.Constant(b.type, block_bytes))])
+                dw = builder.fpext(builder.load(builder.bitcast(pb, ir.HalfType().as_pointer()), align=1), _F32)
+                scale = builder.fmul(dw, builder.load(builder.gep(pd, [b])))
+                wv = builder.sext(values(builder, builder.gep(pb, [ir.Constant(b.type, 2)])), v32)
+                yv = builder.sext(_load_vector(builder, builder.gep(py, [builder.shl(b, ir.Constant(b.type, 5))]),
+                                               _I8, 32), v32)
+                prod = builder.mul(wv, yv, flags=["nsw"])
+                # pairs (the shape of vpmaddwd), then halves: 8 exact int32 partial sums of the block
+                pairs = builder.add(_shuffle(builder, prod, list(range(0, 32, 2))),
+                                    _shuffle(builder, prod, list(range(1, 32, 2))))
+                part = builder.add(_shuffle(builder, pairs, list(range(8))),
+                                   _shuffle(builder, pairs, list(range(8, 16))))
+                builder.store(_fmuladd(builder, builder.sitofp(part, v8f), _splat(builder, scale, 8),
+                                       builder.load(acc)), acc)
+            return _sum_f32_tree(builder, builder.load(acc), 8)
+
+        return sig, codegen
+
+    return dot_q_row
+
+
+dot_q8_0_row = _make_dot_q_row(34, _q8_0_values)
+dot_q8_0_row.__doc__ = ("A Q8_0 weight row (nb blocks at byte i of w) times a Q8_0 src1 row (values yq[j:], scales "
+                        "yd[k:]): each block's exact int32 sums scaled by d_w * d_y, accumulated in 8 lanes.")
+dot_q4_0_row = _make_dot_q_row(18, _q4_0_values)
+dot_q4_0_row.__doc__ = "As dot_q8_0_row for a Q4_0 weight row (values nibble - 8)."
 
 
 def _store_scaled(builder, context, signature, args, v, n: int, d, bias, out_arg: int):  # noqa: ANN001, ANN202
@@ -564,13 +637,7 @@ def _i8(v: int) -> int:
 
 @njit(cache=True)
 def _dot_q4_0(w, o, nb, yq, yd, yb, r):  # noqa: ANN001, ANN202
-    sumf = np.float32(0.0)
-    yo = r * yq.shape[1]
-    for b in range(nb):
-        ob = o + 18 * b
-        sumi = dot_nibbles(w, ob + 2, yq, yo + 32 * b) - 8 * (yb[r, 2 * b] + yb[r, 2 * b + 1])
-        sumf += np.float32(sumi) * load_f16(w, ob) * yd[r, b]
-    return sumf
+    return dot_q4_0_row(w, o, nb, yq, r * yq.shape[1], yd, r * yd.shape[1])
 
 
 @njit(cache=True)
@@ -611,13 +678,7 @@ def _dot_q5_1(w, o, nb, yq, yd, ys, r):  # noqa: ANN001, ANN202
 
 @njit(cache=True)
 def _dot_q8_0(w, o, nb, yq, yd, yb, r):  # noqa: ANN001, ANN202
-    sumf = np.float32(0.0)
-    yo = r * yq.shape[1]
-    for b in range(nb):
-        ob = o + 34 * b
-        sumi = dot_u8x32(w, ob + 2, yq, yo + 32 * b) - 128 * (yb[r, 2 * b] + yb[r, 2 * b + 1])
-        sumf += np.float32(sumi) * (load_f16(w, ob) * yd[r, b])
-    return sumf
+    return dot_q8_0_row(w, o, nb, yq, r * yq.shape[1], yd, r * yd.shape[1])
 
 
 @njit(cache=True)
@@ -751,62 +812,100 @@ def _dot_q6_K(w, o, nb, yq, yd, yb, r):  # noqa: ANN001, ANN202, N802
 
 
 @njit(cache=True)
-def _dot_half(kind, w, o, xf, r):  # noqa: ANN001, ANN202
-    """F16/BF16 weight row times float32 row r of xf (already rounded to the weight type)."""
+def _dot_f16(w, o, xf, r):  # noqa: ANN001, ANN202
+    """F16 weight row times float32 row r of xf (already rounded to f16)."""
     K = xf.shape[1]
-    xo = r * K
-    sumf = np.float32(0.0)
-    k = 0
-    if kind == F16:
-        while k + 32 <= K:
-            sumf += dot_f16x32(w, o + 2 * k, xf, xo + k)
-            k += 32
-        while k < K:
-            sumf += load_f16(w, o + 2 * k) * xf[r, k]
-            k += 1
-    else:
-        while k + 32 <= K:
-            sumf += dot_bf16x32(w, o + 2 * k, xf, xo + k)
-            k += 32
-        while k < K:
-            sumf += load_bf16(w, o + 2 * k) * xf[r, k]
-            k += 1
+    k = K // 32 * 32
+    sumf = dot_f16_row(w, o, xf, r * K, k)
+    while k < K:
+        sumf += load_f16(w, o + 2 * k) * xf[r, k]
+        k += 1
     return sumf
 
 
 @njit(cache=True)
-def _row_dot(kind, w, o, nb, xf, yq, yd, ys, yb, r):  # noqa: ANN001, ANN202
-    if kind == Q4_0:
-        return _dot_q4_0(w, o, nb, yq, yd, yb, r)
-    if kind == Q4_1:
-        return _dot_q4_1(w, o, nb, yq, yd, ys, r)
-    if kind == Q5_0:
-        return _dot_q5_0(w, o, nb, yq, yd, yb, r)
-    if kind == Q5_1:
-        return _dot_q5_1(w, o, nb, yq, yd, ys, r)
-    if kind == Q8_0:
-        return _dot_q8_0(w, o, nb, yq, yd, yb, r)
-    if kind == Q2_K:
-        return _dot_q2_K(w, o, nb, yq, yd, yb, r)
-    if kind == Q3_K:
-        return _dot_q3_K(w, o, nb, yq, yd, yb, r)
-    if kind == Q4_K:
-        return _dot_q4_K(w, o, nb, yq, yd, yb, r)
-    if kind == Q5_K:
-        return _dot_q5_K(w, o, nb, yq, yd, yb, r)
-    if kind == Q6_K:
-        return _dot_q6_K(w, o, nb, yq, yd, yb, r)
-    return _dot_half(kind, w, o, xf, r)
+def _dot_bf16(w, o, xf, r):  # noqa: ANN001, ANN202
+    """BF16 weight row times float32 row r of xf (already rounded to bf16)."""
+    K = xf.shape[1]
+    k = K // 32 * 32
+    sumf = dot_bf16_row(w, o, xf, r * K, k)
+    while k < K:
+        sumf += load_bf16(w, o + 2 * k) * xf[r, k]
+        k += 1
+    return sumf
 
 
 @njit(cache=True)
 def _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, s, m0, m1):  # noqa: ANN001, ANN202
-    """Weight rows m0..m1 of output slice s against that slice's n_cols src1 rows."""
-    for m in range(m0, m1):
-        o = w_off[w_base[s] + m]
-        for c in range(n_cols):
-            r = s * n_cols + c
-            out[r, m] = _row_dot(kind, w, o, nb, xf, yq, yd, ys, yb, r)
+    """Weight rows m0..m1 of output slice s against that slice's n_cols src1 rows.
+
+    One loop per weight type, each calling one dot function: choosing the
+    function per row instead cost ~150 cycles a row (numba keeps every
+    callee's argument references alive around the choice), 4x a 256-wide
+    F16 row's arithmetic.
+    """
+    base = w_base[s]
+    r0 = s * n_cols
+    if kind == Q4_0:
+        for m in range(m0, m1):
+            o = w_off[base + m]
+            for r in range(r0, r0 + n_cols):
+                out[r, m] = _dot_q4_0(w, o, nb, yq, yd, yb, r)
+    elif kind == Q4_1:
+        for m in range(m0, m1):
+            o = w_off[base + m]
+            for r in range(r0, r0 + n_cols):
+                out[r, m] = _dot_q4_1(w, o, nb, yq, yd, ys, r)
+    elif kind == Q5_0:
+        for m in range(m0, m1):
+            o = w_off[base + m]
+            for r in range(r0, r0 + n_cols):
+                out[r, m] = _dot_q5_0(w, o, nb, yq, yd, yb, r)
+    elif kind == Q5_1:
+        for m in range(m0, m1):
+            o = w_off[base + m]
+            for r in range(r0, r0 + n_cols):
+                out[r, m] = _dot_q5_1(w, o, nb, yq, yd, ys, r)
+    elif kind == Q8_0:
+        for m in range(m0, m1):
+            o = w_off[base + m]
+            for r in range(r0, r0 + n_cols):
+                out[r, m] = _dot_q8_0(w, o, nb, yq, yd, yb, r)
+    elif kind == Q2_K:
+        for m in range(m0, m1):
+            o = w_off[base + m]
+            for r in range(r0, r0 + n_cols):
+                out[r, m] = _dot_q2_K(w, o, nb, yq, yd, yb, r)
+    elif kind == Q3_K:
+        for m in range(m0, m1):
+            o = w_off[base + m]
+            for r in range(r0, r0 + n_cols):
+                out[r, m] = _dot_q3_K(w, o, nb, yq, yd, yb, r)
+    elif kind == Q4_K:
+        for m in range(m0, m1):
+            o = w_off[base + m]
+            for r in range(r0, r0 + n_cols):
+                out[r, m] = _dot_q4_K(w, o, nb, yq, yd, yb, r)
+    elif kind == Q5_K:
+        for m in range(m0, m1):
+            o = w_off[base + m]
+            for r in range(r0, r0 + n_cols):
+                out[r, m] = _dot_q5_K(w, o, nb, yq, yd, yb, r)
+    elif kind == Q6_K:
+        for m in range(m0, m1):
+            o = w_off[base + m]
+            for r in range(r0, r0 + n_cols):
+                out[r, m] = _dot_q6_K(w, o, nb, yq, yd, yb, r)
+    elif kind == F16:
+        for m in range(m0, m1):
+            o = w_off[base + m]
+            for r in range(r0, r0 + n_cols):
+                out[r, m] = _dot_f16(w, o, xf, r)
+    elif kind == BF16:
+        for m in range(m0, m1):
+            o = w_off[base + m]
+            for r in range(r0, r0 + n_cols):
+                out[r, m] = _dot_bf16(w, o, xf, r)
 
 
 @njit(nogil=True, cache=True)
