@@ -103,3 +103,39 @@ def test_pool_runs_jobs_on_its_threads_and_survives_errors() -> None:
         assert done.acquire(timeout=10)
     assert len(pool.workers) == 2 and all(t.is_alive() for t in pool.workers)
     assert len(seen) == 2 and threading.get_ident() not in seen
+
+
+@pytest.mark.parametrize(("block_bytes", "values"), [(34, "_q8_0_values"), (18, "_q4_0_values")])
+def test_row_loops_portable_and_native_agree(block_bytes: int, values: str, rng: np.random.Generator) -> None:
+    """The whole-row Q8_0/Q4_0 loops with the portable block sums and with the target's (AVX2's byte
+    multiply-add where there is AVX2) against a float64 reference, weights with every byte value."""
+    from numba import njit
+
+    nb, M = 13, 9  # 13 blocks: the 4-block unrolled loop and its tail
+    w = rng.integers(0, 256, (M, nb, block_bytes), dtype=np.uint8)
+    w[:, :, :2] = np.frombuffer(np.float16(0.03125).tobytes(), np.uint8)  # exact scales
+    w[0, :, 2:] = 0x80  # Q8_0: -128 everywhere in row 0
+    yq = rng.integers(-127, 128, (1, 32 * nb), dtype=np.int8)
+    yq[0, :32] = 127
+    yd = np.full((1, nb), 0.5, np.float32)
+    if block_bytes == 34:
+        q = w[:, :, 2:].view(np.int8).astype(np.float64)
+    else:
+        raw = w[:, :, 2:].astype(np.int64)
+        q = np.concatenate([(raw & 15) - 8, (raw >> 4) - 8], axis=2).astype(np.float64)
+    want = (q.reshape(M, -1) @ yq[0].astype(np.float64)) * 0.03125 * 0.5
+
+    def row_loop(sums):  # noqa: ANN001, ANN202
+        dot = qd._make_dot_q_row(block_bytes, getattr(qd, values), sums)
+
+        @njit
+        def rows(w, yq, yd, out):  # noqa: ANN001, ANN202
+            for m in range(out.shape[0]):
+                out[m] = dot(w, m * w.shape[1] * w.shape[2], w.shape[1], yq, 0, yd, 0)
+
+        return rows
+
+    for sums in (qd._block_sums_portable, qd._block_sums):
+        out = np.zeros(M, np.float32)
+        row_loop(sums)(w, yq, yd, out)
+        np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-3)

@@ -43,7 +43,9 @@ y summed over a block; a weight value with an offset, e.g. Q4_0's
 
 from __future__ import annotations
 
+import numba
 import numpy as np
+from llvmlite import binding as llvm_binding
 from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
@@ -396,7 +398,47 @@ def _q4_0_values(builder, p):  # noqa: ANN001, ANN202
     return builder.sub(both, ir.Constant(ir.VectorType(_I8, 32), [8] * 32))
 
 
-def _make_dot_q_row(block_bytes: int, values):  # noqa: ANN001, ANN202
+def _block_sums_portable(builder, wv, yv):  # noqa: ANN001, ANN202
+    """8 exact int32 partial sums of the products of two <32 x i8> vectors: products of pairs (the shape
+    of vpmaddwd), then halves."""
+    v32 = ir.VectorType(_I32, 32)
+    prod = builder.mul(builder.sext(wv, v32), builder.sext(yv, v32), flags=["nsw"])
+    pairs = builder.add(_shuffle(builder, prod, list(range(0, 32, 2))), _shuffle(builder, prod, list(range(1, 32, 2))))
+    return builder.add(_shuffle(builder, pairs, list(range(8))), _shuffle(builder, pairs, list(range(8, 16))))
+
+
+def _block_sums_avx2(builder, wv, yv):  # noqa: ANN001, ANN202
+    """As _block_sums_portable with ggml's AVX2 sequence: |w| (unsigned) times y with w's sign by
+    vpmaddubsw, pairs of int16 by vpmaddwd. Exact: |w| <= 128 and |y| <= 127 (q8 values are
+    -127..127), so a pair is at most 2 * 128 * 127 = 32512 and the int16 sums never saturate."""
+    v32i8, v16i16, v8i32 = ir.VectorType(_I8, 32), ir.VectorType(_I16, 16), ir.VectorType(_I32, 8)
+    module = builder.module
+    absb = module.declare_intrinsic("llvm.abs.v32i8", fnty=ir.FunctionType(v32i8, [v32i8, ir.IntType(1)]))
+    sign = module.declare_intrinsic("llvm.x86.avx2.psign.b", fnty=ir.FunctionType(v32i8, [v32i8, v32i8]))
+    maddubs = module.declare_intrinsic("llvm.x86.avx2.pmadd.ub.sw", fnty=ir.FunctionType(v16i16, [v32i8, v32i8]))
+    maddwd = module.declare_intrinsic("llvm.x86.avx2.pmadd.wd", fnty=ir.FunctionType(v8i32, [v16i16, v16i16]))
+    pairs16 = builder.call(maddubs, [builder.call(absb, [wv, ir.Constant(ir.IntType(1), 0)]),
+                                     builder.call(sign, [yv, wv])])
+    return builder.call(maddwd, [pairs16, ir.Constant(v16i16, [1] * 16)])
+
+
+def _target_has_avx2() -> bool:
+    """Whether numba compiles for a CPU with AVX2 (the host's, unless NUMBA_CPU_NAME names another)."""
+    if numba.config.CPU_NAME:
+        return False  # a chosen (e.g. generic) target: portable code only
+    return bool(llvm_binding.get_host_cpu_features().get("avx2", False))
+
+
+# the integer block sums: AVX2's byte multiply-add (measured 2.3x faster on one core for Q8_0 rows,
+# 4096x4096: 0.65 ms vs 1.5 ms) where the target has it, portable vector IR elsewhere
+_block_sums = _block_sums_avx2 if _target_has_avx2() else _block_sums_portable
+_ROW_UNROLL = 4  # blocks per loop iteration, each with its own accumulator (the FMA latency chain: 1.6x)
+
+
+def _make_dot_q_row(block_bytes: int, values, block_sums=None):  # noqa: ANN001, ANN202
+    """The row loop of a 32-value block type of `block_bytes` (an f16 scale, then the values `values` reads)."""
+    sums = block_sums if block_sums is not None else _block_sums
+
     @intrinsic
     def dot_q_row(typingctx, w, o, nb, yq, j, yd, k):  # noqa: ANN001, ANN202
         ip = types.intp
@@ -407,25 +449,31 @@ def _make_dot_q_row(block_bytes: int, values):  # noqa: ANN001, ANN202
             py = _address(context, builder, signature.args[3], args[3], args[4])
             pd = _address(context, builder, signature.args[5], args[5], args[6])
             v8f = ir.VectorType(_F32, 8)
-            v32 = ir.VectorType(_I32, 32)
-            acc = cgutils.alloca_once_value(builder, ir.Constant(v8f, [0.0] * 8))
-            with cgutils.for_range(builder, args[2]) as loop:
-                b = loop.index
+            accs = [cgutils.alloca_once_value(builder, ir.Constant(v8f, [0.0] * 8)) for _ in range(_ROW_UNROLL)]
+
+            def block(b, acc):  # noqa: ANN001, ANN202
                 pb = builder.gep(pw, [builder.mul(b, ir.Constant(b.type, block_bytes))])
                 dw = builder.fpext(builder.load(builder.bitcast(pb, ir.HalfType().as_pointer()), align=1), _F32)
                 scale = builder.fmul(dw, builder.load(builder.gep(pd, [b])))
-                wv = builder.sext(values(builder, builder.gep(pb, [ir.Constant(b.type, 2)])), v32)
-                yv = builder.sext(_load_vector(builder, builder.gep(py, [builder.shl(b, ir.Constant(b.type, 5))]),
-                                               _I8, 32), v32)
-                prod = builder.mul(wv, yv, flags=["nsw"])
-                # pairs (the shape of vpmaddwd), then halves: 8 exact int32 partial sums of the block
-                pairs = builder.add(_shuffle(builder, prod, list(range(0, 32, 2))),
-                                    _shuffle(builder, prod, list(range(1, 32, 2))))
-                part = builder.add(_shuffle(builder, pairs, list(range(8))),
-                                   _shuffle(builder, pairs, list(range(8, 16))))
+                wv = values(builder, builder.gep(pb, [ir.Constant(b.type, 2)]))
+                yv = _load_vector(builder, builder.gep(py, [builder.shl(b, ir.Constant(b.type, 5))]), _I8, 32)
+                part = sums(builder, wv, yv)
                 builder.store(_fmuladd(builder, builder.sitofp(part, v8f), _splat(builder, scale, 8),
                                        builder.load(acc)), acc)
-            return _sum_f32_tree(builder, builder.load(acc), 8)
+
+            nb = args[2]
+            unroll = ir.Constant(nb.type, _ROW_UNROLL)
+            n_main = builder.sdiv(nb, unroll)
+            with cgutils.for_range(builder, n_main) as loop:
+                first = builder.mul(loop.index, unroll)
+                for u, acc in enumerate(accs):
+                    block(builder.add(first, ir.Constant(nb.type, u)), acc)
+            with cgutils.for_range(builder, nb, start=builder.mul(n_main, unroll)) as loop:
+                block(loop.index, accs[0])
+            total = builder.load(accs[0])
+            for acc in accs[1:]:
+                total = builder.fadd(total, builder.load(acc))
+            return _sum_f32_tree(builder, total, 8)
 
         return sig, codegen
 
