@@ -105,8 +105,10 @@ def test_pool_runs_jobs_on_its_threads_and_survives_errors() -> None:
     assert len(seen) == 2 and threading.get_ident() not in seen
 
 
-@pytest.mark.parametrize(("block_bytes", "values"), [(34, "_q8_0_values"), (18, "_q4_0_values")])
-def test_row_loops_portable_and_native_agree(block_bytes: int, values: str, rng: np.random.Generator) -> None:
+@pytest.mark.parametrize(("block_bytes", "values", "minus_8"), [(34, "_q8_0_values", False),
+                                                                 (18, "_q4_0_nibbles", True)])
+def test_row_loops_portable_and_native_agree(block_bytes: int, values: str, minus_8: bool,
+                                             rng: np.random.Generator) -> None:
     """The whole-row Q8_0/Q4_0 loops with the portable block sums and with the target's (AVX2's byte
     multiply-add where there is AVX2) against a float64 reference, weights with every byte value."""
     from numba import njit
@@ -118,6 +120,7 @@ def test_row_loops_portable_and_native_agree(block_bytes: int, values: str, rng:
     yq = rng.integers(-127, 128, (1, 32 * nb), dtype=np.int8)
     yq[0, :32] = 127
     yd = np.full((1, nb), 0.5, np.float32)
+    yb = yq.reshape(1, -1, 16).sum(axis=2, dtype=np.int32)
     if block_bytes == 34:
         q = w[:, :, 2:].view(np.int8).astype(np.float64)
     else:
@@ -126,16 +129,18 @@ def test_row_loops_portable_and_native_agree(block_bytes: int, values: str, rng:
     want = (q.reshape(M, -1) @ yq[0].astype(np.float64)) * 0.03125 * 0.5
 
     def row_loop(sums):  # noqa: ANN001, ANN202
-        dot = qd._make_dot_q_row(block_bytes, getattr(qd, values), sums)
+        dot = qd._make_dot_q_row(block_bytes, getattr(qd, values), sums, minus_8)
 
         @njit
-        def rows(w, yq, yd, out):  # noqa: ANN001, ANN202
+        def rows(w, yq, yd, yb, out):  # noqa: ANN001, ANN202
             for m in range(out.shape[0]):
-                out[m] = dot(w, m * w.shape[1] * w.shape[2], w.shape[1], yq, 0, yd, 0)
+                out[m] = dot(w, m * w.shape[1] * w.shape[2], w.shape[1], yq, 0, yd, 0, yb, 0)
 
         return rows
 
-    for sums in (qd._block_sums_portable, qd._block_sums):
+    pairs = ((qd._block_sums_unsigned_portable, qd._block_sums_unsigned) if minus_8
+             else (qd._block_sums_portable, qd._block_sums))
+    for sums in pairs:
         out = np.zeros(M, np.float32)
-        row_loop(sums)(w, yq, yd, out)
+        row_loop(sums)(w, yq, yd, yb, out)
         np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-3)
