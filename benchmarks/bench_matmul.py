@@ -5,6 +5,8 @@
 (c) Q8_0 and Q4_0 mat-vec (4096x4096, one column) against numpy mat-vec on
     the dequantized f32 weights: time and GB/s of weight bytes read (the
     quantized kernel reads 3.8x / 7.1x fewer bytes).
+(--thread-sweep) the direct kernels' mat-vec on 1 thread against
+    --threads threads by matrix size, which sets PARALLEL_MIN_WORK.
 Also shown: the other weight types' mat-vec, 512 columns through the
 dequantized-tile BLAS path, and (--sweep) the direct kernels against the
 BLAS path by column count, which sets BLAS_MIN_COLS / HALF_BLAS_MIN_COLS.
@@ -12,7 +14,7 @@ BLAS path by column count, which sets BLAS_MIN_COLS / HALF_BLAS_MIN_COLS.
 Each kernel is prepared once and computed many times, as a graph plan does;
 times are medians of `--repeats` runs, ours and the peer's alternating.
 
-    python benchmarks/bench_matmul.py [--repeats 15] [--threads 2] [--sweep]
+    python benchmarks/bench_matmul.py [--repeats 15] [--threads 2] [--sweep] [--thread-sweep]
 """
 
 from __future__ import annotations
@@ -57,9 +59,11 @@ def medians(fns: list[Callable[[], None]], repeats: int, rounds: int = 3) -> lis
     return [statistics.median(ts) for ts in times]
 
 
-def weights(wtype: GGMLType, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """(stored weights, their f32 values) for a 4096x4096 matrix of `wtype`."""
-    w = rng.standard_normal((M, K), dtype=np.float32)
+def weights(wtype: GGMLType, rng: np.random.Generator,
+            shape: tuple[int, int] = (M, K)) -> tuple[np.ndarray, np.ndarray]:
+    """(stored weights, their f32 values) for a matrix of `wtype` (4096x4096 unless `shape` says)."""
+    m, k = shape
+    w = rng.standard_normal((m, k), dtype=np.float32)
     if wtype == GGMLType.F32:
         return w, w
     if wtype == GGMLType.F16:
@@ -73,34 +77,36 @@ def weights(wtype: GGMLType, rng: np.random.Generator) -> tuple[np.ndarray, np.n
         raw = gguf.quants.quantize(w, qt)
     except NotImplementedError:  # gguf cannot make K-quants: random blocks with sane f16 scales
         bs, ts = TYPE_TRAITS[wtype].blck_size, TYPE_TRAITS[wtype].type_size
-        raw = rng.integers(0, 256, (M, K // bs, ts), dtype=np.uint8)
+        raw = rng.integers(0, 256, (m, k // bs, ts), dtype=np.uint8)
         fields = {GGMLType.Q2_K: (80, 82), GGMLType.Q3_K: (108,), GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2),
                   GGMLType.Q6_K: (208,)}[wtype]
         for off in fields:
             d = rng.uniform(0.001, 0.01, raw.shape[:2]).astype(np.float16)
             raw[:, :, off:off + 2] = d.view(np.uint8).reshape(raw.shape[:2] + (2,))
-        raw = raw.reshape(M, -1)
+        raw = raw.reshape(m, -1)
     return raw, gguf.quants.dequantize(raw, qt)
 
 
 class Case:
     """One MUL_MAT node (weights x N columns) prepared through the kernel, plus its numpy peer."""
 
-    def __init__(self, wtype: GGMLType, n: int, rng: np.random.Generator, n_threads: int) -> None:
-        stored, self.wf = weights(wtype, rng)
+    def __init__(self, wtype: GGMLType, n: int, rng: np.random.Generator, n_threads: int,
+                 shape: tuple[int, int] = (M, K)) -> None:
+        stored, self.wf = weights(wtype, rng, shape)
         self.wtype, self.n = wtype, n
         self.ctx = Context(mem_size=stored.nbytes + 4 * K * n + 4 * M * n + (1 << 20), no_alloc=False)
-        w = self.ctx.new_tensor_2d(wtype, K, M)
+        m, k = shape
+        w = self.ctx.new_tensor_2d(wtype, k, m)
         w.numpy()[0, 0] = stored
-        x = self.ctx.new_tensor_2d(GGMLType.F32, K, n)
-        self.x = rng.standard_normal((n, K), dtype=np.float32)
+        x = self.ctx.new_tensor_2d(GGMLType.F32, k, n)
+        self.x = rng.standard_normal((n, k), dtype=np.float32)
         x.numpy()[0, 0] = self.x
         self.node: Tensor = self.ctx.mul_mat(w, x)
         srcs = [memory.tensor_view(s) if s is not None else None for s in self.node.src]
         self.compute = KERNELS[self.node.op](self.node, memory.tensor_view(self.node), srcs,
                                             ComputeParams(n_threads=n_threads))
         self.weight_bytes = stored.nbytes
-        self.out = np.empty((n, M), np.float32)
+        self.out = np.empty((n, m), np.float32)
         self.wt = self.wf.T
 
     def peer(self) -> None:
@@ -126,6 +132,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--sweep", action="store_true", help="direct kernels vs BLAS path by column count")
+    parser.add_argument("--thread-sweep", action="store_true", help="mat-vec on 1 vs --threads threads by size")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     nt = args.threads
@@ -182,6 +189,25 @@ def main() -> None:
                         case.close()
                     print(f"  {wtype.name:>6} {n:>8} {row[0] * 1e3:9.3f} {row[1] * 1e3:9.3f}")
             matmul.BLAS_MIN_COLS, matmul.HALF_BLAS_MIN_COLS = saved
+
+        if args.thread_sweep:
+            print()
+            print(f"mat-vec on 1 thread vs {nt} by size (us; PARALLEL_MIN_WORK={matmul.PARALLEL_MIN_WORK} "
+                  "multiply-adds)")
+            saved_work = matmul.PARALLEL_MIN_WORK
+            print(f"  {'type':>6} {'shape':>10} {'work':>9} {'1 thread':>9} {f'{nt} threads':>10} {'ratio':>6}")
+            for wtype in (GGMLType.F16, GGMLType.Q8_0, GGMLType.Q4_0):
+                for m, k in ((256, 256), (1024, 256), (768, 768), (1024, 1024), (2048, 768), (2048, 2048)):
+                    cases = []
+                    for min_work in (1 << 62, 0):
+                        matmul.PARALLEL_MIN_WORK = min_work
+                        cases.append(Case(wtype, 1, rng, nt, (m, k)))
+                    one, many = medians([c.compute for c in cases], args.repeats * 10)
+                    for c in cases:
+                        c.close()
+                    print(f"  {wtype.name:>6} {f'{m}x{k}':>10} {m * k:9d} {one * 1e6:9.1f} {many * 1e6:10.1f}"
+                          f" {one / many:5.2f}x")
+            matmul.PARALLEL_MIN_WORK = saved_work
 
 
 if __name__ == "__main__":

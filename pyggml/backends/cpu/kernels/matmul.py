@@ -89,7 +89,10 @@ OUT_PROD_SRC1_TYPES: tuple[GGMLType, ...] = (F32, F16, BF16)
 BLAS_MIN_COLS = 16
 HALF_BLAS_MIN_COLS = 12
 # multiply-adds (weight elements x src1 columns) of a direct-kernel product below which it runs on the
-# calling thread: measured on 2 cores (python benchmarks/bench_matmul.py --sweep), see the module doc
+# calling thread. Measured on 2 shared cores (AMD EPYC, AVX2), mat-vec, 1 thread vs 2 (python
+# benchmarks/bench_matmul.py --thread-sweep): handing rows to a pool thread costs 10-20 us, so 2 threads
+# lose up to ~0.6M (Q8_0 768x768: 30 us either way), win from ~1M (Q8_0 1024x1024 1.1x, 2048x768 1.3x,
+# 4096x4096 1.8x; F16 from ~1.5M); with the other core busy they win nothing, but lose at most the 10-20 us.
 PARALLEL_MIN_WORK = 1 << 20
 # bytes of one f32 tile of converted weight rows
 TILE_BYTES = 8 << 20
