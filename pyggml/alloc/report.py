@@ -74,6 +74,13 @@ class MemoryReport:
                     f"no reuse {self.bytes_no_reuse} bytes")
         return "\n".join(rows)
 
+    def summary(self) -> str:
+        """One line: the peak against the lower bound and against no reuse."""
+        mib = 1 << 20
+        return (f"buffer '{self.buffer_name}': peak {self.peak / mib:.2f} MiB, lower bound "
+                f"{self.lower_bound / mib:.2f} MiB (peak/lower bound {self.ratio:.3f}), no reuse "
+                f"{self.bytes_no_reuse / mib:.2f} MiB, {self.n_steps} nodes")
+
     def __str__(self) -> str:
         return self.format()
 

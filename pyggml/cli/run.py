@@ -58,7 +58,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--repeat-penalty", type=float, default=1.1,
                    help="penalty of the last 64 tokens, 1.0 is off (default: 1.1)")
     p.add_argument("-s", "--seed", type=int, default=None, help="sampling seed (default: random, printed)")
-    p.add_argument("-v", "--verbose", action="store_true", help="also print the model and the scheduler's split plan")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="also print the model, the scheduler's split plan and the compute memory report")
     add_debug(p)
     return p
 
@@ -179,6 +180,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     model = load(path, objs, n_ctx=n_ctx, n_layers_on=counts, progress=err.isatty())
     t_load = time.perf_counter() - t0
     try:
+        model.runner.report_memory = args.verbose
         t0 = time.perf_counter()
         _warm_up(model)
         t_warm = time.perf_counter() - t0
@@ -227,6 +229,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         if args.verbose:
             for line in split_plan(model):
                 print(line, file=err)
+            for report in getattr(model.runner, "memory_reports", []):
+                print(f"compute memory of the last graph: {report.summary()}", file=err)
     finally:
         model.free()
     return 0

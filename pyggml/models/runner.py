@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from pyggml.alloc.report import MemoryReport, memory_report
 from pyggml.alloc.tensor_allocator import TensorAllocator
 from pyggml.backend.backend import Backend
 from pyggml.backend.buffer import Buffer
@@ -149,6 +150,9 @@ class SingleRunner:
     def __init__(self, backend: Backend,
                  build_measure_graph: Callable[[], tuple[Graph, list[Tensor]]] | None = None) -> None:
         self.backend = backend
+        # the memory report of the last graph allocated, per backend, when asked (pyggml run --verbose)
+        self.report_memory = False
+        self.memory_reports: list[MemoryReport] = []
         self.buffer: Buffer | None = None
         self.talloc: TensorAllocator | None = None
         self.galloc: Any = None
@@ -180,6 +184,8 @@ class SingleRunner:
                 if t.data is None:
                     self.talloc.alloc(t)
             self.galloc.alloc_graph(self.talloc, graph)
+            if self.report_memory:
+                self.memory_reports = [memory_report(graph, self.talloc)]
         else:
             buffer = allocate_graph(self.backend, graph, self.buffer)
             if buffer is not self.buffer:
@@ -315,6 +321,9 @@ class SchedRunner:
         Scheduler = scheduler_class()
         assert Scheduler is not None, "SchedRunner needs pyggml.sched.Scheduler"
         self.backends = backends
+        # the memory report of the last graph allocated, per backend, when asked (pyggml run --verbose)
+        self.report_memory = False
+        self.memory_reports: list[MemoryReport] = []
         self.input_backend = input_backend
         self.sched = Scheduler(backends, auto_reserve=auto_reserve)
         graph, inputs, *rest = build_measure_graph()
@@ -337,6 +346,8 @@ class SchedRunner:
             tensor_set(t, values)
         self._set_node_backends(node_backends)
         self.sched.graph_compute(graph)
+        if self.report_memory:
+            self.memory_reports = [memory_report(graph, self.sched.get_tallocr(b)) for b in self.backends]
 
     def buffer_sizes(self) -> dict[int, int]:
         return {id(b): self.sched.get_buffer(b).get_size() for b in self.backends}
