@@ -20,23 +20,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 
 import numpy as np
-
-
-def median_time(fn: Callable[[], object], reps: int) -> float:
-    fn()  # warm-up (JIT, page faults of the mapping, plans)
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+from timing import median_time
 
 
 def main() -> None:

@@ -12,27 +12,16 @@ call.
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
-from collections.abc import Callable
 
 import numpy as np
+from timing import median_time
 
 from pyggml.backend import tensor_get_numpy, tensor_set
 from pyggml.backends.cpu import cpu_init
 from pyggml.core.context import Context
 from pyggml.core.types import GGMLType
 from pyggml.testing import alloc_ctx_tensors
-
-
-def median_seconds(fn: Callable[[], None], repeats: int) -> float:
-    fn()  # warm up
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -59,9 +48,9 @@ def main() -> None:
     t0 = time.perf_counter()
     plan = backend.graph_plan_create(graph)
     t_create = time.perf_counter() - t0
-    t_plan = median_seconds(lambda: backend.graph_plan_compute(plan), args.repeats)
+    t_plan = median_time(lambda: backend.graph_plan_compute(plan), args.repeats)
     assert np.array_equal(tensor_get_numpy(x), np.full(4, n, np.float32))
-    t_graph = median_seconds(lambda: backend.graph_compute(graph), max(3, args.repeats // 4))
+    t_graph = median_time(lambda: backend.graph_compute(graph), max(3, args.repeats // 4))
 
     # the peer: the same numpy calls in a plain loop
     xs = [np.zeros(4, np.float32) for _ in range(n + 1)]
@@ -71,7 +60,7 @@ def main() -> None:
         for i in range(n):
             np.add(xs[i], ones, out=xs[i + 1])
 
-    t_peer = median_seconds(peer, args.repeats)
+    t_peer = median_time(peer, args.repeats)
     assert xs[n][0] == n
 
     us = 1e6 / n

@@ -17,23 +17,13 @@ import argparse
 import inspect
 import io
 import json
-import statistics
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
+
+from timing import median_time
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-
-def median_time(fn: Callable[[], object], reps: int) -> float:
-    fn()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def corpus_text() -> str:
