@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pyggml.core.errors import ArgumentError, BufferFreedError, GGMLError
+from pyggml.core.errors import ArgumentError, BufferFreedError, GGMLError, GraphError
 from pyggml.core.tensor import Tensor
 
 if TYPE_CHECKING:
@@ -119,6 +119,17 @@ class Buffer:
     def __repr__(self) -> str:
         state = "freed" if self.freed else f"{self.size} bytes"
         return f"{type(self).__name__}('{self.name}', {state})"
+
+
+def check_plan_buffers(freed: bool, n_nodes: int, buffers: list[Buffer]) -> None:
+    """graph_plan_compute's checks, shared by backends: the plan and every buffer it reads are alive."""
+    if freed:
+        raise GraphError(f"graph_plan_compute: the plan of {n_nodes} nodes was freed")
+    for buffer in buffers:
+        if buffer.freed:
+            raise BufferFreedError(
+                f"graph_plan_compute: buffer '{buffer.name}' ({buffer.size} bytes) used by the plan was freed"
+            )
 
 
 def tensor_buffer(tensor: Tensor) -> Buffer | None:

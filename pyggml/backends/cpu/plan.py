@@ -14,11 +14,11 @@ from collections.abc import Callable
 
 import numpy as np
 
-from pyggml.backend.buffer import Buffer, tensor_buffer
+from pyggml.backend.buffer import Buffer, check_plan_buffers, tensor_buffer
 from pyggml.backends.cpu import kernels
 from pyggml.backends.cpu.kernels import KERNELS, Compute, ComputeParams, _common
 from pyggml.core import memory
-from pyggml.core.errors import BufferFreedError, GraphError, UnsupportedOpError
+from pyggml.core.errors import GraphError, UnsupportedOpError
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import GGMLOp, Tensor, is_view_op, nbytes_of
 
@@ -185,15 +185,10 @@ def _follow(plan: CPUPlan, datas: list[int | None]) -> None:
 
 def plan_compute(plan: CPUPlan) -> None:
     """Run the plan's compute functions in order (ggml_graph_compute)."""
-    if plan.freed:
-        raise GraphError(f"graph_plan_compute: the plan of {plan.n_nodes} nodes was freed")
+    check_plan_buffers(plan.freed, plan.n_nodes, [])  # a freed plan first: its tensors may be gone
     datas = [t.data for t in plan.watch]
     if datas != plan.datas:
         _follow(plan, datas)
-    for buffer in plan.buffers:
-        if buffer.freed:
-            raise BufferFreedError(
-                f"graph_plan_compute: buffer '{buffer.name}' ({buffer.size} bytes) used by the plan was freed"
-            )
+    check_plan_buffers(False, plan.n_nodes, plan.buffers)
     for fn in plan.computes:
         fn()

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from pyggml.backend.buffer import tensor_buffer
+from pyggml.backend.buffer import check_plan_buffers, tensor_buffer
 from pyggml.backends.torch.buffer import TorchBuffer
 from pyggml.backends.torch.kernels import KERNELS, Compute, is_noop
-from pyggml.core.errors import ArgumentError, BufferFreedError, GraphError, NotAllocatedError, UnsupportedOpError
+from pyggml.core.errors import ArgumentError, NotAllocatedError, UnsupportedOpError
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import GGMLOp, Tensor, is_view_op
 
@@ -139,13 +139,7 @@ def plan_create(backend: TorchBackend, graph: Graph) -> TorchPlan:
 
 def plan_compute(plan: TorchPlan) -> None:
     """Run the plan's compute functions in order, then forget cached conversions of the bytes written."""
-    if plan.freed:
-        raise GraphError(f"graph_plan_compute: the plan of {plan.n_nodes} nodes was freed")
-    for buffer in plan.buffers:
-        if buffer.freed:
-            raise BufferFreedError(
-                f"graph_plan_compute: buffer '{buffer.name}' ({buffer.size} bytes) used by the plan was freed"
-            )
+    check_plan_buffers(plan.freed, plan.n_nodes, plan.buffers)
     plan.backend.apply_n_threads()
     for fn in plan.computes:
         fn()
