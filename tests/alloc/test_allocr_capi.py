@@ -15,18 +15,34 @@ from pyggml.alloc.allocr import Allocr
 from pyggml.backends.cpu import cpu_init
 from pyggml.core.errors import ArgumentError
 
-SEED = Path("/work/shared/seeds/002_c877712a8251d4e9.code-only.c")
+SEED = Path(__file__).resolve().parents[3] / "shared" / "seeds" / "002_c877712a8251d4e9.code-only.c"
+
+# The allocator functions of the seed's ggml-alloc.c (lines 1-767 of the code-only seed), as
+# `seed_alloc_names` reads them; kept here so the check also runs where the seeds are not beside the checkout.
+SEED_ALLOC_NAMES = {
+    "ggml_allocr_alloc", "ggml_allocr_alloc_graph", "ggml_allocr_free", "ggml_allocr_get_buffer",
+    "ggml_allocr_is_measure", "ggml_allocr_max_size", "ggml_allocr_new", "ggml_allocr_new_from_backend",
+    "ggml_allocr_new_from_buffer", "ggml_allocr_new_impl", "ggml_allocr_new_measure",
+    "ggml_allocr_new_measure_from_backend", "ggml_allocr_reset", "ggml_allocr_set_parse_seq",
+    "ggml_gallocr_alloc_graph", "ggml_gallocr_alloc_graph_n", "ggml_gallocr_free", "ggml_gallocr_new",
+    "ggml_gallocr_set_parse_seq", "ggml_tallocr_alloc", "ggml_tallocr_alloc_graph_impl", "ggml_tallocr_free",
+    "ggml_tallocr_free_tensor", "ggml_tallocr_get_buffer", "ggml_tallocr_is_measure", "ggml_tallocr_is_own",
+    "ggml_tallocr_max_size", "ggml_tallocr_new", "ggml_tallocr_new_from_backend", "ggml_tallocr_new_from_buffer",
+    "ggml_tallocr_new_measure", "ggml_tallocr_new_measure_from_backend", "ggml_tallocr_reset",
+}
 
 
 def seed_alloc_names() -> set[str]:
+    """The names in the seed file when it is beside the checkout (as in the workplace), else the list above."""
+    if not SEED.exists():
+        return SEED_ALLOC_NAMES
     lines = SEED.read_text(encoding="utf-8", errors="replace").splitlines()[:767]  # ggml-alloc.c
     return set(re.findall(r"\b(ggml_[tg]?allocr_\w+)\s*\(", "\n".join(lines)))
 
 
-@pytest.mark.skipif(not SEED.exists(), reason="the seed file is not in this checkout")
 def test_every_seed_alloc_function_is_in_capi() -> None:
     names = seed_alloc_names()
-    assert len(names) >= 30  # tallocr, gallocr, allocr families
+    assert names == SEED_ALLOC_NAMES
     missing = sorted(n for n in names if not callable(getattr(capi, n, None)))
     assert missing == []
 

@@ -224,10 +224,7 @@ def test_split_over_two_backends_gives_the_same_tokens(tiny_gguf: object, prompt
 def test_split_with_torch_backend(tiny_gguf: object, prompt32: np.ndarray) -> None:
     pytest.importorskip("pyggml.backends.torch")
     from pyggml.backend.registry import init_backend
-    from pyggml.models.runner import scheduler_class
 
-    if scheduler_class() is None:
-        pytest.skip("splitting over a non-host backend needs pyggml.sched.Scheduler")
     one = load(tiny_gguf("F32"))
     split = pm.load(tiny_gguf("F32"), backends=[init_backend("torch"), cpu_init(2)], n_layers_on=[1], n_ctx=64,
                     progress=False)

@@ -82,7 +82,8 @@ def test_registry_imports_torch_only_when_asked() -> None:
                                        ("torch:meta", "not supported")])
 def test_unusable_devices_raise_argument_error(name: str, why: str) -> None:
     if name.startswith("torch:cuda") and torch.cuda.is_available():
-        pytest.skip("this machine has CUDA")
+        assert init_backend(name).name() == "Torch(cuda:0)"  # usable where there is a GPU
+        return
     with pytest.raises(ArgumentError, match=why):
         init_backend(name)
 

@@ -278,14 +278,13 @@ def test_weight_cache_converts_once_and_forgets_on_set() -> None:
 def test_weight_cache_forgets_bytes_a_graph_writes() -> None:
     """A widened F16 weight is cached by one plan; another plan CPYs new values into it."""
     tb = torch_init()
+    tb._fast_half[torch.float16] = False  # widen F16 weights (and cache them) even where half is fast
     ctx, buf, w, x, out, wv, xv = _matmul_setup(tb, F16, n_cols=HALF_NATIVE_MAX_COLS + 4)
     src = ctx.new_tensor_2d(F32, 64, 4).set_name("src")
     write = ctx.cpy(src, w)
     buf2 = alloc_ctx_tensors(ctx, tb)
     use_w = tb.graph_plan_create(_graph(ctx, out))
     write_w = tb.graph_plan_create(_graph(ctx, write))
-    if tb.half_is_fast(torch.float16):
-        pytest.skip("F16 weights are not widened (nor cached) on this device")
     tb.graph_plan_compute(use_w)
     assert len(tb.weight_cache.entries) == 1
     new = np.full((4, 64), 0.25, np.float32)
@@ -302,6 +301,7 @@ def test_weight_cache_forgets_bytes_a_graph_writes() -> None:
 def test_weight_a_plan_writes_is_converted_each_time() -> None:
     """CPY into an F16 weight and MUL_MAT with it in one graph: never from the cache (another plan filled it)."""
     tb = torch_init()
+    tb._fast_half[torch.float16] = False  # widen F16 weights (and cache them) even where half is fast
     ctx, buf, w, x, out, wv, xv = _matmul_setup(tb, F16, n_cols=HALF_NATIVE_MAX_COLS + 4)
     src = ctx.new_tensor_2d(F32, 64, 4).set_name("src")
     write = ctx.cpy(src, w)
