@@ -62,3 +62,19 @@ class GraphError(GGMLError):
 
 class GGUFError(GGMLError, ValueError):
     """A GGUF file is malformed, truncated, or holds something unsupported."""
+
+
+class ArgumentTypeError(GGMLError, TypeError):
+    """An argument has the wrong Python type (an int where a Tensor is expected, 2.5 for a size)."""
+
+
+class InvalidStateError(GGMLError, RuntimeError):
+    """An object is used in a state that forbids it (a tensor freed twice, a graph with a cycle)."""
+
+
+class ModelError(GGMLError, ValueError):
+    """A model file's hyper-parameters or tensors do not make a model (names the key)."""
+
+
+class NonFiniteError(GGMLError, FloatingPointError):
+    """A computation produced NaN or infinity (names the first tensor where it appears)."""

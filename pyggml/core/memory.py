@@ -12,7 +12,8 @@ import bisect
 
 import numpy as np
 
-from pyggml.core.errors import NotAllocatedError, OutOfBoundsError
+from pyggml.core.checks import check_host_alloc, check_size
+from pyggml.core.errors import NotAllocatedError, OutOfBoundsError, OutOfMemoryError
 from pyggml.core.tensor import Tensor, nbytes_of
 from pyggml.core.types import TYPE_TRAITS, GGMLType
 
@@ -20,6 +21,21 @@ from pyggml.core.types import TYPE_TRAITS, GGMLType
 _bases: list[int] = []
 _ends: list[int] = []
 _arrays: list[np.ndarray] = []
+
+
+def allocate_host(nbytes: int, what: str) -> np.ndarray:
+    """A zeroed uint8 array of `nbytes` for `what` (a context's arena, a buffer), or OutOfMemoryError.
+
+    The size is checked against the host memory still available before numpy is
+    asked, so an absurd request names the thing and the numbers instead of
+    surfacing numpy's MemoryError (or the kernel's OOM killer) later.
+    """
+    nbytes = check_size(nbytes, f"{what}: size")
+    check_host_alloc(nbytes, what)
+    try:
+        return np.zeros(nbytes, dtype=np.uint8)
+    except MemoryError as e:
+        raise OutOfMemoryError(f"{what}: cannot allocate {nbytes} bytes of host memory ({e})") from None
 
 
 def address_of(array: np.ndarray) -> int:
