@@ -57,7 +57,7 @@ class Fresh:
             t.view_src = view_src
 
 
-def median_time(fn, repeats: int) -> float:  # noqa: ANN001
+def median_time(fn, repeats: int) -> float:
     times = []
     for _ in range(repeats):
         times.append(fn())

@@ -59,7 +59,7 @@ class Bench:
         size = graph_size(self.n_layers)
         return Context(mem_size=4 * size * tensor_overhead() + graph_overhead(size), no_alloc=True)
 
-    def graph(self):  # noqa: ANN201
+    def graph(self):
         """A new graph over the placed weights (the builder's own weights are swapped for the placed ones)."""
         ctx = self.new_ctx()
         gf, inputs, weights = build_llama_graph(ctx, **self.dims)

@@ -301,7 +301,7 @@ def _leaky_unary(d: np.ndarray, x: np.ndarray, params: ComputeParams) -> Compute
     return _leaky(d, x, LEAKY_SLOPE, params)
 
 
-def _one_call(ufunc: np.ufunc, *args: object):  # noqa: ANN202
+def _one_call(ufunc: np.ufunc, *args: object):
     def prepare(d: np.ndarray, x: np.ndarray, params: ComputeParams) -> Compute:
         return functools.partial(ufunc, x, *args, out=d)
 

@@ -81,31 +81,31 @@ _I32 = ir.IntType(32)
 _F32 = ir.FloatType()
 
 
-def _address(context, builder, arrty, arr, offset):  # noqa: ANN001, ANN202
+def _address(context, builder, arrty, arr, offset):
     """Pointer to element `offset` of a C-contiguous array (any number of dims, flat index)."""
     a = context.make_array(arrty)(context, builder, value=arr)
     return builder.gep(a.data, [offset])
 
 
-def _load_vector(builder, ptr, elem: ir.Type, n: int):  # noqa: ANN001, ANN202
+def _load_vector(builder, ptr, elem: ir.Type, n: int):
     return builder.load(builder.bitcast(ptr, ir.VectorType(elem, n).as_pointer()), align=1)
 
 
-def _splat(builder, value, n: int):  # noqa: ANN001, ANN202
+def _splat(builder, value, n: int):
     vty = ir.VectorType(value.type, n)
     undef = ir.Constant(vty, None)
     one = builder.insert_element(undef, value, ir.Constant(_I32, 0))
     return builder.shuffle_vector(one, undef, ir.Constant(ir.VectorType(_I32, n), [0] * n))
 
 
-def _reduce_add_i32(builder, v, n: int):  # noqa: ANN001, ANN202
+def _reduce_add_i32(builder, v, n: int):
     """Exact sum of an <n x i32> vector."""
     fnty = ir.FunctionType(_I32, [ir.VectorType(_I32, n)])
     fn = builder.module.declare_intrinsic(f"llvm.vector.reduce.add.v{n}i32", fnty=fnty)
     return builder.call(fn, [v])
 
 
-def _sum_f32_tree(builder, v, n: int):  # noqa: ANN001, ANN202
+def _sum_f32_tree(builder, v, n: int):
     """Sum of an <n x float> vector by halving (a fixed order: lanes i and i + n/2 first)."""
     while n > 1:
         h = n // 2
@@ -116,7 +116,7 @@ def _sum_f32_tree(builder, v, n: int):  # noqa: ANN001, ANN202
     return builder.extract_element(v, ir.Constant(_I32, 0))
 
 
-def _dot_u8_i8(builder, u, y, n: int):  # noqa: ANN001, ANN202
+def _dot_u8_i8(builder, u, y, n: int):
     """Exact integer dot of an <n x i8> vector read unsigned (0..255) and one read signed.
 
     Written as i32 products of zero- and sign-extended bytes, the form LLVM
@@ -128,11 +128,11 @@ def _dot_u8_i8(builder, u, y, n: int):  # noqa: ANN001, ANN202
 
 
 @intrinsic
-def load_f16(typingctx, w, i):  # noqa: ANN001, ANN201
+def load_f16(typingctx, w, i):
     """The IEEE half at byte offset `i` of uint8 array `w`, as float32 (exact)."""
     sig = types.float32(w, types.intp)
 
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+    def codegen(context, builder, signature, args):
         p = _address(context, builder, signature.args[0], args[0], args[1])
         h = builder.load(builder.bitcast(p, _I16.as_pointer()), align=1)
         return builder.fpext(builder.bitcast(h, ir.HalfType()), _F32)
@@ -141,11 +141,11 @@ def load_f16(typingctx, w, i):  # noqa: ANN001, ANN201
 
 
 @intrinsic
-def load_bf16(typingctx, w, i):  # noqa: ANN001, ANN201
+def load_bf16(typingctx, w, i):
     """The bfloat16 at byte offset `i` of uint8 array `w`, as float32 (exact: the bits are the top half)."""
     sig = types.float32(w, types.intp)
 
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+    def codegen(context, builder, signature, args):
         p = _address(context, builder, signature.args[0], args[0], args[1])
         h = builder.load(builder.bitcast(p, _I16.as_pointer()), align=1)
         u = builder.shl(builder.zext(h, _I32), ir.Constant(_I32, 16))
@@ -155,11 +155,11 @@ def load_bf16(typingctx, w, i):  # noqa: ANN001, ANN201
 
 
 @intrinsic
-def load_f32(typingctx, w, i):  # noqa: ANN001, ANN201
+def load_f32(typingctx, w, i):
     """The float32 at byte offset `i` of uint8 array `w`."""
     sig = types.float32(w, types.intp)
 
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+    def codegen(context, builder, signature, args):
         p = _address(context, builder, signature.args[0], args[0], args[1])
         return builder.load(builder.bitcast(p, _F32.as_pointer()), align=1)
 
@@ -167,11 +167,11 @@ def load_f32(typingctx, w, i):  # noqa: ANN001, ANN201
 
 
 @intrinsic
-def load_u32(typingctx, w, i):  # noqa: ANN001, ANN201
+def load_u32(typingctx, w, i):
     """The little-endian uint32 at byte offset `i` of uint8 array `w` (Q5's `qh`)."""
     sig = types.uint32(w, types.intp)
 
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+    def codegen(context, builder, signature, args):
         p = _address(context, builder, signature.args[0], args[0], args[1])
         return builder.load(builder.bitcast(p, _I32.as_pointer()), align=1)
 
@@ -179,22 +179,22 @@ def load_u32(typingctx, w, i):  # noqa: ANN001, ANN201
 
 
 @intrinsic
-def round_f16(typingctx, x):  # noqa: ANN001, ANN201
+def round_f16(typingctx, x):
     """float32 -> nearest f16 (ties to even, as GGML_FP32_TO_FP16) -> float32."""
     sig = types.float32(types.float32)
 
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+    def codegen(context, builder, signature, args):
         return builder.fpext(builder.fptrunc(args[0], ir.HalfType()), _F32)
 
     return sig, codegen
 
 
 @intrinsic
-def atomic_add(typingctx, a, i, v):  # noqa: ANN001, ANN201
+def atomic_add(typingctx, a, i, v):
     """Atomically add `v` to int64 element `i` of `a`; returns the value before (sequentially consistent)."""
     sig = types.int64(a, types.intp, types.int64)
 
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+    def codegen(context, builder, signature, args):
         p = _address(context, builder, signature.args[0], args[0], args[1])
         return builder.atomic_rmw("add", p, args[2], "seq_cst")
 
@@ -202,11 +202,11 @@ def atomic_add(typingctx, a, i, v):  # noqa: ANN001, ANN201
 
 
 @intrinsic
-def atomic_load(typingctx, a, i):  # noqa: ANN001, ANN201
+def atomic_load(typingctx, a, i):
     """Int64 element `i` of `a`, read atomically (acquire): a loop polling it is not optimized away."""
     sig = types.int64(a, types.intp)
 
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+    def codegen(context, builder, signature, args):
         p = _address(context, builder, signature.args[0], args[0], args[1])
         return builder.load_atomic(p, "acquire", 8)
 
@@ -214,11 +214,11 @@ def atomic_load(typingctx, a, i):  # noqa: ANN001, ANN201
 
 
 @intrinsic
-def dot_nibbles(typingctx, w, i, y, j):  # noqa: ANN001, ANN201
+def dot_nibbles(typingctx, w, i, y, j):
     """sum_t (w[i+t] & 15) * y[j+t] + (w[i+t] >> 4) * y[j+16+t], t < 16: the Q4/Q5 block layout."""
     sig = types.int32(w, types.intp, y, types.intp)
 
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+    def codegen(context, builder, signature, args):
         pw = _address(context, builder, signature.args[0], args[0], args[1])
         py = _address(context, builder, signature.args[2], args[2], args[3])
         q = _load_vector(builder, pw, _I8, 16)
@@ -230,12 +230,12 @@ def dot_nibbles(typingctx, w, i, y, j):  # noqa: ANN001, ANN201
     return sig, codegen
 
 
-def _make_dot_bits(n: int):  # noqa: ANN202
+def _make_dot_bits(n: int):
     @intrinsic
-    def dot_bits(typingctx, w, i, shift, mask, y, j):  # noqa: ANN001, ANN202
+    def dot_bits(typingctx, w, i, shift, mask, y, j):
         sig = types.int32(w, types.intp, types.intp, types.intp, y, types.intp)
 
-        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        def codegen(context, builder, signature, args):
             pw = _address(context, builder, signature.args[0], args[0], args[1])
             py = _address(context, builder, signature.args[4], args[4], args[5])
             q = _load_vector(builder, pw, _I8, n)
@@ -255,13 +255,13 @@ dot_bits32 = _make_dot_bits(32)
 dot_bits32.__doc__ = "sum_t ((w[i+t] >> shift) & mask) * y[j+t], t < 32 (exact int32)."
 
 
-def _make_dot_fields(n: int):  # noqa: ANN202
+def _make_dot_fields(n: int):
     @intrinsic
-    def dot_fields(typingctx, w, i1, s1, m1, i2, s2, m2, mul2, y, j):  # noqa: ANN001, ANN202
+    def dot_fields(typingctx, w, i1, s1, m1, i2, s2, m2, mul2, y, j):
         ip = types.intp
         sig = types.int32(w, ip, ip, ip, ip, ip, ip, ip, y, ip)
 
-        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        def codegen(context, builder, signature, args):
             def field(pos: int) -> ir.Value:
                 p = _address(context, builder, signature.args[0], args[0], args[pos])
                 q = _load_vector(builder, p, _I8, n)
@@ -286,11 +286,11 @@ dot_fields32.__doc__ = _DOT_FIELDS_DOC.format(32)
 
 
 @intrinsic
-def dot_mask32(typingctx, bits, y, j):  # noqa: ANN001, ANN201
+def dot_mask32(typingctx, bits, y, j):
     """sum_t ((bits >> t) & 1) * y[j+t], t < 32: Q5_0/Q5_1's fifth bits."""
     sig = types.int32(types.uint32, y, types.intp)
 
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+    def codegen(context, builder, signature, args):
         py = _address(context, builder, signature.args[1], args[1], args[2])
         v32 = ir.VectorType(_I32, 32)
         b = builder.lshr(_splat(builder, args[0], 32), ir.Constant(v32, list(range(32))))
@@ -301,7 +301,7 @@ def dot_mask32(typingctx, bits, y, j):  # noqa: ANN001, ANN201
     return sig, codegen
 
 
-def _widen_halves(builder, h, kind: int):  # noqa: ANN001, ANN202
+def _widen_halves(builder, h, kind: int):
     """<32 x i16> f16 or bf16 bits -> <32 x float> (exact)."""
     if kind == F16:
         return builder.fpext(builder.bitcast(h, ir.VectorType(ir.HalfType(), 32)), ir.VectorType(_F32, 32))
@@ -310,12 +310,12 @@ def _widen_halves(builder, h, kind: int):  # noqa: ANN001, ANN202
     return builder.bitcast(u, ir.VectorType(_F32, 32))
 
 
-def _make_widen_half(kind: int):  # noqa: ANN202
+def _make_widen_half(kind: int):
     @intrinsic
-    def widen_half(typingctx, w, i, out, j):  # noqa: ANN001, ANN202
+    def widen_half(typingctx, w, i, out, j):
         sig = types.void(w, types.intp, out, types.intp)
 
-        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        def codegen(context, builder, signature, args):
             pw = _address(context, builder, signature.args[0], args[0], args[1])
             po = _address(context, builder, signature.args[2], args[2], args[3])
             wf = _widen_halves(builder, _load_vector(builder, pw, _I16, 32), kind)
@@ -342,7 +342,7 @@ widen_bf16x32.__doc__ = "out[j+t] = bf16(w at byte i+2t), t < 32."
 # Integer block sums stay exact; only the float summation order changes.
 
 
-def _fmuladd(builder, a, b, c):  # noqa: ANN001, ANN202
+def _fmuladd(builder, a, b, c):
     """a * b + c, fused where the CPU has FMA (llvm.fmuladd)."""
     fnty = ir.FunctionType(a.type, [a.type, a.type, a.type])
     n = a.type.count
@@ -350,16 +350,16 @@ def _fmuladd(builder, a, b, c):  # noqa: ANN001, ANN202
     return builder.call(fn, [a, b, c])
 
 
-def _shuffle(builder, v, idx: list[int]):  # noqa: ANN001, ANN202
+def _shuffle(builder, v, idx: list[int]):
     return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, len(idx)), idx))
 
 
-def _make_dot_half_row(kind: int):  # noqa: ANN202
+def _make_dot_half_row(kind: int):
     @intrinsic
-    def dot_half_row(typingctx, w, o, x, j, n):  # noqa: ANN001, ANN202
+    def dot_half_row(typingctx, w, o, x, j, n):
         sig = types.float32(w, types.intp, x, types.intp, types.intp)
 
-        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        def codegen(context, builder, signature, args):
             pw = _address(context, builder, signature.args[0], args[0], args[1])
             px = _address(context, builder, signature.args[2], args[2], args[3])
             vf = ir.VectorType(_F32, 32)
@@ -383,12 +383,12 @@ dot_bf16_row = _make_dot_half_row(BF16)
 dot_bf16_row.__doc__ = "sum_t bf16(w at byte i+2t) * x[j+t], t < n (n a multiple of 32), lanes summed at the end."
 
 
-def _q8_0_values(builder, p):  # noqa: ANN001, ANN202
+def _q8_0_values(builder, p):
     """Q8_0's 32 int8 values at p."""
     return _load_vector(builder, p, _I8, 32)
 
 
-def _q4_0_nibbles(builder, p):  # noqa: ANN001, ANN202
+def _q4_0_nibbles(builder, p):
     """Q4_0's 32 nibbles (0..15, the values + 8) from the 16 bytes at p: low nibbles first."""
     q = _load_vector(builder, p, _I8, 16)
     v16 = ir.VectorType(_I8, 16)
@@ -397,7 +397,7 @@ def _q4_0_nibbles(builder, p):  # noqa: ANN001, ANN202
     return builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(_I32, 32), list(range(32))))
 
 
-def _block_sums_portable(builder, wv, yv):  # noqa: ANN001, ANN202
+def _block_sums_portable(builder, wv, yv):
     """8 exact int32 partial sums of the products of two <32 x i8> vectors: products of pairs (the shape
     of vpmaddwd), then halves."""
     v32 = ir.VectorType(_I32, 32)
@@ -406,7 +406,7 @@ def _block_sums_portable(builder, wv, yv):  # noqa: ANN001, ANN202
     return builder.add(_shuffle(builder, pairs, list(range(8))), _shuffle(builder, pairs, list(range(8, 16))))
 
 
-def _block_sums_avx2(builder, wv, yv):  # noqa: ANN001, ANN202
+def _block_sums_avx2(builder, wv, yv):
     """As _block_sums_portable with ggml's AVX2 sequence: |w| (unsigned) times y with w's sign by
     vpmaddubsw, pairs of int16 by vpmaddwd. Exact: |w| <= 128 and |y| <= 127 (q8 values are
     -127..127), so a pair is at most 2 * 128 * 127 = 32512 and the int16 sums never saturate."""
@@ -421,7 +421,7 @@ def _block_sums_avx2(builder, wv, yv):  # noqa: ANN001, ANN202
     return builder.call(maddwd, [pairs16, ir.Constant(v16i16, [1] * 16)])
 
 
-def _block_sums_unsigned_portable(builder, uv, yv):  # noqa: ANN001, ANN202
+def _block_sums_unsigned_portable(builder, uv, yv):
     """As _block_sums_portable for values read unsigned (0..255) in `uv`."""
     v32 = ir.VectorType(_I32, 32)
     prod = builder.mul(builder.zext(uv, v32), builder.sext(yv, v32), flags=["nsw"])
@@ -429,7 +429,7 @@ def _block_sums_unsigned_portable(builder, uv, yv):  # noqa: ANN001, ANN202
     return builder.add(_shuffle(builder, pairs, list(range(8))), _shuffle(builder, pairs, list(range(8, 16))))
 
 
-def _block_sums_unsigned_avx2(builder, uv, yv):  # noqa: ANN001, ANN202
+def _block_sums_unsigned_avx2(builder, uv, yv):
     """As _block_sums_unsigned_portable by vpmaddubsw + vpmaddwd; exact for values <= 128 (Q4_0's 0..15)."""
     v32i8, v16i16, v8i32 = ir.VectorType(_I8, 32), ir.VectorType(_I16, 16), ir.VectorType(_I32, 8)
     module = builder.module
@@ -453,7 +453,7 @@ _block_sums_unsigned = _block_sums_unsigned_avx2 if _HAS_AVX2 else _block_sums_u
 _ROW_UNROLL = 4  # blocks per loop iteration, each with its own accumulator (the FMA latency chain: 1.6x)
 
 
-def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = False):  # noqa: ANN001, ANN202
+def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = False):
     """The row loop of a 32-value block type of `block_bytes` (an f16 scale, then the values `values` reads).
 
     `minus_8`: the values read are unsigned and stand for value + 8 (Q4_0): each of the 8 lane sums
@@ -463,11 +463,11 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
         block_sums = _block_sums_unsigned if minus_8 else _block_sums
 
     @intrinsic
-    def dot_q_row(typingctx, w, o, nb, yq, j, yd, k, yb, kb):  # noqa: ANN001, ANN202
+    def dot_q_row(typingctx, w, o, nb, yq, j, yd, k, yb, kb):
         ip = types.intp
         sig = types.float32(w, ip, ip, yq, ip, yd, ip, yb, ip)
 
-        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        def codegen(context, builder, signature, args):
             pw = _address(context, builder, signature.args[0], args[0], args[1])
             py = _address(context, builder, signature.args[3], args[3], args[4])
             pd = _address(context, builder, signature.args[5], args[5], args[6])
@@ -475,7 +475,7 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
             v8f = ir.VectorType(_F32, 8)
             accs = [cgutils.alloca_once_value(builder, ir.Constant(v8f, [0.0] * 8)) for _ in range(_ROW_UNROLL)]
 
-            def block(b, acc):  # noqa: ANN001, ANN202
+            def block(b, acc):
                 pb = builder.gep(pw, [builder.mul(b, ir.Constant(b.type, block_bytes))])
                 dw = builder.fpext(builder.load(builder.bitcast(pb, ir.HalfType().as_pointer()), align=1), _F32)
                 scale = builder.fmul(dw, builder.load(builder.gep(pd, [b])))
@@ -517,7 +517,7 @@ dot_q4_0_row = _make_dot_q_row(18, _q4_0_nibbles, minus_8=True)
 dot_q4_0_row.__doc__ = "As dot_q8_0_row for a Q4_0 weight row (values nibble - 8: the sums yb give the offset)."
 
 
-def _store_scaled(builder, context, signature, args, v, n: int, d, bias, out_arg: int):  # noqa: ANN001, ANN202
+def _store_scaled(builder, context, signature, args, v, n: int, d, bias, out_arg: int):
     """out[j+t] = float(v[t]) * d + bias (an fmul then an fadd, as ggml's dequantize_row code)."""
     vf = ir.VectorType(_F32, n)
     f = builder.fadd(builder.fmul(builder.sitofp(v, vf), _splat(builder, d, n)), _splat(builder, bias, n))
@@ -526,13 +526,13 @@ def _store_scaled(builder, context, signature, args, v, n: int, d, bias, out_arg
     return context.get_dummy_value()
 
 
-def _make_deq_fields(n: int):  # noqa: ANN202
+def _make_deq_fields(n: int):
     @intrinsic
-    def deq_fields(typingctx, w, i1, s1, m1, i2, s2, m2, mul2, off, d, bias, out, j):  # noqa: ANN001, ANN202
+    def deq_fields(typingctx, w, i1, s1, m1, i2, s2, m2, mul2, off, d, bias, out, j):
         ip = types.intp
         sig = types.void(w, ip, ip, ip, ip, ip, ip, ip, ip, types.float32, types.float32, out, ip)
 
-        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        def codegen(context, builder, signature, args):
             v32 = ir.VectorType(_I32, n)
 
             def field(pos: int) -> ir.Value:
@@ -558,12 +558,12 @@ deq_fields32.__doc__ = _DEQ_DOC.format(32)
 
 
 @intrinsic
-def deq_q5(typingctx, w, i, bits, off, d, bias, out, j):  # noqa: ANN001, ANN201
+def deq_q5(typingctx, w, i, bits, off, d, bias, out, j):
     """A Q5_0/Q5_1 block: out[j+e] = float(nibble_e | ((bits >> e) & 1) << 4) + off) * d + bias, e < 32."""
     ip = types.intp
     sig = types.void(w, ip, types.uint32, ip, types.float32, types.float32, out, ip)
 
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+    def codegen(context, builder, signature, args):
         v32 = ir.VectorType(_I32, 32)
         pw = _address(context, builder, signature.args[0], args[0], args[1])
         q = _load_vector(builder, pw, _I8, 16)
@@ -589,7 +589,7 @@ def _roundf(v: float) -> int:
 
 
 @njit(cache=True)
-def _quantize_q8_0_row(x, yq, yd, yb, r):  # noqa: ANN001, ANN202
+def _quantize_q8_0_row(x, yq, yd, yb, r):
     nb = x.shape[1] // 32
     for b in range(nb):
         k0 = b * 32
@@ -614,7 +614,7 @@ def _quantize_q8_0_row(x, yq, yd, yb, r):  # noqa: ANN001, ANN202
 
 
 @njit(cache=True)
-def _quantize_q8_1_row(x, yq, yd, ys, yb, r):  # noqa: ANN001, ANN202
+def _quantize_q8_1_row(x, yq, yd, ys, yb, r):
     nb = x.shape[1] // 32
     for b in range(nb):
         k0 = b * 32
@@ -640,7 +640,7 @@ def _quantize_q8_1_row(x, yq, yd, ys, yb, r):  # noqa: ANN001, ANN202
 
 
 @njit(cache=True)
-def _quantize_q8_K_row(x, yq, yd, yb, r):  # noqa: ANN001, ANN202, N802
+def _quantize_q8_K_row(x, yq, yd, yb, r):
     nb = x.shape[1] // 256
     for b in range(nb):
         k0 = b * 256
@@ -672,7 +672,7 @@ def _quantize_q8_K_row(x, yq, yd, yb, r):  # noqa: ANN001, ANN202, N802
 
 
 @njit(cache=True)
-def quantize_rows(kind, x, yq, yd, ys, yb):  # noqa: ANN001, ANN201
+def quantize_rows(kind, x, yq, yd, ys, yb):
     """Quantize float32 rows x (n, K) to `kind` (Q8_0, Q8_1 or Q8_K), split as described in the module doc.
 
     One thread: the rows of one MUL_MAT's src1 are few when its direct kernels run (fewer than
@@ -688,7 +688,7 @@ def quantize_rows(kind, x, yq, yd, ys, yb):  # noqa: ANN001, ANN201
 
 
 @njit(cache=True)
-def round_rows(kind, x):  # noqa: ANN001, ANN201
+def round_rows(kind, x):
     """Round float32 values in place to `kind` (F16 or BF16) and back: src1 converted to vec_dot_type."""
     flat = x.reshape(-1)
     if kind == F16:
@@ -714,12 +714,12 @@ def _i8(v: int) -> int:
 
 
 @njit(cache=True, inline="always")
-def _dot_q4_0(w, o, nb, yq, yd, yb, r):  # noqa: ANN001, ANN202
+def _dot_q4_0(w, o, nb, yq, yd, yb, r):
     return dot_q4_0_row(w, o, nb, yq, r * yq.shape[1], yd, r * yd.shape[1], yb, r * yb.shape[1])
 
 
 @njit(cache=True)
-def _dot_q4_1(w, o, nb, yq, yd, ys, r):  # noqa: ANN001, ANN202
+def _dot_q4_1(w, o, nb, yq, yd, ys, r):
     sumf = np.float32(0.0)
     yo = r * yq.shape[1]
     for b in range(nb):
@@ -730,7 +730,7 @@ def _dot_q4_1(w, o, nb, yq, yd, ys, r):  # noqa: ANN001, ANN202
 
 
 @njit(cache=True)
-def _dot_q5_0(w, o, nb, yq, yd, yb, r):  # noqa: ANN001, ANN202
+def _dot_q5_0(w, o, nb, yq, yd, yb, r):
     sumf = np.float32(0.0)
     yo = r * yq.shape[1]
     for b in range(nb):
@@ -743,7 +743,7 @@ def _dot_q5_0(w, o, nb, yq, yd, yb, r):  # noqa: ANN001, ANN202
 
 
 @njit(cache=True)
-def _dot_q5_1(w, o, nb, yq, yd, ys, r):  # noqa: ANN001, ANN202
+def _dot_q5_1(w, o, nb, yq, yd, ys, r):
     sumf = np.float32(0.0)
     yo = r * yq.shape[1]
     for b in range(nb):
@@ -755,12 +755,12 @@ def _dot_q5_1(w, o, nb, yq, yd, ys, r):  # noqa: ANN001, ANN202
 
 
 @njit(cache=True, inline="always")
-def _dot_q8_0(w, o, nb, yq, yd, yb, r):  # noqa: ANN001, ANN202
+def _dot_q8_0(w, o, nb, yq, yd, yb, r):
     return dot_q8_0_row(w, o, nb, yq, r * yq.shape[1], yd, r * yd.shape[1], yb, r * yb.shape[1])
 
 
 @njit(cache=True)
-def _dot_q2_K(w, o, nb, yq, yd, yb, r):  # noqa: ANN001, ANN202, N802
+def _dot_q2_K(w, o, nb, yq, yd, yb, r):
     # block_q2_K: scales[16] (low 4 bits scale, high 4 bits min), qs[64], d, dmin
     sumf = np.float32(0.0)
     yo = r * yq.shape[1]
@@ -783,7 +783,7 @@ def _dot_q2_K(w, o, nb, yq, yd, yb, r):  # noqa: ANN001, ANN202, N802
 
 
 @njit(cache=True)
-def _q3_K_scale(w, os, sub):  # noqa: ANN001, ANN202, N802
+def _q3_K_scale(w, os, sub):
     """The 6-bit scale `sub` (0..15) of a Q3_K block whose scales start at byte os, minus 32."""
     low = (np.int64(w[os + (sub & 7)]) >> (4 * (sub >> 3))) & 15  # sub < 8: low nibble of byte sub, else high
     high = (np.int64(w[os + 8 + (sub & 3)]) >> (2 * (sub >> 2))) & 3
@@ -791,7 +791,7 @@ def _q3_K_scale(w, os, sub):  # noqa: ANN001, ANN202, N802
 
 
 @njit(cache=True)
-def _dot_q3_K(w, o, nb, yq, yd, yb, r):  # noqa: ANN001, ANN202, N802
+def _dot_q3_K(w, o, nb, yq, yd, yb, r):
     # block_q3_K: hmask[32], qs[64], scales[12], d; value = low2 - (high bit ? 0 : 4)
     sumf = np.float32(0.0)
     yo = r * yq.shape[1]
@@ -812,7 +812,7 @@ def _dot_q3_K(w, o, nb, yq, yd, yb, r):  # noqa: ANN001, ANN202, N802
 
 
 @njit(cache=True)
-def _scale_min_k4(w, os, j):  # noqa: ANN001, ANN202
+def _scale_min_k4(w, os, j):
     """ggml's get_scale_min_k4: the 6-bit scale and min of sub-block j (0..7), scales starting at byte os."""
     if j < 4:
         return np.int64(w[os + j]) & 63, np.int64(w[os + j + 4]) & 63
@@ -822,7 +822,7 @@ def _scale_min_k4(w, os, j):  # noqa: ANN001, ANN202
 
 
 @njit(cache=True)
-def _dot_q4_K(w, o, nb, yq, yd, yb, r):  # noqa: ANN001, ANN202, N802
+def _dot_q4_K(w, o, nb, yq, yd, yb, r):
     # block_q4_K: d, dmin, scales[12], qs[128]; 32-element sub-blocks
     sumf = np.float32(0.0)
     yo = r * yq.shape[1]
@@ -845,7 +845,7 @@ def _dot_q4_K(w, o, nb, yq, yd, yb, r):  # noqa: ANN001, ANN202, N802
 
 
 @njit(cache=True)
-def _dot_q5_K(w, o, nb, yq, yd, yb, r):  # noqa: ANN001, ANN202, N802
+def _dot_q5_K(w, o, nb, yq, yd, yb, r):
     # block_q5_K: d, dmin, scales[12], qh[32], qs[128]; fifth bit of element 64k+32h+l is bit 2k+h of qh[l]
     sumf = np.float32(0.0)
     yo = r * yq.shape[1]
@@ -869,7 +869,7 @@ def _dot_q5_K(w, o, nb, yq, yd, yb, r):  # noqa: ANN001, ANN202, N802
 
 
 @njit(cache=True)
-def _dot_q6_K(w, o, nb, yq, yd, yb, r):  # noqa: ANN001, ANN202, N802
+def _dot_q6_K(w, o, nb, yq, yd, yb, r):
     # block_q6_K: ql[128], qh[64], scales[16] (int8), d; value = (low4 | high2 << 4) - 32
     sumf = np.float32(0.0)
     yo = r * yq.shape[1]
@@ -890,7 +890,7 @@ def _dot_q6_K(w, o, nb, yq, yd, yb, r):  # noqa: ANN001, ANN202, N802
 
 
 @njit(cache=True, inline="always")
-def _dot_f16(w, o, xf, r):  # noqa: ANN001, ANN202
+def _dot_f16(w, o, xf, r):
     """F16 weight row times float32 row r of xf (already rounded to f16)."""
     K = xf.shape[1]
     k = K // 32 * 32
@@ -902,7 +902,7 @@ def _dot_f16(w, o, xf, r):  # noqa: ANN001, ANN202
 
 
 @njit(cache=True, inline="always")
-def _dot_bf16(w, o, xf, r):  # noqa: ANN001, ANN202
+def _dot_bf16(w, o, xf, r):
     """BF16 weight row times float32 row r of xf (already rounded to bf16)."""
     K = xf.shape[1]
     k = K // 32 * 32
@@ -914,7 +914,7 @@ def _dot_bf16(w, o, xf, r):  # noqa: ANN001, ANN202
 
 
 @njit(cache=True)
-def _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, s, m0, m1):  # noqa: ANN001, ANN202
+def _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, s, m0, m1):
     """Weight rows m0..m1 of output slice s against that slice's n_cols src1 rows.
 
     One loop per weight type, each calling one dot function: choosing the
@@ -989,7 +989,7 @@ def _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, 
 
 
 @njit(nogil=True, cache=True)
-def mul_mat_rows(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, chunk, ctr, wait):  # noqa: ANN001, ANN201
+def mul_mat_rows(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, chunk, ctr, wait):
     """out[s*n_cols + c, m] = vec_dot(weight row w_off[w_base[s] + m], src1 row s*n_cols + c).
 
     `w` is the weights' memory as bytes, `w_off` the byte offset of every weight
@@ -1022,7 +1022,7 @@ def mul_mat_rows(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, ch
 
 
 @njit(cache=True)
-def mul_mat_rows_serial(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out):  # noqa: ANN001, ANN201
+def mul_mat_rows_serial(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out):
     """`mul_mat_rows` on the calling thread: no parallel region to launch (see matmul.PARALLEL_MIN_WORK)."""
     for s in range(w_base.shape[0]):
         _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, s, 0, out.shape[1])
@@ -1032,7 +1032,7 @@ def mul_mat_rows_serial(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, 
 
 
 @njit(cache=True)
-def _deq_q4_0(w, o, nb, out, i):  # noqa: ANN001, ANN202
+def _deq_q4_0(w, o, nb, out, i):
     oo = i * out.shape[1]
     zero = np.float32(0.0)
     for b in range(nb):
@@ -1043,7 +1043,7 @@ def _deq_q4_0(w, o, nb, out, i):  # noqa: ANN001, ANN202
 
 
 @njit(cache=True)
-def _deq_q4_1(w, o, nb, out, i):  # noqa: ANN001, ANN202
+def _deq_q4_1(w, o, nb, out, i):
     oo = i * out.shape[1]
     for b in range(nb):
         ob = o + 20 * b
@@ -1054,7 +1054,7 @@ def _deq_q4_1(w, o, nb, out, i):  # noqa: ANN001, ANN202
 
 
 @njit(cache=True)
-def _deq_q5(w, o, nb, out, i, with_min):  # noqa: ANN001, ANN202
+def _deq_q5(w, o, nb, out, i, with_min):
     """Q5_0 (22-byte blocks, value (q - 16) * d) and Q5_1 (24, value q * d + m)."""
     oo = i * out.shape[1]
     for b in range(nb):
@@ -1067,7 +1067,7 @@ def _deq_q5(w, o, nb, out, i, with_min):  # noqa: ANN001, ANN202
 
 
 @njit(cache=True)
-def _deq_q8_0(w, o, nb, out, i):  # noqa: ANN001, ANN202
+def _deq_q8_0(w, o, nb, out, i):
     # int8 = byte - 256 * (byte >> 7)
     oo = i * out.shape[1]
     zero = np.float32(0.0)
@@ -1077,7 +1077,7 @@ def _deq_q8_0(w, o, nb, out, i):  # noqa: ANN001, ANN202
 
 
 @njit(cache=True)
-def _deq_q2_K(w, o, nb, out, i):  # noqa: ANN001, ANN202, N802
+def _deq_q2_K(w, o, nb, out, i):
     oo = i * out.shape[1]
     for b in range(nb):
         ob = o + 84 * b
@@ -1094,7 +1094,7 @@ def _deq_q2_K(w, o, nb, out, i):  # noqa: ANN001, ANN202, N802
 
 
 @njit(cache=True)
-def _deq_q3_K(w, o, nb, out, i):  # noqa: ANN001, ANN202, N802
+def _deq_q3_K(w, o, nb, out, i):
     # value = low2 - (high bit ? 0 : 4) = low2 + 4 * high bit - 4
     oo = i * out.shape[1]
     zero = np.float32(0.0)
@@ -1110,7 +1110,7 @@ def _deq_q3_K(w, o, nb, out, i):  # noqa: ANN001, ANN202, N802
 
 
 @njit(cache=True)
-def _deq_q45_K(w, o, nb, out, i, five):  # noqa: ANN001, ANN202
+def _deq_q45_K(w, o, nb, out, i, five):
     """Q4_K (144-byte blocks) and Q5_K (176, with qh[32] before qs: fifth bit of 64k+32h+l is bit 2k+h of qh[l])."""
     size = 176 if five else 144
     oo = i * out.shape[1]
@@ -1129,7 +1129,7 @@ def _deq_q45_K(w, o, nb, out, i, five):  # noqa: ANN001, ANN202
 
 
 @njit(cache=True)
-def _deq_q6_K(w, o, nb, out, i):  # noqa: ANN001, ANN202, N802
+def _deq_q6_K(w, o, nb, out, i):
     oo = i * out.shape[1]
     zero = np.float32(0.0)
     for b in range(nb):
@@ -1146,7 +1146,7 @@ def _deq_q6_K(w, o, nb, out, i):  # noqa: ANN001, ANN202, N802
 
 
 @njit(cache=True)
-def _widen_half_row(kind, w, o, out, i):  # noqa: ANN001, ANN202
+def _widen_half_row(kind, w, o, out, i):
     K = out.shape[1]
     oo = i * K
     k = 0
@@ -1167,7 +1167,7 @@ def _widen_half_row(kind, w, o, out, i):  # noqa: ANN001, ANN202
 
 
 @njit(cache=True)
-def rows_to_f32(kind, w, w_off, r0, nb, out):  # noqa: ANN001, ANN201
+def rows_to_f32(kind, w, w_off, r0, nb, out):
     """out[i] = weight row w_off[r0 + i] as float32, for i < out.shape[0]; `nb` = blocks per row.
 
     One thread: it runs between BLAS calls, whose spinning workers hold the other cores (matmul.py).
