@@ -2,13 +2,17 @@
 
 Optional: `pip install pyggml[torch]`. Importing this package imports torch;
 the registry imports it only when a "torch" backend is asked for.
+
+Options: `torch_init(device, n_threads, weight_cache_bytes, matmul_precision=...)`;
+from the registry, `"torch:cpu,matmul_precision=f32"`; from the environment,
+PYGGML_TORCH_MATMUL_PRECISION (see `precision`).
 """
 
 from pyggml.backends.torch.backend import (
     TorchBackend,
-    half_matmul_is_fast,
     is_torch,
     parse_device,
+    parse_spec,
     torch_init,
     torch_set_n_threads,
 )
@@ -16,6 +20,15 @@ from pyggml.backends.torch.buffer import TORCH_ALIGNMENT, TorchBuffer
 from pyggml.backends.torch.cache import WeightCache
 from pyggml.backends.torch.kernels import supports as kernel_supports
 from pyggml.backends.torch.plan import TorchPlan
+from pyggml.backends.torch.precision import (
+    ENV_MATMUL_PRECISION,
+    MATMUL_PRECISION_CHOICES,
+    MATMUL_PRECISIONS,
+    DeviceCaps,
+    default_matmul_precision,
+    probe_caps,
+)
 
-__all__ = ["TORCH_ALIGNMENT", "TorchBackend", "TorchBuffer", "TorchPlan", "WeightCache", "half_matmul_is_fast",
-           "is_torch", "kernel_supports", "parse_device", "torch_init", "torch_set_n_threads"]
+__all__ = ["ENV_MATMUL_PRECISION", "MATMUL_PRECISIONS", "MATMUL_PRECISION_CHOICES", "TORCH_ALIGNMENT", "DeviceCaps",
+           "TorchBackend", "TorchBuffer", "TorchPlan", "WeightCache", "default_matmul_precision", "is_torch",
+           "kernel_supports", "parse_device", "parse_spec", "probe_caps", "torch_init", "torch_set_n_threads"]

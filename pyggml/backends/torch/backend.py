@@ -15,6 +15,11 @@ CPU (host) buffer or another torch buffer: torch views of both sides
 Threads: torch's intra-op thread count is process-wide; a backend with
 `n_threads` set (`torch_set_n_threads`) sets it before each compute when it
 differs, as the CPU backend limits BLAS.
+
+Matmul precision: the option `matmul_precision` ("auto", "f32", "f16",
+"bf16"; see `precision`) fixes the dtype MUL_MAT multiplies non-F32 weights
+in; "auto" is chosen from the device's capabilities once, at construction.
+`describe()` says which precision and why (`pyggml run --verbose` prints it).
 """
 
 from __future__ import annotations
@@ -30,7 +35,15 @@ from pyggml.backends.torch.buffer import TORCH_ALIGNMENT, TorchBuffer, torch_all
 from pyggml.backends.torch.cache import DEFAULT_WEIGHT_CACHE_BYTES, WeightCache
 from pyggml.backends.torch.kernels import supports
 from pyggml.backends.torch.plan import TorchPlan, plan_compute, plan_create
+from pyggml.backends.torch.precision import (
+    PRECISION_DTYPES,
+    DeviceCaps,
+    Precision,
+    probe_caps,
+    resolve_matmul_precision,
+)
 from pyggml.core import memory
+from pyggml.core.checks import check_instance, check_positive, check_size
 from pyggml.core.errors import ArgumentError, NotAllocatedError
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import Tensor
@@ -40,6 +53,8 @@ log = logging.getLogger("pyggml.backends.torch")
 
 def parse_device(device: str | torch.device | None) -> torch.device:
     """The torch device for a name ("cpu", "cuda", "cuda:1"); ArgumentError if torch cannot use it here."""
+    if device is not None:
+        check_instance(device, (str, torch.device), "torch backend: device")
     try:
         dev = torch.device(device if device else "cpu")
     except (RuntimeError, TypeError) as e:
@@ -57,23 +72,6 @@ def parse_device(device: str | torch.device | None) -> torch.device:
         # other device types (mps, xpu, ...) may work, but nothing here has checked them
         raise ArgumentError(f"torch backend: device type '{dev.type}' is not supported (cpu, cuda)")
     return dev
-
-
-def _cpu_flag(name: str) -> bool:
-    fn = getattr(torch.cpu, name, None)
-    try:
-        return bool(fn()) if fn is not None else False
-    except RuntimeError:
-        return False
-
-
-def half_matmul_is_fast(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether the device has matrix units for `dtype` (F16/BF16) products, so half GEMMs beat f32 ones."""
-    if device.type == "cuda":
-        return dtype == torch.float16 or torch.cuda.is_bf16_supported()
-    if dtype == torch.bfloat16:
-        return _cpu_flag("_is_amx_tile_supported") or _cpu_flag("_is_avx512_bf16_supported")
-    return _cpu_flag("_is_amx_fp16_supported")
 
 
 def _host_source(data: memoryview, size: int) -> torch.Tensor:
@@ -99,31 +97,45 @@ class TorchBackend(Backend):
     """A pyggml backend computing with PyTorch on `device`.
 
     `weight_cache_bytes` bounds the weight cache (converted MUL_MAT weights,
-    see `pyggml.backends.torch.cache`); `quant_dtype` is the dtype Q8_0/Q4_0
-    weights are dequantized to (default: bfloat16 where BF16 matrix products
-    are fast, else float32, which is exact).
+    see `pyggml.backends.torch.cache`). `matmul_precision` ("auto", "f32",
+    "f16" or "bf16") is the dtype MUL_MAT multiplies F16, BF16 and quantized
+    weights in (see `pyggml.backends.torch.precision`); None takes
+    PYGGML_TORCH_MATMUL_PRECISION from the environment, else "auto", which the
+    device's capabilities decide (`default_matmul_precision`).
     """
 
     def __init__(self, device: str | torch.device | None = "cpu", n_threads: int | None = None,
-                 weight_cache_bytes: int = DEFAULT_WEIGHT_CACHE_BYTES, quant_dtype: torch.dtype | None = None) -> None:
+                 weight_cache_bytes: int = DEFAULT_WEIGHT_CACHE_BYTES, *,
+                 matmul_precision: str | None = None) -> None:
         super().__init__()
         self.device = parse_device(device)
-        if n_threads is not None and n_threads < 1:
-            raise ArgumentError(f"torch backend: n_threads must be >= 1, got {n_threads}")
-        self.n_threads = n_threads
-        self.weight_cache = WeightCache(weight_cache_bytes)
+        self.n_threads = None if n_threads is None else check_positive(n_threads, "torch backend: n_threads")
+        self.weight_cache = WeightCache(check_size(weight_cache_bytes, "torch backend: weight_cache_bytes"))
         self.non_blocking = self.device.type == "cuda"
-        self._fast_half = {dt: half_matmul_is_fast(self.device, dt) for dt in (torch.float16, torch.bfloat16)}
-        if quant_dtype is None:
-            quant_dtype = torch.bfloat16 if self._fast_half[torch.bfloat16] else torch.float32
-        if quant_dtype not in (torch.float32, torch.float16, torch.bfloat16):
-            raise ArgumentError(f"torch backend: quant_dtype must be float32, float16 or bfloat16, got {quant_dtype}")
-        self.quant_dtype = quant_dtype
+        self.caps: DeviceCaps = probe_caps(self.device)
+        self._precision, self._precision_source = resolve_matmul_precision(matmul_precision, self.caps)
 
     # --- policy ---
 
+    @property
+    def matmul_precision(self) -> Precision:
+        """"f32", "f16" or "bf16": what MUL_MAT multiplies non-F32 weights in (fixed at construction)."""
+        return self._precision
+
+    @property
+    def matmul_dtype(self) -> torch.dtype:
+        return PRECISION_DTYPES[self._precision]
+
+    def describe(self) -> str:
+        """The backend's choices in words: "matmul precision bf16 (auto: cpu with amx, avx512_bf16)"."""
+        return f"matmul precision {self._precision} ({self._precision_source})"
+
     def half_is_fast(self, dtype: torch.dtype) -> bool:
-        return self._fast_half.get(dtype, False)
+        """Whether weights of half `dtype` are multiplied in it at any column count (it is the precision's dtype).
+
+        Kept because benchmarks/bench_torch.py prints it; `describe()` says more.
+        """
+        return dtype != torch.float32 and dtype == self.matmul_dtype
 
     def set_n_threads(self, n_threads: int) -> None:
         """Computes of this backend run with torch.set_num_threads(n_threads) (see torch_set_n_threads)."""
@@ -239,11 +251,47 @@ class TorchBackend(Backend):
         return supports(op)
 
 
+TORCH_SPEC_OPTIONS = ("matmul_precision",)
+
+
+def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
+    """(device, options) of a registry spec "DEVICE[,key=value...]": "cuda:0,matmul_precision=f16".
+
+    The registry passes what follows "torch:" as one string, so options travel
+    in it ("--backend torch:cpu,matmul_precision=f32"); the keys are TORCH_SPEC_OPTIONS.
+    """
+    device, *items = spec.split(",")
+    options: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ArgumentError(f"torch backend: option {item!r} in {spec!r} is not key=value "
+                                f"(keys: {', '.join(TORCH_SPEC_OPTIONS)})")
+        if key not in TORCH_SPEC_OPTIONS:
+            raise ArgumentError(f"torch backend: unknown option {key!r} in {spec!r} "
+                                f"(keys: {', '.join(TORCH_SPEC_OPTIONS)})")
+        if key in options:
+            raise ArgumentError(f"torch backend: option {key!r} is given twice in {spec!r}")
+        options[key] = value
+    return device.strip() or "cpu", options
+
+
 def torch_init(device: str | torch.device | None = "cpu", n_threads: int | None = None,
-               weight_cache_bytes: int = DEFAULT_WEIGHT_CACHE_BYTES,
-               quant_dtype: torch.dtype | None = None) -> TorchBackend:
-    """A torch backend on `device` ("cpu", "cuda:0", ...); see TorchBackend for the other arguments."""
-    return TorchBackend(device, n_threads, weight_cache_bytes, quant_dtype)
+               weight_cache_bytes: int = DEFAULT_WEIGHT_CACHE_BYTES, *,
+               matmul_precision: str | None = None) -> TorchBackend:
+    """A torch backend on `device` ("cpu", "cuda:0", ...); see TorchBackend for the other arguments.
+
+    `device` may carry options as the registry passes them ("cpu,matmul_precision=bf16", see parse_spec).
+    """
+    if isinstance(device, str) and "," in device:
+        device, options = parse_spec(device)
+        if "matmul_precision" in options:
+            if matmul_precision is not None:
+                raise ArgumentError(f"torch backend: matmul_precision is given both in the device spec "
+                                    f"({options['matmul_precision']!r}) and as an argument ({matmul_precision!r})")
+            matmul_precision = options["matmul_precision"]
+    return TorchBackend(device, n_threads, weight_cache_bytes, matmul_precision=matmul_precision)
 
 
 def is_torch(backend: Backend | None) -> bool:
@@ -253,8 +301,8 @@ def is_torch(backend: Backend | None) -> bool:
 def torch_set_n_threads(backend: Backend, n_threads: int) -> None:
     """Computes of `backend` run with torch.set_num_threads(n_threads) (torch's count is process-wide)."""
     if not is_torch(backend):
-        raise ArgumentError(f"torch_set_n_threads: backend '{backend.name()}' is not a torch backend")
-    if int(n_threads) < 1:
-        raise ArgumentError(f"torch_set_n_threads: n_threads must be >= 1, got {n_threads}")
+        what = (f"backend '{backend.name()}'" if isinstance(backend, Backend)
+                else f"{type(backend).__name__} {backend!r:.80}")
+        raise ArgumentError(f"torch_set_n_threads: {what} is not a torch backend")
     assert isinstance(backend, TorchBackend)
-    backend.n_threads = int(n_threads)
+    backend.n_threads = check_positive(n_threads, "torch_set_n_threads: n_threads")

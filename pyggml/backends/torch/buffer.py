@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from pyggml.backend.buffer import Buffer
-from pyggml.core.errors import LayoutError, OutOfBoundsError, UnsupportedTypeError
+from pyggml.core.checks import check_host_alloc
+from pyggml.core.errors import LayoutError, OutOfBoundsError, OutOfMemoryError, UnsupportedTypeError
 from pyggml.core.tensor import Tensor, nbytes_of
 from pyggml.core.types import TYPE_TRAITS, GGMLType
 
@@ -179,11 +180,16 @@ class TorchBuffer(Buffer):
 
 
 def torch_alloc_buffer(backend: TorchBackend, size: int) -> TorchBuffer:
-    """A zero-filled buffer of `size` bytes on the backend's device."""
+    """A zero-filled buffer of `size` bytes on the backend's device.
+
+    On the cpu device the size is checked against the host memory available
+    first: torch would otherwise get the pages from an overcommitting kernel
+    and be killed while zero-filling them.
+    """
+    if backend.device.type == "cpu":
+        check_host_alloc(size, f"torch backend '{backend.name()}': buffer")
     try:
         return TorchBuffer(backend, size)
     except RuntimeError as e:  # torch's OutOfMemoryError is a RuntimeError; the CPU allocator raises one too
-        from pyggml.core.errors import OutOfMemoryError
-
         raise OutOfMemoryError(f"torch backend '{backend.name()}': cannot allocate a buffer of {size} bytes "
                                f"on {backend.device}: {e}") from e

@@ -91,8 +91,8 @@ def test_unusable_devices_raise_argument_error(name: str, why: str) -> None:
 def test_bad_arguments() -> None:
     with pytest.raises(ArgumentError, match="n_threads"):
         torch_init(n_threads=0)
-    with pytest.raises(ArgumentError, match="quant_dtype"):
-        torch_init(quant_dtype=torch.int8)
+    with pytest.raises(ArgumentError, match="matmul_precision 'int8' is not a matmul precision"):
+        torch_init(matmul_precision="int8")
     with pytest.raises(ArgumentError, match="not a torch backend"):
         torch_set_n_threads(cpu_init(), 2)
     with pytest.raises(ArgumentError, match="n_threads"):

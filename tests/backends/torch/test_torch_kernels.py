@@ -9,7 +9,8 @@ torch = pytest.importorskip("torch")
 
 from pyggml.backend import tensor_get_numpy, tensor_set, tensor_set_numpy  # noqa: E402
 from pyggml.backends.torch import TorchBackend, torch_init  # noqa: E402
-from pyggml.backends.torch.kernels.matmul import HALF_NATIVE_MAX_COLS  # noqa: E402
+from pyggml.backends.torch.kernels.matmul import HALF_NATIVE_MAX_COLS, product_dtype  # noqa: E402
+from pyggml.backends.torch.precision import PRECISION_DTYPES  # noqa: E402
 from pyggml.core.context import Context  # noqa: E402
 from pyggml.core.errors import OutOfBoundsError, ShapeError, UnsupportedTypeError  # noqa: E402
 from pyggml.core.graph import Graph  # noqa: E402
@@ -57,13 +58,53 @@ def test_mul_mat_broadcasts_src0_over_consecutive_src1_matrices(rng: np.random.G
     assert np.allclose(tensor_get_numpy(out), want, rtol=1e-5, atol=1e-5)
 
 
+# --- MUL_MAT under each matmul precision (set explicitly: the same checks on every CPU) ---
+
+# max |got - want| / max |want| that each product dtype allows (measured worst over 30 seeds: f32 5e-7,
+# f16 1.1e-3, bf16 8e-3 for 64-long dot products of normal values)
+PRODUCT_TOL = {torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
+PRECISIONS = ["f32", "f16", "bf16"]
+NATIVE = HALF_NATIVE_MAX_COLS - 1  # the most src1 columns still multiplied in a half weight's own type
+WIDE = HALF_NATIVE_MAX_COLS + 3
+
+
+def _held_in(values: np.ndarray, dtype: torch.dtype) -> bool:
+    """Whether every value is exactly a `dtype` number (a product formed in dtype, then widened into dst)."""
+    t = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
+    return bool(torch.equal(t.to(dtype).to(torch.float32), t))
+
+
+def _assert_formed_in(got: np.ndarray, dtype: torch.dtype) -> None:
+    """The result was rounded to `dtype` and to nothing narrower (f16 holds every bf16 number of this range)."""
+    assert _held_in(got, dtype), f"the result is not rounded to {dtype}"
+    narrower = {torch.float32: torch.float16, torch.float16: torch.bfloat16}.get(dtype)
+    if narrower is not None:
+        assert not _held_in(got, narrower), f"the result is rounded to {narrower}, not formed in {dtype}"
+
+
+@pytest.mark.parametrize("wtype, n_cols, precision, want", [
+    (F32, 1, "bf16", torch.float32), (F32, WIDE, "f16", torch.float32),
+    *[(w, n, "f32", torch.float32) for w in (F16, BF16, Q8_0, Q4_0) for n in (1, WIDE)],
+    (BF16, 1, "bf16", torch.bfloat16), (BF16, WIDE, "bf16", torch.bfloat16),
+    (F16, 1, "bf16", torch.float16), (F16, NATIVE, "bf16", torch.float16), (F16, WIDE, "bf16", torch.float32),
+    (F16, 1, "f16", torch.float16), (F16, WIDE, "f16", torch.float16),
+    (BF16, NATIVE, "f16", torch.bfloat16), (BF16, WIDE, "f16", torch.float32),
+    (Q8_0, 1, "bf16", torch.bfloat16), (Q4_0, WIDE, "bf16", torch.bfloat16),
+    (Q8_0, WIDE, "f16", torch.float16), (Q4_0, 1, "f16", torch.float16),
+])
+def test_product_dtype_table(wtype: GGMLType, n_cols: int, precision: str, want: torch.dtype) -> None:
+    """The rule of kernels.matmul's docstring, case by case."""
+    assert product_dtype(wtype, n_cols, precision) == want
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("wtype", [F16, BF16])
-@pytest.mark.parametrize("n_cols", [1, HALF_NATIVE_MAX_COLS + 3])
-def test_mul_mat_half_weights_round_src1_to_the_weight_type(wtype: GGMLType, n_cols: int,
+@pytest.mark.parametrize("n_cols", [1, NATIVE, WIDE])
+def test_mul_mat_half_weights_round_src1_to_the_weight_type(wtype: GGMLType, n_cols: int, precision: str,
                                                            rng: np.random.Generator) -> None:
-    """Both paths (native half below HALF_NATIVE_MAX_COLS columns, widened to f32 from it up) multiply
-    the weight's values by src1 rounded to the weight's type, as ggml."""
-    tb = torch_init()
+    """Every path (native half, widened to f32) multiplies the weight's values by src1 rounded to the
+    weight's type, as ggml; the result is formed in the dtype the precision gives, with its rounding."""
+    tb = torch_init(matmul_precision=precision)
     ctx = _ctx()
     a = ctx.new_tensor_2d(wtype, 64, 6).set_name("w")
     b = ctx.new_tensor_2d(F32, 64, n_cols).set_name("x")
@@ -79,45 +120,40 @@ def test_mul_mat_half_weights_round_src1_to_the_weight_type(wtype: GGMLType, n_c
     x_rounded = torch.from_numpy(xv).to(tdt).double().numpy()
     want = x_rounded @ w_held.T
     got = tensor_get_numpy(out)
-    native = n_cols < HALF_NATIVE_MAX_COLS and not tb.half_is_fast(tdt)
-    # the native path rounds its output to the half type; the widened one is f32 all along
-    tol = (1e-2 if wtype == BF16 else 2e-3) if native else 1e-5
-    assert np.allclose(got, want, rtol=tol, atol=tol * np.abs(want).max())
+    cdt = product_dtype(wtype, n_cols, precision)
+    assert np.abs(got - want).max() <= PRODUCT_TOL[cdt] * np.abs(want).max()
+    _assert_formed_in(got, cdt)
+    # a widened weight is kept in f32 by the cache; a native one is read as it is
+    assert [e.value.dtype for e in tb.weight_cache.entries.values()] == ([] if cdt == tdt else [torch.float32])
 
 
+@pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("wtype", [Q8_0, Q4_0])
-def test_mul_mat_quantized_weights_are_dequantized_exactly(wtype: GGMLType, rng: np.random.Generator) -> None:
-    tb = torch_init()
+@pytest.mark.parametrize("n_cols", [1, 3, WIDE])
+def test_mul_mat_quantized_weights_are_dequantized_exactly(wtype: GGMLType, n_cols: int, precision: str,
+                                                          rng: np.random.Generator) -> None:
+    """Dequantized exactly (ggml's arithmetic), then held in the precision's dtype: exact in f32, rounded
+    in f16/bf16 (the cached weight has that dtype, and so has every product)."""
+    tb = torch_init(matmul_precision=precision)
+    assert tb.matmul_precision == precision
     ctx = _ctx()
     a = ctx.new_tensor_2d(wtype, 64, 4).set_name("w")
-    b = ctx.new_tensor_2d(F32, 64, 3).set_name("x")
+    b = ctx.new_tensor_2d(F32, 64, n_cols).set_name("x")
     out = ctx.mul_mat(a, b)
     alloc_ctx_tensors(ctx, tb)
     wv = rng.standard_normal((4, 64)).astype(np.float32)
-    xv = rng.standard_normal((3, 64)).astype(np.float32)
+    xv = rng.standard_normal((n_cols, 64)).astype(np.float32)
     tensor_set_numpy(a, wv)
     tensor_set_numpy(b, xv)
     tb.graph_compute(_graph(ctx, out))
     want = xv.astype(np.float64) @ _quantized_values(wtype, wv).T
-    assert np.allclose(tensor_get_numpy(out), want, rtol=1e-5, atol=1e-5)
-
-
-def test_quant_dtype_bf16_is_close(rng: np.random.Generator) -> None:
-    tb = torch_init(quant_dtype=torch.bfloat16)
-    assert tb.quant_dtype == torch.bfloat16
-    ctx = _ctx()
-    a = ctx.new_tensor_2d(Q8_0, 64, 4).set_name("w")
-    b = ctx.new_tensor_2d(F32, 64, 8).set_name("x")
-    out = ctx.mul_mat(a, b)
-    alloc_ctx_tensors(ctx, tb)
-    wv = rng.standard_normal((4, 64)).astype(np.float32)
-    xv = rng.standard_normal((8, 64)).astype(np.float32)
-    tensor_set_numpy(a, wv)
-    tensor_set_numpy(b, xv)
-    tb.graph_compute(_graph(ctx, out))
-    want = xv.astype(np.float64) @ _quantized_values(Q8_0, wv).T
     got = tensor_get_numpy(out)
-    assert np.sum((got - want) ** 2) / np.sum(want**2) < 1e-4
+    cdt = tb.matmul_dtype
+    assert np.abs(got - want).max() <= PRODUCT_TOL[cdt] * np.abs(want).max()
+    nmse = np.sum((got - want) ** 2) / np.sum(want**2)
+    assert nmse < {"f32": 1e-12, "f16": 1e-6, "bf16": 1e-4}[precision]
+    _assert_formed_in(got, cdt)
+    assert [e.value.dtype for e in tb.weight_cache.entries.values()] == [cdt]
 
 
 def test_rms_norm_soft_max_mask_rope_neox(rng: np.random.Generator) -> None:
@@ -247,21 +283,28 @@ def _matmul_setup(tb: TorchBackend, wtype: GGMLType, n_cols: int = 8, rng_seed: 
     return ctx, buf, w, x, out, wv, xv
 
 
-def test_weight_cache_converts_once_and_forgets_on_set() -> None:
-    tb = torch_init()
+def _assert_product(got: np.ndarray, want: np.ndarray, dtype: torch.dtype) -> None:
+    """`got` is `want` within what products formed in `dtype` allow (PRODUCT_TOL, relative to max |want|)."""
+    assert np.abs(got - want).max() <= PRODUCT_TOL[dtype] * np.abs(want).max()
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_weight_cache_converts_once_and_forgets_on_set(precision: str) -> None:
+    tb = torch_init(matmul_precision=precision)
+    cdt = tb.matmul_dtype
     ctx, buf, w, x, out, wv, xv = _matmul_setup(tb, Q8_0)
     plan = tb.graph_plan_create(_graph(ctx, out))
     cache = tb.weight_cache
     for _ in range(3):
         tb.graph_plan_compute(plan)
     assert (cache.misses, cache.hits, len(cache.entries)) == (1, 2, 1)
-    assert np.allclose(tensor_get_numpy(out), xv @ _quantized_values(Q8_0, wv).T, rtol=1e-5, atol=1e-5)
+    _assert_product(tensor_get_numpy(out), xv @ _quantized_values(Q8_0, wv).T, cdt)
     # new weights through tensor_set: the cached dequantization must not be used
     wv2 = -2 * wv[::-1].copy()
     tensor_set_numpy(w, wv2)
     assert len(cache.entries) == 0
     tb.graph_plan_compute(plan)
-    assert np.allclose(tensor_get_numpy(out), xv @ _quantized_values(Q8_0, wv2).T, rtol=1e-5, atol=1e-5)
+    _assert_product(tensor_get_numpy(out), xv @ _quantized_values(Q8_0, wv2).T, cdt)
     # a partial write (one row's bytes) also invalidates; setting x (same buffer, other bytes) does not
     tensor_set_numpy(x, xv * 2)
     assert len(cache.entries) == 1
@@ -271,14 +314,13 @@ def test_weight_cache_converts_once_and_forgets_on_set() -> None:
     tb.graph_plan_compute(plan)
     wv3 = _quantized_values(Q8_0, wv2)
     wv3[2] = np.asarray(to_float(Q8_0, row), dtype=np.float64).ravel()  # 0.5 as Q8_0 holds it
-    assert np.allclose(tensor_get_numpy(out), (2 * xv) @ wv3.T, rtol=1e-5, atol=1e-5)
+    _assert_product(tensor_get_numpy(out), (2 * xv) @ wv3.T, cdt)
     buf.free()
 
 
 def test_weight_cache_forgets_bytes_a_graph_writes() -> None:
     """A widened F16 weight is cached by one plan; another plan CPYs new values into it."""
-    tb = torch_init()
-    tb._fast_half[torch.float16] = False  # widen F16 weights (and cache them) even where half is fast
+    tb = torch_init(matmul_precision="f32")  # F16 weights widened to f32 (and cached)
     ctx, buf, w, x, out, wv, xv = _matmul_setup(tb, F16, n_cols=HALF_NATIVE_MAX_COLS + 4)
     src = ctx.new_tensor_2d(F32, 64, 4).set_name("src")
     write = ctx.cpy(src, w)
@@ -300,8 +342,7 @@ def test_weight_cache_forgets_bytes_a_graph_writes() -> None:
 
 def test_weight_a_plan_writes_is_converted_each_time() -> None:
     """CPY into an F16 weight and MUL_MAT with it in one graph: never from the cache (another plan filled it)."""
-    tb = torch_init()
-    tb._fast_half[torch.float16] = False  # widen F16 weights (and cache them) even where half is fast
+    tb = torch_init(matmul_precision="f32")  # F16 weights widened to f32 (and cached)
     ctx, buf, w, x, out, wv, xv = _matmul_setup(tb, F16, n_cols=HALF_NATIVE_MAX_COLS + 4)
     src = ctx.new_tensor_2d(F32, 64, 4).set_name("src")
     write = ctx.cpy(src, w)
@@ -312,7 +353,7 @@ def test_weight_a_plan_writes_is_converted_each_time() -> None:
     x_h = xv.astype(np.float16).astype(np.float64)
     for k in (1.0, -3.0):
         tb.graph_plan_compute(reader)
-        assert len(tb.weight_cache.entries) == 1 or tb.half_is_fast(torch.float16)
+        assert len(tb.weight_cache.entries) == 1
         tensor_set_numpy(src, np.full((4, 64), k, np.float32))
         tb.graph_plan_compute(plan)
         assert np.allclose(tensor_get_numpy(out2), x_h @ np.full((4, 64), k).T, rtol=1e-5)
@@ -321,9 +362,11 @@ def test_weight_a_plan_writes_is_converted_each_time() -> None:
     buf2.free()
 
 
-def test_weight_cache_limit_and_buffer_free() -> None:
-    one = 4 * 64 * 4  # bytes of one dequantized 4x64 weight in f32
-    tb = torch_init(weight_cache_bytes=one)
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_weight_cache_limit_and_buffer_free(precision: str) -> None:
+    cdt = PRECISION_DTYPES[precision]
+    one = 4 * 64 * cdt.itemsize  # bytes of one dequantized 4x64 weight in the precision's dtype
+    tb = torch_init(weight_cache_bytes=one, matmul_precision=precision)
     ctx, buf, w, x, out, wv, xv = _matmul_setup(tb, Q8_0)
     w2 = ctx.new_tensor_2d(Q8_0, 64, 4).set_name("w2")
     out2 = ctx.mul_mat(w2, x)
@@ -334,17 +377,17 @@ def test_weight_cache_limit_and_buffer_free() -> None:
     cache = tb.weight_cache
     assert len(cache.entries) == 1 and cache.nbytes == one  # the second evicted the first
     tb.graph_plan_compute(plan)
-    assert np.allclose(tensor_get_numpy(out2), xv @ _quantized_values(Q8_0, wv * 3).T, rtol=1e-5, atol=1e-5)
-    assert np.allclose(tensor_get_numpy(out), xv @ _quantized_values(Q8_0, wv).T, rtol=1e-5, atol=1e-5)
+    _assert_product(tensor_get_numpy(out2), xv @ _quantized_values(Q8_0, wv * 3).T, cdt)
+    _assert_product(tensor_get_numpy(out), xv @ _quantized_values(Q8_0, wv).T, cdt)
     buf2.free()
     assert all(e.buffer is not buf2 for e in cache.entries.values())
     buf.free()
     assert len(cache.entries) == 0 and cache.nbytes == 0
-    tiny = torch_init(weight_cache_bytes=16)
+    tiny = torch_init(weight_cache_bytes=16, matmul_precision=precision)
     ctx, buf, w, x, out, wv, xv = _matmul_setup(tiny, Q4_0)
     tiny.graph_compute(_graph(ctx, out))
     assert len(tiny.weight_cache.entries) == 0  # larger than the limit: converted, not kept
-    assert np.allclose(tensor_get_numpy(out), xv @ _quantized_values(Q4_0, wv).T, rtol=1e-5, atol=1e-5)
+    _assert_product(tensor_get_numpy(out), xv @ _quantized_values(Q4_0, wv).T, cdt)
 
 
 def test_views_only_graph_computes_nothing() -> None:

@@ -9,16 +9,19 @@ import pytest
 
 pytest.importorskip("torch")
 
-from pyggml.testing import test_ops  # noqa: E402
+from pyggml.testing import test_ops
 
 # the ops the torch backend implements: each must have passing cases, none failing
 TORCH_OPS = ["ADD", "MUL", "SCALE", "RMS_NORM", "NORM", "SOFT_MAX", "ROPE", "GET_ROWS", "CPY", "CONT", "DUP", "VIEW",
              "RESHAPE", "PERMUTE", "TRANSPOSE", "GELU", "SILU", "RELU", "MUL_MAT"]
 
 
-def test_checker_is_clean_for_the_torch_backend() -> None:
+@pytest.mark.parametrize("name", ["torch:cpu,matmul_precision=f32", "torch:cpu,matmul_precision=f16",
+                                  "torch:cpu,matmul_precision=bf16"])
+def test_checker_is_clean_for_the_torch_backend(name: str) -> None:
+    """Under each matmul precision (MUL_MAT's NMSE threshold, 5e-4, holds bf16 products too)."""
     out = io.StringIO()
-    code = test_ops.run("torch", None, out, verbose=False)
+    code = test_ops.run(name, None, out, verbose=False)
     text = out.getvalue()
     assert text.startswith("Testing backend Torch(cpu) against CPU")
     failures = [line for line in text.splitlines() if line.rstrip().endswith("FAIL") or " FAIL (" in line]

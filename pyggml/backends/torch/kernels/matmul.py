@@ -5,26 +5,27 @@ every (i2, i3), dst[n, m] = sum_k src0[m, k] * src1[n, k]; src0 broadcasts
 over dims 2 and 3 with i02 = i2 / (ne12/ne02), i03 = i3 / (ne13/ne03) (each
 src0 matrix serves consecutive src1 matrices).
 
-Policy by src0's type (the computation dtype is the "compute dtype"):
+Policy by src0's type and the backend's `matmul_precision` P ("f32", "f16"
+or "bf16", see `pyggml.backends.torch.precision`); `product_dtype` is the
+whole rule, the dtype the product is formed in (the "compute dtype"):
 
-- F32: an f32 matmul of the views as they are.
+- F32: an f32 matmul of the views as they are, whatever P.
 - F16, BF16: src1 is rounded to the weight's type first, as ggml rounds it to
   the vec_dot_type, so the products are those ggml forms. Then either
   * native: the matmul runs in the half type (the output is rounded to it,
-    ~3 significant digits, then widened into dst), when the device multiplies
-    halves fast (CUDA; a CPU with AMX or AVX512-BF16 for BF16, AMX-FP16 for
-    F16), or when src1 has fewer than `HALF_NATIVE_MAX_COLS` columns (decoding:
-    a matrix-vector product is memory-bound and reads half the bytes); or
+    ~3 significant digits, then widened into dst), when P is the weight's
+    type, or when P is the other half type and src1 has fewer than
+    `HALF_NATIVE_MAX_COLS` columns (decoding: a matrix-vector product is
+    memory-bound and reads half the bytes of the widened weight); or
   * widened: the weight is widened to f32 (exact) through the weight cache,
     and the rounded src1 is widened too: an f32 matmul of exactly ggml's
-    operands. On a CPU without half matrix units (AVX2 only), torch's half
-    GEMM is ~10x slower than its f32 GEMM, so prompts take this path.
+    operands. Always with P = "f32"; never a conversion between the two half
+    types (F16 -> BF16 drops 3 mantissa bits, BF16 -> F16 the range).
 - Q8_0, Q4_0: the weight is dequantized (ggml's dequantize_row arithmetic,
-  exact in f32) into the backend's `quant_dtype` (f32, or BF16 where BF16 is
-  fast) through the weight cache; src1 is converted to that dtype. Documented
-  deviation: ggml quantizes src1 to Q8_0 and sums integer block products;
-  here src1 keeps its f32 values, so results differ from ggml's by src1's
-  quantization error (NMSE ~1e-5, MUL_MAT's threshold is 5e-4).
+  exact in f32) into P through the weight cache; src1 is converted to P.
+  Documented deviation: ggml quantizes src1 to Q8_0 and sums integer block
+  products; here src1 keeps its f32 values, so results differ from ggml's by
+  src1's quantization error (NMSE ~1e-5, MUL_MAT's threshold is 5e-4).
 
 The weight cache (pyggml.backends.torch.cache) converts each weight once and
 keeps it until its bytes change: a set, a copy into them, or a graph that
@@ -41,14 +42,15 @@ import torch
 from pyggml.backends.torch.kernels import Compute, Kernel, PlanContext, noop
 from pyggml.backends.torch.kernels._common import BF16, F16, F32, Q4_0, Q8_0
 from pyggml.backends.torch.kernels.quants import dequantize
+from pyggml.backends.torch.precision import PRECISION_DTYPES
 from pyggml.core.errors import GGMLError, ShapeError, UnsupportedTypeError
 from pyggml.core.tensor import GGMLOp, Tensor
-from pyggml.core.types import TYPE_TRAITS
+from pyggml.core.types import TYPE_TRAITS, GGMLType
 
 MUL_MAT_TYPES = (F32, F16, BF16, Q8_0, Q4_0)
-# below this many src1 columns per matrix, F16/BF16 weights are multiplied in their own type (see above);
-# measured on 4096x4096 weights, 2 threads, AVX2 (benchmarks/bench_torch.py --sweep): the half matmul wins
-# up to 8 columns (1.3x at 1, ~2x at 2-8: it reads half the bytes, and torch's f32 GEMM is slow at small n),
+# below this many src1 columns per matrix, F16/BF16 weights are multiplied in their own type unless the precision
+# is f32 (see above); measured on 4096x4096 weights, 2 threads, AVX2 (benchmarks/bench_torch.py --sweep): the half
+# matmul wins up to 8 columns (1.3x at 1, ~2x at 2-8: it reads half the bytes, and torch's f32 GEMM is slow at small n),
 # the widened f32 GEMM from 16 on
 HALF_NATIVE_MAX_COLS = 12
 
@@ -77,8 +79,19 @@ def mul_mat_problem(node: Tensor) -> Problem:
     return None
 
 
-def _half_dtype(t: Tensor) -> torch.dtype:
-    return torch.float16 if t.type == F16 else torch.bfloat16
+def _half_dtype(type: GGMLType) -> torch.dtype:
+    return torch.float16 if type == F16 else torch.bfloat16
+
+
+def product_dtype(wtype: GGMLType, n_cols: int, precision: str) -> torch.dtype:
+    """The dtype MUL_MAT forms the products of a `wtype` weight and `n_cols` src1 columns in (module docstring)."""
+    if wtype == F32 or precision == "f32":
+        return torch.float32
+    wanted = PRECISION_DTYPES[precision]
+    if wtype in (F16, BF16):
+        own = _half_dtype(wtype)
+        return own if own == wanted or n_cols < HALF_NATIVE_MAX_COLS else torch.float32
+    return wanted  # quantized: dequantized into the precision's dtype
 
 
 def mul_mat_kernel(node: Tensor, pc: PlanContext) -> Compute:
@@ -97,28 +110,22 @@ def mul_mat_kernel(node: Tensor, pc: PlanContext) -> Compute:
     if a_t.ne[0] == 0:
         return d.zero_  # k == 0: empty sums
 
-    backend = pc.backend
     wtype = a_t.type
     f32 = torch.float32
+    cdt = product_dtype(wtype, b_t.ne[1], pc.backend.matmul_precision)
     convert_w: Callable[[], torch.Tensor] | None = None
     if wtype == F32:
-        cdt = f32
-
         def convert_x() -> torch.Tensor:
             return b if b.dtype == f32 else b.to(f32)
     elif wtype in (F16, BF16):
-        half = _half_dtype(a_t)
-        native = backend.half_is_fast(half) or b_t.ne[1] < HALF_NATIVE_MAX_COLS
-        cdt = half if native else f32
-        if not native:
+        half = _half_dtype(wtype)
+        if cdt != half:
             def convert_w() -> torch.Tensor:
-                return a.to(f32)
+                return a.to(cdt)
 
         def convert_x() -> torch.Tensor:
             return b.to(half).to(cdt)  # rounded to the weight's type (ggml's vec_dot_type)
     else:
-        cdt = backend.quant_dtype
-
         def convert_w() -> torch.Tensor:
             return dequantize(wtype, a).to(cdt)
 
