@@ -1,0 +1,523 @@
+"""Real llama.cpp as an oracle for tests: built once per machine from the llama-cpp-python sdist and cached.
+
+The llama-cpp-python 0.3.36 source package carries llama.cpp at commit 0c1e570
+(`vendor/llama.cpp`). This module downloads it, configures it with the cmake
+line of `../shared/ORACLE.md` and builds only the targets asked for, into
+
+    ${PYGGML_CACHE:-~/.cache/pyggml}/llama.cpp/src/llama_cpp_python-0.3.36/   the extracted sdist
+    ${PYGGML_CACHE:-~/.cache/pyggml}/llama.cpp/build/bin/                     the tools and shared libraries
+
+A file lock keeps two processes from building at once (the second waits, then
+finds the work done); a stamp file in the build folder records the sdist, the
+llama.cpp commit, the cmake arguments and the targets built with them, so a
+later call returns at once and a change of flags reconfigures.
+
+Tests call `require_tools(...)`: it returns the tools' paths, building them on
+demand, and raises `NoCompilerError` only when this machine has no C/C++
+compiler (the one reason a test may skip); any other failure raises
+`BuildError`, which must fail the test.
+
+Command line::
+
+    python -m pyggml.testing.llamacpp build [TARGET ...]   # default: DEFAULT_TARGETS; prints each path
+    python -m pyggml.testing.llamacpp path TOOL [--build]  # prints the tool's path
+
+Exit status: 0 done, 1 build or download failure, 2 bad usage, 3 no C/C++ compiler.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import logging
+import os
+import platform
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tarfile
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "DEFAULT_TARGETS",
+    "LLAMA_CPP_COMMIT",
+    "SDIST_NAME",
+    "SDIST_VERSION",
+    "BuildError",
+    "LlamaCppError",
+    "NoCompilerError",
+    "Paths",
+    "Toolchain",
+    "build",
+    "cache_dir",
+    "cmake_args",
+    "cpu_has_amx",
+    "ensure_source",
+    "find_tool",
+    "find_toolchain",
+    "main",
+    "output_path",
+    "paths",
+    "require_tool",
+    "require_tools",
+]
+
+log = logging.getLogger(__name__)
+
+SDIST_NAME = "llama-cpp-python"
+SDIST_VERSION = "0.3.36"
+LLAMA_CPP_COMMIT = "0c1e570"  # what the sdist's vendor/llama.cpp is (its CHANGELOG and .git say so)
+
+# What the oracle tests use: the text peers, token ids, logits, quantized variants, speed and RPC peers.
+DEFAULT_TARGETS: tuple[str, ...] = (
+    "llama-completion",
+    "llama-simple",
+    "llama-tokenize",
+    "llama-debug",
+    "llama-quantize",
+    "llama-bench",
+    "ggml-rpc-server",
+)
+
+# ORACLE.md's configuration; the C/C++ flags are added by cmake_args (AMX, $CFLAGS).
+BASE_CMAKE_ARGS: tuple[str, ...] = (
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DGGML_NATIVE=ON",
+    "-DGGML_RPC=ON",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_SERVER=OFF",
+    "-DLLAMA_BUILD_APP=OFF",
+    "-DLLAMA_USE_PREBUILT_UI=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+)
+# llama.cpp's AMX kernels crashed on q8_0/q4_0 models on these machines (ORACLE.md): build without them.
+NO_AMX_FLAGS = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+
+STAMP_FORMAT = 1
+_PROGRESS_STEP = 10  # log the build's progress every this many percent
+_PROGRESS_SECONDS = 60.0  # ... or at least this often
+
+
+class LlamaCppError(RuntimeError):
+    """llama.cpp could not be made available."""
+
+
+class NoCompilerError(LlamaCppError):
+    """This machine has no C or C++ compiler, so llama.cpp cannot be built (tests may skip for this alone)."""
+
+
+class BuildError(LlamaCppError):
+    """Downloading, configuring or building llama.cpp failed (a real failure, never a reason to skip)."""
+
+
+@dataclass(frozen=True)
+class Paths:
+    """The cache layout. `root` is `<cache>/llama.cpp`."""
+
+    root: Path
+    src: Path  # where the sdist is downloaded and extracted
+    sdist: Path  # src/llama_cpp_python-<version>
+    llama_cpp: Path  # sdist/vendor/llama.cpp, the cmake source folder
+    build: Path
+    bin: Path
+    stamp: Path
+    lock: Path
+    log: Path
+
+    @property
+    def tarball(self) -> Path:
+        return self.src / f"{SDIST_NAME.replace('-', '_')}-{SDIST_VERSION}.tar.gz"
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """What a build needs: C and C++ compilers, cmake, and a build tool cmake can drive."""
+
+    cc: str
+    cxx: str
+    cmake: str
+    generator: str | None  # None: cmake's default (Unix Makefiles, needs make)
+
+
+def cache_dir() -> Path:
+    """`$PYGGML_CACHE`, or ~/.cache/pyggml."""
+    env = os.environ.get("PYGGML_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "pyggml"
+
+
+def paths(cache: str | os.PathLike[str] | None = None) -> Paths:
+    root = (Path(cache).expanduser() if cache is not None else cache_dir()) / "llama.cpp"
+    src = root / "src"
+    sdist = src / f"{SDIST_NAME.replace('-', '_')}-{SDIST_VERSION}"
+    build_dir = root / "build"
+    return Paths(root=root, src=src, sdist=sdist, llama_cpp=sdist / "vendor" / "llama.cpp", build=build_dir,
+                 bin=build_dir / "bin", stamp=build_dir / "pyggml-build.json", lock=root / "build.lock",
+                 log=build_dir / "pyggml-build.log")
+
+
+# --- the machine ---
+
+
+def cpu_has_amx(cpuinfo: str | None = None) -> bool:
+    """Whether the CPU advertises AMX (an `amx*` flag in /proc/cpuinfo, or in the `cpuinfo` text given)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
+        except OSError:
+            return False
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "flags" and any(flag.startswith("amx") for flag in value.split()):
+            return True
+    return False
+
+
+def _is_x86() -> bool:
+    return platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+
+
+def cmake_args(amx: bool | None = None) -> list[str]:
+    """The cmake arguments of a build on this machine (without -S/-B/-G).
+
+    CMAKE_C_FLAGS/CMAKE_CXX_FLAGS are always given, from $CFLAGS/$CXXFLAGS plus
+    the no-AMX flags when the CPU has AMX, so that a changed environment resets
+    a cached value instead of inheriting it.
+    """
+    if amx is None:
+        amx = _is_x86() and cpu_has_amx()
+    extra = [NO_AMX_FLAGS] if amx else []
+    cflags = " ".join([*shlex.split(os.environ.get("CFLAGS", "")), *extra])
+    cxxflags = " ".join([*shlex.split(os.environ.get("CXXFLAGS", "")), *extra])
+    return [*BASE_CMAKE_ARGS, f"-DCMAKE_C_FLAGS={cflags}", f"-DCMAKE_CXX_FLAGS={cxxflags}"]
+
+
+def _find_program(env: str, candidates: Sequence[str]) -> str | None:
+    """$env's program (its first word, e.g. "ccache gcc" is fine) or the first candidate on PATH."""
+    value = os.environ.get(env)
+    if value:
+        words = shlex.split(value)
+        return shutil.which(words[0]) if words else None
+    for name in candidates:
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+def _find_cmake(install: bool) -> str | None:
+    found = shutil.which("cmake")
+    scripts = Path(sysconfig.get_path("scripts"))  # where `pip install cmake` puts it
+    if found is None and (scripts / "cmake").exists():
+        found = str(scripts / "cmake")
+    if found is None and install:
+        log.info("cmake is missing: installing it with pip (pip install cmake)")
+        r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "cmake"], capture_output=True, text=True)
+        if r.returncode != 0:
+            log.warning("pip install cmake failed:\n%s", r.stderr.strip()[-2000:])
+        return _find_cmake(install=False)
+    return found
+
+
+def find_toolchain(install_cmake: bool = True) -> Toolchain:
+    """The compilers, cmake and build tool of this machine.
+
+    Raises NoCompilerError when there is no C or C++ compiler ($CC/$CXX or
+    cc/gcc/clang and c++/g++/clang++ on PATH), BuildError when cmake is
+    missing and pip cannot install it, or there is neither make nor ninja.
+    """
+    cc = _find_program("CC", ("cc", "gcc", "clang"))
+    cxx = _find_program("CXX", ("c++", "g++", "clang++"))
+    if cc is None or cxx is None:
+        missing = " and ".join(n for n, p in (("C", cc), ("C++", cxx)) if p is None)
+        raise NoCompilerError(f"no {missing} compiler on this machine ($CC/$CXX or cc, gcc, clang, c++, g++, "
+                              f"clang++ on PATH): llama.cpp cannot be built here")
+    cmake = _find_cmake(install_cmake)
+    if cmake is None:
+        raise BuildError("cmake is not installed and `pip install cmake` did not provide it")
+    if shutil.which("make") or shutil.which("gmake"):
+        generator = None
+    elif shutil.which("ninja"):
+        generator = "Ninja"
+    else:
+        raise BuildError("neither make nor ninja is installed: cmake has nothing to build llama.cpp with")
+    return Toolchain(cc=cc, cxx=cxx, cmake=cmake, generator=generator)
+
+
+# --- the source ---
+
+
+def _git_commit(source: Path) -> str | None:
+    """The commit of `source` from its git metadata (the sdist ships the submodule's .git), without git."""
+    dot_git = source / ".git"
+    try:
+        if dot_git.is_file():  # a submodule: "gitdir: <relative path>"
+            line = dot_git.read_text().strip()
+            if not line.startswith("gitdir:"):
+                return None
+            dot_git = (source / line.partition(":")[2].strip()).resolve()
+        head = (dot_git / "HEAD").read_text().strip()
+        if head.startswith("ref:"):
+            head = (dot_git / head.partition(":")[2].strip()).read_text().strip()
+    except OSError:
+        return None
+    return head if re.fullmatch(r"[0-9a-f]{7,64}", head) else None
+
+
+def ensure_source(p: Paths) -> Path:
+    """The llama.cpp source folder, downloading and extracting the sdist first if needed.
+
+    Call with the build lock held (build() does): extraction goes through a
+    temporary folder and a rename, so a killed process leaves no half tree.
+    """
+    if (p.llama_cpp / "CMakeLists.txt").exists():
+        return p.llama_cpp
+    p.src.mkdir(parents=True, exist_ok=True)
+    if not p.tarball.exists():
+        spec = f"{SDIST_NAME}=={SDIST_VERSION}"
+        log.info("downloading the %s sdist into %s", spec, p.src)
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", spec, "-d", str(p.src)]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0 or not p.tarball.exists():
+            raise BuildError(f"`{shlex.join(cmd)}` failed (exit {r.returncode}):\n{(r.stdout + r.stderr)[-3000:]}")
+    log.info("extracting %s", p.tarball.name)
+    with tempfile.TemporaryDirectory(dir=p.src, prefix=".extract-") as tmp:
+        try:
+            with tarfile.open(p.tarball) as tar:
+                if hasattr(tarfile, "data_filter"):  # Python >= 3.11.4: refuse links and paths out of the folder
+                    tar.extractall(tmp, filter="data")
+                else:
+                    tar.extractall(tmp)  # older Pythons have no filter; the file is the pinned sdist from PyPI
+        except (tarfile.TarError, OSError) as e:
+            raise BuildError(f"cannot extract {p.tarball}: {e} (delete it to download again)") from e
+        extracted = Path(tmp) / p.sdist.name
+        if not (extracted / "vendor" / "llama.cpp" / "CMakeLists.txt").exists():
+            raise BuildError(f"{p.tarball} has no {p.sdist.name}/vendor/llama.cpp/CMakeLists.txt")
+        if p.sdist.exists():
+            shutil.rmtree(p.sdist)  # an older, incomplete extraction
+        extracted.rename(p.sdist)
+    return p.llama_cpp
+
+
+# --- the build ---
+
+
+def output_path(bin_dir: Path, target: str) -> Path | None:
+    """The file a target makes in bin/: the executable `target`, or the shared library `lib<target>.so`
+    (.dylib, .dll); None if there is none."""
+    for name in (target, f"{target}.exe", f"lib{target}.so", f"lib{target}.dylib", f"{target}.dll"):
+        candidate = bin_dir / name
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _config(amx: bool | None) -> dict[str, Any]:
+    """What a build depends on: a stamp with another config is stale."""
+    return {"format": STAMP_FORMAT, "sdist": f"{SDIST_NAME}=={SDIST_VERSION}", "cmake_args": cmake_args(amx)}
+
+
+def _read_stamp(p: Paths) -> dict[str, Any]:
+    try:
+        stamp = json.loads(p.stamp.read_text())
+    except (OSError, ValueError):
+        return {}
+    return stamp if isinstance(stamp, dict) else {}
+
+
+def _stamp_matches(stamp: dict[str, Any], config: dict[str, Any]) -> bool:
+    return all(stamp.get(k) == v for k, v in config.items())
+
+
+def _built(p: Paths, targets: Sequence[str], config: dict[str, Any]) -> dict[str, Path] | None:
+    """The targets' outputs if the stamp says they were built with `config` and they exist, else None."""
+    stamp = _read_stamp(p)
+    if not _stamp_matches(stamp, config):
+        return None
+    done = set(stamp.get("targets", []))
+    found: dict[str, Path] = {}
+    for t in targets:
+        out = output_path(p.bin, t)
+        if t not in done or out is None:
+            return None
+        found[t] = out
+    return found
+
+
+@contextmanager
+def _locked(p: Paths) -> Iterator[None]:
+    """An exclusive lock on the cache (flock: released by the kernel if the process dies)."""
+    p.root.mkdir(parents=True, exist_ok=True)
+    with open(p.lock, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("another process is building llama.cpp (lock %s): waiting for it", p.lock)
+            t0 = time.monotonic()
+            fcntl.flock(f, fcntl.LOCK_EX)
+            log.info("the other build finished after %.0f s", time.monotonic() - t0)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _run_logged(cmd: list[str], logfile: Path, what: str) -> None:
+    """Run `cmd`, appending its output to `logfile` and logging its progress; BuildError with the log's
+    tail if it fails."""
+    log.info("%s: %s", what, shlex.join(cmd))
+    pattern = re.compile(r"^\[\s*(\d+)%\]|^\[(\d+)/(\d+)\]")  # make's "[ 42%]", ninja's "[12/345]"
+    last_pct, last_time, t0 = -_PROGRESS_STEP, time.monotonic(), time.monotonic()
+    tail: list[str] = []
+    with open(logfile, "a", encoding="utf-8", errors="replace") as out:
+        out.write(f"\n$ {shlex.join(cmd)}\n")
+        out.flush()
+        try:
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                    errors="replace")
+        except OSError as e:
+            raise BuildError(f"{what}: cannot run {cmd[0]}: {e}") from e
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            out.write(line)
+            tail = [*tail[-59:], line.rstrip("\n")]
+            m = pattern.match(line)
+            if m is None:
+                continue
+            pct = int(m.group(1)) if m.group(1) else 100 * int(m.group(2)) // max(int(m.group(3)), 1)
+            now = time.monotonic()
+            if pct >= last_pct + _PROGRESS_STEP or now - last_time >= _PROGRESS_SECONDS:
+                log.info("%s: %3d%% after %.0f s", what, pct, now - t0)
+                last_pct, last_time = pct, now
+        rc = proc.wait()
+    if rc != 0:
+        raise BuildError(f"{what} failed (exit {rc}); the full log is {logfile}; its end:\n" + "\n".join(tail))
+    log.info("%s: done in %.0f s", what, time.monotonic() - t0)
+
+
+def build(targets: Sequence[str] = DEFAULT_TARGETS, *, cache: str | os.PathLike[str] | None = None,
+          jobs: int | None = None, amx: bool | None = None) -> dict[str, Path]:
+    """Build `targets` (cmake target names: tools such as "llama-completion", libraries such as
+    "ggml-base") unless the cache has them already; return each target's output path.
+
+    `jobs`: parallel compile jobs (default: the number of CPUs); `amx`: force
+    the no-AMX flags on or off (default: from /proc/cpuinfo). Raises
+    NoCompilerError or BuildError.
+    """
+    targets = list(dict.fromkeys(targets))
+    if not targets:
+        raise ValueError("build: no targets given")
+    p = paths(cache)
+    config = _config(amx)
+    found = _built(p, targets, config)
+    if found is not None:
+        return found
+    with _locked(p):
+        found = _built(p, targets, config)  # another process may have built them while we waited
+        if found is not None:
+            return found
+        toolchain = find_toolchain()
+        source = ensure_source(p)
+        commit = _git_commit(source)
+        p.build.mkdir(parents=True, exist_ok=True)
+        log.info("building llama.cpp %s (%s %s) targets %s into %s (a build from scratch takes 6-10 minutes on "
+                 "2 cores); log: %s", commit[:7] if commit else "(commit unknown)", SDIST_NAME, SDIST_VERSION,
+                 " ".join(targets), p.bin, p.log)
+        stamp = _read_stamp(p)
+        fresh_config = not _stamp_matches(stamp, config) or not (p.build / "CMakeCache.txt").exists()
+        if fresh_config:
+            cmd = [toolchain.cmake, "-S", str(source), "-B", str(p.build), *config["cmake_args"]]
+            if toolchain.generator and not (p.build / "CMakeCache.txt").exists():
+                cmd[1:1] = ["-G", toolchain.generator]  # a generator can be chosen only for a new build folder
+            _run_logged(cmd, p.log, "configure")  # cmake finds the compilers as we did ($CC/$CXX, then cc/c++)
+        n_jobs = jobs or os.cpu_count() or 1
+        _run_logged([toolchain.cmake, "--build", str(p.build), "--target", *targets, "--parallel", str(n_jobs)],
+                    p.log, "build")
+        missing = [t for t in targets if output_path(p.bin, t) is None]
+        if missing:
+            raise BuildError(f"the build succeeded but made no {', '.join(missing)} in {p.bin} (not executables "
+                             f"or shared libraries?)")
+        done = set() if fresh_config else set(stamp.get("targets", []))
+        new_stamp = {**config, "commit": commit, "cc": toolchain.cc, "cxx": toolchain.cxx,
+                     "targets": sorted(done | set(targets)), "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        tmp = p.stamp.with_suffix(".tmp")
+        tmp.write_text(json.dumps(new_stamp, indent=2) + "\n")
+        tmp.replace(p.stamp)
+        return {t: out for t in targets if (out := output_path(p.bin, t)) is not None}
+
+
+def find_tool(name: str, cache: str | os.PathLike[str] | None = None) -> Path | None:
+    """The path of a target built with this machine's current configuration, or None (no build)."""
+    p = paths(cache)
+    found = _built(p, [name], _config(None))
+    return found[name] if found else None
+
+
+def require_tools(names: Sequence[str], *, cache: str | os.PathLike[str] | None = None,
+                  build_missing: bool = True) -> dict[str, Path]:
+    """For tests: the paths of `names`, building what is missing (unless `build_missing` is False, when a
+    missing tool raises BuildError). Raises NoCompilerError only when there is no compiler to build with."""
+    p = paths(cache)
+    found = _built(p, list(names), _config(None))
+    if found is not None:
+        return found
+    if not build_missing:
+        raise BuildError(f"llama.cpp {', '.join(names)} not built in {p.bin}; run "
+                         f"`python -m pyggml.testing.llamacpp build {' '.join(names)}`")
+    return build(names, cache=cache)
+
+
+def require_tool(name: str, **kwargs: Any) -> Path:
+    """`require_tools([name])[name]`."""
+    return require_tools([name], **kwargs)[name]
+
+
+# --- command line ---
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pyggml.testing.llamacpp",
+                                     description="Build real llama.cpp (from the llama-cpp-python "
+                                                 f"{SDIST_VERSION} sdist) once per machine, cached in "
+                                                 "${PYGGML_CACHE:-~/.cache/pyggml}/llama.cpp.")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress messages on stderr")
+    sub = parser.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build", help="build targets unless cached; print each one's path")
+    b.add_argument("targets", nargs="*", metavar="TARGET",
+                   help=f"cmake targets (default: {' '.join(DEFAULT_TARGETS)})")
+    b.add_argument("-j", "--jobs", type=int, default=None, help="parallel jobs (default: the number of CPUs)")
+    t = sub.add_parser("path", help="print the path of a built tool (exit 1 if it is not built)")
+    t.add_argument("tool")
+    t.add_argument("--build", action="store_true", help="build it if it is not built yet")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, stream=sys.stderr,
+                        format="llama.cpp: %(message)s")
+    try:
+        if args.command == "build":
+            if args.jobs is not None and args.jobs < 1:
+                parser.error(f"--jobs must be >= 1, got {args.jobs}")
+            for path in build(args.targets or DEFAULT_TARGETS, jobs=args.jobs).values():
+                print(path)
+            return 0
+        found = require_tools([args.tool], build_missing=args.build)
+        print(found[args.tool])
+        return 0
+    except NoCompilerError as e:
+        print(f"llama.cpp: {e}", file=sys.stderr)
+        return 3
+    except LlamaCppError as e:
+        print(f"llama.cpp: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
