@@ -3,7 +3,9 @@
 Older ggml code (and llama.cpp of the seed's time) uses this pair: tensors
 allocated one by one with `alloc` (inputs, before the graph) and the graph
 with `alloc_graph`, both in the same buffer. Every method is a direct call
-into `TensorAllocator` or `GraphAllocator`, as in the seed.
+into `TensorAllocator` or `GraphAllocator`, as in the seed, so bad input raises
+their errors (a tensor allocated twice, a full buffer, a graph reading freed
+memory); `free` is idempotent and any use after it raises BufferFreedError.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import TYPE_CHECKING
 from pyggml.alloc.graph_allocator import GraphAllocator
 from pyggml.alloc.tensor_allocator import TensorAllocator
 from pyggml.backend.buffer import Buffer
+from pyggml.core.checks import check_instance
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import Tensor
 
@@ -26,6 +29,7 @@ class Allocr:
 
     def __init__(self, talloc: TensorAllocator) -> None:
         """ggml_allocr_new_impl: wrap `talloc`, which the Allocr then owns (`free` frees it)."""
+        check_instance(talloc, TensorAllocator, "Allocr: talloc")
         self.talloc = talloc
         self.galloc = GraphAllocator()
 

@@ -32,6 +32,12 @@ An allocation that fails (a full buffer, too many free blocks, a view whose
 source has no memory) raises a GGMLError after putting every tensor
 allocator it used and every tensor it changed back as they were, so the
 allocator can be used again (with a bigger buffer, say).
+
+Before a pass changes anything, the graph is checked (not in the seed):
+a tensor whose memory is in a freed buffer raises BufferFreedError, and a
+tensor with memory in the allocator's buffer that the tensor allocator does
+not hold (freed, or placed before its `reset`) raises InvalidStateError: the
+seed would hand its bytes to other tensors while the graph still reads them.
 """
 
 from __future__ import annotations
@@ -42,7 +48,8 @@ from typing import Any
 
 from pyggml.alloc.hash_set import HashSet, hash_size
 from pyggml.alloc.tensor_allocator import TensorAllocator
-from pyggml.core.errors import ArgumentError, GGMLError, GraphError
+from pyggml.core.checks import check_instance, check_int
+from pyggml.core.errors import ArgumentError, BufferFreedError, GGMLError, GraphError, InvalidStateError
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import GGML_MAX_DIMS, GGML_MAX_SRC, GGMLOp, Tensor
 
@@ -137,7 +144,7 @@ class GraphAllocator:
 
         Sources are freed only at barriers; an empty list restores the graph order.
         """
-        seq = [int(i) for i in parse_seq]
+        seq = [check_int(i, "parse_seq entry") for i in parse_seq]
         for i in seq:
             if i < -1:
                 raise ArgumentError(f"parse_seq entries are node indices or -1 (a barrier), got {i}")
@@ -148,6 +155,12 @@ class GraphAllocator:
 
         With a measure allocator the result is the buffer size the graph needs.
         """
+        check_instance(talloc, TensorAllocator, "alloc_graph: talloc")
+        check_instance(graph, Graph, "alloc_graph: graph")
+        if talloc.buffer.freed:
+            raise BufferFreedError(f"alloc_graph: buffer '{talloc.buffer.name}' ({talloc.buffer.size} bytes) of the "
+                                   f"tensor allocator was freed")
+        self._check_graph(graph, "alloc_graph", lambda t: talloc)
         # the seed sizes its table as the graph's visited hash table; a graph view has none, and views of
         # tensors outside the graph add keys, so the capacity also covers every tensor the graph can name
         n_tensors = graph.n_nodes * (2 + 2 * GGML_MAX_SRC) + graph.n_leafs
@@ -177,9 +190,21 @@ class GraphAllocator:
         tensor t (None: t has memory already, or no allocator). The scheduler
         passes its hash set and the allocator of each tensor's backend.
         """
+        check_instance(graph, Graph, "alloc_graph_n: graph")
         if hash_set.size < graph.n_nodes + graph.n_leafs:
             raise GraphError(f"alloc_graph_n: hash set of size {hash_set.size} is smaller than the graph's "
                              f"{graph.n_nodes} nodes + {graph.n_leafs} leafs")
+        find = getattr(hash_set, "find", None)
+
+        def talloc_of(t: Tensor) -> TensorAllocator | None:
+            slot = find(t) if find is not None else None
+            if slot is None:
+                return None
+            if isinstance(hash_node_talloc, dict):
+                return hash_node_talloc.get(slot)
+            return hash_node_talloc[slot] if slot < len(hash_node_talloc) else None
+
+        self._check_graph(graph, "alloc_graph_n", talloc_of)
         self.talloc = None
         self.hash_values = {}
         self.hash_set = hash_set
@@ -203,6 +228,31 @@ class GraphAllocator:
         find = getattr(self.hash_set, "find", None)
         slot = find(t) if find is not None else self.hash_set.keys.get(id(t))
         return None if slot is None else self.hash_values.get(slot)
+
+    # --- checks before a pass ---
+
+    @staticmethod
+    def _check_graph(graph: Graph, what: str, talloc_of: Any) -> None:
+        """Refuse a graph that reads freed memory, before anything changes (see the module doc)."""
+        seen: set[int] = set()
+        for t in (*graph.leafs, *graph.nodes, *(s for n in graph.nodes for s in n.src if s is not None)):
+            if t.data is None or id(t) in seen:
+                continue
+            seen.add(id(t))
+            buffer = t.buffer if t.buffer is not None or t.view_src is None else t.view_src.buffer
+            if buffer is None:
+                continue
+            if buffer.freed:
+                raise BufferFreedError(f"{what}: tensor '{t.name}' is in buffer '{buffer.name}' ({buffer.size} "
+                                       f"bytes), which was freed")
+            if t.view_src is None:
+                talloc = talloc_of(t)
+                if talloc is not None and talloc.is_own(t) and not talloc.holds(t):
+                    raise InvalidStateError(
+                        f"{what}: tensor '{t.name}' has memory at offset {t.data - talloc.base} of buffer "
+                        f"'{buffer.name}' that its tensor allocator does not hold (freed, or allocated before "
+                        f"reset()): other tensors would be given its bytes; allocate it again"
+                    )
 
     # --- rollback of a failed pass ---
 
@@ -272,10 +322,11 @@ class GraphAllocator:
         self._save(view)
         view.buffer = view_src.buffer
         view.data = view_src.data + view.view_offs
-        # as in the seed the view is initialized by the node's allocator's buffer (the owning buffer would be
-        # right, see the seed's FIXME; the two are the same for every buffer pyggml has)
-        if alloc is not None and not alloc.measure:
-            alloc.buffer.init_tensor(view)
+        # the seed initializes the view with the node's allocator's buffer and says in a FIXME that the owning
+        # buffer would be right: it is, since init_tensor checks that the view lies inside the buffer (a view
+        # of the KV cache is not inside the compute buffer)
+        if alloc is not None and not alloc.measure and view.buffer is not None:
+            view.buffer.init_tensor(view)
 
     def _allocate_node(self, node: Tensor) -> None:
         """allocate_node: give `node` memory (a view, a source's memory in place, or a new block)."""

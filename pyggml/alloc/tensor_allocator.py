@@ -17,6 +17,22 @@ The seed's fixed array of MAX_FREE_BLOCKS blocks is a limit here
 (`max_free_blocks`, default MAX_FREE_BLOCKS); exceeding it raises
 `LimitExceededError`. Every error is raised before anything changes, so the
 allocator stays usable.
+
+Not in the seed: the allocator remembers which tensors it gave memory
+(`allocated`: address and size of each, until it is freed or the allocator
+reset), so that a wrong free cannot corrupt the free list:
+
+- freeing a tensor twice (the seed would add its bytes to the free list
+  again, and later tensors would overlap) raises InvalidStateError naming the
+  tensor, and the tensor that holds its bytes now if there is one;
+- freeing a tensor whose memory is in this allocator's buffer but that this
+  allocator did not allocate (another allocator over the same buffer, or an
+  allocation from before `reset`) raises InvalidStateError;
+- freeing a tensor without memory raises NotAllocatedError;
+- tensors of other buffers are ignored, as in the seed (the graph allocator
+  offers every source it is done with, weights included).
+
+A freed tensor keeps its `data`, as in the seed: the graph still reads it.
 """
 
 from __future__ import annotations
@@ -25,7 +41,15 @@ import logging
 from typing import TYPE_CHECKING
 
 from pyggml.backend.buffer import Buffer
-from pyggml.core.errors import ArgumentError, LimitExceededError, OutOfMemoryError
+from pyggml.core.checks import check_instance, check_int, check_positive
+from pyggml.core.errors import (
+    ArgumentError,
+    BufferFreedError,
+    InvalidStateError,
+    LimitExceededError,
+    NotAllocatedError,
+    OutOfMemoryError,
+)
 from pyggml.core.tensor import Tensor
 
 if TYPE_CHECKING:
@@ -40,6 +64,7 @@ MEASURE_BASE = 0x1000  # the seed's fake base address of a measure allocator
 
 def aligned_offset(buffer: int | None, offset: int, alignment: int) -> int:
     """`offset` moved up so that `buffer + offset` is a multiple of `alignment` (a power of 2)."""
+    alignment = check_int(alignment, "alignment")
     if alignment <= 0 or alignment & (alignment - 1):
         raise ArgumentError(f"alignment must be a power of 2, got {alignment}")
     base = buffer or 0
@@ -88,14 +113,16 @@ class TensorAllocator:
         Prefer the constructors `new`, `new_measure`, `new_from_buffer`,
         `new_from_backend`, `new_measure_from_backend`.
         """
-        if max_free_blocks < 1:
-            raise ArgumentError(f"max_free_blocks must be >= 1, got {max_free_blocks}")
+        check_instance(buffer, Buffer, "TensorAllocator: buffer")
+        max_free_blocks = check_positive(max_free_blocks, "TensorAllocator: max_free_blocks")
         self.buffer = buffer
         self.buffer_owned = buffer_owned
         self.base: int = buffer.get_base()
-        self.alignment: int = buffer.get_alignment() if alignment is None else int(alignment)
+        self.alignment: int = buffer.get_alignment() if alignment is None else check_int(alignment, "alignment")
         aligned_offset(None, 0, self.alignment)  # checks the alignment is a power of 2
         self.free_blocks: list[FreeBlock] = []
+        # id(tensor) -> (tensor, address, size) of every tensor this allocator gave memory and has not freed
+        self.allocated: dict[int, tuple[Tensor, int, int]] = {}
         self.max_size = 0
         self.measure = measure
         self.max_free_blocks = max_free_blocks
@@ -158,6 +185,7 @@ class TensorAllocator:
             # a buffer smaller than its alignment padding has no usable bytes (size_t would wrap in C)
             size = max(self.buffer.get_size() - align_offset, 0)
         self.free_blocks = [FreeBlock(self.base + align_offset, size)]
+        self.allocated = {}
 
     def free(self) -> None:
         """ggml_tallocr_free: frees the buffer if the allocator made it."""
@@ -178,6 +206,10 @@ class TensorAllocator:
         """ggml_tallocr_is_own: whether `tensor`'s memory is in this allocator's buffer."""
         return tensor.buffer is self.buffer
 
+    def holds(self, tensor: Tensor) -> bool:
+        """Whether this allocator gave `tensor` memory that has not been freed (or reset) since."""
+        return self._entry_of(tensor) is not None
+
     def largest_free_block(self) -> int:
         size = 0
         for block in self.free_blocks:
@@ -192,12 +224,23 @@ class TensorAllocator:
 
     def alloc(self, tensor: Tensor) -> None:
         """ggml_tallocr_alloc: give `tensor` memory from the best fitting free block."""
+        check_instance(tensor, Tensor, "tallocr alloc: tensor")
+        if self.buffer.freed:
+            raise BufferFreedError(f"cannot allocate '{tensor.name}': buffer '{self.buffer.name}' "
+                                   f"({self.buffer.size} bytes) of this allocator was freed")
         if tensor.view_src is not None:
             # views generally get data pointer from one of their sources
             raise ArgumentError(f"cannot allocate view '{tensor.name}'; views get memory from their view_src "
                                 f"'{tensor.view_src.name}'")
         if tensor.data is not None:
-            raise ArgumentError(f"cannot allocate '{tensor.name}': it already has memory (data {tensor.data:#x})")
+            if self.holds(tensor):
+                where = f"allocated by this allocator at offset {tensor.data - self.base}"
+            elif tensor.buffer is not None:
+                where = f"in buffer '{tensor.buffer.name}'"
+            else:
+                where = "in no buffer"
+            raise ArgumentError(f"cannot allocate '{tensor.name}': it already has memory (data {tensor.data:#x}, "
+                                f"{where}); free it first")
 
         size = self.alloc_size(tensor)
         blocks = self.free_blocks
@@ -239,6 +282,7 @@ class TensorAllocator:
 
         tensor.data = addr
         tensor.buffer = self.buffer
+        self.allocated[id(tensor)] = (tensor, addr, size)
         if not self.measure:
             self.buffer.init_tensor(tensor)
 
@@ -250,13 +294,22 @@ class TensorAllocator:
         The graph allocator tries to free weights and other tensors of other
         buffers; the easiest way to deal with that is to ignore them. As in the
         seed, `tensor.data` is left as it is (the graph still reads it).
+        A double free, or a tensor of this buffer this allocator does not hold,
+        raises InvalidStateError before anything changes (see the module doc).
         """
+        check_instance(tensor, Tensor, "tallocr free_tensor: tensor")
+        if tensor.data is None:
+            raise NotAllocatedError(f"cannot free '{tensor.name}' in buffer '{self.buffer.name}': it has no memory "
+                                    f"(data is None)")
         if not self.is_own(tensor):
             return
-
-        ptr = tensor.data
-        assert ptr is not None  # a tensor of this buffer always has an address
-        size = self.alloc_size(tensor)
+        if self.buffer.freed:
+            raise BufferFreedError(f"cannot free '{tensor.name}': buffer '{self.buffer.name}' "
+                                   f"({self.buffer.size} bytes) of this allocator was freed")
+        entry = self._entry_of(tensor)
+        if entry is None:
+            raise InvalidStateError(self._not_held(tensor))
+        owner, ptr, size = entry  # the bytes given out, whatever the tensor's fields say now
         blocks = self.free_blocks
         n_free_blocks = len(blocks)
         log.debug("free: freeing %s at %#x (%d bytes) - n_free_blocks = %d", tensor.name, ptr, size, n_free_blocks)
@@ -266,7 +319,7 @@ class TensorAllocator:
             block = blocks[i]
             # check if ptr is at the end of the block
             if block.addr + block.size == ptr:
-                self._free_tensor_hook(tensor)
+                self._free_tensor_hook(tensor, owner)
                 block.size += size
                 # check if we can merge with the next block
                 if i < n_free_blocks - 1 and block.addr + block.size == blocks[i + 1].addr:
@@ -275,7 +328,7 @@ class TensorAllocator:
                 return
             # check if ptr is at the beginning of the block
             if ptr + size == block.addr:
-                self._free_tensor_hook(tensor)
+                self._free_tensor_hook(tensor, owner)
                 block.addr = ptr
                 block.size += size
                 # check if we can merge with the previous block
@@ -290,28 +343,64 @@ class TensorAllocator:
                 f"cannot free '{tensor.name}' ({size} bytes at offset {ptr - self.base}) in buffer "
                 f"'{self.buffer.name}': out of free blocks (MAX_FREE_BLOCKS = {self.max_free_blocks})"
             )
-        self._free_tensor_hook(tensor)
+        self._free_tensor_hook(tensor, owner)
         # insert the new block in the correct position to keep the list sorted by address (to make merging faster)
         insert_pos = 0
         while insert_pos < n_free_blocks and blocks[insert_pos].addr < ptr:
             insert_pos += 1
         blocks.insert(insert_pos, FreeBlock(ptr, size))
 
-    def _free_tensor_hook(self, tensor: Tensor) -> None:
+    def _entry_of(self, tensor: Tensor) -> tuple[Tensor, int, int] | None:
+        """The allocation `tensor` frees: its own, or, for a node the graph allocator computes in place
+        (made a view of its source), the allocation of the view source whose bytes it took (same
+        address, same size), as the seed frees by address."""
+        entry = self.allocated.get(id(tensor))
+        if entry is not None and entry[0] is tensor:
+            return entry
+        src = tensor.view_src
+        while src is not None:
+            entry = self.allocated.get(id(src))
+            if entry is not None and entry[0] is src:
+                if entry[1] == tensor.data and entry[2] == self.alloc_size(tensor):
+                    return entry
+                return None
+            src = src.view_src
+        return None
+
+    def _free_tensor_hook(self, tensor: Tensor, owner: Tensor) -> None:
         # the seed calls the buffer's free_tensor before merging; here it comes once the free cannot fail
         if not self.measure:
             self.buffer.free_tensor(tensor)
+        del self.allocated[id(owner)]
+
+    def _not_held(self, tensor: Tensor) -> str:
+        """Why freeing `tensor` (of this buffer, not held) is refused: a double free, or not ours."""
+        assert tensor.data is not None
+        size = self.alloc_size(tensor)
+        lo, hi = tensor.data, tensor.data + size
+        what = (f"cannot free '{tensor.name}' ({size} bytes at offset {lo - self.base}) in buffer "
+                f"'{self.buffer.name}'")
+        for t, addr, n in self.allocated.values():
+            if addr < hi and lo < addr + n:
+                return (f"{what}: it is not allocated by this allocator (already freed?); its bytes now belong to "
+                        f"'{t.name}' ({n} bytes at offset {addr - self.base})")
+        for block in self.free_blocks:
+            if block.addr < hi and lo < block.addr + block.size:
+                return f"{what}: its bytes are free already (a double free, or the allocator was reset since)"
+        return (f"{what}: it was not allocated by this allocator (another allocator over the same buffer, or "
+                f"before reset())")
 
     # --- snapshots (the graph allocator undoes a failed graph with them) ---
 
-    def snapshot(self) -> tuple[list[tuple[int, int]], int]:
-        """The free blocks and max_size, to `restore` after a failed sequence of allocations."""
-        return [(b.addr, b.size) for b in self.free_blocks], self.max_size
+    def snapshot(self) -> tuple[list[tuple[int, int]], int, dict[int, tuple[Tensor, int, int]]]:
+        """The free blocks, max_size and allocated tensors, to `restore` after a failed sequence of allocations."""
+        return [(b.addr, b.size) for b in self.free_blocks], self.max_size, dict(self.allocated)
 
-    def restore(self, state: tuple[list[tuple[int, int]], int]) -> None:
-        blocks, max_size = state
+    def restore(self, state: tuple[list[tuple[int, int]], int, dict[int, tuple[Tensor, int, int]]]) -> None:
+        blocks, max_size, allocated = state
         self.free_blocks = [FreeBlock(addr, size) for addr, size in blocks]
         self.max_size = max_size
+        self.allocated = dict(allocated)
 
     def __repr__(self) -> str:
         kind = "measure" if self.measure else f"buffer '{self.buffer.name}'"

@@ -10,6 +10,7 @@ from pyggml.backend.tensor_io import (
     tensor_get,
     tensor_get_async,
     tensor_get_numpy,
+    tensor_memset,
     tensor_set,
     tensor_set_async,
     tensor_set_numpy,
@@ -18,6 +19,6 @@ from pyggml.backend.tensor_io import (
 __all__ = [
     "Backend", "Buffer", "BufferInterface", "IfaceBuffer", "buffer_init", "get_backend", "init_backend",
     "list_backends", "numpy_shape", "op_desc", "register_backend", "tensor_buffer", "tensor_copy", "tensor_get",
-    "tensor_get_async", "tensor_get_numpy", "tensor_set", "tensor_set_async", "tensor_set_numpy",
+    "tensor_get_async", "tensor_get_numpy", "tensor_memset", "tensor_set", "tensor_set_async", "tensor_set_numpy",
     "unregister_backend",
 ]

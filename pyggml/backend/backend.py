@@ -18,12 +18,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from pyggml.core.checks import check_instance, check_int
 from pyggml.core.errors import ArgumentError, BufferFreedError, NotAllocatedError, UnsupportedOpError
+from pyggml.core.graph import Graph
 from pyggml.core.tensor import GGMLOp, Tensor, is_view_op
 
 if TYPE_CHECKING:
     from pyggml.backend.buffer import Buffer
-    from pyggml.core.graph import Graph
 
 
 def op_desc(node: Tensor) -> str:
@@ -112,7 +113,8 @@ class Backend:
         return self._get_name()
 
     def free(self) -> None:
-        """ggml_backend_free; freeing twice is harmless."""
+        """ggml_backend_free. Idempotent: the first call releases, later calls do nothing; any other
+        use afterwards raises BufferFreedError naming the backend."""
         if self.freed:
             return
         self._free()
@@ -122,11 +124,12 @@ class Backend:
         return self._get_alignment()
 
     def alloc_buffer(self, size: int) -> Buffer:
-        """ggml_backend_alloc_buffer: a new buffer of `size` bytes."""
+        """ggml_backend_alloc_buffer: a new buffer of `size` bytes (an int >= 0)."""
         self.check_alive()
+        size = check_int(size, f"backend '{self.name()}': alloc_buffer: size")
         if size < 0:
             raise ArgumentError(f"backend '{self.name()}': cannot allocate a buffer of {size} bytes")
-        return self._alloc_buffer(int(size))
+        return self._alloc_buffer(size)
 
     def synchronize(self) -> None:
         self.check_alive()
@@ -134,11 +137,13 @@ class Backend:
 
     def supports_op(self, op: Tensor) -> bool:
         """ggml_backend_supports_op: whether this backend can compute node `op`."""
+        check_instance(op, Tensor, f"backend '{self.name()}': supports_op: op")
         return bool(self._supports_op(op))
 
     def graph_plan_create(self, graph: Graph) -> Any:
         """ggml_backend_graph_plan_create: check `graph` and precompute it for `graph_plan_compute`."""
         self.check_alive()
+        check_instance(graph, Graph, f"backend '{self.name()}': graph_plan_create: graph")
         self.check_graph(graph, "graph_plan_create")
         return self._graph_plan_create(graph)
 
@@ -153,6 +158,7 @@ class Backend:
     def graph_compute(self, graph: Graph) -> None:
         """ggml_backend_graph_compute: check `graph`, then compute every node in order."""
         self.check_alive()
+        check_instance(graph, Graph, f"backend '{self.name()}': graph_compute: graph")
         self.check_graph(graph, "graph_compute")
         self._graph_compute(graph)
 

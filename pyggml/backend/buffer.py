@@ -8,6 +8,13 @@ default to what the seed does when the entry is NULL.
 
 `buffer_init` is `ggml_backend_buffer_init` for C-style code: a buffer made
 from an interface object of callables (`BufferInterface`) and a context.
+
+Freed buffers: every method that reads or writes the memory (`get_base`,
+`get_alignment`, `get_alloc_size`, `init_tensor`, `free_tensor`, `clear`)
+raises BufferFreedError naming the buffer and its size. `free()` itself is
+idempotent: the first call releases the memory (the seed frees once), later
+calls do nothing, as Python's `close()` methods. `get_size`, `is_host` and
+`repr` stay answerable after free.
 """
 
 from __future__ import annotations
@@ -16,8 +23,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pyggml.core.errors import ArgumentError, BufferFreedError, GGMLError, GraphError
+from pyggml.core import memory
+from pyggml.core.checks import check_instance, check_int, check_size
+from pyggml.core.errors import (
+    ArgumentError,
+    BufferFreedError,
+    GGMLError,
+    GraphError,
+    OutOfBoundsError,
+    UnsupportedOpError,
+)
 from pyggml.core.tensor import Tensor
+from pyggml.core.types import TYPE_TRAITS
 
 if TYPE_CHECKING:
     from pyggml.backend.backend import Backend
@@ -28,7 +45,7 @@ class Buffer:
 
     def __init__(self, backend: Backend | None, size: int, context: Any = None) -> None:
         self.backend = backend
-        self.size = int(size)
+        self.size = check_size(size, "buffer size")
         self.context = context
         self.freed = False
         self.name = backend.name() if backend is not None else "buffer"
@@ -59,6 +76,19 @@ class Buffer:
         """
         return False
 
+    def _clear(self, value: int) -> None:
+        """Set every byte to `value` (optional: host buffers fill their registered memory, others refuse)."""
+        if not self._is_host():
+            raise UnsupportedOpError(f"buffer '{self.name}' ({type(self).__name__}) cannot be cleared: "
+                                     f"its backend does not implement clear")
+        if self.size == 0:
+            return
+        found = memory.find(self._get_base(), self.size)
+        if found is None:
+            raise OutOfBoundsError(f"buffer '{self.name}': its {self.size} bytes are not in host memory")
+        array, offset = found
+        array[offset: offset + self.size] = value
+
     # --- ggml_backend_buffer_* ---
 
     def check_alive(self) -> None:
@@ -66,7 +96,7 @@ class Buffer:
             raise BufferFreedError(f"buffer '{self.name}' ({self.size} bytes) was used after it was freed")
 
     def free(self) -> None:
-        """ggml_backend_buffer_free; freeing twice is harmless."""
+        """ggml_backend_buffer_free. Idempotent: the memory is released once, a second call does nothing."""
         if self.freed:
             return
         self._free_buffer()
@@ -90,18 +120,49 @@ class Buffer:
 
     def get_alloc_size(self, tensor: Tensor) -> int:
         self.check_alive()
+        check_instance(tensor, Tensor, f"buffer '{self.name}': get_alloc_size: tensor")
         return self._get_alloc_size(tensor)
 
     def init_tensor(self, tensor: Tensor) -> None:
+        """ggml_backend_buffer_init_tensor: `tensor` got memory here; its bytes must lie inside the buffer.
+
+        A tensor without an address yet (data None) is passed to the hook unchecked, as the seed does.
+        """
         self.check_alive()
+        check_instance(tensor, Tensor, f"buffer '{self.name}': init_tensor: tensor")
+        if tensor.data is not None:
+            # a tensor placed outside the buffer would make kernels write another buffer's bytes
+            self.check_tensor(tensor, "init_tensor")
         self._init_tensor(tensor)
 
     def free_tensor(self, tensor: Tensor) -> None:
         self.check_alive()
+        check_instance(tensor, Tensor, f"buffer '{self.name}': free_tensor: tensor")
         self._free_tensor(tensor)
 
     def is_host(self) -> bool:
         return self._is_host()
+
+    def clear(self, value: int = 0) -> None:
+        """ggml_backend_buffer_clear (ggml's later name): set every byte of the buffer to `value` (0..255)."""
+        self.check_alive()
+        value = check_int(value, f"buffer '{self.name}': clear: value", minimum=0, maximum=255)
+        self._clear(value)
+
+    def check_extent(self, addr: int, nbytes: int, name: str, what: str) -> None:
+        """OutOfBoundsError unless [addr, addr + nbytes) lies inside this buffer (alive: checked by the caller)."""
+        offset = addr - self._get_base()
+        if offset < 0 or offset + nbytes > self.size:
+            raise OutOfBoundsError(
+                f"{what}: {nbytes} bytes of '{name}' at offset {offset} are outside its {self.size} bytes of "
+                f"buffer '{self.name}'"
+            )
+
+    def check_tensor(self, tensor: Tensor, what: str) -> None:
+        """OutOfBoundsError unless every byte `tensor` can reach (negative strides included) is in this buffer."""
+        assert tensor.data is not None
+        lo, hi = tensor_span(tensor)
+        self.check_extent(tensor.data + lo, hi - lo, tensor.name, what)
 
     # --- Python conveniences ---
 
@@ -130,6 +191,30 @@ def check_plan_buffers(freed: bool, n_nodes: int, buffers: list[Buffer]) -> None
             raise BufferFreedError(
                 f"graph_plan_compute: buffer '{buffer.name}' ({buffer.size} bytes) used by the plan was freed"
             )
+
+
+def tensor_span(tensor: Tensor) -> tuple[int, int]:
+    """The byte range [lo, hi) from `tensor.data` that its elements occupy: (0, nbytes) for
+    non-negative strides; a negative stride reaches below `data`. (0, 0) for an empty tensor."""
+    ne, nb = tensor.ne, tensor.nb
+    if min(ne) <= 0:
+        return 0, 0
+    if min(nb) >= 0:
+        return 0, tensor.nbytes()
+    tr = TYPE_TRAITS[tensor.type]
+    if tr.blck_size == 1:
+        first, last = 0, tr.type_size
+        dims = range(len(ne))
+    else:  # rows of whole blocks
+        first, last = 0, max(ne[0] * nb[0] // tr.blck_size, 0)
+        dims = range(1, len(ne))
+    for i in dims:
+        step = (ne[i] - 1) * nb[i]
+        if step < 0:
+            first += step
+        else:
+            last += step
+    return first, last
 
 
 def tensor_buffer(tensor: Tensor) -> Buffer | None:
@@ -205,6 +290,5 @@ def buffer_init(backend: Backend | None, iface: Any, context: Any, size: int) ->
     get_base = _entry(iface, "get_base")
     if get_base is None or not callable(get_base):
         raise ArgumentError("buffer_init: the interface must have a get_base callable (the seed asserts it)")
-    if size < 0:
-        raise ArgumentError(f"buffer_init: size must be >= 0, got {size}")
+    size = check_size(size, "buffer_init: size")
     return IfaceBuffer(backend, iface, context, size)

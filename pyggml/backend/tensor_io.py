@@ -1,10 +1,13 @@
 """The tensor functions of ggml-backend.h: set, get, copy, and their numpy forms.
 
-Every function checks everything before a byte moves: the tensor has memory
+Every function checks everything before a byte moves: the tensor is a Tensor
+and offsets and sizes are ints (ArgumentTypeError); the tensor has memory
 (NotAllocatedError), in a buffer of a backend (NotAllocatedError), that is not
-freed (BufferFreedError); the range is inside the tensor (OutOfBoundsError);
-the caller's memory is large enough (OutOfBoundsError) and writable where it
-is written (ArgumentError). On error nothing has been written.
+freed (BufferFreedError), and lies inside that buffer (OutOfBoundsError); the
+range is inside the tensor (OutOfBoundsError, ArgumentError for a negative
+offset or size); the caller's memory is large enough (OutOfBoundsError) and
+writable where it is written (ArgumentError). On error nothing has been
+written.
 
 `data` and `out` are any buffer-protocol objects (numpy arrays, bytes,
 bytearray, memoryview, array.array); the bytes are copied as they lie in
@@ -19,7 +22,15 @@ import numpy as np
 
 from pyggml.backend.backend import Backend
 from pyggml.backend.buffer import Buffer, tensor_buffer
-from pyggml.core.errors import ArgumentError, LayoutError, NotAllocatedError, OutOfBoundsError, ShapeError
+from pyggml.core.checks import check_instance, check_int
+from pyggml.core.errors import (
+    ArgumentError,
+    BufferFreedError,
+    LayoutError,
+    NotAllocatedError,
+    OutOfBoundsError,
+    ShapeError,
+)
 from pyggml.core.tensor import Tensor, are_same_layout
 from pyggml.core.types import TYPE_TRAITS, GGMLType
 
@@ -36,7 +47,8 @@ def get_backend(tensor: Tensor) -> Backend | None:
 
 
 def _backend_for(tensor: Tensor, what: str) -> tuple[Backend, Buffer]:
-    """The tensor's backend and buffer, both alive, or an error naming the tensor."""
+    """The tensor's backend and buffer, both alive, the tensor inside the buffer, or an error naming it."""
+    check_instance(tensor, Tensor, f"{what}: tensor")
     if tensor.data is None:
         raise NotAllocatedError(f"{what}: tensor '{tensor.name}' is not allocated (data is None)")
     buffer = tensor_buffer(tensor)
@@ -45,11 +57,17 @@ def _backend_for(tensor: Tensor, what: str) -> tuple[Backend, Buffer]:
             f"{what}: tensor '{tensor.name}' is not in a backend buffer (its backend is not set); "
             f"tensors of a Context's own memory are read with Tensor.numpy()"
         )
-    buffer.check_alive()
+    if buffer.freed:
+        raise BufferFreedError(f"{what}: buffer '{buffer.name}' ({buffer.size} bytes) of tensor '{tensor.name}' "
+                               f"was used after it was freed")
     backend = buffer.backend
     if backend is None:
         raise NotAllocatedError(f"{what}: buffer '{buffer.name}' of tensor '{tensor.name}' has no backend")
-    backend.check_alive()
+    if backend.freed:
+        raise BufferFreedError(f"{what}: backend '{backend.name()}' was used after it was freed (tensor "
+                               f"'{tensor.name}')")
+    # a tensor whose address lies outside its buffer (a corrupt view) would read or write another buffer
+    buffer.check_tensor(tensor, what)
     return backend, buffer
 
 
@@ -105,7 +123,14 @@ def _dest_bytes(out: object, what: str) -> np.ndarray:
     return np.frombuffer(mv.cast("B") if mv.ndim != 1 or mv.format != "B" else mv, dtype=np.uint8)
 
 
+def _check_offset_size(offset: object, size: object, what: str) -> tuple[int, int | None]:
+    """`offset` and `size` (None: the default) as ints; floats and bools are refused, not truncated."""
+    offset = check_int(offset, f"{what}: offset")
+    return offset, None if size is None else check_int(size, f"{what}: size")
+
+
 def _prepare_set(tensor: Tensor, data: object, offset: int, size: int | None, what: str) -> tuple[Backend, np.ndarray]:
+    offset, size = _check_offset_size(offset, size, what)
     backend, _ = _backend_for(tensor, what)
     raw = _source_bytes(data, what)
     if size is None:
@@ -119,6 +144,7 @@ def _prepare_set(tensor: Tensor, data: object, offset: int, size: int | None, wh
 
 
 def _prepare_get(tensor: Tensor, out: object, offset: int, size: int | None, what: str) -> tuple[Backend, np.ndarray]:
+    offset, size = _check_offset_size(offset, size, what)
     backend, _ = _backend_for(tensor, what)
     if offset < 0:
         raise ArgumentError(f"{what}: offset ({offset}) must be >= 0 for '{tensor.name}'")
@@ -168,6 +194,8 @@ def tensor_copy(src: Tensor, dst: Tensor) -> None:
     As the seed: dst's backend's `_cpy_tensor_from`, else src's backend's
     `_cpy_tensor_to`, else through host memory (get, then set).
     """
+    check_instance(src, Tensor, "tensor_copy: src")
+    check_instance(dst, Tensor, "tensor_copy: dst")
     if not are_same_layout(src, dst):
         raise LayoutError(
             f"tensor_copy: cannot copy tensors with different layouts: '{src.name}' {src.type.name} "
@@ -187,6 +215,21 @@ def tensor_copy(src: Tensor, dst: Tensor) -> None:
     staging = np.empty(nbytes, dtype=np.uint8)
     tensor_get(src, staging, 0, nbytes)
     tensor_set(dst, staging, 0, nbytes)
+
+
+def tensor_memset(tensor: Tensor, value: int, offset: int = 0, size: int | None = None) -> None:
+    """ggml_backend_tensor_memset (ggml's later name): set `size` bytes (default: the rest of the tensor)
+    from byte `offset` to `value` (0..255), with tensor_set's checks."""
+    value = check_int(value, "tensor_memset: value", minimum=0, maximum=255)
+    offset, size = _check_offset_size(offset, size, "tensor_memset")
+    backend, _ = _backend_for(tensor, "tensor_memset")
+    if offset < 0:
+        raise ArgumentError(f"tensor_memset: offset ({offset}) must be >= 0 for '{tensor.name}'")
+    if size is None:
+        size = max(tensor.nbytes() - offset, 0)
+    _check_range(tensor, offset, size, "tensor_memset", "memset")
+    backend._set_tensor_async(tensor, memoryview(np.full(size, value, dtype=np.uint8)), offset, size)
+    backend._synchronize()
 
 
 # --- numpy conveniences ---

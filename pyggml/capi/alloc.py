@@ -4,9 +4,10 @@
 `ggml_allocr_t` an `Allocr`, `struct ggml_hash_set` a `HashSet`, and
 `ggml_tallocr_t * hash_node_alloct` a list indexed by hash-set slot.
 `(const int * list, int n)` is any sequence of ints (the first n are used).
-Freeing NULL (None) does nothing, as in C. The seed's static helpers are here
-too (`ggml_tallocr_is_own`, `ggml_tallocr_free_tensor`, the `_impl`s), so
-C code ported line by line finds every name.
+Freeing NULL (None) does nothing, as in C. Bad arguments raise the classes'
+own errors (the same GGMLError subclass and message). The seed's static
+helpers are here too (`ggml_tallocr_is_own`, `ggml_tallocr_free_tensor`, the
+`_impl`s), so C code ported line by line finds every name.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from pyggml.alloc.graph_allocator import GraphAllocator
 from pyggml.alloc.tensor_allocator import TensorAllocator
 from pyggml.backend.backend import Backend
 from pyggml.backend.buffer import Buffer
+from pyggml.core.checks import check_instance, check_int
+from pyggml.core.errors import InvalidStateError
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import Tensor
 
@@ -37,7 +40,11 @@ __all__ = [
 
 
 def _seq(list_: Sequence[int], n: int | None) -> list[int]:
-    return [int(i) for i in (list_ if n is None else list_[:n])]
+    """The first `n` entries of `list_` (all if None), which must hold at least n."""
+    if n is None:
+        return list(list_)
+    n = check_int(n, "parse_seq: n", minimum=0, maximum=len(list_))
+    return list(list_[:n])
 
 
 # --- tensor allocator ---
@@ -99,6 +106,11 @@ def ggml_tallocr_free_tensor(alloc: TensorAllocator, tensor: Tensor) -> None:
 
 def ggml_tallocr_alloc_graph_impl(galloc: GraphAllocator, gf: Graph) -> None:
     """The seed's static pass over a graph; the allocator(s) must be set on `galloc` (talloc or hash_allocs)."""
+    check_instance(galloc, GraphAllocator, "ggml_tallocr_alloc_graph_impl: galloc")
+    check_instance(gf, Graph, "ggml_tallocr_alloc_graph_impl: graph")
+    if galloc.hash_set is None or (galloc.talloc is None and galloc.hash_allocs is None):
+        raise InvalidStateError("ggml_tallocr_alloc_graph_impl: the graph allocator has no pass in progress (no "
+                                "tensor allocator or hash set set); call ggml_gallocr_alloc_graph")
     galloc._alloc_graph_impl(gf)
 
 

@@ -3,7 +3,10 @@
 Pointers are Python objects: `ggml_backend_t` a `Backend`, `ggml_backend_buffer_t`
 a `Buffer`, `ggml_backend_graph_plan_t` a plan object, `void * data` any
 buffer-protocol object (numpy arrays included), `void *` results ints.
-NULL is None where the C functions accept NULL.
+NULL is None where the C functions accept NULL. Bad arguments raise the
+classes' own errors (the same GGMLError subclass and message).
+`ggml_backend_buffer_clear` and `ggml_backend_tensor_memset` are not in the
+seed: they are ggml's later names.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ __all__ = [
     "ggml_backend_graph_compute", "ggml_backend_supports_op", "ggml_backend_tensor_copy",
     "ggml_backend_cpu_init", "ggml_backend_is_cpu", "ggml_backend_cpu_set_n_threads",
     "ggml_backend_cpu_buffer_from_ptr", "ggml_graph_compute_with_ctx",
+    "ggml_backend_buffer_clear", "ggml_backend_tensor_memset",
 ]
 
 # struct ggml_backend_buffer_i
@@ -72,6 +76,10 @@ def ggml_backend_buffer_free_tensor(buffer: Buffer, tensor: Tensor) -> None:
     buffer.free_tensor(tensor)
 
 
+def ggml_backend_buffer_clear(buffer: Buffer, value: int) -> None:
+    buffer.clear(value)
+
+
 # --- backend ---
 
 
@@ -113,6 +121,10 @@ def ggml_backend_tensor_set(tensor: Tensor, data: object, offset: int, size: int
 
 def ggml_backend_tensor_get(tensor: Tensor, data: object, offset: int, size: int) -> None:
     tensor_io.tensor_get(tensor, data, offset, size)
+
+
+def ggml_backend_tensor_memset(tensor: Tensor, value: int, offset: int, size: int) -> None:
+    tensor_io.tensor_memset(tensor, value, offset, size)
 
 
 def ggml_backend_synchronize(backend: Backend) -> None:

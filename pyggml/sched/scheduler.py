@@ -44,6 +44,14 @@ Where pyggml differs from the C seed (see DESIGN.md "Where the seed is wrong"):
   LimitExceededError, and the other asserts raise GGMLErrors, before any
   node runs; a graph whose split or allocation fails is left as it was given
   (its sources point at its own tensors again, not at the copies).
+- Every backend, and every compute buffer, is checked to be alive before
+  `init_measure`, `reserve` or `graph_compute` does anything (BufferFreedError
+  naming the backend and its position): a freed backend is never noticed
+  halfway, after earlier splits have run.
+- `graph_size` (ggml's later `ggml_backend_sched_new` argument): the largest
+  graph (`Graph.size`) the scheduler takes; its tables are sized for it even
+  when the measure graph is smaller. None (the default) takes the measure
+  graph's size.
 - `reserve(graph)` (not in the seed: ggml's later `ggml_backend_sched_reserve`)
   grows the compute buffers so that another graph fits. A graph smaller than
   the measure graph can need more memory than measured: its best-fit choices
@@ -68,9 +76,11 @@ from pyggml.alloc.tensor_allocator import SIZE_MAX, FreeBlock, TensorAllocator
 from pyggml.backend.backend import Backend, op_desc
 from pyggml.backend.buffer import Buffer
 from pyggml.backend.tensor_io import tensor_copy, tensor_get, tensor_set
+from pyggml.core.checks import check_instance, check_positive
 from pyggml.core.context import Context, tensor_overhead
 from pyggml.core.errors import (
     ArgumentError,
+    ArgumentTypeError,
     BufferFreedError,
     GraphError,
     LimitExceededError,
@@ -79,6 +89,7 @@ from pyggml.core.errors import (
     UnsupportedOpError,
 )
 from pyggml.core.graph import Graph
+from pyggml.core.graph import hash_size as graph_hash_size
 from pyggml.core.tensor import GGMLOp, Tensor, is_view_op
 from pyggml.sched.split import Split
 from pyggml.sched.stats import BackendStats, SchedStats
@@ -118,28 +129,35 @@ class Scheduler:
 
     def __init__(self, backends: Sequence[Backend], max_backends: int = GGML_MAX_BACKENDS,
                  max_splits: int = GGML_MAX_SPLITS, max_split_inputs: int = GGML_MAX_SPLIT_INPUTS,
-                 auto_reserve: bool = False) -> None:
+                 auto_reserve: bool = False, graph_size: int | None = None) -> None:
         """ggml_backend_sched_new: measure allocators for every backend, in the order given.
 
         `auto_reserve` (not in the seed): a `graph_compute` whose allocation runs
         out of memory calls `reserve(graph)` and tries once more instead of raising.
+        `graph_size` (ggml's later argument): the largest graph size taken (None:
+        the measure graph's).
         """
+        if isinstance(backends, (str, bytes)) or not isinstance(backends, Sequence):
+            raise ArgumentTypeError(f"Scheduler: backends must be a sequence of Backends, got "
+                                    f"{type(backends).__name__} {backends!r:.80}")
         backends = list(backends)
         for name, value in (("max_backends", max_backends), ("max_splits", max_splits),
                             ("max_split_inputs", max_split_inputs)):
-            if value < 1:
-                raise ArgumentError(f"Scheduler: {name} must be >= 1, got {value}")
+            check_positive(value, f"Scheduler: {name}")
+        if graph_size is not None:
+            graph_size = check_positive(graph_size, "Scheduler: graph_size")
         if not backends:
             raise ArgumentError("Scheduler: at least one backend is needed")
+        for i, b in enumerate(backends):
+            check_instance(b, Backend, f"Scheduler: backends[{i}]")
         if len(backends) > max_backends:
             raise LimitExceededError(
                 f"Scheduler: {len(backends)} backends ({', '.join(b.name() for b in backends)}) exceed "
                 f"GGML_MAX_BACKENDS = {max_backends}"
             )
         for i, b in enumerate(backends):
-            if not isinstance(b, Backend):
-                raise ArgumentError(f"Scheduler: backend {i} is a {type(b).__name__}, not a Backend")
-            b.check_alive()
+            if b.freed:
+                raise BufferFreedError(f"Scheduler: backend '{b.name()}' (backends[{i}]) was freed")
             for j in range(i):
                 if backends[j] is b:
                     raise ArgumentError(f"Scheduler: backend '{b.name()}' is given twice (positions {j} and {i}); "
@@ -149,6 +167,7 @@ class Scheduler:
         self.max_splits = max_splits
         self.max_split_inputs = max_split_inputs
         self.auto_reserve = auto_reserve
+        self.graph_size = graph_size
 
         self._backend_ids = {id(b): i for i, b in enumerate(backends)}  # priorities (the list keeps ids unique)
         self.galloc = GraphAllocator()
@@ -205,6 +224,19 @@ class Scheduler:
         if self.freed:
             raise BufferFreedError("the scheduler was used after it was freed")
 
+    def _check_backends(self, what: str) -> None:
+        """The scheduler, every backend and every compute buffer alive, checked before anything runs:
+        a freed backend found at its split would leave the earlier splits computed and the graph half done."""
+        self._check_alive()
+        for i, (b, talloc) in enumerate(zip(self.backends, self.tallocs, strict=True)):
+            if b.freed:
+                raise BufferFreedError(f"{what}: backend '{b.name()}' (backend {i} of the scheduler's "
+                                       f"{len(self.backends)}) was freed; nothing was computed")
+            buffer = talloc.get_buffer()
+            if buffer.freed:
+                raise BufferFreedError(f"{what}: the compute buffer '{buffer.name}' ({buffer.size} bytes) of backend "
+                                       f"'{b.name()}' (backend {i}) was freed; nothing was computed")
+
     # --- priorities (the seed's sched_backend_prio / sched_allocr_prio) ---
 
     def backend_prio(self, backend: Backend | None) -> float:
@@ -219,6 +251,7 @@ class Scheduler:
         self._talloc_ids = {id(t): i for i, t in enumerate(tallocs)}  # the list keeps the ids unique
 
     def _backend_index(self, backend: Backend, what: str) -> int:
+        check_instance(backend, Backend, f"{what}: backend")
         prio = self.backend_prio(backend)
         if prio == _NO_PRIO:
             names = ", ".join(f"'{b.name()}'" for b in self.backends)
@@ -245,13 +278,16 @@ class Scheduler:
         init_measure: assign the nodes of each graph before computing it.
         """
         self._check_alive()
+        check_instance(node, Tensor, "set_node_backend: node")
         index = self._backend_index(backend, f"set_node_backend('{node.name}')")
-        self.user_assignments[id(node)] = (node, index)
         if self.hash_set is not None:
-            self.node_talloc[self.hash_set.find_or_insert(node)] = self.tallocs[index]
+            slot = self.hash_set.find_or_insert(node)  # may raise (a full table): before anything changes
+            self.node_talloc[slot] = self.tallocs[index]
+        self.user_assignments[id(node)] = (node, index)
 
     def get_node_backend(self, node: Tensor) -> Backend | None:
         """The backend `node` is assigned to: by the last split, else by set_node_backend, else None."""
+        check_instance(node, Tensor, "get_node_backend: node")
         if self.hash_set is not None:
             slot = self.hash_set.find(node)
             if slot is not None and self.node_talloc[slot] is not None:
@@ -261,6 +297,10 @@ class Scheduler:
             return self.backends[user[1]]
         return None
 
+    # ggml's later names for the two
+    set_tensor_backend = set_node_backend
+    get_tensor_backend = get_node_backend
+
     def init_measure(self, measure_graph: Graph) -> None:
         """ggml_backend_sched_init_measure: size every backend's compute buffer for `measure_graph`.
 
@@ -268,32 +308,53 @@ class Scheduler:
         in `get_tallocr(backend)` first, as they will be for each compute. A
         scheduler measures once (the seed would measure again with the real
         buffers): `reserve` a larger graph (or make a new scheduler).
+
+        A failed measure leaves the scheduler as it was (unmeasured, the inputs
+        placed in `get_tallocr` and the assignments kept): fix the cause and
+        call it again, or `reset()`.
         """
-        self._check_alive()
+        self._check_backends("init_measure")
+        check_instance(measure_graph, Graph, "init_measure: measure_graph")
         if self.hash_set is not None:
             raise GraphError("init_measure: this scheduler has measured already; its compute buffers are allocated "
                              "(reserve(graph) grows them for a larger graph)")
-        self.measure_hash_size = measure_graph.visited_hash_table.size
-        hash_size = self.measure_hash_size + self.max_splits * self.max_split_inputs
+        measure_hash_size = measure_graph.visited_hash_table.size
+        if self.graph_size is not None:
+            measure_hash_size = max(measure_hash_size, graph_hash_size(self.graph_size * 2))
+        hash_size = measure_hash_size + self.max_splits * self.max_split_inputs
         self.hash_set = HashSet(hash_size)
         self.node_talloc = [None] * hash_size
         try:
-            t0 = time.perf_counter()
-            self._split_graph(measure_graph)
-            t1 = time.perf_counter()
-            self._alloc_splits()
-            t2 = time.perf_counter()
+            split_time, alloc_time = self._split_and_alloc(measure_graph)
         except BaseException:
             self.hash_set = None
+            self.node_talloc = []
+            self.node_copies = {}
+            raise
+        self.measure_hash_size = measure_hash_size
+        self._new_stats(measure_graph, split_time, alloc_time)
+
+        # allocate buffers and reset allocators; all buffers first, so that one that fails leaves no other behind
+        sizes = [talloc.get_max_size() for talloc in self.tallocs]
+        new: list[TensorAllocator] = []
+        try:
+            for b, size in zip(self.backends, sizes, strict=True):
+                new.append(self._new_tallocr(b, size))
+        except BaseException:
+            for talloc in new:
+                talloc.free()
+                self._own_buffers.pop(id(talloc.buffer), None)
+            # unmeasured again; the measure graph holds measure addresses and cannot be measured again
+            self.hash_set = None
+            self.node_talloc = []
+            self.node_copies = {}
+            self.splits = []
+            self.graph = None
             self.reset()
             raise
-        self._new_stats(measure_graph, t1 - t0, t2 - t1)
-
-        # allocate buffers and reset allocators
-        sizes = [talloc.get_max_size() for talloc in self.tallocs]
         for talloc in self.tallocs:
             talloc.free()
-        self._set_tallocs([self._new_tallocr(b, size) for b, size in zip(self.backends, sizes, strict=True)])
+        self._set_tallocs(new)
         log.debug("init_measure: compute buffer sizes %s",
                   ", ".join(f"{b.name()} {s} bytes" for b, s in zip(self.backends, sizes, strict=True)))
         self.reset()
@@ -306,19 +367,31 @@ class Scheduler:
         tensors keep their memory in the compute buffers until the next call.
         With `auto_reserve`, a graph that does not fit is reserved (the
         buffers grow) and allocated once more; without it, the seed's error.
+
+        Errors found up front (a freed backend or compute buffer, no measure yet,
+        a graph too large or computed before) change nothing. Any later error
+        (a split or an allocation that fails, a kernel) ends the call as a
+        successful one does: the allocators are reset and the assignments
+        forgotten, the graph's sources point at its own tensors again unless
+        a split had started computing, and the scheduler takes the next graph.
         """
-        self._check_alive()
+        # everything that can be checked up front is, before the scheduler's state changes
+        self._check_backends("graph_compute")
+        check_instance(graph, Graph, "graph_compute: graph")
         if self.hash_set is None:
             raise GraphError("graph_compute: call init_measure(measure_graph) first; it sizes the backends' "
                              "compute buffers")
+        self._check_fresh(graph)
+        fits = self._hash_fits(graph)
+        if not fits and not self.auto_reserve:
+            largest = (f"graph_size {self.graph_size}" if self.graph_size is not None
+                       else f"the measure graph (hash table {self.measure_hash_size})")
+            raise GraphError(
+                f"graph_compute: the graph (size {graph.size}, hash table {graph.visited_hash_table.size}) "
+                f"is larger than {largest}; measure with the largest graph"
+            )
         try:
-            if not self._hash_fits(graph):
-                if not self.auto_reserve:
-                    raise GraphError(
-                        f"graph_compute: the graph (size {graph.size}, hash table {graph.visited_hash_table.size}) "
-                        f"is larger than the measure graph (hash table {self.measure_hash_size}); measure with the "
-                        f"largest graph"
-                    )
+            if not fits:
                 self.reserve(graph)
             try:
                 split_time, alloc_time = self._split_and_alloc(graph)
@@ -375,7 +448,8 @@ class Scheduler:
         in it move along with their bytes. Other tensors placed in that buffer
         (not in `graph`) lose their memory. Buffers with room are kept as they are.
         """
-        self._check_alive()
+        self._check_backends("reserve")
+        check_instance(graph, Graph, "reserve: graph")
         if self.hash_set is None:
             raise GraphError("reserve: call init_measure(measure_graph) first; reserve grows the compute buffers "
                              "it made")
@@ -872,10 +946,12 @@ def _copy_allocator_state(src: TensorAllocator, dst: TensorAllocator, dst_size: 
     same offsets from the base, the tail (the last block) grown to the end of `dst`'s `dst_size` bytes.
 
     The best-fit choices of the two allocators are then the same (the tail's size decides only whether
-    an allocation fits, never where it goes).
+    an allocation fits, never where it goes). The tensors `src` holds are held by `dst` at the same
+    offsets (they move there with `_move_tensors`), so the graph allocator can free them in `dst`.
     """
     src_size = src.get_buffer().get_size()
     end = src.base + src_size
+    dst.allocated = {key: (t, addr - src.base + dst.base, size) for key, (t, addr, size) in src.allocated.items()}
     blocks = [FreeBlock(b.addr - src.base + dst.base, b.size) for b in src.free_blocks]
     if src.free_blocks and src.free_blocks[-1].addr + src.free_blocks[-1].size >= end:
         used = src.free_blocks[-1].addr - src.base  # the end of the highest allocation

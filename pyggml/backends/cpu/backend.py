@@ -1,6 +1,9 @@
 """The CPU backend (ggml-backend.c's CPU part): host memory, kernels, plans, threads.
 
-`n_threads` defaults to os.cpu_count(). It is honoured twice: BLAS (numpy's
+`n_threads` defaults to os.cpu_count(); it must be an int in
+[1, GGML_MAX_N_THREADS] (ArgumentTypeError for 2.5 or True, ArgumentError out
+of range), checked by `cpu_init`, `cpu_set_n_threads`, `graph_compute_with_ctx`
+and assignments to `n_threads`. It is honoured twice: BLAS (numpy's
 OpenBLAS/MKL) is limited to it through threadpoolctl, once whenever the count
 a compute needs differs from the one last set (not per kernel: the switch
 costs milliseconds); JIT kernels read `params.n_threads`.
@@ -19,12 +22,20 @@ from pyggml.backends.cpu.buffer import TENSOR_ALIGNMENT, CPUBuffer, cpu_alloc_bu
 from pyggml.backends.cpu.kernels import ComputeParams, WorkArea
 from pyggml.backends.cpu.plan import CPUPlan, kernel_supports, plan_compute, plan_create
 from pyggml.core import memory
+from pyggml.core.checks import check_instance, check_int
 from pyggml.core.context import Context
 from pyggml.core.errors import ArgumentError, OutOfBoundsError
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import Tensor
 
 log = logging.getLogger("pyggml.backends.cpu")
+
+GGML_MAX_N_THREADS = 512  # ggml's limit of a CPU compute's threads
+
+
+def check_n_threads(n_threads: object, what: str) -> int:
+    """`n_threads` as an int in [1, GGML_MAX_N_THREADS]: C would truncate 2.5 and spin up 0 or -3 threads."""
+    return check_int(n_threads, f"{what}: n_threads", minimum=1, maximum=GGML_MAX_N_THREADS)
 
 # the BLAS thread count last set through threadpoolctl (None: never set, the library's default)
 _blas_threads: int | None = None
@@ -61,8 +72,17 @@ class CPUBackend(Backend):
 
     def __init__(self, n_threads: int | None = None) -> None:
         super().__init__()
-        self.n_threads: int = n_threads if n_threads is not None else (os.cpu_count() or 1)
+        self._n_threads = 1
+        self.n_threads = n_threads if n_threads is not None else min(os.cpu_count() or 1, GGML_MAX_N_THREADS)
         self.work = WorkArea()  # the seed's work_data/work_size, reused by graph_compute
+
+    @property
+    def n_threads(self) -> int:
+        return self._n_threads
+
+    @n_threads.setter
+    def n_threads(self, n_threads: int) -> None:
+        self._n_threads = check_n_threads(n_threads, "CPU backend")
 
     # --- hooks ---
 
@@ -143,17 +163,19 @@ def is_cpu(backend: Backend | None) -> bool:
 
 
 def cpu_set_n_threads(backend_cpu: Backend, n_threads: int) -> None:
-    """ggml_backend_cpu_set_n_threads: plans made after this use `n_threads`."""
+    """ggml_backend_cpu_set_n_threads: plans made after this use `n_threads` (an int in [1, GGML_MAX_N_THREADS])."""
+    check_instance(backend_cpu, Backend, "cpu_set_n_threads: backend_cpu")
     if not is_cpu(backend_cpu):
         raise ArgumentError(f"cpu_set_n_threads: backend '{backend_cpu.name()}' is not the CPU backend")
-    if int(n_threads) < 1:
-        raise ArgumentError(f"cpu_set_n_threads: n_threads must be >= 1, got {n_threads}")
+    n = check_n_threads(n_threads, "cpu_set_n_threads")
     assert isinstance(backend_cpu, CPUBackend)
-    backend_cpu.n_threads = int(n_threads)
+    backend_cpu.check_alive()
+    backend_cpu.n_threads = n
 
 
 def cpu_backend_buffer_from_ptr(backend_cpu: Backend, ptr: object, size: int) -> CPUBuffer:
     """ggml_backend_cpu_buffer_from_ptr (see `pyggml.backends.cpu.buffer.cpu_buffer_from_ptr`)."""
+    check_instance(backend_cpu, Backend, "cpu_buffer_from_ptr: backend_cpu")
     if not is_cpu(backend_cpu):
         raise ArgumentError(f"cpu_buffer_from_ptr: backend '{backend_cpu.name()}' is not the CPU backend")
     backend_cpu.check_alive()
@@ -163,8 +185,8 @@ def cpu_backend_buffer_from_ptr(backend_cpu: Backend, ptr: object, size: int) ->
 def graph_compute_with_ctx(ctx: Context, graph: Graph, n_threads: int | None = None) -> None:
     """ggml_graph_compute_with_ctx: compute a graph whose tensors live in a Context's memory
     (`no_alloc=False`), with no buffer, on a CPU backend of `n_threads`."""
-    if n_threads is not None and n_threads < 1:
-        raise ArgumentError(f"graph_compute_with_ctx: n_threads must be >= 1, got {n_threads}")
+    if n_threads is not None:
+        n_threads = check_n_threads(n_threads, "graph_compute_with_ctx")
     backend = CPUBackend(n_threads)
     try:
         backend.graph_compute(graph)

@@ -9,6 +9,10 @@ size asked for).
 
 `cpu_buffer_from_ptr` wraps memory the caller owns; freeing such a buffer only
 forgets the memory, it never releases it.
+
+A size larger than the host memory still available raises OutOfMemoryError
+with the bytes requested and available before numpy is asked
+(`pyggml.core.memory.allocate_host`).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import numpy as np
 
 from pyggml.backend.buffer import Buffer
 from pyggml.core import memory
+from pyggml.core.checks import check_size
 from pyggml.core.errors import ArgumentError, OutOfBoundsError
 
 if TYPE_CHECKING:
@@ -53,10 +58,16 @@ class CPUBuffer(Buffer):
     def _is_host(self) -> bool:
         return True
 
+    def _clear(self, value: int) -> None:
+        assert self.array is not None  # alive: checked by clear()
+        self.array[: self.size] = value
+
 
 def cpu_alloc_buffer(backend: Backend | None, size: int) -> CPUBuffer:
     """A buffer of `size` bytes whose base is TENSOR_ALIGNMENT-aligned (zero-filled)."""
-    raw = np.zeros(size + TENSOR_ALIGNMENT, dtype=np.uint8)
+    size = check_size(size, "CPU buffer: size")
+    name = backend.name() if backend is not None else "CPU"
+    raw = memory.allocate_host(size + TENSOR_ALIGNMENT, f"backend '{name}': buffer of {size} bytes")
     shift = (-memory.address_of(raw)) % TENSOR_ALIGNMENT
     # a 0-byte buffer still gets one byte: numpy puts empty slices at the array's start, unaligned
     array = raw[shift: shift + max(size, 1)]
@@ -72,8 +83,7 @@ def cpu_buffer_from_ptr(backend: Backend | None, ptr: object, size: int) -> CPUB
     address inside host memory that is already registered (a context's arena,
     another buffer). The memory is never released by the buffer.
     """
-    if size < 0:
-        raise ArgumentError(f"cpu_buffer_from_ptr: size must be >= 0, got {size}")
+    size = check_size(size, "cpu_buffer_from_ptr: size")
     if isinstance(ptr, (int, np.integer)) and not isinstance(ptr, bool):
         addr = int(ptr)
         if addr == 0:

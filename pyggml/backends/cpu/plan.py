@@ -5,6 +5,11 @@
 each node's destination and sources, and asks the node's kernel for its
 compute function. `plan_compute` only calls those functions in order, so the
 Python cost per node is one call plus whatever the kernel does.
+
+Every tensor a plan reads or writes is checked, once when it is prepared,
+to lie inside its buffer (OutOfBoundsError naming the tensor, its offset and
+the buffer's size): a view outside its source's buffer would otherwise let a
+kernel write another buffer's bytes.
 """
 
 from __future__ import annotations
@@ -135,8 +140,10 @@ def plan_create(graph: Graph, params: ComputeParams) -> CPUPlan:
         r = seen.get(id(t))
         if r is None:
             assert t.data is not None
-            r = seen[id(t)] = _Seen(t, memory.view(t.data, t.type, t.ne, t.nb, t.name))
             buffer = tensor_buffer(t)
+            if buffer is not None:
+                buffer.check_tensor(t, "CPU graph_compute")
+            r = seen[id(t)] = _Seen(t, memory.view(t.data, t.type, t.ne, t.nb, t.name))
             if buffer is not None:
                 buffers[id(buffer)] = buffer
         return r.view
@@ -165,11 +172,17 @@ def _follow(plan: CPUPlan, datas: list[int | None]) -> None:
     redo: set[int] = set()
     for r in moved:
         redo.update(r.users)
-    new_buffers = False
+    # every moved tensor is checked before any is followed: a failed check leaves the plan as it was
     for r in moved:
         t = r.tensor
         if t.data is None:
             raise GraphError(f"graph_plan_compute: tensor '{t.name}' of the plan has no memory any more")
+        buffer = tensor_buffer(t)
+        if buffer is not None:
+            buffer.check_tensor(t, "CPU graph_plan_compute")
+    new_buffers = False
+    for r in moved:
+        t = r.tensor
         r.follow()
         buffer = tensor_buffer(t)
         if buffer is not r.buffer:
