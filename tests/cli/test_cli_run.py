@@ -40,16 +40,26 @@ def test_run_streams_the_greedy_text(tiny_model: Path, capsys: pytest.CaptureFix
 
 def test_run_prints_the_figures(tiny_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from pyggml.gguf.reader import read_gguf
+    from pyggml.models import load
 
     assert main(["run", str(tiny_model), "-p", PROMPT, "-n", "5", "--temp", "0", "--seed", "7"]) == 0
     err = capsys.readouterr().err
     assert re.search(r"^seed: 7 ", err, re.M)
     assert re.search(r"^load time: +\d+\.\d ms", err, re.M)
-    n_prompt = 1 + len(PROMPT.split()) * 0  # at least the BOS
-    m = re.search(r"^prompt: +[\d.]+ ms / +(\d+) tokens \( *([\d.]+) tokens/s\)", err, re.M)
-    assert m and int(m.group(1)) > n_prompt and float(m.group(2)) > 0
+    model = load(tiny_model, n_ctx=128, progress=False)
+    try:
+        n_prompt = len(model.tokenize(PROMPT))  # BOS and the prompt's pieces, as the command evaluates them
+    finally:
+        model.free()
+    assert n_prompt > len(PROMPT.split())  # the tiny vocabulary splits words: more tokens than words
+    m = re.search(r"^prompt: +([\d.]+) ms / +(\d+) tokens \( *([\d.]+) tokens/s\)", err, re.M)
+    assert m, err
+    ms, n, rate = float(m.group(1)), int(m.group(2)), float(m.group(3))
+    assert n == n_prompt
+    # the rate is the count over the time (both printed rounded: 0.05 ms and 0.005 tokens/s)
+    assert abs(rate * ms / 1000 - n) <= rate * 0.05e-3 + 0.005 * ms / 1000 + 1e-9, (ms, n, rate)
     m = re.search(r"^generation: +[\d.]+ ms / +(\d+) tokens \( *([\d.]+|n/a) tokens/s\) +(\d+) generated", err, re.M)
-    assert m and int(m.group(3)) <= 5 and int(m.group(1)) == int(m.group(3)) - 1
+    assert m and 1 <= int(m.group(3)) <= 5 and int(m.group(1)) == int(m.group(3)) - 1
     weights = sum(t.nbytes for t in read_gguf(tiny_model).tensors.values())
     row = re.search(r"^\| CPU#0 +\| +(.+?) \| +(.+?) \| +(.+?) \| +(.+?) \|$", err, re.M)
     assert row, err

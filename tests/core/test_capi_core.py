@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
+from gguf import GGMLQuantizationType
 
 import pyggml.capi as capi
 from pyggml.capi import (
@@ -60,6 +61,29 @@ from pyggml.core.errors import ArgumentError, ContextFullError
 from pyggml.core.tensor import GGMLOp, Tensor, UnaryOp
 from pyggml.core.types import GGMLType
 
+# ggml.h's numbers, written out here so that the test compares pyggml's enums with ggml's and not
+# with themselves. `enum ggml_op` of ggml.h, December 2023 (the order pyggml follows), by position:
+GGML_H_OPS = (
+    "NONE", "DUP", "ADD", "ADD1", "ACC", "SUB", "MUL", "DIV", "SQR", "SQRT", "LOG", "SUM", "SUM_ROWS", "MEAN",
+    "ARGMAX", "REPEAT", "REPEAT_BACK", "CONCAT", "SILU_BACK", "NORM", "RMS_NORM", "RMS_NORM_BACK", "GROUP_NORM",
+    "MUL_MAT", "MUL_MAT_ID", "OUT_PROD", "SCALE", "SET", "CPY", "CONT", "RESHAPE", "VIEW", "PERMUTE", "TRANSPOSE",
+    "GET_ROWS", "GET_ROWS_BACK", "DIAG", "DIAG_MASK_INF", "DIAG_MASK_ZERO", "SOFT_MAX", "SOFT_MAX_BACK", "ROPE",
+    "ROPE_BACK", "ALIBI", "CLAMP", "CONV_TRANSPOSE_1D", "IM2COL", "CONV_TRANSPOSE_2D", "POOL_1D", "POOL_2D",
+    "UPSCALE", "PAD", "ARGSORT", "LEAKY_RELU", "FLASH_ATTN", "FLASH_FF", "FLASH_ATTN_BACK", "WIN_PART",
+    "WIN_UNPART", "GET_REL_POS", "ADD_REL_POS", "UNARY", "MAP_UNARY", "MAP_BINARY", "MAP_CUSTOM1_F32",
+    "MAP_CUSTOM2_F32", "MAP_CUSTOM3_F32", "MAP_CUSTOM1", "MAP_CUSTOM2", "MAP_CUSTOM3", "CROSS_ENTROPY_LOSS",
+    "CROSS_ENTROPY_LOSS_BACK",
+)
+# `enum ggml_unary_op`: ABS..LEAKY as ggml.h of December 2023 numbers them; ggml later dropped LEAKY
+# and appended HARDSWISH, HARDSIGMOID, which pyggml keeps after LEAKY (11, 12)
+GGML_H_UNARY_OPS = ("ABS", "SGN", "NEG", "STEP", "TANH", "ELU", "RELU", "GELU", "GELU_QUICK", "SILU", "LEAKY",
+                    "HARDSWISH", "HARDSIGMOID")
+# `enum ggml_type` of today's ggml.h (GGUF files store these numbers): the types pyggml has
+GGML_H_TYPES = {
+    "F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q8_1": 9, "Q2_K": 10, "Q3_K": 11,
+    "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "Q8_K": 15, "I8": 24, "I16": 25, "I32": 26, "I64": 27, "F64": 28, "BF16": 30,
+}
+
 
 def test_constants() -> None:
     assert GGML_MAX_DIMS == 4
@@ -67,21 +91,38 @@ def test_constants() -> None:
     assert GGML_MAX_NAME == 64
     assert GGML_MAX_OP_PARAMS == 64
     assert GGML_DEFAULT_GRAPH_SIZE == 2048
+    assert capi.GGML_MEM_ALIGN == 16
     assert GGML_TYPE_F32 == 0 and GGML_TYPE_F16 == 1 and GGML_TYPE_Q4_0 == 2 and GGML_TYPE_Q8_0 == 8
-    assert GGML_TYPE_I32 == GGMLType.I32 == 26  # the gguf package's numbering
+    assert GGML_TYPE_I32 == 26  # the gguf package's numbering
     assert GGML_OP_NONE == 0 and GGML_OP_ADD == 2 and GGML_OP_MUL_MAT == 23 and GGML_OP_ROPE == 41
     assert GGML_OP_UNARY == 61 and GGML_OP_COUNT == 72
     assert GGML_UNARY_OP_GELU == 7 and GGML_UNARY_OP_SILU == 9
     assert GGML_SORT_DESC == 1 and GGML_OP_POOL_AVG == 1
+    assert (capi.GGML_SORT_ASC, capi.GGML_OP_POOL_MAX, capi.GGML_OP_POOL_COUNT) == (0, 0, 2)
+    assert (capi.GGML_ROPE_TYPE_NORMAL, capi.GGML_ROPE_TYPE_NEOX, capi.GGML_ROPE_TYPE_GLM) == (0, 2, 4)
+    assert (capi.GGML_TENSOR_FLAG_INPUT, capi.GGML_TENSOR_FLAG_OUTPUT, capi.GGML_TENSOR_FLAG_PARAM) == (1, 2, 4)
     assert capi.GGML_N_TASKS_MAX == -1
-    # every op and unary op of the enums has its constant
-    for op in GGMLOp:
-        if op.value < GGML_OP_COUNT:
-            assert getattr(capi, f"GGML_OP_{op.name}") is op
-    for u in UnaryOp:
-        assert getattr(capi, f"GGML_UNARY_OP_{u.name}") is u
-    for t in GGMLType:
-        assert getattr(capi, f"GGML_TYPE_{t.name}") is t
+
+
+def test_enums_have_ggml_h_numbers() -> None:
+    """Every op, unary op and type: its capi constant and its enum member carry ggml.h's number."""
+    assert len(GGML_H_OPS) == GGML_OP_COUNT == 72
+    for number, name in enumerate(GGML_H_OPS):
+        assert getattr(capi, f"GGML_OP_{name}") == number, name
+        assert GGMLOp[name] == number, name
+    # no op beyond ggml.h's list but the two lookup names pyggml keeps after COUNT
+    assert {op.name for op in GGMLOp} - set(GGML_H_OPS) == {"CONV_1D", "CONV_2D"}
+    assert min(GGMLOp.CONV_1D, GGMLOp.CONV_2D) >= GGML_OP_COUNT
+    for number, name in enumerate(GGML_H_UNARY_OPS):
+        assert getattr(capi, f"GGML_UNARY_OP_{name}") == number, name
+        assert UnaryOp[name] == number, name
+    assert {u.name for u in UnaryOp} == set(GGML_H_UNARY_OPS)
+    assert capi.GGML_UNARY_OP_COUNT == len(GGML_H_UNARY_OPS)
+    assert {t.name for t in GGMLType} == set(GGML_H_TYPES)
+    for name, number in GGML_H_TYPES.items():
+        assert getattr(capi, f"GGML_TYPE_{name}") == number, name
+        assert GGMLType[name] == number, name
+        assert GGMLQuantizationType[name] == number, name  # the gguf package agrees
 
 
 def test_ggml_init_forms() -> None:
