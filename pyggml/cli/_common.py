@@ -7,6 +7,7 @@ in one line on stderr and a non-zero exit code; `--debug` shows the traceback.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -39,8 +40,14 @@ def add_backend_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n-layers-on", action="append", default=None, metavar="BACKEND=N",
                         help="put N layers on BACKEND (like llama.cpp's --n-gpu-layers); the layers go to the "
                              "backends in --backend order, the rest to the last one")
-    parser.add_argument("-t", "--threads", type=positive_int, default=None, metavar="N",
-                        help="threads of the CPU backend (default: all cores)")
+    parser.add_argument("-t", "--threads", type=thread_count, default=None, metavar="N",
+                        help=f"threads of the CPU backend, 1..{MAX_THREADS} (default: all cores)")
+
+
+def add_check_finite(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--no-check-finite", dest="check_finite", action="store_false",
+                        help="do not check that the logits are finite (by default NaN or inf stops with an error "
+                             "naming the first tensor where it appears)")
 
 
 def _int_at_least(minimum: int, text: str) -> int:
@@ -55,6 +62,26 @@ def _int_at_least(minimum: int, text: str) -> int:
 
 def positive_int(text: str) -> int:
     return _int_at_least(1, text)
+
+
+MAX_THREADS = 512  # ggml's GGML_MAX_N_THREADS
+
+
+def thread_count(text: str) -> int:
+    value = _int_at_least(1, text)
+    if value > MAX_THREADS:
+        raise argparse.ArgumentTypeError(f"must be <= {MAX_THREADS} (GGML_MAX_N_THREADS), got {value}")
+    return value
+
+
+def finite_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid float value: {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
 
 
 def non_negative_int(text: str) -> int:

@@ -19,6 +19,7 @@ import numpy as np
 from pyggml.cli._common import (
     CLIError,
     add_backend_options,
+    add_check_finite,
     add_debug,
     backend_plan,
     check_model_path,
@@ -46,7 +47,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--batch", type=positive_int, default=512, metavar="B",
                    help="batch size of prompt processing (default: 512)")
     add_backend_options(p)
-    p.add_argument("--seed", type=int, default=0, help="seed of the random tokens (default: 0)")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="seed of the random tokens (default: 0)")
+    add_check_finite(p)
     add_debug(p)
     return p
 
@@ -81,12 +83,12 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     objs = init_backends(backends, args.threads)
     n_ctx = max(args.n_prompt, args.n_gen, 1)
     model = load(path, objs, n_ctx=n_ctx, n_layers_on=counts, n_batch=min(args.batch, n_ctx),
-                 progress=err.isatty())
+                 progress=err.isatty(), check_finite=args.check_finite)
     try:
         rng = np.random.default_rng(args.seed)
         n_vocab = model.hparams.n_vocab
-        bos = model.file.get("tokenizer.ggml.bos_token_id", None)
-        first = int(bos) if bos is not None else int(rng.integers(n_vocab))
+        bos = model.token_bos()
+        first = bos if bos is not None else int(rng.integers(n_vocab))
         tests: list[tuple[str, int, Any]] = []
         if args.n_prompt:
             tests.append((f"pp{args.n_prompt}", args.n_prompt,

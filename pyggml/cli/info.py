@@ -49,12 +49,18 @@ def _file_type(code: Any) -> str:
         return str(code)
 
 
-def _token(tokens: list[str] | None, tid: Any) -> str:
+def _token(tokens: Any, tid: Any) -> str:
     if tid is None:
         return "none"
-    if tokens is not None and 0 <= int(tid) < len(tokens):
-        return f"{int(tid)} {tokens[int(tid)]!r}"
-    return str(tid)
+    # the file's values are shown as they are, whatever their type: info is how a bad file is inspected
+    if isinstance(tid, int) and not isinstance(tid, bool) and isinstance(tokens, list) and 0 <= tid < len(tokens):
+        return f"{tid} {tokens[tid]!r}"
+    return _short(tid)
+
+
+def _count(value: Any) -> str:
+    """The length of an array value; its value when it is not an array."""
+    return str(len(value)) if isinstance(value, list) else f"? (not an array: {_short(value)})"
 
 
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
@@ -102,15 +108,15 @@ def _print_info(gf: Any, path: Any, args: argparse.Namespace, out: TextIO) -> No
     if "tokenizer.ggml.model" in keys:
         tokens = gf.get("tokenizer.ggml.tokens", None)
         model = gf.get("tokenizer.ggml.model")
-        kind = {"llama": "SentencePiece", "gpt2": "GPT-2 BPE"}.get(model, "")
-        w(f"  model    {model}{f' ({kind})' if kind else ''}")
-        w(f"  n_vocab  {len(tokens) if tokens is not None else '?'}")
+        kind = {"llama": "SentencePiece", "gpt2": "GPT-2 BPE"}.get(model, "") if isinstance(model, str) else ""
+        w(f"  model    {model if isinstance(model, str) else _short(model)}{f' ({kind})' if kind else ''}")
+        w(f"  n_vocab  {_count(tokens) if tokens is not None else '?'}")
         for name in ("bos", "eos", "unknown", "padding"):
             key = f"tokenizer.ggml.{name}_token_id"
             if key in keys or name in ("bos", "eos"):
                 w(f"  {name[:3]:<7}  {_token(tokens, gf.get(key, None))}")
         if "tokenizer.ggml.merges" in keys:
-            w(f"  merges   {len(gf.get('tokenizer.ggml.merges'))}")
+            w(f"  merges   {_count(gf.get('tokenizer.ggml.merges'))}")
         if "tokenizer.ggml.pre" in keys:
             w(f"  pre      {gf.get('tokenizer.ggml.pre')}")
         shown.update(k for k in keys if k.startswith("tokenizer.ggml."))

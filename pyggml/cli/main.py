@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import warnings
 
 from pyggml.cli import bench, info, run
 from pyggml.cli._common import CLIError, Parser, add_debug
@@ -47,12 +48,18 @@ def _dispatch(args: argparse.Namespace) -> int:
         from pyggml.testing import test_ops
 
         try:
-            return test_ops.run(args.backend, args.op, sys.stdout, args.verbose)
+            code = test_ops.run(args.backend, args.op, sys.stdout, args.verbose)
         except GGMLError as e:  # an unknown backend name, a backend that cannot start (exit code 2, as before)
             if args.debug:
                 raise
             print(f"pyggml test-ops: {e}", file=sys.stderr)
             return 2
+        if args.op is not None and not test_ops.select(test_ops.all_cases(), args.op):
+            # the table said so on stdout; a failure is also one line on stderr, as everywhere else
+            labels = sorted({c.label for c in test_ops.all_cases()})
+            print(f"pyggml test-ops: error: --op {args.op}: no test case for this op (ops: {', '.join(labels)})",
+                  file=sys.stderr)
+        return code
     raise AssertionError(args.command)
 
 
@@ -70,6 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     prog = f"pyggml {args.command}"
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    if not args.debug:
+        # NaN or overflow inside a kernel is reported by the finite check of the logits, in one line
+        warnings.filterwarnings("ignore", message=r"(invalid value|overflow|divide by zero) encountered",
+                                category=RuntimeWarning)
     from pyggml.core.errors import GGMLError
 
     try:

@@ -18,10 +18,12 @@ from typing import Any, TextIO
 from pyggml.cli._common import (
     CLIError,
     add_backend_options,
+    add_check_finite,
     add_debug,
     backend_plan,
     builtin_model_path,
     check_model_path,
+    finite_float,
     fmt_bytes,
     init_backends,
     non_negative_int,
@@ -50,14 +52,16 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     add_backend_options(p)
     p.add_argument("-c", "--ctx", type=positive_int, default=None, metavar="N",
                    help=f"context size in tokens (default: the model's training context, at most {MAX_DEFAULT_CTX})")
-    p.add_argument("--temp", type=float, default=0.8, help="temperature; <= 0 is greedy (default: 0.8)")
+    p.add_argument("--temp", type=finite_float, default=0.8, help="temperature; <= 0 is greedy (default: 0.8)")
     p.add_argument("--top-k", type=int, default=40, help="keep the K most likely tokens, 0 keeps all (default: 40)")
-    p.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling threshold (default: 0.95)")
-    p.add_argument("--min-p", type=float, default=0.05,
+    p.add_argument("--top-p", type=finite_float, default=0.95, help="nucleus sampling threshold (default: 0.95)")
+    p.add_argument("--min-p", type=finite_float, default=0.05,
                    help="drop tokens below min-p times the top probability (default: 0.05)")
-    p.add_argument("--repeat-penalty", type=float, default=1.1,
+    p.add_argument("--repeat-penalty", type=finite_float, default=1.1,
                    help="penalty of the last 64 tokens, 1.0 is off (default: 1.1)")
-    p.add_argument("-s", "--seed", type=int, default=None, help="sampling seed (default: random, printed)")
+    p.add_argument("-s", "--seed", type=non_negative_int, default=None,
+                   help="sampling seed (default: random, printed)")
+    add_check_finite(p)
     p.add_argument("-v", "--verbose", action="store_true",
                    help="also print the model, the scheduler's split plan and the compute memory report")
     add_debug(p)
@@ -162,7 +166,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     out = out or sys.stdout  # looked up per call: tests and callers swap sys.stdout
     err = err or sys.stderr
     from pyggml.gguf.reader import read_gguf
-    from pyggml.models import load
+    from pyggml.models import LlamaHParams, load
 
     builtin = args.model is None
     path = builtin_model_path() if builtin else check_model_path(args.model)
@@ -171,13 +175,16 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     sampler = make_sampler(args, seed)
 
     gf = read_gguf(path)  # the header only: the training context gives the default --ctx
-    n_ctx_train = int(gf.get(f"{gf.get('general.architecture', 'llama')}.context_length", 2048))
-    gf.close()
+    try:
+        n_ctx_train = LlamaHParams.from_gguf(gf).n_ctx_train  # checked: a bad file fails here, naming the key
+    finally:
+        gf.close()
     n_ctx = args.ctx or min(n_ctx_train, MAX_DEFAULT_CTX)
 
     t0 = time.perf_counter()
     objs = init_backends(backends, args.threads)
-    model = load(path, objs, n_ctx=n_ctx, n_layers_on=counts, progress=err.isatty())
+    model = load(path, objs, n_ctx=n_ctx, n_layers_on=counts, progress=err.isatty(),
+                 check_finite=args.check_finite)
     t_load = time.perf_counter() - t0
     try:
         model.runner.report_memory = args.verbose
@@ -196,6 +203,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
                   f"n_head {hp.n_head}/{hp.n_head_kv}, n_vocab {hp.n_vocab}, n_ctx {n_ctx}", file=err)
             print(f"backends: {', '.join(_backend_label(model, b) for b in model.backends)}; layers: "
                   + ", ".join(f"{i}:{_backend_label(model, b)}" for i, b in enumerate(model.layer_backend)), file=err)
+            err.writelines(f"{_backend_label(model, b)}: {b.describe()}\n" for b in objs if hasattr(b, "describe"))
         out.write(prompt)
         out.flush()
         stream = TextStream(model, prompt_ids, out)
@@ -239,8 +247,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
 def _warm_up(model: Any) -> None:
     """llama.cpp's warm-up: one batch and one single-token decode before anything is timed, so the
     figures leave out what happens once (compiling kernels, paging the mapped weights in)."""
-    first = model.file.get("tokenizer.ggml.bos_token_id", 0)
-    first = int(first) if first is not None else 0
+    first = model.token_bos() or 0
     if model.n_ctx >= 3:
         model.eval_last([first, first])
         model.eval_last([first])

@@ -13,14 +13,18 @@ cache (`store`), attention reads views of the first `n_kv` cells
 
 from __future__ import annotations
 
+import numpy as np
+
 from pyggml.alloc.tensor_allocator import TensorAllocator
 from pyggml.backend.backend import Backend
 from pyggml.backend.buffer import Buffer
+from pyggml.backend.tensor_io import tensor_set
 from pyggml.core.context import Context, tensor_overhead
 from pyggml.core.errors import ArgumentError
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import Tensor
 from pyggml.core.types import TYPE_TRAITS, GGMLType
+from pyggml.models.runner import alloc_checked
 
 
 class KVWrite:
@@ -69,16 +73,21 @@ class KVCache:
         groups: dict[int, tuple[Backend, list[Tensor]]] = {}
         for il, backend in enumerate(backend_of_layer):
             groups.setdefault(id(backend), (backend, []))[1].extend((self.k[il], self.v[il]))
-        for backend, tensors in groups.values():
-            align = backend.get_alignment()
-            size = sum((t.nbytes() + align - 1) // align * align for t in tensors)
-            buffer = backend.alloc_buffer(size)
-            buffer.name = f"{backend.name()} KV cache"
-            talloc = TensorAllocator.new_from_buffer(buffer)
-            for t in tensors:
-                talloc.alloc(t)
-            self.buffers.append(buffer)
-            self.nbytes[id(backend)] = size
+        try:
+            for backend, tensors in groups.values():
+                align = backend.get_alignment()
+                size = sum((t.nbytes() + align - 1) // align * align for t in tensors)
+                buffer = alloc_checked(backend, size, f"KV cache on '{backend.name()}' ({len(tensors) // 2} "
+                                                      f"layers, n_ctx {n_ctx})")
+                buffer.name = f"{backend.name()} KV cache"
+                self.buffers.append(buffer)
+                talloc = TensorAllocator.new_from_buffer(buffer)
+                for t in tensors:
+                    talloc.alloc(t)
+                self.nbytes[id(backend)] = size
+        except BaseException:
+            self.free()  # the buffers of the backends done so far
+            raise
 
     @property
     def elsize(self) -> int:
@@ -87,6 +96,19 @@ class KVCache:
     def clear(self) -> None:
         """Forget every cell (the memory keeps its bytes; they are never read before being written)."""
         self.n = 0
+
+    def clear_cells(self, start: int, n: int) -> None:
+        """Zero cells start..start+n of every layer: after a batch that wrote NaN or inf there, since graphs
+        read padded ranges of cells and a masked NaN still spreads (-inf + NaN and 0 * NaN are NaN)."""
+        es, g = self.elsize, self.n_embd_gqa
+        n = max(0, min(n, self.n_ctx - start))
+        if n == 0:
+            return
+        zeros = np.zeros(n * g * es, dtype=np.uint8)
+        for il in range(self.n_layer):
+            tensor_set(self.k[il], zeros, start * g * es, n * g * es)
+            for row in range(g):  # V is transposed: the cells are columns, a run of n in each row
+                tensor_set(self.v[il], zeros, (row * self.n_ctx + start) * es, n * es)
 
     def check_room(self, n_tokens: int) -> None:
         if self.n + n_tokens > self.n_ctx:

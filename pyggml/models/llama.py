@@ -25,15 +25,36 @@ import math
 from dataclasses import dataclass, field
 
 from pyggml.core.context import Context
-from pyggml.core.errors import ArgumentError, GGUFError
+from pyggml.core.errors import ArgumentError
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import GGMLOp, Tensor
 from pyggml.core.types import GGMLType
 from pyggml.gguf.reader import GGUFFile
 from pyggml.models.kv_cache import KVCache, KVWrite
+from pyggml.models.metadata import INT32_MAX, ModelFileError, gguf_type, read_float, read_int, read_str
 
 LLAMA_ARCHS = ("llama",)
 ROPE_MODE_NORMAL = 0
+
+
+def _n_vocab(gf: GGUFFile) -> int:
+    """llama.cpp's n_vocab: the length of the tokenizer's token list, else the rows of token_embd."""
+    key = "tokenizer.ggml.tokens"
+    found = gguf_type(gf, key)
+    if found is not None:
+        if found != "ARRAY of STRING":
+            raise ModelFileError(f"'{gf.name}': '{key}' has GGUF type {found}, expected ARRAY of STRING")
+        field = gf.get_field(key)
+        data = getattr(field, "data", None)  # the gguf reader's element indices: the length without decoding
+        n = len(data) if isinstance(data, list) else len(gf.get(key))
+        if not 1 <= n <= INT32_MAX:
+            raise ModelFileError(f"'{gf.name}': '{key}' has {n} tokens, the vocabulary needs 1..{INT32_MAX}")
+        return n
+    ne = gf.tensor("token_embd.weight").ne if "token_embd.weight" in gf else ()
+    if len(ne) < 2 or ne[1] < 1:
+        raise ModelFileError(f"'{gf.name}': n_vocab is unknown: '{key}' is missing and tensor 'token_embd.weight' "
+                             + (f"has ne={list(ne)}" if "token_embd.weight" in gf else "is missing"))
+    return int(ne[1])
 
 
 @dataclass(frozen=True)
@@ -67,48 +88,87 @@ class LlamaHParams:
 
     @classmethod
     def from_gguf(cls, gf: GGUFFile) -> LlamaHParams:
-        """Read `llama.*` keys (raises GGUFError naming the file for an unsupported architecture,
-        a missing key or inconsistent numbers)."""
-        arch = gf.get("general.architecture", None)
+        """Read and check the `llama.*` keys: each of its GGUF type (any integer type for counts,
+        FLOAT32/FLOAT64 for the others) and in range; heads that divide the embedding, KV heads that
+        divide the heads, RoPE dimensions even and within a head. Raises ModelFileError (a ModelError
+        and a GGUFError) naming the file, the key and the value, or the type found and the one expected."""
+        arch = read_str(gf, "general.architecture")
         if arch not in LLAMA_ARCHS:
-            raise GGUFError(f"'{gf.name}': unsupported architecture {arch!r} (supported: {', '.join(LLAMA_ARCHS)})")
+            raise ModelFileError(f"'{gf.name}': unsupported architecture {arch!r} (supported: "
+                                 f"{', '.join(LLAMA_ARCHS)})")
         p = f"{arch}."
-        n_embd = int(gf.get(p + "embedding_length"))
-        n_head = int(gf.get(p + "attention.head_count"))
-        n_head_kv = int(gf.get(p + "attention.head_count_kv", n_head))
-        if n_head < 1 or n_embd % n_head:
-            raise GGUFError(f"'{gf.name}': embedding_length {n_embd} is not a multiple of head_count {n_head}")
-        if n_head_kv < 1 or n_head % n_head_kv:
-            raise GGUFError(f"'{gf.name}': head_count {n_head} is not a multiple of head_count_kv {n_head_kv}")
-        if "token_embd.weight" in gf:
-            n_vocab = int(gf.tensor("token_embd.weight").ne[1])
-        else:
-            n_vocab = len(gf.get("tokenizer.ggml.tokens"))
-        scale = float(gf.get(p + "rope.scaling.factor", 0.0) or gf.get(p + "rope.scale_linear", 0.0) or 0.0)
+        n_embd = read_int(gf, p + "embedding_length")
+        n_head = read_int(gf, p + "attention.head_count")
+        n_head_kv = read_int(gf, p + "attention.head_count_kv", n_head)
+        if n_embd % n_head:
+            raise ModelFileError(f"'{gf.name}': '{p}embedding_length' = {n_embd} is not a multiple of "
+                                 f"'{p}attention.head_count' = {n_head}")
+        if n_head % n_head_kv:
+            raise ModelFileError(f"'{gf.name}': '{p}attention.head_count' = {n_head} is not a multiple of "
+                                 f"'{p}attention.head_count_kv' = {n_head_kv}")
+        head_dim = n_embd // n_head
+        n_rot = read_int(gf, p + "rope.dimension_count", head_dim)
+        if n_rot > head_dim:
+            raise ModelFileError(f"'{gf.name}': '{p}rope.dimension_count' = {n_rot} is more than the head size "
+                                 f"{head_dim} (embedding_length {n_embd} / head_count {n_head})")
+        if n_rot % 2:
+            raise ModelFileError(f"'{gf.name}': '{p}rope.dimension_count' = {n_rot} must be even (RoPE turns pairs)")
+        # 0 (or absent) means no scaling, as in llama.cpp
+        scale = read_float(gf, p + "rope.scaling.factor", 0.0, allow_zero=True) \
+            or read_float(gf, p + "rope.scale_linear", 0.0, allow_zero=True)
         return cls(
-            n_vocab=n_vocab,
-            n_ctx_train=int(gf.get(p + "context_length", 2048)),
+            n_vocab=_n_vocab(gf),
+            n_ctx_train=read_int(gf, p + "context_length", 2048),
             n_embd=n_embd,
-            n_layer=int(gf.get(p + "block_count")),
-            n_ff=int(gf.get(p + "feed_forward_length")),
+            n_layer=read_int(gf, p + "block_count"),
+            n_ff=read_int(gf, p + "feed_forward_length"),
             n_head=n_head,
             n_head_kv=n_head_kv,
-            n_rot=int(gf.get(p + "rope.dimension_count", n_embd // n_head)),
-            f_norm_rms_eps=float(gf.get(p + "attention.layer_norm_rms_epsilon", 1e-5)),
-            rope_freq_base=float(gf.get(p + "rope.freq_base", 10000.0)),
+            n_rot=n_rot,
+            f_norm_rms_eps=read_float(gf, p + "attention.layer_norm_rms_epsilon", 1e-5),
+            rope_freq_base=read_float(gf, p + "rope.freq_base", 10000.0),
             rope_freq_scale=1.0 / scale if scale else 1.0,
         )
 
 
+def expected_shapes(hp: LlamaHParams, with_output: bool = True) -> dict[str, tuple[tuple[int, ...], str]]:
+    """The `ne` each tensor of a LLaMA file must have, and the hyper-parameters it is made of."""
+    e, f, v, kv = hp.n_embd, hp.n_ff, hp.n_vocab, hp.n_embd_gqa
+    out: dict[str, tuple[tuple[int, ...], str]] = {
+        "token_embd.weight": ((e, v), "n_embd, n_vocab"), "output_norm.weight": ((e,), "n_embd")}
+    if with_output:
+        out["output.weight"] = ((e, v), "n_embd, n_vocab")
+    for il in range(hp.n_layer):
+        b = f"blk.{il}."
+        out.update({
+            b + "attn_norm.weight": ((e,), "n_embd"), b + "attn_q.weight": ((e, e), "n_embd, n_embd"),
+            b + "attn_k.weight": ((e, kv), "n_embd, n_embd_gqa"), b + "attn_v.weight": ((e, kv), "n_embd, n_embd_gqa"),
+            b + "attn_output.weight": ((e, e), "n_embd, n_embd"), b + "ffn_norm.weight": ((e,), "n_embd"),
+            b + "ffn_gate.weight": ((e, f), "n_embd, n_ff"), b + "ffn_down.weight": ((f, e), "n_ff, n_embd"),
+            b + "ffn_up.weight": ((e, f), "n_embd, n_ff")})
+    return out
+
+
+def check_tensors(hp: LlamaHParams, gf: GGUFFile) -> list[str]:
+    """The names of the tensors to load, each checked to be in `gf` with the shape the hyper-parameters
+    give (trailing 1s aside), before any memory is taken; ModelFileError naming the tensor, its `ne`
+    and the expected one otherwise."""
+    shapes = expected_shapes(hp, "output.weight" in gf)
+    for name, (want, made_of) in shapes.items():
+        if name not in gf:
+            raise ModelFileError(f"'{gf.name}': tensor '{name}' is missing (the hyper-parameters want ne="
+                                 f"{list(want)}, [{made_of}]; {len(list(gf))} tensors in the file)")
+        ne = tuple(gf.tensor(name).ne)
+        pad = max(len(ne), len(want))
+        if ne + (1,) * (pad - len(ne)) != want + (1,) * (pad - len(want)):
+            raise ModelFileError(f"'{gf.name}': tensor '{name}' has ne={list(ne)}, the hyper-parameters want "
+                                 f"{list(want)} ([{made_of}])")
+    return list(shapes)
+
+
 def tensor_names(hp: LlamaHParams, gf: GGUFFile | None = None) -> list[str]:
     """The tensors a LLaMA file holds, in llama.cpp's names (`output.weight` only if present)."""
-    names = ["token_embd.weight", "output_norm.weight"]
-    if gf is None or "output.weight" in gf:
-        names.append("output.weight")
-    for il in range(hp.n_layer):
-        names += [f"blk.{il}.{n}.weight" for n in ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
-                                                  "ffn_norm", "ffn_gate", "ffn_down", "ffn_up")]
-    return names
+    return list(expected_shapes(hp, gf is None or "output.weight" in gf))
 
 
 def layer_of(name: str) -> int | None:

@@ -24,17 +24,27 @@ import numpy as np
 
 from pyggml.backend.backend import Backend
 from pyggml.backend.registry import init_backend
-from pyggml.backend.tensor_io import tensor_get_numpy, tensor_set
+from pyggml.backend.tensor_io import tensor_get, tensor_get_numpy, tensor_set
 from pyggml.backends.cpu import cpu_init, cpu_set_n_threads, is_cpu
+from pyggml.core.checks import check_host_alloc, check_positive
 from pyggml.core.context import Context, tensor_overhead
-from pyggml.core.errors import ArgumentError, GGUFError
+from pyggml.core.errors import ArgumentError, GGMLError, NonFiniteError
 from pyggml.core.graph import graph_overhead
-from pyggml.core.types import GGMLType, as_type
+from pyggml.core.tensor import is_view_op
+from pyggml.core.types import TYPE_TRAITS, GGMLType, as_type
 from pyggml.gguf.loader import LoadedTensors, load_tensors
 from pyggml.gguf.reader import GGUFFile, read_gguf
 from pyggml.models.kv_cache import KVCache
-from pyggml.models.llama import LlamaHParams, LlamaInputs, build_llama, graph_size, layer_of, tensor_names
-from pyggml.models.runner import PlannedGraph, SchedRunner, SingleRunner, SplitRunner, scheduler_class
+from pyggml.models.llama import LlamaHParams, LlamaInputs, build_llama, check_tensors, graph_size, layer_of
+from pyggml.models.metadata import read_int
+from pyggml.models.runner import (
+    PlannedGraph,
+    SchedRunner,
+    SingleRunner,
+    SplitRunner,
+    is_host_backend,
+    scheduler_class,
+)
 
 log = logging.getLogger("pyggml.models")
 
@@ -66,25 +76,37 @@ def _layer_backends(n_layer: int, backends: list[Backend], n_layers_on: int | Se
 
 
 class Model:
-    """A loaded LLaMA model: weights in backend buffers, a KV cache, a runner that computes its graphs."""
+    """A loaded LLaMA model: weights in backend buffers, a KV cache, a runner that computes its graphs.
+
+    Loading checks the file before it takes memory: the hyper-parameters (types and ranges, see
+    `LlamaHParams.from_gguf`), every tensor's shape against them (`check_tensors`), and that the KV
+    cache and compute buffers of `n_ctx` fit in host memory (OutOfMemoryError with the numbers).
+    With `check_finite` (the default) every batch's logits are checked: NaN or infinity raises
+    NonFiniteError naming the first tensor where it appears (found by computing the batch again with
+    every intermediate kept), and the batch is not added to the KV cache. The check costs one pass
+    over the logits; `check_finite=False` (an attribute too) skips it.
+    """
 
     def __init__(self, gf: GGUFFile, backends: list[Backend], n_ctx: int = 512,
                  n_layers_on: int | Sequence[int] | None = None, n_batch: int = 512,
                  kv_type: GGMLType | str = GGMLType.F32, use_mmap: bool = True, progress: bool = True,
-                 use_sched: bool | None = None, reuse_graphs: bool = True) -> None:
+                 use_sched: bool | None = None, reuse_graphs: bool = True, check_finite: bool = True) -> None:
         if not backends:
             raise ArgumentError("load: no backends given")
-        if n_batch < 1:
-            raise ArgumentError(f"load: n_batch must be >= 1, got {n_batch}")
+        self.n_ctx = check_positive(n_ctx, "load: n_ctx")
+        self.n_batch = min(check_positive(n_batch, "load: n_batch"), self.n_ctx)
+        kv_type = as_type(kv_type)
+        self.check_finite = bool(check_finite)
         self.file = gf
         self.hparams = LlamaHParams.from_gguf(gf)
         hp = self.hparams
         self.backends = backends
-        self.n_ctx = int(n_ctx)
-        self.n_batch = min(int(n_batch), self.n_ctx)
         self.layer_backend = _layer_backends(hp.n_layer, backends, n_layers_on)
-        first = self.layer_backend[0] if hp.n_layer else backends[0]
-        last = self.layer_backend[-1] if hp.n_layer else backends[0]
+        first = self.layer_backend[0]
+        last = self.layer_backend[-1]
+        # the special tokens, checked now so that a mistyped id fails the load, not the first generation
+        self._bos: int | None = read_int(gf, "tokenizer.ggml.bos_token_id", None, minimum=-1)
+        self._eos: int | None = read_int(gf, "tokenizer.ggml.eos_token_id", None, minimum=-1)
 
         def backend_of(name: str) -> Backend:
             il = layer_of(name)
@@ -92,13 +114,14 @@ class Model:
                 return self.layer_backend[il]
             return first if name == "token_embd.weight" else last
 
-        names = tensor_names(hp, gf)
+        names = check_tensors(hp, gf)
+        self._check_memory(names, backend_of, kv_type, use_mmap)
         self.weights: LoadedTensors = load_tensors(gf, names, backend_of, use_mmap=use_mmap, progress=progress)
         self.w = self.weights.tensors
         self._measure_ctx: Context | None = None
+        kv: KVCache | None = None
         try:
-            self._check_shapes()
-            self.kv = KVCache(hp.n_layer, self.n_ctx, hp.n_embd_gqa, self.layer_backend, as_type(kv_type))
+            kv = self.kv = KVCache(hp.n_layer, self.n_ctx, hp.n_embd_gqa, self.layer_backend, kv_type)
             self.input_backend = first
             if use_sched is None:
                 use_sched = len({id(b) for b in backends}) > 1
@@ -110,12 +133,16 @@ class Model:
                 self.runner = SchedRunner(backends, first, self._sched_measure_graph)
             else:
                 self.runner = SingleRunner(first, self._measure_graph)
+        except BaseException:
+            # nothing of a failed load stays behind (host buffers are registered by address until freed)
+            if kv is not None:
+                kv.free()
+            self.weights.free()
+            raise
+        finally:
             if self._measure_ctx is not None:
                 self._measure_ctx.free()  # the measure graph was only for sizes
                 self._measure_ctx = None
-        except BaseException:
-            self.weights.free()
-            raise
         self._tokenizer: Any = None
         # one-token graphs by (n_kv, last_only), planned once and moved along the cache (single backend only)
         self.reuse_graphs = reuse_graphs and isinstance(self.runner, SingleRunner)
@@ -123,22 +150,32 @@ class Model:
 
     # --- checks ---
 
-    def _check_shapes(self) -> None:
+    def _check_memory(self, names: list[str], backend_of: Any, kv_type: GGMLType, use_mmap: bool) -> None:
+        """Refuse (OutOfMemoryError with the bytes requested and available) a context whose KV cache and
+        compute buffers cannot fit in host memory, before anything is allocated.
+
+        Counted on host backends: the KV cache (K and V of n_ctx cells per layer), a lower bound of the
+        compute buffers (one layer's attention scores and the mask for a batch of n_batch tokens at the
+        end of the context are alive together) and the weights that are copied rather than mapped.
+        Device backends are left to their own allocator.
+        """
         hp = self.hparams
-        e, f, q, kv = hp.n_embd, hp.n_ff, hp.n_embd, hp.n_embd_gqa
-        want = {"token_embd.weight": (e, hp.n_vocab), "output_norm.weight": (e,), "output.weight": (e, hp.n_vocab)}
-        for il in range(hp.n_layer):
-            b = f"blk.{il}."
-            want.update({b + "attn_norm.weight": (e,), b + "attn_q.weight": (e, q), b + "attn_k.weight": (e, kv),
-                         b + "attn_v.weight": (e, kv), b + "attn_output.weight": (q, e), b + "ffn_norm.weight": (e,),
-                         b + "ffn_gate.weight": (e, f), b + "ffn_up.weight": (e, f), b + "ffn_down.weight": (f, e)})
-        for name, ne in want.items():
-            t = self.w.get(name)
-            if t is None:
-                continue
-            if tuple(t.ne[: len(ne)]) != ne or any(n != 1 for n in t.ne[len(ne):]):
-                raise GGUFError(f"'{self.file.name}': tensor '{name}' has ne={list(t.ne[:t.n_dims()])}, "
-                                f"the hyperparameters want {list(ne)}")
+        host = {id(b): is_host_backend(b) for b in self.backends}
+        tr = TYPE_TRAITS[kv_type]
+        cell_bytes = 2 * hp.n_embd_gqa * tr.type_size // tr.blck_size  # K and V of one cell of one layer
+        kv_bytes = sum(self.n_ctx * cell_bytes for b in self.layer_backend if host[id(b)])
+        compute = 0
+        if any(host[id(b)] for b in self.layer_backend):
+            compute = 4 * self.n_ctx * self.n_batch * (hp.n_head + 1)  # F32 KQ of n_head heads + KQ_mask
+        weights = 0
+        for name in names:
+            b = backend_of(name)
+            if host[id(b)] and not (use_mmap and is_cpu(b)):
+                weights += self.file.tensor(name).nbytes
+        total = kv_bytes + compute + weights
+        check_host_alloc(total, f"'{self.file.name}' with n_ctx {self.n_ctx} (KV cache {kv_bytes} bytes + "
+                                f"compute buffers at least {compute} bytes"
+                         + (f" + copied weights {weights} bytes)" if weights else ")"))
 
     # --- graphs ---
 
@@ -174,8 +211,10 @@ class Model:
         n_past = self.kv.n
         self.kv.check_room(n_tokens)
         pos = np.arange(n_past, n_past + n_tokens, dtype=np.int32)
+        n_kv = None  # the cells attention reads: n_past + n_tokens, or a padded bucket for one token
         if n_tokens == 1 and self.reuse_graphs:
-            logits = self._decode_one(ids, pos, last_only)
+            n_kv = self._decode_n_kv(n_past)
+            logits = self._decode_one(ids, pos, last_only, n_kv)
         else:
             ctx = self._new_ctx()
             try:
@@ -188,14 +227,123 @@ class Model:
                 logits = tensor_get_numpy(inp.logits).reshape(-1, self.hparams.n_vocab)
             finally:
                 ctx.free()
+        # one pass over the logits (n_vocab floats a token): NaN or inf anywhere upstream reaches them
+        if self.check_finite and not np.isfinite(logits).all():
+            raise self._non_finite_error(ids, n_past, last_only, n_kv, logits)
         self.kv.n = n_past + n_tokens
         return logits
 
-    def _decode_one(self, ids: np.ndarray, pos: np.ndarray, last_only: bool) -> np.ndarray:
+    def _decode_n_kv(self, n_past: int) -> int:
+        return min(self.n_ctx, (n_past + 1 + KV_PAD - 1) // KV_PAD * KV_PAD)
+
+    # --- non-finite logits ---
+
+    def _non_finite_error(self, ids: np.ndarray, n_past: int, last_only: bool, n_kv: int | None,
+                          logits: np.ndarray) -> NonFiniteError:
+        """The error for a batch whose logits are not all finite, naming the first tensor where NaN or inf
+        appears. The cells from n_past on are zeroed after: graphs read padded ranges of cells, where a
+        NaN hidden by the mask still spreads (-inf + NaN and 0 * NaN are NaN), and nothing there is
+        read before it is written otherwise."""
+        n_tokens = len(ids)
+        n_bad = int((~np.isfinite(logits)).sum())
+        kind = "NaN" if np.isnan(logits).any() else "inf"
+        try:
+            where = self._first_non_finite(ids, n_past, last_only, n_kv)
+        except GGMLError as e:
+            where = f"the tensor where it starts is unknown (computing the batch again with checks failed: {e})"
+        finally:
+            self.kv.clear_cells(n_past, self.n_ctx - n_past)
+        return NonFiniteError(
+            f"'{self.file.name}': the logits of positions {n_past}..{n_past + n_tokens - 1} hold {kind} "
+            f"({n_bad} of {logits.size} values are not finite); {where} (check_finite=False, or "
+            f"--no-check-finite, skips this check)")
+
+    def _first_non_finite(self, ids: np.ndarray, n_past: int, last_only: bool, n_kv: int | None) -> str:
+        """Compute the batch again, as the same graph, with every intermediate in memory of its own, and
+        describe the first node, in graph order, whose values are not all finite. On host backends the
+        model's own backends do it (SplitRunner: no reuse); otherwise a CPU backend does, over the
+        file's weights (mapped) and a copy of the KV cache. Only on the error path: it costs a graph's
+        worth of memory without reuse."""
+        if all(is_host_backend(b) for b in self.backends):
+            return self._scan(self.backends, self.input_backend, self.w, self.kv, ids, n_past, last_only, n_kv)
+        hp = self.hparams
+        cpu = cpu_init()
+        weights = load_tensors(self.file, list(self.w), lambda _: cpu, progress=False)
+        kv = None
+        try:
+            kv = KVCache(hp.n_layer, self.n_ctx, hp.n_embd_gqa, [cpu] * hp.n_layer, self.kv.type)
+            for src, dst in zip((*self.kv.k, *self.kv.v), (*kv.k, *kv.v), strict=True):
+                raw = np.empty(src.nbytes(), dtype=np.uint8)
+                tensor_get(src, raw)
+                tensor_set(dst, raw)
+            found = self._scan([cpu], cpu, weights.tensors, kv, ids, n_past, last_only, n_kv)
+            names = ", ".join(sorted({b.name() for b in self.backends if not is_host_backend(b)}))
+            return f"{found} (computed again on the CPU backend: {names} keeps its tensors off the host)"
+        finally:
+            if kv is not None:
+                kv.free()
+            weights.free()
+            cpu.free()
+
+    def _scan(self, backends: list[Backend], input_backend: Backend, w: dict[str, Any], kv: KVCache,
+              ids: np.ndarray, n_past: int, last_only: bool, n_kv: int | None) -> str:
+        """`_first_non_finite` over host backends, with weights `w` and cache `kv`."""
+        n_tokens = len(ids)
+        n_kv = n_kv or n_past + n_tokens
+        pos = np.arange(n_past, n_past + n_tokens, dtype=np.int32)
+        ctx = self._new_ctx()
+        runner = None
+        try:
+            gf, inp = build_llama(ctx, self.hparams, w, kv, n_tokens, n_past, last_only, n_kv=n_kv)
+            runner = SplitRunner(backends, input_backend)
+            runner.run(gf, [(inp.tokens, ids), (inp.pos, pos), (inp.mask, self._mask(pos, n_kv))])
+            layer = {id(t): il for il, nodes in enumerate(inp.layer_nodes) for t in nodes}
+            after_layers = False
+            for i, node in enumerate(gf.nodes):
+                after_layers = after_layers or id(node) in layer
+                if node.view_src is not None or is_view_op(node.op) or node.type not in (GGMLType.F32, GGMLType.F16):
+                    continue  # a view shows its source's values, checked before it
+                values = tensor_get_numpy(node)
+                n_nan, n_inf = int(np.isnan(values).sum()), int(np.isinf(values).sum())
+                if not n_nan and not n_inf:
+                    continue
+                il = layer.get(id(node))
+                part = f"layer {il}" if il is not None else ("the output" if after_layers else "the token embedding")
+                srcs = ", ".join(f"'{s.name}'" for s in node.src if s is not None)
+                return (f"the first tensor that is not finite is '{node.name or f'node {i}'}' ({node.op.name} of "
+                        f"{srcs}) in {part}: {n_nan + n_inf} of {values.size} values ({n_nan} NaN, {n_inf} inf)"
+                        f"{self._bad_sources(node, w, kv)}")
+            return "computing the batch again with every tensor checked found them all finite"
+        finally:
+            if runner is not None:
+                runner.free()
+            ctx.free()
+
+    def _bad_sources(self, node: Any, w: dict[str, Any], kv: KVCache) -> str:
+        """What is not finite among the node's sources: weights (their values in the file) and views of
+        the KV cache (cells an earlier batch left, e.g. one evaluated with check_finite off)."""
+        cache = {id(t) for t in (*kv.k, *kv.v)}
+        out = ""
+        for s in node.src:
+            if s is None:
+                continue
+            if w.get(s.name) is s:
+                values = self.file.tensor_float(s.name)
+                what = f"weight '{s.name}'"
+            elif s.view_src is not None and id(s.view_src) in cache:
+                values = tensor_get_numpy(s)
+                what = f"the KV cache cells it reads ('{s.name}')"
+            else:
+                continue
+            n_nan, n_inf = int(np.isnan(values).sum()), int(np.isinf(values).sum())
+            if n_nan or n_inf:
+                out += f"; {what} holds {n_nan} NaN and {n_inf} inf"
+        return out
+
+    def _decode_one(self, ids: np.ndarray, pos: np.ndarray, last_only: bool, n_kv: int) -> np.ndarray:
         """One token through a planned graph: built for the first token of its n_kv bucket,
         its KV writes moved to this token's cell for the next ones."""
         n_past = int(pos[0])
-        n_kv = min(self.n_ctx, (n_past + 1 + KV_PAD - 1) // KV_PAD * KV_PAD)
         key = (n_kv, last_only)
         entry = self._decode_graphs.get(key)
         if entry is None:
@@ -224,7 +372,12 @@ class Model:
         """Evaluate `ids` after the tokens already in the KV cache (in batches of n_batch);
         returns the logits of every id, shape (len(ids), n_vocab)."""
         arr = self._check_ids(ids)
-        out = [self._decode(arr[i: i + self.n_batch], False) for i in range(0, len(arr), self.n_batch)]
+        start = self.kv.n
+        try:
+            out = [self._decode(arr[i: i + self.n_batch], False) for i in range(0, len(arr), self.n_batch)]
+        except BaseException:
+            self.kv.n = start  # a failed call adds nothing to the cache
+            raise
         if not out:
             return np.zeros((0, self.hparams.n_vocab), dtype=np.float32)
         return np.concatenate(out, axis=0)
@@ -235,8 +388,13 @@ class Model:
         if len(arr) == 0:
             raise ArgumentError("eval_last: no ids given")
         logits = None
-        for i in range(0, len(arr), self.n_batch):
-            logits = self._decode(arr[i: i + self.n_batch], True)
+        start = self.kv.n
+        try:
+            for i in range(0, len(arr), self.n_batch):
+                logits = self._decode(arr[i: i + self.n_batch], True)
+        except BaseException:
+            self.kv.n = start  # a failed call adds nothing to the cache
+            raise
         assert logits is not None
         return logits[-1]
 
@@ -274,8 +432,13 @@ class Model:
         return str(self.tokenizer.decode(list(ids)))
 
     def token_eos(self) -> int | None:
-        eos = self.file.get("tokenizer.ggml.eos_token_id", None)
-        return None if eos is None else int(eos)
+        """The file's end-of-sequence id (tokenizer.ggml.eos_token_id); None if absent, -1 or out of the
+        vocabulary (llama.cpp warns about such an id and does not use it)."""
+        return self._eos if self._eos is not None and 0 <= self._eos < self.hparams.n_vocab else None
+
+    def token_bos(self) -> int | None:
+        """The file's beginning-of-sequence id (tokenizer.ggml.bos_token_id); None as for `token_eos`."""
+        return self._bos if self._bos is not None and 0 <= self._bos < self.hparams.n_vocab else None
 
     def generate(self, prompt: str | Sequence[int], max_tokens: int, sampler: Any = None,
                  stop_at_eos: bool = True) -> Iterator[int]:
@@ -333,7 +496,7 @@ def load(path: str | os.PathLike[str], backends: Sequence[Backend | str] | None 
 
     `n_layers_on`: layer counts of the first backends (the rest on the last);
     `n_threads`: thread count of the CPU backends. Further keywords go to
-    `Model` (n_batch, kv_type, use_mmap, progress, use_sched).
+    `Model` (n_batch, kv_type, use_mmap, progress, use_sched, reuse_graphs, check_finite).
     """
     bs: list[Backend] = []
     for b in backends if backends is not None else ["cpu"]:
@@ -346,4 +509,8 @@ def load(path: str | os.PathLike[str], backends: Sequence[Backend | str] | None 
             if is_cpu(b):
                 cpu_set_n_threads(b, n_threads)
     gf = read_gguf(path)
-    return Model(gf, bs, n_ctx=n_ctx, n_layers_on=n_layers_on, **kwargs)
+    try:
+        return Model(gf, bs, n_ctx=n_ctx, n_layers_on=n_layers_on, **kwargs)
+    except BaseException:
+        gf.close()  # a failed load keeps no mapping of the file
+        raise

@@ -33,6 +33,7 @@ from pyggml.backend.backend import Backend
 from pyggml.backend.buffer import Buffer
 from pyggml.backend.tensor_io import tensor_set
 from pyggml.backends.cpu import is_cpu
+from pyggml.core.checks import check_host_alloc
 from pyggml.core.errors import UnsupportedOpError
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import GGMLOp, Tensor
@@ -168,7 +169,7 @@ class SingleRunner:
                 size = measure.get_max_size() + backend.get_alignment()
             finally:
                 measure.free()
-            self.buffer = backend.alloc_buffer(size)
+            self.buffer = alloc_checked(backend, size, f"compute buffer on '{backend.name()}'")
             self.buffer.name = f"{backend.name()} compute"
             self.talloc = TensorAllocator.new_from_buffer(self.buffer)
             self.galloc = galloc_class()
@@ -224,6 +225,14 @@ def is_host_backend(backend: Backend) -> bool:
         return probe.is_host()
     finally:
         probe.free()
+
+
+def alloc_checked(backend: Backend, size: int, what: str) -> Buffer:
+    """`backend.alloc_buffer(size)`, refused first with OutOfMemoryError naming `what`, the bytes requested
+    and the bytes available when the backend's memory is the host's and `size` exceeds what is left."""
+    if is_host_backend(backend):
+        check_host_alloc(size, what)
+    return backend.alloc_buffer(size)
 
 
 class SplitRunner:

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from pyggml.core.errors import ArgumentError, GGUFError
+from pyggml.models.metadata import ModelFileError, field_type
 
 log = logging.getLogger("pyggml.models.tokenizer")
 
@@ -46,6 +47,22 @@ UNKNOWN_PIECE = "\u2585".encode()  # "▅", what llama.cpp prints for an UNK tok
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
 _PREFIX = "tokenizer.ggml."
+_INTS = ("UINT8", "INT8", "UINT16", "INT16", "UINT32", "INT32", "UINT64", "INT64")
+_EMPTY = "ARRAY (empty)"
+# the GGUF types llama.cpp reads each key as (integers of any width, float arrays of either width), and the
+# name an error gives the expected type; special token ids (*_token_id) are integers
+_KEY_TYPES: dict[str, tuple[frozenset[str], str]] = {
+    "model": (frozenset({"STRING"}), "STRING"),
+    "pre": (frozenset({"STRING"}), "STRING"),
+    "tokens": (frozenset({"ARRAY of STRING", _EMPTY}), "ARRAY of STRING"),
+    "merges": (frozenset({"ARRAY of STRING", _EMPTY}), "ARRAY of STRING"),
+    "scores": (frozenset({"ARRAY of FLOAT32", "ARRAY of FLOAT64", _EMPTY}), "ARRAY of FLOAT32"),
+    "token_type": (frozenset({f"ARRAY of {t}" for t in _INTS} | {_EMPTY}), "ARRAY of INT32"),
+    "add_bos_token": (frozenset({"BOOL"}), "BOOL"),
+    "add_eos_token": (frozenset({"BOOL"}), "BOOL"),
+    "add_space_prefix": (frozenset({"BOOL"}), "BOOL"),
+}
+_ID_TYPES = (frozenset(_INTS), "an integer type (UINT32)")
 
 
 def bytes_to_unicode() -> dict[int, str]:
@@ -198,6 +215,13 @@ class Tokenizer:
         values: dict[str, Any] = {}
         for key, field in fields.items():
             if key.startswith(_PREFIX):
+                name = key[len(_PREFIX):]
+                rule = _KEY_TYPES.get(name) or (_ID_TYPES if name.endswith("_token_id") else None)
+                found = field_type(field)  # None from a reader without per-field types: nothing to check
+                if rule is not None and found is not None and found not in rule[0]:
+                    name = getattr(reader, "name", None)  # a GGUFFile's file name
+                    where = f"'{name}': " if isinstance(name, str) else ""
+                    raise ModelFileError(f"{where}metadata key '{key}' has GGUF type {found}, expected {rule[1]}")
                 try:
                     values[key] = _field_value(field)
                 except Exception as e:
