@@ -8,15 +8,15 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-import torch  # noqa: E402
-from tiny_llama import TinyLlama, make_tiny_llama  # noqa: E402
+import torch
+from tiny_llama import TinyLlama, make_tiny_llama
 
-import pyggml.models as pm  # noqa: E402
-from pyggml.backends.cpu import CPUBackend, cpu_init  # noqa: E402
-from pyggml.core.errors import ArgumentError  # noqa: E402
-from pyggml.core.graph import Graph  # noqa: E402
-from pyggml.gguf import read_gguf  # noqa: E402
-from pyggml.models.convert import hf_state_from_gguf, write_llama_gguf  # noqa: E402
+import pyggml.models as pm
+from pyggml.backends.cpu import CPUBackend, cpu_init
+from pyggml.core.errors import ArgumentError
+from pyggml.core.graph import Graph
+from pyggml.gguf import read_gguf
+from pyggml.models.convert import hf_state_from_gguf, write_llama_gguf
 
 
 def load(path: object, **kw: object) -> pm.Model:

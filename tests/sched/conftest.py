@@ -21,11 +21,11 @@ class CountingCPU(CPUBackend):
         self.n_alloc_buffer = 0
         self.n_graph_compute = 0
 
-    def _alloc_buffer(self, size: int):  # noqa: ANN202
+    def _alloc_buffer(self, size: int):
         self.n_alloc_buffer += 1
         return super()._alloc_buffer(size)
 
-    def _graph_compute(self, graph) -> None:  # noqa: ANN001
+    def _graph_compute(self, graph) -> None:
         self.n_graph_compute += 1
         super()._graph_compute(graph)
 
@@ -46,7 +46,7 @@ def blas() -> TestingBLASBackend:
 
 
 @pytest.fixture
-def small_weight(cpu_a):  # noqa: ANN001, ANN201
+def small_weight(cpu_a):
     ctx = Context(mem_size=1 << 16, no_alloc=True)
     w = ctx.new_tensor_2d(GGMLType.F32, 4, 3).set_name("w")
     buffer = cpu_a.alloc_buffer(256)

@@ -168,7 +168,7 @@ class SmallGraph:
         self.graph.build_forward_expand(self.out)
 
 
-def small_run(sched: Scheduler, w: object, input_backend: object, rng: np.random.Generator | None):  # noqa: ANN201
+def small_run(sched: Scheduler, w: object, input_backend: object, rng: np.random.Generator | None):
     g = SmallGraph(w)
     talloc = sched.get_tallocr(input_backend)
     talloc.alloc(g.x)
@@ -185,7 +185,7 @@ def small_run(sched: Scheduler, w: object, input_backend: object, rng: np.random
 
 
 def run_block(sched: Scheduler, weights: object, n_tokens: int, input_backend: object,
-              values: tuple | None):  # noqa: ANN201
+              values: tuple | None):
     """Build a new block graph, place its inputs in the scheduler's buffer of `input_backend`, then
     init_measure (values None) or set the inputs and compute."""
     block = build_block(weights.tensors, n_tokens)

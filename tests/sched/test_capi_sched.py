@@ -12,7 +12,7 @@ from pyggml.backends.cpu import cpu_init
 from pyggml.core.errors import ArgumentError
 
 
-def test_capi_scheduler_computes_a_block(cpu_a, cpu_b) -> None:  # noqa: ANN001
+def test_capi_scheduler_computes_a_block(cpu_a, cpu_b) -> None:
     assert (C.GGML_MAX_BACKENDS, C.GGML_MAX_SPLITS, C.GGML_MAX_SPLIT_INPUTS) == (4, 256, 16)
     weights = make_weights(lambda name: cpu_a)
     sched = C.ggml_backend_sched_new([cpu_a, cpu_b, cpu_init(1)], 2)

@@ -31,7 +31,7 @@ def layer(name: str) -> int | None:
     return None
 
 
-def build(backend_of):  # noqa: ANN001, ANN201
+def build(backend_of):
     """A new graph with its weights and cache in buffers of `backend_of(name)`, values by name."""
     ctx = Context(mem_size=1 << 22, no_alloc=True)
     gf, inputs, weights = build_llama_graph(ctx, **DIMS)
@@ -58,8 +58,8 @@ def build(backend_of):  # noqa: ANN001, ANN201
     return ctx, gf, inputs, buffers
 
 
-def test_two_layers_with_kv_cache_on_two_backends(cpu_a, cpu_b) -> None:  # noqa: ANN001
-    def backend_of(name: str):  # noqa: ANN202
+def test_two_layers_with_kv_cache_on_two_backends(cpu_a, cpu_b) -> None:
+    def backend_of(name: str):
         il = layer(name)
         if il is None:
             return cpu_a if name == "token_embd.weight" else cpu_b

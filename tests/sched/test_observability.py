@@ -11,14 +11,14 @@ from pyggml.sched import Scheduler, fmt_size
 
 
 @pytest.fixture
-def computed(cpu_a, cpu_b, small_weight, rng):  # noqa: ANN001, ANN201
+def computed(cpu_a, cpu_b, small_weight, rng):
     w, _ = small_weight
     sched = Scheduler([cpu_a, cpu_b])
     small_run(sched, w, cpu_b, None)
     return sched, w
 
 
-def test_debug_printout_only_with_the_switch(computed, cpu_b, rng, caplog, monkeypatch) -> None:  # noqa: ANN001
+def test_debug_printout_only_with_the_switch(computed, cpu_b, rng, caplog, monkeypatch) -> None:
     sched, w = computed
     caplog.set_level(logging.DEBUG, logger="pyggml.sched")
     monkeypatch.delenv("GGML_SCHED_DEBUG", raising=False)
@@ -46,7 +46,7 @@ def test_fmt_size() -> None:
     assert [fmt_size(n) for n in sizes] == ["0K", "0K", "1K", "1023K", "1M", "5M"]
 
 
-def test_stats_after_compute(computed, cpu_b, rng) -> None:  # noqa: ANN001
+def test_stats_after_compute(computed, cpu_b, rng) -> None:
     sched, w = computed
     g, _, _ = small_run(sched, w, cpu_b, rng)
     st = sched.stats
@@ -63,7 +63,7 @@ def test_stats_after_compute(computed, cpu_b, rng) -> None:  # noqa: ANN001
     assert "#0 CPU: 2 splits" in text and "(2 inputs, 56 B)" in text and "#1 CPU: 1 splits" in text
 
 
-def test_graphviz_export(computed, cpu_b, rng, tmp_path) -> None:  # noqa: ANN001
+def test_graphviz_export(computed, cpu_b, rng, tmp_path) -> None:
     sched, w = computed
     g, _, _ = small_run(sched, w, cpu_b, rng)
     path = tmp_path / "sched.dot"

@@ -51,7 +51,7 @@ class TinyLlama:
             tensor_set_numpy(t, (1.0 + 0.1 * rng.standard_normal(ne) if "norm" in name
                                  else scale * rng.standard_normal(ne)).astype(np.float32))
 
-    def graph(self, kv: KVCache, n_tokens: int, n_past: int):  # noqa: ANN201
+    def graph(self, kv: KVCache, n_tokens: int, n_past: int):
         size = graph_size(HP)
         ctx = Context(mem_size=size * tensor_overhead() + graph_overhead(size), no_alloc=True)
         gf, inp = build_llama(ctx, HP, self.w, kv, n_tokens, n_past)
@@ -82,7 +82,7 @@ def llama_reference(n_tokens: int) -> np.ndarray:
     return tensor_get_numpy(inp.logits)
 
 
-def llama_setup(auto_reserve: bool):  # noqa: ANN201
+def llama_setup(auto_reserve: bool):
     """A scheduler over one CPU backend measured with N_TOKENS tokens at n_past N_PAST_MEASURED."""
     cpu = cpu_init(1)
     model = TinyLlama(cpu)
@@ -96,7 +96,7 @@ def llama_setup(auto_reserve: bool):  # noqa: ANN201
     return cpu, model, kv, sched
 
 
-def llama_batch(sched: Scheduler, cpu: object, model: TinyLlama, kv: KVCache):  # noqa: ANN201
+def llama_batch(sched: Scheduler, cpu: object, model: TinyLlama, kv: KVCache):
     """A new graph of N_TOKENS tokens at n_past 0, its inputs placed and set."""
     ctx, gf, inp = model.graph(kv, N_TOKENS, 0)
     talloc = sched.get_tallocr(cpu)
@@ -146,7 +146,7 @@ def test_auto_reserve_computes_the_smaller_graph(caplog: pytest.LogCaptureFixtur
     np.testing.assert_allclose(tensor_get_numpy(inp.logits), llama_reference(N_TOKENS), rtol=1e-4, atol=1e-5)
 
 
-def test_reserve_bigger_graph_grows_then_computes(cpu_a, cpu_b) -> None:  # noqa: ANN001
+def test_reserve_bigger_graph_grows_then_computes(cpu_a, cpu_b) -> None:
     weights = make_weights(lambda name: cpu_a if name.startswith("w") else cpu_b)
     sched = Scheduler([cpu_a, cpu_b])
     run_block(sched, weights, 2, cpu_b, None)
@@ -177,7 +177,7 @@ def test_reserve_bigger_graph_grows_then_computes(cpu_a, cpu_b) -> None:  # noqa
     weights.free()
 
 
-def test_reserve_keeps_buffers_with_room(cpu_a, cpu_b, caplog: pytest.LogCaptureFixture) -> None:  # noqa: ANN001
+def test_reserve_keeps_buffers_with_room(cpu_a, cpu_b, caplog: pytest.LogCaptureFixture) -> None:
     weights = make_weights(lambda name: cpu_a if name.startswith("w") else cpu_b)
     sched = Scheduler([cpu_a, cpu_b])
     run_block(sched, weights, 6, cpu_b, None)
@@ -201,7 +201,7 @@ def test_reserve_keeps_buffers_with_room(cpu_a, cpu_b, caplog: pytest.LogCapture
     weights.free()
 
 
-def test_auto_reserve_over_two_backends_and_a_larger_hash_table(cpu_a, cpu_b) -> None:  # noqa: ANN001
+def test_auto_reserve_over_two_backends_and_a_larger_hash_table(cpu_a, cpu_b) -> None:
     weights = make_weights(lambda name: cpu_a if name.startswith("w") else cpu_b)
     sched = Scheduler([cpu_a, cpu_b], auto_reserve=True)
     run_block(sched, weights, 2, cpu_b, None)
@@ -224,7 +224,7 @@ def test_auto_reserve_over_two_backends_and_a_larger_hash_table(cpu_a, cpu_b) ->
     weights.free()
 
 
-def test_reserve_needs_init_measure(cpu_a) -> None:  # noqa: ANN001
+def test_reserve_needs_init_measure(cpu_a) -> None:
     weights = make_weights(lambda name: cpu_a)
     sched = Scheduler([cpu_a])
     with pytest.raises(GraphError, match="call init_measure"):
@@ -232,7 +232,7 @@ def test_reserve_needs_init_measure(cpu_a) -> None:  # noqa: ANN001
     weights.free()
 
 
-def test_failed_allocation_leaves_the_graph_as_given(cpu_a, cpu_b) -> None:  # noqa: ANN001
+def test_failed_allocation_leaves_the_graph_as_given(cpu_a, cpu_b) -> None:
     weights = make_weights(lambda name: cpu_a if name.startswith("w") else cpu_b)
     sched = Scheduler([cpu_a, cpu_b])
     run_block(sched, weights, 2, cpu_b, None)

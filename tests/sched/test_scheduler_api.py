@@ -28,14 +28,14 @@ from pyggml.core.errors import (
 from pyggml.sched import GGML_MAX_BACKENDS, GGML_MAX_SPLIT_INPUTS, GGML_MAX_SPLITS, Scheduler
 
 
-def no_copies_in(graph) -> bool:  # noqa: ANN001
+def no_copies_in(graph) -> bool:
     return all(s is None or "#" not in s.name for n in graph.nodes for s in n.src)
 
 
 # --- user assignments ---
 
 
-def test_user_assignment_holds_and_ends_with_reset(cpu_a, cpu_b, small_weight, rng) -> None:  # noqa: ANN001
+def test_user_assignment_holds_and_ends_with_reset(cpu_a, cpu_b, small_weight, rng) -> None:
     w, W = small_weight
     sched = Scheduler([cpu_a, cpu_b])
 
@@ -74,7 +74,7 @@ def test_user_assignment_holds_and_ends_with_reset(cpu_a, cpu_b, small_weight, r
     assert sched.get_node_backend(SmallGraph(w).m) is None
 
 
-def test_user_assignment_to_a_backend_that_cannot_compute_the_op(cpu_a, blas, small_weight, rng) -> None:  # noqa: ANN001
+def test_user_assignment_to_a_backend_that_cannot_compute_the_op(cpu_a, blas, small_weight, rng) -> None:
     w, _ = small_weight
     sched = Scheduler([cpu_a, blas])
     small_run(sched, w, cpu_a, None)
@@ -95,7 +95,7 @@ def test_user_assignment_to_a_backend_that_cannot_compute_the_op(cpu_a, blas, sm
 # --- buffers are made once ---
 
 
-def test_repeated_computes_reuse_the_measured_buffers(cpu_a, blas) -> None:  # noqa: ANN001
+def test_repeated_computes_reuse_the_measured_buffers(cpu_a, blas) -> None:
     weights = make_weights(lambda name: cpu_a if "norm" in name else blas)
     sched = Scheduler([blas, cpu_a])
     run_block(sched, weights, 4, cpu_a, None)
@@ -123,7 +123,7 @@ def test_repeated_computes_reuse_the_measured_buffers(cpu_a, blas) -> None:  # n
     weights.free()
 
 
-def test_measure_once(cpu_a, cpu_b) -> None:  # noqa: ANN001
+def test_measure_once(cpu_a, cpu_b) -> None:
     weights = make_weights(lambda name: cpu_a)
     sched = Scheduler([cpu_a, cpu_b])
     run_block(sched, weights, 2, cpu_b, None)
@@ -136,7 +136,7 @@ def test_measure_once(cpu_a, cpu_b) -> None:  # noqa: ANN001
 # --- errors ---
 
 
-def test_graph_larger_than_the_measure_graph(cpu_a, cpu_b) -> None:  # noqa: ANN001
+def test_graph_larger_than_the_measure_graph(cpu_a, cpu_b) -> None:
     weights = make_weights(lambda name: cpu_a)
     sched = Scheduler([cpu_a, cpu_b])
     run_block(sched, weights, 2, cpu_b, None)
@@ -152,7 +152,7 @@ def test_graph_larger_than_the_measure_graph(cpu_a, cpu_b) -> None:  # noqa: ANN
                                rtol=1e-5, atol=1e-6)
 
 
-def test_limits_are_the_seeds_and_configurable(cpu_a, cpu_b) -> None:  # noqa: ANN001
+def test_limits_are_the_seeds_and_configurable(cpu_a, cpu_b) -> None:
     assert (GGML_MAX_BACKENDS, GGML_MAX_SPLITS, GGML_MAX_SPLIT_INPUTS) == (4, 256, 16)
     five = [cpu_init(1) for _ in range(5)]
     with pytest.raises(LimitExceededError, match=r"5 backends .* exceed GGML_MAX_BACKENDS = 4"):
@@ -190,7 +190,7 @@ def test_limits_are_the_seeds_and_configurable(cpu_a, cpu_b) -> None:  # noqa: A
         Scheduler([cpu_a], max_splits=0)
 
 
-def test_misuse_raises_clear_errors(cpu_a, cpu_b, small_weight, rng) -> None:  # noqa: ANN001
+def test_misuse_raises_clear_errors(cpu_a, cpu_b, small_weight, rng) -> None:
     w, _ = small_weight
     with pytest.raises(ArgumentError, match="at least one backend"):
         Scheduler([])
@@ -222,7 +222,7 @@ def test_misuse_raises_clear_errors(cpu_a, cpu_b, small_weight, rng) -> None:  #
         sched.graph_compute(SmallGraph(w).graph)
 
 
-def test_no_backend_supports_the_op(blas) -> None:  # noqa: ANN001
+def test_no_backend_supports_the_op(blas) -> None:
     from pyggml.core.context import Context
     from pyggml.core.types import GGMLType
 
@@ -237,7 +237,7 @@ def test_no_backend_supports_the_op(blas) -> None:  # noqa: ANN001
         sched.init_measure(g)
 
 
-def test_inputs_left_to_the_scheduler_are_allocated_on_their_consumers_backend(cpu_a, cpu_b, small_weight) -> None:  # noqa: ANN001
+def test_inputs_left_to_the_scheduler_are_allocated_on_their_consumers_backend(cpu_a, cpu_b, small_weight) -> None:
     """Pass 3: a leaf without memory takes its consumer's backend (and the graph allocator gives it memory)."""
     w, _ = small_weight
     sched = Scheduler([cpu_a, cpu_b])

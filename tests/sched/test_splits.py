@@ -31,7 +31,7 @@ from pyggml.sched import Scheduler
 #   split 2: A, nodes 5..6, inputs [m]  (out reads m from B) -> copy "CPU#m" on A
 
 
-def test_small_graph_splits_inputs_and_copies(cpu_a, cpu_b, small_weight, rng) -> None:  # noqa: ANN001
+def test_small_graph_splits_inputs_and_copies(cpu_a, cpu_b, small_weight, rng) -> None:
     w, W = small_weight
     sched = Scheduler([cpu_a, cpu_b])
     small_run(sched, w, cpu_b, None)
@@ -60,7 +60,7 @@ def test_small_graph_splits_inputs_and_copies(cpu_a, cpu_b, small_weight, rng) -
     assert cpu_a.n_graph_compute == 2 and cpu_b.n_graph_compute == 1
 
 
-def test_priority_order_decides_ties(cpu_a, cpu_b, small_weight, rng) -> None:  # noqa: ANN001
+def test_priority_order_decides_ties(cpu_a, cpu_b, small_weight, rng) -> None:
     """With B first, node 5 (out) takes m's backend: m is B (prio 0 now), yr on A (prio 1) is not better."""
     w, W = small_weight
     sched = Scheduler([cpu_b, cpu_a])
@@ -102,7 +102,7 @@ LLAMA_BACKENDS_TWO_CPU = {
 }
 
 
-def test_llama_block_over_two_cpu_backends(cpu_a, cpu_b) -> None:  # noqa: ANN001
+def test_llama_block_over_two_cpu_backends(cpu_a, cpu_b) -> None:
     weights = make_weights(lambda name: cpu_a)
     sched = Scheduler([cpu_a, cpu_b])
     run_block(sched, weights, 3, cpu_b, None)
@@ -158,7 +158,7 @@ LLAMA_SPLITS_BLAS = [
 MATMULS_WITH_WEIGHTS = ["Vcur", "Kcur", "Qcur", "attn_out", "ffn_gate", "ffn_up", "ffn_out"]
 
 
-def test_op_support_drives_assignment(blas, cpu_a) -> None:  # noqa: ANN001
+def test_op_support_drives_assignment(blas, cpu_a) -> None:
     weights = make_weights(lambda name: cpu_a if "norm" in name else blas)
     sched = Scheduler([blas, cpu_a])
     run_block(sched, weights, 3, cpu_a, None)

@@ -15,7 +15,7 @@ from pyggml.core.errors import ArgumentError, GGMLError, UnsupportedOpError
 from pyggml.core.types import GGMLType
 
 
-def alloc_all(backend, *tensors):  # noqa: ANN001, ANN002, ANN201
+def alloc_all(backend, *tensors):
     buffer = backend.alloc_buffer(sum(t.nbytes() + 64 for t in tensors))
     talloc = TensorAllocator.new_from_buffer(buffer)
     for t in tensors:
@@ -80,7 +80,7 @@ def test_supports_only_contiguous_float_mul_mat(blas: TestingBLASBackend) -> Non
         blas.graph_compute(g)
 
 
-def test_copies_cross_the_memory_boundary(blas: TestingBLASBackend, cpu_a) -> None:  # noqa: ANN001
+def test_copies_cross_the_memory_boundary(blas: TestingBLASBackend, cpu_a) -> None:
     ctx = Context(mem_size=1 << 20, no_alloc=True)
     h = ctx.new_tensor_1d(GGMLType.F32, 6).set_name("h")
     d = ctx.new_tensor_1d(GGMLType.F32, 6).set_name("d")

@@ -109,7 +109,7 @@ def run(node: Tensor, params: ComputeParams | None = None) -> np.ndarray:
     return values_of(node)
 
 
-def compile_node(node: Tensor, params: ComputeParams | None = None):  # noqa: ANN201
+def compile_node(node: Tensor, params: ComputeParams | None = None):
     params = params if params is not None else ComputeParams()
     dst = memory.tensor_view(node)
     srcs = [memory.tensor_view(s) if s is not None else None for s in node.src]

@@ -20,7 +20,7 @@ from pyggml.backends.cpu.kernels.threads import WorkerPool
 from pyggml.core.types import GGMLType
 
 
-def _weights(ctx, wtype: GGMLType, shape: tuple[int, ...], rng: np.random.Generator):  # noqa: ANN001, ANN202
+def _weights(ctx, wtype: GGMLType, shape: tuple[int, ...], rng: np.random.Generator):
     values = rng.standard_normal(shape).astype(np.float32)
     t = ctx.new_tensor(wtype, list(shape[::-1]))
     if wtype == F16:
@@ -128,11 +128,11 @@ def test_row_loops_portable_and_native_agree(block_bytes: int, values: str, minu
         q = np.concatenate([(raw & 15) - 8, (raw >> 4) - 8], axis=2).astype(np.float64)
     want = (q.reshape(M, -1) @ yq[0].astype(np.float64)) * 0.03125 * 0.5
 
-    def row_loop(sums):  # noqa: ANN001, ANN202
+    def row_loop(sums):
         dot = qd._make_dot_q_row(block_bytes, getattr(qd, values), sums, minus_8)
 
         @njit
-        def rows(w, yq, yd, yb, out):  # noqa: ANN001, ANN202
+        def rows(w, yq, yd, yb, out):
             for m in range(out.shape[0]):
                 out[m] = dot(w, m * w.shape[1] * w.shape[2], w.shape[1], yq, 0, yd, 0, yb, 0)
 

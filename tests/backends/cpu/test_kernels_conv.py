@@ -18,7 +18,7 @@ def out_size(n: int, k: int, s: int, p: int, d: int) -> int:
     return (n + 2 * p - d * (k - 1) - 1) // s + 1
 
 
-def _im2col_node(ctx, kernel, x, dst_type, s0, s1, p0, p1, d0, d1, is_2d, ne):  # noqa: ANN001, ANN202
+def _im2col_node(ctx, kernel, x, dst_type, s0, s1, p0, p1, d0, d1, is_2d, ne):
     if hasattr(ctx, "im2col"):
         try:
             node = ctx.im2col(kernel, x, s0, s1, p0, p1, d0, d1, is_2d, dst_type)

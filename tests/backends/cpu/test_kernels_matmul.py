@@ -53,7 +53,7 @@ def q8_1_values(x: np.ndarray) -> np.ndarray:
     return (q * d).reshape(x.shape)
 
 
-def q8_K_values(x: np.ndarray) -> np.ndarray:  # noqa: N802
+def q8_K_values(x: np.ndarray) -> np.ndarray:
     """quantize_row_q8_K_reference (late 2023: iscale = -128/max, nearest_int, MIN 127) then dequantize."""
     b = x.astype(np.float32).reshape(-1, 256)
     first = np.argmax(np.abs(b), axis=1)  # first index of the largest |x|, as ggml's strict '>'

@@ -29,7 +29,7 @@ TYPES = [F32, F16]
 I32 = GGMLType.I32
 
 
-def rows(x: np.ndarray):  # noqa: ANN201
+def rows(x: np.ndarray):
     """Every row (last axis) of a 4-D array with its index."""
     for i3 in range(x.shape[0]):
         for i2 in range(x.shape[1]):
