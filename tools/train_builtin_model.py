@@ -22,6 +22,7 @@ Steps:
 
 Usage:
     python tools/train_builtin_model.py --minutes 20 --seed 0 --log /tmp/train_builtin.log
+    python tools/train_builtin_model.py --rewrite   # no training: write the shipped file again (see `rewrite`)
 """
 
 from __future__ import annotations
@@ -256,6 +257,31 @@ def encode_corpus(sp: Any, documents: list[str]) -> np.ndarray:
     return np.asarray(ids, dtype=np.int32)
 
 
+# ------------------------------------------------------------------------------------------- rewriting
+
+
+def rewrite(path: Path) -> None:
+    """Write the GGUF file `path` again with pyggml's current writer: the same metadata values in the same order
+    and the same tensor bytes, every key with the GGUF type llama.cpp reads it as.
+
+    The built-in model was trained when the writer still wrote `tokenizer.ggml.token_type` as a UINT32 array
+    (llama.cpp refuses it: "invalid gguf type for tokenizer.ggml.token_type"); rewriting it gives an INT32
+    array with the weights and the vocab unchanged, without training again."""
+    sys.path.insert(0, str(REPO))
+    from pyggml.gguf.reader import read_gguf
+    from pyggml.gguf.writer import RawTensor, write_gguf
+
+    gf = read_gguf(path, mode="r")
+    meta = {key: gf.get(key) for key in gf.keys()}
+    tensors = {info.name: RawTensor(np.array(gf.tensor_bytes(info.name)), info.type, info.ne) for info in gf}
+    arch = gf.architecture
+    gf.close()
+    tmp = path.with_name(path.name + ".tmp")
+    write_gguf(tmp, arch, meta, tensors)  # a general.alignment key, if any, is in `meta`
+    os.replace(tmp, path)
+    log.info("rewrote %s (%.2f MB)", path, os.path.getsize(path) / 1e6)
+
+
 # -------------------------------------------------------------------------------------------- training
 
 
@@ -279,12 +305,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--type", default="F16", help="GGUF type of the 2-D weights (F16, Q8_0, F32)")
     ap.add_argument("--bench-steps", type=int, default=0, help="only time this many steps and exit")
+    ap.add_argument("--rewrite", action="store_true",
+                    help="no training: write --out again with the current writer (same weights and vocab)")
     args = ap.parse_args(argv)
 
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
     if args.log:
         handlers.append(logging.FileHandler(args.log, mode="w"))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", handlers=handlers, force=True)
+    if args.rewrite:
+        rewrite(args.out)
+        return 0
 
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM

@@ -2,6 +2,7 @@
 
 from pyggml.gguf.loader import LoadedTensors, load_tensors
 from pyggml.gguf.reader import GGUFFile, TensorInfo, read_gguf
-from pyggml.gguf.writer import RawTensor, write_gguf
+from pyggml.gguf.writer import RawTensor, llama_cpp_key_type, write_gguf
 
-__all__ = ["GGUFFile", "LoadedTensors", "RawTensor", "TensorInfo", "load_tensors", "read_gguf", "write_gguf"]
+__all__ = ["GGUFFile", "LoadedTensors", "RawTensor", "TensorInfo", "llama_cpp_key_type", "load_tensors", "read_gguf",
+           "write_gguf"]

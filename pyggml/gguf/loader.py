@@ -22,7 +22,9 @@ from pyggml.backend.buffer import Buffer
 from pyggml.backend.tensor_io import tensor_set
 from pyggml.backends.cpu import cpu_buffer_from_ptr, is_cpu
 from pyggml.core import memory
+from pyggml.core.checks import check_instance
 from pyggml.core.context import Context, tensor_overhead
+from pyggml.core.errors import ArgumentError, ArgumentTypeError
 from pyggml.core.tensor import Tensor
 from pyggml.gguf.reader import GGUFFile, TensorInfo
 
@@ -52,19 +54,33 @@ def load_tensors(gf: GGUFFile, names: list[str], backend_of: Mapping[str, Backen
                  use_mmap: bool = True, progress: bool = True) -> LoadedTensors:
     """Create tensors `names` of `gf` and place each in a buffer of `backend_of[name]`.
 
-    Raises GGUFError (from `gf.tensor`) naming a missing tensor before any
-    memory is taken.
+    Raises GGUFError (from `gf.tensor`) naming a missing tensor, and
+    ArgumentError/ArgumentTypeError naming a tensor without a backend (or
+    whose backend is not a Backend), before any memory is taken.
     """
+    for name in names:
+        check_instance(name, str, "load_tensors: a tensor name")
     infos = [gf.tensor(name) for name in names]  # every missing tensor reported before anything happens
-    pick = backend_of if callable(backend_of) else backend_of.__getitem__
+    if not callable(backend_of) and not isinstance(backend_of, Mapping):
+        raise ArgumentTypeError(f"load_tensors: backend_of must be a mapping or a function of the tensor name, "
+                                f"got {type(backend_of).__name__}")
+    backends: list[Backend] = []
+    for info in infos:  # every tensor's backend known (and a Backend) before a tensor or buffer is made
+        if callable(backend_of):
+            backend = backend_of(info.name)
+        elif info.name in backend_of:
+            backend = backend_of[info.name]
+        else:
+            raise ArgumentError(f"load_tensors: no backend given for tensor '{info.name}'")
+        check_instance(backend, Backend, f"load_tensors: the backend of tensor '{info.name}'")
+        backends.append(backend)
     ctx = Context(mem_size=(len(infos) + 1) * tensor_overhead(), no_alloc=True)
     tensors: dict[str, Tensor] = {}
     groups: dict[int, tuple[Backend, list[tuple[TensorInfo, Tensor]]]] = {}
-    for info in infos:
+    for info, backend in zip(infos, backends, strict=True):
         t = ctx.new_tensor(info.type, list(info.ne) or [1])
         t.set_name(info.name)
         tensors[info.name] = t
-        backend = pick(info.name)
         groups.setdefault(id(backend), (backend, []))[1].append((info, t))
 
     loaded = LoadedTensors(ctx, tensors)
