@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from pyggml.core import ops
+from pyggml.core.checks import check_int
 from pyggml.core.context import GGML_DEFAULT_GRAPH_SIZE as GGML_DEFAULT_GRAPH_SIZE
 from pyggml.core.context import GGML_MEM_ALIGN as GGML_MEM_ALIGN
 from pyggml.core.context import GGML_OBJECT_SIZE as GGML_OBJECT_SIZE
@@ -196,7 +197,7 @@ GGML_TENSOR_FLAG_PARAM = TensorFlag.PARAM
 
 
 @dataclass
-class ggml_init_params:  # noqa: N801 - ggml's struct name
+class ggml_init_params:  # ggml's struct name, lower case as in C
     """struct ggml_init_params."""
 
     mem_size: int = 0
@@ -221,7 +222,7 @@ def ggml_init(params: ggml_init_params | dict[str, Any] | int | None = None, mem
     elif params is None:
         p = ggml_init_params()
     else:
-        p = ggml_init_params(mem_size=int(params))
+        p = ggml_init_params(mem_size=params)  # Context checks it: 2.5 is refused, not taken as 2
     if mem_size is not None:
         p.mem_size = mem_size
     if mem_buffer is not None:
@@ -272,6 +273,7 @@ def ggml_graph_overhead_custom(size: int, grads: bool) -> int:
 
 
 def ggml_new_tensor(ctx: Context, type: GGMLType | int, n_dims: int, ne: list[int] | tuple[int, ...]) -> Tensor:
+    n_dims = check_int(n_dims, "ggml_new_tensor: n_dims")
     if not 1 <= n_dims <= GGML_MAX_DIMS or len(ne) < n_dims:
         raise ArgumentError(f"ggml_new_tensor: n_dims={n_dims} with ne={list(ne)}")
     return ctx.new_tensor(type, list(ne[:n_dims]))
@@ -392,6 +394,7 @@ def ggml_element_size(tensor: Tensor) -> int:
 def ggml_row_size(type: GGMLType | int, ne: int) -> int:
     t = as_type(type)
     tr = TYPE_TRAITS[t]
+    ne = check_int(ne, "ggml_row_size: ne", minimum=0)
     if ne % tr.blck_size != 0:
         raise ArgumentError(f"ggml_row_size: {ne} elements are not a whole number of {tr.name} blocks "
                             f"of {tr.blck_size}")
@@ -699,11 +702,11 @@ def ggml_leaky_relu(ctx: Context, a: Tensor, negative_slope: float, inplace: boo
 
 
 def ggml_unary(ctx: Context, a: Tensor, op: UnaryOp | int) -> Tensor:
-    return ops.unary(ctx, a, UnaryOp(op))
+    return ops.unary(ctx, a, op)  # the builder checks op (ArgumentError for a number that is no unary op)
 
 
 def ggml_unary_inplace(ctx: Context, a: Tensor, op: UnaryOp | int) -> Tensor:
-    return ops.unary_inplace(ctx, a, UnaryOp(op))
+    return ops.unary_inplace(ctx, a, op)
 
 
 def ggml_abs(ctx: Context, a: Tensor) -> Tensor:

@@ -8,6 +8,7 @@ take true as 1 without a word).
 
 from __future__ import annotations
 
+import math
 import numbers
 import os
 
@@ -66,3 +67,15 @@ def check_host_alloc(nbytes: int, what: str) -> None:
             f"{what}: cannot allocate {nbytes} bytes ({nbytes / 2**30:.2f} GiB) of host memory, "
             f"{avail} bytes ({avail / 2**30:.2f} GiB) available"
         )
+
+
+def check_real(value: object, what: str, *, finite: bool = False, minimum: float | None = None) -> float:
+    """`value` as a float: a real number (ints too; bools and strings refused), optionally finite and >= minimum."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ArgumentTypeError(f"{what} must be a real number, got {type(value).__name__} {value!r:.80}")
+    v = float(value)
+    if finite and not math.isfinite(v):
+        raise ArgumentError(f"{what} must be finite, got {v}")
+    if minimum is not None and v < minimum:
+        raise ArgumentError(f"{what} must be >= {minimum}, got {v}")
+    return v

@@ -9,15 +9,20 @@ memory later from a backend buffer.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from pyggml.core import memory
-from pyggml.core.errors import ArgumentError, ContextFullError
+from pyggml.core.checks import check_instance, check_int, check_positive, check_real, check_size
+from pyggml.core.errors import ArgumentError, ContextFullError, InvalidStateError, OutOfBoundsError, ShapeError
 from pyggml.core.ops import OpBuilders
-from pyggml.core.tensor import GGML_MAX_DIMS, Tensor, default_strides, nbytes_of
+from pyggml.core.tensor import Tensor, check_ne, check_window, nbytes_of, strides
 from pyggml.core.types import TYPE_TRAITS, GGMLType, as_type
+
+if TYPE_CHECKING:
+    from pyggml.core.graph import Graph
 
 GGML_MEM_ALIGN = 16
 GGML_OBJECT_SIZE = 32
@@ -40,8 +45,7 @@ class Context(OpBuilders):
 
     def __init__(self, mem_size: int = 16 * 1024 * 1024, mem_buffer: np.ndarray | None = None,
                  no_alloc: bool = False) -> None:
-        if mem_size < 0:
-            raise ArgumentError(f"context mem_size must be >= 0, got {mem_size}")
+        mem_size = check_size(mem_size, "Context: mem_size")
         self.mem_size = mem_size
         self.no_alloc = no_alloc
         self.tensors: list[Tensor] = []
@@ -53,13 +57,15 @@ class Context(OpBuilders):
         self._arena_owned = mem_buffer is None
         self._base: int | None = None
         self._by_name: dict[str, Tensor] = {}
+        self._freed = False
         if mem_buffer is not None:
             arena = np.asarray(mem_buffer).reshape(-1).view(np.uint8)
             if arena.nbytes < mem_size:
                 raise ArgumentError(f"mem_buffer holds {arena.nbytes} bytes, mem_size asks {mem_size}")
             self._arena = arena[:mem_size]
         elif not no_alloc and mem_size > 0:
-            self._arena = np.zeros(mem_size + GGML_MEM_ALIGN, dtype=np.uint8)
+            # checked against the host memory available first: 1 PiB names the numbers, not numpy's MemoryError
+            self._arena = memory.allocate_host(mem_size + GGML_MEM_ALIGN, f"Context(mem_size={mem_size})")
         if self._arena is not None:
             self._base = memory.register(self._arena)
             self._offs0 = (-self._base) % GGML_MEM_ALIGN  # first object aligned like ggml's
@@ -70,7 +76,11 @@ class Context(OpBuilders):
     # --- lifecycle ---
 
     def free(self) -> None:
-        """ggml_free: release the arena; tensors of this context lose their memory."""
+        """ggml_free: release the arena; tensors of this context lose their memory.
+
+        Freeing twice does nothing; making a tensor or a graph in a freed context raises InvalidStateError.
+        """
+        self._freed = True
         if self._arena is not None:
             memory.unregister(self._arena)
             for t in self.tensors:
@@ -103,12 +113,28 @@ class Context(OpBuilders):
 
     # --- pool ---
 
+    def mark(self) -> tuple[int, int]:
+        """The pool's state (bytes used, tensors made), for `rollback`."""
+        return self._used, len(self.tensors)
+
+    def rollback(self, mark: tuple[int, int]) -> None:
+        """Take back the tensors made since `mark` and their pool bytes (the pool is a bump allocator).
+
+        The op builders call it when they fail half-way, so a failed builder leaves nothing behind.
+        """
+        used, n_tensors = mark
+        if n_tensors <= len(self.tensors) and used <= self._used:
+            del self.tensors[n_tensors:]
+            self._used = used
+
     def _take(self, nbytes: int, what: str) -> int:
         """Reserve `nbytes` of the pool, padded to GGML_MEM_ALIGN as ggml_new_object pads it.
 
         Returns the offset of the object in the arena; base + offset is GGML_MEM_ALIGN-aligned
         (`_used` stays `_offs0` plus a multiple of GGML_MEM_ALIGN).
         """
+        if self._freed:
+            raise InvalidStateError(f"cannot make {what} in a freed context (mem_size {self.mem_size})")
         start = self._used
         end = start + pad(nbytes, GGML_MEM_ALIGN)
         if end > self._limit:
@@ -122,32 +148,39 @@ class Context(OpBuilders):
     # --- tensor creation ---
 
     def new_tensor_impl(self, type: GGMLType | int | str, ne: list[int] | tuple[int, ...],
-                        view_src: Tensor | None = None, view_offs: int = 0) -> Tensor:
-        """ggml_new_tensor_impl: a new tensor, or a view of `view_src` at `view_offs`."""
+                        view_src: Tensor | None = None, view_offs: int = 0, *,
+                        nb: Sequence[int] = (), what: str = "new_tensor") -> Tensor:
+        """ggml_new_tensor_impl: a new tensor, or a view of `view_src` at byte `view_offs`.
+
+        `nb` gives a view its strides nb[0], nb[1], ... as far as it goes (the rest as `strides` fills them:
+        contiguous by default), checked by the caller to be ints >= 0; `what` names the caller. Everything
+        is checked before the pool is touched: the shape (`check_ne`), whole blocks in a row, and for a view
+        that every byte it reaches lies inside the memory of its root (`check_window`), so no kernel can
+        write outside a source through a view.
+        """
         type = as_type(type)
-        ne = [int(n) for n in ne]
-        if not 1 <= len(ne) <= GGML_MAX_DIMS:
-            raise ArgumentError(f"a tensor has 1 to {GGML_MAX_DIMS} dimensions, got {len(ne)}")
-        if any(n < 0 for n in ne):
-            raise ArgumentError(f"negative dimension in ne={ne}")
-        ne = ne + [1] * (GGML_MAX_DIMS - len(ne))
+        ne = check_ne(ne, what)
         tr = TYPE_TRAITS[type]
         if ne[0] % tr.blck_size != 0:
-            raise ArgumentError(
-                f"ne[0]={ne[0]} is not a multiple of the {tr.name} block size {tr.blck_size}"
-            )
-        if view_src is not None and view_src.view_src is not None:
-            view_offs += view_src.view_offs
-            view_src = view_src.view_src
-        nb = default_strides(type, ne)
-        data_size = nbytes_of(type, ne, nb)
-        if view_src is not None and data_size + view_offs > view_src.nbytes():
-            raise ArgumentError(
-                f"view of {data_size} bytes at offset {view_offs} is outside '{view_src.name}' "
-                f"({view_src.nbytes()} bytes)"
-            )
+            raise ShapeError(f"{what}: ne[0]={ne[0]} is not a multiple of the {tr.name} block size {tr.blck_size}")
+        nb = strides(type, ne, nb)
+        if view_src is not None:
+            if not isinstance(view_src, Tensor):
+                check_instance(view_src, Tensor, f"{what}: view_src")
+            if view_offs.__class__ is not int:  # (`type` is the tensor type here)
+                view_offs = check_int(view_offs, f"{what}: offset")
+            if view_offs < 0:  # a size_t in ggml: never before the source, even where its root has room
+                raise OutOfBoundsError(f"{what}: offset {view_offs} is negative: a view of '{view_src.name}' "
+                                       f"({view_src.nbytes()} bytes) must start at offset >= 0")
+            src = view_src
+            if view_src.view_src is not None:  # views of views point into the root's memory, as in ggml
+                view_offs += view_src.view_offs
+                view_src = view_src.view_src
+            where = what if src is view_src else f"{what} of '{src.name}' (at offset {src.view_offs} in its root)"
+            check_window(where, type, ne, nb, view_offs, view_src)
         alloc_data = view_src is None and not self.no_alloc
-        offs = self._take(tensor_overhead() + (data_size if alloc_data else 0), "a tensor")
+        data_size = nbytes_of(type, ne, nb) if alloc_data else 0
+        offs = self._take(tensor_overhead() + data_size, "a tensor")
         t = Tensor(self, type, ne, nb)
         t.view_src = view_src
         t.view_offs = view_offs
@@ -164,36 +197,39 @@ class Context(OpBuilders):
         return self.new_tensor_impl(type, ne)
 
     def new_tensor_1d(self, type: GGMLType | int | str, ne0: int) -> Tensor:
-        return self.new_tensor_impl(type, [ne0])
+        return self.new_tensor_impl(type, [ne0], what="new_tensor_1d")
 
     def new_tensor_2d(self, type: GGMLType | int | str, ne0: int, ne1: int) -> Tensor:
-        return self.new_tensor_impl(type, [ne0, ne1])
+        return self.new_tensor_impl(type, [ne0, ne1], what="new_tensor_2d")
 
     def new_tensor_3d(self, type: GGMLType | int | str, ne0: int, ne1: int, ne2: int) -> Tensor:
-        return self.new_tensor_impl(type, [ne0, ne1, ne2])
+        return self.new_tensor_impl(type, [ne0, ne1, ne2], what="new_tensor_3d")
 
     def new_tensor_4d(self, type: GGMLType | int | str, ne0: int, ne1: int, ne2: int, ne3: int) -> Tensor:
-        return self.new_tensor_impl(type, [ne0, ne1, ne2, ne3])
+        return self.new_tensor_impl(type, [ne0, ne1, ne2, ne3], what="new_tensor_4d")
 
     def new_i32(self, value: int) -> Tensor:
+        value = check_int(value, "new_i32: value", minimum=-(2**31), maximum=2**31 - 1)
         t = self.new_tensor_1d(GGMLType.I32, 1)
         t.numpy()[...] = value
         return t
 
     def new_f32(self, value: float) -> Tensor:
+        value = check_real(value, "new_f32: value")
         t = self.new_tensor_1d(GGMLType.F32, 1)
         t.numpy()[...] = value
         return t
 
     def dup_tensor(self, src: Tensor) -> Tensor:
         """A new tensor of the same type and shape (no data copied)."""
-        return self.new_tensor_impl(src.type, src.ne)
+        check_instance(src, Tensor, "dup_tensor: src")
+        return self.new_tensor_impl(src.type, src.ne, what="dup_tensor")
 
     def view_tensor(self, src: Tensor) -> Tensor:
         """ggml_view_tensor: a view of all of `src` with its strides."""
-        t = self.new_tensor_impl(src.type, src.ne, src, 0)
+        check_instance(src, Tensor, "view_tensor: src")
+        t = self.new_tensor_impl(src.type, src.ne, src, 0, nb=src.nb, what="view_tensor")
         t.format_name("%s (view)", src.name)
-        t.nb = list(src.nb)
         return t
 
     # --- lookup and iteration ---
@@ -208,6 +244,8 @@ class Context(OpBuilders):
         return self.tensors[0] if self.tensors else None
 
     def get_next_tensor(self, t: Tensor) -> Tensor | None:
+        if getattr(t, "ctx", None) is not self or t not in self.tensors:
+            raise ArgumentError(f"get_next_tensor: tensor {getattr(t, 'name', t)!r} is not in this context")
         i = self.tensors.index(t) + 1
         return self.tensors[i] if i < len(self.tensors) else None
 
@@ -216,18 +254,21 @@ class Context(OpBuilders):
 
     # --- graphs ---
 
-    def new_graph(self, size: int = GGML_DEFAULT_GRAPH_SIZE, grads: bool = False):  # noqa: ANN201
-        """ggml_new_graph / ggml_new_graph_custom."""
+    def new_graph(self, size: int = GGML_DEFAULT_GRAPH_SIZE, grads: bool = False) -> Graph:
+        """ggml_new_graph / ggml_new_graph_custom: a graph of at most `size` nodes (and `size` leafs), size >= 1."""
         from pyggml.core.graph import Graph, graph_nbytes
 
+        # ggml takes 0 too, but a graph of size 0 cannot hold the tensor it is built for
+        size = check_positive(size, "new_graph: size")
         self._take(GGML_OBJECT_SIZE + pad(graph_nbytes(size, grads), GGML_MEM_ALIGN), "a graph")
         g = Graph(size)
         self.graphs.append(g)
         return g
 
-    def graph_view(self, graph, i0: int, i1: int):  # noqa: ANN001, ANN201
-        from pyggml.core.graph import GRAPH_STRUCT_SIZE
+    def graph_view(self, graph: Graph, i0: int, i1: int) -> Graph:
+        from pyggml.core.graph import GRAPH_STRUCT_SIZE, Graph
 
+        check_instance(graph, Graph, "graph_view: graph")
         view = graph.view(i0, i1)  # checks i0, i1 before the pool is touched
         self._take(GGML_OBJECT_SIZE + GRAPH_STRUCT_SIZE, "a graph view")
         return view

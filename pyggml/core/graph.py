@@ -6,7 +6,8 @@ import bisect
 import logging
 from enum import IntEnum
 
-from pyggml.core.errors import GraphError
+from pyggml.core.checks import check_instance, check_int, check_size
+from pyggml.core.errors import GraphError, InvalidStateError, OutOfBoundsError
 from pyggml.core.tensor import GGML_MAX_SRC, GGMLOp, Tensor
 
 log = logging.getLogger("pyggml.graph")
@@ -78,6 +79,17 @@ class HashSet:
         self.keys.clear()
         self._tensors.clear()
 
+    def truncate(self, n: int) -> None:
+        """Forget every key but the first `n` inserted (slots are insertion order, so the rest stay valid)."""
+        for t in self._tensors[n:]:
+            del self.keys[id(t)]
+        del self._tensors[n:]
+
+
+def _describe(t: Tensor) -> str:
+    """'name' (OP) for messages; tensors are often unnamed when a graph is built."""
+    return f"'{t.name}' ({t.op.name})"
+
 
 class EvalOrder(IntEnum):
     LEFT_TO_RIGHT = 0
@@ -88,6 +100,8 @@ class Graph:
     """A compute graph: `nodes` (ops, in execution order) and `leafs` (constants, inputs)."""
 
     def __init__(self, size: int = 2048) -> None:
+        # 0 is a valid capacity here (the scheduler's placeholder graph); Context.new_graph asks for >= 1
+        size = check_size(size, "Graph: size")
         self.size = size
         self.nodes: list[Tensor] = []
         self.leafs: list[Tensor] = []
@@ -104,6 +118,10 @@ class Graph:
 
     def node(self, i: int) -> Tensor:
         """ggml_graph_node: negative indices count from the end."""
+        i = check_int(i, "graph_node: i")
+        n = len(self.nodes)
+        if not -n <= i < n:
+            raise OutOfBoundsError(f"graph_node: node {i} is outside the graph's {n} nodes")
         return self.nodes[i]
 
     def clear(self) -> None:
@@ -112,22 +130,40 @@ class Graph:
         self.visited_hash_table.reset()
 
     def build_forward_expand(self, tensor: Tensor) -> None:
-        """ggml_build_forward_expand: add `tensor` and what it depends on."""
-        n0 = len(self.nodes)
-        self._visit_parents(tensor)
-        if len(self.nodes) > n0 and self.nodes[-1] is not tensor:
-            raise GraphError(f"'{tensor.name}' was not the last node added")
+        """ggml_build_forward_expand: add `tensor` and what it depends on.
 
-    def _visit_parents(self, root: Tensor) -> None:
+        All or nothing: if the graph overflows its size or the sources form a cycle, the nodes, leafs,
+        visited set and automatic names added by this call are taken back before the error is raised.
+        """
+        check_instance(tensor, Tensor, "build_forward_expand: tensor")
+        n_nodes, n_leafs, n_visited = len(self.nodes), len(self.leafs), len(self.visited_hash_table)
+        named: list[Tensor] = []
+        try:
+            self._visit_parents(tensor, named)
+            if len(self.nodes) > n_nodes and self.nodes[-1] is not tensor:
+                raise GraphError(f"build_forward_expand: '{tensor.name}' was not the last node added "
+                                 f"(it is a leaf whose sources are ops)")
+        except BaseException:
+            del self.nodes[n_nodes:]
+            del self.leafs[n_leafs:]
+            self.visited_hash_table.truncate(n_visited)
+            for t in named:
+                t.name = ""
+            raise
+
+    def _visit_parents(self, root: Tensor, named: list[Tensor]) -> None:
         """ggml_visit_parents without recursion (graphs can be deeper than Python's stack).
 
         Order: a tensor is appended after all its sources, visited in src order
-        (reversed for RIGHT_TO_LEFT); a tensor seen before is skipped.
+        (reversed for RIGHT_TO_LEFT); a tensor seen before is skipped. A source that is
+        still on the path being visited is a cycle: InvalidStateError naming it and the path.
+        Tensors given automatic names are appended to `named` (so a failed build can undo them).
         """
         visited = self.visited_hash_table
         if not visited.insert(root):
             return
         stack: list[tuple[Tensor, int]] = [(root, 0)]
+        on_path: set[int] = {id(root)}
         reverse = self.order == EvalOrder.RIGHT_TO_LEFT
         while stack:
             t, i = stack[-1]
@@ -136,32 +172,51 @@ class Graph:
                 k = GGML_MAX_SRC - 1 - i if reverse else i
                 i += 1
                 s = t.src[k]
-                if s is not None and visited.insert(s):
+                if s is None:
+                    continue
+                if id(s) in on_path:
+                    self._raise_cycle(stack, s)
+                if not isinstance(s, Tensor):
+                    check_instance(s, Tensor, f"build_forward_expand: src[{k}] of '{t.name}'")
+                if visited.insert(s):
                     stack[-1] = (t, i)
                     stack.append((s, 0))
+                    on_path.add(id(s))
                     pushed = True
                     break
             if pushed:
                 continue
             stack.pop()
-            self._append(t)
+            on_path.discard(id(t))
+            self._append(t, named)
 
-    def _append(self, t: Tensor) -> None:
+    @staticmethod
+    def _raise_cycle(stack: list[tuple[Tensor, int]], s: Tensor) -> None:
+        path = [t for t, _ in stack]
+        start = next(j for j, t in enumerate(path) if t is s)
+        chain = " -> ".join(_describe(t) for t in [*path[start:], s])
+        raise InvalidStateError(f"build_forward_expand: the graph has a cycle of {len(path) - start} tensors: "
+                                f"{_describe(s)} depends on itself ({chain})")
+
+    def _append(self, t: Tensor, named: list[Tensor]) -> None:
         if t.op == GGMLOp.NONE and not t.is_param:
             if len(self.leafs) >= self.size:
-                raise GraphError(f"graph full: {self.size} leafs, cannot add '{t.name}' (use a larger graph size)")
+                raise GraphError(f"graph full: {self.size} leafs, cannot add {_describe(t)} (use a larger graph size)")
             if not t.name:
                 t.name = f"leaf_{len(self.leafs)}"
+                named.append(t)
             self.leafs.append(t)
         else:
             if len(self.nodes) >= self.size:
-                raise GraphError(f"graph full: {self.size} nodes, cannot add '{t.name}' (use a larger graph size)")
+                raise GraphError(f"graph full: {self.size} nodes, cannot add {_describe(t)} (use a larger graph size)")
             if not t.name:
                 t.name = f"node_{len(self.nodes)}"
+                named.append(t)
             self.nodes.append(t)
 
     def view(self, i0: int, i1: int) -> Graph:
         """ggml_graph_view: nodes i0..i1 of this graph, no leafs, no hash table."""
+        i0, i1 = check_int(i0, "graph_view: i0"), check_int(i1, "graph_view: i1")
         if not 0 <= i0 <= i1 <= len(self.nodes):
             raise GraphError(f"graph_view: nodes [{i0}, {i1}) are not inside the graph's {len(self.nodes)} nodes")
         g = Graph.__new__(Graph)
@@ -174,13 +229,16 @@ class Graph:
 
     def cpy(self, dst: Graph) -> None:
         """ggml_graph_cpy."""
+        check_instance(dst, Graph, "graph_cpy: dst")
         if dst.size < len(self.nodes) or dst.size < len(self.leafs):
-            raise GraphError(f"graph_cpy: destination of size {dst.size} cannot hold {len(self.nodes)} nodes")
+            raise GraphError(f"graph_cpy: destination of size {dst.size} cannot hold {len(self.nodes)} nodes "
+                             f"and {len(self.leafs)} leafs")
+        visited = HashSet(dst.visited_hash_table.size)  # filled first: a failure leaves dst as it was
+        for t in self.nodes + self.leafs:
+            visited.insert(t)
         dst.nodes = list(self.nodes)
         dst.leafs = list(self.leafs)
-        dst.visited_hash_table = HashSet(dst.visited_hash_table.size)
-        for t in self.nodes + self.leafs:
-            dst.visited_hash_table.insert(t)
+        dst.visited_hash_table = visited
 
     def get_tensor(self, name: str) -> Tensor | None:
         for t in self.leafs + self.nodes:

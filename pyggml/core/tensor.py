@@ -7,13 +7,17 @@ the backend buffer that holds it; views point into their `view_src`.
 
 from __future__ import annotations
 
+import math
+import numbers
 import struct
+from collections.abc import Sequence
 from enum import IntEnum, IntFlag
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pyggml.core.errors import ArgumentError
+from pyggml.core.checks import check_instance, check_int
+from pyggml.core.errors import ArgumentError, ArgumentTypeError, OutOfBoundsError
 from pyggml.core.types import TYPE_TRAITS, GGMLType
 
 if TYPE_CHECKING:
@@ -23,6 +27,9 @@ GGML_MAX_DIMS = 4
 GGML_MAX_SRC = 10
 GGML_MAX_NAME = 64
 GGML_MAX_OP_PARAMS = 64  # bytes: 16 int32 words
+GGML_MAX_NE = 2**63 - 1  # ne and nb are int64_t/size_t in ggml
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+_F32_MAX = float(np.finfo(np.float32).max)
 
 
 class GGMLOp(IntEnum):
@@ -165,27 +172,58 @@ class Tensor:
     # --- op parameters (ggml's int32 words) ---
 
     def set_op_params(self, values: list[int | float] | tuple[int | float, ...]) -> None:
-        """Store ints as int32 words and floats as their float32 bits, in order."""
-        if len(values) > GGML_MAX_OP_PARAMS // 4:
-            raise ArgumentError(f"{len(values)} op params for '{self.name}', at most {GGML_MAX_OP_PARAMS // 4}")
+        """Store ints as int32 words and floats as their float32 bits, in order.
+
+        Every value is checked before any word is written, so a bad list leaves the params as they were.
+        """
+        n_max = GGML_MAX_OP_PARAMS // 4
+        if len(values) > n_max:
+            raise ArgumentError(f"{len(values)} op params for '{self.name}', at most {n_max} ({self.op.name})")
+        words = [self._op_param_word(i, v) for i, v in enumerate(values)]
         self.op_params[:] = 0
-        for i, v in enumerate(values):
-            if isinstance(v, float):
-                self.op_params[i] = struct.unpack("<i", struct.pack("<f", v))[0]
-            else:
-                self.op_params[i] = int(v)
+        self.op_params[: len(words)] = words
+
+    def _op_param_word(self, i: int, v: object) -> int:
+        """One op param as its int32 word: an int that fits int32, or a float that fits float32 (its bits)."""
+        if type(v) is int and _INT32_MIN <= v <= _INT32_MAX:  # the common cases first, without a message
+            return v
+        if type(v) is float and (abs(v) <= _F32_MAX or not math.isfinite(v)):
+            return struct.unpack("<i", struct.pack("<f", v))[0]
+        what = f"op param {i} of '{self.name}' ({self.op.name})"
+        if isinstance(v, numbers.Integral):  # bools too: ggml stores them as 0/1
+            if not _INT32_MIN <= int(v) <= _INT32_MAX:
+                raise ArgumentError(f"{what} = {int(v)} does not fit an int32 word")
+            return int(v)
+        if isinstance(v, numbers.Real):  # np.float32 is not a float: test the number tower, not the class
+            f = float(v)
+            if math.isfinite(f) and abs(f) > _F32_MAX:
+                raise ArgumentError(f"{what} = {f!r} does not fit a float32")
+            return struct.unpack("<i", struct.pack("<f", f))[0]
+        raise ArgumentTypeError(f"{what} must be an int or a float, got {type(v).__name__} {v!r:.80}")
+
+    def _op_param_index(self, i: object) -> int:
+        n_max = GGML_MAX_OP_PARAMS // 4
+        if type(i) is int and 0 <= i < n_max:  # kernels read params while planning: keep this cheap
+            return i
+        if isinstance(i, bool) or not isinstance(i, numbers.Integral) or not 0 <= int(i) < n_max:
+            raise OutOfBoundsError(f"op param index {i!r} of '{self.name}' is outside [0, {n_max})")
+        return int(i)
 
     def get_op_params_i32(self, i: int) -> int:
-        return int(self.op_params[i])
+        return int(self.op_params[self._op_param_index(i)])
 
     def get_op_params_f32(self, i: int) -> float:
+        i = self._op_param_index(i)
         return float(self.op_params[i : i + 1].view(np.float32)[0])
 
     def set_op_params_i32(self, i: int, value: int) -> None:
-        self.op_params[i] = value
+        i = self._op_param_index(i)
+        self.op_params[i] = check_int(value, f"op param {i} of '{self.name}'", minimum=_INT32_MIN,
+                                      maximum=_INT32_MAX)
 
     def set_op_params_f32(self, i: int, value: float) -> None:
-        self.op_params[i : i + 1].view(np.float32)[0] = value
+        i = self._op_param_index(i)
+        self.op_params[i] = self._op_param_word(i, float(value) if isinstance(value, numbers.Real) else value)
 
     # --- flags ---
 
@@ -208,6 +246,8 @@ class Tensor:
     # --- names ---
 
     def set_name(self, name: str) -> Tensor:
+        if not isinstance(name, str):
+            check_instance(name, str, f"name of tensor '{self.name}'")
         self.name = name[: GGML_MAX_NAME - 1]
         return self
 
@@ -294,18 +334,47 @@ class Tensor:
         return f"Tensor('{self.name}', {self.type.name}, ne={ne}, op={self.op.name})"
 
 
+def check_ne(ne: object, what: str) -> list[int]:
+    """Validate a shape (1 to 4 ints, each in [0, 2^63)) and return it padded to 4 dimensions with 1s.
+
+    A dimension of 0 is ggml's empty tensor: no elements, nbytes 0; kernels do nothing for it.
+    """
+    if type(ne) is list or type(ne) is tuple:  # the common case, checked without building any message
+        if 1 <= len(ne) <= GGML_MAX_DIMS:
+            for n in ne:
+                if type(n) is not int or n < 0 or n > GGML_MAX_NE:
+                    break
+            else:
+                return list(ne) + [1] * (GGML_MAX_DIMS - len(ne))
+    elif isinstance(ne, (str, bytes)) or not isinstance(ne, (Sequence, np.ndarray)):
+        raise ArgumentTypeError(f"{what}: ne must be a sequence of ints, got {type(ne).__name__} {ne!r:.80}")
+    if not 1 <= len(ne) <= GGML_MAX_DIMS:
+        raise ArgumentError(f"{what}: a tensor has 1 to {GGML_MAX_DIMS} dimensions, got {len(ne)} (ne={list(ne)})")
+    out = [check_int(n, f"{what}: ne[{i}]", minimum=0, maximum=GGML_MAX_NE) for i, n in enumerate(ne)]
+    return out + [1] * (GGML_MAX_DIMS - len(out))
+
+
+def strides(type: GGMLType, ne: list[int], nb_given: Sequence[int] = ()) -> list[int]:
+    """ggml's strides for `ne`: nb[0], nb[1], ... as far as `nb_given` goes, each further one the previous
+    stride times the previous dimension (nb[0] the type size; rows padded to whole blocks).
+
+    With nothing given these are a contiguous tensor's strides (ggml_new_tensor_impl); ggml_view_2d/3d
+    fill the strides they do not take the same way, so every view's layout comes from here.
+    """
+    tr = TYPE_TRAITS[type]
+    nb = list(nb_given[:GGML_MAX_DIMS]) or [tr.type_size]
+    for i in range(len(nb), GGML_MAX_DIMS):
+        nb.append(nb[i - 1] * (ne[i - 1] // tr.blck_size if i == 1 else ne[i - 1]))
+    return nb
+
+
 def default_strides(type: GGMLType, ne: list[int]) -> list[int]:
     """Strides of a contiguous tensor (ggml_new_tensor_impl): rows padded to whole blocks."""
-    tr = TYPE_TRAITS[type]
-    nb0 = tr.type_size
-    nb1 = nb0 * (ne[0] // tr.blck_size)
-    nb2 = nb1 * ne[1]
-    nb3 = nb2 * ne[2]
-    return [nb0, nb1, nb2, nb3]
+    return strides(type, ne)
 
 
 def nbytes_of(type: GGMLType, ne: list[int], nb: list[int]) -> int:
-    """ggml_nbytes for a type, shape and strides."""
+    """ggml_nbytes for a type, shape and strides: one past the last byte touched (0 for an empty tensor)."""
     for n in ne:
         if n <= 0:
             return 0
@@ -321,6 +390,25 @@ def nbytes_of(type: GGMLType, ne: list[int], nb: list[int]) -> int:
     return size
 
 
+def check_window(what: str, type: GGMLType, ne: list[int], nb: list[int], offset: int, src: Tensor,
+                 src_nbytes: int | None = None, kind: str = "view") -> None:
+    """Raise OutOfBoundsError unless the bytes of (type, ne, nb) at `offset` lie inside `src`'s bytes.
+
+    The one bounds rule of views (ggml_view_*, view_tensor, reshape) and of the windows ACC and SET write:
+    the first byte is `offset` >= 0, the last `offset + nbytes_of(...) - 1` < `src_nbytes` (src.nbytes() by
+    default). An empty window touches nothing but must still start inside (or just past) `src`.
+    """
+    size = src.nbytes() if src_nbytes is None else src_nbytes
+    if offset < 0:
+        raise OutOfBoundsError(f"{what}: offset {offset} is negative: it starts before '{src.name}' ({size} bytes)")
+    extent = nbytes_of(type, ne, nb)
+    if offset + extent > size or offset > size:
+        raise OutOfBoundsError(
+            f"{what}: {kind} of {extent} bytes at offset {offset} is outside '{src.name}' ({size} bytes): "
+            f"ne={ne}, nb={nb} reach byte {offset + extent - 1}"
+        )
+
+
 def are_same_shape(a: Tensor, b: Tensor) -> bool:
     return a.ne == b.ne
 
@@ -330,8 +418,18 @@ def are_same_layout(a: Tensor, b: Tensor) -> bool:
     return a.type == b.type and a.ne == b.ne and a.nb == b.nb
 
 
+def divides(n: int, m: int) -> bool:
+    """m is a whole number of n's (broadcasting's rule), with 0 dividing only 0 (empty tiles only empty)."""
+    return m % n == 0 if n > 0 else m == 0
+
+
 def can_repeat(a: Tensor, b: Tensor) -> bool:
-    """ggml_can_repeat: `a` tiles `b` (each of b's dims a multiple of a's)."""
+    """ggml_can_repeat: `a` tiles `b` (each of b's dims a multiple of a's).
+
+    An empty `a` tiles nothing (ggml of late 2023 divides by its 0; later ggml lets an empty `a` tile an
+    empty `b`, which the element-wise kernels here do not take), so binary ops of empty tensors are a
+    ShapeError rather than a ZeroDivisionError.
+    """
     return all(a.ne[i] > 0 and b.ne[i] % a.ne[i] == 0 for i in range(GGML_MAX_DIMS))
 
 

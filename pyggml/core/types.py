@@ -7,13 +7,14 @@ type read from a file is a `GGMLType` without translation.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from enum import IntEnum
 
 import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from pyggml.core.errors import ArgumentError, UnsupportedTypeError
+from pyggml.core.errors import ArgumentError, ArgumentTypeError, UnsupportedTypeError
 
 
 class GGMLType(IntEnum):
@@ -106,9 +107,11 @@ TYPE_TRAITS: dict[GGMLType, TypeTraits] = _build_traits()
 
 
 def as_type(t: GGMLType | int | str) -> GGMLType:
-    """Accept a GGMLType, its number, or its name ('f16', 'Q4_0')."""
+    """Accept a GGMLType, its number, or its name ('f16', 'Q4_0'); 2.5 or True is not a type."""
     if isinstance(t, GGMLType):
         return t
+    if not isinstance(t, str) and (isinstance(t, bool) or not isinstance(t, numbers.Integral)):
+        raise ArgumentTypeError(f"a ggml type is a GGMLType, its number or its name, got {type(t).__name__} {t!r:.80}")
     try:
         if isinstance(t, str):
             return GGMLType[t.upper()]

@@ -7,7 +7,7 @@ import struct
 import pytest
 
 from pyggml.core.context import Context
-from pyggml.core.errors import ArgumentError
+from pyggml.core.errors import ArgumentError, OutOfBoundsError, ShapeError
 from pyggml.core.tensor import GGML_MAX_NAME, GGMLOp, are_same_layout, are_same_shape, can_repeat
 from pyggml.core.types import GGMLType
 
@@ -59,7 +59,7 @@ def test_quantized_rows_are_whole_blocks(ctx: Context) -> None:
 
 
 def test_quantized_row_not_a_whole_block_raises(ctx: Context) -> None:
-    with pytest.raises(ArgumentError, match=r"ne\[0\]=48 .* q4_0 block size 32"):
+    with pytest.raises(ShapeError, match=r"ne\[0\]=48 .* q4_0 block size 32"):
         ctx.new_tensor_2d(Q4_0, 48, 2)
 
 
@@ -132,7 +132,7 @@ def test_view_tensor_keeps_strides(ctx: Context) -> None:
 
 def test_view_outside_its_source_raises(ctx: Context) -> None:
     a = ctx.new_tensor_2d(F32, 4, 3).set_name("a")
-    with pytest.raises(ArgumentError, match=r"view of 16 bytes at offset 40 is outside 'a' \(48 bytes\)"):
+    with pytest.raises(OutOfBoundsError, match=r"view_1d: view of 16 bytes at offset 40 is outside 'a' \(48 bytes\)"):
         ctx.view_1d(a, 4, 40)
 
 

@@ -2,13 +2,22 @@
 
 Every builder takes the context first, as in C (`ops.add(ctx, a, b)`), and is
 also a method of `Context` through `OpBuilders` (`ctx.add(a, b)`).
+
+Every builder's arguments are checked against its annotations before it runs
+(`_build.checked_builder`: an int where a Tensor is expected, 2.5 for an int
+raise ArgumentTypeError naming the op and the argument). The check is put on
+each module's builders once, here, before they are re-exported.
 """
 
 from __future__ import annotations
 
+import inspect
+from types import ModuleType
+
 from pyggml.core.ops import conv, custom, elementwise, layout, matmul
 from pyggml.core.ops import norm as norm_ops  # `norm` itself is the op builder below
 from pyggml.core.ops import reduce as reduce_ops
+from pyggml.core.ops._build import checked_builder
 from pyggml.core.ops.conv import *  # noqa: F403
 from pyggml.core.ops.custom import *  # noqa: F403
 from pyggml.core.ops.elementwise import *  # noqa: F403
@@ -18,6 +27,24 @@ from pyggml.core.ops.norm import *  # noqa: F403
 from pyggml.core.ops.reduce import *  # noqa: F403
 
 _MODULES = [elementwise, layout, matmul, reduce_ops, norm_ops, conv, custom]
+
+
+def _check_builders(modules: list[ModuleType], exported: dict[str, object]) -> None:
+    """Replace each public builder (a function of a module taking `ctx` first) by its checked version,
+    in its module and among the names re-exported here (`exported`)."""
+    for module in modules:
+        for name, fn in list(vars(module).items()):
+            if not (inspect.isfunction(fn) and fn.__module__ == module.__name__ and not name.startswith("_")):
+                continue
+            params = list(inspect.signature(fn).parameters)
+            if params and params[0] == "ctx":
+                checked = checked_builder(fn)
+                setattr(module, name, checked)
+                if exported.get(name) is fn:
+                    exported[name] = checked
+
+
+_check_builders(_MODULES, globals())
 
 
 class OpBuilders:

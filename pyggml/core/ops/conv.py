@@ -25,7 +25,8 @@ from __future__ import annotations
 from enum import IntEnum
 from typing import TYPE_CHECKING
 
-from pyggml.core.ops._build import require, require_arg, set_op
+from pyggml.core.checks import check_real
+from pyggml.core.ops._build import as_enum, require, require_arg, set_op
 from pyggml.core.ops.layout import cont, permute, reshape_2d, reshape_3d, reshape_4d
 from pyggml.core.ops.matmul import mul_mat
 from pyggml.core.tensor import GGMLOp, Tensor
@@ -154,7 +155,7 @@ def conv_transpose_1d(ctx: Context, a: Tensor, b: Tensor, s0: int, p0: int, d0: 
 
 def pool_1d(ctx: Context, a: Tensor, op: PoolOp | int, k0: int, s0: int, p0: int) -> Tensor:
     """Pool each row over windows of k0 with stride s0 and padding p0: [OL, ne1, ne2, ne3] (F32)."""
-    op = PoolOp(op)
+    op = as_enum(PoolOp, op, "pool_1d", "op")
     require_arg(k0 >= 1 and s0 >= 1 and p0 >= 0, "pool_1d", f"k0={k0}, s0={s0} must be >= 1, p0={p0} >= 0", a)
     require(a.ne[0] + 2 * p0 - k0 >= 0, "pool_1d", f"window {k0} is wider than the padded row ({a.ne[0]} + 2*{p0})",
             a)
@@ -166,7 +167,8 @@ def pool_1d(ctx: Context, a: Tensor, op: PoolOp | int, k0: int, s0: int, p0: int
 def pool_2d(ctx: Context, a: Tensor, op: PoolOp | int, k0: int, k1: int, s0: int, s1: int,
             p0: float, p1: float) -> Tensor:
     """Pool each plane over k0 x k1 windows: [OW, OH, ne2, ne3] (F32); paddings stored as ints as ggml does."""
-    op = PoolOp(op)
+    op = as_enum(PoolOp, op, "pool_2d", "op")
+    p0, p1 = check_real(p0, "pool_2d: p0", finite=True), check_real(p1, "pool_2d: p1", finite=True)
     require_arg(min(k0, k1, s0, s1) >= 1 and min(p0, p1) >= 0, "pool_2d",
                 f"k=({k0}, {k1}), s=({s0}, {s1}) must be >= 1, p=({p0}, {p1}) >= 0", a)
     require(a.ne[0] + 2 * p0 - k0 >= 0 and a.ne[1] + 2 * p1 - k1 >= 0, "pool_2d",

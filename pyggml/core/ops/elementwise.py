@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pyggml.core.ops._build import require, same_or_view, set_op
-from pyggml.core.tensor import GGMLOp, Tensor, UnaryOp, can_repeat
+from pyggml.core.checks import check_int
+from pyggml.core.ops._build import as_enum, require, same_or_view, set_op
+from pyggml.core.tensor import GGMLOp, Tensor, UnaryOp, can_repeat, check_window, nbytes_of, strides
 
 if TYPE_CHECKING:
     from pyggml.core.context import Context
@@ -69,6 +70,7 @@ def scale_inplace(ctx: Context, a: Tensor, s: float) -> Tensor:
 
 def unary(ctx: Context, a: Tensor, op: UnaryOp, inplace: bool = False) -> Tensor:
     """UNARY with the function in op_params[0]."""
+    op = as_enum(UnaryOp, op, "unary", "op")
     return set_op(same_or_view(ctx, a, inplace), GGMLOp.UNARY, a, params=[int(op)])
 
 
@@ -86,6 +88,15 @@ def add1_inplace(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     return add1(ctx, a, b, True)
 
 
+def _check_window(fn: str, a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: int, offset: int, inplace: bool) -> None:
+    """The window ACC and SET write (b's shape, a's element size, strides nb1..nb3, at `offset`) must lie
+    inside the result's bytes (a's own when in place, a contiguous copy's otherwise): ggml's kernels
+    assert it; here it is checked before the result exists."""
+    nb = [a.element_size()] + [check_int(n, f"{fn}: nb{i + 1}", minimum=0) for i, n in enumerate((nb1, nb2, nb3))]
+    size = a.nbytes() if inplace else nbytes_of(a.type, a.ne, strides(a.type, a.ne))
+    check_window(f"{fn} of '{b.name}' into '{a.name}'", a.type, b.ne, nb, offset, a, size, "window")
+
+
 def acc(ctx: Context, a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: int, offset: int,
         inplace: bool = False) -> Tensor:
     """a, with b added into the window of a at byte `offset` with byte strides nb1..nb3 and b's shape.
@@ -95,6 +106,7 @@ def acc(ctx: Context, a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: int, offset
     require(b.nelements() <= a.nelements(), "acc", f"b has {b.nelements()} elements, more than a's {a.nelements()}",
             a, b)
     require(a.is_contiguous(), "acc", "a must be contiguous", a)
+    _check_window("acc", a, b, nb1, nb2, nb3, offset, inplace)
     result = same_or_view(ctx, a, inplace)
     return set_op(result, GGMLOp.ACC, a, b, params=[nb1, nb2, nb3, offset, 1 if inplace else 0])
 
@@ -111,6 +123,7 @@ def set(ctx: Context, a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: int, offset
     """
     require(a.nelements() >= b.nelements(), "set", f"b has {b.nelements()} elements, more than a's {a.nelements()}",
             a, b)
+    _check_window("set", a, b, nb1, nb2, nb3, offset, inplace)
     result = same_or_view(ctx, a, inplace)
     return set_op(result, GGMLOp.SET, a, b, params=[nb1, nb2, nb3, offset, 1 if inplace else 0])
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from pyggml.core.checks import check_int
 from pyggml.core.ops._build import int64_words, require, same_or_view, set_op
-from pyggml.core.tensor import GGML_MAX_DIMS, GGMLOp, Tensor, can_repeat
+from pyggml.core.tensor import GGML_MAX_DIMS, GGMLOp, Tensor, can_repeat, check_ne
 from pyggml.core.types import GGMLType
 
 if TYPE_CHECKING:
@@ -39,9 +40,10 @@ def cont(ctx: Context, a: Tensor) -> Tensor:
 
 
 def cont_4d(ctx: Context, a: Tensor, ne0: int, ne1: int, ne2: int, ne3: int) -> Tensor:
+    ne = check_ne([ne0, ne1, ne2, ne3], "cont_4d")
     require(a.nelements() == ne0 * ne1 * ne2 * ne3, "cont_4d", f"{a.nelements()} elements cannot take "
-            f"shape [{ne0}, {ne1}, {ne2}, {ne3}]", a)
-    result = ctx.new_tensor_4d(a.type, ne0, ne1, ne2, ne3)
+            f"shape {ne}", a)
+    result = ctx.new_tensor_impl(a.type, ne, what="cont_4d")
     result.format_name("%s (cont)", a.name)
     return set_op(result, GGMLOp.CONT, a)
 
@@ -59,12 +61,13 @@ def cont_3d(ctx: Context, a: Tensor, ne0: int, ne1: int, ne2: int) -> Tensor:
 
 
 def _reshape(ctx: Context, a: Tensor, ne: list[int], fn: str) -> Tensor:
+    ne = check_ne(ne, fn)[: len(ne)]
     require(a.is_contiguous(), fn, "only contiguous tensors can be reshaped", a)
     n = 1
     for x in ne:
         n *= x
     require(a.nelements() == n, fn, f"{a.nelements()} elements cannot take shape {ne}", a)
-    result = ctx.new_tensor_impl(a.type, ne, a, 0)
+    result = ctx.new_tensor_impl(a.type, ne, a, 0, what=fn)
     result.format_name("%s (reshaped)", a.name)
     return set_op(result, GGMLOp.RESHAPE, a)
 
@@ -90,40 +93,35 @@ def reshape_4d(ctx: Context, a: Tensor, ne0: int, ne1: int, ne2: int, ne3: int) 
     return _reshape(ctx, a, [ne0, ne1, ne2, ne3], "reshape_4d")
 
 
-def _view(ctx: Context, a: Tensor, ne: list[int], offset: int) -> Tensor:
-    """ggml_view_impl: a view of `a` at byte `offset`; strides set by the caller."""
-    result = ctx.new_tensor_impl(a.type, ne, a, offset)
+def _view(ctx: Context, a: Tensor, fn: str, ne: list[int], nb_outer: list[int], offset: int) -> Tensor:
+    """ggml_view_impl: a view of `a` with shape `ne`, strides nb1.. from `nb_outer` (the rest as ggml's
+    view_1d/2d/3d fill them, `strides`) at byte `offset` from `a`'s first byte.
+
+    The one place a view's layout is made: strides are ints >= 0 here; `Context.new_tensor_impl` checks
+    ne and offset and that the view's bytes lie inside its source's memory (against the root of a chain
+    of views), so a kernel writing the view never writes outside its source.
+    """
+    nb_outer = [check_int(n, f"{fn}: nb{i + 1}", minimum=0) for i, n in enumerate(nb_outer)]
+    result = ctx.new_tensor_impl(a.type, ne, a, offset, nb=[a.element_size(), *nb_outer], what=fn)
     result.format_name("%s (view)", a.name)
     return set_op(result, GGMLOp.VIEW, a, params=int64_words(offset))
 
 
 def view_1d(ctx: Context, a: Tensor, ne0: int, offset: int) -> Tensor:
-    return _view(ctx, a, [ne0], offset)
+    return _view(ctx, a, "view_1d", [ne0], [], offset)
 
 
 def view_2d(ctx: Context, a: Tensor, ne0: int, ne1: int, nb1: int, offset: int) -> Tensor:
-    result = _view(ctx, a, [ne0, ne1], offset)
-    result.nb[1] = nb1
-    result.nb[2] = nb1 * ne1
-    result.nb[3] = result.nb[2]
-    return result
+    return _view(ctx, a, "view_2d", [ne0, ne1], [nb1], offset)
 
 
 def view_3d(ctx: Context, a: Tensor, ne0: int, ne1: int, ne2: int, nb1: int, nb2: int, offset: int) -> Tensor:
-    result = _view(ctx, a, [ne0, ne1, ne2], offset)
-    result.nb[1] = nb1
-    result.nb[2] = nb2
-    result.nb[3] = nb2 * ne2
-    return result
+    return _view(ctx, a, "view_3d", [ne0, ne1, ne2], [nb1, nb2], offset)
 
 
 def view_4d(ctx: Context, a: Tensor, ne0: int, ne1: int, ne2: int, ne3: int,
             nb1: int, nb2: int, nb3: int, offset: int) -> Tensor:
-    result = _view(ctx, a, [ne0, ne1, ne2, ne3], offset)
-    result.nb[1] = nb1
-    result.nb[2] = nb2
-    result.nb[3] = nb3
-    return result
+    return _view(ctx, a, "view_4d", [ne0, ne1, ne2, ne3], [nb1, nb2, nb3], offset)
 
 
 def permute(ctx: Context, a: Tensor, axis0: int, axis1: int, axis2: int, axis3: int) -> Tensor:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pyggml.core.ops._build import require, set_op
-from pyggml.core.tensor import GGMLOp, Tensor
+from pyggml.core.tensor import GGMLOp, Tensor, divides
 from pyggml.core.types import GGMLType
 
 if TYPE_CHECKING:
@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 
 def can_mul_mat(a: Tensor, b: Tensor) -> bool:
-    return a.ne[0] == b.ne[0] and b.ne[2] % a.ne[2] == 0 and b.ne[3] % a.ne[3] == 0
+    return a.ne[0] == b.ne[0] and divides(a.ne[2], b.ne[2]) and divides(a.ne[3], b.ne[3])
 
 
 def mul_mat(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
@@ -26,7 +26,7 @@ def mul_mat(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
 
 
 def can_out_prod(a: Tensor, b: Tensor) -> bool:
-    return a.ne[1] == b.ne[1] and b.ne[2] % a.ne[2] == 0 and b.ne[3] % a.ne[3] == 0
+    return a.ne[1] == b.ne[1] and divides(a.ne[2], b.ne[2]) and divides(a.ne[3], b.ne[3])
 
 
 def out_prod(ctx: Context, a: Tensor, b: Tensor) -> Tensor:

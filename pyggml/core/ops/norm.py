@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from pyggml.core.checks import check_real
 from pyggml.core.ops._build import require, require_arg, same_or_view, set_op
 from pyggml.core.tensor import GGMLOp, Tensor, can_repeat_rows
 from pyggml.core.types import GGMLType
@@ -34,8 +35,10 @@ ROPE_MODE_GLM = 4  # bit 2: ChatGLM's 2-D positions
 
 
 def norm(ctx: Context, a: Tensor, eps: float, inplace: bool = False) -> Tensor:
-    """Each row to zero mean and unit variance: (x - mean) / sqrt(var + eps)."""
-    return set_op(same_or_view(ctx, a, inplace), GGMLOp.NORM, a, params=[float(eps)])
+    """Each row to zero mean and unit variance: (x - mean) / sqrt(var + eps); eps finite and >= 0 (later
+    ggml asserts eps >= 0 in the kernel: a negative one gives NaN for a constant row)."""
+    eps = check_real(eps, "norm: eps", finite=True, minimum=0.0)
+    return set_op(same_or_view(ctx, a, inplace), GGMLOp.NORM, a, params=[eps])
 
 
 def norm_inplace(ctx: Context, a: Tensor, eps: float) -> Tensor:
@@ -43,8 +46,9 @@ def norm_inplace(ctx: Context, a: Tensor, eps: float) -> Tensor:
 
 
 def rms_norm(ctx: Context, a: Tensor, eps: float, inplace: bool = False) -> Tensor:
-    """Each row divided by its root mean square: x / sqrt(mean(x^2) + eps)."""
-    return set_op(same_or_view(ctx, a, inplace), GGMLOp.RMS_NORM, a, params=[float(eps)])
+    """Each row divided by its root mean square: x / sqrt(mean(x^2) + eps); eps finite and >= 0."""
+    eps = check_real(eps, "rms_norm: eps", finite=True, minimum=0.0)
+    return set_op(same_or_view(ctx, a, inplace), GGMLOp.RMS_NORM, a, params=[eps])
 
 
 def rms_norm_inplace(ctx: Context, a: Tensor, eps: float) -> Tensor:
@@ -65,6 +69,7 @@ def group_norm_inplace(ctx: Context, a: Tensor, n_groups: int) -> Tensor:
 
 
 def _soft_max(ctx: Context, a: Tensor, mask: Tensor | None, scale: float, inplace: bool, fn: str) -> Tensor:
+    scale = check_real(scale, f"{fn}: scale", finite=True)  # a NaN or infinite scale makes every row NaN
     require(a.is_contiguous(), fn, "a must be contiguous", a)
     if mask is not None:
         require(mask.is_contiguous(), fn, "the mask must be contiguous", mask)
@@ -72,7 +77,7 @@ def _soft_max(ctx: Context, a: Tensor, mask: Tensor | None, scale: float, inplac
         require(can_repeat_rows(mask, a), fn, "the mask's rows must repeat to a's (same ne[0], a.ne[1] a multiple)",
                 a, mask)
     result = same_or_view(ctx, a, inplace)
-    return set_op(result, GGMLOp.SOFT_MAX, a, mask, params=[float(scale)])
+    return set_op(result, GGMLOp.SOFT_MAX, a, mask, params=[scale])
 
 
 def soft_max(ctx: Context, a: Tensor) -> Tensor:
@@ -122,6 +127,15 @@ def rope_impl(ctx: Context, a: Tensor, b: Tensor, n_dims: int, mode: int, n_ctx:
     require(b.type == GGMLType.I32, fn, "positions b must be I32", b)
     require(a.ne[2] == b.ne[0], fn, f"a.ne[2]={a.ne[2]} must equal the number of positions b.ne[0]={b.ne[0]}",
             a, b)
+    # the kernels turn pairs of the first n_dims elements of a row: more than the row would reach past it
+    require_arg(0 < n_dims <= a.ne[0] and n_dims % 2 == 0, fn,
+                f"n_dims={n_dims} must be even, > 0 and <= a.ne[0]={a.ne[0]}", a)
+    require_arg(n_ctx >= 0 and n_orig_ctx >= 0, fn, f"n_ctx={n_ctx} and n_orig_ctx={n_orig_ctx} must be >= 0", a)
+    for name, value in (("freq_base", freq_base), ("freq_scale", freq_scale), ("ext_factor", ext_factor),
+                        ("attn_factor", attn_factor), ("beta_fast", beta_fast), ("beta_slow", beta_slow),
+                        ("xpos_base", xpos_base)):
+        check_real(value, f"{fn}: {name}", finite=True)
+    require_arg(freq_base > 0, fn, f"freq_base={freq_base} must be > 0 (its powers are the angles' frequencies)", a)
     result = same_or_view(ctx, a, inplace)
     params: list[int | float] = [
         0, n_dims, mode, n_ctx, n_orig_ctx,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from enum import IntEnum
 from typing import TYPE_CHECKING
 
-from pyggml.core.ops._build import require, require_arg, set_op
+from pyggml.core.ops._build import as_enum, require, require_arg, set_op
 from pyggml.core.ops.layout import view_4d
 from pyggml.core.tensor import GGMLOp, Tensor
 from pyggml.core.types import GGMLType
@@ -51,7 +51,7 @@ def argmax(ctx: Context, a: Tensor) -> Tensor:
 
 def argsort(ctx: Context, a: Tensor, order: SortOrder | int = SortOrder.ASC) -> Tensor:
     """The indices that sort each row (I32, a's shape); the order in op_params[0]."""
-    order = SortOrder(order)
+    order = as_enum(SortOrder, order, "argsort", "order")
     require(a.ne[0] <= INT32_MAX, "argsort", f"rows of {a.ne[0]} elements do not fit int32 indices", a)
     result = ctx.new_tensor(GGMLType.I32, a.ne)
     return set_op(result, GGMLOp.ARGSORT, a, params=[int(order)])
