@@ -4,17 +4,18 @@ The file is mapped with numpy (`mode="c"`: copy-on-write, so the mapping is
 writable for `cpu_buffer_from_ptr` while the file itself never changes) and
 its header is walked once, front to back. Every number the file gives is
 checked before anything loops over it or allocates for it: counts (tensors,
-keys, array entries) and lengths (keys, strings, names) against the bytes
-left in the file and against the named limits below, value types against
-GGUF's, tensor dimensions (at most `GGML_MAX_DIMS`, each >= 1, product within
-int64), tensor types against ggml's, `general.alignment` (UINT32, a power of
-two, at most `GGUF_MAX_ALIGNMENT`), and each tensor's offset (aligned) and
-extent (inside the data section). A claim of 2^62 entries costs one
-comparison. Every failure is a `GGUFError` naming the file, the key or tensor,
-the byte offset in the file and the numbers, e.g. "'m.gguf': GGUF key
-'tokenizer.ggml.tokens' at byte 560: array of 4611686018427387904 STRING
-entries (length at byte 597) needs at least 36893488147419103232 bytes but
-only 6878947 remain (the file has 6879552 bytes: truncated or corrupt)".
+keys, array entries) and lengths (keys, strings, names) against the bytes left
+in the file and against the named limits below, value types against GGUF's,
+tensor dimensions (at most `GGML_MAX_DIMS`, each >= 0 as llama.cpp's gguf.cpp
+allows: 0 is an empty tensor; product within int64), tensor types against
+ggml's, `general.alignment` (UINT32, a power of two, at most
+`GGUF_MAX_ALIGNMENT`), and each tensor's offset (aligned) and extent (inside
+the data section). A claim of 2^62 entries costs one comparison. Every failure
+is a `GGUFError` naming the file, the key or tensor, the byte offset in the
+file and the numbers, e.g. "'m.gguf': GGUF key 'tokenizer.ggml.tokens' at byte
+560: array of 4611686018427387904 STRING entries (length at byte 597) needs at
+least 36893488147419103232 bytes but only 6878947 remain (the file has 6879552
+bytes: truncated or corrupt)".
 
 The metadata comes out as the gguf package's `ReaderField`s (so code written
 for `gguf.GGUFReader` reads this object too: `fields`, `get_field`,
@@ -255,10 +256,9 @@ class _Parser:
         ne = struct.unpack_from(f"<{n_dims}Q", self.buf, dims_off)
         nelements = 1
         for j, d in enumerate(ne):
-            if d == 0 or d > INT64_MAX:
-                shown = d if d == 0 else f"{d} ({d - 2**64} as int64)"
-                raise self.fail(where, f"ne[{j}] = {shown} at byte {dims_off + 8 * j}: every dimension must be "
-                                       f">= 1 (ne={list(ne)})")
+            if d > INT64_MAX:  # negative as int64; 0 is an empty tensor, as in llama.cpp's gguf.cpp
+                raise self.fail(where, f"ne[{j}] = {d} ({d - 2**64} as int64) at byte {dims_off + 8 * j}: every "
+                                       f"dimension must be >= 0 (ne={list(ne)})")
             nelements *= d
         if nelements > INT64_MAX:
             raise self.fail(where, f"ne={list(ne)} has {nelements} elements, more than int64 holds ({INT64_MAX})")
