@@ -112,6 +112,10 @@ class Backend:
     def name(self) -> str:
         return self._get_name()
 
+    def describe(self) -> str:
+        """The choices the backend made from its options and the hardware, in words ("" when it made none)."""
+        return ""
+
     def free(self) -> None:
         """ggml_backend_free. Idempotent: the first call releases, later calls do nothing; any other
         use afterwards raises BufferFreedError naming the backend."""

@@ -239,11 +239,14 @@ def numpy_shape(tensor: Tensor) -> tuple[int, ...]:
     """The numpy shape `tensor_get_numpy` returns: reversed `ne` of the tensor's ggml_n_dims dimensions.
 
     A [4, 3] matrix is (3, 4), a vector of 5 is (5,), a [4, 1, 2] tensor is
-    (2, 1, 4): trailing 1-dimensions are dropped, inner ones kept. Quantized
+    (2, 1, 4): trailing 1-dimensions are dropped, inner ones kept; an empty
+    [4, 0] tensor is (0, 4). Quantized
     types give raw blocks, so their last axis is the row's bytes.
     """
     tr = TYPE_TRAITS[tensor.type]
-    ne = list(tensor.ne[: tensor.n_dims()])
+    n = tensor.n_dims()
+    n = max([n, *(i + 1 for i, d in enumerate(tensor.ne) if d == 0)])  # an empty dim is kept: (0, 4), not (4,)
+    ne = list(tensor.ne[:n])
     if tr.blck_size > 1:
         ne[0] = ne[0] // tr.blck_size * tr.type_size
     return tuple(reversed(ne))

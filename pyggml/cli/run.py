@@ -203,7 +203,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
                   f"n_head {hp.n_head}/{hp.n_head_kv}, n_vocab {hp.n_vocab}, n_ctx {n_ctx}", file=err)
             print(f"backends: {', '.join(_backend_label(model, b) for b in model.backends)}; layers: "
                   + ", ".join(f"{i}:{_backend_label(model, b)}" for i, b in enumerate(model.layer_backend)), file=err)
-            err.writelines(f"{_backend_label(model, b)}: {b.describe()}\n" for b in objs if hasattr(b, "describe"))
+            err.writelines(f"{_backend_label(model, b)}: {b.describe()}\n" for b in objs if b.describe())
         out.write(prompt)
         out.flush()
         stream = TextStream(model, prompt_ids, out)

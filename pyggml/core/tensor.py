@@ -426,11 +426,11 @@ def divides(n: int, m: int) -> bool:
 def can_repeat(a: Tensor, b: Tensor) -> bool:
     """ggml_can_repeat: `a` tiles `b` (each of b's dims a multiple of a's).
 
-    An empty `a` tiles nothing (ggml of late 2023 divides by its 0; later ggml lets an empty `a` tile an
-    empty `b`, which the element-wise kernels here do not take), so binary ops of empty tensors are a
-    ShapeError rather than a ZeroDivisionError.
+    As today's ggml: an empty `a` tiles exactly the empty tensors (ggml of late 2023 divided by its 0).
     """
-    return all(a.ne[i] > 0 and b.ne[i] % a.ne[i] == 0 for i in range(GGML_MAX_DIMS))
+    if a.nelements() == 0:
+        return b.nelements() == 0
+    return all(b.ne[i] % a.ne[i] == 0 for i in range(GGML_MAX_DIMS))
 
 
 def can_repeat_rows(a: Tensor, b: Tensor) -> bool:

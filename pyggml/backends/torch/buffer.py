@@ -171,6 +171,11 @@ class TorchBuffer(Buffer):
 
     # --- writes ---
 
+    def _clear(self, value: int) -> None:
+        assert self.raw is not None  # alive: checked by clear()
+        self.raw[self.shift: self.shift + self.size].fill_(value)
+        self.note_write(0, self.size)
+
     def note_write(self, offset: int, nbytes: int) -> None:
         """Record that bytes [offset, offset + nbytes) (from the base) changed: the weight cache forgets them."""
         self.generation += 1

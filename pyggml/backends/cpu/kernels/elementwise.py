@@ -48,11 +48,11 @@ def _binary(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], ufunc:
     require_types(node, FLOAT_TYPES, node, node.src[0], node.src[1])
     a, b = srcs[0], srcs[1]
     assert a is not None and b is not None
+    if a.shape == dst.shape and dst.size == 0:
+        return noop  # before the tiling test, which would divide by an empty src1's 0
     if a.shape != dst.shape or any(n % m != 0 for n, m in zip(a.shape, b.shape, strict=True)):
         raise ShapeError(f"CPU {node.op.name} '{node.name}': src1 {b.shape[::-1]} does not tile src0 "
                          f"{a.shape[::-1]} into dst {dst.shape[::-1]} (ne order)")
-    if dst.size == 0:
-        return noop
     (d, a), b = ggml_broadcast([dst, a], b)
     d, a, b = collapse(d, a, np.broadcast_to(b, d.shape))
     return functools.partial(ufunc, a, b, out=d)
