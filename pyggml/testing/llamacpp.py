@@ -15,7 +15,9 @@ later call returns at once and a change of flags reconfigures.
 Tests call `require_tools(...)`: it returns the tools' paths, building them on
 demand, and raises `NoCompilerError` only when this machine has no C/C++
 compiler (the one reason a test may skip); any other failure raises
-`BuildError`, which must fail the test.
+`BuildError`, which must fail the test. `require_libs()` does the same for
+ggml's shared libraries (libggml-base, libggml-cpu: `pyggml.testing.ggml_c`
+loads them), and `include_dir()` gives ggml's headers.
 
 Command line::
 
@@ -50,6 +52,7 @@ from typing import Any
 
 __all__ = [
     "DEFAULT_TARGETS",
+    "GGML_LIBS",
     "LLAMA_CPP_COMMIT",
     "SDIST_NAME",
     "SDIST_VERSION",
@@ -65,9 +68,11 @@ __all__ = [
     "ensure_source",
     "find_tool",
     "find_toolchain",
+    "include_dir",
     "main",
     "output_path",
     "paths",
+    "require_libs",
     "require_tool",
     "require_tools",
 ]
@@ -88,6 +93,9 @@ DEFAULT_TARGETS: tuple[str, ...] = (
     "llama-bench",
     "ggml-rpc-server",
 )
+
+# The shared libraries of ggml that pyggml.testing.ggml_c loads with ctypes (libggml-base.so, libggml-cpu.so).
+GGML_LIBS: tuple[str, ...] = ("ggml-base", "ggml-cpu")
 
 # ORACLE.md's configuration; the C/C++ flags are added by cmake_args (AMX, $CFLAGS).
 BASE_CMAKE_ARGS: tuple[str, ...] = (
@@ -479,6 +487,26 @@ def require_tools(names: Sequence[str], *, cache: str | os.PathLike[str] | None 
 def require_tool(name: str, **kwargs: Any) -> Path:
     """`require_tools([name])[name]`."""
     return require_tools([name], **kwargs)[name]
+
+
+def require_libs(names: Sequence[str] = GGML_LIBS, *, cache: str | os.PathLike[str] | None = None,
+                 build_missing: bool = True) -> dict[str, Path]:
+    """For tests: the paths of the shared libraries of cmake targets `names` (`lib<name>.so`), building
+    what is missing as `require_tools` does. Raises NoCompilerError only when there is no compiler."""
+    return require_tools(names, cache=cache, build_missing=build_missing)
+
+
+def include_dir(cache: str | os.PathLike[str] | None = None) -> Path:
+    """ggml's public headers (ggml.h, ggml-cpu.h, ggml-backend.h) in the extracted sdist, downloading and
+    extracting it first if needed (no compiler needed). Raises BuildError if that fails."""
+    p = paths(cache)
+    include = p.llama_cpp / "ggml" / "include"
+    if not (include / "ggml.h").is_file():
+        with _locked(p):
+            ensure_source(p)
+        if not (include / "ggml.h").is_file():
+            raise BuildError(f"the sdist in {p.sdist} has no ggml/include/ggml.h")
+    return include
 
 
 # --- command line ---

@@ -12,10 +12,14 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from pyggml.testing import llamacpp
+
+if TYPE_CHECKING:
+    from pyggml.testing.ggml_c import GGMLLib
 
 # What these tests run: the text peers, the token peer, the logits peer.
 TOOLS = ("llama-simple", "llama-completion", "llama-tokenize", "llama-debug")
@@ -53,3 +57,18 @@ def llamacpp_tools(pytestconfig: pytest.Config) -> dict[str, Path]:
             return llamacpp.require_tools(TOOLS)
         except llamacpp.NoCompilerError as e:
             pytest.skip(str(e))  # the one reason to skip: no compiler to build llama.cpp with
+
+
+@pytest.fixture(scope="session")
+def ggml_c_lib(pytestconfig: pytest.Config) -> GGMLLib:
+    """Real ggml's libggml-base and libggml-cpu loaded by pyggml.testing.ggml_c (a GGMLLib), built if this
+    machine's cache lacks them."""
+    from pyggml.testing import ggml_c
+
+    if any(llamacpp.find_tool(name) is None for name in llamacpp.GGML_LIBS):
+        with _progress_on_terminal(pytestconfig):
+            try:
+                llamacpp.require_libs(llamacpp.GGML_LIBS)
+            except llamacpp.NoCompilerError as e:
+                pytest.skip(str(e))  # the one reason to skip: no compiler to build ggml with
+    return ggml_c.load()
