@@ -830,11 +830,15 @@ def compute_nodes(nodes: Sequence[Tensor], outputs: Sequence[Tensor], threads: i
     Tensors the nodes refer to but that are not among them are inputs: their
     bytes are read from pyggml (buffer or host memory). `isolate` runs C in a
     forked child (see the module doc); without it an assert in C ends this
-    process. `threads` > 1 runs ggml's OpenMP threads: do that only in forked
-    children (libgomp's pool does not survive a fork, so after an in-process
-    parallel compute a forked one may hang until `timeout`).
+    process. `threads` > 1 runs ggml's OpenMP threads, and only in this
+    process (`isolate=False`): libgomp's thread pool does not survive a fork,
+    and any library of this process may have started it (numba's "omp"
+    threading layer does), so a forked child that runs OpenMP threads can hang.
     """
     threads = check_int(threads, f"{_ORACLE}: threads", minimum=1, maximum=GGML_MAX_N_THREADS)
+    if isolate and threads > 1:
+        raise ArgumentError(f"{_ORACLE}: threads={threads} needs isolate=False (OpenMP threads in a forked child "
+                            f"can hang when this process has started an OpenMP pool)")
     what = f"{_ORACLE} computing {len(nodes)} node(s) ending in {_describe(nodes[-1])}" if nodes else _ORACLE
     lib = load()
     plan = _plan(nodes, outputs, what)
@@ -915,6 +919,8 @@ class GGMLCBackend(CPUBackend):
     def __init__(self, n_threads: int | None = 1, *, isolate: bool = True, probe: bool = False,
                  timeout: float = DEFAULT_TIMEOUT) -> None:
         super().__init__(n_threads)
+        if isolate and self.n_threads != 1:
+            raise ArgumentError(f"{_ORACLE}: n_threads={self.n_threads} needs isolate=False (see compute_nodes)")
         self.isolate = isolate
         self.probe = probe
         self.probed: dict[tuple[Any, ...], str] = {}  # node layout -> ggml's abort message ("" if none)

@@ -301,7 +301,9 @@ def test_pyggml_matches_c(ggml_c_lib: Any, name: str) -> None:
 
 
 def test_threads_and_in_process_compute_agree(ggml_c_lib: Any) -> None:
-    assert _nmse(_mul_mat(Q4_0, (3, 1), (2, 1)), threads=3) <= MAX_NMSE_MUL_MAT
+    assert _nmse(_mul_mat(Q4_0, (3, 1), (2, 1)), threads=3, isolate=False) <= MAX_NMSE_MUL_MAT
+    with pytest.raises(ArgumentError, match="threads=3 needs isolate=False"):
+        _nmse(_mul_mat(Q4_0, (3, 1), (2, 1)), threads=3)
     out, _, forked = _pyggml_and_c(_chain)
     _, _, in_process = _pyggml_and_c(_chain, isolate=False)
     assert np.array_equal(forked, in_process)
