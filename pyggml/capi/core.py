@@ -10,14 +10,16 @@ Code ported from C reads the same:
 
 Pointers are Python objects (`struct ggml_context *` a `Context`, `struct
 ggml_tensor *` a `Tensor`, `struct ggml_cgraph *` a `Graph`); NULL is None.
-Enums are pyggml's IntEnums, so `GGML_TYPE_F32 == 0` holds. Type numbers are
-those of GGUF files (GGML_TYPE_I32 is 26, as in the gguf package).
+Enums are pyggml's IntEnums with ggml.h's names and numbers (GGML_OP_MUL_MAT
+== 29, GGML_UNARY_OP_SILU == 10, GGML_TYPE_I32 == 26, as today's ggml and GGUF
+files number them).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import IntEnum, IntFlag
 from typing import Any
 
 import numpy as np
@@ -31,18 +33,35 @@ from pyggml.core.context import GGML_TENSOR_SIZE as GGML_TENSOR_SIZE
 from pyggml.core.context import Context, pad, tensor_overhead
 from pyggml.core.errors import ArgumentError
 from pyggml.core.graph import EvalOrder, Graph, graph_overhead, hash_size
-from pyggml.core.ops.conv import PoolOp
 from pyggml.core.ops.custom import GGML_N_TASKS_MAX as GGML_N_TASKS_MAX
-from pyggml.core.ops.norm import ROPE_MODE_GLM, ROPE_MODE_NEOX
-from pyggml.core.ops.reduce import SortOrder
+from pyggml.core.ops.params import GLUParams, UnaryParams
+from pyggml.core.tensor import GGML_GLU_OP_COUNT as _GGML_GLU_OP_COUNT
 from pyggml.core.tensor import GGML_MAX_DIMS as GGML_MAX_DIMS
 from pyggml.core.tensor import GGML_MAX_NAME as GGML_MAX_NAME
 from pyggml.core.tensor import GGML_MAX_OP_PARAMS as GGML_MAX_OP_PARAMS
 from pyggml.core.tensor import GGML_MAX_SRC as GGML_MAX_SRC
+from pyggml.core.tensor import GGML_MROPE_SECTIONS as GGML_MROPE_SECTIONS
+from pyggml.core.tensor import GGML_OP_COUNT as _GGML_OP_COUNT
+from pyggml.core.tensor import GGML_OP_POOL_COUNT as _GGML_OP_POOL_COUNT
+from pyggml.core.tensor import GGML_ROPE_TYPE_IMROPE as GGML_ROPE_TYPE_IMROPE
+from pyggml.core.tensor import GGML_ROPE_TYPE_MROPE as GGML_ROPE_TYPE_MROPE
+from pyggml.core.tensor import GGML_ROPE_TYPE_NEOX as GGML_ROPE_TYPE_NEOX
+from pyggml.core.tensor import GGML_ROPE_TYPE_NORMAL as GGML_ROPE_TYPE_NORMAL
+from pyggml.core.tensor import GGML_ROPE_TYPE_VISION as GGML_ROPE_TYPE_VISION
+from pyggml.core.tensor import GGML_SCALE_MODE_COUNT as _GGML_SCALE_MODE_COUNT
+from pyggml.core.tensor import GGML_UNARY_OP_COUNT as _GGML_UNARY_OP_COUNT
 from pyggml.core.tensor import (
     GGMLOp,
+    GLUOp,
+    OpHint,
+    OpPool,
+    Prec,
+    ScaleFlag,
+    ScaleMode,
+    SortOrder,
     Tensor,
     TensorFlag,
+    TriType,
     UnaryOp,
     are_same_layout,
     are_same_shape,
@@ -54,143 +73,32 @@ from pyggml.core.types import TYPE_TRAITS, GGMLType, as_type
 
 GGML_DEFAULT_N_THREADS = 4
 
-# enum ggml_type
-GGML_TYPE_F32 = GGMLType.F32
-GGML_TYPE_F16 = GGMLType.F16
-GGML_TYPE_Q4_0 = GGMLType.Q4_0
-GGML_TYPE_Q4_1 = GGMLType.Q4_1
-GGML_TYPE_Q5_0 = GGMLType.Q5_0
-GGML_TYPE_Q5_1 = GGMLType.Q5_1
-GGML_TYPE_Q8_0 = GGMLType.Q8_0
-GGML_TYPE_Q8_1 = GGMLType.Q8_1
-GGML_TYPE_Q2_K = GGMLType.Q2_K
-GGML_TYPE_Q3_K = GGMLType.Q3_K
-GGML_TYPE_Q4_K = GGMLType.Q4_K
-GGML_TYPE_Q5_K = GGMLType.Q5_K
-GGML_TYPE_Q6_K = GGMLType.Q6_K
-GGML_TYPE_Q8_K = GGMLType.Q8_K
-GGML_TYPE_I8 = GGMLType.I8
-GGML_TYPE_I16 = GGMLType.I16
-GGML_TYPE_I32 = GGMLType.I32
-GGML_TYPE_I64 = GGMLType.I64
-GGML_TYPE_F64 = GGMLType.F64
-GGML_TYPE_BF16 = GGMLType.BF16
 
-# enum ggml_op (GGML_OP_COUNT as in ggml of late 2023)
-GGML_OP_NONE = GGMLOp.NONE
-GGML_OP_DUP = GGMLOp.DUP
-GGML_OP_ADD = GGMLOp.ADD
-GGML_OP_ADD1 = GGMLOp.ADD1
-GGML_OP_ACC = GGMLOp.ACC
-GGML_OP_SUB = GGMLOp.SUB
-GGML_OP_MUL = GGMLOp.MUL
-GGML_OP_DIV = GGMLOp.DIV
-GGML_OP_SQR = GGMLOp.SQR
-GGML_OP_SQRT = GGMLOp.SQRT
-GGML_OP_LOG = GGMLOp.LOG
-GGML_OP_SUM = GGMLOp.SUM
-GGML_OP_SUM_ROWS = GGMLOp.SUM_ROWS
-GGML_OP_MEAN = GGMLOp.MEAN
-GGML_OP_ARGMAX = GGMLOp.ARGMAX
-GGML_OP_REPEAT = GGMLOp.REPEAT
-GGML_OP_REPEAT_BACK = GGMLOp.REPEAT_BACK
-GGML_OP_CONCAT = GGMLOp.CONCAT
-GGML_OP_SILU_BACK = GGMLOp.SILU_BACK
-GGML_OP_NORM = GGMLOp.NORM
-GGML_OP_RMS_NORM = GGMLOp.RMS_NORM
-GGML_OP_RMS_NORM_BACK = GGMLOp.RMS_NORM_BACK
-GGML_OP_GROUP_NORM = GGMLOp.GROUP_NORM
-GGML_OP_MUL_MAT = GGMLOp.MUL_MAT
-GGML_OP_MUL_MAT_ID = GGMLOp.MUL_MAT_ID
-GGML_OP_OUT_PROD = GGMLOp.OUT_PROD
-GGML_OP_SCALE = GGMLOp.SCALE
-GGML_OP_SET = GGMLOp.SET
-GGML_OP_CPY = GGMLOp.CPY
-GGML_OP_CONT = GGMLOp.CONT
-GGML_OP_RESHAPE = GGMLOp.RESHAPE
-GGML_OP_VIEW = GGMLOp.VIEW
-GGML_OP_PERMUTE = GGMLOp.PERMUTE
-GGML_OP_TRANSPOSE = GGMLOp.TRANSPOSE
-GGML_OP_GET_ROWS = GGMLOp.GET_ROWS
-GGML_OP_GET_ROWS_BACK = GGMLOp.GET_ROWS_BACK
-GGML_OP_DIAG = GGMLOp.DIAG
-GGML_OP_DIAG_MASK_INF = GGMLOp.DIAG_MASK_INF
-GGML_OP_DIAG_MASK_ZERO = GGMLOp.DIAG_MASK_ZERO
-GGML_OP_SOFT_MAX = GGMLOp.SOFT_MAX
-GGML_OP_SOFT_MAX_BACK = GGMLOp.SOFT_MAX_BACK
-GGML_OP_ROPE = GGMLOp.ROPE
-GGML_OP_ROPE_BACK = GGMLOp.ROPE_BACK
-GGML_OP_ALIBI = GGMLOp.ALIBI
-GGML_OP_CLAMP = GGMLOp.CLAMP
-GGML_OP_CONV_TRANSPOSE_1D = GGMLOp.CONV_TRANSPOSE_1D
-GGML_OP_IM2COL = GGMLOp.IM2COL
-GGML_OP_CONV_TRANSPOSE_2D = GGMLOp.CONV_TRANSPOSE_2D
-GGML_OP_POOL_1D = GGMLOp.POOL_1D
-GGML_OP_POOL_2D = GGMLOp.POOL_2D
-GGML_OP_UPSCALE = GGMLOp.UPSCALE
-GGML_OP_PAD = GGMLOp.PAD
-GGML_OP_ARGSORT = GGMLOp.ARGSORT
-GGML_OP_LEAKY_RELU = GGMLOp.LEAKY_RELU
-GGML_OP_FLASH_ATTN = GGMLOp.FLASH_ATTN
-GGML_OP_FLASH_FF = GGMLOp.FLASH_FF
-GGML_OP_FLASH_ATTN_BACK = GGMLOp.FLASH_ATTN_BACK
-GGML_OP_WIN_PART = GGMLOp.WIN_PART
-GGML_OP_WIN_UNPART = GGMLOp.WIN_UNPART
-GGML_OP_GET_REL_POS = GGMLOp.GET_REL_POS
-GGML_OP_ADD_REL_POS = GGMLOp.ADD_REL_POS
-GGML_OP_UNARY = GGMLOp.UNARY
-GGML_OP_MAP_UNARY = GGMLOp.MAP_UNARY
-GGML_OP_MAP_BINARY = GGMLOp.MAP_BINARY
-GGML_OP_MAP_CUSTOM1_F32 = GGMLOp.MAP_CUSTOM1_F32
-GGML_OP_MAP_CUSTOM2_F32 = GGMLOp.MAP_CUSTOM2_F32
-GGML_OP_MAP_CUSTOM3_F32 = GGMLOp.MAP_CUSTOM3_F32
-GGML_OP_MAP_CUSTOM1 = GGMLOp.MAP_CUSTOM1
-GGML_OP_MAP_CUSTOM2 = GGMLOp.MAP_CUSTOM2
-GGML_OP_MAP_CUSTOM3 = GGMLOp.MAP_CUSTOM3
-GGML_OP_CROSS_ENTROPY_LOSS = GGMLOp.CROSS_ENTROPY_LOSS
-GGML_OP_CROSS_ENTROPY_LOSS_BACK = GGMLOp.CROSS_ENTROPY_LOSS_BACK
-GGML_OP_COUNT = 72
+def _export(enum: type[IntEnum] | type[IntFlag], prefix: str) -> None:
+    """`<prefix><NAME> = member` for every member of `enum` (aliases too): ggml.h's names of pyggml's enums, whose
+    values are ggml.h's (tests/core/test_enums_ggml_h.py)."""
+    for name, member in enum.__members__.items():
+        globals()[prefix + name] = member
 
-# enum ggml_unary_op
-GGML_UNARY_OP_ABS = UnaryOp.ABS
-GGML_UNARY_OP_SGN = UnaryOp.SGN
-GGML_UNARY_OP_NEG = UnaryOp.NEG
-GGML_UNARY_OP_STEP = UnaryOp.STEP
-GGML_UNARY_OP_TANH = UnaryOp.TANH
-GGML_UNARY_OP_ELU = UnaryOp.ELU
-GGML_UNARY_OP_RELU = UnaryOp.RELU
-GGML_UNARY_OP_GELU = UnaryOp.GELU
-GGML_UNARY_OP_GELU_QUICK = UnaryOp.GELU_QUICK
-GGML_UNARY_OP_SILU = UnaryOp.SILU
-GGML_UNARY_OP_LEAKY = UnaryOp.LEAKY
-GGML_UNARY_OP_HARDSWISH = UnaryOp.HARDSWISH
-GGML_UNARY_OP_HARDSIGMOID = UnaryOp.HARDSIGMOID
-GGML_UNARY_OP_COUNT = len(UnaryOp)
 
-# enum ggml_op_pool
-GGML_OP_POOL_MAX = PoolOp.MAX
-GGML_OP_POOL_AVG = PoolOp.AVG
-GGML_OP_POOL_COUNT = 2
-
-# enum ggml_sort_order: late-2023 names, and the GGML_SORT_ORDER_* names of later ggml
-GGML_SORT_ASC = SortOrder.ASC
-GGML_SORT_DESC = SortOrder.DESC
-GGML_SORT_ORDER_ASC = SortOrder.ASC
-GGML_SORT_ORDER_DESC = SortOrder.DESC
-
-# rope modes: ggml of late 2023 passes plain ints (0 normal, 2 NeoX, 4 GLM); later ggml names NeoX
-GGML_ROPE_TYPE_NORMAL = 0
-GGML_ROPE_TYPE_NEOX = ROPE_MODE_NEOX
-GGML_ROPE_TYPE_GLM = ROPE_MODE_GLM
-
-# enum ggml_cgraph_eval_order
-GGML_CGRAPH_EVAL_ORDER_LEFT_TO_RIGHT = EvalOrder.LEFT_TO_RIGHT
-GGML_CGRAPH_EVAL_ORDER_RIGHT_TO_LEFT = EvalOrder.RIGHT_TO_LEFT
-
-# tensor flags (later ggml's enum ggml_tensor_flag)
-GGML_TENSOR_FLAG_INPUT = TensorFlag.INPUT
-GGML_TENSOR_FLAG_OUTPUT = TensorFlag.OUTPUT
-GGML_TENSOR_FLAG_PARAM = TensorFlag.PARAM
+_export(GGMLType, "GGML_TYPE_")  # enum ggml_type: the types pyggml has
+_export(GGMLOp, "GGML_OP_")  # enum ggml_op
+GGML_OP_COUNT = _GGML_OP_COUNT
+_export(UnaryOp, "GGML_UNARY_OP_")  # enum ggml_unary_op
+GGML_UNARY_OP_COUNT = _GGML_UNARY_OP_COUNT
+_export(GLUOp, "GGML_GLU_OP_")  # enum ggml_glu_op
+GGML_GLU_OP_COUNT = _GGML_GLU_OP_COUNT
+_export(OpPool, "GGML_OP_POOL_")  # enum ggml_op_pool
+GGML_OP_POOL_COUNT = _GGML_OP_POOL_COUNT
+_export(SortOrder, "GGML_SORT_ORDER_")  # enum ggml_sort_order
+_export(Prec, "GGML_PREC_")  # enum ggml_prec (DEFAULT is UNDEFINED's alias)
+_export(OpHint, "GGML_HINT_")  # enum ggml_op_hint
+_export(ScaleMode, "GGML_SCALE_MODE_")  # enum ggml_scale_mode
+GGML_SCALE_MODE_COUNT = _GGML_SCALE_MODE_COUNT
+_export(ScaleFlag, "GGML_SCALE_FLAG_")  # enum ggml_scale_flag
+_export(TriType, "GGML_TRI_TYPE_")  # enum ggml_tri_type
+_export(TensorFlag, "GGML_TENSOR_FLAG_")  # enum ggml_tensor_flag
+_export(EvalOrder, "GGML_CGRAPH_EVAL_ORDER_")  # enum ggml_cgraph_eval_order
 
 
 # --- context ---
@@ -365,7 +273,11 @@ def ggml_set_op_params_f32(tensor: Tensor, i: int, value: float) -> None:
 
 
 def ggml_get_unary_op(tensor: Tensor) -> UnaryOp:
-    return UnaryOp(tensor.get_op_params_i32(0))
+    return UnaryParams.of(tensor).op
+
+
+def ggml_get_glu_op(tensor: Tensor) -> GLUOp:
+    return GLUParams.of(tensor).op
 
 
 # --- sizes, types, layout ---
@@ -430,10 +342,16 @@ def ggml_unary_op_name(op: UnaryOp | int) -> str:
     return UnaryOp(op).name
 
 
+def ggml_glu_op_name(op: GLUOp | int) -> str:
+    return GLUOp(op).name
+
+
 def ggml_op_desc(tensor: Tensor) -> str:
-    """The op's name, or the unary function's for UNARY (later ggml's ggml_op_desc)."""
+    """The op's name, or the function's for UNARY and GLU (ggml_op_desc)."""
     if tensor.op == GGMLOp.UNARY:
         return ggml_unary_op_name(ggml_get_unary_op(tensor))
+    if tensor.op == GGMLOp.GLU:
+        return ggml_glu_op_name(ggml_get_glu_op(tensor))
     return ggml_op_name(tensor.op)
 
 
@@ -570,8 +488,8 @@ def ggml_repeat(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     return ops.repeat(ctx, a, b)
 
 
-def ggml_concat(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
-    return ops.concat(ctx, a, b)
+def ggml_concat(ctx: Context, a: Tensor, b: Tensor, dim: int) -> Tensor:
+    return ops.concat(ctx, a, b, dim)
 
 
 def ggml_diag(ctx: Context, a: Tensor) -> Tensor:
@@ -582,8 +500,31 @@ def ggml_pad(ctx: Context, a: Tensor, p0: int, p1: int, p2: int, p3: int) -> Ten
     return ops.pad(ctx, a, p0, p1, p2, p3)
 
 
-def ggml_upscale(ctx: Context, a: Tensor, scale_factor: int) -> Tensor:
-    return ops.upscale(ctx, a, scale_factor)
+def ggml_pad_circular(ctx: Context, a: Tensor, p0: int, p1: int, p2: int, p3: int) -> Tensor:
+    return ops.pad_circular(ctx, a, p0, p1, p2, p3)
+
+
+def ggml_pad_ext(ctx: Context, a: Tensor, lp0: int, rp0: int, lp1: int, rp1: int, lp2: int, rp2: int, lp3: int,
+                 rp3: int) -> Tensor:
+    return ops.pad_ext(ctx, a, lp0, rp0, lp1, rp1, lp2, rp2, lp3, rp3)
+
+
+def ggml_pad_ext_circular(ctx: Context, a: Tensor, lp0: int, rp0: int, lp1: int, rp1: int, lp2: int, rp2: int,
+                          lp3: int, rp3: int) -> Tensor:
+    return ops.pad_ext_circular(ctx, a, lp0, rp0, lp1, rp1, lp2, rp2, lp3, rp3)
+
+
+def ggml_upscale(ctx: Context, a: Tensor, scale_factor: int, mode: ScaleMode | int) -> Tensor:
+    return ops.upscale(ctx, a, scale_factor, mode)
+
+
+def ggml_upscale_ext(ctx: Context, a: Tensor, ne0: int, ne1: int, ne2: int, ne3: int,
+                     mode: ScaleMode | int) -> Tensor:
+    return ops.upscale_ext(ctx, a, ne0, ne1, ne2, ne3, mode)
+
+
+def ggml_interpolate(ctx: Context, a: Tensor, ne0: int, ne1: int, ne2: int, ne3: int, mode: int) -> Tensor:
+    return ops.interpolate(ctx, a, ne0, ne1, ne2, ne3, mode)
 
 
 # --- ops: element-wise ---
@@ -669,6 +610,14 @@ def ggml_scale_inplace(ctx: Context, a: Tensor, s: float) -> Tensor:
     return ops.scale_inplace(ctx, a, s)
 
 
+def ggml_scale_bias(ctx: Context, a: Tensor, s: float, b: float) -> Tensor:
+    return ops.scale_bias(ctx, a, s, b)
+
+
+def ggml_scale_bias_inplace(ctx: Context, a: Tensor, s: float, b: float) -> Tensor:
+    return ops.scale_bias_inplace(ctx, a, s, b)
+
+
 def ggml_set(ctx: Context, a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: int, offset: int) -> Tensor:
     return ops.set(ctx, a, b, nb1, nb2, nb3, offset)
 
@@ -695,6 +644,10 @@ def ggml_set_2d_inplace(ctx: Context, a: Tensor, b: Tensor, nb1: int, offset: in
 
 def ggml_clamp(ctx: Context, a: Tensor, min: float, max: float) -> Tensor:
     return ops.clamp(ctx, a, min, max)
+
+
+def ggml_clamp_inplace(ctx: Context, a: Tensor, min: float, max: float) -> Tensor:
+    return ops.clamp_inplace(ctx, a, min, max)
 
 
 def ggml_leaky_relu(ctx: Context, a: Tensor, negative_slope: float, inplace: bool) -> Tensor:
@@ -805,6 +758,74 @@ def ggml_hardsigmoid_inplace(ctx: Context, a: Tensor) -> Tensor:
     return ops.hardsigmoid_inplace(ctx, a)
 
 
+def ggml_sigmoid(ctx: Context, a: Tensor) -> Tensor:
+    return ops.sigmoid(ctx, a)
+
+
+def ggml_sigmoid_inplace(ctx: Context, a: Tensor) -> Tensor:
+    return ops.sigmoid_inplace(ctx, a)
+
+def ggml_gelu_erf(ctx: Context, a: Tensor) -> Tensor:
+    return ops.gelu_erf(ctx, a)
+
+
+def ggml_gelu_erf_inplace(ctx: Context, a: Tensor) -> Tensor:
+    return ops.gelu_erf_inplace(ctx, a)
+
+def ggml_exp(ctx: Context, a: Tensor) -> Tensor:
+    return ops.exp(ctx, a)
+
+
+def ggml_exp_inplace(ctx: Context, a: Tensor) -> Tensor:
+    return ops.exp_inplace(ctx, a)
+
+def ggml_expm1(ctx: Context, a: Tensor) -> Tensor:
+    return ops.expm1(ctx, a)
+
+
+def ggml_expm1_inplace(ctx: Context, a: Tensor) -> Tensor:
+    return ops.expm1_inplace(ctx, a)
+
+def ggml_softplus(ctx: Context, a: Tensor) -> Tensor:
+    return ops.softplus(ctx, a)
+
+
+def ggml_softplus_inplace(ctx: Context, a: Tensor) -> Tensor:
+    return ops.softplus_inplace(ctx, a)
+
+def ggml_floor(ctx: Context, a: Tensor) -> Tensor:
+    return ops.floor(ctx, a)
+
+
+def ggml_floor_inplace(ctx: Context, a: Tensor) -> Tensor:
+    return ops.floor_inplace(ctx, a)
+
+def ggml_ceil(ctx: Context, a: Tensor) -> Tensor:
+    return ops.ceil(ctx, a)
+
+
+def ggml_ceil_inplace(ctx: Context, a: Tensor) -> Tensor:
+    return ops.ceil_inplace(ctx, a)
+
+def ggml_round(ctx: Context, a: Tensor) -> Tensor:
+    return ops.round(ctx, a)
+
+
+def ggml_round_inplace(ctx: Context, a: Tensor) -> Tensor:
+    return ops.round_inplace(ctx, a)
+
+def ggml_trunc(ctx: Context, a: Tensor) -> Tensor:
+    return ops.trunc(ctx, a)
+
+
+def ggml_trunc_inplace(ctx: Context, a: Tensor) -> Tensor:
+    return ops.trunc_inplace(ctx, a)
+
+
+def ggml_xielu(ctx: Context, a: Tensor, alpha_n: float, alpha_p: float, beta: float, eps: float) -> Tensor:
+    return ops.xielu(ctx, a, alpha_n, alpha_p, beta, eps)
+
+
 # --- ops: reductions and sorting ---
 
 
@@ -826,6 +847,10 @@ def ggml_argmax(ctx: Context, a: Tensor) -> Tensor:
 
 def ggml_argsort(ctx: Context, a: Tensor, order: SortOrder | int) -> Tensor:
     return ops.argsort(ctx, a, order)
+
+
+def ggml_argsort_top_k(ctx: Context, a: Tensor, k: int) -> Tensor:
+    return ops.argsort_top_k(ctx, a, k)
 
 
 def ggml_top_k(ctx: Context, a: Tensor, k: int) -> Tensor:
@@ -862,12 +887,12 @@ def ggml_rms_norm_inplace(ctx: Context, a: Tensor, eps: float) -> Tensor:
     return ops.rms_norm_inplace(ctx, a, eps)
 
 
-def ggml_group_norm(ctx: Context, a: Tensor, n_groups: int) -> Tensor:
-    return ops.group_norm(ctx, a, n_groups)
+def ggml_group_norm(ctx: Context, a: Tensor, n_groups: int, eps: float) -> Tensor:
+    return ops.group_norm(ctx, a, n_groups, eps)
 
 
-def ggml_group_norm_inplace(ctx: Context, a: Tensor, n_groups: int) -> Tensor:
-    return ops.group_norm_inplace(ctx, a, n_groups)
+def ggml_group_norm_inplace(ctx: Context, a: Tensor, n_groups: int, eps: float) -> Tensor:
+    return ops.group_norm_inplace(ctx, a, n_groups, eps)
 
 
 def ggml_soft_max(ctx: Context, a: Tensor) -> Tensor:
@@ -878,8 +903,17 @@ def ggml_soft_max_inplace(ctx: Context, a: Tensor) -> Tensor:
     return ops.soft_max_inplace(ctx, a)
 
 
-def ggml_soft_max_ext(ctx: Context, a: Tensor, mask: Tensor | None, scale: float) -> Tensor:
-    return ops.soft_max_ext(ctx, a, mask, scale)
+def ggml_soft_max_ext(ctx: Context, a: Tensor, mask: Tensor | None, scale: float, max_bias: float) -> Tensor:
+    return ops.soft_max_ext(ctx, a, mask, scale, max_bias)
+
+
+def ggml_soft_max_ext_inplace(ctx: Context, a: Tensor, mask: Tensor | None, scale: float,
+                              max_bias: float) -> Tensor:
+    return ops.soft_max_ext_inplace(ctx, a, mask, scale, max_bias)
+
+
+def ggml_soft_max_add_sinks(a: Tensor, sinks: Tensor | None) -> None:
+    ops.soft_max_add_sinks(a, sinks)
 
 
 def ggml_diag_mask_inf(ctx: Context, a: Tensor, n_past: int) -> Tensor:
@@ -898,42 +932,74 @@ def ggml_diag_mask_zero_inplace(ctx: Context, a: Tensor, n_past: int) -> Tensor:
     return ops.diag_mask_zero_inplace(ctx, a, n_past)
 
 
-def ggml_rope(ctx: Context, a: Tensor, b: Tensor, n_dims: int, mode: int, n_ctx: int) -> Tensor:
-    return ops.rope(ctx, a, b, n_dims, mode, n_ctx)
+def ggml_rope(ctx: Context, a: Tensor, b: Tensor, n_dims: int, mode: int) -> Tensor:
+    return ops.rope(ctx, a, b, n_dims, mode)
 
 
-def ggml_rope_inplace(ctx: Context, a: Tensor, b: Tensor, n_dims: int, mode: int, n_ctx: int) -> Tensor:
-    return ops.rope_inplace(ctx, a, b, n_dims, mode, n_ctx)
+def ggml_rope_inplace(ctx: Context, a: Tensor, b: Tensor, n_dims: int, mode: int) -> Tensor:
+    return ops.rope_inplace(ctx, a, b, n_dims, mode)
 
 
-def ggml_rope_custom(ctx: Context, a: Tensor, b: Tensor, n_dims: int, mode: int, n_ctx: int, n_orig_ctx: int,
+def ggml_rope_ext(ctx: Context, a: Tensor, b: Tensor, c: Tensor | None, n_dims: int, mode: int, n_ctx_orig: int,
+                  freq_base: float, freq_scale: float, ext_factor: float, attn_factor: float, beta_fast: float,
+                  beta_slow: float) -> Tensor:
+    return ops.rope_ext(ctx, a, b, c, n_dims, mode, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor,
+                        beta_fast, beta_slow)
+
+
+def ggml_rope_ext_inplace(ctx: Context, a: Tensor, b: Tensor, c: Tensor | None, n_dims: int, mode: int,
+                          n_ctx_orig: int, freq_base: float, freq_scale: float, ext_factor: float,
+                          attn_factor: float, beta_fast: float, beta_slow: float) -> Tensor:
+    return ops.rope_ext_inplace(ctx, a, b, c, n_dims, mode, n_ctx_orig, freq_base, freq_scale, ext_factor,
+                                attn_factor, beta_fast, beta_slow)
+
+
+def ggml_rope_multi(ctx: Context, a: Tensor, b: Tensor, c: Tensor | None, n_dims: int, sections: list[int],
+                    mode: int, n_ctx_orig: int, freq_base: float, freq_scale: float, ext_factor: float,
+                    attn_factor: float, beta_fast: float, beta_slow: float) -> Tensor:
+    return ops.rope_multi(ctx, a, b, c, n_dims, sections, mode, n_ctx_orig, freq_base, freq_scale, ext_factor,
+                          attn_factor, beta_fast, beta_slow)
+
+
+def ggml_rope_multi_inplace(ctx: Context, a: Tensor, b: Tensor, c: Tensor | None, n_dims: int,
+                            sections: list[int], mode: int, n_ctx_orig: int, freq_base: float, freq_scale: float,
+                            ext_factor: float, attn_factor: float, beta_fast: float, beta_slow: float) -> Tensor:
+    return ops.rope_multi_inplace(ctx, a, b, c, n_dims, sections, mode, n_ctx_orig, freq_base, freq_scale,
+                                  ext_factor, attn_factor, beta_fast, beta_slow)
+
+
+def ggml_rope_custom(ctx: Context, a: Tensor, b: Tensor, n_dims: int, mode: int, n_ctx_orig: int,
                      freq_base: float, freq_scale: float, ext_factor: float, attn_factor: float,
                      beta_fast: float, beta_slow: float) -> Tensor:
-    return ops.rope_custom(ctx, a, b, n_dims, mode, n_ctx, n_orig_ctx, freq_base, freq_scale, ext_factor,
-                           attn_factor, beta_fast, beta_slow)
+    return ops.rope_custom(ctx, a, b, n_dims, mode, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor,
+                           beta_fast, beta_slow)
 
 
-def ggml_rope_custom_inplace(ctx: Context, a: Tensor, b: Tensor, n_dims: int, mode: int, n_ctx: int,
-                             n_orig_ctx: int, freq_base: float, freq_scale: float, ext_factor: float,
-                             attn_factor: float, beta_fast: float, beta_slow: float) -> Tensor:
-    return ops.rope_custom_inplace(ctx, a, b, n_dims, mode, n_ctx, n_orig_ctx, freq_base, freq_scale, ext_factor,
+def ggml_rope_custom_inplace(ctx: Context, a: Tensor, b: Tensor, n_dims: int, mode: int, n_ctx_orig: int,
+                             freq_base: float, freq_scale: float, ext_factor: float, attn_factor: float,
+                             beta_fast: float, beta_slow: float) -> Tensor:
+    return ops.rope_custom_inplace(ctx, a, b, n_dims, mode, n_ctx_orig, freq_base, freq_scale, ext_factor,
                                    attn_factor, beta_fast, beta_slow)
 
 
-def ggml_rope_xpos_inplace(ctx: Context, a: Tensor, b: Tensor, n_dims: int, base: float, down: bool) -> Tensor:
-    return ops.rope_xpos_inplace(ctx, a, b, n_dims, base, down)
+def ggml_rope_set_offset(a: Tensor, n_offs: int) -> Tensor:
+    return ops.rope_set_offset(a, n_offs)
 
 
-def ggml_alibi(ctx: Context, a: Tensor, n_past: int, n_head: int, bias_max: float) -> Tensor:
-    return ops.alibi(ctx, a, n_past, n_head, bias_max)
+def ggml_rope_yarn_corr_dims(n_dims: int, n_ctx_orig: int, freq_base: float, beta_fast: float,
+                             beta_slow: float) -> tuple[float, float]:
+    """The first and last dimension of YaRN's ramp (C fills a float[2]: here a tuple)."""
+    from pyggml.backends.cpu.kernels.norm import rope_yarn_corr_dims
+
+    return rope_yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow)
 
 
 # --- ops: convolution and pooling ---
 
 
 def ggml_im2col(ctx: Context, a: Tensor, b: Tensor, s0: int, s1: int, p0: int, p1: int, d0: int, d1: int,
-                is_2D: bool) -> Tensor:
-    return ops.im2col(ctx, a, b, s0, s1, p0, p1, d0, d1, is_2D)
+                is_2D: bool, dst_type: GGMLType | int) -> Tensor:
+    return ops.im2col(ctx, a, b, s0, s1, p0, p1, d0, d1, is_2D, as_type(dst_type))
 
 
 def ggml_conv_1d(ctx: Context, a: Tensor, b: Tensor, s0: int, p0: int, d0: int) -> Tensor:
@@ -961,11 +1027,11 @@ def ggml_conv_transpose_1d(ctx: Context, a: Tensor, b: Tensor, s0: int, p0: int,
     return ops.conv_transpose_1d(ctx, a, b, s0, p0, d0)
 
 
-def ggml_pool_1d(ctx: Context, a: Tensor, op: PoolOp | int, k0: int, s0: int, p0: int) -> Tensor:
+def ggml_pool_1d(ctx: Context, a: Tensor, op: OpPool | int, k0: int, s0: int, p0: int) -> Tensor:
     return ops.pool_1d(ctx, a, op, k0, s0, p0)
 
 
-def ggml_pool_2d(ctx: Context, a: Tensor, op: PoolOp | int, k0: int, k1: int, s0: int, s1: int,
+def ggml_pool_2d(ctx: Context, a: Tensor, op: OpPool | int, k0: int, k1: int, s0: int, s1: int,
                  p0: float, p1: float) -> Tensor:
     return ops.pool_2d(ctx, a, op, k0, k1, s0, s1, p0, p1)
 
@@ -1000,6 +1066,25 @@ def ggml_map_custom3(ctx: Context, a: Tensor, b: Tensor, c: Tensor, fun: Callabl
 def ggml_map_custom3_inplace(ctx: Context, a: Tensor, b: Tensor, c: Tensor, fun: Callable[..., None],
                              n_tasks: int, userdata: Any) -> Tensor:
     return ops.map_custom3_inplace(ctx, a, b, c, fun, n_tasks, userdata)
+
+
+def ggml_custom_4d(ctx: Context, type: GGMLType | int, ne0: int, ne1: int, ne2: int, ne3: int, args: list[Tensor],
+                   n_args: int, fun: Callable[..., None], n_tasks: int, userdata: Any) -> Tensor:
+    """CUSTOM: `args` the first n_args sources, fun(dst, ith, nth, userdata)."""
+    return ops.custom_4d(ctx, as_type(type), ne0, ne1, ne2, ne3, _args(args, n_args, "ggml_custom_4d"), fun,
+                         n_tasks, userdata)
+
+
+def ggml_custom_inplace(ctx: Context, a: Tensor, args: list[Tensor], n_args: int, fun: Callable[..., None],
+                        n_tasks: int, userdata: Any) -> Tensor:
+    return ops.custom_inplace(ctx, a, _args(args, n_args, "ggml_custom_inplace"), fun, n_tasks, userdata)
+
+
+def _args(args: list[Tensor], n_args: int, fn: str) -> list[Tensor]:
+    n_args = check_int(n_args, f"{fn}: n_args", minimum=0)
+    if n_args > len(args):
+        raise ArgumentError(f"{fn}: n_args={n_args} but {len(args)} args")
+    return list(args[:n_args])
 
 
 # --- graphs ---

@@ -26,9 +26,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_parser(sub)
     info.add_parser(sub)
     bench.add_parser(sub)
-    test_ops = sub.add_parser("test-ops", help="check every op of a backend against the CPU backend "
+    test_ops = sub.add_parser("test-ops", help="check every op of a backend against the CPU backend or real ggml "
                                                "(like ggml's test-backend-ops)")
     test_ops.add_argument("-b", "--backend", default="cpu", help="backend to test, by registry name (default: cpu)")
+    test_ops.add_argument("--against", choices=("cpu", "ggml"), default="cpu",
+                          help="the reference: pyggml's CPU backend, or real ggml (llama.cpp's libggml, built from "
+                               "source on first use; needs a C compiler) (default: cpu)")
     test_ops.add_argument("-o", "--op", default=None, help="only the cases of this op (ggml's op name, e.g. ADD, "
                                                            "MUL_MAT, GELU)")
     test_ops.add_argument("-v", "--verbose", action="store_true", help="say why a case is not supported")
@@ -46,14 +49,26 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "test-ops":
         from pyggml.core.errors import GGMLError
         from pyggml.testing import test_ops
+        from pyggml.testing.llamacpp import LlamaCppError, NoCompilerError
 
         try:
-            code = test_ops.run(args.backend, args.op, sys.stdout, args.verbose)
+            code = test_ops.run(args.backend, args.op, sys.stdout, args.verbose, against=args.against)
         except GGMLError as e:  # an unknown backend name, a backend that cannot start (exit code 2, as before)
             if args.debug:
                 raise
             print(f"pyggml test-ops: {e}", file=sys.stderr)
             return 2
+        except NoCompilerError as e:  # --against ggml on a machine that cannot build libggml
+            if args.debug:
+                raise
+            print(f"pyggml test-ops: --against ggml needs real ggml, built from llama.cpp's source, and this machine "
+                  f"has no C compiler: {_one_line(e)}", file=sys.stderr)
+            return 3
+        except LlamaCppError as e:  # the download or the build of libggml failed
+            if args.debug:
+                raise
+            print(f"pyggml test-ops: --against ggml: real ggml is not available: {_one_line(e)}", file=sys.stderr)
+            return 1
         if args.op is not None and not test_ops.select(test_ops.all_cases(), args.op):
             # the table said so on stdout; a failure is also one line on stderr, as everywhere else
             labels = sorted({c.label for c in test_ops.all_cases()})

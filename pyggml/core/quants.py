@@ -1,22 +1,29 @@
 """Row conversion between ggml types and float32: ggml's `to_float` / `from_float`.
 
-Every `GGMLType` converts to float32, and every type ggml can quantize to
-converts from float32. The quantizers are ggml's *reference* algorithms
-(`quantize_row_*_reference` in ggml-quants.c of late 2023, with the helpers
-`make_qx_quants`, `make_q3_quants` and `make_qkx2_quants` the K-quants use),
-written with numpy over all blocks at once. They reproduce the C code's
-float32 arithmetic operation by operation, so the bytes are ggml's bytes (the
-tests check digests of ggml's own output): sums the C code accumulates weight
-by weight are added in the same order (never with np.sum, which adds
-pairwise), ggml's `nearest_int` is reproduced bit for bit, and C's choices
-among equal values (first maximum, sign of a zero) are kept.
+The types of `IMPLEMENTED_TYPES` convert to float32 (ggml's dequantize_row_*)
+and from float32 (ggml's type_traits from_float_ref, quantize_row_*_ref of
+ggml-quants.c at llama.cpp 0c1e570, with the helpers make_qx_quants,
+make_q3_quants, make_qkx2_quants and quantize_row_iq4_nl_impl); the other
+quantized types of ggml (IQ2/IQ3/IQ1, TQ, NVFP4, Q1_0, Q2_0) raise
+UnsupportedTypeError naming the type. `quantize_chunk` is what
+ggml_quantize_chunk writes without an importance matrix (llama-quantize's
+bytes): the same as from_float except for IQ4_NL, whose file quantizer
+searches more scales.
 
-That is ggml built without fused multiply-adds: llama.cpp's Makefile
-(`-std=c11`) or any build without `-march=native`. A CMake build with
-`-march=native` on an FMA machine (GNU C contracts `a*b + c` by default)
-rounds some intermediates differently and writes different bytes for a few
-percent of the K-quant blocks. Non-finite inputs give well-formed blocks of
-no particular meaning, as in ggml.
+The quantizers are written with numpy over all blocks at once and reproduce
+the C code's float32 arithmetic operation by operation, so the bytes are
+ggml's bytes (the tests compare them with the C library's): sums the C code
+accumulates weight by weight are added in the same order (never with np.sum,
+which adds pairwise), ggml's `nearest_int` is reproduced bit for bit, and C's
+choices among equal values (first maximum, sign of a zero) are kept. Where C
+leaves bytes unset (the quants of an IQ4_NL block of scale 0, the bsums of an
+all-zero Q8_K block), pyggml writes what ggml_quantize_chunk writes, or zeros.
+
+That is ggml built without fused multiply-adds, as libggml-base is even in a
+`-march=native` build (only ggml-cpu gets the native flags); code compiled
+with FMA contraction rounds some intermediates differently and writes
+different bytes for a few percent of the K-quant blocks. Non-finite inputs
+give well-formed blocks of no particular meaning, as in ggml.
 
 Block layouts are in `BLOCK_DTYPES` (numpy structured dtypes whose fields are
 the C struct's fields, little-endian, at the C offsets) and in the docstring
@@ -30,10 +37,11 @@ from collections.abc import Callable
 
 import numpy as np
 
-from pyggml.core.errors import ArgumentError, UnsupportedTypeError
+from pyggml.core.errors import ArgumentError, GGMLError, UnsupportedTypeError
 from pyggml.core.types import QK_K, TYPE_TRAITS, GGMLType, as_type
 
 F32 = np.float32
+GROUP_MAX_EPS = F32(1e-15)  # ggml-quants.c: a (sub-)block of smaller magnitude quantizes to 0
 
 # --- block layouts -----------------------------------------------------------
 
@@ -43,7 +51,7 @@ BLOCK_DTYPES: dict[GGMLType, np.dtype] = {
     GGMLType.Q5_0: np.dtype([("d", "<f2"), ("qh", "<u4"), ("qs", "u1", 16)]),
     GGMLType.Q5_1: np.dtype([("d", "<f2"), ("m", "<f2"), ("qh", "<u4"), ("qs", "u1", 16)]),
     GGMLType.Q8_0: np.dtype([("d", "<f2"), ("qs", "i1", 32)]),
-    GGMLType.Q8_1: np.dtype([("d", "<f4"), ("s", "<f4"), ("qs", "i1", 32)]),
+    GGMLType.Q8_1: np.dtype([("d", "<f2"), ("s", "<f2"), ("qs", "i1", 32)]),
     GGMLType.Q2_K: np.dtype([("scales", "u1", 16), ("qs", "u1", 64), ("d", "<f2"), ("dmin", "<f2")]),
     GGMLType.Q3_K: np.dtype([("hmask", "u1", 32), ("qs", "u1", 64), ("scales", "u1", 12), ("d", "<f2")]),
     GGMLType.Q4_K: np.dtype([("d", "<f2"), ("dmin", "<f2"), ("scales", "u1", 12), ("qs", "u1", 128)]),
@@ -52,12 +60,15 @@ BLOCK_DTYPES: dict[GGMLType, np.dtype] = {
     ),
     GGMLType.Q6_K: np.dtype([("ql", "u1", 128), ("qh", "u1", 64), ("scales", "i1", 16), ("d", "<f2")]),
     GGMLType.Q8_K: np.dtype([("d", "<f4"), ("qs", "i1", 256), ("bsums", "<i2", 16)]),
+    GGMLType.IQ4_NL: np.dtype([("d", "<f2"), ("qs", "u1", 16)]),
+    GGMLType.IQ4_XS: np.dtype([("d", "<f2"), ("scales_h", "<u2"), ("scales_l", "u1", 4), ("qs", "u1", 128)]),
+    GGMLType.MXFP4: np.dtype([("e", "u1"), ("qs", "u1", 16)]),
 }
 
 
 def block_dtype(t: GGMLType) -> np.dtype:
     """The structured dtype of one block of quantized type `t` (view raw uint8 rows with it)."""
-    t = as_type(t)
+    t = _implemented(t, "block_dtype")
     if t not in BLOCK_DTYPES:
         raise UnsupportedTypeError(f"{t.name.lower()} is not a block-quantized type")
     return BLOCK_DTYPES[t]
@@ -258,7 +269,7 @@ def _make_qx_quants(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
     L = l + F32(nmax)
     sumlx = _colsum(wx * l)
     suml2 = _colsum(w * l * l)
-    scale = sumlx / suml2
+    scale = np.where(suml2 != 0, sumlx / suml2, F32(0))  # C: suml2 ? sumlx/suml2 : 0
     best = scale * sumlx
     for step in range(-9, 10):
         if step == 0:
@@ -271,7 +282,7 @@ def _make_qx_quants(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
         L = np.where(upd, l + F32(nmax), L)
         scale = np.where(upd, slx / sl2, scale)
         best = np.where(upd, scale * slx, best)
-    tiny = amax < F32(1e-30)
+    tiny = amax < GROUP_MAX_EPS
     L = np.where(tiny, F32(0), L)
     scale = np.where(tiny, F32(0), scale)
     return scale.astype(F32), L
@@ -316,10 +327,10 @@ def _make_q3_quants(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
         L[:, active], sumlx[active], suml2[active] = La, slx_a, sl2_a
         active = active[changed]
     L = L + F32(nmax)
-    scale = sumlx / suml2
-    zero = amax == 0
-    L = np.where(zero, F32(0), L)
-    scale = np.where(zero, F32(0), scale)
+    scale = np.where(suml2 > 0, sumlx / suml2, F32(0))
+    tiny = amax < GROUP_MAX_EPS
+    L = np.where(tiny, F32(0), L)
+    scale = np.where(tiny, F32(0), scale)
     return scale.astype(F32), L
 
 
@@ -462,21 +473,21 @@ def _dequantize_q8_0(b: np.ndarray) -> np.ndarray:
 def _quantize_q8_1(x: np.ndarray) -> np.ndarray:
     nb = x.shape[0]
     d, q = _q8_absmax_quants(x)
-    s = q.sum(axis=1, dtype=np.int32).astype(F32) * d  # C: int sum, then sum*d in float
-    out = np.empty((nb, 40), np.uint8)
-    out[:, 0:4] = d.astype("<f4").view(np.uint8).reshape(nb, 4)
-    out[:, 4:8] = s.astype("<f4").view(np.uint8).reshape(nb, 4)
-    out[:, 8:] = q.view(np.uint8)
+    s = q.sum(axis=1, dtype=np.int32).astype(F32) * d  # C: int sum, then sum*d in float with the unrounded d
+    out = np.empty((nb, 36), np.uint8)
+    out[:, 0:2] = _f16_bytes(d)
+    out[:, 2:4] = _f16_bytes(s)
+    out[:, 4:] = q.view(np.uint8)
     return out
 
 
 def _dequantize_q8_1(b: np.ndarray) -> np.ndarray:
-    """Q8_1, 32 weights in 40 bytes: d f32 @0, s f32 @4 (= d * sum(qs)), qs i8[32] @8; x = q * d.
+    """Q8_1, 32 weights in 36 bytes: d fp16 @0, s fp16 @2 (= d * sum(qs), d unrounded), qs i8[32] @4; x = q * d.
 
-    (This is the late-2023 layout; later ggml stores d and s as fp16 in 36 bytes.)
+    Only a vec_dot type (src1 of Q4_1/Q5_1 MUL_MATs): ggml has no to_float for it.
     """
-    out = b[:, 8:].view(np.int8).astype(F32)
-    out *= _f32_at(b, 0)
+    out = b[:, 4:].view(np.int8).astype(F32)
+    out *= _f16_at(b, 0)
     return out
 
 
@@ -682,7 +693,7 @@ def _quantize_q6_k(x: np.ndarray) -> np.ndarray:
     sc, L = _make_qx_quants(_columns(x, 16), 32)
     sc, L = sc.reshape(nb, 16), L.T.reshape(nb, 16, 16)
     max_scale, max_abs = _first_absmax(sc)
-    zero = max_abs == 0
+    zero = max_abs < GROUP_MAX_EPS
     with np.errstate(divide="ignore", invalid="ignore"):
         iscale = F32(-128) / max_scale
         d = F32(1) / iscale
@@ -727,7 +738,7 @@ def _quantize_q8_k(x: np.ndarray) -> np.ndarray:
     mx, amax = _first_absmax(x)
     zero = amax == 0
     with np.errstate(divide="ignore", invalid="ignore"):
-        iscale = F32(-128) / mx
+        iscale = F32(-127) / mx  # -128 until 2024 (IQ2_XXS's AVX code wanted the quants symmetric)
         q = np.minimum(_nearest_int(iscale[:, None] * x), F32(127))
         d = F32(1) / iscale
     q = _u8(np.where(zero[:, None], F32(0), q).astype(np.int64)).view(np.int8)
@@ -749,6 +760,233 @@ def _dequantize_q8_k(b: np.ndarray) -> np.ndarray:
     return out
 
 
+# --- non-linear quants: IQ4_NL IQ4_XS MXFP4 --------------------------------------------------
+#
+# Each 4-bit quant indexes a table of 16 int8 values. IQ4_NL and IQ4_XS search a block's scale the
+# way ggml's quantize_row_iq4_nl_impl does (sub-blocks of 32 as columns, sums in C's order);
+# MXFP4's scale is a power of two from the block's largest magnitude.
+
+# ggml-common.h's kvalues_iq4nl and kvalues_mxfp4 (the e2m1 values, doubled)
+KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
+KVALUES_MXFP4 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.int8)
+_IQ4NL_F = KVALUES_IQ4NL.astype(F32)
+_MXFP4_F = KVALUES_MXFP4.astype(F32)
+_IQ4_NTRY = 7  # the scale search ggml_quantize_chunk (quantize_iq4_nl / quantize_iq4_xs) runs
+
+
+def _iq4nl_index_table() -> np.ndarray:
+    """best_index_int8's answer for x in [y/2, (y+1)/2), at y + 256 for y = -256..255.
+
+    C picks index mu - 1 of the two values around x when `x - val[mu-1] < val[mu] - x` in float32; near
+    a midpoint both differences are exact, so that is x < (val[mu-1] + val[mu]) / 2 exactly, and the
+    index is the number of midpoints <= x. The midpoints are multiples of 1/2, so floor(2x) decides.
+    """
+    twice_mid = KVALUES_IQ4NL[:-1].astype(np.int32) + KVALUES_IQ4NL[1:]
+    return np.searchsorted(twice_mid, np.arange(-256, 256), side="right").astype(np.uint8)
+
+
+_IQ4NL_INDEX = _iq4nl_index_table()
+
+
+def _best_index_iq4nl(x: np.ndarray) -> np.ndarray:
+    """ggml's best_index_int8(16, kvalues_iq4nl, x) for every element: the index of the nearest value,
+    the upper one on a tie (a NaN gives 15, as in C). uint8."""
+    y = np.multiply(x, F32(2))  # exact
+    np.floor(y, out=y)
+    np.fmin(y, F32(255), out=y)  # fmin first: a NaN becomes 255
+    np.fmax(y, F32(-256), out=y)
+    i = y.astype(np.int32)
+    i += 256
+    return _IQ4NL_INDEX.take(i)
+
+
+def _iq4_weighted_sums(x: np.ndarray, w: np.ndarray, L: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """sum(w*q*x) and sum(w*q*q) over each column, q = kvalues_iq4nl[L], in C's order and rounding."""
+    wq = w * _IQ4NL_F[L]
+    sumqx = _colsum(wq * x)
+    wq *= _IQ4NL_F[L]
+    return sumqx, _colsum(wq)
+
+
+def _iq4_scales(x: np.ndarray, ntry: int) -> tuple[np.ndarray, np.ndarray]:
+    """The scale search of quantize_row_iq4_nl_impl without an importance matrix, for each column of
+    x (32, m): (scale (m,), the quants L (32, m) of the first guess).
+
+    Weights x^2; a first guess at max/values[0] (its sign flipped when ntry > 0), refined by least
+    squares, then 2*ntry + 1 more scales (itry + values[0])/max, each kept if it fits better.
+    A column whose magnitude stays below 1e-15 gets scale 0.
+    """
+    w = x * x
+    mx, amax = _first_absmax(x.T)
+    tiny = amax < GROUP_MAX_EPS
+    d = (-mx if ntry > 0 else mx) / _IQ4NL_F[0]
+    L = _best_index_iq4nl((F32(1) / d) * x)
+    sumqx, sumq2 = _iq4_weighted_sums(x, w, L)
+    d = np.where(sumq2 > 0, sumqx / sumq2, F32(0))
+    best = d * sumqx
+    for itry in range(-ntry, ntry + 1):
+        Lt = _best_index_iq4nl((F32(itry + int(KVALUES_IQ4NL[0])) / mx) * x)
+        sumqx, sumq2 = _iq4_weighted_sums(x, w, Lt)
+        better = (sumq2 > 0) & (sumqx * sumqx > best * sumq2)
+        d = np.where(better, sumqx / sumq2, d)
+        best = np.where(better, d * sumqx, best)
+    return np.where(tiny, F32(0), d).astype(F32), L
+
+
+def _pack_nibbles32(L: np.ndarray) -> np.ndarray:
+    """Quants (n, 32) -> 16 bytes each: byte j holds quant j (low nibble) and quant j + 16 (high)."""
+    return L[:, :16] | (L[:, 16:] << 4)
+
+
+def _quantize_iq4_nl_impl(x: np.ndarray, ntry: int) -> np.ndarray:
+    """IQ4_NL blocks of x (nb, 32): ntry = -1 is quantize_row_iq4_nl_ref (type_traits' from_float_ref, the
+    CPU's CPY), 7 is quantize_iq4_nl (ggml_quantize_chunk: more scales tried, then every quant redone)."""
+    xt = np.ascontiguousarray(x.T)
+    d, L = _iq4_scales(xt, ntry)
+    if ntry > 0:
+        L = _best_index_iq4nl(_safe_inv(d) * xt)
+    else:
+        # ggml leaves a block below GROUP_MAX_EPS with the quants of the block before it (or of uninitialized
+        # memory): pyggml writes ggml_quantize_chunk's, 8 (the value nearest 0) everywhere
+        L[:, _first_absmax(x)[1] < GROUP_MAX_EPS] = 8
+    out = np.empty((x.shape[0], 18), np.uint8)
+    out[:, :2] = _f16_bytes(d)
+    out[:, 2:] = _pack_nibbles32(np.ascontiguousarray(L.T))
+    return out
+
+
+def _quantize_iq4_nl(x: np.ndarray) -> np.ndarray:
+    return _quantize_iq4_nl_impl(x, -1)
+
+
+def _nibble_values(qs: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """16-byte groups (..., 16) -> table values (..., 32) of their low nibbles, then their high nibbles."""
+    out = np.empty((*qs.shape[:-1], 32), F32)
+    np.take(table, qs & 15, out=out[..., :16])
+    np.take(table, qs >> 4, out=out[..., 16:])
+    return out
+
+
+def _dequantize_iq4_nl(b: np.ndarray) -> np.ndarray:
+    """IQ4_NL, 32 weights in 18 bytes: d fp16 @0, qs u8[16] @2 (nibbles as Q4_0's).
+
+    x = d * kvalues_iq4nl[q].
+    """
+    out = _nibble_values(b[:, 2:], _IQ4NL_F)
+    out *= _f16_at(b, 0)
+    return out
+
+
+def _quantize_iq4_xs(x: np.ndarray) -> np.ndarray:
+    """quantize_iq4_xs without an importance matrix (quantize_row_iq4_xs_ref is the same function)."""
+    nb = x.shape[0]
+    xt = _columns(x, 32)
+    sc, _ = _iq4_scales(xt, _IQ4_NTRY)
+    sc = sc.reshape(nb, 8)
+    max_scale, _ = _first_absmax(sc)
+    d = -max_scale / F32(32)  # -0.0 when every scale is 0: ggml stores d = 0x8000
+    # 6-bit sub-block scales from the unrounded d, then every quant redone with them
+    ls = np.clip(_nearest_int(_safe_inv(d)[:, None] * sc), -32, 31)
+    idl = _safe_inv(d[:, None] * ls)
+    L = _best_index_iq4nl(idl.reshape(1, -1) * xt)
+    l6 = (ls + 32).astype(np.uint16)
+    scales_h = np.zeros(nb, "<u2")
+    for ib in range(8):
+        scales_h |= (l6[:, ib] >> 4) << (2 * ib)
+    l6 = l6.astype(np.uint8)
+    out = np.empty((nb, 136), np.uint8)
+    out[:, 0:2] = _f16_bytes(d)
+    out[:, 2:4] = scales_h.view(np.uint8).reshape(nb, 2)
+    out[:, 4:8] = (l6[:, 0::2] & 15) | ((l6[:, 1::2] & 15) << 4)
+    out[:, 8:] = _pack_nibbles32(np.ascontiguousarray(L.T)).reshape(nb, 128)
+    return out
+
+
+def _dequantize_iq4_xs(b: np.ndarray) -> np.ndarray:
+    """IQ4_XS, 256 weights in 136 bytes: d fp16 @0, scales_h u16 @2, scales_l u8[4] @4, qs u8[128] @8.
+
+    8 sub-blocks of 32 with 6-bit scales: sub-block ib's low 4 bits are nibble ib % 2 of
+    scales_l[ib // 2], its high 2 bits are bits 2*ib of scales_h; dl = d * (ls - 32). Quants of
+    sub-block ib are the nibbles of qs[16*ib : 16*ib + 16] as in IQ4_NL; x = dl * kvalues_iq4nl[q].
+    """
+    nb = b.shape[0]
+    h = b[:, 2].astype(np.int32) | (b[:, 3].astype(np.int32) << 8)
+    low = np.stack([b[:, 4:8] & 15, b[:, 4:8] >> 4], axis=2).reshape(nb, 8).astype(np.int32)
+    ls = low | (((h[:, None] >> (2 * np.arange(8))) & 3) << 4)
+    dl = _f16_at(b, 0) * (ls - 32).astype(F32)
+    out = _nibble_values(b[:, 8:].reshape(nb, 8, 16), _IQ4NL_F)
+    out *= dl[..., None]
+    return out.reshape(nb, 256)
+
+
+def _e8m0_half(e: np.ndarray) -> np.ndarray:
+    """ggml_e8m0_to_fp32_half: 2^(e - 128) as float32, exact (subnormal for e < 2)."""
+    e = e.astype(np.uint32)
+    bits = np.where(e < 2, np.uint32(0x00200000) << e, (e - np.uint32(1)) << np.uint32(23))
+    return bits.astype(np.uint32).view(F32)
+
+
+def _log2f(v: np.ndarray) -> np.ndarray:
+    """C's log2f, as the float32 nearest the exact log2 (computed in float64): MXFP4 uses its floor, which
+    only a float just below a power of two can change (log2f rounds it up to the integer, as here)."""
+    return np.log2(v.astype(np.float64)).astype(F32)
+
+
+def _mxfp4_index_table() -> np.ndarray:
+    """best_index_mxfp4's answer for |x|/d in (c-1, c]/2, at c = 0..21 (x >= 0).
+
+    C takes the first of the 16 values with the least |v*d - x| in float32; near a midpoint of two
+    values the difference is exact, so that is the nearest value, the smaller one on a tie (it comes
+    first in the table), and its index is the number of midpoints below |x|/d. The midpoints are
+    multiples of 1/2, so ceil(2|x|/d) decides.
+    """
+    positive = KVALUES_MXFP4[:8].astype(np.int32)
+    twice_mid = positive[:-1] + positive[1:]
+    return np.searchsorted(twice_mid, np.arange(22), side="left").astype(np.uint8)
+
+
+_MXFP4_INDEX = _mxfp4_index_table()
+
+
+def _best_index_mxfp4(x: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """ggml's best_index_mxfp4(x, d) for every element (d a power of two per row): uint8 indices; a negative
+    x takes the negated value's index (8 + i); -0, 0, NaN and +-inf take 0, as in C."""
+    y = np.abs(x)
+    y /= d  # exact: d is a power of two (and |x| < 16d in a block of finite values)
+    y *= F32(2)
+    np.ceil(y, out=y)
+    np.fmax(y, F32(0), out=y)  # fmax first: a NaN becomes 0
+    np.fmin(y, F32(21), out=y)
+    i = _MXFP4_INDEX.take(y.astype(np.int32))
+    i[(x < 0) & (i > 0)] += 8
+    i[np.isinf(x)] = 0  # every difference is inf: C keeps the first value
+    return i
+
+
+def _quantize_mxfp4(x: np.ndarray) -> np.ndarray:
+    nb = x.shape[0]
+    amax = np.fmax.reduce(np.abs(x), axis=1, initial=F32(0))  # C's `if (amax < fabsf(v))` skips NaN
+    with np.errstate(divide="ignore"):
+        e_f = np.floor(_log2f(amax)) - F32(2) + F32(127)
+    # (uint8_t) of a float: the x86 conversion to int32, then its low byte (a tiny amax gives e < 0)
+    e_i = np.where(np.isfinite(e_f), e_f, F32(-(2**31))).astype(np.int32) & 0xFF
+    e = np.where(amax > 0, e_i, 0).astype(np.uint8)
+    out = np.empty((nb, 17), np.uint8)
+    out[:, 0] = e
+    out[:, 1:] = _pack_nibbles32(_best_index_mxfp4(x, _e8m0_half(e)[:, None]))
+    return out
+
+
+def _dequantize_mxfp4(b: np.ndarray) -> np.ndarray:
+    """MXFP4, 32 weights in 17 bytes: e u8 (E8M0) @0, qs u8[16] @1 (nibbles as Q4_0's).
+
+    x = kvalues_mxfp4[q] * 2^(e - 128) (the table holds the e2m1 values doubled).
+    """
+    out = _nibble_values(b[:, 1:], _MXFP4_F)
+    out *= _e8m0_half(b[:, 0])[:, None]
+    return out
+
+
 _QUANTIZE: dict[GGMLType, Callable[[np.ndarray], np.ndarray]] = {
     GGMLType.Q4_0: _quantize_q4_0,
     GGMLType.Q4_1: _quantize_q4_1,
@@ -762,6 +1000,9 @@ _QUANTIZE: dict[GGMLType, Callable[[np.ndarray], np.ndarray]] = {
     GGMLType.Q5_K: _quantize_q5_k,
     GGMLType.Q6_K: _quantize_q6_k,
     GGMLType.Q8_K: _quantize_q8_k,
+    GGMLType.IQ4_NL: _quantize_iq4_nl,
+    GGMLType.IQ4_XS: _quantize_iq4_xs,
+    GGMLType.MXFP4: _quantize_mxfp4,
 }
 
 _DEQUANTIZE: dict[GGMLType, Callable[[np.ndarray], np.ndarray]] = {
@@ -777,9 +1018,40 @@ _DEQUANTIZE: dict[GGMLType, Callable[[np.ndarray], np.ndarray]] = {
     GGMLType.Q5_K: _dequantize_q5_k,
     GGMLType.Q6_K: _dequantize_q6_k,
     GGMLType.Q8_K: _dequantize_q8_k,
+    GGMLType.IQ4_NL: _dequantize_iq4_nl,
+    GGMLType.IQ4_XS: _dequantize_iq4_xs,
+    GGMLType.MXFP4: _dequantize_mxfp4,
 }
 
 assert set(_QUANTIZE) == set(_DEQUANTIZE) == set(BLOCK_DTYPES)
+
+# the types pyggml converts to and from float32, in ggml's order: every plain type and BLOCK_DTYPES' types
+IMPLEMENTED_TYPES: tuple[GGMLType, ...] = tuple(
+    t for t in GGMLType if not TYPE_TRAITS[t].is_quantized or t in BLOCK_DTYPES)
+
+
+def is_implemented(t: GGMLType | int | str) -> bool:
+    """Whether pyggml converts type `t` to and from float32 (False for unknown and removed ids)."""
+    try:
+        return as_type(t) in IMPLEMENTED_TYPES
+    except GGMLError:
+        return False
+
+
+def not_implemented_error(t: GGMLType, what: str = "") -> UnsupportedTypeError:
+    """The error for a type ggml has and pyggml cannot convert: it names the type and the ones pyggml has."""
+    where = f"{what}: " if what else ""
+    return UnsupportedTypeError(f"{where}{t.name} is not implemented in pyggml "
+                                f"(implemented: {', '.join(x.name for x in IMPLEMENTED_TYPES)})")
+
+
+def _implemented(t: GGMLType | int | str, what: str) -> GGMLType:
+    """`t` as a GGMLType, or UnsupportedTypeError if it is unknown or pyggml cannot convert it."""
+    t = as_type(t)
+    if t not in IMPLEMENTED_TYPES:
+        raise not_implemented_error(t, what)
+    return t
+
 assert all(BLOCK_DTYPES[t].itemsize == TYPE_TRAITS[t].type_size for t in BLOCK_DTYPES)
 assert QK_K == 256
 
@@ -793,29 +1065,34 @@ _CHUNK_ELEMS = 1 << 18
 
 def dequantize_blocks(t: GGMLType, raw: np.ndarray) -> np.ndarray:
     """Blocks of quantized type `t`, uint8 (nb, type_size) -> float32 (nb, blck_size)."""
-    t = as_type(t)
+    t = _implemented(t, "dequantize_blocks")
     if t not in _DEQUANTIZE:
         raise UnsupportedTypeError(f"dequantize_blocks: {t.name.lower()} is not a block-quantized type")
     tr = TYPE_TRAITS[t]
     b = np.ascontiguousarray(raw).view(np.uint8).reshape(-1, tr.type_size)
     fn = _DEQUANTIZE[t]
     step = _CHUNK_ELEMS // tr.blck_size
-    if b.shape[0] <= step:
-        return fn(b)
-    out = np.empty((b.shape[0], tr.blck_size), F32)
-    for i in range(0, b.shape[0], step):
-        out[i : i + step] = fn(b[i : i + step])
-    return out
+    with np.errstate(all="ignore"):  # C float semantics: inf and NaN (from huge scales) without warnings
+        if b.shape[0] <= step:
+            return fn(b)
+        out = np.empty((b.shape[0], tr.blck_size), F32)
+        for i in range(0, b.shape[0], step):
+            out[i : i + step] = fn(b[i : i + step])
+        return out
 
 
 def quantize_blocks(t: GGMLType, values: np.ndarray) -> np.ndarray:
     """float32 (nb, blck_size) -> blocks of quantized type `t`, uint8 (nb, type_size)."""
-    t = as_type(t)
+    t = _implemented(t, "quantize_blocks")
     if t not in _QUANTIZE:
         raise UnsupportedTypeError(f"quantize_blocks: {t.name.lower()} is not a block-quantized type")
+    return _quantize_blocks_with(_QUANTIZE[t], t, values)
+
+
+def _quantize_blocks_with(fn: Callable[[np.ndarray], np.ndarray], t: GGMLType, values: np.ndarray) -> np.ndarray:
+    """quantize_blocks with the block quantizer `fn`, a chunk of blocks at a time."""
     tr = TYPE_TRAITS[t]
     x = np.ascontiguousarray(values, dtype=F32).reshape(-1, tr.blck_size)
-    fn = _QUANTIZE[t]
     step = _CHUNK_ELEMS // tr.blck_size
     with np.errstate(all="ignore"):  # C float semantics: NaN/inf flow through without warnings
         if x.shape[0] <= step:
@@ -844,7 +1121,7 @@ def to_float(t: GGMLType, raw: np.ndarray, n: int | None = None) -> np.ndarray:
     elements. `n`, if given, is the number of elements per row the caller
     expects.
     """
-    t = as_type(t)
+    t = _implemented(t, "to_float")
     tr = TYPE_TRAITS[t]
     raw = np.asarray(raw)
     name = tr.name
@@ -897,7 +1174,7 @@ def from_float(t: GGMLType, values: np.ndarray) -> np.ndarray:
     by a plain C-style cast); quantized types give uint8 with the last axis
     in bytes. The last axis must be a whole number of blocks.
     """
-    t = as_type(t)
+    t = _implemented(t, "from_float")
     tr = TYPE_TRAITS[t]
     x = np.ascontiguousarray(values, dtype=F32)
     if not tr.is_quantized:
@@ -912,6 +1189,33 @@ def from_float(t: GGMLType, values: np.ndarray) -> np.ndarray:
             f"from_float: a row of {x.shape[-1]} elements is not a whole number of {tr.name} blocks of {tr.blck_size}"
         )
     out = quantize_blocks(t, x)
+    return out.reshape(*x.shape[:-1], x.shape[-1] // tr.blck_size * tr.type_size)
+
+
+# ggml_quantize_chunk's block quantizers (without an importance matrix) where they are not from_float's
+_QUANTIZE_CHUNK: dict[GGMLType, Callable[[np.ndarray], np.ndarray]] = {
+    GGMLType.IQ4_NL: lambda x: _quantize_iq4_nl_impl(x, _IQ4_NTRY),
+}
+# the types ggml_quantize_chunk has no case for (it asserts)
+_NOT_CHUNKED = (GGMLType.Q8_1, GGMLType.Q8_K, GGMLType.I8, GGMLType.I16, GGMLType.I32, GGMLType.I64, GGMLType.F64)
+
+
+def quantize_chunk(t: GGMLType, values: np.ndarray) -> np.ndarray:
+    """float32 rows -> type `t` as ggml_quantize_chunk writes them without an importance matrix (what
+    llama-quantize stores in a file): from_float's result, except IQ4_NL, whose file quantizer tries 15
+    more scales per block and then redoes every quant. Q8_1, Q8_K and the integer types are not
+    among its types (UnsupportedTypeError)."""
+    t = _implemented(t, "quantize_chunk")
+    if t in _NOT_CHUNKED:
+        raise UnsupportedTypeError(f"quantize_chunk: ggml_quantize_chunk does not convert to {t.name}")
+    if t not in _QUANTIZE_CHUNK:
+        return from_float(t, values)
+    tr = TYPE_TRAITS[t]
+    x = np.ascontiguousarray(values, dtype=F32)
+    if x.ndim == 0 or x.shape[-1] % tr.blck_size:
+        raise ArgumentError(f"quantize_chunk: rows of {x.shape[-1] if x.ndim else 'a scalar'} elements are not "
+                            f"whole {tr.name} blocks of {tr.blck_size}")
+    out = _quantize_blocks_with(_QUANTIZE_CHUNK[t], t, x)
     return out.reshape(*x.shape[:-1], x.shape[-1] // tr.blck_size * tr.type_size)
 
 

@@ -33,87 +33,117 @@ _F32_MAX = float(np.finfo(np.float32).max)
 
 
 class GGMLOp(IntEnum):
-    """ggml's `enum ggml_op` (late 2023 order), plus CONV_1D/CONV_2D names for lookups."""
+    """ggml's `enum ggml_op` as ggml.h of llama.cpp 0c1e570 numbers it (GGML_OP_<name>)."""
 
     NONE = 0
     DUP = 1
     ADD = 2
-    ADD1 = 3
-    ACC = 4
-    SUB = 5
-    MUL = 6
-    DIV = 7
-    SQR = 8
-    SQRT = 9
-    LOG = 10
-    SUM = 11
-    SUM_ROWS = 12
-    MEAN = 13
-    ARGMAX = 14
-    REPEAT = 15
-    REPEAT_BACK = 16
-    CONCAT = 17
-    SILU_BACK = 18
-    NORM = 19
-    RMS_NORM = 20
-    RMS_NORM_BACK = 21
-    GROUP_NORM = 22
-    MUL_MAT = 23
-    MUL_MAT_ID = 24
-    OUT_PROD = 25
-    SCALE = 26
-    SET = 27
-    CPY = 28
-    CONT = 29
-    RESHAPE = 30
-    VIEW = 31
-    PERMUTE = 32
-    TRANSPOSE = 33
-    GET_ROWS = 34
-    GET_ROWS_BACK = 35
-    DIAG = 36
-    DIAG_MASK_INF = 37
-    DIAG_MASK_ZERO = 38
-    SOFT_MAX = 39
-    SOFT_MAX_BACK = 40
-    ROPE = 41
-    ROPE_BACK = 42
-    ALIBI = 43
-    CLAMP = 44
-    CONV_TRANSPOSE_1D = 45
-    IM2COL = 46
-    CONV_TRANSPOSE_2D = 47
-    POOL_1D = 48
-    POOL_2D = 49
-    UPSCALE = 50
-    PAD = 51
-    ARGSORT = 52
-    LEAKY_RELU = 53
-    FLASH_ATTN = 54
-    FLASH_FF = 55
-    FLASH_ATTN_BACK = 56
-    WIN_PART = 57
-    WIN_UNPART = 58
-    GET_REL_POS = 59
-    ADD_REL_POS = 60
-    UNARY = 61
-    MAP_UNARY = 62
-    MAP_BINARY = 63
-    MAP_CUSTOM1_F32 = 64
-    MAP_CUSTOM2_F32 = 65
-    MAP_CUSTOM3_F32 = 66
-    MAP_CUSTOM1 = 67
-    MAP_CUSTOM2 = 68
-    MAP_CUSTOM3 = 69
-    CROSS_ENTROPY_LOSS = 70
-    CROSS_ENTROPY_LOSS_BACK = 71
-    # ggml of late 2023 builds conv_1d/conv_2d as IM2COL + MUL_MAT; these two
-    # ids exist so that older code naming the ops still finds them.
-    CONV_1D = 72
-    CONV_2D = 73
+    ADD_ID = 3
+    ADD1 = 4
+    ACC = 5
+    SUB = 6
+    MUL = 7
+    DIV = 8
+    SQR = 9
+    SQRT = 10
+    LOG = 11
+    SIN = 12
+    COS = 13
+    SUM = 14
+    SUM_ROWS = 15
+    CUMSUM = 16
+    MEAN = 17
+    ARGMAX = 18
+    COUNT_EQUAL = 19
+    REPEAT = 20
+    REPEAT_BACK = 21
+    CONCAT = 22
+    SILU_BACK = 23
+    NORM = 24
+    RMS_NORM = 25
+    RMS_NORM_BACK = 26
+    GROUP_NORM = 27
+    L2_NORM = 28
+    MUL_MAT = 29
+    MUL_MAT_ID = 30
+    OUT_PROD = 31
+    SCALE = 32
+    SET = 33
+    CPY = 34
+    CONT = 35
+    RESHAPE = 36
+    VIEW = 37
+    PERMUTE = 38
+    TRANSPOSE = 39
+    GET_ROWS = 40
+    GET_ROWS_BACK = 41
+    SET_ROWS = 42
+    DIAG = 43
+    DIAG_MASK_INF = 44
+    DIAG_MASK_ZERO = 45
+    SOFT_MAX = 46
+    SOFT_MAX_BACK = 47
+    ROPE = 48
+    ROPE_BACK = 49
+    CLAMP = 50
+    CONV_TRANSPOSE_1D = 51
+    IM2COL = 52
+    IM2COL_BACK = 53
+    IM2COL_3D = 54
+    COL2IM_1D = 55
+    CONV_2D = 56
+    CONV_3D = 57
+    CONV_2D_DW = 58
+    CONV_TRANSPOSE_2D = 59
+    POOL_1D = 60
+    POOL_2D = 61
+    POOL_2D_BACK = 62
+    UPSCALE = 63
+    PAD = 64
+    PAD_REFLECT_1D = 65
+    ROLL = 66
+    ARANGE = 67
+    TIMESTEP_EMBEDDING = 68
+    ARGSORT = 69
+    TOP_K = 70
+    LEAKY_RELU = 71
+    TRI = 72
+    FILL = 73
+    FLASH_ATTN_EXT = 74
+    FLASH_ATTN_BACK = 75
+    SSM_CONV = 76
+    SSM_SCAN = 77
+    WIN_PART = 78
+    WIN_UNPART = 79
+    GET_REL_POS = 80
+    ADD_REL_POS = 81
+    RWKV_WKV6 = 82
+    GATED_LINEAR_ATTN = 83
+    RWKV_WKV7 = 84
+    SOLVE_TRI = 85
+    GATED_DELTA_NET = 86
+    LIGHTNING_INDEXER = 87
+    DSV4_HC_COMB = 88
+    DSV4_HC_PRE = 89
+    DSV4_HC_POST = 90
+    UNARY = 91
+    MAP_CUSTOM1 = 92
+    MAP_CUSTOM2 = 93
+    MAP_CUSTOM3 = 94
+    CUSTOM = 95
+    CROSS_ENTROPY_LOSS = 96
+    CROSS_ENTROPY_LOSS_BACK = 97
+    OPT_STEP_ADAMW = 98
+    OPT_STEP_SGD = 99
+    GLU = 100
+
+
+GGML_OP_COUNT = 101  # ggml.c: static_assert(GGML_OP_COUNT == 101)
 
 
 class UnaryOp(IntEnum):
+    """ggml's `enum ggml_unary_op` (GGML_UNARY_OP_<name>): UNARY's function, in op_params[0]."""
+
     ABS = 0
     SGN = 1
     NEG = 2
@@ -121,18 +151,127 @@ class UnaryOp(IntEnum):
     TANH = 4
     ELU = 5
     RELU = 6
-    GELU = 7
-    GELU_QUICK = 8
-    SILU = 9
-    LEAKY = 10
+    SIGMOID = 7
+    GELU = 8
+    GELU_QUICK = 9
+    SILU = 10
     HARDSWISH = 11
     HARDSIGMOID = 12
+    EXP = 13
+    EXPM1 = 14
+    SOFTPLUS = 15
+    GELU_ERF = 16
+    XIELU = 17
+    FLOOR = 18
+    CEIL = 19
+    ROUND = 20
+    TRUNC = 21
+
+
+GGML_UNARY_OP_COUNT = 22
+
+
+class GLUOp(IntEnum):
+    """ggml's `enum ggml_glu_op` (GGML_GLU_OP_<name>): GLU's function, in op_params[0]."""
+
+    REGLU = 0
+    GEGLU = 1
+    SWIGLU = 2
+    SWIGLU_OAI = 3
+    GEGLU_ERF = 4
+    GEGLU_QUICK = 5
+    SWIGLU_CLAMP = 6
+
+
+GGML_GLU_OP_COUNT = 7
+
+
+# --- the small enums that travel in op_params ---
+
+
+class SortOrder(IntEnum):
+    """ggml's `enum ggml_sort_order` (GGML_SORT_ORDER_<name>): ARGSORT's op_params[0]."""
+
+    ASC = 0
+    DESC = 1
+
+
+class Prec(IntEnum):
+    """ggml's `enum ggml_prec` (GGML_PREC_<name>): the precision words of MUL_MAT, MUL_MAT_ID, FLASH_ATTN_EXT.
+
+    DEFAULT is UNDEFINED's alias, as in ggml.h.
+    """
+
+    UNDEFINED = 0
+    DEFAULT = 0
+    F32 = 10
+    BF16 = 15
+    F16 = 20
+    Q8 = 30
+    Q4 = 40
+
+
+class OpHint(IntEnum):
+    """ggml's `enum ggml_op_hint` (GGML_HINT_<name>): MUL_MAT's op_params[1]."""
+
+    NONE = 0
+    SRC0_IS_HADAMARD = 1
+
+
+class ScaleMode(IntEnum):
+    """ggml's `enum ggml_scale_mode` (GGML_SCALE_MODE_<name>): the low byte of UPSCALE's op_params[0]."""
+
+    NEAREST = 0
+    BILINEAR = 1
+    BICUBIC = 2
+
+
+GGML_SCALE_MODE_COUNT = 3
+
+
+class ScaleFlag(IntFlag):
+    """ggml's `enum ggml_scale_flag` (GGML_SCALE_FLAG_<name>): bits above the mode in UPSCALE's op_params[0]."""
+
+    ALIGN_CORNERS = 1 << 8
+    ANTIALIAS = 1 << 9
+
+
+class TriType(IntEnum):
+    """ggml's `enum ggml_tri_type` (GGML_TRI_TYPE_<name>): TRI's op_params[0]."""
+
+    UPPER_DIAG = 0
+    UPPER = 1
+    LOWER_DIAG = 2
+    LOWER = 3
+
+
+class OpPool(IntEnum):
+    """ggml's `enum ggml_op_pool` (GGML_OP_POOL_<name>): POOL_1D/POOL_2D's op_params[0]."""
+
+    MAX = 0
+    AVG = 1
+
+
+GGML_OP_POOL_COUNT = 2
+
+# ROPE's mode (op_params[2]): ggml.h's GGML_ROPE_TYPE_* #defines. Multi-rope modes have the MROPE bit; VISION
+# and IMROPE are MROPE with more bits.
+GGML_ROPE_TYPE_NORMAL = 0
+GGML_ROPE_TYPE_NEOX = 2
+GGML_ROPE_TYPE_MROPE = 8
+GGML_ROPE_TYPE_VISION = 24
+GGML_ROPE_TYPE_IMROPE = 40
+GGML_MROPE_SECTIONS = 4
 
 
 class TensorFlag(IntFlag):
+    """ggml's `enum ggml_tensor_flag` (GGML_TENSOR_FLAG_<name>)."""
+
     INPUT = 1
     OUTPUT = 2
     PARAM = 4
+    LOSS = 8
+    COMPUTE = 16
 
 
 VIEW_OPS = frozenset({GGMLOp.VIEW, GGMLOp.RESHAPE, GGMLOp.PERMUTE, GGMLOp.TRANSPOSE})

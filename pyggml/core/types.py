@@ -1,8 +1,16 @@
-"""Tensor types and their traits (ggml's `type_traits`).
+"""Tensor types and their traits (ggml's `enum ggml_type` and `type_traits`).
 
-The numbering is the one GGUF files use (`gguf.GGMLQuantizationType`), and
-block and type sizes come from the gguf package's `GGML_QUANT_SIZES`, so a
-type read from a file is a `GGMLType` without translation.
+`GGMLType` is ggml.h's `enum ggml_type` at llama.cpp 0c1e570, member for
+member (GGUF files store these numbers, so a type read from a file is a
+`GGMLType` without translation). `TYPE_TRAITS` is ggml.c's `type_traits`
+table, looked up by type id as in C: it has a row for every id below
+`GGML_TYPE_COUNT`, including the ids of removed types (4, 5, 31-33, 36-38),
+whose placeholder rows have ggml's names and a block size of 0. The
+`vec_dot_type` column is ggml-cpu's (`type_traits_cpu`).
+
+Every type has traits; which types pyggml can convert to and from float32 is
+`pyggml.core.quants.IMPLEMENTED_TYPES` (the others raise
+UnsupportedTypeError naming the type where pyggml would convert them).
 """
 
 from __future__ import annotations
@@ -12,7 +20,6 @@ from dataclasses import dataclass
 from enum import IntEnum
 
 import numpy as np
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from pyggml.core.errors import ArgumentError, ArgumentTypeError, UnsupportedTypeError
 
@@ -22,6 +29,7 @@ class GGMLType(IntEnum):
     F16 = 1
     Q4_0 = 2
     Q4_1 = 3
+    # 4 (Q4_2) and 5 (Q4_3): removed from ggml
     Q5_0 = 6
     Q5_1 = 7
     Q8_0 = 8
@@ -32,82 +40,114 @@ class GGMLType(IntEnum):
     Q5_K = 13
     Q6_K = 14
     Q8_K = 15
+    IQ2_XXS = 16
+    IQ2_XS = 17
+    IQ3_XXS = 18
+    IQ1_S = 19
+    IQ4_NL = 20
+    IQ3_S = 21
+    IQ2_S = 22
+    IQ4_XS = 23
     I8 = 24
     I16 = 25
     I32 = 26
     I64 = 27
     F64 = 28
+    IQ1_M = 29
     BF16 = 30
+    # 31-33 (Q4_0_4_4, Q4_0_4_8, Q4_0_8_8): removed, Q4_0 is repacked at run time instead
+    TQ1_0 = 34
+    TQ2_0 = 35
+    # 36-38 (IQ4_NL_4_4, IQ4_NL_4_8, IQ4_NL_8_8): removed likewise
+    MXFP4 = 39
+    NVFP4 = 40
+    Q1_0 = 41
+    Q2_0 = 42
 
 
-QK_K = 256  # super-block size of the K-quants
+GGML_TYPE_COUNT = 43
+QK_K = 256  # super-block size of the K-quants and most IQ types
 
 
 @dataclass(frozen=True)
 class TypeTraits:
-    """What ggml's `ggml_type_traits_t` says of a type."""
+    """What ggml's `struct ggml_type_traits` says of a type (and ggml-cpu's `vec_dot_type`)."""
 
-    name: str
-    blck_size: int  # elements per block
+    name: str  # ggml's type_name ("q4_K"; "DEPRECATED" or "... REMOVED ..." for a removed id)
+    blck_size: int  # elements per block (0 for a removed id)
     type_size: int  # bytes per block
     is_quantized: bool
     # numpy dtype of one element; None for block-quantized types (and BF16,
     # which numpy lacks: its elements are read as uint16)
     np_dtype: np.dtype | None
-    # the type ggml converts src1 to before the dot product in MUL_MAT
+    # the type ggml's CPU converts src1 to before the dot product in MUL_MAT (type_traits_cpu; F32 where
+    # the table leaves it unset, as for Q8_K)
     vec_dot_type: GGMLType
 
 
-_NP_DTYPES: dict[GGMLType, np.dtype] = {
-    GGMLType.F32: np.dtype(np.float32),
-    GGMLType.F16: np.dtype(np.float16),
-    GGMLType.BF16: np.dtype(np.uint16),
-    GGMLType.I8: np.dtype(np.int8),
-    GGMLType.I16: np.dtype(np.int16),
-    GGMLType.I32: np.dtype(np.int32),
-    GGMLType.I64: np.dtype(np.int64),
-    GGMLType.F64: np.dtype(np.float64),
+def _removed(name: str) -> TypeTraits:
+    return TypeTraits(name, 0, 0, False, None, GGMLType.F32)
+
+
+_REPACKED = "TYPE_{} REMOVED, use {} with runtime repacking"
+
+# ggml.c's type_traits (type_name, blck_size, type_size, is_quantized) and ggml-cpu.c's vec_dot_type, by id
+_T = GGMLType
+_TABLE: dict[int, TypeTraits] = {
+    _T.F32: TypeTraits("f32", 1, 4, False, np.dtype(np.float32), _T.F32),
+    _T.F16: TypeTraits("f16", 1, 2, False, np.dtype(np.float16), _T.F16),
+    _T.Q4_0: TypeTraits("q4_0", 32, 18, True, None, _T.Q8_0),
+    _T.Q4_1: TypeTraits("q4_1", 32, 20, True, None, _T.Q8_1),
+    4: _removed("DEPRECATED"),  # Q4_2
+    5: _removed("DEPRECATED"),  # Q4_3
+    _T.Q5_0: TypeTraits("q5_0", 32, 22, True, None, _T.Q8_0),
+    _T.Q5_1: TypeTraits("q5_1", 32, 24, True, None, _T.Q8_1),
+    _T.Q8_0: TypeTraits("q8_0", 32, 34, True, None, _T.Q8_0),
+    _T.Q8_1: TypeTraits("q8_1", 32, 36, True, None, _T.Q8_1),  # d and s fp16 (40 bytes of f32 until 2024)
+    _T.Q2_K: TypeTraits("q2_K", QK_K, 84, True, None, _T.Q8_K),
+    _T.Q3_K: TypeTraits("q3_K", QK_K, 110, True, None, _T.Q8_K),
+    _T.Q4_K: TypeTraits("q4_K", QK_K, 144, True, None, _T.Q8_K),
+    _T.Q5_K: TypeTraits("q5_K", QK_K, 176, True, None, _T.Q8_K),
+    _T.Q6_K: TypeTraits("q6_K", QK_K, 210, True, None, _T.Q8_K),
+    _T.Q8_K: TypeTraits("q8_K", QK_K, 292, True, None, _T.F32),  # only a vec_dot partner: no vec_dot of its own
+    _T.IQ2_XXS: TypeTraits("iq2_xxs", QK_K, 66, True, None, _T.Q8_K),
+    _T.IQ2_XS: TypeTraits("iq2_xs", QK_K, 74, True, None, _T.Q8_K),
+    _T.IQ3_XXS: TypeTraits("iq3_xxs", QK_K, 98, True, None, _T.Q8_K),
+    _T.IQ1_S: TypeTraits("iq1_s", QK_K, 50, True, None, _T.Q8_K),
+    _T.IQ4_NL: TypeTraits("iq4_nl", 32, 18, True, None, _T.Q8_0),
+    _T.IQ3_S: TypeTraits("iq3_s", QK_K, 110, True, None, _T.Q8_K),
+    _T.IQ2_S: TypeTraits("iq2_s", QK_K, 82, True, None, _T.Q8_K),
+    _T.IQ4_XS: TypeTraits("iq4_xs", QK_K, 136, True, None, _T.Q8_K),
+    _T.I8: TypeTraits("i8", 1, 1, False, np.dtype(np.int8), _T.F32),
+    _T.I16: TypeTraits("i16", 1, 2, False, np.dtype(np.int16), _T.F32),
+    _T.I32: TypeTraits("i32", 1, 4, False, np.dtype(np.int32), _T.F32),
+    _T.I64: TypeTraits("i64", 1, 8, False, np.dtype(np.int64), _T.F32),
+    _T.F64: TypeTraits("f64", 1, 8, False, np.dtype(np.float64), _T.F32),
+    _T.IQ1_M: TypeTraits("iq1_m", QK_K, 56, True, None, _T.Q8_K),
+    _T.BF16: TypeTraits("bf16", 1, 2, False, np.dtype(np.uint16), _T.BF16),
+    31: _removed(_REPACKED.format("Q4_0_4_4", "Q4_0")),
+    32: _removed(_REPACKED.format("Q4_0_4_8", "Q4_0")),
+    33: _removed(_REPACKED.format("Q4_0_8_8", "Q4_0")),
+    _T.TQ1_0: TypeTraits("tq1_0", QK_K, 54, True, None, _T.Q8_K),
+    _T.TQ2_0: TypeTraits("tq2_0", QK_K, 66, True, None, _T.Q8_K),
+    36: _removed(_REPACKED.format("IQ4_NL_4_4", "IQ4_NL")),
+    37: _removed(_REPACKED.format("IQ4_NL_4_8", "IQ4_NL")),
+    38: _removed(_REPACKED.format("IQ4_NL_8_8", "IQ4_NL")),
+    _T.MXFP4: TypeTraits("mxfp4", 32, 17, True, None, _T.Q8_0),
+    _T.NVFP4: TypeTraits("nvfp4", 64, 36, True, None, _T.Q8_0),
+    _T.Q1_0: TypeTraits("q1_0", 128, 18, True, None, _T.Q8_0),
+    _T.Q2_0: TypeTraits("q2_0", 64, 18, True, None, _T.Q8_0),
 }
 
-# ggml's vec_dot_type table (ggml.c, late 2023)
-_VEC_DOT_TYPE: dict[GGMLType, GGMLType] = {
-    GGMLType.F16: GGMLType.F16,
-    GGMLType.BF16: GGMLType.BF16,
-    GGMLType.Q4_0: GGMLType.Q8_0,
-    GGMLType.Q5_0: GGMLType.Q8_0,
-    GGMLType.Q8_0: GGMLType.Q8_0,
-    GGMLType.Q4_1: GGMLType.Q8_1,
-    GGMLType.Q5_1: GGMLType.Q8_1,
-    GGMLType.Q8_1: GGMLType.Q8_1,
-    GGMLType.Q2_K: GGMLType.Q8_K,
-    GGMLType.Q3_K: GGMLType.Q8_K,
-    GGMLType.Q4_K: GGMLType.Q8_K,
-    GGMLType.Q5_K: GGMLType.Q8_K,
-    GGMLType.Q6_K: GGMLType.Q8_K,
-    GGMLType.Q8_K: GGMLType.Q8_K,
-}
-
-
-def _build_traits() -> dict[GGMLType, TypeTraits]:
-    traits = {}
-    for t in GGMLType:
-        blck_size, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(int(t))]
-        traits[t] = TypeTraits(
-            name=t.name.lower(),
-            blck_size=blck_size,
-            type_size=type_size,
-            is_quantized=blck_size > 1,
-            np_dtype=_NP_DTYPES.get(t),
-            vec_dot_type=_VEC_DOT_TYPE.get(t, GGMLType.F32),
-        )
-    return traits
-
-
-TYPE_TRAITS: dict[GGMLType, TypeTraits] = _build_traits()
+# every id below GGML_TYPE_COUNT, in id order (a GGMLType looks its row up by its value)
+TYPE_TRAITS: dict[int, TypeTraits] = {i: _TABLE[i] for i in range(GGML_TYPE_COUNT)}
+assert set(_TABLE) == set(range(GGML_TYPE_COUNT))
+assert all(tr.blck_size > 0 for i, tr in TYPE_TRAITS.items() if i in GGMLType._value2member_map_)
 
 
 def as_type(t: GGMLType | int | str) -> GGMLType:
-    """Accept a GGMLType, its number, or its name ('f16', 'Q4_0'); 2.5 or True is not a type."""
+    """Accept a GGMLType, its number, or its name ('f16', 'Q4_0'); 2.5 or True is not a type, nor is the id
+    of a type ggml has removed."""
     if isinstance(t, GGMLType):
         return t
     if not isinstance(t, str) and (isinstance(t, bool) or not isinstance(t, numbers.Integral)):
@@ -117,10 +157,13 @@ def as_type(t: GGMLType | int | str) -> GGMLType:
             return GGMLType[t.upper()]
         return GGMLType(int(t))
     except (KeyError, ValueError):
-        raise UnsupportedTypeError(f"unknown ggml type {t!r}") from None
+        tr = None if isinstance(t, str) else TYPE_TRAITS.get(int(t))
+        removed = f" (removed from ggml: {tr.name})" if tr is not None else ""
+        raise UnsupportedTypeError(f"unknown ggml type {t!r}{removed}") from None
 
 
-def type_traits(t: GGMLType) -> TypeTraits:
+def type_traits(t: GGMLType | int) -> TypeTraits:
+    """ggml_get_type_traits: the row of id `t` (placeholder rows for removed ids, as in C)."""
     return TYPE_TRAITS[t]
 
 
@@ -140,15 +183,23 @@ def is_quantized(t: GGMLType) -> bool:
     return TYPE_TRAITS[t].is_quantized
 
 
+def _live_traits(t: GGMLType) -> TypeTraits:
+    """The traits of a type that exists (a removed id has no blocks to count)."""
+    tr = TYPE_TRAITS[t]
+    if tr.blck_size == 0:
+        raise UnsupportedTypeError(f"ggml type {int(t)} has been removed ({tr.name})")
+    return tr
+
+
 def type_sizef(t: GGMLType) -> float:
     """Bytes per element (ggml_type_sizef)."""
-    tr = TYPE_TRAITS[t]
+    tr = _live_traits(t)
     return tr.type_size / tr.blck_size
 
 
 def row_size(t: GGMLType, n: int) -> int:
     """Bytes of a row of `n` elements (ggml_row_size); `n` must fill whole blocks."""
-    tr = TYPE_TRAITS[t]
+    tr = _live_traits(t)
     if n % tr.blck_size != 0:
         raise ArgumentError(
             f"a row of {n} elements is not a whole number of {tr.name} blocks of {tr.blck_size}"

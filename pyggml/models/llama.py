@@ -217,8 +217,8 @@ def build_llama(ctx: Context, hp: LlamaHParams, w: dict[str, Tensor], kv: KVCach
     kq_scale = 1.0 / math.sqrt(head_dim)
 
     def rope(x: Tensor) -> Tensor:
-        return ctx.rope_custom(x, pos, hp.n_rot, ROPE_MODE_NORMAL, 0, hp.n_ctx_train, hp.rope_freq_base,
-                               hp.rope_freq_scale, 0.0, 1.0, 32.0, 1.0)
+        return ctx.rope_ext(x, pos, None, hp.n_rot, ROPE_MODE_NORMAL, hp.n_ctx_train, hp.rope_freq_base,
+                            hp.rope_freq_scale, 0.0, 1.0, 32.0, 1.0)
 
     x = ctx.get_rows(w["token_embd.weight"], tokens).set_name("inp_embd")
     layer_nodes: list[list[Tensor]] = []

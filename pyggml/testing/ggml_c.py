@@ -9,11 +9,12 @@ graph_compute): each tensor becomes a `ggml_new_tensor` of a `no_alloc`
 context whose struct fields are then filled from the pyggml tensor (type, ne,
 nb, op, the raw op_params words, flags, src, view_src, view_offs, name, data),
 the graph's nodes are added in pyggml's order and the CPU backend computes
-them. Op, type, unary-op and flag numbers are mapped by *name* to the values
-ggml.h declares (`parse_enums`), so the mapping is right whatever numbering
-pyggml uses; op_params are passed through untouched except the words that
-hold an enum (`ENUM_OP_PARAMS`), so an op whose parameters changed since 2023
-shows up as a failed comparison, which is the point of an oracle.
+them. Op, type and flag numbers are mapped by *name* to the values ggml.h
+declares (`parse_enums`), so the mapping is right whatever numbering pyggml
+uses; op_params are passed through untouched (pyggml's enums and op_params
+layouts are today's ggml's; `ENUM_OP_PARAMS` could translate enum words by
+name), so an op whose parameters differ shows up as a failed comparison,
+which is the point of an oracle.
 
 Memory: every storage tensor (one without `view_src`) gets fresh C-side memory;
 inputs (tensors the graph does not compute) are copied into it from pyggml's
@@ -75,7 +76,6 @@ from pyggml.core.tensor import (
     GGMLOp,
     Tensor,
     TensorFlag,
-    UnaryOp,
     is_view_op,
     shape_str,
 )
@@ -320,15 +320,13 @@ def c_enums() -> dict[str, dict[str, int]]:
 
 
 # Op params words that hold an enum value: op name -> {word: (C enum, C member prefix, pyggml enum)}.
-# Only these words are converted (by member name); every other word is passed to C as it is. Enums whose
-# pyggml values are plain ints equal to C's (sort order, pool op, precision) need no entry.
-ENUM_OP_PARAMS: dict[str, dict[int, tuple[str, str, type[IntEnum]]]] = {
-    "UNARY": {0: ("ggml_unary_op", "GGML_UNARY_OP_", UnaryOp)},
-}
+# Only these words are converted (by member name); every other word is passed to C as it is. pyggml's enums
+# (ggml_unary_op, ggml_glu_op, ggml_sort_order, ...) are ggml.h's, names and values (tests/core/
+# test_enums_ggml_h.py checks them), so no word needs converting: the mapping is the identity.
+ENUM_OP_PARAMS: dict[str, dict[int, tuple[str, str, type[IntEnum]]]] = {}
 
 # Ops whose op_params hold a Python callable: C cannot call it (ggml's hold a C function pointer).
-PYTHON_ONLY_OPS = frozenset({"MAP_UNARY", "MAP_BINARY", "MAP_CUSTOM1_F32", "MAP_CUSTOM2_F32", "MAP_CUSTOM3_F32",
-                             "MAP_CUSTOM1", "MAP_CUSTOM2", "MAP_CUSTOM3", "CUSTOM"})
+PYTHON_ONLY_OPS = frozenset({"MAP_CUSTOM1", "MAP_CUSTOM2", "MAP_CUSTOM3", "CUSTOM"})
 
 _ORACLE = f"ggml (C, llama.cpp {llamacpp.LLAMA_CPP_COMMIT})"
 
@@ -361,8 +359,8 @@ def c_op(op: GGMLOp, tensor: Tensor | None = None) -> int:
 
 
 def c_op_params(t: Tensor) -> list[int]:
-    """The 16 op_params words of `t` for C: pyggml's words, with those `ENUM_OP_PARAMS` lists (UNARY's word 0,
-    a ggml_unary_op) translated by member name. UnsupportedOpError if such a word has no C counterpart."""
+    """The 16 op_params words of `t` for C: pyggml's words, with those `ENUM_OP_PARAMS` lists (none today: pyggml's
+    enums are ggml.h's) translated by member name. UnsupportedOpError if such a word has no C counterpart."""
     words = [int(w) for w in t.op_params]
     for i, (enum, prefix, py_enum) in ENUM_OP_PARAMS.get(t.op.name, {}).items():
         try:
@@ -877,9 +875,9 @@ def compute_like(node: Tensor, threads: int = 1, *, isolate: bool = True,
     order), rebuilt in C field by field; its leafs (and any other tensor it
     reads but does not compute) must have data in pyggml memory, which is
     copied, never written. Ops and types are mapped to C's numbers by name;
-    op_params go as they are except the words of `ENUM_OP_PARAMS` (UNARY's
-    word 0, a ggml_unary_op, translated by name). A pyggml op, type or unary
-    op that C lacks raises UnsupportedOpError/UnsupportedTypeError naming it;
+    op_params go as they are (pyggml lays them out as today's ggml; the words
+    `ENUM_OP_PARAMS` lists would be translated by name). A pyggml op or type
+    that C lacks raises UnsupportedOpError/UnsupportedTypeError naming it;
     a failure inside C raises GGMLCError.
 
     Returns what `tensor_get_numpy(node)` returns for pyggml's result: the
@@ -990,3 +988,131 @@ def _c_supports(lib: GGMLLib, plan: _Plan) -> bool:
 def ggml_c_init(n_threads: int = 1, **kwargs: Any) -> GGMLCBackend:
     """A "ggml-c" backend (see GGMLCBackend); NoCompilerError if libggml cannot be built on this machine."""
     return GGMLCBackend(n_threads, **kwargs)
+
+
+# --- type traits and row conversions of the C library (the oracle of pyggml.core.types and quants) ---
+
+
+class CTypeTraits(ctypes.Structure):
+    """`struct ggml_type_traits` of ggml.h (ggml_get_type_traits)."""
+
+    _fields_ = [("type_name", ctypes.c_char_p), ("blck_size", ctypes.c_int64),
+                ("blck_size_interleave", ctypes.c_int64), ("type_size", ctypes.c_size_t),
+                ("is_quantized", ctypes.c_bool), ("to_float", ctypes.c_void_p), ("from_float_ref", ctypes.c_void_p)]
+
+
+class CTypeTraitsCPU(ctypes.Structure):
+    """`struct ggml_type_traits_cpu` of ggml-cpu.h (ggml_get_type_traits_cpu)."""
+
+    _fields_ = [("from_float", ctypes.c_void_p), ("vec_dot", ctypes.c_void_p), ("vec_dot_type", ctypes.c_int),
+                ("nrows", ctypes.c_int64)]
+
+
+# ggml_to_float_t and ggml_from_float_t: (const void * x, void * y, int64_t k)
+_ROW_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
+_F32P = ctypes.POINTER(ctypes.c_float)
+_TRAITS_SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
+    "ggml_get_type_traits": (ctypes.POINTER(CTypeTraits), [ctypes.c_int]),
+    "ggml_get_type_traits_cpu": (ctypes.POINTER(CTypeTraitsCPU), [ctypes.c_int]),
+    "ggml_blck_size": (ctypes.c_int64, [ctypes.c_int]),
+    "ggml_type_size": (ctypes.c_size_t, [ctypes.c_int]),
+    "ggml_is_quantized": (ctypes.c_bool, [ctypes.c_int]),
+    "ggml_quantize_requires_imatrix": (ctypes.c_bool, [ctypes.c_int]),
+    "ggml_quantize_chunk": (ctypes.c_size_t, [ctypes.c_int, _F32P, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                                              ctypes.c_int64, _F32P]),
+}
+
+
+@functools.cache
+def _traits_fn(name: str) -> Any:
+    """One of `_TRAITS_SIGNATURES`' functions of the loaded libraries, typed."""
+    lib = load()
+    restype, argtypes = _TRAITS_SIGNATURES[name]
+    fn = getattr(lib.cpu if hasattr(lib.cpu, name) else lib.base, name)
+    fn.restype, fn.argtypes = restype, argtypes
+    return fn
+
+
+def c_type_traits(type_id: int) -> CTypeTraits:
+    """ggml_get_type_traits(type_id) of the C library (any id below GGML_TYPE_COUNT, removed ones too)."""
+    return _traits_fn("ggml_get_type_traits")(type_id).contents
+
+
+def c_type_traits_cpu(type_id: int) -> CTypeTraitsCPU:
+    """ggml_get_type_traits_cpu(type_id): the CPU backend's from_float, vec_dot and vec_dot_type."""
+    return _traits_fn("ggml_get_type_traits_cpu")(type_id).contents
+
+
+def c_blck_size(type_id: int) -> int:
+    return int(_traits_fn("ggml_blck_size")(type_id))
+
+
+def c_type_size(type_id: int) -> int:
+    return int(_traits_fn("ggml_type_size")(type_id))
+
+
+def _rows_f32(t: GGMLType, values: np.ndarray, what: str) -> tuple[np.ndarray, int]:
+    """float32 rows (n_rows, n) of whole blocks of `t`, C-contiguous, and C's type number."""
+    x = np.ascontiguousarray(values, dtype=np.float32)
+    x = x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1)
+    bs = TYPE_TRAITS[t].blck_size
+    if x.shape[-1] % bs:
+        raise ArgumentError(f"{what}: a row of {x.shape[-1]} elements is not a whole number of {t.name} blocks "
+                            f"of {bs} (C would abort)")
+    return x, c_type(t)
+
+
+def _row_fn(address: int | None, t: GGMLType, what: str) -> Any:
+    if not address:
+        raise UnsupportedTypeError(f"{_ORACLE} has no {what} for {t.name}")
+    return _ROW_FN(address)
+
+
+def c_from_float(t: GGMLType, values: np.ndarray, *, cpu: bool = False) -> np.ndarray:
+    """The C library's conversion of float32 rows to `t`, row by row: type_traits' from_float_ref
+    (quantize_row_*_ref), or with `cpu` the CPU backend's own from_float (what its CPY and MUL_MAT's src1
+    conversion use; SIMD code that may round differently). Returns uint8 rows of the type's bytes."""
+    x, ct = _rows_f32(t, values, f"{_ORACLE} from_float")
+    address = c_type_traits_cpu(ct).from_float if cpu else c_type_traits(ct).from_float_ref
+    fn = _row_fn(address, t, "CPU from_float" if cpu else "from_float_ref")
+    tr = TYPE_TRAITS[t]
+    row_bytes = x.shape[1] // tr.blck_size * tr.type_size
+    out = np.zeros((x.shape[0], row_bytes), np.uint8)
+    for i in range(x.shape[0]):
+        fn(x[i].ctypes.data, out[i].ctypes.data, x.shape[1])
+    return out
+
+
+def c_to_float(t: GGMLType, raw: np.ndarray) -> np.ndarray:
+    """The C library's type_traits to_float (dequantize_row_*) of uint8 rows of `t`: float32 rows."""
+    b = np.ascontiguousarray(raw, dtype=np.uint8)
+    b = b.reshape(-1, b.shape[-1])
+    tr = TYPE_TRAITS[t]
+    if b.shape[1] % tr.type_size:
+        raise ArgumentError(f"{_ORACLE} to_float: a row of {b.shape[1]} bytes is not a whole number of {t.name} "
+                            f"blocks of {tr.type_size} bytes")
+    fn = _row_fn(c_type_traits(c_type(t)).to_float, t, "to_float")
+    n = b.shape[1] // tr.type_size * tr.blck_size
+    out = np.zeros((b.shape[0], n), np.float32)
+    for i in range(b.shape[0]):
+        fn(b[i].ctypes.data, out[i].ctypes.data, n)
+    return out
+
+
+def c_quantize_chunk(t: GGMLType, values: np.ndarray, imatrix: np.ndarray | None = None) -> np.ndarray:
+    """ggml_quantize_chunk(t, rows, ...) of the C library (what llama-quantize writes to files): uint8 rows.
+    `imatrix`, if given, holds one float32 weight per column."""
+    x, ct = _rows_f32(t, values, f"{_ORACLE} ggml_quantize_chunk")
+    if imatrix is None and _traits_fn("ggml_quantize_requires_imatrix")(ct):
+        raise ArgumentError(f"{_ORACLE}: ggml_quantize_chunk of {t.name} needs an importance matrix")
+    qw = None
+    if imatrix is not None:
+        qw = np.ascontiguousarray(imatrix, dtype=np.float32).reshape(-1)
+        if qw.size != x.shape[1]:
+            raise ArgumentError(f"{_ORACLE}: imatrix has {qw.size} weights for rows of {x.shape[1]}")
+    tr = TYPE_TRAITS[t]
+    out = np.zeros((x.shape[0], x.shape[1] // tr.blck_size * tr.type_size), np.uint8)
+    if out.size:
+        _traits_fn("ggml_quantize_chunk")(ct, x.ctypes.data_as(_F32P), out.ctypes.data, 0, x.shape[0], x.shape[1],
+                                          None if qw is None else qw.ctypes.data_as(_F32P))
+    return out

@@ -1,4 +1,5 @@
-"""The op checker, like ggml's test-backend-ops: every op on a backend against the CPU backend.
+"""The op checker, like ggml's test-backend-ops: every op on a backend against a reference, pyggml's CPU
+backend or real ggml (`run(..., against="ggml")`: llama.cpp's libggml through `pyggml.testing.ggml_c`).
 
 Each case builds a small graph (op builder, types, shapes; broadcast and
 non-contiguous sources included) twice, once per backend, fills the leafs of
@@ -9,7 +10,9 @@ for ROPE. As in ggml, NaN anywhere fails, and infinities must agree in place
 and sign (they are left out of the NMSE).
 
 A case whose builder is not in `pyggml.core` yet, or whose op either backend
-does not support, is listed as "not supported" and does not fail the run.
+does not support, is listed as "not supported" and does not fail the run; so
+is a case in the reference's short list of limits (`GGML_LIMITS`). The table
+ends with one line per op: cases, passed, failed, not supported.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import logging
 import math
 import sys
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -27,16 +30,32 @@ import numpy as np
 from pyggml.backend import Backend, init_backend, op_desc, tensor_get_numpy, tensor_set_numpy
 from pyggml.backends.cpu import cpu_init
 from pyggml.core.context import Context
+from pyggml.core.errors import ArgumentError
 from pyggml.core.graph import Graph
-from pyggml.core.tensor import GGMLOp, Tensor, UnaryOp, is_view_op
+from pyggml.core.tensor import (
+    GGML_ROPE_TYPE_IMROPE,
+    GGML_ROPE_TYPE_MROPE,
+    GGML_ROPE_TYPE_NEOX,
+    GGML_ROPE_TYPE_NORMAL,
+    GGML_ROPE_TYPE_VISION,
+    GGMLOp,
+    OpPool,
+    ScaleFlag,
+    ScaleMode,
+    SortOrder,
+    Tensor,
+    UnaryOp,
+    is_view_op,
+)
 from pyggml.core.types import TYPE_TRAITS, GGMLType
 from pyggml.testing import alloc_ctx_tensors
 
 log = logging.getLogger("pyggml.test_ops")
 
 F32, F16, BF16, I32 = GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.I32
-QUANT_TYPES = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
-               GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K]
+QUANT_TYPES = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0, GGMLType.MXFP4,
+               GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,
+               GGMLType.IQ4_NL, GGMLType.IQ4_XS]
 # ggml's all_types of test-backend-ops, and BF16
 ALL_TYPES = [F32, F16, BF16, *QUANT_TYPES]
 
@@ -44,9 +63,6 @@ MAX_NMSE = 1e-7
 MAX_NMSE_MUL_MAT = 5e-4
 MAX_NMSE_ROPE = 1e-3
 
-# ggml's enums the builders take as ints
-SORT_ASC, SORT_DESC = 0, 1
-POOL_MAX, POOL_AVG = 0, 1
 
 
 class MissingBuilder(Exception):
@@ -93,6 +109,7 @@ class OpCase:
     build: Callable[[Context], Tensor]
     inits: dict[str, Init] = field(default_factory=dict)
     max_nmse: float = MAX_NMSE
+    sort_rows: bool = False  # the op promises no order within a row (TOP_K): rows are sorted before comparing
 
 
 @dataclass
@@ -182,16 +199,24 @@ def bin_bcast_cases() -> list[OpCase]:
 def unary_cases() -> list[OpCase]:
     cases = []
     for u in UnaryOp:
+        if u == UnaryOp.XIELU:
+            continue  # its parameters come from ggml_xielu: a case of its own below
         for type in (F32, F16):
             def build(ctx: Context, u: UnaryOp = u, type: GGMLType = type) -> Tensor:
                 return op(ctx, "unary")(new(ctx, "a", type, [128, 10, 10, 10]), u)
 
-            cases.append(OpCase(u.name, f"type={_t(type)},ne=[128,10,10,10]", build))
+            cases.append(OpCase(u.name, f"type={_t(type)},ne=[128,10,10,10]", build, {"a": uniform(-3.0, 3.0)}))
 
         def build_nc(ctx: Context, u: UnaryOp = u) -> Tensor:
             return op(ctx, "unary")(transposed(ctx, "a", F32, [7, 9, 3, 1]), u)
 
-        cases.append(OpCase(u.name, "type=f32,ne=[7,9,3,1],transposed", build_nc))
+        cases.append(OpCase(u.name, "type=f32,ne=[7,9,3,1],transposed", build_nc, {"a": uniform(-3.0, 3.0)}))
+
+    def build_xielu(ctx: Context) -> Tensor:
+        return op(ctx, "xielu")(new(ctx, "a", F32, [64, 10, 4, 1]), 0.8, 0.8, 0.5, -1e-6)
+
+    cases.append(OpCase("XIELU", "type=f32,ne=[64,10,4,1],alpha_n=0.8,alpha_p=0.8,beta=0.5,eps=-1e-6", build_xielu,
+                        {"a": uniform(-3.0, 3.0)}))
     return cases
 
 
@@ -203,6 +228,7 @@ def simple_unary_cases() -> list[OpCase]:
         ("SQRT", "sqrt", (), {"a": uniform(0.01, 2.0)}),
         ("LOG", "log", (), {"a": uniform(0.01, 2.0)}),
         ("SCALE", "scale", (0.75,), {}),
+        ("SCALE", "scale_bias", (0.75, -0.25), {}),
         ("CLAMP", "clamp", (-0.5, 0.5), {}),
         ("LEAKY_RELU", "leaky_relu", (0.1, False), {}),
     ]
@@ -217,7 +243,8 @@ def simple_unary_cases() -> list[OpCase]:
         def build_nc(ctx: Context, name: str = name, args: tuple[Any, ...] = args) -> Tensor:
             return op(ctx, name)(permuted(ctx, "a", F32, [6, 5, 4, 3], (0, 2, 1, 3)), *args)
 
-        cases.append(OpCase(label, "type=f32,ne=[6,5,4,3],permuted", build_nc, inits))
+        cases.append(OpCase(label, "type=f32,ne=[6,5,4,3],permuted" + (f",args={args}" if args else ""), build_nc,
+                            inits))
     return cases
 
 
@@ -303,16 +330,22 @@ def reduce_cases() -> list[OpCase]:
                 return op(ctx, name)(transposed(ctx, "a", F32, [6, 7, 3, 1]))
 
             cases.append(OpCase(label, "type=f32,ne=[6,7,3,1],transposed", build_nc))
-    for order in (SORT_ASC, SORT_DESC):
-        def build_sort(ctx: Context, order: int = order) -> Tensor:
+    for order in SortOrder:
+        def build_sort(ctx: Context, order: SortOrder = order) -> Tensor:
             return op(ctx, "argsort")(new(ctx, "a", F32, [16, 10, 10, 1]), order)
 
-        cases.append(OpCase("ARGSORT", f"type=f32,ne=[16,10,10,1],order={order}", build_sort, {"a": distinct}))
+        cases.append(OpCase("ARGSORT", f"type=f32,ne=[16,10,10,1],order={int(order)}", build_sort, {"a": distinct}))
 
-    def build_top_k(ctx: Context) -> Tensor:
-        return op(ctx, "cont")(op(ctx, "top_k")(new(ctx, "a", F32, [16, 10, 2, 1]), 4))
+    def build_argsort_top_k(ctx: Context) -> Tensor:
+        return op(ctx, "cont")(op(ctx, "argsort_top_k")(new(ctx, "a", F32, [16, 10, 2, 1]), 4))
 
-    cases.append(OpCase("TOP_K", "type=f32,ne=[16,10,2,1],k=4", build_top_k, {"a": distinct}))
+    cases.append(OpCase("ARGSORT", "type=f32,ne=[16,10,2,1],argsort_top_k k=4", build_argsort_top_k,
+                        {"a": distinct}))
+    for k in (1, 4, 16):
+        def build_top_k(ctx: Context, k: int = k) -> Tensor:
+            return op(ctx, "top_k")(new(ctx, "a", F32, [16, 10, 2, 1]), k)
+
+        cases.append(OpCase("TOP_K", f"type=f32,ne=[16,10,2,1],k={k}", build_top_k, {"a": distinct}, sort_rows=True))
     return cases
 
 
@@ -326,10 +359,19 @@ def layout_cases() -> list[OpCase]:
 
         cases.append(OpCase("REPEAT", f"type=f32,ne=[10,10,10,10],nr={_ne(nr)}", build_repeat))
     for type in (F32, F16):
-        def build_concat(ctx: Context, type: GGMLType = type) -> Tensor:
-            return op(ctx, "concat")(new(ctx, "a", type, [10, 10, 10, 1]), new(ctx, "b", type, [10, 10, 5, 1]))
+        for dim in range(4):
+            def build_concat(ctx: Context, type: GGMLType = type, dim: int = dim) -> Tensor:
+                ne_b = [10, 9, 8, 3]
+                ne_b[dim] = 5
+                return op(ctx, "concat")(new(ctx, "a", type, [10, 9, 8, 3]), new(ctx, "b", type, ne_b), dim)
 
-        cases.append(OpCase("CONCAT", f"type={_t(type)},ne_a=[10,10,10,1],ne_b=[10,10,5,1]", build_concat))
+            cases.append(OpCase("CONCAT", f"type={_t(type)},ne_a=[10,9,8,3],dim={dim}", build_concat))
+
+    def build_concat_nc(ctx: Context) -> Tensor:
+        a = permuted(ctx, "a", F32, [10, 9, 8, 1], (0, 2, 1, 3))
+        return op(ctx, "concat")(a, new(ctx, "b", F32, [10, 4, 8, 1]), 1)
+
+    cases.append(OpCase("CONCAT", "type=f32,ne_a=[10,9,8,1],dim=1,a permuted", build_concat_nc))
 
     def build_diag(ctx: Context) -> Tensor:
         return op(ctx, "diag")(new(ctx, "a", F32, [10, 1, 3, 2]))
@@ -340,11 +382,26 @@ def layout_cases() -> list[OpCase]:
         return op(ctx, "pad")(new(ctx, "a", F32, [10, 7, 3, 2]), 2, 1, 1, 0)
 
     cases.append(OpCase("PAD", "type=f32,ne=[10,7,3,2],pad=[2,1,1,0]", build_pad))
+    for circular in (False, True):
+        def build_pad_ext(ctx: Context, circular: bool = circular) -> Tensor:
+            name = "pad_ext_circular" if circular else "pad_ext"
+            return op(ctx, name)(new(ctx, "a", F32, [10, 7, 3, 2]), 1, 2, 3, 0, 0, 1, 1, 1)
+
+        cases.append(OpCase("PAD", f"type=f32,ne=[10,7,3,2],lp=[1,3,0,1],rp=[2,0,1,1],circular={int(circular)}",
+                            build_pad_ext))
 
     def build_upscale(ctx: Context) -> Tensor:
         return op(ctx, "upscale")(new(ctx, "a", F32, [16, 8, 3, 2]), 2)
 
     cases.append(OpCase("UPSCALE", "type=f32,ne=[16,8,3,2],factor=2", build_upscale))
+    for mode, ne in ((ScaleMode.NEAREST, [23, 5, 6, 2]), (ScaleMode.BILINEAR, [23, 13, 3, 2]),
+                     (ScaleMode.BILINEAR, [9, 4, 3, 2]), (ScaleMode.BICUBIC, [23, 13, 3, 2]),
+                     (ScaleMode.BILINEAR | ScaleFlag.ALIGN_CORNERS, [23, 13, 3, 2]),
+                     (ScaleMode.BICUBIC | ScaleFlag.ALIGN_CORNERS, [23, 13, 3, 2])):
+        def build_interpolate(ctx: Context, mode: int = int(mode), ne: list[int] = ne) -> Tensor:
+            return op(ctx, "interpolate")(new(ctx, "a", F32, [16, 8, 3, 2]), *ne, mode)
+
+        cases.append(OpCase("UPSCALE", f"type=f32,ne=[16,8,3,2]->{_ne(ne)},mode={int(mode):#x}", build_interpolate))
 
     def build_acc(ctx: Context) -> Tensor:
         a = new(ctx, "a", F32, [64, 17, 3, 1])
@@ -377,9 +434,9 @@ def norm_cases() -> list[OpCase]:
             cases.append(OpCase(label, f"type={_t(type)},ne=[64,10,10,10],eps={args[0]}", build))
 
         def build_group(ctx: Context, type: GGMLType = type) -> Tensor:
-            return op(ctx, "group_norm")(new(ctx, "a", type, [64, 64, 32, 1]), 8)
+            return op(ctx, "group_norm")(new(ctx, "a", type, [64, 64, 32, 1]), 8, 1e-6)
 
-        cases.append(OpCase("GROUP_NORM", f"type={_t(type)},ne=[64,64,32,1],n_groups=8", build_group))
+        cases.append(OpCase("GROUP_NORM", f"type={_t(type)},ne=[64,64,32,1],n_groups=8,eps=1e-6", build_group))
 
     def build_norm_nc(ctx: Context) -> Tensor:
         return op(ctx, "rms_norm")(permuted(ctx, "a", F32, [32, 6, 4, 1], (0, 2, 1, 3)), 1e-6)
@@ -401,40 +458,86 @@ def attention_cases() -> list[OpCase]:
             return op(ctx, "soft_max")(new(ctx, "a", type, [16, 10, 10, 1]))
 
         cases.append(OpCase("SOFT_MAX", f"type={_t(type)},ne=[16,10,10,1]", build_sm))
+    for mask_type, ne_mask, max_bias in ((F32, [32, 8, 1, 1], 0.0), (F16, [32, 8, 1, 1], 0.0),
+                                         (F32, [32, 11, 2, 1], 0.0), (F32, [32, 8, 1, 1], 8.0),
+                                         (F16, [32, 9, 4, 2], 2.0)):
+        def build_sm_ext(ctx: Context, mask_type: GGMLType = mask_type, ne_mask: list[int] = ne_mask,
+                         max_bias: float = max_bias) -> Tensor:
+            return op(ctx, "soft_max_ext")(new(ctx, "a", F32, [32, 8, 4, 2]), new(ctx, "mask", mask_type, ne_mask),
+                                           0.125, max_bias)
 
-    def build_sm_ext(ctx: Context) -> Tensor:
-        return op(ctx, "soft_max_ext")(new(ctx, "a", F32, [32, 8, 4, 1]), new(ctx, "mask", F32, [32, 8, 1, 1]), 0.125)
+        cases.append(OpCase("SOFT_MAX", f"type=f32,ne=[32,8,4,2],mask={_t(mask_type)}{_ne(ne_mask)},scale=0.125,"
+                                        f"max_bias={max_bias:g}", build_sm_ext))
 
-    cases.append(OpCase("SOFT_MAX", "type=f32,ne=[32,8,4,1],mask,scale=0.125", build_sm_ext))
+    def build_sm_sinks(ctx: Context) -> Tensor:
+        kq = op(ctx, "soft_max_ext")(new(ctx, "a", F32, [32, 8, 4, 1]), new(ctx, "mask", F32, [32, 8, 1, 1]), 0.25)
+        from pyggml.core.ops import soft_max_add_sinks
+
+        soft_max_add_sinks(kq, new(ctx, "sinks", F32, [4, 1, 1, 1]))
+        return kq
+
+    cases.append(OpCase("SOFT_MAX", "type=f32,ne=[32,8,4,1],mask,scale=0.25,sinks", build_sm_sinks))
 
     def build_sm_masked(ctx: Context) -> Tensor:
         kq = op(ctx, "diag_mask_inf")(new(ctx, "a", F32, [12, 12, 4, 1]), 0)
         return op(ctx, "soft_max")(kq)
 
     cases.append(OpCase("SOFT_MAX", "type=f32,ne=[12,12,4,1],after diag_mask_inf", build_sm_masked))
+    return cases + rope_cases()
+
+
+def rope_cases() -> list[OpCase]:
+    cases = []
+    normal, neox = GGML_ROPE_TYPE_NORMAL, GGML_ROPE_TYPE_NEOX
     for type in (F32, F16):
-        for mode, n_dims, ne in ((0, 128, [128, 4, 10, 1]), (0, 64, [128, 4, 10, 1]), (2, 128, [128, 4, 10, 1]),
-                                 (2, 64, [64, 8, 10, 1])):
+        for mode, n_dims, ne in ((normal, 128, [128, 4, 10, 1]), (normal, 64, [128, 4, 10, 1]),
+                                 (neox, 128, [128, 4, 10, 1]), (neox, 64, [64, 8, 10, 1]),
+                                 (neox, 32, [64, 8, 10, 1])):
             def build_rope(ctx: Context, type: GGMLType = type, mode: int = mode, n_dims: int = n_dims,
                            ne: list[int] = ne) -> Tensor:
                 pos = new(ctx, "pos", I32, [ne[2], 1, 1, 1])
-                return op(ctx, "rope")(new(ctx, "a", type, ne), pos, n_dims, mode, 512)
+                return op(ctx, "rope")(new(ctx, "a", type, ne), pos, n_dims, mode)
 
             cases.append(OpCase("ROPE", f"type={_t(type)},ne={_ne(ne)},n_dims={n_dims},mode={mode}", build_rope,
                                 {"pos": indices(512)}, MAX_NMSE_ROPE))
+    for mode, ext_factor in ((normal, 0.0), (neox, 1.0)):
+        def build_rope_ext(ctx: Context, mode: int = mode, ext_factor: float = ext_factor) -> Tensor:
+            pos = new(ctx, "pos", I32, [10, 1, 1, 1])
+            return op(ctx, "rope_ext")(new(ctx, "a", F32, [64, 4, 10, 1]), pos, None, 64, mode, 4096, 20000.0, 0.5,
+                                       ext_factor, 1.0, 32.0, 1.0)
 
-    def build_rope_custom(ctx: Context) -> Tensor:
+        cases.append(OpCase("ROPE", f"type=f32,ne=[64,4,10,1],mode={mode},freq_base=20000,freq_scale=0.5,"
+                                    f"ext_factor={ext_factor:g}", build_rope_ext, {"pos": indices(512)},
+                            MAX_NMSE_ROPE))
+
+    def build_rope_ff(ctx: Context) -> Tensor:
         pos = new(ctx, "pos", I32, [10, 1, 1, 1])
-        return op(ctx, "rope_custom")(new(ctx, "a", F32, [64, 4, 10, 1]), pos, 64, 0, 512, 4096, 20000.0, 0.5,
-                                      0.0, 1.0, 32.0, 1.0)
+        ff = new(ctx, "freq_factors", F32, [16, 1, 1, 1])
+        return op(ctx, "rope_ext")(new(ctx, "a", F32, [64, 4, 10, 1]), pos, ff, 32, neox, 4096, 10000.0, 1.0, 0.0,
+                                   1.0, 32.0, 1.0)
 
-    cases.append(OpCase("ROPE", "type=f32,ne=[64,4,10,1],freq_base=20000,freq_scale=0.5", build_rope_custom,
+    cases.append(OpCase("ROPE", "type=f32,ne=[64,4,10,1],n_dims=32,mode=2,freq_factors", build_rope_ff,
+                        {"pos": indices(512), "freq_factors": uniform(1.0, 4.0)}, MAX_NMSE_ROPE))
+
+    def build_rope_offs(ctx: Context) -> Tensor:
+        from pyggml.core.ops import rope_set_offset
+
+        pos = new(ctx, "pos", I32, [10, 1, 1, 1])
+        return rope_set_offset(op(ctx, "rope")(new(ctx, "a", F32, [64, 4, 10, 1]), pos, 32, neox), 16)
+
+    cases.append(OpCase("ROPE", "type=f32,ne=[64,4,10,1],n_dims=32,mode=2,n_offs=16", build_rope_offs,
                         {"pos": indices(512)}, MAX_NMSE_ROPE))
+    multi = ((GGML_ROPE_TYPE_MROPE, 32, [6, 5, 5, 0]), (GGML_ROPE_TYPE_IMROPE, 32, [6, 5, 5, 0]),
+             (GGML_ROPE_TYPE_MROPE, 24, [4, 4, 2, 2]), (GGML_ROPE_TYPE_VISION, 32, [16, 16, 0, 0]))
+    for mode, n_dims, sections in multi:
+        def build_rope_multi(ctx: Context, mode: int = mode, n_dims: int = n_dims,
+                             sections: list[int] = sections) -> Tensor:
+            pos = new(ctx, "pos", I32, [40, 1, 1, 1])  # 4 positions per token
+            return op(ctx, "rope_multi")(new(ctx, "a", F32, [64, 4, 10, 1]), pos, None, n_dims, sections, mode,
+                                         4096, 10000.0, 1.0, 0.0, 1.0, 32.0, 1.0)
 
-    def build_alibi(ctx: Context) -> Tensor:
-        return op(ctx, "alibi")(new(ctx, "a", F32, [10, 10, 8, 1]), 5, 8, 8.0)
-
-    cases.append(OpCase("ALIBI", "type=f32,ne=[10,10,8,1],n_past=5,n_head=8,bias_max=8", build_alibi))
+        cases.append(OpCase("ROPE", f"type=f32,ne=[64,4,10,1],n_dims={n_dims},mode={mode},sections={_ne(sections)}",
+                            build_rope_multi, {"pos": indices(512)}, MAX_NMSE_ROPE))
     return cases
 
 
@@ -494,14 +597,14 @@ def conv_cases() -> list[OpCase]:
     def build_conv1d(ctx: Context) -> Tensor:
         return op(ctx, "conv_1d")(new(ctx, "kernel", F16, [3, 4, 6, 1]), new(ctx, "x", F32, [20, 4, 1, 1]), 1, 1, 1)
 
-    cases.append(OpCase("CONV_1D", "kernel=[3,4,6],input=[20,4],s0=1,p0=1,d0=1", build_conv1d, {},
+    cases.append(OpCase("IM2COL", "conv_1d,kernel=[3,4,6],input=[20,4],s0=1,p0=1,d0=1", build_conv1d, {},
                         MAX_NMSE_MUL_MAT))
 
     def build_conv2d(ctx: Context) -> Tensor:
         return op(ctx, "conv_2d")(new(ctx, "kernel", F16, [3, 3, 4, 5]), new(ctx, "x", F32, [12, 10, 4, 1]),
                                   1, 1, 1, 1, 1, 1)
 
-    cases.append(OpCase("CONV_2D", "kernel=[3,3,4,5],input=[12,10,4,1],s=1,p=1,d=1", build_conv2d, {},
+    cases.append(OpCase("IM2COL", "conv_2d,kernel=[3,3,4,5],input=[12,10,4,1],s=1,p=1,d=1", build_conv2d, {},
                         MAX_NMSE_MUL_MAT))
 
     def build_convt(ctx: Context) -> Tensor:
@@ -509,16 +612,18 @@ def conv_cases() -> list[OpCase]:
                                             2, 0, 1)
 
     cases.append(OpCase("CONV_TRANSPOSE_1D", "kernel=[3,5,4],input=[10,4],s0=2", build_convt))
-    for pool in (POOL_MAX, POOL_AVG):
-        def build_pool1(ctx: Context, pool: int = pool) -> Tensor:
-            return op(ctx, "pool_1d")(new(ctx, "a", F32, [20, 6, 1, 1]), pool, 3, 2, 0)
+    for pool in OpPool:
+        for p0 in (0, 1):
+            def build_pool1(ctx: Context, pool: OpPool = pool, p0: int = p0) -> Tensor:
+                return op(ctx, "pool_1d")(new(ctx, "a", F32, [20, 6, 1, 1]), pool, 3, 2, p0)
 
-        cases.append(OpCase("POOL_1D", f"type=f32,ne=[20,6,1,1],op={pool},k=3,s=2", build_pool1))
+            cases.append(OpCase("POOL_1D", f"type=f32,ne=[20,6,1,1],op={int(pool)},k=3,s=2,p={p0}", build_pool1))
 
-        def build_pool2(ctx: Context, pool: int = pool) -> Tensor:
-            return op(ctx, "pool_2d")(new(ctx, "a", F32, [12, 10, 3, 1]), pool, 2, 2, 2, 2, 0.0, 0.0)
+            def build_pool2(ctx: Context, pool: OpPool = pool, p0: int = p0) -> Tensor:
+                return op(ctx, "pool_2d")(new(ctx, "a", F32, [12, 10, 3, 1]), pool, 3, 2, 2, 2, float(p0), 0.0)
 
-        cases.append(OpCase("POOL_2D", f"type=f32,ne=[12,10,3,1],op={pool},k=2,s=2", build_pool2))
+            cases.append(OpCase("POOL_2D", f"type=f32,ne=[12,10,3,1],op={int(pool)},k=[3,2],s=2,p=[{p0},0]",
+                                build_pool2))
     return cases
 
 
@@ -538,6 +643,14 @@ def _custom3(dst: Tensor, a: Tensor, b: Tensor, c: Tensor, ith: int, nth: int, u
     d[:, :, ith::nth] = x[:, :, ith::nth] + y[:, :, ith::nth] * z[:, :, ith::nth]
 
 
+def _custom(dst: Tensor, ith: int, nth: int, userdata: Any) -> None:
+    """CUSTOM's function (ggml_custom_op_t): the arguments are dst.src."""
+    a, b = dst.src[0], dst.src[1]
+    assert a is not None and b is not None
+    d, x, y = dst.numpy(), a.numpy(), b.numpy()
+    d[:, :, ith::nth] = x[:, :, ith::nth] - 2 * y[:, :, ith::nth]
+
+
 def custom_cases() -> list[OpCase]:
     def build1(ctx: Context) -> Tensor:
         return op(ctx, "map_custom1")(new(ctx, "a", F32, [10, 4, 1, 1]), _custom1, 1, None)
@@ -550,9 +663,14 @@ def custom_cases() -> list[OpCase]:
         return op(ctx, "map_custom3")(new(ctx, "a", F32, [10, 4, 1, 1]), new(ctx, "b", F32, [10, 4, 1, 1]),
                                       new(ctx, "c", F32, [10, 4, 1, 1]), _custom3, 1, None)
 
+    def build4(ctx: Context) -> Tensor:
+        args = [new(ctx, "a", F32, [10, 4, 1, 1]), new(ctx, "b", F32, [10, 4, 1, 1])]
+        return op(ctx, "custom_4d")(F32, 10, 4, 1, 1, args, _custom, 1, None)
+
     return [OpCase("MAP_CUSTOM1", "type=f32,ne=[10,4,1,1],2a+1", build1),
             OpCase("MAP_CUSTOM2", "type=f32,ne=[10,4,1,1],a*b-1", build2),
-            OpCase("MAP_CUSTOM3", "type=f32,ne=[10,4,1,1],a+b*c", build3)]
+            OpCase("MAP_CUSTOM3", "type=f32,ne=[10,4,1,1],a+b*c", build3),
+            OpCase("CUSTOM", "type=f32,ne=[10,4,1,1],a-2b", build4)]
 
 
 def all_cases() -> list[OpCase]:
@@ -613,8 +731,16 @@ def _seed(case: OpCase) -> int:
     return zlib.crc32(f"{case.label}|{case.desc}".encode())
 
 
-def run_case(case: OpCase, backend: Backend, reference: Backend) -> CaseResult:
-    """Build, fill, compute and compare one case. Never raises for the case's own problems."""
+def run_case(case: OpCase, backend: Backend, reference: Backend,
+             limits: Mapping[tuple[str, str], str] | None = None) -> CaseResult:
+    """Build, fill, compute and compare one case. Never raises for the case's own problems.
+
+    `limits` maps (label, desc) of the cases the reference cannot be trusted with to the reason: they are
+    "not supported" (the reference's limit, not a failure of the backend).
+    """
+    reason = (limits or {}).get((case.label, case.desc))
+    if reason is not None:
+        return CaseResult(case, "not supported", detail=f"{reference.name()}: {reason}")
     ctx1 = Context(mem_size=1 << 22, no_alloc=True)
     ctx2 = Context(mem_size=1 << 22, no_alloc=True)
     try:
@@ -640,8 +766,11 @@ def run_case(case: OpCase, backend: Backend, reference: Backend) -> CaseResult:
             tensor_set_numpy(leaf2, values)
         backend.graph_compute(g1)
         reference.graph_compute(g2)
-        got = to_f64(out1, tensor_get_numpy(out1))
-        want = to_f64(out2, tensor_get_numpy(out2))
+        got_raw, want_raw = tensor_get_numpy(out1), tensor_get_numpy(out2)
+        if case.sort_rows:
+            got_raw, want_raw = np.sort(got_raw, axis=-1), np.sort(want_raw, axis=-1)
+        got = to_f64(out1, got_raw)
+        want = to_f64(out2, want_raw)
     except Exception as e:
         log.debug("case %s(%s) raised", case.label, case.desc, exc_info=True)
         return CaseResult(case, "FAIL", detail=f"{type(e).__name__}: {e}")
@@ -663,23 +792,75 @@ def select(cases: list[OpCase], op_name: str | None) -> list[OpCase]:
     return [c for c in cases if c.label.upper() == want]
 
 
+# Cases real ggml (the "ggml" reference) cannot be trusted with: its CPU kernels check these layouts with plain
+# `assert`s, compiled out in the release build, and compute garbage instead of aborting (so probing cannot catch
+# them). (label, desc) -> the reason. Keep this short: everything else must agree with ggml.
+_WALKS_ROWS_BY_NB1 = "ggml's kernel walks the rows of src0 by nb[1] alone (a 2-D walk): a permuted source is read " \
+                     "from the wrong places"
+_ASSUMES_NB0 = "ggml's kernel reads each row as contiguous floats (its assert nb[0] == sizeof(float) is compiled " \
+               "out): a transposed source is read from the wrong places"
+GGML_LIMITS: dict[tuple[str, str], str] = {
+    ("CLAMP", "type=f32,ne=[6,5,4,3],permuted,args=(-0.5, 0.5)"): _WALKS_ROWS_BY_NB1,
+    ("LEAKY_RELU", "type=f32,ne=[6,5,4,3],permuted,args=(0.1, False)"): _WALKS_ROWS_BY_NB1,
+    ("GELU", "type=f32,ne=[7,9,3,1],transposed"): _ASSUMES_NB0,
+    ("GELU_QUICK", "type=f32,ne=[7,9,3,1],transposed"): _ASSUMES_NB0,
+    ("SILU", "type=f32,ne=[7,9,3,1],transposed"): _ASSUMES_NB0,
+    ("GELU_ERF", "type=f32,ne=[7,9,3,1],transposed"): _ASSUMES_NB0,
+    ("SUM", "type=f32,ne=[6,7,3,1],transposed"): _ASSUMES_NB0,
+    ("MEAN", "type=f32,ne=[6,7,3,1],transposed"): _ASSUMES_NB0,
+}
+
+AGAINST = ("cpu", "ggml")
+
+
+def reference_backend(against: str) -> tuple[Backend, Mapping[tuple[str, str], str]]:
+    """The reference of `run`: pyggml's CPU backend ("cpu"), or real ggml ("ggml": llama.cpp's libggml, built
+    on first use; pyggml.testing.llamacpp.LlamaCppError if it cannot be, NoCompilerError without a compiler),
+    with the cases it cannot be trusted with."""
+    if against == "cpu":
+        return cpu_init(n_threads=1), {}
+    if against == "ggml":
+        from pyggml.testing import ggml_c
+
+        return ggml_c.ggml_c_init(probe=True), GGML_LIMITS
+    raise ArgumentError(f"test-ops: no reference '{against}' (one of {', '.join(AGAINST)})")
+
+
+def _summary(results: list[CaseResult], out: TextIO) -> None:
+    """One line per op: cases, passed, failed, not supported (the op's label, in the table's order)."""
+    per_op: dict[str, dict[str, int]] = {}
+    for r in results:
+        counts = per_op.setdefault(r.case.label, {"OK": 0, "FAIL": 0, "not supported": 0})
+        counts[r.status] += 1
+    width = max(len("OP"), *(len(label) for label in per_op))
+    out.write(f"\n  {'OP':<{width}}  {'CASES':>5}  {'PASSED':>6}  {'FAILED':>6}  {'NOT SUPPORTED':>13}\n")
+    for label, c in per_op.items():
+        n = sum(c.values())
+        out.write(f"  {label:<{width}}  {n:>5}  {c['OK']:>6}  {c['FAIL']:>6}  {c['not supported']:>13}\n")
+
+
 def run(backend_name: str = "cpu", op_name: str | None = None, out: TextIO = sys.stdout,
-        verbose: bool = False) -> int:
-    """Run the table; returns the process exit code (1 if any case failed or none matched)."""
-    backend = init_backend(backend_name)
-    reference = cpu_init(n_threads=1)
+        verbose: bool = False, against: str = "cpu") -> int:
+    """Run the table against the reference `against` ("cpu" or "ggml"); returns the process exit code (1 if any
+    case failed or none matched)."""
     cases = select(all_cases(), op_name)
     if not cases:
         out.write(f"no test case for op '{op_name}'\n")
         return 1
+    backend = init_backend(backend_name)
+    try:
+        reference, limits = reference_backend(against)
+    except BaseException:
+        backend.free()
+        raise
     width = max(len(c.desc) for c in cases)
     out.write(f"Testing backend {backend.name()} against {reference.name()} ({len(cases)} cases)\n")
     out.write(f"  {'OP':<18} {'CASE':<{width}}  {'NMSE':>10}  RESULT\n")
-    counts = {"OK": 0, "FAIL": 0, "not supported": 0}
+    results: list[CaseResult] = []
     try:
         for case in cases:
-            r = run_case(case, backend, reference)
-            counts[r.status] += 1
+            r = run_case(case, backend, reference, limits)
+            results.append(r)
             nmse = "" if r.nmse is None else f"{r.nmse:.3e}"
             line = f"  {case.label:<18} {case.desc:<{width}}  {nmse:>10}  {r.status}"
             if r.detail and (r.status == "FAIL" or verbose):
@@ -688,6 +869,8 @@ def run(backend_name: str = "cpu", op_name: str | None = None, out: TextIO = sys
     finally:
         backend.free()
         reference.free()
+    _summary(results, out)
+    counts = {s: sum(r.status == s for r in results) for s in ("OK", "FAIL", "not supported")}
     out.write(f"{counts['OK']}/{len(cases)} passed, {counts['FAIL']} failed, "
               f"{counts['not supported']} not supported\n")
     return 1 if counts["FAIL"] else 0

@@ -43,7 +43,7 @@ def test_chain_is_optimal(ctx: Context) -> None:
 def test_fragmentation_shows_as_ratio_above_one(ctx: Context) -> None:
     a = ctx.new_tensor_1d(GGMLType.F32, 32).set_name("a")  # 128 bytes
     b = ctx.cont(a).set_name("b")
-    c = ctx.concat(b, b).set_name("c")  # 256 bytes: a's freed 128-byte hole is too small
+    c = ctx.concat(b, b, 0).set_name("c")  # 256 bytes: a's freed 128-byte hole is too small
     g = ctx.new_graph()
     g.build_forward_expand(c)
     talloc = TensorAllocator.new_measure(32)

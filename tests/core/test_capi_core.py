@@ -24,7 +24,7 @@ from pyggml.capi import (
     GGML_OP_POOL_AVG,
     GGML_OP_ROPE,
     GGML_OP_UNARY,
-    GGML_SORT_DESC,
+    GGML_SORT_ORDER_DESC,
     GGML_TYPE_F16,
     GGML_TYPE_F32,
     GGML_TYPE_I32,
@@ -58,30 +58,38 @@ from pyggml.capi import (
 from pyggml.core import ops
 from pyggml.core.context import Context
 from pyggml.core.errors import ArgumentError, ContextFullError
-from pyggml.core.tensor import GGMLOp, Tensor, UnaryOp
+from pyggml.core.tensor import GGMLOp, GLUOp, Tensor, UnaryOp
 from pyggml.core.types import GGMLType
 
-# ggml.h's numbers, written out here so that the test compares pyggml's enums with ggml's and not
-# with themselves. `enum ggml_op` of ggml.h, December 2023 (the order pyggml follows), by position:
+# ggml.h's numbers (llama.cpp 0c1e570), written out here so that the test compares pyggml's enums with ggml's and
+# not with themselves (tests/core/test_enums_ggml_h.py reads them from the header itself). `enum ggml_op` by
+# position:
 GGML_H_OPS = (
-    "NONE", "DUP", "ADD", "ADD1", "ACC", "SUB", "MUL", "DIV", "SQR", "SQRT", "LOG", "SUM", "SUM_ROWS", "MEAN",
-    "ARGMAX", "REPEAT", "REPEAT_BACK", "CONCAT", "SILU_BACK", "NORM", "RMS_NORM", "RMS_NORM_BACK", "GROUP_NORM",
-    "MUL_MAT", "MUL_MAT_ID", "OUT_PROD", "SCALE", "SET", "CPY", "CONT", "RESHAPE", "VIEW", "PERMUTE", "TRANSPOSE",
-    "GET_ROWS", "GET_ROWS_BACK", "DIAG", "DIAG_MASK_INF", "DIAG_MASK_ZERO", "SOFT_MAX", "SOFT_MAX_BACK", "ROPE",
-    "ROPE_BACK", "ALIBI", "CLAMP", "CONV_TRANSPOSE_1D", "IM2COL", "CONV_TRANSPOSE_2D", "POOL_1D", "POOL_2D",
-    "UPSCALE", "PAD", "ARGSORT", "LEAKY_RELU", "FLASH_ATTN", "FLASH_FF", "FLASH_ATTN_BACK", "WIN_PART",
-    "WIN_UNPART", "GET_REL_POS", "ADD_REL_POS", "UNARY", "MAP_UNARY", "MAP_BINARY", "MAP_CUSTOM1_F32",
-    "MAP_CUSTOM2_F32", "MAP_CUSTOM3_F32", "MAP_CUSTOM1", "MAP_CUSTOM2", "MAP_CUSTOM3", "CROSS_ENTROPY_LOSS",
-    "CROSS_ENTROPY_LOSS_BACK",
+    "NONE", "DUP", "ADD", "ADD_ID", "ADD1", "ACC", "SUB", "MUL", "DIV", "SQR", "SQRT", "LOG", "SIN", "COS", "SUM",
+    "SUM_ROWS", "CUMSUM", "MEAN", "ARGMAX", "COUNT_EQUAL", "REPEAT", "REPEAT_BACK", "CONCAT", "SILU_BACK", "NORM",
+    "RMS_NORM", "RMS_NORM_BACK", "GROUP_NORM", "L2_NORM", "MUL_MAT", "MUL_MAT_ID", "OUT_PROD", "SCALE", "SET", "CPY",
+    "CONT", "RESHAPE", "VIEW", "PERMUTE", "TRANSPOSE", "GET_ROWS", "GET_ROWS_BACK", "SET_ROWS", "DIAG",
+    "DIAG_MASK_INF", "DIAG_MASK_ZERO", "SOFT_MAX", "SOFT_MAX_BACK", "ROPE", "ROPE_BACK", "CLAMP",
+    "CONV_TRANSPOSE_1D", "IM2COL", "IM2COL_BACK", "IM2COL_3D", "COL2IM_1D", "CONV_2D", "CONV_3D", "CONV_2D_DW",
+    "CONV_TRANSPOSE_2D", "POOL_1D", "POOL_2D", "POOL_2D_BACK", "UPSCALE", "PAD", "PAD_REFLECT_1D", "ROLL", "ARANGE",
+    "TIMESTEP_EMBEDDING", "ARGSORT", "TOP_K", "LEAKY_RELU", "TRI", "FILL", "FLASH_ATTN_EXT", "FLASH_ATTN_BACK",
+    "SSM_CONV", "SSM_SCAN", "WIN_PART", "WIN_UNPART", "GET_REL_POS", "ADD_REL_POS", "RWKV_WKV6", "GATED_LINEAR_ATTN",
+    "RWKV_WKV7", "SOLVE_TRI", "GATED_DELTA_NET", "LIGHTNING_INDEXER", "DSV4_HC_COMB", "DSV4_HC_PRE", "DSV4_HC_POST",
+    "UNARY", "MAP_CUSTOM1", "MAP_CUSTOM2", "MAP_CUSTOM3", "CUSTOM", "CROSS_ENTROPY_LOSS", "CROSS_ENTROPY_LOSS_BACK",
+    "OPT_STEP_ADAMW", "OPT_STEP_SGD", "GLU",
 )
-# `enum ggml_unary_op`: ABS..LEAKY as ggml.h of December 2023 numbers them; ggml later dropped LEAKY
-# and appended HARDSWISH, HARDSIGMOID, which pyggml keeps after LEAKY (11, 12)
-GGML_H_UNARY_OPS = ("ABS", "SGN", "NEG", "STEP", "TANH", "ELU", "RELU", "GELU", "GELU_QUICK", "SILU", "LEAKY",
-                    "HARDSWISH", "HARDSIGMOID")
-# `enum ggml_type` of today's ggml.h (GGUF files store these numbers): the types pyggml has
+# `enum ggml_unary_op` and `enum ggml_glu_op` by position
+GGML_H_UNARY_OPS = (
+    "ABS", "SGN", "NEG", "STEP", "TANH", "ELU", "RELU", "SIGMOID", "GELU", "GELU_QUICK", "SILU", "HARDSWISH",
+    "HARDSIGMOID", "EXP", "EXPM1", "SOFTPLUS", "GELU_ERF", "XIELU", "FLOOR", "CEIL", "ROUND", "TRUNC",
+)
+GGML_H_GLU_OPS = ("REGLU", "GEGLU", "SWIGLU", "SWIGLU_OAI", "GEGLU_ERF", "GEGLU_QUICK", "SWIGLU_CLAMP")
+# `enum ggml_type` (GGUF files store these numbers; the holes are types ggml removed)
 GGML_H_TYPES = {
     "F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q8_1": 9, "Q2_K": 10, "Q3_K": 11,
-    "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "Q8_K": 15, "I8": 24, "I16": 25, "I32": 26, "I64": 27, "F64": 28, "BF16": 30,
+    "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "Q8_K": 15, "IQ2_XXS": 16, "IQ2_XS": 17, "IQ3_XXS": 18, "IQ1_S": 19,
+    "IQ4_NL": 20, "IQ3_S": 21, "IQ2_S": 22, "IQ4_XS": 23, "I8": 24, "I16": 25, "I32": 26, "I64": 27, "F64": 28,
+    "IQ1_M": 29, "BF16": 30, "TQ1_0": 34, "TQ2_0": 35, "MXFP4": 39, "NVFP4": 40, "Q1_0": 41, "Q2_0": 42,
 }
 
 
@@ -94,35 +102,38 @@ def test_constants() -> None:
     assert capi.GGML_MEM_ALIGN == 16
     assert GGML_TYPE_F32 == 0 and GGML_TYPE_F16 == 1 and GGML_TYPE_Q4_0 == 2 and GGML_TYPE_Q8_0 == 8
     assert GGML_TYPE_I32 == 26  # the gguf package's numbering
-    assert GGML_OP_NONE == 0 and GGML_OP_ADD == 2 and GGML_OP_MUL_MAT == 23 and GGML_OP_ROPE == 41
-    assert GGML_OP_UNARY == 61 and GGML_OP_COUNT == 72
-    assert GGML_UNARY_OP_GELU == 7 and GGML_UNARY_OP_SILU == 9
-    assert GGML_SORT_DESC == 1 and GGML_OP_POOL_AVG == 1
-    assert (capi.GGML_SORT_ASC, capi.GGML_OP_POOL_MAX, capi.GGML_OP_POOL_COUNT) == (0, 0, 2)
-    assert (capi.GGML_ROPE_TYPE_NORMAL, capi.GGML_ROPE_TYPE_NEOX, capi.GGML_ROPE_TYPE_GLM) == (0, 2, 4)
-    assert (capi.GGML_TENSOR_FLAG_INPUT, capi.GGML_TENSOR_FLAG_OUTPUT, capi.GGML_TENSOR_FLAG_PARAM) == (1, 2, 4)
+    assert GGML_OP_NONE == 0 and GGML_OP_ADD == 2 and GGML_OP_MUL_MAT == 29 and GGML_OP_ROPE == 48
+    assert GGML_OP_UNARY == 91 and GGML_OP_COUNT == 101
+    assert GGML_UNARY_OP_GELU == 8 and GGML_UNARY_OP_SILU == 10 and capi.GGML_UNARY_OP_COUNT == 22
+    assert capi.GGML_GLU_OP_SWIGLU == 2 and capi.GGML_GLU_OP_COUNT == 7
+    assert GGML_SORT_ORDER_DESC == 1 and GGML_OP_POOL_AVG == 1
+    assert (capi.GGML_SORT_ORDER_ASC, capi.GGML_OP_POOL_MAX, capi.GGML_OP_POOL_COUNT) == (0, 0, 2)
+    assert (capi.GGML_ROPE_TYPE_NORMAL, capi.GGML_ROPE_TYPE_NEOX, capi.GGML_ROPE_TYPE_MROPE,
+            capi.GGML_ROPE_TYPE_VISION, capi.GGML_ROPE_TYPE_IMROPE, capi.GGML_MROPE_SECTIONS) == (0, 2, 8, 24, 40, 4)
+    assert (capi.GGML_TENSOR_FLAG_INPUT, capi.GGML_TENSOR_FLAG_OUTPUT, capi.GGML_TENSOR_FLAG_PARAM,
+            capi.GGML_TENSOR_FLAG_LOSS, capi.GGML_TENSOR_FLAG_COMPUTE) == (1, 2, 4, 8, 16)
+    assert (capi.GGML_PREC_DEFAULT, capi.GGML_PREC_F32, capi.GGML_SCALE_MODE_BICUBIC,
+            capi.GGML_SCALE_FLAG_ALIGN_CORNERS, capi.GGML_TRI_TYPE_LOWER) == (0, 10, 2, 256, 3)
     assert capi.GGML_N_TASKS_MAX == -1
 
 
 def test_enums_have_ggml_h_numbers() -> None:
-    """Every op, unary op and type: its capi constant and its enum member carry ggml.h's number."""
-    assert len(GGML_H_OPS) == GGML_OP_COUNT == 72
+    """Every op, unary op, GLU op and type: its capi constant and its enum member carry ggml.h's number."""
+    assert len(GGML_H_OPS) == GGML_OP_COUNT == 101
     for number, name in enumerate(GGML_H_OPS):
         assert getattr(capi, f"GGML_OP_{name}") == number, name
         assert GGMLOp[name] == number, name
-    # no op beyond ggml.h's list but the two lookup names pyggml keeps after COUNT
-    assert {op.name for op in GGMLOp} - set(GGML_H_OPS) == {"CONV_1D", "CONV_2D"}
-    assert min(GGMLOp.CONV_1D, GGMLOp.CONV_2D) >= GGML_OP_COUNT
-    for number, name in enumerate(GGML_H_UNARY_OPS):
-        assert getattr(capi, f"GGML_UNARY_OP_{name}") == number, name
-        assert UnaryOp[name] == number, name
-    assert {u.name for u in UnaryOp} == set(GGML_H_UNARY_OPS)
-    assert capi.GGML_UNARY_OP_COUNT == len(GGML_H_UNARY_OPS)
-    assert {t.name for t in GGMLType} == set(GGML_H_TYPES)
-    for name, number in GGML_H_TYPES.items():
-        assert getattr(capi, f"GGML_TYPE_{name}") == number, name
-        assert GGMLType[name] == number, name
-        assert GGMLQuantizationType[name] == number, name  # the gguf package agrees
+    assert [op.name for op in GGMLOp] == list(GGML_H_OPS)  # no op beyond ggml.h's list
+    for table, enum, prefix in ((GGML_H_UNARY_OPS, UnaryOp, "GGML_UNARY_OP_"), (GGML_H_GLU_OPS, GLUOp, "GGML_GLU_OP_")):
+        for number, name in enumerate(table):
+            assert getattr(capi, prefix + name) == number, name
+            assert enum[name] == number, name
+        assert [u.name for u in enum] == list(table)
+    for t in GGMLType:  # the types pyggml has carry their ggml.h number
+        assert GGML_H_TYPES[t.name] == t, t.name
+        assert getattr(capi, f"GGML_TYPE_{t.name}") == t, t.name
+        if t.name in GGMLQuantizationType.__members__:  # the gguf package agrees (where it knows the type)
+            assert GGMLQuantizationType[t.name] == t, t.name
 
 
 def test_ggml_init_forms() -> None:
@@ -214,7 +225,7 @@ def test_names_flags_and_op_params() -> None:
     g = capi.ggml_gelu(ctx, x)
     assert capi.ggml_get_unary_op(g) == GGML_UNARY_OP_GELU
     assert capi.ggml_op_desc(g) == "GELU" and capi.ggml_op_desc(r) == "RMS_NORM"
-    assert capi.ggml_op_name(GGML_OP_MUL_MAT) == "MUL_MAT" and capi.ggml_unary_op_name(9) == "SILU"
+    assert capi.ggml_op_name(GGML_OP_MUL_MAT) == "MUL_MAT" and capi.ggml_unary_op_name(10) == "SILU"
     w = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 8, 8)
     capi.ggml_set_param(ctx, w)
     capi.ggml_set_input(x)
@@ -267,6 +278,8 @@ def _op_cases(ctx: Context) -> list[tuple[str, tuple[object, ...], Callable[...,
     m = ctx.new_tensor_2d(f32, 8, 5)
     s = ctx.new_tensor_1d(f32, 1)
     pos = ctx.new_tensor_1d(GGMLType.I32, 4)
+    pos4 = ctx.new_tensor_1d(GGMLType.I32, 16)  # multi-rope: 4 positions per token
+    ff = ctx.new_tensor_1d(f32, 4)  # rope frequency factors
     mask = ctx.new_tensor_2d(f32, 8, 6)
     k2 = ctx.new_tensor_4d(GGMLType.F16, 3, 3, 4, 2)
     x2 = ctx.new_tensor_4d(f32, 8, 8, 4, 1)
@@ -283,7 +296,9 @@ def _op_cases(ctx: Context) -> list[tuple[str, tuple[object, ...], Callable[...,
                  "abs", "abs_inplace", "sgn", "sgn_inplace", "neg", "neg_inplace", "step", "step_inplace", "tanh",
                  "tanh_inplace", "elu", "elu_inplace", "relu", "relu_inplace", "gelu", "gelu_inplace", "gelu_quick",
                  "gelu_quick_inplace", "silu", "silu_inplace", "hardswish", "hardswish_inplace", "hardsigmoid",
-                 "hardsigmoid_inplace"]:
+                 "hardsigmoid_inplace", "sigmoid", "sigmoid_inplace", "gelu_erf", "gelu_erf_inplace", "exp",
+                 "exp_inplace", "expm1", "expm1_inplace", "softplus", "softplus_inplace", "floor", "floor_inplace",
+                 "ceil", "ceil_inplace", "round", "round_inplace", "trunc", "trunc_inplace"]:
         cases.append((f"ggml_{name}", (a,), getattr(ops, name), (a,)))
     cases += [
         ("ggml_add1", (a, s), ops.add1, (a, s)),
@@ -298,12 +313,17 @@ def _op_cases(ctx: Context) -> list[tuple[str, tuple[object, ...], Callable[...,
         ("ggml_set_2d_inplace", (a, b, 64, 8), ops.set_2d_inplace, (a, b, 64, 8)),
         ("ggml_scale", (a, 0.5), ops.scale, (a, 0.5)),
         ("ggml_scale_inplace", (a, 0.5), ops.scale_inplace, (a, 0.5)),
+        ("ggml_scale_bias", (a, 0.5, 1.5), ops.scale_bias, (a, 0.5, 1.5)),
+        ("ggml_scale_bias_inplace", (a, 0.5, 1.5), ops.scale_bias_inplace, (a, 0.5, 1.5)),
         ("ggml_clamp", (a, -1.0, 2.0), ops.clamp, (a, -1.0, 2.0)),
+        ("ggml_clamp_inplace", (a, -1.0, 2.0), ops.clamp_inplace, (a, -1.0, 2.0)),
+        ("ggml_xielu", (a, 0.8, 0.8, 0.5, -1e-6), ops.xielu, (a, 0.8, 0.8, 0.5, -1e-6)),
         ("ggml_leaky_relu", (a, 0.1, True), ops.leaky_relu, (a, 0.1, True)),
         ("ggml_unary", (a, UnaryOp.ELU), ops.unary, (a, UnaryOp.ELU)),
         ("ggml_unary_inplace", (a, 6), ops.unary_inplace, (a, UnaryOp.RELU)),
         ("ggml_argmax", (m,), ops.argmax, (m,)),
-        ("ggml_argsort", (a, GGML_SORT_DESC), ops.argsort, (a, 1)),
+        ("ggml_argsort", (a, GGML_SORT_ORDER_DESC), ops.argsort, (a, 1)),
+        ("ggml_argsort_top_k", (a, 3), ops.argsort_top_k, (a, 3)),
         ("ggml_top_k", (a, 3), ops.top_k, (a, 3)),
         ("ggml_cpy", (a, ctx.new_tensor_1d(GGMLType.F16, 192)), ops.cpy, None),
         ("ggml_cont_1d", (a, 192), ops.cont_1d, (a, 192)),
@@ -322,32 +342,45 @@ def _op_cases(ctx: Context) -> list[tuple[str, tuple[object, ...], Callable[...,
         ("ggml_permute", (a, 1, 2, 0, 3), ops.permute, (a, 1, 2, 0, 3)),
         ("ggml_get_rows", (a, idx), ops.get_rows, None),
         ("ggml_repeat", (b, a), ops.repeat, (b, a)),
-        ("ggml_concat", (a, a), ops.concat, (a, a)),
+        ("ggml_concat", (a, a, 1), ops.concat, (a, a, 1)),
         ("ggml_diag", (b,), ops.diag, (b,)),
         ("ggml_pad", (a, 1, 2, 0, 1), ops.pad, (a, 1, 2, 0, 1)),
-        ("ggml_upscale", (a, 2), ops.upscale, (a, 2)),
+        ("ggml_pad_circular", (a, 1, 2, 0, 1), ops.pad_circular, (a, 1, 2, 0, 1)),
+        ("ggml_pad_ext", (a, 1, 2, 0, 1, 3, 0, 0, 0), ops.pad_ext, (a, 1, 2, 0, 1, 3, 0, 0, 0)),
+        ("ggml_pad_ext_circular", (a, 1, 2, 0, 1, 3, 0, 0, 0), ops.pad_ext_circular, (a, 1, 2, 0, 1, 3, 0, 0, 0)),
+        ("ggml_upscale", (a, 2, capi.GGML_SCALE_MODE_BILINEAR), ops.upscale, (a, 2, 1)),
+        ("ggml_upscale_ext", (a, 9, 7, 4, 2, 0), ops.upscale_ext, (a, 9, 7, 4, 2, 0)),
+        ("ggml_interpolate", (a, 9, 7, 4, 2, 1 | 256), ops.interpolate, (a, 9, 7, 4, 2, 257)),
         ("ggml_mul_mat", (m, a), ops.mul_mat, (m, a)),
         ("ggml_out_prod", (a, a), ops.out_prod, (a, a)),
         ("ggml_norm", (a, 1e-5), ops.norm, (a, 1e-5)),
         ("ggml_norm_inplace", (a, 1e-5), ops.norm_inplace, (a, 1e-5)),
         ("ggml_rms_norm", (a, 1e-5), ops.rms_norm, (a, 1e-5)),
         ("ggml_rms_norm_inplace", (a, 1e-5), ops.rms_norm_inplace, (a, 1e-5)),
-        ("ggml_group_norm", (a, 2), ops.group_norm, (a, 2)),
-        ("ggml_group_norm_inplace", (a, 2), ops.group_norm_inplace, (a, 2)),
-        ("ggml_soft_max_ext", (a, mask, 0.25), ops.soft_max_ext, (a, mask, 0.25)),
+        ("ggml_group_norm", (a, 2, 1e-6), ops.group_norm, (a, 2, 1e-6)),
+        ("ggml_group_norm_inplace", (a, 2, 1e-6), ops.group_norm_inplace, (a, 2, 1e-6)),
+        ("ggml_soft_max_ext", (a, mask, 0.25, 0.0), ops.soft_max_ext, (a, mask, 0.25)),
+        ("ggml_soft_max_ext_inplace", (a, mask, 0.25, 8.0), ops.soft_max_ext_inplace, (a, mask, 0.25, 8.0)),
         ("ggml_diag_mask_inf", (a, 2), ops.diag_mask_inf, (a, 2)),
         ("ggml_diag_mask_inf_inplace", (a, 2), ops.diag_mask_inf_inplace, (a, 2)),
         ("ggml_diag_mask_zero", (a, 2), ops.diag_mask_zero, (a, 2)),
         ("ggml_diag_mask_zero_inplace", (a, 2), ops.diag_mask_zero_inplace, (a, 2)),
-        ("ggml_rope", (a, pos, 8, 2, 512), ops.rope, (a, pos, 8, 2, 512)),
-        ("ggml_rope_inplace", (a, pos, 8, 0, 512), ops.rope_inplace, (a, pos, 8, 0, 512)),
-        ("ggml_rope_custom", (a, pos, 8, 2, 512, 256, 1e4, 0.5, 1.0, 1.0, 32.0, 1.0),
-         ops.rope_custom, (a, pos, 8, 2, 512, 256, 1e4, 0.5, 1.0, 1.0, 32.0, 1.0)),
-        ("ggml_rope_custom_inplace", (a, pos, 8, 2, 512, 256, 1e4, 0.5, 1.0, 1.0, 32.0, 1.0),
-         ops.rope_custom_inplace, (a, pos, 8, 2, 512, 256, 1e4, 0.5, 1.0, 1.0, 32.0, 1.0)),
-        ("ggml_rope_xpos_inplace", (a, pos, 8, 512.0, False), ops.rope_xpos_inplace, (a, pos, 8, 512.0, False)),
-        ("ggml_alibi", (a, 0, 4, 8.0), ops.alibi, (a, 0, 4, 8.0)),
-        ("ggml_im2col", (k2, x2, 1, 1, 1, 1, 1, 1, True), ops.im2col, (k2, x2, 1, 1, 1, 1, 1, 1, True)),
+        ("ggml_rope", (a, pos, 8, 2), ops.rope, (a, pos, 8, 2)),
+        ("ggml_rope_inplace", (a, pos, 8, 0), ops.rope_inplace, (a, pos, 8, 0)),
+        ("ggml_rope_ext", (a, pos, ff, 8, 2, 256, 1e4, 0.5, 1.0, 1.0, 32.0, 1.0),
+         ops.rope_ext, (a, pos, ff, 8, 2, 256, 1e4, 0.5, 1.0, 1.0, 32.0, 1.0)),
+        ("ggml_rope_ext_inplace", (a, pos, None, 8, 0, 256, 1e4, 0.5, 1.0, 1.0, 32.0, 1.0),
+         ops.rope_ext_inplace, (a, pos, None, 8, 0, 256, 1e4, 0.5, 1.0, 1.0, 32.0, 1.0)),
+        ("ggml_rope_multi", (a, pos4, None, 8, [2, 1, 1, 0], 8, 256, 1e4, 1.0, 0.0, 1.0, 32.0, 1.0),
+         ops.rope_multi, (a, pos4, None, 8, [2, 1, 1, 0], 8, 256, 1e4, 1.0, 0.0, 1.0, 32.0, 1.0)),
+        ("ggml_rope_multi_inplace", (a, pos4, None, 8, [2, 1, 1, 0], 40, 256, 1e4, 1.0, 0.0, 1.0, 32.0, 1.0),
+         ops.rope_multi_inplace, (a, pos4, None, 8, [2, 1, 1, 0], 40, 256, 1e4, 1.0, 0.0, 1.0, 32.0, 1.0)),
+        ("ggml_rope_custom", (a, pos, 8, 2, 256, 1e4, 0.5, 1.0, 1.0, 32.0, 1.0),
+         ops.rope_custom, (a, pos, 8, 2, 256, 1e4, 0.5, 1.0, 1.0, 32.0, 1.0)),
+        ("ggml_rope_custom_inplace", (a, pos, 8, 2, 256, 1e4, 0.5, 1.0, 1.0, 32.0, 1.0),
+         ops.rope_custom_inplace, (a, pos, 8, 2, 256, 1e4, 0.5, 1.0, 1.0, 32.0, 1.0)),
+        ("ggml_im2col", (k2, x2, 1, 1, 1, 1, 1, 1, True, GGML_TYPE_F16), ops.im2col,
+         (k2, x2, 1, 1, 1, 1, 1, 1, True)),
         ("ggml_conv_1d", (k1, x1, 1, 1, 1), ops.conv_1d, (k1, x1, 1, 1, 1)),
         ("ggml_conv_1d_ph", (k1, x1, 1, 1), ops.conv_1d_ph, (k1, x1, 1, 1)),
         ("ggml_conv_2d", (k2, x2, 2, 2, 1, 1, 1, 1), ops.conv_2d, (k2, x2, 2, 2, 1, 1, 1, 1)),
@@ -362,6 +395,9 @@ def _op_cases(ctx: Context) -> list[tuple[str, tuple[object, ...], Callable[...,
         ("ggml_map_custom2_inplace", (a, b, _fun, 2, None), ops.map_custom2_inplace, (a, b, _fun, 2, None)),
         ("ggml_map_custom3", (a, b, s, _fun, 2, None), ops.map_custom3, (a, b, s, _fun, 2, None)),
         ("ggml_map_custom3_inplace", (a, b, s, _fun, 2, None), ops.map_custom3_inplace, (a, b, s, _fun, 2, None)),
+        ("ggml_custom_4d", (GGML_TYPE_F32, 3, 4, 1, 1, [a, b, s], 2, _fun, 2, None), ops.custom_4d,
+         (GGMLType.F32, 3, 4, 1, 1, [a, b], _fun, 2, None)),
+        ("ggml_custom_inplace", (a, [b], 1, _fun, -1, None), ops.custom_inplace, (a, [b], _fun, -1, None)),
     ]
     return cases
 

@@ -11,10 +11,8 @@ import pytest
 from pyggml.core import ops
 from pyggml.core.context import Context
 from pyggml.core.errors import ArgumentError, GGMLError, ShapeError
-from pyggml.core.ops.conv import PoolOp
 from pyggml.core.ops.custom import custom_op_params
-from pyggml.core.ops.reduce import SortOrder
-from pyggml.core.tensor import GGMLOp, Tensor, UnaryOp
+from pyggml.core.tensor import GGMLOp, OpPool, ScaleMode, SortOrder, Tensor, UnaryOp
 from pyggml.core.types import GGMLType
 
 F32, F16, I32, Q4_0, Q8_0 = GGMLType.F32, GGMLType.F16, GGMLType.I32, GGMLType.Q4_0, GGMLType.Q8_0
@@ -151,10 +149,15 @@ def test_scale_clamp_leaky_relu_params(ctx: Context) -> None:
     check(r, GGMLOp.SCALE, [6, 5, 1, 1], F32, [a])
     assert words(r, 2) == [w(0.125), 0]
     check_inplace(ctx.scale_inplace(a, 2.0), a)
+    sb = ctx.scale_bias(a, 0.5, -2.0)
+    assert words(sb, 3) == [w(0.5), w(-2.0), 0]  # today's ggml: [s, b]
+    check_new(sb)
+    check_inplace(ctx.scale_bias_inplace(a, 0.5, 1.0), a)
     c = ctx.clamp(a, -1.5, 3.0)
     check(c, GGMLOp.CLAMP, [6, 5, 1, 1], F32, [a])
     assert words(c, 3) == [w(-1.5), w(3.0), 0]
-    check_inplace(c, a)  # ggml of late 2023 clamps in place
+    check_new(c)  # today's ggml: a new tensor (ggml of late 2023 clamped in place)
+    check_inplace(ctx.clamp_inplace(a, -1.5, 3.0), a)
     lr = ctx.leaky_relu(a, 0.01)
     check(lr, GGMLOp.LEAKY_RELU, [6, 5, 1, 1], F32, [a])
     assert words(lr, 1) == [w(0.01)]
@@ -165,7 +168,9 @@ def test_scale_clamp_leaky_relu_params(ctx: Context) -> None:
 UNARIES = [("abs", UnaryOp.ABS), ("sgn", UnaryOp.SGN), ("neg", UnaryOp.NEG), ("step", UnaryOp.STEP),
            ("tanh", UnaryOp.TANH), ("elu", UnaryOp.ELU), ("relu", UnaryOp.RELU), ("gelu", UnaryOp.GELU),
            ("gelu_quick", UnaryOp.GELU_QUICK), ("silu", UnaryOp.SILU), ("hardswish", UnaryOp.HARDSWISH),
-           ("hardsigmoid", UnaryOp.HARDSIGMOID)]
+           ("hardsigmoid", UnaryOp.HARDSIGMOID), ("sigmoid", UnaryOp.SIGMOID), ("gelu_erf", UnaryOp.GELU_ERF),
+           ("exp", UnaryOp.EXP), ("expm1", UnaryOp.EXPM1), ("softplus", UnaryOp.SOFTPLUS), ("floor", UnaryOp.FLOOR),
+           ("ceil", UnaryOp.CEIL), ("round", UnaryOp.ROUND), ("trunc", UnaryOp.TRUNC)]
 
 
 @pytest.mark.parametrize("name,uop", UNARIES)
@@ -179,6 +184,18 @@ def test_unary_shortcuts(ctx: Context, name: str, uop: UnaryOp) -> None:
     assert words(ri, 1) == [int(uop)]
     check_inplace(ri, a)
     assert words(ctx.unary(a, uop), 1) == [int(uop)]
+
+
+def test_xielu_params(ctx: Context) -> None:
+    a = new(ctx, F32, 7, 3)
+    r = ctx.xielu(a, 0.8, 0.5, 0.5, -1e-6)
+    check(r, GGMLOp.UNARY, [7, 3, 1, 1], F32, [a])
+    check_new(r)
+    # ggml_xielu: [XIELU, beta + softplus(alpha_n), softplus(alpha_p), beta, eps]
+    def sp(x: float) -> float:  # softplus
+        return float(np.log1p(np.exp(x)))
+
+    assert words(r, 6) == [int(UnaryOp.XIELU), w(0.5 + sp(0.8)), w(sp(0.5)), w(0.5), w(-1e-6), 0]
 
 
 # --- reductions and sorting ---
@@ -204,14 +221,19 @@ def test_argsort_and_top_k(ctx: Context) -> None:
     check(r, GGMLOp.ARGSORT, [10, 4, 3, 1], I32, [a])
     assert words(r, 2) == [1, 0]
     assert words(ctx.argsort(a), 1) == [0]  # ASC by default
-    k = ctx.top_k(a, 3)
+    t = ctx.top_k(a, 3)  # today's TOP_K op
+    check(t, GGMLOp.TOP_K, [3, 4, 3, 1], I32, [a])
+    assert words(t, 1) == [0]
+    with pytest.raises(ArgumentError, match=r"top_k: k=11 must be in \[0, ne\[0\]=10\]"):
+        ctx.top_k(a, 11)
+    k = ctx.argsort_top_k(a, 3)
     # a view of the first 3 indices of each row of a descending argsort
     assert k.op == GGMLOp.VIEW and k.ne == [3, 4, 3, 1] and k.type == I32
     s = k.src[0]
     assert s is not None and s.op == GGMLOp.ARGSORT and words(s, 1) == [int(SortOrder.DESC)] and s.src[0] is a
     assert k.view_src is s and k.view_offs == 0 and k.nb == s.nb
-    with pytest.raises(ArgumentError, match=r"top_k: k=11 must be in \[0, ne\[0\]=10\]"):
-        ctx.top_k(a, 11)
+    with pytest.raises(ArgumentError, match=r"argsort_top_k: k=11 must be in \[0, ne\[0\]=10\]"):
+        ctx.argsort_top_k(a, 11)
 
 
 # --- layout ops ---
@@ -280,17 +302,42 @@ def test_repeat_concat_diag_pad_upscale(ctx: Context) -> None:
         ctx.repeat(b, a)
     c1 = new(ctx, F32, 4, 3, 2)
     c2 = new(ctx, F32, 4, 3, 5)
-    check(ctx.concat(c1, c2), GGMLOp.CONCAT, [4, 3, 7, 1], F32, [c1, c2])
-    with pytest.raises(ShapeError, match="concat: dimensions 0, 1 and 3 must match"):
-        ctx.concat(c1, new(ctx, F32, 4, 2, 2))
+    cat = ctx.concat(c1, c2, 2)
+    check(cat, GGMLOp.CONCAT, [4, 3, 7, 1], F32, [c1, c2])
+    assert words(cat, 2) == [2, 0]  # the dimension in op_params[0]
+    c0 = ctx.concat(c1, new(ctx, F32, 6, 3, 2), 0)
+    check(c0, GGMLOp.CONCAT, [10, 3, 2, 1], F32, [c1, c0.src[1]])
+    assert words(c0, 1) == [0]
+    with pytest.raises(ShapeError, match="concat: the dimensions other than 2 must match"):
+        ctx.concat(c1, new(ctx, F32, 4, 2, 2), 2)
+    with pytest.raises(ShapeError, match="concat: a and b must have the same type"):
+        ctx.concat(c1, new(ctx, F16, 4, 3, 2), 2)
+    with pytest.raises(ArgumentError, match=r"concat: dim=4 must be in \[0, 4\)"):
+        ctx.concat(c1, c2, 4)
     row = new(ctx, F32, 5, 1, 3)
     check(ctx.diag(row), GGMLOp.DIAG, [5, 5, 3, 1], F32, [row])
     with pytest.raises(ShapeError, match="diag: a must be a row"):
         ctx.diag(c1)
-    check(ctx.pad(c1, 1, 0, 2, 3), GGMLOp.PAD, [5, 3, 4, 4], F32, [c1])
+    p = ctx.pad(c1, 1, 0, 2, 3)
+    check(p, GGMLOp.PAD, [5, 3, 4, 4], F32, [c1])
+    assert words(p, 10) == [0, 1, 0, 0, 0, 2, 0, 3, 0, 0]  # ggml_pad is ggml_pad_ext with right padding only
+    pe = ctx.pad_ext(c1, 1, 2, 3, 0, 0, 1, 0, 0)
+    check(pe, GGMLOp.PAD, [7, 6, 3, 1], F32, [c1])
+    assert words(pe, 10) == [1, 2, 3, 0, 0, 1, 0, 0, 0, 0]
+    assert words(ctx.pad_circular(c1, 1, 0, 0, 0), 10) == [0, 1, 0, 0, 0, 0, 0, 0, 1, 0]  # word 8: circular
+    with pytest.raises(ArgumentError, match="pad_ext: paddings must be >= 0"):
+        ctx.pad_ext(c1, -1, 0, 0, 0, 0, 0, 0, 0)
     up = ctx.upscale(c1, 3)
     check(up, GGMLOp.UPSCALE, [12, 9, 2, 1], F32, [c1])
-    assert words(up, 1) == [3]
+    assert words(up, 2) == [int(ScaleMode.NEAREST), 0]  # op_params[0]: the scale mode
+    assert words(ctx.upscale(c1, 2, ScaleMode.BICUBIC), 1) == [2]
+    ue = ctx.upscale_ext(c1, 5, 7, 3, 2, ScaleMode.BILINEAR)
+    check(ue, GGMLOp.UPSCALE, [5, 7, 3, 2], F32, [c1])
+    assert words(ctx.interpolate(c1, 5, 7, 2, 1, ScaleMode.BILINEAR | 256), 1) == [257]  # | ALIGN_CORNERS
+    with pytest.raises(ArgumentError, match="upscale: scale factor must be > 1, got 1"):
+        ctx.upscale(c1, 1)
+    with pytest.raises(ArgumentError, match="interpolate: ANTIALIAS works with BILINEAR only"):
+        ctx.interpolate(c1, 5, 7, 2, 1, 512)
 
 
 # --- matrix products ---
@@ -347,12 +394,12 @@ def test_norms(ctx: Context, name: str, op: GGMLOp) -> None:
 
 def test_group_norm(ctx: Context) -> None:
     a = new(ctx, F32, 8, 8, 32, 1)
-    r = ctx.group_norm(a, 8)
+    r = ctx.group_norm(a, 8, 1e-6)
     check(r, GGMLOp.GROUP_NORM, [8, 8, 32, 1], F32, [a])
-    assert words(r, 2) == [8, 0]  # eps is fixed in the kernel (1e-6) in ggml of late 2023
-    check_inplace(ctx.group_norm_inplace(a, 4), a)
+    assert words(r, 3) == [8, w(1e-6), 0]  # today's ggml: [n_groups, eps]
+    check_inplace(ctx.group_norm_inplace(a, 4, 1e-5), a)
     with pytest.raises(ArgumentError, match="group_norm: n_groups must be >= 1, got 0"):
-        ctx.group_norm(a, 0)
+        ctx.group_norm(a, 0, 1e-6)
 
 
 def test_soft_max_variants(ctx: Context) -> None:
@@ -367,17 +414,28 @@ def test_soft_max_variants(ctx: Context) -> None:
     e = ctx.soft_max_ext(a, mask, 0.125)
     check(e, GGMLOp.SOFT_MAX, [32, 8, 4, 1], F32, [a, mask])
     assert e.src[1] is mask
-    assert words(e, 1) == [w(0.125)]
-    assert ctx.soft_max_ext(a, new(ctx, F32, 32, 1), 1.0).src[1] is not None  # a row mask repeats over rows
+    assert words(e, 3) == [w(0.125), w(0.0), 0]  # [scale, max_bias]
+    alibi = ctx.soft_max_ext(a, mask, 1.0, 8.0)  # ALiBi: max_bias > 0
+    assert words(alibi, 2) == [w(1.0), w(8.0)]
+    assert ctx.soft_max_ext(a, new(ctx, F32, 32, 12), 1.0).src[1] is not None  # more mask rows than a's
+    assert ctx.soft_max_ext(a, new(ctx, F16, 32, 8, 2), 1.0).src[1] is not None  # F16, broadcast over dim 2
     assert ctx.soft_max_ext(a, None, 0.5).src[1] is None
+    check_inplace(ctx.soft_max_ext_inplace(a, mask, 0.5), a)
+    sinks = new(ctx, F32, 4)
+    ops.soft_max_add_sinks(e, sinks)
+    assert e.src[2] is sinks
 
 
 def test_soft_max_errors(ctx: Context) -> None:
     a = new(ctx, F32, 32, 8, 4, name="kq")
-    with pytest.raises(ShapeError, match=r"soft_max_ext: the mask's rows must repeat to a's.*'kq'.*'m' F32\[16, 8"):
+    with pytest.raises(ShapeError, match=r"soft_max_ext: the mask must have a's rows.*'kq'.*'m' F32\[16, 8"):
         ctx.soft_max_ext(a, new(ctx, F32, 16, 8, name="m"), 1.0)
-    with pytest.raises(ShapeError, match="the mask must be a matrix"):
-        ctx.soft_max_ext(a, new(ctx, F32, 32, 8, 4), 1.0)
+    with pytest.raises(ShapeError, match="soft_max_ext: the mask must have a's rows"):
+        ctx.soft_max_ext(a, new(ctx, F32, 32, 7), 1.0)  # fewer rows than a's
+    with pytest.raises(ShapeError, match="the mask must broadcast over a's dims 2 and 3"):
+        ctx.soft_max_ext(a, new(ctx, F32, 32, 8, 3), 1.0)
+    with pytest.raises(ArgumentError, match="max_bias=8.0 > 0 \\(ALiBi\\) needs a mask"):
+        ctx.soft_max_ext(a, None, 1.0, 8.0)
     with pytest.raises(ShapeError, match="soft_max: a must be contiguous"):
         ctx.soft_max(ctx.transpose(a))
 
@@ -395,44 +453,54 @@ def test_diag_masks(ctx: Context, name: str, op: GGMLOp) -> None:
     check_inplace(ri, a)
 
 
-# --- rope and alibi ---
+# --- rope ---
 
 
 def test_rope_params(ctx: Context) -> None:
     a = new(ctx, F32, 64, 8, 5)  # head_dim 64, 8 heads, 5 tokens
     pos = new(ctx, I32, 5)
-    r = ctx.rope(a, pos, 64, 2, 512)
+    r = ctx.rope(a, pos, 64, 2)
     check(r, GGMLOp.ROPE, [64, 8, 5, 1], F32, [a, pos])
     check_new(r)
-    assert words(r, 14) == [0, 64, 2, 512, 0, w(10000.0), w(1.0), w(0.0), w(1.0), w(0.0), w(0.0), w(0.0), 0, 0]
-    c = ctx.rope_custom(a, pos, 32, 0, 4096, 2048, 500000.0, 0.25, 1.0, 0.9, 32.0, 1.0)
-    assert words(c, 13) == [0, 32, 0, 4096, 2048, w(500000.0), w(0.25), w(1.0), w(0.9), w(32.0), w(1.0), w(0.0), 0]
-    check_inplace(ctx.rope_inplace(a, pos, 64, 0, 512), a)
-    ci = ctx.rope_custom_inplace(a, pos, 32, 0, 4096, 2048, 500000.0, 0.25, 1.0, 0.9, 32.0, 1.0)
+    # today's ggml_rope_impl: [n_past=0, n_dims, mode, n_ctx=0, n_ctx_orig, 6 floats, sections[4], n_offs]
+    assert words(r, 16) == [0, 64, 2, 0, 0, w(10000.0), w(1.0), w(0.0), w(1.0), w(0.0), w(0.0), 0, 0, 0, 0, 0]
+    assert words(ctx.rope(a, pos, 64, 2, 512), 16) == words(r, 16)  # 2023's n_ctx argument is unused
+    c = ctx.rope_custom(a, pos, 32, 0, 2048, 500000.0, 0.25, 1.0, 0.9, 32.0, 1.0)
+    want = [0, 32, 0, 0, 2048, w(500000.0), w(0.25), w(1.0), w(0.9), w(32.0), w(1.0), 0, 0, 0, 0, 0]
+    assert words(c, 16) == want
+    ff = new(ctx, F32, 16)
+    e = ctx.rope_ext(a, pos, ff, 32, 0, 2048, 500000.0, 0.25, 1.0, 0.9, 32.0, 1.0)
+    check(e, GGMLOp.ROPE, [64, 8, 5, 1], F32, [a, pos, ff])
+    assert words(e, 16) == want
+    check_inplace(ctx.rope_inplace(a, pos, 64, 0), a)
+    ci = ctx.rope_custom_inplace(a, pos, 32, 0, 2048, 500000.0, 0.25, 1.0, 0.9, 32.0, 1.0)
     check_inplace(ci, a)
-    assert words(ci, 13) == words(c, 13)
-    x = ctx.rope_xpos_inplace(a, pos, 64, 512.0, True)
-    assert words(x, 13)[11:] == [w(512.0), 1]
+    assert words(ci, 16) == want
+    check_inplace(ctx.rope_ext_inplace(a, pos, None, 32, 0, 2048, 500000.0, 0.25, 1.0, 0.9, 32.0, 1.0), a)
+    pos4 = new(ctx, I32, 20)  # multi-rope: 4 positions per token
+    m = ctx.rope_multi(a, pos4, None, 32, [8, 4, 4, 0], 8, 2048, 1e4, 1.0, 0.0, 1.0, 32.0, 1.0)
+    assert words(m, 16)[:3] == [0, 32, 8] and words(m, 16)[11:] == [8, 4, 4, 0, 0]  # sections in 11..14
+    check_inplace(ctx.rope_multi_inplace(a, pos4, None, 32, [8, 4, 4, 0], 40, 2048, 1e4, 1.0, 0.0, 1.0, 32.0,
+                                         1.0), a)
+    assert ops.rope_set_offset(ctx.rope(a, pos, 32, 2), 16).op_params[15] == 16  # n_offs in word 15
 
 
 def test_rope_errors(ctx: Context) -> None:
     a = new(ctx, F32, 64, 8, 5, name="q")
-    with pytest.raises(ShapeError, match=r"rope: a.ne\[2\]=5 must equal the number of positions b.ne\[0\]=4"):
-        ctx.rope(a, new(ctx, I32, 4, name="pos"), 64, 0, 512)
+    with pytest.raises(ShapeError, match=r"rope: b.ne\[0\]=4 must be 1 position\(s\) for each of a.ne\[2\]=5"):
+        ctx.rope(a, new(ctx, I32, 4, name="pos"), 64, 0)
     with pytest.raises(ShapeError, match="rope: positions b must be I32"):
-        ctx.rope(a, new(ctx, F32, 5), 64, 0, 512)
+        ctx.rope(a, new(ctx, F32, 5), 64, 0)
     with pytest.raises(ShapeError, match="rope_inplace: positions b must be a vector"):
-        ctx.rope_inplace(a, new(ctx, I32, 5, 2), 64, 0, 512)
-
-
-def test_alibi(ctx: Context) -> None:
-    a = new(ctx, F32, 10, 4, 8)
-    r = ctx.alibi(a, 3, 8, 8.0)
-    check(r, GGMLOp.ALIBI, [10, 4, 8, 1], F32, [a])
-    assert words(r, 4) == [3, 8, w(8.0), 0]
-    check_inplace(r, a)  # ggml of late 2023 adds the biases in place
-    with pytest.raises(ArgumentError, match="alibi: n_past must be >= 0, got -1"):
-        ctx.alibi(a, -1, 8, 8.0)
+        ctx.rope_inplace(a, new(ctx, I32, 5, 2), 64, 0)
+    with pytest.raises(ArgumentError, match="rope: mode=1: mode & 1 is no longer supported"):
+        ctx.rope(a, new(ctx, I32, 5), 64, 1)
+    with pytest.raises(ShapeError, match=r"rope: b.ne\[0\]=5 must be 4 position\(s\)"):
+        ctx.rope_multi(a, new(ctx, I32, 5), None, 32, [8, 4, 4, 0], 8, 0, 1e4, 1.0, 0.0, 1.0, 0.0, 0.0)
+    with pytest.raises(ShapeError, match="the frequency factors c must be F32 with at least n_dims/2=32"):
+        ctx.rope_ext(a, new(ctx, I32, 5), new(ctx, F32, 16), 64, 0, 0, 1e4, 1.0, 0.0, 1.0, 0.0, 0.0)
+    with pytest.raises(ArgumentError, match="rope_set_offset: n_offs=8 must be even, >= 0, and n_offs"):
+        ops.rope_set_offset(ctx.rope(a, new(ctx, I32, 5), 64, 0), 8)
 
 
 # --- convolution and pooling ---
@@ -604,18 +672,18 @@ def test_conv_transpose_1d(ctx: Context) -> None:
 
 def test_pools(ctx: Context) -> None:
     a = new(ctx, F32, 12, 4, 3, 2)
-    p1 = ctx.pool_1d(a, PoolOp.AVG, 3, 2, 1)
+    p1 = ctx.pool_1d(a, OpPool.AVG, 3, 2, 1)
     check(p1, GGMLOp.POOL_1D, [6, 4, 3, 2], F32, [a])  # (12 + 2 - 3)/2 + 1 = 6
     assert words(p1, 5) == [1, 3, 2, 1, 0]
-    p2 = ctx.pool_2d(a, PoolOp.MAX, 2, 3, 2, 1, 0, 1)
+    p2 = ctx.pool_2d(a, OpPool.MAX, 2, 3, 2, 1, 0, 1)
     check(p2, GGMLOp.POOL_2D, [6, 4, 3, 2], F32, [a])  # (12 - 2)/2 + 1 = 6, (4 + 2 - 3)/1 + 1 = 4
     assert words(p2, 8) == [0, 2, 3, 2, 1, 0, 1, 0]
     with pytest.raises(ShapeError, match=r"pool_1d: window 15 is wider than the padded row \(12 \+ 2\*1\)"):
-        ctx.pool_1d(a, PoolOp.MAX, 15, 1, 1)
+        ctx.pool_1d(a, OpPool.MAX, 15, 1, 1)
     with pytest.raises(ArgumentError, match="pool_2d"):
-        ctx.pool_2d(a, PoolOp.MAX, 2, 2, 0, 1, 0, 0)
+        ctx.pool_2d(a, OpPool.MAX, 2, 2, 0, 1, 0, 0)
     with pytest.raises(ValueError):
-        ctx.pool_1d(a, 7, 2, 2, 0)  # not a PoolOp
+        ctx.pool_1d(a, 7, 2, 2, 0)  # not a OpPool
 
 
 # --- custom ops ---
@@ -632,7 +700,7 @@ def test_map_custom(ctx: Context) -> None:
     r1 = ctx.map_custom1(a, fun, 2, "ud")
     check(r1, GGMLOp.MAP_CUSTOM1, [4, 3, 1, 1], F32, [a])
     check_new(r1)
-    assert words(r1, 2) == [2, 0]
+    assert words(r1, 7) == [0, 0, 2, 0, 0, 0, 0]  # ggml's {fun, n_tasks, userdata}: n_tasks in word 2
     p = custom_op_params(r1)
     assert p.fun is fun and p.n_tasks == 2 and p.userdata == "ud"
     r2 = ctx.map_custom2(a, b, fun)
@@ -648,8 +716,27 @@ def test_map_custom(ctx: Context) -> None:
         ctx.map_custom1(a, 3, 1, None)  # type: ignore[arg-type]
     with pytest.raises(ArgumentError, match="n_tasks must be > 0 or GGML_N_TASKS_MAX"):
         ctx.map_custom2(a, b, fun, 0)
-    with pytest.raises(ArgumentError, match="is not a map_custom node"):
+    with pytest.raises(ArgumentError, match="is not a custom node"):
         custom_op_params(a)
+
+
+def test_custom(ctx: Context) -> None:
+    a = new(ctx, F32, 4, 3)
+    b = new(ctx, F16, 2)
+
+    def fun(*args: object) -> None:
+        pass
+
+    r = ctx.custom_4d(F16, 5, 2, 1, 1, [a, b], fun, 3, "ud")
+    check(r, GGMLOp.CUSTOM, [5, 2, 1, 1], F16, [a, b])
+    check_new(r)
+    assert words(r, 4) == [0, 0, 3, 0]
+    assert custom_op_params(r).userdata == "ud"
+    ri = ctx.custom_inplace(a, [b], fun)
+    check(ri, GGMLOp.CUSTOM, [4, 3, 1, 1], F32, [a, b])
+    check_inplace(ri, a)
+    with pytest.raises(ArgumentError, match="custom_4d: 10 args, at most 9"):
+        ctx.custom_4d(F32, 1, 1, 1, 1, [a] * 10, fun)
 
 
 # --- all builders are reachable both ways ---
@@ -664,9 +751,10 @@ def test_every_builder_is_a_context_method() -> None:
     expected = {"add1", "acc_inplace", "set_2d_inplace", "log_inplace", "clamp", "leaky_relu", "hardsigmoid_inplace",
                 "sum", "sum_rows", "mean", "argmax", "argsort", "top_k", "norm", "rms_norm_inplace",
                 "group_norm_inplace", "soft_max", "soft_max_ext", "soft_max_inplace", "diag_mask_zero_inplace",
-                "rope", "rope_inplace", "rope_custom", "rope_custom_inplace", "alibi", "im2col", "conv_1d",
+                "rope", "rope_inplace", "rope_custom", "rope_custom_inplace", "rope_ext", "im2col", "conv_1d",
                 "conv_1d_ph", "conv_2d", "conv_2d_sk_p0", "conv_2d_s1_ph", "conv_transpose_1d", "pool_1d", "pool_2d",
-                "map_custom1", "map_custom2_inplace", "map_custom3"}
+                "map_custom1", "map_custom2_inplace", "map_custom3", "custom_4d", "custom_inplace", "pad_ext",
+                "upscale_ext", "interpolate", "scale_bias", "argsort_top_k", "sigmoid", "xielu"}
     assert expected <= methods
 
 
@@ -681,10 +769,10 @@ def test_errors_leave_the_context_untouched(ctx: Context) -> None:
         lambda: ctx.mul_mat(a, b),
         lambda: ctx.add(a, b),
         lambda: ctx.top_k(a, 9),
-        lambda: ctx.rope(q, pos, 8, 0, 16),
+        lambda: ctx.rope(q, pos, 8, 0),
         lambda: ctx.argmax(q),
         lambda: ctx.conv_2d(kern, q, 1, 1, 0, 0, 1, 1),
-        lambda: ctx.pool_1d(a, PoolOp.MAX, 9, 1, 0),
+        lambda: ctx.pool_1d(a, OpPool.MAX, 9, 1, 0),
         lambda: ctx.soft_max_ext(a, b, 1.0),
     ]
     for f in failing:

@@ -75,7 +75,12 @@ class OpBuilders:
     concat = layout.concat
     diag = layout.diag
     pad = layout.pad
+    pad_ext = layout.pad_ext
+    pad_circular = layout.pad_circular
+    pad_ext_circular = layout.pad_ext_circular
     upscale = layout.upscale
+    upscale_ext = layout.upscale_ext
+    interpolate = layout.interpolate
     # element-wise
     add = elementwise.add
     add_inplace = elementwise.add_inplace
@@ -87,6 +92,8 @@ class OpBuilders:
     div_inplace = elementwise.div_inplace
     scale = elementwise.scale
     scale_inplace = elementwise.scale_inplace
+    scale_bias = elementwise.scale_bias
+    scale_bias_inplace = elementwise.scale_bias_inplace
     unary = elementwise.unary
     unary_inplace = elementwise.unary_inplace
     add1 = elementwise.add1
@@ -106,6 +113,7 @@ class OpBuilders:
     log = elementwise.log
     log_inplace = elementwise.log_inplace
     clamp = elementwise.clamp
+    clamp_inplace = elementwise.clamp_inplace
     leaky_relu = elementwise.leaky_relu
     abs = elementwise.abs
     abs_inplace = elementwise.abs_inplace
@@ -131,6 +139,25 @@ class OpBuilders:
     hardswish_inplace = elementwise.hardswish_inplace
     hardsigmoid = elementwise.hardsigmoid
     hardsigmoid_inplace = elementwise.hardsigmoid_inplace
+    sigmoid = elementwise.sigmoid
+    sigmoid_inplace = elementwise.sigmoid_inplace
+    gelu_erf = elementwise.gelu_erf
+    gelu_erf_inplace = elementwise.gelu_erf_inplace
+    exp = elementwise.exp
+    exp_inplace = elementwise.exp_inplace
+    expm1 = elementwise.expm1
+    expm1_inplace = elementwise.expm1_inplace
+    softplus = elementwise.softplus
+    softplus_inplace = elementwise.softplus_inplace
+    floor = elementwise.floor
+    floor_inplace = elementwise.floor_inplace
+    ceil = elementwise.ceil
+    ceil_inplace = elementwise.ceil_inplace
+    round = elementwise.round
+    round_inplace = elementwise.round_inplace
+    trunc = elementwise.trunc
+    trunc_inplace = elementwise.trunc_inplace
+    xielu = elementwise.xielu
     # matrix products
     mul_mat = matmul.mul_mat
     out_prod = matmul.out_prod
@@ -140,6 +167,7 @@ class OpBuilders:
     mean = reduce_ops.mean
     argmax = reduce_ops.argmax
     argsort = reduce_ops.argsort
+    argsort_top_k = reduce_ops.argsort_top_k
     top_k = reduce_ops.top_k
     # norms, soft_max, masks, positions
     norm = norm_ops.norm
@@ -151,6 +179,7 @@ class OpBuilders:
     soft_max = norm_ops.soft_max
     soft_max_inplace = norm_ops.soft_max_inplace
     soft_max_ext = norm_ops.soft_max_ext
+    soft_max_ext_inplace = norm_ops.soft_max_ext_inplace
     diag_mask_inf = norm_ops.diag_mask_inf
     diag_mask_inf_inplace = norm_ops.diag_mask_inf_inplace
     diag_mask_zero = norm_ops.diag_mask_zero
@@ -159,8 +188,10 @@ class OpBuilders:
     rope_inplace = norm_ops.rope_inplace
     rope_custom = norm_ops.rope_custom
     rope_custom_inplace = norm_ops.rope_custom_inplace
-    rope_xpos_inplace = norm_ops.rope_xpos_inplace
-    alibi = norm_ops.alibi
+    rope_ext = norm_ops.rope_ext
+    rope_ext_inplace = norm_ops.rope_ext_inplace
+    rope_multi = norm_ops.rope_multi
+    rope_multi_inplace = norm_ops.rope_multi_inplace
     # convolution and pooling
     im2col = conv.im2col
     conv_1d = conv.conv_1d
@@ -178,3 +209,5 @@ class OpBuilders:
     map_custom2_inplace = custom.map_custom2_inplace
     map_custom3 = custom.map_custom3
     map_custom3_inplace = custom.map_custom3_inplace
+    custom_4d = custom.custom_4d
+    custom_inplace = custom.custom_inplace

@@ -1,46 +1,37 @@
 """Convolution and pooling: IM2COL, conv_1d/conv_2d (IM2COL + MUL_MAT, as ggml
-builds them in late 2023), CONV_TRANSPOSE_1D, POOL_1D, POOL_2D.
+builds them), CONV_TRANSPOSE_1D, POOL_1D, POOL_2D.
 
 Layouts (ggml's, innermost first): a 1-D kernel is [K, IC, OC] and its input
 [L, IC, N]; a 2-D kernel [KW, KH, IC, OC] and its input [W, H, IC, N].
 
-op_params as ggml.c of December 2023 stores them:
+op_params as today's ggml.c stores them (`pyggml.core.ops.params`):
 - IM2COL: [s0, s1, p0, p1, d0, d1, is_2D]
 - CONV_TRANSPOSE_1D: [s0, p0, d0]
 - POOL_1D: [op, k0, s0, p0]; POOL_2D: [op, k0, k1, s0, s1, p0, p1]
 
-Where pyggml differs from ggml of Dec 2023, and why:
-- conv_1d/conv_2d with a batch N > 1: ggml reshapes the MUL_MAT result
-  [N*OL, OC] straight to [OL, OC, N], which mixes up batch and channel when
-  N > 1 (fixed in later ggml with a permute). For N == 1 pyggml builds exactly
-  ggml's graph; for N > 1 it reshapes to [.., N, OC] and adds PERMUTE + CONT.
-- POOL_1D/POOL_2D keep the input's outer dimensions (later ggml's 4-D result)
-  instead of dropping dims 2-3 (POOL_1D) or 3 (POOL_2D).
+Where pyggml differs from today's ggml, and why:
+- conv_1d with a batch N > 1: ggml reshapes the MUL_MAT result [N*OL, OC]
+  straight to [OL, OC, N], which mixes up batch and channel when N > 1 (conv_2d
+  has the fix: a permute). For N == 1 pyggml builds exactly ggml's graph; for
+  N > 1 it reshapes to [.., N, OC] and adds PERMUTE + CONT, as conv_2d does.
 - CONV_TRANSPOSE_1D takes any p0 >= 0 and d0 >= 1 (ggml asserts p0 == 0 and
   d0 == 1, a limit of its kernel; pyggml's kernel has no such limit).
 """
 
 from __future__ import annotations
 
-from enum import IntEnum
 from typing import TYPE_CHECKING
 
 from pyggml.core.checks import check_real
 from pyggml.core.ops._build import as_enum, require, require_arg, set_op
 from pyggml.core.ops.layout import cont, permute, reshape_2d, reshape_3d, reshape_4d
 from pyggml.core.ops.matmul import mul_mat
-from pyggml.core.tensor import GGMLOp, Tensor
+from pyggml.core.ops.params import ConvTranspose1dParams, Im2colParams, Pool1dParams, Pool2dParams
+from pyggml.core.tensor import GGMLOp, OpPool, Tensor
 from pyggml.core.types import GGMLType
 
 if TYPE_CHECKING:
     from pyggml.core.context import Context
-
-
-class PoolOp(IntEnum):
-    """ggml's `enum ggml_op_pool`."""
-
-    MAX = 0
-    AVG = 1
 
 
 def calc_conv_output_size(ins: int, ks: int, s: int, p: int, d: int) -> int:
@@ -70,17 +61,17 @@ def _check_window(fn: str, what: str, ins: int, ks: int, s: int, p: int | float,
 
 def im2col(ctx: Context, a: Tensor, b: Tensor, s0: int, s1: int, p0: int, p1: int, d0: int, d1: int,
            is_2D: bool, dst_type: GGMLType = GGMLType.F16) -> Tensor:
-    """Unfold the input's patches into rows for a kernel of a's shape.
+    """Unfold the input's patches into rows for a kernel of a's shape, as `dst_type` (F16 or F32).
 
     2-D: a [KW, KH, IC, OC], b [W, H, IC, N] -> [IC*KH*KW, OW, OH, N].
     1-D: a [K, IC, OC], b [L, IC, N] -> [IC*K, OL, N].
-    The result is F16 as in ggml of late 2023 (`dst_type` is later ggml's extra argument).
     """
     if is_2D:
         require(a.ne[2] == b.ne[2], "im2col", "the kernel's channels a.ne[2] must equal the input's b.ne[2]", a, b)
         _check_window("im2col", "dim 1", b.ne[1], a.ne[1], s1, p1, d1, a, b)
     else:
         require(a.ne[1] == b.ne[1], "im2col", "the kernel's channels a.ne[1] must equal the input's b.ne[1]", a, b)
+        require(b.ne[3] == 1, "im2col", "a 1-D input must be 3-D (b.ne[3] == 1)", b)
     _check_window("im2col", "dim 0", b.ne[0], a.ne[0], s0, p0, d0, a, b)
     oh = calc_conv_output_size(b.ne[1], a.ne[1], s1, p1, d1) if is_2D else 0
     ow = calc_conv_output_size(b.ne[0], a.ne[0], s0, p0, d0)
@@ -89,15 +80,21 @@ def im2col(ctx: Context, a: Tensor, b: Tensor, s0: int, s1: int, p0: int, p1: in
     else:
         ne = [a.ne[1] * a.ne[0], ow, b.ne[2], 1]
     result = ctx.new_tensor(dst_type, ne)
-    return set_op(result, GGMLOp.IM2COL, a, b, params=[s0, s1, p0, p1, d0, d1, 1 if is_2D else 0])
+    return set_op(result, GGMLOp.IM2COL, a, b,
+                  params=Im2colParams(s0=s0, s1=s1, p0=p0, p1=p1, d0=d0, d1=d1, is_2D=is_2D))
 
 
 # --- convolutions ---
 
 
+def _cols_type(kernel: Tensor) -> GGMLType:
+    """The type ggml's conv_1d/conv_2d unfold into: F32 for a BF16 kernel, else F16."""
+    return GGMLType.F32 if kernel.type == GGMLType.BF16 else GGMLType.F16
+
+
 def conv_1d(ctx: Context, a: Tensor, b: Tensor, s0: int, p0: int, d0: int) -> Tensor:
     """1-D convolution: kernel a [K, IC, OC], input b [L, IC, N] -> [OL, OC, N] (F32)."""
-    cols = im2col(ctx, a, b, s0, 0, p0, 0, d0, 0, False)  # [IC*K, OL, N]
+    cols = im2col(ctx, a, b, s0, 0, p0, 0, d0, 0, False, _cols_type(a))  # [IC*K, OL, N]
     ol, n, oc = cols.ne[1], cols.ne[2], a.ne[2]
     result = mul_mat(ctx,
                      reshape_2d(ctx, cols, cols.ne[0], n * ol),  # [IC*K, N*OL]
@@ -115,7 +112,7 @@ def conv_1d_ph(ctx: Context, a: Tensor, b: Tensor, s: int, d: int) -> Tensor:
 
 def conv_2d(ctx: Context, a: Tensor, b: Tensor, s0: int, s1: int, p0: int, p1: int, d0: int, d1: int) -> Tensor:
     """2-D convolution: kernel a [KW, KH, IC, OC], input b [W, H, IC, N] -> [OW, OH, OC, N] (F32)."""
-    cols = im2col(ctx, a, b, s0, s1, p0, p1, d0, d1, True)  # [IC*KH*KW, OW, OH, N]
+    cols = im2col(ctx, a, b, s0, s1, p0, p1, d0, d1, True, _cols_type(a))  # [IC*KH*KW, OW, OH, N]
     ow, oh, n, oc = cols.ne[1], cols.ne[2], cols.ne[3], a.ne[3]
     result = mul_mat(ctx,
                      reshape_2d(ctx, cols, cols.ne[0], n * oh * ow),  # [IC*KH*KW, N*OH*OW]
@@ -147,27 +144,27 @@ def conv_transpose_1d(ctx: Context, a: Tensor, b: Tensor, s0: int, p0: int, d0: 
     ol = calc_conv_transpose_1d_output_size(b.ne[0], a.ne[0], s0, p0, d0)
     require(ol > 0, "conv_transpose_1d", f"the output length {ol} is not positive", a, b)
     result = ctx.new_tensor_4d(GGMLType.F32, ol, a.ne[1], b.ne[2], 1)
-    return set_op(result, GGMLOp.CONV_TRANSPOSE_1D, a, b, params=[s0, p0, d0])
+    return set_op(result, GGMLOp.CONV_TRANSPOSE_1D, a, b, params=ConvTranspose1dParams(s0=s0, p0=p0, d0=d0))
 
 
 # --- pooling ---
 
 
-def pool_1d(ctx: Context, a: Tensor, op: PoolOp | int, k0: int, s0: int, p0: int) -> Tensor:
+def pool_1d(ctx: Context, a: Tensor, op: OpPool | int, k0: int, s0: int, p0: int) -> Tensor:
     """Pool each row over windows of k0 with stride s0 and padding p0: [OL, ne1, ne2, ne3] (F32)."""
-    op = as_enum(PoolOp, op, "pool_1d", "op")
+    op = as_enum(OpPool, op, "pool_1d", "op")
     require_arg(k0 >= 1 and s0 >= 1 and p0 >= 0, "pool_1d", f"k0={k0}, s0={s0} must be >= 1, p0={p0} >= 0", a)
     require(a.ne[0] + 2 * p0 - k0 >= 0, "pool_1d", f"window {k0} is wider than the padded row ({a.ne[0]} + 2*{p0})",
             a)
     ol = calc_pool_output_size(a.ne[0], k0, s0, p0)
     result = ctx.new_tensor_4d(GGMLType.F32, ol, a.ne[1], a.ne[2], a.ne[3])
-    return set_op(result, GGMLOp.POOL_1D, a, params=[int(op), k0, s0, p0])
+    return set_op(result, GGMLOp.POOL_1D, a, params=Pool1dParams(op=op, k0=k0, s0=s0, p0=p0))
 
 
-def pool_2d(ctx: Context, a: Tensor, op: PoolOp | int, k0: int, k1: int, s0: int, s1: int,
+def pool_2d(ctx: Context, a: Tensor, op: OpPool | int, k0: int, k1: int, s0: int, s1: int,
             p0: float, p1: float) -> Tensor:
     """Pool each plane over k0 x k1 windows: [OW, OH, ne2, ne3] (F32); paddings stored as ints as ggml does."""
-    op = as_enum(PoolOp, op, "pool_2d", "op")
+    op = as_enum(OpPool, op, "pool_2d", "op")
     p0, p1 = check_real(p0, "pool_2d: p0", finite=True), check_real(p1, "pool_2d: p1", finite=True)
     require_arg(min(k0, k1, s0, s1) >= 1 and min(p0, p1) >= 0, "pool_2d",
                 f"k=({k0}, {k1}), s=({s0}, {s1}) must be >= 1, p=({p0}, {p1}) >= 0", a)
@@ -176,11 +173,12 @@ def pool_2d(ctx: Context, a: Tensor, op: PoolOp | int, k0: int, k1: int, s0: int
     ow = calc_pool_output_size(a.ne[0], k0, s0, p0)
     oh = calc_pool_output_size(a.ne[1], k1, s1, p1)
     result = ctx.new_tensor_4d(GGMLType.F32, ow, oh, a.ne[2], a.ne[3])
-    return set_op(result, GGMLOp.POOL_2D, a, params=[int(op), k0, k1, s0, s1, int(p0), int(p1)])
+    return set_op(result, GGMLOp.POOL_2D, a,
+                  params=Pool2dParams(op=op, k0=k0, k1=k1, s0=s0, s1=s1, p0=int(p0), p1=int(p1)))
 
 
 __all__ = [
-    "PoolOp", "calc_conv_output_size", "calc_conv_transpose_1d_output_size", "calc_pool_output_size",
+    "calc_conv_output_size", "calc_conv_transpose_1d_output_size", "calc_pool_output_size",
     "conv_1d", "conv_1d_ph", "conv_2d", "conv_2d_s1_ph", "conv_2d_sk_p0", "conv_transpose_1d",
     "im2col", "pool_1d", "pool_2d",
 ]

@@ -1,6 +1,7 @@
 """Element-wise ops: binary arithmetic with ggml's broadcasting (b repeats to
 a's shape), ADD1, ACC, SET, SQR, SQRT, LOG, CLAMP, LEAKY_RELU, SCALE and the
-unary functions (UNARY and its shortcuts relu, gelu, silu, ...).
+unary functions (UNARY and its shortcuts relu, gelu, silu, ...), op_params as
+today's ggml.c writes them (`pyggml.core.ops.params`).
 
 Shape rules are ggml's. Where ggml asserts only what its own CPU kernel cannot
 do (ADD1's packed rows, ACC's F32-only), the rule is left to the backends'
@@ -11,10 +12,12 @@ ggml's names, and callers use them as `ops.abs` or `ctx.abs`."""
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from pyggml.core.checks import check_int
 from pyggml.core.ops._build import as_enum, require, same_or_view, set_op
+from pyggml.core.ops.params import AccParams, ClampParams, LeakyReluParams, ScaleParams, UnaryParams
 from pyggml.core.tensor import GGMLOp, Tensor, UnaryOp, can_repeat, check_window, nbytes_of, strides
 
 if TYPE_CHECKING:
@@ -59,19 +62,32 @@ def div_inplace(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     return _binary(ctx, GGMLOp.DIV, a, b, True)
 
 
+def _scale(ctx: Context, a: Tensor, s: float, b: float, inplace: bool) -> Tensor:
+    return set_op(same_or_view(ctx, a, inplace), GGMLOp.SCALE, a, params=ScaleParams(s=s, b=b))
+
+
 def scale(ctx: Context, a: Tensor, s: float, inplace: bool = False) -> Tensor:
-    """a * s, with the float in op_params[0] (ggml's ggml_scale since Dec 2023)."""
-    return set_op(same_or_view(ctx, a, inplace), GGMLOp.SCALE, a, params=[float(s)])
+    """a * s; op_params [s, b=0] (f32)."""
+    return _scale(ctx, a, s, 0.0, inplace)
 
 
 def scale_inplace(ctx: Context, a: Tensor, s: float) -> Tensor:
-    return scale(ctx, a, s, True)
+    return _scale(ctx, a, s, 0.0, True)
+
+
+def scale_bias(ctx: Context, a: Tensor, s: float, b: float) -> Tensor:
+    """a * s + b; op_params [s, b] (f32)."""
+    return _scale(ctx, a, s, b, False)
+
+
+def scale_bias_inplace(ctx: Context, a: Tensor, s: float, b: float) -> Tensor:
+    return _scale(ctx, a, s, b, True)
 
 
 def unary(ctx: Context, a: Tensor, op: UnaryOp, inplace: bool = False) -> Tensor:
-    """UNARY with the function in op_params[0]."""
+    """UNARY with the function in op_params[0] (a ggml_unary_op)."""
     op = as_enum(UnaryOp, op, "unary", "op")
-    return set_op(same_or_view(ctx, a, inplace), GGMLOp.UNARY, a, params=[int(op)])
+    return set_op(same_or_view(ctx, a, inplace), GGMLOp.UNARY, a, params=UnaryParams(op=op))
 
 
 def unary_inplace(ctx: Context, a: Tensor, op: UnaryOp) -> Tensor:
@@ -108,7 +124,8 @@ def acc(ctx: Context, a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: int, offset
     require(a.is_contiguous(), "acc", "a must be contiguous", a)
     _check_window("acc", a, b, nb1, nb2, nb3, offset, inplace)
     result = same_or_view(ctx, a, inplace)
-    return set_op(result, GGMLOp.ACC, a, b, params=[nb1, nb2, nb3, offset, 1 if inplace else 0])
+    return set_op(result, GGMLOp.ACC, a, b, params=AccParams(nb1=nb1, nb2=nb2, nb3=nb3, offset=offset,
+                                                            inplace=inplace))
 
 
 def acc_inplace(ctx: Context, a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: int, offset: int) -> Tensor:
@@ -125,7 +142,8 @@ def set(ctx: Context, a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: int, offset
             a, b)
     _check_window("set", a, b, nb1, nb2, nb3, offset, inplace)
     result = same_or_view(ctx, a, inplace)
-    return set_op(result, GGMLOp.SET, a, b, params=[nb1, nb2, nb3, offset, 1 if inplace else 0])
+    return set_op(result, GGMLOp.SET, a, b, params=AccParams(nb1=nb1, nb2=nb2, nb3=nb3, offset=offset,
+                                                            inplace=inplace))
 
 
 def set_inplace(ctx: Context, a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: int, offset: int) -> Tensor:
@@ -176,17 +194,20 @@ def log_inplace(ctx: Context, a: Tensor) -> Tensor:
     return _same_shape_op(ctx, GGMLOp.LOG, a, True)
 
 
-def clamp(ctx: Context, a: Tensor, min: float, max: float) -> Tensor:
-    """Clamp to [min, max]; op_params [min, max] as f32.
+def clamp(ctx: Context, a: Tensor, min: float, max: float, inplace: bool = False) -> Tensor:
+    """Clamp to [min, max]; op_params [min, max] as f32 (a new tensor, or a view of `a` in place, as
+    today's ggml; ggml of late 2023 always computed in place)."""
+    return set_op(same_or_view(ctx, a, inplace), GGMLOp.CLAMP, a, params=ClampParams(min=min, max=max))
 
-    The result is a view of `a` (computed in place), as in ggml of late 2023.
-    """
-    return set_op(ctx.view_tensor(a), GGMLOp.CLAMP, a, params=[float(min), float(max)])
+
+def clamp_inplace(ctx: Context, a: Tensor, min: float, max: float) -> Tensor:
+    return clamp(ctx, a, min, max, True)
 
 
 def leaky_relu(ctx: Context, a: Tensor, negative_slope: float, inplace: bool = False) -> Tensor:
     """x if x > 0 else negative_slope * x; the slope f32 in op_params[0]."""
-    return set_op(same_or_view(ctx, a, inplace), GGMLOp.LEAKY_RELU, a, params=[float(negative_slope)])
+    return set_op(same_or_view(ctx, a, inplace), GGMLOp.LEAKY_RELU, a,
+                  params=LeakyReluParams(negative_slope=negative_slope))
 
 
 # --- unary shortcuts (UNARY with the function in op_params[0]) ---
@@ -286,3 +307,85 @@ def hardsigmoid(ctx: Context, a: Tensor) -> Tensor:
 
 def hardsigmoid_inplace(ctx: Context, a: Tensor) -> Tensor:
     return unary(ctx, a, UnaryOp.HARDSIGMOID, True)
+
+
+def sigmoid(ctx: Context, a: Tensor) -> Tensor:
+    return unary(ctx, a, UnaryOp.SIGMOID)
+
+
+def sigmoid_inplace(ctx: Context, a: Tensor) -> Tensor:
+    return unary(ctx, a, UnaryOp.SIGMOID, True)
+
+
+def gelu_erf(ctx: Context, a: Tensor) -> Tensor:
+    return unary(ctx, a, UnaryOp.GELU_ERF)
+
+
+def gelu_erf_inplace(ctx: Context, a: Tensor) -> Tensor:
+    return unary(ctx, a, UnaryOp.GELU_ERF, True)
+
+
+def exp(ctx: Context, a: Tensor) -> Tensor:
+    return unary(ctx, a, UnaryOp.EXP)
+
+
+def exp_inplace(ctx: Context, a: Tensor) -> Tensor:
+    return unary(ctx, a, UnaryOp.EXP, True)
+
+
+def expm1(ctx: Context, a: Tensor) -> Tensor:
+    return unary(ctx, a, UnaryOp.EXPM1)
+
+
+def expm1_inplace(ctx: Context, a: Tensor) -> Tensor:
+    return unary(ctx, a, UnaryOp.EXPM1, True)
+
+
+def softplus(ctx: Context, a: Tensor) -> Tensor:
+    return unary(ctx, a, UnaryOp.SOFTPLUS)
+
+
+def softplus_inplace(ctx: Context, a: Tensor) -> Tensor:
+    return unary(ctx, a, UnaryOp.SOFTPLUS, True)
+
+
+def floor(ctx: Context, a: Tensor) -> Tensor:
+    return unary(ctx, a, UnaryOp.FLOOR)
+
+
+def floor_inplace(ctx: Context, a: Tensor) -> Tensor:
+    return unary(ctx, a, UnaryOp.FLOOR, True)
+
+
+def ceil(ctx: Context, a: Tensor) -> Tensor:
+    return unary(ctx, a, UnaryOp.CEIL)
+
+
+def ceil_inplace(ctx: Context, a: Tensor) -> Tensor:
+    return unary(ctx, a, UnaryOp.CEIL, True)
+
+
+def round(ctx: Context, a: Tensor) -> Tensor:
+    return unary(ctx, a, UnaryOp.ROUND)
+
+
+def round_inplace(ctx: Context, a: Tensor) -> Tensor:
+    return unary(ctx, a, UnaryOp.ROUND, True)
+
+
+def trunc(ctx: Context, a: Tensor) -> Tensor:
+    return unary(ctx, a, UnaryOp.TRUNC)
+
+
+def trunc_inplace(ctx: Context, a: Tensor) -> Tensor:
+    return unary(ctx, a, UnaryOp.TRUNC, True)
+
+
+def xielu(ctx: Context, a: Tensor, alpha_n: float, alpha_p: float, beta: float, eps: float) -> Tensor:
+    """xIELU (ggml_xielu): UNARY XIELU with [op, beta + softplus(alpha_n), softplus(alpha_p), beta, eps]."""
+    def softplus_f32(x: float) -> float:  # ggml_compute_softplus_f32: log(1 + exp(x)), x itself above 20
+        return x if x > 20.0 else math.log1p(math.exp(x))
+
+    params = UnaryParams(op=UnaryOp.XIELU, alpha_n=beta + softplus_f32(alpha_n), alpha_p=softplus_f32(alpha_p),
+                         beta=beta, eps=eps)
+    return set_op(ctx.dup_tensor(a), GGMLOp.UNARY, a, params=params)

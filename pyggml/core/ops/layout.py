@@ -1,13 +1,18 @@
 """Ops that copy, view or rearrange data: DUP, CPY, CONT, RESHAPE, VIEW,
-PERMUTE, TRANSPOSE, GET_ROWS, REPEAT, CONCAT, DIAG, PAD, UPSCALE."""
+PERMUTE, TRANSPOSE, GET_ROWS, REPEAT, CONCAT, DIAG, PAD, UPSCALE.
+
+Shapes and op_params as today's ggml.c builds them (CONCAT along any
+dimension, PAD with left and right padding per dimension, UPSCALE with a scale
+mode); op_params through `pyggml.core.ops.params`."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from pyggml.core.checks import check_int
-from pyggml.core.ops._build import int64_words, require, same_or_view, set_op
-from pyggml.core.tensor import GGML_MAX_DIMS, GGMLOp, Tensor, can_repeat, check_ne
+from pyggml.core.ops._build import as_enum, require, require_arg, same_or_view, set_op
+from pyggml.core.ops.params import ConcatParams, PadParams, PermuteParams, UpscaleParams, ViewParams
+from pyggml.core.tensor import GGML_MAX_DIMS, GGMLOp, ScaleFlag, ScaleMode, Tensor, can_repeat, check_ne
 from pyggml.core.types import GGMLType
 
 if TYPE_CHECKING:
@@ -104,7 +109,7 @@ def _view(ctx: Context, a: Tensor, fn: str, ne: list[int], nb_outer: list[int], 
     nb_outer = [check_int(n, f"{fn}: nb{i + 1}", minimum=0) for i, n in enumerate(nb_outer)]
     result = ctx.new_tensor_impl(a.type, ne, a, offset, nb=[a.element_size(), *nb_outer], what=fn)
     result.format_name("%s (view)", a.name)
-    return set_op(result, GGMLOp.VIEW, a, params=int64_words(offset))
+    return set_op(result, GGMLOp.VIEW, a, params=ViewParams(offset=offset))
 
 
 def view_1d(ctx: Context, a: Tensor, ne0: int, offset: int) -> Tensor:
@@ -138,7 +143,7 @@ def permute(ctx: Context, a: Tensor, axis0: int, axis1: int, axis2: int, axis3: 
         nb[x] = a.nb[i]
     result.ne = ne
     result.nb = nb
-    return set_op(result, GGMLOp.PERMUTE, a, params=axes)
+    return set_op(result, GGMLOp.PERMUTE, a, params=PermuteParams(axis0=axis0, axis1=axis1, axis2=axis2, axis3=axis3))
 
 
 def transpose(ctx: Context, a: Tensor) -> Tensor:
@@ -154,6 +159,7 @@ def get_rows(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     """Rows of `a` picked by the I32 indices in `b`: [a.ne0, b.ne0, b.ne1, b.ne2]."""
     require(b.type == GGMLType.I32, "get_rows", "indices must be I32", b)
     require(a.ne[2] == b.ne[1], "get_rows", "a.ne[2] must equal b.ne[1]", a, b)
+    require(a.ne[3] == b.ne[2], "get_rows", "a.ne[3] must equal b.ne[2]", a, b)
     require(b.ne[3] == 1, "get_rows", "b.ne[3] must be 1", b)
     type = GGMLType.I32 if a.type == GGMLType.I32 else GGMLType.F32
     result = ctx.new_tensor_4d(type, a.ne[0], b.ne[0], b.ne[1], b.ne[2])
@@ -167,12 +173,15 @@ def repeat(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     return set_op(result, GGMLOp.REPEAT, a)
 
 
-def concat(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
-    """Join along dimension 2 (ggml of late 2023 concatenates only there)."""
-    require(a.ne[0] == b.ne[0] and a.ne[1] == b.ne[1] and a.ne[3] == b.ne[3], "concat",
-            "dimensions 0, 1 and 3 must match", a, b)
-    result = ctx.new_tensor_4d(a.type, a.ne[0], a.ne[1], a.ne[2] + b.ne[2], a.ne[3])
-    return set_op(result, GGMLOp.CONCAT, a, b)
+def concat(ctx: Context, a: Tensor, b: Tensor, dim: int) -> Tensor:
+    """Join a and b along dimension `dim` (the others must match); dim in op_params[0]."""
+    require_arg(0 <= dim < GGML_MAX_DIMS, "concat", f"dim={dim} must be in [0, {GGML_MAX_DIMS})", a, b)
+    require(a.type == b.type, "concat", "a and b must have the same type", a, b)
+    require(all(a.ne[d] == b.ne[d] for d in range(GGML_MAX_DIMS) if d != dim), "concat",
+            f"the dimensions other than {dim} must match", a, b)
+    ne = [a.ne[d] + b.ne[d] if d == dim else a.ne[d] for d in range(GGML_MAX_DIMS)]
+    result = ctx.new_tensor(a.type, ne)
+    return set_op(result, GGMLOp.CONCAT, a, b, params=ConcatParams(dim=dim))
 
 
 def diag(ctx: Context, a: Tensor) -> Tensor:
@@ -182,15 +191,67 @@ def diag(ctx: Context, a: Tensor) -> Tensor:
     return set_op(result, GGMLOp.DIAG, a)
 
 
+def _pad(ctx: Context, a: Tensor, params: PadParams, fn: str) -> Tensor:
+    left, right = params.left(), params.right()
+    require_arg(min(left + right) >= 0, fn, f"paddings must be >= 0, got left {list(left)}, right {list(right)}",
+                a)
+    if params.circular:
+        require_arg(all(lp <= n and rp <= n for lp, rp, n in zip(left, right, a.ne, strict=True)), fn,
+                    "circular padding wraps around once at most: each padding must be <= its dimension", a)
+    ne = [a.ne[d] + left[d] + right[d] for d in range(GGML_MAX_DIMS)]
+    result = ctx.new_tensor_impl(a.type, ne, what=fn)
+    return set_op(result, GGMLOp.PAD, a, params=params)
+
+
 def pad(ctx: Context, a: Tensor, p0: int, p1: int, p2: int, p3: int) -> Tensor:
-    """Zero-pad at the end of each dimension."""
-    require(min(p0, p1, p2, p3) >= 0, "pad", f"paddings must be >= 0, got {[p0, p1, p2, p3]}", a)
-    result = ctx.new_tensor_4d(a.type, a.ne[0] + p0, a.ne[1] + p1, a.ne[2] + p2, a.ne[3] + p3)
-    return set_op(result, GGMLOp.PAD, a)
+    """Zero-pad at the end of each dimension (ggml_pad: ggml_pad_ext with right padding only)."""
+    return _pad(ctx, a, PadParams(rp0=p0, rp1=p1, rp2=p2, rp3=p3), "pad")
 
 
-def upscale(ctx: Context, a: Tensor, scale_factor: int) -> Tensor:
-    """Nearest-neighbour upscale of dimensions 0 and 1 by an integer factor."""
-    require(scale_factor >= 1, "upscale", f"scale factor must be >= 1, got {scale_factor}", a)
-    result = ctx.new_tensor_4d(a.type, a.ne[0] * scale_factor, a.ne[1] * scale_factor, a.ne[2], a.ne[3])
-    return set_op(result, GGMLOp.UPSCALE, a, params=[scale_factor])
+def pad_ext(ctx: Context, a: Tensor, lp0: int, rp0: int, lp1: int, rp1: int, lp2: int, rp2: int,
+            lp3: int, rp3: int) -> Tensor:
+    """Zero-pad before (lp) and after (rp) each dimension; op_params [lp0, rp0, lp1, rp1, ..., circular=0]."""
+    return _pad(ctx, a, PadParams(lp0=lp0, rp0=rp0, lp1=lp1, rp1=rp1, lp2=lp2, rp2=rp2, lp3=lp3, rp3=rp3),
+                "pad_ext")
+
+
+def pad_circular(ctx: Context, a: Tensor, p0: int, p1: int, p2: int, p3: int) -> Tensor:
+    """Pad at the end of each dimension with the tensor wrapped around (a torus)."""
+    return _pad(ctx, a, PadParams(rp0=p0, rp1=p1, rp2=p2, rp3=p3, circular=True), "pad_circular")
+
+
+def pad_ext_circular(ctx: Context, a: Tensor, lp0: int, rp0: int, lp1: int, rp1: int, lp2: int, rp2: int,
+                     lp3: int, rp3: int) -> Tensor:
+    return _pad(ctx, a, PadParams(lp0=lp0, rp0=rp0, lp1=lp1, rp1=rp1, lp2=lp2, rp2=rp2, lp3=lp3, rp3=rp3,
+                                  circular=True), "pad_ext_circular")
+
+
+def interpolate(ctx: Context, a: Tensor, ne0: int, ne1: int, ne2: int, ne3: int,
+                mode: int = ScaleMode.NEAREST) -> Tensor:
+    """a resized to [ne0, ne1, ne2, ne3] (F32): `mode` a ScaleMode, or'd with ScaleFlag bits."""
+    fn = "interpolate"
+    require_arg((mode & 0xFF) < len(ScaleMode), fn, f"mode={mode}: the low byte is no ScaleMode "
+                f"({', '.join(f'{m.name}={int(m)}' for m in ScaleMode)})", a)
+    known = int(ScaleFlag.ALIGN_CORNERS | ScaleFlag.ANTIALIAS)
+    require_arg(mode >= 0 and (mode & ~0xFF & ~known) == 0, fn, f"mode={mode} has unknown flag bits", a)
+    require_arg(not mode & ScaleFlag.ANTIALIAS or (mode & 0xFF) == ScaleMode.BILINEAR, fn,
+                "ANTIALIAS works with BILINEAR only", a)
+    require(a.type == GGMLType.F32, fn, "a must be F32", a)
+    ne = check_ne([ne0, ne1, ne2, ne3], fn)
+    require_arg(all(n > 0 for n in ne) or a.nelements() == 0, fn, f"the new shape {ne} must not be empty", a)
+    result = ctx.new_tensor(a.type, ne)
+    return set_op(result, GGMLOp.UPSCALE, a, params=UpscaleParams(mode=int(mode)))
+
+
+def upscale(ctx: Context, a: Tensor, scale_factor: int, mode: ScaleMode | int = ScaleMode.NEAREST) -> Tensor:
+    """Dimensions 0 and 1 times an integer factor > 1 (ggml_upscale)."""
+    mode = as_enum(ScaleMode, mode, "upscale", "mode")
+    require_arg(scale_factor > 1, "upscale", f"scale factor must be > 1, got {scale_factor}", a)
+    return interpolate(ctx, a, a.ne[0] * scale_factor, a.ne[1] * scale_factor, a.ne[2], a.ne[3], mode)
+
+
+def upscale_ext(ctx: Context, a: Tensor, ne0: int, ne1: int, ne2: int, ne3: int,
+                mode: ScaleMode | int = ScaleMode.NEAREST) -> Tensor:
+    """a resized to [ne0, ne1, ne2, ne3] (ggml_upscale_ext)."""
+    mode = as_enum(ScaleMode, mode, "upscale_ext", "mode")
+    return interpolate(ctx, a, ne0, ne1, ne2, ne3, mode)

@@ -102,8 +102,10 @@ def test_conv_transpose_1d(ktype: GGMLType, conf: tuple, rng: np.random.Generato
     assert_close(run(node), want, F32, atol=1e-5)
 
 
-def pool_ref(x: np.ndarray, op: int, k: tuple, s: tuple, p: tuple, out: tuple) -> np.ndarray:
-    """ggml's pool_2d on the last two axes: avg over the whole window, max ignoring padding."""
+def pool_ref(x: np.ndarray, op: int, k: tuple, s: tuple, p: tuple, out: tuple, count_valid: bool = False
+             ) -> np.ndarray:
+    """ggml's pools on the last two axes: max ignoring padding; avg over the whole window (pool_2d) or over
+    the input elements in it (`count_valid`: pool_1d)."""
     (kh, kw), (sh, sw), (ph, pw), (oh, ow) = k, s, p, out
     h, w = x.shape[-2:]
     res = np.zeros(x.shape[:-2] + (oh, ow))
@@ -111,13 +113,15 @@ def pool_ref(x: np.ndarray, op: int, k: tuple, s: tuple, p: tuple, out: tuple) -
         for y in range(oh):
             for z in range(ow):
                 acc = 0.0 if op == 1 else -3.4028234663852886e38
+                n = 0
                 for ky in range(kh):
                     for kx in range(kw):
                         iy, ix = y * sh - ph + ky, z * sw - pw + kx
                         if 0 <= iy < h and 0 <= ix < w:
                             v = float(x[idx + (iy, ix)])
                             acc = acc + v if op == 1 else max(acc, v)
-                res[idx + (y, z)] = acc / (kh * kw) if op == 1 else acc
+                            n += 1
+                res[idx + (y, z)] = (acc / (n if count_valid else kh * kw) if n else 0.0) if op == 1 else acc
     return res
 
 
@@ -134,7 +138,7 @@ def test_pool_1d(type: GGMLType, op: int, conf: tuple, rng: np.random.Generator)
         node = ctx.pool_1d(t, op, k0, s0, p0)
     else:
         node = manual_node(ctx, GGMLOp.POOL_1D, [t], [op, k0, s0, p0], type=F32, ne=[ol, 4])
-    want = pool_ref(stored(type, x)[:, None, :], op, (1, k0), (1, s0), (0, p0), (1, ol))[:, 0, :]
+    want = pool_ref(stored(type, x)[:, None, :], op, (1, k0), (1, s0), (0, p0), (1, ol), count_valid=True)[:, 0, :]
     assert_close(run(node), want, F32, atol=1e-6)
 
 

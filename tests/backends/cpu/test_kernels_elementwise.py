@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from kernel_helpers import (
@@ -175,10 +177,30 @@ UNARY_REF = {
     UnaryOp.GELU: gelu_ref,
     UnaryOp.GELU_QUICK: lambda x: x / (1.0 + np.exp(-1.702 * x)),
     UnaryOp.SILU: lambda x: x / (1.0 + np.exp(-x)),
-    UnaryOp.LEAKY: lambda x: np.where(x > 0, x, 0.1 * x),
     UnaryOp.HARDSWISH: lambda x: x * np.minimum(1.0, np.maximum(0.0, (x + 3.0) / 6.0)),
     UnaryOp.HARDSIGMOID: lambda x: np.minimum(1.0, np.maximum(0.0, (x + 3.0) / 6.0)),
+    UnaryOp.SIGMOID: lambda x: 1.0 / (1.0 + np.exp(-x)),
+    UnaryOp.EXP: np.exp,
+    UnaryOp.EXPM1: np.expm1,
+    UnaryOp.SOFTPLUS: lambda x: np.where(x > 20.0, x, np.log1p(np.exp(np.minimum(x, 20.0)))),
+    UnaryOp.GELU_ERF: lambda x: 0.5 * x * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0))),
+    UnaryOp.FLOOR: np.floor,
+    UnaryOp.CEIL: np.ceil,
+    UnaryOp.ROUND: lambda x: np.sign(x) * np.floor(np.abs(x) + 0.5),  # C's roundf: halves away from zero
+    UnaryOp.TRUNC: np.trunc,
 }
+
+
+def unary_ref(uop: UnaryOp, type: GGMLType, x: np.ndarray) -> np.ndarray:
+    """What ggml's CPU computes: GELU and GELU_QUICK of f32 data through its f16 tables (f16 in, f16 out; GELU
+    0 below -10 and x above 10), everything else by the formula."""
+    x = np.asarray(x, np.float64)
+    if uop not in (UnaryOp.GELU, UnaryOp.GELU_QUICK) or type != F32:
+        return UNARY_REF[uop](x)
+    y = UNARY_REF[uop](x.astype(np.float16).astype(np.float64)).astype(np.float16).astype(np.float64)
+    if uop == UnaryOp.GELU:
+        y = np.where(x <= -10, 0.0, np.where(x >= 10, x, y))
+    return y
 
 
 @pytest.mark.parametrize("uop", list(UNARY_REF))
@@ -187,13 +209,29 @@ UNARY_REF = {
 def test_unary(uop: UnaryOp, type: GGMLType, layout: str, rng: np.random.Generator) -> None:
     x = (rng.standard_normal((3, 4, 10)) * 3).astype(np.float32)
     x[0, 0, :3] = [0.0, -0.0, 0.0]
+    x[0, 1, :2] = [-12.0, 11.0]  # GELU's shortcuts
     ctx = new_ctx()
     t = tensor(ctx, type, x) if layout == "contiguous" else transposed(ctx, type, x)
     node = ctx.unary(t, uop)
     xs = stored(type, x).astype(np.float64)
-    # GELU: ggml of late 2023 reads an f16 table; we compute in f32, so compare within 1e-3 (see the kernel)
-    atol = 1e-3 if uop == UnaryOp.GELU and type == F32 else None
-    assert_close(run(node), stored(type, UNARY_REF[uop](xs)), type, atol=atol)
+    assert_close(run(node), stored(type, unary_ref(uop, type, xs)), type)
+
+
+def test_round_halves_away_from_zero() -> None:
+    x = np.array([[0.5, -0.5, 1.5, -1.5, 2.5, -2.5, 0.49999997, -0.49999997, 3.0, -0.0]], np.float32)
+    ctx = new_ctx()
+    out = run(ctx.unary(tensor(ctx, F32, x), UnaryOp.ROUND))
+    assert out.ravel().tolist() == [1.0, -1.0, 2.0, -2.0, 3.0, -3.0, 0.0, -0.0, 3.0, -0.0]
+
+
+def test_xielu(rng: np.random.Generator) -> None:
+    x = (rng.standard_normal((3, 9)) * 2).astype(np.float32)
+    ctx = new_ctx()
+    node = ctx.xielu(tensor(ctx, F32, x), 0.8, 0.8, 0.5, -1e-6)
+    xs = x.astype(np.float64)
+    alpha_n, alpha_p, beta, eps = 0.5 + np.log1p(np.exp(0.8)), np.log1p(np.exp(0.8)), 0.5, -1e-6
+    want = np.where(xs > 0, alpha_p * xs * xs + beta * xs, (np.expm1(np.minimum(xs, eps)) - xs) * alpha_n + beta * xs)
+    assert_close(run(node), want, F32, atol=1e-5)
 
 
 @pytest.mark.parametrize("uop", [UnaryOp.GELU, UnaryOp.SILU, UnaryOp.RELU])
@@ -203,7 +241,7 @@ def test_unary_inplace(uop: UnaryOp, rng: np.random.Generator) -> None:
     t = tensor(ctx, F32, x)
     node = ctx.unary_inplace(t, uop)
     run(node)
-    assert_close(stored(F32, t.numpy()), UNARY_REF[uop](x.astype(np.float64)), F32, atol=1e-6)
+    assert_close(stored(F32, t.numpy()), unary_ref(uop, F32, x), F32, atol=1e-6)
 
 
 SIMPLE = {
@@ -229,6 +267,8 @@ def test_scale(type: GGMLType, rng: np.random.Generator) -> None:
     ctx = new_ctx()
     node = ctx.scale(transposed(ctx, type, x), 0.125)
     assert_close(run(node), stored(type, stored(type, x) * 0.125), type)
+    node = ctx.scale_bias(transposed(ctx, type, x), 0.125, -1.5)  # today's SCALE: x * s + b
+    assert_close(run(node), stored(type, stored(type, x) * 0.125 - 1.5), type)
 
 
 @pytest.mark.parametrize("type", TYPES)
@@ -268,7 +308,7 @@ def test_supports_and_type_errors() -> None:
     assert ew.supports(ctx.add(b, b))
     assert ew.supports(ctx.unary(b, UnaryOp.GELU))
     bad = ctx.unary(b, UnaryOp.GELU)
-    bad.op_params[0] = 99
+    bad.op_params[0] = 99  # no ggml_unary_op
     assert not ew.supports(bad)
     with pytest.raises(GGMLError):
         compile_node(bad)
@@ -284,5 +324,5 @@ def test_scratch_is_shared_through_the_work_area(rng: np.random.Generator) -> No
     f1()
     f2()
     assert params.work.size >= x.nbytes
-    assert_close(n1.numpy(), gelu_ref(x), F32, atol=1e-6)
+    assert_close(n1.numpy(), unary_ref(UnaryOp.GELU, F32, x), F32, atol=1e-6)
     assert_close(n2.numpy(), x / (1 + np.exp(-x.astype(np.float64))), F32, atol=1e-6)

@@ -23,12 +23,14 @@ from kernel_helpers import (
 from pyggml.backends.cpu.kernels import layout
 from pyggml.core import quants
 from pyggml.core.errors import GGMLError, OutOfBoundsError
+from pyggml.core.quants import IMPLEMENTED_TYPES
 from pyggml.core.tensor import GGMLOp
 from pyggml.core.types import TYPE_TRAITS, GGMLType
 
 TYPES = [F32, F16]
 CONVERTIBLE = [F32, F16, BF16]
-QUANTIZED = [t for t in GGMLType if TYPE_TRAITS[t].is_quantized]
+# the quantized types pyggml converts (the others are refused with an error naming the type)
+QUANTIZED = [t for t in GGMLType if TYPE_TRAITS[t].is_quantized and t in IMPLEMENTED_TYPES]
 
 
 def row_major(values: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
@@ -202,12 +204,23 @@ def test_concat(type: GGMLType, rng: np.random.Generator) -> None:
     a = rng.standard_normal((2, 3, 4, 5)).astype(np.float32)
     b = rng.standard_normal((2, 2, 4, 5)).astype(np.float32)
     ctx = new_ctx()
-    node = ctx.concat(permuted(ctx, type, a), tensor(ctx, type, b))
+    node = ctx.concat(permuted(ctx, type, a), tensor(ctx, type, b), 2)
     want = np.zeros((2, 5, 4, 5), np.float32)
     for i3 in range(2):
         for i2 in range(5):
             want[i3, i2] = stored(type, a)[i3, i2] if i2 < 3 else stored(type, b)[i3, i2 - 3]
     np.testing.assert_array_equal(run(node), want)
+
+
+@pytest.mark.parametrize("dim", [0, 1, 2, 3])
+def test_concat_along_each_dim(dim: int, rng: np.random.Generator) -> None:
+    a = rng.standard_normal((2, 3, 4, 5)).astype(np.float32)
+    shape_b = [2, 3, 4, 5]
+    shape_b[3 - dim] = 1
+    b = rng.standard_normal(shape_b).astype(np.float32)
+    ctx = new_ctx()
+    node = ctx.concat(tensor(ctx, F32, a), transposed(ctx, F32, b), dim)
+    np.testing.assert_array_equal(run(node), np.concatenate([a, b], axis=3 - dim))
 
 
 @pytest.mark.parametrize("type", TYPES)
@@ -236,8 +249,21 @@ def test_pad(type: GGMLType, rng: np.random.Generator) -> None:
     np.testing.assert_array_equal(run(node), want)
 
 
-@pytest.mark.parametrize("type", TYPES)
-def test_upscale(type: GGMLType, rng: np.random.Generator) -> None:
+def test_pad_ext_and_circular(rng: np.random.Generator) -> None:
+    x = rng.standard_normal((1, 2, 3, 4)).astype(np.float32)
+    ctx = new_ctx()
+    node = ctx.pad_ext(transposed(ctx, F32, x), 1, 2, 0, 1, 3, 0, 0, 1)  # lp/rp of dims 0..3
+    node.numpy()[...] = 5.0
+    want = np.zeros((2, 5, 4, 7), np.float32)
+    want[:1, 3:5, 0:3, 1:5] = x
+    np.testing.assert_array_equal(run(node), want)
+    wrap = ctx.pad_ext_circular(tensor(ctx, F32, x), 1, 2, 0, 1, 0, 0, 0, 0)
+    idx = np.ix_([0], [0, 1], [0, 1, 2, 0], [3, 0, 1, 2, 3, 0, 1])  # (i - lp) % n
+    np.testing.assert_array_equal(run(wrap), x[idx])
+
+
+def test_upscale(rng: np.random.Generator) -> None:
+    type = F32  # ggml's interpolate takes F32 only
     x = rng.standard_normal((2, 2, 3, 4)).astype(np.float32)
     ctx = new_ctx()
     node = ctx.upscale(permuted(ctx, type, x), 3)

@@ -43,24 +43,42 @@ def roundf(v: np.ndarray) -> np.ndarray:
     return np.sign(v) * np.floor(np.abs(v) + 0.5)
 
 
-def q8_1_values(x: np.ndarray) -> np.ndarray:
-    """quantize_row_q8_1_reference then dequantize (d kept in float32)."""
+def q8_1_parts(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """quantize_row_q8_1_ref per block of 32: quants q, d rounded to f16, and s = f16(sum(q) * d) from the
+    unrounded d (today's block_q8_1: d and s are ggml_half)."""
     b = x.astype(np.float32).reshape(-1, 32)
     d = np.abs(b).max(axis=1, keepdims=True) / np.float32(127)
     with np.errstate(divide="ignore"):
         inv = np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
     q = roundf(b * inv).astype(np.float32)
+    s = (q.sum(axis=1, keepdims=True) * d).astype(np.float16).astype(np.float32)
+    return q, d.astype(np.float16).astype(np.float32), s
+
+
+def q8_1_values(x: np.ndarray) -> np.ndarray:
+    """quantize_row_q8_1_ref then dequantize: q * f16(d)."""
+    q, d, _ = q8_1_parts(x)
     return (q * d).reshape(x.shape)
 
 
+def q8_1_min_term(wtype: GGMLType, stored: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """What ggml's Q4_1/Q5_1 dot adds beyond dequantized weights times q8_1_values: m * (s - d * sum(q)) per
+    block (stored: raw weight blocks (..., M, row bytes), m the f16 at byte 2 of each block)."""
+    q, d, s = q8_1_parts(x)
+    corr = (s - d * q.sum(axis=1, keepdims=True)).reshape(x.shape[:-1] + (-1,)).astype(np.float64)
+    size = TYPE_TRAITS[wtype].type_size
+    m = stored.reshape(stored.shape[:-1] + (-1, size))[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float64)
+    return reference(m, corr)
+
+
 def q8_K_values(x: np.ndarray) -> np.ndarray:
-    """quantize_row_q8_K_reference (late 2023: iscale = -128/max, nearest_int, MIN 127) then dequantize."""
+    """quantize_row_q8_K_ref (iscale = -127/max, nearest_int, MIN 127; -128/max until 2024) then dequantize."""
     b = x.astype(np.float32).reshape(-1, 256)
     first = np.argmax(np.abs(b), axis=1)  # first index of the largest |x|, as ggml's strict '>'
     vmax = b[np.arange(b.shape[0]), first][:, None]
     out = np.zeros_like(b)
     nz = vmax[:, 0] != 0
-    iscale = (np.float32(-128) / vmax[nz]).astype(np.float32)
+    iscale = (np.float32(-127) / vmax[nz]).astype(np.float32)
     q = np.minimum(127, np.rint((iscale * b[nz]).astype(np.float32)))
     out[nz] = q.astype(np.float32) * (np.float32(1) / iscale)
     return out.reshape(x.shape)
@@ -191,7 +209,10 @@ def test_mul_mat(wtype: GGMLType, case: str, rng: np.random.Generator) -> None:
     node = ctx.mul_mat(w, src1_tensor(ctx, x, layout))
     assert matmul.supports(node)
     got = run(node)
-    assert_matches(got, reference(wvals, src1_as_vec_dot(wtype, x)))
+    want = reference(wvals, src1_as_vec_dot(wtype, x))
+    if TYPE_TRAITS[wtype].vec_dot_type == Q.Q8_1:
+        want += q8_1_min_term(wtype, stored, x)
+    assert_matches(got, want)
 
 
 @pytest.mark.parametrize("wtype", [Q.Q4_0, Q.Q8_0])
@@ -268,7 +289,10 @@ def test_src1_already_in_vec_dot_type(wtype: GGMLType, rng: np.random.Generator)
         b.numpy()[...] = blocks.view(np.uint8).reshape(1, 1, N, -1)
     node = ctx.mul_mat(weight_tensor(ctx, wtype, stored), b)
     assert matmul.supports(node)
-    assert_matches(run(node), reference(wvals, src1_as_vec_dot(wtype, x)))
+    want = reference(wvals, src1_as_vec_dot(wtype, x))
+    if vdt == Q.Q8_1:
+        want += q8_1_min_term(wtype, stored, x)
+    assert_matches(run(node), want)
 
 
 def test_prepared_kernel_reads_inputs_at_compute_time(rng: np.random.Generator) -> None:
@@ -306,7 +330,7 @@ def test_quantize_rows_q8_0_is_ggml_reference(rng: np.random.Generator) -> None:
 def test_quantize_rows_q8_1_and_q8_K_are_ggml_reference(rng: np.random.Generator) -> None:
     x = (rng.standard_normal((3, 512)) * 2).astype(np.float32)
     x[2, 256:] = 0  # an all-zero super-block
-    x[1, 7], x[1, 9] = 50.0, -50.0  # the first extreme maps to -128; its opposite to +128, saturated at 127
+    x[1, 7], x[1, 9] = 50.0, -50.0  # the first extreme maps to -127 (-128 until 2024), its opposite to 127
     for vdt, values, nb in ((Q.Q8_1, q8_1_values, 16), (Q.Q8_K, q8_K_values, 2)):
         yq, yd, ys, yb = (np.zeros((3, 512), np.int8), np.zeros((3, nb), np.float32),
                           np.zeros((3, nb), np.float32), np.zeros((3, 32), np.int32))
@@ -316,8 +340,10 @@ def test_quantize_rows_q8_1_and_q8_K_are_ggml_reference(rng: np.random.Generator
         np.testing.assert_array_equal(got, values(x))
         np.testing.assert_array_equal(yb, yq.reshape(3, 32, 16).astype(np.int32).sum(-1))
         if vdt == Q.Q8_1:
-            np.testing.assert_array_equal(ys, yq.reshape(3, nb, 32).astype(np.int32).sum(-1).astype(np.float32) * yd)
-    assert yq[1, 7] == -128 and yq[1, 9] == 127
+            _, d16, s16 = q8_1_parts(x)
+            np.testing.assert_array_equal(yd, d16.reshape(3, nb))
+            np.testing.assert_array_equal(ys, s16.reshape(3, nb))
+    assert yq[1, 7] == -127 and yq[1, 9] == 127
 
 
 def test_round_rows_to_f16_and_bf16(rng: np.random.Generator) -> None:

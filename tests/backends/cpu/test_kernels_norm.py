@@ -21,6 +21,7 @@ from kernel_helpers import (
 )
 
 from pyggml.backends.cpu.kernels import norm
+from pyggml.core import ops
 from pyggml.core.errors import GGMLError
 from pyggml.core.tensor import GGMLOp
 from pyggml.core.types import GGMLType
@@ -77,7 +78,8 @@ def test_rms_norm(type: GGMLType, layout_: str, rng: np.random.Generator) -> Non
 def test_group_norm(type: GGMLType, channels: int, groups: int, rng: np.random.Generator) -> None:
     x = (rng.standard_normal((2, channels, 3, 5)) + 0.5).astype(np.float32)
     ctx = new_ctx()
-    node = build(ctx, "group_norm", permuted(ctx, type, x), groups, op=GGMLOp.GROUP_NORM, params=[groups])
+    eps = 1e-5
+    node = build(ctx, "group_norm", permuted(ctx, type, x), groups, eps, op=GGMLOp.GROUP_NORM, params=[groups, eps])
     xs = stored(type, x).astype(np.float64)
     want = np.zeros_like(xs)
     per = (channels + groups - 1) // groups
@@ -89,31 +91,40 @@ def test_group_norm(type: GGMLType, channels: int, groups: int, rng: np.random.G
             block = xs[n, lo:hi]
             mean = block.mean()
             var = ((block - mean) ** 2).mean()
-            want[n, lo:hi] = (block - mean) / math.sqrt(var + 1e-6)
+            want[n, lo:hi] = (block - mean) / math.sqrt(var + eps)
     assert_close(run(node), stored(type, want), type, atol=1e-5 if type == F32 else 4e-3)
 
 
 # --- SOFT_MAX ---
 
 
-def soft_max_ref(x: np.ndarray, mask: np.ndarray | None, scale: float) -> np.ndarray:
-    """ggml's soft_max: flat row r adds mask row r % mask.ne1."""
+def soft_max_ref(x: np.ndarray, mask: np.ndarray | None, scale: float, max_bias: float = 0.0,
+                 sinks: np.ndarray | None = None) -> np.ndarray:
+    """ggml's soft_max: row (i3, i2, i1) adds slope(i2) * mask row i1 of mask plane (i3 % m3, i2 % m2); the
+    slope is ALiBi's for max_bias > 0, else 1; a sink (one per head i2) is one more logit of the row."""
     x = x.astype(np.float64)
+    n_head = x.shape[1]
+    if mask is not None:
+        mask = np.asarray(mask, np.float64)
+        mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
+    n_log2 = 2 ** math.floor(math.log2(n_head))
     out = np.zeros_like(x)
-    flat = x.reshape(-1, x.shape[-1])
-    res = out.reshape(-1, x.shape[-1])
-    for r in range(flat.shape[0]):
-        w = flat[r] * scale
+    for (i3, i2, i1), r in rows(x):
+        w = r * scale
         if mask is not None:
-            m2 = mask.reshape(-1, mask.shape[-1])
-            w = w + m2[r % m2.shape[0]]
-        e = np.exp(w - w.max())
-        res[r] = e / e.sum()
+            slope = 1.0
+            if max_bias > 0:
+                m0, m1 = 2.0 ** (-max_bias / n_log2), 2.0 ** (-(max_bias / 2) / n_log2)
+                slope = m0 ** (i2 + 1) if i2 < n_log2 else m1 ** (2 * (i2 - n_log2) + 1)
+            w = w + slope * mask[i3 % mask.shape[0], i2 % mask.shape[1], i1]
+        top = w.max() if sinks is None else max(w.max(), sinks[i2])
+        e = np.exp(w - top)
+        out[i3, i2, i1] = e / (e.sum() + (0.0 if sinks is None else math.exp(sinks[i2] - top)))
     return out
 
 
 @pytest.mark.parametrize("type", TYPES)
-@pytest.mark.parametrize("mask_rows", [None, 4, 2])
+@pytest.mark.parametrize("mask_rows", [None, 4, 6])
 def test_soft_max(type: GGMLType, mask_rows: int | None, rng: np.random.Generator) -> None:
     x = rng.standard_normal((1, 3, 4, 10)).astype(np.float32)
     scale = 0.35
@@ -121,38 +132,50 @@ def test_soft_max(type: GGMLType, mask_rows: int | None, rng: np.random.Generato
     t = tensor(ctx, type, x)
     mask = None
     tm = None
-    if mask_rows is not None:
+    if mask_rows is not None:  # as many rows as x or more (the rest unused)
         mask = np.triu(np.full((mask_rows, 10), -np.inf, np.float32), 1 + 6)
         mask += rng.standard_normal((mask_rows, 10)).astype(np.float32) * 0.1
         tm = tensor(ctx, F32, mask)
-    if hasattr(ctx, "soft_max_ext"):
-        node = ctx.soft_max_ext(t, tm, scale)
-    else:
-        node = manual_node(ctx, GGMLOp.SOFT_MAX, [t, tm], [scale])
+    node = ctx.soft_max_ext(t, tm, scale)
     want = soft_max_ref(stored(type, x), mask, scale)
     assert_close(run(node), stored(type, want), type, atol=1e-6 if type == F32 else 1e-3)
 
 
 @pytest.mark.parametrize("type", TYPES)
-@pytest.mark.parametrize("mask_rows", [None, 2, 6])
-def test_soft_max_strided_src_and_odd_masks(type: GGMLType, mask_rows: int | None, rng: np.random.Generator) -> None:
-    """Beyond what the builder allows: a permuted src, a mask with more rows than src (row r % ne11, as ggml)."""
-    x = rng.standard_normal((1, 3, 4, 10)).astype(np.float32)
+@pytest.mark.parametrize("mask_shape", [None, (4, 10), (2, 6, 10), (2, 3, 5, 10)])
+def test_soft_max_strided_src_and_broadcast_masks(type: GGMLType, mask_shape: tuple[int, ...] | None,
+                                                  rng: np.random.Generator) -> None:
+    """A permuted src (beyond what the builder allows) and F16 masks broadcast over dims 2 and 3."""
+    x = rng.standard_normal((2, 6, 4, 10)).astype(np.float32)
     ctx = new_ctx()
     t = permuted(ctx, type, x)
-    mask = None if mask_rows is None else rng.standard_normal((mask_rows, 10)).astype(np.float32)
+    mask = None if mask_shape is None else rng.standard_normal(mask_shape).astype(np.float32)
     tm = None if mask is None else tensor(ctx, F16, mask)
-    node = manual_node(ctx, GGMLOp.SOFT_MAX, [t, tm], [0.5])
+    node = manual_node(ctx, GGMLOp.SOFT_MAX, [t, tm], [0.5, 0.0])
     want = soft_max_ref(stored(type, x), None if mask is None else stored(F16, mask), 0.5)
     assert_close(run(node), stored(type, want), type, atol=1e-6 if type == F32 else 1e-3)
+
+
+@pytest.mark.parametrize("n_head", [4, 6])
+def test_soft_max_alibi_and_sinks(n_head: int, rng: np.random.Generator) -> None:
+    """ALiBi (max_bias > 0: each head's slope times the mask, ggml's replacement of the ALIBI op) and sinks."""
+    x = rng.standard_normal((1, n_head, 3, 7)).astype(np.float32)
+    mask = (np.arange(7, dtype=np.float32)[None, :] - 6).repeat(3, 0)  # ALiBi's distances
+    sinks = rng.standard_normal(n_head).astype(np.float32)
+    ctx = new_ctx()
+    node = ctx.soft_max_ext(tensor(ctx, F32, x), tensor(ctx, F32, mask), 0.5, 8.0)
+    assert_close(run(node), soft_max_ref(x, mask, 0.5, 8.0), F32, atol=1e-6)
+    with_sinks = ctx.soft_max_ext(tensor(ctx, F32, x), tensor(ctx, F32, mask), 0.5, 8.0)
+    ops.soft_max_add_sinks(with_sinks, tensor(ctx, F32, sinks))
+    assert_close(run(with_sinks), soft_max_ref(x, mask, 0.5, 8.0, sinks), F32, atol=1e-6)
 
 
 def test_soft_max_plain_is_scale_one(rng: np.random.Generator) -> None:
     x = rng.standard_normal((5, 7)).astype(np.float32)
     ctx = new_ctx()
     t = tensor(ctx, F32, x)
-    node = ctx.soft_max(t) if hasattr(ctx, "soft_max") else manual_node(ctx, GGMLOp.SOFT_MAX, [t], [1.0])
-    assert_close(run(node), soft_max_ref(x, None, 1.0), F32, atol=1e-6)
+    node = ctx.soft_max(t)
+    assert_close(run(node), soft_max_ref(x.reshape(1, 1, 5, 7), None, 1.0).reshape(5, 7), F32, atol=1e-6)
 
 
 # --- DIAG_MASK ---
@@ -186,17 +209,16 @@ def corr_dims_ref(n_dims: int, n_orig: int, base: float, beta_fast: float, beta_
 
 
 def rope_ref(x: np.ndarray, pos: np.ndarray, n_dims: int, mode: int, n_orig: int, base: float, fscale: float,
-             ext: float, attn: float, beta_fast: float, beta_slow: float) -> np.ndarray:
-    """Written from ggml's rope_yarn: angle p * base^(-2k/n_dims), YaRN ramp over pair index k."""
+             ext: float, attn: float, beta_fast: float, beta_slow: float, n_offs: int = 0) -> np.ndarray:
+    """Written from ggml's rope_yarn: angle p * base^(-2k/n_dims), YaRN ramp over pair index k; the pairs
+    (2k, 2k+1) (normal) or (k, k + n_dims/2) (NeoX) of the n_dims elements from n_offs on, the rest copied."""
     x = x.astype(np.float64)
     out = x.copy()
-    ne0 = x.shape[3]
     low, high = corr_dims_ref(n_dims, n_orig, base, beta_fast, beta_slow)
     neox = mode & 2
-    n_pairs = n_dims // 2 if neox else ne0 // 2
     for (i3, i2, i1), r in rows(x):
         p = float(pos[i2])
-        for k in range(n_pairs):
+        for k in range(n_dims // 2):
             extrap = p * base ** (-2.0 * k / n_dims)
             theta = fscale * extrap
             mscale = attn
@@ -207,6 +229,7 @@ def rope_ref(x: np.ndarray, pos: np.ndarray, n_dims: int, mode: int, n_orig: int
                 mscale *= 1 + 0.1 * math.log(1 / fscale)
             c, s = math.cos(theta) * mscale, math.sin(theta) * mscale
             j0, j1 = (k, k + n_dims // 2) if neox else (2 * k, 2 * k + 1)
+            j0, j1 = j0 + n_offs, j1 + n_offs
             out[i3, i2, i1, j0] = r[j0] * c - r[j1] * s
             out[i3, i2, i1, j1] = r[j0] * s + r[j1] * c
     return out
@@ -215,7 +238,7 @@ def rope_ref(x: np.ndarray, pos: np.ndarray, n_dims: int, mode: int, n_orig: int
 ROPE_CASES = [
     # n_dims, mode, freq_base, freq_scale, ext_factor, attn_factor, ne0
     (16, 0, 10000.0, 1.0, 0.0, 1.0, 16),
-    (8, 0, 10000.0, 1.0, 0.0, 1.0, 16),  # normal mode turns the whole row
+    (8, 0, 10000.0, 1.0, 0.0, 1.0, 16),  # normal mode: the first n_dims turn, the rest is copied (today's ggml)
     (16, 2, 10000.0, 1.0, 0.0, 1.0, 16),
     (8, 2, 10000.0, 1.0, 0.0, 1.0, 12),  # NeoX: the first n_dims turn, the rest is copied
     (16, 0, 500000.0, 0.25, 0.0, 1.0, 16),
@@ -234,13 +257,30 @@ def test_rope(type: GGMLType, case: tuple, rng: np.random.Generator) -> None:
     ctx = new_ctx()
     t = permuted(ctx, type, x)
     tp = tensor(ctx, I32, positions)
-    params = [0, n_dims, mode, 0, n_orig, base, fscale, ext, attn, beta_fast, beta_slow, 0.0, 0]
-    if hasattr(ctx, "rope_custom"):
-        node = ctx.rope_custom(t, tp, n_dims, mode, 0, n_orig, base, fscale, ext, attn, beta_fast, beta_slow)
-    else:
-        node = manual_node(ctx, GGMLOp.ROPE, [t, tp], params)
+    node = ctx.rope_custom(t, tp, n_dims, mode, n_orig, base, fscale, ext, attn, beta_fast, beta_slow)
     want = rope_ref(stored(type, x), positions, n_dims, mode, n_orig, base, fscale, ext, attn, beta_fast, beta_slow)
     assert_close(run(node), stored(type, want), type, atol=2e-5 if type == F32 else 2e-3)
+
+
+@pytest.mark.parametrize("mode", [0, 2])
+def test_rope_offset_and_frequency_factors(mode: int, rng: np.random.Generator) -> None:
+    x = rng.standard_normal((1, 4, 2, 24)).astype(np.float32)
+    positions = np.array([3, 4, 5, 60], np.int32)
+    ff = np.array([1.0, 2.0, 4.0, 8.0], np.float32)
+    ctx = new_ctx()
+    t, tp = tensor(ctx, F32, x), tensor(ctx, I32, positions)
+    node = ops.rope_set_offset(ctx.rope_ext(t, tp, tensor(ctx, F32, ff), 8, mode, 64, 10000.0, 1.0, 0.0, 1.0,
+                                            32.0, 1.0), 6)
+    # the factors divide pair k's angle: the reference with base^(-2k/n) / ff[k] is base' per pair; do it by hand
+    want = x.astype(np.float64).copy()
+    for (i3, i2, i1), r in rows(x.astype(np.float64)):
+        for k in range(4):
+            theta = positions[i2] * 10000.0 ** (-2.0 * k / 8) / ff[k]
+            c, s = math.cos(theta), math.sin(theta)
+            j0, j1 = (6 + k, 6 + k + 4) if mode else (6 + 2 * k, 6 + 2 * k + 1)
+            want[i3, i2, i1, j0] = r[j0] * c - r[j1] * s
+            want[i3, i2, i1, j1] = r[j0] * s + r[j1] * c
+    assert_close(run(node), want, F32, atol=2e-5)
 
 
 def test_rope_inplace(rng: np.random.Generator) -> None:
@@ -250,45 +290,26 @@ def test_rope_inplace(rng: np.random.Generator) -> None:
     t = tensor(ctx, F32, x)
     node = ctx.view_tensor(t)
     node.op, node.src[0], node.src[1] = GGMLOp.ROPE, t, tensor(ctx, I32, positions)
-    node.set_op_params([0, 8, 2, 0, 64, 10000.0, 1.0, 0.0, 1.0, 32.0, 1.0, 0.0, 0])
+    node.set_op_params([0, 8, 2, 0, 64, 10000.0, 1.0, 0.0, 1.0, 32.0, 1.0, 0, 0, 0, 0, 0])  # today's 16 words
     run(node)
     want = rope_ref(x, positions, 8, 2, 64, 10000.0, 1.0, 0.0, 1.0, 32.0, 1.0)
     assert_close(t.numpy(), want, F32, atol=2e-5)
 
 
-def test_rope_rejects_glm_and_bad_dims() -> None:
+def test_rope_rejects_unknown_modes_and_bad_dims() -> None:
     ctx = new_ctx()
     t = ctx.new_tensor_3d(F32, 8, 2, 3)
     tp = tensor(ctx, I32, np.arange(3, dtype=np.int32))
-    glm = manual_node(ctx, GGMLOp.ROPE, [t, tp], [0, 8, 4, 0, 64, 10000.0, 1.0, 0.0, 1.0, 32.0, 1.0, 0.0, 0])
+    glm = manual_node(ctx, GGMLOp.ROPE, [t, tp], [0, 8, 4, 0, 64, 10000.0, 1.0, 0.0, 1.0, 32.0, 1.0])  # 2023's GLM
     assert not norm.supports(glm)
-    with pytest.raises(GGMLError, match="GLM"):
+    with pytest.raises(GGMLError, match="mode 4 is not one of"):
         compile_node(glm)
-    odd = manual_node(ctx, GGMLOp.ROPE, [t, tp], [0, 7, 0, 0, 64, 10000.0, 1.0, 0.0, 1.0, 32.0, 1.0, 0.0, 0])
+    odd = manual_node(ctx, GGMLOp.ROPE, [t, tp], [0, 7, 0, 0, 64, 10000.0, 1.0, 0.0, 1.0, 32.0, 1.0])
     with pytest.raises(GGMLError, match="n_dims"):
         compile_node(odd)
-
-
-# --- ALIBI ---
-
-
-@pytest.mark.parametrize("type", TYPES)
-@pytest.mark.parametrize("n_head", [4, 6])
-def test_alibi(type: GGMLType, n_head: int, rng: np.random.Generator) -> None:
-    x = rng.standard_normal((1, n_head, 3, 7)).astype(np.float32)
-    max_bias = 8.0
-    ctx = new_ctx()
-    node = build(ctx, "alibi", permuted(ctx, type, x), 0, n_head, max_bias, op=GGMLOp.ALIBI,
-                 params=[0, n_head, max_bias])
-    n_log2 = 2 ** math.floor(math.log2(n_head))
-    m0 = 2.0 ** (-max_bias / n_log2)
-    m1 = 2.0 ** (-(max_bias / 2) / n_log2)
-    want = stored(type, x).astype(np.float64)
-    for k in range(n_head):
-        slope = m0 ** (k + 1) if k < n_log2 else m1 ** (2 * (k - n_log2) + 1)
-        for i in range(7):
-            want[0, k, :, i] += i * slope
-    assert_close(run(node), stored(type, want), type, atol=1e-5 if type == F32 else 4e-3)
+    no_sections = manual_node(ctx, GGMLOp.ROPE, [t, tensor(ctx, I32, np.arange(12, dtype=np.int32))],
+                              [0, 8, 8, 0, 64, 10000.0, 1.0, 0.0, 1.0, 32.0, 1.0])  # MROPE without sections
+    assert not norm.supports(no_sections)
 
 
 def test_prepared_nodes_read_new_inputs_on_each_run(rng: np.random.Generator) -> None:
@@ -296,7 +317,7 @@ def test_prepared_nodes_read_new_inputs_on_each_run(rng: np.random.Generator) ->
     x = rng.standard_normal((1, 3, 2, 8)).astype(np.float32)
     ctx = new_ctx()
     t, tp = tensor(ctx, F32, x), tensor(ctx, I32, np.zeros(3, np.int32))
-    rope = ctx.rope_custom(t, tp, 8, 0, 0, 64, 10000.0, 1.0, 0.0, 1.0, 32.0, 1.0)
+    rope = ctx.rope_custom(t, tp, 8, 0, 64, 10000.0, 1.0, 0.0, 1.0, 32.0, 1.0)
     s = tensor(ctx, F32, np.zeros((2, 8), np.float32))
     m = tensor(ctx, F32, np.zeros((2, 8), np.float32))
     sm = ctx.soft_max_ext(s, m, 1.0)
@@ -311,4 +332,5 @@ def test_prepared_nodes_read_new_inputs_on_each_run(rng: np.random.Generator) ->
         f_sm()
         want = rope_ref(x, positions, 8, 0, 64, 10000.0, 1.0, 0.0, 1.0, 32.0, 1.0)
         assert_close(rope.numpy(), want, F32, atol=2e-5)
-        assert_close(sm.numpy(), soft_max_ref(sv, mv, 1.0).reshape(1, 1, 2, 8), F32, atol=1e-6)
+        want_sm = soft_max_ref(sv.reshape(1, 1, 2, 8), mv, 1.0)
+        assert_close(sm.numpy(), want_sm, F32, atol=1e-6)

@@ -1,7 +1,7 @@
 """CPU kernels: convolution helpers and pooling.
 
 IM2COL (ggml's conv_1d/conv_2d are IM2COL + MUL_MAT), CONV_TRANSPOSE_1D,
-POOL_1D and POOL_2D. Sliding windows are strided views of a zero-padded f32
+POOL_1D and POOL_2D, parameters from `pyggml.core.ops.params`. Sliding windows are strided views of a zero-padded f32
 copy of the input (kept per node, so the padding stays zero between runs);
 one numpy copy or reduction then fills dst.
 """
@@ -14,10 +14,9 @@ from numpy.lib.stride_tricks import as_strided
 from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
 from pyggml.backends.cpu.kernels._common import F32, FLOAT_TYPES, all_float, noop, require_types, scratch, split_axis
 from pyggml.core.errors import ArgumentError, ShapeError
-from pyggml.core.tensor import GGMLOp, Tensor
+from pyggml.core.ops.params import ConvTranspose1dParams, Im2colParams, Pool1dParams, Pool2dParams
+from pyggml.core.tensor import GGMLOp, OpPool, Tensor
 
-POOL_MAX = 0
-POOL_AVG = 1
 FLT_MAX = float(np.finfo(np.float32).max)
 
 
@@ -70,7 +69,8 @@ def im2col_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], 
     x = srcs[1]
     assert k_t is not None and x_t is not None and x is not None
     require_types(node, FLOAT_TYPES, node, x_t)
-    s0, s1, p0, p1, d0, d1, is_2d = (node.get_op_params_i32(i) for i in range(7))
+    ip = Im2colParams.of(node)
+    s0, s1, p0, p1, d0, d1, is_2d = ip.s0, ip.s1, ip.p0, ip.p1, ip.d0, ip.d1, ip.is_2D
     if min(s0, d0) < 1 or (is_2d and min(s1, d1) < 1) or min(p0, p1) < 0:
         raise ArgumentError(f"CPU IM2COL '{node.name}': strides and dilations must be >= 1, paddings >= 0 "
                             f"(s={s0},{s1} p={p0},{p1} d={d0},{d1})")
@@ -113,7 +113,8 @@ def conv_transpose_1d_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarra
     w, x = srcs[0], srcs[1]
     assert k_t is not None and x_t is not None and w is not None and x is not None
     require_types(node, FLOAT_TYPES, node, k_t, x_t)
-    s0, p0, d0 = (node.get_op_params_i32(i) for i in range(3))
+    cp = ConvTranspose1dParams.of(node)
+    s0, p0, d0 = cp.s0, cp.p0, cp.d0
     if s0 < 1 or d0 < 1 or p0 < 0:
         raise ArgumentError(f"CPU CONV_TRANSPOSE_1D '{node.name}': s0={s0}, d0={d0} must be >= 1, p0={p0} >= 0")
     k_len, oc, ic = k_t.ne[0], k_t.ne[1], k_t.ne[2]
@@ -152,24 +153,30 @@ def conv_transpose_1d_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarra
     return run
 
 
-def _pool(node: Tensor, dst: np.ndarray, x: np.ndarray, op: int, k_hw: tuple[int, int], s_hw: tuple[int, int],
-          p_hw: tuple[int, int], params: ComputeParams) -> Compute:
+def _pool(node: Tensor, dst: np.ndarray, x: np.ndarray, op: OpPool, k_hw: tuple[int, int], s_hw: tuple[int, int],
+          p_hw: tuple[int, int], params: ComputeParams, count_valid: bool) -> Compute:
     """Max or average over windows of x (..., H, W) into dst (..., OH, OW).
 
-    As ggml: the average divides by the whole window (padding counts as zeros),
-    the max ignores padding.
+    As ggml: the max ignores padding; the average divides by the whole window (POOL_2D: padding counts as
+    zeros) or, with `count_valid` (POOL_1D), by the number of input elements in the window.
     """
-    if op not in (POOL_MAX, POOL_AVG):
-        raise ArgumentError(f"CPU {node.op.name} '{node.name}': unknown pool op {op}")
     if min(k_hw) < 1 or min(s_hw) < 1 or min(p_hw) < 0:
         raise ArgumentError(f"CPU {node.op.name} '{node.name}': kernel {k_hw} and stride {s_hw} must be >= 1, "
                             f"padding {p_hw} >= 0")
     if dst.size == 0:
         return noop
-    fill = 0.0 if op == POOL_AVG else -FLT_MAX
+    fill = 0.0 if op == OpPool.AVG else -FLT_MAX
     p, refresh = _padded(x, p_hw[0], p_hw[1], fill, force_copy=False)
     win = _windows(p, dst.shape[-2:], k_hw, s_hw, (1, 1), node)
-    ka = np.float32(k_hw[0] * k_hw[1])
+    divisor: np.float32 | np.ndarray = np.float32(k_hw[0] * k_hw[1])
+    if count_valid:
+        def valid(n_out: int, n_in: int, k: int, s: int, pad: int) -> np.ndarray:
+            start = np.arange(n_out) * s - pad
+            return np.clip(start + k, 0, n_in) - np.clip(start, 0, n_in)
+
+        counts = np.outer(valid(dst.shape[-2], x.shape[-2], k_hw[0], s_hw[0], p_hw[0]),
+                          valid(dst.shape[-1], x.shape[-1], k_hw[1], s_hw[1], p_hw[1])).astype(F32)
+        divisor = np.where(counts > 0, counts, np.float32(np.inf)).astype(F32)  # no element: 0, as ggml
     if dst.dtype == F32:
         acc = dst
     else:
@@ -178,9 +185,9 @@ def _pool(node: Tensor, dst: np.ndarray, x: np.ndarray, op: int, k_hw: tuple[int
     def run() -> None:
         if refresh is not None:
             refresh()
-        if op == POOL_AVG:
+        if op == OpPool.AVG:
             np.add.reduce(win, axis=(-2, -1), dtype=F32, out=acc)
-            np.divide(acc, ka, out=dst)
+            np.divide(acc, divisor, out=dst)
         else:
             np.maximum.reduce(win, axis=(-2, -1), out=acc)
             if acc is not dst:
@@ -190,30 +197,29 @@ def _pool(node: Tensor, dst: np.ndarray, x: np.ndarray, op: int, k_hw: tuple[int
 
 
 def pool_1d_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
-    """Pool each row: op_params [op, k0, s0, p0]; dst [OL, ne1, ...], OL = (ne0 + 2*p0 - k0)/s0 + 1.
-
-    ggml of late 2023 computes only k0 == s0, p0 == 0; other settings follow POOL_2D's rules.
-    """
+    """Pool each row (Pool1dParams); dst [OL, ne1, ...], OL = (ne0 + 2*p0 - k0)/s0 + 1; the average is over the
+    window's input elements."""
     x_t = node.src[0]
     x = srcs[0]
     assert x_t is not None and x is not None
     require_types(node, FLOAT_TYPES, node, x_t)
-    op, k0, s0, p0 = (node.get_op_params_i32(i) for i in range(4))
+    pp = Pool1dParams.of(node)
     if dst.shape[:3] != x.shape[:3]:
         raise ShapeError(f"CPU POOL_1D '{node.name}': src ne {x_t.ne} and dst ne {node.ne} differ beyond dim 0")
-    return _pool(node, dst[..., None, :], x[..., None, :], op, (1, k0), (1, s0), (0, p0), params)
+    return _pool(node, dst[..., None, :], x[..., None, :], pp.op, (1, pp.k0), (1, pp.s0), (0, pp.p0), params,
+                 count_valid=True)
 
 
 def pool_2d_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
-    """Pool each plane: op_params [op, k0, k1, s0, s1, p0, p1]; dst [OW, OH, ne2, ne3]."""
+    """Pool each plane (Pool2dParams); dst [OW, OH, ne2, ne3]; the average is over the whole window."""
     x_t = node.src[0]
     x = srcs[0]
     assert x_t is not None and x is not None
     require_types(node, FLOAT_TYPES, node, x_t)
-    op, k0, k1, s0, s1, p0, p1 = (node.get_op_params_i32(i) for i in range(7))
+    pp = Pool2dParams.of(node)
     if dst.shape[:2] != x.shape[:2]:
         raise ShapeError(f"CPU POOL_2D '{node.name}': src ne {x_t.ne} and dst ne {node.ne} differ in dims 2, 3")
-    return _pool(node, dst, x, op, (k1, k0), (s1, s0), (p1, p0), params)
+    return _pool(node, dst, x, pp.op, (pp.k1, pp.k0), (pp.s1, pp.s0), (pp.p1, pp.p0), params, count_valid=False)
 
 
 KERNELS: dict[GGMLOp, Kernel] = {

@@ -1,11 +1,11 @@
-"""CPU kernels: MAP_CUSTOM1/2/3, ops computed by a user's Python callable.
+"""CPU kernels: MAP_CUSTOM1/2/3 and CUSTOM, ops computed by a user's Python callable.
 
 The builders (`pyggml.core.ops.custom`) keep {fun, n_tasks, userdata} in a
 table read by `custom_op_params(node)`. As ggml's CPU backend does, the kernel
-calls `fun(dst, a, [b, [c,]] ith, nth, userdata)` once per task, with the
-tensors as `Tensor` objects; nth is n_tasks, or the thread count when n_tasks
-is GGML_N_TASKS_MAX (-1), and at most the thread count. The tasks run one
-after another, in order.
+calls `fun(dst, a, [b, [c,]] ith, nth, userdata)` (CUSTOM: `fun(dst, ith, nth,
+userdata)`) once per task, with the tensors as `Tensor` objects; nth is
+n_tasks, or the thread count when n_tasks is GGML_N_TASKS_MAX (-1), and at
+most the thread count. The tasks run one after another, in order.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pyggml.core.errors import GGMLError
 from pyggml.core.ops.custom import GGML_N_TASKS_MAX, custom_op_params
 from pyggml.core.tensor import GGMLOp, Tensor
 
-_N_SRC = {GGMLOp.MAP_CUSTOM1: 1, GGMLOp.MAP_CUSTOM2: 2, GGMLOp.MAP_CUSTOM3: 3}
+_N_SRC = {GGMLOp.MAP_CUSTOM1: 1, GGMLOp.MAP_CUSTOM2: 2, GGMLOp.MAP_CUSTOM3: 3, GGMLOp.CUSTOM: 0}
 
 
 def _task_count(n_tasks: int, n_threads: int) -> int:
@@ -45,11 +45,12 @@ KERNELS: dict[GGMLOp, Kernel] = {
     GGMLOp.MAP_CUSTOM1: map_custom_kernel,
     GGMLOp.MAP_CUSTOM2: map_custom_kernel,
     GGMLOp.MAP_CUSTOM3: map_custom_kernel,
+    GGMLOp.CUSTOM: map_custom_kernel,
 }
 
 
 def supports(node: Tensor) -> bool:
-    """Whether `node` is a MAP_CUSTOM node with a function (any types: the function handles them)."""
+    """Whether `node` is a MAP_CUSTOM or CUSTOM node with a function (any types: the function handles them)."""
     if node.op not in KERNELS:
         return False
     try:

@@ -2,19 +2,22 @@
 
 Binary arithmetic (ADD, SUB, MUL, DIV, ADD1) with ggml's broadcasting (src1
 tiles over src0), ACC, the unary math ops (SQR, SQRT, LOG, SCALE, CLAMP,
-LEAKY_RELU) and UNARY's functions. F32 and F16 operands in any mix; values are
-computed in f32 and stored in dst's type, as ggml converts.
+LEAKY_RELU) and UNARY's functions (today's ggml_unary_op). F32 and F16 operands
+in any mix; values are computed in f32 and stored in dst's type, as ggml
+converts. Parameters come from `pyggml.core.ops.params`.
 
 Each kernel does its shape work once and returns a compute function that is a
 single numpy call where it can be (`functools.partial` of a ufunc with
 `out=dst`), so a plan of many tiny nodes costs little Python per node.
 Multi-step functions (GELU, SILU, ...) work in f32 scratch and write dst last,
-so in-place nodes (dst a view of src0) are safe.
+so in-place nodes (dst a view of src0) are safe. GELU and GELU_QUICK go through
+f16 as ggml's tables do (`_through_f16`), so pyggml's values are ggml's.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import numpy as np
 
@@ -30,14 +33,16 @@ from pyggml.backends.cpu.kernels._common import (
     same_memory,
     scratch,
 )
-from pyggml.core.errors import ArgumentError, LayoutError, OutOfBoundsError, ShapeError
+from pyggml.core.errors import ArgumentError, GGMLError, LayoutError, OutOfBoundsError, ShapeError
+from pyggml.core.ops.params import AccParams, ClampParams, LeakyReluParams, ScaleParams, UnaryParams
 from pyggml.core.tensor import GGMLOp, Tensor, UnaryOp
 
-# ggml.c's constants
+# ggml-cpu's constants (vec.h)
 GELU_COEF_A = 0.044715
 GELU_QUICK_COEF = -1.702
 SQRT_2_OVER_PI = 0.79788456080286535587989211986876
-LEAKY_SLOPE = 0.1  # the old GGML_UNARY_OP_LEAKY
+SQRT_2_INV = 0.70710678118654752440084436210484
+SOFTPLUS_THRESHOLD = 20.0  # softplus(x) is x above it (unary-ops.cpp)
 
 
 # --- binary ops with broadcasting ---
@@ -88,7 +93,8 @@ def acc_view(node: Tensor, dst: np.ndarray, shape: tuple[int, ...]) -> np.ndarra
 
     As in ggml, dst must be contiguous and element stride is the element size.
     """
-    nb1, nb2, nb3, offset = (int(node.op_params[i]) for i in range(4))
+    p = AccParams.of(node)
+    nb1, nb2, nb3, offset = p.nb1, p.nb2, p.nb3, p.offset
     if not dst.flags.c_contiguous:
         raise LayoutError(f"CPU {node.op.name} '{node.name}': dst must be contiguous")
     strides = (nb3, nb2, nb1, dst.itemsize)
@@ -156,16 +162,29 @@ def log_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], par
 
 
 def scale_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
-    """dst = src0 * s, s the f32 in op_params[0]."""
-    s = np.float32(node.get_op_params_f32(0))
-    return _unary_ufunc(node, dst, _src0(node, dst, srcs), np.multiply, s)
+    """dst = src0 * s + b (ScaleParams)."""
+    p = ScaleParams.of(node)
+    s, b = np.float32(p.s), np.float32(p.b)
+    x = _src0(node, dst, srcs)
+    if p.b == 0.0:
+        return _unary_ufunc(node, dst, x, np.multiply, s)
+    if dst.size == 0:
+        return noop
+    d, x = collapse(dst, x)
+    (t,) = scratch(params, x.shape)
+
+    def run() -> None:
+        np.multiply(x, s, out=t, dtype=F32)
+        np.add(t, b, out=d)
+
+    return run
 
 
 def clamp_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
-    """dst = max(min(x, max), min), the bounds f32 in op_params[0] (min) and [1] (max), as ggml orders them."""
+    """dst = max(min(x, max), min) (ClampParams), as ggml orders them."""
     x = _src0(node, dst, srcs)
-    lo = np.float32(node.get_op_params_f32(0))
-    hi = np.float32(node.get_op_params_f32(1))
+    p = ClampParams.of(node)
+    lo, hi = np.float32(p.min), np.float32(p.max)
     if dst.size == 0:
         return noop
     d, x = collapse(dst, x)
@@ -193,12 +212,13 @@ def _leaky(d: np.ndarray, x: np.ndarray, slope: float, params: ComputeParams) ->
 
 def leaky_relu_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None],
                       params: ComputeParams) -> Compute:
-    """LEAKY_RELU with the negative slope f32 in op_params[0]."""
+    """LEAKY_RELU with the negative slope of LeakyReluParams."""
     x = _src0(node, dst, srcs)
+    slope = LeakyReluParams.of(node).negative_slope
     if dst.size == 0:
         return noop
     d, x = collapse(dst, x)
-    return _leaky(d, x, node.get_op_params_f32(0), params)
+    return _leaky(d, x, slope, params)
 
 
 # --- UNARY: one prepare function per ggml_unary_op ---
@@ -217,43 +237,62 @@ def _elu(d: np.ndarray, x: np.ndarray, params: ComputeParams) -> Compute:
     return run
 
 
-def _gelu(d: np.ndarray, x: np.ndarray, params: ComputeParams) -> Compute:
-    """0.5 x (1 + tanh(sqrt(2/pi) x (1 + a x^2))), ggml's tanh approximation, in f32.
+def _gelu_into(t: np.ndarray, x: np.ndarray) -> None:
+    """t = 0.5 x (1 + tanh(sqrt(2/pi) x (1 + a x^2))) in f32 (t and x may be the same array)."""
+    u = np.multiply(x, x, dtype=F32)
+    u *= np.float32(GELU_COEF_A)
+    u += 1.0
+    u *= x
+    u *= np.float32(SQRT_2_OVER_PI)
+    np.tanh(u, out=u)
+    u += 1.0
+    u *= x
+    np.multiply(u, 0.5, out=t)
 
-    ggml of late 2023 reads GELU from an f16 table (input and output rounded to
-    f16); this computes the formula in f32, so results differ from ggml's by at
-    most f16 rounding (about 1e-3 relative).
-    """
+
+def _through_f16(d: np.ndarray, x: np.ndarray, params: ComputeParams,
+                 fn: Callable[[np.ndarray, np.ndarray], None], clamp: bool) -> Compute:
+    """d = fn(x) as ggml's f16 tables give it: x rounded to f16, fn computed in f32, the result rounded to f16
+    (F16 data is f16 already; for f32 data this is ggml's GGML_GELU_FP16 / GGML_GELU_QUICK_FP16 path). With
+    `clamp`, GELU's shortcuts: 0 at x <= -10, x itself at x >= 10."""
     (t,) = scratch(params, x.shape)
-    a = np.float32(GELU_COEF_A)
-    c = np.float32(SQRT_2_OVER_PI)
+    rounds = x.dtype == F32
+    h = np.empty(x.shape, np.float16) if rounds else None
 
     def run() -> None:
-        np.multiply(x, x, out=t, dtype=F32)
-        np.multiply(t, a, out=t)
-        np.add(t, 1.0, out=t)
-        np.multiply(t, x, out=t)
-        np.multiply(t, c, out=t)
-        np.tanh(t, out=t)
-        np.add(t, 1.0, out=t)
-        np.multiply(t, x, out=t)
-        np.multiply(t, 0.5, out=d)
+        if h is not None:
+            np.copyto(h, x, casting="same_kind")
+            np.copyto(t, h)
+        else:
+            np.copyto(t, x)
+        fn(t, t)
+        if h is not None:
+            np.copyto(h, t, casting="same_kind")
+            np.copyto(t, h)
+            if clamp:
+                np.copyto(t, 0.0, where=x <= -10.0)
+                np.copyto(t, x, where=x >= 10.0)
+        np.copyto(d, t)
 
     return run
+
+
+def _gelu(d: np.ndarray, x: np.ndarray, params: ComputeParams) -> Compute:
+    """ggml's GELU (tanh approximation) through its f16 table, as ggml's CPU computes it."""
+    return _through_f16(d, x, params, _gelu_into, clamp=True)
+
+
+def _gelu_quick_into(t: np.ndarray, x: np.ndarray) -> None:
+    """t = x / (1 + exp(-1.702 x)) in f32 (t and x may be the same array)."""
+    u = np.multiply(x, np.float32(GELU_QUICK_COEF), dtype=F32)
+    np.exp(u, out=u)
+    u += 1.0
+    np.divide(x, u, out=t, dtype=F32)
 
 
 def _gelu_quick(d: np.ndarray, x: np.ndarray, params: ComputeParams) -> Compute:
-    """x / (1 + exp(-1.702 x)), in f32 (ggml's table rounds through f16, as for GELU)."""
-    (t,) = scratch(params, x.shape)
-    k = np.float32(GELU_QUICK_COEF)
-
-    def run() -> None:
-        np.multiply(x, k, out=t, dtype=F32)
-        np.exp(t, out=t)
-        np.add(t, 1.0, out=t)
-        np.divide(x, t, out=d, dtype=F32)
-
-    return run
+    """ggml's GELU_QUICK through its f16 table, as ggml's CPU computes it."""
+    return _through_f16(d, x, params, _gelu_quick_into, clamp=False)
 
 
 def _silu(d: np.ndarray, x: np.ndarray, params: ComputeParams) -> Compute:
@@ -297,18 +336,133 @@ def _hardsigmoid(d: np.ndarray, x: np.ndarray, params: ComputeParams) -> Compute
     return run
 
 
-def _leaky_unary(d: np.ndarray, x: np.ndarray, params: ComputeParams) -> Compute:
-    return _leaky(d, x, LEAKY_SLOPE, params)
+def _sigmoid_into(t: np.ndarray, x: np.ndarray) -> None:
+    """t = 1 / (1 + exp(-x)) in f32."""
+    np.negative(x, out=t, dtype=F32)
+    np.exp(t, out=t)
+    np.add(t, 1.0, out=t)
+    np.reciprocal(t, out=t)
 
 
-def _one_call(ufunc: np.ufunc, *args: object):
+def _sigmoid(d: np.ndarray, x: np.ndarray, params: ComputeParams) -> Compute:
+    (t,) = scratch(params, x.shape)
+
+    def run() -> None:
+        _sigmoid_into(t, x)
+        np.copyto(d, t)
+
+    return run
+
+
+def _gelu_erf(d: np.ndarray, x: np.ndarray, params: ComputeParams) -> Compute:
+    """0.5 x (1 + erf(x / sqrt(2))), in f32 (erf from math.erf, compiled by numba)."""
+    (t,) = scratch(params, x.shape)
+    erf = _erf_f32()
+    c = np.float32(SQRT_2_INV)
+
+    def run() -> None:
+        np.multiply(x, c, out=t, dtype=F32)
+        erf(t, out=t)
+        np.add(t, 1.0, out=t)
+        np.multiply(t, x, out=t, dtype=F32)
+        np.multiply(t, 0.5, out=d)
+
+    return run
+
+
+def _expm1(d: np.ndarray, x: np.ndarray, params: ComputeParams) -> Compute:
+    """exp(x) - 1 as ggml computes it (expf(x) - 1, not expm1f)."""
+    (t,) = scratch(params, x.shape)
+
+    def run() -> None:
+        np.exp(x, out=t, dtype=F32)
+        np.subtract(t, 1.0, out=d)
+
+    return run
+
+
+def _softplus(d: np.ndarray, x: np.ndarray, params: ComputeParams) -> Compute:
+    """log(1 + exp(x)), x itself above 20."""
+    t, u = scratch(params, x.shape, x.shape)
+    threshold = np.float32(SOFTPLUS_THRESHOLD)
+
+    def run() -> None:
+        np.minimum(x, threshold, out=t, dtype=F32)
+        np.exp(t, out=t)
+        np.add(t, 1.0, out=t)
+        np.log(t, out=t)
+        np.copyto(u, x)
+        np.copyto(t, u, where=u > threshold)
+        np.copyto(d, t)
+
+    return run
+
+
+def _round(d: np.ndarray, x: np.ndarray, params: ComputeParams) -> Compute:
+    """roundf: halves away from zero (numpy's round goes to even), exactly: trunc(x), plus sign(x) where the
+    dropped fraction is at least a half."""
+    t, u = scratch(params, x.shape, x.shape)
+    half_or_more = np.empty(x.shape, dtype=bool)
+
+    def run() -> None:
+        np.copyto(u, x)
+        np.trunc(u, out=t)
+        np.subtract(u, t, out=u)  # the fraction, exact
+        np.absolute(u, out=u)
+        np.greater_equal(u, 0.5, out=half_or_more)
+        np.copysign(half_or_more, x, out=u, dtype=F32)
+        np.add(t, u, out=d)
+
+    return run
+
+
+def _xielu(node: Tensor) -> Callable[[np.ndarray, np.ndarray, ComputeParams], Compute]:
+    """x > 0: alpha_p x^2 + beta x; else (expm1(min(x, eps)) - x) alpha_n + beta x (UnaryParams' floats)."""
+    p = UnaryParams.of(node)
+    alpha_n, alpha_p, beta, eps = (np.float32(v) for v in (p.alpha_n, p.alpha_p, p.beta, p.eps))
+
+    def prepare(d: np.ndarray, x: np.ndarray, params: ComputeParams) -> Compute:
+        t, u, v = scratch(params, x.shape, x.shape, x.shape)
+
+        def run() -> None:
+            np.copyto(v, x)
+            np.multiply(v, v, out=t)
+            np.multiply(t, alpha_p, out=t)  # positive branch, without beta x
+            np.minimum(v, eps, out=u)
+            np.expm1(u, out=u)
+            np.subtract(u, v, out=u)
+            np.multiply(u, alpha_n, out=u)  # negative branch, without beta x
+            np.copyto(u, t, where=v > 0)
+            np.multiply(v, beta, out=v)
+            np.add(u, v, out=d)
+
+        return run
+
+    return prepare
+
+
+def _one_call(ufunc: np.ufunc, *args: object) -> Callable[[np.ndarray, np.ndarray, ComputeParams], Compute]:
     def prepare(d: np.ndarray, x: np.ndarray, params: ComputeParams) -> Compute:
         return functools.partial(ufunc, x, *args, out=d)
 
     return prepare
 
 
-_UNARY = {
+@functools.cache
+def _erf_f32() -> np.ufunc:
+    """erf as a float32 ufunc (numba; compiled at the first GELU_ERF)."""
+    import math
+
+    import numba
+
+    @numba.vectorize(["float32(float32)"], cache=True)
+    def erf(x: float) -> float:  # pragma: no cover - compiled
+        return math.erf(x)
+
+    return erf
+
+
+_UNARY: dict[UnaryOp, Callable[[np.ndarray, np.ndarray, ComputeParams], Compute]] = {
     UnaryOp.ABS: _one_call(np.absolute),
     UnaryOp.SGN: _one_call(np.sign),
     UnaryOp.NEG: _one_call(np.negative),
@@ -316,32 +470,40 @@ _UNARY = {
     UnaryOp.TANH: _one_call(np.tanh),
     UnaryOp.ELU: _elu,
     UnaryOp.RELU: _one_call(np.maximum, 0.0),
+    UnaryOp.SIGMOID: _sigmoid,
     UnaryOp.GELU: _gelu,
     UnaryOp.GELU_QUICK: _gelu_quick,
     UnaryOp.SILU: _silu,
-    UnaryOp.LEAKY: _leaky_unary,
     UnaryOp.HARDSWISH: _hardswish,
     UnaryOp.HARDSIGMOID: _hardsigmoid,
+    UnaryOp.EXP: _one_call(np.exp),
+    UnaryOp.EXPM1: _expm1,
+    UnaryOp.SOFTPLUS: _softplus,
+    UnaryOp.GELU_ERF: _gelu_erf,
+    UnaryOp.FLOOR: _one_call(np.floor),
+    UnaryOp.CEIL: _one_call(np.ceil),
+    UnaryOp.ROUND: _round,
+    UnaryOp.TRUNC: _one_call(np.trunc),
 }
 
 
 def unary_op_of(node: Tensor) -> UnaryOp | None:
+    """The node's ggml_unary_op, or None if op_params[0] is none."""
     try:
-        return UnaryOp(node.get_op_params_i32(0))
-    except ValueError:
+        return UnaryParams.of(node).op
+    except GGMLError:
         return None
 
 
 def unary_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
-    """UNARY: the function named by op_params[0] (a ggml_unary_op)."""
+    """UNARY: the function named by UnaryParams.op (a ggml_unary_op)."""
     x = _src0(node, dst, srcs)
-    op = unary_op_of(node)
-    if op is None:
-        raise ArgumentError(f"CPU UNARY '{node.name}': unknown unary op {node.get_op_params_i32(0)}")
+    op = UnaryParams.of(node).op
     if dst.size == 0:
         return noop
     d, x = collapse(dst, x)
-    return _UNARY[op](d, x, params)
+    prepare = _xielu(node) if op == UnaryOp.XIELU else _UNARY[op]
+    return prepare(d, x, params)
 
 
 KERNELS: dict[GGMLOp, Kernel] = {

@@ -5,7 +5,8 @@ dst's elements in row-major order of dst's `ne` (ggml's dup), converting
 between F32, F16, BF16 and the quantized types (through f32 rows with
 `pyggml.core.types.to_float`/`from_float`). GET_ROWS picks rows of any of
 those types (dequantizing only the picked rows) into F32. REPEAT, CONCAT,
-DIAG, PAD, UPSCALE and SET move F32/F16 (or any plain type) data as ggml does.
+DIAG, PAD, UPSCALE and SET move F32/F16 (or any plain type) data as today's
+ggml does, their parameters from `pyggml.core.ops.params`.
 """
 
 from __future__ import annotations
@@ -27,11 +28,11 @@ from pyggml.backends.cpu.kernels._common import (
     reshape_view,
     same_memory,
     scratch,
-    split_axis,
 )
 from pyggml.backends.cpu.kernels.elementwise import acc_view
-from pyggml.core.errors import OutOfBoundsError, ShapeError, UnsupportedTypeError
-from pyggml.core.tensor import GGMLOp, Tensor
+from pyggml.core.errors import ArgumentError, GGMLError, OutOfBoundsError, ShapeError, UnsupportedTypeError
+from pyggml.core.ops.params import ConcatParams, PadParams, UpscaleParams
+from pyggml.core.tensor import GGML_MAX_DIMS, GGMLOp, ScaleFlag, ScaleMode, Tensor
 from pyggml.core.types import TYPE_TRAITS, GGMLType, from_float, to_float
 
 _NUMPY_FLOATS = (GGMLType.F32, GGMLType.F16)
@@ -247,15 +248,23 @@ def repeat_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], 
 
 
 def concat_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
-    """src0 then src1 along dimension 2 (ggml of late 2023 concatenates there only)."""
+    """src0 then src1 along dimension ConcatParams.dim."""
     _same_type(node, node.src[0], node.src[1])
     a, b = srcs[0], srcs[1]
     assert a is not None and b is not None
-    n = a.shape[1]
-    if dst.shape != (a.shape[0], n + b.shape[1], a.shape[2], a.shape[3]) or a.shape[::2] != b.shape[::2]:
+    dim = ConcatParams.of(node).dim
+    if not 0 <= dim < GGML_MAX_DIMS:
+        raise ArgumentError(f"CPU CONCAT '{node.name}': dim={dim} is outside [0, {GGML_MAX_DIMS})")
+    axis = GGML_MAX_DIMS - 1 - dim
+    want = list(a.shape)
+    want[axis] += b.shape[axis]
+    others = [i for i in range(GGML_MAX_DIMS) if i != axis]
+    if dst.shape != tuple(want) or any(a.shape[i] != b.shape[i] for i in others):
         raise ShapeError(f"CPU CONCAT '{node.name}': ne {list(a.shape[::-1])} and {list(b.shape[::-1])} "
-                         f"do not join into {list(dst.shape[::-1])} along dim 2")
-    da, db = dst[:, :n], dst[:, n:]
+                         f"do not join into {list(dst.shape[::-1])} along dim {dim}")
+    n = a.shape[axis]
+    da = dst[(slice(None),) * axis + (slice(0, n),)]
+    db = dst[(slice(None),) * axis + (slice(n, None),)]
 
     def run() -> None:
         np.copyto(da, a)
@@ -284,14 +293,29 @@ def diag_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], pa
 
 
 def pad_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
-    """src0 with zeros appended at the end of each dimension."""
+    """src0 with PadParams' left and right padding in each dimension: zeros, or src0 wrapped around
+    (circular)."""
     _same_type(node, node.src[0])
     src = srcs[0]
     assert src is not None
-    if any(d < s for d, s in zip(dst.shape, src.shape, strict=True)):
-        raise ShapeError(f"CPU PAD '{node.name}': dst ne {list(dst.shape[::-1])} smaller than src "
-                         f"ne {list(src.shape[::-1])}")
-    inner = dst[: src.shape[0], : src.shape[1], : src.shape[2], : src.shape[3]]
+    p = PadParams.of(node)
+    left, right = p.left()[::-1], p.right()[::-1]  # numpy axis order
+    if min(left + right) < 0 or any(d != s + lp + rp for d, s, lp, rp in zip(dst.shape, src.shape, left, right,
+                                                                             strict=True)):
+        raise ShapeError(f"CPU PAD '{node.name}': src ne {list(src.shape[::-1])} padded by {list(p.left())} "
+                         f"(left) and {list(p.right())} (right) is not dst ne {list(dst.shape[::-1])}")
+    if dst.size == 0:
+        return noop
+    if p.circular:
+        if src.size == 0:
+            raise ShapeError(f"CPU PAD '{node.name}': an empty tensor cannot wrap around")
+        index = np.ix_(*[(np.arange(d) - lp) % s for d, s, lp in zip(dst.shape, src.shape, left, strict=True)])
+
+        def wrap() -> None:
+            np.copyto(dst, src[index])
+
+        return wrap
+    inner = dst[tuple(slice(lp, lp + s) for lp, s in zip(left, src.shape, strict=True))]
 
     def run() -> None:
         dst.fill(0)
@@ -300,21 +324,93 @@ def pad_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], par
     return run
 
 
+def _upscale_taps(mode: int, n_dst: int, n_src: int, sf: np.float32, pixel_offset: np.float32
+                  ) -> list[tuple[np.ndarray, np.ndarray | None]]:
+    """(source index, weight) pairs giving each of n_dst positions along one axis, as ggml's upscale kernel
+    computes them in f32 (weight None: 1)."""
+    i = np.arange(n_dst, dtype=np.float32)
+    last = n_src - 1
+    if mode == ScaleMode.NEAREST:
+        return [((i / sf).astype(np.int64), None)]
+    x = (i + pixel_offset) / sf - pixel_offset
+    x0 = np.floor(x).astype(np.int64)
+    if mode == ScaleMode.BILINEAR:
+        lo, hi = np.clip(x0, 0, last), np.clip(x0 + 1, 0, last)
+        dx = np.clip(x - lo.astype(np.float32), 0, 1).astype(np.float32)
+        return [(lo, (1 - dx).astype(np.float32)), (hi, dx)]
+    a = np.float32(-0.75)  # BICUBIC, alpha as PyTorch's
+
+    def weight1(t: np.ndarray) -> np.ndarray:
+        return ((a + 2) * t - (a + 3)) * t * t + 1
+
+    def weight2(t: np.ndarray) -> np.ndarray:
+        return ((a * t - 5 * a) * t + 8 * a) * t - 4 * a
+
+    dx = (x - x0.astype(np.float32)).astype(np.float32)
+    one, two = np.float32(1), np.float32(2)
+    weights = [weight2(dx + one), weight1(dx), weight1(one - dx), weight2(two - dx)]
+    return [(np.clip(x0 + k - 1, 0, last), w.astype(np.float32)) for k, w in enumerate(weights)]
+
+
+def _resample(x: np.ndarray, axis: int, taps: list[tuple[np.ndarray, np.ndarray | None]]) -> np.ndarray:
+    """x resampled along `axis`: the sum over taps of weight * x[index] (f32)."""
+    out: np.ndarray | None = None
+    shape = [1] * x.ndim
+    shape[axis] = -1
+    for index, weight in taps:
+        term = np.take(x, index, axis=axis)
+        if weight is not None:
+            term = term * weight.reshape(shape)
+        out = term if out is None else out + term
+    assert out is not None
+    return out
+
+
 def upscale_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
-    """Nearest neighbour: dst[i0, i1, i2, i3] = src[i0 / f, i1 / f, i2, i3], f = op_params[0]."""
+    """Resize src0 to dst's shape (UpscaleParams' mode: NEAREST, BILINEAR or BICUBIC over dims 0 and 1, the
+    nearest element over dims 2 and 3; ALIGN_CORNERS), as ggml's upscale kernel, in f32."""
     _same_type(node, node.src[0])
     src = srcs[0]
     assert src is not None
-    f = node.get_op_params_i32(0)
-    n3, n2, n1, n0 = src.shape
-    if f < 1 or dst.shape != (n3, n2, n1 * f, n0 * f):
-        raise ShapeError(f"CPU UPSCALE '{node.name}': src ne {list(src.shape[::-1])} by {f} "
-                         f"is not dst ne {list(dst.shape[::-1])}")
+    p = UpscaleParams.of(node)
+    mode = p.scale_mode
+    if not p.known or p.flags & ScaleFlag.ANTIALIAS:
+        raise UnsupportedTypeError(f"CPU UPSCALE '{node.name}': mode {p.mode:#x} is not supported (NEAREST, "
+                                   "BILINEAR, BICUBIC with ALIGN_CORNERS)")
     if dst.size == 0:
         return noop
-    d = split_axis(split_axis(dst, 3, n0, f), 2, n1, f)  # (n3, n2, n1, f, n0, f)
-    s = np.broadcast_to(src[:, :, :, None, :, None], d.shape)
-    return functools.partial(np.copyto, d, s)
+    if src.size == 0:
+        raise ShapeError(f"CPU UPSCALE '{node.name}': an empty src ne {list(src.shape[::-1])} cannot fill "
+                         f"dst ne {list(dst.shape[::-1])}")
+    n3, n2, n1, n0 = dst.shape
+    s3, s2, s1, s0 = src.shape
+    f32 = np.float32
+    sf = [f32(n) / f32(m) for n, m in ((n0, s0), (n1, s1), (n2, s2), (n3, s3))]
+    pixel_offset = f32(0.5)
+    if p.flags & ScaleFlag.ALIGN_CORNERS:
+        pixel_offset = f32(0.0)
+        if n0 > 1 and s0 > 1:
+            sf[0] = f32(n0 - 1) / f32(s0 - 1)
+        if n1 > 1 and s1 > 1:
+            sf[1] = f32(n1 - 1) / f32(s1 - 1)
+    i3 = (np.arange(n3, dtype=f32) / sf[3]).astype(np.int64)
+    i2 = (np.arange(n2, dtype=f32) / sf[2]).astype(np.int64)
+    taps1 = _upscale_taps(mode, n1, s1, sf[1], pixel_offset)
+    taps0 = _upscale_taps(mode, n0, s0, sf[0], pixel_offset)
+    if mode == ScaleMode.NEAREST:
+        index = np.ix_(i3, i2, taps1[0][0], taps0[0][0])
+
+        def nearest() -> None:
+            np.copyto(dst, src[index])
+
+        return nearest
+    outer = np.ix_(i3, i2)
+
+    def run() -> None:
+        x = src[outer].astype(np.float32)
+        np.copyto(dst, _resample(_resample(x, 3, taps0), 2, taps1))
+
+    return run
 
 
 def set_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
@@ -368,6 +464,13 @@ def supports(node: Tensor) -> bool:
         if src0.type == GGMLType.I32:
             return node.type == GGMLType.I32
         return is_convertible(src0.type) and node.type in _NUMPY_FLOATS
+    if op == GGMLOp.UPSCALE:
+        try:
+            p = UpscaleParams.of(node)
+        except GGMLError:
+            return False
+        if not p.known or p.flags & ScaleFlag.ANTIALIAS:
+            return False
     srcs = [s for s in node.src[:2] if s is not None]
     if op == GGMLOp.SET:
         srcs = srcs[:1]

@@ -16,9 +16,12 @@ src0 matrix serves consecutive src1 matrices). By src0's type:
   and calling BLAS takes 2 ms, and numpy's own f16 cast alone 20 ms. From
   that many columns up, tiles of `TILE_BYTES` of weight rows are widened to
   f32 (exact) and multiplied by BLAS, so memory stays bounded.
-- Quantized (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K): src1 rows are
-  quantized to the vec_dot_type (Q8_0, Q8_1 or Q8_K) exactly as ggml's
-  reference quantize_row_q8_* (see quant_dot), then, with fewer than
+- Quantized (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, IQ4_NL, IQ4_XS,
+  MXFP4): src1 rows are quantized to the vec_dot_type (Q8_0 for Q4_0, Q5_0,
+  Q8_0, IQ4_NL, MXFP4; Q8_1 for Q4_1, Q5_1; Q8_K for the K-quants and
+  IQ4_XS) exactly as ggml's reference quantize_row_q8_* (see quant_dot; the
+  CPU backend's own SIMD Q8_0/Q8_1 conversion may round a value the other
+  way), then, with fewer than
   `BLAS_MIN_COLS` columns, numba kernels compute ggml's vec_dot on the raw
   blocks: exact integer block dot products scaled by the blocks' scales
   (see Threads below). The weights are
@@ -28,9 +31,11 @@ src0 matrix serves consecutive src1 matrices). By src0's type:
   Documented deviation, for prompts: with `BLAS_MIN_COLS` or more columns,
   tiles of weight rows are dequantized to f32 (ggml's dequantize_row
   arithmetic, bit for bit) and multiplied by BLAS with the dequantized q8
-  src1 values (q * d). The operands are the same numbers ggml multiplies,
-  but products and sums are rounded in f32 instead of summed as integers per
-  block: the difference to the exact path is float rounding (NMSE ~1e-13,
+  src1 values (q * d); for Q4_1/Q5_1, whose vec_dot adds m * s per block
+  with Q8_1's s = f16(d * sum(q)) from the unrounded d, one more column per
+  block carries m times s - d * sum(q). The operands are the same numbers
+  ggml multiplies, but products and sums are rounded in f32 instead of summed
+  as integers per block: the difference to the exact path is float rounding (NMSE ~1e-13,
   relative ~1e-7; MUL_MAT's threshold is 5e-4), at a fraction of the time
   (512 columns: ~85 ms instead of ~0.4 s for 4096x4096).
 
@@ -69,17 +74,19 @@ from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
 from pyggml.backends.cpu.kernels import quant_dot as qd
 from pyggml.backends.cpu.kernels._common import noop
 from pyggml.backends.cpu.kernels.threads import POOL
+from pyggml.core import quants
 from pyggml.core.errors import GGMLError, ShapeError, UnsupportedTypeError
 from pyggml.core.tensor import GGMLOp, Tensor
 from pyggml.core.types import TYPE_TRAITS, GGMLType
 
 F32, F16, BF16 = GGMLType.F32, GGMLType.F16, GGMLType.BF16
 
-# src0 types with a vec_dot in ggml (late 2023), plus BF16 as later ggml
+# src0 types with a vec_dot in ggml that pyggml implements
 MUL_MAT_TYPES: tuple[GGMLType, ...] = (
     F32, F16, BF16,
     GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
     GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,
+    GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.MXFP4,
 )
 QUANT_TYPES: tuple[GGMLType, ...] = MUL_MAT_TYPES[3:]
 OUT_PROD_SRC1_TYPES: tuple[GGMLType, ...] = (F32, F16, BF16)
@@ -106,13 +113,20 @@ _ALIGN = 64
 Problem = tuple[type[GGMLError], str] | None
 
 
+def _src0_type_reason(a: Tensor, why: str) -> str:
+    """Why src0's type is refused: a ggml type pyggml has not implemented says so, others `why`."""
+    if not quants.is_implemented(a.type):
+        return f"src0 '{a.name}': {quants.not_implemented_error(a.type)}"
+    return f"src0 '{a.name}' has type {a.type.name}, {why}"
+
+
 def _mul_mat_problem(node: Tensor) -> Problem:
     """Why the CPU cannot compute this MUL_MAT node (error class and reason), or None if it can."""
     a, b = node.src[0], node.src[1]
     if a is None or b is None:
         return ShapeError, "needs two sources"
     if a.type not in MUL_MAT_TYPES:
-        return UnsupportedTypeError, f"src0 '{a.name}' has type {a.type.name}, which has no dot product (vec_dot)"
+        return UnsupportedTypeError, _src0_type_reason(a, "which has no dot product (vec_dot)")
     vdt = TYPE_TRAITS[a.type].vec_dot_type
     if b.type not in (F32, vdt):
         return (UnsupportedTypeError,
@@ -135,7 +149,7 @@ def _out_prod_problem(node: Tensor) -> Problem:
     if a is None or b is None:
         return ShapeError, "needs two sources"
     if a.type not in MUL_MAT_TYPES:
-        return UnsupportedTypeError, f"src0 '{a.name}' has type {a.type.name}, which has no f32 conversion here"
+        return UnsupportedTypeError, _src0_type_reason(a, "which has no f32 conversion here")
     if b.type not in OUT_PROD_SRC1_TYPES:
         return UnsupportedTypeError, f"src1 '{b.name}' has type {b.type.name}; it must be F32, F16 or BF16"
     if node.type != F32:
@@ -270,7 +284,7 @@ def _needs_copy(src1: np.ndarray, type: GGMLType) -> bool:
 
 _Q8_DTYPES = {
     GGMLType.Q8_0: np.dtype([("d", "<f2"), ("qs", "i1", (32,))]),
-    GGMLType.Q8_1: np.dtype([("d", "<f4"), ("s", "<f4"), ("qs", "i1", (32,))]),
+    GGMLType.Q8_1: np.dtype([("d", "<f2"), ("s", "<f2"), ("qs", "i1", (32,))]),
     GGMLType.Q8_K: np.dtype([("d", "<f4"), ("qs", "i1", (256,)), ("bsums", "<i2", (16,))]),
 }
 
@@ -351,7 +365,12 @@ def _mul_mat_numba(wtype: GGMLType, xtype: GGMLType, K: int, dst: np.ndarray, sr
         raise ShapeError(f"CPU MUL_MAT: dst with shape {dst.shape} and strides {dst.strides} is not contiguous")
 
     blas = N >= (BLAS_MIN_COLS if quantized else HALF_BLAS_MIN_COLS)
-    tile_rows = max(1, min(M, TILE_BYTES // max(4 * K, 1)))
+    # Q4_1/Q5_1 (vec_dot_type Q8_1): ggml's dot adds m * s per block, s = f16(d * sum(q)) from the unrounded
+    # d, which differs from the q * f16(d) the dequantized product gives: on the BLAS path one more column per
+    # block carries the weights' m times the difference
+    mins = blas and vdt == GGMLType.Q8_1
+    Kb = K + (nb if mins else 0)  # columns of the BLAS operands
+    tile_rows = max(1, min(M, TILE_BYTES // max(4 * Kb, 1)))
 
     specs: list[tuple[tuple[int, ...], np.dtype]] = []
     x_from_src1 = not TYPE_TRAITS[xtype].is_quantized
@@ -363,9 +382,9 @@ def _mul_mat_numba(wtype: GGMLType, xtype: GGMLType, K: int, dst: np.ndarray, sr
         specs += [((ny, K), np.dtype(np.int8)), ((ny, K // qk), np.dtype(np.float32)),
                   ((ny, K // qk), np.dtype(np.float32)), ((ny, K // 16), np.dtype(np.int32))]
         if blas:
-            specs.append(((ny, K), np.dtype(np.float32)))
+            specs.append(((ny, Kb), np.dtype(np.float32)))
     if blas:
-        specs.append(((tile_rows, K), np.dtype(np.float32)))
+        specs.append(((tile_rows, Kb), np.dtype(np.float32)))
     scratch = _carve(params, specs)
     xs = scratch.pop(0) if copy_x else None
     get_x = _src1_f32_fn(src1, xtype, xs) if x_from_src1 else None
@@ -394,11 +413,17 @@ def _mul_mat_numba(wtype: GGMLType, xtype: GGMLType, K: int, dst: np.ndarray, sr
         assert yf is not None and tile is not None
         qk = TYPE_TRAITS[vdt].blck_size
 
+        yv, yc = np.reshape(yf[:, :K], (ny, -1, qk), copy=False), yf[:, K:]
+
         def run_qb() -> None:
             prepare_y()
             # the q8 values ggml multiplies: q * d
-            np.multiply(yq.reshape(ny, -1, qk), yd[:, :, None], out=yf.reshape(ny, -1, qk))
-            _tiled_blas(kind, w, w_off, nb, yf, out, N, ne03 * ne02, M, r3, r2, ne12, tile)
+            np.multiply(yq.reshape(ny, -1, qk), yd[:, :, None], out=yv)
+            if mins:  # s - d * sum(q), the weights' m multiplies it (the sums of 16 are exact in float32)
+                np.add(yb[:, 0::2], yb[:, 1::2], out=yc, casting="unsafe")
+                np.multiply(yc, yd, out=yc)
+                np.subtract(ys, yc, out=yc)
+            _tiled_blas(kind, w, w_off, nb, yf, out, N, ne03 * ne02, M, r3, r2, ne12, tile, mins)
 
         return run_qb
 
@@ -455,10 +480,11 @@ def _direct(kind: int, w: np.ndarray, w_off: np.ndarray, nb: int, xf: np.ndarray
 
 
 def _tiled_blas(kind: int, w: np.ndarray, w_off: np.ndarray, nb: int, x: np.ndarray, out: np.ndarray, N: int,
-                n_wslices: int, M: int, r3: int, r2: int, ne12: int, tile: np.ndarray) -> None:
+                n_wslices: int, M: int, r3: int, r2: int, ne12: int, tile: np.ndarray, mins: bool = False) -> None:
     """out[s*N:(s+1)*N, m0:m1] = x[s*N:(s+1)*N] @ rows[m0:m1].T, with weight rows converted to f32 a tile at a time.
 
-    Each converted tile serves every src1 matrix that broadcasts over it.
+    Each converted tile serves every src1 matrix that broadcasts over it. With `mins` (Q4_1, Q5_1), the last
+    nb columns of a tile row are its blocks' m (x's last nb columns: the correction of each block).
     """
     R = tile.shape[0]
     n_w2 = ne12 // r2  # src0's ne02
@@ -468,7 +494,9 @@ def _tiled_blas(kind: int, w: np.ndarray, w_off: np.ndarray, nb: int, x: np.ndar
         for m0 in range(0, M, R):
             m1 = min(M, m0 + R)
             t = tile[:m1 - m0]
-            qd.rows_to_f32(kind, w, w_off, ws * M + m0, nb, t)
+            qd.rows_to_f32(kind, w, w_off, ws * M + m0, nb, t)  # the first nb * blck_size columns of each row
+            if mins:
+                qd.block_mins_to_f32(kind, w, w_off, ws * M + m0, nb, t)
             for s in slices:
                 np.matmul(x[s * N:(s + 1) * N], t.T, out=out[s * N:(s + 1) * N, m0:m1])
 

@@ -1,14 +1,17 @@
 """CPU kernels: normalization and attention ops.
 
-NORM, RMS_NORM, GROUP_NORM, SOFT_MAX (mask in src[1], scale in op_params[0]),
-DIAG_MASK_INF/ZERO, ROPE (normal and NeoX modes with YaRN) and ALIBI, on F32
-and F16 (computed in f32 scratch, stored in dst's type).
+NORM, RMS_NORM, GROUP_NORM, SOFT_MAX (mask in src[1], sinks in src[2], scale
+and ALiBi's max_bias in op_params), DIAG_MASK_INF/ZERO and ROPE (normal and
+NeoX modes with YaRN, frequency factors and an offset), on F32 and F16
+(computed in f32 scratch, stored in dst's type). Parameters come from
+`pyggml.core.ops.params`.
 """
 
 from __future__ import annotations
 
-import functools
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -17,21 +20,23 @@ from pyggml.backends.cpu.kernels._common import (
     F32,
     FLOAT_TYPES,
     all_float,
-    collapse,
-    ggml_broadcast,
     noop,
     require_types,
     same_memory,
     scratch,
 )
-from pyggml.core.errors import ArgumentError, ShapeError, UnsupportedTypeError
-from pyggml.core.tensor import GGMLOp, Tensor
+from pyggml.core.errors import ArgumentError, GGMLError, ShapeError, UnsupportedTypeError
+from pyggml.core.ops.params import DiagMaskParams, GroupNormParams, NormParams, RopeParams, SoftMaxParams
+from pyggml.core.tensor import (
+    GGML_ROPE_TYPE_IMROPE,
+    GGML_ROPE_TYPE_MROPE,
+    GGML_ROPE_TYPE_NEOX,
+    GGML_ROPE_TYPE_NORMAL,
+    GGML_ROPE_TYPE_VISION,
+    GGMLOp,
+    Tensor,
+)
 from pyggml.core.types import GGMLType
-
-GROUP_NORM_EPS = 1e-6  # ggml of late 2023 fixes group_norm's eps at 1e-6f
-
-ROPE_MODE_NEOX = 2
-ROPE_MODE_GLM = 4
 
 
 def _src0(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None]) -> np.ndarray:
@@ -48,9 +53,9 @@ def _src0(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None]) -> np.nd
 
 
 def norm_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
-    """Each row: (x - mean) / sqrt(variance + eps), eps the f32 in op_params[0]."""
+    """Each row: (x - mean) / sqrt(variance + eps) (NormParams)."""
     x = _src0(node, dst, srcs)
-    eps = np.float32(node.get_op_params_f32(0))
+    eps = np.float32(NormParams.of(node).eps)
     if dst.size == 0:
         return noop
     n = np.float32(x.shape[3])
@@ -71,9 +76,9 @@ def norm_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], pa
 
 
 def rms_norm_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
-    """Each row: x / sqrt(mean(x^2) + eps), eps the f32 in op_params[0]."""
+    """Each row: x / sqrt(mean(x^2) + eps) (NormParams)."""
     x = _src0(node, dst, srcs)
-    eps = np.float32(node.get_op_params_f32(0))
+    eps = np.float32(NormParams.of(node).eps)
     if dst.size == 0:
         return noop
     n = np.float32(x.shape[3])
@@ -114,14 +119,14 @@ def group_norm_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | Non
                       params: ComputeParams) -> Compute:
     """Normalize groups of ceil(ne2 / n_groups) channels (dim 2) over dims 0, 1 and the group, per ne3.
 
-    n_groups is op_params[0]; eps is 1e-6 as in ggml of late 2023, or the f32 in
-    op_params[1] where a builder stores one (later ggml does).
+    n_groups and eps from GroupNormParams.
     """
     x = _src0(node, dst, srcs)
-    n_groups = node.get_op_params_i32(0)
+    p = GroupNormParams.of(node)
+    n_groups = p.n_groups
     if n_groups < 1:
         raise ArgumentError(f"CPU GROUP_NORM '{node.name}': n_groups must be >= 1, got {n_groups}")
-    eps = np.float32(node.get_op_params_f32(1) if node.get_op_params_i32(1) != 0 else GROUP_NORM_EPS)
+    eps = np.float32(p.eps)
     if dst.size == 0:
         return noop
     n, c, h, w = x.shape
@@ -145,55 +150,78 @@ def group_norm_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | Non
 # --- SOFT_MAX, DIAG_MASK ---
 
 
-def _mask_fn(node: Tensor, t: np.ndarray, mask: np.ndarray) -> Compute:
-    """A function adding the mask to t (f32 scratch, src's shape): flat row r gets mask row r % ne11, as ggml.
+def alibi_slopes(n_head: int, max_bias: float) -> np.ndarray:
+    """ALiBi's slope of each head h < n_head (f32, as ggml's SOFT_MAX computes them); all 1 when max_bias <= 0."""
+    if max_bias <= 0.0:
+        return np.ones(n_head, F32)
+    n_log2 = 1 << int(math.floor(math.log2(n_head)))
+    m0 = np.power(np.float32(2.0), np.float32(-max_bias) / np.float32(n_log2), dtype=F32)
+    m1 = np.power(np.float32(2.0), np.float32(-max_bias / 2.0) / np.float32(n_log2), dtype=F32)
+    h = np.arange(n_head)
+    return np.where(h < n_log2, np.power(m0, (h + 1).astype(F32), dtype=F32),
+                    np.power(m1, (2 * (h - n_log2) + 1).astype(F32), dtype=F32)).astype(F32)
 
-    When ne11 divides ne01 that is plain tiling (a broadcast view); otherwise the
-    rows are gathered at run time.
-    """
-    if mask.shape[3] != t.shape[3]:
-        raise ShapeError(f"CPU SOFT_MAX '{node.name}': mask rows have {mask.shape[3]} elements, "
-                         f"src rows {t.shape[3]}")
-    if all(n % m == 0 for n, m in zip(t.shape, mask.shape, strict=True)):
-        (tb,), mb = ggml_broadcast([t], mask)
-        return functools.partial(np.add, tb, mb, out=tb, dtype=F32)
-    if mask.shape[:2] != (1, 1):
-        raise ShapeError(f"CPU SOFT_MAX '{node.name}': mask ne {list(mask.shape[::-1])} does not repeat "
-                         f"to src ne {list(t.shape[::-1])}")
-    m2 = mask[0, 0]
-    which = (np.arange(t.shape[0] * t.shape[1] * t.shape[2]) % m2.shape[0]).reshape(t.shape[:3])
 
-    def add_gathered() -> None:
-        np.add(t, m2[which], out=t, dtype=F32)
-
-    return add_gathered
+def _mask_rows(node: Tensor, x: np.ndarray, mask: np.ndarray) -> Callable[[], np.ndarray]:
+    """A function giving the mask at x's shape: row i1 of the mask for x's row i1 (the mask may have more
+    rows), its dims 2 and 3 tiled over x's (ggml: i12 = i02 % ne12, i13 = i03 % ne13). A view where numpy
+    broadcasts, else gathered when called."""
+    m3, m2, m1, m0 = mask.shape
+    n3, n2, n1, n0 = x.shape
+    if m0 != n0 or m1 < n1 or m2 == 0 or m3 == 0 or n2 % m2 or n3 % m3:
+        raise ShapeError(f"CPU SOFT_MAX '{node.name}': mask ne {list(mask.shape[::-1])} does not fit src "
+                         f"ne {list(x.shape[::-1])} (same ne0, ne1 at least src's, ne2 and ne3 dividing src's)")
+    rows = mask[:, :, :n1, :]
+    if m3 in (1, n3) and m2 in (1, n2):
+        view = np.broadcast_to(rows, x.shape)
+        return lambda: view
+    index = np.ix_(np.arange(n3) % m3, np.arange(n2) % m2)
+    return lambda: rows[index]
 
 
 def soft_max_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
-    """Each row: softmax(x * scale + mask), scale the f32 in op_params[0], the mask (optional) in src[1].
+    """Each row: softmax(x * scale + slope * mask), with an extra logit per head from the sinks (src[2]).
 
-    Computed in f32 with exact exp; ggml of late 2023 rounds exp's argument and
-    result through an f16 table, so its values differ by up to f16 rounding.
+    SoftMaxParams: scale, and max_bias (> 0: ALiBi, the slope of head i2); the mask (src[1], F32 or F16, row
+    i1 for row i1, dims 2 and 3 tiled) and the sinks (src[2], F32, one per head) are optional. Computed in f32
+    with exact exp, as ggml's kernel.
     """
     x = _src0(node, dst, srcs)
     require_types(node, FLOAT_TYPES, node.src[1])
-    scale = np.float32(node.get_op_params_f32(0))
+    p = SoftMaxParams.of(node)
+    scale = np.float32(p.scale)
     if dst.size == 0:
         return noop
+    ne2 = x.shape[1]
     (t,) = scratch(params, x.shape)
     mask = srcs[1]
-    add_mask = _mask_fn(node, t, mask) if mask is not None else None
+    mask_of = _mask_rows(node, x, mask) if mask is not None else None
+    slope4 = alibi_slopes(ne2, p.max_bias).reshape(1, ne2, 1, 1) if p.max_bias > 0.0 else None
+    sinks_t, sinks = node.src[2], srcs[2] if len(srcs) > 2 else None
+    sink4 = None
+    if sinks_t is not None and sinks is not None:
+        if sinks_t.type != GGMLType.F32 or sinks_t.ne[0] < ne2:
+            raise ShapeError(f"CPU SOFT_MAX '{node.name}': sinks must be F32, one per head (ne2={ne2}), got "
+                             f"{sinks_t.type.name} {sinks_t.ne}")
+        sink4 = sinks.reshape(-1)[:ne2].reshape(1, ne2, 1, 1)
 
     def run() -> None:
         np.multiply(x, scale, out=t, dtype=F32)
-        if add_mask is not None:
-            add_mask()
+        if mask_of is not None:
+            m = mask_of()
+            if slope4 is not None:
+                m = np.multiply(m, slope4, dtype=F32)
+            np.add(t, m, out=t, dtype=F32)
         mx = np.max(t, axis=-1, keepdims=True)
+        if sink4 is not None:
+            np.maximum(mx, sink4, out=mx)
         np.subtract(t, mx, out=t)
         np.exp(t, out=t)
-        s = np.add.reduce(t, axis=-1, keepdims=True)
+        s = np.add.reduce(t, axis=-1, keepdims=True, dtype=np.float64)
+        if sink4 is not None:
+            s += np.exp(sink4 - mx, dtype=F32)
         np.reciprocal(s, out=s)
-        np.multiply(t, s, out=dst)
+        np.multiply(t, s.astype(F32), out=dst)
 
     return run
 
@@ -201,7 +229,7 @@ def soft_max_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None]
 def _diag_mask(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], value: float) -> Compute:
     """dst = src0 with element (i0, i1) of every matrix set to `value` where i0 > n_past + i1."""
     x = _src0(node, dst, srcs)
-    n_past = node.get_op_params_i32(0)
+    n_past = DiagMaskParams.of(node).n_past
     if dst.size == 0:
         return noop
     ne1, ne0 = x.shape[2], x.shape[3]
@@ -229,104 +257,161 @@ def diag_mask_zero_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray |
 
 # --- ROPE ---
 
+ROPE_MODES = (GGML_ROPE_TYPE_NORMAL, GGML_ROPE_TYPE_NEOX, GGML_ROPE_TYPE_MROPE, GGML_ROPE_TYPE_IMROPE,
+              GGML_ROPE_TYPE_VISION)  # the modes ggml's CPU kernel computes
 
-def rope_yarn_corr_dims(n_dims: int, n_orig_ctx: int, freq_base: float, beta_fast: float,
+
+def rope_yarn_corr_dims(n_dims: int, n_ctx_orig: int, freq_base: float, beta_fast: float,
                         beta_slow: float) -> tuple[float, float]:
     """ggml_rope_yarn_corr_dims: the first and last dims where YaRN ramps between interpolation and extrapolation."""
     def corr_dim(n_rot: float) -> float:
-        return n_dims * math.log(n_orig_ctx / (n_rot * 2 * math.pi)) / (2 * math.log(freq_base))
+        return n_dims * math.log(n_ctx_orig / (n_rot * 2 * math.pi)) / (2 * math.log(freq_base))
 
     start = math.floor(corr_dim(beta_fast))
     end = math.ceil(corr_dim(beta_slow))
     return max(0.0, start), min(n_dims - 1.0, end)
 
 
-def rope_mode_supported(mode: int) -> bool:
-    return not mode & ROPE_MODE_GLM
+@dataclass(frozen=True)
+class RopePairs:
+    """Which elements of a row ROPE turns: pair k is (first[k], second[k]) of the slices, the `kept` slices
+    are copied unchanged."""
+
+    first: slice
+    second: slice
+    n_pairs: int
+    kept: tuple[slice, ...]
+
+
+def rope_pairs(p: RopeParams, ne0: int) -> RopePairs:
+    """ggml's rotate_pairs for the mode: NORMAL turns (2k, 2k+1), NEOX and the multi-rope modes (k, k + n_dims/2)
+    within [n_offs, n_offs + n_dims); VISION turns (k, k + n_dims) over the whole row (n_dims = ne0/2)."""
+    n, o = p.n_dims, p.n_offs
+    if p.mode == GGML_ROPE_TYPE_VISION:
+        return RopePairs(slice(0, n), slice(n, 2 * n), n, ())
+    kept = tuple(sl for sl in (slice(0, o), slice(o + n, ne0)) if sl.stop > sl.start)
+    if p.mode == GGML_ROPE_TYPE_NORMAL:
+        return RopePairs(slice(o, o + n, 2), slice(o + 1, o + n, 2), n // 2, kept)
+    return RopePairs(slice(o, o + n // 2), slice(o + n // 2, o + n), n // 2, kept)
+
+
+def rope_check(node: Tensor, p: RopeParams, ne0: int, ne2: int, backend: str) -> None:
+    """ggml's asserts of the ROPE kernel, as errors naming the node."""
+    if p.mode not in ROPE_MODES:
+        raise UnsupportedTypeError(f"{backend} ROPE '{node.name}': mode {p.mode} is not one of {ROPE_MODES}")
+    vision = p.mode == GGML_ROPE_TYPE_VISION
+    if p.n_dims <= 0 or p.n_dims % 2 or p.n_dims > ne0 or (vision and 2 * p.n_dims != ne0):
+        raise ArgumentError(f"{backend} ROPE '{node.name}': n_dims={p.n_dims} must be even, > 0 and <= ne0={ne0} "
+                            "(ne0/2 in VISION mode)")
+    if p.n_offs < 0 or p.n_offs % 2 or p.n_offs + p.n_dims > ne0 or (vision and p.n_offs):
+        raise ArgumentError(f"{backend} ROPE '{node.name}': n_offs={p.n_offs} must be even, >= 0 and n_offs + "
+                            f"n_dims <= ne0={ne0} (0 in VISION mode)")
+    if p.mode & GGML_ROPE_TYPE_MROPE and not any(x > 0 for x in p.sections[:3]):
+        raise ArgumentError(f"{backend} ROPE '{node.name}': multi-rope needs sections, got {list(p.sections)}")
+    pos_t = node.src[1]
+    per_token = 4 if p.mode & GGML_ROPE_TYPE_MROPE else 1
+    if pos_t is None or pos_t.type != GGMLType.I32:
+        raise UnsupportedTypeError(f"{backend} ROPE '{node.name}': positions (src[1]) must be an I32 tensor")
+    if not pos_t.is_vector() or pos_t.ne[0] < per_token * ne2:
+        raise ShapeError(f"{backend} ROPE '{node.name}': positions must be a vector of at least {per_token} x "
+                         f"ne2={ne2}, got ne {pos_t.ne}")
+    ff = node.src[2]
+    if ff is not None and (ff.type != GGMLType.F32 or ff.ne[0] < p.n_dims // 2):
+        raise ShapeError(f"{backend} ROPE '{node.name}': frequency factors (src[2]) must be F32 with at least "
+                         f"n_dims/2={p.n_dims // 2} of them, got {ff.type.name} {ff.ne}")
+
+
+def _theta_sources(p: RopeParams, n_pairs: int) -> tuple[np.ndarray, np.ndarray]:
+    """For each pair k: which position stream turns it (0 for plain rope; multi-rope's t, h, w, e) and the
+    power of theta_scale it has (k, or k since its section began for VISION, whose thetas restart)."""
+    k = np.arange(n_pairs)
+    if not p.mode & GGML_ROPE_TYPE_MROPE:
+        return np.zeros(n_pairs, np.int64), k
+    s0, s1, s2, s3 = p.sections
+    sect_dims = s0 + s1 + s2 + s3
+    sector = k % sect_dims
+    if p.mode == GGML_ROPE_TYPE_IMROPE:
+        stream = np.full(n_pairs, 3)
+        stream = np.where((sector % 3 == 0) & (sector < 3 * s0), 0, stream)
+        stream = np.where((sector % 3 == 2) & (sector < 3 * s2), 2, stream)
+        stream = np.where((sector % 3 == 1) & (sector < 3 * s1), 1, stream)
+    else:
+        stream = np.select([sector < s0, sector < s0 + s1, sector < s0 + s1 + s2], [0, 1, 2], 3)
+    power = k
+    if p.mode == GGML_ROPE_TYPE_VISION:  # thetas restart where their section begins (every sect_dims pairs)
+        begin = np.array([0, s0, s0 + s1, s0 + s1 + s2])
+        last_reset = np.zeros(n_pairs, np.int64)
+        for j in range(4):
+            resets = (k - k % sect_dims) + begin[j]  # this cycle's reset of stream j
+            resets = np.where(resets > k, resets - sect_dims, resets)
+            last_reset = np.where(stream == j, np.maximum(resets, 0), last_reset)
+        power = k - last_reset
+    return stream, power
+
+
+def rope_cos_sin(p: RopeParams, n_pairs: int, positions: np.ndarray,
+                 freq_factors: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin (times mscale) of each token's angle for each pair, f32 (tokens, n_pairs), as ggml's rope
+    cache: theta = position * theta_scale^k (a running f32 product), divided by the frequency factor, YaRN's
+    ramp between interpolation (freq_scale) and extrapolation when ext_factor != 0.
+
+    `positions` (streams, tokens): one stream, or multi-rope's four."""
+    f32 = np.float32
+    theta_scale = np.power(f32(p.freq_base), f32(-2.0) / f32(p.n_dims), dtype=F32)
+    stream, power = _theta_sources(p, n_pairs)
+    n_tok = positions.shape[1]
+    # theta_scale^j as ggml's running product, for every power used
+    steps = np.full(int(power.max(initial=0)) + 1, theta_scale, F32)
+    theta = np.empty((n_tok, n_pairs), F32)
+    for j in np.unique(stream):
+        run = np.empty((n_tok, steps.size), F32)
+        run[:, 0] = positions[j]
+        run[:, 1:] = steps[1:]
+        np.cumprod(run, axis=1, out=run)
+        cols = stream == j
+        theta[:, cols] = run[:, power[cols]]
+    if freq_factors is not None:
+        theta /= freq_factors[:n_pairs].astype(F32)
+    ang = theta * f32(p.freq_scale)
+    mscale = f32(p.attn_factor)
+    if p.ext_factor != 0.0:
+        low, high = rope_yarn_corr_dims(p.n_dims, p.n_ctx_orig, p.freq_base, p.beta_fast, p.beta_slow)
+        y = (np.arange(n_pairs, dtype=F32) - f32(low)) / f32(max(0.001, high - low))
+        ramp_mix = ((1 - np.clip(y, 0, 1)) * f32(p.ext_factor)).astype(F32)
+        ang = ang * (1 - ramp_mix) + theta * ramp_mix
+        mscale = f32(mscale * f32(1.0 + 0.1 * math.log(1.0 / p.freq_scale)))
+    c = np.cos(ang, dtype=F32)
+    s = np.sin(ang, dtype=F32)
+    c *= mscale
+    s *= mscale
+    return c, s
 
 
 def rope_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
-    """Rotate pairs of each row by position-dependent angles (ggml_rope_custom / YaRN).
-
-    op_params: [n_past, n_dims, mode, n_ctx, n_orig_ctx, freq_base, freq_scale,
-    ext_factor, attn_factor, beta_fast, beta_slow, xpos_base, xpos_down];
-    positions (I32, one per ne2) in src[1]. Pair k turns by p * freq_base^(-2k/n_dims)
-    (built by repeated f32 multiplication, as ggml does), mixed by YaRN's ramp when
-    ext_factor != 0. Normal mode pairs (2k, 2k+1) over the whole row (as ggml of
-    late 2023); NeoX mode (mode & 2) pairs (k, k + n_dims/2) over the first n_dims
-    and copies the rest. NeoX follows later ggml's fixed formula: ggml of late
-    2023 applied freq_scale twice and no ramp in that mode when YaRN was on.
-    """
+    """Rotate pairs of each row by position-dependent angles (RopeParams; positions in src[1], optional
+    frequency factors in src[2]), as ggml's ROPE: modes NORMAL, NEOX, MROPE, IMROPE and VISION (`rope_pairs`,
+    `rope_cos_sin`); the elements outside the turned ones are copied."""
     x = _src0(node, dst, srcs)
-    pos_t = node.src[1]
-    pos = srcs[1]
-    if pos_t is None or pos is None or pos_t.type != GGMLType.I32:
-        raise UnsupportedTypeError(f"CPU ROPE '{node.name}': positions (src[1]) must be an I32 tensor")
-    p_i = node.get_op_params_i32
-    p_f = node.get_op_params_f32
-    n_dims, mode, n_orig_ctx = p_i(1), p_i(2), p_i(4)
-    freq_base, freq_scale, ext_factor, attn_factor = p_f(5), p_f(6), p_f(7), p_f(8)
-    beta_fast, beta_slow, xpos_base, xpos_down = p_f(9), p_f(10), p_f(11), p_i(12) != 0
-    if not rope_mode_supported(mode):
-        raise UnsupportedTypeError(f"CPU ROPE '{node.name}': GLM mode (mode & 4) is not supported")
+    p = RopeParams.of(node)
     ne3, ne2, ne1, ne0 = x.shape
-    if n_dims <= 0 or n_dims % 2 or n_dims > ne0:
-        raise ArgumentError(f"CPU ROPE '{node.name}': n_dims={n_dims} must be even, > 0 and <= ne0={ne0}")
-    if not pos_t.is_vector() or pos_t.ne[0] < ne2:
-        raise ShapeError(f"CPU ROPE '{node.name}': positions must be a vector of at least ne2={ne2}, "
-                         f"got ne {pos_t.ne}")
+    rope_check(node, p, ne0, ne2, "CPU")
     if dst.size == 0:
         return noop
-    neox = bool(mode & ROPE_MODE_NEOX)
-    n_pairs = n_dims // 2 if neox else ne0 // 2
-    if neox:
-        x0, x1 = x[..., : n_dims // 2], x[..., n_dims // 2: n_dims]
-        d0, d1 = dst[..., : n_dims // 2], dst[..., n_dims // 2: n_dims]
-    else:
-        x0, x1 = x[..., 0: 2 * n_pairs: 2], x[..., 1: 2 * n_pairs: 2]
-        d0, d1 = dst[..., 0: 2 * n_pairs: 2], dst[..., 1: 2 * n_pairs: 2]
-    rest = None
-    if neox and n_dims < ne0 and not same_memory(dst, x):
-        rest = (dst[..., n_dims:], x[..., n_dims:])
-
-    theta_scale = np.power(np.float32(freq_base), np.float32(-2.0) / np.float32(n_dims), dtype=F32)
-    k = np.arange(n_pairs, dtype=F32)
-    fs = np.float32(freq_scale)
-    mscale = np.float32(attn_factor)
-    ramp_mix = None
-    if ext_factor != 0.0:
-        low, high = rope_yarn_corr_dims(n_dims, n_orig_ctx, freq_base, beta_fast, beta_slow)
-        y = (k - np.float32(low)) / np.float32(max(0.001, high - low))
-        ramp_mix = ((1 - np.clip(y, 0, 1)) * np.float32(ext_factor)).astype(F32)
-        mscale = np.float32(mscale * np.float32(1.0 + 0.1 * math.log(1.0 / freq_scale)))
-    zeta_base = None
-    if xpos_base != 0.0 and not neox:
-        zeta_base = ((2 * k + np.float32(0.4 * ne0)) / np.float32(1.4 * ne0)).astype(F32)
-
-    theta = np.empty((ne2, n_pairs), F32)
+    pairs = rope_pairs(p, ne0)
+    x0, x1, d0, d1 = x[..., pairs.first], x[..., pairs.second], dst[..., pairs.first], dst[..., pairs.second]
+    copies = [] if same_memory(dst, x) else [(dst[..., sl], x[..., sl]) for sl in pairs.kept]
     a, b, t = scratch(params, x0.shape, x0.shape, x0.shape)
-    positions = pos[0, 0, 0, :ne2]  # a view: the positions are read at run time
+    pos = srcs[1]
+    assert pos is not None
+    n_streams = 4 if p.mode & GGML_ROPE_TYPE_MROPE else 1
+    positions = pos.reshape(-1)[: n_streams * ne2].reshape(n_streams, ne2)  # a view: read at run time
+    ff = srcs[2] if node.src[2] is not None else None
+    freq_factors = ff.reshape(-1) if ff is not None else None
 
     def run() -> None:
-        # theta[p, k] = ((p * ts) * ts) ... k times, in f32 like ggml's running product
-        theta[:, 0] = positions
-        theta[:, 1:] = theta_scale
-        np.cumprod(theta, axis=1, out=theta)
-        ang = theta * fs
-        if ramp_mix is not None:
-            ang = ang * (1 - ramp_mix) + theta * ramp_mix
-        c = np.cos(ang)
-        s = np.sin(ang)
-        c *= mscale
-        s *= mscale
-        if zeta_base is not None:
-            zeta = np.power(zeta_base[None, :], (positions.astype(F32) / np.float32(xpos_base))[:, None])
-            if xpos_down:
-                zeta = 1 / zeta
-            c *= zeta
-            s *= zeta
-        c4 = c.reshape(1, ne2, 1, n_pairs)
-        s4 = s.reshape(1, ne2, 1, n_pairs)
+        c, s = rope_cos_sin(p, pairs.n_pairs, positions, freq_factors)
+        c4 = c.reshape(1, ne2, 1, pairs.n_pairs)
+        s4 = s.reshape(1, ne2, 1, pairs.n_pairs)
         np.multiply(x0, c4, out=a, dtype=F32)
         np.multiply(x1, s4, out=t, dtype=F32)
         np.subtract(a, t, out=a)
@@ -335,43 +420,10 @@ def rope_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], pa
         np.add(b, t, out=b)
         np.copyto(d0, a)
         np.copyto(d1, b)
-        if rest is not None:
-            np.copyto(rest[0], rest[1])
+        for d, src in copies:
+            np.copyto(d, src)
 
     return run
-
-
-# --- ALIBI ---
-
-
-def alibi_slopes(n_head: int, max_bias: float, count: int) -> np.ndarray:
-    """ggml's ALiBi slope for each of `count` heads (k over ne2*ne3), in f32."""
-    n_log2 = 1 << int(math.floor(math.log2(n_head)))
-    m0 = np.power(np.float32(2.0), np.float32(-max_bias / n_log2), dtype=F32)
-    m1 = np.power(np.float32(2.0), np.float32(-(max_bias / 2.0) / n_log2), dtype=F32)
-    out = np.empty(count, F32)
-    for k in range(count):
-        if k < n_log2:
-            out[k] = np.power(m0, np.float32(k + 1), dtype=F32)
-        else:
-            out[k] = np.power(m1, np.float32(2 * (k - n_log2) + 1), dtype=F32)
-    return out
-
-
-def alibi_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
-    """dst[i0, i1, i2, i3] = src0 + i0 * slope(head k = i3*ne2 + i2); op_params [n_past, n_head, max_bias f32]."""
-    x = _src0(node, dst, srcs)
-    n_head = node.get_op_params_i32(1)
-    max_bias = node.get_op_params_f32(2)
-    ne3, ne2, ne1, ne0 = x.shape
-    if n_head != ne2:
-        raise ArgumentError(f"CPU ALIBI '{node.name}': n_head={n_head} must equal ne2={ne2}")
-    if dst.size == 0:
-        return noop
-    slopes = alibi_slopes(n_head, max_bias, ne2 * ne3).reshape(ne3, ne2, 1, 1)
-    bias = np.arange(ne0, dtype=F32).reshape(1, 1, 1, ne0) * slopes  # i * m_k in f32, as ggml
-    d, x, bias = collapse(dst, x, np.broadcast_to(bias, dst.shape))
-    return functools.partial(np.add, x, bias, out=d, dtype=F32)
 
 
 KERNELS: dict[GGMLOp, Kernel] = {
@@ -382,17 +434,22 @@ KERNELS: dict[GGMLOp, Kernel] = {
     GGMLOp.DIAG_MASK_INF: diag_mask_inf_kernel,
     GGMLOp.DIAG_MASK_ZERO: diag_mask_zero_kernel,
     GGMLOp.ROPE: rope_kernel,
-    GGMLOp.ALIBI: alibi_kernel,
 }
 
 
 def supports(node: Tensor) -> bool:
-    """Whether these kernels compute `node`: F32/F16 data (I32 positions for ROPE, no GLM mode)."""
+    """Whether these kernels compute `node`: F32/F16 data (I32 positions and a known mode for ROPE)."""
     if node.op not in KERNELS or not all_float(node, node.src[0]):
         return False
     if node.op == GGMLOp.ROPE:
-        pos = node.src[1]
-        return pos is not None and pos.type == GGMLType.I32 and rope_mode_supported(node.get_op_params_i32(2))
+        src0 = node.src[0]
+        assert src0 is not None
+        try:
+            rope_check(node, RopeParams.of(node), src0.ne[0], src0.ne[2], "CPU")
+        except GGMLError:
+            return False
+        return True
     if node.op == GGMLOp.SOFT_MAX:
-        return all_float(node.src[1])
+        sinks = node.src[2]
+        return all_float(node.src[1]) and (sinks is None or sinks.type == GGMLType.F32)
     return True

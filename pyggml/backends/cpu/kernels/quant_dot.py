@@ -5,13 +5,13 @@ after converting src1 to the type's `vec_dot_type` (Q8_0, Q8_1, Q8_K, F16,
 BF16). This module does the same:
 
 - `quantize_rows` converts src1 rows exactly as ggml's reference
-  `quantize_row_q8_0/q8_1/q8_K` do (float32 arithmetic, `roundf` = round
+  `quantize_row_q8_0/q8_1/q8_K_ref` do (float32 arithmetic, `roundf` = round
   half away from zero for Q8_0/Q8_1, `nearest_int` = round half to even for
-  Q8_K, the Q8_0 scale rounded to f16, Q8_K's scale -128/max). The blocks are
-  kept split: values `yq` (int8), scales `yd` (float32; Q8_0's already
-  rounded through f16), Q8_1's `s = sum * d` in `ys`, and integer sums of
-  every 16 values in `yb` (Q8_K's `bsums`; for Q8_0/Q8_1 the same sums, which
-  let offsets such as Q4_0's `-8` be applied once per block).
+  Q8_K, the Q8_0 and Q8_1 scales rounded to f16, Q8_K's scale -127/max). The
+  blocks are kept split: values `yq` (int8), scales `yd` (float32; Q8_0's and
+  Q8_1's already rounded through f16), Q8_1's `s = f16(sum * d)` in `ys`, and
+  integer sums of every 16 values in `yb` (Q8_K's `bsums`; for Q8_0/Q8_1 the
+  same sums, which let offsets such as Q4_0's `-8` be applied once per block).
 - `mul_mat_rows` (several threads, see `threads.py`) and
   `mul_mat_rows_serial` compute `out[col, row] = vec_dot(weight row, src1
   col)`, reading the weights in their compact form. Each block's integer dot
@@ -34,6 +34,11 @@ and a reduction. On AVX2 (checked with numba's inspect_asm) the integer
 products become vpmovsxbw + vpmaddwd and the f16 loads vcvtph2ps.
 Everything else is plain numba.
 
+IQ4_NL, IQ4_XS and MXFP4 quants index a table of 16 int8 values
+(kvalues_iq4nl, kvalues_mxfp4): the lookup is one vpshufb on AVX2, a
+compare-and-select chain elsewhere, and the looked-up values then go through
+the same exact integer block sums.
+
 Integer identities used (all exact): a field `(byte >> shift) & mask` times
 y summed over a block; a weight value with an offset, e.g. Q4_0's
 `nibble - 8`, as `sum(nibble * y) - 8 * sum(y)`; Q5's fifth bit as
@@ -51,6 +56,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from pyggml.core.quants import KVALUES_IQ4NL, KVALUES_MXFP4
 from pyggml.core.types import GGMLType
 
 # kinds: the GGMLType numbers (module-level ints are compile-time constants in numba)
@@ -68,6 +74,13 @@ Q4_K = int(GGMLType.Q4_K)
 Q5_K = int(GGMLType.Q5_K)
 Q6_K = int(GGMLType.Q6_K)
 Q8_K = int(GGMLType.Q8_K)
+IQ4_NL = int(GGMLType.IQ4_NL)
+IQ4_XS = int(GGMLType.IQ4_XS)
+MXFP4 = int(GGMLType.MXFP4)
+
+# the 16 values a 4-bit quant of these types indexes (ggml-common.h's kvalues_iq4nl, kvalues_mxfp4)
+_TABLES: dict[int, list[int]] = {IQ4_NL: [int(v) for v in KVALUES_IQ4NL], MXFP4: [int(v) for v in KVALUES_MXFP4]}
+_TABLES[IQ4_XS] = _TABLES[IQ4_NL]
 
 # --- LLVM vector primitives ---
 #
@@ -453,8 +466,29 @@ _block_sums_unsigned = _block_sums_unsigned_avx2 if _HAS_AVX2 else _block_sums_u
 _ROW_UNROLL = 4  # blocks per loop iteration, each with its own accumulator (the FMA latency chain: 1.6x)
 
 
-def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = False):
-    """The row loop of a 32-value block type of `block_bytes` (an f16 scale, then the values `values` reads).
+def _f16_scale(builder, pb):
+    """The f16 scale at the start of a block, as float32 (Q8_0, Q4_0, IQ4_NL)."""
+    return builder.fpext(builder.load(builder.bitcast(pb, ir.HalfType().as_pointer()), align=1), _F32)
+
+
+def _e8m0_half(builder, e):
+    """ggml_e8m0_to_fp32_half of an i8 value read unsigned: 2^(e - 128), built from its bits (exact)."""
+    e32 = builder.zext(e, _I32)
+    small = builder.shl(ir.Constant(_I32, 0x00200000), e32)  # e < 2: subnormal
+    normal = builder.shl(builder.sub(e32, ir.Constant(_I32, 1)), ir.Constant(_I32, 23))
+    bits = builder.select(builder.icmp_unsigned("<", e32, ir.Constant(_I32, 2)), small, normal)
+    return builder.bitcast(bits, _F32)
+
+
+def _e8m0_scale(builder, pb):
+    """MXFP4's scale: the E8M0 byte at the start of a block, halved (the table holds doubled values)."""
+    return _e8m0_half(builder, builder.load(pb))
+
+
+def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = False, scale=_f16_scale,
+                    values_offset: int = 2):
+    """The row loop of a 32-value block type of `block_bytes`: the block's scale (`scale` reads it), then at
+    `values_offset` the values `values` reads.
 
     `minus_8`: the values read are unsigned and stand for value + 8 (Q4_0): each of the 8 lane sums
     subtracts the block's sum of y (from yb), 8 * sum(y) in all, ggml's Q4_0 offset applied exactly.
@@ -477,9 +511,8 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
 
             def block(b, acc):
                 pb = builder.gep(pw, [builder.mul(b, ir.Constant(b.type, block_bytes))])
-                dw = builder.fpext(builder.load(builder.bitcast(pb, ir.HalfType().as_pointer()), align=1), _F32)
-                scale = builder.fmul(dw, builder.load(builder.gep(pd, [b])))
-                wv = values(builder, builder.gep(pb, [ir.Constant(b.type, 2)]))
+                d = builder.fmul(scale(builder, pb), builder.load(builder.gep(pd, [b])))
+                wv = values(builder, builder.gep(pb, [ir.Constant(b.type, values_offset)]))
                 yv = _load_vector(builder, builder.gep(py, [builder.shl(b, ir.Constant(b.type, 5))]), _I8, 32)
                 part = block_sums(builder, wv, yv)
                 if minus_8:
@@ -487,7 +520,7 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
                     ysum = builder.add(builder.load(builder.gep(ps, [b2])),
                                        builder.load(builder.gep(ps, [builder.add(b2, ir.Constant(b.type, 1))])))
                     part = builder.sub(part, _splat(builder, ysum, 8))
-                builder.store(_fmuladd(builder, builder.sitofp(part, v8f), _splat(builder, scale, 8),
+                builder.store(_fmuladd(builder, builder.sitofp(part, v8f), _splat(builder, d, 8),
                                        builder.load(acc)), acc)
 
             nb = args[2]
@@ -515,6 +548,96 @@ dot_q8_0_row.__doc__ = ("A Q8_0 weight row (nb blocks at byte i of w) times a Q8
                         "accumulated in 8 lanes.")
 dot_q4_0_row = _make_dot_q_row(18, _q4_0_nibbles, minus_8=True)
 dot_q4_0_row.__doc__ = "As dot_q8_0_row for a Q4_0 weight row (values nibble - 8: the sums yb give the offset)."
+
+
+# --- table types: IQ4_NL, IQ4_XS, MXFP4 (a 4-bit quant indexes 16 int8 values) ---
+
+
+def _lookup_avx2(builder, table: list[int], idx):
+    """table[idx] for a <32 x i8> of indices 0..15: one vpshufb (the table in both 128-bit lanes)."""
+    v32i8 = ir.VectorType(_I8, 32)
+    pshufb = builder.module.declare_intrinsic("llvm.x86.avx2.pshuf.b", fnty=ir.FunctionType(v32i8, [v32i8, v32i8]))
+    return builder.call(pshufb, [ir.Constant(v32i8, [v & 0xFF for v in table] * 2), idx])
+
+
+def _lookup_portable(builder, table: list[int], idx):
+    """table[idx] for a <32 x i8> of indices 0..15: a compare and select per table entry."""
+    v32i8 = ir.VectorType(_I8, 32)
+    out = ir.Constant(v32i8, [table[0] & 0xFF] * 32)
+    for k in range(1, 16):
+        hit = builder.icmp_unsigned("==", idx, ir.Constant(v32i8, [k] * 32))
+        out = builder.select(hit, ir.Constant(v32i8, [table[k] & 0xFF] * 32), out)
+    return out
+
+
+_lookup = _lookup_avx2 if _HAS_AVX2 else _lookup_portable
+
+
+def _table_values(table: list[int]):
+    """A `values` reader for _make_dot_q_row: the 32 table values of the 16 nibble bytes at p (low nibbles
+    first, as Q4_0's)."""
+    def values(builder, p):
+        return _lookup(builder, table, _q4_0_nibbles(builder, p))
+
+    return values
+
+
+dot_iq4_nl_row = _make_dot_q_row(18, _table_values(_TABLES[IQ4_NL]))
+dot_iq4_nl_row.__doc__ = "As dot_q8_0_row for an IQ4_NL weight row (values kvalues_iq4nl[nibble])."
+dot_mxfp4_row = _make_dot_q_row(17, _table_values(_TABLES[MXFP4]), scale=_e8m0_scale, values_offset=1)
+dot_mxfp4_row.__doc__ = ("As dot_q8_0_row for an MXFP4 weight row (values kvalues_mxfp4[nibble], scale "
+                         "2^(e - 128) from the block's first byte).")
+
+
+@intrinsic
+def dot_iq4_32(typingctx, w, i, yq, j):
+    """sum_t kvalues_iq4nl[nibble t of the 16 bytes at w[i]] * yq[j+t], t < 32 (exact int32): an IQ4_XS
+    sub-block."""
+    sig = types.int32(w, types.intp, yq, types.intp)
+
+    def codegen(context, builder, signature, args):
+        pw = _address(context, builder, signature.args[0], args[0], args[1])
+        py = _address(context, builder, signature.args[2], args[2], args[3])
+        wv = _lookup(builder, _TABLES[IQ4_XS], _q4_0_nibbles(builder, pw))
+        return _reduce_add_i32(builder, _block_sums(builder, wv, _load_vector(builder, py, _I8, 32)), 8)
+
+    return sig, codegen
+
+
+@intrinsic
+def load_e8m0_half(typingctx, w, i):
+    """ggml_e8m0_to_fp32_half of the byte at offset `i` of uint8 array `w` (MXFP4's scale)."""
+    sig = types.float32(w, types.intp)
+
+    def codegen(context, builder, signature, args):
+        return _e8m0_half(builder, builder.load(_address(context, builder, signature.args[0], args[0], args[1])))
+
+    return sig, codegen
+
+
+def _make_deq_table32(kind: int):
+    @intrinsic
+    def deq_table32(typingctx, w, i, d, out, j):
+        sig = types.void(w, types.intp, types.float32, out, types.intp)
+
+        def codegen(context, builder, signature, args):
+            pw = _address(context, builder, signature.args[0], args[0], args[1])
+            v = _lookup(builder, _TABLES[kind], _q4_0_nibbles(builder, pw))
+            vf = ir.VectorType(_F32, 32)
+            f = builder.fmul(_splat(builder, args[2], 32), builder.sitofp(v, vf))  # ggml: d * kvalues[q]
+            po = _address(context, builder, signature.args[3], args[3], args[4])
+            builder.store(f, builder.bitcast(po, vf.as_pointer()), align=1)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return deq_table32
+
+
+deq_iq4_32 = _make_deq_table32(IQ4_NL)
+deq_iq4_32.__doc__ = "out[j+t] = d * kvalues_iq4nl[nibble t of the 16 bytes at w[i]], t < 32."
+deq_mxfp4_32 = _make_deq_table32(MXFP4)
+deq_mxfp4_32.__doc__ = "out[j+t] = d * kvalues_mxfp4[nibble t of the 16 bytes at w[i]], t < 32."
 
 
 def _store_scaled(builder, context, signature, args, v, n: int, d, bias, out_arg: int):
@@ -624,7 +747,7 @@ def _quantize_q8_1_row(x, yq, yd, ys, yb, r):
             amax = amax if amax > v else v
         d = amax / np.float32(127.0)
         inv = np.float32(1.0) / d if d != 0 else np.float32(0.0)
-        yd[r, b] = d  # block_q8_1 (late 2023) keeps d and s as float32
+        yd[r, b] = round_f16(d)  # block_q8_1 stores d and s as f16; the dot reads them back
         s0 = 0
         s1 = 0
         for t in range(32):
@@ -636,7 +759,7 @@ def _quantize_q8_1_row(x, yq, yd, ys, yb, r):
                 s1 += q
         yb[r, 2 * b] = s0
         yb[r, 2 * b + 1] = s1
-        ys[r, b] = np.float32(s0 + s1) * d
+        ys[r, b] = round_f16(np.float32(s0 + s1) * d)  # from the unrounded d, as ggml
 
 
 @njit(cache=True)
@@ -658,7 +781,7 @@ def _quantize_q8_K_row(x, yq, yd, yb, r):
             for t in range(16):
                 yb[r, 16 * b + t] = 0
             continue
-        iscale = np.float32(-128.0) / vmax
+        iscale = np.float32(-127.0) / vmax  # -128 until 2024
         for t in range(256):
             # nearest_int: the float32 product rounded half to even
             q = int(np.rint(np.float64(iscale * x[r, k0 + t])))
@@ -890,6 +1013,38 @@ def _dot_q6_K(w, o, nb, yq, yd, yb, r):
 
 
 @njit(cache=True, inline="always")
+def _dot_iq4_nl(w, o, nb, yq, yd, yb, r):
+    return dot_iq4_nl_row(w, o, nb, yq, r * yq.shape[1], yd, r * yd.shape[1], yb, r * yb.shape[1])
+
+
+@njit(cache=True, inline="always")
+def _dot_mxfp4(w, o, nb, yq, yd, yb, r):
+    return dot_mxfp4_row(w, o, nb, yq, r * yq.shape[1], yd, r * yd.shape[1], yb, r * yb.shape[1])
+
+
+@njit(cache=True)
+def _iq4_xs_scale(w, ob, ib):
+    """The 6-bit scale of sub-block ib (0..7) of the IQ4_XS block at byte ob, minus 32."""
+    low = (np.int64(w[ob + 4 + (ib >> 1)]) >> (4 * (ib & 1))) & 15
+    high = ((np.int64(w[ob + 2]) | (np.int64(w[ob + 3]) << 8)) >> (2 * ib)) & 3
+    return (low | (high << 4)) - 32
+
+
+@njit(cache=True)
+def _dot_iq4_xs(w, o, nb, yq, yd, yb, r):
+    # block_iq4_xs: d, scales_h (u16), scales_l[4], qs[128]; 8 sub-blocks of 32 (ggml_vec_dot_iq4_xs_q8_K)
+    sumf = np.float32(0.0)
+    yo = r * yq.shape[1]
+    for b in range(nb):
+        ob = o + 136 * b
+        d4d8 = load_f16(w, ob) * yd[r, b]
+        for ib in range(8):
+            sumi = dot_iq4_32(w, ob + 8 + 16 * ib, yq, yo + 256 * b + 32 * ib)
+            sumf += (d4d8 * np.float32(_iq4_xs_scale(w, ob, ib))) * np.float32(sumi)
+    return sumf
+
+
+@njit(cache=True, inline="always")
 def _dot_f16(w, o, xf, r):
     """F16 weight row times float32 row r of xf (already rounded to f16)."""
     K = xf.shape[1]
@@ -976,6 +1131,21 @@ def _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, 
             o = w_off[base + m]
             for r in range(r0, r0 + n_cols):
                 out[r, m] = _dot_q6_K(w, o, nb, yq, yd, yb, r)
+    elif kind == IQ4_NL:
+        for m in range(m0, m1):
+            o = w_off[base + m]
+            for r in range(r0, r0 + n_cols):
+                out[r, m] = _dot_iq4_nl(w, o, nb, yq, yd, yb, r)
+    elif kind == IQ4_XS:
+        for m in range(m0, m1):
+            o = w_off[base + m]
+            for r in range(r0, r0 + n_cols):
+                out[r, m] = _dot_iq4_xs(w, o, nb, yq, yd, yb, r)
+    elif kind == MXFP4:
+        for m in range(m0, m1):
+            o = w_off[base + m]
+            for r in range(r0, r0 + n_cols):
+                out[r, m] = _dot_mxfp4(w, o, nb, yq, yd, yb, r)
     elif kind == F16:
         for m in range(m0, m1):
             o = w_off[base + m]
@@ -1146,6 +1316,32 @@ def _deq_q6_K(w, o, nb, out, i):
 
 
 @njit(cache=True)
+def _deq_iq4_nl(w, o, nb, out, i):
+    oo = i * out.shape[1]
+    for b in range(nb):
+        ob = o + 18 * b
+        deq_iq4_32(w, ob + 2, load_f16(w, ob), out, oo + 32 * b)
+
+
+@njit(cache=True)
+def _deq_iq4_xs(w, o, nb, out, i):
+    oo = i * out.shape[1]
+    for b in range(nb):
+        ob = o + 136 * b
+        d = load_f16(w, ob)
+        for ib in range(8):
+            deq_iq4_32(w, ob + 8 + 16 * ib, d * np.float32(_iq4_xs_scale(w, ob, ib)), out, oo + 256 * b + 32 * ib)
+
+
+@njit(cache=True)
+def _deq_mxfp4(w, o, nb, out, i):
+    oo = i * out.shape[1]
+    for b in range(nb):
+        ob = o + 17 * b
+        deq_mxfp4_32(w, ob + 1, load_e8m0_half(w, ob), out, oo + 32 * b)
+
+
+@njit(cache=True)
 def _widen_half_row(kind, w, o, out, i):
     K = out.shape[1]
     oo = i * K
@@ -1167,8 +1363,21 @@ def _widen_half_row(kind, w, o, out, i):
 
 
 @njit(cache=True)
+def block_mins_to_f32(kind, w, w_off, r0, nb, out):
+    """out[i, K + b] = the min m (f16 at byte 2) of block b of Q4_1/Q5_1 weight row w_off[r0 + i], b < nb, where
+    K = out.shape[1] - nb (matmul's BLAS path puts them after the row's dequantized values)."""
+    size = 20 if kind == Q4_1 else 24
+    K = out.shape[1] - nb
+    for i in range(out.shape[0]):
+        o = w_off[r0 + i]
+        for b in range(nb):
+            out[i, K + b] = load_f16(w, o + size * b + 2)
+
+
+@njit(cache=True)
 def rows_to_f32(kind, w, w_off, r0, nb, out):
-    """out[i] = weight row w_off[r0 + i] as float32, for i < out.shape[0]; `nb` = blocks per row.
+    """out[i] = weight row w_off[r0 + i] as float32, for i < out.shape[0]; `nb` = blocks per row (a quantized
+    row fills the first nb * blck_size elements of a longer out row).
 
     One thread: it runs between BLAS calls, whose spinning workers hold the other cores (matmul.py).
     """
@@ -1194,5 +1403,11 @@ def rows_to_f32(kind, w, w_off, r0, nb, out):
             _deq_q45_K(w, o, nb, out, i, True)
         elif kind == Q6_K:
             _deq_q6_K(w, o, nb, out, i)
+        elif kind == IQ4_NL:
+            _deq_iq4_nl(w, o, nb, out, i)
+        elif kind == IQ4_XS:
+            _deq_iq4_xs(w, o, nb, out, i)
+        elif kind == MXFP4:
+            _deq_mxfp4(w, o, nb, out, i)
         else:
             _widen_half_row(kind, w, o, out, i)

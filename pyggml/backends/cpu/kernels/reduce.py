@@ -1,4 +1,4 @@
-"""CPU kernels: reductions and sorting (SUM, SUM_ROWS, MEAN, ARGMAX, ARGSORT).
+"""CPU kernels: reductions and sorting (SUM, SUM_ROWS, MEAN, ARGMAX, ARGSORT, TOP_K).
 
 F32 and F16 sources; sums accumulate in f32 with numpy's pairwise summation
 (SUM, one value over the whole tensor, in f64 as ggml's ggml_float).
@@ -12,12 +12,10 @@ import numpy as np
 
 from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
 from pyggml.backends.cpu.kernels._common import F32, FLOAT_TYPES, all_float, noop, require_types, scratch
-from pyggml.core.errors import ArgumentError, ShapeError, UnsupportedTypeError
-from pyggml.core.tensor import GGMLOp, Tensor
+from pyggml.core.errors import ShapeError, UnsupportedTypeError
+from pyggml.core.ops.params import ArgsortParams
+from pyggml.core.tensor import GGMLOp, SortOrder, Tensor
 from pyggml.core.types import GGMLType
-
-SORT_ASC = 0
-SORT_DESC = 1
 
 
 def _src(node: Tensor, srcs: list[np.ndarray | None]) -> np.ndarray:
@@ -97,26 +95,43 @@ def argmax_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], 
 
 
 def argsort_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
-    """dst = the indices that sort each row of src0 (I32), ascending or descending by op_params[0].
+    """dst = the indices that sort each row of src0 (I32), ascending or descending (ArgsortParams.order).
 
-    Equal elements keep their order (a stable sort); ggml's exchange sort may order ties differently.
+    Equal elements keep their order (a stable sort); ggml's std::sort may order ties differently.
     """
     x = _src(node, srcs)
     _require_int_dst(node)
-    order = node.get_op_params_i32(0)
-    if order not in (SORT_ASC, SORT_DESC):
-        raise ArgumentError(f"CPU ARGSORT '{node.name}': unknown sort order {order}")
+    order = ArgsortParams.of(node).order
     if dst.shape != x.shape:
         raise ShapeError(f"CPU ARGSORT '{node.name}': dst ne {list(dst.shape[::-1])} for src ne {list(x.shape[::-1])}")
     if dst.size == 0:
         return noop
 
-    if order == SORT_ASC:
+    if order == SortOrder.ASC:
         def run() -> None:
             np.copyto(dst, np.argsort(x, axis=-1, kind="stable"), casting="same_kind")
     else:
         def run() -> None:
             np.copyto(dst, np.argsort(np.negative(x), axis=-1, kind="stable"), casting="same_kind")
+
+    return run
+
+
+def top_k_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
+    """dst = the indices of the ne0 largest elements of each row of src0 (I32), largest first.
+
+    ggml's TOP_K promises no order (its kernel swaps the first two); this one sorts, ties in index order.
+    """
+    x = _src(node, srcs)
+    _require_int_dst(node)
+    k = dst.shape[3]
+    if dst.shape[:3] != x.shape[:3] or k > x.shape[3]:
+        raise ShapeError(f"CPU TOP_K '{node.name}': dst ne {list(dst.shape[::-1])} for src ne {list(x.shape[::-1])}")
+    if dst.size == 0:
+        return noop
+
+    def run() -> None:
+        np.copyto(dst, np.argsort(np.negative(x), axis=-1, kind="stable")[..., :k], casting="same_kind")
 
     return run
 
@@ -127,6 +142,7 @@ KERNELS: dict[GGMLOp, Kernel] = {
     GGMLOp.MEAN: mean_kernel,
     GGMLOp.ARGMAX: argmax_kernel,
     GGMLOp.ARGSORT: argsort_kernel,
+    GGMLOp.TOP_K: top_k_kernel,
 }
 
 
@@ -134,6 +150,6 @@ def supports(node: Tensor) -> bool:
     """Whether these kernels compute `node`: F32/F16 sources, I32 dst for ARGMAX and ARGSORT."""
     if node.op not in KERNELS or not all_float(node.src[0]):
         return False
-    if node.op in (GGMLOp.ARGMAX, GGMLOp.ARGSORT):
+    if node.op in (GGMLOp.ARGMAX, GGMLOp.ARGSORT, GGMLOp.TOP_K):
         return node.type == GGMLType.I32
     return all_float(node)

@@ -3,8 +3,7 @@
 F16 operands are computed in f32 and rounded once into the destination, as
 ggml and the CPU kernels do (torch's CPU and CUDA kernels upcast halves to
 f32 internally; `out=` casts the result to dst's dtype). GELU is ggml's tanh
-approximation computed in f32 (ggml of late 2023 reads it from an f16 table;
-the CPU backend computes the formula too).
+approximation through f16, as ggml's table and the CPU backend give it.
 """
 
 from __future__ import annotations
@@ -31,7 +30,8 @@ from pyggml.backends.torch.kernels._common import (
     unary_operands,
 )
 from pyggml.backends.torch.kernels.quants import dequantize
-from pyggml.core.errors import ArgumentError, OutOfBoundsError, ShapeError, UnsupportedTypeError
+from pyggml.core.errors import ArgumentError, GGMLError, OutOfBoundsError, ShapeError, UnsupportedTypeError
+from pyggml.core.ops.params import ScaleParams, UnaryParams
 from pyggml.core.tensor import GGMLOp, Tensor, UnaryOp
 
 GET_ROWS_TYPES = (F32, F16, BF16, Q8_0, Q4_0)
@@ -67,17 +67,25 @@ def mul_kernel(node: Tensor, pc: PlanContext) -> Compute:
 
 
 def scale_kernel(node: Tensor, pc: PlanContext) -> Compute:
-    """dst = src0 * s, s the f32 in op_params[0]."""
+    """dst = src0 * s + b (ScaleParams)."""
     d, x = unary_operands(node, pc)
+    p = ScaleParams.of(node)
     if d.numel() == 0:
         return noop
-    return functools.partial(torch.mul, x, node.get_op_params_f32(0), out=d)
+    if p.b == 0.0:
+        return functools.partial(torch.mul, x, p.s, out=d)
+
+    def run() -> None:
+        torch.add(torch.mul(x.to(torch.float32), p.s), p.b, out=d)
+
+    return run
 
 
 def unary_op_of(node: Tensor) -> UnaryOp | None:
+    """The node's ggml_unary_op, or None if op_params[0] is none."""
     try:
-        return UnaryOp(node.get_op_params_i32(0))
-    except ValueError:
+        return UnaryParams.of(node).op
+    except GGMLError:
         return None
 
 
@@ -92,6 +100,13 @@ def unary_kernel(node: Tensor, pc: PlanContext) -> Compute:
         return noop
     if x.dtype != d.dtype:
         raise UnsupportedTypeError(f"torch UNARY '{node.name}': src0 {x.dtype} and dst {d.dtype} differ")
+    if op == UnaryOp.GELU and x.dtype == torch.float32:
+        def gelu_through_f16() -> None:  # ggml's f16 table: f16 in, f16 out; 0 below -10, x above 10
+            y = torch.nn.functional.gelu(x.to(torch.float16).to(torch.float32), approximate="tanh")
+            y = y.to(torch.float16).to(torch.float32)
+            d.copy_(torch.where(x <= -10.0, torch.zeros_like(y), torch.where(x >= 10.0, x, y)))
+
+        return gelu_through_f16
     if op == UnaryOp.GELU:
         return functools.partial(torch.ops.aten.gelu.out, x, approximate="tanh", out=d)
     if op == UnaryOp.SILU:

@@ -1,4 +1,4 @@
-"""Torch kernels: RMS_NORM, NORM, SOFT_MAX (mask and scale) and ROPE (normal and NeoX, YaRN, xPos).
+"""Torch kernels: RMS_NORM, NORM, SOFT_MAX (mask, scale, ALiBi, sinks) and ROPE (normal and NeoX, YaRN).
 
 Everything is computed in f32 and stored once into dst's type, with the CPU
 kernels' formulas (pyggml.backends.cpu.kernels.norm), so the two backends
@@ -11,19 +11,18 @@ import math
 
 import torch
 
-from pyggml.backends.cpu.kernels.norm import ROPE_MODE_GLM, ROPE_MODE_NEOX, rope_yarn_corr_dims
+from pyggml.backends.cpu.kernels.norm import alibi_slopes, rope_check, rope_pairs, rope_yarn_corr_dims
 from pyggml.backends.torch.kernels import Compute, Kernel, PlanContext, noop
 from pyggml.backends.torch.kernels._common import (
     FLOAT_TYPES,
-    I32,
     all_of,
-    ggml_tile,
     require,
-    tiles,
     unary_operands,
 )
-from pyggml.core.errors import ArgumentError, ShapeError, UnsupportedTypeError
-from pyggml.core.tensor import GGMLOp, Tensor
+from pyggml.core.errors import GGMLError, ShapeError
+from pyggml.core.ops.params import NormParams, RopeParams, SoftMaxParams
+from pyggml.core.tensor import GGML_ROPE_TYPE_NEOX, GGML_ROPE_TYPE_NORMAL, GGMLOp, Tensor
+from pyggml.core.types import GGMLType
 
 F32 = torch.float32
 
@@ -32,9 +31,9 @@ F32 = torch.float32
 
 
 def rms_norm_kernel(node: Tensor, pc: PlanContext) -> Compute:
-    """Each row: x / sqrt(mean(x^2) + eps), eps the f32 in op_params[0]."""
+    """Each row: x / sqrt(mean(x^2) + eps) (NormParams)."""
     d, x = unary_operands(node, pc)
-    eps = node.get_op_params_f32(0)
+    eps = NormParams.of(node).eps
     if d.numel() == 0:
         return noop
 
@@ -48,9 +47,9 @@ def rms_norm_kernel(node: Tensor, pc: PlanContext) -> Compute:
 
 
 def norm_kernel(node: Tensor, pc: PlanContext) -> Compute:
-    """Each row: (x - mean) / sqrt(variance + eps), eps the f32 in op_params[0]."""
+    """Each row: (x - mean) / sqrt(variance + eps) (NormParams)."""
     d, x = unary_operands(node, pc)
-    eps = node.get_op_params_f32(0)
+    eps = NormParams.of(node).eps
     if d.numel() == 0:
         return noop
 
@@ -68,44 +67,51 @@ def norm_kernel(node: Tensor, pc: PlanContext) -> Compute:
 
 
 def soft_max_kernel(node: Tensor, pc: PlanContext) -> Compute:
-    """Each row: softmax(x * scale + mask), scale the f32 in op_params[0], the mask (optional) in src[1].
-
-    The mask's flat row r % ne11 goes with src's flat row r, as ggml reads it:
-    a broadcast view where ne11 divides src's rows evenly, else gathered.
-    """
+    """Each row: softmax(x * scale + slope * mask) with the sinks' extra logit per head, as the CPU kernel
+    (SoftMaxParams; mask row i1 for row i1, its dims 2 and 3 tiled; slope ALiBi's when max_bias > 0)."""
     d, x = unary_operands(node, pc)
-    mask_t = node.src[1]
+    mask_t, sinks_t = node.src[1], node.src[2]
     require(node, FLOAT_TYPES, mask_t)
-    scale = node.get_op_params_f32(0)
+    p = SoftMaxParams.of(node)
     if d.numel() == 0:
         return noop
-    add_mask = None
+    ne3, ne2, ne1, ne0 = x.shape
+    mask_source = None
+    tile = (1, 1, 1, 1)
     if mask_t is not None:
-        mask = pc.view(mask_t)
-        if mask.shape[3] != x.shape[3]:
-            raise ShapeError(f"torch SOFT_MAX '{node.name}': mask rows have {mask.shape[3]} elements, "
-                             f"src rows {x.shape[3]}")
-        if tiles(node, x, mask):
-            def add_mask(t: torch.Tensor) -> torch.Tensor:
-                (tb,), mb = ggml_tile([t], mask)
-                tb.add_(mb)
-                return t
-        elif mask.shape[0] == 1 and mask.shape[1] == 1:
-            m2 = mask[0, 0]
-            which = (torch.arange(x.shape[0] * x.shape[1] * x.shape[2], device=x.device) % m2.shape[0])
-            which = which.view(x.shape[:3])
-
-            def add_mask(t: torch.Tensor) -> torch.Tensor:
-                return t.add_(m2[which])
-        else:
-            raise ShapeError(f"torch SOFT_MAX '{node.name}': mask ne {list(mask.shape)[::-1]} does not repeat to "
-                             f"src ne {list(x.shape)[::-1]}")
+        m = pc.view(mask_t)
+        m3, m2, m1, m0 = m.shape
+        if m0 != ne0 or m1 < ne1 or m2 == 0 or m3 == 0 or ne2 % m2 or ne3 % m3:
+            raise ShapeError(f"torch SOFT_MAX '{node.name}': mask ne {list(m.shape)[::-1]} does not fit src ne "
+                             f"{list(x.shape)[::-1]}")
+        mask_source = m[:, :, :ne1, :]  # a view: read at compute time
+        if (m3, m2) != (1, 1):  # tiles dims 2 and 3 (i2 % m2, i3 % m3); size-1 ones broadcast by themselves
+            tile = (ne3 // m3, ne2 // m2, 1, 1)
+    slopes = None
+    if p.max_bias > 0.0:
+        slopes = torch.from_numpy(alibi_slopes(ne2, p.max_bias)).to(x.device).view(1, ne2, 1, 1)
+    sinks = None
+    if sinks_t is not None:
+        if sinks_t.type != GGMLType.F32 or sinks_t.ne[0] < ne2:
+            raise ShapeError(f"torch SOFT_MAX '{node.name}': sinks must be F32, one per head (ne2={ne2})")
+        sinks = pc.view(sinks_t).reshape(-1)[:ne2].view(1, ne2, 1, 1)
 
     def run() -> None:
-        t = torch.mul(x.to(F32), scale)
-        if add_mask is not None:
-            add_mask(t)
-        d.copy_(torch.softmax(t, dim=-1))
+        t = torch.mul(x.to(F32), p.scale)
+        if mask_source is not None:
+            m = mask_source.to(F32)
+            if tile != (1, 1, 1, 1):
+                m = m.repeat(*tile)
+            if slopes is not None:
+                m = m * slopes
+            t = t + m
+        if sinks is None:
+            d.copy_(torch.softmax(t, dim=-1))
+            return
+        mx = torch.maximum(torch.amax(t, dim=-1, keepdim=True), sinks)
+        e = torch.exp(t - mx)
+        total = e.sum(dim=-1, keepdim=True) + torch.exp(sinks - mx)
+        d.copy_(e / total)
 
     return run
 
@@ -113,84 +119,50 @@ def soft_max_kernel(node: Tensor, pc: PlanContext) -> Compute:
 # --- ROPE ---
 
 
-def rope_mode_supported(mode: int) -> bool:
-    return not mode & ROPE_MODE_GLM
-
-
 def rope_kernel(node: Tensor, pc: PlanContext) -> Compute:
-    """Rotate pairs of each row by position-dependent angles, as the CPU kernel (ggml_rope_custom / YaRN).
-
-    op_params: [n_past, n_dims, mode, n_ctx, n_orig_ctx, freq_base, freq_scale,
-    ext_factor, attn_factor, beta_fast, beta_slow, xpos_base, xpos_down];
-    positions (I32, one per ne2) in src[1], read at compute time. Pair k turns
-    by p * freq_base^(-2k/n_dims) * freq_scale (mixed by YaRN's ramp when
-    ext_factor != 0). Normal mode pairs (2k, 2k+1) over the whole row; NeoX
-    mode (mode & 2) pairs (k, k + n_dims/2) over the first n_dims and copies
-    the rest. The angles' powers are made once, in f32 by repeated
-    multiplication as ggml makes theta.
-    """
+    """Rotate pairs of each row by position-dependent angles, as the CPU kernel: NORMAL and NEOX modes, YaRN,
+    an offset (RopeParams; positions I32 in src[1], read at compute time). Pair k turns by
+    p * freq_base^(-2k/n_dims) * freq_scale (mixed by YaRN's ramp when ext_factor != 0); the angles' powers
+    are made once, in f32 by repeated multiplication as ggml makes theta."""
     d, x = unary_operands(node, pc)
-    pos_t = node.src[1]
-    if pos_t is None or pos_t.type != I32:
-        raise UnsupportedTypeError(f"torch ROPE '{node.name}': positions (src[1]) must be an I32 tensor")
-    p_i, p_f = node.get_op_params_i32, node.get_op_params_f32
-    n_dims, mode, n_orig_ctx = p_i(1), p_i(2), p_i(4)
-    freq_base, freq_scale, ext_factor, attn_factor = p_f(5), p_f(6), p_f(7), p_f(8)
-    beta_fast, beta_slow, xpos_base, xpos_down = p_f(9), p_f(10), p_f(11), p_i(12) != 0
-    if not rope_mode_supported(mode):
-        raise UnsupportedTypeError(f"torch ROPE '{node.name}': GLM mode (mode & 4) is not supported")
+    p = RopeParams.of(node)
     ne3, ne2, ne1, ne0 = x.shape
-    if n_dims <= 0 or n_dims % 2 or n_dims > ne0:
-        raise ArgumentError(f"torch ROPE '{node.name}': n_dims={n_dims} must be even, > 0 and <= ne0={ne0}")
-    if not pos_t.is_vector() or pos_t.ne[0] < ne2:
-        raise ShapeError(f"torch ROPE '{node.name}': positions must be a vector of at least ne2={ne2}, "
-                         f"got ne {pos_t.ne}")
+    rope_check(node, p, ne0, ne2, "torch")
+    if p.mode not in (GGML_ROPE_TYPE_NORMAL, GGML_ROPE_TYPE_NEOX) or node.src[2] is not None:
+        raise ShapeError(f"torch ROPE '{node.name}': only NORMAL and NEOX modes without frequency factors")
+    pos_t = node.src[1]
+    assert pos_t is not None
     if d.numel() == 0:
         return noop
-    neox = bool(mode & ROPE_MODE_NEOX)
-    n_pairs = n_dims // 2 if neox else ne0 // 2
-    if neox:
-        x0, x1 = x[..., : n_dims // 2], x[..., n_dims // 2: n_dims]
-        d0, d1 = d[..., : n_dims // 2], d[..., n_dims // 2: n_dims]
-    else:
-        x0, x1 = x[..., 0: 2 * n_pairs: 2], x[..., 1: 2 * n_pairs: 2]
-        d0, d1 = d[..., 0: 2 * n_pairs: 2], d[..., 1: 2 * n_pairs: 2]
-    rest = None
-    if neox and n_dims < ne0 and not _same_view(d, x):
-        rest = (d[..., n_dims:], x[..., n_dims:])
+    pairs = rope_pairs(p, ne0)
+    n_pairs = pairs.n_pairs
+    x0, x1 = x[..., pairs.first], x[..., pairs.second]
+    d0, d1 = d[..., pairs.first], d[..., pairs.second]
+    copies = [] if _same_view(d, x) else [(d[..., sl], x[..., sl]) for sl in pairs.kept]
 
     dev = x.device
-    theta_scale = math.pow(freq_base, -2.0 / n_dims)
+    theta_scale = math.pow(p.freq_base, -2.0 / p.n_dims)
     # ts^k as ggml's running product theta *= theta_scale, in f32
     powers = torch.full((n_pairs,), theta_scale, dtype=F32)
     powers[0] = 1.0
     powers = torch.cumprod(powers, 0, dtype=F32).to(dev)
     k = torch.arange(n_pairs, dtype=F32, device=dev)
-    mscale = attn_factor
+    mscale = p.attn_factor
     ramp_mix = None
-    if ext_factor != 0.0:
-        low, high = rope_yarn_corr_dims(n_dims, n_orig_ctx, freq_base, beta_fast, beta_slow)
+    if p.ext_factor != 0.0:
+        low, high = rope_yarn_corr_dims(p.n_dims, p.n_ctx_orig, p.freq_base, p.beta_fast, p.beta_slow)
         y = (k - low) / max(0.001, high - low)
-        ramp_mix = (1 - torch.clamp(y, 0, 1)) * ext_factor
-        mscale = mscale * (1.0 + 0.1 * math.log(1.0 / freq_scale))
-    zeta_base = None
-    if xpos_base != 0.0 and not neox:
-        zeta_base = (2 * k + 0.4 * ne0) / (1.4 * ne0)
+        ramp_mix = (1 - torch.clamp(y, 0, 1)) * p.ext_factor
+        mscale = mscale * (1.0 + 0.1 * math.log(1.0 / p.freq_scale))
     positions = pc.view(pos_t)[0, 0, 0, :ne2]  # a view: the positions are read at compute time
 
     def run() -> None:
         theta = positions.to(F32)[:, None] * powers[None, :]
-        ang = theta * freq_scale
+        ang = theta * p.freq_scale
         if ramp_mix is not None:
             ang = ang * (1 - ramp_mix) + theta * ramp_mix
         c = torch.cos(ang).mul_(mscale)
         s = torch.sin(ang).mul_(mscale)
-        if zeta_base is not None:
-            zeta = torch.pow(zeta_base[None, :], (positions.to(F32) / xpos_base)[:, None])
-            if xpos_down:
-                zeta = 1 / zeta
-            c.mul_(zeta)
-            s.mul_(zeta)
         c4 = c.view(1, ne2, 1, n_pairs)
         s4 = s.view(1, ne2, 1, n_pairs)
         a0, a1 = x0.to(F32), x1.to(F32)
@@ -198,8 +170,8 @@ def rope_kernel(node: Tensor, pc: PlanContext) -> Compute:
         r1 = a0 * s4 + a1 * c4
         d0.copy_(r0)
         d1.copy_(r1)
-        if rest is not None:
-            rest[0].copy_(rest[1])
+        for dst, src in copies:
+            dst.copy_(src)
 
     return run
 
@@ -219,12 +191,19 @@ KERNELS: dict[GGMLOp, Kernel] = {
 
 
 def supports(node: Tensor) -> bool:
-    """F32/F16 data; SOFT_MAX's mask F32/F16; ROPE's positions I32 and no GLM mode."""
-    if node.op not in KERNELS or not all_of(FLOAT_TYPES, node, node.src[0]) or node.src[0] is None:
+    """F32/F16 data; SOFT_MAX's mask F32/F16, sinks F32; ROPE's positions I32, NORMAL or NEOX mode, no
+    frequency factors."""
+    src0 = node.src[0]
+    if node.op not in KERNELS or not all_of(FLOAT_TYPES, node, src0) or src0 is None:
         return False
     if node.op == GGMLOp.ROPE:
-        pos = node.src[1]
-        return pos is not None and pos.type == I32 and rope_mode_supported(node.get_op_params_i32(2))
+        try:
+            p = RopeParams.of(node)
+            rope_check(node, p, src0.ne[0], src0.ne[2], "torch")
+        except GGMLError:
+            return False
+        return p.mode in (GGML_ROPE_TYPE_NORMAL, GGML_ROPE_TYPE_NEOX) and node.src[2] is None
     if node.op == GGMLOp.SOFT_MAX:
-        return all_of(FLOAT_TYPES, node.src[1])
+        sinks = node.src[2]
+        return all_of(FLOAT_TYPES, node.src[1]) and (sinks is None or sinks.type == GGMLType.F32)
     return True

@@ -1,0 +1,400 @@
+"""op_params as today's ggml lays them: one dataclass per layout, read and written here only.
+
+A node's `op_params` are 16 int32 words. Each class below names the words of
+one op (or of ops that share a layout), in ggml.c's order: fields are
+consecutive words from word 0 (ints and enums one word, floats their float32
+bits, `int64` two words little end first, the ROPE sections four words).
+Builders write them with `params.store(tensor)` (through `set_op`), kernels of
+every backend read them with `XParams.of(node)`, so a tensor's op_params mean
+the same in pyggml and in C (llama.cpp 0c1e570's ggml.c builders,
+ggml-cpu/ops.cpp kernels).
+
+`OP_PARAMS` maps each op to its layout; `op_params_of(node)` reads any node's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any, ClassVar, Self, TypeAlias
+
+from pyggml.core.errors import ArgumentError
+from pyggml.core.tensor import (
+    GGML_MAX_OP_PARAMS,
+    GGML_MROPE_SECTIONS,
+    GGMLOp,
+    GLUOp,
+    OpPool,
+    ScaleFlag,
+    ScaleMode,
+    SortOrder,
+    Tensor,
+    UnaryOp,
+)
+
+int64: TypeAlias = int  # a field of two words (size_t, pointers), low word first
+Sections: TypeAlias = tuple[int, int, int, int]  # GGML_MROPE_SECTIONS words
+
+_N_WORDS = GGML_MAX_OP_PARAMS // 4
+_ENUMS: dict[str, type[IntEnum]] = {e.__name__: e for e in (UnaryOp, GLUOp, SortOrder, OpPool)}
+_WIDTH = {"int": 1, "bool": 1, "float": 1, "int64": 2, "Sections": GGML_MROPE_SECTIONS}
+
+
+def _u32(word: int) -> int:
+    return word & 0xFFFFFFFF
+
+
+@functools.cache
+def _layout(cls: type[OpParams]) -> tuple[tuple[str, str, int], ...]:
+    """(field, kind, first word) of each field of `cls`, the kind its annotation's name."""
+    out = []
+    word = 0
+    for f in dataclasses.fields(cls):
+        kind = str(f.type)
+        if kind not in _WIDTH and kind not in _ENUMS:
+            raise TypeError(f"{cls.__name__}.{f.name}: op param of unknown kind {kind!r}")
+        out.append((f.name, kind, word))
+        word += _WIDTH.get(kind, 1)
+    if word > _N_WORDS:
+        raise TypeError(f"{cls.__name__}: {word} words, more than {_N_WORDS}")
+    return tuple(out)
+
+
+@dataclass(frozen=True, kw_only=True)
+class OpParams:
+    """Base of the layouts: `of(node)` reads a node's words, `store(node)` writes them (the others zeroed)."""
+
+    ops: ClassVar[tuple[GGMLOp, ...]] = ()  # the ops with this layout
+
+    @classmethod
+    def of(cls, node: Tensor) -> Self:
+        """The fields from `node.op_params`; ArgumentError naming the node if an enum word is no member."""
+        words = node.op_params
+        values: dict[str, Any] = {}
+        for name, kind, i in _layout(cls):
+            w = int(words[i])
+            if kind == "float":
+                values[name] = float(words[i: i + 1].view("<f4")[0])
+            elif kind == "int":
+                values[name] = w
+            elif kind == "bool":
+                values[name] = w != 0
+            elif kind == "int64":
+                values[name] = _u32(w) | _u32(int(words[i + 1])) << 32
+            elif kind == "Sections":
+                values[name] = tuple(int(x) for x in words[i: i + GGML_MROPE_SECTIONS])
+            else:
+                enum = _ENUMS[kind]
+                try:
+                    values[name] = enum(w)
+                except ValueError:
+                    valid = ", ".join(f"{m.name}={int(m)}" for m in enum)
+                    raise ArgumentError(f"'{node.name}' ({node.op.name}): op param {i} ({name}) = {w} is not a "
+                                        f"{enum.__name__} ({valid})") from None
+        return cls(**values)
+
+    def store(self, node: Tensor) -> None:
+        """Write the fields into `node.op_params` (checked before any word changes; the rest zeroed)."""
+        values: list[int | float] = []
+        for name, kind, _ in _layout(type(self)):
+            v = getattr(self, name)
+            if kind == "float":
+                values.append(float(v))
+            elif kind == "int64":
+                values += self._int64_words(node, name, v)
+            elif kind == "Sections":
+                values += list(v)
+            else:
+                values.append(int(v))
+        node.set_op_params(values)
+
+    @staticmethod
+    def _int64_words(node: Tensor, name: str, v: int) -> list[int]:
+        if not -(2**63) <= v < 2**64:
+            raise ArgumentError(f"op param {name} of '{node.name}' = {v} does not fit 64 bits")
+        v &= (1 << 64) - 1
+        lo, hi = v & 0xFFFFFFFF, v >> 32
+        return [lo - (1 << 32) if lo >= 1 << 31 else lo, hi - (1 << 32) if hi >= 1 << 31 else hi]
+
+
+# --- views and copies ---
+
+
+@dataclass(frozen=True, kw_only=True)
+class ViewParams(OpParams):
+    """VIEW: the byte offset into the source (ggml_view_impl's size_t)."""
+
+    ops: ClassVar[tuple[GGMLOp, ...]] = (GGMLOp.VIEW,)
+    offset: int64
+
+
+@dataclass(frozen=True, kw_only=True)
+class PermuteParams(OpParams):
+    """PERMUTE: where each source dimension goes."""
+
+    ops: ClassVar[tuple[GGMLOp, ...]] = (GGMLOp.PERMUTE,)
+    axis0: int
+    axis1: int
+    axis2: int
+    axis3: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class AccParams(OpParams):
+    """ACC and SET: the window of src0 that src1 goes into (byte strides nb1..nb3 and offset, int32 in ggml)."""
+
+    ops: ClassVar[tuple[GGMLOp, ...]] = (GGMLOp.ACC, GGMLOp.SET)
+    nb1: int
+    nb2: int
+    nb3: int
+    offset: int
+    inplace: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConcatParams(OpParams):
+    """CONCAT: the dimension joined."""
+
+    ops: ClassVar[tuple[GGMLOp, ...]] = (GGMLOp.CONCAT,)
+    dim: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class PadParams(OpParams):
+    """PAD: left and right padding of each dimension (ggml_pad_ext), and whether it wraps around."""
+
+    ops: ClassVar[tuple[GGMLOp, ...]] = (GGMLOp.PAD,)
+    lp0: int = 0
+    rp0: int = 0
+    lp1: int = 0
+    rp1: int = 0
+    lp2: int = 0
+    rp2: int = 0
+    lp3: int = 0
+    rp3: int = 0
+    circular: bool = False
+
+    def left(self) -> tuple[int, int, int, int]:
+        return self.lp0, self.lp1, self.lp2, self.lp3
+
+    def right(self) -> tuple[int, int, int, int]:
+        return self.rp0, self.rp1, self.rp2, self.rp3
+
+
+@dataclass(frozen=True, kw_only=True)
+class UpscaleParams(OpParams):
+    """UPSCALE: a ggml_scale_mode in the low byte, ggml_scale_flag bits above it."""
+
+    ops: ClassVar[tuple[GGMLOp, ...]] = (GGMLOp.UPSCALE,)
+    mode: int
+
+    @property
+    def scale_mode(self) -> int:
+        """The ggml_scale_mode (a ScaleMode value when valid: kernels check)."""
+        return self.mode & 0xFF
+
+    @property
+    def flags(self) -> ScaleFlag:
+        return ScaleFlag(self.mode & (ScaleFlag.ALIGN_CORNERS | ScaleFlag.ANTIALIAS))
+
+    @property
+    def known(self) -> bool:
+        """Whether the mode is a ScaleMode and only known flags are set."""
+        known_flags = int(ScaleFlag.ALIGN_CORNERS | ScaleFlag.ANTIALIAS)
+        return self.scale_mode < len(ScaleMode) and (self.mode & ~0xFF & ~known_flags) == 0
+
+
+# --- element-wise ---
+
+
+@dataclass(frozen=True, kw_only=True)
+class UnaryParams(OpParams):
+    """UNARY: the function; XIELU's parameters after it (ggml_xielu: softplus'd alphas, beta, eps)."""
+
+    ops: ClassVar[tuple[GGMLOp, ...]] = (GGMLOp.UNARY,)
+    op: UnaryOp
+    alpha_n: float = 0.0
+    alpha_p: float = 0.0
+    beta: float = 0.0
+    eps: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class GLUParams(OpParams):
+    """GLU: the function, whether the halves are swapped, SWIGLU_OAI's alpha and the clamp limit."""
+
+    ops: ClassVar[tuple[GGMLOp, ...]] = (GGMLOp.GLU,)
+    op: GLUOp
+    swapped: bool = False
+    alpha: float = 0.0
+    limit: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class LeakyReluParams(OpParams):
+    ops: ClassVar[tuple[GGMLOp, ...]] = (GGMLOp.LEAKY_RELU,)
+    negative_slope: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScaleParams(OpParams):
+    """SCALE: x * s + b."""
+
+    ops: ClassVar[tuple[GGMLOp, ...]] = (GGMLOp.SCALE,)
+    s: float
+    b: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClampParams(OpParams):
+    ops: ClassVar[tuple[GGMLOp, ...]] = (GGMLOp.CLAMP,)
+    min: float
+    max: float
+
+
+# --- norms, attention, positions ---
+
+
+@dataclass(frozen=True, kw_only=True)
+class NormParams(OpParams):
+    """NORM, RMS_NORM, RMS_NORM_BACK, L2_NORM: eps."""
+
+    ops: ClassVar[tuple[GGMLOp, ...]] = (GGMLOp.NORM, GGMLOp.RMS_NORM, GGMLOp.RMS_NORM_BACK, GGMLOp.L2_NORM)
+    eps: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupNormParams(OpParams):
+    ops: ClassVar[tuple[GGMLOp, ...]] = (GGMLOp.GROUP_NORM,)
+    n_groups: int
+    eps: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class SoftMaxParams(OpParams):
+    """SOFT_MAX: softmax(x * scale + slope * mask), the ALiBi slope from max_bias (none when 0)."""
+
+    ops: ClassVar[tuple[GGMLOp, ...]] = (GGMLOp.SOFT_MAX, GGMLOp.SOFT_MAX_BACK)
+    scale: float = 1.0
+    max_bias: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class DiagMaskParams(OpParams):
+    ops: ClassVar[tuple[GGMLOp, ...]] = (GGMLOp.DIAG_MASK_INF, GGMLOp.DIAG_MASK_ZERO)
+    n_past: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class RopeParams(OpParams):
+    """ROPE, ROPE_BACK (ggml_rope_impl): n_past and n_ctx are 0 today; the sections are multi-rope's (the
+    MROPE bit of mode); n_offs (word 15) rotates from that dimension on (ggml_rope_set_offset)."""
+
+    ops: ClassVar[tuple[GGMLOp, ...]] = (GGMLOp.ROPE, GGMLOp.ROPE_BACK)
+    n_past: int = 0
+    n_dims: int
+    mode: int
+    n_ctx: int = 0
+    n_ctx_orig: int = 0
+    freq_base: float = 10000.0
+    freq_scale: float = 1.0
+    ext_factor: float = 0.0
+    attn_factor: float = 1.0
+    beta_fast: float = 0.0
+    beta_slow: float = 0.0
+    sections: Sections = (0, 0, 0, 0)
+    n_offs: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ArgsortParams(OpParams):
+    ops: ClassVar[tuple[GGMLOp, ...]] = (GGMLOp.ARGSORT,)
+    order: SortOrder
+
+
+# --- convolution and pooling ---
+
+
+@dataclass(frozen=True, kw_only=True)
+class Im2colParams(OpParams):
+    ops: ClassVar[tuple[GGMLOp, ...]] = (GGMLOp.IM2COL, GGMLOp.IM2COL_BACK)
+    s0: int
+    s1: int
+    p0: int
+    p1: int
+    d0: int
+    d1: int
+    is_2D: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConvTranspose1dParams(OpParams):
+    ops: ClassVar[tuple[GGMLOp, ...]] = (GGMLOp.CONV_TRANSPOSE_1D,)
+    s0: int
+    p0: int
+    d0: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pool1dParams(OpParams):
+    ops: ClassVar[tuple[GGMLOp, ...]] = (GGMLOp.POOL_1D,)
+    op: OpPool
+    k0: int
+    s0: int
+    p0: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pool2dParams(OpParams):
+    """POOL_2D, POOL_2D_BACK: paddings are ints in the words (ggml converts its float arguments)."""
+
+    ops: ClassVar[tuple[GGMLOp, ...]] = (GGMLOp.POOL_2D, GGMLOp.POOL_2D_BACK)
+    op: OpPool
+    k0: int
+    k1: int
+    s0: int
+    s1: int
+    p0: int
+    p1: int
+
+
+# --- custom ---
+
+
+@dataclass(frozen=True, kw_only=True)
+class CustomParams(OpParams):
+    """MAP_CUSTOM1/2/3 and CUSTOM: ggml's struct {fun, n_tasks, userdata} on a 64-bit machine (a pointer, an
+    int, 4 bytes of padding, a pointer). pyggml's function and userdata are Python objects kept beside the
+    node (`pyggml.core.ops.custom`): their pointer words stay 0; n_tasks is where C has it."""
+
+    ops: ClassVar[tuple[GGMLOp, ...]] = (GGMLOp.MAP_CUSTOM1, GGMLOp.MAP_CUSTOM2, GGMLOp.MAP_CUSTOM3, GGMLOp.CUSTOM)
+    fun: int64 = 0
+    n_tasks: int
+    padding: int = 0
+    userdata: int64 = 0
+
+
+OP_PARAMS: dict[GGMLOp, type[OpParams]] = {
+    op: cls
+    for cls in (ViewParams, PermuteParams, AccParams, ConcatParams, PadParams, UpscaleParams, UnaryParams,
+                GLUParams, LeakyReluParams, ScaleParams, ClampParams, NormParams, GroupNormParams, SoftMaxParams,
+                DiagMaskParams, RopeParams, ArgsortParams, Im2colParams, ConvTranspose1dParams, Pool1dParams,
+                Pool2dParams, CustomParams)
+    for op in cls.ops
+}
+
+
+def op_params_of(node: Tensor) -> OpParams | None:
+    """The op_params of `node` by its op's layout, or None for an op whose words pyggml does not name."""
+    cls = OP_PARAMS.get(node.op)
+    return None if cls is None else cls.of(node)
+
+
+__all__ = [
+    "OP_PARAMS", "AccParams", "ArgsortParams", "ClampParams", "ConcatParams", "ConvTranspose1dParams",
+    "CustomParams", "DiagMaskParams", "GLUParams", "GroupNormParams", "Im2colParams", "LeakyReluParams",
+    "NormParams", "OpParams", "PadParams", "PermuteParams", "Pool1dParams", "Pool2dParams", "RopeParams",
+    "ScaleParams", "SoftMaxParams", "UnaryParams", "UpscaleParams", "ViewParams", "op_params_of",
+]
