@@ -27,6 +27,9 @@ Decisions equal the seed's:
   `Allocr.alloc`) is the allocator's, and is freed after its last consumer.
 - With a parse_seq, nodes are allocated in its order and sources are freed
   only at its -1 barriers (nodes between barriers may run concurrently).
+- Buffer usage (today's ggml): a tensor allocator over a buffer marked
+  WEIGHTS holds what must stay: its tensors are never freed after their last
+  consumer and never overwritten by a node computed in place.
 
 An allocation that fails (a full buffer, too many free blocks, a view whose
 source has no memory) raises a GGMLError after putting every tensor
@@ -48,6 +51,7 @@ from typing import Any
 
 from pyggml.alloc.hash_set import HashSet, hash_size
 from pyggml.alloc.tensor_allocator import TensorAllocator
+from pyggml.backend.buffer import BufferUsage
 from pyggml.core.checks import check_instance, check_int
 from pyggml.core.errors import ArgumentError, BufferFreedError, GGMLError, GraphError, InvalidStateError
 from pyggml.core.graph import Graph
@@ -344,6 +348,9 @@ class GraphAllocator:
                 # if the node's data is external, then we cannot re-use it
                 if alloc is None or not alloc.is_own(parent):
                     continue
+                # nor if it is a weight
+                if alloc.buffer.get_usage() == BufferUsage.WEIGHTS:
+                    continue
                 p_hn = self._hash_get(parent)
                 if (parent.data is not None and p_hn.n_children == 1 and p_hn.n_views == 0
                         and are_same_layout(node, parent)):
@@ -376,9 +383,10 @@ class GraphAllocator:
         self._hash_get(node).allocated = True
 
     def _free_node(self, node: Tensor) -> None:
-        """free_node: give node's memory back to its allocator (which ignores tensors of other buffers)."""
+        """free_node: give node's memory back to its allocator (which ignores tensors of other buffers),
+        unless the allocator's buffer holds weights."""
         alloc = self._node_tallocr(node)
-        if alloc is not None:
+        if alloc is not None and alloc.buffer.get_usage() != BufferUsage.WEIGHTS:
             alloc.free_tensor(node)
 
     def _alloc_graph_impl(self, graph: Graph) -> None:

@@ -41,6 +41,8 @@ import logging
 from typing import TYPE_CHECKING
 
 from pyggml.backend.buffer import Buffer
+from pyggml.backend.device import DeviceType
+from pyggml.backend.registry import dev_by_type
 from pyggml.core.checks import check_instance, check_int, check_positive
 from pyggml.core.errors import (
     ArgumentError,
@@ -132,10 +134,14 @@ class TensorAllocator:
 
     @classmethod
     def new(cls, data: object, size: int, alignment: int, max_free_blocks: int = MAX_FREE_BLOCKS) -> TensorAllocator:
-        """ggml_tallocr_new: an allocator over `size` bytes of caller memory (an array or a host address)."""
-        from pyggml.backends.cpu.buffer import cpu_buffer_from_ptr
-
-        buffer = cpu_buffer_from_ptr(None, data, size)
+        """ggml_tallocr_new: an allocator over `size` bytes of caller memory (an array or a host address),
+        wrapped by the CPU device (the registry's device of type CPU: `buffer_from_host_ptr`)."""
+        # the seed's ggml_tallocr_new wraps the memory with ggml_backend_cpu_buffer_from_ptr: named so in errors
+        size = check_int(size, "cpu_buffer_from_ptr: size", minimum=0)
+        device = dev_by_type(DeviceType.CPU)
+        if device is None:
+            raise ArgumentError("tallocr new: no CPU device is registered to wrap caller memory")
+        buffer = device.buffer_from_host_ptr(data, size)
         buffer.name = "CPU"  # caller memory is a CPU buffer (with no backend, as the seed's NULL)
         return cls(buffer, buffer_owned=True, alignment=alignment, max_free_blocks=max_free_blocks)
 

@@ -2,11 +2,22 @@
 
 Public methods are the seed's `ggml_backend_*` functions; the `_`-prefixed
 methods are the hooks of `ggml_backend_i` that a backend overrides. Required
-hooks: `_get_name`, `_alloc_buffer`, `_get_alignment`, `_set_tensor_async`,
-`_get_tensor_async`, `_graph_compute`, `_supports_op`. Optional hooks keep the
-seed's defaults: `_synchronize` does nothing, `_cpy_tensor_from` and
-`_cpy_tensor_to` return False (not handled: the copy goes through host
-memory), plans default to remembering the graph and computing it.
+hooks: `_get_name`, `_graph_compute`, and, for a backend without a device (the
+seed's backends), `_alloc_buffer`, `_get_alignment`, `_supports_op` and
+either `_set_tensor_async`/`_get_tensor_async` or its buffers' `_set_tensor`/
+`_get_tensor`. A backend of a device (today's ggml: `Backend(device)`, see
+`pyggml.backend.device`) gets those from the device and its buffer type.
+Optional hooks keep the seed's defaults: `_synchronize` does nothing,
+`_cpy_tensor_from` and `_cpy_tensor_to` return False (not handled: the copy
+goes through host memory), plans default to remembering the graph and
+computing it; and today's: events recorded on a synchronous backend are
+complete at once (`_event_record` synchronizes, `_event_wait` waits on the
+host), plans do not follow tensors that move (`_plans_follow_moves`).
+
+Buffers: `alloc_buffer` gives a buffer of the default buffer type
+(`get_default_buffer_type()`: the device's, or for a backend without a device
+one made from its `_alloc_buffer` and `_get_alignment`) that belongs to this
+backend (`buffer.backend`), as the seed's buffers do.
 
 The public graph functions check the whole graph before anything runs (every
 tensor allocated, no freed buffer, every op supported), so a backend's hooks
@@ -18,13 +29,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from pyggml.backend.buffer import Buffer, tensor_buffer
+from pyggml.backend.buffer_type import BufferType, check_max_size
 from pyggml.core.checks import check_instance, check_int
 from pyggml.core.errors import ArgumentError, BufferFreedError, NotAllocatedError, UnsupportedOpError
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import GGMLOp, Tensor, is_view_op
 
 if TYPE_CHECKING:
-    from pyggml.backend.buffer import Buffer
+    from pyggml.backend.device import Device
+    from pyggml.backend.event import Event
 
 
 def op_desc(node: Tensor) -> str:
@@ -50,8 +64,10 @@ def _who(node: Tensor, i: int, t: Tensor, j: int) -> str:
 class Backend:
     """A compute backend. Subclasses implement the hooks; users call the public methods."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: Device | None = None) -> None:
         self.freed = False
+        self._device = device
+        self._default_buft: BufferType | None = None  # made once, for a backend without a device
 
     # --- hooks (ggml_backend_i) ---
 
@@ -62,18 +78,39 @@ class Backend:
         """Release what the backend holds (optional)."""
 
     def _alloc_buffer(self, size: int) -> Buffer:
-        raise NotImplementedError
+        """A new buffer of `size` bytes (optional for a backend of a device: one of its default buffer type)."""
+        if self._device is None:
+            raise NotImplementedError(f"{type(self).__name__} has no device and does not implement _alloc_buffer")
+        return self.get_default_buffer_type().alloc_buffer(size)
 
     def _get_alignment(self) -> int:
-        raise NotImplementedError
+        """Optional for a backend of a device: its default buffer type's alignment."""
+        if self._device is None:
+            raise NotImplementedError(f"{type(self).__name__} has no device and does not implement _get_alignment")
+        return self.get_default_buffer_type().get_alignment()
+
+    def _get_default_buffer_type(self) -> BufferType:
+        """The buffer type `alloc_buffer` allocates (optional: the device's; without a device, one made from
+        `_alloc_buffer` and `_get_alignment`)."""
+        if self._device is not None:
+            return self._device.buffer_type()
+        if self._default_buft is None:
+            self._default_buft = BackendBufferType(self)
+        return self._default_buft
 
     def _set_tensor_async(self, tensor: Tensor, data: memoryview, offset: int, size: int) -> None:
-        """Copy `size` bytes of `data` (1-D, format 'B') to the tensor's bytes from `offset` (checked already)."""
-        raise NotImplementedError
+        """Copy `size` bytes of `data` (1-D, format 'B') to the tensor's bytes from `offset` (checked already).
+
+        Optional when the backend's buffers implement `_set_tensor`: then it is done at once, through them.
+        """
+        _buffer_with_own_io(self, tensor, "_set_tensor_async", "_set_tensor")._set_tensor(tensor, data, offset, size)
 
     def _get_tensor_async(self, tensor: Tensor, data: memoryview, offset: int, size: int) -> None:
-        """Copy `size` bytes of the tensor from `offset` into `data` (1-D, writable, format 'B')."""
-        raise NotImplementedError
+        """Copy `size` bytes of the tensor from `offset` into `data` (1-D, writable, format 'B').
+
+        Optional when the backend's buffers implement `_get_tensor`.
+        """
+        _buffer_with_own_io(self, tensor, "_get_tensor_async", "_get_tensor")._get_tensor(tensor, data, offset, size)
 
     def _synchronize(self) -> None:
         """Wait for queued work (optional: synchronous backends have none)."""
@@ -101,7 +138,23 @@ class Backend:
         raise NotImplementedError
 
     def _supports_op(self, op: Tensor) -> bool:
-        raise NotImplementedError
+        """Optional for a backend of a device: the device's answer."""
+        if self._device is None:
+            raise NotImplementedError(f"{type(self).__name__} has no device and does not implement _supports_op")
+        return self._device.supports_op(op)
+
+    def _event_record(self, event: Event) -> None:
+        """Record `event` after the work queued so far (optional: a synchronous backend has done it all)."""
+        self._synchronize()
+
+    def _event_wait(self, event: Event) -> None:
+        """Run the next work after `event` completes (optional: wait for it on the host)."""
+        event.synchronize()
+
+    def _plans_follow_moves(self) -> bool:
+        """Whether a plan computes every tensor where its `data` is when the plan runs (optional: False, plans
+        may hold on to where tensors were when they were made)."""
+        return False
 
     # --- ggml_backend_* ---
 
@@ -127,13 +180,67 @@ class Backend:
     def get_alignment(self) -> int:
         return self._get_alignment()
 
+    def get_device(self) -> Device | None:
+        """ggml_backend_get_device: the device of this backend (None for the seed's backends, which have none)."""
+        return self._device
+
+    def get_default_buffer_type(self) -> BufferType:
+        """ggml_backend_get_default_buffer_type: the buffer type `alloc_buffer` allocates."""
+        buft = self._get_default_buffer_type()
+        check_instance(buft, BufferType, f"backend '{self.name()}': default buffer type")
+        return buft
+
+    def get_max_size(self) -> int:
+        """ggml_backend_get_max_size: the largest buffer `alloc_buffer` allocates."""
+        return self.get_default_buffer_type().get_max_size()
+
     def alloc_buffer(self, size: int) -> Buffer:
-        """ggml_backend_alloc_buffer: a new buffer of `size` bytes (an int >= 0)."""
+        """ggml_backend_alloc_buffer: a new buffer of `size` bytes (an int >= 0, at most `get_max_size()`) of the
+        default buffer type, belonging to this backend."""
         self.check_alive()
         size = check_int(size, f"backend '{self.name()}': alloc_buffer: size")
         if size < 0:
             raise ArgumentError(f"backend '{self.name()}': cannot allocate a buffer of {size} bytes")
-        return self._alloc_buffer(size)
+        buft = self.get_default_buffer_type()
+        check_max_size(buft, size, f"backend '{self.name()}': alloc_buffer")
+        buffer = self._alloc_buffer(size)
+        check_instance(buffer, Buffer, f"backend '{self.name()}': alloc_buffer's result")
+        if buffer.buft is None:
+            buffer.buft = buft
+        if buffer.backend is None:
+            buffer.backend = self  # the seed's buffer->backend: computed with and written through here
+            buffer.name = self.name()
+        return buffer
+
+    def buffer_from_host_ptr(self, ptr: object, size: int, max_tensor_size: int = 0) -> Buffer:
+        """A buffer of this backend over `size` bytes of host memory at `ptr`, which it never frees: the
+        device's `buffer_from_host_ptr` (UnsupportedOpError where the device cannot), belonging to this
+        backend as the seed's `ggml_backend_cpu_buffer_from_ptr(backend_cpu, ptr, size)` makes it."""
+        self.check_alive()
+        if self._device is None:
+            raise UnsupportedOpError(f"backend '{self.name()}' has no device to make buffers over host memory")
+        buffer = self._device.buffer_from_host_ptr(ptr, size, max_tensor_size)
+        buffer.backend = self
+        buffer.name = self.name()
+        return buffer
+
+    def supports_buft(self, buft: BufferType) -> bool:
+        """ggml_backend_supports_buft: whether this backend computes with tensors in buffers of `buft` (the
+        device's answer; without a device, only its own default type)."""
+        check_instance(buft, BufferType, f"backend '{self.name()}': supports_buft: buft")
+        if self._device is not None:
+            return self._device.supports_buft(buft)
+        return buft is self.get_default_buffer_type()
+
+    def offload_op(self, op: Tensor) -> bool:
+        """ggml_backend_offload_op: whether this backend wants `op` although its weights are elsewhere."""
+        check_instance(op, Tensor, f"backend '{self.name()}': offload_op: op")
+        return self._device.offload_op(op) if self._device is not None else False
+
+    def plans_follow_moves(self) -> bool:
+        """Whether a plan of this backend computes each tensor at its `data` of the moment it runs, so a
+        tensor moved after `graph_plan_create` (a KV cache write advanced a cell) needs no new plan."""
+        return bool(self._plans_follow_moves())
 
     def synchronize(self) -> None:
         self.check_alive()
@@ -203,3 +310,44 @@ class Backend:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}('{self.name()}')"
+
+
+def _buffer_with_own_io(backend: Backend, tensor: Tensor, hook: str, buffer_hook: str) -> Buffer:
+    """The tensor's buffer, when its class implements `buffer_hook` (the default data hooks of a backend
+    use it); NotImplementedError when neither the backend nor the buffer implements the transfer."""
+    buffer = tensor_buffer(tensor)
+    if buffer is None or getattr(type(buffer), buffer_hook) is getattr(Buffer, buffer_hook):
+        where = f"its buffer '{buffer.name}'" if buffer is not None else "no buffer"
+        raise NotImplementedError(f"backend '{backend.name()}' implements neither {hook} nor, in {where}, "
+                                  f"{buffer_hook} (tensor '{tensor.name}')")
+    return buffer
+
+
+class BackendBufferType(BufferType):
+    """The buffer type of a backend without a device (the seed's): allocates through the backend's
+    `_alloc_buffer`, aligns as its `_get_alignment` says, and is host memory if a 1-byte buffer of
+    the backend is (asked once)."""
+
+    def __init__(self, backend: Backend) -> None:
+        super().__init__(None)
+        self.backend = backend
+        self._host: bool | None = None
+
+    def _get_name(self) -> str:
+        return self.backend.name()
+
+    def _alloc_buffer(self, size: int) -> Buffer:
+        self.backend.check_alive()
+        return self.backend._alloc_buffer(size)
+
+    def _get_alignment(self) -> int:
+        return self.backend._get_alignment()
+
+    def _is_host(self) -> bool:
+        if self._host is None:
+            probe = self.backend._alloc_buffer(1)
+            try:
+                self._host = bool(probe.is_host())
+            finally:
+                probe.free()
+        return self._host

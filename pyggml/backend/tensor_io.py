@@ -12,6 +12,11 @@ written.
 `data` and `out` are any buffer-protocol objects (numpy arrays, bytes,
 bytearray, memoryview, array.array); the bytes are copied as they lie in
 memory, as ggml's memcpy does.
+
+The bytes move as in today's ggml, through the tensor's buffer (its
+`_set_tensor`, `_get_tensor`, `_memset_tensor` hooks, which default to the
+seed's way: the buffer's backend); the `_async` forms go through the buffer's
+backend when it has one.
 """
 
 from __future__ import annotations
@@ -46,8 +51,8 @@ def get_backend(tensor: Tensor) -> Backend | None:
 # --- checks ---
 
 
-def _backend_for(tensor: Tensor, what: str) -> tuple[Backend, Buffer]:
-    """The tensor's backend and buffer, both alive, the tensor inside the buffer, or an error naming it."""
+def _buffer_for(tensor: Tensor, what: str) -> Buffer:
+    """The tensor's buffer, alive (and its backend, if it has one), the tensor inside it, or an error naming it."""
     check_instance(tensor, Tensor, f"{what}: tensor")
     if tensor.data is None:
         raise NotAllocatedError(f"{what}: tensor '{tensor.name}' is not allocated (data is None)")
@@ -61,14 +66,12 @@ def _backend_for(tensor: Tensor, what: str) -> tuple[Backend, Buffer]:
         raise BufferFreedError(f"{what}: buffer '{buffer.name}' ({buffer.size} bytes) of tensor '{tensor.name}' "
                                f"was used after it was freed")
     backend = buffer.backend
-    if backend is None:
-        raise NotAllocatedError(f"{what}: buffer '{buffer.name}' of tensor '{tensor.name}' has no backend")
-    if backend.freed:
+    if backend is not None and backend.freed:
         raise BufferFreedError(f"{what}: backend '{backend.name()}' was used after it was freed (tensor "
                                f"'{tensor.name}')")
     # a tensor whose address lies outside its buffer (a corrupt view) would read or write another buffer
     buffer.check_tensor(tensor, what)
-    return backend, buffer
+    return buffer
 
 
 def _check_range(tensor: Tensor, offset: int, size: int, what: str, verb: str) -> None:
@@ -129,9 +132,9 @@ def _check_offset_size(offset: object, size: object, what: str) -> tuple[int, in
     return offset, None if size is None else check_int(size, f"{what}: size")
 
 
-def _prepare_set(tensor: Tensor, data: object, offset: int, size: int | None, what: str) -> tuple[Backend, np.ndarray]:
+def _prepare_set(tensor: Tensor, data: object, offset: int, size: int | None, what: str) -> tuple[Buffer, np.ndarray]:
     offset, size = _check_offset_size(offset, size, what)
-    backend, _ = _backend_for(tensor, what)
+    buffer = _buffer_for(tensor, what)
     raw = _source_bytes(data, what)
     if size is None:
         size = raw.nbytes
@@ -140,12 +143,12 @@ def _prepare_set(tensor: Tensor, data: object, offset: int, size: int | None, wh
         raise OutOfBoundsError(
             f"{what}: write of {size} bytes to '{tensor.name}' but the data holds only {raw.nbytes} bytes"
         )
-    return backend, raw[:size]
+    return buffer, raw[:size]
 
 
-def _prepare_get(tensor: Tensor, out: object, offset: int, size: int | None, what: str) -> tuple[Backend, np.ndarray]:
+def _prepare_get(tensor: Tensor, out: object, offset: int, size: int | None, what: str) -> tuple[Buffer, np.ndarray]:
     offset, size = _check_offset_size(offset, size, what)
-    backend, _ = _backend_for(tensor, what)
+    buffer = _buffer_for(tensor, what)
     if offset < 0:
         raise ArgumentError(f"{what}: offset ({offset}) must be >= 0 for '{tensor.name}'")
     if size is None:
@@ -156,43 +159,49 @@ def _prepare_get(tensor: Tensor, out: object, offset: int, size: int | None, wha
         raise OutOfBoundsError(
             f"{what}: read of {size} bytes from '{tensor.name}' into an output of only {dest.nbytes} bytes"
         )
-    return backend, dest[:size]
+    return buffer, dest[:size]
 
 
 # --- ggml_backend_tensor_* ---
 
 
 def tensor_set_async(tensor: Tensor, data: object, offset: int = 0, size: int | None = None) -> None:
-    """ggml_backend_tensor_set_async: write `size` bytes of `data` (default: all of it) at `offset`."""
-    backend, raw = _prepare_set(tensor, data, offset, size, "tensor_set_async")
-    backend._set_tensor_async(tensor, memoryview(raw), offset, raw.nbytes)
+    """ggml_backend_tensor_set_async: write `size` bytes of `data` (default: all of it) at `offset`; through
+    the buffer's backend, which may return before the copy ends (at once for a buffer without a backend)."""
+    buffer, raw = _prepare_set(tensor, data, offset, size, "tensor_set_async")
+    if buffer.backend is None:
+        buffer._set_tensor(tensor, memoryview(raw), offset, raw.nbytes)
+    else:
+        buffer.backend._set_tensor_async(tensor, memoryview(raw), offset, raw.nbytes)
 
 
 def tensor_get_async(tensor: Tensor, out: object, offset: int = 0, size: int | None = None) -> None:
     """ggml_backend_tensor_get_async: read `size` bytes (default: the rest of the tensor) into `out`."""
-    backend, dest = _prepare_get(tensor, out, offset, size, "tensor_get_async")
-    backend._get_tensor_async(tensor, memoryview(dest), offset, dest.nbytes)
+    buffer, dest = _prepare_get(tensor, out, offset, size, "tensor_get_async")
+    if buffer.backend is None:
+        buffer._get_tensor(tensor, memoryview(dest), offset, dest.nbytes)
+    else:
+        buffer.backend._get_tensor_async(tensor, memoryview(dest), offset, dest.nbytes)
 
 
 def tensor_set(tensor: Tensor, data: object, offset: int = 0, size: int | None = None) -> None:
     """ggml_backend_tensor_set: write `size` bytes of `data` (default: all of it) at byte `offset`."""
-    backend, raw = _prepare_set(tensor, data, offset, size, "tensor_set")
-    backend._set_tensor_async(tensor, memoryview(raw), offset, raw.nbytes)
-    backend._synchronize()
+    buffer, raw = _prepare_set(tensor, data, offset, size, "tensor_set")
+    buffer._set_tensor(tensor, memoryview(raw), offset, raw.nbytes)
 
 
 def tensor_get(tensor: Tensor, out: object, offset: int = 0, size: int | None = None) -> None:
     """ggml_backend_tensor_get: read `size` bytes from byte `offset` (default: the rest) into `out`."""
-    backend, dest = _prepare_get(tensor, out, offset, size, "tensor_get")
-    backend._get_tensor_async(tensor, memoryview(dest), offset, dest.nbytes)
-    backend._synchronize()
+    buffer, dest = _prepare_get(tensor, out, offset, size, "tensor_get")
+    buffer._get_tensor(tensor, memoryview(dest), offset, dest.nbytes)
 
 
 def tensor_copy(src: Tensor, dst: Tensor) -> None:
     """ggml_backend_tensor_copy: copy `src` into `dst`, which must have the same type, `ne` and `nb`.
 
     As the seed: dst's backend's `_cpy_tensor_from`, else src's backend's
-    `_cpy_tensor_to`, else through host memory (get, then set).
+    `_cpy_tensor_to`; then today's ggml: dst's buffer's `_cpy_tensor`; else
+    through host memory (get, then set).
     """
     check_instance(src, Tensor, "tensor_copy: src")
     check_instance(dst, Tensor, "tensor_copy: dst")
@@ -201,16 +210,18 @@ def tensor_copy(src: Tensor, dst: Tensor) -> None:
             f"tensor_copy: cannot copy tensors with different layouts: '{src.name}' {src.type.name} "
             f"ne={list(src.ne)} nb={list(src.nb)} vs '{dst.name}' {dst.type.name} ne={list(dst.ne)} nb={list(dst.nb)}"
         )
-    src_backend, _ = _backend_for(src, "tensor_copy")
-    dst_backend, _ = _backend_for(dst, "tensor_copy")
+    src_buffer = _buffer_for(src, "tensor_copy")
+    dst_buffer = _buffer_for(dst, "tensor_copy")
     if src is dst:
         return
-    if dst_backend._cpy_tensor_from(src, dst):
+    if dst_buffer.backend is not None and dst_buffer.backend._cpy_tensor_from(src, dst):
         return
-    if src_backend._cpy_tensor_to(src, dst):
+    if src_buffer.backend is not None and src_buffer.backend._cpy_tensor_to(src, dst):
         return
-    log.debug("tensor_copy: neither cpy_tensor_from nor cpy_tensor_to handles %s -> %s, going through host memory",
-              src_backend.name(), dst_backend.name())
+    if dst_buffer._cpy_tensor(src, dst):
+        return
+    log.debug("tensor_copy: no backend or buffer hook copies %s -> %s, going through host memory",
+              src_buffer.name, dst_buffer.name)
     nbytes = src.nbytes()
     staging = np.empty(nbytes, dtype=np.uint8)
     tensor_get(src, staging, 0, nbytes)
@@ -222,14 +233,14 @@ def tensor_memset(tensor: Tensor, value: int, offset: int = 0, size: int | None 
     from byte `offset` to `value` (0..255), with tensor_set's checks."""
     value = check_int(value, "tensor_memset: value", minimum=0, maximum=255)
     offset, size = _check_offset_size(offset, size, "tensor_memset")
-    backend, _ = _backend_for(tensor, "tensor_memset")
+    buffer = _buffer_for(tensor, "tensor_memset")
     if offset < 0:
         raise ArgumentError(f"tensor_memset: offset ({offset}) must be >= 0 for '{tensor.name}'")
     if size is None:
         size = max(tensor.nbytes() - offset, 0)
     _check_range(tensor, offset, size, "tensor_memset", "memset")
-    backend._set_tensor_async(tensor, memoryview(np.full(size, value, dtype=np.uint8)), offset, size)
-    backend._synchronize()
+    if size:
+        buffer._memset_tensor(tensor, value, offset, size)
 
 
 # --- numpy conveniences ---
@@ -269,7 +280,7 @@ def tensor_get_numpy(tensor: Tensor) -> np.ndarray:
     int32, ...); quantized types as raw uint8 blocks. Shape: see `numpy_shape`.
     Non-contiguous tensors (views) come out contiguous, in element order.
     """
-    _backend_for(tensor, "tensor_get_numpy")  # check before allocating the staging copy
+    _buffer_for(tensor, "tensor_get_numpy")  # check before allocating the staging copy
     dtype, shape4, strides4 = _element_layout(tensor)
     nbytes = tensor.nbytes()
     if nbytes == 0:
@@ -320,7 +331,7 @@ def tensor_set_numpy(tensor: Tensor, values: object) -> None:
     bits / blocks). Non-contiguous tensors are written element by element through
     their strides (the bytes between elements keep their values).
     """
-    _backend_for(tensor, "tensor_set_numpy")  # check before converting
+    _buffer_for(tensor, "tensor_set_numpy")  # check before converting
     arr = np.asarray(values)
     dtype, shape4, strides4 = _element_layout(tensor)
     elements = _elements_from(tensor, arr, shape4, dtype)

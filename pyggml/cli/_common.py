@@ -88,23 +88,6 @@ def non_negative_int(text: str) -> int:
     return _int_at_least(0, text)
 
 
-def _ensure_registered(name: str) -> None:
-    """Backends other than the CPU register themselves when their package is imported."""
-    base = name.partition(":")[0].lower()
-    if base == "cpu":
-        return
-    from pyggml.backend.registry import list_backends
-
-    if base in list_backends():
-        return
-    try:
-        __import__(f"pyggml.backends.{base}")
-    except ImportError as e:
-        if base == "torch":
-            raise CLIError(f"backend '{name}' is not available: {e} (pip install torch)") from None
-        # an unknown name: init_backend reports it with the registered names
-
-
 def backend_plan(names: Sequence[str] | None, layers_on: Sequence[str] | None) -> tuple[list[str], list[int] | None]:
     """(backend names in priority order, n_layers_on counts) from --backend and --n-layers-on.
 
@@ -142,17 +125,19 @@ def backend_plan(names: Sequence[str] | None, layers_on: Sequence[str] | None) -
 
 
 def init_backends(names: Sequence[str], n_threads: int | None) -> list[Any]:
-    """Backend objects for registry names (a CLIError for an unknown or unavailable one)."""
-    from pyggml.backend.registry import init_backend
-    from pyggml.backends.cpu import cpu_init
+    """Backend objects for registry names (a CLIError for an unknown or unavailable one); `n_threads` is
+    set on those whose registry sets a thread count (the CPU's)."""
+    from pyggml.backend.registry import init_backend, set_n_threads
 
     out = []
     for name in names:
-        _ensure_registered(name)
         try:
-            out.append(cpu_init(n_threads) if name.lower() == "cpu" else init_backend(name))
+            backend = init_backend(name)
         except ArgumentError as e:
             raise CLIError(f"--backend {name}: {e}") from None
+        if n_threads is not None:
+            set_n_threads(backend, n_threads)
+        out.append(backend)
     return out
 
 

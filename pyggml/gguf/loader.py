@@ -1,14 +1,18 @@
 """Loading a GGUF file's tensors into backend buffers.
 
 Each tensor goes to the backend its caller chooses (per layer, as llama.cpp's
-`--n-gpu-layers` does). For a CPU backend the weights stay where they are:
-one CPU buffer is made over the mapped file (`cpu_buffer_from_ptr`) and every
-tensor's `data` points at its bytes in the mapping, so loading costs no copy
-and pages are read from disk when first touched. That needs the tensors'
+`--n-gpu-layers` does), into a buffer of the backend's default buffer type
+marked WEIGHTS (`BufferUsage.WEIGHTS`: the scheduler runs what reads them
+there, the graph allocator never reuses them). Where that buffer type is host
+memory and the backend's device can wrap host memory (its caps say
+`buffer_from_host_ptr`, as llama.cpp asks), the weights stay where they are:
+one buffer is made over the mapped file (`Backend.buffer_from_host_ptr`) and
+every tensor's `data` points at its bytes in the mapping, so loading costs no
+copy and pages are read from disk when first touched. That needs the tensors'
 addresses aligned as the kernels want them (the file's alignment, 32 by
-default, on a page-aligned mapping); otherwise, and for every other backend,
-the tensors are placed in a new buffer of the backend by a `TensorAllocator`
-(sizes measured first) and their bytes copied in with `tensor_set`.
+default, on a page-aligned mapping); otherwise the tensors are placed one
+after another in a new buffer of the backend (`alloc_tensors`, sizes from the
+buffer type) and their bytes copied in with `tensor_set`.
 """
 
 from __future__ import annotations
@@ -16,11 +20,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from pyggml.alloc.tensor_allocator import TensorAllocator
+from pyggml.alloc.ctx_tensors import alloc_tensors
 from pyggml.backend.backend import Backend
-from pyggml.backend.buffer import Buffer
+from pyggml.backend.buffer import Buffer, BufferUsage
+from pyggml.backend.tensor_alloc import tensor_alloc
 from pyggml.backend.tensor_io import tensor_set
-from pyggml.backends.cpu import cpu_buffer_from_ptr, is_cpu
 from pyggml.core import memory
 from pyggml.core.checks import check_instance
 from pyggml.core.context import Context, tensor_overhead
@@ -29,6 +33,14 @@ from pyggml.core.tensor import Tensor
 from pyggml.gguf.reader import GGUFFile, TensorInfo
 
 ZERO_COPY_ALIGNMENT = 32  # what the CPU kernels' numpy views need at least (AVX2 loads of whole blocks)
+
+
+def maps_weights(backend: Backend) -> bool:
+    """Whether `load_tensors` can leave `backend`'s weights in the mapped file: its default buffer type is
+    host memory and its device wraps host memory (caps `buffer_from_host_ptr`)."""
+    device = backend.get_device()
+    return (device is not None and device.caps().buffer_from_host_ptr
+            and backend.get_default_buffer_type().is_host())
 
 
 @dataclass
@@ -91,13 +103,14 @@ def load_tensors(gf: GGUFFile, names: list[str], backend_of: Mapping[str, Backen
         with tqdm(total=total, unit="B", unit_scale=True, desc=f"loading {gf.name}", disable=not progress,
                   leave=False) as bar:
             for backend, items in groups.values():
-                if use_mmap and is_cpu(backend) and _mappable(gf, items):
-                    buffer = _map_cpu(gf, backend, items)
+                if use_mmap and maps_weights(backend) and _mappable(gf, items):
+                    buffer = _map(gf, backend, items)
                     loaded.zero_copy[id(backend)] = True
                     bar.update(sum(info.nbytes for info, _ in items))
                 else:
                     buffer = _copy_in(gf, backend, items, bar.update)
                     loaded.zero_copy[id(backend)] = False
+                buffer.set_usage(BufferUsage.WEIGHTS)
                 loaded.buffers.append(buffer)
                 loaded.nbytes[id(backend)] = sum(info.nbytes for info, _ in items)
     except BaseException:
@@ -114,37 +127,30 @@ def _mappable(gf: GGUFFile, items: list[tuple[TensorInfo, Tensor]]) -> bool:
     return all((base + info.offset) % ZERO_COPY_ALIGNMENT == 0 for info, _ in items)
 
 
-def _map_cpu(gf: GGUFFile, backend: Backend, items: list[tuple[TensorInfo, Tensor]]) -> Buffer:
-    """One CPU buffer over the part of the mapping that holds `items`; tensors point into it."""
+def _map(gf: GGUFFile, backend: Backend, items: list[tuple[TensorInfo, Tensor]]) -> Buffer:
+    """One buffer of `backend` over the part of the mapping that holds `items`; tensors point into it."""
     lo = min(info.offset for info, _ in items)
     hi = max(info.offset + info.nbytes for info, _ in items)
-    buffer = cpu_buffer_from_ptr(backend, gf.data[lo:hi], hi - lo)
-    buffer.name = f"CPU mmap {gf.name}"
+    max_tensor = max(info.nbytes for info, _ in items)
+    buffer = backend.buffer_from_host_ptr(gf.data[lo:hi], hi - lo, max_tensor)
+    buffer.name = f"{backend.name()} mmap {gf.name}"
     base = buffer.get_base()
-    for info, t in items:
-        t.data = base + (info.offset - lo)
-        t.buffer = buffer
-        buffer.init_tensor(t)
+    try:
+        for info, t in items:
+            tensor_alloc(buffer, t, base + (info.offset - lo))
+    except BaseException:
+        buffer.free()
+        raise
     return buffer
 
 
 def _copy_in(gf: GGUFFile, backend: Backend, items: list[tuple[TensorInfo, Tensor]],
              progress: Callable[[int], object]) -> Buffer:
-    """A new buffer of `backend`, sized by a measure pass, the tensors allocated in it and filled."""
-    measure = TensorAllocator.new_measure_from_backend(backend)
-    try:
-        for _, t in items:
-            measure.alloc(t)
-            t.data = None  # measured only
-            t.buffer = None
-        size = measure.get_max_size()
-    finally:
-        measure.free()
-    buffer = backend.alloc_buffer(max(size, 1))
-    talloc = TensorAllocator.new_from_buffer(buffer)
+    """A new buffer of `backend` with the tensors placed one after another, and their bytes copied in."""
+    buffer = alloc_tensors([t for _, t in items], backend)
+    assert buffer is not None  # every tensor is new
     try:
         for info, t in items:
-            talloc.alloc(t)
             tensor_set(t, gf.tensor_bytes(info.name))
             progress(info.nbytes)
     except BaseException:

@@ -23,16 +23,16 @@ from typing import Any
 import numpy as np
 
 from pyggml.backend.backend import Backend
-from pyggml.backend.registry import init_backend
+from pyggml.backend.device import DeviceType
+from pyggml.backend.registry import init_backend, init_by_type, set_n_threads
 from pyggml.backend.tensor_io import tensor_get, tensor_get_numpy, tensor_set
-from pyggml.backends.cpu import cpu_init, cpu_set_n_threads, is_cpu
 from pyggml.core.checks import check_host_alloc, check_positive
 from pyggml.core.context import Context, tensor_overhead
 from pyggml.core.errors import ArgumentError, GGMLError, NonFiniteError
 from pyggml.core.graph import graph_overhead
 from pyggml.core.tensor import is_view_op
 from pyggml.core.types import TYPE_TRAITS, GGMLType, as_type
-from pyggml.gguf.loader import LoadedTensors, load_tensors
+from pyggml.gguf.loader import LoadedTensors, load_tensors, maps_weights
 from pyggml.gguf.reader import GGUFFile, read_gguf
 from pyggml.models.kv_cache import KVCache
 from pyggml.models.llama import LlamaHParams, LlamaInputs, build_llama, check_tensors, graph_size, layer_of
@@ -170,7 +170,7 @@ class Model:
         weights = 0
         for name in names:
             b = backend_of(name)
-            if host[id(b)] and not (use_mmap and is_cpu(b)):
+            if host[id(b)] and not (use_mmap and maps_weights(b)):
                 weights += self.file.tensor(name).nbytes
         total = kv_bytes + compute + weights
         check_host_alloc(total, f"'{self.file.name}' with n_ctx {self.n_ctx} (KV cache {kv_bytes} bytes + "
@@ -196,8 +196,10 @@ class Model:
         return gf, [inp.tokens, inp.pos, inp.mask], self._node_backends(inp)
 
     def _node_backends(self, inp: LlamaInputs) -> list[tuple[list[Any], Backend]]:
-        """Each layer's nodes on the layer's backend, as llama.cpp assigns them for its scheduler."""
-        return list(zip(inp.layer_nodes, self.layer_backend, strict=True))
+        """Each layer's nodes on the layer's backend, as llama.cpp assigns them for its scheduler; a node the
+        backend does not support is left to the scheduler, which gives it to the next backend that does."""
+        return [([n for n in nodes if b.supports_op(n)], b)
+                for nodes, b in zip(inp.layer_nodes, self.layer_backend, strict=True)]
 
     @staticmethod
     def _mask(pos: np.ndarray, n_kv: int) -> np.ndarray:
@@ -261,13 +263,13 @@ class Model:
     def _first_non_finite(self, ids: np.ndarray, n_past: int, last_only: bool, n_kv: int | None) -> str:
         """Compute the batch again, as the same graph, with every intermediate in memory of its own, and
         describe the first node, in graph order, whose values are not all finite. On host backends the
-        model's own backends do it (SplitRunner: no reuse); otherwise a CPU backend does, over the
-        file's weights (mapped) and a copy of the KV cache. Only on the error path: it costs a graph's
-        worth of memory without reuse."""
+        model's own backends do it (SplitRunner: no reuse); otherwise a backend of the CPU device (the
+        registry's) does, over the file's weights (mapped) and a copy of the KV cache. Only on the error
+        path: it costs a graph's worth of memory without reuse."""
         if all(is_host_backend(b) for b in self.backends):
             return self._scan(self.backends, self.input_backend, self.w, self.kv, ids, n_past, last_only, n_kv)
         hp = self.hparams
-        cpu = cpu_init()
+        cpu = init_by_type(DeviceType.CPU)
         weights = load_tensors(self.file, list(self.w), lambda _: cpu, progress=False)
         kv = None
         try:
@@ -495,19 +497,18 @@ def load(path: str | os.PathLike[str], backends: Sequence[Backend | str] | None 
     """Load a LLaMA GGUF file over `backends` (Backend objects or registry names; default one CPU backend).
 
     `n_layers_on`: layer counts of the first backends (the rest on the last);
-    `n_threads`: thread count of the CPU backends. Further keywords go to
+    `n_threads`: thread count of the backends whose registry sets one ("ggml_backend_set_n_threads":
+    the CPU backend's). Names go through `pyggml.backend.init_backend`. Further keywords go to
     `Model` (n_batch, kv_type, use_mmap, progress, use_sched, reuse_graphs, check_finite).
     """
+    if n_threads is not None:
+        check_positive(n_threads, "load: n_threads")
     bs: list[Backend] = []
     for b in backends if backends is not None else ["cpu"]:
-        if isinstance(b, str):
-            bs.append(cpu_init(n_threads) if b == "cpu" else init_backend(b))
-        else:
-            bs.append(b)
+        bs.append(init_backend(b) if isinstance(b, str) else b)
     if n_threads is not None:
         for b in bs:
-            if is_cpu(b):
-                cpu_set_n_threads(b, n_threads)
+            set_n_threads(b, n_threads)
     gf = read_gguf(path)
     try:
         return Model(gf, bs, n_ctx=n_ctx, n_layers_on=n_layers_on, **kwargs)

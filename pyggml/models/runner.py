@@ -30,9 +30,9 @@ import numpy as np
 from pyggml.alloc.report import MemoryReport, memory_report
 from pyggml.alloc.tensor_allocator import TensorAllocator
 from pyggml.backend.backend import Backend
-from pyggml.backend.buffer import Buffer
+from pyggml.backend.buffer import Buffer, BufferUsage
+from pyggml.backend.tensor_alloc import view_init
 from pyggml.backend.tensor_io import tensor_set
-from pyggml.backends.cpu import is_cpu
 from pyggml.core.checks import check_host_alloc
 from pyggml.core.errors import UnsupportedOpError
 from pyggml.core.graph import Graph
@@ -50,31 +50,31 @@ def _graph_tensors(graph: Graph) -> list[Tensor]:
     return [*graph.leafs, *graph.nodes]
 
 
-def _init_view(t: Tensor) -> None:
-    """A view gets the memory of its source (ggml-alloc's init_view)."""
-    src = t.view_src
-    assert src is not None and src.data is not None, f"view '{t.name}' of an unallocated tensor"
-    t.data = src.data + t.view_offs
-    t.buffer = src.buffer
-    if t.buffer is not None:
-        t.buffer.init_tensor(t)
-
-
 def allocate_graph(backend: Backend, graph: Graph, buffer: Buffer | None = None) -> Buffer:
     """Place every tensor of `graph` that has no memory (inputs, results) in `buffer`, or in a new
-    buffer of `backend` just large enough; views get their source's memory."""
+    compute buffer of `backend` just large enough (the buffer type's alloc sizes); views get their
+    source's memory."""
     todo = [t for t in _graph_tensors(graph) if t.data is None and t.view_src is None]
-    align = backend.get_alignment()
-    size = sum((t.nbytes() + align - 1) // align * align for t in todo) + align
+    buft = backend.get_default_buffer_type()
+    align = buft.get_alignment()
+    size = sum((buft.get_alloc_size(t) + align - 1) // align * align for t in todo) + align
     if buffer is None or buffer.get_size() < size:
-        buffer = backend.alloc_buffer(size)
-        buffer.name = f"{backend.name()} compute"
+        buffer = alloc_compute_buffer(backend, size)
     talloc = TensorAllocator.new_from_buffer(buffer)
     for t in todo:
         talloc.alloc(t)
     for t in _graph_tensors(graph):
         if t.data is None and t.view_src is not None:
-            _init_view(t)
+            view_init(t)
+    return buffer
+
+
+def alloc_compute_buffer(backend: Backend, size: int, what: str | None = None) -> Buffer:
+    """A buffer of `size` bytes of `backend` for intermediates: marked COMPUTE, named "<backend> compute";
+    checked against the host memory left first when it is host memory (`alloc_checked`)."""
+    buffer = alloc_checked(backend, size, what or f"compute buffer on '{backend.name()}'")
+    buffer.name = f"{backend.name()} compute"
+    buffer.set_usage(BufferUsage.COMPUTE)
     return buffer
 
 
@@ -84,9 +84,10 @@ class PlannedGraph:
     Nodes in `recompute` (the KV writes, whose destination moves from one
     token to the next) are left out of the plans and computed on their own
     each time, so they see where their memory is now; the plans cover the
-    runs of nodes between them. The CPU backend's plans follow moved tensors
-    themselves, so there the whole graph is one plan. Decoding a token then costs the kernels and
-    one call per run, not a graph build, an allocation and a plan.
+    runs of nodes between them. Where the backend's plans follow moved tensors
+    themselves (`plans_follow_moves`, the CPU's), the whole graph is one plan.
+    Decoding a token then costs the kernels and one call per run, not a graph
+    build, an allocation and a plan.
     """
 
     def __init__(self, backend: Backend, graph: Graph, recompute: list[Tensor], owner: object = None) -> None:
@@ -95,9 +96,9 @@ class PlannedGraph:
         self.owner = owner  # what must live as long as the graph (its context)
         self.buffer = allocate_graph(backend, graph)
         index = {id(n): i for i, n in enumerate(graph.nodes)}
-        # CPU plans follow tensors whose memory moved (ggml's kernels read `data` when they run): one plan
-        # for the whole graph. Other backends' plans may hold on to where a tensor was: cut around the nodes.
-        cuts = [] if is_cpu(backend) else sorted(index[id(t)] for t in recompute)
+        # plans that follow tensors whose memory moved (the CPU's: ggml's kernels read `data` when they run):
+        # one plan for the whole graph. Other plans may hold on to where a tensor was: cut around the nodes.
+        cuts = [] if backend.plans_follow_moves() else sorted(index[id(t)] for t in recompute)
         self.steps: list[tuple[bool, Any]] = []  # (is a plan, the plan or the one-node graph)
         start = 0
         try:
@@ -169,8 +170,7 @@ class SingleRunner:
                 size = measure.get_max_size() + backend.get_alignment()
             finally:
                 measure.free()
-            self.buffer = alloc_checked(backend, size, f"compute buffer on '{backend.name()}'")
-            self.buffer.name = f"{backend.name()} compute"
+            self.buffer = alloc_compute_buffer(backend, size)
             self.talloc = TensorAllocator.new_from_buffer(self.buffer)
             self.galloc = galloc_class()
             log.debug("compute buffer of %d bytes (measured)", size)
@@ -219,12 +219,9 @@ def scheduler_class() -> type | None:
 
 
 def is_host_backend(backend: Backend) -> bool:
-    """Whether `backend`'s buffers are host memory (what SplitRunner needs)."""
-    probe = backend.alloc_buffer(1)
-    try:
-        return probe.is_host()
-    finally:
-        probe.free()
+    """Whether `backend`'s buffers are host memory (its default buffer type's `is_host`: what SplitRunner
+    needs)."""
+    return backend.get_default_buffer_type().is_host()
 
 
 def alloc_checked(backend: Backend, size: int, what: str) -> Buffer:
@@ -291,7 +288,7 @@ class SplitRunner:
                 self.buffers[key] = buffer
         for t in _graph_tensors(graph):
             if t.data is None and t.view_src is not None:
-                _init_view(t)
+                view_init(t)
         for t, values in inputs:
             tensor_set(t, values)
         start = 0

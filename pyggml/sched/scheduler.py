@@ -74,7 +74,7 @@ from pyggml.alloc.graph_allocator import GraphAllocator
 from pyggml.alloc.hash_set import HashSet
 from pyggml.alloc.tensor_allocator import SIZE_MAX, FreeBlock, TensorAllocator
 from pyggml.backend.backend import Backend, op_desc
-from pyggml.backend.buffer import Buffer
+from pyggml.backend.buffer import Buffer, BufferUsage
 from pyggml.backend.tensor_io import tensor_copy, tensor_get, tensor_set
 from pyggml.core.checks import check_instance, check_positive
 from pyggml.core.context import Context, tensor_overhead
@@ -109,12 +109,6 @@ _UNCHECKED_CAUSES = ("1.dst", "1.vsrc", "usr")  # assignments made without askin
 def debug_enabled() -> bool:
     """Whether GGML_SCHED_DEBUG asks for the assignment printout (any value but "", "0")."""
     return os.environ.get(DEBUG_ENV, "") not in ("", "0")
-
-
-def _buffer_backend(t: Tensor) -> Backend | None:
-    """ggml_get_backend as the seed has it: the backend of the tensor's own buffer (not its view source's)."""
-    buffer = t.buffer
-    return buffer.backend if buffer is not None else None
 
 
 def dup_tensor_layout(ctx: Context, tensor: Tensor) -> Tensor:
@@ -204,8 +198,25 @@ class Scheduler:
             talloc = TensorAllocator.new_measure_from_backend(backend)
         else:
             talloc = TensorAllocator.new_from_backend(backend, size)
+            talloc.buffer.set_usage(BufferUsage.COMPUTE)
         self._own_buffers[id(talloc.buffer)] = talloc.buffer
         return talloc
+
+    def _buffer_backend(self, t: Tensor) -> Backend | None:
+        """ggml_get_backend as the seed has it: the backend of the tensor's own buffer (not its view source's).
+
+        A buffer of no backend (made by a buffer type, today's ggml) is the first of the scheduler's backends
+        that supports its type, as ggml_backend_sched_backend_from_buffer finds it (None if none does).
+        """
+        buffer = t.buffer
+        if buffer is None:
+            return None
+        if buffer.backend is not None or buffer.buft is None:
+            return buffer.backend
+        for backend in self.backends:
+            if backend.supports_buft(buffer.buft):
+                return backend
+        return None
 
     @property
     def n_backends(self) -> int:
@@ -602,14 +613,14 @@ class Scheduler:
         causes = self.causes
         # if the dst tensor is already allocated in a buffer, we must assume that it is critical to keep it there
         # ie. kv cache updates
-        cur_backend = _buffer_backend(node)
+        cur_backend = self._buffer_backend(node)
         if cur_backend is not None:
             causes[slot] = "1.dst"
             return self._backend_index(cur_backend, f"node '{node.name}' (its memory)")
 
         # view_src
         if node.view_src is not None:
-            vsrc_backend = _buffer_backend(node.view_src)
+            vsrc_backend = self._buffer_backend(node.view_src)
             if vsrc_backend is not None:
                 causes[slot] = "1.vsrc"
                 return self._backend_index(vsrc_backend, f"node '{node.name}' (the memory of its view source "
@@ -622,7 +633,7 @@ class Scheduler:
         for j, src in enumerate(node.src):
             if src is None:
                 break
-            src_backend = _buffer_backend(src)
+            src_backend = self._buffer_backend(src)
             if src_backend is not None:
                 src_prio = self.backend_prio(src_backend)
                 if src_prio < cur_prio:  # (nbytes only when it matters)
@@ -667,9 +678,9 @@ class Scheduler:
             if node_talloc[slot] is not None:
                 # do not overwrite user assignments
                 continue
-            leaf_backend = _buffer_backend(leaf)
+            leaf_backend = self._buffer_backend(leaf)
             if leaf_backend is None and leaf.view_src is not None:
-                leaf_backend = _buffer_backend(leaf.view_src)
+                leaf_backend = self._buffer_backend(leaf.view_src)
             if leaf_backend is not None:
                 node_talloc[slot] = tallocs[self._backend_index(leaf_backend, f"leaf '{leaf.name}' (its memory)")]
 
@@ -911,7 +922,7 @@ class Scheduler:
                     view.buffer.init_tensor(view)
                 if input_cpy.buffer is None:
                     raise NotAllocatedError(f"input copy '{input_cpy.name}' has no buffer")
-                if inp.buffer.backend is input_cpy.buffer.backend or input_cpy.buffer.backend is not split_backend:
+                if self._buffer_backend(inp) is split_backend or input_cpy.buffer.backend is not split_backend:
                     raise GraphError(f"split input '{inp.name}' on '{_buffer_name(inp)}' cannot be copied to "
                                      f"'{input_cpy.name}' on '{_buffer_name(input_cpy)}' for backend "
                                      f"'{split_backend.name()}'")

@@ -12,7 +12,7 @@ from pyggml.cli._common import CLIError, backend_plan
 from pyggml.cli.main import main
 from pyggml.core.errors import GGUFError
 
-SUBCOMMANDS = ["run", "info", "bench", "test-ops"]
+SUBCOMMANDS = ["run", "info", "bench", "test-ops", "devices"]
 
 
 @pytest.mark.parametrize("command", SUBCOMMANDS)

@@ -7,6 +7,11 @@ and assignments to `n_threads`. It is honoured twice: BLAS (numpy's
 OpenBLAS/MKL) is limited to it through threadpoolctl, once whenever the count
 a compute needs differs from the one last set (not per kernel: the switch
 costs milliseconds); JIT kernels read `params.n_threads`.
+
+The backend's device is the CPU device (`pyggml.backends.cpu.device`); its
+buffers are of the "CPU" buffer type, `cpu_buffer_from_ptr` buffers of
+"CPU_Mapped". Its plans follow tensors whose memory moved after the plan was
+made (`plans_follow_moves`: each compute reads `data` anew, as ggml's kernels do).
 """
 
 from __future__ import annotations
@@ -14,17 +19,23 @@ from __future__ import annotations
 import logging
 import os
 
-import numpy as np
-
 from pyggml.backend.backend import Backend
 from pyggml.backend.tensor_io import tensor_get, tensor_set
-from pyggml.backends.cpu.buffer import TENSOR_ALIGNMENT, CPUBuffer, cpu_alloc_buffer, cpu_buffer_from_ptr
+from pyggml.backends.cpu.buffer import (
+    TENSOR_ALIGNMENT,
+    CPUBuffer,
+    cpu_alloc_buffer,
+    cpu_buffer_from_ptr,
+    host_bytes,
+    host_read,
+    host_write,
+)
+from pyggml.backends.cpu.device import cpu_device
 from pyggml.backends.cpu.kernels import ComputeParams, WorkArea
 from pyggml.backends.cpu.plan import CPUPlan, kernel_supports, plan_compute, plan_create
-from pyggml.core import memory
 from pyggml.core.checks import check_instance, check_int
 from pyggml.core.context import Context
-from pyggml.core.errors import ArgumentError, OutOfBoundsError
+from pyggml.core.errors import ArgumentError
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import Tensor
 
@@ -56,22 +67,11 @@ def set_blas_threads(n_threads: int) -> None:
     _blas_threads = n_threads
 
 
-def _host_bytes(t: Tensor, what: str) -> np.ndarray:
-    """A writable uint8 view of a host tensor's nbytes from its data address."""
-    assert t.data is not None
-    nbytes = t.nbytes()
-    found = memory.find(t.data, max(nbytes, 1))
-    if found is None:
-        raise OutOfBoundsError(f"CPU {what}: {nbytes} bytes of '{t.name}' at {t.data:#x} are not in host memory")
-    array, offset = found
-    return array[offset: offset + nbytes]
-
-
 class CPUBackend(Backend):
     """ggml_backend_cpu: computes with the kernels of `pyggml.backends.cpu.kernels`."""
 
     def __init__(self, n_threads: int | None = None) -> None:
-        super().__init__()
+        super().__init__(cpu_device())
         self._n_threads = 1
         self.n_threads = n_threads if n_threads is not None else min(os.cpu_count() or 1, GGML_MAX_N_THREADS)
         self.work = WorkArea()  # the seed's work_data/work_size, reused by graph_compute
@@ -93,41 +93,25 @@ class CPUBackend(Backend):
         self.work = WorkArea()
 
     def _alloc_buffer(self, size: int) -> CPUBuffer:
-        return cpu_alloc_buffer(self, size)
+        return cpu_alloc_buffer(self, size, self.get_default_buffer_type())
 
     def _get_alignment(self) -> int:
         return TENSOR_ALIGNMENT
 
     def _set_tensor_async(self, tensor: Tensor, data: memoryview, offset: int, size: int) -> None:
-        if size == 0:
-            return
-        assert tensor.data is not None
-        found = memory.find(tensor.data + offset, size)
-        if found is None:
-            raise OutOfBoundsError(f"CPU tensor_set: bytes {offset}..{offset + size} of '{tensor.name}' "
-                                   f"are not in host memory")
-        array, pos = found
-        array[pos: pos + size] = np.frombuffer(data, dtype=np.uint8, count=size)
+        host_write(tensor, data, offset, size)
 
     def _get_tensor_async(self, tensor: Tensor, data: memoryview, offset: int, size: int) -> None:
-        if size == 0:
-            return
-        assert tensor.data is not None
-        found = memory.find(tensor.data + offset, size)
-        if found is None:
-            raise OutOfBoundsError(f"CPU tensor_get: bytes {offset}..{offset + size} of '{tensor.name}' "
-                                   f"are not in host memory")
-        array, pos = found
-        np.frombuffer(data, dtype=np.uint8, count=size)[:] = array[pos: pos + size]
+        host_read(tensor, data, offset, size)
 
     def _cpy_tensor_from(self, src: Tensor, dst: Tensor) -> bool:
         # the seed: ggml_backend_tensor_get(src, dst->data, 0, ggml_nbytes(src))
-        tensor_get(src, _host_bytes(dst, "cpy_tensor_from"), 0, src.nbytes())
+        tensor_get(src, host_bytes(dst, "cpy_tensor_from"), 0, src.nbytes())
         return True
 
     def _cpy_tensor_to(self, src: Tensor, dst: Tensor) -> bool:
         # the seed: ggml_backend_tensor_set(dst, src->data, 0, ggml_nbytes(src))
-        tensor_set(dst, _host_bytes(src, "cpy_tensor_to"), 0, src.nbytes())
+        tensor_set(dst, host_bytes(src, "cpy_tensor_to"), 0, src.nbytes())
         return True
 
     def _graph_plan_create(self, graph: Graph) -> CPUPlan:
@@ -150,6 +134,9 @@ class CPUBackend(Backend):
 
     def _supports_op(self, op: Tensor) -> bool:
         return kernel_supports(op)
+
+    def _plans_follow_moves(self) -> bool:
+        return True  # each compute reads tensors at their `data` of the moment (see plan.py)
 
 
 def cpu_init(n_threads: int | None = None) -> CPUBackend:
@@ -179,7 +166,7 @@ def cpu_backend_buffer_from_ptr(backend_cpu: Backend, ptr: object, size: int) ->
     if not is_cpu(backend_cpu):
         raise ArgumentError(f"cpu_buffer_from_ptr: backend '{backend_cpu.name()}' is not the CPU backend")
     backend_cpu.check_alive()
-    return cpu_buffer_from_ptr(backend_cpu, ptr, size)
+    return cpu_buffer_from_ptr(backend_cpu, ptr, size, cpu_device().mapped_buft)
 
 
 def graph_compute_with_ctx(ctx: Context, graph: Graph, n_threads: int | None = None) -> None:

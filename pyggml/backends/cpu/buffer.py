@@ -10,6 +10,11 @@ size asked for).
 `cpu_buffer_from_ptr` wraps memory the caller owns; freeing such a buffer only
 forgets the memory, it never releases it.
 
+A CPU buffer moves its own bytes (`_set_tensor`, `_get_tensor`, `_cpy_tensor`:
+copies by address in host memory), so buffers of the CPU buffer types need no
+backend; a buffer that belongs to a backend with data hooks of its own (the
+seed's way) is read and written through that backend.
+
 A size larger than the host memory still available raises OutOfMemoryError
 with the bytes requested and available before numpy is asked
 (`pyggml.core.memory.allocate_host`).
@@ -22,12 +27,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from pyggml.backend.buffer import Buffer
+from pyggml.backend.tensor_io import tensor_get
 from pyggml.core import memory
 from pyggml.core.checks import check_size
 from pyggml.core.errors import ArgumentError, OutOfBoundsError
+from pyggml.core.tensor import Tensor
 
 if TYPE_CHECKING:
     from pyggml.backend.backend import Backend
+    from pyggml.backend.buffer_type import BufferType
 
 TENSOR_ALIGNMENT = 64  # should be enough for AVX 512 (the seed)
 
@@ -36,8 +44,8 @@ class CPUBuffer(Buffer):
     """`size` bytes of host memory from `base`; `array` is a uint8 view of those bytes (one byte for size 0)."""
 
     def __init__(self, backend: Backend | None, array: np.ndarray | None, base: int, size: int,
-                 owned: bool, registered: bool, owner: object = None) -> None:
-        super().__init__(backend, size, context=array)
+                 owned: bool, registered: bool, owner: object = None, buft: BufferType | None = None) -> None:
+        super().__init__(backend, size, context=array, buft=buft)
         self.array = array
         self.base = base
         self.owned = owned  # the memory is ours (alloc_buffer), not the caller's (from_ptr)
@@ -62,8 +70,62 @@ class CPUBuffer(Buffer):
         assert self.array is not None  # alive: checked by clear()
         self.array[: self.size] = value
 
+    def _set_tensor(self, tensor: Tensor, data: memoryview, offset: int, size: int) -> None:
+        if self.backend_moves_bytes():
+            super()._set_tensor(tensor, data, offset, size)
+        else:
+            host_write(tensor, data, offset, size)
 
-def cpu_alloc_buffer(backend: Backend | None, size: int) -> CPUBuffer:
+    def _get_tensor(self, tensor: Tensor, data: memoryview, offset: int, size: int) -> None:
+        if self.backend_moves_bytes():
+            super()._get_tensor(tensor, data, offset, size)
+        else:
+            host_read(tensor, data, offset, size)
+
+    def _cpy_tensor(self, src: Tensor, dst: Tensor) -> bool:
+        """dst (here) <- src from any buffer: src's bytes read straight into dst's memory (left to the
+        backend when the buffer is written through one)."""
+        if self.backend_moves_bytes():
+            return False
+        tensor_get(src, host_bytes(dst, "cpy_tensor"), 0, src.nbytes())
+        return True
+
+
+def host_bytes(t: Tensor, what: str) -> np.ndarray:
+    """A writable uint8 view of a host tensor's nbytes from its data address."""
+    assert t.data is not None
+    nbytes = t.nbytes()
+    found = memory.find(t.data, max(nbytes, 1))
+    if found is None:
+        raise OutOfBoundsError(f"CPU {what}: {nbytes} bytes of '{t.name}' at {t.data:#x} are not in host memory")
+    array, offset = found
+    return array[offset: offset + nbytes]
+
+
+def _host_range(tensor: Tensor, offset: int, size: int, what: str) -> np.ndarray:
+    """The uint8 view of bytes [offset, offset + size) of a host tensor."""
+    assert tensor.data is not None
+    found = memory.find(tensor.data + offset, size)
+    if found is None:
+        raise OutOfBoundsError(f"CPU {what}: bytes {offset}..{offset + size} of '{tensor.name}' are not in host "
+                               f"memory")
+    array, pos = found
+    return array[pos: pos + size]
+
+
+def host_write(tensor: Tensor, data: memoryview, offset: int, size: int) -> None:
+    """Copy `size` bytes of `data` to bytes `offset`.. of a tensor in host memory."""
+    if size:
+        _host_range(tensor, offset, size, "tensor_set")[:] = np.frombuffer(data, dtype=np.uint8, count=size)
+
+
+def host_read(tensor: Tensor, data: memoryview, offset: int, size: int) -> None:
+    """Copy `size` bytes from byte `offset` of a tensor in host memory into `data`."""
+    if size:
+        np.frombuffer(data, dtype=np.uint8, count=size)[:] = _host_range(tensor, offset, size, "tensor_get")
+
+
+def cpu_alloc_buffer(backend: Backend | None, size: int, buft: BufferType | None = None) -> CPUBuffer:
     """A buffer of `size` bytes whose base is TENSOR_ALIGNMENT-aligned (zero-filled)."""
     size = check_size(size, "CPU buffer: size")
     name = backend.name() if backend is not None else "CPU"
@@ -72,10 +134,11 @@ def cpu_alloc_buffer(backend: Backend | None, size: int) -> CPUBuffer:
     # a 0-byte buffer still gets one byte: numpy puts empty slices at the array's start, unaligned
     array = raw[shift: shift + max(size, 1)]
     base = memory.register(array)
-    return CPUBuffer(backend, array, base, size, owned=True, registered=True)
+    return CPUBuffer(backend, array, base, size, owned=True, registered=True, buft=buft)
 
 
-def cpu_buffer_from_ptr(backend: Backend | None, ptr: object, size: int) -> CPUBuffer:
+def cpu_buffer_from_ptr(backend: Backend | None, ptr: object, size: int,
+                        buft: BufferType | None = None) -> CPUBuffer:
     """ggml_backend_cpu_buffer_from_ptr: a buffer over `size` bytes of memory the caller owns.
 
     `ptr` is a writable, C-contiguous buffer-protocol object (a numpy array, a
@@ -94,7 +157,7 @@ def cpu_buffer_from_ptr(backend: Backend | None, ptr: object, size: int) -> CPUB
                 f"cpu_buffer_from_ptr: {size} bytes at address {addr:#x} are not inside any registered host memory"
             )
         array, offset = found
-        return CPUBuffer(backend, array[offset: offset + size], addr, size, owned=False, registered=False)
+        return CPUBuffer(backend, array[offset: offset + size], addr, size, owned=False, registered=False, buft=buft)
     if isinstance(ptr, np.ndarray):
         arr = ptr
         if not arr.flags.writeable:
@@ -119,4 +182,4 @@ def cpu_buffer_from_ptr(backend: Backend | None, ptr: object, size: int) -> CPUB
         raise ArgumentError("cpu_buffer_from_ptr: an empty buffer over caller memory has no base address")
     array = raw[:size]
     base = memory.register(array)
-    return CPUBuffer(backend, array, base, size, owned=False, registered=True, owner=ptr)
+    return CPUBuffer(backend, array, base, size, owned=False, registered=True, owner=ptr, buft=buft)

@@ -20,19 +20,32 @@ Matmul precision: the option `matmul_precision` ("auto", "f32", "f16",
 "bf16"; see `precision`) fixes the dtype MUL_MAT multiplies non-F32 weights
 in; "auto" is chosen from the device's capabilities once, at construction.
 `describe()` says which precision and why (`pyggml run --verbose` prints it).
+
+Device: the torch registry's device of the same torch device (see `device`:
+"Torch(cpu)", "Torch(cuda:N)"), which gives the buffer type and events
+(CUDA events on cuda; on cpu the work is done when an event is recorded).
 """
 
 from __future__ import annotations
 
 import logging
-import warnings
 
 import torch
 
 from pyggml.backend.backend import Backend
 from pyggml.backend.buffer import Buffer, tensor_buffer
-from pyggml.backends.torch.buffer import TORCH_ALIGNMENT, TorchBuffer, torch_alloc_buffer
+from pyggml.backend.event import Event
+from pyggml.backends.torch.buffer import (
+    TORCH_ALIGNMENT,
+    TorchBuffer,
+    copy_into,
+    host_source,
+    host_view,
+    torch_alloc_buffer,
+    watch_weight_cache,
+)
 from pyggml.backends.torch.cache import DEFAULT_WEIGHT_CACHE_BYTES, WeightCache
+from pyggml.backends.torch.device import torch_device_for
 from pyggml.backends.torch.kernels import supports
 from pyggml.backends.torch.plan import TorchPlan, plan_compute, plan_create
 from pyggml.backends.torch.precision import (
@@ -42,7 +55,6 @@ from pyggml.backends.torch.precision import (
     probe_caps,
     resolve_matmul_precision,
 )
-from pyggml.core import memory
 from pyggml.core.checks import check_instance, check_positive, check_size
 from pyggml.core.errors import ArgumentError, NotAllocatedError
 from pyggml.core.graph import Graph
@@ -74,25 +86,6 @@ def parse_device(device: str | torch.device | None) -> torch.device:
     return dev
 
 
-def _host_source(data: memoryview, size: int) -> torch.Tensor:
-    """A uint8 torch tensor over the caller's bytes (read only here; torch warns about read-only memory)."""
-    if data.readonly:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            return torch.frombuffer(data, dtype=torch.uint8, count=size)
-    return torch.frombuffer(data, dtype=torch.uint8, count=size)
-
-
-def _host_bytes(t: Tensor, nbytes: int) -> torch.Tensor | None:
-    """A writable uint8 torch view of nbytes of host memory at t.data, or None if it is not host memory."""
-    assert t.data is not None
-    found = memory.find(t.data, max(nbytes, 1))
-    if found is None:
-        return None
-    array, pos = found
-    return torch.from_numpy(array[pos: pos + nbytes])
-
-
 class TorchBackend(Backend):
     """A pyggml backend computing with PyTorch on `device`.
 
@@ -107,10 +100,12 @@ class TorchBackend(Backend):
     def __init__(self, device: str | torch.device | None = "cpu", n_threads: int | None = None,
                  weight_cache_bytes: int = DEFAULT_WEIGHT_CACHE_BYTES, *,
                  matmul_precision: str | None = None) -> None:
-        super().__init__()
-        self.device = parse_device(device)
+        torch_device = parse_device(device)
+        super().__init__(torch_device_for(torch_device))
+        self.device = torch_device
         self.n_threads = None if n_threads is None else check_positive(n_threads, "torch backend: n_threads")
         self.weight_cache = WeightCache(check_size(weight_cache_bytes, "torch backend: weight_cache_bytes"))
+        watch_weight_cache(self.weight_cache)
         self.non_blocking = self.device.type == "cuda"
         self.caps: DeviceCaps = probe_caps(self.device)
         self._precision, self._precision_source = resolve_matmul_precision(matmul_precision, self.caps)
@@ -155,7 +150,7 @@ class TorchBackend(Backend):
         self.weight_cache.clear()
 
     def _alloc_buffer(self, size: int) -> TorchBuffer:
-        return torch_alloc_buffer(self, size)
+        return torch_alloc_buffer(self, size, self.device, self.get_default_buffer_type())
 
     def _get_alignment(self) -> int:
         return TORCH_ALIGNMENT
@@ -172,7 +167,7 @@ class TorchBackend(Backend):
         buffer = self._own(tensor, "tensor_set")
         assert tensor.data is not None
         start = buffer.check_range(tensor.data + offset, size, tensor.name)
-        buffer.bytes_at(start, size).copy_(_host_source(data, size), non_blocking=self.non_blocking)
+        buffer.bytes_at(start, size).copy_(host_source(data, size), non_blocking=self.non_blocking)
         buffer.note_write(start, size)
 
     def _get_tensor_async(self, tensor: Tensor, data: memoryview, offset: int, size: int) -> None:
@@ -190,24 +185,7 @@ class TorchBackend(Backend):
 
     def _cpy_tensor_from(self, src: Tensor, dst: Tensor) -> bool:
         """dst (ours) <- src from host memory or any torch buffer: one copy_ between views, no temporary."""
-        dbuf = self._own(dst, "cpy_tensor_from")
-        nbytes = src.nbytes()
-        assert dst.data is not None and src.data is not None
-        dstart = dbuf.check_range(dst.data, nbytes, dst.name)
-        sbuf = tensor_buffer(src)
-        if isinstance(sbuf, TorchBuffer):
-            source = sbuf.bytes_at(sbuf.check_range(src.data, nbytes, src.name), nbytes)
-        elif sbuf is not None and sbuf.is_host():
-            host = _host_bytes(src, nbytes)
-            if host is None:
-                return False
-            source = host
-        else:
-            return False
-        if nbytes:
-            dbuf.bytes_at(dstart, nbytes).copy_(source, non_blocking=self.non_blocking)
-            dbuf.note_write(dstart, nbytes)
-        return True
+        return copy_into(self._own(dst, "cpy_tensor_from"), src, dst, self.non_blocking)
 
     def _cpy_tensor_to(self, src: Tensor, dst: Tensor) -> bool:
         """src (ours) -> dst in host memory or any torch buffer; host copies are complete on return."""
@@ -223,7 +201,7 @@ class TorchBackend(Backend):
                 dbuf.note_write(dstart, nbytes)
             return True
         if dbuf is not None and dbuf.is_host():
-            host = _host_bytes(dst, nbytes)
+            host = host_view(dst, nbytes)
             if host is None:
                 return False
             if nbytes:
@@ -249,6 +227,17 @@ class TorchBackend(Backend):
 
     def _supports_op(self, op: Tensor) -> bool:
         return supports(op)
+
+    def _event_record(self, event: Event) -> None:
+        if self.device.type == "cuda":
+            event.context.record(torch.cuda.current_stream(self.device))
+        # on the cpu device the work queued so far is done: the event is complete
+
+    def _event_wait(self, event: Event) -> None:
+        if self.device.type == "cuda" and isinstance(event.context, torch.cuda.Event):
+            torch.cuda.current_stream(self.device).wait_event(event.context)
+        else:
+            event.synchronize()
 
 
 TORCH_SPEC_OPTIONS = ("matmul_precision",)

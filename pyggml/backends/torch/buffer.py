@@ -22,23 +22,35 @@ exercises the same code paths a GPU run does, instead of hiding missing copies
 behind zero-copy views. It also keeps the weight cache honest: every write
 into a torch buffer goes through the backend's hooks (`note_write`), none
 behind its back through a numpy view.
+
+A buffer belongs to a backend (`TorchBackend.alloc_buffer`, written through
+the backend's non-blocking copies) or to none (the device's buffer type,
+`pyggml.backends.torch.device`): then it moves its own bytes with blocking
+copies (`_set_tensor`, `_get_tensor`, `_cpy_tensor`). Every torch backend's
+weight cache is told of every write into any torch buffer (`note_writes`),
+whichever backend made it.
 """
 
 from __future__ import annotations
 
 import logging
+import warnings
+import weakref
 from typing import TYPE_CHECKING
 
 import torch
 
-from pyggml.backend.buffer import Buffer
+from pyggml.backend.buffer import Buffer, tensor_buffer
+from pyggml.core import memory
 from pyggml.core.checks import check_host_alloc
 from pyggml.core.errors import LayoutError, OutOfBoundsError, OutOfMemoryError, UnsupportedTypeError
 from pyggml.core.tensor import Tensor, nbytes_of
 from pyggml.core.types import TYPE_TRAITS, GGMLType
 
 if TYPE_CHECKING:
-    from pyggml.backends.torch.backend import TorchBackend
+    from pyggml.backend.backend import Backend
+    from pyggml.backend.buffer_type import BufferType
+    from pyggml.backends.torch.cache import WeightCache
 
 log = logging.getLogger("pyggml.backends.torch")
 
@@ -55,6 +67,34 @@ TORCH_DTYPES: dict[GGMLType, torch.dtype] = {
     GGMLType.I32: torch.int32,
     GGMLType.I64: torch.int64,
 }
+
+
+# every live torch backend's weight cache: writes into any torch buffer drop what they derived from it
+_weight_caches: weakref.WeakSet[WeightCache] = weakref.WeakSet()
+
+
+def watch_weight_cache(cache: WeightCache) -> None:
+    """Tell `cache` of every write into, and free of, any torch buffer from now on."""
+    _weight_caches.add(cache)
+
+
+def host_source(data: memoryview, size: int) -> torch.Tensor:
+    """A uint8 torch tensor over the caller's bytes (read only here; torch warns about read-only memory)."""
+    if data.readonly:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.frombuffer(data, dtype=torch.uint8, count=size)
+    return torch.frombuffer(data, dtype=torch.uint8, count=size)
+
+
+def host_view(t: Tensor, nbytes: int) -> torch.Tensor | None:
+    """A writable uint8 torch view of nbytes of host memory at t.data, or None if it is not host memory."""
+    assert t.data is not None
+    found = memory.find(t.data, max(nbytes, 1))
+    if found is None:
+        return None
+    array, pos = found
+    return torch.from_numpy(array[pos: pos + nbytes])
 
 
 def view_dtype(type: GGMLType) -> torch.dtype:
@@ -75,9 +115,10 @@ class TorchBuffer(Buffer):
     derived from the bytes written.
     """
 
-    def __init__(self, backend: TorchBackend, size: int) -> None:
-        super().__init__(backend, size)
-        self.device: torch.device = backend.device
+    def __init__(self, backend: Backend | None, size: int, device: torch.device,
+                 buft: BufferType | None = None) -> None:
+        super().__init__(backend, size, buft=buft)
+        self.device: torch.device = device
         # the extra 8 bytes keep every dtype's flat view (rounded down to whole elements) past the last byte
         self.raw: torch.Tensor | None = torch.zeros(size + TORCH_ALIGNMENT + 8, dtype=torch.uint8,
                                                     device=self.device)
@@ -94,15 +135,41 @@ class TorchBuffer(Buffer):
         return self.base
 
     def _free_buffer(self) -> None:
-        backend = self.backend
-        if backend is not None:
-            backend.weight_cache.drop_buffer(self)  # type: ignore[attr-defined]
+        for cache in list(_weight_caches):
+            cache.drop_buffer(self)
         # the storage goes when the last view of it does (plans hold views, checked against `freed`)
         self.raw = None
         self._flat = {}
 
     def _is_host(self) -> bool:
         return False  # see the module docstring
+
+    def _set_tensor(self, tensor: Tensor, data: memoryview, offset: int, size: int) -> None:
+        if self.backend_moves_bytes():
+            super()._set_tensor(tensor, data, offset, size)
+            return
+        if size:
+            assert tensor.data is not None
+            start = self.check_range(tensor.data + offset, size, tensor.name)
+            self.bytes_at(start, size).copy_(host_source(data, size))
+            self.note_write(start, size)
+
+    def _get_tensor(self, tensor: Tensor, data: memoryview, offset: int, size: int) -> None:
+        if self.backend_moves_bytes():
+            super()._get_tensor(tensor, data, offset, size)
+            return
+        if size:
+            assert tensor.data is not None
+            start = self.check_range(tensor.data + offset, size, tensor.name)
+            torch.frombuffer(data, dtype=torch.uint8, count=size).copy_(self.bytes_at(start, size))
+
+    def _cpy_tensor(self, src: Tensor, dst: Tensor) -> bool:
+        if self.backend_moves_bytes():
+            return False  # the backend's cpy hooks were asked first
+        done = copy_into(self, src, dst, non_blocking=False)
+        if done and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return done
 
     # --- torch views ---
 
@@ -177,24 +244,53 @@ class TorchBuffer(Buffer):
         self.note_write(0, self.size)
 
     def note_write(self, offset: int, nbytes: int) -> None:
-        """Record that bytes [offset, offset + nbytes) (from the base) changed: the weight cache forgets them."""
+        """Record that bytes [offset, offset + nbytes) (from the base) changed: weight caches forget them."""
+        self.note_writes([(offset, offset + nbytes)])
+
+    def note_writes(self, intervals: list[tuple[int, int]]) -> None:
+        """Record that the byte ranges [start, end) changed (one generation): weight caches forget them."""
         self.generation += 1
-        backend = self.backend
-        if backend is not None:
-            backend.weight_cache.invalidate(self, offset, offset + nbytes)  # type: ignore[attr-defined]
+        for cache in _weight_caches:
+            if cache.has_buffer(self):
+                for start, end in intervals:
+                    cache.invalidate(self, start, end)
 
 
-def torch_alloc_buffer(backend: TorchBackend, size: int) -> TorchBuffer:
-    """A zero-filled buffer of `size` bytes on the backend's device.
+def copy_into(dbuf: TorchBuffer, src: Tensor, dst: Tensor, non_blocking: bool) -> bool:
+    """dst (in `dbuf`) <- src from host memory or any torch buffer: one copy_ between views, no temporary;
+    False if src is neither."""
+    nbytes = src.nbytes()
+    assert dst.data is not None and src.data is not None
+    dstart = dbuf.check_range(dst.data, nbytes, dst.name)
+    sbuf = tensor_buffer(src)
+    if isinstance(sbuf, TorchBuffer):
+        source = sbuf.bytes_at(sbuf.check_range(src.data, nbytes, src.name), nbytes)
+    elif sbuf is not None and sbuf.is_host():
+        host = host_view(src, nbytes)
+        if host is None:
+            return False
+        source = host
+    else:
+        return False
+    if nbytes:
+        dbuf.bytes_at(dstart, nbytes).copy_(source, non_blocking=non_blocking)
+        dbuf.note_write(dstart, nbytes)
+    return True
+
+
+def torch_alloc_buffer(backend: Backend | None, size: int, device: torch.device,
+                       buft: BufferType | None = None) -> TorchBuffer:
+    """A zero-filled buffer of `size` bytes on `device`, of `backend` (or of none: a buffer type's).
 
     On the cpu device the size is checked against the host memory available
     first: torch would otherwise get the pages from an overcommitting kernel
     and be killed while zero-filling them.
     """
-    if backend.device.type == "cpu":
-        check_host_alloc(size, f"torch backend '{backend.name()}': buffer")
+    name = backend.name() if backend is not None else f"Torch({device})"
+    if device.type == "cpu":
+        check_host_alloc(size, f"torch backend '{name}': buffer")
     try:
-        return TorchBuffer(backend, size)
+        return TorchBuffer(backend, size, device, buft)
     except RuntimeError as e:  # torch's OutOfMemoryError is a RuntimeError; the CPU allocator raises one too
-        raise OutOfMemoryError(f"torch backend '{backend.name()}': cannot allocate a buffer of {size} bytes "
-                               f"on {backend.device}: {e}") from e
+        raise OutOfMemoryError(f"torch backend '{name}': cannot allocate a buffer of {size} bytes "
+                               f"on {device}: {e}") from e

@@ -143,9 +143,5 @@ def plan_compute(plan: TorchPlan) -> None:
     plan.backend.apply_n_threads()
     for fn in plan.computes:
         fn()
-    cache = plan.backend.weight_cache
     for buffer, intervals in plan.writes:
-        buffer.generation += 1
-        if cache.has_buffer(buffer):
-            for start, end in intervals:
-                cache.invalidate(buffer, start, end)
+        buffer.note_writes(intervals)  # every torch backend's weight cache forgets what it derived from them
