@@ -31,11 +31,7 @@ NO_CONCRETE_BACKEND = ("core", "backend", "alloc", "sched", "gguf", "models", "c
 
 # Known imports that break the rules above, each with why it is still there. Nothing else may be added:
 # a new entry needs its TODO and an issue.
-KNOWN_VIOLATIONS = {
-    # TODO(issue 14): the torch backend's norm kernels use the CPU backend's rope and ALiBi helpers; they move
-    # down into pyggml.core once the kernel files are free to edit, and this entry goes.
-    ("pyggml/backends/torch/kernels/norm.py", "pyggml.backends.cpu.kernels.norm"),
-}
+KNOWN_VIOLATIONS: set[tuple[str, str]] = set()  # (file, module) pairs allowed for now: none
 
 
 def _modules() -> list[Path]:

@@ -916,6 +916,27 @@ def ggml_soft_max_add_sinks(a: Tensor, sinks: Tensor | None) -> None:
     ops.soft_max_add_sinks(a, sinks)
 
 
+def ggml_flash_attn_ext(ctx: Context, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float,
+                        max_bias: float, logit_softcap: float) -> Tensor:
+    return ops.flash_attn_ext(ctx, q, k, v, mask, scale, max_bias, logit_softcap)
+
+
+def ggml_flash_attn_ext_set_prec(a: Tensor, prec: int) -> None:
+    ops.flash_attn_ext_set_prec(a, prec)
+
+
+def ggml_flash_attn_ext_get_prec(a: Tensor) -> int:
+    return int(ops.flash_attn_ext_get_prec(a))
+
+
+def ggml_flash_attn_ext_set_n_kv_max(a: Tensor, n_kv_max: int) -> None:
+    ops.flash_attn_ext_set_n_kv_max(a, n_kv_max)
+
+
+def ggml_flash_attn_ext_add_sinks(a: Tensor, sinks: Tensor | None) -> None:
+    ops.flash_attn_ext_add_sinks(a, sinks)
+
+
 def ggml_diag_mask_inf(ctx: Context, a: Tensor, n_past: int) -> Tensor:
     return ops.diag_mask_inf(ctx, a, n_past)
 
@@ -989,7 +1010,7 @@ def ggml_rope_set_offset(a: Tensor, n_offs: int) -> Tensor:
 def ggml_rope_yarn_corr_dims(n_dims: int, n_ctx_orig: int, freq_base: float, beta_fast: float,
                              beta_slow: float) -> tuple[float, float]:
     """The first and last dimension of YaRN's ramp (C fills a float[2]: here a tuple)."""
-    from pyggml.backends.cpu.kernels.norm import rope_yarn_corr_dims
+    from pyggml.core.rope import rope_yarn_corr_dims
 
     return rope_yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow)
 
@@ -1138,6 +1159,221 @@ def ggml_graph_dump_dot(gb: Graph, gf: Graph | None, filename: str) -> None:
 
 def ggml_hash_size(min_sz: int) -> int:
     return hash_size(min_sz)
+
+
+# --- today's small ops (pyggml.core.ops.misc) ---
+
+
+def ggml_sin(ctx: Context, a: Tensor) -> Tensor:
+    return ops.sin(ctx, a)
+
+
+def ggml_sin_inplace(ctx: Context, a: Tensor) -> Tensor:
+    return ops.sin_inplace(ctx, a)
+
+
+def ggml_cos(ctx: Context, a: Tensor) -> Tensor:
+    return ops.cos(ctx, a)
+
+
+def ggml_cos_inplace(ctx: Context, a: Tensor) -> Tensor:
+    return ops.cos_inplace(ctx, a)
+
+
+def ggml_fill(ctx: Context, a: Tensor, c: float) -> Tensor:
+    return ops.fill(ctx, a, c)
+
+
+def ggml_fill_inplace(ctx: Context, a: Tensor, c: float) -> Tensor:
+    return ops.fill_inplace(ctx, a, c)
+
+
+def ggml_arange(ctx: Context, start: float, stop: float, step: float) -> Tensor:
+    return ops.arange(ctx, start, stop, step)
+
+
+def ggml_timestep_embedding(ctx: Context, timesteps: Tensor, dim: int, max_period: int) -> Tensor:
+    return ops.timestep_embedding(ctx, timesteps, dim, max_period)
+
+
+def ggml_tri(ctx: Context, a: Tensor, type: int) -> Tensor:
+    return ops.tri(ctx, a, type)
+
+
+def ggml_cumsum(ctx: Context, a: Tensor) -> Tensor:
+    return ops.cumsum(ctx, a)
+
+
+def ggml_count_equal(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
+    return ops.count_equal(ctx, a, b)
+
+
+def ggml_l2_norm(ctx: Context, a: Tensor, eps: float) -> Tensor:
+    return ops.l2_norm(ctx, a, eps)
+
+
+def ggml_l2_norm_inplace(ctx: Context, a: Tensor, eps: float) -> Tensor:
+    return ops.l2_norm_inplace(ctx, a, eps)
+
+
+def ggml_roll(ctx: Context, a: Tensor, shift0: int, shift1: int, shift2: int, shift3: int) -> Tensor:
+    return ops.roll(ctx, a, shift0, shift1, shift2, shift3)
+
+
+def ggml_pad_reflect_1d(ctx: Context, a: Tensor, p0: int, p1: int) -> Tensor:
+    return ops.pad_reflect_1d(ctx, a, p0, p1)
+
+
+def ggml_repeat_back(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
+    return ops.repeat_back(ctx, a, b)
+
+
+def ggml_solve_tri(ctx: Context, a: Tensor, b: Tensor, left: bool, lower: bool, uni: bool) -> Tensor:
+    return ops.solve_tri(ctx, a, b, left, lower, uni)
+
+
+def ggml_conv_2d_direct(ctx: Context, a: Tensor, b: Tensor, s0: int, s1: int, p0: int, p1: int, d0: int,
+                        d1: int) -> Tensor:
+    return ops.conv_2d_direct(ctx, a, b, s0, s1, p0, p1, d0, d1)
+
+
+def ggml_conv_2d_dw_direct(ctx: Context, a: Tensor, b: Tensor, stride0: int, stride1: int, pad0: int, pad1: int,
+                           dilation0: int, dilation1: int) -> Tensor:
+    return ops.conv_2d_dw_direct(ctx, a, b, stride0, stride1, pad0, pad1, dilation0, dilation1)
+
+
+def ggml_conv_transpose_2d_p0(ctx: Context, a: Tensor, b: Tensor, stride: int) -> Tensor:
+    return ops.conv_transpose_2d_p0(ctx, a, b, stride)
+
+
+# --- training ops (pyggml.core.ops.train) ---
+
+
+def ggml_silu_back(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
+    return ops.silu_back(ctx, a, b)
+
+
+def ggml_rms_norm_back(ctx: Context, a: Tensor, b: Tensor, eps: float) -> Tensor:
+    return ops.rms_norm_back(ctx, a, b, eps)
+
+
+def ggml_soft_max_ext_back(ctx: Context, a: Tensor, b: Tensor, scale: float, max_bias: float) -> Tensor:
+    return ops.soft_max_ext_back(ctx, a, b, scale, max_bias)
+
+
+def ggml_soft_max_ext_back_inplace(ctx: Context, a: Tensor, b: Tensor, scale: float, max_bias: float) -> Tensor:
+    return ops.soft_max_ext_back_inplace(ctx, a, b, scale, max_bias)
+
+
+def ggml_get_rows_back(ctx: Context, a: Tensor, b: Tensor, c: Tensor) -> Tensor:
+    return ops.get_rows_back(ctx, a, b, c)
+
+
+def ggml_cross_entropy_loss(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
+    return ops.cross_entropy_loss(ctx, a, b)
+
+
+def ggml_cross_entropy_loss_back(ctx: Context, a: Tensor, b: Tensor, c: Tensor) -> Tensor:
+    return ops.cross_entropy_loss_back(ctx, a, b, c)
+
+
+def ggml_opt_step_adamw(ctx: Context, a: Tensor, grad: Tensor, m: Tensor, v: Tensor,
+                        adamw_params: Tensor) -> Tensor:
+    return ops.opt_step_adamw(ctx, a, grad, m, v, adamw_params)
+
+
+def ggml_opt_step_sgd(ctx: Context, a: Tensor, grad: Tensor, params: Tensor) -> Tensor:
+    return ops.opt_step_sgd(ctx, a, grad, params)
+
+# --- GLU, SET_ROWS, mixture of experts (ggml.h) ---
+
+
+def ggml_glu(ctx: Context, a: Tensor, op: GLUOp | int, swapped: bool) -> Tensor:
+    return ops.glu(ctx, a, op, swapped)
+
+
+def ggml_glu_split(ctx: Context, a: Tensor, b: Tensor, op: GLUOp | int) -> Tensor:
+    return ops.glu_split(ctx, a, b, op)
+
+
+def ggml_reglu(ctx: Context, a: Tensor) -> Tensor:
+    return ops.reglu(ctx, a)
+
+
+def ggml_reglu_swapped(ctx: Context, a: Tensor) -> Tensor:
+    return ops.reglu_swapped(ctx, a)
+
+
+def ggml_geglu(ctx: Context, a: Tensor) -> Tensor:
+    return ops.geglu(ctx, a)
+
+
+def ggml_geglu_swapped(ctx: Context, a: Tensor) -> Tensor:
+    return ops.geglu_swapped(ctx, a)
+
+
+def ggml_swiglu(ctx: Context, a: Tensor) -> Tensor:
+    return ops.swiglu(ctx, a)
+
+
+def ggml_swiglu_swapped(ctx: Context, a: Tensor) -> Tensor:
+    return ops.swiglu_swapped(ctx, a)
+
+
+def ggml_geglu_erf(ctx: Context, a: Tensor) -> Tensor:
+    return ops.geglu_erf(ctx, a)
+
+
+def ggml_geglu_erf_swapped(ctx: Context, a: Tensor) -> Tensor:
+    return ops.geglu_erf_swapped(ctx, a)
+
+
+def ggml_geglu_quick(ctx: Context, a: Tensor) -> Tensor:
+    return ops.geglu_quick(ctx, a)
+
+
+def ggml_geglu_quick_swapped(ctx: Context, a: Tensor) -> Tensor:
+    return ops.geglu_quick_swapped(ctx, a)
+
+
+def ggml_reglu_split(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
+    return ops.reglu_split(ctx, a, b)
+
+
+def ggml_geglu_split(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
+    return ops.geglu_split(ctx, a, b)
+
+
+def ggml_swiglu_split(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
+    return ops.swiglu_split(ctx, a, b)
+
+
+def ggml_geglu_erf_split(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
+    return ops.geglu_erf_split(ctx, a, b)
+
+
+def ggml_geglu_quick_split(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
+    return ops.geglu_quick_split(ctx, a, b)
+
+
+def ggml_swiglu_oai(ctx: Context, a: Tensor, b: Tensor, alpha: float, limit: float) -> Tensor:
+    return ops.swiglu_oai(ctx, a, b, alpha, limit)
+
+
+def ggml_swiglu_clamp(ctx: Context, a: Tensor, b: Tensor, limit: float) -> Tensor:
+    return ops.swiglu_clamp(ctx, a, b, limit)
+
+
+def ggml_set_rows(ctx: Context, a: Tensor, b: Tensor, c: Tensor) -> Tensor:
+    return ops.set_rows(ctx, a, b, c)
+
+
+def ggml_add_id(ctx: Context, a: Tensor, b: Tensor, ids: Tensor) -> Tensor:
+    return ops.add_id(ctx, a, b, ids)
+
+
+def ggml_mul_mat_id(ctx: Context, as_: Tensor, b: Tensor, ids: Tensor) -> Tensor:
+    return ops.mul_mat_id(ctx, as_, b, ids)
 
 
 __all__ = [name for name in dir() if name.startswith(("ggml_", "GGML_"))]

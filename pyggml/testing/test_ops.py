@@ -676,7 +676,27 @@ def custom_cases() -> list[OpCase]:
 def all_cases() -> list[OpCase]:
     return (copy_cases() + view_op_cases() + bin_bcast_cases() + layout_cases() + simple_unary_cases()
             + unary_cases() + reduce_cases() + get_rows_cases() + norm_cases() + attention_cases()
-            + matmul_cases() + conv_cases() + custom_cases())
+            + matmul_cases() + conv_cases() + custom_cases() + _misc_cases()
+            + _flash_attn_cases()
+            + _glu_rows_moe_cases())
+
+
+def _misc_cases() -> list[OpCase]:
+    from pyggml.testing.cases_misc import misc_cases  # it builds on this module's helpers
+
+    return misc_cases()
+
+
+def _glu_rows_moe_cases() -> list[OpCase]:
+    from pyggml.testing.cases_glu_rows_moe import glu_rows_moe_cases  # it builds on this module's helpers
+
+    return glu_rows_moe_cases()
+
+
+def _flash_attn_cases() -> list[OpCase]:
+    from pyggml.testing.cases_flash_attn import flash_attn_ext_cases  # it builds on this module's helpers
+
+    return flash_attn_ext_cases()
 
 
 # --- running a case ---

@@ -270,6 +270,35 @@ def _fun(*args: object) -> None:
     pass
 
 
+def _glu_rows_moe_op_cases(ctx: Context) -> list[tuple[str, tuple[object, ...], Callable[..., Tensor],
+                                                           tuple[object, ...]]]:
+    """_op_cases of GLU, SET_ROWS, ADD_ID and MUL_MAT_ID."""
+    f32 = GGMLType.F32
+    g = ctx.new_tensor_3d(f32, 8, 6, 4)
+    h = ctx.new_tensor_3d(f32, 8, 6, 4)
+    cases: list[tuple[str, tuple[object, ...], Callable[..., Tensor], tuple[object, ...]]] = [
+        ("ggml_glu", (g, 2, True), ops.glu, (g, 2, True)),
+        ("ggml_glu_split", (g, h, 1), ops.glu_split, (g, h, 1)),
+        ("ggml_swiglu_oai", (g, h, 1.702, 7.0), ops.swiglu_oai, (g, h, 1.702, 7.0)),
+        ("ggml_swiglu_clamp", (g, h, 7.0), ops.swiglu_clamp, (g, h, 7.0)),
+    ]
+    for name in ("reglu", "geglu", "swiglu", "geglu_erf", "geglu_quick"):
+        cases.append((f"ggml_{name}", (g,), getattr(ops, name), (g,)))
+        cases.append((f"ggml_{name}_swapped", (g,), getattr(ops, f"{name}_swapped"), (g,)))
+        cases.append((f"ggml_{name}_split", (g, h), getattr(ops, f"{name}_split"), (g, h)))
+    cache = ctx.new_tensor_3d(GGMLType.F16, 8, 10, 4)
+    rows = ctx.new_tensor_1d(GGMLType.I64, 6)
+    experts = ctx.new_tensor_3d(f32, 8, 5, 3)
+    x = ctx.new_tensor_3d(f32, 8, 1, 4)
+    ids = ctx.new_tensor_2d(GGMLType.I32, 6, 4)
+    cases += [
+        ("ggml_set_rows", (cache, g, rows), ops.set_rows, (cache, g, rows)),
+        ("ggml_add_id", (g, ctx.new_tensor_2d(f32, 8, 3), ids), ops.add_id, None),
+        ("ggml_mul_mat_id", (experts, x, ids), ops.mul_mat_id, (experts, x, ids)),
+    ]
+    return cases
+
+
 def _op_cases(ctx: Context) -> list[tuple[str, tuple[object, ...], Callable[..., Tensor], tuple[object, ...]]]:
     """(capi name, its arguments after ctx, the builder, the builder's arguments after ctx)."""
     f32 = GGMLType.F32
@@ -399,7 +428,61 @@ def _op_cases(ctx: Context) -> list[tuple[str, tuple[object, ...], Callable[...,
          (GGMLType.F32, 3, 4, 1, 1, [a, b], _fun, 2, None)),
         ("ggml_custom_inplace", (a, [b], 1, _fun, -1, None), ops.custom_inplace, (a, [b], _fun, -1, None)),
     ]
+    cases += _glu_rows_moe_op_cases(ctx)
+    cases += _flash_attn_op_cases(ctx)
+    cases += _misc_train_op_cases(ctx)
     return cases
+
+
+def _misc_train_op_cases(ctx: Context) -> list[tuple[str, tuple[object, ...], Callable[..., Tensor],
+                                                      tuple[object, ...] | None]]:
+    """_op_cases of pyggml.core.ops.misc and pyggml.core.ops.train (capi and builder take the same arguments)."""
+    f32 = GGMLType.F32
+    a = ctx.new_tensor_4d(f32, 6, 6, 3, 2)
+    b = ctx.new_tensor_4d(f32, 4, 6, 3, 2)
+    i32 = ctx.new_tensor_2d(GGMLType.I32, 5, 3)
+    p = ctx.new_tensor_2d(f32, 6, 4).set_param()
+    g = ctx.new_tensor_2d(f32, 6, 4)
+    rows = ctx.new_tensor_1d(GGMLType.I32, 4)
+    kernel = ctx.new_tensor_4d(f32, 3, 3, 3, 4)
+    dw = ctx.new_tensor_4d(f32, 3, 3, 1, 3)
+    x = ctx.new_tensor_4d(f32, 9, 8, 3, 2)
+    kt = ctx.new_tensor_4d(f32, 3, 3, 4, 3)
+    cases: list[tuple[str, tuple[object, ...], Callable[..., Tensor], tuple[object, ...] | None]] = [
+        (f"ggml_{name}", (a,), getattr(ops, name), None)
+        for name in ("sin", "sin_inplace", "cos", "cos_inplace", "cumsum")
+    ]
+    cases += [
+        ("ggml_fill", (a, 1.5), ops.fill, None), ("ggml_fill_inplace", (a, 1.5), ops.fill_inplace, None),
+        ("ggml_arange", (0.0, 5.0, 0.5), ops.arange, None),
+        ("ggml_timestep_embedding", (g, 7, 100), ops.timestep_embedding, None),
+        ("ggml_tri", (a, 3), ops.tri, None), ("ggml_count_equal", (i32, i32), ops.count_equal, None),
+        ("ggml_l2_norm", (a, 1e-6), ops.l2_norm, None), ("ggml_l2_norm_inplace", (a, 1e-6), ops.l2_norm_inplace, None),
+        ("ggml_roll", (a, 1, -2, 0, 1), ops.roll, None), ("ggml_pad_reflect_1d", (a, 2, 3), ops.pad_reflect_1d, None),
+        ("ggml_repeat_back", (a, ctx.new_tensor_4d(f32, 3, 2, 3, 1)), ops.repeat_back, None),
+        ("ggml_solve_tri", (a, b, True, True, False), ops.solve_tri, None),
+        ("ggml_conv_2d_direct", (kernel, x, 1, 1, 1, 1, 1, 1), ops.conv_2d_direct, None),
+        ("ggml_conv_2d_dw_direct", (dw, x, 2, 1, 0, 1, 1, 2), ops.conv_2d_dw_direct, None),
+        ("ggml_conv_transpose_2d_p0", (kt, ctx.new_tensor_4d(f32, 5, 4, 3, 1), 2), ops.conv_transpose_2d_p0, None),
+        ("ggml_silu_back", (g, g), ops.silu_back, None), ("ggml_rms_norm_back", (g, g, 1e-5), ops.rms_norm_back, None),
+        ("ggml_soft_max_ext_back", (g, g, 0.5, 0.0), ops.soft_max_ext_back, None),
+        ("ggml_soft_max_ext_back_inplace", (g, g, 0.5, 0.0), ops.soft_max_ext_back_inplace, None),
+        ("ggml_get_rows_back", (g, rows, ctx.new_tensor_2d(f32, 6, 3)), ops.get_rows_back, None),
+        ("ggml_cross_entropy_loss", (g, g), ops.cross_entropy_loss, None),
+        ("ggml_cross_entropy_loss_back", (ctx.new_tensor_1d(f32, 1), g, g), ops.cross_entropy_loss_back, None),
+        ("ggml_opt_step_adamw", (p, g, g, g, ctx.new_tensor_1d(f32, 7)), ops.opt_step_adamw, None),
+        ("ggml_opt_step_sgd", (p, g, ctx.new_tensor_1d(f32, 2)), ops.opt_step_sgd, None),
+    ]
+    return cases
+
+
+def _flash_attn_op_cases(ctx: Context) -> list[tuple[str, tuple[object, ...], Callable[..., Tensor],
+                                                     tuple[object, ...] | None]]:
+    q = ctx.new_tensor_4d(GGMLType.F32, 64, 3, 4, 1)
+    kv = ctx.new_tensor_4d(GGMLType.F16, 64, 16, 2, 1)
+    mask = ctx.new_tensor_4d(GGMLType.F16, 16, 3, 1, 1)
+    args = (q, kv, kv, mask, 0.125, 0.0, 0.0)
+    return [("ggml_flash_attn_ext", args, ops.flash_attn_ext, args)]
 
 
 def _same_node(x: Tensor, y: Tensor) -> None:

@@ -523,9 +523,14 @@ def test_op_builder_check_is_shared_by_every_builder() -> None:
             params = list(inspect.signature(fn).parameters.values())
             if name == "custom_4d":  # a type first, its tensors in a list (ggml_custom_4d's args)
                 continue
-            assert params[1].annotation == "Tensor", name
-            args = [ctx, 7] + [None] * (len([p for p in params if p.default is inspect.Parameter.empty]) - 2)
-            expect_error(lambda fn=fn, args=args: fn(*args), ArgumentTypeError, f"{name}: argument 'a'", "int 7")
+            n_required = len([p for p in params if p.default is inspect.Parameter.empty])
+            tensors = [i for i, p in enumerate(params) if p.annotation == "Tensor"]
+            # the first Tensor argument gets an int; a builder of no Tensor (arange) gets a str for its first number
+            i, bad, shown = (tensors[0], 7, "int 7") if tensors else (1, "x", "str 'x'")
+            args = [ctx] + [None] * (max(n_required, i + 1) - 1)
+            args[i] = bad
+            expect_error(lambda fn=fn, args=args: fn(*args), ArgumentTypeError,
+                         f"{name}: argument '{params[i].name}'", shown)
             assert getattr(ops, name) is fn  # the checked builder is the one ops exports ...
             assert getattr(OpBuilders, name, fn) is fn  # ... and the one Context's method calls
             checked += 1

@@ -14,19 +14,28 @@ from __future__ import annotations
 import inspect
 from types import ModuleType
 
-from pyggml.core.ops import conv, custom, elementwise, layout, matmul
+from pyggml.core.ops import attention, conv, custom, elementwise, layout, matmul, misc, moe, rows, train
+from pyggml.core.ops import glu as glu_ops  # `glu` itself is a builder
 from pyggml.core.ops import norm as norm_ops  # `norm` itself is the op builder below
 from pyggml.core.ops import reduce as reduce_ops
 from pyggml.core.ops._build import checked_builder
+from pyggml.core.ops.attention import *  # noqa: F403
 from pyggml.core.ops.conv import *  # noqa: F403
 from pyggml.core.ops.custom import *  # noqa: F403
 from pyggml.core.ops.elementwise import *  # noqa: F403
+from pyggml.core.ops.glu import *  # noqa: F403
 from pyggml.core.ops.layout import *  # noqa: F403
 from pyggml.core.ops.matmul import *  # noqa: F403
+from pyggml.core.ops.misc import *  # noqa: F403
+from pyggml.core.ops.moe import *  # noqa: F403
 from pyggml.core.ops.norm import *  # noqa: F403
 from pyggml.core.ops.reduce import *  # noqa: F403
+from pyggml.core.ops.rows import *  # noqa: F403
+from pyggml.core.ops.train import *  # noqa: F403
 
-_MODULES = [elementwise, layout, matmul, reduce_ops, norm_ops, conv, custom]
+_MODULES = [elementwise, layout, matmul, reduce_ops, norm_ops, conv, custom, misc, train]
+_MODULES += [glu_ops, rows, moe]
+_MODULES += [attention]
 
 
 def _check_builders(modules: list[ModuleType], exported: dict[str, object]) -> None:
@@ -211,3 +220,58 @@ class OpBuilders:
     map_custom3_inplace = custom.map_custom3_inplace
     custom_4d = custom.custom_4d
     custom_inplace = custom.custom_inplace
+    # today's small ops (misc)
+    sin = misc.sin
+    sin_inplace = misc.sin_inplace
+    cos = misc.cos
+    cos_inplace = misc.cos_inplace
+    fill = misc.fill
+    fill_inplace = misc.fill_inplace
+    arange = misc.arange
+    timestep_embedding = misc.timestep_embedding
+    tri = misc.tri
+    cumsum = misc.cumsum
+    count_equal = misc.count_equal
+    l2_norm = misc.l2_norm
+    l2_norm_inplace = misc.l2_norm_inplace
+    roll = misc.roll
+    pad_reflect_1d = misc.pad_reflect_1d
+    repeat_back = misc.repeat_back
+    solve_tri = misc.solve_tri
+    conv_2d_direct = misc.conv_2d_direct
+    conv_2d_dw_direct = misc.conv_2d_dw_direct
+    conv_transpose_2d_p0 = misc.conv_transpose_2d_p0
+    # training (train)
+    silu_back = train.silu_back
+    rms_norm_back = train.rms_norm_back
+    soft_max_ext_back = train.soft_max_ext_back
+    soft_max_ext_back_inplace = train.soft_max_ext_back_inplace
+    get_rows_back = train.get_rows_back
+    cross_entropy_loss = train.cross_entropy_loss
+    cross_entropy_loss_back = train.cross_entropy_loss_back
+    opt_step_adamw = train.opt_step_adamw
+    opt_step_sgd = train.opt_step_sgd
+    # GLU, SET_ROWS, mixture of experts
+    glu = glu_ops.glu
+    glu_split = glu_ops.glu_split
+    reglu = glu_ops.reglu
+    reglu_swapped = glu_ops.reglu_swapped
+    reglu_split = glu_ops.reglu_split
+    geglu = glu_ops.geglu
+    geglu_swapped = glu_ops.geglu_swapped
+    geglu_split = glu_ops.geglu_split
+    swiglu = glu_ops.swiglu
+    swiglu_swapped = glu_ops.swiglu_swapped
+    swiglu_split = glu_ops.swiglu_split
+    geglu_erf = glu_ops.geglu_erf
+    geglu_erf_swapped = glu_ops.geglu_erf_swapped
+    geglu_erf_split = glu_ops.geglu_erf_split
+    geglu_quick = glu_ops.geglu_quick
+    geglu_quick_swapped = glu_ops.geglu_quick_swapped
+    geglu_quick_split = glu_ops.geglu_quick_split
+    swiglu_oai = glu_ops.swiglu_oai
+    swiglu_clamp = glu_ops.swiglu_clamp
+    set_rows = rows.set_rows
+    add_id = moe.add_id
+    mul_mat_id = moe.mul_mat_id
+    flash_attn_ext = attention.flash_attn_ext

@@ -27,6 +27,7 @@ from pyggml.core.tensor import (
     GGMLOp,
     GLUOp,
     OpPool,
+    Prec,
     ScaleFlag,
     ScaleMode,
     SortOrder,
@@ -38,7 +39,7 @@ int64: TypeAlias = int  # a field of two words (size_t, pointers), low word firs
 Sections: TypeAlias = tuple[int, int, int, int]  # GGML_MROPE_SECTIONS words
 
 _N_WORDS = GGML_MAX_OP_PARAMS // 4
-_ENUMS: dict[str, type[IntEnum]] = {e.__name__: e for e in (UnaryOp, GLUOp, SortOrder, OpPool)}
+_ENUMS: dict[str, type[IntEnum]] = {e.__name__: e for e in (UnaryOp, GLUOp, SortOrder, OpPool, Prec)}
 _WIDTH = {"int": 1, "bool": 1, "float": 1, "int64": 2, "Sections": GGML_MROPE_SECTIONS}
 
 
@@ -282,6 +283,19 @@ class SoftMaxParams(OpParams):
 
 
 @dataclass(frozen=True, kw_only=True)
+class FlashAttnExtParams(OpParams):
+    """FLASH_ATTN_EXT (ggml_flash_attn_ext): scale, ALiBi max_bias, logit_softcap (0: none); prec in word 3
+    (ggml_prec_set_acc); n_kv_max in word 4 (ggml_flash_attn_ext_set_n_kv_max, 0: dense; ggml's CPU ignores it)."""
+
+    ops: ClassVar[tuple[GGMLOp, ...]] = (GGMLOp.FLASH_ATTN_EXT,)
+    scale: float = 1.0
+    max_bias: float = 0.0
+    logit_softcap: float = 0.0
+    prec: Prec = Prec.DEFAULT
+    n_kv_max: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
 class DiagMaskParams(OpParams):
     ops: ClassVar[tuple[GGMLOp, ...]] = (GGMLOp.DIAG_MASK_INF, GGMLOp.DIAG_MASK_ZERO)
     n_past: int
@@ -360,6 +374,75 @@ class Pool2dParams(OpParams):
     p1: int
 
 
+# --- misc (pyggml.core.ops.misc) ---
+
+
+@dataclass(frozen=True, kw_only=True)
+class FillParams(OpParams):
+    """FILL: the constant."""
+
+    ops: ClassVar[tuple[GGMLOp, ...]] = (GGMLOp.FILL,)
+    c: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class ArangeParams(OpParams):
+    ops: ClassVar[tuple[GGMLOp, ...]] = (GGMLOp.ARANGE,)
+    start: float
+    stop: float
+    step: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class TriParams(OpParams):
+    """TRI: a ggml_tri_type (TriType value; kernels check it)."""
+
+    ops: ClassVar[tuple[GGMLOp, ...]] = (GGMLOp.TRI,)
+    type: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class RollParams(OpParams):
+    ops: ClassVar[tuple[GGMLOp, ...]] = (GGMLOp.ROLL,)
+    shift0: int
+    shift1: int
+    shift2: int
+    shift3: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class PadReflect1dParams(OpParams):
+    ops: ClassVar[tuple[GGMLOp, ...]] = (GGMLOp.PAD_REFLECT_1D,)
+    p0: int
+    p1: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Conv2dParams(OpParams):
+    """CONV_2D (ggml_conv_2d_direct) and CONV_2D_DW (ggml_conv_2d_dw_direct)."""
+
+    ops: ClassVar[tuple[GGMLOp, ...]] = (GGMLOp.CONV_2D, GGMLOp.CONV_2D_DW)
+    s0: int
+    s1: int
+    p0: int
+    p1: int
+    d0: int
+    d1: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConvTranspose2dParams(OpParams):
+    ops: ClassVar[tuple[GGMLOp, ...]] = (GGMLOp.CONV_TRANSPOSE_2D,)
+    stride: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class TimestepEmbeddingParams(OpParams):
+    ops: ClassVar[tuple[GGMLOp, ...]] = (GGMLOp.TIMESTEP_EMBEDDING,)
+    dim: int
+    max_period: int
+
+
 # --- custom ---
 
 
@@ -381,7 +464,9 @@ OP_PARAMS: dict[GGMLOp, type[OpParams]] = {
     for cls in (ViewParams, PermuteParams, AccParams, ConcatParams, PadParams, UpscaleParams, UnaryParams,
                 GLUParams, LeakyReluParams, ScaleParams, ClampParams, NormParams, GroupNormParams, SoftMaxParams,
                 DiagMaskParams, RopeParams, ArgsortParams, Im2colParams, ConvTranspose1dParams, Pool1dParams,
-                Pool2dParams, CustomParams)
+                FlashAttnExtParams,
+                Pool2dParams, CustomParams, FillParams, ArangeParams, TriParams, RollParams, PadReflect1dParams,
+                TimestepEmbeddingParams, Conv2dParams, ConvTranspose2dParams)
     for op in cls.ops
 }
 
@@ -393,8 +478,11 @@ def op_params_of(node: Tensor) -> OpParams | None:
 
 
 __all__ = [
-    "OP_PARAMS", "AccParams", "ArgsortParams", "ClampParams", "ConcatParams", "ConvTranspose1dParams",
+    "OP_PARAMS", "AccParams", "ArangeParams", "FillParams", "PadReflect1dParams", "RollParams",
+    "TimestepEmbeddingParams", "TriParams", "Conv2dParams", "ConvTranspose2dParams",
+    "ArgsortParams", "ClampParams", "ConcatParams", "ConvTranspose1dParams",
     "CustomParams", "DiagMaskParams", "GLUParams", "GroupNormParams", "Im2colParams", "LeakyReluParams",
+    "FlashAttnExtParams",
     "NormParams", "OpParams", "PadParams", "PermuteParams", "Pool1dParams", "Pool2dParams", "RopeParams",
     "ScaleParams", "SoftMaxParams", "UnaryParams", "UpscaleParams", "ViewParams", "op_params_of",
 ]

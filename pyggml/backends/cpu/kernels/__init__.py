@@ -63,7 +63,7 @@ def view_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], pa
 
 
 def _table() -> dict[GGMLOp, Kernel]:
-    from pyggml.backends.cpu.kernels import conv, custom, elementwise, layout, matmul, norm, reduce
+    from pyggml.backends.cpu.kernels import conv, custom, elementwise, layout, matmul, misc, norm, reduce, train
 
     table: dict[GGMLOp, Kernel] = {
         GGMLOp.NONE: view_kernel,
@@ -72,7 +72,14 @@ def _table() -> dict[GGMLOp, Kernel]:
         GGMLOp.PERMUTE: view_kernel,
         GGMLOp.TRANSPOSE: view_kernel,
     }
-    for module in (elementwise, layout, reduce, norm, matmul, conv, custom):
+    for module in (elementwise, layout, reduce, norm, matmul, conv, custom, misc, train):
+        table.update(module.KERNELS)
+    from pyggml.backends.cpu.kernels import attention
+
+    table.update(attention.KERNELS)
+    from pyggml.backends.cpu.kernels import glu, matmul_id, rows
+
+    for module in (glu, rows, matmul_id):
         table.update(module.KERNELS)
     return table
 

@@ -11,7 +11,6 @@ import math
 
 import torch
 
-from pyggml.backends.cpu.kernels.norm import alibi_slopes, rope_check, rope_pairs, rope_yarn_corr_dims
 from pyggml.backends.torch.kernels import Compute, Kernel, PlanContext, noop
 from pyggml.backends.torch.kernels._common import (
     FLOAT_TYPES,
@@ -21,6 +20,7 @@ from pyggml.backends.torch.kernels._common import (
 )
 from pyggml.core.errors import GGMLError, ShapeError
 from pyggml.core.ops.params import NormParams, RopeParams, SoftMaxParams
+from pyggml.core.rope import alibi_slopes, rope_check, rope_pairs, rope_yarn_corr_dims
 from pyggml.core.tensor import GGML_ROPE_TYPE_NEOX, GGML_ROPE_TYPE_NORMAL, GGMLOp, Tensor
 from pyggml.core.types import GGMLType
 

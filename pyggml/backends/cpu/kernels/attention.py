@@ -1,0 +1,174 @@
+"""FLASH_ATTN_EXT on the CPU, as ggml-cpu's ggml_compute_forward_flash_attn_ext_f16, vectorized over heads and rows.
+
+ggml walks the KV rows one at a time with an online softmax; here every head's scores are one matrix product
+and the softmax is taken whole, which is the same function. The numerics follow ggml where they matter:
+- q is rounded to K's vec_dot_type before the dot products (F16 for F16 K, BF16 for BF16 K, Q8_0 for Q8_0,
+  Q4_0, ...), as ggml's `q_to_vec_dot` does; K and V are read as f32.
+- scale is divided by logit_softcap (when not 0) and the scores become softcap * tanh(s * scale).
+- the mask (F16) times the ALiBi slope of the head is added; an all -inf row (no sinks) gives 0, as ggml's S == 0.
+- sinks: one more logit per head that takes weight but has no value.
+Accumulation is f32 (ggml accumulates F16 V in f16 on its row-by-row path: well within test-backend-ops' 5e-4).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
+from pyggml.backends.cpu.kernels._common import F32, noop
+from pyggml.core.errors import GGMLError, ShapeError, UnsupportedTypeError
+from pyggml.core.ops.params import FlashAttnExtParams
+from pyggml.core.quants import from_float, is_implemented, to_float
+from pyggml.core.rope import alibi_slopes
+from pyggml.core.tensor import GGMLOp, Prec, Tensor
+from pyggml.core.types import TYPE_TRAITS, GGMLType
+
+_PRECS = (Prec.DEFAULT, Prec.F32)  # ggml-cpu aborts on any other
+_SCORES_PER_STEP = 1 << 22  # f32 scores computed at once (16 MiB): bounds the memory of a long prefill
+
+
+def _kv_type_ok(t: GGMLType, vec_dot: bool) -> bool:
+    """Whether K (vec_dot: q is converted to its vec_dot_type) or V rows of type `t` can be read."""
+    if t in (GGMLType.F32, GGMLType.F16, GGMLType.BF16):
+        return True
+    if not TYPE_TRAITS[t].is_quantized or not is_implemented(t):
+        return False
+    return not vec_dot or is_implemented(TYPE_TRAITS[t].vec_dot_type)
+
+
+def _rows_contiguous(t: Tensor) -> bool:
+    return t.nb[0] == TYPE_TRAITS[t.type].type_size
+
+
+def supports(node: Tensor) -> bool:
+    """q F32, K and V F32/F16/BF16 or a quantized type pyggml converts, mask F16, sinks F32, rows contiguous."""
+    q, k, v, mask, sinks = node.src[:5]
+    if q is None or k is None or v is None or node.type != GGMLType.F32:
+        return False
+    if q.type != GGMLType.F32 or not _kv_type_ok(k.type, True) or not _kv_type_ok(v.type, False):
+        return False
+    if mask is not None and mask.type != GGMLType.F16:
+        return False
+    if sinks is not None and sinks.type != GGMLType.F32:
+        return False
+    if not all(_rows_contiguous(t) for t in (q, k, v)):
+        return False
+    try:
+        return FlashAttnExtParams.of(node).prec in _PRECS
+    except GGMLError:  # a prec word that is no ggml_prec
+        return False
+
+
+def _to_vec_dot(q: np.ndarray, k_type: GGMLType) -> np.ndarray:
+    """q (f32 rows) as ggml's q_to_vec_dot leaves it: rounded to K's vec_dot_type, read back as f32."""
+    vdt = TYPE_TRAITS[k_type].vec_dot_type
+    if vdt == GGMLType.F32:
+        return q
+    return to_float(vdt, from_float(vdt, q))
+
+
+def _as_f32(t: GGMLType, raw: np.ndarray) -> np.ndarray:
+    """K or V rows as f32 (a view for F32)."""
+    return raw if t == GGMLType.F32 else to_float(t, raw)
+
+
+def _grouped(a: np.ndarray, n_kv_head: int) -> np.ndarray:
+    """(ne3, n_head, N, X) -> (ne3, n_kv_head, n_head/n_kv_head * N, X): the q heads that share a KV head
+    (q head h reads KV head h // (n_head/n_kv_head)) stacked as rows of one matrix product."""
+    ne3, nh, n, x = a.shape
+    return a.reshape(ne3, n_kv_head, nh // n_kv_head * n, x)
+
+
+def _mask_of(mask: np.ndarray, ne3: int, nh: int, n: int, n_kv: int, slopes: np.ndarray | None) -> np.ndarray:
+    """The mask at the scores' shape (ne3, nh, N, n_kv) in f32 (broadcastable): mask row i1 for q row i1, its
+    dims 2 and 3 tiled (i % ne), times the head's ALiBi slope."""
+    m = mask[:, :, :n, :n_kv].astype(F32)
+    nm3, nm2 = m.shape[0], m.shape[1]
+    if nm2 not in (1, nh):
+        m = m[:, np.arange(nh) % nm2]
+    if nm3 not in (1, ne3):
+        m = m[np.arange(ne3) % nm3]
+    if slopes is not None:
+        m = m * slopes.reshape(1, nh, 1, 1)
+    return m
+
+
+def flash_attn_ext_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None],
+                          params: ComputeParams) -> Compute:
+    """dst[i3, i1, h] = softmax(softcap(q·K^T * scale) + slope * mask + [sink]) · V for KV head h // (n_head/n_kv)."""
+    if not supports(node):
+        raise UnsupportedTypeError(f"CPU FLASH_ATTN_EXT '{node.name}': types "
+                                   f"{[None if s is None else s.type.name for s in node.src[:5]]} or layout not "
+                                   "supported (q F32, K/V F32/F16/BF16/quantized, mask F16, sinks F32, rows "
+                                   "contiguous, prec DEFAULT or F32)")
+    q_t, k_t, v_t, m_t, s_t = node.src[:5]
+    assert q_t is not None and k_t is not None and v_t is not None
+    q, k, v, mask = srcs[0], srcs[1], srcs[2], srcs[3]
+    sinks = srcs[4] if len(srcs) > 4 else None
+    assert q is not None and k is not None and v is not None
+    p = FlashAttnExtParams.of(node)
+    ne3, nh, n, dk = q.shape
+    nk2, n_kv = k_t.ne[2], k_t.ne[1]
+    nv2, dv = v_t.ne[2], v_t.ne[0]
+    if (k_t.ne[0] != dk or v_t.ne[1] != n_kv or nh % nk2 or nh % nv2 or k_t.ne[3] != ne3 or v_t.ne[3] != ne3
+            or dst.shape != (ne3, n, nh, dv)):
+        raise ShapeError(f"CPU FLASH_ATTN_EXT '{node.name}': q {q_t.ne}, k {k_t.ne}, v {v_t.ne}, dst {node.ne} "
+                         "do not fit")
+    if dst.size == 0:
+        return noop
+    out = dst.transpose(0, 2, 1, 3)  # (ne3, nh, N, DV): the result is permuted (heads before tokens)
+    if n_kv == 0:
+        def zero() -> None:
+            out[...] = 0.0
+
+        return zero
+    scale = np.float32(p.scale)
+    softcap = np.float32(p.logit_softcap)
+    if softcap != 0.0:
+        scale = np.float32(scale / softcap)
+    slopes = alibi_slopes(nh, p.max_bias) if p.max_bias > 0.0 else None
+    sink4 = None
+    if s_t is not None and sinks is not None:
+        if s_t.ne[0] < nh:
+            raise ShapeError(f"CPU FLASH_ATTN_EXT '{node.name}': {s_t.ne[0]} sinks for {nh} heads")
+        sink4 = sinks.reshape(-1)[:nh].astype(F32).reshape(1, nh, 1, 1)
+    k_type, v_type = k_t.type, v_t.type
+
+    # rows of q per step: the scores of a step (ne3 * nh * rows * n_kv f32) stay near _SCORES_PER_STEP
+    step = max(1, min(n, _SCORES_PER_STEP // max(1, ne3 * nh * n_kv)))
+
+    def attend(qv: np.ndarray, kf: np.ndarray, vf: np.ndarray, rows: slice) -> None:
+        """out[:, :, rows] from q's rows `rows` (qv: those rows, in K's vec_dot_type)."""
+        r = qv.shape[2]
+        s = np.matmul(_grouped(qv, nk2), kf.swapaxes(-1, -2)).reshape(ne3, nh, r, n_kv)
+        s *= scale
+        if softcap != 0.0:
+            np.tanh(s, out=s)
+            s *= softcap
+        if mask is not None:
+            s += _mask_of(mask[:, :, rows], ne3, nh, r, n_kv, slopes)
+        mx = s.max(axis=-1, keepdims=True)
+        if sink4 is not None:
+            np.maximum(mx, sink4, out=mx)
+        mx[np.isneginf(mx)] = 0.0  # a row with nothing to attend to: every weight exp(-inf) = 0
+        s -= mx
+        np.exp(s, out=s)
+        total = s.sum(axis=-1, keepdims=True, dtype=F32)
+        if sink4 is not None:
+            total += np.exp(sink4 - mx)
+        o = np.matmul(_grouped(s, nv2), vf).reshape(ne3, nh, r, dv)
+        inv = np.divide(1.0, total, out=np.zeros_like(total), where=total != 0.0)
+        np.multiply(o, inv, out=out[:, :, rows])
+
+    def run() -> None:
+        kf = _as_f32(k_type, k)
+        vf = _as_f32(v_type, v)
+        with np.errstate(all="ignore"):  # C float semantics: -inf logits and 0 * inf without warnings
+            for i in range(0, n, step):
+                rows = slice(i, min(i + step, n))
+                attend(_to_vec_dot(q[:, :, rows], k_type), kf, vf, rows)
+
+    return run
+
+
+KERNELS: dict[GGMLOp, Kernel] = {GGMLOp.FLASH_ATTN_EXT: flash_attn_ext_kernel}

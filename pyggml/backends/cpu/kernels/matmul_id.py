@@ -1,0 +1,241 @@
+"""CPU kernels of mixture of experts: MUL_MAT_ID and ADD_ID (ggml-cpu.c, ops.cpp).
+
+MUL_MAT_ID: dst[:, e, t] = as[:, :, ids[e, t]] x src1[:, e % ne11, t] (ggml's ne order), dst F32. Through
+MUL_MAT's two paths (matmul.py), chosen per compute since ids are data:
+
+- direct (fewer than `matmul.BLAS_MIN_COLS` src1 rows per used expert on average, i.e. decoding): the
+  src1 rows routed to experts are gathered, converted to the weights' vec_dot_type (`quant_dot.quantize_rows`
+  for Q8_0/Q8_1/Q8_K, `round_rows` for F16/BF16, as ggml's reference rows), and MUL_MAT's numba kernels
+  compute ggml's vec_dot of each (token, slot) row with the rows of its expert, reading the weights in
+  their compact form (`w_base` points each output row at its expert's first weight row);
+- grouped (many rows per expert: prompts): as ggml groups src1's rows by expert, each used expert's matrix is
+  converted to f32 (F16/BF16 exactly, quantized by ggml's dequantize rows, `types.to_float`) and multiplied
+  by BLAS with its rows rounded through the vec_dot_type (MUL_MAT's documented BLAS deviation: products and
+  sums rounded in f32; for Q4_1/Q5_1 the block term m * s uses d * sum(q) for Q8_1's stored s).
+
+F32 weights always take the grouped BLAS path (no conversion). src0 types: MUL_MAT's
+(`matmul.MUL_MAT_TYPES`); src1 F32; ids I32.
+
+ADD_ID: dst[:, i1, i2, i3] = src0[:, i1, i2, i3] + src1[:, ids[i1, i2]], all F32 (ggml's CPU has F32 only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
+from pyggml.backends.cpu.kernels import quant_dot as qd
+from pyggml.backends.cpu.kernels._common import bf16_to_f32, f32_to_bf16, noop
+from pyggml.backends.cpu.kernels.matmul import BLAS_MIN_COLS, MUL_MAT_TYPES, _carve, _direct, _weight_rows
+from pyggml.core.errors import GGMLError, OutOfBoundsError, ShapeError, UnsupportedTypeError
+from pyggml.core.tensor import GGMLOp, Tensor
+from pyggml.core.types import TYPE_TRAITS, GGMLType, from_float, to_float
+
+F32, F16, BF16, I32 = GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.I32
+
+Problem = tuple[type[GGMLError], str] | None
+
+
+def _raise(node: Tensor, problem: Problem) -> None:
+    if problem is not None:
+        cls, reason = problem
+        raise cls(f"CPU {node.op.name} '{node.name}': {reason}")
+
+
+def _check_ids(name: str, op: str, ids: np.ndarray, limit: int) -> None:
+    """OutOfBoundsError unless every id is in [0, limit)."""
+    if ids.size and (ids.min() < 0 or ids.max() >= limit):
+        bad = int(ids.min()) if ids.min() < 0 else int(ids.max())
+        raise OutOfBoundsError(f"CPU {op} '{name}': id {bad} outside [0, {limit})")
+
+
+# --- MUL_MAT_ID ---
+
+
+def _mul_mat_id_problem(node: Tensor) -> Problem:
+    a, b, ids = node.src[0], node.src[1], node.src[2]
+    if a is None or b is None or ids is None:
+        return ShapeError, "needs three sources (as, b, ids)"
+    if a.type not in MUL_MAT_TYPES:
+        return UnsupportedTypeError, f"as '{a.name}' has type {a.type.name}, which has no dot product here"
+    if b.type != F32 or ids.type != I32 or node.type != F32:
+        return UnsupportedTypeError, f"b, ids, dst must be F32, I32, F32 (are {b.type.name}, {ids.type.name}, " \
+                                     f"{node.type.name})"
+    if a.nb[0] != TYPE_TRAITS[a.type].type_size or b.nb[0] != 4:
+        return ShapeError, f"rows must be contiguous (as nb {a.nb}, b nb {b.nb})"
+    if (a.ne[3] != 1 or b.ne[3] != 1 or a.ne[0] != b.ne[0] or ids.ne[1] != b.ne[2] or b.ne[1] == 0
+            or ids.ne[0] % b.ne[1] or node.ne != [a.ne[1], ids.ne[0], b.ne[2], 1]):
+        return ShapeError, f"as ne {a.ne}, b ne {b.ne}, ids ne {ids.ne}, dst ne {node.ne} do not fit"
+    return None
+
+
+def _expert_f32(type: GGMLType) -> Callable[[np.ndarray], np.ndarray]:
+    """One expert's matrix (M, K elements; quantized: M rows of bytes) -> f32 (M, K), exactly."""
+    if type == F32:
+        return lambda w: w
+    if type == F16:
+        return lambda w: w.astype(np.float32)
+    if type == BF16:
+        def bf16(w: np.ndarray) -> np.ndarray:
+            out = np.empty(w.shape, np.float32)
+            bf16_to_f32(w, out)
+            return out
+
+        return bf16
+    return lambda w: to_float(type, np.ascontiguousarray(w))
+
+
+def _vec_dot_round(vdt: GGMLType) -> Callable[[np.ndarray], np.ndarray]:
+    """f32 rows -> the values ggml's vec_dot reads after converting them to `vdt` (as f32)."""
+    if vdt == F32:
+        return lambda x: x
+    if vdt == F16:
+        return lambda x: x.astype(np.float16).astype(np.float32)
+    if vdt == BF16:
+        def bf16(x: np.ndarray) -> np.ndarray:
+            h = np.empty(x.shape, np.uint16)
+            f32_to_bf16(x, h)
+            out = np.empty(x.shape, np.float32)
+            bf16_to_f32(h, out)
+            return out
+
+        return bf16
+    return lambda x: to_float(vdt, from_float(vdt, np.ascontiguousarray(x)))
+
+
+def mul_mat_id_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None],
+                      params: ComputeParams) -> Compute:
+    """MUL_MAT_ID: each (token, slot) row of src1 times its expert's matrix (see the module docstring)."""
+    _raise(node, _mul_mat_id_problem(node))
+    a_t = node.src[0]
+    assert a_t is not None
+    w, x, ids = srcs[0], srcs[1], srcs[2]
+    assert w is not None and x is not None and ids is not None
+    if dst.size == 0:
+        return noop
+    if a_t.ne[0] == 0:
+        return lambda: dst.fill(0)
+    ids2 = ids[0, 0]  # (tokens, n_used)
+    grouped = _grouped(node.name, a_t.type, w, x[0], ids2, dst[0])
+    if a_t.type == F32:
+        return grouped
+    direct = _direct_rows(a_t.type, w, x[0], ids2, dst[0], params)
+    n_rows = ids2.size
+
+    def run() -> None:
+        _check_ids(node.name, "MUL_MAT_ID", ids2, w.shape[1])
+        n_used_experts = len(np.unique(ids2))
+        (grouped if n_rows >= BLAS_MIN_COLS * n_used_experts else direct)()
+
+    return run
+
+
+def _grouped(name: str, type: GGMLType, w: np.ndarray, xs: np.ndarray, ids2: np.ndarray, out: np.ndarray) -> Compute:
+    """The grouped path: per used expert, its f32 matrix times its rows (rounded to the vec_dot_type) by BLAS.
+    w (1, n_as, M, row), xs (tokens, ne11, K), ids2 (tokens, n_used), out (tokens, n_used, M)."""
+    expert = _expert_f32(type)
+    round_x = _vec_dot_round(TYPE_TRAITS[type].vec_dot_type)
+    ne11 = xs.shape[1]
+
+    def run() -> None:
+        _check_ids(name, "MUL_MAT_ID", ids2, w.shape[1])
+        for e in np.unique(ids2):
+            t, j = np.nonzero(ids2 == e)
+            rows = round_x(xs[t, j % ne11].astype(np.float32, copy=False))
+            out[t, j] = rows @ expert(w[0, int(e)]).T
+
+    return run
+
+
+def _direct_rows(type: GGMLType, w: np.ndarray, xs: np.ndarray, ids2: np.ndarray, out: np.ndarray,
+                 params: ComputeParams) -> Compute:
+    """The direct path: MUL_MAT's vec_dot kernels with one output row per (token, slot), `w_base` its expert."""
+    n_tok, n_used = ids2.shape
+    ne11, K = xs.shape[1], xs.shape[2]
+    M = out.shape[2]
+    ny = n_tok * n_used
+    tr = TYPE_TRAITS[type]
+    vdt = tr.vec_dot_type
+    nb = K // tr.blck_size
+    quantized = tr.is_quantized
+    wb, w_off = _weight_rows(w)
+    f32, empty_f = np.dtype(np.float32), np.zeros((0, 0), np.float32)
+    specs: list[tuple[tuple[int, ...], np.dtype]] = [((ny, K), f32)]
+    if quantized:
+        qk = TYPE_TRAITS[vdt].blck_size
+        specs += [((ny, K), np.dtype(np.int8)), ((ny, K // qk), f32), ((ny, K // qk), f32),
+                  ((ny, K // 16), np.dtype(np.int32))]
+    scratch = _carve(params, specs)
+    xg = scratch[0]
+    if quantized:
+        yq, yd, ys, yb = scratch[1:]
+        xf = empty_f
+    else:
+        yq, yd, ys, yb = np.zeros((0, 0), np.int8), empty_f, empty_f, np.zeros((0, 0), np.int32)
+        xf = xg
+    w_base = np.zeros(ny, np.int64)
+    rows_out = np.reshape(out, (ny, M), copy=False)
+    kind = int(type)
+    slot = np.tile(np.arange(n_used) % ne11, n_tok)
+    tok = np.repeat(np.arange(n_tok), n_used)
+    direct = _direct(kind, wb, w_off, nb, xf, yq, yd, ys, yb, 1, w_base, rows_out, params, M * K * ny)
+
+    def run() -> None:
+        np.copyto(xg, xs[tok, slot])
+        if quantized:
+            qd.quantize_rows(int(vdt), xg, yq, yd, ys, yb)
+        else:
+            qd.round_rows(kind, xg)
+        np.multiply(ids2.reshape(-1), M, out=w_base)  # each output row's first weight row: its expert's
+        direct()
+
+    return run
+
+
+# --- ADD_ID ---
+
+
+def _add_id_problem(node: Tensor) -> Problem:
+    a, b, ids = node.src[0], node.src[1], node.src[2]
+    if a is None or b is None or ids is None:
+        return ShapeError, "needs three sources (a, b, ids)"
+    if any(t.type != F32 for t in (a, b, node)) or ids.type != I32:
+        return UnsupportedTypeError, "a, b and dst must be F32, ids I32"
+    if a.ne[0] != b.ne[0] or a.ne[1] != ids.ne[0] or a.ne[2] != ids.ne[1] or node.ne != a.ne:
+        return ShapeError, f"a ne {a.ne}, b ne {b.ne}, ids ne {ids.ne}, dst ne {node.ne} do not fit"
+    return None
+
+
+def add_id_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
+    """ADD_ID: each row of src0 plus the row of src1 its id names."""
+    _raise(node, _add_id_problem(node))
+    a, b, ids = srcs[0], srcs[1], srcs[2]
+    b_t = node.src[1]
+    assert a is not None and b is not None and ids is not None and b_t is not None
+    if dst.size == 0:
+        return noop
+    ids2 = ids[0, 0]  # (ne2, ne1) of src0
+    bias = b[0, 0]  # (ne11, ne10): ggml reads src1's first plane only
+    name, n_b = node.name, b_t.ne[1]
+
+    def run() -> None:
+        _check_ids(name, "ADD_ID", ids2, n_b)
+        np.add(a, bias[ids2], out=dst)
+
+    return run
+
+
+def supports(node: Tensor) -> bool:
+    if node.op == GGMLOp.MUL_MAT_ID:
+        return _mul_mat_id_problem(node) is None
+    if node.op == GGMLOp.ADD_ID:
+        return _add_id_problem(node) is None
+    return False
+
+
+KERNELS: dict[GGMLOp, Kernel] = {
+    GGMLOp.MUL_MAT_ID: mul_mat_id_kernel,
+    GGMLOp.ADD_ID: add_id_kernel,
+}

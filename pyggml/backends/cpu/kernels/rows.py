@@ -1,0 +1,100 @@
+"""CPU kernel: SET_ROWS (ggml_compute_forward_set_rows in ggml-cpu/ops.cpp).
+
+dst is a view of a (src[2]): for every (i3, i2) and row i of src0 (the values, F32 or F16),
+dst[:, c[i, i2 % ne11, i3 % ne12], i2, i3] = src0[:, i, i2, i3] converted to dst's type (ggml's ne order;
+c the I64 or I32 indices, src[1], broadcast over dims 2 and 3 by modulo as ggml does). Conversion: F32,
+F16 (numpy's nearest-even, ggml's), BF16 (`f32_to_bf16`) and the quantized types pyggml implements by
+`quants.from_float` (ggml's reference rows; ggml's CPU uses its own from_float, whose SIMD Q8_0 may round
+a value the other way). Rows not indexed keep a's bytes. A repeated index keeps the last row written, as
+ggml's single-threaded loop does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
+from pyggml.backends.cpu.kernels._common import f32_to_bf16, is_convertible, noop
+from pyggml.core import quants
+from pyggml.core.errors import GGMLError, OutOfBoundsError, ShapeError, UnsupportedTypeError
+from pyggml.core.ops.rows import ROW_INDEX_TYPES, SET_ROWS_SRC_TYPES
+from pyggml.core.tensor import GGMLOp, Tensor
+from pyggml.core.types import TYPE_TRAITS, GGMLType
+
+
+def _set_rows_problem(node: Tensor) -> tuple[type[GGMLError], str] | None:
+    """Why the CPU cannot compute this SET_ROWS node, or None."""
+    b, c = node.src[0], node.src[1]
+    if b is None or c is None:
+        return ShapeError, "needs src0 (rows) and src1 (indices)"
+    if b.type not in SET_ROWS_SRC_TYPES:
+        return UnsupportedTypeError, f"rows '{b.name}' have type {b.type.name}, not F32 or F16"
+    if c.type not in ROW_INDEX_TYPES:
+        return UnsupportedTypeError, f"indices '{c.name}' have type {c.type.name}, not I64 or I32"
+    if not is_convertible(node.type):
+        return UnsupportedTypeError, f"dst type {node.type.name} has no conversion from f32 here"
+    ne11, ne12 = max(c.ne[1], 1), max(c.ne[2], 1)
+    if (node.ne[0] != b.ne[0] or node.ne[2] != b.ne[2] or node.ne[3] != b.ne[3] or c.ne[0] != b.ne[1]
+            or b.ne[2] % ne11 or b.ne[3] % ne12):
+        return ShapeError, f"dst ne {node.ne}, rows ne {b.ne} and indices ne {c.ne} do not fit"
+    tr = TYPE_TRAITS[node.type]
+    if node.ne[0] % tr.blck_size or (node.ne[0] != tr.blck_size and node.nb[0] != tr.type_size):
+        return ShapeError, f"dst rows must be contiguous whole {tr.name} blocks (ne {node.ne}, nb {node.nb})"
+    return None
+
+
+def supports(node: Tensor) -> bool:
+    return node.op == GGMLOp.SET_ROWS and _set_rows_problem(node) is None
+
+
+def _converter(t: GGMLType) -> Callable[[np.ndarray], np.ndarray]:
+    """f32 rows (..., ne0) -> rows of type t as dst's view holds them (quantized: row bytes)."""
+    if t == GGMLType.F32:
+        return lambda v: v
+    if t == GGMLType.F16:
+        return lambda v: v.astype(np.float16)
+    if t == GGMLType.BF16:
+        def bf16(v: np.ndarray) -> np.ndarray:
+            out = np.empty(v.shape, np.uint16)
+            f32_to_bf16(v, out)
+            return out
+
+        return bf16
+    return lambda v: quants.from_float(t, np.ascontiguousarray(v))
+
+
+def set_rows_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None],
+                    params: ComputeParams) -> Compute:
+    """SET_ROWS: the rows of src0 into dst (a view of a) at the indices src1 (see the module docstring)."""
+    problem = _set_rows_problem(node)
+    if problem is not None:
+        cls, reason = problem
+        raise cls(f"CPU SET_ROWS '{node.name}': {reason}")
+    b, c = srcs[0], srcs[1]
+    b_t = node.src[0]
+    assert b is not None and c is not None and b_t is not None
+    ne03, ne02, ne01 = b.shape[0], b.shape[1], b.shape[2]
+    if ne03 * ne02 * ne01 == 0 or node.ne[0] == 0:
+        return noop
+    ne12, ne11 = c.shape[1], c.shape[2]
+    i3 = np.arange(ne03)[:, None, None]
+    i2 = np.arange(ne02)[None, :, None]
+    n_rows = node.ne[1]
+    convert = _converter(node.type)
+    copy_f16 = b_t.type == GGMLType.F16 and node.type == GGMLType.F16  # ggml copies the halves as they are
+    name = node.name
+
+    def run() -> None:
+        rows = c[0][i3 % ne12, i2 % ne11, np.arange(ne01)[None, None, :]].astype(np.int64)  # (ne03, ne02, ne01)
+        if rows.size and (rows.min() < 0 or rows.max() >= n_rows):
+            bad = int(rows.min()) if rows.min() < 0 else int(rows.max())
+            raise OutOfBoundsError(f"CPU SET_ROWS '{name}': row index {bad} outside [0, {n_rows})")
+        values = b if copy_f16 else convert(b.astype(np.float32))
+        dst[i3, i2, rows] = values
+
+    return run
+
+
+KERNELS: dict[GGMLOp, Kernel] = {GGMLOp.SET_ROWS: set_rows_kernel}

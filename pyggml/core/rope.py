@@ -1,0 +1,103 @@
+"""Rope and ALiBi arithmetic every backend's kernels share: ggml's rotate pairs, YaRN dims, ALiBi slopes, checks.
+
+They follow ggml-cpu's ops.cpp (rope_yarn_corr_dims, the rotate_pairs of each
+mode, the ALiBi slopes of SOFT_MAX and FLASH_ATTN_EXT), so each backend turns
+the same elements with the same angles and raises the same errors.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from pyggml.core.errors import ArgumentError, ShapeError, UnsupportedTypeError
+from pyggml.core.ops.params import RopeParams
+from pyggml.core.tensor import (
+    GGML_ROPE_TYPE_IMROPE,
+    GGML_ROPE_TYPE_MROPE,
+    GGML_ROPE_TYPE_NEOX,
+    GGML_ROPE_TYPE_NORMAL,
+    GGML_ROPE_TYPE_VISION,
+    Tensor,
+)
+from pyggml.core.types import GGMLType
+
+F32 = np.float32
+
+
+def alibi_slopes(n_head: int, max_bias: float) -> np.ndarray:
+    """ALiBi's slope of each head h < n_head (f32, as ggml's SOFT_MAX computes them); all 1 when max_bias <= 0."""
+    if max_bias <= 0.0:
+        return np.ones(n_head, F32)
+    n_log2 = 1 << int(math.floor(math.log2(n_head)))
+    m0 = np.power(np.float32(2.0), np.float32(-max_bias) / np.float32(n_log2), dtype=F32)
+    m1 = np.power(np.float32(2.0), np.float32(-max_bias / 2.0) / np.float32(n_log2), dtype=F32)
+    h = np.arange(n_head)
+    return np.where(h < n_log2, np.power(m0, (h + 1).astype(F32), dtype=F32),
+                    np.power(m1, (2 * (h - n_log2) + 1).astype(F32), dtype=F32)).astype(F32)
+
+
+ROPE_MODES = (GGML_ROPE_TYPE_NORMAL, GGML_ROPE_TYPE_NEOX, GGML_ROPE_TYPE_MROPE, GGML_ROPE_TYPE_IMROPE,
+              GGML_ROPE_TYPE_VISION)  # the modes ggml's CPU kernel computes
+
+
+def rope_yarn_corr_dims(n_dims: int, n_ctx_orig: int, freq_base: float, beta_fast: float,
+                        beta_slow: float) -> tuple[float, float]:
+    """ggml_rope_yarn_corr_dims: the first and last dims where YaRN ramps between interpolation and extrapolation."""
+    def corr_dim(n_rot: float) -> float:
+        return n_dims * math.log(n_ctx_orig / (n_rot * 2 * math.pi)) / (2 * math.log(freq_base))
+
+    start = math.floor(corr_dim(beta_fast))
+    end = math.ceil(corr_dim(beta_slow))
+    return max(0.0, start), min(n_dims - 1.0, end)
+
+
+@dataclass(frozen=True)
+class RopePairs:
+    """Which elements of a row ROPE turns: pair k is (first[k], second[k]) of the slices, the `kept` slices
+    are copied unchanged."""
+
+    first: slice
+    second: slice
+    n_pairs: int
+    kept: tuple[slice, ...]
+
+
+def rope_pairs(p: RopeParams, ne0: int) -> RopePairs:
+    """ggml's rotate_pairs for the mode: NORMAL turns (2k, 2k+1), NEOX and the multi-rope modes (k, k + n_dims/2)
+    within [n_offs, n_offs + n_dims); VISION turns (k, k + n_dims) over the whole row (n_dims = ne0/2)."""
+    n, o = p.n_dims, p.n_offs
+    if p.mode == GGML_ROPE_TYPE_VISION:
+        return RopePairs(slice(0, n), slice(n, 2 * n), n, ())
+    kept = tuple(sl for sl in (slice(0, o), slice(o + n, ne0)) if sl.stop > sl.start)
+    if p.mode == GGML_ROPE_TYPE_NORMAL:
+        return RopePairs(slice(o, o + n, 2), slice(o + 1, o + n, 2), n // 2, kept)
+    return RopePairs(slice(o, o + n // 2), slice(o + n // 2, o + n), n // 2, kept)
+
+
+def rope_check(node: Tensor, p: RopeParams, ne0: int, ne2: int, backend: str) -> None:
+    """ggml's asserts of the ROPE kernel, as errors naming the node."""
+    if p.mode not in ROPE_MODES:
+        raise UnsupportedTypeError(f"{backend} ROPE '{node.name}': mode {p.mode} is not one of {ROPE_MODES}")
+    vision = p.mode == GGML_ROPE_TYPE_VISION
+    if p.n_dims <= 0 or p.n_dims % 2 or p.n_dims > ne0 or (vision and 2 * p.n_dims != ne0):
+        raise ArgumentError(f"{backend} ROPE '{node.name}': n_dims={p.n_dims} must be even, > 0 and <= ne0={ne0} "
+                            "(ne0/2 in VISION mode)")
+    if p.n_offs < 0 or p.n_offs % 2 or p.n_offs + p.n_dims > ne0 or (vision and p.n_offs):
+        raise ArgumentError(f"{backend} ROPE '{node.name}': n_offs={p.n_offs} must be even, >= 0 and n_offs + "
+                            f"n_dims <= ne0={ne0} (0 in VISION mode)")
+    if p.mode & GGML_ROPE_TYPE_MROPE and not any(x > 0 for x in p.sections[:3]):
+        raise ArgumentError(f"{backend} ROPE '{node.name}': multi-rope needs sections, got {list(p.sections)}")
+    pos_t = node.src[1]
+    per_token = 4 if p.mode & GGML_ROPE_TYPE_MROPE else 1
+    if pos_t is None or pos_t.type != GGMLType.I32:
+        raise UnsupportedTypeError(f"{backend} ROPE '{node.name}': positions (src[1]) must be an I32 tensor")
+    if not pos_t.is_vector() or pos_t.ne[0] < per_token * ne2:
+        raise ShapeError(f"{backend} ROPE '{node.name}': positions must be a vector of at least {per_token} x "
+                         f"ne2={ne2}, got ne {pos_t.ne}")
+    ff = node.src[2]
+    if ff is not None and (ff.type != GGMLType.F32 or ff.ne[0] < p.n_dims // 2):
+        raise ShapeError(f"{backend} ROPE '{node.name}': frequency factors (src[2]) must be F32 with at least "
+                         f"n_dims/2={p.n_dims // 2} of them, got {ff.type.name} {ff.ne}")
