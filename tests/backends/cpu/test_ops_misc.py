@@ -3,8 +3,6 @@ numpy formulas written here; and every op checker case against real ggml (skippe
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 import pytest
 from kernel_helpers import new_ctx, permuted, run, stored, tensor
@@ -15,7 +13,7 @@ from pyggml.capi import core as capi
 from pyggml.core.errors import ArgumentError, ShapeError, UnsupportedTypeError
 from pyggml.core.tensor import GGMLOp, TriType
 from pyggml.core.types import GGMLType
-from pyggml.testing import llamacpp, test_ops
+from pyggml.testing import test_ops
 from pyggml.testing.cases_misc import misc_cases
 
 F32, F16, I32, I64 = GGMLType.F32, GGMLType.F16, GGMLType.I32, GGMLType.I64
@@ -159,25 +157,9 @@ def test_supports_types() -> None:
 # --- against real ggml ---
 
 
-@pytest.fixture(scope="module")
-def ggml_reference() -> Iterator[Backend]:
-    if any(llamacpp.find_tool(name) is None for name in llamacpp.GGML_LIBS):
-        try:
-            llamacpp.require_libs(llamacpp.GGML_LIBS)
-        except llamacpp.NoCompilerError as e:
-            pytest.skip(str(e))  # the one reason to skip: no compiler to build ggml with
-    reference, _ = test_ops.reference_backend("ggml")
-    yield reference
-    reference.free()
-
-
 @pytest.mark.parametrize("label", sorted({c.label for c in misc_cases()}))
 def test_against_ggml(label: str, ggml_reference: Backend) -> None:
-    backend = cpu_init(n_threads=1)
-    try:
-        results = [test_ops.run_case(c, backend, ggml_reference) for c in misc_cases() if c.label == label]
-    finally:
-        backend.free()
+    results = test_ops.run_cases([c for c in misc_cases() if c.label == label], ggml_reference)
     bad = [(r.case.desc, r.status, r.detail) for r in results if r.status != "OK"]
     assert not bad, bad
 
