@@ -1192,6 +1192,32 @@ def from_float(t: GGMLType, values: np.ndarray) -> np.ndarray:
     return out.reshape(*x.shape[:-1], x.shape[-1] // tr.blck_size * tr.type_size)
 
 
+def _quantize_q8_0_simd(x: np.ndarray) -> np.ndarray:
+    """Q8_0 as ggml-cpu's SIMD quantize_row_q8_0 (x86 AVX..AVX512, ARM NEON) writes it: the quants are
+    x * (127/amax) rounded half to even, where the reference row takes x * (1/d) rounded half away."""
+    amax = np.abs(x).max(axis=1)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax != 0, F32(127) / amax, F32(0)).astype(F32)
+    out = np.empty((x.shape[0], 34), np.uint8)
+    out[:, :2] = _f16_bytes(amax / F32(127))
+    out[:, 2:] = np.rint(x * inv[:, None]).astype(np.int8).view(np.uint8)
+    return out
+
+
+def from_float_cpu(t: GGMLType, values: np.ndarray) -> np.ndarray:
+    """float32 rows -> `t` as ggml's CPU backend converts them in CPY and SET_ROWS (type_traits_cpu's
+    from_float): Q8_0 by its SIMD row, which rounds ties differently from the reference; every other
+    type as `from_float`. The SIMD rounding is what ggml's x86 and ARM builds compute (its scalar
+    fallback, for other CPUs, is the reference row)."""
+    if t != GGMLType.Q8_0:
+        return from_float(t, values)
+    x = np.ascontiguousarray(values, dtype=F32)
+    if x.ndim == 0 or x.shape[-1] % 32:
+        return from_float(t, values)  # the same errors
+    out = _quantize_q8_0_simd(x.reshape(-1, 32))
+    return out.reshape(*x.shape[:-1], x.shape[-1] // 32 * 34)
+
+
 # ggml_quantize_chunk's block quantizers (without an importance matrix) where they are not from_float's
 _QUANTIZE_CHUNK: dict[GGMLType, Callable[[np.ndarray], np.ndarray]] = {
     GGMLType.IQ4_NL: lambda x: _quantize_iq4_nl_impl(x, _IQ4_NTRY),

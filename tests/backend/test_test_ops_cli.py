@@ -77,12 +77,21 @@ def read(t: Tensor) -> np.ndarray:
 
 
 def write(t: Tensor, values: np.ndarray) -> None:
-    """Round `values` to t's type once (BF16 to nearest even, quantized by gguf) and store them."""
+    """Round `values` to t's type once (BF16 to nearest even, Q8_0 as ggml-cpu, other quantized by gguf) and
+    store them."""
     dst = memory.tensor_view(t)
     values = np.broadcast_to(np.asarray(values, np.float64), tuple(t.ne[::-1]))
     if t.type == BF16:
         u = values.astype(np.float32).view(np.uint32).astype(np.uint64)
         dst[...] = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    elif t.type == GGMLType.Q8_0:
+        # ggml-cpu's SIMD quantize_row_q8_0 (what its CPY writes): d = amax/127, q = rint(x * 127/amax)
+        blocks = values.reshape(-1, 32).astype(np.float32)
+        amax = np.abs(blocks).max(axis=1)
+        inv = np.divide(np.float32(127), amax, out=np.zeros_like(amax), where=amax != 0)
+        raw = dst.reshape(-1, 34)
+        raw[:, :2] = (amax / np.float32(127)).astype(np.float16).view(np.uint8).reshape(-1, 2)
+        raw[:, 2:] = np.rint(blocks * inv[:, None]).astype(np.int8).view(np.uint8)
     elif TYPE_TRAITS[t.type].is_quantized:
         rows = values.reshape(-1, t.ne[0]).astype(np.float32)
         dst[...] = gguf.quants.quantize(rows, gguf.GGMLQuantizationType(int(t.type))).reshape(dst.shape)

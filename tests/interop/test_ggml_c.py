@@ -27,7 +27,7 @@ from pyggml.testing.ggml_c import CTensor, GGMLCError, parse_enums
 from pyggml.testing.test_ops import MAX_NMSE, MAX_NMSE_MUL_MAT, compare, new, op, permuted, to_f64, transposed
 
 F32, F16, BF16, I32 = GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.I32
-Q4_0, Q8_0 = GGMLType.Q4_0, GGMLType.Q8_0
+Q4_0, Q8_0, I64 = GGMLType.Q4_0, GGMLType.Q8_0, GGMLType.I64
 
 # --- the enum parser ---
 
@@ -340,24 +340,47 @@ def _cpu_flag(flag: str) -> bool:
     return any(line.startswith("flags") and flag in line.split() for line in text.splitlines())
 
 
-# Where pyggml (ggml's reference rounding) and today's ggml differ: found by this oracle. Strict, so that a fix
-# turns them into failures to unmark.
-DIFFERENCES = {
-    "CPY bf16->q8_0": (lambda ctx: op(ctx, "cpy")(new(ctx, "a", BF16, [256, 4, 2, 1]),
-                                                  new(ctx, "b", Q8_0, [256, 4, 2, 1])),
-                       "ggml's CPU CPY quantizes with its SIMD quantize_row_q8_0 (127/amax, round half to even), "
-                       "pyggml with quantize_row_q8_0_ref (round half away): BF16 inputs hit the ties, NMSE 4.9e-6",
-                       _cpu_flag("avx") or _cpu_flag("asimd")),
+# ggml's CPU quantizes CPY's Q8_0 with its SIMD row (x86 AVX, ARM NEON: 127/amax, ties to even) and pyggml's
+# CPU backend does the same (quants.from_float_cpu); a ggml built without SIMD uses the reference row (ties away
+# from zero), and there the two must differ on ties: an expected, strict failure on such a CPU only.
+GGML_SIMD_Q8_0 = _cpu_flag("avx") or _cpu_flag("asimd")
+ROUNDING_CASES = {
+    "CPY bf16->q8_0": lambda ctx: op(ctx, "cpy")(new(ctx, "a", BF16, [256, 4, 2, 1]),
+                                                 new(ctx, "b", Q8_0, [256, 4, 2, 1])),
+    "SET_ROWS f32 ties->q8_0": lambda ctx: op(ctx, "set_rows")(new(ctx, "dst", Q8_0, [256, 6, 1, 1]),
+                                                           new(ctx, "rows", F32, [256, 3, 1, 1]),
+                                                           new(ctx, "idx", I64, [3, 1, 1, 1])),
 }
 
 
-@pytest.mark.parametrize("name", list(DIFFERENCES))
-def test_known_differences(ggml_c_lib: Any, name: str, request: pytest.FixtureRequest) -> None:
-    build, reason, strict = DIFFERENCES[name]
-    request.applymarker(pytest.mark.xfail(reason=reason, strict=strict))
-    out, got, want = _pyggml_and_c(build)
-    nmse, why = compare(to_f64(out, got), to_f64(out, want))
-    assert not why and nmse <= MAX_NMSE, f"{name}: {why or f'NMSE {nmse:.3e}'}"
+def _ties(rng: np.random.Generator, t: Tensor) -> np.ndarray:
+    """Blocks of amax 63.5 (127/amax = 2) whose other values are k/2 + 1/4: x * 2 is a tie k + 1/2."""
+    x = (rng.integers(-120, 120, t.nelements()) / 2 + 0.25).astype(np.float32)
+    x[::32] = 63.5
+    return x
+
+
+TIES = {"rows": _ties, "idx": lambda rng, t: np.array([4, 0, 2], np.int64)}
+
+
+@pytest.mark.parametrize("name", list(ROUNDING_CASES))
+def test_q8_0_conversion_rounds_as_ggml_cpu(ggml_c_lib: Any, name: str, request: pytest.FixtureRequest) -> None:
+    if not GGML_SIMD_Q8_0:
+        request.applymarker(pytest.mark.xfail(reason="ggml's scalar quantize_row_q8_0 rounds ties away", strict=True))
+    out, got, want = _pyggml_and_c(ROUNDING_CASES[name], TIES)
+    assert np.array_equal(got, want), f"{name}: the Q8_0 bytes differ from ggml's"
+
+
+def test_cpu_q8_0_row_differs_from_the_reference_only_on_ties() -> None:
+    """from_float_cpu is ggml-cpu's SIMD row: on values with ties it differs from the reference row, else not."""
+    from pyggml.core import quants
+
+    rng = np.random.default_rng(3)
+    plain = rng.standard_normal((8, 64)).astype(np.float32)
+    ties = (rng.integers(-120, 120, (8, 64)) / 2 + 0.25).astype(np.float32)
+    ties[:, ::32] = 63.5  # each block's amax: x * 127/amax = 2x = k + 1/2, a tie
+    assert np.array_equal(quants.from_float_cpu(Q8_0, plain), quants.from_float(Q8_0, plain))
+    assert not np.array_equal(quants.from_float_cpu(Q8_0, ties), quants.from_float(Q8_0, ties))
 
 
 # --- the oracle's own guarantees ---

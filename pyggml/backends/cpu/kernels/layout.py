@@ -32,8 +32,9 @@ from pyggml.backends.cpu.kernels._common import (
 from pyggml.backends.cpu.kernels.elementwise import acc_view
 from pyggml.core.errors import ArgumentError, GGMLError, OutOfBoundsError, ShapeError, UnsupportedTypeError
 from pyggml.core.ops.params import ConcatParams, PadParams, UpscaleParams
+from pyggml.core.quants import from_float_cpu
 from pyggml.core.tensor import GGML_MAX_DIMS, GGMLOp, ScaleFlag, ScaleMode, Tensor
-from pyggml.core.types import TYPE_TRAITS, GGMLType, from_float, to_float
+from pyggml.core.types import TYPE_TRAITS, GGMLType, to_float
 
 _NUMPY_FLOATS = (GGMLType.F32, GGMLType.F16)
 
@@ -110,7 +111,7 @@ def _from_f32_fn(type: GGMLType, dst: np.ndarray, shape: tuple[int, ...]) -> Cal
         return lambda v: f32_to_bf16(v, dst)
 
     def quantized(v: np.ndarray) -> None:
-        dst[...] = from_float(type, np.ascontiguousarray(v, dtype=np.float32)).reshape(dst.shape)
+        dst[...] = from_float_cpu(type, np.ascontiguousarray(v, dtype=np.float32)).reshape(dst.shape)
 
     return quantized
 

@@ -4,8 +4,8 @@ dst is a view of a (src[2]): for every (i3, i2) and row i of src0 (the values, F
 dst[:, c[i, i2 % ne11, i3 % ne12], i2, i3] = src0[:, i, i2, i3] converted to dst's type (ggml's ne order;
 c the I64 or I32 indices, src[1], broadcast over dims 2 and 3 by modulo as ggml does). Conversion: F32,
 F16 (numpy's nearest-even, ggml's), BF16 (`f32_to_bf16`) and the quantized types pyggml implements by
-`quants.from_float` (ggml's reference rows; ggml's CPU uses its own from_float, whose SIMD Q8_0 may round
-a value the other way). Rows not indexed keep a's bytes. A repeated index keeps the last row written, as
+`quants.from_float_cpu` (the CPU backend's from_float: ggml's reference rows, but Q8_0 rounded as ggml-cpu's
+SIMD row rounds it). Rows not indexed keep a's bytes. A repeated index keeps the last row written, as
 ggml's single-threaded loop does.
 """
 
@@ -62,7 +62,7 @@ def _converter(t: GGMLType) -> Callable[[np.ndarray], np.ndarray]:
             return out
 
         return bf16
-    return lambda v: quants.from_float(t, np.ascontiguousarray(v))
+    return lambda v: quants.from_float_cpu(t, np.ascontiguousarray(v))
 
 
 def set_rows_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None],
