@@ -44,6 +44,13 @@ def add_backend_options(parser: argparse.ArgumentParser) -> None:
                         help=f"threads of the CPU backend, 1..{MAX_THREADS} (default: all cores)")
 
 
+def add_flash_attn(parser: argparse.ArgumentParser) -> None:
+    """--flash-attn / -fa on|off|auto, as llama.cpp's."""
+    parser.add_argument("-fa", "--flash-attn", dest="flash_attn", choices=("on", "off", "auto"), default="auto",
+                        help="attention by FLASH_ATTN_EXT (on), by MUL_MAT and SOFT_MAX_EXT (off), or auto "
+                             "(off for now: on the CPU backend flash attention measured no faster; default: auto)")
+
+
 def add_check_finite(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-check-finite", dest="check_finite", action="store_false",
                         help="do not check that the logits are finite (by default NaN or inf stops with an error "

@@ -21,6 +21,7 @@ from pyggml.cli._common import (
     add_backend_options,
     add_check_finite,
     add_debug,
+    add_flash_attn,
     backend_plan,
     check_model_path,
     fmt_bytes,
@@ -49,6 +50,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     add_backend_options(p)
     p.add_argument("--seed", type=non_negative_int, default=0, help="seed of the random tokens (default: 0)")
     add_check_finite(p)
+    add_flash_attn(p)
     add_debug(p)
     return p
 
@@ -83,7 +85,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     objs = init_backends(backends, args.threads)
     n_ctx = max(args.n_prompt, args.n_gen, 1)
     model = load(path, objs, n_ctx=n_ctx, n_layers_on=counts, n_batch=min(args.batch, n_ctx),
-                 progress=err.isatty(), check_finite=args.check_finite)
+                 progress=err.isatty(), check_finite=args.check_finite, flash_attn=args.flash_attn)
     try:
         rng = np.random.default_rng(args.seed)
         n_vocab = model.hparams.n_vocab

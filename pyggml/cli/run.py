@@ -20,6 +20,7 @@ from pyggml.cli._common import (
     add_backend_options,
     add_check_finite,
     add_debug,
+    add_flash_attn,
     backend_plan,
     builtin_model_path,
     check_model_path,
@@ -62,6 +63,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("-s", "--seed", type=non_negative_int, default=None,
                    help="sampling seed (default: random, printed)")
     add_check_finite(p)
+    add_flash_attn(p)
     p.add_argument("-v", "--verbose", action="store_true",
                    help="also print the model, the scheduler's split plan and the compute memory report")
     add_debug(p)
@@ -184,7 +186,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     t0 = time.perf_counter()
     objs = init_backends(backends, args.threads)
     model = load(path, objs, n_ctx=n_ctx, n_layers_on=counts, progress=err.isatty(),
-                 check_finite=args.check_finite)
+                 check_finite=args.check_finite, flash_attn=args.flash_attn)
     t_load = time.perf_counter() - t0
     try:
         model.runner.report_memory = args.verbose

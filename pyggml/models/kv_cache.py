@@ -6,9 +6,10 @@ layer's cache sits on that layer's backend): `k[il]` and `v[il]` each hold
 `i * n_embd_gqa`), so a head's keys are rows of `head_dim` with stride
 `n_embd_gqa`; V is stored transposed (channel-major, cell i at element i of
 each of the `n_embd_gqa` rows of `n_ctx`), so KQ x V reads whole rows. New
-entries are written inside the compute graph with CPY into views of the
-cache (`store`), attention reads views of the first `n_kv` cells
-(`k_view`, `v_view`).
+entries are written inside the compute graph by SET_ROWS with index tensors
+(`store`, `k_idxs`, `v_idxs`: llama.cpp's cpy_k / cpy_v), so a graph serves
+any cell; attention reads views of the first `n_kv` cells (`k_view`,
+`v_view`). With flash attention V is stored as K (`v_trans=False`).
 """
 
 from __future__ import annotations
@@ -27,31 +28,11 @@ from pyggml.core.types import TYPE_TRAITS, GGMLType
 from pyggml.models.runner import alloc_checked
 
 
-class KVWrite:
-    """A CPY node writing a batch into the cache: the node, its destination view, the bytes one cell
-    moves the view. `move(cells)` points both at cells further on, so a graph decoding one token can
-    be computed again for the next token without being built again."""
-
-    __slots__ = ("node", "view", "cell_bytes")
-
-    def __init__(self, node: Tensor, view: Tensor, cell_bytes: int) -> None:
-        self.node = node
-        self.view = view
-        self.cell_bytes = cell_bytes
-
-    def move(self, cells: int) -> None:
-        d = cells * self.cell_bytes
-        for t in (self.view, self.node):  # the CPY result is a view of the cache at the same place
-            t.view_offs += d
-            if t.data is not None:
-                t.data += d
-
-
 class KVCache:
     """Per-layer K and V tensors of `n_ctx` cells, placed on `backend_of_layer[il]`."""
 
     def __init__(self, n_layer: int, n_ctx: int, n_embd_gqa: int, backend_of_layer: list[Backend],
-                 type: GGMLType = GGMLType.F32) -> None:
+                 type: GGMLType = GGMLType.F32, v_trans: bool = True) -> None:
         if n_ctx < 1:
             raise ArgumentError(f"KV cache: n_ctx must be >= 1, got {n_ctx}")
         if TYPE_TRAITS[type].blck_size != 1:
@@ -60,6 +41,7 @@ class KVCache:
         self.n_ctx = n_ctx
         self.n_embd_gqa = n_embd_gqa
         self.type = type
+        self.v_trans = bool(v_trans)  # V channel-major (without flash attention) or token-major as K (with it)
         self.n = 0  # cells in use (tokens evaluated so far): the next token goes to cell `n`
         self.ctx = Context(mem_size=(2 * n_layer + 1) * tensor_overhead(), no_alloc=True)
         self.k: list[Tensor] = []
@@ -107,6 +89,9 @@ class KVCache:
         zeros = np.zeros(n * g * es, dtype=np.uint8)
         for il in range(self.n_layer):
             tensor_set(self.k[il], zeros, start * g * es, n * g * es)
+            if not self.v_trans:
+                tensor_set(self.v[il], zeros, start * g * es, n * g * es)
+                continue
             for row in range(g):  # V is transposed: the cells are columns, a run of n in each row
                 tensor_set(self.v[il], zeros, (row * self.n_ctx + start) * es, n * es)
 
@@ -114,21 +99,56 @@ class KVCache:
         if self.n + n_tokens > self.n_ctx:
             raise ArgumentError(f"KV cache full: {self.n} cells used + {n_tokens} new tokens > n_ctx {self.n_ctx}")
 
+    def k_idxs(self, head: int, n_tokens: int) -> np.ndarray:
+        """The rows of the K cache (as [n_embd_gqa, n_ctx]) that tokens head..head+n_tokens go to: I64 [n_tokens]."""
+        return np.arange(head, head + n_tokens, dtype=np.int64)
+
+    def v_idxs(self, head: int, n_tokens: int) -> np.ndarray:
+        """The rows of the V cache that this batch's values go to: the cells, as for K, when V is stored as K;
+        transposed (rows of one element, llama.cpp's cpy_v), channel j of token i goes to element
+        j * n_ctx + cell_i: I64 [n_embd_gqa * n_tokens], in v_cur's order (token-major)."""
+        cells = np.arange(head, head + n_tokens, dtype=np.int64)
+        if not self.v_trans:
+            return cells
+        ch = np.arange(self.n_embd_gqa, dtype=np.int64) * self.n_ctx
+        return (cells[:, None] + ch[None, :]).reshape(-1)
+
     def store(self, ctx: Context, graph: Graph, il: int, k_cur: Tensor, v_cur: Tensor, n_tokens: int,
-              head: int) -> list[KVWrite]:
-        """Add to `graph` the copies of this batch's K and V (layer `il`) into cells head..head+n_tokens."""
-        n_embd_gqa, es = self.n_embd_gqa, self.elsize
-        k_view = ctx.view_1d(self.k[il], n_tokens * n_embd_gqa, es * n_embd_gqa * head)
-        k_view.set_name(f"k_cache_view-{il}")
-        # V^T: n_embd_gqa rows of n_ctx cells, this batch is columns head..head+n_tokens
-        v_cur_t = ctx.transpose(ctx.reshape_2d(v_cur, n_embd_gqa, n_tokens))
-        v_view = ctx.view_2d(self.v[il], n_tokens, n_embd_gqa, es * self.n_ctx, es * head)
+              k_idxs: Tensor, v_idxs: Tensor) -> list[Tensor]:
+        """Add to `graph` the SET_ROWS nodes writing this batch's K and V (layer `il`) into the cells
+        the index inputs name (`k_idxs`, `v_idxs`: see those methods), as llama.cpp's cpy_k / cpy_v."""
+        g = self.n_embd_gqa
+        k_cache = ctx.reshape_2d(self.k[il], g, self.n_ctx).set_name(f"k_cache_view-{il}")
+        k_set = ctx.set_rows(k_cache, ctx.reshape_2d(k_cur, g, n_tokens), k_idxs)
+        if self.v_trans:  # each element a row of one: V^T's n_embd_gqa rows of n_ctx cells
+            v_cache = ctx.reshape_2d(self.v[il], 1, g * self.n_ctx)
+            v_src = ctx.reshape_2d(v_cur, 1, g * n_tokens)
+        else:
+            v_cache = ctx.reshape_2d(self.v[il], g, self.n_ctx)
+            v_src = ctx.reshape_2d(v_cur, g, n_tokens)
+        v_cache.set_name(f"v_cache_view-{il}")
+        v_set = ctx.set_rows(v_cache, v_src, v_idxs)
+        graph.build_forward_expand(k_set)
+        graph.build_forward_expand(v_set)
+        return [k_set, v_set]
+
+    def store_cpy(self, ctx: Context, graph: Graph, il: int, k_cur: Tensor, v_cur: Tensor, n_tokens: int,
+                  head: int) -> list[Tensor]:
+        """The 2023 idiom, for backends without SET_ROWS: CPY of this batch's K and V into views of cells
+        head..head+n_tokens (the graph then serves that place only)."""
+        g, es = self.n_embd_gqa, self.elsize
+        k_view = ctx.view_1d(self.k[il], n_tokens * g, es * g * head).set_name(f"k_cache_view-{il}")
+        if self.v_trans:  # V^T: n_embd_gqa rows of n_ctx cells, this batch is columns head..head+n_tokens
+            v_src = ctx.transpose(ctx.reshape_2d(v_cur, g, n_tokens))
+            v_view = ctx.view_2d(self.v[il], n_tokens, g, es * self.n_ctx, es * head)
+        else:
+            v_src = v_cur
+            v_view = ctx.view_1d(self.v[il], n_tokens * g, es * g * head)
         v_view.set_name(f"v_cache_view-{il}")
-        k_cpy = ctx.cpy(k_cur, k_view)
-        v_cpy = ctx.cpy(v_cur_t, v_view)
-        graph.build_forward_expand(k_cpy)
-        graph.build_forward_expand(v_cpy)
-        return [KVWrite(k_cpy, k_view, es * n_embd_gqa), KVWrite(v_cpy, v_view, es)]
+        nodes = [ctx.cpy(k_cur, k_view), ctx.cpy(v_src, v_view)]
+        for n in nodes:
+            graph.build_forward_expand(n)
+        return nodes
 
     def k_view(self, ctx: Context, il: int, n_kv: int, head_dim: int, n_head_kv: int) -> Tensor:
         """Keys of cells 0..n_kv as [head_dim, n_kv, n_head_kv]."""
@@ -136,8 +156,11 @@ class KVCache:
         return ctx.view_3d(self.k[il], head_dim, n_kv, n_head_kv, es * self.n_embd_gqa, es * head_dim, 0)
 
     def v_view(self, ctx: Context, il: int, n_kv: int, head_dim: int, n_head_kv: int) -> Tensor:
-        """Values of cells 0..n_kv as [n_kv, head_dim, n_head_kv] (transposed: rows are channels)."""
+        """Values of cells 0..n_kv as [n_kv, head_dim, n_head_kv] (transposed: rows are channels), or
+        as [head_dim, n_kv, n_head_kv] as the keys when V is not transposed (flash attention)."""
         es = self.elsize
+        if not self.v_trans:
+            return ctx.view_3d(self.v[il], head_dim, n_kv, n_head_kv, es * self.n_embd_gqa, es * head_dim, 0)
         return ctx.view_3d(self.v[il], n_kv, head_dim, n_head_kv, es * self.n_ctx, es * self.n_ctx * head_dim, 0)
 
     def free(self) -> None:

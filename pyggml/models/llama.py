@@ -1,17 +1,19 @@
 """LLaMA: hyperparameters from GGUF metadata and the compute graph as llama.cpp builds it.
 
-The graph (llama.cpp's `build_llama`, late 2023), for a batch of n_tokens
-tokens at positions n_past.. with n_kv = n_past + n_tokens cells of cache:
+The graph (llama.cpp's `build_llama` in today's idiom), for a batch of n_tokens
+tokens at positions n_past.. reading n_kv cells of cache (the model pads n_kv
+as llama.cpp: to a multiple of 256, at most n_ctx):
 
     x = token_embd[tokens]                                  GET_ROWS
     for each layer:
         h = rms_norm(x) * attn_norm
         q = rope(wq @ h), k = rope(wk @ h), v = wv @ h       RoPE normal mode, the file's freq base/scale
-        cache[n_past : n_past + n_tokens] = k, v             CPY into views of the KV cache
-        a = softmax(K^T q * 1/sqrt(head_dim) + mask) V      GQA: each KV head serves n_head / n_head_kv heads
+        cache[k_idxs], cache[v_idxs] = k, v                  SET_ROWS, the cells by index inputs
+        a = softmax(K^T q * 1/sqrt(head_dim) + mask) V      GQA: each KV head serves n_head / n_head_kv heads;
+                                                            FLASH_ATTN_EXT with `flash_attn`
         x = x + wo @ a
         h = rms_norm(x) * ffn_norm
-        x = x + w_down @ (silu(w_gate @ h) * (w_up @ h))     SwiGLU
+        x = x + w_down @ swiglu(w_gate @ h, w_up @ h)         GLU SWIGLU (split)
     logits = output @ (rms_norm(x) * output_norm)           output = token_embd when the file has none (tied)
 
 llama.cpp's converter permutes the rows of wq and wk (HF's rotate-half
@@ -27,10 +29,11 @@ from dataclasses import dataclass, field
 from pyggml.core.context import Context
 from pyggml.core.errors import ArgumentError
 from pyggml.core.graph import Graph
-from pyggml.core.tensor import GGMLOp, Tensor
+from pyggml.core.ops.attention import flash_attn_ext_set_prec
+from pyggml.core.tensor import GGMLOp, Prec, Tensor
 from pyggml.core.types import GGMLType
 from pyggml.gguf.reader import GGUFFile
-from pyggml.models.kv_cache import KVCache, KVWrite
+from pyggml.models.kv_cache import KVCache
 from pyggml.models.metadata import INT32_MAX, ModelFileError, gguf_type, read_float, read_int, read_str
 
 LLAMA_ARCHS = ("llama",)
@@ -184,9 +187,11 @@ class LlamaInputs:
 
     tokens: Tensor  # I32 [n_tokens]
     pos: Tensor  # I32 [n_tokens]
-    mask: Tensor  # F32 [n_kv, n_tokens]: 0 where a token sees a cell, -inf elsewhere
+    mask: Tensor  # F32 [n_kv, n_tokens] (F16 with flash attention): 0 where a token sees a cell, -inf elsewhere
     logits: Tensor  # F32 [n_vocab, n_outputs]
-    kv_writes: list[KVWrite]  # the CPY nodes storing this batch's K and V
+    k_idxs: Tensor | None  # I64 [n_tokens]: the K cache rows (cells) this batch goes to (None: CPY idiom)
+    v_idxs: Tensor | None  # I64 [n_tokens] or [n_embd_gqa * n_tokens] (V transposed): the V cache rows
+    kv_writes: list[Tensor]  # the SET_ROWS (or CPY) nodes storing this batch's K and V
     # per layer, the nodes built for it (views, reshapes and unnamed ones too): llama.cpp's scheduler puts
     # them on the layer's backend (ggml_backend_sched_set_node_backend), so that nodes without a weight
     # among their sources (kq, softmax, rope) do not go to the backend of the inputs (pos, mask)
@@ -194,26 +199,41 @@ class LlamaInputs:
 
 
 def build_llama(ctx: Context, hp: LlamaHParams, w: dict[str, Tensor], kv: KVCache, n_tokens: int,
-                n_past: int, last_only: bool = False, n_kv: int | None = None) -> tuple[Graph, LlamaInputs]:
-    """The graph of one batch: `n_tokens` tokens at positions n_past.., written to KV cells n_past..
+                n_past: int, last_only: bool = False, n_kv: int | None = None,
+                flash_attn: bool = False, set_rows: bool = False, glu: bool = False) -> tuple[Graph, LlamaInputs]:
+    """The graph of one batch: `n_tokens` tokens at positions n_past.., written to the KV cells the index
+    inputs name (n_past.. as `kv.k_idxs` / `kv.v_idxs` give them).
 
     Attention reads cells 0..n_kv (default n_past + n_tokens; more is allowed, the mask hides
     cells a token must not see). `last_only` computes the logits of the last token only
-    (generation needs no more).
+    (generation needs no more). `flash_attn` computes attention with FLASH_ATTN_EXT (F16 mask, F32
+    accumulators), which needs a cache whose V is not transposed (`kv.v_trans` False). `set_rows` writes
+    K and V by SET_ROWS through I64 index inputs, `glu` computes SwiGLU by GLU (today's idiom, what `Model`
+    builds where its backends compute them); without them (the default, for callers that set only tokens,
+    positions and mask) the 2023 idiom: KV writes by CPY into views at n_past, SwiGLU as SILU and MUL.
     """
     if n_kv is None:
         n_kv = n_past + n_tokens
     if not n_past + n_tokens <= n_kv <= kv.n_ctx:
         raise ArgumentError(f"build_llama: n_kv {n_kv} must cover n_past {n_past} + n_tokens {n_tokens} "
                             f"and fit n_ctx {kv.n_ctx}")
-    writes: list[KVWrite] = []
+    writes: list[Tensor] = []
     head_dim, n_head, n_head_kv = hp.head_dim, hp.n_head, hp.n_head_kv
     eps = hp.f_norm_rms_eps
     gf = ctx.new_graph(graph_size(hp))
 
     tokens = ctx.new_tensor_1d(GGMLType.I32, n_tokens).set_name("inp_tokens").set_input()
     pos = ctx.new_tensor_1d(GGMLType.I32, n_tokens).set_name("inp_pos").set_input()
-    mask = ctx.new_tensor_2d(GGMLType.F32, n_kv, n_tokens).set_name("KQ_mask").set_input()
+    if flash_attn == kv.v_trans:
+        raise ArgumentError(f"build_llama: flash_attn={flash_attn} needs a KV cache with v_trans={not flash_attn}")
+    mask_type = GGMLType.F16 if flash_attn else GGMLType.F32
+    mask = ctx.new_tensor_2d(mask_type, n_kv, n_tokens).set_name("KQ_mask").set_input()
+    k_idxs: Tensor | None = None
+    v_idxs: Tensor | None = None
+    if set_rows:
+        k_idxs = ctx.new_tensor_1d(GGMLType.I64, n_tokens).set_name("inp_k_idxs").set_input()
+        n_v_idxs = n_tokens * hp.n_embd_gqa if kv.v_trans else n_tokens
+        v_idxs = ctx.new_tensor_1d(GGMLType.I64, n_v_idxs).set_name("inp_v_idxs").set_input()
     kq_scale = 1.0 / math.sqrt(head_dim)
 
     def rope(x: Tensor) -> Tensor:
@@ -234,23 +254,35 @@ def build_llama(ctx: Context, hp: LlamaHParams, w: dict[str, Tensor], kv: KVCach
         v = ctx.mul_mat(w[b + "attn_v.weight"], cur).set_name(f"Vcur-{il}")
         q = rope(ctx.reshape_3d(q, head_dim, n_head, n_tokens)).set_name(f"Qcur-rope-{il}")
         k = rope(ctx.reshape_3d(k, head_dim, n_head_kv, n_tokens)).set_name(f"Kcur-rope-{il}")
-        writes += kv.store(ctx, gf, il, k, v, n_tokens, n_past)
+        if k_idxs is not None and v_idxs is not None:
+            writes += kv.store(ctx, gf, il, k, v, n_tokens, k_idxs, v_idxs)
+        else:
+            writes += kv.store_cpy(ctx, gf, il, k, v, n_tokens, n_past)
 
         q = ctx.permute(q, 0, 2, 1, 3)  # [head_dim, n_tokens, n_head]
         keys = kv.k_view(ctx, il, n_kv, head_dim, n_head_kv).set_name(f"k-{il}")
-        kq = ctx.mul_mat(keys, q).set_name(f"kq-{il}")  # [n_kv, n_tokens, n_head], KV heads broadcast (GQA)
-        kq = ctx.soft_max_ext(kq, mask, kq_scale).set_name(f"kq_soft_max-{il}")
         values = kv.v_view(ctx, il, n_kv, head_dim, n_head_kv).set_name(f"v-{il}")
-        kqv = ctx.mul_mat(values, kq).set_name(f"kqv-{il}")  # [head_dim, n_tokens, n_head]
-        cur = ctx.cont_2d(ctx.permute(kqv, 0, 2, 1, 3), hp.n_embd, n_tokens).set_name(f"kqv_merged-{il}")
+        if flash_attn:
+            kqv = ctx.flash_attn_ext(q, keys, values, mask, kq_scale).set_name(f"fattn-{il}")
+            flash_attn_ext_set_prec(kqv, Prec.F32)
+            cur = ctx.reshape_2d(kqv, hp.n_embd, n_tokens).set_name(f"kqv_merged-{il}")  # [head_dim, n_head, n_tokens]
+        else:
+            kq = ctx.mul_mat(keys, q).set_name(f"kq-{il}")  # [n_kv, n_tokens, n_head], KV heads broadcast (GQA)
+            kq = ctx.soft_max_ext(kq, mask, kq_scale).set_name(f"kq_soft_max-{il}")
+            kqv = ctx.mul_mat(values, kq).set_name(f"kqv-{il}")  # [head_dim, n_tokens, n_head]
+            cur = ctx.cont_2d(ctx.permute(kqv, 0, 2, 1, 3), hp.n_embd, n_tokens).set_name(f"kqv_merged-{il}")
         cur = ctx.mul_mat(w[b + "attn_output.weight"], cur).set_name(f"attn_out-{il}")
         ffn_inp = ctx.add(cur, inp_sa).set_name(f"ffn_inp-{il}")
 
         # feed-forward (SwiGLU)
         cur = ctx.mul(ctx.rms_norm(ffn_inp, eps), w[b + "ffn_norm.weight"]).set_name(f"ffn_norm-{il}")
         up = ctx.mul_mat(w[b + "ffn_up.weight"], cur).set_name(f"ffn_up-{il}")
-        gate = ctx.silu(ctx.mul_mat(w[b + "ffn_gate.weight"], cur)).set_name(f"ffn_silu-{il}")
-        cur = ctx.mul_mat(w[b + "ffn_down.weight"], ctx.mul(gate, up)).set_name(f"ffn_out-{il}")
+        gate = ctx.mul_mat(w[b + "ffn_gate.weight"], cur).set_name(f"ffn_gate-{il}")
+        if glu:
+            cur = ctx.swiglu_split(gate, up).set_name(f"ffn_swiglu-{il}")
+        else:
+            cur = ctx.mul(ctx.silu(gate).set_name(f"ffn_silu-{il}"), up)
+        cur = ctx.mul_mat(w[b + "ffn_down.weight"], cur).set_name(f"ffn_out-{il}")
         x = ctx.add(cur, ffn_inp).set_name(f"l_out-{il}")
         layer_nodes.append([t for t in ctx.tensors[first_tensor:] if t.op != GGMLOp.NONE])
 
@@ -260,7 +292,7 @@ def build_llama(ctx: Context, hp: LlamaHParams, w: dict[str, Tensor], kv: KVCach
     head = w.get("output.weight", w["token_embd.weight"])  # tied embeddings when the file has no output
     logits = ctx.mul_mat(head, cur).set_name("result_output").set_output()
     gf.build_forward_expand(logits)
-    return gf, LlamaInputs(tokens, pos, mask, logits, writes, layer_nodes)
+    return gf, LlamaInputs(tokens, pos, mask, logits, k_idxs, v_idxs, writes, layer_nodes)
 
 
 def graph_size(hp: LlamaHParams) -> int:

@@ -48,9 +48,44 @@ from pyggml.models.runner import (
 
 log = logging.getLogger("pyggml.models")
 
-KV_PAD = 32  # decode graphs read the cache in multiples of 32 cells (as llama.cpp pads n_kv), so one graph
-# serves 32 consecutive tokens
+KV_PAD = 256  # graphs read the cache in multiples of 256 cells, at least 256, at most n_ctx (llama.cpp's n_kv,
+# llama_kv_cache::get_n_kv), so one decode graph, the same shapes, serves 256 consecutive tokens
+FLASH_ATTN_MODES = ("on", "off", "auto")
 MAX_DECODE_GRAPHS = 4  # planned one-token graphs kept (each has its own small compute buffer)
+
+
+def resolve_flash_attn(mode: str | bool) -> bool:
+    """`flash_attn` as llama.cpp's -fa: "on" / True, "off" / False, or "auto". llama.cpp's auto turns it on
+    where every layer's backend computes FLASH_ATTN_EXT; here auto is off for now, because on the CPU
+    backend it measured no faster (built-in model, 2 threads, pyggml bench -p 64 -n 32 -r 3 -fa on/off
+    alternated: within the machine's noise, decode rather slower)."""
+    if isinstance(mode, bool):
+        return mode
+    if not isinstance(mode, str) or mode.lower() not in FLASH_ATTN_MODES:
+        raise ArgumentError(f"flash_attn must be one of {', '.join(FLASH_ATTN_MODES)} (or a bool), got {mode!r}")
+    return mode.lower() == "on"  # "auto": off (see above)
+
+
+def all_support(backends: Sequence[Backend], op: str, kv_type: GGMLType = GGMLType.F32) -> bool:
+    """Whether every one of `backends` computes `op` ("set_rows": F32 rows into the F32 or F16 cache by I64
+    indices; "glu": SWIGLU of two F32 tensors; "flash_attn": FLASH_ATTN_EXT over a cache of `kv_type`),
+    asked of each backend with a small node of that kind."""
+    ctx = Context(mem_size=8 * tensor_overhead(), no_alloc=True)
+    try:
+        a = ctx.new_tensor_2d(GGMLType.F32, 8, 4)
+        b = ctx.new_tensor_2d(GGMLType.F32, 8, 1)
+        if op == "flash_attn":
+            q = ctx.new_tensor_3d(GGMLType.F32, 64, 1, 4)
+            k, v = (ctx.new_tensor_3d(kv_type, 64, 256, 2) for _ in range(2))
+            nodes = [ctx.flash_attn_ext(q, k, v, ctx.new_tensor_2d(GGMLType.F16, 256, 1), 0.125)]
+        elif op == "set_rows":
+            nodes = [ctx.set_rows(ctx.new_tensor_2d(t, 8, 4), b, ctx.new_tensor_1d(GGMLType.I64, 1))
+                     for t in (GGMLType.F32, GGMLType.F16)]
+        else:
+            nodes = [ctx.swiglu_split(a, ctx.new_tensor_2d(GGMLType.F32, 8, 4))]
+        return all(backend.supports_op(n) for backend in {id(x): x for x in backends}.values() for n in nodes)
+    finally:
+        ctx.free()
 
 
 def _layer_backends(n_layer: int, backends: list[Backend], n_layers_on: int | Sequence[int] | None) -> list[Backend]:
@@ -90,9 +125,11 @@ class Model:
     def __init__(self, gf: GGUFFile, backends: list[Backend], n_ctx: int = 512,
                  n_layers_on: int | Sequence[int] | None = None, n_batch: int = 512,
                  kv_type: GGMLType | str = GGMLType.F32, use_mmap: bool = True, progress: bool = True,
-                 use_sched: bool | None = None, reuse_graphs: bool = True, check_finite: bool = True) -> None:
+                 use_sched: bool | None = None, reuse_graphs: bool = True, check_finite: bool = True,
+                 flash_attn: str | bool = "auto") -> None:
         if not backends:
             raise ArgumentError("load: no backends given")
+        fa = resolve_flash_attn(flash_attn)
         self.n_ctx = check_positive(n_ctx, "load: n_ctx")
         self.n_batch = min(check_positive(n_batch, "load: n_batch"), self.n_ctx)
         kv_type = as_type(kv_type)
@@ -121,7 +158,12 @@ class Model:
         self._measure_ctx: Context | None = None
         kv: KVCache | None = None
         try:
-            kv = self.kv = KVCache(hp.n_layer, self.n_ctx, hp.n_embd_gqa, self.layer_backend, kv_type)
+            # today's idiom (SET_ROWS KV writes, GLU) where every layer's backend computes it, else 2023's
+            self.flash_attn: bool = fa
+            self._graph_kw = {"flash_attn": self.flash_attn, "set_rows": all_support(self.layer_backend, "set_rows"),
+                              "glu": all_support(self.layer_backend, "glu")}
+            kv = self.kv = KVCache(hp.n_layer, self.n_ctx, hp.n_embd_gqa, self.layer_backend, kv_type,
+                                   v_trans=not self.flash_attn)
             self.input_backend = first
             if use_sched is None:
                 use_sched = len({id(b) for b in backends}) > 1
@@ -144,9 +186,10 @@ class Model:
                 self._measure_ctx.free()  # the measure graph was only for sizes
                 self._measure_ctx = None
         self._tokenizer: Any = None
-        # one-token graphs by (n_kv, last_only), planned once and moved along the cache (single backend only)
-        self.reuse_graphs = reuse_graphs and isinstance(self.runner, SingleRunner)
-        self._decode_graphs: dict[tuple[int, bool], tuple[PlannedGraph, Any, list[int]]] = {}
+        # one-token graphs by (n_kv, last_only), planned once and computed for every token of their n_kv
+        # (the cells written are index inputs; single backend only)
+        self.reuse_graphs = reuse_graphs and isinstance(self.runner, SingleRunner) and self._graph_kw["set_rows"]
+        self._decode_graphs: dict[tuple[int, bool], tuple[PlannedGraph, Any]] = {}
 
     # --- checks ---
 
@@ -186,14 +229,17 @@ class Model:
     def _measure_graph(self) -> tuple[Any, list[Any]]:
         """The largest graph a batch makes (n_batch tokens at the end of the context), for the scheduler."""
         ctx = self._measure_ctx = self._new_ctx()
-        gf, inp = build_llama(ctx, self.hparams, self.w, self.kv, self.n_batch, self.n_ctx - self.n_batch)
-        return gf, [inp.tokens, inp.pos, inp.mask]
+        gf, inp = build_llama(ctx, self.hparams, self.w, self.kv, self.n_batch, self.n_ctx - self.n_batch,
+                              **self._graph_kw)
+        return gf, [t for t in (inp.tokens, inp.pos, inp.mask, inp.k_idxs, inp.v_idxs) if t is not None]
 
     def _sched_measure_graph(self) -> tuple[Any, list[Any], list[tuple[list[Any], Backend]]]:
         """The measure graph for SchedRunner, with its layers' nodes on their backends (see `_node_backends`)."""
         ctx = self._measure_ctx = self._new_ctx()
-        gf, inp = build_llama(ctx, self.hparams, self.w, self.kv, self.n_batch, self.n_ctx - self.n_batch)
-        return gf, [inp.tokens, inp.pos, inp.mask], self._node_backends(inp)
+        gf, inp = build_llama(ctx, self.hparams, self.w, self.kv, self.n_batch, self.n_ctx - self.n_batch,
+                              **self._graph_kw)
+        return (gf, [t for t in (inp.tokens, inp.pos, inp.mask, inp.k_idxs, inp.v_idxs) if t is not None],
+                self._node_backends(inp))
 
     def _node_backends(self, inp: LlamaInputs) -> list[tuple[list[Any], Backend]]:
         """Each layer's nodes on the layer's backend, as llama.cpp assigns them for its scheduler; a node the
@@ -207,21 +253,32 @@ class Model:
         cells = np.arange(n_kv, dtype=np.int32)
         return np.where(cells[None, :] <= pos[:, None], np.float32(0), np.float32(-np.inf)).astype(np.float32)
 
+    def _inputs(self, inp: LlamaInputs, kv: KVCache, ids: np.ndarray, pos: np.ndarray,
+                n_kv: int) -> list[tuple[Any, np.ndarray]]:
+        """The values of a batch's graph inputs: tokens, positions, the mask (F16 with flash attention), the
+        cache rows K and V go to (cells pos[0]..)."""
+        mask = self._mask(pos, n_kv)
+        n_past, n_tokens = int(pos[0]), len(pos)
+        out = [(inp.tokens, ids), (inp.pos, pos), (inp.mask, mask.astype(np.float16) if self.flash_attn else mask)]
+        if inp.k_idxs is not None and inp.v_idxs is not None:
+            out += [(inp.k_idxs, kv.k_idxs(n_past, n_tokens)), (inp.v_idxs, kv.v_idxs(n_past, n_tokens))]
+        return out
+
     def _decode(self, ids: np.ndarray, last_only: bool) -> np.ndarray:
         """Evaluate one batch at the end of the KV cache; logits (n_outputs, n_vocab)."""
         n_tokens = len(ids)
         n_past = self.kv.n
         self.kv.check_room(n_tokens)
         pos = np.arange(n_past, n_past + n_tokens, dtype=np.int32)
-        n_kv = None  # the cells attention reads: n_past + n_tokens, or a padded bucket for one token
+        n_kv = self._n_kv(n_past + n_tokens)  # the cells attention reads, padded as llama.cpp pads them
         if n_tokens == 1 and self.reuse_graphs:
-            n_kv = self._decode_n_kv(n_past)
             logits = self._decode_one(ids, pos, last_only, n_kv)
         else:
             ctx = self._new_ctx()
             try:
-                gf, inp = build_llama(ctx, self.hparams, self.w, self.kv, n_tokens, n_past, last_only)
-                inputs = [(inp.tokens, ids), (inp.pos, pos), (inp.mask, self._mask(pos, n_past + n_tokens))]
+                gf, inp = build_llama(ctx, self.hparams, self.w, self.kv, n_tokens, n_past, last_only, n_kv=n_kv,
+                                      **self._graph_kw)
+                inputs = self._inputs(inp, self.kv, ids, pos, n_kv)
                 if isinstance(self.runner, SchedRunner):
                     self.runner.run(gf, inputs, self._node_backends(inp))
                 else:
@@ -235,8 +292,9 @@ class Model:
         self.kv.n = n_past + n_tokens
         return logits
 
-    def _decode_n_kv(self, n_past: int) -> int:
-        return min(self.n_ctx, (n_past + 1 + KV_PAD - 1) // KV_PAD * KV_PAD)
+    def _n_kv(self, used: int) -> int:
+        """llama.cpp's n_kv for `used` cells: min(n_ctx, max(256, GGML_PAD(used, 256)))."""
+        return min(self.n_ctx, max(KV_PAD, (used + KV_PAD - 1) // KV_PAD * KV_PAD))
 
     # --- non-finite logits ---
 
@@ -273,7 +331,8 @@ class Model:
         weights = load_tensors(self.file, list(self.w), lambda _: cpu, progress=False)
         kv = None
         try:
-            kv = KVCache(hp.n_layer, self.n_ctx, hp.n_embd_gqa, [cpu] * hp.n_layer, self.kv.type)
+            kv = KVCache(hp.n_layer, self.n_ctx, hp.n_embd_gqa, [cpu] * hp.n_layer, self.kv.type,
+                         v_trans=self.kv.v_trans)
             for src, dst in zip((*self.kv.k, *self.kv.v), (*kv.k, *kv.v), strict=True):
                 raw = np.empty(src.nbytes(), dtype=np.uint8)
                 tensor_get(src, raw)
@@ -296,9 +355,10 @@ class Model:
         ctx = self._new_ctx()
         runner = None
         try:
-            gf, inp = build_llama(ctx, self.hparams, w, kv, n_tokens, n_past, last_only, n_kv=n_kv)
+            gf, inp = build_llama(ctx, self.hparams, w, kv, n_tokens, n_past, last_only, n_kv=n_kv,
+                                  **self._graph_kw)
             runner = SplitRunner(backends, input_backend)
-            runner.run(gf, [(inp.tokens, ids), (inp.pos, pos), (inp.mask, self._mask(pos, n_kv))])
+            runner.run(gf, self._inputs(inp, kv, ids, pos, n_kv))
             layer = {id(t): il for il, nodes in enumerate(inp.layer_nodes) for t in nodes}
             after_layers = False
             for i, node in enumerate(gf.nodes):
@@ -343,28 +403,24 @@ class Model:
         return out
 
     def _decode_one(self, ids: np.ndarray, pos: np.ndarray, last_only: bool, n_kv: int) -> np.ndarray:
-        """One token through a planned graph: built for the first token of its n_kv bucket,
-        its KV writes moved to this token's cell for the next ones."""
+        """One token through a planned graph, built for the first token of its n_kv and computed again for
+        the next ones: the same shapes, only the inputs (token, position, mask, cache rows) change."""
         n_past = int(pos[0])
         key = (n_kv, last_only)
         entry = self._decode_graphs.get(key)
         if entry is None:
             while len(self._decode_graphs) >= MAX_DECODE_GRAPHS:
-                old, _, _ = self._decode_graphs.pop(next(iter(self._decode_graphs)))
+                old, _ = self._decode_graphs.pop(next(iter(self._decode_graphs)))
                 old.free()
             ctx = self._new_ctx()
-            gf, inp = build_llama(ctx, self.hparams, self.w, self.kv, 1, n_past, last_only, n_kv=n_kv)
-            planned = PlannedGraph(self.runner.backend, gf, [wr.node for wr in inp.kv_writes], owner=ctx)
-            entry = (planned, inp, [n_past])
+            gf, inp = build_llama(ctx, self.hparams, self.w, self.kv, 1, n_past, last_only, n_kv=n_kv,
+                                  **self._graph_kw)
+            planned = PlannedGraph(self.runner.backend, gf, [], owner=ctx)
+            entry = (planned, inp)
             self._decode_graphs[key] = entry
-        planned, inp, head = entry
-        if head[0] != n_past:
-            for wr in inp.kv_writes:
-                wr.move(n_past - head[0])
-            head[0] = n_past
-        tensor_set(inp.tokens, ids)
-        tensor_set(inp.pos, pos)
-        tensor_set(inp.mask, self._mask(pos, n_kv))
+        planned, inp = entry
+        for t, values in self._inputs(inp, self.kv, ids, pos, n_kv):
+            tensor_set(t, values)
         planned.compute()
         return tensor_get_numpy(inp.logits).reshape(-1, self.hparams.n_vocab)
 
@@ -468,7 +524,7 @@ class Model:
     def memory(self) -> dict[str, dict[str, int]]:
         """Bytes per backend ("<name>#<index>"): weights, KV cache, compute buffer."""
         compute = self.runner.buffer_sizes()
-        for planned, _, _ in self._decode_graphs.values():  # the planned one-token graphs' own buffers
+        for planned, _ in self._decode_graphs.values():  # the planned one-token graphs' own buffers
             key = id(planned.backend)
             compute[key] = compute.get(key, 0) + planned.buffer.get_size()
         out: dict[str, dict[str, int]] = {}
@@ -479,7 +535,7 @@ class Model:
         return out
 
     def free(self) -> None:
-        for planned, _, _ in self._decode_graphs.values():
+        for planned, _ in self._decode_graphs.values():
             planned.free()
         self._decode_graphs = {}
         self.runner.free()
@@ -499,7 +555,8 @@ def load(path: str | os.PathLike[str], backends: Sequence[Backend | str] | None 
     `n_layers_on`: layer counts of the first backends (the rest on the last);
     `n_threads`: thread count of the backends whose registry sets one ("ggml_backend_set_n_threads":
     the CPU backend's). Names go through `pyggml.backend.init_backend`. Further keywords go to
-    `Model` (n_batch, kv_type, use_mmap, progress, use_sched, reuse_graphs, check_finite).
+    `Model` (n_batch, kv_type, use_mmap, progress, use_sched, reuse_graphs, check_finite, flash_attn: "on",
+    "off" or "auto" as llama.cpp's -fa).
     """
     if n_threads is not None:
         check_positive(n_threads, "load: n_threads")

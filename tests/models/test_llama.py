@@ -86,7 +86,7 @@ def test_quantized_files_match_reference_on_their_weights(tiny_llama: TinyLlama,
 
 @pytest.mark.parametrize("reuse_graphs", [True, False])
 def test_token_by_token_equals_whole_sequence(tiny_gguf: object, reuse_graphs: bool) -> None:
-    """40 tokens one at a time (crossing the 32-cell n_kv bucket of the planned graphs) == one batch."""
+    """40 tokens one at a time (one planned graph: n_kv is n_ctx, 64, below the 256 padding) == one batch."""
     ids = np.random.default_rng(1).integers(3, 320, 40)
     model = load(tiny_gguf("F32"), reuse_graphs=reuse_graphs)
     whole = model.eval(ids)
@@ -233,3 +233,55 @@ def test_split_with_torch_backend(tiny_gguf: object, prompt32: np.ndarray) -> No
     split.reset()
     assert list(split.generate([1, 9, 8], 8, stop_at_eos=False)) == list(one.generate([1, 9, 8], 8,
                                                                                       stop_at_eos=False))
+
+
+@pytest.mark.parametrize("flash_attn", ["on", "off"])
+def test_flash_attn_logits_and_greedy_tokens(tiny_llama: TinyLlama, tiny_gguf: object, prompt32: np.ndarray,
+                                             flash_attn: str) -> None:
+    """FLASH_ATTN_EXT (V stored as K, F16 mask) or MUL_MAT + SOFT_MAX_EXT (V transposed): the same logits as
+    transformers, the same greedy tokens, a batch and token by token alike."""
+    model = load(tiny_gguf("F32"), flash_attn=flash_attn)
+    assert model.flash_attn == (flash_attn == "on") and model.kv.v_trans == (flash_attn == "off")
+    logits = model.eval(prompt32)
+    assert np.abs(logits - tiny_llama.logits(prompt32)).max() < 1e-4
+    model.reset()
+    steps = np.concatenate([model.eval(prompt32[:3])] + [model.eval([t]) for t in prompt32[3:]])
+    assert np.abs(steps - logits).max() < 1e-5
+    model.reset()
+    prompt = [1, 40, 41, 42, 100, 7]
+    got = list(model.generate(prompt, 10, stop_at_eos=False))
+    with torch.no_grad():
+        out = tiny_llama.hf.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False,
+                                     min_new_tokens=10, pad_token_id=0)
+    assert got == out[0, len(prompt):].tolist()
+    model.free()
+
+
+@pytest.mark.parametrize("flash_attn", ["on", "off"])
+def test_decode_graph_in_todays_idiom(tiny_gguf: object, flash_attn: str) -> None:
+    """KV writes by SET_ROWS through I64 index inputs, SwiGLU by GLU, the mask an input ([n_kv, n_tokens], F16
+    with flash attention), n_kv padded as llama.cpp pads it (256, at most n_ctx): one decode graph, its
+    shapes the same from token to token, serves every token."""
+    from pyggml.core.tensor import GGMLOp
+    from pyggml.core.types import GGMLType
+
+    model = load(tiny_gguf("F32"), n_ctx=300, flash_attn=flash_attn)
+    assert model._n_kv(1) == 256 and model._n_kv(256) == 256 and model._n_kv(257) == 300
+    model.eval([1, 40, 41])
+    for t in range(60):
+        model.eval([50 + t])
+    assert list(model._decode_graphs) == [(256, False)]  # one graph for tokens 3..62
+    planned, inp = model._decode_graphs[(256, False)]
+    ops = {n.op for n in planned.graph.nodes}
+    assert GGMLOp.SET_ROWS in ops and GGMLOp.GLU in ops and GGMLOp.CPY not in ops
+    assert (GGMLOp.FLASH_ATTN_EXT in ops) == (flash_attn == "on")
+    assert (GGMLOp.SOFT_MAX in ops) == (flash_attn == "off")
+    assert inp.k_idxs.type == GGMLType.I64 and inp.v_idxs.type == GGMLType.I64
+    assert inp.mask.type == (GGMLType.F16 if flash_attn == "on" else GGMLType.F32)
+    assert tuple(inp.mask.ne[:2]) == (256, 1)
+    model.free()
+
+
+def test_flash_attn_option_is_checked(tiny_gguf: object) -> None:
+    with pytest.raises(ArgumentError, match="flash_attn"):
+        load(tiny_gguf("F32"), flash_attn="yes")

@@ -81,8 +81,9 @@ def test_untied_model_over_two_backends_makes_two_splits(untied_gguf: Path) -> N
     # one backend change (layer 1 -> layer 2); the output norm and head weights are on the last layer's backend
     assert sched.n_splits == 2
     assert [s.backend for s in sched.splits] == [a, b]
-    # what layer 2 needs from the first backend: the residual stream, the positions and the mask
-    assert sorted(t.name for t in sched.splits[1].inputs) == ["KQ_mask", "inp_pos", "l_out-1"]
+    # what layer 2 needs from the first backend: the residual stream, the positions, the mask, the cache rows
+    assert sorted(t.name for t in sched.splits[1].inputs) == ["KQ_mask", "inp_k_idxs", "inp_pos", "inp_v_idxs",
+                                                              "l_out-1"]
     check_layers_on_their_backends(two)
     # generation (one-token graphs through the scheduler) keeps the plan and the tokens
     one.reset()

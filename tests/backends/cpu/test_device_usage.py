@@ -60,7 +60,7 @@ def test_the_model_marks_weights_and_compute_buffers(backends: list[str]) -> Non
         if isinstance(runner, pm.runner.SchedRunner):
             compute = [runner.sched.get_buffer(b) for b in model.backends]
         else:
-            compute = [runner.buffer] + [planned.buffer for planned, _, _ in model._decode_graphs.values()]
+            compute = [runner.buffer] + [planned.buffer for planned, *_ in model._decode_graphs.values()]
         assert compute and all(b is not None and b.get_usage() == BufferUsage.COMPUTE for b in compute)
         assert all(b.get_usage() == BufferUsage.ANY for b in model.kv.buffers)  # the cache is neither
     finally:
