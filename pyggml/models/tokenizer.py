@@ -97,7 +97,10 @@ def _field_value(field: Any) -> Any:
     if not types:
         return None
     main = types[0]
-    to_str = lambda a: bytes(a).decode("utf-8")  # noqa: E731
+
+    def to_str(a: object) -> str:
+        return bytes(a).decode("utf-8")  # type: ignore[call-overload]
+
     if main == gguf.GGUFValueType.ARRAY:
         if types[-1] == gguf.GGUFValueType.STRING:
             return [to_str(field.parts[i]) for i in field.data]

@@ -109,7 +109,6 @@ def test_run_ctx_and_n(tiny_model: Path, capsys: pytest.CaptureFixture[str]) -> 
 
 
 def test_run_sampling_is_seeded(tiny_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("pyggml.models.sampling")
     argv = ["run", str(tiny_model), "-p", PROMPT, "-n", "12", "--temp", "1.5", "--top-k", "0", "--top-p", "1",
             "--min-p", "0"]
     texts = []
@@ -126,7 +125,6 @@ def test_run_sampling_is_seeded(tiny_model: Path, capsys: pytest.CaptureFixture[
                                                   ("--repeat-penalty", "0", "--repeat-penalty must be > 0")])
 def test_run_bad_sampling_values(option: str, value: str, words: str, tiny_model: Path,
                                  capsys: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("pyggml.models.sampling")
     assert main(["run", str(tiny_model), option, value]) == 1
     assert words in one_line(capsys.readouterr().err)
 

@@ -33,10 +33,7 @@ def ggml_types() -> dict[str, int]:
     """`enum ggml_type` of ggml.h at the oracle's commit (extracted from the sdist, no compiler needed)."""
     from pyggml.testing.ggml_c import parse_enums
 
-    try:
-        header = (llamacpp.include_dir() / "ggml.h").read_text()
-    except llamacpp.BuildError as e:
-        pytest.skip(f"ggml.h is not available: {e}")
+    header = (llamacpp.include_dir() / "ggml.h").read_text()  # a failed download fails the test
     return parse_enums(header)["ggml_type"]
 
 

@@ -222,7 +222,6 @@ def test_split_over_two_backends_gives_the_same_tokens(tiny_gguf: object, prompt
 
 
 def test_split_with_torch_backend(tiny_gguf: object, prompt32: np.ndarray) -> None:
-    pytest.importorskip("pyggml.backends.torch")
     from pyggml.backend.registry import init_backend
 
     one = load(tiny_gguf("F32"))

@@ -9,6 +9,7 @@ crash the interpreter or hang run in a child process with a timeout
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 import textwrap
@@ -17,6 +18,9 @@ from collections.abc import Callable
 import pytest
 
 from pyggml.core.errors import GGMLError
+
+# the torch backend's cases need PyTorch (optional; CI installs it): without it they are not collected
+collect_ignore = [] if importlib.util.find_spec("torch") else ["test_torch.py"]
 
 
 def expect_error(fn: Callable[[], object], cls: type[GGMLError], *fragments: str) -> GGMLError:

@@ -13,10 +13,9 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from pyggml.backend import (  # noqa: E402
+from pyggml.backend import (
     init_backend,
     tensor_copy,
     tensor_get,
@@ -24,12 +23,12 @@ from pyggml.backend import (  # noqa: E402
     tensor_set,
     tensor_set_numpy,
 )
-from pyggml.backend.buffer import Buffer  # noqa: E402
-from pyggml.backends.cpu import cpu_init  # noqa: E402
-from pyggml.backends.torch import ENV_MATMUL_PRECISION, TorchBackend, torch_init, torch_set_n_threads  # noqa: E402
-from pyggml.backends.torch.plan import plan_create  # noqa: E402
-from pyggml.core.context import Context  # noqa: E402
-from pyggml.core.errors import (  # noqa: E402
+from pyggml.backend.buffer import Buffer
+from pyggml.backends.cpu import cpu_init
+from pyggml.backends.torch import ENV_MATMUL_PRECISION, TorchBackend, torch_init, torch_set_n_threads
+from pyggml.backends.torch.plan import plan_create
+from pyggml.core.context import Context
+from pyggml.core.errors import (
     ArgumentError,
     ArgumentTypeError,
     BufferFreedError,
@@ -41,11 +40,11 @@ from pyggml.core.errors import (  # noqa: E402
     UnsupportedOpError,
     UnsupportedTypeError,
 )
-from pyggml.core.graph import Graph  # noqa: E402
-from pyggml.core.tensor import Tensor, UnaryOp  # noqa: E402
-from pyggml.core.types import GGMLType  # noqa: E402
-from pyggml.testing import alloc_ctx_tensors  # noqa: E402
-from robustness.conftest import expect_error, run_isolated  # noqa: E402
+from pyggml.core.graph import Graph
+from pyggml.core.tensor import Tensor, UnaryOp
+from pyggml.core.types import GGMLType
+from pyggml.testing import alloc_ctx_tensors
+from robustness.conftest import expect_error, run_isolated
 
 F32, F16, I32, Q8_0 = GGMLType.F32, GGMLType.F16, GGMLType.I32, GGMLType.Q8_0
 ALLOWED = "allowed: auto, f32, f16, bf16"

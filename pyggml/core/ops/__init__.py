@@ -19,19 +19,19 @@ from pyggml.core.ops import glu as glu_ops  # `glu` itself is a builder
 from pyggml.core.ops import norm as norm_ops  # `norm` itself is the op builder below
 from pyggml.core.ops import reduce as reduce_ops
 from pyggml.core.ops._build import checked_builder
-from pyggml.core.ops.attention import *  # noqa: F403
-from pyggml.core.ops.conv import *  # noqa: F403
-from pyggml.core.ops.custom import *  # noqa: F403
-from pyggml.core.ops.elementwise import *  # noqa: F403
-from pyggml.core.ops.glu import *  # noqa: F403
-from pyggml.core.ops.layout import *  # noqa: F403
-from pyggml.core.ops.matmul import *  # noqa: F403
-from pyggml.core.ops.misc import *  # noqa: F403
-from pyggml.core.ops.moe import *  # noqa: F403
-from pyggml.core.ops.norm import *  # noqa: F403
-from pyggml.core.ops.reduce import *  # noqa: F403
-from pyggml.core.ops.rows import *  # noqa: F403
-from pyggml.core.ops.train import *  # noqa: F403
+from pyggml.core.ops.attention import *
+from pyggml.core.ops.conv import *
+from pyggml.core.ops.custom import *
+from pyggml.core.ops.elementwise import *
+from pyggml.core.ops.glu import *
+from pyggml.core.ops.layout import *
+from pyggml.core.ops.matmul import *
+from pyggml.core.ops.misc import *
+from pyggml.core.ops.moe import *
+from pyggml.core.ops.norm import *
+from pyggml.core.ops.reduce import *
+from pyggml.core.ops.rows import *
+from pyggml.core.ops.train import *
 
 _MODULES = [elementwise, layout, matmul, reduce_ops, norm_ops, conv, custom, misc, train]
 _MODULES += [glu_ops, rows, moe]

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from pyggml.alloc import alloc_ctx_tensors, alloc_ctx_tensors_from_buft  # noqa: E402
-from pyggml.backend import (  # noqa: E402
+from pyggml.alloc import alloc_ctx_tensors, alloc_ctx_tensors_from_buft
+from pyggml.backend import (
     SIZE_MAX,
     DeviceType,
     graph_copy,
@@ -22,8 +21,8 @@ from pyggml.backend import (  # noqa: E402
     tensor_get_numpy,
     tensor_set_numpy,
 )
-from pyggml.backends.cpu import cpu_buffer_type, cpu_device, cpu_init  # noqa: E402
-from pyggml.backends.torch import (  # noqa: E402
+from pyggml.backends.cpu import cpu_buffer_type, cpu_device, cpu_init
+from pyggml.backends.torch import (
     TORCH_ALIGNMENT,
     TorchBackend,
     TorchBuffer,
@@ -32,10 +31,10 @@ from pyggml.backends.torch import (  # noqa: E402
     torch_init,
     torch_reg,
 )
-from pyggml.core.context import Context  # noqa: E402
-from pyggml.core.errors import UnsupportedOpError  # noqa: E402
-from pyggml.core.types import GGMLType  # noqa: E402
-from pyggml.gguf.loader import maps_weights  # noqa: E402
+from pyggml.core.context import Context
+from pyggml.core.errors import UnsupportedOpError
+from pyggml.core.types import GGMLType
+from pyggml.gguf.loader import maps_weights
 
 F32, F16 = GGMLType.F32, GGMLType.F16
 DEVICES = ["cpu"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]

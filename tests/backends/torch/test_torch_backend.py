@@ -8,10 +8,9 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from pyggml.backend import (  # noqa: E402
+from pyggml.backend import (
     get_backend,
     init_backend,
     tensor_copy,
@@ -22,8 +21,8 @@ from pyggml.backend import (  # noqa: E402
     tensor_set_async,
     tensor_set_numpy,
 )
-from pyggml.backends.cpu import cpu_init  # noqa: E402
-from pyggml.backends.torch import (  # noqa: E402
+from pyggml.backends.cpu import cpu_init
+from pyggml.backends.torch import (
     TORCH_ALIGNMENT,
     TorchBackend,
     TorchBuffer,
@@ -31,9 +30,9 @@ from pyggml.backends.torch import (  # noqa: E402
     torch_init,
     torch_set_n_threads,
 )
-from pyggml.core import memory  # noqa: E402
-from pyggml.core.context import Context  # noqa: E402
-from pyggml.core.errors import (  # noqa: E402
+from pyggml.core import memory
+from pyggml.core.context import Context
+from pyggml.core.errors import (
     ArgumentError,
     BufferFreedError,
     GGMLError,
@@ -43,9 +42,9 @@ from pyggml.core.errors import (  # noqa: E402
     OutOfBoundsError,
     UnsupportedOpError,
 )
-from pyggml.core.tensor import Tensor  # noqa: E402
-from pyggml.core.types import GGMLType  # noqa: E402
-from pyggml.testing import alloc_ctx_tensors  # noqa: E402
+from pyggml.core.tensor import Tensor
+from pyggml.core.types import GGMLType
+from pyggml.testing import alloc_ctx_tensors
 
 F32, F16, BF16, I32, Q8_0 = GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.I32, GGMLType.Q8_0
 

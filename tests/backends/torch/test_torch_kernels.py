@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from pyggml.backend import tensor_get_numpy, tensor_set, tensor_set_numpy  # noqa: E402
-from pyggml.backends.torch import TorchBackend, torch_init  # noqa: E402
-from pyggml.backends.torch.kernels.matmul import HALF_NATIVE_MAX_COLS, product_dtype  # noqa: E402
-from pyggml.backends.torch.precision import PRECISION_DTYPES  # noqa: E402
-from pyggml.core.context import Context  # noqa: E402
-from pyggml.core.errors import OutOfBoundsError, ShapeError, UnsupportedTypeError  # noqa: E402
-from pyggml.core.graph import Graph  # noqa: E402
-from pyggml.core.tensor import GGMLOp, Tensor, UnaryOp  # noqa: E402
-from pyggml.core.types import GGMLType, from_float, to_float  # noqa: E402
-from pyggml.testing import alloc_ctx_tensors  # noqa: E402
+from pyggml.backend import tensor_get_numpy, tensor_set, tensor_set_numpy
+from pyggml.backends.torch import TorchBackend, torch_init
+from pyggml.backends.torch.kernels.matmul import HALF_NATIVE_MAX_COLS, product_dtype
+from pyggml.backends.torch.precision import PRECISION_DTYPES
+from pyggml.core.context import Context
+from pyggml.core.errors import OutOfBoundsError, ShapeError, UnsupportedTypeError
+from pyggml.core.graph import Graph
+from pyggml.core.tensor import GGMLOp, Tensor, UnaryOp
+from pyggml.core.types import GGMLType, from_float, to_float
+from pyggml.testing import alloc_ctx_tensors
 
 F32, F16, BF16, I32, Q8_0, Q4_0 = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.I32, GGMLType.Q8_0,
                                    GGMLType.Q4_0)

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from pyggml.backend import init_backend  # noqa: E402
-from pyggml.backends.torch import (  # noqa: E402
+from pyggml.backend import init_backend
+from pyggml.backends.torch import (
     ENV_MATMUL_PRECISION,
     DeviceCaps,
     TorchBackend,
@@ -16,8 +15,8 @@ from pyggml.backends.torch import (  # noqa: E402
     probe_caps,
     torch_init,
 )
-from pyggml.backends.torch.precision import resolve_matmul_precision  # noqa: E402
-from pyggml.core.errors import ArgumentError, ArgumentTypeError  # noqa: E402
+from pyggml.backends.torch.precision import resolve_matmul_precision
+from pyggml.core.errors import ArgumentError, ArgumentTypeError
 
 AMX_CPU = DeviceCaps("cpu", amx=True, avx512_bf16=True)  # Intel Sapphire Rapids and later
 ZEN4_CPU = DeviceCaps("cpu", avx512_bf16=True)  # AMD with AVX512-BF16, no AMX

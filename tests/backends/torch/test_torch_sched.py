@@ -7,19 +7,17 @@ import math
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-sched = pytest.importorskip("pyggml.sched")
-
-from pyggml.backend import Backend, tensor_get_numpy, tensor_set, tensor_set_numpy  # noqa: E402
-from pyggml.backends.cpu import cpu_init  # noqa: E402
-from pyggml.backends.torch import torch_init  # noqa: E402
-from pyggml.core.context import Context, tensor_overhead  # noqa: E402
-from pyggml.core.graph import graph_overhead  # noqa: E402
-from pyggml.core.tensor import GGMLOp, Tensor  # noqa: E402
-from pyggml.core.types import GGMLType, from_float, to_float  # noqa: E402
-from pyggml.models.kv_cache import KVCache  # noqa: E402
-from pyggml.models.llama import LlamaHParams, build_llama, graph_size, layer_of, tensor_names  # noqa: E402
-from pyggml.testing import alloc_ctx_tensors  # noqa: E402
+from pyggml import sched
+from pyggml.backend import Backend, tensor_get_numpy, tensor_set, tensor_set_numpy
+from pyggml.backends.cpu import cpu_init
+from pyggml.backends.torch import torch_init
+from pyggml.core.context import Context, tensor_overhead
+from pyggml.core.graph import graph_overhead
+from pyggml.core.tensor import GGMLOp, Tensor
+from pyggml.core.types import GGMLType, from_float, to_float
+from pyggml.models.kv_cache import KVCache
+from pyggml.models.llama import LlamaHParams, build_llama, graph_size, layer_of, tensor_names
+from pyggml.testing import alloc_ctx_tensors
 
 HP = LlamaHParams(n_vocab=96, n_ctx_train=128, n_embd=64, n_layer=3, n_ff=128, n_head=4, n_head_kv=2, n_rot=16,
                   f_norm_rms_eps=1e-5, rope_freq_base=10000.0, rope_freq_scale=1.0)

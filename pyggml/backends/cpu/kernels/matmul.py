@@ -530,7 +530,9 @@ def out_prod_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None]
     scratch = _carve(params, specs)
 
     if b.type == F32:
-        get_x: Callable[[], np.ndarray] = lambda: src1  # noqa: E731
+        def get_x() -> np.ndarray:
+            return src1
+
         x4 = src1
     else:
         x4 = scratch.pop(0)
