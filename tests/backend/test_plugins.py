@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tiny_backend import REG_MODULE
 
 import pyggml.models as pm
 from pyggml.backend import init_backend, list_backends, load, load_all, registry
@@ -39,28 +40,7 @@ def isolated(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(registry, "_load_errors", dict(registry._load_errors))
 
 
-FAKE_MODULE = '''
-from pyggml.backend import Reg
-import tiny_backend
-
-class FakeReg(Reg):
-    def __init__(self):
-        super().__init__()
-        self.dev = tiny_backend.TinyDevice()
-        self.dev.reg = self
-
-    def _get_name(self):
-        return "FakeEP"
-
-    def _get_device_count(self):
-        return 1
-
-    def _get_device(self, index):
-        return self.dev
-
-def ggml_backend_init():
-    return FakeReg()
-'''
+FAKE_MODULE = REG_MODULE.format(name="FakeEP")
 
 
 def fake_distribution(root: Path, entry_points: str) -> None:

@@ -10,7 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from tiny_backend import TinyDevice
+from tiny_backend import REG_MODULE, TinyDevice
 
 from pyggml.backend import (
     Backend,
@@ -150,28 +150,7 @@ def test_set_n_threads_through_the_registry() -> None:
 # --- load (ggml_backend_load) ---
 
 
-MODULE = """
-from pyggml.backend import Reg
-import tiny_backend
-
-class FileReg(Reg):
-    def __init__(self):
-        super().__init__()
-        self.dev = tiny_backend.TinyDevice()
-        self.dev.reg = self
-
-    def _get_name(self):
-        return "{name}"
-
-    def _get_device_count(self):
-        return 1
-
-    def _get_device(self, index):
-        return self.dev
-
-def ggml_backend_init():
-    return FileReg()
-"""
+MODULE = REG_MODULE
 
 
 def test_load_a_py_file_a_package_and_a_module(isolated: None, tmp_path: Path,

@@ -114,3 +114,29 @@ class TinyDevice(Device):
 
     def _event_synchronize(self, event: Event) -> None:
         self.log.append("event_synchronize")
+
+
+# the source of a module that ggml_backend_load (and an entry point) can load: one TinyDevice in a Reg named
+# {name}
+REG_MODULE = """
+from pyggml.backend import Reg
+import tiny_backend
+
+class FileReg(Reg):
+    def __init__(self):
+        super().__init__()
+        self.dev = tiny_backend.TinyDevice()
+        self.dev.reg = self
+
+    def _get_name(self):
+        return "{name}"
+
+    def _get_device_count(self):
+        return 1
+
+    def _get_device(self, index):
+        return self.dev
+
+def ggml_backend_init():
+    return FileReg()
+"""
