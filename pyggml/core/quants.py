@@ -1192,30 +1192,50 @@ def from_float(t: GGMLType, values: np.ndarray) -> np.ndarray:
     return out.reshape(*x.shape[:-1], x.shape[-1] // tr.blck_size * tr.type_size)
 
 
-def _quantize_q8_0_simd(x: np.ndarray) -> np.ndarray:
-    """Q8_0 as ggml-cpu's SIMD quantize_row_q8_0 (x86 AVX..AVX512, ARM NEON) writes it: the quants are
-    x * (127/amax) rounded half to even, where the reference row takes x * (1/d) rounded half away."""
+def _q8_simd(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Blocks of 32 (rows of x) as ggml-cpu's SIMD quantize_row_q8_0/q8_1 (x86 AVX..AVX512, ARM NEON)
+    quantize them: d = amax/127 (unrounded) and the quants x * (127/amax) rounded half to even, where the
+    reference rows take x * (1/d) rounded half away."""
     amax = np.abs(x).max(axis=1)
     with np.errstate(divide="ignore"):
         inv = np.where(amax != 0, F32(127) / amax, F32(0)).astype(F32)
+    return (amax / F32(127)).astype(F32), np.rint(x * inv[:, None]).astype(np.int8)
+
+
+def _quantize_q8_0_simd(x: np.ndarray) -> np.ndarray:
+    d, q = _q8_simd(x)
     out = np.empty((x.shape[0], 34), np.uint8)
-    out[:, :2] = _f16_bytes(amax / F32(127))
-    out[:, 2:] = np.rint(x * inv[:, None]).astype(np.int8).view(np.uint8)
+    out[:, :2] = _f16_bytes(d)
+    out[:, 2:] = q.view(np.uint8)
     return out
 
 
+def _quantize_q8_1_simd(x: np.ndarray) -> np.ndarray:
+    d, q = _q8_simd(x)
+    out = np.empty((x.shape[0], 36), np.uint8)
+    out[:, :2] = _f16_bytes(d)
+    out[:, 2:4] = _f16_bytes(d * q.sum(axis=1, dtype=np.int32).astype(F32))  # s from the unrounded d
+    out[:, 4:] = q.view(np.uint8)
+    return out
+
+
+_SIMD_ROWS: dict[GGMLType, Callable[[np.ndarray], np.ndarray]] = {
+    GGMLType.Q8_0: _quantize_q8_0_simd, GGMLType.Q8_1: _quantize_q8_1_simd,
+}
+
+
 def from_float_cpu(t: GGMLType, values: np.ndarray) -> np.ndarray:
-    """float32 rows -> `t` as ggml's CPU backend converts them in CPY and SET_ROWS (type_traits_cpu's
-    from_float): Q8_0 by its SIMD row, which rounds ties differently from the reference; every other
-    type as `from_float`. The SIMD rounding is what ggml's x86 and ARM builds compute (its scalar
-    fallback, for other CPUs, is the reference row)."""
-    if t != GGMLType.Q8_0:
+    """float32 rows -> `t` as ggml's CPU backend converts them (type_traits_cpu's from_float: CPY, SET_ROWS
+    and MUL_MAT's src1): Q8_0 and Q8_1 by their SIMD rows, which round ties differently from the reference;
+    every other type as `from_float`. The SIMD rounding is what ggml's x86 and ARM builds compute (its
+    scalar fallback, for other CPUs, is the reference row)."""
+    if t not in _SIMD_ROWS:
         return from_float(t, values)
     x = np.ascontiguousarray(values, dtype=F32)
     if x.ndim == 0 or x.shape[-1] % 32:
         return from_float(t, values)  # the same errors
-    out = _quantize_q8_0_simd(x.reshape(-1, 32))
-    return out.reshape(*x.shape[:-1], x.shape[-1] // 32 * 34)
+    out = _SIMD_ROWS[t](x.reshape(-1, 32))
+    return out.reshape(*x.shape[:-1], x.shape[-1] // 32 * TYPE_TRAITS[t].type_size)
 
 
 # ggml_quantize_chunk's block quantizers (without an importance matrix) where they are not from_float's

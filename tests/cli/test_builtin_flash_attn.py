@@ -31,4 +31,4 @@ def test_builtin_greedy_tokens_flash_attn_on_off(reuse_graphs: bool) -> None:
         got[fa], last[fa] = out, logits
         model.free()
     assert got["on"] == got["off"] == BEFORE
-    assert np.abs(last["on"] - last["off"]).max() < 1e-2 * max(1.0, float(np.abs(last["off"]).max()))
+    assert np.array_equal(last["on"], last["off"])  # F32 cache: flash attention has the bits of the plain path

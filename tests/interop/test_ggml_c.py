@@ -27,7 +27,7 @@ from pyggml.testing.ggml_c import CTensor, GGMLCError, parse_enums
 from pyggml.testing.test_ops import MAX_NMSE, MAX_NMSE_MUL_MAT, compare, new, op, permuted, to_f64, transposed
 
 F32, F16, BF16, I32 = GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.I32
-Q4_0, Q8_0, I64 = GGMLType.Q4_0, GGMLType.Q8_0, GGMLType.I64
+Q4_0, Q8_0, Q8_1, I64 = GGMLType.Q4_0, GGMLType.Q8_0, GGMLType.Q8_1, GGMLType.I64
 
 # --- the enum parser ---
 
@@ -340,13 +340,15 @@ def _cpu_flag(flag: str) -> bool:
     return any(line.startswith("flags") and flag in line.split() for line in text.splitlines())
 
 
-# ggml's CPU quantizes CPY's Q8_0 with its SIMD row (x86 AVX, ARM NEON: 127/amax, ties to even) and pyggml's
-# CPU backend does the same (quants.from_float_cpu); a ggml built without SIMD uses the reference row (ties away
-# from zero), and there the two differ on ties.
+# ggml's CPU quantizes CPY's Q8_0 and Q8_1 with its SIMD rows (x86 AVX, ARM NEON: 127/amax, ties to even) and
+# pyggml's CPU backend does the same (quants.from_float_cpu); a ggml built without SIMD uses the reference rows
+# (ties away from zero), and there the two differ on ties.
 GGML_SIMD_Q8_0 = _cpu_flag("avx") or _cpu_flag("asimd")
 ROUNDING_CASES = {
     "CPY bf16->q8_0": lambda ctx: op(ctx, "cpy")(new(ctx, "a", BF16, [256, 4, 2, 1]),
                                                  new(ctx, "b", Q8_0, [256, 4, 2, 1])),
+    "CPY f32 ties->q8_1": lambda ctx: op(ctx, "cpy")(new(ctx, "rows", F32, [256, 4, 1, 1]),
+                                                     new(ctx, "b", Q8_1, [256, 4, 1, 1])),
     "SET_ROWS f32 ties->q8_0": lambda ctx: op(ctx, "set_rows")(new(ctx, "dst", Q8_0, [256, 6, 1, 1]),
                                                            new(ctx, "rows", F32, [256, 3, 1, 1]),
                                                            new(ctx, "idx", I64, [3, 1, 1, 1])),
@@ -364,15 +366,16 @@ TIES = {"rows": _ties, "idx": lambda rng, t: np.array([4, 0, 2], np.int64)}
 
 
 @pytest.mark.parametrize("name", list(ROUNDING_CASES))
-def test_q8_0_conversion_rounds_as_ggml_cpu(ggml_c_lib: Any, name: str) -> None:
+def test_q8_conversion_rounds_as_ggml_cpu(ggml_c_lib: Any, name: str) -> None:
     out, got, want = _pyggml_and_c(ROUNDING_CASES[name], TIES)
     if GGML_SIMD_Q8_0:
-        assert np.array_equal(got, want), f"{name}: the Q8_0 bytes differ from ggml's"
+        assert np.array_equal(got, want), f"{name}: the Q8 bytes differ from ggml's"
     else:  # ggml's scalar row rounds the ties away from zero: pyggml keeps the SIMD builds' bytes
         assert not np.array_equal(got, want), f"{name}: ggml's scalar build should round the ties the other way"
 
 
-def test_cpu_q8_0_row_differs_from_the_reference_only_on_ties() -> None:
+@pytest.mark.parametrize("qtype", [Q8_0, Q8_1])
+def test_cpu_q8_row_differs_from_the_reference_only_on_ties(qtype: GGMLType) -> None:
     """from_float_cpu is ggml-cpu's SIMD row: on values with ties it differs from the reference row, else not."""
     from pyggml.core import quants
 
@@ -380,8 +383,8 @@ def test_cpu_q8_0_row_differs_from_the_reference_only_on_ties() -> None:
     plain = rng.standard_normal((8, 64)).astype(np.float32)
     ties = (rng.integers(-120, 120, (8, 64)) / 2 + 0.25).astype(np.float32)
     ties[:, ::32] = 63.5  # each block's amax: x * 127/amax = 2x = k + 1/2, a tie
-    assert np.array_equal(quants.from_float_cpu(Q8_0, plain), quants.from_float(Q8_0, plain))
-    assert not np.array_equal(quants.from_float_cpu(Q8_0, ties), quants.from_float(Q8_0, ties))
+    assert np.array_equal(quants.from_float_cpu(qtype, plain), quants.from_float(qtype, plain))
+    assert not np.array_equal(quants.from_float_cpu(qtype, ties), quants.from_float(qtype, ties))
 
 
 # --- the oracle's own guarantees ---

@@ -183,6 +183,28 @@ def test_no_mask_and_permuted_inputs() -> None:
     assert nmse(got, reference(qv, stored(F16, kv_), stored(F16, vv), None, 0.25)) < 1e-5
 
 
+@pytest.mark.parametrize("n_head, n_head_kv, n_batch", [(9, 3, 1), (9, 3, 5), (4, 4, 7)])
+def test_f32_cache_gives_the_bits_of_mul_mat_soft_max(n_head: int, n_head_kv: int, n_batch: int) -> None:
+    """On F32 K and V the kernel's products are MUL_MAT's and its weights SOFT_MAX's, so flash attention and
+    MUL_MAT -> SOFT_MAX_EXT -> MUL_MAT (V transposed, as the non-flash KV cache stores it) agree to the bit: a
+    model generates the same tokens with -fa on and off."""
+    ctx = new_ctx(32)
+    d, n_kv = 64, 256
+    qv, kv_, vv = rand(1, n_head, n_batch, d, lo=-3, hi=3), rand(1, n_head_kv, n_kv, d), rand(1, n_head_kv, n_kv, d)
+    mv = np.zeros((1, 1, n_batch, n_kv), np.float32)
+    mv[..., 40:] = -np.inf  # the cells past the used ones, as the padded KV length leaves them
+    mv[0, 0, :, 3] = -np.inf
+    q, k = tensor(ctx, F32, qv), tensor(ctx, F32, kv_)
+    flash = run(fa(ctx, q, k, tensor(ctx, F32, vv), tensor(ctx, F16, mv.astype(np.float16)), 0.125))
+    kq = ctx.mul_mat(k, q)
+    weights = ctx.soft_max_ext(kq, tensor(ctx, F32, mv), 0.125, 0.0)
+    kqv = ctx.mul_mat(tensor(ctx, F32, vv.swapaxes(-1, -2).copy()), weights)  # [d, N, heads]
+    run(kq), run(weights)  # run() computes one node: its sources first
+    plain = run(kqv)
+    assert np.array_equal(flash, plain.transpose(0, 2, 1, 3))
+    assert nmse(flash, reference(qv, kv_, vv, mv, 0.125)) < 1e-10
+
+
 def test_long_prefill_is_computed_in_steps(monkeypatch: pytest.MonkeyPatch) -> None:
     """The rows of q go through in steps that bound the scores' memory: the same result, step by step."""
     from pyggml.backends.cpu.kernels import attention

@@ -1,7 +1,11 @@
 """FLASH_ATTN_EXT on the CPU, as ggml-cpu's ggml_compute_forward_flash_attn_ext_f16, vectorized over heads and rows.
 
 ggml walks the KV rows one at a time with an online softmax; here every head's scores are one matrix product
-and the softmax is taken whole, which is the same function. The numerics follow ggml where they matter:
+and the softmax is taken whole, which is the same function. The two products are MUL_MAT's F32 products and the
+weights SOFT_MAX's rows (V^T laid out as the non-flash KV cache lays it), so on F32 K and V flash attention gives
+the bits of MUL_MAT -> SOFT_MAX_EXT -> MUL_MAT: `-fa on` and `-fa off` generate the same tokens. (ggml's own
+online softmax differs from its non-flash path in the last bits, which a quantized model's activation rounding
+can grow into different greedy tokens.) The numerics follow ggml where they matter:
 - q is rounded to K's vec_dot_type before the dot products (F16 for F16 K, BF16 for BF16 K, Q8_0 for Q8_0,
   Q4_0, ...), as ggml's `q_to_vec_dot` does; K and V are read as f32.
 - scale is divided by logit_softcap (when not 0) and the scores become softcap * tanh(s * scale).
@@ -16,6 +20,8 @@ import numpy as np
 
 from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
 from pyggml.backends.cpu.kernels._common import F32, noop
+from pyggml.backends.cpu.kernels.matmul import mul_mat_f32
+from pyggml.backends.cpu.kernels.norm import softmax_rows
 from pyggml.core.errors import GGMLError, ShapeError, UnsupportedTypeError
 from pyggml.core.ops.params import FlashAttnExtParams
 from pyggml.core.quants import from_float, is_implemented, to_float
@@ -137,36 +143,26 @@ def flash_attn_ext_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray |
     # rows of q per step: the scores of a step (ne3 * nh * rows * n_kv f32) stay near _SCORES_PER_STEP
     step = max(1, min(n, _SCORES_PER_STEP // max(1, ne3 * nh * n_kv)))
 
-    def attend(qv: np.ndarray, kf: np.ndarray, vf: np.ndarray, rows: slice) -> None:
-        """out[:, :, rows] from q's rows `rows` (qv: those rows, in K's vec_dot_type)."""
-        r = qv.shape[2]
-        s = np.matmul(_grouped(qv, nk2), kf.swapaxes(-1, -2)).reshape(ne3, nh, r, n_kv)
+    def attend(qv: np.ndarray, kf: np.ndarray, vt: np.ndarray, rows: slice) -> None:
+        """out[:, :, rows] from q's rows `rows` (qv: those rows, in K's vec_dot_type; vt: V^T)."""
+        s = np.empty((ne3, nh, qv.shape[2], n_kv), F32)
+        mul_mat_f32(s, kf, qv)()
         s *= scale
         if softcap != 0.0:
             np.tanh(s, out=s)
             s *= softcap
-        if mask is not None:
-            s += _mask_of(mask[:, :, rows], ne3, nh, r, n_kv, slopes)
-        mx = s.max(axis=-1, keepdims=True)
-        if sink4 is not None:
-            np.maximum(mx, sink4, out=mx)
-        mx[np.isneginf(mx)] = 0.0  # a row with nothing to attend to: every weight exp(-inf) = 0
-        s -= mx
-        np.exp(s, out=s)
-        total = s.sum(axis=-1, keepdims=True, dtype=F32)
-        if sink4 is not None:
-            total += np.exp(sink4 - mx)
-        o = np.matmul(_grouped(s, nv2), vf).reshape(ne3, nh, r, dv)
-        inv = np.divide(1.0, total, out=np.zeros_like(total), where=total != 0.0)
-        np.multiply(o, inv, out=out[:, :, rows])
+        m = _mask_of(mask[:, :, rows], ne3, nh, s.shape[2], n_kv, slopes) if mask is not None else None
+        softmax_rows(s, m, sink4, s, empty_rows_zero=True)
+        mul_mat_f32(out[:, :, rows], vt, s)()
 
     def run() -> None:
         kf = _as_f32(k_type, k)
-        vf = _as_f32(v_type, v)
+        # V^T in rows, as the KV cache lays V out for MUL_MAT: the product then has MUL_MAT's bits
+        vt = np.ascontiguousarray(_as_f32(v_type, v).swapaxes(-1, -2))
         with np.errstate(all="ignore"):  # C float semantics: -inf logits and 0 * inf without warnings
             for i in range(0, n, step):
                 rows = slice(i, min(i + step, n))
-                attend(_to_vec_dot(q[:, :, rows], k_type), kf, vf, rows)
+                attend(_to_vec_dot(q[:, :, rows], k_type), kf, vt, rows)
 
     return run
 

@@ -319,11 +319,13 @@ def mul_mat_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None],
     if a.ne[0] == 0:
         return lambda: dst.fill(0)
     if a.type == F32:
-        return _mul_mat_f32(dst, src0, src1)
+        return mul_mat_f32(dst, src0, src1)
     return _mul_mat_numba(a.type, b.type, a.ne[0], dst, src0, src1, params)
 
 
-def _mul_mat_f32(dst: np.ndarray, src0: np.ndarray, src1: np.ndarray) -> Compute:
+def mul_mat_f32(dst: np.ndarray, src0: np.ndarray, src1: np.ndarray) -> Compute:
+    """dst = src1 · src0^T for F32 arrays in ggml's (ne3, ne2, ne1, ne0) order, src0 broadcast over
+    src1's dims 2 and 3; FLASH_ATTN_EXT's two products go through here too (the same bits as MUL_MAT)."""
     ne13, ne12 = src1.shape[0], src1.shape[1]
     r3, r2 = ne13 // src0.shape[0], ne12 // src0.shape[1]
     if r3 == 1 and r2 == 1:

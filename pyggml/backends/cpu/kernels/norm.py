@@ -198,23 +198,41 @@ def soft_max_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None]
 
     def run() -> None:
         np.multiply(x, scale, out=t, dtype=F32)
+        m = None
         if mask_of is not None:
             m = mask_of()
             if slope4 is not None:
                 m = np.multiply(m, slope4, dtype=F32)
-            np.add(t, m, out=t, dtype=F32)
-        mx = np.max(t, axis=-1, keepdims=True)
-        if sink4 is not None:
-            np.maximum(mx, sink4, out=mx)
-        np.subtract(t, mx, out=t)
-        np.exp(t, out=t)
-        s = np.add.reduce(t, axis=-1, keepdims=True, dtype=np.float64)
-        if sink4 is not None:
-            s += np.exp(sink4 - mx, dtype=F32)
-        np.reciprocal(s, out=s)
-        np.multiply(t, s.astype(F32), out=dst)
+        softmax_rows(t, m, sink4, dst)
 
     return run
+
+
+def softmax_rows(t: np.ndarray, mask: np.ndarray | None, sink4: np.ndarray | None, out: np.ndarray,
+                 empty_rows_zero: bool = False) -> None:
+    """out = softmax of each row of t + mask (t: scaled f32 logits, overwritten), with one more logit per head
+    from sink4 (shape (1, heads, 1, 1)) that takes weight but has no value.
+
+    As ggml's soft_max: max, exp(x - max), the sum in double, then a multiply by its reciprocal in f32.
+    FLASH_ATTN_EXT computes its weights here too, so that attention gives the same bits with and without
+    flash attention; it asks `empty_rows_zero` (a row of only -inf weighs nothing, where softmax gives NaN).
+    """
+    if mask is not None:
+        np.add(t, mask, out=t, dtype=F32)
+    mx = np.max(t, axis=-1, keepdims=True)
+    if sink4 is not None:
+        np.maximum(mx, sink4, out=mx)
+    if empty_rows_zero:
+        mx[np.isneginf(mx)] = 0.0  # every exp(-inf - 0) = 0, so the sum is 0
+    np.subtract(t, mx, out=t)
+    np.exp(t, out=t)
+    s = np.add.reduce(t, axis=-1, keepdims=True, dtype=np.float64)
+    if sink4 is not None:
+        s += np.exp(sink4 - mx, dtype=F32)
+    if empty_rows_zero:
+        s[s == 0.0] = np.inf  # reciprocal 0: the row's weights (all 0) stay 0
+    np.reciprocal(s, out=s)
+    np.multiply(t, s.astype(F32), out=out)
 
 
 def _diag_mask(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], value: float) -> Compute:
