@@ -17,10 +17,18 @@ from pyggml.core.errors import NotAllocatedError, OutOfBoundsError, OutOfMemoryE
 from pyggml.core.tensor import Tensor, nbytes_of
 from pyggml.core.types import TYPE_TRAITS, GGMLType
 
-# parallel lists sorted by base address
+# parallel lists sorted by base address; regions may nest (a buffer made from a pointer into a mapped file)
 _bases: list[int] = []
 _ends: list[int] = []
 _arrays: list[np.ndarray] = []
+_reach: list[int] = []  # _reach[i] = max(_ends[:i + 1]): no region at or before i reaches past it
+
+
+def _update_reach() -> None:
+    """Recompute _reach after a region came or went (rare next to lookups)."""
+    _reach[:] = _ends
+    for i in range(1, len(_reach)):
+        _reach[i] = max(_reach[i], _reach[i - 1])
 
 
 def allocate_host(nbytes: int, what: str) -> np.ndarray:
@@ -51,6 +59,7 @@ def register(array: np.ndarray) -> int:
     _bases.insert(i, base)
     _ends.insert(i, base + array.nbytes)
     _arrays.insert(i, array)
+    _update_reach()
     return base
 
 
@@ -61,17 +70,18 @@ def unregister(array: np.ndarray) -> None:
             break
         if _arrays[i] is array or _ends[i] - _bases[i] == array.nbytes:
             del _bases[i], _ends[i], _arrays[i]
+            _update_reach()
             return
 
 
 def find(addr: int, nbytes: int = 1) -> tuple[np.ndarray, int] | None:
     """The registered array holding [addr, addr + nbytes) and the offset in it, or None."""
+    # the innermost region holding it: scan down from the last base <= addr while an earlier region
+    # can still reach addr (a region that ends before addr may sit inside a larger one that does not)
     i = bisect.bisect_right(_bases, addr) - 1
-    while i >= 0:
-        if _bases[i] <= addr and addr + nbytes <= _ends[i]:
+    while i >= 0 and _reach[i] > addr:
+        if addr + nbytes <= _ends[i]:
             return _arrays[i], addr - _bases[i]
-        if _ends[i] <= addr and i < len(_bases) - 1:
-            break
         i -= 1
     return None
 

@@ -103,3 +103,31 @@ def test_builtin_model_tied_head_adds_one_split() -> None:
     assert [t.name for t in sched.splits[2].inputs] == ["result_norm"]
     assert [n.name for n in sched.splits[2].graph.nodes] == ["result_output"]
     check_layers_on_their_backends(two)
+
+
+def _splits(n_layer: int, n_backends: int) -> list[list[int]]:
+    """Every n_layers_on list for n_backends backends: layers on each but the last (the rest go there)."""
+    if n_backends == 1:
+        return [[]]
+    return [[k, *rest] for k in range(n_layer + 1) for rest in _splits(n_layer - k, n_backends - 1)
+            if rest or n_backends == 2]
+
+
+@pytest.mark.parametrize("n_backends", [2, 3, 4])
+def test_every_layer_split_of_the_builtin_model_gives_one_backends_tokens(n_backends: int) -> None:
+    """One to four CPU backends, every way of giving them the built-in model's layers: the greedy tokens of
+    one backend. (Three backends once failed now and then: the loader's weight buffers, registered inside
+    the mapped file, hid the file's other bytes from the host-memory lookup.)"""
+    path = builtin_model_path()
+    one = pm.load(path, n_ctx=64, progress=False)
+    want = list(one.generate(one.tokenize("The module"), 6, stop_at_eos=False))
+    n_layer = one.hparams.n_layer
+    one.free()
+    for split in _splits(n_layer, n_backends):
+        model = pm.load(path, backends=[cpu_init(1) for _ in range(n_backends)], n_layers_on=split, n_ctx=64,
+                        progress=False)
+        try:
+            got = list(model.generate(model.tokenize("The module"), 6, stop_at_eos=False))
+        finally:
+            model.free()
+        assert got == want, f"n_layers_on={split} over {n_backends} backends"
