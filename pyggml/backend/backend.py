@@ -220,6 +220,7 @@ class Backend:
         if self._device is None:
             raise UnsupportedOpError(f"backend '{self.name()}' has no device to make buffers over host memory")
         buffer = self._device.buffer_from_host_ptr(ptr, size, max_tensor_size)
+        buffer.buft = self._host_ptr_buffer_type(buffer.buft)
         buffer.backend = self
         buffer.name = self.name()
         return buffer
@@ -228,6 +229,14 @@ class Backend:
         """ggml_backend_supports_buft: whether this backend computes with tensors in buffers of `buft` (the
         device's answer; without a device, only its own default type)."""
         check_instance(buft, BufferType, f"backend '{self.name()}': supports_buft: buft")
+        return bool(self._supports_buft(buft))
+
+    def _host_ptr_buffer_type(self, buft: BufferType | None) -> BufferType | None:
+        """Hook: the buffer type of this backend's buffers over host memory (default: the device's, `buft`)."""
+        return buft
+
+    def _supports_buft(self, buft: BufferType) -> bool:
+        """Hook of `supports_buft`: the device's answer (without a device, only the default type)."""
         if self._device is not None:
             return self._device.supports_buft(buft)
         return buft is self.get_default_buffer_type()

@@ -91,26 +91,9 @@ def make_sampler(args: argparse.Namespace, seed: int) -> Any:
 
 
 def split_plan(model: Any) -> list[str]:
-    """The runner's plan in words: which backend computes which nodes, and what is copied between them."""
-    runner = model.runner
-    sched = getattr(runner, "sched", None)
+    """The plan in words: which layers sit on which backend, then the scheduler's splits of the last graph
+    (which backend computes which nodes, what is copied in) and whether it was reused."""
     lines: list[str] = []
-    if sched is not None:
-        splits = list(getattr(sched, "splits", []) or [])
-        splits = splits[: int(getattr(sched, "n_splits", len(splits)))]
-        lines.append(f"scheduler: {len(splits)} split(s) of the last graph over {len(model.backends)} backend(s) "
-                     f"({', '.join(_backend_label(model, b) for b in model.backends)})")
-        for i, split in enumerate(splits):
-            backend = getattr(split, "backend", None)
-            name = _backend_label(model, backend) if backend is not None else "NULL"
-            inputs = list(getattr(split, "inputs", []) or [])
-            names = ", ".join(getattr(t, "name", "?") or "?" for t in inputs[:6])
-            more = f", ... ({len(inputs)} in all)" if len(inputs) > 6 else ""
-            lines.append(f"  split {i}: {name}, nodes {split.i_start}..{split.i_end}"
-                         + (f", {len(inputs)} input(s) copied in: {names}{more}" if inputs else ""))
-        if not splits:
-            lines.append("  (no graph computed yet)")
-        return lines
     runs: list[tuple[str, int, int]] = []
     for il, b in enumerate(model.layer_backend):
         name = _backend_label(model, b)
@@ -118,10 +101,21 @@ def split_plan(model: Any) -> list[str]:
             runs[-1] = (name, runs[-1][1], il)
         else:
             runs.append((name, il, il))
-    lines.append(f"{type(runner).__name__}: {len(runs)} part(s) over {len({id(b) for b in model.backends})} "
-                 f"backend(s)")
+    lines.append(f"layers: {len(runs)} part(s) over {len({id(b) for b in model.backends})} backend(s)")
     for name, a, b in runs:
         lines.append(f"  layers {a}..{b}: {name}")
+    sched = model.runner.sched
+    splits = list(sched.splits)
+    lines.append(f"scheduler: {len(splits)} split(s) of the last graph over {len(sched.backends)} backend(s); "
+                 f"{model.n_graphs_built} graph(s) built, the other batches reused one")
+    for i, split in enumerate(splits):
+        name = _backend_label(model, split.backend)
+        names = ", ".join(t.name or "?" for t in split.inputs[:6])
+        more = f", ... ({len(split.inputs)} in all)" if len(split.inputs) > 6 else ""
+        lines.append(f"  split {i}: {name}, nodes {split.i_start}..{split.i_end}"
+                     + (f", {len(split.inputs)} input(s) copied in: {names}{more}" if split.inputs else ""))
+    if not splits:
+        lines.append("  (no graph computed yet)")
     return lines
 
 
@@ -240,7 +234,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
             for line in split_plan(model):
                 print(line, file=err)
             for report in getattr(model.runner, "memory_reports", []):
-                print(f"compute memory of the last graph: {report.summary()}", file=err)
+                print(f"compute memory of the largest graph: {report.summary()}", file=err)
     finally:
         model.free()
     return 0

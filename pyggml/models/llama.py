@@ -192,10 +192,13 @@ class LlamaInputs:
     k_idxs: Tensor | None  # I64 [n_tokens]: the K cache rows (cells) this batch goes to (None: CPY idiom)
     v_idxs: Tensor | None  # I64 [n_tokens] or [n_embd_gqa * n_tokens] (V transposed): the V cache rows
     kv_writes: list[Tensor]  # the SET_ROWS (or CPY) nodes storing this batch's K and V
-    # per layer, the nodes built for it (views, reshapes and unnamed ones too): llama.cpp's scheduler puts
-    # them on the layer's backend (ggml_backend_sched_set_node_backend), so that nodes without a weight
-    # among their sources (kq, softmax, rope) do not go to the backend of the inputs (pos, mask)
+    # per layer, the nodes built for it (views, reshapes and unnamed ones too): where a non-finite value
+    # starts is named by layer
     layer_nodes: list[list[Tensor]] = field(default_factory=list)
+    # (layer, node) of each layer's RMS_NORMs ("norm-<il>", as llama.cpp names them): the model pins them to
+    # the layer's backend, as llama.cpp's graph callback does, else the scheduler leaves a layer's first norm
+    # on the previous layer's backend and copies both the residual and its norm
+    norms: list[tuple[int, Tensor]] = field(default_factory=list)
 
 
 def build_llama(ctx: Context, hp: LlamaHParams, w: dict[str, Tensor], kv: KVCache, n_tokens: int,
@@ -242,11 +245,14 @@ def build_llama(ctx: Context, hp: LlamaHParams, w: dict[str, Tensor], kv: KVCach
 
     x = ctx.get_rows(w["token_embd.weight"], tokens).set_name("inp_embd")
     layer_nodes: list[list[Tensor]] = []
+    norms: list[tuple[int, Tensor]] = []
     for il in range(hp.n_layer):
         b = f"blk.{il}."
         first_tensor = len(ctx.tensors)
         inp_sa = x
-        cur = ctx.mul(ctx.rms_norm(x, eps), w[b + "attn_norm.weight"]).set_name(f"attn_norm-{il}")
+        norm = ctx.rms_norm(x, eps).set_name(f"norm-{il}")
+        norms.append((il, norm))
+        cur = ctx.mul(norm, w[b + "attn_norm.weight"]).set_name(f"attn_norm-{il}")
 
         # self-attention
         q = ctx.mul_mat(w[b + "attn_q.weight"], cur).set_name(f"Qcur-{il}")
@@ -275,7 +281,9 @@ def build_llama(ctx: Context, hp: LlamaHParams, w: dict[str, Tensor], kv: KVCach
         ffn_inp = ctx.add(cur, inp_sa).set_name(f"ffn_inp-{il}")
 
         # feed-forward (SwiGLU)
-        cur = ctx.mul(ctx.rms_norm(ffn_inp, eps), w[b + "ffn_norm.weight"]).set_name(f"ffn_norm-{il}")
+        norm = ctx.rms_norm(ffn_inp, eps).set_name(f"norm-{il}")
+        norms.append((il, norm))
+        cur = ctx.mul(norm, w[b + "ffn_norm.weight"]).set_name(f"ffn_norm-{il}")
         up = ctx.mul_mat(w[b + "ffn_up.weight"], cur).set_name(f"ffn_up-{il}")
         gate = ctx.mul_mat(w[b + "ffn_gate.weight"], cur).set_name(f"ffn_gate-{il}")
         if glu:
@@ -292,7 +300,7 @@ def build_llama(ctx: Context, hp: LlamaHParams, w: dict[str, Tensor], kv: KVCach
     head = w.get("output.weight", w["token_embd.weight"])  # tied embeddings when the file has no output
     logits = ctx.mul_mat(head, cur).set_name("result_output").set_output()
     gf.build_forward_expand(logits)
-    return gf, LlamaInputs(tokens, pos, mask, logits, k_idxs, v_idxs, writes, layer_nodes)
+    return gf, LlamaInputs(tokens, pos, mask, logits, k_idxs, v_idxs, writes, layer_nodes, norms)
 
 
 def graph_size(hp: LlamaHParams) -> int:

@@ -23,9 +23,8 @@ from typing import Any
 import numpy as np
 
 from pyggml.backend.backend import Backend
-from pyggml.backend.device import DeviceType
-from pyggml.backend.registry import init_backend, init_by_type, set_n_threads
-from pyggml.backend.tensor_io import tensor_get, tensor_get_numpy, tensor_set
+from pyggml.backend.registry import init_backend, set_n_threads
+from pyggml.backend.tensor_io import tensor_get_numpy
 from pyggml.core.checks import check_host_alloc, check_positive
 from pyggml.core.context import Context, tensor_overhead
 from pyggml.core.errors import ArgumentError, GGMLError, NonFiniteError
@@ -37,21 +36,13 @@ from pyggml.gguf.reader import GGUFFile, read_gguf
 from pyggml.models.kv_cache import KVCache
 from pyggml.models.llama import LlamaHParams, LlamaInputs, build_llama, check_tensors, graph_size, layer_of
 from pyggml.models.metadata import read_int
-from pyggml.models.runner import (
-    PlannedGraph,
-    SchedRunner,
-    SingleRunner,
-    SplitRunner,
-    is_host_backend,
-    scheduler_class,
-)
+from pyggml.models.runner import Runner, is_host_backend
 
 log = logging.getLogger("pyggml.models")
 
 KV_PAD = 256  # graphs read the cache in multiples of 256 cells, at least 256, at most n_ctx (llama.cpp's n_kv,
 # llama_kv_cache::get_n_kv), so one decode graph, the same shapes, serves 256 consecutive tokens
 FLASH_ATTN_MODES = ("on", "off", "auto")
-MAX_DECODE_GRAPHS = 4  # planned one-token graphs kept (each has its own small compute buffer)
 
 
 def resolve_flash_attn(mode: str | bool) -> bool:
@@ -125,7 +116,7 @@ class Model:
     def __init__(self, gf: GGUFFile, backends: list[Backend], n_ctx: int = 512,
                  n_layers_on: int | Sequence[int] | None = None, n_batch: int = 512,
                  kv_type: GGMLType | str = GGMLType.F32, use_mmap: bool = True, progress: bool = True,
-                 use_sched: bool | None = None, reuse_graphs: bool = True, check_finite: bool = True,
+                 reuse_graphs: bool = True, check_finite: bool = True,
                  flash_attn: str | bool = "auto") -> None:
         if not backends:
             raise ArgumentError("load: no backends given")
@@ -165,16 +156,9 @@ class Model:
             kv = self.kv = KVCache(hp.n_layer, self.n_ctx, hp.n_embd_gqa, self.layer_backend, kv_type,
                                    v_trans=not self.flash_attn)
             self.input_backend = first
-            if use_sched is None:
-                use_sched = len({id(b) for b in backends}) > 1
-            self.runner: SingleRunner | SchedRunner | SplitRunner
-            if use_sched and scheduler_class() is None:
-                log.warning("pyggml.sched is not available: the layers' backends are joined by SplitRunner")
-                self.runner = SplitRunner(backends, first)
-            elif use_sched:
-                self.runner = SchedRunner(backends, first, self._sched_measure_graph)
-            else:
-                self.runner = SingleRunner(first, self._measure_graph)
+            # one engine for one backend or many: the scheduler, reserved once with the worst-case graph
+            measure_graph = self._measure_graph()
+            self.runner = Runner(backends, measure_graph, graph_size(hp))
         except BaseException:
             # nothing of a failed load stays behind (host buffers are registered by address until freed)
             if kv is not None:
@@ -186,10 +170,12 @@ class Model:
                 self._measure_ctx.free()  # the measure graph was only for sizes
                 self._measure_ctx = None
         self._tokenizer: Any = None
-        # one-token graphs by (n_kv, last_only), planned once and computed for every token of their n_kv
-        # (the cells written are index inputs; single backend only)
-        self.reuse_graphs = reuse_graphs and isinstance(self.runner, SingleRunner) and self._graph_kw["set_rows"]
-        self._decode_graphs: dict[tuple[int, bool], tuple[PlannedGraph, Any]] = {}
+        # the graph computed last, kept while the next batch has its shapes (llama.cpp's can_reuse): the
+        # decode graph of every token of one n_kv (the cells written are index inputs). The 2023 graph
+        # (backends without SET_ROWS) writes the cache through views at n_past: never reused.
+        self.reuse_graphs = bool(reuse_graphs) and self._graph_kw["set_rows"]
+        self._last: tuple[tuple[int, int, bool], Context, LlamaInputs] | None = None
+        self.n_graphs_built = 0  # graphs built (the rest of the batches reused one)
 
     # --- checks ---
 
@@ -226,26 +212,12 @@ class Model:
         size = graph_size(self.hparams)
         return Context(mem_size=size * tensor_overhead() + graph_overhead(size), no_alloc=True)
 
-    def _measure_graph(self) -> tuple[Any, list[Any]]:
+    def _measure_graph(self) -> Any:
         """The largest graph a batch makes (n_batch tokens at the end of the context), for the scheduler."""
         ctx = self._measure_ctx = self._new_ctx()
-        gf, inp = build_llama(ctx, self.hparams, self.w, self.kv, self.n_batch, self.n_ctx - self.n_batch,
-                              **self._graph_kw)
-        return gf, [t for t in (inp.tokens, inp.pos, inp.mask, inp.k_idxs, inp.v_idxs) if t is not None]
-
-    def _sched_measure_graph(self) -> tuple[Any, list[Any], list[tuple[list[Any], Backend]]]:
-        """The measure graph for SchedRunner, with its layers' nodes on their backends (see `_node_backends`)."""
-        ctx = self._measure_ctx = self._new_ctx()
-        gf, inp = build_llama(ctx, self.hparams, self.w, self.kv, self.n_batch, self.n_ctx - self.n_batch,
-                              **self._graph_kw)
-        return (gf, [t for t in (inp.tokens, inp.pos, inp.mask, inp.k_idxs, inp.v_idxs) if t is not None],
-                self._node_backends(inp))
-
-    def _node_backends(self, inp: LlamaInputs) -> list[tuple[list[Any], Backend]]:
-        """Each layer's nodes on the layer's backend, as llama.cpp assigns them for its scheduler; a node the
-        backend does not support is left to the scheduler, which gives it to the next backend that does."""
-        return [([n for n in nodes if b.supports_op(n)], b)
-                for nodes, b in zip(inp.layer_nodes, self.layer_backend, strict=True)]
+        gf, _ = build_llama(ctx, self.hparams, self.w, self.kv, self.n_batch, self.n_ctx - self.n_batch,
+                            **self._graph_kw)
+        return gf
 
     @staticmethod
     def _mask(pos: np.ndarray, n_kv: int) -> np.ndarray:
@@ -271,26 +243,40 @@ class Model:
         self.kv.check_room(n_tokens)
         pos = np.arange(n_past, n_past + n_tokens, dtype=np.int32)
         n_kv = self._n_kv(n_past + n_tokens)  # the cells attention reads, padded as llama.cpp pads them
-        if n_tokens == 1 and self.reuse_graphs:
-            logits = self._decode_one(ids, pos, last_only, n_kv)
+        key = (n_tokens, n_kv, last_only)
+        if self.reuse_graphs and self._last is not None and self._last[0] == key:
+            inp = self._last[2]
+            self.runner.run_again(self._inputs(inp, self.kv, ids, pos, n_kv))
         else:
+            self._forget_graph()
             ctx = self._new_ctx()
             try:
                 gf, inp = build_llama(ctx, self.hparams, self.w, self.kv, n_tokens, n_past, last_only, n_kv=n_kv,
                                       **self._graph_kw)
-                inputs = self._inputs(inp, self.kv, ids, pos, n_kv)
-                if isinstance(self.runner, SchedRunner):
-                    self.runner.run(gf, inputs, self._node_backends(inp))
-                else:
-                    self.runner.run(gf, inputs)
-                logits = tensor_get_numpy(inp.logits).reshape(-1, self.hparams.n_vocab)
-            finally:
+                self.n_graphs_built += 1
+                self.runner.run(gf, self._inputs(inp, self.kv, ids, pos, n_kv), self._pins(inp))
+            except BaseException:
+                self.runner.forget()
                 ctx.free()
+                raise
+            self._last = (key, ctx, inp)
+        logits = tensor_get_numpy(inp.logits).reshape(-1, self.hparams.n_vocab)
         # one pass over the logits (n_vocab floats a token): NaN or inf anywhere upstream reaches them
         if self.check_finite and not np.isfinite(logits).all():
             raise self._non_finite_error(ids, n_past, last_only, n_kv, logits)
         self.kv.n = n_past + n_tokens
         return logits
+
+    def _pins(self, inp: LlamaInputs) -> list[tuple[Any, Backend]]:
+        """Each layer's norms on the layer's backend (llama.cpp's graph callback pins "norm" likewise)."""
+        return [(norm, self.layer_backend[il]) for il, norm in inp.norms]
+
+    def _forget_graph(self) -> None:
+        """Drop the graph computed last: the scheduler lets go of it, then its context is freed."""
+        self.runner.forget()
+        if self._last is not None:
+            self._last[1].free()
+            self._last = None
 
     def _n_kv(self, used: int) -> int:
         """llama.cpp's n_kv for `used` cells: min(n_ctx, max(256, GGML_PAD(used, 256)))."""
@@ -319,66 +305,56 @@ class Model:
             f"--no-check-finite, skips this check)")
 
     def _first_non_finite(self, ids: np.ndarray, n_past: int, last_only: bool, n_kv: int | None) -> str:
-        """Compute the batch again, as the same graph, with every intermediate in memory of its own, and
-        describe the first node, in graph order, whose values are not all finite. On host backends the
-        model's own backends do it (SplitRunner: no reuse); otherwise a backend of the CPU device (the
-        registry's) does, over the file's weights (mapped) and a copy of the KV cache. Only on the error
-        path: it costs a graph's worth of memory without reuse."""
-        if all(is_host_backend(b) for b in self.backends):
-            return self._scan(self.backends, self.input_backend, self.w, self.kv, ids, n_past, last_only, n_kv)
-        hp = self.hparams
-        cpu = init_by_type(DeviceType.CPU)
-        weights = load_tensors(self.file, list(self.w), lambda _: cpu, progress=False)
-        kv = None
-        try:
-            kv = KVCache(hp.n_layer, self.n_ctx, hp.n_embd_gqa, [cpu] * hp.n_layer, self.kv.type,
-                         v_trans=self.kv.v_trans)
-            for src, dst in zip((*self.kv.k, *self.kv.v), (*kv.k, *kv.v), strict=True):
-                raw = np.empty(src.nbytes(), dtype=np.uint8)
-                tensor_get(src, raw)
-                tensor_set(dst, raw)
-            found = self._scan([cpu], cpu, weights.tensors, kv, ids, n_past, last_only, n_kv)
-            names = ", ".join(sorted({b.name() for b in self.backends if not is_host_backend(b)}))
-            return f"{found} (computed again on the CPU backend: {names} keeps its tensors off the host)"
-        finally:
-            if kv is not None:
-                kv.free()
-            weights.free()
-            cpu.free()
-
-    def _scan(self, backends: list[Backend], input_backend: Backend, w: dict[str, Any], kv: KVCache,
-              ids: np.ndarray, n_past: int, last_only: bool, n_kv: int | None) -> str:
-        """`_first_non_finite` over host backends, with weights `w` and cache `kv`."""
+        """Compute the batch again, as the same graph, with the scheduler's eval callback looking at every
+        node as soon as it is computed (llama.cpp's eval-callback), and describe the first one, in graph
+        order, whose values are not all finite; the compute stops there. Only on the error path."""
         n_tokens = len(ids)
         n_kv = n_kv or n_past + n_tokens
         pos = np.arange(n_past, n_past + n_tokens, dtype=np.int32)
+        self._forget_graph()
         ctx = self._new_ctx()
-        runner = None
+        found: list[tuple[int, Any, int, int]] = []
         try:
-            gf, inp = build_llama(ctx, self.hparams, w, kv, n_tokens, n_past, last_only, n_kv=n_kv,
+            gf, inp = build_llama(ctx, self.hparams, self.w, self.kv, n_tokens, n_past, last_only, n_kv=n_kv,
                                   **self._graph_kw)
-            runner = SplitRunner(backends, input_backend)
-            runner.run(gf, self._inputs(inp, kv, ids, pos, n_kv))
-            layer = {id(t): il for il, nodes in enumerate(inp.layer_nodes) for t in nodes}
-            after_layers = False
-            for i, node in enumerate(gf.nodes):
-                after_layers = after_layers or id(node) in layer
-                if node.view_src is not None or is_view_op(node.op) or node.type not in (GGMLType.F32, GGMLType.F16):
-                    continue  # a view shows its source's values, checked before it
+            order = {id(n): i for i, n in enumerate(gf.nodes)}
+            # nodes built as views (a KV write's result is the cache): their values are the cache's, which may
+            # hold what an earlier batch left; the nodes reading the cells are checked instead
+            built_views = {id(n) for n in gf.nodes if n.view_src is not None}
+
+            def observe(node: Any, ask: bool) -> bool:
+                if ask:  # a view op shows its source's values, checked before it (an op the allocator put in
+                    # its source's memory, view_src set, computes values of its own)
+                    return (not is_view_op(node.op) and id(node) not in built_views
+                            and node.type in (GGMLType.F32, GGMLType.F16))
                 values = tensor_get_numpy(node)
                 n_nan, n_inf = int(np.isnan(values).sum()), int(np.isinf(values).sum())
-                if not n_nan and not n_inf:
-                    continue
-                il = layer.get(id(node))
-                part = f"layer {il}" if il is not None else ("the output" if after_layers else "the token embedding")
-                srcs = ", ".join(f"'{s.name}'" for s in node.src if s is not None)
-                return (f"the first tensor that is not finite is '{node.name or f'node {i}'}' ({node.op.name} of "
-                        f"{srcs}) in {part}: {n_nan + n_inf} of {values.size} values ({n_nan} NaN, {n_inf} inf)"
-                        f"{self._bad_sources(node, w, kv)}")
-            return "computing the batch again with every tensor checked found them all finite"
+                if n_nan or n_inf:
+                    found.append((order.get(id(node), -1), node, n_nan, n_inf))
+                    return False  # stop: nothing after it is needed
+                return True
+
+            self.runner.set_eval_callback(observe)
+            try:
+                self.runner.run(gf, self._inputs(inp, self.kv, ids, pos, n_kv), self._pins(inp))
+            finally:
+                self.runner.set_eval_callback(None)
+                self.runner.forget()
+            if not found:
+                return "computing the batch again with every tensor checked found them all finite"
+            i, node, n_nan, n_inf = found[0]
+            layer = {id(t): il for il, nodes in enumerate(inp.layer_nodes) for t in nodes}
+            il = layer.get(id(node))
+            first_layer_node = min((order[id(t)] for nodes in inp.layer_nodes for t in nodes if id(t) in order),
+                                   default=0)
+            part = f"layer {il}" if il is not None else ("the output" if i > first_layer_node
+                                                          else "the token embedding")
+            srcs = ", ".join(f"'{s.name}'" for s in node.src if s is not None)
+            values = n_nan + n_inf
+            return (f"the first tensor that is not finite is '{node.name or f'node {i}'}' ({node.op.name} of "
+                    f"{srcs}) in {part}: {values} of {node.nelements()} values ({n_nan} NaN, {n_inf} inf)"
+                    f"{self._bad_sources(node, self.w, self.kv)}")
         finally:
-            if runner is not None:
-                runner.free()
             ctx.free()
 
     def _bad_sources(self, node: Any, w: dict[str, Any], kv: KVCache) -> str:
@@ -401,28 +377,6 @@ class Model:
             if n_nan or n_inf:
                 out += f"; {what} holds {n_nan} NaN and {n_inf} inf"
         return out
-
-    def _decode_one(self, ids: np.ndarray, pos: np.ndarray, last_only: bool, n_kv: int) -> np.ndarray:
-        """One token through a planned graph, built for the first token of its n_kv and computed again for
-        the next ones: the same shapes, only the inputs (token, position, mask, cache rows) change."""
-        n_past = int(pos[0])
-        key = (n_kv, last_only)
-        entry = self._decode_graphs.get(key)
-        if entry is None:
-            while len(self._decode_graphs) >= MAX_DECODE_GRAPHS:
-                old, _ = self._decode_graphs.pop(next(iter(self._decode_graphs)))
-                old.free()
-            ctx = self._new_ctx()
-            gf, inp = build_llama(ctx, self.hparams, self.w, self.kv, 1, n_past, last_only, n_kv=n_kv,
-                                  **self._graph_kw)
-            planned = PlannedGraph(self.runner.backend, gf, [], owner=ctx)
-            entry = (planned, inp)
-            self._decode_graphs[key] = entry
-        planned, inp = entry
-        for t, values in self._inputs(inp, self.kv, ids, pos, n_kv):
-            tensor_set(t, values)
-        planned.compute()
-        return tensor_get_numpy(inp.logits).reshape(-1, self.hparams.n_vocab)
 
     # --- the API ---
 
@@ -524,9 +478,6 @@ class Model:
     def memory(self) -> dict[str, dict[str, int]]:
         """Bytes per backend ("<name>#<index>"): weights, KV cache, compute buffer."""
         compute = self.runner.buffer_sizes()
-        for planned, _ in self._decode_graphs.values():  # the planned one-token graphs' own buffers
-            key = id(planned.backend)
-            compute[key] = compute.get(key, 0) + planned.buffer.get_size()
         out: dict[str, dict[str, int]] = {}
         for i, b in enumerate(self.backends):
             out[f"{b.name()}#{i}"] = {"weights": self.weights.nbytes.get(id(b), 0),
@@ -535,9 +486,7 @@ class Model:
         return out
 
     def free(self) -> None:
-        for planned, _ in self._decode_graphs.values():
-            planned.free()
-        self._decode_graphs = {}
+        self._forget_graph()
         self.runner.free()
         self.kv.free()
         self.weights.free()
@@ -555,7 +504,7 @@ def load(path: str | os.PathLike[str], backends: Sequence[Backend | str] | None 
     `n_layers_on`: layer counts of the first backends (the rest on the last);
     `n_threads`: thread count of the backends whose registry sets one ("ggml_backend_set_n_threads":
     the CPU backend's). Names go through `pyggml.backend.init_backend`. Further keywords go to
-    `Model` (n_batch, kv_type, use_mmap, progress, use_sched, reuse_graphs, check_finite, flash_attn: "on",
+    `Model` (n_batch, kv_type, use_mmap, progress, reuse_graphs, check_finite, flash_attn: "on",
     "off" or "auto" as llama.cpp's -fa).
     """
     if n_threads is not None:

@@ -31,6 +31,7 @@ class SchedStats:
     n_splits: int = 0
     split_time: float = 0.0  # seconds in the assignment passes and the split
     alloc_time: float = 0.0  # seconds in the graph allocator
+    reused: bool = False  # the graph was allocated before: no split, no allocation
     backends: list[BackendStats] = field(default_factory=list)
 
     @property
@@ -52,8 +53,9 @@ class SchedStats:
 
     def format(self) -> str:
         """A few lines for logs: the totals, then one line per backend (as the seed's timing printout)."""
-        lines = [f"sched: {self.n_nodes} nodes in {self.n_splits} splits; split {self.split_time * 1e3:.3f} ms, "
-                 f"alloc {self.alloc_time * 1e3:.3f} ms"]
+        how = "reused" if self.reused else (f"split {self.split_time * 1e3:.3f} ms, "
+                                             f"alloc {self.alloc_time * 1e3:.3f} ms")
+        lines = [f"sched: {self.n_nodes} nodes in {self.n_splits} splits; {how}"]
         for i, b in enumerate(self.backends):
             lines.append(f"  #{i} {b.name}: {b.n_splits} splits, copy {b.copy_time * 1e3:.3f} ms "
                          f"({b.n_copies} inputs, {format_bytes(b.bytes_copied)}), "

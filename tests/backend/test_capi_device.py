@@ -41,8 +41,16 @@ def test_devices_registries_buffer_types_by_their_c_names() -> None:
     assert capi.ggml_backend_buft_get_alignment(buft) == 64 and capi.ggml_backend_buft_is_host(buft)
     assert capi.ggml_backend_buft_get_max_size(buft) == 2**64 - 1 and capi.ggml_backend_buft_get_device(buft) is cpu
     backend = capi.ggml_backend_dev_init(cpu, None)
-    assert capi.ggml_backend_get_device(backend) is cpu and capi.ggml_backend_get_default_buffer_type(backend) is buft
-    assert capi.ggml_backend_supports_buft(backend, buft) and capi.ggml_backend_dev_supports_buft(cpu, buft)
+    # each CPU backend has a buffer type of its own (so that the scheduler keeps two CPU backends apart, as two
+    # devices): named and laid out as the device's, supported by this backend only; the device's serves all
+    own = capi.ggml_backend_get_default_buffer_type(backend)
+    assert capi.ggml_backend_get_device(backend) is cpu and own is not buft
+    assert capi.ggml_backend_buft_name(own) == "CPU" and capi.ggml_backend_buft_is_host(own)
+    assert capi.ggml_backend_buft_get_device(own) is cpu and capi.ggml_backend_buft_get_alignment(own) == 64
+    other = capi.ggml_backend_dev_init(cpu, None)
+    assert capi.ggml_backend_supports_buft(backend, own) and not capi.ggml_backend_supports_buft(other, own)
+    assert capi.ggml_backend_supports_buft(backend, buft) and capi.ggml_backend_supports_buft(other, buft)
+    assert capi.ggml_backend_dev_supports_buft(cpu, buft) and not capi.ggml_backend_dev_supports_buft(cpu, own)
     assert capi.ggml_backend_get_max_size(backend) == 2**64 - 1
     for b in (capi.ggml_backend_init_by_name("CPU", None), capi.ggml_backend_init_by_type(0, None),
               capi.ggml_backend_init_best()):

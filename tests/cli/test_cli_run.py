@@ -73,7 +73,7 @@ def test_run_verbose_shows_the_plan(tiny_model: Path, capsys: pytest.CaptureFixt
     assert "n_layer 2, n_embd 64, n_head 4/2, n_vocab 320, n_ctx 128" in err
     assert re.search(r"^  layers 0\.\.1: CPU#0$", err, re.M)
     # the graph allocator's memory report of the compute buffer: peak at or above the lower bound
-    m = re.search(r"^compute memory of the last graph: buffer '[^']+': peak ([\d.]+) MiB, lower bound ([\d.]+) MiB "
+    m = re.search(r"^compute memory of the largest graph: buffer '[^']+': peak ([\d.]+) MiB, lower bound ([\d.]+) MiB "
                   r"\(peak/lower bound ([\d.]+)\), no reuse ([\d.]+) MiB", err, re.M)
     assert m is not None, err
     peak, lower, ratio, no_reuse = map(float, m.groups())
@@ -92,7 +92,7 @@ def test_run_split_over_two_backends_writes_the_same(tiny_model: Path, capsys: p
     assert re.search(r"^scheduler: \d+ split\(s\) of the last graph over 2 backend\(s\)", captured.err, re.M)
     assert re.search(r"^  split 0: CPU#0, nodes 0\.\.\d+", captured.err, re.M)
     assert re.search(r"^  split \d+: CPU#1, nodes \d+\.\.\d+, \d+ input\(s\) copied in: ", captured.err, re.M)
-    assert len(re.findall(r"^compute memory of the last graph: ", captured.err, re.M)) == 2  # one per backend
+    assert len(re.findall(r"^compute memory of the largest graph: ", captured.err, re.M)) == 2  # one per backend
 
 
 def test_run_ctx_and_n(tiny_model: Path, capsys: pytest.CaptureFixture[str]) -> None:

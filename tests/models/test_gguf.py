@@ -230,7 +230,7 @@ def test_model_placement_and_empty_eval(llama_file: Path) -> None:
     from pyggml.backends.cpu import cpu_init
 
     a, b = cpu_init(1), cpu_init(1)
-    model = pm.load(llama_file, backends=[a, b], n_layers_on=[1], n_ctx=16, progress=False, use_sched=False)
+    model = pm.load(llama_file, backends=[a, b], n_layers_on=[1], n_ctx=16, progress=False)
     w = model.w
     assert w["token_embd.weight"].buffer.backend is a and w["blk.0.attn_q.weight"].buffer.backend is a
     assert w["blk.1.attn_q.weight"].buffer.backend is b and w["output.weight"].buffer.backend is b

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -203,10 +205,14 @@ class CountingCPU(CPUBackend):
         self.n_computed += graph.n_nodes
         super()._graph_compute(graph)
 
+    def _graph_plan_compute(self, plan: Any) -> None:
+        self.n_computed += plan.graph.n_nodes
+        super()._graph_plan_compute(plan)
+
 
 def test_split_over_two_backends_gives_the_same_tokens(tiny_gguf: object, prompt32: np.ndarray) -> None:
-    """Layer 0 on one CPU backend, layer 1 on another (joined by the scheduler, or by SplitRunner
-    while pyggml.sched is missing): the same logits and greedy tokens as on one backend."""
+    """Layer 0 on one CPU backend, layer 1 on another (joined by the scheduler): the same logits and greedy
+    tokens as on one backend."""
     one = load(tiny_gguf("F32"))
     a, b = CountingCPU(1), CountingCPU(1)
     split = pm.load(tiny_gguf("F32"), backends=[a, b], n_layers_on=[1], n_ctx=64, progress=False)
@@ -269,9 +275,11 @@ def test_decode_graph_in_todays_idiom(tiny_gguf: object, flash_attn: str) -> Non
     model.eval([1, 40, 41])
     for t in range(60):
         model.eval([50 + t])
-    assert list(model._decode_graphs) == [(256, False)]  # one graph for tokens 3..62
-    planned, inp = model._decode_graphs[(256, False)]
-    ops = {n.op for n in planned.graph.nodes}
+    # two graphs built: the prompt's, and one decode graph the scheduler reused for tokens 4..62
+    assert model.n_graphs_built == 2 and model.runner.sched.reused
+    assert model._last is not None and model._last[0] == (1, 256, False)
+    inp = model._last[2]
+    ops = {n.op for n in model.runner.graph.nodes}
     assert GGMLOp.SET_ROWS in ops and GGMLOp.GLU in ops and GGMLOp.CPY not in ops
     assert (GGMLOp.FLASH_ATTN_EXT in ops) == (flash_attn == "on")
     assert (GGMLOp.SOFT_MAX in ops) == (flash_attn == "off")

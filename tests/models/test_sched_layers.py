@@ -1,10 +1,6 @@
-"""A model split over two backends by the scheduler: each layer's nodes stay on the layer's backend.
-
-Without the per-layer assignment, nodes reading the inputs (RoPE reads the
-positions on the first backend, the softmax the mask) went back to the first
-backend: a 4-layer model with 2 layers on each of two CPU backends made 23
-splits. With it the graph is cut where the layers change backend, plus where
-the output head's weight lives.
+"""A model split over several CPU backends by the scheduler's five passes: each layer's nodes go with its
+weights (each CPU backend instance has its own buffer type, so two CPU backends stay two), the graph is cut
+where the layers change backend, plus where the output head's weight lives.
 """
 
 from __future__ import annotations
@@ -18,7 +14,7 @@ import pyggml.models as pm
 from pyggml.backends.cpu import cpu_init
 from pyggml.models.builtin import builtin_model_path
 from pyggml.models.convert import write_llama_gguf
-from pyggml.models.runner import SchedRunner
+from pyggml.sched.sched import BackendSched
 
 CONFIG = dict(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5, rope_theta=10000.0)
@@ -55,7 +51,7 @@ def split_over_two(path: Path) -> tuple[pm.Model, pm.Model]:
     """The model on one CPU backend, and over two CPU backends with layers 0-1 on the first, 2-3 on the second."""
     one = pm.load(path, n_ctx=32, progress=False)
     two = pm.load(path, backends=[cpu_init(1), cpu_init(1)], n_layers_on=[2], n_ctx=32, progress=False)
-    assert isinstance(two.runner, SchedRunner)
+    assert isinstance(two.runner.sched, BackendSched) and two.runner.sched.n_backends == 2
     return one, two
 
 
@@ -81,9 +77,12 @@ def test_untied_model_over_two_backends_makes_two_splits(untied_gguf: Path) -> N
     # one backend change (layer 1 -> layer 2); the output norm and head weights are on the last layer's backend
     assert sched.n_splits == 2
     assert [s.backend for s in sched.splits] == [a, b]
-    # what layer 2 needs from the first backend: the residual stream, the positions, the mask, the cache rows
-    assert sorted(t.name for t in sched.splits[1].inputs) == ["KQ_mask", "inp_k_idxs", "inp_pos", "inp_v_idxs",
-                                                              "l_out-1"]
+    # the graph inputs live on the last backend (ggml's pass 1: "1.inp") and are copied to the first; layer 2
+    # needs only the residual stream from the first backend (its norm is pinned to its backend, as llama.cpp's
+    # graph callback pins "norm")
+    assert sorted(t.name for t in sched.splits[0].inputs) == ["KQ_mask", "inp_k_idxs", "inp_pos", "inp_tokens",
+                                                              "inp_v_idxs"]
+    assert [t.name for t in sched.splits[1].inputs] == ["l_out-1"]
     check_layers_on_their_backends(two)
     # generation (one-token graphs through the scheduler) keeps the plan and the tokens
     one.reset()

@@ -20,6 +20,7 @@ import logging
 import os
 
 from pyggml.backend.backend import Backend
+from pyggml.backend.buffer_type import BufferType
 from pyggml.backend.tensor_io import tensor_get, tensor_set
 from pyggml.backends.cpu.buffer import (
     TENSOR_ALIGNMENT,
@@ -30,7 +31,7 @@ from pyggml.backends.cpu.buffer import (
     host_read,
     host_write,
 )
-from pyggml.backends.cpu.device import cpu_device
+from pyggml.backends.cpu.device import CPUBufferType, cpu_device
 from pyggml.backends.cpu.kernels import ComputeParams, WorkArea
 from pyggml.backends.cpu.plan import CPUPlan, kernel_supports, plan_compute, plan_create
 from pyggml.core.checks import check_instance, check_int
@@ -72,6 +73,9 @@ class CPUBackend(Backend):
 
     def __init__(self, n_threads: int | None = None) -> None:
         super().__init__(cpu_device())
+        device = cpu_device()
+        self.buft = CPUBufferType(device, "CPU", owner=self)  # this instance's own (see CPUBufferType)
+        self.mapped_buft = CPUBufferType(device, "CPU_Mapped", owner=self)
         self._n_threads = 1
         self.n_threads = n_threads if n_threads is not None else min(os.cpu_count() or 1, GGML_MAX_N_THREADS)
         self.work = WorkArea()  # the seed's work_data/work_size, reused by graph_compute
@@ -94,6 +98,18 @@ class CPUBackend(Backend):
 
     def _alloc_buffer(self, size: int) -> CPUBuffer:
         return cpu_alloc_buffer(self, size, self.get_default_buffer_type())
+
+    def _get_default_buffer_type(self) -> BufferType:
+        return self.buft
+
+    def _host_ptr_buffer_type(self, buft: BufferType | None) -> BufferType | None:
+        return self.mapped_buft
+
+    def _supports_buft(self, buft: BufferType) -> bool:
+        # its own types and the device's host types; not another CPU backend's own
+        if isinstance(buft, CPUBufferType) and buft.owner is not None:
+            return buft.owner is self
+        return buft.is_host()
 
     def _get_alignment(self) -> int:
         return TENSOR_ALIGNMENT
@@ -166,7 +182,7 @@ def cpu_backend_buffer_from_ptr(backend_cpu: Backend, ptr: object, size: int) ->
     if not is_cpu(backend_cpu):
         raise ArgumentError(f"cpu_buffer_from_ptr: backend '{backend_cpu.name()}' is not the CPU backend")
     backend_cpu.check_alive()
-    return cpu_buffer_from_ptr(backend_cpu, ptr, size, cpu_device().mapped_buft)
+    return cpu_buffer_from_ptr(backend_cpu, ptr, size, backend_cpu.mapped_buft)
 
 
 def graph_compute_with_ctx(ctx: Context, graph: Graph, n_threads: int | None = None) -> None:

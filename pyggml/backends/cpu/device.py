@@ -32,11 +32,17 @@ if TYPE_CHECKING:
 
 
 class CPUBufferType(BufferType):
-    """Host memory in aligned numpy arrays ("CPU"), or the caller's ("CPU_Mapped")."""
+    """Host memory in aligned numpy arrays ("CPU"), or the caller's ("CPU_Mapped").
 
-    def __init__(self, device: CPUDevice, name: str) -> None:
+    The device has one of each, which every CPU backend computes with; each CPU backend instance also has
+    its own (`owner`), which only it computes with, as ggml gives each device its own buffer types: weights
+    placed in one CPU backend's buffers stay with it in the scheduler, so a model split over several CPU
+    backends stays split (the test double of several devices)."""
+
+    def __init__(self, device: CPUDevice, name: str, owner: CPUBackend | None = None) -> None:
         super().__init__(device)
         self._name = name
+        self.owner = owner
 
     def _get_name(self) -> str:
         return self._name
@@ -92,7 +98,7 @@ class CPUDevice(Device):
         return kernel_supports(op)
 
     def _supports_buft(self, buft: BufferType) -> bool:
-        return buft.is_host()
+        return buft.is_host() and not (isinstance(buft, CPUBufferType) and buft.owner is not None)
 
 
 class CPUReg(Reg):

@@ -51,7 +51,12 @@ def test_the_cpu_device() -> None:
     assert dev.event_new() is None and dev.host_buffer_type() is None
     backend = dev.init_backend()
     assert isinstance(backend, CPUBackend) and backend.get_device() is dev
-    assert backend.plans_follow_moves() and backend.get_default_buffer_type() is cpu_buffer_type()
+    # each CPU backend allocates from a buffer type of its own, laid out as the device's (see CPUBufferType)
+    own = backend.get_default_buffer_type()
+    assert backend.plans_follow_moves() and own is not cpu_buffer_type() and own.owner is backend
+    assert own.name() == "CPU" and own.get_alignment() == 64 and own.get_device() is cpu_device()
+    assert backend.supports_buft(own) and backend.supports_buft(cpu_buffer_type())
+    assert not cpu_init().supports_buft(own) and not cpu_device().supports_buft(own)
 
 
 def test_cpu_buffer_type(ctx: Context) -> None:
@@ -224,7 +229,9 @@ def test_the_loader_asks_the_device_and_marks_weights(use_mmap: bool) -> None:
         (buffer,) = loaded.buffers
         assert loaded.zero_copy[id(cpu)] is use_mmap
         assert buffer.get_usage() == BufferUsage.WEIGHTS and buffer.backend is cpu
-        assert buffer.buft is (cpu_device().mapped_buft if use_mmap else cpu_buffer_type())
+        # the backend's own types (see CPUBufferType): named as the device's
+        assert buffer.buft is (cpu.mapped_buft if use_mmap else cpu.buft)
+        assert buffer.buft.name() == ("CPU_Mapped" if use_mmap else "CPU") and buffer.buft.owner is cpu
         for name in names:
             np.testing.assert_array_equal(tensor_get_numpy(loaded.tensors[name]).reshape(-1),
                                           gf.tensor_bytes(name).view(np.uint8).view(

@@ -55,13 +55,10 @@ def test_the_model_marks_weights_and_compute_buffers(backends: list[str]) -> Non
     try:
         assert all(b.get_usage() == BufferUsage.WEIGHTS for b in model.weights.buffers)
         model.eval_last(model.tokenize("The"))
-        model.eval_last([7])  # a planned one-token graph (single backend)
-        runner = model.runner
-        if isinstance(runner, pm.runner.SchedRunner):
-            compute = [runner.sched.get_buffer(b) for b in model.backends]
-        else:
-            compute = [runner.buffer] + [planned.buffer for planned, *_ in model._decode_graphs.values()]
-        assert compute and all(b is not None and b.get_usage() == BufferUsage.COMPUTE for b in compute)
+        model.eval_last([7])  # a one-token graph
+        compute = model.runner.sched.buffers
+        assert len(compute) == len(model.runner.backends) and compute
+        assert all(b is not None and b.get_usage() == BufferUsage.COMPUTE for b in compute)
         assert all(b.get_usage() == BufferUsage.ANY for b in model.kv.buffers)  # the cache is neither
     finally:
         model.free()

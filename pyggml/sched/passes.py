@@ -1,0 +1,321 @@
+"""Today's assignment passes and split of `ggml_backend_sched_split_graph` (ggml-backend.cpp at 0c1e570).
+
+`assign_backends` gives every node, leaf and source a backend (passes 1 to 4);
+`split_graph` cuts the node list where the backend changes, makes the copies
+of each split's inputs and builds the graph the allocator sees (pass 5, and
+pass 6's graph inputs with several copies). Causes ("1.wgt0", "2.sup",
+"3.upg", ...) are kept for the GGML_SCHED_DEBUG printout, as ggml's SET_CAUSE.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pyggml.backend.backend import op_desc
+from pyggml.backend.buffer import BufferUsage
+from pyggml.core.errors import LimitExceededError, UnsupportedOpError
+from pyggml.core.graph import Graph
+from pyggml.core.tensor import GGML_MAX_SRC, GGMLOp, Tensor, TensorFlag, is_view_op
+
+if TYPE_CHECKING:
+    from pyggml.backend.buffer import Buffer
+    from pyggml.sched.sched import BackendSched
+
+GGML_MAX_SPLITS_LIMIT = 4096  # a graph cut more often than this is a mistake, not a plan
+
+
+class _Assigner:
+    """The state of one split_graph call: supports_op answers are asked once per (backend, node)."""
+
+    def __init__(self, sched: BackendSched) -> None:
+        self.sched = sched
+        self.ids = sched.backend_ids
+        self._supports: dict[tuple[int, int], bool] = {}
+
+    def slot(self, t: Tensor) -> int:
+        return self.sched._slot(t)
+
+    def bid(self, t: Tensor) -> int:
+        slot = self.sched._slot(t)
+        ids = self.sched.backend_ids
+        return ids[slot]
+
+    def set(self, t: Tensor, backend_id: int, cause: str) -> None:
+        slot = self.sched._slot(t)
+        self.sched.backend_ids[slot] = backend_id
+        self.sched.causes[slot] = cause
+
+    def supports_op(self, b: int, node: Tensor) -> bool:
+        if node.op == GGMLOp.NONE or is_view_op(node.op):
+            return True
+        key = (b, id(node))
+        ok = self._supports.get(key)
+        if ok is None:
+            ok = self._supports[key] = bool(self.sched.backends[b].supports_op(node))
+        return ok
+
+    def supports_buffer(self, b: int, buffer: Buffer) -> bool:
+        """ggml_backend_supports_buft(backends[b], buffer->buft) (a buffer without a type: its own backend's)."""
+        backend = self.sched.backends[b]
+        if buffer.buft is None:
+            return buffer.backend is backend
+        return backend.supports_buft(buffer.buft)
+
+    def backend_from_buffer(self, t: Tensor, op: Tensor) -> int:
+        """ggml_backend_sched_backend_from_buffer: the first backend that takes t's buffer and computes op."""
+        buffer = t.view_src.buffer if t.view_src is not None else t.buffer
+        if buffer is None:
+            return -1
+        for b in range(self.sched.n_backends):
+            if self.supports_buffer(b, buffer) and self.supports_op(b, op):
+                return b
+        return -1
+
+    def buffer_supported(self, t: Tensor, b: int) -> bool:
+        """ggml_backend_sched_buffer_supported: whether backend b can read t where it is (or will be)."""
+        buffer = t.view_src.buffer if t.view_src is not None else t.buffer
+        if buffer is not None:
+            return self.supports_buffer(b, buffer)
+        tb = self.bid(t)
+        if tb == -1 and t.view_src is not None:
+            tb = self.bid(t.view_src)
+        if tb == -1:
+            return False
+        return self.sched.backends[b].supports_buft(self.sched.bufts[tb])
+
+    def from_cur(self, t: Tensor) -> int:
+        """ggml_backend_sched_backend_id_from_cur: the backend that t's memory, or its weights, call for."""
+        sched = self.sched
+        b = self.backend_from_buffer(t, t)
+        if b != -1:
+            self.sched.causes[self.slot(t)] = "1.dst"
+            return b
+        if t.view_src is not None:
+            b = self.backend_from_buffer(t.view_src, t)
+            if b != -1:
+                self.sched.causes[self.slot(t)] = "1.vsrc"
+                return b
+        buffer = t.view_src.buffer if t.view_src is not None else t.buffer
+        if buffer is not None:
+            raise UnsupportedOpError(f"tensor '{t.name}' ({op_desc(t)}) is in buffer '{buffer.name}', which none of "
+                                     f"the scheduler's backends that can read it can compute the op in")
+        if t.flags & TensorFlag.INPUT:
+            self.sched.causes[self.slot(t)] = "1.inp"
+            return sched.n_backends - 1  # the last backend (ggml: assumed the CPU)
+        # ops with weights run where the weights are; not ROPE (its frequency factors are too small to decide)
+        # nor FLASH_ATTN_EXT (its sinks)
+        if t.op in (GGMLOp.ROPE, GGMLOp.FLASH_ATTN_EXT):
+            return -1
+        last = sched.n_backends - 1
+        for i, src in enumerate(t.src):
+            if src is None or src.buffer is None or src.buffer.get_usage() != BufferUsage.WEIGHTS:
+                continue
+            b = self.backend_from_buffer(src, t)
+            # a backend of higher priority may want the op although the weight is in the last one's memory
+            if sched.op_offload and b == last and src.buffer.buft is not None and src.buffer.buft.is_host():
+                for hb in range(b):
+                    if self.supports_op(hb, t) and sched.backends[hb].offload_op(t):
+                        self.sched.causes[self.slot(t)] = "1.off"
+                        return hb
+            self.sched.causes[self.slot(t)] = f"1.wgt{i}"
+            return b
+        return -1
+
+    def set_if_supported(self, node: Tensor, b: int) -> bool:
+        if self.supports_op(b, node):
+            self.set(node, b, "2.sup")
+            return True
+        return False
+
+
+def _expand(a: _Assigner, nodes: list[Tensor], skip_last: bool) -> None:
+    """Pass 2's four sweeps over `nodes` (in the order given): unassigned nodes take the last assignment
+    seen when that backend computes them; with `skip_last` the last backend's assignments do not spread."""
+    last = a.sched.n_backends - 1
+    cur = -1
+    for node in nodes:
+        if is_view_op(node.op):
+            continue
+        b = a.bid(node)
+        if b != -1:
+            cur = -1 if skip_last and b == last else b
+        elif cur != -1:
+            a.set_if_supported(node, cur)
+
+
+def assign_backends(sched: BackendSched, graph: Graph) -> _Assigner:
+    """Passes 1 to 4: every node, and every source of one, gets a backend (user assignments are kept).
+    Returns the assigner, whose supports_op answers split_graph uses."""
+    a = _Assigner(sched)
+    # pass 1: assign backends to ops with pre-allocated inputs
+    for leaf in graph.leafs:
+        if a.bid(leaf) == -1:
+            b = a.from_cur(leaf)
+            sched.backend_ids[a.slot(leaf)] = b
+    nodes = graph.nodes
+    for node in nodes:
+        if a.bid(node) == -1:
+            b = a.from_cur(node)
+            sched.backend_ids[a.slot(node)] = b
+
+    # pass 2: expand current backend assignments to adjacent nodes: the backends of higher priority down and up
+    # (the last backend, the fallback, never spreads there), then every backend down and up
+    _expand(a, nodes, skip_last=True)
+    _expand(a, nodes[::-1], skip_last=True)
+    _expand(a, nodes, skip_last=False)
+    _expand(a, nodes[::-1], skip_last=False)
+
+    # pass 3: upgrade nodes to higher prio backends with the same buffer type; unassigned nodes (no neighbour's
+    # backend computes them) go to the backend that can read the most of their inputs
+    for node in nodes:
+        if is_view_op(node.op):
+            continue
+        b = a.bid(node)
+        if b == -1:
+            best = -1
+            for cand in range(sched.n_backends):
+                if not a.supports_op(cand, node):
+                    continue
+                n_supported = 0
+                for src in node.src:
+                    if src is None:
+                        continue
+                    assigned = a.bid(src) != -1 or (src.view_src is not None and a.bid(src.view_src) != -1)
+                    if assigned and a.buffer_supported(src, cand):
+                        n_supported += 1
+                if n_supported > best:
+                    best = n_supported
+                    a.set(node, cand, "3.best")
+        else:
+            for cand in range(b):
+                if sched.bufts[cand] is sched.bufts[b] and a.supports_op(cand, node) and all(
+                        src is None or a.buffer_supported(src, cand) for src in node.src):
+                    a.set(node, cand, "3.upg")
+                    break
+
+    # pass 4: assign backends to remaining src from dst and view_src
+    for node in nodes:
+        cur = a.bid(node)
+        if node.view_src is not None and cur == -1:
+            cur = a.bid(node.view_src)
+            a.set(node, cur, "4.vsrc")
+        for src in node.src:
+            if src is None:
+                continue
+            if a.bid(src) == -1:
+                if src.view_src is not None:
+                    a.set(src, a.bid(src.view_src), "4.vsrc")  # views are on their source's backend
+                else:
+                    a.set(src, cur, "4.cur")
+        if cur == -1:
+            for cand in range(sched.n_backends):
+                if a.set_if_supported(node, cand):
+                    cur = cand
+                    break
+        if cur == -1:
+            names = ", ".join(f"'{b.name()}'" for b in sched.backends)
+            raise UnsupportedOpError(f"none of the scheduler's backends ({names}) supports node "
+                                     f"{sched.describe_node(node)}")
+    # a node pinned by the caller must be computable where it was pinned
+    for node in nodes:
+        slot = sched.hash_set.find(node)
+        if slot is not None and sched.causes.get(slot) == "usr" and not a.supports_op(sched.backend_ids[slot], node):
+            raise UnsupportedOpError(f"node {sched.describe_node(node)} was set to backend "
+                                     f"'{sched.backends[sched.backend_ids[slot]].name()}', which does not support it")
+    return a
+
+
+def split_graph(sched: BackendSched, graph: Graph, a: _Assigner) -> None:
+    """Pass 5 (and 6): the splits, the copies of their inputs, and the allocation graph."""
+    from pyggml.sched.sched import SchedSplit
+    from pyggml.sched.scheduler import dup_tensor_layout
+
+    ctx = sched.ctx
+    assert ctx is not None
+    nodes = graph.nodes
+    splits: list[SchedSplit] = []
+    sched.splits = splits
+    rewired = sched._rewired
+    n_copies = sched.n_copies
+    # the backend of the first split: the first node's that is not a view
+    first = next((a.bid(node) for node in nodes if not is_view_op(node.op)), 0)
+    split = SchedSplit(sched, max(first, 0), 0)
+    splits.append(split)
+    cur = split.backend_id
+    for i, node in enumerate(nodes):
+        if is_view_op(node.op):
+            continue
+        nb = a.bid(node)
+        # a weight of another, incompatible backend starts a new split: the memory of the weights copied
+        # for the previous one can be reused
+        need_new = False
+        if nb == cur and split.inputs:
+            for src in node.src:
+                if src is not None and src.buffer is not None and src.buffer.get_usage() == BufferUsage.WEIGHTS \
+                        and a.bid(src) != cur and not a.buffer_supported(src, cur):
+                    need_new = True
+                    break
+        if nb != cur or need_new:
+            split.i_end = i
+            if len(splits) >= GGML_MAX_SPLITS_LIMIT:
+                raise LimitExceededError(f"the graph needs more than {GGML_MAX_SPLITS_LIMIT} splits (node {i} "
+                                         f"{sched.describe_node(node)})")
+            split = SchedSplit(sched, nb, i)
+            splits.append(split)
+            cur = nb
+        # inputs that are not on the same backend
+        for j, src in enumerate(node.src):
+            if src is None:
+                continue
+            src_slot = a.slot(src)
+            sb = sched.backend_ids[src_slot]
+            if sb != cur and not a.buffer_supported(src, cur):
+                key = (src_slot, cur, 0)
+                if key not in sched.copies:
+                    backend = sched.backends[cur]
+                    for c in range(n_copies):
+                        cpy = dup_tensor_layout(ctx, src)
+                        cpy.format_name("%s#%s#%d", backend.name(), src.name, c)
+                        if n_copies > 1:
+                            cpy.flags |= TensorFlag.INPUT | TensorFlag.OUTPUT
+                        sched.copies[(src_slot, cur, c)] = cpy
+                        cslot = a.slot(cpy)
+                        sched.backend_ids[cslot] = cur
+                        sched.causes[cslot] = "4.cpy"
+                    split.inputs.append(src)  # (a later split of this backend reads the same copy)
+                rewired.append((node, j, src))
+                node.src[j] = sched.copies[(src_slot, cur, sched.cur_copy)]
+    split.i_end = len(nodes)
+
+    # the graph the allocator sees: each split's input copies (reading their source, so that it is kept until
+    # the copy is made) ahead of its nodes; graph inputs and, with several copies, every copy placed first
+    first_allocs: list[tuple[Tensor, int]] = []
+    graph_copy = Graph(len(nodes) + 2 * sum(len(s.inputs) for s in splits) + 1)
+    copy_backends: list[int] = []
+    for s in splits:
+        s.graph = graph.view(s.i_start, s.i_end)
+        for inp in s.inputs:
+            cpy = sched.copies[(a.slot(inp), s.backend_id, sched.cur_copy)]
+            cpy.src[0] = inp
+            graph_copy.nodes.append(cpy)
+            copy_backends.append(s.backend_id)
+        for node in nodes[s.i_start:s.i_end]:
+            graph_copy.nodes.append(node)
+            copy_backends.append(a.bid(node))
+    for leaf in graph.leafs:
+        if leaf.flags & TensorFlag.INPUT:
+            first_allocs.append((leaf, a.bid(leaf)))
+    if n_copies > 1:
+        kept = [(t, b) for (_, b, _), t in sched.copies.items()]
+        first_allocs.extend(kept)
+        # a last node reading every copy keeps them all (the allocator frees a tensor after its last reader)
+        for k in range(0, len(kept), GGML_MAX_SRC):
+            keep = ctx.view_tensor(kept[k][0])
+            for s_i, (t, _) in enumerate(kept[k:k + GGML_MAX_SRC]):
+                keep.src[s_i] = t
+            graph_copy.nodes.append(keep)
+            copy_backends.append(kept[k][1])
+            sched.backend_ids[a.slot(keep)] = kept[k][1]
+    sched.graph = graph_copy
+    sched.first_allocs = first_allocs
+    sched.graph_copy_backends = copy_backends

@@ -1,0 +1,622 @@
+"""`BackendSched`: today's `ggml_backend_sched` (ggml-backend.cpp at llama.cpp 0c1e570).
+
+The one engine that computes a graph, on one backend or many. The caller:
+
+1. makes it once with the backends in priority order (the last one the
+   fallback that computes everything, as ggml's CPU is), and `reserve`s the
+   worst-case graph, which sizes each backend's compute buffer;
+2. per batch: `reset()`, builds a graph, `alloc_graph(graph)`, writes the
+   inputs, `graph_compute(graph)`;
+3. reuses a graph as llama.cpp does (llama-context's `can_reuse`): when the
+   next batch has the same shapes it keeps the graph and skips steps 2's
+   reset and alloc_graph, writes the new inputs and calls `graph_compute`
+   again. Assignment, splits, input copies, memory and each split's compute
+   plan are kept: a reused step costs the copies and the kernels.
+
+Assignment is ggml's five passes (`passes.assign_backends`): nodes using a
+weight go where the weight is; assignments expand to neighbours; nodes move
+to a higher-priority backend with the same buffer type, unassigned ones to
+the backend holding most of their inputs; sources follow their consumers;
+then the graph is cut where the backend changes and every source of another
+backend gets a copy per split (`n_copies` of them with `parallel`, so that
+consecutive batches of asynchronous backends use different memory, ordered
+by events). A node a backend cannot compute falls to another that can.
+
+Memory: each backend has one compute buffer, allocated by the graph
+allocator over a graph that holds each split's input copies ahead of its
+nodes; graph inputs (INPUT-flagged leafs) are placed before anything else so
+nothing computed earlier overwrites them. A graph that no longer fits is
+reserved again (the buffers grow) and allocated once more; the
+GGML_SCHED_DEBUG printout says so.
+
+Where pyggml differs from the C code: errors are GGMLError subclasses
+raised before anything is computed (a node no backend supports, a tensor
+pinned to a backend that cannot compute it, too many backends, a graph
+larger than `graph_size`), and ggml's asserts on internal state are checks
+that name the tensor. `graph_size` only bounds a graph (Python's tables grow).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyggml.alloc.graph_allocator import GraphAllocator
+from pyggml.alloc.hash_set import HashSet, hash_size
+from pyggml.alloc.tensor_allocator import TensorAllocator
+from pyggml.backend.backend import Backend, op_desc
+from pyggml.backend.buffer import Buffer, BufferUsage
+from pyggml.backend.buffer_type import BufferType
+from pyggml.backend.event import Event
+from pyggml.backend.tensor_io import tensor_copy
+from pyggml.core.checks import check_instance, check_positive
+from pyggml.core.context import GGML_DEFAULT_GRAPH_SIZE, Context, tensor_overhead
+from pyggml.core.errors import (
+    ArgumentError,
+    ArgumentTypeError,
+    BufferFreedError,
+    GraphError,
+    LimitExceededError,
+    OutOfMemoryError,
+)
+from pyggml.core.graph import Graph
+from pyggml.core.tensor import Tensor, TensorFlag, is_view_op
+from pyggml.sched.passes import assign_backends, split_graph
+from pyggml.sched.scheduler import debug_enabled
+from pyggml.sched.stats import BackendStats, SchedStats
+
+log = logging.getLogger("pyggml.sched")
+
+GGML_SCHED_MAX_BACKENDS = 16
+GGML_SCHED_MAX_SPLIT_INPUTS = 30
+GGML_SCHED_MAX_COPIES = 4
+
+# ggml_backend_sched_eval_callback: (tensor, ask) -> bool. With ask=True: does the caller want to see this
+# node (compute up to it, then call again)? With ask=False the node is computed: False stops the compute.
+EvalCallback = Callable[[Tensor, bool], bool]
+
+
+@dataclass(eq=False)
+class SchedSplit:
+    """struct ggml_backend_sched_split: nodes i_start..i_end of the graph, computed on backend `backend_id`,
+    after its `inputs` (tensors of other backends) are copied in. `plan` is the backend's compute plan of
+    `graph`, made at the first compute after an allocation and reused until the next one."""
+
+    sched: BackendSched
+    backend_id: int
+    i_start: int
+    i_end: int = 0
+    inputs: list[Tensor] = field(default_factory=list)
+    graph: Graph | None = None
+    plan: Any = None
+
+    @property
+    def backend(self) -> Backend:
+        return self.sched.backends[self.backend_id]
+
+    @property
+    def n_inputs(self) -> int:
+        return len(self.inputs)
+
+    def __repr__(self) -> str:
+        inputs = ", ".join(t.name for t in self.inputs)
+        return f"SchedSplit({self.backend.name()}#{self.backend_id}, nodes {self.i_start}..{self.i_end}, [{inputs}])"
+
+
+class BackendSched:
+    """ggml_backend_sched: `backends` in priority order (the first is preferred, the last is the fallback)."""
+
+    def __init__(self, backends: Sequence[Backend], bufts: Sequence[BufferType] | None = None,
+                 graph_size: int = GGML_DEFAULT_GRAPH_SIZE, parallel: bool = False, op_offload: bool = True) -> None:
+        """ggml_backend_sched_new(backends, bufts, n_backends, graph_size, parallel, op_offload)."""
+        if isinstance(backends, (str, bytes)) or not isinstance(backends, Sequence):
+            raise ArgumentTypeError(f"BackendSched: backends must be a sequence of Backends, got "
+                                    f"{type(backends).__name__}")
+        backends = list(backends)
+        if not backends:
+            raise ArgumentError("BackendSched: at least one backend is needed")
+        if len(backends) > GGML_SCHED_MAX_BACKENDS:
+            raise LimitExceededError(f"BackendSched: {len(backends)} backends exceed GGML_SCHED_MAX_BACKENDS = "
+                                     f"{GGML_SCHED_MAX_BACKENDS}")
+        for i, b in enumerate(backends):
+            check_instance(b, Backend, f"BackendSched: backends[{i}]")
+            if b.freed:
+                raise BufferFreedError(f"BackendSched: backend '{b.name()}' (backends[{i}]) was freed")
+            for j in range(i):
+                if backends[j] is b:
+                    raise ArgumentError(f"BackendSched: backend '{b.name()}' is given twice (positions {j} and {i}); "
+                                        f"two backends of one kind must be two instances")
+        if bufts is None:
+            bufts = [b.get_default_buffer_type() for b in backends]
+        bufts = list(bufts)
+        if len(bufts) != len(backends):
+            raise ArgumentError(f"BackendSched: {len(bufts)} buffer types for {len(backends)} backends")
+        for i, (b, buft) in enumerate(zip(backends, bufts, strict=True)):
+            check_instance(buft, BufferType, f"BackendSched: bufts[{i}]")
+            if not b.supports_buft(buft):
+                raise ArgumentError(f"BackendSched: backend '{b.name()}' (backends[{i}]) does not support buffer "
+                                    f"type '{buft.name()}'")
+        self.graph_size = check_positive(graph_size, "BackendSched: graph_size")
+        self.backends: list[Backend] = backends
+        self.bufts: list[BufferType] = bufts
+        self.n_backends = len(backends)
+        self.op_offload = bool(op_offload)
+        self.n_copies = GGML_SCHED_MAX_COPIES if parallel else 1
+        self.cur_copy = 0
+        self.next_copy = 0
+        self.events: list[list[Event | None]] = [
+            [_event_new(b) if self.n_copies > 1 else None for _ in range(self.n_copies)] for b in backends]
+        self.galloc = GraphAllocator()
+        self.buffers: list[Buffer | None] = [None] * self.n_backends  # the compute buffers, made by reserve
+        self.callback_eval: EvalCallback | None = None
+
+        # per split graph (rebuilt by split_graph)
+        self.hash_set = HashSet(hash_size(2 * self.graph_size))
+        self.backend_ids: list[int] = [-1] * self.hash_set.size  # by hash slot; -1: not assigned
+        self.causes: dict[int, str] = {}  # by hash slot: why the tensor got its backend (the debug printout)
+        self.copies: dict[tuple[int, int, int], Tensor] = {}  # (slot, backend id, copy) -> the tensor's copy
+        self.splits: list[SchedSplit] = []
+        self.graph: Graph | None = None  # the graph copy the allocator sees: each split's input copies, its nodes
+        self.graph_copy_backends: list[int] = []  # backend of each node of self.graph (prev_: the last allocated)
+        self.prev_graph_copy_backends: list[int] = []
+        self.first_allocs: list[tuple[Tensor, int]] = []  # placed before the graph: inputs and kept copies
+        self.split_graph: Graph | None = None  # the caller's graph that was split last
+        self.ctx: Context | None = None  # the copies' tensors
+        self._rewired: list[tuple[Tensor, int, Tensor]] = []  # (node, j, its own source j) replaced by a copy
+
+        self.is_reset = False
+        self.is_alloc = False
+        self.last_tallocs: list[TensorAllocator] = []  # the allocators of the last allocation
+        self.n_reserves = 0  # buffers grown (by reserve or by a graph that no longer fit)
+        self.stats = SchedStats(backends=[BackendStats(b.name()) for b in backends])
+        self.reused = False  # whether the last compute reused the allocated graph
+        self.n_computes = 0  # computes of the allocated graph
+        self.freed = False
+        self.reset()
+
+    # --- state ---
+
+    def _check_alive(self, what: str) -> None:
+        if self.freed:
+            raise BufferFreedError(f"{what}: the scheduler was freed")
+        for i, b in enumerate(self.backends):
+            if b.freed:
+                raise BufferFreedError(f"{what}: backend '{b.name()}' (backend {i} of the scheduler's "
+                                       f"{self.n_backends}) was freed; nothing was computed")
+        for i, buffer in enumerate(self.buffers):
+            if buffer is not None and buffer.freed:
+                raise BufferFreedError(f"{what}: the compute buffer of backend '{self.backends[i].name()}' "
+                                       f"(backend {i}) was freed; nothing was computed")
+
+    def reset(self) -> None:
+        """ggml_backend_sched_reset: forget the assignments (also set_tensor_backend's) and the allocation;
+        the next graph goes the full path. Call it before building a graph that is not the previous one."""
+        if self.freed:
+            return
+        if not self.is_reset:
+            self._unsplit()
+            self.hash_set.reset()
+            self.backend_ids = [-1] * self.hash_set.size
+            self.causes = {}
+            self.copies = {}
+            self.is_reset = True
+        self._free_plans()
+        self.is_alloc = False
+
+    def _free_plans(self) -> None:
+        for split in self.splits:
+            if split.plan is not None:
+                self.backends[split.backend_id].graph_plan_free(split.plan)
+                split.plan = None
+
+    def _unsplit(self) -> None:
+        """Point the split graph's nodes at their own sources again (undo the rewiring to copies)."""
+        for node, j, src in reversed(self._rewired):
+            node.src[j] = src
+        self._rewired = []
+        self._free_plans()
+        self.splits = []
+        self.graph = None
+        self.split_graph = None
+
+    def free(self) -> None:
+        """ggml_backend_sched_free: the compute buffers, plans and events; freeing twice is harmless."""
+        if self.freed:
+            return
+        self.reset()
+        self._unsplit()
+        for buffer in self.buffers:
+            if buffer is not None:
+                buffer.free()
+        self.buffers = [None] * self.n_backends
+        for row in self.events:
+            for event in row:
+                if event is not None:
+                    event.free()
+        self.galloc.free()
+        self.freed = True
+
+    def __enter__(self) -> BackendSched:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.free()
+
+    # --- backends and tensors ---
+
+    def backend_id(self, backend: Backend, what: str) -> int:
+        """ggml_backend_sched_backend_id: the backend's priority (its index); ArgumentError if not ours."""
+        check_instance(backend, Backend, f"{what}: backend")
+        for i, b in enumerate(self.backends):
+            if b is backend:
+                return i
+        names = ", ".join(f"'{b.name()}'" for b in self.backends)
+        raise ArgumentError(f"{what}: backend '{backend.name()}' is not one of the scheduler's backends ({names})")
+
+    def get_n_backends(self) -> int:
+        return self.n_backends
+
+    def get_backend(self, i: int) -> Backend:
+        if not 0 <= i < self.n_backends:
+            raise ArgumentError(f"get_backend: index {i} is not in [0, {self.n_backends})")
+        return self.backends[i]
+
+    def get_n_splits(self) -> int:
+        return len(self.splits)
+
+    @property
+    def n_splits(self) -> int:
+        return len(self.splits)
+
+    def get_n_copies(self) -> int:
+        return self.n_copies
+
+    def get_buffer_type(self, backend: Backend) -> BufferType:
+        return self.bufts[self.backend_id(backend, "get_buffer_type")]
+
+    def get_buffer_size(self, backend: Backend) -> int:
+        """ggml_backend_sched_get_buffer_size: the bytes of `backend`'s compute buffer (0 before reserve)."""
+        buffer = self.buffers[self.backend_id(backend, "get_buffer_size")]
+        return buffer.get_size() if buffer is not None else 0
+
+    def set_tensor_backend(self, node: Tensor, backend: Backend) -> None:
+        """ggml_backend_sched_set_tensor_backend: compute `node` on `backend` (until reset)."""
+        check_instance(node, Tensor, "set_tensor_backend: node")
+        index = self.backend_id(backend, f"set_tensor_backend('{node.name}')")
+        slot = self._slot(node)
+        self.backend_ids[slot] = index
+        self.causes[slot] = "usr"
+        self.is_reset = False
+
+    def get_tensor_backend(self, node: Tensor) -> Backend | None:
+        """ggml_backend_sched_get_tensor_backend: the backend assigned to `node` (None if none)."""
+        check_instance(node, Tensor, "get_tensor_backend: node")
+        slot = self.hash_set.find(node)
+        if slot is None or self.backend_ids[slot] < 0:
+            return None
+        return self.backends[self.backend_ids[slot]]
+
+    # the debug printout's and graphviz's names
+    tensor_backend = get_tensor_backend
+
+    def tensor_cause(self, t: Tensor) -> str:
+        slot = self.hash_set.find(t)
+        return self.causes.get(slot, "") if slot is not None else ""
+
+    def set_eval_callback(self, callback: EvalCallback | None) -> None:
+        """ggml_backend_sched_set_eval_callback: see `EvalCallback` (None: compute each split at once)."""
+        if callback is not None and not callable(callback):
+            raise ArgumentTypeError(f"set_eval_callback: {type(callback).__name__} is not callable")
+        self.callback_eval = callback
+
+    def _slot(self, t: Tensor) -> int:
+        slot = self.hash_set.find_or_insert(t)
+        if slot >= len(self.backend_ids):
+            self.backend_ids.extend([-1] * (slot + 1 - len(self.backend_ids)))
+        return slot
+
+    # --- reserve, alloc, compute ---
+
+    def _check_graph(self, graph: Graph, what: str) -> None:
+        check_instance(graph, Graph, f"{what}: graph")
+        if graph.n_nodes + graph.n_leafs > 2 * self.graph_size:
+            raise LimitExceededError(f"{what}: the graph has {graph.n_nodes} nodes and {graph.n_leafs} leafs, more "
+                                     f"than the scheduler's graph_size {self.graph_size} allows")
+
+    def _split(self, graph: Graph) -> None:
+        """ggml_backend_sched_split_graph: assign, split, and build the allocation graph."""
+        if self.split_graph is not None and self.split_graph is not graph or self._rewired:
+            self._unsplit()  # another graph was split since the last reset: put its sources back
+        self.is_reset = False
+        self.ctx = Context(mem_size=(2 * (graph.n_nodes + 16) * self.n_copies + 64) * tensor_overhead(),
+                           no_alloc=True)
+        split_graph(self, graph, assign_backends(self, graph))
+        self.split_graph = graph
+        if debug_enabled():
+            from pyggml.sched.debug import format_assignments
+
+            log.debug("%s", format_assignments(self, graph))  # type: ignore[arg-type]
+
+    def _tallocs(self, measure: bool) -> list[TensorAllocator]:
+        out = []
+        for b, buffer in zip(self.backends, self.buffers, strict=True):
+            if measure or buffer is None:
+                out.append(TensorAllocator.new_measure_from_backend(b))
+            else:
+                out.append(TensorAllocator.new_from_buffer(buffer))
+        return out
+
+    def _alloc(self, tallocs: list[TensorAllocator]) -> None:
+        """The graph copy into `tallocs` (one per backend): inputs and kept copies first, then the graph."""
+        assert self.graph is not None
+        for t, bid in self.first_allocs:
+            if t.data is None and t.view_src is None:
+                tallocs[bid].alloc(t)
+        slot_talloc: list[TensorAllocator | None] = [None] * len(self.backend_ids)
+        for slot, bid in enumerate(self.backend_ids):
+            if bid >= 0:
+                slot_talloc[slot] = tallocs[bid]
+        self.galloc.alloc_graph_n(self.graph, self.hash_set, slot_talloc)
+
+    def _forget_memory(self, tallocs: Sequence[TensorAllocator]) -> None:
+        """Take the memory of `tallocs` back from the graph copy's tensors (before they are allocated again)."""
+        assert self.graph is not None
+        own = {id(t.get_buffer()) for t in tallocs}
+        for t in [*(t for t, _ in self.first_allocs), *self.graph.nodes]:
+            if t.buffer is not None and id(t.buffer) in own:
+                t.data = None
+                t.buffer = None
+            elif t.view_src is not None and t.buffer is None and t.data is not None:
+                holder = t.view_src.buffer
+                if holder is None or id(holder) in own:
+                    t.data = None
+
+    def _reserve_split(self) -> None:
+        """ggml_gallocr_reserve_n: measure the split graph and grow each compute buffer that is too small."""
+        assert self.graph is not None
+        measures = self._tallocs(measure=True)
+        try:
+            self._alloc(measures)
+            sizes = [m.get_max_size() for m in measures]
+        finally:
+            self._forget_memory(measures)
+            for m in measures:
+                m.free()
+        grown = []
+        for i, (b, size) in enumerate(zip(self.backends, sizes, strict=True)):
+            old = self.buffers[i]
+            if old is not None and old.get_size() >= size:
+                continue
+            new = self.bufts[i].alloc_buffer(size + b.get_alignment())
+            new.set_usage(BufferUsage.COMPUTE)
+            new.name = f"{b.name()}#{i} compute"
+            if new.backend is None:
+                new.backend = b
+            if old is not None:
+                old.free()
+            self.buffers[i] = new
+            grown.append(f"{b.name()}#{i} {old.get_size() if old is not None else 0} -> {new.get_size()} bytes")
+        if grown:
+            self.n_reserves += 1
+            log.debug("sched: compute buffers reserved: %s", ", ".join(grown))
+
+    def reserve(self, measure_graph: Graph) -> None:
+        """ggml_backend_sched_reserve: size the compute buffers for `measure_graph` (the worst case), which is
+        split but not computed; the scheduler is reset after. Buffers only grow."""
+        self._check_alive("reserve")
+        self._check_graph(measure_graph, "reserve")
+        self.synchronize()
+        self.reset()
+        try:
+            self._split(measure_graph)
+            self._reserve_split()
+        finally:
+            self.is_reset = False
+            self.reset()
+
+    def reserve_size(self, measure_graph: Graph) -> list[int]:
+        """ggml_backend_sched_reserve_size: the bytes each backend's compute buffer needs for `measure_graph`
+        (nothing is allocated)."""
+        self._check_alive("reserve_size")
+        self._check_graph(measure_graph, "reserve_size")
+        self.reset()
+        measures: list[TensorAllocator] = []
+        try:
+            self._split(measure_graph)
+            measures = self._tallocs(measure=True)
+            self._alloc(measures)
+            return [m.get_max_size() for m in measures]
+        finally:
+            if self.graph is not None:
+                self._forget_memory(measures)
+            for m in measures:
+                m.free()
+            self.is_reset = False
+            self.reset()
+
+    def alloc_graph(self, graph: Graph) -> None:
+        """ggml_backend_sched_alloc_graph: split and allocate `graph` (reserving again when it does not fit).
+        Then write its inputs and `graph_compute` it, as many times as its shapes serve."""
+        self._check_alive("alloc_graph")
+        self._check_graph(graph, "alloc_graph")
+        if self.is_alloc:
+            raise GraphError("alloc_graph: a graph is allocated already; reset() first (or compute it again)")
+        self.cur_copy = self.next_copy
+        self.next_copy = (self.next_copy + 1) % self.n_copies
+        t0 = time.perf_counter()
+        self._split(graph)
+        t1 = time.perf_counter()
+        self._alloc_splits()
+        self.is_alloc = True
+        self.reused = False
+        self.n_computes = 0  # of this allocation
+        self._new_stats(graph, t1 - t0, time.perf_counter() - t1)
+
+    def _alloc_splits(self) -> None:
+        """ggml_backend_sched_alloc_splits: allocate the graph copy; reserve first when a node changed to a
+        backend of another buffer type than in the last allocation, or when it no longer fits."""
+        changed = self.prev_graph_copy_backends != self.graph_copy_backends and any(
+            a != b and self.bufts[a] is not self.bufts[b]
+            for a, b in zip(self.graph_copy_backends, self.prev_graph_copy_backends, strict=False))
+        if any(b is None for b in self.buffers) or changed:
+            self._reserve_split()
+        tallocs = self._tallocs(measure=False)
+        try:
+            self._alloc(tallocs)
+        except OutOfMemoryError as e:  # (the allocator rolled its work back)
+            log.debug("sched: the graph no longer fits the compute buffers (%s): reserving again", e)
+            self.synchronize()
+            self._reserve_split()
+            tallocs = self._tallocs(measure=False)
+            self._alloc(tallocs)
+        self.last_tallocs = tallocs  # what the memory report reads
+        self.prev_graph_copy_backends = self.graph_copy_backends
+
+    def graph_compute(self, graph: Graph) -> None:
+        """ggml_backend_sched_graph_compute: `graph_compute_async`, then wait for every backend."""
+        self.graph_compute_async(graph)
+        self.synchronize()
+
+    def graph_compute_async(self, graph: Graph) -> None:
+        """ggml_backend_sched_graph_compute_async: allocate `graph` if it is not the allocated one, then
+        compute its splits (copies in, then each split's plan)."""
+        self._check_alive("graph_compute")
+        check_instance(graph, Graph, "graph_compute: graph")
+        if self.is_alloc and self.split_graph is not graph:
+            raise GraphError("graph_compute: another graph is allocated; reset() before computing a new graph")
+        if not self.is_reset and not self.is_alloc:
+            self.reset()
+        if not self.is_alloc:
+            self.alloc_graph(graph)
+        elif self.n_computes > 0:
+            self.reused = True
+            self.stats = SchedStats(n_nodes=graph.n_nodes, n_splits=len(self.splits), reused=True,
+                                    backends=[BackendStats(b.name()) for b in self.backends])
+        self.n_computes += 1
+        self._compute_splits()
+        if debug_enabled():
+            log.debug("%s", self.stats.format())
+
+    def synchronize(self) -> None:
+        """ggml_backend_sched_synchronize: wait for every backend; without an allocated graph, the next one
+        uses copy 0 (so that decoding uses the same copy every time)."""
+        for b in self.backends:
+            if not b.freed:
+                b.synchronize()
+        if not self.is_alloc:
+            self.next_copy = 0
+
+    def _new_stats(self, graph: Graph, split_time: float, alloc_time: float) -> None:
+        self.stats = SchedStats(n_nodes=graph.n_nodes, n_splits=len(self.splits), split_time=split_time,
+                                alloc_time=alloc_time, backends=[BackendStats(b.name()) for b in self.backends])
+
+    def _sync_split(self, backend_id: int) -> None:
+        event = self.events[backend_id][self.cur_copy]
+        if event is not None:
+            event.synchronize()
+        else:
+            self.backends[backend_id].synchronize()
+
+    def _compute_splits(self) -> None:
+        """ggml_backend_sched_compute_splits."""
+        stats = self.stats.backends
+        prev_backend_id = -1
+        callback = self.callback_eval
+        for split in self.splits:
+            bid = split.backend_id
+            backend = self.backends[bid]
+            bstats = stats[bid]
+            bstats.n_splits += 1
+            t0 = time.perf_counter()
+            # the allocator may have reused the previous split's memory: let its async work finish first
+            if not split.inputs and prev_backend_id >= 0 and prev_backend_id != bid:
+                self._sync_split(prev_backend_id)
+            for inp in split.inputs:
+                cpy = self.copies[(self._slot(inp), bid, self.cur_copy)]
+                if inp.flags & TensorFlag.INPUT:
+                    self._sync_split(bid)  # the user may overwrite the input as soon as we return
+                else:
+                    event = self.events[bid][self.cur_copy]
+                    if event is not None:
+                        event.wait(backend)
+                    else:
+                        backend.synchronize()
+                    src_backend = self.get_tensor_backend(inp)
+                    if src_backend is not None:
+                        src_backend.synchronize()
+                tensor_copy(inp, cpy)
+                bstats.n_copies += 1
+                bstats.bytes_copied += cpy.nbytes()
+            t1 = time.perf_counter()
+            bstats.copy_time += t1 - t0
+            assert split.graph is not None
+            if callback is None:
+                if split.plan is None:
+                    split.plan = backend.graph_plan_create(split.graph)
+                backend.graph_plan_compute(split.plan)
+            elif not self._compute_observed(split, backend, callback):
+                bstats.compute_time += time.perf_counter() - t1
+                return
+            event = self.events[bid][self.cur_copy]
+            if event is not None:
+                event.record(backend)
+            bstats.compute_time += time.perf_counter() - t1
+            prev_backend_id = bid
+
+    @staticmethod
+    def _compute_observed(split: SchedSplit, backend: Backend, callback: EvalCallback) -> bool:
+        """A split computed in runs that end at each node the callback asks for, each observed after it is
+        computed; False when the callback stops the compute."""
+        graph = split.graph
+        assert graph is not None
+        nodes = graph.nodes
+        j0 = 0
+        while j0 < len(nodes):
+            need = bool(callback(nodes[j0], True))
+            j1 = j0
+            while not need and j1 < len(nodes) - 1:
+                j1 += 1
+                need = bool(callback(nodes[j1], True))
+            backend.graph_compute(graph.view(j0, j1 + 1))
+            backend.synchronize()
+            if need and not callback(nodes[j1], False):
+                return False
+            j0 = j1 + 1
+        return True
+
+    # --- observability ---
+
+    def format_assignments(self, graph: Graph) -> str:
+        """The GGML_SCHED_DEBUG printout of the last split (splits, each node's backend and cause)."""
+        from pyggml.sched.debug import format_assignments
+
+        return format_assignments(self, graph)  # type: ignore[arg-type]
+
+    def dump_dot(self, graph: Graph, filename: str | None = None) -> str:
+        """Graphviz source of the last split graph, coloured by backend, splits as clusters."""
+        from pyggml.sched.graphviz import sched_to_dot
+
+        text = sched_to_dot(self, graph)  # type: ignore[arg-type]
+        if filename is not None:
+            with open(filename, "w", encoding="utf-8") as f:
+                f.write(text)
+        return text
+
+    def describe_node(self, node: Tensor) -> str:
+        """A node as the errors name it: name, op, type and shape."""
+        return f"'{node.name}' ({op_desc(node)}, {node.type.name}{list(node.ne)})"
+
+    def is_view(self, node: Tensor) -> bool:
+        return is_view_op(node.op)
+
+
+def _event_new(backend: Backend) -> Event | None:
+    device = backend.get_device()
+    return device.event_new() if device is not None else None
+
+
+__all__ = ["GGML_SCHED_MAX_BACKENDS", "GGML_SCHED_MAX_COPIES", "GGML_SCHED_MAX_SPLIT_INPUTS", "BackendSched",
+           "EvalCallback", "SchedSplit"]
