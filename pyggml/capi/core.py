@@ -1376,4 +1376,36 @@ def ggml_mul_mat_id(ctx: Context, as_: Tensor, b: Tensor, ids: Tensor) -> Tensor
     return ops.mul_mat_id(ctx, as_, b, ids)
 
 
+
+# --- IM2COL_BACK, IM2COL_3D, COL2IM_1D, CONV_3D, POOL_2D_BACK (pyggml.core.ops.conv_back) ---
+
+
+def ggml_im2col_back(ctx: Context, a: Tensor, b: Tensor, ne: list[int], s0: int, s1: int, p0: int, p1: int, d0: int,
+                     d1: int, is_2D: bool) -> Tensor:
+    return ops.im2col_back(ctx, a, b, ne, s0, s1, p0, p1, d0, d1, is_2D)
+
+
+def ggml_im2col_3d(ctx: Context, a: Tensor, b: Tensor, IC: int, s0: int, s1: int, s2: int, p0: int, p1: int,
+                   p2: int, d0: int, d1: int, d2: int, dst_type: GGMLType | int) -> Tensor:
+    return ops.im2col_3d(ctx, a, b, IC, s0, s1, s2, p0, p1, p2, d0, d1, d2, as_type(dst_type))
+
+
+def ggml_conv_3d(ctx: Context, a: Tensor, b: Tensor, IC: int, s0: int, s1: int, s2: int, p0: int, p1: int, p2: int,
+                 d0: int, d1: int, d2: int) -> Tensor:
+    return ops.conv_3d(ctx, a, b, IC, s0, s1, s2, p0, p1, p2, d0, d1, d2)
+
+
+def ggml_conv_3d_direct(ctx: Context, a: Tensor, b: Tensor, s0: int, s1: int, s2: int, p0: int, p1: int, p2: int,
+                        d0: int, d1: int, d2: int, n_channels: int, n_batch: int, n_channels_out: int) -> Tensor:
+    return ops.conv_3d_direct(ctx, a, b, s0, s1, s2, p0, p1, p2, d0, d1, d2, n_channels, n_batch, n_channels_out)
+
+
+def ggml_col2im_1d(ctx: Context, a: Tensor, s0: int, oc: int, p0: int) -> Tensor:
+    return ops.col2im_1d(ctx, a, s0, oc, p0)
+
+
+def ggml_pool_2d_back(ctx: Context, a: Tensor, af: Tensor, op: OpPool | int, k0: int, k1: int, s0: int, s1: int,
+                      p0: float, p1: float) -> Tensor:
+    return ops.pool_2d_back(ctx, a, af, op, k0, k1, s0, s1, p0, p1)
+
 __all__ = [name for name in dir() if name.startswith(("ggml_", "GGML_"))]

@@ -14,6 +14,7 @@ from collections.abc import Callable
 import gguf
 import numpy as np
 import pytest
+from numpy_conv_back import CONV_BACK_FORMULAS
 
 from pyggml.backend import register_backend, tensor_get_numpy, tensor_set_numpy, unregister_backend
 from pyggml.backends.cpu import CPUBackend
@@ -631,6 +632,7 @@ FORMULAS: dict[GGMLOp, Formula] = {
     GGMLOp.CROSS_ENTROPY_LOSS_BACK: _cross_entropy_loss_back,
     GGMLOp.OPT_STEP_ADAMW: _opt_step_adamw, GGMLOp.OPT_STEP_SGD: _opt_step_sgd,
 }
+FORMULAS.update(CONV_BACK_FORMULAS)
 
 
 class NumpyBackend(CPUBackend):

@@ -431,7 +431,27 @@ def _op_cases(ctx: Context) -> list[tuple[str, tuple[object, ...], Callable[...,
     cases += _glu_rows_moe_op_cases(ctx)
     cases += _flash_attn_op_cases(ctx)
     cases += _misc_train_op_cases(ctx)
+    cases += _conv_back_op_cases(ctx)
     return cases
+
+
+def _conv_back_op_cases(ctx: Context) -> list[tuple[str, tuple[object, ...], Callable[..., Tensor],
+                                                     tuple[object, ...] | None]]:
+    """_op_cases of pyggml.core.ops.conv_back (capi and builder take the same arguments, but dst_type)."""
+    f32 = GGMLType.F32
+    k2, g2 = ctx.new_tensor_4d(f32, 3, 3, 2, 4), ctx.new_tensor_4d(f32, 18, 8, 6, 1)
+    k3, x3 = ctx.new_tensor_4d(GGMLType.F16, 3, 2, 2, 6), ctx.new_tensor_4d(f32, 7, 6, 5, 4)
+    spd = (1, 1, 1, 1, 0, 1, 1, 1, 1)
+    af = ctx.new_tensor_4d(f32, 8, 6, 3, 1)
+    return [
+        ("ggml_im2col_back", (g2, k2, [8, 6, 2, 1], 1, 1, 1, 1, 1, 1, True), ops.im2col_back, None),
+        ("ggml_im2col_3d", (k3, x3, 2, *spd, GGML_TYPE_F32), ops.im2col_3d, (k3, x3, 2, *spd, GGMLType.F32)),
+        ("ggml_conv_3d", (k3, x3, 2, *spd), ops.conv_3d, None),
+        ("ggml_conv_3d_direct", (k3, x3, *spd, 2, 2, 3), ops.conv_3d_direct, None),
+        ("ggml_col2im_1d", (ctx.new_tensor_2d(f32, 12, 5), 2, 3, 1), ops.col2im_1d, None),
+        ("ggml_pool_2d_back", (ctx.new_tensor_4d(f32, 4, 3, 3, 1), af, 1, 2, 2, 2, 2, 0.0, 0.0), ops.pool_2d_back,
+         None),
+    ]
 
 
 def _misc_train_op_cases(ctx: Context) -> list[tuple[str, tuple[object, ...], Callable[..., Tensor],

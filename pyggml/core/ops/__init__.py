@@ -14,13 +14,14 @@ from __future__ import annotations
 import inspect
 from types import ModuleType
 
-from pyggml.core.ops import attention, conv, custom, elementwise, layout, matmul, misc, moe, rows, train
+from pyggml.core.ops import attention, conv, conv_back, custom, elementwise, layout, matmul, misc, moe, rows, train
 from pyggml.core.ops import glu as glu_ops  # `glu` itself is a builder
 from pyggml.core.ops import norm as norm_ops  # `norm` itself is the op builder below
 from pyggml.core.ops import reduce as reduce_ops
 from pyggml.core.ops._build import checked_builder
 from pyggml.core.ops.attention import *
 from pyggml.core.ops.conv import *
+from pyggml.core.ops.conv_back import *
 from pyggml.core.ops.custom import *
 from pyggml.core.ops.elementwise import *
 from pyggml.core.ops.glu import *
@@ -36,6 +37,7 @@ from pyggml.core.ops.train import *
 _MODULES = [elementwise, layout, matmul, reduce_ops, norm_ops, conv, custom, misc, train]
 _MODULES += [glu_ops, rows, moe]
 _MODULES += [attention]
+_MODULES += [conv_back]
 
 
 def _check_builders(modules: list[ModuleType], exported: dict[str, object]) -> None:
@@ -275,3 +277,10 @@ class OpBuilders:
     add_id = moe.add_id
     mul_mat_id = moe.mul_mat_id
     flash_attn_ext = attention.flash_attn_ext
+    # IM2COL_BACK, IM2COL_3D, COL2IM_1D, CONV_3D, POOL_2D_BACK (conv_back)
+    im2col_back = conv_back.im2col_back
+    im2col_3d = conv_back.im2col_3d
+    conv_3d = conv_back.conv_3d
+    conv_3d_direct = conv_back.conv_3d_direct
+    col2im_1d = conv_back.col2im_1d
+    pool_2d_back = conv_back.pool_2d_back

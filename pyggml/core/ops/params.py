@@ -486,3 +486,58 @@ __all__ = [
     "NormParams", "OpParams", "PadParams", "PermuteParams", "Pool1dParams", "Pool2dParams", "RopeParams",
     "ScaleParams", "SoftMaxParams", "UnaryParams", "UpscaleParams", "ViewParams", "op_params_of",
 ]
+
+
+# --- IM2COL_3D, COL2IM_1D, CONV_3D (pyggml.core.ops.conv_back; IM2COL_BACK and POOL_2D_BACK share the forward
+# ops' layouts above) ---
+
+
+@dataclass(frozen=True, kw_only=True)
+class Im2col3dParams(OpParams):
+    """IM2COL_3D: strides, paddings, dilations (width, height, depth) and the input channels IC."""
+
+    ops: ClassVar[tuple[GGMLOp, ...]] = (GGMLOp.IM2COL_3D,)
+    s0: int
+    s1: int
+    s2: int
+    p0: int
+    p1: int
+    p2: int
+    d0: int
+    d1: int
+    d2: int
+    IC: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Col2im1dParams(OpParams):
+    """COL2IM_1D: stride, output channels, padding cropped from both ends."""
+
+    ops: ClassVar[tuple[GGMLOp, ...]] = (GGMLOp.COL2IM_1D,)
+    s0: int
+    oc: int
+    p0: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Conv3dParams(OpParams):
+    """CONV_3D (ggml_conv_3d_direct): strides, paddings, dilations (width, height, depth), then the input
+    channels c, the batch n and the output channels oc."""
+
+    ops: ClassVar[tuple[GGMLOp, ...]] = (GGMLOp.CONV_3D,)
+    s0: int
+    s1: int
+    s2: int
+    p0: int
+    p1: int
+    p2: int
+    d0: int
+    d1: int
+    d2: int
+    c: int
+    n: int
+    oc: int
+
+
+OP_PARAMS.update({op: cls for cls in (Im2col3dParams, Col2im1dParams, Conv3dParams) for op in cls.ops})
+__all__ += ["Col2im1dParams", "Conv3dParams", "Im2col3dParams"]

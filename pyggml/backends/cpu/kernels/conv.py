@@ -20,17 +20,19 @@ from pyggml.core.tensor import GGMLOp, OpPool, Tensor
 FLT_MAX = float(np.finfo(np.float32).max)
 
 
-def _padded(x: np.ndarray, pad_h: int, pad_w: int, fill: float, force_copy: bool) -> tuple[np.ndarray, Compute | None]:
-    """x (..., H, W) with pad_h rows and pad_w columns of `fill` on both sides.
+def _padded(x: np.ndarray, pads: tuple[int, ...], fill: float,
+            force_copy: bool) -> tuple[np.ndarray, Compute | None]:
+    """x (..., *spatial) with pads[i] elements of `fill` on both sides of its i-th trailing (spatial) axis.
 
     Returns the array to read windows from and the function that refreshes it
     from x each run (None when x itself can be read: no padding, f32).
     """
-    if pad_h == 0 and pad_w == 0 and x.dtype == F32 and not force_copy:
+    if not any(pads) and x.dtype == F32 and not force_copy:
         return x, None
-    h, w = x.shape[-2], x.shape[-1]
-    p = np.full(x.shape[:-2] + (h + 2 * pad_h, w + 2 * pad_w), fill, F32)
-    inner = p[..., pad_h: pad_h + h, pad_w: pad_w + w]
+    n = len(pads)
+    spatial = x.shape[x.ndim - n:]
+    p = np.full(x.shape[:x.ndim - n] + tuple(m + 2 * q for m, q in zip(spatial, pads, strict=True)), fill, F32)
+    inner = p[(...,) + tuple(slice(q, q + m) for m, q in zip(spatial, pads, strict=True))]
 
     def refresh() -> None:
         np.copyto(inner, x)
@@ -38,23 +40,27 @@ def _padded(x: np.ndarray, pad_h: int, pad_w: int, fill: float, force_copy: bool
     return p, refresh
 
 
-def _windows(p: np.ndarray, out_hw: tuple[int, int], k_hw: tuple[int, int], s_hw: tuple[int, int],
-             d_hw: tuple[int, int], node: Tensor) -> np.ndarray:
-    """Windows of p (..., H, W) as (..., OH, OW, KH, KW).
+def _windows(p: np.ndarray, out: tuple[int, ...], k: tuple[int, ...], s: tuple[int, ...], d: tuple[int, ...],
+             node: Tensor, writeable: bool = False) -> np.ndarray:
+    """Windows of p (..., *spatial) as (..., *out, *k), the spatial axes outermost first ((H, W) or (D, H, W)).
 
-    Element [oh, ow, kh, kw] is p[oh*sh + kh*dh, ow*sw + kw*dw]; a strided view, no copy.
+    Element [o..., k...] is p[o_i*s_i + k_i*d_i for each axis]; a strided view, no copy. `writeable` only
+    for scatters that write one kernel tap at a time (the windows of one tap do not overlap).
     """
-    (oh, ow), (kh, kw), (sh, sw), (dh, dw) = out_hw, k_hw, s_hw, d_hw
-    h, w = p.shape[-2], p.shape[-1]
-    last_h = (oh - 1) * sh + (kh - 1) * dh
-    last_w = (ow - 1) * sw + (kw - 1) * dw
-    if min(oh, ow, kh, kw) > 0 and (last_h >= h or last_w >= w or last_h < 0 or last_w < 0):
-        raise ShapeError(f"CPU {node.op.name} '{node.name}': output {ow}x{oh} with kernel {kw}x{kh}, stride "
-                         f"{sw}x{sh}, dilation {dw}x{dh} reads past the (padded) input {w}x{h}")
-    st_h, st_w = p.strides[-2], p.strides[-1]
-    shape = p.shape[:-2] + (oh, ow, kh, kw)
-    strides = p.strides[:-2] + (sh * st_h, sw * st_w, dh * st_h, dw * st_w)
-    return as_strided(p, shape, strides, writeable=False)
+    n = len(out)
+    spatial = p.shape[p.ndim - n:]
+    last = [(o - 1) * si + (kk - 1) * di for o, kk, si, di in zip(out, k, s, d, strict=True)]
+    if min(*out, *k) > 0 and any(x >= m or x < 0 for x, m in zip(last, spatial, strict=True)):
+        def dims(v: tuple[int, ...]) -> str:
+            return "x".join(str(x) for x in reversed(v))  # ggml's order: width first
+
+        raise ShapeError(f"CPU {node.op.name} '{node.name}': output {dims(out)} with kernel {dims(k)}, stride "
+                         f"{dims(s)}, dilation {dims(d)} reads past the (padded) input {dims(spatial)}")
+    st = p.strides[p.ndim - n:]
+    shape = p.shape[:p.ndim - n] + tuple(out) + tuple(k)
+    strides = (p.strides[:p.ndim - n] + tuple(si * t for si, t in zip(s, st, strict=True))
+               + tuple(di * t for di, t in zip(d, st, strict=True)))
+    return as_strided(p, shape, strides, writeable=writeable)
 
 
 def im2col_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
@@ -90,7 +96,7 @@ def im2col_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], 
     if dst.size == 0:
         return noop
     d6 = split_axis(split_axis(d6, 3, ic, kh * kw), 4, kh, kw).transpose(0, 3, 4, 1, 2, 5)  # (N, IC, KH, OH, OW, KW)
-    p, refresh = _padded(x4, p1, p0, 0.0, force_copy=False)
+    p, refresh = _padded(x4, (p1, p0), 0.0, force_copy=False)
     win = _windows(p, (oh, ow), (kh, kw), (s1, s0), (d1, d0), node)  # (N, IC, OH, OW, KH, KW)
     src = win.transpose(0, 1, 4, 2, 3, 5)  # (N, IC, KH, OH, OW, KW)
 
@@ -166,7 +172,7 @@ def _pool(node: Tensor, dst: np.ndarray, x: np.ndarray, op: OpPool, k_hw: tuple[
     if dst.size == 0:
         return noop
     fill = 0.0 if op == OpPool.AVG else -FLT_MAX
-    p, refresh = _padded(x, p_hw[0], p_hw[1], fill, force_copy=False)
+    p, refresh = _padded(x, p_hw, fill, force_copy=False)
     win = _windows(p, dst.shape[-2:], k_hw, s_hw, (1, 1), node)
     divisor: np.float32 | np.ndarray = np.float32(k_hw[0] * k_hw[1])
     if count_valid:
