@@ -14,7 +14,7 @@ from __future__ import annotations
 import inspect
 from types import ModuleType
 
-from pyggml.core.ops import attention, conv, custom, elementwise, layout, matmul, misc, moe, rows, train
+from pyggml.core.ops import attention, conv, custom, elementwise, layout, matmul, misc, moe, rows, ssm, train
 from pyggml.core.ops import glu as glu_ops  # `glu` itself is a builder
 from pyggml.core.ops import norm as norm_ops  # `norm` itself is the op builder below
 from pyggml.core.ops import reduce as reduce_ops
@@ -31,11 +31,13 @@ from pyggml.core.ops.moe import *
 from pyggml.core.ops.norm import *
 from pyggml.core.ops.reduce import *
 from pyggml.core.ops.rows import *
+from pyggml.core.ops.ssm import *
 from pyggml.core.ops.train import *
 
 _MODULES = [elementwise, layout, matmul, reduce_ops, norm_ops, conv, custom, misc, train]
 _MODULES += [glu_ops, rows, moe]
 _MODULES += [attention]
+_MODULES += [ssm]
 
 
 def _check_builders(modules: list[ModuleType], exported: dict[str, object]) -> None:
@@ -275,3 +277,10 @@ class OpBuilders:
     add_id = moe.add_id
     mul_mat_id = moe.mul_mat_id
     flash_attn_ext = attention.flash_attn_ext
+    # recurrent-state ops (ssm)
+    ssm_conv = ssm.ssm_conv
+    ssm_scan = ssm.ssm_scan
+    rwkv_wkv6 = ssm.rwkv_wkv6
+    gated_linear_attn = ssm.gated_linear_attn
+    rwkv_wkv7 = ssm.rwkv_wkv7
+    gated_delta_net = ssm.gated_delta_net

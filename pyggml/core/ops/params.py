@@ -486,3 +486,33 @@ __all__ = [
     "NormParams", "OpParams", "PadParams", "PermuteParams", "Pool1dParams", "Pool2dParams", "RopeParams",
     "ScaleParams", "SoftMaxParams", "UnaryParams", "UpscaleParams", "ViewParams", "op_params_of",
 ]
+
+
+# --- recurrent-state ops (pyggml.core.ops.ssm) ---
+
+
+@dataclass(frozen=True, kw_only=True)
+class SsmScanParams(OpParams):
+    """SSM_SCAN: K, the number of state slots kept (the final state and K - 1 before it)."""
+
+    ops: ClassVar[tuple[GGMLOp, ...]] = (GGMLOp.SSM_SCAN,)
+    K: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class GatedLinearAttnParams(OpParams):
+    ops: ClassVar[tuple[GGMLOp, ...]] = (GGMLOp.GATED_LINEAR_ATTN,)
+    scale: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class GatedDeltaNetParams(OpParams):
+    """GATED_DELTA_NET: K, the number of state snapshot slots."""
+
+    ops: ClassVar[tuple[GGMLOp, ...]] = (GGMLOp.GATED_DELTA_NET,)
+    K: int
+
+
+for _cls in (SsmScanParams, GatedLinearAttnParams, GatedDeltaNetParams):
+    OP_PARAMS.update(dict.fromkeys(_cls.ops, _cls))
+__all__ += ["GatedDeltaNetParams", "GatedLinearAttnParams", "SsmScanParams"]
