@@ -14,6 +14,7 @@ from collections.abc import Callable
 import gguf
 import numpy as np
 import pytest
+from ssm_formulas import SSM_FORMULAS
 
 from pyggml.backend import register_backend, tensor_get_numpy, tensor_set_numpy, unregister_backend
 from pyggml.backends.cpu import CPUBackend
@@ -631,6 +632,8 @@ FORMULAS: dict[GGMLOp, Formula] = {
     GGMLOp.CROSS_ENTROPY_LOSS_BACK: _cross_entropy_loss_back,
     GGMLOp.OPT_STEP_ADAMW: _opt_step_adamw, GGMLOp.OPT_STEP_SGD: _opt_step_sgd,
 }
+
+FORMULAS.update(SSM_FORMULAS)  # tests/backend/ssm_formulas.py
 
 
 class NumpyBackend(CPUBackend):
