@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pyggml.backends.cpu.kernels import Compute, ComputeParams
+from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
 from pyggml.backends.cpu.kernels._common import F32, noop, require_types
 from pyggml.core.errors import OutOfBoundsError, ShapeError
 from pyggml.core.ops.params import GatedDeltaNetParams, GatedLinearAttnParams, SsmScanParams
@@ -282,7 +282,7 @@ def gated_delta_net_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray 
     return run
 
 
-KERNELS = {
+KERNELS: dict[GGMLOp, Kernel] = {
     GGMLOp.SSM_CONV: ssm_conv_kernel,
     GGMLOp.SSM_SCAN: ssm_scan_kernel,
     GGMLOp.RWKV_WKV6: rwkv_wkv6_kernel,
@@ -291,7 +291,7 @@ KERNELS = {
     GGMLOp.GATED_DELTA_NET: gated_delta_net_kernel,
 }
 
-_N_SRC = {GGMLOp.SSM_CONV: 2, GGMLOp.SSM_SCAN: 7, GGMLOp.RWKV_WKV6: 6, GGMLOp.GATED_LINEAR_ATTN: 5,
+_N_SRC: dict[GGMLOp, int] = {GGMLOp.SSM_CONV: 2, GGMLOp.SSM_SCAN: 7, GGMLOp.RWKV_WKV6: 6, GGMLOp.GATED_LINEAR_ATTN: 5,
           GGMLOp.RWKV_WKV7: 7, GGMLOp.GATED_DELTA_NET: 6}
 
 
