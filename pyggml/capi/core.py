@@ -1408,4 +1408,36 @@ def ggml_pool_2d_back(ctx: Context, a: Tensor, af: Tensor, op: OpPool | int, k0:
                       p0: float, p1: float) -> Tensor:
     return ops.pool_2d_back(ctx, a, af, op, k0, k1, s0, s1, p0, p1)
 
+
+# --- recurrent-state ops (pyggml.core.ops.ssm) ---
+
+
+def ggml_ssm_conv(ctx: Context, sx: Tensor, c: Tensor) -> Tensor:
+    return ops.ssm_conv(ctx, sx, c)
+
+
+def ggml_ssm_scan(ctx: Context, s: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, ids: Tensor,
+                  K: int) -> Tensor:
+    return ops.ssm_scan(ctx, s, x, dt, A, B, C, ids, K)
+
+
+def ggml_rwkv_wkv6(ctx: Context, k: Tensor, v: Tensor, r: Tensor, tf: Tensor, td: Tensor, state: Tensor) -> Tensor:
+    return ops.rwkv_wkv6(ctx, k, v, r, tf, td, state)
+
+
+def ggml_gated_linear_attn(ctx: Context, k: Tensor, v: Tensor, q: Tensor, g: Tensor, state: Tensor,
+                           scale: float) -> Tensor:
+    return ops.gated_linear_attn(ctx, k, v, q, g, state, scale)
+
+
+def ggml_rwkv_wkv7(ctx: Context, r: Tensor, w: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor,
+                   state: Tensor) -> Tensor:
+    return ops.rwkv_wkv7(ctx, r, w, k, v, a, b, state)
+
+
+def ggml_gated_delta_net(ctx: Context, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor,
+                         K: int) -> Tensor:
+    return ops.gated_delta_net(ctx, q, k, v, g, beta, state, K)
+
+
 __all__ = [name for name in dir() if name.startswith(("ggml_", "GGML_"))]

@@ -679,7 +679,8 @@ def all_cases() -> list[OpCase]:
             + matmul_cases() + conv_cases() + custom_cases() + _misc_cases()
             + _flash_attn_cases()
             + _glu_rows_moe_cases()
-            + _conv_back_cases())
+            + _conv_back_cases()
+            + _ssm_cases())
 
 
 def _misc_cases() -> list[OpCase]:
@@ -698,6 +699,12 @@ def _conv_back_cases() -> list[OpCase]:
     from pyggml.testing.cases_conv_back import conv_back_cases  # it builds on this module's helpers
 
     return conv_back_cases()
+
+
+def _ssm_cases() -> list[OpCase]:
+    from pyggml.testing.cases_ssm import ssm_cases  # it builds on this module's helpers
+
+    return ssm_cases()
 
 
 def _flash_attn_cases() -> list[OpCase]:

@@ -15,6 +15,7 @@ import gguf
 import numpy as np
 import pytest
 from numpy_conv_back import CONV_BACK_FORMULAS
+from ssm_formulas import SSM_FORMULAS
 
 from pyggml.backend import register_backend, tensor_get_numpy, tensor_set_numpy, unregister_backend
 from pyggml.backends.cpu import CPUBackend
@@ -633,6 +634,8 @@ FORMULAS: dict[GGMLOp, Formula] = {
     GGMLOp.OPT_STEP_ADAMW: _opt_step_adamw, GGMLOp.OPT_STEP_SGD: _opt_step_sgd,
 }
 FORMULAS.update(CONV_BACK_FORMULAS)
+
+FORMULAS.update(SSM_FORMULAS)  # tests/backend/ssm_formulas.py
 
 
 class NumpyBackend(CPUBackend):

@@ -432,6 +432,7 @@ def _op_cases(ctx: Context) -> list[tuple[str, tuple[object, ...], Callable[...,
     cases += _flash_attn_op_cases(ctx)
     cases += _misc_train_op_cases(ctx)
     cases += _conv_back_op_cases(ctx)
+    cases += _ssm_op_cases(ctx)
     return cases
 
 
@@ -503,6 +504,26 @@ def _flash_attn_op_cases(ctx: Context) -> list[tuple[str, tuple[object, ...], Ca
     mask = ctx.new_tensor_4d(GGMLType.F16, 16, 3, 1, 1)
     args = (q, kv, kv, mask, 0.125, 0.0, 0.0)
     return [("ggml_flash_attn_ext", args, ops.flash_attn_ext, args)]
+
+
+
+def _ssm_op_cases(ctx: Context) -> list[tuple[str, tuple[object, ...], Callable[..., Tensor],
+                                              tuple[object, ...] | None]]:
+    f32 = GGMLType.F32
+    tok, st = ctx.new_tensor_3d(f32, 4, 3, 6), ctx.new_tensor_2d(f32, 4 * 4 * 3, 2)
+    tf = ctx.new_tensor_2d(f32, 4, 3)
+    s, x = ctx.new_tensor_4d(f32, 8, 4, 6, 2), ctx.new_tensor_4d(f32, 4, 6, 5, 2)
+    dt, A = ctx.new_tensor_3d(f32, 6, 5, 2), ctx.new_tensor_2d(f32, 1, 6)
+    B, ids = ctx.new_tensor_4d(f32, 8, 2, 5, 2), ctx.new_tensor_1d(GGMLType.I32, 2)
+    v, g = ctx.new_tensor_4d(f32, 8, 4, 5, 2), ctx.new_tensor_4d(f32, 1, 4, 5, 2)
+    return [
+        ("ggml_ssm_conv", (ctx.new_tensor_3d(f32, 9, 5, 2), ctx.new_tensor_2d(f32, 4, 5)), ops.ssm_conv, None),
+        ("ggml_ssm_scan", (s, x, dt, A, B, B, ids, 3), ops.ssm_scan, None),
+        ("ggml_rwkv_wkv6", (tok, tok, tok, tf, tok, st), ops.rwkv_wkv6, None),
+        ("ggml_gated_linear_attn", (tok, tok, tok, tok, st, 0.5), ops.gated_linear_attn, None),
+        ("ggml_rwkv_wkv7", (tok, tok, tok, tok, tok, tok, st), ops.rwkv_wkv7, None),
+        ("ggml_gated_delta_net", (v, v, v, g, g, ctx.new_tensor_4d(f32, 8, 8, 4, 2), 2), ops.gated_delta_net, None),
+    ]
 
 
 def _same_node(x: Tensor, y: Tensor) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import inspect
 from types import ModuleType
 
-from pyggml.core.ops import attention, conv, conv_back, custom, elementwise, layout, matmul, misc, moe, rows, train
+from pyggml.core.ops import attention, conv, conv_back, custom, elementwise, layout, matmul, misc, moe, rows, ssm, train
 from pyggml.core.ops import glu as glu_ops  # `glu` itself is a builder
 from pyggml.core.ops import norm as norm_ops  # `norm` itself is the op builder below
 from pyggml.core.ops import reduce as reduce_ops
@@ -32,12 +32,14 @@ from pyggml.core.ops.moe import *
 from pyggml.core.ops.norm import *
 from pyggml.core.ops.reduce import *
 from pyggml.core.ops.rows import *
+from pyggml.core.ops.ssm import *
 from pyggml.core.ops.train import *
 
 _MODULES = [elementwise, layout, matmul, reduce_ops, norm_ops, conv, custom, misc, train]
 _MODULES += [glu_ops, rows, moe]
 _MODULES += [attention]
 _MODULES += [conv_back]
+_MODULES += [ssm]
 
 
 def _check_builders(modules: list[ModuleType], exported: dict[str, object]) -> None:
@@ -284,3 +286,10 @@ class OpBuilders:
     conv_3d_direct = conv_back.conv_3d_direct
     col2im_1d = conv_back.col2im_1d
     pool_2d_back = conv_back.pool_2d_back
+    # recurrent-state ops (ssm)
+    ssm_conv = ssm.ssm_conv
+    ssm_scan = ssm.ssm_scan
+    rwkv_wkv6 = ssm.rwkv_wkv6
+    gated_linear_attn = ssm.gated_linear_attn
+    rwkv_wkv7 = ssm.rwkv_wkv7
+    gated_delta_net = ssm.gated_delta_net

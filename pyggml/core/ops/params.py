@@ -541,3 +541,33 @@ class Conv3dParams(OpParams):
 
 OP_PARAMS.update({op: cls for cls in (Im2col3dParams, Col2im1dParams, Conv3dParams) for op in cls.ops})
 __all__ += ["Col2im1dParams", "Conv3dParams", "Im2col3dParams"]
+
+
+# --- recurrent-state ops (pyggml.core.ops.ssm) ---
+
+
+@dataclass(frozen=True, kw_only=True)
+class SsmScanParams(OpParams):
+    """SSM_SCAN: K, the number of state slots kept (the final state and K - 1 before it)."""
+
+    ops: ClassVar[tuple[GGMLOp, ...]] = (GGMLOp.SSM_SCAN,)
+    K: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class GatedLinearAttnParams(OpParams):
+    ops: ClassVar[tuple[GGMLOp, ...]] = (GGMLOp.GATED_LINEAR_ATTN,)
+    scale: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class GatedDeltaNetParams(OpParams):
+    """GATED_DELTA_NET: K, the number of state snapshot slots."""
+
+    ops: ClassVar[tuple[GGMLOp, ...]] = (GGMLOp.GATED_DELTA_NET,)
+    K: int
+
+
+for _cls in (SsmScanParams, GatedLinearAttnParams, GatedDeltaNetParams):
+    OP_PARAMS.update(dict.fromkeys(_cls.ops, _cls))
+__all__ += ["GatedDeltaNetParams", "GatedLinearAttnParams", "SsmScanParams"]

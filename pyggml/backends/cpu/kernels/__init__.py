@@ -84,6 +84,9 @@ def _table() -> dict[GGMLOp, Kernel]:
     from pyggml.backends.cpu.kernels import conv_back
 
     table.update(conv_back.KERNELS)
+    from pyggml.backends.cpu.kernels import ssm
+
+    table.update(ssm.KERNELS)
     return table
 
 
