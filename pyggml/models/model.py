@@ -59,9 +59,10 @@ def resolve_flash_attn(mode: str | bool) -> bool:
 
 def all_support(backends: Sequence[Backend], op: str, kv_type: GGMLType = GGMLType.F32) -> bool:
     """Whether every one of `backends` computes `op` ("set_rows": F32 rows into the F32 or F16 cache by I64
-    indices; "glu": SWIGLU of two F32 tensors; "flash_attn": FLASH_ATTN_EXT over a cache of `kv_type`),
+    indices; "glu": SWIGLU of two F32 tensors; "flash_attn": FLASH_ATTN_EXT over a cache of `kv_type`;
+    "attention": MUL_MAT and SOFT_MAX_EXT over such a cache),
     asked of each backend with a small node of that kind."""
-    ctx = Context(mem_size=8 * tensor_overhead(), no_alloc=True)
+    ctx = Context(mem_size=16 * tensor_overhead(), no_alloc=True)
     try:
         a = ctx.new_tensor_2d(GGMLType.F32, 8, 4)
         b = ctx.new_tensor_2d(GGMLType.F32, 8, 1)
@@ -69,6 +70,12 @@ def all_support(backends: Sequence[Backend], op: str, kv_type: GGMLType = GGMLTy
             q = ctx.new_tensor_3d(GGMLType.F32, 64, 1, 4)
             k, v = (ctx.new_tensor_3d(kv_type, 64, 256, 2) for _ in range(2))
             nodes = [ctx.flash_attn_ext(q, k, v, ctx.new_tensor_2d(GGMLType.F16, 256, 1), 0.125)]
+        elif op == "attention":  # KQ and KQV products over a cache of `kv_type`, and the softmax between them
+            q = ctx.new_tensor_3d(GGMLType.F32, 64, 1, 4)
+            k = ctx.new_tensor_3d(kv_type, 64, 256, 2)
+            kq = ctx.mul_mat(k, q)
+            nodes = [kq, ctx.soft_max_ext(kq, ctx.new_tensor_2d(GGMLType.F32, 256, 1), 0.125, 0.0),
+                     ctx.mul_mat(ctx.new_tensor_3d(kv_type, 256, 64, 2), ctx.new_tensor_3d(GGMLType.F32, 256, 1, 4))]
         elif op == "set_rows":
             nodes = [ctx.set_rows(ctx.new_tensor_2d(t, 8, 4), b, ctx.new_tensor_1d(GGMLType.I64, 1))
                      for t in (GGMLType.F32, GGMLType.F16)]
@@ -151,9 +158,16 @@ class Model:
         try:
             # today's idiom (SET_ROWS KV writes, GLU) where every layer's backend computes it, else 2023's
             self.flash_attn: bool = fa
-            self._graph_kw = {"flash_attn": self.flash_attn, "set_rows": all_support(self.layer_backend, "set_rows"),
-                              "glu": all_support(self.layer_backend, "glu")}
-            kv = self.kv = KVCache(hp.n_layer, self.n_ctx, hp.n_embd_gqa, self.layer_backend, kv_type,
+            # a layer's KV cache sits with the layer where its backend writes and reads it (SET_ROWS, and the
+            # attention: llama.cpp's offload_kqv), else on the last backend, the fallback that computes everything
+            fallback = backends[-1]
+            self.kv_backend = [b if all_support([b], "set_rows") and all_support([b], "attention", kv_type)
+                               else fallback for b in self.layer_backend]
+            # today's idiom (SET_ROWS KV writes, GLU) where the cache's backends write it and some backend has GLU
+            # (the scheduler gives it to one that has), else 2023's
+            self._graph_kw = {"flash_attn": self.flash_attn, "set_rows": all_support(self.kv_backend, "set_rows"),
+                              "glu": any(all_support([b], "glu") for b in backends)}
+            kv = self.kv = KVCache(hp.n_layer, self.n_ctx, hp.n_embd_gqa, self.kv_backend, kv_type,
                                    v_trans=not self.flash_attn)
             self.input_backend = first
             # one engine for one backend or many: the scheduler, reserved once with the worst-case graph

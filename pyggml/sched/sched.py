@@ -352,14 +352,22 @@ class BackendSched:
     def _alloc(self, tallocs: list[TensorAllocator]) -> None:
         """The graph copy into `tallocs` (one per backend): inputs and kept copies first, then the graph."""
         assert self.graph is not None
-        for t, bid in self.first_allocs:
-            if t.data is None and t.view_src is None:
-                tallocs[bid].alloc(t)
-        slot_talloc: list[TensorAllocator | None] = [None] * len(self.backend_ids)
-        for slot, bid in enumerate(self.backend_ids):
-            if bid >= 0:
-                slot_talloc[slot] = tallocs[bid]
-        self.galloc.alloc_graph_n(self.graph, self.hash_set, slot_talloc)
+        placed: list[Tensor] = []
+        try:
+            for t, bid in self.first_allocs:
+                if t.data is None and t.view_src is None:
+                    tallocs[bid].alloc(t)
+                    placed.append(t)
+            slot_talloc: list[TensorAllocator | None] = [None] * len(self.backend_ids)
+            for slot, bid in enumerate(self.backend_ids):
+                if bid >= 0:
+                    slot_talloc[slot] = tallocs[bid]
+            self.galloc.alloc_graph_n(self.graph, self.hash_set, slot_talloc)
+        except BaseException:
+            for t in placed:  # (the graph allocator rolls its own work back)
+                t.data = None
+                t.buffer = None
+            raise
 
     def _forget_memory(self, tallocs: Sequence[TensorAllocator]) -> None:
         """Take the memory of `tallocs` back from the graph copy's tensors (before they are allocated again)."""
