@@ -1,6 +1,7 @@
 """pyggml's tokenizer against llama.cpp's `llama-tokenize` on SmolLM2-135M-Instruct (BPE, pre-tokenizer
 "smollm", ChatML special tokens): hard strings one by one and all of them joined, with special tokens
-parsed (llama-tokenize's default) and not."""
+parsed (llama-tokenize's default) and not; then on llama.cpp's vocab-only files of other families, hard
+strings mixed with each vocab's own special tokens."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 
 from pyggml.gguf.reader import read_gguf
 from pyggml.models.tokenizer import Tokenizer
+from pyggml.testing import llamacpp
 
 HARD = [
     "", " ", "   ", "\n", "\n\n", " \n", "\t\t x", "a  b   c    d", "trailing   ", "x\r\ny\rz",
@@ -47,6 +49,15 @@ def llama_tokenize(tool: Path, model: Path, text: str, parse_special: bool) -> l
     return ids
 
 
+def run_all(tool: Path, model: Path, jobs: list[tuple[str, bool]]) -> list[list[int]]:
+    """llama-tokenize's ids of each (text, parse_special), two processes at a time."""
+    def one(job: tuple[str, bool]) -> list[int]:
+        return llama_tokenize(tool, model, *job)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return list(pool.map(one, jobs))
+
+
 def test_smollm2_hard_strings_equal_llama_tokenize(llamacpp_tools: dict[str, Path], smollm2: Path) -> None:
     tok = Tokenizer.from_gguf(read_gguf(smollm2))
     assert tok.pre is not None and tok.pre.name == "smollm"
@@ -54,8 +65,7 @@ def test_smollm2_hard_strings_equal_llama_tokenize(llamacpp_tools: dict[str, Pat
     jobs = [(text, True) for text in HARD] + [(text, False) for text in HARD if "<|" in text]
     jobs += [(joined, True), (joined, False)]
     tool = llamacpp_tools["llama-tokenize"]
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        wants = list(pool.map(lambda job: llama_tokenize(tool, smollm2, *job), jobs))
+    wants = run_all(tool, smollm2, jobs)
     diffs = []
     for (text, parse_special), want in zip(jobs, wants, strict=True):
         # llama-tokenize adds the special tokens the vocab asks for (SmolLM2's file: none)
@@ -67,3 +77,33 @@ def test_smollm2_hard_strings_equal_llama_tokenize(llamacpp_tools: dict[str, Pat
     im_start = tok.token_to_id["<|im_start|>"]
     assert tok.encode("<|im_start|>user", parse_special=True)[0] == im_start
     assert im_start not in tok.encode("<|im_start|>user", parse_special=False)
+
+
+@pytest.mark.parametrize("name", ["llama-spm", "phi-3", "llama-bpe", "qwen2", "gpt-2", "gemma-4"])
+def test_vocab_files_with_special_tokens_equal_llama_tokenize(llamacpp_tools: dict[str, Path], name: str) -> None:
+    """SentencePiece (the prefix space after each special token; Phi-3's right-stripping specials),
+    llama3/qwen2/gpt-2 BPE and Gemma 4: the hard strings joined with the vocab's longest special tokens
+    between them, parsed and not, with the BOS/EOS the vocab adds."""
+    p = llamacpp.paths()
+    try:
+        if not (p.llama_cpp / "CMakeLists.txt").exists():
+            with llamacpp._locked(p):
+                llamacpp.ensure_source(p)
+    except llamacpp.LlamaCppError as e:
+        pytest.skip(f"the llama-cpp-python {llamacpp.SDIST_VERSION} sdist cannot be obtained: {e}")
+    model = p.llama_cpp / "models" / f"ggml-vocab-{name}.gguf"
+    tok = Tokenizer.from_gguf(read_gguf(model))
+    specials = [text for _, text, _ in tok.special_tokens[:12]]
+    assert specials
+    mixed = "".join(f"{h} {specials[i % len(specials)]}\n" for i, h in enumerate(HARD))
+    jobs = [(mixed, True), (mixed, False), (" " + "\n".join(HARD), True)]
+    wants = run_all(llamacpp_tools["llama-tokenize"], model, jobs)
+    for (text, parse_special), want in zip(jobs, wants, strict=True):
+        got = tok.encode(text, add_special=tok.add_bos_token, parse_special=parse_special)
+        assert got == want, f"parse_special={parse_special}: first difference at {_first_diff(got, want)}"
+    assert wants[0] != wants[1]  # the special tokens were parsed in one and text in the other
+
+
+def _first_diff(a: list[int], b: list[int]) -> str:
+    i = next((k for k in range(min(len(a), len(b))) if a[k] != b[k]), min(len(a), len(b)))
+    return f"{i}: got {a[i:i + 8]}, want {b[i:i + 8]}"
