@@ -20,7 +20,10 @@ from pyggml.models.tokenizer import (
     TOKEN_TYPE_NORMAL,
     TOKEN_TYPE_UNKNOWN,
     TOKEN_TYPE_UNUSED,
+    TOKEN_TYPE_USER_DEFINED,
     Tokenizer,
+    UnknownPreTokenizerError,
+    pre_tokenizer,
 )
 
 WORDS = ("the quick brown fox jumps over lazy dog and cat were running in park while it rained heavily on "
@@ -158,17 +161,19 @@ def test_spm_cut_into_pieces_equals_one_run(sp_pair: tuple[Any, Tokenizer]) -> N
 
 def test_spm_without_byte_tokens_uses_unk() -> None:
     """A vocab without <0xXX> tokens: an unknown run becomes one UNK, as sentencepiece does (decoded as
-    llama.cpp prints UNK, "▅")."""
+    llama.cpp prints UNK: nothing, or its text with special=True)."""
     sp = train_sentencepiece(200, byte_fallback=False)
     tok = Tokenizer.from_gguf_fields(sentencepiece_fields(sp))
-    assert all(b is None for b in tok._byte_ids)
+    assert all(tok._byte_ids[b] is None for b in range(0x80, 0x100))  # no <0xXX>; ASCII falls back to itself
     n_unk = 0
     for text in CORPUS:
         ids = tok.encode(text, add_bos=False)
         assert ids == sp.encode(text), text
         n_unk += ids.count(sp.unk_id())
     assert n_unk >= 5
-    assert tok.decode(tok.encode("日本語のテキスト", add_bos=False)) == "日本語\u2585"
+    ids = tok.encode("日本語のテキスト", add_bos=False)
+    assert tok.decode(ids) == "日本語"  # llama.cpp prints UNK only when asked for special tokens
+    assert tok.decode(ids, special=True) == "日本語<unk>"
 
 
 def test_spm_add_space_prefix_and_add_bos_flags(sp_pair: tuple[Any, Tokenizer]) -> None:
@@ -188,7 +193,8 @@ def test_spm_add_space_prefix_and_add_bos_flags(sp_pair: tuple[Any, Tokenizer]) 
 def test_spm_token_to_piece(sp_pair: tuple[Any, Tokenizer]) -> None:
     sp, tok = sp_pair
     assert tok.token_to_piece(tok.bos_id) == ""  # control tokens print nothing
-    assert tok.token_to_piece(tok.unk_id) == "\u2585"
+    assert tok.token_to_piece(tok.unk_id) == "" and tok.token_to_piece(tok.unk_id, special=True) == "<unk>"
+    assert tok.token_to_piece(tok.bos_id, special=True) == "<s>"
     assert tok.token_to_bytes(tok.token_to_id["<0xE2>"]) == b"\xe2"
     word = next(i for i, t in enumerate(tok.tokens) if t.startswith("\u2581") and len(t) > 3)
     assert tok.token_to_piece(word) == " " + tok.tokens[word][1:]
@@ -220,7 +226,7 @@ def train_bpe(vocab_size: int = 500) -> tuple[Any, dict[str, Any]]:
         tokens[i] = text
     merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
     eot = tokens.index("<|endoftext|>")
-    fields = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": tokens,
+    fields = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt-2", "tokenizer.ggml.tokens": tokens,
               "tokenizer.ggml.token_type": [TOKEN_TYPE_CONTROL if i == eot else TOKEN_TYPE_NORMAL
                                             for i in range(len(tokens))],
               "tokenizer.ggml.merges": merges, "tokenizer.ggml.bos_token_id": eot,
@@ -248,7 +254,9 @@ def test_bpe_training_sentences_and_long_text(bpe_pair: tuple[Any, Tokenizer]) -
     text = "\n".join(sents + CORPUS)
     ids = tok.encode(text)
     assert ids == hf.encode(text).ids
-    assert tok.decode(ids) == text
+    assert tok.decode(ids, clean_spaces=False) == text
+    # llama_detokenize's clean_spaces ("gpt-2" sets it): no space before "!?" and "..."
+    assert tok.decode(ids) == text.replace(" !?", "!?").replace(" ...", "...")
     assert any(len(tok.tokens[i]) >= 5 for i in ids)  # merges happened
     # characters the training never saw stay as their byte tokens
     assert [tok.tokens[i] for i in tok.encode("∑")] == [BYTE_ENCODER[b] for b in "∑".encode()]
@@ -315,3 +323,93 @@ def test_bad_metadata_raises_gguf_errors() -> None:
     # an out-of-range special id falls back to llama.cpp's default, as llama.cpp does (with a warning)
     tok = Tokenizer.from_gguf_fields({**base, "tokenizer.ggml.bos_token_id": 99})
     assert tok.bos_id == 1
+
+
+# --- pre-tokenizers, special tokens, flags, streaming ------------------------------------------------
+
+def test_pre_tokenizer_regexes_split_in_turn() -> None:
+    """llama.cpp's "default": punctuation runs, then GPT-2's pattern, then digit runs, then digit triples,
+    each cutting the pieces the one before left (the stretches between matches are pieces too)."""
+    assert pre_tokenizer("default").split("Hello, world 12345!!") == ["Hello", ",", " world", " ", "123", "45", "!!"]
+    # llama3: digits by three, contractions of either case, a newline run ends a whitespace run
+    assert pre_tokenizer("llama-bpe").split("x 1234567 'S\n\n  y it'S") == [
+        "x", " ", "123", "456", "7", " '", "S", "\n\n", " ", " y", " it", "'S"]
+    # qwen2: single digits; smollm: single digits and GPT-2 words
+    assert pre_tokenizer("qwen2").split("ab 123") == ["ab", " ", "1", "2", "3"]
+    assert pre_tokenizer("smollm").split("a1b 22 c") == ["a", "1", "b", " ", "2", "2", " c"]
+    # GPT-2 keeps the last space of a run for the next word
+    assert pre_tokenizer("gpt-2").split("a   b") == ["a", "  ", " b"]
+
+
+def test_unknown_pre_tokenizer_is_an_error_naming_it() -> None:
+    _, fields = train_bpe()
+    with pytest.raises(UnknownPreTokenizerError, match="unknown pre-tokenizer 'no-such-pre'") as e:
+        Tokenizer.from_gguf_fields({**fields, "tokenizer.ggml.pre": "no-such-pre"})
+    assert isinstance(e.value, GGUFError) and isinstance(e.value, GGMLError)
+    assert "qwen2" in str(e.value)  # and lists what pyggml has
+    # no pre-tokenizer at all is llama.cpp's "default" (it warns), which splits digits unlike GPT-2
+    tok = Tokenizer.from_gguf_fields({k: v for k, v in fields.items() if k != "tokenizer.ggml.pre"})
+    assert tok.pre is not None and tok.pre.name == "default"
+
+
+def test_special_tokens_parsed_only_when_asked(bpe_pair: tuple[Any, Tokenizer]) -> None:
+    hf, tok = bpe_pair
+    eot = tok.token_to_id["<|endoftext|>"]
+    text = "hello<|endoftext|> world<|endoftext|>"
+    assert tok.encode(text, parse_special=True) == (hf.encode("hello").ids + [eot] + hf.encode(" world").ids
+                                                     + [eot])
+    plain = tok.encode(text, parse_special=False)
+    assert eot not in plain
+    assert tok.decode(plain) == text  # the control token's text went through as text
+    assert tok.decode(tok.encode(text, parse_special=True)) == "hello world"  # control tokens print nothing
+    assert tok.decode(tok.encode(text, parse_special=True), special=True) == text
+
+
+def test_user_defined_tokens_are_cut_out_even_as_plain_text(bpe_pair: tuple[Any, Tokenizer]) -> None:
+    _, fields = train_bpe()
+    tokens = list(fields["tokenizer.ggml.tokens"]) + ["<tool>"]
+    types = list(fields["tokenizer.ggml.token_type"]) + [TOKEN_TYPE_USER_DEFINED]
+    tok = Tokenizer.from_gguf_fields({**fields, "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types})
+    tool = len(tokens) - 1
+    for parse_special in (False, True):
+        ids = tok.encode("call <tool> now", parse_special=parse_special)
+        assert ids.count(tool) == 1
+        assert tok.decode(ids) == "call <tool> now"  # user-defined tokens always print
+
+
+def test_add_bos_and_add_eos_follow_the_file(sp_pair: tuple[Any, Tokenizer]) -> None:
+    sp, _ = sp_pair
+    fields = sentencepiece_fields(sp)
+    tok = Tokenizer.from_gguf_fields({**fields, "tokenizer.ggml.add_eos_token": True})
+    body = tok.encode("hello", add_special=False)
+    assert tok.encode("hello") == [sp.bos_id()] + body + [sp.eos_id()]
+    assert tok.encode("hello", add_bos=False) == body  # the older keyword still works
+    # a special token in SentencePiece text: the piece after it gets the prefix space again
+    ids = tok.encode("hi</s>hi", add_special=False, parse_special=True)
+    assert ids == tok.encode("hi", add_special=False) + [sp.eos_id()] + tok.encode("hi", add_special=False)
+
+
+def test_stream_decoder_never_splits_a_character(sp_pair: tuple[Any, Tokenizer],
+                                                 bpe_pair: tuple[Any, Tokenizer]) -> None:
+    for tok in (sp_pair[1], bpe_pair[1]):
+        text = "日本語のテキスト emoji🎉 café ∑ done"
+        ids = tok.encode(text)
+        assert len(ids) > len(text.split())
+        dec = tok.stream_decoder()
+        chunks = [dec.add(i) for i in ids]
+        assert dec.flush() == ""
+        assert "".join(chunks) == tok.decode(ids, clean_spaces=False) == text
+        assert all("\ufffd" not in c for c in chunks)
+        assert "" in chunks  # some token ended inside a character and printed nothing yet
+    # a character cut off at the end comes out as U+FFFD on flush
+    tok = sp_pair[1]
+    ids = tok.encode("∑", add_special=False)
+    dec = tok.stream_decoder()
+    assert dec.add_many(ids[:-1]) == "" and dec.flush() == "\ufffd"
+
+
+def test_clean_spaces_as_llama_detokenize(bpe_pair: tuple[Any, Tokenizer]) -> None:
+    _, tok = bpe_pair
+    ids = tok.encode("wait , what ? it ' s fine . I 'm here , you 're there 'd")
+    assert tok.decode(ids) == "wait, what? it's fine. I'm here, you're there 'd"
+    assert tok.decode(ids, clean_spaces=False) == "wait , what ? it ' s fine . I 'm here , you 're there 'd"

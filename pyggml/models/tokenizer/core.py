@@ -1,0 +1,483 @@
+"""The Tokenizer: a GGUF file's `tokenizer.ggml.*` vocab, tokenizing and detokenizing as llama.cpp does.
+
+Two vocab types, chosen by `tokenizer.ggml.model`:
+
+- ``llama``: SentencePiece-style (`spm`): spaces escaped to U+2581, a space put in front of the
+  text (and after each special token), bigrams merged by score, byte fallback.
+- ``gpt2``: byte-level BPE (`bpe`): the text is cut into words by the pre-tokenizer
+  `tokenizer.ggml.pre` names (`pretokenize`), each word's bytes mapped to GPT-2's printable
+  characters and merged by merge rank.
+
+Special tokens in the text are cut out first (`special.partition`): with ``parse_special=True``
+"<|im_start|>" is one token; without, control tokens are plain text (user-defined ones still count).
+
+    tok = Tokenizer.from_gguf(read_gguf("model.gguf"))
+    ids = tok.encode("Hello world")          # [bos, ...] if the vocab adds BOS
+    text = tok.decode(ids)                   # "Hello world"
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from pyggml.core.errors import ArgumentError, GGUFError
+from pyggml.models.metadata import ModelFileError, field_type
+from pyggml.models.tokenizer.bpe import bpe_merge
+from pyggml.models.tokenizer.pretokenize import PreTokenizer, pre_tokenizer
+from pyggml.models.tokenizer.special import partition
+from pyggml.models.tokenizer.spm import spm_byte_ids, spm_segment
+from pyggml.models.tokenizer.stream import StreamDecoder
+from pyggml.models.tokenizer.vocab import (
+    ALWAYS_USER_DEFINED,
+    ATTR_BYTE,
+    ATTR_CONTROL,
+    ATTR_NORMAL,
+    ATTR_RSTRIP,
+    ATTR_UNKNOWN,
+    ATTR_UNUSED,
+    ATTR_USER_DEFINED,
+    AUTO_SPECIAL_TEXTS,
+    BYTE_DECODER,
+    BYTE_TRANSLATE,
+    EOG_TEXTS,
+    ID_TYPES,
+    KEY_TYPES,
+    PREFIX,
+    SPACE_ESCAPE,
+    TOKEN_TYPE_NORMAL,
+    TYPE_TO_ATTR,
+    field_value,
+)
+
+log = logging.getLogger("pyggml.models.tokenizer")
+
+_CACHE_LIMIT = 100_000  # words (BPE) or pieces (SPM) remembered with their ids
+
+
+class Tokenizer:
+    """A llama.cpp vocab: `tokens`, `scores`, `token_types`, BPE `merges` and the special ids.
+
+    Build it with `from_gguf(reader)` or `from_gguf_fields({key: value})`.
+    """
+
+    def __init__(self, model: str, tokens: Sequence[str], scores: Sequence[float] | None = None,
+                 token_types: Sequence[int] | None = None, merges: Sequence[str] | None = None,
+                 bos_id: int | None = None, eos_id: int | None = None, unk_id: int | None = None,
+                 pad_id: int | None = None, add_bos_token: bool | None = None,
+                 add_space_prefix: bool | None = None, *, add_eos_token: bool | None = None,
+                 pre: str | None = None, name: str | None = None,
+                 special_ids: Mapping[str, int] | None = None) -> None:
+        if model == "llama":
+            self.vocab_type = "spm"
+        elif model in ("gpt2", "gemma4"):
+            self.vocab_type = "bpe"
+            if model == "gemma4":
+                pre = "gemma4"  # llama.cpp: the model implies its pre-tokenizer
+        else:
+            raise GGUFError(f"unknown tokenizer model '{model}' (tokenizer.ggml.model); pyggml knows 'llama' "
+                            f"(SentencePiece), 'gpt2' (BPE) and 'gemma4' (SentencePiece-style BPE)")
+        self.model = model
+        # llama.cpp names an empty token "[EMPTY_<id>]" so that every text maps back to one id
+        self.tokens: list[str] = [str(t) or f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
+        n = len(self.tokens)
+        if n == 0:
+            raise GGUFError("tokenizer.ggml.tokens is empty")
+        if scores is not None and len(scores) != n:
+            raise GGUFError(f"tokenizer.ggml.scores has {len(scores)} entries for {n} tokens")
+        if token_types is not None and len(token_types) != n:
+            raise GGUFError(f"tokenizer.ggml.token_type has {len(token_types)} entries for {n} tokens")
+        # llama.cpp keeps scores as float32: merge order ties are decided on those values
+        self.scores: list[float] = (np.asarray(scores, dtype=np.float32).tolist() if scores is not None
+                                    else [0.0] * n)
+        self.token_types: list[int] = ([int(t) for t in token_types] if token_types is not None
+                                       else [TOKEN_TYPE_NORMAL] * n)
+        self.token_to_id: dict[str, int] = {t: i for i, t in enumerate(self.tokens)}  # duplicates: last wins
+
+        # the pre-tokenizer and the flags that come with it (BPE only: SentencePiece has none)
+        self.pre: PreTokenizer | None = None
+        if self.vocab_type == "bpe":
+            self.pre = pre_tokenizer(pre)
+            default_add_bos, self.clean_spaces, self.add_space_prefix = self.pre.add_bos, self.pre.clean_spaces, False
+        else:
+            default_add_bos, self.clean_spaces, self.add_space_prefix = True, False, True
+        if add_space_prefix is not None:
+            self.add_space_prefix = bool(add_space_prefix)
+        # llama_vocab::get_add_bos/get_add_eos: the file's flags, else the vocab type's defaults
+        self.add_bos_token = bool(add_bos_token) if add_bos_token is not None else default_add_bos
+        if self.pre is not None and self.pre.kind == "gemma4":
+            self.add_bos_token = True  # llama.cpp's Gemma 4 workaround: BOS whatever the file says
+        self.add_eos_token = bool(add_eos_token) if add_eos_token is not None else False
+
+        # special ids; llama.cpp's defaults when a key is absent
+        if self.vocab_type == "spm":
+            defaults = {"bos": 1, "eos": 2, "unk": 0, "pad": None}
+        elif model == "gemma4":
+            defaults = {"bos": None, "eos": None, "unk": None, "pad": None}
+        else:
+            defaults = {"bos": 11, "eos": 11, "unk": None, "pad": None}
+        given = {"bos": bos_id, "eos": eos_id, "unk": unk_id, "pad": pad_id}
+        ids: dict[str, int | None] = {}
+        for key, value in given.items():
+            if value is None or int(value) == -1:
+                value = defaults[key]
+            if value is not None and not 0 <= int(value) < n:
+                log.warning("bad special token: tokenizer.ggml.%s_token_id = %d is out of the vocabulary "
+                            "(n_vocab %d), using %s", key, int(value), n, defaults[key])
+                value = defaults[key]
+                if value is not None and value >= n:
+                    value = None
+            ids[key] = None if value is None else int(value)
+        self.bos_id, self.eos_id, self.unk_id, self.pad_id = ids["bos"], ids["eos"], ids["unk"], ids["pad"]
+
+        self.attrs: list[int] = self._attributes(name, dict(special_ids or {}))
+        # the tokens cut out of text before tokenizing, longest text first (tokenizer_st_partition)
+        self.special_tokens: list[tuple[int, str, int]] = sorted(
+            ((i, self.tokens[i], self.attrs[i]) for i in range(n)
+             if self.attrs[i] & (ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN)),
+            key=lambda s: (-len(s[1].encode("utf-8")), s[0]))
+
+        if self.vocab_type == "spm":
+            # byte fallback tokens; None where the vocab lacks one
+            self._byte_ids: list[int | None] = spm_byte_ids(self.token_to_id)
+            self._spm_unk_runs = self.unk_id is not None and any(b is None for b in self._byte_ids)
+            # every two characters that stand side by side in some token: text is cut elsewhere
+            self._spm_pairs: set[str] = {t[k: k + 2] for t in self.token_to_id for k in range(len(t) - 1)}
+            self._spm_cache: dict[str, list[int]] = {}
+        else:
+            if merges is None:
+                raise GGUFError("tokenizer.ggml.merges is missing: a 'gpt2' (BPE) vocab needs its merges")
+            self.bpe_ranks: dict[tuple[str, str], int] = {}
+            for rank, m in enumerate(merges):
+                m = str(m)
+                pos = m.find(" ", 1)  # as llama.cpp: the first space after the first character
+                if pos < 0:
+                    raise GGUFError(f"tokenizer.ggml.merges[{rank}] = {m!r} is not 'left right'")
+                self.bpe_ranks.setdefault((m[:pos], m[pos + 1:]), rank)  # std::map::emplace keeps the first
+            self._bpe_cache: dict[str, list[int]] = {}
+        # token_to_piece's bytes, made on first use (a 256k vocab takes seconds to decode in full)
+        self._pieces: list[bytes | None] = [None] * n
+
+    def _attributes(self, name: str | None, special_ids: dict[str, int]) -> list[int]:
+        """Per-token attributes as llama_vocab::impl::load leaves them: the file's token types, then
+        llama.cpp's by-text fixes (end-of-generation and FIM tokens are CONTROL, control tokens named
+        "unused" are UNUSED, gpt-oss's channel tokens USER_DEFINED, Phi-3's specials RSTRIP)."""
+        attrs = [TYPE_TO_ATTR.get(t, 0) for t in self.token_types]
+        tid = self.token_to_id
+        for key, texts in AUTO_SPECIAL_TEXTS.items():
+            if key in special_ids:
+                continue
+            for i in sorted(tid[t] for t in texts if t in tid)[:1]:  # the first one llama.cpp meets
+                attrs[i] |= ATTR_CONTROL
+        for text in EOG_TEXTS:
+            if text in tid:
+                attrs[tid[text]] |= ATTR_CONTROL
+        for text, i in tid.items():
+            if attrs[i] & ATTR_CONTROL and "unused" in text:
+                attrs[i] |= ATTR_UNUSED
+            if text in ALWAYS_USER_DEFINED:
+                attrs[i] = ATTR_USER_DEFINED
+        lname = (name or "").lower()
+        if "phi-3" in lname or "phi3" in lname:
+            for i, a in enumerate(attrs):
+                if a & (ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN):
+                    attrs[i] |= ATTR_RSTRIP
+            if "</s>" in tid:
+                attrs[tid["</s>"]] |= ATTR_RSTRIP
+            for text in ("<unk>", "<s>", "<|endoftext|>"):
+                if text in tid:
+                    attrs[tid[text]] &= ~ATTR_RSTRIP
+        return attrs
+
+    # --- construction from GGUF ---
+
+    @classmethod
+    def from_gguf_fields(cls, fields: Mapping[str, Any]) -> Tokenizer:
+        """A tokenizer from GGUF metadata values keyed by name ("tokenizer.ggml.tokens", ...)."""
+        def get(key: str, default: Any = None) -> Any:
+            return fields.get(PREFIX + key, default)
+
+        model = get("model")
+        if model is None:
+            raise GGUFError("tokenizer.ggml.model is missing: the file has no tokenizer")
+        tokens = get("tokens")
+        if tokens is None:
+            raise GGUFError("tokenizer.ggml.tokens is missing")
+        # the ids the file names (an out-of-range one counts as absent, as in llama.cpp); the deprecated
+        # prefix/suffix/middle keys are the FIM ones
+        aliases = {"prefix": "fim_pre", "suffix": "fim_suf", "middle": "fim_mid"}
+        special_ids: dict[str, int] = {}
+        for k, v in fields.items():
+            if k.startswith(PREFIX) and k.endswith("_token_id") and v is not None and 0 <= int(v) < len(tokens):
+                key = k[len(PREFIX):-len("_token_id")]
+                special_ids[aliases.get(key, key)] = int(v)
+        add_prefix = get("add_space_prefix")
+        return cls(str(model), list(tokens), scores=get("scores"), token_types=get("token_type"),
+                   merges=get("merges"), bos_id=get("bos_token_id"), eos_id=get("eos_token_id"),
+                   unk_id=get("unknown_token_id"), pad_id=get("padding_token_id"),
+                   add_bos_token=get("add_bos_token"),
+                   add_space_prefix=None if add_prefix is None else bool(add_prefix),
+                   add_eos_token=get("add_eos_token"), pre=get("pre"), name=fields.get("general.name"),
+                   special_ids=special_ids)
+
+    @classmethod
+    def from_gguf(cls, reader: Any) -> Tokenizer:
+        """A tokenizer from a GGUF reader: pyggml's `GGUFFile` or a `gguf.GGUFReader` (anything with
+        `fields`, a mapping of key -> ReaderField)."""
+        fields = getattr(reader, "fields", None)
+        if fields is None:
+            raise TypeError(f"{type(reader).__name__} has no 'fields': pass a GGUFFile or a gguf.GGUFReader")
+        values: dict[str, Any] = {}
+        for key, field in fields.items():
+            if key.startswith(PREFIX) or key == "general.name":
+                name = key[len(PREFIX):]
+                rule = KEY_TYPES.get(name) or (ID_TYPES if name.endswith("_token_id") else None)
+                found = field_type(field)  # None from a reader without per-field types: nothing to check
+                if key.startswith(PREFIX) and rule is not None and found is not None and found not in rule[0]:
+                    fname = getattr(reader, "name", None)  # a GGUFFile's file name
+                    where = f"'{fname}': " if isinstance(fname, str) else ""
+                    raise ModelFileError(f"{where}metadata key '{key}' has GGUF type {found}, expected {rule[1]}")
+                try:
+                    values[key] = field_value(field)
+                except Exception as e:
+                    raise GGUFError(f"metadata key '{key}' cannot be read: {e}") from None
+        return cls.from_gguf_fields(values)
+
+    # --- vocab ---
+
+    @property
+    def n_vocab(self) -> int:
+        return len(self.tokens)
+
+    def _check_id(self, token: int) -> int:
+        t = int(token)
+        if not 0 <= t < len(self.tokens):
+            raise ArgumentError(f"token id {t} is out of the vocabulary (n_vocab {len(self.tokens)})")
+        return t
+
+    def _piece_bytes(self, token: int) -> bytes:
+        """llama_token_to_piece with special=True: the bytes one token stands for."""
+        text = self.tokens[token]
+        attr = self.attrs[token]
+        if attr & (ATTR_CONTROL | ATTR_UNKNOWN | ATTR_USER_DEFINED):
+            return text.encode("utf-8")
+        if attr & ATTR_NORMAL:
+            if self.vocab_type == "spm" or (self.pre is not None and self.pre.escape_whitespaces):
+                return text.replace(SPACE_ESCAPE, " ").encode("utf-8")
+            # llama_decode_text: each character back to its byte (characters outside the table as UTF-8)
+            return b"".join(bytes([BYTE_DECODER[c]]) if c in BYTE_DECODER else c.encode("utf-8") for c in text)
+        if attr & ATTR_BYTE:
+            if len(text) == 6 and text.startswith("<0x") and text.endswith(">"):
+                return bytes([int(text[3:5], 16)])
+            return bytes([BYTE_DECODER[text]]) if text in BYTE_DECODER else text.encode("utf-8")
+        return b""  # UNUSED, UNDEFINED print nothing
+
+    def is_special(self, token: int) -> bool:
+        """A control or unknown token: printed only when asked for (llama_token_to_piece's `special`)."""
+        return bool(self.attrs[self._check_id(token)] & (ATTR_CONTROL | ATTR_UNKNOWN))
+
+    def token_to_bytes(self, token: int, special: bool = False) -> bytes:
+        """The bytes of one token; control and unknown tokens give b"" unless `special`. A byte token
+        is one byte of a UTF-8 character: join several before decoding (or use `stream_decoder`)."""
+        t = self._check_id(token)
+        if not special and self.attrs[t] & (ATTR_CONTROL | ATTR_UNKNOWN):
+            return b""
+        piece = self._pieces[t]
+        if piece is None:
+            piece = self._pieces[t] = self._piece_bytes(t)
+        return piece
+
+    def token_to_piece(self, token: int, special: bool = False) -> str:
+        """The text of one token (llama_token_to_piece); a lone byte token shows as U+FFFD."""
+        return self.token_to_bytes(token, special).decode("utf-8", errors="replace")
+
+    # --- encode ---
+
+    def encode(self, text: str, add_special: bool = True, parse_special: bool = False, *,
+               add_bos: bool | None = None) -> list[int]:
+        """Token ids of `text` (llama_tokenize).
+
+        `add_special`: BOS first and EOS last when the vocab adds them (`add_bos_token`,
+        `add_eos_token`: the file's flags, else llama.cpp's defaults). `add_bos` is the older name.
+        `parse_special`: control tokens written in the text ("<|im_start|>") become their ids;
+        otherwise they are tokenized as text (user-defined tokens are recognized either way).
+        """
+        if add_bos is not None:
+            add_special = add_bos
+        out: list[int] = []
+        add_bos_now = add_special and self.add_bos_token and self.bos_id is not None
+        if add_bos_now:
+            out.append(self.bos_id)  # type: ignore[arg-type]
+        fragments = partition(text, self.special_tokens, parse_special) if text else []
+        if self.vocab_type == "spm":
+            prev_special = True  # the first piece gets the prefix space, and each piece after a special token
+            for frag in fragments:
+                if isinstance(frag, int):
+                    out.append(frag)
+                    prev_special = True
+                    continue
+                if self.add_space_prefix and prev_special:
+                    frag = " " + frag
+                self._spm_tokenize(frag.replace(" ", SPACE_ESCAPE), out)
+                prev_special = False
+        else:
+            escape = self.pre is not None and self.pre.escape_whitespaces
+            for frag in fragments:
+                if isinstance(frag, int):
+                    out.append(frag)
+                else:
+                    self._bpe_tokenize(frag.replace(" ", SPACE_ESCAPE) if escape else frag, out)
+        if add_bos_now and len(out) >= 2 and out[1] == self.bos_id:
+            log.warning("the text starts with BOS and the vocab adds one too: the prompt now starts with 2 BOS")
+        if add_special and self.add_eos_token and self.eos_id is not None:
+            out.append(self.eos_id)
+        return out
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        """llama_tokenize's argument order: the same as `encode`."""
+        return self.encode(text, add_special, parse_special)
+
+    def _spm_tokenize(self, text: str, out: list[int]) -> None:
+        """llm_tokenizer_spm::tokenize, run on independent pieces of `text`.
+
+        Cut between two characters that no token has side by side, no merge can join the two
+        sides: each side's merges only ever look at that side, in the same relative order
+        (score, then position). The pieces (words, mostly, for SentencePiece vocabs) are encoded
+        on their own and cached, which gives the ids of encoding the whole text at once.
+        """
+        pairs = self._spm_pairs
+        cache = self._spm_cache
+        collapse = self._spm_unk_runs
+        unk_id = self.unk_id
+        base = len(out)
+        start = 0
+        n = len(text)
+        for i in range(1, n + 1):
+            if i < n and text[i - 1: i + 1] in pairs:
+                continue
+            piece = text[start:i]
+            start = i
+            ids = cache.get(piece)
+            if ids is None:
+                ids = self._spm_segment(piece)
+                if len(cache) < _CACHE_LIMIT:
+                    cache[piece] = ids
+            if collapse and ids and ids[0] == unk_id and len(out) > base and out[-1] == unk_id:
+                out.extend(ids[1:])  # a run of unknown characters is one UNK
+            else:
+                out.extend(ids)
+
+    def _spm_segment(self, text: str) -> list[int]:
+        """llm_tokenizer_spm::tokenize of one piece (escaped text), uncached."""
+        return spm_segment(text, self.token_to_id, self.scores, self._byte_ids, self.unk_id)
+
+    def _bpe_tokenize(self, text: str, out: list[int]) -> None:
+        """llm_tokenizer_bpe::tokenize: pre-tokenizer words, each merged on its own (and cached)."""
+        cache = self._bpe_cache
+        assert self.pre is not None
+        for word in self.pre.split(text):
+            ids = cache.get(word)
+            if ids is None:
+                ids = self._bpe_word(word)
+                if len(cache) < _CACHE_LIMIT:
+                    cache[word] = ids
+            out.extend(ids)
+
+    def _bpe_word(self, word: str) -> list[int]:
+        pre = self.pre
+        assert pre is not None
+        token_to_id = self.token_to_id
+        if pre.byte_encode:
+            mapped = "".join([BYTE_TRANSLATE[b] for b in word.encode("utf-8", errors="surrogatepass")])
+        else:
+            mapped = word
+        if (pre.ignore_merges or (pre.kind == "gemma4" and not mapped.strip("\n"))) and mapped in token_to_id:
+            return [token_to_id[mapped]]  # Gemma 4: a newline run that is a token is taken whole
+        out: list[int] = []
+        for s in bpe_merge(mapped, self.bpe_ranks):
+            tid = token_to_id.get(s)
+            if tid is not None:
+                out.append(tid)
+                continue
+            # a symbol without a token: llama.cpp looks its UTF-8 bytes up one by one (<0xXX> tokens
+            # without the byte table) and drops those without a token (only an ASCII byte can be a
+            # token's whole text)
+            for b in s.encode("utf-8", errors="surrogatepass"):
+                if pre.byte_encode:
+                    bid = token_to_id.get(chr(b)) if b < 0x80 else None
+                else:
+                    bid = token_to_id.get(f"<0x{b:02X}>")
+                if bid is not None:
+                    out.append(bid)
+        return out
+
+    # --- decode ---
+
+    def decode_bytes(self, ids: Iterable[int], special: bool = False, clean_spaces: bool | None = None) -> bytes:
+        """The bytes of `ids` joined; for SentencePiece vocabs the leading space of the first token
+        after BOS (or of the first token, without BOS) is dropped: it is the space the encoder put
+        in front. Control and unknown tokens print only with `special`. `clean_spaces` (default: the
+        pre-tokenizer's flag, as llama_detokenize) drops the spaces BPE words carry before ".,!?" and
+        contractions."""
+        ids = [self._check_id(t) for t in ids]
+        pieces = [self.token_to_bytes(t, special) for t in ids]
+        if self.vocab_type == "spm" and self.add_space_prefix and ids:
+            first = 1 if ids[0] == self.bos_id else 0
+            if first < len(pieces) and pieces[first][:1] == b" ":
+                pieces[first] = pieces[first][1:]
+        text = b"".join(pieces)
+        if self.clean_spaces if clean_spaces is None else clean_spaces:
+            text = _clean_spaces(text)
+        return text
+
+    def decode(self, ids: Iterable[int], special: bool = False, clean_spaces: bool | None = None) -> str:
+        """The text of `ids` (llama_detokenize; invalid UTF-8 from byte tokens becomes U+FFFD)."""
+        return self.decode_bytes(ids, special, clean_spaces).decode("utf-8", errors="replace")
+
+    def stream_decoder(self, special: bool = False) -> StreamDecoder:
+        """An incremental decoder: feed it ids one at a time, get text that never splits a character."""
+        return StreamDecoder(self, special)
+
+    def __repr__(self) -> str:
+        pre = f", pre={self.pre.name!r}" if self.pre is not None else ""
+        return (f"Tokenizer(model={self.model!r}{pre}, n_vocab={self.n_vocab}, bos_id={self.bos_id}, "
+                f"eos_id={self.eos_id}, unk_id={self.unk_id})")
+
+
+def _clean_spaces(text: bytes) -> bytes:
+    """llama_detokenize's clean_spaces passes: no space before ?!., ; " ' " loses its spaces; no space
+    before 's 'm 're 've."""
+    if not text:
+        return text
+    out = bytearray(text[:1])
+    for i in range(1, len(text)):  # " ?", " !", " .", " ,"
+        x = text[i]
+        if text[i - 1] == 0x20 and x in b"?!.,":
+            out.pop()
+        out.append(x)
+    t = bytearray(out)
+    out = bytearray(t[:1])
+    i = 1
+    while i < len(t):  # a lone apostrophe between spaces: " ' " -> "'"
+        x = t[i]
+        if x == 0x27 and i + 1 < len(t) and t[i - 1] == 0x20 and t[i + 1] == 0x20:
+            out.pop()
+            out.append(x)
+            t[i + 1] = 0  # llama.cpp blanks the skipped space in place: the next test sees NUL, not " "
+            i += 2
+            continue
+        out.append(x)
+        i += 1
+    t = bytes(out)
+    out = bytearray(t[:1])
+    for i in range(1, len(t)):  # contractions: " 's", " 'm", " 're", " 've" lose the space
+        x = t[i]
+        if t[i - 1] == 0x20 and x == 0x27 and i + 1 < len(t):
+            x1 = t[i + 1]
+            if x1 in b"sm" or (i + 2 < len(t) and t[i + 1: i + 3] in (b"re", b"ve")):
+                out.pop()
+        out.append(x)
+    return bytes(out)
