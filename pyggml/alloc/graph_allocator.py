@@ -264,6 +264,16 @@ class GraphAllocator:
         self._saved_tensors = {}
         self._saved_tallocs = {}
         self._debug = log.isEnabledFor(logging.DEBUG)
+        # the pass's lookups, bound once (they run a few times per node)
+        self._slot_of = self.hash_set.find_or_insert
+        allocs = self.hash_allocs
+        if isinstance(allocs, dict):
+            self._talloc_at = allocs.get
+        elif allocs is not None:
+            n = len(allocs)
+            self._talloc_at = lambda slot: allocs[slot] if slot < n else None
+        else:
+            self._talloc_at = lambda slot: None
 
     def _end(self) -> None:
         self._saved_tensors = {}
@@ -294,7 +304,7 @@ class GraphAllocator:
 
     def _hash_get(self, t: Tensor) -> HashNode:
         """hash_get: t's counts, made on first use."""
-        slot = self.hash_set.find_or_insert(t)
+        slot = self._slot_of(t)
         hn = self.hash_values.get(slot)
         if hn is None:
             hn = HashNode()
@@ -305,13 +315,8 @@ class GraphAllocator:
         """node_tallocr: the one allocator of alloc_graph, else the node's entry of the allocator map."""
         if self.talloc is not None:
             return self.talloc
-        slot = self.hash_set.find_or_insert(node)
-        allocs = self.hash_allocs
-        if isinstance(allocs, dict):
-            talloc = allocs.get(slot)
-        else:
-            talloc = allocs[slot] if slot < len(allocs) else None
-        if talloc is not None:
+        talloc = self._talloc_at(self._slot_of(node))
+        if talloc is not None and id(talloc) not in self._saved_tallocs:
             self._touch_talloc(talloc)
         return talloc
 

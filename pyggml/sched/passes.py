@@ -15,7 +15,7 @@ from pyggml.backend.backend import op_desc
 from pyggml.backend.buffer import BufferUsage
 from pyggml.core.errors import LimitExceededError, UnsupportedOpError
 from pyggml.core.graph import Graph
-from pyggml.core.tensor import GGML_MAX_SRC, GGMLOp, Tensor, TensorFlag, is_view_op
+from pyggml.core.tensor import GGML_MAX_SRC, VIEW_OPS, GGMLOp, Tensor, TensorFlag, is_view_op
 
 if TYPE_CHECKING:
     from pyggml.backend.buffer import Buffer
@@ -30,20 +30,15 @@ class _Assigner:
     def __init__(self, sched: BackendSched) -> None:
         self.sched = sched
         self.ids = sched.backend_ids
+        self.causes = sched.causes
         self._supports: dict[tuple[int, int], bool] = {}
 
-    def slot(self, t: Tensor) -> int:
-        return self.sched._slot(t)
-
     def bid(self, t: Tensor) -> int:
-        slot = self.sched._slot(t)
-        ids = self.sched.backend_ids
-        return ids[slot]
+        return self.ids.get(id(t), -1)
 
     def set(self, t: Tensor, backend_id: int, cause: str) -> None:
-        slot = self.sched._slot(t)
-        self.sched.backend_ids[slot] = backend_id
-        self.sched.causes[slot] = cause
+        self.ids[id(t)] = backend_id
+        self.causes[id(t)] = cause
 
     def supports_op(self, b: int, node: Tensor) -> bool:
         if node.op == GGMLOp.NONE or is_view_op(node.op):
@@ -88,19 +83,19 @@ class _Assigner:
         sched = self.sched
         b = self.backend_from_buffer(t, t)
         if b != -1:
-            self.sched.causes[self.slot(t)] = "1.dst"
+            self.causes[id(t)] = "1.dst"
             return b
         if t.view_src is not None:
             b = self.backend_from_buffer(t.view_src, t)
             if b != -1:
-                self.sched.causes[self.slot(t)] = "1.vsrc"
+                self.causes[id(t)] = "1.vsrc"
                 return b
         buffer = t.view_src.buffer if t.view_src is not None else t.buffer
         if buffer is not None:
             raise UnsupportedOpError(f"tensor '{t.name}' ({op_desc(t)}) is in buffer '{buffer.name}', which none of "
                                      f"the scheduler's backends that can read it can compute the op in")
         if t.flags & TensorFlag.INPUT:
-            self.sched.causes[self.slot(t)] = "1.inp"
+            self.causes[id(t)] = "1.inp"
             return sched.n_backends - 1  # the last backend (ggml: assumed the CPU)
         # ops with weights run where the weights are; not ROPE (its frequency factors are too small to decide)
         # nor FLASH_ATTN_EXT (its sinks)
@@ -115,9 +110,9 @@ class _Assigner:
             if sched.op_offload and b == last and src.buffer.buft is not None and src.buffer.buft.is_host():
                 for hb in range(b):
                     if self.supports_op(hb, t) and sched.backends[hb].offload_op(t):
-                        self.sched.causes[self.slot(t)] = "1.off"
+                        self.causes[id(t)] = "1.off"
                         return hb
-            self.sched.causes[self.slot(t)] = f"1.wgt{i}"
+            self.causes[id(t)] = f"1.wgt{i}"
             return b
         return -1
 
@@ -133,10 +128,11 @@ def _expand(a: _Assigner, nodes: list[Tensor], skip_last: bool) -> None:
     seen when that backend computes them; with `skip_last` the last backend's assignments do not spread."""
     last = a.sched.n_backends - 1
     cur = -1
+    get = a.ids.get
     for node in nodes:
-        if is_view_op(node.op):
+        if node.op in VIEW_OPS:
             continue
-        b = a.bid(node)
+        b = get(id(node), -1)
         if b != -1:
             cur = -1 if skip_last and b == last else b
         elif cur != -1:
@@ -151,12 +147,14 @@ def assign_backends(sched: BackendSched, graph: Graph) -> _Assigner:
     for leaf in graph.leafs:
         if a.bid(leaf) == -1:
             b = a.from_cur(leaf)
-            sched.backend_ids[a.slot(leaf)] = b
+            if b != -1:
+                a.ids[id(leaf)] = b
     nodes = graph.nodes
     for node in nodes:
         if a.bid(node) == -1:
             b = a.from_cur(node)
-            sched.backend_ids[a.slot(node)] = b
+            if b != -1:
+                a.ids[id(node)] = b
 
     # pass 2: expand current backend assignments to adjacent nodes: the backends of higher priority down and up
     # (the last backend, the fallback, never spreads there), then every backend down and up
@@ -218,10 +216,9 @@ def assign_backends(sched: BackendSched, graph: Graph) -> _Assigner:
                                      f"{sched.describe_node(node)}")
     # a node pinned by the caller must be computable where it was pinned
     for node in nodes:
-        slot = sched.hash_set.find(node)
-        if slot is not None and sched.causes.get(slot) == "usr" and not a.supports_op(sched.backend_ids[slot], node):
+        if a.causes.get(id(node)) == "usr" and not a.supports_op(a.bid(node), node):
             raise UnsupportedOpError(f"node {sched.describe_node(node)} was set to backend "
-                                     f"'{sched.backends[sched.backend_ids[slot]].name()}', which does not support it")
+                                     f"'{sched.backends[a.bid(node)].name()}', which does not support it")
     return a
 
 
@@ -267,8 +264,8 @@ def split_graph(sched: BackendSched, graph: Graph, a: _Assigner) -> None:
         for j, src in enumerate(node.src):
             if src is None:
                 continue
-            src_slot = a.slot(src)
-            sb = sched.backend_ids[src_slot]
+            src_slot = id(src)
+            sb = a.bid(src)
             if sb != cur and not a.buffer_supported(src, cur):
                 key = (src_slot, cur, 0)
                 if key not in sched.copies:
@@ -279,9 +276,7 @@ def split_graph(sched: BackendSched, graph: Graph, a: _Assigner) -> None:
                         if n_copies > 1:
                             cpy.flags |= TensorFlag.INPUT | TensorFlag.OUTPUT
                         sched.copies[(src_slot, cur, c)] = cpy
-                        cslot = a.slot(cpy)
-                        sched.backend_ids[cslot] = cur
-                        sched.causes[cslot] = "4.cpy"
+                        a.set(cpy, cur, "4.cpy")
                     split.inputs.append(src)  # (a later split of this backend reads the same copy)
                 rewired.append((node, j, src))
                 node.src[j] = sched.copies[(src_slot, cur, sched.cur_copy)]
@@ -295,7 +290,7 @@ def split_graph(sched: BackendSched, graph: Graph, a: _Assigner) -> None:
     for s in splits:
         s.graph = graph.view(s.i_start, s.i_end)
         for inp in s.inputs:
-            cpy = sched.copies[(a.slot(inp), s.backend_id, sched.cur_copy)]
+            cpy = sched.copies[(id(inp), s.backend_id, sched.cur_copy)]
             cpy.src[0] = inp
             graph_copy.nodes.append(cpy)
             copy_backends.append(s.backend_id)
@@ -315,7 +310,7 @@ def split_graph(sched: BackendSched, graph: Graph, a: _Assigner) -> None:
                 keep.src[s_i] = t
             graph_copy.nodes.append(keep)
             copy_backends.append(kept[k][1])
-            sched.backend_ids[a.slot(keep)] = kept[k][1]
+            a.ids[id(keep)] = kept[k][1]
     sched.graph = graph_copy
     sched.first_allocs = first_allocs
     sched.graph_copy_backends = copy_backends

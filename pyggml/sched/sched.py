@@ -47,7 +47,6 @@ from typing import Any
 import numpy as np
 
 from pyggml.alloc.graph_allocator import GraphAllocator
-from pyggml.alloc.hash_set import HashSet, hash_size
 from pyggml.alloc.tensor_allocator import TensorAllocator
 from pyggml.backend.backend import Backend, op_desc
 from pyggml.backend.buffer import Buffer, BufferUsage
@@ -160,10 +159,11 @@ class BackendSched:
         self.callback_eval: EvalCallback | None = None
 
         # per split graph (rebuilt by split_graph)
-        self.hash_set = HashSet(hash_size(2 * self.graph_size))
-        self.backend_ids: list[int] = [-1] * self.hash_set.size  # by hash slot; -1: not assigned
-        self.causes: dict[int, str] = {}  # by hash slot: why the tensor got its backend (the debug printout)
-        self.copies: dict[tuple[int, int, int], Tensor] = {}  # (slot, backend id, copy) -> the tensor's copy
+        # ggml's hash set of the split graph's tensors, by identity: the split graph, its copies and the caller's
+        # pinned nodes are alive while the entries are used (a Python dict in place of a fixed-size table)
+        self.backend_ids: dict[int, int] = {}  # id(tensor) -> backend index (absent: not assigned)
+        self.causes: dict[int, str] = {}  # id(tensor) -> why it got its backend (the debug printout)
+        self.copies: dict[tuple[int, int, int], Tensor] = {}  # (id(tensor), backend, copy) -> the tensor's copy
         self.splits: list[SchedSplit] = []
         self.graph: Graph | None = None  # the graph copy the allocator sees: each split's input copies, its nodes
         self.graph_copy_backends: list[int] = []  # backend of each node of self.graph (prev_: the last allocated)
@@ -204,8 +204,7 @@ class BackendSched:
             return
         if not self.is_reset:
             self._unsplit()
-            self.hash_set.reset()
-            self.backend_ids = [-1] * self.hash_set.size
+            self.backend_ids = {}
             self.causes = {}
             self.copies = {}
             self.is_reset = True
@@ -293,25 +292,21 @@ class BackendSched:
         """ggml_backend_sched_set_tensor_backend: compute `node` on `backend` (until reset)."""
         check_instance(node, Tensor, "set_tensor_backend: node")
         index = self.backend_id(backend, f"set_tensor_backend('{node.name}')")
-        slot = self._slot(node)
-        self.backend_ids[slot] = index
-        self.causes[slot] = "usr"
+        self.backend_ids[id(node)] = index
+        self.causes[id(node)] = "usr"
         self.is_reset = False
 
     def get_tensor_backend(self, node: Tensor) -> Backend | None:
         """ggml_backend_sched_get_tensor_backend: the backend assigned to `node` (None if none)."""
         check_instance(node, Tensor, "get_tensor_backend: node")
-        slot = self.hash_set.find(node)
-        if slot is None or self.backend_ids[slot] < 0:
-            return None
-        return self.backends[self.backend_ids[slot]]
+        index = self.backend_ids.get(id(node), -1)
+        return self.backends[index] if index >= 0 else None
 
     # the debug printout's and graphviz's names
     tensor_backend = get_tensor_backend
 
     def tensor_cause(self, t: Tensor) -> str:
-        slot = self.hash_set.find(t)
-        return self.causes.get(slot, "") if slot is not None else ""
+        return self.causes.get(id(t), "")
 
     def set_eval_callback(self, callback: EvalCallback | None) -> None:
         """ggml_backend_sched_set_eval_callback: see `EvalCallback` (None: compute each split at once)."""
@@ -319,11 +314,6 @@ class BackendSched:
             raise ArgumentTypeError(f"set_eval_callback: {type(callback).__name__} is not callable")
         self.callback_eval = callback
 
-    def _slot(self, t: Tensor) -> int:
-        slot = self.hash_set.find_or_insert(t)
-        if slot >= len(self.backend_ids):
-            self.backend_ids.extend([-1] * (slot + 1 - len(self.backend_ids)))
-        return slot
 
     # --- reserve, alloc, compute ---
 
@@ -365,11 +355,8 @@ class BackendSched:
                 if t.data is None and t.view_src is None:
                     tallocs[bid].alloc(t)
                     placed.append(t)
-            slot_talloc: list[TensorAllocator | None] = [None] * len(self.backend_ids)
-            for slot, bid in enumerate(self.backend_ids):
-                if bid >= 0:
-                    slot_talloc[slot] = tallocs[bid]
-            self.galloc.alloc_graph_n(self.graph, self.hash_set, slot_talloc)
+            talloc_of = {key: tallocs[bid] for key, bid in self.backend_ids.items() if bid >= 0}
+            self.galloc.alloc_graph_n(self.graph, _ID_SET, talloc_of)
         except BaseException:
             for t in placed:  # (the graph allocator rolls its own work back)
                 t.data = None
@@ -552,7 +539,7 @@ class BackendSched:
             if not split.inputs and prev_backend_id >= 0 and prev_backend_id != bid:
                 self._sync_split(prev_backend_id)
             if split.host_copies is None:
-                split.host_copies = [_host_pair(inp, self.copies[(self._slot(inp), bid, self.cur_copy)])
+                split.host_copies = [_host_pair(inp, self.copies[(id(inp), bid, self.cur_copy)])
                                      for inp in split.inputs]
             for inp, host in zip(split.inputs, split.host_copies, strict=True):
                 if host is not None and callback is None and self.n_copies == 1:
@@ -560,7 +547,7 @@ class BackendSched:
                     bstats.n_copies += 1
                     bstats.bytes_copied += host[1].nbytes
                     continue
-                cpy = self.copies[(self._slot(inp), bid, self.cur_copy)]
+                cpy = self.copies[(id(inp), bid, self.cur_copy)]
                 if inp.flags & TensorFlag.INPUT:
                     self._sync_split(bid)  # the user may overwrite the input as soon as we return
                 else:
@@ -636,6 +623,23 @@ class BackendSched:
 
     def is_view(self, node: Tensor) -> bool:
         return is_view_op(node.op)
+
+
+class _IdSet:
+    """The hash set the graph allocator is given: a tensor's slot is its id (see BackendSched.backend_ids)."""
+
+    size = 1 << 62
+
+    @staticmethod
+    def find(t: Tensor) -> int:
+        return id(t)
+
+    @staticmethod
+    def find_or_insert(t: Tensor) -> int:
+        return id(t)
+
+
+_ID_SET = _IdSet()
 
 
 def _host_pair(src: Tensor, dst: Tensor) -> tuple[np.ndarray, np.ndarray] | None:
