@@ -451,8 +451,11 @@ class Model:
                 self._tokenizer = Tokenizer.from_gguf(self.file.reader)  # the package's own reader
         return self._tokenizer
 
-    def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
-        return list(self.tokenizer.encode(text, add_bos))
+    def tokenize(self, text: str, add_bos: bool = True, parse_special: bool = True) -> list[int]:
+        """Token ids of `text`, as llama.cpp's tools tokenize a prompt: BOS (and EOS) as the file says when
+        `add_bos`, and special tokens written in the text ("<|im_start|>") as their ids unless
+        `parse_special` is False (then they are plain text)."""
+        return list(self.tokenizer.encode(text, add_bos, parse_special))
 
     def detokenize(self, ids: Sequence[int]) -> str:
         return str(self.tokenizer.decode(list(ids)))
