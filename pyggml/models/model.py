@@ -153,7 +153,7 @@ class Model:
         self._check_memory(names, backend_of, kv_type, use_mmap)
         self.weights: LoadedTensors = load_tensors(gf, names, backend_of, use_mmap=use_mmap, progress=progress)
         self.w = self.weights.tensors
-        self._measure_ctx: Context | None = None
+        self._measure_ctxs: list[Context] = []
         kv: KVCache | None = None
         try:
             # today's idiom (SET_ROWS KV writes, GLU) where every layer's backend computes it, else 2023's
@@ -171,8 +171,7 @@ class Model:
                                    v_trans=not self.flash_attn)
             self.input_backend = first
             # one engine for one backend or many: the scheduler, reserved once with the worst-case graph
-            measure_graph = self._measure_graph()
-            self.runner = Runner(backends, measure_graph, graph_size(hp))
+            self.runner = Runner(backends, self._measure_graphs(), graph_size(hp))
         except BaseException:
             # nothing of a failed load stays behind (host buffers are registered by address until freed)
             if kv is not None:
@@ -180,9 +179,9 @@ class Model:
             self.weights.free()
             raise
         finally:
-            if self._measure_ctx is not None:
-                self._measure_ctx.free()  # the measure graph was only for sizes
-                self._measure_ctx = None
+            for ctx in self._measure_ctxs:
+                ctx.free()  # the measure graphs were only for sizes
+            self._measure_ctxs = []
         self._tokenizer: Any = None
         # the graph computed last, kept while the next batch has its shapes (llama.cpp's can_reuse): the
         # decode graph of every token of one n_kv (the cells written are index inputs). The 2023 graph
@@ -226,12 +225,13 @@ class Model:
         size = graph_size(self.hparams)
         return Context(mem_size=size * tensor_overhead() + graph_overhead(size), no_alloc=True)
 
-    def _measure_graph(self) -> Any:
-        """The largest graph a batch makes (n_batch tokens at the end of the context), for the scheduler."""
-        ctx = self._measure_ctx = self._new_ctx()
-        gf, _ = build_llama(ctx, self.hparams, self.w, self.kv, self.n_batch, self.n_ctx - self.n_batch,
-                            **self._graph_kw)
-        return gf
+    def _measure_graphs(self) -> list[Any]:
+        """The largest graphs a batch makes (n_batch tokens at the end of the context), every logit and the last
+        one's: the scheduler reserves both, so a prompt of either kind is laid out as they were."""
+        self._measure_ctxs = [self._new_ctx(), self._new_ctx()]
+        return [build_llama(ctx, self.hparams, self.w, self.kv, self.n_batch, self.n_ctx - self.n_batch, last_only,
+                            **self._graph_kw)[0] for ctx, last_only in zip(self._measure_ctxs, (False, True),
+                                                                          strict=True)]
 
     @staticmethod
     def _mask(pos: np.ndarray, n_kv: int) -> np.ndarray:

@@ -1,8 +1,9 @@
 """Running a model's graphs: one path, `BackendSched`, for one backend or many (as llama.cpp runs every model
 through ggml_backend_sched).
 
-`Runner` reserves the scheduler once with the worst-case graph (a full batch at the end of the context),
-which sizes each backend's compute buffer. Each batch then either reuses the graph computed last, when the
+`Runner` reserves the scheduler once with the worst-case graphs (a full batch at the end of the context),
+which size each backend's compute buffer and lay out every smaller graph of their shapes. Each batch then
+either reuses the graph computed last, when the
 model says its shapes are the same (`run_again`: only the inputs are written, as llama.cpp's `can_reuse`),
 or goes the full path with a new graph (`run`: reset, alloc_graph, inputs, compute).
 """
@@ -44,12 +45,13 @@ def alloc_checked(backend: Backend, size: int, what: str) -> Buffer:
 class Runner:
     """A model's graphs computed by one BackendSched over `backends` (priority order, the fallback last)."""
 
-    def __init__(self, backends: Sequence[Backend], measure_graph: Graph, graph_size: int) -> None:
+    def __init__(self, backends: Sequence[Backend], measure_graphs: Sequence[Graph], graph_size: int) -> None:
         unique = list({id(b): b for b in backends}.values())
         self.backends = unique
         self.sched = BackendSched(unique, graph_size=graph_size)
         try:
-            self.sched.reserve(measure_graph)
+            for graph in measure_graphs:  # the worst cases: the buffers fit the largest, each shape is laid out
+                self.sched.reserve(graph)
         except BaseException:
             self.sched.free()
             raise
@@ -67,6 +69,7 @@ class Runner:
         for node, backend in pins:
             if backend.supports_op(node):
                 sched.set_tensor_backend(node, backend)
+        sched.layout_reuse = not self.report_memory  # the report reads the graph allocator's work
         sched.alloc_graph(graph)
         self.graph = graph
         if self.report_memory:

@@ -143,18 +143,15 @@ def assign_backends(sched: BackendSched, graph: Graph) -> _Assigner:
     """Passes 1 to 4: every node, and every source of one, gets a backend (user assignments are kept).
     Returns the assigner, whose supports_op answers split_graph uses."""
     a = _Assigner(sched)
+    ids, causes = a.ids, a.causes
+    get = ids.get  # (the passes below ask it ~10 times a node)
     # pass 1: assign backends to ops with pre-allocated inputs
-    for leaf in graph.leafs:
-        if a.bid(leaf) == -1:
-            b = a.from_cur(leaf)
-            if b != -1:
-                a.ids[id(leaf)] = b
     nodes = graph.nodes
-    for node in nodes:
-        if a.bid(node) == -1:
-            b = a.from_cur(node)
+    for t in (*graph.leafs, *nodes):
+        if get(id(t), -1) == -1:
+            b = a.from_cur(t)
             if b != -1:
-                a.ids[id(node)] = b
+                ids[id(t)] = b
 
     # pass 2: expand current backend assignments to adjacent nodes: the backends of higher priority down and up
     # (the last backend, the fallback, never spreads there), then every backend down and up
@@ -165,10 +162,11 @@ def assign_backends(sched: BackendSched, graph: Graph) -> _Assigner:
 
     # pass 3: upgrade nodes to higher prio backends with the same buffer type; unassigned nodes (no neighbour's
     # backend computes them) go to the backend that can read the most of their inputs
+    bufts = sched.bufts
     for node in nodes:
-        if is_view_op(node.op):
+        if node.op in VIEW_OPS:
             continue
-        b = a.bid(node)
+        b = get(id(node), -1)
         if b == -1:
             best = -1
             for cand in range(sched.n_backends):
@@ -178,33 +176,35 @@ def assign_backends(sched: BackendSched, graph: Graph) -> _Assigner:
                 for src in node.src:
                     if src is None:
                         continue
-                    assigned = a.bid(src) != -1 or (src.view_src is not None and a.bid(src.view_src) != -1)
+                    assigned = get(id(src), -1) != -1 or (src.view_src is not None
+                                                          and get(id(src.view_src), -1) != -1)
                     if assigned and a.buffer_supported(src, cand):
                         n_supported += 1
                 if n_supported > best:
                     best = n_supported
                     a.set(node, cand, "3.best")
-        else:
+        elif b > 0:
             for cand in range(b):
-                if sched.bufts[cand] is sched.bufts[b] and a.supports_op(cand, node) and all(
+                if bufts[cand] is bufts[b] and a.supports_op(cand, node) and all(
                         src is None or a.buffer_supported(src, cand) for src in node.src):
                     a.set(node, cand, "3.upg")
                     break
 
     # pass 4: assign backends to remaining src from dst and view_src
     for node in nodes:
-        cur = a.bid(node)
+        cur = get(id(node), -1)
         if node.view_src is not None and cur == -1:
-            cur = a.bid(node.view_src)
+            cur = get(id(node.view_src), -1)
             a.set(node, cur, "4.vsrc")
         for src in node.src:
-            if src is None:
+            if src is None or get(id(src), -1) != -1:
                 continue
-            if a.bid(src) == -1:
-                if src.view_src is not None:
-                    a.set(src, a.bid(src.view_src), "4.vsrc")  # views are on their source's backend
-                else:
-                    a.set(src, cur, "4.cur")
+            if src.view_src is not None:
+                ids[id(src)] = get(id(src.view_src), -1)  # views are on their source's backend
+                causes[id(src)] = "4.vsrc"
+            else:
+                ids[id(src)] = cur
+                causes[id(src)] = "4.cur"
         if cur == -1:
             for cand in range(sched.n_backends):
                 if a.set_if_supported(node, cand):

@@ -52,6 +52,7 @@ from pyggml.backend.backend import Backend, op_desc
 from pyggml.backend.buffer import Buffer, BufferUsage
 from pyggml.backend.buffer_type import BufferType
 from pyggml.backend.event import Event
+from pyggml.backend.tensor_alloc import view_init
 from pyggml.backend.tensor_io import tensor_copy
 from pyggml.core import memory
 from pyggml.core.checks import check_instance, check_positive
@@ -176,6 +177,11 @@ class BackendSched:
         self.is_reset = False
         self.is_alloc = False
         self.last_tallocs: list[TensorAllocator] = []  # the allocators of the last allocation
+        # the places of the graphs allocated or reserved, by (number of places, backend of each graph node);
+        # layout_reuse False: every graph through the graph allocator (whose allocators a memory report reads)
+        self.layout_reuse = True
+        self.replayed = False  # whether the last allocation took a recorded layout
+        self.layouts: dict[tuple[int, tuple[int, ...]], list[tuple[int, int, int] | int]] = {}
         self.n_reserves = 0  # buffers grown (by reserve or by a graph that no longer fit)
         self.stats = SchedStats(backends=[BackendStats(b.name()) for b in backends])
         self.reused = False  # whether the last compute reused the allocated graph
@@ -346,9 +352,13 @@ class BackendSched:
                 out.append(TensorAllocator.new_from_buffer(buffer))
         return out
 
-    def _alloc(self, tallocs: list[TensorAllocator]) -> None:
-        """The graph copy into `tallocs` (one per backend): inputs and kept copies first, then the graph."""
+    def _alloc(self, tallocs: list[TensorAllocator], order: list[Tensor] | None = None) -> None:
+        """The graph copy into `tallocs` (one per backend): inputs and kept copies first, then the graph; the
+        places are recorded for `_replay`."""
         assert self.graph is not None
+        if order is None:
+            order = self._alloc_order()
+        views = {id(t) for t in order if t.view_src is not None}  # views by construction, not by the allocator
         placed: list[Tensor] = []
         try:
             for t, bid in self.first_allocs:
@@ -362,6 +372,7 @@ class BackendSched:
                 t.data = None
                 t.buffer = None
             raise
+        self._record(order, tallocs, views)
 
     def _forget_memory(self, tallocs: Sequence[TensorAllocator]) -> None:
         """Take the memory of `tallocs` back from the graph copy's tensors (before they are allocated again)."""
@@ -459,23 +470,90 @@ class BackendSched:
 
     def _alloc_splits(self) -> None:
         """ggml_backend_sched_alloc_splits: allocate the graph copy; reserve first when a node changed to a
-        backend of another buffer type than in the last allocation, or when it no longer fits."""
+        backend of another buffer type than in the last allocation, or when it no longer fits.
+
+        As today's graph allocator (ggml_gallocr_alloc_graph without needs_realloc), a graph laid out like one
+        allocated or reserved before (the same tensors in the same places, each no larger) takes that one's
+        addresses: one pass, no best-fit search. Reserving the worst case therefore makes every smaller batch
+        of the same shape cheap."""
         changed = self.prev_graph_copy_backends != self.graph_copy_backends and any(
             a != b and self.bufts[a] is not self.bufts[b]
             for a, b in zip(self.graph_copy_backends, self.prev_graph_copy_backends, strict=False))
         if any(b is None for b in self.buffers) or changed:
             self._reserve_split()
+        order = self._alloc_order()
+        layout = self.layouts.get((len(order), tuple(self.graph_copy_backends))) if self.layout_reuse else None
+        self.replayed = layout is not None and self._replay(order, layout)
+        if self.replayed:
+            self.prev_graph_copy_backends = self.graph_copy_backends
+            return
         tallocs = self._tallocs(measure=False)
         try:
-            self._alloc(tallocs)
+            self._alloc(tallocs, order)
         except OutOfMemoryError as e:  # (the allocator rolled its work back)
             log.debug("sched: the graph no longer fits the compute buffers (%s): reserving again", e)
             self.synchronize()
             self._reserve_split()
             tallocs = self._tallocs(measure=False)
-            self._alloc(tallocs)
+            self._alloc(tallocs, order)
         self.last_tallocs = tallocs  # what the memory report reads
         self.prev_graph_copy_backends = self.graph_copy_backends
+
+    def _alloc_order(self) -> list[Tensor]:
+        """Every tensor the allocation touches, in ggml's order: the inputs placed first, then for each node
+        of the graph copy its sources and itself (a tensor once per place it appears)."""
+        assert self.graph is not None
+        order = [t for t, _ in self.first_allocs]
+        for node in self.graph.nodes:
+            order.extend(src for src in node.src if src is not None)
+            order.append(node)
+        return order
+
+    def _record(self, order: list[Tensor], tallocs: list[TensorAllocator], views: set[int]) -> None:
+        """ggml_gallocr's node_allocs: where each place of `order` got its memory (buffer, offset from the
+        base, bytes), or that it is a view or has memory of its own (weights, the KV cache)."""
+        index = {id(t.get_buffer()): i for i, t in enumerate(tallocs)}
+        bases = [t.base for t in tallocs]
+        entries: list[tuple[int, int, int] | int] = []
+        for t in order:
+            if id(t) in views:
+                entries.append(_VIEW)
+                continue
+            i = index.get(id(t.buffer), -1) if t.buffer is not None else -1
+            if i < 0 or t.data is None:
+                entries.append(_EXTERNAL)
+            else:
+                entries.append((i, t.data - bases[i], self.bufts[i].get_alloc_size(t)))
+        key = (len(order), tuple(self.graph_copy_backends))
+        old = self.layouts.get(key)
+        if old is None or all(_fits(e, o) for e, o in zip(entries, old, strict=True)):
+            self.layouts[key] = entries  # keep the larger of two layouts of one shape (the reserved worst case)
+
+    def _replay(self, order: list[Tensor], layout: list[tuple[int, int, int] | int]) -> bool:
+        """Give `order` the recorded addresses if every place fits (else False, nothing changed)."""
+        bufts = self.bufts
+        for t, e in zip(order, layout, strict=True):
+            if e == _VIEW:
+                if t.view_src is None:
+                    return False
+            elif e == _EXTERNAL:
+                if t.data is None and t.view_src is None:
+                    return False
+            elif t.data is not None or t.view_src is not None or bufts[e[0]].get_alloc_size(t) > e[2]:
+                return False
+        buffers = self.buffers
+        for t, e in zip(order, layout, strict=True):
+            if t.data is not None:
+                continue
+            if e == _VIEW:
+                view_init(t)
+            else:
+                buffer = buffers[e[0]]
+                assert buffer is not None
+                t.data = buffer.base + e[1]
+                t.buffer = buffer
+                buffer.init_tensor(t)
+        return True
 
     def graph_compute(self, graph: Graph) -> None:
         """ggml_backend_sched_graph_compute: `graph_compute_async`, then wait for every backend."""
@@ -623,6 +701,16 @@ class BackendSched:
 
     def is_view(self, node: Tensor) -> bool:
         return is_view_op(node.op)
+
+
+_VIEW, _EXTERNAL = -1, -2  # a layout's places that take no memory of the scheduler's
+
+
+def _fits(new: tuple[int, int, int] | int, old: tuple[int, int, int] | int) -> bool:
+    """Whether layout place `new` covers `old` (the same kind; as many bytes or more)."""
+    if isinstance(new, int) or isinstance(old, int):
+        return new == old
+    return new[0] == old[0] and new[2] >= old[2]
 
 
 class _IdSet:

@@ -247,3 +247,29 @@ def test_bad_use_is_refused_before_anything_runs() -> None:
     sched.graph_compute(gf)
     np.testing.assert_array_equal(tensor_get_numpy(out), np.full(8, 4, np.float32))
     sched.free()
+
+
+def test_a_graph_shaped_like_a_reserved_one_takes_its_layout() -> None:
+    """As today's graph allocator: after reserving the worst case, a smaller graph of the same shape gets the
+    recorded addresses without a new allocation pass; a larger one goes through the allocator again."""
+    cpu = cpu_init(1)
+    sched = BackendSched([cpu])
+    _, big, (a, b), out = _add_graph(4096)
+    sched.reserve(big)
+    _, small, (a, b), out = _add_graph(100)
+    sched.alloc_graph(small)
+    assert sched.replayed
+    x = np.arange(100, dtype=np.float32)
+    tensor_set_numpy(a, x)
+    tensor_set_numpy(b, np.full(100, 3, np.float32))
+    sched.graph_compute(small)
+    np.testing.assert_array_equal(tensor_get_numpy(out), (x + 3) * (2 * x))
+    sched.reset()
+    _, larger, (a, b), out = _add_graph(5000)
+    sched.alloc_graph(larger)
+    assert not sched.replayed and sched.n_reserves == 2  # no layout fits: allocated, the buffer grown
+    tensor_set_numpy(a, np.ones(5000, np.float32))
+    tensor_set_numpy(b, np.ones(5000, np.float32))
+    sched.graph_compute(larger)
+    np.testing.assert_array_equal(tensor_get_numpy(out), np.full(5000, 4, np.float32))
+    sched.free()
