@@ -53,7 +53,8 @@ def ggml_backend_sched_new(backends: Sequence[Backend], *args: Any, **kwargs: An
         raise ArgumentTypeError(f"ggml_backend_sched_new: backends must be a sequence of Backends, got "
                                 f"{type(backends).__name__}")
     backends = list(backends)
-    seed = not kwargs and len(args) <= 1 and (not args or args[0] is None or isinstance(args[0], int))
+    # the seed's form: at most a count (anything but a sequence of buffer types: check_int judges it)
+    seed = not kwargs and len(args) <= 1 and (not args or not isinstance(args[0], Sequence))
     if seed:
         n_backends = _count(args[0] if args else None, len(backends))
         return Scheduler(backends[:n_backends])

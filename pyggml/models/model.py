@@ -158,15 +158,17 @@ class Model:
         try:
             # today's idiom (SET_ROWS KV writes, GLU) where every layer's backend computes it, else 2023's
             self.flash_attn: bool = fa
-            # a layer's KV cache sits with the layer where its backend writes and reads it (SET_ROWS, and the
-            # attention: llama.cpp's offload_kqv), else on the last backend, the fallback that computes everything
+            # a layer's KV cache sits with the layer where its backend computes the attention over it (llama.cpp's
+            # offload_kqv), else on the last backend, the fallback that computes everything (a MUL_MAT-only one)
             fallback = backends[-1]
-            self.kv_backend = [b if all_support([b], "set_rows") and all_support([b], "attention", kv_type)
-                               else fallback for b in self.layer_backend]
-            # today's idiom (SET_ROWS KV writes, GLU) where the cache's backends write it and some backend has GLU
-            # (the scheduler gives it to one that has), else 2023's
+            attends = {id(b): all_support([b], "attention", kv_type) for b in backends}
+            self.kv_backend = [b if attends[id(b)] else fallback for b in self.layer_backend]
+            # today's idiom (SET_ROWS KV writes, GLU) where the backends that write the cache and compute the
+            # layers' elementwise ops have them, else 2023's (CPY into views, SILU * MUL): a backend without
+            # them keeps its layers' work instead of handing single nodes to another backend
+            workers = [b for b in self.layer_backend if attends[id(b)]] or [fallback]
             self._graph_kw = {"flash_attn": self.flash_attn, "set_rows": all_support(self.kv_backend, "set_rows"),
-                              "glu": any(all_support([b], "glu") for b in backends)}
+                              "glu": all_support(workers, "glu")}
             kv = self.kv = KVCache(hp.n_layer, self.n_ctx, hp.n_embd_gqa, self.kv_backend, kv_type,
                                    v_trans=not self.flash_attn)
             self.input_backend = first
