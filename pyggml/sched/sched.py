@@ -67,7 +67,7 @@ from pyggml.core.errors import (
 )
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import Tensor, TensorFlag, is_view_op
-from pyggml.sched.passes import assign_backends, split_graph
+from pyggml.sched.passes import assign_backends, assign_backends_seed, split_graph
 from pyggml.sched.scheduler import debug_enabled
 from pyggml.sched.stats import BackendStats, SchedStats
 
@@ -76,6 +76,7 @@ log = logging.getLogger("pyggml.sched")
 GGML_SCHED_MAX_BACKENDS = 16
 GGML_SCHED_MAX_SPLIT_INPUTS = 30
 GGML_SCHED_MAX_COPIES = 4
+ASSIGN_MODES = ("today", "seed")
 
 # ggml_backend_sched_eval_callback: (tensor, ask) -> bool. With ask=True: does the caller want to see this
 # node (compute up to it, then call again)? With ask=False the node is computed: False stops the compute.
@@ -116,8 +117,13 @@ class BackendSched:
     """ggml_backend_sched: `backends` in priority order (the first is preferred, the last is the fallback)."""
 
     def __init__(self, backends: Sequence[Backend], bufts: Sequence[BufferType] | None = None,
-                 graph_size: int = GGML_DEFAULT_GRAPH_SIZE, parallel: bool = False, op_offload: bool = True) -> None:
-        """ggml_backend_sched_new(backends, bufts, n_backends, graph_size, parallel, op_offload)."""
+                 graph_size: int = GGML_DEFAULT_GRAPH_SIZE, parallel: bool = False, op_offload: bool = True,
+                 assign: str = "today") -> None:
+        """ggml_backend_sched_new(backends, bufts, n_backends, graph_size, parallel, op_offload); `assign`:
+        "today" (ggml's five passes) or "seed" (the late-2023 passes, see passes.assign_backends_seed)."""
+        if assign not in ASSIGN_MODES:
+            raise ArgumentError(f"BackendSched: assign must be one of {', '.join(ASSIGN_MODES)}, got {assign!r}")
+        self.assign = assign
         if isinstance(backends, (str, bytes)) or not isinstance(backends, Sequence):
             raise ArgumentTypeError(f"BackendSched: backends must be a sequence of Backends, got "
                                     f"{type(backends).__name__}")
@@ -336,7 +342,8 @@ class BackendSched:
         self.is_reset = False
         self.ctx = Context(mem_size=(2 * (graph.n_nodes + 16) * self.n_copies + 64) * tensor_overhead(),
                            no_alloc=True)
-        split_graph(self, graph, assign_backends(self, graph))
+        passes = assign_backends if self.assign == "today" else assign_backends_seed
+        split_graph(self, graph, passes(self, graph))
         self.split_graph = graph
         if debug_enabled():
             from pyggml.sched.debug import format_assignments

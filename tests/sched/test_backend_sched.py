@@ -273,3 +273,31 @@ def test_a_graph_shaped_like_a_reserved_one_takes_its_layout() -> None:
     sched.graph_compute(larger)
     np.testing.assert_array_equal(tensor_get_numpy(out), np.full(5000, 4, np.float32))
     sched.free()
+
+
+def test_the_seed_assignment_mode_assigns_as_the_seed_scheduler(cpu_a: Any, cpu_b: Any) -> None:
+    """assign="seed": the LLaMA block of the seed-exact split tests (weights on A, inputs in B's memory) gets
+    every node's backend as pyggml.sched.Scheduler (the seed's) gives it, and computes the same numbers."""
+    from sched_graphs import build_block, compute_on_one_backend, input_values, make_weights, set_inputs
+    from test_splits import LLAMA_BACKENDS_TWO_CPU
+
+    weights = make_weights(lambda name: cpu_a)
+    block = build_block(weights.tensors, 3)
+    inputs = TensorAllocator.new_from_backend(cpu_b, sum(t.nbytes() + 64 for t in block.inputs) + 64)
+    for t in block.inputs:
+        inputs.alloc(t)
+    sched = BackendSched([cpu_a, cpu_b], assign="seed")
+    sched.alloc_graph(block.graph)
+    names = {"A": cpu_a, "B": cpu_b}
+    got = {n.name: sched.get_tensor_backend(n) for n in block.graph.nodes}
+    assert got == {name: names[b] for name, b in LLAMA_BACKENDS_TWO_CPU.items()}
+    values = input_values(3)
+    set_inputs(block, values)
+    sched.graph_compute(block.graph)
+    np.testing.assert_allclose(tensor_get_numpy(block.out), compute_on_one_backend(cpu_a, 3, values), rtol=1e-5,
+                               atol=1e-6)
+    with pytest.raises(ArgumentError, match="assign must be one of today, seed"):
+        BackendSched([cpu_a], assign="2023")
+    sched.free()
+    inputs.free()
+    weights.free()
