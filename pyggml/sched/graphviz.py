@@ -73,9 +73,7 @@ def sched_to_dot(sched: Scheduler, graph: Graph) -> str:
                      f' (nodes {split.i_start}..{split.i_end}){"; inputs: " + inputs if inputs else ""}";')
         lines.append("    style = rounded;")
         for inp in split.inputs:
-            slot = sched.hash_set.find(inp) if sched.hash_set is not None else None
-            copies = sched.node_copies.get(slot, []) if slot is not None else []
-            cpy = copies[prio] if 0 <= prio < len(copies) else None
+            cpy = sched.input_copy(inp, prio)
             if cpy is not None:
                 lines.append("    " + decl(cpy, ",dashed"))
                 copies_of.setdefault(id(cpy), []).append(inp)

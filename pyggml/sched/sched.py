@@ -317,6 +317,14 @@ class BackendSched:
     # the debug printout's and graphviz's names
     tensor_backend = get_tensor_backend
 
+    def backend_prio(self, backend: Backend | None) -> float:
+        """The backend's index in priority order; inf if it is not one of ours (the Graphviz colours)."""
+        return next((i for i, b in enumerate(self.backends) if b is backend), float("inf"))
+
+    def input_copy(self, t: Tensor, backend_index: int) -> Tensor | None:
+        """The copy of split input `t` in backend `backend_index` this graph computes with (None if none)."""
+        return self.copies.get((id(t), backend_index, self.cur_copy))
+
     def tensor_cause(self, t: Tensor) -> str:
         return self.causes.get(id(t), "")
 

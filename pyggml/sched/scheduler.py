@@ -579,6 +579,12 @@ class Scheduler:
         talloc = self.node_talloc[slot]
         return talloc.get_buffer().backend if talloc is not None else None
 
+    def input_copy(self, t: Tensor, backend_index: int) -> Tensor | None:
+        """The copy of split input `t` in backend `backend_index` made by the last split (None if none)."""
+        slot = self.hash_set.find(t) if self.hash_set is not None else None
+        copies = self.node_copies.get(slot, []) if slot is not None else []
+        return copies[backend_index] if 0 <= backend_index < len(copies) else None
+
     def tensor_cause(self, t: Tensor) -> str:
         """Why the last split gave `t` its backend ("1.dst", "2.src0", "usr", ...; "" if no pass said)."""
         if self.hash_set is None:

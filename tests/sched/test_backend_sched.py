@@ -301,3 +301,29 @@ def test_the_seed_assignment_mode_assigns_as_the_seed_scheduler(cpu_a: Any, cpu_
     sched.free()
     inputs.free()
     weights.free()
+
+
+def test_observability(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """The GGML_SCHED_DEBUG printout (splits, each node's backend and cause), Graphviz with one cluster per
+    split, the per-backend timings and bytes copied, and whether a graph was reused."""
+    model = pm.load(builtin_model_path(), backends=[cpu_init(1), cpu_init(1)], n_layers_on=[2], n_ctx=64,
+                    progress=False)
+    try:
+        monkeypatch.setenv("GGML_SCHED_DEBUG", "1")
+        with caplog.at_level(logging.DEBUG, logger="pyggml.sched"):
+            model.eval([1, 50, 60])
+        assert "## SPLIT #1: CPU # 1 inputs: [l_out-1" in caplog.text
+        assert "1.wgt0" in caplog.text and "1.inp" in caplog.text  # causes, as ggml's SET_CAUSE
+        sched = model.runner.sched
+        assert not sched.stats.reused and sched.stats.n_splits == 3
+        copied = sum(b.bytes_copied for b in sched.stats.backends)
+        assert copied > 0 and all(b.compute_time > 0 for b in sched.stats.backends)
+        assert f"sched: {sched.stats.n_nodes} nodes in 3 splits" in caplog.text
+        model.eval([70])
+        model.eval([71])
+        assert sched.stats.reused and "reused" in sched.stats.format()
+        dot = sched.dump_dot(model.runner.graph)
+        assert dot.count("subgraph cluster_") == 1 + 3  # the legend and one per split
+        assert 'label = "copy"' in dot and "CPU#l_out-1#0" in dot
+    finally:
+        model.free()
