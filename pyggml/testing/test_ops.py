@@ -678,7 +678,8 @@ def all_cases() -> list[OpCase]:
             + unary_cases() + reduce_cases() + get_rows_cases() + norm_cases() + attention_cases()
             + matmul_cases() + conv_cases() + custom_cases() + _misc_cases()
             + _flash_attn_cases()
-            + _glu_rows_moe_cases())
+            + _glu_rows_moe_cases()
+            + _extra_cases())
 
 
 def _misc_cases() -> list[OpCase]:
@@ -691,6 +692,12 @@ def _glu_rows_moe_cases() -> list[OpCase]:
     from pyggml.testing.cases_glu_rows_moe import glu_rows_moe_cases  # it builds on this module's helpers
 
     return glu_rows_moe_cases()
+
+
+def _extra_cases() -> list[OpCase]:
+    from pyggml.testing.cases_extra import extra_cases  # it builds on this module's helpers
+
+    return extra_cases()
 
 
 def _flash_attn_cases() -> list[OpCase]:

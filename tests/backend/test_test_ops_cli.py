@@ -192,14 +192,16 @@ def _rope(node: Tensor, a: np.ndarray, b: np.ndarray, shape: tuple[int, ...]) ->
         theta = theta / read(ff).reshape(-1)[:n_pairs]
     angle, mscale = fscale * theta, attn
     if ext != 0.0:  # YaRN: between interpolation and extrapolation over the dims from low to high
-        def corr_dim(n_rot: float) -> float:
-            return n_dims * math.log(n_ctx_orig / (n_rot * 2 * math.pi)) / (2 * math.log(base))
+        def corr_dim(n_rot: float) -> float:  # n_ctx_orig = 0 (test-backend-ops'): log(0) = -inf, as in C
+            with np.errstate(divide="ignore"):
+                return float(n_dims * np.log(n_ctx_orig / (n_rot * 2 * math.pi)) / (2 * math.log(base)))
 
-        low, high = max(0, math.floor(corr_dim(beta_fast))), min(n_dims - 1, math.ceil(corr_dim(beta_slow)))
+        low, high = max(0, np.floor(corr_dim(beta_fast))), min(n_dims - 1, np.ceil(corr_dim(beta_slow)))
         ramp = (1 - np.clip((k - low) / max(0.001, high - low), 0, 1)) * ext
         angle = angle * (1 - ramp) + theta * ramp
         mscale = attn * (1 + 0.1 * math.log(1 / fscale))
-    cos, sin = (np.cos(angle) * mscale)[None, :, None, :], (np.sin(angle) * mscale)[None, :, None, :]
+    sign = -1.0 if node.op == GGMLOp.ROPE_BACK else 1.0  # the backward turns by -angle
+    cos, sin = (np.cos(angle) * mscale)[None, :, None, :], (sign * np.sin(angle) * mscale)[None, :, None, :]
     if mode == 0:
         i0, i1 = n_offs + 2 * k, n_offs + 2 * k + 1
     elif vision:
@@ -572,6 +574,49 @@ def _opt_step_sgd(node: Tensor, w: np.ndarray, g: np.ndarray, shape: tuple[int, 
 
 Formula = Callable[[Tensor, np.ndarray, np.ndarray | None, tuple[int, ...]], np.ndarray]
 # each op from its definition: node, src0's and src1's values (float64, numpy order), dst's shape
+def _win_part(node: Tensor, a: np.ndarray, b: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    npx, w = node.get_op_params_i32(0), node.get_op_params_i32(2)
+    out = np.zeros(shape)
+    for i3, i2, i1 in np.ndindex(*shape[:3]):  # window i3 = py*npx + px, its row i2 and column i1
+        y, x = (i3 // npx) * w + i2, (i3 % npx) * w + i1
+        if y < a.shape[1] and x < a.shape[2]:
+            out[i3, i2, i1] = a[0, y, x]
+    return out
+
+
+def _win_unpart(node: Tensor, a: np.ndarray, b: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    w = node.get_op_params_i32(0)
+    npx = -(-shape[2] // w)
+    out = np.zeros(shape)
+    for i2, i1 in np.ndindex(*shape[1:3]):
+        out[0, i2, i1] = a[(i2 // w) * npx + i1 // w, i2 % w, i1 % w]
+    return out
+
+
+def _get_rel_pos(node: Tensor, a: np.ndarray, b: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    src = node.src[0]
+    assert src is not None
+    if src.type == BF16:  # ggml copies the 16-bit words: BF16's bits read as F16
+        a = memory.tensor_view(src).view(np.float16).astype(np.float64)
+    rows = a.reshape(-1, shape[3])
+    kh = shape[2]
+    out = np.zeros(shape)
+    for i2, i1 in np.ndindex(*shape[1:3]):  # query i2, key i1: relative position (kh - 1 - i1) + i2
+        out[0, i2, i1] = rows[kh - 1 - i1 + i2]
+    return out
+
+
+def _add_rel_pos(node: Tensor, a: np.ndarray, pw: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    ph_t = node.src[2]
+    assert ph_t is not None
+    ph = read(ph_t)
+    k, rows = pw.shape[3], pw.size // pw.shape[3]
+    out = a.copy().reshape(-1)
+    cells = out[: rows * k * k].reshape(rows, k, k)  # a view: (query, key row, key column)
+    cells += ph.reshape(rows, k, 1) + pw.reshape(rows, 1, k)
+    return out.reshape(shape)
+
+
 FORMULAS: dict[GGMLOp, Formula] = {
     GGMLOp.GLU: _glu, GGMLOp.SET_ROWS: _set_rows, GGMLOp.MUL_MAT_ID: _mul_mat_id, GGMLOp.ADD_ID: _add_id,
     GGMLOp.DUP: lambda n, a, b, shape: a.reshape(shape),  # element order kept, dst's layout and type
@@ -600,7 +645,9 @@ FORMULAS: dict[GGMLOp, Formula] = {
     GGMLOp.RMS_NORM: lambda n, a, b, shape: normalize(a, n.get_op_params_f32(0), center=False),
     GGMLOp.GROUP_NORM: _group_norm,
     GGMLOp.SOFT_MAX: _soft_max, GGMLOp.DIAG_MASK_INF: _diag_mask, GGMLOp.DIAG_MASK_ZERO: _diag_mask,
-    GGMLOp.ROPE: _rope,
+    GGMLOp.ROPE: _rope, GGMLOp.ROPE_BACK: _rope,
+    GGMLOp.WIN_PART: _win_part, GGMLOp.WIN_UNPART: _win_unpart, GGMLOp.GET_REL_POS: _get_rel_pos,
+    GGMLOp.ADD_REL_POS: _add_rel_pos,
     GGMLOp.MUL_MAT: _mul_mat,
     GGMLOp.OUT_PROD: lambda n, a, b, shape: np.swapaxes(b, -1, -2) @ a,  # out[n, m] = sum_k b[k, n] a[k, m]
     GGMLOp.GET_ROWS: _get_rows,

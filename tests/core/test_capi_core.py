@@ -431,7 +431,28 @@ def _op_cases(ctx: Context) -> list[tuple[str, tuple[object, ...], Callable[...,
     cases += _glu_rows_moe_op_cases(ctx)
     cases += _flash_attn_op_cases(ctx)
     cases += _misc_train_op_cases(ctx)
+    cases += _extra_op_cases(ctx)
     return cases
+
+
+def _extra_op_cases(ctx: Context) -> list[tuple[str, tuple[object, ...], Callable[..., Tensor],
+                                              tuple[object, ...] | None]]:
+    f32 = GGMLType.F32
+    a = ctx.new_tensor_3d(f32, 8, 6, 4)
+    pos, pos4 = ctx.new_tensor_1d(GGMLType.I32, 4), ctx.new_tensor_1d(GGMLType.I32, 16)
+    img = ctx.new_tensor_3d(f32, 4, 10, 7)
+    parts = ctx.new_tensor_4d(f32, 4, 3, 3, 12)
+    pw = ctx.new_tensor_4d(f32, 3, 2, 3, 4)
+    return [
+        ("ggml_rope_ext_back", (a, pos, None, 8, 2, 256, 1e4, 1.0, 0.5, 1.0, 32.0, 1.0), ops.rope_ext_back, None),
+        ("ggml_rope_multi_back", (a, pos4, None, 8, [2, 1, 1, 0], 8, 256, 1e4, 1.0, 0.0, 1.0, 32.0, 1.0),
+         ops.rope_multi_back, None),
+        ("ggml_win_part", (img, 3), ops.win_part, None),
+        ("ggml_win_unpart", (parts, 10, 7, 3), ops.win_unpart, None),
+        ("ggml_get_rel_pos", (ctx.new_tensor_2d(GGMLType.F16, 8, 9), 5, 5), ops.get_rel_pos, None),
+        ("ggml_add_rel_pos", (ctx.new_tensor_4d(f32, 9, 6, 4, 1), pw, pw), ops.add_rel_pos, None),
+        ("ggml_add_rel_pos_inplace", (ctx.new_tensor_4d(f32, 9, 6, 4, 1), pw, pw), ops.add_rel_pos_inplace, None),
+    ]
 
 
 def _misc_train_op_cases(ctx: Context) -> list[tuple[str, tuple[object, ...], Callable[..., Tensor],

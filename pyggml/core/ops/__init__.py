@@ -14,7 +14,7 @@ from __future__ import annotations
 import inspect
 from types import ModuleType
 
-from pyggml.core.ops import attention, conv, custom, elementwise, layout, matmul, misc, moe, rows, train
+from pyggml.core.ops import attention, conv, custom, elementwise, extra, layout, matmul, misc, moe, rows, train
 from pyggml.core.ops import glu as glu_ops  # `glu` itself is a builder
 from pyggml.core.ops import norm as norm_ops  # `norm` itself is the op builder below
 from pyggml.core.ops import reduce as reduce_ops
@@ -23,6 +23,7 @@ from pyggml.core.ops.attention import *
 from pyggml.core.ops.conv import *
 from pyggml.core.ops.custom import *
 from pyggml.core.ops.elementwise import *
+from pyggml.core.ops.extra import *
 from pyggml.core.ops.glu import *
 from pyggml.core.ops.layout import *
 from pyggml.core.ops.matmul import *
@@ -36,6 +37,7 @@ from pyggml.core.ops.train import *
 _MODULES = [elementwise, layout, matmul, reduce_ops, norm_ops, conv, custom, misc, train]
 _MODULES += [glu_ops, rows, moe]
 _MODULES += [attention]
+_MODULES += [extra]
 
 
 def _check_builders(modules: list[ModuleType], exported: dict[str, object]) -> None:
@@ -275,3 +277,11 @@ class OpBuilders:
     add_id = moe.add_id
     mul_mat_id = moe.mul_mat_id
     flash_attn_ext = attention.flash_attn_ext
+    # ROPE_BACK and SAM's ops (extra)
+    rope_ext_back = extra.rope_ext_back
+    rope_multi_back = extra.rope_multi_back
+    win_part = extra.win_part
+    win_unpart = extra.win_unpart
+    get_rel_pos = extra.get_rel_pos
+    add_rel_pos = extra.add_rel_pos
+    add_rel_pos_inplace = extra.add_rel_pos_inplace

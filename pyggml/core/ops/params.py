@@ -486,3 +486,34 @@ __all__ = [
     "NormParams", "OpParams", "PadParams", "PermuteParams", "Pool1dParams", "Pool2dParams", "RopeParams",
     "ScaleParams", "SoftMaxParams", "UnaryParams", "UpscaleParams", "ViewParams", "op_params_of",
 ]
+
+
+# --- SAM's windows and relative positions (pyggml.core.ops.extra) ---
+
+
+@dataclass(frozen=True, kw_only=True)
+class WinPartParams(OpParams):
+    """WIN_PART: windows along ne[1] (npx) and ne[2] (npy), the window size w."""
+
+    ops: ClassVar[tuple[GGMLOp, ...]] = (GGMLOp.WIN_PART,)
+    npx: int
+    npy: int
+    w: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class WinUnpartParams(OpParams):
+    ops: ClassVar[tuple[GGMLOp, ...]] = (GGMLOp.WIN_UNPART,)
+    w: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class AddRelPosParams(OpParams):
+    """ADD_REL_POS: whether dst is a view of src0 (ggml then skips the copy)."""
+
+    ops: ClassVar[tuple[GGMLOp, ...]] = (GGMLOp.ADD_REL_POS,)
+    inplace: bool
+
+
+OP_PARAMS.update({op: cls for cls in (WinPartParams, WinUnpartParams, AddRelPosParams) for op in cls.ops})
+__all__ += ["AddRelPosParams", "WinPartParams", "WinUnpartParams"]

@@ -81,6 +81,9 @@ def _table() -> dict[GGMLOp, Kernel]:
 
     for module in (glu, rows, matmul_id):
         table.update(module.KERNELS)
+    from pyggml.backends.cpu.kernels import extra
+
+    table.update(extra.KERNELS)
     return table
 
 
