@@ -1413,4 +1413,24 @@ def ggml_add_rel_pos_inplace(ctx: Context, a: Tensor, pw: Tensor, ph: Tensor) ->
     return ops.add_rel_pos_inplace(ctx, a, pw, ph)
 
 
+def ggml_lightning_indexer(ctx: Context, q: Tensor, k: Tensor, weights: Tensor, mask: Tensor) -> Tensor:
+    return ops.lightning_indexer(ctx, q, k, weights, mask)
+
+
+def ggml_dsv4_hc_comb(ctx: Context, mixes: Tensor, scale: Tensor, base: Tensor, eps: float, n_iter: int) -> Tensor:
+    return ops.dsv4_hc_comb(ctx, mixes, scale, base, eps, n_iter)
+
+
+def ggml_dsv4_hc_pre(ctx: Context, x: Tensor, weights: Tensor) -> Tensor:
+    return ops.dsv4_hc_pre(ctx, x, weights)
+
+
+def ggml_dsv4_hc_pre_gated(ctx: Context, x: Tensor, gate: Tensor, scale: float) -> Tensor:
+    return ops.dsv4_hc_pre_gated(ctx, x, gate, scale)
+
+
+def ggml_dsv4_hc_post(ctx: Context, x: Tensor, residual: Tensor, post: Tensor, comb: Tensor | None) -> Tensor:
+    return ops.dsv4_hc_post(ctx, x, residual, post, comb)
+
+
 __all__ = [name for name in dir() if name.startswith(("ggml_", "GGML_"))]

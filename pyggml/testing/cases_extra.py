@@ -1,6 +1,8 @@
 """Op checker cases of ROPE_BACK (test-backend-ops' test_rope with forward=false: modes, freq_scale, ext_factor,
-attn_factor, frequency factors, a viewed source, an offset window) and of SAM's WIN_PART, WIN_UNPART,
-GET_REL_POS, ADD_REL_POS (which test-backend-ops leaves out: SAM's shapes, padding and sizes 1 here)."""
+attn_factor, frequency factors, a viewed source, an offset window), of SAM's WIN_PART, WIN_UNPART,
+GET_REL_POS, ADD_REL_POS (which test-backend-ops leaves out: SAM's shapes, padding and sizes 1 here), and
+test-backend-ops' LIGHTNING_INDEXER and DSV4_HC_COMB / DSV4_HC_PRE / DSV4_HC_POST cases (the indexer's at
+fewer sizes), with their value ranges."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from pyggml.core.tensor import (
     Tensor,
 )
 from pyggml.core.types import GGMLType
+from pyggml.testing.cases_flash_attn import kq_mask
 from pyggml.testing.test_ops import BF16, F16, F32, I32, MAX_NMSE_ROPE, OpCase, _ne, _t, indices, new, op, uniform
 
 NORMAL, NEOX, MROPE, IMROPE, VISION = (GGML_ROPE_TYPE_NORMAL, GGML_ROPE_TYPE_NEOX, GGML_ROPE_TYPE_MROPE,
@@ -117,5 +120,74 @@ def sam_cases() -> list[OpCase]:
     return cases
 
 
+def lightning_indexer_cases() -> list[OpCase]:
+    cases = []
+    types = (F32, F16, BF16, GGMLType.Q8_0, GGMLType.Q5_1, GGMLType.Q5_0, GGMLType.Q4_1, GGMLType.Q4_0,
+             GGMLType.IQ4_NL)
+    shapes = [(128, 32, 256, nb, ns, nm, type_k) for nb in (1, 32) for ns, nm in ((1, 1), (4, 4), (4, 1))
+              for type_k in (F32, F16, BF16, GGMLType.Q8_0, GGMLType.IQ4_NL)]
+    shapes += [(128, 64, kv, 32, 4, 1, type_k) for kv in (1, 7, 65) for type_k in types]
+    for hsk, nh, kv, nb, ns, nm, type_k in shapes:
+        def build(ctx: Context, hsk: int = hsk, nh: int = nh, kv: int = kv, nb: int = nb, ns: int = ns, nm: int = nm,
+                  type_k: GGMLType = type_k) -> Tensor:
+            q = new(ctx, "q", F32, [hsk, nh, nb, ns])
+            k = new(ctx, "k", type_k, [hsk, 1, kv, ns])
+            w = new(ctx, "w", F32, [nh, nb, 1, ns])
+            m = new(ctx, "m", F16, [kv, nb, 1, nm])
+            return op(ctx, "lightning_indexer")(q, k, w, m)
+
+        cases.append(OpCase("LIGHTNING_INDEXER", f"hsk={hsk},nh={nh},kv={kv},nb={nb},ns={ns},nm={nm},"
+                                                 f"type_K={_t(type_k)}", build, {"m": kq_mask}, 1e-6))
+    return cases
+
+
+_HC = 4
+_HC_INITS = {"mixes": uniform(-2.0, 2.0), "scale": uniform(-0.5, 0.5), "base": uniform(-0.25, 0.25),
+             "weights": uniform(0.0, 1.0), "comb": uniform(0.0, 1.0), "post": uniform(0.0, 2.0),
+             "gate": uniform(-4.0, 4.0), "x": uniform(-1.0, 1.0), "residual": uniform(-1.0, 1.0)}
+
+
+def dsv4_cases() -> list[OpCase]:
+    cases = []
+    for n_tokens, n_iter in ((1, 1), (17, 4), (257, 8), (17, 20), (1, 20), (256, 20), (513, 20)):
+        def build_comb(ctx: Context, n_tokens: int = n_tokens, n_iter: int = n_iter) -> Tensor:
+            mixes = new(ctx, "mixes", F32, [(2 + _HC) * _HC, n_tokens, 1, 1])
+            scale = new(ctx, "scale", F32, [3, 1, 1, 1])
+            base = new(ctx, "base", F32, [(2 + _HC) * _HC, 1, 1, 1])
+            return op(ctx, "dsv4_hc_comb")(mixes, scale, base, 1e-6, n_iter)
+
+        cases.append(OpCase("DSV4_HC_COMB", f"n_tokens={n_tokens},n_iter={n_iter},eps=1e-06", build_comb, _HC_INITS))
+    pre = [(1, 4, 1, False), (31, 4, 17, False), (128, 4, 257, False), (4096, 4, 21, False), (31, 4, 17, True),
+           (4096, 4, 21, True)]
+    pre += [(128, n_hc, 17, gated) for n_hc in (1, 2, 3, 5, 8, 65) for gated in (False, True)]
+    for n_embd, n_hc, n_tokens, gated in pre:
+        def build_pre(ctx: Context, n_embd: int = n_embd, n_hc: int = n_hc, n_tokens: int = n_tokens,
+                      gated: bool = gated) -> Tensor:
+            x = new(ctx, "x", F32, [n_embd, n_hc, n_tokens, 1])
+            if gated:
+                gate = new(ctx, "gate", F32, [n_embd, n_hc, n_tokens, 1])
+                return op(ctx, "dsv4_hc_pre_gated")(x, gate, 1.0 / n_hc)
+            return op(ctx, "dsv4_hc_pre")(x, new(ctx, "weights", F32, [n_hc, n_tokens, 1, 1]))
+
+        cases.append(OpCase("DSV4_HC_PRE", f"n_embd={n_embd},n_hc={n_hc},n_tokens={n_tokens},gated={int(gated)}",
+                            build_pre, _HC_INITS))
+    for n_embd, n_tokens, identity, gated in ((1, 1, False, False), (31, 17, False, False), (128, 257, False, False),
+                                              (4096, 21, False, False), (31, 17, True, False), (4096, 21, True, False),
+                                              (31, 17, True, True), (2560, 21, True, True), (31, 17, False, True)):
+        def build_post(ctx: Context, n_embd: int = n_embd, n_tokens: int = n_tokens, identity: bool = identity,
+                       gated: bool = gated) -> Tensor:
+            x = new(ctx, "x", F32, [n_embd, n_tokens, 1, 1])
+            residual = new(ctx, "residual", F32, [n_embd, _HC, n_tokens, 1])
+            post = new(ctx, "post", F32, [_HC, n_tokens, 1, 1])
+            if gated:  # post = 2*sigmoid(post/hc), as qwen4exp builds it
+                post = op(ctx, "scale")(op(ctx, "sigmoid")(op(ctx, "scale")(post, 1.0 / _HC)), 2.0)
+            comb = None if identity else new(ctx, "comb", F32, [_HC, _HC, n_tokens, 1])
+            return op(ctx, "dsv4_hc_post")(x, residual, post, comb)
+
+        cases.append(OpCase("DSV4_HC_POST", f"n_embd={n_embd},n_tokens={n_tokens},identity={int(identity)},"
+                                            f"gated={int(gated)}", build_post, _HC_INITS))
+    return cases
+
+
 def extra_cases() -> list[OpCase]:
-    return rope_back_cases() + sam_cases()
+    return rope_back_cases() + sam_cases() + lightning_indexer_cases() + dsv4_cases()

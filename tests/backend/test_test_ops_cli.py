@@ -617,6 +617,44 @@ def _add_rel_pos(node: Tensor, a: np.ndarray, pw: np.ndarray, shape: tuple[int, 
     return out.reshape(shape)
 
 
+def _lightning_indexer(node: Tensor, q: np.ndarray, k: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    w_t, m_t = node.src[2], node.src[3]
+    assert w_t is not None and m_t is not None
+    w, m = read(w_t), read(m_t)  # (S, 1, T, H), (nm, 1, T, KV)
+    qk = np.maximum(np.einsum("sthd,skd->sthk", q, k[:, :, 0]), 0.0)  # ReLU of each head's q . k
+    score = np.einsum("sthk,sth->stk", qk, w[:, 0])
+    return (score + m[np.arange(q.shape[0]) % m.shape[0], 0]).reshape(shape)
+
+
+def _dsv4_hc_comb(node: Tensor, mixes: np.ndarray, scale: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    base_t = node.src[2]
+    assert base_t is not None
+    eps, n_iter = node.get_op_params_f32(0), node.get_op_params_i32(1)
+    n_t = mixes.shape[2]
+    logits = mixes[0, 0, :, 8:].reshape(n_t, 4, 4) * scale.reshape(-1)[2] + read(base_t).reshape(-1)[8:].reshape(4, 4)
+    e = np.exp(logits - logits.max(axis=2, keepdims=True))  # (t, src, dst): a softmax over dst
+    c = e / e.sum(axis=2, keepdims=True) + eps
+    c = c / (eps + c.sum(axis=1, keepdims=True))  # each dst's column over the srcs
+    for _ in range(1, n_iter):  # Sinkhorn: rows, then columns
+        c = c / (eps + c.sum(axis=2, keepdims=True))
+        c = c / (eps + c.sum(axis=1, keepdims=True))
+    return c.reshape(shape)
+
+
+def _dsv4_hc_pre(node: Tensor, x: np.ndarray, w: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    scale, gated = node.get_op_params_f32(0), node.get_op_params_i32(1)
+    weights = 1 / (1 + np.exp(-w[0])) if gated else w[0, 0, :, :, None]  # (t, h, i) or (t, h, 1)
+    return (scale * (x[0] * weights).sum(axis=1)).reshape(shape)
+
+
+def _dsv4_hc_post(node: Tensor, x: np.ndarray, res: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    post_t, comb_t = node.src[2], node.src[3]
+    assert post_t is not None
+    out = x[0, 0, :, None, :] * read(post_t)[0, 0, :, :, None]  # (t, dst, i)
+    mixed = res[0] if comb_t is None else np.einsum("tsi,tsd->tdi", res[0], read(comb_t)[0])
+    return (out + mixed).reshape(shape)
+
+
 FORMULAS: dict[GGMLOp, Formula] = {
     GGMLOp.GLU: _glu, GGMLOp.SET_ROWS: _set_rows, GGMLOp.MUL_MAT_ID: _mul_mat_id, GGMLOp.ADD_ID: _add_id,
     GGMLOp.DUP: lambda n, a, b, shape: a.reshape(shape),  # element order kept, dst's layout and type
@@ -647,7 +685,8 @@ FORMULAS: dict[GGMLOp, Formula] = {
     GGMLOp.SOFT_MAX: _soft_max, GGMLOp.DIAG_MASK_INF: _diag_mask, GGMLOp.DIAG_MASK_ZERO: _diag_mask,
     GGMLOp.ROPE: _rope, GGMLOp.ROPE_BACK: _rope,
     GGMLOp.WIN_PART: _win_part, GGMLOp.WIN_UNPART: _win_unpart, GGMLOp.GET_REL_POS: _get_rel_pos,
-    GGMLOp.ADD_REL_POS: _add_rel_pos,
+    GGMLOp.ADD_REL_POS: _add_rel_pos, GGMLOp.LIGHTNING_INDEXER: _lightning_indexer,
+    GGMLOp.DSV4_HC_COMB: _dsv4_hc_comb, GGMLOp.DSV4_HC_PRE: _dsv4_hc_pre, GGMLOp.DSV4_HC_POST: _dsv4_hc_post,
     GGMLOp.MUL_MAT: _mul_mat,
     GGMLOp.OUT_PROD: lambda n, a, b, shape: np.swapaxes(b, -1, -2) @ a,  # out[n, m] = sum_k b[k, n] a[k, m]
     GGMLOp.GET_ROWS: _get_rows,

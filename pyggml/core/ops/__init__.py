@@ -285,3 +285,8 @@ class OpBuilders:
     get_rel_pos = extra.get_rel_pos
     add_rel_pos = extra.add_rel_pos
     add_rel_pos_inplace = extra.add_rel_pos_inplace
+    lightning_indexer = extra.lightning_indexer
+    dsv4_hc_comb = extra.dsv4_hc_comb
+    dsv4_hc_pre = extra.dsv4_hc_pre
+    dsv4_hc_pre_gated = extra.dsv4_hc_pre_gated
+    dsv4_hc_post = extra.dsv4_hc_post

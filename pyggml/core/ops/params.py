@@ -515,5 +515,24 @@ class AddRelPosParams(OpParams):
     inplace: bool
 
 
-OP_PARAMS.update({op: cls for cls in (WinPartParams, WinUnpartParams, AddRelPosParams) for op in cls.ops})
-__all__ += ["AddRelPosParams", "WinPartParams", "WinUnpartParams"]
+@dataclass(frozen=True, kw_only=True)
+class Dsv4HcCombParams(OpParams):
+    """DSV4_HC_COMB: the eps of the normalizations and how many row/column rounds (n_iter > 0)."""
+
+    ops: ClassVar[tuple[GGMLOp, ...]] = (GGMLOp.DSV4_HC_COMB,)
+    eps: float
+    n_iter: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Dsv4HcPreParams(OpParams):
+    """DSV4_HC_PRE: the result's scale, and whether src1 is a per-element gate (sigmoid) or per-stream weights."""
+
+    ops: ClassVar[tuple[GGMLOp, ...]] = (GGMLOp.DSV4_HC_PRE,)
+    scale: float
+    gated: bool
+
+
+OP_PARAMS.update({op: cls for cls in (WinPartParams, WinUnpartParams, AddRelPosParams, Dsv4HcCombParams,
+                                      Dsv4HcPreParams) for op in cls.ops})
+__all__ += ["AddRelPosParams", "Dsv4HcCombParams", "Dsv4HcPreParams", "WinPartParams", "WinUnpartParams"]

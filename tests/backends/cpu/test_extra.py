@@ -1,4 +1,5 @@
-"""ROPE_BACK and SAM's WIN_PART, WIN_UNPART, GET_REL_POS, ADD_REL_POS (pyggml.core.ops.extra): builders' shapes,
+"""ROPE_BACK, SAM's WIN_PART, WIN_UNPART, GET_REL_POS, ADD_REL_POS and DeepSeek-V4's LIGHTNING_INDEXER,
+DSV4_HC_COMB, DSV4_HC_PRE, DSV4_HC_POST (pyggml.core.ops.extra): builders' shapes,
 op_params and errors; CPU kernels against numpy float64 formulas written here (and ggml's loops, literally, where
 the order of f32 additions matters); the in-place list of today's ggml-alloc.c computing through the graph
 allocator; and every op checker case against real ggml (skipped only without a C compiler)."""
@@ -16,7 +17,7 @@ from pyggml.capi import core as capi
 from pyggml.core.context import Context
 from pyggml.core.errors import ArgumentError, GGMLError, ShapeError, UnsupportedTypeError
 from pyggml.core.tensor import GGML_ROPE_TYPE_NEOX, GGML_ROPE_TYPE_NORMAL, GGMLOp
-from pyggml.core.types import GGMLType
+from pyggml.core.types import GGMLType, to_float
 from pyggml.testing import test_ops
 from pyggml.testing.cases_extra import extra_cases
 
@@ -281,6 +282,132 @@ def test_kernels_raise_on_bad_input_before_computing() -> None:
     with pytest.raises(GGMLError, match="CPU ROPE_BACK.*n_dims=10"):
         compile_node(back)
     assert all(kernel_supports(c.build(new_ctx())) for c in extra_cases())
+
+
+# --- DeepSeek-V4 ---
+
+
+def test_dsv4_builders_shapes_and_params() -> None:
+    ctx = new_ctx()
+    li = ctx.lightning_indexer(ctx.new_tensor_4d(F32, 32, 3, 5, 2), ctx.new_tensor_4d(GGMLType.Q8_0, 32, 1, 7, 2),
+                               ctx.new_tensor_4d(F32, 3, 5, 1, 2), ctx.new_tensor_4d(F16, 7, 5, 1, 1))
+    assert (li.op, li.type, li.ne, len([x for x in li.src if x is not None])) == (GGMLOp.LIGHTNING_INDEXER, F32,
+                                                                                    [7, 5, 1, 2], 4)
+    comb = ctx.dsv4_hc_comb(ctx.new_tensor_2d(F32, 24, 5), ctx.new_tensor_1d(F32, 3), ctx.new_tensor_1d(F32, 24),
+                            1e-6, 20)
+    assert (comb.op, comb.ne) == (GGMLOp.DSV4_HC_COMB, [4, 4, 5, 1])
+    assert comb.get_op_params_f32(0) == pytest.approx(1e-6) and comb.get_op_params_i32(1) == 20
+    x = ctx.new_tensor_3d(F32, 6, 3, 5)
+    pre = ctx.dsv4_hc_pre(x, ctx.new_tensor_2d(F32, 3, 5))
+    assert (pre.op, pre.ne, pre.get_op_params_f32(0), pre.get_op_params_i32(1)) == (GGMLOp.DSV4_HC_PRE, [6, 5, 1, 1],
+                                                                                     1.0, 0)
+    gated = ctx.dsv4_hc_pre_gated(x, x, 0.25)
+    assert (gated.get_op_params_f32(0), gated.get_op_params_i32(1)) == (0.25, 1)
+    post = ctx.dsv4_hc_post(ctx.new_tensor_2d(F32, 6, 5), x, ctx.new_tensor_2d(F32, 3, 5), None)
+    assert (post.op, post.ne, post.src[3]) == (GGMLOp.DSV4_HC_POST, [6, 3, 5, 1], None)
+    assert capi.ggml_dsv4_hc_pre_gated(ctx, x, x, 0.5).get_op_params_f32(0) == 0.5
+
+
+def test_dsv4_builder_errors_name_the_op() -> None:
+    ctx = new_ctx()
+    q, k = ctx.new_tensor_4d(F32, 16, 3, 5, 2), ctx.new_tensor_4d(F16, 16, 1, 7, 2)
+    w, m = ctx.new_tensor_4d(F32, 3, 5, 1, 2), ctx.new_tensor_4d(F16, 7, 5, 1, 1)
+    with pytest.raises(UnsupportedTypeError, match="lightning_indexer: mask"):
+        ctx.lightning_indexer(q, k, w, ctx.new_tensor_4d(F32, 7, 5, 1, 1))
+    with pytest.raises(ShapeError, match=r"lightning_indexer: q.ne\[0\]=16 must equal k.ne\[0\]=8"):
+        ctx.lightning_indexer(q, ctx.new_tensor_4d(F16, 8, 1, 7, 2), w, m)
+    with pytest.raises(ShapeError, match=r"weights.ne\[3\]=2 must be a multiple of mask.ne\[3\]=3"):
+        ctx.lightning_indexer(q, k, w, ctx.new_tensor_4d(F16, 7, 5, 1, 3))
+    mixes, scale, base = ctx.new_tensor_2d(F32, 24, 5), ctx.new_tensor_1d(F32, 3), ctx.new_tensor_1d(F32, 24)
+    with pytest.raises(ArgumentError, match="dsv4_hc_comb: n_iter=0"):
+        ctx.dsv4_hc_comb(mixes, scale, base, 1e-6, 0)
+    with pytest.raises(ShapeError, match=r"dsv4_hc_comb: mixes.ne\[0\]=15 must be \(2 \+ hc\)\*hc with hc = 4"):
+        ctx.dsv4_hc_comb(ctx.new_tensor_2d(F32, 15, 5), scale, ctx.new_tensor_1d(F32, 15), 1e-6, 1)
+    with pytest.raises(ShapeError, match="dsv4_hc_comb: scale"):
+        ctx.dsv4_hc_comb(mixes, ctx.new_tensor_1d(F32, 2), base, 1e-6, 1)
+    x = ctx.new_tensor_3d(F32, 6, 3, 5)
+    with pytest.raises(ShapeError, match="dsv4_hc_pre: weights must have ne"):
+        ctx.dsv4_hc_pre(x, ctx.new_tensor_2d(F32, 5, 3))
+    with pytest.raises(ShapeError, match="dsv4_hc_pre_gated: the gate"):
+        ctx.dsv4_hc_pre_gated(x, ctx.new_tensor_2d(F32, 3, 5), 1.0)
+    with pytest.raises(UnsupportedTypeError, match="dsv4_hc_pre.*F16"):
+        ctx.dsv4_hc_pre(ctx.new_tensor_3d(F16, 6, 3, 5), ctx.new_tensor_2d(F32, 3, 5))
+    with pytest.raises(ShapeError, match="dsv4_hc_post: comb"):
+        ctx.dsv4_hc_post(ctx.new_tensor_2d(F32, 6, 5), x, ctx.new_tensor_2d(F32, 3, 5), ctx.new_tensor_3d(F32, 3, 3, 4))
+    with pytest.raises(ShapeError, match="dsv4_hc_post: post"):
+        ctx.dsv4_hc_post(ctx.new_tensor_2d(F32, 6, 5), x, ctx.new_tensor_2d(F32, 4, 5), None)
+
+
+@pytest.mark.parametrize("type_k", [F32, F16, GGMLType.Q8_0])
+def test_lightning_indexer(type_k: GGMLType) -> None:
+    ctx = new_ctx()
+    n_s, n_t, n_h, d, n_kv = 2, 3, 4, 32, 5
+    qv, kv, wv = rand(n_s, n_t, n_h, d), rand(n_s, n_kv, 1, d), rand(n_s, 1, n_t, n_h)
+    mv = rand(1, 1, n_t, n_kv)
+    mv[0, 0, 1, 2] = -np.inf
+    k = tensor(ctx, type_k, kv)
+    node = ctx.lightning_indexer(tensor(ctx, F32, qv), k, tensor(ctx, F32, wv), tensor(ctx, F16, mv))
+    got = run(node)
+    kf = kv if type_k == F32 else to_float(type_k, k.numpy())  # K as stored
+    want = np.zeros((n_s, 1, n_t, n_kv))
+    for s, t, j in np.ndindex(n_s, n_t, n_kv):
+        heads = np.maximum(qv[s, t].astype(np.float64) @ kf[s, j, 0].astype(np.float64), 0.0)
+        want[s, 0, t, j] = heads @ wv[s, 0, t] + np.float16(mv[0, 0, t, j])
+    assert np.isneginf(got[0, 0, 1, 2]) and np.isneginf(got[1, 0, 1, 2])
+    fin = np.isfinite(want)
+    np.testing.assert_allclose(got[fin], want[fin], rtol=1e-5, atol=1e-5)
+
+
+def test_dsv4_hc_comb_is_a_sinkhorn_of_a_softmax() -> None:
+    ctx = new_ctx()
+    n_t, eps = 6, 1e-6
+    mv, sv, bv = rand(n_t, 24, lo=-2, hi=2), rand(3, lo=-0.5, hi=0.5), rand(24, lo=-0.25, hi=0.25)
+    for n_iter in (1, 3, 20):
+        got = run(ctx.dsv4_hc_comb(tensor(ctx, F32, mv), tensor(ctx, F32, sv), tensor(ctx, F32, bv), eps, n_iter))
+        want = np.empty((n_t, 4, 4))
+        for t in range(n_t):
+            logits = np.array([[mv[t, 8 + d + 4 * s] * sv[2] + bv[8 + d + 4 * s] for d in range(4)] for s in range(4)],
+                              np.float64)  # [src, dst]
+            c = np.exp(logits - logits.max(axis=1, keepdims=True))
+            c = c / c.sum(axis=1, keepdims=True) + eps
+            c = c / (eps + c.sum(axis=0))
+            for _ in range(n_iter - 1):
+                c = c / (eps + c.sum(axis=1, keepdims=True))
+                c = c / (eps + c.sum(axis=0))
+            want[t] = c
+        np.testing.assert_allclose(got[0], want, rtol=1e-5, atol=1e-6)
+        if n_iter == 20:  # nearly doubly stochastic
+            np.testing.assert_allclose(got[0].sum(axis=1), 1.0, atol=1e-4)
+
+
+@pytest.mark.parametrize(("hc", "gated"), [(4, False), (4, True), (1, False), (65, True)])
+def test_dsv4_hc_pre(hc: int, gated: bool) -> None:
+    ctx = new_ctx()
+    n_e, n_t = 7, 3
+    xv = rand(n_t, hc, n_e)
+    if gated:
+        gv = rand(n_t, hc, n_e, lo=-4, hi=4)
+        got = run(ctx.dsv4_hc_pre_gated(tensor(ctx, F32, xv), tensor(ctx, F32, gv), 1.0 / hc))
+        want = (xv.astype(np.float64) / (1 + np.exp(-gv.astype(np.float64)))).sum(axis=1) / hc
+    else:
+        wv = rand(n_t, hc, lo=0, hi=1)
+        got = run(ctx.dsv4_hc_pre(tensor(ctx, F32, xv), tensor(ctx, F32, wv)))
+        want = np.einsum("thi,th->ti", xv.astype(np.float64), wv)
+    np.testing.assert_allclose(got[0, 0], want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("identity", [False, True])
+def test_dsv4_hc_post(identity: bool) -> None:
+    ctx = new_ctx()
+    n_e, n_t, hc = 9, 4, 4
+    xv, rv, pv, cv = rand(n_t, n_e), rand(n_t, hc, n_e), rand(n_t, hc, lo=0, hi=2), rand(n_t, hc, hc, lo=0, hi=1)
+    comb = None if identity else tensor(ctx, F32, cv)  # cv[t, src, dst]
+    got = run(ctx.dsv4_hc_post(tensor(ctx, F32, xv), tensor(ctx, F32, rv), tensor(ctx, F32, pv), comb))
+    want = np.empty((n_t, hc, n_e))
+    for t, d in np.ndindex(n_t, hc):
+        mixed = rv[t, d] if identity else sum(rv[t, s].astype(np.float64) * cv[t, s, d] for s in range(hc))
+        want[t, d] = xv[t] * np.float64(pv[t, d]) + mixed
+    np.testing.assert_allclose(got[0], want, rtol=1e-5, atol=1e-6)
 
 
 # --- against real ggml ---
