@@ -47,8 +47,8 @@ def rope_yarn_corr_dims(n_dims: int, n_ctx_orig: int, freq_base: float, beta_fas
                         beta_slow: float) -> tuple[float, float]:
     """ggml_rope_yarn_corr_dims: the first and last dims where YaRN ramps between interpolation and extrapolation.
 
-    As C's float math: n_ctx_orig = 0 (test-backend-ops' value) gives log(0) = -inf, so the ramp starts at 0 and
-    ends at -inf; MAX/MIN are C's macros (a NaN passes through)."""
+    As in C, n_ctx_orig = 0 (test-backend-ops' value) gives log(0) = -inf, so the ramp starts at 0 and ends at
+    -inf; MAX/MIN are C's macros (a NaN passes through)."""
     def corr_dim(n_rot: float) -> float:
         with np.errstate(divide="ignore", invalid="ignore"):
             ratio = np.float64(n_ctx_orig) / np.float64(n_rot * 2 * math.pi)

@@ -305,8 +305,10 @@ def supports(node: Tensor) -> bool:
     """Whether these kernels compute `node`: ggml-cpu's types, contiguous sources."""
     if node.op not in KERNELS:
         return False
-    if node.op in _DSV4:
-        return node.type == GGMLType.F32 and all(s.type == GGMLType.F32 for s in node.src if s is not None)
+    if node.op in _DSV4:  # HC_PRE needs x and weights, the others three sources (HC_POST's comb optional)
+        needed = 2 if node.op == GGMLOp.DSV4_HC_PRE else 3
+        return node.type == GGMLType.F32 and all(s is not None for s in node.src[:needed]) \
+            and all(s.type == GGMLType.F32 for s in node.src if s is not None)
     if node.op == GGMLOp.LIGHTNING_INDEXER:
         q, k, w, m = node.src[:4]
         return (node.type == GGMLType.F32 and q is not None and q.type == GGMLType.F32 and w is not None
