@@ -59,12 +59,15 @@ from pyggml.core.tensor import GGML_MAX_DIMS, GGML_MAX_SRC, GGMLOp, Tensor
 
 log = logging.getLogger("pyggml.alloc")
 
-# the seed's ggml_op_can_inplace list: ops whose kernels read each element before writing it
+# ggml_op_can_inplace as ggml-alloc.c at llama.cpp 0c1e570 lists it: ops whose kernels read each element before
+# writing it (the seed's list plus FILL, ADD_ID, ROPE_BACK, SILU_BACK, RMS_NORM_BACK, CLAMP, SOFT_MAX_BACK)
 INPLACE_OPS = frozenset({
+    GGMLOp.FILL,
     GGMLOp.SCALE,
     GGMLOp.DIAG_MASK_ZERO,
     GGMLOp.DIAG_MASK_INF,
     GGMLOp.ADD,
+    GGMLOp.ADD_ID,
     GGMLOp.ADD1,
     GGMLOp.SUB,
     GGMLOp.MUL,
@@ -74,8 +77,13 @@ INPLACE_OPS = frozenset({
     GGMLOp.LOG,
     GGMLOp.UNARY,
     GGMLOp.ROPE,
+    GGMLOp.ROPE_BACK,
+    GGMLOp.SILU_BACK,
     GGMLOp.RMS_NORM,
+    GGMLOp.RMS_NORM_BACK,
+    GGMLOp.CLAMP,
     GGMLOp.SOFT_MAX,
+    GGMLOp.SOFT_MAX_BACK,
 })
 
 

@@ -1440,4 +1440,61 @@ def ggml_gated_delta_net(ctx: Context, q: Tensor, k: Tensor, v: Tensor, g: Tenso
     return ops.gated_delta_net(ctx, q, k, v, g, beta, state, K)
 
 
+# --- ROPE_BACK and SAM's ops (pyggml.core.ops.extra) ---
+
+
+def ggml_rope_ext_back(ctx: Context, a: Tensor, b: Tensor, c: Tensor | None, n_dims: int, mode: int,
+                       n_ctx_orig: int, freq_base: float, freq_scale: float, ext_factor: float, attn_factor: float,
+                       beta_fast: float, beta_slow: float) -> Tensor:
+    return ops.rope_ext_back(ctx, a, b, c, n_dims, mode, n_ctx_orig, freq_base, freq_scale, ext_factor,
+                             attn_factor, beta_fast, beta_slow)
+
+
+def ggml_rope_multi_back(ctx: Context, a: Tensor, b: Tensor, c: Tensor | None, n_dims: int, sections: list[int],
+                         mode: int, n_ctx_orig: int, freq_base: float, freq_scale: float, ext_factor: float,
+                         attn_factor: float, beta_fast: float, beta_slow: float) -> Tensor:
+    return ops.rope_multi_back(ctx, a, b, c, n_dims, sections, mode, n_ctx_orig, freq_base, freq_scale,
+                               ext_factor, attn_factor, beta_fast, beta_slow)
+
+
+def ggml_win_part(ctx: Context, a: Tensor, w: int) -> Tensor:
+    return ops.win_part(ctx, a, w)
+
+
+def ggml_win_unpart(ctx: Context, a: Tensor, w0: int, h0: int, w: int) -> Tensor:
+    return ops.win_unpart(ctx, a, w0, h0, w)
+
+
+def ggml_get_rel_pos(ctx: Context, a: Tensor, qh: int, kh: int) -> Tensor:
+    return ops.get_rel_pos(ctx, a, qh, kh)
+
+
+def ggml_add_rel_pos(ctx: Context, a: Tensor, pw: Tensor, ph: Tensor) -> Tensor:
+    return ops.add_rel_pos(ctx, a, pw, ph)
+
+
+def ggml_add_rel_pos_inplace(ctx: Context, a: Tensor, pw: Tensor, ph: Tensor) -> Tensor:
+    return ops.add_rel_pos_inplace(ctx, a, pw, ph)
+
+
+def ggml_lightning_indexer(ctx: Context, q: Tensor, k: Tensor, weights: Tensor, mask: Tensor) -> Tensor:
+    return ops.lightning_indexer(ctx, q, k, weights, mask)
+
+
+def ggml_dsv4_hc_comb(ctx: Context, mixes: Tensor, scale: Tensor, base: Tensor, eps: float, n_iter: int) -> Tensor:
+    return ops.dsv4_hc_comb(ctx, mixes, scale, base, eps, n_iter)
+
+
+def ggml_dsv4_hc_pre(ctx: Context, x: Tensor, weights: Tensor) -> Tensor:
+    return ops.dsv4_hc_pre(ctx, x, weights)
+
+
+def ggml_dsv4_hc_pre_gated(ctx: Context, x: Tensor, gate: Tensor, scale: float) -> Tensor:
+    return ops.dsv4_hc_pre_gated(ctx, x, gate, scale)
+
+
+def ggml_dsv4_hc_post(ctx: Context, x: Tensor, residual: Tensor, post: Tensor, comb: Tensor | None) -> Tensor:
+    return ops.dsv4_hc_post(ctx, x, residual, post, comb)
+
+
 __all__ = [name for name in dir() if name.startswith(("ggml_", "GGML_"))]

@@ -45,13 +45,18 @@ ROPE_MODES = (GGML_ROPE_TYPE_NORMAL, GGML_ROPE_TYPE_NEOX, GGML_ROPE_TYPE_MROPE, 
 
 def rope_yarn_corr_dims(n_dims: int, n_ctx_orig: int, freq_base: float, beta_fast: float,
                         beta_slow: float) -> tuple[float, float]:
-    """ggml_rope_yarn_corr_dims: the first and last dims where YaRN ramps between interpolation and extrapolation."""
-    def corr_dim(n_rot: float) -> float:
-        return n_dims * math.log(n_ctx_orig / (n_rot * 2 * math.pi)) / (2 * math.log(freq_base))
+    """ggml_rope_yarn_corr_dims: the first and last dims where YaRN ramps between interpolation and extrapolation.
 
-    start = math.floor(corr_dim(beta_fast))
-    end = math.ceil(corr_dim(beta_slow))
-    return max(0.0, start), min(n_dims - 1.0, end)
+    As in C, n_ctx_orig = 0 (test-backend-ops' value) gives log(0) = -inf, so the ramp starts at 0 and ends at
+    -inf; MAX/MIN are C's macros (a NaN passes through)."""
+    def corr_dim(n_rot: float) -> float:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.float64(n_ctx_orig) / np.float64(n_rot * 2 * math.pi)
+            return float(n_dims * np.log(ratio) / (2 * np.log(np.float64(freq_base))))
+
+    start = float(np.floor(corr_dim(beta_fast)))
+    end = float(np.ceil(corr_dim(beta_slow)))
+    return (0.0 if 0.0 > start else start), (n_dims - 1.0 if n_dims - 1.0 < end else end)
 
 
 @dataclass(frozen=True)
@@ -79,25 +84,26 @@ def rope_pairs(p: RopeParams, ne0: int) -> RopePairs:
 
 def rope_check(node: Tensor, p: RopeParams, ne0: int, ne2: int, backend: str) -> None:
     """ggml's asserts of the ROPE kernel, as errors naming the node."""
+    who = f"{backend} {node.op.name} '{node.name}'"  # ROPE or ROPE_BACK
     if p.mode not in ROPE_MODES:
-        raise UnsupportedTypeError(f"{backend} ROPE '{node.name}': mode {p.mode} is not one of {ROPE_MODES}")
+        raise UnsupportedTypeError(f"{who}: mode {p.mode} is not one of {ROPE_MODES}")
     vision = p.mode == GGML_ROPE_TYPE_VISION
     if p.n_dims <= 0 or p.n_dims % 2 or p.n_dims > ne0 or (vision and 2 * p.n_dims != ne0):
-        raise ArgumentError(f"{backend} ROPE '{node.name}': n_dims={p.n_dims} must be even, > 0 and <= ne0={ne0} "
+        raise ArgumentError(f"{who}: n_dims={p.n_dims} must be even, > 0 and <= ne0={ne0} "
                             "(ne0/2 in VISION mode)")
     if p.n_offs < 0 or p.n_offs % 2 or p.n_offs + p.n_dims > ne0 or (vision and p.n_offs):
-        raise ArgumentError(f"{backend} ROPE '{node.name}': n_offs={p.n_offs} must be even, >= 0 and n_offs + "
+        raise ArgumentError(f"{who}: n_offs={p.n_offs} must be even, >= 0 and n_offs + "
                             f"n_dims <= ne0={ne0} (0 in VISION mode)")
     if p.mode & GGML_ROPE_TYPE_MROPE and not any(x > 0 for x in p.sections[:3]):
-        raise ArgumentError(f"{backend} ROPE '{node.name}': multi-rope needs sections, got {list(p.sections)}")
+        raise ArgumentError(f"{who}: multi-rope needs sections, got {list(p.sections)}")
     pos_t = node.src[1]
     per_token = 4 if p.mode & GGML_ROPE_TYPE_MROPE else 1
     if pos_t is None or pos_t.type != GGMLType.I32:
-        raise UnsupportedTypeError(f"{backend} ROPE '{node.name}': positions (src[1]) must be an I32 tensor")
+        raise UnsupportedTypeError(f"{who}: positions (src[1]) must be an I32 tensor")
     if not pos_t.is_vector() or pos_t.ne[0] < per_token * ne2:
-        raise ShapeError(f"{backend} ROPE '{node.name}': positions must be a vector of at least {per_token} x "
+        raise ShapeError(f"{who}: positions must be a vector of at least {per_token} x "
                          f"ne2={ne2}, got ne {pos_t.ne}")
     ff = node.src[2]
     if ff is not None and (ff.type != GGMLType.F32 or ff.ne[0] < p.n_dims // 2):
-        raise ShapeError(f"{backend} ROPE '{node.name}': frequency factors (src[2]) must be F32 with at least "
+        raise ShapeError(f"{who}: frequency factors (src[2]) must be F32 with at least "
                          f"n_dims/2={p.n_dims // 2} of them, got {ff.type.name} {ff.ne}")

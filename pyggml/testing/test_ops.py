@@ -680,7 +680,8 @@ def all_cases() -> list[OpCase]:
             + _flash_attn_cases()
             + _glu_rows_moe_cases()
             + _conv_back_cases()
-            + _ssm_cases())
+            + _ssm_cases()
+            + _extra_cases())
 
 
 def _misc_cases() -> list[OpCase]:
@@ -705,6 +706,12 @@ def _ssm_cases() -> list[OpCase]:
     from pyggml.testing.cases_ssm import ssm_cases  # it builds on this module's helpers
 
     return ssm_cases()
+
+
+def _extra_cases() -> list[OpCase]:
+    from pyggml.testing.cases_extra import extra_cases  # it builds on this module's helpers
+
+    return extra_cases()
 
 
 def _flash_attn_cases() -> list[OpCase]:

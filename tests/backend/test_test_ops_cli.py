@@ -194,14 +194,16 @@ def _rope(node: Tensor, a: np.ndarray, b: np.ndarray, shape: tuple[int, ...]) ->
         theta = theta / read(ff).reshape(-1)[:n_pairs]
     angle, mscale = fscale * theta, attn
     if ext != 0.0:  # YaRN: between interpolation and extrapolation over the dims from low to high
-        def corr_dim(n_rot: float) -> float:
-            return n_dims * math.log(n_ctx_orig / (n_rot * 2 * math.pi)) / (2 * math.log(base))
+        def corr_dim(n_rot: float) -> float:  # n_ctx_orig = 0 (test-backend-ops'): log(0) = -inf, as in C
+            with np.errstate(divide="ignore"):
+                return float(n_dims * np.log(n_ctx_orig / (n_rot * 2 * math.pi)) / (2 * math.log(base)))
 
-        low, high = max(0, math.floor(corr_dim(beta_fast))), min(n_dims - 1, math.ceil(corr_dim(beta_slow)))
+        low, high = max(0, np.floor(corr_dim(beta_fast))), min(n_dims - 1, np.ceil(corr_dim(beta_slow)))
         ramp = (1 - np.clip((k - low) / max(0.001, high - low), 0, 1)) * ext
         angle = angle * (1 - ramp) + theta * ramp
         mscale = attn * (1 + 0.1 * math.log(1 / fscale))
-    cos, sin = (np.cos(angle) * mscale)[None, :, None, :], (np.sin(angle) * mscale)[None, :, None, :]
+    sign = -1.0 if node.op == GGMLOp.ROPE_BACK else 1.0  # the backward turns by -angle
+    cos, sin = (np.cos(angle) * mscale)[None, :, None, :], (sign * np.sin(angle) * mscale)[None, :, None, :]
     if mode == 0:
         i0, i1 = n_offs + 2 * k, n_offs + 2 * k + 1
     elif vision:
@@ -574,6 +576,87 @@ def _opt_step_sgd(node: Tensor, w: np.ndarray, g: np.ndarray, shape: tuple[int, 
 
 Formula = Callable[[Tensor, np.ndarray, np.ndarray | None, tuple[int, ...]], np.ndarray]
 # each op from its definition: node, src0's and src1's values (float64, numpy order), dst's shape
+def _win_part(node: Tensor, a: np.ndarray, b: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    npx, w = node.get_op_params_i32(0), node.get_op_params_i32(2)
+    out = np.zeros(shape)
+    for i3, i2, i1 in np.ndindex(*shape[:3]):  # window i3 = py*npx + px, its row i2 and column i1
+        y, x = (i3 // npx) * w + i2, (i3 % npx) * w + i1
+        if y < a.shape[1] and x < a.shape[2]:
+            out[i3, i2, i1] = a[0, y, x]
+    return out
+
+
+def _win_unpart(node: Tensor, a: np.ndarray, b: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    w = node.get_op_params_i32(0)
+    npx = -(-shape[2] // w)
+    out = np.zeros(shape)
+    for i2, i1 in np.ndindex(*shape[1:3]):
+        out[0, i2, i1] = a[(i2 // w) * npx + i1 // w, i2 % w, i1 % w]
+    return out
+
+
+def _get_rel_pos(node: Tensor, a: np.ndarray, b: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    src = node.src[0]
+    assert src is not None
+    if src.type == BF16:  # ggml copies the 16-bit words: BF16's bits read as F16
+        a = memory.tensor_view(src).view(np.float16).astype(np.float64)
+    rows = a.reshape(-1, shape[3])
+    kh = shape[2]
+    out = np.zeros(shape)
+    for i2, i1 in np.ndindex(*shape[1:3]):  # query i2, key i1: relative position (kh - 1 - i1) + i2
+        out[0, i2, i1] = rows[kh - 1 - i1 + i2]
+    return out
+
+
+def _add_rel_pos(node: Tensor, a: np.ndarray, pw: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    ph_t = node.src[2]
+    assert ph_t is not None
+    ph = read(ph_t)
+    k, rows = pw.shape[3], pw.size // pw.shape[3]
+    out = a.copy().reshape(-1)
+    cells = out[: rows * k * k].reshape(rows, k, k)  # a view: (query, key row, key column)
+    cells += ph.reshape(rows, k, 1) + pw.reshape(rows, 1, k)
+    return out.reshape(shape)
+
+
+def _lightning_indexer(node: Tensor, q: np.ndarray, k: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    w_t, m_t = node.src[2], node.src[3]
+    assert w_t is not None and m_t is not None
+    w, m = read(w_t), read(m_t)  # (S, 1, T, H), (nm, 1, T, KV)
+    qk = np.maximum(np.einsum("sthd,skd->sthk", q, k[:, :, 0]), 0.0)  # ReLU of each head's q . k
+    score = np.einsum("sthk,sth->stk", qk, w[:, 0])
+    return (score + m[np.arange(q.shape[0]) % m.shape[0], 0]).reshape(shape)
+
+
+def _dsv4_hc_comb(node: Tensor, mixes: np.ndarray, scale: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    base_t = node.src[2]
+    assert base_t is not None
+    eps, n_iter = node.get_op_params_f32(0), node.get_op_params_i32(1)
+    n_t = mixes.shape[2]
+    logits = mixes[0, 0, :, 8:].reshape(n_t, 4, 4) * scale.reshape(-1)[2] + read(base_t).reshape(-1)[8:].reshape(4, 4)
+    e = np.exp(logits - logits.max(axis=2, keepdims=True))  # (t, src, dst): a softmax over dst
+    c = e / e.sum(axis=2, keepdims=True) + eps
+    c = c / (eps + c.sum(axis=1, keepdims=True))  # each dst's column over the srcs
+    for _ in range(1, n_iter):  # Sinkhorn: rows, then columns
+        c = c / (eps + c.sum(axis=2, keepdims=True))
+        c = c / (eps + c.sum(axis=1, keepdims=True))
+    return c.reshape(shape)
+
+
+def _dsv4_hc_pre(node: Tensor, x: np.ndarray, w: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    scale, gated = node.get_op_params_f32(0), node.get_op_params_i32(1)
+    weights = 1 / (1 + np.exp(-w[0])) if gated else w[0, 0, :, :, None]  # (t, h, i) or (t, h, 1)
+    return (scale * (x[0] * weights).sum(axis=1)).reshape(shape)
+
+
+def _dsv4_hc_post(node: Tensor, x: np.ndarray, res: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    post_t, comb_t = node.src[2], node.src[3]
+    assert post_t is not None
+    out = x[0, 0, :, None, :] * read(post_t)[0, 0, :, :, None]  # (t, dst, i)
+    mixed = res[0] if comb_t is None else np.einsum("tsi,tsd->tdi", res[0], read(comb_t)[0])
+    return (out + mixed).reshape(shape)
+
+
 FORMULAS: dict[GGMLOp, Formula] = {
     GGMLOp.GLU: _glu, GGMLOp.SET_ROWS: _set_rows, GGMLOp.MUL_MAT_ID: _mul_mat_id, GGMLOp.ADD_ID: _add_id,
     GGMLOp.DUP: lambda n, a, b, shape: a.reshape(shape),  # element order kept, dst's layout and type
@@ -602,7 +685,10 @@ FORMULAS: dict[GGMLOp, Formula] = {
     GGMLOp.RMS_NORM: lambda n, a, b, shape: normalize(a, n.get_op_params_f32(0), center=False),
     GGMLOp.GROUP_NORM: _group_norm,
     GGMLOp.SOFT_MAX: _soft_max, GGMLOp.DIAG_MASK_INF: _diag_mask, GGMLOp.DIAG_MASK_ZERO: _diag_mask,
-    GGMLOp.ROPE: _rope,
+    GGMLOp.ROPE: _rope, GGMLOp.ROPE_BACK: _rope,
+    GGMLOp.WIN_PART: _win_part, GGMLOp.WIN_UNPART: _win_unpart, GGMLOp.GET_REL_POS: _get_rel_pos,
+    GGMLOp.ADD_REL_POS: _add_rel_pos, GGMLOp.LIGHTNING_INDEXER: _lightning_indexer,
+    GGMLOp.DSV4_HC_COMB: _dsv4_hc_comb, GGMLOp.DSV4_HC_PRE: _dsv4_hc_pre, GGMLOp.DSV4_HC_POST: _dsv4_hc_post,
     GGMLOp.MUL_MAT: _mul_mat,
     GGMLOp.OUT_PROD: lambda n, a, b, shape: np.swapaxes(b, -1, -2) @ a,  # out[n, m] = sum_k b[k, n] a[k, m]
     GGMLOp.GET_ROWS: _get_rows,

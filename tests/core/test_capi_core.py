@@ -433,6 +433,7 @@ def _op_cases(ctx: Context) -> list[tuple[str, tuple[object, ...], Callable[...,
     cases += _misc_train_op_cases(ctx)
     cases += _conv_back_op_cases(ctx)
     cases += _ssm_op_cases(ctx)
+    cases += _extra_op_cases(ctx)
     return cases
 
 
@@ -452,6 +453,36 @@ def _conv_back_op_cases(ctx: Context) -> list[tuple[str, tuple[object, ...], Cal
         ("ggml_col2im_1d", (ctx.new_tensor_2d(f32, 12, 5), 2, 3, 1), ops.col2im_1d, None),
         ("ggml_pool_2d_back", (ctx.new_tensor_4d(f32, 4, 3, 3, 1), af, 1, 2, 2, 2, 2, 0.0, 0.0), ops.pool_2d_back,
          None),
+    ]
+
+
+def _extra_op_cases(ctx: Context) -> list[tuple[str, tuple[object, ...], Callable[..., Tensor],
+                                              tuple[object, ...] | None]]:
+    f32 = GGMLType.F32
+    a = ctx.new_tensor_3d(f32, 8, 6, 4)
+    pos, pos4 = ctx.new_tensor_1d(GGMLType.I32, 4), ctx.new_tensor_1d(GGMLType.I32, 16)
+    img = ctx.new_tensor_3d(f32, 4, 10, 7)
+    parts = ctx.new_tensor_4d(f32, 4, 3, 3, 12)
+    pw = ctx.new_tensor_4d(f32, 3, 2, 3, 4)
+    hx = ctx.new_tensor_3d(f32, 6, 4, 5)  # hyper-connection streams: [n_embd, hc, n_tokens]
+    return [
+        ("ggml_rope_ext_back", (a, pos, None, 8, 2, 256, 1e4, 1.0, 0.5, 1.0, 32.0, 1.0), ops.rope_ext_back, None),
+        ("ggml_rope_multi_back", (a, pos4, None, 8, [2, 1, 1, 0], 8, 256, 1e4, 1.0, 0.0, 1.0, 32.0, 1.0),
+         ops.rope_multi_back, None),
+        ("ggml_win_part", (img, 3), ops.win_part, None),
+        ("ggml_win_unpart", (parts, 10, 7, 3), ops.win_unpart, None),
+        ("ggml_get_rel_pos", (ctx.new_tensor_2d(GGMLType.F16, 8, 9), 5, 5), ops.get_rel_pos, None),
+        ("ggml_add_rel_pos", (ctx.new_tensor_4d(f32, 9, 6, 4, 1), pw, pw), ops.add_rel_pos, None),
+        ("ggml_add_rel_pos_inplace", (ctx.new_tensor_4d(f32, 9, 6, 4, 1), pw, pw), ops.add_rel_pos_inplace, None),
+        ("ggml_lightning_indexer", (ctx.new_tensor_4d(f32, 16, 3, 5, 2), ctx.new_tensor_4d(GGMLType.F16, 16, 1, 7, 2),
+                                    ctx.new_tensor_4d(f32, 3, 5, 1, 2), ctx.new_tensor_4d(GGMLType.F16, 7, 5, 1, 1)),
+         ops.lightning_indexer, None),
+        ("ggml_dsv4_hc_comb", (ctx.new_tensor_2d(f32, 24, 5), ctx.new_tensor_1d(f32, 3), ctx.new_tensor_1d(f32, 24),
+                               1e-6, 3), ops.dsv4_hc_comb, None),
+        ("ggml_dsv4_hc_pre", (hx, ctx.new_tensor_2d(f32, 4, 5)), ops.dsv4_hc_pre, None),
+        ("ggml_dsv4_hc_pre_gated", (hx, hx, 0.25), ops.dsv4_hc_pre_gated, None),
+        ("ggml_dsv4_hc_post", (ctx.new_tensor_2d(f32, 6, 5), hx, ctx.new_tensor_2d(f32, 4, 5),
+                               ctx.new_tensor_3d(f32, 4, 4, 5)), ops.dsv4_hc_post, None),
     ]
 
 

@@ -14,7 +14,21 @@ from __future__ import annotations
 import inspect
 from types import ModuleType
 
-from pyggml.core.ops import attention, conv, conv_back, custom, elementwise, layout, matmul, misc, moe, rows, ssm, train
+from pyggml.core.ops import (
+    attention,
+    conv,
+    conv_back,
+    custom,
+    elementwise,
+    extra,
+    layout,
+    matmul,
+    misc,
+    moe,
+    rows,
+    ssm,
+    train,
+)
 from pyggml.core.ops import glu as glu_ops  # `glu` itself is a builder
 from pyggml.core.ops import norm as norm_ops  # `norm` itself is the op builder below
 from pyggml.core.ops import reduce as reduce_ops
@@ -24,6 +38,7 @@ from pyggml.core.ops.conv import *
 from pyggml.core.ops.conv_back import *
 from pyggml.core.ops.custom import *
 from pyggml.core.ops.elementwise import *
+from pyggml.core.ops.extra import *
 from pyggml.core.ops.glu import *
 from pyggml.core.ops.layout import *
 from pyggml.core.ops.matmul import *
@@ -40,6 +55,7 @@ _MODULES += [glu_ops, rows, moe]
 _MODULES += [attention]
 _MODULES += [conv_back]
 _MODULES += [ssm]
+_MODULES += [extra]
 
 
 def _check_builders(modules: list[ModuleType], exported: dict[str, object]) -> None:
@@ -293,3 +309,16 @@ class OpBuilders:
     gated_linear_attn = ssm.gated_linear_attn
     rwkv_wkv7 = ssm.rwkv_wkv7
     gated_delta_net = ssm.gated_delta_net
+    # ROPE_BACK and SAM's ops (extra)
+    rope_ext_back = extra.rope_ext_back
+    rope_multi_back = extra.rope_multi_back
+    win_part = extra.win_part
+    win_unpart = extra.win_unpart
+    get_rel_pos = extra.get_rel_pos
+    add_rel_pos = extra.add_rel_pos
+    add_rel_pos_inplace = extra.add_rel_pos_inplace
+    lightning_indexer = extra.lightning_indexer
+    dsv4_hc_comb = extra.dsv4_hc_comb
+    dsv4_hc_pre = extra.dsv4_hc_pre
+    dsv4_hc_pre_gated = extra.dsv4_hc_pre_gated
+    dsv4_hc_post = extra.dsv4_hc_post

@@ -571,3 +571,53 @@ class GatedDeltaNetParams(OpParams):
 for _cls in (SsmScanParams, GatedLinearAttnParams, GatedDeltaNetParams):
     OP_PARAMS.update(dict.fromkeys(_cls.ops, _cls))
 __all__ += ["GatedDeltaNetParams", "GatedLinearAttnParams", "SsmScanParams"]
+
+
+# --- SAM's windows and relative positions (pyggml.core.ops.extra) ---
+
+
+@dataclass(frozen=True, kw_only=True)
+class WinPartParams(OpParams):
+    """WIN_PART: windows along ne[1] (npx) and ne[2] (npy), the window size w."""
+
+    ops: ClassVar[tuple[GGMLOp, ...]] = (GGMLOp.WIN_PART,)
+    npx: int
+    npy: int
+    w: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class WinUnpartParams(OpParams):
+    ops: ClassVar[tuple[GGMLOp, ...]] = (GGMLOp.WIN_UNPART,)
+    w: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class AddRelPosParams(OpParams):
+    """ADD_REL_POS: whether dst is a view of src0 (ggml then skips the copy)."""
+
+    ops: ClassVar[tuple[GGMLOp, ...]] = (GGMLOp.ADD_REL_POS,)
+    inplace: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class Dsv4HcCombParams(OpParams):
+    """DSV4_HC_COMB: the eps of the normalizations and how many row/column rounds (n_iter > 0)."""
+
+    ops: ClassVar[tuple[GGMLOp, ...]] = (GGMLOp.DSV4_HC_COMB,)
+    eps: float
+    n_iter: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Dsv4HcPreParams(OpParams):
+    """DSV4_HC_PRE: the result's scale, and whether src1 is a per-element gate (sigmoid) or per-stream weights."""
+
+    ops: ClassVar[tuple[GGMLOp, ...]] = (GGMLOp.DSV4_HC_PRE,)
+    scale: float
+    gated: bool
+
+
+OP_PARAMS.update({op: cls for cls in (WinPartParams, WinUnpartParams, AddRelPosParams, Dsv4HcCombParams,
+                                      Dsv4HcPreParams) for op in cls.ops})
+__all__ += ["AddRelPosParams", "Dsv4HcCombParams", "Dsv4HcPreParams", "WinPartParams", "WinUnpartParams"]

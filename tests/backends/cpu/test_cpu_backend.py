@@ -315,7 +315,7 @@ def test_supports_op() -> None:
     assert backend.supports_op(ctx.add(a, a))
     assert backend.supports_op(ctx.transpose(ctx.new_tensor_2d(F32, 2, 2)))  # views: nothing to compute
     odd = ctx.new_tensor_1d(F32, 4)
-    odd.op = GGMLOp.DSV4_HC_POST  # no kernel
+    odd.op = GGMLOp.FLASH_ATTN_BACK  # no kernel
     odd.src[0] = a
     assert not backend.supports_op(odd)
     q = ctx.new_tensor_1d(GGMLType.Q8_0, 32)
@@ -323,7 +323,7 @@ def test_supports_op() -> None:
     g = ctx.new_graph()
     g.build_forward_expand(odd)
     alloc_ctx_tensors(ctx, backend)
-    with pytest.raises(UnsupportedOpError, match="DSV4_HC_POST"):
+    with pytest.raises(UnsupportedOpError, match="FLASH_ATTN_BACK"):
         backend.graph_compute(g)
 
 

@@ -87,6 +87,9 @@ def _table() -> dict[GGMLOp, Kernel]:
     from pyggml.backends.cpu.kernels import ssm
 
     table.update(ssm.KERNELS)
+    from pyggml.backends.cpu.kernels import extra
+
+    table.update(extra.KERNELS)
     return table
 
 

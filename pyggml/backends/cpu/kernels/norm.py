@@ -336,6 +336,17 @@ def rope_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], pa
     """Rotate pairs of each row by position-dependent angles (RopeParams; positions in src[1], optional
     frequency factors in src[2]), as ggml's ROPE: modes NORMAL, NEOX, MROPE, IMROPE and VISION (`rope_pairs`,
     `rope_cos_sin`); the elements outside the turned ones are copied."""
+    return _rope(node, dst, srcs, params, forward=True)
+
+
+def rope_back_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None],
+                     params: ComputeParams) -> Compute:
+    """ROPE_BACK: ROPE's rotation inverted (its transpose: the sines negated, as ggml's sin_sign = -1)."""
+    return _rope(node, dst, srcs, params, forward=False)
+
+
+def _rope(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams,
+          forward: bool) -> Compute:
     x = _src0(node, dst, srcs)
     p = RopeParams.of(node)
     ne3, ne2, ne1, ne0 = x.shape
@@ -355,6 +366,8 @@ def rope_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], pa
 
     def run() -> None:
         c, s = rope_cos_sin(p, pairs.n_pairs, positions, freq_factors)
+        if not forward:
+            np.negative(s, out=s)
         c4 = c.reshape(1, ne2, 1, pairs.n_pairs)
         s4 = s.reshape(1, ne2, 1, pairs.n_pairs)
         np.multiply(x0, c4, out=a, dtype=F32)
@@ -379,6 +392,7 @@ KERNELS: dict[GGMLOp, Kernel] = {
     GGMLOp.DIAG_MASK_INF: diag_mask_inf_kernel,
     GGMLOp.DIAG_MASK_ZERO: diag_mask_zero_kernel,
     GGMLOp.ROPE: rope_kernel,
+    GGMLOp.ROPE_BACK: rope_back_kernel,
 }
 
 
@@ -386,7 +400,7 @@ def supports(node: Tensor) -> bool:
     """Whether these kernels compute `node`: F32/F16 data (I32 positions and a known mode for ROPE)."""
     if node.op not in KERNELS or not all_float(node, node.src[0]):
         return False
-    if node.op == GGMLOp.ROPE:
+    if node.op in (GGMLOp.ROPE, GGMLOp.ROPE_BACK):
         src0 = node.src[0]
         assert src0 is not None
         try:
