@@ -106,7 +106,7 @@ def non_negative_int(text: str) -> int:
     return _int_at_least(0, text)
 
 
-LayerSpec = tuple[str, "int | str", int]  # (the --n-layers-on text, backend position or name, layer count)
+LayerSpec = tuple[str, int | str, int]  # (the --n-layers-on text, backend position or name, layer count)
 
 
 def _layer_count(spec: str, text: str) -> int:
@@ -153,8 +153,9 @@ def parse_tensor_split(text: str, n_backends: int) -> list[float]:
 
 @dataclass
 class BackendPlan:
-    """The backend options as given: the --backend list and the placement, checked for syntax. `resolve`
-    turns names and positions into the `load` keywords once the backends exist."""
+    """The backend options as given: the --backend list and the placement, checked for syntax.
+    `load_kwargs` turns names and positions into the `load` keywords once the backends exist (so that
+    the backends' own names, "CPU#1" as `run -v` prints them, name them too)."""
 
     names: list[str]
     layers_on: list[LayerSpec] = field(default_factory=list)
@@ -256,7 +257,8 @@ def split_overrides(value: str, aliases: Sequence[Sequence[str]]) -> list[tuple[
                 backend_index(target.strip(), aliases, where)
             except ArgumentError as e:
                 raise CLIError(str(e)) from None
-            raise CLIError(f"{where}: no backend after '=' (one of {backend_labels(aliases)})")
+            raise CLIError(f"{where}: no REGEX=BACKEND pair in {rest!r} ends with a backend "
+                           f"({backend_labels(aliases)}) and a ',' or the end")
         out.append((found[0], found[1]))
         if found[2] is None:
             return out

@@ -90,6 +90,8 @@ def test_tensor_split_places_the_layers_as_llama_cpp(ts: str, want: list[int], o
     code, out, err = run_cli([*GREEDY, *cpus(3), "-ts", ts, "-v"])
     assert code == 0, err
     assert layers_line(err) == want
+    # the output layer is on the third backend in each case: said apart where no layer is
+    assert ("\n  output layer: CPU#2\n" in err) == (want[-1] != 2)
     assert out == one_backend_text
 
 
