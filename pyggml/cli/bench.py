@@ -22,12 +22,12 @@ from pyggml.cli._common import (
     add_check_finite,
     add_debug,
     add_flash_attn,
-    backend_plan,
     check_model_path,
     fmt_bytes,
     fmt_count,
     init_backends,
     non_negative_int,
+    plan_from_args,
     positive_int,
     table,
 )
@@ -73,6 +73,23 @@ def _time_tg(model: Any, first: int, tokens: np.ndarray) -> float:
     return time.perf_counter() - t0
 
 
+def _backend_names(model: Any) -> str:
+    """The backend column: the names in order joined by '+', a run of one name as NAME×K ("CPU×3+Torch(cpu)")
+    so that many backends stay readable."""
+    runs: list[list[Any]] = []
+    for b in model.backends:
+        if runs and runs[-1][0] == b.name():
+            runs[-1][1] += 1
+        else:
+            runs.append([b.name(), 1])
+    return "+".join(name if k == 1 else f"{name}×{k}" for name, k in runs)
+
+
+def _layer_counts(model: Any) -> str:
+    """The layers of each backend, in --backend order, as llama-bench writes a split: "1/1/2"."""
+    return "/".join(str(sum(x is b for x in model.layer_backend)) for b in model.backends)
+
+
 def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
     out = out or sys.stdout  # looked up per call: tests and callers swap sys.stdout
     err = err or sys.stderr
@@ -81,10 +98,10 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     path = check_model_path(args.model)
     if args.n_prompt == 0 and args.n_gen == 0:
         raise CLIError("nothing to measure: -p and -n are both 0")
-    backends, counts = backend_plan(args.backend, args.n_layers_on)
-    objs = init_backends(backends, args.threads)
+    plan = plan_from_args(args)  # the options' syntax, before anything is loaded
+    objs = init_backends(plan.names, args.threads)
     n_ctx = max(args.n_prompt, args.n_gen, 1)
-    model = load(path, objs, n_ctx=n_ctx, n_layers_on=counts, n_batch=min(args.batch, n_ctx),
+    model = load(path, objs, n_ctx=n_ctx, **plan.load_kwargs(objs), n_batch=min(args.batch, n_ctx),
                  progress=err.isatty(), check_finite=args.check_finite, flash_attn=args.flash_attn)
     try:
         rng = np.random.default_rng(args.seed)
@@ -101,15 +118,20 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         n_params = sum(t.nelements() for t in model.file)
         n_bytes = sum(t.nbytes for t in model.file)
         threads = ",".join(str(b.n_threads) for b in model.backends if hasattr(b, "n_threads")) or "-"
-        rows = [["model", "size", "params", "backend", "threads", "test", "t/s"]]
+        # llama-bench adds a column for each placement option it was given; here: the layers of each backend
+        # when there are several (whatever option placed them), and the overrides
+        split = [_layer_counts(model)] if len(model.backends) > 1 else []
+        ot = [",".join(args.override_tensor)] if args.override_tensor else []
+        rows = [["model", "size", "params", "backend", *(["layers"] if split else []), "threads",
+                 *(["ot"] if ot else []), "test", "t/s"]]
         for name, n, fn in tests:
             fn()  # warm-up: plans the graphs, pages the weights in
             rates = np.array([n / fn() for _ in range(args.repetitions)])
             std = float(rates.std(ddof=1)) if len(rates) > 1 else 0.0
-            rows.append([model.file.name, fmt_bytes(n_bytes), fmt_count(n_params),
-                         "+".join(b.name() for b in model.backends), threads, name,
-                         f"{rates.mean():.2f} ± {std:.2f}"])
-        for line in table(rows, right=(1, 2, 4, 6)):
+            rows.append([model.file.name, fmt_bytes(n_bytes), fmt_count(n_params), _backend_names(model), *split,
+                         threads, *ot, name, f"{rates.mean():.2f} ± {std:.2f}"])
+        right = (1, 2, *range(4, 5 + len(split)))
+        for line in table(rows, right=(*right, len(rows[0]) - 1)):
             print(line, file=out)
     finally:
         model.free()

@@ -21,13 +21,13 @@ from pyggml.cli._common import (
     add_check_finite,
     add_debug,
     add_flash_attn,
-    backend_plan,
     builtin_model_path,
     check_model_path,
     finite_float,
     fmt_bytes,
     init_backends,
     non_negative_int,
+    plan_from_args,
     positive_int,
     table,
 )
@@ -104,6 +104,9 @@ def split_plan(model: Any) -> list[str]:
     lines.append(f"layers: {len(runs)} part(s) over {len({id(b) for b in model.backends})} backend(s)")
     for name, a, b in runs:
         lines.append(f"  layers {a}..{b}: {name}")
+    output = getattr(model, "output_backend", None)
+    if output is not None and output is not model.layer_backend[-1]:  # a tensor split can put it apart
+        lines.append(f"  output layer: {_backend_label(model, output)}")
     sched = model.runner.sched
     splits = list(sched.splits)
     lines.append(f"scheduler: {len(splits)} split(s) of the last graph over {len(sched.backends)} backend(s); "
@@ -166,7 +169,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
 
     builtin = args.model is None
     path = builtin_model_path() if builtin else check_model_path(args.model)
-    backends, counts = backend_plan(args.backend, args.n_layers_on)
+    plan = plan_from_args(args)  # the options' syntax, before anything is loaded
     seed = args.seed if args.seed is not None else random.randrange(2**31)
     sampler = make_sampler(args, seed)
 
@@ -178,8 +181,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     n_ctx = args.ctx or min(n_ctx_train, MAX_DEFAULT_CTX)
 
     t0 = time.perf_counter()
-    objs = init_backends(backends, args.threads)
-    model = load(path, objs, n_ctx=n_ctx, n_layers_on=counts, progress=err.isatty(),
+    objs = init_backends(plan.names, args.threads)
+    model = load(path, objs, n_ctx=n_ctx, **plan.load_kwargs(objs), progress=err.isatty(),
                  check_finite=args.check_finite, flash_attn=args.flash_attn)
     t_load = time.perf_counter() - t0
     try:
@@ -200,6 +203,10 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
             print(f"backends: {', '.join(_backend_label(model, b) for b in model.backends)}; layers: "
                   + ", ".join(f"{i}:{_backend_label(model, b)}" for i, b in enumerate(model.layer_backend)), file=err)
             err.writelines(f"{_backend_label(model, b)}: {b.describe()}\n" for b in objs if b.describe())
+            if model.overridden:
+                moved = [f"{name}:{_backend_label(model, b)}" for name, b in model.overridden.items()]
+                more = f", ... ({len(moved)} in all)" if len(moved) > 6 else ""
+                print(f"placed by --override-tensor: {', '.join(moved[:6])}{more}", file=err)
         out.write(prompt)
         out.flush()
         stream = TextStream(model, prompt_ids, out)

@@ -8,15 +8,21 @@
 Layers are placed as llama.cpp's `--n-gpu-layers` places them: the first
 `n_layers_on[0]` layers on the first backend, the next `n_layers_on[1]` on
 the second, the rest on the last; the token embeddings go with the first
-layer, the output norm and head with the last. Weights, the KV cache of a
-layer and the layer's compute sit on the same backend; with more than one
-backend the scheduler joins them.
+layer, the output norm and head with the last. Or by proportions, as
+llama.cpp's `--tensor-split` (`tensor_split=[1, 1, 2]`; the output norm and
+head then go where llama.cpp puts its output layer). `override_tensor=[(regex,
+backend)]` puts the weights a regex finds on a backend whatever their layer,
+as llama.cpp's `--override-tensor` (see pyggml.models.placement). Weights, the
+KV cache of a layer and the layer's compute sit on the same backend (an
+overridden weight's nodes compute on its backend); with more than one backend
+the scheduler joins them.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -36,6 +42,15 @@ from pyggml.gguf.reader import GGUFFile, read_gguf
 from pyggml.models.kv_cache import KVCache
 from pyggml.models.llama import LlamaHParams, LlamaInputs, build_llama, check_tensors, graph_size, layer_of
 from pyggml.models.metadata import read_int
+from pyggml.models.placement import (
+    backend_index,
+    backend_labels,
+    check_backend_count,
+    check_tensor_split,
+    compile_overrides,
+    layers_by_counts,
+    layers_by_split,
+)
 from pyggml.models.runner import Runner, is_host_backend
 
 log = logging.getLogger("pyggml.models")
@@ -88,24 +103,38 @@ def all_support(backends: Sequence[Backend], op: str, kv_type: GGMLType = GGMLTy
 
 def _layer_backends(n_layer: int, backends: list[Backend], n_layers_on: int | Sequence[int] | None) -> list[Backend]:
     """The backend of each layer: `n_layers_on[i]` layers on backends[i] in order, the rest on the last."""
-    if n_layers_on is None:
-        counts: list[int] = []
-    elif isinstance(n_layers_on, int):
-        counts = [n_layers_on]
+    return [backends[i] for i in layers_by_counts(n_layer, len(backends), n_layers_on)]
+
+
+def _placement(n_layer: int, backends: list[Backend], n_layers_on: int | Sequence[int] | None,
+               tensor_split: Sequence[float] | None,
+               override_tensor: Sequence[tuple[Any, Any]] | None) -> tuple[list[Backend], Backend,
+                                                                          list[tuple[re.Pattern[str], Backend]]]:
+    """(backend of each layer, backend of the output norm and head, overrides as (regex, backend)) from
+    layer counts or proportions (see pyggml.models.placement) and the overrides of single weights."""
+    check_backend_count(len(backends))
+    if tensor_split is not None and n_layers_on is not None:
+        raise ArgumentError("load: give n_layers_on or tensor_split, not both (llama.cpp's -ngl per device or -ts)")
+    if tensor_split is not None:
+        check_tensor_split(tensor_split, len(backends), "load: tensor_split")
+        layers, output = layers_by_split(n_layer, tensor_split)
+        layer_backend, output_backend = [backends[i] for i in layers], backends[output]
     else:
-        counts = [int(n) for n in n_layers_on]
-    if any(n < 0 for n in counts):
-        raise ArgumentError(f"n_layers_on must be >= 0 layer counts, got {counts}")
-    if len(counts) > len(backends):
-        raise ArgumentError(f"n_layers_on gives {len(counts)} counts for {len(backends)} backends")
-    if n_layers_on is None:
-        return [backends[0]] * n_layer
-    out: list[Backend] = []
-    for backend, n in zip(backends, counts, strict=False):
-        out += [backend] * n
-    out = out[:n_layer]
-    out += [backends[len(counts)] if len(counts) < len(backends) else backends[-1]] * (n_layer - len(out))
-    return out
+        layer_backend = _layer_backends(n_layer, backends, n_layers_on)
+        output_backend = layer_backend[-1]
+    aliases = [[b.name()] for b in backends]
+
+    def resolve(b: Any) -> int:
+        if isinstance(b, Backend):  # by identity: two CPU backends are two backends
+            for i, x in enumerate(backends):
+                if x is b:
+                    return i
+            raise ArgumentError(f"override_tensor: backend {b.name()} is not one of the model's backends "
+                                f"({backend_labels(aliases)})")
+        return backend_index(b, aliases, "override_tensor")
+
+    overrides = [(rx, backends[i]) for rx, i in compile_overrides(override_tensor, resolve)]
+    return layer_backend, output_backend, overrides
 
 
 class Model:
@@ -124,7 +153,8 @@ class Model:
                  n_layers_on: int | Sequence[int] | None = None, n_batch: int = 512,
                  kv_type: GGMLType | str = GGMLType.F32, use_mmap: bool = True, progress: bool = True,
                  reuse_graphs: bool = True, check_finite: bool = True,
-                 flash_attn: str | bool = "auto") -> None:
+                 flash_attn: str | bool = "auto", tensor_split: Sequence[float] | None = None,
+                 override_tensor: Sequence[tuple[Any, Any]] | None = None) -> None:
         if not backends:
             raise ArgumentError("load: no backends given")
         fa = resolve_flash_attn(flash_attn)
@@ -136,20 +166,28 @@ class Model:
         self.hparams = LlamaHParams.from_gguf(gf)
         hp = self.hparams
         self.backends = backends
-        self.layer_backend = _layer_backends(hp.n_layer, backends, n_layers_on)
+        self.layer_backend, self.output_backend, overrides = _placement(hp.n_layer, backends, n_layers_on,
+                                                                        tensor_split, override_tensor)
         first = self.layer_backend[0]
-        last = self.layer_backend[-1]
         # the special tokens, checked now so that a mistyped id fails the load, not the first generation
         self._bos: int | None = read_int(gf, "tokenizer.ggml.bos_token_id", None, minimum=-1)
         self._eos: int | None = read_int(gf, "tokenizer.ggml.eos_token_id", None, minimum=-1)
 
         def backend_of(name: str) -> Backend:
+            for rx, b in overrides:  # the first override that finds the name wins, as in llama.cpp's loader
+                if rx.search(name):
+                    return b
             il = layer_of(name)
             if il is not None:
                 return self.layer_backend[il]
-            return first if name == "token_embd.weight" else last
+            return first if name == "token_embd.weight" else self.output_backend
 
         names = check_tensors(hp, gf)
+        # the weights an override placed, name -> backend (the rest went with their layer)
+        self.overridden = {n: backend_of(n) for n in names if any(rx.search(n) for rx, _ in overrides)}
+        for rx, _ in overrides:
+            if not any(rx.search(n) for n in names):  # llama.cpp says nothing; a mistyped pattern would go unseen
+                log.warning("override_tensor %r matches no weight of '%s'", rx.pattern, gf.name)
         self._check_memory(names, backend_of, kv_type, use_mmap)
         self.weights: LoadedTensors = load_tensors(gf, names, backend_of, use_mmap=use_mmap, progress=progress)
         self.w = self.weights.tensors
@@ -520,7 +558,10 @@ def load(path: str | os.PathLike[str], backends: Sequence[Backend | str] | None 
          n_layers_on: int | Sequence[int] | None = None, n_threads: int | None = None, **kwargs: Any) -> Model:
     """Load a LLaMA GGUF file over `backends` (Backend objects or registry names; default one CPU backend).
 
-    `n_layers_on`: layer counts of the first backends (the rest on the last);
+    `n_layers_on`: layer counts of the first backends (the rest on the last); or the keyword
+    `tensor_split`: one proportion per backend, layers placed as llama.cpp's -ts places them;
+    `override_tensor`: (regex, backend) pairs, backend a Backend of `backends`, a position, "NAME" or
+    "NAME#I": the weights a regex finds (re.search) go to that backend (llama.cpp's -ot);
     `n_threads`: thread count of the backends whose registry sets one ("ggml_backend_set_n_threads":
     the CPU backend's). Names go through `pyggml.backend.init_backend`. Further keywords go to
     `Model` (n_batch, kv_type, use_mmap, progress, reuse_graphs, check_finite, flash_attn: "on",

@@ -14,7 +14,9 @@ from pyggml.cli.main import main
 def _rows(out: str) -> dict[str, tuple[str, float, float]]:
     """test name -> (backend, mean, std)"""
     rows = {}
-    for m in re.finditer(r"^\| tiny\.gguf .*?\| (\S+) +\| +\S+ \| (\w+) +\| +([\d.]+) ± ([\d.]+) \|$", out, re.M):
+    # model, size, params, backend, then any columns (layers, threads, ot), test, t/s
+    row = r"^\| tiny\.gguf +\| [^|]+\| [^|]+\| (\S+) .*\| (\w+) +\| +([\d.]+) ± ([\d.]+) \|$"
+    for m in re.finditer(row, out, re.M):
         rows[m.group(2)] = (m.group(1), float(m.group(3)), float(m.group(4)))
     return rows
 
@@ -40,7 +42,12 @@ def test_bench_only_one_test(tiny_model: Path, capsys: pytest.CaptureFixture[str
 
 
 def test_bench_two_backends(tiny_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Two CPU backends (one layer each, by position): the backend column says so, a layers column too."""
     assert main(["bench", str(tiny_model), "-p", "8", "-n", "2", "-r", "1", "--backend", "cpu", "--backend", "cpu",
-                 "--n-layers-on", "cpu=1"]) == 0
-    rows = _rows(capsys.readouterr().out)
-    assert rows["pp8"][0] == "CPU+CPU"
+                 "--n-layers-on", "1"]) == 0
+    out = capsys.readouterr().out
+    header = [c.strip() for c in out.splitlines()[0].split("|")[1:-1]]
+    assert header == ["model", "size", "params", "backend", "layers", "threads", "test", "t/s"]
+    rows = _rows(out)
+    assert rows["pp8"][0] == "CPU×2"
+    assert re.search(r"\| CPU×2 +\| +1/1 \| ", out)

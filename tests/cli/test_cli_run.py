@@ -83,7 +83,7 @@ def test_run_verbose_shows_the_plan(tiny_model: Path, capsys: pytest.CaptureFixt
 def test_run_split_over_two_backends_writes_the_same(tiny_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Layer 0 on one CPU backend, layer 1 on another: the text must not change."""
     argv = ["run", str(tiny_model), "-p", PROMPT, "-n", "6", "--temp", "0", "--repeat-penalty", "1.0"]
-    assert main(argv + ["--backend", "cpu", "--backend", "cpu", "--n-layers-on", "cpu=1", "-v"]) == 0
+    assert main(argv + ["--backend", "cpu", "--backend", "cpu", "--n-layers-on", "CPU#0=1", "-v"]) == 0
     captured = capsys.readouterr()
     assert captured.out == greedy_text(tiny_model, PROMPT, 6) + "\n"
     assert re.search(r"^\| CPU#0 ", captured.err, re.M) and re.search(r"^\| CPU#1 ", captured.err, re.M)
