@@ -19,6 +19,11 @@ Buffers: `alloc_buffer` gives a buffer of the default buffer type
 one made from its `_alloc_buffer` and `_get_alignment`) that belongs to this
 backend (`buffer.backend`), as the seed's buffers do.
 
+Computing is asynchronous where the backend is, as in ggml: `_graph_compute`
+and plan computes may queue the work and return; `graph_compute_async` is the
+public form of that, and `graph_compute` is `graph_compute_async` then
+`synchronize`.
+
 The public graph functions check the whole graph before anything runs (every
 tensor allocated, no freed buffer, every op supported), so a backend's hooks
 only see graphs they can compute; `graph_plan_compute` does no checks of its
@@ -135,6 +140,8 @@ class Backend:
         self._graph_compute(plan)
 
     def _graph_compute(self, graph: Graph) -> None:
+        """Compute `graph` (ggml's iface graph_compute, which is asynchronous: a backend with a queue may
+        return before the work is done, and `_synchronize` waits for it)."""
         raise NotImplementedError
 
     def _supports_op(self, op: Tensor) -> bool:
@@ -276,7 +283,14 @@ class Backend:
         self._graph_plan_compute(plan)
 
     def graph_compute(self, graph: Graph) -> None:
-        """ggml_backend_graph_compute: check `graph`, then compute every node in order."""
+        """ggml_backend_graph_compute: check `graph`, then compute every node in order; returns when done
+        (`graph_compute_async`, then `synchronize`, as ggml)."""
+        self.graph_compute_async(graph)
+        self._synchronize()
+
+    def graph_compute_async(self, graph: Graph) -> None:
+        """ggml_backend_graph_compute_async: check `graph` and hand it to the backend, which may return
+        before it is computed (an asynchronous backend queues it; `synchronize` waits for it)."""
         self.check_alive()
         check_instance(graph, Graph, f"backend '{self.name()}': graph_compute: graph")
         self.check_graph(graph, "graph_compute")

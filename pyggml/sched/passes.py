@@ -375,11 +375,37 @@ def split_graph(sched: BackendSched, graph: Graph, a: _Assigner) -> None:
         for node in nodes[s.i_start:s.i_end]:
             graph_copy.nodes.append(node)
             copy_backends.append(a.bid(node))
+    kept = [(t, b) for (_, b, _), t in sched.copies.items()] if n_copies > 1 else []
+    waited: set[int] = set()
     for leaf in graph.leafs:
-        if leaf.flags & TensorFlag.INPUT:
-            first_allocs.append((leaf, a.bid(leaf)))
+        if not leaf.flags & TensorFlag.INPUT:
+            continue
+        lb = a.bid(leaf)
+        if n_copies == 1 or lb < 0:
+            first_allocs.append((leaf, lb))
+            continue
+        if lb not in waited:
+            # Where pyggml differs from ggml: the caller writes the inputs right after this allocation, into the
+            # places of copy cur_copy, which the batch n_copies back used. A backend that reads them in place
+            # (an asynchronous last backend) may still have that batch queued: wait for its event of this copy
+            # (ggml waits only before copying an input to another backend, so n_copies batches in flight would
+            # let the caller overwrite the inputs of the oldest).
+            sched._sync_split(lb)
+            waited.add(lb)
+        # pass 6: a place per copy for each graph input, the leaf itself in the current copy's, so that its
+        # address changes with cur_copy: the caller may write the next batch's inputs while an asynchronous
+        # backend still reads this batch's
+        for c in range(n_copies):
+            if c == sched.cur_copy:
+                t = leaf
+            else:
+                t = dup_tensor_layout(ctx, leaf)
+                t.format_name("%s#%s#%d", sched.backends[lb].name(), leaf.name, c)
+                t.flags |= TensorFlag.INPUT | TensorFlag.OUTPUT
+                a.set(t, lb, "6.cpy")
+            sched.copies[(id(leaf), lb, c)] = t
+            first_allocs.append((t, lb))
     if n_copies > 1:
-        kept = [(t, b) for (_, b, _), t in sched.copies.items()]
         first_allocs.extend(kept)
         # a last node reading every copy keeps them all (the allocator frees a tensor after its last reader)
         for k in range(0, len(kept), GGML_MAX_SRC):

@@ -611,9 +611,13 @@ class BackendSched:
                                 alloc_time=alloc_time, backends=[BackendStats(b.name()) for b in self.backends])
 
     def _sync_split(self, backend_id: int) -> None:
+        """Wait on the host until backend `backend_id` is done with the current copy (its event), or with
+        everything (no events)."""
         event = self.events[backend_id][self.cur_copy]
         if event is not None:
-            event.synchronize()
+            # an event never recorded (the first use of a copy) has nothing to wait for, as in CUDA
+            if event.recorded:
+                event.synchronize()
         else:
             self.backends[backend_id].synchronize()
 
@@ -644,14 +648,20 @@ class BackendSched:
                 if inp.flags & TensorFlag.INPUT:
                     self._sync_split(bid)  # the user may overwrite the input as soon as we return
                 else:
+                    # wait for the split backend to finish using the copy before overwriting it
                     event = self.events[bid][self.cur_copy]
                     if event is not None:
-                        event.wait(backend)
+                        if event.recorded:
+                            event.wait(backend)
                     else:
                         backend.synchronize()
+                    # no asynchronous copy: the copy below is made from the host at once, so the source must be
+                    # computed and the split backend done with this copy (ggml's fallback: both synchronized)
                     src_backend = self.get_tensor_backend(inp)
                     if src_backend is not None:
                         src_backend.synchronize()
+                    if event is not None:
+                        self._sync_split(bid)
                 tensor_copy(inp, cpy)
                 bstats.n_copies += 1
                 bstats.bytes_copied += cpy.nbytes()

@@ -259,10 +259,14 @@ def test_event_record_and_wait_order_two_backends_work() -> None:
     tensor_set_numpy(a, [1, 2, 3])
     event = dev.event_new()
     assert event is not None
-    producer.graph_compute(g1)
+    producer.graph_compute_async(g1)
     event.record(producer)
     event.wait(consumer)
-    consumer.graph_compute(g2)
+    consumer.graph_compute_async(g2)
     assert log == ["A.compute", "A.synchronize", "B.wait", "B.compute"]
     assert dev.log == ["event_synchronize"]
+    consumer.synchronize()
     np.testing.assert_array_equal(tensor_get_numpy(c), [1, 2, 3])
+    log.clear()
+    producer.graph_compute(g1)  # the synchronous form: graph_compute_async, then synchronize (as ggml)
+    assert log == ["A.compute", "A.synchronize"]

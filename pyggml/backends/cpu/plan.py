@@ -196,12 +196,18 @@ def _follow(plan: CPUPlan, datas: list[int | None]) -> None:
     plan.datas = datas
 
 
-def plan_compute(plan: CPUPlan) -> None:
-    """Run the plan's compute functions in order (ggml_graph_compute)."""
+def plan_computes(plan: CPUPlan) -> list[Compute]:
+    """The compute functions `plan_compute` runs, prepared for the tensors where they are now (after the
+    checks): an asynchronous backend takes them when it queues the plan, as a GPU launch takes pointers."""
     check_plan_buffers(plan.freed, plan.n_nodes, [])  # a freed plan first: its tensors may be gone
     datas = [t.data for t in plan.watch]
     if datas != plan.datas:
         _follow(plan, datas)
     check_plan_buffers(False, plan.n_nodes, plan.buffers)
-    for fn in plan.computes:
+    return plan.computes
+
+
+def plan_compute(plan: CPUPlan) -> None:
+    """Run the plan's compute functions in order (ggml_graph_compute)."""
+    for fn in plan_computes(plan):
         fn()
