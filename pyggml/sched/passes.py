@@ -24,6 +24,10 @@ if TYPE_CHECKING:
 GGML_MAX_SPLITS_LIMIT = 4096  # a graph cut more often than this is a mistake, not a plan
 
 
+_COMPUTES_NOTHING = frozenset((GGMLOp.NONE, *VIEW_OPS))
+_INPUT = int(TensorFlag.INPUT)
+
+
 class _Assigner:
     """The state of one split_graph call: supports_op answers are asked once per (backend, node)."""
 
@@ -32,6 +36,7 @@ class _Assigner:
         self.ids = sched.backend_ids
         self.causes = sched.causes
         self._supports: dict[tuple[int, int], bool] = {}
+        self._bufts: dict[tuple[int, int], bool] = {}  # (backend, id(buft)): supports_buft, asked once
 
     def bid(self, t: Tensor) -> int:
         return self.ids.get(id(t), -1)
@@ -41,7 +46,7 @@ class _Assigner:
         self.causes[id(t)] = cause
 
     def supports_op(self, b: int, node: Tensor) -> bool:
-        if node.op == GGMLOp.NONE or is_view_op(node.op):
+        if node.op in _COMPUTES_NOTHING:
             return True
         key = (b, id(node))
         ok = self._supports.get(key)
@@ -51,10 +56,14 @@ class _Assigner:
 
     def supports_buffer(self, b: int, buffer: Buffer) -> bool:
         """ggml_backend_supports_buft(backends[b], buffer->buft) (a buffer without a type: its own backend's)."""
-        backend = self.sched.backends[b]
-        if buffer.buft is None:
-            return buffer.backend is backend
-        return backend.supports_buft(buffer.buft)
+        buft = buffer.buft
+        if buft is None:
+            return buffer.backend is self.sched.backends[b]
+        key = (b, id(buft))
+        ok = self._bufts.get(key)
+        if ok is None:
+            ok = self._bufts[key] = bool(self.sched.backends[b].supports_buft(buft))
+        return ok
 
     def backend_from_buffer(self, t: Tensor, op: Tensor) -> int:
         """ggml_backend_sched_backend_from_buffer: the first backend that takes t's buffer and computes op."""
@@ -76,25 +85,31 @@ class _Assigner:
             tb = self.bid(t.view_src)
         if tb == -1:
             return False
-        return self.sched.backends[b].supports_buft(self.sched.bufts[tb])
+        buft = self.sched.bufts[tb]
+        key = (b, id(buft))
+        ok = self._bufts.get(key)
+        if ok is None:
+            ok = self._bufts[key] = bool(self.sched.backends[b].supports_buft(buft))
+        return ok
 
     def from_cur(self, t: Tensor) -> int:
         """ggml_backend_sched_backend_id_from_cur: the backend that t's memory, or its weights, call for."""
         sched = self.sched
-        b = self.backend_from_buffer(t, t)
-        if b != -1:
-            self.causes[id(t)] = "1.dst"
-            return b
-        if t.view_src is not None:
-            b = self.backend_from_buffer(t.view_src, t)
+        view_src = t.view_src
+        buffer = view_src.buffer if view_src is not None else t.buffer
+        if buffer is not None:  # (most nodes have no memory yet: skip the lookups)
+            b = self.backend_from_buffer(t, t)
             if b != -1:
-                self.causes[id(t)] = "1.vsrc"
+                self.causes[id(t)] = "1.dst"
                 return b
-        buffer = t.view_src.buffer if t.view_src is not None else t.buffer
-        if buffer is not None:
+            if view_src is not None:
+                b = self.backend_from_buffer(view_src, t)
+                if b != -1:
+                    self.causes[id(t)] = "1.vsrc"
+                    return b
             raise UnsupportedOpError(f"tensor '{t.name}' ({op_desc(t)}) is in buffer '{buffer.name}', which none of "
                                      f"the scheduler's backends that can read it can compute the op in")
-        if t.flags & TensorFlag.INPUT:
+        if int(t.flags) & _INPUT:
             self.causes[id(t)] = "1.inp"
             return sched.n_backends - 1  # the last backend (ggml: assumed the CPU)
         # ops with weights run where the weights are; not ROPE (its frequency factors are too small to decide)
@@ -103,7 +118,7 @@ class _Assigner:
             return -1
         last = sched.n_backends - 1
         for i, src in enumerate(t.src):
-            if src is None or src.buffer is None or src.buffer.get_usage() != BufferUsage.WEIGHTS:
+            if src is None or src.buffer is None or src.buffer.usage != BufferUsage.WEIGHTS:
                 continue
             b = self.backend_from_buffer(src, t)
             # a backend of higher priority may want the op although the weight is in the last one's memory
