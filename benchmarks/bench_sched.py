@@ -5,8 +5,9 @@ installed), in one run, repetitions interleaved, medians:
 
 - decode tokens/s on one CPU backend, and split in half over two CPU backends (the split checked to make at
   least 2 splits); the ratio two / one;
-- with `--baseline-rev REV`: decode tokens/s of one CPU backend with pyggml at git revision REV (a worktree,
-  run in a child process between the repetitions), and the ratio now / then;
+- with `--baseline-rev REV`: decode tokens/s of one CPU backend with pyggml at git revision REV (a worktree)
+  and with this checkout, each in a child process of its own (one model per process, as a user runs it),
+  alternating between the repetitions; the ratio now / then;
 - the scheduler's own time when the graph is reused (the call's wall time minus its copies and kernels) as a
   share of a decode step, and per node when a graph is new (assignment, split and allocation of a prompt).
 
@@ -30,6 +31,7 @@ from pyggml.backends.cpu import cpu_init
 from pyggml.models.builtin import builtin_model_path
 
 PROMPT_IDS = [1, 50, 60, 70, 80, 90, 100, 110]
+REPO = Path(__file__).resolve().parent.parent
 
 # the child of --baseline-rev: one CPU backend, the same decode loop, tokens/s on stdout
 CHILD = """
@@ -38,7 +40,7 @@ import pyggml.models as pm
 path, n, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 model = pm.load(path, backends=["cpu"], n_threads=threads, n_ctx=512, progress=False)
 ids = {ids}
-for rep in range(2):
+for rep in range(3):  # the last of three: numba and the plans warmed up
     model.reset()
     model.eval_last(ids)
     t0 = time.perf_counter()
@@ -98,7 +100,7 @@ def bench(name: str, path: Path, args: argparse.Namespace, worktree: Path | None
     half = one.hparams.n_layer // 2
     two = pm.load(path, backends=[cpu_init(args.threads), cpu_init(args.threads)], n_layers_on=[half], n_ctx=512,
                   progress=False)
-    tps: dict[str, list[float]] = {"one": [], "two": [], "baseline": []}
+    tps: dict[str, list[float]] = {"one": [], "two": [], "baseline": [], "now": []}
     own_share: list[float] = []
     try:
         decode(one, 4)
@@ -111,6 +113,7 @@ def bench(name: str, path: Path, args: argparse.Namespace, worktree: Path | None
                     own_share.append(statistics.median(own) / statistics.median(steps))
             if worktree is not None:
                 tps["baseline"].append(baseline_tps(worktree, path, args.tokens, args.threads))
+                tps["now"].append(baseline_tps(REPO, path, args.tokens, args.threads))
         n_splits = two.runner.sched.n_splits
         assert n_splits >= 2, f"{name}: split over two backends made {n_splits} split(s)"
         us_one, nodes_one = new_graph_cost(one, 32)
@@ -124,8 +127,8 @@ def bench(name: str, path: Path, args: argparse.Namespace, worktree: Path | None
     print(f"  two CPU backends     {m['two']:8.1f} tokens/s  ({n_splits} splits)   "
           f"two / one = {m['two'] / m['one']:.2f}")
     if "baseline" in m:
-        print(f"  one backend at {args.baseline_rev:8s} {m['baseline']:6.1f} tokens/s   now / then = "
-              f"{m['one'] / m['baseline']:.2f}")
+        print(f"  one backend, a process each: at {args.baseline_rev} {m['baseline']:.1f} tokens/s, now "
+              f"{m['now']:.1f} tokens/s   now / then = {m['now'] / m['baseline']:.2f}")
     print(f"  scheduler's own time, reused graph: {statistics.median(own_share) * 100:.2f}% of a decode step")
     print(f"  scheduler's own time, new graph (32-token prompt): {us_one:.2f} us/node ({nodes_one} nodes, one "
           f"backend), {us_two:.2f} us/node ({nodes_two} nodes, two)")
@@ -147,9 +150,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         worktree = None
         if args.baseline_rev:
-            repo = Path(__file__).resolve().parent.parent
             worktree = Path(tmp) / "baseline"
-            subprocess.run(["git", "-C", str(repo), "worktree", "add", "--detach", str(worktree), args.baseline_rev],
+            subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(worktree), args.baseline_rev],
                            check=True, capture_output=True)
         try:
             for name, path in models:

@@ -265,13 +265,16 @@ class Model:
         size = graph_size(self.hparams)
         return Context(mem_size=size * tensor_overhead() + graph_overhead(size), no_alloc=True)
 
-    def _measure_graphs(self) -> list[Any]:
+    def _measure_graphs(self) -> list[tuple[Any, list[tuple[Any, Backend]]]]:
         """The largest graphs a batch makes (n_batch tokens at the end of the context), every logit and the last
         one's: the scheduler reserves both, so a prompt of either kind is laid out as they were."""
         self._measure_ctxs = [self._new_ctx(), self._new_ctx()]
-        return [build_llama(ctx, self.hparams, self.w, self.kv, self.n_batch, self.n_ctx - self.n_batch, last_only,
-                            **self._graph_kw)[0] for ctx, last_only in zip(self._measure_ctxs, (False, True),
-                                                                          strict=True)]
+        out = []
+        for ctx, last_only in zip(self._measure_ctxs, (False, True), strict=True):
+            gf, inp = build_llama(ctx, self.hparams, self.w, self.kv, self.n_batch, self.n_ctx - self.n_batch,
+                                  last_only, **self._graph_kw)
+            out.append((gf, self._pins(inp)))
+        return out
 
     @staticmethod
     def _mask(pos: np.ndarray, n_kv: int) -> np.ndarray:

@@ -27,6 +27,7 @@ from pyggml.sched.sched import BackendSched, EvalCallback
 log = logging.getLogger("pyggml.models")
 
 Inputs = list[tuple[Tensor, np.ndarray]]
+Pins = Sequence[tuple[Tensor, Backend]]  # nodes to compute on a backend (where it supports them)
 
 
 def is_host_backend(backend: Backend) -> bool:
@@ -45,12 +46,16 @@ def alloc_checked(backend: Backend, size: int, what: str) -> Buffer:
 class Runner:
     """A model's graphs computed by one BackendSched over `backends` (priority order, the fallback last)."""
 
-    def __init__(self, backends: Sequence[Backend], measure_graphs: Sequence[Graph], graph_size: int) -> None:
+    def __init__(self, backends: Sequence[Backend], measure_graphs: Sequence[tuple[Graph, Pins]],
+                 graph_size: int) -> None:
         unique = list({id(b): b for b in backends}.values())
         self.backends = unique
         self.sched = BackendSched(unique, graph_size=graph_size)
         try:
-            for graph in measure_graphs:  # the worst cases: the buffers fit the largest, each shape is laid out
+            # the worst cases, pinned as the batches will be: the buffers fit the largest, each shape is laid out
+            for graph, pins in measure_graphs:
+                self.sched.reset()
+                self._pin(pins)
                 self.sched.reserve(graph)
         except BaseException:
             self.sched.free()
@@ -60,15 +65,13 @@ class Runner:
         self.report_memory = False
         self.memory_reports: list[MemoryReport] = []
 
-    def run(self, graph: Graph, inputs: Inputs, pins: Sequence[tuple[Tensor, Backend]] = ()) -> None:
+    def run(self, graph: Graph, inputs: Inputs, pins: Pins = ()) -> None:
         """The full path: a new graph is split, allocated (reserved again if it does not fit) and computed.
         `pins`: nodes to compute on a given backend, where it supports them (ggml_backend_sched_set_tensor_backend)."""
         sched = self.sched
         sched.reset()
         self.graph = None
-        for node, backend in pins:
-            if backend.supports_op(node):
-                sched.set_tensor_backend(node, backend)
+        self._pin(pins)
         sched.layout_reuse = not self.report_memory  # the report reads the graph allocator's work
         sched.alloc_graph(graph)
         self.graph = graph
@@ -77,6 +80,11 @@ class Runner:
             if sum(r.peak for r in reports) >= sum(r.peak for r in self.memory_reports):
                 self.memory_reports = reports  # the largest graph's (a prompt's, not the last token's)
         self.run_again(inputs)
+
+    def _pin(self, pins: Pins) -> None:
+        for node, backend in pins:
+            if backend.supports_op(node):
+                self.sched.set_tensor_backend(node, backend)
 
     def run_again(self, inputs: Inputs) -> None:
         """The graph of the last `run` again, with new input values (the same shapes)."""

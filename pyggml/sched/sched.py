@@ -433,11 +433,13 @@ class BackendSched:
 
     def reserve(self, measure_graph: Graph) -> None:
         """ggml_backend_sched_reserve: size the compute buffers for `measure_graph` (the worst case), which is
-        split but not computed; the scheduler is reset after. Buffers only grow."""
+        split but not computed; the scheduler is reset after. Buffers only grow. As in ggml, nodes set to a
+        backend since the last reset keep it (an allocated graph is let go first)."""
         self._check_alive("reserve")
         self._check_graph(measure_graph, "reserve")
         self.synchronize()
-        self.reset()
+        if self.is_alloc:
+            self.reset()
         try:
             self._split(measure_graph)
             self._reserve_split()
