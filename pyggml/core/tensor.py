@@ -514,19 +514,15 @@ def default_strides(type: GGMLType, ne: list[int]) -> list[int]:
 
 def nbytes_of(type: GGMLType, ne: list[int], nb: list[int]) -> int:
     """ggml_nbytes for a type, shape and strides: one past the last byte touched (0 for an empty tensor)."""
-    for n in ne:
-        if n <= 0:
-            return 0
+    n0, n1, n2, n3 = ne  # (unrolled: the allocators and the scheduler ask it for every tensor)
+    if n0 <= 0 or n1 <= 0 or n2 <= 0 or n3 <= 0:
+        return 0
     tr = TYPE_TRAITS[type]
+    b0, b1, b2, b3 = nb
+    rest = (n1 - 1) * b1 + (n2 - 1) * b2 + (n3 - 1) * b3
     if tr.blck_size == 1:
-        size = tr.type_size
-        for i in range(GGML_MAX_DIMS):
-            size += (ne[i] - 1) * nb[i]
-        return size
-    size = ne[0] * nb[0] // tr.blck_size
-    for i in range(1, GGML_MAX_DIMS):
-        size += (ne[i] - 1) * nb[i]
-    return size
+        return tr.type_size + (n0 - 1) * b0 + rest
+    return n0 * b0 // tr.blck_size + rest
 
 
 def check_window(what: str, type: GGMLType, ne: list[int], nb: list[int], offset: int, src: Tensor,
