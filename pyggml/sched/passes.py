@@ -16,6 +16,7 @@ from pyggml.backend.buffer import BufferUsage
 from pyggml.core.errors import LimitExceededError, UnsupportedOpError
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import GGML_MAX_SRC, VIEW_OPS, GGMLOp, Tensor, TensorFlag, is_view_op
+from pyggml.sched.scheduler import dup_tensor_layout
 
 if TYPE_CHECKING:
     from pyggml.backend.buffer import Buffer
@@ -316,8 +317,7 @@ def assign_backends_seed(sched: BackendSched, graph: Graph) -> _Assigner:
 
 def split_graph(sched: BackendSched, graph: Graph, a: _Assigner) -> None:
     """Pass 5 (and 6): the splits, the copies of their inputs, and the allocation graph."""
-    from pyggml.sched.sched import SchedSplit
-    from pyggml.sched.scheduler import dup_tensor_layout
+    from pyggml.sched.sched import SchedSplit  # (sched.py imports this module)
 
     ctx = sched.ctx
     assert ctx is not None

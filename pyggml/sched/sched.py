@@ -66,7 +66,7 @@ from pyggml.core.errors import (
     OutOfMemoryError,
 )
 from pyggml.core.graph import Graph
-from pyggml.core.tensor import Tensor, TensorFlag, is_view_op
+from pyggml.core.tensor import Tensor, TensorFlag
 from pyggml.sched.passes import assign_backends, assign_backends_seed, split_graph
 from pyggml.sched.scheduler import check_backends, debug_enabled
 from pyggml.sched.stats import BackendStats, SchedStats
@@ -178,7 +178,6 @@ class BackendSched:
         self.layouts: dict[tuple[int, tuple[int, ...]], list[tuple[int, int, int] | int]] = {}
         self.n_reserves = 0  # buffers grown (by reserve or by a graph that no longer fit)
         self.stats = SchedStats(backends=[BackendStats(b.name()) for b in backends])
-        self.reused = False  # whether the last compute reused the allocated graph
         self.n_computes = 0  # computes of the allocated graph
         self.freed = False
         self.reset()
@@ -256,9 +255,9 @@ class BackendSched:
     def backend_id(self, backend: Backend, what: str) -> int:
         """ggml_backend_sched_backend_id: the backend's priority (its index); ArgumentError if not ours."""
         check_instance(backend, Backend, f"{what}: backend")
-        for i, b in enumerate(self.backends):
-            if b is backend:
-                return i
+        i = self._index(backend)
+        if i >= 0:
+            return i
         names = ", ".join(f"'{b.name()}'" for b in self.backends)
         raise ArgumentError(f"{what}: backend '{backend.name()}' is not one of the scheduler's backends ({names})")
 
@@ -276,6 +275,11 @@ class BackendSched:
     @property
     def n_splits(self) -> int:
         return len(self.splits)
+
+    @property
+    def reused(self) -> bool:
+        """Whether the last compute reused the allocated graph (its stats say so)."""
+        return self.stats.reused
 
     def get_n_copies(self) -> int:
         return self.n_copies
@@ -305,9 +309,13 @@ class BackendSched:
     # the debug printout's and graphviz's names
     tensor_backend = get_tensor_backend
 
+    def _index(self, backend: Backend | None) -> int:
+        return next((i for i, b in enumerate(self.backends) if b is backend), -1)
+
     def backend_prio(self, backend: Backend | None) -> float:
         """The backend's index in priority order; inf if it is not one of ours (the Graphviz colours)."""
-        return next((i for i, b in enumerate(self.backends) if b is backend), float("inf"))
+        i = self._index(backend)
+        return i if i >= 0 else float("inf")
 
     def input_copy(self, t: Tensor, backend_index: int) -> Tensor | None:
         """The copy of split input `t` in backend `backend_index` this graph computes with (None if none)."""
@@ -321,7 +329,6 @@ class BackendSched:
         if callback is not None and not callable(callback):
             raise ArgumentTypeError(f"set_eval_callback: {type(callback).__name__} is not callable")
         self.callback_eval = callback
-
 
     # --- reserve, alloc, compute ---
 
@@ -469,7 +476,6 @@ class BackendSched:
         t1 = time.perf_counter()
         self._alloc_splits()
         self.is_alloc = True
-        self.reused = False
         self.n_computes = 0  # of this allocation
         self._new_stats(graph, t1 - t0, time.perf_counter() - t1)
 
@@ -578,7 +584,6 @@ class BackendSched:
         if not self.is_alloc:
             self.alloc_graph(graph)
         elif self.n_computes > 0:
-            self.reused = True
             self.stats = SchedStats(n_nodes=graph.n_nodes, n_splits=len(self.splits), reused=True,
                                     backends=[BackendStats(b.name()) for b in self.backends])
         self.n_computes += 1
@@ -713,9 +718,6 @@ class BackendSched:
     def describe_node(self, node: Tensor) -> str:
         """A node as the errors name it: name, op, type and shape."""
         return f"'{node.name}' ({op_desc(node)}, {node.type.name}{list(node.ne)})"
-
-    def is_view(self, node: Tensor) -> bool:
-        return is_view_op(node.op)
 
 
 _VIEW, _EXTERNAL = -1, -2  # a layout's places that take no memory of the scheduler's

@@ -52,6 +52,8 @@ from typing import Any
 
 __all__ = [
     "DEFAULT_TARGETS",
+    "models_dir",
+    "source_file",
     "GGML_LIBS",
     "LLAMA_CPP_COMMIT",
     "SDIST_NAME",
@@ -496,17 +498,28 @@ def require_libs(names: Sequence[str] = GGML_LIBS, *, cache: str | os.PathLike[s
     return require_tools(names, cache=cache, build_missing=build_missing)
 
 
-def include_dir(cache: str | os.PathLike[str] | None = None) -> Path:
-    """ggml's public headers (ggml.h, ggml-cpu.h, ggml-backend.h) in the extracted sdist, downloading and
-    extracting it first if needed (no compiler needed). Raises BuildError if that fails."""
+def source_file(relative: str, cache: str | os.PathLike[str] | None = None) -> Path:
+    """A path in the extracted sdist's llama.cpp tree, downloading and extracting the sdist first if needed
+    (no compiler needed). Raises BuildError if that fails or the sdist lacks it."""
     p = paths(cache)
-    include = p.llama_cpp / "ggml" / "include"
-    if not (include / "ggml.h").is_file():
+    path = p.llama_cpp / relative
+    if not path.exists():
         with _locked(p):
             ensure_source(p)
-        if not (include / "ggml.h").is_file():
-            raise BuildError(f"the sdist in {p.sdist} has no ggml/include/ggml.h")
-    return include
+        if not path.exists():
+            raise BuildError(f"the sdist in {p.sdist} has no {relative}")
+    return path
+
+
+def include_dir(cache: str | os.PathLike[str] | None = None) -> Path:
+    """ggml's public headers (ggml.h, ggml-cpu.h, ggml-backend.h) in the extracted sdist (see source_file)."""
+    return source_file("ggml/include/ggml.h", cache).parent
+
+
+def models_dir(cache: str | os.PathLike[str] | None = None) -> Path:
+    """llama.cpp's models/ folder in the extracted sdist: the ggml-vocab-*.gguf tokenizer suites and the chat
+    templates (see source_file)."""
+    return source_file("models/ggml-vocab-llama-bpe.gguf", cache).parent
 
 
 # --- command line ---

@@ -14,7 +14,6 @@ import pytest
 
 from pyggml.gguf.reader import read_gguf
 from pyggml.models.tokenizer import Tokenizer
-from pyggml.testing import llamacpp
 
 HARD = [
     "", " ", "   ", "\n", "\n\n", " \n", "\t\t x", "a  b   c    d", "trailing   ", "x\r\ny\rz",
@@ -72,18 +71,12 @@ def test_smollm2_hard_strings_equal_llama_tokenize(llamacpp_tools: dict[str, Pat
 
 
 @pytest.mark.parametrize("name", ["llama-spm", "phi-3", "llama-bpe", "qwen2", "gpt-2", "gemma-4"])
-def test_vocab_files_with_special_tokens_equal_llama_tokenize(llamacpp_tools: dict[str, Path], name: str) -> None:
+def test_vocab_files_with_special_tokens_equal_llama_tokenize(llamacpp_tools: dict[str, Path], llamacpp_models: Path,
+                                                             name: str) -> None:
     """SentencePiece (the prefix space after each special token; Phi-3's right-stripping specials),
     llama3/qwen2/gpt-2 BPE and Gemma 4: the hard strings joined with the vocab's longest special tokens
     between them, parsed and not, with the BOS/EOS the vocab adds."""
-    p = llamacpp.paths()
-    try:
-        if not (p.llama_cpp / "CMakeLists.txt").exists():
-            with llamacpp._locked(p):
-                llamacpp.ensure_source(p)
-    except llamacpp.LlamaCppError as e:
-        pytest.skip(f"the llama-cpp-python {llamacpp.SDIST_VERSION} sdist cannot be obtained: {e}")
-    model = p.llama_cpp / "models" / f"ggml-vocab-{name}.gguf"
+    model = llamacpp_models / f"ggml-vocab-{name}.gguf"
     tok = Tokenizer.from_gguf(read_gguf(model))
     specials = [text for _, text, _ in tok.special_tokens[:12]]
     assert specials

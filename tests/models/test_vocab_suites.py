@@ -10,7 +10,6 @@ import pytest
 
 from pyggml.gguf.reader import read_gguf
 from pyggml.models.tokenizer import Tokenizer
-from pyggml.testing import llamacpp
 
 SEPARATOR = "\n__ggml_vocab_test__\n"
 # name -> number of cases; SentencePiece (llama-spm, phi-3), byte-level BPE with each pre-tokenizer
@@ -23,16 +22,8 @@ SUITES = {
 
 
 @pytest.fixture(scope="module")
-def models_dir() -> Path:
-    """llama.cpp's models/ folder, downloading and extracting the sdist if this machine has not yet."""
-    p = llamacpp.paths()
-    try:
-        if not (p.llama_cpp / "CMakeLists.txt").exists():
-            with llamacpp._locked(p):
-                llamacpp.ensure_source(p)
-    except llamacpp.LlamaCppError as e:
-        pytest.skip(f"the llama-cpp-python {llamacpp.SDIST_VERSION} sdist cannot be obtained: {e}")
-    return p.llama_cpp / "models"
+def models_dir(llamacpp_models: Path) -> Path:
+    return llamacpp_models
 
 
 def read_cases(vocab: Path) -> list[tuple[str, list[int]]]:

