@@ -34,3 +34,20 @@ def llamacpp_models() -> Path:
         return llamacpp.models_dir()
     except llamacpp.LlamaCppError as e:
         pytest.skip(f"the llama-cpp-python {llamacpp.SDIST_VERSION} sdist cannot be obtained: {e}")
+
+
+BUILTIN_PROMPT = "The module"
+
+
+@pytest.fixture(scope="session")
+def builtin_greedy_tokens() -> list[int]:
+    """The built-in model's 8 greedy tokens after BUILTIN_PROMPT on one CPU backend: what every split, placement
+    and scheduler mode must reproduce."""
+    import pyggml.models as pm
+    from pyggml.models.builtin import builtin_model_path
+
+    model = pm.load(builtin_model_path(), n_ctx=64, progress=False)
+    try:
+        return list(model.generate(model.tokenize(BUILTIN_PROMPT), 8, stop_at_eos=False))
+    finally:
+        model.free()

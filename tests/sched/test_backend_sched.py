@@ -30,12 +30,8 @@ PROMPT = "The module"
 
 
 @pytest.fixture(scope="module")
-def one_backend_tokens() -> list[int]:
-    model = pm.load(builtin_model_path(), n_ctx=64, progress=False)
-    try:
-        return list(model.generate(model.tokenize(PROMPT), 8, stop_at_eos=False))
-    finally:
-        model.free()
+def one_backend_tokens(builtin_greedy_tokens: list[int]) -> list[int]:
+    return builtin_greedy_tokens
 
 
 def test_a_mul_mat_only_backend_hosts_layers(one_backend_tokens: list[int]) -> None:
