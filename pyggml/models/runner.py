@@ -69,8 +69,7 @@ class Runner:
         """The full path: a new graph is split, allocated (reserved again if it does not fit) and computed.
         `pins`: nodes to compute on a given backend, where it supports them (ggml_backend_sched_set_tensor_backend)."""
         sched = self.sched
-        sched.reset()
-        self.graph = None
+        self.forget()
         self._pin(pins)
         sched.layout_reuse = not self.report_memory  # the report reads the graph allocator's work
         sched.alloc_graph(graph)
