@@ -522,47 +522,64 @@ class BackendSched:
 
     def _record(self, order: list[Tensor], tallocs: list[TensorAllocator], views: set[int]) -> None:
         """ggml_gallocr's node_allocs: where each place of `order` got its memory (buffer, offset from the
-        base, bytes), or that it is a view or has memory of its own (weights, the KV cache)."""
+        base, bytes), or that it is a view or has memory of its own (weights, the KV cache). A tensor's later
+        places (it is the source of several nodes) name its first: replaying them is an identity check."""
         index = {id(t.get_buffer()): i for i, t in enumerate(tallocs)}
         bases = [t.base for t in tallocs]
         entries: list[tuple[int, int, int] | int] = []
-        for t in order:
+        first: dict[int, int] = {}
+        for k, t in enumerate(order):
             if id(t) in views:
                 entries.append(_VIEW)
                 continue
             i = index.get(id(t.buffer), -1) if t.buffer is not None else -1
             if i < 0 or t.data is None:
                 entries.append(_EXTERNAL)
-            else:
-                entries.append((i, t.data - bases[i], self.bufts[i].get_alloc_size(t)))
+                continue
+            seen = first.setdefault(id(t), k)
+            entries.append(seen if seen != k else (i, t.data - bases[i], self.bufts[i].get_alloc_size(t)))
         key = (len(order), tuple(self.graph_copy_backends))
         old = self.layouts.get(key)
         if old is None or all(_fits(e, o) for e, o in zip(entries, old, strict=True)):
             self.layouts[key] = entries  # keep the larger of two layouts of one shape (the reserved worst case)
 
     def _replay(self, order: list[Tensor], layout: list[tuple[int, int, int] | int]) -> bool:
-        """Give `order` the recorded addresses if every place fits (else False, nothing changed)."""
-        bufts = self.bufts
+        """Give `order` the recorded addresses if every place fits (else False, nothing changed).
+
+        The tensors are placed as ggml_backend_tensor_alloc places them, without its bounds check: a place
+        fits only when it lies inside today's buffer (buffers only grow)."""
+        # ggml_backend_buft_get_alloc_size: a type without the hook takes ggml_nbytes
+        sizes = [None if type(b)._get_alloc_size is BufferType._get_alloc_size else b.get_alloc_size
+                 for b in self.bufts]
+        limits = [b.get_size() if b is not None else -1 for b in self.buffers]
         for t, e in zip(order, layout, strict=True):
-            if e == _VIEW:
-                if t.view_src is None:
+            if e.__class__ is int:
+                if e >= 0:
+                    if order[e] is not t:
+                        return False
+                elif e == _VIEW:
+                    if t.view_src is None:
+                        return False
+                elif t.data is None and t.view_src is None:  # _EXTERNAL
                     return False
-            elif e == _EXTERNAL:
-                if t.data is None and t.view_src is None:
-                    return False
-            elif t.data is not None or t.view_src is not None or bufts[e[0]].get_alloc_size(t) > e[2]:
+                continue
+            if t.data is not None or t.view_src is not None:
+                return False
+            size_of = sizes[e[0]]
+            size = t.nbytes() if size_of is None else size_of(t)
+            if size > e[2] or e[1] + size > limits[e[0]]:
                 return False
         buffers = self.buffers
         for t, e in zip(order, layout, strict=True):
-            if t.data is not None:
+            if e.__class__ is int:
+                if e < 0 and t.data is None:  # a view (of the scheduler's memory or another's)
+                    view_init(t)
                 continue
-            if e == _VIEW:
-                view_init(t)
-            else:
-                buffer = buffers[e[0]]
-                assert buffer is not None
-                t.data = buffer.base + e[1]
-                t.buffer = buffer
+            buffer = buffers[e[0]]
+            assert buffer is not None
+            t.data = buffer.base + e[1]
+            t.buffer = buffer
+            if buffer.has_init_tensor:
                 buffer.init_tensor(t)
         return True
 
