@@ -34,7 +34,7 @@ from pyggml.backend.tensor_io import tensor_get_numpy
 from pyggml.core.checks import check_host_alloc, check_positive
 from pyggml.core.context import Context, tensor_overhead
 from pyggml.core.errors import ArgumentError, GGMLError, NonFiniteError
-from pyggml.core.graph import graph_overhead
+from pyggml.core.graph import Graph, graph_overhead
 from pyggml.core.tensor import is_view_op
 from pyggml.core.types import TYPE_TRAITS, GGMLType, as_type
 from pyggml.gguf.loader import LoadedTensors, load_tensors, maps_weights
@@ -58,6 +58,9 @@ log = logging.getLogger("pyggml.models")
 KV_PAD = 256  # graphs read the cache in multiples of 256 cells, at least 256, at most n_ctx (llama.cpp's n_kv,
 # llama_kv_cache::get_n_kv), so one decode graph, the same shapes, serves 256 consecutive tokens
 FLASH_ATTN_MODES = ("on", "off", "auto")
+# graphs kept by their shapes: a generation alternates between a prompt's graph and a token's
+KEEP_GRAPHS = 2
+GraphKey = tuple[int, int, bool]  # (n_tokens, n_kv, last_only)
 
 
 def resolve_flash_attn(mode: str | bool) -> bool:
@@ -210,7 +213,12 @@ class Model:
             kv = self.kv = KVCache(hp.n_layer, self.n_ctx, hp.n_embd_gqa, self.kv_backend, kv_type,
                                    v_trans=not self.flash_attn)
             # one engine for one backend or many: the scheduler, reserved once with the worst-case graph
-            self.runner = Runner(backends, self._measure_graphs(), graph_size(hp))
+            # the graph computed last, kept while the next batch has its shapes (llama.cpp's can_reuse): the
+            # decode graph of every token of one n_kv (the cells written are index inputs). The 2023 graph
+            # (backends without SET_ROWS) writes the cache through views at n_past: never reused.
+            self.reuse_graphs = bool(reuse_graphs) and self._graph_kw["set_rows"]
+            self.runner = Runner(backends, self._measure_graphs(), graph_size(hp),
+                                 keep_graphs=KEEP_GRAPHS if self.reuse_graphs else 1)
         except BaseException:
             # nothing of a failed load stays behind (host buffers are registered by address until freed)
             if kv is not None:
@@ -222,11 +230,10 @@ class Model:
                 ctx.free()  # the measure graphs were only for sizes
             self._measure_ctxs = []
         self._tokenizer: Any = None
-        # the graph computed last, kept while the next batch has its shapes (llama.cpp's can_reuse): the
-        # decode graph of every token of one n_kv (the cells written are index inputs). The 2023 graph
-        # (backends without SET_ROWS) writes the cache through views at n_past: never reused.
-        self.reuse_graphs = bool(reuse_graphs) and self._graph_kw["set_rows"]
-        self._last: tuple[tuple[int, int, bool], Context, LlamaInputs] | None = None
+        # Beyond llama.cpp, which keeps only the last graph: the last KEEP_GRAPHS graphs by their shapes, each
+        # kept by the scheduler with its splits and plans, so that a token's graph survives a prompt's
+        self._graphs: dict[GraphKey, tuple[Context, LlamaInputs, Graph]] = {}  # least recently used first
+        self._last_key: GraphKey | None = None
         self.n_graphs_built = 0  # graphs built (the rest of the batches reused one)
 
     # --- checks ---
@@ -300,11 +307,24 @@ class Model:
         pos = np.arange(n_past, n_past + n_tokens, dtype=np.int32)
         n_kv = self._n_kv(n_past + n_tokens)  # the cells attention reads, padded as llama.cpp pads them
         key = (n_tokens, n_kv, last_only)
-        if self.reuse_graphs and self._last is not None and self._last[0] == key:
-            inp = self._last[2]
-            self.runner.run_again(self._inputs(inp, self.kv, ids, pos, n_kv))
+        kept = self._graphs.get(key) if self.reuse_graphs else None
+        if kept is not None:
+            inp = kept[1]
+            try:
+                if key == self._last_key:
+                    self.runner.run_again(self._inputs(inp, self.kv, ids, pos, n_kv))
+                else:  # taken up again by the scheduler, as it was
+                    self._graphs[key] = self._graphs.pop(key)
+                    self._last_key = key
+                    self.runner.run(kept[2], self._inputs(inp, self.kv, ids, pos, n_kv), self._pins(inp))
+            except BaseException:
+                self._forget_graph()
+                raise
         else:
-            self._forget_graph()
+            if not self.reuse_graphs:
+                self._forget_graph()
+            while len(self._graphs) >= KEEP_GRAPHS:
+                self._drop_graph(next(iter(self._graphs)))
             ctx = self._new_ctx()
             try:
                 gf, inp = build_llama(ctx, self.hparams, self.w, self.kv, n_tokens, n_past, last_only, n_kv=n_kv,
@@ -312,10 +332,11 @@ class Model:
                 self.n_graphs_built += 1
                 self.runner.run(gf, self._inputs(inp, self.kv, ids, pos, n_kv), self._pins(inp))
             except BaseException:
-                self.runner.forget()
+                self._forget_graph()
                 ctx.free()
                 raise
-            self._last = (key, ctx, inp)
+            self._graphs[key] = (ctx, inp, gf)
+            self._last_key = key
         logits = tensor_get_numpy(inp.logits).reshape(-1, self.hparams.n_vocab)
         # one pass over the logits (n_vocab floats a token): NaN or inf anywhere upstream reaches them
         if self.check_finite and not np.isfinite(logits).all():
@@ -328,11 +349,19 @@ class Model:
         return [(norm, self.layer_backend[il]) for il, norm in inp.norms]
 
     def _forget_graph(self) -> None:
-        """Drop the graph computed last: the scheduler lets go of it, then its context is freed."""
+        """Drop every kept graph: the scheduler lets go of them, then their contexts are freed."""
         self.runner.forget()
-        if self._last is not None:
-            self._last[1].free()
-            self._last = None
+        for ctx, _, _ in self._graphs.values():
+            ctx.free()
+        self._graphs = {}
+        self._last_key = None
+
+    def _drop_graph(self, key: GraphKey) -> None:
+        ctx, _, gf = self._graphs.pop(key)
+        self.runner.forget(gf)
+        ctx.free()
+        if key == self._last_key:
+            self._last_key = None
 
     def _n_kv(self, used: int) -> int:
         """llama.cpp's n_kv for `used` cells: min(n_ctx, max(256, GGML_PAD(used, 256)))."""
