@@ -43,6 +43,8 @@ from pyggml.core.types import GGMLType
 from pyggml.models.arch import FFN_GEGLU, FFN_SWIGLU_FUSED, HParams
 from pyggml.models.kv_cache import KVCache
 
+CTX_PAD = 256  # llama.cpp pads the context to a multiple of 256 (llama_context: GGML_PAD(n_ctx, 256))
+
 
 @dataclass
 class GraphInputs:
@@ -96,10 +98,12 @@ class _Builder:
             n_v_idxs = n_tokens * hp.n_embd_gqa if kv.v_trans else n_tokens
             self.v_idxs = ctx.new_tensor_1d(GGMLType.I64, n_v_idxs).set_name("inp_v_idxs").set_input()
         # llama.cpp's get_rope_factors: the file's rope_freqs (llama3), else phi3's long factors when the
-        # context is longer than the one trained without them, else its short ones (or none)
+        # context (as llama.cpp pads it, to a multiple of 256) is longer than the one trained without them, else
+        # its short ones (or none)
         factors = w.get("rope_freqs.weight")
+        n_ctx_seq = -(-kv.n_ctx // CTX_PAD) * CTX_PAD
         self.rope_factors = factors if factors is not None else w.get(
-            "rope_factors_long.weight" if kv.n_ctx > hp.n_ctx_orig else "rope_factors_short.weight")
+            "rope_factors_long.weight" if n_ctx_seq > hp.n_ctx_orig else "rope_factors_short.weight")
 
     # --- the shared blocks ---
 

@@ -45,6 +45,9 @@ class Spec:
 _COMMON = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
            "max_position_embeddings": 256, "rms_norm_eps": 1e-5}
 
+_PHI3 = {"vocab_size": 32064, "num_hidden_layers": 2, "tie_word_embeddings": False, "sliding_window": None,
+         "pad_token_id": 32000, "bos_token_id": 1, "eos_token_id": 32000}
+
 SPECS: dict[str, Spec] = {
     "llama": Spec("LlamaConfig", "LlamaForCausalLM", "llama-spm",
                   {"vocab_size": 32000, "num_hidden_layers": 2, "tie_word_embeddings": False}),
@@ -59,9 +62,22 @@ SPECS: dict[str, Spec] = {
     "gemma3": Spec("Gemma3TextConfig", "Gemma3ForCausalLM", "llama-spm",
                    {"vocab_size": 32000, "num_hidden_layers": 6, "head_dim": 32, "query_pre_attn_scalar": 32,
                     "sliding_window": 4, "final_logit_softcapping": 30.0, "rms_norm_eps": 1e-6}),
-    "phi3": Spec("Phi3Config", "Phi3ForCausalLM", "phi-3",
-                 {"vocab_size": 32064, "num_hidden_layers": 2, "tie_word_embeddings": False, "sliding_window": None,
-                  "pad_token_id": 32000, "bos_token_id": 1, "eos_token_id": 32000}),
+    "phi3": Spec("Phi3Config", "Phi3ForCausalLM", "phi-3", _PHI3),
+    # Llama 3's rope: the converter's rope_freqs tensor of frequency factors
+    "llama3": Spec("LlamaConfig", "LlamaForCausalLM", "llama-spm",
+                   {"vocab_size": 32000, "num_hidden_layers": 2, "tie_word_embeddings": True,
+                    "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                                        "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                        "original_max_position_embeddings": 16}}),
+    # Phi-3's LongRoPE (the 128k files): short factors within the original 256 positions, long ones past them
+    # (transformers by the sequence's length, llama.cpp by the context's), the attention factor
+    # sqrt(1 + ln 4 / ln 256)
+    "phi3_longrope": Spec("Phi3Config", "Phi3ForCausalLM", "phi-3",
+                          {**_PHI3, "original_max_position_embeddings": 256, "max_position_embeddings": 1024,
+                           "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0,
+                                               "short_factor": [1.0 + 0.1 * i for i in range(8)],
+                                               "long_factor": [1.0 + 0.7 * i for i in range(8)],
+                                               "original_max_position_embeddings": 256}}),
 }
 
 
@@ -210,13 +226,15 @@ for path, ids, out, n_ctx in jobs:
 """
 
 
-def llamacpp_logits(jobs: list[tuple[Path, list[int]]], tmp: Path, n_ctx: int = 256) -> list[np.ndarray]:
-    """llama.cpp's logits of every position of each (model, ids), f32 KV cache and flash attention off (the
-    reference ../shared/ORACLE.md describes), all in one process; builds llama.cpp if this machine lacks it
+def llamacpp_logits(jobs: list[tuple[Path, list[int]]] | list[tuple[Path, list[int], int]], tmp: Path,
+                    n_ctx: int = 256) -> list[np.ndarray]:
+    """llama.cpp's logits of every position of each (model, ids[, n_ctx]), f32 KV cache and flash attention off
+    (the reference ../shared/ORACLE.md describes), all in one process; builds llama.cpp if this machine lacks it
     (NoCompilerError without a compiler)."""
     lib_dir = llamacpp.require_tools(["llama-debug"])["llama-debug"].parent  # libllama.so is built beside it
     outs = [tmp / f"llamacpp-logits-{i}.npy" for i in range(len(jobs))]
-    args = [[str(p), [int(t) for t in ids], str(o), n_ctx] for (p, ids), o in zip(jobs, outs, strict=True)]
+    args = [[str(job[0]), [int(t) for t in job[1]], str(o), int(job[2]) if len(job) > 2 else n_ctx]  # type: ignore[misc]
+            for job, o in zip(jobs, outs, strict=True)]
     env = {**os.environ, "LLAMA_CPP_LIB_PATH": str(lib_dir)}
     r = subprocess.run([sys.executable, "-c", _LOGITS, str(llamacpp.paths().sdist), json.dumps(args)],
                        capture_output=True, text=True, timeout=600, env=env)

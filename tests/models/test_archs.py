@@ -20,6 +20,9 @@ import pyggml.models as pm
 from pyggml.models.metadata import ModelFileError
 
 ARCH_NAMES = ("llama", "qwen2", "qwen3", "gemma3", "phi3")
+# rope variants of real files: Llama 3's rope_freqs, Phi-3 128k's LongRoPE (the family of each)
+VARIANTS = {"llama3": "llama", "phi3_longrope": "phi3"}
+CHECKPOINTS = (*ARCH_NAMES, *VARIANTS)
 N_TOKENS = 12
 TOL = 1e-3  # of the logits' scale (max |logit|)
 
@@ -37,13 +40,13 @@ class Tiny:
         from pyggml.testing import tiny_archs as ta
 
         self.root = root
-        self.ckpt = {a: ta.make_checkpoint(a, root / a) for a in ARCH_NAMES}
-        self.path = {a: root / f"{a}.gguf" for a in ARCH_NAMES}
-        ta.convert([(self.ckpt[a], self.path[a], "f32") for a in ARCH_NAMES])
+        self.ckpt = {a: ta.make_checkpoint(a, root / a) for a in CHECKPOINTS}
+        self.path = {a: root / f"{a}.gguf" for a in CHECKPOINTS}
+        ta.convert([(self.ckpt[a], self.path[a], "f32") for a in CHECKPOINTS])
         rng = np.random.default_rng(3)
         self.ids = {a: [1] + rng.integers(0, c.model.config.vocab_size, N_TOKENS - 1).tolist()
                     for a, c in self.ckpt.items()}
-        self.ref = {a: self.ckpt[a].logits(self.ids[a]) for a in ARCH_NAMES}
+        self.ref = {a: self.ckpt[a].logits(self.ids[a]) for a in CHECKPOINTS}
         self._cpp: dict[str, np.ndarray] | None = None
 
     def llamacpp(self) -> dict[str, np.ndarray]:
@@ -52,10 +55,13 @@ class Tiny:
             from pyggml.testing import llamacpp, tiny_archs
 
             try:
-                out = tiny_archs.llamacpp_logits([(self.path[a], self.ids[a]) for a in ARCH_NAMES], self.root)
+                # and LongRoPE in a context past the original one: the long factors
+                jobs = [(self.path[a], self.ids[a], 256) for a in CHECKPOINTS]
+                out = tiny_archs.llamacpp_logits([*jobs, (self.path["phi3_longrope"], self.ids["phi3"], 512)],
+                                                 self.root)
             except llamacpp.NoCompilerError as e:
                 pytest.skip(str(e))  # the one reason to skip: no compiler to build llama.cpp with
-            self._cpp = dict(zip(ARCH_NAMES, out, strict=True))
+            self._cpp = dict(zip([*CHECKPOINTS, "phi3_longrope_long"], out, strict=True))
         return self._cpp
 
 
@@ -66,16 +72,28 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Tiny:
     return Tiny(tmp_path_factory.mktemp("archs"))
 
 
-@pytest.mark.parametrize("arch", ARCH_NAMES)
+@pytest.mark.parametrize("arch", CHECKPOINTS)
 def test_f32_logits_match_transformers_and_llamacpp(tiny: Tiny, arch: str) -> None:
     model = pm.load(tiny.path[arch], n_ctx=256, progress=False)
     try:
-        assert model.hparams.arch.name == arch
+        assert model.hparams.arch.name == VARIANTS.get(arch, arch)
         ours = model.eval(tiny.ids[arch])
     finally:
         model.free()
     _close(ours, tiny.ref[arch], f"{arch} vs transformers")
     _close(ours, tiny.llamacpp()[arch], f"{arch} vs llama.cpp")
+
+
+def test_longrope_takes_the_long_factors_past_the_original_context(tiny: Tiny) -> None:
+    """A context longer than the original one (as llama.cpp pads it) ropes with the long factors: llama.cpp's
+    logits, and no longer transformers' of a short sequence (its short factors)."""
+    model = pm.load(tiny.path["phi3_longrope"], n_ctx=512, progress=False)
+    try:
+        ours = model.eval(tiny.ids["phi3"])
+    finally:
+        model.free()
+    _close(ours, tiny.llamacpp()["phi3_longrope_long"], "phi3 LongRoPE (long factors) vs llama.cpp")
+    assert np.abs(ours - tiny.ckpt["phi3_longrope"].logits(tiny.ids["phi3"])).max() > 0.1
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "gemma3", "phi3"])
