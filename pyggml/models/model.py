@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -531,6 +531,23 @@ class Model:
             if tok == eos or n == max_tokens - 1 or self.kv.n >= self.n_ctx:
                 return  # done, or the context is full (the last token is yielded, not evaluated)
             logits = self.eval_last([tok])
+
+    def chat(self, messages: Sequence[Mapping[str, Any]], *, max_tokens: int = 256, stream: bool = False,
+             sampler: Any = None, **sampling: Any) -> str | Iterator[str]:
+        """The model's reply to `messages` ([{"role": "user", "content": "Hi"}, ...]): the file's chat template
+        (`tokenizer.chat_template`; ChatML where the file has none, as llama.cpp) rendered as transformers
+        renders it, the assistant's turn opened, then up to `max_tokens` tokens generated from an empty KV
+        cache until an end-of-generation token ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", EOS, ...).
+
+        Returns the reply's text, or with `stream=True` an iterator of text pieces (never a split UTF-8
+        character). Sampling: `sampler` (a `Sampler`), or its parameters as keywords (temperature, top_k,
+        top_p, min_p, repeat_penalty, seed, ...; llama.cpp's defaults otherwise; temperature=0 is greedy).
+        A template that fails to render raises `pyggml.models.chat.ChatTemplateError`. Multi-turn chats that
+        keep the KV cache between turns: `pyggml.models.chat.ChatSession`.
+        """
+        from pyggml.models.chat import chat
+
+        return chat(self, messages, max_tokens=max_tokens, stream=stream, sampler=sampler, **sampling)
 
     # --- memory ---
 
