@@ -12,6 +12,7 @@ replies only. Without MODEL it chats with the built-in model, which was not trai
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import sys
 import time
@@ -46,6 +47,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("model", nargs="?", default=None, metavar="MODEL.gguf",
                    help="a LLaMA-family GGUF file (default: the built-in model, which was not trained to chat)")
     p.add_argument("--system", default=None, metavar="TEXT", help="a system message to start the conversation")
+    p.add_argument("--chat-template-file", default=None, metavar="FILE",
+                   help="a jinja chat template to use instead of the file's (as llama.cpp's option)")
+    p.add_argument("--chat-template-kwargs", default=None, metavar="JSON",
+                   help='more template variables, a JSON object (e.g. \'{"enable_thinking": false}\')')
     p.add_argument("-n", "--max-tokens", type=non_negative_int, default=DEFAULT_MAX_TOKENS, metavar="N",
                    help=f"most tokens of a reply (default: {DEFAULT_MAX_TOKENS}); it ends earlier at the end of "
                         f"the model's turn or when the context is full")
@@ -67,10 +72,18 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     inp = inp or sys.stdin
     from pyggml.gguf.reader import read_gguf
     from pyggml.models import LlamaHParams, load
-    from pyggml.models.chat import ChatSession, ConversationTooLongError
+    from pyggml.models.chat import ChatSession, ChatTemplate, ConversationTooLongError
 
     path = builtin_model_path() if args.model is None else check_model_path(args.model)
     plan = plan_from_args(args)
+    template_kwargs = _template_kwargs(args.chat_template_kwargs)
+    source = None
+    if args.chat_template_file is not None:
+        try:
+            with open(args.chat_template_file, encoding="utf-8") as f:
+                source = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise CLIError(f"--chat-template-file: cannot read '{args.chat_template_file}': {e}") from None
     seed = args.seed if args.seed is not None else random.randrange(2**31)
     sampler = make_sampler(args, seed)
     gf = read_gguf(path)  # the header only: the training context gives the default --ctx
@@ -84,9 +97,10 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     model = load(path, objs, n_ctx=n_ctx, **plan.load_kwargs(objs), progress=err.isatty(),
                  check_finite=args.check_finite, flash_attn=args.flash_attn)
     try:
-        session = ChatSession(model, system=args.system)
+        template = ChatTemplate.from_model(model, source, f"'{args.chat_template_file}'" if source else None)
+        session = ChatSession(model, system=args.system, template=template, template_kwargs=template_kwargs)
         interactive = inp.isatty()
-        template = session.template
+        read = _line_reader(inp, out, interactive)
         if template.is_fallback:
             print(f"note: '{path.name}' has no chat template: chatting in ChatML (llama.cpp's default), which "
                   f"the model may not know", file=err)
@@ -95,15 +109,9 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         turns = n_gen = n_eval = n_reused = 0
         t_gen = 0.0
         while True:
-            if interactive:
-                out.write("> ")
-                out.flush()
-            line = inp.readline()
-            if not line:  # EOF
-                if interactive:
-                    out.write("\n")
+            text = read()
+            if text is None:  # EOF
                 break
-            text = line.rstrip("\r\n")
             if text.strip() in EXIT_COMMANDS:
                 break
             if not text.strip():
@@ -132,3 +140,47 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     finally:
         model.free()
     return 0
+
+
+def _template_kwargs(text: str | None) -> dict[str, Any]:
+    if text is None:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise CLIError(f"--chat-template-kwargs: not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise CLIError(f"--chat-template-kwargs: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _line_reader(inp: TextIO, out: TextIO, interactive: bool) -> Any:
+    """A function giving the next line without its newline, None at EOF. On a terminal: input() after a
+    "> " prompt, with line editing and history where the readline module exists."""
+    if interactive and inp is sys.stdin and out is sys.stdout:
+        try:
+            import readline  # noqa: F401 - importing it gives input() line editing
+        except ImportError:
+            pass
+
+        def read_tty() -> str | None:
+            try:
+                return input("> ")
+            except EOFError:
+                print(file=out)
+                return None
+
+        return read_tty
+
+    def read() -> str | None:
+        if interactive:
+            out.write("> ")
+            out.flush()
+        line = inp.readline()
+        if not line:
+            if interactive:
+                out.write("\n")
+            return None
+        return line.rstrip("\r\n")
+
+    return read

@@ -283,31 +283,38 @@ class ChatTemplate:
         compile_template(source, name)  # a broken template fails here, not at the first message
 
     @classmethod
-    def from_model(cls, model: Model) -> ChatTemplate:
+    def from_model(cls, model: Model, source: str | None = None, name: str | None = None) -> ChatTemplate:
         """The model file's template (`tokenizer.chat_template`, else `tokenizer.chat_template.tool_use`, else
-        ChatML as llama.cpp), with the model's BOS/EOS texts."""
-        return cls.from_gguf(model.file, model.tokenizer)
+        ChatML as llama.cpp), or `source` in its place (named `name`, as llama.cpp's --chat-template-file),
+        with the model's BOS/EOS texts."""
+        return cls.from_gguf(model.file, model.tokenizer, source, name)
 
     @classmethod
-    def from_gguf(cls, gf: Any, tokenizer: Tokenizer) -> ChatTemplate:
+    def from_gguf(cls, gf: Any, tokenizer: Tokenizer, source: str | None = None,
+                  name: str | None = None) -> ChatTemplate:
         """As `from_model`, from a GGUFFile and its Tokenizer."""
         from pyggml.models.metadata import read_str
 
         fname = getattr(gf, "name", "model")
-        source, key = None, TEMPLATE_KEY
-        for key in (TEMPLATE_KEY, TEMPLATE_KEY + ".tool_use"):  # llama.cpp's order
-            source = read_str(gf, key, None)
-            if source:
-                break
-        fallback = not source
-        if fallback:
-            source, name = CHATML_TEMPLATE, f"chatml (llama.cpp's default: '{fname}' has no {TEMPLATE_KEY})"
+        fallback = False
+        if source is not None:
+            name = name or "the given chat template"
         else:
-            name = f"'{fname}' {key}"
+            key = TEMPLATE_KEY
+            for key in (TEMPLATE_KEY, TEMPLATE_KEY + ".tool_use"):  # llama.cpp's order
+                source = read_str(gf, key, None)
+                if source:
+                    break
+            fallback = not source
+            if fallback:
+                source, name = CHATML_TEMPLATE, f"chatml (llama.cpp's default: '{fname}' has no {TEMPLATE_KEY})"
+            else:
+                name = f"'{fname}' {key}"
 
         def text(tid: int | None) -> str:
             return tokenizer.token_to_piece(tid, special=True) if tid is not None else ""
 
+        assert source is not None and name is not None
         return cls(source, name, text(tokenizer.bos_id), text(tokenizer.eos_id), tokenizer.add_bos_token,
                    tokenizer.add_eos_token, is_fallback=fallback)
 
@@ -347,9 +354,12 @@ class ChatSession:
             print(piece, end="", flush=True)
     """
 
-    def __init__(self, model: Model, system: str | None = None, template: ChatTemplate | None = None) -> None:
+    def __init__(self, model: Model, system: str | None = None, template: ChatTemplate | None = None,
+                 template_kwargs: Mapping[str, Any] | None = None) -> None:
         self.model = model
         self.template = template or ChatTemplate.from_model(model)
+        # extra template variables at every turn: tools, enable_thinking (Qwen 3), date_string (Llama 3.1), ...
+        self.template_kwargs: dict[str, Any] = dict(template_kwargs or {})
         self.messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system is not None else []
         self.cached: list[int] = []  # the tokens of positions 0.. in the KV cache
         self.stop_reason: str | None = None  # why the last reply ended: "eog", "max_tokens" or "context"
@@ -364,7 +374,8 @@ class ChatSession:
     def prompt_tokens(self, messages: Sequence[Any] | None = None) -> list[int]:
         """The token ids of the prompt for `messages` (default: the session's): the template's rendering with
         the assistant's turn opened, special tokens parsed, the vocab's BOS/EOS added."""
-        text = self.template.prompt(self.messages if messages is None else messages, add_generation_prompt=True)
+        text = self.template.prompt(self.messages if messages is None else messages, add_generation_prompt=True,
+                                    **self.template_kwargs)
         return self.model.tokenize(text, True, True)
 
     def send(self, text: str, max_tokens: int = DEFAULT_MAX_TOKENS, sampler: Any = None) -> Iterator[str]:
@@ -450,9 +461,10 @@ def make_sampler(sampler: Any = None, **sampling: Any) -> Any:
 
 
 def chat(model: Model, messages: Sequence[Any], *, max_tokens: int = DEFAULT_MAX_TOKENS, stream: bool = False,
-         sampler: Any = None, template: ChatTemplate | None = None, **sampling: Any) -> str | Iterator[str]:
+         sampler: Any = None, template: ChatTemplate | None = None, template_kwargs: Mapping[str, Any] | None = None,
+         **sampling: Any) -> str | Iterator[str]:
     """`Model.chat`: the reply to `messages`, from an empty KV cache (see `ChatSession.reply`)."""
-    session = ChatSession(model, template=template)
+    session = ChatSession(model, template=template, template_kwargs=template_kwargs)
     s = make_sampler(sampler, **sampling)
     pieces = session.reply(messages, max_tokens, s)
     if stream:

@@ -533,21 +533,25 @@ class Model:
             logits = self.eval_last([tok])
 
     def chat(self, messages: Sequence[Mapping[str, Any]], *, max_tokens: int = 256, stream: bool = False,
-             sampler: Any = None, **sampling: Any) -> str | Iterator[str]:
+             sampler: Any = None, template_kwargs: Mapping[str, Any] | None = None,
+             **sampling: Any) -> str | Iterator[str]:
         """The model's reply to `messages` ([{"role": "user", "content": "Hi"}, ...]): the file's chat template
         (`tokenizer.chat_template`; ChatML where the file has none, as llama.cpp) rendered as transformers
-        renders it, the assistant's turn opened, then up to `max_tokens` tokens generated from an empty KV
-        cache until an end-of-generation token ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", EOS, ...).
+        renders it (`template_kwargs`: more variables, e.g. tools, enable_thinking), the assistant's turn
+        opened, then up to `max_tokens` tokens generated from an empty KV cache until an end-of-generation
+        token ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", EOS, ...; not part of the reply).
 
         Returns the reply's text, or with `stream=True` an iterator of text pieces (never a split UTF-8
         character). Sampling: `sampler` (a `Sampler`), or its parameters as keywords (temperature, top_k,
-        top_p, min_p, repeat_penalty, seed, ...; llama.cpp's defaults otherwise; temperature=0 is greedy).
-        A template that fails to render raises `pyggml.models.chat.ChatTemplateError`. Multi-turn chats that
-        keep the KV cache between turns: `pyggml.models.chat.ChatSession`.
+        top_p, min_p, repeat_penalty, seed, ...; the Sampler's defaults otherwise); temperature=0 with
+        repeat_penalty=1.0 is greedy, what generate() gives without a sampler. A template that fails to
+        render raises `pyggml.models.chat.ChatTemplateError`. Multi-turn chats that keep the KV cache between
+        turns: `pyggml.models.chat.ChatSession`.
         """
         from pyggml.models.chat import chat
 
-        return chat(self, messages, max_tokens=max_tokens, stream=stream, sampler=sampler, **sampling)
+        return chat(self, messages, max_tokens=max_tokens, stream=stream, sampler=sampler,
+                    template_kwargs=template_kwargs, **sampling)
 
     # --- memory ---
 

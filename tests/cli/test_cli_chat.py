@@ -77,3 +77,24 @@ def test_chat_help_lists_the_options(capsys: pytest.CaptureFixture[str]) -> None
     out = capsys.readouterr().out
     for opt in ("--system", "--max-tokens", "--temp", "--top-k", "--seed", "--ctx", "--backend"):
         assert opt in out
+
+
+def test_chat_template_file_and_kwargs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """--chat-template-file replaces the file's template, --chat-template-kwargs reaches it; a template that
+    raises ends the command with one line naming the template file and the problem."""
+    template = tmp_path / "t.jinja"
+    template.write_text("{% if not flag %}{{ raise_exception('flag is ' ~ flag) }}{% endif %}"
+                        "{% for m in messages %}{{ m.content }}\n{% endfor %}")
+    monkeypatch.setattr(sys, "stdin", io.StringIO("Return a\n"))
+    assert main(["chat", "-n", "3", "-c", "64", "--chat-template-file", str(template),
+                 "--chat-template-kwargs", '{"flag": true}']) == 0
+    assert "1 turn(s)" in capsys.readouterr().err
+    monkeypatch.setattr(sys, "stdin", io.StringIO("Return a\n"))
+    assert main(["chat", "-n", "3", "-c", "64", "--chat-template-file", str(template),
+                 "--chat-template-kwargs", '{"flag": 0}']) == 1
+    err = capsys.readouterr().err
+    assert one_line(err) == (f"pyggml chat: error: '{template}' failed to render (line 1): TemplateError: flag is 0")
+    for bad, problem in (('{"flag": ', "not JSON"), ("[1]", "expected a JSON object, got list")):
+        assert main(["chat", "--chat-template-kwargs", bad]) == 1
+        assert problem in one_line(capsys.readouterr().err)

@@ -219,3 +219,23 @@ def test_chat_template_drops_the_bos_the_vocab_adds() -> None:
     assert t.prompt(msgs) == "<s>[Hello!]"
     with pytest.raises(ChatTemplateError, match=r"^broken does not compile \(line 1\)"):
         ChatTemplate("{% if %}", "broken")
+
+
+def test_equals_apply_chat_template_of_a_local_tokenizer(templates_dir: Path) -> None:
+    """The whole path of transformers' apply_chat_template(tokenize=False), with a tokenizer built here (a tiny
+    word-level one: no download), whose BOS/EOS texts become bos_token/eos_token as ChatTemplate passes them."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, "hello": 3}
+    tok = PreTrainedTokenizerFast(tokenizer_object=tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, "<unk>")),
+                                  bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    for source in [SMOLLM2_TEMPLATE] + [(templates_dir / n).read_text(encoding="utf-8") for n in (
+            "meta-llama-Llama-3.1-8B-Instruct.jinja", "Qwen-Qwen2.5-7B-Instruct.jinja",
+            "microsoft-Phi-3.5-mini-instruct.jinja", "mistralai-Mistral-Nemo-Instruct-2407.jinja")]:
+        template = ChatTemplate(source, "t", bos_token="<s>", eos_token="</s>")
+        for messages in (CONVERSATIONS["system"], CONVERSATIONS["no_system_turns"], CONVERSATIONS["reasoning"]):
+            for agp in (True, False):
+                ref = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=agp,
+                                              chat_template=source)
+                assert template.render(messages, agp) == ref
