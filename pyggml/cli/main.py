@@ -1,4 +1,4 @@
-"""`pyggml`: the command line (run, info, bench, devices, test-ops).
+"""`pyggml`: the command line (run, chat, info, bench, devices, test-ops).
 
 Errors a user can cause end in one line on stderr and a non-zero exit code
 (1 for a failed command, 2 for a bad option); `--debug` re-raises them, so
@@ -12,7 +12,7 @@ import logging
 import sys
 import warnings
 
-from pyggml.cli import bench, devices, info, run
+from pyggml.cli import bench, chat, devices, info, run
 from pyggml.cli._common import CLIError, Parser, add_debug
 
 
@@ -24,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="show the traceback of an error and debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     run.add_parser(sub)
+    chat.add_parser(sub)
     info.add_parser(sub)
     bench.add_parser(sub)
     devices.add_parser(sub)
@@ -43,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "run":
         return run.run(args)
+    if args.command == "chat":
+        return chat.run(args)
     if args.command == "info":
         return info.run(args)
     if args.command == "devices":

@@ -53,6 +53,17 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     add_backend_options(p)
     p.add_argument("-c", "--ctx", type=positive_int, default=None, metavar="N",
                    help=f"context size in tokens (default: the model's training context, at most {MAX_DEFAULT_CTX})")
+    add_sampling_options(p)
+    add_check_finite(p)
+    add_flash_attn(p)
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="also print the model, the scheduler's split plan and the compute memory report")
+    add_debug(p)
+    return p
+
+
+def add_sampling_options(p: argparse.ArgumentParser) -> None:
+    """--temp, --top-k, --top-p, --min-p, --repeat-penalty, --seed (run's and chat's)."""
     p.add_argument("--temp", type=finite_float, default=0.8, help="temperature; <= 0 is greedy (default: 0.8)")
     p.add_argument("--top-k", type=int, default=40, help="keep the K most likely tokens, 0 keeps all (default: 40)")
     p.add_argument("--top-p", type=finite_float, default=0.95, help="nucleus sampling threshold (default: 0.95)")
@@ -62,12 +73,6 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="penalty of the last 64 tokens, 1.0 is off (default: 1.1)")
     p.add_argument("-s", "--seed", type=non_negative_int, default=None,
                    help="sampling seed (default: random, printed)")
-    add_check_finite(p)
-    add_flash_attn(p)
-    p.add_argument("-v", "--verbose", action="store_true",
-                   help="also print the model, the scheduler's split plan and the compute memory report")
-    add_debug(p)
-    return p
 
 
 def make_sampler(args: argparse.Namespace, seed: int) -> Any:

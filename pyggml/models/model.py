@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -570,6 +570,27 @@ class Model:
             if tok == eos or n == max_tokens - 1 or self.kv.n >= self.n_ctx:
                 return  # done, or the context is full (the last token is yielded, not evaluated)
             logits = self.eval_last([tok])
+
+    def chat(self, messages: Sequence[Mapping[str, Any]], *, max_tokens: int = 256, stream: bool = False,
+             sampler: Any = None, template_kwargs: Mapping[str, Any] | None = None,
+             **sampling: Any) -> str | Iterator[str]:
+        """The model's reply to `messages` ([{"role": "user", "content": "Hi"}, ...]): the file's chat template
+        (`tokenizer.chat_template`; ChatML where the file has none, as llama.cpp) rendered as transformers
+        renders it (`template_kwargs`: more variables, e.g. tools, enable_thinking), the assistant's turn
+        opened, then up to `max_tokens` tokens generated from an empty KV cache until an end-of-generation
+        token ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", EOS, ...; not part of the reply).
+
+        Returns the reply's text, or with `stream=True` an iterator of text pieces (never a split UTF-8
+        character). Sampling: `sampler` (a `Sampler`), or its parameters as keywords (temperature, top_k,
+        top_p, min_p, repeat_penalty, seed, ...; the Sampler's defaults otherwise); temperature=0 with
+        repeat_penalty=1.0 is greedy, what generate() gives without a sampler. A template that fails to
+        render raises `pyggml.models.chat.ChatTemplateError`. Multi-turn chats that keep the KV cache between
+        turns: `pyggml.models.chat.ChatSession`.
+        """
+        from pyggml.models.chat import chat
+
+        return chat(self, messages, max_tokens=max_tokens, stream=stream, sampler=sampler,
+                    template_kwargs=template_kwargs, **sampling)
 
     # --- memory ---
 

@@ -133,7 +133,10 @@ class Tokenizer:
             ids[key] = None if value is None else int(value)
         self.bos_id, self.eos_id, self.unk_id, self.pad_id = ids["bos"], ids["eos"], ids["unk"], ids["pad"]
 
-        self.attrs: list[int] = self._attributes(name, dict(special_ids or {}))
+        # the ids the file names by key ("eot", "eom", "fim_pad", ...), without llama.cpp's defaults
+        self.special_ids: dict[str, int] = dict(special_ids or {})
+        self.attrs: list[int] = self._attributes(name, self.special_ids)
+        self._eog: frozenset[int] | None = None
         # the tokens cut out of text before tokenizing, longest text first (tokenizer_st_partition)
         self.special_tokens: list[tuple[int, str, int]] = sorted(
             ((i, self.tokens[i], self.attrs[i]) for i in range(n)
@@ -191,6 +194,39 @@ class Tokenizer:
                 if text in tid:
                     attrs[tid[text]] &= ~ATTR_RSTRIP
         return attrs
+
+    def _auto_special(self, key: str) -> int | None:
+        """The id of special token `key` ("eot", "fim_pad", ...): the file's, else the first token llama.cpp
+        finds by its text (AUTO_SPECIAL_TEXTS), else None."""
+        if key in self.special_ids:
+            return self.special_ids[key]
+        tid = self.token_to_id
+        found = sorted(tid[t] for t in AUTO_SPECIAL_TEXTS.get(key, ()) if t in tid)
+        return found[0] if found else None
+
+    @property
+    def eog_ids(self) -> frozenset[int]:
+        """The end-of-generation ids (llama_vocab_is_eog), built as llama_vocab::impl::load builds
+        special_eog_ids: the FIM pad/repo/separator tokens, every token whose text is one of EOG_TEXTS
+        ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|end|>", ...), and EOS, EOT and EOM; then
+        "<|end|>" leaves when "<|return|>"/"<|call|>" (gpt-oss) or "<|calls|>"/"<|flush|>" (Solar Open) are
+        there, and "</s>" when "<|tool_response>" or "<|plamo:eos|>" is (a normal token there)."""
+        if self._eog is None:
+            eog = {i for i in (self._auto_special(k) for k in ("fim_pad", "fim_rep", "fim_sep")) if i is not None}
+            eog |= {self.token_to_id[t] for t in EOG_TEXTS if t in self.token_to_id}
+            eog |= {i for i in (self.eos_id, self._auto_special("eot"), self._auto_special("eom")) if i is not None}
+            texts = {self.tokens[i]: i for i in sorted(eog) if 0 <= i < self.n_vocab}
+            has_call = "<|call|>" in texts or "<|calls|>" in texts
+            if "<|end|>" in texts and has_call and ("<|return|>" in texts or "<|flush|>" in texts):
+                eog.discard(texts["<|end|>"])
+            if "</s>" in texts and ("<|tool_response>" in texts or "<|plamo:eos|>" in texts):
+                eog.discard(texts["</s>"])
+            self._eog = frozenset(eog)
+        return self._eog
+
+    def is_eog(self, token: int) -> bool:
+        """Whether `token` ends a generation (llama_vocab_is_eog): EOS, EOT, "<|im_end|>", ... (`eog_ids`)."""
+        return int(token) in self.eog_ids
 
     # --- construction from GGUF ---
 

@@ -1,0 +1,186 @@
+"""`pyggml chat [MODEL.gguf]`: talk with a model, turn by turn, the replies streamed.
+
+Each line read from stdin is a user message; the reply streams to stdout and ends with a newline. The
+conversation (an optional `--system` message first) is rendered with the file's chat template at every
+turn (ChatML where the file has none, as llama.cpp), and the KV cache of what the last turn evaluated is
+kept (`pyggml.models.chat.ChatSession`). A reply stops at the template's end-of-turn token, after
+`-n` tokens, or when the context is full. EOF or `/exit` ends the chat; a summary goes to stderr.
+On a terminal a "> " prompt is shown; piped (`printf 'Hi\\nBye\\n' | pyggml chat M.gguf`) stdout has the
+replies only. Without MODEL it chats with the built-in model, which was not trained to chat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from typing import Any, TextIO
+
+from pyggml.cli._common import (
+    CLIError,
+    add_backend_options,
+    add_check_finite,
+    add_debug,
+    add_flash_attn,
+    builtin_model_path,
+    check_model_path,
+    init_backends,
+    non_negative_int,
+    plan_from_args,
+    positive_int,
+)
+from pyggml.cli.run import add_sampling_options, make_sampler
+
+DEFAULT_MAX_TOKENS = 256
+MAX_DEFAULT_CTX = 2048  # a conversation's history needs more room than run's prompt
+EXIT_COMMANDS = ("/exit", "/quit")
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser("chat", help="chat with a GGUF model, interactively (the built-in one without MODEL)",
+                       description="Chat with a GGUF model: each line of stdin is a user message, the reply "
+                                   "streams to stdout. The file's chat template (tokenizer.chat_template; "
+                                   "ChatML without one, as llama.cpp) renders the conversation, the reply stops "
+                                   "at its end-of-turn token. EOF (Ctrl-D) or /exit ends the chat.")
+    p.add_argument("model", nargs="?", default=None, metavar="MODEL.gguf",
+                   help="a LLaMA-family GGUF file (default: the built-in model, which was not trained to chat)")
+    p.add_argument("--system", default=None, metavar="TEXT", help="a system message to start the conversation")
+    p.add_argument("--chat-template-file", default=None, metavar="FILE",
+                   help="a jinja chat template to use instead of the file's (as llama.cpp's option)")
+    p.add_argument("--chat-template-kwargs", default=None, metavar="JSON",
+                   help='more template variables, a JSON object (e.g. \'{"enable_thinking": false}\')')
+    p.add_argument("-n", "--max-tokens", type=non_negative_int, default=DEFAULT_MAX_TOKENS, metavar="N",
+                   help=f"most tokens of a reply (default: {DEFAULT_MAX_TOKENS}); it ends earlier at the end of "
+                        f"the model's turn or when the context is full")
+    add_backend_options(p)
+    p.add_argument("-c", "--ctx", type=positive_int, default=None, metavar="N",
+                   help=f"context size in tokens, the whole conversation's (default: the model's training "
+                        f"context, at most {MAX_DEFAULT_CTX})")
+    add_sampling_options(p)
+    add_check_finite(p)
+    add_flash_attn(p)
+    add_debug(p)
+    return p
+
+
+def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None,
+        inp: TextIO | None = None) -> int:
+    out = out or sys.stdout  # looked up per call: tests and callers swap them
+    err = err or sys.stderr
+    inp = inp or sys.stdin
+    from pyggml.gguf.reader import read_gguf
+    from pyggml.models import LlamaHParams, load
+    from pyggml.models.chat import ChatSession, ChatTemplate, ConversationTooLongError
+
+    path = builtin_model_path() if args.model is None else check_model_path(args.model)
+    plan = plan_from_args(args)
+    template_kwargs = _template_kwargs(args.chat_template_kwargs)
+    source = None
+    if args.chat_template_file is not None:
+        try:
+            with open(args.chat_template_file, encoding="utf-8") as f:
+                source = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise CLIError(f"--chat-template-file: cannot read '{args.chat_template_file}': {e}") from None
+    seed = args.seed if args.seed is not None else random.randrange(2**31)
+    sampler = make_sampler(args, seed)
+    gf = read_gguf(path)  # the header only: the training context gives the default --ctx
+    try:
+        n_ctx_train = LlamaHParams.from_gguf(gf).n_ctx_train
+    finally:
+        gf.close()
+    n_ctx = args.ctx or min(n_ctx_train, MAX_DEFAULT_CTX)
+
+    objs = init_backends(plan.names, args.threads)
+    model = load(path, objs, n_ctx=n_ctx, **plan.load_kwargs(objs), progress=err.isatty(),
+                 check_finite=args.check_finite, flash_attn=args.flash_attn)
+    try:
+        template = ChatTemplate.from_model(model, source, f"'{args.chat_template_file}'" if source else None)
+        session = ChatSession(model, system=args.system, template=template, template_kwargs=template_kwargs)
+        interactive = inp.isatty()
+        read = _line_reader(inp, out, interactive)
+        if template.is_fallback:
+            print(f"note: '{path.name}' has no chat template: chatting in ChatML (llama.cpp's default), which "
+                  f"the model may not know", file=err)
+        if interactive:
+            print(f"chatting with {path.name} (context {n_ctx} tokens); /exit or Ctrl-D ends", file=err)
+        turns = n_gen = n_eval = n_reused = 0
+        t_gen = 0.0
+        while True:
+            text = read()
+            if text is None:  # EOF
+                break
+            if text.strip() in EXIT_COMMANDS:
+                break
+            if not text.strip():
+                continue
+            try:
+                pieces = session.send(text, args.max_tokens, sampler)
+                t0 = time.perf_counter()
+                for piece in pieces:
+                    out.write(piece)
+                    out.flush()
+            except ConversationTooLongError as e:
+                raise CLIError(f"{e} (raise --ctx)") from None
+            t_gen += time.perf_counter() - t0
+            out.write("\n")
+            out.flush()
+            turns += 1
+            n_gen += len(session.tokens)
+            n_eval += session.n_prompt - session.n_reused
+            n_reused += session.n_reused
+            if session.stop_reason == "context":
+                print(f"(the reply filled the context of {n_ctx} tokens: the chat ends here; raise --ctx)",
+                      file=err)
+                break
+        print(f"{turns} turn(s), seed {seed}: {n_eval} prompt tokens evaluated ({n_reused} kept in the cache from "
+              f"earlier turns), {n_gen} generated in {t_gen:.2f} s", file=err)
+    finally:
+        model.free()
+    return 0
+
+
+def _template_kwargs(text: str | None) -> dict[str, Any]:
+    if text is None:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise CLIError(f"--chat-template-kwargs: not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise CLIError(f"--chat-template-kwargs: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _line_reader(inp: TextIO, out: TextIO, interactive: bool) -> Any:
+    """A function giving the next line without its newline, None at EOF. On a terminal: input() after a
+    "> " prompt, with line editing and history where the readline module exists."""
+    if interactive and inp is sys.stdin and out is sys.stdout:
+        try:
+            import readline  # noqa: F401 - importing it gives input() line editing
+        except ImportError:
+            pass
+
+        def read_tty() -> str | None:
+            try:
+                return input("> ")
+            except EOFError:
+                print(file=out)
+                return None
+
+        return read_tty
+
+    def read() -> str | None:
+        if interactive:
+            out.write("> ")
+            out.flush()
+        line = inp.readline()
+        if not line:
+            if interactive:
+                out.write("\n")
+            return None
+        return line.rstrip("\r\n")
+
+    return read

@@ -1,0 +1,472 @@
+"""Chat: a GGUF file's `tokenizer.chat_template` rendered as transformers renders it, and replies that stop
+at the end of the model's turn.
+
+    template = ChatTemplate.from_model(model)
+    text = template.render(messages, add_generation_prompt=True)   # what transformers' apply_chat_template gives
+    reply = model.chat(messages, max_tokens=128)                      # or stream=True: text pieces as they come
+
+Rendering mirrors transformers' own (``transformers.utils.chat_template_utils``, 5.x): jinja2's
+`ImmutableSandboxedEnvironment` (templates come with downloaded files: they must not reach Python's
+internals) with ``trim_blocks`` and ``lstrip_blocks``, the ``loopcontrols`` extension and the
+``{% generation %}`` tag, the globals ``raise_exception``, ``strftime_now``, ``dict`` and a ``namespace``
+that refuses underscore names, and a ``tojson`` filter that is plain ``json.dumps`` (no HTML escaping,
+``ensure_ascii=False``). The template sees ``messages`` (None values dropped, inputs rebuilt from plain
+JSON types, a message's ``reasoning``/``thinking`` also under ``reasoning_content``), ``tools``,
+``documents``, ``add_generation_prompt`` and ``bos_token``/``eos_token`` (the texts of the file's BOS and
+EOS tokens, "" without them, as llama.cpp passes them).
+
+A file without ``tokenizer.chat_template`` (nor a ``tokenizer.chat_template.tool_use``) is chatted with in
+ChatML (`CHATML_TEMPLATE`), as llama.cpp falls back to it: the model may not know those markers.
+
+The rendered prompt is tokenized as llama.cpp's chat tools tokenize it: special tokens written by the
+template ("<|im_start|>") are parsed, the vocab's BOS is added unless the template already wrote it, and
+generation stops at any end-of-generation token (`Tokenizer.eog_ids`: EOS, EOT, "<|im_end|>",
+"<end_of_turn>", "<|eot_id|>", "<|end|>", ...), which is not part of the reply.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from pyggml.core.errors import ArgumentError, GGMLError
+
+if TYPE_CHECKING:
+    from pyggml.models.model import Model
+    from pyggml.models.tokenizer import Tokenizer
+
+# llama.cpp's CHATML_TEMPLATE_SRC (common/chat.cpp): its template when the file names none
+CHATML_TEMPLATE = (
+    "{%- for message in messages -%}\n"
+    "  {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' -}}\n"
+    "{%- endfor -%}\n"
+    "{%- if add_generation_prompt -%}\n"
+    "  {{- '<|im_start|>assistant\n' -}}\n"
+    "{%- endif -%}"
+)
+TEMPLATE_KEY = "tokenizer.chat_template"
+DEFAULT_MAX_TOKENS = 256
+
+
+class ChatTemplateError(GGMLError, ValueError):
+    """A chat template does not compile or fails to render (names the template, the problem and its line)."""
+
+
+class ConversationTooLongError(ArgumentError):
+    """A conversation's prompt leaves no room for a reply in the model's context (names both sizes)."""
+
+
+# --- the environment: transformers' _cached_compile_jinja_template ---
+
+
+def _raise_exception(message: str) -> None:
+    import jinja2.exceptions
+
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
+            sort_keys: bool = False) -> str:
+    # jinja's own tojson escapes <, >, & and ' for HTML: chat templates want the JSON as it is
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(format: str) -> str:
+    return datetime.now().strftime(format)
+
+
+class _TemplateDict:
+    """`dict(...)` in a template: builds dicts and nothing else (no attribute access to the type)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
+        return dict(*args, **kwargs)
+
+    def fromkeys(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
+        return dict.fromkeys(*args, **kwargs)
+
+
+@functools.lru_cache(maxsize=1)
+def _environment() -> Any:
+    """The sandboxed environment every template compiles in (built once: jinja2 is imported on first use)."""
+    try:
+        import jinja2
+        import jinja2.ext
+        import jinja2.nodes
+        import jinja2.utils
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+    except ImportError:
+        raise ChatTemplateError("chat templates need jinja2 (pip install 'jinja2>=3.1.6')") from None
+
+    class GenerationTag(jinja2.ext.Extension):
+        """`{% generation %}...{% endgeneration %}`: transformers marks the assistant's text with it; the
+        body renders unchanged."""
+
+        tags = {"generation"}
+
+        def parse(self, parser: Any) -> Any:
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_render"), [], [], body).set_lineno(lineno)
+
+        def _render(self, caller: Callable[[], str]) -> str:
+            return caller()
+
+    class TemplateNamespace(jinja2.utils.Namespace):
+        """`namespace(...)` that refuses underscore names (they lead to CPython's internals)."""
+
+        def __init__(*args: Any, **kwargs: Any) -> None:  # jinja Namespace's trick: `self` may be a key
+            self, args = args[0], args[1:]
+            attrs = dict(*args, **kwargs)
+            for name in attrs:
+                TemplateNamespace._check_name(name)
+            jinja2.utils.Namespace.__init__(self, attrs)
+
+        def __setitem__(self, name: str, value: Any) -> None:
+            TemplateNamespace._check_name(name)
+            jinja2.utils.Namespace.__setitem__(self, name, value)
+
+        @staticmethod
+        def _check_name(name: Any) -> None:
+            if isinstance(name, str) and name.startswith("_"):
+                raise jinja2.exceptions.SecurityError(
+                    f"chat templates cannot store underscore-prefixed attributes on a namespace, got {name!r}")
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[GenerationTag, jinja2.ext.loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    env.globals["dict"] = _TemplateDict()
+    env.globals["namespace"] = TemplateNamespace
+    return env
+
+
+@functools.lru_cache(maxsize=32)
+def _compile(source: str) -> Any:
+    return _environment().from_string(source)
+
+
+def compile_template(source: str, name: str = "chat template") -> Any:
+    """The jinja2 Template of `source` (compiled once per source); ChatTemplateError naming `name` and the
+    line if it does not compile."""
+    if not isinstance(source, str):
+        raise ArgumentError(f"{name}: a chat template is a string, got {type(source).__name__}")
+    try:
+        return _compile(source)
+    except ChatTemplateError:
+        raise
+    except Exception as e:
+        line = getattr(e, "lineno", None)
+        where = f" (line {line})" if line else ""
+        raise ChatTemplateError(f"{name} does not compile{where}: {_message(e)}") from None
+
+
+def _message(e: BaseException) -> str:
+    text = " ".join(str(getattr(e, "message", None) or e).split())
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def _template_line(tb: Any) -> int | None:
+    """The template line being rendered when an exception was raised (jinja rewrites the traceback's
+    frames of template code to the file name "<template>" and the template's line)."""
+    line = None
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == "<template>":
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return line
+
+
+# --- the template's inputs: transformers' _normalize_chat_messages, _plain_template_data, _alias_reasoning_fields
+
+
+def _plain(value: Any) -> Any:
+    """`value` rebuilt from plain JSON types (what the sandbox can let a template touch); anything else
+    becomes "<TypeName>"."""
+    if value is None or type(value) in (str, int, float, bool):
+        return value
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, int):
+        return int.__int__(value)
+    if isinstance(value, float):
+        return float.__float__(value)
+    if isinstance(value, Mapping):
+        return {_plain(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_plain(v) for v in value)
+    if isinstance(value, np.generic):
+        return _plain(value.item())
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if callable(getattr(value, "model_dump", None)):  # pydantic models (the OpenAI SDK's messages)
+        return _plain(value.model_dump())
+    return f"<{type(value).__name__}>"
+
+
+_REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+
+
+def template_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
+    """The messages as the template sees them: dicts of plain data, keys whose value is None dropped (templates
+    handle a missing key better than a None), the reasoning under its usual names."""
+    if isinstance(messages, str | bytes | Mapping) or not isinstance(messages, Sequence):
+        raise ArgumentError(f"messages must be a list of dicts ({{'role': ..., 'content': ...}}), "
+                            f"got {type(messages).__name__}")
+    if not messages:
+        raise ArgumentError("messages is empty: a chat needs at least one message")
+    out: list[dict[str, Any]] = []
+    for i, m in enumerate(messages):
+        if dataclasses.is_dataclass(m) and not isinstance(m, type):
+            m = {f.name: getattr(m, f.name) for f in dataclasses.fields(m)}
+        elif not isinstance(m, Mapping) and callable(getattr(m, "model_dump", None)):
+            m = m.model_dump()
+        if not isinstance(m, Mapping):
+            raise ArgumentError(f"messages[{i}] is a {type(m).__name__}, expected a dict with 'role' and 'content'")
+        msg = _plain({k: v for k, v in m.items() if v is not None})
+        reasoning = next((msg[k] for k in _REASONING_FIELDS if msg.get(k) is not None), None)
+        if reasoning is not None:  # gpt-oss's templates read "thinking", the others "reasoning_content"
+            msg = {"thinking": reasoning, **msg, "reasoning_content": reasoning}
+        out.append(msg)
+    return out
+
+
+def render_template(source: str, messages: Sequence[Any], *, add_generation_prompt: bool = False,
+                    tools: Sequence[Any] | None = None, documents: Sequence[Any] | None = None,
+                    name: str = "chat template", **kwargs: Any) -> str:
+    """`source` rendered for `messages` as transformers' `apply_chat_template(..., tokenize=False)` renders it
+    (its `render_jinja_template`), `kwargs` as extra template variables (bos_token, eos_token,
+    enable_thinking, ...). Errors of the template (a syntax error, `raise_exception`, an undefined value
+    used wrongly, a sandbox violation) raise ChatTemplateError naming `name`, the problem and the line."""
+    template = compile_template(source, name)
+    chat = template_messages(messages)
+    if tools is not None:
+        for i, t in enumerate(tools):
+            if not isinstance(t, Mapping):  # transformers also takes functions; here the JSON schemas only
+                raise ArgumentError(f"tools[{i}] is a {type(t).__name__}, expected a JSON schema (a dict)")
+    if documents is not None:
+        for i, d in enumerate(documents):
+            if not isinstance(d, Mapping):
+                raise ArgumentError(f"documents[{i}] is a {type(d).__name__}, expected a dict")
+    try:
+        return str(template.render(messages=chat, tools=_plain(tools), documents=_plain(documents),
+                                   add_generation_prompt=add_generation_prompt, **_plain(kwargs)))
+    except Exception as e:
+        line = _template_line(sys.exc_info()[2])
+        where = f" (line {line})" if line else ""
+        raise ChatTemplateError(f"{name} failed to render{where}: {_message(e)}") from None
+
+
+class ChatTemplate:
+    """A chat template with the variables its model gives it: the source, a name for errors, the texts of
+    BOS and EOS, and whether the vocab adds BOS/EOS when tokenizing (llama.cpp then drops the template's
+    own copy, `prompt`)."""
+
+    def __init__(self, source: str, name: str = "chat template", bos_token: str = "", eos_token: str = "",
+                 add_bos: bool = False, add_eos: bool = False, is_fallback: bool = False) -> None:
+        self.source = source
+        self.name = name
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+        self.add_bos = add_bos
+        self.add_eos = add_eos
+        self.is_fallback = is_fallback  # the file has no template: ChatML, llama.cpp's default
+        compile_template(source, name)  # a broken template fails here, not at the first message
+
+    @classmethod
+    def from_model(cls, model: Model, source: str | None = None, name: str | None = None) -> ChatTemplate:
+        """The model file's template (`tokenizer.chat_template`, else `tokenizer.chat_template.tool_use`, else
+        ChatML as llama.cpp), or `source` in its place (named `name`, as llama.cpp's --chat-template-file),
+        with the model's BOS/EOS texts."""
+        return cls.from_gguf(model.file, model.tokenizer, source, name)
+
+    @classmethod
+    def from_gguf(cls, gf: Any, tokenizer: Tokenizer, source: str | None = None,
+                  name: str | None = None) -> ChatTemplate:
+        """As `from_model`, from a GGUFFile and its Tokenizer."""
+        from pyggml.models.metadata import read_str
+
+        fname = getattr(gf, "name", "model")
+        fallback = False
+        if source is not None:
+            name = name or "the given chat template"
+        else:
+            key = TEMPLATE_KEY
+            for key in (TEMPLATE_KEY, TEMPLATE_KEY + ".tool_use"):  # llama.cpp's order
+                source = read_str(gf, key, None)
+                if source:
+                    break
+            fallback = not source
+            if fallback:
+                source, name = CHATML_TEMPLATE, f"chatml (llama.cpp's default: '{fname}' has no {TEMPLATE_KEY})"
+            else:
+                name = f"'{fname}' {key}"
+
+        def text(tid: int | None) -> str:
+            return tokenizer.token_to_piece(tid, special=True) if tid is not None else ""
+
+        assert source is not None and name is not None
+        return cls(source, name, text(tokenizer.bos_id), text(tokenizer.eos_id), tokenizer.add_bos_token,
+                   tokenizer.add_eos_token, is_fallback=fallback)
+
+    def render(self, messages: Sequence[Any], add_generation_prompt: bool = False, **kwargs: Any) -> str:
+        """The template rendered for `messages` as transformers renders it (see `render_template`); `kwargs`
+        (tools, documents, enable_thinking, ...) override the defaults (bos_token, eos_token)."""
+        variables = {"bos_token": self.bos_token, "eos_token": self.eos_token, **kwargs}
+        return render_template(self.source, messages, add_generation_prompt=add_generation_prompt, name=self.name,
+                               **variables)
+
+    def prompt(self, messages: Sequence[Any], add_generation_prompt: bool = True, **kwargs: Any) -> str:
+        """The text to tokenize with the vocab's BOS/EOS added: the rendering without the BOS text it starts
+        with or the EOS text it ends with where the vocab adds those tokens itself (llama.cpp's
+        common_chat_template_direct_apply), so the prompt does not begin with two BOS."""
+        text = self.render(messages, add_generation_prompt, **kwargs)
+        if self.add_bos and self.bos_token and text.startswith(self.bos_token):
+            text = text[len(self.bos_token):]
+        if self.add_eos and self.eos_token and text.endswith(self.eos_token):
+            text = text[:-len(self.eos_token)]
+        return text
+
+    def __repr__(self) -> str:
+        return f"ChatTemplate({self.name}, {len(self.source)} characters)"
+
+
+# --- replies ---
+
+
+class ChatSession:
+    """A conversation with a model: its messages and the tokens whose keys and values sit in the model's
+    KV cache, so that a turn evaluates only what the last one did not (the longest common prefix of the
+    new prompt's tokens and the cached ones is kept). The session owns the model's KV cache while used:
+    evaluating anything else on the model in between breaks it (`forget` then).
+
+        session = ChatSession(model, system="You are terse.")
+        for piece in session.send("Hello", max_tokens=64):
+            print(piece, end="", flush=True)
+    """
+
+    def __init__(self, model: Model, system: str | None = None, template: ChatTemplate | None = None,
+                 template_kwargs: Mapping[str, Any] | None = None) -> None:
+        self.model = model
+        self.template = template or ChatTemplate.from_model(model)
+        # extra template variables at every turn: tools, enable_thinking (Qwen 3), date_string (Llama 3.1), ...
+        self.template_kwargs: dict[str, Any] = dict(template_kwargs or {})
+        self.messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system is not None else []
+        self.cached: list[int] = []  # the tokens of positions 0.. in the KV cache
+        self.stop_reason: str | None = None  # why the last reply ended: "eog", "max_tokens" or "context"
+        self.n_prompt = 0  # tokens the last reply evaluated before its first token
+        self.n_reused = 0  # prompt tokens of the last reply whose cache was kept
+        self.tokens: list[int] = []  # the last reply's tokens (without the end-of-generation token)
+
+    def forget(self) -> None:
+        """Forget what the cache holds: the next reply evaluates its whole prompt."""
+        self.cached = []
+
+    def prompt_tokens(self, messages: Sequence[Any] | None = None) -> list[int]:
+        """The token ids of the prompt for `messages` (default: the session's): the template's rendering with
+        the assistant's turn opened, special tokens parsed, the vocab's BOS/EOS added."""
+        text = self.template.prompt(self.messages if messages is None else messages, add_generation_prompt=True,
+                                    **self.template_kwargs)
+        return self.model.tokenize(text, True, True)
+
+    def send(self, text: str, max_tokens: int = DEFAULT_MAX_TOKENS, sampler: Any = None) -> Iterator[str]:
+        """Add a user message and stream the reply (see `reply`); the reply joins the messages when done."""
+        self.messages.append({"role": "user", "content": text})
+        pieces: list[str] = []
+        for piece in self.reply(self.messages, max_tokens, sampler):
+            pieces.append(piece)
+            yield piece
+        self.messages.append({"role": "assistant", "content": "".join(pieces)})
+
+    def reply(self, messages: Sequence[Any], max_tokens: int = DEFAULT_MAX_TOKENS,
+              sampler: Any = None) -> Iterator[str]:
+        """The model's reply to `messages`, streamed as text pieces that never split a UTF-8 character: up
+        to `max_tokens` tokens, ended early by an end-of-generation token (not part of the text) or a full
+        context. `sampler`: `sample(logits, history) -> int` (a `Sampler`); None is greedy."""
+        model = self.model
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int | np.integer) or max_tokens < 0:
+            raise ArgumentError(f"max_tokens must be an integer >= 0, got {max_tokens!r}")
+        ids = self.prompt_tokens(messages)  # now, not at the first piece: a template error raises here
+        if len(ids) >= model.n_ctx:
+            raise ConversationTooLongError(f"the conversation is {len(ids)} tokens, the context {model.n_ctx}: no room "
+                                           f"for a reply (load the model with a larger n_ctx)")
+        return self._generate(ids, int(max_tokens), sampler)
+
+    def _generate(self, ids: list[int], max_tokens: int, sampler: Any) -> Iterator[str]:
+        model = self.model
+        self.tokens, self.stop_reason, self.n_prompt = [], None, len(ids)
+        eog = model.tokenizer.eog_ids
+        decoder = model.tokenizer.stream_decoder()
+        # keep the cache of the longest common prefix; at least one token is evaluated, for its logits
+        keep = 0
+        limit = min(len(self.cached), len(ids) - 1, model.n_past)
+        while keep < limit and self.cached[keep] == ids[keep]:
+            keep += 1
+        self.n_reused = keep
+        history = list(ids)
+        self.cached = []  # until the cache is known again (an error leaves it unknown)
+        model.kv.n = keep  # the cells after it are masked out (by position) until overwritten
+        try:
+            if max_tokens == 0:
+                self.stop_reason = "max_tokens"
+                return
+            logits = model.eval_last(ids[keep:])
+            for n in range(max_tokens):
+                tok = int(np.argmax(logits)) if sampler is None else int(sampler.sample(logits, history))
+                if tok in eog:
+                    self.stop_reason = "eog"
+                    break
+                history.append(tok)
+                self.tokens.append(tok)
+                piece = decoder.add(tok)
+                if piece:
+                    yield piece
+                if n == max_tokens - 1:
+                    self.stop_reason = "max_tokens"
+                    break
+                if model.n_past >= model.n_ctx:
+                    self.stop_reason = "context"
+                    break
+                logits = model.eval_last([tok])
+            rest = decoder.flush()
+            if rest:
+                yield rest
+        finally:
+            # what the cache holds now: the prompt and the reply's tokens evaluated so far
+            self.cached = history[:model.n_past]
+
+
+def make_sampler(sampler: Any = None, **sampling: Any) -> Any:
+    """`sampler` as given, else a `Sampler(**sampling)` (llama.cpp's defaults for what is not given)."""
+    if sampler is not None:
+        if sampling:
+            raise ArgumentError(f"give a sampler or sampling parameters ({', '.join(sampling)}), not both")
+        return sampler
+    from pyggml.models.sampling import Sampler
+
+    try:
+        return Sampler(**sampling)
+    except TypeError as e:
+        raise ArgumentError(f"chat: {e} (sampling parameters: temperature, top_k, top_p, min_p, repeat_penalty, "
+                            f"repeat_last_n, seed, frequency_penalty, presence_penalty, min_keep)") from None
+
+
+def chat(model: Model, messages: Sequence[Any], *, max_tokens: int = DEFAULT_MAX_TOKENS, stream: bool = False,
+         sampler: Any = None, template: ChatTemplate | None = None, template_kwargs: Mapping[str, Any] | None = None,
+         **sampling: Any) -> str | Iterator[str]:
+    """`Model.chat`: the reply to `messages`, from an empty KV cache (see `ChatSession.reply`)."""
+    session = ChatSession(model, template=template, template_kwargs=template_kwargs)
+    s = make_sampler(sampler, **sampling)
+    pieces = session.reply(messages, max_tokens, s)
+    if stream:
+        return pieces
+    return "".join(pieces)
