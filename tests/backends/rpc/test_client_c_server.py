@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import c_server
+from rpc_util import c_server
 
 from pyggml import Context
 from pyggml.alloc import GraphAllocator, TensorAllocator
@@ -35,6 +35,7 @@ from pyggml.testing import alloc_ctx_tensors
 from pyggml.testing.graphs import build_llama_graph, llama_input_values, place_weights
 
 F32, F16, Q8_0 = GGMLType.F32, GGMLType.F16, GGMLType.Q8_0
+BUILTIN_PROMPT = "The module"  # tests/conftest.py's, which builtin_greedy_tokens continues
 
 
 def test_endpoints_parse() -> None:
@@ -209,3 +210,41 @@ def test_a_killed_server_gives_a_typed_error_and_frees(rpc_server_binary: Path) 
         backend.free()
     with pytest.raises(RpcConnectionError, match=f"cannot connect to RPC server {endpoint}"):
         backend.get_device().memory()
+
+
+def test_the_builtin_model_split_over_cpu_and_rpc_gives_the_greedy_tokens(
+        c_endpoint: str, builtin_greedy_tokens: list[int]) -> None:
+    import pyggml.models as pm
+    from pyggml.models.builtin import builtin_model_path
+
+    rpc = rpc_init(c_endpoint)
+    model = pm.load(builtin_model_path(), backends=[cpu_init(1), rpc], n_layers_on=[2], n_ctx=64, progress=False)
+    try:
+        assert model.runner.sched.n_backends == 2
+        tokens = list(model.generate(model.tokenize(BUILTIN_PROMPT), 8, stop_at_eos=False))
+        assert tokens == builtin_greedy_tokens
+        assert rpc.n_recomputes > 0  # decode steps after the first reuse the graph the server holds
+    finally:
+        model.free()
+
+
+def test_pyggml_run_with_an_rpc_backend_writes_the_one_backend_text(c_endpoint: str) -> None:
+    import contextlib
+    import io
+
+    from pyggml.cli.main import main
+
+    def run(argv: list[str]) -> tuple[int, str, str]:
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(argv)
+        return code, out.getvalue(), err.getvalue()
+
+    greedy = ["run", "-p", BUILTIN_PROMPT, "-n", "8", "--temp", "0", "--seed", "1"]
+    code, one, err = run(greedy)
+    assert code == 0, err
+    code, split, err = run([*greedy, "--backend", "cpu", "--backend", f"rpc://{c_endpoint}", "--n-layers-on", "2",
+                            "-v"])
+    assert code == 0, err
+    assert split == one
+    assert f"layers 2..3: RPC0[{c_endpoint}]" in err
