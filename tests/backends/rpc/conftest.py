@@ -38,3 +38,24 @@ def _rpc_registered() -> None:
     """The rpc registry by name even where the installed metadata predates its entry point."""
     if registry.reg_by_name("rpc") is None:
         registry.register(rpc_reg())
+
+
+@pytest.fixture(scope="module")
+def py_endpoint() -> Iterator[str]:
+    """`pyggml rpc-server` serving a CPU backend, in this process (a thread per client)."""
+    from pyggml.backends.cpu import cpu_init
+    from pyggml.backends.rpc.connection import close_all
+    from pyggml.backends.rpc.server import RpcServer
+
+    server = RpcServer([cpu_init(1)], "127.0.0.1", 0).start()
+    try:
+        yield server.endpoint
+    finally:
+        close_all()
+        server.close()
+
+
+@pytest.fixture(scope="module", params=["ggml-rpc-server", "pyggml-rpc-server"])
+def endpoint(request: pytest.FixtureRequest) -> str:
+    """Each server in turn: the real ggml-rpc-server, then pyggml's."""
+    return str(request.getfixturevalue("c_endpoint" if request.param == "ggml-rpc-server" else "py_endpoint"))

@@ -47,23 +47,24 @@ def test_endpoints_parse() -> None:
             parse_endpoint(bad)
 
 
-def test_device_buffer_type_and_registry(c_endpoint: str) -> None:
-    backend = init_backend(f"rpc://{c_endpoint}")
+def test_device_buffer_type_and_registry(endpoint: str) -> None:
+    backend = init_backend(f"rpc://{endpoint}")
     assert isinstance(backend, RPCBackend) and is_rpc(backend) and not is_rpc(cpu_init(1))
     dev = backend.get_device()
-    assert dev is not None and dev.name() == f"RPC0[{c_endpoint}]"
+    assert dev is not None and dev.name() == f"RPC0[{endpoint}]"
     free, total = dev.memory()
     assert 0 < free <= total
-    assert rpc_get_device_memory(c_endpoint)[1] == total
-    assert backend.get_alignment() == 32  # ggml's CPU buffer type, asked over the wire
+    assert rpc_get_device_memory(endpoint)[1] == total
+    # the served CPU buffer type's alignment, asked over the wire: ggml's 32, pyggml's 64
+    assert backend.get_alignment() in (32, 64)
     assert backend.get_max_size() == 2**64 - 1
     assert registry.reg_by_name("rpc").dev_count() >= 1
     with pytest.raises(ArgumentError, match="no device 5"):
-        init_backend(f"rpc://{c_endpoint}/5")
+        init_backend(f"rpc://{endpoint}/5")
 
 
-def test_set_get_memset_clear_round_trips(c_endpoint: str, rng: np.random.Generator) -> None:
-    backend = rpc_init(c_endpoint)
+def test_set_get_memset_clear_round_trips(endpoint: str, rng: np.random.Generator) -> None:
+    backend = rpc_init(endpoint)
     ctx = Context(mem_size=1 << 20, no_alloc=True)
     a = ctx.new_tensor_2d(F32, 7, 5).set_name("a")
     h = ctx.new_tensor_1d(F16, 9).set_name("h")
@@ -84,8 +85,8 @@ def test_set_get_memset_clear_round_trips(c_endpoint: str, rng: np.random.Genera
     buf.free()
 
 
-def test_copies_on_the_server_and_through_the_host(c_endpoint: str, rng: np.random.Generator) -> None:
-    backend, cpu = rpc_init(c_endpoint), cpu_init(1)
+def test_copies_on_the_server_and_through_the_host(endpoint: str, rng: np.random.Generator) -> None:
+    backend, cpu = rpc_init(endpoint), cpu_init(1)
     ctx = Context(mem_size=1 << 20, no_alloc=True)
     src = ctx.new_tensor_1d(F32, 64).set_name("src")
     dst = ctx.new_tensor_1d(F32, 64).set_name("dst")
@@ -95,7 +96,7 @@ def test_copies_on_the_server_and_through_the_host(c_endpoint: str, rng: np.rand
     hbuf = alloc_ctx_tensors(ctx2, cpu)
     v = rng.standard_normal(64).astype(np.float32)
     tensor_set_numpy(src, v)
-    conn = connect(c_endpoint)
+    conn = connect(endpoint)
     sent = conn.bytes_sent
     tensor_copy(src, dst)  # COPY_TENSOR: no data crosses the wire
     assert conn.bytes_sent - sent == 9 + 2 * wire.RPC_TENSOR_SIZE
@@ -134,8 +135,8 @@ def _llama(backend: object, seed: int) -> tuple[np.ndarray, object]:
     return out, (g, inputs, buf, wt)
 
 
-def test_a_graph_computed_remotely_equals_the_cpu(c_endpoint: str) -> None:
-    backend = rpc_init(c_endpoint)
+def test_a_graph_computed_remotely_equals_the_cpu(endpoint: str) -> None:
+    backend = rpc_init(endpoint)
     got, (g, inputs, buf, wt) = _llama(backend, seed=3)
     ref, (_, _, rbuf, rwt) = _llama(cpu_init(1), seed=3)
     assert np.abs(ref).max() > 0.1
@@ -144,7 +145,7 @@ def test_a_graph_computed_remotely_equals_the_cpu(c_endpoint: str) -> None:
     for name, v in llama_input_values(inputs, n_vocab=50, seed=3).items():
         tensor_set_numpy(inputs[name], v)
     n0 = backend.n_recomputes
-    conn = connect(c_endpoint)
+    conn = connect(endpoint)
     sent = conn.bytes_sent
     backend.graph_compute(g)
     assert backend.n_recomputes == n0 + 1
@@ -154,15 +155,15 @@ def test_a_graph_computed_remotely_equals_the_cpu(c_endpoint: str) -> None:
         b.free()
 
 
-def test_hash_path_for_large_weights(c_endpoint: str) -> None:
+def test_hash_path_for_large_weights(endpoint: str) -> None:
     """WEIGHTS over 10 MiB try SET_TENSOR_HASH first; a server without a cache says no, the data follows."""
-    backend = rpc_init(c_endpoint)
+    backend = rpc_init(endpoint)
     ctx = Context(mem_size=1 << 20, no_alloc=True)
     w = ctx.new_tensor_1d(F32, (wire.HASH_THRESHOLD // 4) + 16).set_name("big")
     buf = alloc_ctx_tensors(ctx, backend)
     buf.set_usage(BufferUsage.WEIGHTS)
     v = np.arange(w.ne[0], dtype=np.float32)
-    conn = connect(c_endpoint)
+    conn = connect(endpoint)
     sent = conn.bytes_sent
     tensor_set_numpy(w, v)
     assert conn.bytes_sent - sent == 9 + wire.SET_TENSOR_HASH_REQ_SIZE + 9 + wire.SET_TENSOR_HEADER_SIZE + v.nbytes
@@ -170,8 +171,8 @@ def test_hash_path_for_large_weights(c_endpoint: str) -> None:
     buf.free()
 
 
-def test_quantized_rows_not_a_multiple_of_512_ask_the_server(c_endpoint: str) -> None:
-    backend = rpc_init(c_endpoint)
+def test_quantized_rows_not_a_multiple_of_512_ask_the_server(endpoint: str) -> None:
+    backend = rpc_init(endpoint)
     ctx = Context(mem_size=1 << 20, no_alloc=True)
     q = ctx.new_tensor_2d(Q8_0, 64, 3).set_name("q")
     assert backend.get_default_buffer_type().get_alloc_size(q) == q.nbytes()  # GET_ALLOC_SIZE
@@ -213,11 +214,11 @@ def test_a_killed_server_gives_a_typed_error_and_frees(rpc_server_binary: Path) 
 
 
 def test_the_builtin_model_split_over_cpu_and_rpc_gives_the_greedy_tokens(
-        c_endpoint: str, builtin_greedy_tokens: list[int]) -> None:
+        endpoint: str, builtin_greedy_tokens: list[int]) -> None:
     import pyggml.models as pm
     from pyggml.models.builtin import builtin_model_path
 
-    rpc = rpc_init(c_endpoint)
+    rpc = rpc_init(endpoint)
     model = pm.load(builtin_model_path(), backends=[cpu_init(1), rpc], n_layers_on=[2], n_ctx=64, progress=False)
     try:
         assert model.runner.sched.n_backends == 2
@@ -228,7 +229,7 @@ def test_the_builtin_model_split_over_cpu_and_rpc_gives_the_greedy_tokens(
         model.free()
 
 
-def test_pyggml_run_with_an_rpc_backend_writes_the_one_backend_text(c_endpoint: str) -> None:
+def test_pyggml_run_with_an_rpc_backend_writes_the_one_backend_text(endpoint: str) -> None:
     import contextlib
     import io
 
@@ -243,8 +244,8 @@ def test_pyggml_run_with_an_rpc_backend_writes_the_one_backend_text(c_endpoint: 
     greedy = ["run", "-p", BUILTIN_PROMPT, "-n", "8", "--temp", "0", "--seed", "1"]
     code, one, err = run(greedy)
     assert code == 0, err
-    code, split, err = run([*greedy, "--backend", "cpu", "--backend", f"rpc://{c_endpoint}", "--n-layers-on", "2",
+    code, split, err = run([*greedy, "--backend", "cpu", "--backend", f"rpc://{endpoint}", "--n-layers-on", "2",
                             "-v"])
     assert code == 0, err
     assert split == one
-    assert f"layers 2..3: RPC0[{c_endpoint}]" in err
+    assert f"layers 2..3: RPC0[{endpoint}]" in err
