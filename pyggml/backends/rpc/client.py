@@ -401,7 +401,8 @@ class RPCReg(Reg):
         from pyggml.backends.rpc import server
 
         return {"ggml_backend_rpc_add_server": self.add_server,
-                "ggml_backend_rpc_start_server": server.start_server}.get(name)
+                "ggml_backend_rpc_start_server": server.start_server,
+                "pyggml_rpc_server": server.RpcServer}.get(name)
 
     def add_server(self, endpoint: str) -> list[RPCDevice]:
         """ggml_backend_rpc_add_server: connect to `endpoint` ("HOST:PORT") and list its devices (once)."""

@@ -118,6 +118,10 @@ class RpcServer:
     def endpoint(self) -> str:
         return f"{self.host}:{self.port}"
 
+    @property
+    def version(self) -> str:
+        return f"{wire.RPC_PROTO_MAJOR_VERSION}.{wire.RPC_PROTO_MINOR_VERSION}.{wire.RPC_PROTO_PATCH_VERSION}"
+
     # --- lifetime ---
 
     def start(self) -> RpcServer:
