@@ -32,6 +32,7 @@ import os
 import socket
 import struct
 import threading
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -96,6 +97,7 @@ class RpcServer:
         self._ids = itertools.count(1)
         self.sessions: set[int] = set()
         self.n_connections = 0
+        self.counts: Counter[str] = Counter()  # commands served, by name (GRAPH_COMPUTE, ...), all clients
         self._closing = False
         self._threads: list[threading.Thread] = []
         self._clients: set[socket.socket] = set()
@@ -267,6 +269,7 @@ class RpcServer:
         payload = self._recv(conn, size, cmd.name)
         with self.lock:
             response = self._handle(session, cmd, payload)
+            self.counts[cmd.name] += 1
         if response is not None:
             self._send(conn, response)
 
