@@ -249,3 +249,43 @@ def test_pyggml_run_with_an_rpc_backend_writes_the_one_backend_text(endpoint: st
     assert code == 0, err
     assert split == one
     assert f"layers 2..3: RPC0[{endpoint}]" in err
+
+
+def test_the_c_api_names(endpoint: str) -> None:
+    from pyggml import capi
+
+    backend = capi.ggml_backend_rpc_init(endpoint, 0)
+    assert capi.ggml_backend_is_rpc(backend) and not capi.ggml_backend_is_rpc(None)
+    assert capi.ggml_backend_rpc_buffer_type(endpoint, 0) is backend.get_default_buffer_type()
+    free, total = capi.ggml_backend_rpc_get_device_memory(endpoint, 0)
+    assert 0 < free <= total
+    reg = capi.ggml_backend_rpc_add_server(endpoint)
+    assert reg is capi.ggml_backend_rpc_reg() and reg.name() == "rpc"
+    assert any(d.name() == f"RPC0[{endpoint}]" for d in reg.devices())
+    assert reg.get_proc_address("ggml_backend_rpc_start_server") is not None
+    assert (capi.RPC_PROTO_MAJOR_VERSION, capi.RPC_PROTO_MINOR_VERSION) == (7, 0)
+
+
+def test_a_server_of_another_version_is_refused_at_connect() -> None:
+    import socket
+    import threading
+
+    from pyggml.backends.rpc.connection import Connection
+    from pyggml.backends.rpc.wire import RpcVersionError
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def serve() -> None:  # a server of protocol 8.1.0: reads HELLO, answers with its version
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(9 + 24, socket.MSG_WAITALL)
+            conn.sendall(wire.frame_response(wire.pack_hello_rsp(8, 1, 0)))
+            conn.recv(1)
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    with pytest.raises(RpcVersionError, match=rf"127\.0\.0\.1:{port} speaks protocol 8\.1\.0"):
+        Connection(f"127.0.0.1:{port}")
+    t.join(timeout=5)
+    listener.close()
