@@ -289,3 +289,20 @@ def test_a_server_of_another_version_is_refused_at_connect() -> None:
         Connection(f"127.0.0.1:{port}")
     t.join(timeout=5)
     listener.close()
+
+
+def test_smollm2_split_over_cpu_and_rpc_gives_the_local_greedy_tokens(endpoint: str, smollm2_path: Path) -> None:
+    """Half of SmolLM2's 30 layers on the server. 8 tokens: this prompt's 15th token has a top-2 margin of
+    0.0009, which ggml's own CPU (the C server) rounds the other way than pyggml's."""
+    import pyggml.models as pm
+
+    def greedy(backends: list[object] | None, **kw: object) -> list[int]:
+        model = pm.load(smollm2_path, n_ctx=64, progress=False, backends=backends, **kw)  # type: ignore[arg-type]
+        try:
+            return list(model.generate(model.tokenize("The capital of France is"), 8, stop_at_eos=False))
+        finally:
+            model.free()
+
+    rpc = rpc_init(endpoint)
+    assert greedy([cpu_init(1), rpc], n_layers_on=[15]) == greedy(None)
+    assert rpc.n_recomputes >= 6
