@@ -306,3 +306,21 @@ def test_smollm2_split_over_cpu_and_rpc_gives_the_local_greedy_tokens(endpoint: 
     rpc = rpc_init(endpoint)
     assert greedy([cpu_init(1), rpc], n_layers_on=[15]) == greedy(None)
     assert rpc.n_recomputes >= 6
+
+
+def test_a_model_whose_server_dies_raises_and_can_still_be_freed(rpc_server_binary: Path) -> None:
+    import pyggml.models as pm
+    from pyggml.models.builtin import builtin_model_path
+
+    with c_server(rpc_server_binary) as (endpoint, proc):
+        rpc = rpc_init(endpoint)
+        model = pm.load(builtin_model_path(), backends=[cpu_init(1), rpc], n_layers_on=[2], n_ctx=64, progress=False)
+        ids = model.tokenize(BUILTIN_PROMPT)
+        assert len(list(model.generate(ids, 2, stop_at_eos=False))) == 2
+        proc.kill()
+        proc.wait(timeout=10)
+        t0 = time.monotonic()
+        with pytest.raises(RpcConnectionError, match=endpoint):
+            list(model.generate(ids, 4, stop_at_eos=False))
+        assert time.monotonic() - t0 < 10
+        model.free()

@@ -351,3 +351,57 @@ def test_the_pyggml_rpc_server_command(tmp_path: Path) -> None:
         out, err = proc.communicate(timeout=20)
     assert f"listening on 127.0.0.1:{port}" in out.decode()
     assert "connected" in err.decode() and "buffer(s) freed" in err.decode()
+
+
+def test_a_torch_backend_served(rng: np.random.Generator) -> None:
+    pytest.importorskip("torch")
+    from pyggml.backend.registry import init_backend
+
+    with RpcServer([init_backend("torch")], "127.0.0.1", 0).start() as server:
+        backend = rpc_init(server.endpoint)
+        ctx = Context(mem_size=1 << 20, no_alloc=True)
+        w = ctx.new_tensor_2d(F32, 16, 8).set_name("w")
+        x = ctx.new_tensor_2d(F32, 16, 3).set_name("x")
+        out = ctx.add(ctx.mul_mat(w, x), ctx.new_tensor_2d(F32, 8, 3).set_name("b")).set_name("out")
+        b = out.src[1]
+        buf = alloc_ctx_tensors(ctx, backend)
+        vw, vx, vb = (rng.standard_normal(tuple(reversed(t.ne[:2]))).astype(np.float32) for t in (w, x, b))
+        for t, v in ((w, vw), (x, vx), (b, vb)):
+            tensor_set_numpy(t, v)
+        g = ctx.new_graph()
+        g.build_forward_expand(out)
+        backend.graph_compute(g)
+        np.testing.assert_allclose(tensor_get_numpy(out), vx @ vw.T + vb, rtol=1e-5, atol=1e-5)
+        assert server.counts["GRAPH_COMPUTE"] == 1
+        buf.free()
+        close_all()
+
+
+def test_a_silent_server_times_out_with_a_typed_error() -> None:
+    from pyggml.backends.rpc.connection import Connection
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    accepted: list[socket.socket] = []
+
+    def serve() -> None:  # answers HELLO, then says nothing
+        conn, _ = listener.accept()
+        accepted.append(conn)
+        conn.recv(9 + 24, socket.MSG_WAITALL)
+        conn.sendall(wire.frame_response(wire.pack_hello_rsp()))
+
+    import threading
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    conn = Connection(f"127.0.0.1:{port}", timeout=0.5)
+    t0 = time.monotonic()
+    with pytest.raises(RpcConnectionError, match=rf"127\.0\.0\.1:{port} went away: no answer within 0\.5 s "
+                                                 r"\(during DEVICE_COUNT\)"):
+        conn.request(RpcCmd.DEVICE_COUNT, b"", 4)
+    assert time.monotonic() - t0 < 3
+    with pytest.raises(RpcConnectionError, match="unusable"):
+        conn.request(RpcCmd.DEVICE_COUNT, b"", 4)
+    for c in accepted:
+        c.close()
+    listener.close()
