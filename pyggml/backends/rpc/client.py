@@ -75,9 +75,10 @@ def _needs_server_init(t: Tensor) -> bool:
 # --- serialization ---
 
 
-def serialize_tensor(t: Tensor | None, conn: Connection | None, extra_flags: int = 0) -> bytes:
+def serialize_tensor(t: Tensor | None, conn: Connection | None, extra_flags: int = 0, strict: bool = False) -> bytes:
     """serialize_tensor: the rpc_tensor of `t` (all zero for None). Its buffer and data are sent only for
-    a buffer of this connection's server (ggml's rule: other memory means nothing there)."""
+    a buffer of this connection's server (ggml's rule: other memory means nothing there); `strict` (graphs)
+    refuses a tensor with memory elsewhere, which the server would compute with a NULL address."""
     if t is None:
         return wire.NULL_TENSOR
     buffer = tensor_buffer(t)
@@ -88,6 +89,12 @@ def serialize_tensor(t: Tensor | None, conn: Connection | None, extra_flags: int
             and buffer.base <= data and data + t.nbytes() <= buffer.base + buffer.size:
         remote = buffer.remote_ptr
     else:
+        if strict and data is not None:
+            where = f"buffer '{buffer.name}'" if buffer is not None else "no buffer"
+            if isinstance(buffer, RPCBuffer) and buffer.conn is not conn:
+                where += f" of an earlier connection to {buffer.conn.endpoint} ({buffer.conn.broken})"
+            raise RpcError(f"graph for RPC server {conn.endpoint if conn else '?'}: tensor '{t.name}' "
+                           f"({t.op.name}) has its memory in {where}, not on that server")
         remote, data = 0, 0
     src = [id(s) if s is not None else 0 for s in t.src]
     view_src = id(t.view_src) if t.view_src is not None else 0
@@ -121,7 +128,7 @@ def serialize_graph(device: int, nodes: list[Tensor], conn: Connection) -> bytes
                 stack.append((t, i + 1))
                 stack.append((child, 0))
                 continue
-            out.append(serialize_tensor(t, conn, COMPUTE_FLAG if id(t) in node_ids else 0))
+            out.append(serialize_tensor(t, conn, COMPUTE_FLAG if id(t) in node_ids else 0, strict=True))
     return wire.pack_graph(device, [id(n) for n in nodes], out)
 
 
@@ -267,14 +274,22 @@ class RPCBackend(Backend):
         self.rpc_device = device
         self.n_computes = 0
         self.n_recomputes = 0
+        self._conn: Connection | None = None  # the connection of its first compute, for good (as C's dispatcher)
 
     def _get_name(self) -> str:
         return self.rpc_device.name()
 
+    def conn(self) -> Connection:
+        """The connection this backend computes on: once it breaks, every compute raises (a new connection
+        would be a server without this backend's buffers)."""
+        if self._conn is None:
+            self._conn = self.rpc_device.conn()
+        return self._conn
+
     def _graph_compute(self, graph: Graph) -> None:
         if not graph.nodes:
             return  # the C client asserts n_nodes > 0; an empty graph has nothing to do
-        conn = self.rpc_device.conn()
+        conn = self.conn()
         index = self.rpc_device.index
         payload = serialize_graph(index, graph.nodes, conn)
         with conn.lock:
@@ -288,7 +303,8 @@ class RPCBackend(Backend):
                 self.n_computes += 1
 
     def _synchronize(self) -> None:
-        self.rpc_device.conn().synchronize()
+        if self._conn is not None:
+            self._conn.synchronize()
 
     def _free(self) -> None:
         """Nothing of the server's is the backend's own (buffers are freed with their buffers)."""

@@ -399,8 +399,9 @@ class RpcServer:
             return wire.ALLOC_BUFFER_RSP.pack(0, 0)
         try:
             buffer = backend.alloc_buffer(size)
-        except (GGMLError, MemoryError) as e:
-            log.warning("rpc-server: client %s: no buffer of %d bytes on '%s': %s", s.peer, size, backend.name(), e)
+        except Exception as e:  # any failure to allocate is the client's out-of-memory, as in the C server
+            log.warning("rpc-server: client %s: no buffer of %d bytes on '%s': %s: %s", s.peer, size,
+                        backend.name(), type(e).__name__, e)
             return wire.ALLOC_BUFFER_RSP.pack(0, 0)
         remote = next(self._ids) << 4  # ids look like addresses, never 0
         s.buffers[remote] = buffer

@@ -405,3 +405,29 @@ def test_a_silent_server_times_out_with_a_typed_error() -> None:
     for c in accepted:
         c.close()
     listener.close()
+
+
+def test_an_impossible_buffer_is_the_clients_out_of_memory(server: RpcServer) -> None:
+    backend = rpc_init(server.endpoint)
+    with pytest.raises(OutOfMemoryError, match=f"RPC server {server.endpoint}: device 0 could not allocate"):
+        backend.alloc_buffer(2**60)
+    good_client_works(server.endpoint)
+
+
+def test_a_graph_with_memory_elsewhere_is_refused_before_sending(server: RpcServer) -> None:
+    from pyggml.backends.rpc.wire import RpcError
+
+    backend = rpc_init(server.endpoint)
+    ctx = Context(mem_size=1 << 20, no_alloc=True)
+    a = ctx.new_tensor_1d(F32, 4).set_name("on_cpu")
+    cbuf = alloc_ctx_tensors(ctx, cpu_init(1))
+    ctx2 = Context(mem_size=1 << 20, no_alloc=True)
+    out = ctx2.scale(a, 2.0).set_name("out")
+    rbuf = alloc_ctx_tensors(ctx2, backend)
+    g = ctx2.new_graph()
+    g.build_forward_expand(out)
+    with pytest.raises(RpcError, match="tensor 'on_cpu' \\(NONE\\) has its memory in buffer 'CPU', not on that server"):
+        backend.graph_compute(g)
+    assert server.counts["GRAPH_COMPUTE"] == 0
+    cbuf.free()
+    rbuf.free()
