@@ -63,6 +63,7 @@ ALLOC_SIZE_MAY_EXPAND = frozenset({GGMLOp.FLASH_ATTN_EXT, GGMLOp.MUL_MAT, GGMLOp
                                    GGMLOp.ARGSORT, GGMLOp.TOP_K})
 U32_MAX = 2**32 - 1
 COMPUTE_FLAG = int(TensorFlag.COMPUTE)
+NO_SRC = [0] * 10
 EMPTY_BASE = 0x1000  # the base of an empty buffer (nothing is ever addressed in it)
 
 
@@ -96,7 +97,9 @@ def serialize_tensor(t: Tensor | None, conn: Connection | None, extra_flags: int
             raise RpcError(f"graph for RPC server {conn.endpoint if conn else '?'}: tensor '{t.name}' "
                            f"({t.op.name}) has its memory in {where}, not on that server")
         remote, data = 0, 0
-    src = [id(s) if s is not None else 0 for s in t.src]
+    # a leaf (op NONE) is data, not work: its sources (pyggml's scheduler links an input copy to the tensor it
+    # copies, to keep that alive) are not the server's business and do not travel
+    src = [id(s) if s is not None else 0 for s in t.src] if t.op != GGMLOp.NONE else NO_SRC
     view_src = id(t.view_src) if t.view_src is not None else 0
     return wire.pack_tensor(id(t), int(t.type), remote, t.ne, t.nb, int(t.op), t.op_params,
                             int(t.flags) | extra_flags, src, view_src, t.view_offs, data, t.name)
@@ -119,7 +122,7 @@ def serialize_graph(device: int, nodes: list[Tensor], conn: Connection) -> bytes
                 if id(t) in visited:
                     continue
                 visited.add(id(t))
-            children = (*t.src, t.view_src)
+            children = (*t.src, t.view_src) if t.op != GGMLOp.NONE else (t.view_src,)
             while i < len(children) and (children[i] is None or id(children[i]) in visited):
                 i += 1
             if i < len(children):

@@ -324,3 +324,26 @@ def test_a_model_whose_server_dies_raises_and_can_still_be_freed(rpc_server_bina
             list(model.generate(ids, 4, stop_at_eos=False))
         assert time.monotonic() - t0 < 10
         model.free()
+
+
+def test_graph_serialization_order_and_leaves() -> None:
+    """Tensors in the C client's order (each node after its sources and view source, each once), nodes
+    flagged COMPUTE, and a leaf's own sources (the scheduler's link from an input copy to what it copies)
+    left off the wire."""
+    from pyggml.backends.rpc.client import serialize_graph
+
+    ctx = Context(mem_size=1 << 20, no_alloc=True)
+    upstream = ctx.new_tensor_1d(F32, 4).set_name("upstream")
+    a = ctx.new_tensor_1d(F32, 4).set_name("a")
+    a.src[0] = upstream  # as an input copy of the scheduler
+    v = ctx.view_1d(a, 2, 8).set_name("v")
+    b = ctx.add(a, a).set_name("b")
+    c = ctx.mul(ctx.view_1d(b, 2, 0).set_name("bv"), v).set_name("c")
+    nodes = [b, c.src[0], c]
+    device, ids, tensors = wire.unpack_graph(serialize_graph(3, nodes, None))  # type: ignore[arg-type]
+    assert device == 3 and ids == [id(n) for n in nodes]
+    assert [t.name for t in tensors] == [b"a", b"b", b"bv", b"v", b"c"]
+    by_name = {t.name: t for t in tensors}
+    assert by_name[b"a"].src == (0,) * 10  # upstream does not travel
+    assert by_name[b"v"].view_src == id(a) and by_name[b"v"].view_offs == 8
+    assert [bool(t.flags & 16) for t in tensors] == [False, True, True, False, True]
