@@ -183,6 +183,18 @@ def test_a_file_without_template_chats_in_chatml() -> None:
         ids = ChatSession(model, template=own).prompt_tokens(SHORT)
         assert ids == model.tokenize("What is 2+2?") and ids.count(bos) == 1
         assert ChatSession(model).prompt_tokens(SHORT)[:1] == [bos]  # ChatML writes none: the vocab's
+        # a turn that cannot start leaves no trace; a reply closed early is kept as far as it came
+        bad = ChatSession(model, template=ChatTemplate("{{ raise_exception('no') }}", "bad"))
+        with pytest.raises(ChatTemplateError):
+            bad.send("Hello")
+        assert bad.messages == []
+        session = ChatSession(model, system="S")
+        stream = session.send("Return a list", 16, Scripted(model.tokenize(" The list of files", add_bos=False)))
+        first = next(stream)
+        stream.close()
+        assert session.messages == [{"role": "system", "content": "S"}, {"role": "user", "content": "Return a list"},
+                                    {"role": "assistant", "content": first}]
+        assert model.n_past == len(session.cached)
     finally:
         model.free()
 
