@@ -97,6 +97,12 @@ class Buffer:
     def _init_tensor(self, tensor: Tensor) -> None:
         """Called after `tensor` got memory in this buffer (optional)."""
 
+    @property
+    def has_init_tensor(self) -> bool:
+        """Whether this buffer has the init_tensor hook (ggml: `buffer->iface.init_tensor != NULL`); a caller
+        that has checked a tensor's place itself may skip the call when it has not."""
+        return type(self)._init_tensor is not Buffer._init_tensor
+
     def _free_tensor(self, tensor: Tensor) -> None:
         """Called before `tensor`'s memory is given back (optional)."""
 
@@ -403,6 +409,10 @@ class IfaceBuffer(Buffer):
     def _init_tensor(self, tensor: Tensor) -> None:
         if self._iface_init_tensor is not None:
             self._iface_init_tensor(self, tensor)
+
+    @property
+    def has_init_tensor(self) -> bool:
+        return self._iface_init_tensor is not None
 
     def _free_tensor(self, tensor: Tensor) -> None:
         if self._iface_free_tensor is not None:

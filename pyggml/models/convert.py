@@ -40,8 +40,8 @@ HF_TO_GGUF = {
 
 # llama.cpp's llama_ftype of a file whose 2-D weights are all of one type
 LLAMA_FTYPE = {GGMLType.F32: 0, GGMLType.F16: 1, GGMLType.Q4_0: 2, GGMLType.Q4_1: 3, GGMLType.Q8_0: 7,
-               GGMLType.Q5_0: 8, GGMLType.Q5_1: 9, GGMLType.Q2_K: 10, GGMLType.Q4_K: 15, GGMLType.Q5_K: 17,
-               GGMLType.Q6_K: 18, GGMLType.BF16: 32}
+               GGMLType.Q5_0: 8, GGMLType.Q5_1: 9, GGMLType.Q2_K: 10, GGMLType.Q3_K: 12, GGMLType.Q4_K: 15,
+               GGMLType.Q5_K: 17, GGMLType.Q6_K: 18, GGMLType.IQ4_NL: 25, GGMLType.IQ4_XS: 30, GGMLType.BF16: 32}
 
 
 def permute(weights: np.ndarray, n_head: int, n_head_kv: int | None) -> np.ndarray:

@@ -21,7 +21,7 @@ from pyggml.backend.backend import Backend
 from pyggml.backend.buffer import Buffer
 from pyggml.backend.tensor_io import tensor_set
 from pyggml.core.context import Context, tensor_overhead
-from pyggml.core.errors import ArgumentError
+from pyggml.core.errors import ArgumentError, UnsupportedOpError
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import Tensor
 from pyggml.core.types import TYPE_TRAITS, GGMLType
@@ -63,6 +63,13 @@ class KVCache:
                                                       f"layers, n_ctx {n_ctx})")
                 buffer.name = f"{backend.name()} KV cache"
                 self.buffers.append(buffer)
+                # llama.cpp clears its KV cache buffers when it makes them: graphs read padded ranges of cells,
+                # and memory that does not start zeroed (an RPC server's) may hold NaN there, which the mask
+                # does not hide (-inf + NaN is NaN)
+                try:
+                    buffer.clear(0)
+                except UnsupportedOpError:
+                    pass  # a buffer that cannot clear itself is host memory, which starts zeroed
                 talloc = TensorAllocator.new_from_buffer(buffer)
                 for t in tensors:
                     talloc.alloc(t)

@@ -1,4 +1,5 @@
-"""`Model`: a LLaMA GGUF file loaded over backends, evaluated batch by batch with a KV cache.
+"""`Model`: a GGUF model file (an architecture of pyggml.models.arch) loaded over backends, evaluated
+batch by batch with a KV cache.
 
     model = pyggml.models.load("model.gguf", backends=["torch", "cpu"], n_layers_on=[20])
     logits = model.eval(model.tokenize("Hello"))         # (n_ids, n_vocab), extends the KV cache
@@ -34,13 +35,14 @@ from pyggml.backend.tensor_io import tensor_get_numpy
 from pyggml.core.checks import check_host_alloc, check_positive
 from pyggml.core.context import Context, tensor_overhead
 from pyggml.core.errors import ArgumentError, GGMLError, NonFiniteError
-from pyggml.core.graph import graph_overhead
+from pyggml.core.graph import Graph, graph_overhead
 from pyggml.core.tensor import is_view_op
 from pyggml.core.types import TYPE_TRAITS, GGMLType, as_type
 from pyggml.gguf.loader import LoadedTensors, load_tensors, maps_weights
 from pyggml.gguf.reader import GGUFFile, read_gguf
+from pyggml.models.arch import HParams, check_tensors, layer_of
+from pyggml.models.graph import GraphInputs, build_graph, graph_size
 from pyggml.models.kv_cache import KVCache
-from pyggml.models.llama import LlamaHParams, LlamaInputs, build_llama, check_tensors, graph_size, layer_of
 from pyggml.models.metadata import read_int
 from pyggml.models.placement import (
     backend_index,
@@ -58,6 +60,9 @@ log = logging.getLogger("pyggml.models")
 KV_PAD = 256  # graphs read the cache in multiples of 256 cells, at least 256, at most n_ctx (llama.cpp's n_kv,
 # llama_kv_cache::get_n_kv), so one decode graph, the same shapes, serves 256 consecutive tokens
 FLASH_ATTN_MODES = ("on", "off", "auto")
+# graphs kept by their shapes: a generation alternates between a prompt's graph and a token's
+KEEP_GRAPHS = 2
+GraphKey = tuple[int, int, bool]  # (n_tokens, n_kv, last_only)
 
 
 def resolve_flash_attn(mode: str | bool) -> bool:
@@ -74,7 +79,7 @@ def resolve_flash_attn(mode: str | bool) -> bool:
 
 def all_support(backends: Sequence[Backend], op: str, kv_type: GGMLType = GGMLType.F32) -> bool:
     """Whether every one of `backends` computes `op` ("set_rows": F32 rows into the F32 or F16 cache by I64
-    indices; "glu": SWIGLU of two F32 tensors; "flash_attn": FLASH_ATTN_EXT over a cache of `kv_type`;
+    indices; "glu": SWIGLU and GEGLU of F32 tensors; "flash_attn": FLASH_ATTN_EXT over a cache of `kv_type`;
     "attention": MUL_MAT and SOFT_MAX_EXT over such a cache),
     asked of each backend with a small node of that kind."""
     ctx = Context(mem_size=16 * tensor_overhead(), no_alloc=True)
@@ -94,8 +99,9 @@ def all_support(backends: Sequence[Backend], op: str, kv_type: GGMLType = GGMLTy
         elif op == "set_rows":
             nodes = [ctx.set_rows(ctx.new_tensor_2d(t, 8, 4), b, ctx.new_tensor_1d(GGMLType.I64, 1))
                      for t in (GGMLType.F32, GGMLType.F16)]
-        else:
-            nodes = [ctx.swiglu_split(a, ctx.new_tensor_2d(GGMLType.F32, 8, 4))]
+        else:  # every GLU a family's FFN uses (SwiGLU, GEGLU, phi3's fused SwiGLU)
+            nodes = [ctx.swiglu_split(a, ctx.new_tensor_2d(GGMLType.F32, 8, 4)),
+                     ctx.geglu_split(a, ctx.new_tensor_2d(GGMLType.F32, 8, 4)), ctx.swiglu(a)]
         return all(backend.supports_op(n) for backend in {id(x): x for x in backends}.values() for n in nodes)
     finally:
         ctx.free()
@@ -138,10 +144,10 @@ def _placement(n_layer: int, backends: list[Backend], n_layers_on: int | Sequenc
 
 
 class Model:
-    """A loaded LLaMA model: weights in backend buffers, a KV cache, a runner that computes its graphs.
+    """A loaded model: weights in backend buffers, a KV cache, a runner that computes its graphs.
 
     Loading checks the file before it takes memory: the hyper-parameters (types and ranges, see
-    `LlamaHParams.from_gguf`), every tensor's shape against them (`check_tensors`), and that the KV
+    `HParams.from_gguf`), every tensor's shape against them (`check_tensors`), and that the KV
     cache and compute buffers of `n_ctx` fit in host memory (OutOfMemoryError with the numbers).
     With `check_finite` (the default) every batch's logits are checked: NaN or infinity raises
     NonFiniteError naming the first tensor where it appears (found by computing the batch again with the
@@ -163,7 +169,7 @@ class Model:
         kv_type = as_type(kv_type)
         self.check_finite = bool(check_finite)
         self.file = gf
-        self.hparams = LlamaHParams.from_gguf(gf)
+        self.hparams = HParams.from_gguf(gf)
         hp = self.hparams
         self.backends = backends
         self.layer_backend, self.output_backend, overrides = _placement(hp.n_layer, backends, n_layers_on,
@@ -210,7 +216,12 @@ class Model:
             kv = self.kv = KVCache(hp.n_layer, self.n_ctx, hp.n_embd_gqa, self.kv_backend, kv_type,
                                    v_trans=not self.flash_attn)
             # one engine for one backend or many: the scheduler, reserved once with the worst-case graph
-            self.runner = Runner(backends, self._measure_graphs(), graph_size(hp))
+            # the graph computed last, kept while the next batch has its shapes (llama.cpp's can_reuse): the
+            # decode graph of every token of one n_kv (the cells written are index inputs). The 2023 graph
+            # (backends without SET_ROWS) writes the cache through views at n_past: never reused.
+            self.reuse_graphs = bool(reuse_graphs) and self._graph_kw["set_rows"]
+            self.runner = Runner(backends, self._measure_graphs(), graph_size(hp),
+                                 keep_graphs=KEEP_GRAPHS if self.reuse_graphs else 1)
         except BaseException:
             # nothing of a failed load stays behind (host buffers are registered by address until freed)
             if kv is not None:
@@ -222,11 +233,10 @@ class Model:
                 ctx.free()  # the measure graphs were only for sizes
             self._measure_ctxs = []
         self._tokenizer: Any = None
-        # the graph computed last, kept while the next batch has its shapes (llama.cpp's can_reuse): the
-        # decode graph of every token of one n_kv (the cells written are index inputs). The 2023 graph
-        # (backends without SET_ROWS) writes the cache through views at n_past: never reused.
-        self.reuse_graphs = bool(reuse_graphs) and self._graph_kw["set_rows"]
-        self._last: tuple[tuple[int, int, bool], Context, LlamaInputs] | None = None
+        # Beyond llama.cpp, which keeps only the last graph: the last KEEP_GRAPHS graphs by their shapes, each
+        # kept by the scheduler with its splits and plans, so that a token's graph survives a prompt's
+        self._graphs: dict[GraphKey, tuple[Context, GraphInputs, Graph]] = {}  # least recently used first
+        self._last_key: GraphKey | None = None
         self.n_graphs_built = 0  # graphs built (the rest of the batches reused one)
 
     # --- checks ---
@@ -270,24 +280,31 @@ class Model:
         self._measure_ctxs = [self._new_ctx(), self._new_ctx()]
         out = []
         for ctx, last_only in zip(self._measure_ctxs, (False, True), strict=True):
-            gf, inp = build_llama(ctx, self.hparams, self.w, self.kv, self.n_batch, self.n_ctx - self.n_batch,
+            gf, inp = build_graph(ctx, self.hparams, self.w, self.kv, self.n_batch, self.n_ctx - self.n_batch,
                                   last_only, **self._graph_kw)
             out.append((gf, self._pins(inp)))
         return out
 
     @staticmethod
-    def _mask(pos: np.ndarray, n_kv: int) -> np.ndarray:
-        """KQ_mask: 0 where the token at position pos[i] sees cell j (j <= pos[i]), -inf elsewhere."""
+    def _mask(pos: np.ndarray, n_kv: int, n_swa: int = 0) -> np.ndarray:
+        """KQ_mask: 0 where the token at position pos[i] sees cell j (j <= pos[i], and with a sliding window of
+        n_swa tokens pos[i] - j < n_swa, llama.cpp's is_masked_swa), -inf elsewhere."""
         cells = np.arange(n_kv, dtype=np.int32)
-        return np.where(cells[None, :] <= pos[:, None], np.float32(0), np.float32(-np.inf)).astype(np.float32)
+        sees = cells[None, :] <= pos[:, None]
+        if n_swa:
+            sees &= pos[:, None] - cells[None, :] < n_swa
+        return np.where(sees, np.float32(0), np.float32(-np.inf)).astype(np.float32)
 
-    def _inputs(self, inp: LlamaInputs, kv: KVCache, ids: np.ndarray, pos: np.ndarray,
+    def _inputs(self, inp: GraphInputs, kv: KVCache, ids: np.ndarray, pos: np.ndarray,
                 n_kv: int) -> list[tuple[Any, np.ndarray]]:
         """The values of a batch's graph inputs: tokens, positions, the mask (F16 with flash attention), the
         cache rows K and V go to (cells pos[0]..)."""
-        mask = self._mask(pos, n_kv)
         n_past, n_tokens = int(pos[0]), len(pos)
-        out = [(inp.tokens, ids), (inp.pos, pos), (inp.mask, mask.astype(np.float16) if self.flash_attn else mask)]
+        masks = [(inp.mask, self._mask(pos, n_kv))]
+        if inp.mask_swa is not None:
+            masks.append((inp.mask_swa, self._mask(pos, n_kv, self.hparams.n_swa)))
+        out = [(inp.tokens, ids), (inp.pos, pos)]
+        out += [(t, m.astype(np.float16) if self.flash_attn else m) for t, m in masks]
         if inp.k_idxs is not None and inp.v_idxs is not None:
             out += [(inp.k_idxs, kv.k_idxs(n_past, n_tokens)), (inp.v_idxs, kv.v_idxs(n_past, n_tokens))]
         return out
@@ -300,22 +317,36 @@ class Model:
         pos = np.arange(n_past, n_past + n_tokens, dtype=np.int32)
         n_kv = self._n_kv(n_past + n_tokens)  # the cells attention reads, padded as llama.cpp pads them
         key = (n_tokens, n_kv, last_only)
-        if self.reuse_graphs and self._last is not None and self._last[0] == key:
-            inp = self._last[2]
-            self.runner.run_again(self._inputs(inp, self.kv, ids, pos, n_kv))
+        kept = self._graphs.get(key) if self.reuse_graphs else None
+        if kept is not None:
+            inp = kept[1]
+            try:
+                if key == self._last_key:
+                    self.runner.run_again(self._inputs(inp, self.kv, ids, pos, n_kv))
+                else:  # taken up again by the scheduler, as it was
+                    self._graphs[key] = self._graphs.pop(key)
+                    self._last_key = key
+                    self.runner.run(kept[2], self._inputs(inp, self.kv, ids, pos, n_kv), self._pins(inp))
+            except BaseException:
+                self._forget_graph()
+                raise
         else:
-            self._forget_graph()
+            if not self.reuse_graphs:
+                self._forget_graph()
+            while len(self._graphs) >= KEEP_GRAPHS:
+                self._drop_graph(next(iter(self._graphs)))
             ctx = self._new_ctx()
             try:
-                gf, inp = build_llama(ctx, self.hparams, self.w, self.kv, n_tokens, n_past, last_only, n_kv=n_kv,
+                gf, inp = build_graph(ctx, self.hparams, self.w, self.kv, n_tokens, n_past, last_only, n_kv=n_kv,
                                       **self._graph_kw)
                 self.n_graphs_built += 1
                 self.runner.run(gf, self._inputs(inp, self.kv, ids, pos, n_kv), self._pins(inp))
             except BaseException:
-                self.runner.forget()
+                self._forget_graph()
                 ctx.free()
                 raise
-            self._last = (key, ctx, inp)
+            self._graphs[key] = (ctx, inp, gf)
+            self._last_key = key
         logits = tensor_get_numpy(inp.logits).reshape(-1, self.hparams.n_vocab)
         # one pass over the logits (n_vocab floats a token): NaN or inf anywhere upstream reaches them
         if self.check_finite and not np.isfinite(logits).all():
@@ -323,16 +354,24 @@ class Model:
         self.kv.n = n_past + n_tokens
         return logits
 
-    def _pins(self, inp: LlamaInputs) -> list[tuple[Any, Backend]]:
+    def _pins(self, inp: GraphInputs) -> list[tuple[Any, Backend]]:
         """Each layer's norms on the layer's backend (llama.cpp's graph callback pins "norm" likewise)."""
         return [(norm, self.layer_backend[il]) for il, norm in inp.norms]
 
     def _forget_graph(self) -> None:
-        """Drop the graph computed last: the scheduler lets go of it, then its context is freed."""
+        """Drop every kept graph: the scheduler lets go of them, then their contexts are freed."""
         self.runner.forget()
-        if self._last is not None:
-            self._last[1].free()
-            self._last = None
+        for ctx, _, _ in self._graphs.values():
+            ctx.free()
+        self._graphs = {}
+        self._last_key = None
+
+    def _drop_graph(self, key: GraphKey) -> None:
+        ctx, _, gf = self._graphs.pop(key)
+        self.runner.forget(gf)
+        ctx.free()
+        if key == self._last_key:
+            self._last_key = None
 
     def _n_kv(self, used: int) -> int:
         """llama.cpp's n_kv for `used` cells: min(n_ctx, max(256, GGML_PAD(used, 256)))."""
@@ -371,7 +410,7 @@ class Model:
         ctx = self._new_ctx()
         found: list[tuple[int, Any, int, int]] = []
         try:
-            gf, inp = build_llama(ctx, self.hparams, self.w, self.kv, n_tokens, n_past, last_only, n_kv=n_kv,
+            gf, inp = build_graph(ctx, self.hparams, self.w, self.kv, n_tokens, n_past, last_only, n_kv=n_kv,
                                   **self._graph_kw)
             order = {id(n): i for i, n in enumerate(gf.nodes)}
             # nodes built as views (a KV write's result is the cache): their values are the cache's, which may
@@ -579,7 +618,8 @@ class Model:
 
 def load(path: str | os.PathLike[str], backends: Sequence[Backend | str] | None = None, n_ctx: int = 512,
          n_layers_on: int | Sequence[int] | None = None, n_threads: int | None = None, **kwargs: Any) -> Model:
-    """Load a LLaMA GGUF file over `backends` (Backend objects or registry names; default one CPU backend).
+    """Load a GGUF model file (llama, qwen2, qwen3, gemma3, phi3) over `backends` (Backend objects or registry
+    names; default one CPU backend).
 
     `n_layers_on`: layer counts of the first backends (the rest on the last); or the keyword
     `tensor_split`: one proportion per backend, layers placed as llama.cpp's -ts places them;

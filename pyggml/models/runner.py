@@ -5,7 +5,8 @@ through ggml_backend_sched).
 which size each backend's compute buffer and lay out every smaller graph of their shapes. Each batch then
 either reuses the graph computed last, when the
 model says its shapes are the same (`run_again`: only the inputs are written, as llama.cpp's `can_reuse`),
-or goes the full path with a new graph (`run`: reset, alloc_graph, inputs, compute).
+or `run`s another graph (reset, alloc_graph, inputs, compute): the full path for a new graph, or, with
+`keep_graphs` > 1, the scheduler takes up a graph it kept aside (a decode step's after a prompt).
 """
 
 from __future__ import annotations
@@ -47,10 +48,11 @@ class Runner:
     """A model's graphs computed by one BackendSched over `backends` (priority order, the fallback last)."""
 
     def __init__(self, backends: Sequence[Backend], measure_graphs: Sequence[tuple[Graph, Pins]],
-                 graph_size: int) -> None:
+                 graph_size: int, keep_graphs: int = 1) -> None:
         unique = list({id(b): b for b in backends}.values())
         self.backends = unique
         self.sched = BackendSched(unique, graph_size=graph_size)
+        self.sched.keep_graphs = keep_graphs
         try:
             # the worst cases, pinned as the batches will be: the buffers fit the largest, each shape is laid out
             for graph, pins in measure_graphs:
@@ -69,12 +71,13 @@ class Runner:
         """The full path: a new graph is split, allocated (reserved again if it does not fit) and computed.
         `pins`: nodes to compute on a given backend, where it supports them (ggml_backend_sched_set_tensor_backend)."""
         sched = self.sched
-        self.forget()
+        sched.reset()  # (the graph allocated last is kept aside with keep_graphs > 1)
+        self.graph = None
         self._pin(pins)
         sched.layout_reuse = not self.report_memory  # the report reads the graph allocator's work
         sched.alloc_graph(graph)
         self.graph = graph
-        if self.report_memory:
+        if self.report_memory and not sched.restored:
             reports = [memory_report(graph, t) for t in sched.last_tallocs]
             if sum(r.peak for r in reports) >= sum(r.peak for r in self.memory_reports):
                 self.memory_reports = reports  # the largest graph's (a prompt's, not the last token's)
@@ -92,10 +95,13 @@ class Runner:
             tensor_set(t, values)
         self.sched.graph_compute(self.graph)
 
-    def forget(self) -> None:
-        """Drop the last graph (its context is about to be freed): the next batch goes the full path."""
-        self.sched.reset()
-        self.graph = None
+    def forget(self, graph: Graph | None = None) -> None:
+        """Drop `graph` (None: every graph) before its context is freed; the next batch with it would go the
+        full path."""
+        if graph is None or graph is self.graph:
+            self.sched.reset()
+            self.graph = None
+        self.sched.forget_graph(graph)
 
     def set_eval_callback(self, callback: EvalCallback | None) -> None:
         self.sched.set_eval_callback(callback)

@@ -39,6 +39,8 @@ class _Assigner:
         self.causes = sched.causes
         self._supports: dict[tuple[int, int], bool] = {}
         self._bufts: dict[tuple[int, int], bool] = {}  # (backend, id(buft)): supports_buft, asked once
+        self._ask = [b.supports_op for b in sched.backends]
+        self._buffer_backend: dict[int, int] = {}  # id(buffer): its first backend (for tensors computing nothing)
 
     def bid(self, t: Tensor) -> int:
         return self.ids.get(id(t), -1)
@@ -53,7 +55,7 @@ class _Assigner:
         key = (b, id(node))
         ok = self._supports.get(key)
         if ok is None:
-            ok = self._supports[key] = bool(self.sched.backends[b].supports_op(node))
+            ok = self._supports[key] = self._ask[b](node)
         return ok
 
     def supports_buffer(self, b: int, buffer: Buffer) -> bool:
@@ -75,6 +77,12 @@ class _Assigner:
         buffer = t.view_src.buffer if t.view_src is not None else t.buffer
         if buffer is None:
             return -1
+        if op.op in _COMPUTES_NOTHING:  # (weights: hundreds of tensors in a few buffers)
+            b = self._buffer_backend.get(id(buffer))
+            if b is None:
+                b = self._buffer_backend[id(buffer)] = next(
+                    (b for b in range(self.sched.n_backends) if self.supports_buffer(b, buffer)), -1)
+            return b
         for b in range(self.sched.n_backends):
             if self.supports_buffer(b, buffer) and self.supports_op(b, op):
                 return b
@@ -162,11 +170,20 @@ def assign_backends(sched: BackendSched, graph: Graph) -> _Assigner:
     get = ids.get  # (the passes below ask it ~10 times a node)
     # pass 1: assign backends to ops with pre-allocated inputs
     nodes = graph.nodes
+    weights = BufferUsage.WEIGHTS
     for t in (*graph.leafs, *nodes):
-        if get(id(t), -1) == -1:
-            b = a.from_cur(t)
-            if b != -1:
-                ids[id(t)] = b
+        if get(id(t), -1) != -1:
+            continue
+        # most nodes have no memory, are no input and read no weight: nothing for from_cur to decide
+        if t.buffer is None and t.view_src is None and not t.flags:
+            for src in t.src:
+                if src is not None and src.buffer is not None and src.buffer.usage == weights:
+                    break
+            else:
+                continue
+        b = a.from_cur(t)
+        if b != -1:
+            ids[id(t)] = b
 
     # pass 2: expand current backend assignments to adjacent nodes: the backends of higher priority down and up
     # (the last backend, the fallback, never spreads there), then every backend down and up

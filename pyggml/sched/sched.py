@@ -12,6 +12,9 @@ The one engine that computes a graph, on one backend or many. The caller:
    reset and alloc_graph, writes the new inputs and calls `graph_compute`
    again. Assignment, splits, input copies, memory and each split's compute
    plan are kept: a reused step costs the copies and the kernels.
+   Beyond ggml, `keep_graphs` > 1 lets `reset()` put the allocated graph
+   aside, and `alloc_graph` take it up again as it was (a model alternating
+   between a prompt's graph and a token's builds and plans each once).
 
 Assignment is ggml's five passes (`passes.assign_backends`): nodes using a
 weight go where the weight is; assignments expand to neighbours; nodes move
@@ -113,6 +116,24 @@ class SchedSplit:
         return f"SchedSplit({self.backend.name()}#{self.backend_id}, nodes {self.i_start}..{self.i_end}, [{inputs}])"
 
 
+@dataclass(eq=False)
+class _KeptGraph:
+    """A split and allocated graph put aside by `reset()` (keep_graphs > 1) for `alloc_graph` to take up again:
+    its assignment, splits (with their plans), copies and graph copy; its tensors keep their places."""
+
+    graph: Graph
+    backend_ids: dict[int, int]
+    causes: dict[int, str]
+    copies: dict[tuple[int, int, int], Tensor]
+    splits: list[SchedSplit]
+    graph_copy: Graph | None
+    graph_copy_backends: list[int]
+    first_allocs: list[tuple[Tensor, int]]
+    ctx: Context | None
+    rewired: list[tuple[Tensor, int, Tensor]]
+    n_reserves: int  # the compute buffers' generation its places are in
+
+
 class BackendSched:
     """ggml_backend_sched: `backends` in priority order (the first is preferred, the last is the fallback)."""
 
@@ -177,6 +198,12 @@ class BackendSched:
         self.replayed = False  # whether the last allocation took a recorded layout
         self.layouts: dict[tuple[int, tuple[int, ...]], list[tuple[int, int, int] | int]] = {}
         self.n_reserves = 0  # buffers grown (by reserve or by a graph that no longer fit)
+        # Where pyggml goes beyond ggml: `reset()` may put the allocated graph aside instead of forgetting it, so
+        # that a caller alternating between a few graphs (a prompt's and a token's) takes one up again without
+        # the full path. 1: ggml's behaviour (only the allocated graph is kept, until reset). Not with n_copies > 1.
+        self.keep_graphs = 1
+        self._kept: list[_KeptGraph] = []  # oldest first, at most keep_graphs
+        self.restored = False  # whether the last allocation took up a kept graph
         self.stats = SchedStats(backends=[BackendStats(b.name()) for b in backends])
         self.n_computes = 0  # computes of the allocated graph
         self.freed = False
@@ -202,7 +229,12 @@ class BackendSched:
         if self.freed:
             return
         if not self.is_reset:
-            self._unsplit()
+            if self.is_alloc and self.keep_graphs > 1 and self.n_copies == 1 and self.split_graph is not None:
+                self._kept.append(self._put_aside())
+                while len(self._kept) > self.keep_graphs:
+                    self._release(self._kept.pop(0))
+            else:
+                self._unsplit()
             self.backend_ids = {}
             self.causes = {}
             self.copies = {}
@@ -227,12 +259,66 @@ class BackendSched:
         self.graph = None
         self.split_graph = None
 
+    def _put_aside(self) -> _KeptGraph:
+        """The allocated graph's state, taken out of the scheduler (which is left with no split graph)."""
+        assert self.split_graph is not None
+        kept = _KeptGraph(self.split_graph, self.backend_ids, self.causes, self.copies, self.splits, self.graph,
+                          self.graph_copy_backends, self.first_allocs, self.ctx, self._rewired, self.n_reserves)
+        self.splits, self.graph, self.split_graph, self.ctx, self._rewired = [], None, None, None, []
+        self.first_allocs, self.graph_copy_backends = [], []
+        return kept
+
+    def _take_up(self, kept: _KeptGraph) -> None:
+        self.backend_ids, self.causes, self.copies, self.splits = kept.backend_ids, kept.causes, kept.copies, \
+            kept.splits
+        self.graph, self.graph_copy_backends, self.first_allocs = kept.graph_copy, kept.graph_copy_backends, \
+            kept.first_allocs
+        self.ctx, self._rewired, self.split_graph = kept.ctx, kept.rewired, kept.graph
+        self.prev_graph_copy_backends = kept.graph_copy_backends
+
+    def _release(self, kept: _KeptGraph) -> None:
+        """Let a kept graph go: its nodes read their own sources again, its plans are freed, and its tensors in
+        the compute buffers lose their places (allocated again, they must not be taken as placed elsewhere)."""
+        for node, j, src in reversed(kept.rewired):
+            node.src[j] = src
+        for split in kept.splits:
+            if split.plan is not None and not self.backends[split.backend_id].freed:
+                self.backends[split.backend_id].graph_plan_free(split.plan)
+            split.plan = None
+        own = {id(b) for b in self.buffers if b is not None}
+        for t in [*(t for t, _ in kept.first_allocs), *kept.graph.nodes, *kept.graph.leafs]:
+            if t.buffer is not None and (id(t.buffer) in own or t.buffer.freed):
+                t.data = None
+                t.buffer = None
+
+    def forget_graph(self, graph: Graph | None = None) -> None:
+        """Let go of `graph`'s kept state (None: of every kept graph), before the caller frees its context."""
+        for kept in [k for k in self._kept if graph is None or k.graph is graph]:
+            self._kept.remove(kept)
+            self._release(kept)
+
+    def _kept_graph(self, graph: Graph) -> _KeptGraph | None:
+        """`graph`'s kept state if it can be taken up: the buffers it was placed in are today's, and the nodes
+        set to a backend since the last reset are the ones set when it was split (else it is let go)."""
+        kept = next((k for k in self._kept if k.graph is graph), None)
+        if kept is None:
+            return None
+        self._kept.remove(kept)
+        pins = self.backend_ids
+        same_pins = kept.n_reserves == self.n_reserves and sum(c == "usr" for c in kept.causes.values()) == len(
+            pins) and all(kept.backend_ids.get(t) == b and kept.causes.get(t) == "usr" for t, b in pins.items())
+        if same_pins:
+            return kept
+        self._release(kept)
+        return None
+
     def free(self) -> None:
         """ggml_backend_sched_free: the compute buffers, plans and events; freeing twice is harmless."""
         if self.freed:
             return
         self.reset()
         self._unsplit()
+        self.forget_graph()
         for buffer in self.buffers:
             if buffer is not None:
                 buffer.free()
@@ -472,12 +558,20 @@ class BackendSched:
         self.cur_copy = self.next_copy
         self.next_copy = (self.next_copy + 1) % self.n_copies
         t0 = time.perf_counter()
-        self._split(graph)
-        t1 = time.perf_counter()
-        self._alloc_splits()
+        kept = self._kept_graph(graph) if self._kept else None
+        self.restored = kept is not None
+        if kept is not None:
+            self._take_up(kept)
+            self.is_reset = False
+            t1 = t0
+        else:
+            self._split(graph)
+            t1 = time.perf_counter()
+            self._alloc_splits()
         self.is_alloc = True
         self.n_computes = 0  # of this allocation
         self._new_stats(graph, t1 - t0, time.perf_counter() - t1)
+        self.stats.restored = self.restored
 
     def _alloc_splits(self) -> None:
         """ggml_backend_sched_alloc_splits: allocate the graph copy; reserve first when a node changed to a
@@ -522,47 +616,64 @@ class BackendSched:
 
     def _record(self, order: list[Tensor], tallocs: list[TensorAllocator], views: set[int]) -> None:
         """ggml_gallocr's node_allocs: where each place of `order` got its memory (buffer, offset from the
-        base, bytes), or that it is a view or has memory of its own (weights, the KV cache)."""
+        base, bytes), or that it is a view or has memory of its own (weights, the KV cache). A tensor's later
+        places (it is the source of several nodes) name its first: replaying them is an identity check."""
         index = {id(t.get_buffer()): i for i, t in enumerate(tallocs)}
         bases = [t.base for t in tallocs]
         entries: list[tuple[int, int, int] | int] = []
-        for t in order:
+        first: dict[int, int] = {}
+        for k, t in enumerate(order):
             if id(t) in views:
                 entries.append(_VIEW)
                 continue
             i = index.get(id(t.buffer), -1) if t.buffer is not None else -1
             if i < 0 or t.data is None:
                 entries.append(_EXTERNAL)
-            else:
-                entries.append((i, t.data - bases[i], self.bufts[i].get_alloc_size(t)))
+                continue
+            seen = first.setdefault(id(t), k)
+            entries.append(seen if seen != k else (i, t.data - bases[i], self.bufts[i].get_alloc_size(t)))
         key = (len(order), tuple(self.graph_copy_backends))
         old = self.layouts.get(key)
         if old is None or all(_fits(e, o) for e, o in zip(entries, old, strict=True)):
             self.layouts[key] = entries  # keep the larger of two layouts of one shape (the reserved worst case)
 
     def _replay(self, order: list[Tensor], layout: list[tuple[int, int, int] | int]) -> bool:
-        """Give `order` the recorded addresses if every place fits (else False, nothing changed)."""
-        bufts = self.bufts
+        """Give `order` the recorded addresses if every place fits (else False, nothing changed).
+
+        The tensors are placed as ggml_backend_tensor_alloc places them, without its bounds check: a place
+        fits only when it lies inside today's buffer (buffers only grow)."""
+        # ggml_backend_buft_get_alloc_size: a type without the hook takes ggml_nbytes
+        sizes = [None if type(b)._get_alloc_size is BufferType._get_alloc_size else b.get_alloc_size
+                 for b in self.bufts]
+        limits = [b.get_size() if b is not None else -1 for b in self.buffers]
         for t, e in zip(order, layout, strict=True):
-            if e == _VIEW:
-                if t.view_src is None:
+            if e.__class__ is int:
+                if e >= 0:
+                    if order[e] is not t:
+                        return False
+                elif e == _VIEW:
+                    if t.view_src is None:
+                        return False
+                elif t.data is None and t.view_src is None:  # _EXTERNAL
                     return False
-            elif e == _EXTERNAL:
-                if t.data is None and t.view_src is None:
-                    return False
-            elif t.data is not None or t.view_src is not None or bufts[e[0]].get_alloc_size(t) > e[2]:
+                continue
+            if t.data is not None or t.view_src is not None:
+                return False
+            size_of = sizes[e[0]]
+            size = t.nbytes() if size_of is None else size_of(t)
+            if size > e[2] or e[1] + size > limits[e[0]]:
                 return False
         buffers = self.buffers
         for t, e in zip(order, layout, strict=True):
-            if t.data is not None:
+            if e.__class__ is int:
+                if e < 0 and t.data is None:  # a view (of the scheduler's memory or another's)
+                    view_init(t)
                 continue
-            if e == _VIEW:
-                view_init(t)
-            else:
-                buffer = buffers[e[0]]
-                assert buffer is not None
-                t.data = buffer.base + e[1]
-                t.buffer = buffer
+            buffer = buffers[e[0]]
+            assert buffer is not None
+            t.data = buffer.base + e[1]
+            t.buffer = buffer
+            if buffer.has_init_tensor:
                 buffer.init_tensor(t)
         return True
 

@@ -32,6 +32,7 @@ class SchedStats:
     split_time: float = 0.0  # seconds in the assignment passes and the split
     alloc_time: float = 0.0  # seconds in the graph allocator
     reused: bool = False  # the graph was allocated before: no split, no allocation
+    restored: bool = False  # the graph was kept aside since its last allocation (BackendSched.keep_graphs)
     total_time: float = 0.0  # seconds of the whole graph_compute call (its own time: minus copies and kernels)
     backends: list[BackendStats] = field(default_factory=list)
 
@@ -54,8 +55,8 @@ class SchedStats:
 
     def format(self) -> str:
         """A few lines for logs: the totals, then one line per backend (as the seed's timing printout)."""
-        how = "reused" if self.reused else (f"split {self.split_time * 1e3:.3f} ms, "
-                                             f"alloc {self.alloc_time * 1e3:.3f} ms")
+        how = "reused" if self.reused else "taken up again (kept since its last allocation)" if self.restored else (
+            f"split {self.split_time * 1e3:.3f} ms, alloc {self.alloc_time * 1e3:.3f} ms")
         lines = [f"sched: {self.n_nodes} nodes in {self.n_splits} splits; {how}"]
         for i, b in enumerate(self.backends):
             lines.append(f"  #{i} {b.name}: {b.n_splits} splits, copy {b.copy_time * 1e3:.3f} ms "

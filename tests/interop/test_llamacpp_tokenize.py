@@ -49,14 +49,37 @@ def run_all(tool: Path, model: Path, jobs: list[tuple[str, bool]]) -> list[list[
         return list(pool.map(one, jobs))
 
 
+# the real files' chat markers, mixed into the hard strings
+GEMMA3_HARD = ["<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n", "<bos>x<eos><pad>",
+               "<start_of_turn><start_of_turn> <start_of_turn", "text<end_of_turn>more"]
+
+
 def test_smollm2_hard_strings_equal_llama_tokenize(llamacpp_tools: dict[str, Path], smollm2_path: Path) -> None:
     tok = Tokenizer.from_gguf(read_gguf(smollm2_path))
     assert tok.pre is not None and tok.pre.name == "smollm"
-    joined = "\n".join(HARD)
-    jobs = [(text, True) for text in HARD] + [(text, False) for text in HARD if "<|" in text]
+    _assert_hard_strings(llamacpp_tools, smollm2_path, tok, HARD)
+    # the hard strings did reach the special-token and byte paths
+    im_start = tok.token_to_id["<|im_start|>"]
+    assert tok.encode("<|im_start|>user", parse_special=True)[0] == im_start
+    assert im_start not in tok.encode("<|im_start|>user", parse_special=False)
+
+
+def test_gemma3_hard_strings_equal_llama_tokenize(llamacpp_tools: dict[str, Path], gemma3_path: Path) -> None:
+    """Gemma 3 270M: a SentencePiece vocabulary of 262144 pieces (no space prefix, BOS added)."""
+    tok = Tokenizer.from_gguf(read_gguf(gemma3_path))
+    assert tok.add_bos_token
+    _assert_hard_strings(llamacpp_tools, gemma3_path, tok, HARD + GEMMA3_HARD)
+    turn = tok.token_to_id["<start_of_turn>"]
+    assert tok.encode("<start_of_turn>user", add_special=False, parse_special=True)[0] == turn
+
+
+def _assert_hard_strings(llamacpp_tools: dict[str, Path], model: Path, tok: Tokenizer, hard: list[str]) -> None:
+    """Each hard string, with special tokens parsed (and not, where it has markup), and all of them joined."""
+    joined = "\n".join(hard)
+    jobs = [(text, True) for text in hard] + [(text, False) for text in hard if "<" in text]
     jobs += [(joined, True), (joined, False)]
     tool = llamacpp_tools["llama-tokenize"]
-    wants = run_all(tool, smollm2_path, jobs)
+    wants = run_all(tool, model, jobs)
     diffs = []
     for (text, parse_special), want in zip(jobs, wants, strict=True):
         # llama-tokenize adds the special tokens the vocab asks for (SmolLM2's file: none)
@@ -64,10 +87,6 @@ def test_smollm2_hard_strings_equal_llama_tokenize(llamacpp_tools: dict[str, Pat
         if got != want:
             diffs.append(f"{text[:50]!r} parse_special={parse_special}: got {got[:20]}, want {want[:20]}")
     assert not diffs, "\n".join(diffs)
-    # the hard strings did reach the special-token and byte paths
-    im_start = tok.token_to_id["<|im_start|>"]
-    assert tok.encode("<|im_start|>user", parse_special=True)[0] == im_start
-    assert im_start not in tok.encode("<|im_start|>user", parse_special=False)
 
 
 @pytest.mark.parametrize("name", ["llama-spm", "phi-3", "llama-bpe", "qwen2", "gpt-2", "gemma-4"])

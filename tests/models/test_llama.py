@@ -277,8 +277,8 @@ def test_decode_graph_in_todays_idiom(tiny_gguf: object, flash_attn: str) -> Non
         model.eval([50 + t])
     # two graphs built: the prompt's, and one decode graph the scheduler reused for tokens 4..62
     assert model.n_graphs_built == 2 and model.runner.sched.reused
-    assert model._last is not None and model._last[0] == (1, 256, False)
-    inp = model._last[2]
+    assert model._last_key == (1, 256, False)
+    inp = model._graphs[model._last_key][1]
     ops = {n.op for n in model.runner.graph.nodes}
     assert GGMLOp.SET_ROWS in ops and GGMLOp.GLU in ops and GGMLOp.CPY not in ops
     assert (GGMLOp.FLASH_ATTN_EXT in ops) == (flash_attn == "on")

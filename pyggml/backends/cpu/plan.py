@@ -29,23 +29,26 @@ from pyggml.core.tensor import GGMLOp, Tensor, is_view_op, nbytes_of
 
 Supports = Callable[[Tensor], bool]
 
-_supports_cache: dict[GGMLOp, Supports | None] = {}
+_supports_of: dict[GGMLOp, Supports | bool] = {}  # an op's `supports(node)`, or the answer for every node
 
 
-def kernel_supports(node: Tensor) -> bool:
-    """Whether the CPU kernels compute `node`: its op has a kernel, and the kernel's module
-    (if it exposes `supports(node)`) accepts the node's types and parameters."""
-    op = node.op
+def _op_supports(op: GGMLOp) -> Supports | bool:
     if op == GGMLOp.NONE or is_view_op(op):
         return True
     kernel = KERNELS.get(op)
     if kernel is None:
         return False
-    if op not in _supports_cache:
-        module = sys.modules.get(getattr(kernel, "__module__", "") or "")
-        _supports_cache[op] = getattr(module, "supports", None)
-    supports = _supports_cache[op]
-    return True if supports is None else bool(supports(node))
+    module = sys.modules.get(getattr(kernel, "__module__", "") or "")
+    return getattr(module, "supports", None) or True
+
+
+def kernel_supports(node: Tensor) -> bool:
+    """Whether the CPU kernels compute `node`: its op has a kernel, and the kernel's module
+    (if it exposes `supports(node)`) accepts the node's types and parameters."""
+    supports = _supports_of.get(node.op)
+    if supports is None:
+        supports = _supports_of[node.op] = _op_supports(node.op)
+    return supports if supports.__class__ is bool else bool(supports(node))  # type: ignore[operator]
 
 
 def _is_noop(fn: Compute) -> bool:

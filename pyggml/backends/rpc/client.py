@@ -1,0 +1,495 @@
+"""The `rpc` backend: devices of a remote ggml RPC server (ggml-rpc-server, or `pyggml rpc-server`).
+
+Registry "rpc" (`rpc_reg`, the entry point `pyggml.backends: rpc`). It lists no device until a server
+is added (`add_server(endpoint)`, ggml_backend_rpc_add_server, or `init_backend("rpc://HOST:PORT")`),
+since enumerating must not connect anywhere. A server gives one device per remote device
+(DEVICE_COUNT): "RPC<d>[HOST:PORT]", type GPU as in the C client, memory asked of the server
+(GET_DEVICE_MEMORY). Specs: "rpc://HOST:PORT" (device 0), "rpc://HOST:PORT/DEVICE", and without
+"//" ("rpc:HOST:PORT").
+
+Buffers live on the server: ALLOC_BUFFER gives a remote id and size, BUFFER_GET_BASE its base
+address, so `tensor.data` is the server's address, as in ggml. Data moves with SET_TENSOR
+(SET_TENSOR_HASH first for WEIGHTS data over 10 MiB, which a server with a cache directory may
+already hold), GET_TENSOR, MEMSET_TENSOR, BUFFER_CLEAR and COPY_TENSOR (between buffers of the same
+server). INIT_TENSOR and GET_ALLOC_SIZE are asked only where the C client asks them (quantized
+tensors whose rows are not a multiple of 512, and ops whose size may expand).
+
+Graphs: the backend serializes a graph as the C client does (every node and, depth first, its
+sources and view sources; each tensor once) and sends GRAPH_COMPUTE, which has no answer; when
+the bytes equal those of the graph the server last computed on that device, it sends
+GRAPH_RECOMPUTE (4 bytes) instead. The C client compares graph uids; pyggml's graphs have none,
+and comparing the bytes is also right when a reused graph's tensors moved (a KV cache view), which
+the server must then see. `use_count` travels as 0: the server's backend then fuses no nodes,
+which is always correct (counts taken from one split alone could be too low and let a fused node
+skip writing a result another split reads).
+
+supports_op: unlike the C client (true for everything), pyggml answers only what it knows a
+server can run: an op and types of ggml at 0c1e570 that pyggml knows (`GGMLOp`, `GGMLType` with a
+block size), shapes and strides that fit the protocol's u32 fields, and no op that carries a host
+function pointer (MAP_CUSTOM1..3, CUSTOM), which cannot cross machines. The scheduler keeps the
+rest local.
+
+Faults: see `connection`: a server that goes away raises `RpcConnectionError` naming the endpoint;
+freeing buffers and backends afterwards works (nothing is sent on a broken connection).
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from pyggml.backend.backend import Backend
+from pyggml.backend.buffer import Buffer, BufferUsage, tensor_buffer
+from pyggml.backend.buffer_type import BufferType
+from pyggml.backend.device import Device, DeviceCaps, DeviceType
+from pyggml.backend.registry import Reg
+from pyggml.backends.rpc import wire
+from pyggml.backends.rpc.connection import Connection, connect, parse_endpoint
+from pyggml.backends.rpc.wire import RpcCmd, RpcError
+from pyggml.core.errors import ArgumentError, OutOfMemoryError
+from pyggml.core.graph import Graph
+from pyggml.core.tensor import GGMLOp, Tensor, TensorFlag
+from pyggml.core.types import TYPE_TRAITS, GGMLType
+
+log = logging.getLogger("pyggml.backends.rpc")
+
+# ops that carry a function pointer of the sending process: no server can run them
+HOST_FUNCTION_OPS = frozenset({GGMLOp.MAP_CUSTOM1, GGMLOp.MAP_CUSTOM2, GGMLOp.MAP_CUSTOM3, GGMLOp.CUSTOM})
+# ggml_op_alloc_size_may_expand: ops a server's backend may want more memory for
+ALLOC_SIZE_MAY_EXPAND = frozenset({GGMLOp.FLASH_ATTN_EXT, GGMLOp.MUL_MAT, GGMLOp.MUL_MAT_ID, GGMLOp.CUMSUM,
+                                   GGMLOp.ARGSORT, GGMLOp.TOP_K})
+U32_MAX = 2**32 - 1
+COMPUTE_FLAG = int(TensorFlag.COMPUTE)
+NO_SRC = [0] * 10
+EMPTY_BASE = 0x1000  # the base of an empty buffer (nothing is ever addressed in it)
+
+
+def _needs_server_init(t: Tensor) -> bool:
+    """The C client's rule for INIT_TENSOR and GET_ALLOC_SIZE: quantized, rows not a multiple of 512 (a
+    CUDA server pads those), and not a view."""
+    return TYPE_TRAITS[t.type].is_quantized and t.ne[0] % 512 != 0 and t.view_src is None
+
+
+# --- serialization ---
+
+
+def serialize_tensor(t: Tensor | None, conn: Connection | None, extra_flags: int = 0, strict: bool = False) -> bytes:
+    """serialize_tensor: the rpc_tensor of `t` (all zero for None). Its buffer and data are sent only for
+    a buffer of this connection's server (ggml's rule: other memory means nothing there); `strict` (graphs)
+    refuses a tensor with memory elsewhere, which the server would compute with a NULL address."""
+    if t is None:
+        return wire.NULL_TENSOR
+    buffer = tensor_buffer(t)
+    data = t.data
+    # only memory inside the buffer is sent: a measure allocator places tensors at fake addresses past its
+    # 1-byte probe buffer (the seed's way), and ggml-rpc-server aborts on a tensor outside its buffer
+    if isinstance(buffer, RPCBuffer) and (conn is None or buffer.conn is conn) and data is not None \
+            and buffer.base <= data and data + t.nbytes() <= buffer.base + buffer.size:
+        remote = buffer.remote_ptr
+    else:
+        if strict and data is not None:
+            where = f"buffer '{buffer.name}'" if buffer is not None else "no buffer"
+            if isinstance(buffer, RPCBuffer) and buffer.conn is not conn:
+                where += f" of an earlier connection to {buffer.conn.endpoint} ({buffer.conn.broken})"
+            raise RpcError(f"graph for RPC server {conn.endpoint if conn else '?'}: tensor '{t.name}' "
+                           f"({t.op.name}) has its memory in {where}, not on that server")
+        remote, data = 0, 0
+    # a leaf (op NONE) is data, not work: its sources (pyggml's scheduler links an input copy to the tensor it
+    # copies, to keep that alive) are not the server's business and do not travel
+    src = [id(s) if s is not None else 0 for s in t.src] if t.op != GGMLOp.NONE else NO_SRC
+    view_src = id(t.view_src) if t.view_src is not None else 0
+    return wire.pack_tensor(id(t), int(t.type), remote, t.ne, t.nb, int(t.op), t.op_params,
+                            int(t.flags) | extra_flags, src, view_src, t.view_offs, data, t.name)
+
+
+def serialize_graph(device: int, nodes: list[Tensor], conn: Connection) -> bytes:
+    """serialize_graph: device, node ids, then each tensor the nodes reach (sources and view sources
+    first, depth first, each once), as the C client's add_tensor orders them."""
+    visited: set[int] = set()
+    out: list[bytes] = []
+    # ggml_build_forward_expand marks every node it lists COMPUTE, and ggml's CPU backend skips nodes without
+    # it; pyggml's graphs list their nodes without the flag, so the nodes get it on the wire
+    node_ids = {id(n) for n in nodes if n.op != GGMLOp.NONE}
+    for node in nodes:
+        # iterative post-order: a long chain of views or ops must not hit Python's recursion limit
+        stack: list[tuple[Tensor, int]] = [(node, 0)]
+        while stack:
+            t, i = stack.pop()
+            if i == 0:
+                if id(t) in visited:
+                    continue
+                visited.add(id(t))
+            children = (*t.src, t.view_src) if t.op != GGMLOp.NONE else (t.view_src,)
+            while i < len(children) and (children[i] is None or id(children[i]) in visited):
+                i += 1
+            if i < len(children):
+                child = children[i]
+                assert child is not None
+                stack.append((t, i + 1))
+                stack.append((child, 0))
+                continue
+            out.append(serialize_tensor(t, conn, COMPUTE_FLAG if id(t) in node_ids else 0, strict=True))
+    return wire.pack_graph(device, [id(n) for n in nodes], out)
+
+
+# --- buffers ---
+
+
+class RPCBuffer(Buffer):
+    """A buffer on the server: `remote_ptr` names it there, `base` is its address there."""
+
+    def __init__(self, buft: RPCBufferType, conn: Connection, remote_ptr: int, size: int) -> None:
+        super().__init__(None, size, buft=buft)
+        self.conn = conn
+        self.remote_ptr = remote_ptr
+        rsp = conn.request(RpcCmd.BUFFER_GET_BASE, wire.BUFFER_GET_BASE_REQ.pack(remote_ptr),
+                           wire.BUFFER_GET_BASE_RSP.size)
+        (self.base,) = wire.BUFFER_GET_BASE_RSP.unpack(rsp)
+        if not self.base and size == 0:
+            self.base = EMPTY_BASE  # ggml gives an empty buffer base NULL; pyggml's bases are never NULL
+        if not self.base:
+            raise RpcError(f"RPC server {conn.endpoint}: buffer {remote_ptr:#x} of {size} bytes has base address 0")
+
+    def _get_base(self) -> int:
+        return self.base
+
+    def _free_buffer(self) -> None:
+        conn = self.conn
+        with conn.lock:
+            if conn.broken is not None:
+                return  # the server's memory went with the connection: nothing to free, nothing to raise
+            # the server drops its stored graphs when a buffer goes (their tensors may point into it)
+            conn.last_graph.clear()
+            conn.send(RpcCmd.FREE_BUFFER, wire.FREE_BUFFER_REQ.pack(self.remote_ptr))
+
+    def _init_tensor(self, tensor: Tensor) -> None:
+        if _needs_server_init(tensor):
+            self.conn.send(RpcCmd.INIT_TENSOR, serialize_tensor(tensor, self.conn))
+
+    def _clear(self, value: int) -> None:
+        self.conn.send(RpcCmd.BUFFER_CLEAR, wire.BUFFER_CLEAR_REQ.pack(self.remote_ptr, value))
+
+    def _memset_tensor(self, tensor: Tensor, value: int, offset: int, size: int) -> None:
+        self.conn.send(RpcCmd.MEMSET_TENSOR, serialize_tensor(tensor, self.conn)
+                       + wire.MEMSET_TENSOR_REQ_TAIL.pack(offset, size, value))
+
+    def _set_tensor(self, tensor: Tensor, data: memoryview, offset: int, size: int) -> None:
+        rt = serialize_tensor(tensor, self.conn)
+        payload = data[:size]
+        cache_flag = 0
+        if size > wire.HASH_THRESHOLD and self.usage == BufferUsage.WEIGHTS:
+            h = wire.fnv_hash(payload)
+            rsp = self.conn.request(RpcCmd.SET_TENSOR_HASH, rt + wire.SET_TENSOR_HASH_REQ_TAIL.pack(offset, h),
+                                    wire.SET_TENSOR_HASH_RSP.size)
+            if rsp[0]:
+                return  # the server had the bytes in its cache
+            cache_flag = 1  # ask it to keep them
+        self.conn.send(RpcCmd.SET_TENSOR, wire.pack_set_tensor(rt, cache_flag, offset, payload))
+
+    def _get_tensor(self, tensor: Tensor, data: memoryview, offset: int, size: int) -> None:
+        req = serialize_tensor(tensor, self.conn) + wire.GET_TENSOR_REQ_TAIL.pack(offset, size)
+        self.conn.request(RpcCmd.GET_TENSOR, req, size, out=data[:size])
+
+    def _cpy_tensor(self, src: Tensor, dst: Tensor) -> bool:
+        src_buffer = tensor_buffer(src)
+        if not isinstance(src_buffer, RPCBuffer) or src_buffer.conn is not self.conn:
+            return False  # other memory: the caller copies through the host
+        rsp = self.conn.request(RpcCmd.COPY_TENSOR, serialize_tensor(src, self.conn)
+                                + serialize_tensor(dst, self.conn), wire.COPY_TENSOR_RSP.size)
+        return bool(rsp[0])
+
+    def _is_host(self) -> bool:
+        return False
+
+
+class RPCBufferType(BufferType):
+    """The memory of one remote device; alignment and max size asked of the server once."""
+
+    def __init__(self, device: RPCDevice) -> None:
+        super().__init__(device)
+        self.rpc_device = device
+        self._alignment: int | None = None
+        self._max_size: int | None = None
+        self._alloc_sizes: dict[bytes, int] = {}
+
+    def _get_name(self) -> str:
+        return self.rpc_device.name()
+
+    def _conn(self) -> Connection:
+        return self.rpc_device.conn()
+
+    def _get_alignment(self) -> int:
+        if self._alignment is None:
+            rsp = self._conn().request(RpcCmd.GET_ALIGNMENT, wire.GET_ALIGNMENT_REQ.pack(self.rpc_device.index),
+                                       wire.GET_ALIGNMENT_RSP.size)
+            (self._alignment,) = wire.GET_ALIGNMENT_RSP.unpack(rsp)
+        return self._alignment
+
+    def _get_max_size(self) -> int:
+        if self._max_size is None:
+            rsp = self._conn().request(RpcCmd.GET_MAX_SIZE, wire.GET_MAX_SIZE_REQ.pack(self.rpc_device.index),
+                                       wire.GET_MAX_SIZE_RSP.size)
+            (self._max_size,) = wire.GET_MAX_SIZE_RSP.unpack(rsp)
+        return self._max_size
+
+    def _get_alloc_size(self, tensor: Tensor) -> int:
+        nbytes = tensor.nbytes()
+        if not (_needs_server_init(tensor) or tensor.op in ALLOC_SIZE_MAY_EXPAND):
+            return nbytes
+        # alloc sizes depend on the tensor's layout and op, not its sources' sizes (the C client's key)
+        key = struct.pack("<II", int(tensor.type), int(tensor.op)) + tensor.op_params.tobytes() \
+            + struct.pack("<4q4q", *tensor.ne, *tensor.nb)
+        size = self._alloc_sizes.get(key)
+        if size is None:
+            conn = self._conn()
+            req = b"".join((wire.GET_ALLOC_SIZE_REQ_HEAD.pack(self.rpc_device.index),
+                            serialize_tensor(tensor, conn), *(serialize_tensor(s, conn) for s in tensor.src)))
+            rsp = conn.request(RpcCmd.GET_ALLOC_SIZE, req, wire.GET_ALLOC_SIZE_RSP.size)
+            (size,) = wire.GET_ALLOC_SIZE_RSP.unpack(rsp)
+            self._alloc_sizes[key] = size
+        return max(size, nbytes)
+
+    def _alloc_buffer(self, size: int) -> Buffer:
+        conn = self._conn()
+        rsp = conn.request(RpcCmd.ALLOC_BUFFER, wire.ALLOC_BUFFER_REQ.pack(self.rpc_device.index, size),
+                           wire.ALLOC_BUFFER_RSP.size)
+        remote_ptr, remote_size = wire.ALLOC_BUFFER_RSP.unpack(rsp)
+        if remote_ptr == 0:
+            raise OutOfMemoryError(f"RPC server {conn.endpoint}: device {self.rpc_device.index} could not "
+                                   f"allocate a buffer of {size} bytes")
+        return RPCBuffer(self, conn, remote_ptr, remote_size)
+
+    def _is_host(self) -> bool:
+        return False
+
+
+# --- the backend ---
+
+
+class RPCBackend(Backend):
+    """A backend computing on device `device.index` of the server."""
+
+    def __init__(self, device: RPCDevice) -> None:
+        super().__init__(device)
+        self.rpc_device = device
+        self.n_computes = 0
+        self.n_recomputes = 0
+        self._conn: Connection | None = None  # the connection of its first compute, for good (as C's dispatcher)
+
+    def _get_name(self) -> str:
+        return self.rpc_device.name()
+
+    def conn(self) -> Connection:
+        """The connection this backend computes on: once it breaks, every compute raises (a new connection
+        would be a server without this backend's buffers)."""
+        if self._conn is None:
+            self._conn = self.rpc_device.conn()
+        return self._conn
+
+    def _graph_compute(self, graph: Graph) -> None:
+        if not graph.nodes:
+            return  # the C client asserts n_nodes > 0; an empty graph has nothing to do
+        conn = self.conn()
+        index = self.rpc_device.index
+        payload = serialize_graph(index, graph.nodes, conn)
+        with conn.lock:
+            if conn.last_graph.get(index) == payload:
+                conn.send(RpcCmd.GRAPH_RECOMPUTE, wire.GRAPH_RECOMPUTE_REQ.pack(index))
+                self.n_recomputes += 1
+            else:
+                conn.last_graph.pop(index, None)  # if the send fails, the server holds no graph we know
+                conn.send(RpcCmd.GRAPH_COMPUTE, payload)
+                conn.last_graph[index] = payload
+                self.n_computes += 1
+
+    def _synchronize(self) -> None:
+        if self._conn is not None:
+            self._conn.synchronize()
+
+    def _free(self) -> None:
+        """Nothing of the server's is the backend's own (buffers are freed with their buffers)."""
+
+    def describe(self) -> str:
+        conn = self.rpc_device.conn_if_open()
+        if conn is None:
+            return f"RPC server {self.rpc_device.endpoint} (not connected)"
+        version = ".".join(map(str, conn.version))
+        return f"RPC server {conn.endpoint}, protocol {version}, device {self.rpc_device.index}"
+
+
+# --- devices and the registry ---
+
+
+class RPCDevice(Device):
+    """Device `index` of the RPC server at `endpoint`."""
+
+    def __init__(self, reg: RPCReg, endpoint: str, index: int) -> None:
+        super().__init__(reg)
+        self.endpoint = endpoint
+        self.index = index
+        self._conn: Connection | None = None
+        self.buft = RPCBufferType(self)
+
+    def conn(self) -> Connection:
+        """The connection to the server: the endpoint's open one (made again if the last one broke and
+        no buffer of this device used it; one that broke under live buffers stays broken for them)."""
+        conn = self._conn
+        if conn is None or conn.broken is not None:
+            conn = connect(self.endpoint)
+            if self._conn is not None and self._conn is not conn:
+                # a new connection is a new session: the server forgot our graphs and buffer type answers
+                self.buft._alignment = self.buft._max_size = None
+                self.buft._alloc_sizes.clear()
+            self._conn = conn
+        return conn
+
+    def conn_if_open(self) -> Connection | None:
+        return self._conn if self._conn is not None and self._conn.broken is None else None
+
+    def _get_name(self) -> str:
+        return f"RPC{self.index}[{self.endpoint}]"
+
+    def _get_description(self) -> str:
+        return f"device {self.index} of RPC server {self.endpoint}"
+
+    def _get_memory(self) -> tuple[int, int]:
+        rsp = self.conn().request(RpcCmd.GET_DEVICE_MEMORY, wire.GET_DEVICE_MEMORY_REQ.pack(self.index),
+                                  wire.GET_DEVICE_MEMORY_RSP.size)
+        free, total = wire.GET_DEVICE_MEMORY_RSP.unpack(rsp)
+        return min(free, total), total
+
+    def _get_type(self) -> DeviceType:
+        return DeviceType.GPU  # as the C client (it cannot ask the server)
+
+    def _get_caps(self) -> DeviceCaps:
+        return DeviceCaps()
+
+    def _init_backend(self, params: str | None) -> RPCBackend:
+        if params:
+            raise ArgumentError(f"the rpc backend takes no parameters, got {params!r}")
+        return RPCBackend(self)
+
+    def _get_buffer_type(self) -> BufferType:
+        return self.buft
+
+    def _supports_op(self, op: Tensor) -> bool:
+        return rpc_supports_op(op)
+
+    def _supports_buft(self, buft: BufferType) -> bool:
+        return buft is self.buft
+
+
+def _wire_ok(t: Tensor) -> bool:
+    if t.type not in GGMLType._value2member_map_ or TYPE_TRAITS[t.type].blck_size == 0:
+        return False
+    return all(0 <= n <= U32_MAX for n in t.ne) and all(0 <= n <= U32_MAX for n in t.nb)
+
+
+def rpc_supports_op(op: Tensor) -> bool:
+    """What pyggml knows a server can run (see the module doc): a known op without host function pointers,
+    and every tensor of known type and of a layout the wire carries."""
+    if op.op not in GGMLOp._value2member_map_ or op.op in HOST_FUNCTION_OPS:
+        return False
+    return _wire_ok(op) and all(_wire_ok(s) for s in op.src if s is not None)
+
+
+class RPCReg(Reg):
+    """The rpc registry: the devices of the servers added so far (none until one is)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._servers: dict[str, list[RPCDevice]] = {}
+        self._lock = threading.Lock()
+
+    def _get_name(self) -> str:
+        return "rpc"
+
+    def _all(self) -> list[RPCDevice]:
+        return [d for devs in self._servers.values() for d in devs]
+
+    def _get_device_count(self) -> int:
+        return len(self._all())
+
+    def _get_device(self, index: int) -> Device:
+        return self._all()[index]
+
+    def _get_proc_address(self, name: str) -> Callable[..., Any] | None:
+        from pyggml.backends.rpc import server
+
+        return {"ggml_backend_rpc_add_server": self.add_server,
+                "ggml_backend_rpc_start_server": server.start_server,
+                "pyggml_rpc_server": server.RpcServer}.get(name)
+
+    def add_server(self, endpoint: str) -> list[RPCDevice]:
+        """ggml_backend_rpc_add_server: connect to `endpoint` ("HOST:PORT") and list its devices (once)."""
+        host, port, _ = parse_endpoint(endpoint)
+        key = f"{host}:{port}"
+        with self._lock:
+            devs = self._servers.get(key)
+            if devs is not None:
+                return devs
+        conn = connect(key)
+        rsp = conn.request(RpcCmd.DEVICE_COUNT, b"", wire.DEVICE_COUNT_RSP.size)
+        (count,) = wire.DEVICE_COUNT_RSP.unpack(rsp)
+        with self._lock:
+            devs = self._servers.setdefault(key, [RPCDevice(self, key, i) for i in range(count)])
+        return devs
+
+    def device(self, endpoint: str) -> RPCDevice:
+        """The device of "HOST:PORT[/DEVICE]" (device 0 without '/'), adding the server if needed."""
+        _, _, index = parse_endpoint(endpoint)
+        devs = self.add_server(endpoint)
+        index = index or 0
+        if index >= len(devs):
+            raise ArgumentError(f"RPC server {devs[0].endpoint if devs else endpoint} has {len(devs)} device(s), "
+                                f"no device {index}")
+        return devs[index]
+
+    def _init_backend(self, arg: str | None) -> Backend:
+        if not arg:
+            raise ArgumentError("the rpc backend needs a server: 'rpc://HOST:PORT[/DEVICE]'")
+        return self.device(arg).init_backend(None)
+
+
+_reg: RPCReg | None = None
+
+
+def rpc_reg() -> RPCReg:
+    """ggml_backend_rpc_reg: the rpc registry (one per process)."""
+    global _reg
+    if _reg is None:
+        _reg = RPCReg()
+    return _reg
+
+
+def rpc_init(endpoint: str, device: int = 0) -> RPCBackend:
+    """ggml_backend_rpc_init: a backend of device `device` of the server at `endpoint`."""
+    host, port, _ = parse_endpoint(endpoint)
+    backend = rpc_reg().device(f"{host}:{port}/{device}").init_backend(None)
+    assert isinstance(backend, RPCBackend)
+    return backend
+
+
+def is_rpc(backend: object) -> bool:
+    """ggml_backend_is_rpc."""
+    return isinstance(backend, RPCBackend)
+
+
+def rpc_buffer_type(endpoint: str, device: int = 0) -> RPCBufferType:
+    """ggml_backend_rpc_buffer_type."""
+    host, port, _ = parse_endpoint(endpoint)
+    return rpc_reg().device(f"{host}:{port}/{device}").buft
+
+
+def rpc_get_device_memory(endpoint: str, device: int = 0) -> tuple[int, int]:
+    """ggml_backend_rpc_get_device_memory: (free, total) bytes."""
+    host, port, _ = parse_endpoint(endpoint)
+    return rpc_reg().device(f"{host}:{port}/{device}").memory()
+
+
+__all__ = ["RPCBackend", "RPCBuffer", "RPCBufferType", "RPCDevice", "RPCReg", "is_rpc",
+           "rpc_buffer_type", "rpc_get_device_memory", "rpc_init", "rpc_reg", "rpc_supports_op",
+           "serialize_graph", "serialize_tensor"]

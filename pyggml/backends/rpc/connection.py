@@ -1,0 +1,252 @@
+"""One TCP connection to an RPC server: HELLO, then requests one at a time.
+
+The C client keeps one connection per endpoint (its `rpc_dispatcher`), and ggml-rpc-server serves
+one client at a time, so pyggml does the same: `connect(endpoint)` returns the live connection of
+an endpoint or makes one. Requests are serialized by a lock (the scheduler and a loader may share
+a connection from different threads).
+
+Faults: every socket operation has a timeout (`PYGGML_RPC_TIMEOUT` seconds, default 120: a large
+graph computes before the next answer comes). A peer that closes, resets or stays silent past the
+timeout breaks the connection: the request raises `RpcConnectionError` naming the endpoint and the
+command, and every later request raises the same at once, without touching the socket. Nothing
+aborts the process, unlike the C client.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+
+from pyggml.backends.rpc.wire import (
+    CMD_HEADER,
+    GET_ALIGNMENT_REQ,
+    GET_ALIGNMENT_RSP,
+    HELLO_REQ,
+    HELLO_RSP,
+    RPC_CONN_CAPS_SIZE,
+    SIZE_HEADER,
+    RpcCmd,
+    RpcConnectionError,
+    RpcError,
+    check_version,
+)
+from pyggml.core.errors import ArgumentError
+
+log = logging.getLogger("pyggml.backends.rpc")
+
+ENV_TIMEOUT = "PYGGML_RPC_TIMEOUT"
+DEFAULT_TIMEOUT = 120.0
+CONNECT_TIMEOUT = 10.0
+
+
+def default_timeout() -> float:
+    text = os.environ.get(ENV_TIMEOUT)
+    if not text:
+        return DEFAULT_TIMEOUT
+    try:
+        value = float(text)
+    except ValueError:
+        raise ArgumentError(f"{ENV_TIMEOUT}={text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise ArgumentError(f"{ENV_TIMEOUT}={text!r} must be > 0 seconds")
+    return value
+
+
+def parse_endpoint(text: str) -> tuple[str, int, int | None]:
+    """(host, port, device or None) of "HOST:PORT[/DEVICE]", with an optional "rpc://" or "//" in front."""
+    if not isinstance(text, str):
+        raise ArgumentError(f"RPC endpoint must be a str \"HOST:PORT\", got {type(text).__name__} {text!r:.80}")
+    rest = text
+    for prefix in ("rpc://", "//"):
+        if rest.lower().startswith(prefix):
+            rest = rest[len(prefix):]
+            break
+    rest, slash, dev_text = rest.partition("/")
+    host, colon, port_text = rest.rpartition(":")
+    if not colon or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ArgumentError(f"RPC endpoint {text!r} is not \"HOST:PORT[/DEVICE]\" (a port in 1..65535)")
+    device = None
+    if slash:
+        if not dev_text.isdigit():
+            raise ArgumentError(f"RPC endpoint {text!r}: the device after '/' must be a number, got {dev_text!r}")
+        device = int(dev_text)
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, int(port_text), device
+
+
+class Connection:
+    """A connection to the RPC server at `endpoint` ("HOST:PORT"), after a successful HELLO."""
+
+    def __init__(self, endpoint: str, timeout: float | None = None) -> None:
+        host, port, _ = parse_endpoint(endpoint)
+        self.endpoint = f"{host}:{port}"
+        self.timeout = default_timeout() if timeout is None else timeout
+        self.lock = threading.RLock()
+        self.broken: str | None = None  # why the connection is unusable, once it is
+        self.pending = False  # a command without an answer was sent since the last answer
+        self.last_graph: dict[int, bytes] = {}  # device -> the graph the server holds for GRAPH_RECOMPUTE
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        self.version: tuple[int, int, int] = (0, 0, 0)
+        try:
+            self.sock = socket.create_connection((host, port), timeout=min(CONNECT_TIMEOUT, self.timeout))
+        except OSError as e:
+            raise RpcConnectionError(f"cannot connect to RPC server {self.endpoint}: {e}") from None
+        self.sock.settimeout(self.timeout)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            self._hello()
+        except BaseException:
+            self.close()
+            raise
+        log.debug("connected to RPC server %s (protocol %d.%d.%d)", self.endpoint, *self.version)
+
+    def _hello(self) -> None:
+        # pyggml has no RDMA: its caps are all zero, and it ignores the server's (no transport upgrade)
+        rsp = self.request(RpcCmd.HELLO, HELLO_REQ.pack(bytes(RPC_CONN_CAPS_SIZE)), HELLO_RSP.size)
+        major, minor, patch, _, _caps = HELLO_RSP.unpack(rsp)
+        self.version = (major, minor, patch)
+        check_version(major, minor, patch, self.endpoint)
+
+    # --- the socket ---
+
+    def _fail(self, cmd: RpcCmd, why: str) -> RpcConnectionError:
+        """Break the connection for good and the error to raise."""
+        if self.broken is None:
+            self.broken = f"{why} (during {cmd.name})"
+            log.warning("RPC server %s: %s", self.endpoint, self.broken)
+            self._close_socket()
+        return RpcConnectionError(f"RPC server {self.endpoint} went away: {self.broken}")
+
+    def _check(self, cmd: RpcCmd) -> None:
+        if self.broken is not None:
+            raise RpcConnectionError(f"RPC server {self.endpoint} is unusable: {self.broken}; cannot send "
+                                     f"{cmd.name}")
+
+    def _recv_exact(self, cmd: RpcCmd, n: int) -> bytearray:
+        out = bytearray(n)
+        view = memoryview(out)
+        got = 0
+        while got < n:
+            try:
+                k = self.sock.recv_into(view[got:], n - got)
+            except TimeoutError:
+                raise self._fail(cmd, f"no answer within {self.timeout:g} s") from None
+            except OSError as e:
+                raise self._fail(cmd, f"receive failed: {e}") from None
+            if k == 0:
+                raise self._fail(cmd, f"connection closed by the server after {got} of {n} bytes")
+            got += k
+        self.bytes_received += n
+        return out
+
+    def _send(self, cmd: RpcCmd, payload: bytes | bytearray | memoryview) -> None:
+        try:
+            self.sock.sendall(CMD_HEADER.pack(int(cmd), len(payload)))
+            if len(payload):
+                self.sock.sendall(payload)
+        except TimeoutError:
+            raise self._fail(cmd, f"send blocked for {self.timeout:g} s") from None
+        except OSError as e:
+            raise self._fail(cmd, f"send failed: {e}") from None
+        self.bytes_sent += CMD_HEADER.size + len(payload)
+
+    # --- requests ---
+
+    def send(self, cmd: RpcCmd, payload: bytes | bytearray | memoryview = b"") -> None:
+        """A command without a response (FREE_BUFFER, SET_TENSOR, GRAPH_COMPUTE, ...)."""
+        with self.lock:
+            self._check(cmd)
+            self._send(cmd, payload)
+            self.pending = True
+
+    def request(self, cmd: RpcCmd, payload: bytes | bytearray | memoryview, response_size: int,
+                out: memoryview | None = None) -> bytearray:
+        """A command and its response of exactly `response_size` bytes (into `out` when given)."""
+        with self.lock:
+            self._check(cmd)
+            self._send(cmd, payload)
+            (size,) = SIZE_HEADER.unpack(self._recv_exact(cmd, SIZE_HEADER.size))
+            if size != response_size:
+                self._fail(cmd, f"answer of {size} bytes, expected {response_size}")
+                raise RpcError(f"RPC server {self.endpoint}: {cmd.name} answered {size} bytes, expected "
+                               f"{response_size}")
+            if out is not None:
+                self._recv_into(cmd, out, size)
+                data = bytearray()
+            else:
+                data = self._recv_exact(cmd, size)
+            self.pending = False
+            return data
+
+    def _recv_into(self, cmd: RpcCmd, out: memoryview, n: int) -> None:
+        got = 0
+        while got < n:
+            try:
+                k = self.sock.recv_into(out[got:], n - got)
+            except TimeoutError:
+                raise self._fail(cmd, f"no answer within {self.timeout:g} s") from None
+            except OSError as e:
+                raise self._fail(cmd, f"receive failed: {e}") from None
+            if k == 0:
+                raise self._fail(cmd, f"connection closed by the server after {got} of {n} bytes")
+            got += k
+        self.bytes_received += n
+
+    def synchronize(self) -> None:
+        """Wait until the server has done every command sent (it serves them in order): one cheap request
+        when a command without an answer is outstanding. A graph that failed on the server shows here."""
+        with self.lock:
+            if self.pending and self.broken is None:
+                self.request(RpcCmd.GET_ALIGNMENT, GET_ALIGNMENT_REQ.pack(0), GET_ALIGNMENT_RSP.size)
+
+    # --- lifetime ---
+
+    def _close_socket(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        with self.lock:
+            if self.broken is None:
+                self.broken = "closed by this client"
+            self._close_socket()
+        with _lock:
+            if _connections.get(self.endpoint) is self:
+                del _connections[self.endpoint]
+
+    def __repr__(self) -> str:
+        state = f"broken: {self.broken}" if self.broken else "open"
+        return f"Connection('{self.endpoint}', {state})"
+
+
+_connections: dict[str, Connection] = {}
+_lock = threading.Lock()
+
+
+def connect(endpoint: str, timeout: float | None = None) -> Connection:
+    """The open connection to `endpoint`, or a new one (a broken one is replaced: its buffers are gone,
+    but a server that came back is usable again)."""
+    host, port, _ = parse_endpoint(endpoint)
+    key = f"{host}:{port}"
+    with _lock:
+        conn = _connections.get(key)
+        if conn is not None and conn.broken is None:
+            return conn
+    conn = Connection(key, timeout)
+    with _lock:
+        _connections[key] = conn
+    return conn
+
+
+def close_all() -> None:
+    """Close every connection (tests; a process that wants its servers to see it go)."""
+    with _lock:
+        conns = list(_connections.values())
+    for conn in conns:
+        conn.close()

@@ -1,0 +1,92 @@
+"""`pyggml rpc-server`: serve pyggml backends with ggml's RPC protocol, as ggml-rpc-server does.
+
+llama.cpp offloads layers to it with `--rpc HOST:PORT -ngl 99`, pyggml with
+`--backend rpc://HOST:PORT`. Each `--backend` is one remote device, in order (default: cpu). It
+listens on 127.0.0.1 unless `--host` says otherwise, which is logged as a warning: the protocol has
+no authentication. Connections, disconnections and refused messages are logged on stderr.
+
+The server is the rpc registry's "pyggml_rpc_server" (the CLI finds backends by name only, as
+llama.cpp's rpc-server finds ggml_backend_rpc_start_server through the registry).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import sys
+from typing import Any
+
+from pyggml.cli._common import CLIError, add_debug, fmt_bytes, init_backends, thread_count
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 1000**2, "mib": 1 << 20,
+          "g": 1 << 30, "gb": 1000**3, "gib": 1 << 30, "t": 1 << 40, "tb": 1000**4, "tib": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from "4096", "512M", "1.5GiB" (K/M/G/T are powers of 1024, KB/MB/GB/TB of 1000)."""
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
+    if m is None or m.group(2).lower() not in _UNITS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 4096, 512M, 2G, 1.5GiB)")
+    value = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a memory limit must be > 0 bytes")
+    return value
+
+
+def port_number(text: str) -> int:
+    if not text.isdigit() or not 0 <= int(text) < 65536:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (0..65535; 0: any free port)")
+    return int(text)
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser("rpc-server", help="serve pyggml backends over ggml's RPC protocol (llama.cpp --rpc)",
+                       description="Serve pyggml backends with ggml's RPC protocol 7.0.0, so that llama.cpp "
+                                   "(--rpc HOST:PORT) and pyggml (--backend rpc://HOST:PORT) offload layers to "
+                                   "them. Each --backend is one device.")
+    p.add_argument("-b", "--backend", action="append", default=None, metavar="NAME",
+                   help="a backend to serve (cpu, torch, torch:cuda:0); repeat it for several devices (default: cpu)")
+    p.add_argument("-H", "--host", default="127.0.0.1",
+                   help="address to listen on (default: 127.0.0.1; any other is reachable from other machines, "
+                        "with no authentication: a warning says so)")
+    p.add_argument("-p", "--port", type=port_number, default=50052, help="port (default: 50052, as ggml-rpc-server)")
+    p.add_argument("-c", "--cache", default=None, metavar="DIR",
+                   help="keep large weights sent with SET_TENSOR_HASH in DIR, so a model loads again without "
+                        "sending them")
+    p.add_argument("--mem", type=parse_size, default=None, metavar="SIZE",
+                   help="limit the memory of all clients' buffers (e.g. 2G); a buffer beyond it is refused")
+    p.add_argument("-t", "--threads", type=thread_count, default=None, metavar="N",
+                   help="threads of the CPU backend (default: all cores)")
+    add_debug(p)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from pyggml.backend.registry import reg_by_name
+
+    reg = reg_by_name("rpc")
+    server_cls = reg.get_proc_address("pyggml_rpc_server") if reg is not None else None
+    if server_cls is None:
+        raise CLIError("the rpc backend is not installed (no 'rpc' registry with a server)")
+    backends = init_backends(args.backend or ["cpu"], args.threads)
+    server_log = logging.getLogger("pyggml.backends.rpc.server")
+    if not args.debug:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+        server_log.addHandler(handler)
+        server_log.setLevel(logging.INFO)
+        server_log.propagate = False
+    server = server_cls(backends, args.host, args.port, cache_dir=args.cache, mem_limit=args.mem)
+    print(f"pyggml RPC server, protocol {server.version}, listening on {server.endpoint}", flush=True)
+    print(f"  cache: {args.cache or 'n/a'}; memory limit: {fmt_bytes(args.mem) if args.mem else 'none'}")
+    for i, b in enumerate(backends):
+        dev = b.get_device()
+        free, total = dev.memory() if dev is not None else (0, 0)
+        print(f"  device {i}: {b.name()} ({fmt_bytes(total)}, {fmt_bytes(free)} free)")
+    sys.stdout.flush()
+    try:
+        server.serve_forever()
+    finally:
+        server.close()
+    return 0

@@ -1,0 +1,330 @@
+"""Architectures as data: what differs between the model families pyggml runs, as one table.
+
+Every family here is the same decoder (see pyggml.models.graph): token
+embeddings, n_layer blocks of RMS-normed attention and a gated feed-forward,
+each added to the residual stream, an output norm and a head. What differs is
+data, one `Arch` row per family, following llama.cpp 0c1e570
+(src/models/<arch>.cpp, src/llama-model.cpp's llama_model_rope_type):
+
+    family   rope    q/k norm  post norms  qkv bias  ffn           embd scale  Q pre-scaled  sliding window
+    llama    normal  -         -           -         SwiGLU        -           -             -
+    qwen2    NEOX    -         -           yes       SwiGLU        -           -             -
+    qwen3    NEOX    yes       -           -         SwiGLU        -           -             -
+    gemma3   NEOX    yes       yes         -         GEGLU (tanh)  sqrt(n_embd) yes          5 local : 1 global
+    phi3     NEOX    -         -           -         SwiGLU fused  -           yes           -
+
+Mistral and SmolLM files are `llama`. Per-layer data (the rope base and scale
+of sliding-window layers, which layers slide) and per-file data (head size,
+soft-capping, rope factors) come from the GGUF metadata into `HParams`.
+`expected_shapes` gives every tensor a file of these hyper-parameters holds,
+required or optional as llama.cpp's loader has them; `check_tensors` checks
+them, and their types, before any memory is taken.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from pyggml.core.types import GGMLType
+from pyggml.gguf.reader import GGUFFile
+from pyggml.models.metadata import INT32_MAX, ModelFileError, gguf_type, read_float, read_int, read_str
+
+ROPE_MODE_NORMAL = 0  # ggml's rope modes: pairs of adjacent elements
+ROPE_MODE_NEOX = 2  # pairs of elements n_rot/2 apart (HF's rotate_half, the converter leaves Q and K as they are)
+
+FFN_SWIGLU = "swiglu"  # silu(gate @ x) * (up @ x)
+FFN_GEGLU = "geglu"  # gelu_tanh(gate @ x) * (up @ x)
+FFN_SWIGLU_FUSED = "swiglu_fused"  # one ffn_up of 2 * n_ff rows: silu(first half) * second half (phi3)
+
+
+@dataclass(frozen=True)
+class Arch:
+    """One family's row of the table (see the module's docstring)."""
+
+    name: str
+    rope_mode: int = ROPE_MODE_NORMAL
+    qk_norm: bool = False  # RMS norm of each head of Q and K before RoPE (attn_q_norm, attn_k_norm)
+    post_norms: bool = False  # RMS norms of the attention and FFN outputs before each residual add
+    qkv_bias: bool = False  # Q, K and V biases required (other families use them only where present)
+    ffn: str = FFN_SWIGLU
+    embd_scale: bool = False  # the token embeddings times sqrt(n_embd)
+    scale_q: bool = False  # Q scaled by the attention scale before attention (softmax scale 1), not in softmax
+    swa_pattern: int = 0  # with a sliding window in the file: of each n layers the last is global (0: no window)
+    # gemma3 27B (llama.cpp tells it by its 62 layers) scales Q by 1/sqrt(n_embd/n_head) instead of the head size
+    q_scale_by_embd_layers: int = 0
+
+
+ARCHS: dict[str, Arch] = {a.name: a for a in (
+    Arch("llama"),
+    Arch("qwen2", rope_mode=ROPE_MODE_NEOX, qkv_bias=True),
+    Arch("qwen3", rope_mode=ROPE_MODE_NEOX, qk_norm=True),
+    Arch("gemma3", rope_mode=ROPE_MODE_NEOX, qk_norm=True, post_norms=True, ffn=FFN_GEGLU, embd_scale=True,
+         scale_q=True, swa_pattern=6, q_scale_by_embd_layers=62),
+    Arch("phi3", rope_mode=ROPE_MODE_NEOX, ffn=FFN_SWIGLU_FUSED, scale_q=True),
+)}
+
+# the weight types these families are published in, that pyggml loads and computes
+WEIGHT_TYPES: tuple[GGMLType, ...] = (
+    GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0,
+    GGMLType.Q5_1, GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.IQ4_NL,
+    GGMLType.IQ4_XS)
+
+
+def arch_of(gf: GGUFFile) -> Arch:
+    """The table's row for the file's `general.architecture`; ModelFileError listing the supported ones."""
+    name = read_str(gf, "general.architecture")
+    if name not in ARCHS:
+        raise ModelFileError(f"'{gf.name}': unsupported architecture {name!r} (supported: {', '.join(ARCHS)})")
+    return ARCHS[name]
+
+
+def _n_vocab(gf: GGUFFile) -> int:
+    """llama.cpp's n_vocab: the length of the tokenizer's token list, else the rows of token_embd."""
+    key = "tokenizer.ggml.tokens"
+    found = gguf_type(gf, key)
+    if found is not None:
+        if found != "ARRAY of STRING":
+            raise ModelFileError(f"'{gf.name}': '{key}' has GGUF type {found}, expected ARRAY of STRING")
+        fld = gf.get_field(key)
+        data = getattr(fld, "data", None)  # the gguf reader's element indices: the length without decoding
+        n = len(data) if isinstance(data, list) else len(gf.get(key))
+        if not 1 <= n <= INT32_MAX:
+            raise ModelFileError(f"'{gf.name}': '{key}' has {n} tokens, the vocabulary needs 1..{INT32_MAX}")
+        return n
+    ne = gf.tensor("token_embd.weight").ne if "token_embd.weight" in gf else ()
+    if len(ne) < 2 or ne[1] < 1:
+        raise ModelFileError(f"'{gf.name}': n_vocab is unknown: '{key}' is missing and tensor 'token_embd.weight' "
+                             + (f"has ne={list(ne)}" if "token_embd.weight" in gf else "is missing"))
+    return int(ne[1])
+
+
+def _swa_layers(gf: GGUFFile, key: str, n_layer: int, default_pattern: int) -> tuple[bool, ...]:
+    """Which layers slide: `key` as an array of one bool per layer, or a pattern n (of each n layers all but the
+    last slide; 0: all), llama.cpp's load_swa_pattern and set_swa_pattern."""
+    found = gguf_type(gf, key)
+    if found is not None and found.startswith("ARRAY"):
+        flags = [bool(x) for x in gf.get(key)]
+        if len(flags) != n_layer:
+            raise ModelFileError(f"'{gf.name}': '{key}' has {len(flags)} entries, block_count is {n_layer}")
+        return tuple(flags)
+    n = read_int(gf, key, default_pattern, minimum=0)
+    return tuple(n == 0 or il % n < n - 1 for il in range(n_layer))
+
+
+@dataclass(frozen=True)
+class HParams:
+    """llama.cpp's `llama_hparams` for the families of `ARCHS` (the fields before `arch` are LLaMA's)."""
+
+    n_vocab: int
+    n_ctx_train: int
+    n_embd: int
+    n_layer: int
+    n_ff: int
+    n_head: int
+    n_head_kv: int
+    n_rot: int
+    f_norm_rms_eps: float
+    rope_freq_base: float
+    rope_freq_scale: float
+    arch: Arch = ARCHS["llama"]
+    n_embd_head: int = 0  # attention.key_length; 0: n_embd / n_head
+    n_ctx_orig_yarn: int = 0  # rope.scaling.original_context_length; 0: n_ctx_train
+    rope_ext_factor: float = 0.0  # YaRN's extrapolation mix (1 with YaRN scaling)
+    rope_attn_factor: float = 1.0
+    rope_freq_base_swa: float = 10000.0  # the rope of sliding-window layers (llama.cpp's defaults)
+    rope_freq_scale_swa: float = 1.0
+    n_swa: int = 0  # the sliding window in tokens (0: none)
+    swa_layers: tuple[bool, ...] = field(default=())  # per layer: slides (empty: none does)
+    f_attention_scale: float = 0.0  # 0: 1/sqrt(head_dim)
+    f_final_logit_softcapping: float = 0.0  # 0: none
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd_head or self.n_embd // self.n_head
+
+    @property
+    def n_embd_q(self) -> int:
+        """Width of Q and of the attention's output: n_head heads of head_dim."""
+        return self.head_dim * self.n_head
+
+    @property
+    def n_embd_gqa(self) -> int:
+        """Width of K and V: n_head_kv heads of head_dim."""
+        return self.head_dim * self.n_head_kv
+
+    @property
+    def n_gqa(self) -> int:
+        return self.n_head // self.n_head_kv
+
+    @property
+    def n_ctx_orig(self) -> int:
+        return self.n_ctx_orig_yarn or self.n_ctx_train
+
+    def is_swa(self, il: int) -> bool:
+        return self.n_swa > 0 and bool(self.swa_layers) and self.swa_layers[il]
+
+    @property
+    def any_swa(self) -> bool:
+        return any(self.is_swa(il) for il in range(self.n_layer))
+
+    def rope_base_scale(self, il: int) -> tuple[float, float]:
+        """Layer il's rope frequency base and scale (llama.cpp's get_rope_freq_base / _scale)."""
+        if self.is_swa(il):
+            return self.rope_freq_base_swa, self.rope_freq_scale_swa
+        return self.rope_freq_base, self.rope_freq_scale
+
+    @classmethod
+    def from_gguf(cls, gf: GGUFFile) -> HParams:
+        """Read and check the `<arch>.*` keys: each of its GGUF type (any integer type for counts,
+        FLOAT32/FLOAT64 for the others) and in range; heads that divide the embedding (or an explicit head
+        size), KV heads that divide the heads, RoPE dimensions even and within a head. Raises ModelFileError (a
+        ModelError and a GGUFError) naming the file, the key and the value, or the type found and the one
+        expected; an architecture outside `ARCHS` names the supported ones."""
+        arch = arch_of(gf)
+        p = f"{arch.name}."
+        n_embd = read_int(gf, p + "embedding_length")
+        n_layer = read_int(gf, p + "block_count")
+        n_head = read_int(gf, p + "attention.head_count")
+        n_head_kv = read_int(gf, p + "attention.head_count_kv", n_head)
+        head_dim = read_int(gf, p + "attention.key_length", 0, minimum=0)
+        if not head_dim and n_embd % n_head:
+            raise ModelFileError(f"'{gf.name}': '{p}embedding_length' = {n_embd} is not a multiple of "
+                                 f"'{p}attention.head_count' = {n_head}")
+        head_dim = head_dim or n_embd // n_head
+        head_dim_v = read_int(gf, p + "attention.value_length", head_dim)
+        if head_dim_v != head_dim:
+            raise ModelFileError(f"'{gf.name}': '{p}attention.value_length' = {head_dim_v} differs from the key "
+                                 f"length {head_dim}; pyggml's {arch.name} needs them equal, as llama.cpp's")
+        if n_head % n_head_kv:
+            raise ModelFileError(f"'{gf.name}': '{p}attention.head_count' = {n_head} is not a multiple of "
+                                 f"'{p}attention.head_count_kv' = {n_head_kv}")
+        n_rot = read_int(gf, p + "rope.dimension_count", head_dim)
+        if n_rot > head_dim:
+            raise ModelFileError(f"'{gf.name}': '{p}rope.dimension_count' = {n_rot} is more than the head size "
+                                 f"{head_dim}")
+        if n_rot % 2:
+            raise ModelFileError(f"'{gf.name}': '{p}rope.dimension_count' = {n_rot} must be even (RoPE turns pairs)")
+        scaling = read_str(gf, p + "rope.scaling.type", "linear")
+        if scaling not in ("none", "linear", "yarn", "longrope"):
+            raise ModelFileError(f"'{gf.name}': '{p}rope.scaling.type' = {scaling!r} is not supported "
+                                 f"(supported: none, linear, yarn, longrope)")
+        # 0 (or absent) means no scaling, as in llama.cpp
+        factor = read_float(gf, p + "rope.scaling.factor", 0.0, allow_zero=True) \
+            or read_float(gf, p + "rope.scale_linear", 0.0, allow_zero=True)
+        freq_scale = 1.0 if scaling == "none" or not factor else 1.0 / factor
+        n_swa = read_int(gf, p + "attention.sliding_window", 0, minimum=0) if arch.swa_pattern else 0
+        n_ctx_train = read_int(gf, p + "context_length", 2048)
+        hp = cls(
+            n_vocab=_n_vocab(gf),
+            n_ctx_train=n_ctx_train,
+            n_embd=n_embd,
+            n_layer=n_layer,
+            n_ff=read_int(gf, p + "feed_forward_length"),
+            n_head=n_head,
+            n_head_kv=n_head_kv,
+            n_rot=n_rot,
+            f_norm_rms_eps=read_float(gf, p + "attention.layer_norm_rms_epsilon", 1e-5),
+            rope_freq_base=read_float(gf, p + "rope.freq_base", 10000.0),
+            rope_freq_scale=freq_scale,
+            arch=arch,
+            n_embd_head=head_dim if head_dim * n_head != n_embd else 0,
+            n_ctx_orig_yarn=read_int(gf, p + "rope.scaling.original_context_length", n_ctx_train),
+            # YaRN: llama.cpp's ext_factor 1; its attention factor mscale / (1 + 0.1 ln factor) is 1 here
+            rope_ext_factor=1.0 if scaling == "yarn" else 0.0,
+            rope_attn_factor=read_float(gf, p + "rope.scaling.attn_factor", 1.0),
+            rope_freq_base_swa=read_float(gf, p + "rope.freq_base_swa", 10000.0),
+            n_swa=n_swa,
+            swa_layers=_swa_layers(gf, p + "attention.sliding_window_pattern", n_layer, arch.swa_pattern)
+            if n_swa else (),
+            f_final_logit_softcapping=read_float(gf, p + "final_logit_softcapping", 0.0, allow_zero=True),
+        )
+        if arch.scale_q:  # llama.cpp: gemma3's f_attention_scale (its 27B by n_embd / n_head), phi3's head size
+            by_embd = arch.q_scale_by_embd_layers and n_layer == arch.q_scale_by_embd_layers
+            hp = replace(hp, f_attention_scale=1.0 / math.sqrt(n_embd // n_head if by_embd else head_dim))
+        return hp
+
+
+Shapes = dict[str, tuple[tuple[int, ...], str, bool]]  # name -> (ne, what it is made of, required)
+
+
+def expected_shapes(hp: HParams, gf: GGUFFile | None = None) -> Shapes:
+    """The `ne` of each tensor a file of `hp` holds, what it is made of, and whether it is required (as llama.cpp's
+    loader: the head is optional, tied to token_embd; biases, rope factors and a fused QKV are optional).
+    With `gf`, a layer whose file has `attn_qkv` expects it in place of Q, K and V."""
+    a = hp.arch
+    e, f, v, q, kv, hd = hp.n_embd, hp.n_ff, hp.n_vocab, hp.n_embd_q, hp.n_embd_gqa, hp.head_dim
+    out: Shapes = {
+        "token_embd.weight": ((e, v), "n_embd, n_vocab", True), "output_norm.weight": ((e,), "n_embd", True),
+        "output.weight": ((e, v), "n_embd, n_vocab", False), "output.bias": ((v,), "n_vocab", False)}
+    for name in ("rope_freqs", "rope_factors_long", "rope_factors_short"):
+        out[f"{name}.weight"] = ((hp.n_rot // 2,), "n_rot / 2", False)
+    for il in range(hp.n_layer):
+        b = f"blk.{il}."
+
+        def linear(name: str, n_in: int, n_out: int, made_of: str, bias: bool = False, required: bool = True,
+                   b: str = b) -> None:
+            out[b + name + ".weight"] = ((n_in, n_out), made_of, required)
+            out[b + name + ".bias"] = ((n_out,), made_of.split(", ")[-1], bias and required)
+
+        out[b + "attn_norm.weight"] = ((e,), "n_embd", True)
+        fused = gf is not None and b + "attn_qkv.weight" in gf
+        linear("attn_qkv", e, q + 2 * kv, "n_embd, n_embd_q + 2 n_embd_gqa", required=fused)
+        linear("attn_q", e, q, "n_embd, n_embd_q", a.qkv_bias, not fused)
+        linear("attn_k", e, kv, "n_embd, n_embd_gqa", a.qkv_bias, not fused)
+        linear("attn_v", e, kv, "n_embd, n_embd_gqa", a.qkv_bias, not fused)
+        linear("attn_output", q, e, "n_embd_q, n_embd")
+        if a.qk_norm:
+            out[b + "attn_q_norm.weight"] = ((hd,), "head_dim", True)
+            out[b + "attn_k_norm.weight"] = ((hd,), "head_dim", True)
+        if a.post_norms:
+            out[b + "post_attention_norm.weight"] = ((e,), "n_embd", True)
+            out[b + "post_ffw_norm.weight"] = ((e,), "n_embd", True)
+        out[b + "ffn_norm.weight"] = ((e,), "n_embd", True)
+        if a.ffn == FFN_SWIGLU_FUSED:
+            linear("ffn_up", e, 2 * f, "n_embd, 2 n_ff")
+        else:
+            linear("ffn_gate", e, f, "n_embd, n_ff")
+        linear("ffn_down", f, e, "n_ff, n_embd")
+        if a.ffn != FFN_SWIGLU_FUSED:
+            linear("ffn_up", e, f, "n_embd, n_ff")
+    return out
+
+
+def check_tensors(hp: HParams, gf: GGUFFile) -> list[str]:
+    """The names of the tensors to load (the required ones and the optional ones the file has), each checked to
+    be in `gf` with the shape the hyper-parameters give (trailing 1s aside) and a type of WEIGHT_TYPES, before
+    any memory is taken; ModelFileError naming the tensor, its `ne` or type and the expected ones otherwise."""
+    names = []
+    for name, (want, made_of, required) in expected_shapes(hp, gf).items():
+        if name not in gf:
+            if required:
+                raise ModelFileError(f"'{gf.name}': tensor '{name}' is missing (the hyper-parameters want ne="
+                                     f"{list(want)}, [{made_of}]; {len(list(gf))} tensors in the file)")
+            continue
+        info = gf.tensor(name)
+        ne = tuple(info.ne)
+        pad = max(len(ne), len(want))
+        if ne + (1,) * (pad - len(ne)) != want + (1,) * (pad - len(want)):
+            raise ModelFileError(f"'{gf.name}': tensor '{name}' has ne={list(ne)}, the hyper-parameters want "
+                                 f"{list(want)} ([{made_of}])")
+        if info.type not in WEIGHT_TYPES:
+            raise ModelFileError(f"'{gf.name}': tensor '{name}' has type {info.type.name}, which pyggml does not "
+                                 f"compute in models (supported: {', '.join(t.name for t in WEIGHT_TYPES)})")
+        names.append(name)
+    return names
+
+
+def tensor_names(hp: HParams, gf: GGUFFile | None = None) -> list[str]:
+    """The tensors a file of `hp` holds, in llama.cpp's names: the required ones (and `output.weight`), or with
+    `gf` the ones of that file the model loads."""
+    if gf is not None:
+        return [n for n, (_, _, required) in expected_shapes(hp, gf).items() if required or n in gf]
+    return [n for n, (_, _, required) in expected_shapes(hp).items() if required or n == "output.weight"]
+
+
+def layer_of(name: str) -> int | None:
+    """The layer a tensor belongs to (`blk.<il>.`), or None for the input/output tensors."""
+    if name.startswith("blk."):
+        return int(name.split(".")[1])
+    return None

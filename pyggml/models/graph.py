@@ -1,0 +1,270 @@
+"""The decoder graph of every family in pyggml.models.arch, as llama.cpp 0c1e570 builds it.
+
+For a batch of n_tokens tokens at positions n_past.., reading n_kv cells of cache
+(the model pads n_kv as llama.cpp: to a multiple of 256, at most n_ctx); the
+family's row of the table (`hp.arch`) says which optional steps are there:
+
+    x = token_embd[tokens]                                   (* sqrt(n_embd): embd_scale)
+    for each layer:
+        h = norm(x) * attn_norm                              norm = RMS norm
+        q, k, v = wq @ h + bq, wk @ h + bk, wv @ h + bv       (one fused wqkv; biases where the file has them)
+        q, k = norm(q) * q_norm, norm(k) * k_norm            per head (qk_norm)
+        q, k = rope(q), rope(k)                              normal or NEOX; the layer's base and scale
+        cache[cells] = k, v
+        a = softmax(K^T q * scale + mask) V                  the sliding-window mask on sliding layers;
+                                                             q * scale before it instead (scale_q)
+        a = wo @ a                                           (norm(a) * post_attention_norm: post_norms)
+        x = x + a
+        h = norm(x) * ffn_norm
+        f = w_down @ act(w_gate @ h, w_up @ h)               SwiGLU or GEGLU, or one fused up of [gate; up]
+        x = x + f                                            (norm(f) * post_ffw_norm first: post_norms)
+    logits = output @ (norm(x) * output_norm) + b            output = token_embd when the file has none
+                                                             (cap * tanh(logits / cap): soft-capping)
+
+llama.cpp's converter permutes the rows of LLaMA's wq and wk (HF's rotate-half
+layout to interleaved pairs), so RoPE's normal mode (pairs of adjacent
+elements) is the right one for LLaMA files; the other families keep HF's
+layout and use the NEOX mode.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pyggml.core.context import Context
+from pyggml.core.errors import ArgumentError
+from pyggml.core.graph import Graph
+from pyggml.core.ops.attention import flash_attn_ext_set_prec
+from pyggml.core.tensor import GGMLOp, Prec, Tensor
+from pyggml.core.types import GGMLType
+from pyggml.models.arch import FFN_GEGLU, FFN_SWIGLU_FUSED, HParams
+from pyggml.models.kv_cache import KVCache
+
+CTX_PAD = 256  # llama.cpp pads the context to a multiple of 256 (llama_context: GGML_PAD(n_ctx, 256))
+
+
+@dataclass
+class GraphInputs:
+    """The graph's input tensors (set before computing) and its output."""
+
+    tokens: Tensor  # I32 [n_tokens]
+    pos: Tensor  # I32 [n_tokens]
+    mask: Tensor  # F32 [n_kv, n_tokens] (F16 with flash attention): 0 where a token sees a cell, -inf elsewhere
+    logits: Tensor  # F32 [n_vocab, n_outputs]
+    k_idxs: Tensor | None  # I64 [n_tokens]: the K cache rows (cells) this batch goes to (None: CPY idiom)
+    v_idxs: Tensor | None  # I64 [n_tokens] or [n_embd_gqa * n_tokens] (V transposed): the V cache rows
+    kv_writes: list[Tensor]  # the SET_ROWS (or CPY) nodes storing this batch's K and V
+    # per layer, the nodes built for it (views, reshapes and unnamed ones too): where a non-finite value
+    # starts is named by layer
+    layer_nodes: list[list[Tensor]] = field(default_factory=list)
+    # (layer, node) of each layer's RMS_NORMs ("norm-<il>", as llama.cpp names them): the model pins them to
+    # the layer's backend, as llama.cpp's graph callback does, else the scheduler leaves a layer's first norm
+    # on the previous layer's backend and copies both the residual and its norm
+    norms: list[tuple[int, Tensor]] = field(default_factory=list)
+    # the sliding-window layers' mask (as `mask`, and cells more than n_swa - 1 positions back hidden too);
+    # None when no layer slides
+    mask_swa: Tensor | None = None
+
+
+def _f32(x: float) -> float:
+    """x rounded to float32, as llama.cpp computes its scale factors (sqrtf, 1.0f / x)."""
+    return float(np.float32(x))
+
+
+class _Builder:
+    """One batch's graph: the blocks of the module's docstring, one method each."""
+
+    def __init__(self, ctx: Context, hp: HParams, w: dict[str, Tensor], kv: KVCache, n_tokens: int, n_past: int,
+                 n_kv: int, flash_attn: bool, set_rows: bool, glu: bool) -> None:
+        self.ctx, self.hp, self.w, self.kv = ctx, hp, w, kv
+        self.n_tokens, self.n_past, self.n_kv = n_tokens, n_past, n_kv
+        self.flash_attn, self.glu = flash_attn, glu
+        self.gf = ctx.new_graph(graph_size(hp))
+        self.writes: list[Tensor] = []
+        self.norms: list[tuple[int, Tensor]] = []
+        self.tokens = ctx.new_tensor_1d(GGMLType.I32, n_tokens).set_name("inp_tokens").set_input()
+        self.pos = ctx.new_tensor_1d(GGMLType.I32, n_tokens).set_name("inp_pos").set_input()
+        mask_type = GGMLType.F16 if flash_attn else GGMLType.F32
+        self.mask = ctx.new_tensor_2d(mask_type, n_kv, n_tokens).set_name("KQ_mask").set_input()
+        self.mask_swa = (ctx.new_tensor_2d(mask_type, n_kv, n_tokens).set_name("KQ_mask_swa").set_input()
+                         if hp.any_swa else None)
+        self.k_idxs: Tensor | None = None
+        self.v_idxs: Tensor | None = None
+        if set_rows:
+            self.k_idxs = ctx.new_tensor_1d(GGMLType.I64, n_tokens).set_name("inp_k_idxs").set_input()
+            n_v_idxs = n_tokens * hp.n_embd_gqa if kv.v_trans else n_tokens
+            self.v_idxs = ctx.new_tensor_1d(GGMLType.I64, n_v_idxs).set_name("inp_v_idxs").set_input()
+        # llama.cpp's get_rope_factors: the file's rope_freqs (llama3), else phi3's long factors when the
+        # context (as llama.cpp pads it, to a multiple of 256) is longer than the one trained without them, else
+        # its short ones (or none)
+        factors = w.get("rope_freqs.weight")
+        n_ctx_seq = -(-kv.n_ctx // CTX_PAD) * CTX_PAD
+        self.rope_factors = factors if factors is not None else w.get(
+            "rope_factors_long.weight" if n_ctx_seq > hp.n_ctx_orig else "rope_factors_short.weight")
+
+    # --- the shared blocks ---
+
+    def linear(self, name: str, x: Tensor, out_name: str, il: int) -> Tensor:
+        """w[name] @ x, plus the bias where the file has one."""
+        y = self.ctx.mul_mat(self.w[name + ".weight"], x).set_name(f"{out_name}-{il}")
+        bias = self.w.get(name + ".bias")
+        return y if bias is None else self.ctx.add(y, bias).set_name(f"{out_name}-{il}")
+
+    def norm(self, x: Tensor, weight: str, out_name: str, il: int, pin: bool = True) -> Tensor:
+        """RMS norm times the weight. `pin`: the norm computes on the layer's backend (llama.cpp pins the
+        norms its graph callback sees with a layer index)."""
+        n = self.ctx.rms_norm(x, self.hp.f_norm_rms_eps).set_name(f"norm-{il}")
+        if pin:
+            self.norms.append((il, n))
+        return self.ctx.mul(n, self.w[weight]).set_name(f"{out_name}-{il}")
+
+    def rope(self, x: Tensor, il: int) -> Tensor:
+        hp = self.hp
+        base, scale = hp.rope_base_scale(il)
+        return self.ctx.rope_ext(x, self.pos, self.rope_factors, hp.n_rot, hp.arch.rope_mode, hp.n_ctx_orig, base,
+                                 scale, hp.rope_ext_factor, hp.rope_attn_factor, 32.0, 1.0)
+
+    def qkv(self, h: Tensor, il: int) -> tuple[Tensor, Tensor, Tensor]:
+        """Q, K, V of the layer ([n_embd_q or n_embd_gqa, n_tokens]): three products, or views of one (wqkv)."""
+        b, ctx, hp = f"blk.{il}.", self.ctx, self.hp
+        if b + "attn_qkv.weight" not in self.w:
+            return (self.linear(b + "attn_q", h, "Qcur", il), self.linear(b + "attn_k", h, "Kcur", il),
+                    self.linear(b + "attn_v", h, "Vcur", il))
+        qkv = self.linear(b + "attn_qkv", h, "wqkv", il)
+        # contiguous copies of the three row ranges (llama.cpp ropes strided views: the same values)
+        parts, off = [], 0
+        for width, name in ((hp.n_embd_q, "Qcur"), (hp.n_embd_gqa, "Kcur"), (hp.n_embd_gqa, "Vcur")):
+            view = ctx.view_2d(qkv, width, self.n_tokens, qkv.nb[1], off * qkv.nb[0])
+            parts.append(ctx.cont(view).set_name(f"{name}-{il}"))
+            off += width
+        return parts[0], parts[1], parts[2]
+
+    def attention(self, h: Tensor, il: int) -> Tensor:
+        """Self-attention over the cache (this batch's K and V written to it first), then the output product."""
+        ctx, hp, kv, b = self.ctx, self.hp, self.kv, f"blk.{il}."
+        head_dim, n_head, n_head_kv, n_tokens = hp.head_dim, hp.n_head, hp.n_head_kv, self.n_tokens
+        q, k, v = self.qkv(h, il)
+        q = ctx.reshape_3d(q, head_dim, n_head, n_tokens)
+        k = ctx.reshape_3d(k, head_dim, n_head_kv, n_tokens)
+        if hp.arch.qk_norm:
+            q = self.norm(q, b + "attn_q_norm.weight", "Qcur_normed", il)
+            k = self.norm(k, b + "attn_k_norm.weight", "Kcur_normed", il)
+        q = self.rope(q, il).set_name(f"Qcur-rope-{il}")
+        k = self.rope(k, il).set_name(f"Kcur-rope-{il}")
+        if self.k_idxs is not None and self.v_idxs is not None:
+            self.writes += kv.store(ctx, self.gf, il, k, v, n_tokens, self.k_idxs, self.v_idxs)
+        else:
+            self.writes += kv.store_cpy(ctx, self.gf, il, k, v, n_tokens, self.n_past)
+        if hp.arch.scale_q:  # gemma3, phi3: Q scaled before attention, the softmax's scale 1
+            q = ctx.scale(q, _f32(hp.f_attention_scale)).set_name(f"Qcur_scaled-{il}")
+            kq_scale = 1.0
+        else:
+            kq_scale = hp.f_attention_scale or 1.0 / math.sqrt(head_dim)
+        mask = self.mask_swa if hp.is_swa(il) and self.mask_swa is not None else self.mask
+
+        q = ctx.permute(q, 0, 2, 1, 3)  # [head_dim, n_tokens, n_head]
+        keys = kv.k_view(ctx, il, self.n_kv, head_dim, n_head_kv).set_name(f"k-{il}")
+        values = kv.v_view(ctx, il, self.n_kv, head_dim, n_head_kv).set_name(f"v-{il}")
+        if self.flash_attn:
+            kqv = ctx.flash_attn_ext(q, keys, values, mask, kq_scale).set_name(f"fattn-{il}")
+            flash_attn_ext_set_prec(kqv, Prec.F32)
+            cur = ctx.reshape_2d(kqv, hp.n_embd_q, n_tokens).set_name(f"kqv_merged-{il}")  # [head_dim, n_head, ..]
+        else:
+            kq = ctx.mul_mat(keys, q).set_name(f"kq-{il}")  # [n_kv, n_tokens, n_head], KV heads broadcast (GQA)
+            kq = ctx.soft_max_ext(kq, mask, kq_scale).set_name(f"kq_soft_max-{il}")
+            kqv = ctx.mul_mat(values, kq).set_name(f"kqv-{il}")  # [head_dim, n_tokens, n_head]
+            cur = ctx.cont_2d(ctx.permute(kqv, 0, 2, 1, 3), hp.n_embd_q, n_tokens).set_name(f"kqv_merged-{il}")
+        return self.linear(b + "attn_output", cur, "attn_out", il)
+
+    def ffn(self, h: Tensor, il: int) -> Tensor:
+        """The gated feed-forward: w_down @ act(gate) * up, by GLU where the backends have it (today's idiom),
+        else the activation and a MUL (2023's)."""
+        ctx, b, kind = self.ctx, f"blk.{il}.", self.hp.arch.ffn
+        up = self.linear(b + "ffn_up", h, "ffn_up", il)
+        if kind == FFN_SWIGLU_FUSED:  # phi3: up holds [gate; up] (llama.cpp's LLM_FFN_SWIGLU, LLM_FFN_SEQ)
+            if self.glu:
+                cur = ctx.swiglu(up).set_name(f"ffn_swiglu-{il}")
+            else:
+                half = up.ne[0] // 2
+                gate = ctx.cont(ctx.view_2d(up, half, up.ne[1], up.nb[1], 0))
+                rest = ctx.cont(ctx.view_2d(up, half, up.ne[1], up.nb[1], half * up.nb[0]))
+                cur = ctx.mul(ctx.silu(gate).set_name(f"ffn_silu-{il}"), rest)
+        else:
+            gate = self.linear(b + "ffn_gate", h, "ffn_gate", il)
+            gelu = kind == FFN_GEGLU
+            if self.glu:
+                cur = (ctx.geglu_split(gate, up).set_name(f"ffn_geglu-{il}") if gelu
+                       else ctx.swiglu_split(gate, up).set_name(f"ffn_swiglu-{il}"))
+            else:
+                act = ctx.gelu(gate).set_name(f"ffn_gelu-{il}") if gelu else ctx.silu(gate).set_name(f"ffn_silu-{il}")
+                cur = ctx.mul(act, up)
+        return self.linear(b + "ffn_down", cur, "ffn_out", il)
+
+    def layer(self, x: Tensor, il: int) -> Tensor:
+        """One block: x + attention(norm(x)), then + ffn(norm(.)), with the family's post norms."""
+        b, post = f"blk.{il}.", self.hp.arch.post_norms
+        a = self.attention(self.norm(x, b + "attn_norm.weight", "attn_norm", il), il)
+        if post:
+            a = self.norm(a, b + "post_attention_norm.weight", "attn_post_norm", il)
+        x = self.ctx.add(a, x).set_name(f"ffn_inp-{il}")
+        f = self.ffn(self.norm(x, b + "ffn_norm.weight", "ffn_norm", il), il)
+        if post:  # llama.cpp builds this norm without a layer index: its callback does not pin it
+            f = self.norm(f, b + "post_ffw_norm.weight", "ffn_post_norm", il, pin=False)
+        return self.ctx.add(f, x).set_name(f"l_out-{il}")
+
+    def build(self, last_only: bool) -> tuple[Graph, GraphInputs]:
+        ctx, hp = self.ctx, self.hp
+        x = ctx.get_rows(self.w["token_embd.weight"], self.tokens).set_name("inp_embd")
+        if hp.arch.embd_scale:
+            x = ctx.scale(x, _f32(math.sqrt(hp.n_embd))).set_name("inp_scaled")
+        layer_nodes: list[list[Tensor]] = []
+        for il in range(hp.n_layer):
+            first_tensor = len(ctx.tensors)
+            x = self.layer(x, il)
+            layer_nodes.append([t for t in ctx.tensors[first_tensor:] if t.op != GGMLOp.NONE])
+        if last_only and self.n_tokens > 1:
+            x = ctx.view_2d(x, hp.n_embd, 1, x.nb[1], (self.n_tokens - 1) * x.nb[1]).set_name("last_token")
+        cur = ctx.mul(ctx.rms_norm(x, hp.f_norm_rms_eps), self.w["output_norm.weight"]).set_name("result_norm")
+        head = self.w.get("output.weight", self.w["token_embd.weight"])  # tied embeddings when the file has none
+        logits = ctx.mul_mat(head, cur)
+        if "output.bias" in self.w:
+            logits = ctx.add(logits, self.w["output.bias"])
+        cap = hp.f_final_logit_softcapping
+        if cap:  # cap * tanh(logits / cap)
+            logits = ctx.scale(ctx.tanh(ctx.scale(logits, _f32(1.0 / cap))), _f32(cap))
+        logits.set_name("result_output").set_output()
+        self.gf.build_forward_expand(logits)
+        return self.gf, GraphInputs(self.tokens, self.pos, self.mask, logits, self.k_idxs, self.v_idxs, self.writes,
+                                    layer_nodes, self.norms, self.mask_swa)
+
+
+def build_graph(ctx: Context, hp: HParams, w: dict[str, Tensor], kv: KVCache, n_tokens: int, n_past: int,
+                last_only: bool = False, n_kv: int | None = None, flash_attn: bool = False, set_rows: bool = False,
+                glu: bool = False) -> tuple[Graph, GraphInputs]:
+    """The graph of one batch: `n_tokens` tokens at positions n_past.., written to the KV cells the index
+    inputs name (n_past.. as `kv.k_idxs` / `kv.v_idxs` give them).
+
+    Attention reads cells 0..n_kv (default n_past + n_tokens; more is allowed, the mask hides
+    cells a token must not see). `last_only` computes the logits of the last token only
+    (generation needs no more). `flash_attn` computes attention with FLASH_ATTN_EXT (F16 mask, F32
+    accumulators), which needs a cache whose V is not transposed (`kv.v_trans` False). `set_rows` writes
+    K and V by SET_ROWS through I64 index inputs, `glu` computes the gated activation by GLU (today's idiom,
+    what `Model` builds where its backends compute them); without them (the default, for callers that set only
+    tokens, positions and mask) the 2023 idiom: KV writes by CPY into views at n_past, the activation and MUL.
+    """
+    if n_kv is None:
+        n_kv = n_past + n_tokens
+    if not n_past + n_tokens <= n_kv <= kv.n_ctx:
+        raise ArgumentError(f"build_graph: n_kv {n_kv} must cover n_past {n_past} + n_tokens {n_tokens} "
+                            f"and fit n_ctx {kv.n_ctx}")
+    if flash_attn == kv.v_trans:
+        raise ArgumentError(f"build_graph: flash_attn={flash_attn} needs a KV cache with v_trans={not flash_attn}")
+    return _Builder(ctx, hp, w, kv, n_tokens, n_past, n_kv, flash_attn, set_rows, glu).build(last_only)
+
+
+def graph_size(hp: HParams) -> int:
+    """Nodes + leafs a graph needs at most (about 40 nodes and 25 leafs a LLaMA layer, more with gemma3's norms)."""
+    return max(2048, 96 * hp.n_layer + 64)

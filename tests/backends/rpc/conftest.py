@@ -1,0 +1,61 @@
+"""Fixtures of the RPC tests: the real ggml-rpc-server (built if missing), the rpc registry."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from rpc_util import c_server
+
+from pyggml.backend import registry
+from pyggml.backends.rpc.client import rpc_reg
+
+
+@pytest.fixture(scope="session")
+def rpc_server_binary(pytestconfig: pytest.Config) -> Path:
+    """ggml-rpc-server of llama.cpp 0c1e570, built if missing (skip only without a C compiler)."""
+    from pyggml.testing import llamacpp
+
+    found = llamacpp.find_tool("ggml-rpc-server")
+    if found is not None:
+        return found
+    try:
+        return llamacpp.require_tool("ggml-rpc-server")
+    except llamacpp.NoCompilerError as e:
+        pytest.skip(str(e))
+
+
+@pytest.fixture(scope="module")
+def c_endpoint(rpc_server_binary: Path) -> Iterator[str]:
+    """A real ggml-rpc-server for the module's tests."""
+    with c_server(rpc_server_binary) as (endpoint, _):
+        yield endpoint
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _rpc_registered() -> None:
+    """The rpc registry by name even where the installed metadata predates its entry point."""
+    if registry.reg_by_name("rpc") is None:
+        registry.register(rpc_reg())
+
+
+@pytest.fixture(scope="module")
+def py_endpoint() -> Iterator[str]:
+    """`pyggml rpc-server` serving a CPU backend, in this process (a thread per client)."""
+    from pyggml.backends.cpu import cpu_init
+    from pyggml.backends.rpc.connection import close_all
+    from pyggml.backends.rpc.server import RpcServer
+
+    server = RpcServer([cpu_init(1)], "127.0.0.1", 0).start()
+    try:
+        yield server.endpoint
+    finally:
+        close_all()
+        server.close()
+
+
+@pytest.fixture(scope="module", params=["ggml-rpc-server", "pyggml-rpc-server"])
+def endpoint(request: pytest.FixtureRequest) -> str:
+    """Each server in turn: the real ggml-rpc-server, then pyggml's."""
+    return str(request.getfixturevalue("c_endpoint" if request.param == "ggml-rpc-server" else "py_endpoint"))

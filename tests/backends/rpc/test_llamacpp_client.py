@@ -1,0 +1,94 @@
+"""Real llama.cpp (llama-completion of 0c1e570) offloads every layer to pyggml's RPC server
+(`--rpc 127.0.0.1:PORT -ngl 99`) and writes the same greedy text: on the built-in model the same as
+llama.cpp alone, flash attention on and off; on SmolLM2 (Q4_1) the same as pyggml computes it alone,
+since the server computes with pyggml's CPU backend (llama.cpp's own CPU rounds activations differently
+and wanders off after a few tokens on this quantized model; see tests/models/test_smollm2.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pyggml.backends.cpu import cpu_init
+from pyggml.backends.rpc.server import RpcServer
+from pyggml.models.builtin import builtin_model_path
+
+PROMPT = "The module"
+N_PREDICT = 16
+TIMEOUT = 300
+# llama-completion's text goes through a log thread that is not joined at exit: a run that printed its
+# final timings printed everything (see tests/interop/test_llamacpp_builtin.py)
+COMPLETION_DONE = re.compile(rb"common_perf_print: +total time")
+ATTEMPTS = 10
+
+
+@pytest.fixture(scope="module")
+def completion_tool(pytestconfig: pytest.Config) -> Path:
+    from pyggml.testing import llamacpp
+
+    found = llamacpp.find_tool("llama-completion")
+    if found is not None:
+        return found
+    try:
+        return llamacpp.require_tool("llama-completion")
+    except llamacpp.NoCompilerError as e:
+        pytest.skip(str(e))
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RpcServer]:
+    with RpcServer([cpu_init(2)], "127.0.0.1", 0).start() as s:
+        yield s
+
+
+def completion(tool: Path, model: Path, flash_attn: str, rpc: str | None) -> bytes:
+    cmd = [str(tool), "-m", str(model), "-p", PROMPT, "-n", str(N_PREDICT), "--temp", "0", "--repeat-penalty", "1.0",
+           "-c", "256", "-no-cnv", "--no-display-prompt", "--no-warmup", "-t", "2", "--seed", "0", "-fa", flash_attn]
+    if rpc is not None:
+        cmd += ["--rpc", rpc, "-ngl", "99"]
+    for _ in range(ATTEMPTS):
+        r = subprocess.run(cmd, capture_output=True, timeout=TIMEOUT)
+        assert r.returncode == 0, r.stderr.decode(errors="replace")[-3000:]
+        if COMPLETION_DONE.search(r.stderr):
+            assert r.stdout.endswith(b"\n\n"), r.stdout[-80:]
+            return r.stdout[:-2]
+    pytest.fail(f"llama-completion never printed all of its output in {ATTEMPTS} runs: {cmd}")
+
+
+def pyggml_text(model: Path) -> bytes:
+    from pyggml.cli.main import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        assert main(["run", str(model), "-p", PROMPT, "-n", str(N_PREDICT), "--temp", "0", "--repeat-penalty", "1.0",
+                     "-c", "256", "--seed", "0"]) == 0
+    text = out.getvalue()
+    assert text.startswith(PROMPT) and text.endswith("\n")
+    return text[len(PROMPT): -1].encode()
+
+
+@pytest.mark.parametrize("flash_attn", ["off", "on"])
+def test_llamacpp_offloads_the_builtin_model_to_pyggml(completion_tool: Path, server: RpcServer,
+                                                        flash_attn: str) -> None:
+    model = builtin_model_path()
+    before = server.counts.copy()
+    remote = completion(completion_tool, model, flash_attn, server.endpoint)
+    served = server.counts - before
+    assert served["ALLOC_BUFFER"] >= 2 and served["SET_TENSOR"] > 20  # weights, KV cache and compute buffer
+    assert served["GRAPH_COMPUTE"] >= 1 and served["GRAPH_RECOMPUTE"] >= N_PREDICT // 2  # decode reuses the graph
+    assert remote, "llama.cpp generated nothing"
+    assert remote == completion(completion_tool, model, flash_attn, None)
+
+
+def test_llamacpp_offloads_smollm2_to_pyggml(completion_tool: Path, server: RpcServer, smollm2_path: Path) -> None:
+    before = server.counts.copy()
+    remote = completion(completion_tool, smollm2_path, "off", server.endpoint)
+    served = server.counts - before
+    assert served["INIT_TENSOR"] > 0  # Q4_1 rows of 576: llama.cpp asks the server to initialize them
+    assert remote == pyggml_text(smollm2_path)
