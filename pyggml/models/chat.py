@@ -427,7 +427,7 @@ class ChatSession:
         self.n_reused = keep
         history = list(ids)
         self.cached = []  # until the cache is known again (an error leaves it unknown)
-        model.kv.n = keep  # the cells after it are masked out (by position) until overwritten
+        model.truncate(keep)
         try:
             if max_tokens == 0:
                 self.stop_reason = "max_tokens"

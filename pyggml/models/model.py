@@ -517,6 +517,15 @@ class Model:
         """Empty the KV cache: the next eval starts at position 0."""
         self.kv.clear()
 
+    def truncate(self, n_keep: int) -> None:
+        """Keep the first `n_keep` tokens of the KV cache (llama.cpp's llama_memory_seq_rm from n_keep on): the
+        next eval goes on at position n_keep. The cells after stay as they are, masked by position until
+        overwritten (a cell is its position here)."""
+        if isinstance(n_keep, bool) or not isinstance(n_keep, int | np.integer) or not 0 <= n_keep <= self.kv.n:
+            raise ArgumentError(f"truncate: n_keep must be an integer in [0, {self.kv.n}] (the tokens in the KV "
+                                f"cache), got {n_keep!r}")
+        self.kv.n = int(n_keep)
+
     @property
     def n_past(self) -> int:
         return self.kv.n

@@ -161,6 +161,13 @@ def test_errors(smollm2: pm.Model) -> None:
                                                 r"TemplateError: no user$"):
         ChatSession(smollm2, template=bad).reply(SHORT)  # raised at the call, before the first piece
     assert smollm2.chat(SHORT, max_tokens=0) == ""
+    smollm2.eval_last([1, 2, 3, 4, 5])
+    n = smollm2.n_past
+    for bad_n in (-1, n + 1, 1.5, True):
+        with pytest.raises(ArgumentError, match=rf"truncate: n_keep must be an integer in \[0, {n}\]"):
+            smollm2.truncate(bad_n)  # type: ignore[arg-type]
+    smollm2.truncate(3)
+    assert smollm2.n_past == 3
 
 
 def test_a_file_without_template_chats_in_chatml() -> None:
