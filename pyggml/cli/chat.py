@@ -4,7 +4,8 @@ Each line read from stdin is a user message; the reply streams to stdout and end
 conversation (an optional `--system` message first) is rendered with the file's chat template at every
 turn (ChatML where the file has none, as llama.cpp), and the KV cache of what the last turn evaluated is
 kept (`pyggml.models.chat.ChatSession`). A reply stops at the template's end-of-turn token, after
-`-n` tokens, or when the context is full. EOF or `/exit` ends the chat; a summary goes to stderr.
+`-n` tokens, or when the context is full (Ctrl-C on a terminal stops a reply, the chat goes on). EOF or
+`/exit` ends the chat; a summary goes to stderr.
 On a terminal a "> " prompt is shown; piped (`printf 'Hi\\nBye\\n' | pyggml chat M.gguf`) stdout has the
 replies only. Without MODEL it chats with the built-in model, which was not trained to chat.
 """
@@ -118,12 +119,18 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
                 continue
             try:
                 pieces = session.send(text, args.max_tokens, sampler)
-                t0 = time.perf_counter()
+            except ConversationTooLongError as e:
+                raise CLIError(f"{e} (raise --ctx)") from None
+            t0 = time.perf_counter()
+            try:
                 for piece in pieces:
                     out.write(piece)
                     out.flush()
-            except ConversationTooLongError as e:
-                raise CLIError(f"{e} (raise --ctx)") from None
+            except KeyboardInterrupt:
+                if not interactive:
+                    raise
+                pieces.close()  # Ctrl-C on a terminal stops the reply, as llama-cli: the chat goes on
+                print(" (interrupted)", file=err)
             t_gen += time.perf_counter() - t0
             out.write("\n")
             out.flush()

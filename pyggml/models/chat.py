@@ -30,7 +30,7 @@ import dataclasses
 import functools
 import json
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -378,14 +378,27 @@ class ChatSession:
                                     **self.template_kwargs)
         return self.model.tokenize(text, True, True)
 
-    def send(self, text: str, max_tokens: int = DEFAULT_MAX_TOKENS, sampler: Any = None) -> Iterator[str]:
-        """Add a user message and stream the reply (see `reply`); the reply joins the messages when done."""
+    def send(self, text: str, max_tokens: int = DEFAULT_MAX_TOKENS,
+             sampler: Any = None) -> Generator[str, None, None]:
+        """Add a user message and stream the reply (see `reply`). The reply joins the messages when the
+        stream ends, also when it is closed early (what came so far); a turn that cannot start (a template
+        error, no room left) raises here and leaves the messages as they were."""
         self.messages.append({"role": "user", "content": text})
-        pieces: list[str] = []
-        for piece in self.reply(self.messages, max_tokens, sampler):
-            pieces.append(piece)
-            yield piece
-        self.messages.append({"role": "assistant", "content": "".join(pieces)})
+        try:
+            pieces = self.reply(self.messages, max_tokens, sampler)
+        except BaseException:
+            self.messages.pop()
+            raise
+        return self._recorded(pieces)
+
+    def _recorded(self, pieces: Iterator[str]) -> Generator[str, None, None]:
+        got: list[str] = []
+        try:
+            for piece in pieces:
+                got.append(piece)
+                yield piece
+        finally:
+            self.messages.append({"role": "assistant", "content": "".join(got)})
 
     def reply(self, messages: Sequence[Any], max_tokens: int = DEFAULT_MAX_TOKENS,
               sampler: Any = None) -> Iterator[str]:
@@ -414,7 +427,7 @@ class ChatSession:
         self.n_reused = keep
         history = list(ids)
         self.cached = []  # until the cache is known again (an error leaves it unknown)
-        model.kv.n = keep  # the cells after it are masked out (by position) until overwritten
+        model.truncate(keep)
         try:
             if max_tokens == 0:
                 self.stop_reason = "max_tokens"

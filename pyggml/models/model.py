@@ -517,6 +517,15 @@ class Model:
         """Empty the KV cache: the next eval starts at position 0."""
         self.kv.clear()
 
+    def truncate(self, n_keep: int) -> None:
+        """Keep the first `n_keep` tokens of the KV cache (llama.cpp's llama_memory_seq_rm from n_keep on): the
+        next eval goes on at position n_keep. The cells after stay as they are, masked by position until
+        overwritten (a cell is its position here)."""
+        if isinstance(n_keep, bool) or not isinstance(n_keep, int | np.integer) or not 0 <= n_keep <= self.kv.n:
+            raise ArgumentError(f"truncate: n_keep must be an integer in [0, {self.kv.n}] (the tokens in the KV "
+                                f"cache), got {n_keep!r}")
+        self.kv.n = int(n_keep)
+
     @property
     def n_past(self) -> int:
         return self.kv.n
@@ -572,13 +581,14 @@ class Model:
             logits = self.eval_last([tok])
 
     def chat(self, messages: Sequence[Mapping[str, Any]], *, max_tokens: int = 256, stream: bool = False,
-             sampler: Any = None, template_kwargs: Mapping[str, Any] | None = None,
+             sampler: Any = None, template: Any = None, template_kwargs: Mapping[str, Any] | None = None,
              **sampling: Any) -> str | Iterator[str]:
         """The model's reply to `messages` ([{"role": "user", "content": "Hi"}, ...]): the file's chat template
         (`tokenizer.chat_template`; ChatML where the file has none, as llama.cpp) rendered as transformers
-        renders it (`template_kwargs`: more variables, e.g. tools, enable_thinking), the assistant's turn
-        opened, then up to `max_tokens` tokens generated from an empty KV cache until an end-of-generation
-        token ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", EOS, ...; not part of the reply).
+        renders it (`template`: a `ChatTemplate` in its place; `template_kwargs`: more variables, e.g. tools,
+        enable_thinking), the assistant's turn opened, then up to `max_tokens` tokens generated from an empty
+        KV cache until an end-of-generation token ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", EOS, ...; not
+        part of the reply).
 
         Returns the reply's text, or with `stream=True` an iterator of text pieces (never a split UTF-8
         character). Sampling: `sampler` (a `Sampler`), or its parameters as keywords (temperature, top_k,
@@ -589,7 +599,7 @@ class Model:
         """
         from pyggml.models.chat import chat
 
-        return chat(self, messages, max_tokens=max_tokens, stream=stream, sampler=sampler,
+        return chat(self, messages, max_tokens=max_tokens, stream=stream, sampler=sampler, template=template,
                     template_kwargs=template_kwargs, **sampling)
 
     # --- memory ---

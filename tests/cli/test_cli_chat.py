@@ -29,12 +29,12 @@ def test_chat_two_turns_through_stdin(smollm2_path: Path) -> None:
     stdin = "\n".join([TURNS[0], "", TURNS[1], "/exit", "never read"]) + "\n"
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")  # this tree's pyggml, whatever is installed
     proc = subprocess.run([sys.executable, "-m", "pyggml.cli", "chat", str(smollm2_path), "--system", SYSTEM,
-                           "-n", str(n), "--temp", "0", "--repeat-penalty", "1.0", "-c", "256", "-t", "2"],
+                           "-n", str(n), "--temp", "0", "--repeat-penalty", "1.0", "-c", "256", "-t", "1"],
                           input=stdin, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr
 
-    model = load(smollm2_path, n_ctx=256, progress=False)
+    model = load(smollm2_path, n_ctx=256, progress=False, n_threads=1)
     try:
         session = ChatSession(model, system=SYSTEM)
         replies, n_gen = [], 0
