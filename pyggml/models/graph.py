@@ -67,6 +67,9 @@ class GraphInputs:
     # the sliding-window layers' mask (as `mask`, and cells more than n_swa - 1 positions back hidden too);
     # None when no layer slides
     mask_swa: Tensor | None = None
+    # I32 [n_outputs]: the tokens whose logits are computed (llama.cpp's inp_out_ids), None: every token (or
+    # the last one, last_only)
+    out_ids: Tensor | None = None
 
 
 def _f32(x: float) -> float:
@@ -78,7 +81,7 @@ class _Builder:
     """One batch's graph: the blocks of the module's docstring, one method each."""
 
     def __init__(self, ctx: Context, hp: HParams, w: dict[str, Tensor], kv: KVCache, n_tokens: int, n_past: int,
-                 n_kv: int, flash_attn: bool, set_rows: bool, glu: bool) -> None:
+                 n_kv: int, flash_attn: bool, set_rows: bool, glu: bool, n_outputs: int | None = None) -> None:
         self.ctx, self.hp, self.w, self.kv = ctx, hp, w, kv
         self.n_tokens, self.n_past, self.n_kv = n_tokens, n_past, n_kv
         self.flash_attn, self.glu = flash_attn, glu
@@ -91,6 +94,8 @@ class _Builder:
         self.mask = ctx.new_tensor_2d(mask_type, n_kv, n_tokens).set_name("KQ_mask").set_input()
         self.mask_swa = (ctx.new_tensor_2d(mask_type, n_kv, n_tokens).set_name("KQ_mask_swa").set_input()
                          if hp.any_swa else None)
+        self.out_ids = (ctx.new_tensor_1d(GGMLType.I32, n_outputs).set_name("inp_out_ids").set_input()
+                        if n_outputs is not None and n_outputs < n_tokens else None)
         self.k_idxs: Tensor | None = None
         self.v_idxs: Tensor | None = None
         if set_rows:
@@ -225,7 +230,9 @@ class _Builder:
             first_tensor = len(ctx.tensors)
             x = self.layer(x, il)
             layer_nodes.append([t for t in ctx.tensors[first_tensor:] if t.op != GGMLOp.NONE])
-        if last_only and self.n_tokens > 1:
+        if self.out_ids is not None:  # the rows of the tokens whose logits are wanted
+            x = ctx.get_rows(x, self.out_ids).set_name("out_rows")
+        elif last_only and self.n_tokens > 1:
             x = ctx.view_2d(x, hp.n_embd, 1, x.nb[1], (self.n_tokens - 1) * x.nb[1]).set_name("last_token")
         cur = ctx.mul(ctx.rms_norm(x, hp.f_norm_rms_eps), self.w["output_norm.weight"]).set_name("result_norm")
         head = self.w.get("output.weight", self.w["token_embd.weight"])  # tied embeddings when the file has none
@@ -238,18 +245,19 @@ class _Builder:
         logits.set_name("result_output").set_output()
         self.gf.build_forward_expand(logits)
         return self.gf, GraphInputs(self.tokens, self.pos, self.mask, logits, self.k_idxs, self.v_idxs, self.writes,
-                                    layer_nodes, self.norms, self.mask_swa)
+                                    layer_nodes, self.norms, self.mask_swa, self.out_ids)
 
 
 def build_graph(ctx: Context, hp: HParams, w: dict[str, Tensor], kv: KVCache, n_tokens: int, n_past: int,
                 last_only: bool = False, n_kv: int | None = None, flash_attn: bool = False, set_rows: bool = False,
-                glu: bool = False) -> tuple[Graph, GraphInputs]:
+                glu: bool = False, n_outputs: int | None = None) -> tuple[Graph, GraphInputs]:
     """The graph of one batch: `n_tokens` tokens at positions n_past.., written to the KV cells the index
     inputs name (n_past.. as `kv.k_idxs` / `kv.v_idxs` give them).
 
     Attention reads cells 0..n_kv (default n_past + n_tokens; more is allowed, the mask hides
     cells a token must not see). `last_only` computes the logits of the last token only
-    (generation needs no more). `flash_attn` computes attention with FLASH_ATTN_EXT (F16 mask, F32
+    (generation needs no more); `n_outputs` < n_tokens those of the tokens an I32 input names (`out_ids`:
+    several sequences' last tokens). `flash_attn` computes attention with FLASH_ATTN_EXT (F16 mask, F32
     accumulators), which needs a cache whose V is not transposed (`kv.v_trans` False). `set_rows` writes
     K and V by SET_ROWS through I64 index inputs, `glu` computes the gated activation by GLU (today's idiom,
     what `Model` builds where its backends compute them); without them (the default, for callers that set only
@@ -262,7 +270,7 @@ def build_graph(ctx: Context, hp: HParams, w: dict[str, Tensor], kv: KVCache, n_
                             f"and fit n_ctx {kv.n_ctx}")
     if flash_attn == kv.v_trans:
         raise ArgumentError(f"build_graph: flash_attn={flash_attn} needs a KV cache with v_trans={not flash_attn}")
-    return _Builder(ctx, hp, w, kv, n_tokens, n_past, n_kv, flash_attn, set_rows, glu).build(last_only)
+    return _Builder(ctx, hp, w, kv, n_tokens, n_past, n_kv, flash_attn, set_rows, glu, n_outputs).build(last_only)
 
 
 def graph_size(hp: HParams) -> int:

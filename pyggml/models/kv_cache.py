@@ -27,6 +27,8 @@ from pyggml.core.tensor import Tensor
 from pyggml.core.types import TYPE_TRAITS, GGMLType
 from pyggml.models.runner import alloc_checked
 
+N_SEQ_MAX = 64  # sequences a cell can belong to (bits of cell_seq); llama.cpp's LLAMA_MAX_SEQ is 256
+
 
 class KVCache:
     """Per-layer K and V tensors of `n_ctx` cells, placed on `backend_of_layer[il]`."""
@@ -42,7 +44,11 @@ class KVCache:
         self.n_embd_gqa = n_embd_gqa
         self.type = type
         self.v_trans = bool(v_trans)  # V channel-major (without flash attention) or token-major as K (with it)
-        self.n = 0  # cells in use (tokens evaluated so far): the next token goes to cell `n`
+        # llama.cpp's unified cache: each cell's position (-1: empty) and the sequences it belongs to (bit s
+        # of cell_seq), so that several sequences share the n_ctx cells and a sequence's cells may be copied
+        # to another (a shared prompt) or removed
+        self.cell_pos = np.full(n_ctx, -1, dtype=np.int32)
+        self.cell_seq = np.zeros(n_ctx, dtype=np.uint64)
         self.ctx = Context(mem_size=(2 * n_layer + 1) * tensor_overhead(), no_alloc=True)
         self.k: list[Tensor] = []
         self.v: list[Tensor] = []
@@ -83,8 +89,97 @@ class KVCache:
         return TYPE_TRAITS[self.type].type_size
 
     def clear(self) -> None:
-        """Forget every cell (the memory keeps its bytes; they are never read before being written)."""
-        self.n = 0
+        """Forget every cell (the memory keeps its bytes; masked, they are never read before being written)."""
+        self.cell_pos[:] = -1
+        self.cell_seq[:] = 0
+
+    # --- cells and sequences (llama.cpp's llama_kv_cells and llama_memory_seq_*) ---
+
+    @property
+    def n(self) -> int:
+        """The single-sequence view: sequence 0's next position (its cells are 0..n-1 when it is the only
+        one). Setting it removes sequence 0's cells from that position on."""
+        return self.seq_pos_max(0) + 1
+
+    @n.setter
+    def n(self, value: int) -> None:
+        self.seq_rm(0, int(value), -1)
+
+    def _seq_bit(self, seq_id: int) -> np.uint64:
+        if isinstance(seq_id, bool) or not isinstance(seq_id, int | np.integer) or not 0 <= seq_id < N_SEQ_MAX:
+            raise ArgumentError(f"KV cache: sequence id {seq_id!r} is not in [0, {N_SEQ_MAX})")
+        return np.uint64(1) << np.uint64(seq_id)
+
+    def _range(self, seq_id: int, p0: int, p1: int) -> np.ndarray:
+        """The cells of `seq_id` with position in [p0, p1) (p1 < 0: to the end)."""
+        pos = self.cell_pos
+        hit = (self.cell_seq & self._seq_bit(seq_id)) != 0
+        hit &= pos >= max(p0, 0)
+        if p1 >= 0:
+            hit &= pos < p1
+        return hit
+
+    def seq_pos_max(self, seq_id: int) -> int:
+        """The largest position of `seq_id` in the cache, -1 if it has none (llama_memory_seq_pos_max)."""
+        hit = (self.cell_seq & self._seq_bit(seq_id)) != 0
+        return int(self.cell_pos[hit].max()) if hit.any() else -1
+
+    def seq_rm(self, seq_id: int, p0: int = 0, p1: int = -1) -> None:
+        """Remove `seq_id`'s positions [p0, p1) (p1 < 0: to the end); a cell no sequence holds is free."""
+        hit = self._range(seq_id, p0, p1)
+        self.cell_seq[hit] &= ~self._seq_bit(seq_id)
+        self.cell_pos[hit & (self.cell_seq == 0)] = -1
+
+    def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None:
+        """`dst` shares `src`'s cells of positions [p0, p1): a common prompt evaluated once."""
+        hit = self._range(src, p0, p1)
+        self.cell_seq[hit] |= self._seq_bit(dst)
+
+    def clear_cells_at(self, cells: np.ndarray) -> None:
+        """`clear_cells` of each run of consecutive cells in `cells` (sorted)."""
+        cells = np.asarray(cells, dtype=np.int64)
+        if cells.size == 0:
+            return
+        breaks = np.flatnonzero(np.diff(cells) != 1) + 1
+        for run in np.split(cells, breaks):
+            self.clear_cells(int(run[0]), len(run))
+
+    def check_room(self, n_tokens: int) -> None:
+        free = self.n_free()
+        if n_tokens > free:
+            raise ArgumentError(f"KV cache full: {self.n_ctx - free} cells used + {n_tokens} new tokens > n_ctx "
+                                f"{self.n_ctx}")
+
+    def n_free(self) -> int:
+        return int((self.cell_pos < 0).sum())
+
+    def used_end(self) -> int:
+        """One past the last cell in use (0 when empty): attention reads cells 0..used_end (padded)."""
+        used = np.flatnonzero(self.cell_pos >= 0)
+        return int(used[-1]) + 1 if used.size else 0
+
+    def find_slot(self, n_tokens: int) -> np.ndarray:
+        """The cells a batch of `n_tokens` goes to: the first free ones, lowest first (ArgumentError naming the
+        numbers when the cache is full)."""
+        self.check_room(n_tokens)
+        return np.flatnonzero(self.cell_pos < 0)[:n_tokens].astype(np.int64)
+
+    def apply(self, cells: np.ndarray, pos: np.ndarray, seq_ids: np.ndarray) -> None:
+        """Cells `cells` now hold positions `pos` of sequences `seq_ids` (one each)."""
+        self.cell_pos[cells] = pos
+        self.cell_seq[cells] = np.left_shift(np.uint64(1), seq_ids.astype(np.uint64))
+
+    def mask(self, pos: np.ndarray, seq_ids: np.ndarray, n_kv: int, n_swa: int = 0) -> np.ndarray:
+        """KQ_mask [n_tokens, n_kv]: 0 where token i (position pos[i] of sequence seq_ids[i]) sees cell j (the
+        cell holds its sequence at a position <= pos[i]; with a sliding window of n_swa tokens also
+        pos[i] - position < n_swa, llama.cpp's is_masked_swa), -inf elsewhere."""
+        cell_pos = self.cell_pos[:n_kv]
+        bits = np.left_shift(np.uint64(1), seq_ids.astype(np.uint64))
+        sees = (self.cell_seq[None, :n_kv] & bits[:, None]) != 0
+        sees &= cell_pos[None, :] <= pos[:, None]
+        if n_swa:
+            sees &= pos[:, None] - cell_pos[None, :] < n_swa
+        return np.where(sees, np.float32(0), np.float32(-np.inf)).astype(np.float32)
 
     def clear_cells(self, start: int, n: int) -> None:
         """Zero cells start..start+n of every layer: after a batch that wrote NaN or inf there, since graphs
@@ -102,19 +197,15 @@ class KVCache:
             for row in range(g):  # V is transposed: the cells are columns, a run of n in each row
                 tensor_set(self.v[il], zeros, (row * self.n_ctx + start) * es, n * es)
 
-    def check_room(self, n_tokens: int) -> None:
-        if self.n + n_tokens > self.n_ctx:
-            raise ArgumentError(f"KV cache full: {self.n} cells used + {n_tokens} new tokens > n_ctx {self.n_ctx}")
+    def k_idxs(self, cells: np.ndarray) -> np.ndarray:
+        """The rows of the K cache (as [n_embd_gqa, n_ctx]) that a batch's tokens go to: its cells, I64."""
+        return cells.astype(np.int64)
 
-    def k_idxs(self, head: int, n_tokens: int) -> np.ndarray:
-        """The rows of the K cache (as [n_embd_gqa, n_ctx]) that tokens head..head+n_tokens go to: I64 [n_tokens]."""
-        return np.arange(head, head + n_tokens, dtype=np.int64)
-
-    def v_idxs(self, head: int, n_tokens: int) -> np.ndarray:
+    def v_idxs(self, cells: np.ndarray) -> np.ndarray:
         """The rows of the V cache that this batch's values go to: the cells, as for K, when V is stored as K;
         transposed (rows of one element, llama.cpp's cpy_v), channel j of token i goes to element
         j * n_ctx + cell_i: I64 [n_embd_gqa * n_tokens], in v_cur's order (token-major)."""
-        cells = np.arange(head, head + n_tokens, dtype=np.int64)
+        cells = cells.astype(np.int64)
         if not self.v_trans:
             return cells
         ch = np.arange(self.n_embd_gqa, dtype=np.int64) * self.n_ctx

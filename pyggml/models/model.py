@@ -25,6 +25,7 @@ import logging
 import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -34,7 +35,7 @@ from pyggml.backend.registry import init_backend, set_n_threads
 from pyggml.backend.tensor_io import tensor_get_numpy
 from pyggml.core.checks import check_host_alloc, check_positive
 from pyggml.core.context import Context, tensor_overhead
-from pyggml.core.errors import ArgumentError, GGMLError, NonFiniteError
+from pyggml.core.errors import ArgumentError, GGMLError, NonFiniteError, UnsupportedOpError
 from pyggml.core.graph import Graph, graph_overhead
 from pyggml.core.tensor import is_view_op
 from pyggml.core.types import TYPE_TRAITS, GGMLType, as_type
@@ -62,7 +63,26 @@ KV_PAD = 256  # graphs read the cache in multiples of 256 cells, at least 256, a
 FLASH_ATTN_MODES = ("on", "off", "auto")
 # graphs kept by their shapes: a generation alternates between a prompt's graph and a token's
 KEEP_GRAPHS = 2
-GraphKey = tuple[int, int, bool]  # (n_tokens, n_kv, last_only)
+GraphKey = tuple[int, int, int, bool]  # (n_tokens, n_kv, n_outputs, last_only)
+
+
+@dataclass
+class Batch:
+    """One llama_batch as computed: tokens, their positions and sequences, the KV cells they go to, the cells
+    attention reads (n_kv), and whose logits are computed: the last token's (last_only), the rows `out_rows`
+    names, or every token's (neither)."""
+
+    ids: np.ndarray  # I32 [n_tokens]
+    pos: np.ndarray  # I32 [n_tokens]
+    seq_ids: np.ndarray  # I32 [n_tokens]
+    cells: np.ndarray  # I64 [n_tokens]
+    n_kv: int
+    last_only: bool = False
+    out_rows: np.ndarray | None = None  # I32 [n_outputs]
+
+    @property
+    def n_outputs(self) -> int:
+        return 1 if self.last_only else len(self.ids) if self.out_rows is None else len(self.out_rows)
 
 
 def resolve_flash_attn(mode: str | bool) -> bool:
@@ -285,48 +305,63 @@ class Model:
             out.append((gf, self._pins(inp)))
         return out
 
-    @staticmethod
-    def _mask(pos: np.ndarray, n_kv: int, n_swa: int = 0) -> np.ndarray:
-        """KQ_mask: 0 where the token at position pos[i] sees cell j (j <= pos[i], and with a sliding window of
-        n_swa tokens pos[i] - j < n_swa, llama.cpp's is_masked_swa), -inf elsewhere."""
-        cells = np.arange(n_kv, dtype=np.int32)
-        sees = cells[None, :] <= pos[:, None]
-        if n_swa:
-            sees &= pos[:, None] - cells[None, :] < n_swa
-        return np.where(sees, np.float32(0), np.float32(-np.inf)).astype(np.float32)
-
-    def _inputs(self, inp: GraphInputs, kv: KVCache, ids: np.ndarray, pos: np.ndarray,
-                n_kv: int) -> list[tuple[Any, np.ndarray]]:
-        """The values of a batch's graph inputs: tokens, positions, the mask (F16 with flash attention), the
-        cache rows K and V go to (cells pos[0]..)."""
-        n_past, n_tokens = int(pos[0]), len(pos)
-        masks = [(inp.mask, self._mask(pos, n_kv))]
+    def _inputs(self, inp: GraphInputs, batch: Batch) -> list[tuple[Any, np.ndarray]]:
+        """The values of a batch's graph inputs: tokens, positions, the masks (F16 with flash attention) from
+        the cells' positions and sequences, the cache rows K and V go to, the rows whose logits are wanted."""
+        kv = self.kv
+        masks = [(inp.mask, kv.mask(batch.pos, batch.seq_ids, batch.n_kv))]
         if inp.mask_swa is not None:
-            masks.append((inp.mask_swa, self._mask(pos, n_kv, self.hparams.n_swa)))
-        out = [(inp.tokens, ids), (inp.pos, pos)]
+            masks.append((inp.mask_swa, kv.mask(batch.pos, batch.seq_ids, batch.n_kv, self.hparams.n_swa)))
+        out = [(inp.tokens, batch.ids), (inp.pos, batch.pos)]
         out += [(t, m.astype(np.float16) if self.flash_attn else m) for t, m in masks]
         if inp.k_idxs is not None and inp.v_idxs is not None:
-            out += [(inp.k_idxs, kv.k_idxs(n_past, n_tokens)), (inp.v_idxs, kv.v_idxs(n_past, n_tokens))]
+            out += [(inp.k_idxs, kv.k_idxs(batch.cells)), (inp.v_idxs, kv.v_idxs(batch.cells))]
+        if inp.out_ids is not None:
+            assert batch.out_rows is not None
+            out.append((inp.out_ids, batch.out_rows))
         return out
 
     def _decode(self, ids: np.ndarray, last_only: bool) -> np.ndarray:
-        """Evaluate one batch at the end of the KV cache; logits (n_outputs, n_vocab)."""
-        n_tokens = len(ids)
+        """Evaluate one batch of sequence 0 after its tokens in the KV cache; logits (n_outputs, n_vocab)."""
         n_past = self.kv.n
-        self.kv.check_room(n_tokens)
-        pos = np.arange(n_past, n_past + n_tokens, dtype=np.int32)
-        n_kv = self._n_kv(n_past + n_tokens)  # the cells attention reads, padded as llama.cpp pads them
-        key = (n_tokens, n_kv, last_only)
+        pos = np.arange(n_past, n_past + len(ids), dtype=np.int32)
+        return self._decode_batch(ids, pos, np.zeros(len(ids), dtype=np.int32), last_only, None)
+
+    def _decode_batch(self, ids: np.ndarray, pos: np.ndarray, seq_ids: np.ndarray, last_only: bool,
+                      out_rows: np.ndarray | None) -> np.ndarray:
+        """llama_decode of one batch (at most n_batch tokens): each token's K and V go to a free cell, which
+        then holds its position and sequence; logits of the last token (last_only), of `out_rows`, or of all."""
+        kv = self.kv
+        n_tokens = len(ids)
+        cells = kv.find_slot(n_tokens)
+        head = int(cells[0])
+        if not self._graph_kw["set_rows"] and int(cells[-1]) != head + n_tokens - 1:
+            raise UnsupportedOpError(f"a batch of {n_tokens} tokens goes to cells {cells.tolist()[:8]}...: cells that "
+                                     f"are not one run need SET_ROWS, which a backend holding the cache lacks")
+        kv.apply(cells, pos, seq_ids)
+        try:
+            batch = Batch(ids, pos, seq_ids, cells, self._n_kv(kv.used_end()), last_only, out_rows)
+            logits = self._compute(batch)
+        except BaseException:
+            kv.cell_pos[cells] = -1  # a failed batch adds nothing to the cache
+            kv.cell_seq[cells] = 0
+            raise
+        return logits
+
+    def _compute(self, batch: Batch) -> np.ndarray:
+        """The batch's graph (kept, taken up again or built) computed; its logits, checked."""
+        n_tokens, n_kv = len(batch.ids), batch.n_kv
+        key = (n_tokens, n_kv, batch.n_outputs, batch.last_only)
         kept = self._graphs.get(key) if self.reuse_graphs else None
         if kept is not None:
             inp = kept[1]
             try:
                 if key == self._last_key:
-                    self.runner.run_again(self._inputs(inp, self.kv, ids, pos, n_kv))
+                    self.runner.run_again(self._inputs(inp, batch))
                 else:  # taken up again by the scheduler, as it was
                     self._graphs[key] = self._graphs.pop(key)
                     self._last_key = key
-                    self.runner.run(kept[2], self._inputs(inp, self.kv, ids, pos, n_kv), self._pins(inp))
+                    self.runner.run(kept[2], self._inputs(inp, batch), self._pins(inp))
             except BaseException:
                 self._forget_graph()
                 raise
@@ -337,10 +372,9 @@ class Model:
                 self._drop_graph(next(iter(self._graphs)))
             ctx = self._new_ctx()
             try:
-                gf, inp = build_graph(ctx, self.hparams, self.w, self.kv, n_tokens, n_past, last_only, n_kv=n_kv,
-                                      **self._graph_kw)
+                gf, inp = self._build(ctx, batch)
                 self.n_graphs_built += 1
-                self.runner.run(gf, self._inputs(inp, self.kv, ids, pos, n_kv), self._pins(inp))
+                self.runner.run(gf, self._inputs(inp, batch), self._pins(inp))
             except BaseException:
                 self._forget_graph()
                 ctx.free()
@@ -350,9 +384,13 @@ class Model:
         logits = tensor_get_numpy(inp.logits).reshape(-1, self.hparams.n_vocab)
         # one pass over the logits (n_vocab floats a token): NaN or inf anywhere upstream reaches them
         if self.check_finite and not np.isfinite(logits).all():
-            raise self._non_finite_error(ids, n_past, last_only, n_kv, logits)
-        self.kv.n = n_past + n_tokens
+            raise self._non_finite_error(batch, logits)
         return logits
+
+    def _build(self, ctx: Context, batch: Batch) -> tuple[Graph, GraphInputs]:
+        return build_graph(ctx, self.hparams, self.w, self.kv, len(batch.ids), int(batch.cells[0]),
+                           batch.last_only, n_kv=batch.n_kv,
+                           n_outputs=None if batch.out_rows is None else len(batch.out_rows), **self._graph_kw)
 
     def _pins(self, inp: GraphInputs) -> list[tuple[Any, Backend]]:
         """Each layer's norms on the layer's backend (llama.cpp's graph callback pins "norm" likewise)."""
@@ -379,39 +417,34 @@ class Model:
 
     # --- non-finite logits ---
 
-    def _non_finite_error(self, ids: np.ndarray, n_past: int, last_only: bool, n_kv: int | None,
-                          logits: np.ndarray) -> NonFiniteError:
+    def _non_finite_error(self, batch: Batch, logits: np.ndarray) -> NonFiniteError:
         """The error for a batch whose logits are not all finite, naming the first tensor where NaN or inf
-        appears. The cells from n_past on are zeroed after: graphs read padded ranges of cells, where a
-        NaN hidden by the mask still spreads (-inf + NaN and 0 * NaN are NaN), and nothing there is
+        appears. The batch's cells and the free ones are zeroed after: graphs read padded ranges of cells,
+        where a NaN hidden by the mask still spreads (-inf + NaN and 0 * NaN are NaN), and nothing there is
         read before it is written otherwise."""
-        n_tokens = len(ids)
         n_bad = int((~np.isfinite(logits)).sum())
         kind = "NaN" if np.isnan(logits).any() else "inf"
         try:
-            where = self._first_non_finite(ids, n_past, last_only, n_kv)
+            where = self._first_non_finite(batch)
         except GGMLError as e:
             where = f"the tensor where it starts is unknown (computing the batch again with checks failed: {e})"
         finally:
-            self.kv.clear_cells(n_past, self.n_ctx - n_past)
+            self.kv.clear_cells_at(np.union1d(batch.cells, np.flatnonzero(self.kv.cell_pos < 0)))
+        p0, p1 = int(batch.pos.min()), int(batch.pos.max())
         return NonFiniteError(
-            f"'{self.file.name}': the logits of positions {n_past}..{n_past + n_tokens - 1} hold {kind} "
+            f"'{self.file.name}': the logits of positions {p0}..{p1} hold {kind} "
             f"({n_bad} of {logits.size} values are not finite); {where} (check_finite=False, or "
             f"--no-check-finite, skips this check)")
 
-    def _first_non_finite(self, ids: np.ndarray, n_past: int, last_only: bool, n_kv: int | None) -> str:
+    def _first_non_finite(self, batch: Batch) -> str:
         """Compute the batch again, as the same graph, with the scheduler's eval callback looking at every
         node as soon as it is computed (llama.cpp's eval-callback), and describe the first one, in graph
         order, whose values are not all finite; the compute stops there. Only on the error path."""
-        n_tokens = len(ids)
-        n_kv = n_kv or n_past + n_tokens
-        pos = np.arange(n_past, n_past + n_tokens, dtype=np.int32)
         self._forget_graph()
         ctx = self._new_ctx()
         found: list[tuple[int, Any, int, int]] = []
         try:
-            gf, inp = build_graph(ctx, self.hparams, self.w, self.kv, n_tokens, n_past, last_only, n_kv=n_kv,
-                                  **self._graph_kw)
+            gf, inp = self._build(ctx, batch)
             order = {id(n): i for i, n in enumerate(gf.nodes)}
             # nodes built as views (a KV write's result is the cache): their values are the cache's, which may
             # hold what an earlier batch left; the nodes reading the cells are checked instead
@@ -431,7 +464,7 @@ class Model:
 
             self.runner.set_eval_callback(observe)
             try:
-                self.runner.run(gf, self._inputs(inp, self.kv, ids, pos, n_kv), self._pins(inp))
+                self.runner.run(gf, self._inputs(inp, batch), self._pins(inp))
             finally:
                 self.runner.set_eval_callback(None)
                 self.runner.forget()
@@ -519,8 +552,7 @@ class Model:
 
     def truncate(self, n_keep: int) -> None:
         """Keep the first `n_keep` tokens of the KV cache (llama.cpp's llama_memory_seq_rm from n_keep on): the
-        next eval goes on at position n_keep. The cells after stay as they are, masked by position until
-        overwritten (a cell is its position here)."""
+        next eval goes on at position n_keep; the cells after are free."""
         if isinstance(n_keep, bool) or not isinstance(n_keep, int | np.integer) or not 0 <= n_keep <= self.kv.n:
             raise ArgumentError(f"truncate: n_keep must be an integer in [0, {self.kv.n}] (the tokens in the KV "
                                 f"cache), got {n_keep!r}")
@@ -579,6 +611,113 @@ class Model:
             if tok == eos or n == max_tokens - 1 or self.kv.n >= self.n_ctx:
                 return  # done, or the context is full (the last token is yielded, not evaluated)
             logits = self.eval_last([tok])
+
+    # --- several sequences (llama.cpp's llama_decode over a unified KV cache, llama_memory_seq_*) ---
+
+    def decode(self, tokens: Sequence[int] | np.ndarray, seq_ids: Sequence[int] | np.ndarray | int = 0,
+               positions: Sequence[int] | np.ndarray | None = None,
+               outputs: Sequence[bool] | np.ndarray | None = None) -> np.ndarray:
+        """llama_decode: evaluate `tokens`, each of sequence `seq_ids` (one id for all, or one per token), at
+        `positions` (default: each sequence goes on after its last position in the cache, in batch order).
+        The sequences share the KV cache's cells; a token sees its own sequence's earlier positions only.
+        Returns the logits of the tokens `outputs` marks (default: the last token of each sequence in the
+        batch), in batch order: (n_outputs, n_vocab). Batches longer than n_batch are computed in pieces."""
+        ids = self._check_ids(tokens)
+        n = len(ids)
+        if n == 0:
+            raise ArgumentError("decode: no tokens given")
+        seqs = np.broadcast_to(np.asarray(seq_ids, dtype=np.int64), (n,)).astype(np.int32)
+        for s in np.unique(seqs):
+            self.kv.seq_pos_max(int(s))  # checks the id
+        if positions is None:
+            pos = np.empty(n, dtype=np.int32)
+            for s in np.unique(seqs):
+                where = np.flatnonzero(seqs == s)
+                start = self.kv.seq_pos_max(int(s)) + 1
+                pos[where] = np.arange(start, start + len(where), dtype=np.int32)
+        else:
+            pos = np.asarray(positions, dtype=np.int64).reshape(-1)
+            if pos.shape != (n,) or pos.min() < 0 or pos.max() > np.iinfo(np.int32).max:
+                raise ArgumentError(f"decode: positions must be {n} integers in [0, 2^31), got shape {pos.shape}")
+            pos = pos.astype(np.int32)
+        if outputs is None:
+            wanted = np.zeros(n, dtype=bool)
+            for s in np.unique(seqs):
+                wanted[np.flatnonzero(seqs == s)[-1]] = True
+        else:
+            wanted = np.asarray(outputs, dtype=bool).reshape(-1)
+            if wanted.shape != (n,):
+                raise ArgumentError(f"decode: outputs must be {n} flags, got shape {wanted.shape}")
+        done: list[np.ndarray] = []
+        written: list[np.ndarray] = []
+        try:
+            for i in range(0, n, self.n_batch):
+                part = slice(i, i + self.n_batch)
+                rows = np.flatnonzero(wanted[part]).astype(np.int32)
+                before = self.kv.cell_pos >= 0
+                # a piece without outputs computes its last token's logits (never empty), unused
+                logits = self._decode_batch(ids[part], pos[part], seqs[part], len(rows) == 0,
+                                            None if len(rows) in (0, len(ids[part])) else rows)
+                written.append(np.flatnonzero((self.kv.cell_pos >= 0) & ~before))
+                if len(rows):
+                    done.append(logits)
+        except BaseException:
+            for cells in written:  # a failed call adds nothing to the cache
+                self.kv.cell_pos[cells] = -1
+                self.kv.cell_seq[cells] = 0
+            raise
+        if not done:
+            return np.zeros((0, self.hparams.n_vocab), dtype=np.float32)
+        return np.concatenate(done, axis=0)
+
+    def seq_rm(self, seq_id: int, p0: int = 0, p1: int = -1) -> None:
+        """Remove sequence `seq_id`'s positions [p0, p1) from the KV cache (p1 < 0: to the end)."""
+        self.kv.seq_rm(seq_id, p0, p1)
+
+    def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None:
+        """Let sequence `dst` share `src`'s cached positions [p0, p1) (a prompt evaluated once for both)."""
+        self.kv.seq_cp(src, dst, p0, p1)
+
+    def seq_pos_max(self, seq_id: int) -> int:
+        """The last position of `seq_id` in the KV cache, -1 if it has none."""
+        return self.kv.seq_pos_max(seq_id)
+
+    def generate_batch(self, prompts: Sequence[str | Sequence[int]], max_tokens: int,
+                       samplers: Sequence[Any] | None = None, stop_at_eos: bool = True) -> list[list[int]]:
+        """Several sequences decoded together from an empty KV cache: every prompt in one batch (sequence i is
+        prompt i), then each step one batch of the next token of every sequence still going, each sampled
+        by its own sampler (`samplers[i]`, None: greedy). Returns the new token ids of each sequence (a
+        sequence ends after EOS with `stop_at_eos`, after `max_tokens`, or when the cache is full)."""
+        ids = [self.tokenize(p) if isinstance(p, str) else [int(t) for t in p] for p in prompts]
+        if not ids or any(not x for x in ids):
+            raise ArgumentError(f"generate_batch: {len(ids)} prompts, each needs at least one token")
+        if samplers is not None and len(samplers) != len(ids):
+            raise ArgumentError(f"generate_batch: {len(samplers)} samplers for {len(ids)} prompts")
+        self.reset()
+        out: list[list[int]] = [[] for _ in ids]
+        if max_tokens <= 0:
+            return out
+        histories = [list(x) for x in ids]
+        eos = self.token_eos() if stop_at_eos else None
+        active = list(range(len(ids)))
+        logits = self.decode(np.concatenate([np.asarray(x, dtype=np.int64) for x in ids]),
+                             np.repeat(np.arange(len(ids)), [len(x) for x in ids]))
+        while active:
+            step_tokens, still = [], []
+            for row, s in enumerate(active):
+                sampler = samplers[s] if samplers is not None else None
+                tok = int(np.argmax(logits[row])) if sampler is None else int(sampler.sample(logits[row],
+                                                                                           histories[s]))
+                out[s].append(tok)
+                histories[s].append(tok)
+                if tok != eos and len(out[s]) < max_tokens:
+                    step_tokens.append(tok)
+                    still.append(s)
+            active = still
+            if not active or self.kv.n_free() < len(active):
+                break
+            logits = self.decode(step_tokens, active)
+        return out
 
     def chat(self, messages: Sequence[Mapping[str, Any]], *, max_tokens: int = 256, stream: bool = False,
              sampler: Any = None, template: Any = None, template_kwargs: Mapping[str, Any] | None = None,

@@ -24,6 +24,7 @@ from pyggml.core.tensor import GGMLOp, is_view_op
 from pyggml.core.types import GGMLType
 from pyggml.models.builtin import builtin_model_path
 from pyggml.models.llama import build_llama
+from pyggml.models.model import Batch
 from pyggml.sched import GGML_SCHED_MAX_BACKENDS, BackendSched
 
 PROMPT = "The module"
@@ -72,8 +73,11 @@ def test_reused_graphs_give_the_logits_of_new_ones() -> None:
 def _llama_graph(model: pm.Model, ctx: Context, ids: np.ndarray) -> tuple[Any, Any, list[tuple[Any, np.ndarray]]]:
     n = len(ids)
     pos = np.arange(n, dtype=np.int32)
+    seqs = np.zeros(n, dtype=np.int32)
+    cells = np.arange(n, dtype=np.int64)  # an empty cache's first cells, for sequence 0
+    model.kv.apply(cells, pos, seqs)
     gf, inp = build_llama(ctx, model.hparams, model.w, model.kv, n, 0, n_kv=model._n_kv(n), **model._graph_kw)
-    return gf, inp, model._inputs(inp, model.kv, ids, pos, model._n_kv(n))
+    return gf, inp, model._inputs(inp, Batch(ids, pos, seqs, cells, model._n_kv(n)))
 
 
 def test_eval_callback_reads_every_intermediate() -> None:
