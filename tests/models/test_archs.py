@@ -72,11 +72,17 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Tiny:
     return Tiny(tmp_path_factory.mktemp("archs"))
 
 
+# a tensor of each file that shows the family's row of the table is exercised
+SHOWN_BY = {"llama": "blk.1.attn_q.weight", "qwen2": "blk.1.attn_q.bias", "qwen3": "blk.1.attn_k_norm.weight",
+            "gemma3": "blk.5.post_ffw_norm.weight", "phi3": "blk.1.attn_qkv.weight", "llama3": "rope_freqs.weight",
+            "phi3_longrope": "rope_factors_long.weight"}
+
+
 @pytest.mark.parametrize("arch", CHECKPOINTS)
 def test_f32_logits_match_transformers_and_llamacpp(tiny: Tiny, arch: str) -> None:
     model = pm.load(tiny.path[arch], n_ctx=256, progress=False)
     try:
-        assert model.hparams.arch.name == VARIANTS.get(arch, arch)
+        assert model.hparams.arch.name == VARIANTS.get(arch, arch) and SHOWN_BY[arch] in model.w
         ours = model.eval(tiny.ids[arch])
     finally:
         model.free()
@@ -246,3 +252,47 @@ def test_real_gemma3_270m_follows_llamacpp(gemma3_270m_path: Path, tmp_path: Pat
         pytest.skip(str(e))
     cos = (ours * cpp).sum(1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(cpp, axis=1)
     assert cos.min() >= 0.99, f"cosine per position {np.round(cos, 4)}"
+
+
+# --- hyper-parameters from metadata alone ---
+
+
+def _hparams(tmp_path: Path, arch: str, meta: dict[str, object]) -> pm.HParams:
+    from pyggml.gguf.reader import read_gguf
+    from pyggml.gguf.writer import write_gguf
+
+    base = {"embedding_length": 64, "block_count": 6, "feed_forward_length": 128, "attention.head_count": 4}
+    write_gguf(tmp_path / "h.gguf", arch, {f"{arch}.{k}": v for k, v in {**base, **meta}.items()},
+               {"token_embd.weight": np.zeros((10, 64), np.float32)})
+    gf = read_gguf(tmp_path / "h.gguf")
+    try:
+        return pm.HParams.from_gguf(gf)
+    finally:
+        gf.close()
+
+
+@pytest.mark.parametrize(("meta", "sliding"), [
+    ({"attention.sliding_window": 4}, (True,) * 5 + (False,)),  # gemma3's default: 5 local, 1 global
+    ({"attention.sliding_window": 4, "attention.sliding_window_pattern": 3}, (True, True, False) * 2),
+    ({"attention.sliding_window": 4, "attention.sliding_window_pattern": [True, False] * 3}, (True, False) * 3),
+    ({}, ()),  # no window in the file: every layer global
+])
+def test_gemma3_sliding_layers_from_the_file(tmp_path: Path, meta: dict[str, object],
+                                            sliding: tuple[bool, ...]) -> None:
+    hp = _hparams(tmp_path, "gemma3", {"rope.freq_base": 1e6, "rope.freq_base_swa": 5e3, **meta})
+    assert hp.swa_layers == sliding and hp.any_swa == bool(sliding)
+    assert [hp.rope_base_scale(il)[0] for il in range(6)] == [5e3 if s else 1e6 for s in sliding or (False,) * 6]
+
+
+def test_phi3_ignores_a_sliding_window_as_llamacpp(tmp_path: Path) -> None:
+    assert not _hparams(tmp_path, "phi3", {"attention.sliding_window": 2047}).any_swa
+
+
+@pytest.mark.parametrize(("meta", "message"), [
+    ({"attention.key_length": 32, "attention.value_length": 16},
+     r"'qwen3.attention.value_length' = 16 differs from the key length 32"),
+    ({"rope.scaling.type": "su"}, r"'qwen3.rope.scaling.type' = 'su' is not supported \(supported: none, linear, "),
+])
+def test_hparams_pyggml_lacks_are_named(tmp_path: Path, meta: dict[str, object], message: str) -> None:
+    with pytest.raises(ModelFileError, match=message):
+        _hparams(tmp_path, "qwen3", meta)
