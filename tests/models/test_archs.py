@@ -66,7 +66,9 @@ class Tiny:
 
 
 @pytest.fixture(scope="session")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> Tiny:
+def tiny(tmp_path_factory: pytest.TempPathFactory, llamacpp_models: Path) -> Tiny:
+    """Made once a session; needs the sdist (its converter and ggml-vocab files: `llamacpp_models` skips without
+    it), torch and transformers."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     return Tiny(tmp_path_factory.mktemp("archs"))
