@@ -170,7 +170,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     out = out or sys.stdout  # looked up per call: tests and callers swap sys.stdout
     err = err or sys.stderr
     from pyggml.gguf.reader import read_gguf
-    from pyggml.models import LlamaHParams, load
+    from pyggml.models import HParams, load
 
     builtin = args.model is None
     path = builtin_model_path() if builtin else check_model_path(args.model)
@@ -180,7 +180,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
 
     gf = read_gguf(path)  # the header only: the training context gives the default --ctx
     try:
-        n_ctx_train = LlamaHParams.from_gguf(gf).n_ctx_train  # checked: a bad file fails here, naming the key
+        n_ctx_train = HParams.from_gguf(gf).n_ctx_train  # checked: a bad file fails here, naming the key
     finally:
         gf.close()
     n_ctx = args.ctx or min(n_ctx_train, MAX_DEFAULT_CTX)

@@ -41,7 +41,7 @@ from pyggml.core.tensor import is_view_op
 from pyggml.core.types import TYPE_TRAITS, GGMLType, as_type
 from pyggml.gguf.loader import LoadedTensors, load_tensors, maps_weights
 from pyggml.gguf.reader import GGUFFile, read_gguf
-from pyggml.models.arch import HParams, check_tensors, layer_of
+from pyggml.models.arch import FFN_GEGLU, FFN_SWIGLU, FFN_SWIGLU_FUSED, HParams, check_tensors, layer_of
 from pyggml.models.graph import GraphInputs, build_graph, graph_size
 from pyggml.models.kv_cache import KVCache
 from pyggml.models.metadata import read_int
@@ -97,9 +97,10 @@ def resolve_flash_attn(mode: str | bool) -> bool:
     return mode.lower() == "on"  # "auto": off (see above)
 
 
-def all_support(backends: Sequence[Backend], op: str, kv_type: GGMLType = GGMLType.F32) -> bool:
+def all_support(backends: Sequence[Backend], op: str, kv_type: GGMLType = GGMLType.F32,
+                ffn: str = FFN_SWIGLU) -> bool:
     """Whether every one of `backends` computes `op` ("set_rows": F32 rows into the F32 or F16 cache by I64
-    indices; "glu": SWIGLU and GEGLU of F32 tensors; "flash_attn": FLASH_ATTN_EXT over a cache of `kv_type`;
+    indices; "glu": the GLU of FFN kind `ffn` on F32 tensors; "flash_attn": FLASH_ATTN_EXT over a cache of `kv_type`;
     "attention": MUL_MAT and SOFT_MAX_EXT over such a cache),
     asked of each backend with a small node of that kind."""
     ctx = Context(mem_size=16 * tensor_overhead(), no_alloc=True)
@@ -119,9 +120,10 @@ def all_support(backends: Sequence[Backend], op: str, kv_type: GGMLType = GGMLTy
         elif op == "set_rows":
             nodes = [ctx.set_rows(ctx.new_tensor_2d(t, 8, 4), b, ctx.new_tensor_1d(GGMLType.I64, 1))
                      for t in (GGMLType.F32, GGMLType.F16)]
-        else:  # every GLU a family's FFN uses (SwiGLU, GEGLU, phi3's fused SwiGLU)
-            nodes = [ctx.swiglu_split(a, ctx.new_tensor_2d(GGMLType.F32, 8, 4)),
-                     ctx.geglu_split(a, ctx.new_tensor_2d(GGMLType.F32, 8, 4)), ctx.swiglu(a)]
+        else:  # the GLU of the family's FFN (SwiGLU, GEGLU or phi3's fused SwiGLU)
+            b2 = ctx.new_tensor_2d(GGMLType.F32, 8, 4)
+            nodes = [ctx.geglu_split(a, b2) if ffn == FFN_GEGLU else ctx.swiglu(a) if ffn == FFN_SWIGLU_FUSED
+                     else ctx.swiglu_split(a, b2)]
         return all(backend.supports_op(n) for backend in {id(x): x for x in backends}.values() for n in nodes)
     finally:
         ctx.free()
@@ -232,7 +234,7 @@ class Model:
             # them keeps its layers' work instead of handing single nodes to another backend
             workers = [b for b in self.layer_backend if attends[id(b)]] or [fallback]
             self._graph_kw = {"flash_attn": self.flash_attn, "set_rows": all_support(self.kv_backend, "set_rows"),
-                              "glu": all_support(workers, "glu")}
+                              "glu": all_support(workers, "glu", ffn=hp.arch.ffn)}
             kv = self.kv = KVCache(hp.n_layer, self.n_ctx, hp.n_embd_gqa, self.kv_backend, kv_type,
                                    v_trans=not self.flash_attn)
             # one engine for one backend or many: the scheduler, reserved once with the worst-case graph

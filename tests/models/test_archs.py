@@ -66,17 +66,25 @@ class Tiny:
 
 
 @pytest.fixture(scope="session")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> Tiny:
+def tiny(tmp_path_factory: pytest.TempPathFactory, llamacpp_models: Path) -> Tiny:
+    """Made once a session; needs the sdist (its converter and ggml-vocab files: `llamacpp_models` skips without
+    it), torch and transformers."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     return Tiny(tmp_path_factory.mktemp("archs"))
+
+
+# a tensor of each file that shows the family's row of the table is exercised
+SHOWN_BY = {"llama": "blk.1.attn_q.weight", "qwen2": "blk.1.attn_q.bias", "qwen3": "blk.1.attn_k_norm.weight",
+            "gemma3": "blk.5.post_ffw_norm.weight", "phi3": "blk.1.attn_qkv.weight", "llama3": "rope_freqs.weight",
+            "phi3_longrope": "rope_factors_long.weight"}
 
 
 @pytest.mark.parametrize("arch", CHECKPOINTS)
 def test_f32_logits_match_transformers_and_llamacpp(tiny: Tiny, arch: str) -> None:
     model = pm.load(tiny.path[arch], n_ctx=256, progress=False)
     try:
-        assert model.hparams.arch.name == VARIANTS.get(arch, arch)
+        assert model.hparams.arch.name == VARIANTS.get(arch, arch) and SHOWN_BY[arch] in model.w
         ours = model.eval(tiny.ids[arch])
     finally:
         model.free()
@@ -110,8 +118,43 @@ def test_token_by_token_and_flash_attention(tiny: Tiny, arch: str) -> None:
         _close(np.concatenate(steps), ref, f"{arch} token by token, flash attention {fa}")
 
 
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3", "phi3"])
+def test_the_2023_idiom_for_backends_without_set_rows_and_glu(tiny: Tiny, arch: str,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The graph pyggml builds for backends without SET_ROWS and GLU (CPY KV writes, the activation and a MUL,
+    phi3's halves as views) computes the same logits."""
+    import pyggml.models.model as model_module
+
+    monkeypatch.setattr(model_module, "all_support", lambda *args, **kwargs: False)
+    model = pm.load(tiny.path[arch], n_ctx=256, progress=False)
+    try:
+        assert model._graph_kw == {"flash_attn": False, "set_rows": False, "glu": False}
+        ours = np.concatenate([model.eval(tiny.ids[arch][:5]), model.eval(tiny.ids[arch][5:])])
+    finally:
+        model.free()
+    _close(ours, tiny.ref[arch], f"{arch} in the 2023 idiom vs transformers")
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "phi3"])
+def test_split_over_torch_and_cpu_by_the_scheduler(tiny: Tiny, arch: str) -> None:
+    """The first layer on the torch backend, the rest on the CPU, token by token: the same logits."""
+    model = pm.load(tiny.path[arch], backends=["torch", "cpu"], n_layers_on=[1], n_ctx=256, progress=False)
+    try:
+        ids = tiny.ids[arch]
+        ours = np.concatenate([model.eval(ids[:6])] + [model.eval([t]) for t in ids[6:]])
+    finally:
+        model.free()
+    _close(ours, tiny.ref[arch], f"{arch} over torch and cpu vs transformers")
+
+
 def test_gemma3_layers_slide_and_keep_their_rope_bases(tiny: Tiny) -> None:
-    hp = pm.HParams.from_gguf(pm.load(tiny.path["gemma3"], n_ctx=64, progress=False).file)
+    from pyggml.gguf.reader import read_gguf
+
+    gf = read_gguf(tiny.path["gemma3"])
+    try:
+        hp = pm.HParams.from_gguf(gf)
+    finally:
+        gf.close()
     assert hp.swa_layers == (True,) * 5 + (False,) and hp.n_swa == 4
     assert hp.rope_base_scale(0) == (10000.0, 1.0) and hp.rope_base_scale(5) == (1000000.0, 1.0)
     assert hp.head_dim == 32 and hp.n_embd_q == 128 and hp.f_final_logit_softcapping == 30.0
@@ -196,3 +239,50 @@ def test_every_weight_type_loads_and_computes_as_llamacpp(typed_files: dict[str,
     finally:
         model.free()
     _close(ours, typed_llamacpp[type_name], f"{type_name} weights vs llama.cpp")
+
+
+# (the real Gemma 3 270M file against llama.cpp: tests/interop/test_real_models.py)
+
+
+# --- hyper-parameters from metadata alone ---
+
+
+def _hparams(tmp_path: Path, arch: str, meta: dict[str, object]) -> pm.HParams:
+    from pyggml.gguf.reader import read_gguf
+    from pyggml.gguf.writer import write_gguf
+
+    base = {"embedding_length": 64, "block_count": 6, "feed_forward_length": 128, "attention.head_count": 4}
+    write_gguf(tmp_path / "h.gguf", arch, {f"{arch}.{k}": v for k, v in {**base, **meta}.items()},
+               {"token_embd.weight": np.zeros((10, 64), np.float32)})
+    gf = read_gguf(tmp_path / "h.gguf")
+    try:
+        return pm.HParams.from_gguf(gf)
+    finally:
+        gf.close()
+
+
+@pytest.mark.parametrize(("meta", "sliding"), [
+    ({"attention.sliding_window": 4}, (True,) * 5 + (False,)),  # gemma3's default: 5 local, 1 global
+    ({"attention.sliding_window": 4, "attention.sliding_window_pattern": 3}, (True, True, False) * 2),
+    ({"attention.sliding_window": 4, "attention.sliding_window_pattern": [True, False] * 3}, (True, False) * 3),
+    ({}, ()),  # no window in the file: every layer global
+])
+def test_gemma3_sliding_layers_from_the_file(tmp_path: Path, meta: dict[str, object],
+                                            sliding: tuple[bool, ...]) -> None:
+    hp = _hparams(tmp_path, "gemma3", {"rope.freq_base": 1e6, "rope.freq_base_swa": 5e3, **meta})
+    assert hp.swa_layers == sliding and hp.any_swa == bool(sliding)
+    assert [hp.rope_base_scale(il)[0] for il in range(6)] == [5e3 if s else 1e6 for s in sliding or (False,) * 6]
+
+
+def test_phi3_ignores_a_sliding_window_as_llamacpp(tmp_path: Path) -> None:
+    assert not _hparams(tmp_path, "phi3", {"attention.sliding_window": 2047}).any_swa
+
+
+@pytest.mark.parametrize(("meta", "message"), [
+    ({"attention.key_length": 32, "attention.value_length": 16},
+     r"'qwen3.attention.value_length' = 16 differs from the key length 32"),
+    ({"rope.scaling.type": "su"}, r"'qwen3.rope.scaling.type' = 'su' is not supported \(supported: none, linear, "),
+])
+def test_hparams_pyggml_lacks_are_named(tmp_path: Path, meta: dict[str, object], message: str) -> None:
+    with pytest.raises(ModelFileError, match=message):
+        _hparams(tmp_path, "qwen3", meta)
