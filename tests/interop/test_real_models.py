@@ -20,9 +20,10 @@ from pyggml.testing.tiny_archs import llamacpp_logits
 
 PROMPTS = ("The capital of France is Paris, and the capital of Germany is",
            "def fibonacci(n):\n    if n < 2:\n        return n\n",
-           "東京は日本の首都です。 Numbers: 1234, 56.7 and emoji 😀.",
-           # Gemma's turn format (special tokens for Gemma, text for SmolLM2)
-           "<start_of_turn>user\nWhat is the capital of France?<end_of_turn>\n<start_of_turn>model\n")
+           "東京は日本の首都です。 Numbers: 1234, 56.7 and emoji 😀.")
+# a question in each file's own turn format
+TURNS = {"llama": "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
+         "gemma3": "<start_of_turn>user\nWhat is the capital of France?<end_of_turn>\n<start_of_turn>model\n"}
 
 
 @pytest.fixture(scope="module", params=["smollm2", "gemma3"])
@@ -37,9 +38,11 @@ def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def test_logits_of_every_position_follow_llamacpp(real_model: Path, tmp_path: Path) -> None:
     model = load(real_model, n_ctx=256, n_threads=2, progress=False)
     try:
-        if model.hparams.arch.name == "gemma3":  # its sliding layers, 262144-token head, head size 256
-            assert model.hparams.any_swa and model.tokenize(PROMPTS[-1])[:2] == [2, 105]  # <bos> <start_of_turn>
-        id_lists = [model.tokenize(p) for p in PROMPTS]
+        arch = model.hparams.arch.name
+        prompts = (*PROMPTS, TURNS[arch])
+        if arch == "gemma3":  # its sliding layers, 262144-token head, head size 256
+            assert model.hparams.any_swa and model.tokenize(TURNS[arch])[:2] == [2, 105]  # <bos> <start_of_turn>
+        id_lists = [model.tokenize(p) for p in prompts]
         ours = []
         for ids in id_lists:
             model.reset()
@@ -47,7 +50,7 @@ def test_logits_of_every_position_follow_llamacpp(real_model: Path, tmp_path: Pa
     finally:
         model.free()
     theirs = llamacpp_logits([(real_model, ids) for ids in id_lists], tmp_path)
-    for prompt, ids, a, b in zip(PROMPTS, id_lists, ours, theirs, strict=True):
+    for prompt, ids, a, b in zip(prompts, id_lists, ours, theirs, strict=True):
         assert a.shape == b.shape == (len(ids), a.shape[1]), (a.shape, b.shape)
         cos = _cosines(a, b)
         assert cos.min() >= 0.99, f"{real_model.name}, {prompt!r}: cosine per position {np.round(cos, 4)}"
