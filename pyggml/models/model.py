@@ -593,24 +593,33 @@ class Model:
         """The file's beginning-of-sequence id (tokenizer.ggml.bos_token_id); None as for `token_eos`."""
         return self._bos if self._bos is not None and 0 <= self._bos < self.hparams.n_vocab else None
 
+    def eog_ids(self) -> frozenset[int]:
+        """The tokens that end a generation (llama_vocab_is_eog: EOS, EOT, "<|im_end|>", ...), from the
+        tokenizer; EOS alone for a file whose vocabulary pyggml cannot read."""
+        try:
+            return self.tokenizer.eog_ids
+        except GGMLError:
+            eos = self.token_eos()
+            return frozenset() if eos is None else frozenset((eos,))
+
     def generate(self, prompt: str | Sequence[int], max_tokens: int, sampler: Any = None,
                  stop_at_eos: bool = True) -> Iterator[int]:
         """Yield up to `max_tokens` new token ids after `prompt` (text or ids), continuing the KV cache.
 
-        `sampler` has `sample(logits, history) -> int` (None: greedy). Stops after
-        the end-of-sequence token when `stop_at_eos`, and when the KV cache is full.
+        `sampler` has `sample(logits, history) -> int` (None: greedy). Stops after an end-of-generation
+        token (`eog_ids`, as llama.cpp) when `stop_at_eos`, and when the KV cache is full.
         """
         ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(i) for i in prompt]
         history = list(ids)
         if max_tokens <= 0:
             return
         logits = self.eval_last(ids)
-        eos = self.token_eos() if stop_at_eos else None
+        stop = self.eog_ids() if stop_at_eos else frozenset()
         for n in range(max_tokens):
             tok = int(np.argmax(logits)) if sampler is None else int(sampler.sample(logits, history))
             history.append(tok)
             yield tok
-            if tok == eos or n == max_tokens - 1 or self.kv.n >= self.n_ctx:
+            if tok in stop or n == max_tokens - 1 or self.kv.n >= self.n_ctx:
                 return  # done, or the context is full (the last token is yielded, not evaluated)
             logits = self.eval_last([tok])
 
@@ -689,7 +698,8 @@ class Model:
         """Several sequences decoded together from an empty KV cache: every prompt in one batch (sequence i is
         prompt i), then each step one batch of the next token of every sequence still going, each sampled
         by its own sampler (`samplers[i]`, None: greedy). Returns the new token ids of each sequence (a
-        sequence ends after EOS with `stop_at_eos`, after `max_tokens`, or when the cache is full)."""
+        sequence ends after an end-of-generation token with `stop_at_eos`, after `max_tokens`, or when the
+        cache is full)."""
         ids = [self.tokenize(p) if isinstance(p, str) else [int(t) for t in p] for p in prompts]
         if not ids or any(not x for x in ids):
             raise ArgumentError(f"generate_batch: {len(ids)} prompts, each needs at least one token")
@@ -700,7 +710,7 @@ class Model:
         if max_tokens <= 0:
             return out
         histories = [list(x) for x in ids]
-        eos = self.token_eos() if stop_at_eos else None
+        stop = self.eog_ids() if stop_at_eos else frozenset()
         active = list(range(len(ids)))
         logits = self.decode(np.concatenate([np.asarray(x, dtype=np.int64) for x in ids]),
                              np.repeat(np.arange(len(ids)), [len(x) for x in ids]))
@@ -712,7 +722,7 @@ class Model:
                                                                                            histories[s]))
                 out[s].append(tok)
                 histories[s].append(tok)
-                if tok != eos and len(out[s]) < max_tokens:
+                if tok not in stop and len(out[s]) < max_tokens:
                     step_tokens.append(tok)
                     still.append(s)
             active = still
