@@ -48,7 +48,7 @@ from pyggml.backend.device import Device, DeviceCaps, DeviceType
 from pyggml.backend.registry import Reg
 from pyggml.backends.rpc import wire
 from pyggml.backends.rpc.connection import Connection, connect, parse_endpoint
-from pyggml.backends.rpc.wire import RpcCmd, RpcError
+from pyggml.backends.rpc.wire import RpcCmd, RpcConnectionError, RpcError
 from pyggml.core.errors import ArgumentError, OutOfMemoryError
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import GGMLOp, Tensor, TensorFlag
@@ -356,6 +356,17 @@ class RPCDevice(Device):
         return f"device {self.index} of RPC server {self.endpoint}"
 
     def _get_memory(self) -> tuple[int, int]:
+        """The server's answer; (0, 0), nothing to report, for a server that cannot be reached (listing
+        devices, `pyggml devices`, must not fail for a server that went away; `rpc_get_device_memory` and
+        everything that uses the device raise)."""
+        try:
+            return self.server_memory()
+        except RpcConnectionError as e:
+            log.warning("%s: no memory to report: %s", self.name(), e)
+            return 0, 0
+
+    def server_memory(self) -> tuple[int, int]:
+        """(free, total) bytes, asked of the server (GET_DEVICE_MEMORY)."""
         rsp = self.conn().request(RpcCmd.GET_DEVICE_MEMORY, wire.GET_DEVICE_MEMORY_REQ.pack(self.index),
                                   wire.GET_DEVICE_MEMORY_RSP.size)
         free, total = wire.GET_DEVICE_MEMORY_RSP.unpack(rsp)
@@ -487,7 +498,7 @@ def rpc_buffer_type(endpoint: str, device: int = 0) -> RPCBufferType:
 def rpc_get_device_memory(endpoint: str, device: int = 0) -> tuple[int, int]:
     """ggml_backend_rpc_get_device_memory: (free, total) bytes."""
     host, port, _ = parse_endpoint(endpoint)
-    return rpc_reg().device(f"{host}:{port}/{device}").memory()
+    return rpc_reg().device(f"{host}:{port}/{device}").server_memory()
 
 
 __all__ = ["RPCBackend", "RPCBuffer", "RPCBufferType", "RPCDevice", "RPCReg", "is_rpc",
