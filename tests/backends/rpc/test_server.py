@@ -431,3 +431,33 @@ def test_a_graph_with_memory_elsewhere_is_refused_before_sending(server: RpcServ
     assert server.counts["GRAPH_COMPUTE"] == 0
     cbuf.free()
     rbuf.free()
+
+
+def test_a_server_that_dies_in_the_middle_of_a_graph(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server goes while it computes (its backend takes a second): the client's wait for the graph
+    ends with a typed error naming the server, in about the time the server took to go."""
+    import threading
+
+    slow = cpu_init(1)
+    compute = type(slow).graph_plan_compute
+
+    def slow_compute(self: object, plan: object) -> None:
+        time.sleep(1.0)
+        compute(self, plan)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(type(slow), "graph_plan_compute", slow_compute)
+    server = RpcServer([slow], "127.0.0.1", 0).start()
+    backend = rpc_init(server.endpoint)
+    ctx = Context(mem_size=1 << 20, no_alloc=True)
+    a = ctx.new_tensor_1d(F32, 4).set_name("a")
+    out = ctx.scale(a, 2.0).set_name("out")
+    buf = alloc_ctx_tensors(ctx, backend)
+    g = ctx.new_graph()
+    g.build_forward_expand(out)
+    threading.Timer(0.3, server.close).start()
+    t0 = time.monotonic()
+    with pytest.raises(RpcConnectionError, match=f"{server.endpoint} went away.*during GET_ALIGNMENT"):
+        backend.graph_compute(g)  # GRAPH_COMPUTE, then the synchronizing request the dying server never answers
+    assert time.monotonic() - t0 < 5
+    buf.free()
+    close_all()
