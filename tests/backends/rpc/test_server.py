@@ -461,3 +461,42 @@ def test_a_server_that_dies_in_the_middle_of_a_graph(monkeypatch: pytest.MonkeyP
     assert time.monotonic() - t0 < 5
     buf.free()
     close_all()
+
+
+def test_random_nodes_are_computed_or_refused(server: RpcServer, caplog: pytest.LogCaptureFixture) -> None:
+    """Nodes of common ops with random types, shapes and op params, each tensor inside the client's buffer:
+    the server's backend computes each or refuses it (a warning naming the op), and stays up."""
+    from pyggml.core.types import TYPE_TRAITS
+
+    rng = np.random.default_rng(3)
+    ops = [2, 7, 14, 15, 20, 22, 24, 25, 29, 32, 34, 35, 40, 42, 46, 48, 64, 69, 74, 91, 100]
+    types = [0, 1, 2, 8, 24, 26, 30]  # F32 F16 Q4_0 Q8_0 I8 I32 BF16
+    deadline = time.monotonic() + 2.0
+    n = 0
+    while time.monotonic() < deadline:
+        raw = Raw(server.endpoint)
+        remote, base = raw.alloc(4096)
+        ts = []
+        for i in (1, 2, 3):
+            ty = int(rng.choice(types))
+            tr = TYPE_TRAITS[ty]
+            ne = [32 if tr.blck_size > 1 else int(rng.integers(1, 9))] + [int(x) for x in rng.integers(1, 5, 3)]
+            nb = [tr.type_size, tr.type_size * ne[0] // tr.blck_size]
+            nb += [nb[1] * ne[1], nb[1] * ne[1] * ne[2]]
+            size = nb[3] * ne[3]
+            if size > 1024:
+                ne, nb, size = [ne[0], 1, 1, 1], [nb[0], nb[1], nb[1], nb[1]], nb[1]
+            ts.append(RpcTensor(id=i, type=ty, buffer=remote, ne=tuple(ne), nb=tuple(nb), data=base + 1024 * (i - 1)))
+        ts[2].op, ts[2].flags, ts[2].src = int(rng.choice(ops)), 16, (1, 2) + (0,) * 8
+        ts[2].op_params = tuple(int(x) for x in rng.integers(-3, 4, 16))
+        raw.send(RpcCmd.GRAPH_COMPUTE, wire.pack_graph(0, [3], [t.pack() for t in ts]))
+        try:
+            raw.request(RpcCmd.GET_ALIGNMENT, struct.pack("<I", 0), 8)  # computed: the server answers
+        except (EOFError, OSError):
+            pass  # refused: the connection is closed
+        raw.sock.close()
+        n += 1
+    assert n > 20
+    good_client_works(server.endpoint)
+    accidents = [r.getMessage() for r in caplog.records if r.name == LOG and r.levelno >= logging.ERROR]
+    assert not accidents, accidents[:5]
