@@ -15,7 +15,9 @@ server). INIT_TENSOR and GET_ALLOC_SIZE are asked only where the C client asks t
 tensors whose rows are not a multiple of 512, and ops whose size may expand).
 
 Graphs: the backend serializes a graph as the C client does (every node and, depth first, its
-sources and view sources; each tensor once) and sends GRAPH_COMPUTE, which has no answer; when
+sources and view sources; each tensor once; the nodes flagged COMPUTE, as ggml_build_forward_expand
+flags them and ggml's backends require; a leaf's own sources left off) and sends GRAPH_COMPUTE, which
+has no answer; a tensor whose memory is not on that server is refused before anything is sent. When
 the bytes equal those of the graph the server last computed on that device, it sends
 GRAPH_RECOMPUTE (4 bytes) instead. The C client compares graph uids; pyggml's graphs have none,
 and comparing the bytes is also right when a reused graph's tensors moved (a KV cache view), which
@@ -30,7 +32,10 @@ function pointer (MAP_CUSTOM1..3, CUSTOM), which cannot cross machines. The sche
 rest local.
 
 Faults: see `connection`: a server that goes away raises `RpcConnectionError` naming the endpoint;
-freeing buffers and backends afterwards works (nothing is sent on a broken connection).
+freeing buffers and backends afterwards works (nothing is sent on a broken connection). A backend keeps
+the connection of its first compute; a device connects again (a restarted server) for new buffers.
+A graph's wait (`synchronize`) is one small request after GRAPH_COMPUTE, so a server that fails or dies
+while computing shows there.
 """
 
 from __future__ import annotations
