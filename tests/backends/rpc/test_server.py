@@ -500,3 +500,22 @@ def test_random_nodes_are_computed_or_refused(server: RpcServer, caplog: pytest.
     good_client_works(server.endpoint)
     accidents = [r.getMessage() for r in caplog.records if r.name == LOG and r.levelno >= logging.ERROR]
     assert not accidents, accidents[:5]
+
+
+def test_a_model_loads_again_from_the_servers_cache(tmp_path: Path, smollm2_path: Path) -> None:
+    """SmolLM2's output layer (its 17 MiB tied embedding) on the server: the second load of the model
+    takes the weight from the server's cache instead of sending it."""
+    import pyggml.models as pm
+
+    with RpcServer([cpu_init(1)], "127.0.0.1", 0, cache_dir=tmp_path).start() as server:
+        sent = []
+        for _ in range(2):
+            rpc = rpc_init(server.endpoint)
+            conn = connect(server.endpoint)
+            before = conn.bytes_sent
+            model = pm.load(smollm2_path, backends=[cpu_init(1), rpc], n_layers_on=[0], n_ctx=32, progress=False)
+            sent.append(conn.bytes_sent - before)
+            model.free()
+            close_all()
+        assert len(list(tmp_path.iterdir())) >= 1
+        assert sent[0] - sent[1] > 10 * 1024 * 1024
