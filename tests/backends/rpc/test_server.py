@@ -519,3 +519,21 @@ def test_a_model_loads_again_from_the_servers_cache(tmp_path: Path, smollm2_path
             close_all()
         assert len(list(tmp_path.iterdir())) >= 1
         assert sent[0] - sent[1] > 10 * 1024 * 1024
+
+
+def test_two_devices_served() -> None:
+    with RpcServer([cpu_init(1), cpu_init(1)], "127.0.0.1", 0).start() as server:
+        b0, b1 = rpc_init(server.endpoint, 0), rpc_init(server.endpoint, 1)
+        assert [b0.name(), b1.name()] == [f"RPC0[{server.endpoint}]", f"RPC1[{server.endpoint}]"]
+        for backend in (b0, b1):
+            ctx = Context(mem_size=1 << 20, no_alloc=True)
+            a = ctx.new_tensor_1d(F32, 4).set_name("a")
+            out = ctx.scale(a, 2.0).set_name("out")
+            buf = alloc_ctx_tensors(ctx, backend)
+            g = ctx.new_graph()
+            g.build_forward_expand(out)
+            tensor_set_numpy(a, np.ones(4, np.float32))
+            backend.graph_compute(g)
+            assert (tensor_get_numpy(out) == 2).all()
+            buf.free()
+        close_all()
