@@ -537,3 +537,22 @@ def test_two_devices_served() -> None:
             assert (tensor_get_numpy(out) == 2).all()
             buf.free()
         close_all()
+
+
+def test_the_commands_options_parse() -> None:
+    import argparse
+
+    from pyggml.cli.main import build_parser
+    from pyggml.cli.rpc_server import parse_size, port_number
+
+    assert parse_size("4096") == 4096 and parse_size("512M") == 512 << 20 and parse_size("1.5GiB") == 3 << 29
+    assert parse_size("2GB") == 2 * 10**9
+    for bad in ("", "-1", "0", "12X", "M"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_size(bad)
+    assert port_number("0") == 0
+    with pytest.raises(argparse.ArgumentTypeError):
+        port_number("70000")
+    args = build_parser().parse_args(["rpc-server", "-b", "cpu", "-b", "torch", "--mem", "1G", "-c", "/tmp/x"])
+    assert (args.backend, args.host, args.port, args.mem, args.cache) == (["cpu", "torch"], "127.0.0.1", 50052,
+                                                                          1 << 30, "/tmp/x")
