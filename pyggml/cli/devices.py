@@ -4,7 +4,7 @@ Every registry the `pyggml.backends` entry points name (and any registered in
 this process) is loaded; each device is one row: its registry, name, type,
 memory free and total, capabilities (ggml's names: async, host_buffer,
 buffer_from_host_ptr, events, mmap) and description. A registry without
-devices (one made by `register_backend`) is listed too, and an entry point
+devices (one made by `register_backend`, or rpc before a server is added) is listed too, and an entry point
 that fails to load is listed with why (a missing dependency, say): neither is
 an error.
 """
@@ -47,7 +47,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     else:
         print("no devices", file=out)
     if empty:
-        print(f"registries without devices (backends by factory): {', '.join(empty)}", file=out)
+        # backends made by a factory, and the rpc registry before a server is added (`--backend rpc://HOST:PORT`)
+        print(f"registries without devices: {', '.join(empty)}", file=out)
     for name, why in sorted(registry.load_errors().items()):
         print(f"not loaded: {name}: {why}", file=out)
     return 0

@@ -68,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
     reg = reg_by_name("rpc")
     server_cls = reg.get_proc_address("pyggml_rpc_server") if reg is not None else None
     if server_cls is None:
-        raise CLIError("the rpc backend is not installed (no 'rpc' registry with a server)")
+        raise CLIError("the rpc backend is not registered (no 'rpc' registry with a server): reinstall pyggml "
+                       "(pip install -e .) so that its pyggml.backends entry point 'rpc' is known")
     backends = init_backends(args.backend or ["cpu"], args.threads)
     server_log = logging.getLogger("pyggml.backends.rpc.server")
     if not args.debug:

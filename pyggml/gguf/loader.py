@@ -149,6 +149,9 @@ def _copy_in(gf: GGUFFile, backend: Backend, items: list[tuple[TensorInfo, Tenso
     """A new buffer of `backend` with the tensors placed one after another, and their bytes copied in."""
     buffer = alloc_tensors([t for _, t in items], backend)
     assert buffer is not None  # every tensor is new
+    # marked before the bytes go in, as llama.cpp does: a buffer may send weights its own way (an RPC
+    # buffer tries the server's hash cache for WEIGHTS)
+    buffer.set_usage(BufferUsage.WEIGHTS)
     try:
         for info, t in items:
             tensor_set(t, gf.tensor_bytes(info.name))

@@ -15,7 +15,9 @@ server). INIT_TENSOR and GET_ALLOC_SIZE are asked only where the C client asks t
 tensors whose rows are not a multiple of 512, and ops whose size may expand).
 
 Graphs: the backend serializes a graph as the C client does (every node and, depth first, its
-sources and view sources; each tensor once) and sends GRAPH_COMPUTE, which has no answer; when
+sources and view sources; each tensor once; the nodes flagged COMPUTE, as ggml_build_forward_expand
+flags them and ggml's backends require; a leaf's own sources left off) and sends GRAPH_COMPUTE, which
+has no answer; a tensor whose memory is not on that server is refused before anything is sent. When
 the bytes equal those of the graph the server last computed on that device, it sends
 GRAPH_RECOMPUTE (4 bytes) instead. The C client compares graph uids; pyggml's graphs have none,
 and comparing the bytes is also right when a reused graph's tensors moved (a KV cache view), which
@@ -30,7 +32,10 @@ function pointer (MAP_CUSTOM1..3, CUSTOM), which cannot cross machines. The sche
 rest local.
 
 Faults: see `connection`: a server that goes away raises `RpcConnectionError` naming the endpoint;
-freeing buffers and backends afterwards works (nothing is sent on a broken connection).
+freeing buffers and backends afterwards works (nothing is sent on a broken connection). A backend keeps
+the connection of its first compute; a device connects again (a restarted server) for new buffers.
+A graph's wait (`synchronize`) is one small request after GRAPH_COMPUTE, so a server that fails or dies
+while computing shows there.
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ from pyggml.backend.device import Device, DeviceCaps, DeviceType
 from pyggml.backend.registry import Reg
 from pyggml.backends.rpc import wire
 from pyggml.backends.rpc.connection import Connection, connect, parse_endpoint
-from pyggml.backends.rpc.wire import RpcCmd, RpcError
+from pyggml.backends.rpc.wire import RpcCmd, RpcConnectionError, RpcError
 from pyggml.core.errors import ArgumentError, OutOfMemoryError
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import GGMLOp, Tensor, TensorFlag
@@ -356,6 +361,17 @@ class RPCDevice(Device):
         return f"device {self.index} of RPC server {self.endpoint}"
 
     def _get_memory(self) -> tuple[int, int]:
+        """The server's answer; (0, 0), nothing to report, for a server that cannot be reached (listing
+        devices, `pyggml devices`, must not fail for a server that went away; `rpc_get_device_memory` and
+        everything that uses the device raise)."""
+        try:
+            return self.server_memory()
+        except RpcConnectionError as e:
+            log.warning("%s: no memory to report: %s", self.name(), e)
+            return 0, 0
+
+    def server_memory(self) -> tuple[int, int]:
+        """(free, total) bytes, asked of the server (GET_DEVICE_MEMORY)."""
         rsp = self.conn().request(RpcCmd.GET_DEVICE_MEMORY, wire.GET_DEVICE_MEMORY_REQ.pack(self.index),
                                   wire.GET_DEVICE_MEMORY_RSP.size)
         free, total = wire.GET_DEVICE_MEMORY_RSP.unpack(rsp)
@@ -487,7 +503,7 @@ def rpc_buffer_type(endpoint: str, device: int = 0) -> RPCBufferType:
 def rpc_get_device_memory(endpoint: str, device: int = 0) -> tuple[int, int]:
     """ggml_backend_rpc_get_device_memory: (free, total) bytes."""
     host, port, _ = parse_endpoint(endpoint)
-    return rpc_reg().device(f"{host}:{port}/{device}").memory()
+    return rpc_reg().device(f"{host}:{port}/{device}").server_memory()
 
 
 __all__ = ["RPCBackend", "RPCBuffer", "RPCBufferType", "RPCDevice", "RPCReg", "is_rpc",

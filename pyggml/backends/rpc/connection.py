@@ -227,6 +227,7 @@ class Connection:
 
 _connections: dict[str, Connection] = {}
 _lock = threading.Lock()
+_connect_lock = threading.Lock()
 
 
 def connect(endpoint: str, timeout: float | None = None) -> Connection:
@@ -234,14 +235,17 @@ def connect(endpoint: str, timeout: float | None = None) -> Connection:
     but a server that came back is usable again)."""
     host, port, _ = parse_endpoint(endpoint)
     key = f"{host}:{port}"
-    with _lock:
-        conn = _connections.get(key)
-        if conn is not None and conn.broken is None:
-            return conn
-    conn = Connection(key, timeout)
-    with _lock:
-        _connections[key] = conn
-    return conn
+    # held while connecting: two connections to ggml-rpc-server, which serves one client at a time, would
+    # leave the second waiting for the first to close
+    with _connect_lock:
+        with _lock:
+            conn = _connections.get(key)
+            if conn is not None and conn.broken is None:
+                return conn
+        conn = Connection(key, timeout)
+        with _lock:
+            _connections[key] = conn
+        return conn
 
 
 def close_all() -> None:

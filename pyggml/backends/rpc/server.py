@@ -268,7 +268,12 @@ class RpcServer:
             raise Malformed(f"GRAPH_COMPUTE of {size} bytes exceeds MAX_GRAPH_BYTES ({MAX_GRAPH_BYTES})")
         payload = self._recv(conn, size, cmd.name)
         with self.lock:
-            response = self._handle(session, cmd, payload)
+            try:
+                response = self._handle(session, cmd, payload)
+            except Malformed:
+                raise
+            except GGMLError as e:  # a check of pyggml's own refused it: the client's fault, said as such
+                raise Malformed(f"{cmd.name}: {type(e).__name__}: {e}") from None
             self.counts[cmd.name] += 1
         if response is not None:
             self._send(conn, response)

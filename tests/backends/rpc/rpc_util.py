@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import subprocess
 import time
@@ -32,11 +33,14 @@ def wait_listening(port: int, proc: subprocess.Popen[bytes], timeout: float = 20
 
 
 @contextlib.contextmanager
-def c_server(binary: Path, threads: int = 1) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """A ggml-rpc-server on a free port: ("127.0.0.1:PORT", process); killed on exit."""
+def c_server(binary: Path, threads: int = 1,
+             cache: Path | None = None) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A ggml-rpc-server on a free port: ("127.0.0.1:PORT", process); killed on exit. With `cache`, its file
+    cache (-c) is in cache/rpc (LLAMA_CACHE)."""
     port = free_port()
-    proc = subprocess.Popen([str(binary), "-H", "127.0.0.1", "-p", str(port), "-t", str(threads)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    cmd = [str(binary), "-H", "127.0.0.1", "-p", str(port), "-t", str(threads)] + (["-c"] if cache else [])
+    env = {**os.environ, "LLAMA_CACHE": str(cache)} if cache else None
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
     try:
         wait_listening(port, proc)
         yield f"127.0.0.1:{port}", proc

@@ -27,7 +27,7 @@ from pyggml.backend.buffer import BufferUsage
 from pyggml.backends.cpu import cpu_init
 from pyggml.backends.rpc import wire
 from pyggml.backends.rpc.client import RPCBackend, RPCBuffer, is_rpc, rpc_get_device_memory, rpc_init
-from pyggml.backends.rpc.connection import connect, parse_endpoint
+from pyggml.backends.rpc.connection import close_all, connect, parse_endpoint
 from pyggml.backends.rpc.wire import RpcConnectionError
 from pyggml.core.errors import ArgumentError, GGMLError
 from pyggml.core.types import GGMLType
@@ -210,7 +210,8 @@ def test_a_killed_server_gives_a_typed_error_and_frees(rpc_server_binary: Path) 
         buf.free()  # nothing to send: the memory went with the server
         backend.free()
     with pytest.raises(RpcConnectionError, match=f"cannot connect to RPC server {endpoint}"):
-        backend.get_device().memory()
+        rpc_get_device_memory(endpoint)
+    assert backend.get_device().memory() == (0, 0)  # a listing of devices goes on
 
 
 def test_the_builtin_model_split_over_cpu_and_rpc_gives_the_greedy_tokens(
@@ -347,3 +348,26 @@ def test_graph_serialization_order_and_leaves() -> None:
     assert by_name[b"a"].src == (0,) * 10  # upstream does not travel
     assert by_name[b"v"].view_src == id(a) and by_name[b"v"].view_offs == 8
     assert [bool(t.flags & 16) for t in tensors] == [False, True, True, False, True]
+
+
+def test_the_c_servers_cache_takes_pyggmls_hashes(rpc_server_binary: Path, tmp_path: Path) -> None:
+    """ggml-rpc-server -c names its cache files by the FNV-1a of the bytes; pyggml's SET_TENSOR_HASH finds
+    them the second time (a connection each: the C server serves one client at a time)."""
+    v = np.random.default_rng(0).standard_normal(wire.HASH_THRESHOLD // 4 + 8).astype(np.float32)
+    with c_server(rpc_server_binary, cache=tmp_path) as (endpoint, _):
+        sent = []
+        for _ in range(2):
+            backend = rpc_init(endpoint)
+            ctx = Context(mem_size=1 << 20, no_alloc=True)
+            w = ctx.new_tensor_1d(F32, v.size).set_name("w")
+            buf = alloc_ctx_tensors(ctx, backend)
+            buf.set_usage(BufferUsage.WEIGHTS)
+            conn = connect(endpoint)
+            before = conn.bytes_sent
+            tensor_set_numpy(w, v)
+            sent.append(conn.bytes_sent - before)
+            np.testing.assert_array_equal(tensor_get_numpy(w)[-8:], v[-8:])
+            buf.free()
+            close_all()
+    assert [p.name for p in (tmp_path / "rpc").iterdir()] == [f"{wire.fnv_hash(v.tobytes()):016x}"]
+    assert sent[0] > v.nbytes and sent[1] < 1000

@@ -431,3 +431,128 @@ def test_a_graph_with_memory_elsewhere_is_refused_before_sending(server: RpcServ
     assert server.counts["GRAPH_COMPUTE"] == 0
     cbuf.free()
     rbuf.free()
+
+
+def test_a_server_that_dies_in_the_middle_of_a_graph(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server goes while it computes (its backend takes a second): the client's wait for the graph
+    ends with a typed error naming the server, in about the time the server took to go."""
+    import threading
+
+    slow = cpu_init(1)
+    compute = type(slow).graph_plan_compute
+
+    def slow_compute(self: object, plan: object) -> None:
+        time.sleep(1.0)
+        compute(self, plan)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(type(slow), "graph_plan_compute", slow_compute)
+    server = RpcServer([slow], "127.0.0.1", 0).start()
+    backend = rpc_init(server.endpoint)
+    ctx = Context(mem_size=1 << 20, no_alloc=True)
+    a = ctx.new_tensor_1d(F32, 4).set_name("a")
+    out = ctx.scale(a, 2.0).set_name("out")
+    buf = alloc_ctx_tensors(ctx, backend)
+    g = ctx.new_graph()
+    g.build_forward_expand(out)
+    threading.Timer(0.3, server.close).start()
+    t0 = time.monotonic()
+    with pytest.raises(RpcConnectionError, match=f"{server.endpoint} went away.*during GET_ALIGNMENT"):
+        backend.graph_compute(g)  # GRAPH_COMPUTE, then the synchronizing request the dying server never answers
+    assert time.monotonic() - t0 < 5
+    buf.free()
+    close_all()
+
+
+def test_random_nodes_are_computed_or_refused(server: RpcServer, caplog: pytest.LogCaptureFixture) -> None:
+    """Nodes of common ops with random types, shapes and op params, each tensor inside the client's buffer:
+    the server's backend computes each or refuses it (a warning naming the op), and stays up."""
+    from pyggml.core.types import TYPE_TRAITS
+
+    rng = np.random.default_rng(3)
+    ops = [2, 7, 14, 15, 20, 22, 24, 25, 29, 32, 34, 35, 40, 42, 46, 48, 64, 69, 74, 91, 100]
+    types = [0, 1, 2, 8, 24, 26, 30]  # F32 F16 Q4_0 Q8_0 I8 I32 BF16
+    deadline = time.monotonic() + 2.0
+    n = 0
+    while time.monotonic() < deadline:
+        raw = Raw(server.endpoint)
+        remote, base = raw.alloc(4096)
+        ts = []
+        for i in (1, 2, 3):
+            ty = int(rng.choice(types))
+            tr = TYPE_TRAITS[ty]
+            ne = [32 if tr.blck_size > 1 else int(rng.integers(1, 9))] + [int(x) for x in rng.integers(1, 5, 3)]
+            nb = [tr.type_size, tr.type_size * ne[0] // tr.blck_size]
+            nb += [nb[1] * ne[1], nb[1] * ne[1] * ne[2]]
+            size = nb[3] * ne[3]
+            if size > 1024:
+                ne, nb, size = [ne[0], 1, 1, 1], [nb[0], nb[1], nb[1], nb[1]], nb[1]
+            ts.append(RpcTensor(id=i, type=ty, buffer=remote, ne=tuple(ne), nb=tuple(nb), data=base + 1024 * (i - 1)))
+        ts[2].op, ts[2].flags, ts[2].src = int(rng.choice(ops)), 16, (1, 2) + (0,) * 8
+        ts[2].op_params = tuple(int(x) for x in rng.integers(-3, 4, 16))
+        raw.send(RpcCmd.GRAPH_COMPUTE, wire.pack_graph(0, [3], [t.pack() for t in ts]))
+        try:
+            raw.request(RpcCmd.GET_ALIGNMENT, struct.pack("<I", 0), 8)  # computed: the server answers
+        except (EOFError, OSError):
+            pass  # refused: the connection is closed
+        raw.sock.close()
+        n += 1
+    assert n > 20
+    good_client_works(server.endpoint)
+    accidents = [r.getMessage() for r in caplog.records if r.name == LOG and r.levelno >= logging.ERROR]
+    assert not accidents, accidents[:5]
+
+
+def test_a_model_loads_again_from_the_servers_cache(tmp_path: Path, smollm2_path: Path) -> None:
+    """SmolLM2's output layer (its 17 MiB tied embedding) on the server: the second load of the model
+    takes the weight from the server's cache instead of sending it."""
+    import pyggml.models as pm
+
+    with RpcServer([cpu_init(1)], "127.0.0.1", 0, cache_dir=tmp_path).start() as server:
+        sent = []
+        for _ in range(2):
+            rpc = rpc_init(server.endpoint)
+            conn = connect(server.endpoint)
+            before = conn.bytes_sent
+            model = pm.load(smollm2_path, backends=[cpu_init(1), rpc], n_layers_on=[0], n_ctx=32, progress=False)
+            sent.append(conn.bytes_sent - before)
+            model.free()
+            close_all()
+        assert len(list(tmp_path.iterdir())) >= 1
+        assert sent[0] - sent[1] > 10 * 1024 * 1024
+
+
+def test_two_devices_served() -> None:
+    with RpcServer([cpu_init(1), cpu_init(1)], "127.0.0.1", 0).start() as server:
+        b0, b1 = rpc_init(server.endpoint, 0), rpc_init(server.endpoint, 1)
+        assert [b0.name(), b1.name()] == [f"RPC0[{server.endpoint}]", f"RPC1[{server.endpoint}]"]
+        for backend in (b0, b1):
+            ctx = Context(mem_size=1 << 20, no_alloc=True)
+            a = ctx.new_tensor_1d(F32, 4).set_name("a")
+            out = ctx.scale(a, 2.0).set_name("out")
+            buf = alloc_ctx_tensors(ctx, backend)
+            g = ctx.new_graph()
+            g.build_forward_expand(out)
+            tensor_set_numpy(a, np.ones(4, np.float32))
+            backend.graph_compute(g)
+            assert (tensor_get_numpy(out) == 2).all()
+            buf.free()
+        close_all()
+
+
+def test_the_commands_options_parse() -> None:
+    import argparse
+
+    from pyggml.cli.main import build_parser
+    from pyggml.cli.rpc_server import parse_size, port_number
+
+    assert parse_size("4096") == 4096 and parse_size("512M") == 512 << 20 and parse_size("1.5GiB") == 3 << 29
+    assert parse_size("2GB") == 2 * 10**9
+    for bad in ("", "-1", "0", "12X", "M"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_size(bad)
+    assert port_number("0") == 0
+    with pytest.raises(argparse.ArgumentTypeError):
+        port_number("70000")
+    args = build_parser().parse_args(["rpc-server", "-b", "cpu", "-b", "torch", "--mem", "1G", "-c", "/tmp/x"])
+    assert (args.backend, args.host, args.port, args.mem, args.cache) == (["cpu", "torch"], "127.0.0.1", 50052,
+                                                                          1 << 30, "/tmp/x")

