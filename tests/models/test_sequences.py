@@ -87,3 +87,12 @@ def test_bad_batches_are_refused_and_add_nothing(model: pm.Model) -> None:
     with pytest.raises(ArgumentError, match="out of the vocabulary"):
         model.decode([model.hparams.n_vocab], 0)
     assert model.n_ctx - model.kv.n_free() == used and model.seq_pos_max(0) == 2
+
+
+def test_generation_stops_at_any_end_of_generation_token(model: pm.Model, monkeypatch: pytest.MonkeyPatch) -> None:
+    """generate and generate_batch stop after a token of eog_ids (llama_vocab_is_eog), not only after EOS."""
+    full = _alone(model, PROMPTS[0], 8)
+    monkeypatch.setattr(model, "eog_ids", lambda: frozenset({full[2]}))
+    assert _alone(model, PROMPTS[0], 8) == full[:3]
+    assert model.generate_batch(PROMPTS[:1], 8) == [full[:3]]
+    assert list(model.generate(PROMPTS[0], 8, stop_at_eos=False)) != full[:3]
