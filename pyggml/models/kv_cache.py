@@ -49,6 +49,10 @@ class KVCache:
         # to another (a shared prompt) or removed
         self.cell_pos = np.full(n_ctx, -1, dtype=np.int32)
         self.cell_seq = np.zeros(n_ctx, dtype=np.uint64)
+        # summaries of the cells, kept as batches are applied (a decode step asks them several times)
+        self._seq_max = np.full(N_SEQ_MAX, -1, dtype=np.int64)  # each sequence's largest position
+        self._n_used = 0
+        self._end = 0  # one past the last cell in use
         self.ctx = Context(mem_size=(2 * n_layer + 1) * tensor_overhead(), no_alloc=True)
         self.k: list[Tensor] = []
         self.v: list[Tensor] = []
@@ -92,6 +96,20 @@ class KVCache:
         """Forget every cell (the memory keeps its bytes; masked, they are never read before being written)."""
         self.cell_pos[:] = -1
         self.cell_seq[:] = 0
+        self._refresh()
+
+    def _refresh(self) -> None:
+        """The summaries from the cells (after cells were freed or shared)."""
+        used = np.flatnonzero(self.cell_pos >= 0)
+        self._n_used = int(used.size)
+        self._end = int(used[-1]) + 1 if used.size else 0
+        self._seq_max[:] = -1
+        if used.size:
+            pos, seqs = self.cell_pos[used].astype(np.int64), self.cell_seq[used]
+            for s in range(N_SEQ_MAX):
+                hit = (seqs & (np.uint64(1) << np.uint64(s))) != 0
+                if hit.any():
+                    self._seq_max[s] = int(pos[hit].max())
 
     # --- cells and sequences (llama.cpp's llama_kv_cells and llama_memory_seq_*) ---
 
@@ -121,19 +139,29 @@ class KVCache:
 
     def seq_pos_max(self, seq_id: int) -> int:
         """The largest position of `seq_id` in the cache, -1 if it has none (llama_memory_seq_pos_max)."""
-        hit = (self.cell_seq & self._seq_bit(seq_id)) != 0
-        return int(self.cell_pos[hit].max()) if hit.any() else -1
+        self._seq_bit(seq_id)
+        return int(self._seq_max[seq_id])
 
     def seq_rm(self, seq_id: int, p0: int = 0, p1: int = -1) -> None:
         """Remove `seq_id`'s positions [p0, p1) (p1 < 0: to the end); a cell no sequence holds is free."""
         hit = self._range(seq_id, p0, p1)
+        if not hit.any():
+            return
         self.cell_seq[hit] &= ~self._seq_bit(seq_id)
         self.cell_pos[hit & (self.cell_seq == 0)] = -1
+        self._refresh()
 
     def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None:
         """`dst` shares `src`'s cells of positions [p0, p1): a common prompt evaluated once."""
         hit = self._range(src, p0, p1)
         self.cell_seq[hit] |= self._seq_bit(dst)
+        self._refresh()
+
+    def free_cells(self, cells: np.ndarray) -> None:
+        """Empty `cells` (a batch that failed)."""
+        self.cell_pos[cells] = -1
+        self.cell_seq[cells] = 0
+        self._refresh()
 
     def clear_cells_at(self, cells: np.ndarray) -> None:
         """`clear_cells` of each run of consecutive cells in `cells` (sorted)."""
@@ -151,23 +179,27 @@ class KVCache:
                                 f"{self.n_ctx}")
 
     def n_free(self) -> int:
-        return int((self.cell_pos < 0).sum())
+        return self.n_ctx - self._n_used
 
     def used_end(self) -> int:
         """One past the last cell in use (0 when empty): attention reads cells 0..used_end (padded)."""
-        used = np.flatnonzero(self.cell_pos >= 0)
-        return int(used[-1]) + 1 if used.size else 0
+        return self._end
 
     def find_slot(self, n_tokens: int) -> np.ndarray:
         """The cells a batch of `n_tokens` goes to: the first free ones, lowest first (ArgumentError naming the
         numbers when the cache is full)."""
         self.check_room(n_tokens)
+        if self._n_used == self._end:  # no free cell below the last one in use: the next ones
+            return np.arange(self._end, self._end + n_tokens, dtype=np.int64)
         return np.flatnonzero(self.cell_pos < 0)[:n_tokens].astype(np.int64)
 
     def apply(self, cells: np.ndarray, pos: np.ndarray, seq_ids: np.ndarray) -> None:
         """Cells `cells` now hold positions `pos` of sequences `seq_ids` (one each)."""
         self.cell_pos[cells] = pos
         self.cell_seq[cells] = np.left_shift(np.uint64(1), seq_ids.astype(np.uint64))
+        self._n_used += len(cells)
+        self._end = max(self._end, int(cells.max()) + 1)
+        np.maximum.at(self._seq_max, seq_ids, pos)
 
     def mask(self, pos: np.ndarray, seq_ids: np.ndarray, n_kv: int, n_swa: int = 0) -> np.ndarray:
         """KQ_mask [n_tokens, n_kv]: 0 where token i (position pos[i] of sequence seq_ids[i]) sees cell j (the

@@ -345,8 +345,7 @@ class Model:
             batch = Batch(ids, pos, seq_ids, cells, self._n_kv(kv.used_end()), last_only, out_rows)
             logits = self._compute(batch)
         except BaseException:
-            kv.cell_pos[cells] = -1  # a failed batch adds nothing to the cache
-            kv.cell_seq[cells] = 0
+            kv.free_cells(cells)  # a failed batch adds nothing to the cache
             raise
         return logits
 
@@ -674,8 +673,7 @@ class Model:
                     done.append(logits)
         except BaseException:
             for cells in written:  # a failed call adds nothing to the cache
-                self.kv.cell_pos[cells] = -1
-                self.kv.cell_seq[cells] = 0
+                self.kv.free_cells(cells)
             raise
         if not done:
             return np.zeros((0, self.hparams.n_vocab), dtype=np.float32)
