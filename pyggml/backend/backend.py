@@ -264,7 +264,8 @@ class Backend:
 
     def supports_op(self, op: Tensor) -> bool:
         """ggml_backend_supports_op: whether this backend can compute node `op`."""
-        check_instance(op, Tensor, f"backend '{self.name()}': supports_op: op")
+        if not isinstance(op, Tensor):  # (the message only then: the scheduler asks this for every node)
+            check_instance(op, Tensor, f"backend '{self.name()}': supports_op: op")
         return bool(self._supports_op(op))
 
     def graph_plan_create(self, graph: Graph) -> Any:

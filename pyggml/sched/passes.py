@@ -28,6 +28,7 @@ GGML_MAX_SPLITS_LIMIT = 4096  # a graph cut more often than this is a mistake, n
 
 _COMPUTES_NOTHING = frozenset((GGMLOp.NONE, *VIEW_OPS))
 _INPUT = int(TensorFlag.INPUT)
+_NONE = GGMLOp.NONE
 
 
 class _Assigner:
@@ -174,6 +175,12 @@ def assign_backends(sched: BackendSched, graph: Graph) -> _Assigner:
     for t in (*graph.leafs, *nodes):
         if get(id(t), -1) != -1:
             continue
+        if t.op == _NONE and t.buffer is not None and t.view_src is None:  # a leaf with memory: a weight
+            b = a.backend_from_buffer(t, t)
+            if b != -1:
+                ids[id(t)] = b
+                causes[id(t)] = "1.dst"
+                continue
         # most nodes have no memory, are no input and read no weight: nothing for from_cur to decide
         if t.buffer is None and t.view_src is None and not t.flags:
             for src in t.src:
