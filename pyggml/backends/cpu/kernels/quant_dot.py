@@ -486,15 +486,18 @@ def _e8m0_scale(builder, pb):
 
 
 def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = False, scale=_f16_scale,
-                    values_offset: int = 2):
+                    values_offset: int = 2, mins: bool = False):
     """The row loop of a 32-value block type of `block_bytes`: the block's scale (`scale` reads it), then at
     `values_offset` the values `values` reads.
 
     `minus_8`: the values read are unsigned and stand for value + 8 (Q4_0): each of the 8 lane sums
     subtracts the block's sum of y (from yb), 8 * sum(y) in all, ggml's Q4_0 offset applied exactly.
+    `mins`: the values are unsigned and each block has an f16 min after its scale (Q4_1, against Q8_1): the
+    per-block m * s (s the src1 block's f32 sum, passed in yb's place) is summed apart and added at the end,
+    as ggml's ggml_vec_dot_q4_1_q8_1 (`hsum(acc) + summs`).
     """
     if block_sums is None:
-        block_sums = _block_sums_unsigned if minus_8 else _block_sums
+        block_sums = _block_sums_unsigned if minus_8 or mins else _block_sums
 
     @intrinsic
     def dot_q_row(typingctx, w, o, nb, yq, j, yd, k, yb, kb):
@@ -508,10 +511,15 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
             ps = _address(context, builder, signature.args[7], args[7], args[8])
             v8f = ir.VectorType(_F32, 8)
             accs = [cgutils.alloca_once_value(builder, ir.Constant(v8f, [0.0] * 8)) for _ in range(_ROW_UNROLL)]
+            summs = cgutils.alloca_once_value(builder, ir.Constant(_F32, 0.0)) if mins else None
 
             def block(b, acc):
                 pb = builder.gep(pw, [builder.mul(b, ir.Constant(b.type, block_bytes))])
                 d = builder.fmul(scale(builder, pb), builder.load(builder.gep(pd, [b])))
+                if mins:
+                    m = _f16_scale(builder, builder.gep(pb, [ir.Constant(b.type, 2)]))
+                    ms = builder.fmul(m, builder.load(builder.gep(ps, [b])))
+                    builder.store(builder.fadd(builder.load(summs), ms), summs)
                 wv = values(builder, builder.gep(pb, [ir.Constant(b.type, values_offset)]))
                 yv = _load_vector(builder, builder.gep(py, [builder.shl(b, ir.Constant(b.type, 5))]), _I8, 32)
                 part = block_sums(builder, wv, yv)
@@ -535,7 +543,8 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
             total = builder.load(accs[0])
             for acc in accs[1:]:
                 total = builder.fadd(total, builder.load(acc))
-            return _sum_f32_tree(builder, total, 8)
+            out = _sum_f32_tree(builder, total, 8)
+            return builder.fadd(out, builder.load(summs)) if mins else out
 
         return sig, codegen
 
@@ -548,6 +557,9 @@ dot_q8_0_row.__doc__ = ("A Q8_0 weight row (nb blocks at byte i of w) times a Q8
                         "accumulated in 8 lanes.")
 dot_q4_0_row = _make_dot_q_row(18, _q4_0_nibbles, minus_8=True)
 dot_q4_0_row.__doc__ = "As dot_q8_0_row for a Q4_0 weight row (values nibble - 8: the sums yb give the offset)."
+dot_q4_1_row = _make_dot_q_row(20, _q4_0_nibbles, values_offset=4, mins=True)
+dot_q4_1_row.__doc__ = ("As dot_q8_0_row for a Q4_1 weight row against Q8_1 (values nibble * d + m: the src1 "
+                        "block sums ys, in yb's place, carry the mins).")
 
 
 # --- table types: IQ4_NL, IQ4_XS, MXFP4 (a 4-bit quant indexes 16 int8 values) ---
@@ -841,15 +853,9 @@ def _dot_q4_0(w, o, nb, yq, yd, yb, r):
     return dot_q4_0_row(w, o, nb, yq, r * yq.shape[1], yd, r * yd.shape[1], yb, r * yb.shape[1])
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _dot_q4_1(w, o, nb, yq, yd, ys, r):
-    sumf = np.float32(0.0)
-    yo = r * yq.shape[1]
-    for b in range(nb):
-        ob = o + 20 * b
-        sumi = dot_nibbles(w, ob + 4, yq, yo + 32 * b)
-        sumf += (load_f16(w, ob) * yd[r, b]) * np.float32(sumi) + load_f16(w, ob + 2) * ys[r, b]
-    return sumf
+    return dot_q4_1_row(w, o, nb, yq, r * yq.shape[1], yd, r * yd.shape[1], ys, r * ys.shape[1])
 
 
 @njit(cache=True)
