@@ -55,6 +55,14 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     return p
 
 
+def host_warning(host: str, api_key: str | None) -> str | None:
+    """What to say when `host` is not this machine's loopback address (None when it is)."""
+    if host in LOOPBACK:
+        return None
+    return (f"listening on {host}: other machines can reach the model"
+            + ("" if api_key else " without any key (give --api-key)"))
+
+
 def run(args: argparse.Namespace, err: TextIO | None = None) -> int:
     err = err or sys.stderr
     try:
@@ -79,9 +87,9 @@ def run(args: argparse.Namespace, err: TextIO | None = None) -> int:
     n_ctx = args.ctx or args.parallel * min(n_ctx_train, MAX_DEFAULT_SLOT_CTX)
     if n_ctx // args.parallel < 2:
         raise CLIError(f"-c {n_ctx} over -np {args.parallel} slots leaves fewer than 2 cells a slot")
-    if args.host not in LOOPBACK:
-        print(f"pyggml serve: warning: listening on {args.host}: other machines can reach the model"
-              + ("" if args.api_key else " without any key (give --api-key)"), file=err)
+    warning = host_warning(args.host, args.api_key)
+    if warning:
+        print(f"pyggml serve: warning: {warning}", file=err)
     objs = init_backends(plan.names, args.threads)
     model = load(path, objs, n_ctx=n_ctx, **plan.load_kwargs(objs), progress=err.isatty(),
                  check_finite=args.check_finite, flash_attn=args.flash_attn)
@@ -89,7 +97,7 @@ def run(args: argparse.Namespace, err: TextIO | None = None) -> int:
     try:
         engine.start()
         app = create_app(engine, model_name=args.alias, api_key=args.api_key)
-        print(f"pyggml serve: {path.name if hasattr(path, 'name') else path} on http://{args.host}:{args.port}/v1 "
+        print(f"pyggml serve: {path.name} on http://{args.host}:{args.port}/v1 "
               f"({args.parallel} slots of {engine.slot_ctx} tokens)", file=err)
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     finally:

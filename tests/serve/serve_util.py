@@ -28,7 +28,7 @@ class Running:
     api_key: str | None
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -40,7 +40,7 @@ def start_server(n_slots: int, n_ctx: int, api_key: str | None = None, step_dela
     engine = Engine(model, n_slots=n_slots, step_delay=step_delay).start()
     kwargs = {} if max_body is None else {"max_body": max_body}
     app = create_app(engine, api_key=api_key, **kwargs)
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
