@@ -36,7 +36,9 @@ def free_port() -> int:
 
 def start_server(n_slots: int, n_ctx: int, api_key: str | None = None, step_delay: float = 0.0,
                  max_body: int | None = None) -> Iterator[Running]:
-    model = pm.load(builtin_model_path(), n_ctx=n_ctx, progress=False)
+    # one CPU thread: the clients share the process (and 2 cores); kernel threads spinning for each other
+    # while the clients want the CPU make the time swing
+    model = pm.load(builtin_model_path(), n_ctx=n_ctx, progress=False, n_threads=1)
     engine = Engine(model, n_slots=n_slots, step_delay=step_delay).start()
     kwargs = {} if max_body is None else {"max_body": max_body}
     app = create_app(engine, api_key=api_key, **kwargs)

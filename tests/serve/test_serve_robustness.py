@@ -18,7 +18,7 @@ from serve_util import API_KEY, Running, start_server
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 LOAD_REQUESTS = 200
 LOAD_CLIENTS = 8
-LOAD_TIME_LIMIT = 60.0
+LOAD_TIME_LIMIT = 150.0  # about 8 s on 2 idle cores; the bound is for a machine shared with others
 
 
 def _post(server: Running, path: str, body: Any, headers: dict[str, str] | None = None,
