@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -239,6 +240,12 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return JSONResponse(error_body(str(exc.detail), kind), status_code=exc.status_code)
 
 
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    """A bug, not the client's fault: still OpenAI's error object (the traceback goes to the log)."""
+    logging.getLogger(__name__).error("serve: internal error", exc_info=exc)
+    return JSONResponse(error_body(f"internal error: {type(exc).__name__}: {exc}", "server_error"), status_code=500)
+
+
 def create_app(engine: Engine, model_name: str | None = None, api_key: str | None = None,
                max_body: int = MAX_BODY) -> Starlette:
     """The Starlette app serving `engine` (already started or not: requests wait for its thread)."""
@@ -252,6 +259,7 @@ def create_app(engine: Engine, model_name: str | None = None, api_key: str | Non
         Route("/models", s.models, methods=["GET"]),
         Route("/health", s.health, methods=["GET"]),
     ]
-    app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
+    app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error,
+                                                          Exception: _internal_error})
     app.state.server = s
     return app

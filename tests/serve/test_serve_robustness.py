@@ -157,3 +157,21 @@ def test_load_nothing_lost(server: Running) -> None:
     assert server.engine.busy_slots() == 0 and server.engine.waiting() == 0
     r = httpx.get(server.url + "/health", timeout=10).json()
     assert r["slots_processing"] == 0 and r["requests_waiting"] == 0
+
+
+def test_an_internal_error_is_an_error_object_too(server: Running) -> None:
+    from starlette.testclient import TestClient
+
+    from pyggml.serve.app import create_app
+
+    app = create_app(server.engine)  # a second app over the same engine, called in-process
+
+    def broken(p: Any) -> list[int]:
+        raise RuntimeError("boom")
+
+    app.state.server.prompt_ids = broken
+    with TestClient(app, raise_server_exceptions=False) as http:
+        r = http.post("/v1/completions", json={"prompt": "The module", "max_tokens": 2})
+    err = _is_error(r, 500)
+    assert err["type"] == "server_error" and "boom" in err["message"]
+    assert server.engine.busy_slots() == 0
