@@ -8,6 +8,11 @@ generates the same count). Printed per C: aggregate tokens/s (all completion tok
 latency p50/p90/p99 of a whole request, and the ratio of 4 clients' tokens/s to one client's (issue 26
 asks >= 2.5 on SmolLM2).
 
+A smoke run on 2 shared cores (--requests 2 --max-tokens 24) gave on SmolLM2 41, 49, 67 and 54 tokens/s for
+1, 2, 4 and 8 clients, 4 vs 1: 1.64x; the server adds little to a lone client (the model's own decode was
+~40-58 tokens/s then), the ratio is bounded by the CPU MUL_MAT kernels, whose cost grows with each src1
+column (`Model.decode` of 4 tokens of 4 sequences costs ~2.5-3x one token there).
+
     python benchmarks/bench_serve.py [--requests 4] [--max-tokens 32] [--clients 1,2,4,8] [--models builtin,smollm2]
 """
 

@@ -99,7 +99,8 @@ def run(args: argparse.Namespace, err: TextIO | None = None) -> int:
         app = create_app(engine, model_name=args.alias, api_key=args.api_key)
         print(f"pyggml serve: {path.name} on http://{args.host}:{args.port}/v1 "
               f"({args.parallel} slots of {engine.slot_ctx} tokens)", file=err)
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+        # streams still open at Ctrl-C get a few seconds, not forever
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5)
     finally:
         engine.stop()
         model.free()

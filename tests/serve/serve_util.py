@@ -43,7 +43,8 @@ def start_server(n_slots: int, n_ctx: int, api_key: str | None = None, step_dela
     kwargs = {} if max_body is None else {"max_body": max_body}
     app = create_app(engine, api_key=api_key, **kwargs)
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                          timeout_graceful_shutdown=5))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + START_TIMEOUT
