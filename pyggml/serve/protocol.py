@@ -1,8 +1,10 @@
 """The OpenAI API's requests and responses: checking a request's fields, building the JSON objects.
 
-Fields pyggml does not use (tools, stream_options' other keys, logit_bias, user, ...) are accepted
-and ignored, as llama-server does; those that would change what the answer means (`n` > 1,
-`best_of` > 1, `suffix`, `echo`) are refused naming the field. Errors are OpenAI's error object:
+Sampling: OpenAI's fields with OpenAI's defaults (temperature 1, top_p 1), and llama-server's extra ones
+with llama-server's (top_k 40, min_p 0.05, repeat_penalty 1, ignore_eos). Fields pyggml does not use
+(tools, stream_options' other keys, logit_bias, user, ...) are accepted and ignored, as llama-server
+does; those that would change what the answer means (`n` > 1, `best_of` > 1, `suffix`, `echo`) are
+refused naming the field. Errors are OpenAI's error object:
 ``{"error": {"message", "type", "param", "code"}}`` with a 4xx status.
 """
 
@@ -50,8 +52,8 @@ class Params:
     max_tokens: int | None = None
     temperature: float = 1.0
     top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
+    top_k: int = 40
+    min_p: float = 0.05
     repeat_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -167,9 +169,10 @@ def parse_request(body: Any, kind: str) -> Params:
         p.top_p = 1e-9  # OpenAI's top_p 0: the most likely token only
     p.presence_penalty = _number(body, "presence_penalty", -2.0, 2.0, 0.0)
     p.frequency_penalty = _number(body, "frequency_penalty", -2.0, 2.0, 0.0)
-    # llama-server's extra sampling fields
-    p.top_k = int(_int(body, "top_k", 0, 0) or 0)
-    p.min_p = _number(body, "min_p", 0.0, 1.0, 0.0)
+    # llama-server's extra sampling fields, with its defaults: top_k 40 also spares sorting the whole vocabulary
+    # for each token (~7 ms on a 49k vocabulary, a third of a SmolLM2 decode step; top_k 0 asks for it)
+    p.top_k = int(_int(body, "top_k", 0, 40) or 0)
+    p.min_p = _number(body, "min_p", 0.0, 1.0, 0.05)
     p.repeat_penalty = _number(body, "repeat_penalty", 1e-6, 10.0, 1.0)
     p.ignore_eos = _bool(body, "ignore_eos")
     p.seed = _int(body, "seed", 0, None)
