@@ -158,13 +158,19 @@ class Server:
         try:
             text: list[str] = []
             deadline = time.monotonic() + self.request_timeout
+            next_check = time.monotonic() + EVENT_WAIT
             while True:
                 try:
                     e = await asyncio.wait_for(events.get(), EVENT_WAIT)
                 except TimeoutError:
-                    if await request.is_disconnected() or time.monotonic() > deadline:
+                    e = None
+                now = time.monotonic()
+                if now >= next_check:  # also while tokens come: they come for a client that may be gone
+                    next_check = now + EVENT_WAIT
+                    if await request.is_disconnected() or now > deadline:
                         req.cancel()
                         return Response(status_code=499)
+                if e is None:
                     continue
                 if e.kind == "text":
                     text.append(e.text)
