@@ -91,10 +91,13 @@ class _Slot:
 class Engine:
     """The decode loop over `model` with `n_slots` slots; `start()` runs it in a daemon thread.
 
-    `max_queue` bounds the waiting requests (QueueFullError past it); `step_delay` sleeps that many
-    seconds after each step (a throttle for tests that must catch a request mid-generation)."""
+    `max_queue` bounds the waiting requests (QueueFullError past it); `max_batch` the tokens of a step
+    (default: the model's n_batch; the generating slots' tokens always go, prompts share the rest);
+    `step_delay` sleeps that many seconds after each step (a throttle for tests that must catch a request
+    mid-generation)."""
 
-    def __init__(self, model: Any, n_slots: int = 1, max_queue: int = 256, step_delay: float = 0.0) -> None:
+    def __init__(self, model: Any, n_slots: int = 1, max_queue: int = 256, step_delay: float = 0.0,
+                 max_batch: int | None = None) -> None:
         if n_slots < 1 or n_slots > 64:
             raise ArgumentError(f"serve: the slot count must be in [1, 64], got {n_slots}")
         if model.n_ctx // n_slots < 2:
@@ -104,6 +107,7 @@ class Engine:
         self.slot_ctx = model.n_ctx // n_slots  # a slot's share of the unified cache
         self.max_queue = max_queue
         self.step_delay = step_delay
+        self.max_batch = max(1, max_batch if max_batch is not None else model.n_batch)  # tokens a step
         self.queue: collections.deque[GenRequest] = collections.deque()
         self.cond = threading.Condition()
         self.thread: threading.Thread | None = None
@@ -223,18 +227,29 @@ class Engine:
                 self._finish(s, reason="cancelled")
                 self._forget(s)
         self._admit()
-        active = [s for s in self.slots if s.req is not None and s.pending]
-        if not active:
+        # the generating slots' next tokens first, then prompts up to the batch budget: a long prompt is
+        # evaluated over several steps (as llama-server's n_batch) instead of stalling every other slot
+        busy = [s for s in self.slots if s.req is not None and s.pending]
+        if not busy:
             return
-        tokens = np.concatenate([np.asarray(s.pending, dtype=np.int64) for s in active])
-        seqs = np.repeat(np.asarray([s.id for s in active], dtype=np.int64), [len(s.pending) for s in active])
-        pos = np.concatenate([np.arange(len(s.cached), len(s.cached) + len(s.pending)) for s in active])
+        budget = max(self.max_batch, sum(len(s.pending) == 1 for s in busy))
+        active: list[tuple[_Slot, int]] = []
+        for s in sorted(busy, key=lambda s: len(s.pending) > 1):
+            take = min(len(s.pending), budget) if len(s.pending) > 1 else 1
+            if take <= 0:
+                continue
+            active.append((s, take))
+            budget -= take
+        tokens = np.concatenate([np.asarray(s.pending[:k], dtype=np.int64) for s, k in active])
+        seqs = np.repeat(np.asarray([s.id for s, _ in active], dtype=np.int64), [k for _, k in active])
+        pos = np.concatenate([np.arange(len(s.cached), len(s.cached) + k) for s, k in active])
         logits = self.model.decode(tokens, seqs, positions=pos)  # one row per slot: its last token's
         self.n_steps += 1
-        for row, s in enumerate(active):
-            s.cached.extend(s.pending)
-            s.pending = []
-            self._sample(s, logits[row])
+        for row, (s, k) in enumerate(active):
+            s.cached.extend(s.pending[:k])
+            s.pending = s.pending[k:]
+            if not s.pending:  # a prompt evaluated in part samples nothing yet
+                self._sample(s, logits[row])
 
     def _sample(self, s: _Slot, logits: np.ndarray) -> None:
         req = s.req

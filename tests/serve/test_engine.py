@@ -77,3 +77,36 @@ def test_stop_prefix_is_held_back() -> None:
     assert _stop_prefix_len("hello wor", ["world"]) == 3
     assert _stop_prefix_len("hello", ["world"]) == 0
     assert _stop_prefix_len("ab", ["b", "abc"]) == 2
+
+
+def test_long_prompts_are_evaluated_over_several_steps() -> None:
+    """A step holds at most max_batch tokens: the generating slots' own first, then pieces of prompts. The
+    answers are those of whole-prompt evaluation."""
+    model = pm.load(builtin_model_path(), n_ctx=256, progress=False)
+    try:
+        ids = [model.tokenize(p) for p in ("The module of the file and the path", "Return the list of the")]
+        e = Engine(model, n_slots=2, max_batch=3).start()
+        try:
+            chunked = [_run(e, x, 8)[0] for x in ids]
+            qs = [queue.SimpleQueue() for _ in ids]
+            for x, q in zip(ids, qs, strict=True):  # both at once: prompt pieces next to the other's tokens
+                e.submit(GenRequest(prompt=x, max_tokens=8, sink=q.put, eog_ids=frozenset()))
+            together = []
+            for q in qs:
+                text = ""
+                while (ev := q.get(timeout=TIMEOUT)).kind == "text":
+                    text += ev.text
+                together.append(text)
+            steps = e.n_steps
+        finally:
+            e.stop()
+        model.reset()
+        whole = []
+        for x in ids:
+            model.reset()
+            dec = model.tokenizer.stream_decoder()
+            whole.append("".join(dec.add(t) for t in model.generate(x, 8, stop_at_eos=False)) + dec.flush())
+        assert chunked == whole and together == whole
+        assert steps > 2 * 8  # the prompts took steps of their own
+    finally:
+        model.free()
