@@ -8,10 +8,11 @@ generates the same count). Printed per C: aggregate tokens/s (all completion tok
 latency p50/p90/p99 of a whole request, and the ratio of 4 clients' tokens/s to one client's (issue 26
 asks >= 2.5 on SmolLM2).
 
-A smoke run on 2 shared cores (--requests 2 --max-tokens 24) gave on SmolLM2 41, 49, 67 and 54 tokens/s for
-1, 2, 4 and 8 clients, 4 vs 1: 1.64x; the server adds little to a lone client (the model's own decode was
-~40-58 tokens/s then), the ratio is bounded by the CPU MUL_MAT kernels, whose cost grows with each src1
-column (`Model.decode` of 4 tokens of 4 sequences costs ~2.5-3x one token there).
+A smoke run on 2 shared cores (--requests 3 --max-tokens 24) gave on SmolLM2 56, 76, 100 and 97 tokens/s for
+1, 2, 4 and 8 clients, 4 vs 1: 1.78x (1.2-1.8x from run to run on this shared machine). The server adds
+little: one client gets the model's own decode speed, and `Model.decode` of one token for each of 4
+sequences costs ~2.1x one token (34 vs 16 ms) there: the bound is the CPU MUL_MAT kernels, whose cost grows
+with each src1 column, not the batching.
 
     python benchmarks/bench_serve.py [--requests 4] [--max-tokens 32] [--clients 1,2,4,8] [--models builtin,smollm2]
 """
@@ -79,8 +80,13 @@ def run_level(url: str, clients: int, requests: int, max_tokens: int) -> dict[st
         with httpx.Client() as http:
             return [one_request(http, url, max_tokens, c * requests + k) for k in range(requests)]
 
-    with httpx.Client() as http:
-        one_request(http, url, max_tokens, 0)  # warm-up: graphs of this batch shape, kernels
+    # warm-up: one request per client at once, so the graphs of these batch shapes are built before timing
+    def warm(c: int) -> None:
+        with httpx.Client() as http:
+            one_request(http, url, max_tokens, c)
+
+    with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+        list(pool.map(warm, range(clients)))
     t0 = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(clients) as pool:
         results = [x for part in pool.map(client, range(clients)) for x in part]
