@@ -56,6 +56,7 @@ def test_limits_and_queue(engine: Engine) -> None:
 def test_cancelled_requests_leave_the_queue_and_the_slots() -> None:
     model = pm.load(builtin_model_path(), n_ctx=128, progress=False)
     e = Engine(model, n_slots=1, max_queue=2)  # not started: requests wait
+    # submit() wants a running loop; the test steps the engine itself, so that nothing races it
     e.thread = type("T", (), {"is_alive": lambda self: True})()  # type: ignore[assignment]
     got: list[Event] = []
     reqs = [e.submit(GenRequest(prompt=[1, 50], max_tokens=50, sink=got.append, eog_ids=frozenset()))
