@@ -172,6 +172,7 @@ def test_load_nothing_lost(server: Running) -> None:
     assert server.engine.busy_slots() == 0 and server.engine.waiting() == 0
     r = httpx.get(server.url + "/health", timeout=10).json()
     assert r["slots_processing"] == 0 and r["requests_waiting"] == 0
+    assert r["requests_done"] >= LOAD_REQUESTS and r["prompts_reused"] > 0  # chat prompts share their template
 
 
 def test_an_internal_error_is_an_error_object_too(server: Running) -> None:
