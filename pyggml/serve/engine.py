@@ -1,0 +1,327 @@
+"""The engine: one decode loop in its own thread serving many requests over `-np` slots.
+
+As llama-server's `server_context`: each slot owns one KV-cache sequence id (the
+slots share the model's `n_ctx` cells, `n_ctx // n_slots` each); requests wait
+in a FIFO queue for a free slot; each step is one `Model.decode` batch holding
+the prompts of newly admitted requests and the last sampled token of every
+generating slot, then one token is sampled per slot with that slot's sampler.
+A slot keeps its tokens in the cache after its request ends, so a new request
+whose prompt starts with them evaluates only the rest (llama-server's
+`cache_prompt`). Only this thread touches the model: results go back through
+each request's `sink`, a callable the caller makes thread-safe (the ASGI app
+hands them to its event loop with `call_soon_threadsafe`).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from pyggml.core.errors import ArgumentError, GGMLError
+
+log = logging.getLogger(__name__)
+
+
+class ServeError(GGMLError):
+    """A request the server cannot take (pyggml.serve's errors)."""
+
+
+class QueueFullError(ServeError):
+    """Too many requests are waiting for a slot."""
+
+
+class EngineStoppedError(ServeError):
+    """The engine's loop is not running."""
+
+
+@dataclass
+class Event:
+    """What the engine tells a request's sink: `text` (a piece of the answer), `done` (finish_reason
+    "stop", "length" or "cancelled", with the token counts) or `error` (message)."""
+
+    kind: str
+    text: str = ""
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    message: str = ""
+
+
+@dataclass
+class GenRequest:
+    """One generation: prompt token ids, at most `max_tokens` new ones, `sampler` (None: greedy argmax),
+    `stop` strings (the answer ends before the first one), end-of-generation ids (not part of the answer)."""
+
+    prompt: list[int]
+    max_tokens: int
+    sampler: Any = None
+    stop: Sequence[str] = ()
+    eog_ids: frozenset[int] = frozenset()
+    sink: Callable[[Event], None] = lambda e: None
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+    def cancel(self) -> None:
+        """Thread-safe: the engine frees the request's slot (or drops it from the queue) at its next step."""
+        self.cancelled.set()
+
+
+class _Slot:
+    def __init__(self, seq_id: int) -> None:
+        self.id = seq_id
+        self.req: GenRequest | None = None
+        self.cached: list[int] = []  # the tokens of this sequence in the KV cache, positions 0..len-1
+        self.pending: list[int] = []  # tokens to evaluate in the next batch
+        self.history: list[int] = []
+        self.n_gen = 0
+        self.n_cached_prompt = 0
+        self.decoder: Any = None
+        self.text = ""  # the answer's text so far (all of it: stop strings may span pieces)
+        self.sent = 0  # how much of `text` went to the sink
+        self.last_used = 0.0
+
+
+class Engine:
+    """The decode loop over `model` with `n_slots` slots; `start()` runs it in a daemon thread.
+
+    `max_queue` bounds the waiting requests (QueueFullError past it); `max_batch` the tokens of a step
+    (default: the model's n_batch; the generating slots' tokens always go, prompts share the rest);
+    `step_delay` sleeps that many seconds after each step (a throttle for tests that must catch a request
+    mid-generation)."""
+
+    def __init__(self, model: Any, n_slots: int = 1, max_queue: int = 256, step_delay: float = 0.0,
+                 max_batch: int | None = None) -> None:
+        if n_slots < 1 or n_slots > 64:
+            raise ArgumentError(f"serve: the slot count must be in [1, 64], got {n_slots}")
+        if model.n_ctx // n_slots < 2:
+            raise ArgumentError(f"serve: {n_slots} slots over n_ctx {model.n_ctx} leave fewer than 2 cells each")
+        self.model = model
+        self.slots = [_Slot(i) for i in range(n_slots)]
+        self.slot_ctx = model.n_ctx // n_slots  # a slot's share of the unified cache
+        self.max_queue = max_queue
+        self.step_delay = step_delay
+        self.max_batch = max(1, max_batch if max_batch is not None else model.n_batch)  # tokens a step
+        self.queue: collections.deque[GenRequest] = collections.deque()
+        self.cond = threading.Condition()
+        self.thread: threading.Thread | None = None
+        self.stopping = False
+        # counters (read by tests and /health)
+        self.n_steps = 0
+        self.n_done = 0
+        self.n_cancelled = 0
+        self.n_prompt_reused = 0
+        model.reset()
+
+    # --- the caller's side (any thread) ---
+
+    def start(self) -> Engine:
+        self.thread = threading.Thread(target=self._run, name="pyggml-serve-engine", daemon=True)
+        self.thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        with self.cond:
+            self.stopping = True
+            self.cond.notify_all()
+        if self.thread is not None:
+            self.thread.join(timeout)
+
+    def submit(self, req: GenRequest) -> GenRequest:
+        """Queue `req`; its events go to `req.sink` from the engine's thread."""
+        if len(req.prompt) == 0:
+            raise ArgumentError("serve: the prompt has no tokens")
+        if len(req.prompt) + max(req.max_tokens, 0) > self.slot_ctx:
+            raise ArgumentError(f"serve: {len(req.prompt)} prompt tokens + max_tokens {req.max_tokens} exceed a "
+                                f"slot's context of {self.slot_ctx} tokens")
+        with self.cond:
+            if self.stopping or self.thread is None or not self.thread.is_alive():
+                raise EngineStoppedError("serve: the engine is not running")
+            if len(self.queue) >= self.max_queue:
+                raise QueueFullError(f"serve: {len(self.queue)} requests are already waiting for a slot")
+            self.queue.append(req)
+            self.cond.notify_all()
+        return req
+
+    def busy_slots(self) -> int:
+        return sum(s.req is not None for s in self.slots)
+
+    def waiting(self) -> int:
+        return len(self.queue)
+
+    # --- the loop (the engine's thread only) ---
+
+    def _run(self) -> None:
+        while True:
+            with self.cond:
+                while not self.stopping and not self.queue and all(s.req is None for s in self.slots):
+                    self.cond.wait(timeout=1.0)
+                if self.stopping:
+                    break
+            try:
+                self._step()
+            except Exception as e:  # a failed batch ends the requests in it; the server goes on
+                log.exception("serve: a decode step failed")
+                for s in self.slots:
+                    if s.req is not None:
+                        self._finish(s, error=f"{type(e).__name__}: {e}")
+                        self._forget(s)
+            if self.step_delay:
+                time.sleep(self.step_delay)
+        for s in self.slots:  # tell the requests still running that nothing more comes
+            if s.req is not None:
+                self._finish(s, error="the server is shutting down")
+        with self.cond:
+            left = list(self.queue)
+            self.queue.clear()
+        for req in left:
+            req.sink(Event("error", message="the server is shutting down"))
+
+    def _forget(self, s: _Slot) -> None:
+        self.model.seq_rm(s.id)
+        s.cached = []
+
+    def _admit(self) -> None:
+        """Move waiting requests to free slots: the one whose cached tokens share the longest prefix with the
+        prompt, else the least recently used (its cache is dropped)."""
+        while True:
+            free = [s for s in self.slots if s.req is None]
+            with self.cond:
+                while self.queue and self.queue[0].cancelled.is_set():
+                    req = self.queue.popleft()
+                    self.n_cancelled += 1
+                    req.sink(Event("done", finish_reason="cancelled", prompt_tokens=len(req.prompt)))
+                if not free or not self.queue:
+                    return
+                req = self.queue.popleft()
+            best, best_n = None, -1
+            for s in free:
+                n = _common_prefix(s.cached, req.prompt)
+                if n > best_n or (n == best_n and best is not None and s.last_used < best.last_used):
+                    best, best_n = s, n
+            assert best is not None
+            keep = min(best_n, len(req.prompt) - 1)  # the last prompt token is evaluated again: its logits
+            self.model.seq_rm(best.id, keep, -1)
+            best.cached = best.cached[:keep]
+            if keep:
+                self.n_prompt_reused += 1
+            best.req = req
+            best.pending = req.prompt[keep:]
+            best.history = list(req.prompt)
+            best.n_gen = 0
+            best.n_cached_prompt = keep
+            best.decoder = self.model.tokenizer.stream_decoder()
+            best.text = ""
+            best.sent = 0
+
+    def _step(self) -> None:
+        for s in self.slots:  # cancelled requests free their slots first
+            if s.req is not None and s.req.cancelled.is_set():
+                self.n_cancelled += 1
+                self._finish(s, reason="cancelled")
+                self._forget(s)
+        self._admit()
+        # the generating slots' next tokens first, then prompts up to the batch budget: a long prompt is
+        # evaluated over several steps (as llama-server's n_batch) instead of stalling every other slot
+        busy = [s for s in self.slots if s.req is not None and s.pending]
+        if not busy:
+            return
+        budget = max(self.max_batch, sum(len(s.pending) == 1 for s in busy))
+        active: list[tuple[_Slot, int]] = []
+        for s in sorted(busy, key=lambda s: len(s.pending) > 1):
+            take = min(len(s.pending), budget) if len(s.pending) > 1 else 1
+            if take <= 0:
+                continue
+            active.append((s, take))
+            budget -= take
+        tokens = np.concatenate([np.asarray(s.pending[:k], dtype=np.int64) for s, k in active])
+        seqs = np.repeat(np.asarray([s.id for s, _ in active], dtype=np.int64), [k for _, k in active])
+        pos = np.concatenate([np.arange(len(s.cached), len(s.cached) + k) for s, k in active])
+        logits = self.model.decode(tokens, seqs, positions=pos)  # one row per slot: its last token's
+        self.n_steps += 1
+        for row, (s, k) in enumerate(active):
+            s.cached.extend(s.pending[:k])
+            s.pending = s.pending[k:]
+            if not s.pending:  # a prompt evaluated in part samples nothing yet
+                self._sample(s, logits[row])
+
+    def _sample(self, s: _Slot, logits: np.ndarray) -> None:
+        req = s.req
+        assert req is not None
+        tok = int(np.argmax(logits)) if req.sampler is None else int(req.sampler.sample(logits, s.history))
+        s.history.append(tok)
+        if tok in req.eog_ids:  # not part of the answer, nor of its token count
+            self._finish(s, reason="stop")
+            return
+        s.n_gen += 1
+        s.text += s.decoder.add(tok)
+        if self._check_stop(s, final=False):
+            return
+        if s.n_gen >= req.max_tokens or len(s.cached) + 1 >= self.slot_ctx:
+            s.text += s.decoder.flush()
+            if not self._check_stop(s, final=True):
+                self._finish(s, reason="length")
+            return
+        s.pending = [tok]
+
+    def _check_stop(self, s: _Slot, final: bool) -> bool:
+        """Send the text that cannot be the start of a stop string; True when a stop string ended the answer."""
+        req = s.req
+        assert req is not None
+        if req.stop:
+            longest = max(len(x) for x in req.stop)
+            start = max(0, s.sent - longest)
+            hits = [i for i in (s.text.find(x, start) for x in req.stop if x) if i >= 0]
+            if hits:
+                s.text = s.text[:min(hits)]
+                self._send(s, len(s.text))
+                self._finish(s, reason="stop")
+                return True
+        hold = 0 if final else _stop_prefix_len(s.text, req.stop)
+        self._send(s, len(s.text) - hold)
+        return False
+
+    def _send(self, s: _Slot, end: int) -> None:
+        if end > s.sent and s.req is not None:
+            s.req.sink(Event("text", text=s.text[s.sent:end]))
+            s.sent = end
+
+    def _finish(self, s: _Slot, reason: str = "", error: str = "") -> None:
+        req = s.req
+        if req is None:
+            return
+        s.req = None
+        s.pending = []
+        s.last_used = time.monotonic()
+        self.n_done += 1
+        if error:
+            req.sink(Event("error", message=error))
+        else:
+            req.sink(Event("done", finish_reason=reason, prompt_tokens=len(req.prompt), completion_tokens=s.n_gen,
+                           cached_tokens=s.n_cached_prompt))
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(diff[0]) if diff.size else n
+
+
+def _stop_prefix_len(text: str, stops: Sequence[str]) -> int:
+    """The length of the longest end of `text` that is the start of a stop string (held back: the next piece
+    may complete it)."""
+    best = 0
+    for stop in stops:
+        for k in range(min(len(stop) - 1, len(text)), best, -1):
+            if text.endswith(stop[:k]):
+                best = k
+                break
+    return best

@@ -1,0 +1,244 @@
+"""The OpenAI API's requests and responses: checking a request's fields, building the JSON objects.
+
+Sampling: OpenAI's fields with OpenAI's defaults (temperature 1, top_p 1), and llama-server's extra ones
+with llama-server's (top_k 40, min_p 0.05, repeat_penalty 1, ignore_eos). Fields pyggml does not use
+(tools, stream_options' other keys, logit_bias, user, ...) are accepted and ignored, as llama-server
+does; those that would change what the answer means (`n` > 1, `best_of` > 1, `suffix`, `echo`) are
+refused naming the field. Errors are OpenAI's error object:
+``{"error": {"message", "type", "param", "code"}}`` with a 4xx status.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyggml.serve.engine import ServeError
+
+MAX_STOP = 4  # as OpenAI
+
+
+class RequestError(ServeError, ValueError):
+    """A request the API refuses: its status, OpenAI's error type, the field at fault and a code."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400,
+                 type: str = "invalid_request_error", code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.status = status
+        self.type = type
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def error_body(message: str, type: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+@dataclass
+class Params:
+    """What a request asks for, checked: the prompt (chat messages or text/ids) and how to sample."""
+
+    kind: str  # "chat" or "completion"
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    prompt: str | list[int] = ""
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 40
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stream: bool = False
+    include_usage: bool = False
+    ignore_eos: bool = False
+    model: str = ""
+
+
+def _number(body: dict[str, Any], name: str, lo: float, hi: float, default: float) -> float:
+    v = body.get(name)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or not lo <= v <= hi:
+        raise RequestError(f"'{name}' must be a number in [{lo}, {hi}], got {v!r}", param=name)
+    return float(v)
+
+
+def _int(body: dict[str, Any], name: str, lo: int, default: int | None) -> int | None:
+    v = body.get(name)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        raise RequestError(f"'{name}' must be an integer >= {lo}, got {v!r}", param=name)
+    return v
+
+
+def _bool(body: dict[str, Any], name: str) -> bool:
+    v = body.get(name, False)
+    if v is None:
+        return False
+    if not isinstance(v, bool):
+        raise RequestError(f"'{name}' must be a boolean, got {v!r}", param=name)
+    return v
+
+
+def _refuse_meaning_changers(body: dict[str, Any]) -> None:
+    n = body.get("n")
+    if n is not None and n != 1:
+        raise RequestError(f"'n' must be 1: pyggml serve gives one choice per request, got {n!r}", param="n")
+    best_of = body.get("best_of")
+    if best_of is not None and best_of != 1:
+        raise RequestError(f"'best_of' is not supported (got {best_of!r})", param="best_of")
+    if body.get("suffix"):
+        raise RequestError("'suffix' (insertion) is not supported", param="suffix")
+    if body.get("echo"):
+        raise RequestError("'echo' is not supported", param="echo")
+
+
+def _message_text(m: Any, i: int) -> dict[str, Any]:
+    if not isinstance(m, dict):
+        raise RequestError(f"messages[{i}] must be an object", param=f"messages[{i}]")
+    role = m.get("role")
+    if not isinstance(role, str) or not role:
+        raise RequestError(f"messages[{i}].role must be a string", param=f"messages[{i}].role")
+    content = m.get("content")
+    if content is None:
+        text = ""
+    elif isinstance(content, str):
+        text = content
+    elif isinstance(content, list):  # content parts: the text ones, joined (images and audio are refused)
+        parts = []
+        for j, p in enumerate(content):
+            if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str):
+                raise RequestError(f"messages[{i}].content[{j}]: only text parts are supported",
+                                   param=f"messages[{i}].content")
+            parts.append(p["text"])
+        text = "".join(parts)
+    else:
+        raise RequestError(f"messages[{i}].content must be a string or a list of parts",
+                           param=f"messages[{i}].content")
+    out = {"role": role, "content": text}
+    for key in ("name", "tool_calls", "tool_call_id"):  # templates may read them
+        if key in m:
+            out[key] = m[key]
+    return out
+
+
+def parse_request(body: Any, kind: str) -> Params:
+    """Check a decoded JSON body of /v1/chat/completions (`kind` "chat") or /v1/completions ("completion")."""
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object")
+    _refuse_meaning_changers(body)
+    p = Params(kind=kind)
+    model = body.get("model", "")
+    if model is not None and not isinstance(model, str):
+        raise RequestError("'model' must be a string", param="model")
+    p.model = model or ""
+    if kind == "chat":
+        msgs = body.get("messages")
+        if not isinstance(msgs, list) or not msgs:
+            raise RequestError("'messages' must be a non-empty list", param="messages")
+        p.messages = [_message_text(m, i) for i, m in enumerate(msgs)]
+    else:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+            prompt = prompt[0]  # one prompt in a list
+        if isinstance(prompt, str):
+            p.prompt = prompt
+        elif (isinstance(prompt, list) and prompt
+              and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)):
+            p.prompt = list(prompt)
+        else:
+            raise RequestError("'prompt' must be a string or a list of token ids (one prompt per request)",
+                               param="prompt")
+    mt = _int(body, "max_completion_tokens", 1, None)
+    p.max_tokens = mt if mt is not None else _int(body, "max_tokens", 1, None)
+    p.temperature = _number(body, "temperature", 0.0, 2.0, 1.0)
+    p.top_p = _number(body, "top_p", 0.0, 1.0, 1.0)
+    if p.top_p == 0.0:
+        p.top_p = 1e-9  # OpenAI's top_p 0: the most likely token only
+    p.presence_penalty = _number(body, "presence_penalty", -2.0, 2.0, 0.0)
+    p.frequency_penalty = _number(body, "frequency_penalty", -2.0, 2.0, 0.0)
+    # llama-server's extra sampling fields, with its defaults: top_k 40 also spares sorting the whole vocabulary
+    # for each token (~7 ms on a 49k vocabulary, a third of a SmolLM2 decode step; top_k 0 asks for it)
+    p.top_k = int(_int(body, "top_k", 0, 40) or 0)
+    p.min_p = _number(body, "min_p", 0.0, 1.0, 0.05)
+    p.repeat_penalty = _number(body, "repeat_penalty", 1e-6, 10.0, 1.0)
+    p.ignore_eos = _bool(body, "ignore_eos")
+    p.seed = _int(body, "seed", 0, None)
+    if p.seed is not None:
+        p.seed %= 2**63  # numpy's generator takes any non-negative integer; keep it bounded
+    stop = body.get("stop")
+    if stop is None:
+        p.stop = []
+    elif isinstance(stop, str):
+        p.stop = [stop] if stop else []
+    elif isinstance(stop, list) and all(isinstance(x, str) for x in stop) and len(stop) <= MAX_STOP:
+        p.stop = [x for x in stop if x]
+    else:
+        raise RequestError(f"'stop' must be a string or a list of at most {MAX_STOP} strings", param="stop")
+    p.stream = _bool(body, "stream")
+    so = body.get("stream_options")
+    if so is not None:
+        if not isinstance(so, dict):
+            raise RequestError("'stream_options' must be an object", param="stream_options")
+        p.include_usage = bool(so.get("include_usage", False))
+    return p
+
+
+# --- responses ---
+
+def new_id(kind: str) -> str:
+    return ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+
+
+def response(kind: str, rid: str, model: str, text: str, finish_reason: str | None,
+             use: dict[str, Any]) -> dict[str, Any]:
+    """The whole answer of a request without `stream`."""
+    if kind == "chat":
+        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
+                                  "logprobs": None, "finish_reason": finish_reason}
+        obj = "chat.completion"
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        obj = "text_completion"
+    return {"id": rid, "object": obj, "created": int(time.time()), "model": model, "choices": [choice],
+            "usage": use}
+
+
+def chunk(kind: str, rid: str, model: str, text: str | None, finish_reason: str | None = None,
+          role: bool = False, use: dict[str, Any] | None = None, no_choice: bool = False) -> dict[str, Any]:
+    """One server-sent event of a streamed answer (`no_choice`: the last one, with `usage` only)."""
+    choices: list[dict[str, Any]]
+    if no_choice:
+        choices = []
+    elif kind == "chat":
+        delta: dict[str, Any] = {}
+        if role:
+            delta["role"] = "assistant"
+        if text is not None:
+            delta["content"] = text
+        choices = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]
+    else:
+        choices = [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}]
+    out: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
+                           "created": int(time.time()), "model": model, "choices": choices}
+    if use is not None:
+        out["usage"] = use
+    return out
