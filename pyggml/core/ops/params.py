@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any, ClassVar, Self, TypeAlias
 
+import numpy as np
+
 from pyggml.core.errors import ArgumentError
 from pyggml.core.tensor import (
     GGML_MAX_OP_PARAMS,
@@ -63,6 +65,10 @@ def _layout(cls: type[OpParams]) -> tuple[tuple[str, str, int], ...]:
     return tuple(out)
 
 
+_PARSED: dict[tuple[type, bytes], OpParams] = {}  # OpParams.of's results by layout and words
+_PARSED_MAX = 4096
+
+
 @dataclass(frozen=True, kw_only=True)
 class OpParams:
     """Base of the layouts: `of(node)` reads a node's words, `store(node)` writes them (the others zeroed)."""
@@ -71,8 +77,22 @@ class OpParams:
 
     @classmethod
     def of(cls, node: Tensor) -> Self:
-        """The fields from `node.op_params`; ArgumentError naming the node if an enum word is no member."""
+        """The fields from `node.op_params`; ArgumentError naming the node if an enum word is no member.
+        The layouts are immutable: one is made once per (layout, words) and shared (the scheduler and the
+        kernels ask it for every node of every graph)."""
         words = node.op_params
+        key = (cls, words.tobytes())
+        done = _PARSED.get(key)
+        if done is not None:
+            return done  # type: ignore[return-value]
+        parsed = cls._parse(node, words)
+        if len(_PARSED) >= _PARSED_MAX:
+            _PARSED.clear()
+        _PARSED[key] = parsed
+        return parsed
+
+    @classmethod
+    def _parse(cls, node: Tensor, words: np.ndarray) -> Self:
         values: dict[str, Any] = {}
         for name, kind, i in _layout(cls):
             w = int(words[i])
