@@ -128,19 +128,7 @@ class Connection:
 
     def _recv_exact(self, cmd: RpcCmd, n: int) -> bytearray:
         out = bytearray(n)
-        view = memoryview(out)
-        got = 0
-        while got < n:
-            try:
-                k = self.sock.recv_into(view[got:], n - got)
-            except TimeoutError:
-                raise self._fail(cmd, f"no answer within {self.timeout:g} s") from None
-            except OSError as e:
-                raise self._fail(cmd, f"receive failed: {e}") from None
-            if k == 0:
-                raise self._fail(cmd, f"connection closed by the server after {got} of {n} bytes")
-            got += k
-        self.bytes_received += n
+        self._recv_into(cmd, memoryview(out), n)
         return out
 
     def _send(self, cmd: RpcCmd, payload: bytes | bytearray | memoryview) -> None:
