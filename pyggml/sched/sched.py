@@ -581,17 +581,22 @@ class BackendSched:
         allocated or reserved before (the same tensors in the same places, each no larger) takes that one's
         addresses: one pass, no best-fit search. Reserving the worst case therefore makes every smaller batch
         of the same shape cheap."""
-        changed = self.prev_graph_copy_backends != self.graph_copy_backends and any(
-            a != b and self.bufts[a] is not self.bufts[b]
-            for a, b in zip(self.graph_copy_backends, self.prev_graph_copy_backends, strict=False))
-        if any(b is None for b in self.buffers) or changed:
-            self._reserve_split()
         order = self._alloc_order()
-        layout = self.layouts.get((len(order), tuple(self.graph_copy_backends))) if self.layout_reuse else None
+        missing = any(b is None for b in self.buffers)
+        # a recorded layout of this graph's shape and assignment that fits today's buffers needs no reserve,
+        # even where ggml's would reserve again for nodes changed to another buffer type than the last
+        # graph's: the reserve would find the buffers large enough and the same places
+        layout = self.layouts.get((len(order), tuple(self.graph_copy_backends))) \
+            if self.layout_reuse and not missing else None
         self.replayed = layout is not None and self._replay(order, layout)
         if self.replayed:
             self.prev_graph_copy_backends = self.graph_copy_backends
             return
+        changed = self.prev_graph_copy_backends != self.graph_copy_backends and any(
+            a != b and self.bufts[a] is not self.bufts[b]
+            for a, b in zip(self.graph_copy_backends, self.prev_graph_copy_backends, strict=False))
+        if missing or changed:
+            self._reserve_split()
         tallocs = self._tallocs(measure=False)
         try:
             self._alloc(tallocs, order)
