@@ -13,6 +13,7 @@ replies only. Without MODEL it chats with the built-in model, which was not trai
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import random
 import sys
@@ -166,7 +167,7 @@ def _line_reader(inp: TextIO, out: TextIO, interactive: bool) -> Any:
     "> " prompt, with line editing and history where the readline module exists."""
     if interactive and inp is sys.stdin and out is sys.stdout:
         try:
-            import readline  # noqa: F401 - importing it gives input() line editing
+            importlib.import_module("readline")  # loading it gives input() line editing and history
         except ImportError:
             pass
 

@@ -330,7 +330,7 @@ class Model:
         return self._decode_batch(ids, pos, np.zeros(len(ids), dtype=np.int32), last_only, None)
 
     def _decode_batch(self, ids: np.ndarray, pos: np.ndarray, seq_ids: np.ndarray, last_only: bool,
-                      out_rows: np.ndarray | None) -> np.ndarray:
+                      out_rows: np.ndarray | None, written: list[np.ndarray] | None = None) -> np.ndarray:
         """llama_decode of one batch (at most n_batch tokens): each token's K and V go to a free cell, which
         then holds its position and sequence; logits of the last token (last_only), of `out_rows`, or of all."""
         kv = self.kv
@@ -341,6 +341,8 @@ class Model:
             raise UnsupportedOpError(f"a batch of {n_tokens} tokens goes to cells {cells.tolist()[:8]}...: cells that "
                                      f"are not one run need SET_ROWS, which a backend holding the cache lacks")
         kv.apply(cells, pos, seq_ids)
+        if written is not None:
+            written.append(cells)  # (the caller's rollback of the batches before a failed one)
         try:
             batch = Batch(ids, pos, seq_ids, cells, self._n_kv(kv.used_end()), last_only, out_rows)
             logits = self._compute(batch)
@@ -637,11 +639,12 @@ class Model:
         if n == 0:
             raise ArgumentError("decode: no tokens given")
         seqs = np.broadcast_to(np.asarray(seq_ids, dtype=np.int64), (n,)).astype(np.int32)
-        for s in np.unique(seqs):
+        present = np.unique(seqs)
+        for s in present:
             self.kv.seq_pos_max(int(s))  # checks the id
         if positions is None:
             pos = np.empty(n, dtype=np.int32)
-            for s in np.unique(seqs):
+            for s in present:
                 where = np.flatnonzero(seqs == s)
                 start = self.kv.seq_pos_max(int(s)) + 1
                 pos[where] = np.arange(start, start + len(where), dtype=np.int32)
@@ -652,7 +655,7 @@ class Model:
             pos = pos.astype(np.int32)
         if outputs is None:
             wanted = np.zeros(n, dtype=bool)
-            for s in np.unique(seqs):
+            for s in present:
                 wanted[np.flatnonzero(seqs == s)[-1]] = True
         else:
             wanted = np.asarray(outputs, dtype=bool).reshape(-1)
@@ -664,11 +667,9 @@ class Model:
             for i in range(0, n, self.n_batch):
                 part = slice(i, i + self.n_batch)
                 rows = np.flatnonzero(wanted[part]).astype(np.int32)
-                before = self.kv.cell_pos >= 0
                 # a piece without outputs computes its last token's logits (never empty), unused
                 logits = self._decode_batch(ids[part], pos[part], seqs[part], len(rows) == 0,
-                                            None if len(rows) in (0, len(ids[part])) else rows)
-                written.append(np.flatnonzero((self.kv.cell_pos >= 0) & ~before))
+                                            None if len(rows) in (0, len(ids[part])) else rows, written)
                 if len(rows):
                     done.append(logits)
         except BaseException:

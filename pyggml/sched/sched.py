@@ -203,7 +203,6 @@ class BackendSched:
         # the full path. 1: ggml's behaviour (only the allocated graph is kept, until reset). Not with n_copies > 1.
         self.keep_graphs = 1
         self._kept: list[_KeptGraph] = []  # oldest first, at most keep_graphs
-        self.restored = False  # whether the last allocation took up a kept graph
         self.stats = SchedStats(backends=[BackendStats(b.name()) for b in backends])
         self.n_computes = 0  # computes of the allocated graph
         self.freed = False
@@ -361,6 +360,11 @@ class BackendSched:
     @property
     def n_splits(self) -> int:
         return len(self.splits)
+
+    @property
+    def restored(self) -> bool:
+        """Whether the last allocation took up a kept graph (its stats say so)."""
+        return self.stats.restored
 
     @property
     def reused(self) -> bool:
@@ -559,7 +563,6 @@ class BackendSched:
         self.next_copy = (self.next_copy + 1) % self.n_copies
         t0 = time.perf_counter()
         kept = self._kept_graph(graph) if self._kept else None
-        self.restored = kept is not None
         if kept is not None:
             self._take_up(kept)
             self.is_reset = False
@@ -571,7 +574,7 @@ class BackendSched:
         self.is_alloc = True
         self.n_computes = 0  # of this allocation
         self._new_stats(graph, t1 - t0, time.perf_counter() - t1)
-        self.stats.restored = self.restored
+        self.stats.restored = kept is not None
 
     def _alloc_splits(self) -> None:
         """ggml_backend_sched_alloc_splits: allocate the graph copy; reserve first when a node changed to a
