@@ -38,8 +38,11 @@ class _Assigner:
         self.sched = sched
         self.ids = sched.backend_ids
         self.causes = sched.causes
-        self._supports: dict[tuple[int, int], bool] = {}
-        self._bufts: dict[tuple[int, int], bool] = {}  # (backend, id(buft)): supports_buft, asked once
+        # keyed by id * 16 + backend (GGML_SCHED_MAX_BACKENDS = 16): ints, not tuples, so that a graph's
+        # thousand answers allocate nothing the cyclic garbage collector tracks (a collection it would start
+        # in the middle of the passes costs more than the passes)
+        self._supports: dict[int, bool] = {}
+        self._bufts: dict[int, bool] = {}  # supports_buft, asked once
         self._ask = [b.supports_op for b in sched.backends]
         self._buffer_backend: dict[int, int] = {}  # id(buffer): its first backend (for tensors computing nothing)
 
@@ -53,7 +56,7 @@ class _Assigner:
     def supports_op(self, b: int, node: Tensor) -> bool:
         if node.op in _COMPUTES_NOTHING:
             return True
-        key = (b, id(node))
+        key = id(node) * 16 + b
         ok = self._supports.get(key)
         if ok is None:
             ok = self._supports[key] = self._ask[b](node)
@@ -67,7 +70,7 @@ class _Assigner:
         return self.supports_buft(b, buft)
 
     def supports_buft(self, b: int, buft: BufferType) -> bool:
-        key = (b, id(buft))
+        key = id(buft) * 16 + b
         ok = self._bufts.get(key)
         if ok is None:
             ok = self._bufts[key] = bool(self.sched.backends[b].supports_buft(buft))
