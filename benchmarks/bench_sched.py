@@ -9,7 +9,9 @@ installed), in one run, repetitions interleaved, medians:
   and with this checkout, each in a child process of its own (one model per process, as a user runs it),
   alternating between the repetitions; the ratio now / then;
 - the scheduler's own time when the graph is reused (the call's wall time minus its copies and kernels) as a
-  share of a decode step, and per node when a graph is new (assignment, split and allocation of a prompt).
+  share of a decode step, and per node when a graph is new (assignment, split and allocation of a prompt,
+  the median of 9 prompts of different lengths): its wall time, and this thread's CPU time, which a loaded
+  machine's preemptions do not inflate.
 
     python benchmarks/bench_sched.py [--tokens 32] [--repeats 5] [--threads 2] [--baseline-rev d7356ad]
 """
@@ -69,17 +71,24 @@ def decode(model: pm.Model, n: int) -> tuple[float, list[float], list[float]]:
     return n / (time.perf_counter() - t_all), steps, own
 
 
-def new_graph_cost(model: pm.Model, n_tokens: int) -> tuple[float, int]:
-    """Microseconds per node of the scheduler's work on a new graph (a prompt of n_tokens), and the nodes."""
-    per_node = []
+# new graphs measured for the median: a few land on a pool worker waking late from the last compute (it takes
+# the GIL for a moment) or on a garbage collection started by the kernels' allocations
+NEW_GRAPHS = 9
+
+
+def new_graph_cost(model: pm.Model, n_tokens: int) -> tuple[float, float, int]:
+    """Microseconds per node of the scheduler's work on a new graph (a prompt of n_tokens): wall time and this
+    thread's CPU time (medians); and the nodes."""
+    per_node, cpu_per_node = [], []
     n_nodes = 0
-    for k in range(3):  # three lengths: three new graphs (one length would be reused)
+    for k in range(NEW_GRAPHS):  # as many lengths, as many new graphs (one length would be reused)
         model.reset()
         model.eval_last(list(range(10, 10 + n_tokens + k)))
         st = model.runner.sched.stats
         n_nodes = st.n_nodes
-        per_node.append((st.split_time + st.alloc_time) / st.n_nodes * 1e6)
-    return statistics.median(per_node), n_nodes
+        per_node.append(st.sched_time / st.n_nodes * 1e6)
+        cpu_per_node.append(st.sched_cpu_time / st.n_nodes * 1e6)
+    return statistics.median(per_node), statistics.median(cpu_per_node), n_nodes
 
 
 def baseline_tps(worktree: Path, path: Path, n: int, threads: int) -> float:
@@ -110,8 +119,8 @@ def bench(name: str, path: Path, args: argparse.Namespace, worktree: Path | None
                 tps["now"].append(baseline_tps(REPO, path, n_tokens, args.threads))
         n_splits = two.runner.sched.n_splits
         assert n_splits >= 2, f"{name}: split over two backends made {n_splits} split(s)"
-        us_one, nodes_one = new_graph_cost(one, 32)
-        us_two, nodes_two = new_graph_cost(two, 32)
+        us_one, cpu_one, nodes_one = new_graph_cost(one, 32)
+        us_two, cpu_two, nodes_two = new_graph_cost(two, 32)
     finally:
         one.free()
         two.free()
@@ -126,6 +135,7 @@ def bench(name: str, path: Path, args: argparse.Namespace, worktree: Path | None
     print(f"  scheduler's own time, reused graph: {statistics.median(own_share) * 100:.2f}% of a decode step")
     print(f"  scheduler's own time, new graph (32-token prompt): {us_one:.2f} us/node ({nodes_one} nodes, one "
           f"backend), {us_two:.2f} us/node ({nodes_two} nodes, two)")
+    print(f"    of which this thread's CPU time: {cpu_one:.2f} us/node (one backend), {cpu_two:.2f} us/node (two)")
 
 
 def main() -> None:

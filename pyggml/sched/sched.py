@@ -561,6 +561,7 @@ class BackendSched:
             raise GraphError("alloc_graph: a graph is allocated already; reset() first (or compute it again)")
         self.cur_copy = self.next_copy
         self.next_copy = (self.next_copy + 1) % self.n_copies
+        c0 = time.thread_time()
         t0 = time.perf_counter()
         kept = self._kept_graph(graph) if self._kept else None
         if kept is not None:
@@ -574,6 +575,7 @@ class BackendSched:
         self.is_alloc = True
         self.n_computes = 0  # of this allocation
         self._new_stats(graph, t1 - t0, time.perf_counter() - t1)
+        self.stats.sched_cpu_time = time.thread_time() - c0
         self.stats.restored = kept is not None
 
     def _alloc_splits(self) -> None:

@@ -31,6 +31,9 @@ class SchedStats:
     n_splits: int = 0
     split_time: float = 0.0  # seconds in the assignment passes and the split
     alloc_time: float = 0.0  # seconds in the graph allocator
+    # this thread's CPU seconds in split and alloc: the wall times above also count what preempts the thread
+    # (other processes on a loaded machine, a pool worker waking late and taking the GIL)
+    sched_cpu_time: float = 0.0
     reused: bool = False  # the graph was allocated before: no split, no allocation
     restored: bool = False  # the graph was kept aside since its last allocation (BackendSched.keep_graphs)
     total_time: float = 0.0  # seconds of the whole graph_compute call (its own time: minus copies and kernels)

@@ -104,6 +104,7 @@ def test_other_pins_or_grown_buffers_take_the_full_path() -> None:
         sched.alloc_graph(ga)
         assert not sched.restored and sched.get_tensor_backend(ga.nodes[1]) is backends[1]
         assert sched.stats.split_time > 0
+        assert sched.stats.sched_cpu_time > 0  # this thread's CPU time in the split and alloc just done
         tensor_set_numpy(x, xv)
         sched.graph_compute(ga)
         assert np.allclose(tensor_get_numpy(a), (xv * xv + xv) * 0.5)
