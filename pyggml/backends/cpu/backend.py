@@ -4,9 +4,9 @@
 [1, GGML_MAX_N_THREADS] (ArgumentTypeError for 2.5 or True, ArgumentError out
 of range), checked by `cpu_init`, `cpu_set_n_threads`, `graph_compute_with_ctx`
 and assignments to `n_threads`. It is honoured twice: BLAS (numpy's
-OpenBLAS/MKL) is limited to it through threadpoolctl, once whenever the count
-a compute needs differs from the one last set (not per kernel: the switch
-costs milliseconds); JIT kernels read `params.n_threads`.
+OpenBLAS/MKL) is limited to it through threadpoolctl before each compute
+whose count differs from the library's (not per kernel); JIT kernels read
+`params.n_threads`.
 
 The backend's device is the CPU device (`pyggml.backends.cpu.device`); its
 buffers are of the "CPU" buffer type, `cpu_buffer_from_ptr` buffers of
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Any
 
 from pyggml.backend.backend import Backend
 from pyggml.backend.buffer_type import BufferType
@@ -49,23 +50,34 @@ def check_n_threads(n_threads: object, what: str) -> int:
     """`n_threads` as an int in [1, GGML_MAX_N_THREADS]: C would truncate 2.5 and spin up 0 or -3 threads."""
     return check_int(n_threads, f"{what}: n_threads", minimum=1, maximum=GGML_MAX_N_THREADS)
 
-# the BLAS thread count last set through threadpoolctl (None: never set, the library's default)
-_blas_threads: int | None = None
+# threadpoolctl's controllers of the BLAS libraries loaded when the CPU backend first computed (numpy's among
+# them); None until then, [] without threadpoolctl
+_blas_libs: list[Any] | None = None
+
+
+def _blas_controllers() -> list[Any]:
+    global _blas_libs
+    if _blas_libs is None:
+        try:
+            from threadpoolctl import ThreadpoolController
+        except ImportError:  # optional at run time: BLAS keeps its own default
+            log.debug("threadpoolctl is not installed; BLAS thread count left as is")
+            _blas_libs = []
+        else:
+            _blas_libs = list(ThreadpoolController().select(user_api="blas").lib_controllers)
+    return _blas_libs
 
 
 def set_blas_threads(n_threads: int) -> None:
-    """Limit BLAS to `n_threads`, calling threadpoolctl only when the count changes."""
-    global _blas_threads
-    if _blas_threads == n_threads:
-        return
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # optional at run time: BLAS keeps its own default
-        log.debug("threadpoolctl is not installed; BLAS thread count left as is")
-        _blas_threads = n_threads
-        return
-    threadpool_limits(limits=n_threads, user_api="blas")
-    _blas_threads = n_threads
+    """Limit BLAS to `n_threads` where it runs with another count.
+
+    Each library's count is read (a C call, ~1 us) rather than remembered: another model's backend, another
+    thread or another package may have changed it since, and OpenBLAS's results depend on it (its threads
+    split the sums differently), so a remembered count let a 1-thread model's products change with what
+    ran before it in the process. Setting it costs ~40 us, so only a change sets it."""
+    for lib in _blas_controllers():
+        if lib.num_threads != n_threads:
+            lib.set_num_threads(n_threads)
 
 
 class CPUBackend(Backend):

@@ -255,12 +255,24 @@ def test_n_threads_default_and_validation() -> None:
         cpu_buffer_from_ptr(Other(), np.zeros(4), 8)
 
 
-def test_blas_threads_are_set_once_per_change(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[int] = []
-    import threadpoolctl
+def test_blas_threads_are_set_where_they_differ(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each compute makes every BLAS library run with the backend's count, setting it only where it differs:
+    a count changed behind pyggml's back (another model, another package) is set again."""
 
-    monkeypatch.setattr(threadpoolctl, "threadpool_limits", lambda limits, user_api: calls.append(limits))
-    monkeypatch.setattr(cpu_backend_module, "_blas_threads", None)
+    class FakeBlas:
+        def __init__(self, n: int) -> None:
+            self.n, self.sets = n, []
+
+        @property
+        def num_threads(self) -> int:
+            return self.n
+
+        def set_num_threads(self, n: int) -> None:
+            self.sets.append(n)
+            self.n = n
+
+    libs = [FakeBlas(4), FakeBlas(1)]
+    monkeypatch.setattr(cpu_backend_module, "_blas_libs", libs)
     backend = cpu_init()
     g, x, y, out = chain_graph(backend)
     cpu_set_n_threads(backend, 1)
@@ -268,11 +280,26 @@ def test_blas_threads_are_set_once_per_change(monkeypatch: pytest.MonkeyPatch) -
     for _ in range(3):
         backend.graph_plan_compute(plan)
     backend.graph_compute(g)
-    assert calls == [1]
+    assert [lib.sets for lib in libs] == [[1], []]
     cpu_set_n_threads(backend, 2)
     backend.graph_compute(g)
     backend.graph_compute(g)
-    assert calls == [1, 2]
+    assert [lib.sets for lib in libs] == [[1, 2], [2]]
+    libs[0].n = 3  # changed by someone else
+    backend.graph_compute(g)
+    assert [lib.sets for lib in libs] == [[1, 2, 2], [2]]
+
+
+def test_blas_threads_reach_numpys_blas() -> None:
+    """The real libraries: after a compute with n threads, numpy's BLAS reports n threads."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    backend = cpu_init()
+    g, x, y, out = chain_graph(backend)
+    for n in (1, 2, 1):
+        threadpoolctl.threadpool_limits(limits=3, user_api="blas")  # someone else's setting
+        cpu_set_n_threads(backend, n)
+        backend.graph_compute(g)
+        assert {i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"} == {n}
 
 
 def test_graph_compute_keeps_a_reusable_work_area() -> None:
