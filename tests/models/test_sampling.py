@@ -130,3 +130,46 @@ def test_defaults_are_llama_cpps() -> None:
     assert set(ids.tolist()) <= set(np.argsort(-logits)[:40].tolist())
     tok = Sampler(seed=1).sample(logits, list(range(10)))
     assert 0 <= tok < 1000
+
+
+def _reference_candidates(s: Sampler, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The candidates as llama.cpp's samplers define them: the whole vocabulary sorted (stable: ties by id),
+    top-k, top-p over the softmax of the top-k, min-p, temperature."""
+    n = len(logits)
+    k = n if s.top_k <= 0 else s.top_k
+    k = min(max(k, s.min_keep), n)
+    ids = np.argsort(-logits, kind="stable")[:k]
+    cur = logits[ids].astype(np.float64)
+    if s.top_p < 1.0:
+        p = np.exp(cur - cur.max())
+        cum = np.cumsum(p / p.sum())
+        reach = np.nonzero((cum >= s.top_p) & (np.arange(1, len(cum) + 1) >= s.min_keep))[0]
+        last = int(reach[0]) + 1 if reach.size else len(cum)
+        ids, cur = ids[:last], cur[:last]
+    if s.min_p > 0.0:
+        p = np.exp(cur - cur.max())
+        keep = (p / p.sum() >= s.min_p * p[0] / p.sum()) | (np.arange(len(p)) < s.min_keep)
+        keep[0] = True
+        drop = np.nonzero(~keep)[0]
+        last = int(drop[0]) if drop.size else len(cur)
+        ids, cur = ids[:last], cur[:last]
+    e = np.exp(cur / s.temperature - (cur / s.temperature).max())
+    return ids, e / e.sum()
+
+
+@pytest.mark.parametrize("scale", [0.3, 3.0, 30.0])  # flat to peaked: heads of every length
+def test_candidates_equal_the_whole_vocabulary_sorted(scale: float) -> None:
+    """Sorting only a head (top-k, or top-p / min-p without top-k) keeps exactly the tokens, order and
+    probabilities of sorting the whole vocabulary; ties are ordered by id."""
+    rng = np.random.default_rng(1)
+    logits = (rng.normal(size=5000) * scale).astype(np.float32)
+    logits[rng.integers(0, 5000, 400)] = logits[7]  # many ties, some at the boundaries
+    for top_k in (0, 1, 40, 4999):
+        for top_p in (1.0, 0.95, 0.5, 0.01):
+            for min_p in (0.0, 0.05, 0.5):
+                for min_keep in (1, 300):
+                    s = Sampler(temperature=0.7, top_k=top_k, top_p=top_p, min_p=min_p, min_keep=min_keep)
+                    ids, probs = s.candidates(logits)
+                    want_ids, want_probs = _reference_candidates(s, logits)
+                    assert np.array_equal(ids, want_ids), (top_k, top_p, min_p, min_keep)
+                    assert np.allclose(probs, want_probs, rtol=1e-12, atol=0)
