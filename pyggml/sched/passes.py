@@ -151,14 +151,13 @@ class _Assigner:
 
 
 def _expand(a: _Assigner, nodes: list[Tensor], skip_last: bool) -> None:
-    """Pass 2's four sweeps over `nodes` (in the order given): unassigned nodes take the last assignment
-    seen when that backend computes them; with `skip_last` the last backend's assignments do not spread."""
+    """One of pass 2's four sweeps over `nodes` (the graph's nodes that are not views, in the order given):
+    unassigned nodes take the last assignment seen when that backend computes them; with `skip_last` the last
+    backend's assignments do not spread."""
     last = a.sched.n_backends - 1
     cur = -1
     get = a.ids.get
     for node in nodes:
-        if node.op in VIEW_OPS:
-            continue
         b = get(id(node), -1)
         if b != -1:
             cur = -1 if skip_last and b == last else b
@@ -197,17 +196,17 @@ def assign_backends(sched: BackendSched, graph: Graph) -> _Assigner:
 
     # pass 2: expand current backend assignments to adjacent nodes: the backends of higher priority down and up
     # (the last backend, the fallback, never spreads there), then every backend down and up
-    _expand(a, nodes, skip_last=True)
-    _expand(a, nodes[::-1], skip_last=True)
-    _expand(a, nodes, skip_last=False)
-    _expand(a, nodes[::-1], skip_last=False)
+    computed = [node for node in nodes if node.op not in VIEW_OPS]  # (views are skipped by passes 2 and 3)
+    backwards = computed[::-1]
+    _expand(a, computed, skip_last=True)
+    _expand(a, backwards, skip_last=True)
+    _expand(a, computed, skip_last=False)
+    _expand(a, backwards, skip_last=False)
 
     # pass 3: upgrade nodes to higher prio backends with the same buffer type; unassigned nodes (no neighbour's
     # backend computes them) go to the backend that can read the most of their inputs
     bufts = sched.bufts
-    for node in nodes:
-        if node.op in VIEW_OPS:
-            continue
+    for node in computed:
         b = get(id(node), -1)
         if b == -1:
             best = -1
