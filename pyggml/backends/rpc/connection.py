@@ -88,6 +88,7 @@ class Connection:
         self.broken: str | None = None  # why the connection is unusable, once it is
         self.pending = False  # a command without an answer was sent since the last answer
         self.last_graph: dict[int, bytes] = {}  # device -> the graph the server holds for GRAPH_RECOMPUTE
+        self.n_buffers_freed = 0  # FREE_BUFFERs sent (graph plans serialized before one are made again)
         self.bytes_sent = 0
         self.bytes_received = 0
         self.version: tuple[int, int, int] = (0, 0, 0)

@@ -1,0 +1,204 @@
+"""GRAPH_RECOMPUTE only for a graph the server holds as it is, with both servers on 127.0.0.1.
+
+A plan (what the scheduler computes) is serialized once and sent again as GRAPH_RECOMPUTE, without being
+serialized again, while its tensors stay where they were; a graph that changed (a shape, an op_params word, a
+tensor's address, a freed buffer) is sent again in full, and every result equals the CPU's."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pyggml import Context
+from pyggml.backend import tensor_get_numpy, tensor_set_numpy
+from pyggml.backend.backend import Backend
+from pyggml.backend.buffer import Buffer
+from pyggml.backends.cpu import cpu_init
+from pyggml.backends.rpc import client
+from pyggml.backends.rpc.client import RPCBackend, RPCPlan, rpc_init
+from pyggml.core.graph import Graph
+from pyggml.core.tensor import Tensor
+from pyggml.core.types import GGMLType
+from pyggml.sched import BackendSched
+from pyggml.testing import alloc_ctx_tensors
+
+F32 = GGMLType.F32
+N = 16
+
+
+@pytest.fixture
+def serializations(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+    """How many times the client serialized a graph (the count in a one-element list)."""
+    count = [0]
+    real: Callable[..., Any] = client._serialize_graph
+
+    def counting(*args: Any) -> Any:
+        count[0] += 1
+        return real(*args)
+
+    monkeypatch.setattr(client, "_serialize_graph", counting)
+    yield count
+
+
+class Twin:
+    """out = scale(view(a)[:n] * b[:n], s) over `backend`'s memory, with a spare tensor to move `out` into."""
+
+    def __init__(self, backend: Backend, av: np.ndarray, bv: np.ndarray) -> None:
+        self.ctx = Context(mem_size=1 << 20, no_alloc=True)
+        ctx = self.ctx
+        self.a = ctx.new_tensor_1d(F32, N).set_name("a")
+        self.b = ctx.new_tensor_1d(F32, N).set_name("b")
+        self.spare = ctx.new_tensor_1d(F32, N).set_name("spare")
+        self.x = ctx.view_1d(self.a, N, 0).set_name("x")
+        self.m = ctx.mul(self.x, self.b).set_name("m")
+        self.out = ctx.scale(self.m, 2.0).set_name("out")
+        self.buf = alloc_ctx_tensors(ctx, backend)
+        self.graph = ctx.new_graph()
+        self.graph.build_forward_expand(self.out)
+        tensor_set_numpy(self.a, av)
+        tensor_set_numpy(self.b, bv)
+
+    def shrink(self, n: int) -> None:
+        """The view and everything after it n elements long (the same memory)."""
+        for t in (self.x, self.m, self.out):
+            t.ne[0] = n
+            t.nb[1] = t.nb[2] = t.nb[3] = 4 * n
+        self.b.ne[0] = n  # (mul's operands have one shape)
+        self.b.nb[1] = self.b.nb[2] = self.b.nb[3] = 4 * n
+
+    def move_out(self, buffer: Buffer | None = None) -> None:
+        """`out` written at the spare tensor's address, or at the start of another buffer."""
+        if buffer is None:
+            self.out.data = self.spare.data
+        else:
+            self.out.buffer, self.out.data = buffer, buffer.get_base()
+
+    def result(self) -> np.ndarray:
+        return tensor_get_numpy(self.out).copy()
+
+
+def _pair(endpoint: str) -> tuple[RPCBackend, Twin, Twin]:
+    rng = np.random.default_rng(5)
+    av, bv = rng.standard_normal(N).astype(np.float32), rng.standard_normal(N).astype(np.float32)
+    backend = rpc_init(endpoint)
+    return backend, Twin(backend, av, bv), Twin(cpu_init(1), av, bv)
+
+
+def _same(rpc: Twin, cpu: Twin) -> None:
+    got, want = rpc.result(), cpu.result()
+    assert np.abs(want).max() > 0.1
+    np.testing.assert_array_equal(got, want)
+
+
+def test_a_changed_graph_is_sent_again_not_recomputed(endpoint: str) -> None:
+    """graph_compute without a plan compares the bytes: each change below is a GRAPH_COMPUTE."""
+    backend, r, c = _pair(endpoint)
+    cpu = cpu_init(1)
+    spare_buf = backend.alloc_buffer(4 * N)
+    cpu_spare = cpu.alloc_buffer(4 * N)
+
+    def step(change: Callable[[Twin], None] | None, recomputed: bool) -> None:
+        if change is not None:
+            change(r)
+            change(c)
+        computes, recomputes = backend.n_computes, backend.n_recomputes
+        backend.graph_compute(r.graph)
+        cpu.graph_compute(c.graph)
+        assert (backend.n_computes - computes, backend.n_recomputes - recomputes) == \
+            ((0, 1) if recomputed else (1, 0))
+        _same(r, c)
+
+    step(None, recomputed=False)
+    step(None, recomputed=True)
+    step(lambda t: t.out.set_op_params_f32(0, 5.0), recomputed=False)  # scale's factor
+    step(None, recomputed=True)
+    step(lambda t: t.shrink(N // 2), recomputed=False)
+    step(lambda t: t.move_out(), recomputed=False)  # within its buffer
+    step(lambda t: t.move_out(spare_buf if t is r else cpu_spare), recomputed=False)  # into another buffer
+    step(None, recomputed=True)
+    for b in (r.buf, c.buf, spare_buf, cpu_spare):
+        b.free()
+
+
+def test_a_plan_is_serialized_once_and_again_only_when_it_moved(endpoint: str, serializations: list[int]) -> None:
+    backend, r, c = _pair(endpoint)
+    other = Twin(backend, np.ones(N, np.float32), np.ones(N, np.float32))  # (made first: it frees a probe buffer)
+    plan = backend.graph_plan_create(r.graph)
+    assert isinstance(plan, RPCPlan) and serializations[0] == 1
+    cpu = cpu_init(1)
+    cpu.graph_compute(c.graph)
+
+    def compute(recomputed: bool, serialized: int) -> None:
+        computes, recomputes, before = backend.n_computes, backend.n_recomputes, serializations[0]
+        backend.graph_plan_compute(plan)
+        backend.synchronize()
+        assert (backend.n_computes - computes, backend.n_recomputes - recomputes) == \
+            ((0, 1) if recomputed else (1, 0))
+        assert serializations[0] - before == serialized
+        _same(r, c)
+
+    compute(recomputed=False, serialized=0)  # the bytes made by graph_plan_create
+    for _ in range(3):
+        compute(recomputed=True, serialized=0)
+    # another graph computed on the device in between: the plan's bytes go again in full
+    backend.graph_compute(other.graph)
+    compute(recomputed=False, serialized=0)
+    # a tensor that moved: serialized again, sent in full
+    r.move_out()
+    c.move_out()
+    cpu.graph_compute(c.graph)
+    compute(recomputed=False, serialized=1)
+    compute(recomputed=True, serialized=0)
+    # a freed buffer (whose id a plan may name, and whose address a new buffer may take): serialized again
+    other.buf.free()
+    compute(recomputed=False, serialized=1)
+    compute(recomputed=True, serialized=0)
+    backend.graph_plan_free(plan)
+    for b in (r.buf, c.buf):
+        b.free()
+
+
+def _sched_graph(ctx: Context, n: int) -> tuple[Tensor, Tensor, Tensor, Graph]:
+    """x (an input) -> mul(x, x) -> scale 0.5 -> add x; the mul pinned to the RPC backend and the add to the CPU by
+    the caller."""
+    x = ctx.new_tensor_2d(F32, 8, n).set_name("x")
+    x.set_input()
+    m = ctx.mul(x, x).set_name("m")
+    out = ctx.add(ctx.scale(m, 0.5), x).set_name("out")
+    out.set_output()
+    g = Graph(64)
+    g.build_forward_expand(out)
+    return x, m, out, g
+
+
+def test_the_scheduler_reusing_a_graph_recomputes_and_a_new_shape_is_sent(endpoint: str,
+                                                                          serializations: list[int]) -> None:
+    """Over [rpc, cpu]: a graph computed again (llama.cpp's graph reuse) is GRAPH_RECOMPUTE without serializing;
+    a graph of another shape is sent in full; the results are the CPU's."""
+    backend = rpc_init(endpoint)
+    cpu = cpu_init(1)
+    sched = BackendSched([backend, cpu], graph_size=64)
+    rng = np.random.default_rng(1)
+    ctx = Context(mem_size=1 << 20, no_alloc=True)
+    try:
+        for n in (4, 4, 2):  # the second graph has the first one's shape, the third another
+            x, m, out, g = _sched_graph(ctx, n)
+            sched.reset()
+            sched.set_tensor_backend(m, backend)
+            sched.set_tensor_backend(out, cpu)
+            sched.alloc_graph(g)
+            assert sched.n_splits >= 2
+            computes, before = backend.n_computes, serializations[0]
+            for _ in range(3):
+                xv = rng.standard_normal((n, 8)).astype(np.float32)
+                tensor_set_numpy(x, xv)
+                sched.graph_compute(g)
+                np.testing.assert_allclose(tensor_get_numpy(out), xv * xv * 0.5 + xv, rtol=1e-6)
+            # one plan per allocation: serialized once, sent once (a new graph's ids differ), then recomputed
+            assert serializations[0] - before == 1
+            assert backend.n_computes - computes == 1
+    finally:
+        sched.free()
