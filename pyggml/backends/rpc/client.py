@@ -212,18 +212,18 @@ class RPCBuffer(Buffer):
             # serialized before name a buffer id that is no more
             conn.last_graph.clear()
             conn.n_buffers_freed += 1
-            conn.send(RpcCmd.FREE_BUFFER, wire.FREE_BUFFER_REQ.pack(self.remote_ptr))
+            conn.send(RpcCmd.FREE_BUFFER, wire.FREE_BUFFER_REQ.pack(self.remote_ptr), defer=True)
 
     def _init_tensor(self, tensor: Tensor) -> None:
         if _needs_server_init(tensor):
-            self.conn.send(RpcCmd.INIT_TENSOR, serialize_tensor(tensor, self.conn))
+            self.conn.send(RpcCmd.INIT_TENSOR, serialize_tensor(tensor, self.conn), defer=True)
 
     def _clear(self, value: int) -> None:
-        self.conn.send(RpcCmd.BUFFER_CLEAR, wire.BUFFER_CLEAR_REQ.pack(self.remote_ptr, value))
+        self.conn.send(RpcCmd.BUFFER_CLEAR, wire.BUFFER_CLEAR_REQ.pack(self.remote_ptr, value), defer=True)
 
     def _memset_tensor(self, tensor: Tensor, value: int, offset: int, size: int) -> None:
         self.conn.send(RpcCmd.MEMSET_TENSOR, serialize_tensor(tensor, self.conn)
-                       + wire.MEMSET_TENSOR_REQ_TAIL.pack(offset, size, value))
+                       + wire.MEMSET_TENSOR_REQ_TAIL.pack(offset, size, value), defer=True)
 
     def _set_tensor(self, tensor: Tensor, data: memoryview, offset: int, size: int) -> None:
         rt = serialize_tensor(tensor, self.conn)
@@ -236,7 +236,10 @@ class RPCBuffer(Buffer):
             if rsp[0]:
                 return  # the server had the bytes in its cache
             cache_flag = 1  # ask it to keep them
-        self.conn.send(RpcCmd.SET_TENSOR, wire.pack_set_tensor(rt, cache_flag, offset, payload))
+        # as two parts: a large payload (weights) goes from the caller's memory without a joined copy; a small one
+        # (an input copy of a decode step) waits for the step's graph and crosses with it
+        self.conn.send(RpcCmd.SET_TENSOR, rt + wire.SET_TENSOR_HEAD_TAIL.pack(cache_flag, offset), payload,
+                       defer=True)
 
     def _get_tensor(self, tensor: Tensor, data: memoryview, offset: int, size: int) -> None:
         req = serialize_tensor(tensor, self.conn) + wire.GET_TENSOR_REQ_TAIL.pack(offset, size)

@@ -30,7 +30,6 @@ import itertools
 import logging
 import os
 import socket
-import struct
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
@@ -181,14 +180,14 @@ class RpcServer:
         why = "disconnected"
         try:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._hello(conn, session)
+            reader = _Reader(conn)
+            self._hello(conn, reader)  # (blocking, as accept() gave it)
+            conn.settimeout(MESSAGE_TIMEOUT)
             while True:
-                conn.settimeout(None)  # a client may think as long as it likes between commands
-                first = conn.recv(1)
-                if not first:
+                cmd = reader.next_command()
+                if cmd is None:
                     break
-                conn.settimeout(MESSAGE_TIMEOUT)
-                self._one_message(conn, session, first[0])
+                self._one_message(conn, reader, session, cmd)
         except Malformed as e:
             why = f"closed: {e}"
             log.warning("rpc-server: client %s: %s; closing the connection", peer, e)
@@ -219,26 +218,19 @@ class RpcServer:
         return n
 
     @staticmethod
-    def _recv(conn: socket.socket, n: int, what: str) -> bytearray:
-        out = bytearray(n)
-        view = memoryview(out)
-        got = 0
-        while got < n:
-            try:
-                k = conn.recv_into(view[got:], n - got)
-            except TimeoutError:
-                raise Malformed(f"{what}: {got} of {n} bytes came within {MESSAGE_TIMEOUT:g} s") from None
-            if k == 0:
-                raise EOFError(f"{what}: the client left after {got} of {n} bytes")
-            got += k
-        return out
+    def _send(conn: socket.socket, payload: bytes | bytearray | memoryview) -> None:
+        """| size | payload |, gathered in one system call without joining them (an answer of a GET_TENSOR may
+        be large)."""
+        head = wire.SIZE_HEADER.pack(len(payload))
+        sent = conn.sendmsg([head, payload]) if len(payload) else conn.send(head)
+        if sent < len(head):
+            conn.sendall(head[sent:])
+            sent = len(head)
+        if sent < len(head) + len(payload):
+            conn.sendall(memoryview(payload)[sent - len(head):])
 
-    @staticmethod
-    def _send(conn: socket.socket, payload: bytes | bytearray) -> None:
-        conn.sendall(struct.pack("<Q", len(payload)) + bytes(payload))
-
-    def _hello(self, conn: socket.socket, session: Session) -> None:
-        head = self._recv(conn, 9, "HELLO")
+    def _hello(self, conn: socket.socket, reader: _Reader) -> None:
+        head = reader.read(9, "HELLO")
         cmd, size = wire.CMD_HEADER.unpack(head)
         if cmd != RpcCmd.HELLO:
             raise Malformed(f"the first command is {cmd}, not HELLO ({int(RpcCmd.HELLO)}): a client of an older "
@@ -246,14 +238,14 @@ class RpcServer:
         if size != wire.HELLO_REQ.size:
             raise Malformed(f"HELLO of {size} bytes, expected {wire.HELLO_REQ.size} (protocol "
                             f"{wire.RPC_PROTO_MAJOR_VERSION}.x)")
-        self._recv(conn, size, "HELLO")  # the client's conn_caps: pyggml has no RDMA, so none are answered
+        reader.read(size, "HELLO")  # the client's conn_caps: pyggml has no RDMA, so none are answered
         self._send(conn, wire.pack_hello_rsp())
 
-    def _one_message(self, conn: socket.socket, session: Session, cmd_byte: int) -> None:
+    def _one_message(self, conn: socket.socket, reader: _Reader, session: Session, cmd_byte: int) -> None:
         if cmd_byte >= wire.RPC_CMD_COUNT or cmd_byte == RpcCmd.NONE:
             raise Malformed(f"unknown command {cmd_byte}")
         cmd = RpcCmd(cmd_byte)
-        (size,) = struct.unpack("<Q", self._recv(conn, 8, cmd.name))
+        (size,) = wire.SIZE_HEADER.unpack(reader.read(8, cmd.name))
         if cmd == RpcCmd.HELLO:
             raise Malformed("HELLO after the handshake")
         expected = wire.REQUEST_SIZE[cmd]
@@ -266,7 +258,7 @@ class RpcServer:
                                 f"header and the header plus the client's largest buffer ({largest} bytes)")
         elif cmd == RpcCmd.GRAPH_COMPUTE and size > MAX_GRAPH_BYTES:
             raise Malformed(f"GRAPH_COMPUTE of {size} bytes exceeds MAX_GRAPH_BYTES ({MAX_GRAPH_BYTES})")
-        payload = self._recv(conn, size, cmd.name)
+        payload = reader.read(size, cmd.name)
         with self.lock:
             try:
                 response = self._handle(session, cmd, payload)
@@ -595,6 +587,72 @@ class RpcServer:
         for sg in s.graphs.values():
             self._free_plan(sg)
         s.graphs.clear()
+
+
+class _Reader:
+    """A client's bytes through one buffer: a receive takes whatever has arrived, so the commands a client sends
+    together (a decode step's input copies, then its graph) cost one system call, not three each (command
+    byte, size, payload). Waiting for a command has no time limit (a client may think as long as it likes);
+    the rest of a message must come within MESSAGE_TIMEOUT, the socket's timeout otherwise."""
+
+    CHUNK = 64 * 1024  # what one receive asks for; a larger rest of a payload is received in place
+
+    def __init__(self, conn: socket.socket) -> None:
+        self.conn = conn
+        self.buf = bytearray()
+        self.pos = 0
+
+    def next_command(self) -> int | None:
+        """The next command byte, or None when the client left."""
+        if self.pos == len(self.buf):
+            self.conn.settimeout(None)
+            try:
+                got = self._receive()
+            finally:
+                self.conn.settimeout(MESSAGE_TIMEOUT)
+            if not got:
+                return None
+        cmd = self.buf[self.pos]
+        self.pos += 1
+        return cmd
+
+    def _receive(self) -> int:
+        """One receive appended to the buffer (emptied first when all of it was read); the bytes got."""
+        if self.pos == len(self.buf):
+            self.buf.clear()
+            self.pos = 0
+        chunk = self.conn.recv(self.CHUNK)
+        self.buf += chunk
+        return len(chunk)
+
+    def read(self, n: int, what: str) -> bytearray:
+        """Exactly n bytes of the message `what`: Malformed when they do not come in time, EOFError when the
+        client leaves first."""
+        buf, pos = self.buf, self.pos
+        if len(buf) - pos >= n:
+            self.pos = pos + n
+            return buf[pos:pos + n]
+        out = bytearray(n)
+        view = memoryview(out)
+        got = len(buf) - pos
+        view[:got] = memoryview(buf)[pos:]
+        buf.clear()
+        self.pos = 0
+        try:
+            while got < n:
+                if n - got >= self.CHUNK:
+                    k = self.conn.recv_into(view[got:], n - got)
+                else:  # a small rest: received with whatever follows it
+                    k = self._receive()
+                    k = min(k, n - got)
+                    view[got:got + k] = memoryview(self.buf)[:k]
+                    self.pos = k
+                if k == 0:
+                    raise EOFError(f"{what}: the client left after {got} of {n} bytes")
+                got += k
+        except TimeoutError:
+            raise Malformed(f"{what}: {got} of {n} bytes came within {MESSAGE_TIMEOUT:g} s") from None
+        return out
 
 
 def _failing_node(e: Exception, graph: Graph) -> str:

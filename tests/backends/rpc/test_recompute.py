@@ -1,11 +1,16 @@
-"""GRAPH_RECOMPUTE only for a graph the server holds as it is, with both servers on 127.0.0.1.
+"""The per-token traffic, with real sockets on 127.0.0.1 (both servers where a server computes).
 
-A plan (what the scheduler computes) is serialized once and sent again as GRAPH_RECOMPUTE, without being
-serialized again, while its tensors stay where they were; a graph that changed (a shape, an op_params word, a
-tensor's address, a freed buffer) is sent again in full, and every result equals the CPU's."""
+GRAPH_RECOMPUTE only for a graph the server holds as it is: a plan (what the scheduler computes) is serialized
+once and sent again as GRAPH_RECOMPUTE, without being serialized again, while its tensors stay where they were;
+a graph that changed (a shape, an op_params word, a tensor's address, a freed buffer) is sent again in full, and
+every result equals the CPU's. Small commands without an answer (a step's input copies) wait for the next
+command sent at once and cross with it, their bytes kept; pyggml's server reads them through one buffer."""
 
 from __future__ import annotations
 
+import socket
+import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -17,8 +22,10 @@ from pyggml.backend import tensor_get_numpy, tensor_set_numpy
 from pyggml.backend.backend import Backend
 from pyggml.backend.buffer import Buffer
 from pyggml.backends.cpu import cpu_init
-from pyggml.backends.rpc import client
+from pyggml.backends.rpc import client, wire
 from pyggml.backends.rpc.client import RPCBackend, RPCPlan, rpc_init
+from pyggml.backends.rpc.connection import DEFER_MAX, Connection
+from pyggml.backends.rpc.wire import RpcCmd
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import Tensor
 from pyggml.core.types import GGMLType
@@ -202,3 +209,93 @@ def test_the_scheduler_reusing_a_graph_recomputes_and_a_new_shape_is_sent(endpoi
             assert backend.n_computes - computes == 1
     finally:
         sched.free()
+
+
+# --- the small commands of a step cross together ---
+
+
+class Recorder:
+    """A fake server on 127.0.0.1: answers HELLO, then records every byte that comes (with when it came)."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.endpoint = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.got = bytearray()
+        self.lock = threading.Lock()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        conn, _ = self.listener.accept()
+        with conn:
+            need = wire.CMD_HEADER.size + wire.HELLO_REQ.size
+            hello = b""
+            while len(hello) < need:
+                hello += conn.recv(need - len(hello))
+            conn.sendall(wire.frame_response(wire.pack_hello_rsp()))
+            while chunk := conn.recv(1 << 20):
+                with self.lock:
+                    self.got += chunk
+
+    def received(self, wait: float = 0.3) -> bytes:
+        time.sleep(wait)
+        with self.lock:
+            return bytes(self.got)
+
+
+def test_deferred_commands_wait_for_the_next_one_sent_and_keep_their_bytes() -> None:
+    rec = Recorder()
+    conn = Connection(rec.endpoint)
+    try:
+        data = bytearray(b"input-1")
+        conn.send(RpcCmd.SET_TENSOR, b"head", data, defer=True)
+        data[:] = b"changed"  # the caller reuses its buffer at once: the queued command kept its bytes
+        conn.send(RpcCmd.MEMSET_TENSOR, b"m" * 10, defer=True)
+        assert rec.received() == b""  # nothing sent yet
+        assert conn.bytes_sent == 9 + 24 + 2 * 9 + 11 + 10  # HELLO, then the two (counted as given)
+        conn.send(RpcCmd.GRAPH_RECOMPUTE, b"\0\0\0\0")  # not deferred: the queue goes with it, in order
+        want = (wire.frame_request(RpcCmd.SET_TENSOR, b"headinput-1")
+                + wire.frame_request(RpcCmd.MEMSET_TENSOR, b"m" * 10)
+                + wire.frame_request(RpcCmd.GRAPH_RECOMPUTE, b"\0\0\0\0"))
+        assert rec.received() == want
+        # a deferred command above DEFER_MAX (weights) goes at once; flush() sends what waits
+        big = bytes(range(256)) * (DEFER_MAX // 256 + 1)
+        conn.send(RpcCmd.SET_TENSOR, big, defer=True)
+        assert rec.received() == want + wire.frame_request(RpcCmd.SET_TENSOR, big)
+        conn.send(RpcCmd.FREE_BUFFER, b"8bytes!!", defer=True)
+        conn.flush()
+        assert rec.received().endswith(wire.frame_request(RpcCmd.FREE_BUFFER, b"8bytes!!"))
+        conn.send(RpcCmd.BUFFER_CLEAR, b"9 bytes!!", defer=True)
+    finally:
+        conn.close()  # what waits is sent before the socket closes
+    rec.thread.join(timeout=5)
+    assert bytes(rec.got).endswith(wire.frame_request(RpcCmd.BUFFER_CLEAR, b"9 bytes!!"))
+
+
+def test_the_server_reads_messages_together_or_byte_by_byte() -> None:
+    """pyggml's server reads through one buffer: commands that come in one piece, and a message that comes a
+    byte at a time, are served alike."""
+    from pyggml.backends.rpc.server import RpcServer
+
+    server = RpcServer([cpu_init(1)], "127.0.0.1", 0).start()
+    try:
+        host, port = server.endpoint.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=5) as s:
+            s.sendall(wire.frame_request(RpcCmd.HELLO, bytes(24)) + wire.frame_request(RpcCmd.DEVICE_COUNT)
+                      + wire.frame_request(RpcCmd.GET_ALIGNMENT, wire.GET_ALIGNMENT_REQ.pack(0)))
+            for byte in wire.frame_request(RpcCmd.GET_MAX_SIZE, wire.GET_MAX_SIZE_REQ.pack(0)):
+                s.sendall(bytes([byte]))
+                time.sleep(0.01)
+            want = 8 + 28 + 8 + 4 + 8 + 8 + 8 + 8
+            got = b""
+            while len(got) < want:
+                chunk = s.recv(want - len(got))
+                assert chunk
+                got += chunk
+        assert got[8:11] == bytes([7, 0, 0])
+        assert wire.DEVICE_COUNT_RSP.unpack(got[44:48]) == (1,)
+        assert wire.GET_ALIGNMENT_RSP.unpack(got[56:64])[0] > 0
+        assert wire.GET_MAX_SIZE_RSP.unpack(got[72:80])[0] > 0
+        assert server.counts["GET_MAX_SIZE"] == 1
+    finally:
+        server.close()
