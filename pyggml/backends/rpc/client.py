@@ -384,6 +384,11 @@ class RPCBackend(Backend):
     def _plans_follow_moves(self) -> bool:
         return True  # a plan whose tensors moved is serialized again (RPCPlan.unchanged)
 
+    def _io_ordered(self) -> bool:
+        # the server serves commands in order, so a SET_TENSOR or GET_TENSOR comes after the graph sent before it;
+        # a deferred SET_TENSOR took a copy of its bytes: the scheduler's copies need no synchronizing request
+        return True
+
     def _synchronize(self) -> None:
         if self._conn is not None:
             self._conn.synchronize()

@@ -299,3 +299,52 @@ def test_the_server_reads_messages_together_or_byte_by_byte() -> None:
         assert server.counts["GET_MAX_SIZE"] == 1
     finally:
         server.close()
+
+
+def test_a_decode_step_is_its_inputs_a_recompute_and_one_read(builtin_greedy_tokens: list[int]) -> None:
+    """The built-in model placed as llama.cpp places a split (the CPU last, holding the graph's inputs; the token
+    embeddings on the CPU; the first layers on the server): after the first steps, each decode step sends the
+    server its input copies and GRAPH_RECOMPUTE and reads back one tensor, no synchronizing request (the
+    backend's I/O is ordered: the scheduler does not wait on it before a copy), and the tokens are the CPU's."""
+    import pyggml.models as pm
+    from pyggml.backends.rpc.connection import close_all, connect
+    from pyggml.backends.rpc.server import RpcServer
+    from pyggml.models.builtin import builtin_model_path
+
+    server = RpcServer([cpu_init(1)], "127.0.0.1", 0).start()
+    try:
+        rpc, cpu = rpc_init(server.endpoint), cpu_init(1)
+        assert rpc.io_ordered() and not cpu.io_ordered()
+        model = pm.load(builtin_model_path(), backends=[rpc, cpu], n_layers_on=[2],
+                        override_tensor=[("^token_embd", cpu)], n_ctx=64, progress=False)
+        try:
+            ids = model.tokenize("The module")
+            assert list(model.generate(ids, 8, stop_at_eos=False)) == builtin_greedy_tokens
+            model.reset()
+            list(model.generate(ids, 2, stop_at_eos=False))
+            conn = connect(server.endpoint)
+            counts = dict(server.counts)
+            flushes = 0
+            flush = conn._flush
+
+            def counting(cmd: RpcCmd) -> None:
+                nonlocal flushes
+                flushes += conn._out_size > 0
+                flush(cmd)
+
+            conn._flush = counting  # type: ignore[method-assign]
+            steps = 4
+            for _ in range(steps):
+                model.eval_last([7])
+            assert not conn._out
+            time.sleep(0.2)  # (the server counts a command after serving it)
+            sent = {k: v - counts.get(k, 0) for k, v in server.counts.items() if v != counts.get(k, 0)}
+            n_inputs = [len(s.inputs) for s in model.runner.sched.splits if s.backend is rpc]
+            assert n_inputs and sent == {"SET_TENSOR": steps * sum(n_inputs), "GRAPH_RECOMPUTE": steps * len(n_inputs),
+                                         "GET_TENSOR": steps}
+            assert flushes == 2 * steps  # the inputs with the graph, then the read
+        finally:
+            model.free()
+    finally:
+        close_all()
+        server.close()
