@@ -22,6 +22,12 @@ Differences from the C server, all on the side of safety:
   has no authentication: whoever connects can read and write the server's buffers).
 - Nodes: ggml's backends compute only the nodes flagged COMPUTE (ggml_build_forward_expand sets
   it); so does this server. The graph's use counts are not used (pyggml fuses no nodes).
+
+Per decode step a client sends a few small SET_TENSORs, GRAPH_RECOMPUTE (the graph planned when it
+came, computed again) and a GET_TENSOR. A client's bytes are read through one buffer (the commands
+that come together cost one receive), and a small SET_TENSOR or GET_TENSOR keeps its checked range
+by its request's bytes until the client frees a buffer (the checks are not made again for the same
+request; answers are sent without a copy).
 """
 
 from __future__ import annotations
@@ -53,6 +59,8 @@ log = logging.getLogger("pyggml.backends.rpc.server")
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 50052  # ggml-rpc-server's
 MAX_GRAPH_BYTES = 256 * 1024 * 1024  # a GRAPH_COMPUTE payload: ~900k tensors, far beyond any model's graph
+FAST_RANGE_MAX = 64 * 1024  # SET_TENSOR and GET_TENSOR of at most this many bytes keep their checked range
+MAX_FAST_RANGES = 1024  # per client
 MESSAGE_TIMEOUT = 60.0  # seconds a client may take to send the rest of a message it started
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 _RAW = GGMLType.I8  # the type of the byte ranges the server reads and writes
@@ -76,6 +84,9 @@ class Session:
     peer: str
     buffers: dict[int, Buffer] = field(default_factory=dict)
     graphs: dict[int, StoredGraph] = field(default_factory=dict)
+    # the checked byte range of a small SET_TENSOR or GET_TENSOR by its request's fixed part: a decode step sends
+    # the same few each time, and their checks (tensor, buffer, bounds) hold while no buffer is freed
+    ranges: dict[bytes, Tensor] = field(default_factory=dict)
 
 
 class RpcServer:
@@ -294,6 +305,7 @@ class RpcServer:
             (remote,) = wire.FREE_BUFFER_REQ.unpack(p)
             buffer = self._buffer(s, remote, cmd)
             self._drop_graphs(s)  # as the C server: stored graphs may point into the buffer
+            s.ranges.clear()  # (checked ranges too)
             del s.buffers[remote]
             self.mem_used -= buffer.size
             buffer.free()
@@ -307,13 +319,18 @@ class RpcServer:
         if cmd == RpcCmd.SET_TENSOR_HASH:
             return self._set_tensor_hash(s, p)
         if cmd == RpcCmd.GET_TENSOR:
-            t = self._tensor(s, RpcTensor.unpack(p), cmd, need_buffer=True)
             offset, size = wire.GET_TENSOR_REQ_TAIL.unpack_from(p, wire.RPC_TENSOR_SIZE)
-            raw = self._raw(t, offset, size, cmd)
+            key = bytes(p) if size <= FAST_RANGE_MAX else None
+            raw = s.ranges.get(key) if key is not None else None
+            if raw is None:
+                t = self._tensor(s, RpcTensor.unpack(p), cmd, need_buffer=True)
+                raw = self._raw(t, offset, size, cmd)
+                if key is not None:
+                    self._keep_range(s, key, raw)
             out = np.empty(size, dtype=np.uint8)
             if size:
                 tensor_get(raw, out)
-            return out.tobytes()
+            return memoryview(out)  # (sent as it is: no copy into bytes)
         if cmd == RpcCmd.MEMSET_TENSOR:
             t = self._tensor(s, RpcTensor.unpack(p), cmd, need_buffer=True)
             offset, size, value = wire.MEMSET_TENSOR_REQ_TAIL.unpack_from(p, wire.RPC_TENSOR_SIZE)
@@ -453,20 +470,41 @@ class RpcServer:
         raw.buffer, raw.data, raw.name = buffer, start, t.name
         return raw
 
+    @staticmethod
+    def _keep_range(s: Session, key: bytes, raw: Tensor) -> None:
+        if len(s.ranges) >= MAX_FAST_RANGES:  # a client that sends many different ones: start again
+            s.ranges.clear()
+        s.ranges[key] = raw
+
     def _set_tensor(self, s: Session, p: bytearray) -> None:
-        rt, cache_flag, offset, data = wire.unpack_set_tensor(p)
-        t = self._tensor(s, rt, RpcCmd.SET_TENSOR, need_buffer=True)
-        size = len(data)
-        raw = self._raw(t, offset, size, RpcCmd.SET_TENSOR)
+        size = len(p) - wire.SET_TENSOR_HEADER_SIZE
+        if 0 <= size <= FAST_RANGE_MAX and (self.cache_dir is None or not p[wire.RPC_TENSOR_SIZE]):
+            # (the size is part of the key: the same header with another payload length is another range)
+            key = bytes(memoryview(p)[:wire.SET_TENSOR_HEADER_SIZE]) + size.to_bytes(8, "little")
+            raw = s.ranges.get(key)
+            if raw is None:
+                raw = self._set_range(s, p)
+                self._keep_range(s, key, raw)
+            if size:
+                tensor_set(raw, np.frombuffer(p, dtype=np.uint8, offset=wire.SET_TENSOR_HEADER_SIZE))
+            return None
+        raw = self._set_range(s, p)
+        _, cache_flag, _, data = wire.unpack_set_tensor(p)
         if self.cache_dir is not None and cache_flag and size:
             path = self.cache_dir / f"{wire.fnv_hash(data):016x}"
             tmp = path.with_suffix(f".tmp{threading.get_ident()}")
             tmp.write_bytes(data)
             tmp.replace(path)  # whole files only: another client may read it at any time
-            log.info("rpc-server: client %s: cached %d bytes of '%s' as %s", s.peer, size, t.name, path.name)
+            log.info("rpc-server: client %s: cached %d bytes of '%s' as %s", s.peer, size, raw.name, path.name)
         if size:
             tensor_set(raw, np.frombuffer(data, dtype=np.uint8))
         return None
+
+    def _set_range(self, s: Session, p: bytearray) -> Tensor:
+        """The checked bytes a SET_TENSOR writes."""
+        rt, _, offset, data = wire.unpack_set_tensor(p)
+        t = self._tensor(s, rt, RpcCmd.SET_TENSOR, need_buffer=True)
+        return self._raw(t, offset, len(data), RpcCmd.SET_TENSOR)
 
     def _set_tensor_hash(self, s: Session, p: bytearray) -> bytes:
         rt = RpcTensor.unpack(p)

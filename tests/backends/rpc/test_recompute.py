@@ -348,3 +348,55 @@ def test_a_decode_step_is_its_inputs_a_recompute_and_one_read(builtin_greedy_tok
     finally:
         close_all()
         server.close()
+
+
+def test_the_server_checks_a_repeated_small_set_or_get_once_until_a_buffer_is_freed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """pyggml's server keeps the checked range of a small SET_TENSOR / GET_TENSOR by its request's bytes (a decode
+    step sends the same ones each time); freeing a buffer forgets them, so a request naming the freed buffer is
+    refused as before (the connection closed)."""
+    from pyggml.backends.rpc.server import RpcServer
+    from pyggml.backends.rpc.wire import RpcTensor
+
+    checks = [0]
+    real = RpcServer._tensor
+
+    def counting(self: RpcServer, *args: Any, **kw: Any) -> Tensor:
+        checks[0] += 1
+        return real(self, *args, **kw)
+
+    monkeypatch.setattr(RpcServer, "_tensor", counting)
+    server = RpcServer([cpu_init(1)], "127.0.0.1", 0).start()
+    host, port = server.endpoint.rsplit(":", 1)
+
+    def request(s: socket.socket, cmd: RpcCmd, payload: bytes, n: int | None) -> bytes:
+        s.sendall(wire.frame_request(cmd, payload))
+        if n is None:
+            return b""
+        got = b""
+        while len(got) < 8 + n:
+            chunk = s.recv(8 + n - len(got))
+            assert chunk, "the server closed the connection"
+            got += chunk
+        return got[8:]
+
+    try:
+        with socket.create_connection((host, int(port)), timeout=5) as s:
+            request(s, RpcCmd.HELLO, bytes(24), 28)
+            remote, _ = wire.ALLOC_BUFFER_RSP.unpack(request(s, RpcCmd.ALLOC_BUFFER, wire.ALLOC_BUFFER_REQ.pack(0, 64),
+                                                             16))
+            (base,) = wire.BUFFER_GET_BASE_RSP.unpack(request(s, RpcCmd.BUFFER_GET_BASE,
+                                                              wire.BUFFER_GET_BASE_REQ.pack(remote), 8))
+            rt = RpcTensor(id=1, type=0, buffer=remote, ne=(4, 1, 1, 1), nb=(4, 16, 16, 16), data=base,
+                           name=b"t").pack()
+            get = rt + wire.GET_TENSOR_REQ_TAIL.pack(0, 16)
+            for i in range(3):
+                values = np.arange(4, dtype=np.float32) + i
+                request(s, RpcCmd.SET_TENSOR, rt + wire.SET_TENSOR_HEAD_TAIL.pack(0, 0) + values.tobytes(), None)
+                assert request(s, RpcCmd.GET_TENSOR, get, 16) == values.tobytes()
+            assert checks[0] == 2  # the first SET_TENSOR and the first GET_TENSOR
+            request(s, RpcCmd.FREE_BUFFER, wire.FREE_BUFFER_REQ.pack(remote), None)
+            request(s, RpcCmd.SET_TENSOR, rt + wire.SET_TENSOR_HEAD_TAIL.pack(0, 0) + bytes(16), None)
+            assert s.recv(1) == b""  # refused: the buffer is not the client's any more
+    finally:
+        server.close()
