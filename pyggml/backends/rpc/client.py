@@ -24,9 +24,14 @@ whenever it splits a graph; pyggml's graphs have none. `graph_compute` compares 
 whatever changed, a reused graph's tensors that moved included). A plan (`RPCPlan`, what the
 scheduler computes, made once per allocation) is serialized once: computed again while the server
 holds its bytes, with the same nodes and every tensor where it was, it sends GRAPH_RECOMPUTE without
-serializing (ggml's uid check, plus the moves). `use_count` travels as 0: the server's backend then fuses no nodes,
-which is always correct (counts taken from one split alone could be too low and let a fused node
-skip writing a result another split reads).
+serializing (ggml's uid check, plus the moves). `use_count` travels as 0: the server's backend then
+fuses no nodes, which is always correct (counts taken from one split alone could be too low and let a
+fused node skip writing a result another split reads).
+
+Per decode step the commands are the C client's: the split's input copies (SET_TENSOR, deferred
+until the graph goes, see `connection`), GRAPH_RECOMPUTE, and the GET_TENSOR of the next split's
+input. The backend's tensor I/O is ordered after its queued work (`io_ordered`), so the scheduler
+sends no synchronizing request before those copies.
 
 supports_op: unlike the C client (true for everything), pyggml answers only what it knows a
 server can run: an op and types of ggml at 0c1e570 that pyggml knows (`GGMLOp`, `GGMLType` with a
@@ -585,6 +590,6 @@ def rpc_get_device_memory(endpoint: str, device: int = 0) -> tuple[int, int]:
     return rpc_reg().device(f"{host}:{port}/{device}").server_memory()
 
 
-__all__ = ["RPCBackend", "RPCBuffer", "RPCBufferType", "RPCDevice", "RPCReg", "is_rpc",
-           "RPCPlan", "rpc_buffer_type", "rpc_get_device_memory", "rpc_init", "rpc_reg",
-           "rpc_supports_op", "serialize_graph", "serialize_tensor"]
+__all__ = ["RPCBackend", "RPCBuffer", "RPCBufferType", "RPCDevice", "RPCPlan", "RPCReg", "is_rpc",
+           "rpc_buffer_type", "rpc_get_device_memory", "rpc_init", "rpc_reg", "rpc_supports_op",
+           "serialize_graph", "serialize_tensor"]
