@@ -12,7 +12,8 @@ Optional hooks keep the seed's defaults: `_synchronize` does nothing,
 goes through host memory), plans default to remembering the graph and
 computing it; and today's: events recorded on a synchronous backend are
 complete at once (`_event_record` synchronizes, `_event_wait` waits on the
-host), plans do not follow tensors that move (`_plans_follow_moves`).
+host), plans do not follow tensors that move (`_plans_follow_moves`), tensor reads and writes are
+not ordered after queued work (`_io_ordered`).
 
 Buffers: `alloc_buffer` gives a buffer of the default buffer type
 (`get_default_buffer_type()`: the device's, or for a backend without a device
@@ -163,6 +164,11 @@ class Backend:
         may hold on to where tensors were when they were made)."""
         return False
 
+    def _io_ordered(self) -> bool:
+        """Whether writing and reading this backend's tensors happen after the work queued on it before, and a
+        write has taken its bytes when it returns (optional: False)."""
+        return False
+
     # --- ggml_backend_* ---
 
     def check_alive(self) -> None:
@@ -257,6 +263,13 @@ class Backend:
         """Whether a plan of this backend computes each tensor at its `data` of the moment it runs, so a
         tensor moved after `graph_plan_create` (a KV cache write advanced a cell) needs no new plan."""
         return bool(self._plans_follow_moves())
+
+    def io_ordered(self) -> bool:
+        """Whether tensor writes and reads of this backend are ordered after the work queued on it before (one
+        in-order queue, as an RPC server serves its commands in order), and a write has taken its bytes when
+        it returns: copying into or out of its tensors then needs no `synchronize` first (where that costs a
+        round trip, the scheduler skips it)."""
+        return bool(self._io_ordered())
 
     def synchronize(self) -> None:
         self.check_alive()

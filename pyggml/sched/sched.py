@@ -761,20 +761,24 @@ class BackendSched:
                     bstats.bytes_copied += host[1].nbytes
                     continue
                 cpy = self.copies[(id(inp), bid, self.cur_copy)]
+                # a backend whose writes and reads queue behind its work (io_ordered: an RPC server's) needs no
+                # wait before a copy into or out of it: the wait would be a round trip, the copy is ordered anyway
+                ordered = backend.io_ordered()
                 if inp.flags & TensorFlag.INPUT:
-                    self._sync_split(bid)  # the user may overwrite the input as soon as we return
+                    if not ordered:
+                        self._sync_split(bid)  # the user may overwrite the input as soon as we return
                 else:
                     # wait for the split backend to finish using the copy before overwriting it
                     event = self.events[bid][self.cur_copy]
                     if event is not None:
                         if event.recorded:
                             event.wait(backend)
-                    else:
+                    elif not ordered:
                         backend.synchronize()
                     # no asynchronous copy: the copy below is made from the host at once, so the source must be
                     # computed and the split backend done with this copy (ggml's fallback: both synchronized)
                     src_backend = self.get_tensor_backend(inp)
-                    if src_backend is not None:
+                    if src_backend is not None and not src_backend.io_ordered():
                         src_backend.synchronize()
                     if event is not None:
                         self._sync_split(bid)

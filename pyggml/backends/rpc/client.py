@@ -19,11 +19,19 @@ sources and view sources; each tensor once; the nodes flagged COMPUTE, as ggml_b
 flags them and ggml's backends require; a leaf's own sources left off) and sends GRAPH_COMPUTE, which
 has no answer; a tensor whose memory is not on that server is refused before anything is sent. When
 the bytes equal those of the graph the server last computed on that device, it sends
-GRAPH_RECOMPUTE (4 bytes) instead. The C client compares graph uids; pyggml's graphs have none,
-and comparing the bytes is also right when a reused graph's tensors moved (a KV cache view), which
-the server must then see. `use_count` travels as 0: the server's backend then fuses no nodes,
-which is always correct (counts taken from one split alone could be too low and let a fused node
-skip writing a result another split reads).
+GRAPH_RECOMPUTE (4 bytes) instead. The C client compares graph uids, which ggml's scheduler renews
+whenever it splits a graph; pyggml's graphs have none. `graph_compute` compares the bytes (right
+whatever changed, a reused graph's tensors that moved included). A plan (`RPCPlan`, what the
+scheduler computes, made once per allocation) is serialized once: computed again while the server
+holds its bytes, with the same nodes and every tensor where it was, it sends GRAPH_RECOMPUTE without
+serializing (ggml's uid check, plus the moves). `use_count` travels as 0: the server's backend then
+fuses no nodes, which is always correct (counts taken from one split alone could be too low and let a
+fused node skip writing a result another split reads).
+
+Per decode step the commands are the C client's: the split's input copies (SET_TENSOR, deferred
+until the graph goes, see `connection`), GRAPH_RECOMPUTE, and the GET_TENSOR of the next split's
+input. The backend's tensor I/O is ordered after its queued work (`io_ordered`), so the scheduler
+sends no synchronizing request before those copies.
 
 supports_op: unlike the C client (true for everything), pyggml answers only what it knows a
 server can run: an op and types of ggml at 0c1e570 that pyggml knows (`GGMLOp`, `GGMLType` with a
@@ -113,8 +121,14 @@ def serialize_tensor(t: Tensor | None, conn: Connection | None, extra_flags: int
 def serialize_graph(device: int, nodes: list[Tensor], conn: Connection) -> bytes:
     """serialize_graph: device, node ids, then each tensor the nodes reach (sources and view sources
     first, depth first, each once), as the C client's add_tensor orders them."""
+    return _serialize_graph(device, nodes, conn)[0]
+
+
+def _serialize_graph(device: int, nodes: list[Tensor], conn: Connection) -> tuple[bytes, list[Tensor]]:
+    """`serialize_graph`'s bytes and the tensors they describe, in their order (what a plan watches)."""
     visited: set[int] = set()
     out: list[bytes] = []
+    tensors: list[Tensor] = []
     # ggml_build_forward_expand marks every node it lists COMPUTE, and ggml's CPU backend skips nodes without
     # it; pyggml's graphs list their nodes without the flag, so the nodes get it on the wire
     node_ids = {id(n) for n in nodes if n.op != GGMLOp.NONE}
@@ -137,7 +151,40 @@ def serialize_graph(device: int, nodes: list[Tensor], conn: Connection) -> bytes
                 stack.append((child, 0))
                 continue
             out.append(serialize_tensor(t, conn, COMPUTE_FLAG if id(t) in node_ids else 0, strict=True))
-    return wire.pack_graph(device, [id(n) for n in nodes], out)
+            tensors.append(t)
+    return wire.pack_graph(device, [id(n) for n in nodes], out), tensors
+
+
+class RPCPlan:
+    """A graph as `graph_plan_create` serialized it: its bytes, the node list and tensors they were made from,
+    and each tensor's `data` then.
+
+    A plan computed again while the server holds its bytes, its graph lists the same nodes and no tensor
+    moved, sends GRAPH_RECOMPUTE without serializing anything: the check is one list of addresses (~15 us
+    for a SmolLM2 half), where serializing costs ~3 ms. This is how pyggml's scheduler tells that a split's
+    graph is unchanged (ggml's sched gives each new split graph a new `uid`; the C client compares uids): it
+    makes a plan per allocation and keeps it while the graph is reused. Other changes to a planned graph
+    (shapes, op_params, sources) need a new plan, as other backends' plans do; `graph_compute` without a
+    plan compares the bytes and sees any change."""
+
+    __slots__ = ("graph", "nodes", "tensors", "datas", "payload", "n_buffers_freed")
+
+    def __init__(self, graph: Graph, payload: bytes, tensors: list[Tensor], n_buffers_freed: int) -> None:
+        self.graph = graph
+        self.update(payload, tensors, n_buffers_freed)
+
+    def update(self, payload: bytes, tensors: list[Tensor], n_buffers_freed: int) -> None:
+        """The graph serialized (again) as it is now."""
+        self.nodes = list(self.graph.nodes)
+        self.payload = payload
+        self.tensors = tensors
+        self.datas = [t.data for t in tensors]
+        self.n_buffers_freed = n_buffers_freed
+
+    def unchanged(self) -> bool:
+        """The graph lists the nodes it listed and every tensor is where it was (then the bytes are the same
+        under the plan contract above)."""
+        return self.graph.nodes == self.nodes and [t.data for t in self.tensors] == self.datas
 
 
 # --- buffers ---
@@ -166,20 +213,22 @@ class RPCBuffer(Buffer):
         with conn.lock:
             if conn.broken is not None:
                 return  # the server's memory went with the connection: nothing to free, nothing to raise
-            # the server drops its stored graphs when a buffer goes (their tensors may point into it)
+            # the server drops its stored graphs when a buffer goes (their tensors may point into it), and plans
+            # serialized before name a buffer id that is no more
             conn.last_graph.clear()
-            conn.send(RpcCmd.FREE_BUFFER, wire.FREE_BUFFER_REQ.pack(self.remote_ptr))
+            conn.n_buffers_freed += 1
+            conn.send(RpcCmd.FREE_BUFFER, wire.FREE_BUFFER_REQ.pack(self.remote_ptr), defer=True)
 
     def _init_tensor(self, tensor: Tensor) -> None:
         if _needs_server_init(tensor):
-            self.conn.send(RpcCmd.INIT_TENSOR, serialize_tensor(tensor, self.conn))
+            self.conn.send(RpcCmd.INIT_TENSOR, serialize_tensor(tensor, self.conn), defer=True)
 
     def _clear(self, value: int) -> None:
-        self.conn.send(RpcCmd.BUFFER_CLEAR, wire.BUFFER_CLEAR_REQ.pack(self.remote_ptr, value))
+        self.conn.send(RpcCmd.BUFFER_CLEAR, wire.BUFFER_CLEAR_REQ.pack(self.remote_ptr, value), defer=True)
 
     def _memset_tensor(self, tensor: Tensor, value: int, offset: int, size: int) -> None:
         self.conn.send(RpcCmd.MEMSET_TENSOR, serialize_tensor(tensor, self.conn)
-                       + wire.MEMSET_TENSOR_REQ_TAIL.pack(offset, size, value))
+                       + wire.MEMSET_TENSOR_REQ_TAIL.pack(offset, size, value), defer=True)
 
     def _set_tensor(self, tensor: Tensor, data: memoryview, offset: int, size: int) -> None:
         rt = serialize_tensor(tensor, self.conn)
@@ -192,7 +241,10 @@ class RPCBuffer(Buffer):
             if rsp[0]:
                 return  # the server had the bytes in its cache
             cache_flag = 1  # ask it to keep them
-        self.conn.send(RpcCmd.SET_TENSOR, wire.pack_set_tensor(rt, cache_flag, offset, payload))
+        # as two parts: a large payload (weights) goes from the caller's memory without a joined copy; a small one
+        # (an input copy of a decode step) waits for the step's graph and crosses with it
+        self.conn.send(RpcCmd.SET_TENSOR, rt + wire.SET_TENSOR_HEAD_TAIL.pack(cache_flag, offset), payload,
+                       defer=True)
 
     def _get_tensor(self, tensor: Tensor, data: memoryview, offset: int, size: int) -> None:
         req = serialize_tensor(tensor, self.conn) + wire.GET_TENSOR_REQ_TAIL.pack(offset, size)
@@ -298,17 +350,49 @@ class RPCBackend(Backend):
         if not graph.nodes:
             return  # the C client asserts n_nodes > 0; an empty graph has nothing to do
         conn = self.conn()
+        self._send_graph(conn, serialize_graph(self.rpc_device.index, graph.nodes, conn))
+
+    def _send_graph(self, conn: Connection, payload: bytes) -> bool:
+        """GRAPH_RECOMPUTE when the server holds these bytes on this device, else GRAPH_COMPUTE; True when it
+        recomputed."""
         index = self.rpc_device.index
-        payload = serialize_graph(index, graph.nodes, conn)
         with conn.lock:
-            if conn.last_graph.get(index) == payload:
+            last = conn.last_graph.get(index)
+            if last is payload or last == payload:
                 conn.send(RpcCmd.GRAPH_RECOMPUTE, wire.GRAPH_RECOMPUTE_REQ.pack(index))
+                conn.last_graph[index] = payload  # (equal bytes: a plan's own object passes `is` next time)
                 self.n_recomputes += 1
-            else:
-                conn.last_graph.pop(index, None)  # if the send fails, the server holds no graph we know
-                conn.send(RpcCmd.GRAPH_COMPUTE, payload)
-                conn.last_graph[index] = payload
-                self.n_computes += 1
+                return True
+            conn.last_graph.pop(index, None)  # if the send fails, the server holds no graph we know
+            conn.send(RpcCmd.GRAPH_COMPUTE, payload)
+            conn.last_graph[index] = payload
+            self.n_computes += 1
+            return False
+
+    def _graph_plan_create(self, graph: Graph) -> RPCPlan | None:
+        if not graph.nodes:
+            return None
+        conn = self.conn()
+        payload, tensors = _serialize_graph(self.rpc_device.index, graph.nodes, conn)
+        return RPCPlan(graph, payload, tensors, conn.n_buffers_freed)
+
+    def _graph_plan_compute(self, plan: RPCPlan | None) -> None:
+        if plan is None:
+            return
+        conn = self.conn()
+        # a freed buffer's id may be among the bytes (and a new buffer can take its address): made anew then
+        if plan.n_buffers_freed != conn.n_buffers_freed or not plan.unchanged():
+            payload, tensors = _serialize_graph(self.rpc_device.index, plan.graph.nodes, conn)
+            plan.update(payload, tensors, conn.n_buffers_freed)
+        self._send_graph(conn, plan.payload)
+
+    def _plans_follow_moves(self) -> bool:
+        return True  # a plan whose tensors moved is serialized again (RPCPlan.unchanged)
+
+    def _io_ordered(self) -> bool:
+        # the server serves commands in order, so a SET_TENSOR or GET_TENSOR comes after the graph sent before it;
+        # a deferred SET_TENSOR took a copy of its bytes: the scheduler's copies need no synchronizing request
+        return True
 
     def _synchronize(self) -> None:
         if self._conn is not None:
@@ -506,6 +590,6 @@ def rpc_get_device_memory(endpoint: str, device: int = 0) -> tuple[int, int]:
     return rpc_reg().device(f"{host}:{port}/{device}").server_memory()
 
 
-__all__ = ["RPCBackend", "RPCBuffer", "RPCBufferType", "RPCDevice", "RPCReg", "is_rpc",
+__all__ = ["RPCBackend", "RPCBuffer", "RPCBufferType", "RPCDevice", "RPCPlan", "RPCReg", "is_rpc",
            "rpc_buffer_type", "rpc_get_device_memory", "rpc_init", "rpc_reg", "rpc_supports_op",
            "serialize_graph", "serialize_tensor"]

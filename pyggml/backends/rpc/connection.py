@@ -5,6 +5,12 @@ one client at a time, so pyggml does the same: `connect(endpoint)` returns the l
 an endpoint or makes one. Requests are serialized by a lock (the scheduler and a loader may share
 a connection from different threads).
 
+Small commands without an answer may be deferred (`send(..., defer=True)`: the client's SET_TENSOR,
+MEMSET_TENSOR, BUFFER_CLEAR, INIT_TENSOR, FREE_BUFFER): they wait in a queue, their bytes copied, until
+a command that goes at once (a request, a graph, `synchronize`, `flush`, `close`), and all cross in one
+sendmsg. A decode step's input copies and its GRAPH_RECOMPUTE thus wake the server once, as the C
+client's dispatcher thread sends its queue; the order of commands is the order they were given.
+
 Faults: every socket operation has a timeout (`PYGGML_RPC_TIMEOUT` seconds, default 120: a large
 graph computes before the next answer comes). A peer that closes, resets or stays silent past the
 timeout breaks the connection: the request raises `RpcConnectionError` naming the endpoint and the
@@ -36,7 +42,11 @@ from pyggml.core.errors import ArgumentError
 
 log = logging.getLogger("pyggml.backends.rpc")
 
+Payload = bytes | bytearray | memoryview
+
 ENV_TIMEOUT = "PYGGML_RPC_TIMEOUT"
+DEFER_MAX = 64 * 1024  # a deferred command above this many bytes is sent at once (see Connection.send)
+MAX_QUEUED = 256  # parts in the queue before it is sent (sendmsg takes at most IOV_MAX = 1024)
 DEFAULT_TIMEOUT = 120.0
 CONNECT_TIMEOUT = 10.0
 
@@ -87,7 +97,10 @@ class Connection:
         self.lock = threading.RLock()
         self.broken: str | None = None  # why the connection is unusable, once it is
         self.pending = False  # a command without an answer was sent since the last answer
+        self._out: list[Payload] = []  # framed commands not sent yet (see `send`'s defer)
+        self._out_size = 0
         self.last_graph: dict[int, bytes] = {}  # device -> the graph the server holds for GRAPH_RECOMPUTE
+        self.n_buffers_freed = 0  # FREE_BUFFERs sent (graph plans serialized before one are made again)
         self.bytes_sent = 0
         self.bytes_received = 0
         self.version: tuple[int, int, int] = (0, 0, 0)
@@ -131,32 +144,68 @@ class Connection:
         self._recv_into(cmd, memoryview(out), n)
         return out
 
-    def _send(self, cmd: RpcCmd, payload: bytes | bytearray | memoryview) -> None:
+    def _queue(self, cmd: RpcCmd, parts: tuple[Payload, ...], copy: bool) -> None:
+        """Frame a command into the outgoing queue (`copy`: of bytes the caller may change once we return)."""
+        size = sum(len(p) for p in parts)
+        self._out.append(CMD_HEADER.pack(int(cmd), size))
+        self._out.extend(bytes(p) if copy and not isinstance(p, bytes) else p for p in parts if len(p))
+        self._out_size += CMD_HEADER.size + size
+        self.bytes_sent += CMD_HEADER.size + size  # counted as given: a deferred one is sent or the connection breaks
+
+    def _flush(self, cmd: RpcCmd) -> None:
+        """Send the queued commands: one sendmsg for all of them (gathered, not joined), `cmd` named if it fails."""
+        out, n = self._out, self._out_size
+        if not out:
+            return
+        self._out, self._out_size = [], 0
         try:
-            self.sock.sendall(CMD_HEADER.pack(int(cmd), len(payload)))
-            if len(payload):
-                self.sock.sendall(payload)
+            sent = self.sock.sendmsg(out)
+            if sent < n:  # a full socket buffer took part of it: the rest as it comes
+                skip = sent
+                for part in out:
+                    view = memoryview(part).cast("B")
+                    if skip >= len(view):
+                        skip -= len(view)
+                        continue
+                    self.sock.sendall(view[skip:])
+                    skip = 0
         except TimeoutError:
             raise self._fail(cmd, f"send blocked for {self.timeout:g} s") from None
         except OSError as e:
             raise self._fail(cmd, f"send failed: {e}") from None
-        self.bytes_sent += CMD_HEADER.size + len(payload)
 
     # --- requests ---
 
-    def send(self, cmd: RpcCmd, payload: bytes | bytearray | memoryview = b"") -> None:
-        """A command without a response (FREE_BUFFER, SET_TENSOR, GRAPH_COMPUTE, ...)."""
+    def send(self, cmd: RpcCmd, *parts: Payload, defer: bool = False) -> None:
+        """A command without a response (FREE_BUFFER, SET_TENSOR, GRAPH_COMPUTE, ...), its payload in `parts`
+        (sent one after the other, not joined).
+
+        `defer`: the command may wait in the queue for the next one that is sent at once (a request, a graph,
+        `synchronize`, `flush`), so that the small commands of a step (a split's input copies) cross in one
+        send and wake the server once; the bytes are copied, the caller may reuse its buffers. Commands above
+        DEFER_MAX bytes (weights) go at once, without a copy."""
         with self.lock:
             self._check(cmd)
-            self._send(cmd, payload)
+            size = sum(len(p) for p in parts)
+            defer = defer and size <= DEFER_MAX and len(self._out) < MAX_QUEUED
+            self._queue(cmd, parts, copy=defer)
             self.pending = True
+            if not defer:
+                self._flush(cmd)
+
+    def flush(self) -> None:
+        """Send the deferred commands now."""
+        with self.lock:
+            if self._out and self.broken is None:
+                self._flush(RpcCmd.NONE)
 
     def request(self, cmd: RpcCmd, payload: bytes | bytearray | memoryview, response_size: int,
                 out: memoryview | None = None) -> bytearray:
         """A command and its response of exactly `response_size` bytes (into `out` when given)."""
         with self.lock:
             self._check(cmd)
-            self._send(cmd, payload)
+            self._queue(cmd, (payload,), copy=False)
+            self._flush(cmd)
             (size,) = SIZE_HEADER.unpack(self._recv_exact(cmd, SIZE_HEADER.size))
             if size != response_size:
                 self._fail(cmd, f"answer of {size} bytes, expected {response_size}")
@@ -201,6 +250,11 @@ class Connection:
 
     def close(self) -> None:
         with self.lock:
+            if self.broken is None:
+                try:
+                    self._flush(RpcCmd.NONE)  # what was deferred reaches the server, as it would have at once
+                except RpcConnectionError:
+                    pass
             if self.broken is None:
                 self.broken = "closed by this client"
             self._close_socket()

@@ -22,6 +22,12 @@ Differences from the C server, all on the side of safety:
   has no authentication: whoever connects can read and write the server's buffers).
 - Nodes: ggml's backends compute only the nodes flagged COMPUTE (ggml_build_forward_expand sets
   it); so does this server. The graph's use counts are not used (pyggml fuses no nodes).
+
+Per decode step a client sends a few small SET_TENSORs, GRAPH_RECOMPUTE (the graph planned when it
+came, computed again) and a GET_TENSOR. A client's bytes are read through one buffer (the commands
+that come together cost one receive), and a small SET_TENSOR or GET_TENSOR keeps its checked range
+by its request's bytes until the client frees a buffer (the checks are not made again for the same
+request; answers are sent without a copy).
 """
 
 from __future__ import annotations
@@ -30,7 +36,6 @@ import itertools
 import logging
 import os
 import socket
-import struct
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
@@ -54,6 +59,8 @@ log = logging.getLogger("pyggml.backends.rpc.server")
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 50052  # ggml-rpc-server's
 MAX_GRAPH_BYTES = 256 * 1024 * 1024  # a GRAPH_COMPUTE payload: ~900k tensors, far beyond any model's graph
+FAST_RANGE_MAX = 64 * 1024  # SET_TENSOR and GET_TENSOR of at most this many bytes keep their checked range
+MAX_FAST_RANGES = 1024  # per client
 MESSAGE_TIMEOUT = 60.0  # seconds a client may take to send the rest of a message it started
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 _RAW = GGMLType.I8  # the type of the byte ranges the server reads and writes
@@ -77,6 +84,9 @@ class Session:
     peer: str
     buffers: dict[int, Buffer] = field(default_factory=dict)
     graphs: dict[int, StoredGraph] = field(default_factory=dict)
+    # the checked byte range of a small SET_TENSOR or GET_TENSOR by its request's fixed part: a decode step sends
+    # the same few each time, and their checks (tensor, buffer, bounds) hold while no buffer is freed
+    ranges: dict[bytes, Tensor] = field(default_factory=dict)
 
 
 class RpcServer:
@@ -181,14 +191,14 @@ class RpcServer:
         why = "disconnected"
         try:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._hello(conn, session)
+            reader = _Reader(conn)
+            self._hello(conn, reader)  # (blocking, as accept() gave it)
+            conn.settimeout(MESSAGE_TIMEOUT)
             while True:
-                conn.settimeout(None)  # a client may think as long as it likes between commands
-                first = conn.recv(1)
-                if not first:
+                cmd = reader.next_command()
+                if cmd is None:
                     break
-                conn.settimeout(MESSAGE_TIMEOUT)
-                self._one_message(conn, session, first[0])
+                self._one_message(conn, reader, session, cmd)
         except Malformed as e:
             why = f"closed: {e}"
             log.warning("rpc-server: client %s: %s; closing the connection", peer, e)
@@ -219,26 +229,19 @@ class RpcServer:
         return n
 
     @staticmethod
-    def _recv(conn: socket.socket, n: int, what: str) -> bytearray:
-        out = bytearray(n)
-        view = memoryview(out)
-        got = 0
-        while got < n:
-            try:
-                k = conn.recv_into(view[got:], n - got)
-            except TimeoutError:
-                raise Malformed(f"{what}: {got} of {n} bytes came within {MESSAGE_TIMEOUT:g} s") from None
-            if k == 0:
-                raise EOFError(f"{what}: the client left after {got} of {n} bytes")
-            got += k
-        return out
+    def _send(conn: socket.socket, payload: bytes | bytearray | memoryview) -> None:
+        """| size | payload |, gathered in one system call without joining them (an answer of a GET_TENSOR may
+        be large)."""
+        head = wire.SIZE_HEADER.pack(len(payload))
+        sent = conn.sendmsg([head, payload]) if len(payload) else conn.send(head)
+        if sent < len(head):
+            conn.sendall(head[sent:])
+            sent = len(head)
+        if sent < len(head) + len(payload):
+            conn.sendall(memoryview(payload)[sent - len(head):])
 
-    @staticmethod
-    def _send(conn: socket.socket, payload: bytes | bytearray) -> None:
-        conn.sendall(struct.pack("<Q", len(payload)) + bytes(payload))
-
-    def _hello(self, conn: socket.socket, session: Session) -> None:
-        head = self._recv(conn, 9, "HELLO")
+    def _hello(self, conn: socket.socket, reader: _Reader) -> None:
+        head = reader.read(9, "HELLO")
         cmd, size = wire.CMD_HEADER.unpack(head)
         if cmd != RpcCmd.HELLO:
             raise Malformed(f"the first command is {cmd}, not HELLO ({int(RpcCmd.HELLO)}): a client of an older "
@@ -246,14 +249,14 @@ class RpcServer:
         if size != wire.HELLO_REQ.size:
             raise Malformed(f"HELLO of {size} bytes, expected {wire.HELLO_REQ.size} (protocol "
                             f"{wire.RPC_PROTO_MAJOR_VERSION}.x)")
-        self._recv(conn, size, "HELLO")  # the client's conn_caps: pyggml has no RDMA, so none are answered
+        reader.read(size, "HELLO")  # the client's conn_caps: pyggml has no RDMA, so none are answered
         self._send(conn, wire.pack_hello_rsp())
 
-    def _one_message(self, conn: socket.socket, session: Session, cmd_byte: int) -> None:
+    def _one_message(self, conn: socket.socket, reader: _Reader, session: Session, cmd_byte: int) -> None:
         if cmd_byte >= wire.RPC_CMD_COUNT or cmd_byte == RpcCmd.NONE:
             raise Malformed(f"unknown command {cmd_byte}")
         cmd = RpcCmd(cmd_byte)
-        (size,) = struct.unpack("<Q", self._recv(conn, 8, cmd.name))
+        (size,) = wire.SIZE_HEADER.unpack(reader.read(8, cmd.name))
         if cmd == RpcCmd.HELLO:
             raise Malformed("HELLO after the handshake")
         expected = wire.REQUEST_SIZE[cmd]
@@ -266,7 +269,7 @@ class RpcServer:
                                 f"header and the header plus the client's largest buffer ({largest} bytes)")
         elif cmd == RpcCmd.GRAPH_COMPUTE and size > MAX_GRAPH_BYTES:
             raise Malformed(f"GRAPH_COMPUTE of {size} bytes exceeds MAX_GRAPH_BYTES ({MAX_GRAPH_BYTES})")
-        payload = self._recv(conn, size, cmd.name)
+        payload = reader.read(size, cmd.name)
         with self.lock:
             try:
                 response = self._handle(session, cmd, payload)
@@ -302,6 +305,7 @@ class RpcServer:
             (remote,) = wire.FREE_BUFFER_REQ.unpack(p)
             buffer = self._buffer(s, remote, cmd)
             self._drop_graphs(s)  # as the C server: stored graphs may point into the buffer
+            s.ranges.clear()  # (checked ranges too)
             del s.buffers[remote]
             self.mem_used -= buffer.size
             buffer.free()
@@ -315,13 +319,18 @@ class RpcServer:
         if cmd == RpcCmd.SET_TENSOR_HASH:
             return self._set_tensor_hash(s, p)
         if cmd == RpcCmd.GET_TENSOR:
-            t = self._tensor(s, RpcTensor.unpack(p), cmd, need_buffer=True)
             offset, size = wire.GET_TENSOR_REQ_TAIL.unpack_from(p, wire.RPC_TENSOR_SIZE)
-            raw = self._raw(t, offset, size, cmd)
+            key = bytes(p) if size <= FAST_RANGE_MAX else None
+            raw = s.ranges.get(key) if key is not None else None
+            if raw is None:
+                t = self._tensor(s, RpcTensor.unpack(p), cmd, need_buffer=True)
+                raw = self._raw(t, offset, size, cmd)
+                if key is not None:
+                    self._keep_range(s, key, raw)
             out = np.empty(size, dtype=np.uint8)
             if size:
                 tensor_get(raw, out)
-            return out.tobytes()
+            return memoryview(out)  # (sent as it is: no copy into bytes)
         if cmd == RpcCmd.MEMSET_TENSOR:
             t = self._tensor(s, RpcTensor.unpack(p), cmd, need_buffer=True)
             offset, size, value = wire.MEMSET_TENSOR_REQ_TAIL.unpack_from(p, wire.RPC_TENSOR_SIZE)
@@ -461,20 +470,41 @@ class RpcServer:
         raw.buffer, raw.data, raw.name = buffer, start, t.name
         return raw
 
+    @staticmethod
+    def _keep_range(s: Session, key: bytes, raw: Tensor) -> None:
+        if len(s.ranges) >= MAX_FAST_RANGES:  # a client that sends many different ones: start again
+            s.ranges.clear()
+        s.ranges[key] = raw
+
     def _set_tensor(self, s: Session, p: bytearray) -> None:
-        rt, cache_flag, offset, data = wire.unpack_set_tensor(p)
-        t = self._tensor(s, rt, RpcCmd.SET_TENSOR, need_buffer=True)
-        size = len(data)
-        raw = self._raw(t, offset, size, RpcCmd.SET_TENSOR)
+        size = len(p) - wire.SET_TENSOR_HEADER_SIZE
+        if 0 <= size <= FAST_RANGE_MAX and (self.cache_dir is None or not p[wire.RPC_TENSOR_SIZE]):
+            # (the size is part of the key: the same header with another payload length is another range)
+            key = bytes(memoryview(p)[:wire.SET_TENSOR_HEADER_SIZE]) + size.to_bytes(8, "little")
+            raw = s.ranges.get(key)
+            if raw is None:
+                raw = self._set_range(s, p)
+                self._keep_range(s, key, raw)
+            if size:
+                tensor_set(raw, np.frombuffer(p, dtype=np.uint8, offset=wire.SET_TENSOR_HEADER_SIZE))
+            return None
+        raw = self._set_range(s, p)
+        _, cache_flag, _, data = wire.unpack_set_tensor(p)
         if self.cache_dir is not None and cache_flag and size:
             path = self.cache_dir / f"{wire.fnv_hash(data):016x}"
             tmp = path.with_suffix(f".tmp{threading.get_ident()}")
             tmp.write_bytes(data)
             tmp.replace(path)  # whole files only: another client may read it at any time
-            log.info("rpc-server: client %s: cached %d bytes of '%s' as %s", s.peer, size, t.name, path.name)
+            log.info("rpc-server: client %s: cached %d bytes of '%s' as %s", s.peer, size, raw.name, path.name)
         if size:
             tensor_set(raw, np.frombuffer(data, dtype=np.uint8))
         return None
+
+    def _set_range(self, s: Session, p: bytearray) -> Tensor:
+        """The checked bytes a SET_TENSOR writes."""
+        rt, _, offset, data = wire.unpack_set_tensor(p)
+        t = self._tensor(s, rt, RpcCmd.SET_TENSOR, need_buffer=True)
+        return self._raw(t, offset, len(data), RpcCmd.SET_TENSOR)
 
     def _set_tensor_hash(self, s: Session, p: bytearray) -> bytes:
         rt = RpcTensor.unpack(p)
@@ -595,6 +625,72 @@ class RpcServer:
         for sg in s.graphs.values():
             self._free_plan(sg)
         s.graphs.clear()
+
+
+class _Reader:
+    """A client's bytes through one buffer: a receive takes whatever has arrived, so the commands a client sends
+    together (a decode step's input copies, then its graph) cost one system call, not three each (command
+    byte, size, payload). Waiting for a command has no time limit (a client may think as long as it likes);
+    the rest of a message must come within MESSAGE_TIMEOUT, the socket's timeout otherwise."""
+
+    CHUNK = 64 * 1024  # what one receive asks for; a larger rest of a payload is received in place
+
+    def __init__(self, conn: socket.socket) -> None:
+        self.conn = conn
+        self.buf = bytearray()
+        self.pos = 0
+
+    def next_command(self) -> int | None:
+        """The next command byte, or None when the client left."""
+        if self.pos == len(self.buf):
+            self.conn.settimeout(None)
+            try:
+                got = self._receive()
+            finally:
+                self.conn.settimeout(MESSAGE_TIMEOUT)
+            if not got:
+                return None
+        cmd = self.buf[self.pos]
+        self.pos += 1
+        return cmd
+
+    def _receive(self) -> int:
+        """One receive appended to the buffer (emptied first when all of it was read); the bytes got."""
+        if self.pos == len(self.buf):
+            self.buf.clear()
+            self.pos = 0
+        chunk = self.conn.recv(self.CHUNK)
+        self.buf += chunk
+        return len(chunk)
+
+    def read(self, n: int, what: str) -> bytearray:
+        """Exactly n bytes of the message `what`: Malformed when they do not come in time, EOFError when the
+        client leaves first."""
+        buf, pos = self.buf, self.pos
+        if len(buf) - pos >= n:
+            self.pos = pos + n
+            return buf[pos:pos + n]
+        out = bytearray(n)
+        view = memoryview(out)
+        got = len(buf) - pos
+        view[:got] = memoryview(buf)[pos:]
+        buf.clear()
+        self.pos = 0
+        try:
+            while got < n:
+                if n - got >= self.CHUNK:
+                    k = self.conn.recv_into(view[got:], n - got)
+                else:  # a small rest: received with whatever follows it
+                    k = self._receive()
+                    k = min(k, n - got)
+                    view[got:got + k] = memoryview(self.buf)[:k]
+                    self.pos = k
+                if k == 0:
+                    raise EOFError(f"{what}: the client left after {got} of {n} bytes")
+                got += k
+        except TimeoutError:
+            raise Malformed(f"{what}: {got} of {n} bytes came within {MESSAGE_TIMEOUT:g} s") from None
+        return out
 
 
 def _failing_node(e: Exception, graph: Graph) -> str:
