@@ -1,0 +1,239 @@
+"""The CPU backend's `quant_rounding` option: each setting forced, against numpy written here.
+
+"x86" follows ggml's AVX2 code (ggml-cpu/arch/x86/quants.c of llama.cpp 0c1e570): src1 quantized to
+Q8_0/Q8_1 with 127/amax and round-half-to-even, and the Q8_0 x Q8_0 and Q4_1 x Q8_1 dots summed in its
+float order (one 8-lane FMA accumulator, hsum_float_8, Q4_1's summs by FMA, added last): the quants and
+scales must be equal bit for bit, and so must the products. "ref" follows ggml's reference C (1/d and
+roundf). Both are checked on every machine; which one a backend takes by default is the host's.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import gguf
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType
+from kernel_helpers import F32, new_ctx, run, tensor
+
+from pyggml.backends.cpu import CPUBackend, cpu_init
+from pyggml.backends.cpu.kernels import ComputeParams
+from pyggml.backends.cpu.kernels import quant_dot as qd
+from pyggml.backends.cpu.rounding import (
+    ENV_QUANT_ROUNDING,
+    QUANT_ROUNDINGS,
+    host_quant_rounding,
+    resolve_quant_rounding,
+)
+from pyggml.core.errors import ArgumentError
+from pyggml.core.types import GGMLType
+
+CODES = {"ref": qd.ROUND_REF, "x86": qd.ROUND_X86}
+
+
+# --- numpy references of the two quantizers (per block of 32, float32 arithmetic) ---
+
+
+def q8_blocks(x: np.ndarray, rounding: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(quants (n, 32) int, d (n,) unrounded float32, s (n,) = f16(sum(q) * d) as float32) of x's blocks."""
+    b = x.astype(np.float32).reshape(-1, 32)
+    amax = np.abs(b).max(axis=1)
+    d = (amax / np.float32(127)).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        if rounding == "x86":  # quantize_row_q8_0/q8_1 (AVX2): id = 127 / max, _mm256_round_ps (half to even)
+            mul = np.where(amax == 0, np.float32(0), np.float32(127) / amax).astype(np.float32)
+            q = np.rint(b * mul[:, None])
+        else:  # quantize_row_q8_0_ref/q8_1_ref: id = 1 / d, roundf (half away from zero)
+            mul = np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
+            p = (b * mul[:, None]).astype(np.float64)
+            q = np.sign(p) * np.floor(np.abs(p) + 0.5)
+    q = q.astype(np.int64)
+    s = (q.sum(axis=1).astype(np.float32) * d).astype(np.float16).astype(np.float32)
+    return q, d, s
+
+
+def quantize(kind: GGMLType, x: np.ndarray, rounding: str) -> tuple[np.ndarray, ...]:
+    """quant_dot.quantize_rows' split arrays for float32 rows x."""
+    n, k = x.shape
+    yq, yd, ys, yb = (np.zeros((n, k), np.int8), np.zeros((n, k // 32), np.float32),
+                      np.zeros((n, k // 32), np.float32), np.zeros((n, k // 16), np.int32))
+    qd.quantize_rows(int(kind), np.ascontiguousarray(x), yq, yd, ys, yb, CODES[rounding])
+    return yq, yd, ys, yb
+
+
+def src1_rows(rng: np.random.Generator, n: int, k: int) -> np.ndarray:
+    """Gaussian rows, an all-zero block, and a block that makes the two roundings differ: exact halves (a
+    block of max 127 scales by exactly 1 on both paths: 2.5 is 2 on x86, 3 by roundf)."""
+    x = (rng.standard_normal((n, k)) * 2).astype(np.float32)
+    x[0, 32:64] = 0  # an all-zero block
+    x[1, :32] = np.float32(0.5) + np.arange(32, dtype=np.float32)
+    x[1, 31] = 127  # max 127: d = 1, both multipliers exactly 1, the values are halves
+    return x
+
+
+@pytest.mark.parametrize("rounding", QUANT_ROUNDINGS)
+@pytest.mark.parametrize("kind", [GGMLType.Q8_0, GGMLType.Q8_1])
+def test_quantize_rows_equal_the_numpy_reference(kind: GGMLType, rounding: str, rng: np.random.Generator) -> None:
+    x = src1_rows(rng, 6, 512)
+    yq, yd, ys, yb = quantize(kind, x, rounding)
+    q, d, s = q8_blocks(x, rounding)
+    np.testing.assert_array_equal(yq.reshape(-1, 32), q)
+    np.testing.assert_array_equal(yd.reshape(-1), d.astype(np.float16).astype(np.float32))
+    if kind == GGMLType.Q8_1:
+        np.testing.assert_array_equal(ys.reshape(-1), s)
+    np.testing.assert_array_equal(yb.reshape(-1), q.reshape(-1, 16).sum(axis=1))
+
+
+def test_the_two_roundings_differ_where_expected(rng: np.random.Generator) -> None:
+    x = src1_rows(rng, 64, 512)
+    ref, x86 = quantize(GGMLType.Q8_0, x, "ref")[0], quantize(GGMLType.Q8_0, x, "x86")[0]
+    assert list(ref[1, :4]) == [1, 2, 3, 4] and list(x86[1, :4]) == [0, 2, 2, 4]  # 0.5, 1.5, 2.5, 3.5
+    differ = np.count_nonzero(ref != x86)
+    # the crafted halves (16 of row 1's block), and rarely (~1e-5 of gaussian values: a product within an
+    # ulp of a half) others
+    assert 16 <= differ < 16 + ref.size // 1000
+    assert np.abs(ref.astype(int) - x86).max() == 1
+
+
+def test_q8_0_quants_equal_ggml_reference_code_under_ref(rng: np.random.Generator) -> None:
+    """"ref" against the gguf package's port of quantize_row_q8_0_ref (a third implementation)."""
+    x = src1_rows(rng, 4, 256)
+    yq, yd, _, _ = quantize(GGMLType.Q8_0, x, "ref")
+    want = gguf.quants.quantize(x, GGMLQuantizationType.Q8_0).reshape(4, 8, 34)
+    np.testing.assert_array_equal(yq.reshape(4, 8, 32), want[:, :, 2:].view(np.int8))
+    np.testing.assert_array_equal(yd, want[:, :, :2].copy().view(np.float16)[..., 0].astype(np.float32))
+
+
+# --- ggml's AVX2 dot products, float for float ---
+
+
+def _f32(v: Fraction | float) -> float:
+    """The float32 nearest to an exact value, ties to even (no double rounding: neighbours compared exactly)."""
+    exact = Fraction(v)
+    f = np.float32(float(exact))
+    cands = [np.nextafter(f, np.float32(-np.inf)), f, np.nextafter(f, np.float32(np.inf))]
+
+    def key(c: np.float32) -> tuple[Fraction, int]:
+        return abs(Fraction(float(c)) - exact), int(np.array(c, np.float32).view(np.uint32)) & 1
+
+    return float(min(cands, key=key))
+
+
+def fma(a: float, b: float, c: float) -> float:
+    """a * b + c rounded once to float32 (the FMA instruction)."""
+    return _f32(Fraction(a) * Fraction(b) + Fraction(c))
+
+
+def add(a: float, b: float) -> float:
+    return float(np.float32(a) + np.float32(b))
+
+
+def mul(a: float, b: float) -> float:
+    return float(np.float32(a) * np.float32(b))
+
+
+def hsum_float_8(acc: list[float]) -> float:
+    """ggml's hsum_float_8: high half plus low half, then movehl, then movehdup."""
+    r = [add(acc[4 + i], acc[i]) for i in range(4)]
+    r = [add(r[0], r[2]), add(r[1], r[3])]
+    return add(r[0], r[1])
+
+
+def avx2_dot(values: np.ndarray, dw: np.ndarray, yq: np.ndarray, yd: np.ndarray,
+             mins: np.ndarray | None = None, ys: np.ndarray | None = None) -> float:
+    """One row: ggml_vec_dot_q8_0_q8_0 (values signed) or ggml_vec_dot_q4_1_q8_1 (values 0..15, mins, s)."""
+    acc = [0.0] * 8
+    summs = 0.0
+    for b in range(values.shape[0]):
+        if mins is not None:
+            assert ys is not None
+            summs = fma(float(mins[b]), float(ys[b]), summs)
+        d = mul(float(dw[b]), float(yd[b]))
+        prods = values[b].astype(np.int64) * yq[b].astype(np.int64)
+        for lane in range(8):
+            acc[lane] = fma(d, float(np.float32(prods[4 * lane:4 * lane + 4].sum())), acc[lane])
+    return add(hsum_float_8(acc), summs)
+
+
+def _f16_field(blocks: np.ndarray, at: int) -> np.ndarray:
+    return blocks[..., at:at + 2].copy().view(np.float16)[..., 0].astype(np.float32)
+
+
+@pytest.mark.parametrize("wtype", [GGMLType.Q8_0, GGMLType.Q4_1])
+def test_x86_products_equal_ggml_avx2_arithmetic_bit_for_bit(wtype: GGMLType, rng: np.random.Generator) -> None:
+    M, N, K = 7, 3, 512  # 16 blocks: also more than quant_dot's 4-block unroll of the "ref" path
+    qt = GGMLQuantizationType(int(wtype))
+    stored = gguf.quants.quantize(rng.standard_normal((M, K)).astype(np.float32), qt)
+    x = src1_rows(rng, N, K)
+    ctx = new_ctx(8)
+    w = ctx.new_tensor(wtype, [K, M])
+    w.numpy()[...] = stored.reshape(w.numpy().shape)
+    got = run(ctx.mul_mat(w, tensor(ctx, F32, x[None, None])), ComputeParams(quant_rounding="x86"))[0, 0]
+
+    vdt = GGMLType.Q8_0 if wtype == GGMLType.Q8_0 else GGMLType.Q8_1
+    yq, yd, ys, _ = quantize(vdt, x, "x86")
+    size = 34 if wtype == GGMLType.Q8_0 else 20
+    blocks = stored.reshape(M, K // 32, size)
+    dw = _f16_field(blocks, 0)
+    if wtype == GGMLType.Q8_0:
+        values = blocks[..., 2:].copy().view(np.int8)
+        mins = None
+    else:
+        qs = blocks[..., 4:]
+        values = np.concatenate([qs & 15, qs >> 4], axis=-1)  # low nibbles are values 0..15, high 16..31
+        mins = _f16_field(blocks, 2)
+    want = np.array([[avx2_dot(values[m], dw[m], yq[n].reshape(-1, 32), yd[n],
+                               None if mins is None else mins[m], ys[n]) for m in range(M)] for n in range(N)],
+                    np.float32)
+    np.testing.assert_array_equal(got, want)
+    # "ref" quantizes some of these rows differently: the products move (this data is not a no-op test)
+    ref = run(ctx.mul_mat(w, tensor(ctx, F32, x[None, None])), ComputeParams(quant_rounding="ref"))[0, 0]
+    assert not np.array_equal(ref, got)
+
+
+# --- the option ---
+
+
+def test_resolution_argument_then_environment_then_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert resolve_quant_rounding("X86 ", {}) == "x86"
+    assert resolve_quant_rounding(None, {ENV_QUANT_ROUNDING: "ref"}) == "ref"
+    assert resolve_quant_rounding("x86", {ENV_QUANT_ROUNDING: "ref"}) == "x86"
+    assert resolve_quant_rounding(None, {}) == host_quant_rounding()
+    with pytest.raises(ArgumentError, match="allowed: x86, ref"):
+        resolve_quant_rounding("avx", {})
+    with pytest.raises(ArgumentError, match=ENV_QUANT_ROUNDING):
+        resolve_quant_rounding(None, {ENV_QUANT_ROUNDING: "fast"})
+    monkeypatch.setenv(ENV_QUANT_ROUNDING, "ref")
+    assert ComputeParams().quant_rounding == "ref"
+    assert CPUBackend(1).quant_rounding == "ref"
+    assert cpu_init(1, quant_rounding="x86").quant_rounding == "x86"
+
+
+def test_host_default_is_x86_where_numba_targets_avx2_and_fma() -> None:
+    from llvmlite import binding
+
+    features = binding.get_host_cpu_features()
+    if features.get("avx2", False) and features.get("fma", False):
+        assert host_quant_rounding() == "x86"
+
+
+def test_backend_plans_carry_the_setting(rng: np.random.Generator) -> None:
+    """A backend's setting reaches its kernels: its Q4_1 product equals the kernel's under that setting,
+    and the two settings give different products here."""
+    ctx = new_ctx(8)
+    K, M = 256, 16
+    w = ctx.new_tensor(GGMLType.Q4_1, [K, M])
+    w.numpy()[...] = gguf.quants.quantize(rng.standard_normal((M, K)).astype(np.float32),
+                                          GGMLQuantizationType.Q4_1).reshape(w.numpy().shape)
+    node = ctx.mul_mat(w, tensor(ctx, F32, src1_rows(rng, 2, K)[None, None]))
+    graph = ctx.new_graph()
+    graph.build_forward_expand(node)
+    got = {}
+    for rounding in QUANT_ROUNDINGS:
+        backend = cpu_init(1, quant_rounding=rounding)
+        backend.graph_compute(graph)
+        backend.free()
+        got[rounding] = node.numpy()[0, 0].copy()
+        np.testing.assert_array_equal(got[rounding], run(node, ComputeParams(quant_rounding=rounding))[0, 0])
+    assert not np.array_equal(got["x86"], got["ref"])
