@@ -210,6 +210,17 @@ def round_f16(typingctx, x):
 
 
 @intrinsic
+def fma_f32(typingctx, a, b, c):
+    """a * b + c for float32 scalars, rounded once (llvm.fma: the FMA instruction, or libm's exact fmaf)."""
+    sig = types.float32(types.float32, types.float32, types.float32)
+
+    def codegen(context, builder, signature, args):
+        return _fma(builder, *args)
+
+    return sig, codegen
+
+
+@intrinsic
 def atomic_add(typingctx, a, i, v):
     """Atomically add `v` to int64 element `i` of `a`; returns the value before (sequentially consistent)."""
     sig = types.int64(a, types.intp, types.int64)
