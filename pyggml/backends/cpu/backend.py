@@ -13,9 +13,9 @@ buffers are of the "CPU" buffer type, `cpu_buffer_from_ptr` buffers of
 "CPU_Mapped". Its plans follow tensors whose memory moved after the plan was
 made (`plans_follow_moves`: each compute reads `data` anew, as ggml's kernels do).
 
-`quant_rounding` ("x86" or "ref"; None: `PYGGML_CPU_QUANT_ROUNDING`, else
+`numerics` ("x86" or "ref"; None: `PYGGML_CPU_NUMERICS`, else
 "x86" on AVX2+FMA machines) picks which of ggml's CPU code paths the
-quantized products reproduce (`pyggml.backends.cpu.rounding`); plans made
+kernels reproduce (`pyggml.backends.cpu.numerics`); plans made
 after an assignment use the new value.
 """
 
@@ -38,8 +38,8 @@ from pyggml.backends.cpu.buffer import (
 )
 from pyggml.backends.cpu.device import CPUBufferType, cpu_device
 from pyggml.backends.cpu.kernels import ComputeParams, WorkArea
+from pyggml.backends.cpu.numerics import Numerics, resolve_numerics
 from pyggml.backends.cpu.plan import CPUPlan, kernel_supports, plan_compute, plan_create
-from pyggml.backends.cpu.rounding import QuantRounding, resolve_quant_rounding
 from pyggml.core.checks import check_instance, check_int
 from pyggml.core.context import Context
 from pyggml.core.errors import ArgumentError
@@ -77,7 +77,7 @@ def set_blas_threads(n_threads: int) -> None:
 class CPUBackend(Backend):
     """ggml_backend_cpu: computes with the kernels of `pyggml.backends.cpu.kernels`."""
 
-    def __init__(self, n_threads: int | None = None, quant_rounding: str | None = None) -> None:
+    def __init__(self, n_threads: int | None = None, numerics: str | None = None) -> None:
         super().__init__(cpu_device())
         device = cpu_device()
         self.buft = CPUBufferType(device, "CPU", owner=self)  # this instance's own (see CPUBufferType)
@@ -85,19 +85,19 @@ class CPUBackend(Backend):
         self._n_threads = 1
         self.n_threads = n_threads if n_threads is not None else min(os.cpu_count() or 1, GGML_MAX_N_THREADS)
         self.work = WorkArea()  # the seed's work_data/work_size, reused by graph_compute
-        self._quant_rounding = resolve_quant_rounding(quant_rounding)
+        self._numerics = resolve_numerics(numerics)
 
     @property
-    def quant_rounding(self) -> QuantRounding:
-        """Which ggml CPU path the quantized products follow (see `pyggml.backends.cpu.rounding`)."""
-        return self._quant_rounding
+    def numerics(self) -> Numerics:
+        """Which of ggml's CPU code paths the kernels follow (see `pyggml.backends.cpu.numerics`)."""
+        return self._numerics
 
-    @quant_rounding.setter
-    def quant_rounding(self, value: str) -> None:
-        self._quant_rounding = resolve_quant_rounding(value)
+    @numerics.setter
+    def numerics(self, value: str) -> None:
+        self._numerics = resolve_numerics(value)
 
     def _params(self, work: WorkArea) -> ComputeParams:
-        return ComputeParams(n_threads=self.n_threads, work=work, quant_rounding=self._quant_rounding)
+        return ComputeParams(n_threads=self.n_threads, work=work, numerics=self._numerics)
 
     @property
     def n_threads(self) -> int:
@@ -174,9 +174,9 @@ class CPUBackend(Backend):
         return True  # each compute reads tensors at their `data` of the moment (see plan.py)
 
 
-def cpu_init(n_threads: int | None = None, quant_rounding: str | None = None) -> CPUBackend:
-    """ggml_backend_cpu_init (`quant_rounding`: see `pyggml.backends.cpu.rounding`)."""
-    return CPUBackend(n_threads, quant_rounding)
+def cpu_init(n_threads: int | None = None, numerics: str | None = None) -> CPUBackend:
+    """ggml_backend_cpu_init (`numerics`: see `pyggml.backends.cpu.numerics`)."""
+    return CPUBackend(n_threads, numerics)
 
 
 def is_cpu(backend: Backend | None) -> bool:

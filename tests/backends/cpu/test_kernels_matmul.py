@@ -18,7 +18,7 @@ from kernel_helpers import BF16, F16, F32, bf16_bits, bf16_values, compile_node,
 
 from pyggml.backends.cpu.kernels import ComputeParams, matmul
 from pyggml.backends.cpu.kernels import quant_dot as qd
-from pyggml.backends.cpu.rounding import ENV_QUANT_ROUNDING
+from pyggml.backends.cpu.numerics import ENV_NUMERICS
 from pyggml.core.context import Context
 from pyggml.core.errors import GGMLError, UnsupportedTypeError
 from pyggml.core.tensor import GGMLOp, Tensor
@@ -37,9 +37,9 @@ TIGHT = 2e-6  # max |error| / max |reference|: float rounding only
 
 @pytest.fixture(autouse=True)
 def _reference_rounding(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The references below quantize src1 as ggml's reference C: the kernels too (quant_rounding "ref"; the
-    "x86" setting has its own references in test_quant_rounding.py)."""
-    monkeypatch.setenv(ENV_QUANT_ROUNDING, "ref")
+    """The references below quantize src1 as ggml's reference C: the kernels too (numerics "ref"; the
+    "x86" setting has its own references in test_numerics.py)."""
+    monkeypatch.setenv(ENV_NUMERICS, "ref")
 
 
 # --- references ---

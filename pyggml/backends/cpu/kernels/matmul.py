@@ -19,8 +19,8 @@ src0 matrix serves consecutive src1 matrices). By src0's type:
 - Quantized (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, IQ4_NL, IQ4_XS,
   MXFP4): src1 rows are quantized to the vec_dot_type (Q8_0 for Q4_0, Q5_0,
   Q8_0, IQ4_NL, MXFP4; Q8_1 for Q4_1, Q5_1; Q8_K for the K-quants and
-  IQ4_XS) exactly as ggml's quantize_row_q8_* of the path `params.quant_rounding`
-  names (see `pyggml.backends.cpu.rounding`: "x86", ggml's AVX2 rounding, on
+  IQ4_XS) exactly as ggml's quantize_row_q8_* of the path `params.numerics`
+  names (see `pyggml.backends.cpu.numerics`: "x86", ggml's AVX2 rounding, on
   x86 machines by default; "ref", its reference C), then, with fewer than
   `BLAS_MIN_COLS` columns, numba kernels compute ggml's vec_dot on the raw
   blocks: exact integer block dot products scaled by the blocks' scales
@@ -75,7 +75,7 @@ from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
 from pyggml.backends.cpu.kernels import quant_dot as qd
 from pyggml.backends.cpu.kernels._common import noop
 from pyggml.backends.cpu.kernels.threads import POOL
-from pyggml.backends.cpu.rounding import ROUNDING_CODES
+from pyggml.backends.cpu.numerics import NUMERICS_CODES
 from pyggml.core import quants
 from pyggml.core.errors import GGMLError, ShapeError, UnsupportedTypeError
 from pyggml.core.tensor import GGMLOp, Tensor
@@ -397,7 +397,7 @@ def _mul_mat_numba(wtype: GGMLType, xtype: GGMLType, K: int, dst: np.ndarray, sr
     if quantized:
         yq, yd, ys, yb = scratch[:4]
         yf = scratch[4] if blas else None
-        rounding = ROUNDING_CODES[params.quant_rounding]
+        rounding = NUMERICS_CODES[params.numerics]
 
         def prepare_y() -> None:
             if get_x is None:
@@ -468,7 +468,7 @@ def _direct(kind: int, w: np.ndarray, w_off: np.ndarray, nb: int, xf: np.ndarray
     """The direct kernels' call for these operands: on the calling thread below PARALLEL_MIN_WORK, else
     on params.n_threads threads (the caller and pool workers sharing the rows, see `threads`)."""
     nt = _kernel_threads(params, work)
-    rounding = ROUNDING_CODES[params.quant_rounding]
+    rounding = NUMERICS_CODES[params.numerics]
     if nt == 1:
         return functools.partial(qd.mul_mat_rows_serial, kind, w, w_off, nb, xf, yq, yd, ys, yb, N, w_base, out,
                                  rounding)

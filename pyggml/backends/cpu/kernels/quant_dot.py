@@ -5,8 +5,8 @@ after converting src1 to the type's `vec_dot_type` (Q8_0, Q8_1, Q8_K, F16,
 BF16). This module does the same:
 
 - `quantize_rows` converts src1 rows exactly as ggml does, Q8_0/Q8_1 by the
-  path its `rounding` argument names (the CPU backend's `quant_rounding`, see
-  `pyggml.backends.cpu.rounding`): ROUND_X86, ggml's AVX2
+  path its `rounding` argument names (the CPU backend's `numerics`, see
+  `pyggml.backends.cpu.numerics`): ROUND_X86, ggml's AVX2
   `quantize_row_q8_0/q8_1` (each value times 127/amax, rounded half to even),
   or ROUND_REF, its reference `quantize_row_q8_0/q8_1_ref` (each value times
   1/d, `roundf` = half away from zero); both in float32 arithmetic with the
@@ -534,8 +534,8 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
     """The row loop of a 32-value block type of `block_bytes`: the block's scale (`scale` reads it), then at
     `values_offset` the values `values` reads.
 
-    `x86`: the float arithmetic of ggml's AVX2 vec_dot (quant_rounding "x86", see
-    `pyggml.backends.cpu.rounding`): one 8-lane accumulator, `fma(d_w * d_y, lanes, acc)` block after block,
+    `x86`: the float arithmetic of ggml's AVX2 vec_dot (numerics "x86", see
+    `pyggml.backends.cpu.numerics`): one 8-lane accumulator, `fma(d_w * d_y, lanes, acc)` block after block,
     and for `mins` the scalar `summs = fma(m, s, summs)`. Otherwise `_ROW_UNROLL` accumulators (the FMA
     latency chain: 1.6x faster), multiply-adds fused where LLVM finds it profitable, summs = summs + m * s.
 
@@ -775,7 +775,7 @@ def deq_q5(typingctx, w, i, bits, off, d, bias, out, j):
 
 # --- src1 -> vec_dot_type (ggml's quantize_row_q8_0 / q8_1: reference or x86; q8_K) ---
 
-# quant_rounding codes (pyggml.backends.cpu.rounding.ROUNDING_CODES): numba compiles on ints
+# numerics codes (pyggml.backends.cpu.numerics.NUMERICS_CODES): numba compiles on ints
 ROUND_REF = 0
 ROUND_X86 = 1
 

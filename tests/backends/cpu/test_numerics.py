@@ -1,4 +1,4 @@
-"""The CPU backend's `quant_rounding` option: each setting forced, against numpy written here.
+"""The CPU backend's `numerics` option: each setting forced, against numpy written here.
 
 "x86" follows ggml's AVX2 code (ggml-cpu/arch/x86/quants.c of llama.cpp 0c1e570): src1 quantized to
 Q8_0/Q8_1 with 127/amax and round-half-to-even, and the Q8_0 x Q8_0 and Q4_1 x Q8_1 dots summed in its
@@ -20,11 +20,11 @@ from kernel_helpers import F32, new_ctx, run, tensor
 from pyggml.backends.cpu import CPUBackend, cpu_init
 from pyggml.backends.cpu.kernels import ComputeParams
 from pyggml.backends.cpu.kernels import quant_dot as qd
-from pyggml.backends.cpu.rounding import (
-    ENV_QUANT_ROUNDING,
-    QUANT_ROUNDINGS,
-    host_quant_rounding,
-    resolve_quant_rounding,
+from pyggml.backends.cpu.numerics import (
+    ENV_NUMERICS,
+    NUMERICS_CHOICES,
+    host_numerics,
+    resolve_numerics,
 )
 from pyggml.core.errors import ArgumentError
 from pyggml.core.types import GGMLType
@@ -72,7 +72,7 @@ def src1_rows(rng: np.random.Generator, n: int, k: int) -> np.ndarray:
     return x
 
 
-@pytest.mark.parametrize("rounding", QUANT_ROUNDINGS)
+@pytest.mark.parametrize("rounding", NUMERICS_CHOICES)
 @pytest.mark.parametrize("kind", [GGMLType.Q8_0, GGMLType.Q8_1])
 def test_quantize_rows_equal_the_numpy_reference(kind: GGMLType, rounding: str, rng: np.random.Generator) -> None:
     x = src1_rows(rng, 6, 512)
@@ -169,7 +169,7 @@ def test_x86_products_equal_ggml_avx2_arithmetic_bit_for_bit(wtype: GGMLType, rn
     ctx = new_ctx(8)
     w = ctx.new_tensor(wtype, [K, M])
     w.numpy()[...] = stored.reshape(w.numpy().shape)
-    got = run(ctx.mul_mat(w, tensor(ctx, F32, x[None, None])), ComputeParams(quant_rounding="x86"))[0, 0]
+    got = run(ctx.mul_mat(w, tensor(ctx, F32, x[None, None])), ComputeParams(numerics="x86"))[0, 0]
 
     vdt = GGMLType.Q8_0 if wtype == GGMLType.Q8_0 else GGMLType.Q8_1
     yq, yd, ys, _ = quantize(vdt, x, "x86")
@@ -188,7 +188,7 @@ def test_x86_products_equal_ggml_avx2_arithmetic_bit_for_bit(wtype: GGMLType, rn
                     np.float32)
     np.testing.assert_array_equal(got, want)
     # "ref" quantizes some of these rows differently: the products move (this data is not a no-op test)
-    ref = run(ctx.mul_mat(w, tensor(ctx, F32, x[None, None])), ComputeParams(quant_rounding="ref"))[0, 0]
+    ref = run(ctx.mul_mat(w, tensor(ctx, F32, x[None, None])), ComputeParams(numerics="ref"))[0, 0]
     assert not np.array_equal(ref, got)
 
 
@@ -196,18 +196,18 @@ def test_x86_products_equal_ggml_avx2_arithmetic_bit_for_bit(wtype: GGMLType, rn
 
 
 def test_resolution_argument_then_environment_then_host(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert resolve_quant_rounding("X86 ", {}) == "x86"
-    assert resolve_quant_rounding(None, {ENV_QUANT_ROUNDING: "ref"}) == "ref"
-    assert resolve_quant_rounding("x86", {ENV_QUANT_ROUNDING: "ref"}) == "x86"
-    assert resolve_quant_rounding(None, {}) == host_quant_rounding()
+    assert resolve_numerics("X86 ", {}) == "x86"
+    assert resolve_numerics(None, {ENV_NUMERICS: "ref"}) == "ref"
+    assert resolve_numerics("x86", {ENV_NUMERICS: "ref"}) == "x86"
+    assert resolve_numerics(None, {}) == host_numerics()
     with pytest.raises(ArgumentError, match="allowed: x86, ref"):
-        resolve_quant_rounding("avx", {})
-    with pytest.raises(ArgumentError, match=ENV_QUANT_ROUNDING):
-        resolve_quant_rounding(None, {ENV_QUANT_ROUNDING: "fast"})
-    monkeypatch.setenv(ENV_QUANT_ROUNDING, "ref")
-    assert ComputeParams().quant_rounding == "ref"
-    assert CPUBackend(1).quant_rounding == "ref"
-    assert cpu_init(1, quant_rounding="x86").quant_rounding == "x86"
+        resolve_numerics("avx", {})
+    with pytest.raises(ArgumentError, match=ENV_NUMERICS):
+        resolve_numerics(None, {ENV_NUMERICS: "fast"})
+    monkeypatch.setenv(ENV_NUMERICS, "ref")
+    assert ComputeParams().numerics == "ref"
+    assert CPUBackend(1).numerics == "ref"
+    assert cpu_init(1, numerics="x86").numerics == "x86"
 
 
 def test_host_default_is_x86_where_numba_targets_avx2_and_fma() -> None:
@@ -215,7 +215,7 @@ def test_host_default_is_x86_where_numba_targets_avx2_and_fma() -> None:
 
     features = binding.get_host_cpu_features()
     if features.get("avx2", False) and features.get("fma", False):
-        assert host_quant_rounding() == "x86"
+        assert host_numerics() == "x86"
 
 
 def test_backend_plans_carry_the_setting(rng: np.random.Generator) -> None:
@@ -230,10 +230,10 @@ def test_backend_plans_carry_the_setting(rng: np.random.Generator) -> None:
     graph = ctx.new_graph()
     graph.build_forward_expand(node)
     got = {}
-    for rounding in QUANT_ROUNDINGS:
-        backend = cpu_init(1, quant_rounding=rounding)
+    for rounding in NUMERICS_CHOICES:
+        backend = cpu_init(1, numerics=rounding)
         backend.graph_compute(graph)
         backend.free()
         got[rounding] = node.numpy()[0, 0].copy()
-        np.testing.assert_array_equal(got[rounding], run(node, ComputeParams(quant_rounding=rounding))[0, 0])
+        np.testing.assert_array_equal(got[rounding], run(node, ComputeParams(numerics=rounding))[0, 0])
     assert not np.array_equal(got["x86"], got["ref"])
