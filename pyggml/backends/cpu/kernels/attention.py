@@ -27,6 +27,7 @@ from pyggml.backends.cpu.kernels._common import F32, noop
 from pyggml.backends.cpu.kernels.matmul import mul_mat_f32
 from pyggml.backends.cpu.kernels.norm import softmax_rows
 from pyggml.backends.cpu.kernels.quant_dot import ROUND_X86, fma_f32, round_f16
+from pyggml.backends.cpu.kernels.simd_math import host_lanes
 from pyggml.backends.cpu.numerics import NUMERICS_CODES
 from pyggml.core.errors import GGMLError, ShapeError, UnsupportedTypeError
 from pyggml.core.ops.params import FlashAttnExtParams
@@ -276,7 +277,7 @@ def flash_attn_ext_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray |
             np.tanh(s, out=s)
             s *= softcap
         m = _mask_of(mask[:, :, rows], ne3, nh, s.shape[2], n_kv, slopes) if mask is not None else None
-        softmax_rows(s, m, sink4, s, empty_rows_zero=True)
+        softmax_rows(s, m, sink4, s, lanes_exp, empty_rows_zero=True)
         mul_mat_f32(out[:, :, rows], vt, s)()
 
     if (k_type == v_type == GGMLType.F16 and n < GGML_FA_TILE_Q
@@ -294,6 +295,8 @@ def flash_attn_ext_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray |
                                 np.float32(softcap), slopes_f, lanes)
 
         return run_rows
+
+    lanes_exp = host_lanes(params.numerics)  # SOFT_MAX's exp: the same bits as MUL_MAT -> SOFT_MAX -> MUL_MAT
 
     def run() -> None:
         kf = _as_f32(k_type, k)
