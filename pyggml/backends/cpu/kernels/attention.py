@@ -1,6 +1,12 @@
-"""FLASH_ATTN_EXT on the CPU, as ggml-cpu's ggml_compute_forward_flash_attn_ext_f16, vectorized over heads and rows.
+"""FLASH_ATTN_EXT on the CPU, as ggml-cpu's ggml_compute_forward_flash_attn_ext_f16.
 
-ggml walks the KV rows one at a time with an online softmax; here every head's scores are one matrix product
+F16 K and V on the shapes ggml walks row by row (fewer than GGML_FA_TILE_Q q rows, and not one q row over
+GGML_FA_SPLIT_KV or more KV rows, which ggml splits over its threads): `flash_attn_rows_f16` follows ggml's
+ggml_compute_forward_flash_attn_ext_f16_one_chunk float for float, its f16 V accumulator included, so that
+llama.cpp's default cache (f16) with `-fa on` gives llama.cpp's bits (decoding, and prompts under 64 tokens).
+
+Other types and shapes, vectorized over heads and rows: ggml walks the KV rows one at a time with an online
+softmax; here every head's scores are one matrix product
 and the softmax is taken whole, which is the same function. The two products are MUL_MAT's F32 products and the
 weights SOFT_MAX's rows (V^T laid out as the non-flash KV cache lays it), so on F32 K and V flash attention gives
 the bits of MUL_MAT -> SOFT_MAX_EXT -> MUL_MAT: `-fa on` and `-fa off` generate the same tokens. (ggml's own
@@ -11,7 +17,8 @@ can grow into different greedy tokens.) The numerics follow ggml where they matt
 - scale is divided by logit_softcap (when not 0) and the scores become softcap * tanh(s * scale).
 - the mask (F16) times the ALiBi slope of the head is added; an all -inf row (no sinks) gives 0, as ggml's S == 0.
 - sinks: one more logit per head that takes weight but has no value.
-Accumulation is f32 (ggml accumulates F16 V in f16 on its row-by-row path: well within test-backend-ops' 5e-4).
+Accumulation is f32 here; ggml's tiled (64 or more q rows) and KV-split paths for F16 round in their own
+order (the split one per thread count), not reproduced: a deviation well within test-backend-ops' 5e-4.
 """
 
 from __future__ import annotations
