@@ -1,4 +1,5 @@
-"""The CPU backend's `numerics` option: each setting forced, against numpy written here.
+"""The CPU backend's `numerics` option: each setting forced, against numpy written here (and, for the
+ops ggml computes with its vector code, against real libggml bit for bit).
 
 "x86" follows ggml's AVX2 code (ggml-cpu/arch/x86/quants.c of llama.cpp 0c1e570): src1 quantized to
 Q8_0/Q8_1 with 127/amax and round-half-to-even, and the Q8_0 x Q8_0 and Q4_1 x Q8_1 dots summed in its
@@ -17,6 +18,7 @@ import pytest
 from gguf import GGMLQuantizationType
 from kernel_helpers import F32, new_ctx, run, tensor
 
+from pyggml.backend import Backend
 from pyggml.backends.cpu import CPUBackend, cpu_init
 from pyggml.backends.cpu.kernels import ComputeParams
 from pyggml.backends.cpu.kernels import quant_dot as qd
@@ -28,6 +30,7 @@ from pyggml.backends.cpu.numerics import (
 )
 from pyggml.core.errors import ArgumentError
 from pyggml.core.types import GGMLType
+from pyggml.testing.test_ops import OpCase
 
 CODES = {"ref": qd.ROUND_REF, "x86": qd.ROUND_X86}
 
@@ -237,3 +240,116 @@ def test_backend_plans_carry_the_setting(rng: np.random.Generator) -> None:
         got[rounding] = node.numpy()[0, 0].copy()
         np.testing.assert_array_equal(got[rounding], run(node, ComputeParams(numerics=rounding))[0, 0])
     assert not np.array_equal(got["x86"], got["ref"])
+
+
+# --- ggml's vector exp, against numpy (exact FMAs by fractions) ---
+
+
+def _expf_ggml(x: float, lanes: int) -> float:
+    """ggml_v_expf (vec.h) one lane, written from its source: 16 lanes AVX512, 8 lanes AVX2 (main range)."""
+    c = {k: float(np.float32(float.fromhex(v))) for k, v in (
+        ("r", "0x1.8p23"), ("log2e", "0x1.715476p+0"), ("hi", "0x1.62e4p-1"), ("lo", "0x1.7f7d1cp-20"),
+        ("p5", "0x1.0e4020p-7"), ("p4", "0x1.573e2ep-5"), ("p3", "0x1.555e66p-3"), ("p2", "0x1.fffdb6p-2"),
+        ("p1", "0x1.ffffecp-1"))}
+    z = fma(x, c["log2e"], c["r"])
+    n = float(np.float32(z) - np.float32(c["r"]))
+    b = fma(-n, c["lo"], fma(-n, c["hi"], x))
+    u = mul(b, b)
+    hi = fma(fma(c["p5"], b, c["p4"]), u, fma(c["p3"], b, c["p2"]))
+    if lanes == 16:
+        return _f32(Fraction(fma(hi, u, fma(c["p1"], b, 1.0))) * Fraction(2) ** int(n))
+    k = float(np.float32(2.0) ** int(n))
+    return fma(fma(hi, u, mul(c["p1"], b)), k, k)
+
+
+@pytest.mark.parametrize("lanes", [16, 8])
+def test_vector_exp_equals_its_source(lanes: int, rng: np.random.Generator) -> None:
+    from pyggml.backends.cpu.kernels.simd_math import v_expf
+
+    x = np.concatenate([rng.uniform(-80, 80, 300), rng.standard_normal(200)]).astype(np.float32)
+    got = np.array([v_expf(v, lanes) for v in x], np.float32)
+    want = np.array([_expf_ggml(float(v), lanes) for v in x], np.float32)
+    np.testing.assert_array_equal(got, want)
+    assert v_expf(np.float32(-np.inf), lanes) == 0.0 and v_expf(np.float32(200.0), lanes) == np.inf
+
+
+def test_scalar_exp_is_libm() -> None:
+    """"ref" (lanes 0): libm's expf, as ggml's scalar code and the tail of every row."""
+    import ctypes
+
+    from pyggml.backends.cpu.kernels.simd_math import v_expf
+
+    libm = ctypes.CDLL("libm.so.6")
+    libm.expf.restype, libm.expf.argtypes = ctypes.c_float, [ctypes.c_float]
+    x = np.linspace(-30, 30, 997, dtype=np.float32)
+    np.testing.assert_array_equal(np.array([v_expf(v, 0) for v in x], np.float32),
+                                  np.array([libm.expf(float(v)) for v in x], np.float32))
+
+
+# --- ops against real ggml, bit for bit (x86: libggml is built for this host, -march=native) ---
+
+
+def _bits_differ(case: OpCase, backend: Backend, reference: Backend) -> tuple[int, int] | None:
+    """(elements whose bits differ, elements) of one test_ops case on `backend` and `reference`; None if
+    either cannot compute it."""
+    from pyggml.alloc import alloc_ctx_tensors
+    from pyggml.backend.tensor_io import tensor_get_numpy, tensor_set_numpy
+    from pyggml.core.context import Context
+    from pyggml.testing import test_ops as T
+
+    ctx1, ctx2 = Context(mem_size=1 << 22, no_alloc=True), Context(mem_size=1 << 22, no_alloc=True)
+    g1, out1 = T._graph_of(case, ctx1)
+    g2, out2 = T._graph_of(case, ctx2)
+    if T._unsupported(backend, g1) is not None or T._unsupported(reference, g2) is not None:
+        return None
+    bufs = [alloc_ctx_tensors(ctx1, backend), alloc_ctx_tensors(ctx2, reference)]
+    try:
+        rng = np.random.default_rng(T._seed(case))
+        for leaf1, leaf2 in zip(g1.leafs, g2.leafs, strict=True):
+            values = case.inits.get(leaf1.name, T.default_values)(rng, leaf1)
+            tensor_set_numpy(leaf1, values)
+            tensor_set_numpy(leaf2, values)
+        backend.graph_compute(g1)
+        reference.graph_compute(g2)
+        a, b = np.ascontiguousarray(tensor_get_numpy(out1)), np.ascontiguousarray(tensor_get_numpy(out2))
+    finally:
+        for buf in bufs:
+            if buf is not None:
+                buf.free()
+    bits = np.dtype(f"u{a.itemsize}")
+    return int(np.count_nonzero(a.view(bits) != b.view(bits))), a.size
+
+
+def _row_by_row_fa(desc: str) -> bool:
+    """FLASH_ATTN_EXT cases with F16 K/V that ggml walks row by row (see attention.py)."""
+    fields = dict(kv.split("=", 1) for kv in desc.split(",") if "=" in kv and not kv.startswith("nr23"))
+    return (fields.get("type_KV") == "f16" and int(fields["nb"]) < 64
+            and not (int(fields["nb"]) == 1 and int(fields["kv"]) >= 512))
+
+
+# (label, which of its cases): the ops and shapes whose x86 bits pyggml reproduces
+BIT_EXACT = {
+    "ROPE": lambda d: d.startswith("type=f32") and "ext_factor=1" not in d,
+    "SOFT_MAX": lambda d: d.startswith("type=f32") and "max_bias=2" not in d,  # slope * mask: not contracted
+    "SILU": lambda d: "transposed" not in d,
+    "SWIGLU": lambda d: "[1,3,1,1]" not in d,
+    "RMS_NORM": lambda d: d.startswith("type=f32"),
+    "FLASH_ATTN_EXT": _row_by_row_fa,
+}
+
+
+@pytest.mark.parametrize("label", sorted(BIT_EXACT))
+def test_x86_ops_equal_libggml_bit_for_bit(label: str, ggml_reference: Backend) -> None:
+    from pyggml.testing import test_ops as T
+
+    if host_numerics() != "x86":
+        pytest.skip("libggml takes its x86 SIMD paths only on AVX2+FMA hosts")
+    backend = cpu_init(1, numerics="x86")
+    try:
+        cases = [c for c in T.select(T.all_cases(), label) if BIT_EXACT[label](c.desc)]
+        assert cases
+        results = {c.desc: _bits_differ(c, backend, ggml_reference) for c in cases}
+    finally:
+        backend.free()
+    assert {d: r for d, r in results.items() if r is not None and r[0]} == {}
+    assert any(r is not None for r in results.values())

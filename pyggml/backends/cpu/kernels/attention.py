@@ -106,7 +106,8 @@ def flash_attn_rows_f16(q, k, v, mask, sinks, out, scale, softcap, slopes, lanes
     tanhf(score) when softcap is not 0) plus slope * mask, KV rows whose mask is -inf skipped; an online
     softmax whose V accumulator is f16 (each rescale `f16(acc * ms)` and each step `f16(fma(v, vs, acc))`,
     as ggml_vec_scale_f16/ggml_vec_mad_f16), S = fma(S, ms, vs) (gcc's contraction), libm's expf; then the
-    sink, and the accumulator times 1/S.
+    sink (S * ms + vs, not contracted there: both checked bit for bit against libggml), and the accumulator
+    times 1/S.
     """
     ne3, nh, n, dk = q.shape
     n_kv = k.shape[2]
@@ -159,7 +160,7 @@ def flash_attn_rows_f16(q, k, v, mask, sinks, out, scale, softcap, slopes, lanes
                             acc[d] = acc[d] * ms
                     else:
                         vs = np.float32(math.exp(sk - M))
-                    S = fma_f32(S, ms, vs)
+                    S = S * ms + vs
                 s_inv = np.float32(0.0) if S == 0.0 else np.float32(1.0) / S
                 for d in range(dv):
                     out[i3, h, i1, d] = acc[d] * s_inv
