@@ -18,13 +18,22 @@ differently on different CPUs (its SIMD code is not its reference C):
     the disassembly of 0c1e570's build), added last;
   - FLASH_ATTN_EXT's F16 dot products (on the shapes it walks row by row) in
     `ggml_vec_dot_f16`'s order: 4 accumulators of 16 lanes (AVX512F) or 8
-    (AVX2), then `_mm512_reduce_add_ps` or hadds.
+    (AVX2), then `_mm512_reduce_add_ps` or hadds;
+  - SOFT_MAX, SILU and SWIGLU: `ggml_v_expf` (a polynomial of FMAs, its
+    AVX512 or AVX2 variant) on blocks of 16 or 8 values, libm's `expf` on the
+    rest of a row (`kernels/simd_math.py`);
+  - ROPE (F32): the rotation's products as gcc contracts them into FMAs.
 - "ref": ggml's reference C, what ggml runs without SIMD:
   `quantize_row_q8_0_ref`/`q8_1_ref` (value times `1 / d` with
   `d = amax / 127`, `roundf` = half away from zero), scalar F16 dots (float
-  products summed in double); pyggml's quantized dots keep four
-  accumulators there (faster; only float summation order differs from
-  ggml's scalar code).
+  products summed in double), libm's `expf` for every exp, the rotation
+  without FMAs; pyggml's quantized dots keep four accumulators there
+  (faster; only float summation order differs from ggml's scalar code).
+
+On both: libm's cosf/sinf/expf/powf where ggml calls them (numba's math
+functions on float32 are libm's; numpy's float32 ones are its own SIMD
+code), RMS_NORM's sum of squares in double, and flash attention's
+row-by-row online softmax with an f16 V accumulator for F16 K and V.
 
 The quantizers differ in about one quant in 1e5 (a value whose scaled
 magnitude lands within an ulp of a half) and the summation orders in last

@@ -33,6 +33,7 @@ from pyggml.backends.cpu.kernels._common import (
     same_memory,
     scratch,
 )
+from pyggml.backends.cpu.kernels.simd_math import host_lanes, silu_rows
 from pyggml.core.errors import ArgumentError, GGMLError, LayoutError, OutOfBoundsError, ShapeError
 from pyggml.core.ops.params import AccParams, ClampParams, LeakyReluParams, ScaleParams, UnaryParams
 from pyggml.core.tensor import GGMLOp, Tensor, UnaryOp
@@ -298,8 +299,6 @@ def _gelu_quick(d: np.ndarray, x: np.ndarray, params: ComputeParams) -> Compute:
 def _silu(d: np.ndarray, x: np.ndarray, params: ComputeParams) -> Compute:
     """x / (1 + exp(-x)) in f32 row by row, as ggml_vec_silu_f32 (its vector exp on blocks, libm's expf on
     the rest: see simd_math)."""
-    from pyggml.backends.cpu.kernels.simd_math import host_lanes, silu_rows
-
     (t,) = scratch(params, x.shape)
     t2 = t.reshape(-1, x.shape[-1]) if x.ndim else t.reshape(1, 1)
     lanes = host_lanes(params.numerics)
