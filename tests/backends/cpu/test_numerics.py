@@ -353,3 +353,20 @@ def test_x86_ops_equal_libggml_bit_for_bit(label: str, ggml_reference: Backend) 
         backend.free()
     assert {d: r for d, r in results.items() if r is not None and r[0]} == {}
     assert any(r is not None for r in results.values())
+
+
+@pytest.mark.parametrize("numerics", NUMERICS_CHOICES)
+def test_cpy_to_q8_0_rounds_by_the_setting(numerics: str, rng: np.random.Generator) -> None:
+    """CPY (and SET_ROWS: the same from_float) to Q8_0: ggml-cpu's SIMD row under "x86", the reference row
+    under "ref"; the crafted halves make them differ."""
+    from pyggml.core import quants
+
+    x = src1_rows(rng, 2, 64)
+    ctx = new_ctx(4)
+    q = ctx.new_tensor_2d(GGMLType.Q8_0, 64, 2)
+    run(ctx.cpy(tensor(ctx, F32, x), q), ComputeParams(numerics=numerics))
+    yq, yd, _, _ = quantize(GGMLType.Q8_0, x, numerics)
+    got = q.numpy()[0, 0].reshape(2, 2, 34)
+    np.testing.assert_array_equal(got[..., 2:].view(np.int8).reshape(2, 64), yq)
+    np.testing.assert_array_equal(got[..., :2].copy().view(np.float16)[..., 0].astype(np.float32), yd)
+    assert np.array_equal(got.reshape(2, -1), quants.from_float(GGMLType.Q8_0, x)) == (numerics == "ref")
