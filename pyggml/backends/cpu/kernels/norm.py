@@ -187,12 +187,23 @@ def _mask_rows(node: Tensor, x: np.ndarray, mask: np.ndarray) -> Callable[[], np
     return lambda: rows[index]
 
 
+@njit(cache=True)
+def _fma_into(a, b, t):
+    """t = fma(a, b, t) elementwise (4-D arrays of t's shape; a and b may be broadcast views)."""
+    for i3 in range(t.shape[0]):
+        for i2 in range(t.shape[1]):
+            for i1 in range(t.shape[2]):
+                for i0 in range(t.shape[3]):
+                    t[i3, i2, i1, i0] = fma_f32(a[i3, i2, i1, i0], b[i3, i2, i1, i0], t[i3, i2, i1, i0])
+
+
 def soft_max_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
     """Each row: softmax(x * scale + slope * mask), with an extra logit per head from the sinks (src[2]).
 
     SoftMaxParams: scale, and max_bias (> 0: ALiBi, the slope of head i2); the mask (src[1], F32 or F16, row
     i1 for row i1, dims 2 and 3 tiled) and the sinks (src[2], F32, one per head) are optional. Computed in f32
-    with exact exp, as ggml's kernel.
+    as ggml's kernel: its exp and sums per `numerics` (softmax_rows), the ALiBi slopes by libm's powf, and
+    under "x86" `slope * mask` added by FMA as gcc compiles it.
     """
     x = _src0(node, dst, srcs)
     require_types(node, FLOAT_TYPES, node.src[1])
@@ -215,12 +226,18 @@ def soft_max_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None]
 
     lanes = host_lanes(params.numerics)
 
+    # x86: gcc contracts ggml's `wp[i] += slope*mask[i]` into an FMA (exact either way when slope is 1)
+    fused_slope = slope4 is not None and NUMERICS_CODES[params.numerics] == ROUND_X86
+
     def run() -> None:
         np.multiply(x, scale, out=t, dtype=F32)
         m = None
         if mask_of is not None:
             m = mask_of()
-            if slope4 is not None:
+            if fused_slope:
+                _fma_into(np.broadcast_to(slope4, t.shape), np.asarray(m, dtype=F32), t)
+                m = None
+            elif slope4 is not None:
                 m = np.multiply(m, slope4, dtype=F32)
         softmax_rows(t, m, sink4, dst, lanes)
 
