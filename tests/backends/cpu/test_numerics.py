@@ -5,7 +5,10 @@ ops ggml computes with its vector code, against real libggml bit for bit).
 Q8_0/Q8_1 with 127/amax and round-half-to-even, and the Q8_0 x Q8_0 and Q4_1 x Q8_1 dots summed in its
 float order (one 8-lane FMA accumulator, hsum_float_8, Q4_1's summs by FMA, added last): the quants and
 scales must be equal bit for bit, and so must the products. "ref" follows ggml's reference C (1/d and
-roundf). Both are checked on every machine; which one a backend takes by default is the host's.
+roundf). Both are checked on every machine; which one a backend takes by default is the host's. CPY to Q8_0
+rounds by the setting too. ggml_v_expf (both x86 variants) is checked against its source with exact FMAs,
+the scalar exp against libm; ROPE, SOFT_MAX, SILU, SWIGLU, RMS_NORM and row-by-row F16 FLASH_ATTN_EXT
+under "x86" against libggml itself (built for this host), bit for bit.
 """
 
 from __future__ import annotations
