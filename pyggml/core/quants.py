@@ -1224,12 +1224,12 @@ _SIMD_ROWS: dict[GGMLType, Callable[[np.ndarray], np.ndarray]] = {
 }
 
 
-def from_float_cpu(t: GGMLType, values: np.ndarray) -> np.ndarray:
+def from_float_cpu(t: GGMLType, values: np.ndarray, simd: bool = True) -> np.ndarray:
     """float32 rows -> `t` as ggml's CPU backend converts them (type_traits_cpu's from_float: CPY, SET_ROWS
     and MUL_MAT's src1): Q8_0 and Q8_1 by their SIMD rows, which round ties differently from the reference;
     every other type as `from_float`. The SIMD rounding is what ggml's x86 and ARM builds compute (its
-    scalar fallback, for other CPUs, is the reference row)."""
-    if t not in _SIMD_ROWS:
+    scalar fallback, for other CPUs, is the reference row: `simd=False`, the CPU backend's "ref" numerics)."""
+    if t not in _SIMD_ROWS or not simd:
         return from_float(t, values)
     x = np.ascontiguousarray(values, dtype=F32)
     if x.ndim == 0 or x.shape[-1] % 32:

@@ -7,7 +7,11 @@ the same elements with the same angles and raises the same errors.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,16 +31,38 @@ from pyggml.core.types import GGMLType
 F32 = np.float32
 
 
+@functools.cache
+def _libm_powf() -> Callable[[float, float], float] | None:
+    """The C library's powf, which ggml calls (numpy's float32 power is its own and rounds some values the
+    other way: 0.8408964^3); None where no C math library is found."""
+    name = ctypes.util.find_library("m") or ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        fn = ctypes.CDLL(name).powf
+    except (OSError, AttributeError):
+        return None
+    fn.restype, fn.argtypes = ctypes.c_float, [ctypes.c_float, ctypes.c_float]
+    return fn  # type: ignore[no-any-return]
+
+
+def _powf(x: np.float32, y: np.float32) -> np.float32:
+    fn = _libm_powf()
+    if fn is None:
+        return np.power(x, y, dtype=F32)
+    return F32(fn(float(x), float(y)))
+
+
 def alibi_slopes(n_head: int, max_bias: float) -> np.ndarray:
-    """ALiBi's slope of each head h < n_head (f32, as ggml's SOFT_MAX computes them); all 1 when max_bias <= 0."""
+    """ALiBi's slope of each head h < n_head (f32, as ggml's SOFT_MAX computes them: powf of the C library);
+    all 1 when max_bias <= 0."""
     if max_bias <= 0.0:
         return np.ones(n_head, F32)
     n_log2 = 1 << int(math.floor(math.log2(n_head)))
-    m0 = np.power(np.float32(2.0), np.float32(-max_bias) / np.float32(n_log2), dtype=F32)
-    m1 = np.power(np.float32(2.0), np.float32(-max_bias / 2.0) / np.float32(n_log2), dtype=F32)
-    h = np.arange(n_head)
-    return np.where(h < n_log2, np.power(m0, (h + 1).astype(F32), dtype=F32),
-                    np.power(m1, (2 * (h - n_log2) + 1).astype(F32), dtype=F32)).astype(F32)
+    m0 = _powf(F32(2.0), F32(-max_bias) / F32(n_log2))
+    m1 = _powf(F32(2.0), F32(-max_bias / 2.0) / F32(n_log2))
+    return np.array([_powf(m0, F32(h + 1)) if h < n_log2 else _powf(m1, F32(2 * (h - n_log2) + 1))
+                     for h in range(n_head)], F32)
 
 
 ROPE_MODES = (GGML_ROPE_TYPE_NORMAL, GGML_ROPE_TYPE_NEOX, GGML_ROPE_TYPE_MROPE, GGML_ROPE_TYPE_IMROPE,

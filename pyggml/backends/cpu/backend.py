@@ -12,6 +12,11 @@ The backend's device is the CPU device (`pyggml.backends.cpu.device`); its
 buffers are of the "CPU" buffer type, `cpu_buffer_from_ptr` buffers of
 "CPU_Mapped". Its plans follow tensors whose memory moved after the plan was
 made (`plans_follow_moves`: each compute reads `data` anew, as ggml's kernels do).
+
+`numerics` ("x86" or "ref"; None: `PYGGML_CPU_NUMERICS`, else
+"x86" on AVX2+FMA machines) picks which of ggml's CPU code paths the
+kernels reproduce (`pyggml.backends.cpu.numerics`); plans made
+after an assignment use the new value.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from pyggml.backends.cpu.buffer import (
 )
 from pyggml.backends.cpu.device import CPUBufferType, cpu_device
 from pyggml.backends.cpu.kernels import ComputeParams, WorkArea
+from pyggml.backends.cpu.numerics import Numerics, resolve_numerics
 from pyggml.backends.cpu.plan import CPUPlan, kernel_supports, plan_compute, plan_create
 from pyggml.core.checks import check_instance, check_int
 from pyggml.core.context import Context
@@ -83,7 +89,7 @@ def set_blas_threads(n_threads: int) -> None:
 class CPUBackend(Backend):
     """ggml_backend_cpu: computes with the kernels of `pyggml.backends.cpu.kernels`."""
 
-    def __init__(self, n_threads: int | None = None) -> None:
+    def __init__(self, n_threads: int | None = None, numerics: str | None = None) -> None:
         super().__init__(cpu_device())
         device = cpu_device()
         self.buft = CPUBufferType(device, "CPU", owner=self)  # this instance's own (see CPUBufferType)
@@ -91,6 +97,19 @@ class CPUBackend(Backend):
         self._n_threads = 1
         self.n_threads = n_threads if n_threads is not None else min(os.cpu_count() or 1, GGML_MAX_N_THREADS)
         self.work = WorkArea()  # the seed's work_data/work_size, reused by graph_compute
+        self._numerics = resolve_numerics(numerics)
+
+    @property
+    def numerics(self) -> Numerics:
+        """Which of ggml's CPU code paths the kernels follow (see `pyggml.backends.cpu.numerics`)."""
+        return self._numerics
+
+    @numerics.setter
+    def numerics(self, value: str) -> None:
+        self._numerics = resolve_numerics(value)
+
+    def _params(self, work: WorkArea) -> ComputeParams:
+        return ComputeParams(n_threads=self.n_threads, work=work, numerics=self._numerics)
 
     @property
     def n_threads(self) -> int:
@@ -144,7 +163,7 @@ class CPUBackend(Backend):
 
     def _graph_plan_create(self, graph: Graph) -> CPUPlan:
         # each plan has its own work area, as the seed mallocs work_data per plan
-        return plan_create(graph, ComputeParams(n_threads=self.n_threads, work=WorkArea()))
+        return plan_create(graph, self._params(WorkArea()))
 
     def _graph_plan_free(self, plan: CPUPlan) -> None:
         plan.freed = True
@@ -156,7 +175,7 @@ class CPUBackend(Backend):
         plan_compute(plan)
 
     def _graph_compute(self, graph: Graph) -> None:
-        plan = plan_create(graph, ComputeParams(n_threads=self.n_threads, work=self.work))
+        plan = plan_create(graph, self._params(self.work))
         set_blas_threads(self.n_threads)
         plan_compute(plan)
 
@@ -167,9 +186,9 @@ class CPUBackend(Backend):
         return True  # each compute reads tensors at their `data` of the moment (see plan.py)
 
 
-def cpu_init(n_threads: int | None = None) -> CPUBackend:
-    """ggml_backend_cpu_init."""
-    return CPUBackend(n_threads)
+def cpu_init(n_threads: int | None = None, numerics: str | None = None) -> CPUBackend:
+    """ggml_backend_cpu_init (`numerics`: see `pyggml.backends.cpu.numerics`)."""
+    return CPUBackend(n_threads, numerics)
 
 
 def is_cpu(backend: Backend | None) -> bool:

@@ -75,12 +75,12 @@ def test_late_worker_changes_nothing(rng: np.random.Generator) -> None:
              np.zeros((0, 0), np.int32))
     base = np.zeros(1, np.int64)
     ctr = np.zeros(2, np.int64)
-    qd.mul_mat_rows(qd.F16, wb, w_off, K, x, *empty, 1, base, out, 8, ctr, True)
+    qd.mul_mat_rows(qd.F16, wb, w_off, K, x, *empty, 1, base, out, 8, ctr, True, qd.ROUND_REF)
     assert list(ctr) == [5 + 1, 5]  # 5 items of 8 rows, one failed take
     want = out.copy()
     np.testing.assert_allclose(want[0], w.astype(np.float32) @ x[0], rtol=1e-5, atol=1e-5)
     out[...] = -1
-    qd.mul_mat_rows(qd.F16, wb, w_off, K, x, *empty, 1, base, out, 8, ctr, False)
+    qd.mul_mat_rows(qd.F16, wb, w_off, K, x, *empty, 1, base, out, 8, ctr, False, qd.ROUND_REF)
     assert np.all(out == -1) and ctr[1] == 5
 
 

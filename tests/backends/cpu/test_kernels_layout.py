@@ -20,7 +20,7 @@ from kernel_helpers import (
     values_of,
 )
 
-from pyggml.backends.cpu.kernels import layout
+from pyggml.backends.cpu.kernels import ComputeParams, layout
 from pyggml.core import quants
 from pyggml.core.errors import GGMLError, OutOfBoundsError
 from pyggml.core.quants import IMPLEMENTED_TYPES
@@ -106,7 +106,8 @@ def test_cpy_f32_to_quantized_and_back(qtype: GGMLType, rng: np.random.Generator
     bs = TYPE_TRAITS[qtype].blck_size
     x = rng.standard_normal((2, 2 * bs)).astype(np.float32)
     ctx = new_ctx()
-    want_bytes = quants.from_float_cpu(qtype, x)  # the CPU backend converts as ggml-cpu does
+    simd = ComputeParams().numerics == "x86"  # the CPU backend converts as ggml-cpu does on this host
+    want_bytes = quants.from_float_cpu(qtype, x, simd)
     want_back = quants.to_float(qtype, want_bytes)
     # the source is transposed: the kernel must gather it in row-major order first
     q = ctx.new_tensor_2d(qtype, 2 * bs, 2)
@@ -125,7 +126,7 @@ def test_cpy_f32_to_quantized_and_back(qtype: GGMLType, rng: np.random.Generator
     if bs % TYPE_TRAITS[other].blck_size == 0:
         o = ctx.new_tensor_2d(other, 2 * bs, 2)
         run(ctx.cpy(q, o))
-        np.testing.assert_array_equal(o.numpy()[0, 0], quants.from_float_cpu(other, want_back))
+        np.testing.assert_array_equal(o.numpy()[0, 0], quants.from_float_cpu(other, want_back, simd))
 
 
 # --- GET_ROWS ---

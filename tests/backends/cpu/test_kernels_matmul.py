@@ -18,6 +18,7 @@ from kernel_helpers import BF16, F16, F32, bf16_bits, bf16_values, compile_node,
 
 from pyggml.backends.cpu.kernels import ComputeParams, matmul
 from pyggml.backends.cpu.kernels import quant_dot as qd
+from pyggml.backends.cpu.numerics import ENV_NUMERICS
 from pyggml.core.context import Context
 from pyggml.core.errors import GGMLError, UnsupportedTypeError
 from pyggml.core.tensor import GGMLOp, Tensor
@@ -32,6 +33,13 @@ SCALE_FIELDS = {Q.Q2_K: [80, 82], Q.Q3_K: [108], Q.Q4_K: [0, 2], Q.Q5_K: [0, 2],
 
 NMSE_MAX = 5e-4  # ggml's test-backend-ops threshold for MUL_MAT
 TIGHT = 2e-6  # max |error| / max |reference|: float rounding only
+
+
+@pytest.fixture(autouse=True)
+def _reference_rounding(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The references below quantize src1 as ggml's reference C: the kernels too (numerics "ref"; the
+    "x86" setting has its own references in test_numerics.py)."""
+    monkeypatch.setenv(ENV_NUMERICS, "ref")
 
 
 # --- references ---
@@ -278,7 +286,7 @@ def test_src1_already_in_vec_dot_type(wtype: GGMLType, rng: np.random.Generator)
         nb = K // TYPE_TRAITS[vdt].blck_size
         yq, yd, ys, yb = (np.zeros((N, K), np.int8), np.zeros((N, nb), np.float32),
                           np.zeros((N, nb), np.float32), np.zeros((N, K // 16), np.int32))
-        qd.quantize_rows(int(vdt), x[0, 0].copy(), yq, yd, ys, yb)
+        qd.quantize_rows(int(vdt), x[0, 0].copy(), yq, yd, ys, yb, qd.ROUND_REF)
         if vdt == Q.Q8_1:
             blocks = np.zeros((N, nb), matmul._Q8_DTYPES[vdt])
             blocks["d"], blocks["s"], blocks["qs"] = yd, ys, yq.reshape(N, nb, 32)
@@ -320,7 +328,7 @@ def test_quantize_rows_q8_0_is_ggml_reference(rng: np.random.Generator) -> None:
     x[1, :32] = np.arange(32) - 15.5  # halves after scaling: roundf rounds them away from zero
     yq, yd, ys, yb = (np.zeros((5, 256), np.int8), np.zeros((5, 8), np.float32), np.zeros((5, 8), np.float32),
                       np.zeros((5, 16), np.int32))
-    qd.quantize_rows(int(Q.Q8_0), x, yq, yd, ys, yb)
+    qd.quantize_rows(int(Q.Q8_0), x, yq, yd, ys, yb, qd.ROUND_REF)
     want = gguf.quants.quantize(x, GGMLQuantizationType.Q8_0).reshape(5, 8, 34)
     np.testing.assert_array_equal(yq.reshape(5, 8, 32), want[:, :, 2:].view(np.int8))
     np.testing.assert_array_equal(yd, want[:, :, :2].copy().view(np.float16)[..., 0].astype(np.float32))
@@ -334,7 +342,7 @@ def test_quantize_rows_q8_1_and_q8_K_are_ggml_reference(rng: np.random.Generator
     for vdt, values, nb in ((Q.Q8_1, q8_1_values, 16), (Q.Q8_K, q8_K_values, 2)):
         yq, yd, ys, yb = (np.zeros((3, 512), np.int8), np.zeros((3, nb), np.float32),
                           np.zeros((3, nb), np.float32), np.zeros((3, 32), np.int32))
-        qd.quantize_rows(int(vdt), x, yq, yd, ys, yb)
+        qd.quantize_rows(int(vdt), x, yq, yd, ys, yb, qd.ROUND_REF)
         bs = 512 // nb
         got = (yq.reshape(3, nb, bs).astype(np.float32) * yd[:, :, None]).reshape(3, 512)
         np.testing.assert_array_equal(got, values(x))

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pyggml.backends.cpu.numerics import Numerics, resolve_numerics
 from pyggml.core.tensor import GGMLOp, Tensor
 
 
@@ -45,8 +46,12 @@ class WorkArea:
 
 @dataclass
 class ComputeParams:
+    """What every kernel of a plan shares: threads, scratch, and which of ggml's CPU code paths they follow
+    (`numerics`, see `pyggml.backends.cpu.numerics`: by default from the environment, else the host's)."""
+
     n_threads: int = 1
     work: WorkArea = field(default_factory=WorkArea)
+    numerics: Numerics = field(default_factory=resolve_numerics)
 
 
 Compute = Callable[[], None]

@@ -1,6 +1,12 @@
-"""FLASH_ATTN_EXT on the CPU, as ggml-cpu's ggml_compute_forward_flash_attn_ext_f16, vectorized over heads and rows.
+"""FLASH_ATTN_EXT on the CPU, as ggml-cpu's ggml_compute_forward_flash_attn_ext_f16.
 
-ggml walks the KV rows one at a time with an online softmax; here every head's scores are one matrix product
+F16 K and V on the shapes ggml walks row by row (fewer than GGML_FA_TILE_Q q rows, and not one q row over
+GGML_FA_SPLIT_KV or more KV rows, which ggml splits over its threads): `flash_attn_rows_f16` follows ggml's
+ggml_compute_forward_flash_attn_ext_f16_one_chunk float for float, its f16 V accumulator included, so that
+llama.cpp's default cache (f16) with `-fa on` gives llama.cpp's bits (decoding, and prompts under 64 tokens).
+
+Other types and shapes, vectorized over heads and rows: ggml walks the KV rows one at a time with an online
+softmax; here every head's scores are one matrix product
 and the softmax is taken whole, which is the same function. The two products are MUL_MAT's F32 products and the
 weights SOFT_MAX's rows (V^T laid out as the non-flash KV cache lays it), so on F32 K and V flash attention gives
 the bits of MUL_MAT -> SOFT_MAX_EXT -> MUL_MAT: `-fa on` and `-fa off` generate the same tokens. (ggml's own
@@ -11,17 +17,25 @@ can grow into different greedy tokens.) The numerics follow ggml where they matt
 - scale is divided by logit_softcap (when not 0) and the scores become softcap * tanh(s * scale).
 - the mask (F16) times the ALiBi slope of the head is added; an all -inf row (no sinks) gives 0, as ggml's S == 0.
 - sinks: one more logit per head that takes weight but has no value.
-Accumulation is f32 (ggml accumulates F16 V in f16 on its row-by-row path: well within test-backend-ops' 5e-4).
+Accumulation is f32 here; ggml's tiled (64 or more q rows) and KV-split paths for F16 round in their own
+order (the split one per thread count), not reproduced: a deviation well within test-backend-ops' 5e-4.
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
+from llvmlite import binding as llvm_binding
+from numba import njit
 
 from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
 from pyggml.backends.cpu.kernels._common import F32, noop
 from pyggml.backends.cpu.kernels.matmul import mul_mat_f32
 from pyggml.backends.cpu.kernels.norm import softmax_rows
+from pyggml.backends.cpu.kernels.quant_dot import ROUND_X86, fma_f32, round_f16
+from pyggml.backends.cpu.kernels.simd_math import host_lanes
+from pyggml.backends.cpu.numerics import NUMERICS_CODES
 from pyggml.core.errors import GGMLError, ShapeError, UnsupportedTypeError
 from pyggml.core.ops.params import FlashAttnExtParams
 from pyggml.core.quants import from_float, is_implemented, to_float
@@ -31,6 +45,125 @@ from pyggml.core.types import TYPE_TRAITS, GGMLType
 
 _PRECS = (Prec.DEFAULT, Prec.F32)  # ggml-cpu aborts on any other
 _SCORES_PER_STEP = 1 << 22  # f32 scores computed at once (16 MiB): bounds the memory of a long prefill
+# ggml-cpu's FLASH_ATTN_EXT takes its tiled path from this many q rows (GGML_FA_TILE_Q), and for one q row
+# splits the KV rows over its threads from this many KV rows (use_split_kv_path): only below both does it
+# walk the rows one by one (ggml_compute_forward_flash_attn_ext_f16_one_chunk)
+GGML_FA_TILE_Q = 64
+GGML_FA_SPLIT_KV = 512
+
+
+def _f16_dot_lanes() -> int:
+    """f32 lanes of ggml's F16 dot (GGML_F16_EPR) in an x86 build for this host: 16 with AVX512F, else 8."""
+    return 16 if llvm_binding.get_host_cpu_features().get("avx512f", False) else 8
+
+
+_X86_LANES = _f16_dot_lanes()
+
+
+@njit(cache=True, inline="always")
+def _dot_f16_values(k, q, lanes):
+    """ggml_vec_dot_f16 of two rows of f16 values (held as float32): with `lanes` > 0 as ggml's x86 SIMD code
+    (4 accumulators of `lanes` float lanes, FMA per 4 * lanes elements, accumulators 0+2 and 1+3 then
+    together, lanes summed by halves (AVX512's _mm512_reduce_add_ps) or by hadd (AVX2, 8 lanes); the rest
+    added in double), with 0 as its scalar code (products in float, summed in double)."""
+    n = k.shape[0]
+    step = 4 * lanes
+    n_simd = n - n % step if lanes > 0 else 0
+    total = 0.0  # ggml_float
+    if n_simd > 0:
+        acc = np.zeros((4, lanes), np.float32)
+        for i in range(0, n_simd, step):
+            for j in range(4):
+                for t in range(lanes):
+                    e = i + j * lanes + t
+                    acc[j, t] = fma_f32(k[e], q[e], acc[j, t])  # f16 x f16 is exact in f32: fma or not
+        v = np.empty(lanes, np.float32)
+        for t in range(lanes):
+            v[t] = (acc[0, t] + acc[2, t]) + (acc[1, t] + acc[3, t])
+        if lanes == 8:  # GGML_F32x8_REDUCE: low + high halves, then two hadds
+            a0, a1, a2, a3 = v[0] + v[4], v[1] + v[5], v[2] + v[6], v[3] + v[7]
+            red = (a0 + a1) + (a2 + a3)
+        else:  # _mm512_reduce_add_ps: halves, lanes i and i + w/2
+            w = lanes
+            while w > 1:
+                w //= 2
+                for t in range(w):
+                    v[t] = v[t + w] + v[t]
+            red = v[0]
+        total = np.float64(red)
+    for e in range(n_simd, n):
+        total += np.float64(k[e] * q[e])
+    return np.float32(total)
+
+
+@njit(cache=True)
+def flash_attn_rows_f16(q, k, v, mask, sinks, out, scale, softcap, slopes, lanes):
+    """ggml_compute_forward_flash_attn_ext_f16_one_chunk for F16 K and V, float for float.
+
+    q (ne3, nh, N, DK) rounded to f16, k (ne3, nk2, n_kv, DK) and v (ne3, nv2, n_kv, DV) as float32 (f16
+    values), mask (nm3, nm2, N, n_kv) float32 or empty, sinks (nh,) or empty, slopes (nh,), out (ne3, nh, N,
+    DV). Per q row: scores by ggml_vec_dot_f16 (`lanes`, see _dot_f16_values) times scale (softcap *
+    tanhf(score) when softcap is not 0) plus slope * mask, KV rows whose mask is -inf skipped; an online
+    softmax whose V accumulator is f16 (each rescale `f16(acc * ms)` and each step `f16(fma(v, vs, acc))`,
+    as ggml_vec_scale_f16/ggml_vec_mad_f16), S = fma(S, ms, vs) (gcc's contraction), libm's expf; then the
+    sink (S * ms + vs, not contracted there: both checked bit for bit against libggml), and the accumulator
+    times 1/S.
+    """
+    ne3, nh, n, dk = q.shape
+    n_kv = k.shape[2]
+    dv = v.shape[3]
+    rk2 = nh // k.shape[1]
+    rv2 = nh // v.shape[1]
+    has_mask = mask.shape[3] > 0
+    acc = np.empty(dv, np.float32)
+    for i3 in range(ne3):
+        for h in range(nh):
+            slope = slopes[h]
+            for i1 in range(n):
+                qrow = q[i3, h, i1]
+                S = np.float32(0.0)
+                M = np.float32(-np.inf)
+                acc[:] = 0.0
+                for ic in range(n_kv):
+                    mv = np.float32(0.0)
+                    if has_mask:
+                        mv = slope * mask[i3 % mask.shape[0], h % mask.shape[1], i1, ic]
+                        if mv == -np.inf:
+                            continue
+                    s = _dot_f16_values(k[i3, h // rk2, ic], qrow, lanes)
+                    s = s * scale
+                    if softcap != 0.0:
+                        s = softcap * np.float32(math.tanh(s))
+                    s = s + mv
+                    ms = np.float32(1.0)
+                    vs = np.float32(1.0)
+                    if s > M:
+                        m_old = M
+                        M = s
+                        ms = np.float32(math.exp(m_old - M))
+                        for d in range(dv):
+                            acc[d] = round_f16(acc[d] * ms)
+                    else:
+                        vs = np.float32(math.exp(s - M))
+                    vrow = v[i3, h // rv2, ic]
+                    for d in range(dv):
+                        acc[d] = round_f16(fma_f32(vrow[d], vs, acc[d]))
+                    S = fma_f32(S, ms, vs)
+                if sinks.shape[0] > 0:
+                    sk = sinks[h]
+                    ms = np.float32(1.0)
+                    vs = np.float32(1.0)
+                    if sk > M:
+                        ms = np.float32(math.exp(M - sk))
+                        M = sk
+                        for d in range(dv):
+                            acc[d] = acc[d] * ms
+                    else:
+                        vs = np.float32(math.exp(sk - M))
+                    S = S * ms + vs
+                s_inv = np.float32(0.0) if S == 0.0 else np.float32(1.0) / S
+                for d in range(dv):
+                    out[i3, h, i1, d] = acc[d] * s_inv
 
 
 def _kv_type_ok(t: GGMLType, vec_dot: bool) -> bool:
@@ -152,8 +285,26 @@ def flash_attn_ext_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray |
             np.tanh(s, out=s)
             s *= softcap
         m = _mask_of(mask[:, :, rows], ne3, nh, s.shape[2], n_kv, slopes) if mask is not None else None
-        softmax_rows(s, m, sink4, s, empty_rows_zero=True)
+        softmax_rows(s, m, sink4, s, lanes_exp, empty_rows_zero=True)
         mul_mat_f32(out[:, :, rows], vt, s)()
+
+    if (k_type == v_type == GGMLType.F16 and n < GGML_FA_TILE_Q
+            and not (n == 1 and ne3 == 1 and n_kv >= GGML_FA_SPLIT_KV)):
+        # the shapes ggml walks row by row (one_chunk): its arithmetic, f16 V accumulator included
+        lanes = _X86_LANES if NUMERICS_CODES[params.numerics] == ROUND_X86 else 0
+        slopes_f = (slopes if slopes is not None else np.ones(nh)).astype(F32)
+        sinks_f = (sink4.reshape(-1) if sink4 is not None else np.zeros(0)).astype(F32)
+        mask_view = mask[:, :, :n, :n_kv] if mask is not None else None
+
+        def run_rows() -> None:
+            qh = q.astype(np.float16).astype(F32)  # ggml's q_to_vec_dot for F16 K (round to nearest even)
+            mf = mask_view.astype(F32) if mask_view is not None else np.zeros((1, 1, 1, 0), F32)
+            flash_attn_rows_f16(qh, k.astype(F32), v.astype(F32), mf, sinks_f, out, np.float32(scale),
+                                np.float32(softcap), slopes_f, lanes)
+
+        return run_rows
+
+    lanes_exp = host_lanes(params.numerics)  # SOFT_MAX's exp: the same bits as MUL_MAT -> SOFT_MAX -> MUL_MAT
 
     def run() -> None:
         kf = _as_f32(k_type, k)

@@ -33,6 +33,7 @@ from pyggml.backends.cpu.kernels._common import (
     same_memory,
     scratch,
 )
+from pyggml.backends.cpu.kernels.simd_math import host_lanes, silu_rows
 from pyggml.core.errors import ArgumentError, GGMLError, LayoutError, OutOfBoundsError, ShapeError
 from pyggml.core.ops.params import AccParams, ClampParams, LeakyReluParams, ScaleParams, UnaryParams
 from pyggml.core.tensor import GGMLOp, Tensor, UnaryOp
@@ -296,14 +297,17 @@ def _gelu_quick(d: np.ndarray, x: np.ndarray, params: ComputeParams) -> Compute:
 
 
 def _silu(d: np.ndarray, x: np.ndarray, params: ComputeParams) -> Compute:
-    """x / (1 + exp(-x)), in f32 (ggml's table rounds through f16, as for GELU)."""
+    """x / (1 + exp(-x)) in f32 row by row, as ggml_vec_silu_f32 (its vector exp on blocks, libm's expf on
+    the rest: see simd_math)."""
     (t,) = scratch(params, x.shape)
+    t2 = t.reshape(-1, x.shape[-1]) if x.ndim else t.reshape(1, 1)
+    lanes = host_lanes(params.numerics)
+    no_gate = np.zeros((0, 0), F32)
 
     def run() -> None:
-        np.negative(x, out=t, dtype=F32)
-        np.exp(t, out=t)
-        np.add(t, 1.0, out=t)
-        np.divide(x, t, out=d, dtype=F32)
+        np.copyto(t, x, casting="same_kind")
+        silu_rows(t2, t2, no_gate, lanes)
+        np.copyto(d, t, casting="same_kind")
 
     return run
 

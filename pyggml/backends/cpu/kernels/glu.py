@@ -11,6 +11,7 @@ ggml_vec_geglu_bf16 does.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import numpy as np
@@ -18,6 +19,7 @@ import numpy as np
 from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
 from pyggml.backends.cpu.kernels._common import bf16_to_f32, f32_to_bf16, noop, scratch
 from pyggml.backends.cpu.kernels.elementwise import SQRT_2_INV, _erf_f32, _gelu_into, _gelu_quick_into
+from pyggml.backends.cpu.kernels.simd_math import host_lanes, silu_rows
 from pyggml.core.errors import GGMLError, ShapeError, UnsupportedTypeError
 from pyggml.core.ops.params import GLUParams
 from pyggml.core.tensor import GGMLOp, GLUOp, Tensor
@@ -51,6 +53,12 @@ def _silu_into(x: np.ndarray) -> None:
     np.exp(e, out=e)
     e += np.float32(1.0)
     np.divide(x, e, out=x)
+
+
+def _swiglu_rows(x: np.ndarray, g: np.ndarray, p: GLUParams, type: GGMLType, lanes: int, nc: int) -> None:
+    """x = silu(x) * g (f32 scratch, rows of nc) as ggml_vec_swiglu_f32 (see simd_math.silu_rows)."""
+    x2 = x.reshape(-1, nc)
+    silu_rows(x2, x2, g.reshape(-1, nc), lanes)
 
 
 def _swiglu(x: np.ndarray, g: np.ndarray, p: GLUParams, type: GGMLType) -> None:
@@ -192,6 +200,9 @@ def glu_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], par
     tx, tg = scratch(params, dst.shape, dst.shape)
     act = _ACTS[p.op]
     type = node.type
+    if p.op == GLUOp.SWIGLU:
+        # ggml_vec_swiglu_f32: its vector exp on blocks, libm's expf on the rest (see simd_math)
+        act = functools.partial(_swiglu_rows, lanes=host_lanes(params.numerics), nc=nc)
 
     def run() -> None:
         _load_f32(x, tx)

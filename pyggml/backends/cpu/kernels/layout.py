@@ -103,15 +103,17 @@ def _to_f32_fn(type: GGMLType, src: np.ndarray, shape: tuple[int, ...],
     return quantized
 
 
-def _from_f32_fn(type: GGMLType, dst: np.ndarray, shape: tuple[int, ...]) -> Callable[[np.ndarray], None]:
-    """A function storing float32 values of logical `shape` (dst's) into dst's type."""
+def _from_f32_fn(type: GGMLType, dst: np.ndarray, shape: tuple[int, ...],
+                 simd: bool) -> Callable[[np.ndarray], None]:
+    """A function storing float32 values of logical `shape` (dst's) into dst's type (Q8_0/Q8_1 by ggml-cpu's
+    SIMD rows with `simd`, the "x86" numerics; its reference rows without)."""
     if type in _NUMPY_FLOATS:
         return lambda v: np.copyto(dst, v)
     if type == GGMLType.BF16:
         return lambda v: f32_to_bf16(v, dst)
 
     def quantized(v: np.ndarray) -> None:
-        dst[...] = from_float_cpu(type, np.ascontiguousarray(v, dtype=np.float32)).reshape(dst.shape)
+        dst[...] = from_float_cpu(type, np.ascontiguousarray(v, dtype=np.float32), simd).reshape(dst.shape)
 
     return quantized
 
@@ -139,7 +141,7 @@ def copy_prepare(node: Tensor, src_t: Tensor, dst: np.ndarray, src: np.ndarray, 
                                    f"('{src_t.name}') to {dt.name}")
     src_shape, dst_shape = _logical_shape(src_t), _logical_shape(node)
     read = _to_f32_fn(st, src, src_shape, params)
-    write = _from_f32_fn(dt, dst, dst_shape)
+    write = _from_f32_fn(dt, dst, dst_shape, params.numerics == "x86")
 
     def run() -> None:
         write(_row_major(read(), dst_shape))

@@ -19,12 +19,13 @@ src0 matrix serves consecutive src1 matrices). By src0's type:
 - Quantized (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, IQ4_NL, IQ4_XS,
   MXFP4): src1 rows are quantized to the vec_dot_type (Q8_0 for Q4_0, Q5_0,
   Q8_0, IQ4_NL, MXFP4; Q8_1 for Q4_1, Q5_1; Q8_K for the K-quants and
-  IQ4_XS) exactly as ggml's reference quantize_row_q8_* (see quant_dot; the
-  CPU backend's own SIMD Q8_0/Q8_1 conversion may round a value the other
-  way), then, with fewer than
+  IQ4_XS) exactly as ggml's quantize_row_q8_* of the path `params.numerics`
+  names (see `pyggml.backends.cpu.numerics`: "x86", ggml's AVX2 rounding, on
+  x86 machines by default; "ref", its reference C), then, with fewer than
   `BLAS_MIN_COLS` columns, numba kernels compute ggml's vec_dot on the raw
   blocks: exact integer block dot products scaled by the blocks' scales
-  (see Threads below). The weights are
+  (see Threads below; Q8_0 and Q4_1 rows under "x86" in the float order of
+  ggml's AVX2 vec_dot, see quant_dot). The weights are
   read in their compact form, never dequantized. Q8_1 and Q8_K have no
   vec_dot in ggml (they are only dot-product partners) and are not accepted
   as src0, as in ggml's type_traits.
@@ -74,6 +75,7 @@ from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
 from pyggml.backends.cpu.kernels import quant_dot as qd
 from pyggml.backends.cpu.kernels._common import noop
 from pyggml.backends.cpu.kernels.threads import POOL
+from pyggml.backends.cpu.numerics import NUMERICS_CODES
 from pyggml.core import quants
 from pyggml.core.errors import GGMLError, ShapeError, UnsupportedTypeError
 from pyggml.core.tensor import GGMLOp, Tensor
@@ -395,12 +397,13 @@ def _mul_mat_numba(wtype: GGMLType, xtype: GGMLType, K: int, dst: np.ndarray, sr
     if quantized:
         yq, yd, ys, yb = scratch[:4]
         yf = scratch[4] if blas else None
+        rounding = NUMERICS_CODES[params.numerics]
 
         def prepare_y() -> None:
             if get_x is None:
                 _unpack_q8(xtype, src1, yq, yd, ys, yb)
             else:
-                qd.quantize_rows(int(vdt), get_x(), yq, yd, ys, yb)
+                qd.quantize_rows(int(vdt), get_x(), yq, yd, ys, yb, rounding)
 
         if not blas:
             direct = _direct(kind, w, w_off, nb, np.zeros((0, 0), np.float32), yq, yd, ys, yb, N, w_base, out,
@@ -465,18 +468,20 @@ def _direct(kind: int, w: np.ndarray, w_off: np.ndarray, nb: int, xf: np.ndarray
     """The direct kernels' call for these operands: on the calling thread below PARALLEL_MIN_WORK, else
     on params.n_threads threads (the caller and pool workers sharing the rows, see `threads`)."""
     nt = _kernel_threads(params, work)
+    rounding = NUMERICS_CODES[params.numerics]
     if nt == 1:
-        return functools.partial(qd.mul_mat_rows_serial, kind, w, w_off, nb, xf, yq, yd, ys, yb, N, w_base, out)
+        return functools.partial(qd.mul_mat_rows_serial, kind, w, w_off, nb, xf, yq, yd, ys, yb, N, w_base, out,
+                                 rounding)
     chunk = _chunk(out.shape[1], w_base.shape[0], nt)
     ctr = np.zeros(2, np.int64)  # items taken, items done: reset by each call
     helper = functools.partial(qd.mul_mat_rows, kind, w, w_off, nb, xf, yq, yd, ys, yb, N, w_base, out, chunk,
-                               ctr, False)
+                               ctr, False, rounding)
 
     def run() -> None:
         ctr[1] = 0
         ctr[0] = 0
         POOL.submit(helper, nt - 1)
-        qd.mul_mat_rows(kind, w, w_off, nb, xf, yq, yd, ys, yb, N, w_base, out, chunk, ctr, True)
+        qd.mul_mat_rows(kind, w, w_off, nb, xf, yq, yd, ys, yb, N, w_base, out, chunk, ctr, True, rounding)
 
     return run
 

@@ -5,13 +5,14 @@ MUL_MAT's two paths (matmul.py), chosen per compute since ids are data:
 
 - direct (fewer than `matmul.BLAS_MIN_COLS` src1 rows per used expert on average, i.e. decoding): the
   src1 rows routed to experts are gathered, converted to the weights' vec_dot_type (`quant_dot.quantize_rows`
-  for Q8_0/Q8_1/Q8_K, `round_rows` for F16/BF16, as ggml's reference rows), and MUL_MAT's numba kernels
+  for Q8_0/Q8_1/Q8_K with the backend's `numerics`, `round_rows` for F16/BF16), and MUL_MAT's numba kernels
   compute ggml's vec_dot of each (token, slot) row with the rows of its expert, reading the weights in
   their compact form (`w_base` points each output row at its expert's first weight row);
 - grouped (many rows per expert: prompts): as ggml groups src1's rows by expert, each used expert's matrix is
   converted to f32 (F16/BF16 exactly, quantized by ggml's dequantize rows, `types.to_float`) and multiplied
   by BLAS with its rows rounded through the vec_dot_type (MUL_MAT's documented BLAS deviation: products and
-  sums rounded in f32; for Q4_1/Q5_1 the block term m * s uses d * sum(q) for Q8_1's stored s).
+  sums rounded in f32; Q8_0/Q8_1 by the reference rounding whatever `numerics` says; for Q4_1/Q5_1
+  the block term m * s uses d * sum(q) for Q8_1's stored s).
 
 F32 weights always take the grouped BLAS path (no conversion). src0 types: MUL_MAT's
 (`matmul.MUL_MAT_TYPES`); src1 F32; ids I32.
@@ -29,6 +30,7 @@ from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
 from pyggml.backends.cpu.kernels import quant_dot as qd
 from pyggml.backends.cpu.kernels._common import bf16_to_f32, f32_to_bf16, noop
 from pyggml.backends.cpu.kernels.matmul import BLAS_MIN_COLS, MUL_MAT_TYPES, _carve, _direct, _weight_rows
+from pyggml.backends.cpu.numerics import NUMERICS_CODES
 from pyggml.core.errors import GGMLError, OutOfBoundsError, ShapeError, UnsupportedTypeError
 from pyggml.core.tensor import GGMLOp, Tensor
 from pyggml.core.types import TYPE_TRAITS, GGMLType, from_float, to_float
@@ -181,11 +183,12 @@ def _direct_rows(type: GGMLType, w: np.ndarray, xs: np.ndarray, ids2: np.ndarray
     slot = np.tile(np.arange(n_used) % ne11, n_tok)
     tok = np.repeat(np.arange(n_tok), n_used)
     direct = _direct(kind, wb, w_off, nb, xf, yq, yd, ys, yb, 1, w_base, rows_out, params, M * K * ny)
+    rounding = NUMERICS_CODES[params.numerics]
 
     def run() -> None:
         np.copyto(xg, xs[tok, slot])
         if quantized:
-            qd.quantize_rows(int(vdt), xg, yq, yd, ys, yb)
+            qd.quantize_rows(int(vdt), xg, yq, yd, ys, yb, rounding)
         else:
             qd.round_rows(kind, xg)
         np.multiply(ids2.reshape(-1), M, out=w_base)  # each output row's first weight row: its expert's

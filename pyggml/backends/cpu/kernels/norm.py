@@ -13,6 +13,7 @@ import math
 from collections.abc import Callable
 
 import numpy as np
+from numba import njit
 
 from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
 from pyggml.backends.cpu.kernels._common import (
@@ -24,6 +25,9 @@ from pyggml.backends.cpu.kernels._common import (
     same_memory,
     scratch,
 )
+from pyggml.backends.cpu.kernels.quant_dot import ROUND_X86, fma_f32
+from pyggml.backends.cpu.kernels.simd_math import expf_inplace, host_lanes, softmax_exp_rows
+from pyggml.backends.cpu.numerics import NUMERICS_CODES
 from pyggml.core.errors import ArgumentError, GGMLError, ShapeError
 from pyggml.core.ops.params import DiagMaskParams, GroupNormParams, NormParams, RopeParams, SoftMaxParams
 from pyggml.core.rope import (  # shared with other backends' kernels
@@ -78,27 +82,40 @@ def norm_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], pa
     return run
 
 
+@njit(cache=True)
+def _rms_scales(x, eps, out):
+    """out[..., 0] = 1.0f / sqrtf((float)(sum / n) + eps) per row of x (4-D), the sum of the float squares
+    taken in double one by one: ggml_compute_forward_rms_norm_f32's arithmetic (numpy's float32 dot rounds
+    the mean the other way now and then, and the whole row with it)."""
+    n = x.shape[3]
+    for i3 in range(x.shape[0]):
+        for i2 in range(x.shape[1]):
+            for i1 in range(x.shape[2]):
+                total = 0.0
+                for i0 in range(n):
+                    v = x[i3, i2, i1, i0]
+                    total += np.float64(v * v)
+                mean = np.float32(total / n)
+                out[i3, i2, i1, 0] = np.float32(1.0) / np.float32(math.sqrt(mean + eps))
+
+
 def rms_norm_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
-    """Each row: x / sqrt(mean(x^2) + eps) (NormParams)."""
+    """Each row: x / sqrt(mean(x^2) + eps) (NormParams), as ggml: x times the f32 scale of `_rms_scales`."""
     x = _src0(node, dst, srcs)
     eps = np.float32(NormParams.of(node).eps)
     if dst.size == 0:
         return noop
-    n = np.float32(x.shape[3])
     t = None
     if x.dtype != F32:
         (t,) = scratch(params, x.shape)
+    scale = np.empty(x.shape[:3] + (1,), F32)
 
     def run() -> None:
         xf = x
         if t is not None:
             np.copyto(t, x)
             xf = t
-        scale = np.vecdot(xf, xf)[..., None]
-        scale /= n
-        scale += eps
-        np.sqrt(scale, out=scale)
-        np.reciprocal(scale, out=scale)
+        _rms_scales(xf, eps, scale)
         np.multiply(xf, scale, out=dst)
 
     return run
@@ -170,12 +187,23 @@ def _mask_rows(node: Tensor, x: np.ndarray, mask: np.ndarray) -> Callable[[], np
     return lambda: rows[index]
 
 
+@njit(cache=True)
+def _fma_into(a, b, t):
+    """t = fma(a, b, t) elementwise (4-D arrays of t's shape; a and b may be broadcast views)."""
+    for i3 in range(t.shape[0]):
+        for i2 in range(t.shape[1]):
+            for i1 in range(t.shape[2]):
+                for i0 in range(t.shape[3]):
+                    t[i3, i2, i1, i0] = fma_f32(a[i3, i2, i1, i0], b[i3, i2, i1, i0], t[i3, i2, i1, i0])
+
+
 def soft_max_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
     """Each row: softmax(x * scale + slope * mask), with an extra logit per head from the sinks (src[2]).
 
     SoftMaxParams: scale, and max_bias (> 0: ALiBi, the slope of head i2); the mask (src[1], F32 or F16, row
     i1 for row i1, dims 2 and 3 tiled) and the sinks (src[2], F32, one per head) are optional. Computed in f32
-    with exact exp, as ggml's kernel.
+    as ggml's kernel: its exp and sums per `numerics` (softmax_rows), the ALiBi slopes by libm's powf, and
+    under "x86" `slope * mask` added by FMA as gcc compiles it.
     """
     x = _src0(node, dst, srcs)
     require_types(node, FLOAT_TYPES, node.src[1])
@@ -196,26 +224,36 @@ def soft_max_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None]
                              f"{sinks_t.type.name} {sinks_t.ne}")
         sink4 = sinks.reshape(-1)[:ne2].reshape(1, ne2, 1, 1)
 
+    lanes = host_lanes(params.numerics)
+
+    # x86: gcc contracts ggml's `wp[i] += slope*mask[i]` into an FMA (exact either way when slope is 1)
+    fused_slope = slope4 is not None and NUMERICS_CODES[params.numerics] == ROUND_X86
+
     def run() -> None:
         np.multiply(x, scale, out=t, dtype=F32)
         m = None
         if mask_of is not None:
             m = mask_of()
-            if slope4 is not None:
+            if fused_slope:
+                _fma_into(np.broadcast_to(slope4, t.shape), np.asarray(m, dtype=F32), t)
+                m = None
+            elif slope4 is not None:
                 m = np.multiply(m, slope4, dtype=F32)
-        softmax_rows(t, m, sink4, dst)
+        softmax_rows(t, m, sink4, dst, lanes)
 
     return run
 
 
-def softmax_rows(t: np.ndarray, mask: np.ndarray | None, sink4: np.ndarray | None, out: np.ndarray,
+def softmax_rows(t: np.ndarray, mask: np.ndarray | None, sink4: np.ndarray | None, out: np.ndarray, lanes: int,
                  empty_rows_zero: bool = False) -> None:
-    """out = softmax of each row of t + mask (t: scaled f32 logits, overwritten), with one more logit per head
-    from sink4 (shape (1, heads, 1, 1)) that takes weight but has no value.
+    """out = softmax of each row of t + mask (t: scaled f32 logits, C-contiguous, overwritten), with one more
+    logit per head from sink4 (shape (1, heads, 1, 1)) that takes weight but has no value.
 
-    As ggml's soft_max: max, exp(x - max), the sum in double, then a multiply by its reciprocal in f32.
-    FLASH_ATTN_EXT computes its weights here too, so that attention gives the same bits with and without
-    flash attention; it asks `empty_rows_zero` (a row of only -inf weighs nothing, where softmax gives NaN).
+    As ggml's soft_max: max, exp(x - max) and its sum in double by ggml_vec_soft_max_f32 (`lanes`: its
+    vector exp on blocks of 16 or 8, or libm's expf alone: see simd_math), the sink's libm expf added, then a
+    multiply by the reciprocal in f32. FLASH_ATTN_EXT computes its weights here too, so that attention gives
+    the same bits with and without flash attention; it asks `empty_rows_zero` (a row of only -inf weighs
+    nothing, where softmax gives NaN).
     """
     if mask is not None:
         np.add(t, mask, out=t, dtype=F32)
@@ -224,11 +262,12 @@ def softmax_rows(t: np.ndarray, mask: np.ndarray | None, sink4: np.ndarray | Non
         np.maximum(mx, sink4, out=mx)
     if empty_rows_zero:
         mx[np.isneginf(mx)] = 0.0  # every exp(-inf - 0) = 0, so the sum is 0
-    np.subtract(t, mx, out=t)
-    np.exp(t, out=t)
-    s = np.add.reduce(t, axis=-1, keepdims=True, dtype=np.float64)
+    s = np.empty(mx.shape, np.float64)
+    softmax_exp_rows(t.reshape(-1, t.shape[-1]), mx.reshape(-1), s.reshape(-1), lanes)
     if sink4 is not None:
-        s += np.exp(sink4 - mx, dtype=F32)
+        e = np.ascontiguousarray(np.broadcast_to(sink4, mx.shape) - mx, dtype=F32)
+        expf_inplace(e)
+        s += e.astype(np.float64)
     if empty_rows_zero:
         s[s == 0.0] = np.inf  # reciprocal 0: the row's weights (all 0) stay 0
     np.reciprocal(s, out=s)
@@ -266,6 +305,40 @@ def diag_mask_zero_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray |
 
 # --- ROPE ---
 
+
+@njit(cache=True)
+def _libm_cos_sin(ang, c, s):
+    """c, s = cosf(ang), sinf(ang) elementwise: numba calls libm's cosf and sinf, as ggml does (numpy's
+    float32 SIMD cos/sin round a third of the values the other way)."""
+    a, cf, sf = ang.reshape(-1), c.reshape(-1), s.reshape(-1)
+    for i in range(a.shape[0]):
+        cf[i] = math.cos(a[i])
+        sf[i] = math.sin(a[i])
+
+
+@njit(cache=True)
+def _powf(x, y):
+    """libm's powf (numba's math.pow on float32), ggml's theta_scale."""
+    return math.pow(x, y)
+
+
+@njit(cache=True)
+def _rotate_fma(x0, x1, c, s, d0, d1):
+    """ggml's rotate_pairs as gcc compiles it for x86 with FMA (-march=native, contraction on): each pair
+    (x0, x1) turns into fma(x0, cos, -(x1 * sin)) and fma(x0, sin, x1 * cos), in every mode (checked bit for
+    bit against libggml). x0, x1, d0, d1 (ne3, ne2, ne1, pairs); c, s (ne2, pairs)."""
+    for i3 in range(x0.shape[0]):
+        for i2 in range(x0.shape[1]):
+            for i1 in range(x0.shape[2]):
+                for k in range(x0.shape[3]):
+                    a = x0[i3, i2, i1, k]
+                    b = x1[i3, i2, i1, k]
+                    cc = c[i2, k]
+                    ss = s[i2, k]
+                    d0[i3, i2, i1, k] = fma_f32(a, cc, -(b * ss))
+                    d1[i3, i2, i1, k] = fma_f32(a, ss, b * cc)
+
+
 def _theta_sources(p: RopeParams, n_pairs: int) -> tuple[np.ndarray, np.ndarray]:
     """For each pair k: which position stream turns it (0 for plain rope; multi-rope's t, h, w, e) and the
     power of theta_scale it has (k, or k since its section began for VISION, whose thetas restart)."""
@@ -302,7 +375,7 @@ def rope_cos_sin(p: RopeParams, n_pairs: int, positions: np.ndarray,
 
     `positions` (streams, tokens): one stream, or multi-rope's four."""
     f32 = np.float32
-    theta_scale = np.power(f32(p.freq_base), f32(-2.0) / f32(p.n_dims), dtype=F32)
+    theta_scale = f32(_powf(f32(p.freq_base), f32(-2.0) / f32(p.n_dims)))
     stream, power = _theta_sources(p, n_pairs)
     n_tok = positions.shape[1]
     # theta_scale^j as ggml's running product, for every power used
@@ -325,8 +398,10 @@ def rope_cos_sin(p: RopeParams, n_pairs: int, positions: np.ndarray,
         ramp_mix = ((1 - np.clip(y, 0, 1)) * f32(p.ext_factor)).astype(F32)
         ang = ang * (1 - ramp_mix) + theta * ramp_mix
         mscale = f32(mscale * f32(1.0 + 0.1 * math.log(1.0 / p.freq_scale)))
-    c = np.cos(ang, dtype=F32)
-    s = np.sin(ang, dtype=F32)
+    ang = np.ascontiguousarray(ang, dtype=F32)
+    c = np.empty_like(ang)
+    s = np.empty_like(ang)
+    _libm_cos_sin(ang, c, s)
     c *= mscale
     s *= mscale
     return c, s
@@ -386,10 +461,18 @@ def _rope(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: 
     ff = srcs[2] if node.src[2] is not None else None
     freq_factors = ff.reshape(-1) if ff is not None else None
 
+    # x86 numerics, F32: the rotation's products as gcc contracts them into FMAs (see _rotate_fma)
+    fused = NUMERICS_CODES[params.numerics] == ROUND_X86 and x.dtype == F32 and dst.dtype == F32
+
     def run() -> None:
         c, s = _cached_cos_sin(p, pairs.n_pairs, positions, freq_factors)
         if not forward:
             s = -s  # (the cached arrays are shared: never written)
+        if fused:
+            _rotate_fma(x0, x1, c, s, d0, d1)
+            for d, src in copies:
+                np.copyto(d, src)
+            return
         c4 = c.reshape(1, ne2, 1, pairs.n_pairs)
         s4 = s.reshape(1, ne2, 1, pairs.n_pairs)
         np.multiply(x0, c4, out=a, dtype=F32)

@@ -4,10 +4,14 @@ ggml multiplies a weight row by a src1 row with `vec_dot` of the weight type,
 after converting src1 to the type's `vec_dot_type` (Q8_0, Q8_1, Q8_K, F16,
 BF16). This module does the same:
 
-- `quantize_rows` converts src1 rows exactly as ggml's reference
-  `quantize_row_q8_0/q8_1/q8_K_ref` do (float32 arithmetic, `roundf` = round
-  half away from zero for Q8_0/Q8_1, `nearest_int` = round half to even for
-  Q8_K, the Q8_0 and Q8_1 scales rounded to f16, Q8_K's scale -127/max). The
+- `quantize_rows` converts src1 rows exactly as ggml does, Q8_0/Q8_1 by the
+  path its `rounding` argument names (the CPU backend's `numerics`, see
+  `pyggml.backends.cpu.numerics`): ROUND_X86, ggml's AVX2
+  `quantize_row_q8_0/q8_1` (each value times 127/amax, rounded half to even),
+  or ROUND_REF, its reference `quantize_row_q8_0/q8_1_ref` (each value times
+  1/d, `roundf` = half away from zero); both in float32 arithmetic with the
+  scales rounded to f16. Q8_K as `quantize_row_q8_K_ref` (`nearest_int` =
+  half to even, scale -127/max), which ggml's x86 code matches. The
   blocks are kept split: values `yq` (int8), scales `yd` (float32; Q8_0's and
   Q8_1's already rounded through f16), Q8_1's `s = f16(sum * d)` in `ys`, and
   integer sums of every 16 values in `yb` (Q8_K's `bsums`; for Q8_0/Q8_1 the
@@ -17,9 +21,12 @@ BF16). This module does the same:
   col)`, reading the weights in their compact form. Each block's integer dot
   product is exact, as in ggml's scalar code, and is scaled by the block's
   f16/f32 scales as ggml's reference `ggml_vec_dot_<type>_q8_<x>` does; only
-  the float summation order may differ (Q8_0, Q4_0, F16 and BF16 rows keep
-  8 or 32 lane sums to the row's end, as ggml's AVX2 code keeps a vector
-  accumulator).
+  the float summation order may differ (Q8_0, Q4_0, Q4_1, F16 and BF16 rows
+  keep 8 or 32 lane sums to the row's end, as ggml's AVX2 code keeps a vector
+  accumulator). Under ROUND_X86 the Q8_0 and Q4_1 rows follow ggml's AVX2
+  `ggml_vec_dot_q8_0_q8_0`/`ggml_vec_dot_q4_1_q8_1` float for float (lanes of
+  4 consecutive products, one FMA accumulator, `hsum_float_8`, Q4_1's
+  `summs` by scalar FMAs added last): with the same quants, the same bits.
 - `rows_to_f32` dequantizes (or widens, for F16/BF16) weight rows into
   float32, row by row, for the BLAS path of `matmul.py`.
 
@@ -198,6 +205,17 @@ def round_f16(typingctx, x):
 
     def codegen(context, builder, signature, args):
         return builder.fpext(builder.fptrunc(args[0], ir.HalfType()), _F32)
+
+    return sig, codegen
+
+
+@intrinsic
+def fma_f32(typingctx, a, b, c):
+    """a * b + c for float32 scalars, rounded once (llvm.fma: the FMA instruction, or libm's exact fmaf)."""
+    sig = types.float32(types.float32, types.float32, types.float32)
+
+    def codegen(context, builder, signature, args):
+        return _fma(builder, *args)
 
     return sig, codegen
 
@@ -419,6 +437,24 @@ def _block_sums_portable(builder, wv, yv):
     return builder.add(_shuffle(builder, pairs, list(range(8))), _shuffle(builder, pairs, list(range(8, 16))))
 
 
+def _quads(builder, prod):
+    """8 sums of 4 consecutive lanes of a <32 x i32> (lane i: elements 4i..4i+3, ggml's AVX2 layout)."""
+    pairs = builder.add(_shuffle(builder, prod, list(range(0, 32, 2))), _shuffle(builder, prod, list(range(1, 32, 2))))
+    return builder.add(_shuffle(builder, pairs, list(range(0, 16, 2))), _shuffle(builder, pairs, list(range(1, 16, 2))))
+
+
+def _block_sums_quads(builder, wv, yv):
+    """As _block_sums_avx2 (lane i: products 4i..4i+3) in portable vector IR."""
+    v32 = ir.VectorType(_I32, 32)
+    return _quads(builder, builder.mul(builder.sext(wv, v32), builder.sext(yv, v32), flags=["nsw"]))
+
+
+def _block_sums_unsigned_quads(builder, uv, yv):
+    """As _block_sums_unsigned_avx2 (lane i: products 4i..4i+3) in portable vector IR."""
+    v32 = ir.VectorType(_I32, 32)
+    return _quads(builder, builder.mul(builder.zext(uv, v32), builder.sext(yv, v32), flags=["nsw"]))
+
+
 def _block_sums_avx2(builder, wv, yv):
     """As _block_sums_portable with ggml's AVX2 sequence: |w| (unsigned) times y with w's sign by
     vpmaddubsw, pairs of int16 by vpmaddwd. Exact: |w| <= 128 and |y| <= 127 (q8 values are
@@ -485,10 +521,23 @@ def _e8m0_scale(builder, pb):
     return _e8m0_half(builder, builder.load(pb))
 
 
+def _fma(builder, a, b, c):
+    """a * b + c with one rounding (llvm.fma: the FMA instruction, as ggml's _mm256_fmadd_ps / gcc's
+    contracted scalar multiply-adds), for float32 scalars and vectors."""
+    fnty = ir.FunctionType(a.type, [a.type, a.type, a.type])
+    name = f"llvm.fma.v{a.type.count}f32" if isinstance(a.type, ir.VectorType) else "llvm.fma.f32"
+    return builder.call(builder.module.declare_intrinsic(name, fnty=fnty), [a, b, c])
+
+
 def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = False, scale=_f16_scale,
-                    values_offset: int = 2, mins: bool = False):
+                    values_offset: int = 2, mins: bool = False, x86: bool = False):
     """The row loop of a 32-value block type of `block_bytes`: the block's scale (`scale` reads it), then at
     `values_offset` the values `values` reads.
+
+    `x86`: the float arithmetic of ggml's AVX2 vec_dot (numerics "x86", see
+    `pyggml.backends.cpu.numerics`): one 8-lane accumulator, `fma(d_w * d_y, lanes, acc)` block after block,
+    and for `mins` the scalar `summs = fma(m, s, summs)`. Otherwise `_ROW_UNROLL` accumulators (the FMA
+    latency chain: 1.6x faster), multiply-adds fused where LLVM finds it profitable, summs = summs + m * s.
 
     `minus_8`: the values read are unsigned and stand for value + 8 (Q4_0): each of the 8 lane sums
     subtracts the block's sum of y (from yb), 8 * sum(y) in all, ggml's Q4_0 offset applied exactly.
@@ -496,8 +545,12 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
     per-block m * s (s the src1 block's f32 sum, passed in yb's place) is summed apart and added at the end,
     as ggml's ggml_vec_dot_q4_1_q8_1 (`hsum(acc) + summs`).
     """
+    if block_sums is None and x86 and not _HAS_AVX2:
+        # ggml's lanes (4 consecutive products each) on any target: the float sums see the same lane values
+        block_sums = _block_sums_unsigned_quads if minus_8 or mins else _block_sums_quads
     if block_sums is None:
         block_sums = _block_sums_unsigned if minus_8 or mins else _block_sums
+    unroll = 1 if x86 else _ROW_UNROLL
 
     @intrinsic
     def dot_q_row(typingctx, w, o, nb, yq, j, yd, k, yb, kb):
@@ -510,7 +563,7 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
             pd = _address(context, builder, signature.args[5], args[5], args[6])
             ps = _address(context, builder, signature.args[7], args[7], args[8])
             v8f = ir.VectorType(_F32, 8)
-            accs = [cgutils.alloca_once_value(builder, ir.Constant(v8f, [0.0] * 8)) for _ in range(_ROW_UNROLL)]
+            accs = [cgutils.alloca_once_value(builder, ir.Constant(v8f, [0.0] * 8)) for _ in range(unroll)]
             summs = cgutils.alloca_once_value(builder, ir.Constant(_F32, 0.0)) if mins else None
 
             def block(b, acc):
@@ -518,8 +571,11 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
                 d = builder.fmul(scale(builder, pb), builder.load(builder.gep(pd, [b])))
                 if mins:
                     m = _f16_scale(builder, builder.gep(pb, [ir.Constant(b.type, 2)]))
-                    ms = builder.fmul(m, builder.load(builder.gep(ps, [b])))
-                    builder.store(builder.fadd(builder.load(summs), ms), summs)
+                    sy = builder.load(builder.gep(ps, [b]))
+                    if x86:
+                        builder.store(_fma(builder, m, sy, builder.load(summs)), summs)
+                    else:
+                        builder.store(builder.fadd(builder.load(summs), builder.fmul(m, sy)), summs)
                 wv = values(builder, builder.gep(pb, [ir.Constant(b.type, values_offset)]))
                 yv = _load_vector(builder, builder.gep(py, [builder.shl(b, ir.Constant(b.type, 5))]), _I8, 32)
                 part = block_sums(builder, wv, yv)
@@ -528,17 +584,17 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
                     ysum = builder.add(builder.load(builder.gep(ps, [b2])),
                                        builder.load(builder.gep(ps, [builder.add(b2, ir.Constant(b.type, 1))])))
                     part = builder.sub(part, _splat(builder, ysum, 8))
-                builder.store(_fmuladd(builder, builder.sitofp(part, v8f), _splat(builder, d, 8),
-                                       builder.load(acc)), acc)
+                madd = _fma if x86 else _fmuladd
+                builder.store(madd(builder, builder.sitofp(part, v8f), _splat(builder, d, 8), builder.load(acc)), acc)
 
             nb = args[2]
-            unroll = ir.Constant(nb.type, _ROW_UNROLL)
-            n_main = builder.sdiv(nb, unroll)
+            n_unroll = ir.Constant(nb.type, unroll)
+            n_main = builder.sdiv(nb, n_unroll)
             with cgutils.for_range(builder, n_main) as loop:
-                first = builder.mul(loop.index, unroll)
+                first = builder.mul(loop.index, n_unroll)
                 for u, acc in enumerate(accs):
                     block(builder.add(first, ir.Constant(nb.type, u)), acc)
-            with cgutils.for_range(builder, nb, start=builder.mul(n_main, unroll)) as loop:
+            with cgutils.for_range(builder, nb, start=builder.mul(n_main, n_unroll)) as loop:
                 block(loop.index, accs[0])
             total = builder.load(accs[0])
             for acc in accs[1:]:
@@ -560,6 +616,10 @@ dot_q4_0_row.__doc__ = "As dot_q8_0_row for a Q4_0 weight row (values nibble - 8
 dot_q4_1_row = _make_dot_q_row(20, _q4_0_nibbles, values_offset=4, mins=True)
 dot_q4_1_row.__doc__ = ("As dot_q8_0_row for a Q4_1 weight row against Q8_1 (values nibble * d + m: the src1 "
                         "block sums ys, in yb's place, carry the mins).")
+dot_q8_0_row_x86 = _make_dot_q_row(34, _q8_0_values, x86=True)
+dot_q8_0_row_x86.__doc__ = "dot_q8_0_row in the order of ggml's AVX2 ggml_vec_dot_q8_0_q8_0 (one FMA accumulator)."
+dot_q4_1_row_x86 = _make_dot_q_row(20, _q4_0_nibbles, values_offset=4, mins=True, x86=True)
+dot_q4_1_row_x86.__doc__ = "dot_q4_1_row in the order of ggml's AVX2 ggml_vec_dot_q4_1_q8_1 (FMAs, summs last)."
 
 
 # --- table types: IQ4_NL, IQ4_XS, MXFP4 (a 4-bit quant indexes 16 int8 values) ---
@@ -713,7 +773,11 @@ def deq_q5(typingctx, w, i, bits, off, d, bias, out, j):
     return sig, codegen
 
 
-# --- src1 -> vec_dot_type (ggml's reference quantize_row_q8_0 / q8_1 / q8_K) ---
+# --- src1 -> vec_dot_type (ggml's quantize_row_q8_0 / q8_1: reference or x86; q8_K) ---
+
+# numerics codes (pyggml.backends.cpu.numerics.NUMERICS_CODES): numba compiles on ints
+ROUND_REF = 0
+ROUND_X86 = 1
 
 
 @njit(cache=True)
@@ -723,55 +787,51 @@ def _roundf(v: float) -> int:
     return int(a) if v >= 0 else -int(a)
 
 
+@njit(cache=True, inline="always")
+def _q8_block(x, yq, yb, r, b, rounding):
+    """Quantize block b (32 values) of row r in place into yq and yb; returns (amax / 127, sum of the quants).
+
+    ROUND_REF, quantize_row_q8_0_ref: v * (1 / d), roundf. ROUND_X86, the AVX2 quantize_row_q8_0/q8_1:
+    v * (127 / amax) in float32, rounded half to even (_mm256_round_ps, _MM_ROUND_NEAREST).
+    """
+    k0 = b * 32
+    amax = np.float32(0.0)
+    for t in range(32):
+        v = abs(x[r, k0 + t])
+        amax = amax if amax > v else v  # ggml's MAX(amax, fabsf(v)) (the x86 max_ps tree gives the same)
+    d = amax / np.float32(127.0)
+    if rounding == ROUND_X86:
+        mul = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)
+    else:
+        mul = np.float32(1.0) / d if d != 0 else np.float32(0.0)
+    s0 = 0
+    s1 = 0
+    for t in range(32):
+        p = x[r, k0 + t] * mul  # float32 product, as both C paths
+        q = int(np.rint(p)) if rounding == ROUND_X86 else _roundf(p)
+        yq[r, k0 + t] = q
+        if t < 16:
+            s0 += q
+        else:
+            s1 += q
+    yb[r, 2 * b] = s0
+    yb[r, 2 * b + 1] = s1
+    return d, s0 + s1
+
+
 @njit(cache=True)
-def _quantize_q8_0_row(x, yq, yd, yb, r):
-    nb = x.shape[1] // 32
-    for b in range(nb):
-        k0 = b * 32
-        amax = np.float32(0.0)
-        for t in range(32):
-            v = abs(x[r, k0 + t])
-            amax = amax if amax > v else v  # ggml's MAX(amax, fabsf(v))
-        d = amax / np.float32(127.0)
-        inv = np.float32(1.0) / d if d != 0 else np.float32(0.0)
+def _quantize_q8_0_row(x, yq, yd, yb, r, rounding):
+    for b in range(x.shape[1] // 32):
+        d, _ = _q8_block(x, yq, yb, r, b, rounding)
         yd[r, b] = round_f16(d)  # block_q8_0 stores d as f16; the dot reads it back
-        s0 = 0
-        s1 = 0
-        for t in range(32):
-            q = _roundf(x[r, k0 + t] * inv)
-            yq[r, k0 + t] = q
-            if t < 16:
-                s0 += q
-            else:
-                s1 += q
-        yb[r, 2 * b] = s0
-        yb[r, 2 * b + 1] = s1
 
 
 @njit(cache=True)
-def _quantize_q8_1_row(x, yq, yd, ys, yb, r):
-    nb = x.shape[1] // 32
-    for b in range(nb):
-        k0 = b * 32
-        amax = np.float32(0.0)
-        for t in range(32):
-            v = abs(x[r, k0 + t])
-            amax = amax if amax > v else v
-        d = amax / np.float32(127.0)
-        inv = np.float32(1.0) / d if d != 0 else np.float32(0.0)
+def _quantize_q8_1_row(x, yq, yd, ys, yb, r, rounding):
+    for b in range(x.shape[1] // 32):
+        d, total = _q8_block(x, yq, yb, r, b, rounding)
         yd[r, b] = round_f16(d)  # block_q8_1 stores d and s as f16; the dot reads them back
-        s0 = 0
-        s1 = 0
-        for t in range(32):
-            q = _roundf(x[r, k0 + t] * inv)
-            yq[r, k0 + t] = q
-            if t < 16:
-                s0 += q
-            else:
-                s1 += q
-        yb[r, 2 * b] = s0
-        yb[r, 2 * b + 1] = s1
-        ys[r, b] = round_f16(np.float32(s0 + s1) * d)  # from the unrounded d, as ggml
+        ys[r, b] = round_f16(np.float32(total) * d)  # from the unrounded d, on both paths
 
 
 @njit(cache=True)
@@ -807,17 +867,18 @@ def _quantize_q8_K_row(x, yq, yd, yb, r):
 
 
 @njit(cache=True)
-def quantize_rows(kind, x, yq, yd, ys, yb):
-    """Quantize float32 rows x (n, K) to `kind` (Q8_0, Q8_1 or Q8_K), split as described in the module doc.
+def quantize_rows(kind, x, yq, yd, ys, yb, rounding):
+    """Quantize float32 rows x (n, K) to `kind` (Q8_0, Q8_1 or Q8_K), split as described in the module doc;
+    Q8_0 and Q8_1 with `rounding` (ROUND_REF or ROUND_X86), Q8_K as ggml does on every path.
 
     One thread: the rows of one MUL_MAT's src1 are few when its direct kernels run (fewer than
     BLAS_MIN_COLS columns per matrix), and on the BLAS path numba stays on one thread (see matmul.py).
     """
     for r in range(x.shape[0]):
         if kind == Q8_0:
-            _quantize_q8_0_row(x, yq, yd, yb, r)
+            _quantize_q8_0_row(x, yq, yd, yb, r, rounding)
         elif kind == Q8_1:
-            _quantize_q8_1_row(x, yq, yd, ys, yb, r)
+            _quantize_q8_1_row(x, yq, yd, ys, yb, r, rounding)
         else:
             _quantize_q8_K_row(x, yq, yd, yb, r)
 
@@ -858,6 +919,11 @@ def _dot_q4_1(w, o, nb, yq, yd, ys, r):
     return dot_q4_1_row(w, o, nb, yq, r * yq.shape[1], yd, r * yd.shape[1], ys, r * ys.shape[1])
 
 
+@njit(cache=True, inline="always")
+def _dot_q4_1_x86(w, o, nb, yq, yd, ys, r):
+    return dot_q4_1_row_x86(w, o, nb, yq, r * yq.shape[1], yd, r * yd.shape[1], ys, r * ys.shape[1])
+
+
 @njit(cache=True)
 def _dot_q5_0(w, o, nb, yq, yd, yb, r):
     sumf = np.float32(0.0)
@@ -886,6 +952,11 @@ def _dot_q5_1(w, o, nb, yq, yd, ys, r):
 @njit(cache=True, inline="always")
 def _dot_q8_0(w, o, nb, yq, yd, yb, r):
     return dot_q8_0_row(w, o, nb, yq, r * yq.shape[1], yd, r * yd.shape[1], yb, r * yb.shape[1])
+
+
+@njit(cache=True, inline="always")
+def _dot_q8_0_x86(w, o, nb, yq, yd, yb, r):
+    return dot_q8_0_row_x86(w, o, nb, yq, r * yq.shape[1], yd, r * yd.shape[1], yb, r * yb.shape[1])
 
 
 @njit(cache=True)
@@ -1075,8 +1146,9 @@ def _dot_bf16(w, o, xf, r):
 
 
 @njit(cache=True)
-def _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, s, m0, m1):
-    """Weight rows m0..m1 of output slice s against that slice's n_cols src1 rows.
+def _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, s, m0, m1, rounding):
+    """Weight rows m0..m1 of output slice s against that slice's n_cols src1 rows (Q8_0 and Q4_1 rows
+    in ggml's x86 order with `rounding` ROUND_X86, see `_make_dot_q_row`).
 
     One loop per weight type, each calling one dot function: choosing the
     function per row instead cost ~150 cycles a row (numba keeps every
@@ -1092,6 +1164,11 @@ def _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, 
             o = w_off[base + m]
             for r in range(r0, r0 + n_cols):
                 out[r, m] = _dot_q4_0(w, o, nb, yq, yd, yb, r)
+    elif kind == Q4_1 and rounding == ROUND_X86:
+        for m in range(m0, m1):
+            o = w_off[base + m]
+            for r in range(r0, r0 + n_cols):
+                out[r, m] = _dot_q4_1_x86(w, o, nb, yq, yd, ys, r)
     elif kind == Q4_1:
         for m in range(m0, m1):
             o = w_off[base + m]
@@ -1107,6 +1184,11 @@ def _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, 
             o = w_off[base + m]
             for r in range(r0, r0 + n_cols):
                 out[r, m] = _dot_q5_1(w, o, nb, yq, yd, ys, r)
+    elif kind == Q8_0 and rounding == ROUND_X86:
+        for m in range(m0, m1):
+            o = w_off[base + m]
+            for r in range(r0, r0 + n_cols):
+                out[r, m] = _dot_q8_0_x86(w, o, nb, yq, yd, yb, r)
     elif kind == Q8_0:
         for m in range(m0, m1):
             o = w_off[base + m]
@@ -1165,13 +1247,14 @@ def _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, 
 
 
 @njit(nogil=True, cache=True)
-def mul_mat_rows(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, chunk, ctr, wait):
+def mul_mat_rows(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, chunk, ctr, wait, rounding):
     """out[s*n_cols + c, m] = vec_dot(weight row w_off[w_base[s] + m], src1 row s*n_cols + c).
 
     `w` is the weights' memory as bytes, `w_off` the byte offset of every weight
     row, `w_base[s]` the first weight row (index into w_off) of output slice s,
     `nb` the blocks per row. src1 rows come as `xf` (F16/BF16 weights) or as the
-    split quantized arrays.
+    split quantized arrays. `rounding` (ROUND_REF or ROUND_X86) picks the float
+    order of the Q8_0 and Q4_1 dots (see `_make_dot_q_row`).
 
     Several threads call this at once with the same arguments (see
     `pyggml.backends.cpu.kernels.threads`): work items, (slice, chunk of `chunk`
@@ -1190,7 +1273,8 @@ def mul_mat_rows(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, ch
             break
         s = item // n_chunks
         m0 = (item % n_chunks) * chunk
-        _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, s, m0, min(M, m0 + chunk))
+        _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, s, m0, min(M, m0 + chunk),
+                       rounding)
         atomic_add(ctr, 1, 1)
     if wait:
         while atomic_load(ctr, 1) < total:
@@ -1198,10 +1282,10 @@ def mul_mat_rows(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, ch
 
 
 @njit(cache=True)
-def mul_mat_rows_serial(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out):
+def mul_mat_rows_serial(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, rounding):
     """`mul_mat_rows` on the calling thread: no parallel region to launch (see matmul.PARALLEL_MIN_WORK)."""
     for s in range(w_base.shape[0]):
-        _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, s, 0, out.shape[1])
+        _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, s, 0, out.shape[1], rounding)
 
 
 # --- weight rows -> float32 (ggml's dequantize_row_<type>, same arithmetic) ---

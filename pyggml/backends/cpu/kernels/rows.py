@@ -5,8 +5,8 @@ dst[:, c[i, i2 % ne11, i3 % ne12], i2, i3] = src0[:, i, i2, i3] converted to dst
 c the I64 or I32 indices, src[1], broadcast over dims 2 and 3 by modulo as ggml does). Conversion: F32,
 F16 (numpy's nearest-even, ggml's), BF16 (`f32_to_bf16`) and the quantized types pyggml implements by
 `quants.from_float_cpu` (the CPU backend's from_float: ggml's reference rows, but Q8_0 rounded as ggml-cpu's
-SIMD row rounds it). Rows not indexed keep a's bytes. A repeated index keeps the last row written, as
-ggml's single-threaded loop does.
+SIMD row rounds it under "x86" numerics, see `pyggml.backends.cpu.numerics`). Rows not indexed keep a's
+bytes. A repeated index keeps the last row written, as ggml's single-threaded loop does.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def supports(node: Tensor) -> bool:
     return node.op == GGMLOp.SET_ROWS and _set_rows_problem(node) is None
 
 
-def _converter(t: GGMLType) -> Callable[[np.ndarray], np.ndarray]:
+def _converter(t: GGMLType, simd: bool) -> Callable[[np.ndarray], np.ndarray]:
     """f32 rows (..., ne0) -> rows of type t as dst's view holds them (quantized: row bytes)."""
     if t == GGMLType.F32:
         return lambda v: v
@@ -62,7 +62,7 @@ def _converter(t: GGMLType) -> Callable[[np.ndarray], np.ndarray]:
             return out
 
         return bf16
-    return lambda v: quants.from_float_cpu(t, np.ascontiguousarray(v))
+    return lambda v: quants.from_float_cpu(t, np.ascontiguousarray(v), simd)
 
 
 def set_rows_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None],
@@ -82,7 +82,7 @@ def set_rows_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None]
     i3 = np.arange(ne03)[:, None, None]
     i2 = np.arange(ne02)[None, :, None]
     n_rows = node.ne[1]
-    convert = _converter(node.type)
+    convert = _converter(node.type, params.numerics == "x86")
     copy_f16 = b_t.type == GGMLType.F16 and node.type == GGMLType.F16  # ggml copies the halves as they are
     name = node.name
 

@@ -1,0 +1,145 @@
+"""ggml's vector exp and what it builds (softmax rows, SiLU, SwiGLU), float for float, per `numerics`.
+
+ggml-cpu computes exp in SOFT_MAX and SiLU/SwiGLU with `ggml_v_expf` (vec.h), a polynomial of FMAs, on
+blocks of 16 values (AVX512F + AVX512DQ) or 8 (AVX2 + FMA), and with libm's `expf` on the rest of a row
+(and everywhere in its scalar build). The two x86 variants round differently: AVX512 adds the polynomial's
+1 inside and scales by `_mm512_scalef_ps`; AVX2 scales by `fma(j, 2^n, 2^n)` and splits the scale for
+large |n|. numpy's float32 exp is neither (its own SIMD code: a third of the values differ from libm).
+
+`lanes` below: 16 (ggml's AVX512 code), 8 (its AVX2 code) or 0 (its scalar code: libm only); `host_lanes`
+gives it for a numerics setting on this machine. numba's `math.exp` on float32 is libm's `expf`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from llvmlite import binding as llvm_binding
+from numba import njit
+
+from pyggml.backends.cpu.kernels.quant_dot import fma_f32
+
+_F = np.float32
+_R = _F(float.fromhex("0x1.8p23"))
+_LOG2E = _F(float.fromhex("0x1.715476p+0"))
+_LN2_HI = _F(float.fromhex("0x1.62e4p-1"))
+_LN2_LO = _F(float.fromhex("0x1.7f7d1cp-20"))
+_P5 = _F(float.fromhex("0x1.0e4020p-7"))
+_P4 = _F(float.fromhex("0x1.573e2ep-5"))
+_P3 = _F(float.fromhex("0x1.555e66p-3"))
+_P2 = _F(float.fromhex("0x1.fffdb6p-2"))
+_P1 = _F(float.fromhex("0x1.ffffecp-1"))
+
+
+def host_lanes(numerics: str) -> int:
+    """The lanes of ggml's vector exp for `numerics` on this host: "ref" 0; "x86" 16 with AVX512F and
+    AVX512DQ (ggml's condition), else 8."""
+    if numerics != "x86":
+        return 0
+    features = llvm_binding.get_host_cpu_features()
+    return 16 if features.get("avx512f", False) and features.get("avx512dq", False) else 8
+
+
+@njit(cache=True, inline="always")
+def _bits(x):
+    return np.array([x], np.float32).view(np.uint32)[0]
+
+
+@njit(cache=True, inline="always")
+def _from_bits(u):
+    return np.array([u], np.uint32).view(np.float32)[0]
+
+
+@njit(cache=True)
+def v_expf(x, lanes):
+    """One lane of ggml_v_expf (lanes 16: AVX512, 8: AVX2), or libm's expf (lanes 0)."""
+    if lanes == 0:
+        return np.float32(math.exp(x))
+    z = fma_f32(x, _LOG2E, _R)
+    n = z - _R
+    b = fma_f32(-n, _LN2_LO, fma_f32(-n, _LN2_HI, x))
+    u = b * b
+    hi = fma_f32(fma_f32(_P5, b, _P4), u, fma_f32(_P3, b, _P2))
+    an = abs(n)
+    if lanes == 16:
+        j = fma_f32(hi, u, fma_f32(_P1, b, np.float32(1.0)))
+        if an > 192:  # also NaN-free for x = -inf: n = -inf
+            return np.float32(np.inf) if n > 0 else np.float32(0.0)
+        return np.float32(np.float64(j) * 2.0 ** int(n))  # _mm512_scalef_ps: exact product, one rounding
+    j = fma_f32(hi, u, _P1 * b)
+    e = (_bits(z) << np.uint32(23)) & np.uint32(0xFFFFFFFF)
+    k = _from_bits((e + np.uint32(0x3F800000)) & np.uint32(0xFFFFFFFF))
+    if not an > 126:
+        return fma_f32(j, k, k)
+    if an > 192:
+        s1 = _from_bits(np.uint32(0x82000000 if n <= 0 else 0) + np.uint32(0x7F000000))
+        return s1 * s1
+    g = np.uint32(0x82000000) if n <= 0 else np.uint32(0)
+    s1 = _from_bits((g + np.uint32(0x7F000000)) & np.uint32(0xFFFFFFFF))
+    s2 = _from_bits((e - g) & np.uint32(0xFFFFFFFF))
+    return fma_f32(s2, j, s2) * s1
+
+
+@njit(cache=True)
+def expf_inplace(a):
+    """a = libm's expf(a) elementwise (any C-contiguous float32 array)."""
+    f = a.reshape(-1)
+    for i in range(f.shape[0]):
+        f[i] = math.exp(f[i])
+
+
+@njit(cache=True)
+def _tree_sum(v, w):
+    """The lanes v[0:w] summed by halves (lanes i and i + w/2 first): _mm512_reduce_add_ps, and for 8
+    lanes ggml's extract-high + movehl + movehdup sequence (the same pairs)."""
+    while w > 1:
+        w //= 2
+        for t in range(w):
+            v[t] = v[t + w] + v[t]
+    return v[0]
+
+
+@njit(cache=True)
+def softmax_exp_rows(t, mx, sums, lanes):
+    """ggml_vec_soft_max_f32 on each row r of t (2-D, in place): t[r] = exp(t[r] - mx[r]), sums[r] = their
+    sum in double: blocks of `lanes` by ggml_v_expf, each block's lanes summed in float then added in double,
+    the rest by libm's expf added one by one."""
+    buf = np.empty(max(lanes, 1), np.float32)
+    for r in range(t.shape[0]):
+        m = mx[r]
+        n = t.shape[1]
+        i = 0
+        total = 0.0
+        if lanes > 0:
+            while i + lanes <= n:
+                for q in range(lanes):
+                    val = v_expf(t[r, i + q] - m, lanes)
+                    t[r, i + q] = val
+                    buf[q] = val
+                total += np.float64(_tree_sum(buf, lanes))
+                i += lanes
+        while i < n:
+            val = np.float32(math.exp(t[r, i] - m))
+            t[r, i] = val
+            total += np.float64(val)
+            i += 1
+        sums[r] = total
+
+
+@njit(cache=True)
+def silu_rows(x, out, g, lanes):
+    """ggml_vec_silu_f32 (g empty) or ggml_vec_swiglu_f32 on each row of x (2-D): blocks of `lanes` by
+    ggml_v_silu, x / (1 + v_expf(0 - x)), times g; the rest by ggml_silu_f32, x / (1 + expf(-x)) (libm)."""
+    gated = g.shape[0] > 0
+    one = np.float32(1.0)
+    for r in range(x.shape[0]):
+        n = x.shape[1]
+        n_simd = n - n % lanes if lanes > 0 else 0
+        for i in range(n):
+            v = x[r, i]
+            if i < n_simd:
+                s = v / (one + v_expf(np.float32(0.0) - v, lanes))
+            else:
+                s = v / (one + np.float32(math.exp(-v)))
+            out[r, i] = s * g[r, i] if gated else s
