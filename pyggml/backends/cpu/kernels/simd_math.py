@@ -16,7 +16,9 @@ import math
 
 import numpy as np
 from llvmlite import binding as llvm_binding
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
 
 from pyggml.backends.cpu.kernels.quant_dot import fma_f32
 
@@ -41,35 +43,70 @@ def host_lanes(numerics: str) -> int:
     return 16 if features.get("avx512f", False) and features.get("avx512dq", False) else 8
 
 
-@njit(cache=True, inline="always")
-def _bits(x):
-    return np.array([x], np.float32).view(np.uint32)[0]
+@intrinsic
+def _bits(typingctx, x):
+    """The bits of float32 x (a bit cast: no memory, so that loops of it vectorize)."""
+    sig = types.uint32(types.float32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return sig, codegen
+
+
+@intrinsic
+def _from_bits(typingctx, u):
+    """The float32 whose bits are u."""
+    sig = types.float32(types.uint32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.FloatType())
+
+    return sig, codegen
+
+
+@intrinsic
+def _f64_from_bits(typingctx, u):
+    """The float64 whose bits are u."""
+    sig = types.float64(types.uint64)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.DoubleType())
+
+    return sig, codegen
 
 
 @njit(cache=True, inline="always")
-def _from_bits(u):
-    return np.array([u], np.uint32).view(np.float32)[0]
-
-
-@njit(cache=True)
-def v_expf(x, lanes):
-    """One lane of ggml_v_expf (lanes 16: AVX512, 8: AVX2), or libm's expf (lanes 0)."""
-    if lanes == 0:
-        return np.float32(math.exp(x))
+def _poly(x):
+    """ggml_v_expf's common part: z, n (x / ln 2 rounded by the 1.5 * 2^23 trick), b (the reduced argument),
+    u = b * b and the polynomial's high terms."""
     z = fma_f32(x, _LOG2E, _R)
     n = z - _R
     b = fma_f32(-n, _LN2_LO, fma_f32(-n, _LN2_HI, x))
     u = b * b
     hi = fma_f32(fma_f32(_P5, b, _P4), u, fma_f32(_P3, b, _P2))
-    an = abs(n)
-    if lanes == 16:
-        j = fma_f32(hi, u, fma_f32(_P1, b, np.float32(1.0)))
-        if an > 192:  # also NaN-free for x = -inf: n = -inf
-            return np.float32(np.inf) if n > 0 else np.float32(0.0)
-        return np.float32(np.float64(j) * 2.0 ** int(n))  # _mm512_scalef_ps: exact product, one rounding
+    return z, n, b, u, hi
+
+
+@njit(cache=True, inline="always")
+def _expf16(x):
+    """One lane of ggml's AVX512 ggml_v_expf: the polynomial's 1 inside, then _mm512_scalef_ps (j * 2^n,
+    the exact product rounded once: 2^n built as a float64's bits)."""
+    z, n, b, u, hi = _poly(x)
+    j = fma_f32(hi, u, fma_f32(_P1, b, np.float32(1.0)))
+    if abs(n) > 192:  # also NaN-free for x = -inf: n = -inf
+        return np.float32(np.inf) if n > 0 else np.float32(0.0)
+    return np.float32(np.float64(j) * _f64_from_bits(np.uint64(np.int64(n) + 1023) << np.uint64(52)))
+
+
+@njit(cache=True, inline="always")
+def _expf8(x):
+    """One lane of ggml's AVX2 ggml_v_expf: the scale fma(j, 2^n, 2^n), split in two for large |n|."""
+    z, n, b, u, hi = _poly(x)
     j = fma_f32(hi, u, _P1 * b)
     e = (_bits(z) << np.uint32(23)) & np.uint32(0xFFFFFFFF)
     k = _from_bits((e + np.uint32(0x3F800000)) & np.uint32(0xFFFFFFFF))
+    an = abs(n)
     if not an > 126:
         return fma_f32(j, k, k)
     if an > 192:
@@ -79,6 +116,16 @@ def v_expf(x, lanes):
     s1 = _from_bits((g + np.uint32(0x7F000000)) & np.uint32(0xFFFFFFFF))
     s2 = _from_bits((e - g) & np.uint32(0xFFFFFFFF))
     return fma_f32(s2, j, s2) * s1
+
+
+@njit(cache=True)
+def v_expf(x, lanes):
+    """One lane of ggml_v_expf (lanes 16: AVX512, 8: AVX2), or libm's expf (lanes 0)."""
+    if lanes == 16:
+        return _expf16(x)
+    if lanes == 8:
+        return _expf8(x)
+    return np.float32(math.exp(x))
 
 
 @njit(cache=True)
@@ -100,6 +147,21 @@ def _tree_sum(v, w):
     return v[0]
 
 
+@njit(cache=True, inline="always")
+def _exp_block(t, r, i, m, buf, lanes):
+    """t[r, i:i + lanes] = ggml_v_expf(t[r, i:i + lanes] - m), also into buf."""
+    if lanes == 16:
+        for q in range(16):
+            val = _expf16(t[r, i + q] - m)
+            t[r, i + q] = val
+            buf[q] = val
+    else:
+        for q in range(8):
+            val = _expf8(t[r, i + q] - m)
+            t[r, i + q] = val
+            buf[q] = val
+
+
 @njit(cache=True)
 def softmax_exp_rows(t, mx, sums, lanes):
     """ggml_vec_soft_max_f32 on each row r of t (2-D, in place): t[r] = exp(t[r] - mx[r]), sums[r] = their
@@ -113,10 +175,7 @@ def softmax_exp_rows(t, mx, sums, lanes):
         total = 0.0
         if lanes > 0:
             while i + lanes <= n:
-                for q in range(lanes):
-                    val = v_expf(t[r, i + q] - m, lanes)
-                    t[r, i + q] = val
-                    buf[q] = val
+                _exp_block(t, r, i, m, buf, lanes)
                 total += np.float64(_tree_sum(buf, lanes))
                 i += lanes
         while i < n:
@@ -133,13 +192,30 @@ def silu_rows(x, out, g, lanes):
     ggml_v_silu, x / (1 + v_expf(0 - x)), times g; the rest by ggml_silu_f32, x / (1 + expf(-x)) (libm)."""
     gated = g.shape[0] > 0
     one = np.float32(1.0)
+    zero = np.float32(0.0)
     for r in range(x.shape[0]):
         n = x.shape[1]
         n_simd = n - n % lanes if lanes > 0 else 0
-        for i in range(n):
-            v = x[r, i]
-            if i < n_simd:
-                s = v / (one + v_expf(np.float32(0.0) - v, lanes))
+        # one loop per lane count and gating, each without a branch per value (they vectorize)
+        if lanes == 16:
+            if gated:
+                for i in range(n_simd):
+                    v = x[r, i]
+                    out[r, i] = v / (one + _expf16(zero - v)) * g[r, i]
             else:
-                s = v / (one + np.float32(math.exp(-v)))
+                for i in range(n_simd):
+                    v = x[r, i]
+                    out[r, i] = v / (one + _expf16(zero - v))
+        elif lanes == 8:
+            if gated:
+                for i in range(n_simd):
+                    v = x[r, i]
+                    out[r, i] = v / (one + _expf8(zero - v)) * g[r, i]
+            else:
+                for i in range(n_simd):
+                    v = x[r, i]
+                    out[r, i] = v / (one + _expf8(zero - v))
+        for i in range(n_simd, n):
+            v = x[r, i]
+            s = v / (one + np.float32(math.exp(-v)))
             out[r, i] = s * g[r, i] if gated else s
