@@ -485,8 +485,16 @@ def _e8m0_scale(builder, pb):
     return _e8m0_half(builder, builder.load(pb))
 
 
+def _row_pointer(context, builder, arrty, arr, row, col=None):
+    """Pointer to element (row, col) (col 0 if None) of a C-contiguous 2-D array, and its row length."""
+    a = context.make_array(arrty)(context, builder, value=arr)
+    width = cgutils.unpack_tuple(builder, a.shape)[1]
+    flat = builder.mul(row, width)
+    return builder.gep(a.data, [flat if col is None else builder.add(flat, col)]), width
+
+
 def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = False, scale=_f16_scale,
-                    values_offset: int = 2, mins: bool = False):
+                    values_offset: int = 2, mins: bool = False, ncols: int = 1):
     """The row loop of a 32-value block type of `block_bytes`: the block's scale (`scale` reads it), then at
     `values_offset` the values `values` reads.
 
@@ -495,32 +503,35 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
     `mins`: the values are unsigned and each block has an f16 min after its scale (Q4_1, against Q8_1): the
     per-block m * s (s the src1 block's f32 sum, passed in yb's place) is summed apart and added at the end,
     as ggml's ggml_vec_dot_q4_1_q8_1 (`hsum(acc) + summs`).
+
+    `ncols` 1: `dot(w, o, nb, yq, j, yd, k, yb, kb)` returns the row's dot with the src1 row at yq[j:],
+    yd[k:], yb[kb:]. `ncols` > 1: `dot(w, o, nb, yq, yd, yb, r, n, out, m)` writes out[r + c, m], c < n for
+    an n from 1 to ncols, the row's dots with src1 rows r..r+n-1 (2-D arrays). Why: decoding several
+    sequences multiplies each weight row by a few columns; loading and unpacking a block once for all of
+    them, and one call per row instead of per column, saves 40% (Q4_1 1536x576, 4 columns, one thread:
+    0.105 ms instead of 0.177; one column 0.045). Each column keeps its own accumulators and
+    sums its blocks in the same order as `ncols` 1 does, so its result is the same to the bit.
     """
     if block_sums is None:
         block_sums = _block_sums_unsigned if minus_8 or mins else _block_sums
 
-    @intrinsic
-    def dot_q_row(typingctx, w, o, nb, yq, j, yd, k, yb, kb):
-        ip = types.intp
-        sig = types.float32(w, ip, ip, yq, ip, yd, ip, yb, ip)
+    def row_loop(builder, pw, nb, cols):
+        """The dots of the weight row at pw with each src1 row of `cols` (pointers to its yq, yd, yb)."""
+        v8f = ir.VectorType(_F32, 8)
+        accs = [[cgutils.alloca_once_value(builder, ir.Constant(v8f, [0.0] * 8)) for _ in range(_ROW_UNROLL)]
+                for _ in cols]
+        summs = [cgutils.alloca_once_value(builder, ir.Constant(_F32, 0.0)) for _ in cols] if mins else []
 
-        def codegen(context, builder, signature, args):
-            pw = _address(context, builder, signature.args[0], args[0], args[1])
-            py = _address(context, builder, signature.args[3], args[3], args[4])
-            pd = _address(context, builder, signature.args[5], args[5], args[6])
-            ps = _address(context, builder, signature.args[7], args[7], args[8])
-            v8f = ir.VectorType(_F32, 8)
-            accs = [cgutils.alloca_once_value(builder, ir.Constant(v8f, [0.0] * 8)) for _ in range(_ROW_UNROLL)]
-            summs = cgutils.alloca_once_value(builder, ir.Constant(_F32, 0.0)) if mins else None
-
-            def block(b, acc):
-                pb = builder.gep(pw, [builder.mul(b, ir.Constant(b.type, block_bytes))])
-                d = builder.fmul(scale(builder, pb), builder.load(builder.gep(pd, [b])))
+        def block(b, u):
+            pb = builder.gep(pw, [builder.mul(b, ir.Constant(b.type, block_bytes))])
+            wd = scale(builder, pb)
+            m = _f16_scale(builder, builder.gep(pb, [ir.Constant(b.type, 2)])) if mins else None
+            wv = values(builder, builder.gep(pb, [ir.Constant(b.type, values_offset)]))
+            for c, (py, pd, ps) in enumerate(cols):
+                d = builder.fmul(wd, builder.load(builder.gep(pd, [b])))
                 if mins:
-                    m = _f16_scale(builder, builder.gep(pb, [ir.Constant(b.type, 2)]))
                     ms = builder.fmul(m, builder.load(builder.gep(ps, [b])))
-                    builder.store(builder.fadd(builder.load(summs), ms), summs)
-                wv = values(builder, builder.gep(pb, [ir.Constant(b.type, values_offset)]))
+                    builder.store(builder.fadd(builder.load(summs[c]), ms), summs[c])
                 yv = _load_vector(builder, builder.gep(py, [builder.shl(b, ir.Constant(b.type, 5))]), _I8, 32)
                 part = block_sums(builder, wv, yv)
                 if minus_8:
@@ -528,38 +539,96 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
                     ysum = builder.add(builder.load(builder.gep(ps, [b2])),
                                        builder.load(builder.gep(ps, [builder.add(b2, ir.Constant(b.type, 1))])))
                     part = builder.sub(part, _splat(builder, ysum, 8))
+                acc = accs[c][u]
                 builder.store(_fmuladd(builder, builder.sitofp(part, v8f), _splat(builder, d, 8),
                                        builder.load(acc)), acc)
 
-            nb = args[2]
-            unroll = ir.Constant(nb.type, _ROW_UNROLL)
-            n_main = builder.sdiv(nb, unroll)
-            with cgutils.for_range(builder, n_main) as loop:
-                first = builder.mul(loop.index, unroll)
-                for u, acc in enumerate(accs):
-                    block(builder.add(first, ir.Constant(nb.type, u)), acc)
-            with cgutils.for_range(builder, nb, start=builder.mul(n_main, unroll)) as loop:
-                block(loop.index, accs[0])
-            total = builder.load(accs[0])
-            for acc in accs[1:]:
+        unroll = ir.Constant(nb.type, _ROW_UNROLL)
+        n_main = builder.sdiv(nb, unroll)
+        with cgutils.for_range(builder, n_main) as loop:
+            first = builder.mul(loop.index, unroll)
+            for u in range(_ROW_UNROLL):
+                block(builder.add(first, ir.Constant(nb.type, u)), u)
+        with cgutils.for_range(builder, nb, start=builder.mul(n_main, unroll)) as loop:
+            block(loop.index, 0)
+        results = []
+        for c in range(len(cols)):
+            total = builder.load(accs[c][0])
+            for acc in accs[c][1:]:
                 total = builder.fadd(total, builder.load(acc))
             out = _sum_f32_tree(builder, total, 8)
-            return builder.fadd(out, builder.load(summs)) if mins else out
+            results.append(builder.fadd(out, builder.load(summs[c])) if mins else out)
+        return results
+
+    if ncols == 1:
+        @intrinsic
+        def dot_q_row(typingctx, w, o, nb, yq, j, yd, k, yb, kb):
+            ip = types.intp
+            sig = types.float32(w, ip, ip, yq, ip, yd, ip, yb, ip)
+
+            def codegen(context, builder, signature, args):
+                ty = signature.args
+                col = tuple(_address(context, builder, ty[i], args[i], args[i + 1]) for i in (3, 5, 7))
+                return row_loop(builder, _address(context, builder, ty[0], args[0], args[1]), args[2], [col])[0]
+
+            return sig, codegen
+
+        return dot_q_row
+
+    @intrinsic
+    def dot_q_cols(typingctx, w, o, nb, yq, yd, yb, r, n, out, m):
+        ip = types.intp
+        sig = types.void(w, ip, ip, yq, yd, yb, ip, ip, out, ip)
+
+        def codegen(context, builder, signature, args):
+            ty = signature.args
+            r, n = args[6], args[7]
+            pw = _address(context, builder, ty[0], args[0], args[1])
+            po, width = _row_pointer(context, builder, ty[8], args[8], r, args[9])
+            done = builder.append_basic_block("cols.done")
+            switch = builder.switch(n, done)
+            for count in range(1, ncols + 1):  # one loop per column count: its accumulators stay in registers
+                case = builder.append_basic_block(f"cols.{count}")
+                switch.add_case(ir.Constant(n.type, count), case)
+                builder.position_at_end(case)
+                cols = []
+                for c in range(count):
+                    rc = builder.add(r, ir.Constant(r.type, c))
+                    cols.append(tuple(_row_pointer(context, builder, ty[i], args[i], rc)[0] for i in (3, 4, 5)))
+                for c, dot in enumerate(row_loop(builder, pw, args[2], cols)):
+                    builder.store(dot, builder.gep(po, [builder.mul(width, ir.Constant(width.type, c))]))
+                builder.branch(done)
+            builder.position_at_end(done)
+            return context.get_dummy_value()
 
         return sig, codegen
 
-    return dot_q_row
+    return dot_q_cols
 
 
-dot_q8_0_row = _make_dot_q_row(34, _q8_0_values)
+# src1 columns one pass over a weight row serves (the `ncols` of the *_cols loops); more share the
+# unpacking wider but run out of vector registers (Q4_1 1536x576, 8 columns, one thread: 0.36 ms one column
+# at a time, 0.25 in pairs, 0.22 in fours, 0.24 in eights)
+COLS = 4
+
+_Q8_0_SPEC = {"block_bytes": 34, "values": _q8_0_values}
+_Q4_0_SPEC = {"block_bytes": 18, "values": _q4_0_nibbles, "minus_8": True}
+_Q4_1_SPEC = {"block_bytes": 20, "values": _q4_0_nibbles, "values_offset": 4, "mins": True}
+dot_q8_0_row = _make_dot_q_row(**_Q8_0_SPEC)
 dot_q8_0_row.__doc__ = ("A Q8_0 weight row (nb blocks at byte i of w) times a Q8_0 src1 row (values yq[j:], scales "
                         "yd[k:], 16-value sums yb[kb:], unused): each block's exact int32 sums scaled by d_w * d_y, "
                         "accumulated in 8 lanes.")
-dot_q4_0_row = _make_dot_q_row(18, _q4_0_nibbles, minus_8=True)
+dot_q8_0_cols = _make_dot_q_row(**_Q8_0_SPEC, ncols=COLS)
+dot_q8_0_cols.__doc__ = "dot_q8_0_row for src1 rows r..r+n-1 (n <= COLS) at once, into out[r:r+n, m]."
+dot_q4_0_row = _make_dot_q_row(**_Q4_0_SPEC)
 dot_q4_0_row.__doc__ = "As dot_q8_0_row for a Q4_0 weight row (values nibble - 8: the sums yb give the offset)."
-dot_q4_1_row = _make_dot_q_row(20, _q4_0_nibbles, values_offset=4, mins=True)
+dot_q4_0_cols = _make_dot_q_row(**_Q4_0_SPEC, ncols=COLS)
+dot_q4_0_cols.__doc__ = "dot_q4_0_row for src1 rows r..r+n-1 (n <= COLS) at once, into out[r:r+n, m]."
+dot_q4_1_row = _make_dot_q_row(**_Q4_1_SPEC)
 dot_q4_1_row.__doc__ = ("As dot_q8_0_row for a Q4_1 weight row against Q8_1 (values nibble * d + m: the src1 "
                         "block sums ys, in yb's place, carry the mins).")
+dot_q4_1_cols = _make_dot_q_row(**_Q4_1_SPEC, ncols=COLS)
+dot_q4_1_cols.__doc__ = "dot_q4_1_row for src1 rows r..r+n-1 (n <= COLS) at once, into out[r:r+n, m]."
 
 
 # --- table types: IQ4_NL, IQ4_XS, MXFP4 (a 4-bit quant indexes 16 int8 values) ---
@@ -594,11 +663,17 @@ def _table_values(table: list[int]):
     return values
 
 
-dot_iq4_nl_row = _make_dot_q_row(18, _table_values(_TABLES[IQ4_NL]))
+_IQ4_NL_SPEC = {"block_bytes": 18, "values": _table_values(_TABLES[IQ4_NL])}
+_MXFP4_SPEC = {"block_bytes": 17, "values": _table_values(_TABLES[MXFP4]), "scale": _e8m0_scale, "values_offset": 1}
+dot_iq4_nl_row = _make_dot_q_row(**_IQ4_NL_SPEC)
 dot_iq4_nl_row.__doc__ = "As dot_q8_0_row for an IQ4_NL weight row (values kvalues_iq4nl[nibble])."
-dot_mxfp4_row = _make_dot_q_row(17, _table_values(_TABLES[MXFP4]), scale=_e8m0_scale, values_offset=1)
+dot_iq4_nl_cols = _make_dot_q_row(**_IQ4_NL_SPEC, ncols=COLS)
+dot_iq4_nl_cols.__doc__ = "dot_iq4_nl_row for src1 rows r..r+n-1 (n <= COLS) at once, into out[r:r+n, m]."
+dot_mxfp4_row = _make_dot_q_row(**_MXFP4_SPEC)
 dot_mxfp4_row.__doc__ = ("As dot_q8_0_row for an MXFP4 weight row (values kvalues_mxfp4[nibble], scale "
                          "2^(e - 128) from the block's first byte).")
+dot_mxfp4_cols = _make_dot_q_row(**_MXFP4_SPEC, ncols=COLS)
+dot_mxfp4_cols.__doc__ = "dot_mxfp4_row for src1 rows r..r+n-1 (n <= COLS) at once, into out[r:r+n, m]."
 
 
 @intrinsic
@@ -848,16 +923,6 @@ def _i8(v: int) -> int:
     return v - 256 if v > 127 else v
 
 
-@njit(cache=True, inline="always")
-def _dot_q4_0(w, o, nb, yq, yd, yb, r):
-    return dot_q4_0_row(w, o, nb, yq, r * yq.shape[1], yd, r * yd.shape[1], yb, r * yb.shape[1])
-
-
-@njit(cache=True, inline="always")
-def _dot_q4_1(w, o, nb, yq, yd, ys, r):
-    return dot_q4_1_row(w, o, nb, yq, r * yq.shape[1], yd, r * yd.shape[1], ys, r * ys.shape[1])
-
-
 @njit(cache=True)
 def _dot_q5_0(w, o, nb, yq, yd, yb, r):
     sumf = np.float32(0.0)
@@ -881,11 +946,6 @@ def _dot_q5_1(w, o, nb, yq, yd, ys, r):
         sumi = dot_nibbles(w, ob + 8, yq, j) + 16 * dot_mask32(load_u32(w, ob + 4), yq, j)
         sumf += (load_f16(w, ob) * yd[r, b]) * np.float32(sumi) + load_f16(w, ob + 2) * ys[r, b]
     return sumf
-
-
-@njit(cache=True, inline="always")
-def _dot_q8_0(w, o, nb, yq, yd, yb, r):
-    return dot_q8_0_row(w, o, nb, yq, r * yq.shape[1], yd, r * yd.shape[1], yb, r * yb.shape[1])
 
 
 @njit(cache=True)
@@ -1018,16 +1078,6 @@ def _dot_q6_K(w, o, nb, yq, yd, yb, r):
     return sumf
 
 
-@njit(cache=True, inline="always")
-def _dot_iq4_nl(w, o, nb, yq, yd, yb, r):
-    return dot_iq4_nl_row(w, o, nb, yq, r * yq.shape[1], yd, r * yd.shape[1], yb, r * yb.shape[1])
-
-
-@njit(cache=True, inline="always")
-def _dot_mxfp4(w, o, nb, yq, yd, yb, r):
-    return dot_mxfp4_row(w, o, nb, yq, r * yq.shape[1], yd, r * yd.shape[1], yb, r * yb.shape[1])
-
-
 @njit(cache=True)
 def _iq4_xs_scale(w, ob, ib):
     """The 6-bit scale of sub-block ib (0..7) of the IQ4_XS block at byte ob, minus 32."""
@@ -1087,16 +1137,17 @@ def _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, 
     """
     base = w_base[s]
     r0 = s * n_cols
+    r1 = r0 + n_cols
     if kind == Q4_0:
         for m in range(m0, m1):
             o = w_off[base + m]
-            for r in range(r0, r0 + n_cols):
-                out[r, m] = _dot_q4_0(w, o, nb, yq, yd, yb, r)
+            for r in range(r0, r1, COLS):
+                dot_q4_0_cols(w, o, nb, yq, yd, yb, r, min(COLS, r1 - r), out, m)
     elif kind == Q4_1:
         for m in range(m0, m1):
             o = w_off[base + m]
-            for r in range(r0, r0 + n_cols):
-                out[r, m] = _dot_q4_1(w, o, nb, yq, yd, ys, r)
+            for r in range(r0, r1, COLS):
+                dot_q4_1_cols(w, o, nb, yq, yd, ys, r, min(COLS, r1 - r), out, m)
     elif kind == Q5_0:
         for m in range(m0, m1):
             o = w_off[base + m]
@@ -1110,8 +1161,8 @@ def _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, 
     elif kind == Q8_0:
         for m in range(m0, m1):
             o = w_off[base + m]
-            for r in range(r0, r0 + n_cols):
-                out[r, m] = _dot_q8_0(w, o, nb, yq, yd, yb, r)
+            for r in range(r0, r1, COLS):
+                dot_q8_0_cols(w, o, nb, yq, yd, yb, r, min(COLS, r1 - r), out, m)
     elif kind == Q2_K:
         for m in range(m0, m1):
             o = w_off[base + m]
@@ -1140,8 +1191,8 @@ def _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, 
     elif kind == IQ4_NL:
         for m in range(m0, m1):
             o = w_off[base + m]
-            for r in range(r0, r0 + n_cols):
-                out[r, m] = _dot_iq4_nl(w, o, nb, yq, yd, yb, r)
+            for r in range(r0, r1, COLS):
+                dot_iq4_nl_cols(w, o, nb, yq, yd, yb, r, min(COLS, r1 - r), out, m)
     elif kind == IQ4_XS:
         for m in range(m0, m1):
             o = w_off[base + m]
@@ -1150,8 +1201,8 @@ def _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, 
     elif kind == MXFP4:
         for m in range(m0, m1):
             o = w_off[base + m]
-            for r in range(r0, r0 + n_cols):
-                out[r, m] = _dot_mxfp4(w, o, nb, yq, yd, yb, r)
+            for r in range(r0, r1, COLS):
+                dot_mxfp4_cols(w, o, nb, yq, yd, yb, r, min(COLS, r1 - r), out, m)
     elif kind == F16:
         for m in range(m0, m1):
             o = w_off[base + m]
