@@ -1,0 +1,136 @@
+"""The MUL_MAT direct kernels' multi-column loops: a weight row dotted with up to `quant_dot.COLS` src1
+columns in one pass must give every column the bits the one-column loop gives it.
+
+Checked two ways: (1) through the kernel, an N-column product (N = 1..15: whole groups of COLS and every
+remainder) against the N one-column products of its columns, on the calling thread and on 2 and 3
+threads (the shared chunk counter), and with src1 split over broadcast slices; (2) the multi-column
+intrinsics themselves against the one-column ones, with the portable block sums and with the target's
+(AVX2's byte multiply-add where the host has it), so the result does not depend on the host's choice.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from kernel_helpers import F32, compile_node, new_ctx, tensor
+from numba import njit
+
+from pyggml.backends.cpu.kernels import ComputeParams, matmul
+from pyggml.backends.cpu.kernels import quant_dot as qd
+from pyggml.core.types import TYPE_TRAITS, GGMLType
+
+# the weight types with a multi-column loop, and the arguments of their row-loop generator
+SPECS: dict[GGMLType, dict] = {
+    GGMLType.Q4_0: qd._Q4_0_SPEC,
+    GGMLType.Q4_1: qd._Q4_1_SPEC,
+    GGMLType.Q8_0: qd._Q8_0_SPEC,
+    GGMLType.IQ4_NL: qd._IQ4_NL_SPEC,
+    GGMLType.MXFP4: qd._MXFP4_SPEC,
+}
+MAX_N = 15  # below BLAS_MIN_COLS: every column count the direct kernels see
+K = 224  # 7 blocks of 32: the 4-block unrolled loop and its 3-block tail
+M = 37
+
+
+def _src1_values(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """Normal values with a random magnitude per 32-value block: block products of far apart exponents,
+    whose float sums round (with similar magnitudes MXFP4's power-of-two scales sum exactly in any order, and
+    a changed order would go unseen)."""
+    x = rng.standard_normal(shape).astype(np.float32)
+    scale = np.exp(3 * rng.standard_normal(shape[:-1] + (shape[-1] // 32, 1))).astype(np.float32)
+    return (x.reshape(scale.shape[:-1] + (32,)) * scale).reshape(shape)
+
+
+def _product(ctx, w, x: np.ndarray, n_threads: int) -> np.ndarray:
+    node = ctx.mul_mat(w, tensor(ctx, F32, x))
+    compile_node(node, ComputeParams(n_threads=n_threads))()
+    return node.numpy().copy()
+
+
+@pytest.mark.parametrize("wtype", list(SPECS))
+@pytest.mark.parametrize("n_threads", [1, 2, 3])
+def test_columns_equal_one_column_products(wtype: GGMLType, n_threads: int, rng: np.random.Generator,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    assert matmul.BLAS_MIN_COLS > MAX_N
+    # threads from the smallest product up, or none at all
+    monkeypatch.setattr(matmul, "PARALLEL_MIN_WORK", 0 if n_threads > 1 else 1 << 62)
+    ctx = new_ctx(8)
+    w = tensor(ctx, wtype, rng.standard_normal((M, K)).astype(np.float32))
+    x = _src1_values(rng, (MAX_N, K))
+    one = np.concatenate([_product(ctx, w, x[c:c + 1], n_threads)[0, 0] for c in range(MAX_N)])
+    assert np.all(np.isfinite(one)) and np.any(one != 0)
+    for n in range(1, MAX_N + 1):
+        got = _product(ctx, w, x[:n], n_threads)[0, 0]
+        assert np.array_equal(got, one[:n]), n
+
+
+@pytest.mark.parametrize("wtype", [GGMLType.Q4_1, GGMLType.Q8_0])
+@pytest.mark.parametrize("n_threads", [1, 2])
+def test_columns_per_slice(wtype: GGMLType, n_threads: int, rng: np.random.Generator,
+                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """src1 of 2x4 matrices of 6 columns over 2 weight matrices (broadcast in dim 2): groups stay in a slice."""
+    monkeypatch.setattr(matmul, "PARALLEL_MIN_WORK", 0 if n_threads > 1 else 1 << 62)
+    ctx = new_ctx(8)
+    w = tensor(ctx, wtype, rng.standard_normal((1, 2, M, K)).astype(np.float32))
+    x = _src1_values(rng, (2, 4, 6, K))
+    got = _product(ctx, w, x, n_threads)
+    for c in range(6):
+        want = _product(ctx, w, np.ascontiguousarray(x[:, :, c:c + 1]), n_threads)
+        assert np.array_equal(got[:, :, c], want[:, :, 0]), c
+
+
+def _block_sums(spec: dict) -> list:
+    """The portable block sums and the target's, for a generator spec (unsigned values: Q4_0, Q4_1)."""
+    if spec.get("minus_8") or spec.get("mins"):
+        return [qd._block_sums_unsigned_portable, qd._block_sums_unsigned]
+    return [qd._block_sums_portable, qd._block_sums]
+
+
+def _src1(vdt: GGMLType, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """x quantized to vdt (Q8_0 or Q8_1), as the arrays the row loops read: values, scales, and Q8_0's
+    16-value sums or Q8_1's block sums s."""
+    n, k = x.shape
+    yq, yd, ys = np.zeros((n, k), np.int8), np.zeros((n, k // 32), np.float32), np.zeros((n, k // 32), np.float32)
+    yb = np.zeros((n, k // 16), np.int32)
+    qd.quantize_rows(int(vdt), x, yq, yd, ys, yb)
+    return yq, yd, ys if vdt == GGMLType.Q8_1 else yb
+
+
+def _loops(spec: dict, sums, row_bytes: int, nb: int):
+    """Two kernels over all weight rows and src1 rows: one with the row loop per column, one with the
+    multi-column loop in groups of n."""
+    row = qd._make_dot_q_row(**spec, block_sums=sums)
+    cols = qd._make_dot_q_row(**spec, block_sums=sums, ncols=qd.COLS)
+
+    @njit
+    def by_rows(w, yq, yd, yb, out):
+        for m in range(out.shape[1]):
+            for r in range(out.shape[0]):
+                out[r, m] = row(w, m * row_bytes, nb, yq, r * yq.shape[1], yd, r * yd.shape[1], yb, r * yb.shape[1])
+
+    @njit
+    def by_cols(w, yq, yd, yb, out, n):
+        for m in range(out.shape[1]):
+            for r in range(0, out.shape[0], n):
+                cols(w, m * row_bytes, nb, yq, yd, yb, r, min(n, out.shape[0] - r), out, m)
+
+    return by_rows, by_cols
+
+
+@pytest.mark.parametrize("wtype", list(SPECS))
+def test_column_loops_equal_row_loop(wtype: GGMLType, rng: np.random.Generator) -> None:
+    spec = SPECS[wtype]
+    nb = 9  # two unrolled iterations and a 1-block tail
+    n_cols = 2 * qd.COLS + 1
+    raw = tensor(new_ctx(1), wtype, rng.standard_normal((M, 32 * nb)).astype(np.float32)).numpy()
+    w = np.ascontiguousarray(raw).reshape(-1).view(np.uint8)
+    yq, yd, yb = _src1(TYPE_TRAITS[wtype].vec_dot_type, _src1_values(rng, (n_cols, 32 * nb)))
+    for sums in _block_sums(spec):
+        by_rows, by_cols = _loops(spec, sums, nb * TYPE_TRAITS[wtype].type_size, nb)
+        want = np.zeros((n_cols, M), np.float32)
+        by_rows(w, yq, yd, yb, want)
+        assert np.all(np.isfinite(want)) and np.any(want != 0)
+        for n in range(1, qd.COLS + 1):  # groups of n, then what remains
+            got = np.full((n_cols, M), np.nan, np.float32)
+            by_cols(w, yq, yd, yb, got, n)
+            assert np.array_equal(got, want), (sums.__name__, n)
