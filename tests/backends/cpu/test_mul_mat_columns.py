@@ -110,9 +110,9 @@ def _loops(spec: dict, sums, row_bytes: int, nb: int):
 
     @njit
     def by_cols(w, yq, yd, yb, out, n):
-        for m in range(out.shape[1]):
-            for r in range(0, out.shape[0], n):
-                cols(w, m * row_bytes, nb, yq, yd, yb, r, min(n, out.shape[0] - r), out, m)
+        w_off = np.arange(out.shape[1]) * row_bytes
+        for r in range(0, out.shape[0], n):
+            cols(w, w_off, 0, 0, out.shape[1], nb, yq, yd, yb, r, min(n, out.shape[0] - r), out)
 
     return by_rows, by_cols
 

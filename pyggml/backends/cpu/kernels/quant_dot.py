@@ -505,8 +505,9 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
     as ggml's ggml_vec_dot_q4_1_q8_1 (`hsum(acc) + summs`).
 
     `ncols` 1: `dot(w, o, nb, yq, j, yd, k, yb, kb)` returns the row's dot with the src1 row at yq[j:],
-    yd[k:], yb[kb:]. `ncols` > 1: `dot(w, o, nb, yq, yd, yb, r, n, out, m)` writes out[r + c, m], c < n for
-    an n from 1 to ncols, the row's dots with src1 rows r..r+n-1 (2-D arrays). Why: decoding several
+    yd[k:], yb[kb:]. `ncols` > 1: `dot(w, w_off, base, m0, m1, nb, yq, yd, yb, r, n, out)` writes
+    out[r + c, m] for c < n (n from 1 to ncols), m0 <= m < m1: the dots of weight row w_off[base + m] with
+    src1 rows r..r+n-1 (2-D arrays). Why: decoding several
     sequences multiplies each weight row by a few columns; loading and unpacking a block once for all of
     them, and one call per row instead of per column, saves 40% (Q4_1 1536x576, 4 columns, one thread:
     0.105 ms instead of 0.177; one column 0.045). Each column keeps its own accumulators and
@@ -576,27 +577,34 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
         return dot_q_row
 
     @intrinsic
-    def dot_q_cols(typingctx, w, o, nb, yq, yd, yb, r, n, out, m):
+    def dot_q_cols(typingctx, w, w_off, base, m0, m1, nb, yq, yd, yb, r, n, out):
         ip = types.intp
-        sig = types.void(w, ip, ip, yq, yd, yb, ip, ip, out, ip)
+        sig = types.void(w, w_off, ip, ip, ip, ip, yq, yd, yb, ip, ip, out)
 
         def codegen(context, builder, signature, args):
             ty = signature.args
-            r, n = args[6], args[7]
-            pw = _address(context, builder, ty[0], args[0], args[1])
-            po, width = _row_pointer(context, builder, ty[8], args[8], r, args[9])
+            w_data = _address(context, builder, ty[0], args[0], ir.Constant(args[3].type, 0))
+            offsets = _address(context, builder, ty[1], args[1], args[2])  # w_off[base:]
+            m0, m1, nb, r, n = args[3], args[4], args[5], args[9], args[10]
             done = builder.append_basic_block("cols.done")
             switch = builder.switch(n, done)
-            for count in range(1, ncols + 1):  # one loop per column count: its accumulators stay in registers
+            # one loop over the rows per column count: inside one loop over the rows, the loops of every count
+            # made LLVM keep all their addresses live across it, in spilled registers reloaded every row (40%
+            # slower for one column); and a call per row costs as much
+            for count in range(1, ncols + 1):
                 case = builder.append_basic_block(f"cols.{count}")
                 switch.add_case(ir.Constant(n.type, count), case)
                 builder.position_at_end(case)
                 cols = []
                 for c in range(count):
                     rc = builder.add(r, ir.Constant(r.type, c))
-                    cols.append(tuple(_row_pointer(context, builder, ty[i], args[i], rc)[0] for i in (3, 4, 5)))
-                for c, dot in enumerate(row_loop(builder, pw, args[2], cols)):
-                    builder.store(dot, builder.gep(po, [builder.mul(width, ir.Constant(width.type, c))]))
+                    cols.append(tuple(_row_pointer(context, builder, ty[i], args[i], rc)[0] for i in (6, 7, 8)))
+                with cgutils.for_range(builder, m1, start=m0) as loop:
+                    m = loop.index
+                    pw = builder.gep(w_data, [builder.load(builder.gep(offsets, [m]))])
+                    for c, dot in enumerate(row_loop(builder, pw, nb, cols)):
+                        rc = builder.add(r, ir.Constant(r.type, c))
+                        builder.store(dot, _row_pointer(context, builder, ty[11], args[11], rc, m)[0])
                 builder.branch(done)
             builder.position_at_end(done)
             return context.get_dummy_value()
@@ -619,16 +627,16 @@ dot_q8_0_row.__doc__ = ("A Q8_0 weight row (nb blocks at byte i of w) times a Q8
                         "yd[k:], 16-value sums yb[kb:], unused): each block's exact int32 sums scaled by d_w * d_y, "
                         "accumulated in 8 lanes.")
 dot_q8_0_cols = _make_dot_q_row(**_Q8_0_SPEC, ncols=COLS)
-dot_q8_0_cols.__doc__ = "dot_q8_0_row for src1 rows r..r+n-1 (n <= COLS) at once, into out[r:r+n, m]."
+dot_q8_0_cols.__doc__ = "dot_q8_0_row for weight rows m0..m1-1 and src1 rows r..r+n-1 (n <= COLS)."
 dot_q4_0_row = _make_dot_q_row(**_Q4_0_SPEC)
 dot_q4_0_row.__doc__ = "As dot_q8_0_row for a Q4_0 weight row (values nibble - 8: the sums yb give the offset)."
 dot_q4_0_cols = _make_dot_q_row(**_Q4_0_SPEC, ncols=COLS)
-dot_q4_0_cols.__doc__ = "dot_q4_0_row for src1 rows r..r+n-1 (n <= COLS) at once, into out[r:r+n, m]."
+dot_q4_0_cols.__doc__ = "dot_q4_0_row for weight rows m0..m1-1 and src1 rows r..r+n-1 (n <= COLS)."
 dot_q4_1_row = _make_dot_q_row(**_Q4_1_SPEC)
 dot_q4_1_row.__doc__ = ("As dot_q8_0_row for a Q4_1 weight row against Q8_1 (values nibble * d + m: the src1 "
                         "block sums ys, in yb's place, carry the mins).")
 dot_q4_1_cols = _make_dot_q_row(**_Q4_1_SPEC, ncols=COLS)
-dot_q4_1_cols.__doc__ = "dot_q4_1_row for src1 rows r..r+n-1 (n <= COLS) at once, into out[r:r+n, m]."
+dot_q4_1_cols.__doc__ = "dot_q4_1_row for weight rows m0..m1-1 and src1 rows r..r+n-1 (n <= COLS)."
 
 
 # --- table types: IQ4_NL, IQ4_XS, MXFP4 (a 4-bit quant indexes 16 int8 values) ---
@@ -668,12 +676,12 @@ _MXFP4_SPEC = {"block_bytes": 17, "values": _table_values(_TABLES[MXFP4]), "scal
 dot_iq4_nl_row = _make_dot_q_row(**_IQ4_NL_SPEC)
 dot_iq4_nl_row.__doc__ = "As dot_q8_0_row for an IQ4_NL weight row (values kvalues_iq4nl[nibble])."
 dot_iq4_nl_cols = _make_dot_q_row(**_IQ4_NL_SPEC, ncols=COLS)
-dot_iq4_nl_cols.__doc__ = "dot_iq4_nl_row for src1 rows r..r+n-1 (n <= COLS) at once, into out[r:r+n, m]."
+dot_iq4_nl_cols.__doc__ = "dot_iq4_nl_row for weight rows m0..m1-1 and src1 rows r..r+n-1 (n <= COLS)."
 dot_mxfp4_row = _make_dot_q_row(**_MXFP4_SPEC)
 dot_mxfp4_row.__doc__ = ("As dot_q8_0_row for an MXFP4 weight row (values kvalues_mxfp4[nibble], scale "
                          "2^(e - 128) from the block's first byte).")
 dot_mxfp4_cols = _make_dot_q_row(**_MXFP4_SPEC, ncols=COLS)
-dot_mxfp4_cols.__doc__ = "dot_mxfp4_row for src1 rows r..r+n-1 (n <= COLS) at once, into out[r:r+n, m]."
+dot_mxfp4_cols.__doc__ = "dot_mxfp4_row for weight rows m0..m1-1 and src1 rows r..r+n-1 (n <= COLS)."
 
 
 @intrinsic
@@ -1139,15 +1147,11 @@ def _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, 
     r0 = s * n_cols
     r1 = r0 + n_cols
     if kind == Q4_0:
-        for m in range(m0, m1):
-            o = w_off[base + m]
-            for r in range(r0, r1, COLS):
-                dot_q4_0_cols(w, o, nb, yq, yd, yb, r, min(COLS, r1 - r), out, m)
+        for r in range(r0, r1, COLS):
+            dot_q4_0_cols(w, w_off, base, m0, m1, nb, yq, yd, yb, r, min(COLS, r1 - r), out)
     elif kind == Q4_1:
-        for m in range(m0, m1):
-            o = w_off[base + m]
-            for r in range(r0, r1, COLS):
-                dot_q4_1_cols(w, o, nb, yq, yd, ys, r, min(COLS, r1 - r), out, m)
+        for r in range(r0, r1, COLS):
+            dot_q4_1_cols(w, w_off, base, m0, m1, nb, yq, yd, ys, r, min(COLS, r1 - r), out)
     elif kind == Q5_0:
         for m in range(m0, m1):
             o = w_off[base + m]
@@ -1159,10 +1163,8 @@ def _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, 
             for r in range(r0, r0 + n_cols):
                 out[r, m] = _dot_q5_1(w, o, nb, yq, yd, ys, r)
     elif kind == Q8_0:
-        for m in range(m0, m1):
-            o = w_off[base + m]
-            for r in range(r0, r1, COLS):
-                dot_q8_0_cols(w, o, nb, yq, yd, yb, r, min(COLS, r1 - r), out, m)
+        for r in range(r0, r1, COLS):
+            dot_q8_0_cols(w, w_off, base, m0, m1, nb, yq, yd, yb, r, min(COLS, r1 - r), out)
     elif kind == Q2_K:
         for m in range(m0, m1):
             o = w_off[base + m]
@@ -1189,20 +1191,16 @@ def _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, 
             for r in range(r0, r0 + n_cols):
                 out[r, m] = _dot_q6_K(w, o, nb, yq, yd, yb, r)
     elif kind == IQ4_NL:
-        for m in range(m0, m1):
-            o = w_off[base + m]
-            for r in range(r0, r1, COLS):
-                dot_iq4_nl_cols(w, o, nb, yq, yd, yb, r, min(COLS, r1 - r), out, m)
+        for r in range(r0, r1, COLS):
+            dot_iq4_nl_cols(w, w_off, base, m0, m1, nb, yq, yd, yb, r, min(COLS, r1 - r), out)
     elif kind == IQ4_XS:
         for m in range(m0, m1):
             o = w_off[base + m]
             for r in range(r0, r0 + n_cols):
                 out[r, m] = _dot_iq4_xs(w, o, nb, yq, yd, yb, r)
     elif kind == MXFP4:
-        for m in range(m0, m1):
-            o = w_off[base + m]
-            for r in range(r0, r1, COLS):
-                dot_mxfp4_cols(w, o, nb, yq, yd, yb, r, min(COLS, r1 - r), out, m)
+        for r in range(r0, r1, COLS):
+            dot_mxfp4_cols(w, w_off, base, m0, m1, nb, yq, yd, yb, r, min(COLS, r1 - r), out)
     elif kind == F16:
         for m in range(m0, m1):
             o = w_off[base + m]
