@@ -618,6 +618,8 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
 # unpacking wider but run out of vector registers (Q4_1 1536x576, 8 columns, one thread: 0.36 ms one column
 # at a time, 0.25 in pairs, 0.22 in fours, 0.24 in eights)
 COLS = 4
+# the weight types whose direct kernels use the *_cols loops
+COLS_KINDS = (Q8_0, Q4_0, Q4_1, IQ4_NL, MXFP4)
 
 _Q8_0_SPEC = {"block_bytes": 34, "values": _q8_0_values}
 _Q4_0_SPEC = {"block_bytes": 18, "values": _q4_0_nibbles, "minus_8": True}
