@@ -25,7 +25,10 @@ src0 matrix serves consecutive src1 matrices). By src0's type:
   `BLAS_MIN_COLS` columns, numba kernels compute ggml's vec_dot on the raw
   blocks: exact integer block dot products scaled by the blocks' scales
   (see Threads below). The weights are
-  read in their compact form, never dequantized. Q8_1 and Q8_K have no
+  read in their compact form, never dequantized. For Q8_0, Q4_0, Q4_1,
+  IQ4_NL and MXFP4 (quant_dot.COLS_KINDS) one pass over a weight row serves
+  up to quant_dot.COLS src1 columns (decoding several sequences), each
+  column's sum the same bits as alone. Q8_1 and Q8_K have no
   vec_dot in ggml (they are only dot-product partners) and are not accepted
   as src0, as in ggml's type_traits.
   Documented deviation, for prompts: with `BLAS_MIN_COLS` or more columns,
