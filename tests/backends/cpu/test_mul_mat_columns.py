@@ -1,18 +1,20 @@
-"""The MUL_MAT direct kernels' multi-column loops: a weight row dotted with up to `quant_dot.COLS` src1
-columns in one pass must give every column the bits the one-column loop gives it.
+"""The MUL_MAT direct kernels' multi-column loops (Q4_0, Q4_1, Q8_0, IQ4_NL, MXFP4, F16, BF16): a weight
+row dotted with up to `quant_dot.COLS` src1 columns in one pass must give every column the bits the
+one-column loop gives it.
 
 Checked two ways: (1) through the kernel, an N-column product (N = 1..15: whole groups of COLS and every
 remainder) against the N one-column products of its columns, on the calling thread and on 2 and 3
 threads (the shared chunk counter), and with src1 split over broadcast slices; (2) the multi-column
 intrinsics themselves against the one-column ones, with the portable block sums and with the target's
-(AVX2's byte multiply-add where the host has it), so the result does not depend on the host's choice.
+(AVX2's byte multiply-add where the host has it), so the result does not depend on the host's choice;
+F16 and BF16 rows also with lengths that are not multiples of 32 (a tail added element by element).
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from kernel_helpers import F32, compile_node, new_ctx, tensor
+from kernel_helpers import BF16, F16, F32, compile_node, new_ctx, tensor
 from numba import njit
 
 from pyggml.backends.cpu.kernels import ComputeParams, matmul
@@ -27,6 +29,7 @@ SPECS: dict[GGMLType, dict] = {
     GGMLType.IQ4_NL: qd._IQ4_NL_SPEC,
     GGMLType.MXFP4: qd._MXFP4_SPEC,
 }
+HALF_TYPES = (F16, BF16)
 MAX_N = 15  # below BLAS_MIN_COLS: every column count the direct kernels see
 K = 224  # 7 blocks of 32: the 4-block unrolled loop and its 3-block tail
 M = 37
@@ -36,9 +39,11 @@ def _src1_values(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray
     """Normal values with a random magnitude per 32-value block: block products of far apart exponents,
     whose float sums round (with similar magnitudes MXFP4's power-of-two scales sum exactly in any order, and
     a changed order would go unseen)."""
-    x = rng.standard_normal(shape).astype(np.float32)
-    scale = np.exp(3 * rng.standard_normal(shape[:-1] + (shape[-1] // 32, 1))).astype(np.float32)
-    return (x.reshape(scale.shape[:-1] + (32,)) * scale).reshape(shape)
+    k = shape[-1]
+    padded = shape[:-1] + (-(-k // 32) * 32,)
+    x = rng.standard_normal(padded).astype(np.float32)
+    scale = np.exp(3 * rng.standard_normal(padded[:-1] + (padded[-1] // 32, 1))).astype(np.float32)
+    return np.ascontiguousarray((x.reshape(scale.shape[:-1] + (32,)) * scale).reshape(padded)[..., :k])
 
 
 def _product(ctx, w, x: np.ndarray, n_threads: int) -> np.ndarray:
@@ -47,16 +52,18 @@ def _product(ctx, w, x: np.ndarray, n_threads: int) -> np.ndarray:
     return node.numpy().copy()
 
 
-@pytest.mark.parametrize("wtype", list(SPECS))
+@pytest.mark.parametrize(("wtype", "k"), [(t, K) for t in SPECS] + [(t, k) for t in HALF_TYPES for k in (K, 250)])
 @pytest.mark.parametrize("n_threads", [1, 2, 3])
-def test_columns_equal_one_column_products(wtype: GGMLType, n_threads: int, rng: np.random.Generator,
+def test_columns_equal_one_column_products(wtype: GGMLType, k: int, n_threads: int, rng: np.random.Generator,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """k 250 (F16, BF16): 7 lane blocks of 32 and 26 elements added one by one."""
     assert matmul.BLAS_MIN_COLS > MAX_N
+    monkeypatch.setattr(matmul, "HALF_BLAS_MIN_COLS", MAX_N + 1)  # the direct F16/BF16 kernels up to MAX_N too
     # threads from the smallest product up, or none at all
     monkeypatch.setattr(matmul, "PARALLEL_MIN_WORK", 0 if n_threads > 1 else 1 << 62)
     ctx = new_ctx(8)
-    w = tensor(ctx, wtype, rng.standard_normal((M, K)).astype(np.float32))
-    x = _src1_values(rng, (MAX_N, K))
+    w = tensor(ctx, wtype, rng.standard_normal((M, k)).astype(np.float32))
+    x = _src1_values(rng, (MAX_N, k))
     one = np.concatenate([_product(ctx, w, x[c:c + 1], n_threads)[0, 0] for c in range(MAX_N)])
     assert np.all(np.isfinite(one)) and np.any(one != 0)
     for n in range(1, MAX_N + 1):
@@ -64,7 +71,7 @@ def test_columns_equal_one_column_products(wtype: GGMLType, n_threads: int, rng:
         assert np.array_equal(got, one[:n]), n
 
 
-@pytest.mark.parametrize("wtype", [GGMLType.Q4_1, GGMLType.Q8_0])
+@pytest.mark.parametrize("wtype", [GGMLType.Q4_1, GGMLType.Q8_0, F16])
 @pytest.mark.parametrize("n_threads", [1, 2])
 def test_columns_per_slice(wtype: GGMLType, n_threads: int, rng: np.random.Generator,
                            monkeypatch: pytest.MonkeyPatch) -> None:
@@ -134,3 +141,46 @@ def test_column_loops_equal_row_loop(wtype: GGMLType, rng: np.random.Generator) 
             got = np.full((n_cols, M), np.nan, np.float32)
             by_cols(w, yq, yd, yb, got, n)
             assert np.array_equal(got, want), (sums.__name__, n)
+
+
+def _half_loops(kind: int, k: int):
+    """As _loops for F16/BF16 weight rows of k elements: the row loop then the tail one by one (the
+    one-column kernel's order), and the multi-column loop."""
+    row = qd._make_dot_half_row(kind)
+    cols = qd._make_dot_half_row(kind, qd.COLS)
+    k32 = k // 32 * 32
+    load = qd.load_f16 if kind == qd.F16 else qd.load_bf16
+
+    @njit
+    def by_rows(w, x, out):
+        for m in range(out.shape[1]):
+            for r in range(out.shape[0]):
+                s = row(w, 2 * k * m, x, r * k, k32)
+                for j in range(k32, k):
+                    s += load(w, 2 * (k * m + j)) * x[r, j]
+                out[r, m] = s
+
+    @njit
+    def by_cols(w, x, out, n):
+        w_off = np.arange(out.shape[1]) * 2 * k
+        for r in range(0, out.shape[0], n):
+            cols(w, w_off, 0, 0, out.shape[1], x, r, min(n, out.shape[0] - r), out)
+
+    return by_rows, by_cols
+
+
+@pytest.mark.parametrize("wtype", HALF_TYPES)
+@pytest.mark.parametrize("k", [96, 250])
+def test_half_column_loops_equal_row_loop(wtype: GGMLType, k: int, rng: np.random.Generator) -> None:
+    n_cols = 2 * qd.COLS + 1
+    w = tensor(new_ctx(1), wtype, rng.standard_normal((M, k)).astype(np.float32)).numpy()
+    w = np.ascontiguousarray(w).reshape(-1).view(np.uint8)
+    x = _src1_values(rng, (n_cols, k))
+    by_rows, by_cols = _half_loops(int(wtype), k)
+    want = np.zeros((n_cols, M), np.float32)
+    by_rows(w, x, want)
+    assert np.all(np.isfinite(want)) and np.any(want != 0)
+    for n in range(1, qd.COLS + 1):
+        got = np.full((n_cols, M), np.nan, np.float32)
+        by_cols(w, x, got, n)
+        assert np.array_equal(got, want), n

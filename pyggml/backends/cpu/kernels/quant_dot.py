@@ -370,27 +370,127 @@ def _shuffle(builder, v, idx: list[int]):
     return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, len(idx)), idx))
 
 
-def _make_dot_half_row(kind: int):
+def _row_pointer(context, builder, arrty, arr, row, col=None):
+    """Pointer to element (row, col) (col 0 if None) of a C-contiguous 2-D array, and its row length."""
+    a = context.make_array(arrty)(context, builder, value=arr)
+    width = cgutils.unpack_tuple(builder, a.shape)[1]
+    flat = builder.mul(row, width)
+    return builder.gep(a.data, [flat if col is None else builder.add(flat, col)]), width
+
+
+def _column_groups(context, builder, signature, args, ncols: int, pos: dict[str, int], columns, row) -> None:
+    """The body of a multi-column intrinsic: for weight rows m0 <= m < m1 (rows w_off[base + m]), `row(pw, m,
+    cols)` with `cols = columns(count)` made once for the n (1..ncols) src1 rows from r. `pos` gives the
+    argument positions of w, w_off, base, m0, m1, r and n.
+
+    One loop over the rows per column count, chosen once: inside one loop over the rows, the loops of every
+    count made LLVM keep all their addresses live across it, in spilled registers reloaded every row (one
+    column 40% slower), and a call per row costs as much.
+    """
+    ty = signature.args
+    w_data = _address(context, builder, ty[pos["w"]], args[pos["w"]], ir.Constant(args[pos["m0"]].type, 0))
+    offsets = _address(context, builder, ty[pos["w_off"]], args[pos["w_off"]], args[pos["base"]])  # w_off[base:]
+    n = args[pos["n"]]
+    done = builder.append_basic_block("cols.done")
+    switch = builder.switch(n, done)
+    for count in range(1, ncols + 1):
+        case = builder.append_basic_block(f"cols.{count}")
+        switch.add_case(ir.Constant(n.type, count), case)
+        builder.position_at_end(case)
+        cols = columns(count)
+        with cgutils.for_range(builder, args[pos["m1"]], start=args[pos["m0"]]) as loop:
+            m = loop.index
+            row(builder.gep(w_data, [builder.load(builder.gep(offsets, [m]))]), m, cols)
+        builder.branch(done)
+    builder.position_at_end(done)
+
+
+def _store_columns(context, builder, arrty, out, r, m, dots) -> None:
+    """out[r + c, m] = dots[c]."""
+    for c, dot in enumerate(dots):
+        builder.store(dot, _row_pointer(context, builder, arrty, out, builder.add(r, ir.Constant(r.type, c)), m)[0])
+
+
+def _make_dot_half_row(kind: int, ncols: int = 1):
+    """F16 or BF16 (`kind`) weight rows times float32 rows, in 32 lanes summed at the end.
+
+    `ncols` 1: `dot(w, o, x, j, n)` = sum_t half(w at byte o+2t) * x[j+t], t < n, n a multiple of 32.
+    `ncols` > 1: `dot(w, w_off, base, m0, m1, x, r, n, out)` writes out[r + c, m] for c < n (n from 1 to
+    ncols), m0 <= m < m1: weight row w_off[base + m] times x's rows r..r+n-1, whole: the elements after
+    the last multiple of 32 are added one by one after the lanes' sum. A block of halves is widened once
+    for all columns; each column's sum is the same bits as with `ncols` 1 (and its tail added after).
+    """
+    vf = ir.VectorType(_F32, 32)
+
+    def row_loop(builder, pw, n, cols, K=None):
+        """The dots of the weight row at pw with the x rows at `cols` over n (a multiple of 32) elements,
+        then, given K, elements n..K-1 one by one."""
+        accs = [cgutils.alloca_once_value(builder, ir.Constant(vf, [0.0] * 32)) for _ in cols]
+        n_blocks = builder.ashr(n, ir.Constant(n.type, 5))
+        with cgutils.for_range(builder, n_blocks) as loop:
+            i = loop.index
+            wv = _load_vector(builder, builder.gep(pw, [builder.shl(i, ir.Constant(i.type, 6))]), _I16, 32)
+            wf = _widen_halves(builder, wv, kind)
+            for px, acc in zip(cols, accs, strict=True):
+                xv = _load_vector(builder, builder.gep(px, [builder.shl(i, ir.Constant(i.type, 5))]), _F32, 32)
+                builder.store(_fmuladd(builder, wf, xv, builder.load(acc)), acc)
+        sums = [cgutils.alloca_once_value(builder, _sum_f32_tree(builder, builder.load(acc), 32)) for acc in accs]
+        if K is not None:
+            with cgutils.for_range(builder, K, start=n) as loop:
+                k = loop.index
+                h = builder.load(builder.bitcast(builder.gep(pw, [builder.shl(k, ir.Constant(k.type, 1))]),
+                                                 _I16.as_pointer()), align=1)
+                if kind == F16:
+                    wk = builder.fpext(builder.bitcast(h, ir.HalfType()), _F32)
+                else:
+                    wk = builder.bitcast(builder.shl(builder.zext(h, _I32), ir.Constant(_I32, 16)), _F32)
+                for px, total in zip(cols, sums, strict=True):
+                    product = builder.fmul(wk, builder.load(builder.gep(px, [k])))
+                    builder.store(builder.fadd(builder.load(total), product), total)
+        return [builder.load(total) for total in sums]
+
+    if ncols == 1:
+        @intrinsic
+        def dot_half_row(typingctx, w, o, x, j, n):
+            sig = types.float32(w, types.intp, x, types.intp, types.intp)
+
+            def codegen(context, builder, signature, args):
+                pw = _address(context, builder, signature.args[0], args[0], args[1])
+                px = _address(context, builder, signature.args[2], args[2], args[3])
+                return row_loop(builder, pw, args[4], [px])[0]
+
+            return sig, codegen
+
+        return dot_half_row
+
     @intrinsic
-    def dot_half_row(typingctx, w, o, x, j, n):
-        sig = types.float32(w, types.intp, x, types.intp, types.intp)
+    def dot_half_cols(typingctx, w, w_off, base, m0, m1, x, r, n, out):
+        ip = types.intp
+        sig = types.void(w, w_off, ip, ip, ip, x, ip, ip, out)
 
         def codegen(context, builder, signature, args):
-            pw = _address(context, builder, signature.args[0], args[0], args[1])
-            px = _address(context, builder, signature.args[2], args[2], args[3])
-            vf = ir.VectorType(_F32, 32)
-            acc = cgutils.alloca_once_value(builder, ir.Constant(vf, [0.0] * 32))
-            n_blocks = builder.ashr(args[4], ir.Constant(args[4].type, 5))
-            with cgutils.for_range(builder, n_blocks) as loop:
-                i = loop.index
-                wv = _load_vector(builder, builder.gep(pw, [builder.shl(i, ir.Constant(i.type, 6))]), _I16, 32)
-                xv = _load_vector(builder, builder.gep(px, [builder.shl(i, ir.Constant(i.type, 5))]), _F32, 32)
-                builder.store(_fmuladd(builder, _widen_halves(builder, wv, kind), xv, builder.load(acc)), acc)
-            return _sum_f32_tree(builder, builder.load(acc), 32)
+            ty, r = signature.args, args[6]
+            K = None
+
+            def columns(count: int) -> list:
+                nonlocal K
+                ptrs = []
+                for c in range(count):
+                    p, K = _row_pointer(context, builder, ty[5], args[5], builder.add(r, ir.Constant(r.type, c)))
+                    ptrs.append(p)
+                return ptrs
+
+            def row(pw, m, cols) -> None:
+                n32 = builder.shl(builder.ashr(K, ir.Constant(K.type, 5)), ir.Constant(K.type, 5))
+                _store_columns(context, builder, ty[8], args[8], r, m, row_loop(builder, pw, n32, cols, K))
+
+            pos = {"w": 0, "w_off": 1, "base": 2, "m0": 3, "m1": 4, "n": 7}
+            _column_groups(context, builder, signature, args, ncols, pos, columns, row)
+            return context.get_dummy_value()
 
         return sig, codegen
 
-    return dot_half_row
+    return dot_half_cols
 
 
 dot_f16_row = _make_dot_half_row(F16)
@@ -488,14 +588,6 @@ def _e8m0_scale(builder, pb):
     return _e8m0_half(builder, builder.load(pb))
 
 
-def _row_pointer(context, builder, arrty, arr, row, col=None):
-    """Pointer to element (row, col) (col 0 if None) of a C-contiguous 2-D array, and its row length."""
-    a = context.make_array(arrty)(context, builder, value=arr)
-    width = cgutils.unpack_tuple(builder, a.shape)[1]
-    flat = builder.mul(row, width)
-    return builder.gep(a.data, [flat if col is None else builder.add(flat, col)]), width
-
-
 def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = False, scale=_f16_scale,
                     values_offset: int = 2, mins: bool = False, ncols: int = 1):
     """The row loop of a 32-value block type of `block_bytes`: the block's scale (`scale` reads it), then at
@@ -585,31 +677,17 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
         sig = types.void(w, w_off, ip, ip, ip, ip, yq, yd, yb, ip, ip, out)
 
         def codegen(context, builder, signature, args):
-            ty = signature.args
-            w_data = _address(context, builder, ty[0], args[0], ir.Constant(args[3].type, 0))
-            offsets = _address(context, builder, ty[1], args[1], args[2])  # w_off[base:]
-            m0, m1, nb, r, n = args[3], args[4], args[5], args[9], args[10]
-            done = builder.append_basic_block("cols.done")
-            switch = builder.switch(n, done)
-            # one loop over the rows per column count: inside one loop over the rows, the loops of every count
-            # made LLVM keep all their addresses live across it, in spilled registers reloaded every row (40%
-            # slower for one column); and a call per row costs as much
-            for count in range(1, ncols + 1):
-                case = builder.append_basic_block(f"cols.{count}")
-                switch.add_case(ir.Constant(n.type, count), case)
-                builder.position_at_end(case)
-                cols = []
-                for c in range(count):
-                    rc = builder.add(r, ir.Constant(r.type, c))
-                    cols.append(tuple(_row_pointer(context, builder, ty[i], args[i], rc)[0] for i in (6, 7, 8)))
-                with cgutils.for_range(builder, m1, start=m0) as loop:
-                    m = loop.index
-                    pw = builder.gep(w_data, [builder.load(builder.gep(offsets, [m]))])
-                    for c, dot in enumerate(row_loop(builder, pw, nb, cols)):
-                        rc = builder.add(r, ir.Constant(r.type, c))
-                        builder.store(dot, _row_pointer(context, builder, ty[11], args[11], rc, m)[0])
-                builder.branch(done)
-            builder.position_at_end(done)
+            ty, r = signature.args, args[9]
+
+            def columns(count: int) -> list:
+                return [tuple(_row_pointer(context, builder, ty[i], args[i], builder.add(r, ir.Constant(r.type, c)))[0]
+                              for i in (6, 7, 8)) for c in range(count)]
+
+            def row(pw, m, cols) -> None:
+                _store_columns(context, builder, ty[11], args[11], r, m, row_loop(builder, pw, args[5], cols))
+
+            pos = {"w": 0, "w_off": 1, "base": 2, "m0": 3, "m1": 4, "n": 10}
+            _column_groups(context, builder, signature, args, ncols, pos, columns, row)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -622,7 +700,12 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
 # at a time, 0.25 in pairs, 0.22 in fours, 0.24 in eights)
 COLS = 4
 # the weight types whose direct kernels use the *_cols loops
-COLS_KINDS = (Q8_0, Q4_0, Q4_1, IQ4_NL, MXFP4)
+COLS_KINDS = (Q8_0, Q4_0, Q4_1, IQ4_NL, MXFP4, F16, BF16)
+
+dot_f16_cols = _make_dot_half_row(F16, COLS)
+dot_f16_cols.__doc__ = "F16 weight rows m0..m1-1 times x's rows r..r+n-1 (n <= COLS), whole (see _make_dot_half_row)."
+dot_bf16_cols = _make_dot_half_row(BF16, COLS)
+dot_bf16_cols.__doc__ = "BF16 weight rows m0..m1-1 times x's rows r..r+n-1 (n <= COLS), whole (see _make_dot_half_row)."
 
 _Q8_0_SPEC = {"block_bytes": 34, "values": _q8_0_values}
 _Q4_0_SPEC = {"block_bytes": 18, "values": _q4_0_nibbles, "minus_8": True}
@@ -1113,30 +1196,6 @@ def _dot_iq4_xs(w, o, nb, yq, yd, yb, r):
     return sumf
 
 
-@njit(cache=True, inline="always")
-def _dot_f16(w, o, xf, r):
-    """F16 weight row times float32 row r of xf (already rounded to f16)."""
-    K = xf.shape[1]
-    k = K // 32 * 32
-    sumf = dot_f16_row(w, o, xf, r * K, k)
-    while k < K:
-        sumf += load_f16(w, o + 2 * k) * xf[r, k]
-        k += 1
-    return sumf
-
-
-@njit(cache=True, inline="always")
-def _dot_bf16(w, o, xf, r):
-    """BF16 weight row times float32 row r of xf (already rounded to bf16)."""
-    K = xf.shape[1]
-    k = K // 32 * 32
-    sumf = dot_bf16_row(w, o, xf, r * K, k)
-    while k < K:
-        sumf += load_bf16(w, o + 2 * k) * xf[r, k]
-        k += 1
-    return sumf
-
-
 @njit(cache=True)
 def _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, s, m0, m1):
     """Weight rows m0..m1 of output slice s against that slice's n_cols src1 rows.
@@ -1207,15 +1266,11 @@ def _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, 
         for r in range(r0, r1, COLS):
             dot_mxfp4_cols(w, w_off, base, m0, m1, nb, yq, yd, yb, r, min(COLS, r1 - r), out)
     elif kind == F16:
-        for m in range(m0, m1):
-            o = w_off[base + m]
-            for r in range(r0, r0 + n_cols):
-                out[r, m] = _dot_f16(w, o, xf, r)
+        for r in range(r0, r1, COLS):
+            dot_f16_cols(w, w_off, base, m0, m1, xf, r, min(COLS, r1 - r), out)
     elif kind == BF16:
-        for m in range(m0, m1):
-            o = w_off[base + m]
-            for r in range(r0, r0 + n_cols):
-                out[r, m] = _dot_bf16(w, o, xf, r)
+        for r in range(r0, r1, COLS):
+            dot_bf16_cols(w, w_off, base, m0, m1, xf, r, min(COLS, r1 - r), out)
 
 
 @njit(nogil=True, cache=True)
