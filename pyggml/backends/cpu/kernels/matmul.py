@@ -10,7 +10,8 @@ src0 matrix serves consecutive src1 matrices). By src0's type:
   back to f32, so every product is the exact product of two f16 (bf16) values
   as in ggml; the results differ from ggml's only in float summation order.
   With fewer than `HALF_BLAS_MIN_COLS` src1 columns (decoding), a numba
-  kernel reads the weights' halves directly, in parallel over rows: 0.5 ms
+  kernel reads the weights' halves directly (widening each block once for
+  up to quant_dot.COLS columns), in parallel over rows: 0.5 ms
   for a 4096x4096 F16 mat-vec, twice as fast as numpy's f32 mat-vec, where
   widening the weights to f32 first (even vectorized, in cache-sized tiles)
   and calling BLAS takes 2 ms, and numpy's own f16 cast alone 20 ms. From
@@ -26,7 +27,7 @@ src0 matrix serves consecutive src1 matrices). By src0's type:
   blocks: exact integer block dot products scaled by the blocks' scales
   (see Threads below). The weights are
   read in their compact form, never dequantized. For Q8_0, Q4_0, Q4_1,
-  IQ4_NL and MXFP4 (quant_dot.COLS_KINDS) one pass over a weight row serves
+  IQ4_NL and MXFP4 (in quant_dot.COLS_KINDS) one pass over a weight row serves
   up to quant_dot.COLS src1 columns (decoding several sequences), each
   column's sum the same bits as alone. Q8_1 and Q8_K have no
   vec_dot in ggml (they are only dot-product partners) and are not accepted

@@ -15,9 +15,10 @@ BF16). This module does the same:
 - `mul_mat_rows` (several threads, see `threads.py`) and
   `mul_mat_rows_serial` compute `out[col, row] = vec_dot(weight row, src1
   col)`, reading the weights in their compact form; for the `COLS_KINDS`
-  (Q8_0, Q4_0, Q4_1, IQ4_NL, MXFP4) a weight block is loaded and unpacked
-  once for up to `COLS` src1 columns, each with its own accumulators (the
-  `*_cols` loops: the same bits per column as one column at a time). Each block's integer dot
+  (Q8_0, Q4_0, Q4_1, IQ4_NL, MXFP4, F16, BF16) a weight block is loaded
+  and unpacked once for up to `COLS` src1 columns, each with its own
+  accumulators (the `*_cols` loops: the same bits per column as one column
+  at a time). Each block's integer dot
   product is exact, as in ggml's scalar code, and is scaled by the block's
   f16/f32 scales as ggml's reference `ggml_vec_dot_<type>_q8_<x>` does; only
   the float summation order may differ (Q8_0, Q4_0, F16 and BF16 rows keep
