@@ -6,7 +6,8 @@ Checked two ways: (1) through the kernel, an N-column product (N = 1..15: whole 
 remainder) against the N one-column products of its columns, on the calling thread and on 2 and 3
 threads (the shared chunk counter), and with src1 split over broadcast slices; (2) the multi-column
 intrinsics themselves against the one-column ones, with the portable block sums and with the target's
-(AVX2's byte multiply-add where the host has it), so the result does not depend on the host's choice;
+(AVX2's byte multiply-add where the host has it), and for IQ4_NL and MXFP4 the portable table lookup too,
+so the result does not depend on the host's choice;
 F16 and BF16 rows also with lengths that are not multiples of 32 (a tail added element by element).
 """
 
@@ -86,11 +87,23 @@ def test_columns_per_slice(wtype: GGMLType, n_threads: int, rng: np.random.Gener
         assert np.array_equal(got[:, :, c], want[:, :, 0]), c
 
 
-def _block_sums(spec: dict) -> list:
-    """The portable block sums and the target's, for a generator spec (unsigned values: Q4_0, Q4_1)."""
+def _settings(wtype: GGMLType) -> list[tuple[dict, str]]:
+    """The generator spec of wtype with the portable block sums and with the target's (unsigned values: Q4_0,
+    Q4_1), and for the table types also the portable table lookup (the target's is vpshufb on AVX2)."""
+    spec = SPECS[wtype]
     if spec.get("minus_8") or spec.get("mins"):
-        return [qd._block_sums_unsigned_portable, qd._block_sums_unsigned]
-    return [qd._block_sums_portable, qd._block_sums]
+        sums = [qd._block_sums_unsigned_portable, qd._block_sums_unsigned]
+    else:
+        sums = [qd._block_sums_portable, qd._block_sums]
+    out = [(dict(spec, block_sums=s), s.__name__) for s in sums]
+    if wtype in (GGMLType.IQ4_NL, GGMLType.MXFP4):
+        table = qd._TABLES[int(wtype)]
+
+        def portable(builder, p):
+            return qd._lookup_portable(builder, table, qd._q4_0_nibbles(builder, p))
+
+        out += [(dict(spec, block_sums=s, values=portable), s.__name__ + " + portable lookup") for s in sums]
+    return out
 
 
 def _src1(vdt: GGMLType, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -103,11 +116,11 @@ def _src1(vdt: GGMLType, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndar
     return yq, yd, ys if vdt == GGMLType.Q8_1 else yb
 
 
-def _loops(spec: dict, sums, row_bytes: int, nb: int):
+def _loops(spec: dict, row_bytes: int, nb: int):
     """Two kernels over all weight rows and src1 rows: one with the row loop per column, one with the
     multi-column loop in groups of n."""
-    row = qd._make_dot_q_row(**spec, block_sums=sums)
-    cols = qd._make_dot_q_row(**spec, block_sums=sums, ncols=qd.COLS)
+    row = qd._make_dot_q_row(**spec)
+    cols = qd._make_dot_q_row(**spec, ncols=qd.COLS)
 
     @njit
     def by_rows(w, yq, yd, yb, out):
@@ -126,21 +139,20 @@ def _loops(spec: dict, sums, row_bytes: int, nb: int):
 
 @pytest.mark.parametrize("wtype", list(SPECS))
 def test_column_loops_equal_row_loop(wtype: GGMLType, rng: np.random.Generator) -> None:
-    spec = SPECS[wtype]
     nb = 9  # two unrolled iterations and a 1-block tail
     n_cols = 2 * qd.COLS + 1
     raw = tensor(new_ctx(1), wtype, rng.standard_normal((M, 32 * nb)).astype(np.float32)).numpy()
     w = np.ascontiguousarray(raw).reshape(-1).view(np.uint8)
     yq, yd, yb = _src1(TYPE_TRAITS[wtype].vec_dot_type, _src1_values(rng, (n_cols, 32 * nb)))
-    for sums in _block_sums(spec):
-        by_rows, by_cols = _loops(spec, sums, nb * TYPE_TRAITS[wtype].type_size, nb)
+    for spec, setting in _settings(wtype):
+        by_rows, by_cols = _loops(spec, nb * TYPE_TRAITS[wtype].type_size, nb)
         want = np.zeros((n_cols, M), np.float32)
         by_rows(w, yq, yd, yb, want)
         assert np.all(np.isfinite(want)) and np.any(want != 0)
         for n in range(1, qd.COLS + 1):  # groups of n, then what remains
             got = np.full((n_cols, M), np.nan, np.float32)
             by_cols(w, yq, yd, yb, got, n)
-            assert np.array_equal(got, want), (sums.__name__, n)
+            assert np.array_equal(got, want), (setting, n)
 
 
 def _half_loops(kind: int, k: int):
