@@ -12,7 +12,9 @@ A smoke run on 2 shared cores (--requests 3 --max-tokens 24) gave on SmolLM2 56,
 1, 2, 4 and 8 clients, 4 vs 1: 1.78x (1.2-1.8x from run to run on this shared machine). The server adds
 little: one client gets the model's own decode speed, and `Model.decode` of one token for each of 4
 sequences costs ~2.1x one token (34 vs 16 ms) there: the bound is the CPU MUL_MAT kernels, whose cost grows
-with each src1 column, not the batching.
+with each src1 column, not the batching. With the multi-column direct kernels (a weight block unpacked once
+for up to 4 columns) the 4-sequence step costs 1.7-2.0x one (26-30 vs 15 ms; --decode-steps 40), and 4
+clients get 1.7-2.1x one client's tokens/s (--clients 1,4 --requests 6; 105-129 tokens/s).
 
     python benchmarks/bench_serve.py [--requests 4] [--max-tokens 32] [--clients 1,2,4,8] [--models builtin,smollm2]
 
