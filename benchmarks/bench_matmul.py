@@ -7,6 +7,10 @@
     quantized kernel reads 3.8x / 7.1x fewer bytes).
 (--thread-sweep) the direct kernels' mat-vec on 1 thread against
     --threads threads by matrix size, which sets PARALLEL_MIN_WORK.
+(--columns) SmolLM2-135M's decode products (Q4_1 1536x576 and 576x1536,
+    the Q8_0 49152x576 output) by src1 columns, N = 1, 2, 4, 8: what
+    decoding N sequences in one batch costs in the direct kernels (alone:
+    python benchmarks/bench_matmul.py --columns-only).
 Also shown: the other weight types' mat-vec, 512 columns through the
 dequantized-tile BLAS path, and (--sweep) the direct kernels against the
 BLAS path by column count, which sets BLAS_MIN_COLS / HALF_BLAS_MIN_COLS.
@@ -15,6 +19,7 @@ Each kernel is prepared once and computed many times, as a graph plan does;
 times are medians of `--repeats` runs, ours and the peer's alternating.
 
     python benchmarks/bench_matmul.py [--repeats 15] [--threads 2] [--sweep] [--thread-sweep]
+                                      [--columns | --columns-only]
 """
 
 from __future__ import annotations
@@ -94,8 +99,8 @@ class Case:
                  shape: tuple[int, int] = (M, K)) -> None:
         stored, self.wf = weights(wtype, rng, shape)
         self.wtype, self.n = wtype, n
-        self.ctx = Context(mem_size=stored.nbytes + 4 * K * n + 4 * M * n + (1 << 20), no_alloc=False)
         m, k = shape
+        self.ctx = Context(mem_size=stored.nbytes + 4 * k * n + 4 * m * n + (1 << 20), no_alloc=False)
         w = self.ctx.new_tensor_2d(wtype, k, m)
         w.numpy()[0, 0] = stored
         x = self.ctx.new_tensor_2d(GGMLType.F32, k, n)
@@ -123,6 +128,30 @@ class Case:
         self.ctx.free()
 
 
+# SmolLM2-135M's decode products, (weight rows, row length): attention/ffn_up/ffn_gate (Q4_1), ffn_down (Q4_1),
+# the output (Q8_0, the tied token embedding)
+SMOLLM2_SHAPES: tuple[tuple[GGMLType, tuple[int, int]], ...] = (
+    (GGMLType.Q4_1, (1536, 576)), (GGMLType.Q4_1, (576, 1536)), (GGMLType.Q8_0, (49152, 576)),
+)
+
+
+def columns(rng: np.random.Generator, nt: int, repeats: int) -> None:
+    """ms of SmolLM2's decode products by src1 columns (the cases alternating), and the time per column
+    relative to one column's product."""
+    cols = (1, 2, 4, 8)
+    print(f"SmolLM2 decode products by src1 columns, {nt} threads, median of {repeats} runs (ms; "
+          "in brackets: time / (N x time of N=1))")
+    print(f"  {'type':>6} {'shape':>10} " + " ".join(f"{f'N={n}':>15}" for n in cols))
+    for wtype, shape in SMOLLM2_SHAPES:
+        cases = [Case(wtype, n, rng, nt, shape) for n in cols]
+        ts = medians([c.compute for c in cases], repeats * 4)
+        cells = [f"{t * 1e3:7.3f} [{t / (n * ts[0]):4.2f}]" for n, t in zip(cols, ts, strict=True)]
+        print(f"  {wtype.name:>6} {f'{shape[0]}x{shape[1]}':>10} " + " ".join(f"{c:>15}" for c in cells))
+        for c in cases:
+            c.close()
+    print()
+
+
 def gflops(n: int, t: float) -> float:
     return 2.0 * M * K * n / t / 1e9
 
@@ -133,11 +162,17 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--sweep", action="store_true", help="direct kernels vs BLAS path by column count")
     parser.add_argument("--thread-sweep", action="store_true", help="mat-vec on 1 vs --threads threads by size")
+    parser.add_argument("--columns", action="store_true", help="SmolLM2's decode products by src1 columns")
+    parser.add_argument("--columns-only", action="store_true", help="only --columns")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     nt = args.threads
 
     with threadpool_limits(limits=nt, user_api="blas"):
+        if args.columns or args.columns_only:
+            columns(rng, nt, args.repeats)
+            if args.columns_only:
+                return
         print(f"MUL_MAT, {M}x{K} weights, {nt} threads, median of {args.repeats} runs; peer: numpy (OpenBLAS)")
         print()
         print("(b) F32 weights: kernel vs numpy x @ W.T into a preallocated out")

@@ -12,9 +12,14 @@ A smoke run on 2 shared cores (--requests 3 --max-tokens 24) gave on SmolLM2 56,
 1, 2, 4 and 8 clients, 4 vs 1: 1.78x (1.2-1.8x from run to run on this shared machine). The server adds
 little: one client gets the model's own decode speed, and `Model.decode` of one token for each of 4
 sequences costs ~2.1x one token (34 vs 16 ms) there: the bound is the CPU MUL_MAT kernels, whose cost grows
-with each src1 column, not the batching.
+with each src1 column, not the batching. With the multi-column direct kernels (a weight block unpacked once
+for up to 4 columns) the 4-sequence step costs 1.7-2.0x one (26-30 vs 15 ms; --decode-steps 40), and 4
+clients get 1.7-2.1x one client's tokens/s (--clients 1,4 --requests 6; 105-129 tokens/s).
 
     python benchmarks/bench_serve.py [--requests 4] [--max-tokens 32] [--clients 1,2,4,8] [--models builtin,smollm2]
+
+--decode-steps N instead measures that bound in this process: N steps of `Model.decode` of one token of one
+sequence and of one token for each of 4 sequences in one batch, alternating (ms per step, medians).
 """
 
 from __future__ import annotations
@@ -100,6 +105,36 @@ def run_level(url: str, clients: int, requests: int, max_tokens: int) -> dict[st
     return {"tok_s": tokens / wall, "p50": pct(0.5), "p90": pct(0.9), "p99": pct(0.99), "n": len(results)}
 
 
+def decode_steps(name: str, path: Path, steps: int, threads: int | None) -> None:
+    """Median ms of a decode step of 1 sequence and of 4 sequences in one batch (alternating, after 3 of each
+    to warm up): the 4-sequence step's cost in 1-sequence steps bounds what serve's batching can gain."""
+    import statistics
+
+    import pyggml.models as pm
+
+    m = pm.load(path, n_ctx=64 + 5 * (steps + 3), n_threads=threads, progress=False)  # 5 cells a step
+    try:
+        m.decode(m.tokenize(PROMPT), 0)
+        for s in range(1, 5):
+            m.seq_cp(0, s)
+        one: list[float] = []
+        four: list[float] = []
+        for i in range(steps + 3):
+            t0 = time.perf_counter()
+            m.decode([300], 4)  # sequence 4 alone
+            t1 = time.perf_counter()
+            m.decode([300] * 4, [0, 1, 2, 3])
+            t2 = time.perf_counter()
+            if i >= 3:
+                one.append(t1 - t0)
+                four.append(t2 - t1)
+    finally:
+        m.free()
+    a, b = statistics.median(one) * 1e3, statistics.median(four) * 1e3
+    print(f"{name}: decode step 1 sequence {a:.2f} ms, 4 sequences {b:.2f} ms ({b / a:.2f}x): 4 sequences at "
+          f"{4 * a / b:.2f}x the tokens/s of one")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=4, help="requests per client (default: 4)")
@@ -107,6 +142,8 @@ def main() -> int:
     ap.add_argument("--clients", default="1,2,4,8", help="concurrency levels (default: 1,2,4,8)")
     ap.add_argument("--models", default="builtin,smollm2", help="builtin, smollm2 or both (default: both)")
     ap.add_argument("-t", "--threads", type=int, default=None, help="the server's CPU threads (default: all)")
+    ap.add_argument("--decode-steps", type=int, default=0,
+                    help="no server: time this many Model.decode steps of 1 and of 4 sequences")
     args = ap.parse_args()
     levels = [int(x) for x in args.clients.split(",")]
     models = {"builtin": builtin_model_path(), "smollm2": smollm2_path()}
@@ -114,6 +151,9 @@ def main() -> int:
         path = models.get(name)
         if path is None:
             print(f"{name}: not installed, skipped")
+            continue
+        if args.decode_steps:
+            decode_steps(name, Path(path), args.decode_steps, args.threads)
             continue
         proc, url = start(Path(path), max(levels), 64 + args.max_tokens, args.threads)
         try:

@@ -10,7 +10,8 @@ src0 matrix serves consecutive src1 matrices). By src0's type:
   back to f32, so every product is the exact product of two f16 (bf16) values
   as in ggml; the results differ from ggml's only in float summation order.
   With fewer than `HALF_BLAS_MIN_COLS` src1 columns (decoding), a numba
-  kernel reads the weights' halves directly, in parallel over rows: 0.5 ms
+  kernel reads the weights' halves directly (widening each block once for
+  up to quant_dot.COLS columns), in parallel over rows: 0.5 ms
   for a 4096x4096 F16 mat-vec, twice as fast as numpy's f32 mat-vec, where
   widening the weights to f32 first (even vectorized, in cache-sized tiles)
   and calling BLAS takes 2 ms, and numpy's own f16 cast alone 20 ms. From
@@ -26,7 +27,10 @@ src0 matrix serves consecutive src1 matrices). By src0's type:
   blocks: exact integer block dot products scaled by the blocks' scales
   (see Threads below; Q8_0 and Q4_1 rows under "x86" in the float order of
   ggml's AVX2 vec_dot, see quant_dot). The weights are
-  read in their compact form, never dequantized. Q8_1 and Q8_K have no
+  read in their compact form, never dequantized. For Q8_0, Q4_0, Q4_1,
+  IQ4_NL and MXFP4 (in quant_dot.COLS_KINDS) one pass over a weight row serves
+  up to quant_dot.COLS src1 columns (decoding several sequences), each
+  column's sum the same bits as alone. Q8_1 and Q8_K have no
   vec_dot in ggml (they are only dot-product partners) and are not accepted
   as src0, as in ggml's type_traits.
   Documented deviation, for prompts: with `BLAS_MIN_COLS` or more columns,
@@ -102,6 +106,8 @@ HALF_BLAS_MIN_COLS = 12
 # benchmarks/bench_matmul.py --thread-sweep): handing rows to a pool thread costs 10-20 us, so 2 threads
 # lose up to ~0.6M (Q8_0 768x768: 30 us either way), win from ~1M (Q8_0 1024x1024 1.1x, 2048x768 1.3x,
 # 4096x4096 1.8x; F16 from ~1.5M); with the other core busy they win nothing, but lose at most the 10-20 us.
+# The types whose kernels serve several columns per pass over a weight row (quant_dot.COLS_KINDS) count
+# their work in mat-vec equivalents (see _direct_work).
 PARALLEL_MIN_WORK = 1 << 20
 # bytes of one f32 tile of converted weight rows
 TILE_BYTES = 8 << 20
@@ -246,6 +252,19 @@ def _kernel_threads(params: ComputeParams, work: int) -> int:
     """Threads of a direct-kernel product of `work` multiply-adds: 1 below PARALLEL_MIN_WORK, else
     params.n_threads."""
     return 1 if work < PARALLEL_MIN_WORK else max(1, int(params.n_threads))
+
+
+def _direct_work(kind: int, M: int, K: int, n_slices: int, N: int) -> int:
+    """A direct product's work in multiply-adds of mat-vecs of the same time, for PARALLEL_MIN_WORK.
+
+    Why: the multi-column kernels (quant_dot.COLS_KINDS) make N columns cost about (N + 1) / 2 one-column
+    products (one thread; Q4_1 1536x576: 1, 1.4, 2.3 for N = 1, 2, 4; Q8_0 49152x576, 4 columns: 2.8), so
+    counting N full columns would hand products to threads that take less time than the hand-off pays for
+    (Q4_1 576x576, 4 columns: 44 us on one thread).
+    """
+    if kind in qd.COLS_KINDS:
+        return M * K * n_slices * (N + 1) // 2
+    return M * K * n_slices * N
 
 
 def _chunk(M: int, n_slices: int, n_threads: int) -> int:
@@ -407,7 +426,7 @@ def _mul_mat_numba(wtype: GGMLType, xtype: GGMLType, K: int, dst: np.ndarray, sr
 
         if not blas:
             direct = _direct(kind, w, w_off, nb, np.zeros((0, 0), np.float32), yq, yd, ys, yb, N, w_base, out,
-                             params, M * K * ny)
+                             params, _direct_work(kind, M, K, n_slices, N))
 
             def run_q() -> None:
                 prepare_y()

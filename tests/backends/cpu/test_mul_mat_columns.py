@@ -1,0 +1,205 @@
+"""The MUL_MAT direct kernels' multi-column loops (Q4_0, Q4_1, Q8_0, IQ4_NL, MXFP4, F16, BF16): a weight
+row dotted with up to `quant_dot.COLS` src1 columns in one pass must give every column the bits the
+one-column loop gives it.
+
+Checked two ways: (1) through the kernel, an N-column product (N = 1..15: whole groups of COLS and every
+remainder) against the N one-column products of its columns, on the calling thread and on 2 and 3
+threads (the shared chunk counter), and with src1 split over broadcast slices; (2) the multi-column
+intrinsics themselves against the one-column ones, with the portable block sums and with the target's
+(AVX2's byte multiply-add where the host has it), and for IQ4_NL and MXFP4 the portable table lookup too,
+so the result does not depend on the host's choice;
+F16 and BF16 rows also with lengths that are not multiples of 32 (a tail added element by element).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from kernel_helpers import BF16, F16, F32, compile_node, new_ctx, tensor
+from numba import njit
+
+from pyggml.backends.cpu.kernels import ComputeParams, matmul
+from pyggml.backends.cpu.kernels import quant_dot as qd
+from pyggml.core.types import TYPE_TRAITS, GGMLType
+
+# the weight types with a multi-column loop, and the arguments of their row-loop generator
+SPECS: dict[GGMLType, dict] = {
+    GGMLType.Q4_0: qd._Q4_0_SPEC,
+    GGMLType.Q4_1: qd._Q4_1_SPEC,
+    GGMLType.Q8_0: qd._Q8_0_SPEC,
+    GGMLType.IQ4_NL: qd._IQ4_NL_SPEC,
+    GGMLType.MXFP4: qd._MXFP4_SPEC,
+}
+HALF_TYPES = (F16, BF16)
+MAX_N = 15  # below BLAS_MIN_COLS: every column count the direct kernels see
+K = 224  # 7 blocks of 32: the 4-block unrolled loop and its 3-block tail
+M = 37
+
+
+def _src1_values(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """Normal values with a random magnitude per 32-value block: block products of far apart exponents,
+    whose float sums round (with similar magnitudes MXFP4's power-of-two scales sum exactly in any order, and
+    a changed order would go unseen)."""
+    k = shape[-1]
+    padded = shape[:-1] + (-(-k // 32) * 32,)
+    x = rng.standard_normal(padded).astype(np.float32)
+    scale = np.exp(3 * rng.standard_normal(padded[:-1] + (padded[-1] // 32, 1))).astype(np.float32)
+    return np.ascontiguousarray((x.reshape(scale.shape[:-1] + (32,)) * scale).reshape(padded)[..., :k])
+
+
+def _product(ctx, w, x: np.ndarray, n_threads: int, numerics: str = "ref") -> np.ndarray:
+    node = ctx.mul_mat(w, tensor(ctx, F32, x))
+    compile_node(node, ComputeParams(n_threads=n_threads, numerics=numerics))()
+    return node.numpy().copy()
+
+
+@pytest.mark.parametrize(("wtype", "k"), [(t, K) for t in SPECS] + [(t, k) for t in HALF_TYPES for k in (K, 250)])
+@pytest.mark.parametrize("n_threads", [1, 2, 3])
+@pytest.mark.parametrize("numerics", ["ref", "x86"])
+def test_columns_equal_one_column_products(wtype: GGMLType, k: int, n_threads: int, numerics: str,
+                                           rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """k 250 (F16, BF16): 7 lane blocks of 32 and 26 elements added one by one."""
+    assert matmul.BLAS_MIN_COLS > MAX_N
+    monkeypatch.setattr(matmul, "HALF_BLAS_MIN_COLS", MAX_N + 1)  # the direct F16/BF16 kernels up to MAX_N too
+    # threads from the smallest product up, or none at all
+    monkeypatch.setattr(matmul, "PARALLEL_MIN_WORK", 0 if n_threads > 1 else 1 << 62)
+    ctx = new_ctx(8)
+    w = tensor(ctx, wtype, rng.standard_normal((M, k)).astype(np.float32))
+    x = _src1_values(rng, (MAX_N, k))
+    one = np.concatenate([_product(ctx, w, x[c:c + 1], n_threads, numerics)[0, 0] for c in range(MAX_N)])
+    assert np.all(np.isfinite(one)) and np.any(one != 0)
+    for n in range(1, MAX_N + 1):
+        got = _product(ctx, w, x[:n], n_threads, numerics)[0, 0]
+        assert np.array_equal(got, one[:n]), n
+
+
+@pytest.mark.parametrize("wtype", [GGMLType.Q4_1, GGMLType.Q8_0, F16])
+@pytest.mark.parametrize("n_threads", [1, 2])
+def test_columns_per_slice(wtype: GGMLType, n_threads: int, rng: np.random.Generator,
+                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """src1 of 2x4 matrices of 6 columns over 2 weight matrices (broadcast in dim 2): groups stay in a slice."""
+    monkeypatch.setattr(matmul, "PARALLEL_MIN_WORK", 0 if n_threads > 1 else 1 << 62)
+    ctx = new_ctx(8)
+    w = tensor(ctx, wtype, rng.standard_normal((1, 2, M, K)).astype(np.float32))
+    x = _src1_values(rng, (2, 4, 6, K))
+    got = _product(ctx, w, x, n_threads)
+    for c in range(6):
+        want = _product(ctx, w, np.ascontiguousarray(x[:, :, c:c + 1]), n_threads)
+        assert np.array_equal(got[:, :, c], want[:, :, 0]), c
+
+
+def _settings(wtype: GGMLType) -> list[tuple[dict, str]]:
+    """The generator spec of wtype with the portable block sums and with the target's (unsigned values: Q4_0,
+    Q4_1), and for the table types also the portable table lookup (the target's is vpshufb on AVX2)."""
+    spec = SPECS[wtype]
+    if spec.get("minus_8") or spec.get("mins"):
+        sums = [qd._block_sums_unsigned_portable, qd._block_sums_unsigned]
+    else:
+        sums = [qd._block_sums_portable, qd._block_sums]
+    out = [(dict(spec, block_sums=s), s.__name__) for s in sums]
+    if wtype in (GGMLType.IQ4_NL, GGMLType.MXFP4):
+        table = qd._TABLES[int(wtype)]
+
+        def portable(builder, p):
+            return qd._lookup_portable(builder, table, qd._q4_0_nibbles(builder, p))
+
+        out += [(dict(spec, block_sums=s, values=portable), s.__name__ + " + portable lookup") for s in sums]
+    return out
+
+
+def _src1(vdt: GGMLType, x: np.ndarray, rounding: int = qd.ROUND_REF) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """x quantized to vdt (Q8_0 or Q8_1), as the arrays the row loops read: values, scales, and Q8_0's
+    16-value sums or Q8_1's block sums s."""
+    n, k = x.shape
+    yq, yd, ys = np.zeros((n, k), np.int8), np.zeros((n, k // 32), np.float32), np.zeros((n, k // 32), np.float32)
+    yb = np.zeros((n, k // 16), np.int32)
+    qd.quantize_rows(int(vdt), x, yq, yd, ys, yb, rounding)
+    return yq, yd, ys if vdt == GGMLType.Q8_1 else yb
+
+
+def _loops(spec: dict, row_bytes: int, nb: int):
+    """Two kernels over all weight rows and src1 rows: one with the row loop per column, one with the
+    multi-column loop in groups of n."""
+    row = qd._make_dot_q_row(**spec)
+    cols = qd._make_dot_q_row(**spec, ncols=qd.COLS)
+
+    @njit
+    def by_rows(w, yq, yd, yb, out):
+        for m in range(out.shape[1]):
+            for r in range(out.shape[0]):
+                out[r, m] = row(w, m * row_bytes, nb, yq, r * yq.shape[1], yd, r * yd.shape[1], yb, r * yb.shape[1])
+
+    @njit
+    def by_cols(w, yq, yd, yb, out, n):
+        w_off = np.arange(out.shape[1]) * row_bytes
+        for r in range(0, out.shape[0], n):
+            cols(w, w_off, 0, 0, out.shape[1], nb, yq, yd, yb, r, min(n, out.shape[0] - r), out)
+
+    return by_rows, by_cols
+
+
+# the x86 numerics' row loops (ggml's AVX2 float order: one FMA accumulator) exist for these
+X86_TYPES = (GGMLType.Q8_0, GGMLType.Q4_1)
+
+
+@pytest.mark.parametrize(("wtype", "x86"), [(t, False) for t in SPECS] + [(t, True) for t in X86_TYPES])
+def test_column_loops_equal_row_loop(wtype: GGMLType, x86: bool, rng: np.random.Generator) -> None:
+    nb = 9  # two unrolled iterations and a 1-block tail
+    n_cols = 2 * qd.COLS + 1
+    raw = tensor(new_ctx(1), wtype, rng.standard_normal((M, 32 * nb)).astype(np.float32)).numpy()
+    w = np.ascontiguousarray(raw).reshape(-1).view(np.uint8)
+    rounding = qd.ROUND_X86 if x86 else qd.ROUND_REF
+    yq, yd, yb = _src1(TYPE_TRAITS[wtype].vec_dot_type, _src1_values(rng, (n_cols, 32 * nb)), rounding)
+    for spec, setting in _settings(wtype):
+        spec = dict(spec, x86=x86)
+        by_rows, by_cols = _loops(spec, nb * TYPE_TRAITS[wtype].type_size, nb)
+        want = np.zeros((n_cols, M), np.float32)
+        by_rows(w, yq, yd, yb, want)
+        assert np.all(np.isfinite(want)) and np.any(want != 0)
+        for n in range(1, qd.COLS + 1):  # groups of n, then what remains
+            got = np.full((n_cols, M), np.nan, np.float32)
+            by_cols(w, yq, yd, yb, got, n)
+            assert np.array_equal(got, want), (setting, n)
+
+
+def _half_loops(kind: int, k: int):
+    """As _loops for F16/BF16 weight rows of k elements: the row loop then the tail one by one (the
+    one-column kernel's order), and the multi-column loop."""
+    row = qd._make_dot_half_row(kind)
+    cols = qd._make_dot_half_row(kind, qd.COLS)
+    k32 = k // 32 * 32
+    load = qd.load_f16 if kind == qd.F16 else qd.load_bf16
+
+    @njit
+    def by_rows(w, x, out):
+        for m in range(out.shape[1]):
+            for r in range(out.shape[0]):
+                s = row(w, 2 * k * m, x, r * k, k32)
+                for j in range(k32, k):
+                    s += load(w, 2 * (k * m + j)) * x[r, j]
+                out[r, m] = s
+
+    @njit
+    def by_cols(w, x, out, n):
+        w_off = np.arange(out.shape[1]) * 2 * k
+        for r in range(0, out.shape[0], n):
+            cols(w, w_off, 0, 0, out.shape[1], x, r, min(n, out.shape[0] - r), out)
+
+    return by_rows, by_cols
+
+
+@pytest.mark.parametrize("wtype", HALF_TYPES)
+@pytest.mark.parametrize("k", [96, 250])
+def test_half_column_loops_equal_row_loop(wtype: GGMLType, k: int, rng: np.random.Generator) -> None:
+    n_cols = 2 * qd.COLS + 1
+    w = tensor(new_ctx(1), wtype, rng.standard_normal((M, k)).astype(np.float32)).numpy()
+    w = np.ascontiguousarray(w).reshape(-1).view(np.uint8)
+    x = _src1_values(rng, (n_cols, k))
+    by_rows, by_cols = _half_loops(int(wtype), k)
+    want = np.zeros((n_cols, M), np.float32)
+    by_rows(w, x, want)
+    assert np.all(np.isfinite(want)) and np.any(want != 0)
+    for n in range(1, qd.COLS + 1):
+        got = np.full((n_cols, M), np.nan, np.float32)
+        by_cols(w, x, got, n)
+        assert np.array_equal(got, want), n
