@@ -43,37 +43,23 @@ def host_lanes(numerics: str) -> int:
     return 16 if features.get("avx512f", False) and features.get("avx512dq", False) else 8
 
 
-@intrinsic
-def _bits(typingctx, x):
-    """The bits of float32 x (a bit cast: no memory, so that loops of it vectorize)."""
-    sig = types.uint32(types.float32)
+def _bitcast(to: types.Type, frm: types.Type, ir_to: ir.Type, doc: str):
+    """An intrinsic reinterpreting a `frm` scalar's bits as `to` (no memory, so that loops of it vectorize)."""
 
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.IntType(32))
+    @intrinsic
+    def cast(typingctx, x):
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], ir_to)
 
-    return sig, codegen
+        return to(frm), codegen
 
-
-@intrinsic
-def _from_bits(typingctx, u):
-    """The float32 whose bits are u."""
-    sig = types.float32(types.uint32)
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.FloatType())
-
-    return sig, codegen
+    cast.__doc__ = doc
+    return cast
 
 
-@intrinsic
-def _f64_from_bits(typingctx, u):
-    """The float64 whose bits are u."""
-    sig = types.float64(types.uint64)
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.DoubleType())
-
-    return sig, codegen
+_bits = _bitcast(types.uint32, types.float32, ir.IntType(32), "The bits of a float32.")
+_from_bits = _bitcast(types.float32, types.uint32, ir.FloatType(), "The float32 of these bits.")
+_f64_from_bits = _bitcast(types.float64, types.uint64, ir.DoubleType(), "The float64 of these bits.")
 
 
 @njit(cache=True, inline="always")
