@@ -254,6 +254,11 @@ class Backend:
             return self._device.supports_buft(buft)
         return buft is self.get_default_buffer_type()
 
+    @property
+    def has_offload_op(self) -> bool:
+        """Whether `offload_op` can answer True for some op (its device has the hook)."""
+        return self._device is not None and self._device.has_offload_op
+
     def offload_op(self, op: Tensor) -> bool:
         """ggml_backend_offload_op: whether this backend wants `op` although its weights are elsewhere."""
         check_instance(op, Tensor, f"backend '{self.name()}': offload_op: op")

@@ -248,6 +248,12 @@ class Device:
         check_instance(buft, BufferType, f"device '{self.name()}': supports_buft: buft")
         return bool(self._supports_buft(buft))
 
+    @property
+    def has_offload_op(self) -> bool:
+        """Whether this device has the offload_op hook (ggml: `dev->iface.offload_op != NULL`); without it
+        `offload_op` is False for every op, and a caller asking for each node may skip the question."""
+        return type(self)._offload_op is not Device._offload_op
+
     def offload_op(self, op: Tensor) -> bool:
         """ggml_backend_dev_offload_op: whether to run `op` here although its weights are elsewhere."""
         check_instance(op, Tensor, f"device '{self.name()}': offload_op: op")

@@ -45,6 +45,9 @@ class _Assigner:
         self._bufts: dict[int, bool] = {}  # supports_buft, asked once
         self._ask = [b.supports_op for b in sched.backends]
         self._buffer_backend: dict[int, int] = {}  # id(buffer): its first backend (for tensors computing nothing)
+        # the backends op offload can move a node to (ggml asks every one; a device without the hook says no)
+        self.offloaders = [b for b, backend in enumerate(sched.backends) if backend.has_offload_op] \
+            if sched.op_offload else []
 
     def bid(self, t: Tensor) -> int:
         return self.ids.get(id(t), -1)
@@ -134,9 +137,9 @@ class _Assigner:
                 continue
             b = self.backend_from_buffer(src, t)
             # a backend of higher priority may want the op although the weight is in the last one's memory
-            if sched.op_offload and b == last and src.buffer.buft is not None and src.buffer.buft.is_host():
-                for hb in range(b):
-                    if self.supports_op(hb, t) and sched.backends[hb].offload_op(t):
+            if self.offloaders and b == last and src.buffer.buft is not None and src.buffer.buft.is_host():
+                for hb in self.offloaders:
+                    if hb < b and self.supports_op(hb, t) and sched.backends[hb].offload_op(t):
                         self.causes[id(t)] = "1.off"
                         return hb
             self.causes[id(t)] = f"1.wgt{i}"
@@ -418,7 +421,7 @@ def split_graph(sched: BackendSched, graph: Graph, a: _Assigner) -> None:
     kept = [(t, b) for (_, b, _), t in sched.copies.items()] if n_copies > 1 else []
     waited: set[int] = set()
     for leaf in graph.leafs:
-        if not leaf.flags & TensorFlag.INPUT:
+        if not int(leaf.flags) & _INPUT:
             continue
         lb = a.bid(leaf)
         if n_copies == 1 or lb < 0:

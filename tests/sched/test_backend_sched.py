@@ -15,6 +15,7 @@ import pytest
 import pyggml.models as pm
 from pyggml.alloc.tensor_allocator import TensorAllocator
 from pyggml.backend import tensor_get_numpy, tensor_set_numpy
+from pyggml.backend.buffer import BufferUsage
 from pyggml.backends import testing_blas
 from pyggml.backends.cpu import cpu_init
 from pyggml.capi import sched as capi
@@ -327,3 +328,42 @@ def test_observability(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptur
         assert 'label = "copy"' in dot and "CPU#l_out-1#0" in dot
     finally:
         model.free()
+
+
+def test_op_offload_asks_only_devices_with_the_hook(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ggml's op offload: a node reading a weight in the last backend's host memory goes to a higher-priority
+    backend whose device wants it (cause 1.off); a device without the offload_op hook is not asked (it would
+    say no), and with op_offload off nobody is."""
+    from pyggml.alloc.ctx_tensors import alloc_ctx_tensors
+    from pyggml.backend.device import Device
+
+    first, last = cpu_init(1), cpu_init(1)
+    ctx = Context(mem_size=1 << 20, no_alloc=True)
+    w = ctx.new_tensor_2d(GGMLType.F32, 8, 4).set_name("w")
+    alloc_ctx_tensors(ctx, last)
+    w.buffer.set_usage(BufferUsage.WEIGHTS)
+    asked: list[str] = []
+
+    def wants_mul_mat(self: Device, op: Any) -> bool:
+        asked.append(op.name)
+        return op.op == GGMLOp.MUL_MAT
+
+    def assigned(op_offload: bool) -> tuple[Any, str]:
+        graph_ctx = Context(mem_size=1 << 20, no_alloc=True)  # a new graph each time: the last one's memory is gone
+        x = graph_ctx.new_tensor_2d(GGMLType.F32, 8, 2).set_name("x").set_input()
+        y = graph_ctx.mul_mat(w, x).set_name("y")
+        g = graph_ctx.new_graph()
+        g.build_forward_expand(y)
+        sched = BackendSched([first, last], op_offload=op_offload)
+        sched.alloc_graph(g)
+        where = sched.get_tensor_backend(y), sched.tensor_cause(y)
+        sched.free()
+        return where
+
+    assert assigned(True) == (last, "1.wgt0") and asked == []  # the CPU device has no hook: not asked
+    device = first.get_device()
+    assert device is not None and not device.has_offload_op
+    monkeypatch.setattr(type(device), "_offload_op", wants_mul_mat)  # (both backends' device type)
+    assert device.has_offload_op and first.has_offload_op
+    assert assigned(True) == (first, "1.off") and asked == ["y"]
+    assert assigned(False) == (last, "1.wgt0") and asked == ["y"]
