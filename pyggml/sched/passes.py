@@ -15,7 +15,7 @@ from pyggml.backend.backend import op_desc
 from pyggml.backend.buffer import BufferUsage
 from pyggml.core.errors import LimitExceededError, UnsupportedOpError
 from pyggml.core.graph import Graph
-from pyggml.core.tensor import GGML_MAX_SRC, VIEW_OPS, GGMLOp, Tensor, TensorFlag, is_view_op
+from pyggml.core.tensor import GGML_MAX_SRC, VIEW_OPS, GGMLOp, Tensor, TensorFlag
 from pyggml.sched.scheduler import dup_tensor_layout
 
 if TYPE_CHECKING:
@@ -356,21 +356,22 @@ def split_graph(sched: BackendSched, graph: Graph, a: _Assigner) -> None:
     rewired = sched._rewired
     n_copies = sched.n_copies
     # the backend of the first split: the first node's that is not a view
-    first = next((a.bid(node) for node in nodes if not is_view_op(node.op)), 0)
+    get = a.ids.get  # (a.bid, inlined: several times a node)
+    first = next((get(id(node), -1) for node in nodes if node.op not in VIEW_OPS), 0)
     split = SchedSplit(sched, max(first, 0), 0)
     splits.append(split)
     cur = split.backend_id
     for i, node in enumerate(nodes):
-        if is_view_op(node.op):
+        if node.op in VIEW_OPS:
             continue
-        nb = a.bid(node)
+        nb = get(id(node), -1)
         # a weight of another, incompatible backend starts a new split: the memory of the weights copied
         # for the previous one can be reused
         need_new = False
         if nb == cur and split.inputs:
             for src in node.src:
-                if src is not None and src.buffer is not None and src.buffer.get_usage() == BufferUsage.WEIGHTS \
-                        and a.bid(src) != cur and not a.buffer_supported(src, cur):
+                if src is not None and src.buffer is not None and src.buffer.usage == BufferUsage.WEIGHTS \
+                        and get(id(src), -1) != cur and not a.buffer_supported(src, cur):
                     need_new = True
                     break
         if nb != cur or need_new:
@@ -386,7 +387,7 @@ def split_graph(sched: BackendSched, graph: Graph, a: _Assigner) -> None:
             if src is None:
                 continue
             src_slot = id(src)
-            sb = a.bid(src)
+            sb = get(src_slot, -1)
             if sb != cur and not a.buffer_supported(src, cur):
                 key = (src_slot, cur, 0)
                 if key not in sched.copies:
@@ -417,7 +418,7 @@ def split_graph(sched: BackendSched, graph: Graph, a: _Assigner) -> None:
             copy_backends.append(s.backend_id)
         for node in nodes[s.i_start:s.i_end]:
             graph_copy.nodes.append(node)
-            copy_backends.append(a.bid(node))
+            copy_backends.append(get(id(node), -1))
     kept = [(t, b) for (_, b, _), t in sched.copies.items()] if n_copies > 1 else []
     waited: set[int] = set()
     for leaf in graph.leafs:
