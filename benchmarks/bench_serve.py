@@ -14,7 +14,10 @@ little: one client gets the model's own decode speed, and `Model.decode` of one 
 sequences costs ~2.1x one token (34 vs 16 ms) there: the bound is the CPU MUL_MAT kernels, whose cost grows
 with each src1 column, not the batching. With the multi-column direct kernels (a weight block unpacked once
 for up to 4 columns) the 4-sequence step costs 1.7-2.0x one (26-30 vs 15 ms; --decode-steps 40), and 4
-clients get 1.7-2.1x one client's tokens/s (--clients 1,4 --requests 6; 105-129 tokens/s).
+clients get 1.7-2.1x one client's tokens/s (--clients 1,4 --requests 6; 105-129 tokens/s). The server's
+batches come in a few more shapes than a generation's (4 sequences, 3 while a slot waits, a new prompt's), and
+with 8 graphs kept instead of 2 (pyggml.models.model.KEEP_GRAPHS) none is built again: 4 clients 2.14-2.24x
+one (156-166 tokens/s; --requests 6 --max-tokens 32), near the bound of 22 vs 13 ms per step (2.34x).
 
     python benchmarks/bench_serve.py [--requests 4] [--max-tokens 32] [--clients 1,2,4,8] [--models builtin,smollm2]
 
