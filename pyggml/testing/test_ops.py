@@ -772,6 +772,11 @@ def _seed(case: OpCase) -> int:
     return zlib.crc32(f"{case.label}|{case.desc}".encode())
 
 
+def _inputs(g: Graph) -> list[Tensor]:
+    """The tensors a case's values go into: its graph's leafs, then its nodes of op NONE (parameters)."""
+    return [*g.leafs, *(n for n in g.nodes if n.op == GGMLOp.NONE)]
+
+
 def run_case(case: OpCase, backend: Backend, reference: Backend,
              limits: Mapping[tuple[str, str], str] | None = None) -> CaseResult:
     """Build, fill, compute and compare one case. Never raises for the case's own problems.
@@ -800,7 +805,9 @@ def run_case(case: OpCase, backend: Backend, reference: Backend,
         buffers.append(alloc_ctx_tensors(ctx1, backend))
         buffers.append(alloc_ctx_tensors(ctx2, reference))
         rng = np.random.default_rng(_seed(case))
-        for leaf1, leaf2 in zip(g1.leafs, g2.leafs, strict=True):
+        # the leafs, and the nodes that compute nothing: parameters (ggml lists a PARAM tensor among the nodes),
+        # which the optimizer steps update in place (left as they were, they would hold the buffer's old bytes)
+        for leaf1, leaf2 in zip(_inputs(g1), _inputs(g2), strict=True):
             init = case.inits.get(leaf1.name, default_values)
             values = init(rng, leaf1)
             tensor_set_numpy(leaf1, values)

@@ -950,3 +950,17 @@ def test_a_wrong_cpu_kernel_fails_against_numpy(ggml_op: GGMLOp, label: str, cap
     compared = [line for line in lines if not line.endswith("not supported")]
     assert len(compared) >= 1 and all(" FAIL " in line for line in compared), lines
 
+
+
+def test_parameters_get_the_case_values_too() -> None:
+    """A PARAM tensor is one of the graph's nodes (op NONE), as in ggml, not a leaf: the optimizer steps update it
+    in place, so the case's values must go into it as into the leafs (else it holds the buffer's old bytes, which
+    only zeroed host memory made look right)."""
+    from pyggml.core.context import Context
+
+    case = next(c for c in test_ops.all_cases() if c.label == "OPT_STEP_ADAMW")
+    g, _ = test_ops._graph_of(case, Context(mem_size=1 << 22, no_alloc=True))
+    params = [n for n in g.nodes if n.op == GGMLOp.NONE]
+    assert params and all(p not in g.leafs for p in params)
+    inputs = test_ops._inputs(g)
+    assert all(p in inputs for p in params) and all(leaf in inputs for leaf in g.leafs)
