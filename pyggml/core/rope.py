@@ -46,7 +46,8 @@ def _libm_powf() -> Callable[[float, float], float] | None:
     return fn  # type: ignore[no-any-return]
 
 
-def _powf(x: np.float32, y: np.float32) -> np.float32:
+def powf(x: np.float32, y: np.float32) -> np.float32:
+    """x^y as ggml computes it, by the C library's powf (numpy's where none is found)."""
     fn = _libm_powf()
     if fn is None:
         return np.power(x, y, dtype=F32)
@@ -59,9 +60,9 @@ def alibi_slopes(n_head: int, max_bias: float) -> np.ndarray:
     if max_bias <= 0.0:
         return np.ones(n_head, F32)
     n_log2 = 1 << int(math.floor(math.log2(n_head)))
-    m0 = _powf(F32(2.0), F32(-max_bias) / F32(n_log2))
-    m1 = _powf(F32(2.0), F32(-max_bias / 2.0) / F32(n_log2))
-    return np.array([_powf(m0, F32(h + 1)) if h < n_log2 else _powf(m1, F32(2 * (h - n_log2) + 1))
+    m0 = powf(F32(2.0), F32(-max_bias) / F32(n_log2))
+    m1 = powf(F32(2.0), F32(-max_bias / 2.0) / F32(n_log2))
+    return np.array([powf(m0, F32(h + 1)) if h < n_log2 else powf(m1, F32(2 * (h - n_log2) + 1))
                      for h in range(n_head)], F32)
 
 

@@ -55,15 +55,12 @@ def _silu_into(x: np.ndarray) -> None:
     np.divide(x, e, out=x)
 
 
-def _swiglu_rows(x: np.ndarray, g: np.ndarray, p: GLUParams, type: GGMLType, lanes: int, nc: int) -> None:
-    """x = silu(x) * g (f32 scratch, rows of nc) as ggml_vec_swiglu_f32 (see simd_math.silu_rows)."""
+def _swiglu(x: np.ndarray, g: np.ndarray, p: GLUParams, type: GGMLType, lanes: int = 0) -> None:
+    """x = silu(x) * g (f32 scratch) row by row as ggml_vec_swiglu_f32: its vector exp on blocks of `lanes`
+    (glu_kernel binds the numerics' lanes; 0, its scalar code: libm's expf throughout; see simd_math)."""
+    nc = x.shape[-1]
     x2 = x.reshape(-1, nc)
     silu_rows(x2, x2, g.reshape(-1, nc), lanes)
-
-
-def _swiglu(x: np.ndarray, g: np.ndarray, p: GLUParams, type: GGMLType) -> None:
-    _silu_into(x)
-    x *= g
 
 
 def _through_f16_table(x: np.ndarray, fn: Callable[[np.ndarray, np.ndarray], None], shortcuts: bool) -> None:
@@ -200,9 +197,8 @@ def glu_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], par
     tx, tg = scratch(params, dst.shape, dst.shape)
     act = _ACTS[p.op]
     type = node.type
-    if p.op == GLUOp.SWIGLU:
-        # ggml_vec_swiglu_f32: its vector exp on blocks, libm's expf on the rest (see simd_math)
-        act = functools.partial(_swiglu_rows, lanes=host_lanes(params.numerics), nc=nc)
+    if p.op == GLUOp.SWIGLU:  # the one act whose arithmetic follows `numerics`
+        act = functools.partial(act, lanes=host_lanes(params.numerics))
 
     def run() -> None:
         _load_f32(x, tx)

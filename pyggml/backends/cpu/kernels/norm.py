@@ -25,13 +25,13 @@ from pyggml.backends.cpu.kernels._common import (
     same_memory,
     scratch,
 )
-from pyggml.backends.cpu.kernels.quant_dot import ROUND_X86, fma_f32
+from pyggml.backends.cpu.kernels.quant_dot import fma_f32
 from pyggml.backends.cpu.kernels.simd_math import expf_inplace, host_lanes, softmax_exp_rows
-from pyggml.backends.cpu.numerics import NUMERICS_CODES
 from pyggml.core.errors import ArgumentError, GGMLError, ShapeError
 from pyggml.core.ops.params import DiagMaskParams, GroupNormParams, NormParams, RopeParams, SoftMaxParams
 from pyggml.core.rope import (  # shared with other backends' kernels
     alibi_slopes,
+    powf,
     rope_check,
     rope_pairs,
     rope_yarn_corr_dims,
@@ -227,7 +227,7 @@ def soft_max_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None]
     lanes = host_lanes(params.numerics)
 
     # x86: gcc contracts ggml's `wp[i] += slope*mask[i]` into an FMA (exact either way when slope is 1)
-    fused_slope = slope4 is not None and NUMERICS_CODES[params.numerics] == ROUND_X86
+    fused_slope = slope4 is not None and params.numerics == "x86"
 
     def run() -> None:
         np.multiply(x, scale, out=t, dtype=F32)
@@ -317,12 +317,6 @@ def _libm_cos_sin(ang, c, s):
 
 
 @njit(cache=True)
-def _powf(x, y):
-    """libm's powf (numba's math.pow on float32), ggml's theta_scale."""
-    return math.pow(x, y)
-
-
-@njit(cache=True)
 def _rotate_fma(x0, x1, c, s, d0, d1):
     """ggml's rotate_pairs as gcc compiles it for x86 with FMA (-march=native, contraction on): each pair
     (x0, x1) turns into fma(x0, cos, -(x1 * sin)) and fma(x0, sin, x1 * cos), in every mode (checked bit for
@@ -375,7 +369,7 @@ def rope_cos_sin(p: RopeParams, n_pairs: int, positions: np.ndarray,
 
     `positions` (streams, tokens): one stream, or multi-rope's four."""
     f32 = np.float32
-    theta_scale = f32(_powf(f32(p.freq_base), f32(-2.0) / f32(p.n_dims)))
+    theta_scale = powf(f32(p.freq_base), f32(-2.0) / f32(p.n_dims))  # libm's, as ggml
     stream, power = _theta_sources(p, n_pairs)
     n_tok = positions.shape[1]
     # theta_scale^j as ggml's running product, for every power used
@@ -462,7 +456,7 @@ def _rope(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: 
     freq_factors = ff.reshape(-1) if ff is not None else None
 
     # x86 numerics, F32: the rotation's products as gcc contracts them into FMAs (see _rotate_fma)
-    fused = NUMERICS_CODES[params.numerics] == ROUND_X86 and x.dtype == F32 and dst.dtype == F32
+    fused = params.numerics == "x86" and x.dtype == F32 and dst.dtype == F32
 
     def run() -> None:
         c, s = _cached_cos_sin(p, pairs.n_pairs, positions, freq_factors)
