@@ -33,9 +33,8 @@ from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
 from pyggml.backends.cpu.kernels._common import F32, noop
 from pyggml.backends.cpu.kernels.matmul import mul_mat_f32
 from pyggml.backends.cpu.kernels.norm import softmax_rows
-from pyggml.backends.cpu.kernels.quant_dot import ROUND_X86, fma_f32, round_f16
+from pyggml.backends.cpu.kernels.quant_dot import fma_f32, round_f16
 from pyggml.backends.cpu.kernels.simd_math import host_lanes
-from pyggml.backends.cpu.numerics import NUMERICS_CODES
 from pyggml.core.errors import GGMLError, ShapeError, UnsupportedTypeError
 from pyggml.core.ops.params import FlashAttnExtParams
 from pyggml.core.quants import from_float, is_implemented, to_float
@@ -291,7 +290,7 @@ def flash_attn_ext_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray |
     if (k_type == v_type == GGMLType.F16 and n < GGML_FA_TILE_Q
             and not (n == 1 and ne3 == 1 and n_kv >= GGML_FA_SPLIT_KV)):
         # the shapes ggml walks row by row (one_chunk): its arithmetic, f16 V accumulator included
-        lanes = _X86_LANES if NUMERICS_CODES[params.numerics] == ROUND_X86 else 0
+        lanes = _X86_LANES if params.numerics == "x86" else 0
         slopes_f = (slopes if slopes is not None else np.ones(nh)).astype(F32)
         sinks_f = (sink4.reshape(-1) if sink4 is not None else np.zeros(0)).astype(F32)
         mask_view = mask[:, :, :n, :n_kv] if mask is not None else None

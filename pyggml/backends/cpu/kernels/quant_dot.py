@@ -38,8 +38,8 @@ Why intrinsics: numba leaves LLVM's SLP vectorizer off and its loop
 vectorizer does nothing useful on 16- or 32-element loops, so a block's dot
 product written as a Python loop runs scalar (about 5x slower). The few
 primitives below (`dot_nibbles`, `dot_bits16/32`, `dot_fields16/32`,
-`dot_mask32`, and the whole-row loops `dot_q8_0_row`, `dot_q4_0_row`,
-`dot_f16_row`, `dot_bf16_row`) are written in portable LLVM vector IR (no
+`dot_mask32`, and the whole-row loops `dot_q8_0_cols`, `dot_q4_0_cols`,
+`dot_f16_cols`, `dot_bf16_cols`, ...) are written in portable LLVM vector IR (no
 target intrinsics): fixed-size loads, unpack, exact integer multiply-add,
 and a reduction. On AVX2 (checked with numba's inspect_asm) the integer
 products become vpmovsxbw + vpmaddwd and the f16 loads vcvtph2ps.
@@ -512,10 +512,6 @@ def _make_dot_half_row(kind: int, ncols: int = 1):
     return dot_half_cols
 
 
-dot_f16_row = _make_dot_half_row(F16)
-dot_f16_row.__doc__ = "sum_t f16(w at byte i+2t) * x[j+t], t < n (n a multiple of 32), lanes summed at the end."
-dot_bf16_row = _make_dot_half_row(BF16)
-dot_bf16_row.__doc__ = "sum_t bf16(w at byte i+2t) * x[j+t], t < n (n a multiple of 32), lanes summed at the end."
 
 
 def _q8_0_values(builder, p):
@@ -767,29 +763,20 @@ dot_bf16_cols.__doc__ = "BF16 weight rows m0..m1-1 times x's rows r..r+n-1 (n <=
 _Q8_0_SPEC = {"block_bytes": 34, "values": _q8_0_values}
 _Q4_0_SPEC = {"block_bytes": 18, "values": _q4_0_nibbles, "minus_8": True}
 _Q4_1_SPEC = {"block_bytes": 20, "values": _q4_0_nibbles, "values_offset": 4, "mins": True}
-dot_q8_0_row = _make_dot_q_row(**_Q8_0_SPEC)
-dot_q8_0_row.__doc__ = ("A Q8_0 weight row (nb blocks at byte i of w) times a Q8_0 src1 row (values yq[j:], scales "
-                        "yd[k:], 16-value sums yb[kb:], unused): each block's exact int32 sums scaled by d_w * d_y, "
-                        "accumulated in 8 lanes.")
+# the row loops the direct kernels call: weight rows m0..m1-1 against src1 rows r..r+n-1 (n <= COLS), see
+# _make_dot_q_row (its one-column form, ncols=1, is the tests' reference for each column's bits)
 dot_q8_0_cols = _make_dot_q_row(**_Q8_0_SPEC, ncols=COLS)
-dot_q8_0_cols.__doc__ = "dot_q8_0_row for weight rows m0..m1-1 and src1 rows r..r+n-1 (n <= COLS)."
-dot_q4_0_row = _make_dot_q_row(**_Q4_0_SPEC)
-dot_q4_0_row.__doc__ = "As dot_q8_0_row for a Q4_0 weight row (values nibble - 8: the sums yb give the offset)."
+dot_q8_0_cols.__doc__ = ("Q8_0 weight rows times Q8_0 src1 rows (values yq, scales yd; yb unused): each block's exact "
+                         "int32 sums scaled by d_w * d_y, accumulated in 8 lanes.")
 dot_q4_0_cols = _make_dot_q_row(**_Q4_0_SPEC, ncols=COLS)
-dot_q4_0_cols.__doc__ = "dot_q4_0_row for weight rows m0..m1-1 and src1 rows r..r+n-1 (n <= COLS)."
-dot_q4_1_row = _make_dot_q_row(**_Q4_1_SPEC)
-dot_q4_1_row.__doc__ = ("As dot_q8_0_row for a Q4_1 weight row against Q8_1 (values nibble * d + m: the src1 "
-                        "block sums ys, in yb's place, carry the mins).")
+dot_q4_0_cols.__doc__ = "As dot_q8_0_cols for Q4_0 weight rows (values nibble - 8: 16-value sums yb give the offset)."
 dot_q4_1_cols = _make_dot_q_row(**_Q4_1_SPEC, ncols=COLS)
-dot_q4_1_cols.__doc__ = "dot_q4_1_row for weight rows m0..m1-1 and src1 rows r..r+n-1 (n <= COLS)."
-dot_q8_0_row_x86 = _make_dot_q_row(**_Q8_0_SPEC, x86=True)
-dot_q8_0_row_x86.__doc__ = "dot_q8_0_row in the order of ggml's AVX2 ggml_vec_dot_q8_0_q8_0 (one FMA accumulator)."
+dot_q4_1_cols.__doc__ = ("As dot_q8_0_cols for Q4_1 weight rows against Q8_1 (values nibble * d + m: the src1 block "
+                         "sums ys, in yb's place, carry the mins).")
 dot_q8_0_cols_x86 = _make_dot_q_row(**_Q8_0_SPEC, x86=True, ncols=COLS)
-dot_q8_0_cols_x86.__doc__ = "dot_q8_0_row_x86 for weight rows m0..m1-1 and src1 rows r..r+n-1 (n <= COLS)."
-dot_q4_1_row_x86 = _make_dot_q_row(**_Q4_1_SPEC, x86=True)
-dot_q4_1_row_x86.__doc__ = "dot_q4_1_row in the order of ggml's AVX2 ggml_vec_dot_q4_1_q8_1 (FMAs, summs last)."
+dot_q8_0_cols_x86.__doc__ = "dot_q8_0_cols in the order of ggml's AVX2 ggml_vec_dot_q8_0_q8_0 (one FMA accumulator)."
 dot_q4_1_cols_x86 = _make_dot_q_row(**_Q4_1_SPEC, x86=True, ncols=COLS)
-dot_q4_1_cols_x86.__doc__ = "dot_q4_1_row_x86 for weight rows m0..m1-1 and src1 rows r..r+n-1 (n <= COLS)."
+dot_q4_1_cols_x86.__doc__ = "dot_q4_1_cols in the order of ggml's AVX2 ggml_vec_dot_q4_1_q8_1 (FMAs, summs last)."
 
 
 # --- table types: IQ4_NL, IQ4_XS, MXFP4 (a 4-bit quant indexes 16 int8 values) ---
@@ -826,15 +813,11 @@ def _table_values(table: list[int]):
 
 _IQ4_NL_SPEC = {"block_bytes": 18, "values": _table_values(_TABLES[IQ4_NL])}
 _MXFP4_SPEC = {"block_bytes": 17, "values": _table_values(_TABLES[MXFP4]), "scale": _e8m0_scale, "values_offset": 1}
-dot_iq4_nl_row = _make_dot_q_row(**_IQ4_NL_SPEC)
-dot_iq4_nl_row.__doc__ = "As dot_q8_0_row for an IQ4_NL weight row (values kvalues_iq4nl[nibble])."
 dot_iq4_nl_cols = _make_dot_q_row(**_IQ4_NL_SPEC, ncols=COLS)
-dot_iq4_nl_cols.__doc__ = "dot_iq4_nl_row for weight rows m0..m1-1 and src1 rows r..r+n-1 (n <= COLS)."
-dot_mxfp4_row = _make_dot_q_row(**_MXFP4_SPEC)
-dot_mxfp4_row.__doc__ = ("As dot_q8_0_row for an MXFP4 weight row (values kvalues_mxfp4[nibble], scale "
-                         "2^(e - 128) from the block's first byte).")
+dot_iq4_nl_cols.__doc__ = "As dot_q8_0_cols for IQ4_NL weight rows (values kvalues_iq4nl[nibble])."
 dot_mxfp4_cols = _make_dot_q_row(**_MXFP4_SPEC, ncols=COLS)
-dot_mxfp4_cols.__doc__ = "dot_mxfp4_row for weight rows m0..m1-1 and src1 rows r..r+n-1 (n <= COLS)."
+dot_mxfp4_cols.__doc__ = ("As dot_q8_0_cols for MXFP4 weight rows (values kvalues_mxfp4[nibble], scale 2^(e - 128) "
+                          "from the block's first byte).")
 
 
 @intrinsic
