@@ -37,6 +37,7 @@ from pyggml.backends.rpc.wire import (
     RpcConnectionError,
     RpcError,
     check_version,
+    send_parts,
 )
 from pyggml.core.errors import ArgumentError
 
@@ -98,7 +99,6 @@ class Connection:
         self.broken: str | None = None  # why the connection is unusable, once it is
         self.pending = False  # a command without an answer was sent since the last answer
         self._out: list[Payload] = []  # framed commands not sent yet (see `send`'s defer)
-        self._out_size = 0
         self.last_graph: dict[int, bytes] = {}  # device -> the graph the server holds for GRAPH_RECOMPUTE
         self.n_buffers_freed = 0  # FREE_BUFFERs sent (graph plans serialized before one are made again)
         self.bytes_sent = 0
@@ -149,26 +149,16 @@ class Connection:
         size = sum(len(p) for p in parts)
         self._out.append(CMD_HEADER.pack(int(cmd), size))
         self._out.extend(bytes(p) if copy and not isinstance(p, bytes) else p for p in parts if len(p))
-        self._out_size += CMD_HEADER.size + size
         self.bytes_sent += CMD_HEADER.size + size  # counted as given: a deferred one is sent or the connection breaks
 
     def _flush(self, cmd: RpcCmd) -> None:
         """Send the queued commands: one sendmsg for all of them (gathered, not joined), `cmd` named if it fails."""
-        out, n = self._out, self._out_size
+        out = self._out
         if not out:
             return
-        self._out, self._out_size = [], 0
+        self._out = []
         try:
-            sent = self.sock.sendmsg(out)
-            if sent < n:  # a full socket buffer took part of it: the rest as it comes
-                skip = sent
-                for part in out:
-                    view = memoryview(part).cast("B")
-                    if skip >= len(view):
-                        skip -= len(view)
-                        continue
-                    self.sock.sendall(view[skip:])
-                    skip = 0
+            send_parts(self.sock, out)
         except TimeoutError:
             raise self._fail(cmd, f"send blocked for {self.timeout:g} s") from None
         except OSError as e:

@@ -232,13 +232,7 @@ class RpcServer:
     def _send(conn: socket.socket, payload: bytes | bytearray | memoryview) -> None:
         """| size | payload |, gathered in one system call without joining them (an answer of a GET_TENSOR may
         be large)."""
-        head = wire.SIZE_HEADER.pack(len(payload))
-        sent = conn.sendmsg([head, payload]) if len(payload) else conn.send(head)
-        if sent < len(head):
-            conn.sendall(head[sent:])
-            sent = len(head)
-        if sent < len(head) + len(payload):
-            conn.sendall(memoryview(payload)[sent - len(head):])
+        wire.send_parts(conn, [wire.SIZE_HEADER.pack(len(payload)), payload])
 
     def _hello(self, conn: socket.socket, reader: _Reader) -> None:
         head = reader.read(9, "HELLO")

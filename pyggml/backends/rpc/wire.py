@@ -17,7 +17,9 @@ MEMSET_TENSOR. A server answers a request it cannot serve by closing the connect
 
 from __future__ import annotations
 
+import socket
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 
@@ -335,3 +337,19 @@ def fnv_hash_py(data: bytes, hash: int = FNV_OFFSET) -> int:
     for b in data:
         hash = ((hash ^ b) * FNV_PRIME) & 0xFFFFFFFFFFFFFFFF
     return hash
+
+
+def send_parts(sock: socket.socket, parts: Sequence[bytes | bytearray | memoryview]) -> None:
+    """Send `parts` one after the other in one sendmsg (gathered, not joined into a copy); what a full socket
+    buffer did not take goes by sendall, from where it stopped."""
+    parts = [p for p in parts if len(p)]
+    if not parts:
+        return
+    sent = sock.sendmsg(parts)
+    for part in parts:
+        view = memoryview(part).cast("B")
+        if sent >= len(view):
+            sent -= len(view)
+            continue
+        sock.sendall(view[sent:])
+        sent = 0

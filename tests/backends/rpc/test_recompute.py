@@ -329,7 +329,7 @@ def test_a_decode_step_is_its_inputs_a_recompute_and_one_read(builtin_greedy_tok
 
             def counting(cmd: RpcCmd) -> None:
                 nonlocal flushes
-                flushes += conn._out_size > 0
+                flushes += bool(conn._out)
                 flush(cmd)
 
             conn._flush = counting  # type: ignore[method-assign]
