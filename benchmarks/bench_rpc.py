@@ -44,6 +44,8 @@ import pyggml.models as pm
 from pyggml.backends.cpu import cpu_init
 from pyggml.backends.rpc.client import rpc_init
 from pyggml.backends.rpc.connection import close_all, connect
+from pyggml.gguf.reader import read_gguf
+from pyggml.models.arch import HParams
 from pyggml.models.builtin import builtin_model_path
 
 PROMPT = "The capital of France is"
@@ -120,11 +122,8 @@ def paired_speeds(local: pm.Model, split: pm.Model, n: int, repeats: int) -> tup
 
 
 def n_layers(path: Path) -> int:
-    model = pm.load(path, n_ctx=64, progress=False)
-    try:
-        return int(model.hparams.n_layer)
-    finally:
-        model.free()
+    """The model's layer count, from its GGUF header (not a load: the callers time their loads)."""
+    return int(HParams.from_gguf(read_gguf(path)).n_layer)
 
 
 def load_split(path: Path, endpoint: str, threads: int, layout: str = "llama") -> pm.Model:
@@ -141,9 +140,10 @@ def load_with_embeddings_on_server(path: Path, endpoint: str, threads: int) -> f
     """Seconds to load the model with the first half of the layers and the token embeddings on `endpoint`
     (the tensors a server's hash cache can serve: SET_TENSOR_HASH is tried for weights over 10 MiB, and in
     SmolLM2 only the embeddings are), then free it."""
+    half = n_layers(path) // 2
     t0 = time.perf_counter()
-    model = pm.load(path, backends=[rpc_init(endpoint), cpu_init(threads)], n_layers_on=[n_layers(path) // 2],
-                    n_ctx=128, progress=False)
+    model = pm.load(path, backends=[rpc_init(endpoint), cpu_init(threads)], n_layers_on=[half], n_ctx=128,
+                    progress=False)
     load = time.perf_counter() - t0
     model.free()
     return load
