@@ -221,13 +221,18 @@ def test_set_rows_f16_values() -> None:
     _set_rows_case(F32, I32, src_type=F16)
 
 
-def test_set_rows_out_of_range() -> None:
+@pytest.mark.parametrize("bad", [4, -1])
+@pytest.mark.parametrize("matrices", [1, 2])  # one matrix: the 2-D path; two: the general one
+def test_set_rows_out_of_range(bad: int, matrices: int) -> None:
     ctx = new_ctx()
-    a = tensor(ctx, F32, rand(4, 3))
-    b = tensor(ctx, F32, rand(1, 3))
-    c = tensor(ctx, I32, np.array([4], np.int32))
-    with pytest.raises(OutOfBoundsError, match="SET_ROWS"):
-        run(ctx.set_rows(a, b, c))
+    before = rand(matrices, 4, 3)
+    a = tensor(ctx, F32, before)
+    b = tensor(ctx, F32, rand(matrices, 2, 3))
+    c = tensor(ctx, I32, np.array([[1, bad]], np.int32))
+    node = ctx.set_rows(a, b, c)
+    with pytest.raises(OutOfBoundsError, match=f"row index {bad} outside"):
+        run(node)
+    np.testing.assert_array_equal(node.numpy().reshape(before.shape), before)  # checked before any write
 
 
 @pytest.mark.parametrize("type_a", [F32, F16, BF16, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0, GGMLType.Q4_K])

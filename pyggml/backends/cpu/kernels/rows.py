@@ -82,9 +82,11 @@ def set_rows_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None]
     i3 = np.arange(ne03)[:, None, None]
     i2 = np.arange(ne02)[None, :, None]
     n_rows = node.ne[1]
+    name = node.name
+    if ne03 == 1 and ne02 == 1 and dst.dtype in (np.float32, np.float16):
+        return _set_rows_2d(dst[0, 0], b[0, 0], c[0, 0, 0], n_rows, name)
     convert = _converter(node.type, params.numerics == "x86")
     copy_f16 = b_t.type == GGMLType.F16 and node.type == GGMLType.F16  # ggml copies the halves as they are
-    name = node.name
 
     def run() -> None:
         rows = c[0][i3 % ne12, i2 % ne11, np.arange(ne01)[None, None, :]].astype(np.int64)  # (ne03, ne02, ne01)
@@ -93,6 +95,23 @@ def set_rows_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None]
             raise OutOfBoundsError(f"CPU SET_ROWS '{name}': row index {bad} outside [0, {n_rows})")
         values = b if copy_f16 else convert(b.astype(np.float32))
         dst[i3, i2, rows] = values
+
+    return run
+
+
+def _set_rows_2d(dst: np.ndarray, values: np.ndarray, index: np.ndarray, n_rows: int, name: str) -> Compute:
+    """SET_ROWS of one matrix into F32 or F16 rows (a decode step's KV-cache write): numpy's assignment
+    converts as ggml does (F32 to F16 to nearest even; F16 to F16 copies the halves; F16 to F32 is exact) in
+    ~2 us, where the general path's broadcast indexing costs ~14 us a call."""
+    few = index.shape[0] <= 8  # a list beats numpy's reductions for a few rows; the transposed V cache has
+    # one-value rows, n_embd_v of them per token
+
+    def run() -> None:
+        rows = index.tolist() if few else index
+        lo, hi = (min(rows), max(rows)) if few else (int(index.min()), int(index.max()))
+        if lo < 0 or hi >= n_rows:
+            raise OutOfBoundsError(f"CPU SET_ROWS '{name}': row index {lo if lo < 0 else hi} outside [0, {n_rows})")
+        dst[rows] = values
 
     return run
 

@@ -8,6 +8,10 @@ large |n|. numpy's float32 exp is neither (its own SIMD code: a third of the val
 
 `lanes` below: 16 (ggml's AVX512 code), 8 (its AVX2 code) or 0 (its scalar code: libm only); `host_lanes`
 gives it for a numerics setting on this machine. numba's `math.exp` on float32 is libm's `expf`.
+
+The loops compile with numba's error_model "numpy" (a division by zero gives inf or NaN, as in C): under
+the default "python" model every division checks its divisor to raise ZeroDivisionError, and that branch
+keeps LLVM from vectorizing the loop (SwiGLU of 1536 values: 5.6 us scalar, 1.4 us in 16 lanes).
 """
 
 from __future__ import annotations
@@ -114,7 +118,7 @@ def v_expf(x, lanes):
     return np.float32(math.exp(x))
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def expf_inplace(a):
     """a = libm's expf(a) elementwise (any C-contiguous float32 array)."""
     f = a.reshape(-1)
@@ -133,46 +137,47 @@ def _tree_sum(v, w):
     return v[0]
 
 
-@njit(cache=True, inline="always")
-def _exp_block(t, r, i, m, buf, lanes):
-    """t[r, i:i + lanes] = ggml_v_expf(t[r, i:i + lanes] - m), also into buf."""
+@njit(cache=True, inline="always", error_model="numpy")
+def softmax_exp_row(t, out, m, buf, lanes):
+    """ggml_vec_soft_max_f32 on one row: out = exp(t - m) (1-D rows; out may be t), returning the sum in
+    double: blocks of `lanes` by ggml_v_expf, each block's lanes summed in float then added in double, the
+    rest by libm's expf added one by one."""
+    n = t.shape[0]
+    i = 0
+    total = 0.0
     if lanes == 16:
-        for q in range(16):
-            val = _expf16(t[r, i + q] - m)
-            t[r, i + q] = val
-            buf[q] = val
-    else:
-        for q in range(8):
-            val = _expf8(t[r, i + q] - m)
-            t[r, i + q] = val
-            buf[q] = val
+        while i + 16 <= n:
+            for q in range(16):
+                val = _expf16(t[i + q] - m)
+                out[i + q] = val
+                buf[q] = val
+            total += np.float64(_tree_sum(buf, 16))
+            i += 16
+    elif lanes == 8:
+        while i + 8 <= n:
+            for q in range(8):
+                val = _expf8(t[i + q] - m)
+                out[i + q] = val
+                buf[q] = val
+            total += np.float64(_tree_sum(buf, 8))
+            i += 8
+    while i < n:
+        val = np.float32(math.exp(t[i] - m))
+        out[i] = val
+        total += np.float64(val)
+        i += 1
+    return total
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def softmax_exp_rows(t, mx, sums, lanes):
-    """ggml_vec_soft_max_f32 on each row r of t (2-D, in place): t[r] = exp(t[r] - mx[r]), sums[r] = their
-    sum in double: blocks of `lanes` by ggml_v_expf, each block's lanes summed in float then added in double,
-    the rest by libm's expf added one by one."""
+    """softmax_exp_row on each row r of t (2-D, in place) with the maximum mx[r], its sum into sums[r]."""
     buf = np.empty(max(lanes, 1), np.float32)
     for r in range(t.shape[0]):
-        m = mx[r]
-        n = t.shape[1]
-        i = 0
-        total = 0.0
-        if lanes > 0:
-            while i + lanes <= n:
-                _exp_block(t, r, i, m, buf, lanes)
-                total += np.float64(_tree_sum(buf, lanes))
-                i += lanes
-        while i < n:
-            val = np.float32(math.exp(t[r, i] - m))
-            t[r, i] = val
-            total += np.float64(val)
-            i += 1
-        sums[r] = total
+        sums[r] = softmax_exp_row(t[r], t[r], mx[r], buf, lanes)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def silu_rows(x, out, g, lanes):
     """ggml_vec_silu_f32 (g empty) or ggml_vec_swiglu_f32 on each row of x (2-D): blocks of `lanes` by
     ggml_v_silu, x / (1 + v_expf(0 - x)), times g; the rest by ggml_silu_f32, x / (1 + expf(-x)) (libm)."""
