@@ -289,6 +289,38 @@ def test_scalar_exp_is_libm() -> None:
                                   np.array([libm.expf(float(v)) for v in x], np.float32))
 
 
+
+
+def _tree_sum_py(v: list[float]) -> float:
+    """Lanes summed by halves in float32 (lanes i and i + w/2 first), as ggml's horizontal adds."""
+    v = [np.float32(x) for x in v]
+    while len(v) > 1:
+        h = len(v) // 2
+        v = [np.float32(v[i] + v[i + h]) for i in range(h)]
+    return float(v[0])
+
+
+@pytest.mark.parametrize("lanes", [16, 8, 0])
+def test_softmax_row_sums_in_ggml_order(lanes: int, rng: np.random.Generator) -> None:
+    """ggml_vec_soft_max_f32 written out: blocks of `lanes` by the vector exp, each block summed in float by
+    halves and added in double, the tail (and lanes 0, all of it) by libm's expf added value by value."""
+    from pyggml.backends.cpu.kernels.simd_math import softmax_exp_rows, v_expf
+
+    t = rng.uniform(-20, 5, (3, 53)).astype(np.float32)  # 53: blocks and a tail for both widths
+    mx = t.max(axis=1)
+    got, sums = t.copy(), np.empty(3)
+    softmax_exp_rows(got, mx, sums, lanes)
+    for r in range(3):
+        e = [np.float32(v_expf(np.float32(v - mx[r]), lanes if i < 53 - 53 % max(lanes, 1) else 0))
+             for i, v in enumerate(t[r])]
+        n_simd = 53 - 53 % lanes if lanes else 0
+        total = 0.0
+        for i in range(0, n_simd, max(lanes, 1)):
+            total += _tree_sum_py(e[i:i + lanes])
+        for i in range(n_simd, 53):
+            total += float(e[i])
+        np.testing.assert_array_equal(got[r], np.array(e, np.float32))
+        assert sums[r] == total
 # --- ops against real ggml, bit for bit (x86: libggml is built for this host, -march=native) ---
 
 

@@ -257,7 +257,6 @@ def _soft_max_rows(x, scale, mask, slopes, fma, sinks, out, t, lanes):
     m3, m2 = max(mask.shape[0], 1), max(mask.shape[1], 1)
     has_mask = mask.shape[3] > 0
     has_sinks = sinks.shape[0] > 0
-    buf = np.empty(16, np.float32)
     for i3 in range(n3):
         for i2 in range(n2):
             slope = slopes[i2]
@@ -279,7 +278,7 @@ def _soft_max_rows(x, scale, mask, slopes, fma, sinks, out, t, lanes):
                     mx = mx if mx > t[i] else t[i]
                 if has_sinks:
                     mx = mx if mx > sinks[i2] else sinks[i2]
-                total = softmax_exp_row(t, orow, mx, buf, lanes)
+                total = softmax_exp_row(t, orow, mx, lanes)
                 if has_sinks:
                     total += np.float64(np.float32(math.exp(sinks[i2] - mx)))
                 inv = np.float32(1.0 / total)

@@ -24,7 +24,7 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-from pyggml.backends.cpu.kernels.quant_dot import fma_f32
+from pyggml.backends.cpu.kernels.quant_dot import _F32, _address, _load_vector, _sum_f32_tree, fma_f32
 
 _F = np.float32
 _R = _F(float.fromhex("0x1.8p23"))
@@ -126,55 +126,58 @@ def expf_inplace(a):
         f[i] = math.exp(f[i])
 
 
-@njit(cache=True)
-def _tree_sum(v, w):
-    """The lanes v[0:w] summed by halves (lanes i and i + w/2 first): _mm512_reduce_add_ps, and for 8
-    lanes ggml's extract-high + movehl + movehdup sequence (the same pairs)."""
-    while w > 1:
-        w //= 2
-        for t in range(w):
-            v[t] = v[t + w] + v[t]
-    return v[0]
+def _make_tree_sum(lanes: int):
+    @intrinsic
+    def tree_sum(typingctx, a, i):
+        def codegen(context, builder, signature, args):
+            p = _address(context, builder, signature.args[0], args[0], args[1])
+            return _sum_f32_tree(builder, _load_vector(builder, p, _F32, lanes), lanes)
+
+        return types.float32(a, types.intp), codegen
+
+    tree_sum.__doc__ = (f"a[i:i + {lanes}] (a float32 row, unit stride) summed by halves (lanes j and j + w/2 "
+                        "first): _mm512_reduce_add_ps, and for 8 lanes ggml's extract-high + movehl + movehdup "
+                        "sequence (the same pairs), in vector instructions")
+    return tree_sum
+
+
+_tree_sum16 = _make_tree_sum(16)
+_tree_sum8 = _make_tree_sum(8)
 
 
 @njit(cache=True, inline="always", error_model="numpy")
-def softmax_exp_row(t, out, m, buf, lanes):
+def softmax_exp_row(t, out, m, lanes):
     """ggml_vec_soft_max_f32 on one row: out = exp(t - m) (1-D rows; out may be t), returning the sum in
     double: blocks of `lanes` by ggml_v_expf, each block's lanes summed in float then added in double, the
-    rest by libm's expf added one by one."""
+    rest by libm's expf added one by one. The exps of the blocks come first in one loop (it vectorizes),
+    then their sums block by block."""
     n = t.shape[0]
-    i = 0
+    n_simd = n - n % lanes if lanes > 0 else 0
+    if lanes == 16:
+        for i in range(n_simd):
+            out[i] = _expf16(t[i] - m)
+    elif lanes == 8:
+        for i in range(n_simd):
+            out[i] = _expf8(t[i] - m)
     total = 0.0
     if lanes == 16:
-        while i + 16 <= n:
-            for q in range(16):
-                val = _expf16(t[i + q] - m)
-                out[i + q] = val
-                buf[q] = val
-            total += np.float64(_tree_sum(buf, 16))
-            i += 16
+        for i in range(0, n_simd, 16):
+            total += np.float64(_tree_sum16(out, i))
     elif lanes == 8:
-        while i + 8 <= n:
-            for q in range(8):
-                val = _expf8(t[i + q] - m)
-                out[i + q] = val
-                buf[q] = val
-            total += np.float64(_tree_sum(buf, 8))
-            i += 8
-    while i < n:
+        for i in range(0, n_simd, 8):
+            total += np.float64(_tree_sum8(out, i))
+    for i in range(n_simd, n):
         val = np.float32(math.exp(t[i] - m))
         out[i] = val
         total += np.float64(val)
-        i += 1
     return total
 
 
 @njit(cache=True, error_model="numpy")
 def softmax_exp_rows(t, mx, sums, lanes):
     """softmax_exp_row on each row r of t (2-D, in place) with the maximum mx[r], its sum into sums[r]."""
-    buf = np.empty(max(lanes, 1), np.float32)
     for r in range(t.shape[0]):
-        sums[r] = softmax_exp_row(t[r], t[r], mx[r], buf, lanes)
+        sums[r] = softmax_exp_row(t[r], t[r], mx[r], lanes)
 
 
 @njit(cache=True, error_model="numpy")
