@@ -397,7 +397,8 @@ def _row_pointer(context, builder, arrty, arr, row, col=None):
     return builder.gep(a.data, [flat if col is None else builder.add(flat, col)]), width
 
 
-def _column_groups(context, builder, signature, args, ncols: int, pos: dict[str, int], columns, row) -> None:
+def _column_groups(context, builder, signature, args, ncols: int, pos: dict[str, int], columns, row,
+                   rows_per_pass: dict[int, int] | None = None, end=None) -> None:
     """The body of a multi-column intrinsic: for weight rows m0 <= m < m1 (rows w_off[base + m]), `row(pw, m,
     cols)` with `cols = columns(count)` made once for the n (1..ncols) src1 rows from r. `pos` gives the
     argument positions of w, w_off, base, m0, m1, r and n.
@@ -405,11 +406,19 @@ def _column_groups(context, builder, signature, args, ncols: int, pos: dict[str,
     One loop over the rows per column count, chosen once: inside one loop over the rows, the loops of every
     count made LLVM keep all their addresses live across it, in spilled registers reloaded every row (one
     column 40% slower), and a call per row costs as much.
+
+    `rows_per_pass` (given): `row(pws, m, cols)` gets the pointers of weight rows m..m+R-1, R =
+    rows_per_pass[count] (default 1), the rows after the last multiple of R one at a time. `end(count)`, if
+    given, runs after the rows of a count.
     """
     ty = signature.args
     w_data = _address(context, builder, ty[pos["w"]], args[pos["w"]], ir.Constant(args[pos["m0"]].type, 0))
     offsets = _address(context, builder, ty[pos["w_off"]], args[pos["w_off"]], args[pos["base"]])  # w_off[base:]
-    n = args[pos["n"]]
+    n, m0, m1 = args[pos["n"]], args[pos["m0"]], args[pos["m1"]]
+
+    def pointer(m):
+        return builder.gep(w_data, [builder.load(builder.gep(offsets, [m]))])
+
     done = builder.append_basic_block("cols.done")
     switch = builder.switch(n, done)
     for count in range(1, ncols + 1):
@@ -417,9 +426,20 @@ def _column_groups(context, builder, signature, args, ncols: int, pos: dict[str,
         switch.add_case(ir.Constant(n.type, count), case)
         builder.position_at_end(case)
         cols = columns(count)
-        with cgutils.for_range(builder, args[pos["m1"]], start=args[pos["m0"]]) as loop:
-            m = loop.index
-            row(builder.gep(w_data, [builder.load(builder.gep(offsets, [m]))]), m, cols)
+        if rows_per_pass is None:
+            with cgutils.for_range(builder, m1, start=m0) as loop:
+                row(pointer(loop.index), loop.index, cols)
+        else:
+            step = rows_per_pass.get(count, 1)
+            tail = m0
+            if step > 1:
+                tail = builder.sub(m1, builder.srem(builder.sub(m1, m0), ir.Constant(m1.type, step)))
+                with cgutils.for_range_slice(builder, m0, tail, ir.Constant(m1.type, step)) as (m, _):
+                    row([pointer(builder.add(m, ir.Constant(m.type, i))) for i in range(step)], m, cols)
+            with cgutils.for_range(builder, m1, start=tail) as loop:
+                row([pointer(loop.index)], loop.index, cols)
+        if end is not None:
+            end(count)
         builder.branch(done)
     builder.position_at_end(done)
 
@@ -520,12 +540,17 @@ def _q8_0_values(builder, p):
 
 
 def _q4_0_nibbles(builder, p):
-    """Q4_0's 32 nibbles (0..15, the values + 8) from the 16 bytes at p: low nibbles first."""
+    """Q4_0's 32 nibbles (0..15, the values + 8) from the 16 bytes at p: low nibbles first.
+
+    The 16 bytes twice, the upper copy shifted right by 4 in 64-bit lanes, then masked: vbroadcasti128,
+    vpsrlvq, vpand on AVX2 (one op fewer than masking and shifting apart and joining the halves: Q4_1
+    1536x576, one column, x86, one thread, 33.0 -> 29.5 us)."""
     q = _load_vector(builder, p, _I8, 16)
-    v16 = ir.VectorType(_I8, 16)
-    lo = builder.and_(q, ir.Constant(v16, [15] * 16))
-    hi = builder.lshr(q, ir.Constant(v16, [4] * 16))
-    return builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(_I32, 32), list(range(32))))
+    both = builder.shuffle_vector(q, q, ir.Constant(ir.VectorType(_I32, 32), list(range(16)) * 2))
+    v4i64 = ir.VectorType(ir.IntType(64), 4)
+    shifted = builder.lshr(builder.bitcast(both, v4i64), ir.Constant(v4i64, [0, 0, 4, 4]))
+    v32i8 = ir.VectorType(_I8, 32)
+    return builder.and_(builder.bitcast(shifted, v32i8), ir.Constant(v32i8, [15] * 32))
 
 
 def _block_sums_portable(builder, wv, yv):
@@ -587,24 +612,82 @@ def _block_sums_unsigned_avx2(builder, uv, yv):
     return builder.call(maddwd, [builder.call(maddubs, [uv, yv]), ir.Constant(v16i16, [1] * 16)])
 
 
-def _target_has_avx2() -> bool:
-    """Whether numba compiles for a CPU with AVX2 (the host's, unless NUMBA_CPU_NAME names another)."""
+def _vpdpbusd(builder, acc, uv, yv):
+    """acc + the 8 sums of 4 consecutive products uv[4i+k] (unsigned) * yv[4i+k] (signed), <8 x i32>: AVX512-VNNI's
+    vpdpbusd, ggml's AVX2 lane layout (lane i: products 4i..4i+3) in one instruction, exact (no saturation)."""
+    v8i32 = ir.VectorType(_I32, 8)
+    fn = builder.module.declare_intrinsic("llvm.x86.avx512.vpdpbusd.256",
+                                          fnty=ir.FunctionType(v8i32, [v8i32, v8i32, v8i32]))
+    return builder.call(fn, [acc, builder.bitcast(uv, v8i32), builder.bitcast(yv, v8i32)])
+
+
+def _block_sums_vnni(builder, wv, yv):
+    """As _block_sums_avx2 (|w| times y with w's sign, lane i: products 4i..4i+3) by one vpdpbusd."""
+    v32i8 = ir.VectorType(_I8, 32)
+    module = builder.module
+    absb = module.declare_intrinsic("llvm.abs.v32i8", fnty=ir.FunctionType(v32i8, [v32i8, ir.IntType(1)]))
+    sign = module.declare_intrinsic("llvm.x86.avx2.psign.b", fnty=ir.FunctionType(v32i8, [v32i8, v32i8]))
+    zero = ir.Constant(ir.VectorType(_I32, 8), [0] * 8)
+    return _vpdpbusd(builder, zero, builder.call(absb, [wv, ir.Constant(ir.IntType(1), 0)]),
+                     builder.call(sign, [yv, wv]))
+
+
+def _block_sums_unsigned_vnni(builder, uv, yv):
+    """As _block_sums_unsigned_avx2 by one vpdpbusd."""
+    return _vpdpbusd(builder, ir.Constant(ir.VectorType(_I32, 8), [0] * 8), uv, yv)
+
+
+def _target_has(*features: str) -> bool:
+    """Whether numba compiles for a CPU with all these LLVM features (the host's, unless NUMBA_CPU_NAME
+    names another)."""
     if numba.config.CPU_NAME:
         return False  # a chosen (e.g. generic) target: portable code only
-    return bool(llvm_binding.get_host_cpu_features().get("avx2", False))
+    host = llvm_binding.get_host_cpu_features()
+    return all(host.get(f, False) for f in features)
+
+
+def _target_has_avx2() -> bool:
+    """Whether numba compiles for a CPU with AVX2 (the host's, unless NUMBA_CPU_NAME names another)."""
+    return _target_has("avx2")
 
 
 # the integer block sums: AVX2's byte multiply-add (measured 2.3x faster on one core for Q8_0 rows,
-# 4096x4096: 0.65 ms vs 1.5 ms) where the target has it, portable vector IR elsewhere
+# 4096x4096: 0.65 ms vs 1.5 ms) where the target has it, portable vector IR elsewhere; where the target also
+# has AVX512-VNNI (with VL: its 256-bit form), one vpdpbusd instead of vpmaddubsw + vpmaddwd (the same
+# lanes; Q4_1 1536x576, x86, one thread: one column 34.8 -> 32.4 us... see _make_dot_q_row). The
+# generators take the sums as an argument (`block_sums`), so tests run every variant the host can.
 _HAS_AVX2 = _target_has_avx2()
-_block_sums = _block_sums_avx2 if _HAS_AVX2 else _block_sums_portable
-_block_sums_unsigned = _block_sums_unsigned_avx2 if _HAS_AVX2 else _block_sums_unsigned_portable
+_HAS_VNNI = _HAS_AVX2 and _target_has("avx512vnni", "avx512vl")
+
+
+def _choose_block_sums(avx2: bool, vnni: bool) -> tuple:
+    """The (signed, unsigned) block sums for a target with these features."""
+    if avx2 and vnni:
+        return _block_sums_vnni, _block_sums_unsigned_vnni
+    if avx2:
+        return _block_sums_avx2, _block_sums_unsigned_avx2
+    return _block_sums_portable, _block_sums_unsigned_portable
+
+
+_block_sums, _block_sums_unsigned = _choose_block_sums(_HAS_AVX2, _HAS_VNNI)
 _ROW_UNROLL = 4  # blocks per loop iteration, each with its own accumulator (the FMA latency chain: 1.6x)
 
 
+def _f16_pair(builder, pb):
+    """The two f16 at the start of a block (Q4_1's scale and min), as float32, from one 4-byte load.
+
+    Why a pair: a lone f16 load becomes vpinsrw into whatever register LLVM picks, a false dependency on
+    its old value (it picked the x86 loop's FMA accumulator: the scale then waited for the previous
+    block's FMA, Q8_0 40% slower); a 4-byte vector load (vmovss) zeroes the rest of its register."""
+    v = builder.load(builder.bitcast(pb, ir.VectorType(ir.HalfType(), 2).as_pointer()), align=1)
+    f = builder.fpext(v, ir.VectorType(_F32, 2))
+    return builder.extract_element(f, ir.Constant(_I32, 0)), builder.extract_element(f, ir.Constant(_I32, 1))
+
+
 def _f16_scale(builder, pb):
-    """The f16 scale at the start of a block, as float32 (Q8_0, Q4_0, IQ4_NL)."""
-    return builder.fpext(builder.load(builder.bitcast(pb, ir.HalfType().as_pointer()), align=1), _F32)
+    """The f16 scale at the start of a block, as float32 (Q8_0, Q4_0, IQ4_NL; the load takes the next two
+    bytes too, see _f16_pair)."""
+    return _f16_pair(builder, pb)[0]
 
 
 def _e8m0_half(builder, e):
@@ -629,8 +712,38 @@ def _fma(builder, a, b, c):
     return builder.call(builder.module.declare_intrinsic(name, fnty=fnty), [a, b, c])
 
 
+def _stacksave(builder):
+    fn = builder.module.declare_intrinsic("llvm.stacksave", fnty=ir.FunctionType(_I8.as_pointer(), []))
+    return builder.call(fn, [])
+
+
+def _stackrestore(builder, sp) -> None:
+    fn = builder.module.declare_intrinsic("llvm.stackrestore", fnty=ir.FunctionType(ir.VoidType(), [_I8.as_pointer()]))
+    builder.call(fn, [sp])
+
+
+def _gather_scales(builder, cols, nb, mins: bool):
+    """The columns' block scales yd (and for `mins` Q8_1's sums s) copied to stack buffers block by block,
+    `width` floats a block (the column count rounded up to a power of two, zeros after it): (yd, ys, width).
+    Dynamic allocas: the caller brackets them by _stacksave/_stackrestore."""
+    width = 1 << (len(cols) - 1).bit_length()
+    size = builder.mul(nb, ir.Constant(nb.type, width))
+    gd = builder.alloca(_F32, size=size)
+    gs = builder.alloca(_F32, size=size) if mins else gd
+    with cgutils.for_range(builder, nb) as loop:
+        b = loop.index
+        bw = builder.mul(b, ir.Constant(b.type, width))
+        for c in range(width):
+            at = builder.add(bw, ir.Constant(b.type, c))
+            for buf, k in ((gd, 1), (gs, 2)) if mins else ((gd, 1),):
+                v = builder.load(builder.gep(cols[c][k], [b])) if c < len(cols) else ir.Constant(_F32, 0.0)
+                builder.store(v, builder.gep(buf, [at]))
+    return gd, gs, width
+
+
 def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = False, scale=_f16_scale,
-                    values_offset: int = 2, mins: bool = False, x86: bool = False, ncols: int = 1):
+                    values_offset: int = 2, mins: bool = False, x86: bool = False, ncols: int = 1,
+                    gather_min: int = 3, rows_per_pass: dict[int, int] | None = None):
     """The row loop of a 32-value block type of `block_bytes`: the block's scale (`scale` reads it), then at
     `values_offset` the values `values` reads.
 
@@ -653,6 +766,17 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
     them, and one call per row instead of per column, saves 40% (Q4_1 1536x576, 4 columns, one thread:
     0.105 ms instead of 0.177; one column 0.045). Each column keeps its own accumulators and
     sums its blocks in the same order as `ncols` 1 does, so its result is the same to the bit.
+
+    How the multi-column loops go (each choice keeps every (row, column) pair's arithmetic as it was):
+    - `gather_min`: from this many columns on, the columns' scales yd (and Q4_1's s) are copied once per call
+      to a stack buffer, block by block, so that a block's d_w * d_y (and m * s + summs) of all columns is
+      one vector op, each lane the scalar op's bits, and a column's d a lane broadcast (vpermps).
+    - `rows_per_pass[n]` weight rows in one pass for n columns (default 2 for one column, else 1): the
+      src1 block loaded once for both, and two independent FMA chains.
+    The loops are throughput-bound (about 13 instructions per block and column for one column, 7.5 for
+    four); measured with VNNI sums, Q4_1 1536x576, x86, one thread, us for N = 1/2/3/4 columns: gathering
+    from 3 columns 34.8/48.3/65.6/82.0 -> 34.3/48.1/59.0/71.8 (from 2: N = 2 49.3), 2 rows a pass for
+    one column 34.3 -> 32.5 (for two columns 48.1 -> 50.0).
     """
     if block_sums is None and x86 and not _HAS_AVX2:
         # ggml's lanes (4 consecutive products each) on any target: the float sums see the same lane values
@@ -661,36 +785,60 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
         block_sums = _block_sums_unsigned if minus_8 or mins else _block_sums
     unroll = 1 if x86 else _ROW_UNROLL
     madd = _fma if x86 else _fmuladd
+    if rows_per_pass is None:
+        rows_per_pass = {1: 2}
 
-    def row_loop(builder, pw, nb, cols):
-        """The dots of the weight row at pw with each src1 row of `cols` (pointers to its yq, yd, yb)."""
+    def row_loop(builder, pws, nb, cols, gathered=None):
+        """The dots of the weight rows at `pws` with each src1 row of `cols` (pointers to its yq, yd, yb), as
+        results[row][col]. `gathered`: (yd, ys, width) the columns' scales (and Q4_1's sums s) gathered per
+        block, `width` floats a block (see _gather_scales), read as one vector for all columns."""
         v8f = ir.VectorType(_F32, 8)
-        accs = [[cgutils.alloca_once_value(builder, ir.Constant(v8f, [0.0] * 8)) for _ in range(unroll)]
-                for _ in cols]
-        summs = [cgutils.alloca_once_value(builder, ir.Constant(_F32, 0.0)) for _ in cols] if mins else []
+        accs = [[[cgutils.alloca_once_value(builder, ir.Constant(v8f, [0.0] * 8)) for _ in range(unroll)]
+                 for _ in cols] for _ in pws]
+        if gathered is not None:
+            vw = ir.VectorType(_F32, gathered[2])
+            summs = [cgutils.alloca_once_value(builder, ir.Constant(vw, [0.0] * vw.count)) for _ in pws]
+        else:
+            summs = [[cgutils.alloca_once_value(builder, ir.Constant(_F32, 0.0)) for _ in cols] for _ in pws]
 
         def block(b, u):
-            pb = builder.gep(pw, [builder.mul(b, ir.Constant(b.type, block_bytes))])
-            wd = scale(builder, pb)
-            m = _f16_scale(builder, builder.gep(pb, [ir.Constant(b.type, 2)])) if mins else None
-            wv = values(builder, builder.gep(pb, [ir.Constant(b.type, values_offset)]))
-            for c, (py, pd, ps) in enumerate(cols):
-                d = builder.fmul(wd, builder.load(builder.gep(pd, [b])))
-                if mins:
-                    sy = builder.load(builder.gep(ps, [b]))
-                    if x86:
-                        builder.store(_fma(builder, m, sy, builder.load(summs[c])), summs[c])
+            if gathered is not None:
+                gd, gs, width = gathered
+                bw = builder.mul(b, ir.Constant(b.type, width))
+                yds = _load_vector(builder, builder.gep(gd, [bw]), _F32, width)
+                yss = _load_vector(builder, builder.gep(gs, [bw]), _F32, width) if mins else None
+            yvs = [_load_vector(builder, builder.gep(py, [builder.shl(b, ir.Constant(b.type, 5))]), _I8, 32)
+                   for py, _, _ in cols]
+            for i, pw in enumerate(pws):
+                pb = builder.gep(pw, [builder.mul(b, ir.Constant(b.type, block_bytes))])
+                wd, m = _f16_pair(builder, pb) if mins else (scale(builder, pb), None)
+                wv = values(builder, builder.gep(pb, [ir.Constant(b.type, values_offset)]))
+                if gathered is not None:
+                    # every column's d_w * d_y (and m * s) in one vector op: each lane the scalar op's bits
+                    ds = builder.fmul(_splat(builder, wd, width), yds)
+                    if mins:
+                        ms = _splat(builder, m, width)
+                        old = builder.load(summs[i])
+                        builder.store(_fma(builder, ms, yss, old) if x86 else builder.fadd(old, builder.fmul(ms, yss)),
+                                      summs[i])
+                for c, (_, pd, ps) in enumerate(cols):
+                    if gathered is not None:
+                        d8 = _shuffle(builder, ds, [c] * 8)
                     else:
-                        builder.store(builder.fadd(builder.load(summs[c]), builder.fmul(m, sy)), summs[c])
-                yv = _load_vector(builder, builder.gep(py, [builder.shl(b, ir.Constant(b.type, 5))]), _I8, 32)
-                part = block_sums(builder, wv, yv)
-                if minus_8:
-                    b2 = builder.shl(b, ir.Constant(b.type, 1))
-                    ysum = builder.add(builder.load(builder.gep(ps, [b2])),
-                                       builder.load(builder.gep(ps, [builder.add(b2, ir.Constant(b.type, 1))])))
-                    part = builder.sub(part, _splat(builder, ysum, 8))
-                acc = accs[c][u]
-                builder.store(madd(builder, builder.sitofp(part, v8f), _splat(builder, d, 8), builder.load(acc)), acc)
+                        d8 = _splat(builder, builder.fmul(wd, builder.load(builder.gep(pd, [b]))), 8)
+                        if mins:
+                            sy = builder.load(builder.gep(ps, [b]))
+                            old = builder.load(summs[i][c])
+                            builder.store(_fma(builder, m, sy, old) if x86 else builder.fadd(old, builder.fmul(m, sy)),
+                                          summs[i][c])
+                    part = block_sums(builder, wv, yvs[c])
+                    if minus_8:
+                        b2 = builder.shl(b, ir.Constant(b.type, 1))
+                        ysum = builder.add(builder.load(builder.gep(ps, [b2])),
+                                           builder.load(builder.gep(ps, [builder.add(b2, ir.Constant(b.type, 1))])))
+                        part = builder.sub(part, _splat(builder, ysum, 8))
+                    acc = accs[i][c][u]
+                    builder.store(madd(builder, builder.sitofp(part, v8f), d8, builder.load(acc)), acc)
 
         n_unroll = ir.Constant(nb.type, unroll)
         n_main = builder.sdiv(nb, n_unroll)
@@ -701,12 +849,19 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
         with cgutils.for_range(builder, nb, start=builder.mul(n_main, n_unroll)) as loop:
             block(loop.index, 0)
         results = []
-        for c in range(len(cols)):
-            total = builder.load(accs[c][0])
-            for acc in accs[c][1:]:
-                total = builder.fadd(total, builder.load(acc))
-            out = _sum_f32_tree(builder, total, 8)
-            results.append(builder.fadd(out, builder.load(summs[c])) if mins else out)
+        for i in range(len(pws)):
+            row = []
+            for c in range(len(cols)):
+                total = builder.load(accs[i][c][0])
+                for acc in accs[i][c][1:]:
+                    total = builder.fadd(total, builder.load(acc))
+                out = _sum_f32_tree(builder, total, 8)
+                if mins:
+                    sm = (builder.extract_element(builder.load(summs[i]), ir.Constant(_I32, c)) if gathered is not None
+                          else builder.load(summs[i][c]))
+                    out = builder.fadd(out, sm)
+                row.append(out)
+            results.append(row)
         return results
 
     if ncols == 1:
@@ -718,7 +873,7 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
             def codegen(context, builder, signature, args):
                 ty = signature.args
                 col = tuple(_address(context, builder, ty[i], args[i], args[i + 1]) for i in (3, 5, 7))
-                return row_loop(builder, _address(context, builder, ty[0], args[0], args[1]), args[2], [col])[0]
+                return row_loop(builder, [_address(context, builder, ty[0], args[0], args[1])], args[2], [col])[0][0]
 
             return sig, codegen
 
@@ -732,15 +887,28 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
         def codegen(context, builder, signature, args):
             ty, r = signature.args, args[9]
 
-            def columns(count: int) -> list:
-                return [tuple(_row_pointer(context, builder, ty[i], args[i], builder.add(r, ir.Constant(r.type, c)))[0]
-                              for i in (6, 7, 8)) for c in range(count)]
+            saved = {}
 
-            def row(pw, m, cols) -> None:
-                _store_columns(context, builder, ty[11], args[11], r, m, row_loop(builder, pw, args[5], cols))
+            def columns(count: int) -> list:
+                cols = [tuple(_row_pointer(context, builder, ty[i], args[i], builder.add(r, ir.Constant(r.type, c)))[0]
+                              for i in (6, 7, 8)) for c in range(count)]
+                if count >= gather_min:
+                    saved[count] = _stacksave(builder)
+                    saved["gathered"] = _gather_scales(builder, cols, args[5], mins)
+                else:
+                    saved["gathered"] = None
+                return cols
+
+            def row(pws, m, cols) -> None:
+                for i, dots in enumerate(row_loop(builder, pws, args[5], cols, saved["gathered"])):
+                    _store_columns(context, builder, ty[11], args[11], r, builder.add(m, ir.Constant(m.type, i)), dots)
+
+            def end(count: int) -> None:
+                if count in saved:
+                    _stackrestore(builder, saved[count])
 
             pos = {"w": 0, "w_off": 1, "base": 2, "m0": 3, "m1": 4, "n": 10}
-            _column_groups(context, builder, signature, args, ncols, pos, columns, row)
+            _column_groups(context, builder, signature, args, ncols, pos, columns, row, rows_per_pass, end)
             return context.get_dummy_value()
 
         return sig, codegen
