@@ -148,10 +148,9 @@ def _loops(spec: dict, row_bytes: int, nb: int, layout: dict):
 X86_TYPES = (GGMLType.Q8_0, GGMLType.Q4_1)
 
 
-# the multi-column loops' layout options (_make_dot_q_row's gather_min, rows_per_pass): the defaults; the
-# scales gathered from 2 columns on and several rows a pass (M = 37: a tail of single rows); neither
-LAYOUTS: list[dict] = [{}, {"gather_min": 2, "rows_per_pass": {1: 2, 2: 2, 3: 3, 4: 2}},
-                       {"gather_min": qd.COLS + 1, "rows_per_pass": {1: 1}}]
+# the multi-column loops' layout options (_make_dot_q_row's gather_min): the scales gathered per block from
+# 2 columns on (the default: from 3), or never
+LAYOUTS: list[dict] = [{"gather_min": 2}, {"gather_min": qd.COLS + 1}]
 
 
 @pytest.mark.parametrize(("wtype", "x86"), [(t, False) for t in SPECS] + [(t, True) for t in X86_TYPES])

@@ -398,27 +398,19 @@ def _row_pointer(context, builder, arrty, arr, row, col=None):
 
 
 def _column_groups(context, builder, signature, args, ncols: int, pos: dict[str, int], columns, row,
-                   rows_per_pass: dict[int, int] | None = None, end=None) -> None:
+                   end=None) -> None:
     """The body of a multi-column intrinsic: for weight rows m0 <= m < m1 (rows w_off[base + m]), `row(pw, m,
-    cols)` with `cols = columns(count)` made once for the n (1..ncols) src1 rows from r. `pos` gives the
-    argument positions of w, w_off, base, m0, m1, r and n.
+    cols)` with `cols = columns(count)` made once for the n (1..ncols) src1 rows from r, then `end(count)`
+    if given. `pos` gives the argument positions of w, w_off, base, m0, m1, r and n.
 
     One loop over the rows per column count, chosen once: inside one loop over the rows, the loops of every
     count made LLVM keep all their addresses live across it, in spilled registers reloaded every row (one
     column 40% slower), and a call per row costs as much.
-
-    `rows_per_pass` (given): `row(pws, m, cols)` gets the pointers of weight rows m..m+R-1, R =
-    rows_per_pass[count] (default 1), the rows after the last multiple of R one at a time. `end(count)`, if
-    given, runs after the rows of a count.
     """
     ty = signature.args
     w_data = _address(context, builder, ty[pos["w"]], args[pos["w"]], ir.Constant(args[pos["m0"]].type, 0))
     offsets = _address(context, builder, ty[pos["w_off"]], args[pos["w_off"]], args[pos["base"]])  # w_off[base:]
-    n, m0, m1 = args[pos["n"]], args[pos["m0"]], args[pos["m1"]]
-
-    def pointer(m):
-        return builder.gep(w_data, [builder.load(builder.gep(offsets, [m]))])
-
+    n = args[pos["n"]]
     done = builder.append_basic_block("cols.done")
     switch = builder.switch(n, done)
     for count in range(1, ncols + 1):
@@ -426,18 +418,9 @@ def _column_groups(context, builder, signature, args, ncols: int, pos: dict[str,
         switch.add_case(ir.Constant(n.type, count), case)
         builder.position_at_end(case)
         cols = columns(count)
-        if rows_per_pass is None:
-            with cgutils.for_range(builder, m1, start=m0) as loop:
-                row(pointer(loop.index), loop.index, cols)
-        else:
-            step = rows_per_pass.get(count, 1)
-            tail = m0
-            if step > 1:
-                tail = builder.sub(m1, builder.srem(builder.sub(m1, m0), ir.Constant(m1.type, step)))
-                with cgutils.for_range_slice(builder, m0, tail, ir.Constant(m1.type, step)) as (m, _):
-                    row([pointer(builder.add(m, ir.Constant(m.type, i))) for i in range(step)], m, cols)
-            with cgutils.for_range(builder, m1, start=tail) as loop:
-                row([pointer(loop.index)], loop.index, cols)
+        with cgutils.for_range(builder, args[pos["m1"]], start=args[pos["m0"]]) as loop:
+            m = loop.index
+            row(builder.gep(w_data, [builder.load(builder.gep(offsets, [m]))]), m, cols)
         if end is not None:
             end(count)
         builder.branch(done)
@@ -743,7 +726,7 @@ def _gather_scales(builder, cols, nb, mins: bool):
 
 def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = False, scale=_f16_scale,
                     values_offset: int = 2, mins: bool = False, x86: bool = False, ncols: int = 1,
-                    gather_min: int = 3, rows_per_pass: dict[int, int] | None = None):
+                    gather_min: int = 3):
     """The row loop of a 32-value block type of `block_bytes`: the block's scale (`scale` reads it), then at
     `values_offset` the values `values` reads.
 
@@ -771,12 +754,13 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
     - `gather_min`: from this many columns on, the columns' scales yd (and Q4_1's s) are copied once per call
       to a stack buffer, block by block, so that a block's d_w * d_y (and m * s + summs) of all columns is
       one vector op, each lane the scalar op's bits, and a column's d a lane broadcast (vpermps).
-    - `rows_per_pass[n]` weight rows in one pass for n columns (default 2 for one column, else 1): the
-      src1 block loaded once for both, and two independent FMA chains.
-    The loops are throughput-bound (about 13 instructions per block and column for one column, 7.5 for
-    four); measured with VNNI sums, Q4_1 1536x576, x86, one thread, us for N = 1/2/3/4 columns: gathering
-    from 3 columns 34.8/48.3/65.6/82.0 -> 34.3/48.1/59.0/71.8 (from 2: N = 2 49.3), 2 rows a pass for
-    one column 34.3 -> 32.5 (for two columns 48.1 -> 50.0).
+    The loops are throughput-bound (about 13 instructions per block for one column, 7.5 per block and
+    column for four); measured with VNNI sums, Q4_1 1536x576, x86, one thread, us for N = 1/2/3/4 columns:
+    gathering from 3 columns 34.8/48.3/65.6/82.0 -> 34.3/48.1/59.0/71.8 (from 2: N = 2 49.3). Not done:
+    two weight rows a pass for one column (two FMA chains, the src1 block loaded once), 10% faster while
+    the weights stay in cache (Q4_1 1536x576: 32.6 -> 29.2 us) but slower streaming them from memory (the
+    two rows' interleaved reads defeat the prefetcher: Q4_1 49152x576 1132 -> 1210 us, Q8_0 1303 -> 4776;
+    software prefetches did not help).
     """
     if block_sums is None and x86 and not _HAS_AVX2:
         # ggml's lanes (4 consecutive products each) on any target: the float sums see the same lane values
@@ -785,60 +769,53 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
         block_sums = _block_sums_unsigned if minus_8 or mins else _block_sums
     unroll = 1 if x86 else _ROW_UNROLL
     madd = _fma if x86 else _fmuladd
-    if rows_per_pass is None:
-        rows_per_pass = {1: 2}
 
-    def row_loop(builder, pws, nb, cols, gathered=None):
-        """The dots of the weight rows at `pws` with each src1 row of `cols` (pointers to its yq, yd, yb), as
-        results[row][col]. `gathered`: (yd, ys, width) the columns' scales (and Q4_1's sums s) gathered per
-        block, `width` floats a block (see _gather_scales), read as one vector for all columns."""
+    def row_loop(builder, pw, nb, cols, gathered=None):
+        """The dots of the weight row at pw with each src1 row of `cols` (pointers to its yq, yd, yb).
+        `gathered`: (yd, ys, width), the columns' scales (and Q4_1's sums s) gathered per block, `width`
+        floats a block (see _gather_scales), read as one vector for all columns."""
         v8f = ir.VectorType(_F32, 8)
-        accs = [[[cgutils.alloca_once_value(builder, ir.Constant(v8f, [0.0] * 8)) for _ in range(unroll)]
-                 for _ in cols] for _ in pws]
+        accs = [[cgutils.alloca_once_value(builder, ir.Constant(v8f, [0.0] * 8)) for _ in range(unroll)]
+                for _ in cols]
         if gathered is not None:
             vw = ir.VectorType(_F32, gathered[2])
-            summs = [cgutils.alloca_once_value(builder, ir.Constant(vw, [0.0] * vw.count)) for _ in pws]
+            summs = cgutils.alloca_once_value(builder, ir.Constant(vw, [0.0] * vw.count))
         else:
-            summs = [[cgutils.alloca_once_value(builder, ir.Constant(_F32, 0.0)) for _ in cols] for _ in pws]
+            summs = [cgutils.alloca_once_value(builder, ir.Constant(_F32, 0.0)) for _ in cols]
 
         def block(b, u):
+            pb = builder.gep(pw, [builder.mul(b, ir.Constant(b.type, block_bytes))])
+            wd, m = _f16_pair(builder, pb) if mins else (scale(builder, pb), None)
+            wv = values(builder, builder.gep(pb, [ir.Constant(b.type, values_offset)]))
             if gathered is not None:
+                # every column's d_w * d_y (and m * s + summs) in one vector op, each lane the scalar op's bits
                 gd, gs, width = gathered
                 bw = builder.mul(b, ir.Constant(b.type, width))
-                yds = _load_vector(builder, builder.gep(gd, [bw]), _F32, width)
-                yss = _load_vector(builder, builder.gep(gs, [bw]), _F32, width) if mins else None
-            yvs = [_load_vector(builder, builder.gep(py, [builder.shl(b, ir.Constant(b.type, 5))]), _I8, 32)
-                   for py, _, _ in cols]
-            for i, pw in enumerate(pws):
-                pb = builder.gep(pw, [builder.mul(b, ir.Constant(b.type, block_bytes))])
-                wd, m = _f16_pair(builder, pb) if mins else (scale(builder, pb), None)
-                wv = values(builder, builder.gep(pb, [ir.Constant(b.type, values_offset)]))
+                ds = builder.fmul(_splat(builder, wd, width), _load_vector(builder, builder.gep(gd, [bw]), _F32, width))
+                if mins:
+                    ms = _splat(builder, m, width)
+                    ss = _load_vector(builder, builder.gep(gs, [bw]), _F32, width)
+                    old = builder.load(summs)
+                    builder.store(_fma(builder, ms, ss, old) if x86 else builder.fadd(old, builder.fmul(ms, ss)), summs)
+            for c, (py, pd, ps) in enumerate(cols):
                 if gathered is not None:
-                    # every column's d_w * d_y (and m * s) in one vector op: each lane the scalar op's bits
-                    ds = builder.fmul(_splat(builder, wd, width), yds)
+                    d8 = _shuffle(builder, ds, [c] * 8)
+                else:
+                    d8 = _splat(builder, builder.fmul(wd, builder.load(builder.gep(pd, [b]))), 8)
                     if mins:
-                        ms = _splat(builder, m, width)
-                        old = builder.load(summs[i])
-                        builder.store(_fma(builder, ms, yss, old) if x86 else builder.fadd(old, builder.fmul(ms, yss)),
-                                      summs[i])
-                for c, (_, pd, ps) in enumerate(cols):
-                    if gathered is not None:
-                        d8 = _shuffle(builder, ds, [c] * 8)
-                    else:
-                        d8 = _splat(builder, builder.fmul(wd, builder.load(builder.gep(pd, [b]))), 8)
-                        if mins:
-                            sy = builder.load(builder.gep(ps, [b]))
-                            old = builder.load(summs[i][c])
-                            builder.store(_fma(builder, m, sy, old) if x86 else builder.fadd(old, builder.fmul(m, sy)),
-                                          summs[i][c])
-                    part = block_sums(builder, wv, yvs[c])
-                    if minus_8:
-                        b2 = builder.shl(b, ir.Constant(b.type, 1))
-                        ysum = builder.add(builder.load(builder.gep(ps, [b2])),
-                                           builder.load(builder.gep(ps, [builder.add(b2, ir.Constant(b.type, 1))])))
-                        part = builder.sub(part, _splat(builder, ysum, 8))
-                    acc = accs[i][c][u]
-                    builder.store(madd(builder, builder.sitofp(part, v8f), d8, builder.load(acc)), acc)
+                        sy = builder.load(builder.gep(ps, [b]))
+                        old = builder.load(summs[c])
+                        builder.store(_fma(builder, m, sy, old) if x86 else builder.fadd(old, builder.fmul(m, sy)),
+                                      summs[c])
+                yv = _load_vector(builder, builder.gep(py, [builder.shl(b, ir.Constant(b.type, 5))]), _I8, 32)
+                part = block_sums(builder, wv, yv)
+                if minus_8:
+                    b2 = builder.shl(b, ir.Constant(b.type, 1))
+                    ysum = builder.add(builder.load(builder.gep(ps, [b2])),
+                                       builder.load(builder.gep(ps, [builder.add(b2, ir.Constant(b.type, 1))])))
+                    part = builder.sub(part, _splat(builder, ysum, 8))
+                acc = accs[c][u]
+                builder.store(madd(builder, builder.sitofp(part, v8f), d8, builder.load(acc)), acc)
 
         n_unroll = ir.Constant(nb.type, unroll)
         n_main = builder.sdiv(nb, n_unroll)
@@ -849,19 +826,16 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
         with cgutils.for_range(builder, nb, start=builder.mul(n_main, n_unroll)) as loop:
             block(loop.index, 0)
         results = []
-        for i in range(len(pws)):
-            row = []
-            for c in range(len(cols)):
-                total = builder.load(accs[i][c][0])
-                for acc in accs[i][c][1:]:
-                    total = builder.fadd(total, builder.load(acc))
-                out = _sum_f32_tree(builder, total, 8)
-                if mins:
-                    sm = (builder.extract_element(builder.load(summs[i]), ir.Constant(_I32, c)) if gathered is not None
-                          else builder.load(summs[i][c]))
-                    out = builder.fadd(out, sm)
-                row.append(out)
-            results.append(row)
+        for c in range(len(cols)):
+            total = builder.load(accs[c][0])
+            for acc in accs[c][1:]:
+                total = builder.fadd(total, builder.load(acc))
+            out = _sum_f32_tree(builder, total, 8)
+            if mins:
+                sm = (builder.extract_element(builder.load(summs), ir.Constant(_I32, c)) if gathered is not None
+                      else builder.load(summs[c]))
+                out = builder.fadd(out, sm)
+            results.append(out)
         return results
 
     if ncols == 1:
@@ -873,7 +847,7 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
             def codegen(context, builder, signature, args):
                 ty = signature.args
                 col = tuple(_address(context, builder, ty[i], args[i], args[i + 1]) for i in (3, 5, 7))
-                return row_loop(builder, [_address(context, builder, ty[0], args[0], args[1])], args[2], [col])[0][0]
+                return row_loop(builder, _address(context, builder, ty[0], args[0], args[1]), args[2], [col])[0]
 
             return sig, codegen
 
@@ -899,16 +873,16 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
                     saved["gathered"] = None
                 return cols
 
-            def row(pws, m, cols) -> None:
-                for i, dots in enumerate(row_loop(builder, pws, args[5], cols, saved["gathered"])):
-                    _store_columns(context, builder, ty[11], args[11], r, builder.add(m, ir.Constant(m.type, i)), dots)
+            def row(pw, m, cols) -> None:
+                _store_columns(context, builder, ty[11], args[11], r, m, row_loop(builder, pw, args[5], cols,
+                                                                                  saved["gathered"]))
 
             def end(count: int) -> None:
                 if count in saved:
                     _stackrestore(builder, saved[count])
 
             pos = {"w": 0, "w_off": 1, "base": 2, "m0": 3, "m1": 4, "n": 10}
-            _column_groups(context, builder, signature, args, ncols, pos, columns, row, rows_per_pass, end)
+            _column_groups(context, builder, signature, args, ncols, pos, columns, row, end)
             return context.get_dummy_value()
 
         return sig, codegen
