@@ -706,27 +706,33 @@ def _stackrestore(builder, sp) -> None:
 
 
 def _gather_scales(builder, cols, nb, mins: bool):
-    """The columns' block scales yd (and for `mins` Q8_1's sums s) copied to stack buffers block by block,
-    `width` floats a block (the column count rounded up to a power of two, zeros after it): (yd, ys, width).
-    Dynamic allocas: the caller brackets them by _stacksave/_stackrestore."""
-    width = 1 << (len(cols) - 1).bit_length()
-    size = builder.mul(nb, ir.Constant(nb.type, width))
-    gd = builder.alloca(_F32, size=size)
-    gs = builder.alloca(_F32, size=size) if mins else gd
+    """The columns' block scales yd, each 8 times, copied to a stack buffer block by block (8 * count floats
+    a block), and for `mins` Q8_1's sums s (`width` floats a block, the column count rounded up to a power of
+    two, zeros after it): (yd8, ys, width). Dynamic allocas: the caller brackets them by
+    _stacksave/_stackrestore."""
+    count = len(cols)
+    width = 1 << (count - 1).bit_length()
+    v8f = ir.VectorType(_F32, 8)
+    yd8 = builder.alloca(_F32, size=builder.mul(nb, ir.Constant(nb.type, 8 * count)))
+    ys = builder.alloca(_F32, size=builder.mul(nb, ir.Constant(nb.type, width))) if mins else None
     with cgutils.for_range(builder, nb) as loop:
         b = loop.index
-        bw = builder.mul(b, ir.Constant(b.type, width))
-        for c in range(width):
-            at = builder.add(bw, ir.Constant(b.type, c))
-            for buf, k in ((gd, 1), (gs, 2)) if mins else ((gd, 1),):
-                v = builder.load(builder.gep(cols[c][k], [b])) if c < len(cols) else ir.Constant(_F32, 0.0)
-                builder.store(v, builder.gep(buf, [at]))
-    return gd, gs, width
+        for c in range(count):
+            at = builder.mul(builder.add(builder.mul(b, ir.Constant(b.type, count)), ir.Constant(b.type, c)),
+                             ir.Constant(b.type, 8))
+            d = builder.load(builder.gep(cols[c][1], [b]))
+            builder.store(_splat(builder, d, 8), builder.bitcast(builder.gep(yd8, [at]), v8f.as_pointer()), align=4)
+        if mins:
+            bw = builder.mul(b, ir.Constant(b.type, width))
+            for c in range(width):
+                v = builder.load(builder.gep(cols[c][2], [b])) if c < count else ir.Constant(_F32, 0.0)
+                builder.store(v, builder.gep(ys, [builder.add(bw, ir.Constant(b.type, c))]))
+    return yd8, ys, width
 
 
 def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = False, scale=_f16_scale,
                     values_offset: int = 2, mins: bool = False, x86: bool = False, ncols: int = 1,
-                    gather_min: int = 3):
+                    gather_min: int = 2):
     """The row loop of a 32-value block type of `block_bytes`: the block's scale (`scale` reads it), then at
     `values_offset` the values `values` reads.
 
@@ -772,8 +778,8 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
 
     def row_loop(builder, pw, nb, cols, gathered=None):
         """The dots of the weight row at pw with each src1 row of `cols` (pointers to its yq, yd, yb).
-        `gathered`: (yd, ys, width), the columns' scales (and Q4_1's sums s) gathered per block, `width`
-        floats a block (see _gather_scales), read as one vector for all columns."""
+        `gathered`: (yd8, ys, width), the columns' scales (and Q4_1's sums s) gathered per block (see
+        _gather_scales)."""
         v8f = ir.VectorType(_F32, 8)
         accs = [[cgutils.alloca_once_value(builder, ir.Constant(v8f, [0.0] * 8)) for _ in range(unroll)]
                 for _ in cols]
@@ -788,18 +794,20 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
             wd, m = _f16_pair(builder, pb) if mins else (scale(builder, pb), None)
             wv = values(builder, builder.gep(pb, [ir.Constant(b.type, values_offset)]))
             if gathered is not None:
-                # every column's d_w * d_y (and m * s + summs) in one vector op, each lane the scalar op's bits
-                gd, gs, width = gathered
-                bw = builder.mul(b, ir.Constant(b.type, width))
-                ds = builder.fmul(_splat(builder, wd, width), _load_vector(builder, builder.gep(gd, [bw]), _F32, width))
+                # a column's d_w * d_y is one vmulps of yd8's copies, and the summs of all columns one FMA
+                yd8, ys, width = gathered
+                wd8 = _splat(builder, wd, 8)
+                b8 = builder.mul(b, ir.Constant(b.type, 8 * len(cols)))
                 if mins:
                     ms = _splat(builder, m, width)
-                    ss = _load_vector(builder, builder.gep(gs, [bw]), _F32, width)
+                    ss = _load_vector(builder, builder.gep(ys, [builder.mul(b, ir.Constant(b.type, width))]), _F32,
+                                      width)
                     old = builder.load(summs)
                     builder.store(_fma(builder, ms, ss, old) if x86 else builder.fadd(old, builder.fmul(ms, ss)), summs)
             for c, (py, pd, ps) in enumerate(cols):
                 if gathered is not None:
-                    d8 = _shuffle(builder, ds, [c] * 8)
+                    d8 = builder.fmul(wd8, _load_vector(builder, builder.gep(yd8, [builder.add(b8, ir.Constant(
+                        b.type, 8 * c))]), _F32, 8))
                 else:
                     d8 = _splat(builder, builder.fmul(wd, builder.load(builder.gep(pd, [b]))), 8)
                     if mins:
