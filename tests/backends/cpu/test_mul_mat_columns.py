@@ -148,9 +148,11 @@ def _loops(spec: dict, row_bytes: int, nb: int, layout: dict):
 X86_TYPES = (GGMLType.Q8_0, GGMLType.Q4_1)
 
 
-# the multi-column loops' layout options (_make_dot_q_row's gather_min): the scales gathered per block from
-# 2 columns on (the default: from 3), or never
-LAYOUTS: list[dict] = [{"gather_min": 2}, {"gather_min": qd.COLS + 1}]
+# the multi-column loops' options (_make_dot_q_row's gather_min, signed_vnni_min): the defaults (scales
+# gathered per block from 2 columns on; signed values with VNNI's biased sums from 2 columns on, where the
+# sums are VNNI's); gathered and biased sums for every count; neither
+LAYOUTS: list[dict] = [{}, {"gather_min": 1, "signed_vnni_min": 1},
+                       {"gather_min": qd.COLS + 1, "signed_vnni_min": qd.COLS + 1}]
 
 
 @pytest.mark.parametrize(("wtype", "x86"), [(t, False) for t in SPECS] + [(t, True) for t in X86_TYPES])

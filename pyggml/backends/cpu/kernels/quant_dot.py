@@ -397,11 +397,10 @@ def _row_pointer(context, builder, arrty, arr, row, col=None):
     return builder.gep(a.data, [flat if col is None else builder.add(flat, col)]), width
 
 
-def _column_groups(context, builder, signature, args, ncols: int, pos: dict[str, int], columns, row,
-                   end=None) -> None:
+def _column_groups(context, builder, signature, args, ncols: int, pos: dict[str, int], columns, row) -> None:
     """The body of a multi-column intrinsic: for weight rows m0 <= m < m1 (rows w_off[base + m]), `row(pw, m,
-    cols)` with `cols = columns(count)` made once for the n (1..ncols) src1 rows from r, then `end(count)`
-    if given. `pos` gives the argument positions of w, w_off, base, m0, m1, r and n.
+    cols)` with `cols = columns(count)` made once for the n (1..ncols) src1 rows from r. `pos` gives the
+    argument positions of w, w_off, base, m0, m1, r and n.
 
     One loop over the rows per column count, chosen once: inside one loop over the rows, the loops of every
     count made LLVM keep all their addresses live across it, in spilled registers reloaded every row (one
@@ -421,8 +420,6 @@ def _column_groups(context, builder, signature, args, ncols: int, pos: dict[str,
         with cgutils.for_range(builder, args[pos["m1"]], start=args[pos["m0"]]) as loop:
             m = loop.index
             row(builder.gep(w_data, [builder.load(builder.gep(offsets, [m]))]), m, cols)
-        if end is not None:
-            end(count)
         builder.branch(done)
     builder.position_at_end(done)
 
@@ -695,21 +692,27 @@ def _fma(builder, a, b, c):
     return builder.call(builder.module.declare_intrinsic(name, fnty=fnty), [a, b, c])
 
 
-def _stacksave(builder):
-    fn = builder.module.declare_intrinsic("llvm.stacksave", fnty=ir.FunctionType(_I8.as_pointer(), []))
-    return builder.call(fn, [])
-
-
-def _stackrestore(builder, sp) -> None:
-    fn = builder.module.declare_intrinsic("llvm.stackrestore", fnty=ir.FunctionType(ir.VoidType(), [_I8.as_pointer()]))
-    builder.call(fn, [sp])
+def _y_offsets(builder, py, nb):
+    """-128 times the lane sums (4 consecutive values each) of every 32-value block of the int8 row at py: a
+    stack buffer of nb * 8 int32, the start of vpdpbusd for w + 128 (signed w read unsigned) times y, whose
+    lanes then hold the exact sums of w times y. Dynamic alloca (see _gather_scales)."""
+    v8i32 = ir.VectorType(_I32, 8)
+    buf = builder.alloca(_I32, size=builder.shl(nb, ir.Constant(nb.type, 3)))
+    zero = ir.Constant(v8i32, [0] * 8)
+    with cgutils.for_range(builder, nb) as loop:
+        b = loop.index
+        yv = _load_vector(builder, builder.gep(py, [builder.shl(b, ir.Constant(b.type, 5))]), _I8, 32)
+        sums = _vpdpbusd(builder, zero, ir.Constant(ir.VectorType(_I8, 32), [0x80] * 32), yv)  # 128 * lane sums
+        builder.store(builder.sub(zero, sums), builder.bitcast(builder.gep(buf, [builder.shl(b, ir.Constant(
+            b.type, 3))]), v8i32.as_pointer()), align=4)
+    return buf
 
 
 def _gather_scales(builder, cols, nb, mins: bool):
     """The columns' block scales yd, each 8 times, copied to a stack buffer block by block (8 * count floats
     a block), and for `mins` Q8_1's sums s (`width` floats a block, the column count rounded up to a power of
-    two, zeros after it): (yd8, ys, width). Dynamic allocas: the caller brackets them by
-    _stacksave/_stackrestore."""
+    two, zeros after it): (yd8, ys, width). Dynamic allocas, freed when the function of the row loop
+    (see _make_dot_q_row's rows_function) returns."""
     count = len(cols)
     width = 1 << (count - 1).bit_length()
     v8f = ir.VectorType(_F32, 8)
@@ -732,7 +735,7 @@ def _gather_scales(builder, cols, nb, mins: bool):
 
 def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = False, scale=_f16_scale,
                     values_offset: int = 2, mins: bool = False, x86: bool = False, ncols: int = 1,
-                    gather_min: int = 2):
+                    gather_min: int = 2, signed_vnni_min: int = 2):
     """The row loop of a 32-value block type of `block_bytes`: the block's scale (`scale` reads it), then at
     `values_offset` the values `values` reads.
 
@@ -776,7 +779,12 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
     unroll = 1 if x86 else _ROW_UNROLL
     madd = _fma if x86 else _fmuladd
 
-    def row_loop(builder, pw, nb, cols, gathered=None):
+    # signed values with vpdpbusd: w + 128 (unsigned) times y, minus 128 * y's lane sums made once per call (see
+    # _y_offsets), instead of |w| times y with w's sign: no vpsignb per column; from `signed_vnni_min` columns
+    # on, AVX2's sums below (see the docstring)
+    biased = block_sums is _block_sums_vnni
+
+    def row_loop(builder, pw, nb, cols, gathered=None, offsets=None, sums=block_sums):
         """The dots of the weight row at pw with each src1 row of `cols` (pointers to its yq, yd, yb).
         `gathered`: (yd8, ys, width), the columns' scales (and Q4_1's sums s) gathered per block (see
         _gather_scales)."""
@@ -793,6 +801,8 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
             pb = builder.gep(pw, [builder.mul(b, ir.Constant(b.type, block_bytes))])
             wd, m = _f16_pair(builder, pb) if mins else (scale(builder, pb), None)
             wv = values(builder, builder.gep(pb, [ir.Constant(b.type, values_offset)]))
+            if offsets is not None:
+                wv = builder.xor(wv, ir.Constant(ir.VectorType(_I8, 32), [0x80] * 32))  # w + 128, read unsigned
             if gathered is not None:
                 # a column's d_w * d_y is one vmulps of yd8's copies, and the summs of all columns one FMA
                 yd8, ys, width = gathered
@@ -816,7 +826,11 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
                         builder.store(_fma(builder, m, sy, old) if x86 else builder.fadd(old, builder.fmul(m, sy)),
                                       summs[c])
                 yv = _load_vector(builder, builder.gep(py, [builder.shl(b, ir.Constant(b.type, 5))]), _I8, 32)
-                part = block_sums(builder, wv, yv)
+                if offsets is not None:
+                    at = builder.shl(b, ir.Constant(b.type, 3))
+                    part = _vpdpbusd(builder, _load_vector(builder, builder.gep(offsets[c], [at]), _I32, 8), wv, yv)
+                else:
+                    part = sums(builder, wv, yv)
                 if minus_8:
                     b2 = builder.shl(b, ir.Constant(b.type, 1))
                     ysum = builder.add(builder.load(builder.gep(ps, [b2])),
@@ -861,6 +875,32 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
 
         return dot_q_row
 
+    def rows_function(module, count: int, values: list) -> ir.Function:
+        """A function of its own (not inlined) for weight rows m0..m1-1 times `count` src1 rows: (w, w_off[base:],
+        m0, m1, nb, then per column its yq, yd, yb and out rows), writing out[m] of each column.
+
+        Why its own function: the scale buffers (dynamic allocas) stay out of the caller (there, they cost the
+        one-column loop 13%: Q8_0 49152x576, one thread), and each count's loop has the registers to itself."""
+        fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [v.type for v in values]),
+                         name=module.get_unique_name(f"dot_q_cols_{count}"))
+        fn.linkage = "internal"
+        fn.attributes.add("noinline")
+        fb = ir.IRBuilder(fn.append_basic_block("entry"))
+        w_data, offsets, m0, m1, nb = fn.args[:5]
+        cols = [tuple(fn.args[5 + 4 * c:8 + 4 * c]) for c in range(count)]
+        outs = [fn.args[8 + 4 * c] for c in range(count)]
+        gathered = _gather_scales(fb, cols, nb, mins) if count >= gather_min else None
+        y_offsets = ([_y_offsets(fb, py, nb) for py, _, _ in cols] if biased and count >= signed_vnni_min
+                     else None)
+        sums = _block_sums_avx2 if biased and count < signed_vnni_min else block_sums
+        with cgutils.for_range(fb, m1, start=m0) as loop:
+            m = loop.index
+            pw = fb.gep(w_data, [fb.load(fb.gep(offsets, [m]))])
+            for po, dot in zip(outs, row_loop(fb, pw, nb, cols, gathered, y_offsets, sums), strict=True):
+                fb.store(dot, fb.gep(po, [m]))
+        fb.ret_void()
+        return fn
+
     @intrinsic
     def dot_q_cols(typingctx, w, w_off, base, m0, m1, nb, yq, yd, yb, r, n, out):
         ip = types.intp
@@ -868,29 +908,22 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
 
         def codegen(context, builder, signature, args):
             ty, r = signature.args, args[9]
-
-            saved = {}
-
-            def columns(count: int) -> list:
-                cols = [tuple(_row_pointer(context, builder, ty[i], args[i], builder.add(r, ir.Constant(r.type, c)))[0]
-                              for i in (6, 7, 8)) for c in range(count)]
-                if count >= gather_min:
-                    saved[count] = _stacksave(builder)
-                    saved["gathered"] = _gather_scales(builder, cols, args[5], mins)
-                else:
-                    saved["gathered"] = None
-                return cols
-
-            def row(pw, m, cols) -> None:
-                _store_columns(context, builder, ty[11], args[11], r, m, row_loop(builder, pw, args[5], cols,
-                                                                                  saved["gathered"]))
-
-            def end(count: int) -> None:
-                if count in saved:
-                    _stackrestore(builder, saved[count])
-
-            pos = {"w": 0, "w_off": 1, "base": 2, "m0": 3, "m1": 4, "n": 10}
-            _column_groups(context, builder, signature, args, ncols, pos, columns, row, end)
+            zero = ir.Constant(r.type, 0)
+            w_data = _address(context, builder, ty[0], args[0], zero)
+            offsets = _address(context, builder, ty[1], args[1], args[2])  # w_off[base:]
+            n = args[10]
+            done = builder.append_basic_block("cols.done")
+            switch = builder.switch(n, done)
+            for count in range(1, ncols + 1):
+                case = builder.append_basic_block(f"cols.{count}")
+                switch.add_case(ir.Constant(n.type, count), case)
+                builder.position_at_end(case)
+                rows = [builder.add(r, ir.Constant(r.type, c)) for c in range(count)]
+                ptrs = [_row_pointer(context, builder, ty[i], args[i], row)[0] for row in rows for i in (6, 7, 8, 11)]
+                values = [w_data, offsets, args[3], args[4], args[5]] + ptrs
+                builder.call(rows_function(builder.module, count, values), values)
+                builder.branch(done)
+            builder.position_at_end(done)
             return context.get_dummy_value()
 
         return sig, codegen
