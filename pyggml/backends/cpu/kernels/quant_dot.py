@@ -42,7 +42,11 @@ primitives below (`dot_nibbles`, `dot_bits16/32`, `dot_fields16/32`,
 `dot_f16_cols`, `dot_bf16_cols`, ...) are written in portable LLVM vector IR (no
 target intrinsics): fixed-size loads, unpack, exact integer multiply-add,
 and a reduction. On AVX2 (checked with numba's inspect_asm) the integer
-products become vpmovsxbw + vpmaddwd and the f16 loads vcvtph2ps.
+products become vpmovsxbw + vpmaddwd and the f16 loads vcvtph2ps. The row
+loops' block sums use the target's byte multiply-adds by name: AVX2's
+vpmaddubsw + vpmaddwd, or AVX512-VNNI's vpdpbusd where the target has it
+(`_choose_block_sums`; the generators take the choice as an argument, so the
+tests run every variant the host can).
 Everything else is plain numba.
 
 IQ4_NL, IQ4_XS and MXFP4 quants index a table of 16 int8 values
@@ -634,8 +638,9 @@ def _target_has_avx2() -> bool:
 # the integer block sums: AVX2's byte multiply-add (measured 2.3x faster on one core for Q8_0 rows,
 # 4096x4096: 0.65 ms vs 1.5 ms) where the target has it, portable vector IR elsewhere; where the target also
 # has AVX512-VNNI (with VL: its 256-bit form), one vpdpbusd instead of vpmaddubsw + vpmaddwd (the same
-# lanes; Q4_1 1536x576, x86, one thread: one column 34.8 -> 32.4 us... see _make_dot_q_row). The
-# generators take the sums as an argument (`block_sums`), so tests run every variant the host can.
+# lanes; Q4_1 1536x576, x86, one thread, 1/4 columns: 39.2/99.0 -> 36.9/84.5 us; see _make_dot_q_row for
+# the signed values). The generators take the sums as an argument (`block_sums`), so tests run every
+# variant the host can.
 _HAS_AVX2 = _target_has_avx2()
 _HAS_VNNI = _HAS_AVX2 and _target_has("avx512vnni", "avx512vl")
 
@@ -759,17 +764,30 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
     0.105 ms instead of 0.177; one column 0.045). Each column keeps its own accumulators and
     sums its blocks in the same order as `ncols` 1 does, so its result is the same to the bit.
 
-    How the multi-column loops go (each choice keeps every (row, column) pair's arithmetic as it was):
-    - `gather_min`: from this many columns on, the columns' scales yd (and Q4_1's s) are copied once per call
-      to a stack buffer, block by block, so that a block's d_w * d_y (and m * s + summs) of all columns is
-      one vector op, each lane the scalar op's bits, and a column's d a lane broadcast (vpermps).
-    The loops are throughput-bound (about 13 instructions per block for one column, 7.5 per block and
-    column for four); measured with VNNI sums, Q4_1 1536x576, x86, one thread, us for N = 1/2/3/4 columns:
-    gathering from 3 columns 34.8/48.3/65.6/82.0 -> 34.3/48.1/59.0/71.8 (from 2: N = 2 49.3). Not done:
-    two weight rows a pass for one column (two FMA chains, the src1 block loaded once), 10% faster while
-    the weights stay in cache (Q4_1 1536x576: 32.6 -> 29.2 us) but slower streaming them from memory (the
-    two rows' interleaved reads defeat the prefetcher: Q4_1 49152x576 1132 -> 1210 us, Q8_0 1303 -> 4776;
-    software prefetches did not help).
+    How the multi-column loops go (each choice keeps every (row, column) pair's arithmetic, so its bits):
+    - each column count's loop over the rows is a function of its own (see rows_function).
+    - `gather_min`: from this many columns on, each column's block scales yd are copied 8 times (and
+      Q4_1's s once) to a stack buffer once per call, so that a column's d_w * d_y is one vmulps of wd's
+      broadcast and the copies, and the summs of all columns one FMA.
+    - `signed_vnni_min`: with VNNI's sums (`_block_sums_vnni`), signed values (Q8_0, IQ4_NL, MXFP4) from
+      this many columns on as w + 128 (read unsigned) times y, vpdpbusd starting from -128 times y's lane
+      sums (made once per call, `_y_offsets`): no vpsignb per column. Fewer columns take AVX2's sums
+      (`_block_sums_avx2`): VNNI's, either form, made the one-column loop slower while the weights stream
+      from memory (Q8_0 49152x576, one thread: 1.30 ms with AVX2's, 1.70 with the biased VNNI form, 1.47
+      with |w| and sign), though faster on cached weights (Q8_0 1536x576: 35 -> 31 us).
+    The loops are throughput-bound: about 13 instructions a block for one column, 7 a block and column
+    for four (Q4_1, x86). Measured (one thread, x86, us, N = 1/2/3/4 columns, each change against the one
+    before in one process, alternating): Q4_1 1536x576 with VNNI's sums 39.2/56.6/77.6/99.0 ->
+    36.9/50.6/67.1/84.5 (Q8_0 1536x576, |w| and sign: 33.7/51.4/72.8/95.6 -> 46.8/60.8/73.9/87.0: the f16
+    scale's false dependency, see _f16_pair; with it fixed 32.4/45.9/63.5/81.1); the nibbles by broadcast
+    (_q4_0_nibbles) 33.0/48.5/59.4/72.0 -> 29.5/45.5/56.8/69.6; gathered scales, yd once a column and a
+    lane broadcast from 3 columns: N = 3/4 65.6/82.0 -> 59.0/71.8, yd 8 times from 2 columns: N = 2/3/4
+    43.9/56.0/68.9 -> 43.2/49.9/61.2; the biased signed sums, Q8_0 1536x576 against AVX2's:
+    33.4/49.4/68.3/88.8 -> 31.7/42.8/56.4/70.9.
+    Not done: two weight rows a pass for one column (two FMA chains, the src1 block loaded once), 10%
+    faster while the weights stay in cache (Q4_1 1536x576: 32.6 -> 29.2 us) but slower streaming them from
+    memory (the two rows' interleaved reads defeat the prefetcher: Q4_1 49152x576 1132 -> 1210 us, Q8_0 1303
+    -> 4776; software prefetches did not help).
     """
     if block_sums is None and x86 and not _HAS_AVX2:
         # ggml's lanes (4 consecutive products each) on any target: the float sums see the same lane values
