@@ -148,11 +148,12 @@ def _loops(spec: dict, row_bytes: int, nb: int, layout: dict):
 X86_TYPES = (GGMLType.Q8_0, GGMLType.Q4_1)
 
 
-# the multi-column loops' options (_make_dot_q_row's gather_min, signed_vnni_min): the defaults (scales
-# gathered per block from 2 columns on; signed values with VNNI's biased sums from 2 columns on, where the
-# sums are VNNI's); gathered and biased sums for every count; neither
-LAYOUTS: list[dict] = [{}, {"gather_min": 1, "signed_vnni_min": 1},
-                       {"gather_min": qd.COLS + 1, "signed_vnni_min": qd.COLS + 1}]
+# the multi-column loops' options (_make_dot_q_row's gather_min, signed_vnni_min, split_rows): the defaults
+# (scales gathered per block from 2 columns on; signed values with VNNI's biased sums from 2 columns on,
+# where the sums are VNNI's; two rows a pass for 1 to 3 or 4 columns); gathered, biased sums and two rows a
+# pass for every count; none of them (M = 37 rows: an odd one after the pairs)
+LAYOUTS: list[dict] = [{}, {"gather_min": 1, "signed_vnni_min": 1, "split_rows": tuple(range(1, qd.COLS + 1))},
+                       {"gather_min": qd.COLS + 1, "signed_vnni_min": qd.COLS + 1, "split_rows": ()}]
 
 
 @pytest.mark.parametrize(("wtype", "x86"), [(t, False) for t in SPECS] + [(t, True) for t in X86_TYPES])

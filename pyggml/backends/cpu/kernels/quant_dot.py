@@ -740,7 +740,7 @@ def _gather_scales(builder, cols, nb, mins: bool):
 
 def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = False, scale=_f16_scale,
                     values_offset: int = 2, mins: bool = False, x86: bool = False, ncols: int = 1,
-                    gather_min: int = 2, signed_vnni_min: int = 2):
+                    gather_min: int = 2, signed_vnni_min: int = 2, split_rows: tuple[int, ...] | None = None):
     """The row loop of a 32-value block type of `block_bytes`: the block's scale (`scale` reads it), then at
     `values_offset` the values `values` reads.
 
@@ -784,10 +784,16 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
     lane broadcast from 3 columns: N = 3/4 65.6/82.0 -> 59.0/71.8, yd 8 times from 2 columns: N = 2/3/4
     43.9/56.0/68.9 -> 43.2/49.9/61.2; the biased signed sums, Q8_0 1536x576 against AVX2's:
     33.4/49.4/68.3/88.8 -> 31.7/42.8/56.4/70.9.
-    Not done: two weight rows a pass for one column (two FMA chains, the src1 block loaded once), 10%
-    faster while the weights stay in cache (Q4_1 1536x576: 32.6 -> 29.2 us) but slower streaming them from
-    memory (the two rows' interleaved reads defeat the prefetcher: Q4_1 49152x576 1132 -> 1210 us, Q8_0 1303
-    -> 4776; software prefetches did not help).
+    - `split_rows`: the column counts whose loop takes two weight rows a pass, m and m + h (h half the
+      call's rows): two independent FMA chains (x86's one accumulator per row is a latency chain, 4 cycles
+      a block), the src1 block loaded once for both. Default 1 to 4 columns for signed values, 1 to 3 for
+      Q4_0/Q4_1 (4 columns: 2.30 -> 2.47 ms, Q4_1 49152x576). Rows m and m + 1 instead were slower
+      streaming the weights from memory (their interleaved reads in the same pages defeat the prefetcher:
+      Q8_0 49152x576, one column, 1.30 -> 4.8 ms); rows half a call apart each stream from pages of their
+      own. Measured, one thread, x86, N = 1/2/3/4, against no split: cached, 1536x576, us, Q4_1
+      32.2/44.6/54.7/67.6 -> 29.0/40.1/50.8/69.1, Q8_0 33.0/42.9/56.0/70.7 -> 28.8/33.7/46.5/56.9; from
+      memory, 49152x576, ms, Q4_1 1.16/1.62 -> 1.02/1.38 (N = 1/2), Q8_0 1.38/1.93/2.77/3.09 ->
+      1.24/1.72/1.89/2.54.
     """
     if block_sums is None and x86 and not _HAS_AVX2:
         # ggml's lanes (4 consecutive products each) on any target: the float sums see the same lane values
@@ -796,26 +802,34 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
         block_sums = _block_sums_unsigned if minus_8 or mins else _block_sums
     unroll = 1 if x86 else _ROW_UNROLL
     madd = _fma if x86 else _fmuladd
+    if split_rows is None:
+        split_rows = (1, 2, 3) if minus_8 or mins else (1, 2, 3, 4)
 
     # signed values with vpdpbusd: w + 128 (unsigned) times y, minus 128 * y's lane sums made once per call (see
     # _y_offsets), instead of |w| times y with w's sign: no vpsignb per column; from `signed_vnni_min` columns
     # on, AVX2's sums below (see the docstring)
     biased = block_sums is _block_sums_vnni
 
-    def row_loop(builder, pw, nb, cols, gathered=None, offsets=None, sums=block_sums):
-        """The dots of the weight row at pw with each src1 row of `cols` (pointers to its yq, yd, yb).
-        `gathered`: (yd8, ys, width), the columns' scales (and Q4_1's sums s) gathered per block (see
-        _gather_scales)."""
+    def row_loop(builder, pws, nb, cols, gathered=None, offsets=None, sums=block_sums):
+        """The dots of the weight rows at `pws` with each src1 row of `cols` (pointers to its yq, yd, yb), as
+        results[row][col]. `gathered`: (yd8, ys, width), the columns' scales (and Q4_1's sums s) gathered
+        per block (see _gather_scales)."""
         v8f = ir.VectorType(_F32, 8)
-        accs = [[cgutils.alloca_once_value(builder, ir.Constant(v8f, [0.0] * 8)) for _ in range(unroll)]
-                for _ in cols]
+        accs = [[[cgutils.alloca_once_value(builder, ir.Constant(v8f, [0.0] * 8)) for _ in range(unroll)]
+                 for _ in cols] for _ in pws]
         if gathered is not None:
             vw = ir.VectorType(_F32, gathered[2])
-            summs = cgutils.alloca_once_value(builder, ir.Constant(vw, [0.0] * vw.count))
+            summs = [cgutils.alloca_once_value(builder, ir.Constant(vw, [0.0] * vw.count)) for _ in pws]
         else:
-            summs = [cgutils.alloca_once_value(builder, ir.Constant(_F32, 0.0)) for _ in cols]
+            summs = [[cgutils.alloca_once_value(builder, ir.Constant(_F32, 0.0)) for _ in cols] for _ in pws]
 
         def block(b, u):
+            yvs = [_load_vector(builder, builder.gep(py, [builder.shl(b, ir.Constant(b.type, 5))]), _I8, 32)
+                   for py, _, _ in cols]
+            for i, pw in enumerate(pws):
+                row_block(b, u, pw, accs[i], summs[i], yvs)
+
+        def row_block(b, u, pw, accs, summs, yvs):
             pb = builder.gep(pw, [builder.mul(b, ir.Constant(b.type, block_bytes))])
             wd, m = _f16_pair(builder, pb) if mins else (scale(builder, pb), None)
             wv = values(builder, builder.gep(pb, [ir.Constant(b.type, values_offset)]))
@@ -832,7 +846,7 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
                                       width)
                     old = builder.load(summs)
                     builder.store(_fma(builder, ms, ss, old) if x86 else builder.fadd(old, builder.fmul(ms, ss)), summs)
-            for c, (py, pd, ps) in enumerate(cols):
+            for c, (_, pd, ps) in enumerate(cols):
                 if gathered is not None:
                     d8 = builder.fmul(wd8, _load_vector(builder, builder.gep(yd8, [builder.add(b8, ir.Constant(
                         b.type, 8 * c))]), _F32, 8))
@@ -843,12 +857,12 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
                         old = builder.load(summs[c])
                         builder.store(_fma(builder, m, sy, old) if x86 else builder.fadd(old, builder.fmul(m, sy)),
                                       summs[c])
-                yv = _load_vector(builder, builder.gep(py, [builder.shl(b, ir.Constant(b.type, 5))]), _I8, 32)
                 if offsets is not None:
                     at = builder.shl(b, ir.Constant(b.type, 3))
-                    part = _vpdpbusd(builder, _load_vector(builder, builder.gep(offsets[c], [at]), _I32, 8), wv, yv)
+                    part = _vpdpbusd(builder, _load_vector(builder, builder.gep(offsets[c], [at]), _I32, 8), wv,
+                                     yvs[c])
                 else:
-                    part = sums(builder, wv, yv)
+                    part = sums(builder, wv, yvs[c])
                 if minus_8:
                     b2 = builder.shl(b, ir.Constant(b.type, 1))
                     ysum = builder.add(builder.load(builder.gep(ps, [b2])),
@@ -866,16 +880,19 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
         with cgutils.for_range(builder, nb, start=builder.mul(n_main, n_unroll)) as loop:
             block(loop.index, 0)
         results = []
-        for c in range(len(cols)):
-            total = builder.load(accs[c][0])
-            for acc in accs[c][1:]:
-                total = builder.fadd(total, builder.load(acc))
-            out = _sum_f32_tree(builder, total, 8)
-            if mins:
-                sm = (builder.extract_element(builder.load(summs), ir.Constant(_I32, c)) if gathered is not None
-                      else builder.load(summs[c]))
-                out = builder.fadd(out, sm)
-            results.append(out)
+        for i in range(len(pws)):
+            row = []
+            for c in range(len(cols)):
+                total = builder.load(accs[i][c][0])
+                for acc in accs[i][c][1:]:
+                    total = builder.fadd(total, builder.load(acc))
+                out = _sum_f32_tree(builder, total, 8)
+                if mins:
+                    sm = (builder.extract_element(builder.load(summs[i]), ir.Constant(_I32, c))
+                          if gathered is not None else builder.load(summs[i][c]))
+                    out = builder.fadd(out, sm)
+                row.append(out)
+            results.append(row)
         return results
 
     if ncols == 1:
@@ -887,7 +904,7 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
             def codegen(context, builder, signature, args):
                 ty = signature.args
                 col = tuple(_address(context, builder, ty[i], args[i], args[i + 1]) for i in (3, 5, 7))
-                return row_loop(builder, _address(context, builder, ty[0], args[0], args[1]), args[2], [col])[0]
+                return row_loop(builder, [_address(context, builder, ty[0], args[0], args[1])], args[2], [col])[0][0]
 
             return sig, codegen
 
@@ -911,10 +928,24 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
         y_offsets = ([_y_offsets(fb, py, nb) for py, _, _ in cols] if biased and count >= signed_vnni_min
                      else None)
         sums = _block_sums_avx2 if biased and count < signed_vnni_min else block_sums
-        with cgutils.for_range(fb, m1, start=m0) as loop:
+        def pointer(m):
+            return fb.gep(w_data, [fb.load(fb.gep(offsets, [m]))])
+
+        tail = m0
+        if count in split_rows:
+            # rows m and m + h together (h half the rows): two FMA chains, each row read from its own pages
+            h = fb.sdiv(fb.sub(m1, m0), ir.Constant(m1.type, 2))
+            with cgutils.for_range(fb, fb.add(m0, h), start=m0) as loop:
+                m = loop.index
+                mh = fb.add(m, h)
+                dots = row_loop(fb, [pointer(m), pointer(mh)], nb, cols, gathered, y_offsets, sums)
+                for row, mm in zip(dots, (m, mh), strict=True):
+                    for po, dot in zip(outs, row, strict=True):
+                        fb.store(dot, fb.gep(po, [mm]))
+            tail = fb.add(m0, fb.add(h, h))
+        with cgutils.for_range(fb, m1, start=tail) as loop:
             m = loop.index
-            pw = fb.gep(w_data, [fb.load(fb.gep(offsets, [m]))])
-            for po, dot in zip(outs, row_loop(fb, pw, nb, cols, gathered, y_offsets, sums), strict=True):
+            for po, dot in zip(outs, row_loop(fb, [pointer(m)], nb, cols, gathered, y_offsets, sums)[0], strict=True):
                 fb.store(dot, fb.gep(po, [m]))
         fb.ret_void()
         return fn
