@@ -717,7 +717,7 @@ def _gather_scales(builder, cols, nb, mins: bool):
     """The columns' block scales yd, each 8 times, copied to a stack buffer block by block (8 * count floats
     a block), and for `mins` Q8_1's sums s (`width` floats a block, the column count rounded up to a power of
     two, zeros after it): (yd8, ys, width). Dynamic allocas, freed when the function of the row loop
-    (see _make_dot_q_row's rows_function) returns."""
+    (see _make_dot_q_row's rows_function) returns (with _y_offsets', 4 columns of 16384 values: 128 KB)."""
     count = len(cols)
     width = 1 << (count - 1).bit_length()
     v8f = ir.VectorType(_F32, 8)
@@ -775,15 +775,6 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
       (`_block_sums_avx2`): VNNI's, either form, made the one-column loop slower while the weights stream
       from memory (Q8_0 49152x576, one thread: 1.30 ms with AVX2's, 1.70 with the biased VNNI form, 1.47
       with |w| and sign), though faster on cached weights (Q8_0 1536x576: 35 -> 31 us).
-    The loops are throughput-bound: about 13 instructions a block for one column, 7 a block and column
-    for four (Q4_1, x86). Measured (one thread, x86, us, N = 1/2/3/4 columns, each change against the one
-    before in one process, alternating): Q4_1 1536x576 with VNNI's sums 39.2/56.6/77.6/99.0 ->
-    36.9/50.6/67.1/84.5 (Q8_0 1536x576, |w| and sign: 33.7/51.4/72.8/95.6 -> 46.8/60.8/73.9/87.0: the f16
-    scale's false dependency, see _f16_pair; with it fixed 32.4/45.9/63.5/81.1); the nibbles by broadcast
-    (_q4_0_nibbles) 33.0/48.5/59.4/72.0 -> 29.5/45.5/56.8/69.6; gathered scales, yd once a column and a
-    lane broadcast from 3 columns: N = 3/4 65.6/82.0 -> 59.0/71.8, yd 8 times from 2 columns: N = 2/3/4
-    43.9/56.0/68.9 -> 43.2/49.9/61.2; the biased signed sums, Q8_0 1536x576 against AVX2's:
-    33.4/49.4/68.3/88.8 -> 31.7/42.8/56.4/70.9.
     - `split_rows`: the column counts whose loop takes two weight rows a pass, m and m + h (h half the
       call's rows): two independent FMA chains (x86's one accumulator per row is a latency chain, 4 cycles
       a block), the src1 block loaded once for both. Default 1 to 4 columns for signed values, 1 to 3 for
@@ -794,6 +785,15 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
       32.2/44.6/54.7/67.6 -> 29.0/40.1/50.8/69.1, Q8_0 33.0/42.9/56.0/70.7 -> 28.8/33.7/46.5/56.9; from
       memory, 49152x576, ms, Q4_1 1.16/1.62 -> 1.02/1.38 (N = 1/2), Q8_0 1.38/1.93/2.77/3.09 ->
       1.24/1.72/1.89/2.54.
+    The loops are throughput-bound: about 13 instructions a block for one column, 7 a block and column
+    for four (Q4_1, x86). Measured (one thread, x86, us, N = 1/2/3/4 columns, each change against the one
+    before in one process, alternating): Q4_1 1536x576 with VNNI's sums 39.2/56.6/77.6/99.0 ->
+    36.9/50.6/67.1/84.5 (Q8_0 1536x576, |w| and sign: 33.7/51.4/72.8/95.6 -> 46.8/60.8/73.9/87.0: the f16
+    scale's false dependency, see _f16_pair; with it fixed 32.4/45.9/63.5/81.1); the nibbles by broadcast
+    (_q4_0_nibbles) 33.0/48.5/59.4/72.0 -> 29.5/45.5/56.8/69.6; gathered scales, yd once a column and a
+    lane broadcast from 3 columns: N = 3/4 65.6/82.0 -> 59.0/71.8, yd 8 times from 2 columns: N = 2/3/4
+    43.9/56.0/68.9 -> 43.2/49.9/61.2; the biased signed sums, Q8_0 1536x576 against AVX2's:
+    33.4/49.4/68.3/88.8 -> 31.7/42.8/56.4/70.9.
     """
     if block_sums is None and x86 and not _HAS_AVX2:
         # ggml's lanes (4 consecutive products each) on any target: the float sums see the same lane values
@@ -928,6 +928,7 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
         y_offsets = ([_y_offsets(fb, py, nb) for py, _, _ in cols] if biased and count >= signed_vnni_min
                      else None)
         sums = _block_sums_avx2 if biased and count < signed_vnni_min else block_sums
+
         def pointer(m):
             return fb.gep(w_data, [fb.load(fb.gep(offsets, [m]))])
 
