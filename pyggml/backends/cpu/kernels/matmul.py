@@ -257,7 +257,7 @@ def _kernel_threads(params: ComputeParams, work: int) -> int:
 def _direct_work(kind: int, M: int, K: int, n_slices: int, N: int) -> int:
     """A direct product's work in multiply-adds of mat-vecs of the same time, for PARALLEL_MIN_WORK.
 
-    Why: the multi-column kernels (quant_dot.COLS_KINDS) make N columns cost about (N + 2) / 3 one-column
+    Why: the quantized multi-column kernels (quant_dot.COLS_KINDS) make N columns cost about (N + 2) / 3 one-column
     products (one thread; Q4_1 1536x576: 30, 41, 54, 66 us for N = 1..4), so counting N full columns would
     hand products to threads that take less time than the hand-off pays for (Q4_1 576x576, 4 columns: 27 us
     on one thread, 31 on two). And their mat-vec is faster than those PARALLEL_MIN_WORK was measured on, so
@@ -269,6 +269,8 @@ def _direct_work(kind: int, M: int, K: int, n_slices: int, N: int) -> int:
     another benchmark on the other core: threads lose more; on a quiet machine 1536x576 N = 4 was 64/63,
     3072x576 66/56, 88/66, -, 125/89).
     """
+    if kind in (qd.F16, qd.BF16):  # their loops as before: N columns about (N + 1) / 2 one-column products
+        return M * K * n_slices * (N + 1) // 2
     if kind in qd.COLS_KINDS:
         return M * K * n_slices * (N + 2) // 5
     return M * K * n_slices * N
