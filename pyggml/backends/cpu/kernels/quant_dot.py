@@ -793,7 +793,9 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
     (_q4_0_nibbles) 33.0/48.5/59.4/72.0 -> 29.5/45.5/56.8/69.6; gathered scales, yd once a column and a
     lane broadcast from 3 columns: N = 3/4 65.6/82.0 -> 59.0/71.8, yd 8 times from 2 columns: N = 2/3/4
     43.9/56.0/68.9 -> 43.2/49.9/61.2; the biased signed sums, Q8_0 1536x576 against AVX2's:
-    33.4/49.4/68.3/88.8 -> 31.7/42.8/56.4/70.9.
+    33.4/49.4/68.3/88.8 -> 31.7/42.8/56.4/70.9. Not kept: two columns in one 512-bit vector (one
+    vpdpbusd, vmulps, vcvtdq2ps and FMA for both; Zen 4 splits them in two halves anyway), slower: Q4_1
+    N = 2/3/4 39.8/51.1/63.3 -> 46.3/58.5/75.2, Q8_0 55.9 -> 67.4 for N = 4.
     """
     if block_sums is None and x86 and not _HAS_AVX2:
         # ggml's lanes (4 consecutive products each) on any target: the float sums see the same lane values
