@@ -7,10 +7,11 @@
     quantized kernel reads 3.8x / 7.1x fewer bytes).
 (--thread-sweep) the direct kernels' mat-vec on 1 thread against
     --threads threads by matrix size, which sets PARALLEL_MIN_WORK.
-(--columns) SmolLM2-135M's decode products (Q4_1 1536x576 and 576x1536,
-    the Q8_0 49152x576 output) by src1 columns, N = 1, 2, 4, 8: what
-    decoding N sequences in one batch costs in the direct kernels (alone:
-    python benchmarks/bench_matmul.py --columns-only).
+(--columns) SmolLM2-135M's decode products (Q4_1 1536x576, 576x1536,
+    576x576 and 192x576, the Q8_0 49152x576 output) by src1 columns,
+    N = 1, 2, 4, 8: what decoding N sequences in one batch costs in the
+    direct kernels (alone: python benchmarks/bench_matmul.py --columns-only;
+    --column-threads: the same products on 1 thread vs --threads).
 Also shown: the other weight types' mat-vec, 512 columns through the
 dequantized-tile BLAS path, and (--sweep) the direct kernels against the
 BLAS path by column count, which sets BLAS_MIN_COLS / HALF_BLAS_MIN_COLS.
@@ -19,7 +20,7 @@ Each kernel is prepared once and computed many times, as a graph plan does;
 times are medians of `--repeats` runs, ours and the peer's alternating.
 
     python benchmarks/bench_matmul.py [--repeats 15] [--threads 2] [--sweep] [--thread-sweep]
-                                      [--columns | --columns-only]
+                                      [--columns | --columns-only | --column-threads]
 """
 
 from __future__ import annotations
@@ -128,10 +129,11 @@ class Case:
         self.ctx.free()
 
 
-# SmolLM2-135M's decode products, (weight rows, row length): attention/ffn_up/ffn_gate (Q4_1), ffn_down (Q4_1),
-# the output (Q8_0, the tied token embedding)
+# SmolLM2-135M's decode products, (weight rows, row length): ffn_up/ffn_gate (Q4_1), ffn_down (Q4_1), attention
+# q/o and k/v (Q4_1), the output (Q8_0, the tied token embedding)
 SMOLLM2_SHAPES: tuple[tuple[GGMLType, tuple[int, int]], ...] = (
-    (GGMLType.Q4_1, (1536, 576)), (GGMLType.Q4_1, (576, 1536)), (GGMLType.Q8_0, (49152, 576)),
+    (GGMLType.Q4_1, (1536, 576)), (GGMLType.Q4_1, (576, 1536)), (GGMLType.Q4_1, (576, 576)),
+    (GGMLType.Q4_1, (192, 576)), (GGMLType.Q8_0, (49152, 576)),
 )
 
 
@@ -152,6 +154,31 @@ def columns(rng: np.random.Generator, nt: int, repeats: int) -> None:
     print()
 
 
+def column_threads(rng: np.random.Generator, nt: int, repeats: int) -> None:
+    """us of SmolLM2's decode products by src1 columns on 1 thread and on nt threads (PARALLEL_MIN_WORK forced
+    2^62 and 0, alternating): where threads pay off, for matmul._direct_work."""
+    cols = (1, 2, 3, 4)
+    print(f"SmolLM2 decode products, 1 thread vs {nt}, median of {repeats * 10} runs (us: 1 thread / {nt}; "
+          f"_direct_work's choice starred)")
+    print(f"  {'type':>6} {'shape':>10} " + " ".join(f"{f'N={n}':>15}" for n in cols))
+    saved_work = matmul.PARALLEL_MIN_WORK
+    for wtype, shape in SMOLLM2_SHAPES:
+        cells = []
+        for n in cols:
+            cases = []
+            for min_work in (1 << 62, 0):
+                matmul.PARALLEL_MIN_WORK = min_work
+                cases.append(Case(wtype, n, rng, nt, shape))
+            matmul.PARALLEL_MIN_WORK = saved_work
+            one, many = medians([c.compute for c in cases], repeats * 10)
+            threaded = matmul._direct_work(int(wtype), shape[0], shape[1], 1, n) >= saved_work
+            cells.append(f"{one * 1e6:.0f}{'' if threaded else '*'}/{many * 1e6:.0f}{'*' if threaded else ''}")
+            for c in cases:
+                c.close()
+        print(f"  {wtype.name:>6} {f'{shape[0]}x{shape[1]}':>10} " + " ".join(f"{c:>15}" for c in cells))
+    print()
+
+
 def gflops(n: int, t: float) -> float:
     return 2.0 * M * K * n / t / 1e9
 
@@ -164,11 +191,16 @@ def main() -> None:
     parser.add_argument("--thread-sweep", action="store_true", help="mat-vec on 1 vs --threads threads by size")
     parser.add_argument("--columns", action="store_true", help="SmolLM2's decode products by src1 columns")
     parser.add_argument("--columns-only", action="store_true", help="only --columns")
+    parser.add_argument("--column-threads", action="store_true",
+                        help="only SmolLM2's decode products by src1 columns on 1 thread vs --threads")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     nt = args.threads
 
     with threadpool_limits(limits=nt, user_api="blas"):
+        if args.column_threads:
+            column_threads(rng, nt, args.repeats)
+            return
         if args.columns or args.columns_only:
             columns(rng, nt, args.repeats)
             if args.columns_only:

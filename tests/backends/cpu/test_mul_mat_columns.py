@@ -16,7 +16,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from kernel_helpers import BF16, F16, F32, compile_node, new_ctx, tensor
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
 
 from pyggml.backends.cpu.kernels import ComputeParams, matmul
 from pyggml.backends.cpu.kernels import quant_dot as qd
@@ -88,14 +90,18 @@ def test_columns_per_slice(wtype: GGMLType, n_threads: int, rng: np.random.Gener
         assert np.array_equal(got[:, :, c], want[:, :, 0]), c
 
 
+def _sums(unsigned: bool) -> list:
+    """Every block-sum variant the host can run: portable vector IR always; AVX2's vpmaddubsw + vpmaddwd
+    and AVX512-VNNI's vpdpbusd only on CPUs that have them (a hardware condition, not a choice)."""
+    names = ["portable"] + (["avx2"] if qd._HAS_AVX2 else []) + (["vnni"] if qd._HAS_VNNI else [])
+    return [getattr(qd, f"_block_sums{'_unsigned' if unsigned else ''}_{name}") for name in names]
+
+
 def _settings(wtype: GGMLType) -> list[tuple[dict, str]]:
-    """The generator spec of wtype with the portable block sums and with the target's (unsigned values: Q4_0,
-    Q4_1), and for the table types also the portable table lookup (the target's is vpshufb on AVX2)."""
+    """The generator spec of wtype with each block-sum variant the host runs (unsigned values: Q4_0, Q4_1),
+    and for the table types also the portable table lookup (the target's is vpshufb on AVX2)."""
     spec = SPECS[wtype]
-    if spec.get("minus_8") or spec.get("mins"):
-        sums = [qd._block_sums_unsigned_portable, qd._block_sums_unsigned]
-    else:
-        sums = [qd._block_sums_portable, qd._block_sums]
+    sums = _sums(bool(spec.get("minus_8") or spec.get("mins")))
     out = [(dict(spec, block_sums=s), s.__name__) for s in sums]
     if wtype in (GGMLType.IQ4_NL, GGMLType.MXFP4):
         table = qd._TABLES[int(wtype)]
@@ -117,11 +123,11 @@ def _src1(vdt: GGMLType, x: np.ndarray, rounding: int = qd.ROUND_REF) -> tuple[n
     return yq, yd, ys if vdt == GGMLType.Q8_1 else yb
 
 
-def _loops(spec: dict, row_bytes: int, nb: int):
+def _loops(spec: dict, row_bytes: int, nb: int, layout: dict):
     """Two kernels over all weight rows and src1 rows: one with the row loop per column, one with the
-    multi-column loop in groups of n."""
+    multi-column loop (with the `layout` options) in groups of n."""
     row = qd._make_dot_q_row(**spec)
-    cols = qd._make_dot_q_row(**spec, ncols=qd.COLS)
+    cols = qd._make_dot_q_row(**spec, **layout, ncols=qd.COLS)
 
     @njit
     def by_rows(w, yq, yd, yb, out):
@@ -142,8 +148,17 @@ def _loops(spec: dict, row_bytes: int, nb: int):
 X86_TYPES = (GGMLType.Q8_0, GGMLType.Q4_1)
 
 
+# the multi-column loops' options (_make_dot_q_row's gather_min, signed_vnni_min, split_rows): the defaults
+# (scales gathered per block from 2 columns on; signed values with VNNI's biased sums from 2 columns on,
+# where the sums are VNNI's; two rows a pass for 1 to 3 or 4 columns); gathered, biased sums and two rows a
+# pass for every count; none of them (M = 37 rows: an odd one after the pairs)
+LAYOUTS: list[dict] = [{}, {"gather_min": 1, "signed_vnni_min": 1, "split_rows": tuple(range(1, qd.COLS + 1))},
+                       {"gather_min": qd.COLS + 1, "signed_vnni_min": qd.COLS + 1, "split_rows": ()}]
+
+
 @pytest.mark.parametrize(("wtype", "x86"), [(t, False) for t in SPECS] + [(t, True) for t in X86_TYPES])
-def test_column_loops_equal_row_loop(wtype: GGMLType, x86: bool, rng: np.random.Generator) -> None:
+@pytest.mark.parametrize("layout", range(len(LAYOUTS)))
+def test_column_loops_equal_row_loop(wtype: GGMLType, x86: bool, layout: int, rng: np.random.Generator) -> None:
     nb = 9  # two unrolled iterations and a 1-block tail
     n_cols = 2 * qd.COLS + 1
     raw = tensor(new_ctx(1), wtype, rng.standard_normal((M, 32 * nb)).astype(np.float32)).numpy()
@@ -152,7 +167,7 @@ def test_column_loops_equal_row_loop(wtype: GGMLType, x86: bool, rng: np.random.
     yq, yd, yb = _src1(TYPE_TRAITS[wtype].vec_dot_type, _src1_values(rng, (n_cols, 32 * nb)), rounding)
     for spec, setting in _settings(wtype):
         spec = dict(spec, x86=x86)
-        by_rows, by_cols = _loops(spec, nb * TYPE_TRAITS[wtype].type_size, nb)
+        by_rows, by_cols = _loops(spec, nb * TYPE_TRAITS[wtype].type_size, nb, LAYOUTS[layout])
         want = np.zeros((n_cols, M), np.float32)
         by_rows(w, yq, yd, yb, want)
         assert np.all(np.isfinite(want)) and np.any(want != 0)
@@ -203,3 +218,59 @@ def test_half_column_loops_equal_row_loop(wtype: GGMLType, k: int, rng: np.rando
         got = np.full((n_cols, M), np.nan, np.float32)
         by_cols(w, x, got, n)
         assert np.array_equal(got, want), n
+
+
+def _block_sums_kernel(fn):
+    """A kernel writing fn's 8 int32 lane sums of two 32-byte int8 vectors."""
+    @intrinsic
+    def sums(typingctx, a, b, out):
+        sig = types.void(a, b, out)
+
+        def codegen(context, builder, signature, args):
+            zero = ir.Constant(ir.IntType(64), 0)
+            pa, pb, po = (qd._address(context, builder, t, v, zero) for t, v in zip(signature.args, args, strict=True))
+            v = fn(builder, qd._load_vector(builder, pa, qd._I8, 32), qd._load_vector(builder, pb, qd._I8, 32))
+            builder.store(v, builder.bitcast(po, ir.VectorType(qd._I32, 8).as_pointer()), align=1)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    @njit
+    def run(a, b, out):
+        sums(a, b, out)
+
+    return run
+
+
+@pytest.mark.parametrize("unsigned", [False, True])
+def test_block_sums_are_ggml_lanes(unsigned: bool, rng: np.random.Generator) -> None:
+    """Every variant the host runs gives the exact sums, in ggml's AVX2 lanes (lane i: products 4i..4i+3)
+    where it claims them (all but the portable pairs-then-halves); weight values at the extremes the
+    variants must take: -128..127 (Q8_0, tables), 0..128 unsigned (nibbles; vpmaddubsw's pairs stay below
+    2^15), src1 -127..127 (q8)."""
+    for trial in range(20):
+        w = rng.integers(0, 129, 32) if unsigned else rng.integers(-128, 128, 32)
+        if trial == 0:
+            w[:] = 128 if unsigned else -128
+        y = rng.integers(-127, 128, 32)
+        if trial == 0:
+            y[::2], y[1::2] = 127, -127
+        prod = (w * y).astype(np.int64)
+        quads = prod.reshape(8, 4).sum(1)
+        pairs = prod.reshape(16, 2).sum(1)
+        halves = pairs[:8] + pairs[8:]
+        wb, yb = w.astype(np.uint8).view(np.int8), y.astype(np.int8)
+        for fn in _sums(unsigned):
+            out = np.zeros(8, np.int32)
+            _block_sums_kernel(fn)(wb, yb, out)
+            want = halves if fn.__name__.endswith("_portable") else quads
+            assert np.array_equal(out, want), (fn.__name__, trial)
+
+
+def test_block_sums_by_hardware() -> None:
+    """VNNI's vpdpbusd where the target has it, AVX2's vpmaddubsw + vpmaddwd on AVX2-only CPUs, portable IR
+    elsewhere; the host's pick is the default of every generator."""
+    assert qd._choose_block_sums(True, True) == (qd._block_sums_vnni, qd._block_sums_unsigned_vnni)
+    assert qd._choose_block_sums(True, False) == (qd._block_sums_avx2, qd._block_sums_unsigned_avx2)
+    assert qd._choose_block_sums(False, False) == (qd._block_sums_portable, qd._block_sums_unsigned_portable)
+    assert (qd._block_sums, qd._block_sums_unsigned) == qd._choose_block_sums(qd._HAS_AVX2, qd._HAS_VNNI)

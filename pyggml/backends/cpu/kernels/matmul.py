@@ -257,13 +257,23 @@ def _kernel_threads(params: ComputeParams, work: int) -> int:
 def _direct_work(kind: int, M: int, K: int, n_slices: int, N: int) -> int:
     """A direct product's work in multiply-adds of mat-vecs of the same time, for PARALLEL_MIN_WORK.
 
-    Why: the multi-column kernels (quant_dot.COLS_KINDS) make N columns cost about (N + 1) / 2 one-column
-    products (one thread; Q4_1 1536x576: 1, 1.4, 2.3 for N = 1, 2, 4; Q8_0 49152x576, 4 columns: 2.8), so
-    counting N full columns would hand products to threads that take less time than the hand-off pays for
-    (Q4_1 576x576, 4 columns: 44 us on one thread).
+    Why: the quantized multi-column kernels (quant_dot.COLS_KINDS) make N columns cost about (N + 2) / 3
+    one-column products (one thread; Q4_1 1536x576: 30, 41, 54, 66 us for N = 1..4), so counting N full
+    columns would hand products to threads that take less time than the hand-off pays for (Q4_1 576x576, 4
+    columns: 27 us on one thread, 31 on two). And their mat-vec is faster than those PARALLEL_MIN_WORK was
+    measured on, so the hand-off weighs more: on a quiet machine 2 threads pay from about 65 us on one
+    thread (~1.7M multiply-adds of mat-vec: Q4_1 3072x576, one column, 66 us on one thread, 56 on two;
+    1536x576, 4 columns, 64/63), with another process on the other core (as often here) they lose there
+    (1536x576, 4 columns, 66/85; 3072x576 60/84) and pay only for big products (Q8_0 49152x576, 4
+    columns, 2.61/1.10 ms). Hence (N + 2) / 6: threads from 2M multiply-adds of mat-vec, 4 columns from
+    1.5M. Measured (1 thread / 2 threads, us, medians, alternating: python benchmarks/bench_matmul.py
+    --column-threads), N = 1, 2, 3, 4: Q4_1 1536x576 30/35, 41/48, 54/60, 66/85, 192x576 5/8, 10/26, 13/18,
+    15/39; Q8_0 49152x576 1240/1140, 1629/1382, 1931/1740, 2548/1127.
     """
-    if kind in qd.COLS_KINDS:
+    if kind in (qd.F16, qd.BF16):  # their loops as before: N columns about (N + 1) / 2 one-column products
         return M * K * n_slices * (N + 1) // 2
+    if kind in qd.COLS_KINDS:
+        return M * K * n_slices * (N + 2) // 6
     return M * K * n_slices * N
 
 

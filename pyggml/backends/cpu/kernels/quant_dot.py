@@ -42,7 +42,11 @@ primitives below (`dot_nibbles`, `dot_bits16/32`, `dot_fields16/32`,
 `dot_f16_cols`, `dot_bf16_cols`, ...) are written in portable LLVM vector IR (no
 target intrinsics): fixed-size loads, unpack, exact integer multiply-add,
 and a reduction. On AVX2 (checked with numba's inspect_asm) the integer
-products become vpmovsxbw + vpmaddwd and the f16 loads vcvtph2ps.
+products become vpmovsxbw + vpmaddwd and the f16 loads vcvtph2ps. The row
+loops' block sums use the target's byte multiply-adds by name: AVX2's
+vpmaddubsw + vpmaddwd, or AVX512-VNNI's vpdpbusd where the target has it
+(`_choose_block_sums`; the generators take the choice as an argument, so the
+tests run every variant the host can).
 Everything else is plain numba.
 
 IQ4_NL, IQ4_XS and MXFP4 quants index a table of 16 int8 values
@@ -520,12 +524,17 @@ def _q8_0_values(builder, p):
 
 
 def _q4_0_nibbles(builder, p):
-    """Q4_0's 32 nibbles (0..15, the values + 8) from the 16 bytes at p: low nibbles first."""
+    """Q4_0's 32 nibbles (0..15, the values + 8) from the 16 bytes at p: low nibbles first.
+
+    The 16 bytes twice, the upper copy shifted right by 4 in 64-bit lanes, then masked: vbroadcasti128,
+    vpsrlvq, vpand on AVX2 (one op fewer than masking and shifting apart and joining the halves: Q4_1
+    1536x576, one column, x86, one thread, 33.0 -> 29.5 us)."""
     q = _load_vector(builder, p, _I8, 16)
-    v16 = ir.VectorType(_I8, 16)
-    lo = builder.and_(q, ir.Constant(v16, [15] * 16))
-    hi = builder.lshr(q, ir.Constant(v16, [4] * 16))
-    return builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(_I32, 32), list(range(32))))
+    both = builder.shuffle_vector(q, q, ir.Constant(ir.VectorType(_I32, 32), list(range(16)) * 2))
+    v4i64 = ir.VectorType(ir.IntType(64), 4)
+    shifted = builder.lshr(builder.bitcast(both, v4i64), ir.Constant(v4i64, [0, 0, 4, 4]))
+    v32i8 = ir.VectorType(_I8, 32)
+    return builder.and_(builder.bitcast(shifted, v32i8), ir.Constant(v32i8, [15] * 32))
 
 
 def _block_sums_portable(builder, wv, yv):
@@ -587,24 +596,83 @@ def _block_sums_unsigned_avx2(builder, uv, yv):
     return builder.call(maddwd, [builder.call(maddubs, [uv, yv]), ir.Constant(v16i16, [1] * 16)])
 
 
-def _target_has_avx2() -> bool:
-    """Whether numba compiles for a CPU with AVX2 (the host's, unless NUMBA_CPU_NAME names another)."""
+def _vpdpbusd(builder, acc, uv, yv):
+    """acc + the 8 sums of 4 consecutive products uv[4i+k] (unsigned) * yv[4i+k] (signed), <8 x i32>: AVX512-VNNI's
+    vpdpbusd, ggml's AVX2 lane layout (lane i: products 4i..4i+3) in one instruction, exact (no saturation)."""
+    v8i32 = ir.VectorType(_I32, 8)
+    fn = builder.module.declare_intrinsic("llvm.x86.avx512.vpdpbusd.256",
+                                          fnty=ir.FunctionType(v8i32, [v8i32, v8i32, v8i32]))
+    return builder.call(fn, [acc, builder.bitcast(uv, v8i32), builder.bitcast(yv, v8i32)])
+
+
+def _block_sums_vnni(builder, wv, yv):
+    """As _block_sums_avx2 (|w| times y with w's sign, lane i: products 4i..4i+3) by one vpdpbusd."""
+    v32i8 = ir.VectorType(_I8, 32)
+    module = builder.module
+    absb = module.declare_intrinsic("llvm.abs.v32i8", fnty=ir.FunctionType(v32i8, [v32i8, ir.IntType(1)]))
+    sign = module.declare_intrinsic("llvm.x86.avx2.psign.b", fnty=ir.FunctionType(v32i8, [v32i8, v32i8]))
+    zero = ir.Constant(ir.VectorType(_I32, 8), [0] * 8)
+    return _vpdpbusd(builder, zero, builder.call(absb, [wv, ir.Constant(ir.IntType(1), 0)]),
+                     builder.call(sign, [yv, wv]))
+
+
+def _block_sums_unsigned_vnni(builder, uv, yv):
+    """As _block_sums_unsigned_avx2 by one vpdpbusd."""
+    return _vpdpbusd(builder, ir.Constant(ir.VectorType(_I32, 8), [0] * 8), uv, yv)
+
+
+def _target_has(*features: str) -> bool:
+    """Whether numba compiles for a CPU with all these LLVM features (the host's, unless NUMBA_CPU_NAME
+    names another)."""
     if numba.config.CPU_NAME:
         return False  # a chosen (e.g. generic) target: portable code only
-    return bool(llvm_binding.get_host_cpu_features().get("avx2", False))
+    host = llvm_binding.get_host_cpu_features()
+    return all(host.get(f, False) for f in features)
+
+
+def _target_has_avx2() -> bool:
+    """Whether numba compiles for a CPU with AVX2 (the host's, unless NUMBA_CPU_NAME names another)."""
+    return _target_has("avx2")
 
 
 # the integer block sums: AVX2's byte multiply-add (measured 2.3x faster on one core for Q8_0 rows,
-# 4096x4096: 0.65 ms vs 1.5 ms) where the target has it, portable vector IR elsewhere
+# 4096x4096: 0.65 ms vs 1.5 ms) where the target has it, portable vector IR elsewhere; where the target also
+# has AVX512-VNNI (with VL: its 256-bit form), one vpdpbusd instead of vpmaddubsw + vpmaddwd (the same
+# lanes; Q4_1 1536x576, x86, one thread, 1/4 columns: 39.2/99.0 -> 36.9/84.5 us; see _make_dot_q_row for
+# the signed values). The generators take the sums as an argument (`block_sums`), so tests run every
+# variant the host can.
 _HAS_AVX2 = _target_has_avx2()
-_block_sums = _block_sums_avx2 if _HAS_AVX2 else _block_sums_portable
-_block_sums_unsigned = _block_sums_unsigned_avx2 if _HAS_AVX2 else _block_sums_unsigned_portable
+_HAS_VNNI = _HAS_AVX2 and _target_has("avx512vnni", "avx512vl")
+
+
+def _choose_block_sums(avx2: bool, vnni: bool) -> tuple:
+    """The (signed, unsigned) block sums for a target with these features."""
+    if avx2 and vnni:
+        return _block_sums_vnni, _block_sums_unsigned_vnni
+    if avx2:
+        return _block_sums_avx2, _block_sums_unsigned_avx2
+    return _block_sums_portable, _block_sums_unsigned_portable
+
+
+_block_sums, _block_sums_unsigned = _choose_block_sums(_HAS_AVX2, _HAS_VNNI)
 _ROW_UNROLL = 4  # blocks per loop iteration, each with its own accumulator (the FMA latency chain: 1.6x)
 
 
+def _f16_pair(builder, pb):
+    """The two f16 at the start of a block (Q4_1's scale and min), as float32, from one 4-byte load.
+
+    Why a pair: a lone f16 load becomes vpinsrw into whatever register LLVM picks, a false dependency on
+    its old value (it picked the x86 loop's FMA accumulator: the scale then waited for the previous
+    block's FMA, Q8_0 40% slower); a 4-byte vector load (vmovss) zeroes the rest of its register."""
+    v = builder.load(builder.bitcast(pb, ir.VectorType(ir.HalfType(), 2).as_pointer()), align=1)
+    f = builder.fpext(v, ir.VectorType(_F32, 2))
+    return builder.extract_element(f, ir.Constant(_I32, 0)), builder.extract_element(f, ir.Constant(_I32, 1))
+
+
 def _f16_scale(builder, pb):
-    """The f16 scale at the start of a block, as float32 (Q8_0, Q4_0, IQ4_NL)."""
-    return builder.fpext(builder.load(builder.bitcast(pb, ir.HalfType().as_pointer()), align=1), _F32)
+    """The f16 scale at the start of a block, as float32 (Q8_0, Q4_0, IQ4_NL; the load takes the next two
+    bytes too, see _f16_pair)."""
+    return _f16_pair(builder, pb)[0]
 
 
 def _e8m0_half(builder, e):
@@ -629,8 +697,50 @@ def _fma(builder, a, b, c):
     return builder.call(builder.module.declare_intrinsic(name, fnty=fnty), [a, b, c])
 
 
+def _y_offsets(builder, py, nb):
+    """-128 times the lane sums (4 consecutive values each) of every 32-value block of the int8 row at py: a
+    stack buffer of nb * 8 int32, the start of vpdpbusd for w + 128 (signed w read unsigned) times y, whose
+    lanes then hold the exact sums of w times y. Dynamic alloca (see _gather_scales)."""
+    v8i32 = ir.VectorType(_I32, 8)
+    buf = builder.alloca(_I32, size=builder.shl(nb, ir.Constant(nb.type, 3)))
+    zero = ir.Constant(v8i32, [0] * 8)
+    with cgutils.for_range(builder, nb) as loop:
+        b = loop.index
+        yv = _load_vector(builder, builder.gep(py, [builder.shl(b, ir.Constant(b.type, 5))]), _I8, 32)
+        sums = _vpdpbusd(builder, zero, ir.Constant(ir.VectorType(_I8, 32), [0x80] * 32), yv)  # 128 * lane sums
+        builder.store(builder.sub(zero, sums), builder.bitcast(builder.gep(buf, [builder.shl(b, ir.Constant(
+            b.type, 3))]), v8i32.as_pointer()), align=4)
+    return buf
+
+
+def _gather_scales(builder, cols, nb, mins: bool):
+    """The columns' block scales yd, each 8 times, copied to a stack buffer block by block (8 * count floats
+    a block), and for `mins` Q8_1's sums s (`width` floats a block, the column count rounded up to a power of
+    two, zeros after it): (yd8, ys, width). Dynamic allocas, freed when the function of the row loop
+    (see _make_dot_q_row's rows_function) returns (with _y_offsets', 4 columns of 16384 values: 128 KB)."""
+    count = len(cols)
+    width = 1 << (count - 1).bit_length()
+    v8f = ir.VectorType(_F32, 8)
+    yd8 = builder.alloca(_F32, size=builder.mul(nb, ir.Constant(nb.type, 8 * count)))
+    ys = builder.alloca(_F32, size=builder.mul(nb, ir.Constant(nb.type, width))) if mins else None
+    with cgutils.for_range(builder, nb) as loop:
+        b = loop.index
+        for c in range(count):
+            at = builder.mul(builder.add(builder.mul(b, ir.Constant(b.type, count)), ir.Constant(b.type, c)),
+                             ir.Constant(b.type, 8))
+            d = builder.load(builder.gep(cols[c][1], [b]))
+            builder.store(_splat(builder, d, 8), builder.bitcast(builder.gep(yd8, [at]), v8f.as_pointer()), align=4)
+        if mins:
+            bw = builder.mul(b, ir.Constant(b.type, width))
+            for c in range(width):
+                v = builder.load(builder.gep(cols[c][2], [b])) if c < count else ir.Constant(_F32, 0.0)
+                builder.store(v, builder.gep(ys, [builder.add(bw, ir.Constant(b.type, c))]))
+    return yd8, ys, width
+
+
 def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = False, scale=_f16_scale,
-                    values_offset: int = 2, mins: bool = False, x86: bool = False, ncols: int = 1):
+                    values_offset: int = 2, mins: bool = False, x86: bool = False, ncols: int = 1,
+                    gather_min: int = 2, signed_vnni_min: int = 2, split_rows: tuple[int, ...] | None = None):
     """The row loop of a 32-value block type of `block_bytes`: the block's scale (`scale` reads it), then at
     `values_offset` the values `values` reads.
 
@@ -653,6 +763,39 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
     them, and one call per row instead of per column, saves 40% (Q4_1 1536x576, 4 columns, one thread:
     0.105 ms instead of 0.177; one column 0.045). Each column keeps its own accumulators and
     sums its blocks in the same order as `ncols` 1 does, so its result is the same to the bit.
+
+    How the multi-column loops go (each choice keeps every (row, column) pair's arithmetic, so its bits):
+    - each column count's loop over the rows is a function of its own (see rows_function).
+    - `gather_min`: from this many columns on, each column's block scales yd are copied 8 times (and
+      Q4_1's s once) to a stack buffer once per call, so that a column's d_w * d_y is one vmulps of wd's
+      broadcast and the copies, and the summs of all columns one FMA.
+    - `signed_vnni_min`: with VNNI's sums (`_block_sums_vnni`), signed values (Q8_0, IQ4_NL, MXFP4) from
+      this many columns on as w + 128 (read unsigned) times y, vpdpbusd starting from -128 times y's lane
+      sums (made once per call, `_y_offsets`): no vpsignb per column. Fewer columns take AVX2's sums
+      (`_block_sums_avx2`): VNNI's, either form, made the one-column loop slower while the weights stream
+      from memory (Q8_0 49152x576, one thread: 1.30 ms with AVX2's, 1.70 with the biased VNNI form, 1.47
+      with |w| and sign), though faster on cached weights (Q8_0 1536x576: 35 -> 31 us).
+    - `split_rows`: the column counts whose loop takes two weight rows a pass, m and m + h (h half the
+      call's rows): two independent FMA chains (x86's one accumulator per row is a latency chain, 4 cycles
+      a block), the src1 block loaded once for both. Default 1 to 4 columns for signed values, 1 to 3 for
+      Q4_0/Q4_1 (4 columns: 2.30 -> 2.47 ms, Q4_1 49152x576). Rows m and m + 1 instead were slower
+      streaming the weights from memory (their interleaved reads in the same pages defeat the prefetcher:
+      Q8_0 49152x576, one column, 1.30 -> 4.8 ms); rows half a call apart each stream from pages of their
+      own. Measured, one thread, x86, N = 1/2/3/4, against no split: cached, 1536x576, us, Q4_1
+      32.2/44.6/54.7/67.6 -> 29.0/40.1/50.8/69.1, Q8_0 33.0/42.9/56.0/70.7 -> 28.8/33.7/46.5/56.9; from
+      memory, 49152x576, ms, Q4_1 1.16/1.62 -> 1.02/1.38 (N = 1/2), Q8_0 1.38/1.93/2.77/3.09 ->
+      1.24/1.72/1.89/2.54.
+    The loops are throughput-bound: about 13 instructions a block for one column, 7 a block and column
+    for four (Q4_1, x86). Measured (one thread, x86, us, N = 1/2/3/4 columns, each change against the one
+    before in one process, alternating): Q4_1 1536x576 with VNNI's sums 39.2/56.6/77.6/99.0 ->
+    36.9/50.6/67.1/84.5 (Q8_0 1536x576, |w| and sign: 33.7/51.4/72.8/95.6 -> 46.8/60.8/73.9/87.0: the f16
+    scale's false dependency, see _f16_pair; with it fixed 32.4/45.9/63.5/81.1); the nibbles by broadcast
+    (_q4_0_nibbles) 33.0/48.5/59.4/72.0 -> 29.5/45.5/56.8/69.6; gathered scales, yd once a column and a
+    lane broadcast from 3 columns: N = 3/4 65.6/82.0 -> 59.0/71.8, yd 8 times from 2 columns: N = 2/3/4
+    43.9/56.0/68.9 -> 43.2/49.9/61.2; the biased signed sums, Q8_0 1536x576 against AVX2's:
+    33.4/49.4/68.3/88.8 -> 31.7/42.8/56.4/70.9. Not kept: two columns in one 512-bit vector (one
+    vpdpbusd, vmulps, vcvtdq2ps and FMA for both; Zen 4 splits them in two halves anyway), slower: Q4_1
+    N = 2/3/4 39.8/51.1/63.3 -> 46.3/58.5/75.2, Q8_0 55.9 -> 67.4 for N = 4.
     """
     if block_sums is None and x86 and not _HAS_AVX2:
         # ggml's lanes (4 consecutive products each) on any target: the float sums see the same lane values
@@ -661,36 +804,74 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
         block_sums = _block_sums_unsigned if minus_8 or mins else _block_sums
     unroll = 1 if x86 else _ROW_UNROLL
     madd = _fma if x86 else _fmuladd
+    if split_rows is None:
+        split_rows = (1, 2, 3) if minus_8 or mins else (1, 2, 3, 4)
 
-    def row_loop(builder, pw, nb, cols):
-        """The dots of the weight row at pw with each src1 row of `cols` (pointers to its yq, yd, yb)."""
+    # signed values with vpdpbusd: w + 128 (unsigned) times y, minus 128 * y's lane sums made once per call (see
+    # _y_offsets), instead of |w| times y with w's sign: no vpsignb per column; from `signed_vnni_min` columns
+    # on, AVX2's sums below (see the docstring)
+    biased = block_sums is _block_sums_vnni
+
+    def row_loop(builder, pws, nb, cols, gathered=None, offsets=None, sums=block_sums):
+        """The dots of the weight rows at `pws` with each src1 row of `cols` (pointers to its yq, yd, yb), as
+        results[row][col]. `gathered`: (yd8, ys, width), the columns' scales (and Q4_1's sums s) gathered
+        per block (see _gather_scales)."""
         v8f = ir.VectorType(_F32, 8)
-        accs = [[cgutils.alloca_once_value(builder, ir.Constant(v8f, [0.0] * 8)) for _ in range(unroll)]
-                for _ in cols]
-        summs = [cgutils.alloca_once_value(builder, ir.Constant(_F32, 0.0)) for _ in cols] if mins else []
+        accs = [[[cgutils.alloca_once_value(builder, ir.Constant(v8f, [0.0] * 8)) for _ in range(unroll)]
+                 for _ in cols] for _ in pws]
+        if gathered is not None:
+            vw = ir.VectorType(_F32, gathered[2])
+            summs = [cgutils.alloca_once_value(builder, ir.Constant(vw, [0.0] * vw.count)) for _ in pws]
+        else:
+            summs = [[cgutils.alloca_once_value(builder, ir.Constant(_F32, 0.0)) for _ in cols] for _ in pws]
 
         def block(b, u):
+            yvs = [_load_vector(builder, builder.gep(py, [builder.shl(b, ir.Constant(b.type, 5))]), _I8, 32)
+                   for py, _, _ in cols]
+            for i, pw in enumerate(pws):
+                row_block(b, u, pw, accs[i], summs[i], yvs)
+
+        def row_block(b, u, pw, accs, summs, yvs):
             pb = builder.gep(pw, [builder.mul(b, ir.Constant(b.type, block_bytes))])
-            wd = scale(builder, pb)
-            m = _f16_scale(builder, builder.gep(pb, [ir.Constant(b.type, 2)])) if mins else None
+            wd, m = _f16_pair(builder, pb) if mins else (scale(builder, pb), None)
             wv = values(builder, builder.gep(pb, [ir.Constant(b.type, values_offset)]))
-            for c, (py, pd, ps) in enumerate(cols):
-                d = builder.fmul(wd, builder.load(builder.gep(pd, [b])))
+            if offsets is not None:
+                wv = builder.xor(wv, ir.Constant(ir.VectorType(_I8, 32), [0x80] * 32))  # w + 128, read unsigned
+            if gathered is not None:
+                # a column's d_w * d_y is one vmulps of yd8's copies, and the summs of all columns one FMA
+                yd8, ys, width = gathered
+                wd8 = _splat(builder, wd, 8)
+                b8 = builder.mul(b, ir.Constant(b.type, 8 * len(cols)))
                 if mins:
-                    sy = builder.load(builder.gep(ps, [b]))
-                    if x86:
-                        builder.store(_fma(builder, m, sy, builder.load(summs[c])), summs[c])
-                    else:
-                        builder.store(builder.fadd(builder.load(summs[c]), builder.fmul(m, sy)), summs[c])
-                yv = _load_vector(builder, builder.gep(py, [builder.shl(b, ir.Constant(b.type, 5))]), _I8, 32)
-                part = block_sums(builder, wv, yv)
+                    ms = _splat(builder, m, width)
+                    ss = _load_vector(builder, builder.gep(ys, [builder.mul(b, ir.Constant(b.type, width))]), _F32,
+                                      width)
+                    old = builder.load(summs)
+                    builder.store(_fma(builder, ms, ss, old) if x86 else builder.fadd(old, builder.fmul(ms, ss)), summs)
+            for c, (_, pd, ps) in enumerate(cols):
+                if gathered is not None:
+                    d8 = builder.fmul(wd8, _load_vector(builder, builder.gep(yd8, [builder.add(b8, ir.Constant(
+                        b.type, 8 * c))]), _F32, 8))
+                else:
+                    d8 = _splat(builder, builder.fmul(wd, builder.load(builder.gep(pd, [b]))), 8)
+                    if mins:
+                        sy = builder.load(builder.gep(ps, [b]))
+                        old = builder.load(summs[c])
+                        builder.store(_fma(builder, m, sy, old) if x86 else builder.fadd(old, builder.fmul(m, sy)),
+                                      summs[c])
+                if offsets is not None:
+                    at = builder.shl(b, ir.Constant(b.type, 3))
+                    part = _vpdpbusd(builder, _load_vector(builder, builder.gep(offsets[c], [at]), _I32, 8), wv,
+                                     yvs[c])
+                else:
+                    part = sums(builder, wv, yvs[c])
                 if minus_8:
                     b2 = builder.shl(b, ir.Constant(b.type, 1))
                     ysum = builder.add(builder.load(builder.gep(ps, [b2])),
                                        builder.load(builder.gep(ps, [builder.add(b2, ir.Constant(b.type, 1))])))
                     part = builder.sub(part, _splat(builder, ysum, 8))
                 acc = accs[c][u]
-                builder.store(madd(builder, builder.sitofp(part, v8f), _splat(builder, d, 8), builder.load(acc)), acc)
+                builder.store(madd(builder, builder.sitofp(part, v8f), d8, builder.load(acc)), acc)
 
         n_unroll = ir.Constant(nb.type, unroll)
         n_main = builder.sdiv(nb, n_unroll)
@@ -701,12 +882,19 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
         with cgutils.for_range(builder, nb, start=builder.mul(n_main, n_unroll)) as loop:
             block(loop.index, 0)
         results = []
-        for c in range(len(cols)):
-            total = builder.load(accs[c][0])
-            for acc in accs[c][1:]:
-                total = builder.fadd(total, builder.load(acc))
-            out = _sum_f32_tree(builder, total, 8)
-            results.append(builder.fadd(out, builder.load(summs[c])) if mins else out)
+        for i in range(len(pws)):
+            row = []
+            for c in range(len(cols)):
+                total = builder.load(accs[i][c][0])
+                for acc in accs[i][c][1:]:
+                    total = builder.fadd(total, builder.load(acc))
+                out = _sum_f32_tree(builder, total, 8)
+                if mins:
+                    sm = (builder.extract_element(builder.load(summs[i]), ir.Constant(_I32, c))
+                          if gathered is not None else builder.load(summs[i][c]))
+                    out = builder.fadd(out, sm)
+                row.append(out)
+            results.append(row)
         return results
 
     if ncols == 1:
@@ -718,11 +906,52 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
             def codegen(context, builder, signature, args):
                 ty = signature.args
                 col = tuple(_address(context, builder, ty[i], args[i], args[i + 1]) for i in (3, 5, 7))
-                return row_loop(builder, _address(context, builder, ty[0], args[0], args[1]), args[2], [col])[0]
+                return row_loop(builder, [_address(context, builder, ty[0], args[0], args[1])], args[2], [col])[0][0]
 
             return sig, codegen
 
         return dot_q_row
+
+    def rows_function(module, count: int, values: list) -> ir.Function:
+        """A function of its own (not inlined) for weight rows m0..m1-1 times `count` src1 rows: (w, w_off[base:],
+        m0, m1, nb, then per column its yq, yd, yb and out rows), writing out[m] of each column.
+
+        Why its own function: the scale buffers (dynamic allocas) stay out of the caller (there, they cost the
+        one-column loop 13%: Q8_0 49152x576, one thread), and each count's loop has the registers to itself."""
+        fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [v.type for v in values]),
+                         name=module.get_unique_name(f"dot_q_cols_{count}"))
+        fn.linkage = "internal"
+        fn.attributes.add("noinline")
+        fb = ir.IRBuilder(fn.append_basic_block("entry"))
+        w_data, offsets, m0, m1, nb = fn.args[:5]
+        cols = [tuple(fn.args[5 + 4 * c:8 + 4 * c]) for c in range(count)]
+        outs = [fn.args[8 + 4 * c] for c in range(count)]
+        gathered = _gather_scales(fb, cols, nb, mins) if count >= gather_min else None
+        y_offsets = ([_y_offsets(fb, py, nb) for py, _, _ in cols] if biased and count >= signed_vnni_min
+                     else None)
+        sums = _block_sums_avx2 if biased and count < signed_vnni_min else block_sums
+
+        def pointer(m):
+            return fb.gep(w_data, [fb.load(fb.gep(offsets, [m]))])
+
+        tail = m0
+        if count in split_rows:
+            # rows m and m + h together (h half the rows): two FMA chains, each row read from its own pages
+            h = fb.sdiv(fb.sub(m1, m0), ir.Constant(m1.type, 2))
+            with cgutils.for_range(fb, fb.add(m0, h), start=m0) as loop:
+                m = loop.index
+                mh = fb.add(m, h)
+                dots = row_loop(fb, [pointer(m), pointer(mh)], nb, cols, gathered, y_offsets, sums)
+                for row, mm in zip(dots, (m, mh), strict=True):
+                    for po, dot in zip(outs, row, strict=True):
+                        fb.store(dot, fb.gep(po, [mm]))
+            tail = fb.add(m0, fb.add(h, h))
+        with cgutils.for_range(fb, m1, start=tail) as loop:
+            m = loop.index
+            for po, dot in zip(outs, row_loop(fb, [pointer(m)], nb, cols, gathered, y_offsets, sums)[0], strict=True):
+                fb.store(dot, fb.gep(po, [m]))
+        fb.ret_void()
+        return fn
 
     @intrinsic
     def dot_q_cols(typingctx, w, w_off, base, m0, m1, nb, yq, yd, yb, r, n, out):
@@ -731,16 +960,22 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
 
         def codegen(context, builder, signature, args):
             ty, r = signature.args, args[9]
-
-            def columns(count: int) -> list:
-                return [tuple(_row_pointer(context, builder, ty[i], args[i], builder.add(r, ir.Constant(r.type, c)))[0]
-                              for i in (6, 7, 8)) for c in range(count)]
-
-            def row(pw, m, cols) -> None:
-                _store_columns(context, builder, ty[11], args[11], r, m, row_loop(builder, pw, args[5], cols))
-
-            pos = {"w": 0, "w_off": 1, "base": 2, "m0": 3, "m1": 4, "n": 10}
-            _column_groups(context, builder, signature, args, ncols, pos, columns, row)
+            zero = ir.Constant(r.type, 0)
+            w_data = _address(context, builder, ty[0], args[0], zero)
+            offsets = _address(context, builder, ty[1], args[1], args[2])  # w_off[base:]
+            n = args[10]
+            done = builder.append_basic_block("cols.done")
+            switch = builder.switch(n, done)
+            for count in range(1, ncols + 1):
+                case = builder.append_basic_block(f"cols.{count}")
+                switch.add_case(ir.Constant(n.type, count), case)
+                builder.position_at_end(case)
+                rows = [builder.add(r, ir.Constant(r.type, c)) for c in range(count)]
+                ptrs = [_row_pointer(context, builder, ty[i], args[i], row)[0] for row in rows for i in (6, 7, 8, 11)]
+                values = [w_data, offsets, args[3], args[4], args[5]] + ptrs
+                builder.call(rows_function(builder.module, count, values), values)
+                builder.branch(done)
+            builder.position_at_end(done)
             return context.get_dummy_value()
 
         return sig, codegen
