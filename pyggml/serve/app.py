@@ -119,16 +119,28 @@ class Server:
         return GenRequest(prompt=ids, max_tokens=max_tokens, sampler=sampler, stop=p.stop,
                           eog_ids=frozenset() if p.ignore_eos else self.eog)
 
-    def start(self, req: GenRequest) -> asyncio.Queue[Event]:
-        """Queue `req` on the engine; its events arrive in the returned queue (on this event loop)."""
+    def start(self, req: GenRequest, stream: bool = True) -> asyncio.Queue[Event]:
+        """Queue `req` on the engine; its events arrive in the returned queue (on this event loop). Without
+        `stream` the text comes in one event just before the end: a wake-up of the event loop per token (and
+        its turn at the GIL) cost the decode loop ~10% with 4 clients."""
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event] = asyncio.Queue()
+        pieces: list[str] = []  # the text held back (the engine's thread only)
 
-        def sink(e: Event) -> None:  # the engine's thread
+        def post(e: Event) -> None:
             try:
                 loop.call_soon_threadsafe(events.put_nowait, e)
             except RuntimeError:
                 pass  # the loop is closed: nobody is waiting any more
+
+        def sink(e: Event) -> None:  # the engine's thread
+            if not stream and e.kind == "text":
+                pieces.append(e.text)
+                return
+            if pieces:
+                post(Event("text", text="".join(pieces)))
+                pieces.clear()
+            post(e)
 
         req.sink = sink
         try:
@@ -147,7 +159,7 @@ class Server:
             p = parse_request(await self.read_json(request), kind)
             ids = await run_in_threadpool(self.prompt_ids, p)
             req = self.gen_request(p, ids)
-            events = self.start(req)
+            events = self.start(req, stream=p.stream)
         except RequestError as e:
             return _error(e)
         rid = new_id(kind)

@@ -111,3 +111,29 @@ def test_long_prompts_are_evaluated_over_several_steps() -> None:
         assert steps > 2 * 8  # the prompts took steps of their own
     finally:
         model.free()
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_non_streamed_request_wakes_the_event_loop_once_for_its_text(engine: Engine, stream: bool) -> None:
+    """Server.start: a streamed request gets an event per piece of text; a non-streamed one its whole text in
+    one event just before the end (the same text)."""
+    import asyncio
+
+    pytest.importorskip("starlette")
+    from pyggml.serve.app import Server
+
+    server = Server(engine)
+    ids = engine.model.tokenize("The module")
+
+    async def collect() -> list[Event]:
+        events = server.start(GenRequest(prompt=ids, max_tokens=12), stream=stream)
+        got = []
+        while not got or got[-1].kind == "text":
+            got.append(await asyncio.wait_for(events.get(), TIMEOUT))
+        return got
+
+    got = asyncio.run(collect())
+    want_text, want_end = _run(engine, ids, 12)
+    assert "".join(e.text for e in got[:-1]) == want_text and got[-1].completion_tokens == want_end.completion_tokens
+    assert got[-1].kind == "done" and want_end.completion_tokens == 12
+    assert (len(got) == 2) == (not stream)  # streamed: one event per piece (12 tokens make several pieces)
