@@ -59,7 +59,7 @@ def _f16_dot_lanes() -> int:
 _X86_LANES = _f16_dot_lanes()
 
 
-@njit(cache=True, inline="always")
+@njit(nogil=True, cache=True, inline="always")
 def _dot_f16_values(k, q, lanes):
     """ggml_vec_dot_f16 of two rows of f16 values (held as float32): with `lanes` > 0 as ggml's x86 SIMD code
     (4 accumulators of `lanes` float lanes, FMA per 4 * lanes elements, accumulators 0+2 and 1+3 then
@@ -95,7 +95,7 @@ def _dot_f16_values(k, q, lanes):
     return np.float32(total)
 
 
-@njit(cache=True)
+@njit(nogil=True, cache=True)
 def flash_attn_rows_f16(q, k, v, mask, sinks, out, scale, softcap, slopes, lanes):
     """ggml_compute_forward_flash_attn_ext_f16_one_chunk for F16 K and V, float for float.
 

@@ -82,7 +82,7 @@ def norm_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], pa
     return run
 
 
-@njit(cache=True)
+@njit(nogil=True, cache=True)
 def _rms_scales(x, eps, out):
     """out[..., 0] = 1.0f / sqrtf((float)(sum / n) + eps) per row of x (4-D), the sum of the float squares
     taken in double one by one: ggml_compute_forward_rms_norm_f32's arithmetic (numpy's float32 dot rounds
@@ -187,7 +187,7 @@ def _mask_rows(node: Tensor, x: np.ndarray, mask: np.ndarray) -> Callable[[], np
     return lambda: rows[index]
 
 
-@njit(cache=True)
+@njit(nogil=True, cache=True)
 def _fma_into(a, b, t):
     """t = fma(a, b, t) elementwise (4-D arrays of t's shape; a and b may be broadcast views)."""
     for i3 in range(t.shape[0]):
@@ -247,7 +247,7 @@ def soft_max_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None]
     return run
 
 
-@njit(cache=True, error_model="numpy")
+@njit(nogil=True, cache=True, error_model="numpy")
 def _soft_max_rows(x, scale, mask, slopes, fma, sinks, out, t, lanes):
     """ggml_compute_forward_soft_max_f32 row by row: t = x * scale, plus slope * mask (the mask's dims 2 and
     3 tiled; fused by FMA under `fma`, as gcc compiles ggml's `wp[i] += slope*mp[i]`), the maximum by ggml's
@@ -377,7 +377,7 @@ def diag_mask_zero_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray |
 # --- ROPE ---
 
 
-@njit(cache=True)
+@njit(nogil=True, cache=True)
 def _libm_cos_sin(ang, c, s):
     """c, s = cosf(ang), sinf(ang) elementwise: numba calls libm's cosf and sinf, as ggml does (numpy's
     float32 SIMD cos/sin round a third of the values the other way)."""
@@ -387,7 +387,7 @@ def _libm_cos_sin(ang, c, s):
         sf[i] = math.sin(a[i])
 
 
-@njit(cache=True)
+@njit(nogil=True, cache=True)
 def _rotate_fma(x0, x1, c, s, d0, d1):
     """ggml's rotate_pairs as gcc compiles it for x86 with FMA (-march=native, contraction on): each pair
     (x0, x1) turns into fma(x0, cos, -(x1 * sin)) and fma(x0, sin, x1 * cos), in every mode (checked bit for

@@ -1174,14 +1174,14 @@ ROUND_REF = 0
 ROUND_X86 = 1
 
 
-@njit(cache=True)
+@njit(nogil=True, cache=True)
 def _roundf(v: float) -> int:
     """C's roundf: nearest integer, halves away from zero (exact: |v| + 0.5 is exact in float64)."""
     a = np.floor(abs(np.float64(v)) + 0.5)
     return int(a) if v >= 0 else -int(a)
 
 
-@njit(cache=True, inline="always")
+@njit(nogil=True, cache=True, inline="always")
 def _q8_block(x, yq, yb, r, b, rounding):
     """Quantize block b (32 values) of row r in place into yq and yb; returns (amax / 127, sum of the quants).
 
@@ -1213,14 +1213,14 @@ def _q8_block(x, yq, yb, r, b, rounding):
     return d, s0 + s1
 
 
-@njit(cache=True)
+@njit(nogil=True, cache=True)
 def _quantize_q8_0_row(x, yq, yd, yb, r, rounding):
     for b in range(x.shape[1] // 32):
         d, _ = _q8_block(x, yq, yb, r, b, rounding)
         yd[r, b] = round_f16(d)  # block_q8_0 stores d as f16; the dot reads it back
 
 
-@njit(cache=True)
+@njit(nogil=True, cache=True)
 def _quantize_q8_1_row(x, yq, yd, ys, yb, r, rounding):
     for b in range(x.shape[1] // 32):
         d, total = _q8_block(x, yq, yb, r, b, rounding)
@@ -1228,7 +1228,7 @@ def _quantize_q8_1_row(x, yq, yd, ys, yb, r, rounding):
         ys[r, b] = round_f16(np.float32(total) * d)  # from the unrounded d, on both paths
 
 
-@njit(cache=True)
+@njit(nogil=True, cache=True)
 def _quantize_q8_K_row(x, yq, yd, yb, r):
     nb = x.shape[1] // 256
     for b in range(nb):
@@ -1260,7 +1260,7 @@ def _quantize_q8_K_row(x, yq, yd, yb, r):
         yd[r, b] = np.float32(1.0) / iscale
 
 
-@njit(cache=True)
+@njit(nogil=True, cache=True)
 def quantize_rows(kind, x, yq, yd, ys, yb, rounding):
     """Quantize float32 rows x (n, K) to `kind` (Q8_0, Q8_1 or Q8_K), split as described in the module doc;
     Q8_0 and Q8_1 with `rounding` (ROUND_REF or ROUND_X86), Q8_K as ggml does on every path.
@@ -1277,7 +1277,7 @@ def quantize_rows(kind, x, yq, yd, ys, yb, rounding):
             _quantize_q8_K_row(x, yq, yd, yb, r)
 
 
-@njit(cache=True)
+@njit(nogil=True, cache=True)
 def round_rows(kind, x):
     """Round float32 values in place to `kind` (F16 or BF16) and back: src1 converted to vec_dot_type."""
     flat = x.reshape(-1)
@@ -1297,13 +1297,13 @@ def round_rows(kind, x):
 # --- vec_dot per weight type: one weight row (at byte o of w) times src1 row r ---
 
 
-@njit(cache=True)
+@njit(nogil=True, cache=True)
 def _i8(v: int) -> int:
     """A byte read as int8."""
     return v - 256 if v > 127 else v
 
 
-@njit(cache=True)
+@njit(nogil=True, cache=True)
 def _dot_q5_0(w, o, nb, yq, yd, yb, r):
     sumf = np.float32(0.0)
     yo = r * yq.shape[1]
@@ -1316,7 +1316,7 @@ def _dot_q5_0(w, o, nb, yq, yd, yb, r):
     return sumf
 
 
-@njit(cache=True)
+@njit(nogil=True, cache=True)
 def _dot_q5_1(w, o, nb, yq, yd, ys, r):
     sumf = np.float32(0.0)
     yo = r * yq.shape[1]
@@ -1328,7 +1328,7 @@ def _dot_q5_1(w, o, nb, yq, yd, ys, r):
     return sumf
 
 
-@njit(cache=True)
+@njit(nogil=True, cache=True)
 def _dot_q2_K(w, o, nb, yq, yd, yb, r):
     # block_q2_K: scales[16] (low 4 bits scale, high 4 bits min), qs[64], d, dmin
     sumf = np.float32(0.0)
@@ -1351,7 +1351,7 @@ def _dot_q2_K(w, o, nb, yq, yd, yb, r):
     return sumf
 
 
-@njit(cache=True)
+@njit(nogil=True, cache=True)
 def _q3_K_scale(w, os, sub):
     """The 6-bit scale `sub` (0..15) of a Q3_K block whose scales start at byte os, minus 32."""
     low = (np.int64(w[os + (sub & 7)]) >> (4 * (sub >> 3))) & 15  # sub < 8: low nibble of byte sub, else high
@@ -1359,7 +1359,7 @@ def _q3_K_scale(w, os, sub):
     return (low | (high << 4)) - 32
 
 
-@njit(cache=True)
+@njit(nogil=True, cache=True)
 def _dot_q3_K(w, o, nb, yq, yd, yb, r):
     # block_q3_K: hmask[32], qs[64], scales[12], d; value = low2 - (high bit ? 0 : 4)
     sumf = np.float32(0.0)
@@ -1380,7 +1380,7 @@ def _dot_q3_K(w, o, nb, yq, yd, yb, r):
     return sumf
 
 
-@njit(cache=True)
+@njit(nogil=True, cache=True)
 def _scale_min_k4(w, os, j):
     """ggml's get_scale_min_k4: the 6-bit scale and min of sub-block j (0..7), scales starting at byte os."""
     if j < 4:
@@ -1390,7 +1390,7 @@ def _scale_min_k4(w, os, j):
     return sc, mn
 
 
-@njit(cache=True)
+@njit(nogil=True, cache=True)
 def _dot_q4_K(w, o, nb, yq, yd, yb, r):
     # block_q4_K: d, dmin, scales[12], qs[128]; 32-element sub-blocks
     sumf = np.float32(0.0)
@@ -1413,7 +1413,7 @@ def _dot_q4_K(w, o, nb, yq, yd, yb, r):
     return sumf
 
 
-@njit(cache=True)
+@njit(nogil=True, cache=True)
 def _dot_q5_K(w, o, nb, yq, yd, yb, r):
     # block_q5_K: d, dmin, scales[12], qh[32], qs[128]; fifth bit of element 64k+32h+l is bit 2k+h of qh[l]
     sumf = np.float32(0.0)
@@ -1437,7 +1437,7 @@ def _dot_q5_K(w, o, nb, yq, yd, yb, r):
     return sumf
 
 
-@njit(cache=True)
+@njit(nogil=True, cache=True)
 def _dot_q6_K(w, o, nb, yq, yd, yb, r):
     # block_q6_K: ql[128], qh[64], scales[16] (int8), d; value = (low4 | high2 << 4) - 32
     sumf = np.float32(0.0)
@@ -1458,7 +1458,7 @@ def _dot_q6_K(w, o, nb, yq, yd, yb, r):
     return sumf
 
 
-@njit(cache=True)
+@njit(nogil=True, cache=True)
 def _iq4_xs_scale(w, ob, ib):
     """The 6-bit scale of sub-block ib (0..7) of the IQ4_XS block at byte ob, minus 32."""
     low = (np.int64(w[ob + 4 + (ib >> 1)]) >> (4 * (ib & 1))) & 15
@@ -1466,7 +1466,7 @@ def _iq4_xs_scale(w, ob, ib):
     return (low | (high << 4)) - 32
 
 
-@njit(cache=True)
+@njit(nogil=True, cache=True)
 def _dot_iq4_xs(w, o, nb, yq, yd, yb, r):
     # block_iq4_xs: d, scales_h (u16), scales_l[4], qs[128]; 8 sub-blocks of 32 (ggml_vec_dot_iq4_xs_q8_K)
     sumf = np.float32(0.0)
@@ -1480,7 +1480,7 @@ def _dot_iq4_xs(w, o, nb, yq, yd, yb, r):
     return sumf
 
 
-@njit(cache=True)
+@njit(nogil=True, cache=True)
 def _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, s, m0, m1, rounding):
     """Weight rows m0..m1 of output slice s against that slice's n_cols src1 rows (Q8_0 and Q4_1 rows
     in ggml's x86 order with `rounding` ROUND_X86, see `_make_dot_q_row`).
@@ -1599,7 +1599,7 @@ def mul_mat_rows(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, ch
             pass
 
 
-@njit(cache=True)
+@njit(nogil=True, cache=True)
 def mul_mat_rows_serial(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, rounding):
     """`mul_mat_rows` on the calling thread: no parallel region to launch (see matmul.PARALLEL_MIN_WORK)."""
     for s in range(w_base.shape[0]):
@@ -1609,7 +1609,7 @@ def mul_mat_rows_serial(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, 
 # --- weight rows -> float32 (ggml's dequantize_row_<type>, same arithmetic) ---
 
 
-@njit(cache=True)
+@njit(nogil=True, cache=True)
 def _deq_q4_0(w, o, nb, out, i):
     oo = i * out.shape[1]
     zero = np.float32(0.0)
@@ -1620,7 +1620,7 @@ def _deq_q4_0(w, o, nb, out, i):
         deq_fields16(w, ob + 2, 4, 15, ob, 0, 0, 0, -8, d, zero, out, oo + 32 * b + 16)
 
 
-@njit(cache=True)
+@njit(nogil=True, cache=True)
 def _deq_q4_1(w, o, nb, out, i):
     oo = i * out.shape[1]
     for b in range(nb):
@@ -1631,7 +1631,7 @@ def _deq_q4_1(w, o, nb, out, i):
         deq_fields16(w, ob + 4, 4, 15, ob, 0, 0, 0, 0, d, m, out, oo + 32 * b + 16)
 
 
-@njit(cache=True)
+@njit(nogil=True, cache=True)
 def _deq_q5(w, o, nb, out, i, with_min):
     """Q5_0 (22-byte blocks, value (q - 16) * d) and Q5_1 (24, value q * d + m)."""
     oo = i * out.shape[1]
@@ -1644,7 +1644,7 @@ def _deq_q5(w, o, nb, out, i, with_min):
             deq_q5(w, ob + 6, load_u32(w, ob + 2), -16, load_f16(w, ob), np.float32(0.0), out, oo + 32 * b)
 
 
-@njit(cache=True)
+@njit(nogil=True, cache=True)
 def _deq_q8_0(w, o, nb, out, i):
     # int8 = byte - 256 * (byte >> 7)
     oo = i * out.shape[1]
@@ -1654,7 +1654,7 @@ def _deq_q8_0(w, o, nb, out, i):
         deq_fields32(w, ob + 2, 0, 255, ob + 2, 7, 1, -256, 0, load_f16(w, ob), zero, out, oo + 32 * b)
 
 
-@njit(cache=True)
+@njit(nogil=True, cache=True)
 def _deq_q2_K(w, o, nb, out, i):
     oo = i * out.shape[1]
     for b in range(nb):
@@ -1671,7 +1671,7 @@ def _deq_q2_K(w, o, nb, out, i):
                                  out, oo + 256 * b + 128 * k + 32 * f + 16 * h)
 
 
-@njit(cache=True)
+@njit(nogil=True, cache=True)
 def _deq_q3_K(w, o, nb, out, i):
     # value = low2 - (high bit ? 0 : 4) = low2 + 4 * high bit - 4
     oo = i * out.shape[1]
@@ -1687,7 +1687,7 @@ def _deq_q3_K(w, o, nb, out, i):
                                  out, oo + 256 * b + 128 * h + 32 * s + 16 * t)
 
 
-@njit(cache=True)
+@njit(nogil=True, cache=True)
 def _deq_q45_K(w, o, nb, out, i, five):
     """Q4_K (144-byte blocks) and Q5_K (176, with qh[32] before qs: fifth bit of 64k+32h+l is bit 2k+h of qh[l])."""
     size = 176 if five else 144
@@ -1706,7 +1706,7 @@ def _deq_q45_K(w, o, nb, out, i, five):
                              out, oo + 256 * b + 64 * k + 32 * h)
 
 
-@njit(cache=True)
+@njit(nogil=True, cache=True)
 def _deq_q6_K(w, o, nb, out, i):
     oo = i * out.shape[1]
     zero = np.float32(0.0)
@@ -1723,7 +1723,7 @@ def _deq_q6_K(w, o, nb, out, i):
                                  out, oo + 256 * b + 128 * n + 32 * q + 16 * t)
 
 
-@njit(cache=True)
+@njit(nogil=True, cache=True)
 def _deq_iq4_nl(w, o, nb, out, i):
     oo = i * out.shape[1]
     for b in range(nb):
@@ -1731,7 +1731,7 @@ def _deq_iq4_nl(w, o, nb, out, i):
         deq_iq4_32(w, ob + 2, load_f16(w, ob), out, oo + 32 * b)
 
 
-@njit(cache=True)
+@njit(nogil=True, cache=True)
 def _deq_iq4_xs(w, o, nb, out, i):
     oo = i * out.shape[1]
     for b in range(nb):
@@ -1741,7 +1741,7 @@ def _deq_iq4_xs(w, o, nb, out, i):
             deq_iq4_32(w, ob + 8 + 16 * ib, d * np.float32(_iq4_xs_scale(w, ob, ib)), out, oo + 256 * b + 32 * ib)
 
 
-@njit(cache=True)
+@njit(nogil=True, cache=True)
 def _deq_mxfp4(w, o, nb, out, i):
     oo = i * out.shape[1]
     for b in range(nb):
@@ -1749,7 +1749,7 @@ def _deq_mxfp4(w, o, nb, out, i):
         deq_mxfp4_32(w, ob + 1, load_e8m0_half(w, ob), out, oo + 32 * b)
 
 
-@njit(cache=True)
+@njit(nogil=True, cache=True)
 def _widen_half_row(kind, w, o, out, i):
     K = out.shape[1]
     oo = i * K
@@ -1770,7 +1770,7 @@ def _widen_half_row(kind, w, o, out, i):
             k += 1
 
 
-@njit(cache=True)
+@njit(nogil=True, cache=True)
 def block_mins_to_f32(kind, w, w_off, r0, nb, out):
     """out[i, K + b] = the min m (f16 at byte 2) of block b of Q4_1/Q5_1 weight row w_off[r0 + i], b < nb, where
     K = out.shape[1] - nb (matmul's BLAS path puts them after the row's dequantized values)."""
@@ -1782,7 +1782,7 @@ def block_mins_to_f32(kind, w, w_off, r0, nb, out):
             out[i, K + b] = load_f16(w, o + size * b + 2)
 
 
-@njit(cache=True)
+@njit(nogil=True, cache=True)
 def rows_to_f32(kind, w, w_off, r0, nb, out):
     """out[i] = weight row w_off[r0 + i] as float32, for i < out.shape[0]; `nb` = blocks per row (a quantized
     row fills the first nb * blck_size elements of a longer out row).

@@ -66,7 +66,7 @@ _from_bits = _bitcast(types.float32, types.uint32, ir.FloatType(), "The float32 
 _f64_from_bits = _bitcast(types.float64, types.uint64, ir.DoubleType(), "The float64 of these bits.")
 
 
-@njit(cache=True, inline="always")
+@njit(nogil=True, cache=True, inline="always")
 def _poly(x):
     """ggml_v_expf's common part: z, n (x / ln 2 rounded by the 1.5 * 2^23 trick), b (the reduced argument),
     u = b * b and the polynomial's high terms."""
@@ -78,7 +78,7 @@ def _poly(x):
     return z, n, b, u, hi
 
 
-@njit(cache=True, inline="always")
+@njit(nogil=True, cache=True, inline="always")
 def _expf16(x):
     """One lane of ggml's AVX512 ggml_v_expf: the polynomial's 1 inside, then _mm512_scalef_ps (j * 2^n,
     the exact product rounded once: 2^n built as a float64's bits)."""
@@ -89,7 +89,7 @@ def _expf16(x):
     return np.float32(np.float64(j) * _f64_from_bits(np.uint64(np.int64(n) + 1023) << np.uint64(52)))
 
 
-@njit(cache=True, inline="always")
+@njit(nogil=True, cache=True, inline="always")
 def _expf8(x):
     """One lane of ggml's AVX2 ggml_v_expf: the scale fma(j, 2^n, 2^n), split in two for large |n|."""
     z, n, b, u, hi = _poly(x)
@@ -108,7 +108,7 @@ def _expf8(x):
     return fma_f32(s2, j, s2) * s1
 
 
-@njit(cache=True)
+@njit(nogil=True, cache=True)
 def v_expf(x, lanes):
     """One lane of ggml_v_expf (lanes 16: AVX512, 8: AVX2), or libm's expf (lanes 0)."""
     if lanes == 16:
@@ -118,7 +118,7 @@ def v_expf(x, lanes):
     return np.float32(math.exp(x))
 
 
-@njit(cache=True, error_model="numpy")
+@njit(nogil=True, cache=True, error_model="numpy")
 def expf_inplace(a):
     """a = libm's expf(a) elementwise (any C-contiguous float32 array)."""
     f = a.reshape(-1)
@@ -145,7 +145,7 @@ _tree_sum16 = _make_tree_sum(16)
 _tree_sum8 = _make_tree_sum(8)
 
 
-@njit(cache=True, inline="always", error_model="numpy")
+@njit(nogil=True, cache=True, inline="always", error_model="numpy")
 def softmax_exp_row(t, out, m, lanes):
     """ggml_vec_soft_max_f32 on one row: out = exp(t - m) (1-D rows; out may be t), returning the sum in
     double: blocks of `lanes` by ggml_v_expf, each block's lanes summed in float then added in double, the
@@ -173,14 +173,14 @@ def softmax_exp_row(t, out, m, lanes):
     return total
 
 
-@njit(cache=True, error_model="numpy")
+@njit(nogil=True, cache=True, error_model="numpy")
 def softmax_exp_rows(t, mx, sums, lanes):
     """softmax_exp_row on each row r of t (2-D, in place) with the maximum mx[r], its sum into sums[r]."""
     for r in range(t.shape[0]):
         sums[r] = softmax_exp_row(t[r], t[r], mx[r], lanes)
 
 
-@njit(cache=True, error_model="numpy")
+@njit(nogil=True, cache=True, error_model="numpy")
 def silu_rows(x, out, g, lanes):
     """ggml_vec_silu_f32 (g empty) or ggml_vec_swiglu_f32 on each row of x (2-D): blocks of `lanes` by
     ggml_v_silu, x / (1 + v_expf(0 - x)), times g; the rest by ggml_silu_f32, x / (1 + expf(-x)) (libm)."""
