@@ -603,8 +603,21 @@ _ROW_UNROLL = 4  # blocks per loop iteration, each with its own accumulator (the
 
 
 def _f16_scale(builder, pb):
-    """The f16 scale at the start of a block, as float32 (Q8_0, Q4_0, IQ4_NL)."""
-    return builder.fpext(builder.load(builder.bitcast(pb, ir.HalfType().as_pointer()), align=1), _F32)
+    """The f16 scale at the start of a block, as float32 (Q8_0, Q4_0, IQ4_NL; Q4_1's min): the block's
+    first 8 bytes widened as 4 halves (one vcvtph2ps from memory), lane 0 taken behind an arithmetic fence.
+
+    Why: a scalar half load becomes `vpinsrw $0, mem, %xmmA, %xmmB`, which merges into xmmA; inside the big
+    dispatch function LLVM picked for xmmA the register the block's broadcast scale lives in, a chain from
+    block to block (vpinsrw, vcvtph2ps, vmulss, vbroadcastss) that made the Q4_0 rows twice as slow as
+    Q4_1's (`python benchmarks/bench_matmul.py --shapes Q4_0,Q4_1 --shapes-only`, one thread, us, before ->
+    after: Q4_0 1536x576 78 -> 43, 576x1536 70 -> 36, 576x576 30 -> 17, 192x576 11.2 -> 6.9; Q4_1 42,
+    37, 17, 7.0 before and after). The full-width load writes its whole register; without the fence
+    LLVM narrows it back to the scalar load. Every block is at least 8 bytes from its scale on.
+    """
+    v4f = ir.VectorType(_F32, 4)
+    wide = builder.fpext(_load_vector(builder, pb, ir.HalfType(), 4), v4f)
+    fence = builder.module.declare_intrinsic("llvm.arithmetic.fence.v4f32", fnty=ir.FunctionType(v4f, [v4f]))
+    return builder.extract_element(builder.call(fence, [wide]), ir.Constant(_I32, 0))
 
 
 def _e8m0_half(builder, e):
