@@ -1,4 +1,4 @@
-"""The MUL_MAT direct kernels' multi-column loops (Q4_0, Q4_1, Q8_0, IQ4_NL, MXFP4, F16, BF16): a weight
+"""The MUL_MAT direct kernels' multi-column loops (Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL, MXFP4, F16, BF16): a weight
 row dotted with up to `quant_dot.COLS` src1 columns in one pass must give every column the bits the
 one-column loop gives it.
 
@@ -26,11 +26,14 @@ from pyggml.core.types import TYPE_TRAITS, GGMLType
 SPECS: dict[GGMLType, dict] = {
     GGMLType.Q4_0: qd._Q4_0_SPEC,
     GGMLType.Q4_1: qd._Q4_1_SPEC,
+    GGMLType.Q5_0: qd._Q5_0_SPEC,
     GGMLType.Q8_0: qd._Q8_0_SPEC,
     GGMLType.IQ4_NL: qd._IQ4_NL_SPEC,
     GGMLType.MXFP4: qd._MXFP4_SPEC,
 }
 HALF_TYPES = (F16, BF16)
+# the types whose "ref" rows sum one scalar in ggml's reference order (quant_dot._make_dot_q_serial)
+SERIAL_TYPES = (GGMLType.Q5_0,)
 MAX_N = 15  # below BLAS_MIN_COLS: every column count the direct kernels see
 K = 224  # 7 blocks of 32: the 4-block unrolled loop and its 3-block tail
 M = 37
@@ -117,11 +120,12 @@ def _src1(vdt: GGMLType, x: np.ndarray, rounding: int = qd.ROUND_REF) -> tuple[n
     return yq, yd, ys if vdt == GGMLType.Q8_1 else yb
 
 
-def _loops(spec: dict, row_bytes: int, nb: int):
+def _loops(spec: dict, row_bytes: int, nb: int, serial: bool = False):
     """Two kernels over all weight rows and src1 rows: one with the row loop per column, one with the
-    multi-column loop in groups of n."""
-    row = qd._make_dot_q_row(**spec)
-    cols = qd._make_dot_q_row(**spec, ncols=qd.COLS)
+    multi-column loop in groups of n (`serial`: the generator of the reference-order rows)."""
+    make = qd._make_dot_q_serial if serial else qd._make_dot_q_row
+    row = make(**spec)
+    cols = make(**spec, ncols=qd.COLS)
 
     @njit
     def by_rows(w, yq, yd, yb, out):
@@ -139,7 +143,7 @@ def _loops(spec: dict, row_bytes: int, nb: int):
 
 
 # the x86 numerics' row loops (ggml's AVX2 float order: one FMA accumulator) exist for these
-X86_TYPES = (GGMLType.Q8_0, GGMLType.Q4_1)
+X86_TYPES = (GGMLType.Q8_0, GGMLType.Q4_1, GGMLType.Q5_0)
 
 
 @pytest.mark.parametrize(("wtype", "x86"), [(t, False) for t in SPECS] + [(t, True) for t in X86_TYPES])
@@ -150,9 +154,10 @@ def test_column_loops_equal_row_loop(wtype: GGMLType, x86: bool, rng: np.random.
     w = np.ascontiguousarray(raw).reshape(-1).view(np.uint8)
     rounding = qd.ROUND_X86 if x86 else qd.ROUND_REF
     yq, yd, yb = _src1(TYPE_TRAITS[wtype].vec_dot_type, _src1_values(rng, (n_cols, 32 * nb)), rounding)
+    serial = wtype in SERIAL_TYPES and not x86
     for spec, setting in _settings(wtype):
-        spec = dict(spec, x86=x86)
-        by_rows, by_cols = _loops(spec, nb * TYPE_TRAITS[wtype].type_size, nb)
+        spec = spec if serial else dict(spec, x86=x86)
+        by_rows, by_cols = _loops(spec, nb * TYPE_TRAITS[wtype].type_size, nb, serial)
         want = np.zeros((n_cols, M), np.float32)
         by_rows(w, yq, yd, yb, want)
         assert np.all(np.isfinite(want)) and np.any(want != 0)

@@ -19,7 +19,7 @@ BF16). This module does the same:
 - `mul_mat_rows` (several threads, see `threads.py`) and
   `mul_mat_rows_serial` compute `out[col, row] = vec_dot(weight row, src1
   col)`, reading the weights in their compact form; for the `COLS_KINDS`
-  (Q8_0, Q4_0, Q4_1, IQ4_NL, MXFP4, F16, BF16) a weight block is loaded
+  (Q8_0, Q4_0, Q4_1, Q5_0, IQ4_NL, MXFP4, F16, BF16) a weight block is loaded
   and unpacked once for up to `COLS` src1 columns, each with its own
   accumulators (the `*_cols` loops: the same bits per column as one column
   at a time). Each block's integer dot
@@ -27,8 +27,9 @@ BF16). This module does the same:
   f16/f32 scales as ggml's reference `ggml_vec_dot_<type>_q8_<x>` does; only
   the float summation order may differ (Q8_0, Q4_0, Q4_1, F16 and BF16 rows
   keep 8 or 32 lane sums to the row's end, as ggml's AVX2 code keeps a vector
-  accumulator). Under ROUND_X86 the Q8_0 and Q4_1 rows follow ggml's AVX2
-  `ggml_vec_dot_q8_0_q8_0`/`ggml_vec_dot_q4_1_q8_1` float for float (lanes of
+  accumulator; Q5_0's sum one scalar, block after block, as ggml's
+  reference C). Under ROUND_X86 the Q8_0, Q5_0 and Q4_1 rows follow ggml's AVX2
+  `ggml_vec_dot_q8_0_q8_0`/`_q5_0_q8_0`/`_q4_1_q8_1` float for float (lanes of
   4 consecutive products, one FMA accumulator, `hsum_float_8`, Q4_1's
   `summs` by scalar FMAs added last): with the same quants, the same bits.
 - `rows_to_f32` dequantizes (or widens, for F16/BF16) weight rows into
@@ -766,7 +767,7 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
 # at a time, 0.25 in pairs, 0.22 in fours, 0.24 in eights)
 COLS = 4
 # the weight types whose direct kernels use the *_cols loops
-COLS_KINDS = (Q8_0, Q4_0, Q4_1, IQ4_NL, MXFP4, F16, BF16)
+COLS_KINDS = (Q8_0, Q4_0, Q4_1, Q5_0, IQ4_NL, MXFP4, F16, BF16)
 
 dot_f16_cols = _make_dot_half_row(F16, COLS)
 dot_f16_cols.__doc__ = "F16 weight rows m0..m1-1 times x's rows r..r+n-1 (n <= COLS), whole (see _make_dot_half_row)."
@@ -790,6 +791,93 @@ dot_q8_0_cols_x86 = _make_dot_q_row(**_Q8_0_SPEC, x86=True, ncols=COLS)
 dot_q8_0_cols_x86.__doc__ = "dot_q8_0_cols in the order of ggml's AVX2 ggml_vec_dot_q8_0_q8_0 (one FMA accumulator)."
 dot_q4_1_cols_x86 = _make_dot_q_row(**_Q4_1_SPEC, x86=True, ncols=COLS)
 dot_q4_1_cols_x86.__doc__ = "dot_q4_1_cols in the order of ggml's AVX2 ggml_vec_dot_q4_1_q8_1 (FMAs, summs last)."
+
+
+# --- Q5_0: 32 values of 5 bits, against Q8_0 ---
+
+
+def _q5_0_values(builder, p):
+    """Q5_0's 32 values as int8 (-16..15) from its qh (4 bytes) at p and the 16 nibble bytes after: ggml's
+    AVX2 form, nibble | 0xF0 where the value's fifth bit (bit t of qh for value t) is clear."""
+    qh = builder.load(builder.bitcast(p, _I32.as_pointer()), align=1)
+    bits = builder.bitcast(qh, ir.VectorType(ir.IntType(1), 32))  # element t: bit t (AVX512: one kmov)
+    v32i8 = ir.VectorType(_I8, 32)
+    high = builder.select(bits, ir.Constant(v32i8, [0] * 32), ir.Constant(v32i8, [0xF0] * 32))
+    return builder.or_(_q4_0_nibbles(builder, builder.gep(p, [ir.Constant(_I32, 4)])), high)
+
+
+def _make_dot_q_serial(block_bytes: int, values, values_offset: int = 2, block_sums=None, ncols: int = 1):
+    """As _make_dot_q_row (same signatures; yb unused) in the float order of ggml's reference vec_dot: each
+    block's exact int32 sum as a float times d_w * d_y, added to one scalar block after block
+    (`sumf += (d_w * d_y) * sumi`, no FMA), for the types whose "ref" rows pyggml always summed so (Q5_0).
+
+    Why not 8 lanes as the other "ref" rows: the numba loop this replaces gave these bits, which "ref"
+    keeps. Q5_0 1536x576, one thread (`python benchmarks/bench_matmul.py --shapes Q5_0 --shapes-only`, and
+    with numerics "ref"): the numba loop 104 us under either setting; this loop 69 us, the 8-lane x86 loop 49
+    (576x1536: 102 -> 69 and 48; 576x576: 40 -> 27 and 19; 49152x576: 3.4 ms -> 2.3 and 1.6).
+    """
+    block_sums = _block_sums if block_sums is None else block_sums
+
+    def row_loop(builder, pw, nb, cols):
+        sums = [cgutils.alloca_once_value(builder, ir.Constant(_F32, 0.0)) for _ in cols]
+        with cgutils.for_range(builder, nb) as loop:
+            b = loop.index
+            pb = builder.gep(pw, [builder.mul(b, ir.Constant(b.type, block_bytes))])
+            wd = _f16_scale(builder, pb)
+            wv = values(builder, builder.gep(pb, [ir.Constant(b.type, values_offset)]))
+            for (py, pd, _), total in zip(cols, sums, strict=True):
+                d = builder.fmul(wd, builder.load(builder.gep(pd, [b])))
+                yv = _load_vector(builder, builder.gep(py, [builder.shl(b, ir.Constant(b.type, 5))]), _I8, 32)
+                sumi = _reduce_add_i32(builder, block_sums(builder, wv, yv), 8)
+                builder.store(builder.fadd(builder.load(total), builder.fmul(d, builder.sitofp(sumi, _F32))), total)
+        return [builder.load(total) for total in sums]
+
+    if ncols == 1:
+        @intrinsic
+        def dot_q_serial(typingctx, w, o, nb, yq, j, yd, k, yb, kb):
+            ip = types.intp
+            sig = types.float32(w, ip, ip, yq, ip, yd, ip, yb, ip)
+
+            def codegen(context, builder, signature, args):
+                ty = signature.args
+                col = tuple(_address(context, builder, ty[i], args[i], args[i + 1]) for i in (3, 5, 7))
+                return row_loop(builder, _address(context, builder, ty[0], args[0], args[1]), args[2], [col])[0]
+
+            return sig, codegen
+
+        return dot_q_serial
+
+    @intrinsic
+    def dot_q_serial_cols(typingctx, w, w_off, base, m0, m1, nb, yq, yd, yb, r, n, out):
+        ip = types.intp
+        sig = types.void(w, w_off, ip, ip, ip, ip, yq, yd, yb, ip, ip, out)
+
+        def codegen(context, builder, signature, args):
+            ty, r = signature.args, args[9]
+
+            def columns(count: int) -> list:
+                return [tuple(_row_pointer(context, builder, ty[i], args[i], builder.add(r, ir.Constant(r.type, c)))[0]
+                              for i in (6, 7, 8)) for c in range(count)]
+
+            def row(pw, m, cols) -> None:
+                _store_columns(context, builder, ty[11], args[11], r, m, row_loop(builder, pw, args[5], cols))
+
+            pos = {"w": 0, "w_off": 1, "base": 2, "m0": 3, "m1": 4, "n": 10}
+            _column_groups(context, builder, signature, args, ncols, pos, columns, row)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return dot_q_serial_cols
+
+
+_Q5_0_SPEC = {"block_bytes": 22, "values": _q5_0_values}
+dot_q5_0_cols = _make_dot_q_serial(**_Q5_0_SPEC, ncols=COLS)
+dot_q5_0_cols.__doc__ = ("Q5_0 weight rows times Q8_0 src1 rows in ggml's reference order (one scalar sum, see "
+                         "_make_dot_q_serial).")
+dot_q5_0_cols_x86 = _make_dot_q_row(**_Q5_0_SPEC, x86=True, ncols=COLS)
+dot_q5_0_cols_x86.__doc__ = ("As dot_q8_0_cols_x86 for Q5_0 weight rows (values -16..15), the order of ggml's AVX2 "
+                             "ggml_vec_dot_q5_0_q8_0.")
 
 
 # --- table types: IQ4_NL, IQ4_XS, MXFP4 (a 4-bit quant indexes 16 int8 values) ---
@@ -1082,19 +1170,6 @@ def _i8(v: int) -> int:
 
 
 @njit(cache=True)
-def _dot_q5_0(w, o, nb, yq, yd, yb, r):
-    sumf = np.float32(0.0)
-    yo = r * yq.shape[1]
-    for b in range(nb):
-        ob = o + 22 * b
-        j = yo + 32 * b
-        sumi = (dot_nibbles(w, ob + 6, yq, j) + 16 * dot_mask32(load_u32(w, ob + 2), yq, j)
-                - 16 * (yb[r, 2 * b] + yb[r, 2 * b + 1]))
-        sumf += (load_f16(w, ob) * yd[r, b]) * np.float32(sumi)
-    return sumf
-
-
-@njit(cache=True)
 def _dot_q5_1(w, o, nb, yq, yd, ys, r):
     sumf = np.float32(0.0)
     yo = r * yq.shape[1]
@@ -1260,7 +1335,7 @@ def _dot_iq4_xs(w, o, nb, yq, yd, yb, r):
 
 @njit(cache=True)
 def _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, s, m0, m1, rounding):
-    """Weight rows m0..m1 of output slice s against that slice's n_cols src1 rows (Q8_0 and Q4_1 rows
+    """Weight rows m0..m1 of output slice s against that slice's n_cols src1 rows (Q8_0, Q5_0 and Q4_1 rows
     in ggml's x86 order with `rounding` ROUND_X86, see `_make_dot_q_row`).
 
     One loop per weight type, each calling one dot function: choosing the
@@ -1282,11 +1357,12 @@ def _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, 
     elif kind == Q4_1:
         for r in range(r0, r1, COLS):
             dot_q4_1_cols(w, w_off, base, m0, m1, nb, yq, yd, ys, r, min(COLS, r1 - r), out)
+    elif kind == Q5_0 and rounding == ROUND_X86:
+        for r in range(r0, r1, COLS):
+            dot_q5_0_cols_x86(w, w_off, base, m0, m1, nb, yq, yd, yb, r, min(COLS, r1 - r), out)
     elif kind == Q5_0:
-        for m in range(m0, m1):
-            o = w_off[base + m]
-            for r in range(r0, r0 + n_cols):
-                out[r, m] = _dot_q5_0(w, o, nb, yq, yd, yb, r)
+        for r in range(r0, r1, COLS):
+            dot_q5_0_cols(w, w_off, base, m0, m1, nb, yq, yd, yb, r, min(COLS, r1 - r), out)
     elif kind == Q5_1:
         for m in range(m0, m1):
             o = w_off[base + m]
@@ -1350,7 +1426,7 @@ def mul_mat_rows(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, ch
     row, `w_base[s]` the first weight row (index into w_off) of output slice s,
     `nb` the blocks per row. src1 rows come as `xf` (F16/BF16 weights) or as the
     split quantized arrays. `rounding` (ROUND_REF or ROUND_X86) picks the float
-    order of the Q8_0 and Q4_1 dots (see `_make_dot_q_row`).
+    order of the Q8_0, Q5_0 and Q4_1 dots (see `_make_dot_q_row`).
 
     Several threads call this at once with the same arguments (see
     `pyggml.backends.cpu.kernels.threads`): work items, (slice, chunk of `chunk`
