@@ -14,6 +14,9 @@ F16 and BF16 rows also with lengths that are not multiples of 32 (a tail added e
 
 from __future__ import annotations
 
+import ctypes
+import mmap
+
 import numpy as np
 import pytest
 from kernel_helpers import BF16, F16, F32, compile_node, new_ctx, tensor
@@ -347,3 +350,42 @@ def test_k_rows_equal_the_numba_loops_they_replace(wtype: GGMLType, n_threads: i
         got = _product(ctx, wt, x[:n], n_threads)[0, 0]
         assert np.array_equal(got, want[:n]), n
 
+
+
+def _guarded(nbytes: int) -> tuple[np.ndarray, object]:
+    """A uint8 array of nbytes that ends where an inaccessible page begins (a read past it faults)."""
+    page = mmap.PAGESIZE
+    size = -(-nbytes // page) * page
+    mem = mmap.mmap(-1, size + page)
+    libc = ctypes.CDLL(None, use_errno=True)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(mem))
+    assert libc.mprotect(ctypes.c_void_p(base + size), ctypes.c_size_t(page), 0) == 0  # PROT_NONE
+    return np.frombuffer(mem, np.uint8, count=nbytes, offset=size - nbytes), mem
+
+
+@pytest.mark.parametrize("wtype", [t for t in SPECS] + list(K_SPECS))
+@pytest.mark.parametrize("rounding", [qd.ROUND_REF, qd.ROUND_X86])
+def test_row_loops_read_no_byte_past_the_weights(wtype: GGMLType, rounding: int, rng: np.random.Generator) -> None:
+    """The loops load a block's scales as wider vectors (a vcvtph2ps of 8 bytes): weights whose last block
+    ends at an inaccessible page must compute without a fault, and equal the same weights elsewhere."""
+    k = K_LEN if wtype in K_SPECS else K
+    raw = tensor(new_ctx(1), wtype, rng.standard_normal((M, k)).astype(np.float32)).numpy()
+    raw = np.ascontiguousarray(raw).reshape(-1).view(np.uint8)
+    w, mem = _guarded(raw.size)
+    w[...] = raw
+    nb = k // TYPE_TRAITS[wtype].blck_size
+    w_off = np.arange(M, dtype=np.int64) * (raw.size // M)
+    vdt = TYPE_TRAITS[wtype].vec_dot_type
+    n = qd.COLS + 1
+    yq, yd, ys, yb = (np.zeros((n, k), np.int8), np.zeros((n, k // 32), np.float32), np.zeros((n, k // 32), np.float32),
+                      np.zeros((n, k // 16), np.int32))
+    qd.quantize_rows(int(vdt), _src1_values(rng, (n, k)), yq, yd, ys, yb, rounding)
+    outs = []
+    for weights in (w, raw):
+        out = np.zeros((n, M), np.float32)
+        qd.mul_mat_rows_serial(int(wtype), weights, w_off, nb, np.zeros((0, 0), np.float32), yq, yd, ys, yb, n,
+                               np.zeros(1, np.int64), out, rounding)
+        outs.append(out)
+    assert np.array_equal(outs[0], outs[1]) and np.any(outs[0] != 0)
+    del w
+    mem.close()

@@ -970,9 +970,9 @@ def _q4_K_finish(builder, unpacked, total, isum, bsums, yd):
 
 
 def _q6_K_unpack(builder, pb):
-    """A Q6_K super-block's d (f32, the half at byte 208: read with the 4 bytes of scales before it) and its
-    16 int8 scales (at 192) as i16."""
-    d = builder.extract_element(_f16_lanes(builder, builder.gep(pb, [ir.Constant(_I32, 204)])), ir.Constant(_I32, 2))
+    """A Q6_K super-block's d (f32, the half at byte 208, its last: read with the 6 bytes of scales before
+    it, the 8 bytes ending with the block) and its 16 int8 scales (at 192) as i16."""
+    d = builder.extract_element(_f16_lanes(builder, builder.gep(pb, [ir.Constant(_I32, 202)])), ir.Constant(_I32, 3))
     scales = _load_vector(builder, builder.gep(pb, [ir.Constant(_I32, 192)]), _I8, 16)
     return d, builder.sext(scales, ir.VectorType(_I16, 16))
 
