@@ -99,10 +99,10 @@ def test_columns_per_slice(wtype: GGMLType, n_threads: int, rng: np.random.Gener
         assert np.array_equal(got[:, :, c], want[:, :, 0]), c
 
 
-def _settings(wtype: GGMLType) -> list[tuple[dict, str]]:
-    """The generator spec of wtype with the portable block sums and with the target's (unsigned values: Q4_0,
-    Q4_1), and for the table types also the portable table lookup (the target's is vpshufb on AVX2)."""
-    spec = SPECS[wtype]
+def _settings(wtype: GGMLType, spec: dict) -> list[tuple[dict, str]]:
+    """The generator spec of wtype with the portable block sums and with the target's (unsigned values: Q4_0's
+    "ref" rows, Q4_1), and for the table types also the portable table lookup (the target's is vpshufb on
+    AVX2)."""
     if spec.get("minus_8") or spec.get("mins"):
         sums = [qd._block_sums_unsigned_portable, qd._block_sums_unsigned]
     else:
@@ -150,8 +150,10 @@ def _loops(spec: dict, row_bytes: int, nb: int, serial: bool = False):
     return by_rows, by_cols
 
 
-# the x86 numerics' row loops (ggml's AVX2 float order: one FMA accumulator) exist for these
-X86_TYPES = (GGMLType.Q8_0, GGMLType.Q4_1, GGMLType.Q5_0)
+# the x86 numerics' row loops (ggml's AVX2 float order: one FMA accumulator) exist for these; the spec of
+# those that read their values otherwise than their "ref" rows
+X86_TYPES = (GGMLType.Q8_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q4_0)
+X86_SPECS: dict[GGMLType, dict] = {GGMLType.Q4_0: qd._Q4_0_X86_SPEC}
 
 
 @pytest.mark.parametrize(("wtype", "x86"), [(t, False) for t in SPECS] + [(t, True) for t in X86_TYPES])
@@ -163,7 +165,7 @@ def test_column_loops_equal_row_loop(wtype: GGMLType, x86: bool, rng: np.random.
     rounding = qd.ROUND_X86 if x86 else qd.ROUND_REF
     yq, yd, yb = _src1(TYPE_TRAITS[wtype].vec_dot_type, _src1_values(rng, (n_cols, 32 * nb)), rounding)
     serial = wtype in SERIAL_TYPES and not x86
-    for spec, setting in _settings(wtype):
+    for spec, setting in _settings(wtype, X86_SPECS.get(wtype, SPECS[wtype]) if x86 else SPECS[wtype]):
         spec = spec if serial else dict(spec, x86=x86)
         by_rows, by_cols = _loops(spec, nb * TYPE_TRAITS[wtype].type_size, nb, serial)
         want = np.zeros((n_cols, M), np.float32)

@@ -2,15 +2,14 @@
 ops ggml computes with its vector code, against real libggml bit for bit).
 
 "x86" follows ggml's AVX2 code (ggml-cpu/arch/x86/quants.c of llama.cpp 0c1e570): src1 quantized to
-Q8_0/Q8_1 with 127/amax and round-half-to-even, and the Q8_0, Q5_0 x Q8_0 and Q4_1 x Q8_1 dots summed in its
-float order (one 8-lane FMA accumulator, hsum_float_8, Q4_1's summs by FMA, added last): the quants and
-scales must be equal bit for bit, and so must the products. "ref" follows ggml's reference C (1/d and
-roundf). Both are checked on every machine; which one a backend takes by default is the host's. CPY to Q8_0
-rounds by the setting too. ggml_v_expf (both x86 variants) is checked against its source with exact FMAs,
-the scalar exp against libm; ROPE, SOFT_MAX, SILU, SWIGLU, RMS_NORM, row-by-row F16 FLASH_ATTN_EXT and
-MUL_MAT of Q8_0, Q4_1 and Q5_0 weights under "x86" against libggml itself (built for this host), bit for
-bit. Q5_0's dot is also checked against ggml_vec_dot_q5_0_q8_0's AVX2 arithmetic written here, and under
-"ref" against its reference C's order.
+Q8_0/Q8_1 with 127/amax and round-half-to-even, and the Q8_0, Q4_0 and Q5_0 x Q8_0 and Q4_1 x Q8_1 dots
+summed in its float order (one 8-lane FMA accumulator, hsum_float_8, Q4_1's summs by FMA, added last): the
+quants and scales must be equal bit for bit, and so must the products (against ggml's AVX2 arithmetic
+written here). "ref" follows ggml's reference C (1/d and roundf; Q5_0's dot in its order). Both are checked
+on every machine; which one a backend takes by default is the host's. CPY to Q8_0 rounds by the setting
+too. ggml_v_expf (both x86 variants) is checked against its source with exact FMAs, the scalar exp against
+libm; ROPE, SOFT_MAX, SILU, SWIGLU, RMS_NORM, row-by-row F16 FLASH_ATTN_EXT and MUL_MAT of Q8_0, Q4_0, Q4_1
+and Q5_0 weights under "x86" against libggml itself (built for this host), bit for bit.
 """
 
 from __future__ import annotations
@@ -176,7 +175,7 @@ def _q5_0_values(blocks: np.ndarray) -> np.ndarray:
     return nibbles + 16 * ((qh[..., None] >> np.arange(32)) & 1) - 16
 
 
-@pytest.mark.parametrize("wtype", [GGMLType.Q8_0, GGMLType.Q4_1, GGMLType.Q5_0])
+@pytest.mark.parametrize("wtype", [GGMLType.Q8_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q4_0])
 def test_x86_products_equal_ggml_avx2_arithmetic_bit_for_bit(wtype: GGMLType, rng: np.random.Generator) -> None:
     M, N, K = 7, 3, 512  # 16 blocks: also more than quant_dot's 4-block unroll of the "ref" path
     qt = GGMLQuantizationType(int(wtype))
@@ -189,7 +188,7 @@ def test_x86_products_equal_ggml_avx2_arithmetic_bit_for_bit(wtype: GGMLType, rn
 
     vdt = GGMLType.Q8_1 if wtype == GGMLType.Q4_1 else GGMLType.Q8_0
     yq, yd, ys, _ = quantize(vdt, x, "x86")
-    size = {GGMLType.Q8_0: 34, GGMLType.Q4_1: 20, GGMLType.Q5_0: 22}[wtype]
+    size = {GGMLType.Q8_0: 34, GGMLType.Q4_1: 20, GGMLType.Q5_0: 22, GGMLType.Q4_0: 18}[wtype]
     blocks = stored.reshape(M, K // 32, size)
     dw = _f16_field(blocks, 0)
     if wtype == GGMLType.Q8_0:
@@ -197,6 +196,10 @@ def test_x86_products_equal_ggml_avx2_arithmetic_bit_for_bit(wtype: GGMLType, rn
         mins = None
     elif wtype == GGMLType.Q5_0:  # ggml_vec_dot_q5_0_q8_0: values nibble | 0xF0 where the bit is clear, as Q8_0's
         values = _q5_0_values(blocks)
+        mins = None
+    elif wtype == GGMLType.Q4_0:  # ggml_vec_dot_q4_0_q8_0: values nibble - 8, as Q8_0's
+        qs = blocks[..., 2:].astype(np.int64)
+        values = np.concatenate([qs & 15, qs >> 4], axis=-1) - 8
         mins = None
     else:
         qs = blocks[..., 4:]
@@ -373,7 +376,7 @@ BIT_EXACT = {
     "RMS_NORM": lambda d: d.startswith("type=f32"),
     "FLASH_ATTN_EXT": _row_by_row_fa,
     # the weight types whose rows follow ggml's AVX2 vec_dot (quant_dot's *_cols_x86), src1 F32 quantized here
-    "MUL_MAT": lambda d: d.split(",type_b=")[0] in ("type_a=q8_0", "type_a=q4_1", "type_a=q5_0")
+    "MUL_MAT": lambda d: d.split(",type_b=")[0] in ("type_a=q8_0", "type_a=q4_0", "type_a=q4_1", "type_a=q5_0")
     and "type_b=f32" in d,
 }
 

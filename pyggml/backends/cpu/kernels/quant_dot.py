@@ -28,8 +28,8 @@ BF16). This module does the same:
   the float summation order may differ (Q8_0, Q4_0, Q4_1, F16 and BF16 rows
   keep 8 or 32 lane sums to the row's end, as ggml's AVX2 code keeps a vector
   accumulator; Q5_0's, Q4_K's and Q6_K's sum one scalar, block after block,
-  as ggml's reference C). Under ROUND_X86 the Q8_0, Q5_0 and Q4_1 rows follow ggml's AVX2
-  `ggml_vec_dot_q8_0_q8_0`/`_q5_0_q8_0`/`_q4_1_q8_1` float for float (lanes of
+  as ggml's reference C). Under ROUND_X86 the Q8_0, Q4_0, Q5_0 and Q4_1 rows follow ggml's
+  AVX2 `ggml_vec_dot_q8_0_q8_0`/`_q4_0_q8_0`/`_q5_0_q8_0`/`_q4_1_q8_1` float for float (lanes of
   4 consecutive products, one FMA accumulator, `hsum_float_8`, Q4_1's
   `summs` by scalar FMAs added last): with the same quants, the same bits.
 - `rows_to_f32` dequantizes (or widens, for F16/BF16) weight rows into
@@ -793,6 +793,17 @@ dot_q4_1_cols_x86 = _make_dot_q_row(**_Q4_1_SPEC, x86=True, ncols=COLS)
 dot_q4_1_cols_x86.__doc__ = "dot_q4_1_cols in the order of ggml's AVX2 ggml_vec_dot_q4_1_q8_1 (FMAs, summs last)."
 
 
+def _q4_0_values(builder, p):
+    """Q4_0's 32 values as int8 (-8..7) from the 16 bytes at p: the nibbles minus 8, as ggml's AVX2 code
+    (its lane sums, 4 consecutive products each, are then the same numbers)."""
+    return builder.sub(_q4_0_nibbles(builder, p), ir.Constant(ir.VectorType(_I8, 32), [8] * 32))
+
+
+_Q4_0_X86_SPEC = {"block_bytes": 18, "values": _q4_0_values}
+dot_q4_0_cols_x86 = _make_dot_q_row(**_Q4_0_X86_SPEC, x86=True, ncols=COLS)
+dot_q4_0_cols_x86.__doc__ = ("As dot_q8_0_cols_x86 for Q4_0 weight rows (values nibble - 8), the order of ggml's AVX2 "
+                             "ggml_vec_dot_q4_0_q8_0.")
+
 # --- Q5_0: 32 values of 5 bits, against Q8_0 ---
 
 
@@ -1488,7 +1499,7 @@ def _dot_iq4_xs(w, o, nb, yq, yd, yb, r):
 
 @njit(cache=True)
 def _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, s, m0, m1, rounding):
-    """Weight rows m0..m1 of output slice s against that slice's n_cols src1 rows (Q8_0, Q5_0 and Q4_1 rows
+    """Weight rows m0..m1 of output slice s against that slice's n_cols src1 rows (Q8_0, Q4_0, Q5_0 and Q4_1 rows
     in ggml's x86 order with `rounding` ROUND_X86, see `_make_dot_q_row`).
 
     One loop per weight type, each calling one dot function: choosing the
@@ -1501,7 +1512,10 @@ def _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, 
     base = w_base[s]
     r0 = s * n_cols
     r1 = r0 + n_cols
-    if kind == Q4_0:
+    if kind == Q4_0 and rounding == ROUND_X86:
+        for r in range(r0, r1, COLS):
+            dot_q4_0_cols_x86(w, w_off, base, m0, m1, nb, yq, yd, yb, r, min(COLS, r1 - r), out)
+    elif kind == Q4_0:
         for r in range(r0, r1, COLS):
             dot_q4_0_cols(w, w_off, base, m0, m1, nb, yq, yd, yb, r, min(COLS, r1 - r), out)
     elif kind == Q4_1 and rounding == ROUND_X86:
@@ -1575,7 +1589,7 @@ def mul_mat_rows(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, ch
     row, `w_base[s]` the first weight row (index into w_off) of output slice s,
     `nb` the blocks per row. src1 rows come as `xf` (F16/BF16 weights) or as the
     split quantized arrays. `rounding` (ROUND_REF or ROUND_X86) picks the float
-    order of the Q8_0, Q5_0 and Q4_1 dots (see `_make_dot_q_row`).
+    order of the Q8_0, Q4_0, Q5_0 and Q4_1 dots (see `_make_dot_q_row`).
 
     Several threads call this at once with the same arguments (see
     `pyggml.backends.cpu.kernels.threads`): work items, (slice, chunk of `chunk`
