@@ -38,6 +38,7 @@ SPECS: dict[GGMLType, dict] = {
 HALF_TYPES = (F16, BF16)
 # the K-quants with a multi-column loop (quant_dot._make_dot_k_row), and their row length here
 K_SPECS: dict[GGMLType, dict] = {GGMLType.Q4_K: qd._Q4_K_SPEC, GGMLType.Q6_K: qd._Q6_K_SPEC}
+K_X86: dict[GGMLType, tuple] = {GGMLType.Q4_K: qd._Q4_K_X86, GGMLType.Q6_K: qd._Q6_K_X86}  # ggml's AVX2 order
 K_LEN = 768  # 3 super-blocks
 # the types whose "ref" rows sum one scalar in ggml's reference order (quant_dot._make_dot_q_serial)
 SERIAL_TYPES = (GGMLType.Q5_0,)
@@ -267,13 +268,15 @@ def _random_k_rows(wtype: GGMLType, rng: np.random.Generator, m: int, nb: int) -
 
 
 @pytest.mark.parametrize("wtype", list(K_SPECS))
-def test_k_column_loops_equal_row_loop(wtype: GGMLType, rng: np.random.Generator) -> None:
+@pytest.mark.parametrize("x86", [False, True])
+def test_k_column_loops_equal_row_loop(wtype: GGMLType, x86: bool, rng: np.random.Generator) -> None:
     nb = K_LEN // 256
     n_cols = 2 * qd.COLS + 1
     w = _random_k_rows(wtype, rng, M, nb)
     yq, yd, yb = _q8_K(_src1_values(rng, (n_cols, K_LEN)))
     for sums in (qd._scaled_sums_portable, qd._scaled_sums):
-        by_rows, by_cols = _k_loops(dict(K_SPECS[wtype], scaled_sums=sums), nb * TYPE_TRAITS[wtype].type_size, nb)
+        spec = dict(K_SPECS[wtype], scaled_sums=sums, x86=K_X86[wtype] if x86 else None)
+        by_rows, by_cols = _k_loops(spec, nb * TYPE_TRAITS[wtype].type_size, nb)
         want = np.zeros((n_cols, M), np.float32)
         by_rows(w, yq, yd, yb, want)
         assert np.all(np.isfinite(want)) and np.any(want != 0)

@@ -9,7 +9,8 @@ written here). "ref" follows ggml's reference C (1/d and roundf; Q5_0's dot in i
 on every machine; which one a backend takes by default is the host's. CPY to Q8_0 rounds by the setting
 too. ggml_v_expf (both x86 variants) is checked against its source with exact FMAs, the scalar exp against
 libm; ROPE, SOFT_MAX, SILU, SWIGLU, RMS_NORM, row-by-row F16 FLASH_ATTN_EXT and MUL_MAT of Q8_0, Q4_0, Q4_1
-and Q5_0 weights under "x86" against libggml itself (built for this host), bit for bit.
+and Q5_0 weights (and Q4_K and Q6_K mat-vecs) under "x86" against libggml itself (built for this host), bit
+for bit.
 """
 
 from __future__ import annotations
@@ -375,9 +376,12 @@ BIT_EXACT = {
     "SWIGLU": lambda d: "[1,3,1,1]" not in d,
     "RMS_NORM": lambda d: d.startswith("type=f32"),
     "FLASH_ATTN_EXT": _row_by_row_fa,
-    # the weight types whose rows follow ggml's AVX2 vec_dot (quant_dot's *_cols_x86), src1 F32 quantized here
-    "MUL_MAT": lambda d: d.split(",type_b=")[0] in ("type_a=q8_0", "type_a=q4_0", "type_a=q4_1", "type_a=q5_0")
-    and "type_b=f32" in d,
+    # the weight types whose rows follow ggml's AVX2 vec_dot (quant_dot's *_cols_x86), src1 F32 quantized here;
+    # Q4_K and Q6_K one column only: from two, ggml-cpu multiplies them by its tiled gemm, in another order
+    # (its own columns then differ from the same products one at a time)
+    "MUL_MAT": lambda d: "type_b=f32" in d
+    and (d.split(",type_b=")[0] in ("type_a=q8_0", "type_a=q4_0", "type_a=q4_1", "type_a=q5_0")
+         or (d.split(",type_b=")[0] in ("type_a=q4_K", "type_a=q6_K") and ",n=1," in d)),
 }
 
 

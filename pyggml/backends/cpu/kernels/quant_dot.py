@@ -28,10 +28,12 @@ BF16). This module does the same:
   the float summation order may differ (Q8_0, Q4_0, Q4_1, F16 and BF16 rows
   keep 8 or 32 lane sums to the row's end, as ggml's AVX2 code keeps a vector
   accumulator; Q5_0's, Q4_K's and Q6_K's sum one scalar, block after block,
-  as ggml's reference C). Under ROUND_X86 the Q8_0, Q4_0, Q5_0 and Q4_1 rows follow ggml's
-  AVX2 `ggml_vec_dot_q8_0_q8_0`/`_q4_0_q8_0`/`_q5_0_q8_0`/`_q4_1_q8_1` float for float (lanes of
-  4 consecutive products, one FMA accumulator, `hsum_float_8`, Q4_1's
-  `summs` by scalar FMAs added last): with the same quants, the same bits.
+  as ggml's reference C). Under ROUND_X86 the Q8_0, Q4_0, Q5_0, Q4_1, Q4_K and Q6_K
+  rows follow ggml's AVX2 `ggml_vec_dot_q8_0_q8_0`/`_q4_0_q8_0`/`_q5_0_q8_0`/
+  `_q4_1_q8_1`/`_q4_K_q8_K`/`_q6_K_q8_K` float for float (lanes of 4
+  consecutive products, one FMA accumulator, `hsum_float_8`, Q4_1's `summs`
+  by scalar FMAs and Q4_K's mins in 4 lanes, added last): with the same
+  quants, the same bits.
 - `rows_to_f32` dequantizes (or widens, for F16/BF16) weight rows into
   float32, row by row, for the BLAS path of `matmul.py`.
 
@@ -894,8 +896,11 @@ dot_q5_0_cols_x86.__doc__ = ("As dot_q8_0_cols_x86 for Q5_0 weight rows (values 
 # --- K-quants: Q4_K and Q6_K super-blocks of 256 values, against Q8_K ---
 #
 # A super-block's integer sum is exact as in the numba loops these replace (vpmaddubsw pairs of a group's
-# 32 values, vpmaddwd by the 16-value sub-blocks' scales, i32 lanes), and the float arithmetic per
-# super-block is theirs, ggml's reference vec_dot's: so the same bits under either numerics setting.
+# 32 values, vpmaddwd by the 16-value sub-blocks' scales, i32 lanes). Under "ref" the float arithmetic per
+# super-block is theirs, ggml's reference vec_dot's (so the bits they gave); under "x86" ggml's AVX2 vec_dot's
+# (the *_cols_x86 loops: the same bits as libggml's mat-vec; from two columns libggml takes its tiled gemm,
+# whose order differs). x86 loops, 576x1536 one thread: Q4_K 30 us, Q6_K 31 (`benchmarks/bench_matmul.py`'s
+# Case, numerics forced).
 # Mat-vec, one thread, us, the numba loops -> these (bench_matmul's Case products, medians, the old and new
 # trees one after the other; 576x1536 is `python benchmarks/bench_matmul.py --shapes Q4_K,Q6_K`): Q4_K
 # 576x1536 78 -> 35, 1536x768 111 -> 46, 4096x4096 1385 -> 627; Q6_K 110 -> 37, 153 -> 50, 2021 -> 709;
@@ -1008,7 +1013,51 @@ def _q6_K_finish(builder, unpacked, total, isum, bsums, yd):
     return builder.fadd(total, builder.fmul(builder.fmul(unpacked[0], yd), builder.sitofp(isum, _F32)))
 
 
-def _make_dot_k_row(block_bytes: int, unpack, group, finish, scaled_sums=None, ncols: int = 1):
+def _pair_sums(builder, v16):
+    """<8 x i32>: v16[2k] + v16[2k + 1] (a <16 x i32>)."""
+    return builder.add(_shuffle(builder, v16, list(range(0, 16, 2))), _shuffle(builder, v16, list(range(1, 16, 2))))
+
+
+# ggml's AVX2 ggml_vec_dot_q4_K_q8_K / q6_K_q8_K float order (numerics "x86"): the 8 int32 lanes of a
+# super-block's scaled sums (the lanes _scaled_sums makes, 4 consecutive products of every group each) times
+# d = y.d * x.d into one 8-lane FMA accumulator, hsum_float_8 at the end; Q4_K's mins apart, 4 lanes.
+_Q4_K_X86_STATE = (8, 4)  # acc, acc_m
+_Q6_K_X86_STATE = (8,)
+
+
+def _q4_K_x86_block(builder, unpacked, state, iacc, bsums, yd):
+    """acc = fma(d, lanes, acc); acc_m = fma(-y.d * x.dmin, prod, acc_m), prod lane k = mins[2k] * q8s[2k] +
+    mins[2k + 1] * q8s[2k + 1], q8s[j] = bsums[2j] + bsums[2j + 1] (_mm_hadd_epi16, _mm_madd_epi16)."""
+    v8f, v4f, v8 = ir.VectorType(_F32, 8), ir.VectorType(_F32, 4), ir.VectorType(_I32, 8)
+    d = builder.fmul(yd, unpacked[0])
+    acc = _fma(builder, _splat(builder, d, 8), builder.sitofp(iacc, v8f), state[0])
+    products = builder.mul(builder.zext(unpacked[3], v8), _pair_sums(builder, bsums), flags=["nsw"])
+    prod = builder.add(_shuffle(builder, products, [0, 2, 4, 6]), _shuffle(builder, products, [1, 3, 5, 7]))
+    dmin = builder.fmul(builder.fneg(yd), unpacked[1])
+    acc_m = _fma(builder, _splat(builder, dmin, 4), builder.sitofp(prod, v4f), state[1])
+    return [acc, acc_m]
+
+
+def _q4_K_x86_result(builder, state):
+    """hsum_float_8(acc) + acc_m's 4 lanes summed as ggml (movehl, then movehdup)."""
+    return builder.fadd(_sum_f32_tree(builder, state[0], 8), _sum_f32_tree(builder, state[1], 4))
+
+
+def _q6_K_x86_block(builder, unpacked, state, iacc, bsums, yd):
+    """acc = fma(d, lanes - 32 * q8sclsub, acc), q8sclsub lane k = bsums[2k] * scales[2k] + bsums[2k + 1] *
+    scales[2k + 1] (_mm256_madd_epi16), as ggml subtracts the offset lane by lane."""
+    v8f, v16 = ir.VectorType(_F32, 8), ir.VectorType(_I32, 16)
+    sub = _pair_sums(builder, builder.mul(builder.sext(unpacked[1], v16), bsums, flags=["nsw"]))
+    lanes = builder.sub(iacc, builder.shl(sub, ir.Constant(ir.VectorType(_I32, 8), [5] * 8)))
+    d = builder.fmul(yd, unpacked[0])
+    return [_fma(builder, _splat(builder, d, 8), builder.sitofp(lanes, v8f), state[0])]
+
+
+def _q6_K_x86_result(builder, state):
+    return _sum_f32_tree(builder, state[0], 8)
+
+
+def _make_dot_k_row(block_bytes: int, unpack, group, finish, scaled_sums=None, x86=None, ncols: int = 1):
     """The row loop of a K-quant (super-blocks of 256 values, `block_bytes` each) against Q8_K: per
     super-block `unpack(builder, pb)` once, then for each of its 8 groups of 32 values `group(builder, pb,
     unpacked, g)` -> (values 0..63 as <32 x i8>, <16 x i16> pair scales), exact int32 lanes of scaled sums
@@ -1017,11 +1066,18 @@ def _make_dot_k_row(block_bytes: int, unpack, group, finish, scaled_sums=None, n
 
     Signatures as _make_dot_q_row's (yb: Q8_K's bsums, 16 per super-block). Each column's sum is the same
     bits as with `ncols` 1. `scaled_sums`: the group's integer sums (the target's _scaled_sums if None).
+    `x86`: (state lane counts, block, result), ggml's AVX2 float order instead of `finish`: float vector
+    accumulators per column, `block(builder, unpacked, state, lanes, bsums, yd)` -> the new state per
+    super-block (lanes: the 8 int32 lanes of its scaled sums), `result(builder, state)` -> the dot.
     """
     v8i32 = ir.VectorType(_I32, 8)
     scaled_sums = _scaled_sums if scaled_sums is None else scaled_sums
 
     def row_loop(builder, pw, nb, cols):
+        if x86 is not None:
+            widths, x86_block, x86_result = x86
+            states = [[cgutils.alloca_once_value(builder, ir.Constant(ir.VectorType(_F32, n), [0.0] * n))
+                       for n in widths] for _ in cols]
         sums = [cgutils.alloca_once_value(builder, ir.Constant(_F32, 0.0)) for _ in cols]
         with cgutils.for_range(builder, nb) as loop:
             b = loop.index
@@ -1037,8 +1093,15 @@ def _make_dot_k_row(block_bytes: int, unpack, group, finish, scaled_sums=None, n
             for c, (_, pd, ps) in enumerate(cols):
                 bsums = _load_vector(builder, builder.gep(ps, [builder.shl(b, ir.Constant(b.type, 4))]), _I32, 16)
                 yd = builder.load(builder.gep(pd, [b]))
+                if x86 is not None:
+                    state = x86_block(builder, unpacked, [builder.load(a) for a in states[c]], iacc[c], bsums, yd)
+                    for a, v in zip(states[c], state, strict=True):
+                        builder.store(v, a)
+                    continue
                 isum = _reduce_add_i32(builder, iacc[c], 8)
                 builder.store(finish(builder, unpacked, builder.load(sums[c]), isum, bsums, yd), sums[c])
+        if x86 is not None:
+            return [x86_result(builder, [builder.load(a) for a in state]) for state in states]
         return [builder.load(total) for total in sums]
 
     if ncols == 1:
@@ -1086,6 +1149,12 @@ dot_q4_K_cols = _make_dot_k_row(**_Q4_K_SPEC, ncols=COLS)
 dot_q4_K_cols.__doc__ = "Q4_K weight rows times Q8_K src1 rows (see _make_dot_k_row): 8 scales and mins a super-block."
 dot_q6_K_cols = _make_dot_k_row(**_Q6_K_SPEC, ncols=COLS)
 dot_q6_K_cols.__doc__ = "Q6_K weight rows times Q8_K src1 rows (see _make_dot_k_row): 16 int8 scales, values - 32."
+_Q4_K_X86 = (_Q4_K_X86_STATE, _q4_K_x86_block, _q4_K_x86_result)
+_Q6_K_X86 = (_Q6_K_X86_STATE, _q6_K_x86_block, _q6_K_x86_result)
+dot_q4_K_cols_x86 = _make_dot_k_row(**_Q4_K_SPEC, x86=_Q4_K_X86, ncols=COLS)
+dot_q4_K_cols_x86.__doc__ = "dot_q4_K_cols in the order of ggml's AVX2 ggml_vec_dot_q4_K_q8_K (FMA lanes, mins apart)."
+dot_q6_K_cols_x86 = _make_dot_k_row(**_Q6_K_SPEC, x86=_Q6_K_X86, ncols=COLS)
+dot_q6_K_cols_x86.__doc__ = "dot_q6_K_cols in the order of ggml's AVX2 ggml_vec_dot_q6_K_q8_K (FMA lanes)."
 
 
 # --- table types: IQ4_NL, IQ4_XS, MXFP4 (a 4-bit quant indexes 16 int8 values) ---
@@ -1499,8 +1568,8 @@ def _dot_iq4_xs(w, o, nb, yq, yd, yb, r):
 
 @njit(cache=True)
 def _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, s, m0, m1, rounding):
-    """Weight rows m0..m1 of output slice s against that slice's n_cols src1 rows (Q8_0, Q4_0, Q5_0 and Q4_1 rows
-    in ggml's x86 order with `rounding` ROUND_X86, see `_make_dot_q_row`).
+    """Weight rows m0..m1 of output slice s against that slice's n_cols src1 rows (Q8_0, Q4_0, Q5_0, Q4_1,
+    Q4_K and Q6_K rows in ggml's x86 order with `rounding` ROUND_X86, see `_make_dot_q_row`).
 
     One loop per weight type, each calling one dot function: choosing the
     function per row instead cost ~150 cycles a row (numba keeps every
@@ -1551,6 +1620,9 @@ def _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, 
             o = w_off[base + m]
             for r in range(r0, r0 + n_cols):
                 out[r, m] = _dot_q3_K(w, o, nb, yq, yd, yb, r)
+    elif kind == Q4_K and rounding == ROUND_X86:
+        for r in range(r0, r1, COLS):
+            dot_q4_K_cols_x86(w, w_off, base, m0, m1, nb, yq, yd, yb, r, min(COLS, r1 - r), out)
     elif kind == Q4_K:
         for r in range(r0, r1, COLS):
             dot_q4_K_cols(w, w_off, base, m0, m1, nb, yq, yd, yb, r, min(COLS, r1 - r), out)
@@ -1559,6 +1631,9 @@ def _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, 
             o = w_off[base + m]
             for r in range(r0, r0 + n_cols):
                 out[r, m] = _dot_q5_K(w, o, nb, yq, yd, yb, r)
+    elif kind == Q6_K and rounding == ROUND_X86:
+        for r in range(r0, r1, COLS):
+            dot_q6_K_cols_x86(w, w_off, base, m0, m1, nb, yq, yd, yb, r, min(COLS, r1 - r), out)
     elif kind == Q6_K:
         for r in range(r0, r1, COLS):
             dot_q6_K_cols(w, w_off, base, m0, m1, nb, yq, yd, yb, r, min(COLS, r1 - r), out)
@@ -1589,7 +1664,8 @@ def mul_mat_rows(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, ch
     row, `w_base[s]` the first weight row (index into w_off) of output slice s,
     `nb` the blocks per row. src1 rows come as `xf` (F16/BF16 weights) or as the
     split quantized arrays. `rounding` (ROUND_REF or ROUND_X86) picks the float
-    order of the Q8_0, Q4_0, Q5_0 and Q4_1 dots (see `_make_dot_q_row`).
+    order of the Q8_0, Q4_0, Q5_0, Q4_1, Q4_K and Q6_K dots (see `_make_dot_q_row`,
+    `_make_dot_k_row`).
 
     Several threads call this at once with the same arguments (see
     `pyggml.backends.cpu.kernels.threads`): work items, (slice, chunk of `chunk`
