@@ -12,6 +12,10 @@
     N = 1, 2, 4, 8: what decoding N sequences in one batch costs in the
     direct kernels (alone: python benchmarks/bench_matmul.py --columns-only;
     --column-threads: the same products on 1 thread vs --threads).
+(--shapes TYPES) mat-vec of SmolLM2-135M's decode shapes (1536x576, 576x1536,
+    576x576, 192x576, 49152x576) for the comma-separated weight types, on 1
+    thread and on --threads (alone: --shapes-only). K-quants only where the
+    row length is a multiple of 256.
 Also shown: the other weight types' mat-vec, 512 columns through the
 dequantized-tile BLAS path, and (--sweep) the direct kernels against the
 BLAS path by column count, which sets BLAS_MIN_COLS / HALF_BLAS_MIN_COLS.
@@ -21,6 +25,7 @@ times are medians of `--repeats` runs, ours and the peer's alternating.
 
     python benchmarks/bench_matmul.py [--repeats 15] [--threads 2] [--sweep] [--thread-sweep]
                                       [--columns | --columns-only | --column-threads]
+                                      [--shapes Q4_0,Q4_1 [--shapes-only]]
 """
 
 from __future__ import annotations
@@ -179,6 +184,27 @@ def column_threads(rng: np.random.Generator, nt: int, repeats: int) -> None:
     print()
 
 
+DECODE_SHAPES = ((1536, 576), (576, 1536), (576, 576), (192, 576), (49152, 576))
+
+
+def shapes(rng: np.random.Generator, names: str, nt: int, repeats: int) -> None:
+    """us of one-column products of SmolLM2's decode shapes, the types alternating, 1 and nt threads."""
+    wtypes = [GGMLType[name.strip()] for name in names.split(",")]
+    for threads in sorted({1, nt}):
+        print(f"SmolLM2 decode shapes, mat-vec, {threads} thread(s), median of {repeats * 4} runs (us)")
+        print(f"  {'shape':>10} " + " ".join(f"{t.name:>8}" for t in wtypes))
+        for shape in DECODE_SHAPES:
+            cases = [Case(t, 1, rng, threads, shape) for t in wtypes
+                     if shape[1] % TYPE_TRAITS[t].blck_size == 0]
+            ts = iter(medians([c.compute for c in cases], repeats * 4))
+            cells = [f"{next(ts) * 1e6:8.1f}" if shape[1] % TYPE_TRAITS[t].blck_size == 0 else f"{'-':>8}"
+                     for t in wtypes]
+            print(f"  {f'{shape[0]}x{shape[1]}':>10} " + " ".join(cells))
+            for c in cases:
+                c.close()
+        print()
+
+
 def gflops(n: int, t: float) -> float:
     return 2.0 * M * K * n / t / 1e9
 
@@ -193,6 +219,8 @@ def main() -> None:
     parser.add_argument("--columns-only", action="store_true", help="only --columns")
     parser.add_argument("--column-threads", action="store_true",
                         help="only SmolLM2's decode products by src1 columns on 1 thread vs --threads")
+    parser.add_argument("--shapes", default="", help="SmolLM2's decode shapes for these types (Q4_0,Q4_1)")
+    parser.add_argument("--shapes-only", action="store_true", help="only --shapes")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     nt = args.threads
@@ -201,6 +229,10 @@ def main() -> None:
         if args.column_threads:
             column_threads(rng, nt, args.repeats)
             return
+        if args.shapes:
+            shapes(rng, args.shapes, nt, args.repeats)
+            if args.shapes_only:
+                return
         if args.columns or args.columns_only:
             columns(rng, nt, args.repeats)
             if args.columns_only:

@@ -10,8 +10,9 @@ differently on different CPUs (its SIMD code is not its reference C):
     Q8_0/Q8_1 as `quantize_row_q8_0`/`quantize_row_q8_1` there: each value
     times `id = 127 / amax` (float32), rounded half to even
     (`_mm256_round_ps`);
-  - the Q8_0 x Q8_0 and Q4_1 x Q8_1 dot products accumulate as
-    `ggml_vec_dot_q8_0_q8_0`/`ggml_vec_dot_q4_1_q8_1`: one 8-lane float
+  - the Q8_0, Q4_0 and Q5_0 x Q8_0, Q4_1 x Q8_1 and Q4_K, Q6_K x Q8_K dot
+    products accumulate as `ggml_vec_dot_q8_0_q8_0`/`_q4_0_q8_0`/`_q5_0_q8_0`/
+    `_q4_1_q8_1`/`_q4_K_q8_K`/`_q6_K_q8_K`: one 8-lane float
     accumulator, `acc = fma(d_w * d_y, lane sums, acc)` block after block,
     `hsum_float_8`; Q4_1's `summs` by scalar FMAs (`summs = fma(m, s,
     summs)`: gcc contracts ggml's `summs += m * s` under -std=gnu11, seen in

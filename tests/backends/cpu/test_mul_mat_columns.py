@@ -1,17 +1,21 @@
-"""The MUL_MAT direct kernels' multi-column loops (Q4_0, Q4_1, Q8_0, IQ4_NL, MXFP4, F16, BF16): a weight
-row dotted with up to `quant_dot.COLS` src1 columns in one pass must give every column the bits the
-one-column loop gives it.
+"""The MUL_MAT direct kernels' multi-column loops (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K, IQ4_NL, MXFP4, F16,
+BF16): a weight row dotted with up to `quant_dot.COLS` src1 columns in one pass must give every column the
+bits the one-column loop gives it.
 
-Checked two ways: (1) through the kernel, an N-column product (N = 1..15: whole groups of COLS and every
+Checked three ways: (1) through the kernel, an N-column product (N = 1..15: whole groups of COLS and every
 remainder) against the N one-column products of its columns, on the calling thread and on 2 and 3
 threads (the shared chunk counter), and with src1 split over broadcast slices; (2) the multi-column
 intrinsics themselves against the one-column ones, with the portable block sums and with the target's
 (AVX2's byte multiply-add where the host has it), and for IQ4_NL and MXFP4 the portable table lookup too,
-so the result does not depend on the host's choice;
+so the result does not depend on the host's choice; (3) the K-quants' loops (Q4_K, Q6_K) against the numba
+loops they replaced, on blocks of random bytes (every scale and bit pattern), to the bit;
 F16 and BF16 rows also with lengths that are not multiples of 32 (a tail added element by element).
 """
 
 from __future__ import annotations
+
+import ctypes
+import mmap
 
 import numpy as np
 import pytest
@@ -28,11 +32,18 @@ from pyggml.core.types import TYPE_TRAITS, GGMLType
 SPECS: dict[GGMLType, dict] = {
     GGMLType.Q4_0: qd._Q4_0_SPEC,
     GGMLType.Q4_1: qd._Q4_1_SPEC,
+    GGMLType.Q5_0: qd._Q5_0_SPEC,
     GGMLType.Q8_0: qd._Q8_0_SPEC,
     GGMLType.IQ4_NL: qd._IQ4_NL_SPEC,
     GGMLType.MXFP4: qd._MXFP4_SPEC,
 }
 HALF_TYPES = (F16, BF16)
+# the K-quants with a multi-column loop (quant_dot._make_dot_k_row), and their row length here
+K_SPECS: dict[GGMLType, dict] = {GGMLType.Q4_K: qd._Q4_K_SPEC, GGMLType.Q6_K: qd._Q6_K_SPEC}
+K_X86: dict[GGMLType, tuple] = {GGMLType.Q4_K: qd._Q4_K_X86, GGMLType.Q6_K: qd._Q6_K_X86}  # ggml's AVX2 order
+K_LEN = 768  # 3 super-blocks
+# the types whose "ref" rows sum one scalar in ggml's reference order (quant_dot._make_dot_q_serial)
+SERIAL_TYPES = (GGMLType.Q5_0,)
 MAX_N = 15  # below BLAS_MIN_COLS: every column count the direct kernels see
 K = 224  # 7 blocks of 32: the 4-block unrolled loop and its 3-block tail
 M = 37
@@ -55,7 +66,8 @@ def _product(ctx, w, x: np.ndarray, n_threads: int, numerics: str = "ref") -> np
     return node.numpy().copy()
 
 
-@pytest.mark.parametrize(("wtype", "k"), [(t, K) for t in SPECS] + [(t, k) for t in HALF_TYPES for k in (K, 250)])
+@pytest.mark.parametrize(("wtype", "k"), [(t, K) for t in SPECS] + [(t, k) for t in HALF_TYPES for k in (K, 250)]
+                         + [(t, K_LEN) for t in K_SPECS])
 @pytest.mark.parametrize("n_threads", [1, 2, 3])
 @pytest.mark.parametrize("numerics", ["ref", "x86"])
 def test_columns_equal_one_column_products(wtype: GGMLType, k: int, n_threads: int, numerics: str,
@@ -97,10 +109,9 @@ def _sums(unsigned: bool) -> list:
     return [getattr(qd, f"_block_sums{'_unsigned' if unsigned else ''}_{name}") for name in names]
 
 
-def _settings(wtype: GGMLType) -> list[tuple[dict, str]]:
-    """The generator spec of wtype with each block-sum variant the host runs (unsigned values: Q4_0, Q4_1),
-    and for the table types also the portable table lookup (the target's is vpshufb on AVX2)."""
-    spec = SPECS[wtype]
+def _settings(wtype: GGMLType, spec: dict) -> list[tuple[dict, str]]:
+    """The generator spec of wtype with each block-sum variant the host runs (unsigned values: Q4_0's "ref"
+    rows, Q4_1), and for the table types also the portable table lookup (the target's is vpshufb on AVX2)."""
     sums = _sums(bool(spec.get("minus_8") or spec.get("mins")))
     out = [(dict(spec, block_sums=s), s.__name__) for s in sums]
     if wtype in (GGMLType.IQ4_NL, GGMLType.MXFP4):
@@ -123,11 +134,16 @@ def _src1(vdt: GGMLType, x: np.ndarray, rounding: int = qd.ROUND_REF) -> tuple[n
     return yq, yd, ys if vdt == GGMLType.Q8_1 else yb
 
 
-def _loops(spec: dict, row_bytes: int, nb: int, layout: dict):
+def _loops(spec: dict, row_bytes: int, nb: int, layout: dict, serial: bool = False):
     """Two kernels over all weight rows and src1 rows: one with the row loop per column, one with the
-    multi-column loop (with the `layout` options) in groups of n."""
-    row = qd._make_dot_q_row(**spec)
-    cols = qd._make_dot_q_row(**spec, **layout, ncols=qd.COLS)
+    multi-column loop (with the `layout` options) in groups of n (`serial`: the generator of the
+    reference-order rows, which has no layout options)."""
+    if serial:
+        row = qd._make_dot_q_serial(**spec)
+        cols = qd._make_dot_q_serial(**spec, ncols=qd.COLS)
+    else:
+        row = qd._make_dot_q_row(**spec)
+        cols = qd._make_dot_q_row(**spec, **layout, ncols=qd.COLS)
 
     @njit
     def by_rows(w, yq, yd, yb, out):
@@ -144,8 +160,10 @@ def _loops(spec: dict, row_bytes: int, nb: int, layout: dict):
     return by_rows, by_cols
 
 
-# the x86 numerics' row loops (ggml's AVX2 float order: one FMA accumulator) exist for these
-X86_TYPES = (GGMLType.Q8_0, GGMLType.Q4_1)
+# the x86 numerics' row loops (ggml's AVX2 float order: one FMA accumulator) exist for these; the spec of
+# those that read their values otherwise than their "ref" rows
+X86_TYPES = (GGMLType.Q8_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q4_0)
+X86_SPECS: dict[GGMLType, dict] = {GGMLType.Q4_0: qd._Q4_0_X86_SPEC}
 
 
 # the multi-column loops' options (_make_dot_q_row's gather_min, signed_vnni_min, split_rows): the defaults
@@ -165,9 +183,10 @@ def test_column_loops_equal_row_loop(wtype: GGMLType, x86: bool, layout: int, rn
     w = np.ascontiguousarray(raw).reshape(-1).view(np.uint8)
     rounding = qd.ROUND_X86 if x86 else qd.ROUND_REF
     yq, yd, yb = _src1(TYPE_TRAITS[wtype].vec_dot_type, _src1_values(rng, (n_cols, 32 * nb)), rounding)
-    for spec, setting in _settings(wtype):
-        spec = dict(spec, x86=x86)
-        by_rows, by_cols = _loops(spec, nb * TYPE_TRAITS[wtype].type_size, nb, LAYOUTS[layout])
+    serial = wtype in SERIAL_TYPES and not x86
+    for spec, setting in _settings(wtype, X86_SPECS.get(wtype, SPECS[wtype]) if x86 else SPECS[wtype]):
+        spec = spec if serial else dict(spec, x86=x86)
+        by_rows, by_cols = _loops(spec, nb * TYPE_TRAITS[wtype].type_size, nb, LAYOUTS[layout], serial)
         want = np.zeros((n_cols, M), np.float32)
         by_rows(w, yq, yd, yb, want)
         assert np.all(np.isfinite(want)) and np.any(want != 0)
@@ -274,3 +293,178 @@ def test_block_sums_by_hardware() -> None:
     assert qd._choose_block_sums(True, False) == (qd._block_sums_avx2, qd._block_sums_unsigned_avx2)
     assert qd._choose_block_sums(False, False) == (qd._block_sums_portable, qd._block_sums_unsigned_portable)
     assert (qd._block_sums, qd._block_sums_unsigned) == qd._choose_block_sums(qd._HAS_AVX2, qd._HAS_VNNI)
+
+
+# --- K-quants ---
+
+
+def _k_loops(spec: dict, row_bytes: int, nb: int):
+    """As _loops for a K-quant's generator (_make_dot_k_row)."""
+    row = qd._make_dot_k_row(**spec)
+    cols = qd._make_dot_k_row(**spec, ncols=qd.COLS)
+
+    @njit
+    def by_rows(w, yq, yd, yb, out):
+        for m in range(out.shape[1]):
+            for r in range(out.shape[0]):
+                out[r, m] = row(w, m * row_bytes, nb, yq, r * yq.shape[1], yd, r * yd.shape[1], yb, r * yb.shape[1])
+
+    @njit
+    def by_cols(w, yq, yd, yb, out, n):
+        w_off = np.arange(out.shape[1]) * row_bytes
+        for r in range(0, out.shape[0], n):
+            cols(w, w_off, 0, 0, out.shape[1], nb, yq, yd, yb, r, min(n, out.shape[0] - r), out)
+
+    return by_rows, by_cols
+
+
+def _q8_K(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    n, k = x.shape
+    yq, yd, ys = np.zeros((n, k), np.int8), np.zeros((n, k // 256), np.float32), np.zeros((n, 0), np.float32)
+    yb = np.zeros((n, k // 16), np.int32)
+    qd.quantize_rows(qd.Q8_K, x, yq, yd, ys, yb, qd.ROUND_REF)
+    return yq, yd, yb
+
+
+# the f16 fields (d, dmin) of each K-quant block: random bytes elsewhere, sane scales here
+K_SCALE_FIELDS = {GGMLType.Q4_K: (0, 2), GGMLType.Q6_K: (208,)}
+
+
+def _random_k_rows(wtype: GGMLType, rng: np.random.Generator, m: int, nb: int) -> np.ndarray:
+    """m rows of nb blocks of random bytes (every scale, min and quant bit pattern) with f16 scales of
+    about 1e-3 (the bytes would make infinities and NaNs)."""
+    size = TYPE_TRAITS[wtype].type_size
+    raw = rng.integers(0, 256, (m, nb, size), dtype=np.uint8)
+    for at in K_SCALE_FIELDS[wtype]:
+        d = rng.uniform(1e-4, 1e-2, (m, nb)).astype(np.float16)
+        raw[:, :, at:at + 2] = d.view(np.uint8).reshape(m, nb, 2)
+    return raw.reshape(-1)
+
+
+@pytest.mark.parametrize("wtype", list(K_SPECS))
+@pytest.mark.parametrize("x86", [False, True])
+def test_k_column_loops_equal_row_loop(wtype: GGMLType, x86: bool, rng: np.random.Generator) -> None:
+    nb = K_LEN // 256
+    n_cols = 2 * qd.COLS + 1
+    w = _random_k_rows(wtype, rng, M, nb)
+    yq, yd, yb = _q8_K(_src1_values(rng, (n_cols, K_LEN)))
+    for sums in (qd._scaled_sums_portable, qd._scaled_sums):
+        spec = dict(K_SPECS[wtype], scaled_sums=sums, x86=K_X86[wtype] if x86 else None)
+        by_rows, by_cols = _k_loops(spec, nb * TYPE_TRAITS[wtype].type_size, nb)
+        want = np.zeros((n_cols, M), np.float32)
+        by_rows(w, yq, yd, yb, want)
+        assert np.all(np.isfinite(want)) and np.any(want != 0)
+        for n in range(1, qd.COLS + 1):
+            got = np.full((n_cols, M), np.nan, np.float32)
+            by_cols(w, yq, yd, yb, got, n)
+            assert np.array_equal(got, want), (sums.__name__, n)
+
+
+# the numba loops the K-quant row loops replaced (quant_dot's _dot_q4_K and _dot_q6_K, verbatim but for the
+# module prefix): ggml's reference arithmetic per super-block, whose bits the row loops keep
+
+
+@njit
+def _old_dot_q4_K(w, o, nb, yq, yd, yb, r):
+    # block_q4_K: d, dmin, scales[12], qs[128]; 32-element sub-blocks
+    sumf = np.float32(0.0)
+    yo = r * yq.shape[1]
+    for b in range(nb):
+        ob = o + 144 * b
+        j0 = yo + 256 * b
+        isum = 0
+        summs = 0
+        for k in range(4):
+            sc0, m0 = qd._scale_min_k4(w, ob + 4, 2 * k)
+            sc1, m1 = qd._scale_min_k4(w, ob + 4, 2 * k + 1)
+            isum += sc0 * qd.dot_bits32(w, ob + 16 + 32 * k, 0, 15, yq, j0 + 64 * k)
+            isum += sc1 * qd.dot_bits32(w, ob + 16 + 32 * k, 4, 15, yq, j0 + 64 * k + 32)
+            g = 16 * b + 4 * k
+            summs += m0 * (yb[r, g] + yb[r, g + 1]) + m1 * (yb[r, g + 2] + yb[r, g + 3])
+        d = qd.load_f16(w, ob) * yd[r, b]
+        dmin = qd.load_f16(w, ob + 2) * yd[r, b]
+        sumf += d * np.float32(isum) - dmin * np.float32(summs)
+    return sumf
+
+
+@njit
+def _old_dot_q6_K(w, o, nb, yq, yd, yb, r):
+    # block_q6_K: ql[128], qh[64], scales[16] (int8), d; value = (low4 | high2 << 4) - 32
+    sumf = np.float32(0.0)
+    yo = r * yq.shape[1]
+    for b in range(nb):
+        ob = o + 210 * b
+        j0 = yo + 256 * b
+        isum = 0
+        for n in range(2):
+            for q in range(4):
+                for t in range(2):
+                    sub = 8 * n + 2 * q + t
+                    j = j0 + 128 * n + 32 * q + 16 * t
+                    v = (qd.dot_fields16(w, ob + 64 * n + 32 * (q & 1) + 16 * t, 4 * (q >> 1), 15,
+                                         ob + 128 + 32 * n + 16 * t, 2 * q, 3, 16, yq, j) - 32 * yb[r, 16 * b + sub])
+                    isum += qd._i8(np.int64(w[ob + 192 + sub])) * v
+        sumf += (qd.load_f16(w, ob + 208) * yd[r, b]) * np.float32(isum)
+    return sumf
+
+
+@pytest.mark.parametrize("wtype", list(K_SPECS))
+@pytest.mark.parametrize("n_threads", [1, 2])
+def test_k_rows_equal_the_numba_loops_they_replace(wtype: GGMLType, n_threads: int, rng: np.random.Generator,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through the kernel (mul_mat_rows_serial / mul_mat_rows), 1..9 columns, on random blocks."""
+    monkeypatch.setattr(matmul, "PARALLEL_MIN_WORK", 0 if n_threads > 1 else 1 << 62)
+    nb = K_LEN // 256
+    size = TYPE_TRAITS[wtype].type_size
+    w = _random_k_rows(wtype, rng, M, nb)
+    x = _src1_values(rng, (9, K_LEN))
+    yq, yd, yb = _q8_K(x)
+    old = _old_dot_q4_K if wtype == GGMLType.Q4_K else _old_dot_q6_K
+    want = np.array([[old(w, m * nb * size, nb, yq, yd, yb, r) for m in range(M)] for r in range(9)], np.float32)
+    assert np.all(np.isfinite(want)) and np.any(want != 0)
+    ctx = new_ctx(8)
+    wt = ctx.new_tensor(wtype, [K_LEN, M])
+    wt.numpy()[...] = w.reshape(wt.numpy().shape)
+    for n in (1, 2, 3, 4, 5, 9):
+        got = _product(ctx, wt, x[:n], n_threads)[0, 0]
+        assert np.array_equal(got, want[:n]), n
+
+
+
+def _guarded(nbytes: int) -> tuple[np.ndarray, object]:
+    """A uint8 array of nbytes that ends where an inaccessible page begins (a read past it faults)."""
+    page = mmap.PAGESIZE
+    size = -(-nbytes // page) * page
+    mem = mmap.mmap(-1, size + page)
+    libc = ctypes.CDLL(None, use_errno=True)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(mem))
+    assert libc.mprotect(ctypes.c_void_p(base + size), ctypes.c_size_t(page), 0) == 0  # PROT_NONE
+    return np.frombuffer(mem, np.uint8, count=nbytes, offset=size - nbytes), mem
+
+
+@pytest.mark.parametrize("wtype", [t for t in SPECS] + list(K_SPECS))
+@pytest.mark.parametrize("rounding", [qd.ROUND_REF, qd.ROUND_X86])
+def test_row_loops_read_no_byte_past_the_weights(wtype: GGMLType, rounding: int, rng: np.random.Generator) -> None:
+    """The loops load a block's scales as wider vectors (a vcvtph2ps of 8 bytes): weights whose last block
+    ends at an inaccessible page must compute without a fault, and equal the same weights elsewhere."""
+    k = K_LEN if wtype in K_SPECS else K
+    raw = tensor(new_ctx(1), wtype, rng.standard_normal((M, k)).astype(np.float32)).numpy()
+    raw = np.ascontiguousarray(raw).reshape(-1).view(np.uint8)
+    w, mem = _guarded(raw.size)
+    w[...] = raw
+    nb = k // TYPE_TRAITS[wtype].blck_size
+    w_off = np.arange(M, dtype=np.int64) * (raw.size // M)
+    vdt = TYPE_TRAITS[wtype].vec_dot_type
+    n = qd.COLS + 1
+    yq, yd, ys, yb = (np.zeros((n, k), np.int8), np.zeros((n, k // 32), np.float32), np.zeros((n, k // 32), np.float32),
+                      np.zeros((n, k // 16), np.int32))
+    qd.quantize_rows(int(vdt), _src1_values(rng, (n, k)), yq, yd, ys, yb, rounding)
+    outs = []
+    for weights in (w, raw):
+        out = np.zeros((n, M), np.float32)
+        qd.mul_mat_rows_serial(int(wtype), weights, w_off, nb, np.zeros((0, 0), np.float32), yq, yd, ys, yb, n,
+                               np.zeros(1, np.int64), out, rounding)
+        outs.append(out)
+    assert np.array_equal(outs[0], outs[1]) and np.any(outs[0] != 0)
+    del w
+    mem.close()

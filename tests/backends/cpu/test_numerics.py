@@ -2,13 +2,15 @@
 ops ggml computes with its vector code, against real libggml bit for bit).
 
 "x86" follows ggml's AVX2 code (ggml-cpu/arch/x86/quants.c of llama.cpp 0c1e570): src1 quantized to
-Q8_0/Q8_1 with 127/amax and round-half-to-even, and the Q8_0 x Q8_0 and Q4_1 x Q8_1 dots summed in its
-float order (one 8-lane FMA accumulator, hsum_float_8, Q4_1's summs by FMA, added last): the quants and
-scales must be equal bit for bit, and so must the products. "ref" follows ggml's reference C (1/d and
-roundf). Both are checked on every machine; which one a backend takes by default is the host's. CPY to Q8_0
-rounds by the setting too. ggml_v_expf (both x86 variants) is checked against its source with exact FMAs,
-the scalar exp against libm; ROPE, SOFT_MAX, SILU, SWIGLU, RMS_NORM and row-by-row F16 FLASH_ATTN_EXT
-under "x86" against libggml itself (built for this host), bit for bit.
+Q8_0/Q8_1 with 127/amax and round-half-to-even, and the Q8_0, Q4_0 and Q5_0 x Q8_0 and Q4_1 x Q8_1 dots
+summed in its float order (one 8-lane FMA accumulator, hsum_float_8, Q4_1's summs by FMA, added last): the
+quants and scales must be equal bit for bit, and so must the products (against ggml's AVX2 arithmetic
+written here). "ref" follows ggml's reference C (1/d and roundf; Q5_0's dot in its order). Both are checked
+on every machine; which one a backend takes by default is the host's. CPY to Q8_0 rounds by the setting
+too. ggml_v_expf (both x86 variants) is checked against its source with exact FMAs, the scalar exp against
+libm; ROPE, SOFT_MAX, SILU, SWIGLU, RMS_NORM, row-by-row F16 FLASH_ATTN_EXT and MUL_MAT of Q8_0, Q4_0, Q4_1
+and Q5_0 weights (and Q4_K and Q6_K mat-vecs) under "x86" against libggml itself (built for this host), bit
+for bit.
 """
 
 from __future__ import annotations
@@ -166,7 +168,15 @@ def _f16_field(blocks: np.ndarray, at: int) -> np.ndarray:
     return blocks[..., at:at + 2].copy().view(np.float16)[..., 0].astype(np.float32)
 
 
-@pytest.mark.parametrize("wtype", [GGMLType.Q8_0, GGMLType.Q4_1])
+def _q5_0_values(blocks: np.ndarray) -> np.ndarray:
+    """The values (-16..15, value t: nibble t | bit t of qh << 4, minus 16) of Q5_0 blocks (..., 22)."""
+    qh = blocks[..., 2:6].copy().view("<u4")[..., 0].astype(np.int64)
+    qs = blocks[..., 6:].astype(np.int64)
+    nibbles = np.concatenate([qs & 15, qs >> 4], axis=-1)
+    return nibbles + 16 * ((qh[..., None] >> np.arange(32)) & 1) - 16
+
+
+@pytest.mark.parametrize("wtype", [GGMLType.Q8_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q4_0])
 def test_x86_products_equal_ggml_avx2_arithmetic_bit_for_bit(wtype: GGMLType, rng: np.random.Generator) -> None:
     M, N, K = 7, 3, 512  # 16 blocks: also more than quant_dot's 4-block unroll of the "ref" path
     qt = GGMLQuantizationType(int(wtype))
@@ -177,13 +187,20 @@ def test_x86_products_equal_ggml_avx2_arithmetic_bit_for_bit(wtype: GGMLType, rn
     w.numpy()[...] = stored.reshape(w.numpy().shape)
     got = run(ctx.mul_mat(w, tensor(ctx, F32, x[None, None])), ComputeParams(numerics="x86"))[0, 0]
 
-    vdt = GGMLType.Q8_0 if wtype == GGMLType.Q8_0 else GGMLType.Q8_1
+    vdt = GGMLType.Q8_1 if wtype == GGMLType.Q4_1 else GGMLType.Q8_0
     yq, yd, ys, _ = quantize(vdt, x, "x86")
-    size = 34 if wtype == GGMLType.Q8_0 else 20
+    size = {GGMLType.Q8_0: 34, GGMLType.Q4_1: 20, GGMLType.Q5_0: 22, GGMLType.Q4_0: 18}[wtype]
     blocks = stored.reshape(M, K // 32, size)
     dw = _f16_field(blocks, 0)
     if wtype == GGMLType.Q8_0:
         values = blocks[..., 2:].copy().view(np.int8)
+        mins = None
+    elif wtype == GGMLType.Q5_0:  # ggml_vec_dot_q5_0_q8_0: values nibble | 0xF0 where the bit is clear, as Q8_0's
+        values = _q5_0_values(blocks)
+        mins = None
+    elif wtype == GGMLType.Q4_0:  # ggml_vec_dot_q4_0_q8_0: values nibble - 8, as Q8_0's
+        qs = blocks[..., 2:].astype(np.int64)
+        values = np.concatenate([qs & 15, qs >> 4], axis=-1) - 8
         mins = None
     else:
         qs = blocks[..., 4:]
@@ -199,6 +216,27 @@ def test_x86_products_equal_ggml_avx2_arithmetic_bit_for_bit(wtype: GGMLType, rn
 
 
 # --- the option ---
+
+
+def test_q5_0_ref_products_sum_in_ggml_reference_order(rng: np.random.Generator) -> None:
+    """Q5_0 under "ref": ggml_vec_dot_q5_0_q8_0's reference C, `sumf += (d_w * d_y) * sumi` block after
+    block in float32, no FMA (the bits pyggml's Q5_0 rows always gave there)."""
+    M, N, K = 7, 5, 512
+    stored = gguf.quants.quantize(rng.standard_normal((M, K)).astype(np.float32), GGMLQuantizationType.Q5_0)
+    x = src1_rows(rng, N, K)
+    ctx = new_ctx(8)
+    w = ctx.new_tensor(GGMLType.Q5_0, [K, M])
+    w.numpy()[...] = stored.reshape(w.numpy().shape)
+    got = run(ctx.mul_mat(w, tensor(ctx, F32, x[None, None])), ComputeParams(numerics="ref"))[0, 0]
+    yq, yd, _, _ = quantize(GGMLType.Q8_0, x, "ref")
+    blocks = stored.reshape(M, K // 32, 22)
+    values, dw = _q5_0_values(blocks), _f16_field(blocks, 0)
+    want = np.zeros((N, M), np.float32)
+    for n in range(N):
+        sumi = (values * yq[n].reshape(-1, 32).astype(np.int64)).sum(axis=-1)  # (M, blocks), exact
+        for b in range(K // 32):
+            want[n] += (dw[:, b] * yd[n, b]) * sumi[:, b].astype(np.float32)  # float32 throughout
+    np.testing.assert_array_equal(got, want)
 
 
 def test_resolution_argument_then_environment_then_host(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -370,6 +408,12 @@ BIT_EXACT = {
     "SWIGLU": lambda d: "[1,3,1,1]" not in d,
     "RMS_NORM": lambda d: d.startswith("type=f32"),
     "FLASH_ATTN_EXT": _row_by_row_fa,
+    # the weight types whose rows follow ggml's AVX2 vec_dot (quant_dot's *_cols_x86), src1 F32 quantized here;
+    # Q4_K and Q6_K one column only: from two, ggml-cpu multiplies them by its tiled gemm, in another order
+    # (its own columns then differ from the same products one at a time)
+    "MUL_MAT": lambda d: "type_b=f32" in d
+    and (d.split(",type_b=")[0] in ("type_a=q8_0", "type_a=q4_0", "type_a=q4_1", "type_a=q5_0")
+         or (d.split(",type_b=")[0] in ("type_a=q4_K", "type_a=q6_K") and ",n=1," in d)),
 }
 
 

@@ -221,6 +221,30 @@ def test_set_rows_f16_values() -> None:
     _set_rows_case(F32, I32, src_type=F16)
 
 
+@pytest.mark.parametrize(("dst_type", "src_type"), [(F32, F32), (F16, F32), (F16, F16)])
+@pytest.mark.parametrize("idx_type", [I64, I32])
+@pytest.mark.parametrize("n", [1, 5])
+def test_set_rows_one_matrix(dst_type: GGMLType, src_type: GGMLType, idx_type: GGMLType, n: int) -> None:
+    """One matrix of F32/F16 rows (a KV-cache write: its own fast path): one row, or 5 with a repeated index
+    (the last row written stays); a row index out of range, either way, raises."""
+    ctx = new_ctx()
+    base = rand(9, 6)
+    a = tensor(ctx, dst_type, base)
+    bv = rand(n, 6)
+    idx = np.array([7] if n == 1 else [3, 0, 8, 3, 5])
+    c = ctx.new_tensor_1d(idx_type, n)
+    c.numpy()[...] = idx
+    compile_node(ctx.set_rows(a, tensor(ctx, src_type, bv), c))()
+    want = stored(dst_type, base).copy()
+    for i, r in enumerate(idx):
+        want[r] = stored(src_type, bv)[i]
+    np.testing.assert_array_equal(values_of(a)[0, 0], stored(dst_type, want))
+    for bad in (9, -1):
+        c.numpy()[...] = np.where(np.arange(n) == n - 1, bad, idx)
+        with pytest.raises(OutOfBoundsError, match=f"row index {bad} outside"):
+            compile_node(ctx.set_rows(a, tensor(ctx, src_type, bv), c))()
+
+
 @pytest.mark.parametrize("bad", [4, -1])
 @pytest.mark.parametrize("matrices", [1, 2])  # one matrix: the 2-D path; two: the general one
 def test_set_rows_out_of_range(bad: int, matrices: int) -> None:

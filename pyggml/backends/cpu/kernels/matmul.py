@@ -25,10 +25,10 @@ src0 matrix serves consecutive src1 matrices). By src0's type:
   x86 machines by default; "ref", its reference C), then, with fewer than
   `BLAS_MIN_COLS` columns, numba kernels compute ggml's vec_dot on the raw
   blocks: exact integer block dot products scaled by the blocks' scales
-  (see Threads below; Q8_0 and Q4_1 rows under "x86" in the float order of
+  (see Threads below; Q8_0, Q4_0, Q5_0, Q4_1, Q4_K and Q6_K rows under "x86" in the float order of
   ggml's AVX2 vec_dot, see quant_dot). The weights are
   read in their compact form, never dequantized. For Q8_0, Q4_0, Q4_1,
-  IQ4_NL and MXFP4 (in quant_dot.COLS_KINDS) one pass over a weight row serves
+  Q5_0, Q4_K, Q6_K, IQ4_NL and MXFP4 (in quant_dot.COLS_KINDS) one pass over a weight row serves
   up to quant_dot.COLS src1 columns (decoding several sequences), each
   column's sum the same bits as alone. Q8_1 and Q8_K have no
   vec_dot in ggml (they are only dot-product partners) and are not accepted

@@ -19,7 +19,7 @@ BF16). This module does the same:
 - `mul_mat_rows` (several threads, see `threads.py`) and
   `mul_mat_rows_serial` compute `out[col, row] = vec_dot(weight row, src1
   col)`, reading the weights in their compact form; for the `COLS_KINDS`
-  (Q8_0, Q4_0, Q4_1, IQ4_NL, MXFP4, F16, BF16) a weight block is loaded
+  (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q6_K, IQ4_NL, MXFP4, F16, BF16) a weight block is loaded
   and unpacked once for up to `COLS` src1 columns, each with its own
   accumulators (the `*_cols` loops: the same bits per column as one column
   at a time). Each block's integer dot
@@ -27,10 +27,13 @@ BF16). This module does the same:
   f16/f32 scales as ggml's reference `ggml_vec_dot_<type>_q8_<x>` does; only
   the float summation order may differ (Q8_0, Q4_0, Q4_1, F16 and BF16 rows
   keep 8 or 32 lane sums to the row's end, as ggml's AVX2 code keeps a vector
-  accumulator). Under ROUND_X86 the Q8_0 and Q4_1 rows follow ggml's AVX2
-  `ggml_vec_dot_q8_0_q8_0`/`ggml_vec_dot_q4_1_q8_1` float for float (lanes of
-  4 consecutive products, one FMA accumulator, `hsum_float_8`, Q4_1's
-  `summs` by scalar FMAs added last): with the same quants, the same bits.
+  accumulator; Q5_0's, Q4_K's and Q6_K's sum one scalar, block after block,
+  as ggml's reference C). Under ROUND_X86 the Q8_0, Q4_0, Q5_0, Q4_1, Q4_K and Q6_K
+  rows follow ggml's AVX2 `ggml_vec_dot_q8_0_q8_0`/`_q4_0_q8_0`/`_q5_0_q8_0`/
+  `_q4_1_q8_1`/`_q4_K_q8_K`/`_q6_K_q8_K` float for float (lanes of 4
+  consecutive products, one FMA accumulator, `hsum_float_8`, Q4_1's `summs`
+  by scalar FMAs and Q4_K's mins in 4 lanes, added last): with the same
+  quants, the same bits.
 - `rows_to_f32` dequantizes (or widens, for F16/BF16) weight rows into
   float32, row by row, for the BLAS path of `matmul.py`.
 
@@ -988,7 +991,7 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
 # at a time, 0.25 in pairs, 0.22 in fours, 0.24 in eights)
 COLS = 4
 # the weight types whose direct kernels use the *_cols loops
-COLS_KINDS = (Q8_0, Q4_0, Q4_1, IQ4_NL, MXFP4, F16, BF16)
+COLS_KINDS = (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q6_K, IQ4_NL, MXFP4, F16, BF16)
 
 dot_f16_cols = _make_dot_half_row(F16, COLS)
 dot_f16_cols.__doc__ = "F16 weight rows m0..m1-1 times x's rows r..r+n-1 (n <= COLS), whole (see _make_dot_half_row)."
@@ -1012,6 +1015,370 @@ dot_q8_0_cols_x86 = _make_dot_q_row(**_Q8_0_SPEC, x86=True, ncols=COLS)
 dot_q8_0_cols_x86.__doc__ = "dot_q8_0_cols in the order of ggml's AVX2 ggml_vec_dot_q8_0_q8_0 (one FMA accumulator)."
 dot_q4_1_cols_x86 = _make_dot_q_row(**_Q4_1_SPEC, x86=True, ncols=COLS)
 dot_q4_1_cols_x86.__doc__ = "dot_q4_1_cols in the order of ggml's AVX2 ggml_vec_dot_q4_1_q8_1 (FMAs, summs last)."
+
+
+def _q4_0_values(builder, p):
+    """Q4_0's 32 values as int8 (-8..7) from the 16 bytes at p: the nibbles minus 8, as ggml's AVX2 code
+    (its lane sums, 4 consecutive products each, are then the same numbers)."""
+    return builder.sub(_q4_0_nibbles(builder, p), ir.Constant(ir.VectorType(_I8, 32), [8] * 32))
+
+
+_Q4_0_X86_SPEC = {"block_bytes": 18, "values": _q4_0_values}
+dot_q4_0_cols_x86 = _make_dot_q_row(**_Q4_0_X86_SPEC, x86=True, ncols=COLS)
+dot_q4_0_cols_x86.__doc__ = ("As dot_q8_0_cols_x86 for Q4_0 weight rows (values nibble - 8), the order of ggml's AVX2 "
+                             "ggml_vec_dot_q4_0_q8_0.")
+
+# --- Q5_0: 32 values of 5 bits, against Q8_0 ---
+
+
+def _q5_0_values(builder, p):
+    """Q5_0's 32 values as int8 (-16..15) from its qh (4 bytes) at p and the 16 nibble bytes after: ggml's
+    AVX2 form, nibble | 0xF0 where the value's fifth bit (bit t of qh for value t) is clear."""
+    qh = builder.load(builder.bitcast(p, _I32.as_pointer()), align=1)
+    bits = builder.bitcast(qh, ir.VectorType(ir.IntType(1), 32))  # element t: bit t (AVX512: one kmov)
+    v32i8 = ir.VectorType(_I8, 32)
+    high = builder.select(bits, ir.Constant(v32i8, [0] * 32), ir.Constant(v32i8, [0xF0] * 32))
+    return builder.or_(_q4_0_nibbles(builder, builder.gep(p, [ir.Constant(_I32, 4)])), high)
+
+
+def _make_dot_q_serial(block_bytes: int, values, values_offset: int = 2, block_sums=None, ncols: int = 1):
+    """As _make_dot_q_row (same signatures; yb unused) in the float order of ggml's reference vec_dot: each
+    block's exact int32 sum as a float times d_w * d_y, added to one scalar block after block
+    (`sumf += (d_w * d_y) * sumi`, no FMA), for the types whose "ref" rows pyggml always summed so (Q5_0).
+
+    Why not 8 lanes as the other "ref" rows: the numba loop this replaces gave these bits, which "ref"
+    keeps. Q5_0 1536x576, one thread (`python benchmarks/bench_matmul.py --shapes Q5_0 --shapes-only`, and
+    with numerics "ref"): the numba loop 104 us under either setting; this loop 69 us, the 8-lane x86 loop 49
+    (576x1536: 102 -> 69 and 48; 576x576: 40 -> 27 and 19; 49152x576: 3.4 ms -> 2.3 and 1.6).
+    """
+    block_sums = _block_sums if block_sums is None else block_sums
+
+    def row_loop(builder, pw, nb, cols):
+        sums = [cgutils.alloca_once_value(builder, ir.Constant(_F32, 0.0)) for _ in cols]
+        with cgutils.for_range(builder, nb) as loop:
+            b = loop.index
+            pb = builder.gep(pw, [builder.mul(b, ir.Constant(b.type, block_bytes))])
+            wd = _f16_scale(builder, pb)
+            wv = values(builder, builder.gep(pb, [ir.Constant(b.type, values_offset)]))
+            for (py, pd, _), total in zip(cols, sums, strict=True):
+                d = builder.fmul(wd, builder.load(builder.gep(pd, [b])))
+                yv = _load_vector(builder, builder.gep(py, [builder.shl(b, ir.Constant(b.type, 5))]), _I8, 32)
+                sumi = _reduce_add_i32(builder, block_sums(builder, wv, yv), 8)
+                builder.store(builder.fadd(builder.load(total), builder.fmul(d, builder.sitofp(sumi, _F32))), total)
+        return [builder.load(total) for total in sums]
+
+    if ncols == 1:
+        @intrinsic
+        def dot_q_serial(typingctx, w, o, nb, yq, j, yd, k, yb, kb):
+            ip = types.intp
+            sig = types.float32(w, ip, ip, yq, ip, yd, ip, yb, ip)
+
+            def codegen(context, builder, signature, args):
+                ty = signature.args
+                col = tuple(_address(context, builder, ty[i], args[i], args[i + 1]) for i in (3, 5, 7))
+                return row_loop(builder, _address(context, builder, ty[0], args[0], args[1]), args[2], [col])[0]
+
+            return sig, codegen
+
+        return dot_q_serial
+
+    @intrinsic
+    def dot_q_serial_cols(typingctx, w, w_off, base, m0, m1, nb, yq, yd, yb, r, n, out):
+        ip = types.intp
+        sig = types.void(w, w_off, ip, ip, ip, ip, yq, yd, yb, ip, ip, out)
+
+        def codegen(context, builder, signature, args):
+            ty, r = signature.args, args[9]
+
+            def columns(count: int) -> list:
+                return [tuple(_row_pointer(context, builder, ty[i], args[i], builder.add(r, ir.Constant(r.type, c)))[0]
+                              for i in (6, 7, 8)) for c in range(count)]
+
+            def row(pw, m, cols) -> None:
+                _store_columns(context, builder, ty[11], args[11], r, m, row_loop(builder, pw, args[5], cols))
+
+            pos = {"w": 0, "w_off": 1, "base": 2, "m0": 3, "m1": 4, "n": 10}
+            _column_groups(context, builder, signature, args, ncols, pos, columns, row)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return dot_q_serial_cols
+
+
+_Q5_0_SPEC = {"block_bytes": 22, "values": _q5_0_values}
+dot_q5_0_cols = _make_dot_q_serial(**_Q5_0_SPEC, ncols=COLS)
+dot_q5_0_cols.__doc__ = ("Q5_0 weight rows times Q8_0 src1 rows in ggml's reference order (one scalar sum, see "
+                         "_make_dot_q_serial).")
+dot_q5_0_cols_x86 = _make_dot_q_row(**_Q5_0_SPEC, x86=True, ncols=COLS)
+dot_q5_0_cols_x86.__doc__ = ("As dot_q8_0_cols_x86 for Q5_0 weight rows (values -16..15), the order of ggml's AVX2 "
+                             "ggml_vec_dot_q5_0_q8_0.")
+
+
+# --- K-quants: Q4_K and Q6_K super-blocks of 256 values, against Q8_K ---
+#
+# A super-block's integer sum is exact as in the numba loops these replace (vpmaddubsw pairs of a group's
+# 32 values, vpmaddwd by the 16-value sub-blocks' scales, i32 lanes). Under "ref" the float arithmetic per
+# super-block is theirs, ggml's reference vec_dot's (so the bits they gave); under "x86" ggml's AVX2 vec_dot's
+# (the *_cols_x86 loops: the same bits as libggml's mat-vec; from two columns libggml takes its tiled gemm,
+# whose order differs). x86 loops, 576x1536 one thread: Q4_K 30 us, Q6_K 31 (`benchmarks/bench_matmul.py`'s
+# Case, numerics forced).
+# Mat-vec, one thread, us, the numba loops -> these (bench_matmul's Case products, medians, the old and new
+# trees one after the other; 576x1536 is `python benchmarks/bench_matmul.py --shapes Q4_K,Q6_K`): Q4_K
+# 576x1536 78 -> 35, 1536x768 111 -> 46, 4096x4096 1385 -> 627; Q6_K 110 -> 37, 153 -> 50, 2021 -> 709;
+# 4 columns 576x1536 Q4_K 308 -> 78, Q6_K 432 -> 79.
+
+
+def _scaled_sums_avx2(builder, uv, yv, scales):
+    """8 exact int32 partial sums of sum_t uv[t] * yv[t] * scales[t // 2] over a group of 32 values: uv read
+    unsigned (0..63), yv signed (Q8_K's -127..127, so a pair is at most 2 * 63 * 127 = 16002: no int16
+    saturation), `scales` a <16 x i16> of -128..127 (each pair's sub-block scale): ggml's vpmaddubsw, then
+    vpmaddwd by the scales."""
+    v16i16, v8i32, v32i8 = ir.VectorType(_I16, 16), ir.VectorType(_I32, 8), ir.VectorType(_I8, 32)
+    module = builder.module
+    maddubs = module.declare_intrinsic("llvm.x86.avx2.pmadd.ub.sw", fnty=ir.FunctionType(v16i16, [v32i8, v32i8]))
+    maddwd = module.declare_intrinsic("llvm.x86.avx2.pmadd.wd", fnty=ir.FunctionType(v8i32, [v16i16, v16i16]))
+    return builder.call(maddwd, [builder.call(maddubs, [uv, yv]), scales])
+
+
+def _scaled_sums_portable(builder, uv, yv, scales):
+    """As _scaled_sums_avx2 in portable vector IR (the same pairs, in int32)."""
+    v32, v16 = ir.VectorType(_I32, 32), ir.VectorType(_I32, 16)
+    prod = builder.mul(builder.zext(uv, v32), builder.sext(yv, v32), flags=["nsw"])
+    pairs = builder.add(_shuffle(builder, prod, list(range(0, 32, 2))), _shuffle(builder, prod, list(range(1, 32, 2))))
+    pairs = builder.mul(pairs, builder.sext(scales, v16), flags=["nsw"])
+    return builder.add(_shuffle(builder, pairs, list(range(0, 16, 2))), _shuffle(builder, pairs, list(range(1, 16, 2))))
+
+
+_scaled_sums = _scaled_sums_avx2 if _HAS_AVX2 else _scaled_sums_portable
+
+
+def _f16_lanes(builder, p):
+    """The 4 halves at p as <4 x float>: one vcvtph2ps from memory, behind an arithmetic fence (without it
+    LLVM narrows the load back to scalar half loads, vpinsrw merges with the false dependency _f16_pair
+    describes)."""
+    v4f = ir.VectorType(_F32, 4)
+    wide = builder.fpext(_load_vector(builder, p, ir.HalfType(), 4), v4f)
+    fence = builder.module.declare_intrinsic("llvm.arithmetic.fence.v4f32", fnty=ir.FunctionType(v4f, [v4f]))
+    return builder.call(fence, [wide])
+
+
+def _const(builder, n: int, values: list[int], bits: int = 8):
+    return ir.Constant(ir.VectorType(ir.IntType(bits), n), values)
+
+
+def _q4_K_unpack(builder, pb):
+    """A Q4_K super-block's d, dmin (f32) and its 8 6-bit scales and mins (<8 x i8>) from the 12 bytes at
+    pb + 4, as ggml's get_scale_min_k4: sub-block j < 4: q[j] & 63, q[j + 4] & 63; j >= 4:
+    (q[j + 4] & 15) | (q[j - 4] >> 6) << 4 and (q[j + 4] >> 4) | (q[j] >> 6) << 4."""
+    halves = _f16_lanes(builder, pb)
+    d, dmin = (builder.extract_element(halves, ir.Constant(_I32, i)) for i in (0, 1))
+    q = _load_vector(builder, builder.gep(pb, [ir.Constant(_I32, 4)]), _I8, 16)  # scales[12], then qs
+    top = [0, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF]  # the high 2 bits exist for j >= 4 only
+
+    def high(idx: list[int]):
+        h = builder.lshr(_shuffle(builder, q, idx), _const(builder, 8, [6] * 8))
+        return builder.and_(builder.shl(h, _const(builder, 8, [4] * 8)), _const(builder, 8, top))
+
+    low6 = _const(builder, 8, [63] * 4 + [15] * 4)
+    low_sc = _shuffle(builder, q, [0, 1, 2, 3, 8, 9, 10, 11])
+    sc = builder.or_(builder.and_(low_sc, low6), high([0, 1, 2, 3, 0, 1, 2, 3]))
+    low_m = builder.lshr(_shuffle(builder, q, [4, 5, 6, 7, 8, 9, 10, 11]), _const(builder, 8, [0] * 4 + [4] * 4))
+    mins = builder.or_(builder.and_(low_m, low6), high([4, 5, 6, 7, 4, 5, 6, 7]))
+    return d, dmin, sc, mins
+
+
+def _q4_K_group(builder, pb, unpacked, g: int):
+    """Group g (0..7) of a Q4_K super-block: its 32 values (nibbles of qs[32 (g // 2):][:32], low for even g)
+    and its scale for every pair."""
+    sc = builder.zext(unpacked[2], ir.VectorType(_I16, 8))
+    qs = _load_vector(builder, builder.gep(pb, [ir.Constant(_I32, 16 + 32 * (g // 2))]), _I8, 32)
+    if g % 2 == 0:
+        return builder.and_(qs, _const(builder, 32, [15] * 32)), _shuffle(builder, sc, [g] * 16)
+    return builder.lshr(qs, _const(builder, 32, [4] * 32)), _shuffle(builder, sc, [g] * 16)
+
+
+def _q4_K_finish(builder, unpacked, total, isum, bsums, yd):
+    """sumf + (d * yd * isum - dmin * yd * summs), summs = sum_j mins[j] * (y's sum over sub-block j), in the
+    order of ggml's reference `sumf += d * sumi - dmin * summs` (as the numba loop this replaces)."""
+    v8 = ir.VectorType(_I32, 8)
+    pair = builder.add(_shuffle(builder, bsums, list(range(0, 16, 2))), _shuffle(builder, bsums, list(range(1, 16, 2))))
+    summs = _reduce_add_i32(builder, builder.mul(builder.zext(unpacked[3], v8), pair, flags=["nsw"]), 8)
+    d, dmin = builder.fmul(unpacked[0], yd), builder.fmul(unpacked[1], yd)
+    part = builder.fsub(builder.fmul(d, builder.sitofp(isum, _F32)), builder.fmul(dmin, builder.sitofp(summs, _F32)))
+    return builder.fadd(total, part)
+
+
+def _q6_K_unpack(builder, pb):
+    """A Q6_K super-block's d (f32, the half at byte 208, its last: read with the 6 bytes of scales before
+    it, the 8 bytes ending with the block) and its 16 int8 scales (at 192) as i16."""
+    d = builder.extract_element(_f16_lanes(builder, builder.gep(pb, [ir.Constant(_I32, 202)])), ir.Constant(_I32, 3))
+    scales = _load_vector(builder, builder.gep(pb, [ir.Constant(_I32, 192)]), _I8, 16)
+    return d, builder.sext(scales, ir.VectorType(_I16, 16))
+
+
+def _q6_K_group(builder, pb, unpacked, g: int):
+    """Group g = 4n + q (0..7) of a Q6_K super-block: values low4 | high2 << 4 (0..63, the value + 32), low4
+    from ql[64n + 32 (q & 1):][:32] >> 4 (q >> 1), high2 from qh[32n:][:32] >> 2q; sub-blocks 2g and 2g + 1."""
+    n, q = divmod(g, 4)
+    ql = _load_vector(builder, builder.gep(pb, [ir.Constant(_I32, 64 * n + 32 * (q & 1))]), _I8, 32)
+    qh = _load_vector(builder, builder.gep(pb, [ir.Constant(_I32, 128 + 32 * n)]), _I8, 32)
+    low = builder.and_(builder.lshr(ql, _const(builder, 32, [4 * (q >> 1)] * 32)), _const(builder, 32, [15] * 32))
+    high = builder.and_(builder.lshr(qh, _const(builder, 32, [2 * q] * 32)), _const(builder, 32, [3] * 32))
+    v = builder.or_(low, builder.shl(high, _const(builder, 32, [4] * 32)))
+    return v, _shuffle(builder, unpacked[1], [2 * g] * 8 + [2 * g + 1] * 8)
+
+
+def _q6_K_finish(builder, unpacked, total, isum, bsums, yd):
+    """sumf + (d * yd) * (isum - 32 * sum_j scales[j] * (y's sum over sub-block j)), the numba loop's order."""
+    v16 = ir.VectorType(_I32, 16)
+    offset = _reduce_add_i32(builder, builder.mul(builder.sext(unpacked[1], v16), bsums, flags=["nsw"]), 16)
+    isum = builder.sub(isum, builder.shl(offset, ir.Constant(_I32, 5)))
+    return builder.fadd(total, builder.fmul(builder.fmul(unpacked[0], yd), builder.sitofp(isum, _F32)))
+
+
+def _pair_sums(builder, v16):
+    """<8 x i32>: v16[2k] + v16[2k + 1] (a <16 x i32>)."""
+    return builder.add(_shuffle(builder, v16, list(range(0, 16, 2))), _shuffle(builder, v16, list(range(1, 16, 2))))
+
+
+# ggml's AVX2 ggml_vec_dot_q4_K_q8_K / q6_K_q8_K float order (numerics "x86"): the 8 int32 lanes of a
+# super-block's scaled sums (the lanes _scaled_sums makes, 4 consecutive products of every group each) times
+# d = y.d * x.d into one 8-lane FMA accumulator, hsum_float_8 at the end; Q4_K's mins apart, 4 lanes.
+_Q4_K_X86_STATE = (8, 4)  # acc, acc_m
+_Q6_K_X86_STATE = (8,)
+
+
+def _q4_K_x86_block(builder, unpacked, state, iacc, bsums, yd):
+    """acc = fma(d, lanes, acc); acc_m = fma(-y.d * x.dmin, prod, acc_m), prod lane k = mins[2k] * q8s[2k] +
+    mins[2k + 1] * q8s[2k + 1], q8s[j] = bsums[2j] + bsums[2j + 1] (_mm_hadd_epi16, _mm_madd_epi16)."""
+    v8f, v4f, v8 = ir.VectorType(_F32, 8), ir.VectorType(_F32, 4), ir.VectorType(_I32, 8)
+    d = builder.fmul(yd, unpacked[0])
+    acc = _fma(builder, _splat(builder, d, 8), builder.sitofp(iacc, v8f), state[0])
+    products = builder.mul(builder.zext(unpacked[3], v8), _pair_sums(builder, bsums), flags=["nsw"])
+    prod = builder.add(_shuffle(builder, products, [0, 2, 4, 6]), _shuffle(builder, products, [1, 3, 5, 7]))
+    dmin = builder.fmul(builder.fneg(yd), unpacked[1])
+    acc_m = _fma(builder, _splat(builder, dmin, 4), builder.sitofp(prod, v4f), state[1])
+    return [acc, acc_m]
+
+
+def _q4_K_x86_result(builder, state):
+    """hsum_float_8(acc) + acc_m's 4 lanes summed as ggml (movehl, then movehdup)."""
+    return builder.fadd(_sum_f32_tree(builder, state[0], 8), _sum_f32_tree(builder, state[1], 4))
+
+
+def _q6_K_x86_block(builder, unpacked, state, iacc, bsums, yd):
+    """acc = fma(d, lanes - 32 * q8sclsub, acc), q8sclsub lane k = bsums[2k] * scales[2k] + bsums[2k + 1] *
+    scales[2k + 1] (_mm256_madd_epi16), as ggml subtracts the offset lane by lane."""
+    v8f, v16 = ir.VectorType(_F32, 8), ir.VectorType(_I32, 16)
+    sub = _pair_sums(builder, builder.mul(builder.sext(unpacked[1], v16), bsums, flags=["nsw"]))
+    lanes = builder.sub(iacc, builder.shl(sub, ir.Constant(ir.VectorType(_I32, 8), [5] * 8)))
+    d = builder.fmul(yd, unpacked[0])
+    return [_fma(builder, _splat(builder, d, 8), builder.sitofp(lanes, v8f), state[0])]
+
+
+def _q6_K_x86_result(builder, state):
+    return _sum_f32_tree(builder, state[0], 8)
+
+
+def _make_dot_k_row(block_bytes: int, unpack, group, finish, scaled_sums=None, x86=None, ncols: int = 1):
+    """The row loop of a K-quant (super-blocks of 256 values, `block_bytes` each) against Q8_K: per
+    super-block `unpack(builder, pb)` once, then for each of its 8 groups of 32 values `group(builder, pb,
+    unpacked, g)` -> (values 0..63 as <32 x i8>, <16 x i16> pair scales), exact int32 lanes of scaled sums
+    per column, and `finish(builder, unpacked, sumf, isum, bsums, yd)` -> the column's new float sum (bsums:
+    Q8_K's 16 sums of 16 as <16 x i32>).
+
+    Signatures as _make_dot_q_row's (yb: Q8_K's bsums, 16 per super-block). Each column's sum is the same
+    bits as with `ncols` 1. `scaled_sums`: the group's integer sums (the target's _scaled_sums if None).
+    `x86`: (state lane counts, block, result), ggml's AVX2 float order instead of `finish`: float vector
+    accumulators per column, `block(builder, unpacked, state, lanes, bsums, yd)` -> the new state per
+    super-block (lanes: the 8 int32 lanes of its scaled sums), `result(builder, state)` -> the dot.
+    """
+    v8i32 = ir.VectorType(_I32, 8)
+    scaled_sums = _scaled_sums if scaled_sums is None else scaled_sums
+
+    def row_loop(builder, pw, nb, cols):
+        if x86 is not None:
+            widths, x86_block, x86_result = x86
+            states = [[cgutils.alloca_once_value(builder, ir.Constant(ir.VectorType(_F32, n), [0.0] * n))
+                       for n in widths] for _ in cols]
+        sums = [cgutils.alloca_once_value(builder, ir.Constant(_F32, 0.0)) for _ in cols]
+        with cgutils.for_range(builder, nb) as loop:
+            b = loop.index
+            pb = builder.gep(pw, [builder.mul(b, ir.Constant(b.type, block_bytes))])
+            unpacked = unpack(builder, pb)
+            iacc = [ir.Constant(v8i32, [0] * 8) for _ in cols]
+            for g in range(8):
+                v, scales = group(builder, pb, unpacked, g)
+                for c, (py, _, _) in enumerate(cols):
+                    at = builder.add(builder.shl(b, ir.Constant(b.type, 8)), ir.Constant(b.type, 32 * g))
+                    yv = _load_vector(builder, builder.gep(py, [at]), _I8, 32)
+                    iacc[c] = builder.add(iacc[c], scaled_sums(builder, v, yv, scales))
+            for c, (_, pd, ps) in enumerate(cols):
+                bsums = _load_vector(builder, builder.gep(ps, [builder.shl(b, ir.Constant(b.type, 4))]), _I32, 16)
+                yd = builder.load(builder.gep(pd, [b]))
+                if x86 is not None:
+                    state = x86_block(builder, unpacked, [builder.load(a) for a in states[c]], iacc[c], bsums, yd)
+                    for a, v in zip(states[c], state, strict=True):
+                        builder.store(v, a)
+                    continue
+                isum = _reduce_add_i32(builder, iacc[c], 8)
+                builder.store(finish(builder, unpacked, builder.load(sums[c]), isum, bsums, yd), sums[c])
+        if x86 is not None:
+            return [x86_result(builder, [builder.load(a) for a in state]) for state in states]
+        return [builder.load(total) for total in sums]
+
+    if ncols == 1:
+        @intrinsic
+        def dot_k_row(typingctx, w, o, nb, yq, j, yd, k, yb, kb):
+            ip = types.intp
+            sig = types.float32(w, ip, ip, yq, ip, yd, ip, yb, ip)
+
+            def codegen(context, builder, signature, args):
+                ty = signature.args
+                col = tuple(_address(context, builder, ty[i], args[i], args[i + 1]) for i in (3, 5, 7))
+                return row_loop(builder, _address(context, builder, ty[0], args[0], args[1]), args[2], [col])[0]
+
+            return sig, codegen
+
+        return dot_k_row
+
+    @intrinsic
+    def dot_k_cols(typingctx, w, w_off, base, m0, m1, nb, yq, yd, yb, r, n, out):
+        ip = types.intp
+        sig = types.void(w, w_off, ip, ip, ip, ip, yq, yd, yb, ip, ip, out)
+
+        def codegen(context, builder, signature, args):
+            ty, r = signature.args, args[9]
+
+            def columns(count: int) -> list:
+                return [tuple(_row_pointer(context, builder, ty[i], args[i], builder.add(r, ir.Constant(r.type, c)))[0]
+                              for i in (6, 7, 8)) for c in range(count)]
+
+            def row(pw, m, cols) -> None:
+                _store_columns(context, builder, ty[11], args[11], r, m, row_loop(builder, pw, args[5], cols))
+
+            pos = {"w": 0, "w_off": 1, "base": 2, "m0": 3, "m1": 4, "n": 10}
+            _column_groups(context, builder, signature, args, ncols, pos, columns, row)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return dot_k_cols
+
+
+_Q4_K_SPEC = {"block_bytes": 144, "unpack": _q4_K_unpack, "group": _q4_K_group, "finish": _q4_K_finish}
+_Q6_K_SPEC = {"block_bytes": 210, "unpack": _q6_K_unpack, "group": _q6_K_group, "finish": _q6_K_finish}
+dot_q4_K_cols = _make_dot_k_row(**_Q4_K_SPEC, ncols=COLS)
+dot_q4_K_cols.__doc__ = "Q4_K weight rows times Q8_K src1 rows (see _make_dot_k_row): 8 scales and mins a super-block."
+dot_q6_K_cols = _make_dot_k_row(**_Q6_K_SPEC, ncols=COLS)
+dot_q6_K_cols.__doc__ = "Q6_K weight rows times Q8_K src1 rows (see _make_dot_k_row): 16 int8 scales, values - 32."
+_Q4_K_X86 = (_Q4_K_X86_STATE, _q4_K_x86_block, _q4_K_x86_result)
+_Q6_K_X86 = (_Q6_K_X86_STATE, _q6_K_x86_block, _q6_K_x86_result)
+dot_q4_K_cols_x86 = _make_dot_k_row(**_Q4_K_SPEC, x86=_Q4_K_X86, ncols=COLS)
+dot_q4_K_cols_x86.__doc__ = "dot_q4_K_cols in the order of ggml's AVX2 ggml_vec_dot_q4_K_q8_K (FMA lanes, mins apart)."
+dot_q6_K_cols_x86 = _make_dot_k_row(**_Q6_K_SPEC, x86=_Q6_K_X86, ncols=COLS)
+dot_q6_K_cols_x86.__doc__ = "dot_q6_K_cols in the order of ggml's AVX2 ggml_vec_dot_q6_K_q8_K (FMA lanes)."
 
 
 # --- table types: IQ4_NL, IQ4_XS, MXFP4 (a 4-bit quant indexes 16 int8 values) ---
@@ -1304,19 +1671,6 @@ def _i8(v: int) -> int:
 
 
 @njit(nogil=True, cache=True)
-def _dot_q5_0(w, o, nb, yq, yd, yb, r):
-    sumf = np.float32(0.0)
-    yo = r * yq.shape[1]
-    for b in range(nb):
-        ob = o + 22 * b
-        j = yo + 32 * b
-        sumi = (dot_nibbles(w, ob + 6, yq, j) + 16 * dot_mask32(load_u32(w, ob + 2), yq, j)
-                - 16 * (yb[r, 2 * b] + yb[r, 2 * b + 1]))
-        sumf += (load_f16(w, ob) * yd[r, b]) * np.float32(sumi)
-    return sumf
-
-
-@njit(nogil=True, cache=True)
 def _dot_q5_1(w, o, nb, yq, yd, ys, r):
     sumf = np.float32(0.0)
     yo = r * yq.shape[1]
@@ -1391,29 +1745,6 @@ def _scale_min_k4(w, os, j):
 
 
 @njit(nogil=True, cache=True)
-def _dot_q4_K(w, o, nb, yq, yd, yb, r):
-    # block_q4_K: d, dmin, scales[12], qs[128]; 32-element sub-blocks
-    sumf = np.float32(0.0)
-    yo = r * yq.shape[1]
-    for b in range(nb):
-        ob = o + 144 * b
-        j0 = yo + 256 * b
-        isum = 0
-        summs = 0
-        for k in range(4):
-            sc0, m0 = _scale_min_k4(w, ob + 4, 2 * k)
-            sc1, m1 = _scale_min_k4(w, ob + 4, 2 * k + 1)
-            isum += sc0 * dot_bits32(w, ob + 16 + 32 * k, 0, 15, yq, j0 + 64 * k)
-            isum += sc1 * dot_bits32(w, ob + 16 + 32 * k, 4, 15, yq, j0 + 64 * k + 32)
-            g = 16 * b + 4 * k
-            summs += m0 * (yb[r, g] + yb[r, g + 1]) + m1 * (yb[r, g + 2] + yb[r, g + 3])
-        d = load_f16(w, ob) * yd[r, b]
-        dmin = load_f16(w, ob + 2) * yd[r, b]
-        sumf += d * np.float32(isum) - dmin * np.float32(summs)
-    return sumf
-
-
-@njit(nogil=True, cache=True)
 def _dot_q5_K(w, o, nb, yq, yd, yb, r):
     # block_q5_K: d, dmin, scales[12], qh[32], qs[128]; fifth bit of element 64k+32h+l is bit 2k+h of qh[l]
     sumf = np.float32(0.0)
@@ -1434,27 +1765,6 @@ def _dot_q5_K(w, o, nb, yq, yd, yb, r):
         d = load_f16(w, ob) * yd[r, b]
         dmin = load_f16(w, ob + 2) * yd[r, b]
         sumf += d * np.float32(isum) - dmin * np.float32(summs)
-    return sumf
-
-
-@njit(nogil=True, cache=True)
-def _dot_q6_K(w, o, nb, yq, yd, yb, r):
-    # block_q6_K: ql[128], qh[64], scales[16] (int8), d; value = (low4 | high2 << 4) - 32
-    sumf = np.float32(0.0)
-    yo = r * yq.shape[1]
-    for b in range(nb):
-        ob = o + 210 * b
-        j0 = yo + 256 * b
-        isum = 0
-        for n in range(2):
-            for q in range(4):
-                for t in range(2):
-                    sub = 8 * n + 2 * q + t
-                    j = j0 + 128 * n + 32 * q + 16 * t
-                    v = (dot_fields16(w, ob + 64 * n + 32 * (q & 1) + 16 * t, 4 * (q >> 1), 15,
-                                      ob + 128 + 32 * n + 16 * t, 2 * q, 3, 16, yq, j) - 32 * yb[r, 16 * b + sub])
-                    isum += _i8(np.int64(w[ob + 192 + sub])) * v
-        sumf += (load_f16(w, ob + 208) * yd[r, b]) * np.float32(isum)
     return sumf
 
 
@@ -1482,8 +1792,8 @@ def _dot_iq4_xs(w, o, nb, yq, yd, yb, r):
 
 @njit(nogil=True, cache=True)
 def _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, s, m0, m1, rounding):
-    """Weight rows m0..m1 of output slice s against that slice's n_cols src1 rows (Q8_0 and Q4_1 rows
-    in ggml's x86 order with `rounding` ROUND_X86, see `_make_dot_q_row`).
+    """Weight rows m0..m1 of output slice s against that slice's n_cols src1 rows (Q8_0, Q4_0, Q5_0, Q4_1,
+    Q4_K and Q6_K rows in ggml's x86 order with `rounding` ROUND_X86, see `_make_dot_q_row`).
 
     One loop per weight type, each calling one dot function: choosing the
     function per row instead cost ~150 cycles a row (numba keeps every
@@ -1495,7 +1805,10 @@ def _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, 
     base = w_base[s]
     r0 = s * n_cols
     r1 = r0 + n_cols
-    if kind == Q4_0:
+    if kind == Q4_0 and rounding == ROUND_X86:
+        for r in range(r0, r1, COLS):
+            dot_q4_0_cols_x86(w, w_off, base, m0, m1, nb, yq, yd, yb, r, min(COLS, r1 - r), out)
+    elif kind == Q4_0:
         for r in range(r0, r1, COLS):
             dot_q4_0_cols(w, w_off, base, m0, m1, nb, yq, yd, yb, r, min(COLS, r1 - r), out)
     elif kind == Q4_1 and rounding == ROUND_X86:
@@ -1504,11 +1817,12 @@ def _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, 
     elif kind == Q4_1:
         for r in range(r0, r1, COLS):
             dot_q4_1_cols(w, w_off, base, m0, m1, nb, yq, yd, ys, r, min(COLS, r1 - r), out)
+    elif kind == Q5_0 and rounding == ROUND_X86:
+        for r in range(r0, r1, COLS):
+            dot_q5_0_cols_x86(w, w_off, base, m0, m1, nb, yq, yd, yb, r, min(COLS, r1 - r), out)
     elif kind == Q5_0:
-        for m in range(m0, m1):
-            o = w_off[base + m]
-            for r in range(r0, r0 + n_cols):
-                out[r, m] = _dot_q5_0(w, o, nb, yq, yd, yb, r)
+        for r in range(r0, r1, COLS):
+            dot_q5_0_cols(w, w_off, base, m0, m1, nb, yq, yd, yb, r, min(COLS, r1 - r), out)
     elif kind == Q5_1:
         for m in range(m0, m1):
             o = w_off[base + m]
@@ -1530,21 +1844,23 @@ def _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, 
             o = w_off[base + m]
             for r in range(r0, r0 + n_cols):
                 out[r, m] = _dot_q3_K(w, o, nb, yq, yd, yb, r)
+    elif kind == Q4_K and rounding == ROUND_X86:
+        for r in range(r0, r1, COLS):
+            dot_q4_K_cols_x86(w, w_off, base, m0, m1, nb, yq, yd, yb, r, min(COLS, r1 - r), out)
     elif kind == Q4_K:
-        for m in range(m0, m1):
-            o = w_off[base + m]
-            for r in range(r0, r0 + n_cols):
-                out[r, m] = _dot_q4_K(w, o, nb, yq, yd, yb, r)
+        for r in range(r0, r1, COLS):
+            dot_q4_K_cols(w, w_off, base, m0, m1, nb, yq, yd, yb, r, min(COLS, r1 - r), out)
     elif kind == Q5_K:
         for m in range(m0, m1):
             o = w_off[base + m]
             for r in range(r0, r0 + n_cols):
                 out[r, m] = _dot_q5_K(w, o, nb, yq, yd, yb, r)
+    elif kind == Q6_K and rounding == ROUND_X86:
+        for r in range(r0, r1, COLS):
+            dot_q6_K_cols_x86(w, w_off, base, m0, m1, nb, yq, yd, yb, r, min(COLS, r1 - r), out)
     elif kind == Q6_K:
-        for m in range(m0, m1):
-            o = w_off[base + m]
-            for r in range(r0, r0 + n_cols):
-                out[r, m] = _dot_q6_K(w, o, nb, yq, yd, yb, r)
+        for r in range(r0, r1, COLS):
+            dot_q6_K_cols(w, w_off, base, m0, m1, nb, yq, yd, yb, r, min(COLS, r1 - r), out)
     elif kind == IQ4_NL:
         for r in range(r0, r1, COLS):
             dot_iq4_nl_cols(w, w_off, base, m0, m1, nb, yq, yd, yb, r, min(COLS, r1 - r), out)
@@ -1572,7 +1888,8 @@ def mul_mat_rows(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, ch
     row, `w_base[s]` the first weight row (index into w_off) of output slice s,
     `nb` the blocks per row. src1 rows come as `xf` (F16/BF16 weights) or as the
     split quantized arrays. `rounding` (ROUND_REF or ROUND_X86) picks the float
-    order of the Q8_0 and Q4_1 dots (see `_make_dot_q_row`).
+    order of the Q8_0, Q4_0, Q5_0, Q4_1, Q4_K and Q6_K dots (see `_make_dot_q_row`,
+    `_make_dot_k_row`).
 
     Several threads call this at once with the same arguments (see
     `pyggml.backends.cpu.kernels.threads`): work items, (slice, chunk of `chunk`
