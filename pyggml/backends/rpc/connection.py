@@ -117,6 +117,11 @@ class Connection:
             raise
         log.debug("connected to RPC server %s (protocol %d.%d.%d)", self.endpoint, *self.version)
 
+    def set_timeout(self, seconds: float) -> None:
+        """The timeout of every socket operation from now on (`PYGGML_RPC_TIMEOUT` sets the first)."""
+        self.timeout = seconds
+        self.sock.settimeout(seconds)
+
     def _hello(self) -> None:
         # pyggml has no RDMA: its caps are all zero, and it ignores the server's (no transport upgrade)
         rsp = self.request(RpcCmd.HELLO, HELLO_REQ.pack(bytes(RPC_CONN_CAPS_SIZE)), HELLO_RSP.size)

@@ -1041,6 +1041,50 @@ def _q5_0_values(builder, p):
     return builder.or_(_q4_0_nibbles(builder, builder.gep(p, [ir.Constant(_I32, 4)])), high)
 
 
+def _block_row_intrinsic(row_loop, ncols: int):
+    """The intrinsic of a block-quantized type's row loop `row_loop(builder, pw, nb, cols)` (cols: pointers
+    to each src1 row's yq, yd, yb), in the forms of _make_dot_q_row: `ncols` 1, `dot(w, o, nb, yq, j, yd, k,
+    yb, kb)` returning one row's dot; `ncols` > 1, `dot(w, w_off, base, m0, m1, nb, yq, yd, yb, r, n, out)`
+    writing out[r + c, m] for c < n."""
+    if ncols == 1:
+        @intrinsic
+        def dot_q_row(typingctx, w, o, nb, yq, j, yd, k, yb, kb):
+            ip = types.intp
+            sig = types.float32(w, ip, ip, yq, ip, yd, ip, yb, ip)
+
+            def codegen(context, builder, signature, args):
+                ty = signature.args
+                col = tuple(_address(context, builder, ty[i], args[i], args[i + 1]) for i in (3, 5, 7))
+                return row_loop(builder, _address(context, builder, ty[0], args[0], args[1]), args[2], [col])[0]
+
+            return sig, codegen
+
+        return dot_q_row
+
+    @intrinsic
+    def dot_q_cols(typingctx, w, w_off, base, m0, m1, nb, yq, yd, yb, r, n, out):
+        ip = types.intp
+        sig = types.void(w, w_off, ip, ip, ip, ip, yq, yd, yb, ip, ip, out)
+
+        def codegen(context, builder, signature, args):
+            ty, r = signature.args, args[9]
+
+            def columns(count: int) -> list:
+                return [tuple(_row_pointer(context, builder, ty[i], args[i], builder.add(r, ir.Constant(r.type, c)))[0]
+                              for i in (6, 7, 8)) for c in range(count)]
+
+            def row(pw, m, cols) -> None:
+                _store_columns(context, builder, ty[11], args[11], r, m, row_loop(builder, pw, args[5], cols))
+
+            pos = {"w": 0, "w_off": 1, "base": 2, "m0": 3, "m1": 4, "n": 10}
+            _column_groups(context, builder, signature, args, ncols, pos, columns, row)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return dot_q_cols
+
+
 def _make_dot_q_serial(block_bytes: int, values, values_offset: int = 2, block_sums=None, ncols: int = 1):
     """As _make_dot_q_row (same signatures; yb unused) in the float order of ggml's reference vec_dot: each
     block's exact int32 sum as a float times d_w * d_y, added to one scalar block after block
@@ -1067,43 +1111,7 @@ def _make_dot_q_serial(block_bytes: int, values, values_offset: int = 2, block_s
                 builder.store(builder.fadd(builder.load(total), builder.fmul(d, builder.sitofp(sumi, _F32))), total)
         return [builder.load(total) for total in sums]
 
-    if ncols == 1:
-        @intrinsic
-        def dot_q_serial(typingctx, w, o, nb, yq, j, yd, k, yb, kb):
-            ip = types.intp
-            sig = types.float32(w, ip, ip, yq, ip, yd, ip, yb, ip)
-
-            def codegen(context, builder, signature, args):
-                ty = signature.args
-                col = tuple(_address(context, builder, ty[i], args[i], args[i + 1]) for i in (3, 5, 7))
-                return row_loop(builder, _address(context, builder, ty[0], args[0], args[1]), args[2], [col])[0]
-
-            return sig, codegen
-
-        return dot_q_serial
-
-    @intrinsic
-    def dot_q_serial_cols(typingctx, w, w_off, base, m0, m1, nb, yq, yd, yb, r, n, out):
-        ip = types.intp
-        sig = types.void(w, w_off, ip, ip, ip, ip, yq, yd, yb, ip, ip, out)
-
-        def codegen(context, builder, signature, args):
-            ty, r = signature.args, args[9]
-
-            def columns(count: int) -> list:
-                return [tuple(_row_pointer(context, builder, ty[i], args[i], builder.add(r, ir.Constant(r.type, c)))[0]
-                              for i in (6, 7, 8)) for c in range(count)]
-
-            def row(pw, m, cols) -> None:
-                _store_columns(context, builder, ty[11], args[11], r, m, row_loop(builder, pw, args[5], cols))
-
-            pos = {"w": 0, "w_off": 1, "base": 2, "m0": 3, "m1": 4, "n": 10}
-            _column_groups(context, builder, signature, args, ncols, pos, columns, row)
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    return dot_q_serial_cols
+    return _block_row_intrinsic(row_loop, ncols)
 
 
 _Q5_0_SPEC = {"block_bytes": 22, "values": _q5_0_values}
@@ -1328,43 +1336,7 @@ def _make_dot_k_row(block_bytes: int, unpack, group, finish, scaled_sums=None, x
             return [x86_result(builder, [builder.load(a) for a in state]) for state in states]
         return [builder.load(total) for total in sums]
 
-    if ncols == 1:
-        @intrinsic
-        def dot_k_row(typingctx, w, o, nb, yq, j, yd, k, yb, kb):
-            ip = types.intp
-            sig = types.float32(w, ip, ip, yq, ip, yd, ip, yb, ip)
-
-            def codegen(context, builder, signature, args):
-                ty = signature.args
-                col = tuple(_address(context, builder, ty[i], args[i], args[i + 1]) for i in (3, 5, 7))
-                return row_loop(builder, _address(context, builder, ty[0], args[0], args[1]), args[2], [col])[0]
-
-            return sig, codegen
-
-        return dot_k_row
-
-    @intrinsic
-    def dot_k_cols(typingctx, w, w_off, base, m0, m1, nb, yq, yd, yb, r, n, out):
-        ip = types.intp
-        sig = types.void(w, w_off, ip, ip, ip, ip, yq, yd, yb, ip, ip, out)
-
-        def codegen(context, builder, signature, args):
-            ty, r = signature.args, args[9]
-
-            def columns(count: int) -> list:
-                return [tuple(_row_pointer(context, builder, ty[i], args[i], builder.add(r, ir.Constant(r.type, c)))[0]
-                              for i in (6, 7, 8)) for c in range(count)]
-
-            def row(pw, m, cols) -> None:
-                _store_columns(context, builder, ty[11], args[11], r, m, row_loop(builder, pw, args[5], cols))
-
-            pos = {"w": 0, "w_off": 1, "base": 2, "m0": 3, "m1": 4, "n": 10}
-            _column_groups(context, builder, signature, args, ncols, pos, columns, row)
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    return dot_k_cols
+    return _block_row_intrinsic(row_loop, ncols)
 
 
 _Q4_K_SPEC = {"block_bytes": 144, "unpack": _q4_K_unpack, "group": _q4_K_group, "finish": _q4_K_finish}
