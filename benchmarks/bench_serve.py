@@ -17,7 +17,10 @@ for up to 4 columns) the 4-sequence step costs 1.7-2.0x one (26-30 vs 15 ms; --d
 clients get 1.7-2.1x one client's tokens/s (--clients 1,4 --requests 6; 105-129 tokens/s). The server's
 batches come in a few more shapes than a generation's (4 sequences, 3 while a slot waits, a new prompt's), and
 with 8 graphs kept instead of 2 (pyggml.models.model.KEEP_GRAPHS) none is built again: 4 clients 2.14-2.24x
-one (156-166 tokens/s; --requests 6 --max-tokens 32), near the bound of 22 vs 13 ms per step (2.34x).
+one (156-166 tokens/s; --requests 6 --max-tokens 32), near the bound of 22 vs 13 ms per step (2.34x). Then
+the multi-column kernels' VNNI sums and gathered scales, vectorized SwiGLU and softmax rows, GIL-free kernels
+and one event per non-streamed answer: steps of 10.2-11.2 ms for 1 sequence and 16.3-17.9 ms for 4
+(2.47-2.55x), serve 2.24-2.49x (197-234 tokens/s for 4 clients, 85-96 for one; --clients 1,4 --requests 8).
 
     python benchmarks/bench_serve.py [--requests 4] [--max-tokens 32] [--clients 1,2,4,8] [--models builtin,smollm2]
 
