@@ -139,11 +139,12 @@ def _loops(spec: dict, row_bytes: int, nb: int, layout: dict, serial: bool = Fal
     multi-column loop (with the `layout` options) in groups of n (`serial`: the generator of the
     reference-order rows, which has no layout options)."""
     if serial:
-        row = qd._make_dot_q_serial(**spec)
-        cols = qd._make_dot_q_serial(**spec, ncols=qd.COLS)
-    else:
-        row = qd._make_dot_q_row(**spec)
-        cols = qd._make_dot_q_row(**spec, **layout, ncols=qd.COLS)
+        return _kernels(qd._make_dot_q_serial(**spec), qd._make_dot_q_serial(**spec, ncols=qd.COLS), row_bytes, nb)
+    return _kernels(qd._make_dot_q_row(**spec), qd._make_dot_q_row(**spec, **layout, ncols=qd.COLS), row_bytes, nb)
+
+
+def _kernels(row, cols, row_bytes: int, nb: int):
+    """The kernels of _loops from a generator's one-column and multi-column intrinsics."""
 
     @njit
     def by_rows(w, yq, yd, yb, out):
@@ -300,22 +301,7 @@ def test_block_sums_by_hardware() -> None:
 
 def _k_loops(spec: dict, row_bytes: int, nb: int):
     """As _loops for a K-quant's generator (_make_dot_k_row)."""
-    row = qd._make_dot_k_row(**spec)
-    cols = qd._make_dot_k_row(**spec, ncols=qd.COLS)
-
-    @njit
-    def by_rows(w, yq, yd, yb, out):
-        for m in range(out.shape[1]):
-            for r in range(out.shape[0]):
-                out[r, m] = row(w, m * row_bytes, nb, yq, r * yq.shape[1], yd, r * yd.shape[1], yb, r * yb.shape[1])
-
-    @njit
-    def by_cols(w, yq, yd, yb, out, n):
-        w_off = np.arange(out.shape[1]) * row_bytes
-        for r in range(0, out.shape[0], n):
-            cols(w, w_off, 0, 0, out.shape[1], nb, yq, yd, yb, r, min(n, out.shape[0] - r), out)
-
-    return by_rows, by_cols
+    return _kernels(qd._make_dot_k_row(**spec), qd._make_dot_k_row(**spec, ncols=qd.COLS), row_bytes, nb)
 
 
 def _q8_K(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -900,20 +900,8 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
             results.append(row)
         return results
 
-    if ncols == 1:
-        @intrinsic
-        def dot_q_row(typingctx, w, o, nb, yq, j, yd, k, yb, kb):
-            ip = types.intp
-            sig = types.float32(w, ip, ip, yq, ip, yd, ip, yb, ip)
-
-            def codegen(context, builder, signature, args):
-                ty = signature.args
-                col = tuple(_address(context, builder, ty[i], args[i], args[i + 1]) for i in (3, 5, 7))
-                return row_loop(builder, [_address(context, builder, ty[0], args[0], args[1])], args[2], [col])[0][0]
-
-            return sig, codegen
-
-        return dot_q_row
+    if ncols == 1:  # one weight row: the first (only) row's dots
+        return _block_row_intrinsic(lambda builder, pw, nb, cols: row_loop(builder, [pw], nb, cols)[0], 1)
 
     def rows_function(module, count: int, values: list) -> ir.Function:
         """A function of its own (not inlined) for weight rows m0..m1-1 times `count` src1 rows: (w, w_off[base:],
