@@ -122,7 +122,7 @@ class Server:
     def start(self, req: GenRequest, stream: bool = True) -> asyncio.Queue[Event]:
         """Queue `req` on the engine; its events arrive in the returned queue (on this event loop). Without
         `stream` the text comes in one event just before the end: a wake-up of the event loop per token (and
-        its turn at the GIL) cost the decode loop ~10% with 4 clients."""
+        its turn at the GIL, beside the decode loop) would serve nobody."""
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event] = asyncio.Queue()
         pieces: list[str] = []  # the text held back (the engine's thread only)

@@ -77,7 +77,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
 from pyggml.backends.cpu.kernels import quant_dot as qd
-from pyggml.backends.cpu.kernels._common import noop
+from pyggml.backends.cpu.kernels._common import noop, reshape_view
 from pyggml.backends.cpu.kernels.threads import POOL
 from pyggml.backends.cpu.numerics import NUMERICS_CODES
 from pyggml.core import quants
@@ -240,14 +240,6 @@ def _repeat_dims(a: np.ndarray, r3: int, r2: int) -> np.ndarray:
                       writeable=False)
 
 
-def _as_rows(a: np.ndarray, nrows: int) -> np.ndarray | None:
-    """a (..., n) as (nrows, n) without copying, or None."""
-    try:
-        return np.reshape(a, (nrows, a.shape[-1]), copy=False)
-    except ValueError:
-        return None
-
-
 def _kernel_threads(params: ComputeParams, work: int) -> int:
     """Threads of a direct-kernel product of `work` multiply-adds: 1 below PARALLEL_MIN_WORK, else
     params.n_threads."""
@@ -287,7 +279,7 @@ def _src1_f32_fn(src1: np.ndarray, type: GGMLType, xs: np.ndarray | None) -> Cal
     """A function returning src1's values as C-contiguous float32 rows (NY, K): a view or a copy into xs."""
     nrows = src1.shape[0] * src1.shape[1] * src1.shape[2]
     if type == F32 and xs is None:
-        rows = _as_rows(src1, nrows)
+        rows = reshape_view(src1, (nrows, src1.shape[-1]))
         assert rows is not None and rows.flags.c_contiguous
         return lambda: rows
     assert xs is not None
@@ -309,7 +301,7 @@ def _src1_f32_fn(src1: np.ndarray, type: GGMLType, xs: np.ndarray | None) -> Cal
 def _needs_copy(src1: np.ndarray, type: GGMLType) -> bool:
     if type != F32:
         return True
-    rows = _as_rows(src1, src1.shape[0] * src1.shape[1] * src1.shape[2])
+    rows = reshape_view(src1, (-1, src1.shape[-1]))
     return rows is None or not rows.flags.c_contiguous
 
 
@@ -393,7 +385,7 @@ def _mul_mat_numba(wtype: GGMLType, xtype: GGMLType, K: int, dst: np.ndarray, sr
     i12 = np.tile(np.arange(ne12, dtype=np.int64), ne13)
     w_base = np.ascontiguousarray(((i13 // r3) * ne02 + i12 // r2) * M)
 
-    out = _as_rows(dst, ny)
+    out = reshape_view(dst, (ny, dst.shape[-1]))
     if out is None or not out.flags.c_contiguous:
         raise ShapeError(f"CPU MUL_MAT: dst with shape {dst.shape} and strides {dst.strides} is not contiguous")
 

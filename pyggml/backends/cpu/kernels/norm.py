@@ -10,7 +10,6 @@ NeoX modes with YaRN, frequency factors and an offset), on F32 and F16
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import numpy as np
 from numba import njit
@@ -170,31 +169,15 @@ def group_norm_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | Non
 # --- SOFT_MAX, DIAG_MASK ---
 
 
-def _mask_rows(node: Tensor, x: np.ndarray, mask: np.ndarray) -> Callable[[], np.ndarray]:
-    """A function giving the mask at x's shape: row i1 of the mask for x's row i1 (the mask may have more
-    rows), its dims 2 and 3 tiled over x's (ggml: i12 = i02 % ne12, i13 = i03 % ne13). A view where numpy
-    broadcasts, else gathered when called."""
+def _mask_rows(node: Tensor, x: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """The mask's rows for x's rows (row i1 for row i1: the mask may have more rows), checked to fit: same ne0,
+    its dims 2 and 3 dividing x's (ggml tiles them: i12 = i02 % ne12, i13 = i03 % ne13)."""
     m3, m2, m1, m0 = mask.shape
     n3, n2, n1, n0 = x.shape
     if m0 != n0 or m1 < n1 or m2 == 0 or m3 == 0 or n2 % m2 or n3 % m3:
         raise ShapeError(f"CPU SOFT_MAX '{node.name}': mask ne {list(mask.shape[::-1])} does not fit src "
                          f"ne {list(x.shape[::-1])} (same ne0, ne1 at least src's, ne2 and ne3 dividing src's)")
-    rows = mask[:, :, :n1, :]
-    if m3 in (1, n3) and m2 in (1, n2):
-        view = np.broadcast_to(rows, x.shape)
-        return lambda: view
-    index = np.ix_(np.arange(n3) % m3, np.arange(n2) % m2)
-    return lambda: rows[index]
-
-
-@njit(nogil=True, cache=True)
-def _fma_into(a, b, t):
-    """t = fma(a, b, t) elementwise (4-D arrays of t's shape; a and b may be broadcast views)."""
-    for i3 in range(t.shape[0]):
-        for i2 in range(t.shape[1]):
-            for i1 in range(t.shape[2]):
-                for i0 in range(t.shape[3]):
-                    t[i3, i2, i1, i0] = fma_f32(a[i3, i2, i1, i0], b[i3, i2, i1, i0], t[i3, i2, i1, i0])
+    return mask[:, :, :n1, :]
 
 
 def soft_max_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
@@ -202,7 +185,7 @@ def soft_max_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None]
 
     SoftMaxParams: scale, and max_bias (> 0: ALiBi, the slope of head i2); the mask (src[1], F32 or F16, row
     i1 for row i1, dims 2 and 3 tiled) and the sinks (src[2], F32, one per head) are optional. Computed in f32
-    as ggml's kernel: its exp and sums per `numerics` (softmax_rows), the ALiBi slopes by libm's powf, and
+    as ggml's kernel (_soft_max_rows): its exp and sums per `numerics`, the ALiBi slopes by libm's powf, and
     under "x86" `slope * mask` added by FMA as gcc compiles it.
     """
     x = _src0(node, dst, srcs)
@@ -211,40 +194,43 @@ def soft_max_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None]
     scale = np.float32(p.scale)
     if dst.size == 0:
         return noop
-    ne2 = x.shape[1]
-    (t,) = scratch(params, x.shape)
+    ne2, ne0 = x.shape[1], x.shape[3]
     mask = srcs[1]
-    mask_of = _mask_rows(node, x, mask) if mask is not None else None
-    slope4 = alibi_slopes(ne2, p.max_bias).reshape(1, ne2, 1, 1) if p.max_bias > 0.0 else None
-    sinks_t, sinks = node.src[2], srcs[2] if len(srcs) > 2 else None
-    sink4 = None
-    if sinks_t is not None and sinks is not None:
+    rows = _mask_rows(node, x, mask) if mask is not None else _NO_MASK
+    slopes = alibi_slopes(ne2, p.max_bias)  # all 1 without ALiBi
+    sinks_t, sink_data = node.src[2], srcs[2] if len(srcs) > 2 else None
+    sinks = _NO_SINKS
+    if sinks_t is not None and sink_data is not None:
         if sinks_t.type != GGMLType.F32 or sinks_t.ne[0] < ne2:
             raise ShapeError(f"CPU SOFT_MAX '{node.name}': sinks must be F32, one per head (ne2={ne2}), got "
                              f"{sinks_t.type.name} {sinks_t.ne}")
-        sink4 = sinks.reshape(-1)[:ne2].reshape(1, ne2, 1, 1)
-
-    lanes = host_lanes(params.numerics)
-
+        sinks = sink_data.reshape(-1)[:ne2]  # a view: read when run
     # x86: gcc contracts ggml's `wp[i] += slope*mask[i]` into an FMA (exact either way when slope is 1)
-    fused_slope = slope4 is not None and params.numerics == "x86"
-
-    if x.dtype == np.float32 and dst.dtype == np.float32 and (mask is None or mask.dtype in (np.float32, np.float16)):
-        return _soft_max_f32(node, x, mask, slope4, sink4, dst, scale, params, lanes)
+    fma = p.max_bias > 0.0 and params.numerics == "x86"
+    lanes = host_lanes(params.numerics)
+    # F16 src, dst and mask go through f32 scratch (exact widening; dst rounded once), and so does a dst whose
+    # rows are strided (the rows' sums read 16 or 8 adjacent floats)
+    direct_out = dst.dtype == F32 and dst.strides[3] == 4
+    t, xs, out, m32 = scratch(params, (ne0,), x.shape if x.dtype != F32 else (0,),
+                              (0,) if direct_out else dst.shape, rows.shape if rows.dtype != F32 else (0,))
+    x_f32 = x if x.dtype == F32 else xs
+    out_f32 = dst if direct_out else out
+    mask_f32 = rows if rows.dtype == F32 else m32
 
     def run() -> None:
-        np.multiply(x, scale, out=t, dtype=F32)
-        m = None
-        if mask_of is not None:
-            m = mask_of()
-            if fused_slope:
-                _fma_into(np.broadcast_to(slope4, t.shape), np.asarray(m, dtype=F32), t)
-                m = None
-            elif slope4 is not None:
-                m = np.multiply(m, slope4, dtype=F32)
-        softmax_rows(t, m, sink4, dst, lanes)
+        if x_f32 is not x:
+            np.copyto(xs, x)
+        if mask_f32 is not rows:
+            np.copyto(m32, rows)
+        _soft_max_rows(x_f32, scale, mask_f32, slopes, fma, sinks, out_f32, t, lanes)
+        if out_f32 is not dst:
+            np.copyto(dst, out, casting="same_kind")
 
     return run
+
+
+_NO_MASK = np.zeros((0, 0, 0, 0), F32)
+_NO_SINKS = np.zeros(0, F32)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
@@ -284,35 +270,6 @@ def _soft_max_rows(x, scale, mask, slopes, fma, sinks, out, t, lanes):
                 inv = np.float32(1.0 / total)
                 for i in range(n0):
                     orow[i] = orow[i] * inv
-
-
-_NO_MASK = np.zeros((0, 0, 0, 0), np.float32)
-_NO_SINKS = np.zeros(0, np.float32)
-
-
-def _soft_max_f32(node: Tensor, x: np.ndarray, mask: np.ndarray | None, slope4: np.ndarray | None,
-                  sink4: np.ndarray | None, dst: np.ndarray, scale: np.float32, params: ComputeParams,
-                  lanes: int) -> Compute:
-    """SOFT_MAX on F32 src and dst in one numba call per compute (_soft_max_rows): the numpy steps cost ~20 us
-    a call on a decode step's KQ (9 heads x 256 cells), the fused rows ~3 us. An F16 mask is widened first
-    (exact)."""
-    ne2 = x.shape[1]
-    rows = mask[:, :, :x.shape[2], :] if mask is not None else _NO_MASK
-    t, m32 = scratch(params, (x.shape[3],), rows.shape if rows.dtype == np.float16 else (0,))
-    slopes = (slope4.reshape(-1) if slope4 is not None else np.ones(ne2, np.float32)).astype(np.float32)
-    sinks = sink4.reshape(-1) if sink4 is not None else _NO_SINKS  # a view: read when run
-    fma = slope4 is not None and params.numerics == "x86"
-    if rows.dtype == np.float32:
-        def run() -> None:
-            _soft_max_rows(x, scale, rows, slopes, fma, sinks, dst, t, lanes)
-
-        return run
-
-    def run_f16() -> None:
-        np.copyto(m32, rows)
-        _soft_max_rows(x, scale, m32, slopes, fma, sinks, dst, t, lanes)
-
-    return run_f16
 
 
 def softmax_rows(t: np.ndarray, mask: np.ndarray | None, sink4: np.ndarray | None, out: np.ndarray, lanes: int,

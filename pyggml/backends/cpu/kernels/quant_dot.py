@@ -186,18 +186,6 @@ def load_bf16(typingctx, w, i):
 
 
 @intrinsic
-def load_f32(typingctx, w, i):
-    """The float32 at byte offset `i` of uint8 array `w`."""
-    sig = types.float32(w, types.intp)
-
-    def codegen(context, builder, signature, args):
-        p = _address(context, builder, signature.args[0], args[0], args[1])
-        return builder.load(builder.bitcast(p, _F32.as_pointer()), align=1)
-
-    return sig, codegen
-
-
-@intrinsic
 def load_u32(typingctx, w, i):
     """The little-endian uint32 at byte offset `i` of uint8 array `w` (Q5's `qh`)."""
     sig = types.uint32(w, types.intp)
@@ -396,6 +384,12 @@ def _shuffle(builder, v, idx: list[int]):
     return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, len(idx)), idx))
 
 
+def _pair_sums(builder, v):
+    """v[2k] + v[2k + 1] for each k: a vector of half v's lanes (integer lanes)."""
+    n = v.type.count
+    return builder.add(_shuffle(builder, v, list(range(0, n, 2))), _shuffle(builder, v, list(range(1, n, 2))))
+
+
 def _row_pointer(context, builder, arrty, arr, row, col=None):
     """Pointer to element (row, col) (col 0 if None) of a C-contiguous 2-D array, and its row length."""
     a = context.make_array(arrty)(context, builder, value=arr)
@@ -545,14 +539,18 @@ def _block_sums_portable(builder, wv, yv):
     of vpmaddwd), then halves."""
     v32 = ir.VectorType(_I32, 32)
     prod = builder.mul(builder.sext(wv, v32), builder.sext(yv, v32), flags=["nsw"])
-    pairs = builder.add(_shuffle(builder, prod, list(range(0, 32, 2))), _shuffle(builder, prod, list(range(1, 32, 2))))
+    return _pairs_then_halves(builder, prod)
+
+
+def _pairs_then_halves(builder, prod):
+    """8 sums of a <32 x i32>: adjacent pairs (vpmaddwd's shape), then lanes i and i + 8 of those."""
+    pairs = _pair_sums(builder, prod)
     return builder.add(_shuffle(builder, pairs, list(range(8))), _shuffle(builder, pairs, list(range(8, 16))))
 
 
 def _quads(builder, prod):
     """8 sums of 4 consecutive lanes of a <32 x i32> (lane i: elements 4i..4i+3, ggml's AVX2 layout)."""
-    pairs = builder.add(_shuffle(builder, prod, list(range(0, 32, 2))), _shuffle(builder, prod, list(range(1, 32, 2))))
-    return builder.add(_shuffle(builder, pairs, list(range(0, 16, 2))), _shuffle(builder, pairs, list(range(1, 16, 2))))
+    return _pair_sums(builder, _pair_sums(builder, prod))
 
 
 def _block_sums_quads(builder, wv, yv):
@@ -586,8 +584,7 @@ def _block_sums_unsigned_portable(builder, uv, yv):
     """As _block_sums_portable for values read unsigned (0..255) in `uv`."""
     v32 = ir.VectorType(_I32, 32)
     prod = builder.mul(builder.zext(uv, v32), builder.sext(yv, v32), flags=["nsw"])
-    pairs = builder.add(_shuffle(builder, prod, list(range(0, 32, 2))), _shuffle(builder, prod, list(range(1, 32, 2))))
-    return builder.add(_shuffle(builder, pairs, list(range(8))), _shuffle(builder, pairs, list(range(8, 16))))
+    return _pairs_then_halves(builder, prod)
 
 
 def _block_sums_unsigned_avx2(builder, uv, yv):
@@ -633,18 +630,13 @@ def _target_has(*features: str) -> bool:
     return all(host.get(f, False) for f in features)
 
 
-def _target_has_avx2() -> bool:
-    """Whether numba compiles for a CPU with AVX2 (the host's, unless NUMBA_CPU_NAME names another)."""
-    return _target_has("avx2")
-
-
 # the integer block sums: AVX2's byte multiply-add (measured 2.3x faster on one core for Q8_0 rows,
 # 4096x4096: 0.65 ms vs 1.5 ms) where the target has it, portable vector IR elsewhere; where the target also
 # has AVX512-VNNI (with VL: its 256-bit form), one vpdpbusd instead of vpmaddubsw + vpmaddwd (the same
 # lanes; Q4_1 1536x576, x86, one thread, 1/4 columns: 39.2/99.0 -> 36.9/84.5 us; see _make_dot_q_row for
 # the signed values). The generators take the sums as an argument (`block_sums`), so tests run every
 # variant the host can.
-_HAS_AVX2 = _target_has_avx2()
+_HAS_AVX2 = _target_has("avx2")
 _HAS_VNNI = _HAS_AVX2 and _target_has("avx512vnni", "avx512vl")
 
 
@@ -1142,9 +1134,9 @@ def _scaled_sums_portable(builder, uv, yv, scales):
     """As _scaled_sums_avx2 in portable vector IR (the same pairs, in int32)."""
     v32, v16 = ir.VectorType(_I32, 32), ir.VectorType(_I32, 16)
     prod = builder.mul(builder.zext(uv, v32), builder.sext(yv, v32), flags=["nsw"])
-    pairs = builder.add(_shuffle(builder, prod, list(range(0, 32, 2))), _shuffle(builder, prod, list(range(1, 32, 2))))
+    pairs = _pair_sums(builder, prod)
     pairs = builder.mul(pairs, builder.sext(scales, v16), flags=["nsw"])
-    return builder.add(_shuffle(builder, pairs, list(range(0, 16, 2))), _shuffle(builder, pairs, list(range(1, 16, 2))))
+    return _pair_sums(builder, pairs)
 
 
 _scaled_sums = _scaled_sums_avx2 if _HAS_AVX2 else _scaled_sums_portable
@@ -1199,7 +1191,7 @@ def _q4_K_finish(builder, unpacked, total, isum, bsums, yd):
     """sumf + (d * yd * isum - dmin * yd * summs), summs = sum_j mins[j] * (y's sum over sub-block j), in the
     order of ggml's reference `sumf += d * sumi - dmin * summs` (as the numba loop this replaces)."""
     v8 = ir.VectorType(_I32, 8)
-    pair = builder.add(_shuffle(builder, bsums, list(range(0, 16, 2))), _shuffle(builder, bsums, list(range(1, 16, 2))))
+    pair = _pair_sums(builder, bsums)
     summs = _reduce_add_i32(builder, builder.mul(builder.zext(unpacked[3], v8), pair, flags=["nsw"]), 8)
     d, dmin = builder.fmul(unpacked[0], yd), builder.fmul(unpacked[1], yd)
     part = builder.fsub(builder.fmul(d, builder.sitofp(isum, _F32)), builder.fmul(dmin, builder.sitofp(summs, _F32)))
@@ -1232,11 +1224,6 @@ def _q6_K_finish(builder, unpacked, total, isum, bsums, yd):
     offset = _reduce_add_i32(builder, builder.mul(builder.sext(unpacked[1], v16), bsums, flags=["nsw"]), 16)
     isum = builder.sub(isum, builder.shl(offset, ir.Constant(_I32, 5)))
     return builder.fadd(total, builder.fmul(builder.fmul(unpacked[0], yd), builder.sitofp(isum, _F32)))
-
-
-def _pair_sums(builder, v16):
-    """<8 x i32>: v16[2k] + v16[2k + 1] (a <16 x i32>)."""
-    return builder.add(_shuffle(builder, v16, list(range(0, 16, 2))), _shuffle(builder, v16, list(range(1, 16, 2))))
 
 
 # ggml's AVX2 ggml_vec_dot_q4_K_q8_K / q6_K_q8_K float order (numerics "x86"): the 8 int32 lanes of a
