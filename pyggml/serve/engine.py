@@ -170,8 +170,8 @@ class Engine:
                 log.exception("serve: a decode step failed")
                 for s in self.slots:
                     if s.req is not None:
-                        self._finish(s, error=f"{type(e).__name__}: {e}")
                         self._forget(s)
+                        self._finish(s, error=f"{type(e).__name__}: {e}")
             if self.step_delay:
                 time.sleep(self.step_delay)
         for s in self.slots:  # tell the requests still running that nothing more comes
@@ -221,11 +221,11 @@ class Engine:
             best.sent = 0
 
     def _step(self) -> None:
-        for s in self.slots:  # cancelled requests free their slots first
-            if s.req is not None and s.req.cancelled.is_set():
+        for s in self.slots:  # cancelled requests free their slots first (cells, then the slot: a slot seen
+            if s.req is not None and s.req.cancelled.is_set():  # free from another thread has no cells left)
                 self.n_cancelled += 1
-                self._finish(s, reason="cancelled")
                 self._forget(s)
+                self._finish(s, reason="cancelled")
         self._admit()
         # the generating slots' next tokens first, then prompts up to the batch budget: a long prompt is
         # evaluated over several steps (as llama-server's n_batch) instead of stalling every other slot

@@ -8,15 +8,17 @@ worker that starts after its call has returned must change nothing.
 from __future__ import annotations
 
 import threading
+import time
 
 import gguf
+import numba
 import numpy as np
 import pytest
 from kernel_helpers import F16, F32, compile_node, new_ctx, tensor
+from numba import njit
 
-from pyggml.backends.cpu.kernels import ComputeParams, matmul
+from pyggml.backends.cpu.kernels import ComputeParams, atomics, matmul, threads
 from pyggml.backends.cpu.kernels import quant_dot as qd
-from pyggml.backends.cpu.kernels.threads import WorkerPool
 from pyggml.core.types import GGMLType
 
 
@@ -61,7 +63,7 @@ def test_small_products_stay_on_the_calling_thread(rng: np.random.Generator) -> 
     fn()
     assert fn.__closure__ is not None
     inner = [c.cell_contents for c in fn.__closure__ if callable(c.cell_contents)]
-    assert any(getattr(f, "func", None) is qd.mul_mat_rows_serial for f in inner)
+    assert any(getattr(f, "func", None) is matmul._run_alone for f in inner)
 
 
 def test_late_worker_changes_nothing(rng: np.random.Generator) -> None:
@@ -84,25 +86,166 @@ def test_late_worker_changes_nothing(rng: np.random.Generator) -> None:
     assert np.all(out == -1) and ctr[1] == 5
 
 
-def test_pool_runs_jobs_on_its_threads_and_survives_errors() -> None:
-    pool = WorkerPool()
-    seen: list[int] = []
-    done = threading.Semaphore(0)
+def test_mul_mat_desc_takes_contiguous_operands_only() -> None:
+    f32, i8, i32 = np.zeros((0, 0), np.float32), np.zeros((0, 0), np.int8), np.zeros((0, 0), np.int32)
+    w, w_off, base, ctr = np.zeros(64, np.uint8), np.zeros(2, np.int64), np.zeros(1, np.int64), np.zeros(2, np.int64)
+    out = np.zeros((4, 2), np.float32)
+    desc = qd.mul_mat_desc(qd.F16, w, w_off, 16, f32, i8, f32, f32, i32, 1, base, out, 0, ctr, 0)
+    assert desc.shape == (threads.SLOT_LEN,) and desc[1] == qd.F16 and desc[0] == threads.IDLE
+    with pytest.raises(ValueError, match="not a C-contiguous"):
+        qd.mul_mat_desc(qd.F16, w, w_off, 16, f32, i8, f32, f32, i32, 1, base, out[:, :1], 0, ctr, 0)
+    with pytest.raises(ValueError, match="float32"):
+        qd.mul_mat_desc(qd.F16, w, w_off, 16, f32, i8, f32, f32, i32, 1, base, out.astype(np.float64), 0, ctr, 0)
 
-    def fail() -> None:
-        done.release()
-        raise RuntimeError("boom")
 
-    def record() -> None:
-        seen.append(threading.get_ident())
-        done.release()
+# --- the pool's protocol, with a job of its own: add d[2] to the int64 at address d[1] ---
 
-    pool.submit(fail, 1)
-    pool.submit(record, 2)
-    for _ in range(3):
-        assert done.acquire(timeout=10)
+
+@njit(nogil=True)
+def _add_job(d):
+    hits = numba.carray(atomics.pointer_i64(d[1]), (1,))
+    atomics.atomic_add(hits, 0, d[2])
+
+
+@njit(nogil=True)
+def _add_spin(slot, spins):
+    idle = 0
+    while idle < spins:
+        if threads.claim(slot):
+            _add_job(slot)
+            threads.finish(slot)
+            idle = 0
+        else:
+            idle += 1
+
+
+@njit(nogil=True)
+def _wait_then_revoke(d, slots, n):
+    """The caller's share: wait (bounded) until the workers' adds arrived, then revoke."""
+    hits = numba.carray(atomics.pointer_i64(d[1]), (1,))
+    for _ in range(2_000_000_000):
+        if atomics.atomic_load(hits, 0) >= n * d[2]:
+            break
+        atomics.spin_pause()
+    threads.revoke(slots, n)
+
+
+@njit(nogil=True)
+def _revoke_only(d, slots, n):
+    threads.revoke(slots, n)
+
+
+def _add_desc(hits: np.ndarray, amount: int) -> np.ndarray:
+    desc = np.zeros(threads.SLOT_LEN, np.int64)
+    desc[1], desc[2] = atomics.address(hits), amount
+    return desc
+
+
+def _wait_for(cond, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.001)
+    return False
+
+
+def test_pool_runs_posted_jobs_on_its_workers() -> None:
+    pool = threads.WorkerPool(_add_spin)
+    for _ in range(20):
+        hits = np.zeros(1, np.int64)
+        pool.run(_wait_then_revoke, _add_desc(hits, 1), 2)
+        assert hits[0] == 2  # each of the 2 workers ran the job once
     assert len(pool.workers) == 2 and all(t.is_alive() for t in pool.workers)
-    assert len(seen) == 2 and threading.get_ident() not in seen
+    assert np.all(pool.slots[:2, 0] == threads.IDLE)
+
+
+def test_pool_wakes_a_sleeping_worker() -> None:
+    pool = threads.WorkerPool(_add_spin)
+    pool.ensure(1)
+    pool.spins = 100  # polls before sleeping: the worker sleeps almost at once
+    assert _wait_for(lambda: pool.sleeping[0])
+    hits = np.zeros(1, np.int64)
+    pool.run(_wait_then_revoke, _add_desc(hits, 5), 1)
+    assert hits[0] == 5
+
+
+def test_revoked_job_never_runs() -> None:
+    """A job revoked before a worker claimed it is gone: a worker arriving later finds its slot IDLE."""
+    pool = threads.WorkerPool(_add_spin)
+    hits = np.zeros(1, np.int64)
+    threads._post(pool.slots, _add_desc(hits, 1), 1)  # no worker exists yet
+    assert pool.slots[0, 0] == threads.POSTED
+    _revoke_only(_add_desc(hits, 1), pool.slots, 1)
+    assert pool.slots[0, 0] == threads.IDLE
+    pool.ensure(1)
+    time.sleep(0.05)  # the worker polls its slot meanwhile
+    assert hits[0] == 0
+
+
+@njit(nogil=True)
+def _claim(slot):
+    return threads.claim(slot)
+
+
+@njit(nogil=True)
+def _wait_claimed_then_revoke(d, slots, n):
+    """The caller's share: wait (bounded) until worker 0 claimed the job, then revoke (waits while RUNNING)."""
+    for _ in range(2_000_000_000):
+        if atomics.atomic_load(slots, 0) != threads.POSTED:
+            break
+        atomics.spin_pause()
+    threads.revoke(slots, n)
+
+
+def test_worker_survives_a_failing_job() -> None:
+    """A job that raises: the worker logs it, frees the slot (the caller waiting on it returns) and goes on."""
+    claimed: list[int] = []
+
+    def failing_spin(slot: np.ndarray, spins: int) -> None:
+        if _claim(slot):
+            claimed.append(1)
+            raise RuntimeError("boom")
+
+    pool = threads.WorkerPool(failing_spin)
+    pool.ensure(1)
+    pool.spins = 1
+    hits = np.zeros(1, np.int64)
+    for k in range(1, 4):
+        pool.run(_wait_claimed_then_revoke, _add_desc(hits, 1), 1)
+        assert len(claimed) == k and pool.slots[0, 0] == threads.IDLE
+    assert pool.workers[0].is_alive()
+
+
+def test_second_caller_computes_alone(rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two threads computing threaded products at once: one has the workers, the other computes alone; both
+    results equal the one-thread results."""
+    monkeypatch.setattr(matmul, "PARALLEL_MIN_WORK", 0)
+    ctx = new_ctx(16)
+    nodes, wants = [], []
+    for _ in range(2):
+        w = _weights(ctx, GGMLType.Q8_0, (1, 1, 256, 128), rng)
+        x = tensor(ctx, F32, rng.standard_normal((1, 1, 3, 128)).astype(np.float32))
+        node = ctx.mul_mat(w, x)
+        compile_node(node, ComputeParams(n_threads=1))()
+        wants.append(node.numpy().copy())
+        nodes.append((node, compile_node(node, ComputeParams(n_threads=2))))
+    errors: list[str] = []
+
+    def hammer(i: int) -> None:
+        node, fn = nodes[i]
+        for _ in range(300):
+            fn()
+            if not np.array_equal(node.numpy(), wants[i]):
+                errors.append(f"product {i} differs")
+                return
+
+    ts = [threading.Thread(target=hammer, args=(i,)) for i in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    assert not errors and not any(t.is_alive() for t in ts)
 
 
 @pytest.mark.parametrize(("block_bytes", "values", "minus_8"), [(34, "_q8_0_values", False),

@@ -410,7 +410,7 @@ def _old_dot_q6_K(w, o, nb, yq, yd, yb, r):
 @pytest.mark.parametrize("n_threads", [1, 2])
 def test_k_rows_equal_the_numba_loops_they_replace(wtype: GGMLType, n_threads: int, rng: np.random.Generator,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """Through the kernel (mul_mat_rows_serial / mul_mat_rows), 1..9 columns, on random blocks."""
+    """Through the kernel (one thread / shared by threads), 1..9 columns, on random blocks."""
     monkeypatch.setattr(matmul, "PARALLEL_MIN_WORK", 0 if n_threads > 1 else 1 << 62)
     nb = K_LEN // 256
     size = TYPE_TRAITS[wtype].type_size
@@ -460,8 +460,8 @@ def test_row_loops_read_no_byte_past_the_weights(wtype: GGMLType, rounding: int,
     outs = []
     for weights in (w, raw):
         out = np.zeros((n, M), np.float32)
-        qd.mul_mat_rows_serial(int(wtype), weights, w_off, nb, np.zeros((0, 0), np.float32), yq, yd, ys, yb, n,
-                               np.zeros(1, np.int64), out, rounding)
+        qd.mul_mat_job(qd.mul_mat_desc(int(wtype), weights, w_off, nb, np.zeros((0, 0), np.float32), yq, yd, ys, yb,
+                                       n, np.zeros(1, np.int64), out, 0, np.zeros(2, np.int64), rounding), False)
         outs.append(out)
     assert np.array_equal(outs[0], outs[1]) and np.any(outs[0] != 0)
     del w

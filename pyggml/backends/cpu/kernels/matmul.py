@@ -47,10 +47,10 @@ src0 matrix serves consecutive src1 matrices). By src0's type:
 Threads: the direct kernels of a product smaller than `PARALLEL_MIN_WORK`
 multiply-adds run on the calling thread (a hand-off to other threads costs
 more than such a product: see there); larger ones run on `params.n_threads`
-threads, the caller and workers of `threads.POOL` taking chunks of weight rows
-from a shared counter. The numba conversions of the BLAS paths run on the
-calling thread: they are ~1 ms per 4096x4096 matrix, and BLAS's spinning
-workers would otherwise fight them for the cores.
+threads, the caller and the spinning workers of `POOL` (see `threads`) taking
+chunks of weight rows from a shared counter. The numba conversions of the BLAS
+paths run on the calling thread: they are ~1 ms per 4096x4096 matrix, and
+BLAS's spinning workers would otherwise fight them for the cores.
 
 src1 may be F32 (any strides: permuted and transposed views are copied to
 rows first) or already the vec_dot_type (F16 for F16 weights, Q8_0 for
@@ -78,7 +78,7 @@ from numpy.lib.stride_tricks import as_strided
 from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
 from pyggml.backends.cpu.kernels import quant_dot as qd
 from pyggml.backends.cpu.kernels._common import noop, reshape_view
-from pyggml.backends.cpu.kernels.threads import POOL
+from pyggml.backends.cpu.kernels.threads import new_pool
 from pyggml.backends.cpu.numerics import NUMERICS_CODES
 from pyggml.core import quants
 from pyggml.core.errors import GGMLError, ShapeError, UnsupportedTypeError
@@ -102,17 +102,19 @@ OUT_PROD_SRC1_TYPES: tuple[GGMLType, ...] = (F32, F16, BF16)
 BLAS_MIN_COLS = 16
 HALF_BLAS_MIN_COLS = 12
 # multiply-adds (weight elements x src1 columns) of a direct-kernel product below which it runs on the
-# calling thread. Measured on 2 shared cores (AMD EPYC, AVX2), mat-vec, 1 thread vs 2 (python
-# benchmarks/bench_matmul.py --thread-sweep): handing rows to a pool thread costs 10-20 us, so 2 threads
-# lose up to ~0.6M (Q8_0 768x768: 30 us either way), win from ~1M (Q8_0 1024x1024 1.1x, 2048x768 1.3x,
-# 4096x4096 1.8x; F16 from ~1.5M); with the other core busy they win nothing, but lose at most the 10-20 us.
-# The types whose kernels serve several columns per pass over a weight row (quant_dot.COLS_KINDS) count
-# their work in mat-vec equivalents (see _direct_work).
-PARALLEL_MIN_WORK = 1 << 20
+# calling thread. With POOL's spinning workers a hand-off costs 2-4 us, so 2 threads pay from products of
+# about 12 us on one thread (Q4_1 576x576, one column; 192x576, 4 columns: ~10 us, lose). The types whose
+# kernels serve several columns per pass over a weight row (quant_dot.COLS_KINDS) count their work in
+# mat-vec equivalents (see _direct_work). Measured figures: _direct_work.
+PARALLEL_MIN_WORK = 1 << 16
 # bytes of one f32 tile of converted weight rows
 TILE_BYTES = 8 << 20
+# work items per thread of a threaded direct product (see _chunk)
+ITEMS_PER_THREAD = 2
 
 _ALIGN = 64
+# the worker threads of the direct kernels (see threads)
+POOL = new_pool(qd.mul_mat_spin)
 
 
 # --- what the kernels accept ---
@@ -270,8 +272,12 @@ def _direct_work(kind: int, M: int, K: int, n_slices: int, N: int) -> int:
 
 
 def _chunk(M: int, n_slices: int, n_threads: int) -> int:
-    """Weight rows per work item: about 16 items per thread (taken as threads come free), at least 8 rows."""
-    per_slice = max(1, math.ceil(16 * n_threads / max(n_slices, 1)))
+    """Weight rows per work item: ITEMS_PER_THREAD items per thread (taken as threads come free), at least 8 rows.
+
+    Why so few: each thread then streams long runs of weight rows, which the hardware prefetchers follow.
+    Q4_1 1536x576, one column, weights coming from memory as in decoding (a product over 80 matrices in
+    turn): one thread 44-46 us; 2 threads with 16 items each (17 KB) 54.8 us, 4 each 37.7, 2 each 30.8."""
+    per_slice = max(1, math.ceil(ITEMS_PER_THREAD * n_threads / max(n_slices, 1)))
     return max(8, math.ceil(M / per_slice))
 
 
@@ -487,24 +493,33 @@ def _direct(kind: int, w: np.ndarray, w_off: np.ndarray, nb: int, xf: np.ndarray
             ys: np.ndarray, yb: np.ndarray, N: int, w_base: np.ndarray, out: np.ndarray, params: ComputeParams,
             work: int) -> Compute:
     """The direct kernels' call for these operands: on the calling thread below PARALLEL_MIN_WORK, else
-    on params.n_threads threads (the caller and pool workers sharing the rows, see `threads`)."""
+    on params.n_threads threads (the caller and POOL's workers sharing the rows, see `threads`)."""
     nt = _kernel_threads(params, work)
     rounding = NUMERICS_CODES[params.numerics]
     if nt == 1:
-        return functools.partial(qd.mul_mat_rows_serial, kind, w, w_off, nb, xf, yq, yd, ys, yb, N, w_base, out,
-                                 rounding)
+        desc = qd.mul_mat_desc(kind, w, w_off, nb, xf, yq, yd, ys, yb, N, w_base, out, 0, _NO_COUNTER, rounding)
+        # the operands stay referenced here: the job holds only their addresses
+        return functools.partial(_run_alone, desc, (w, w_off, xf, yq, yd, ys, yb, w_base, out))
     chunk = _chunk(out.shape[1], w_base.shape[0], nt)
     ctr = np.zeros(2, np.int64)  # items taken, items done: reset by each call
-    helper = functools.partial(qd.mul_mat_rows, kind, w, w_off, nb, xf, yq, yd, ys, yb, N, w_base, out, chunk,
-                               ctr, False, rounding)
+    desc = qd.mul_mat_desc(kind, w, w_off, nb, xf, yq, yd, ys, yb, N, w_base, out, chunk, ctr, rounding)
+    operands = (w, w_off, xf, yq, yd, ys, yb, w_base, out, ctr)
 
     def run() -> None:
-        ctr[1] = 0
+        assert operands
         ctr[0] = 0
-        POOL.submit(helper, nt - 1)
-        qd.mul_mat_rows(kind, w, w_off, nb, xf, yq, yd, ys, yb, N, w_base, out, chunk, ctr, True, rounding)
+        ctr[1] = 0
+        POOL.run(qd.mul_mat_shared, desc, nt - 1)
 
     return run
+
+
+_NO_COUNTER = np.zeros(2, np.int64)
+
+
+def _run_alone(desc: np.ndarray, operands: tuple[np.ndarray, ...]) -> None:
+    """A direct product on the calling thread (`operands` keeps the job's arrays alive)."""
+    qd.mul_mat_job(desc, False)
 
 
 def _tiled_blas(kind: int, w: np.ndarray, w_off: np.ndarray, nb: int, x: np.ndarray, out: np.ndarray, N: int,

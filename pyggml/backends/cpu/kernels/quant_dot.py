@@ -74,6 +74,22 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from pyggml.backends.cpu.kernels.atomics import (
+    address,
+    atomic_add,
+    atomic_load,
+    pointer_f32,
+    pointer_i8,
+    pointer_i32,
+    pointer_i64,
+    pointer_u8,
+    spin_pause,
+    yield_cpu,
+)
+from pyggml.backends.cpu.kernels.atomics import (
+    element_pointer as _address,
+)
+from pyggml.backends.cpu.kernels.threads import SLOT_LEN, YIELD_POLLS, claim, finish, revoke
 from pyggml.core.quants import KVALUES_IQ4NL, KVALUES_MXFP4
 from pyggml.core.types import GGMLType
 
@@ -110,12 +126,6 @@ _I8 = ir.IntType(8)
 _I16 = ir.IntType(16)
 _I32 = ir.IntType(32)
 _F32 = ir.FloatType()
-
-
-def _address(context, builder, arrty, arr, offset):
-    """Pointer to element `offset` of a C-contiguous array (any number of dims, flat index)."""
-    a = context.make_array(arrty)(context, builder, value=arr)
-    return builder.gep(a.data, [offset])
 
 
 def _load_vector(builder, ptr, elem: ir.Type, n: int):
@@ -215,30 +225,6 @@ def fma_f32(typingctx, a, b, c):
 
     def codegen(context, builder, signature, args):
         return _fma(builder, *args)
-
-    return sig, codegen
-
-
-@intrinsic
-def atomic_add(typingctx, a, i, v):
-    """Atomically add `v` to int64 element `i` of `a`; returns the value before (sequentially consistent)."""
-    sig = types.int64(a, types.intp, types.int64)
-
-    def codegen(context, builder, signature, args):
-        p = _address(context, builder, signature.args[0], args[0], args[1])
-        return builder.atomic_rmw("add", p, args[2], "seq_cst")
-
-    return sig, codegen
-
-
-@intrinsic
-def atomic_load(typingctx, a, i):
-    """Int64 element `i` of `a`, read atomically (acquire): a loop polling it is not optimized away."""
-    sig = types.int64(a, types.intp)
-
-    def codegen(context, builder, signature, args):
-        p = _address(context, builder, signature.args[0], args[0], args[1])
-        return builder.load_atomic(p, "acquire", 8)
 
     return sig, codegen
 
@@ -1869,6 +1855,85 @@ def mul_mat_rows_serial(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, 
     """`mul_mat_rows` on the calling thread: no parallel region to launch (see matmul.PARALLEL_MIN_WORK)."""
     for s in range(w_base.shape[0]):
         _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, s, 0, out.shape[1], rounding)
+
+
+# --- MUL_MAT's rows as a job of threads.WorkerPool: the operands by address ---
+
+# the fields of a job (mul_mat_desc), from element 1 of a slot (element 0 is its state)
+_JOB_FIELDS = 31
+assert 1 + _JOB_FIELDS <= SLOT_LEN
+
+
+def mul_mat_desc(kind: int, w: np.ndarray, w_off: np.ndarray, nb: int, xf: np.ndarray, yq: np.ndarray,
+                 yd: np.ndarray, ys: np.ndarray, yb: np.ndarray, n_cols: int, w_base: np.ndarray, out: np.ndarray,
+                 chunk: int, ctr: np.ndarray, rounding: int) -> np.ndarray:
+    """`mul_mat_rows`' arguments as a job (a slot's layout: element 0 unused): each array by its address and
+    shape (each must be C-contiguous: the job sees it as such), the rest as numbers. `chunk` 0: the whole
+    product on one thread (`ctr` unused). The arrays must outlive every call of the job."""
+    desc = np.zeros(SLOT_LEN, np.int64)
+    fields: list[int] = [kind]
+    for a, dims, dtype in ((w, 1, np.uint8), (w_off, 1, np.int64), (nb, 0, None), (xf, 2, np.float32),
+                           (yq, 2, np.int8), (yd, 2, np.float32), (ys, 2, np.float32), (yb, 2, np.int32),
+                           (n_cols, 0, None), (w_base, 1, np.int64), (out, 2, np.float32), (chunk, 0, None),
+                           (ctr, 1, np.int64), (rounding, 0, None)):
+        if dims == 0:
+            fields.append(int(a))
+            continue
+        if a.dtype != dtype or a.ndim != dims or not a.flags.c_contiguous:
+            raise ValueError(f"mul_mat_desc: an operand of dtype {a.dtype}, shape {a.shape} is not a C-contiguous "
+                             f"{dims}-D {np.dtype(dtype)} array")
+        fields += [address(a), *a.shape] if a.size else [0, *a.shape]
+    assert len(fields) == _JOB_FIELDS
+    desc[1:1 + len(fields)] = fields
+    return desc
+
+
+@njit(nogil=True, cache=True)
+def mul_mat_job(d, shared):
+    """The MUL_MAT rows job `d` (see mul_mat_desc): `mul_mat_rows` on its operands, items from its counter
+    (`shared`: the caller's share, which returns when every item is done), or with chunk 0 the whole
+    product here."""
+    kind, nb, n_cols, chunk, rounding = d[1], d[6], d[22], d[28], d[31]
+    w = numba.carray(pointer_u8(d[2]), (d[3],))
+    w_off = numba.carray(pointer_i64(d[4]), (d[5],))
+    xf = numba.carray(pointer_f32(d[7]), (d[8], d[9]))
+    yq = numba.carray(pointer_i8(d[10]), (d[11], d[12]))
+    yd = numba.carray(pointer_f32(d[13]), (d[14], d[15]))
+    ys = numba.carray(pointer_f32(d[16]), (d[17], d[18]))
+    yb = numba.carray(pointer_i32(d[19]), (d[20], d[21]))
+    w_base = numba.carray(pointer_i64(d[23]), (d[24],))
+    out = numba.carray(pointer_f32(d[25]), (d[26], d[27]))
+    if chunk == 0:
+        for s in range(w_base.shape[0]):
+            _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, s, 0, out.shape[1],
+                           rounding)
+        return
+    ctr = numba.carray(pointer_i64(d[29]), (d[30],))
+    mul_mat_rows(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, chunk, ctr, shared, rounding)
+
+
+@njit(nogil=True, cache=True)
+def mul_mat_spin(slot, spins):
+    """A worker's loop (threads.WorkerPool's `spin`): runs the MUL_MAT jobs posted to `slot` until `spins`
+    polls pass without one."""
+    idle = 0
+    while idle < spins:
+        if claim(slot):
+            mul_mat_job(slot, False)
+            finish(slot)
+            idle = 0
+        else:
+            spin_pause()
+            idle += 1
+            if idle % YIELD_POLLS == 0:
+                yield_cpu()
+
+
+@njit(nogil=True, cache=True)
+def mul_mat_shared(d, slots, n):
+    """The caller's share of the job `d` posted to n workers' slots, then the slots revoked."""
+    mul_mat_job(d, True)
+    revoke(slots, n)
 
 
 # --- weight rows -> float32 (ggml's dequantize_row_<type>, same arithmetic) ---

@@ -1,4 +1,4 @@
-"""Threads of the CPU kernels: Python threads that run `nogil` numba kernels beside the caller.
+"""Threads of the CPU kernels: workers that spin in native code, as ggml's threadpool, between jobs.
 
 Why not numba's `parallel=True`: its OpenMP runtime (libgomp) makes the
 calling thread spin at the end of each parallel region until every worker has
@@ -9,56 +9,168 @@ one thread, 7.5 ms for a 4096x4096 one that takes 4 ms). OMP_WAIT_POLICY=passive
 cures it only if set before a libgomp is loaded, and `import torch` loads its
 own copy (same soname, which numba's OpenMP layer then uses).
 
-Here the caller queues the job for `n - 1` pool threads and runs it itself;
-the kernel takes its work items from an atomic counter (ggml's chunked
-scheduling), so a worker that wakes late finds fewer items, or none, and the
-caller never waits for a worker that has not started, only for items in
-flight. A late worker running a job whose call has returned finds the counter
-exhausted and returns, or, if the same prepared kernel has started its next
-call meanwhile, helps with that one (same operands), which is as correct.
+Why not Python threads woken per job (as before): a sleeping thread wakes in
+10-50 us on this VM (a futex wake of an idle vCPU, then the GIL), longer than
+most decode products take (Q4_1 1536x576, 4 columns, 2 threads: 70 us that
+way, 42 us with spinning native workers, 62 us on one thread).
+
+Here each worker owns a slot (a row of int64: state, then the job's fields, the
+operands as addresses) and polls it from a nogil numba loop (the pool's `spin`
+function, which knows the job) for `SPIN_SECONDS` after its last job before it
+sleeps on a condition. The caller posts a job to n slots, runs its own share,
+then revokes the slots: a slot still POSTED goes back to IDLE, one RUNNING is
+waited for. So no worker touches a job's memory after the caller returns. The
+kernel takes its work items from an atomic counter (ggml's chunked
+scheduling): a worker that starts late finds fewer items, or none.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
+import os
 import threading
+import time
 from collections.abc import Callable
+
+import numpy as np
+from numba import njit
+
+from pyggml.backends.cpu.kernels.atomics import atomic_cas, atomic_load, atomic_store, spin_pause
 
 log = logging.getLogger("pyggml.backends.cpu")
 
+IDLE, POSTED, RUNNING = 0, 1, 2  # a slot's state (its element 0)
+SLOT_LEN = 32  # int64 per slot: the state and up to 31 fields of a job (256 bytes: slots share no cache line)
+MAX_WORKERS = 511  # GGML_MAX_N_THREADS - 1
+SPIN_SECONDS = 0.001  # a worker polls this long after its last job before it sleeps
+YIELD_POLLS = 64  # a polling worker calls sched_yield every this many polls (~2 us)
+
+
+@njit(inline="always")
+def claim(slot) -> bool:
+    """A worker takes its slot's posted job (POSTED -> RUNNING); False when there is none."""
+    return atomic_load(slot, 0) == POSTED and atomic_cas(slot, 0, POSTED, RUNNING) == POSTED
+
+
+@njit(inline="always")
+def finish(slot) -> None:
+    """A worker is done with its slot's job (RUNNING -> IDLE)."""
+    atomic_store(slot, 0, IDLE)
+
+
+@njit(nogil=True, cache=True)
+def _idle_poll(slot, spins):
+    """`spins` polls of a slot that never gets a job (calibrates SPIN_SECONDS)."""
+    n = 0
+    for _ in range(spins):
+        if atomic_load(slot, 0) == POSTED:
+            n += 1
+        spin_pause()
+    return n
+
+
+@njit(cache=True)
+def _post(slots, desc, n):
+    """Copy the job `desc` (its fields from element 1) to slots 0..n-1 and mark them POSTED (release stores
+    after the fields). Not nogil: a sleeping worker checks its state under the GIL (see WorkerPool.run)."""
+    for i in range(n):
+        for k in range(1, desc.shape[0]):
+            slots[i, k] = desc[k]
+        atomic_store(slots, i * slots.shape[1], POSTED)
+
+
+@njit(inline="always")
+def revoke(slots, n) -> None:
+    """After the caller's share: slots 0..n-1 still POSTED go back to IDLE; a RUNNING one is waited for."""
+    for i in range(n):
+        at = i * slots.shape[1]
+        if atomic_cas(slots, at, POSTED, IDLE) == RUNNING:
+            while atomic_load(slots, at) == RUNNING:
+                spin_pause()
+
 
 class WorkerPool:
-    """Daemon threads taking jobs (functions of no arguments) from one queue."""
+    """Worker threads for jobs run by `spin(slot, spins)`: a nogil numba loop that claims and runs the jobs
+    posted to `slot` (see `claim`, `finish`) and returns after `spins` polls without one.
 
-    def __init__(self) -> None:
-        self.jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+    `run(shared, desc, n)` posts `desc` to n workers and calls `shared(desc, slots, n)`: the caller's own
+    share of the job, which ends by `revoke(slots, n)`. A second thread calling `run` while the workers
+    are taken computes alone (`shared(desc, slots, 0)`)."""
+
+    def __init__(self, spin: Callable[[np.ndarray, int], object]) -> None:
+        self.spin = spin
+        self.slots = np.zeros((MAX_WORKERS, SLOT_LEN), np.int64)
         self.workers: list[threading.Thread] = []
-        self.lock = threading.Lock()
+        self.conds: list[threading.Condition] = []
+        self.sleeping: list[bool] = []
+        self.lock = threading.Lock()  # held by the one caller using the workers
+        self.spins = 0
 
-    def _loop(self) -> None:
+    def _calibrate(self) -> int:
+        probe = np.zeros(SLOT_LEN, np.int64)
+        _idle_poll(probe, 10)
+        n = 20000
+        t0 = time.perf_counter()
+        _idle_poll(probe, n)
+        dt = max(time.perf_counter() - t0, 1e-7)
+        return max(1000, int(n * SPIN_SECONDS / dt))
+
+    def _loop(self, i: int) -> None:
+        slot, cond = self.slots[i], self.conds[i]
         while True:
-            job = self.jobs.get()
             try:
-                job()
-            except BaseException:  # a worker must survive; the caller's own share raises for it
+                self.spin(slot, self.spins)
+            except BaseException:  # a worker must survive, and free its slot for the caller waiting on it
                 log.exception("CPU worker thread: job failed")
+                slot[0] = IDLE
+            with cond:
+                self.sleeping[i] = True
+                while slot[0] != POSTED:
+                    cond.wait()
+                self.sleeping[i] = False
 
     def ensure(self, n_workers: int) -> None:
-        """Start threads until there are at least `n_workers`."""
+        """Start threads until there are at least `n_workers` (at most MAX_WORKERS)."""
+        n_workers = min(n_workers, MAX_WORKERS)
         if len(self.workers) >= n_workers:
             return
-        with self.lock:
-            while len(self.workers) < n_workers:
-                t = threading.Thread(target=self._loop, name=f"pyggml-cpu-{len(self.workers)}", daemon=True)
-                t.start()
-                self.workers.append(t)
+        if not self.spins:
+            self.spins = self._calibrate()
+        while len(self.workers) < n_workers:
+            i = len(self.workers)
+            self.conds.append(threading.Condition())
+            self.sleeping.append(False)
+            t = threading.Thread(target=self._loop, args=(i,), name=f"pyggml-cpu-{i}", daemon=True)
+            self.workers.append(t)
+            t.start()
 
-    def submit(self, job: Callable[[], None], n_workers: int) -> None:
-        """Queue `job` for `n_workers` threads (each that picks it up runs it once)."""
-        self.ensure(n_workers)
-        for _ in range(n_workers):
-            self.jobs.put(job)
+    def run(self, shared: Callable[[np.ndarray, np.ndarray, int], object], desc: np.ndarray, n_workers: int) -> None:
+        """Run the job `desc` on the calling thread and `n_workers` workers (see the class)."""
+        if not self.lock.acquire(blocking=False):
+            shared(desc, self.slots, 0)
+            return
+        try:
+            self.ensure(n_workers)
+            n = min(n_workers, len(self.workers))
+            _post(self.slots, desc, n)
+            # a worker sets `sleeping` and then reads its state, both under the GIL, as _post wrote the state
+            # before this reads `sleeping`: either the worker sees POSTED or this sees it asleep
+            for i in range(n):
+                if self.sleeping[i]:
+                    with self.conds[i]:
+                        self.conds[i].notify()
+            shared(desc, self.slots, n)
+        finally:
+            self.lock.release()
+
+    def _after_fork(self) -> None:
+        """In a forked child the workers do not exist: start afresh."""
+        self.__init__(self.spin)  # type: ignore[misc]
 
 
-POOL = WorkerPool()
+def new_pool(spin: Callable[[np.ndarray, int], object]) -> WorkerPool:
+    """A WorkerPool that a forked child process replaces with an empty one."""
+    pool = WorkerPool(spin)
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=pool._after_fork)
+    return pool
