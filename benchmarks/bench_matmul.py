@@ -11,7 +11,8 @@
     576x576 and 192x576, the Q8_0 49152x576 output) by src1 columns,
     N = 1, 2, 4, 8: what decoding N sequences in one batch costs in the
     direct kernels (alone: python benchmarks/bench_matmul.py --columns-only;
-    --column-threads: the same products on 1 thread vs --threads).
+    --column-threads: the same products on 1 thread vs --threads; --cold: with
+    the weights coming from memory, as in decoding).
 (--shapes TYPES) mat-vec of SmolLM2-135M's decode shapes (1536x576, 576x1536,
     576x576, 192x576, 49152x576) for the comma-separated weight types, on 1
     thread and on --threads (alone: --shapes-only). K-quants only where the
@@ -24,7 +25,7 @@ Each kernel is prepared once and computed many times, as a graph plan does;
 times are medians of `--repeats` runs, ours and the peer's alternating.
 
     python benchmarks/bench_matmul.py [--repeats 15] [--threads 2] [--sweep] [--thread-sweep]
-                                      [--columns | --columns-only | --column-threads]
+                                      [--columns | --columns-only | --column-threads [--cold]]
                                       [--shapes Q4_0,Q4_1 [--shapes-only]]
 """
 
@@ -159,26 +160,38 @@ def columns(rng: np.random.Generator, nt: int, repeats: int) -> None:
     print()
 
 
-def column_threads(rng: np.random.Generator, nt: int, repeats: int) -> None:
+def column_threads(rng: np.random.Generator, nt: int, repeats: int, cold: bool = False) -> None:
     """us of SmolLM2's decode products by src1 columns on 1 thread and on nt threads (PARALLEL_MIN_WORK forced
-    2^62 and 0, alternating): where threads pay off, for matmul._direct_work."""
+    2^62 and 0, alternating): where threads pay off, for matmul._direct_work. `cold`: each timed call runs
+    the product over enough distinct weight matrices (>= 48 MB, more than the L3 cache) in turn, so that the
+    weights come from memory, as in decoding."""
     cols = (1, 2, 3, 4)
-    print(f"SmolLM2 decode products, 1 thread vs {nt}, median of {repeats * 10} runs (us: 1 thread / {nt}; "
-          f"_direct_work's choice starred)")
+    where = "weights from memory" if cold else "weights in cache"
+    print(f"SmolLM2 decode products, {where}, 1 thread vs {nt}, median of {repeats * 10} runs (us: 1 thread / "
+          f"{nt}; _direct_work's choice starred)")
     print(f"  {'type':>6} {'shape':>10} " + " ".join(f"{f'N={n}':>15}" for n in cols))
     saved_work = matmul.PARALLEL_MIN_WORK
     for wtype, shape in SMOLLM2_SHAPES:
         cells = []
         for n in cols:
-            cases = []
+            groups = []
             for min_work in (1 << 62, 0):
                 matmul.PARALLEL_MIN_WORK = min_work
-                cases.append(Case(wtype, n, rng, nt, shape))
+                first = Case(wtype, n, rng, nt, shape)
+                copies = max(1, -(-(48 << 20) // first.weight_bytes)) if cold else 1
+                groups.append([first] + [Case(wtype, n, rng, nt, shape) for _ in range(copies - 1)])
             matmul.PARALLEL_MIN_WORK = saved_work
-            one, many = medians([c.compute for c in cases], repeats * 10)
+
+            def calls(group: list[Case]) -> Callable[[], None]:
+                def run() -> None:
+                    for c in group:
+                        c.compute()
+                return run
+
+            one, many = (t / len(groups[0]) for t in medians([calls(g) for g in groups], repeats * 10))
             threaded = matmul._direct_work(int(wtype), shape[0], shape[1], 1, n) >= saved_work
             cells.append(f"{one * 1e6:.0f}{'' if threaded else '*'}/{many * 1e6:.0f}{'*' if threaded else ''}")
-            for c in cases:
+            for c in (c for g in groups for c in g):
                 c.close()
         print(f"  {wtype.name:>6} {f'{shape[0]}x{shape[1]}':>10} " + " ".join(f"{c:>15}" for c in cells))
     print()
@@ -219,6 +232,7 @@ def main() -> None:
     parser.add_argument("--columns-only", action="store_true", help="only --columns")
     parser.add_argument("--column-threads", action="store_true",
                         help="only SmolLM2's decode products by src1 columns on 1 thread vs --threads")
+    parser.add_argument("--cold", action="store_true", help="--column-threads with the weights coming from memory")
     parser.add_argument("--shapes", default="", help="SmolLM2's decode shapes for these types (Q4_0,Q4_1)")
     parser.add_argument("--shapes-only", action="store_true", help="only --shapes")
     args = parser.parse_args()
@@ -227,7 +241,7 @@ def main() -> None:
 
     with threadpool_limits(limits=nt, user_api="blas"):
         if args.column_threads:
-            column_threads(rng, nt, args.repeats)
+            column_threads(rng, nt, args.repeats, args.cold)
             return
         if args.shapes:
             shapes(rng, args.shapes, nt, args.repeats)

@@ -103,7 +103,7 @@ BLAS_MIN_COLS = 16
 HALF_BLAS_MIN_COLS = 12
 # multiply-adds (weight elements x src1 columns) of a direct-kernel product below which it runs on the
 # calling thread. With POOL's spinning workers a hand-off costs 2-4 us, so 2 threads pay from products of
-# about 12 us on one thread (Q4_1 576x576, one column; 192x576, 4 columns: ~10 us, lose). The types whose
+# about 12-20 us on one thread (see _direct_work's figures; 10 us ones break even). The types whose
 # kernels serve several columns per pass over a weight row (quant_dot.COLS_KINDS) count their work in
 # mat-vec equivalents (see _direct_work). Measured figures: _direct_work.
 PARALLEL_MIN_WORK = 1 << 16
@@ -253,16 +253,12 @@ def _direct_work(kind: int, M: int, K: int, n_slices: int, N: int) -> int:
 
     Why: the quantized multi-column kernels (quant_dot.COLS_KINDS) make N columns cost about (N + 2) / 3
     one-column products (one thread; Q4_1 1536x576: 30, 41, 54, 66 us for N = 1..4), so counting N full
-    columns would hand products to threads that take less time than the hand-off pays for (Q4_1 576x576, 4
-    columns: 27 us on one thread, 31 on two). And their mat-vec is faster than those PARALLEL_MIN_WORK was
-    measured on, so the hand-off weighs more: on a quiet machine 2 threads pay from about 65 us on one
-    thread (~1.7M multiply-adds of mat-vec: Q4_1 3072x576, one column, 66 us on one thread, 56 on two;
-    1536x576, 4 columns, 64/63), with another process on the other core (as often here) they lose there
-    (1536x576, 4 columns, 66/85; 3072x576 60/84) and pay only for big products (Q8_0 49152x576, 4
-    columns, 2.61/1.10 ms). Hence (N + 2) / 6: threads from 2M multiply-adds of mat-vec, 4 columns from
-    1.5M. Measured (1 thread / 2 threads, us, medians, alternating: python benchmarks/bench_matmul.py
-    --column-threads), N = 1, 2, 3, 4: Q4_1 1536x576 30/35, 41/48, 54/60, 66/85, 192x576 5/8, 10/26, 13/18,
-    15/39; Q8_0 49152x576 1240/1140, 1629/1382, 1931/1740, 2548/1127.
+    columns would hand products to threads that take less time than the hand-off pays for. With (N + 2) / 6
+    and PARALLEL_MIN_WORK 2^16, SmolLM2's decode products go to threads from Q4_1 576x576 (one column) and
+    192x576 (2 columns) on, where 2 threads start to pay with the weights coming from memory, as in decoding.
+    Measured (1 thread / 2 threads, us, medians: python benchmarks/bench_matmul.py --column-threads --cold
+    --repeats 6), N = 1, 2, 3, 4: Q4_1 1536x576 47/35, 53/46, 62/38, 80/47; 576x576 19/20, 24/19, 29/22,
+    35/27; 192x576 11/12, 14/13, 15/14, 17/15; Q8_0 49152x576 1356/909, 2004/924, 1875/1302, 2539/1308.
     """
     if kind in (qd.F16, qd.BF16):  # their loops as before: N columns about (N + 1) / 2 one-column products
         return M * K * n_slices * (N + 1) // 2
