@@ -237,7 +237,7 @@ def test_q4_0_q8_0_exact_block_arithmetic(wtype: GGMLType, n: int, rng: np.rando
     assert np.all(np.abs(got - want) <= 1e-6 * np.abs(want).max())
 
 
-@pytest.mark.parametrize("wtype", [Q.Q4_1, Q.Q5_0, Q.Q3_K, Q.Q6_K, F16, BF16])
+@pytest.mark.parametrize("wtype", [Q.Q4_1, Q.Q5_0, Q.Q3_K, Q.Q6_K, F16, BF16, F32])
 def test_exact_and_blas_paths_agree(wtype: GGMLType, rng: np.random.Generator,
                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """The same product through the direct kernels and through dequantized tiles + BLAS (several tiles)."""
@@ -248,13 +248,14 @@ def test_exact_and_blas_paths_agree(wtype: GGMLType, rng: np.random.Generator,
     for min_cols, tile_bytes in ((10**9, matmul.TILE_BYTES), (1, 4 * K * 16)):
         monkeypatch.setattr(matmul, "BLAS_MIN_COLS", min_cols)
         monkeypatch.setattr(matmul, "HALF_BLAS_MIN_COLS", min_cols)
+        monkeypatch.setattr(matmul, "F32_BLAS_MIN_COLS", min_cols)
         monkeypatch.setattr(matmul, "TILE_BYTES", tile_bytes)  # 16 rows per tile: 50 rows take 4 tiles
         ctx = new_ctx(32)
         results.append(run(ctx.mul_mat(weight_tensor(ctx, wtype, stored), tensor(ctx, F32, x))))
     assert nmse(results[1], results[0]) < 1e-11
 
 
-@pytest.mark.parametrize("wtype", [Q.Q4_0, Q.Q4_K, F16])
+@pytest.mark.parametrize("wtype", [Q.Q4_0, Q.Q4_K, F16, F32])
 def test_thread_counts_give_identical_results(wtype: GGMLType, rng: np.random.Generator) -> None:
     stored, _ = random_weights(wtype, (1, 1, 100, 256), rng)
     x = rng.standard_normal((1, 1, 3, 256)).astype(np.float32)
@@ -264,6 +265,21 @@ def test_thread_counts_give_identical_results(wtype: GGMLType, rng: np.random.Ge
         got.append(run(ctx.mul_mat(weight_tensor(ctx, wtype, stored), tensor(ctx, F32, x)),
                        ComputeParams(n_threads=n_threads)))
     np.testing.assert_array_equal(got[0], got[1])  # each output is one row's dot: chunking cannot change it
+
+
+def test_f32_weights_take_the_direct_kernels_for_few_columns(rng: np.random.Generator) -> None:
+    """F32 weights: fewer than F32_BLAS_MIN_COLS columns go to the direct kernels (decoding streams the rows on
+    the kernel threads), more to BLAS; a dst the direct kernels cannot write in place goes to BLAS too."""
+    ctx = new_ctx(16)
+    w = tensor(ctx, F32, rng.standard_normal((1, 1, 40, 100)).astype(np.float32))  # K = 100: a tail after 96
+    for n, direct in ((1, True), (matmul.F32_BLAS_MIN_COLS - 1, True), (matmul.F32_BLAS_MIN_COLS, False)):
+        x = rng.standard_normal((1, 1, n, 100)).astype(np.float32)
+        node = ctx.mul_mat(w, tensor(ctx, F32, x))
+        fn = compile_node(node, ComputeParams(n_threads=2))
+        assert fn.__qualname__.startswith("_mul_mat_numba." if direct else "mul_mat_f32."), (n, fn.__qualname__)
+        fn()
+        want = x[0, 0].astype(np.float64) @ w.numpy()[0, 0].astype(np.float64).T
+        np.testing.assert_allclose(node.numpy()[0, 0], want, rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize("wtype", [Q.Q8_0, Q.Q5_1, Q.Q4_K, F16, BF16])

@@ -278,14 +278,14 @@ def flash_attn_ext_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray |
     def attend(qv: np.ndarray, kf: np.ndarray, vt: np.ndarray, rows: slice) -> None:
         """out[:, :, rows] from q's rows `rows` (qv: those rows, in K's vec_dot_type; vt: V^T)."""
         s = np.empty((ne3, nh, qv.shape[2], n_kv), F32)
-        mul_mat_f32(s, kf, qv)()
+        mul_mat_f32(s, kf, qv, params)()
         s *= scale
         if softcap != 0.0:
             np.tanh(s, out=s)
             s *= softcap
         m = _mask_of(mask[:, :, rows], ne3, nh, s.shape[2], n_kv, slopes) if mask is not None else None
         softmax_rows(s, m, sink4, s, lanes_exp, empty_rows_zero=True)
-        mul_mat_f32(out[:, :, rows], vt, s)()
+        mul_mat_f32(out[:, :, rows], vt, s, params)()
 
     if (k_type == v_type == GGMLType.F16 and n < GGML_FA_TILE_Q
             and not (n == 1 and ne3 == 1 and n_kv >= GGML_FA_SPLIT_KV)):

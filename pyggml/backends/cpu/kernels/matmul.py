@@ -101,6 +101,8 @@ OUT_PROD_SRC1_TYPES: tuple[GGMLType, ...] = (F32, F16, BF16)
 # 4096x4096 weights, 2 threads (python benchmarks/bench_matmul.py --sweep)
 BLAS_MIN_COLS = 16
 HALF_BLAS_MIN_COLS = 12
+# src1 columns from which F32 weights go to BLAS (fewer: the direct kernels, see mul_mat_f32)
+F32_BLAS_MIN_COLS = 32
 # multiply-adds (weight elements x src1 columns) of a direct-kernel product below which it runs on the
 # calling thread. With POOL's spinning workers a hand-off costs 2-4 us, so 2 threads pay from products of
 # about 12-20 us on one thread (see _direct_work's figures; 10 us ones break even). The types whose
@@ -260,7 +262,7 @@ def _direct_work(kind: int, M: int, K: int, n_slices: int, N: int) -> int:
     --repeats 6), N = 1, 2, 3, 4: Q4_1 1536x576 47/35, 53/46, 62/38, 80/47; 576x576 19/20, 24/19, 29/22,
     35/27; 192x576 11/12, 14/13, 15/14, 17/15; Q8_0 49152x576 1356/909, 2004/924, 1875/1302, 2539/1308.
     """
-    if kind in (qd.F16, qd.BF16):  # their loops as before: N columns about (N + 1) / 2 one-column products
+    if kind in (qd.F32, qd.F16, qd.BF16):  # their loops: N columns about (N + 1) / 2 one-column products
         return M * K * n_slices * (N + 1) // 2
     if kind in qd.COLS_KINDS:
         return M * K * n_slices * (N + 2) // 6
@@ -344,13 +346,29 @@ def mul_mat_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None],
     if a.ne[0] == 0:
         return lambda: dst.fill(0)
     if a.type == F32:
-        return mul_mat_f32(dst, src0, src1)
+        return mul_mat_f32(dst, src0, src1, params)
     return _mul_mat_numba(a.type, b.type, a.ne[0], dst, src0, src1, params)
 
 
-def mul_mat_f32(dst: np.ndarray, src0: np.ndarray, src1: np.ndarray) -> Compute:
+def mul_mat_f32(dst: np.ndarray, src0: np.ndarray, src1: np.ndarray, params: ComputeParams) -> Compute:
     """dst = src1 · src0^T for F32 arrays in ggml's (ne3, ne2, ne1, ne0) order, src0 broadcast over
-    src1's dims 2 and 3; FLASH_ATTN_EXT's two products go through here too (the same bits as MUL_MAT)."""
+    src1's dims 2 and 3; FLASH_ATTN_EXT's two products go through here too (the same bits as MUL_MAT).
+
+    Fewer than F32_BLAS_MIN_COLS src1 columns (decoding) with src0's rows contiguous: the direct kernels,
+    which stream the weight rows on the kernel threads (into dst, or into a scratch copied to a dst they
+    cannot write in place: the same bits either way); else BLAS, one call over all matrices."""
+    if src1.shape[2] < F32_BLAS_MIN_COLS and src0.strides[3] == 4 and src1.dtype == np.float32:
+        out = reshape_view(dst, (-1, dst.shape[-1]))
+        if out is not None and out.flags.c_contiguous:
+            return _mul_mat_numba(F32, F32, src0.shape[3], dst, src0, src1, params)
+        tmp = np.empty(dst.shape, np.float32)
+        direct = _mul_mat_numba(F32, F32, src0.shape[3], tmp, src0, src1, params)
+
+        def run_copy() -> None:
+            direct()
+            np.copyto(dst, tmp)
+
+        return run_copy
     ne13, ne12 = src1.shape[0], src1.shape[1]
     r3, r2 = ne13 // src0.shape[0], ne12 // src0.shape[1]
     if r3 == 1 and r2 == 1:
@@ -391,7 +409,7 @@ def _mul_mat_numba(wtype: GGMLType, xtype: GGMLType, K: int, dst: np.ndarray, sr
     if out is None or not out.flags.c_contiguous:
         raise ShapeError(f"CPU MUL_MAT: dst with shape {dst.shape} and strides {dst.strides} is not contiguous")
 
-    blas = N >= (BLAS_MIN_COLS if quantized else HALF_BLAS_MIN_COLS)
+    blas = wtype != F32 and N >= (BLAS_MIN_COLS if quantized else HALF_BLAS_MIN_COLS)  # F32: see mul_mat_f32
     # Q4_1/Q5_1 (vec_dot_type Q8_1): ggml's dot adds m * s per block, s = f16(d * sum(q)) from the unrounded
     # d, which differs from the q * f16(d) the dequantized product gives: on the BLAS path one more column per
     # block carries the weights' m times the difference
@@ -457,7 +475,7 @@ def _mul_mat_numba(wtype: GGMLType, xtype: GGMLType, K: int, dst: np.ndarray, sr
 
     # F16 / BF16 weights: src1 rounded to the weight type (unless it already is that type)
     assert get_x is not None
-    round_x = xtype == F32
+    round_x = xtype == F32 and wtype != F32
 
     def half_x() -> np.ndarray:
         x = get_x()

@@ -94,6 +94,7 @@ from pyggml.core.quants import KVALUES_IQ4NL, KVALUES_MXFP4
 from pyggml.core.types import GGMLType
 
 # kinds: the GGMLType numbers (module-level ints are compile-time constants in numba)
+F32 = int(GGMLType.F32)
 F16 = int(GGMLType.F16)
 BF16 = int(GGMLType.BF16)
 Q4_0 = int(GGMLType.Q4_0)
@@ -417,14 +418,37 @@ def _store_columns(context, builder, arrty, out, r, m, dots) -> None:
         builder.store(dot, _row_pointer(context, builder, arrty, out, builder.add(r, ir.Constant(r.type, c)), m)[0])
 
 
-def _make_dot_half_row(kind: int, ncols: int = 1):
-    """F16 or BF16 (`kind`) weight rows times float32 rows, in 32 lanes summed at the end.
+def _float_block(builder, pw, i, kind: int):
+    """Weight values 32i..32i+31 of an F32, F16 or BF16 (`kind`) row at byte pointer pw, as <32 x float>."""
+    if kind == F32:
+        return _load_vector(builder, builder.gep(pw, [builder.shl(i, ir.Constant(i.type, 7))]), _F32, 32)
+    return _widen_halves(builder, _load_vector(builder, builder.gep(pw, [builder.shl(i, ir.Constant(i.type, 6))]),
+                                               _I16, 32), kind)
 
-    `ncols` 1: `dot(w, o, x, j, n)` = sum_t half(w at byte o+2t) * x[j+t], t < n, n a multiple of 32.
+
+def _float_value(builder, pw, k, kind: int):
+    """Weight value k of an F32, F16 or BF16 row at byte pointer pw, as float."""
+    if kind == F32:
+        return builder.load(builder.bitcast(builder.gep(pw, [builder.shl(k, ir.Constant(k.type, 2))]),
+                                            _F32.as_pointer()), align=1)
+    h = builder.load(builder.bitcast(builder.gep(pw, [builder.shl(k, ir.Constant(k.type, 1))]), _I16.as_pointer()),
+                     align=1)
+    if kind == F16:
+        return builder.fpext(builder.bitcast(h, ir.HalfType()), _F32)
+    return builder.bitcast(builder.shl(builder.zext(h, _I32), ir.Constant(_I32, 16)), _F32)
+
+
+def _make_dot_half_row(kind: int, ncols: int = 1):
+    """F32, F16 or BF16 (`kind`) weight rows times float32 rows, in 32 lanes summed at the end.
+
+    `ncols` 1: `dot(w, o, x, j, n)` = sum_t value(w, t) * x[j+t], t < n, n a multiple of 32 (value t at byte
+    o+2t for halves, o+4t for F32).
     `ncols` > 1: `dot(w, w_off, base, m0, m1, x, r, n, out)` writes out[r + c, m] for c < n (n from 1 to
     ncols), m0 <= m < m1: weight row w_off[base + m] times x's rows r..r+n-1, whole: the elements after
     the last multiple of 32 are added one by one after the lanes' sum. A block of halves is widened once
     for all columns; each column's sum is the same bits as with `ncols` 1 (and its tail added after).
+    F32 weights come here for products of a few columns (see matmul.F32_BLAS_MIN_COLS): streaming rows on
+    the kernel threads instead of BLAS's mat-vec.
     """
     vf = ir.VectorType(_F32, 32)
 
@@ -435,8 +459,7 @@ def _make_dot_half_row(kind: int, ncols: int = 1):
         n_blocks = builder.ashr(n, ir.Constant(n.type, 5))
         with cgutils.for_range(builder, n_blocks) as loop:
             i = loop.index
-            wv = _load_vector(builder, builder.gep(pw, [builder.shl(i, ir.Constant(i.type, 6))]), _I16, 32)
-            wf = _widen_halves(builder, wv, kind)
+            wf = _float_block(builder, pw, i, kind)
             for px, acc in zip(cols, accs, strict=True):
                 xv = _load_vector(builder, builder.gep(px, [builder.shl(i, ir.Constant(i.type, 5))]), _F32, 32)
                 builder.store(_fmuladd(builder, wf, xv, builder.load(acc)), acc)
@@ -444,12 +467,7 @@ def _make_dot_half_row(kind: int, ncols: int = 1):
         if K is not None:
             with cgutils.for_range(builder, K, start=n) as loop:
                 k = loop.index
-                h = builder.load(builder.bitcast(builder.gep(pw, [builder.shl(k, ir.Constant(k.type, 1))]),
-                                                 _I16.as_pointer()), align=1)
-                if kind == F16:
-                    wk = builder.fpext(builder.bitcast(h, ir.HalfType()), _F32)
-                else:
-                    wk = builder.bitcast(builder.shl(builder.zext(h, _I32), ir.Constant(_I32, 16)), _F32)
+                wk = _float_value(builder, pw, k, kind)
                 for px, total in zip(cols, sums, strict=True):
                     product = builder.fmul(wk, builder.load(builder.gep(px, [k])))
                     builder.store(builder.fadd(builder.load(total), product), total)
@@ -964,6 +982,8 @@ dot_f16_cols = _make_dot_half_row(F16, COLS)
 dot_f16_cols.__doc__ = "F16 weight rows m0..m1-1 times x's rows r..r+n-1 (n <= COLS), whole (see _make_dot_half_row)."
 dot_bf16_cols = _make_dot_half_row(BF16, COLS)
 dot_bf16_cols.__doc__ = "BF16 weight rows m0..m1-1 times x's rows r..r+n-1 (n <= COLS), whole (see _make_dot_half_row)."
+dot_f32_cols = _make_dot_half_row(F32, COLS)
+dot_f32_cols.__doc__ = "F32 weight rows m0..m1-1 times x's rows r..r+n-1 (n <= COLS), whole (see _make_dot_half_row)."
 
 _Q8_0_SPEC = {"block_bytes": 34, "values": _q8_0_values}
 _Q4_0_SPEC = {"block_bytes": 18, "values": _q4_0_nibbles, "minus_8": True}
@@ -1812,6 +1832,9 @@ def _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, 
     elif kind == BF16:
         for r in range(r0, r1, COLS):
             dot_bf16_cols(w, w_off, base, m0, m1, xf, r, min(COLS, r1 - r), out)
+    elif kind == F32:
+        for r in range(r0, r1, COLS):
+            dot_f32_cols(w, w_off, base, m0, m1, xf, r, min(COLS, r1 - r), out)
 
 
 @njit(nogil=True, cache=True)
