@@ -449,3 +449,31 @@ def test_cpy_to_q8_0_rounds_by_the_setting(numerics: str, rng: np.random.Generat
     np.testing.assert_array_equal(got[..., 2:].view(np.int8).reshape(2, 64), yq)
     np.testing.assert_array_equal(got[..., :2].copy().view(np.float16)[..., 0].astype(np.float32), yd)
     assert np.array_equal(got.reshape(2, -1), quants.from_float(GGMLType.Q8_0, x)) == (numerics == "ref")
+
+
+def _max_left_to_right(row: np.ndarray) -> np.float32:
+    """ggml_vec_max_f32: MAX(max, x) = max > x ? max : x, from -inf, left to right."""
+    mx = np.float32(-np.inf)
+    for x in row:
+        mx = mx if mx > x else x
+    return mx
+
+
+@pytest.mark.parametrize("n", [0, 5, 16, 37, 256])
+def test_row_max_is_ggml_max(n: int, rng: np.random.Generator) -> None:
+    """SOFT_MAX's row maximum in 16 lanes equals ggml's left-to-right MAX, NaN behaviour included (a NaN is
+    forgotten by the next value unless it comes last), and -inf rows and signed zeros."""
+    from pyggml.backends.cpu.kernels.simd_math import row_max
+
+    rows = [rng.standard_normal(n).astype(np.float32), np.full(n, -np.inf, np.float32),
+            np.zeros(n, np.float32) * np.where(rng.random(n) < 0.5, -1, 1).astype(np.float32)]
+    if n:
+        for at in {0, n // 2, n - 1}:
+            r = rng.standard_normal(n).astype(np.float32)
+            r[at] = np.nan
+            rows.append(r)
+    for row in rows:
+        got, want = row_max(row, n), _max_left_to_right(row)
+        assert (np.isnan(got) and np.isnan(want)) or got == want, (row, got, want)
+    assert np.isnan(row_max(np.array([1, 2, np.nan], np.float32), 3))  # last: MAX keeps it
+    assert row_max(np.array([np.nan, 1, 2], np.float32), 3) == 2  # earlier: forgotten

@@ -25,7 +25,13 @@ from pyggml.backends.cpu.kernels._common import (
     scratch,
 )
 from pyggml.backends.cpu.kernels.quant_dot import fma_f32
-from pyggml.backends.cpu.kernels.simd_math import expf_inplace, host_lanes, softmax_exp_row, softmax_exp_rows
+from pyggml.backends.cpu.kernels.simd_math import (
+    expf_inplace,
+    host_lanes,
+    row_max,
+    softmax_exp_row,
+    softmax_exp_rows,
+)
 from pyggml.core.errors import ArgumentError, GGMLError, ShapeError
 from pyggml.core.ops.params import DiagMaskParams, GroupNormParams, NormParams, RopeParams, SoftMaxParams
 from pyggml.core.rope import (  # shared with other backends' kernels
@@ -259,9 +265,7 @@ def _soft_max_rows(x, scale, mask, slopes, fma, sinks, out, t, lanes):
                     else:
                         for i in range(n0):
                             t[i] = t[i] + slope * mr[i]
-                mx = np.float32(-np.inf)
-                for i in range(n0):
-                    mx = mx if mx > t[i] else t[i]
+                mx = row_max(t, n0)
                 if has_sinks:
                     mx = mx if mx > sinks[i2] else sinks[i2]
                 total = softmax_exp_row(t, orow, mx, lanes)

@@ -220,6 +220,18 @@ def round_f16(typingctx, x):
 
 
 @intrinsic
+def f16_bits(typingctx, x):
+    """float32 -> the bits of the nearest f16 (ties to even; the CPU's conversion, as ggml's F16C
+    GGML_FP32_TO_FP16), as uint16."""
+    sig = types.uint16(types.float32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), _I16)
+
+    return sig, codegen
+
+
+@intrinsic
 def fma_f32(typingctx, a, b, c):
     """a * b + c for float32 scalars, rounded once (llvm.fma: the FMA instruction, or libm's exact fmaf)."""
     sig = types.float32(types.float32, types.float32, types.float32)

@@ -22,6 +22,7 @@ import numpy as np
 from llvmlite import binding as llvm_binding
 from llvmlite import ir
 from numba import njit, types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 from pyggml.backends.cpu.kernels.quant_dot import _F32, _address, _load_vector, _sum_f32_tree, fma_f32
@@ -143,6 +144,55 @@ def _make_tree_sum(lanes: int):
 
 _tree_sum16 = _make_tree_sum(16)
 _tree_sum8 = _make_tree_sum(8)
+
+
+@intrinsic
+def _lanes_max(typingctx, a, n):
+    """The maximum of a[:n] (a float32 row, unit stride) as MAX(x, y) = x > y ? x : y in 16 lanes, then over
+    the lanes and the tail; NaN if any value is NaN (the caller then takes ggml's left-to-right order, which
+    a NaN makes matter: MAX forgets a NaN unless it comes last). Without NaN any order gives the same
+    maximum (a -0/+0 tie only changes the zero's sign, which x - max does not see)."""
+    def codegen(context, builder, signature, args):
+        v16 = ir.VectorType(_F32, 16)
+        base = _address(context, builder, signature.args[0], args[0], ir.Constant(args[1].type, 0))
+        n = args[1]
+        acc = cgutils.alloca_once_value(builder, ir.Constant(v16, [float("-inf")] * 16))
+        nan = cgutils.alloca_once_value(builder, ir.Constant(ir.VectorType(ir.IntType(1), 16), [0] * 16))
+        with cgutils.for_range(builder, builder.sdiv(n, ir.Constant(n.type, 16))) as loop:
+            v = _load_vector(builder, builder.gep(base, [builder.mul(loop.index, ir.Constant(n.type, 16))]), _F32, 16)
+            old = builder.load(acc)
+            builder.store(builder.select(builder.fcmp_ordered(">", old, v), old, v), acc)
+            builder.store(builder.or_(builder.load(nan), builder.fcmp_unordered("uno", v, v)), nan)
+        lanes = builder.load(acc)
+        best = cgutils.alloca_once_value(builder, builder.extract_element(lanes, ir.Constant(ir.IntType(32), 0)))
+        any_nan = cgutils.alloca_once_value(builder, ir.Constant(ir.IntType(1), 0))
+        nans = builder.load(nan)
+        for j in range(16):
+            x = builder.extract_element(lanes, ir.Constant(ir.IntType(32), j))
+            b = builder.load(best)
+            builder.store(builder.select(builder.fcmp_ordered(">", b, x), b, x), best)
+            builder.store(builder.or_(builder.load(any_nan), builder.extract_element(nans, ir.Constant(
+                ir.IntType(32), j))), any_nan)
+        with cgutils.for_range(builder, n, start=builder.mul(builder.sdiv(n, ir.Constant(n.type, 16)),
+                                                             ir.Constant(n.type, 16))) as loop:
+            x = builder.load(builder.gep(base, [loop.index]))
+            b = builder.load(best)
+            builder.store(builder.select(builder.fcmp_ordered(">", b, x), b, x), best)
+            builder.store(builder.or_(builder.load(any_nan), builder.fcmp_unordered("uno", x, x)), any_nan)
+        return builder.select(builder.load(any_nan), ir.Constant(_F32, float("nan")), builder.load(best))
+
+    return types.float32(a, types.intp), codegen
+
+
+@njit(nogil=True, cache=True, inline="always", error_model="numpy")
+def row_max(t, n):
+    """ggml_vec_max_f32 of t[:n]: MAX left to right (16 lanes where no value is NaN, see _lanes_max)."""
+    mx = _lanes_max(t, n)
+    if mx != mx:
+        mx = np.float32(-np.inf)
+        for i in range(n):
+            mx = mx if mx > t[i] else t[i]
+    return mx
 
 
 @njit(nogil=True, cache=True, inline="always", error_model="numpy")
