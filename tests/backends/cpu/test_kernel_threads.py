@@ -19,6 +19,7 @@ from numba import njit
 
 from pyggml.backends.cpu.kernels import ComputeParams, atomics, matmul, threads
 from pyggml.backends.cpu.kernels import quant_dot as qd
+from pyggml.core.errors import ArgumentError
 from pyggml.core.types import GGMLType
 
 
@@ -287,3 +288,21 @@ def test_row_loops_portable_and_native_agree(block_bytes: int, values: str, minu
         out = np.zeros(M, np.float32)
         row_loop(sums)(w, yq, yd, yb, out)
         np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-3)
+
+
+def test_spin_time_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(threads.ENV_SPIN_US, raising=False)
+    assert threads.spin_seconds() == threads.SPIN_SECONDS
+    monkeypatch.setenv(threads.ENV_SPIN_US, "250")
+    assert threads.spin_seconds() == pytest.approx(250e-6)
+    monkeypatch.setenv(threads.ENV_SPIN_US, "0")  # sleep at once: a worker still looks at its slot once
+    pool = threads.WorkerPool(_add_spin)
+    pool.ensure(1)
+    assert pool.spins == 1
+    hits = np.zeros(1, np.int64)
+    pool.run(_wait_then_revoke, _add_desc(hits, 3), 1)  # woken from its sleep for each job
+    assert hits[0] == 3
+    for bad in ("abc", "-1", "2000000"):
+        monkeypatch.setenv(threads.ENV_SPIN_US, bad)
+        with pytest.raises(ArgumentError, match=threads.ENV_SPIN_US):
+            threads.spin_seconds()
