@@ -23,11 +23,14 @@ one (156-166 tokens/s; --requests 6 --max-tokens 32), near the bound of 22 vs 13
 the multi-column kernels' VNNI sums and gathered scales, vectorized SwiGLU and softmax rows, GIL-free kernels
 and one event per non-streamed answer: steps of 10.2-11.2 ms for 1 sequence and 16.3-17.9 ms for 4
 (2.47-2.55x), serve 2.24-2.49x (197-234 tokens/s for 4 clients, 85-96 for one; --clients 1,4 --requests 8).
-Then workers that spin in native code for the threaded products (a hand-off of 2-4 us instead of 10-50, so
-2 threads pay from ~12 us products; the kernels' threads) and a warm-up of every batch shape: steps of
-9.2-9.4 ms for 1 sequence and 13.2-13.6 ms for 4 (2.77-2.78x), serve 2.59-2.66x (283-284 tokens/s for 4
-clients, 107-109 for one; --clients 1,4 --requests 8, 3 rounds; single rounds before the rounds and the
-warm-up ranged 2.2-3.0x on this shared machine).
+Then workers that poll in native code for the threaded products (a hand-off of 2-4 us instead of 10-50, so
+2 threads pay from ~12 us products; the kernels' threads), F32 attention products on the direct kernels,
+a 16-lane softmax maximum, a numba SET_ROWS, and a warm-up of every batch shape: steps of 8.9-9.3 ms for 1
+sequence and 12.9-13.1 ms for 4 (2.79-2.84x), serve 2.51-2.70x with 4 slots (--clients 1,4 --requests 8,
+3 rounds: 254-292 tokens/s for 4 clients, 101-113 for one; single rounds before the rounds and the warm-up
+ranged 2.2-3.0x on this shared machine). With the default levels the server has 8 slots, and the 4-client
+level comes after 8 clients filled every slot's cache: the cells the idle slots keep (for prompt reuse)
+make attention read 512-768 cells instead of 256, and 4 clients get 1.8-1.9x one client's tokens/s.
 
     python benchmarks/bench_serve.py [--requests 4] [--max-tokens 32] [--clients 1,2,4,8] [--rounds 3]
                                      [--models builtin,smollm2]

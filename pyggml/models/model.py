@@ -261,6 +261,7 @@ class Model:
         # Beyond llama.cpp, which keeps only the last graph: the last KEEP_GRAPHS graphs by their shapes, each
         # kept by the scheduler with its splits and plans, so that a token's graph survives a prompt's
         self._graphs: dict[GraphKey, tuple[Context, GraphInputs, Graph]] = {}  # least recently used first
+        self.keep_graphs = KEEP_GRAPHS if self.reuse_graphs else 1  # see set_keep_graphs
         self._last_key: GraphKey | None = None
         self.n_graphs_built = 0  # graphs built (the rest of the batches reused one)
 
@@ -374,7 +375,7 @@ class Model:
         else:
             if not self.reuse_graphs:
                 self._forget_graph()
-            while len(self._graphs) >= KEEP_GRAPHS:
+            while len(self._graphs) >= self.keep_graphs:
                 self._drop_graph(next(iter(self._graphs)))
             ctx = self._new_ctx()
             try:
@@ -409,6 +410,20 @@ class Model:
             ctx.free()
         self._graphs = {}
         self._last_key = None
+
+    def set_keep_graphs(self, n: int) -> None:
+        """Keep the last `n` graphs by their shapes (default KEEP_GRAPHS; 1 where graphs are not reused): a
+        caller whose batches come in more shapes keeps more, so that none is built again (pyggml serve with
+        -np 8 sees up to 8 decoding sequences, and prompts beside them). Each costs ~1.2 MB of metadata
+        (SmolLM2-135M), no compute memory."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ArgumentError(f"keep_graphs must be an int >= 1, got {n!r}")
+        if not self.reuse_graphs:
+            return
+        self.keep_graphs = n
+        self.runner.sched.keep_graphs = n
+        while len(self._graphs) > n:
+            self._drop_graph(next(iter(self._graphs)))
 
     def _drop_graph(self, key: GraphKey) -> None:
         ctx, _, gf = self._graphs.pop(key)

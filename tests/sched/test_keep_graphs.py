@@ -11,6 +11,7 @@ import pyggml.models as pm
 from pyggml.backend import tensor_get_numpy, tensor_set_numpy
 from pyggml.backends.cpu import cpu_init
 from pyggml.core.context import Context
+from pyggml.core.errors import ArgumentError
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import Tensor
 from pyggml.models.builtin import builtin_model_path
@@ -163,3 +164,28 @@ def test_a_model_keeps_its_prompt_and_token_graphs(n_backends: int) -> None:
     finally:
         kept.free()
         fresh.free()
+
+
+def test_a_model_keeps_as_many_graphs_as_set() -> None:
+    """set_keep_graphs: with 2 kept, three batch shapes in turn build a graph every time; with 3, each shape is
+    built once and taken up again after. Shrinking drops the oldest; a bad count raises."""
+    model = pm.load(builtin_model_path(), n_ctx=64, progress=False)
+    try:
+        for keep, built in ((2, 9), (3, 3)):
+            model.reset()
+            model.set_keep_graphs(keep)
+            model._forget_graph()
+            start = model.n_graphs_built
+            for _ in range(3):
+                model.reset()
+                for n in (1, 2, 3):  # three shapes (n tokens each)
+                    model.eval(list(range(5, 5 + n)))
+            assert model.n_graphs_built - start == built, keep
+        assert len(model._graphs) == 3
+        model.set_keep_graphs(1)
+        assert len(model._graphs) == 1 and model.runner.sched.keep_graphs == 1
+        for bad in (0, -2, 2.5, True):
+            with pytest.raises(ArgumentError, match="keep_graphs"):
+                model.set_keep_graphs(bad)  # type: ignore[arg-type]
+    finally:
+        model.free()
