@@ -30,7 +30,10 @@ sequence and 12.9-13.1 ms for 4 (2.79-2.84x), serve 2.51-2.70x with 4 slots (--c
 3 rounds: 254-292 tokens/s for 4 clients, 101-113 for one; single rounds before the rounds and the warm-up
 ranged 2.2-3.0x on this shared machine). With the default levels the server has 8 slots, and the 4-client
 level comes after 8 clients filled every slot's cache: the cells the idle slots keep (for prompt reuse)
-make attention read 512-768 cells instead of 256, and 4 clients get 1.8-1.9x one client's tokens/s.
+make attention read 512-768 cells instead of 256. Its KQ product went through BLAS, whose 9 small gemms
+woke OpenBLAS's sleeping threads each time (330 us a layer at 768 cells): 4 clients got 1.8-1.9x one.
+On the direct kernels (linear in the cells): 2.49-2.61x (231-240 tokens/s for 4 clients, 92-93 for one,
+345-350 for 8; the default command, SmolLM2), and 2.41-2.53x with 4 slots (--clients 1,4 --requests 8).
 
     python benchmarks/bench_serve.py [--requests 4] [--max-tokens 32] [--clients 1,2,4,8] [--rounds 3]
                                      [--models builtin,smollm2]

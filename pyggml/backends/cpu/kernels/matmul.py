@@ -101,11 +101,10 @@ OUT_PROD_SRC1_TYPES: tuple[GGMLType, ...] = (F32, F16, BF16)
 # 4096x4096 weights, 2 threads (python benchmarks/bench_matmul.py --sweep)
 BLAS_MIN_COLS = 16
 HALF_BLAS_MIN_COLS = 12
-# src1 columns from which F32 weights go to BLAS (fewer: the direct kernels, see mul_mat_f32), and the
-# shortest rows the direct kernels take (shorter rows, as attention's K of 64 per head, cost more in the
-# row's lane sums than in the multiply-adds: KQ of SmolLM2, 4 columns, 45 us direct vs 37 through BLAS)
+# src1 columns from which F32 weights go to BLAS (fewer: the direct kernels, see mul_mat_f32). Attention's
+# KQ too (rows of 64 per head): through BLAS it was 37 us at 256 cells but 330 at 768 (SmolLM2, 4 tokens: 9
+# small gemms, each waking OpenBLAS's sleeping threads), direct 45 us at 256, linear in the cells
 F32_BLAS_MIN_COLS = 32
-F32_DIRECT_MIN_K = 128
 # multiply-adds (weight elements x src1 columns) of a direct-kernel product below which it runs on the
 # calling thread. With POOL's spinning workers a hand-off costs 2-4 us, so 2 threads pay from products of
 # about 12-20 us on one thread (see _direct_work's figures; 10 us ones break even). The types whose
@@ -357,12 +356,10 @@ def mul_mat_f32(dst: np.ndarray, src0: np.ndarray, src1: np.ndarray, params: Com
     """dst = src1 · src0^T for F32 arrays in ggml's (ne3, ne2, ne1, ne0) order, src0 broadcast over
     src1's dims 2 and 3; FLASH_ATTN_EXT's two products go through here too (the same bits as MUL_MAT).
 
-    Fewer than F32_BLAS_MIN_COLS src1 columns (decoding) with src0's rows contiguous and at least
-    F32_DIRECT_MIN_K long: the direct kernels,
+    Fewer than F32_BLAS_MIN_COLS src1 columns (decoding) with src0's rows contiguous: the direct kernels,
     which stream the weight rows on the kernel threads (into dst, or into a scratch copied to a dst they
     cannot write in place: the same bits either way); else BLAS, one call over all matrices."""
-    if (src1.shape[2] < F32_BLAS_MIN_COLS and src0.shape[3] >= F32_DIRECT_MIN_K and src0.strides[3] == 4
-            and src1.dtype == np.float32):
+    if src1.shape[2] < F32_BLAS_MIN_COLS and src0.strides[3] == 4 and src1.dtype == np.float32:
         out = reshape_view(dst, (-1, dst.shape[-1]))
         if out is not None and out.flags.c_contiguous:
             return _mul_mat_numba(F32, F32, src0.shape[3], dst, src0, src1, params)

@@ -16,12 +16,14 @@ way, 42 us with spinning native workers, 62 us on one thread).
 
 Here each worker owns a slot (a row of int64: state, then the job's fields, the
 operands as addresses) and polls it from a nogil numba loop (the pool's `spin`
-function, which knows the job) for `SPIN_SECONDS` after its last job before it
-sleeps on a condition. The caller posts a job to n slots, runs its own share,
-then revokes the slots: a slot still POSTED goes back to IDLE, one RUNNING is
-waited for. So no worker touches a job's memory after the caller returns. The
-kernel takes its work items from an atomic counter (ggml's chunked
-scheduling): a worker that starts late finds fewer items, or none.
+function, which knows the job) for `spin_seconds()` after its last job before
+it sleeps on a condition, calling sched_yield every YIELD_POLLS polls so that
+the process's other threads (serve's event loop) still get the core. The
+caller posts a job to n slots, runs its own share, then revokes the slots: a
+slot still POSTED goes back to IDLE, one RUNNING is waited for. So no worker
+touches a job's memory after the caller returns. The kernel takes its work
+items from an atomic counter (ggml's chunked scheduling): a worker that
+starts late finds fewer items, or none.
 """
 
 from __future__ import annotations
