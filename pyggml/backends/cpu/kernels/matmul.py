@@ -264,8 +264,6 @@ def _direct_work(kind: int, M: int, K: int, n_slices: int, N: int) -> int:
     --repeats 6), N = 1, 2, 3, 4: Q4_1 1536x576 47/35, 53/46, 62/38, 80/47; 576x576 19/20, 24/19, 29/22,
     35/27; 192x576 11/12, 14/13, 15/14, 17/15; Q8_0 49152x576 1356/909, 2004/924, 1875/1302, 2539/1308.
     """
-    if kind in (qd.F32, qd.F16, qd.BF16):  # their loops: N columns about (N + 1) / 2 one-column products
-        return M * K * n_slices * (N + 1) // 2
     if kind in qd.COLS_KINDS:
         return M * K * n_slices * (N + 2) // 6
     return M * K * n_slices * N
@@ -519,15 +517,7 @@ def _direct(kind: int, w: np.ndarray, w_off: np.ndarray, nb: int, xf: np.ndarray
     chunk = _chunk(out.shape[1], w_base.shape[0], nt)
     ctr = np.zeros(2, np.int64)  # items taken, items done: reset by each call
     desc = qd.mul_mat_desc(kind, w, w_off, nb, xf, yq, yd, ys, yb, N, w_base, out, chunk, ctr, rounding)
-    operands = (w, w_off, xf, yq, yd, ys, yb, w_base, out, ctr)
-
-    def run() -> None:
-        assert operands
-        ctr[0] = 0
-        ctr[1] = 0
-        POOL.run(qd.mul_mat_shared, desc, nt - 1)
-
-    return run
+    return functools.partial(_run_shared, desc, ctr, nt - 1, (w, w_off, xf, yq, yd, ys, yb, w_base, out))
 
 
 _NO_COUNTER = np.zeros(2, np.int64)
@@ -536,6 +526,14 @@ _NO_COUNTER = np.zeros(2, np.int64)
 def _run_alone(desc: np.ndarray, operands: tuple[np.ndarray, ...]) -> None:
     """A direct product on the calling thread (`operands` keeps the job's arrays alive)."""
     qd.mul_mat_job(desc, False)
+
+
+def _run_shared(desc: np.ndarray, ctr: np.ndarray, n_workers: int, operands: tuple[np.ndarray, ...]) -> None:
+    """A direct product on the calling thread and n_workers of POOL's, the counter `ctr` reset first
+    (`operands` keeps the job's arrays alive)."""
+    ctr[0] = 0
+    ctr[1] = 0
+    POOL.run(qd.mul_mat_shared, desc, n_workers)
 
 
 def _tiled_blas(kind: int, w: np.ndarray, w_off: np.ndarray, nb: int, x: np.ndarray, out: np.ndarray, N: int,

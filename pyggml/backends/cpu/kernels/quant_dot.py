@@ -1917,7 +1917,7 @@ def mul_mat_desc(kind: int, w: np.ndarray, w_off: np.ndarray, nb: int, xf: np.nd
         if a.dtype != dtype or a.ndim != dims or not a.flags.c_contiguous:
             raise ValueError(f"mul_mat_desc: an operand of dtype {a.dtype}, shape {a.shape} is not a C-contiguous "
                              f"{dims}-D {np.dtype(dtype)} array")
-        fields += [address(a), *a.shape] if a.size else [0, *a.shape]
+        fields += [address(a), *a.shape]
     assert len(fields) == _JOB_FIELDS
     desc[1:1 + len(fields)] = fields
     return desc
