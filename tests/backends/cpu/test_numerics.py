@@ -93,6 +93,45 @@ def test_quantize_rows_equal_the_numpy_reference(kind: GGMLType, rounding: str, 
     np.testing.assert_array_equal(yb.reshape(-1), q.reshape(-1, 16).sum(axis=1))
 
 
+@pytest.mark.parametrize("rounding", NUMERICS_CHOICES)
+@pytest.mark.parametrize("kind", [GGMLType.Q8_0, GGMLType.Q8_1])
+def test_quantize_rows_with_inf_or_nan_take_the_block_by_block_loop(kind: GGMLType, rounding: str,
+                                                                     rng: np.random.Generator) -> None:
+    """A row holding an inf or NaN is quantized block by block with ggml's left-to-right MAX (where a NaN's
+    place matters); the finite rows beside it keep the 32-lane path's (the reference's) bits."""
+    x = src1_rows(rng, 5, 256)
+    x[2, 40] = np.inf
+    x[3, 3] = np.nan  # early in its block: MAX(amax, NaN) is NaN, then the later values win again
+    x[4, 31] = np.nan  # last in its block: the block's amax is NaN
+    yq, yd, ys, yb = quantize(kind, x, rounding)
+    want_q, want_b = np.zeros_like(yq), np.zeros_like(yb)
+    for r in (2, 3, 4):
+        for b in range(8):
+            d, total = qd._q8_block_scalar(x, want_q, want_b, r, b, CODES[rounding])
+            np.testing.assert_array_equal(yd[r, b], np.float32(np.float16(d)))
+            if kind == GGMLType.Q8_1:
+                with np.errstate(over="ignore", invalid="ignore"):  # f16(inf * ...) as ggml's conversion
+                    s = np.float32(np.float16(np.float32(total) * d))
+                np.testing.assert_array_equal(ys[r, b], s)
+    np.testing.assert_array_equal(yq[2:], want_q[2:])
+    np.testing.assert_array_equal(yb[2:], want_b[2:])
+    # rows 0 and 1 are finite: the numpy reference's bits
+    q, d, _ = q8_blocks(x[:2], rounding)
+    np.testing.assert_array_equal(yq[:2].reshape(-1, 32), q)
+    np.testing.assert_array_equal(yd[:2].reshape(-1), d.astype(np.float16).astype(np.float32))
+    # the NaN early in row 3's block 0 does not poison the block's scale: ggml's MAX drops it again
+    assert np.isfinite(yd[3, 0]) and np.isnan(yd[4, 0])
+    assert yd[2, 1] == np.inf
+
+
+def test_quantize_rows_refuses_strided_rows(rng: np.random.Generator) -> None:
+    x = rng.standard_normal((4, 64)).astype(np.float32)[::2]
+    yq, yd, ys, yb = (np.zeros((2, 64), np.int8), np.zeros((2, 2), np.float32), np.zeros((2, 2), np.float32),
+                      np.zeros((2, 4), np.int32))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        qd.quantize_rows(int(GGMLType.Q8_0), x, yq, yd, ys, yb, qd.ROUND_X86)
+
+
 def test_the_two_roundings_differ_where_expected(rng: np.random.Generator) -> None:
     x = src1_rows(rng, 64, 512)
     ref, x86 = quantize(GGMLType.Q8_0, x, "ref")[0], quantize(GGMLType.Q8_0, x, "x86")[0]

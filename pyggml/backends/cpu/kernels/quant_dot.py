@@ -1514,9 +1514,63 @@ def _roundf(v: float) -> int:
     return int(a) if v >= 0 else -int(a)
 
 
-@njit(nogil=True, cache=True, inline="always")
-def _q8_block(x, yq, yb, r, b, rounding):
-    """Quantize block b (32 values) of row r in place into yq and yb; returns (amax / 127, sum of the quants).
+@intrinsic
+def abs_max32(typingctx, x, i):
+    """max |x[i+t]|, t < 32 (float32 array, flat index), as the integer maximum of the bit patterns with the sign
+    cleared: for floats that are not NaN the order of their bits, so the exact max in any order; a NaN among
+    them gives a NaN (the callers then take ggml's left-to-right MAX, where the order matters)."""
+    sig = types.float32(x, types.intp)
+
+    def codegen(context, builder, signature, args):
+        v = _load_vector(builder, _address(context, builder, signature.args[0], args[0], args[1]), _I32, 32)
+        v = builder.and_(v, ir.Constant(ir.VectorType(_I32, 32), [0x7FFFFFFF] * 32))
+        fnty = ir.FunctionType(_I32, [v.type])
+        m = builder.call(builder.module.declare_intrinsic("llvm.vector.reduce.smax.v32i32", fnty=fnty), [v])
+        return builder.bitcast(m, _F32)
+
+    return sig, codegen
+
+
+def _make_quantize_block32(rounding: int):
+    @intrinsic
+    def quantize_block32(typingctx, x, i, mul, yq, j, yb, k):
+        sig = types.int32(x, types.intp, types.float32, yq, types.intp, yb, types.intp)
+
+        def codegen(context, builder, signature, args):
+            vf = ir.VectorType(_F32, 32)
+            v = _load_vector(builder, _address(context, builder, signature.args[0], args[0], args[1]), _F32, 32)
+            p = builder.fmul(v, _splat(builder, args[2], 32))  # the float32 products, as both C paths
+            name = "llvm.rint.v32f32" if rounding == ROUND_X86 else "llvm.round.v32f32"
+            q = builder.call(builder.module.declare_intrinsic(name, fnty=ir.FunctionType(vf, [vf])), [p])
+            q32 = builder.fptosi(q, ir.VectorType(_I32, 32))
+            py = _address(context, builder, signature.args[3], args[3], args[4])
+            builder.store(builder.trunc(q32, ir.VectorType(_I8, 32)),
+                          builder.bitcast(py, ir.VectorType(_I8, 32).as_pointer()), align=1)
+            half = ir.VectorType(_I32, 16)
+            s0 = _reduce_add_i32(builder, builder.shuffle_vector(q32, q32, ir.Constant(half, list(range(16)))), 16)
+            s1 = _reduce_add_i32(builder, builder.shuffle_vector(q32, q32, ir.Constant(half, list(range(16, 32)))),
+                                 16)
+            pb = _address(context, builder, signature.args[5], args[5], args[6])
+            builder.store(s0, pb)
+            builder.store(s1, builder.gep(pb, [ir.Constant(args[6].type, 1)]))
+            return builder.add(s0, s1)
+
+        return sig, codegen
+
+    return quantize_block32
+
+
+quantize_block32_x86 = _make_quantize_block32(ROUND_X86)
+quantize_block32_x86.__doc__ = ("yq[j+t] = the float32 x[i+t] * mul rounded half to even (_mm256_round_ps), t < 32; "
+                                "yb[k], yb[k+1] the sums of the first and last 16; returns their total.")
+quantize_block32_ref = _make_quantize_block32(ROUND_REF)
+quantize_block32_ref.__doc__ = "As quantize_block32_x86, rounded halves away from zero (roundf)."
+
+
+@njit(nogil=True, cache=True)
+def _q8_block_scalar(x, yq, yb, r, b, rounding):
+    """Quantize block b (32 values) of row r into yq and yb, one value at a time; returns (amax / 127, sum of
+    the quants). ggml's MAX left to right: rows holding an inf or NaN come here (see _quantize_q8_row).
 
     ROUND_REF, quantize_row_q8_0_ref: v * (1 / d), roundf. ROUND_X86, the AVX2 quantize_row_q8_0/q8_1:
     v * (127 / amax) in float32, rounded half to even (_mm256_round_ps, _MM_ROUND_NEAREST).
@@ -1543,22 +1597,52 @@ def _q8_block(x, yq, yb, r, b, rounding):
             s1 += q
     yb[r, 2 * b] = s0
     yb[r, 2 * b + 1] = s1
-    return d, s0 + s1
+    return d, np.int64(s0 + s1)
 
 
 @njit(nogil=True, cache=True)
-def _quantize_q8_0_row(x, yq, yd, yb, r, rounding):
-    for b in range(x.shape[1] // 32):
-        d, _ = _q8_block(x, yq, yb, r, b, rounding)
-        yd[r, b] = round_f16(d)  # block_q8_0 stores d as f16; the dot reads it back
+def _quantize_q8_row(x, yq, yd, ys, yb, r, rounding, with_s):
+    """Row r of x (C-contiguous, as yq and yb) to Q8_0 blocks, or Q8_1 (`with_s`: ys = f16(sum * d) from the
+    unrounded d, on both paths); the scales d = amax / 127 rounded through f16 (as block_q8_0/q8_1 store them,
+    and the dots read them back). Q8_0 uses ys as scratch.
 
-
-@njit(nogil=True, cache=True)
-def _quantize_q8_1_row(x, yq, yd, ys, yb, r, rounding):
-    for b in range(x.shape[1] // 32):
-        d, total = _q8_block(x, yq, yb, r, b, rounding)
-        yd[r, b] = round_f16(d)  # block_q8_1 stores d and s as f16; the dot reads them back
-        ys[r, b] = round_f16(np.float32(total) * d)  # from the unrounded d, on both paths
+    Why in three passes (a row's maxima, then its scales, then the values): each pass is 32 or 8 lanes at once
+    (abs_max32, the divisions of the scales, quantize_block32_*), 4x faster than block by block, and IEEE's
+    max and divisions give the same bits in any grouping. A row holding an inf or NaN takes the scalar loop
+    (_q8_block_scalar), where ggml's MAX order and the conversions of non-finite products are kept."""
+    nb = x.shape[1] // 32
+    o = r * x.shape[1]
+    finite = True
+    for b in range(nb):
+        yd[r, b] = abs_max32(x, o + 32 * b)
+    for b in range(nb):
+        finite &= yd[r, b] < np.float32(np.inf)
+    if not finite:
+        for b in range(nb):
+            d, total = _q8_block_scalar(x, yq, yb, r, b, rounding)
+            yd[r, b] = round_f16(d)
+            if with_s:
+                ys[r, b] = round_f16(np.float32(total) * d)
+        return
+    zero = np.float32(0.0)
+    for b in range(nb):  # ys: the multiplier of each block's values
+        amax = yd[r, b]
+        d = amax / np.float32(127.0)
+        if rounding == ROUND_X86:
+            ys[r, b] = np.float32(127.0) / amax if amax != zero else zero
+        else:
+            ys[r, b] = np.float32(1.0) / d if d != zero else zero
+        yd[r, b] = d
+    ob = r * yb.shape[1]
+    for b in range(nb):
+        if rounding == ROUND_X86:
+            total = quantize_block32_x86(x, o + 32 * b, ys[r, b], yq, o + 32 * b, yb, ob + 2 * b)
+        else:
+            total = quantize_block32_ref(x, o + 32 * b, ys[r, b], yq, o + 32 * b, yb, ob + 2 * b)
+        d = yd[r, b]
+        yd[r, b] = round_f16(d)
+        if with_s:
+            ys[r, b] = round_f16(np.float32(total) * d)
 
 
 @njit(nogil=True, cache=True)
@@ -1600,12 +1684,13 @@ def quantize_rows(kind, x, yq, yd, ys, yb, rounding):
 
     One thread: the rows of one MUL_MAT's src1 are few when its direct kernels run (fewer than
     BLAS_MIN_COLS columns per matrix), and on the BLAS path numba stays on one thread (see matmul.py).
+    x, yq and yb must be C-contiguous (the blocks are read and written 32 values at once).
     """
+    if not (x.flags.c_contiguous and yq.flags.c_contiguous and yb.flags.c_contiguous):
+        raise ValueError("quantize_rows: x, yq and yb must be C-contiguous")
     for r in range(x.shape[0]):
-        if kind == Q8_0:
-            _quantize_q8_0_row(x, yq, yd, yb, r, rounding)
-        elif kind == Q8_1:
-            _quantize_q8_1_row(x, yq, yd, ys, yb, r, rounding)
+        if kind == Q8_0 or kind == Q8_1:
+            _quantize_q8_row(x, yq, yd, ys, yb, r, rounding, kind == Q8_1)
         else:
             _quantize_q8_K_row(x, yq, yd, yb, r)
 
