@@ -210,34 +210,38 @@ def test_column_loops_equal_row_loop(wtype: GGMLType, x86: bool, layout: int, rn
 
 
 def _half_loops(kind: int, k: int):
-    """As _loops for F16/BF16 weight rows of k elements: the row loop then the tail one by one (the
+    """As _loops for F32/F16/BF16 weight rows of k elements: the row loop then the tail one by one (the
     one-column kernel's order), and the multi-column loop."""
     row = qd._make_dot_half_row(kind)
     cols = qd._make_dot_half_row(kind, qd.COLS)
     k32 = k // 32 * 32
+    size = 4 if kind == qd.F32 else 2
     load = qd.load_f16 if kind == qd.F16 else qd.load_bf16
+    f32 = kind == qd.F32
 
     @njit
     def by_rows(w, x, out):
+        wf = w.view(np.float32)
         for m in range(out.shape[1]):
             for r in range(out.shape[0]):
-                s = row(w, 2 * k * m, x, r * k, k32)
+                s = row(w, size * k * m, x, r * k, k32)
                 for j in range(k32, k):
-                    s += load(w, 2 * (k * m + j)) * x[r, j]
+                    s += (wf[k * m + j] if f32 else load(w, 2 * (k * m + j))) * x[r, j]
                 out[r, m] = s
 
     @njit
     def by_cols(w, x, out, n):
-        w_off = np.arange(out.shape[1]) * 2 * k
+        w_off = np.arange(out.shape[1]) * size * k
         for r in range(0, out.shape[0], n):
             cols(w, w_off, 0, 0, out.shape[1], x, r, min(n, out.shape[0] - r), out)
 
     return by_rows, by_cols
 
 
-@pytest.mark.parametrize("wtype", HALF_TYPES)
-@pytest.mark.parametrize("k", [96, 250])
+@pytest.mark.parametrize("wtype", (F32, *HALF_TYPES))
+@pytest.mark.parametrize("k", [64, 96, 250])
 def test_half_column_loops_equal_row_loop(wtype: GGMLType, k: int, rng: np.random.Generator) -> None:
+    """Every column count gives each (row, column) the one-column loop's bits (k 64: attention's rows)."""
     n_cols = 2 * qd.COLS + 1
     w = tensor(new_ctx(1), wtype, rng.standard_normal((M, k)).astype(np.float32)).numpy()
     w = np.ascontiguousarray(w).reshape(-1).view(np.uint8)

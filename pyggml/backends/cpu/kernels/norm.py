@@ -87,21 +87,47 @@ def norm_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], pa
     return run
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _rms_scale(total, n, eps):
+    mean = np.float32(total / n)
+    return np.float32(1.0) / np.float32(math.sqrt(mean + eps))
+
+
 @njit(nogil=True, cache=True)
 def _rms_scales(x, eps, out):
     """out[..., 0] = 1.0f / sqrtf((float)(sum / n) + eps) per row of x (4-D), the sum of the float squares
     taken in double one by one: ggml_compute_forward_rms_norm_f32's arithmetic (numpy's float32 dot rounds
-    the mean the other way now and then, and the whole row with it)."""
+    the mean the other way now and then, and the whole row with it).
+
+    Rows go 4 at a time, each its own chain of adds (each row's sum keeps its order, so its bits): a row's
+    chain is bound by the add's latency, and 4 chains fill the pipeline (4 rows of 576: 3.6 -> 1 us)."""
     n = x.shape[3]
+    n1 = x.shape[2]
     for i3 in range(x.shape[0]):
         for i2 in range(x.shape[1]):
-            for i1 in range(x.shape[2]):
+            i1 = 0
+            while i1 + 4 <= n1:
+                t0 = t1 = t2 = t3 = 0.0
+                for i0 in range(n):
+                    a = x[i3, i2, i1, i0]
+                    b = x[i3, i2, i1 + 1, i0]
+                    c = x[i3, i2, i1 + 2, i0]
+                    d = x[i3, i2, i1 + 3, i0]
+                    t0 += np.float64(a * a)
+                    t1 += np.float64(b * b)
+                    t2 += np.float64(c * c)
+                    t3 += np.float64(d * d)
+                out[i3, i2, i1, 0] = _rms_scale(t0, n, eps)
+                out[i3, i2, i1 + 1, 0] = _rms_scale(t1, n, eps)
+                out[i3, i2, i1 + 2, 0] = _rms_scale(t2, n, eps)
+                out[i3, i2, i1 + 3, 0] = _rms_scale(t3, n, eps)
+                i1 += 4
+            for i in range(i1, n1):
                 total = 0.0
                 for i0 in range(n):
-                    v = x[i3, i2, i1, i0]
+                    v = x[i3, i2, i, i0]
                     total += np.float64(v * v)
-                mean = np.float32(total / n)
-                out[i3, i2, i1, 0] = np.float32(1.0) / np.float32(math.sqrt(mean + eps))
+                out[i3, i2, i, 0] = _rms_scale(total, n, eps)
 
 
 def rms_norm_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
