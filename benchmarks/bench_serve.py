@@ -35,7 +35,10 @@ level comes after 8 clients filled every slot's cache: the cells the idle slots 
 make attention read 512-768 cells instead of 256. Its KQ product went through BLAS, whose 9 small gemms
 woke OpenBLAS's sleeping threads each time (330 us a layer at 768 cells): 4 clients got 1.8-1.9x one.
 On the direct kernels (linear in the cells): 2.49-2.61x (231-240 tokens/s for 4 clients, 92-93 for one,
-345-350 for 8; the default command, SmolLM2), and 2.41-2.53x with 4 slots (--clients 1,4 --requests 8).
+345-350 for 8; the default command, SmolLM2), and 2.41-2.53x with 4 slots (--clients 1,4 --requests 8). Then
+src1 quantized 32 lanes at once and RMS_NORM's rows 4 at a time (steps of 8.7-8.9 ms and 12.4-12.9 ms, 2.74-2.81x),
+and the ratio taken per round (paired), 5 rounds: 2.60x with the default levels (rounds 1.89-3.08x: a noisy
+stretch), 2.45x and 2.54x with 4 slots in two runs (rounds 2.42-2.48 and 2.48-2.57).
 
     python benchmarks/bench_serve.py [--requests 4] [--max-tokens 32] [--clients 1,2,4,8] [--rounds 5]
                                      [--models builtin,smollm2]
