@@ -1597,7 +1597,7 @@ def _q8_block_scalar(x, yq, yb, r, b, rounding):
             s1 += q
     yb[r, 2 * b] = s0
     yb[r, 2 * b + 1] = s1
-    return d, np.int64(s0 + s1)
+    return d, s0 + s1
 
 
 @njit(nogil=True, cache=True)
@@ -1614,15 +1614,13 @@ def _quantize_q8_row(x, yq, yd, ys, yb, r, rounding, with_s):
     o = r * x.shape[1]
     finite = True
     for b in range(nb):
-        yd[r, b] = abs_max32(x, o + 32 * b)
-    for b in range(nb):
-        finite &= yd[r, b] < np.float32(np.inf)
+        amax = abs_max32(x, o + 32 * b)
+        finite &= amax < np.float32(np.inf)
+        yd[r, b] = amax
     if not finite:
         for b in range(nb):
             d, total = _q8_block_scalar(x, yq, yb, r, b, rounding)
-            yd[r, b] = round_f16(d)
-            if with_s:
-                ys[r, b] = round_f16(np.float32(total) * d)
+            _store_scales(yd, ys, r, b, d, total, with_s)
         return
     zero = np.float32(0.0)
     for b in range(nb):  # ys: the multiplier of each block's values
@@ -1639,10 +1637,16 @@ def _quantize_q8_row(x, yq, yd, ys, yb, r, rounding, with_s):
             total = quantize_block32_x86(x, o + 32 * b, ys[r, b], yq, o + 32 * b, yb, ob + 2 * b)
         else:
             total = quantize_block32_ref(x, o + 32 * b, ys[r, b], yq, o + 32 * b, yb, ob + 2 * b)
-        d = yd[r, b]
-        yd[r, b] = round_f16(d)
-        if with_s:
-            ys[r, b] = round_f16(np.float32(total) * d)
+        _store_scales(yd, ys, r, b, yd[r, b], total, with_s)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _store_scales(yd, ys, r, b, d, total, with_s):
+    """Block b's d rounded through f16 into yd, and for Q8_1 (`with_s`) s = f16(sum * d) from the unrounded d
+    into ys: what block_q8_0/q8_1 store and the dots read back."""
+    yd[r, b] = round_f16(d)
+    if with_s:
+        ys[r, b] = round_f16(np.float32(total) * d)
 
 
 @njit(nogil=True, cache=True)
