@@ -50,6 +50,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("-n", "--n-predict", type=non_negative_int, default=DEFAULT_N_PREDICT, metavar="N",
                    help=f"tokens to generate (default: {DEFAULT_N_PREDICT}); it stops earlier at the end-of-text "
                         f"token or when the context is full")
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="go on after end-of-generation tokens, until -n tokens or a full context (llama.cpp's "
+                        "--ignore-eos)")
     add_backend_options(p)
     p.add_argument("-c", "--ctx", type=positive_int, default=None, metavar="N",
                    help=f"context size in tokens (default: the model's training context, at most {MAX_DEFAULT_CTX})")
@@ -217,7 +220,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         stream = TextStream(model, prompt_ids, out)
         n_gen = 0
         t_first = t_end = t_start = time.perf_counter()
-        for tok in model.generate(prompt_ids, args.n_predict, sampler):
+        for tok in model.generate(prompt_ids, args.n_predict, sampler, stop_at_eos=not args.ignore_eos):
             if n_gen == 0:
                 t_first = time.perf_counter()  # the prompt's evaluation and the first sample
             n_gen += 1

@@ -108,6 +108,21 @@ def test_run_ctx_and_n(tiny_model: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert "raise --ctx" in one_line(capsys.readouterr().err)
 
 
+def test_run_ignore_eos_goes_on_after_the_end_of_text(capsys: pytest.CaptureFixture[str]) -> None:
+    """The built-in model ends this text with its EOS token after a few dozen tokens; --ignore-eos (llama.cpp's)
+    generates on until -n, and the text it wrote first is the same."""
+    argv = ["run", "-p", "The module", "-n", "120", "--seed", "1"]
+    assert main(argv) == 0
+    short = capsys.readouterr()
+    m = re.search(r"(\d+) generated \(end of text\)", short.err)
+    assert m and int(m.group(1)) < 120, short.err
+    assert main(argv + ["--ignore-eos"]) == 0
+    long = capsys.readouterr()
+    assert re.search(r"\b120 generated\n", long.err), long.err
+    assert long.out.startswith(short.out.rstrip("\n"))
+    assert len(long.out) > len(short.out)
+
+
 def test_run_sampling_is_seeded(tiny_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["run", str(tiny_model), "-p", PROMPT, "-n", "12", "--temp", "1.5", "--top-k", "0", "--top-p", "1",
             "--min-p", "0"]

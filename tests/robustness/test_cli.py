@@ -173,10 +173,11 @@ def test_the_command_still_works(files: dict[str, Path]) -> None:
 
 
 def test_ctrl_c_exits_130(files: dict[str, Path]) -> None:
-    """SIGINT while `pyggml run` generates (a model without an EOS id, so it would go on for 4000 tokens):
+    """SIGINT while `pyggml run` generates (--ignore-eos, so it goes on for 4000 tokens, seconds; without it the
+    model ends its text after a few dozen tokens, in milliseconds, and the signal could come after the run):
     exit code 130 and one line saying so."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, "-m", "pyggml.cli", "run", str(files["noeos"]), "-p", "The module",
+    proc = subprocess.Popen([sys.executable, "-m", "pyggml.cli", "run", "-p", "The module", "--ignore-eos",
                              "--ctx", "4096", "-n", "4000", "--seed", "1"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env=env)
     try:
