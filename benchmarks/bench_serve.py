@@ -7,7 +7,9 @@ rounds of C: the graphs of its batch shapes get built), then `--rounds` rounds r
 other round in reverse order): C client threads each send `--requests` completions of `--max-tokens` tokens
 (ignore_eos, greedy, so every request generates the same count). Printed per C: the median over the rounds of the
 aggregate tokens/s (all completion tokens over the wall time) with its range, latency p50/p90/p99 of a whole
-request over all rounds, the server's decode steps and graphs built while timed, and the ratio of 4 clients'
+request over all rounds, the server's decode steps while timed with their mean tokens, their mean time
+(wall time inside Model.decode, from /health) and the share of the wall time they took (busy), the graphs
+built while timed, and the ratio of 4 clients'
 tokens/s to one client's (issue 26 asks >= 2.5 on SmolLM2): the median over the rounds of each round's ratio, so
 that a noisy neighbour slowing one stretch of the run moves both sides of a ratio alike (the ratio of the two
 medians could pair a quiet one-client round with a noisy 4-client one).
@@ -134,7 +136,9 @@ def run_level(url: str, clients: int, requests: int, max_tokens: int) -> dict[st
     wall = time.perf_counter() - t0
     after = httpx.get(url + "/health", timeout=10).json()
     return {"tok_s": sum(x[1] for x in results) / wall, "latencies": [x[0] for x in results],
-            "steps": after["steps"] - before["steps"],
+            "steps": after["steps"] - before["steps"], "wall": wall,
+            "step_tokens": after["step_tokens"] - before["step_tokens"],
+            "decode_s": after["decode_seconds"] - before["decode_seconds"],
             "built": (after["graphs_built"] or 0) - (before["graphs_built"] or 0)}
 
 
@@ -156,14 +160,17 @@ def serve_levels(url: str, levels: list[int], rounds: int, requests: int,
         for c in (levels if i % 2 == 0 else levels[::-1]):
             runs[c].append(run_level(url, c, requests, max_tokens))
     print(f"{'clients':>8} {'tokens/s':>10} {'(min-max)':>14} {'p50 s':>8} {'p90 s':>8} {'p99 s':>8} {'requests':>9} "
-          f"{'steps':>6} {'graphs':>6}")
+          f"{'steps':>6} {'tok/step':>8} {'ms/step':>7} {'busy':>5} {'graphs':>6}")
     for c in levels:
         rates = [r["tok_s"] for r in runs[c]]
         lat = [x for r in runs[c] for x in r["latencies"]]
         spread = f"({min(rates):.0f}-{max(rates):.0f})"
+        steps = sum(r["steps"] for r in runs[c])
+        decode_s = sum(r["decode_s"] for r in runs[c])
         print(f"{c:8d} {statistics.median(rates):10.1f} {spread:>14} {percentile(lat, 0.5):8.3f} "
-              f"{percentile(lat, 0.9):8.3f} {percentile(lat, 0.99):8.3f} {len(lat):9d} "
-              f"{sum(r['steps'] for r in runs[c]):6d} {sum(r['built'] for r in runs[c]):6d}")
+              f"{percentile(lat, 0.9):8.3f} {percentile(lat, 0.99):8.3f} {len(lat):9d} {steps:6d} "
+              f"{sum(r['step_tokens'] for r in runs[c]) / max(steps, 1):8.2f} {decode_s / max(steps, 1) * 1e3:7.2f} "
+              f"{decode_s / sum(r['wall'] for r in runs[c]):5.0%} {sum(r['built'] for r in runs[c]):6d}")
     return {c: [r["tok_s"] for r in runs[c]] for c in levels}
 
 

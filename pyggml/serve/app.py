@@ -249,7 +249,8 @@ class Server:
         alive = self.engine.thread is not None and self.engine.thread.is_alive()
         body = {"status": "ok" if alive else "error", "slots_idle": len(self.engine.slots) - self.engine.busy_slots(),
                 "slots_processing": self.engine.busy_slots(), "requests_waiting": self.engine.waiting(),
-                "steps": self.engine.n_steps, "requests_done": self.engine.n_done,
+                "steps": self.engine.n_steps, "step_tokens": self.engine.decode_tokens,
+                "decode_seconds": round(self.engine.decode_seconds, 6), "requests_done": self.engine.n_done,
                 "requests_cancelled": self.engine.n_cancelled, "prompts_reused": self.engine.n_prompt_reused,
                 "graphs_built": getattr(self.model, "n_graphs_built", None)}
         return JSONResponse(body, status_code=200 if alive else 503)

@@ -118,6 +118,8 @@ class Engine:
         self.n_done = 0
         self.n_cancelled = 0
         self.n_prompt_reused = 0
+        self.decode_seconds = 0.0  # wall time inside Model.decode (a step's batch), all steps
+        self.decode_tokens = 0  # the tokens of those batches
         # the batches of n_slots slots come in more shapes than one sequence's (1..n_slots decoding, prompts
         # beside them): keep enough graphs that none is built again (a build costs ~150 ms on SmolLM2)
         if hasattr(model, "set_keep_graphs"):
@@ -248,7 +250,10 @@ class Engine:
         tokens = np.concatenate([np.asarray(s.pending[:k], dtype=np.int64) for s, k in active])
         seqs = np.repeat(np.asarray([s.id for s, _ in active], dtype=np.int64), [k for _, k in active])
         pos = np.concatenate([np.arange(len(s.cached), len(s.cached) + k) for s, k in active])
+        t0 = time.perf_counter()
         logits = self.model.decode(tokens, seqs, positions=pos)  # one row per slot: its last token's
+        self.decode_seconds += time.perf_counter() - t0
+        self.decode_tokens += len(tokens)
         self.n_steps += 1
         for row, (s, k) in enumerate(active):
             s.cached.extend(s.pending[:k])

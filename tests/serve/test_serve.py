@@ -47,6 +47,21 @@ def test_health_and_models(server: Running, client: openai.OpenAI) -> None:
     assert [m.id for m in models] == ["builtin-llama"]
 
 
+def test_health_counts_the_decode_work(server: Running, client: openai.OpenAI) -> None:
+    """/health's step_tokens and decode_seconds (what bench_serve reads): one request alone evaluates its prompt
+    after the cached prefix, then each token it samples but the last, in steps that took some time."""
+    before = httpx.get(server.url + "/health", timeout=10).json()
+    got = client.completions.create(model="m", prompt="Return the number of", max_tokens=6, temperature=0,
+                                    extra_body={"ignore_eos": True})
+    after = httpx.get(server.url + "/health", timeout=10).json()
+    use = got.usage
+    assert use.completion_tokens == 6
+    evaluated = use.prompt_tokens - use.prompt_tokens_details.cached_tokens + use.completion_tokens - 1
+    assert after["step_tokens"] - before["step_tokens"] == evaluated
+    assert after["steps"] - before["steps"] >= use.completion_tokens  # one step per sampled token at least
+    assert after["decode_seconds"] > before["decode_seconds"]
+
+
 def test_completion_greedy_equals_generate(client: openai.OpenAI, reference: pm.Model) -> None:
     for prompt in PROMPTS[:3]:
         want, n = _greedy_text(reference, reference.tokenize(prompt), 24)
