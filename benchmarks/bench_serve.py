@@ -40,7 +40,11 @@ On the direct kernels (linear in the cells): 2.49-2.61x (231-240 tokens/s for 4 
 345-350 for 8; the default command, SmolLM2), and 2.41-2.53x with 4 slots (--clients 1,4 --requests 8). Then
 src1 quantized 32 lanes at once and RMS_NORM's rows 4 at a time (steps of 8.7-8.9 ms and 12.4-12.9 ms, 2.74-2.81x),
 and the ratio taken per round (paired), 5 rounds: 2.60x with the default levels (rounds 1.89-3.08x: a noisy
-stretch), 2.45x and 2.54x with 4 slots in two runs (rounds 2.42-2.48 and 2.48-2.57).
+stretch), 2.45x and 2.54x with 4 slots in two runs (rounds 2.42-2.48 and 2.48-2.57). Then the float row loops'
+prefetch of the row 16 ahead (attention's K rows came from memory latency-bound) and the untimed round before
+timing (no graph built while timed): steps of 8.2-8.8 ms and 11.7-12.4 ms (2.8-2.9x), 2.47-2.72x with the default
+levels in five runs (rounds 2.19-2.80; 93-100 tokens/s for one client, 232-266 for four; the 4-client rounds of
+the low runs up to a quarter slower, the one-client rounds not), 2.36-2.64x with 4 slots in four runs.
 
     python benchmarks/bench_serve.py [--requests 4] [--max-tokens 32] [--clients 1,2,4,8] [--rounds 5]
                                      [--models builtin,smollm2]
