@@ -406,13 +406,13 @@ def _prefetch(builder, p, lines: int) -> None:
         builder.call(fn, [builder.gep(p, [ir.Constant(ir.IntType(64), 64 * k)]), read, keep, data])
 
 
-# The multi-column row loops of the float kernels ask for the first PREFETCH_LINES cache lines of the row
-# PREFETCH_ROWS rows ahead. Why: attention's K rows are short (64 floats, 256 bytes) and 768 bytes apart in the
-# cache, fresh from memory every token (the weights streamed in between evict them), and the hardware
-# prefetcher does not run ahead of such a stream: KQ cost 34 us a layer in the model for one column and 62 for
-# four, 9-17 hot. With the prefetch (SmolLM2, 229 cells, 30 layers, 2 threads): KQ 1.02 -> 0.65 ms a token for
-# one sequence, 1.87 -> 0.77 for four; KQV 0.72 -> 0.53 and 1.11 -> 0.79; decode steps 8.5-9.1 -> 8.2-8.8 ms
-# and 12.5-12.8 -> 11.7-12.4 ms (--decode-steps 30, alternating). Distances 8 and 32 measured no better.
+# The row loops built on _column_groups (the float kernels', and the serial quantized ones') ask for the first
+# PREFETCH_LINES cache lines of the row PREFETCH_ROWS rows ahead. Why: attention's K rows are short (64 floats, 256
+# bytes) and 768 bytes apart in the cache, fresh from memory every token (the weights streamed in between evict them),
+# and the hardware prefetcher does not run ahead of such a stream: KQ cost 34 us a layer in the model for one column
+# and 62 for four, 9-17 hot. With the prefetch (SmolLM2, 229 cells, 30 layers, 2 threads): KQ 1.02 -> 0.65 ms a token
+# for one sequence, 1.87 -> 0.77 for four; KQV 0.72 -> 0.53 and 1.11 -> 0.79; decode steps 8.5-9.1 -> 8.2-8.8 ms and
+# 12.5-12.8 -> 11.7-12.4 ms (--decode-steps 30, alternating). Distances 8 and 32 measured no better.
 PREFETCH_ROWS = 16
 PREFETCH_LINES = 4
 
