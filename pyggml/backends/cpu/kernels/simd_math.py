@@ -153,32 +153,35 @@ def _lanes_max(typingctx, a, n):
     a NaN makes matter: MAX forgets a NaN unless it comes last). Without NaN any order gives the same
     maximum (a -0/+0 tie only changes the zero's sign, which x - max does not see)."""
     def codegen(context, builder, signature, args):
+        def max_into(ptr, x) -> None:  # *ptr = MAX(*ptr, x), ggml's x > y ? x : y (lanes or scalars)
+            old = builder.load(ptr)
+            builder.store(builder.select(builder.fcmp_ordered(">", old, x), old, x), ptr)
+
+        def or_into(ptr, flag) -> None:
+            builder.store(builder.or_(builder.load(ptr), flag), ptr)
+
         v16 = ir.VectorType(_F32, 16)
+        i32 = ir.IntType(32)
         base = _address(context, builder, signature.args[0], args[0], ir.Constant(args[1].type, 0))
         n = args[1]
+        sixteen = ir.Constant(n.type, 16)
+        n_blocks = builder.sdiv(n, sixteen)
         acc = cgutils.alloca_once_value(builder, ir.Constant(v16, [float("-inf")] * 16))
         nan = cgutils.alloca_once_value(builder, ir.Constant(ir.VectorType(ir.IntType(1), 16), [0] * 16))
-        with cgutils.for_range(builder, builder.sdiv(n, ir.Constant(n.type, 16))) as loop:
-            v = _load_vector(builder, builder.gep(base, [builder.mul(loop.index, ir.Constant(n.type, 16))]), _F32, 16)
-            old = builder.load(acc)
-            builder.store(builder.select(builder.fcmp_ordered(">", old, v), old, v), acc)
-            builder.store(builder.or_(builder.load(nan), builder.fcmp_unordered("uno", v, v)), nan)
-        lanes = builder.load(acc)
-        best = cgutils.alloca_once_value(builder, builder.extract_element(lanes, ir.Constant(ir.IntType(32), 0)))
+        with cgutils.for_range(builder, n_blocks) as loop:
+            v = _load_vector(builder, builder.gep(base, [builder.mul(loop.index, sixteen)]), _F32, 16)
+            max_into(acc, v)
+            or_into(nan, builder.fcmp_unordered("uno", v, v))
+        lanes, nans = builder.load(acc), builder.load(nan)
+        best = cgutils.alloca_once_value(builder, builder.extract_element(lanes, ir.Constant(i32, 0)))
         any_nan = cgutils.alloca_once_value(builder, ir.Constant(ir.IntType(1), 0))
-        nans = builder.load(nan)
         for j in range(16):
-            x = builder.extract_element(lanes, ir.Constant(ir.IntType(32), j))
-            b = builder.load(best)
-            builder.store(builder.select(builder.fcmp_ordered(">", b, x), b, x), best)
-            builder.store(builder.or_(builder.load(any_nan), builder.extract_element(nans, ir.Constant(
-                ir.IntType(32), j))), any_nan)
-        with cgutils.for_range(builder, n, start=builder.mul(builder.sdiv(n, ir.Constant(n.type, 16)),
-                                                             ir.Constant(n.type, 16))) as loop:
+            max_into(best, builder.extract_element(lanes, ir.Constant(i32, j)))
+            or_into(any_nan, builder.extract_element(nans, ir.Constant(i32, j)))
+        with cgutils.for_range(builder, n, start=builder.mul(n_blocks, sixteen)) as loop:
             x = builder.load(builder.gep(base, [loop.index]))
-            b = builder.load(best)
-            builder.store(builder.select(builder.fcmp_ordered(">", b, x), b, x), best)
-            builder.store(builder.or_(builder.load(any_nan), builder.fcmp_unordered("uno", x, x)), any_nan)
+            max_into(best, x)
+            or_into(any_nan, builder.fcmp_unordered("uno", x, x))
         return builder.select(builder.load(any_nan), ir.Constant(_F32, float("nan")), builder.load(best))
 
     return types.float32(a, types.intp), codegen
