@@ -1,0 +1,106 @@
+"""Q4_0 weights repacked for the CPU kernels (pyggml.backends.cpu.repack, quant_dot's "Q4_0 repacked" loop).
+
+The layout: repack and unpack are inverse, each byte lands where the layout says, bad shapes are refused.
+The loop: its dots against an independent scalar loop in the float order of ggml's x86 repack kernels
+(ggml_gemv/gemm_q4_0_8x8_q8_0: acc = fma(float(block sum of (nibble - 8) * y), d_w * d_y, acc), block after
+block), to the bit, with the portable sums and with VNNI's where the host has it, for 1 to 6 columns.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from numba import njit
+
+from pyggml.backends.cpu.kernels import quant_dot as qd
+from pyggml.backends.cpu.repack import X8_ROWS, repack_q4_0, unpack_q4_0
+from pyggml.core.errors import GGMLError
+
+K = 224  # 7 blocks
+NB = K // 32
+
+
+def _q4_0_rows(rng: np.random.Generator, rows: int, nb: int) -> np.ndarray:
+    """Random Q4_0 rows: every nibble pattern, f16 scales of far apart magnitudes (their products round)."""
+    raw = rng.integers(0, 256, (rows, nb, 18), dtype=np.uint8)
+    d = (rng.uniform(0.5, 1.0, (rows, nb)) * np.exp2(rng.integers(-12, 4, (rows, nb)))).astype(np.float16)
+    raw[:, :, :2] = d.view(np.uint8).reshape(rows, nb, 2)
+    return raw.reshape(rows, nb * 18)
+
+
+def _src1(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """n src1 rows quantized to Q8_0 as the kernels take them (yq, yd, ys, yb), blocks of random magnitude."""
+    x = rng.standard_normal((n, NB, 32)) * np.exp(3 * rng.standard_normal((n, NB, 1)))
+    x = np.ascontiguousarray(x.reshape(n, K).astype(np.float32))
+    yq, yd = np.zeros((n, K), np.int8), np.zeros((n, NB), np.float32)
+    ys, yb = np.zeros((n, NB), np.float32), np.zeros((n, K // 16), np.int32)
+    qd.quantize_rows(qd.Q8_0, x, yq, yd, ys, yb, qd.ROUND_X86)
+    return yq, yd, ys, yb
+
+
+@njit(cache=True)
+def _reference(raw, yq, yd, out):
+    """out[c, m]: ggml's x86 repack order, one scalar at a time, from the original Q4_0 rows."""
+    for m in range(raw.shape[0]):
+        for c in range(yq.shape[0]):
+            acc = np.float32(0.0)
+            for b in range(raw.shape[1] // 18):
+                o = 18 * b
+                isum = 0
+                for j in range(16):
+                    q = raw[m, o + 2 + j]
+                    isum += (np.int32(q & 15) - 8) * np.int32(yq[c, 32 * b + j])
+                    isum += (np.int32(q >> 4) - 8) * np.int32(yq[c, 32 * b + 16 + j])
+                acc = qd.fma_f32(np.float32(isum), qd.load_f16(raw[m], o) * yd[c, b], acc)
+            out[c, m] = acc
+
+
+def test_repack_and_unpack_are_inverse_and_place_each_byte() -> None:
+    rng = np.random.default_rng(0)
+    raw = _q4_0_rows(rng, 3 * X8_ROWS, NB)
+    packed = repack_q4_0(raw)
+    assert packed.shape == raw.shape and packed.dtype == np.uint8
+    assert np.array_equal(unpack_q4_0(packed), raw)
+    flat = packed.reshape(-1)
+    for g, r, b, v, i in ((0, 0, 0, 0, 0), (1, 5, 3, 2, 1), (2, 7, NB - 1, 3, 3)):
+        block = flat[(g * NB + b) * X8_ROWS * 18:]
+        row = raw[g * X8_ROWS + r, 18 * b:]
+        assert block[2 * r:2 * r + 2].tobytes() == row[:2].tobytes()  # the scales first, row by row
+        assert block[16 + 32 * v + 4 * r + i] == row[2 + 4 * v + i]
+
+
+@pytest.mark.parametrize("shape", [(12, 18), (16, 17), (8,)])
+def test_repack_refuses_other_shapes(shape: tuple[int, ...]) -> None:
+    with pytest.raises(GGMLError, match="repack_q4_0"):
+        repack_q4_0(np.zeros(shape, np.uint8))
+
+
+VARIANTS = [False] + ([True] if qd._HAS_VNNI else [])
+
+
+@pytest.mark.parametrize("vnni", VARIANTS, ids=lambda v: "vnni" if v else "portable")
+def test_repacked_loop_is_ggml_x86_repack_order_to_the_bit(vnni: bool) -> None:
+    rng = np.random.default_rng(1)
+    M = 5 * X8_ROWS
+    raw = _q4_0_rows(rng, M, NB)
+    packed = repack_q4_0(raw).reshape(-1)
+    w_off = np.arange(M, dtype=np.int64) * raw.shape[1]
+    dot = qd._make_dot_q4_0_x8(vnni, qd.COLS)
+
+    @njit
+    def run(w, w_off, m0, m1, yq, yd, yb, out):
+        for r in range(0, yq.shape[0], 4):
+            dot(w, w_off, 0, m0, m1, 7, yq, yd, yb, r, min(4, yq.shape[0] - r), out)
+
+    for n in range(1, 7):
+        yq, yd, _, yb = _src1(rng, n)
+        want = np.zeros((n, M), np.float32)
+        _reference(raw, yq, yd, want)
+        got = np.full((n, M), np.nan, np.float32)
+        run(packed, w_off, 0, M, yq, yd, yb, got)
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), n
+        # a range of groups writes those rows only
+        part = np.full((n, M), np.nan, np.float32)
+        run(packed, w_off, 2 * X8_ROWS, 4 * X8_ROWS, yq, yd, yb, part)
+        assert np.array_equal(part[:, 16:32].view(np.uint32), want[:, 16:32].view(np.uint32))
+        assert np.isnan(part[:, :16]).all() and np.isnan(part[:, 32:]).all()
