@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from pyggml.backend.backend import Backend
+from pyggml.backend.buffer_type import BufferType
 from pyggml.backend.device import Device, DeviceType
 from pyggml.core.checks import check_instance, check_int
 from pyggml.core.errors import ArgumentError, ArgumentTypeError, OutOfBoundsError
@@ -48,6 +49,7 @@ log = logging.getLogger("pyggml.backend")
 ENTRY_POINT_GROUP = "pyggml.backends"
 GGML_BACKEND_API_VERSION = 2  # ggml-backend-impl.h's; a registry with another version is refused
 SET_N_THREADS = "ggml_backend_set_n_threads"  # the proc address of a backend's thread count setter
+EXTRA_BUFTS = "ggml_backend_dev_get_extra_bufts"  # the proc address of a device's extra buffer types
 
 BackendFactory = Callable[..., Backend]
 
@@ -488,3 +490,11 @@ def set_n_threads(backend: Backend, n_threads: int) -> bool:
         return False
     fn(backend, n_threads)
     return True
+
+
+def dev_extra_bufts(device: Device) -> list[BufferType]:
+    """A device's extra buffer types through its registry's "ggml_backend_dev_get_extra_bufts", as llama.cpp
+    asks for them (the CPU's CPU_REPACK); [] where the registry has none."""
+    reg = device.backend_reg()
+    fn = reg.get_proc_address(EXTRA_BUFTS) if reg is not None else None
+    return list(fn(device)) if fn is not None else []

@@ -20,9 +20,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from pyggml.alloc.ctx_tensors import alloc_tensors
+from pyggml.alloc.ctx_tensors import alloc_tensors, alloc_tensors_from_buft
 from pyggml.backend.backend import Backend
 from pyggml.backend.buffer import Buffer, BufferUsage
+from pyggml.backend.buffer_type import BufferType
+from pyggml.backend.device import Device
 from pyggml.backend.tensor_alloc import tensor_alloc
 from pyggml.backend.tensor_io import tensor_set
 from pyggml.core import memory
@@ -30,6 +32,7 @@ from pyggml.core.checks import check_instance
 from pyggml.core.context import Context, tensor_overhead
 from pyggml.core.errors import ArgumentError, ArgumentTypeError
 from pyggml.core.tensor import Tensor
+from pyggml.core.types import GGMLType
 from pyggml.gguf.reader import GGUFFile, TensorInfo
 
 ZERO_COPY_ALIGNMENT = 32  # what the CPU kernels' numpy views need at least (AVX2 loads of whole blocks)
@@ -63,7 +66,8 @@ class LoadedTensors:
 
 
 def load_tensors(gf: GGUFFile, names: list[str], backend_of: Mapping[str, Backend] | Callable[[str], Backend],
-                 use_mmap: bool = True, progress: bool = True) -> LoadedTensors:
+                 use_mmap: bool = True, progress: bool = True,
+                 buft_of: Callable[[Tensor, Backend], BufferType | None] | None = None) -> LoadedTensors:
     """Create tensors `names` of `gf` and place each in a buffer of `backend_of[name]`.
 
     Raises GGUFError (from `gf.tensor`) naming a missing tensor, and
@@ -89,11 +93,16 @@ def load_tensors(gf: GGUFFile, names: list[str], backend_of: Mapping[str, Backen
     ctx = Context(mem_size=(len(infos) + 1) * tensor_overhead(), no_alloc=True)
     tensors: dict[str, Tensor] = {}
     groups: dict[int, tuple[Backend, list[tuple[TensorInfo, Tensor]]]] = {}
+    extra: dict[tuple[int, int], tuple[Backend, BufferType, list[tuple[TensorInfo, Tensor]]]] = {}
     for info, backend in zip(infos, backends, strict=True):
         t = ctx.new_tensor(info.type, list(info.ne) or [1])
         t.set_name(info.name)
         tensors[info.name] = t
-        groups.setdefault(id(backend), (backend, []))[1].append((info, t))
+        buft = buft_of(t, backend) if buft_of is not None else None
+        if buft is None:
+            groups.setdefault(id(backend), (backend, []))[1].append((info, t))
+        else:
+            extra.setdefault((id(backend), id(buft)), (backend, buft, []))[2].append((info, t))
 
     loaded = LoadedTensors(ctx, tensors)
     total = sum(info.nbytes for info in infos)
@@ -113,10 +122,33 @@ def load_tensors(gf: GGUFFile, names: list[str], backend_of: Mapping[str, Backen
                 buffer.set_usage(BufferUsage.WEIGHTS)
                 loaded.buffers.append(buffer)
                 loaded.nbytes[id(backend)] = sum(info.nbytes for info, _ in items)
+            for backend, buft, items in extra.values():
+                loaded.buffers.append(_copy_in(gf, backend, items, bar.update, buft))
+                loaded.nbytes[id(backend)] = loaded.nbytes.get(id(backend), 0) + sum(info.nbytes for info, _ in items)
     except BaseException:
         loaded.free()
         raise
     return loaded
+
+
+def weight_buft_supported(device: Device, buft: BufferType, weight: Tensor) -> bool:
+    """Whether `device` multiplies `weight` held in `buft` (llama.cpp's weight_buft_supported for a MUL_MAT
+    weight): a MUL_MAT of a copy of it, placed in an empty buffer of `buft`, by an F32 batch, asked of the
+    device's supports_op."""
+    if not device.supports_buft(buft):
+        return False
+    ctx = Context(mem_size=3 * tensor_overhead(), no_alloc=True)
+    buffer = buft.alloc_buffer(0)
+    try:
+        w = ctx.new_tensor(weight.type, list(weight.ne))
+        w.set_name(weight.name)
+        w.buffer = buffer
+        buffer.init_tensor(w)
+        op = ctx.mul_mat(w, ctx.new_tensor_2d(GGMLType.F32, weight.ne[0], 512))
+        return device.supports_op(op)
+    finally:
+        buffer.free()
+        ctx.free()
 
 
 def _mappable(gf: GGUFFile, items: list[tuple[TensorInfo, Tensor]]) -> bool:
@@ -145,9 +177,11 @@ def _map(gf: GGUFFile, backend: Backend, items: list[tuple[TensorInfo, Tensor]])
 
 
 def _copy_in(gf: GGUFFile, backend: Backend, items: list[tuple[TensorInfo, Tensor]],
-             progress: Callable[[int], object]) -> Buffer:
-    """A new buffer of `backend` with the tensors placed one after another, and their bytes copied in."""
-    buffer = alloc_tensors([t for _, t in items], backend)
+             progress: Callable[[int], object], buft: BufferType | None = None) -> Buffer:
+    """A new buffer of `backend` (of `buft` if given) with the tensors placed one after another, and their
+    bytes copied in."""
+    tensors = [t for _, t in items]
+    buffer = alloc_tensors(tensors, backend) if buft is None else alloc_tensors_from_buft(tensors, buft)
     assert buffer is not None  # every tensor is new
     # marked before the bytes go in, as llama.cpp does: a buffer may send weights its own way (an RPC
     # buffer tries the server's hash cache for WEIGHTS)

@@ -31,15 +31,16 @@ from typing import Any
 import numpy as np
 
 from pyggml.backend.backend import Backend
-from pyggml.backend.registry import init_backend, set_n_threads
+from pyggml.backend.buffer_type import BufferType
+from pyggml.backend.registry import dev_extra_bufts, init_backend, set_n_threads
 from pyggml.backend.tensor_io import tensor_get_numpy
 from pyggml.core.checks import check_host_alloc, check_positive
 from pyggml.core.context import Context, tensor_overhead
 from pyggml.core.errors import ArgumentError, GGMLError, NonFiniteError, UnsupportedOpError
 from pyggml.core.graph import Graph, graph_overhead
-from pyggml.core.tensor import is_view_op
+from pyggml.core.tensor import Tensor, is_view_op
 from pyggml.core.types import TYPE_TRAITS, GGMLType, as_type
-from pyggml.gguf.loader import LoadedTensors, load_tensors, maps_weights
+from pyggml.gguf.loader import LoadedTensors, load_tensors, maps_weights, weight_buft_supported
 from pyggml.gguf.reader import GGUFFile, read_gguf
 from pyggml.models.arch import FFN_GEGLU, FFN_SWIGLU, FFN_SWIGLU_FUSED, HParams, check_tensors, layer_of
 from pyggml.models.graph import GraphInputs, build_graph, graph_size
@@ -168,6 +169,21 @@ def _placement(n_layer: int, backends: list[Backend], n_layers_on: int | Sequenc
     return layer_backend, output_backend, overrides
 
 
+def _extra_buft(weight: Tensor, backend: Backend) -> BufferType | None:
+    """The buffer type a weight goes to instead of its backend's default (llama.cpp's extra buffer types, which
+    its --no-repack turns off): the first of the device's extra ones (the CPU's CPU_REPACK) that multiplies
+    it. Only matrices that the graphs use as MUL_MAT weights alone: every 2-D weight but the token embedding
+    (GET_ROWS reads it; a tied output reuses it)."""
+    device = backend.get_device()
+    if device is None or weight.name == "token_embd.weight" or weight.ne[2] != 1 or weight.ne[3] != 1 \
+            or weight.ne[1] == 1:
+        return None
+    for buft in dev_extra_bufts(device):
+        if weight_buft_supported(device, buft, weight):
+            return buft
+    return None
+
+
 class Model:
     """A loaded model: weights in backend buffers, a KV cache, a runner that computes its graphs.
 
@@ -185,7 +201,7 @@ class Model:
                  kv_type: GGMLType | str = GGMLType.F32, use_mmap: bool = True, progress: bool = True,
                  reuse_graphs: bool = True, check_finite: bool = True,
                  flash_attn: str | bool = "auto", tensor_split: Sequence[float] | None = None,
-                 override_tensor: Sequence[tuple[Any, Any]] | None = None) -> None:
+                 override_tensor: Sequence[tuple[Any, Any]] | None = None, repack: bool = True) -> None:
         if not backends:
             raise ArgumentError("load: no backends given")
         fa = resolve_flash_attn(flash_attn)
@@ -220,7 +236,8 @@ class Model:
             if not any(rx.search(n) for n in names):  # llama.cpp says nothing; a mistyped pattern would go unseen
                 log.warning("override_tensor %r matches no weight of '%s'", rx.pattern, gf.name)
         self._check_memory(names, backend_of, kv_type, use_mmap)
-        self.weights: LoadedTensors = load_tensors(gf, names, backend_of, use_mmap=use_mmap, progress=progress)
+        self.weights: LoadedTensors = load_tensors(gf, names, backend_of, use_mmap=use_mmap, progress=progress,
+                                                   buft_of=_extra_buft if repack else None)
         self.w = self.weights.tensors
         self._measure_ctxs: list[Context] = []
         kv: KVCache | None = None

@@ -41,6 +41,7 @@ from pyggml.backends.cpu.device import CPUBufferType, cpu_device
 from pyggml.backends.cpu.kernels import ComputeParams, WorkArea
 from pyggml.backends.cpu.numerics import Numerics, resolve_numerics
 from pyggml.backends.cpu.plan import CPUPlan, kernel_supports, plan_compute, plan_create
+from pyggml.backends.cpu.repack import CPURepackBufferType
 from pyggml.core.checks import check_instance, check_int
 from pyggml.core.context import Context
 from pyggml.core.errors import ArgumentError
@@ -137,10 +138,10 @@ class CPUBackend(Backend):
         return self.mapped_buft
 
     def _supports_buft(self, buft: BufferType) -> bool:
-        # its own types and the device's host types; not another CPU backend's own
+        # its own types, the device's host types and its repack type; not another CPU backend's own
         if isinstance(buft, CPUBufferType) and buft.owner is not None:
             return buft.owner is self
-        return buft.is_host()
+        return buft.is_host() or isinstance(buft, CPURepackBufferType)
 
     def _get_alignment(self) -> int:
         return TENSOR_ALIGNMENT

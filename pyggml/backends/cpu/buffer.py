@@ -125,8 +125,9 @@ def host_read(tensor: Tensor, data: memoryview, offset: int, size: int) -> None:
         np.frombuffer(data, dtype=np.uint8, count=size)[:] = _host_range(tensor, offset, size, "tensor_get")
 
 
-def cpu_alloc_buffer(backend: Backend | None, size: int, buft: BufferType | None = None) -> CPUBuffer:
-    """A buffer of `size` bytes whose base is TENSOR_ALIGNMENT-aligned (zero-filled)."""
+def cpu_alloc_buffer(backend: Backend | None, size: int, buft: BufferType | None = None,
+                     cls: type[CPUBuffer] = CPUBuffer) -> CPUBuffer:
+    """A buffer (of class `cls`) of `size` bytes whose base is TENSOR_ALIGNMENT-aligned (zero-filled)."""
     size = check_size(size, "CPU buffer: size")
     name = backend.name() if backend is not None else "CPU"
     raw = memory.allocate_host(size + TENSOR_ALIGNMENT, f"backend '{name}': buffer of {size} bytes")
@@ -134,7 +135,7 @@ def cpu_alloc_buffer(backend: Backend | None, size: int, buft: BufferType | None
     # a 0-byte buffer still gets one byte: numpy puts empty slices at the array's start, unaligned
     array = raw[shift: shift + max(size, 1)]
     base = memory.register(array)
-    return CPUBuffer(backend, array, base, size, owned=True, registered=True, buft=buft)
+    return cls(backend, array, base, size, owned=True, registered=True, buft=buft)
 
 
 def cpu_buffer_from_ptr(backend: Backend | None, ptr: object, size: int,

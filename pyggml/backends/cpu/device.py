@@ -6,8 +6,11 @@ model name; memory: the host's, available and total). Its capabilities are
 ggml's: buffers over host memory (`buffer_from_host_ptr`, what memory-mapped
 weights use) and mmap support; no async, no host buffer type, no events.
 Buffer types: "CPU" (aligned host memory) and "CPU_Mapped" (caller memory),
-both host. The device computes with any host buffer type. The registry hands
-out "ggml_backend_set_n_threads" (`get_proc_address`).
+both host, and the extra one "CPU_REPACK" (Q4_0 matrices repacked for the
+kernels, see pyggml.backends.cpu.repack). The device computes with any host
+buffer type and its repack one. The registry hands out
+"ggml_backend_set_n_threads" and "ggml_backend_dev_get_extra_bufts"
+(`get_proc_address`).
 
 `cpu_reg` is the entry point `pyggml.backends: cpu` (see pyproject.toml).
 """
@@ -21,9 +24,10 @@ from pyggml.backend.backend import Backend
 from pyggml.backend.buffer import Buffer
 from pyggml.backend.buffer_type import BufferType
 from pyggml.backend.device import Device, DeviceCaps, DeviceType, host_cpu_name, host_memory
-from pyggml.backend.registry import SET_N_THREADS, Reg
+from pyggml.backend.registry import EXTRA_BUFTS, SET_N_THREADS, Reg
 from pyggml.backends.cpu.buffer import TENSOR_ALIGNMENT, cpu_alloc_buffer, cpu_buffer_from_ptr
 from pyggml.backends.cpu.plan import kernel_supports
+from pyggml.backends.cpu.repack import CPURepackBufferType
 from pyggml.core.errors import ArgumentError
 from pyggml.core.tensor import Tensor
 
@@ -65,6 +69,7 @@ class CPUDevice(Device):
         self._description = host_cpu_name()
         self.buft = CPUBufferType(self, "CPU")
         self.mapped_buft = CPUBufferType(self, "CPU_Mapped")
+        self.repack_buft = CPURepackBufferType(self)  # the extra buffer type (see pyggml.backends.cpu.repack)
 
     def _get_name(self) -> str:
         return "CPU"
@@ -98,6 +103,8 @@ class CPUDevice(Device):
         return kernel_supports(op)
 
     def _supports_buft(self, buft: BufferType) -> bool:
+        if buft is self.repack_buft:
+            return True
         return buft.is_host() and not (isinstance(buft, CPUBufferType) and buft.owner is not None)
 
 
@@ -122,6 +129,8 @@ class CPUReg(Reg):
             from pyggml.backends.cpu.backend import cpu_set_n_threads
 
             return cpu_set_n_threads
+        if name == EXTRA_BUFTS:
+            return extra_bufts
         return None
 
     def _init_backend(self, arg: str | None) -> Backend:
@@ -144,6 +153,15 @@ def cpu_reg() -> CPUReg:
 def cpu_device() -> CPUDevice:
     """The CPU device."""
     return cpu_reg()._device
+
+
+def extra_bufts(device: Device) -> list[BufferType]:
+    """ggml_backend_dev_get_extra_bufts (the CPU registry's function of that name): the device's extra buffer
+    types, CPU_REPACK (ggml's list ends with NULL; this one is a list)."""
+    if not isinstance(device, CPUDevice):
+        raise ArgumentError(f"{EXTRA_BUFTS}: device '{getattr(device, 'name', lambda: device)()}' is not the "
+                            f"CPU device")
+    return [device.repack_buft]
 
 
 def cpu_buffer_type() -> CPUBufferType:

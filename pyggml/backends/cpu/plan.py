@@ -22,6 +22,7 @@ import numpy as np
 from pyggml.backend.buffer import Buffer, check_plan_buffers, tensor_buffer
 from pyggml.backends.cpu import kernels
 from pyggml.backends.cpu.kernels import KERNELS, Compute, ComputeParams, _common
+from pyggml.backends.cpu.repack import repack_supports_op
 from pyggml.core import memory
 from pyggml.core.errors import GraphError, UnsupportedOpError
 from pyggml.core.graph import Graph
@@ -43,8 +44,11 @@ def _op_supports(op: GGMLOp) -> Supports | bool:
 
 
 def kernel_supports(node: Tensor) -> bool:
-    """Whether the CPU kernels compute `node`: its op has a kernel, and the kernel's module
-    (if it exposes `supports(node)`) accepts the node's types and parameters."""
+    """Whether the CPU kernels compute `node`: its op has a kernel, the kernel's module (if it exposes
+    `supports(node)`) accepts the node's types and parameters, and it reads no tensor of a CPU_REPACK buffer
+    but as MUL_MAT's src0 (see repack.repack_supports_op)."""
+    if not repack_supports_op(node):
+        return False
     supports = _supports_of.get(node.op)
     if supports is None:
         supports = _supports_of[node.op] = _op_supports(node.op)

@@ -14,12 +14,36 @@ took, so a repacked matrix has the size of the original.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from pyggml.core.errors import ShapeError
+from pyggml.backend.buffer import Buffer, tensor_buffer
+from pyggml.backend.buffer_type import BufferType
+from pyggml.backends.cpu.buffer import TENSOR_ALIGNMENT, CPUBuffer, cpu_alloc_buffer, host_bytes
+from pyggml.core.errors import ArgumentError, ShapeError
+from pyggml.core.tensor import GGMLOp, Tensor
+from pyggml.core.types import GGMLType
+
+if TYPE_CHECKING:
+    from pyggml.backend.device import Device
 
 X8_ROWS = 8
 Q4_0_BLOCK_BYTES = 18  # block_q4_0: f16 d, 16 bytes of nibbles
+REPACK_BUFT_NAME = "CPU_REPACK"  # ggml's name of its repack buffer type
+
+
+class Repacked:
+    """The `extra` of a tensor held repacked (ggml puts its tensor_traits there): the kernels read its layout."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<repacked {self.name}>"
+
+
+Q4_0_X8 = Repacked("Q4_0 8x4")
 
 
 def _check(raw: np.ndarray, what: str) -> tuple[int, int]:
@@ -53,3 +77,91 @@ def unpack_q4_0(packed: np.ndarray) -> np.ndarray:
     qs = blocks[:, :, 16:].reshape(groups, nb, 4, X8_ROWS, 4)  # (group, block, v, row, i)
     out[:, :, :, 2:] = qs.transpose(0, 3, 1, 2, 4).reshape(groups, X8_ROWS, nb, 16)
     return out.reshape(packed.shape)
+
+
+def repackable(tensor: Tensor) -> bool:
+    """Whether the repack buffer type holds `tensor` repacked: a contiguous Q4_0 matrix (ne2 = ne3 = 1) with a
+    multiple of 8 rows, as ggml's ggml_repack_get_optimal_repack_type asks of Q4_0 on x86."""
+    return (tensor.type == GGMLType.Q4_0 and tensor.ne[1] % X8_ROWS == 0 and tensor.ne[2] == 1
+            and tensor.ne[3] == 1 and tensor.is_contiguous())
+
+
+def is_repacked(tensor: Tensor | None) -> bool:
+    """Whether `tensor` (or the tensor it views) is held repacked."""
+    if tensor is None:
+        return False
+    base = tensor.view_src if tensor.view_src is not None else tensor
+    return isinstance(base.extra, Repacked)
+
+
+def repack_supports_op(op: Tensor) -> bool:
+    """The ops the CPU computes on tensors of a repack buffer (ggml's repack extra_buffer_type::supports_op):
+    MUL_MAT with a `repackable` matrix of it as src0, whole (not a view), and an F32 src1. Any other use reads
+    the layout as if it were Q4_0 rows, and is refused. Asked of the buffer a source sits in, so a tensor
+    placed in a buffer of the type but not yet written (llama.cpp's loader asks so) is judged as it will be."""
+    for i, src in enumerate(op.src):
+        buffer = tensor_buffer(src) if src is not None else None
+        if src is None or buffer is None or not isinstance(buffer.buft, CPURepackBufferType):
+            continue
+        b = op.src[1]
+        if not (op.op == GGMLOp.MUL_MAT and i == 0 and src.view_src is None and repackable(src)
+                and b is not None and b.type == GGMLType.F32):
+            return False
+    return True
+
+
+class CPURepackBuffer(CPUBuffer):
+    """Host memory whose Q4_0 matrices (see `repackable`) are held repacked: written whole, repacked on the
+    way in, unpacked on the way out, so `tensor_set`/`tensor_get` see plain Q4_0 bytes. Other tensors are
+    held as in a CPU buffer."""
+
+    def _init_tensor(self, tensor: Tensor) -> None:
+        if tensor.view_src is None and repackable(tensor):
+            tensor.extra = Q4_0_X8
+
+    def _whole(self, tensor: Tensor, offset: int, size: int, what: str) -> None:
+        if offset != 0 or size != tensor.nbytes():
+            raise ArgumentError(f"buffer '{self.name}': {what} of '{tensor.name}' (held repacked) at offset {offset} "
+                                f"of {size} bytes: a repacked tensor is read and written whole ({tensor.nbytes()} "
+                                f"bytes from offset 0)")
+
+    def _set_tensor(self, tensor: Tensor, data: memoryview, offset: int, size: int) -> None:
+        if not is_repacked(tensor):
+            super()._set_tensor(tensor, data, offset, size)
+            return
+        self._whole(tensor, offset, size, "tensor_set")
+        rows = np.frombuffer(data, np.uint8, count=size).reshape(tensor.ne[1], -1)
+        host_bytes(tensor, "tensor_set")[:] = repack_q4_0(rows).reshape(-1)
+
+    def _get_tensor(self, tensor: Tensor, data: memoryview, offset: int, size: int) -> None:
+        if not is_repacked(tensor):
+            super()._get_tensor(tensor, data, offset, size)
+            return
+        self._whole(tensor, offset, size, "tensor_get")
+        packed = host_bytes(tensor, "tensor_get").reshape(tensor.ne[1], -1)
+        np.frombuffer(data, np.uint8, count=size)[:] = unpack_q4_0(packed).reshape(-1)
+
+    def _cpy_tensor(self, src: Tensor, dst: Tensor) -> bool:
+        # a raw copy into a repacked tensor would skip the repacking: the caller's get and set do it
+        return False if is_repacked(dst) else super()._cpy_tensor(src, dst)
+
+
+class CPURepackBufferType(BufferType):
+    """ggml's CPU_REPACK: the CPU device's extra buffer type (listed by the registry's
+    ggml_backend_dev_get_extra_bufts). Not host memory, as in ggml: other devices do not read its tensors in
+    place, and what reads them goes through tensor_get (plain Q4_0 bytes)."""
+
+    def __init__(self, device: Device) -> None:
+        super().__init__(device)
+
+    def _get_name(self) -> str:
+        return REPACK_BUFT_NAME
+
+    def _alloc_buffer(self, size: int) -> Buffer:
+        return cpu_alloc_buffer(None, size, self, CPURepackBuffer)
+
+    def _get_alignment(self) -> int:
+        return TENSOR_ALIGNMENT
+
+    def _is_host(self) -> bool:
+        return False

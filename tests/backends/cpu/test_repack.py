@@ -104,3 +104,141 @@ def test_repacked_loop_is_ggml_x86_repack_order_to_the_bit(vnni: bool) -> None:
         run(packed, w_off, 2 * X8_ROWS, 4 * X8_ROWS, yq, yd, yb, part)
         assert np.array_equal(part[:, 16:32].view(np.uint32), want[:, 16:32].view(np.uint32))
         assert np.isnan(part[:, :16]).all() and np.isnan(part[:, 32:]).all()
+
+
+# --- the CPU_REPACK buffer type: listed by the registry, written and read as plain Q4_0, computed by MUL_MAT ---
+
+
+def _weights_in_repack_buffer(raw: np.ndarray, k: int, extra_f32: bool = False):
+    """A context with a Q4_0 matrix of `raw`'s rows (and an F32 tensor) in one CPU_REPACK buffer."""
+    from pyggml.alloc.ctx_tensors import alloc_ctx_tensors_from_buft
+    from pyggml.backend.registry import dev_extra_bufts
+    from pyggml.backend.tensor_io import tensor_set
+    from pyggml.backends.cpu.device import cpu_device
+    from pyggml.core.context import Context
+    from pyggml.core.types import GGMLType
+
+    (buft,) = dev_extra_bufts(cpu_device())
+    ctx = Context(mem_size=1 << 20, no_alloc=True)
+    w = ctx.new_tensor_2d(GGMLType.Q4_0, k, raw.shape[0])
+    w.set_name("w")
+    f = ctx.new_tensor_1d(GGMLType.F32, 8) if extra_f32 else None
+    buffer = alloc_ctx_tensors_from_buft(ctx, buft)
+    tensor_set(w, raw.reshape(-1))
+    return ctx, buffer, w, f
+
+
+def test_the_registry_lists_cpu_repack_and_the_cpu_computes_with_it() -> None:
+    from pyggml.backend.registry import dev_extra_bufts
+    from pyggml.backends.cpu.backend import cpu_init
+    from pyggml.backends.cpu.device import cpu_device
+
+    (buft,) = dev_extra_bufts(cpu_device())
+    assert buft.name() == "CPU_REPACK"
+    assert not buft.is_host()  # as ggml's: other devices do not read it in place
+    assert cpu_device().supports_buft(buft)
+    with cpu_init() as backend:
+        assert backend.supports_buft(buft)
+
+
+def test_a_repacked_matrix_reads_back_as_its_q4_0_bytes_and_is_written_whole() -> None:
+    from pyggml.backend.tensor_io import tensor_get, tensor_set
+    from pyggml.backends.cpu.buffer import host_bytes
+
+    rng = np.random.default_rng(2)
+    raw = _q4_0_rows(rng, 2 * X8_ROWS, NB)
+    ctx, buffer, w, f = _weights_in_repack_buffer(raw, K, extra_f32=True)
+    try:
+        assert qd.Q4_0_X8 and w.extra is not None and f is not None and f.extra is None
+        assert np.array_equal(host_bytes(w, "test"), repack_q4_0(raw).reshape(-1))  # held repacked
+        back = np.zeros(raw.size, np.uint8)
+        tensor_get(w, back)
+        assert np.array_equal(back, raw.reshape(-1))
+        with pytest.raises(GGMLError, match=r"'w' \(held repacked\) at offset 18 of 36 bytes"):
+            tensor_set(w, np.zeros(36, np.uint8), 18, 36)
+        with pytest.raises(GGMLError, match="read and written whole"):
+            tensor_get(w, np.zeros(18, np.uint8), 0, 18)
+        tensor_get(w, back)
+        assert np.array_equal(back, raw.reshape(-1))  # untouched by the refused calls
+        tensor_set(f, np.arange(8, dtype=np.float32))  # other tensors are held as in a CPU buffer
+        assert np.array_equal(f.numpy().reshape(-1), np.arange(8, dtype=np.float32))
+    finally:
+        buffer.free()
+        ctx.free()
+
+
+@pytest.mark.parametrize("n_threads", [1, 2])
+def test_mul_mat_of_a_repacked_matrix_is_the_repack_order_for_any_batch(n_threads: int) -> None:
+    from pyggml.backends.cpu.backend import cpu_init, cpu_set_n_threads
+    from pyggml.backends.cpu.kernels import matmul
+    from pyggml.core.context import Context
+    from pyggml.core.types import GGMLType
+
+    rng = np.random.default_rng(3)
+    M = 64 * X8_ROWS  # enough work for the threads (matmul.PARALLEL_MIN_WORK)
+    raw = _q4_0_rows(rng, M, NB)
+    ctx, buffer, w, _ = _weights_in_repack_buffer(raw, K)
+    try:
+        with cpu_init() as backend:
+            cpu_set_n_threads(backend, n_threads)
+            for n in (1, 5, matmul.BLAS_MIN_COLS + 4):  # a token, a few, a prompt (no BLAS path)
+                x = (rng.standard_normal((n, K)) * 3).astype(np.float32)
+                yq, yd = np.zeros((n, K), np.int8), np.zeros((n, NB), np.float32)
+                qd.quantize_rows(qd.Q8_0, x, yq, yd, np.zeros_like(yd), np.zeros((n, K // 16), np.int32), qd.ROUND_X86)
+                want = np.zeros((n, M), np.float32)
+                _reference(raw, yq, yd, want)
+                c2 = Context(mem_size=1 << 22)
+                xt = c2.new_tensor_2d(GGMLType.F32, K, n)
+                xt.numpy()[0, 0] = x
+                out = c2.mul_mat(w, xt)
+                g = c2.new_graph()
+                g.build_forward_expand(out)
+                backend.graph_compute(g)
+                assert np.array_equal(out.numpy()[0, 0].view(np.uint32), want.view(np.uint32)), n
+                c2.free()
+    finally:
+        buffer.free()
+        ctx.free()
+
+
+def test_other_ops_on_a_repacked_matrix_are_refused() -> None:
+    from pyggml.backends.cpu.backend import cpu_init
+    from pyggml.backends.cpu.device import cpu_device
+    from pyggml.core.context import Context
+    from pyggml.core.errors import UnsupportedOpError
+    from pyggml.core.types import GGMLType
+
+    raw = _q4_0_rows(np.random.default_rng(4), X8_ROWS, NB)
+    ctx, buffer, w, _ = _weights_in_repack_buffer(raw, K)
+    try:
+        c2 = Context(mem_size=1 << 20)
+        ids = c2.new_tensor_1d(GGMLType.I32, 2)
+        ids.numpy()[0, 0, 0] = [0, 1]
+        rows = c2.get_rows(w, ids)
+        half = c2.mul_mat(w, c2.new_tensor_2d(GGMLType.F16, K, 1))
+        assert not cpu_device().supports_op(rows) and not cpu_device().supports_op(half)
+        assert cpu_device().supports_op(c2.mul_mat(w, c2.new_tensor_2d(GGMLType.F32, K, 1)))
+        g = c2.new_graph()
+        g.build_forward_expand(rows)
+        with cpu_init() as backend, pytest.raises(UnsupportedOpError, match="does not support op GET_ROWS"):
+            backend.graph_compute(g)
+        c2.free()
+    finally:
+        buffer.free()
+        ctx.free()
+
+
+@pytest.mark.parametrize(("type_name", "rows", "held"), [("Q4_0", 16, True), ("Q4_0", 12, False), ("Q8_0", 16, False)])
+def test_weight_buft_supported_asks_the_device(type_name: str, rows: int, held: bool) -> None:
+    from pyggml.backend.registry import dev_extra_bufts
+    from pyggml.backends.cpu.device import cpu_device
+    from pyggml.core.context import Context
+    from pyggml.core.types import GGMLType
+    from pyggml.gguf.loader import weight_buft_supported
+
+    ctx = Context(mem_size=1 << 16, no_alloc=True)
+    weight = ctx.new_tensor_2d(GGMLType[type_name], K, rows)
+    (buft,) = dev_extra_bufts(cpu_device())
+    assert weight_buft_supported(cpu_device(), buft, weight) is held
+    assert weight.buffer is None and weight.extra is None  # the question leaves the weight as it was
+    ctx.free()
