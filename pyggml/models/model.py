@@ -194,6 +194,9 @@ class Model:
     NonFiniteError naming the first tensor where it appears (found by computing the batch again with the
     scheduler's eval callback reading each node), and the batch is not added to the KV cache. The check costs one pass
     over the logits; `check_finite=False` (an attribute too) skips it.
+    With `repack` (the default, as llama.cpp) the layer matrices a device's extra buffer type multiplies
+    faster go there (the CPU's CPU_REPACK: Q4_0 matrices, 8 rows interleaved, copied out of the mapped file);
+    `repack=False` keeps every weight in its backend's default buffer type (llama.cpp's --no-repack).
     """
 
     def __init__(self, gf: GGUFFile, backends: list[Backend], n_ctx: int = 512,
@@ -822,7 +825,7 @@ def load(path: str | os.PathLike[str], backends: Sequence[Backend | str] | None 
     "NAME#I": the weights a regex finds (re.search) go to that backend (llama.cpp's -ot);
     `n_threads`: thread count of the backends whose registry sets one ("ggml_backend_set_n_threads":
     the CPU backend's). Names go through `pyggml.backend.init_backend`. Further keywords go to
-    `Model` (n_batch, kv_type, use_mmap, progress, reuse_graphs, check_finite, flash_attn: "on",
+    `Model` (n_batch, kv_type, use_mmap, repack, progress, reuse_graphs, check_finite, flash_attn: "on",
     "off" or "auto" as llama.cpp's -fa).
     """
     if n_threads is not None:

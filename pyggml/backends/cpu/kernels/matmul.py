@@ -33,6 +33,10 @@ src0 matrix serves consecutive src1 matrices). By src0's type:
   column's sum the same bits as alone. Q8_1 and Q8_K have no
   vec_dot in ggml (they are only dot-product partners) and are not accepted
   as src0, as in ggml's type_traits.
+  Q4_0 matrices held repacked (the CPU_REPACK buffer type, see
+  pyggml.backends.cpu.repack) take quant_dot's repacked loop for every column
+  count, 8 rows a pass, in the float order of ggml's x86 repack kernels
+  (ggml_gemv/gemm_q4_0_8x8_q8_0): faster than the row loops and the BLAS path.
   Documented deviation, for prompts: with `BLAS_MIN_COLS` or more columns,
   tiles of weight rows are dequantized to f32 (ggml's dequantize_row
   arithmetic, bit for bit) and multiplied by BLAS with the dequantized q8
