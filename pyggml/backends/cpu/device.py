@@ -28,6 +28,7 @@ from pyggml.backend.registry import EXTRA_BUFTS, SET_N_THREADS, Reg
 from pyggml.backends.cpu.buffer import TENSOR_ALIGNMENT, cpu_alloc_buffer, cpu_buffer_from_ptr
 from pyggml.backends.cpu.plan import kernel_supports
 from pyggml.backends.cpu.repack import CPURepackBufferType
+from pyggml.core.checks import check_instance
 from pyggml.core.errors import ArgumentError
 from pyggml.core.tensor import Tensor
 
@@ -158,9 +159,7 @@ def cpu_device() -> CPUDevice:
 def extra_bufts(device: Device) -> list[BufferType]:
     """ggml_backend_dev_get_extra_bufts (the CPU registry's function of that name): the device's extra buffer
     types, CPU_REPACK (ggml's list ends with NULL; this one is a list)."""
-    if not isinstance(device, CPUDevice):
-        raise ArgumentError(f"{EXTRA_BUFTS}: device '{getattr(device, 'name', lambda: device)()}' is not the "
-                            f"CPU device")
+    check_instance(device, CPUDevice, f"{EXTRA_BUFTS}: device")
     return [device.repack_buft]
 
 

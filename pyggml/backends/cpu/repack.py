@@ -14,8 +14,6 @@ took, so a repacked matrix has the size of the original.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from pyggml.backend.buffer import Buffer, tensor_buffer
@@ -24,9 +22,6 @@ from pyggml.backends.cpu.buffer import TENSOR_ALIGNMENT, CPUBuffer, cpu_alloc_bu
 from pyggml.core.errors import ArgumentError, ShapeError
 from pyggml.core.tensor import GGMLOp, Tensor
 from pyggml.core.types import GGMLType
-
-if TYPE_CHECKING:
-    from pyggml.backend.device import Device
 
 X8_ROWS = 8
 Q4_0_BLOCK_BYTES = 18  # block_q4_0: f16 d, 16 bytes of nibbles
@@ -43,7 +38,7 @@ class Repacked:
         return f"<repacked {self.name}>"
 
 
-Q4_0_X8 = Repacked("Q4_0 8x4")
+REPACKED_Q4_0 = Repacked("Q4_0 8x4")
 
 
 def _check(raw: np.ndarray, what: str) -> tuple[int, int]:
@@ -117,7 +112,7 @@ class CPURepackBuffer(CPUBuffer):
 
     def _init_tensor(self, tensor: Tensor) -> None:
         if tensor.view_src is None and repackable(tensor):
-            tensor.extra = Q4_0_X8
+            tensor.extra = REPACKED_Q4_0
 
     def _whole(self, tensor: Tensor, offset: int, size: int, what: str) -> None:
         if offset != 0 or size != tensor.nbytes():
@@ -150,9 +145,6 @@ class CPURepackBufferType(BufferType):
     """ggml's CPU_REPACK: the CPU device's extra buffer type (listed by the registry's
     ggml_backend_dev_get_extra_bufts). Not host memory, as in ggml: other devices do not read its tensors in
     place, and what reads them goes through tensor_get (plain Q4_0 bytes)."""
-
-    def __init__(self, device: Device) -> None:
-        super().__init__(device)
 
     def _get_name(self) -> str:
         return REPACK_BUFT_NAME

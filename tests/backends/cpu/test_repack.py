@@ -13,7 +13,7 @@ import pytest
 from numba import njit
 
 from pyggml.backends.cpu.kernels import quant_dot as qd
-from pyggml.backends.cpu.repack import X8_ROWS, repack_q4_0, unpack_q4_0
+from pyggml.backends.cpu.repack import REPACKED_Q4_0, X8_ROWS, repack_q4_0, unpack_q4_0
 from pyggml.core.errors import GGMLError
 
 K = 224  # 7 blocks
@@ -149,7 +149,7 @@ def test_a_repacked_matrix_reads_back_as_its_q4_0_bytes_and_is_written_whole() -
     raw = _q4_0_rows(rng, 2 * X8_ROWS, NB)
     ctx, buffer, w, f = _weights_in_repack_buffer(raw, K, extra_f32=True)
     try:
-        assert qd.Q4_0_X8 and w.extra is not None and f is not None and f.extra is None
+        assert w.extra is REPACKED_Q4_0 and f is not None and f.extra is None
         assert np.array_equal(host_bytes(w, "test"), repack_q4_0(raw).reshape(-1))  # held repacked
         back = np.zeros(raw.size, np.uint8)
         tensor_get(w, back)

@@ -84,7 +84,7 @@ from pyggml.backends.cpu.kernels import quant_dot as qd
 from pyggml.backends.cpu.kernels._common import noop, reshape_view
 from pyggml.backends.cpu.kernels.threads import new_pool
 from pyggml.backends.cpu.numerics import NUMERICS_CODES
-from pyggml.backends.cpu.repack import is_repacked
+from pyggml.backends.cpu.repack import is_repacked, repack_supports_op
 from pyggml.core import quants
 from pyggml.core.errors import GGMLError, ShapeError, UnsupportedOpError, UnsupportedTypeError
 from pyggml.core.tensor import GGMLOp, Tensor
@@ -159,9 +159,9 @@ def _mul_mat_problem(node: Tensor) -> Problem:
         return ShapeError, f"src0 ne {a.ne} and src1 ne {b.ne} do not fit (ne0 equal, src1 ne2/ne3 multiples of src0's)"
     if node.ne != [a.ne[1], b.ne[1], b.ne[2], b.ne[3]]:
         return ShapeError, f"dst ne {node.ne} is not [{a.ne[1]}, {b.ne[1]}, {b.ne[2]}, {b.ne[3]}]"
-    if is_repacked(a) and (a.view_src is not None or b.type != F32):
-        return UnsupportedOpError, (f"src0 '{a.name}' is held repacked (CPU_REPACK): MUL_MAT reads it whole with "
-                                    f"an F32 src1, not {'a view of it' if a.view_src is not None else b.type.name}")
+    if not repack_supports_op(node):
+        return UnsupportedOpError, (f"src0 '{a.name}' is in a CPU_REPACK buffer: MUL_MAT reads a repacked Q4_0 "
+                                    f"matrix there whole, with an F32 src1 (src1 '{b.name}' is {b.type.name})")
     return None
 
 

@@ -90,6 +90,7 @@ from pyggml.backends.cpu.kernels.atomics import (
     element_pointer as _address,
 )
 from pyggml.backends.cpu.kernels.threads import SLOT_LEN, YIELD_POLLS, claim, finish, revoke
+from pyggml.backends.cpu.repack import Q4_0_BLOCK_BYTES, X8_ROWS
 from pyggml.core.quants import KVALUES_IQ4NL, KVALUES_MXFP4
 from pyggml.core.types import GGMLType
 
@@ -417,6 +418,21 @@ PREFETCH_ROWS = 16
 PREFETCH_LINES = 4
 
 
+def _per_count(builder, n, ncols: int, body) -> None:
+    """A switch on the column count n (1..ncols): `body(count)` emitted once per count, in a block of its own,
+    each then joining the block after the switch (where the builder is left). Why one loop per count: see
+    _column_groups."""
+    done = builder.append_basic_block("cols.done")
+    switch = builder.switch(n, done)
+    for count in range(1, ncols + 1):
+        case = builder.append_basic_block(f"cols.{count}")
+        switch.add_case(ir.Constant(n.type, count), case)
+        builder.position_at_end(case)
+        body(count)
+        builder.branch(done)
+    builder.position_at_end(done)
+
+
 def _column_groups(context, builder, signature, args, ncols: int, pos: dict[str, int], columns, row) -> None:
     """The body of a multi-column intrinsic: for weight rows m0 <= m < m1 (rows w_off[base + m]), `row(pw, m,
     cols)` with `cols = columns(count)` made once for the n (1..ncols) src1 rows from r. `pos` gives the
@@ -429,16 +445,11 @@ def _column_groups(context, builder, signature, args, ncols: int, pos: dict[str,
     ty = signature.args
     w_data = _address(context, builder, ty[pos["w"]], args[pos["w"]], ir.Constant(args[pos["m0"]].type, 0))
     offsets = _address(context, builder, ty[pos["w_off"]], args[pos["w_off"]], args[pos["base"]])  # w_off[base:]
-    n = args[pos["n"]]
-    done = builder.append_basic_block("cols.done")
-    switch = builder.switch(n, done)
-    for count in range(1, ncols + 1):
-        case = builder.append_basic_block(f"cols.{count}")
-        switch.add_case(ir.Constant(n.type, count), case)
-        builder.position_at_end(case)
+    m0, m1 = args[pos["m0"]], args[pos["m1"]]
+
+    def rows(count: int) -> None:
         cols = columns(count)
-        m1 = args[pos["m1"]]
-        with cgutils.for_range(builder, m1, start=args[pos["m0"]]) as loop:
+        with cgutils.for_range(builder, m1, start=m0) as loop:
             m = loop.index
             if PREFETCH_ROWS:
                 ahead = builder.add(m, ir.Constant(m.type, PREFETCH_ROWS))
@@ -446,8 +457,8 @@ def _column_groups(context, builder, signature, args, ncols: int, pos: dict[str,
                     _prefetch(builder, builder.gep(w_data, [builder.load(builder.gep(offsets, [ahead]))]),
                               PREFETCH_LINES)
             row(builder.gep(w_data, [builder.load(builder.gep(offsets, [m]))]), m, cols)
-        builder.branch(done)
-    builder.position_at_end(done)
+
+    _per_count(builder, args[pos["n"]], ncols, rows)
 
 
 def _store_columns(context, builder, arrty, out, r, m, dots) -> None:
@@ -988,19 +999,14 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
             zero = ir.Constant(r.type, 0)
             w_data = _address(context, builder, ty[0], args[0], zero)
             offsets = _address(context, builder, ty[1], args[1], args[2])  # w_off[base:]
-            n = args[10]
-            done = builder.append_basic_block("cols.done")
-            switch = builder.switch(n, done)
-            for count in range(1, ncols + 1):
-                case = builder.append_basic_block(f"cols.{count}")
-                switch.add_case(ir.Constant(n.type, count), case)
-                builder.position_at_end(case)
+
+            def call(count: int) -> None:
                 rows = [builder.add(r, ir.Constant(r.type, c)) for c in range(count)]
                 ptrs = [_row_pointer(context, builder, ty[i], args[i], row)[0] for row in rows for i in (6, 7, 8, 11)]
                 values = [w_data, offsets, args[3], args[4], args[5]] + ptrs
                 builder.call(rows_function(builder.module, count, values), values)
-                builder.branch(done)
-            builder.position_at_end(done)
+
+            _per_count(builder, args[10], ncols, call)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -1067,8 +1073,7 @@ dot_q4_0_cols_x86.__doc__ = ("As dot_q8_0_cols_x86 for Q4_0 weight rows (values 
 # as (nibble - 8) * y.
 
 Q4_0_X8 = 1024 + Q4_0  # the kind of a Q4_0 matrix in the repacked layout
-X8_ROWS = 8  # rows of a group
-X8_BLOCK_BYTES = 8 * 18  # one block of a group's 8 rows
+X8_BLOCK_BYTES = X8_ROWS * Q4_0_BLOCK_BYTES  # one block of a group's 8 rows
 
 
 def _sums_u4_lanes(builder, acc, u, y4, vnni: bool):
@@ -1119,18 +1124,14 @@ def _make_dot_q4_0_x8(vnni: bool, ncols: int):
         sig = types.void(w, w_off, ip, ip, ip, ip, yq, yd, yb, ip, ip, out)
 
         def codegen(context, builder, signature, args):
-            ty, r, n = signature.args, args[9], args[10]
+            ty, r = signature.args, args[9]
             zero = ir.Constant(r.type, 0)
             w_data = _address(context, builder, ty[0], args[0], zero)
             offsets = _address(context, builder, ty[1], args[1], args[2])  # w_off[base:]
             eight = ir.Constant(r.type, X8_ROWS)
             g0, g1 = builder.sdiv(args[3], eight), builder.sdiv(args[4], eight)
-            done = builder.append_basic_block("cols.done")
-            switch = builder.switch(n, done)
-            for count in range(1, ncols + 1):
-                case = builder.append_basic_block(f"cols.{count}")
-                switch.add_case(ir.Constant(n.type, count), case)
-                builder.position_at_end(case)
+
+            def groups(count: int) -> None:
                 rows = [builder.add(r, ir.Constant(r.type, c)) for c in range(count)]
                 cols = [tuple(_row_pointer(context, builder, ty[i], args[i], row)[0] for i in (6, 7, 8))
                         for row in rows]
@@ -1140,8 +1141,8 @@ def _make_dot_q4_0_x8(vnni: bool, ncols: int):
                     for row, dots in zip(rows, group_loop(builder, pg, args[5], cols), strict=True):
                         po = _row_pointer(context, builder, ty[11], args[11], row, m)[0]
                         builder.store(dots, builder.bitcast(po, v8f.as_pointer()), align=4)
-                builder.branch(done)
-            builder.position_at_end(done)
+
+            _per_count(builder, args[10], ncols, groups)
             return context.get_dummy_value()
 
         return sig, codegen
