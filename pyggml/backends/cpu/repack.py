@@ -1,15 +1,21 @@
 """Weights repacked for the CPU kernels: Q4_0 matrices as groups of 8 rows interleaved 4 bytes at a time.
 
 ggml's CPU backend repacks some weight types at load (its "extra" buffer type CPU_REPACK, ggml-cpu/repack.cpp:
-Q4_0 to block_q4_0x8 where the CPU has AVX2) so that one SIMD instruction works on several rows at once. pyggml
-does the same for Q4_0 matrices whose row count is a multiple of 8 (X8_ROWS), in a layout of its own made for
-vpdpbusd's 32-bit lanes (see quant_dot's "Q4_0 repacked" section), with the float order of ggml's x86 repack
-kernels, so that a product gives the bits llama.cpp's repacked Q4_0 gives on an AVX2 machine.
+on a CPU with AVX2, Q4_0 to block_q4_0x8, Q4_K to block_q4_Kx8) so that one SIMD instruction works on several
+rows at once. pyggml does the same for Q4_0 matrices whose row count is a multiple of 8 (X8_ROWS), in a layout
+of its own made for vpdpbusd's 32-bit lanes (see quant_dot's "repacked" section), with the float order of
+ggml's x86 repack kernels, so that a product gives the bits llama.cpp's repacked Q4_0 gives on an AVX2
+machine. A group of 8 rows takes the bytes its rows took, so a repacked matrix has the size of the original.
+Q4_K is not repacked yet: a loop in the order of ggml_gemv_q4_K_8x8_q8_K as read moved SmolLM2's and Gemma 3's
+logits away from llama.cpp's (which its plain rows' order matches), so the order is not yet understood.
 
-The layout, per group of 8 rows (r = 0..7) and per block b (32 values, 18 bytes in Q4_0): the 8 rows' f16
-scales d (16 bytes), then 4 times 32 bytes: byte 4r + i of the v-th holds row r's quant byte 4v + i (its
-values 4v + i in the low nibble and 16 + 4v + i in the high one). A group of 8 rows takes the bytes its rows
-took, so a repacked matrix has the size of the original.
+Q4_0, per group of 8 rows (r = 0..7) and per block (32 values, 18 bytes in Q4_0): the 8 rows' f16 scales d
+(16 bytes), then 4 times 32 bytes: byte 4r + i of the v-th holds row r's quant byte 4v + i (its values 4v + i
+in the low nibble and 16 + 4v + i in the high one).
+
+Q8_0 and Q5_0 are not held repacked (ggml does not repack them on x86), but prompts multiply them in the same
+layout as Q4_0's, repacked a tile at a time by the kernels (repack_block32 says how: Q5_0's qh for the 8 rows
+after their d, then its nibbles as Q4_0's; Q8_0's 32 bytes of quants as 8 times 32).
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from pyggml.backend.buffer_type import BufferType
 from pyggml.backends.cpu.buffer import TENSOR_ALIGNMENT, CPUBuffer, cpu_alloc_buffer, host_bytes
 from pyggml.core.errors import ArgumentError, ShapeError
 from pyggml.core.tensor import GGMLOp, Tensor
-from pyggml.core.types import GGMLType
+from pyggml.core.types import TYPE_TRAITS, GGMLType
 
 X8_ROWS = 8
 Q4_0_BLOCK_BYTES = 18  # block_q4_0: f16 d, 16 bytes of nibbles
@@ -41,43 +47,75 @@ class Repacked:
 REPACKED_Q4_0 = Repacked("Q4_0 8x4")
 
 
-def _check(raw: np.ndarray, what: str) -> tuple[int, int]:
-    """(row groups, blocks per row) of a matrix of Q4_0 rows as a 2-D uint8 array."""
+def _check(raw: np.ndarray, what: str, type: GGMLType) -> tuple[int, int]:
+    """(row groups, blocks per row) of a matrix of `type`'s rows as a 2-D uint8 array."""
+    block_bytes = TYPE_TRAITS[type].type_size
     if raw.ndim != 2 or raw.dtype != np.uint8:
-        raise ShapeError(f"{what}: expected a 2-D uint8 array of Q4_0 rows, got {raw.dtype} with shape {raw.shape}")
+        raise ShapeError(f"{what}: expected a 2-D uint8 array of {type.name} rows, got {raw.dtype} with shape "
+                         f"{raw.shape}")
     rows, row_bytes = raw.shape
-    if rows % X8_ROWS or row_bytes % Q4_0_BLOCK_BYTES:
+    if rows % X8_ROWS or row_bytes % block_bytes:
         raise ShapeError(f"{what}: {rows} rows of {row_bytes} bytes: the rows must be a multiple of {X8_ROWS} and "
-                         f"the row bytes of {Q4_0_BLOCK_BYTES}")
-    return rows // X8_ROWS, row_bytes // Q4_0_BLOCK_BYTES
+                         f"the row bytes of {block_bytes}")
+    return rows // X8_ROWS, row_bytes // block_bytes
+
+
+# 32-value block types in the repacked layout: the bytes of each field before the quants, and the block's bytes
+BLOCK32_FIELDS = {GGMLType.Q4_0: ((2,), Q4_0_BLOCK_BYTES), GGMLType.Q8_0: ((2,), 34), GGMLType.Q5_0: ((2, 4), 22)}
+
+
+def repack_block32(raw: np.ndarray, type: GGMLType) -> np.ndarray:
+    """Rows of a 32-value block type (Q4_0, Q8_0, Q5_0; 2-D uint8, rows a multiple of 8) in the repacked layout:
+    per group of 8 rows and block, each field before the quants for the 8 rows in turn (d; Q5_0's qh next),
+    then the quants, byte 4r + i of the v-th 32 bytes holding row r's quant byte 4v + i. Same shape."""
+    fields, block_bytes = BLOCK32_FIELDS[type]
+    groups, nb = _check(raw, f"repack {type.name}", type)
+    blocks = raw.reshape(groups, X8_ROWS, nb, block_bytes).transpose(0, 2, 1, 3)  # (group, block, row, byte)
+    out = np.empty((groups, nb, X8_ROWS * block_bytes), np.uint8)
+    at = src = 0
+    for size in fields:
+        out[:, :, at:at + X8_ROWS * size] = blocks[:, :, :, src:src + size].reshape(groups, nb, X8_ROWS * size)
+        at, src = at + X8_ROWS * size, src + size
+    qs = blocks[:, :, :, src:].reshape(groups, nb, X8_ROWS, -1, 4)  # (group, block, row, v, i)
+    out[:, :, at:] = qs.transpose(0, 1, 3, 2, 4).reshape(groups, nb, -1)  # (group, block, v, row, i)
+    return out.reshape(raw.shape)
+
+
+def unpack_block32(packed: np.ndarray, type: GGMLType) -> np.ndarray:
+    """The rows of a repacked matrix of a 32-value block type (the inverse of repack_block32)."""
+    fields, block_bytes = BLOCK32_FIELDS[type]
+    groups, nb = _check(packed, f"unpack {type.name}", type)
+    blocks = packed.reshape(groups, nb, X8_ROWS * block_bytes)
+    out = np.empty((groups, nb, X8_ROWS, block_bytes), np.uint8)
+    at = src = 0
+    for size in fields:
+        out[:, :, :, src:src + size] = blocks[:, :, at:at + X8_ROWS * size].reshape(groups, nb, X8_ROWS, size)
+        at, src = at + X8_ROWS * size, src + size
+    qs = blocks[:, :, at:].reshape(groups, nb, -1, X8_ROWS, 4)  # (group, block, v, row, i)
+    out[:, :, :, src:] = qs.transpose(0, 1, 3, 2, 4).reshape(groups, nb, X8_ROWS, -1)
+    return out.transpose(0, 2, 1, 3).reshape(packed.shape)
 
 
 def repack_q4_0(raw: np.ndarray) -> np.ndarray:
     """Q4_0 rows (2-D uint8, rows a multiple of 8) in the repacked layout: an array of the same shape."""
-    groups, nb = _check(raw, "repack_q4_0")
-    blocks = raw.reshape(groups, X8_ROWS, nb, Q4_0_BLOCK_BYTES)
-    out = np.empty((groups, nb, X8_ROWS * Q4_0_BLOCK_BYTES), np.uint8)
-    out[:, :, :16] = blocks[:, :, :, :2].transpose(0, 2, 1, 3).reshape(groups, nb, 16)
-    qs = blocks[:, :, :, 2:].reshape(groups, X8_ROWS, nb, 4, 4)  # (group, row, block, v, i)
-    out[:, :, 16:] = qs.transpose(0, 2, 3, 1, 4).reshape(groups, nb, 128)  # (group, block, v, row, i)
-    return out.reshape(raw.shape)
+    return repack_block32(raw, GGMLType.Q4_0)
 
 
 def unpack_q4_0(packed: np.ndarray) -> np.ndarray:
     """The Q4_0 rows of a repacked matrix (the inverse of repack_q4_0)."""
-    groups, nb = _check(packed, "unpack_q4_0")
-    blocks = packed.reshape(groups, nb, X8_ROWS * Q4_0_BLOCK_BYTES)
-    out = np.empty((groups, X8_ROWS, nb, Q4_0_BLOCK_BYTES), np.uint8)
-    out[:, :, :, :2] = blocks[:, :, :16].reshape(groups, nb, X8_ROWS, 2).transpose(0, 2, 1, 3)
-    qs = blocks[:, :, 16:].reshape(groups, nb, 4, X8_ROWS, 4)  # (group, block, v, row, i)
-    out[:, :, :, 2:] = qs.transpose(0, 3, 1, 2, 4).reshape(groups, X8_ROWS, nb, 16)
-    return out.reshape(packed.shape)
+    return unpack_block32(packed, GGMLType.Q4_0)
+
+
+# the repacked types: their marker (the tensor's `extra`), repack and unpack functions
+_LAYOUTS = {
+    GGMLType.Q4_0: (REPACKED_Q4_0, repack_q4_0, unpack_q4_0),
+}
 
 
 def repackable(tensor: Tensor) -> bool:
     """Whether the repack buffer type holds `tensor` repacked: a contiguous Q4_0 matrix (ne2 = ne3 = 1) with a
-    multiple of 8 rows, as ggml's ggml_repack_get_optimal_repack_type asks of Q4_0 on x86."""
-    return (tensor.type == GGMLType.Q4_0 and tensor.ne[1] % X8_ROWS == 0 and tensor.ne[2] == 1
+    multiple of 8 rows, as ggml's ggml_repack_get_optimal_repack_type asks of Q4_0 on x86 with AVX2."""
+    return (tensor.type in _LAYOUTS and tensor.ne[1] % X8_ROWS == 0 and tensor.ne[2] == 1
             and tensor.ne[3] == 1 and tensor.is_contiguous())
 
 
@@ -92,7 +130,7 @@ def is_repacked(tensor: Tensor | None) -> bool:
 def repack_supports_op(op: Tensor) -> bool:
     """The ops the CPU computes on tensors of a repack buffer (ggml's repack extra_buffer_type::supports_op):
     MUL_MAT with a `repackable` matrix of it as src0, whole (not a view), and an F32 src1. Any other use reads
-    the layout as if it were Q4_0 rows, and is refused. Asked of the buffer a source sits in, so a tensor
+    the layout as if it were plain rows, and is refused. Asked of the buffer a source sits in, so a tensor
     placed in a buffer of the type but not yet written (llama.cpp's loader asks so) is judged as it will be."""
     for i, src in enumerate(op.src):
         buffer = tensor_buffer(src) if src is not None else None
@@ -107,12 +145,12 @@ def repack_supports_op(op: Tensor) -> bool:
 
 class CPURepackBuffer(CPUBuffer):
     """Host memory whose Q4_0 matrices (see `repackable`) are held repacked: written whole, repacked on the
-    way in, unpacked on the way out, so `tensor_set`/`tensor_get` see plain Q4_0 bytes. Other tensors are
+    way in, unpacked on the way out, so `tensor_set`/`tensor_get` see plain rows. Other tensors are
     held as in a CPU buffer."""
 
     def _init_tensor(self, tensor: Tensor) -> None:
         if tensor.view_src is None and repackable(tensor):
-            tensor.extra = REPACKED_Q4_0
+            tensor.extra = _LAYOUTS[tensor.type][0]
 
     def _whole(self, tensor: Tensor, offset: int, size: int, what: str) -> None:
         if offset != 0 or size != tensor.nbytes():
@@ -126,7 +164,7 @@ class CPURepackBuffer(CPUBuffer):
             return
         self._whole(tensor, offset, size, "tensor_set")
         rows = np.frombuffer(data, np.uint8, count=size).reshape(tensor.ne[1], -1)
-        host_bytes(tensor, "tensor_set")[:] = repack_q4_0(rows).reshape(-1)
+        host_bytes(tensor, "tensor_set")[:] = _LAYOUTS[tensor.type][1](rows).reshape(-1)
 
     def _get_tensor(self, tensor: Tensor, data: memoryview, offset: int, size: int) -> None:
         if not is_repacked(tensor):
@@ -134,7 +172,7 @@ class CPURepackBuffer(CPUBuffer):
             return
         self._whole(tensor, offset, size, "tensor_get")
         packed = host_bytes(tensor, "tensor_get").reshape(tensor.ne[1], -1)
-        np.frombuffer(data, np.uint8, count=size)[:] = unpack_q4_0(packed).reshape(-1)
+        np.frombuffer(data, np.uint8, count=size)[:] = _LAYOUTS[tensor.type][2](packed).reshape(-1)
 
     def _cpy_tensor(self, src: Tensor, dst: Tensor) -> bool:
         # a raw copy into a repacked tensor would skip the repacking: the caller's get and set do it
@@ -144,7 +182,7 @@ class CPURepackBuffer(CPUBuffer):
 class CPURepackBufferType(BufferType):
     """ggml's CPU_REPACK: the CPU device's extra buffer type (listed by the registry's
     ggml_backend_dev_get_extra_bufts). Not host memory, as in ggml: other devices do not read its tensors in
-    place, and what reads them goes through tensor_get (plain Q4_0 bytes)."""
+    place, and what reads them goes through tensor_get (plain rows)."""
 
     def _get_name(self) -> str:
         return REPACK_BUFT_NAME

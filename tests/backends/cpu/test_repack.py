@@ -71,7 +71,7 @@ def test_repack_and_unpack_are_inverse_and_place_each_byte() -> None:
 
 @pytest.mark.parametrize("shape", [(12, 18), (16, 17), (8,)])
 def test_repack_refuses_other_shapes(shape: tuple[int, ...]) -> None:
-    with pytest.raises(GGMLError, match="repack_q4_0"):
+    with pytest.raises(GGMLError, match="repack Q4_0"):
         repack_q4_0(np.zeros(shape, np.uint8))
 
 

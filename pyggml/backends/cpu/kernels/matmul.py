@@ -37,7 +37,15 @@ src0 matrix serves consecutive src1 matrices). By src0's type:
   pyggml.backends.cpu.repack) take quant_dot's repacked loop for every column
   count, 8 rows a pass, in the float order of ggml's x86 repack kernels
   (ggml_gemv/gemm_q4_0_8x8_q8_0): faster than the row loops and the BLAS path.
-  Documented deviation, for prompts: with `BLAS_MIN_COLS` or more columns,
+  Prompts of plain Q4_0, Q8_0 and Q5_0 matrices (`X8_TILE_MIN_COLS` or more
+  columns, rows a multiple of 8) take the same repacked loops on tiles of 64
+  rows that each work item repacks as it goes (quant_dot.X8_TILE_KINDS): the
+  same integer block sums, scaled per block in the repacked order instead of
+  ggml's vec_dot lanes (llama.cpp's tinyBLAS for these types keeps the vec_dot
+  order: a float rounding apart). SmolLM2's 1536x576 products, 128 columns,
+  2 threads: Q8_0 0.76 ms (BLAS path 1.60, row loops 1.91), Q4_0 0.74 (1.76),
+  Q5_0 1.1 (1.67).
+  Documented deviation, for prompts of the other types: with `BLAS_MIN_COLS` or more columns,
   tiles of weight rows are dequantized to f32 (ggml's dequantize_row
   arithmetic, bit for bit) and multiplied by BLAS with the dequantized q8
   src1 values (q * d); for Q4_1/Q5_1, whose vec_dot adds m * s per block
@@ -110,6 +118,9 @@ HALF_BLAS_MIN_COLS = 12
 # KQ too (rows of 64 per head): through BLAS it was 37 us at 256 cells but 330 at 768 (SmolLM2, 4 tokens: 9
 # small gemms, each waking OpenBLAS's sleeping threads), direct 45 us at 256, linear in the cells
 F32_BLAS_MIN_COLS = 32
+# src1 columns (per matrix) from which plain Q4_0, Q8_0 and Q5_0 matrices with whole groups of 8 rows take the
+# repacked loops on tiles (quant_dot.X8_TILE_KINDS) instead of the row loops or the BLAS path
+X8_TILE_MIN_COLS = 16
 # multiply-adds (weight elements x src1 columns) of a direct-kernel product below which it runs on the
 # calling thread. With POOL's spinning workers a hand-off costs 2-4 us, so 2 threads pay from products of
 # about 12-20 us on one thread (see _direct_work's figures; 10 us ones break even). The types whose
@@ -401,9 +412,13 @@ def _mul_mat_numba(wtype: GGMLType, xtype: GGMLType, K: int, dst: np.ndarray, sr
     r3, r2 = ne13 // ne03, ne12 // ne02
     n_slices = ne13 * ne12
     ny = n_slices * N
-    # Q4_0 repacked (the CPU_REPACK buffer type): its own loop, for every column count (one pass over 8 rows
-    # serves 4 columns with a quarter of the instructions of the row loops, faster than the BLAS path too)
-    kind = qd.Q4_0_X8 if repacked else int(wtype)
+    # Q4_0 repacked (the CPU_REPACK buffer type): its own loop, for every column count (one pass over 8 rows serves
+    # 4 columns with a fraction of the instructions of the row loops, faster than the BLAS path too)
+    kind = qd.X8_KINDS[int(wtype)] if repacked else int(wtype)
+    # prompts of plain Q4_0, Q8_0 and Q5_0 matrices: the repacked loops on tiles each work item repacks (faster
+    # than the BLAS path, see X8_TILE_MIN_COLS)
+    if not repacked and kind in qd.X8_TILE_KINDS and N >= X8_TILE_MIN_COLS and M % qd.X8_ROWS == 0:
+        kind = qd.X8_TILE_KINDS[kind]
     wt = TYPE_TRAITS[wtype]
     quantized = wt.is_quantized
     vdt = wt.vec_dot_type
@@ -420,7 +435,8 @@ def _mul_mat_numba(wtype: GGMLType, xtype: GGMLType, K: int, dst: np.ndarray, sr
         raise ShapeError(f"CPU MUL_MAT: dst with shape {dst.shape} and strides {dst.strides} is not contiguous")
 
     # F32: see mul_mat_f32
-    blas = not repacked and wtype != F32 and N >= (BLAS_MIN_COLS if quantized else HALF_BLAS_MIN_COLS)
+    blas = (not repacked and kind not in qd.X8_TILE_KINDS.values() and wtype != F32
+            and N >= (BLAS_MIN_COLS if quantized else HALF_BLAS_MIN_COLS))
     # Q4_1/Q5_1 (vec_dot_type Q8_1): ggml's dot adds m * s per block, s = f16(d * sum(q)) from the unrounded
     # d, which differs from the q * f16(d) the dequantized product gives: on the BLAS path one more column per
     # block carries the weights' m times the difference
@@ -526,7 +542,7 @@ def _direct(kind: int, w: np.ndarray, w_off: np.ndarray, nb: int, xf: np.ndarray
         # the operands stay referenced here: the job holds only their addresses
         return functools.partial(_run_alone, desc, (w, w_off, xf, yq, yd, ys, yb, w_base, out))
     chunk = _chunk(out.shape[1], w_base.shape[0], nt)
-    if kind == qd.Q4_0_X8:  # whole groups of repacked rows
+    if kind in qd.X8_KINDS.values() or kind in qd.X8_TILE_KINDS.values():  # whole groups of repacked rows
         chunk = -(-chunk // qd.X8_ROWS) * qd.X8_ROWS
     ctr = np.zeros(2, np.int64)  # items taken, items done: reset by each call
     desc = qd.mul_mat_desc(kind, w, w_off, nb, xf, yq, yd, ys, yb, N, w_base, out, chunk, ctr, rounding)

@@ -90,7 +90,7 @@ from pyggml.backends.cpu.kernels.atomics import (
     element_pointer as _address,
 )
 from pyggml.backends.cpu.kernels.threads import SLOT_LEN, YIELD_POLLS, claim, finish, revoke
-from pyggml.backends.cpu.repack import Q4_0_BLOCK_BYTES, X8_ROWS
+from pyggml.backends.cpu.repack import BLOCK32_FIELDS, X8_ROWS
 from pyggml.core.quants import KVALUES_IQ4NL, KVALUES_MXFP4
 from pyggml.core.types import GGMLType
 
@@ -1073,7 +1073,6 @@ dot_q4_0_cols_x86.__doc__ = ("As dot_q8_0_cols_x86 for Q4_0 weight rows (values 
 # as (nibble - 8) * y.
 
 Q4_0_X8 = 1024 + Q4_0  # the kind of a Q4_0 matrix in the repacked layout
-X8_BLOCK_BYTES = X8_ROWS * Q4_0_BLOCK_BYTES  # one block of a group's 8 rows
 
 
 def _sums_u4_lanes(builder, acc, u, y4, vnni: bool):
@@ -1085,41 +1084,15 @@ def _sums_u4_lanes(builder, acc, u, y4, vnni: bool):
     return builder.add(acc, _quads(builder, builder.mul(builder.zext(u, v32), builder.sext(y4, v32), flags=["nsw"])))
 
 
-def _make_dot_q4_0_x8(vnni: bool, ncols: int):
-    """`dot(w, w_off, base, m0, m1, nb, yq, yd, yb, r, n, out)`: out[r + c, m] for c < n (1..ncols), m0 <= m <
-    m1 (multiples of X8_ROWS), the dots of the repacked rows (group of row m at byte w_off[base + m]) with
-    src1 rows r..r+n-1 (Q8_0: values yq, scales yd, sums of 16 values yb), in ggml's x86 repack order."""
-    v8f, v32b = ir.VectorType(_F32, 8), ir.VectorType(_I8, 32)
-
-    def group_loop(builder, pg, nb, cols):
-        """The <8 x float> dots of the 8 rows of the group at byte pointer pg with each src1 row of `cols`."""
-        accs = [cgutils.alloca_once_value(builder, ir.Constant(v8f, [0.0] * 8)) for _ in cols]
-        low = ir.Constant(v32b, [15] * 32)
-        with cgutils.for_range(builder, nb) as loop:
-            b = loop.index
-            pb = builder.gep(pg, [builder.mul(b, ir.Constant(b.type, X8_BLOCK_BYTES))])
-            dw = builder.fpext(_load_vector(builder, pb, ir.HalfType(), 8), v8f)
-            nibbles = []
-            for v in range(4):
-                raw = _load_vector(builder, builder.gep(pb, [ir.Constant(b.type, 16 + 32 * v)]), _I8, 32)
-                nibbles.append((builder.and_(raw, low),
-                                builder.and_(builder.lshr(raw, ir.Constant(v32b, [4] * 32)), low)))
-            for acc, (py, pd, ps) in zip(accs, cols, strict=True):
-                y32 = builder.bitcast(builder.gep(py, [builder.shl(b, ir.Constant(b.type, 5))]), _I32.as_pointer())
-                b2 = builder.shl(b, ir.Constant(b.type, 1))
-                ysum = builder.add(builder.load(builder.gep(ps, [b2])),
-                                   builder.load(builder.gep(ps, [builder.add(b2, ir.Constant(b.type, 1))])))
-                isum = _splat(builder, builder.mul(ysum, ir.Constant(_I32, -8)), 8)
-                for v, (lo, hi) in enumerate(nibbles):
-                    for u, at in ((lo, v), (hi, 4 + v)):
-                        y4 = builder.load(builder.gep(y32, [ir.Constant(b.type, at)]), align=1)
-                        isum = _sums_u4_lanes(builder, isum, u, builder.bitcast(_splat(builder, y4, 8), v32b), vnni)
-                d = builder.fmul(dw, _splat(builder, builder.load(builder.gep(pd, [b])), 8))
-                builder.store(_fma(builder, builder.sitofp(isum, v8f), d, builder.load(acc)), acc)
-        return [builder.load(acc) for acc in accs]
+def _x8_intrinsic(group_loop, ncols: int):
+    """The intrinsic `dot(w, w_off, base, m0, m1, nb, yq, yd, yb, r, n, out)` of a repacked type whose
+    `group_loop(builder, pg, nb, cols)` gives the <8 x float> dots of the group at byte pointer pg with the
+    src1 rows of `cols` (pointers to each one's yq, yd, yb): out[r + c, m..m+7] for c < n (1..ncols) and each
+    group m0 <= m < m1."""
+    v8f = ir.VectorType(_F32, 8)
 
     @intrinsic
-    def dot_q4_0_x8_cols(typingctx, w, w_off, base, m0, m1, nb, yq, yd, yb, r, n, out):
+    def dot_x8_cols(typingctx, w, w_off, base, m0, m1, nb, yq, yd, yb, r, n, out):
         ip = types.intp
         sig = types.void(w, w_off, ip, ip, ip, ip, yq, yd, yb, ip, ip, out)
 
@@ -1147,10 +1120,163 @@ def _make_dot_q4_0_x8(vnni: bool, ncols: int):
 
         return sig, codegen
 
-    return dot_q4_0_x8_cols
+    return dot_x8_cols
+
+
+def _x8_q4_0_quants(builder, pb):
+    """A repacked Q4_0 block's quants (8 rows' d, then 4 x 32 bytes of nibbles at pb + 16): (unsigned vector,
+    index of the 4 y values it multiplies) pairs, and the offset of the values (value = nibble - 8)."""
+    v32b = ir.VectorType(_I8, 32)
+    low = ir.Constant(v32b, [15] * 32)
+    pairs = []
+    for v in range(4):
+        raw = _load_vector(builder, builder.gep(pb, [ir.Constant(_I32, 16 + 32 * v)]), _I8, 32)
+        high = builder.and_(builder.lshr(raw, ir.Constant(v32b, [4] * 32)), low)
+        pairs += [(builder.and_(raw, low), v), (high, 4 + v)]
+    return pairs, -8
+
+
+def _x8_q8_0_quants(builder, pb):
+    """A repacked Q8_0 block's quants (8 rows' d, then 8 x 32 signed bytes at pb + 16), read as value + 128."""
+    flip = ir.Constant(ir.VectorType(_I8, 32), [0x80] * 32)
+    return [(builder.xor(_load_vector(builder, builder.gep(pb, [ir.Constant(_I32, 16 + 32 * v)]), _I8, 32), flip), v)
+            for v in range(8)], -128
+
+
+def _fifth_bits(builder, qh, shift: int):
+    """Bits shift..shift+3 of each lane's qh (<8 x i32>) as bit 4 of bytes 0..3 of the lane (<32 x i8>)."""
+    v8i32 = ir.VectorType(_I32, 8)
+    x = builder.lshr(qh, ir.Constant(v8i32, [shift] * 8)) if shift else qh
+    spread = None
+    for i in range(4):
+        bit = builder.shl(builder.and_(x, ir.Constant(v8i32, [1 << i] * 8)), ir.Constant(v8i32, [4 + 8 * i - i] * 8))
+        spread = bit if spread is None else builder.or_(spread, bit)
+    return builder.bitcast(spread, ir.VectorType(_I8, 32))
+
+
+def _x8_q5_0_quants(builder, pb):
+    """A repacked Q5_0 block's quants (8 rows' d, their qh as 8 x 4 bytes at pb + 16, then 4 x 32 bytes of
+    nibbles at pb + 48): value t of a row is its nibble | (bit t of qh) << 4, minus 16."""
+    v32b = ir.VectorType(_I8, 32)
+    low = ir.Constant(v32b, [15] * 32)
+    qh = _load_vector(builder, builder.gep(pb, [ir.Constant(_I32, 16)]), _I32, 8)
+    pairs = []
+    for v in range(4):
+        raw = _load_vector(builder, builder.gep(pb, [ir.Constant(_I32, 48 + 32 * v)]), _I8, 32)
+        lo = builder.or_(builder.and_(raw, low), _fifth_bits(builder, qh, 4 * v))
+        hi = builder.or_(builder.and_(builder.lshr(raw, ir.Constant(v32b, [4] * 32)), low),
+                         _fifth_bits(builder, qh, 16 + 4 * v))
+        pairs += [(lo, v), (hi, 4 + v)]
+    return pairs, -16
+
+
+def _make_dot_x8(vnni: bool, ncols: int, block_bytes: int, quants):
+    """`dot(w, w_off, base, m0, m1, nb, yq, yd, yb, r, n, out)`: out[r + c, m] for c < n (1..ncols), m0 <= m <
+    m1 (multiples of X8_ROWS), the dots of a repacked 32-value block type's rows (group of row m at byte
+    w_off[base + m]; a group's block of `block_bytes` bytes starts with the 8 rows' f16 d, `quants(builder,
+    pb)` reads its values) with src1 rows r..r+n-1 (Q8_0: values yq, scales yd, sums of 16 values yb), in
+    ggml's x86 repack order: acc = fma(float(block sum), d_w * d_y, acc). The values are read unsigned
+    (value - offset), the sums starting from offset times the y block's sum: the same integers."""
+    v8f, v32b = ir.VectorType(_F32, 8), ir.VectorType(_I8, 32)
+
+    def group_loop(builder, pg, nb, cols):
+        """The <8 x float> dots of the 8 rows of the group at byte pointer pg with each src1 row of `cols`."""
+        accs = [cgutils.alloca_once_value(builder, ir.Constant(v8f, [0.0] * 8)) for _ in cols]
+        with cgutils.for_range(builder, nb) as loop:
+            b = loop.index
+            pb = builder.gep(pg, [builder.mul(b, ir.Constant(b.type, block_bytes))])
+            dw = builder.fpext(_load_vector(builder, pb, ir.HalfType(), 8), v8f)
+            pairs, offset = quants(builder, pb)
+            for acc, (py, pd, ps) in zip(accs, cols, strict=True):
+                y32 = builder.bitcast(builder.gep(py, [builder.shl(b, ir.Constant(b.type, 5))]), _I32.as_pointer())
+                b2 = builder.shl(b, ir.Constant(b.type, 1))
+                ysum = builder.add(builder.load(builder.gep(ps, [b2])),
+                                   builder.load(builder.gep(ps, [builder.add(b2, ir.Constant(b.type, 1))])))
+                isum = _splat(builder, builder.mul(ysum, ir.Constant(_I32, offset)), 8)
+                for u, at in pairs:
+                    y4 = builder.load(builder.gep(y32, [ir.Constant(b.type, at)]), align=1)
+                    isum = _sums_u4_lanes(builder, isum, u, builder.bitcast(_splat(builder, y4, 8), v32b), vnni)
+                d = builder.fmul(dw, _splat(builder, builder.load(builder.gep(pd, [b])), 8))
+                builder.store(_fma(builder, builder.sitofp(isum, v8f), d, builder.load(acc)), acc)
+        return [builder.load(acc) for acc in accs]
+
+    return _x8_intrinsic(group_loop, ncols)
+
+
+# the repacked 32-value block types: their group's block bytes and quants
+X8_BLOCK_QUANTS = {int(t): (X8_ROWS * BLOCK32_FIELDS[t][1], quants) for t, quants in (
+    (GGMLType.Q4_0, _x8_q4_0_quants), (GGMLType.Q8_0, _x8_q8_0_quants), (GGMLType.Q5_0, _x8_q5_0_quants))}
+
+
+def _make_dot_q4_0_x8(vnni: bool, ncols: int):
+    """The repacked Q4_0 loop (see _make_dot_x8)."""
+    return _make_dot_x8(vnni, ncols, *X8_BLOCK_QUANTS[Q4_0])
 
 
 dot_q4_0_x8_cols = _make_dot_q4_0_x8(_HAS_VNNI, COLS)
+dot_q8_0_x8_cols = _make_dot_x8(_HAS_VNNI, COLS, *X8_BLOCK_QUANTS[Q8_0])
+dot_q5_0_x8_cols = _make_dot_x8(_HAS_VNNI, COLS, *X8_BLOCK_QUANTS[Q5_0])
+
+
+
+# the kind of each repacked type's matrices (see matmul: a repacked src0 takes its loop for every column count)
+X8_KINDS = {Q4_0: Q4_0_X8}
+
+# Prompts of plain (not repacked) 32-value block matrices: each work item repacks its rows (a multiple of 8) into
+# a tile in the layout above (_tile_x8), then runs the repacked loop over all columns: the copy costs one pass
+# over the item's weights, the loop a fraction of the row loops' instructions per product. The kinds:
+X8_TILE_KINDS = {Q4_0: 2048 + Q4_0, Q8_0: 2048 + Q8_0, Q5_0: 2048 + Q5_0}
+# the bytes of the (up to two) fields before the quants of each one's block, and its block bytes (the layout's
+# BLOCK32_FIELDS, as constants numba reads)
+_TILE_FIELDS = {int(t): (fields[0], fields[1] if len(fields) > 1 else 0, size)
+                for t, (fields, size) in BLOCK32_FIELDS.items()}
+_TILE_Q4_0, _TILE_Q8_0, _TILE_Q5_0 = _TILE_FIELDS[Q4_0], _TILE_FIELDS[Q8_0], _TILE_FIELDS[Q5_0]
+# weight rows per tile: a tile (64 rows: 39 KB of Q8_0 576-wide rows) stays in the caches while every column
+# goes over it, and comes from the allocator's reused memory, not from fresh pages
+TILE_ROWS = 64
+
+
+@intrinsic
+def _copy4(typingctx, src, i, dst, j):
+    """dst[j:j+4] = src[i:i+4] for uint8 arrays, as one unaligned 32-bit load and store."""
+    sig = types.void(src, types.intp, dst, types.intp)
+
+    def codegen(context, builder, signature, args):
+        ps = builder.bitcast(_address(context, builder, signature.args[0], args[0], args[1]), _I32.as_pointer())
+        pd = builder.bitcast(_address(context, builder, signature.args[2], args[2], args[3]), _I32.as_pointer())
+        builder.store(builder.load(ps, align=1), pd, align=1)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@njit(nogil=True, cache=True)
+def _tile_x8(w, w_off, base, m0, m1, nb, head1, head2, block_bytes):
+    """Weight rows m0..m1 (m1 - m0 a multiple of X8_ROWS; row m at byte w_off[base + m]) of a 32-value block
+    type, in the repacked layout (see pyggml.backends.cpu.repack): per group and block, the 8 rows' first
+    field (head1 bytes each), then their second (head2, Q5_0's qh), then the quants 4 bytes a row at a time.
+    Returns the tile and the byte offset of each row's group, as the repacked loops read them."""
+    n_groups = (m1 - m0) // X8_ROWS
+    group_bytes = X8_ROWS * block_bytes
+    tile = np.empty(n_groups * nb * group_bytes, np.uint8)
+    offs = np.empty(m1 - m0, np.int64)
+    q0 = head1 + head2
+    nq = (block_bytes - q0) // 4
+    for g in range(n_groups):
+        for r in range(X8_ROWS):
+            offs[g * X8_ROWS + r] = g * nb * group_bytes
+            src = w_off[base + m0 + g * X8_ROWS + r]
+            for b in range(nb):
+                o = src + b * block_bytes
+                dst = (g * nb + b) * group_bytes
+                tile[dst + 2 * r] = w[o]  # head1 is 2: the f16 d
+                tile[dst + 2 * r + 1] = w[o + 1]
+                if head2:
+                    _copy4(w, o + head1, tile, dst + X8_ROWS * head1 + 4 * r)  # head2 is 4: Q5_0's qh
+                at = dst + X8_ROWS * q0 + 4 * r
+                for u in range(nq):
+                    _copy4(w, o + q0 + 4 * u, tile, at + 32 * u)
+    return tile, offs
 
 
 # --- Q5_0: 32 values of 5 bits, against Q8_0 ---
@@ -1989,6 +2115,19 @@ def _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, 
     if kind == Q4_0_X8:
         for r in range(r0, r1, COLS):
             dot_q4_0_x8_cols(w, w_off, base, m0, m1, nb, yq, yd, yb, r, min(COLS, r1 - r), out)
+    elif kind >= 2048:  # X8_TILE_KINDS: this item's rows repacked into a tile, whose row m0 is at offs[0]
+        t = kind - 2048
+        head1, head2, block_bytes = _TILE_Q5_0 if t == Q5_0 else (_TILE_Q8_0 if t == Q8_0 else _TILE_Q4_0)
+        for t0 in range(m0, m1, TILE_ROWS):
+            t1 = min(m1, t0 + TILE_ROWS)
+            tile, offs = _tile_x8(w, w_off, base, t0, t1, nb, head1, head2, block_bytes)
+            for r in range(r0, r1, COLS):
+                if t == Q8_0:
+                    dot_q8_0_x8_cols(tile, offs, -t0, t0, t1, nb, yq, yd, yb, r, min(COLS, r1 - r), out)
+                elif t == Q5_0:
+                    dot_q5_0_x8_cols(tile, offs, -t0, t0, t1, nb, yq, yd, yb, r, min(COLS, r1 - r), out)
+                else:
+                    dot_q4_0_x8_cols(tile, offs, -t0, t0, t1, nb, yq, yd, yb, r, min(COLS, r1 - r), out)
     elif kind == Q4_0 and rounding == ROUND_X86:
         for r in range(r0, r1, COLS):
             dot_q4_0_cols_x86(w, w_off, base, m0, m1, nb, yq, yd, yb, r, min(COLS, r1 - r), out)
