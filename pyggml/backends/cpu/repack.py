@@ -14,8 +14,8 @@ Q4_0, per group of 8 rows (r = 0..7) and per block (32 values, 18 bytes in Q4_0)
 in the low nibble and 16 + 4v + i in the high one).
 
 Q8_0 and Q5_0 are not held repacked (ggml does not repack them on x86), but prompts multiply them in the same
-layout as Q4_0's, repacked a tile at a time by the kernels (repack_block32 says how: Q5_0's qh for the 8 rows
-after their d, then its nibbles as Q4_0's; Q8_0's 32 bytes of quants as 8 times 32).
+kind of layout, repacked a tile at a time by the kernels: Q8_0's 32 bytes of quants as 8 times 32
+(repack_block32), Q5_0 widened to Q8_0's blocks first (each value + 16 as a byte).
 """
 
 from __future__ import annotations
@@ -61,13 +61,13 @@ def _check(raw: np.ndarray, what: str, type: GGMLType) -> tuple[int, int]:
 
 
 # 32-value block types in the repacked layout: the bytes of each field before the quants, and the block's bytes
-BLOCK32_FIELDS = {GGMLType.Q4_0: ((2,), Q4_0_BLOCK_BYTES), GGMLType.Q8_0: ((2,), 34), GGMLType.Q5_0: ((2, 4), 22)}
+BLOCK32_FIELDS = {GGMLType.Q4_0: ((2,), Q4_0_BLOCK_BYTES), GGMLType.Q8_0: ((2,), 34)}
 
 
 def repack_block32(raw: np.ndarray, type: GGMLType) -> np.ndarray:
-    """Rows of a 32-value block type (Q4_0, Q8_0, Q5_0; 2-D uint8, rows a multiple of 8) in the repacked layout:
-    per group of 8 rows and block, each field before the quants for the 8 rows in turn (d; Q5_0's qh next),
-    then the quants, byte 4r + i of the v-th 32 bytes holding row r's quant byte 4v + i. Same shape."""
+    """Rows of a 32-value block type (Q4_0, Q8_0; 2-D uint8, rows a multiple of 8) in the repacked layout: per
+    group of 8 rows and block, each field before the quants for the 8 rows in turn (d), then the quants, byte
+    4r + i of the v-th 32 bytes holding row r's quant byte 4v + i. Same shape."""
     fields, block_bytes = BLOCK32_FIELDS[type]
     groups, nb = _check(raw, f"repack {type.name}", type)
     blocks = raw.reshape(groups, X8_ROWS, nb, block_bytes).transpose(0, 2, 1, 3)  # (group, block, row, byte)

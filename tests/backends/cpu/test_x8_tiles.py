@@ -1,10 +1,10 @@
 """Prompts of plain Q4_0, Q8_0 and Q5_0 matrices: the repacked loops on tiles (quant_dot.X8_TILE_KINDS).
 
-The Q8_0 and Q5_0 repacked loops against an independent scalar loop in the repacked order (acc =
-fma(float(block sum of value * y), d_w * d_y, acc), block after block), to the bit, with the portable sums and
-with VNNI's where the host has it; _tile_x8 against repack_block32; then MUL_MAT of a plain matrix with a
-prompt's columns (the tiles, 1 and 2 threads) against the same reference, and with fewer columns against the
-row loops (which keep ggml's vec_dot order).
+The Q8_0 and Q5_0 (widened to Q8_0's blocks) repacked loops against an independent scalar loop in the
+repacked order (acc = fma(float(block sum of value * y), d_w * d_y, acc), block after block), to the bit, with
+the portable sums and with VNNI's where the host has it; _tile_x8 against repack_block32 (of the widened rows
+for Q5_0); then MUL_MAT of a plain matrix with a prompt's columns (the tiles, 1 and 2 threads) against the
+same reference, and with fewer columns against the row loops (which keep ggml's vec_dot order).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from numba import njit
 
 from pyggml.backends.cpu.kernels import matmul
 from pyggml.backends.cpu.kernels import quant_dot as qd
-from pyggml.backends.cpu.repack import BLOCK32_FIELDS, X8_ROWS, repack_block32, unpack_block32
+from pyggml.backends.cpu.repack import X8_ROWS, repack_block32, unpack_block32
 from pyggml.core.types import GGMLType
 
 K = 224  # 7 blocks
@@ -23,9 +23,12 @@ NB = K // 32
 TYPES = [GGMLType.Q4_0, GGMLType.Q8_0, GGMLType.Q5_0]
 
 
+BLOCK_BYTES = {GGMLType.Q4_0: 18, GGMLType.Q8_0: 34, GGMLType.Q5_0: 22}
+
+
 def _rows(rng: np.random.Generator, type: GGMLType, rows: int) -> np.ndarray:
     """Random rows of `type`: every quant pattern, f16 scales of far apart magnitudes."""
-    size = BLOCK32_FIELDS[type][1]
+    size = BLOCK_BYTES[type]
     raw = rng.integers(0, 256, (rows, NB, size), dtype=np.uint8)
     d = (rng.uniform(0.5, 1.0, (rows, NB)) * np.exp2(rng.integers(-12, 4, (rows, NB)))).astype(np.float16)
     raw[:, :, :2] = d.view(np.uint8).reshape(rows, NB, 2)
@@ -34,7 +37,7 @@ def _rows(rng: np.random.Generator, type: GGMLType, rows: int) -> np.ndarray:
 
 def _values(raw: np.ndarray, type: GGMLType) -> np.ndarray:
     """The int32 values (rows, K) of the rows (ggml's dequantize_row_* without the scale)."""
-    size = BLOCK32_FIELDS[type][1]
+    size = BLOCK_BYTES[type]
     blocks = raw.reshape(raw.shape[0], NB, size)
     if type == GGMLType.Q8_0:
         v = blocks[:, :, 2:].view(np.int8).astype(np.int32)
@@ -74,24 +77,33 @@ def _reference(values, d, yq, yd, out):
 
 
 def _want(raw: np.ndarray, type: GGMLType, yq: np.ndarray, yd: np.ndarray) -> np.ndarray:
-    size = BLOCK32_FIELDS[type][1]
+    size = BLOCK_BYTES[type]
     d = raw.reshape(raw.shape[0], NB, size)[:, :, :2].copy().view(np.float16)[:, :, 0].astype(np.float32)
     out = np.zeros((yq.shape[0], raw.shape[0]), np.float32)
     _reference(_values(raw, type), np.ascontiguousarray(d), yq, yd, out)
     return out
 
 
+def _widened(raw: np.ndarray) -> np.ndarray:
+    """Q5_0 rows as the Q8_0-shaped blocks the tiles widen them to: d, then each value + 16 as a byte."""
+    blocks = np.zeros((raw.shape[0], NB, 34), np.uint8)
+    blocks[:, :, :2] = raw.reshape(raw.shape[0], NB, 22)[:, :, :2]
+    blocks[:, :, 2:] = (_values(raw, GGMLType.Q5_0) + 16).reshape(raw.shape[0], NB, 32)
+    return blocks.reshape(raw.shape[0], -1)
+
+
 @pytest.mark.parametrize("type", TYPES, ids=lambda t: t.name)
-def test_repack_block32_is_inverse_and_the_tiles_are_it(type: GGMLType) -> None:
+def test_the_tiles_are_the_repacked_layout(type: GGMLType) -> None:
     rng = np.random.default_rng(0)
     raw = _rows(rng, type, 3 * X8_ROWS)
-    packed = repack_block32(raw, type)
-    assert np.array_equal(unpack_block32(packed, type), raw)
-    head1, head2, size = qd._TILE_FIELDS[int(type)]
+    plain = _widened(raw) if type == GGMLType.Q5_0 else raw
+    layout = GGMLType.Q8_0 if type == GGMLType.Q5_0 else type
+    packed = repack_block32(plain, layout)
+    assert np.array_equal(unpack_block32(packed, layout), plain)
     w_off = np.arange(raw.shape[0], dtype=np.int64) * raw.shape[1]
-    tile, offs = qd._tile_x8(raw.reshape(-1), w_off, 0, X8_ROWS, 3 * X8_ROWS, NB, head1, head2, size)
+    tile, offs = qd._tile_x8(raw.reshape(-1), w_off, 0, X8_ROWS, 3 * X8_ROWS, NB, int(type))
     assert np.array_equal(tile, packed[X8_ROWS:].reshape(-1))  # rows 8..23: groups 1 and 2
-    assert list(offs[::X8_ROWS]) == [0, X8_ROWS * raw.shape[1]]
+    assert list(offs[::X8_ROWS]) == [0, X8_ROWS * plain.shape[1]]
 
 
 VARIANTS = [False] + ([True] if qd._HAS_VNNI else [])
@@ -103,8 +115,9 @@ def test_repacked_loop_is_the_repacked_order_to_the_bit(type: GGMLType, vnni: bo
     rng = np.random.default_rng(1)
     M = 3 * X8_ROWS
     raw = _rows(rng, type, M)
-    packed = repack_block32(raw, type).reshape(-1)
-    w_off = np.arange(M, dtype=np.int64) * raw.shape[1]
+    plain = _widened(raw) if type == GGMLType.Q5_0 else raw
+    packed = repack_block32(plain, GGMLType.Q8_0).reshape(-1)
+    w_off = np.arange(M, dtype=np.int64) * plain.shape[1]
     dot = qd._make_dot_x8(vnni, qd.COLS, *qd.X8_BLOCK_QUANTS[int(type)])
 
     @njit

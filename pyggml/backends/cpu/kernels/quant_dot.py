@@ -1143,31 +1143,11 @@ def _x8_q8_0_quants(builder, pb):
             for v in range(8)], -128
 
 
-def _fifth_bits(builder, qh, shift: int):
-    """Bits shift..shift+3 of each lane's qh (<8 x i32>) as bit 4 of bytes 0..3 of the lane (<32 x i8>)."""
-    v8i32 = ir.VectorType(_I32, 8)
-    x = builder.lshr(qh, ir.Constant(v8i32, [shift] * 8)) if shift else qh
-    spread = None
-    for i in range(4):
-        bit = builder.shl(builder.and_(x, ir.Constant(v8i32, [1 << i] * 8)), ir.Constant(v8i32, [4 + 8 * i - i] * 8))
-        spread = bit if spread is None else builder.or_(spread, bit)
-    return builder.bitcast(spread, ir.VectorType(_I8, 32))
-
-
-def _x8_q5_0_quants(builder, pb):
-    """A repacked Q5_0 block's quants (8 rows' d, their qh as 8 x 4 bytes at pb + 16, then 4 x 32 bytes of
-    nibbles at pb + 48): value t of a row is its nibble | (bit t of qh) << 4, minus 16."""
-    v32b = ir.VectorType(_I8, 32)
-    low = ir.Constant(v32b, [15] * 32)
-    qh = _load_vector(builder, builder.gep(pb, [ir.Constant(_I32, 16)]), _I32, 8)
-    pairs = []
-    for v in range(4):
-        raw = _load_vector(builder, builder.gep(pb, [ir.Constant(_I32, 48 + 32 * v)]), _I8, 32)
-        lo = builder.or_(builder.and_(raw, low), _fifth_bits(builder, qh, 4 * v))
-        hi = builder.or_(builder.and_(builder.lshr(raw, ir.Constant(v32b, [4] * 32)), low),
-                         _fifth_bits(builder, qh, 16 + 4 * v))
-        pairs += [(lo, v), (hi, 4 + v)]
-    return pairs, -16
+def _x8_q5_0_wide_quants(builder, pb):
+    """A Q5_0 block widened to Q8_0's repacked layout (_widen_q5_0: the 8 rows' d, then 8 x 32 bytes of value +
+    16, 0..31): read as they are, offset -16."""
+    return [(_load_vector(builder, builder.gep(pb, [ir.Constant(_I32, 16 + 32 * v)]), _I8, 32), v)
+            for v in range(8)], -16
 
 
 def _make_dot_x8(vnni: bool, ncols: int, block_bytes: int, quants):
@@ -1205,7 +1185,8 @@ def _make_dot_x8(vnni: bool, ncols: int, block_bytes: int, quants):
 
 # the repacked 32-value block types: their group's block bytes and quants
 X8_BLOCK_QUANTS = {int(t): (X8_ROWS * BLOCK32_FIELDS[t][1], quants) for t, quants in (
-    (GGMLType.Q4_0, _x8_q4_0_quants), (GGMLType.Q8_0, _x8_q8_0_quants), (GGMLType.Q5_0, _x8_q5_0_quants))}
+    (GGMLType.Q4_0, _x8_q4_0_quants), (GGMLType.Q8_0, _x8_q8_0_quants))}
+X8_BLOCK_QUANTS[Q5_0] = (X8_BLOCK_QUANTS[Q8_0][0], _x8_q5_0_wide_quants)  # widened to Q8_0's blocks
 
 
 def _make_dot_q4_0_x8(vnni: bool, ncols: int):
@@ -1226,11 +1207,8 @@ X8_KINDS = {Q4_0: Q4_0_X8}
 # a tile in the layout above (_tile_x8), then runs the repacked loop over all columns: the copy costs one pass
 # over the item's weights, the loop a fraction of the row loops' instructions per product. The kinds:
 X8_TILE_KINDS = {Q4_0: 2048 + Q4_0, Q8_0: 2048 + Q8_0, Q5_0: 2048 + Q5_0}
-# the bytes of the (up to two) fields before the quants of each one's block, and its block bytes (the layout's
-# BLOCK32_FIELDS, as constants numba reads)
-_TILE_FIELDS = {int(t): (fields[0], fields[1] if len(fields) > 1 else 0, size)
-                for t, (fields, size) in BLOCK32_FIELDS.items()}
-_TILE_Q4_0, _TILE_Q8_0, _TILE_Q5_0 = _TILE_FIELDS[Q4_0], _TILE_FIELDS[Q8_0], _TILE_FIELDS[Q5_0]
+# the block bytes of Q4_0 and Q8_0 (BLOCK32_FIELDS: each an f16 d, then the quants), as constants numba reads
+_Q4_0_BYTES, _Q8_0_BYTES = BLOCK32_FIELDS[GGMLType.Q4_0][1], BLOCK32_FIELDS[GGMLType.Q8_0][1]
 # weight rows per tile: a tile (64 rows: 39 KB of Q8_0 576-wide rows) stays in the caches while every column
 # goes over it, and comes from the allocator's reused memory, not from fresh pages
 TILE_ROWS = 64
@@ -1250,18 +1228,46 @@ def _copy4(typingctx, src, i, dst, j):
     return sig, codegen
 
 
+@intrinsic
+def _widen_q5_0(typingctx, w, o, tile, at):
+    """The Q5_0 block at byte o of w (d, qh, 16 bytes of nibbles) as its 32 values + 16 (0..31: nibble | bit t of
+    qh << 4), written 4 at a time: values 4v..4v+3 at byte at + 32v of tile (v < 8), as one row of a group in
+    Q8_0's repacked layout."""
+    sig = types.void(w, types.intp, tile, types.intp)
+
+    def codegen(context, builder, signature, args):
+        v16, v32 = ir.VectorType(_I8, 16), ir.VectorType(_I8, 32)
+        pw = _address(context, builder, signature.args[0], args[0], args[1])
+        qh = builder.load(builder.bitcast(builder.gep(pw, [ir.Constant(_I32, 2)]), _I32.as_pointer()), align=1)
+        qs = _load_vector(builder, builder.gep(pw, [ir.Constant(_I32, 6)]), _I8, 16)
+        low = builder.and_(qs, ir.Constant(v16, [15] * 16))
+        high = builder.lshr(qs, ir.Constant(v16, [4] * 16))
+        values = builder.shuffle_vector(low, high, ir.Constant(ir.VectorType(_I32, 32), list(range(32))))
+        bits = builder.bitcast(qh, ir.VectorType(ir.IntType(1), 32))  # element t: bit t
+        values = builder.or_(values, builder.select(bits, ir.Constant(v32, [16] * 32), ir.Constant(v32, [0] * 32)))
+        quads = builder.bitcast(values, ir.VectorType(_I32, 8))
+        pt = _address(context, builder, signature.args[2], args[2], args[3])
+        for v in range(8):
+            dst = builder.bitcast(builder.gep(pt, [ir.Constant(_I32, 32 * v)]), _I32.as_pointer())
+            builder.store(builder.extract_element(quads, ir.Constant(_I32, v)), dst, align=1)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 @njit(nogil=True, cache=True)
-def _tile_x8(w, w_off, base, m0, m1, nb, head1, head2, block_bytes):
-    """Weight rows m0..m1 (m1 - m0 a multiple of X8_ROWS; row m at byte w_off[base + m]) of a 32-value block
-    type, in the repacked layout (see pyggml.backends.cpu.repack): per group and block, the 8 rows' first
-    field (head1 bytes each), then their second (head2, Q5_0's qh), then the quants 4 bytes a row at a time.
-    Returns the tile and the byte offset of each row's group, as the repacked loops read them."""
+def _tile_x8(w, w_off, base, m0, m1, nb, kind):
+    """Weight rows m0..m1 (m1 - m0 a multiple of X8_ROWS; row m at byte w_off[base + m]) of Q4_0, Q8_0 or Q5_0
+    (`kind`) in the repacked layout (see pyggml.backends.cpu.repack): per group and block, the 8 rows' d, then
+    their quants 4 bytes a row at a time; Q5_0 widened to Q8_0's blocks (_widen_q5_0). Returns the tile and the
+    byte offset of each row's group, as the repacked loops read them."""
+    block_bytes = _Q4_0_BYTES if kind == Q4_0 else (_Q8_0_BYTES if kind == Q8_0 else 22)
+    out_bytes = _Q4_0_BYTES if kind == Q4_0 else _Q8_0_BYTES
     n_groups = (m1 - m0) // X8_ROWS
-    group_bytes = X8_ROWS * block_bytes
+    group_bytes = X8_ROWS * out_bytes
     tile = np.empty(n_groups * nb * group_bytes, np.uint8)
     offs = np.empty(m1 - m0, np.int64)
-    q0 = head1 + head2
-    nq = (block_bytes - q0) // 4
+    nq = (out_bytes - 2) // 4
     for g in range(n_groups):
         for r in range(X8_ROWS):
             offs[g * X8_ROWS + r] = g * nb * group_bytes
@@ -1269,13 +1275,14 @@ def _tile_x8(w, w_off, base, m0, m1, nb, head1, head2, block_bytes):
             for b in range(nb):
                 o = src + b * block_bytes
                 dst = (g * nb + b) * group_bytes
-                tile[dst + 2 * r] = w[o]  # head1 is 2: the f16 d
+                tile[dst + 2 * r] = w[o]  # the f16 d
                 tile[dst + 2 * r + 1] = w[o + 1]
-                if head2:
-                    _copy4(w, o + head1, tile, dst + X8_ROWS * head1 + 4 * r)  # head2 is 4: Q5_0's qh
-                at = dst + X8_ROWS * q0 + 4 * r
-                for u in range(nq):
-                    _copy4(w, o + q0 + 4 * u, tile, at + 32 * u)
+                at = dst + X8_ROWS * 2 + 4 * r
+                if kind == Q5_0:
+                    _widen_q5_0(w, o, tile, at)
+                else:
+                    for u in range(nq):
+                        _copy4(w, o + 2 + 4 * u, tile, at + 32 * u)
     return tile, offs
 
 
@@ -2117,10 +2124,9 @@ def _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, 
             dot_q4_0_x8_cols(w, w_off, base, m0, m1, nb, yq, yd, yb, r, min(COLS, r1 - r), out)
     elif kind >= 2048:  # X8_TILE_KINDS: this item's rows repacked into a tile, whose row m0 is at offs[0]
         t = kind - 2048
-        head1, head2, block_bytes = _TILE_Q5_0 if t == Q5_0 else (_TILE_Q8_0 if t == Q8_0 else _TILE_Q4_0)
         for t0 in range(m0, m1, TILE_ROWS):
             t1 = min(m1, t0 + TILE_ROWS)
-            tile, offs = _tile_x8(w, w_off, base, t0, t1, nb, head1, head2, block_bytes)
+            tile, offs = _tile_x8(w, w_off, base, t0, t1, nb, t)
             for r in range(r0, r1, COLS):
                 if t == Q8_0:
                     dot_q8_0_x8_cols(tile, offs, -t0, t0, t1, nb, yq, yd, yb, r, min(COLS, r1 - r), out)
