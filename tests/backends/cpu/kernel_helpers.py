@@ -109,6 +109,22 @@ def run(node: Tensor, params: ComputeParams | None = None) -> np.ndarray:
     return values_of(node)
 
 
+def backend_mul_mat(backend, w: Tensor, x: np.ndarray) -> np.ndarray:
+    """MUL_MAT of the matrix `w` (any buffer) with the F32 rows `x` (n, K), computed by `backend` as a graph;
+    returns the (n, M) result."""
+    ctx = Context(mem_size=x.nbytes + 4 * x.shape[0] * w.ne[1] + (1 << 20))
+    try:
+        xt = ctx.new_tensor_2d(GGMLType.F32, x.shape[1], x.shape[0])
+        xt.numpy()[0, 0] = x
+        out = ctx.mul_mat(w, xt)
+        g = ctx.new_graph()
+        g.build_forward_expand(out)
+        backend.graph_compute(g)
+        return out.numpy()[0, 0].copy()
+    finally:
+        ctx.free()
+
+
 def compile_node(node: Tensor, params: ComputeParams | None = None):
     params = params if params is not None else ComputeParams()
     dst = memory.tensor_view(node)

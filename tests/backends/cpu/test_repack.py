@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from kernel_helpers import backend_mul_mat
 from numba import njit
 
 from pyggml.backends.cpu.kernels import quant_dot as qd
@@ -171,8 +172,6 @@ def test_a_repacked_matrix_reads_back_as_its_q4_0_bytes_and_is_written_whole() -
 def test_mul_mat_of_a_repacked_matrix_is_the_repack_order_for_any_batch(n_threads: int) -> None:
     from pyggml.backends.cpu.backend import cpu_init, cpu_set_n_threads
     from pyggml.backends.cpu.kernels import matmul
-    from pyggml.core.context import Context
-    from pyggml.core.types import GGMLType
 
     rng = np.random.default_rng(3)
     M = 64 * X8_ROWS  # enough work for the threads (matmul.PARALLEL_MIN_WORK)
@@ -187,15 +186,7 @@ def test_mul_mat_of_a_repacked_matrix_is_the_repack_order_for_any_batch(n_thread
                 qd.quantize_rows(qd.Q8_0, x, yq, yd, np.zeros_like(yd), np.zeros((n, K // 16), np.int32), qd.ROUND_X86)
                 want = np.zeros((n, M), np.float32)
                 _reference(raw, yq, yd, want)
-                c2 = Context(mem_size=1 << 22)
-                xt = c2.new_tensor_2d(GGMLType.F32, K, n)
-                xt.numpy()[0, 0] = x
-                out = c2.mul_mat(w, xt)
-                g = c2.new_graph()
-                g.build_forward_expand(out)
-                backend.graph_compute(g)
-                assert np.array_equal(out.numpy()[0, 0].view(np.uint32), want.view(np.uint32)), n
-                c2.free()
+                assert np.array_equal(backend_mul_mat(backend, w, x).view(np.uint32), want.view(np.uint32)), n
     finally:
         buffer.free()
         ctx.free()

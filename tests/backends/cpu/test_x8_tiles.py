@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from kernel_helpers import backend_mul_mat
 from numba import njit
 
 from pyggml.backends.cpu.kernels import matmul
@@ -149,13 +150,7 @@ def test_mul_mat_of_a_prompt_takes_the_tiles(type: GGMLType, n_threads: int) -> 
             w = ctx.new_tensor_2d(type, K, M)
             w.numpy()[0, 0] = raw
             x = (rng.standard_normal((n, K)) * 3).astype(np.float32)
-            xt = ctx.new_tensor_2d(GGMLType.F32, K, n)
-            xt.numpy()[0, 0] = x
-            out = ctx.mul_mat(w, xt)
-            g = ctx.new_graph()
-            g.build_forward_expand(out)
-            backend.graph_compute(g)
-            got = out.numpy()[0, 0]
+            got = backend_mul_mat(backend, w, x)
             yq, yd, _ = _src1(rng, x)
             want = _want(raw, type, yq, yd)
             if n >= matmul.X8_TILE_MIN_COLS:

@@ -43,8 +43,9 @@ src0 matrix serves consecutive src1 matrices). By src0's type:
   same integer block sums, scaled per block in the repacked order instead of
   ggml's vec_dot lanes (llama.cpp's tinyBLAS for these types keeps the vec_dot
   order: a float rounding apart). SmolLM2's 1536x576 products, 128 columns,
-  2 threads: Q8_0 0.76 ms (BLAS path 1.60, row loops 1.91), Q4_0 0.74 (1.76),
-  Q5_0 1.1 (1.67).
+  2 threads, alternating in one run: 1.63x the BLAS path for Q8_0 (1.06 ms,
+  1.73), 1.59x for Q4_0, 1.48x for Q5_0 (widened to Q8_0's blocks as its tile
+  is made); on a quieter stretch Q8_0 0.52 ms, Q5_0 0.56 (row loops: 1.91).
   Documented deviation, for prompts of the other types: with `BLAS_MIN_COLS` or more columns,
   tiles of weight rows are dequantized to f32 (ggml's dequantize_row
   arithmetic, bit for bit) and multiplied by BLAS with the dequantized q8
