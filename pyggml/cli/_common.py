@@ -53,6 +53,9 @@ def add_backend_options(parser: argparse.ArgumentParser) -> None:
                              "first that matches wins")
     parser.add_argument("-t", "--threads", type=thread_count, default=None, metavar="N",
                         help=f"threads of the CPU backend, 1..{MAX_THREADS} (default: all cores)")
+    parser.add_argument("-nr", "--no-repack", dest="repack", action="store_false",
+                        help="keep every weight in its backend's default buffer type, as llama.cpp's --no-repack "
+                             "(by default the CPU holds its Q4_0 layer matrices repacked, in CPU_REPACK)")
 
 
 def add_flash_attn(parser: argparse.ArgumentParser) -> None:
@@ -161,6 +164,7 @@ class BackendPlan:
     layers_on: list[LayerSpec] = field(default_factory=list)
     tensor_split: list[float] | None = None
     override_tensor: list[str] = field(default_factory=list)
+    repack: bool = True
 
     def aliases(self, backends: Sequence[Any] | None = None) -> list[list[str]]:
         """The names each backend answers to: its registry name, and the backend's own ("CPU", "Torch(cpu)")."""
@@ -211,7 +215,7 @@ class BackendPlan:
 
     def load_kwargs(self, backends: Sequence[Any] | None = None) -> dict[str, Any]:
         """The placement keywords of `pyggml.models.load` for these backends (CLIError for a bad name)."""
-        kw: dict[str, Any] = {"n_layers_on": self.n_layers_on(backends)}
+        kw: dict[str, Any] = {"n_layers_on": self.n_layers_on(backends), "repack": self.repack}
         if self.tensor_split is not None:
             kw["tensor_split"] = self.tensor_split
         if self.override_tensor:
@@ -295,8 +299,10 @@ def backend_plan_of(names: Sequence[str] | None, layers_on: Sequence[str] | None
 
 def plan_from_args(args: argparse.Namespace) -> BackendPlan:
     """The BackendPlan of a subcommand's backend options."""
-    return backend_plan_of(args.backend, args.n_layers_on, getattr(args, "tensor_split", None),
+    plan = backend_plan_of(args.backend, args.n_layers_on, getattr(args, "tensor_split", None),
                            getattr(args, "override_tensor", None))
+    plan.repack = getattr(args, "repack", True)
+    return plan
 
 
 def backend_plan(names: Sequence[str] | None, layers_on: Sequence[str] | None) -> tuple[list[str], list[int] | None]:

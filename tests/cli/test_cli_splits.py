@@ -170,3 +170,15 @@ def test_the_errors_are_cli_errors() -> None:
         with pytest.raises(CLIError):
             plan = backend_plan_of(["cpu", "cpu", "cpu"], **kw)
             plan.load_kwargs()
+
+
+@pytest.mark.parametrize("command", ["run", "bench", "chat", "serve"])
+def test_no_repack_reaches_load_as_llama_cpp_flag(command: str) -> None:
+    """-nr/--no-repack (llama.cpp's flag) gives load repack=False; without it the CPU repacks (the default)."""
+    from pyggml.cli._common import plan_from_args
+    from pyggml.cli.main import build_parser
+
+    parser = build_parser()
+    for flag, want in (([], True), (["-nr"], False), (["--no-repack"], False)):
+        args = parser.parse_args([command, *flag, str(builtin_model_path())])
+        assert plan_from_args(args).load_kwargs()["repack"] is want, (command, flag)
