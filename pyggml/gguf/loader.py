@@ -54,7 +54,9 @@ class LoadedTensors:
     ctx: Context
     tensors: dict[str, Tensor]
     buffers: list[Buffer] = field(default_factory=list)
-    nbytes: dict[int, int] = field(default_factory=dict)  # id(backend) -> weight bytes
+    # id(backend) -> bytes of its weight buffers: the mapped range of the file (with the bytes of tensors that
+    # went elsewhere, as it spans them), copies, extra buffer types' copies (as llama.cpp's load log counts)
+    nbytes: dict[int, int] = field(default_factory=dict)
     zero_copy: dict[int, bool] = field(default_factory=dict)  # id(backend) -> weights left in the mapping
 
     def free(self) -> None:
@@ -121,10 +123,11 @@ def load_tensors(gf: GGUFFile, names: list[str], backend_of: Mapping[str, Backen
                     loaded.zero_copy[id(backend)] = False
                 buffer.set_usage(BufferUsage.WEIGHTS)
                 loaded.buffers.append(buffer)
-                loaded.nbytes[id(backend)] = sum(info.nbytes for info, _ in items)
+                loaded.nbytes[id(backend)] = buffer.get_size()
             for backend, buft, items in extra.values():
-                loaded.buffers.append(_copy_in(gf, backend, items, bar.update, buft))
-                loaded.nbytes[id(backend)] = loaded.nbytes.get(id(backend), 0) + sum(info.nbytes for info, _ in items)
+                buffer = _copy_in(gf, backend, items, bar.update, buft)
+                loaded.buffers.append(buffer)
+                loaded.nbytes[id(backend)] = loaded.nbytes.get(id(backend), 0) + buffer.get_size()
     except BaseException:
         loaded.free()
         raise

@@ -793,7 +793,8 @@ class Model:
     # --- memory ---
 
     def memory(self) -> dict[str, dict[str, int]]:
-        """Bytes per backend ("<name>#<index>"): weights, KV cache, compute buffer."""
+        """Bytes per backend ("<name>#<index>"): weights (its weight buffers: the file's mapped range, copies,
+        repacked copies, as llama.cpp's load log counts them), KV cache, compute buffer."""
         compute = self.runner.buffer_sizes()
         out: dict[str, dict[str, int]] = {}
         for i, b in enumerate(self.backends):
