@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -238,9 +238,10 @@ class Model:
         for rx, _ in overrides:
             if not any(rx.search(n) for n in names):  # llama.cpp says nothing; a mistyped pattern would go unseen
                 log.warning("override_tensor %r matches no weight of '%s'", rx.pattern, gf.name)
-        self._check_memory(names, backend_of, kv_type, use_mmap)
+        buft_of = _extra_buft if repack else None
+        self._check_memory(names, backend_of, kv_type, use_mmap, buft_of)
         self.weights: LoadedTensors = load_tensors(gf, names, backend_of, use_mmap=use_mmap, progress=progress,
-                                                   buft_of=_extra_buft if repack else None)
+                                                   buft_of=buft_of)
         self.w = self.weights.tensors
         self._measure_ctxs: list[Context] = []
         kv: KVCache | None = None
@@ -287,14 +288,16 @@ class Model:
 
     # --- checks ---
 
-    def _check_memory(self, names: list[str], backend_of: Any, kv_type: GGMLType, use_mmap: bool) -> None:
+    def _check_memory(self, names: list[str], backend_of: Any, kv_type: GGMLType, use_mmap: bool,
+                      buft_of: Callable[[Tensor, Backend], BufferType | None] | None = None) -> None:
         """Refuse (OutOfMemoryError with the bytes requested and available) a context whose KV cache and
         compute buffers cannot fit in host memory, before anything is allocated.
 
         Counted on host backends: the KV cache (K and V of n_ctx cells per layer), a lower bound of the
         compute buffers (one layer's attention scores and the mask for a batch of n_batch tokens at the
-        end of the context are alive together) and the weights that are copied rather than mapped.
-        Device backends are left to their own allocator.
+        end of the context are alive together) and the weights that are copied rather than mapped: those of
+        a backend that does not map the file, and those `buft_of` sends to an extra buffer type (the CPU's
+        repacked copies). Device backends are left to their own allocator.
         """
         hp = self.hparams
         host = {id(b): is_host_backend(b) for b in self.backends}
@@ -305,10 +308,23 @@ class Model:
         if any(host[id(b)] for b in self.layer_backend):
             compute = 4 * self.n_ctx * self.n_batch * (hp.n_head + 1)  # F32 KQ of n_head heads + KQ_mask
         weights = 0
-        for name in names:
-            b = backend_of(name)
-            if host[id(b)] and not (use_mmap and maps_weights(b)):
-                weights += self.file.tensor(name).nbytes
+        probe = Context(mem_size=len(names) * tensor_overhead(), no_alloc=True) if buft_of is not None else None
+        try:
+            for name in names:
+                b = backend_of(name)
+                if not host[id(b)]:
+                    continue
+                info = self.file.tensor(name)
+                copied = not (use_mmap and maps_weights(b))
+                if not copied and probe is not None:
+                    t = probe.new_tensor(info.type, list(info.ne) or [1])
+                    t.set_name(name)
+                    copied = buft_of(t, b) is not None
+                if copied:
+                    weights += info.nbytes
+        finally:
+            if probe is not None:
+                probe.free()
         total = kv_bytes + compute + weights
         check_host_alloc(total, f"'{self.file.name}' with n_ctx {self.n_ctx} (KV cache {kv_bytes} bytes + "
                                 f"compute buffers at least {compute} bytes"

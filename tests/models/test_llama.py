@@ -292,3 +292,33 @@ def test_decode_graph_in_todays_idiom(tiny_gguf: object, flash_attn: str) -> Non
 def test_flash_attn_option_is_checked(tiny_gguf: object) -> None:
     with pytest.raises(ArgumentError, match="flash_attn"):
         load(tiny_gguf("F32"), flash_attn="yes")
+
+
+def test_the_memory_check_counts_the_repacked_copies(tiny_gguf: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With repack, the copies the CPU makes of the Q4_0 layer matrices (CPU_REPACK) are host memory the load
+    takes besides the mapped file: the check before loading counts exactly them; without repack, none. And
+    memory() counts them."""
+    import pyggml.models.model as model_module
+
+    path = tiny_gguf("Q4_0")
+    asked: dict[bool, list[tuple[int, str]]] = {True: [], False: []}
+    models = {}
+    for repack in (True, False):
+        monkeypatch.setattr(model_module, "check_host_alloc",
+                            lambda nbytes, what, r=repack: asked[r].append((nbytes, what)))
+        models[repack] = pm.load(path, n_ctx=64, repack=repack)
+    try:
+        w = models[True].w
+        repacked = sum(t.nbytes() for t in w.values()
+                       if t.buffer is not None and t.buffer.buft is not None and t.buffer.buft.name() == "CPU_REPACK")
+        assert repacked > 0
+        (with_repack,), (without,) = asked[True], asked[False]
+        assert with_repack[0] - without[0] == repacked
+        assert f"copied weights {repacked} bytes" in with_repack[1] and "copied weights" not in without[1]
+        # memory() counts the weight buffers, as llama.cpp's load log: the mapped range and the repacked copies
+        for m in models.values():
+            assert m.memory()["CPU#0"]["weights"] == sum(b.get_size() for b in m.weights.buffers)
+        assert {b.buft.name() for b in models[True].weights.buffers} == {"CPU_Mapped", "CPU_REPACK"}
+    finally:
+        for m in models.values():
+            m.free()
