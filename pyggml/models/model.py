@@ -238,7 +238,15 @@ class Model:
         for rx, _ in overrides:
             if not any(rx.search(n) for n in names):  # llama.cpp says nothing; a mistyped pattern would go unseen
                 log.warning("override_tensor %r matches no weight of '%s'", rx.pattern, gf.name)
-        buft_of = _extra_buft if repack else None
+        chosen: dict[str, BufferType | None] = {}
+
+        def extra_buft(weight: Tensor, backend: Backend) -> BufferType | None:
+            # each weight's device asked once: the memory check asks first, the loader takes the same answer
+            if weight.name not in chosen:
+                chosen[weight.name] = _extra_buft(weight, backend)
+            return chosen[weight.name]
+
+        buft_of = extra_buft if repack else None
         self._check_memory(names, backend_of, kv_type, use_mmap, buft_of)
         self.weights: LoadedTensors = load_tensors(gf, names, backend_of, use_mmap=use_mmap, progress=progress,
                                                    buft_of=buft_of)

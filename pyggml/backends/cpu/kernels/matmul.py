@@ -439,8 +439,7 @@ def _mul_mat_numba(wtype: GGMLType, xtype: GGMLType, K: int, dst: np.ndarray, sr
         raise ShapeError(f"CPU MUL_MAT: dst with shape {dst.shape} and strides {dst.strides} is not contiguous")
 
     # F32: see mul_mat_f32
-    blas = (not repacked and kind not in qd.X8_TILE_KINDS.values() and wtype != F32
-            and N >= (BLAS_MIN_COLS if quantized else HALF_BLAS_MIN_COLS))
+    blas = kind not in qd.X8_GROUP_KINDS and wtype != F32 and N >= (BLAS_MIN_COLS if quantized else HALF_BLAS_MIN_COLS)
     # Q4_1/Q5_1 (vec_dot_type Q8_1): ggml's dot adds m * s per block, s = f16(d * sum(q)) from the unrounded
     # d, which differs from the q * f16(d) the dequantized product gives: on the BLAS path one more column per
     # block carries the weights' m times the difference
@@ -546,7 +545,7 @@ def _direct(kind: int, w: np.ndarray, w_off: np.ndarray, nb: int, xf: np.ndarray
         # the operands stay referenced here: the job holds only their addresses
         return functools.partial(_run_alone, desc, (w, w_off, xf, yq, yd, ys, yb, w_base, out))
     chunk = _chunk(out.shape[1], w_base.shape[0], nt)
-    if kind in qd.X8_KINDS.values() or kind in qd.X8_TILE_KINDS.values():  # whole groups of repacked rows
+    if kind in qd.X8_GROUP_KINDS:  # whole groups of repacked rows
         chunk = -(-chunk // qd.X8_ROWS) * qd.X8_ROWS
     ctr = np.zeros(2, np.int64)  # items taken, items done: reset by each call
     desc = qd.mul_mat_desc(kind, w, w_off, nb, xf, yq, yd, ys, yb, N, w_base, out, chunk, ctr, rounding)

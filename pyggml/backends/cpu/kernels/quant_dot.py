@@ -433,6 +433,14 @@ def _per_count(builder, n, ncols: int, body) -> None:
     builder.position_at_end(done)
 
 
+def _weight_pointers(context, builder, signature, args, w: int = 0, w_off: int = 1, base: int = 2):
+    """The byte pointer of the weights (argument `w`) and the pointer to w_off[base:] (arguments `w_off`,
+    `base`): what every multi-row intrinsic reads its weight rows through."""
+    ty = signature.args
+    w_data = _address(context, builder, ty[w], args[w], ir.Constant(args[base].type, 0))
+    return w_data, _address(context, builder, ty[w_off], args[w_off], args[base])
+
+
 def _column_groups(context, builder, signature, args, ncols: int, pos: dict[str, int], columns, row) -> None:
     """The body of a multi-column intrinsic: for weight rows m0 <= m < m1 (rows w_off[base + m]), `row(pw, m,
     cols)` with `cols = columns(count)` made once for the n (1..ncols) src1 rows from r. `pos` gives the
@@ -442,9 +450,7 @@ def _column_groups(context, builder, signature, args, ncols: int, pos: dict[str,
     count made LLVM keep all their addresses live across it, in spilled registers reloaded every row (one
     column 40% slower), and a call per row costs as much.
     """
-    ty = signature.args
-    w_data = _address(context, builder, ty[pos["w"]], args[pos["w"]], ir.Constant(args[pos["m0"]].type, 0))
-    offsets = _address(context, builder, ty[pos["w_off"]], args[pos["w_off"]], args[pos["base"]])  # w_off[base:]
+    w_data, offsets = _weight_pointers(context, builder, signature, args, pos["w"], pos["w_off"], pos["base"])
     m0, m1 = args[pos["m0"]], args[pos["m1"]]
 
     def rows(count: int) -> None:
@@ -996,9 +1002,7 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
 
         def codegen(context, builder, signature, args):
             ty, r = signature.args, args[9]
-            zero = ir.Constant(r.type, 0)
-            w_data = _address(context, builder, ty[0], args[0], zero)
-            offsets = _address(context, builder, ty[1], args[1], args[2])  # w_off[base:]
+            w_data, offsets = _weight_pointers(context, builder, signature, args)
 
             def call(count: int) -> None:
                 rows = [builder.add(r, ir.Constant(r.type, c)) for c in range(count)]
@@ -1098,9 +1102,7 @@ def _x8_intrinsic(group_loop, ncols: int):
 
         def codegen(context, builder, signature, args):
             ty, r = signature.args, args[9]
-            zero = ir.Constant(r.type, 0)
-            w_data = _address(context, builder, ty[0], args[0], zero)
-            offsets = _address(context, builder, ty[1], args[1], args[2])  # w_off[base:]
+            w_data, offsets = _weight_pointers(context, builder, signature, args)
             eight = ir.Constant(r.type, X8_ROWS)
             g0, g1 = builder.sdiv(args[3], eight), builder.sdiv(args[4], eight)
 
@@ -1206,7 +1208,10 @@ X8_KINDS = {Q4_0: Q4_0_X8}
 # Prompts of plain (not repacked) 32-value block matrices: each work item repacks its rows (a multiple of 8) into
 # a tile in the layout above (_tile_x8), then runs the repacked loop over all columns: the copy costs one pass
 # over the item's weights, the loop a fraction of the row loops' instructions per product. The kinds:
-X8_TILE_KINDS = {Q4_0: 2048 + Q4_0, Q8_0: 2048 + Q8_0, Q5_0: 2048 + Q5_0}
+X8_TILE = 2048
+X8_TILE_KINDS = {t: X8_TILE + t for t in (Q4_0, Q8_0, Q5_0)}
+# the kinds whose loops take whole groups of X8_ROWS rows (a work item's rows are a multiple of them)
+X8_GROUP_KINDS = frozenset((*X8_KINDS.values(), *X8_TILE_KINDS.values()))
 # the block bytes of Q4_0 and Q8_0 (BLOCK32_FIELDS: each an f16 d, then the quants), as constants numba reads
 _Q4_0_BYTES, _Q8_0_BYTES = BLOCK32_FIELDS[GGMLType.Q4_0][1], BLOCK32_FIELDS[GGMLType.Q8_0][1]
 # weight rows per tile: a tile (64 rows: 39 KB of Q8_0 576-wide rows) stays in the caches while every column
@@ -2122,8 +2127,8 @@ def _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, 
     if kind == Q4_0_X8:
         for r in range(r0, r1, COLS):
             dot_q4_0_x8_cols(w, w_off, base, m0, m1, nb, yq, yd, yb, r, min(COLS, r1 - r), out)
-    elif kind >= 2048:  # X8_TILE_KINDS: this item's rows repacked into a tile, whose row m0 is at offs[0]
-        t = kind - 2048
+    elif kind >= X8_TILE:  # X8_TILE_KINDS: this item's rows repacked into a tile, whose row m0 is at offs[0]
+        t = kind - X8_TILE
         for t0 in range(m0, m1, TILE_ROWS):
             t1 = min(m1, t0 + TILE_ROWS)
             tile, offs = _tile_x8(w, w_off, base, t0, t1, nb, t)
