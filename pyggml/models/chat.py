@@ -21,7 +21,9 @@ ChatML (`CHATML_TEMPLATE`), as llama.cpp falls back to it: the model may not kno
 The rendered prompt is tokenized as llama.cpp's chat tools tokenize it: special tokens written by the
 template ("<|im_start|>") are parsed, the vocab's BOS is added unless the template already wrote it, and
 generation stops at any end-of-generation token (`Tokenizer.eog_ids`: EOS, EOT, "<|im_end|>",
-"<end_of_turn>", "<|eot_id|>", "<|end|>", ...), which is not part of the reply.
+"<end_of_turn>", "<|eot_id|>", "<|end|>", ...), which is not part of the reply. Unlike llama.cpp, which
+parses special tokens in the whole prompt, the messages' own strings stay text (`ChatTemplate.prompt_parts`):
+a user writing "<|im_end|><|im_start|>system" writes text, not a new turn.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import re
+import secrets
 import sys
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from datetime import datetime
@@ -57,6 +61,15 @@ DEFAULT_MAX_TOKENS = 256
 
 class ChatTemplateError(GGMLError, ValueError):
     """A chat template does not compile or fails to render (names the template, the problem and its line)."""
+
+
+class SpecialTextError(ArgumentError):
+    """A message holds a special token's text where it cannot stay text: in a role or a key (templates compare
+    them), or in a string the template changes before writing it. `field` names it ("messages[0].role")."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class ConversationTooLongError(ArgumentError):
@@ -336,8 +349,131 @@ class ChatTemplate:
             text = text[:-len(self.eos_token)]
         return text
 
+    def prompt_parts(self, messages: Sequence[Any], tokenizer: Tokenizer, add_generation_prompt: bool = True,
+                     **kwargs: Any) -> list[Part]:
+        """`prompt`'s text cut into (text, parse_special) parts: the template's own text, whose special tokens
+        are parsed, and the messages' strings (contents, names, arguments), which stay text
+        (`Tokenizer.encode_parts` tokenizes them). Found by rendering the template a second time with each
+        string replaced by a placeholder and matching that rendering's template text against the real one (a
+        string may come out trimmed, as templates' `| trim` does). Where the template changes strings otherwise
+        (splits, escapes, tests on them), the whole text is parsed as llama.cpp parses it if no string holds a
+        special token's text, else SpecialTextError names the string. Special text in a role or a key raises
+        SpecialTextError too."""
+        chat = template_messages(messages)
+        strings, marked, placeholder = _mark_strings(chat, tokenizer, self.source)
+        text = self.render(chat, add_generation_prompt, **kwargs)
+        parts = None
+        if strings:
+            try:
+                parts = _split_strings(text, self.render(marked, add_generation_prompt, **kwargs), strings,
+                                       placeholder)
+            except ChatTemplateError:
+                parts = None  # the template fails on placeholders (it looks into the strings): unmatched
+        elif text:
+            parts = [(text, True)]
+        if parts is None:
+            for field, value in strings.values():
+                found = tokenizer.special_text_in(value)
+                if found is not None:
+                    raise SpecialTextError(f"{field} holds the special token text {found!r}, and {self.name} changes "
+                                           f"that string before writing it: it cannot be kept as text", field)
+            parts = [(text, True)]
+        if parts and parts[0][1] and self.add_bos and self.bos_token and parts[0][0].startswith(self.bos_token):
+            parts[0] = (parts[0][0][len(self.bos_token):], True)
+        if parts and parts[-1][1] and self.add_eos and self.eos_token and parts[-1][0].endswith(self.eos_token):
+            parts[-1] = (parts[-1][0][:-len(self.eos_token)], True)
+        return [p for p in parts if p[0]]
+
+    def tokens(self, messages: Sequence[Any], tokenizer: Tokenizer, add_generation_prompt: bool = True,
+               special_in_content: bool = False, **kwargs: Any) -> list[int]:
+        """The prompt's token ids: the vocab's BOS/EOS added, the template's special tokens parsed, the
+        messages' strings as text (`prompt_parts`), or, with `special_in_content`, special tokens parsed in
+        the whole text as llama.cpp does."""
+        if special_in_content:
+            return tokenizer.encode(self.prompt(messages, add_generation_prompt, **kwargs), True, True)
+        return tokenizer.encode_parts(self.prompt_parts(messages, tokenizer, add_generation_prompt, **kwargs))
+
     def __repr__(self) -> str:
         return f"ChatTemplate({self.name}, {len(self.source)} characters)"
+
+
+Part = tuple[str, bool]  # a piece of prompt text and whether its special tokens are parsed
+_MARK_OPEN, _MARK_CLOSE = "\ue000", "\ue001"  # private-use characters around a placeholder's nonce and number
+
+
+def _mark_strings(chat: list[dict[str, Any]], tokenizer: Tokenizer,
+                  source: str) -> tuple[dict[str, tuple[str, str]], list[dict[str, Any]], re.Pattern[str]]:
+    """({placeholder: (field, string)}, the messages with each non-empty string value replaced by its
+    placeholder, the placeholders' pattern). Placeholders hold a random nonce: no client can write one. Roles
+    and keys stay (templates compare them): special text there raises SpecialTextError."""
+    nonce = secrets.token_hex(8)
+    while nonce in source:
+        nonce = secrets.token_hex(8)
+    strings: dict[str, tuple[str, str]] = {}
+
+    def check(value: str, field: str) -> None:
+        found = tokenizer.special_text_in(value)
+        if found is not None:
+            raise SpecialTextError(f"{field} holds the special token text {found!r}", field)
+
+    def mark(value: Any, field: str) -> Any:
+        if isinstance(value, str):
+            if not value:
+                return value  # templates test for empty strings; nothing to protect
+            key = f"{_MARK_OPEN}{nonce}{len(strings):x}{_MARK_CLOSE}"
+            strings[key] = (field, value)
+            return key
+        if isinstance(value, dict):
+            out = {}
+            for k, v in value.items():
+                if isinstance(k, str):
+                    check(k, f"{field} key {k!r}")
+                out[k] = mark(v, f"{field}.{k}")
+            return out
+        if isinstance(value, list | tuple):
+            return type(value)(mark(v, f"{field}[{j}]") for j, v in enumerate(value))
+        return value
+
+    marked: list[dict[str, Any]] = []
+    for i, m in enumerate(chat):
+        role = m.get("role")
+        if isinstance(role, str):
+            check(role, f"messages[{i}].role")
+        marked.append({k: v if k == "role" else mark(v, f"messages[{i}].{k}") for k, v in m.items()})
+        for k in m:
+            if isinstance(k, str) and k != "role":
+                check(k, f"messages[{i}] key {k!r}")
+    return strings, marked, re.compile(f"({_MARK_OPEN}{nonce}[0-9a-f]+{_MARK_CLOSE})")
+
+
+def _split_strings(text: str, marked_text: str, strings: Mapping[str, tuple[str, str]],
+                   placeholder: re.Pattern[str]) -> list[Part] | None:
+    """`text` (the real rendering) cut into template text and the strings, by the template text between the
+    placeholders of `marked_text` (the rendering with placeholders); None where they do not match."""
+    pieces = placeholder.split(marked_text)
+    parts: list[Part] = []
+    pos = 0
+    for j in range(0, len(pieces), 2):
+        literal = pieces[j]
+        if not text.startswith(literal, pos):
+            return None
+        parts.append((literal, True))
+        pos += len(literal)
+        if j + 1 == len(pieces):
+            break
+        entry = strings.get(pieces[j + 1])
+        if entry is None:
+            return None
+        value = entry[1]
+        after = pieces[j + 2]
+        for candidate in dict.fromkeys((value, value.strip(), value.rstrip(), value.lstrip())):
+            if text.startswith(candidate, pos) and text.startswith(after, pos + len(candidate)):
+                parts.append((candidate, False))
+                pos += len(candidate)
+                break
+        else:
+            return None
+    return parts if pos == len(text) else None
 
 
 # --- replies ---
@@ -366,6 +502,7 @@ class ChatSession:
         self.n_prompt = 0  # tokens the last reply evaluated before its first token
         self.n_reused = 0  # prompt tokens of the last reply whose cache was kept
         self.tokens: list[int] = []  # the last reply's tokens (without the end-of-generation token)
+        self.special_in_content = False  # True: special tokens in messages parsed too, as llama.cpp
 
     def forget(self) -> None:
         """Forget what the cache holds: the next reply evaluates its whole prompt."""
@@ -373,10 +510,10 @@ class ChatSession:
 
     def prompt_tokens(self, messages: Sequence[Any] | None = None) -> list[int]:
         """The token ids of the prompt for `messages` (default: the session's): the template's rendering with
-        the assistant's turn opened, special tokens parsed, the vocab's BOS/EOS added."""
-        text = self.template.prompt(self.messages if messages is None else messages, add_generation_prompt=True,
-                                    **self.template_kwargs)
-        return self.model.tokenize(text, True, True)
+        the assistant's turn opened, the template's special tokens parsed (not the messages': `ChatTemplate.
+        tokens`), the vocab's BOS/EOS added."""
+        return self.template.tokens(self.messages if messages is None else messages, self.model.tokenizer,
+                                    special_in_content=self.special_in_content, **self.template_kwargs)
 
     def send(self, text: str, max_tokens: int = DEFAULT_MAX_TOKENS,
              sampler: Any = None) -> Generator[str, None, None]:

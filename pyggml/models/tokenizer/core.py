@@ -19,6 +19,7 @@ Special tokens in the text are cut out first (`special.partition`): with ``parse
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -28,13 +29,14 @@ from pyggml.core.errors import ArgumentError, GGUFError
 from pyggml.models.metadata import ModelFileError, field_type
 from pyggml.models.tokenizer.bpe import bpe_merge
 from pyggml.models.tokenizer.pretokenize import PreTokenizer, pre_tokenizer
-from pyggml.models.tokenizer.special import partition
+from pyggml.models.tokenizer.special import Fragment, partition
 from pyggml.models.tokenizer.spm import spm_byte_ids, spm_segment
 from pyggml.models.tokenizer.stream import StreamDecoder
 from pyggml.models.tokenizer.vocab import (
     ALWAYS_USER_DEFINED,
     ATTR_BYTE,
     ATTR_CONTROL,
+    ATTR_LSTRIP,
     ATTR_NORMAL,
     ATTR_RSTRIP,
     ATTR_UNKNOWN,
@@ -55,6 +57,7 @@ from pyggml.models.tokenizer.vocab import (
 
 log = logging.getLogger("pyggml.models.tokenizer")
 
+_NOT_IN_UTF8 = frozenset((0xC0, 0xC1, *range(0xF5, 0x100)))  # bytes no UTF-8 text holds
 _CACHE_LIMIT = 100_000  # words (BPE) or pieces (SPM) remembered with their ids
 
 
@@ -163,6 +166,8 @@ class Tokenizer:
             self._bpe_cache: dict[str, list[int]] = {}
         # token_to_piece's bytes, made on first use (a 256k vocab takes seconds to decode in full)
         self._pieces: list[bytes | None] = [None] * n
+        self._max_token_bytes: int | None = None
+        self._dropped: re.Pattern[str] | None = None  # see max_token_bytes
 
     def _attributes(self, name: str | None, special_ids: dict[str, int]) -> list[int]:
         """Per-token attributes as llama_vocab::impl::load leaves them: the file's token types, then
@@ -343,11 +348,18 @@ class Tokenizer:
         """
         if add_bos is not None:
             add_special = add_bos
+        return self.encode_parts([(text, parse_special)], add_special)
+
+    def encode_parts(self, parts: Sequence[tuple[str, bool]], add_special: bool = True) -> list[int]:
+        """Token ids of the texts of `parts` joined, each (text, parse_special) part's control tokens parsed
+        or left as text by its own flag: a chat template's text with its "<|im_start|>" parsed beside message
+        contents whose "<|im_end|>" stays text. Text across parts is tokenized as one text (the parts' plain
+        text joined), so parts whose texts hold no special token give exactly `encode` of the joined text."""
         out: list[int] = []
         add_bos_now = add_special and self.add_bos_token and self.bos_id is not None
         if add_bos_now:
             out.append(self.bos_id)  # type: ignore[arg-type]
-        fragments = partition(text, self.special_tokens, parse_special) if text else []
+        fragments = _joined(partition(text, self.special_tokens, parse) for text, parse in parts if text)
         if self.vocab_type == "spm":
             prev_special = True  # the first piece gets the prefix space, and each piece after a special token
             for frag in fragments:
@@ -371,6 +383,69 @@ class Tokenizer:
         if add_special and self.add_eos_token and self.eos_id is not None:
             out.append(self.eos_id)
         return out
+
+    def special_text_in(self, text: str) -> str | None:
+        """The text of the first control or unknown token (longest first) that `text` holds, None if none:
+        what parsing special tokens would turn into an id that plain text would not."""
+        for _, tok_text, attr in self.special_tokens:
+            if attr & (ATTR_CONTROL | ATTR_UNKNOWN) and tok_text in text:
+                return tok_text
+        return None
+
+    def min_tokens(self, text: str) -> int:
+        """A lower bound on the tokens of `text` (without BOS/EOS), from its UTF-8 size alone: each token
+        stands for at most `max_token_bytes` bytes of it, and every byte but those of the few characters the
+        vocab has no token for (dropped, as llama.cpp drops them) ends up in some token; 0 for vocabs where
+        bytes may become no token otherwise (no byte tokens, UNK for a run, tokens that eat whitespace). A
+        prompt that cannot fit is refused from this before it is tokenized."""
+        limit = self.max_token_bytes
+        if not limit:
+            return 0
+        n = len(text.encode("utf-8", errors="surrogatepass"))
+        if self._dropped is not None:
+            n -= self._dropped.subn("", text)[1]  # one byte of each such character
+        return -(-n // limit)
+
+    @property
+    def max_token_bytes(self) -> int:
+        """The most bytes of text one token can stand for; 0 when bytes of text other than those of
+        characters without a token may become no token at all (see `min_tokens`). Computed once."""
+        if self._max_token_bytes is None:
+            self._dropped, self._max_token_bytes = self._text_bytes_per_token()
+        return self._max_token_bytes
+
+    def _text_bytes_per_token(self) -> tuple[re.Pattern[str] | None, int]:
+        """(the characters one of whose bytes becomes no token, the most text bytes a token stands for), or
+        (None, 0) when other bytes may become no token."""
+        if any(attr & (ATTR_LSTRIP | ATTR_RSTRIP) for _, _, attr in self.special_tokens):
+            return None, 0  # the whitespace they eat becomes no token
+        byte_table = self.pre is not None and self.pre.byte_encode
+        dropped = None
+        if self.vocab_type == "spm":
+            covered = all(b is not None for b in self._byte_ids)
+        elif byte_table:
+            # a byte whose character of GPT-2's table is no token is dropped: counted where it is ASCII or a UTF-8
+            # lead byte (one byte of each character it starts); a merge must give a token (else its bytes go)
+            missing = [b for b, c in enumerate(BYTE_TRANSLATE) if c not in self.token_to_id]
+            ranges = [_utf8_lead_range(b) for b in missing if b not in _NOT_IN_UTF8]
+            covered = (all(r is not None for r in ranges)
+                       and all(a + b in self.token_to_id for a, b in self.bpe_ranks))
+            if covered and ranges:
+                dropped = re.compile("[" + "".join(f"\\U{lo:08x}-\\U{hi:08x}" for lo, hi in ranges) + "]")
+        else:
+            covered = all(f"<0x{b:02X}>" in self.token_to_id for b in range(256))
+        if not covered:
+            return None, 0
+        most = 1
+        for text, attr in zip(self.tokens, self.attrs, strict=True):
+            if attr & ATTR_BYTE:
+                continue  # one byte
+            if byte_table and attr & ATTR_NORMAL:  # one byte a character of GPT-2's table
+                n = sum(1 if c in BYTE_DECODER else len(c.encode("utf-8")) for c in text)
+            else:  # "▁" counts its 3 bytes: it stands for a space or for itself
+                n = len(text.encode("utf-8"))
+            most = max(most, n)
+        return dropped, most
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
         """llama_tokenize's argument order: the same as `encode`."""
@@ -481,6 +556,32 @@ class Tokenizer:
         pre = f", pre={self.pre.name!r}" if self.pre is not None else ""
         return (f"Tokenizer(model={self.model!r}{pre}, n_vocab={self.n_vocab}, bos_id={self.bos_id}, "
                 f"eos_id={self.eos_id}, unk_id={self.unk_id})")
+
+
+def _utf8_lead_range(b: int) -> tuple[int, int] | None:
+    """The code points whose UTF-8 form starts with byte `b` (None for a continuation byte)."""
+    if b < 0x80:
+        return b, b
+    if 0xC2 <= b <= 0xDF:
+        return (b & 0x1F) << 6, ((b & 0x1F) << 6) | 0x3F
+    if 0xE0 <= b <= 0xEF:  # E0 starts U+0800 and up only (shorter forms are overlong)
+        return max((b & 0x0F) << 12, 0x800), ((b & 0x0F) << 12) | 0xFFF
+    if 0xF0 <= b <= 0xF4:
+        return max((b & 0x07) << 18, 0x10000), min(((b & 0x07) << 18) | 0x3FFFF, 0x10FFFF)
+    return None
+
+
+def _joined(partitions: Iterable[list[Fragment]]) -> list[Fragment]:
+    """The fragments of consecutive partitions with neighbouring raw texts joined (one text, as `partition`
+    of the joined text leaves it)."""
+    out: list[Fragment] = []
+    for fragments in partitions:
+        for frag in fragments:
+            if isinstance(frag, str) and out and isinstance(out[-1], str):
+                out[-1] += frag
+            else:
+                out.append(frag)
+    return out
 
 
 def _clean_spaces(text: bytes) -> bytes:
