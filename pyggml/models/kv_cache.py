@@ -27,7 +27,16 @@ from pyggml.core.tensor import Tensor
 from pyggml.core.types import TYPE_TRAITS, GGMLType
 from pyggml.models.runner import alloc_checked
 
+CACHE_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)  # what the K and V tensors may hold
 N_SEQ_MAX = 64  # sequences a cell can belong to (bits of cell_seq); llama.cpp's LLAMA_MAX_SEQ is 256
+
+
+def check_type(type: GGMLType) -> GGMLType:
+    """The cache's element type, checked: one of CACHE_TYPES (one value an element; ArgumentError otherwise)."""
+    if type not in CACHE_TYPES:
+        raise ArgumentError(f"KV cache: type {type.name} is not supported; the cache takes "
+                            f"{', '.join(t.name for t in CACHE_TYPES)}")
+    return type
 
 
 class KVCache:
@@ -37,8 +46,7 @@ class KVCache:
                  type: GGMLType = GGMLType.F32, v_trans: bool = True) -> None:
         if n_ctx < 1:
             raise ArgumentError(f"KV cache: n_ctx must be >= 1, got {n_ctx}")
-        if TYPE_TRAITS[type].blck_size != 1:
-            raise ArgumentError(f"KV cache: type {type.name} is quantized; the cache takes F32 or F16")
+        check_type(type)
         self.n_layer = n_layer
         self.n_ctx = n_ctx
         self.n_embd_gqa = n_embd_gqa
