@@ -4,6 +4,8 @@ As llama-server: `-np` slots decode together, sharing the `-c` cells of one KV c
 (`-c / -np` each); /v1/chat/completions, /v1/completions, /v1/models, /health. It
 binds 127.0.0.1 unless --host says otherwise (with a warning: the API has no
 other protection than --api-key). Without MODEL it serves the built-in model.
+Web pages are kept out (JSON bodies only, a Host allow-list, no CORS unless
+--cors-origin), connections are bounded (--header-timeout, --max-connections).
 """
 
 from __future__ import annotations
@@ -16,16 +18,23 @@ from pyggml.cli._common import (
     CLIError,
     add_backend_options,
     add_check_finite,
+    add_ctx_size,
     add_debug,
     add_flash_attn,
+    add_model,
     builtin_model_path,
     check_model_path,
-    init_backends,
+    context_size,
+    load_model,
     plan_from_args,
     positive_int,
+    read_hparams,
+    settings_from_args,
 )
+from pyggml.serve.limits import HEADER_TIMEOUT, MAX_CONNECTIONS
 
 DEFAULT_SLOTS = 4
+BATCH_INVARIANT = False  # --batch-invariant's default
 MAX_DEFAULT_SLOT_CTX = 1024
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -36,23 +45,55 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                                    "/v1/completions (streamed with server-sent events or not), /v1/models, /health. "
                                    "-np slots decode in one batch a step and share the -c cells of the KV cache. "
                                    "Needs starlette and uvicorn (pip install 'pyggml[serve]').")
-    p.add_argument("model", nargs="?", default=None, metavar="MODEL.gguf",
-                   help="a GGUF model file (default: the built-in model)")
+    add_model(p, "a GGUF model file (default: the built-in model)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
     p.add_argument("--port", type=int, default=8080, help="port (default: 8080)")
     p.add_argument("-np", "--parallel", type=positive_int, default=DEFAULT_SLOTS, metavar="N",
                    help=f"slots: requests decoded together (default: {DEFAULT_SLOTS}); more wait in a queue")
-    p.add_argument("-c", "--ctx", type=positive_int, default=None, metavar="N",
-                   help=f"KV cache cells shared by the slots (default: -np times the model's training context, "
-                        f"at most {MAX_DEFAULT_SLOT_CTX} a slot)")
-    p.add_argument("--api-key", default=None, metavar="KEY",
-                   help="require 'Authorization: Bearer KEY' (default: no key)")
+    add_ctx_size(p, f"-np times the model's training context, at most {MAX_DEFAULT_SLOT_CTX} a slot; the KV "
+                    f"cache cells the slots share")
+    p.add_argument("--api-key", default=None, metavar="KEY[,KEY...]",
+                   help="require 'Authorization: Bearer KEY' on every route, /health too (llama-server leaves "
+                        "/health open); several keys comma-separated. Each key is also a cache namespace: a "
+                        "prompt cached for one key is not reused for another (default: no key)")
+    p.add_argument("--allowed-hosts", action="append", default=[], metavar="NAME[,NAME...]",
+                   help="Host header names accepted besides the bound address, localhost, 127.0.0.1 and [::1] "
+                        "(repeatable; '*' accepts any): other names get a 403, so a DNS-rebinding page is refused")
+    p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN[,ORIGIN...]",
+                   help="web origins (https://app.example) whose pages may call the API: their preflights are "
+                        "answered (repeatable; '*' any). Default: none, requests with an Origin get a 403 "
+                        "(llama-server allows any origin)")
+    p.add_argument("--allow-special-in-content", action="store_true",
+                   help="parse special tokens ('<|im_end|>') written in chat messages as control tokens, as "
+                        "llama-server does in the whole prompt (default: only the chat template's own are parsed, "
+                        "a message's stay text)")
+    p.add_argument("--header-timeout", type=positive_float, default=HEADER_TIMEOUT, metavar="SECONDS",
+                   help=f"seconds a connection has to send a request's head, and then its body "
+                        f"(default: {HEADER_TIMEOUT:g})")
+    p.add_argument("--max-connections", type=positive_int, default=MAX_CONNECTIONS, metavar="N",
+                   help=f"open connections at most: past it the longest idle one is closed (default: "
+                        f"{MAX_CONNECTIONS})")
     p.add_argument("--alias", default=None, metavar="NAME", help="the model's name in the API (default: the file's)")
     add_backend_options(p)
     add_check_finite(p)
     add_flash_attn(p)
+    p.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=BATCH_INVARIANT,
+                   help="a request's logits do not depend on the other requests decoded beside it nor on where "
+                        "its KV cells sit: at temperature 0 a prompt gets the answer it gets alone (kernels that "
+                        "reduce in one order whatever the batch, flash attention over a sequence's own cells; "
+                        f"default: {'on' if BATCH_INVARIANT else 'off'}; not with -fa off)")
     add_debug(p)
     return p
+
+
+def positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not 0 < v < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return v
 
 
 def host_warning(host: str, api_key: str | None) -> str | None:
@@ -69,38 +110,51 @@ def run(args: argparse.Namespace, err: TextIO | None = None) -> int:
         import uvicorn
 
         from pyggml.serve.app import create_app
+        from pyggml.serve.guard import split_list
+        from pyggml.serve.http import fds_needed, raise_fd_limit, server_config
     except ImportError as e:
         raise CLIError(f"pyggml serve needs starlette and uvicorn ({e}); pip install 'pyggml[serve]'") from None
-    from pyggml.gguf.reader import read_gguf
-    from pyggml.models import HParams, load
     from pyggml.serve.engine import Engine
 
     if not 0 < args.port < 65536:
         raise CLIError(f"--port must be in [1, 65535], got {args.port}")
+    api_keys = split_list([args.api_key]) if args.api_key is not None else []
+    if args.api_key is not None and not api_keys:
+        raise CLIError("--api-key is empty")
     path = builtin_model_path() if args.model is None else check_model_path(args.model)
     plan = plan_from_args(args)
-    gf = read_gguf(path)
-    try:
-        n_ctx_train = HParams.from_gguf(gf).n_ctx_train
-    finally:
-        gf.close()
-    n_ctx = args.ctx or args.parallel * min(n_ctx_train, MAX_DEFAULT_SLOT_CTX)
+    settings = settings_from_args(args)
+    hp = read_hparams(path)
+    n_ctx = context_size(args.ctx, hp.n_ctx_train, args.parallel * min(hp.n_ctx_train, MAX_DEFAULT_SLOT_CTX))
     if n_ctx // args.parallel < 2:
         raise CLIError(f"-c {n_ctx} over -np {args.parallel} slots leaves fewer than 2 cells a slot")
     warning = host_warning(args.host, args.api_key)
     if warning:
         print(f"pyggml serve: warning: {warning}", file=err)
-    objs = init_backends(plan.names, args.threads)
-    model = load(path, objs, n_ctx=n_ctx, **plan.load_kwargs(objs), progress=err.isatty(),
-                 check_finite=args.check_finite, flash_attn=args.flash_attn)
+    needed = fds_needed(args.max_connections)
+    if raise_fd_limit(needed) < needed:
+        print(f"pyggml serve: warning: the open-file limit is under the {needed} that --max-connections "
+              f"{args.max_connections} may need (ulimit -n)", file=err)
+    model = load_model(path, plan, settings, n_ctx, hp.n_layer, args.threads, err, "pyggml serve",
+                       batch_invariant=args.batch_invariant)
     engine = Engine(model, n_slots=args.parallel)
     try:
         engine.start()
-        app = create_app(engine, model_name=args.alias, api_key=args.api_key)
+        app = create_app(engine, model_name=args.alias, api_key=api_keys or None, host=args.host,
+                         allowed_hosts=split_list(args.allowed_hosts), cors_origins=split_list(args.cors_origin),
+                         read_timeout=args.header_timeout, special_in_content=args.allow_special_in_content)
         print(f"pyggml serve: {path.name} on http://{args.host}:{args.port}/v1 "
               f"({args.parallel} slots of {engine.slot_ctx} tokens)", file=err)
         # streams still open at Ctrl-C get a few seconds, not forever
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5)
+        server = uvicorn.Server(server_config(app, args.host, args.port, header_timeout=args.header_timeout,
+                                              max_connections=args.max_connections, log_level="warning",
+                                              timeout_graceful_shutdown=5))
+        try:
+            server.run()
+        except KeyboardInterrupt:
+            pass  # uvicorn raises the Ctrl-C again once it has shut down (as uvicorn.run, a clean exit)
+        if not server.started:
+            raise CLIError(f"the server did not start on {args.host}:{args.port}")
     finally:
         engine.stop()
         model.free()

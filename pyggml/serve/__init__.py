@@ -6,9 +6,19 @@
 Needs the `serve` extra (starlette, uvicorn).
 """
 
-from pyggml.serve.engine import Engine, EngineStoppedError, Event, GenRequest, QueueFullError, ServeError
+from typing import Any
 
 __all__ = ["Engine", "EngineStoppedError", "Event", "GenRequest", "QueueFullError", "ServeError", "create_app"]
+_ENGINE_NAMES = frozenset(__all__) - {"create_app"}
+
+
+def __getattr__(name: str) -> Any:
+    """The engine's names, imported on first use (the CLI reads `pyggml.serve.limits` without loading models)."""
+    if name in _ENGINE_NAMES:
+        from pyggml.serve import engine
+
+        return getattr(engine, name)
+    raise AttributeError(f"module 'pyggml.serve' has no attribute {name!r}")
 
 
 def create_app(*args, **kwargs):  # type: ignore[no-untyped-def]

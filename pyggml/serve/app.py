@@ -1,33 +1,56 @@
 """The ASGI app (Starlette): OpenAI's /v1/chat/completions, /v1/completions and /v1/models, and /health.
 
-The event loop never runs model code: templates and tokenization go to Starlette's thread pool,
-decoding to the engine's thread, whose events come back through an asyncio queue per request
-(`loop.call_soon_threadsafe`). A client that goes away cancels its request, which frees its slot.
+The event loop never runs model code: templates and tokenization go to Starlette's thread pool (no lock:
+the tokenizer's caches take concurrent use), decoding to the engine's thread, whose events come back through
+an asyncio queue per request (`loop.call_soon_threadsafe`). A client that goes away cancels its request, which
+frees its slot.
+
+Clients are kept apart: with `api_key` (one key or several) every route, /health too, needs one of them as
+`Authorization: Bearer KEY`, compared in constant time; the bearer token a request presents (any, without
+`api_key`) names its cache namespace, so a slot's cached prompt is reused, and reported as `cached_tokens`,
+only for requests presenting the same token (no token: one shared namespace). Bodies are `application/json`
+only, read within `read_timeout` seconds; a prompt that cannot fit a slot is refused from its size before it
+is tokenized where the vocab allows (`Tokenizer.min_tokens`); the messages' strings never become special
+tokens unless `special_in_content` (`ChatTemplate.prompt_parts`). `guard.Guard` checks Host and Origin first.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import json
 import logging
-import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from pyggml.core.errors import GGMLError
 from pyggml.serve.engine import Engine, EngineStoppedError, Event, GenRequest, QueueFullError
-from pyggml.serve.protocol import Params, RequestError, chunk, error_body, new_id, parse_request, response, usage
+from pyggml.serve.guard import Guard
+from pyggml.serve.limits import HEADER_TIMEOUT, MAX_BODY
+from pyggml.serve.protocol import (
+    Params,
+    RequestError,
+    check_content_type,
+    chunk,
+    decode_body,
+    error_body,
+    new_id,
+    parse_request,
+    response,
+    usage,
+)
 
-MAX_BODY = 1 << 20  # bytes of a request body
 EVENT_WAIT = 0.5  # seconds between checks that a non-streaming client is still there
 
 
@@ -36,61 +59,89 @@ def _error(e: RequestError) -> JSONResponse:
 
 
 class Server:
-    """The state the routes share: the engine, the model's name and chat template, the API key."""
+    """The state the routes share: the engine, the model's name and chat template, the API keys, the limits."""
 
-    def __init__(self, engine: Engine, model_name: str | None = None, api_key: str | None = None,
-                 max_body: int = MAX_BODY, request_timeout: float = 600.0) -> None:
+    def __init__(self, engine: Engine, model_name: str | None = None, api_key: str | Sequence[str] | None = None,
+                 max_body: int = MAX_BODY, request_timeout: float = 600.0, read_timeout: float = HEADER_TIMEOUT,
+                 special_in_content: bool = False) -> None:
         from pyggml.models.chat import ChatTemplate
 
         self.engine = engine
         self.model = engine.model
         self.model_name = model_name or Path(getattr(self.model.file, "name", "model")).stem
-        self.api_key = api_key
+        keys = [api_key] if isinstance(api_key, str) else list(api_key or ())
+        self.api_keys = [k.encode("utf-8") for k in keys]
         self.max_body = max_body
         self.request_timeout = request_timeout  # a request's whole life (a bound, not a deadline users see)
+        self.read_timeout = read_timeout  # seconds for a request's body
+        self.special_in_content = special_in_content  # parse special tokens in messages too (llama.cpp's way)
         self.template = ChatTemplate.from_model(self.model)
         self.eog = frozenset(self.model.tokenizer.eog_ids)
-        self.tok_lock = threading.Lock()  # the tokenizer's caches are not made for several threads
         self.created = int(time.time())
 
     # --- the request's way in ---
 
-    def check_key(self, request: Request) -> None:
-        if self.api_key is None:
-            return
-        auth = request.headers.get("authorization", "")
-        if auth != f"Bearer {self.api_key}":
-            raise RequestError("invalid API key (give it as 'Authorization: Bearer KEY')", status=401,
-                               code="invalid_api_key")
+    def check_key(self, request: Request) -> str:
+        """The request's cache namespace (a digest of its bearer token, "" without one), once its token is
+        one of the API keys (when there are keys): each key compared in constant time, all of them."""
+        scheme, _, token = request.headers.get("authorization", "").strip().partition(" ")
+        given = token.strip().encode("latin-1") if scheme.lower() == "bearer" else b""  # the header's own bytes
+        if self.api_keys:
+            match = False
+            for key in self.api_keys:
+                match |= hmac.compare_digest(given, key)
+            if not match:
+                raise RequestError("invalid API key (give it as 'Authorization: Bearer KEY')", status=401,
+                                   code="invalid_api_key")
+        return hashlib.sha256(given).hexdigest() if given else ""
 
     async def read_json(self, request: Request) -> Any:
+        check_content_type(request.headers.get("content-type"))
         size = request.headers.get("content-length")
         if size is not None and size.isdigit() and int(size) > self.max_body:
             raise RequestError(f"the request body is {size} bytes, the limit {self.max_body}", status=413,
                                code="request_too_large")
         data = bytearray()
-        async for part in request.stream():
-            data += part
-            if len(data) > self.max_body:
-                raise RequestError(f"the request body is over the limit of {self.max_body} bytes", status=413,
-                                   code="request_too_large")
         try:
-            return json.loads(data)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise RequestError(f"the request body is not valid JSON: {e}", code="invalid_json") from None
+            async with asyncio.timeout(self.read_timeout):
+                async for part in request.stream():
+                    data += part
+                    if len(data) > self.max_body:
+                        raise RequestError(f"the request body is over the limit of {self.max_body} bytes",
+                                           status=413, code="request_too_large")
+        except TimeoutError:
+            raise RequestError(f"the request body did not arrive within {self.read_timeout:g} s ({len(data)} bytes "
+                               f"came)", status=408, code="request_timeout") from None
+        return decode_body(bytes(data))
+
+    def check_fits(self, text: str, param: str) -> None:
+        """Refuse a prompt text that cannot fit a slot, from its size, before it is tokenized."""
+        n = self.model.tokenizer.min_tokens(text)
+        if n >= self.engine.slot_ctx:
+            raise RequestError(f"the prompt is at least {n} tokens ({len(text.encode('utf-8'))} bytes), a slot's "
+                               f"context {self.engine.slot_ctx}: no room for an answer", param=param,
+                               code="context_length_exceeded")
 
     def prompt_ids(self, p: Params) -> list[int]:
         """The prompt's token ids (in a worker thread: templates and tokenizers are model code)."""
-        with self.tok_lock:
-            if p.kind == "chat":
-                try:
-                    text = self.template.prompt(p.messages, add_generation_prompt=True)
-                except GGMLError as e:
-                    raise RequestError(f"the chat template failed on these messages: {e}",
-                                       param="messages") from None
-                return self.model.tokenize(text, True, True)
-            if isinstance(p.prompt, str):
-                return self.model.tokenize(p.prompt)
+        from pyggml.models.chat import SpecialTextError
+
+        tokenizer = self.model.tokenizer
+        if p.kind == "chat":
+            try:
+                if self.special_in_content:
+                    parts = [(self.template.prompt(p.messages, add_generation_prompt=True), True)]
+                else:
+                    parts = self.template.prompt_parts(p.messages, tokenizer, add_generation_prompt=True)
+            except SpecialTextError as e:
+                raise RequestError(str(e), param=e.field) from None
+            except GGMLError as e:
+                raise RequestError(f"the chat template failed on these messages: {e}", param="messages") from None
+            self.check_fits("".join(text for text, _ in parts), "messages")
+            return tokenizer.encode_parts(parts)
+        if isinstance(p.prompt, str):
+            self.check_fits(p.prompt, "prompt")
+            return tokenizer.encode(p.prompt, True, True)  # a completion's prompt is the client's whole text
         n_vocab = self.model.hparams.n_vocab
         bad = [t for t in p.prompt if not 0 <= t < n_vocab]
         if bad:
@@ -98,7 +149,7 @@ class Server:
                                param="prompt")
         return list(p.prompt)
 
-    def gen_request(self, p: Params, ids: list[int]) -> GenRequest:
+    def gen_request(self, p: Params, ids: list[int], namespace: str = "") -> GenRequest:
         from pyggml.models.sampling import Sampler
 
         room = self.engine.slot_ctx - len(ids)
@@ -117,7 +168,7 @@ class Server:
             repeat_last_n=64, seed=p.seed, presence_penalty=p.presence_penalty,
             frequency_penalty=p.frequency_penalty)
         return GenRequest(prompt=ids, max_tokens=max_tokens, sampler=sampler, stop=p.stop,
-                          eog_ids=frozenset() if p.ignore_eos else self.eog)
+                          eog_ids=frozenset() if p.ignore_eos else self.eog, namespace=namespace)
 
     def start(self, req: GenRequest, stream: bool = True) -> asyncio.Queue[Event]:
         """Queue `req` on the engine; its events arrive in the returned queue (on this event loop). Without
@@ -155,10 +206,10 @@ class Server:
 
     async def completions(self, request: Request, kind: str) -> Response:
         try:
-            self.check_key(request)
+            namespace = self.check_key(request)
             p = parse_request(await self.read_json(request), kind)
             ids = await run_in_threadpool(self.prompt_ids, p)
-            req = self.gen_request(p, ids)
+            req = self.gen_request(p, ids, namespace)
             events = self.start(req, stream=p.stream)
         except RequestError as e:
             return _error(e)
@@ -246,6 +297,10 @@ class Server:
                       "slot_ctx": self.engine.slot_ctx, "n_vocab": self.model.hparams.n_vocab}}]})
 
     async def health(self, request: Request) -> Response:
+        try:
+            self.check_key(request)  # llama-server leaves /health open; its counters tell of others' requests
+        except RequestError as e:
+            return _error(e)
         alive = self.engine.thread is not None and self.engine.thread.is_alive()
         body = {"status": "ok" if alive else "error", "slots_idle": len(self.engine.slots) - self.engine.busy_slots(),
                 "slots_processing": self.engine.busy_slots(), "requests_waiting": self.engine.waiting(),
@@ -268,10 +323,15 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
     return JSONResponse(error_body(f"internal error: {type(exc).__name__}: {exc}", "server_error"), status_code=500)
 
 
-def create_app(engine: Engine, model_name: str | None = None, api_key: str | None = None,
-               max_body: int = MAX_BODY) -> Starlette:
-    """The Starlette app serving `engine` (already started or not: requests wait for its thread)."""
-    s = Server(engine, model_name, api_key, max_body)
+def create_app(engine: Engine, model_name: str | None = None, api_key: str | Sequence[str] | None = None,
+               max_body: int = MAX_BODY, *, host: str = "127.0.0.1", allowed_hosts: Iterable[str] = (),
+               cors_origins: Iterable[str] = (), read_timeout: float = HEADER_TIMEOUT,
+               special_in_content: bool = False) -> Starlette:
+    """The Starlette app serving `engine` (already started or not: requests wait for its thread): Host must be
+    `host` (the bound address), a local name or one of `allowed_hosts` ("*": any); requests from web pages only
+    from `cors_origins`; the rest as `Server`."""
+    s = Server(engine, model_name, api_key, max_body, read_timeout=read_timeout,
+               special_in_content=special_in_content)
     routes = [
         Route("/v1/chat/completions", s.chat_completions, methods=["POST"]),
         Route("/chat/completions", s.chat_completions, methods=["POST"]),
@@ -281,7 +341,8 @@ def create_app(engine: Engine, model_name: str | None = None, api_key: str | Non
         Route("/models", s.models, methods=["GET"]),
         Route("/health", s.health, methods=["GET"]),
     ]
-    app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error,
-                                                          Exception: _internal_error})
+    guard = Middleware(Guard, bound_host=host, allowed_hosts=list(allowed_hosts), cors_origins=list(cors_origins))
+    app = Starlette(routes=routes, middleware=[guard], exception_handlers={HTTPException: _http_error,
+                                                                           Exception: _internal_error})
     app.state.server = s
     return app

@@ -7,9 +7,11 @@ the prompts of newly admitted requests and the last sampled token of every
 generating slot, then one token is sampled per slot with that slot's sampler.
 A slot keeps its tokens in the cache after its request ends, so a new request
 whose prompt starts with them evaluates only the rest (llama-server's
-`cache_prompt`). Only this thread touches the model: results go back through
-each request's `sink`, a callable the caller makes thread-safe (the ASGI app
-hands them to its event loop with `call_soon_threadsafe`).
+`cache_prompt`) when both come from the same cache namespace (the app's: one
+per API key): a client never reuses, nor learns of, another's cached prompt.
+Only this thread touches the model: results go back through each request's
+`sink`, a callable the caller makes thread-safe (the ASGI app hands them to
+its event loop with `call_soon_threadsafe`).
 """
 
 from __future__ import annotations
@@ -59,7 +61,8 @@ class Event:
 @dataclass
 class GenRequest:
     """One generation: prompt token ids, at most `max_tokens` new ones, `sampler` (None: greedy argmax),
-    `stop` strings (the answer ends before the first one), end-of-generation ids (not part of the answer)."""
+    `stop` strings (the answer ends before the first one), end-of-generation ids (not part of the answer);
+    `namespace`: the requests whose cached prompts it may reuse (the same namespace's only)."""
 
     prompt: list[int]
     max_tokens: int
@@ -67,6 +70,7 @@ class GenRequest:
     stop: Sequence[str] = ()
     eog_ids: frozenset[int] = frozenset()
     sink: Callable[[Event], None] = lambda e: None
+    namespace: str = ""
     cancelled: threading.Event = field(default_factory=threading.Event)
 
     def cancel(self) -> None:
@@ -79,6 +83,7 @@ class _Slot:
         self.id = seq_id
         self.req: GenRequest | None = None
         self.cached: list[int] = []  # the tokens of this sequence in the KV cache, positions 0..len-1
+        self.namespace = ""  # whose tokens `cached` are
         self.pending: list[int] = []  # tokens to evaluate in the next batch
         self.history: list[int] = []
         self.n_gen = 0
@@ -196,7 +201,7 @@ class Engine:
 
     def _admit(self) -> None:
         """Move waiting requests to free slots: the one whose cached tokens share the longest prefix with the
-        prompt, else the least recently used (its cache is dropped)."""
+        prompt (cached by the request's namespace), else the least recently used (its cache is dropped)."""
         while True:
             free = [s for s in self.slots if s.req is None]
             with self.cond:
@@ -209,7 +214,7 @@ class Engine:
                 req = self.queue.popleft()
             best, best_n = None, -1
             for s in free:
-                n = _common_prefix(s.cached, req.prompt)
+                n = _common_prefix(s.cached, req.prompt) if s.namespace == req.namespace else 0
                 if n > best_n or (n == best_n and best is not None and s.last_used < best.last_used):
                     best, best_n = s, n
             assert best is not None
@@ -219,6 +224,7 @@ class Engine:
             if keep:
                 self.n_prompt_reused += 1
             best.req = req
+            best.namespace = req.namespace
             best.pending = req.prompt[keep:]
             best.history = list(req.prompt)
             best.n_gen = 0

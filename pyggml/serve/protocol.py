@@ -4,12 +4,15 @@ Sampling: OpenAI's fields with OpenAI's defaults (temperature 1, top_p 1), and l
 with llama-server's (top_k 40, min_p 0.05, repeat_penalty 1, ignore_eos). Fields pyggml does not use
 (tools, stream_options' other keys, logit_bias, user, ...) are accepted and ignored, as llama-server
 does; those that would change what the answer means (`n` > 1, `best_of` > 1, `suffix`, `echo`) are
-refused naming the field. Errors are OpenAI's error object:
+refused naming the field. A body is JSON (`application/json`, UTF-8) or refused before anything reads it
+(415); JSON Python parses but no model should see (NaN, nesting past `MAX_DEPTH`, a lone surrogate,
+integers past Python's digit limit) is a 400 naming where. Errors are OpenAI's error object:
 ``{"error": {"message", "type", "param", "code"}}`` with a 4xx status.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import time
 import uuid
@@ -19,6 +22,9 @@ from typing import Any
 from pyggml.serve.engine import ServeError
 
 MAX_STOP = 4  # as OpenAI
+MAX_DEPTH = 64  # JSON nesting: OpenAI's bodies need a handful of levels, tool schemas a few dozen
+MAX_INT_DIGITS = 100  # a JSON integer's digits (seeds and token ids need 20)
+JSON_MEDIA_TYPE = "application/json"
 
 
 class RequestError(ServeError, ValueError):
@@ -40,6 +46,77 @@ class RequestError(ServeError, ValueError):
 def error_body(message: str, type: str = "invalid_request_error", param: str | None = None,
                code: str | None = None) -> dict[str, Any]:
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def check_content_type(value: str | None) -> None:
+    """Refuse a body that is not `application/json` (a charset parameter may say utf-8): the types a web
+    page may POST without a CORS preflight (text/plain, forms) never reach the model."""
+    media, _, params = (value or "").partition(";")
+    charset = "utf-8"
+    for param in params.split(";"):
+        name, _, v = param.partition("=")
+        if name.strip().lower() == "charset":
+            charset = v.strip().strip('"').lower()
+    if media.strip().lower() != JSON_MEDIA_TYPE or charset not in ("utf-8", "utf8"):
+        raise RequestError(f"the request body must be {JSON_MEDIA_TYPE} (UTF-8), got Content-Type {value!r}",
+                           status=415, code="unsupported_media_type")
+
+
+def decode_body(data: bytes) -> Any:
+    """The JSON value of a request body, checked (`check_json`); RequestError (400) for anything else."""
+    def constant(name: str) -> Any:
+        raise ValueError(f"{name} is not JSON")
+
+    def integer(digits: str) -> int:
+        if len(digits) > MAX_INT_DIGITS + 1:  # the sign
+            raise ValueError(f"an integer of {len(digits)} characters (at most {MAX_INT_DIGITS} digits)")
+        return int(digits)
+
+    try:
+        body = json.loads(data, parse_constant=constant, parse_int=integer)
+    except RecursionError:
+        raise RequestError(f"the request body nests deeper than {MAX_DEPTH} levels", code="invalid_json") from None
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError, NaN, long integers
+        raise RequestError(f"the request body is not valid JSON: {e}", code="invalid_json") from None
+    check_json(body)
+    return body
+
+
+def check_json(body: Any) -> None:
+    """Refuse nesting past MAX_DEPTH and strings (values or keys) holding a lone surrogate, which JSON's
+    \\uD800 escapes allow and UTF-8 does not: RequestError naming the field ("messages[0].content")."""
+    stack: list[tuple[Any, int, tuple[str | int, ...]]] = [(body, 0, ())]
+    while stack:
+        value, depth, path = stack.pop()
+        if depth > MAX_DEPTH:
+            raise RequestError(f"the request body nests deeper than {MAX_DEPTH} levels (in {_field(path[:1])!r})",
+                               param=_field(path[:1]) or None, code="invalid_json")
+        if isinstance(value, str):
+            _check_text(value, path)
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                _check_text(k, path, key=True)
+                stack.append((v, depth + 1, (*path, k)))
+        elif isinstance(value, list):
+            stack.extend((v, depth + 1, (*path, i)) for i, v in enumerate(value))
+
+
+def _check_text(text: str, path: tuple[str | int, ...], key: bool = False) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        field = _field(path) or "the request body"
+        where = f"{'a key of ' if key else ''}{field}"
+        raise RequestError(f"{where} holds a lone surrogate (U+{ord(text[e.start]):04X} at character {e.start}): not "
+                           f"UTF-8 text", param=_field(path) or None, code="invalid_text") from None
+
+
+def _field(path: tuple[str | int, ...]) -> str:
+    """A JSON path as OpenAI's `param` writes one: messages[0].content."""
+    out = ""
+    for p in path:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else p)
+    return out
 
 
 @dataclass

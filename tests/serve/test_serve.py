@@ -15,6 +15,7 @@ import pyggml.models as pm
 from pyggml.models.builtin import builtin_model_path
 from pyggml.models.chat import ChatTemplate
 
+AUTH = {"Authorization": f"Bearer {API_KEY}"}  # /health too needs the key
 PROMPTS = ["The module", "If the file", "Return the", "Convert the path", "The optional argument", "Create a new",
            "This function", "Raise an error"]
 
@@ -41,7 +42,7 @@ def _greedy_text(model: pm.Model, prompt_ids: list[int], n: int) -> tuple[str, i
 
 
 def test_health_and_models(server: Running, client: openai.OpenAI) -> None:
-    r = httpx.get(server.url + "/health", timeout=10)
+    r = httpx.get(server.url + "/health", headers=AUTH, timeout=10)
     assert r.status_code == 200 and r.json()["status"] == "ok"
     models = client.models.list().data
     assert [m.id for m in models] == ["builtin-llama"]
@@ -50,10 +51,10 @@ def test_health_and_models(server: Running, client: openai.OpenAI) -> None:
 def test_health_counts_the_decode_work(server: Running, client: openai.OpenAI) -> None:
     """/health's step_tokens and decode_seconds (what bench_serve reads): one request alone evaluates its prompt
     after the cached prefix, then each token it samples but the last, in steps that took some time."""
-    before = httpx.get(server.url + "/health", timeout=10).json()
+    before = httpx.get(server.url + "/health", headers=AUTH, timeout=10).json()
     got = client.completions.create(model="m", prompt="Return the number of", max_tokens=6, temperature=0,
                                     extra_body={"ignore_eos": True})
-    after = httpx.get(server.url + "/health", timeout=10).json()
+    after = httpx.get(server.url + "/health", headers=AUTH, timeout=10).json()
     use = got.usage
     assert use.completion_tokens == 6
     evaluated = use.prompt_tokens - use.prompt_tokens_details.cached_tokens + use.completion_tokens - 1

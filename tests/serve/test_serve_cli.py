@@ -54,7 +54,7 @@ def test_the_command_serves_the_builtin_model() -> None:
             assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
             assert time.monotonic() < deadline, "the server did not start"
             try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                if httpx.get(url + "/health", headers={"Authorization": "Bearer k"}, timeout=2).status_code == 200:
                     break
             except httpx.HTTPError:
                 time.sleep(0.1)

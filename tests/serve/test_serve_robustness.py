@@ -170,7 +170,7 @@ def test_load_nothing_lost(server: Running) -> None:
     assert sorted(i for i, _ in done) == list(range(LOAD_REQUESTS))
     assert time.monotonic() - t0 < LOAD_TIME_LIMIT
     assert server.engine.busy_slots() == 0 and server.engine.waiting() == 0
-    r = httpx.get(server.url + "/health", timeout=10).json()
+    r = httpx.get(server.url + "/health", headers=AUTH, timeout=10).json()
     assert r["slots_processing"] == 0 and r["requests_waiting"] == 0
     assert r["requests_done"] >= LOAD_REQUESTS and r["prompts_reused"] > 0  # chat prompts share their template
 
@@ -186,7 +186,7 @@ def test_an_internal_error_is_an_error_object_too(server: Running) -> None:
         raise RuntimeError("boom")
 
     app.state.server.prompt_ids = broken
-    with TestClient(app, raise_server_exceptions=False) as http:
+    with TestClient(app, base_url="http://127.0.0.1", raise_server_exceptions=False) as http:
         r = http.post("/v1/completions", json={"prompt": "The module", "max_tokens": 2})
     err = _is_error(r, 500)
     assert err["type"] == "server_error" and "boom" in err["message"]
