@@ -118,8 +118,9 @@ class Server:
         """Refuse a prompt text that cannot fit a slot, from its size, before it is tokenized."""
         n = self.model.tokenizer.min_tokens(text)
         if n >= self.engine.slot_ctx:
-            raise RequestError(f"the prompt is at least {n} tokens ({len(text.encode('utf-8'))} bytes), a slot's "
-                               f"context {self.engine.slot_ctx}: no room for an answer", param=param,
+            size = len(text.encode("utf-8", "surrogatepass"))
+            raise RequestError(f"the prompt is at least {n} tokens ({size} bytes), a slot's context "
+                               f"{self.engine.slot_ctx}: no room for an answer", param=param,
                                code="context_length_exceeded")
 
     def prompt_ids(self, p: Params) -> list[int]:
