@@ -7,15 +7,16 @@ in one line on stderr and a non-zero exit code; `--debug` shows the traceback.
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
 import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TextIO
 
-from pyggml.core.errors import ArgumentError, GGUFError
+from pyggml.core.errors import ArgumentError, GGMLError, GGUFError
 
 
 class CLIError(Exception):
@@ -23,10 +24,49 @@ class CLIError(Exception):
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse that reports a bad option in one line (with the subcommand's name) instead of a usage block."""
+    """argparse that takes an option only by its whole name and reports a bad one in one line, naming the
+    subcommand's help.
+
+    Without this, argparse reads `-ngl 99` as `-n gl` (a short option glued to its value), `-o json` as
+    `-ot json` and `--ctx` as `--ctx-size` (prefixes), even with allow_abbrev=False: here an option is only
+    ever its exact name, or its exact name and `=VALUE`, as llama.cpp's parsers read them."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def _get_option_tuples(self, option_string: str) -> list[Any]:
+        return []  # the options a prefix or a glued value could mean: none
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+    def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
+        """As argparse's, but an unknown option is reported by the subcommand's parser (its name, its help)."""
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras:
+            parser = self._subcommand_parser(ns)
+            parser.error(f"unrecognized arguments: {' '.join(extras)}{parser.close_option(extras)}")
+        return ns
+
+    def _subcommand_parser(self, ns: argparse.Namespace) -> Parser:
+        for action in self._actions:
+            choices = action.choices if isinstance(action, argparse._SubParsersAction) else None
+            if choices is not None and getattr(ns, action.dest, None) in choices:
+                sub = choices[getattr(ns, action.dest)]
+                return sub._subcommand_parser(ns) if isinstance(sub, Parser) else self
+        return self
+
+    def close_option(self, words: Sequence[str]) -> str:
+        """" (did you mean --ctx-size?)" for the first unknown option that is close to one of this parser's."""
+        for word in words:
+            if word.startswith("-"):
+                close = difflib.get_close_matches(word.split("=")[0], list(self._option_string_actions), n=1,
+                                                  cutoff=0.8)  # a typo, not merely another option
+                if close:
+                    return f" (did you mean {close[0]}?)"
+        return ""
 
 
 def add_debug(parser: argparse.ArgumentParser) -> None:
@@ -35,40 +75,202 @@ def add_debug(parser: argparse.ArgumentParser) -> None:
                         help="show the traceback of an error and debug logging")
 
 
-def add_backend_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-b", "--backend", action="append", default=None, metavar="NAME",
+class _ModelAction(argparse.Action):
+    """MODEL.gguf and -m/--model name the same file: given twice, the parser says so."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        given = getattr(namespace, self.dest, None)
+        if given is not None:
+            parser.error(f"the model is given twice: '{given}' and '{values}' (give MODEL.gguf or -m, once)")
+        setattr(namespace, self.dest, values)
+
+
+class _ModelsAction(argparse.Action):
+    """bench's models: every MODEL.gguf and -m value, each split at ',' (llama-bench's -m a.gguf,b.gguf)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        items = [values] if isinstance(values, str) else list(values)
+        paths = [p for item in items for p in item.split(",") if p]
+        setattr(namespace, self.dest, (getattr(namespace, self.dest, None) or []) + paths)
+
+
+def add_model(parser: argparse.ArgumentParser, what: str, several: bool = False) -> None:
+    """The model file, as MODEL.gguf or llama.cpp's -m/--model (args.model: None when neither is given;
+    with `several`, bench's list of them)."""
+    action = _ModelsAction if several else _ModelAction
+    # SUPPRESS: an absent MODEL.gguf leaves args.model to -m
+    parser.add_argument("model", nargs="*" if several else "?", default=argparse.SUPPRESS, action=action,
+                        metavar="MODEL.gguf", help=what)
+    parser.add_argument("-m", "--model", dest="model", default=None, action=action, metavar="FILE",
+                        help="the model file, as llama.cpp's -m (the same as MODEL.gguf)"
+                             + ("; a comma list or repeated: each is measured" if several else ""))
+
+
+# llama.cpp's KV cache types (common/arg.cpp's kv_cache_types), by the names its -ctk/-ctv take
+KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+ALL_LAYERS = "all"  # -ngl all
+
+
+def cache_type(text: str) -> str:
+    if text not in KV_CACHE_TYPES:
+        raise argparse.ArgumentTypeError(f"invalid cache type {text!r} (llama.cpp's: {', '.join(KV_CACHE_TYPES)})")
+    return text
+
+
+def flash_attn_mode(text: str) -> str:
+    """-fa's value as llama.cpp reads it: on|enabled|true|1, off|disabled|false|0, auto|-1."""
+    for mode, words in (("on", ("on", "enabled", "true", "1")), ("off", ("off", "disabled", "false", "0")),
+                        ("auto", ("auto", "-1"))):
+        if text in words:
+            return mode
+    raise argparse.ArgumentTypeError(f"invalid value {text!r} (on, off or auto)")
+
+
+def gpu_layers(text: str) -> int | str | None:
+    """-ngl's value: a layer count, 'all', or 'auto' (None: the placement options decide, as without -ngl)."""
+    if text == "auto":
+        return None
+    if text == ALL_LAYERS:
+        return ALL_LAYERS
+    return _int_at_least(0, text)
+
+
+def comma_list(parse: Any) -> Any:
+    """The argparse type of a comma list whose items `parse` reads (llama-bench's lists: -t 1,2)."""
+    def parse_list(text: str) -> list[Any]:
+        return [parse(item) for item in text.split(",")]
+    parse_list.__name__ = getattr(parse, "__name__", "list")
+    return parse_list
+
+
+def int_range(parse: Any) -> Any:
+    """The argparse type of llama-bench's integer lists: items "N", "FIRST-LAST", "FIRST-LAST+STEP" or
+    "FIRST-LAST*MULT" separated by ',' (its parse_int_range), each value checked by `parse`."""
+    item = re.compile(r"(\d+)(?:-(\d+)(?:([+*])(\d+))?)?")
+
+    def parse_range(text: str) -> list[int]:
+        out: list[int] = []
+        for part in text.split(","):
+            m = item.fullmatch(part.strip())
+            if m is None:
+                raise argparse.ArgumentTypeError(f"invalid value {part!r} (N, FIRST-LAST, FIRST-LAST+STEP or "
+                                                 f"FIRST-LAST*MULT, separated by ',')")
+            first = int(m.group(1))
+            last = int(m.group(2)) if m.group(2) is not None else first
+            op, step = m.group(3) or "+", int(m.group(4) or 1)
+            i = first
+            while i <= last:
+                out.append(parse(str(i)))
+                if len(out) > MAX_LIST:
+                    raise argparse.ArgumentTypeError(f"{text!r} makes more than {MAX_LIST} values")
+                following = i * step if op == "*" else i + step
+                if following <= i:
+                    raise argparse.ArgumentTypeError(f"invalid range {part!r}: its step does not make it grow")
+                i = following
+        return out
+    parse_range.__name__ = "list"
+    return parse_range
+
+
+MAX_LIST = 1024  # values a bench list may hold (a range such as 1-1000000 would make a test of each)
+
+
+def add_backend_options(parser: argparse.ArgumentParser, lists: bool = False) -> None:
+    """The options that say where a model goes and how it computes, with llama.cpp's names (run, chat, serve,
+    bench); with `lists`, llama-bench's comma lists (one test of each value)."""
+    many = " (a comma list: one test of each)" if lists else ""
+
+    def listed(parse: Any, default: Any, ranges: bool = False) -> dict[str, Any]:
+        # llama-bench's lists: comma lists (of ranges for integers), the option repeated adds to them
+        if not lists:
+            return {"type": parse, "default": default}
+        return {"type": int_range(parse) if ranges else comma_list(parse), "action": "extend", "default": None}
+
+    parser.add_argument("--backend", action="append", default=None, metavar="NAME",
                         help="backend by registry name (cpu, torch, torch:cuda:0); repeat it to use several "
                              "(up to the scheduler's limit), in priority order (default: cpu)")
+    parser.add_argument("-ngl", "--n-gpu-layers", "--gpu-layers", dest="n_gpu_layers",
+                        **listed(gpu_layers, None), metavar="N",
+                        help="layers on the first backend that is not the CPU (a count, 'all' or 'auto'), as "
+                             "llama.cpp's -ngl; the rest on the CPU, appended to --backend when missing. pyggml "
+                             "places layers in backend order: the first N (llama.cpp offloads the last N, the "
+                             "output layer counted as one). Without such a backend every layer stays on the CPU "
+                             "(default: auto, every layer on the first backend)" + many)
     parser.add_argument("--n-layers-on", action="append", default=None, metavar="N0,N1,...|BACKEND=N",
                         help="layer counts of the backends (like llama.cpp's --n-gpu-layers per device): "
                              "N0,N1,... for the --backend list in order, or one backend's count as NAME=N, "
                              "NAME#I=N or I=N (I its position from 0, as `run -v` labels it: CPU#1); the "
                              "layers go to the backends in order, the rest to the next one (or the last)")
-    parser.add_argument("-ts", "--tensor-split", default=None, metavar="P0,P1,...",
-                        help="layers in proportions over the --backend list, as llama.cpp's -ts places them "
-                             "(e.g. 1,1,2; not with --n-layers-on)")
-    parser.add_argument("-ot", "--override-tensor", action="append", default=None, metavar="REGEX=BACKEND",
-                        help="put the weights whose name REGEX finds on BACKEND (NAME, NAME#I or I) whatever "
-                             "their layer, as llama.cpp's -ot; repeat it, or join several with commas; the "
-                             "first that matches wins")
-    parser.add_argument("-t", "--threads", type=thread_count, default=None, metavar="N",
-                        help=f"threads of the CPU backend, 1..{MAX_THREADS} (default: all cores)")
+    if lists:
+        parser.add_argument("-ts", "--tensor-split", **listed(str, None), metavar="P0/P1/...",
+                            help="layers in proportions over the --backend list, as llama-bench's -ts: proportions "
+                                 "separated by '/' or ';', a comma between the splits to measure")
+        parser.add_argument("-ot", "--override-tensor", **listed(str, None), metavar="REGEX=BACKEND;...",
+                            help="put the weights whose name REGEX finds on BACKEND (NAME, NAME#I or I), as "
+                                 "llama-bench's -ot: pairs separated by ';', a comma between the sets to measure")
+    else:
+        parser.add_argument("-ts", "--tensor-split", default=None, metavar="P0,P1,...",
+                            help="layers in proportions over the --backend list, as llama.cpp's -ts places them "
+                                 "(e.g. 1,1,2; not with --n-layers-on)")
+        parser.add_argument("-ot", "--override-tensor", action="append", default=None, metavar="REGEX=BACKEND",
+                            help="put the weights whose name REGEX finds on BACKEND (NAME, NAME#I or I) whatever "
+                                 "their layer, as llama.cpp's -ot; repeat it, or join several with commas; the "
+                                 "first that matches wins")
+    parser.add_argument("-t", "--threads", **listed(thread_count, None, ranges=True), metavar="N",
+                        help=f"threads of the CPU backend, 1..{MAX_THREADS} (default: all cores){many}")
+    parser.add_argument("-b", "--batch-size", "--batch", dest="batch_size",
+                        **listed(positive_int, DEFAULT_BATCH, ranges=True), metavar="N",
+                        help=f"logical batch size, as llama.cpp's (default: {DEFAULT_BATCH}); a batch is computed "
+                             f"in pieces of min(-b, -ub) tokens{many}")
+    parser.add_argument("-ub", "--ubatch-size", dest="ubatch_size",
+                        **listed(positive_int, DEFAULT_UBATCH, ranges=True), metavar="N",
+                        help=f"physical batch size: the tokens of one graph (default: {DEFAULT_UBATCH}){many}")
+    for flag, long, part in (("-ctk", "--cache-type-k", "K"), ("-ctv", "--cache-type-v", "V")):
+        parser.add_argument(flag, long, **listed(cache_type, None), metavar="TYPE",
+                            help=f"KV cache type of {part}, as llama.cpp's {flag} ({', '.join(KV_CACHE_TYPES)}; "
+                                 f"the cache takes one type for K and V, f32, f16 or bf16 for now; default: the "
+                                 f"model's, f32){many}")
     parser.add_argument("-nr", "--no-repack", dest="repack", action="store_false",
                         help="keep every weight in its backend's default buffer type, as llama.cpp's --no-repack "
                              "(by default the CPU holds its Q4_0 layer matrices repacked, in CPU_REPACK)")
 
 
-def add_flash_attn(parser: argparse.ArgumentParser) -> None:
-    """--flash-attn / -fa on|off|auto, as llama.cpp's."""
-    parser.add_argument("-fa", "--flash-attn", dest="flash_attn", choices=("on", "off", "auto"), default="auto",
+def add_flash_attn(parser: argparse.ArgumentParser, lists: bool = False) -> None:
+    """-fa/--flash-attn on|off|auto, as llama.cpp's (with `lists`, llama-bench's comma list)."""
+    kind = {"type": comma_list(flash_attn_mode), "action": "extend", "default": None} if lists else \
+        {"type": flash_attn_mode, "default": "auto"}
+    parser.add_argument("-fa", "--flash-attn", dest="flash_attn", **kind, metavar="on|off|auto",
                         help="attention by FLASH_ATTN_EXT (on), by MUL_MAT and SOFT_MAX_EXT (off), or auto "
-                             "(off for now: on the CPU backend flash attention measured no faster; default: auto)")
+                             "(off for now: on the CPU backend flash attention measured no faster; default: auto)"
+                             + (" (a comma list: one test of each)" if lists else ""))
 
 
 def add_check_finite(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-check-finite", dest="check_finite", action="store_false",
                         help="do not check that the logits are finite (by default NaN or inf stops with an error "
                              "naming the first tensor where it appears)")
+
+
+DEFAULT_BATCH = 2048  # llama.cpp's n_batch
+DEFAULT_UBATCH = 512  # llama.cpp's n_ubatch
+
+
+def add_ctx_size(parser: argparse.ArgumentParser, default: str) -> None:
+    """-c/--ctx-size (llama.cpp's; --ctx, pyggml's name, too): 0 is the model's training context."""
+    parser.add_argument("-c", "--ctx-size", "--ctx", dest="ctx", type=non_negative_int, default=None, metavar="N",
+                        help=f"context size in tokens, 0 the model's training context (default: {default})")
+
+
+def context_size(ctx: int | None, n_ctx_train: int, default: int) -> int:
+    """The context of -c: N tokens, 0 the model's training context (llama.cpp's), None `default`."""
+    return default if ctx is None else ctx or n_ctx_train
+
+
+def n_predict(text: str) -> int:
+    """-n's value: tokens to generate, -1 without a limit (llama.cpp's)."""
+    return _int_at_least(-1, text)
 
 
 def _int_at_least(minimum: int, text: str) -> int:
@@ -165,6 +367,7 @@ class BackendPlan:
     tensor_split: list[float] | None = None
     override_tensor: list[str] = field(default_factory=list)
     repack: bool = True
+    n_gpu_layers: int | str | None = None  # -ngl: a count, ALL_LAYERS, or None (auto: the other options decide)
 
     def aliases(self, backends: Sequence[Any] | None = None) -> list[list[str]]:
         """The names each backend answers to: its registry name, and the backend's own ("CPU", "Torch(cpu)")."""
@@ -213,14 +416,72 @@ class BackendPlan:
                 out.append((pattern, i))
         return out
 
-    def load_kwargs(self, backends: Sequence[Any] | None = None) -> dict[str, Any]:
-        """The placement keywords of `pyggml.models.load` for these backends (CLIError for a bad name)."""
+    def load_kwargs(self, backends: Sequence[Any] | None = None, n_layer: int | None = None) -> dict[str, Any]:
+        """The placement keywords of `pyggml.models.load` for these backends (CLIError for a bad name); -ngl
+        needs the backends and the model's `n_layer`."""
         kw: dict[str, Any] = {"n_layers_on": self.n_layers_on(backends), "repack": self.repack}
         if self.tensor_split is not None:
             kw["tensor_split"] = self.tensor_split
         if self.override_tensor:
             kw["override_tensor"] = self.overrides(backends)
+        counts = self.gpu_layer_counts(backends, n_layer) if backends is not None and n_layer is not None else None
+        if counts is not None:
+            kw["n_layers_on"] = counts
         return kw
+
+    def gpu_layer_counts(self, backends: Sequence[Any], n_layer: int) -> list[int] | None:
+        """-ngl as layer counts by position: its layers on the first backend that is not the CPU, the rest on a
+        CPU: the first one before it (which then takes the first layers, as in llama.cpp, where the offloaded
+        layers are the last), else the first after it (`init` appends one when none is there). None when -ngl
+        decides nothing: auto, no such backend, or every layer offloaded while --n-layers-on or -ts place them
+        (any fewer with those is a CLIError: two options would place the same layers)."""
+        g = offload_index(backends)
+        if self.n_gpu_layers is None or g is None:
+            return None
+        n = n_layer if self.n_gpu_layers == ALL_LAYERS else min(int(self.n_gpu_layers), n_layer)
+        if self.layers_on or self.tensor_split is not None:
+            if n < n_layer:
+                other = "--n-layers-on" if self.layers_on else "--tensor-split"
+                raise CLIError(f"-ngl {self.n_gpu_layers} and {other} both place the layers ({n} of {n_layer} on "
+                               f"the first backend that is not the CPU, or {other}'s): give one")
+            return None
+        if n == n_layer:
+            return [0] * g + [n]
+        cpu = next((i for i, b in enumerate(backends) if is_cpu(b)), None)
+        if cpu is not None and cpu < g:
+            return [0] * cpu + [n_layer - n] + [0] * (g - cpu - 1) + [n]
+        cpu = next(i for i in range(g + 1, len(backends)) if is_cpu(backends[i]))
+        return [0] * g + [n] + [0] * (cpu - g - 1)
+
+    def init(self, n_threads: int | None, n_layer: int) -> list[Any]:
+        """The backends of the plan (`init_backends`), with a CPU backend appended when -ngl leaves layers and
+        no CPU is there to take them (llama.cpp keeps them on the CPU)."""
+        backends = init_backends(self.names, n_threads)
+        if self.n_gpu_layers in (None, ALL_LAYERS) or int(self.n_gpu_layers) >= n_layer or self.layers_on \
+                or self.tensor_split is not None or offload_index(backends) is None or any(map(is_cpu, backends)):
+            return backends
+        self.names.append("cpu")
+        return backends + init_backends(["cpu"], n_threads)
+
+    def offload_note(self, backends: Sequence[Any]) -> str | None:
+        """What to say when -ngl asks for layers and no backend but the CPU is there (llama.cpp warns too)."""
+        if self.n_gpu_layers in (None, 0) or offload_index(backends) is not None:
+            return None
+        return (f"-ngl {self.n_gpu_layers}: no backend but the CPU (give one with --backend): every layer stays on "
+                f"the CPU")
+
+
+def is_cpu(backend: Any) -> bool:
+    """Whether the backend's device is a CPU (ggml's device type; a backend without a device is not one)."""
+    from pyggml.backend.device import DeviceType
+
+    device = backend.get_device()
+    return device is not None and device.type() == DeviceType.CPU
+
+
+def offload_index(backends: Sequence[Any]) -> int | None:
+    """The position of the first backend that is not a CPU (-ngl's target), None when all are."""
+    return next((i for i, b in enumerate(backends) if not is_cpu(b)), None)
 
 
 def split_overrides(value: str, aliases: Sequence[Sequence[str]]) -> list[tuple[str, str]]:
@@ -302,6 +563,7 @@ def plan_from_args(args: argparse.Namespace) -> BackendPlan:
     plan = backend_plan_of(args.backend, args.n_layers_on, getattr(args, "tensor_split", None),
                            getattr(args, "override_tensor", None))
     plan.repack = getattr(args, "repack", True)
+    plan.n_gpu_layers = getattr(args, "n_gpu_layers", None)
     return plan
 
 
@@ -329,6 +591,81 @@ def init_backends(names: Sequence[str], n_threads: int | None) -> list[Any]:
     return out
 
 
+@dataclass
+class LoadSettings:
+    """How a model computes, as llama.cpp's context options say it: -b/-ub (a batch is computed in pieces of
+    min(n_batch, n_ubatch) tokens, as llama_context clamps n_ubatch), -ctk/-ctv, -fa, and the finite check."""
+
+    n_batch: int = DEFAULT_BATCH
+    n_ubatch: int = DEFAULT_UBATCH
+    type_k: str | None = None
+    type_v: str | None = None
+    flash_attn: str = "auto"
+    check_finite: bool = True
+
+    def kv_type(self) -> str | None:
+        """The KV cache's type (None: the model's default); CLIError when -ctk and -ctv differ (the cache
+        takes one type for both) or name a type the cache does not take."""
+        from pyggml.core.types import as_type
+        from pyggml.models.kv_cache import CACHE_TYPES, check_type
+
+        if self.type_k is None and self.type_v is None:
+            return None
+        if self.type_k != self.type_v:
+            given = " and ".join(f"{flag} {t}" for flag, t in (("-ctk", self.type_k), ("-ctv", self.type_v)) if t)
+            raise CLIError(f"{given}: pyggml's KV cache takes one type for K and V: give -ctk and -ctv the same type")
+        try:
+            check_type(as_type(self.type_k))
+        except GGMLError:
+            takes = ", ".join(t.name.lower() for t in CACHE_TYPES)
+            raise CLIError(f"-ctk/-ctv {self.type_k}: pyggml's KV cache does not take {self.type_k} yet (it takes "
+                           f"{takes})") from None
+        return self.type_k
+
+    def load_kwargs(self) -> dict[str, Any]:
+        """The keywords of `pyggml.models.load` (the KV type checked)."""
+        kw: dict[str, Any] = {"n_batch": min(self.n_batch, self.n_ubatch), "flash_attn": self.flash_attn,
+                              "check_finite": self.check_finite}
+        kv = self.kv_type()
+        if kv is not None:
+            kw["kv_type"] = kv
+        return kw
+
+
+def settings_from_args(args: argparse.Namespace) -> LoadSettings:
+    """The LoadSettings of run's, chat's or serve's options."""
+    return LoadSettings(args.batch_size, args.ubatch_size, args.cache_type_k, args.cache_type_v, args.flash_attn,
+                        args.check_finite)
+
+
+def read_hparams(path: Path) -> Any:
+    """The model's hyper-parameters from the file's header (checked: a bad file fails here, naming the key)."""
+    from pyggml.gguf.reader import read_gguf
+    from pyggml.models import HParams
+
+    gf = read_gguf(path)
+    try:
+        return HParams.from_gguf(gf)
+    finally:
+        gf.close()
+
+
+def load_model(path: Path, plan: BackendPlan, settings: LoadSettings, n_ctx: int, n_layer: int,
+               n_threads: int | None, err: TextIO, prog: str, **load_extra: Any) -> Any:
+    """The model loaded as the options say: the backends of `plan` (-ngl's CPU appended), its placement,
+    the settings (and `load_extra`, more keywords of `pyggml.models.load`); the options' checks come first,
+    so a bad one fails before any weight is read."""
+    from pyggml.models import load
+
+    load_kw = settings.load_kwargs()
+    backends = plan.init(n_threads, n_layer)
+    place_kw = plan.load_kwargs(backends, n_layer)
+    note = plan.offload_note(backends)
+    if note:
+        print(f"{prog}: warning: {note}", file=err)
+    return load(path, backends, n_ctx=n_ctx, **place_kw, **load_kw, **load_extra, progress=err.isatty())
+
+
 def builtin_model_path() -> Path:
     """The GGUF file shipped inside the package (pyggml/data/builtin-llama.gguf)."""
     from pyggml.models.builtin import builtin_model_path as path_in_package
@@ -346,6 +683,17 @@ def check_model_path(path: str) -> Path:
     if p.is_dir():
         raise CLIError(f"'{path}' is a directory, not a GGUF file")
     return p
+
+
+def file_type_name(code: Any) -> str | None:
+    """general.file_type by llama.cpp's name of it (Q4_1, F16, Q4_K_M), None when the file has no valid one."""
+    try:
+        import gguf
+
+        name = gguf.LlamaFileType(int(code)).name
+    except (ValueError, TypeError, AttributeError, ImportError):
+        return None
+    return "all F32" if name == "ALL_F32" else name.removeprefix("MOSTLY_")
 
 
 def fmt_bytes(n: int) -> str:

@@ -24,14 +24,18 @@ from pyggml.cli._common import (
     CLIError,
     add_backend_options,
     add_check_finite,
+    add_ctx_size,
     add_debug,
     add_flash_attn,
+    add_model,
     builtin_model_path,
     check_model_path,
-    init_backends,
-    non_negative_int,
+    context_size,
+    load_model,
+    n_predict,
     plan_from_args,
-    positive_int,
+    read_hparams,
+    settings_from_args,
 )
 from pyggml.cli.run import add_sampling_options, make_sampler
 
@@ -46,20 +50,21 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                                    "streams to stdout. The file's chat template (tokenizer.chat_template; "
                                    "ChatML without one, as llama.cpp) renders the conversation, the reply stops "
                                    "at its end-of-turn token. EOF (Ctrl-D) or /exit ends the chat.")
-    p.add_argument("model", nargs="?", default=None, metavar="MODEL.gguf",
-                   help="a LLaMA-family GGUF file (default: the built-in model, which was not trained to chat)")
-    p.add_argument("--system", default=None, metavar="TEXT", help="a system message to start the conversation")
+    add_model(p, "a LLaMA-family GGUF file (default: the built-in model, which was not trained to chat)")
+    p.add_argument("-p", "--prompt", default=None, metavar="TEXT",
+                   help="the first user message, answered before stdin is read (as llama-cli's -p)")
+    p.add_argument("-sys", "--system-prompt", "--system", dest="system", default=None, metavar="TEXT",
+                   help="a system message to start the conversation")
     p.add_argument("--chat-template-file", default=None, metavar="FILE",
                    help="a jinja chat template to use instead of the file's (as llama.cpp's option)")
     p.add_argument("--chat-template-kwargs", default=None, metavar="JSON",
                    help='more template variables, a JSON object (e.g. \'{"enable_thinking": false}\')')
-    p.add_argument("-n", "--max-tokens", type=non_negative_int, default=DEFAULT_MAX_TOKENS, metavar="N",
-                   help=f"most tokens of a reply (default: {DEFAULT_MAX_TOKENS}); it ends earlier at the end of "
-                        f"the model's turn or when the context is full")
+    p.add_argument("-n", "--n-predict", "--predict", "--max-tokens", dest="max_tokens", type=n_predict,
+                   default=DEFAULT_MAX_TOKENS, metavar="N",
+                   help=f"most tokens of a reply, -1 no limit (default: {DEFAULT_MAX_TOKENS}); it ends earlier at "
+                        f"the end of the model's turn or when the context is full")
+    add_ctx_size(p, f"the model's training context, at most {MAX_DEFAULT_CTX}; the whole conversation's")
     add_backend_options(p)
-    p.add_argument("-c", "--ctx", type=positive_int, default=None, metavar="N",
-                   help=f"context size in tokens, the whole conversation's (default: the model's training "
-                        f"context, at most {MAX_DEFAULT_CTX})")
     add_sampling_options(p)
     add_check_finite(p)
     add_flash_attn(p)
@@ -72,12 +77,11 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     out = out or sys.stdout  # looked up per call: tests and callers swap them
     err = err or sys.stderr
     inp = inp or sys.stdin
-    from pyggml.gguf.reader import read_gguf
-    from pyggml.models import LlamaHParams, load
     from pyggml.models.chat import ChatSession, ChatTemplate, ConversationTooLongError
 
     path = builtin_model_path() if args.model is None else check_model_path(args.model)
     plan = plan_from_args(args)
+    settings = settings_from_args(args)
     template_kwargs = _template_kwargs(args.chat_template_kwargs)
     source = None
     if args.chat_template_file is not None:
@@ -88,16 +92,11 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
             raise CLIError(f"--chat-template-file: cannot read '{args.chat_template_file}': {e}") from None
     seed = args.seed if args.seed is not None else random.randrange(2**31)
     sampler = make_sampler(args, seed)
-    gf = read_gguf(path)  # the header only: the training context gives the default --ctx
-    try:
-        n_ctx_train = LlamaHParams.from_gguf(gf).n_ctx_train
-    finally:
-        gf.close()
-    n_ctx = args.ctx or min(n_ctx_train, MAX_DEFAULT_CTX)
+    hp = read_hparams(path)  # the header only: the training context gives the default -c
+    n_ctx = context_size(args.ctx, hp.n_ctx_train, min(hp.n_ctx_train, MAX_DEFAULT_CTX))
+    max_tokens = args.max_tokens if args.max_tokens >= 0 else n_ctx  # -1: until the turn ends or the context is full
 
-    objs = init_backends(plan.names, args.threads)
-    model = load(path, objs, n_ctx=n_ctx, **plan.load_kwargs(objs), progress=err.isatty(),
-                 check_finite=args.check_finite, flash_attn=args.flash_attn)
+    model = load_model(path, plan, settings, n_ctx, hp.n_layer, args.threads, err, "pyggml chat")
     try:
         template = ChatTemplate.from_model(model, source, f"'{args.chat_template_file}'" if source else None)
         session = ChatSession(model, system=args.system, template=template, template_kwargs=template_kwargs)
@@ -110,8 +109,14 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
             print(f"chatting with {path.name} (context {n_ctx} tokens); /exit or Ctrl-D ends", file=err)
         turns = n_gen = n_eval = n_reused = 0
         t_gen = 0.0
+        first = args.prompt  # -p: the first message, then stdin's
         while True:
-            text = read()
+            if first is not None:
+                text, first = first, None
+                if interactive:
+                    print(f"> {text}", file=out)  # as if typed, as llama-cli echoes it
+            else:
+                text = read()
             if text is None:  # EOF
                 break
             if text.strip() in EXIT_COMMANDS:
@@ -119,9 +124,9 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
             if not text.strip():
                 continue
             try:
-                pieces = session.send(text, args.max_tokens, sampler)
+                pieces = session.send(text, max_tokens, sampler)
             except ConversationTooLongError as e:
-                raise CLIError(f"{e} (raise --ctx)") from None
+                raise CLIError(f"{e} (raise -c/--ctx-size)") from None
             t0 = time.perf_counter()
             try:
                 for piece in pieces:
@@ -140,7 +145,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
             n_eval += session.n_prompt - session.n_reused
             n_reused += session.n_reused
             if session.stop_reason == "context":
-                print(f"(the reply filled the context of {n_ctx} tokens: the chat ends here; raise --ctx)",
+                print(f"(the reply filled the context of {n_ctx} tokens: the chat ends here; raise -c/--ctx-size)",
                       file=err)
                 break
         print(f"{turns} turn(s), seed {seed}: {n_eval} prompt tokens evaluated ({n_reused} kept in the cache from "

@@ -19,16 +19,21 @@ from pyggml.cli._common import (
     CLIError,
     add_backend_options,
     add_check_finite,
+    add_ctx_size,
     add_debug,
     add_flash_attn,
+    add_model,
     builtin_model_path,
     check_model_path,
+    context_size,
     finite_float,
     fmt_bytes,
-    init_backends,
+    load_model,
+    n_predict,
     non_negative_int,
     plan_from_args,
-    positive_int,
+    read_hparams,
+    settings_from_args,
     table,
 )
 
@@ -43,19 +48,17 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                                    "prompt and generation tokens/s and memory per backend (on stderr). Without "
                                    "MODEL it runs the small model shipped with pyggml (trained on the docstrings "
                                    "of Python's standard library).")
-    p.add_argument("model", nargs="?", default=None, metavar="MODEL.gguf",
-                   help="a LLaMA-family GGUF file (default: the built-in model)")
+    add_model(p, "a LLaMA-family GGUF file (default: the built-in model)")
     p.add_argument("-p", "--prompt", default=None, help=f"the prompt (default: {DEFAULT_PROMPT!r} for the built-in "
                                                         f"model, the BOS token alone for a file)")
-    p.add_argument("-n", "--n-predict", type=non_negative_int, default=DEFAULT_N_PREDICT, metavar="N",
-                   help=f"tokens to generate (default: {DEFAULT_N_PREDICT}); it stops earlier at the end-of-text "
-                        f"token or when the context is full")
+    p.add_argument("-n", "--n-predict", "--predict", type=n_predict, default=DEFAULT_N_PREDICT, metavar="N",
+                   help=f"tokens to generate, -1 no limit (default: {DEFAULT_N_PREDICT}); it stops earlier at the "
+                        f"end-of-text token or when the context is full")
     p.add_argument("--ignore-eos", action="store_true",
                    help="go on after end-of-generation tokens, until -n tokens or a full context (llama.cpp's "
                         "--ignore-eos)")
+    add_ctx_size(p, f"the model's training context, at most {MAX_DEFAULT_CTX}")
     add_backend_options(p)
-    p.add_argument("-c", "--ctx", type=positive_int, default=None, metavar="N",
-                   help=f"context size in tokens (default: the model's training context, at most {MAX_DEFAULT_CTX})")
     add_sampling_options(p)
     add_check_finite(p)
     add_flash_attn(p)
@@ -67,13 +70,14 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 def add_sampling_options(p: argparse.ArgumentParser) -> None:
     """--temp, --top-k, --top-p, --min-p, --repeat-penalty, --seed (run's and chat's)."""
-    p.add_argument("--temp", type=finite_float, default=0.8, help="temperature; <= 0 is greedy (default: 0.8)")
+    p.add_argument("--temp", "--temperature", type=finite_float, default=0.8,
+                   help="temperature; <= 0 is greedy (default: 0.8)")
     p.add_argument("--top-k", type=int, default=40, help="keep the K most likely tokens, 0 keeps all (default: 40)")
     p.add_argument("--top-p", type=finite_float, default=0.95, help="nucleus sampling threshold (default: 0.95)")
     p.add_argument("--min-p", type=finite_float, default=0.05,
                    help="drop tokens below min-p times the top probability (default: 0.05)")
-    p.add_argument("--repeat-penalty", type=finite_float, default=1.1,
-                   help="penalty of the last 64 tokens, 1.0 is off (default: 1.1)")
+    p.add_argument("--repeat-penalty", type=finite_float, default=1.0,
+                   help="penalty of the last 64 tokens, 1.0 is off (default: 1.0, llama.cpp's)")
     p.add_argument("-s", "--seed", type=non_negative_int, default=None,
                    help="sampling seed (default: random, printed)")
 
@@ -172,26 +176,18 @@ class TextStream:
 def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
     out = out or sys.stdout  # looked up per call: tests and callers swap sys.stdout
     err = err or sys.stderr
-    from pyggml.gguf.reader import read_gguf
-    from pyggml.models import HParams, load
-
     builtin = args.model is None
     path = builtin_model_path() if builtin else check_model_path(args.model)
     plan = plan_from_args(args)  # the options' syntax, before anything is loaded
+    settings = settings_from_args(args)
     seed = args.seed if args.seed is not None else random.randrange(2**31)
     sampler = make_sampler(args, seed)
 
-    gf = read_gguf(path)  # the header only: the training context gives the default --ctx
-    try:
-        n_ctx_train = HParams.from_gguf(gf).n_ctx_train  # checked: a bad file fails here, naming the key
-    finally:
-        gf.close()
-    n_ctx = args.ctx or min(n_ctx_train, MAX_DEFAULT_CTX)
+    hp = read_hparams(path)  # the header only: the training context gives the default -c
+    n_ctx = context_size(args.ctx, hp.n_ctx_train, min(hp.n_ctx_train, MAX_DEFAULT_CTX))
 
     t0 = time.perf_counter()
-    objs = init_backends(plan.names, args.threads)
-    model = load(path, objs, n_ctx=n_ctx, **plan.load_kwargs(objs), progress=err.isatty(),
-                 check_finite=args.check_finite, flash_attn=args.flash_attn)
+    model = load_model(path, plan, settings, n_ctx, hp.n_layer, args.threads, err, "pyggml run")
     t_load = time.perf_counter() - t0
     try:
         model.runner.report_memory = args.verbose
@@ -203,14 +199,14 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         if not prompt_ids:
             raise CLIError("the prompt has no tokens (and the model adds no BOS token); give one with -p")
         if len(prompt_ids) >= n_ctx:
-            raise CLIError(f"the prompt has {len(prompt_ids)} tokens, the context only {n_ctx} (raise --ctx)")
+            raise CLIError(f"the prompt has {len(prompt_ids)} tokens, the context only {n_ctx} (raise -c/--ctx-size)")
         if args.verbose:
             hp = model.hparams
             print(f"model: {path} ({model.file.file_size / 2**20:.2f} MiB), n_layer {hp.n_layer}, n_embd {hp.n_embd}, "
                   f"n_head {hp.n_head}/{hp.n_head_kv}, n_vocab {hp.n_vocab}, n_ctx {n_ctx}", file=err)
             print(f"backends: {', '.join(_backend_label(model, b) for b in model.backends)}; layers: "
                   + ", ".join(f"{i}:{_backend_label(model, b)}" for i, b in enumerate(model.layer_backend)), file=err)
-            err.writelines(f"{_backend_label(model, b)}: {b.describe()}\n" for b in objs if b.describe())
+            err.writelines(f"{_backend_label(model, b)}: {b.describe()}\n" for b in model.backends if b.describe())
             if model.overridden:
                 moved = [f"{name}:{_backend_label(model, b)}" for name, b in model.overridden.items()]
                 more = f", ... ({len(moved)} in all)" if len(moved) > 6 else ""
@@ -220,7 +216,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         stream = TextStream(model, prompt_ids, out)
         n_gen = 0
         t_first = t_end = t_start = time.perf_counter()
-        for tok in model.generate(prompt_ids, args.n_predict, sampler, stop_at_eos=not args.ignore_eos):
+        limit = args.n_predict if args.n_predict >= 0 else n_ctx  # -1: until the end of text or a full context
+        for tok in model.generate(prompt_ids, limit, sampler, stop_at_eos=not args.ignore_eos):
             if n_gen == 0:
                 t_first = time.perf_counter()  # the prompt's evaluation and the first sample
             n_gen += 1
@@ -234,7 +231,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         n_eval = max(0, n_gen - 1)  # each token after the first was evaluated before the next was sampled
         t_eval = t_end - t_first if n_gen else 0.0
         stop = ""
-        if n_gen < args.n_predict:
+        if n_gen < limit:
             stop = " (end of text)" if model.n_past < n_ctx else " (context full)"
         print("", file=err)
         print(f"seed: {seed}   sampling: temp {args.temp}, top-k {args.top_k}, top-p {args.top_p}, "

@@ -66,7 +66,8 @@ def test_chat_conversation_longer_than_the_context(monkeypatch: pytest.MonkeyPat
     assert main(["chat", "-n", "4", "-c", "32"]) == 1
     err = capsys.readouterr().err
     line = [x for x in err.splitlines() if x.startswith("pyggml chat: error:")]
-    assert len(line) == 1 and "tokens, the context 32: no room for a reply" in line[0] and "raise --ctx" in line[0]
+    assert len(line) == 1 and "tokens, the context 32: no room for a reply" in line[0]
+    assert "raise -c/--ctx-size" in line[0]
     assert "Traceback" not in err
 
 

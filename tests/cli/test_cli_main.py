@@ -40,9 +40,9 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["run", "--bogus"], "unrecognized arguments: --bogus"),
+    (["run", "--bogus"], "pyggml run: error: unrecognized arguments: --bogus (see 'pyggml run --help')"),
     (["run", "-n", "many"], "invalid int value: 'many'"),
-    (["run", "-n", "-3"], "must be >= 0"),
+    (["run", "-n", "-3"], "must be >= -1, got -3"),  # -1: no limit, as llama.cpp's
     (["bench", "m.gguf", "-r", "0"], "must be >= 1"),
     (["info"], "the following arguments are required: MODEL.gguf"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),

@@ -105,7 +105,7 @@ def test_run_ctx_and_n(tiny_model: Path, capsys: pytest.CaptureFixture[str]) -> 
     m = re.search(r"(\d+) generated \(context full\)", capsys.readouterr().err)
     assert m and int(m.group(1)) < 50
     assert main(["run", str(tiny_model), "-p", PROMPT * 10, "--ctx", "16"]) == 1
-    assert "raise --ctx" in one_line(capsys.readouterr().err)
+    assert "raise -c/--ctx-size" in one_line(capsys.readouterr().err)
 
 
 def test_run_ignore_eos_goes_on_after_the_end_of_text(capsys: pytest.CaptureFixture[str]) -> None:

@@ -28,7 +28,7 @@ def run_cli(argv: list[str]) -> tuple[int, str, str]:
 
 
 def cpus(n: int) -> list[str]:
-    return [a for _ in range(n) for a in ("-b", "cpu")]
+    return [a for _ in range(n) for a in ("--backend", "cpu")]
 
 
 @pytest.fixture(scope="module")
@@ -118,13 +118,14 @@ def test_override_tensor_takes_several_pairs_in_one_value_as_llama_cpp(one_backe
 
 
 def test_bench_takes_the_splits_and_says_them() -> None:
-    code, out, err = run_cli(["bench", "-p", "4", "-n", "2", "-r", "1", *cpus(3), "-ts", "1,1,2",
+    """llama-bench's -ts (proportions between '/') and -ot, each a column of the table."""
+    code, out, err = run_cli(["bench", "-p", "4", "-n", "2", "-r", "1", *cpus(3), "-ts", "1/1/2",
                               "-ot", "ffn_down=0", str(builtin_model_path())])
     assert code == 0, err
     header = [c.strip() for c in out.splitlines()[0].split("|")[1:-1]]
-    assert header == ["model", "size", "params", "backend", "layers", "threads", "ot", "test", "t/s"]
+    assert header == ["model", "size", "params", "backend", "layers", "threads", "ts", "ot", "test", "t/s"]
     cells = [c.strip() for c in out.splitlines()[2].split("|")[1:-1]]
-    assert cells[3:5] == ["CPU×3", "2/1/1"] and cells[6] == "ffn_down=0"
+    assert cells[3:5] == ["CPU×3", "2/1/1"] and cells[6:8] == ["1.00/1.00/2.00", "ffn_down=0"]
 
 
 THREE = cpus(3)
@@ -157,6 +158,10 @@ THREE = cpus(3)
 @pytest.mark.parametrize("command", ["run", "bench"])
 def test_bad_split_options_fail_in_one_line_naming_them(command: str, argv: list[str], words: list[str]) -> None:
     model = [] if command == "run" else [str(builtin_model_path())]
+    if command == "bench" and "-ts" in argv:  # llama-bench's -ts: '/' between proportions, ',' between splits
+        i = argv.index("-ts") + 1
+        argv = [*argv[:i], argv[i].replace(",", "/"), *argv[i + 1:]]
+        words = [w.replace(",", "/") if w.startswith("--tensor-split") else w for w in words]
     code, out, err = run_cli([command, *model, *THREE, *argv, "-n", "1"])
     assert code == 1 and out == ""
     line = one_line(err)

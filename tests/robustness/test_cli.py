@@ -85,10 +85,9 @@ CASES: list[tuple[str, list[str], int, tuple[str, ...]]] = [
     ("run-nan-logits", ["run", "{nan}", "-n", "4"], 1, ("hold NaN", "'ffn_out-2'", "in layer 2",
                                                        "'blk.2.ffn_down.weight' holds 1 NaN")),
     # run: options
-    ("run-n-negative", ["run", "-n", "-1"], 2, ("-n/--n-predict", "must be >= 0, got -1")),
+    ("run-n-negative", ["run", "-n", "-2"], 2, ("-n/--n-predict", "must be >= -1, got -2")),  # -1: no limit
     ("run-n-not-int", ["run", "-n", "ten"], 2, ("-n/--n-predict", "'ten'")),
-    ("run-ctx-zero", ["run", "--ctx", "0"], 2, ("-c/--ctx", "must be >= 1, got 0")),
-    ("run-ctx-negative", ["run", "--ctx", "-5"], 2, ("-c/--ctx", "must be >= 1, got -5")),
+    ("run-ctx-negative", ["run", "--ctx", "-5"], 2, ("-c/--ctx", "must be >= 0, got -5")),  # 0: the training context
     ("run-ctx-huge", ["run", "--ctx", "10000000"], 1, ("n_ctx 10000000", "KV cache 40960000000 bytes",
                                                       "cannot allocate", "available")),
     ("run-ctx-below-prompt", ["run", "--ctx", "2"], 1, ("the prompt has 3 tokens, the context only 2",)),
