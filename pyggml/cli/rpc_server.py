@@ -3,7 +3,9 @@
 llama.cpp offloads layers to it with `--rpc HOST:PORT -ngl 99`, pyggml with
 `--backend rpc://HOST:PORT`. Each `--backend` is one remote device, in order (default: cpu). It
 listens on 127.0.0.1 unless `--host` says otherwise, which is logged as a warning: the protocol has
-no authentication. Connections, disconnections and refused messages are logged on stderr.
+no authentication. Connections, disconnections and refused messages are logged on stderr. The
+limits a client meets (connections, timeouts, a graph's work and temporaries) are options with the
+server's defaults; the process exits non-zero when it stops serving for any reason but an interrupt.
 
 The server is the rpc registry's "pyggml_rpc_server" (the CLI finds backends by name only, as
 llama.cpp's rpc-server finds ggml_backend_rpc_start_server through the registry).
@@ -13,11 +15,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import re
 import sys
 from typing import Any
 
-from pyggml.cli._common import CLIError, add_debug, fmt_bytes, init_backends, thread_count
+from pyggml.backends.rpc import server as rpc
+from pyggml.cli._common import CLIError, add_debug, fmt_bytes, init_backends, positive_int, thread_count
+from pyggml.core import work
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 1000**2, "mib": 1 << 20,
           "g": 1 << 30, "gb": 1000**3, "gib": 1 << 30, "t": 1 << 40, "tb": 1000**4, "tib": 1 << 40}
@@ -32,6 +37,37 @@ def parse_size(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r}: a memory limit must be > 0 bytes")
     return value
+
+
+def count(text: str) -> int:
+    """A positive whole number, also written "3.5e13" or "2^45"."""
+    base, caret, exp = text.strip().partition("^")
+    try:
+        if caret:
+            value = int(base) ** int(exp)
+        else:
+            number = float(text)
+            value = int(number) if math.isfinite(number) and number == int(number) else 0
+    except (ValueError, OverflowError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count (e.g. 1000000, 3.5e13, 2^45)") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a whole number > 0")
+    return value
+
+
+def seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text!r}: must be > 0 seconds")
+    return value
+
+
+def seconds_or_never(text: str) -> float | None:
+    """Seconds, or None for 0 (no limit)."""
+    return None if text.strip() in ("0", "0.0") else seconds(text)
 
 
 def port_number(text: str) -> int:
@@ -55,9 +91,30 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="keep large weights sent with SET_TENSOR_HASH in DIR, so a model loads again without "
                         "sending them")
     p.add_argument("--mem", type=parse_size, default=None, metavar="SIZE",
-                   help="limit the memory of all clients' buffers (e.g. 2G); a buffer beyond it is refused")
+                   help="limit the memory of all clients' buffers and their graphs' temporaries (e.g. 2G); a "
+                        "buffer beyond it is refused")
     p.add_argument("-t", "--threads", type=thread_count, default=None, metavar="N",
                    help="threads of the CPU backend (default: all cores)")
+    g = p.add_argument_group("limits (a client past one is disconnected, with a log line naming it)")
+    g.add_argument("--max-connections", type=positive_int, default=rpc.DEFAULT_MAX_CONNECTIONS, metavar="N",
+                   help=f"clients connected at once; more are closed as they connect (default: "
+                        f"{rpc.DEFAULT_MAX_CONNECTIONS})")
+    g.add_argument("--hello-timeout", type=seconds, default=rpc.DEFAULT_HELLO_TIMEOUT, metavar="SECONDS",
+                   help=f"time from connecting to a whole HELLO (default: {rpc.DEFAULT_HELLO_TIMEOUT:g})")
+    g.add_argument("-to", "--timeout", type=seconds_or_never, default=rpc.DEFAULT_IDLE_TIMEOUT, metavar="SECONDS",
+                   help=f"time a client may stay silent between messages; 0: no limit (default: "
+                        f"{rpc.DEFAULT_IDLE_TIMEOUT:g})")
+    g.add_argument("--message-timeout", type=seconds, default=rpc.DEFAULT_MESSAGE_TIMEOUT, metavar="SECONDS",
+                   help=f"time for the whole of a message once it started, plus a second per MiB it announces "
+                        f"(default: {rpc.DEFAULT_MESSAGE_TIMEOUT:g})")
+    g.add_argument("--max-work", type=count, default=work.MAX_GRAPH_WORK, metavar="N",
+                   help=f"a graph's work: its nodes' elements and multiply-adds; a model's batch costs about "
+                        f"its parameters times its tokens (default: 2^45 = {work.MAX_GRAPH_WORK:.2g})")
+    g.add_argument("--max-node-elements", type=count, default=work.MAX_NODE_ELEMENTS, metavar="N",
+                   help=f"elements of a node or one of its sources (default: 2^34 = {work.MAX_NODE_ELEMENTS})")
+    g.add_argument("--max-temp", type=parse_size, default=work.MAX_TEMP_BYTES, metavar="SIZE",
+                   help="temporaries a graph's kernels may hold: its non-contiguous tensors as float32; they "
+                        "count against --mem too (default: 1G)")
     add_debug(p)
     return p
 
@@ -78,9 +135,16 @@ def run(args: argparse.Namespace) -> int:
         server_log.addHandler(handler)
         server_log.setLevel(logging.INFO)
         server_log.propagate = False
-    server = server_cls(backends, args.host, args.port, cache_dir=args.cache, mem_limit=args.mem)
+    budget = work.WorkBudget(node_elements=args.max_node_elements, work=args.max_work, temp_bytes=args.max_temp)
+    server = server_cls(backends, args.host, args.port, cache_dir=args.cache, mem_limit=args.mem, budget=budget,
+                        max_connections=args.max_connections, hello_timeout=args.hello_timeout,
+                        idle_timeout=args.timeout, message_timeout=args.message_timeout)
     print(f"pyggml RPC server, protocol {server.version}, listening on {server.endpoint}", flush=True)
     print(f"  cache: {args.cache or 'n/a'}; memory limit: {fmt_bytes(args.mem) if args.mem else 'none'}")
+    idle = f"{args.timeout:g} s" if args.timeout is not None else "none"
+    print(f"  per client: {args.max_connections} connections, HELLO within {args.hello_timeout:g} s, idle "
+          f"{idle}, a message {args.message_timeout:g} s; a graph: work {args.max_work:.3g}, "
+          f"{args.max_node_elements:.3g} elements a node, {fmt_bytes(args.max_temp)} of temporaries")
     for i, b in enumerate(backends):
         dev = b.get_device()
         free, total = dev.memory() if dev is not None else (0, 0)

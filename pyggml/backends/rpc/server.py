@@ -13,11 +13,23 @@ Differences from the C server, all on the side of safety:
   buffer, a graph at most MAX_GRAPH_BYTES), buffer ids (only the client's own), tensor types and ops
   (ggml's at 0c1e570 that pyggml knows), every tensor's bytes inside its buffer, a view inside its
   source's buffer at its source's address plus view_offs, a graph's ids unique and present, no
-  cycles. A check that fails, a request the server cannot serve (where the C server asserts and
-  dies) or a node the backend cannot compute closes that connection and logs why (the op's name
-  for a node); the server keeps serving the others.
-- `mem_limit` caps the bytes of all clients' buffers: an ALLOC_BUFFER beyond it is answered with
-  a null buffer (the client's out-of-memory), and GET_DEVICE_MEMORY reports the limit.
+  cycles, each node's sources and derived sizes against its op (`node_check`). A check that fails, a
+  request the server cannot serve (where the C server asserts and dies) or a node the backend cannot
+  compute closes that connection and logs why (the op's name for a node); the server keeps serving
+  the others.
+- A graph's cost is checked before it is computed (`pyggml.core.work`): each node's and source's
+  element count, the graph's total work and the temporaries its kernels may hold are bounded by the
+  server's `WorkBudget`; a graph beyond it is refused as above, naming the node and the numbers.
+- `mem_limit` caps the bytes of all clients' buffers and stored graphs' temporaries: an ALLOC_BUFFER
+  beyond it is answered with a null buffer (the client's out-of-memory), a graph beyond it is refused,
+  and GET_DEVICE_MEMORY reports the limit.
+- Connections are a bounded resource: at most `max_connections` at once (more are closed at once,
+  logged); HELLO must come within `hello_timeout` seconds of connecting, a message must start within
+  `idle_timeout` seconds of the last one and arrive whole within `message_timeout` seconds plus one
+  per MiB it announces (a total per message, not per receive). A payload is received in chunks as it
+  arrives, never reserved from its announced size. Running out of file descriptors or buffers while
+  accepting is logged and retried; the accept loop ends only when the server is closed, and
+  `serve_forever` raises when it ends otherwise.
 - It binds 127.0.0.1 unless told otherwise; another address is logged as a warning (the protocol
   has no authentication: whoever connects can read and write the server's buffers).
 - Nodes: ggml's backends compute only the nodes flagged COMPUTE (ggml_build_forward_expand sets
@@ -32,11 +44,13 @@ request; answers are sent without a copy).
 
 from __future__ import annotations
 
+import errno
 import itertools
 import logging
 import os
 import socket
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,10 +63,12 @@ from pyggml.backend.buffer import Buffer
 from pyggml.backend.tensor_io import tensor_get, tensor_memset, tensor_set
 from pyggml.backends.rpc import wire
 from pyggml.backends.rpc.wire import RpcCmd, RpcError, RpcTensor
-from pyggml.core.errors import GGMLError
+from pyggml.core.errors import ArgumentError, GGMLError
 from pyggml.core.graph import Graph
+from pyggml.core.ops.node_check import check_node
 from pyggml.core.tensor import VIEW_OPS, GGMLOp, Tensor, TensorFlag, nbytes_of
 from pyggml.core.types import TYPE_TRAITS, GGMLType
+from pyggml.core.work import WorkBudget, graph_cost
 
 log = logging.getLogger("pyggml.backends.rpc.server")
 
@@ -61,7 +77,17 @@ DEFAULT_PORT = 50052  # ggml-rpc-server's
 MAX_GRAPH_BYTES = 256 * 1024 * 1024  # a GRAPH_COMPUTE payload: ~900k tensors, far beyond any model's graph
 FAST_RANGE_MAX = 64 * 1024  # SET_TENSOR and GET_TENSOR of at most this many bytes keep their checked range
 MAX_FAST_RANGES = 1024  # per client
-MESSAGE_TIMEOUT = 60.0  # seconds a client may take to send the rest of a message it started
+DEFAULT_MAX_CONNECTIONS = 32  # clients at once; more are closed as they come
+DEFAULT_HELLO_TIMEOUT = 5.0  # seconds from connecting to a whole HELLO
+DEFAULT_IDLE_TIMEOUT = 600.0  # seconds between messages (llama-server's --timeout); None: no limit
+DEFAULT_MESSAGE_TIMEOUT = 60.0  # seconds for a whole message, plus a second per MESSAGE_RATE bytes it announces
+MESSAGE_RATE = 1 << 20  # bytes a second a large message may take beyond message_timeout
+REFUSAL_LOG_INTERVAL = 1.0  # seconds between the log lines of refused connections
+ACCEPT_BACKOFF = (0.05, 1.0)  # seconds accept() waits after running out of descriptors, doubling up to the last
+# accept() failing for want of descriptors or kernel memory: retried once some are freed
+_ACCEPT_EXHAUSTED = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+# a connection that failed before accept() returned it: the next one is accepted
+_ACCEPT_LOST = frozenset({errno.ECONNABORTED, errno.EPROTO, errno.EPERM, errno.EINTR, errno.ETIMEDOUT})
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 _RAW = GGMLType.I8  # the type of the byte ranges the server reads and writes
 
@@ -70,11 +96,16 @@ class Malformed(RpcError):
     """A message the server refuses: the connection is closed and the reason logged."""
 
 
+class _Idle(Exception):
+    """A client that sent nothing for the idle timeout: its connection is closed (not the client's error)."""
+
+
 @dataclass
 class StoredGraph:
     backend: Backend
     graph: Graph
     plan: Any
+    temp_bytes: int = 0  # what its kernels may hold while it is stored (counted in mem_used)
 
 
 @dataclass
@@ -91,12 +122,31 @@ class Session:
 
 class RpcServer:
     """Serves `backends` (device i = backends[i]) on host:port. `start()` listens in a thread;
-    `serve_forever()` in the caller's. `close()` stops and frees every client's buffers."""
+    `serve_forever()` in the caller's. `close()` stops and frees every client's buffers.
+
+    Limits (see the module's docstring): `mem_limit` bytes of buffers and graph temporaries, `budget` per
+    graph, `max_connections` clients at once, and the timeouts in seconds (`idle_timeout` None: none)."""
 
     def __init__(self, backends: list[Backend], host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
-                 cache_dir: str | os.PathLike[str] | None = None, mem_limit: int | None = None) -> None:
+                 cache_dir: str | os.PathLike[str] | None = None, mem_limit: int | None = None,
+                 budget: WorkBudget | None = None, max_connections: int = DEFAULT_MAX_CONNECTIONS,
+                 hello_timeout: float = DEFAULT_HELLO_TIMEOUT, idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
+                 message_timeout: float = DEFAULT_MESSAGE_TIMEOUT) -> None:
         if not backends:
             raise GGMLError("rpc-server: no backend to serve")
+        if max_connections < 1:
+            raise ArgumentError(f"rpc-server: max_connections = {max_connections}, must be >= 1")
+        for name, value in (("hello_timeout", hello_timeout), ("idle_timeout", idle_timeout),
+                            ("message_timeout", message_timeout)):
+            if value is not None and not value > 0:
+                raise ArgumentError(f"rpc-server: {name} = {value} seconds, must be > 0")
+        self.budget = budget if budget is not None else WorkBudget()
+        self.max_connections = max_connections
+        self.hello_timeout = hello_timeout
+        self.idle_timeout = idle_timeout
+        self.message_timeout = message_timeout
+        self.n_refused = 0  # connections closed at once: max_connections were open
+        self._refusal_logged = -REFUSAL_LOG_INTERVAL
         self.backends = list(backends)
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
         if self.cache_dir is not None:
@@ -122,7 +172,7 @@ class RpcServer:
         except OSError as e:
             self.sock.close()
             raise GGMLError(f"rpc-server: cannot listen on {host}:{port}: {e}") from None
-        self.sock.listen(16)
+        self.sock.listen(128)
         self.host, self.port = self.sock.getsockname()[:2]
         self._accept_thread: threading.Thread | None = None
 
@@ -144,20 +194,58 @@ class RpcServer:
         return self
 
     def serve_forever(self) -> None:
+        """Accept clients until `close()`; GGMLError when accept() fails otherwise than for want of descriptors or
+        memory (retried) or by a connection lost before it was accepted (skipped)."""
         log.info("rpc-server: protocol %d.%d.%d on %s, devices: %s", wire.RPC_PROTO_MAJOR_VERSION,
                  wire.RPC_PROTO_MINOR_VERSION, wire.RPC_PROTO_PATCH_VERSION, self.endpoint,
                  ", ".join(f"{i}: {b.name()}" for i, b in enumerate(self.backends)))
+        backoff = ACCEPT_BACKOFF[0]
         while not self._closing:
             try:
                 conn, addr = self.sock.accept()
-            except OSError:
-                break  # closed
-            self.n_connections += 1
-            t = threading.Thread(target=self._serve_client, args=(conn, f"{addr[0]}:{addr[1]}"), daemon=True,
-                                 name=f"rpc client {addr[0]}:{addr[1]}")
-            self._threads = [x for x in self._threads if x.is_alive()]
-            self._threads.append(t)
+            except OSError as e:
+                if self._closing:
+                    break
+                if e.errno in _ACCEPT_EXHAUSTED:
+                    log.warning("rpc-server: cannot accept a connection: %s (%d open); trying again in %g s",
+                                e, len(self._clients), backoff)
+                    time.sleep(backoff)
+                    backoff = min(2 * backoff, ACCEPT_BACKOFF[1])
+                    continue
+                if e.errno in _ACCEPT_LOST:
+                    continue
+                raise GGMLError(f"rpc-server: accepting on {self.endpoint} failed: {e}") from e
+            backoff = ACCEPT_BACKOFF[0]
+            self._start_client(conn, f"{addr[0]}:{addr[1]}")
+
+    def _start_client(self, conn: socket.socket, peer: str) -> None:
+        """A thread for the new connection, or the connection closed at once when max_connections are open
+        (or no thread can be started)."""
+        if len(self._clients) >= self.max_connections:
+            self._refuse(conn, peer, f"{len(self._clients)} connections are open (the most allowed)")
+            return
+        self.n_connections += 1
+        self._clients.add(conn)
+        t = threading.Thread(target=self._serve_client, args=(conn, peer), daemon=True, name=f"rpc client {peer}")
+        self._threads = [x for x in self._threads if x.is_alive()]
+        try:
             t.start()
+        except RuntimeError as e:  # no thread for it (the process's limit): refused as above
+            self._clients.discard(conn)
+            self._refuse(conn, peer, f"no thread for it: {e}")
+            return
+        self._threads.append(t)
+
+    def _refuse(self, conn: socket.socket, peer: str, why: str) -> None:
+        """Close a connection as it comes; logged at most once per REFUSAL_LOG_INTERVAL (a flood of connections
+        is not a flood of log lines)."""
+        conn.close()
+        self.n_refused += 1
+        now = time.monotonic()
+        if now >= self._refusal_logged + REFUSAL_LOG_INTERVAL:
+            self._refusal_logged = now
+            log.warning("rpc-server: client %s refused: %s (%d refused since the server started)", peer, why,
+                        self.n_refused)
 
     def close(self) -> None:
         self._closing = True
@@ -186,19 +274,22 @@ class RpcServer:
 
     def _serve_client(self, conn: socket.socket, peer: str) -> None:
         session = Session(peer)
-        self._clients.add(conn)
         log.info("rpc-server: client %s connected", peer)
         why = "disconnected"
         try:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             reader = _Reader(conn)
-            self._hello(conn, reader)  # (blocking, as accept() gave it)
-            conn.settimeout(MESSAGE_TIMEOUT)
+            reader.start(self.hello_timeout)
+            self._hello(conn, reader)
             while True:
-                cmd = reader.next_command()
+                cmd = reader.next_command(self.idle_timeout)
                 if cmd is None:
                     break
+                reader.start(self.message_timeout)
                 self._one_message(conn, reader, session, cmd)
+        except _Idle as e:
+            why = f"closed: {e}"
+            log.info("rpc-server: client %s: %s; closing the connection", peer, e)
         except Malformed as e:
             why = f"closed: {e}"
             log.warning("rpc-server: client %s: %s; closing the connection", peer, e)
@@ -218,9 +309,7 @@ class RpcServer:
 
     def _free_session(self, session: Session) -> int:
         with self.lock:
-            for sg in session.graphs.values():
-                self._free_plan(sg)
-            session.graphs.clear()
+            self._drop_graphs(session)
             n = len(session.buffers)
             for buffer in session.buffers.values():
                 self.mem_used -= buffer.size
@@ -263,6 +352,7 @@ class RpcServer:
                                 f"header and the header plus the client's largest buffer ({largest} bytes)")
         elif cmd == RpcCmd.GRAPH_COMPUTE and size > MAX_GRAPH_BYTES:
             raise Malformed(f"GRAPH_COMPUTE of {size} bytes exceeds MAX_GRAPH_BYTES ({MAX_GRAPH_BYTES})")
+        reader.extend(size / MESSAGE_RATE)
         payload = reader.read(size, cmd.name)
         with self.lock:
             try:
@@ -551,19 +641,23 @@ class RpcServer:
                 if src is not None and src.data is None:
                     what = "it" if j == 0 else f"its src[{j - 1}] '{src.name}'"
                     raise Malformed(f"GRAPH_COMPUTE: node '{t.name}' ({t.op.name}): {what} has no memory")
+            check_node(t)
             nodes.append(t)
         old = s.graphs.pop(device, None)
         if old is not None:
             self._free_plan(old)
+        room = None if self.mem_limit is None else self.mem_limit - self.mem_used
+        cost = graph_cost(nodes, self.budget, room)
         graph = Graph(max(len(nodes), 1))
         graph.nodes = nodes
         try:
             plan = backend.graph_plan_create(graph)
         except GGMLError as e:
             raise Malformed(f"GRAPH_COMPUTE on '{backend.name()}': {e}") from None
-        sg = StoredGraph(backend, graph, plan)
+        sg = StoredGraph(backend, graph, plan, cost.temp_bytes)
+        self.mem_used += sg.temp_bytes
+        s.graphs[device] = sg  # (stored first: a failed compute closes the connection, which frees it)
         self._compute(backend, sg)
-        s.graphs[device] = sg
 
     def _make(self, s: Session, root: int, by_id: dict[int, RpcTensor], made: dict[int, Tensor]) -> None:
         """create_node without recursion: sources and view sources first; a tensor reached again while it is
@@ -611,9 +705,9 @@ class RpcServer:
             node = _failing_node(e, sg.graph)
             raise Malformed(f"'{backend.name()}' cannot compute the graph{node}: {type(e).__name__}: {e}") from None
 
-    @staticmethod
-    def _free_plan(sg: StoredGraph) -> None:
+    def _free_plan(self, sg: StoredGraph) -> None:
         sg.backend.graph_plan_free(sg.plan)
+        self.mem_used -= sg.temp_bytes
 
     def _drop_graphs(self, s: Session) -> None:
         for sg in s.graphs.values():
@@ -624,24 +718,42 @@ class RpcServer:
 class _Reader:
     """A client's bytes through one buffer: a receive takes whatever has arrived, so the commands a client sends
     together (a decode step's input copies, then its graph) cost one system call, not three each (command
-    byte, size, payload). Waiting for a command has no time limit (a client may think as long as it likes);
-    the rest of a message must come within MESSAGE_TIMEOUT, the socket's timeout otherwise."""
+    byte, size, payload).
 
-    CHUNK = 64 * 1024  # what one receive asks for; a larger rest of a payload is received in place
+    Time: `next_command` waits up to the idle timeout for a message to start; the rest of it (and HELLO,
+    from the connection) must come before the deadline `start` set, whatever the pace of the bytes. Memory:
+    a payload grows with the bytes received, whatever size it announced."""
+
+    CHUNK = 64 * 1024  # what one receive asks for while reading commands
+    LARGE_CHUNK = 1 << 20  # what one receive asks for in the middle of a large payload
 
     def __init__(self, conn: socket.socket) -> None:
         self.conn = conn
         self.buf = bytearray()
         self.pos = 0
+        self.deadline = 0.0
+        self.allowed = 0.0  # seconds from start to the deadline (for the messages)
+        self._large: bytearray | None = None  # the receive buffer of large payloads, made at the first
 
-    def next_command(self) -> int | None:
-        """The next command byte, or None when the client left."""
+    def start(self, seconds: float) -> None:
+        """The rest of the current message must come within `seconds` from now."""
+        self.deadline = time.monotonic() + seconds
+        self.allowed = seconds
+
+    def extend(self, seconds: float) -> None:
+        """`seconds` more for the current message (a large one's transfer)."""
+        self.deadline += seconds
+        self.allowed += seconds
+
+    def next_command(self, idle_timeout: float | None) -> int | None:
+        """The next command byte, or None when the client left; _Idle when none comes within `idle_timeout`
+        seconds (None: no limit)."""
         if self.pos == len(self.buf):
-            self.conn.settimeout(None)
+            self.conn.settimeout(idle_timeout)
             try:
                 got = self._receive()
-            finally:
-                self.conn.settimeout(MESSAGE_TIMEOUT)
+            except TimeoutError:
+                raise _Idle(f"no message for {idle_timeout:g} s") from None
             if not got:
                 return None
         cmd = self.buf[self.pos]
@@ -657,33 +769,40 @@ class _Reader:
         self.buf += chunk
         return len(chunk)
 
+    def _wait(self, what: str, got: int, n: int) -> None:
+        """The socket's timeout set to what is left before the deadline; Malformed when nothing is."""
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise Malformed(f"{what}: {got} of {n} bytes came within {self.allowed:g} s")
+        self.conn.settimeout(left)
+
     def read(self, n: int, what: str) -> bytearray:
-        """Exactly n bytes of the message `what`: Malformed when they do not come in time, EOFError when the
-        client leaves first."""
+        """Exactly n bytes of the message `what`: Malformed when they do not come before the deadline,
+        EOFError when the client leaves first."""
         buf, pos = self.buf, self.pos
         if len(buf) - pos >= n:
             self.pos = pos + n
             return buf[pos:pos + n]
-        out = bytearray(n)
-        view = memoryview(out)
-        got = len(buf) - pos
-        view[:got] = memoryview(buf)[pos:]
+        out = buf[pos:]
         buf.clear()
         self.pos = 0
         try:
-            while got < n:
-                if n - got >= self.CHUNK:
-                    k = self.conn.recv_into(view[got:], n - got)
+            while len(out) < n:
+                rest = n - len(out)
+                self._wait(what, len(out), n)
+                if rest >= self.CHUNK:  # received in large pieces, kept as they come
+                    if self._large is None:
+                        self._large = bytearray(self.LARGE_CHUNK)
+                    k = self.conn.recv_into(self._large, min(rest, self.LARGE_CHUNK))
+                    out += memoryview(self._large)[:k]
                 else:  # a small rest: received with whatever follows it
-                    k = self._receive()
-                    k = min(k, n - got)
-                    view[got:got + k] = memoryview(self.buf)[:k]
+                    k = min(self._receive(), rest)
+                    out += memoryview(self.buf)[:k]
                     self.pos = k
                 if k == 0:
-                    raise EOFError(f"{what}: the client left after {got} of {n} bytes")
-                got += k
+                    raise EOFError(f"{what}: the client left after {len(out)} of {n} bytes")
         except TimeoutError:
-            raise Malformed(f"{what}: {got} of {n} bytes came within {MESSAGE_TIMEOUT:g} s") from None
+            raise Malformed(f"{what}: {len(out)} of {n} bytes came within {self.allowed:g} s") from None
         return out
 
 
