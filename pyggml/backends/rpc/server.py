@@ -74,7 +74,8 @@ log = logging.getLogger("pyggml.backends.rpc.server")
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 50052  # ggml-rpc-server's
-MAX_GRAPH_BYTES = 256 * 1024 * 1024  # a GRAPH_COMPUTE payload: ~900k tensors, far beyond any model's graph
+# a GRAPH_COMPUTE payload: ~220k tensors, several times the largest graph llama.cpp makes (its graph_max_nodes)
+MAX_GRAPH_BYTES = 64 * 1024 * 1024
 FAST_RANGE_MAX = 64 * 1024  # SET_TENSOR and GET_TENSOR of at most this many bytes keep their checked range
 MAX_FAST_RANGES = 1024  # per client
 DEFAULT_MAX_CONNECTIONS = 32  # clients at once; more are closed as they come

@@ -284,12 +284,14 @@ def unpack_graph(payload: bytes | memoryview) -> tuple[int, list[int], list[RpcT
     need = 8 + 8 * n_nodes + 4
     if n < need:
         raise RpcError(f"GRAPH_COMPUTE: {n_nodes} nodes need {need} bytes, the payload has {n}")
-    node_ids = list(struct.unpack_from(f"<{n_nodes}Q", payload, 8))
     (n_tensors,) = struct.unpack_from("<I", payload, need - 4)
     total = need + n_tensors * RPC_TENSOR_SIZE
     if n != total:
         raise RpcError(f"GRAPH_COMPUTE: {n_nodes} nodes and {n_tensors} tensors make {total} bytes, the payload "
                        f"has {n}")
+    if n_nodes > n_tensors:  # (before the ids become Python ints: each node is one of the tensors)
+        raise RpcError(f"GRAPH_COMPUTE: {n_nodes} nodes, more than its {n_tensors} tensors")
+    node_ids = list(struct.unpack_from(f"<{n_nodes}Q", payload, 8))
     tensors = [RpcTensor.unpack(payload, need + i * RPC_TENSOR_SIZE) for i in range(n_tensors)]
     return device, node_ids, tensors
 

@@ -136,7 +136,9 @@ def _malformed(raw: Raw, case: str) -> None:
         b = f32(remote, base + 16, 4, id=2, op=2, src=(1,) + (0,) * 9, flags=16)
         raw.send(RpcCmd.GRAPH_COMPUTE, wire.pack_graph(0, [1], [a.pack(), b.pack()]))
     elif case == "missing node":
-        raw.send(RpcCmd.GRAPH_COMPUTE, wire.pack_graph(0, [5], []))
+        raw.send(RpcCmd.GRAPH_COMPUTE, wire.pack_graph(0, [5], [RpcTensor(id=1).pack()]))
+    elif case == "more nodes than tensors":
+        raw.send(RpcCmd.GRAPH_COMPUTE, wire.pack_graph(0, [1, 2], [RpcTensor(id=1).pack()]))
     elif case == "bad view":
         remote, base = raw.alloc(64)
         a = f32(remote, base, 4, id=1)
@@ -167,7 +169,8 @@ CASES = {
     "bad type": "type 99, not a ggml type",
     "oversized set": "SET_TENSOR of 4611686018427387904 bytes",
     "cycle": "cycle",
-    "missing node": "node id 0x5 is not among the 0 tensors",
+    "missing node": "node id 0x5 is not among the 1 tensors",
+    "more nodes than tensors": "2 nodes, more than its 1 tensors",
     "bad view": "is not at its source",
     "recompute without graph": "holds no graph",
     "unsupported op": "MAP_CUSTOM1",
