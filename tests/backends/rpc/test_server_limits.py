@@ -285,27 +285,29 @@ class ServerProcess:
 
 
 def test_a_256_mb_announcement_holds_only_the_bytes_sent(tmp_path: Path) -> None:
-    """Three connections each announce a 256 MB graph and send 1 MiB of it: the server's RSS grows by about
-    the bytes sent, not by the 768 MB announced; the server reads them (it says so when they leave)."""
+    """Three clients, each with a 256 MiB buffer, announce a SET_TENSOR filling it and send 1 MiB of it: the
+    server's RSS grows by about the bytes sent, not by the 768 MiB announced; it was reading them (it says so
+    when they leave)."""
     server = ServerProcess(tmp_path / "server.log")
     try:
         good_client_works(server.endpoint)  # the server's own warm-up (kernels, first graph)
+        size, sent = 256 << 20, 1 << 20
+        conns = [Raw(server.endpoint) for _ in range(3)]
+        buffers = [raw.alloc(size) for raw in conns]
         before = server.rss()
-        sent = 1 << 20
-        conns = []
-        for _ in range(3):
-            raw = Raw(server.endpoint)
-            raw.send(RpcCmd.GRAPH_COMPUTE, bytes(sent), size=256 * 1024 * 1024)
-            conns.append(raw)
+        for raw, (remote, base) in zip(conns, buffers, strict=True):
+            header = wire.pack_set_tensor(f32(remote, base, size // 4).pack(), 0, 0, b"")
+            raw.send(RpcCmd.SET_TENSOR, header + bytes(sent), size=len(header) + size)
         grown = []
         for _ in range(40):  # sampled while the three wait for the rest
             time.sleep(0.02)
             grown.append(server.rss() - before)
         for raw in conns:
             raw.sock.close()
-        assert wait_for(lambda: server.read_log().count(f"after {sent} of 268435456 bytes") == 3, 10), \
-            server.read_log()[-2000:]
-        assert max(grown) < 3 * sent + (32 << 20), grown  # far below the 768 MB announced
+        announced = wire.SET_TENSOR_HEADER_SIZE + size
+        assert wait_for(lambda: server.read_log().count(f"the client left after {wire.SET_TENSOR_HEADER_SIZE + sent} "
+                                                        f"of {announced} bytes") == 3, 10), server.read_log()[-2000:]
+        assert max(grown) < 3 * sent + (32 << 20), grown  # far below the 768 MiB announced
         good_client_works(server.endpoint)
     finally:
         server.close()
