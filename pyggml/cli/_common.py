@@ -27,9 +27,9 @@ class Parser(argparse.ArgumentParser):
     """argparse that takes an option only by its whole name and reports a bad one in one line, naming the
     subcommand's help.
 
-    Without this, argparse reads `-ngl 99` as `-n gl` (a short option glued to its value), `-o json` as
-    `-ot json` and `--ctx` as `--ctx-size` (prefixes), even with allow_abbrev=False: here an option is only
-    ever its exact name, or its exact name and `=VALUE`, as llama.cpp's parsers read them."""
+    Without this, argparse reads `-ngl 99` as `-n gl` (a short option glued to its value) and `-o json` as
+    `-ot json` (a prefix) even with allow_abbrev=False, and `--n-gpu 9` as `--n-gpu-layers 9` without it: here
+    an option is only ever its exact name, or its exact name and `=VALUE`, as llama.cpp's parsers read them."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)
@@ -177,16 +177,25 @@ def int_range(parse: Any) -> Any:
 MAX_LIST = 1024  # values a bench list may hold (a range such as 1-1000000 would make a test of each)
 
 
+DEFAULT_BATCH = 2048  # llama.cpp's n_batch
+DEFAULT_UBATCH = 512  # llama.cpp's n_ubatch
+
+
+def _value_or_list(parse: Any, default: Any, lists: bool, ranges: bool = False) -> dict[str, Any]:
+    """add_argument's keywords for one value `parse` reads, or with `lists` llama-bench's list of them: comma
+    separated (ranges for integers), the option repeated adds to it, None when not given."""
+    if not lists:
+        return {"type": parse, "default": default}
+    return {"type": int_range(parse) if ranges else comma_list(parse), "action": "extend", "default": None}
+
+
 def add_backend_options(parser: argparse.ArgumentParser, lists: bool = False) -> None:
     """The options that say where a model goes and how it computes, with llama.cpp's names (run, chat, serve,
     bench); with `lists`, llama-bench's comma lists (one test of each value)."""
     many = " (a comma list: one test of each)" if lists else ""
 
     def listed(parse: Any, default: Any, ranges: bool = False) -> dict[str, Any]:
-        # llama-bench's lists: comma lists (of ranges for integers), the option repeated adds to them
-        if not lists:
-            return {"type": parse, "default": default}
-        return {"type": int_range(parse) if ranges else comma_list(parse), "action": "extend", "default": None}
+        return _value_or_list(parse, default, lists, ranges)
 
     parser.add_argument("--backend", action="append", default=None, metavar="NAME",
                         help="backend by registry name (cpu, torch, torch:cuda:0); repeat it to use several "
@@ -194,10 +203,11 @@ def add_backend_options(parser: argparse.ArgumentParser, lists: bool = False) ->
     parser.add_argument("-ngl", "--n-gpu-layers", "--gpu-layers", dest="n_gpu_layers",
                         **listed(gpu_layers, None), metavar="N",
                         help="layers on the first backend that is not the CPU (a count, 'all' or 'auto'), as "
-                             "llama.cpp's -ngl; the rest on the CPU, appended to --backend when missing. pyggml "
-                             "places layers in backend order: the first N (llama.cpp offloads the last N, the "
-                             "output layer counted as one). Without such a backend every layer stays on the CPU "
-                             "(default: auto, every layer on the first backend)" + many)
+                             "llama.cpp's -ngl; the rest on a CPU backend (appended to --backend when there is "
+                             "none). Layers go in backend order: with the CPU listed first it takes the first "
+                             "layers and N are the last, as in llama.cpp; listed after, N are the first. Without "
+                             "such a backend every layer stays on the CPU (default: auto, every layer on the "
+                             "first backend, or as --n-layers-on/-ts place them)" + many)
     parser.add_argument("--n-layers-on", action="append", default=None, metavar="N0,N1,...|BACKEND=N",
                         help="layer counts of the backends (like llama.cpp's --n-gpu-layers per device): "
                              "N0,N1,... for the --backend list in order, or one backend's count as NAME=N, "
@@ -239,9 +249,8 @@ def add_backend_options(parser: argparse.ArgumentParser, lists: bool = False) ->
 
 def add_flash_attn(parser: argparse.ArgumentParser, lists: bool = False) -> None:
     """-fa/--flash-attn on|off|auto, as llama.cpp's (with `lists`, llama-bench's comma list)."""
-    kind = {"type": comma_list(flash_attn_mode), "action": "extend", "default": None} if lists else \
-        {"type": flash_attn_mode, "default": "auto"}
-    parser.add_argument("-fa", "--flash-attn", dest="flash_attn", **kind, metavar="on|off|auto",
+    parser.add_argument("-fa", "--flash-attn", dest="flash_attn", **_value_or_list(flash_attn_mode, "auto", lists),
+                        metavar="on|off|auto",
                         help="attention by FLASH_ATTN_EXT (on), by MUL_MAT and SOFT_MAX_EXT (off), or auto "
                              "(off for now: on the CPU backend flash attention measured no faster; default: auto)"
                              + (" (a comma list: one test of each)" if lists else ""))
@@ -251,10 +260,6 @@ def add_check_finite(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-check-finite", dest="check_finite", action="store_false",
                         help="do not check that the logits are finite (by default NaN or inf stops with an error "
                              "naming the first tensor where it appears)")
-
-
-DEFAULT_BATCH = 2048  # llama.cpp's n_batch
-DEFAULT_UBATCH = 512  # llama.cpp's n_ubatch
 
 
 def add_ctx_size(parser: argparse.ArgumentParser, default: str) -> None:

@@ -168,10 +168,6 @@ def _settings(args: argparse.Namespace, test: Test) -> LoadSettings:
     return LoadSettings(test.n_batch, test.n_ubatch, test.type_k, test.type_v, test.flash_attn, args.check_finite)
 
 
-def _time_pp(model: Any, tokens: np.ndarray) -> None:
-    model.eval_last(tokens)
-
-
 def _time_tg(model: Any, first: int, tokens: np.ndarray) -> None:
     """llama-bench's test_gen: decode `first`, then one token at a time (the next ids are random,
     so the time does not depend on what the model writes)."""
@@ -190,7 +186,7 @@ def _run_once(model: Any, test: Test, rng: np.random.Generator, first: int) -> i
     gen = rng.integers(0, n_vocab, test.n_gen)
     t0 = time.perf_counter_ns()
     if test.n_prompt:
-        _time_pp(model, prompt)
+        model.eval_last(prompt)  # llama-bench's test_prompt: the batch's logits of its last token only
     if test.n_gen:
         _time_tg(model, first, gen)
     return time.perf_counter_ns() - t0
