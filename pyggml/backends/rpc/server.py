@@ -318,11 +318,16 @@ class RpcServer:
             session.buffers.clear()
         return n
 
-    @staticmethod
-    def _send(conn: socket.socket, payload: bytes | bytearray | memoryview) -> None:
+    def _send(self, conn: socket.socket, payload: bytes | bytearray | memoryview) -> None:
         """| size | payload |, gathered in one system call without joining them (an answer of a GET_TENSOR may
-        be large)."""
-        wire.send_parts(conn, [wire.SIZE_HEADER.pack(len(payload)), payload])
+        be large); taken by the client within message_timeout plus a second per MESSAGE_RATE bytes, or
+        Malformed (a client that does not read its answers holds the connection no longer)."""
+        seconds = self.message_timeout + len(payload) / MESSAGE_RATE
+        conn.settimeout(seconds)
+        try:
+            wire.send_parts(conn, [wire.SIZE_HEADER.pack(len(payload)), payload])
+        except TimeoutError:
+            raise Malformed(f"an answer of {len(payload)} bytes was not taken within {seconds:g} s") from None
 
     def _hello(self, conn: socket.socket, reader: _Reader) -> None:
         head = reader.read(9, "HELLO")

@@ -22,7 +22,7 @@ from test_server import LOG, Raw, f32, good_client_works
 from pyggml.backends.cpu import cpu_init
 from pyggml.backends.rpc import wire
 from pyggml.backends.rpc.connection import close_all
-from pyggml.backends.rpc.server import RpcServer
+from pyggml.backends.rpc.server import Malformed, RpcServer
 from pyggml.backends.rpc.wire import RpcCmd, RpcTensor
 from pyggml.core.errors import GGMLError
 from pyggml.core.work import MAX_TEMP_BYTES, WorkBudget
@@ -244,7 +244,7 @@ def test_a_graphs_work_is_bounded_by_a_configurable_budget(caplog: pytest.LogCap
 SERVER_SCRIPT = """
 import resource, sys
 from pyggml.backends.cpu import cpu_init
-from pyggml.backends.rpc.server import RpcServer
+from pyggml.backends.rpc.server import Malformed, RpcServer
 import logging
 logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(message)s")
 nofile = int(sys.argv[1])
@@ -366,6 +366,14 @@ def test_a_message_has_a_total_deadline(quick: RpcServer, caplog: pytest.LogCapt
     line = refused(raw, caplog, "came within 0.3 s")
     assert "GET_ALIGNMENT: " in line
     good_client_works(quick.endpoint)
+
+
+def test_an_answer_the_client_does_not_read_has_a_deadline() -> None:
+    """1 MiB answered to a client that reads nothing: given up after message_timeout plus a second per MiB."""
+    with RpcServer([cpu_init(1)], "127.0.0.1", 0, message_timeout=0.2) as server:
+        mine, theirs = socket.socketpair()
+        with mine, theirs, pytest.raises(Malformed, match="an answer of 1048576 bytes was not taken within 1.2 s"):
+            server._send(mine, bytes(1 << 20))
 
 
 # --- connections ---
