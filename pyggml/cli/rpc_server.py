@@ -102,11 +102,11 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     g.add_argument("--hello-timeout", type=seconds, default=rpc.DEFAULT_HELLO_TIMEOUT, metavar="SECONDS",
                    help=f"time from connecting to a whole HELLO (default: {rpc.DEFAULT_HELLO_TIMEOUT:g})")
     g.add_argument("-to", "--timeout", type=seconds_or_never, default=rpc.DEFAULT_IDLE_TIMEOUT, metavar="SECONDS",
-                   help=f"time a client may stay silent between messages; 0: no limit (default: "
-                        f"{rpc.DEFAULT_IDLE_TIMEOUT:g})")
+                   help=f"time a client holding no buffer may stay silent between messages (one holding buffers "
+                        f"may think as long as it likes); 0: no limit (default: {rpc.DEFAULT_IDLE_TIMEOUT:g})")
     g.add_argument("--message-timeout", type=seconds, default=rpc.DEFAULT_MESSAGE_TIMEOUT, metavar="SECONDS",
-                   help=f"time for the whole of a message once it started, plus a second per MiB it announces "
-                        f"(default: {rpc.DEFAULT_MESSAGE_TIMEOUT:g})")
+                   help=f"time for the whole of a message once it started, and for an answer to be taken, plus "
+                        f"a second per MiB (default: {rpc.DEFAULT_MESSAGE_TIMEOUT:g})")
     g.add_argument("--max-work", type=count, default=work.MAX_GRAPH_WORK, metavar="N",
                    help=f"a graph's work: its nodes' elements and multiply-adds; a model's batch costs about "
                         f"its parameters times its tokens (default: 2^45 = {work.MAX_GRAPH_WORK:.2g})")

@@ -24,12 +24,14 @@ Differences from the C server, all on the side of safety:
   beyond it is answered with a null buffer (the client's out-of-memory), a graph beyond it is refused,
   and GET_DEVICE_MEMORY reports the limit.
 - Connections are a bounded resource: at most `max_connections` at once (more are closed at once,
-  logged); HELLO must come within `hello_timeout` seconds of connecting, a message must start within
-  `idle_timeout` seconds of the last one and arrive whole within `message_timeout` seconds plus one
-  per MiB it announces (a total per message, not per receive). A payload is received in chunks as it
-  arrives, never reserved from its announced size. Running out of file descriptors or buffers while
-  accepting is logged and retried; the accept loop ends only when the server is closed, and
-  `serve_forever` raises when it ends otherwise.
+  logged); HELLO must come within `hello_timeout` seconds of connecting, a message must arrive whole
+  within `message_timeout` seconds plus one per MiB it announces (a total per message, not per
+  receive), and so must an answer be taken. A client holding no buffer must send its next message
+  within `idle_timeout` seconds; one holding buffers may think as long as it likes (llama.cpp's client
+  cannot reconnect: its buffers are its model), and TCP keepalive finds it gone if its machine goes.
+  A payload is received in chunks as it arrives, never reserved from its announced size. Running out
+  of file descriptors or buffers while accepting is logged and retried; the accept loop ends only when
+  the server is closed, and `serve_forever` raises when it ends otherwise.
 - It binds 127.0.0.1 unless told otherwise; another address is logged as a warning (the protocol
   has no authentication: whoever connects can read and write the server's buffers).
 - Nodes: ggml's backends compute only the nodes flagged COMPUTE (ggml_build_forward_expand sets
@@ -80,7 +82,8 @@ FAST_RANGE_MAX = 64 * 1024  # SET_TENSOR and GET_TENSOR of at most this many byt
 MAX_FAST_RANGES = 1024  # per client
 DEFAULT_MAX_CONNECTIONS = 32  # clients at once; more are closed as they come
 DEFAULT_HELLO_TIMEOUT = 5.0  # seconds from connecting to a whole HELLO
-DEFAULT_IDLE_TIMEOUT = 600.0  # seconds between messages (llama-server's --timeout); None: no limit
+DEFAULT_IDLE_TIMEOUT = 600.0  # seconds between messages of a client without buffers (llama-server's --timeout)
+KEEPALIVE = (60, 10, 6)  # TCP keepalive: idle seconds before the first probe, seconds between probes, probes
 DEFAULT_MESSAGE_TIMEOUT = 60.0  # seconds for a whole message, plus a second per MESSAGE_RATE bytes it announces
 MESSAGE_RATE = 1 << 20  # bytes a second a large message may take beyond message_timeout
 REFUSAL_LOG_INTERVAL = 1.0  # seconds between the log lines of refused connections
@@ -126,7 +129,8 @@ class RpcServer:
     `serve_forever()` in the caller's. `close()` stops and frees every client's buffers.
 
     Limits (see the module's docstring): `mem_limit` bytes of buffers and graph temporaries, `budget` per
-    graph, `max_connections` clients at once, and the timeouts in seconds (`idle_timeout` None: none)."""
+    graph, `max_connections` clients at once, and the timeouts in seconds (`idle_timeout` None: none; it
+    applies to clients holding no buffer)."""
 
     def __init__(self, backends: list[Backend], host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
                  cache_dir: str | os.PathLike[str] | None = None, mem_limit: int | None = None,
@@ -279,11 +283,12 @@ class RpcServer:
         why = "disconnected"
         try:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            _keepalive(conn)
             reader = _Reader(conn)
             reader.start(self.hello_timeout)
             self._hello(conn, reader)
             while True:
-                cmd = reader.next_command(self.idle_timeout)
+                cmd = reader.next_command(None if session.buffers else self.idle_timeout)
                 if cmd is None:
                     break
                 reader.start(self.message_timeout)
@@ -810,6 +815,16 @@ class _Reader:
         except TimeoutError:
             raise Malformed(f"{what}: {len(out)} of {n} bytes came within {self.allowed:g} s") from None
         return out
+
+
+def _keepalive(conn: socket.socket) -> None:
+    """TCP keepalive probes on `conn` (KEEPALIVE's timing where the platform names the options): a client whose
+    machine went away is found gone, not waited for."""
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in zip(("TCP_KEEPIDLE", "TCP_KEEPINTVL", "TCP_KEEPCNT"), KEEPALIVE, strict=True):
+        option = getattr(socket, name, None)
+        if option is not None:
+            conn.setsockopt(socket.IPPROTO_TCP, option, value)
 
 
 def _failing_node(e: Exception, graph: Graph) -> str:

@@ -358,6 +358,14 @@ def test_an_idle_client_is_closed(quick: RpcServer, caplog: pytest.LogCaptureFix
     assert wait_for(lambda: "no message for 0.6 s; closing the connection" in caplog.text)
 
 
+def test_an_idle_client_holding_buffers_is_kept(quick: RpcServer) -> None:
+    """Its buffers are its state (llama.cpp's client cannot reconnect): twice the idle timeout, then served."""
+    raw = Raw(quick.endpoint)
+    remote, base = raw.alloc(64)
+    time.sleep(2 * 0.6)
+    assert raw.request(RpcCmd.BUFFER_GET_BASE, struct.pack("<Q", remote), 8) == struct.pack("<Q", base)
+
+
 def test_a_message_has_a_total_deadline(quick: RpcServer, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger=LOG)
     raw = Raw(quick.endpoint)
