@@ -50,6 +50,8 @@ ENTRY_POINT_GROUP = "pyggml.backends"
 GGML_BACKEND_API_VERSION = 2  # ggml-backend-impl.h's; a registry with another version is refused
 SET_N_THREADS = "ggml_backend_set_n_threads"  # the proc address of a backend's thread count setter
 EXTRA_BUFTS = "ggml_backend_dev_get_extra_bufts"  # the proc address of a device's extra buffer types
+# the proc address of a backend's batch-invariant switch (pyggml's: no ggml backend has one)
+SET_BATCH_INVARIANT = "pyggml_backend_set_batch_invariant"
 
 BackendFactory = Callable[..., Backend]
 
@@ -489,6 +491,20 @@ def set_n_threads(backend: Backend, n_threads: int) -> bool:
     if fn is None:
         return False
     fn(backend, n_threads)
+    return True
+
+
+def set_batch_invariant(backend: Backend, on: bool) -> bool:
+    """Ask `backend` through its registry's "pyggml_backend_set_batch_invariant" to reduce every output element
+    in one order whatever the batch around it (a sequence's results then do not depend on the other
+    sequences of its batch); False where the backend has no such switch."""
+    check_instance(backend, Backend, "set_batch_invariant: backend")
+    device = backend.get_device()
+    reg = device.backend_reg() if device is not None else None
+    fn = reg.get_proc_address(SET_BATCH_INVARIANT) if reg is not None else None
+    if fn is None:
+        return False
+    fn(backend, on)
     return True
 
 

@@ -17,6 +17,11 @@ made (`plans_follow_moves`: each compute reads `data` anew, as ggml's kernels do
 "x86" on AVX2+FMA machines) picks which of ggml's CPU code paths the
 kernels reproduce (`pyggml.backends.cpu.numerics`); plans made
 after an assignment use the new value.
+
+`batch_invariant` (False by default) makes the kernels reduce every output
+element in one order whatever the batch around it (see ComputeParams): set
+by `cpu_set_batch_invariant`, the registry's
+"pyggml_backend_set_batch_invariant"; plans made after it follow it.
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ from pyggml.backends.cpu.plan import CPUPlan, kernel_supports, plan_compute, pla
 from pyggml.backends.cpu.repack import CPURepackBufferType
 from pyggml.core.checks import check_instance, check_int
 from pyggml.core.context import Context
-from pyggml.core.errors import ArgumentError
+from pyggml.core.errors import ArgumentError, ArgumentTypeError
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import Tensor
 
@@ -90,7 +95,8 @@ def set_blas_threads(n_threads: int) -> None:
 class CPUBackend(Backend):
     """ggml_backend_cpu: computes with the kernels of `pyggml.backends.cpu.kernels`."""
 
-    def __init__(self, n_threads: int | None = None, numerics: str | None = None) -> None:
+    def __init__(self, n_threads: int | None = None, numerics: str | None = None,
+                 batch_invariant: bool = False) -> None:
         super().__init__(cpu_device())
         device = cpu_device()
         self.buft = CPUBufferType(device, "CPU", owner=self)  # this instance's own (see CPUBufferType)
@@ -99,6 +105,19 @@ class CPUBackend(Backend):
         self.n_threads = n_threads if n_threads is not None else min(os.cpu_count() or 1, GGML_MAX_N_THREADS)
         self.work = WorkArea()  # the seed's work_data/work_size, reused by graph_compute
         self._numerics = resolve_numerics(numerics)
+        self._batch_invariant = False
+        self.batch_invariant = batch_invariant
+
+    @property
+    def batch_invariant(self) -> bool:
+        """Whether each output element is reduced in one order whatever the batch (see ComputeParams)."""
+        return self._batch_invariant
+
+    @batch_invariant.setter
+    def batch_invariant(self, on: bool) -> None:
+        if not isinstance(on, bool):
+            raise ArgumentTypeError(f"CPU backend: batch_invariant must be a bool, got {type(on).__name__}")
+        self._batch_invariant = on
 
     @property
     def numerics(self) -> Numerics:
@@ -110,7 +129,8 @@ class CPUBackend(Backend):
         self._numerics = resolve_numerics(value)
 
     def _params(self, work: WorkArea) -> ComputeParams:
-        return ComputeParams(n_threads=self.n_threads, work=work, numerics=self._numerics)
+        return ComputeParams(n_threads=self.n_threads, work=work, numerics=self._numerics,
+                             batch_invariant=self._batch_invariant)
 
     @property
     def n_threads(self) -> int:
@@ -187,9 +207,9 @@ class CPUBackend(Backend):
         return True  # each compute reads tensors at their `data` of the moment (see plan.py)
 
 
-def cpu_init(n_threads: int | None = None, numerics: str | None = None) -> CPUBackend:
-    """ggml_backend_cpu_init (`numerics`: see `pyggml.backends.cpu.numerics`)."""
-    return CPUBackend(n_threads, numerics)
+def cpu_init(n_threads: int | None = None, numerics: str | None = None, batch_invariant: bool = False) -> CPUBackend:
+    """ggml_backend_cpu_init (`numerics`: see `pyggml.backends.cpu.numerics`; `batch_invariant`: see ComputeParams)."""
+    return CPUBackend(n_threads, numerics, batch_invariant)
 
 
 def is_cpu(backend: Backend | None) -> bool:
@@ -206,6 +226,17 @@ def cpu_set_n_threads(backend_cpu: Backend, n_threads: int) -> None:
     assert isinstance(backend_cpu, CPUBackend)
     backend_cpu.check_alive()
     backend_cpu.n_threads = n
+
+
+def cpu_set_batch_invariant(backend_cpu: Backend, on: bool) -> None:
+    """The registry's "pyggml_backend_set_batch_invariant": plans made after this reduce every output element
+    in one order whatever the batch (`on`) or take the fastest kernel for each shape (see ComputeParams)."""
+    check_instance(backend_cpu, Backend, "cpu_set_batch_invariant: backend_cpu")
+    if not is_cpu(backend_cpu):
+        raise ArgumentError(f"cpu_set_batch_invariant: backend '{backend_cpu.name()}' is not the CPU backend")
+    assert isinstance(backend_cpu, CPUBackend)
+    backend_cpu.check_alive()
+    backend_cpu.batch_invariant = on
 
 
 def cpu_backend_buffer_from_ptr(backend_cpu: Backend, ptr: object, size: int) -> CPUBuffer:

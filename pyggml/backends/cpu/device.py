@@ -9,8 +9,8 @@ Buffer types: "CPU" (aligned host memory) and "CPU_Mapped" (caller memory),
 both host, and the extra one "CPU_REPACK" (Q4_0 matrices repacked for the
 kernels, see pyggml.backends.cpu.repack). The device computes with any host
 buffer type and its repack one. The registry hands out
-"ggml_backend_set_n_threads" and "ggml_backend_dev_get_extra_bufts"
-(`get_proc_address`).
+"ggml_backend_set_n_threads", "ggml_backend_dev_get_extra_bufts" and pyggml's
+"pyggml_backend_set_batch_invariant" (`get_proc_address`).
 
 `cpu_reg` is the entry point `pyggml.backends: cpu` (see pyproject.toml).
 """
@@ -24,7 +24,7 @@ from pyggml.backend.backend import Backend
 from pyggml.backend.buffer import Buffer
 from pyggml.backend.buffer_type import BufferType
 from pyggml.backend.device import Device, DeviceCaps, DeviceType, host_cpu_name, host_memory
-from pyggml.backend.registry import EXTRA_BUFTS, SET_N_THREADS, Reg
+from pyggml.backend.registry import EXTRA_BUFTS, SET_BATCH_INVARIANT, SET_N_THREADS, Reg
 from pyggml.backends.cpu.buffer import TENSOR_ALIGNMENT, cpu_alloc_buffer, cpu_buffer_from_ptr
 from pyggml.backends.cpu.plan import kernel_supports
 from pyggml.backends.cpu.repack import CPURepackBufferType
@@ -130,6 +130,10 @@ class CPUReg(Reg):
             from pyggml.backends.cpu.backend import cpu_set_n_threads
 
             return cpu_set_n_threads
+        if name == SET_BATCH_INVARIANT:
+            from pyggml.backends.cpu.backend import cpu_set_batch_invariant
+
+            return cpu_set_batch_invariant
         if name == EXTRA_BUFTS:
             return extra_bufts
         return None

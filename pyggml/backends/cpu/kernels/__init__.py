@@ -52,12 +52,16 @@ class WorkArea:
 
 @dataclass
 class ComputeParams:
-    """What every kernel of a plan shares: threads, scratch, and which of ggml's CPU code paths they follow
-    (`numerics`, see `pyggml.backends.cpu.numerics`: by default from the environment, else the host's)."""
+    """What every kernel of a plan shares: threads, scratch, which of ggml's CPU code paths they follow
+    (`numerics`, see `pyggml.backends.cpu.numerics`: by default from the environment, else the host's), and
+    `batch_invariant`: each output element reduced in one order whatever the batch around it (MUL_MAT's
+    direct kernels at every column count, attention walking a row's own KV cells in order, see matmul and
+    attention), so a sequence's results do not depend on the other sequences of its batch."""
 
     n_threads: int = 1
     work: WorkArea = field(default_factory=WorkArea)
     numerics: Numerics = field(default_factory=resolve_numerics)
+    batch_invariant: bool = False
 
 
 Compute = Callable[[], None]

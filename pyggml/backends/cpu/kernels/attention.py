@@ -30,10 +30,17 @@ from llvmlite import binding as llvm_binding
 from numba import njit
 
 from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
-from pyggml.backends.cpu.kernels._common import F32, noop
-from pyggml.backends.cpu.kernels.matmul import mul_mat_f32
+from pyggml.backends.cpu.kernels._common import F32, noop, reshape_view
+from pyggml.backends.cpu.kernels.matmul import _weight_rows, mul_mat_f32
 from pyggml.backends.cpu.kernels.norm import softmax_rows
-from pyggml.backends.cpu.kernels.quant_dot import fma_f32, round_f16
+from pyggml.backends.cpu.kernels.quant_dot import (
+    dot_f32_row,
+    fma_f32,
+    load_f16,
+    mad_f32_row,
+    round_f16,
+    scale_f32_row,
+)
 from pyggml.backends.cpu.kernels.simd_math import host_lanes
 from pyggml.core.errors import GGMLError, ShapeError, UnsupportedTypeError
 from pyggml.core.ops.params import FlashAttnExtParams
@@ -165,6 +172,80 @@ def flash_attn_rows_f16(q, k, v, mask, sinks, out, scale, softcap, slopes, lanes
                     out[i3, h, i1, d] = acc[d] * s_inv
 
 
+@njit(nogil=True, cache=True)
+def flash_attn_rows_f32(qf, nh, n, dk, kb, kf, k_off, vf, v_off, mb, m_off, n_kv, nk2, nv2, nm3, nm2, sinks, of,
+                        scale, softcap, slopes, acc, r0, r1):
+    """The walk of ggml_compute_forward_flash_attn_ext_f16_one_chunk over K and V read as f32 (its f32 V
+    accumulator) for the q rows r0..r1 of qf, q (ne3, nh, n, dk) flat, row r being (i3, h, i1) in that order.
+
+    K rows start at byte offsets k_off of kb (kf: the same memory as float32) in (i3, KV head, cell) order, V
+    rows at float offsets v_off of vf likewise (nk2 and nv2 KV heads, n_kv cells); F16 mask rows at byte
+    offsets m_off of mb in (i3 % nm3, h % nm2, i1) order (m_off empty: no mask); sinks (nh,) or empty; out
+    of, out (ne3, n, nh, DV) flat; acc (DV,) scratch. Per row the cells go in order and a cell whose mask is -inf is
+    skipped, so cells of other sequences between a row's own change nothing: the score q.k in 32 lanes
+    (quant_dot.dot_f32_row; a tail past the last 32 one by one) times scale (softcap * tanhf(s) when softcap is
+    not 0) plus slope * mask; an online softmax (a new maximum scales acc by expf(old - new), else the cell
+    weighs expf(s - M)); acc = fma(v, weight, acc) and S = fma(S, ms, vs); the sink; out = acc * 1/S (0 if S
+    is 0)."""
+    dv = acc.shape[0]
+    dk32 = dk - dk % 32
+    rk2 = nh // nk2
+    rv2 = nh // nv2
+    has_mask = m_off.shape[0] > 0
+    for r in range(r0, r1):
+        i1 = r % n
+        h = (r // n) % nh
+        i3 = r // (n * nh)
+        qo = r * dk
+        k_row0 = (i3 * nk2 + h // rk2) * n_kv
+        v_row0 = (i3 * nv2 + h // rv2) * n_kv
+        mo = m_off[((i3 % nm3) * nm2 + h % nm2) * n + i1] if has_mask else 0
+        slope = slopes[h]
+        S = np.float32(0.0)
+        M = np.float32(-np.inf)
+        acc[:] = 0.0
+        for ic in range(n_kv):
+            mv = np.float32(0.0)
+            if has_mask:
+                mv = slope * load_f16(mb, mo + 2 * ic)
+                if mv == -np.inf:
+                    continue
+            ko = k_off[k_row0 + ic]
+            s = dot_f32_row(kb, ko, qf, qo, dk32)
+            kfo = ko // 4
+            for e in range(dk32, dk):
+                s += kf[kfo + e] * qf[qo + e]
+            s = s * scale
+            if softcap != 0.0:
+                s = softcap * np.float32(math.tanh(s))
+            s = s + mv
+            ms = np.float32(1.0)
+            vs = np.float32(1.0)
+            if s > M:
+                ms = np.float32(math.exp(M - s))
+                M = s
+                scale_f32_row(acc, 0, ms, dv)
+            else:
+                vs = np.float32(math.exp(s - M))
+            mad_f32_row(vf, v_off[v_row0 + ic], vs, acc, 0, dv)
+            S = fma_f32(S, ms, vs)
+        if sinks.shape[0] > 0:
+            sk = sinks[h]
+            ms = np.float32(1.0)
+            vs = np.float32(1.0)
+            if sk > M:
+                ms = np.float32(math.exp(M - sk))
+                M = sk
+                scale_f32_row(acc, 0, ms, dv)
+            else:
+                vs = np.float32(math.exp(sk - M))
+            S = S * ms + vs
+        s_inv = np.float32(0.0) if S == 0.0 else np.float32(1.0) / S
+        oo = ((i3 * n + i1) * nh + h) * dv
+        for d in range(dv):
+            of[oo + d] = acc[d] * s_inv
+
+
 def _kv_type_ok(t: GGMLType, vec_dot: bool) -> bool:
     """Whether K (vec_dot: q is converted to its vec_dot_type) or V rows of type `t` can be read."""
     if t in (GGMLType.F32, GGMLType.F16, GGMLType.BF16):
@@ -231,6 +312,42 @@ def _mask_of(mask: np.ndarray, ne3: int, nh: int, n: int, n_kv: int, slopes: np.
     return m
 
 
+def _walk_f32(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None, k_type: GGMLType,
+              v_type: GGMLType, dv: int, dst: np.ndarray, scale: np.float32, softcap: np.float32,
+              slopes: np.ndarray | None, sink4: np.ndarray | None) -> Compute:
+    """FLASH_ATTN_EXT by `flash_attn_rows_f32`: K and V (raw, `dv` values a V row) read as f32 (F32 ones in
+    place), q rounded to K's vec_dot_type, every q row on the calling thread."""
+    ne3, nh, n, dk = q.shape
+    n_kv, nk2, nv2 = k.shape[2], k.shape[1], v.shape[1]
+    out = reshape_view(dst, (-1,))
+    if out is None:
+        raise ShapeError(f"CPU FLASH_ATTN_EXT: dst with shape {dst.shape} and strides {dst.strides} is not contiguous")
+    slopes_f = (slopes if slopes is not None else np.ones(nh)).astype(F32)
+    sinks_f = (sink4.reshape(-1) if sink4 is not None else np.zeros(0)).astype(F32)
+    if mask is not None:
+        mb, m_off = _weight_rows(mask[:, :, :n, :n_kv])
+        nm3, nm2 = mask.shape[0], mask.shape[1]
+    else:
+        mb, m_off, nm3, nm2 = np.zeros(0, np.uint8), np.zeros(0, np.int64), 1, 1
+    acc = np.empty(dv, F32)
+
+    def operands() -> tuple[np.ndarray, ...]:
+        """K's memory as bytes and as float32 and its rows' byte offsets; V's as float32 and its rows' offsets."""
+        kb, k_off = _weight_rows(_as_f32(k_type, k))
+        vb, v_off = _weight_rows(_as_f32(v_type, v))
+        return kb, kb.view(F32), k_off, vb.view(F32), v_off // 4
+
+    in_place = operands() if k_type == v_type == GGMLType.F32 else None  # the cache's own memory
+
+    def run() -> None:
+        kb, kf, k_off, vf, v_off = in_place if in_place is not None else operands()
+        qv = np.ascontiguousarray(_to_vec_dot(q, k_type), dtype=F32)
+        flash_attn_rows_f32(qv.reshape(-1), nh, n, dk, kb, kf, k_off, vf, v_off, mb, m_off, n_kv, nk2, nv2, nm3, nm2,
+                            sinks_f, out, scale, softcap, slopes_f, acc, 0, ne3 * nh * n)
+
+    return run
+
+
 def flash_attn_ext_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None],
                           params: ComputeParams) -> Compute:
     """dst[i3, i1, h] = softmax(softcap(q·K^T * scale) + slope * mask + [sink]) · V for KV head h // (n_head/n_kv)."""
@@ -287,9 +404,11 @@ def flash_attn_ext_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray |
         softmax_rows(s, m, sink4, s, lanes_exp, empty_rows_zero=True)
         mul_mat_f32(out[:, :, rows], vt, s, params)()
 
-    if (k_type == v_type == GGMLType.F16 and n < GGML_FA_TILE_Q
-            and not (n == 1 and ne3 == 1 and n_kv >= GGML_FA_SPLIT_KV)):
-        # the shapes ggml walks row by row (one_chunk): its arithmetic, f16 V accumulator included
+    # the shapes ggml walks row by row (one_chunk), and every shape when batch-invariant: a row's result then
+    # depends on its own cells only, in their order, whatever the other rows and cells
+    walk = params.batch_invariant or (n < GGML_FA_TILE_Q and not (n == 1 and ne3 == 1 and n_kv >= GGML_FA_SPLIT_KV))
+    if k_type == v_type == GGMLType.F16 and walk:
+        # ggml's arithmetic, f16 V accumulator included
         lanes = _X86_LANES if params.numerics == "x86" else 0
         slopes_f = (slopes if slopes is not None else np.ones(nh)).astype(F32)
         sinks_f = (sink4.reshape(-1) if sink4 is not None else np.zeros(0)).astype(F32)
@@ -302,6 +421,8 @@ def flash_attn_ext_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray |
                                 np.float32(softcap), slopes_f, lanes)
 
         return run_rows
+    if params.batch_invariant:
+        return _walk_f32(q, k, v, mask, k_type, v_type, dv, dst, scale, softcap, slopes, sink4)
 
     lanes_exp = host_lanes(params.numerics)  # SOFT_MAX's exp: the same bits as MUL_MAT -> SOFT_MAX -> MUL_MAT
 

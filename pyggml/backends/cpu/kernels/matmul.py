@@ -65,6 +65,13 @@ chunks of weight rows from a shared counter. The numba conversions of the BLAS
 paths run on the calling thread: they are ~1 ms per 4096x4096 matrix, and
 BLAS's spinning workers would otherwise fight them for the cores.
 
+Batch-invariant (`params.batch_invariant`): the direct kernels at every column
+count, never BLAS or the tiles. A column's sums are then the bits it has alone
+(the multi-column loops keep each column's accumulators apart) and the threads
+split weight rows, never a sum, so a sequence's products do not depend on the
+other columns of its batch nor on the thread count; prompts pay the row loops'
+speed instead of the tiles' or BLAS's.
+
 src1 may be F32 (any strides: permuted and transposed views are copied to
 rows first) or already the vec_dot_type (F16 for F16 weights, Q8_0 for
 Q4_0, ...), as ggml allows. dst must be F32.
@@ -86,11 +93,10 @@ import math
 from collections.abc import Callable
 
 import numpy as np
-from numpy.lib.stride_tricks import as_strided
 
 from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
 from pyggml.backends.cpu.kernels import quant_dot as qd
-from pyggml.backends.cpu.kernels._common import noop, reshape_view
+from pyggml.backends.cpu.kernels._common import is_multiple, noop, reshape_view, strided_view
 from pyggml.backends.cpu.kernels.threads import new_pool
 from pyggml.backends.cpu.numerics import NUMERICS_CODES
 from pyggml.backends.cpu.repack import is_repacked, repack_supports_op
@@ -170,7 +176,7 @@ def _mul_mat_problem(node: Tensor) -> Problem:
     if a.nb[0] != TYPE_TRAITS[a.type].type_size or (TYPE_TRAITS[b.type].is_quantized
                                                     and b.nb[0] != TYPE_TRAITS[b.type].type_size):
         return ShapeError, f"rows must be contiguous (src0 nb {a.nb}, src1 nb {b.nb})"
-    if a.ne[0] != b.ne[0] or b.ne[2] % max(a.ne[2], 1) != 0 or b.ne[3] % max(a.ne[3], 1) != 0:
+    if a.ne[0] != b.ne[0] or not is_multiple(b.ne[2], a.ne[2]) or not is_multiple(b.ne[3], a.ne[3]):
         return ShapeError, f"src0 ne {a.ne} and src1 ne {b.ne} do not fit (ne0 equal, src1 ne2/ne3 multiples of src0's)"
     if node.ne != [a.ne[1], b.ne[1], b.ne[2], b.ne[3]]:
         return ShapeError, f"dst ne {node.ne} is not [{a.ne[1]}, {b.ne[1]}, {b.ne[2]}, {b.ne[3]}]"
@@ -193,7 +199,7 @@ def _out_prod_problem(node: Tensor) -> Problem:
         return UnsupportedTypeError, f"dst has type {node.type.name}, must be F32"
     if a.nb[0] != TYPE_TRAITS[a.type].type_size:
         return ShapeError, f"src0 rows must be contiguous (nb {a.nb})"
-    if a.ne[1] != b.ne[1] or a.ne[2] != b.ne[2] or b.ne[3] % max(a.ne[3], 1) != 0:
+    if a.ne[1] != b.ne[1] or a.ne[2] != b.ne[2] or not is_multiple(b.ne[3], a.ne[3]):
         return ShapeError, (f"src0 ne {a.ne} and src1 ne {b.ne} do not fit (ne1 and ne2 equal, "
                             "src1 ne3 a multiple of src0's)")
     if node.ne != [a.ne[0], b.ne[0], a.ne[2], b.ne[3]]:
@@ -249,8 +255,10 @@ def _weight_rows(src0: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     offs = (np.arange(ne3, dtype=np.int64)[:, None, None] * s3
             + np.arange(ne2, dtype=np.int64)[None, :, None] * s2
             + np.arange(ne1, dtype=np.int64)[None, None, :] * s1).reshape(-1)
+    if offs.size and offs.min() < 0:
+        raise ShapeError(f"CPU MUL_MAT: weight rows at negative byte strides {list(b.strides[:3])}")
     extent = int(offs.max()) + row if offs.size else 0
-    mem = as_strided(b, shape=(extent,), strides=(1,), writeable=b.flags.writeable)
+    mem = strided_view(b, (extent,), (1,), "CPU MUL_MAT: the weights' bytes")
     return mem, np.ascontiguousarray(offs)
 
 
@@ -258,15 +266,15 @@ def _split_dims(a: np.ndarray, r3: int, r2: int) -> np.ndarray:
     """(n3, n2, x, y) -> (n3/r3, r3, n2/r2, r2, x, y), a view (rows i3 = i03*r3 + j, as ggml broadcasts)."""
     n3, n2 = a.shape[0], a.shape[1]
     s3, s2 = a.strides[0], a.strides[1]
-    return as_strided(a, (n3 // r3, r3, n2 // r2, r2) + a.shape[2:], (s3 * r3, s3, s2 * r2, s2) + a.strides[2:],
-                      writeable=a.flags.writeable)
+    return strided_view(a, (n3 // r3, r3, n2 // r2, r2) + a.shape[2:], (s3 * r3, s3, s2 * r2, s2) + a.strides[2:],
+                        f"CPU MUL_MAT: dims 2 and 3 of {list(a.shape)} split by {r2} and {r3}")
 
 
 def _repeat_dims(a: np.ndarray, r3: int, r2: int) -> np.ndarray:
     """(n3, n2, x, y) -> (n3, r3, n2, r2, x, y) with stride 0 on the repeats (src0 broadcast)."""
     s3, s2 = a.strides[0], a.strides[1]
-    return as_strided(a, (a.shape[0], r3, a.shape[1], r2) + a.shape[2:], (s3, 0, s2, 0) + a.strides[2:],
-                      writeable=False)
+    return strided_view(a, (a.shape[0], r3, a.shape[1], r2) + a.shape[2:], (s3, 0, s2, 0) + a.strides[2:],
+                        f"CPU MUL_MAT: dims 2 and 3 of {list(a.shape)} repeated {r2} and {r3} times", writeable=False)
 
 
 def _kernel_threads(params: ComputeParams, work: int) -> int:
@@ -377,10 +385,12 @@ def mul_mat_f32(dst: np.ndarray, src0: np.ndarray, src1: np.ndarray, params: Com
     """dst = src1 · src0^T for F32 arrays in ggml's (ne3, ne2, ne1, ne0) order, src0 broadcast over
     src1's dims 2 and 3; FLASH_ATTN_EXT's two products go through here too (the same bits as MUL_MAT).
 
-    Fewer than F32_BLAS_MIN_COLS src1 columns (decoding) with src0's rows contiguous: the direct kernels,
-    which stream the weight rows on the kernel threads (into dst, or into a scratch copied to a dst they
-    cannot write in place: the same bits either way); else BLAS, one call over all matrices."""
-    if src1.shape[2] < F32_BLAS_MIN_COLS and src0.strides[3] == 4 and src1.dtype == np.float32:
+    Fewer than F32_BLAS_MIN_COLS src1 columns (decoding), or any count with `params.batch_invariant`, with
+    src0's rows contiguous: the direct kernels, which stream the weight rows on the kernel threads (into dst,
+    or into a scratch copied to a dst they cannot write in place: the same bits either way); else BLAS, one
+    call over all matrices."""
+    if (params.batch_invariant or src1.shape[2] < F32_BLAS_MIN_COLS) and src0.strides[3] == 4 \
+            and src1.dtype == np.float32:
         out = reshape_view(dst, (-1, dst.shape[-1]))
         if out is not None and out.flags.c_contiguous:
             return _mul_mat_numba(F32, F32, src0.shape[3], dst, src0, src1, params)
@@ -421,7 +431,9 @@ def _mul_mat_numba(wtype: GGMLType, xtype: GGMLType, K: int, dst: np.ndarray, sr
     kind = qd.X8_KINDS[int(wtype)] if repacked else int(wtype)
     # prompts of plain Q4_0, Q8_0 and Q5_0 matrices: the repacked loops on tiles each work item repacks (faster
     # than the BLAS path, see X8_TILE_MIN_COLS)
-    if not repacked and kind in qd.X8_TILE_KINDS and N >= X8_TILE_MIN_COLS and M % qd.X8_ROWS == 0:
+    # (not batch-invariant: the tiles scale a column's block sums in another order than the row loops)
+    tiles = not params.batch_invariant and N >= X8_TILE_MIN_COLS
+    if not repacked and kind in qd.X8_TILE_KINDS and tiles and M % qd.X8_ROWS == 0:
         kind = qd.X8_TILE_KINDS[kind]
     wt = TYPE_TRAITS[wtype]
     quantized = wt.is_quantized
@@ -438,8 +450,9 @@ def _mul_mat_numba(wtype: GGMLType, xtype: GGMLType, K: int, dst: np.ndarray, sr
     if out is None or not out.flags.c_contiguous:
         raise ShapeError(f"CPU MUL_MAT: dst with shape {dst.shape} and strides {dst.strides} is not contiguous")
 
-    # F32: see mul_mat_f32
-    blas = kind not in qd.X8_GROUP_KINDS and wtype != F32 and N >= (BLAS_MIN_COLS if quantized else HALF_BLAS_MIN_COLS)
+    # F32: see mul_mat_f32; batch-invariant: the direct kernels at every column count
+    blas = (kind not in qd.X8_GROUP_KINDS and wtype != F32 and not params.batch_invariant
+            and N >= (BLAS_MIN_COLS if quantized else HALF_BLAS_MIN_COLS))
     # Q4_1/Q5_1 (vec_dot_type Q8_1): ggml's dot adds m * s per block, s = f16(d * sum(q)) from the unrounded
     # d, which differs from the q * f16(d) the dequantized product gives: on the BLAS path one more column per
     # block carries the weights' m times the difference

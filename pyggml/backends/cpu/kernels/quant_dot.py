@@ -1032,6 +1032,68 @@ dot_bf16_cols = _make_dot_half_row(BF16, COLS)
 dot_bf16_cols.__doc__ = "BF16 weight rows m0..m1-1 times x's rows r..r+n-1 (n <= COLS), whole (see _make_dot_half_row)."
 dot_f32_cols = _make_dot_half_row(F32, COLS)
 dot_f32_cols.__doc__ = "F32 weight rows m0..m1-1 times x's rows r..r+n-1 (n <= COLS), whole (see _make_dot_half_row)."
+dot_f32_row = _make_dot_half_row(F32, 1)
+dot_f32_row.__doc__ = ("dot(w, o, x, j, n): the F32 row at byte o of w times x[j:j+n], n a multiple of 32, in 32 lanes "
+                       "(see _make_dot_half_row).")
+
+
+def _each_f32(builder, n, update) -> None:
+    """`update(t, width)` for t = 0, 32, 64, ... below n's last multiple of 32 (width 32: <32 x float>), then for
+    each element after it (width 1: a float)."""
+    five = ir.Constant(n.type, 5)
+    with cgutils.for_range(builder, builder.ashr(n, five)) as loop:
+        update(builder.shl(loop.index, five), 32)
+    with cgutils.for_range(builder, n, start=builder.shl(builder.ashr(n, five), five)) as loop:
+        update(loop.index, 1)
+
+
+def _load_f32(builder, p, t, width: int):
+    q = builder.gep(p, [t])
+    return _load_vector(builder, q, _F32, width) if width > 1 else builder.load(q, align=1)
+
+
+def _store_f32(builder, v, p, t, width: int) -> None:
+    q = builder.gep(p, [t])
+    builder.store(v, builder.bitcast(q, ir.VectorType(_F32, width).as_pointer()) if width > 1 else q, align=1)
+
+
+@intrinsic
+def mad_f32_row(typingctx, x, i, a, y, j, n):
+    """y[j+t] = fma(x[i+t], a, y[j+t]) for t < n (ggml_vec_mad_f32 on an FMA machine), 32 lanes at a time: numba
+    gathers such a loop element by element (it cannot tell the indices are consecutive)."""
+    sig = types.void(x, types.intp, types.float32, y, types.intp, types.intp)
+
+    def codegen(context, builder, signature, args):
+        px = _address(context, builder, signature.args[0], args[0], args[1])
+        py = _address(context, builder, signature.args[3], args[3], args[4])
+
+        def update(t, width: int) -> None:
+            av = _splat(builder, args[2], width) if width > 1 else args[2]
+            yv = _fma(builder, _load_f32(builder, px, t, width), av, _load_f32(builder, py, t, width))
+            _store_f32(builder, yv, py, t, width)
+
+        _each_f32(builder, args[5], update)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def scale_f32_row(typingctx, y, j, a, n):
+    """y[j+t] *= a for t < n (ggml_vec_scale_f32), 32 lanes at a time (see mad_f32_row)."""
+    sig = types.void(y, types.intp, types.float32, types.intp)
+
+    def codegen(context, builder, signature, args):
+        py = _address(context, builder, signature.args[0], args[0], args[1])
+
+        def update(t, width: int) -> None:
+            av = _splat(builder, args[2], width) if width > 1 else args[2]
+            _store_f32(builder, builder.fmul(_load_f32(builder, py, t, width), av), py, t, width)
+
+        _each_f32(builder, args[3], update)
+        return context.get_dummy_value()
+
+    return sig, codegen
 
 _Q8_0_SPEC = {"block_bytes": 34, "values": _q8_0_values}
 _Q4_0_SPEC = {"block_bytes": 18, "values": _q4_0_nibbles, "minus_8": True}
@@ -1913,7 +1975,7 @@ def _store_scales(yd, ys, r, b, d, total, with_s):
         ys[r, b] = round_f16(np.float32(total) * d)
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")  # C's division: an infinite value's scale is 1/-0.0, not an error
 def _quantize_q8_K_row(x, yq, yd, yb, r):
     nb = x.shape[1] // 256
     for b in range(nb):
