@@ -461,7 +461,11 @@ class RpcServer:
                     t.src[i] = self._tensor(s, rs, cmd)
             buft = t.buffer.buft if t.buffer is not None and t.buffer.buft is not None \
                 else backend.get_default_buffer_type()
-            return wire.GET_ALLOC_SIZE_RSP.pack(buft.get_alloc_size(t))
+            size = buft.get_alloc_size(t)
+            if size >= 2**64:  # (u32 ne and nb make sizes far beyond size_t)
+                raise Malformed(f"GET_ALLOC_SIZE: tensor '{t.name}' ({list(t.ne)}, nb {list(t.nb)}) needs {size} "
+                                f"bytes, more than 64 bits hold")
+            return wire.GET_ALLOC_SIZE_RSP.pack(size)
         if cmd == RpcCmd.GET_DEVICE_MEMORY:
             (device,) = wire.GET_DEVICE_MEMORY_REQ.unpack(p)
             free, total = self._device_memory(self._backend(device, cmd))
