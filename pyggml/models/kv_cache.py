@@ -10,6 +10,12 @@ entries are written inside the compute graph by SET_ROWS with index tensors
 (`store`, `k_idxs`, `v_idxs`: llama.cpp's cpy_k / cpy_v), so a graph serves
 any cell; attention reads views of the first `n_kv` cells (`k_view`,
 `v_view`). With flash attention V is stored as K (`v_trans=False`).
+
+`ordered` keeps each sequence's cells in the order of its positions (a new
+token goes above its sequence's cells; when no free cell is above, `compact`
+moves the used cells down first, in their order): batch-invariant attention
+walks a row's own cells in cell order, which is then the order they have when
+the sequence is alone in the cache, wherever the other sequences' cells sit.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import numpy as np
 from pyggml.alloc.tensor_allocator import TensorAllocator
 from pyggml.backend.backend import Backend
 from pyggml.backend.buffer import Buffer
-from pyggml.backend.tensor_io import tensor_set
+from pyggml.backend.tensor_io import tensor_get, tensor_set
 from pyggml.core.context import Context, tensor_overhead
 from pyggml.core.errors import ArgumentError, UnsupportedOpError
 from pyggml.core.graph import Graph
@@ -43,7 +49,7 @@ class KVCache:
     """Per-layer K and V tensors of `n_ctx` cells, placed on `backend_of_layer[il]`."""
 
     def __init__(self, n_layer: int, n_ctx: int, n_embd_gqa: int, backend_of_layer: list[Backend],
-                 type: GGMLType = GGMLType.F32, v_trans: bool = True) -> None:
+                 type: GGMLType = GGMLType.F32, v_trans: bool = True, ordered: bool = False) -> None:
         if n_ctx < 1:
             raise ArgumentError(f"KV cache: n_ctx must be >= 1, got {n_ctx}")
         check_type(type)
@@ -52,6 +58,7 @@ class KVCache:
         self.n_embd_gqa = n_embd_gqa
         self.type = type
         self.v_trans = bool(v_trans)  # V channel-major (without flash attention) or token-major as K (with it)
+        self.ordered = bool(ordered)  # each sequence's cells in the order of its positions (see the module doc)
         # llama.cpp's unified cache: each cell's position (-1: empty) and the sequences it belongs to (bit s
         # of cell_seq), so that several sequences share the n_ctx cells and a sequence's cells may be copied
         # to another (a shared prompt) or removed
@@ -193,13 +200,60 @@ class KVCache:
         """One past the last cell in use (0 when empty): attention reads cells 0..used_end (padded)."""
         return self._end
 
-    def find_slot(self, n_tokens: int) -> np.ndarray:
+    def find_slot(self, n_tokens: int, seq_ids: np.ndarray | None = None,
+                  pos: np.ndarray | None = None) -> np.ndarray | None:
         """The cells a batch of `n_tokens` goes to: the first free ones, lowest first (ArgumentError naming the
-        numbers when the cache is full)."""
+        numbers when the cache is full). An `ordered` cache given the tokens' sequences and positions puts each
+        sequence's tokens, by position, in the lowest free cells above its cells; None when a sequence has not
+        enough free cells above its own (`compact` then frees them)."""
         self.check_room(n_tokens)
+        if self.ordered and seq_ids is not None and pos is not None:
+            return self._ordered_slot(seq_ids, pos)
         if self._n_used == self._end:  # no free cell below the last one in use: the next ones
             return np.arange(self._end, self._end + n_tokens, dtype=np.int64)
         return np.flatnonzero(self.cell_pos < 0)[:n_tokens].astype(np.int64)
+
+    def _ordered_slot(self, seq_ids: np.ndarray, pos: np.ndarray) -> np.ndarray | None:
+        free = self.cell_pos < 0
+        cells = np.empty(len(seq_ids), dtype=np.int64)
+        for s in dict.fromkeys(seq_ids.tolist()):  # the sequences in batch order
+            tokens = np.flatnonzero(seq_ids == s)
+            tokens = tokens[np.argsort(pos[tokens], kind="stable")]
+            own = np.flatnonzero((self.cell_seq & self._seq_bit(s)) != 0)
+            above = np.flatnonzero(free[own[-1] + 1:]) + own[-1] + 1 if own.size else np.flatnonzero(free)
+            if above.size < tokens.size:
+                return None
+            cells[tokens] = above[:tokens.size]
+            free[cells[tokens]] = False
+        return cells
+
+    def compact(self) -> np.ndarray:
+        """Move the used cells down to cells 0..n_used-1, in their order (each sequence's cells keep their order;
+        the free cells are then all above): K and V copied cell by cell, byte for byte, in every layer. Returns
+        each old cell's new place (-1 for a free one)."""
+        used = np.flatnonzero(self.cell_pos >= 0)
+        moved = np.full(self.n_ctx, -1, dtype=np.int64)
+        moved[used] = np.arange(used.size)
+        if used.size and used[-1] == used.size - 1:
+            return moved  # nothing to move
+        es, g = self.elsize, self.n_embd_gqa
+        for tensors, channel_major in ((self.k, False), (self.v, self.v_trans)):
+            for t in tensors:
+                data = np.empty(t.nbytes(), dtype=np.uint8)
+                tensor_get(t, data)
+                if channel_major:  # V transposed: the cells are columns of its n_embd_gqa rows
+                    cols = data.reshape(g, self.n_ctx, es)
+                    cols[:, :used.size] = cols[:, used]
+                else:
+                    rows = data.reshape(self.n_ctx, g * es)
+                    rows[:used.size] = rows[used]
+                tensor_set(t, data)
+        self.cell_pos[:used.size] = self.cell_pos[used]
+        self.cell_seq[:used.size] = self.cell_seq[used]
+        self.cell_pos[used.size:] = -1
+        self.cell_seq[used.size:] = 0
+        self._refresh()
+        return moved
 
     def apply(self, cells: np.ndarray, pos: np.ndarray, seq_ids: np.ndarray) -> None:
         """Cells `cells` now hold positions `pos` of sequences `seq_ids` (one each)."""

@@ -32,7 +32,13 @@ import numpy as np
 
 from pyggml.backend.backend import Backend
 from pyggml.backend.buffer_type import BufferType
-from pyggml.backend.registry import dev_extra_bufts, init_backend, set_n_threads
+from pyggml.backend.registry import (
+    SET_BATCH_INVARIANT,
+    dev_extra_bufts,
+    init_backend,
+    set_batch_invariant,
+    set_n_threads,
+)
 from pyggml.backend.tensor_io import tensor_get_numpy
 from pyggml.core.checks import check_host_alloc, check_positive
 from pyggml.core.context import Context, tensor_overhead
@@ -89,16 +95,22 @@ class Batch:
         return 1 if self.last_only else len(self.ids) if self.out_rows is None else len(self.out_rows)
 
 
-def resolve_flash_attn(mode: str | bool) -> bool:
+def resolve_flash_attn(mode: str | bool, batch_invariant: bool = False) -> bool:
     """`flash_attn` as llama.cpp's -fa: "on" / True, "off" / False, or "auto". llama.cpp's auto turns it on
     where every layer's backend computes FLASH_ATTN_EXT; here auto is off for now, because on the CPU
     backend it measured no faster (built-in model, 2 threads, pyggml bench -p 64 -n 32 -r 3 -fa on/off
-    alternated: within the machine's noise, decode rather slower)."""
+    alternated: within the machine's noise, decode rather slower). With `batch_invariant` auto is on and
+    off is refused: batch-invariant attention is FLASH_ATTN_EXT's walk over a row's own cells."""
     if isinstance(mode, bool):
-        return mode
-    if not isinstance(mode, str) or mode.lower() not in FLASH_ATTN_MODES:
+        on = mode
+    elif not isinstance(mode, str) or mode.lower() not in FLASH_ATTN_MODES:
         raise ArgumentError(f"flash_attn must be one of {', '.join(FLASH_ATTN_MODES)} (or a bool), got {mode!r}")
-    return mode.lower() == "on"  # "auto": off (see above)
+    else:
+        on = mode.lower() == "on" or (batch_invariant and mode.lower() == "auto")  # "auto": see above
+    if batch_invariant and not on:
+        raise ArgumentError("flash_attn off cannot be batch-invariant: batch-invariant attention is flash attention "
+                            "(give flash_attn on or auto)")
+    return on
 
 
 def all_support(backends: Sequence[Backend], op: str, kv_type: GGMLType = GGMLType.F32,
@@ -197,6 +209,11 @@ class Model:
     With `repack` (the default, as llama.cpp) the layer matrices a device's extra buffer type multiplies
     faster go there (the CPU's CPU_REPACK: Q4_0 matrices, 8 rows interleaved, copied out of the mapped file);
     `repack=False` keeps every weight in its backend's default buffer type (llama.cpp's --no-repack).
+    With `batch_invariant` a sequence's logits do not depend on the batch it is computed in nor on where its
+    cells sit in the KV cache: every backend is asked to reduce each output element in one order whatever
+    the batch (`pyggml.backend.registry.set_batch_invariant`; ArgumentError for a backend that cannot),
+    attention is flash attention, and the cache keeps each sequence's cells in the order of its positions
+    (KVCache's `ordered`).
     """
 
     def __init__(self, gf: GGUFFile, backends: list[Backend], n_ctx: int = 512,
@@ -204,10 +221,19 @@ class Model:
                  kv_type: GGMLType | str = GGMLType.F32, use_mmap: bool = True, progress: bool = True,
                  reuse_graphs: bool = True, check_finite: bool = True,
                  flash_attn: str | bool = "auto", tensor_split: Sequence[float] | None = None,
-                 override_tensor: Sequence[tuple[Any, Any]] | None = None, repack: bool = True) -> None:
+                 override_tensor: Sequence[tuple[Any, Any]] | None = None, repack: bool = True,
+                 batch_invariant: bool = False) -> None:
         if not backends:
             raise ArgumentError("load: no backends given")
-        fa = resolve_flash_attn(flash_attn)
+        if not isinstance(batch_invariant, bool):
+            raise ArgumentError(f"load: batch_invariant must be a bool, got {batch_invariant!r}")
+        fa = resolve_flash_attn(flash_attn, batch_invariant)
+        if batch_invariant:
+            for b in backends:
+                if not set_batch_invariant(b, True):
+                    raise ArgumentError(f"load: batch_invariant: backend '{b.name()}' cannot reduce in one order "
+                                        f"whatever the batch (it has no {SET_BATCH_INVARIANT})")
+        self.batch_invariant = batch_invariant
         self.n_ctx = check_positive(n_ctx, "load: n_ctx")
         self.n_batch = min(check_positive(n_batch, "load: n_batch"), self.n_ctx)
         kv_type = as_type(kv_type)
@@ -268,7 +294,7 @@ class Model:
             self._graph_kw = {"flash_attn": self.flash_attn, "set_rows": all_support(self.kv_backend, "set_rows"),
                               "glu": all_support(workers, "glu", ffn=hp.arch.ffn)}
             kv = self.kv = KVCache(hp.n_layer, self.n_ctx, hp.n_embd_gqa, self.kv_backend, kv_type,
-                                   v_trans=not self.flash_attn)
+                                   v_trans=not self.flash_attn, ordered=batch_invariant)
             # one engine for one backend or many: the scheduler, reserved once with the worst-case graph
             # the graph computed last, kept while the next batch has its shapes (llama.cpp's can_reuse): the
             # decode graph of every token of one n_kv (the cells written are index inputs). The 2023 graph
@@ -383,7 +409,13 @@ class Model:
         then holds its position and sequence; logits of the last token (last_only), of `out_rows`, or of all."""
         kv = self.kv
         n_tokens = len(ids)
-        cells = kv.find_slot(n_tokens)
+        cells = kv.find_slot(n_tokens, seq_ids, pos)
+        if cells is None:  # an ordered cache without free cells above a sequence's own: its cells moved down
+            moved = kv.compact()
+            if written is not None:
+                written[:] = [moved[c] for c in written]
+            cells = kv.find_slot(n_tokens, seq_ids, pos)
+            assert cells is not None  # every free cell is above every used one now
         head = int(cells[0])
         if not self._graph_kw["set_rows"] and int(cells[-1]) != head + n_tokens - 1:
             raise UnsupportedOpError(f"a batch of {n_tokens} tokens goes to cells {cells.tolist()[:8]}...: cells that "
@@ -439,7 +471,7 @@ class Model:
         return logits
 
     def _build(self, ctx: Context, batch: Batch) -> tuple[Graph, GraphInputs]:
-        return build_graph(ctx, self.hparams, self.w, self.kv, len(batch.ids), int(batch.cells[0]),
+        return build_graph(ctx, self.hparams, self.w, self.kv, len(batch.ids), int(batch.cells.min()),
                            batch.last_only, n_kv=batch.n_kv,
                            n_outputs=None if batch.out_rows is None else len(batch.out_rows), **self._graph_kw)
 
@@ -851,7 +883,7 @@ def load(path: str | os.PathLike[str], backends: Sequence[Backend | str] | None 
     `n_threads`: thread count of the backends whose registry sets one ("ggml_backend_set_n_threads":
     the CPU backend's). Names go through `pyggml.backend.init_backend`. Further keywords go to
     `Model` (n_batch, kv_type, use_mmap, repack, progress, reuse_graphs, check_finite, flash_attn: "on",
-    "off" or "auto" as llama.cpp's -fa).
+    "off" or "auto" as llama.cpp's -fa, batch_invariant).
     """
     if n_threads is not None:
         check_positive(n_threads, "load: n_threads")
