@@ -63,6 +63,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -82,10 +83,12 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start(path: Path, n_slots: int, slot_ctx: int, threads: int | None) -> tuple[subprocess.Popen[bytes], str]:
+def start(path: Path, n_slots: int, slot_ctx: int, threads: int | None,
+          options: Sequence[str] = ()) -> tuple[subprocess.Popen[bytes], str]:
+    """`pyggml serve` of `path` in a child process with more `options`, on a free port, once /health answers."""
     port = _free_port()
     cmd = [sys.executable, "-m", "pyggml.cli", "serve", str(path), "--port", str(port), "-np", str(n_slots),
-           "-c", str(n_slots * slot_ctx)]
+           "-c", str(n_slots * slot_ctx), *options]
     if threads:
         cmd += ["-t", str(threads)]
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
