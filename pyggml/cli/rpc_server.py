@@ -67,7 +67,11 @@ def seconds(text: str) -> float:
 
 def seconds_or_never(text: str) -> float | None:
     """Seconds, or None for 0 (no limit)."""
-    return None if text.strip() in ("0", "0.0") else seconds(text)
+    try:
+        never = float(text) == 0
+    except ValueError:
+        never = False
+    return None if never else seconds(text)
 
 
 def port_number(text: str) -> int:

@@ -509,3 +509,6 @@ def test_the_limits_options(tmp_path: Path) -> None:
     for bad in ("0", "-1", "nan", "inf", "x"):
         with pytest.raises(argparse.ArgumentTypeError):
             rpc_server.seconds(bad)
+    assert rpc_server.seconds_or_never("0.00") is None and rpc_server.seconds_or_never("2.5") == 2.5
+    with pytest.raises(argparse.ArgumentTypeError):
+        rpc_server.seconds_or_never("-1")
