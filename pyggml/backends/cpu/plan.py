@@ -9,7 +9,12 @@ Python cost per node is one call plus whatever the kernel does.
 Every tensor a plan reads or writes is checked, once when it is prepared,
 to lie inside its buffer (OutOfBoundsError naming the tensor, its offset and
 the buffer's size): a view outside its source's buffer would otherwise let a
-kernel write another buffer's bytes.
+kernel write another buffer's bytes. A node must have the sources its op reads
+(`check_sources`) and rows of whole blocks (a quantized tensor's nb[0] is its
+block's size). What a kernel derives from the node (windows, strides, the
+views of `_common.strided_view`, sizes from op_params) is checked by the
+kernel as it prepares the node; an error that does not name the node gets its
+op, index and name.
 """
 
 from __future__ import annotations
@@ -24,9 +29,11 @@ from pyggml.backends.cpu import kernels
 from pyggml.backends.cpu.kernels import KERNELS, Compute, ComputeParams, _common
 from pyggml.backends.cpu.repack import repack_supports_op
 from pyggml.core import memory
-from pyggml.core.errors import GraphError, UnsupportedOpError
+from pyggml.core.errors import GGMLError, GraphError, LayoutError, UnsupportedOpError
 from pyggml.core.graph import Graph
+from pyggml.core.ops.node_check import OP_SOURCES, check_sources
 from pyggml.core.tensor import GGMLOp, Tensor, is_view_op, nbytes_of
+from pyggml.core.types import TYPE_TRAITS
 
 Supports = Callable[[Tensor], bool]
 
@@ -47,12 +54,26 @@ def kernel_supports(node: Tensor) -> bool:
     """Whether the CPU kernels compute `node`: its op has a kernel, the kernel's module (if it exposes
     `supports(node)`) accepts the node's types and parameters, and it reads no tensor of a CPU_REPACK buffer
     but as MUL_MAT's src0 (see repack.repack_supports_op)."""
-    if not repack_supports_op(node):
+    if not repack_supports_op(node) or not _has_sources(node):
         return False
     supports = _supports_of.get(node.op)
     if supports is None:
         supports = _supports_of[node.op] = _op_supports(node.op)
     return supports if supports.__class__ is bool else bool(supports(node))  # type: ignore[operator]
+
+
+def _has_sources(node: Tensor) -> bool:
+    required = OP_SOURCES.get(node.op, (0, 0))[0]
+    return all(node.src[i] is not None for i in range(required))
+
+
+def check_layout(t: Tensor, what: str) -> None:
+    """LayoutError unless a quantized tensor's rows are whole blocks one after another (nb[0] its block's size):
+    its bytes are viewed as rows of blocks, which is what its bounds were checked as."""
+    tr = TYPE_TRAITS[t.type]
+    if tr.blck_size > 1 and t.nb[0] != tr.type_size:
+        raise LayoutError(f"{what}: tensor '{t.name}' of type {t.type.name} has nb[0] = {t.nb[0]}, not its block's "
+                          f"{tr.type_size} bytes")
 
 
 def _is_noop(fn: Compute) -> bool:
@@ -133,9 +154,15 @@ def _prepare(node: Tensor, index: int, view_of: Callable[[Tensor], np.ndarray], 
     kernel = KERNELS.get(node.op)
     if kernel is None:
         raise UnsupportedOpError(f"CPU: no kernel for op {node.op.name} (node {index} '{node.name}')")
-    dst = view_of(node)
-    srcs = [view_of(s) if s is not None else None for s in node.src]
-    return kernel(node, dst, srcs, params)
+    try:
+        check_sources(node)
+        dst = view_of(node)
+        srcs = [view_of(s) if s is not None else None for s in node.src]
+        return kernel(node, dst, srcs, params)
+    except GGMLError as e:
+        if f"'{node.name}'" in str(e):
+            raise
+        raise type(e)(f"CPU {node.op.name} node {index} '{node.name}': {e}") from None
 
 
 def plan_create(graph: Graph, params: ComputeParams) -> CPUPlan:
@@ -150,6 +177,7 @@ def plan_create(graph: Graph, params: ComputeParams) -> CPUPlan:
             buffer = tensor_buffer(t)
             if buffer is not None:
                 buffer.check_tensor(t, "CPU graph_compute")
+            check_layout(t, "CPU graph_compute")
             r = seen[id(t)] = _Seen(t, memory.view(t.data, t.type, t.ne, t.nb, t.name))
             if buffer is not None:
                 buffers[id(buffer)] = buffer
@@ -187,6 +215,7 @@ def _follow(plan: CPUPlan, datas: list[int | None]) -> None:
         buffer = tensor_buffer(t)
         if buffer is not None:
             buffer.check_tensor(t, "CPU graph_plan_compute")
+        check_layout(t, "CPU graph_plan_compute")
     new_buffers = False
     for r in moved:
         t = r.tensor

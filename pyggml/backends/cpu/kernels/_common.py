@@ -6,19 +6,26 @@ conversion helpers, which kernels call from their compute functions.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from pyggml.backends.cpu.kernels import ComputeParams
-from pyggml.core.errors import UnsupportedTypeError
+from pyggml.core.checks import check_host_alloc
+from pyggml.core.errors import OutOfBoundsError, OutOfMemoryError, ShapeError, UnsupportedTypeError
 from pyggml.core.quants import is_implemented
 from pyggml.core.tensor import Tensor
 from pyggml.core.types import TYPE_TRAITS, GGMLType
 
 F32 = np.dtype(np.float32)
 FLOAT_TYPES = (GGMLType.F32, GGMLType.F16)
+# a node's temporaries whose size its op_params set (padded copies, scatter sums) may take this many bytes, or
+# TEMPORARY_RATIO times the bytes of its tensors' elements where that is more: a padding or a stride in the op_params
+# cannot make a few bytes of tensors take the host's memory
+TEMPORARY_FLOOR = 64 << 20
+TEMPORARY_RATIO = 16
 
 
 def noop() -> None:
@@ -35,6 +42,31 @@ def require_types(node: Tensor, allowed: Sequence[GGMLType], *tensors: Tensor | 
             )
 
 
+def check_temporary(node: Tensor, what: str, shape: Sequence[int], itemsize: int = 4) -> None:
+    """OutOfMemoryError naming the node unless a temporary of `shape` (made at the size its op_params say) is
+    within TEMPORARY_FLOOR bytes, or TEMPORARY_RATIO times its tensors' element bytes, and the host's memory."""
+    nbytes = math.prod(max(int(n), 0) for n in shape) * itemsize
+    held = sum(t.nelements() * TYPE_TRAITS[t.type].type_size // TYPE_TRAITS[t.type].blck_size
+               for t in (node, *node.src) if t is not None)
+    limit = max(TEMPORARY_FLOOR, TEMPORARY_RATIO * held)
+    if nbytes > limit:
+        raise OutOfMemoryError(f"CPU {node.op.name} '{node.name}': {what} of shape {list(shape)} would take {nbytes} "
+                               f"bytes, more than {limit} (its tensors hold {held})")
+    check_host_alloc(nbytes, f"CPU {node.op.name} '{node.name}': {what}")
+
+
+def is_multiple(n: int, m: int) -> bool:
+    """Whether n is a whole number of m's, as ggml's broadcasts and tilings ask (none of none; never of 0)."""
+    return n % m == 0 if m > 0 else n == 0
+
+
+def check_same_shape(node: Tensor, dst: np.ndarray, src: np.ndarray) -> None:
+    """ShapeError naming the node unless src0's elements are laid out as dst's (shape, ggml's ne order)."""
+    if src.shape != dst.shape:
+        raise ShapeError(f"CPU {node.op.name} '{node.name}': src0 ne {list(src.shape[::-1])} and dst ne "
+                         f"{list(dst.shape[::-1])} differ")
+
+
 def all_float(*tensors: Tensor | None) -> bool:
     """True if every given tensor is F32 or F16 (the types every math kernel takes)."""
     return all(t is None or t.type in FLOAT_TYPES for t in tensors)
@@ -43,12 +75,46 @@ def all_float(*tensors: Tensor | None) -> bool:
 # --- views ---
 
 
+def byte_span(shape: Sequence[int], strides: Sequence[int], itemsize: int) -> tuple[int, int]:
+    """The bytes [lo, hi) from an array's first element that its elements occupy ((0, 0) when it has none)."""
+    if 0 in shape:
+        return 0, 0
+    lo, hi = 0, itemsize
+    for n, s in zip(shape, strides, strict=True):
+        if s < 0:
+            lo += (n - 1) * s
+        else:
+            hi += (n - 1) * s
+    return lo, hi
+
+
+def strided_view(a: np.ndarray, shape: Sequence[int], strides: Sequence[int], what: str,
+                 writeable: bool | None = None) -> np.ndarray:
+    """`a`'s memory seen with `shape` and byte `strides` from its first element: the kernels' one way to make a
+    strided view (as_strided checks nothing), refused with OutOfBoundsError naming `what` and the numbers
+    unless every byte the view reaches is a byte `a` reaches. A view is made of a node's tensors or of a
+    kernel's own copies when the node is prepared, so a view inside its array keeps the kernel inside the
+    node's bytes."""
+    shape, strides = tuple(int(n) for n in shape), tuple(int(s) for s in strides)
+    if len(shape) != len(strides) or min(shape, default=0) < 0:
+        raise ShapeError(f"{what}: a view of shape {shape} with strides {strides}")
+    lo, hi = byte_span(shape, strides, a.itemsize)
+    a_lo, a_hi = byte_span(a.shape, a.strides, a.itemsize)
+    if hi > lo and (lo < a_lo or hi > a_hi):
+        raise OutOfBoundsError(f"{what}: a view of shape {list(shape)} with byte strides {list(strides)} reaches "
+                               f"bytes [{lo}, {hi}) of an array of bytes [{a_lo}, {a_hi}) (shape {list(a.shape)}, "
+                               f"strides {list(a.strides)})")
+    return as_strided(a, shape, strides, writeable=a.flags.writeable if writeable is None else writeable)
+
+
 def split_axis(a: np.ndarray, axis: int, outer: int, inner: int) -> np.ndarray:
     """View axis `axis` of `a` (size outer*inner) as two axes (outer, inner); never copies."""
+    if outer * inner != a.shape[axis] or min(outer, inner) < 0:
+        raise ShapeError(f"axis {axis} of shape {list(a.shape)} does not split into {outer} x {inner}")
     s = a.strides[axis]
     shape = a.shape[:axis] + (outer, inner) + a.shape[axis + 1:]
     strides = a.strides[:axis] + (s * inner, s) + a.strides[axis + 1:]
-    return as_strided(a, shape, strides, writeable=a.flags.writeable)
+    return strided_view(a, shape, strides, f"axis {axis} of {list(a.shape)} split into {outer} x {inner}")
 
 
 def ggml_broadcast(big: Sequence[np.ndarray], small: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
@@ -101,7 +167,7 @@ def collapse(*arrays: np.ndarray) -> list[np.ndarray]:
         # numpy's reshape makes this very view (the merged axes' strides fit) in a fraction of as_strided's time
         v = reshape_view(a, new_shape)
         if v is None or v.strides != tuple(st):
-            v = as_strided(a, new_shape, tuple(st), writeable=a.flags.writeable)
+            v = strided_view(a, new_shape, st, f"{list(a.shape)} merged into {list(new_shape)}")
         out.append(v)
     return out
 

@@ -9,10 +9,19 @@ one numpy copy or reduction then fills dst.
 from __future__ import annotations
 
 import numpy as np
-from numpy.lib.stride_tricks import as_strided
 
 from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
-from pyggml.backends.cpu.kernels._common import F32, FLOAT_TYPES, all_float, noop, require_types, scratch, split_axis
+from pyggml.backends.cpu.kernels._common import (
+    F32,
+    FLOAT_TYPES,
+    all_float,
+    check_temporary,
+    noop,
+    require_types,
+    scratch,
+    split_axis,
+    strided_view,
+)
 from pyggml.core.errors import ArgumentError, ShapeError
 from pyggml.core.ops.params import ConvTranspose1dParams, Im2colParams, Pool1dParams, Pool2dParams
 from pyggml.core.tensor import GGMLOp, OpPool, Tensor
@@ -20,18 +29,21 @@ from pyggml.core.tensor import GGMLOp, OpPool, Tensor
 FLT_MAX = float(np.finfo(np.float32).max)
 
 
-def _padded(x: np.ndarray, pads: tuple[int, ...], fill: float,
-            force_copy: bool) -> tuple[np.ndarray, Compute | None]:
+def _padded(x: np.ndarray, pads: tuple[int, ...], fill: float, force_copy: bool,
+            node: Tensor) -> tuple[np.ndarray, Compute | None]:
     """x (..., *spatial) with pads[i] elements of `fill` on both sides of its i-th trailing (spatial) axis.
 
     Returns the array to read windows from and the function that refreshes it
     from x each run (None when x itself can be read: no padding, f32).
+    The copy's size is checked first (`check_temporary`): the paddings are the node's op_params.
     """
     if not any(pads) and x.dtype == F32 and not force_copy:
         return x, None
     n = len(pads)
     spatial = x.shape[x.ndim - n:]
-    p = np.full(x.shape[:x.ndim - n] + tuple(m + 2 * q for m, q in zip(spatial, pads, strict=True)), fill, F32)
+    shape = x.shape[:x.ndim - n] + tuple(m + 2 * q for m, q in zip(spatial, pads, strict=True))
+    check_temporary(node, f"the input padded by {list(pads)}", shape)
+    p = np.full(shape, fill, F32)
     inner = p[(...,) + tuple(slice(q, q + m) for m, q in zip(spatial, pads, strict=True))]
 
     def refresh() -> None:
@@ -60,7 +72,7 @@ def _windows(p: np.ndarray, out: tuple[int, ...], k: tuple[int, ...], s: tuple[i
     shape = p.shape[:p.ndim - n] + tuple(out) + tuple(k)
     strides = (p.strides[:p.ndim - n] + tuple(si * t for si, t in zip(s, st, strict=True))
                + tuple(di * t for di, t in zip(d, st, strict=True)))
-    return as_strided(p, shape, strides, writeable=writeable)
+    return strided_view(p, shape, strides, f"CPU {node.op.name} '{node.name}': windows", writeable=writeable)
 
 
 def im2col_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
@@ -87,6 +99,8 @@ def im2col_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], 
         x4 = x
         d6 = dst  # (N, OH, OW, IC*KH*KW)
     else:
+        if x.shape[0] != 1 or dst.shape[0] != 1:
+            raise ShapeError(f"CPU IM2COL '{node.name}': a 1-D input {x_t.ne} and dst {node.ne} have ne[3] 1")
         n, ic = x.shape[1], x.shape[2]
         kh, kw, oh, ow = 1, k_t.ne[0], 1, node.ne[1]
         x4 = x[0][:, :, None, :]
@@ -96,7 +110,7 @@ def im2col_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], 
     if dst.size == 0:
         return noop
     d6 = split_axis(split_axis(d6, 3, ic, kh * kw), 4, kh, kw).transpose(0, 3, 4, 1, 2, 5)  # (N, IC, KH, OH, OW, KW)
-    p, refresh = _padded(x4, (p1, p0), 0.0, force_copy=False)
+    p, refresh = _padded(x4, (p1, p0), 0.0, False, node)
     win = _windows(p, (oh, ow), (kh, kw), (s1, s0), (d1, d0), node)  # (N, IC, OH, OW, KH, KW)
     src = win.transpose(0, 1, 4, 2, 3, 5)  # (N, IC, KH, OH, OW, KW)
 
@@ -172,7 +186,7 @@ def _pool(node: Tensor, dst: np.ndarray, x: np.ndarray, op: OpPool, k_hw: tuple[
     if dst.size == 0:
         return noop
     fill = 0.0 if op == OpPool.AVG else -FLT_MAX
-    p, refresh = _padded(x, p_hw, fill, force_copy=False)
+    p, refresh = _padded(x, p_hw, fill, False, node)
     win = _windows(p, dst.shape[-2:], k_hw, s_hw, (1, 1), node)
     divisor: np.float32 | np.ndarray = np.float32(k_hw[0] * k_hw[1])
     if count_valid:

@@ -17,6 +17,7 @@ from pyggml.backends.cpu.kernels._common import (
     F32,
     FLOAT_TYPES,
     bf16_to_f32,
+    check_temporary,
     f32_to_bf16,
     noop,
     require_types,
@@ -68,6 +69,9 @@ def im2col_back_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | No
         d4, g4 = dst, g  # (N, IC, H, W), (N, OH, OW, IC*KH*KW)
     else:
         _check_spd(node, (ip.s0,), (ip.p0,), (ip.d0,))
+        if g.shape[0] != 1 or dst.shape[0] != 1:
+            raise ShapeError(f"CPU IM2COL_BACK '{node.name}': a 1-D gradient {g_t.ne} and dst {node.ne} have "
+                             "ne[3] 1")
         kh, kw = 1, k_t.ne[0]
         d4, g4 = dst[0][:, :, None, :], g[0][:, None, :, :]
     n, ic, h, w = d4.shape
@@ -78,7 +82,9 @@ def im2col_back_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | No
     if dst.size == 0:
         return noop
     s_hw, p_hw, d_hw = (ip.s1, ip.s0), (ip.p1, ip.p0), (ip.d1, ip.d0)
-    (acc,) = scratch(params, (n, ic, h + 2 * p_hw[0], w + 2 * p_hw[1]))
+    acc_shape = (n, ic, h + 2 * p_hw[0], w + 2 * p_hw[1])
+    check_temporary(node, "the padded sums", acc_shape)
+    (acc,) = scratch(params, acc_shape)
     win = _windows(acc, (oh, ow), (kh, kw), s_hw, d_hw, node, writeable=True)  # (N, IC, OH, OW, KH, KW)
     g6 = _split_last(g4, (ic, kh, kw)).transpose(0, 3, 1, 2, 4, 5)  # (N, IC, OH, OW, KH, KW)
     inner = acc[:, :, p_hw[0]: p_hw[0] + h, p_hw[1]: p_hw[1] + w]
@@ -118,7 +124,7 @@ def im2col_3d_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None
         raise ShapeError(f"CPU IM2COL_3D '{node.name}': kernel {k_t.ne}, input {x_t.ne} (IC={ic}) and dst "
                          f"{node.ne} do not fit")
     x5 = split_axis(x, 0, n, ic)  # (N, IC, D, H, W)
-    padded, refresh = _padded(x5, p, 0.0, force_copy=False)
+    padded, refresh = _padded(x5, p, 0.0, False, node)
     win = _windows(padded, (od, oh, ow), (kd, kh, kw), s, d, node)  # (N, IC, OD, OH, OW, KD, KH, KW)
     src = win.transpose(0, 2, 3, 4, 1, 5, 6, 7)
     d8 = _split_last(split_axis(dst, 0, n, od), (ic, kd, kh, kw))  # (N, OD, OH, OW, IC, KD, KH, KW)
@@ -151,6 +157,7 @@ def col2im_1d_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None
     if dst.size == 0:
         return noop
     full = max((t_in - 1) * s0 + k, p0 + t_out)
+    check_temporary(node, "the sums", (oc, full))
     cols32, acc = scratch(params, (t_in, k_oc), (oc, full))
     cols = cols32.reshape(t_in, oc, k).transpose(1, 2, 0)  # (OC, K, T_in)
     out = acc[:, p0: p0 + t_out]
@@ -195,7 +202,7 @@ def conv_3d_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None],
         return noop
     f16 = k_t.type == GGMLType.F16
     kd, kh, kw = k_t.ne[2], k_t.ne[1], k_t.ne[0]
-    padded, refresh = _padded(split_axis(x, 0, n, c), p, 0.0, force_copy=f16)  # (N, C, D, H, W)
+    padded, refresh = _padded(split_axis(x, 0, n, c), p, 0.0, f16, node)  # (N, C, D, H, W)
     win = _windows(padded, tuple(dst.shape[1:]), (kd, kh, kw), s, d, node)  # (N, C, OD, OH, OW, KD, KH, KW)
     k5 = split_axis(k, 0, oc, c)  # (OC, C, KD, KH, KW)
     d5 = split_axis(dst, 0, n, oc).transpose(0, 2, 3, 4, 1)  # (N, OD, OH, OW, OC)
@@ -237,6 +244,7 @@ def pool_2d_back_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | N
         return zero
     # buffer coordinates: plane position + padding; large enough for every window of the gradient
     bh, bw = max(h + p[0], (oh - 1) * s[0] + k[0]), max(w + p[1], (ow - 1) * s[1] + k[1])
+    check_temporary(node, "the padded sums and values", dst.shape[:2] + (2 * bh, bw))
     acc, vals = scratch(params, dst.shape[:2] + (bh, bw), dst.shape[:2] + (bh, bw))
     region = (..., slice(p[0], p[0] + h), slice(p[1], p[1] + w))
     win = _windows(acc, (oh, ow), k, s, (1, 1), node, writeable=True)  # (.., OH, OW, K1, K0)

@@ -26,8 +26,10 @@ from pyggml.backends.cpu.kernels._common import (
     F32,
     FLOAT_TYPES,
     all_float,
+    check_same_shape,
     collapse,
     ggml_broadcast,
+    is_multiple,
     noop,
     require_types,
     same_memory,
@@ -56,7 +58,7 @@ def _binary(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], ufunc:
     assert a is not None and b is not None
     if a.shape == dst.shape and dst.size == 0:
         return noop  # before the tiling test, which would divide by an empty src1's 0
-    if a.shape != dst.shape or any(n % m != 0 for n, m in zip(a.shape, b.shape, strict=True)):
+    if a.shape != dst.shape or not all(is_multiple(n, m) for n, m in zip(a.shape, b.shape, strict=True)):
         raise ShapeError(f"CPU {node.op.name} '{node.name}': src1 {b.shape[::-1]} does not tile src0 "
                          f"{a.shape[::-1]} into dst {dst.shape[::-1]} (ne order)")
     (d, a), b = ggml_broadcast([dst, a], b)
@@ -118,6 +120,7 @@ def acc_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], par
     require_types(node, FLOAT_TYPES, node, node.src[0], node.src[1])
     a, b = srcs[0], srcs[1]
     assert a is not None and b is not None
+    check_same_shape(node, dst, a)
     view = acc_view(node, dst, b.shape)
     copy = not same_memory(dst, a)
 

@@ -11,9 +11,10 @@ any layout, and sum in ggml's order (one term after the other, in f32).
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
-from pyggml.backends.cpu.kernels._common import F32, noop, require_types, same_memory
+from pyggml.backends.cpu.kernels._common import F32, is_multiple, noop, require_types, same_memory
 from pyggml.core.errors import ArgumentError, ShapeError
 from pyggml.core.ops.params import AddRelPosParams, Dsv4HcCombParams, Dsv4HcPreParams, WinPartParams, WinUnpartParams
 from pyggml.core.quants import is_implemented, to_float
@@ -182,7 +183,8 @@ def lightning_indexer_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarra
     n_s, n_t, n_h, d = q.shape
     n_kv = k_t.ne[2]
     _shape_check(node, k_t.ne == [d, 1, n_kv, n_s] and w_t.ne == [n_h, n_t, 1, n_s] and m_t.ne[:3] == [n_kv, n_t, 1]
-                 and n_s % m_t.ne[3] == 0 and dst.shape == (n_s, 1, n_t, n_kv), "q, k, weights and mask do not fit")
+                 and is_multiple(n_s, m_t.ne[3]) and dst.shape == (n_s, 1, n_t, n_kv),
+                 "q, k, weights and mask do not fit")
     if dst.size == 0:
         return noop
     n_m = m_t.ne[3]
@@ -209,6 +211,31 @@ def _sum4(c: np.ndarray, axis: int, start: float) -> np.ndarray:
     return total
 
 
+@njit(nogil=True, cache=True, error_model="numpy")
+def _sinkhorn_rounds(comb, eps, n_rounds):
+    """n_rounds times, in place on comb (t, src, dst) f32: each src row times the f32 reciprocal of its sum over
+    the dsts, then each dst column times that of its sum over the srcs, the sums from eps one term after the
+    other (the arithmetic of `_sum4` and numpy's products, at a compiled loop's cost per round)."""
+    n_t, n_src, n_dst = comb.shape
+    one = np.float32(1.0)
+    for _ in range(n_rounds):
+        for t in range(n_t):
+            for s in range(n_src):
+                total = eps
+                for d in range(n_dst):
+                    total += comb[t, s, d]
+                inv = one / total
+                for d in range(n_dst):
+                    comb[t, s, d] *= inv
+            for d in range(n_dst):
+                total = eps
+                for s in range(n_src):
+                    total += comb[t, s, d]
+                inv = one / total
+                for s in range(n_src):
+                    comb[t, s, d] *= inv
+
+
 def dsv4_hc_comb_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None],
                         params: ComputeParams) -> Compute:
     """Per token: logits[src, dst] = mixes[8 + dst + 4*src]*scale[2] + base[...], a softmax over dst plus eps,
@@ -218,7 +245,8 @@ def dsv4_hc_comb_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | N
     hc = 4
     n_t = mixes.shape[2]
     _shape_check(node, mixes.shape[3] == (2 + hc) * hc and mixes.shape[:2] == (1, 1) and scale.shape[3] >= 3
-                 and base.shape[3] == (2 + hc) * hc and dst.shape == (1, n_t, hc, hc), "needs hc = 4 mixes")
+                 and base.shape[3] == (2 + hc) * hc and 0 not in scale.shape[:3] + base.shape[:3]
+                 and dst.shape == (1, n_t, hc, hc), "needs hc = 4 mixes")
     if p.n_iter <= 0:
         raise ArgumentError(f"CPU DSV4_HC_COMB '{node.name}': n_iter={p.n_iter} must be > 0")
     if dst.size == 0:
@@ -231,9 +259,7 @@ def dsv4_hc_comb_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | N
         v = np.exp(logits - logits.max(axis=2, keepdims=True), dtype=F32)
         comb = v * (F32.type(1.0) / _sum4(v, 2, 0.0))[:, :, None] + eps
         comb *= (F32.type(1.0) / _sum4(comb, 1, p.eps))[:, None, :]  # columns: each dst over its srcs
-        for _ in range(1, p.n_iter):
-            comb *= (F32.type(1.0) / _sum4(comb, 2, p.eps))[:, :, None]  # rows: each src over its dsts
-            comb *= (F32.type(1.0) / _sum4(comb, 1, p.eps))[:, None, :]
+        _sinkhorn_rounds(comb, eps, p.n_iter - 1)
         np.copyto(dst[0], comb)
 
     return run

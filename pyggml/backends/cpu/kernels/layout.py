@@ -15,19 +15,21 @@ import functools
 from collections.abc import Callable
 
 import numpy as np
-from numpy.lib.stride_tricks import as_strided
 
 from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
 from pyggml.backends.cpu.kernels._common import (
     bf16_to_f32,
+    check_same_shape,
     collapse,
     f32_to_bf16,
     ggml_broadcast,
     is_convertible,
+    is_multiple,
     noop,
     reshape_view,
     same_memory,
     scratch,
+    strided_view,
 )
 from pyggml.backends.cpu.kernels.elementwise import acc_view
 from pyggml.core.errors import ArgumentError, GGMLError, OutOfBoundsError, ShapeError, UnsupportedTypeError
@@ -240,7 +242,7 @@ def repeat_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], 
     _same_type(node, node.src[0])
     src = srcs[0]
     assert src is not None
-    if any(n % m != 0 for n, m in zip(dst.shape, src.shape, strict=True)):
+    if not all(is_multiple(n, m) for n, m in zip(dst.shape, src.shape, strict=True)):
         raise ShapeError(f"CPU REPEAT '{node.name}': src ne {list(src.shape[::-1])} does not tile "
                          f"dst ne {list(dst.shape[::-1])}")
     if dst.size == 0:
@@ -285,7 +287,7 @@ def diag_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], pa
     if src.shape[2] != 1 or dst.shape != (src.shape[0], src.shape[1], n, n):
         raise ShapeError(f"CPU DIAG '{node.name}': src ne {list(src.shape[::-1])}, dst ne {list(dst.shape[::-1])}")
     s3, s2, s1, s0 = dst.strides
-    diagonal = as_strided(dst, (dst.shape[0], dst.shape[1], n), (s3, s2, s1 + s0))
+    diagonal = strided_view(dst, (dst.shape[0], dst.shape[1], n), (s3, s2, s1 + s0), f"CPU DIAG '{node.name}'")
     row = src[:, :, 0, :]
 
     def run() -> None:
@@ -424,6 +426,7 @@ def set_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], par
     _same_type(node, a_t)
     if b_t.type != node.type and not (b_t.type in _NUMPY_FLOATS and node.type in _NUMPY_FLOATS):
         raise UnsupportedTypeError(f"CPU SET '{node.name}': cannot store {b_t.type.name} into {node.type.name}")
+    check_same_shape(node, dst, a)
     view = acc_view(node, dst, b.shape)
     copy = not same_memory(dst, a)
 

@@ -93,11 +93,10 @@ import math
 from collections.abc import Callable
 
 import numpy as np
-from numpy.lib.stride_tricks import as_strided
 
 from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
 from pyggml.backends.cpu.kernels import quant_dot as qd
-from pyggml.backends.cpu.kernels._common import noop, reshape_view
+from pyggml.backends.cpu.kernels._common import is_multiple, noop, reshape_view, strided_view
 from pyggml.backends.cpu.kernels.threads import new_pool
 from pyggml.backends.cpu.numerics import NUMERICS_CODES
 from pyggml.backends.cpu.repack import is_repacked, repack_supports_op
@@ -177,7 +176,7 @@ def _mul_mat_problem(node: Tensor) -> Problem:
     if a.nb[0] != TYPE_TRAITS[a.type].type_size or (TYPE_TRAITS[b.type].is_quantized
                                                     and b.nb[0] != TYPE_TRAITS[b.type].type_size):
         return ShapeError, f"rows must be contiguous (src0 nb {a.nb}, src1 nb {b.nb})"
-    if a.ne[0] != b.ne[0] or b.ne[2] % max(a.ne[2], 1) != 0 or b.ne[3] % max(a.ne[3], 1) != 0:
+    if a.ne[0] != b.ne[0] or not is_multiple(b.ne[2], a.ne[2]) or not is_multiple(b.ne[3], a.ne[3]):
         return ShapeError, f"src0 ne {a.ne} and src1 ne {b.ne} do not fit (ne0 equal, src1 ne2/ne3 multiples of src0's)"
     if node.ne != [a.ne[1], b.ne[1], b.ne[2], b.ne[3]]:
         return ShapeError, f"dst ne {node.ne} is not [{a.ne[1]}, {b.ne[1]}, {b.ne[2]}, {b.ne[3]}]"
@@ -200,7 +199,7 @@ def _out_prod_problem(node: Tensor) -> Problem:
         return UnsupportedTypeError, f"dst has type {node.type.name}, must be F32"
     if a.nb[0] != TYPE_TRAITS[a.type].type_size:
         return ShapeError, f"src0 rows must be contiguous (nb {a.nb})"
-    if a.ne[1] != b.ne[1] or a.ne[2] != b.ne[2] or b.ne[3] % max(a.ne[3], 1) != 0:
+    if a.ne[1] != b.ne[1] or a.ne[2] != b.ne[2] or not is_multiple(b.ne[3], a.ne[3]):
         return ShapeError, (f"src0 ne {a.ne} and src1 ne {b.ne} do not fit (ne1 and ne2 equal, "
                             "src1 ne3 a multiple of src0's)")
     if node.ne != [a.ne[0], b.ne[0], a.ne[2], b.ne[3]]:
@@ -256,8 +255,10 @@ def _weight_rows(src0: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     offs = (np.arange(ne3, dtype=np.int64)[:, None, None] * s3
             + np.arange(ne2, dtype=np.int64)[None, :, None] * s2
             + np.arange(ne1, dtype=np.int64)[None, None, :] * s1).reshape(-1)
+    if offs.size and offs.min() < 0:
+        raise ShapeError(f"CPU MUL_MAT: weight rows at negative byte strides {list(b.strides[:3])}")
     extent = int(offs.max()) + row if offs.size else 0
-    mem = as_strided(b, shape=(extent,), strides=(1,), writeable=b.flags.writeable)
+    mem = strided_view(b, (extent,), (1,), "CPU MUL_MAT: the weights' bytes")
     return mem, np.ascontiguousarray(offs)
 
 
@@ -265,15 +266,15 @@ def _split_dims(a: np.ndarray, r3: int, r2: int) -> np.ndarray:
     """(n3, n2, x, y) -> (n3/r3, r3, n2/r2, r2, x, y), a view (rows i3 = i03*r3 + j, as ggml broadcasts)."""
     n3, n2 = a.shape[0], a.shape[1]
     s3, s2 = a.strides[0], a.strides[1]
-    return as_strided(a, (n3 // r3, r3, n2 // r2, r2) + a.shape[2:], (s3 * r3, s3, s2 * r2, s2) + a.strides[2:],
-                      writeable=a.flags.writeable)
+    return strided_view(a, (n3 // r3, r3, n2 // r2, r2) + a.shape[2:], (s3 * r3, s3, s2 * r2, s2) + a.strides[2:],
+                        f"CPU MUL_MAT: dims 2 and 3 of {list(a.shape)} split by {r2} and {r3}")
 
 
 def _repeat_dims(a: np.ndarray, r3: int, r2: int) -> np.ndarray:
     """(n3, n2, x, y) -> (n3, r3, n2, r2, x, y) with stride 0 on the repeats (src0 broadcast)."""
     s3, s2 = a.strides[0], a.strides[1]
-    return as_strided(a, (a.shape[0], r3, a.shape[1], r2) + a.shape[2:], (s3, 0, s2, 0) + a.strides[2:],
-                      writeable=False)
+    return strided_view(a, (a.shape[0], r3, a.shape[1], r2) + a.shape[2:], (s3, 0, s2, 0) + a.strides[2:],
+                        f"CPU MUL_MAT: dims 2 and 3 of {list(a.shape)} repeated {r2} and {r3} times", writeable=False)
 
 
 def _kernel_threads(params: ComputeParams, work: int) -> int:

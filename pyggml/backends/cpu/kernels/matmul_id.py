@@ -67,9 +67,12 @@ def _mul_mat_id_problem(node: Tensor) -> Problem:
                                      f"{node.type.name})"
     if a.nb[0] != TYPE_TRAITS[a.type].type_size or b.nb[0] != 4:
         return ShapeError, f"rows must be contiguous (as nb {a.nb}, b nb {b.nb})"
-    if (a.ne[3] != 1 or b.ne[3] != 1 or a.ne[0] != b.ne[0] or ids.ne[1] != b.ne[2] or b.ne[1] == 0
+    if (a.ne[3] != 1 or b.ne[3] != 1 or ids.ne[2:] != [1, 1] or a.ne[0] != b.ne[0] or ids.ne[1] != b.ne[2]
+            or b.ne[1] == 0
             or ids.ne[0] % b.ne[1] or node.ne != [a.ne[1], ids.ne[0], b.ne[2], 1]):
         return ShapeError, f"as ne {a.ne}, b ne {b.ne}, ids ne {ids.ne}, dst ne {node.ne} do not fit"
+    if not node.is_contiguous():
+        return ShapeError, f"dst must be contiguous (nb {node.nb})"  # the direct kernels write its rows whole
     return None
 
 
@@ -206,7 +209,8 @@ def _add_id_problem(node: Tensor) -> Problem:
         return ShapeError, "needs three sources (a, b, ids)"
     if any(t.type != F32 for t in (a, b, node)) or ids.type != I32:
         return UnsupportedTypeError, "a, b and dst must be F32, ids I32"
-    if a.ne[0] != b.ne[0] or a.ne[1] != ids.ne[0] or a.ne[2] != ids.ne[1] or node.ne != a.ne:
+    if (a.ne[0] != b.ne[0] or a.ne[1] != ids.ne[0] or a.ne[2] != ids.ne[1] or node.ne != a.ne
+            or ids.ne[2:] != [1, 1] or 0 in b.ne[2:]):
         return ShapeError, f"a ne {a.ne}, b ne {b.ne}, ids ne {ids.ne}, dst ne {node.ne} do not fit"
     return None
 

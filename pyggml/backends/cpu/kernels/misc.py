@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-from numpy.lib.stride_tricks import as_strided
 
 from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
 from pyggml.backends.cpu.kernels._common import (
@@ -21,10 +20,14 @@ from pyggml.backends.cpu.kernels._common import (
     bf16_to_f32,
     collapse,
     f32_to_bf16,
+    is_multiple,
     noop,
     require_types,
 )
+from pyggml.backends.cpu.kernels.conv import _padded, _windows
 from pyggml.core.errors import ArgumentError, ShapeError, UnsupportedTypeError
+from pyggml.core.ops.conv import calc_conv_output_size
+from pyggml.core.ops.node_check import checked_count
 from pyggml.core.ops.params import (
     ArangeParams,
     Conv2dParams,
@@ -118,7 +121,10 @@ def arange_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], 
     require_types(node, _F32_ONLY, node)
     p = ArangeParams.of(node)
     d = dst.reshape(-1)
-    steps = int(np.ceil(np.float32(np.float32(p.stop) - np.float32(p.start)) / np.float32(p.step)))
+    with np.errstate(all="ignore"):  # NaN, infinity and a step of 0 are refused as counts below
+        span = np.float32(np.float32(p.stop) - np.float32(p.start)) / np.float32(p.step)
+    steps = checked_count(float(np.ceil(span)), f"CPU ARANGE '{node.name}': the count of start={p.start}, "
+                          f"stop={p.stop}, step={p.step}")
     if d.size != steps:
         raise ShapeError(f"CPU ARANGE '{node.name}': dst has {d.size} elements, the range {steps}")
     values = np.float32(p.start) + np.float32(p.step) * np.arange(steps, dtype=F32)
@@ -133,7 +139,7 @@ def timestep_embedding_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarr
     assert x is not None
     p = TimestepEmbeddingParams.of(node)
     half = p.dim // 2
-    if dst.shape != (1, 1, x.shape[3], p.dim):
+    if dst.shape != (1, 1, x.shape[3], p.dim) or 0 in x.shape:
         raise ShapeError(f"CPU TIMESTEP_EMBEDDING '{node.name}': dst ne {_ne(dst)} for src ne {_ne(x)}, dim {p.dim}")
     # float32 as ggml's expf(-logf(max_period) * j / half)
     j = np.arange(half, dtype=F32)
@@ -247,7 +253,7 @@ def repeat_back_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | No
     require_types(node, _F32_ONLY, node, node.src[0])
     x = srcs[0]
     assert x is not None
-    if any(n % m for n, m in zip(x.shape, dst.shape, strict=True)) or 0 in dst.shape:
+    if 0 in dst.shape or not all(is_multiple(n, m) for n, m in zip(x.shape, dst.shape, strict=True)):
         raise ShapeError(f"CPU REPEAT_BACK '{node.name}': src0 ne {_ne(x)} is no tiling of dst ne {_ne(dst)}")
     # (n/m, m) per axis, then sum the tile axes
     shape = tuple(s for n, m in zip(x.shape, dst.shape, strict=True) for s in (n // m, m))
@@ -282,17 +288,31 @@ def solve_tri_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None
 # --- direct convolutions ---
 
 
-def _as_f16_if(x: np.ndarray, f16: bool) -> np.ndarray:
-    """x as float32, through float16 first when ggml rounds it to an F16 kernel's type before the products."""
-    return x.astype(np.float16).astype(F32) if f16 else x.astype(F32, copy=False)
+def _conv_windows(node: Tensor, x: np.ndarray, k_hw: tuple[int, int], out_hw: tuple[int, int],
+                  f16: bool) -> tuple[np.ndarray, Compute]:
+    """(N, C, OH, OW, KH, KW): the zero-padded input under each kernel tap of each output position (a strided
+    view of a padded copy made once), and the function that refreshes the copy from x each run (rounding it to
+    f16 first for an F16 kernel, as ggml). The op_params are checked against ggml's shape rule first: strides
+    and dilations >= 1, paddings >= 0, and dst's OW, OH those ggml_conv_2d_direct computes."""
+    p = Conv2dParams.of(node)
+    s, pad, d = (p.s1, p.s0), (p.p1, p.p0), (p.d1, p.d0)
+    if min(s + d) < 1 or min(pad) < 0:
+        raise ArgumentError(f"CPU {node.op.name} '{node.name}': strides ({p.s0}, {p.s1}) and dilations ({p.d0}, "
+                            f"{p.d1}) must be >= 1, paddings ({p.p0}, {p.p1}) >= 0")
+    want = tuple(calc_conv_output_size(n, kk, si, pi, di)
+                 for n, kk, si, pi, di in zip(x.shape[2:], k_hw, s, pad, d, strict=True))
+    if want != out_hw or min(want) < 1:
+        raise ShapeError(f"CPU {node.op.name} '{node.name}': dst OW x OH {out_hw[1]} x {out_hw[0]}, but an input "
+                         f"{x.shape[3]} x {x.shape[2]} with kernel {k_hw[1]} x {k_hw[0]}, strides ({p.s0}, {p.s1}), "
+                         f"paddings ({p.p0}, {p.p1}), dilations ({p.d0}, {p.d1}) gives {want[1]} x {want[0]}")
+    padded, refresh = _padded(x, pad, 0.0, True, node)
+    assert refresh is not None
 
+    def refresh_f16() -> None:
+        refresh()
+        np.copyto(padded, padded.astype(np.float16))
 
-def _windows(x: np.ndarray, kh: int, kw: int, oh: int, ow: int, p: Conv2dParams) -> np.ndarray:
-    """(N, C, OH, OW, KH, KW): the zero-padded input under each kernel tap of each output position."""
-    xp = np.pad(x, ((0, 0), (0, 0), (p.p1, p.p1), (p.p0, p.p0)))
-    sn, sc, sh, sw = xp.strides
-    return as_strided(xp, (xp.shape[0], xp.shape[1], oh, ow, kh, kw),
-                      (sn, sc, p.s1 * sh, p.s0 * sw, p.d1 * sh, p.d0 * sw), writeable=False)
+    return _windows(padded, out_hw, k_hw, s, d, node), refresh_f16 if f16 else refresh
 
 
 def _conv_operands(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None]) -> tuple[np.ndarray, np.ndarray]:
@@ -307,7 +327,6 @@ def conv_2d_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None],
     """dst[n, oc, y, x] = sum over ic, ky, kx of kernel[oc, ic, ky, kx] * input[n, ic, y s1 + ky d1 - p1,
     x s0 + kx d0 - p0] (zero outside); with an F16 kernel the input is rounded to f16 first, as ggml."""
     k, x = _conv_operands(node, dst, srcs)
-    p = Conv2dParams.of(node)
     oc, ic, kh, kw = k.shape
     n, _, oh, ow = dst.shape
     if x.shape[1] != ic or dst.shape[:2] != (x.shape[0], oc):
@@ -315,9 +334,10 @@ def conv_2d_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None],
     if dst.size == 0:
         return noop
     f16 = node.src[0] is not None and node.src[0].type == GGMLType.F16
+    win, refresh = _conv_windows(node, x, (kh, kw), (oh, ow), f16)
 
     def run() -> None:
-        win = _windows(_as_f16_if(x, f16), kh, kw, oh, ow, p)
+        refresh()
         out = np.tensordot(win, k.astype(F32), axes=((1, 4, 5), (1, 2, 3)))  # (N, OH, OW, OC)
         np.copyto(dst, out.transpose(0, 3, 1, 2))
 
@@ -329,16 +349,16 @@ def conv_2d_dw_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | Non
     """Depthwise: dst[n, c, y, x] = sum over ky, kx of kernel[c, 0, ky, kx] * input[n, c, ...] (zero outside);
     WHCN and CWHN layouts alike (numpy strides)."""
     k, x = _conv_operands(node, dst, srcs)
-    p = Conv2dParams.of(node)
     c, one, kh, kw = k.shape
     _, _, oh, ow = dst.shape
     if one != 1 or x.shape[1] != c or dst.shape[:2] != x.shape[:2]:
         raise ShapeError(f"CPU CONV_2D_DW '{node.name}': kernel ne {_ne(k)}, input ne {_ne(x)}, dst ne {_ne(dst)}")
     if dst.size == 0:
         return noop
+    win, refresh = _conv_windows(node, x, (kh, kw), (oh, ow), False)
 
     def run() -> None:
-        win = _windows(x.astype(F32, copy=False), kh, kw, oh, ow, p)
+        refresh()
         np.copyto(dst, np.einsum("ncyxhw,chw->ncyx", win, k[:, 0].astype(F32), dtype=F32))
 
     return run
@@ -352,7 +372,7 @@ def conv_transpose_2d_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarra
     s = ConvTranspose2dParams.of(node).stride
     ic, oc, kh, kw = k.shape
     n, _, h, w = x.shape
-    if x.shape[1] != ic or dst.shape != (n, oc, (h - 1) * s + kh, (w - 1) * s + kw) or s < 1:
+    if s < 1 or x.shape[1] != ic or dst.shape != (n, oc, (h - 1) * s + kh, (w - 1) * s + kw):
         raise ShapeError(f"CPU CONV_TRANSPOSE_2D '{node.name}': kernel ne {_ne(k)}, input ne {_ne(x)}, "
                          f"dst ne {_ne(dst)}, stride {s}")
     if dst.size == 0:
@@ -360,7 +380,7 @@ def conv_transpose_2d_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarra
     f16 = node.src[0] is not None and node.src[0].type == GGMLType.F16
 
     def run() -> None:
-        xs = _as_f16_if(x, f16)
+        xs = x.astype(np.float16).astype(F32) if f16 else x.astype(F32, copy=False)
         kf = k.astype(F32)
         dst.fill(0.0)
         for ky in range(kh):
@@ -369,6 +389,7 @@ def conv_transpose_2d_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarra
                 dst[:, :, ky:ky + (h - 1) * s + 1:s, kx:kx + (w - 1) * s + 1:s] += contrib
 
     return run
+
 
 KERNELS: dict[GGMLOp, Kernel] = {
     GGMLOp.SIN: sin_kernel,

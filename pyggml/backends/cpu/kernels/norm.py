@@ -419,6 +419,19 @@ def _theta_sources(p: RopeParams, n_pairs: int) -> tuple[np.ndarray, np.ndarray]
     return stream, power
 
 
+def _c_div(a: float, b: float) -> float:
+    """a / b as C divides doubles: a zero divisor gives an infinity (or NaN), not an error."""
+    with np.errstate(all="ignore"):
+        return float(np.float64(a) / np.float64(b))
+
+
+def _c_log(x: float) -> float:
+    """log(x) as C's: -inf at 0, NaN below 0 or at NaN, not an error."""
+    if x > 0:
+        return math.log(x)
+    return -math.inf if x == 0 else math.nan
+
+
 def rope_cos_sin(p: RopeParams, n_pairs: int, positions: np.ndarray,
                  freq_factors: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     """cos and sin (times mscale) of each token's angle for each pair, f32 (tokens, n_pairs), as ggml's rope
@@ -449,7 +462,7 @@ def rope_cos_sin(p: RopeParams, n_pairs: int, positions: np.ndarray,
         y = (np.arange(n_pairs, dtype=F32) - f32(low)) / f32(max(0.001, high - low))
         ramp_mix = ((1 - np.clip(y, 0, 1)) * f32(p.ext_factor)).astype(F32)
         ang = ang * (1 - ramp_mix) + theta * ramp_mix
-        mscale = f32(mscale * f32(1.0 + 0.1 * math.log(1.0 / p.freq_scale)))
+        mscale = f32(mscale * f32(1.0 + 0.1 * _c_log(_c_div(1.0, p.freq_scale))))
     ang = np.ascontiguousarray(ang, dtype=F32)
     c = np.empty_like(ang)
     s = np.empty_like(ang)
@@ -500,6 +513,9 @@ def _rope(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: 
     p = RopeParams.of(node)
     ne3, ne2, ne1, ne0 = x.shape
     rope_check(node, p, ne0, ne2, "CPU")
+    if p.mode & GGML_ROPE_TYPE_MROPE and min(p.sections) < 0:
+        raise ArgumentError(f"CPU {node.op.name} '{node.name}': multi-rope sections {list(p.sections)} must not be "
+                            "negative")
     if dst.size == 0:
         return noop
     pairs = rope_pairs(p, ne0)

@@ -1975,7 +1975,7 @@ def _store_scales(yd, ys, r, b, d, total, with_s):
         ys[r, b] = round_f16(np.float32(total) * d)
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")  # C's division: an infinite value's scale is 1/-0.0, not an error
 def _quantize_q8_K_row(x, yq, yd, yb, r):
     nb = x.shape[1] // 256
     for b in range(nb):

@@ -59,7 +59,7 @@ def ssm_conv_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None]
     n_s, d_inner, ncs = sx.shape[1:]
     nc = c.shape[3]
     n_t = ncs - nc + 1
-    if dst.shape != (1, n_s, n_t, d_inner) or c.shape[2] != d_inner or n_t < 0:
+    if dst.shape != (1, n_s, n_t, d_inner) or c.shape[:3] != (1, 1, d_inner) or sx.shape[0] != 1 or n_t < 0:
         raise ShapeError(f"CPU SSM_CONV '{node.name}': sx ne {list(sx.shape[::-1])}, c ne {list(c.shape[::-1])}, "
                          f"dst ne {list(dst.shape[::-1])}")
     if dst.size == 0:
@@ -248,7 +248,7 @@ def gated_delta_net_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray 
                          f"beta ne {list(beta.shape[::-1])}, state ne {list(state.shape[::-1])}, K={K}")
     for what, a in (("q", q), ("k", k)):
         nq3, _, nq1, nq0 = a.shape
-        if nq0 != S_v or a.shape[1] != n_tokens or H % nq1 or n_seqs % nq3:
+        if nq0 != S_v or a.shape[1] != n_tokens or min(nq1, nq3) < 1 or H % nq1 or n_seqs % nq3:
             raise ShapeError(f"CPU GATED_DELTA_NET '{node.name}': {what} ne {list(a.shape[::-1])} does not "
                              f"broadcast over v ne {list(v.shape[::-1])}")
     n_attn = S_v * H * n_tokens * n_seqs

@@ -99,6 +99,8 @@ def get_rows_back_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | 
     require_types(node, (GGMLType.I32,), node.src[1])
     g, idx = srcs[0], srcs[1]
     assert g is not None and idx is not None
+    if g.shape[:2] != (1, 1) or dst.shape[:2] != (1, 1):
+        raise ShapeError(f"CPU GET_ROWS_BACK '{node.name}': rows ne {_ne(g)} and dst ne {_ne(dst)} must be matrices")
     rows = g[0, 0]
     out = dst[0, 0]
     ids = idx.reshape(-1)
@@ -146,6 +148,9 @@ def cross_entropy_loss_back_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.
     grad = srcs[0]
     assert grad is not None
     logits, labels = _same_shape(node, dst, srcs[1], srcs[2])
+    if grad.size != 1:
+        raise ShapeError(f"CPU CROSS_ENTROPY_LOSS_BACK '{node.name}': the gradient must be a scalar, has ne "
+                         f"{_ne(grad)}")
     if dst.size == 0:
         return noop
     nr = dst.size // dst.shape[3]
