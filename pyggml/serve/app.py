@@ -1,4 +1,6 @@
-"""The ASGI app (Starlette): OpenAI's /v1/chat/completions, /v1/completions and /v1/models, and /health.
+"""The ASGI app (Starlette): OpenAI's /v1/chat/completions, /v1/completions, /v1/models and /v1/embeddings,
+/health, and llama-server's other endpoints (`endpoints`, `embeddings`); one log line per request
+(`request_log`).
 
 The event loop never runs model code: templates and tokenization go to Starlette's thread pool (no lock:
 the tokenizer's caches take concurrent use), decoding to the engine's thread, whose events come back through
@@ -12,6 +14,9 @@ only for requests presenting the same token (no token: one shared namespace). Bo
 only, read within `read_timeout` seconds; a prompt that cannot fit a slot is refused from its size before it
 is tokenized where the vocab allows (`Tokenizer.min_tokens`); the messages' strings never become special
 tokens unless `special_in_content` (`ChatTemplate.prompt_parts`). `guard.Guard` checks Host and Origin first.
+A chat's template gets the server's `template_kwargs` and the request's `chat_template_kwargs` over them; the
+reply of a template that thinks has its reasoning apart (`reasoning_content`, `pyggml.models.reasoning`) unless
+the reasoning format is "none".
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import hmac
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +40,13 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from pyggml.core.errors import GGMLError
+from pyggml.models.reasoning import ReasoningSplit, template_thinks, thinking_forced_open
+from pyggml.serve.embeddings import Embeddings
+from pyggml.serve.endpoints import Endpoints, generation_settings
 from pyggml.serve.engine import Engine, EngineStoppedError, Event, GenRequest, QueueFullError
 from pyggml.serve.guard import Guard
 from pyggml.serve.limits import HEADER_TIMEOUT, MAX_BODY
+from pyggml.serve.options import ServerOptions
 from pyggml.serve.protocol import (
     Params,
     RequestError,
@@ -50,6 +59,7 @@ from pyggml.serve.protocol import (
     response,
     usage,
 )
+from pyggml.serve.request_log import RequestLog, note_tokens
 
 EVENT_WAIT = 0.5  # seconds between checks that a non-streaming client is still there
 
@@ -63,9 +73,13 @@ class Server:
 
     def __init__(self, engine: Engine, model_name: str | None = None, api_key: str | Sequence[str] | None = None,
                  max_body: int = MAX_BODY, request_timeout: float = 600.0, read_timeout: float = HEADER_TIMEOUT,
-                 special_in_content: bool = False) -> None:
+                 special_in_content: bool = False, options: ServerOptions | None = None) -> None:
         from pyggml.models.chat import ChatTemplate
+        from pyggml.models.pooling import check_pooling
+        from pyggml.models.reasoning import check_reasoning_format
 
+        self.options = options or ServerOptions()
+        check_reasoning_format(self.options.reasoning_format, "the reasoning format")
         self.engine = engine
         self.model = engine.model
         self.model_name = model_name or Path(getattr(self.model.file, "name", "model")).stem
@@ -75,9 +89,19 @@ class Server:
         self.request_timeout = request_timeout  # a request's whole life (a bound, not a deadline users see)
         self.read_timeout = read_timeout  # seconds for a request's body
         self.special_in_content = special_in_content  # parse special tokens in messages too (llama.cpp's way)
-        self.template = ChatTemplate.from_model(self.model)
+        self.template = ChatTemplate.from_model(self.model, self.options.chat_template,
+                                                self.options.chat_template_name)
+        self.thinks = template_thinks(self.template.source)
         self.eog = frozenset(self.model.tokenizer.eog_ids)
         self.created = int(time.time())
+        # embeddings with the server's pooling (--pooling, else the file's); checked now: "rank" cannot be served
+        self.pooling = (check_pooling(self.options.pooling or self.model.pooling_type, "the pooling")
+                        if self.options.embeddings else None)
+        self.metrics: Any = None
+        if self.options.metrics:
+            from pyggml.serve.metrics import Metrics
+
+            self.metrics = Metrics(engine)
 
     # --- the request's way in ---
 
@@ -123,17 +147,29 @@ class Server:
                                f"{self.engine.slot_ctx}: no room for an answer", param=param,
                                code="context_length_exceeded")
 
+    def template_kwargs(self, p: Params) -> dict[str, Any]:
+        """The chat template's variables: the server's, the request's `chat_template_kwargs` over them."""
+        return {**self.options.template_kwargs, **p.template_kwargs}
+
+    def chat_prompt(self, p: Params) -> str:
+        """The chat's prompt text, as the chat route tokenizes it (/apply-template's answer)."""
+        try:
+            return self.template.prompt(p.messages, add_generation_prompt=True, **self.template_kwargs(p))
+        except GGMLError as e:
+            raise RequestError(f"the chat template failed on these messages: {e}", param="messages") from None
+
     def prompt_ids(self, p: Params) -> list[int]:
         """The prompt's token ids (in a worker thread: templates and tokenizers are model code)."""
         from pyggml.models.chat import SpecialTextError
 
         tokenizer = self.model.tokenizer
         if p.kind == "chat":
+            kwargs = self.template_kwargs(p)
             try:
                 if self.special_in_content:
-                    parts = [(self.template.prompt(p.messages, add_generation_prompt=True), True)]
+                    parts = [(self.template.prompt(p.messages, add_generation_prompt=True, **kwargs), True)]
                 else:
-                    parts = self.template.prompt_parts(p.messages, tokenizer, add_generation_prompt=True)
+                    parts = self.template.prompt_parts(p.messages, tokenizer, add_generation_prompt=True, **kwargs)
             except SpecialTextError as e:
                 raise RequestError(str(e), param=e.field) from None
             except GGMLError as e:
@@ -203,6 +239,15 @@ class Server:
             raise RequestError(str(e), status=503, type="server_error", code="unavailable") from None
         return events
 
+    def reasoning_split(self, p: Params, ids: Sequence[int]) -> tuple[ReasoningSplit | None, bool]:
+        """The split of a chat reply's reasoning (None: the reply stays whole: not a chat, a template that does
+        not think, or the format "none") and whether the format is "deepseek-legacy" (the content keeps it all)."""
+        fmt = p.reasoning_format or self.options.reasoning_format
+        if p.kind != "chat" or fmt == "none" or not self.thinks:
+            return None, False
+        tail = "".join(self.model.tokenizer.token_to_piece(t, special=True) for t in ids[-4:])
+        return ReasoningSplit(forced_open=thinking_forced_open(tail)), fmt == "deepseek-legacy"
+
     # --- routes ---
 
     async def completions(self, request: Request, kind: str) -> Response:
@@ -211,14 +256,17 @@ class Server:
             p = parse_request(await self.read_json(request), kind)
             ids = await run_in_threadpool(self.prompt_ids, p)
             req = self.gen_request(p, ids, namespace)
+            req.info = generation_settings(p)
             events = self.start(req, stream=p.stream)
         except RequestError as e:
             return _error(e)
         rid = new_id(kind)
         name = self.model_name  # the model that answers, whatever the request named
+        split, legacy = self.reasoning_split(p, ids)
         if p.stream:
-            return StreamingResponse(self.stream(req, events, p, rid, name), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
+            return StreamingResponse(self.stream(req, events, p, rid, name, request.scope,
+                                                 None if legacy else split),
+                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         try:
             text: list[str] = []
             deadline = time.monotonic() + self.request_timeout
@@ -242,14 +290,27 @@ class Server:
                     return JSONResponse(error_body(e.message, "server_error"), status_code=500)
                 else:
                     use = usage(e.prompt_tokens, e.completion_tokens, e.cached_tokens)
-                    return JSONResponse(response(kind, rid, name, "".join(text), e.finish_reason, use))
+                    note_tokens(request.scope, prompt=e.prompt_tokens, completion=e.completion_tokens,
+                                cached=e.cached_tokens)
+                    content, reasoning = "".join(text), ""
+                    if split is not None:
+                        pieces = split.feed(content) + split.flush()
+                        reasoning = "".join(t for k, t in pieces if k == "reasoning")
+                        if not legacy:
+                            content = "".join(t for k, t in pieces if k == "content")
+                    return JSONResponse(response(kind, rid, name, content, e.finish_reason, use, reasoning))
         finally:
             req.cancel()  # a no-op after the end; frees the slot when this coroutine was cancelled
 
     async def stream(self, req: GenRequest, events: asyncio.Queue[Event], p: Params, rid: str,
-                     name: str) -> AsyncIterator[str]:
+                     name: str, scope: Any = None, split: ReasoningSplit | None = None) -> AsyncIterator[str]:
         def sse(obj: dict[str, Any]) -> str:
             return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+        def pieces(kinds: list[tuple[str, str]]) -> Iterator[str]:  # a reasoning split's deltas
+            for what, t in kinds:
+                yield sse(chunk(p.kind, rid, name, t) if what == "content"
+                          else chunk(p.kind, rid, name, None, reasoning=t))
 
         try:
             if p.kind == "chat":
@@ -265,12 +326,22 @@ class Server:
                 except TimeoutError:
                     continue
                 if e.kind == "text":
-                    yield sse(chunk(p.kind, rid, name, e.text))
+                    if split is None:
+                        yield sse(chunk(p.kind, rid, name, e.text))
+                    else:
+                        for line in pieces(split.feed(e.text)):
+                            yield line
                 elif e.kind == "error":
                     yield sse(error_body(e.message, "server_error"))
                     break
                 else:
+                    if split is not None:
+                        for line in pieces(split.flush()):
+                            yield line
                     use = usage(e.prompt_tokens, e.completion_tokens, e.cached_tokens)
+                    if scope is not None:
+                        note_tokens(scope, prompt=e.prompt_tokens, completion=e.completion_tokens,
+                                    cached=e.cached_tokens)
                     finish = e.finish_reason if e.finish_reason != "cancelled" else "stop"
                     yield sse(chunk(p.kind, rid, name, None if p.kind == "chat" else "", finish_reason=finish,
                                     use=None if p.include_usage else use))
@@ -287,15 +358,18 @@ class Server:
     async def text_completions(self, request: Request) -> Response:
         return await self.completions(request, "completion")
 
+    def model_card(self) -> dict[str, Any]:
+        """The served model as OpenAI's model object (llama-server's `meta` beside)."""
+        return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "pyggml",
+                "meta": {"n_ctx": self.model.n_ctx, "n_slots": len(self.engine.slots), "slot_ctx": self.engine.slot_ctx,
+                         "n_vocab": self.model.hparams.n_vocab, "n_embd": self.model.hparams.n_embd}}
+
     async def models(self, request: Request) -> Response:
         try:
             self.check_key(request)
         except RequestError as e:
             return _error(e)
-        return JSONResponse({"object": "list", "data": [
-            {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "pyggml",
-             "meta": {"n_ctx": self.model.n_ctx, "n_slots": len(self.engine.slots),
-                      "slot_ctx": self.engine.slot_ctx, "n_vocab": self.model.hparams.n_vocab}}]})
+        return JSONResponse({"object": "list", "data": [self.model_card()]})
 
     async def health(self, request: Request) -> Response:
         try:
@@ -310,6 +384,11 @@ class Server:
                 "requests_cancelled": self.engine.n_cancelled, "prompts_reused": self.engine.n_prompt_reused,
                 "graphs_built": getattr(self.model, "n_graphs_built", None)}
         return JSONResponse(body, status_code=200 if alive else 503)
+
+
+async def _request_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RequestError)
+    return _error(exc)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -327,12 +406,13 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
 def create_app(engine: Engine, model_name: str | None = None, api_key: str | Sequence[str] | None = None,
                max_body: int = MAX_BODY, *, host: str = "127.0.0.1", allowed_hosts: Iterable[str] = (),
                cors_origins: Iterable[str] = (), read_timeout: float = HEADER_TIMEOUT,
-               special_in_content: bool = False) -> Starlette:
+               special_in_content: bool = False, options: ServerOptions | None = None) -> Starlette:
     """The Starlette app serving `engine` (already started or not: requests wait for its thread): Host must be
     `host` (the bound address), a local name or one of `allowed_hosts` ("*": any); requests from web pages only
-    from `cors_origins`; the rest as `Server`."""
+    from `cors_origins`; `options`: llama-server's other features (`ServerOptions`); the rest as `Server`."""
     s = Server(engine, model_name, api_key, max_body, read_timeout=read_timeout,
-               special_in_content=special_in_content)
+               special_in_content=special_in_content, options=options)
+    more, embed = Endpoints(s), Embeddings(s)
     routes = [
         Route("/v1/chat/completions", s.chat_completions, methods=["POST"]),
         Route("/chat/completions", s.chat_completions, methods=["POST"]),
@@ -341,9 +421,20 @@ def create_app(engine: Engine, model_name: str | None = None, api_key: str | Seq
         Route("/v1/models", s.models, methods=["GET"]),
         Route("/models", s.models, methods=["GET"]),
         Route("/health", s.health, methods=["GET"]),
+        Route("/v1/models/{model:path}", more.model, methods=["GET"]),
+        Route("/models/{model:path}", more.model, methods=["GET"]),
+        Route("/v1/embeddings", embed.oai, methods=["POST"]),
+        Route("/embeddings", embed.native, methods=["POST"]),
+        Route("/tokenize", more.tokenize, methods=["POST"]),
+        Route("/detokenize", more.detokenize, methods=["POST"]),
+        Route("/apply-template", more.apply_template, methods=["POST"]),
+        Route("/props", more.props, methods=["GET"]),
+        Route("/slots", more.slots, methods=["GET"]),
+        Route("/metrics", more.metrics, methods=["GET"]),
     ]
     guard = Middleware(Guard, bound_host=host, allowed_hosts=list(allowed_hosts), cors_origins=list(cors_origins))
-    app = Starlette(routes=routes, middleware=[guard], exception_handlers={HTTPException: _http_error,
-                                                                           Exception: _internal_error})
+    app = Starlette(routes=routes, middleware=[Middleware(RequestLog), guard],
+                    exception_handlers={RequestError: _request_error, HTTPException: _http_error,
+                                        Exception: _internal_error})
     app.state.server = s
     return app

@@ -11,7 +11,9 @@ whose prompt starts with them evaluates only the rest (llama-server's
 per API key): a client never reuses, nor learns of, another's cached prompt.
 Only this thread touches the model: results go back through each request's
 `sink`, a callable the caller makes thread-safe (the ASGI app hands them to
-its event loop with `call_soon_threadsafe`).
+its event loop with `call_soon_threadsafe`). An embedding request (`pooling`
+set) takes a slot too; its prompt is evaluated for its hidden states in a batch
+of embedding requests only (as llama-server batches a task type with its own).
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ class EngineStoppedError(ServeError):
 @dataclass
 class Event:
     """What the engine tells a request's sink: `text` (a piece of the answer), `done` (finish_reason
-    "stop", "length" or "cancelled", with the token counts) or `error` (message)."""
+    "stop", "length" or "cancelled", with the token counts; an embedding request's vector in `embedding`) or
+    `error` (message)."""
 
     kind: str
     text: str = ""
@@ -56,13 +59,16 @@ class Event:
     completion_tokens: int = 0
     cached_tokens: int = 0
     message: str = ""
+    embedding: Any = None
 
 
 @dataclass
 class GenRequest:
     """One generation: prompt token ids, at most `max_tokens` new ones, `sampler` (None: greedy argmax),
     `stop` strings (the answer ends before the first one), end-of-generation ids (not part of the answer);
-    `namespace`: the requests whose cached prompts it may reuse (the same namespace's only)."""
+    `namespace`: the requests whose cached prompts it may reuse (the same namespace's only). With `pooling`
+    ("none", "mean", "cls", "last") the request asks for the prompt's embedding instead, normalized by
+    `embd_normalize` (`pyggml.models.pooling`); `info`: what /slots shows of it (its sampling settings)."""
 
     prompt: list[int]
     max_tokens: int
@@ -72,6 +78,9 @@ class GenRequest:
     sink: Callable[[Event], None] = lambda e: None
     namespace: str = ""
     cancelled: threading.Event = field(default_factory=threading.Event)
+    pooling: str | None = None
+    embd_normalize: int = 2
+    info: dict[str, Any] = field(default_factory=dict)
 
     def cancel(self) -> None:
         """Thread-safe: the engine frees the request's slot (or drops it from the queue) at its next step."""
@@ -92,6 +101,9 @@ class _Slot:
         self.text = ""  # the answer's text so far (all of it: stop strings may span pieces)
         self.sent = 0  # how much of `text` went to the sink
         self.last_used = 0.0
+        self.task = -1  # the number of the request it holds (or held last)
+        self.t_start = 0.0  # when the request took the slot
+        self.t_prompt = 0.0  # when its prompt was evaluated (0: not yet)
 
 
 class Engine:
@@ -125,6 +137,17 @@ class Engine:
         self.n_prompt_reused = 0
         self.decode_seconds = 0.0  # wall time inside Model.decode (a step's batch), all steps
         self.decode_tokens = 0  # the tokens of those batches
+        # llama-server's metrics: prompt tokens evaluated (the cached ones apart) and the slots' seconds on them,
+        # tokens generated and the seconds from a prompt's end to the request's, the largest prompt + answer, the
+        # busy slots summed over decode steps
+        self.n_tasks = 0
+        self.prompt_tokens = 0
+        self.prompt_tokens_cached = 0
+        self.prompt_seconds = 0.0
+        self.predicted_tokens = 0
+        self.predicted_seconds = 0.0
+        self.n_tokens_max = 0
+        self.busy_slot_steps = 0
         # the batches of n_slots slots come in more shapes than one sequence's (1..n_slots decoding, prompts
         # beside them): keep enough graphs that none is built again (a build costs ~150 ms on SmolLM2)
         if hasattr(model, "set_keep_graphs"):
@@ -219,11 +242,17 @@ class Engine:
                     best, best_n = s, n
             assert best is not None
             keep = min(best_n, len(req.prompt) - 1)  # the last prompt token is evaluated again: its logits
+            if req.pooling is not None:  # every token's hidden state is wanted: nothing of the cache is reused
+                keep = 0
             self.model.seq_rm(best.id, keep, -1)
             best.cached = best.cached[:keep]
             if keep:
                 self.n_prompt_reused += 1
             best.req = req
+            best.task = self.n_tasks
+            self.n_tasks += 1
+            best.t_start = time.perf_counter()
+            best.t_prompt = 0.0
             best.namespace = req.namespace
             best.pending = req.prompt[keep:]
             best.history = list(req.prompt)
@@ -243,6 +272,10 @@ class Engine:
         # the generating slots' next tokens first, then prompts up to the batch budget: a long prompt is
         # evaluated over several steps (as llama-server's n_batch) instead of stalling every other slot
         busy = [s for s in self.slots if s.req is not None and s.pending]
+        embedding = [s for s in busy if s.req is not None and s.req.pooling is not None]
+        if embedding:
+            self._embed(embedding)
+            busy = [s for s in busy if s not in embedding]
         if not busy:
             return
         budget = max(self.max_batch, sum(len(s.pending) == 1 for s in busy))
@@ -261,15 +294,55 @@ class Engine:
         self.decode_seconds += time.perf_counter() - t0
         self.decode_tokens += len(tokens)
         self.n_steps += 1
+        self.busy_slot_steps += self.busy_slots()
         for row, (s, k) in enumerate(active):
             s.cached.extend(s.pending[:k])
             s.pending = s.pending[k:]
             if not s.pending:  # a prompt evaluated in part samples nothing yet
                 self._sample(s, logits[row])
 
+    def _embed(self, slots: list[_Slot]) -> None:
+        """Evaluate the prompts of embedding requests in one batch of hidden states; each gets its pooled,
+        normalized vector (`pyggml.models.pooling`) and its slot is free again, its prompt cached."""
+        from pyggml.models.pooling import normalize, pool
+
+        tokens = np.concatenate([np.asarray(s.pending, dtype=np.int64) for s in slots])
+        seqs = np.repeat(np.asarray([s.id for s in slots], dtype=np.int64), [len(s.pending) for s in slots])
+        pos = np.concatenate([np.arange(len(s.cached), len(s.cached) + len(s.pending)) for s in slots])
+        t0 = time.perf_counter()
+        hidden = self.model.decode(tokens, seqs, positions=pos, outputs=np.ones(len(tokens), dtype=bool),
+                                   embeddings=True)
+        self.decode_seconds += time.perf_counter() - t0
+        self.decode_tokens += len(tokens)
+        self.n_steps += 1
+        self.busy_slot_steps += self.busy_slots()
+        start = 0
+        for s in slots:
+            req = s.req
+            assert req is not None and req.pooling is not None
+            rows = hidden[start:start + len(s.pending)]
+            start += len(s.pending)
+            s.cached.extend(s.pending)
+            s.pending = []
+            vector = pool(rows, req.pooling)
+            if req.pooling != "none":  # llama-server leaves the per-token vectors as they are
+                vector = normalize(vector, req.embd_normalize)
+            self._prompt_done(s)
+            self._finish(s, reason="stop", embedding=vector)
+
+    def _prompt_done(self, s: _Slot) -> None:
+        req = s.req
+        assert req is not None
+        s.t_prompt = time.perf_counter()
+        self.prompt_tokens += len(req.prompt) - s.n_cached_prompt
+        self.prompt_tokens_cached += s.n_cached_prompt
+        self.prompt_seconds += s.t_prompt - s.t_start
+
     def _sample(self, s: _Slot, logits: np.ndarray) -> None:
         req = s.req
         assert req is not None
+        if not s.t_prompt:
+            self._prompt_done(s)
         tok = int(np.argmax(logits)) if req.sampler is None else int(req.sampler.sample(logits, s.history))
         s.history.append(tok)
         if tok in req.eog_ids:  # not part of the answer, nor of its token count
@@ -308,7 +381,7 @@ class Engine:
             s.req.sink(Event("text", text=s.text[s.sent:end]))
             s.sent = end
 
-    def _finish(self, s: _Slot, reason: str = "", error: str = "") -> None:
+    def _finish(self, s: _Slot, reason: str = "", error: str = "", embedding: Any = None) -> None:
         req = s.req
         if req is None:
             return
@@ -316,11 +389,15 @@ class Engine:
         s.pending = []
         s.last_used = time.monotonic()
         self.n_done += 1
+        if s.t_prompt:
+            self.predicted_tokens += s.n_gen
+            self.predicted_seconds += time.perf_counter() - s.t_prompt
+            self.n_tokens_max = max(self.n_tokens_max, len(req.prompt) + s.n_gen)
         if error:
             req.sink(Event("error", message=error))
         else:
             req.sink(Event("done", finish_reason=reason, prompt_tokens=len(req.prompt), completion_tokens=s.n_gen,
-                           cached_tokens=s.n_cached_prompt))
+                           cached_tokens=s.n_cached_prompt, embedding=embedding))
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

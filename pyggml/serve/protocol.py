@@ -140,6 +140,8 @@ class Params:
     include_usage: bool = False
     ignore_eos: bool = False
     model: str = ""
+    template_kwargs: dict[str, Any] = field(default_factory=dict)  # chat_template_kwargs (over the server's)
+    reasoning_format: str | None = None  # None: the server's --reasoning-format
 
 
 def _number(body: dict[str, Any], name: str, lo: float, hi: float, default: float) -> float:
@@ -205,7 +207,7 @@ def _message_text(m: Any, i: int) -> dict[str, Any]:
         raise RequestError(f"messages[{i}].content must be a string or a list of parts",
                            param=f"messages[{i}].content")
     out = {"role": role, "content": text}
-    for key in ("name", "tool_calls", "tool_call_id"):  # templates may read them
+    for key in ("name", "tool_calls", "tool_call_id", "reasoning_content"):  # templates may read them
         if key in m:
             out[key] = m[key]
     return out
@@ -226,6 +228,7 @@ def parse_request(body: Any, kind: str) -> Params:
         if not isinstance(msgs, list) or not msgs:
             raise RequestError("'messages' must be a non-empty list", param="messages")
         p.messages = [_message_text(m, i) for i, m in enumerate(msgs)]
+        p.template_kwargs, p.reasoning_format = chat_options(body)
     else:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
@@ -273,6 +276,25 @@ def parse_request(body: Any, kind: str) -> Params:
     return p
 
 
+def chat_options(body: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """llama-server's `chat_template_kwargs` (an object: more template variables) and `reasoning_format`."""
+    from pyggml.models.reasoning import REASONING_FORMATS
+
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is None:
+        kwargs = {}
+    if not isinstance(kwargs, dict):
+        raise RequestError("'chat_template_kwargs' must be an object", param="chat_template_kwargs")
+    if "enable_thinking" in kwargs and not isinstance(kwargs["enable_thinking"], bool):
+        raise RequestError(f"chat_template_kwargs.enable_thinking must be a boolean, got {kwargs['enable_thinking']!r}",
+                           param="chat_template_kwargs.enable_thinking")
+    fmt = body.get("reasoning_format")
+    if fmt is not None and fmt not in REASONING_FORMATS:
+        raise RequestError(f"'reasoning_format' must be one of {', '.join(REASONING_FORMATS)}, got {fmt!r}",
+                           param="reasoning_format")
+    return kwargs, fmt
+
+
 # --- responses ---
 
 def new_id(kind: str) -> str:
@@ -286,11 +308,13 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) ->
 
 
 def response(kind: str, rid: str, model: str, text: str, finish_reason: str | None,
-             use: dict[str, Any]) -> dict[str, Any]:
-    """The whole answer of a request without `stream`."""
+             use: dict[str, Any], reasoning: str = "") -> dict[str, Any]:
+    """The whole answer of a request without `stream` (a chat's `reasoning` apart, as llama-server)."""
     if kind == "chat":
-        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
-                                  "logprobs": None, "finish_reason": finish_reason}
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if reasoning:
+            message["reasoning_content"] = reasoning
+        choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
         obj = "chat.completion"
     else:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
@@ -300,8 +324,10 @@ def response(kind: str, rid: str, model: str, text: str, finish_reason: str | No
 
 
 def chunk(kind: str, rid: str, model: str, text: str | None, finish_reason: str | None = None,
-          role: bool = False, use: dict[str, Any] | None = None, no_choice: bool = False) -> dict[str, Any]:
-    """One server-sent event of a streamed answer (`no_choice`: the last one, with `usage` only)."""
+          role: bool = False, use: dict[str, Any] | None = None, no_choice: bool = False,
+          reasoning: str | None = None) -> dict[str, Any]:
+    """One server-sent event of a streamed answer (`no_choice`: the last one, with `usage` only; `reasoning`:
+    a chat's reasoning delta, as llama-server's `reasoning_content`)."""
     choices: list[dict[str, Any]]
     if no_choice:
         choices = []
@@ -311,6 +337,8 @@ def chunk(kind: str, rid: str, model: str, text: str | None, finish_reason: str 
             delta["role"] = "assistant"
         if text is not None:
             delta["content"] = text
+        if reasoning is not None:
+            delta["reasoning_content"] = reasoning
         choices = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]
     else:
         choices = [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}]
