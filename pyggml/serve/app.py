@@ -245,7 +245,8 @@ class Server:
         fmt = p.reasoning_format or self.options.reasoning_format
         if p.kind != "chat" or fmt == "none" or not self.thinks:
             return None, False
-        tail = "".join(self.model.tokenizer.token_to_piece(t, special=True) for t in ids[-4:])
+        tok = self.model.tokenizer  # the prompt's end, long enough for the tag in single bytes and whitespace after
+        tail = b"".join(tok.token_to_bytes(t, special=True) for t in ids[-16:]).decode("utf-8", errors="replace")
         return ReasoningSplit(forced_open=thinking_forced_open(tail)), fmt == "deepseek-legacy"
 
     # --- routes ---

@@ -76,7 +76,9 @@ class Endpoints:
         add_special = _flag(body, "add_special", False)
         parse_special = _flag(body, "parse_special", True)
         with_pieces = _flag(body, "with_pieces", False)
-        content = body.get("content")
+        content = body.get("content", [])  # none: no tokens, as llama-server
+        if not isinstance(content, str | list):
+            raise RequestError("'content' must be a string or a list of strings and token ids", param="content")
         parts = content if isinstance(content, list) else [content]
         n_vocab = self.s.model.hparams.n_vocab
         for i, part in enumerate(parts):

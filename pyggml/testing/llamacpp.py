@@ -85,7 +85,8 @@ SDIST_NAME = "llama-cpp-python"
 SDIST_VERSION = "0.3.36"
 LLAMA_CPP_COMMIT = "0c1e570"  # what the sdist's vendor/llama.cpp is (its CHANGELOG and .git say so)
 
-# What the oracle tests use: the text peers, token ids, logits, quantized variants, speed and RPC peers.
+# What the oracle tests use: the text peers, token ids, logits, quantized variants, speed and RPC peers,
+# embeddings.
 DEFAULT_TARGETS: tuple[str, ...] = (
     "llama-completion",
     "llama-simple",
@@ -94,6 +95,7 @@ DEFAULT_TARGETS: tuple[str, ...] = (
     "llama-quantize",
     "llama-bench",
     "ggml-rpc-server",
+    "llama-embedding",
 )
 
 # The shared libraries of ggml that pyggml.testing.ggml_c loads with ctypes (libggml-base.so, libggml-cpu.so).
