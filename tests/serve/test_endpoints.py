@@ -5,6 +5,7 @@ reasoning of a template that thinks apart in reasoning_content (whole and stream
 
 from __future__ import annotations
 
+import base64
 import logging
 import time
 from collections.abc import Iterator
@@ -15,10 +16,12 @@ import numpy as np
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from serve_util import API_KEY, Running, start_server
+from serve_util import API_KEY, Running, serving, start_server
 
 import pyggml.models as pm
 from pyggml.models.builtin import builtin_model_path
+from pyggml.serve.app import create_app
+from pyggml.serve.embeddings import encode_vector
 from pyggml.serve.options import ServerOptions
 from pyggml.serve.request_log import LOGGER_NAME
 
@@ -226,6 +229,9 @@ def test_endpoints_their_flags_left_off(plain: Running) -> None:
         err = _error(r, 501)
         assert err["type"] == "not_supported_error" and flag in err["message"]
     assert httpx.get(plain.url + "/props", timeout=10).status_code == 401  # the key guards every route
+    with serving(create_app(plain.engine, api_key=API_KEY, options=ServerOptions(slots=False))) as url:  # --no-slots
+        err = _error(httpx.get(url + "/slots", headers=AUTH, timeout=10), 501)
+        assert "--slots" in err["message"]
 
 
 # --- /metrics ---
@@ -273,8 +279,14 @@ def test_embeddings_through_the_openai_client(full: Running, reference: pm.Model
     np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, rtol=1e-5)
     assert got.usage.prompt_tokens == got.usage.total_tokens == sum(len(reference.tokenize(t)) for t in texts)
     floats = _post(full, "/v1/embeddings", {"input": texts, "encoding_format": "float"}).json()
-    np.testing.assert_array_equal(np.array([d["embedding"] for d in floats["data"]], dtype=np.float32),
-                                  vectors.astype(np.float32))
+    np.testing.assert_allclose(np.array([d["embedding"] for d in floats["data"]]), vectors, atol=1e-4)
+
+
+def test_base64_is_the_float32_bytes() -> None:
+    vec = np.array([0.1, -2.5, 3e-8, 7.0], dtype=np.float32)
+    text = encode_vector(vec, True)
+    assert np.array_equal(np.frombuffer(base64.b64decode(text), dtype="<f4"), vec)
+    assert encode_vector(vec, False) == vec.tolist()
 
 
 def test_embeddings_shapes_and_options(full: Running, reference: pm.Model) -> None:
