@@ -139,7 +139,6 @@ class Endpoints:
             "endpoint_props": False,
             "endpoint_metrics": s.options.metrics,
             "chat_template": s.template.source,
-            "reasoning_format": s.options.reasoning_format,
             "bos_token": text(tok.bos_id),
             "eos_token": text(tok.eos_id),
             "build_info": f"pyggml {pyggml.__version__}",

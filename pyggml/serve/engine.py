@@ -30,6 +30,7 @@ import numpy as np
 
 from pyggml.core.errors import ArgumentError, GGMLError
 from pyggml.models.model import KEEP_GRAPHS
+from pyggml.models.pooling import EMBD_NORMALIZE, normalize, pool
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,7 @@ class GenRequest:
     namespace: str = ""
     cancelled: threading.Event = field(default_factory=threading.Event)
     pooling: str | None = None
-    embd_normalize: int = 2
+    embd_normalize: int = EMBD_NORMALIZE
     info: dict[str, Any] = field(default_factory=dict)
 
     def cancel(self) -> None:
@@ -304,8 +305,6 @@ class Engine:
     def _embed(self, slots: list[_Slot]) -> None:
         """Evaluate the prompts of embedding requests in one batch of hidden states; each gets its pooled,
         normalized vector (`pyggml.models.pooling`) and its slot is free again, its prompt cached."""
-        from pyggml.models.pooling import normalize, pool
-
         tokens = np.concatenate([np.asarray(s.pending, dtype=np.int64) for s in slots])
         seqs = np.repeat(np.asarray([s.id for s in slots], dtype=np.int64), [len(s.pending) for s in slots])
         pos = np.concatenate([np.arange(len(s.cached), len(s.cached) + len(s.pending)) for s in slots])
