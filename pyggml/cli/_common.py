@@ -291,6 +291,11 @@ def chat_template_args(args: argparse.Namespace) -> ChatTemplateArgs:
             raise CLIError(f"--chat-template-kwargs: not JSON: {e}") from None
         if not isinstance(value, dict):
             raise CLIError(f"--chat-template-kwargs: expected a JSON object, got {type(value).__name__}")
+        from pyggml.models.chat import RESERVED_VARIABLES
+
+        reserved = sorted(RESERVED_VARIABLES.intersection(value))
+        if reserved:
+            raise CLIError(f"--chat-template-kwargs: {reserved[0]!r} is not a variable the command line may set")
         out.kwargs = value
     if args.chat_template_file is not None:
         try:

@@ -57,6 +57,10 @@ CHATML_TEMPLATE = (
 )
 TEMPLATE_KEY = "tokenizer.chat_template"
 DEFAULT_MAX_TOKENS = 256
+# template variables a caller's extra ones may not name: those the renderer sets from its own arguments, and its
+# methods' parameter names (a keyword of theirs is not a variable)
+RESERVED_VARIABLES = frozenset({"messages", "add_generation_prompt", "tools", "documents", "name", "source",
+                                "tokenizer", "special_in_content", "self"})
 
 
 class ChatTemplateError(GGMLError, ValueError):

@@ -278,6 +278,7 @@ def parse_request(body: Any, kind: str) -> Params:
 
 def chat_options(body: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
     """llama-server's `chat_template_kwargs` (an object: more template variables) and `reasoning_format`."""
+    from pyggml.models.chat import RESERVED_VARIABLES
     from pyggml.models.reasoning import REASONING_FORMATS
 
     kwargs = body.get("chat_template_kwargs")
@@ -285,6 +286,10 @@ def chat_options(body: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
         kwargs = {}
     if not isinstance(kwargs, dict):
         raise RequestError("'chat_template_kwargs' must be an object", param="chat_template_kwargs")
+    reserved = sorted(RESERVED_VARIABLES.intersection(kwargs))
+    if reserved:
+        raise RequestError(f"chat_template_kwargs.{reserved[0]} is not a variable a request may set",
+                           param=f"chat_template_kwargs.{reserved[0]}")
     if "enable_thinking" in kwargs and not isinstance(kwargs["enable_thinking"], bool):
         raise RequestError(f"chat_template_kwargs.enable_thinking must be a boolean, got {kwargs['enable_thinking']!r}",
                            param="chat_template_kwargs.enable_thinking")

@@ -133,6 +133,11 @@ def test_apply_template_takes_the_kwargs(full: Running) -> None:
     _error(_post(full, "/apply-template", {"messages": MESSAGES, "chat_template_kwargs": {"enable_thinking": "no"}}),
            400, "chat_template_kwargs.enable_thinking")
     _error(_post(full, "/apply-template", {"messages": []}), 400, "messages")
+    for key in ("messages", "add_generation_prompt", "tools", "name", "tokenizer", "self"):  # not 500s
+        _error(_post(full, "/apply-template", {"messages": MESSAGES, "chat_template_kwargs": {key: 1}}), 400,
+               f"chat_template_kwargs.{key}")
+        _error(_post(full, "/v1/chat/completions", {"messages": MESSAGES, "chat_template_kwargs": {key: 1}}), 400,
+               f"chat_template_kwargs.{key}")
 
 
 def _greedy(full: Running, body: dict[str, Any]) -> str:

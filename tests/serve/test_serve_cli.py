@@ -97,6 +97,7 @@ def test_the_command_serves_the_builtin_model(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("args", "message"), [
     (["--chat-template-kwargs", "[1]"], "--chat-template-kwargs: expected a JSON object"),
     (["--chat-template-kwargs", "{x"], "--chat-template-kwargs: not JSON"),
+    (["--chat-template-kwargs", '{"messages": []}'], "'messages' is not a variable the command line may set"),
     (["--chat-template-file", "/nonexistent/t.jinja"], "--chat-template-file: cannot read"),
     (["--embeddings", "--pooling", "rank"], "--pooling rank needs a classifier head"),
     (["--pooling", "mean"], "--pooling is for embeddings: give --embeddings too"),
