@@ -45,9 +45,21 @@ class EngineStoppedError(ServeError):
 
 
 @dataclass
+class TokenProb:
+    """A sampled token's log-probability, and the `top` most likely tokens with theirs (most likely first), in
+    the distribution it was drawn from (`Sampler.distribution`: after the logit bias, the penalties and the
+    grammar's mask, before top-k, top-p, min-p and temperature; llama-server's `n_probs`)."""
+
+    token: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+@dataclass
 class Event:
     """What the engine tells a request's sink: `text` (a piece of the answer), `done` (finish_reason
-    "stop", "length" or "cancelled", with the token counts) or `error` (message)."""
+    "stop", "length" or "cancelled", with the token counts) or `error` (message). With `n_probs`, `probs` holds
+    the entries of the tokens whose text starts in the piece (`done`: of those whose text never showed)."""
 
     kind: str
     text: str = ""
@@ -56,13 +68,16 @@ class Event:
     completion_tokens: int = 0
     cached_tokens: int = 0
     message: str = ""
+    probs: list[TokenProb] = field(default_factory=list)
 
 
 @dataclass
 class GenRequest:
-    """One generation: prompt token ids, at most `max_tokens` new ones, `sampler` (None: greedy argmax),
-    `stop` strings (the answer ends before the first one), end-of-generation ids (not part of the answer);
-    `namespace`: the requests whose cached prompts it may reuse (the same namespace's only)."""
+    """One generation: prompt token ids, at most `max_tokens` new ones, `sampler` (None: greedy argmax; a
+    `Sampler` with a grammar ends the answer when the grammar is complete), `stop` strings (the answer ends
+    before the first one), end-of-generation ids (not part of the answer); `namespace`: the requests whose
+    cached prompts it may reuse (the same namespace's only); `cache_prompt` False: none (llama-server's field);
+    `n_probs`: each token's log-probability and the n most likely ones' (`TokenProb`; None: none)."""
 
     prompt: list[int]
     max_tokens: int
@@ -71,6 +86,8 @@ class GenRequest:
     eog_ids: frozenset[int] = frozenset()
     sink: Callable[[Event], None] = lambda e: None
     namespace: str = ""
+    cache_prompt: bool = True
+    n_probs: int | None = None
     cancelled: threading.Event = field(default_factory=threading.Event)
 
     def cancel(self) -> None:
@@ -91,6 +108,7 @@ class _Slot:
         self.decoder: Any = None
         self.text = ""  # the answer's text so far (all of it: stop strings may span pieces)
         self.sent = 0  # how much of `text` went to the sink
+        self.probs: list[tuple[int, TokenProb]] = []  # the entries not sent yet, with where their text starts
         self.last_used = 0.0
 
 
@@ -214,7 +232,8 @@ class Engine:
                 req = self.queue.popleft()
             best, best_n = None, -1
             for s in free:
-                n = _common_prefix(s.cached, req.prompt) if s.namespace == req.namespace else 0
+                same = s.namespace == req.namespace and req.cache_prompt
+                n = _common_prefix(s.cached, req.prompt) if same else 0
                 if n > best_n or (n == best_n and best is not None and s.last_used < best.last_used):
                     best, best_n = s, n
             assert best is not None
@@ -232,6 +251,7 @@ class Engine:
             best.decoder = self.model.tokenizer.stream_decoder()
             best.text = ""
             best.sent = 0
+            best.probs = []
 
     def _step(self) -> None:
         for s in self.slots:  # cancelled requests free their slots first (cells, then the slot: a slot seen
@@ -265,19 +285,36 @@ class Engine:
             s.cached.extend(s.pending[:k])
             s.pending = s.pending[k:]
             if not s.pending:  # a prompt evaluated in part samples nothing yet
-                self._sample(s, logits[row])
+                try:
+                    self._sample(s, logits[row])
+                except GGMLError as e:  # this request's sampler or grammar: the others go on
+                    self._finish(s, error=f"{type(e).__name__}: {e}")
 
     def _sample(self, s: _Slot, logits: np.ndarray) -> None:
         req = s.req
         assert req is not None
-        tok = int(np.argmax(logits)) if req.sampler is None else int(req.sampler.sample(logits, s.history))
+        sampler = req.sampler
+        if sampler is None:
+            cur, tok = logits, int(np.argmax(logits))
+        else:
+            cur = sampler.distribution(logits, s.history)  # the mask per sequence: slots differ in one batch
+            tok = sampler.pick(cur)
+            sampler.accept(tok)
         s.history.append(tok)
         if tok in req.eog_ids:  # not part of the answer, nor of its token count
             self._finish(s, reason="stop")
             return
         s.n_gen += 1
+        if req.n_probs is not None:
+            s.probs.append((len(s.text), token_prob(cur, tok, req.n_probs)))
         s.text += s.decoder.add(tok)
         if self._check_stop(s, final=False):
+            return
+        grammar = getattr(sampler, "grammar", None)
+        if grammar is not None and grammar.done:  # only an end-of-generation token could follow
+            s.text += s.decoder.flush()
+            if not self._check_stop(s, final=True):
+                self._finish(s, reason="stop")
             return
         if s.n_gen >= req.max_tokens or len(s.cached) + 1 >= self.slot_ctx:
             s.text += s.decoder.flush()
@@ -296,6 +333,7 @@ class Engine:
             hits = [i for i in (s.text.find(x, start) for x in req.stop if x) if i >= 0]
             if hits:
                 s.text = s.text[:min(hits)]
+                s.probs = [(at, p) for at, p in s.probs if at < len(s.text)]  # the tokens of the stop string go
                 self._send(s, len(s.text))
                 self._finish(s, reason="stop")
                 return True
@@ -305,7 +343,9 @@ class Engine:
 
     def _send(self, s: _Slot, end: int) -> None:
         if end > s.sent and s.req is not None:
-            s.req.sink(Event("text", text=s.text[s.sent:end]))
+            n = next((i for i, (at, _) in enumerate(s.probs) if at >= end), len(s.probs))
+            s.req.sink(Event("text", text=s.text[s.sent:end], probs=[p for _, p in s.probs[:n]]))
+            del s.probs[:n]
             s.sent = end
 
     def _finish(self, s: _Slot, reason: str = "", error: str = "") -> None:
@@ -320,7 +360,22 @@ class Engine:
             req.sink(Event("error", message=error))
         else:
             req.sink(Event("done", finish_reason=reason, prompt_tokens=len(req.prompt), completion_tokens=s.n_gen,
-                           cached_tokens=s.n_cached_prompt))
+                           cached_tokens=s.n_cached_prompt, probs=[p for _, p in s.probs]))
+        s.probs = []
+
+
+def token_prob(logits: np.ndarray, token: int, n_top: int) -> TokenProb:
+    """`token`'s log-softmax in `logits` and the `n_top` highest (ties by id; tokens at -inf are not listed)."""
+    wide = logits.astype(np.float64)
+    top = wide.max()
+    lse = top + np.log(np.exp(wide - top).sum())
+    best: list[tuple[int, float]] = []
+    if n_top > 0:
+        k = min(n_top, wide.shape[0])
+        ids = np.argpartition(-wide, k - 1)[:k] if k < wide.shape[0] else np.arange(wide.shape[0])
+        ids = ids[np.lexsort((ids, -wide[ids]))]
+        best = [(int(i), float(wide[i] - lse)) for i in ids if wide[i] > -np.inf]
+    return TokenProb(token, float(wide[token] - lse), best)
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
