@@ -1,7 +1,8 @@
 """Structured output, logprobs and logit_bias through the real `openai` client, on SmolLM2-135M-Instruct.
 
-One server (4 slots) for the module: the 20 JSON schemas go 4 at a time, so constrained and unconstrained
-sequences share decode batches, each with its own mask."""
+One server (4 slots, batch-invariant kernels) for the module: the 20 JSON schemas go 4 at a time, so
+constrained sequences share decode batches, each with its own mask, and a free request beside constrained ones
+answers as it does alone."""
 
 from __future__ import annotations
 
@@ -71,7 +72,8 @@ SCHEMAS: list[tuple[str, dict[str, Any]]] = [
 @pytest.fixture(scope="module")
 def smol(smollm2_path: Path) -> Iterator[Running]:
     pytest.importorskip("llguidance")
-    yield from start_server(n_slots=4, n_ctx=1024, model_path=smollm2_path)
+    # batch-invariant kernels: an answer does not depend on the requests decoded beside it (nor on its cached prompt)
+    yield from start_server(n_slots=4, n_ctx=1024, model_path=smollm2_path, load_options={"batch_invariant": True})
 
 
 @pytest.fixture(scope="module")
@@ -172,7 +174,8 @@ def test_bad_grammars_and_schemas_are_400s_naming_the_field(client: openai.OpenA
              ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "bogus"}}}},
               "response_format"),
              ({"extra_body": {"json_schema": {"type": "string", "format": "no-such-format"}}}, "json_schema"),
-             ({"response_format": {"type": "json_object"}, "extra_body": {"grammar": 'root ::= "a"'}}, "grammar")]
+             ({"response_format": {"type": "json_object"}, "extra_body": {"grammar": 'root ::= "a"'}},
+              "response_format")]  # two constraints: the second named
     for kw, param in cases:
         with pytest.raises(openai.BadRequestError) as e:
             ask(client, "Hi", max_tokens=4, **kw)
@@ -192,7 +195,7 @@ def test_logprobs_of_greedy_tokens_are_model_evals_log_softmax(client: openai.Op
                                   extra_body={"ignore_eos": True})
     lp = r.choices[0].logprobs
     assert len(lp.token_logprobs) == 8 and all(len(t) == 5 for t in lp.top_logprobs)
-    ref_model = pm.load(smollm2_path, n_ctx=64, progress=False, n_threads=1)
+    ref_model = pm.load(smollm2_path, n_ctx=64, progress=False, n_threads=1, batch_invariant=True)
     try:
         tok = ref_model.tokenizer
         gen = [tok.encode(t, add_special=False) for t in lp.tokens]
@@ -248,3 +251,17 @@ def test_logit_bias_bans_and_forces_tokens(client: openai.OpenAI, smol: Running)
         with pytest.raises(openai.BadRequestError) as e:
             client.completions.create(model="m", prompt=prompt, max_tokens=1, extra_body={"logit_bias": bad})
         assert e.value.body["param"] == "logit_bias", bad
+
+
+def test_a_seeded_request_answers_the_same_with_and_without_its_cached_prompt(client: openai.OpenAI) -> None:
+    """cache_prompt false (llama-server's field) evaluates the whole prompt; with batch-invariant kernels the
+    answer drawn at temperature 1 from the same seed is the one the cached prompt gives."""
+    kw: dict[str, Any] = {"max_tokens": 24, "temperature": 1.0, "seed": 1234, "top_k": 0, "min_p": 0}
+    messages = [{"role": "user", "content": "Tell me something surprising about octopuses."}]
+    cold = client.chat.completions.create(model="m", messages=messages, extra_body={**kw, "cache_prompt": False})
+    warm = client.chat.completions.create(model="m", messages=messages, extra_body=kw)
+    assert cold.usage.prompt_tokens_details.cached_tokens == 0
+    assert warm.usage.prompt_tokens_details.cached_tokens == cold.usage.prompt_tokens - 1  # all but the last
+    assert warm.choices[0].message.content == cold.choices[0].message.content
+    other = client.chat.completions.create(model="m", messages=messages, extra_body={**kw, "seed": 4321})
+    assert other.choices[0].message.content != cold.choices[0].message.content  # the seed is what decides
