@@ -31,6 +31,7 @@ from pyggml.cli._common import (
     read_hparams,
     settings_from_args,
 )
+from pyggml.cli.run import add_grammar_options, compile_grammar, grammar_source
 from pyggml.serve.limits import HEADER_TIMEOUT, MAX_CONNECTIONS
 
 DEFAULT_SLOTS = 4
@@ -74,6 +75,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help=f"open connections at most: past it the longest idle one is closed (default: "
                         f"{MAX_CONNECTIONS})")
     p.add_argument("--alias", default=None, metavar="NAME", help="the model's name in the API (default: the file's)")
+    add_grammar_options(p)  # llama-server's: the grammar of the requests that bring none
     add_backend_options(p)
     add_check_finite(p)
     add_flash_attn(p)
@@ -128,6 +130,7 @@ def run(args: argparse.Namespace, err: TextIO | None = None) -> int:
     n_ctx = context_size(args.ctx, hp.n_ctx_train, args.parallel * min(hp.n_ctx_train, MAX_DEFAULT_SLOT_CTX))
     if n_ctx // args.parallel < 2:
         raise CLIError(f"-c {n_ctx} over -np {args.parallel} slots leaves fewer than 2 cells a slot")
+    grammar = grammar_source(args)
     warning = host_warning(args.host, args.api_key)
     if warning:
         print(f"pyggml serve: warning: {warning}", file=err)
@@ -139,10 +142,13 @@ def run(args: argparse.Namespace, err: TextIO | None = None) -> int:
                        batch_invariant=args.batch_invariant)
     engine = Engine(model, n_slots=args.parallel)
     try:
+        if grammar is not None:
+            compile_grammar(grammar, model.tokenizer)  # refused here, not at the first request
         engine.start()
         app = create_app(engine, model_name=args.alias, api_key=api_keys or None, host=args.host,
                          allowed_hosts=split_list(args.allowed_hosts), cors_origins=split_list(args.cors_origin),
-                         read_timeout=args.header_timeout, special_in_content=args.allow_special_in_content)
+                         read_timeout=args.header_timeout, special_in_content=args.allow_special_in_content,
+                         grammar=grammar)
         print(f"pyggml serve: {path.name} on http://{args.host}:{args.port}/v1 "
               f"({args.parallel} slots of {engine.slot_ctx} tokens)", file=err)
         # streams still open at Ctrl-C get a few seconds, not forever

@@ -72,7 +72,7 @@ class _Encoder:
             return []
         if isinstance(text, bytes):
             text = text.decode("utf-8", errors="replace")  # llguidance passes whole UTF-8 characters
-        return tokenizer.encode(text, add_special=False)
+        return tokenizer.encode(text, add_special=False, space_prefix=False)  # the text goes on the answer's
 
 
 def _build_vocab(tokenizer: Tokenizer) -> Any:
@@ -173,10 +173,14 @@ class GrammarMatcher:
         return np.concatenate([bits[:n], np.zeros(n_vocab - n, np.bool_)])
 
     def accept(self, token: int) -> None:
-        """Follow `token` (the one sampled); GrammarError if the grammar does not allow it."""
-        if not self._m.consume_token(int(token)):
-            raise GrammarError(f"{self.grammar.what}: token {int(token)} is not allowed here "
-                               f"({self._m.get_error() or 'rejected'})")
+        """Follow `token` (the one sampled); GrammarError if the grammar does not allow it (the matcher stays
+        where it was)."""
+        t = int(token)
+        if t in self.grammar.tokenizer.eog_ids and self._m.is_accepting():
+            self._m.consume_token(t)  # the end, where the text may end
+        elif self._m.try_consume_tokens([t]) != 1:  # no error state: a refused token leaves it usable
+            raise GrammarError(f"{self.grammar.what}: token {t} ({self.grammar.tokenizer.token_to_bytes(t, True)!r}) "
+                               f"is not allowed here")
 
     @property
     def done(self) -> bool:

@@ -65,7 +65,7 @@ class Server:
 
     def __init__(self, engine: Engine, model_name: str | None = None, api_key: str | Sequence[str] | None = None,
                  max_body: int = MAX_BODY, request_timeout: float = 600.0, read_timeout: float = HEADER_TIMEOUT,
-                 special_in_content: bool = False) -> None:
+                 special_in_content: bool = False, grammar: tuple[str, Any, str] | None = None) -> None:
         from pyggml.models.chat import ChatTemplate
 
         self.engine = engine
@@ -77,6 +77,7 @@ class Server:
         self.request_timeout = request_timeout  # a request's whole life (a bound, not a deadline users see)
         self.read_timeout = read_timeout  # seconds for a request's body
         self.special_in_content = special_in_content  # parse special tokens in messages too (llama.cpp's way)
+        self.default_grammar = grammar  # (kind, spec, option): the constraint of requests that bring none
         self.template = ChatTemplate.from_model(self.model)
         self.eog = frozenset(self.model.tokenizer.eog_ids)
         self.created = int(time.time())
@@ -155,6 +156,9 @@ class Server:
     def grammar(self, p: Params) -> Any:
         """The request's constraint as a new `GrammarMatcher` (None without one), compiled in a worker thread:
         a schema can take milliseconds. A grammar that does not compile is a 400 naming its field."""
+        if p.grammar is None and self.default_grammar is not None:
+            kind, spec, option = self.default_grammar
+            p.grammar, p.grammar_param = (kind, spec), option
         if p.grammar is None:
             return None
         from pyggml.models.grammar import Grammar, GrammarError
@@ -390,12 +394,13 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
 def create_app(engine: Engine, model_name: str | None = None, api_key: str | Sequence[str] | None = None,
                max_body: int = MAX_BODY, *, host: str = "127.0.0.1", allowed_hosts: Iterable[str] = (),
                cors_origins: Iterable[str] = (), read_timeout: float = HEADER_TIMEOUT,
-               special_in_content: bool = False) -> Starlette:
+               special_in_content: bool = False, grammar: tuple[str, Any, str] | None = None) -> Starlette:
     """The Starlette app serving `engine` (already started or not: requests wait for its thread): Host must be
     `host` (the bound address), a local name or one of `allowed_hosts` ("*": any); requests from web pages only
-    from `cors_origins`; the rest as `Server`."""
+    from `cors_origins`; `grammar` (kind, spec, option: pyggml.cli.run.grammar_source's) constrains the requests
+    that bring none (llama-server's --grammar); the rest as `Server`."""
     s = Server(engine, model_name, api_key, max_body, read_timeout=read_timeout,
-               special_in_content=special_in_content)
+               special_in_content=special_in_content, grammar=grammar)
     routes = [
         Route("/v1/chat/completions", s.chat_completions, methods=["POST"]),
         Route("/chat/completions", s.chat_completions, methods=["POST"]),
