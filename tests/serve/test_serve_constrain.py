@@ -265,3 +265,17 @@ def test_a_seeded_request_answers_the_same_with_and_without_its_cached_prompt(cl
     assert warm.choices[0].message.content == cold.choices[0].message.content
     other = client.chat.completions.create(model="m", messages=messages, extra_body={**kw, "seed": 4321})
     assert other.choices[0].message.content != cold.choices[0].message.content  # the seed is what decides
+
+
+def test_the_servers_grammar_constrains_the_requests_that_bring_none() -> None:
+    """`pyggml serve --grammar` (llama-server's): the built-in model's server answers yes or no unless a request
+    brings its own constraint."""
+    pytest.importorskip("llguidance")
+    for running in start_server(n_slots=2, n_ctx=256, grammar=("gbnf", 'root ::= "yes" | "no"', "--grammar")):
+        c = openai.OpenAI(base_url=running.url + "/v1", api_key="none", max_retries=0, timeout=60.0)
+        for temperature in (0.0, 1.0):
+            r = c.completions.create(model="m", prompt="Is it?", max_tokens=8, temperature=temperature, seed=2)
+            assert r.choices[0].text in ("yes", "no") and r.choices[0].finish_reason == "stop"
+        r = c.completions.create(model="m", prompt="Is it?", max_tokens=8, temperature=0,
+                                 extra_body={"grammar": 'root ::= "maybe"'})
+        assert r.choices[0].text == "maybe"
