@@ -1,7 +1,8 @@
 """The ASGI app (Starlette): OpenAI's /v1/chat/completions, /v1/completions and /v1/models, and /health.
 
-The event loop never runs model code: templates and tokenization go to Starlette's thread pool (no lock:
-the tokenizer's caches take concurrent use), decoding to the engine's thread, whose events come back through
+The event loop never runs model code: templates, tokenization and compiling a request's grammar or JSON schema
+go to Starlette's thread pool (no lock: the tokenizer's caches take concurrent use), decoding to the engine's
+thread, whose events come back through
 an asyncio queue per request (`loop.call_soon_threadsafe`). A client that goes away cancels its request, which
 frees its slot.
 

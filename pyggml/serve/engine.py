@@ -4,11 +4,14 @@ As llama-server's `server_context`: each slot owns one KV-cache sequence id (the
 slots share the model's `n_ctx` cells, `n_ctx // n_slots` each); requests wait
 in a FIFO queue for a free slot; each step is one `Model.decode` batch holding
 the prompts of newly admitted requests and the last sampled token of every
-generating slot, then one token is sampled per slot with that slot's sampler.
+generating slot, then one token is sampled per slot with that slot's sampler
+(its grammar's mask and logit bias its own: constrained and free requests share
+a batch), with the token's log-probabilities when the request asks (`n_probs`).
 A slot keeps its tokens in the cache after its request ends, so a new request
 whose prompt starts with them evaluates only the rest (llama-server's
-`cache_prompt`) when both come from the same cache namespace (the app's: one
-per API key): a client never reuses, nor learns of, another's cached prompt.
+`cache_prompt`; a request may refuse it) when both come from the same cache
+namespace (the app's: one per API key): a client never reuses, nor learns of,
+another's cached prompt.
 Only this thread touches the model: results go back through each request's
 `sink`, a callable the caller makes thread-safe (the ASGI app hands them to
 its event loop with `call_soon_threadsafe`).
