@@ -38,7 +38,7 @@ from pyggml.cli._common import (
     read_hparams,
     settings_from_args,
 )
-from pyggml.cli.run import add_sampling_options, make_sampler
+from pyggml.cli.run import add_grammar_options, add_sampling_options, compile_grammar, grammar_source, make_sampler
 
 DEFAULT_MAX_TOKENS = 256
 MAX_DEFAULT_CTX = 2048  # a conversation's history needs more room than run's prompt
@@ -64,6 +64,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     add_ctx_size(p, f"the model's training context, at most {MAX_DEFAULT_CTX}; the whole conversation's")
     add_backend_options(p)
     add_sampling_options(p)
+    add_grammar_options(p)
     add_check_finite(p)
     add_flash_attn(p)
     add_debug(p)
@@ -83,6 +84,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     chat_template = chat_template_args(args)
     seed = args.seed if args.seed is not None else random.randrange(2**31)
     sampler = make_sampler(args, seed)
+    grammar = grammar_source(args)
     hp = read_hparams(path)  # the header only: the training context gives the default -c
     n_ctx = context_size(args.ctx, hp.n_ctx_train, min(hp.n_ctx_train, MAX_DEFAULT_CTX))
     max_tokens = args.max_tokens if args.max_tokens >= 0 else n_ctx  # -1: until the turn ends or the context is full
@@ -91,6 +93,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     try:
         template = ChatTemplate.from_model(model, chat_template.source, chat_template.name)
         session = ChatSession(model, system=args.system, template=template, template_kwargs=chat_template.kwargs)
+        if grammar is not None:
+            sampler.grammar = compile_grammar(grammar, model.tokenizer).matcher()
         interactive = inp.isatty()
         read = _line_reader(inp, out, interactive)
         if template.is_fallback:
@@ -114,6 +118,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
                 break
             if not text.strip():
                 continue
+            if grammar is not None:
+                sampler.grammar.reset()  # each reply follows the grammar from its start
             try:
                 pieces = session.send(text, max_tokens, sampler)
             except ConversationTooLongError as e:

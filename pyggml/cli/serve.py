@@ -40,6 +40,7 @@ from pyggml.cli._common import (
     read_hparams,
     settings_from_args,
 )
+from pyggml.cli.run import add_grammar_options, compile_grammar, grammar_source
 from pyggml.serve.limits import HEADER_TIMEOUT, MAX_CONNECTIONS
 
 DEFAULT_SLOTS = 4
@@ -88,6 +89,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help=f"open connections at most: past it the longest idle one is closed (default: "
                         f"{MAX_CONNECTIONS})")
     p.add_argument("--alias", default=None, metavar="NAME", help="the model's name in the API (default: the file's)")
+    add_grammar_options(p)  # llama-server's: the grammar of the requests that bring none
     add_backend_options(p)
     add_check_finite(p)
     add_flash_attn(p)
@@ -188,10 +190,11 @@ def run(args: argparse.Namespace, err: TextIO | None = None) -> int:
     if args.pooling is not None and not args.embeddings:
         raise CLIError("--pooling is for embeddings: give --embeddings too")
     chat_template = chat_template_args(args)
+    grammar = grammar_source(args)
     options = ServerOptions(chat_template=chat_template.source, chat_template_name=chat_template.name,
                             template_kwargs=chat_template.kwargs, reasoning_format=args.reasoning_format,
                             embeddings=args.embeddings, pooling=args.pooling, embd_normalize=args.embd_normalize,
-                            slots=args.slots, metrics=args.metrics)
+                            slots=args.slots, metrics=args.metrics, grammar=grammar)
     path = builtin_model_path() if args.model is None else check_model_path(args.model)
     plan = plan_from_args(args)
     settings = settings_from_args(args)
@@ -210,6 +213,8 @@ def run(args: argparse.Namespace, err: TextIO | None = None) -> int:
                        batch_invariant=args.batch_invariant)
     engine = Engine(model, n_slots=args.parallel)
     try:
+        if grammar is not None:
+            compile_grammar(grammar, model.tokenizer)  # refused here, not at the first request
         engine.start()
         app = create_app(engine, model_name=args.alias, api_key=api_keys or None, host=args.host,
                          allowed_hosts=split_list(args.allowed_hosts), cors_origins=split_list(args.cors_origin),

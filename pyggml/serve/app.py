@@ -2,8 +2,9 @@
 /health, and llama-server's other endpoints (`endpoints`, `embeddings`); one log line per request
 (`request_log`).
 
-The event loop never runs model code: templates and tokenization go to Starlette's thread pool (no lock:
-the tokenizer's caches take concurrent use), decoding to the engine's thread, whose events come back through
+The event loop never runs model code: templates, tokenization and compiling a request's grammar or JSON schema
+go to Starlette's thread pool (no lock: the tokenizer's caches take concurrent use), decoding to the engine's
+thread, whose events come back through
 an asyncio queue per request (`loop.call_soon_threadsafe`). A client that goes away cancels its request, which
 frees its slot.
 
@@ -50,8 +51,10 @@ from pyggml.serve.options import ServerOptions
 from pyggml.serve.protocol import (
     Params,
     RequestError,
+    chat_logprobs,
     check_content_type,
     chunk,
+    completion_logprobs,
     decode_body,
     error_body,
     new_id,
@@ -92,6 +95,7 @@ class Server:
         self.template = ChatTemplate.from_model(self.model, self.options.chat_template,
                                                 self.options.chat_template_name)
         self.thinks = template_thinks(self.template.source)
+        self.default_grammar = self.options.grammar  # (kind, spec, option): the constraint of requests that bring none
         self.eog = frozenset(self.model.tokenizer.eog_ids)
         self.created = int(time.time())
         # embeddings with the server's pooling (--pooling, else the file's); checked now: "rank" cannot be served
@@ -186,7 +190,49 @@ class Server:
                                param="prompt")
         return list(p.prompt)
 
-    def gen_request(self, p: Params, ids: list[int], namespace: str = "") -> GenRequest:
+    def grammar(self, p: Params) -> Any:
+        """The request's constraint as a new `GrammarMatcher` (None without one), compiled in a worker thread:
+        a schema can take milliseconds. A grammar that does not compile is a 400 naming its field."""
+        if p.grammar is None and self.default_grammar is not None:
+            kind, spec, option = self.default_grammar
+            p.grammar, p.grammar_param = (kind, spec), option
+        if p.grammar is None:
+            return None
+        from pyggml.models.grammar import Grammar, GrammarError
+
+        tokenizer = self.model.tokenizer
+        kind, spec = p.grammar
+        try:
+            if kind == "gbnf":
+                grammar = Grammar.from_gbnf(tokenizer, spec, p.grammar_param)
+            elif kind == "json_object":
+                grammar = Grammar.json_object(tokenizer, p.grammar_param)
+            else:
+                grammar = Grammar.from_json_schema(tokenizer, spec, p.grammar_param)
+            return grammar.matcher()
+        except GrammarError as e:
+            raise RequestError(str(e), param=p.grammar_param, code="invalid_grammar") from None
+
+    def logit_bias(self, p: Params) -> dict[int, float]:
+        """The request's logit bias by token id: a text's bias goes to each of its tokens (llama-server)."""
+        tokenizer = self.model.tokenizer
+        n_vocab = self.model.hparams.n_vocab
+        out: dict[int, float] = {}
+        for key, bias in p.logit_bias:
+            ids = [key] if isinstance(key, int) else tokenizer.encode(key, add_special=False)
+            for t in ids:
+                if not 0 <= t < n_vocab:
+                    raise RequestError(f"logit_bias token id {t} is out of the vocabulary (n_vocab {n_vocab})",
+                                       param="logit_bias")
+                out[t] = bias
+        return out
+
+    def prepare(self, p: Params) -> tuple[list[int], Any, dict[int, float]]:
+        """The prompt's ids, the grammar's matcher and the logit bias (in a worker thread: model code)."""
+        return self.prompt_ids(p), self.grammar(p), self.logit_bias(p)
+
+    def gen_request(self, p: Params, ids: list[int], namespace: str = "", grammar: Any = None,
+                    logit_bias: dict[int, float] | None = None) -> GenRequest:
         from pyggml.models.sampling import Sampler
 
         room = self.engine.slot_ctx - len(ids)
@@ -198,14 +244,27 @@ class Server:
         if max_tokens > room:
             raise RequestError(f"max_tokens {max_tokens} + {len(ids)} prompt tokens exceed a slot's context of "
                                f"{self.engine.slot_ctx} tokens", param="max_tokens", code="context_length_exceeded")
-        greedy = (p.temperature <= 0 and p.repeat_penalty == 1.0 and p.presence_penalty == 0.0
-                  and p.frequency_penalty == 0.0)
-        sampler = None if greedy else Sampler(
-            temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, min_p=p.min_p, repeat_penalty=p.repeat_penalty,
-            repeat_last_n=64, seed=p.seed, presence_penalty=p.presence_penalty,
-            frequency_penalty=p.frequency_penalty)
+        sampler = Sampler(temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, min_p=p.min_p,
+                          repeat_penalty=p.repeat_penalty, repeat_last_n=64, seed=p.seed,
+                          presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
+                          logit_bias=logit_bias, grammar=grammar)
         return GenRequest(prompt=ids, max_tokens=max_tokens, sampler=sampler, stop=p.stop,
-                          eog_ids=frozenset() if p.ignore_eos else self.eog, namespace=namespace)
+                          eog_ids=frozenset() if p.ignore_eos else self.eog, namespace=namespace,
+                          cache_prompt=p.cache_prompt, n_probs=p.n_probs)
+
+    def logprobs(self, p: Params, probs: list[Any], offset: int = 0) -> dict[str, Any] | None:
+        """The `logprobs` object of `probs` (None when the request asked for none); `offset`: the characters of
+        the completions answer before these tokens."""
+        if p.n_probs is None:
+            return None
+        piece = self.model.tokenizer.token_to_bytes
+        if p.kind == "chat":
+            return chat_logprobs(probs, lambda t: piece(t, True))
+        return completion_logprobs(probs, lambda t: piece(t, True), self.prompt_chars(p) + offset)
+
+    def prompt_chars(self, p: Params) -> int:
+        """The characters of a completions prompt (where the answer's text_offset starts)."""
+        return len(p.prompt) if isinstance(p.prompt, str) else len(self.model.tokenizer.decode(p.prompt))
 
     def start(self, req: GenRequest, stream: bool = True) -> asyncio.Queue[Event]:
         """Queue `req` on the engine; its events arrive in the returned queue (on this event loop). Without
@@ -214,6 +273,7 @@ class Server:
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event] = asyncio.Queue()
         pieces: list[str] = []  # the text held back (the engine's thread only)
+        probs: list[Any] = []  # and its tokens' logprobs
 
         def post(e: Event) -> None:
             try:
@@ -224,10 +284,12 @@ class Server:
         def sink(e: Event) -> None:  # the engine's thread
             if not stream and e.kind == "text":
                 pieces.append(e.text)
+                probs.extend(e.probs)
                 return
             if pieces:
-                post(Event("text", text="".join(pieces)))
+                post(Event("text", text="".join(pieces), probs=probs[:]))
                 pieces.clear()
+                probs.clear()
             post(e)
 
         req.sink = sink
@@ -255,8 +317,8 @@ class Server:
         try:
             namespace = self.check_key(request)
             p = parse_request(await self.read_json(request), kind)
-            ids = await run_in_threadpool(self.prompt_ids, p)
-            req = self.gen_request(p, ids, namespace)
+            ids, grammar, bias = await run_in_threadpool(self.prepare, p)
+            req = self.gen_request(p, ids, namespace, grammar, bias)
             req.info = generation_settings(p)
             events = self.start(req, stream=p.stream)
         except RequestError as e:
@@ -270,6 +332,7 @@ class Server:
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         try:
             text: list[str] = []
+            probs: list[Any] = []
             deadline = time.monotonic() + self.request_timeout
             next_check = time.monotonic() + EVENT_WAIT
             while True:
@@ -285,6 +348,7 @@ class Server:
                         return Response(status_code=499)
                 if e is None:
                     continue
+                probs += e.probs
                 if e.kind == "text":
                     text.append(e.text)
                 elif e.kind == "error":
@@ -299,7 +363,8 @@ class Server:
                         reasoning = "".join(t for k, t in pieces if k == "reasoning")
                         if not legacy:
                             content = "".join(t for k, t in pieces if k == "content")
-                    return JSONResponse(response(kind, rid, name, content, e.finish_reason, use, reasoning))
+                    return JSONResponse(response(kind, rid, name, content, e.finish_reason, use, reasoning,
+                                                 self.logprobs(p, probs)))
         finally:
             req.cancel()  # a no-op after the end; frees the slot when this coroutine was cancelled
 
@@ -308,15 +373,20 @@ class Server:
         def sse(obj: dict[str, Any]) -> str:
             return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
-        def pieces(kinds: list[tuple[str, str]]) -> Iterator[str]:  # a reasoning split's deltas
-            for what, t in kinds:
-                yield sse(chunk(p.kind, rid, name, t) if what == "content"
-                          else chunk(p.kind, rid, name, None, reasoning=t))
+        def pieces(kinds: list[tuple[str, str]], logprobs: dict[str, Any] | None = None) -> Iterator[str]:
+            """A reasoning split's deltas; the tokens' `logprobs` go with the first (alone when it held all back)."""
+            if not kinds and logprobs is not None:
+                yield sse(chunk(p.kind, rid, name, None, logprobs=logprobs))
+            for i, (what, t) in enumerate(kinds):
+                lp = logprobs if i == 0 else None
+                yield sse(chunk(p.kind, rid, name, t, logprobs=lp) if what == "content"
+                          else chunk(p.kind, rid, name, None, reasoning=t, logprobs=lp))
 
         try:
             if p.kind == "chat":
                 yield sse(chunk(p.kind, rid, name, "", role=True))
             deadline = time.monotonic() + self.request_timeout
+            offset = 0  # the answer's characters sent (the completions logprobs' text_offset)
             while True:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -326,12 +396,14 @@ class Server:
                     e = await asyncio.wait_for(events.get(), remaining)
                 except TimeoutError:
                     continue
+                logprobs = self.logprobs(p, e.probs, offset)
                 if e.kind == "text":
                     if split is None:
-                        yield sse(chunk(p.kind, rid, name, e.text))
+                        yield sse(chunk(p.kind, rid, name, e.text, logprobs=logprobs))
                     else:
-                        for line in pieces(split.feed(e.text)):
+                        for line in pieces(split.feed(e.text), logprobs):
                             yield line
+                    offset += sum(len(x) for x in (logprobs or {}).get("tokens", ()))
                 elif e.kind == "error":
                     yield sse(error_body(e.message, "server_error"))
                     break
@@ -345,7 +417,7 @@ class Server:
                                     cached=e.cached_tokens)
                     finish = e.finish_reason if e.finish_reason != "cancelled" else "stop"
                     yield sse(chunk(p.kind, rid, name, None if p.kind == "chat" else "", finish_reason=finish,
-                                    use=None if p.include_usage else use))
+                                    use=None if p.include_usage else use, logprobs=logprobs if e.probs else None))
                     if p.include_usage:
                         yield sse(chunk(p.kind, rid, name, None, use=use, no_choice=True))
                     break

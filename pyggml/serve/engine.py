@@ -4,11 +4,14 @@ As llama-server's `server_context`: each slot owns one KV-cache sequence id (the
 slots share the model's `n_ctx` cells, `n_ctx // n_slots` each); requests wait
 in a FIFO queue for a free slot; each step is one `Model.decode` batch holding
 the prompts of newly admitted requests and the last sampled token of every
-generating slot, then one token is sampled per slot with that slot's sampler.
+generating slot, then one token is sampled per slot with that slot's sampler
+(its grammar's mask and logit bias its own: constrained and free requests share
+a batch), with the token's log-probabilities when the request asks (`n_probs`).
 A slot keeps its tokens in the cache after its request ends, so a new request
 whose prompt starts with them evaluates only the rest (llama-server's
-`cache_prompt`) when both come from the same cache namespace (the app's: one
-per API key): a client never reuses, nor learns of, another's cached prompt.
+`cache_prompt`; a request may refuse it) when both come from the same cache
+namespace (the app's: one per API key): a client never reuses, nor learns of,
+another's cached prompt.
 Only this thread touches the model: results go back through each request's
 `sink`, a callable the caller makes thread-safe (the ASGI app hands them to
 its event loop with `call_soon_threadsafe`). An embedding request (`pooling`
@@ -48,10 +51,22 @@ class EngineStoppedError(ServeError):
 
 
 @dataclass
+class TokenProb:
+    """A sampled token's log-probability, and the `top` most likely tokens with theirs (most likely first), in
+    the distribution it was drawn from (`Sampler.distribution`: after the logit bias, the penalties and the
+    grammar's mask, before top-k, top-p, min-p and temperature; llama-server's `n_probs`)."""
+
+    token: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+@dataclass
 class Event:
     """What the engine tells a request's sink: `text` (a piece of the answer), `done` (finish_reason
     "stop", "length" or "cancelled", with the token counts; an embedding request's vector in `embedding`) or
-    `error` (message)."""
+    `error` (message). With `n_probs`, `probs` holds the entries of the tokens whose text starts in the piece
+    (`done`: of those whose text never showed)."""
 
     kind: str
     text: str = ""
@@ -61,15 +76,18 @@ class Event:
     cached_tokens: int = 0
     message: str = ""
     embedding: Any = None
+    probs: list[TokenProb] = field(default_factory=list)
 
 
 @dataclass
 class GenRequest:
-    """One generation: prompt token ids, at most `max_tokens` new ones, `sampler` (None: greedy argmax),
-    `stop` strings (the answer ends before the first one), end-of-generation ids (not part of the answer);
-    `namespace`: the requests whose cached prompts it may reuse (the same namespace's only). With `pooling`
-    ("none", "mean", "cls", "last") the request asks for the prompt's embedding instead, normalized by
-    `embd_normalize` (`pyggml.models.pooling`); `info`: what /slots shows of it (its sampling settings)."""
+    """One generation: prompt token ids, at most `max_tokens` new ones, `sampler` (None: greedy argmax; a
+    `Sampler` with a grammar ends the answer when the grammar is complete), `stop` strings (the answer ends
+    before the first one), end-of-generation ids (not part of the answer); `namespace`: the requests whose
+    cached prompts it may reuse (the same namespace's only); `cache_prompt` False: none (llama-server's field);
+    `n_probs`: each token's log-probability and the n most likely ones' (`TokenProb`; None: none). With
+    `pooling` ("none", "mean", "cls", "last") the request asks for the prompt's embedding instead, normalized
+    by `embd_normalize` (`pyggml.models.pooling`); `info`: what /slots shows of it (its sampling settings)."""
 
     prompt: list[int]
     max_tokens: int
@@ -78,6 +96,8 @@ class GenRequest:
     eog_ids: frozenset[int] = frozenset()
     sink: Callable[[Event], None] = lambda e: None
     namespace: str = ""
+    cache_prompt: bool = True
+    n_probs: int | None = None
     cancelled: threading.Event = field(default_factory=threading.Event)
     pooling: str | None = None
     embd_normalize: int = EMBD_NORMALIZE
@@ -101,6 +121,7 @@ class _Slot:
         self.decoder: Any = None
         self.text = ""  # the answer's text so far (all of it: stop strings may span pieces)
         self.sent = 0  # how much of `text` went to the sink
+        self.probs: list[tuple[int, TokenProb]] = []  # the entries not sent yet, with where their text starts
         self.last_used = 0.0
         self.task = -1  # the number of the request it holds (or held last)
         self.t_start = 0.0  # when the request took the slot
@@ -238,7 +259,8 @@ class Engine:
                 req = self.queue.popleft()
             best, best_n = None, -1
             for s in free:
-                n = _common_prefix(s.cached, req.prompt) if s.namespace == req.namespace else 0
+                same = s.namespace == req.namespace and req.cache_prompt
+                n = _common_prefix(s.cached, req.prompt) if same else 0
                 if n > best_n or (n == best_n and best is not None and s.last_used < best.last_used):
                     best, best_n = s, n
             assert best is not None
@@ -262,6 +284,7 @@ class Engine:
             best.decoder = self.model.tokenizer.stream_decoder()
             best.text = ""
             best.sent = 0
+            best.probs = []
 
     def _step(self) -> None:
         for s in self.slots:  # cancelled requests free their slots first (cells, then the slot: a slot seen
@@ -300,7 +323,10 @@ class Engine:
             s.cached.extend(s.pending[:k])
             s.pending = s.pending[k:]
             if not s.pending:  # a prompt evaluated in part samples nothing yet
-                self._sample(s, logits[row])
+                try:
+                    self._sample(s, logits[row])
+                except GGMLError as e:  # this request's sampler or grammar: the others go on
+                    self._finish(s, error=f"{type(e).__name__}: {e}")
 
     def _embed(self, slots: list[_Slot]) -> None:
         """Evaluate the prompts of embedding requests in one batch of hidden states; each gets its pooled,
@@ -342,14 +368,28 @@ class Engine:
         assert req is not None
         if not s.t_prompt:
             self._prompt_done(s)
-        tok = int(np.argmax(logits)) if req.sampler is None else int(req.sampler.sample(logits, s.history))
+        sampler = req.sampler
+        if sampler is None:
+            cur, tok = logits, int(np.argmax(logits))
+        else:
+            cur = sampler.distribution(logits, s.history)  # the mask per sequence: slots differ in one batch
+            tok = sampler.pick(cur)
+            sampler.accept(tok)
         s.history.append(tok)
         if tok in req.eog_ids:  # not part of the answer, nor of its token count
             self._finish(s, reason="stop")
             return
         s.n_gen += 1
+        if req.n_probs is not None:
+            s.probs.append((len(s.text), token_prob(cur, tok, req.n_probs)))
         s.text += s.decoder.add(tok)
         if self._check_stop(s, final=False):
+            return
+        grammar = getattr(sampler, "grammar", None)
+        if grammar is not None and grammar.done:  # only an end-of-generation token could follow
+            s.text += s.decoder.flush()
+            if not self._check_stop(s, final=True):
+                self._finish(s, reason="stop")
             return
         if s.n_gen >= req.max_tokens or len(s.cached) + 1 >= self.slot_ctx:
             s.text += s.decoder.flush()
@@ -368,6 +408,7 @@ class Engine:
             hits = [i for i in (s.text.find(x, start) for x in req.stop if x) if i >= 0]
             if hits:
                 s.text = s.text[:min(hits)]
+                s.probs = [(at, p) for at, p in s.probs if at < len(s.text)]  # the tokens of the stop string go
                 self._send(s, len(s.text))
                 self._finish(s, reason="stop")
                 return True
@@ -377,7 +418,9 @@ class Engine:
 
     def _send(self, s: _Slot, end: int) -> None:
         if end > s.sent and s.req is not None:
-            s.req.sink(Event("text", text=s.text[s.sent:end]))
+            n = next((i for i, (at, _) in enumerate(s.probs) if at >= end), len(s.probs))
+            s.req.sink(Event("text", text=s.text[s.sent:end], probs=[p for _, p in s.probs[:n]]))
+            del s.probs[:n]
             s.sent = end
 
     def _finish(self, s: _Slot, reason: str = "", error: str = "", embedding: Any = None) -> None:
@@ -396,7 +439,22 @@ class Engine:
             req.sink(Event("error", message=error))
         else:
             req.sink(Event("done", finish_reason=reason, prompt_tokens=len(req.prompt), completion_tokens=s.n_gen,
-                           cached_tokens=s.n_cached_prompt, embedding=embedding))
+                           cached_tokens=s.n_cached_prompt, embedding=embedding, probs=[p for _, p in s.probs]))
+        s.probs = []
+
+
+def token_prob(logits: np.ndarray, token: int, n_top: int) -> TokenProb:
+    """`token`'s log-softmax in `logits` and the `n_top` highest (ties by id; tokens at -inf are not listed)."""
+    wide = logits.astype(np.float64)
+    top = wide.max()
+    lse = top + np.log(np.exp(wide - top).sum())
+    best: list[tuple[int, float]] = []
+    if n_top > 0:
+        k = min(n_top, wide.shape[0])
+        ids = np.argpartition(-wide, k - 1)[:k] if k < wide.shape[0] else np.arange(wide.shape[0])
+        ids = ids[np.lexsort((ids, -wide[ids]))]
+        best = [(int(i), float(wide[i] - lse)) for i in ids if wide[i] > -np.inf]
+    return TokenProb(token, float(wide[token] - lse), best)
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

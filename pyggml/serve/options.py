@@ -16,7 +16,9 @@ class ServerOptions:
     (--chat-template-kwargs; a request's `chat_template_kwargs` override them); `reasoning_format`:
     --reasoning-format (`pyggml.models.reasoning`); `embeddings`: serve /v1/embeddings and /embeddings
     (--embeddings) with `pooling` (--pooling; None: the file's) and `embd_normalize` (--embd-normalize);
-    `slots`: serve /slots (--no-slots turns it off); `metrics`: serve /metrics (--metrics)."""
+    `slots`: serve /slots (--no-slots turns it off); `metrics`: serve /metrics (--metrics); `grammar` (kind,
+    spec, option: pyggml.cli.run.grammar_source's) constrains the requests that bring none (--grammar,
+    --json-schema and their files)."""
 
     chat_template: str | None = None
     chat_template_name: str | None = None
@@ -27,3 +29,4 @@ class ServerOptions:
     embd_normalize: int = EMBD_NORMALIZE
     slots: bool = True
     metrics: bool = False
+    grammar: tuple[str, Any, str] | None = None

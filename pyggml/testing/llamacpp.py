@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "BINDINGS_PRELUDE",
     "DEFAULT_TARGETS",
     "models_dir",
     "source_file",
@@ -175,6 +176,20 @@ def paths(cache: str | os.PathLike[str] | None = None) -> Paths:
     return Paths(root=root, src=src, sdist=sdist, llama_cpp=sdist / "vendor" / "llama.cpp", build=build_dir,
                  bin=build_dir / "bin", stamp=build_dir / "pyggml-build.json", lock=root / "build.lock",
                  log=build_dir / "pyggml-build.log")
+
+
+# the start of a script (run as `python -c SCRIPT SDIST ...`) that imports the sdist's `llama_cpp` ctypes bindings
+# as `ll`, without the package's high-level imports; LLAMA_CPP_LIB_PATH in its environment names libllama's folder
+BINDINGS_PRELUDE = r"""
+import ctypes, importlib, json, sys, types
+import numpy as np
+sdist = sys.argv[1]
+pkg = types.ModuleType("llama_cpp")
+pkg.__path__ = [sdist + "/llama_cpp"]
+sys.modules["llama_cpp"] = pkg
+ll = importlib.import_module("llama_cpp.llama_cpp")
+ll.llama_backend_init()
+"""
 
 
 # --- the machine ---
