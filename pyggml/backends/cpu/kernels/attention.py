@@ -19,6 +19,12 @@ can grow into different greedy tokens.) The numerics follow ggml where they matt
 - sinks: one more logit per head that takes weight but has no value.
 Accumulation is f32 here; ggml's tiled (64 or more q rows) and KV-split paths for F16 round in their own
 order (the split one per thread count), not reproduced: a deviation well within test-backend-ops' 5e-4.
+
+Batch-invariant (`params.batch_invariant`): every shape is walked row by row, F16 K and V by
+`flash_attn_rows_f16`, other types by `flash_attn_rows_f32` (K and V read as f32, ggml's f32 V accumulator). A
+q row's result is then a function of its own unmasked cells in their order alone: a cell masked -inf is
+skipped, where the vectorized path sums all n_kv cells in vector lanes and other sequences' cells between a
+sequence's own shift which lane each of its cells lands in.
 """
 
 from __future__ import annotations
