@@ -119,6 +119,8 @@ def im2col_3d_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None
     kd, kh, kw = k_t.ne[2], k_t.ne[1], k_t.ne[0]
     if dst.size == 0:
         return noop
+    if n == 0:
+        raise ShapeError(f"CPU IM2COL_3D '{node.name}': an empty input {x_t.ne} for dst {node.ne}")
     od, oh, ow = node.ne[3] // n, node.ne[2], node.ne[1]
     if node.ne[0] != ic * kd * kh * kw or node.ne[3] != od * n:
         raise ShapeError(f"CPU IM2COL_3D '{node.name}': kernel {k_t.ne}, input {x_t.ne} (IC={ic}) and dst "
@@ -163,8 +165,8 @@ def col2im_1d_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None
     out = acc[:, p0: p0 + t_out]
     src, d2 = a[0, 0], dst[0, 0]
     span = (t_in - 1) * s0 + 1
-    # descending k is ascending t_in for each output: the order ggml's gather loop sums in
-    taps = [(j, slice(j, j + span, s0)) for j in reversed(range(k))]
+    # descending k is ascending t_in for each output: the order ggml's gather loop sums in (no columns: no terms)
+    taps = [(j, slice(j, j + span, s0)) for j in reversed(range(k))] if t_in > 0 else []
 
     def run() -> None:
         if a_t.type == GGMLType.BF16:
