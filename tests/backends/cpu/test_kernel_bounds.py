@@ -255,3 +255,34 @@ def test_get_rows_index_outside_is_refused_when_computed(runner: Runner) -> None
     refused(runner, spec, OutOfBoundsError, "GET_ROWS", "'dst'", "row index 7", "[0, 5)",
             values={1: np.array([1, 7, 2], np.int32)})
     refused(runner, spec, OutOfBoundsError, "row index -1", values={1: np.array([1, -1, 2], np.int32)})
+
+
+def test_flash_attention_mask_of_fewer_rows_is_refused(runner: Runner) -> None:
+    """F16 K and V walk each q row's mask row unchecked: a mask of 2 rows under 4 q rows was read past its
+    end."""
+    n, n_kv, dk, nh = 4, 32, 16, 2
+    q = tensor(F32, [dk, n, nh, 1], 1)
+    k, v = tensor(F16, [dk, n_kv, 1, 1], 2), tensor(F16, [dk, n_kv, 1, 1], 3)
+    dst = tensor(F32, [dk, nh, n, 1], 0)
+    scale = 0x3E800000  # 0.25
+    short = node(GGMLOp.FLASH_ATTN_EXT, dst, [scale], q, k, v, tensor(F16, [n_kv, 2, 1, 1], 4))
+    refused(runner, short, ShapeError, "FLASH_ATTN_EXT", "'dst'", "[32, 2, 1, 1]", "4 q rows")
+    whole = node(GGMLOp.FLASH_ATTN_EXT, dst, [scale], q, k, v, tensor(F16, [n_kv, n, 1, 1], 4))
+    assert runner.run(whole).status == "computed"
+
+
+def test_rms_norm_of_zero_rows_without_eps_divides_as_c(runner: Runner) -> None:
+    """1 / sqrt(0 + 0): C's infinity times 0 (NaN), where the compiled kernel raised ZeroDivisionError."""
+    spec = node(GGMLOp.RMS_NORM, tensor(F32, [8, 2, 1, 1], 0), [0], tensor(F32, [8, 2, 1, 1], 1))
+    with runner.placed(spec) as p:
+        np.copyto(p.arena, p.data)
+        x = p.node.src[0]
+        assert x is not None and x.data is not None
+        off = x.data - p.arena.ctypes.data
+        p.arena[off: off + 64] = 0
+        graph = Graph(1)
+        graph.nodes = [p.node]
+        with np.errstate(invalid="ignore"):  # 0 * inf, as C computes it
+            runner.backend.graph_compute(graph)
+        out = p.arena[p.node.data - p.arena.ctypes.data:][:64].view(np.float32)  # type: ignore[operator]
+        assert np.isnan(out).all()

@@ -19,6 +19,12 @@ can grow into different greedy tokens.) The numerics follow ggml where they matt
 - sinks: one more logit per head that takes weight but has no value.
 Accumulation is f32 here; ggml's tiled (64 or more q rows) and KV-split paths for F16 round in their own
 order (the split one per thread count), not reproduced: a deviation well within test-backend-ops' 5e-4.
+
+Batch-invariant (`params.batch_invariant`): every shape is walked row by row, F16 K and V by
+`flash_attn_rows_f16`, other types by `flash_attn_rows_f32` (K and V read as f32, ggml's f32 V accumulator). A
+q row's result is then a function of its own unmasked cells in their order alone: a cell masked -inf is
+skipped, where the vectorized path sums all n_kv cells in vector lanes and other sequences' cells between a
+sequence's own shift which lane each of its cells lands in.
 """
 
 from __future__ import annotations
@@ -365,10 +371,15 @@ def flash_attn_ext_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray |
     ne3, nh, n, dk = q.shape
     nk2, n_kv = k_t.ne[2], k_t.ne[1]
     nv2, dv = v_t.ne[2], v_t.ne[0]
-    if (k_t.ne[0] != dk or v_t.ne[1] != n_kv or nh % nk2 or nh % nv2 or k_t.ne[3] != ne3 or v_t.ne[3] != ne3
-            or dst.shape != (ne3, n, nh, dv)):
+    if (k_t.ne[0] != dk or v_t.ne[1] != n_kv or min(nk2, nv2) < 1 or nh % nk2 or nh % nv2 or k_t.ne[3] != ne3
+            or v_t.ne[3] != ne3 or dst.shape != (ne3, n, nh, dv)):
         raise ShapeError(f"CPU FLASH_ATTN_EXT '{node.name}': q {q_t.ne}, k {k_t.ne}, v {v_t.ne}, dst {node.ne} "
                          "do not fit")
+    # the row walks read the mask's rows and the sinks unchecked: a mask row per q row, a cell per KV cell
+    if m_t is not None and (m_t.ne[0] < n_kv or m_t.ne[1] < n or 0 in m_t.ne[2:]):
+        raise ShapeError(f"CPU FLASH_ATTN_EXT '{node.name}': mask {m_t.ne} for {n} q rows over {n_kv} KV cells")
+    if s_t is not None and (s_t.ne[0] < nh or 0 in s_t.ne[1:]):
+        raise ShapeError(f"CPU FLASH_ATTN_EXT '{node.name}': sinks {s_t.ne} for {nh} heads")
     if dst.size == 0:
         return noop
     out = dst.transpose(0, 2, 1, 3)  # (ne3, nh, N, DV): the result is permuted (heads before tokens)
@@ -384,8 +395,6 @@ def flash_attn_ext_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray |
     slopes = alibi_slopes(nh, p.max_bias) if p.max_bias > 0.0 else None
     sink4 = None
     if s_t is not None and sinks is not None:
-        if s_t.ne[0] < nh:
-            raise ShapeError(f"CPU FLASH_ATTN_EXT '{node.name}': {s_t.ne[0]} sinks for {nh} heads")
         sink4 = sinks.reshape(-1)[:nh].astype(F32).reshape(1, nh, 1, 1)
     k_type, v_type = k_t.type, v_t.type
 

@@ -23,6 +23,7 @@ from pyggml.backends.cpu.kernels._common import (
     strided_view,
 )
 from pyggml.core.errors import ArgumentError, ShapeError
+from pyggml.core.ops.conv import calc_conv_output_size
 from pyggml.core.ops.params import ConvTranspose1dParams, Im2colParams, Pool1dParams, Pool2dParams
 from pyggml.core.tensor import GGMLOp, OpPool, Tensor
 
@@ -52,6 +53,30 @@ def _padded(x: np.ndarray, pads: tuple[int, ...], fill: float, force_copy: bool,
     return p, refresh
 
 
+def _dims(v: tuple[int, ...]) -> str:
+    """Sizes of spatial axes (outermost first) in ggml's order, width first: 8 x 6."""
+    return " x ".join(str(x) for x in reversed(v))
+
+
+def _ggml_order(v: tuple[int, ...]) -> str:
+    return f"({', '.join(str(x) for x in reversed(v))})"
+
+
+def check_conv_shape(node: Tensor, ins: tuple[int, ...], ks: tuple[int, ...], s: tuple[int, ...],
+                     p: tuple[int, ...], d: tuple[int, ...], outs: tuple[int, ...]) -> None:
+    """ggml's shape rule of a convolution's windows (its op_params against its tensors' sizes, spatial axes
+    outermost first): ArgumentError unless the strides and dilations are >= 1 and the paddings >= 0, ShapeError
+    unless each output size is what ggml_calc_conv_output_size gives for its input and kernel sizes."""
+    if min(s + d) < 1 or min(p) < 0:
+        raise ArgumentError(f"CPU {node.op.name} '{node.name}': strides {_ggml_order(s)} and dilations "
+                            f"{_ggml_order(d)} must be >= 1, paddings {_ggml_order(p)} >= 0")
+    want = tuple(calc_conv_output_size(n, k, si, pi, di) for n, k, si, pi, di in zip(ins, ks, s, p, d, strict=True))
+    if want != tuple(outs):
+        raise ShapeError(f"CPU {node.op.name} '{node.name}': the output is {_dims(tuple(outs))}, but an input "
+                         f"{_dims(ins)} with kernel {_dims(ks)}, strides {_ggml_order(s)}, paddings {_ggml_order(p)}, "
+                         f"dilations {_ggml_order(d)} gives {_dims(want)}")
+
+
 def _windows(p: np.ndarray, out: tuple[int, ...], k: tuple[int, ...], s: tuple[int, ...], d: tuple[int, ...],
              node: Tensor, writeable: bool = False) -> np.ndarray:
     """Windows of p (..., *spatial) as (..., *out, *k), the spatial axes outermost first ((H, W) or (D, H, W)).
@@ -63,11 +88,8 @@ def _windows(p: np.ndarray, out: tuple[int, ...], k: tuple[int, ...], s: tuple[i
     spatial = p.shape[p.ndim - n:]
     last = [(o - 1) * si + (kk - 1) * di for o, kk, si, di in zip(out, k, s, d, strict=True)]
     if min(*out, *k) > 0 and any(x >= m or x < 0 for x, m in zip(last, spatial, strict=True)):
-        def dims(v: tuple[int, ...]) -> str:
-            return "x".join(str(x) for x in reversed(v))  # ggml's order: width first
-
-        raise ShapeError(f"CPU {node.op.name} '{node.name}': output {dims(out)} with kernel {dims(k)}, stride "
-                         f"{dims(s)}, dilation {dims(d)} reads past the (padded) input {dims(spatial)}")
+        raise ShapeError(f"CPU {node.op.name} '{node.name}': output {_dims(out)} with kernel {_dims(k)}, stride "
+                         f"{_dims(s)}, dilation {_dims(d)} reads past the (padded) input {_dims(spatial)}")
     st = p.strides[p.ndim - n:]
     shape = p.shape[:p.ndim - n] + tuple(out) + tuple(k)
     strides = (p.strides[:p.ndim - n] + tuple(si * t for si, t in zip(s, st, strict=True))
@@ -89,9 +111,6 @@ def im2col_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], 
     require_types(node, FLOAT_TYPES, node, x_t)
     ip = Im2colParams.of(node)
     s0, s1, p0, p1, d0, d1, is_2d = ip.s0, ip.s1, ip.p0, ip.p1, ip.d0, ip.d1, ip.is_2D
-    if min(s0, d0) < 1 or (is_2d and min(s1, d1) < 1) or min(p0, p1) < 0:
-        raise ArgumentError(f"CPU IM2COL '{node.name}': strides and dilations must be >= 1, paddings >= 0 "
-                            f"(s={s0},{s1} p={p0},{p1} d={d0},{d1})")
     if is_2d:
         n, ic = x.shape[0], x.shape[1]
         kh, kw = k_t.ne[1], k_t.ne[0]
@@ -107,6 +126,10 @@ def im2col_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], 
         d6 = dst[0][:, None, :, :]
     if k_t.ne[2 if is_2d else 1] != ic or dst.shape[-1] != ic * kh * kw or d6.shape[:3] != (n, oh, ow):
         raise ShapeError(f"CPU IM2COL '{node.name}': kernel {k_t.ne}, input {x_t.ne} and dst {node.ne} do not fit")
+    if is_2d:
+        check_conv_shape(node, x4.shape[2:], (kh, kw), (s1, s0), (p1, p0), (d1, d0), (oh, ow))
+    else:
+        check_conv_shape(node, x4.shape[3:], (kw,), (s0,), (p0,), (d0,), (ow,))
     if dst.size == 0:
         return noop
     d6 = split_axis(split_axis(d6, 3, ic, kh * kw), 4, kh, kw).transpose(0, 3, 4, 1, 2, 5)  # (N, IC, KH, OH, OW, KW)

@@ -24,7 +24,7 @@ from pyggml.backends.cpu.kernels._common import (
     scratch,
     split_axis,
 )
-from pyggml.backends.cpu.kernels.conv import _padded, _windows
+from pyggml.backends.cpu.kernels.conv import _padded, _windows, check_conv_shape
 from pyggml.core.errors import ArgumentError, ShapeError
 from pyggml.core.ops.params import Col2im1dParams, Conv3dParams, Im2col3dParams, Im2colParams, Pool2dParams
 from pyggml.core.tensor import GGMLOp, OpPool, Tensor
@@ -33,12 +33,6 @@ from pyggml.core.types import GGMLType
 _F32_ONLY = (GGMLType.F32,)
 _COL2IM_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
 FLT_MAX = float(np.finfo(np.float32).max)
-
-
-def _check_spd(node: Tensor, s: tuple[int, ...], p: tuple[int, ...], d: tuple[int, ...]) -> None:
-    if min(s) < 1 or min(d) < 1 or min(p) < 0:
-        raise ArgumentError(f"CPU {node.op.name} '{node.name}': strides {list(s)} and dilations {list(d)} must be "
-                            f">= 1, paddings {list(p)} >= 0")
 
 
 def _split_last(a: np.ndarray, sizes: tuple[int, ...]) -> np.ndarray:
@@ -64,11 +58,9 @@ def im2col_back_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | No
     require_types(node, FLOAT_TYPES, k_t)
     ip = Im2colParams.of(node)
     if ip.is_2D:
-        _check_spd(node, (ip.s0, ip.s1), (ip.p0, ip.p1), (ip.d0, ip.d1))
         kh, kw = k_t.ne[1], k_t.ne[0]
         d4, g4 = dst, g  # (N, IC, H, W), (N, OH, OW, IC*KH*KW)
     else:
-        _check_spd(node, (ip.s0,), (ip.p0,), (ip.d0,))
         if g.shape[0] != 1 or dst.shape[0] != 1:
             raise ShapeError(f"CPU IM2COL_BACK '{node.name}': a 1-D gradient {g_t.ne} and dst {node.ne} have "
                              "ne[3] 1")
@@ -79,6 +71,10 @@ def im2col_back_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | No
     if g4.shape != (n, oh, ow, ic * kh * kw):
         raise ShapeError(f"CPU IM2COL_BACK '{node.name}': gradient {g_t.ne}, kernel {k_t.ne} and dst {node.ne} "
                          "do not fit")
+    if ip.is_2D:
+        check_conv_shape(node, (h, w), (kh, kw), (ip.s1, ip.s0), (ip.p1, ip.p0), (ip.d1, ip.d0), (oh, ow))
+    else:
+        check_conv_shape(node, (w,), (kw,), (ip.s0,), (ip.p0,), (ip.d0,), (ow,))
     if dst.size == 0:
         return noop
     s_hw, p_hw, d_hw = (ip.s1, ip.s0), (ip.p1, ip.p0), (ip.d1, ip.d0)
@@ -111,7 +107,6 @@ def im2col_3d_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None
     require_types(node, FLOAT_TYPES, node)
     ip = Im2col3dParams.of(node)
     s, p, d = (ip.s2, ip.s1, ip.s0), (ip.p2, ip.p1, ip.p0), (ip.d2, ip.d1, ip.d0)
-    _check_spd(node, s, p, d)
     ic = ip.IC
     if ic < 1 or x_t.ne[3] % ic:
         raise ShapeError(f"CPU IM2COL_3D '{node.name}': IC={ic} does not divide the input's ne[3] ({x_t.ne})")
@@ -119,10 +114,13 @@ def im2col_3d_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None
     kd, kh, kw = k_t.ne[2], k_t.ne[1], k_t.ne[0]
     if dst.size == 0:
         return noop
+    if n == 0:
+        raise ShapeError(f"CPU IM2COL_3D '{node.name}': an empty input {x_t.ne} for dst {node.ne}")
     od, oh, ow = node.ne[3] // n, node.ne[2], node.ne[1]
     if node.ne[0] != ic * kd * kh * kw or node.ne[3] != od * n:
         raise ShapeError(f"CPU IM2COL_3D '{node.name}': kernel {k_t.ne}, input {x_t.ne} (IC={ic}) and dst "
                          f"{node.ne} do not fit")
+    check_conv_shape(node, x.shape[1:], (kd, kh, kw), s, p, d, (od, oh, ow))
     x5 = split_axis(x, 0, n, ic)  # (N, IC, D, H, W)
     padded, refresh = _padded(x5, p, 0.0, False, node)
     win = _windows(padded, (od, oh, ow), (kd, kh, kw), s, d, node)  # (N, IC, OD, OH, OW, KD, KH, KW)
@@ -163,8 +161,8 @@ def col2im_1d_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None
     out = acc[:, p0: p0 + t_out]
     src, d2 = a[0, 0], dst[0, 0]
     span = (t_in - 1) * s0 + 1
-    # descending k is ascending t_in for each output: the order ggml's gather loop sums in
-    taps = [(j, slice(j, j + span, s0)) for j in reversed(range(k))]
+    # descending k is ascending t_in for each output: the order ggml's gather loop sums in (no columns: no terms)
+    taps = [(j, slice(j, j + span, s0)) for j in reversed(range(k))] if t_in > 0 else []
 
     def run() -> None:
         if a_t.type == GGMLType.BF16:
@@ -193,7 +191,6 @@ def conv_3d_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None],
     require_types(node, _F32_ONLY, x_t, node)
     cp = Conv3dParams.of(node)
     s, p, d = (cp.s2, cp.s1, cp.s0), (cp.p2, cp.p1, cp.p0), (cp.d2, cp.d1, cp.d0)
-    _check_spd(node, s, p, d)
     c, n, oc = cp.c, cp.n, cp.oc
     if min(c, n, oc) < 1 or k_t.ne[3] != c * oc or x_t.ne[3] != c * n or node.ne[3] != oc * n:
         raise ShapeError(f"CPU CONV_3D '{node.name}': kernel {k_t.ne}, input {x_t.ne}, dst {node.ne} and "
@@ -202,6 +199,7 @@ def conv_3d_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None],
         return noop
     f16 = k_t.type == GGMLType.F16
     kd, kh, kw = k_t.ne[2], k_t.ne[1], k_t.ne[0]
+    check_conv_shape(node, x.shape[1:], (kd, kh, kw), s, p, d, dst.shape[1:])
     padded, refresh = _padded(split_axis(x, 0, n, c), p, 0.0, f16, node)  # (N, C, D, H, W)
     win = _windows(padded, tuple(dst.shape[1:]), (kd, kh, kw), s, d, node)  # (N, C, OD, OH, OW, KD, KH, KW)
     k5 = split_axis(k, 0, oc, c)  # (OC, C, KD, KH, KW)

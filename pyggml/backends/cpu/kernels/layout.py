@@ -336,7 +336,7 @@ def _upscale_taps(mode: int, n_dst: int, n_src: int, sf: np.float32, pixel_offse
     i = np.arange(n_dst, dtype=np.float32)
     last = n_src - 1
     if mode == ScaleMode.NEAREST:
-        return [((i / sf).astype(np.int64), None)]
+        return [(np.minimum((i / sf).astype(np.int64), last), None)]
     x = (i + pixel_offset) / sf - pixel_offset
     x0 = np.floor(x).astype(np.int64)
     if mode == ScaleMode.BILINEAR:
@@ -398,8 +398,9 @@ def upscale_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None],
             sf[0] = f32(n0 - 1) / f32(s0 - 1)
         if n1 > 1 and s1 > 1:
             sf[1] = f32(n1 - 1) / f32(s1 - 1)
-    i3 = (np.arange(n3, dtype=f32) / sf[3]).astype(np.int64)
-    i2 = (np.arange(n2, dtype=f32) / sf[2]).astype(np.int64)
+    # (the last source index at most: a float quotient may round up to ne itself)
+    i3 = np.minimum((np.arange(n3, dtype=f32) / sf[3]).astype(np.int64), s3 - 1)
+    i2 = np.minimum((np.arange(n2, dtype=f32) / sf[2]).astype(np.int64), s2 - 1)
     taps1 = _upscale_taps(mode, n1, s1, sf[1], pixel_offset)
     taps0 = _upscale_taps(mode, n0, s0, sf[0], pixel_offset)
     if mode == ScaleMode.NEAREST:

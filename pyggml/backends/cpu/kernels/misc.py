@@ -24,9 +24,8 @@ from pyggml.backends.cpu.kernels._common import (
     noop,
     require_types,
 )
-from pyggml.backends.cpu.kernels.conv import _padded, _windows
+from pyggml.backends.cpu.kernels.conv import _padded, _windows, check_conv_shape
 from pyggml.core.errors import ArgumentError, ShapeError, UnsupportedTypeError
-from pyggml.core.ops.conv import calc_conv_output_size
 from pyggml.core.ops.node_check import checked_count
 from pyggml.core.ops.params import (
     ArangeParams,
@@ -292,19 +291,11 @@ def _conv_windows(node: Tensor, x: np.ndarray, k_hw: tuple[int, int], out_hw: tu
                   f16: bool) -> tuple[np.ndarray, Compute]:
     """(N, C, OH, OW, KH, KW): the zero-padded input under each kernel tap of each output position (a strided
     view of a padded copy made once), and the function that refreshes the copy from x each run (rounding it to
-    f16 first for an F16 kernel, as ggml). The op_params are checked against ggml's shape rule first: strides
-    and dilations >= 1, paddings >= 0, and dst's OW, OH those ggml_conv_2d_direct computes."""
+    f16 first for an F16 kernel, as ggml). The op_params are checked against ggml's shape rule first
+    (`check_conv_shape`: dst's OW, OH those ggml_conv_2d_direct computes)."""
     p = Conv2dParams.of(node)
     s, pad, d = (p.s1, p.s0), (p.p1, p.p0), (p.d1, p.d0)
-    if min(s + d) < 1 or min(pad) < 0:
-        raise ArgumentError(f"CPU {node.op.name} '{node.name}': strides ({p.s0}, {p.s1}) and dilations ({p.d0}, "
-                            f"{p.d1}) must be >= 1, paddings ({p.p0}, {p.p1}) >= 0")
-    want = tuple(calc_conv_output_size(n, kk, si, pi, di)
-                 for n, kk, si, pi, di in zip(x.shape[2:], k_hw, s, pad, d, strict=True))
-    if want != out_hw or min(want) < 1:
-        raise ShapeError(f"CPU {node.op.name} '{node.name}': dst OW x OH {out_hw[1]} x {out_hw[0]}, but an input "
-                         f"{x.shape[3]} x {x.shape[2]} with kernel {k_hw[1]} x {k_hw[0]}, strides ({p.s0}, {p.s1}), "
-                         f"paddings ({p.p0}, {p.p1}), dilations ({p.d0}, {p.d1}) gives {want[1]} x {want[0]}")
+    check_conv_shape(node, x.shape[2:], k_hw, s, pad, d, out_hw)
     padded, refresh = _padded(x, pad, 0.0, True, node)
     assert refresh is not None
 

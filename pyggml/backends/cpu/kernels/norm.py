@@ -87,13 +87,13 @@ def norm_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], pa
     return run
 
 
-@njit(nogil=True, cache=True, inline="always")
+@njit(nogil=True, cache=True, inline="always", error_model="numpy")  # a zero sum with eps 0: C's 1/0, inf
 def _rms_scale(total, n, eps):
     mean = np.float32(total / n)
     return np.float32(1.0) / np.float32(math.sqrt(mean + eps))
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def _rms_scales(x, eps, out):
     """out[..., 0] = 1.0f / sqrtf((float)(sum / n) + eps) per row of x (4-D), the sum of the float squares
     taken in double one by one: ggml_compute_forward_rms_norm_f32's arithmetic (numpy's float32 dot rounds
@@ -513,6 +513,9 @@ def _rope(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: 
     p = RopeParams.of(node)
     ne3, ne2, ne1, ne0 = x.shape
     rope_check(node, p, ne0, ne2, "CPU")
+    ff_t = node.src[2]
+    if ff_t is not None and 0 in ff_t.ne[1:]:
+        raise ShapeError(f"CPU {node.op.name} '{node.name}': frequency factors {ff_t.ne} hold none")
     if p.mode & GGML_ROPE_TYPE_MROPE and min(p.sections) < 0:
         raise ArgumentError(f"CPU {node.op.name} '{node.name}': multi-rope sections {list(p.sections)} must not be "
                             "negative")

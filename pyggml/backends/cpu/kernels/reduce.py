@@ -80,7 +80,7 @@ def argmax_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], 
     """dst[i1] = the index of the first largest element of row i1 of the matrix src0 (I32)."""
     x = _src(node, srcs)
     _require_int_dst(node)
-    if x.shape[:2] != (1, 1) or dst.size != x.shape[2]:
+    if x.shape[:2] != (1, 1) or dst.size != x.shape[2] or (dst.size and x.shape[3] == 0):
         raise ShapeError(f"CPU ARGMAX '{node.name}': src0 must be a matrix and dst hold one index per row "
                          f"(src ne {list(x.shape[::-1])}, dst ne {list(dst.shape[::-1])})")
     if dst.size == 0:

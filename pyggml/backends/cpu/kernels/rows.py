@@ -39,7 +39,7 @@ def _set_rows_problem(node: Tensor) -> tuple[type[GGMLError], str] | None:
         return UnsupportedTypeError, f"dst type {node.type.name} has no conversion from f32 here"
     ne11, ne12 = max(c.ne[1], 1), max(c.ne[2], 1)
     if (node.ne[0] != b.ne[0] or node.ne[2] != b.ne[2] or node.ne[3] != b.ne[3] or c.ne[0] != b.ne[1]
-            or b.ne[2] % ne11 or b.ne[3] % ne12):
+            or b.ne[2] % ne11 or b.ne[3] % ne12 or (0 in c.ne[1:] and b.nelements() > 0)):
         return ShapeError, f"dst ne {node.ne}, rows ne {b.ne} and indices ne {c.ne} do not fit"
     tr = TYPE_TRAITS[node.type]
     if node.ne[0] % tr.blck_size or (node.ne[0] != tr.blck_size and node.nb[0] != tr.type_size):

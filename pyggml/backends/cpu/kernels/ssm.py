@@ -101,7 +101,7 @@ def ssm_scan_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None]
     a0 = A.shape[3]
     if x.shape[2:] != (nh, nr) or B.shape != C.shape or B.shape[:2] != (ns, nt) or B.shape[3] != nc \
             or dt.shape[1:] != (ns, nt, nh) or A.shape[2] != nh or a0 not in (1, nc) or ids.shape[3] != ns \
-            or ng < 1 or nh % ng or K < 1 or (a0 != 1 and K != 1):
+            or ng < 1 or nh % ng or K < 1 or (a0 != 1 and K != 1) or 0 in A.shape[:2] + dt.shape[:1] + ids.shape[:3]:
         raise ShapeError(f"CPU SSM_SCAN '{node.name}': the sources' shapes do not fit (s ne {list(s.shape[::-1])}, "
                          f"x ne {list(x.shape[::-1])}, B ne {list(B.shape[::-1])}, A ne {list(A.shape[::-1])}, K={K})")
     n_y = ns * nt * nh * nr

@@ -128,9 +128,9 @@ def cross_entropy_loss_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarr
     require_types(node, _F32_ONLY, node, node.src[0], node.src[1])
     a, b = srcs[0], srcs[1]
     assert a is not None and b is not None
-    if a.shape != b.shape or dst.size != 1:
+    if a.shape != b.shape or dst.size != 1 or (a.shape[3] == 0 and 0 not in a.shape[:3]):
         raise ShapeError(f"CPU CROSS_ENTROPY_LOSS '{node.name}': src0 ne {_ne(a)}, src1 ne {_ne(b)}, "
-                         f"dst ne {_ne(dst)}")
+                         f"dst ne {_ne(dst)} (rows of at least one logit)")
     nr = a.size // a.shape[3] if a.size else 0
     d = dst.reshape(())
 
