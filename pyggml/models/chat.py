@@ -405,6 +405,22 @@ Part = tuple[str, bool]  # a piece of prompt text and whether its special tokens
 _MARK_OPEN, _MARK_CLOSE = "\ue000", "\ue001"  # private-use characters around a placeholder's nonce and number
 
 
+def check_special_text(value: Any, field: str, tokenizer: Tokenizer) -> None:
+    """SpecialTextError naming the first string of `value` (its keys too, in dicts and lists) that holds a
+    special token's text: for what a template writes as its own text (the tools' JSON)."""
+    if isinstance(value, str):
+        found = tokenizer.special_text_in(value)
+        if found is not None:
+            raise SpecialTextError(f"{field} holds the special token text {found!r}", field)
+    elif isinstance(value, Mapping):
+        for k, v in value.items():
+            check_special_text(k, f"{field} key {k!r}", tokenizer)
+            check_special_text(v, f"{field}.{k}", tokenizer)
+    elif isinstance(value, list | tuple):
+        for j, v in enumerate(value):
+            check_special_text(v, f"{field}[{j}]", tokenizer)
+
+
 def _mark_strings(chat: list[dict[str, Any]], tokenizer: Tokenizer,
                   source: str) -> tuple[dict[str, tuple[str, str]], list[dict[str, Any]], re.Pattern[str]]:
     """({placeholder: (field, string)}, the messages with each non-empty string value replaced by its
@@ -416,9 +432,7 @@ def _mark_strings(chat: list[dict[str, Any]], tokenizer: Tokenizer,
     strings: dict[str, tuple[str, str]] = {}
 
     def check(value: str, field: str) -> None:
-        found = tokenizer.special_text_in(value)
-        if found is not None:
-            raise SpecialTextError(f"{field} holds the special token text {found!r}", field)
+        check_special_text(value, field, tokenizer)
 
     def mark(value: Any, field: str) -> Any:
         if isinstance(value, str):

@@ -80,9 +80,7 @@ def _build_vocab(tokenizer: Tokenizer) -> Any:
     pieces, special = [], []
     for i in range(tokenizer.n_vocab):
         piece = tokenizer.token_to_bytes(i, special=True)
-        # as llguidance's llama.cpp adapter: control tokens, and user-defined ones that look like them
-        if tokenizer.is_special(i) or (tokenizer.attrs[i] & ATTR_USER_DEFINED and piece.startswith(b"<")
-                                       and piece.endswith(b">")):
+        if _grammar_special(tokenizer, i):
             piece = SPECIAL_PREFIX + piece
             special.append(i)
         pieces.append(piece)
@@ -137,6 +135,16 @@ class Grammar:
         return cls(tokenizer, spec, what)
 
     @classmethod
+    def from_lark(cls, tokenizer: Tokenizer, text: str, what: str = "grammar") -> Grammar:
+        """llguidance's Lark syntax (`start` the start rule; `%json {schema}` for JSON inside, `<[id]>` for a
+        special token: `lark_literal` writes text with the vocab's special tokens in it)."""
+        try:
+            spec = _llguidance().LLMatcher.grammar_from_lark(text)
+        except ValueError as e:
+            raise GrammarError(f"{what}: {e}") from None
+        return cls(tokenizer, spec, what)
+
+    @classmethod
     def json_object(cls, tokenizer: Tokenizer, what: str = "response_format") -> Grammar:
         """Any JSON object (OpenAI's `response_format: {"type": "json_object"}`)."""
         return cls.from_json_schema(tokenizer, {"type": "object"}, what)
@@ -146,6 +154,42 @@ class Grammar:
 
     def __repr__(self) -> str:
         return f"Grammar({self.what}, n_vocab={self.tokenizer.n_vocab})"
+
+
+def _grammar_special(tokenizer: Tokenizer, token: int) -> bool:
+    """Whether grammars see `token` as a special token, as llguidance's llama.cpp adapter: control tokens, and
+    user-defined ones that look like them ("<tool_call>"); no text matches them."""
+    if tokenizer.is_special(token):
+        return True
+    piece = tokenizer.token_to_bytes(token, special=True)
+    return bool(tokenizer.attrs[token] & ATTR_USER_DEFINED) and piece.startswith(b"<") and piece.endswith(b">")
+
+
+def lark_literal(tokenizer: Tokenizer, text: str) -> str:
+    """`text` as a Lark expression for `tokenizer`'s grammars: its special tokens ("<|im_start|>", a Qwen vocab's
+    "<tool_call>") as their ids (`<[151657]>`: their text would never match them), the rest as strings."""
+    out: list[str] = []
+    plain = b""
+    for t in tokenizer.encode(text, add_special=False, parse_special=True, space_prefix=False):
+        if _grammar_special(tokenizer, t):
+            if plain:
+                out.append(json.dumps(plain.decode("utf-8", errors="replace")))
+                plain = b""
+            out.append(f"<[{t}]>")
+        else:
+            plain += tokenizer.token_to_bytes(t, special=True)
+    if plain:
+        out.append(json.dumps(plain.decode("utf-8", errors="replace")))
+    return " ".join(out) if out else '""'
+
+
+def lark_json(schema: dict[str, Any] | bool) -> str:
+    """`schema` as a Lark `%json` expression, its JSON written as json.dumps writes it (`JSON_OPTIONS`)."""
+    if isinstance(schema, dict):
+        schema = {**schema, "x-guidance": JSON_OPTIONS}
+    elif schema is True:
+        schema = {"x-guidance": JSON_OPTIONS}
+    return "%json " + json.dumps(schema)
 
 
 class GrammarMatcher:
