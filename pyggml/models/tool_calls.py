@@ -180,14 +180,23 @@ def check_message_tool_calls(calls: Any, field: str) -> list[dict[str, Any]]:
 @dataclasses.dataclass(frozen=True)
 class TemplateCaps:
     """What a template writes: a system message, the tools, past calls (`object_arguments`: only when their
-    arguments are objects), tool results; `call_example`: the text of a call it writes after a user turn."""
+    arguments are objects; `parallel_tool_calls`: several in a message), tool results; `call_example`: the text of
+    a call it writes after a user turn."""
 
     system_role: bool = True
     tools: bool = False
     tool_calls: bool = False
     tool_responses: bool = False
     object_arguments: bool = False
+    parallel_tool_calls: bool = False
     call_example: str = ""
+
+    def to_json(self) -> dict[str, bool]:
+        """llama-server's `chat_template_caps` (its /props)."""
+        return {"supports_tools": self.tools, "supports_tool_calls": self.tool_calls,
+                "supports_tool_responses": self.tool_responses, "supports_system_role": self.system_role,
+                "supports_parallel_tool_calls": self.parallel_tool_calls,
+                "supports_object_arguments": self.object_arguments}
 
 
 def template_caps(template: ChatTemplate) -> TemplateCaps:
@@ -230,13 +239,15 @@ def _caps(source: str, bos: str, eos: str) -> TemplateCaps:
     as_object = writes_args(render([user, calls_message("ipython", args)]))
     tool_calls = as_text or as_object
     object_arguments = as_object and not as_text
-    tool_responses = False
+    tool_responses = parallel = False
     if tool_calls:
         call_args: Any = args if object_arguments else json.dumps(args)
+        out = render([user, calls_message("test_tool", call_args, 2)])
+        parallel = "test_tool1" in out and "test_tool2" in out
         tool_responses = "Some response!" in render([user, calls_message("test_tool", call_args), {
             "role": "tool", "name": "test_tool", "content": "Some response!", "tool_call_id": "call_911_"}])
     example = "" if tools else _call_example(render, object_arguments, eos)
-    return TemplateCaps(system_role, tools, tool_calls, tool_responses, object_arguments, example)
+    return TemplateCaps(system_role, tools, tool_calls, tool_responses, object_arguments, parallel, example)
 
 
 def _call_example(render: Callable[..., str], object_arguments: bool, eos: str) -> str:

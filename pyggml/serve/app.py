@@ -42,6 +42,7 @@ from starlette.routing import Route
 
 from pyggml.core.errors import GGMLError
 from pyggml.models.reasoning import ReasoningSplit, template_thinks, thinking_forced_open
+from pyggml.models.tool_calls import ToolCall, ToolFormat
 from pyggml.serve.embeddings import Embeddings
 from pyggml.serve.endpoints import Endpoints, generation_settings
 from pyggml.serve.engine import Engine, EngineStoppedError, Event, GenRequest, QueueFullError
@@ -62,6 +63,7 @@ from pyggml.serve.protocol import (
     response,
     usage,
 )
+from pyggml.serve.reply import ReplySplit
 from pyggml.serve.request_log import RequestLog, note_tokens
 
 EVENT_WAIT = 0.5  # seconds between checks that a non-streaming client is still there
@@ -95,6 +97,7 @@ class Server:
         self.template = ChatTemplate.from_model(self.model, self.options.chat_template,
                                                 self.options.chat_template_name)
         self.thinks = template_thinks(self.template.source)
+        self.tool_format = ToolFormat.of(self.template)
         self.default_grammar = self.options.grammar  # (kind, spec, option): the constraint of requests that bring none
         self.eog = frozenset(self.model.tokenizer.eog_ids)
         self.created = int(time.time())
@@ -155,25 +158,35 @@ class Server:
         """The chat template's variables: the server's, the request's `chat_template_kwargs` over them."""
         return {**self.options.template_kwargs, **p.template_kwargs}
 
+    def chat_inputs(self, p: Params) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """The messages and variables the chat template renders: the tools and their polyfills
+        (`ToolFormat.template_inputs`), the template's variables."""
+        kwargs = self.template_kwargs(p)
+        if p.tools:
+            kwargs["tools"] = p.tools
+        return self.tool_format.template_inputs(p.messages, p.tools, p.tool_choice), kwargs
+
     def chat_prompt(self, p: Params) -> str:
         """The chat's prompt text, as the chat route tokenizes it (/apply-template's answer)."""
+        messages, kwargs = self.chat_inputs(p)
         try:
-            return self.template.prompt(p.messages, add_generation_prompt=True, **self.template_kwargs(p))
+            return self.template.prompt(messages, add_generation_prompt=True, **kwargs)
         except GGMLError as e:
             raise RequestError(f"the chat template failed on these messages: {e}", param="messages") from None
 
     def prompt_ids(self, p: Params) -> list[int]:
         """The prompt's token ids (in a worker thread: templates and tokenizers are model code)."""
-        from pyggml.models.chat import SpecialTextError
+        from pyggml.models.chat import SpecialTextError, check_special_text
 
         tokenizer = self.model.tokenizer
         if p.kind == "chat":
-            kwargs = self.template_kwargs(p)
+            messages, kwargs = self.chat_inputs(p)
             try:
                 if self.special_in_content:
-                    parts = [(self.template.prompt(p.messages, add_generation_prompt=True, **kwargs), True)]
+                    parts = [(self.template.prompt(messages, add_generation_prompt=True, **kwargs), True)]
                 else:
-                    parts = self.template.prompt_parts(p.messages, tokenizer, add_generation_prompt=True, **kwargs)
+                    check_special_text(p.tools, "tools", tokenizer)  # the template writes them as its own text
+                    parts = self.template.prompt_parts(messages, tokenizer, add_generation_prompt=True, **kwargs)
             except SpecialTextError as e:
                 raise RequestError(str(e), param=e.field) from None
             except GGMLError as e:
@@ -193,14 +206,23 @@ class Server:
     def grammar(self, p: Params) -> Any:
         """The request's constraint as a new `GrammarMatcher` (None without one), compiled in a worker thread:
         a schema can take milliseconds. A grammar that does not compile is a 400 naming its field."""
+        from pyggml.models.grammar import Grammar, GrammarError
+
+        tokenizer = self.model.tokenizer
+        if self.calls_tools(p):  # the tools' syntax, with the response format's JSON where no call comes
+            response = None
+            if p.grammar is not None:
+                response = {"type": "object"} if p.grammar[0] == "json_object" else p.grammar[1]
+            try:
+                tools = self.tool_format.grammar(tokenizer, p.tools, p.tool_choice, p.parallel_tool_calls, response)
+            except GrammarError as e:
+                raise RequestError(str(e), param=p.grammar_param or "tools", code="invalid_grammar") from None
+            return None if tools is None else tools.matcher()
         if p.grammar is None and self.default_grammar is not None:
             kind, spec, option = self.default_grammar
             p.grammar, p.grammar_param = (kind, spec), option
         if p.grammar is None:
             return None
-        from pyggml.models.grammar import Grammar, GrammarError
-
-        tokenizer = self.model.tokenizer
         kind, spec = p.grammar
         try:
             if kind == "gbnf":
@@ -301,15 +323,25 @@ class Server:
             raise RequestError(str(e), status=503, type="server_error", code="unavailable") from None
         return events
 
-    def reasoning_split(self, p: Params, ids: Sequence[int]) -> tuple[ReasoningSplit | None, bool]:
-        """The split of a chat reply's reasoning (None: the reply stays whole: not a chat, a template that does
-        not think, or the format "none") and whether the format is "deepseek-legacy" (the content keeps it all)."""
+    def calls_tools(self, p: Params) -> bool:
+        """Whether the reply may call the request's tools (its calls are parsed, `tool_choice` not "none")."""
+        return p.kind == "chat" and bool(p.tools) and p.tool_choice.mode != "none"
+
+    def reply_split(self, p: Params, ids: Sequence[int], stream: bool) -> ReplySplit | None:
+        """How a chat reply is split (None: it stays whole): its reasoning apart unless the template does not
+        think or the format is "none" ("deepseek-legacy": the content keeps it all; streamed, inline only), its
+        tool calls parsed when it may call the request's tools."""
+        tools = self.tool_format.parser() if self.calls_tools(p) else None
         fmt = p.reasoning_format or self.options.reasoning_format
-        if p.kind != "chat" or fmt == "none" or not self.thinks:
-            return None, False
-        tok = self.model.tokenizer  # the prompt's end, long enough for the tag in single bytes and whitespace after
-        tail = b"".join(tok.token_to_bytes(t, special=True) for t in ids[-16:]).decode("utf-8", errors="replace")
-        return ReasoningSplit(forced_open=thinking_forced_open(tail)), fmt == "deepseek-legacy"
+        legacy = fmt == "deepseek-legacy"
+        reasoning = None
+        if p.kind == "chat" and fmt != "none" and self.thinks and not (legacy and stream):
+            tok = self.model.tokenizer  # the prompt's end: long enough for the tag in single bytes and whitespace
+            tail = b"".join(tok.token_to_bytes(t, special=True) for t in ids[-16:]).decode("utf-8", errors="replace")
+            reasoning = ReasoningSplit(forced_open=thinking_forced_open(tail))
+        if reasoning is None and tools is None:
+            return None
+        return ReplySplit(reasoning, tools, legacy=legacy and reasoning is not None)
 
     # --- routes ---
 
@@ -325,10 +357,9 @@ class Server:
             return _error(e)
         rid = new_id(kind)
         name = self.model_name  # the model that answers, whatever the request named
-        split, legacy = self.reasoning_split(p, ids)
+        split = self.reply_split(p, ids, p.stream)
         if p.stream:
-            return StreamingResponse(self.stream(req, events, p, rid, name, request.scope,
-                                                 None if legacy else split),
+            return StreamingResponse(self.stream(req, events, p, rid, name, request.scope, split),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         try:
             text: list[str] = []
@@ -357,30 +388,38 @@ class Server:
                     use = usage(e.prompt_tokens, e.completion_tokens, e.cached_tokens)
                     note_tokens(request.scope, prompt=e.prompt_tokens, completion=e.completion_tokens,
                                 cached=e.cached_tokens)
-                    content, reasoning = "".join(text), ""
+                    content, reasoning, calls = "".join(text), "", []
                     if split is not None:
                         pieces = split.feed(content) + split.flush()
                         reasoning = "".join(t for k, t in pieces if k == "reasoning")
-                        if not legacy:
-                            content = "".join(t for k, t in pieces if k == "content")
-                    return JSONResponse(response(kind, rid, name, content, e.finish_reason, use, reasoning,
-                                                 self.logprobs(p, probs)))
+                        content = "".join(t for k, t in pieces if k == "content")
+                        calls = [c for k, c in pieces if k == "call"]
+                    finish = "tool_calls" if calls and e.finish_reason == "stop" else e.finish_reason
+                    return JSONResponse(response(kind, rid, name, content, finish, use, reasoning,
+                                                 self.logprobs(p, probs), calls))
         finally:
             req.cancel()  # a no-op after the end; frees the slot when this coroutine was cancelled
 
     async def stream(self, req: GenRequest, events: asyncio.Queue[Event], p: Params, rid: str,
-                     name: str, scope: Any = None, split: ReasoningSplit | None = None) -> AsyncIterator[str]:
+                     name: str, scope: Any = None, split: ReplySplit | None = None) -> AsyncIterator[str]:
         def sse(obj: dict[str, Any]) -> str:
             return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
-        def pieces(kinds: list[tuple[str, str]], logprobs: dict[str, Any] | None = None) -> Iterator[str]:
-            """A reasoning split's deltas; the tokens' `logprobs` go with the first (alone when it held all back)."""
+        calls: list[ToolCall] = []
+
+        def pieces(kinds: list[tuple[str, Any]], logprobs: dict[str, Any] | None = None) -> Iterator[str]:
+            """A split reply's deltas (a tool call's whole, with its index); the tokens' `logprobs` go with the
+            first (alone when the split held all back)."""
             if not kinds and logprobs is not None:
                 yield sse(chunk(p.kind, rid, name, None, logprobs=logprobs))
-            for i, (what, t) in enumerate(kinds):
+            for i, (what, v) in enumerate(kinds):
                 lp = logprobs if i == 0 else None
-                yield sse(chunk(p.kind, rid, name, t, logprobs=lp) if what == "content"
-                          else chunk(p.kind, rid, name, None, reasoning=t, logprobs=lp))
+                if what == "call":
+                    yield sse(chunk(p.kind, rid, name, None, logprobs=lp, call=(len(calls), v)))
+                    calls.append(v)
+                else:
+                    yield sse(chunk(p.kind, rid, name, v, logprobs=lp) if what == "content"
+                              else chunk(p.kind, rid, name, None, reasoning=v, logprobs=lp))
 
         try:
             if p.kind == "chat":
@@ -416,6 +455,8 @@ class Server:
                         note_tokens(scope, prompt=e.prompt_tokens, completion=e.completion_tokens,
                                     cached=e.cached_tokens)
                     finish = e.finish_reason if e.finish_reason != "cancelled" else "stop"
+                    if calls and finish == "stop":
+                        finish = "tool_calls"
                     yield sse(chunk(p.kind, rid, name, None if p.kind == "chat" else "", finish_reason=finish,
                                     use=None if p.include_usage else use, logprobs=logprobs if e.probs else None))
                     if p.include_usage:

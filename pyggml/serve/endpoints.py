@@ -5,9 +5,10 @@
   "with_pieces": false}` -> `{"tokens": [id, ...]}`, or `[{"id", "piece"}, ...]` with pieces (a piece is its
   text, or its bytes as a list of integers where they are not UTF-8 alone).
 - POST /detokenize `{"tokens": [id, ...]}` -> `{"content": text}` (each token's text, special ones written).
-- POST /apply-template: a chat body (`messages`, `chat_template_kwargs`) -> `{"prompt": text}`, the text the
-  chat route tokenizes.
-- GET /props: the default generation settings, slots, model, chat template, BOS/EOS texts, endpoints on.
+- POST /apply-template: a chat body (`messages`, `tools`, `chat_template_kwargs`) -> `{"prompt": text}`, the text
+  the chat route tokenizes.
+- GET /props: the default generation settings, slots, model, chat template and its capabilities, BOS/EOS texts,
+  endpoints on.
 - GET /slots (off with --no-slots): each slot's state and its request's settings, never its text; with
   `?fail_on_no_slot=1` a 503 when no slot is idle.
 - GET /metrics (with --metrics): `pyggml.serve.metrics`.
@@ -139,6 +140,7 @@ class Endpoints:
             "endpoint_props": False,
             "endpoint_metrics": s.options.metrics,
             "chat_template": s.template.source,
+            "chat_template_caps": s.tool_format.caps.to_json(),
             "bos_token": text(tok.bos_id),
             "eos_token": text(tok.eos_id),
             "build_info": f"pyggml {pyggml.__version__}",

@@ -4,7 +4,9 @@ Sampling: OpenAI's fields with OpenAI's defaults (temperature 1, top_p 1), and l
 with llama-server's (top_k 40, min_p 0.05, repeat_penalty 1, ignore_eos, cache_prompt). Structured output:
 `response_format` (json_object, json_schema), llama-server's `grammar` (GBNF) and `json_schema`, one of them a
 request. `logprobs`/`top_logprobs` (chat), `logprobs` (completions), llama-server's `n_probs`, and `logit_bias`
-(OpenAI's {"token id": bias} or llama-server's [[token id or text, bias or false], ...]). A field pyggml does not
+(OpenAI's {"token id": bias} or llama-server's [[token id or text, bias or false], ...]). A chat's `tools`,
+`tool_choice` and `parallel_tool_calls` (pyggml.models.tool_calls), its messages' `tool_calls` and `role: "tool"`
+results; a reply's calls as `message.tool_calls` (a streamed call's delta whole). A field pyggml does not
 implement is refused naming it (400), as are `n` > 1, `best_of` > 1, `suffix` and `echo`; OpenAI's hints that
 do not change an answer (`user`, `metadata`, `store`, ... : HINTS) are accepted and ignored. A body is JSON
 (`application/json`, UTF-8) or refused before anything reads it (415); JSON Python parses but no model should
@@ -22,6 +24,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pyggml.models.tool_calls import (
+    ToolCall,
+    ToolChoice,
+    ToolsError,
+    check_message_tool_calls,
+    check_tool_choice,
+    check_tools,
+)
 from pyggml.serve.engine import ServeError, TokenProb
 
 MAX_STOP = 4  # as OpenAI
@@ -39,7 +49,8 @@ COMMON_FIELDS = frozenset({
     "top_k", "min_p", "repeat_penalty", "ignore_eos", "grammar", "json_schema", "n_probs", "cache_prompt",
 })
 CHAT_FIELDS = COMMON_FIELDS | {"messages", "max_completion_tokens", "logprobs", "top_logprobs",
-                               "chat_template_kwargs", "reasoning_format"}
+                               "chat_template_kwargs", "reasoning_format", "tools", "tool_choice",
+                               "parallel_tool_calls"}
 COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "logprobs", "best_of", "suffix", "echo"}
 HINTS = frozenset({"user", "metadata", "store", "service_tier", "prompt_cache_key", "prompt_cache_retention",
                    "safety_identifier"})
@@ -169,6 +180,9 @@ class Params:
     logit_bias: list[tuple[int | str, float]] = field(default_factory=list)  # a text: each of its tokens
     n_probs: int | None = None  # logprobs: the top n alternatives of each token (0: the token's own only)
     cache_prompt: bool = True
+    tools: list[dict[str, Any]] = field(default_factory=list)  # OpenAI's function tools (pyggml.models.tool_calls)
+    tool_choice: ToolChoice = field(default_factory=ToolChoice)
+    parallel_tool_calls: bool = False  # llama-server's default: one call a reply
 
 
 def _number(body: dict[str, Any], name: str, lo: float, hi: float, default: float) -> float:
@@ -262,6 +276,28 @@ def _grammar(body: dict[str, Any]) -> tuple[tuple[str, Any] | None, str]:
         raise RequestError(f"'{found[0][1]}' and '{found[1][1]}' both constrain the answer: give one",
                            param=found[1][1])
     return (found[0][0], found[0][1]) if found else (None, "")
+
+
+def _tools(body: dict[str, Any], p: Params) -> None:
+    """`tools`, `tool_choice` and `parallel_tool_calls`; a GBNF grammar beside tools that may be called is refused
+    (llama-server's rule: the tools' syntax is the grammar), a JSON response format is the reply's when no call."""
+    try:
+        tools = body.get("tools")
+        p.tools = check_tools(tools) if tools is not None else []
+        choice = body.get("tool_choice")
+        if choice is not None and not p.tools:
+            raise RequestError("'tool_choice' needs 'tools'", param="tool_choice")
+        p.tool_choice = check_tool_choice(choice, p.tools)
+    except ToolsError as e:
+        raise RequestError(str(e), param=e.field) from None
+    p.parallel_tool_calls = _bool(body, "parallel_tool_calls")
+    if p.tools and p.tool_choice.mode != "none" and p.grammar is not None:
+        if p.grammar[0] == "gbnf":
+            raise RequestError("'grammar' cannot be combined with 'tools' (the tools' syntax is the grammar)",
+                               param="grammar")
+        if p.tool_choice.mode == "required":
+            raise RequestError(f"'{p.grammar_param}' cannot be combined with a required tool call",
+                               param=p.grammar_param)
 
 
 def _logit_bias(body: dict[str, Any]) -> list[tuple[int | str, float]]:
@@ -363,9 +399,16 @@ def _message_text(m: Any, i: int) -> dict[str, Any]:
         raise RequestError(f"messages[{i}].content must be a string or a list of parts",
                            param=f"messages[{i}].content")
     out = {"role": role, "content": text}
-    for key in ("name", "tool_calls", "tool_call_id", "reasoning_content"):  # templates may read them
-        if key in m:
+    for key in ("name", "tool_call_id", "reasoning_content"):  # templates may read them
+        if key in m and m[key] is not None:
+            if not isinstance(m[key], str):
+                raise RequestError(f"messages[{i}].{key} must be a string", param=f"messages[{i}].{key}")
             out[key] = m[key]
+    if m.get("tool_calls") is not None:
+        try:
+            out["tool_calls"] = check_message_tool_calls(m["tool_calls"], f"messages[{i}].tool_calls")
+        except ToolsError as e:
+            raise RequestError(str(e), param=e.field) from None
     return out
 
 
@@ -431,6 +474,8 @@ def parse_request(body: Any, kind: str) -> Params:
             raise RequestError("'stream_options' must be an object", param="stream_options")
         p.include_usage = bool(so.get("include_usage", False))
     p.grammar, p.grammar_param = _grammar(body)
+    if kind == "chat":
+        _tools(body, p)
     p.logit_bias = _logit_bias(body)
     p.n_probs = _n_probs(body, kind)
     cache = body.get("cache_prompt")
@@ -499,13 +544,17 @@ def completion_logprobs(probs: Sequence[TokenProb], piece: Callable[[int], bytes
 
 
 def response(kind: str, rid: str, model: str, text: str, finish_reason: str | None,
-             use: dict[str, Any], reasoning: str = "", logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+             use: dict[str, Any], reasoning: str = "", logprobs: dict[str, Any] | None = None,
+             calls: Sequence[ToolCall] = ()) -> dict[str, Any]:
     """The whole answer of a request without `stream` (a chat's `reasoning` apart, as llama-server; `logprobs`:
-    chat_logprobs' or completion_logprobs')."""
+    chat_logprobs' or completion_logprobs'; a chat's tool `calls`: its content null when it has no text, as
+    OpenAI's)."""
     if kind == "chat":
-        message: dict[str, Any] = {"role": "assistant", "content": text}
+        message: dict[str, Any] = {"role": "assistant", "content": text if text or not calls else None}
         if reasoning:
             message["reasoning_content"] = reasoning
+        if calls:
+            message["tool_calls"] = [c.to_json() for c in calls]
         choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
         obj = "chat.completion"
     else:
@@ -517,9 +566,10 @@ def response(kind: str, rid: str, model: str, text: str, finish_reason: str | No
 
 def chunk(kind: str, rid: str, model: str, text: str | None, finish_reason: str | None = None,
           role: bool = False, use: dict[str, Any] | None = None, no_choice: bool = False,
-          reasoning: str | None = None, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+          reasoning: str | None = None, logprobs: dict[str, Any] | None = None,
+          call: tuple[int, ToolCall] | None = None) -> dict[str, Any]:
     """One server-sent event of a streamed answer (`no_choice`: the last one, with `usage` only; `reasoning`:
-    a chat's reasoning delta, as llama-server's `reasoning_content`)."""
+    a chat's reasoning delta, as llama-server's `reasoning_content`; `call`: a tool call whole, with its index)."""
     choices: list[dict[str, Any]]
     if no_choice:
         choices = []
@@ -531,6 +581,8 @@ def chunk(kind: str, rid: str, model: str, text: str | None, finish_reason: str 
             delta["content"] = text
         if reasoning is not None:
             delta["reasoning_content"] = reasoning
+        if call is not None:
+            delta["tool_calls"] = [{"index": call[0], **call[1].to_json()}]
         choices = [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}]
     else:
         choices = [{"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}]

@@ -36,13 +36,19 @@ def refused(param: str, make: Any, **fields: Any) -> str:
     return e.value.message
 
 
-@pytest.mark.parametrize("name", ["tools", "tool_choice", "functions", "function_call", "parallel_tool_calls",
-                                  "audio", "modalities", "prediction", "reasoning_effort", "web_search_options",
-                                  "verbosity", "typical_p", "mirostat", "dry_multiplier", "samplers", "no_such_field"])
+@pytest.mark.parametrize("name", ["functions", "function_call", "audio", "modalities", "prediction",
+                                  "reasoning_effort", "web_search_options", "verbosity", "typical_p", "mirostat",
+                                  "dry_multiplier", "samplers", "no_such_field"])
 def test_an_unimplemented_field_is_refused_by_name(name: str) -> None:
     message = refused(name, chat, **{name: "x"})
     assert f"'{name}'" in message
     refused(name, completion, **{name: 1})
+
+
+@pytest.mark.parametrize("name", ["tools", "tool_choice", "parallel_tool_calls"])
+def test_tool_fields_are_a_chats_only(name: str) -> None:
+    message = refused(name, completion, **{name: []})
+    assert f"'{name}'" in message and "completions" in message
 
 
 def test_hints_and_nulls_are_accepted() -> None:

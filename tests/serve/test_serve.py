@@ -145,9 +145,9 @@ def test_hints_are_accepted_and_unimplemented_fields_refused_by_name(client: ope
         temperature=0, user="me", metadata={"k": "v"}, store=False, service_tier="auto", prompt_cache_key="c",
         safety_identifier="s", n=1, response_format={"type": "text"}, stream_options=None)
     assert r.choices[0].finish_reason in ("stop", "length") and r.usage.completion_tokens <= 3
-    refused = {"tools": [{"type": "function", "function": {"name": "f"}}], "parallel_tool_calls": False,
-               "audio": {"voice": "alloy", "format": "wav"}, "modalities": ["text"], "prediction": {"type": "content",
-               "content": "x"}, "typical_p": 0.5, "mirostat": 2, "dry_multiplier": 0.8}
+    refused = {"functions": [{"name": "f"}], "audio": {"voice": "alloy", "format": "wav"}, "modalities": ["text"],
+               "prediction": {"type": "content", "content": "x"}, "typical_p": 0.5, "mirostat": 2,
+               "dry_multiplier": 0.8}
     for name, value in refused.items():
         with pytest.raises(openai.BadRequestError) as e:
             client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=2,
