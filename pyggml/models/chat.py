@@ -91,8 +91,14 @@ def _raise_exception(message: str) -> None:
 
 def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
             sort_keys: bool = False) -> str:
-    # jinja's own tojson escapes <, >, & and ' for HTML: chat templates want the JSON as it is
-    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    # jinja's own tojson escapes <, >, & and ' for HTML: chat templates want the JSON as it is; a filter's
+    # generator (`tools | map(attribute='function')`, llama.cpp's DeepSeek R1 template) is the list it yields
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys,
+                      default=lambda v: list(v) if isinstance(v, Iterator) else _unserializable(v))
+
+
+def _unserializable(v: Any) -> Any:
+    raise TypeError(f"Object of type {type(v).__name__} is not JSON serializable")
 
 
 def _strftime_now(format: str) -> str:

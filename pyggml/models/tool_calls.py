@@ -50,6 +50,10 @@ GENERIC_INSTRUCTION = ("Respond in JSON format, either with `tool_call` (a reque
                        "`response` reply to the user's request")
 TOOLS_INSTRUCTION = "You can call any of the following tools to satisfy the user's requests: "
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
+R1_CALLS_BEGIN, R1_CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
+R1_CALL_BEGIN, R1_SEP, R1_CALL_END = "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>"
+R1_ARGS_END = "\n```"
+THINK_CLOSE = "</think>\n\n"  # how a reply closes the thinking block its prompt opened
 ID_CHARS = string.ascii_letters + string.digits
 NL = "\n"
 JSON_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "b": "\b", "f": "\f"}  # the rest stand for themselves
@@ -271,6 +275,8 @@ def _call_example(render: Callable[..., str], object_arguments: bool, eos: str) 
         if prefix[i] != "<":  # a tag may open differently after a generation prompt (DeepSeek R1's <think>)
             common = i + 1
     example = full[common:]
+    if eos and eos in example:  # the call ends the turn (what some templates write after it is not the call's)
+        example = example[:example.index(eos)]
     return example if "tool_name" in example or "some_value" in example else ""
 
 
@@ -306,13 +312,16 @@ class ToolFormat:
     @staticmethod
     def of(template: ChatTemplate) -> ToolFormat:
         """llama.cpp's choice by the template's text: `<tool_call>` (and no XML parameters: Qwen3-Coder's
-        format is not served) Hermes, the `ipython` role Llama 3.x, anything else generic."""
+        format is not served) Hermes, the `ipython` role Llama 3.x, `<｜tool▁calls▁begin｜>` DeepSeek R1,
+        anything else generic."""
         caps = template_caps(template)
         src = template.source
         if HERMES_OPEN in src and "<parameter=" not in src:
             return HermesFormat(caps)
         if "<|start_header_id|>ipython<|end_header_id|>" in src:
             return Llama3Format(caps)
+        if R1_CALLS_BEGIN in src:
+            return DeepSeekR1Format(caps)
         return ToolFormat(caps)
 
     # rendering
@@ -381,23 +390,37 @@ class ToolFormat:
         schemas = [self.call_schema(t, with_id) for t in chosen]
         return schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
 
-    def grammar(self, tokenizer: Tokenizer, tools: Sequence[Mapping[str, Any]], choice: ToolChoice,
-                parallel: bool = False, response_schema: Any = None, what: str = "tools") -> Grammar | None:
-        """The reply's grammar (None: free). Generic: always JSON, a call or a response (`response_schema`'s
-        JSON, else a string) unless the choice requires a call."""
-        from pyggml.models.grammar import Grammar
+    free_auto = False  # whether "auto" leaves the reply free (a native syntax: text or calls, parsed)
 
-        if choice.mode == "none" or not tools:
+    def grammar(self, tokenizer: Tokenizer, tools: Sequence[Mapping[str, Any]], choice: ToolChoice,
+                parallel: bool = False, response_schema: Any = None, think_open: bool = False,
+                what: str = "tools") -> Grammar | None:
+        """The reply's grammar (None: free): calls in the format's syntax, or (choice "auto") the response
+        format's JSON (`response_schema`; the generic format's is a text without one). `think_open`: the prompt
+        ends inside a thinking block, which the reply closes first (`</think>`)."""
+        from pyggml.models.grammar import Grammar, lark_literal
+
+        if choice.mode == "none" or not tools or (choice.mode == "auto" and response_schema is None
+                                                  and self.free_auto):
             return None
+        prefix = lark_literal(tokenizer, THINK_CLOSE) + " " if think_open else ""
+        rules = self.reply_lark(tokenizer, tools, choice, parallel, response_schema)
+        return Grammar.from_lark(tokenizer, f"start: {prefix}reply\n{rules}", what)
+
+    def reply_lark(self, tokenizer: Tokenizer, tools: Sequence[Mapping[str, Any]], choice: ToolChoice,
+                   parallel: bool, response_schema: Any) -> str:
+        """Lark rules of the reply (rule `reply`): generic, JSON always, a call or a response."""
+        from pyggml.models.grammar import lark_json
+
         call = self.calls_schema(tools, choice, with_id=parallel)
         key = "tool_calls" if parallel else "tool_call"
         value = {"type": "array", "items": call, "minItems": 1} if parallel else call
         calls = {"type": "object", "properties": {key: value}, "required": [key], "additionalProperties": False}
         if choice.mode == "required":
-            return Grammar.from_json_schema(tokenizer, calls, what)
+            return f"reply: {lark_json(calls)}\n"
         response = {"type": "object", "properties": {"response": response_schema or {"type": "string"}},
                     "required": ["response"], "additionalProperties": False}
-        return Grammar.from_json_schema(tokenizer, {"anyOf": [calls, response]}, what)
+        return f"reply: {lark_json({'anyOf': [calls, response]})}\n"
 
     def parser(self) -> ReplyParser:
         return GenericParser()
@@ -427,39 +450,74 @@ def _merge_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 class HermesFormat(ToolFormat):
     name = "hermes"
+    free_auto = True
 
-    def grammar(self, tokenizer: Tokenizer, tools: Sequence[Mapping[str, Any]], choice: ToolChoice,
-                parallel: bool = False, response_schema: Any = None, what: str = "tools") -> Grammar | None:
-        from pyggml.models.grammar import Grammar, lark_json, lark_literal
+    def reply_lark(self, tokenizer: Tokenizer, tools: Sequence[Mapping[str, Any]], choice: ToolChoice,
+                   parallel: bool, response_schema: Any) -> str:
+        from pyggml.models.grammar import lark_json, lark_literal
 
-        if choice.mode == "none" or not tools or (choice.mode == "auto" and response_schema is None):
-            return None
         schema = lark_json(self.calls_schema(tools, choice))
         call = f"{lark_literal(tokenizer, HERMES_OPEN + NL)} {schema} {lark_literal(tokenizer, NL + HERMES_CLOSE)}"
-        calls = 'call ("\\n" call)*' if parallel else "call"
-        start = calls if choice.mode == "required" else f"{calls} | {lark_json(response_schema)}"
-        return Grammar.from_lark(tokenizer, f"start: {start}\ncall: {call}\n", what)
+        return _reply_rules(call, parallel, '"\\n"', choice, response_schema)
 
     def parser(self) -> ReplyParser:
         return HermesParser()
 
 
+def _reply_rules(call: str, parallel: bool, separator: str, choice: ToolChoice, response_schema: Any,
+                 around: tuple[str, str] = ("", "")) -> str:
+    """The `reply` rule of a native syntax: `call`s (several with `separator` between when `parallel`, inside
+    `around`), or the response format's JSON."""
+    from pyggml.models.grammar import lark_json
+
+    calls = f"call ({separator} call)*" if parallel else "call"
+    calls = " ".join(x for x in (around[0], calls, around[1]) if x)
+    reply = "calls" if choice.mode == "required" else f"calls | {lark_json(response_schema)}"
+    return f"reply: {reply}\ncalls: {calls}\ncall: {call}\n"
+
+
 class Llama3Format(ToolFormat):
     name = "llama3"
     args_key = "parameters"
+    free_auto = True
 
-    def grammar(self, tokenizer: Tokenizer, tools: Sequence[Mapping[str, Any]], choice: ToolChoice,
-                parallel: bool = False, response_schema: Any = None, what: str = "tools") -> Grammar | None:
-        from pyggml.models.grammar import Grammar
+    def reply_lark(self, tokenizer: Tokenizer, tools: Sequence[Mapping[str, Any]], choice: ToolChoice,
+                   parallel: bool, response_schema: Any) -> str:
+        from pyggml.models.grammar import lark_json
 
-        if choice.mode == "none" or not tools or (choice.mode == "auto" and response_schema is None):
-            return None
-        call = self.calls_schema(tools, choice)  # one call a turn: Llama 3's templates refuse more
-        schema = call if choice.mode == "required" else {"anyOf": [call, response_schema]}
-        return Grammar.from_json_schema(tokenizer, schema, what)
+        # one call a turn: Llama 3's templates refuse more
+        return _reply_rules(lark_json(self.calls_schema(tools, choice)), False, "", choice, response_schema)
 
     def parser(self) -> ReplyParser:
         return Llama3Parser()
+
+
+class DeepSeekR1Format(ToolFormat):
+    """DeepSeek R1 (and its Qwen and Llama distills): `<｜tool▁calls▁begin｜>` then calls
+    `<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME` + "\\n```json\\n" + arguments + "\\n```<｜tool▁call▁end｜>"
+    one a line, then `<｜tool▁calls▁end｜>`."""
+
+    name = "deepseek_r1"
+    free_auto = True
+
+    def reply_lark(self, tokenizer: Tokenizer, tools: Sequence[Mapping[str, Any]], choice: ToolChoice,
+                   parallel: bool, response_schema: Any) -> str:
+        from pyggml.models.grammar import lark_json, lark_literal
+
+        chosen = [t for t in tools if choice.name is None or t["function"]["name"] == choice.name]
+        alternatives = []
+        for t in chosen:
+            fn = t["function"]
+            head = f"{R1_CALL_BEGIN}function{R1_SEP}{fn['name']}\n```json\n"
+            params = fn.get("parameters") or {"type": "object", "properties": {}, "additionalProperties": False}
+            alternatives.append(f"{lark_literal(tokenizer, head)} {lark_json(params)} "
+                                f"{lark_literal(tokenizer, R1_ARGS_END + R1_CALL_END)}")
+        around = (lark_literal(tokenizer, R1_CALLS_BEGIN), lark_literal(tokenizer, R1_CALLS_END))
+        return _reply_rules(" | ".join(f"({a})" for a in alternatives), parallel, '"\\n"', choice,
+                            response_schema, around)
+
+    def parser(self) -> ReplyParser:
+        return DeepSeekR1Parser()
 
 
 # --- parsing replies ---
@@ -653,6 +711,92 @@ class Llama3Parser(ReplyParser):
         held, self.buf = self.buf, ""
         if held.strip() or (self.n_calls == 0 and held):
             self._content(held if self.n_calls == 0 else held.strip(), out)
+        return out
+
+
+class DeepSeekR1Parser(ReplyParser):
+    """Text, then `<｜tool▁calls▁begin｜>` and calls (`DeepSeekR1Format`) until `<｜tool▁calls▁end｜>`; what does
+    not parse is content."""
+
+    HEAD = re.compile(re.escape(R1_CALL_BEGIN) + r"function" + re.escape(R1_SEP) + r"([^\n<]+)\n```json\n")
+    MAX_HEAD = 256  # a head this long without its end is not one
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.state = "text"  # "text", "calls" (after <｜tool▁calls▁begin｜>)
+        self.after_call = False
+        self.gap = ""  # the whitespace before the calls' tag
+
+    def feed(self, text: str) -> list[Piece]:
+        self.buf += text
+        out: list[Piece] = []
+        while True:
+            if self.state == "text":
+                if self.after_call:
+                    self.buf = self.buf.lstrip()
+                i = self.buf.find(R1_CALLS_BEGIN)
+                if i >= 0:
+                    before = self.buf[:i].rstrip()
+                    self._text(before, out)
+                    self.gap = self.buf[len(before):i] + R1_CALLS_BEGIN  # given back if nothing parses
+                    self.buf, self.state = self.buf[i + len(R1_CALLS_BEGIN):], "calls"
+                    continue
+                send = self.buf[:len(self.buf) - _partial_suffix(self.buf, R1_CALLS_BEGIN)].rstrip()
+                self._text(send, out)
+                self.buf = self.buf[len(send):]
+                return out
+            body = self.buf.lstrip()
+            if body.startswith(R1_CALLS_END):
+                self.buf, self.state, self.after_call = body[len(R1_CALLS_END):], "text", True
+                continue
+            if not body or R1_CALLS_END.startswith(body) or R1_CALL_BEGIN.startswith(body):
+                return out
+            m = self.HEAD.match(body)
+            if m is None:
+                if body.startswith(R1_CALL_BEGIN) and len(body) < self.MAX_HEAD and "```json\n" not in body:
+                    return out  # the head is still coming
+                self._fail(out)
+                continue
+            end = json_end(body, m.end())
+            if end is None:
+                if body[m.end():m.end() + 1] not in ("", "{", "["):
+                    self._fail(out)
+                    continue
+                return out
+            close = body.find(R1_CALL_END, end)
+            if close < 0:
+                if len(body) - end > self.MAX_HEAD:
+                    self._fail(out)
+                    continue
+                return out
+            try:
+                args = json.loads(body[m.end():end])
+            except json.JSONDecodeError:
+                args = None
+            if not isinstance(args, dict) or body[end:close].strip() not in ("```", ""):
+                self._fail(out)
+                continue
+            self._emit(ToolCall(new_call_id(), m.group(1).strip(), json.dumps(args, ensure_ascii=False)), out)
+            self.gap = ""
+            self.buf = body[close + len(R1_CALL_END):]
+
+    def _fail(self, out: list[Piece]) -> None:
+        """What follows the calls' tag does not parse: it is text, the tag too."""
+        self._text(self.gap + self.buf, out)
+        self.buf, self.gap, self.state = "", "", "text"
+
+    def _text(self, text: str, out: list[Piece]) -> None:
+        if text:
+            self.after_call = False
+        self._content(text, out)
+
+    def flush(self) -> list[Piece]:
+        out: list[Piece] = []
+        if self.state == "calls" and self.buf.strip():
+            self._fail(out)  # an unfinished call stays text
+        elif self.state == "text" and not self.after_call:
+            self._text(self.buf, out)
+        self.buf, self.state = "", "text"
         return out
 
 

@@ -203,7 +203,7 @@ class Server:
                                param="prompt")
         return list(p.prompt)
 
-    def grammar(self, p: Params) -> Any:
+    def grammar(self, p: Params, ids: Sequence[int] = ()) -> Any:
         """The request's constraint as a new `GrammarMatcher` (None without one), compiled in a worker thread:
         a schema can take milliseconds. A grammar that does not compile is a 400 naming its field."""
         from pyggml.models.grammar import Grammar, GrammarError
@@ -214,7 +214,8 @@ class Server:
             if p.grammar is not None:
                 response = {"type": "object"} if p.grammar[0] == "json_object" else p.grammar[1]
             try:
-                tools = self.tool_format.grammar(tokenizer, p.tools, p.tool_choice, p.parallel_tool_calls, response)
+                tools = self.tool_format.grammar(tokenizer, p.tools, p.tool_choice, p.parallel_tool_calls, response,
+                                                 think_open=self.think_open(p, ids) is True)
             except GrammarError as e:
                 raise RequestError(str(e), param=p.grammar_param or "tools", code="invalid_grammar") from None
             return None if tools is None else tools.matcher()
@@ -251,7 +252,8 @@ class Server:
 
     def prepare(self, p: Params) -> tuple[list[int], Any, dict[int, float]]:
         """The prompt's ids, the grammar's matcher and the logit bias (in a worker thread: model code)."""
-        return self.prompt_ids(p), self.grammar(p), self.logit_bias(p)
+        ids = self.prompt_ids(p)
+        return ids, self.grammar(p, ids), self.logit_bias(p)
 
     def gen_request(self, p: Params, ids: list[int], namespace: str = "", grammar: Any = None,
                     logit_bias: dict[int, float] | None = None) -> GenRequest:
@@ -332,16 +334,24 @@ class Server:
         think or the format is "none" ("deepseek-legacy": the content keeps it all; streamed, inline only), its
         tool calls parsed when it may call the request's tools."""
         tools = self.tool_format.parser() if self.calls_tools(p) else None
-        fmt = p.reasoning_format or self.options.reasoning_format
-        legacy = fmt == "deepseek-legacy"
+        legacy = (p.reasoning_format or self.options.reasoning_format) == "deepseek-legacy"
+        forced_open = self.think_open(p, ids)
         reasoning = None
-        if p.kind == "chat" and fmt != "none" and self.thinks and not (legacy and stream):
-            tok = self.model.tokenizer  # the prompt's end: long enough for the tag in single bytes and whitespace
-            tail = b"".join(tok.token_to_bytes(t, special=True) for t in ids[-16:]).decode("utf-8", errors="replace")
-            reasoning = ReasoningSplit(forced_open=thinking_forced_open(tail))
+        if forced_open is not None and not (legacy and stream):
+            reasoning = ReasoningSplit(forced_open=forced_open)
         if reasoning is None and tools is None:
             return None
         return ReplySplit(reasoning, tools, legacy=legacy and reasoning is not None)
+
+    def think_open(self, p: Params, ids: Sequence[int]) -> bool | None:
+        """Whether the chat's prompt ends inside a thinking block the template opened; None: the reply's
+        reasoning is not split (not a chat, a template that does not think, the format "none")."""
+        fmt = p.reasoning_format or self.options.reasoning_format
+        if p.kind != "chat" or fmt == "none" or not self.thinks:
+            return None
+        tok = self.model.tokenizer  # the prompt's end: long enough for the tag in single bytes and whitespace
+        tail = b"".join(tok.token_to_bytes(t, special=True) for t in ids[-16:]).decode("utf-8", errors="replace")
+        return thinking_forced_open(tail)
 
     # --- routes ---
 

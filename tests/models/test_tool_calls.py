@@ -20,7 +20,9 @@ from pyggml.models.sampling import Sampler
 from pyggml.models.tokenizer import TOKEN_TYPE_USER_DEFINED, Tokenizer
 from pyggml.models.tool_calls import (
     GENERIC_INSTRUCTION,
+    THINK_CLOSE,
     TOOLS_INSTRUCTION,
+    DeepSeekR1Parser,
     GenericParser,
     HermesParser,
     Llama3Parser,
@@ -52,6 +54,9 @@ FAMILIES = {"Qwen-Qwen2.5-7B-Instruct.jinja": "hermes", "Qwen-Qwen3-0.6B.jinja":
             "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja": "hermes",
             "meta-llama-Llama-3.1-8B-Instruct.jinja": "llama3", "meta-llama-Llama-3.2-3B-Instruct.jinja": "llama3",
             "meta-llama-Llama-3.3-70B-Instruct.jinja": "llama3", "google-gemma-2-2b-it.jinja": "generic",
+            "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja": "deepseek_r1",
+            "deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja": "deepseek_r1",
+            "llama-cpp-deepseek-r1.jinja": "deepseek_r1",
             "microsoft-Phi-3.5-mini-instruct.jinja": "generic"}
 
 
@@ -117,6 +122,21 @@ def test_a_template_without_tools_gets_minjas_polyfills() -> None:
     assert GENERIC_INSTRUCTION not in render(ChatTemplate(CHATML_TEMPLATE), CALLED, "none")
 
 
+def test_deepseek_r1_writes_calls_and_results_and_gets_an_example(templates: Path) -> None:
+    """The R1 distill's template writes calls and results but not the tools: they go in the system message with
+    the example call the template writes (minja's tool_call_example)."""
+    t = ChatTemplate((templates / "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja").read_text(encoding="utf-8"),
+                     "r1", "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>")
+    text = render(t, CALLED)
+    example = ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>tool_name\n```json\n"
+               '{"arg1": "some_value"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>')
+    assert template_caps(t).call_example == example
+    assert f"{TOOLS_INSTRUCTION}{json.dumps(TOOLS, indent=2)}\n\nExample tool call syntax:\n\n{example}\n\n" in text
+    assert ('<｜Assistant｜><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n'
+            '{"city": "Paris", "days": 1}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>') in text
+    assert "<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>18 C<｜tool▁output▁end｜><｜tool▁outputs▁end｜>" in text
+
+
 def test_a_template_that_refuses_system_messages_gets_it_in_the_user_turn(templates: Path) -> None:
     text = render(template(templates, "google-gemma-2-2b-it.jinja"), CALLED[:1])
     assert text.startswith(f"<s><start_of_turn>user\n{GENERIC_INSTRUCTION}\n\n{TOOLS_INSTRUCTION}")
@@ -140,6 +160,13 @@ CASES: list[tuple[type[ReplyParser], str, str, list[tuple[str, Any]]]] = [
      [("f", {}), ("g", {"a": [1]})]),
     (Llama3Parser, "The weather {is} fine", "The weather {is} fine", []),
     (Llama3Parser, '{"foo": 1} is JSON, not a call', '{"foo": 1} is JSON, not a call', []),
+    (DeepSeekR1Parser, "Calling.\n<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n"
+     '```json\n{"city": "Oslo", "days": 4}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>'
+     "get_time\n```json\n{}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>", "Calling.",
+     [("get_weather", {"city": "Oslo", "days": 4}), ("get_time", {})]),
+    (DeepSeekR1Parser, "x <｜tool▁calls▁begin｜>not a call", "x <｜tool▁calls▁begin｜>not a call", []),
+    (DeepSeekR1Parser, "y <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{\"a\": ",
+     "y <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{\"a\": ", []),  # cut short
     (GenericParser, '{"response": "Hi \\"you\\" \\u00e9\\ud83d\\ude00\\n!"}', 'Hi "you" \u00e9\U0001f600\n!', []),
     (GenericParser, '{"tool_call": {"name": "get_weather", "arguments": {"city": "Rome", "days": 3}}}', "",
      [("get_weather", {"city": "Rome", "days": 3})]),
@@ -287,7 +314,7 @@ def check_calls(calls: list[Any], names: set[str]) -> None:
 
 
 @pytest.mark.parametrize("family", ["Qwen-Qwen2.5-7B-Instruct.jinja", "meta-llama-Llama-3.1-8B-Instruct.jinja",
-                                    "generic"])
+                                    "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", "generic"])
 def test_required_and_named_calls_parse_and_validate(templates: Path, family: str,
                                                      rng: np.random.Generator) -> None:
     tok = smollm2()
@@ -296,11 +323,24 @@ def test_required_and_named_calls_parse_and_validate(templates: Path, family: st
     for choice, parallel in ((ToolChoice("required"), False), (ToolChoice("required", "get_weather"), False),
                              (ToolChoice("required", "get_time"), True), (ToolChoice("required"), True)):
         grammar = fmt.grammar(tok, TOOLS, choice, parallel)
-        for _ in range(2):
-            content, calls = parse(fmt.parser(), decode(tok, sample(tok, grammar, rng)), 5)
-            assert content == ""
-            check_calls(calls, {choice.name} if choice.name else {"get_weather", "get_time"})
-            assert len(calls) == 1 or (parallel and fmt.name != "llama3")
+        content, calls = parse(fmt.parser(), decode(tok, sample(tok, grammar, rng)), 5)
+        assert content == ""
+        check_calls(calls, {choice.name} if choice.name else {"get_weather", "get_time"})
+        assert len(calls) == 1 or (parallel and fmt.name != "llama3")
+
+
+def test_a_prompt_inside_a_thinking_block_closes_it_before_the_call(templates: Path,
+                                                                     rng: np.random.Generator) -> None:
+    """R1's generation prompt opens `<think>`: a required call first closes it, so the reasoning split ends there
+    and the call is the content's."""
+    tok = smollm2()
+    fmt = ToolFormat.of(template(templates, "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja"))
+    text = decode(tok, sample(tok, fmt.grammar(tok, TOOLS, ToolChoice("required", "get_time"), think_open=True),
+                              rng))
+    assert text.startswith(THINK_CLOSE)
+    content, calls = parse(fmt.parser(), text[len(THINK_CLOSE):], 3)
+    assert content == ""
+    check_calls(calls, {"get_time"})
 
 
 def test_auto_is_free_in_a_native_format_and_json_in_the_generic_one(templates: Path,
