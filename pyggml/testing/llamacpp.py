@@ -50,6 +50,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pyggml.cache import cache_dir
+
 __all__ = [
     "BINDINGS_PRELUDE",
     "DEFAULT_TARGETS",
@@ -160,12 +162,6 @@ class Toolchain:
     cxx: str
     cmake: str
     generator: str | None  # None: cmake's default (Unix Makefiles, needs make)
-
-
-def cache_dir() -> Path:
-    """`$PYGGML_CACHE`, or ~/.cache/pyggml."""
-    env = os.environ.get("PYGGML_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "pyggml"
 
 
 def paths(cache: str | os.PathLike[str] | None = None) -> Paths:

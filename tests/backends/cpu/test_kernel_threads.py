@@ -68,7 +68,7 @@ def test_small_products_stay_on_the_calling_thread(rng: np.random.Generator) -> 
 
 
 def test_late_worker_changes_nothing(rng: np.random.Generator) -> None:
-    """mul_mat_rows with an exhausted counter (its call already returned) takes no item and writes nothing."""
+    """A job whose counter is exhausted (its call already returned) takes no item and writes nothing."""
     K, M = 64, 40
     w = rng.standard_normal((M, K)).astype(np.float16)
     wb, w_off = w.view(np.uint8).reshape(-1), np.arange(M, dtype=np.int64) * 2 * K
@@ -78,12 +78,13 @@ def test_late_worker_changes_nothing(rng: np.random.Generator) -> None:
              np.zeros((0, 0), np.int32))
     base = np.zeros(1, np.int64)
     ctr = np.zeros(2, np.int64)
-    qd.mul_mat_rows(qd.F16, wb, w_off, K, x, *empty, 1, base, out, 8, ctr, True, qd.ROUND_REF)
+    desc = qd.mul_mat_desc(qd.F16, wb, w_off, K, x, *empty, 1, base, out, 8, ctr, qd.ROUND_REF)
+    qd.mul_mat_job(desc, 1)  # the caller's share: it returns when every item is done
     assert list(ctr) == [5 + 1, 5]  # 5 items of 8 rows, one failed take
     want = out.copy()
     np.testing.assert_allclose(want[0], w.astype(np.float32) @ x[0], rtol=1e-5, atol=1e-5)
     out[...] = -1
-    qd.mul_mat_rows(qd.F16, wb, w_off, K, x, *empty, 1, base, out, 8, ctr, False, qd.ROUND_REF)
+    qd.mul_mat_job(desc, 0)  # a worker's share
     assert np.all(out == -1) and ctr[1] == 5
 
 

@@ -35,9 +35,11 @@ import time
 from collections.abc import Callable
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
 
-from pyggml.backends.cpu.kernels.atomics import atomic_cas, atomic_load, atomic_store, spin_pause
+from pyggml.backends.cpu.kernels.atomics import atomic_cas, atomic_load, atomic_store, element_pointer, spin_pause
 from pyggml.core.errors import ArgumentError
 
 log = logging.getLogger("pyggml.backends.cpu")
@@ -77,6 +79,23 @@ def claim(slot) -> bool:
 def finish(slot) -> None:
     """A worker is done with its slot's job (RUNNING -> IDLE)."""
     atomic_store(slot, 0, IDLE)
+
+
+@intrinsic
+def call_job(typingctx, fn, d, shared):
+    """Call the compiled job at address `fn`, C type int64 job(int64 *d, int64 shared), on the job `d` (a slot or
+    a descriptor: an int64 array of SLOT_LEN); returns its result. The job's code is chosen at run time, so a
+    worker's loop is compiled once for every kind of job (see quant_dot's `job_address`)."""
+    sig = types.int64(types.int64, d, types.int64)
+
+    def codegen(context, builder, signature, args):
+        i64 = ir.IntType(64)
+        fnty = ir.FunctionType(i64, [i64.as_pointer(), i64])
+        target = builder.inttoptr(args[0], fnty.as_pointer())
+        first = element_pointer(context, builder, signature.args[1], args[1], ir.Constant(i64, 0))
+        return builder.call(target, [first, args[2]])
+
+    return sig, codegen
 
 
 @njit(nogil=True, cache=True)
