@@ -701,10 +701,11 @@ def read_hparams(path: Path) -> Any:
 
 
 def load_model(path: Path, plan: BackendPlan, settings: LoadSettings, n_ctx: int, n_layer: int,
-               n_threads: int | None, err: TextIO, prog: str, **load_extra: Any) -> Any:
+               n_threads: int | None, err: TextIO, prog: str, verbose: bool = False, **load_extra: Any) -> Any:
     """The model loaded as the options say: the backends of `plan` (-ngl's CPU appended), its placement,
     the settings (and `load_extra`, more keywords of `pyggml.models.load`); the options' checks come first,
-    so a bad one fails before any weight is read."""
+    so a bad one fails before any weight is read. The loading's progress bar shows on a terminal, or
+    elsewhere with `verbose`."""
     from pyggml.models import load
 
     load_kw = settings.load_kwargs()
@@ -713,7 +714,7 @@ def load_model(path: Path, plan: BackendPlan, settings: LoadSettings, n_ctx: int
     note = plan.offload_note(backends)
     if note:
         print(f"{prog}: warning: {note}", file=err)
-    return load(path, backends, n_ctx=n_ctx, **place_kw, **load_kw, **load_extra, progress=err.isatty())
+    return load(path, backends, n_ctx=n_ctx, **place_kw, **load_kw, **load_extra, progress=verbose or err.isatty())
 
 
 def builtin_model_path() -> Path:

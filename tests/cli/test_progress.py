@@ -1,5 +1,5 @@
-"""What the command line says while numba compiles kernels: one line before the first compile, always;
-progress on a terminal or with --verbose only."""
+"""What the command line says while it works: before numba's first compile one line, always; progress of
+compiles and of loading on a terminal or with --verbose only."""
 
 from __future__ import annotations
 
@@ -83,3 +83,11 @@ def test_pyggml_run_tells_before_it_compiles(monkeypatch: pytest.MonkeyPatch,
     notices = [i for i, line in enumerate(err) if line.startswith("pyggml run: compiling the CPU kernels")]
     figures = [i for i, line in enumerate(err) if line.startswith("load time:")]
     assert len(notices) == 1 and figures and notices[0] < figures[0]
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_loading_shows_progress_off_a_terminal_only_with_verbose(verbose: bool,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "-n", "1", "--temp", "0", *(["-v"] if verbose else [])]) == 0
+    err = capsys.readouterr().err
+    assert ("loading builtin-llama.gguf" in err) == verbose
