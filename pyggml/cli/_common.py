@@ -230,7 +230,8 @@ def add_backend_options(parser: argparse.ArgumentParser, lists: bool = False) ->
                                  "their layer, as llama.cpp's -ot; repeat it, or join several with commas; the "
                                  "first that matches wins")
     parser.add_argument("-t", "--threads", **listed(thread_count, None, ranges=True), metavar="N",
-                        help=f"threads of the CPU backend, 1..{MAX_THREADS} (default: all cores){many}")
+                        help=f"threads of the CPU backend, 1..{MAX_THREADS} (default: the physical cores, as "
+                             f"llama.cpp){many}")
     parser.add_argument("-b", "--batch-size", "--batch", dest="batch_size",
                         **listed(positive_int, DEFAULT_BATCH, ranges=True), metavar="N",
                         help=f"logical batch size, as llama.cpp's (default: {DEFAULT_BATCH}); a batch is computed "

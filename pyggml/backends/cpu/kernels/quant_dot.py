@@ -86,13 +86,22 @@ from pyggml.backends.cpu.kernels.atomics import (
     pointer_i32,
     pointer_i64,
     pointer_u8,
+    sleep_us,
     spin_pause,
     yield_cpu,
 )
 from pyggml.backends.cpu.kernels.atomics import (
     element_pointer as _address,
 )
-from pyggml.backends.cpu.kernels.threads import SLOT_LEN, YIELD_POLLS, call_job, claim, finish, revoke
+from pyggml.backends.cpu.kernels.threads import (
+    SLOT_LEN,
+    WAIT_SLEEP_US,
+    YIELD_POLLS,
+    call_job,
+    claim,
+    finish,
+    revoke,
+)
 from pyggml.backends.cpu.repack import BLOCK32_FIELDS, X8_ROWS
 from pyggml.core.quants import KVALUES_IQ4NL, KVALUES_MXFP4
 from pyggml.core.types import GGMLType
@@ -2285,7 +2294,8 @@ def _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, 
 
 
 @njit(nogil=True, cache=True, inline="always")
-def mul_mat_rows(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, chunk, ctr, wait, rounding):
+def mul_mat_rows(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, chunk, ctr, wait, wait_polls,
+                 rounding):
     """out[s*n_cols + c, m] = vec_dot(weight row w_off[w_base[s] + m], src1 row s*n_cols + c).
 
     `w` is the weights' memory as bytes, `w_off` the byte offset of every weight
@@ -2300,9 +2310,10 @@ def mul_mat_rows(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, ch
     weight rows), are taken one at a time from the counter `ctr[0]` (atomic
     fetch-and-add) and counted done in `ctr[1]`, so a thread that starts late
     or is descheduled takes fewer items instead of holding the others up. The
-    caller's thread (`wait`) returns only when every item is done, polling with
-    `spin_pause` and now and then `yield_cpu`, so that a worker that holds an
-    item on the same core gets it back.
+    caller's thread (`wait`) returns only when every item is done: it polls
+    `wait_polls` times (the workers' spin time), then sleeps WAIT_SLEEP_US
+    between looks, so that a worker descheduled with an item (its core busy
+    with another process) can be scheduled on the caller's core.
     """
     n_slices = w_base.shape[0]
     M = out.shape[1]
@@ -2320,19 +2331,22 @@ def mul_mat_rows(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, ch
     if wait:
         polls = 0
         while atomic_load(ctr, 1) < total:
-            spin_pause()
-            polls += 1
-            if polls % YIELD_POLLS == 0:
-                yield_cpu()
+            if polls < wait_polls:
+                spin_pause()
+                polls += 1
+            else:
+                sleep_us(WAIT_SLEEP_US)
 
 
 # --- MUL_MAT's rows as a job of threads.WorkerPool: the operands by address ---
 
 # the fields of a job (mul_mat_desc), from element 1 of a slot (element 0 is its state); the last one is the
 # address of the compiled job of the weight type (threads.call_job calls it)
-_JOB_FIELDS = 31
+_JOB_FIELDS = 32
 assert 1 + _JOB_FIELDS <= SLOT_LEN
-_JOB_ADDRESS = _JOB_FIELDS
+_JOB_ADDRESS = 31
+# the caller's polls before it sleeps while it waits for the workers' last items (see mul_mat_rows)
+WAIT_POLLS = 32
 # a job of one weight type: int64 job(int64 *desc, int64 shared), as threads.call_job calls it
 _JOB_SIG = types.int64(types.CPointer(types.int64), types.int64)
 ROUNDING_NAMES = {ROUND_REF: "ref", ROUND_X86: "x86"}
@@ -2368,7 +2382,7 @@ def mul_mat_desc(kind: int, w: np.ndarray, w_off: np.ndarray, nb: int, xf: np.nd
             raise ValueError(f"mul_mat_desc: an operand of dtype {a.dtype}, shape {a.shape} is not a C-contiguous "
                              f"{dims}-D {np.dtype(dtype)} array")
         fields += [address(a), *a.shape]
-    fields.append(job_address(kind, rounding))
+    fields += [job_address(kind, rounding), 0]  # WAIT_POLLS: the caller sets it (matmul._run_shared)
     assert len(fields) == _JOB_FIELDS
     desc[1:1 + len(fields)] = fields
     return desc
@@ -2394,7 +2408,8 @@ def _run_desc(kind, d, shared, rounding):
         chunk = max(out.shape[1], 1)
     else:
         ctr = numba.carray(pointer_i64(d[29]), (d[30],))
-    mul_mat_rows(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, chunk, ctr, shared != 0, rounding)
+    mul_mat_rows(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, chunk, ctr, shared != 0,
+                 d[WAIT_POLLS], rounding)
 
 
 def _make_mul_mat_job(kind: int, rounding: int):
