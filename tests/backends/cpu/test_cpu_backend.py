@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -379,3 +381,19 @@ def test_mul_mat_when_its_kernel_is_there() -> None:
         return
     backend.graph_compute(g)
     np.testing.assert_allclose(tensor_get_numpy(y), xv @ wv.T, rtol=1e-5, atol=1e-5)
+
+
+def test_default_threads_are_the_physical_cores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """llama.cpp's rule: the distinct thread-sibling sets (two hyperthreads of a core count once); without
+    them the logical CPUs, halved above 4. The backend's default is that count."""
+    for cpu, siblings in enumerate(["00000011", "00000011", "0000000c", "0000000c", "00000010"]):
+        (tmp_path / f"cpu{cpu}" / "topology").mkdir(parents=True)
+        (tmp_path / f"cpu{cpu}" / "topology" / "thread_siblings").write_text(siblings + "\n")
+    assert cpu_backend_module.physical_cores(str(tmp_path)) == 3
+    empty = tmp_path / "none"
+    empty.mkdir()
+    for logical, want in ((1, 1), (3, 3), (4, 4), (8, 4), (None, 4)):
+        monkeypatch.setattr(cpu_backend_module.os, "cpu_count", lambda n=logical: n)
+        assert cpu_backend_module.physical_cores(str(empty)) == want
+    monkeypatch.setattr(cpu_backend_module, "physical_cores", lambda: 3)
+    assert cpu_init().n_threads == 3
