@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
-from pyggml.core.errors import ArgumentError, GGMLError, GGUFError
+from pyggml.core.errors import ArgumentError, GGUFError
 
 
 class CLIError(Exception):
@@ -111,6 +111,7 @@ def add_model(parser: argparse.ArgumentParser, what: str, several: bool = False)
 
 # llama.cpp's KV cache types (common/arg.cpp's kv_cache_types), by the names its -ctk/-ctv take
 KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+DEFAULT_CACHE_TYPE = "f16"  # llama.cpp's -ctk/-ctv default
 ALL_LAYERS = "all"  # -ngl all
 
 
@@ -242,8 +243,7 @@ def add_backend_options(parser: argparse.ArgumentParser, lists: bool = False) ->
     for flag, long, part in (("-ctk", "--cache-type-k", "K"), ("-ctv", "--cache-type-v", "V")):
         parser.add_argument(flag, long, **listed(cache_type, None), metavar="TYPE",
                             help=f"KV cache type of {part}, as llama.cpp's {flag} ({', '.join(KV_CACHE_TYPES)}; "
-                                 f"the cache takes one type for K and V, f32, f16 or bf16 for now; default: the "
-                                 f"model's, f32){many}")
+                                 f"default: {DEFAULT_CACHE_TYPE}; a quantized V needs flash attention){many}")
     parser.add_argument("-nr", "--no-repack", dest="repack", action="store_false",
                         help="keep every weight in its backend's default buffer type, as llama.cpp's --no-repack "
                              "(by default the CPU holds its Q4_0 layer matrices repacked, in CPU_REPACK)")
@@ -317,6 +317,14 @@ def add_ctx_size(parser: argparse.ArgumentParser, default: str) -> None:
 def context_size(ctx: int | None, n_ctx_train: int, default: int) -> int:
     """The context of -c: N tokens, 0 the model's training context (llama.cpp's), None `default`."""
     return default if ctx is None else ctx or n_ctx_train
+
+
+def warn_context(n_ctx_seq: int, n_ctx_train: int, prog: str, err: TextIO) -> None:
+    """llama.cpp's warning (llama_context's, in its words) when a sequence's context exceeds the model's
+    training context."""
+    if n_ctx_seq > n_ctx_train:
+        print(f"{prog}: warning: n_ctx_seq ({n_ctx_seq}) > n_ctx_train ({n_ctx_train}) -- possible training "
+              f"context overflow", file=err)
 
 
 def n_predict(text: str) -> int:
@@ -654,32 +662,21 @@ class LoadSettings:
     flash_attn: str = "auto"
     check_finite: bool = True
 
-    def kv_type(self) -> str | None:
-        """The KV cache's type (None: the model's default); CLIError when -ctk and -ctv differ (the cache
-        takes one type for both) or name a type the cache does not take."""
-        from pyggml.core.types import as_type
-        from pyggml.models.kv_cache import CACHE_TYPES, check_type
+    def kv_types(self) -> tuple[str, str]:
+        """The KV cache's K and V types (llama.cpp's default f16 for one not given); CLIError for a quantized V
+        with -fa off, in llama.cpp's words."""
+        from pyggml.core.types import TYPE_TRAITS, as_type
 
-        if self.type_k is None and self.type_v is None:
-            return None
-        if self.type_k != self.type_v:
-            given = " and ".join(f"{flag} {t}" for flag, t in (("-ctk", self.type_k), ("-ctv", self.type_v)) if t)
-            raise CLIError(f"{given}: pyggml's KV cache takes one type for K and V: give -ctk and -ctv the same type")
-        try:
-            check_type(as_type(self.type_k))
-        except GGMLError:
-            takes = ", ".join(t.name.lower() for t in CACHE_TYPES)
-            raise CLIError(f"-ctk/-ctv {self.type_k}: pyggml's KV cache does not take {self.type_k} yet (it takes "
-                           f"{takes})") from None
-        return self.type_k
+        type_k, type_v = self.type_k or DEFAULT_CACHE_TYPE, self.type_v or DEFAULT_CACHE_TYPE
+        if TYPE_TRAITS[as_type(type_v)].is_quantized and self.flash_attn == "off":
+            raise CLIError(f"-ctv {type_v} -fa off: quantized V cache requires flash_attn to be enabled")
+        return type_k, type_v
 
     def load_kwargs(self) -> dict[str, Any]:
         """The keywords of `pyggml.models.load` (the KV type checked)."""
         kw: dict[str, Any] = {"n_batch": min(self.n_batch, self.n_ubatch), "flash_attn": self.flash_attn,
                               "check_finite": self.check_finite}
-        kv = self.kv_type()
-        if kv is not None:
-            kw["kv_type"] = kv
+        kw["kv_type"], kw["kv_type_v"] = self.kv_types()
         return kw
 
 

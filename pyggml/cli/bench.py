@@ -249,14 +249,14 @@ def result_fields(test: Test, model: Any, test_time: str, samples_ns: list[int],
 
     ns = np.array(samples_ns, dtype=np.float64)
     ts = 1e9 * (test.n_prompt + test.n_gen) / ns
-    kv = model.kv.type.name.lower()
     return {
         "build_commit": f"pyggml {__version__}", "cpu_info": _device_info(model, True),
         "gpu_info": _device_info(model, False), "backends": _backend_names(model),
         "model_filename": test.model, "model_type": _model_type(model),
         "model_size": sum(t.nbytes for t in model.file), "model_n_params": _n_params(model),
         "n_batch": test.n_batch, "n_ubatch": test.n_ubatch, "n_threads": _threads(model),
-        "type_k": kv, "type_v": kv, "n_gpu_layers": N_GPU_LAYERS_FIELD.get(test.n_gpu_layers, test.n_gpu_layers),
+        "type_k": model.kv.type_k.name.lower(), "type_v": model.kv.type_v.name.lower(),
+        "n_gpu_layers": N_GPU_LAYERS_FIELD.get(test.n_gpu_layers, test.n_gpu_layers),
         "flash_attn": FLASH_ATTN_TYPE[test.flash_attn], "tensor_split": _tensor_split_field(test),
         "tensor_buft_overrides": test.override_tensor or "none", "repack": repack,
         "n_prompt": test.n_prompt, "n_gen": test.n_gen, "n_depth": test.n_depth, "test_time": test_time,
@@ -355,7 +355,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     hparams = {m: read_hparams(p) for m, p in paths.items()}
     for test in {t.load_key(): t for t in tests}.values():
         _plan(args, test)
-        _settings(args, test).kv_type()
+        _settings(args, test).kv_types()
     printer = Printer(args.output, args, out)
     printer.header()
     rng = np.random.default_rng(args.seed)

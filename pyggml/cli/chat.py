@@ -37,6 +37,7 @@ from pyggml.cli._common import (
     plan_from_args,
     read_hparams,
     settings_from_args,
+    warn_context,
 )
 from pyggml.cli.run import add_grammar_options, add_sampling_options, compile_grammar, grammar_source, make_sampler
 
@@ -87,6 +88,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     grammar = grammar_source(args)
     hp = read_hparams(path)  # the header only: the training context gives the default -c
     n_ctx = context_size(args.ctx, hp.n_ctx_train, min(hp.n_ctx_train, MAX_DEFAULT_CTX))
+    warn_context(n_ctx, hp.n_ctx_train, "pyggml chat", err)
     max_tokens = args.max_tokens if args.max_tokens >= 0 else n_ctx  # -1: until the turn ends or the context is full
 
     model = load_model(path, plan, settings, n_ctx, hp.n_layer, args.threads, err, "pyggml chat")

@@ -36,6 +36,7 @@ from pyggml.cli._common import (
     read_hparams,
     settings_from_args,
     table,
+    warn_context,
 )
 
 DEFAULT_PROMPT = "The module"  # how the built-in model's documents start most often
@@ -197,12 +198,14 @@ def _backend_label(model: Any, backend: Any) -> str:
 
 
 def print_memory(model: Any, out: TextIO) -> None:
-    rows = [["backend", "weights", "KV cache", "compute", "total"]]
+    """Each backend's bytes, and the types of the KV cache it holds (llama.cpp's "K (f16), V (f16)")."""
+    rows = [["backend", "weights", "KV cache", "KV types", "compute", "total"]]
+    kv_types = f"K ({model.kv.type_k.name.lower()}), V ({model.kv.type_v.name.lower()})"
     for name, m in model.memory().items():
         total = m["weights"] + m["kv_cache"] + m["compute"]
-        rows.append([name, fmt_bytes(m["weights"]), fmt_bytes(m["kv_cache"]), fmt_bytes(m["compute"]),
-                     fmt_bytes(total)])
-    for line in table(rows, right=(1, 2, 3, 4)):
+        rows.append([name, fmt_bytes(m["weights"]), fmt_bytes(m["kv_cache"]), kv_types if m["kv_cache"] else "",
+                     fmt_bytes(m["compute"]), fmt_bytes(total)])
+    for line in table(rows, right=(1, 2, 4, 5)):
         print(line, file=out)
 
 
@@ -240,6 +243,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
 
     hp = read_hparams(path)  # the header only: the training context gives the default -c
     n_ctx = context_size(args.ctx, hp.n_ctx_train, min(hp.n_ctx_train, MAX_DEFAULT_CTX))
+    warn_context(n_ctx, hp.n_ctx_train, "pyggml run", err)
 
     t0 = time.perf_counter()
     model = load_model(path, plan, settings, n_ctx, hp.n_layer, args.threads, err, "pyggml run",

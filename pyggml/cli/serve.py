@@ -39,6 +39,7 @@ from pyggml.cli._common import (
     positive_int,
     read_hparams,
     settings_from_args,
+    warn_context,
 )
 from pyggml.cli.run import add_grammar_options, compile_grammar, grammar_source
 from pyggml.serve.limits import HEADER_TIMEOUT, MAX_CONNECTIONS
@@ -203,6 +204,7 @@ def run(args: argparse.Namespace, err: TextIO | None = None) -> int:
                        "cells): give --no-batch-invariant with it")
     hp = read_hparams(path)
     n_ctx = context_size(args.ctx, hp.n_ctx_train, args.parallel * min(hp.n_ctx_train, MAX_DEFAULT_SLOT_CTX))
+    warn_context(n_ctx // args.parallel, hp.n_ctx_train, "pyggml serve", err)
     if n_ctx // args.parallel < 2:
         raise CLIError(f"-c {n_ctx} over -np {args.parallel} slots leaves fewer than 2 cells a slot")
     warning = host_warning(args.host, args.api_key)

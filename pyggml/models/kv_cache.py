@@ -30,15 +30,17 @@ from pyggml.core.context import Context, tensor_overhead
 from pyggml.core.errors import ArgumentError, UnsupportedOpError
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import Tensor
-from pyggml.core.types import TYPE_TRAITS, GGMLType
+from pyggml.core.types import TYPE_TRAITS, GGMLType, row_size
 from pyggml.models.runner import alloc_checked
 
-CACHE_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)  # what the K and V tensors may hold
+# what the K and V tensors may hold: llama.cpp's -ctk/-ctv types (common/arg.cpp's kv_cache_types)
+CACHE_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1,
+               GGMLType.IQ4_NL, GGMLType.Q5_0, GGMLType.Q5_1)
 N_SEQ_MAX = 64  # sequences a cell can belong to (bits of cell_seq); llama.cpp's LLAMA_MAX_SEQ is 256
 
 
 def check_type(type: GGMLType) -> GGMLType:
-    """The cache's element type, checked: one of CACHE_TYPES (one value an element; ArgumentError otherwise)."""
+    """A cache tensor's element type, checked: one of CACHE_TYPES (ArgumentError otherwise)."""
     if type not in CACHE_TYPES:
         raise ArgumentError(f"KV cache: type {type.name} is not supported; the cache takes "
                             f"{', '.join(t.name for t in CACHE_TYPES)}")
@@ -49,14 +51,27 @@ class KVCache:
     """Per-layer K and V tensors of `n_ctx` cells, placed on `backend_of_layer[il]`."""
 
     def __init__(self, n_layer: int, n_ctx: int, n_embd_gqa: int, backend_of_layer: list[Backend],
-                 type: GGMLType = GGMLType.F32, v_trans: bool = True, ordered: bool = False) -> None:
+                 type: GGMLType = GGMLType.F32, v_trans: bool = True, ordered: bool = False,
+                 type_v: GGMLType | None = None) -> None:
+        """`type`: K's element type, and V's unless `type_v` is given (llama.cpp's type_k and type_v)."""
         if n_ctx < 1:
             raise ArgumentError(f"KV cache: n_ctx must be >= 1, got {n_ctx}")
+        type_v = type if type_v is None else type_v
         check_type(type)
+        check_type(type_v)
+        if v_trans and TYPE_TRAITS[type_v].is_quantized:
+            # a transposed V is written one element a row; a quantized row is a whole block
+            raise ArgumentError(f"KV cache: V type {type_v.name} is quantized and needs V stored as K (v_trans "
+                                f"False, flash attention)")
+        for t in (type, type_v):
+            if n_embd_gqa % TYPE_TRAITS[t].blck_size:
+                raise ArgumentError(f"KV cache: a cell of {n_embd_gqa} values is not a whole number of "
+                                    f"{t.name} blocks of {TYPE_TRAITS[t].blck_size}")
         self.n_layer = n_layer
         self.n_ctx = n_ctx
         self.n_embd_gqa = n_embd_gqa
-        self.type = type
+        self.type = type  # K's type (llama.cpp's type_k)
+        self.type_v = type_v
         self.v_trans = bool(v_trans)  # V channel-major (without flash attention) or token-major as K (with it)
         self.ordered = bool(ordered)  # each sequence's cells in the order of its positions (see the module doc)
         # llama.cpp's unified cache: each cell's position (-1: empty) and the sequences it belongs to (bit s
@@ -73,7 +88,7 @@ class KVCache:
         self.v: list[Tensor] = []
         for il in range(n_layer):
             self.k.append(self.ctx.new_tensor_1d(type, n_embd_gqa * n_ctx).set_name(f"cache_k_l{il}"))
-            self.v.append(self.ctx.new_tensor_1d(type, n_embd_gqa * n_ctx).set_name(f"cache_v_l{il}"))
+            self.v.append(self.ctx.new_tensor_1d(type_v, n_embd_gqa * n_ctx).set_name(f"cache_v_l{il}"))
         # one buffer per backend, the layers' tensors placed in it by a tensor allocator
         self.buffers: list[Buffer] = []
         self.nbytes: dict[int, int] = {}
@@ -104,8 +119,12 @@ class KVCache:
             raise
 
     @property
-    def elsize(self) -> int:
-        return TYPE_TRAITS[self.type].type_size
+    def type_k(self) -> GGMLType:
+        return self.type
+
+    def cell_bytes(self, t: Tensor) -> int:
+        """Bytes of one cell (n_embd_gqa values) in cache tensor `t` (K's or V's type)."""
+        return row_size(t.type, self.n_embd_gqa)
 
     def clear(self) -> None:
         """Forget every cell (the memory keeps its bytes; masked, they are never read before being written)."""
@@ -236,16 +255,16 @@ class KVCache:
         moved[used] = np.arange(used.size)
         if used.size and used[-1] == used.size - 1:
             return moved  # nothing to move
-        es, g = self.elsize, self.n_embd_gqa
+        g = self.n_embd_gqa
         for tensors, channel_major in ((self.k, False), (self.v, self.v_trans)):
             for t in tensors:
                 data = np.empty(t.nbytes(), dtype=np.uint8)
                 tensor_get(t, data)
-                if channel_major:  # V transposed: the cells are columns of its n_embd_gqa rows
-                    cols = data.reshape(g, self.n_ctx, es)
+                if channel_major:  # V transposed (never quantized): the cells are columns of its n_embd_gqa rows
+                    cols = data.reshape(g, self.n_ctx, TYPE_TRAITS[t.type].type_size)
                     cols[:, :used.size] = cols[:, used]
                 else:
-                    rows = data.reshape(self.n_ctx, g * es)
+                    rows = data.reshape(self.n_ctx, self.cell_bytes(t))
                     rows[:used.size] = rows[used]
                 tensor_set(t, data)
         self.cell_pos[:used.size] = self.cell_pos[used]
@@ -278,16 +297,19 @@ class KVCache:
     def clear_cells(self, start: int, n: int) -> None:
         """Zero cells start..start+n of every layer: after a batch that wrote NaN or inf there, since graphs
         read padded ranges of cells and a masked NaN still spreads (-inf + NaN and 0 * NaN are NaN)."""
-        es, g = self.elsize, self.n_embd_gqa
+        g = self.n_embd_gqa
         n = max(0, min(n, self.n_ctx - start))
         if n == 0:
             return
-        zeros = np.zeros(n * g * es, dtype=np.uint8)
         for il in range(self.n_layer):
-            tensor_set(self.k[il], zeros, start * g * es, n * g * es)
+            # zero bytes are zeros in every cache type (a quantized block's scale 0)
+            for t in (self.k[il],) if self.v_trans else (self.k[il], self.v[il]):
+                cb = self.cell_bytes(t)
+                tensor_set(t, np.zeros(n * cb, dtype=np.uint8), start * cb, n * cb)
             if not self.v_trans:
-                tensor_set(self.v[il], zeros, start * g * es, n * g * es)
                 continue
+            es = TYPE_TRAITS[self.type_v].type_size
+            zeros = np.zeros(n * es, dtype=np.uint8)
             for row in range(g):  # V is transposed: the cells are columns, a run of n in each row
                 tensor_set(self.v[il], zeros, (row * self.n_ctx + start) * es, n * es)
 
@@ -328,14 +350,16 @@ class KVCache:
                   head: int) -> list[Tensor]:
         """The 2023 idiom, for backends without SET_ROWS: CPY of this batch's K and V into views of cells
         head..head+n_tokens (the graph then serves that place only)."""
-        g, es = self.n_embd_gqa, self.elsize
-        k_view = ctx.view_1d(self.k[il], n_tokens * g, es * g * head).set_name(f"k_cache_view-{il}")
+        g = self.n_embd_gqa
+        k_view = ctx.view_1d(self.k[il], n_tokens * g, self.cell_bytes(self.k[il]) * head)
+        k_view.set_name(f"k_cache_view-{il}")
         if self.v_trans:  # V^T: n_embd_gqa rows of n_ctx cells, this batch is columns head..head+n_tokens
+            es = TYPE_TRAITS[self.type_v].type_size
             v_src = ctx.transpose(ctx.reshape_2d(v_cur, g, n_tokens))
             v_view = ctx.view_2d(self.v[il], n_tokens, g, es * self.n_ctx, es * head)
         else:
             v_src = v_cur
-            v_view = ctx.view_1d(self.v[il], n_tokens * g, es * g * head)
+            v_view = ctx.view_1d(self.v[il], n_tokens * g, self.cell_bytes(self.v[il]) * head)
         v_view.set_name(f"v_cache_view-{il}")
         nodes = [ctx.cpy(k_cur, k_view), ctx.cpy(v_src, v_view)]
         for n in nodes:
@@ -344,15 +368,16 @@ class KVCache:
 
     def k_view(self, ctx: Context, il: int, n_kv: int, head_dim: int, n_head_kv: int) -> Tensor:
         """Keys of cells 0..n_kv as [head_dim, n_kv, n_head_kv]."""
-        es = self.elsize
-        return ctx.view_3d(self.k[il], head_dim, n_kv, n_head_kv, es * self.n_embd_gqa, es * head_dim, 0)
+        t = self.k[il]
+        return ctx.view_3d(t, head_dim, n_kv, n_head_kv, self.cell_bytes(t), row_size(t.type, head_dim), 0)
 
     def v_view(self, ctx: Context, il: int, n_kv: int, head_dim: int, n_head_kv: int) -> Tensor:
         """Values of cells 0..n_kv as [n_kv, head_dim, n_head_kv] (transposed: rows are channels), or
         as [head_dim, n_kv, n_head_kv] as the keys when V is not transposed (flash attention)."""
-        es = self.elsize
+        t = self.v[il]
         if not self.v_trans:
-            return ctx.view_3d(self.v[il], head_dim, n_kv, n_head_kv, es * self.n_embd_gqa, es * head_dim, 0)
+            return ctx.view_3d(t, head_dim, n_kv, n_head_kv, self.cell_bytes(t), row_size(t.type, head_dim), 0)
+        es = TYPE_TRAITS[t.type].type_size
         return ctx.view_3d(self.v[il], n_kv, head_dim, n_head_kv, es * self.n_ctx, es * self.n_ctx * head_dim, 0)
 
     def free(self) -> None:

@@ -45,12 +45,12 @@ from pyggml.core.context import Context, tensor_overhead
 from pyggml.core.errors import ArgumentError, GGMLError, NonFiniteError, UnsupportedOpError
 from pyggml.core.graph import Graph, graph_overhead
 from pyggml.core.tensor import Tensor, is_view_op
-from pyggml.core.types import TYPE_TRAITS, GGMLType, as_type
+from pyggml.core.types import TYPE_TRAITS, GGMLType, as_type, row_size
 from pyggml.gguf.loader import LoadedTensors, load_tensors, maps_weights, weight_buft_supported
 from pyggml.gguf.reader import GGUFFile, read_gguf
 from pyggml.models.arch import FFN_GEGLU, FFN_SWIGLU, FFN_SWIGLU_FUSED, HParams, check_tensors, layer_of
 from pyggml.models.graph import GraphInputs, build_graph, graph_size
-from pyggml.models.kv_cache import KVCache
+from pyggml.models.kv_cache import KVCache, check_type
 from pyggml.models.metadata import read_int
 from pyggml.models.placement import (
     backend_index,
@@ -97,18 +97,24 @@ class Batch:
         return 1 if self.last_only else len(self.ids) if self.out_rows is None else len(self.out_rows)
 
 
-def resolve_flash_attn(mode: str | bool, batch_invariant: bool = False) -> bool:
+def resolve_flash_attn(mode: str | bool, batch_invariant: bool = False, quantized_v: bool = False) -> bool:
     """`flash_attn` as llama.cpp's -fa: "on" / True, "off" / False, or "auto". llama.cpp's auto turns it on
     where every layer's backend computes FLASH_ATTN_EXT; here auto is off for now, because on the CPU
     backend it measured no faster (built-in model, 2 threads, pyggml bench -p 64 -n 32 -r 3 -fa on/off
     alternated: within the machine's noise, decode rather slower). With `batch_invariant` auto is on and
-    off is refused: batch-invariant attention is FLASH_ATTN_EXT's walk over a row's own cells."""
+    off is refused: batch-invariant attention is FLASH_ATTN_EXT's walk over a row's own cells. With
+    `quantized_v` (a quantized V cache) auto is on and off is refused, as llama_init_from_model does."""
     if isinstance(mode, bool):
         on = mode
     elif not isinstance(mode, str) or mode.lower() not in FLASH_ATTN_MODES:
         raise ArgumentError(f"flash_attn must be one of {', '.join(FLASH_ATTN_MODES)} (or a bool), got {mode!r}")
     else:
         on = mode.lower() == "on" or (batch_invariant and mode.lower() == "auto")  # "auto": see above
+        if quantized_v and mode.lower() == "auto" and not on:
+            log.info("enabling flash_attn since it is required for quantized V cache")  # llama.cpp's words
+            on = True
+    if quantized_v and not on:
+        raise ArgumentError("quantized V cache requires flash_attn to be enabled")  # llama.cpp's words
     if batch_invariant and not on:
         raise ArgumentError("flash_attn off cannot be batch-invariant: batch-invariant attention is flash attention "
                             "(give flash_attn on or auto)")
@@ -224,12 +230,14 @@ class Model:
                  reuse_graphs: bool = True, check_finite: bool = True,
                  flash_attn: str | bool = "auto", tensor_split: Sequence[float] | None = None,
                  override_tensor: Sequence[tuple[Any, Any]] | None = None, repack: bool = True,
-                 batch_invariant: bool = False) -> None:
+                 batch_invariant: bool = False, kv_type_v: GGMLType | str | None = None) -> None:
         if not backends:
             raise ArgumentError("load: no backends given")
         if not isinstance(batch_invariant, bool):
             raise ArgumentError(f"load: batch_invariant must be a bool, got {batch_invariant!r}")
-        fa = resolve_flash_attn(flash_attn, batch_invariant)
+        kv_type = check_type(as_type(kv_type))  # K's type (llama.cpp's type_k)
+        kv_type_v = kv_type if kv_type_v is None else check_type(as_type(kv_type_v))
+        fa = resolve_flash_attn(flash_attn, batch_invariant, TYPE_TRAITS[kv_type_v].is_quantized)
         if batch_invariant:
             for b in backends:
                 if not set_batch_invariant(b, True):
@@ -238,7 +246,6 @@ class Model:
         self.batch_invariant = batch_invariant
         self.n_ctx = check_positive(n_ctx, "load: n_ctx")
         self.n_batch = min(check_positive(n_batch, "load: n_batch"), self.n_ctx)
-        kv_type = as_type(kv_type)
         self.check_finite = bool(check_finite)
         self.file = gf
         self.hparams = HParams.from_gguf(gf)
@@ -275,7 +282,7 @@ class Model:
             return chosen[weight.name]
 
         buft_of = extra_buft if repack else None
-        self._check_memory(names, backend_of, kv_type, use_mmap, buft_of)
+        self._check_memory(names, backend_of, (kv_type, kv_type_v), use_mmap, buft_of)
         self.weights: LoadedTensors = load_tensors(gf, names, backend_of, use_mmap=use_mmap, progress=progress,
                                                    buft_of=buft_of)
         self.w = self.weights.tensors
@@ -287,7 +294,7 @@ class Model:
             # a layer's KV cache sits with the layer where its backend computes the attention over it (llama.cpp's
             # offload_kqv), else on the last backend, the fallback that computes everything (a MUL_MAT-only one)
             fallback = backends[-1]
-            attends = {id(b): all_support([b], "attention", kv_type) for b in backends}
+            attends = {id(b): all(all_support([b], "attention", t) for t in {kv_type, kv_type_v}) for b in backends}
             self.kv_backend = [b if attends[id(b)] else fallback for b in self.layer_backend]
             # today's idiom (SET_ROWS KV writes, GLU) where the backends that write the cache and compute the
             # layers' elementwise ops have them, else 2023's (CPY into views, SILU * MUL): a backend without
@@ -296,7 +303,7 @@ class Model:
             self._graph_kw = {"flash_attn": self.flash_attn, "set_rows": all_support(self.kv_backend, "set_rows"),
                               "glu": all_support(workers, "glu", ffn=hp.arch.ffn)}
             kv = self.kv = KVCache(hp.n_layer, self.n_ctx, hp.n_embd_gqa, self.kv_backend, kv_type,
-                                   v_trans=not self.flash_attn, ordered=batch_invariant)
+                                   v_trans=not self.flash_attn, ordered=batch_invariant, type_v=kv_type_v)
             # one engine for one backend or many: the scheduler, reserved once with the worst-case graph
             # the graph computed last, kept while the next batch has its shapes (llama.cpp's can_reuse): the
             # decode graph of every token of one n_kv (the cells written are index inputs). The 2023 graph
@@ -324,7 +331,7 @@ class Model:
 
     # --- checks ---
 
-    def _check_memory(self, names: list[str], backend_of: Any, kv_type: GGMLType, use_mmap: bool,
+    def _check_memory(self, names: list[str], backend_of: Any, kv_types: tuple[GGMLType, GGMLType], use_mmap: bool,
                       buft_of: Callable[[Tensor, Backend], BufferType | None] | None = None) -> None:
         """Refuse (OutOfMemoryError with the bytes requested and available) a context whose KV cache and
         compute buffers cannot fit in host memory, before anything is allocated.
@@ -337,8 +344,7 @@ class Model:
         """
         hp = self.hparams
         host = {id(b): is_host_backend(b) for b in self.backends}
-        tr = TYPE_TRAITS[kv_type]
-        cell_bytes = 2 * hp.n_embd_gqa * tr.type_size // tr.blck_size  # K and V of one cell of one layer
+        cell_bytes = sum(row_size(t, hp.n_embd_gqa) for t in kv_types)  # K and V of one cell of one layer
         kv_bytes = sum(self.n_ctx * cell_bytes for b in self.layer_backend if host[id(b)])
         compute = 0
         if any(host[id(b)] for b in self.layer_backend):

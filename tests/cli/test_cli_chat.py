@@ -34,7 +34,7 @@ def test_chat_two_turns_through_stdin(smollm2_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr
 
-    model = load(smollm2_path, n_ctx=256, progress=False, n_threads=1)
+    model = load(smollm2_path, n_ctx=256, progress=False, n_threads=1, kv_type="f16")  # the command's default cache
     try:
         session = ChatSession(model, system=SYSTEM)
         replies, n_gen = [], 0

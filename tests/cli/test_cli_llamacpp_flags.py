@@ -18,7 +18,7 @@ import pytest
 from cli_util import one_line
 
 from pyggml.cli import bench
-from pyggml.cli._common import KV_CACHE_TYPES, CLIError, LoadSettings, context_size, fmt_bytes, plan_from_args
+from pyggml.cli._common import KV_CACHE_TYPES, LoadSettings, context_size, fmt_bytes, plan_from_args
 from pyggml.cli.main import build_parser, main
 from pyggml.models.builtin import builtin_model_path
 
@@ -235,7 +235,7 @@ def test_load_gets_the_options_from_every_command(command: str, loads: list[dict
     # bench: the largest of its tests' contexts (llama-bench's -d + -p + -n): pp24 @ d16
     assert call["n_ctx"] == (40 if command == "bench" else 96)
     assert call["n_batch"] == 32  # min(-b, -ub): the tokens of one graph
-    assert (call["kv_type"], call["flash_attn"], call["repack"]) == ("f16", "on", False)
+    assert (call["kv_type"], call["kv_type_v"], call["flash_attn"], call["repack"]) == ("f16", "f16", "on", False)
     assert call["override_tensor"] == [("ffn_down", 0)]
     assert [b.n_threads for b in call["backends"]] == [1]
 
@@ -250,42 +250,72 @@ def test_ctx_zero_is_the_training_context(command: str, loads: list[dict[str, An
     assert context_size(100, 4096, 512) == 100
 
 
-def test_without_cache_types_the_model_keeps_its_default(loads: list[dict[str, Any]]) -> None:
+def test_without_cache_types_the_cache_is_f16_as_llama_cpp_s(loads: list[dict[str, Any]]) -> None:
     assert run_cli(["run"])[0] == 1
-    assert "kv_type" not in loads[0]
+    assert (loads[0]["kv_type"], loads[0]["kv_type_v"]) == ("f16", "f16")
+    assert LoadSettings(type_k="q8_0").kv_types() == ("q8_0", "f16")  # each one given alone
 
 
-@pytest.mark.parametrize("flags, words", [
-    (["-ctk", "q8_0", "-ctv", "q8_0"], "-ctk/-ctv q8_0: pyggml's KV cache does not take q8_0 yet (it takes f32, f16, "
-                                       "bf16)"),
-    (["-ctk", "f16", "-ctv", "f32"], "-ctk f16 and -ctv f32: pyggml's KV cache takes one type for K and V: give -ctk "
-                                     "and -ctv the same type"),
-    (["-ctk", "f16"], "-ctk f16: pyggml's KV cache takes one type for K and V: give -ctk and -ctv the same type"),
-])
 @pytest.mark.parametrize("command", MODEL_COMMANDS)
-def test_cache_types_the_cache_does_not_take_fail_before_loading(command: str, flags: list[str], words: str,
-                                                                 loads: list[dict[str, Any]]) -> None:
-    code, out, err = run_cli([command, *flags, *(["-p", "8", "-n", "0"] if command == "bench" else [])])
+def test_a_quantized_v_cache_without_flash_attention_fails_before_loading(command: str,
+                                                                         loads: list[dict[str, Any]]) -> None:
+    """llama.cpp refuses a quantized V cache with -fa off, in these words (llama_init_from_model)."""
+    code, out, err = run_cli([command, "-ctk", "q8_0", "-ctv", "q4_0", "-fa", "off",
+                              *(["-p", "8", "-n", "0"] if command == "bench" else []),
+                              *(["--no-batch-invariant"] if command == "serve" else [])])
     assert code == 1 and out == "" and not loads
-    assert one_line(err) == f"pyggml {command}: error: {words}"
+    assert one_line(err) == (f"pyggml {command}: error: -ctv q4_0 -fa off: quantized V cache requires flash_attn to "
+                             f"be enabled")
 
 
-def test_every_cache_type_is_llama_cpp_s_and_the_supported_ones_load() -> None:
-    """f32, f16 and bf16 make the cache of that type; llama.cpp's quantized types are refused by name."""
+@pytest.mark.parametrize("name", KV_CACHE_TYPES)
+def test_every_llama_cpp_cache_type_loads_and_generates(name: str) -> None:
+    """Each of llama.cpp's -ctk/-ctv types makes a cache of that type (K f16 and V that type, then K that type and
+    V f16), whose greedy tokens are the F32 cache's first ones (the quantized caches round K and V, yet the
+    built-in model's first tokens stand)."""
     import pyggml.models as pm
 
     assert KV_CACHE_TYPES == ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
-    for name in KV_CACHE_TYPES:
-        settings = LoadSettings(type_k=name, type_v=name)
-        if name in ("f32", "f16", "bf16"):
-            model = pm.load(builtin_model_path(), n_ctx=16, progress=False, **settings.load_kwargs())
-            try:
-                assert model.kv.type.name.lower() == name
-            finally:
-                model.free()
-        else:
-            with pytest.raises(CLIError, match=f"does not take {name} yet"):
-                settings.load_kwargs()
+    ref = pm.load(builtin_model_path(), n_ctx=32, progress=False, kv_type="f32", flash_attn="on", n_threads=1)
+    try:
+        ids = ref.tokenize("Once upon a time")
+        want = list(ref.generate(ids, 2, None))
+    finally:
+        ref.free()
+    for type_k, type_v in ((name, "f16"), ("f16", name)):
+        settings = LoadSettings(type_k=type_k, type_v=type_v, flash_attn="on")
+        model = pm.load(builtin_model_path(), n_ctx=32, progress=False, n_threads=1, **settings.load_kwargs())
+        try:
+            kv = model.kv
+            assert (kv.type_k.name.lower(), kv.type_v.name.lower()) == (type_k, type_v)
+            assert (kv.k[0].type, kv.v[0].type) == (kv.type_k, kv.type_v)
+            assert list(model.generate(ids, 2, None)) == want
+        finally:
+            model.free()
+
+
+@pytest.mark.parametrize("command, flags, n_ctx_seq", [
+    ("run", ["-c", "512"], 512), ("chat", ["-c", "300"], 300), ("serve", ["-c", "600", "-np", "2"], 300)])
+def test_a_context_over_the_training_context_is_warned_as_llama_cpp_does(command: str, flags: list[str],
+                                                                         n_ctx_seq: int,
+                                                                         loads: list[dict[str, Any]]) -> None:
+    """The built-in model was trained on 256 tokens: llama.cpp's warning, in its words, per sequence (serve's -c
+    is shared by its -np slots); none at the training context."""
+    line = (f"pyggml {command}: warning: n_ctx_seq ({n_ctx_seq}) > n_ctx_train (256) -- possible training context "
+            f"overflow")
+    assert run_cli([command, *flags])[2].splitlines().count(line) == 1
+    assert "n_ctx_train" not in run_cli([command, "-c", "0"])[2]
+
+
+def test_the_memory_table_names_the_cache_types() -> None:
+    code, _, err = run_cli(["run", "-p", "Hello", "-n", "1", "-c", "64", "-t", "1", "-ctk", "bf16", "-ctv", "q4_1",
+                            "-fa", "on", "--temp", "0"])
+    assert code == 0, err
+    lines = [line for line in err.splitlines() if line.startswith("|")]
+    header = [c.strip() for c in lines[0].split("|")[1:-1]]
+    assert header == ["backend", "weights", "KV cache", "KV types", "compute", "total"]
+    row = [c.strip() for c in lines[2].split("|")[1:-1]]
+    assert row[0] == "CPU#0" and row[3] == "K (bf16), V (q4_1)"
 
 
 # --- -ngl: layers on the first backend that is not the CPU ---------------------------------------------------------
@@ -433,7 +463,7 @@ def test_bench_json_has_llama_bench_s_fields_per_test() -> None:
     assert list(first)[:6] == ["build_commit", "cpu_info", "gpu_info", "backends", "model_filename", "model_type"]
     assert list(first)[-6:] == ["avg_ns", "stddev_ns", "avg_ts", "stddev_ts", "samples_ns", "samples_ts"]
     assert first["model_filename"] == BUILTIN and first["backends"] == "CPU"
-    assert (first["n_batch"], first["n_ubatch"], first["type_k"], first["flash_attn"]) == (2048, 512, "f32", -1)
+    assert (first["n_batch"], first["n_ubatch"], first["type_k"], first["flash_attn"]) == (2048, 512, "f16", -1)
     assert (first["n_gpu_layers"], first["tensor_split"], first["tensor_buft_overrides"]) == (-1, "0.00", "none")
     from pyggml.gguf.reader import read_gguf
 
@@ -488,29 +518,25 @@ def test_bench_md_shows_the_options_given() -> None:
 
 
 def test_bench_checks_every_option_before_measuring() -> None:
-    code, out, err = run_cli(["bench", "-p", "8", "-n", "0", "-r", "1", "-ctk", "f16,q8_0", "-ctv", "f16,q8_0"])
+    code, out, err = run_cli(["bench", "-p", "8", "-n", "0", "-r", "1", "-ctv", "f16,q8_0", "-fa", "0"])
     assert code == 1 and out == ""  # nothing measured: the second type fails first
-    assert one_line(err) == ("pyggml bench: error: -ctk f16 and -ctv q8_0: pyggml's KV cache takes one type for K and "
-                             "V: give -ctk and -ctv the same type")
+    assert one_line(err) == ("pyggml bench: error: -ctv q8_0 -fa off: quantized V cache requires flash_attn to be "
+                             "enabled")
 
 
 # --- SmolLM2 with the issue's flags --------------------------------------------------------------------------------
 
 def test_smollm2_with_the_issue_flags(smollm2_path: Path) -> None:
-    """`pyggml run -m SMOLLM2 -p "The capital of France is" -n 16 -c 2048 -ngl 0 -t 2 -ctk .. -ctv .. -fa on
-    --temp 0`: with f16 (a type the cache takes) it writes the model API's greedy text; with q8_0 it says in one
-    line that the cache does not take q8_0 yet, before loading."""
+    """`pyggml run -m SMOLLM2 -p "The capital of France is" -n 16 -c 2048 -ngl 0 -t 2 -ctk q8_0 -ctv q8_0 -fa on
+    --temp 0` writes the model API's greedy text over the same q8_0 cache, and the memory table names its types."""
     import pyggml.models as pm
 
-    flags = ["run", "-m", str(smollm2_path), "-p", "The capital of France is", "-n", "16", "-c", "2048", "-ngl", "0",
-             "-t", "2", "-fa", "on", "--temp", "0"]
-    code, out, err = run_cli([*flags, "-ctk", "q8_0", "-ctv", "q8_0"])
-    assert code == 1 and out == ""
-    assert one_line(err) == ("pyggml run: error: -ctk/-ctv q8_0: pyggml's KV cache does not take q8_0 yet (it takes "
-                             "f32, f16, bf16)")
-    code, out, err = run_cli([*flags, "-ctk", "f16", "-ctv", "f16"])
+    code, out, err = run_cli(["run", "-m", str(smollm2_path), "-p", "The capital of France is", "-n", "16", "-c",
+                              "2048", "-ngl", "0", "-t", "2", "-ctk", "q8_0", "-ctv", "q8_0", "-fa", "on", "--temp",
+                              "0"])
     assert code == 0, err
-    model = pm.load(smollm2_path, n_ctx=2048, progress=False, kv_type="f16", flash_attn="on", n_threads=2)
+    model = pm.load(smollm2_path, n_ctx=2048, progress=False, kv_type="q8_0", kv_type_v="q8_0", flash_attn="on",
+                    n_threads=2)
     try:
         ids = model.tokenize("The capital of France is")
         want = model.detokenize(ids + list(model.generate(ids, 16, None)))
@@ -518,6 +544,7 @@ def test_smollm2_with_the_issue_flags(smollm2_path: Path) -> None:
         model.free()
     assert out == want + "\n"
     assert "Paris" in out
+    assert "| K (q8_0), V (q8_0) |" in err
 
 
 def test_plan_from_args_carries_ngl() -> None:

@@ -18,10 +18,11 @@ PROMPT = "the cat is on it"
 
 
 def greedy_text(path: Path, prompt: str, n: int, **load_kw: object) -> str:
-    """What the model API writes greedily: the reference the command's stdout must equal."""
+    """What the model API writes greedily over the command's default F16 cache: the reference its stdout must
+    equal."""
     from pyggml.models import load
 
-    model = load(path, n_ctx=128, progress=False, **load_kw)
+    model = load(path, n_ctx=128, progress=False, **{"kv_type": "f16", **load_kw})
     try:
         ids = model.tokenize(prompt)
         gen = list(model.generate(ids, n, None))
@@ -61,10 +62,11 @@ def test_run_prints_the_figures(tiny_model: Path, capsys: pytest.CaptureFixture[
     m = re.search(r"^generation: +[\d.]+ ms / +(\d+) tokens \( *([\d.]+|n/a) tokens/s\) +(\d+) generated", err, re.M)
     assert m and 1 <= int(m.group(3)) <= 5 and int(m.group(1)) == int(m.group(3)) - 1
     weights = sum(t.nbytes for t in read_gguf(tiny_model).tensors.values())
-    row = re.search(r"^\| CPU#0 +\| +(.+?) \| +(.+?) \| +(.+?) \| +(.+?) \|$", err, re.M)
+    row = re.search(r"^\| CPU#0 +\| +(.+?) \| +(.+?) \| (.+?) +\| +(.+?) \| +(.+?) \|$", err, re.M)
     assert row, err
     assert row.group(1) == fmt_bytes(weights)
-    assert row.group(2) == fmt_bytes(2 * 2 * 128 * 32 * 4)  # K and V, 2 layers, n_ctx 128, n_embd_gqa 32, f32
+    assert row.group(2) == fmt_bytes(2 * 2 * 128 * 32 * 2)  # K and V, 2 layers, n_ctx 128, n_embd_gqa 32, f16
+    assert row.group(3) == "K (f16), V (f16)"  # llama.cpp's default cache types
 
 
 def test_run_verbose_shows_the_plan(tiny_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
