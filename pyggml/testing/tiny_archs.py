@@ -191,6 +191,7 @@ def convert(jobs: list[tuple[Checkpoint, Path, str]]) -> None:
 
 _LOGITS = llamacpp.BINDINGS_PRELUDE + r"""
 jobs = json.loads(sys.argv[2])
+settings = json.loads(sys.argv[3])
 for path, ids, out, n_ctx in jobs:
     mp = ll.llama_model_default_params()
     model = ll.llama_model_load_from_file(path.encode(), mp)
@@ -198,8 +199,10 @@ for path, ids, out, n_ctx in jobs:
     cp = ll.llama_context_default_params()
     cp.n_ctx = cp.n_batch = cp.n_ubatch = n_ctx
     cp.n_threads = cp.n_threads_batch = 2
-    cp.type_k = cp.type_v = ll.GGML_TYPE_F32
-    cp.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    cp.type_k = getattr(ll, "GGML_TYPE_" + settings["type_k"])
+    cp.type_v = getattr(ll, "GGML_TYPE_" + settings["type_v"])
+    fa = ll.LLAMA_FLASH_ATTN_TYPE_ENABLED if settings["flash_attn"] else ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    cp.flash_attn_type = fa
     ctx = ll.llama_init_from_model(model, cp)
     assert ctx, f"llama.cpp did not make a context for {path}"
     n = len(ids)
@@ -220,16 +223,19 @@ for path, ids, out, n_ctx in jobs:
 
 
 def llamacpp_logits(jobs: list[tuple[Path, list[int]]] | list[tuple[Path, list[int], int]], tmp: Path,
-                    n_ctx: int = 256) -> list[np.ndarray]:
-    """llama.cpp's logits of every position of each (model, ids[, n_ctx]), f32 KV cache and flash attention off
-    (the reference ../shared/ORACLE.md describes), all in one process; builds llama.cpp if this machine lacks it
-    (NoCompilerError without a compiler)."""
+                    n_ctx: int = 256, type_k: str = "F32", type_v: str = "F32",
+                    flash_attn: bool = False) -> list[np.ndarray]:
+    """llama.cpp's logits of every position of each (model, ids[, n_ctx]), by default with an f32 KV cache and
+    flash attention off (else the cache types, ggml's names, and -fa given), all in one process; builds llama.cpp
+    if this machine lacks it (NoCompilerError without a compiler)."""
     lib_dir = llamacpp.require_tools(["llama-debug"])["llama-debug"].parent  # libllama.so is built beside it
     outs = [tmp / f"llamacpp-logits-{i}.npy" for i in range(len(jobs))]
     args = [[str(job[0]), [int(t) for t in job[1]], str(o), int(job[2]) if len(job) > 2 else n_ctx]  # type: ignore[misc]
             for job, o in zip(jobs, outs, strict=True)]
     env = {**os.environ, "LLAMA_CPP_LIB_PATH": str(lib_dir)}
-    r = subprocess.run([sys.executable, "-c", _LOGITS, str(llamacpp.paths().sdist), json.dumps(args)],
+    settings = {"type_k": type_k.upper(), "type_v": type_v.upper(), "flash_attn": bool(flash_attn)}
+    r = subprocess.run([sys.executable, "-c", _LOGITS, str(llamacpp.paths().sdist), json.dumps(args),
+                        json.dumps(settings)],
                        capture_output=True, text=True, timeout=600, env=env)
     if r.returncode != 0:
         raise RuntimeError(f"llama.cpp's logits failed (exit {r.returncode}):\n{r.stderr[-4000:]}")

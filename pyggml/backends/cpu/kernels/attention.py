@@ -50,7 +50,7 @@ from pyggml.backends.cpu.kernels.quant_dot import (
 from pyggml.backends.cpu.kernels.simd_math import host_lanes
 from pyggml.core.errors import GGMLError, ShapeError, UnsupportedTypeError
 from pyggml.core.ops.params import FlashAttnExtParams
-from pyggml.core.quants import from_float, is_implemented, to_float
+from pyggml.core.quants import from_float_cpu, is_implemented, to_float
 from pyggml.core.rope import alibi_slopes
 from pyggml.core.tensor import GGMLOp, Prec, Tensor
 from pyggml.core.types import TYPE_TRAITS, GGMLType
@@ -252,6 +252,9 @@ def flash_attn_rows_f32(qf, nh, n, dk, kb, kf, k_off, vf, v_off, mb, m_off, n_kv
             of[oo + d] = acc[d] * s_inv
 
 
+_FLOAT_KV = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)  # K and V types computed by products when not walked
+
+
 def _kv_type_ok(t: GGMLType, vec_dot: bool) -> bool:
     """Whether K (vec_dot: q is converted to its vec_dot_type) or V rows of type `t` can be read."""
     if t in (GGMLType.F32, GGMLType.F16, GGMLType.BF16):
@@ -284,12 +287,13 @@ def supports(node: Tensor) -> bool:
         return False
 
 
-def _to_vec_dot(q: np.ndarray, k_type: GGMLType) -> np.ndarray:
-    """q (f32 rows) as ggml's q_to_vec_dot leaves it: rounded to K's vec_dot_type, read back as f32."""
+def _to_vec_dot(q: np.ndarray, k_type: GGMLType, simd: bool) -> np.ndarray:
+    """q (f32 rows) as ggml's q_to_vec_dot leaves it: rounded to K's vec_dot_type by the CPU's from_float (`simd`:
+    Q8_0 by ggml's SIMD row), read back as f32."""
     vdt = TYPE_TRAITS[k_type].vec_dot_type
     if vdt == GGMLType.F32:
         return q
-    return to_float(vdt, from_float(vdt, q))
+    return to_float(vdt, from_float_cpu(vdt, q, simd))
 
 
 def _as_f32(t: GGMLType, raw: np.ndarray) -> np.ndarray:
@@ -320,7 +324,7 @@ def _mask_of(mask: np.ndarray, ne3: int, nh: int, n: int, n_kv: int, slopes: np.
 
 def _walk_f32(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None, k_type: GGMLType,
               v_type: GGMLType, dv: int, dst: np.ndarray, scale: np.float32, softcap: np.float32,
-              slopes: np.ndarray | None, sink4: np.ndarray | None) -> Compute:
+              slopes: np.ndarray | None, sink4: np.ndarray | None, simd: bool) -> Compute:
     """FLASH_ATTN_EXT by `flash_attn_rows_f32`: K and V (raw, `dv` values a V row) read as f32 (F32 ones in
     place), q rounded to K's vec_dot_type, every q row on the calling thread."""
     ne3, nh, n, dk = q.shape
@@ -347,7 +351,7 @@ def _walk_f32(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | No
 
     def run() -> None:
         kb, kf, k_off, vf, v_off = in_place if in_place is not None else operands()
-        qv = np.ascontiguousarray(_to_vec_dot(q, k_type), dtype=F32)
+        qv = np.ascontiguousarray(_to_vec_dot(q, k_type, simd), dtype=F32)
         flash_attn_rows_f32(qv.reshape(-1), nh, n, dk, kb, kf, k_off, vf, v_off, mb, m_off, n_kv, nk2, nv2, nm3, nm2,
                             sinks_f, out, scale, softcap, slopes_f, acc, 0, ne3 * nh * n)
 
@@ -430,8 +434,10 @@ def flash_attn_ext_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray |
                                 np.float32(softcap), slopes_f, lanes)
 
         return run_rows
-    if params.batch_invariant:
-        return _walk_f32(q, k, v, mask, k_type, v_type, dv, dst, scale, softcap, slopes, sink4)
+    simd = params.numerics == "x86"
+    if params.batch_invariant or not (k_type == v_type and k_type in _FLOAT_KV):
+        # a quantized K or V, or two types: ggml walks every shape row by row (one_chunk), f32 V accumulator
+        return _walk_f32(q, k, v, mask, k_type, v_type, dv, dst, scale, softcap, slopes, sink4, simd)
 
     lanes_exp = host_lanes(params.numerics)  # SOFT_MAX's exp: the same bits as MUL_MAT -> SOFT_MAX -> MUL_MAT
 
@@ -442,7 +448,7 @@ def flash_attn_ext_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray |
         with np.errstate(all="ignore"):  # C float semantics: -inf logits and 0 * inf without warnings
             for i in range(0, n, step):
                 rows = slice(i, min(i + step, n))
-                attend(_to_vec_dot(q[:, :, rows], k_type), kf, vt, rows)
+                attend(_to_vec_dot(q[:, :, rows], k_type, simd), kf, vt, rows)
 
     return run
 
