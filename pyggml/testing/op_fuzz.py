@@ -632,8 +632,12 @@ def _limit_memory() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
-def worker(seed: int, start: int, stop: int, out: TextIO) -> None:
-    """Compute graphs start..stop-1 of `seed`, a line before (`{"start": i}`) and after each (its outcome)."""
+def worker(seed: int, start: int, stop: int) -> None:
+    """Compute graphs start..stop-1 of `seed`, a line before (`{"start": i}`) and after each (its outcome), on
+    the standard output; what anything else prints there (BLAS's complaints) goes to the standard error."""
+    out = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    sys.stdout.flush()
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     warnings.simplefilter("ignore")  # overflow and invalid values are the fuzz's daily bread
     seeds = load_seeds()
     runner = Runner()
@@ -808,7 +812,7 @@ def _main(argv: list[str] | None = None) -> None:
     ap.add_argument("--stop", type=int, default=0)
     args = ap.parse_args(argv)
     if args.worker:
-        worker(args.seed, args.start, args.stop, sys.stdout)
+        worker(args.seed, args.start, args.stop)
 
 
 if __name__ == "__main__":

@@ -80,6 +80,23 @@ def check_layout(t: Tensor, what: str) -> None:
                           f"{tr.type_size} bytes")
 
 
+def check_distinct_elements(t: Tensor, what: str) -> None:
+    """LayoutError unless a node's elements (blocks, for a quantized type) lie at distinct bytes: a stride of 0
+    or rows over rows make one byte several elements, which a kernel writes in an order of its own (and BLAS
+    refuses to write at all)."""
+    tr = TYPE_TRAITS[t.type]
+    counts = [t.ne[0] // tr.blck_size, *t.ne[1:]]
+    if min(counts) <= 0:
+        return  # no elements
+    strides = [tr.type_size if tr.blck_size > 1 else t.nb[0], *t.nb[1:]]
+    reach = tr.type_size  # bytes the dims so far span, from the innermost
+    for nb, n in sorted((nb, n) for n, nb in zip(counts, strides, strict=True) if n > 1):
+        if nb < reach:
+            raise LayoutError(f"{what}: the elements of '{t.name}' overlap (ne {t.ne}, nb {t.nb}): a stride of {nb} "
+                              f"bytes under {reach} bytes of elements")
+        reach = nb * (n - 1) + reach
+
+
 def _is_noop(fn: Compute) -> bool:
     """The kernels' do-nothing compute functions (views, empty tensors): not worth a call per compute."""
     return fn is kernels._noop or fn is _common.noop
@@ -193,6 +210,7 @@ def plan_create(graph: Graph, params: ComputeParams) -> CPUPlan:
         op = node.op
         if op == GGMLOp.NONE or is_view_op(op):
             continue
+        check_distinct_elements(node, f"CPU {op.name} node {i}")
         fn = _prepare(node, i, view_of, params)
         if not _is_noop(fn):
             for t in (node, *node.src):

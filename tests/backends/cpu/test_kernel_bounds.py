@@ -296,3 +296,18 @@ def test_im2col_1d_row_padding_is_refused(runner: Runner) -> None:
     refused(runner, spec, ArgumentError, "IM2COL", "'dst'", "paddings (0, -3)")
     spec.params[3] = 0
     assert runner.run(spec).status == "computed"
+
+
+def test_a_destination_whose_elements_overlap_is_refused(runner: Runner) -> None:
+    """MUL_MAT into a dst with nb[1] = 0 (its rows all one row): BLAS refused the output stride, printed its
+    complaint on the standard output and left dst as it was; refused, the node says so."""
+    overlapping = tensor(F32, [4, 40, 1, 1], 0, nb=[4, 0, 16, 16])
+    spec = node(GGMLOp.MUL_MAT, overlapping, [], tensor(F32, [8, 4, 1, 1], 1), tensor(F32, [8, 40, 1, 1], 2))
+    with runner.placed(spec) as p:
+        graph = Graph(1)
+        graph.nodes = [p.node]
+        with pytest.raises(LayoutError) as info:
+            runner.backend.graph_plan_create(graph)
+    for fragment in ("MUL_MAT", "'dst'", "overlap", "[4, 0, 16, 16]"):
+        assert fragment in str(info.value), str(info.value)
+    still_adds(runner)
