@@ -137,7 +137,7 @@ def sweep(tb: Backend, repeats: int) -> None:
 def bench_llama(tb: Backend, cpu_a: Backend, cpu_b: Backend, cpu_c: Backend, n_tokens: int,
                 repeats: int) -> None:
     try:
-        from pyggml.sched import Scheduler
+        from pyggml.seed import Scheduler
     except ImportError:
         print("(b) skipped: pyggml.sched is not available")
         return

@@ -26,8 +26,8 @@ from pyggml.core.context import GGML_DEFAULT_GRAPH_SIZE
 from pyggml.core.errors import ArgumentError, ArgumentTypeError
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import Tensor
-from pyggml.sched.sched import GGML_SCHED_MAX_BACKENDS, GGML_SCHED_MAX_COPIES, BackendSched, EvalCallback
-from pyggml.sched.scheduler import GGML_MAX_BACKENDS, GGML_MAX_SPLIT_INPUTS, GGML_MAX_SPLITS, Scheduler
+from pyggml.sched.backend_sched import GGML_SCHED_MAX_BACKENDS, GGML_SCHED_MAX_COPIES, BackendSched, EvalCallback
+from pyggml.seed.scheduler import GGML_MAX_BACKENDS, GGML_MAX_SPLIT_INPUTS, GGML_MAX_SPLITS, Scheduler
 
 GGML_STATUS_SUCCESS = 0
 

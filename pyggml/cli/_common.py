@@ -542,7 +542,7 @@ def backend_plan_of(names: Sequence[str] | None, layers_on: Sequence[str] | None
 
     Without --backend the list is the backends --n-layers-on names (NAME=N), then the CPU:
     `--n-layers-on torch=2` means torch for 2 layers, then the CPU."""
-    from pyggml.sched.sched import GGML_SCHED_MAX_BACKENDS
+    from pyggml.sched.backend_sched import GGML_SCHED_MAX_BACKENDS
 
     specs = [item for spec in layers_on or [] for item in parse_layers_on(spec)]
     if tensor_split is not None and specs:

@@ -13,13 +13,21 @@ the cause of the assignment ("1.dst", "1.vsrc", "1.srcN", "2.srcN",
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 from pyggml.core.tensor import Tensor, is_view_op
 
 if TYPE_CHECKING:
     from pyggml.core.graph import Graph
-    from pyggml.sched.scheduler import Scheduler
+    from pyggml.sched.backend_sched import BackendSched
+
+DEBUG_ENV = "GGML_SCHED_DEBUG"
+
+
+def debug_enabled() -> bool:
+    """Whether GGML_SCHED_DEBUG asks for the assignment printout (any value but "", "0")."""
+    return os.environ.get(DEBUG_ENV, "") not in ("", "0")
 
 
 def fmt_size(size: int) -> str:
@@ -34,7 +42,7 @@ def _fit(s: str, width: int) -> str:
     return f"{s[:width]:>{width}}"
 
 
-def format_assignments(sched: Scheduler, graph: Graph) -> str:
+def format_assignments(sched: BackendSched, graph: Graph) -> str:
     """The printout of the last split of `graph` (the graph the scheduler split last)."""
     lines: list[str] = []
 

@@ -33,7 +33,7 @@ from pyggml.core.graph import Graph
 from pyggml.core.tensor import Tensor, TensorFlag
 from pyggml.core.types import GGMLType
 from pyggml.sched import BackendSched
-from pyggml.sched.sched import GGML_SCHED_MAX_COPIES
+from pyggml.sched.backend_sched import GGML_SCHED_MAX_COPIES
 from pyggml.testing import alloc_ctx_tensors
 from pyggml.testing.async_backend import AsyncTestBackend, async_test_init
 from pyggml.testing.graphs import build_llama_graph, graph_size

@@ -7,7 +7,6 @@ import math
 import numpy as np
 import pytest
 
-from pyggml import sched
 from pyggml.backend import Backend, tensor_get_numpy, tensor_set, tensor_set_numpy
 from pyggml.backends.cpu import cpu_init
 from pyggml.backends.torch import torch_init
@@ -17,6 +16,7 @@ from pyggml.core.tensor import GGMLOp, Tensor
 from pyggml.core.types import GGMLType, from_float, to_float
 from pyggml.models.kv_cache import KVCache
 from pyggml.models.llama import LlamaHParams, build_llama, graph_size, layer_of, tensor_names
+from pyggml.seed import Scheduler
 from pyggml.testing import alloc_ctx_tensors
 
 HP = LlamaHParams(n_vocab=96, n_ctx_train=128, n_embd=64, n_layer=3, n_ff=128, n_head=4, n_head_kv=2, n_rot=16,
@@ -65,7 +65,7 @@ class Llama:
             self.ctxs.append(ctx)
         self.kv = KVCache(HP.n_layer, N_CTX, HP.n_embd_gqa, layer_backend)
         self.input_backend = embd
-        self.sched = sched.Scheduler(backends)
+        self.sched = Scheduler(backends)
         ctx, graph, inputs = self._graph(8, N_CTX - 8)
         talloc = self.sched.get_tallocr(embd)
         for t in inputs:

@@ -70,8 +70,8 @@ from pyggml.core.errors import (
 )
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import Tensor, TensorFlag
-from pyggml.sched.passes import assign_backends, assign_backends_seed, split_graph
-from pyggml.sched.scheduler import check_backends, debug_enabled
+from pyggml.sched.debug import debug_enabled
+from pyggml.sched.passes import Assigner, assign_backends, split_graph
 from pyggml.sched.stats import BackendStats, SchedStats
 
 log = logging.getLogger("pyggml.sched")
@@ -79,11 +79,11 @@ log = logging.getLogger("pyggml.sched")
 GGML_SCHED_MAX_BACKENDS = 16
 GGML_SCHED_MAX_SPLIT_INPUTS = 30
 GGML_SCHED_MAX_COPIES = 4
-ASSIGN_MODES = ("today", "seed")
 
 # ggml_backend_sched_eval_callback: (tensor, ask) -> bool. With ask=True: does the caller want to see this
 # node (compute up to it, then call again)? With ask=False the node is computed: False stops the compute.
 EvalCallback = Callable[[Tensor, bool], bool]
+AssignPasses = Callable[["BackendSched", Graph], Assigner]  # gives every node of a graph its backend
 
 
 @dataclass(eq=False)
@@ -134,16 +134,35 @@ class _KeptGraph:
     n_reserves: int  # the compute buffers' generation its places are in
 
 
+def check_backends(backends: list[Backend], what: str, limit: int, limit_name: str) -> None:
+    """A scheduler's backends: at least one, at most `limit`, Backends, alive, each instance once."""
+    if not backends:
+        raise ArgumentError(f"{what}: at least one backend is needed")
+    for i, b in enumerate(backends):
+        check_instance(b, Backend, f"{what}: backends[{i}]")
+    if len(backends) > limit:
+        raise LimitExceededError(f"{what}: {len(backends)} backends ({', '.join(b.name() for b in backends)}) "
+                                 f"exceed {limit_name} = {limit}")
+    for i, b in enumerate(backends):
+        if b.freed:
+            raise BufferFreedError(f"{what}: backend '{b.name()}' (backends[{i}]) was freed")
+        for j in range(i):
+            if backends[j] is b:
+                raise ArgumentError(f"{what}: backend '{b.name()}' is given twice (positions {j} and {i}); "
+                                    f"two backends of one kind must be two instances")
+
+
 class BackendSched:
     """ggml_backend_sched: `backends` in priority order (the first is preferred, the last is the fallback)."""
 
     def __init__(self, backends: Sequence[Backend], bufts: Sequence[BufferType] | None = None,
                  graph_size: int = GGML_DEFAULT_GRAPH_SIZE, parallel: bool = False, op_offload: bool = True,
-                 assign: str = "today") -> None:
-        """ggml_backend_sched_new(backends, bufts, n_backends, graph_size, parallel, op_offload); `assign`:
-        "today" (ggml's five passes) or "seed" (the late-2023 passes, see passes.assign_backends_seed)."""
-        if assign not in ASSIGN_MODES:
-            raise ArgumentError(f"BackendSched: assign must be one of {', '.join(ASSIGN_MODES)}, got {assign!r}")
+                 assign: AssignPasses = assign_backends) -> None:
+        """ggml_backend_sched_new(backends, bufts, n_backends, graph_size, parallel, op_offload); `assign`: the
+        passes that give each node its backend (ggml's five, `passes.assign_backends`, unless another is given)."""
+        if not callable(assign):
+            raise ArgumentTypeError(f"BackendSched: assign must be a function (sched, graph) -> Assigner, got "
+                                    f"{type(assign).__name__}")
         self.assign = assign
         if isinstance(backends, (str, bytes)) or not isinstance(backends, Sequence):
             raise ArgumentTypeError(f"BackendSched: backends must be a sequence of Backends, got "
@@ -435,13 +454,12 @@ class BackendSched:
         self.is_reset = False
         self.ctx = Context(mem_size=(2 * (graph.n_nodes + 16) * self.n_copies + 64) * tensor_overhead(),
                            no_alloc=True)
-        passes = assign_backends if self.assign == "today" else assign_backends_seed
-        split_graph(self, graph, passes(self, graph))
+        split_graph(self, graph, self.assign(self, graph))
         self.split_graph = graph
         if debug_enabled():
             from pyggml.sched.debug import format_assignments
 
-            log.debug("%s", format_assignments(self, graph))  # type: ignore[arg-type]
+            log.debug("%s", format_assignments(self, graph))
 
     def _tallocs(self, measure: bool) -> list[TensorAllocator]:
         out = []
@@ -828,13 +846,13 @@ class BackendSched:
         """The GGML_SCHED_DEBUG printout of the last split (splits, each node's backend and cause)."""
         from pyggml.sched.debug import format_assignments
 
-        return format_assignments(self, graph)  # type: ignore[arg-type]
+        return format_assignments(self, graph)
 
     def dump_dot(self, graph: Graph, filename: str | None = None) -> str:
         """Graphviz source of the last split graph, coloured by backend, splits as clusters."""
         from pyggml.sched.graphviz import sched_to_dot
 
-        text = sched_to_dot(self, graph)  # type: ignore[arg-type]
+        text = sched_to_dot(self, graph)
         if filename is not None:
             with open(filename, "w", encoding="utf-8") as f:
                 f.write(text)
