@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
 from pyggml.core.errors import ArgumentError, GGMLError, GGUFError
+from pyggml.models.arch import ARCHS
 
 
 class CLIError(Exception):
@@ -94,6 +95,10 @@ class _ModelsAction(argparse.Action):
         items = [values] if isinstance(values, str) else list(values)
         paths = [p for item in items for p in item.split(",") if p]
         setattr(namespace, self.dest, (getattr(namespace, self.dest, None) or []) + paths)
+
+
+FAMILIES = ", ".join(ARCHS)  # the architectures (general.architecture) pyggml.models runs
+GGUF_MODEL = f"GGUF model ({FAMILIES})"
 
 
 def add_model(parser: argparse.ArgumentParser, what: str, several: bool = False) -> None:
