@@ -54,7 +54,7 @@ class TinyLlama:
     def graph(self, kv: KVCache, n_tokens: int, n_past: int):
         size = graph_size(HP)
         ctx = Context(mem_size=size * tensor_overhead() + graph_overhead(size), no_alloc=True)
-        gf, inp = build_llama(ctx, HP, self.w, kv, n_tokens, n_past)
+        gf, inp = build_llama(ctx, HP, self.w, kv, n_tokens, n_past, set_rows=False, glu=False)
         return ctx, gf, inp
 
 

@@ -76,7 +76,8 @@ class Llama:
     def _graph(self, n_tokens: int, n_past: int) -> tuple[Context, object, list[Tensor]]:
         size = graph_size(HP)
         ctx = Context(mem_size=size * tensor_overhead() + graph_overhead(size), no_alloc=True)
-        graph, inp = build_llama(ctx, HP, self.w, self.kv, n_tokens, n_past)
+        graph, inp = build_llama(ctx, HP, self.w, self.kv, n_tokens, n_past, set_rows=False,
+                                   glu=False)
         self.last_inputs = inp
         return ctx, graph, [inp.tokens, inp.pos, inp.mask]
 
