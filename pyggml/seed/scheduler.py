@@ -22,7 +22,7 @@ buffer size, then gives every backend a real buffer of that size. Each
 4. per split copies the inputs in and runs the split's nodes on its backend;
 5. resets the allocators (the memory is reused by the next graph).
 
-Where pyggml differs from the C seed (see DESIGN.md "Where the seed is wrong"):
+Where pyggml differs from the C seed (it follows the seed's comments where its code contradicts them):
 
 - Assignments made with `set_node_backend` hold until `reset()` (which every
   `graph_compute` and `init_measure` ends with, as the seed's `sched_reset`),

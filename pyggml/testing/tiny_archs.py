@@ -229,7 +229,7 @@ for path, ids, out, n_ctx in jobs:
 def llamacpp_logits(jobs: list[tuple[Path, list[int]]] | list[tuple[Path, list[int], int]], tmp: Path,
                     n_ctx: int = 256) -> list[np.ndarray]:
     """llama.cpp's logits of every position of each (model, ids[, n_ctx]), f32 KV cache and flash attention off
-    (the reference ../shared/ORACLE.md describes), all in one process; builds llama.cpp if this machine lacks it
+    (the reference DESIGN.md's "Oracles" describes), all in one process; builds llama.cpp if this machine lacks it
     (NoCompilerError without a compiler)."""
     lib_dir = llamacpp.require_tools(["llama-debug"])["llama-debug"].parent  # libllama.so is built beside it
     outs = [tmp / f"llamacpp-logits-{i}.npy" for i in range(len(jobs))]
