@@ -378,7 +378,7 @@ def ggml_backend_view_init(tensor: Tensor) -> None:
     view_init(tensor)
 
 
-# --- ggml-alloc.h (today's) ---
+# --- ggml-alloc.h ---
 
 
 def ggml_backend_alloc_ctx_tensors_from_buft(ctx: Context, buft: BufferType) -> Buffer | None:

@@ -1,5 +1,6 @@
 """The scheduler's part of ggml-backend.h by its C names, each a thin call into `pyggml.sched.BackendSched`
-(today's, from the six-argument `ggml_backend_sched_new`) or `pyggml.sched.Scheduler` (the seed's).
+(from the six-argument `ggml_backend_sched_new`) or, for the two-argument form of late-2023 ggml,
+`pyggml.seed.Scheduler`.
 
 `ggml_backend_sched_t` is either. `ggml_backend_sched_new` takes the
 backends as a sequence and, like C, their count (which must not exceed the
@@ -84,7 +85,7 @@ def _count(n_backends: int | None, n_given: int) -> int:
 
 def _today(sched: object, what: str) -> BackendSched:
     if not isinstance(sched, BackendSched):
-        raise ArgumentTypeError(f"{what}: needs a scheduler of today's ggml_backend_sched_new (6 arguments), got "
+        raise ArgumentTypeError(f"{what}: needs a scheduler of the six-argument ggml_backend_sched_new, got "
                                 f"{type(sched).__name__}")
     return sched
 
@@ -143,7 +144,7 @@ def ggml_backend_sched_reserve(sched: Scheduler | BackendSched, measure_graph: G
     return True
 
 
-# --- today's (ggml_backend_sched of llama.cpp 0c1e570: pyggml.sched.BackendSched) ---
+# --- ggml_backend_sched of llama.cpp 0c1e570 (pyggml.sched.BackendSched) ---
 
 
 def ggml_backend_sched_reserve_size(sched: BackendSched, measure_graph: Graph) -> list[int]:

@@ -1,4 +1,4 @@
-"""`BackendSched`: today's `ggml_backend_sched` (ggml-backend.cpp at llama.cpp 0c1e570).
+"""`BackendSched`: `ggml_backend_sched` (ggml-backend.cpp at llama.cpp 0c1e570).
 
 The one engine that computes a graph, on one backend or many. The caller:
 
@@ -316,7 +316,7 @@ class BackendSched:
             self._release(kept)
 
     def _kept_graph(self, graph: Graph) -> _KeptGraph | None:
-        """`graph`'s kept state if it can be taken up: the buffers it was placed in are today's, and the nodes
+        """`graph`'s kept state if it can be taken up: the buffers it was placed in are the current ones, and the nodes
         set to a backend since the last reset are the ones set when it was split (else it is let go)."""
         kept = next((k for k in self._kept if k.graph is graph), None)
         if kept is None:
@@ -600,13 +600,13 @@ class BackendSched:
         """ggml_backend_sched_alloc_splits: allocate the graph copy; reserve first when a node changed to a
         backend of another buffer type than in the last allocation, or when it no longer fits.
 
-        As today's graph allocator (ggml_gallocr_alloc_graph without needs_realloc), a graph laid out like one
+        As ggml's graph allocator (ggml_gallocr_alloc_graph without needs_realloc), a graph laid out like one
         allocated or reserved before (the same tensors in the same places, each no larger) takes that one's
         addresses: one pass, no best-fit search. Reserving the worst case therefore makes every smaller batch
         of the same shape cheap."""
         order = self._alloc_order()
         missing = any(b is None for b in self.buffers)
-        # a recorded layout of this graph's shape and assignment that fits today's buffers needs no reserve,
+        # a recorded layout of this graph's shape and assignment that fits the current buffers needs no reserve,
         # even where ggml's would reserve again for nodes changed to another buffer type than the last
         # graph's: the reserve would find the buffers large enough and the same places
         layout = self.layouts.get((len(order), tuple(self.graph_copy_backends))) \
@@ -669,7 +669,7 @@ class BackendSched:
         """Give `order` the recorded addresses if every place fits (else False, nothing changed).
 
         The tensors are placed as ggml_backend_tensor_alloc places them, without its bounds check: a place
-        fits only when it lies inside today's buffer (buffers only grow)."""
+        fits only when it lies inside the current buffer (buffers only grow)."""
         # ggml_backend_buft_get_alloc_size: a type without the hook takes ggml_nbytes
         sizes = [None if type(b)._get_alloc_size is BufferType._get_alloc_size else b.get_alloc_size
                  for b in self.bufts]

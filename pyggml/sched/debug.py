@@ -1,4 +1,4 @@
-"""The seed's assignment printout (sched_print_assignments), as text for `logging`.
+"""The scheduler's assignment printout (ggml_backend_sched_print_assignments), as text for `logging`.
 
 Set the environment variable GGML_SCHED_DEBUG (to anything but "0") and
 enable DEBUG logging for "pyggml.sched" to get it after every split, with
@@ -31,7 +31,7 @@ def debug_enabled() -> bool:
 
 
 def fmt_size(size: int) -> str:
-    """The seed's fmt_size: whole MiB above 1 MiB, else whole KiB."""
+    """ggml-backend.cpp's fmt_size: whole MiB above 1 MiB, else whole KiB."""
     if size >= 1024 * 1024:
         return f"{size // 1024 // 1024}M"
     return f"{size // 1024}K"

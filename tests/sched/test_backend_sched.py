@@ -219,7 +219,7 @@ def test_the_c_api_of_today() -> None:
     capi.ggml_backend_sched_free(sched)
     seed = capi.ggml_backend_sched_new([a, b], 2)  # the seed's form
     assert not isinstance(seed, BackendSched)
-    with pytest.raises(Exception, match="today's"):
+    with pytest.raises(Exception, match="six-argument"):
         capi.ggml_backend_sched_get_n_splits(seed)
     seed.free()
 
