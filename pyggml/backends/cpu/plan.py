@@ -31,7 +31,7 @@ from pyggml.backends.cpu.repack import repack_supports_op
 from pyggml.core import memory
 from pyggml.core.errors import GGMLError, GraphError, LayoutError, UnsupportedOpError
 from pyggml.core.graph import Graph
-from pyggml.core.ops.node_check import OP_SOURCES, check_sources
+from pyggml.core.ops.node_check import check_sources
 from pyggml.core.tensor import GGMLOp, Tensor, is_view_op, nbytes_of
 from pyggml.core.types import TYPE_TRAITS
 
@@ -63,8 +63,12 @@ def kernel_supports(node: Tensor) -> bool:
 
 
 def _has_sources(node: Tensor) -> bool:
-    required = OP_SOURCES.get(node.op, (0, 0))[0]
-    return all(node.src[i] is not None for i in range(required))
+    """Whether the node's sources are those its op takes (the plan refuses others: `check_sources`)."""
+    try:
+        check_sources(node)
+    except GGMLError:
+        return False
+    return True
 
 
 def check_layout(t: Tensor, what: str) -> None:

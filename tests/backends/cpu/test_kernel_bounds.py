@@ -286,3 +286,13 @@ def test_rms_norm_of_zero_rows_without_eps_divides_as_c(runner: Runner) -> None:
             runner.backend.graph_compute(graph)
         out = p.arena[p.node.data - p.arena.ctypes.data:][:64].view(np.float32)  # type: ignore[operator]
         assert np.isnan(out).all()
+
+
+def test_im2col_1d_row_padding_is_refused(runner: Runner) -> None:
+    """A 1-D IM2COL is the 2-D rule with one row: p1 = -3 asked for a padded copy of negative size."""
+    im2col = [1, 0, 0, -3, 1, 0, 0]  # s0, s1, p0, p1, d0, d1, is_2D
+    spec = node(GGMLOp.IM2COL, tensor(F32, [6, 8, 1, 1], 0), im2col, tensor(F32, [3, 2, 1, 1], 1),
+                tensor(F32, [10, 2, 1, 1], 2))
+    refused(runner, spec, ArgumentError, "IM2COL", "'dst'", "paddings (0, -3)")
+    spec.params[3] = 0
+    assert runner.run(spec).status == "computed"

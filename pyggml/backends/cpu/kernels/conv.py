@@ -126,10 +126,9 @@ def im2col_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], 
         d6 = dst[0][:, None, :, :]
     if k_t.ne[2 if is_2d else 1] != ic or dst.shape[-1] != ic * kh * kw or d6.shape[:3] != (n, oh, ow):
         raise ShapeError(f"CPU IM2COL '{node.name}': kernel {k_t.ne}, input {x_t.ne} and dst {node.ne} do not fit")
-    if is_2d:
-        check_conv_shape(node, x4.shape[2:], (kh, kw), (s1, s0), (p1, p0), (d1, d0), (oh, ow))
-    else:
-        check_conv_shape(node, x4.shape[3:], (kw,), (s0,), (p0,), (d0,), (ow,))
+    # 1-D: 2-D with one row (IH = KH = OH = 1, s1 and d1 unused), so p1 must be 0
+    check_conv_shape(node, x4.shape[2:], (kh, kw), (s1, s0) if is_2d else (1, s0), (p1, p0),
+                     (d1, d0) if is_2d else (1, d0), (oh, ow))
     if dst.size == 0:
         return noop
     d6 = split_axis(split_axis(d6, 3, ic, kh * kw), 4, kh, kw).transpose(0, 3, 4, 1, 2, 5)  # (N, IC, KH, OH, OW, KW)

@@ -71,10 +71,9 @@ def im2col_back_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | No
     if g4.shape != (n, oh, ow, ic * kh * kw):
         raise ShapeError(f"CPU IM2COL_BACK '{node.name}': gradient {g_t.ne}, kernel {k_t.ne} and dst {node.ne} "
                          "do not fit")
-    if ip.is_2D:
-        check_conv_shape(node, (h, w), (kh, kw), (ip.s1, ip.s0), (ip.p1, ip.p0), (ip.d1, ip.d0), (oh, ow))
-    else:
-        check_conv_shape(node, (w,), (kw,), (ip.s0,), (ip.p0,), (ip.d0,), (ow,))
+    # 1-D: 2-D with one row (H = KH = OH = 1, s1 and d1 unused), so p1 must be 0
+    check_conv_shape(node, (h, w), (kh, kw), (ip.s1, ip.s0) if ip.is_2D else (1, ip.s0), (ip.p1, ip.p0),
+                     (ip.d1, ip.d0) if ip.is_2D else (1, ip.d0), (oh, ow))
     if dst.size == 0:
         return noop
     s_hw, p_hw, d_hw = (ip.s1, ip.s0), (ip.p1, ip.p0), (ip.d1, ip.d0)
