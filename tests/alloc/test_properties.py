@@ -236,6 +236,7 @@ def check_no_live_overlap(graph, buffer) -> None:
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow],
           phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink])
 @given(recipe=graph_recipe, seed=st.integers(0, 2**16))
+@pytest.mark.slow
 def test_random_graphs_reuse_memory_safely(recipe: tuple, seed: int) -> None:
     # reference: every tensor in memory of its own (a Context with memory), computed on the CPU
     rctx = Context(mem_size=1 << 20, no_alloc=False)

@@ -115,6 +115,7 @@ def _splits(n_layer: int, n_backends: int) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("n_backends", [2, 3, 4])
+@pytest.mark.slow
 def test_every_layer_split_of_the_builtin_model_gives_one_backends_tokens(n_backends: int,
                                                                           builtin_greedy_tokens: list[int]) -> None:
     """One to four CPU backends, every way of giving them the built-in model's layers: the greedy tokens of

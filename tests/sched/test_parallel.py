@@ -223,6 +223,7 @@ def _assert_same(outs: list[np.ndarray], reference: list[np.ndarray]) -> None:
 
 @pytest.mark.parametrize("config", sorted(CONFIGS))
 @pytest.mark.parametrize("held", [False, True], ids=["free", "held"])
+@pytest.mark.slow
 def test_parallel_gives_the_results_of_serial_and_of_one_cpu(config: str, held: bool, reference: list[np.ndarray],
                                                              setups: list[Setup]) -> None:
     """Consecutive batches with parallel on give exactly the logits of parallel off and of one CPU backend,

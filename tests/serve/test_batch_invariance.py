@@ -232,6 +232,7 @@ def test_batch_invariance_needs_flash_attention_and_backends_with_the_switch() -
         model.free()
 
 
+@pytest.mark.slow
 def test_serve_flag() -> None:
     parser = build_parser()
     assert parser.parse_args(["serve"]).batch_invariant is BATCH_INVARIANT

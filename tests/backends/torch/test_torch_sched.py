@@ -133,6 +133,7 @@ def _split_model(wtype: GGMLType, precision: str, dequantized: frozenset[str] = 
     (GGMLType.F16, "f32", 3e-7), (GGMLType.F16, "f16", 5e-6), (GGMLType.F16, "bf16", 5e-6),
     (GGMLType.BF16, "f32", 1e-10), (GGMLType.BF16, "f16", 5e-4), (GGMLType.BF16, "bf16", 5e-4),
 ])
+@pytest.mark.slow
 def test_llama_split_between_torch_and_cpu_matches_cpu_only(wtype: GGMLType, precision: str, tol: float) -> None:
     """A prompt, then two decoded tokens (reading the KV cache written on both backends)."""
     cpu_ref = cpu_init(2)
@@ -154,6 +155,7 @@ def test_llama_split_between_torch_and_cpu_matches_cpu_only(wtype: GGMLType, pre
 # activations rounded to the half type) and against the all-Q8_0 CPU run, whose activations are quantized
 # to Q8_0 in every layer (1.2e-3 to 1.3e-3 under each)
 @pytest.mark.parametrize("precision, tol_exact", [("f32", 1e-10), ("f16", 3e-4), ("bf16", 1e-3)])
+@pytest.mark.slow
 def test_llama_split_with_q8_0_weights(precision: str, tol_exact: float) -> None:
     """Q8_0 on torch is the dequantized weight times f32 activations (the CPU also quantizes the
     activations): with f32 products the split equals a CPU run of the dequantized values in F32; with half
