@@ -51,6 +51,11 @@ the low runs up to a quarter slower, the one-client rounds not), 2.36-2.64x with
 
 --decode-steps N instead measures that bound in this process: N steps of `Model.decode` of one token of one
 sequence and of one token for each of 4 sequences in one batch, alternating (ms per step, medians).
+
+--json-schema instead compares constrained decoding with free decoding at each level: rounds alternate between
+requests that carry JSON_SCHEMA (`response_format` json_schema: a list of at least 64 {id, name} objects, so each
+answer runs to --max-tokens; the grammar compiled per request, its mask computed per token) and the same requests
+without it; printed per level: both medians and the median of each round pair's ratio (constrained / free).
 """
 
 from __future__ import annotations
@@ -75,6 +80,13 @@ from pyggml.testing.models import smollm2_path
 REPO = Path(__file__).resolve().parent.parent
 START_TIMEOUT = 180.0
 PROMPT = "The module"
+# an answer that cannot end before --max-tokens: objects, integers and bounded strings under one mask
+JSON_SCHEMA = {"type": "object", "required": ["items"], "additionalProperties": False, "properties": {"items": {
+    "type": "array", "minItems": 64, "items": {
+        "type": "object", "required": ["id", "name"], "additionalProperties": False,
+        "properties": {"id": {"type": "integer", "minimum": 0, "maximum": 99999},
+                       "name": {"type": "string", "maxLength": 12}}}}}}
+CONSTRAINED = {"response_format": {"type": "json_schema", "json_schema": {"name": "items", "schema": JSON_SCHEMA}}}
 
 
 def _free_port() -> int:
@@ -108,33 +120,35 @@ def start(path: Path, n_slots: int, slot_ctx: int, threads: int | None,
     raise RuntimeError("the server did not start in time")
 
 
-def one_request(http: httpx.Client, url: str, max_tokens: int, i: int) -> tuple[float, int]:
+def one_request(http: httpx.Client, url: str, max_tokens: int, i: int,
+                extra: dict[str, Any] | None = None) -> tuple[float, int]:
     t0 = time.perf_counter()
     r = http.post(url + "/v1/completions", json={"prompt": f"{PROMPT} {i % 7}", "max_tokens": max_tokens,
-                                                 "temperature": 0, "ignore_eos": True}, timeout=300)
+                                                 "temperature": 0, "ignore_eos": True, **(extra or {})}, timeout=300)
     r.raise_for_status()
     return time.perf_counter() - t0, int(r.json()["usage"]["completion_tokens"])
 
 
-def warm_up(url: str, clients: int, max_tokens: int) -> None:
+def warm_up(url: str, clients: int, max_tokens: int, extra: dict[str, Any] | None = None) -> None:
     """1, 2, ..., `clients` requests at once, then two rounds of `clients`: the graphs of the batch shapes a
     level makes (its clients' requests start and end a few steps apart: steps of fewer sequences, prompts
     beside decoding) are built before timing, as a server that has run a while has them."""
     def warm(c: int) -> None:
         with httpx.Client() as http:
-            one_request(http, url, max_tokens, c)
+            one_request(http, url, max_tokens, c, extra)
 
     with concurrent.futures.ThreadPoolExecutor(clients) as pool:
         for k in [*range(1, clients + 1), clients, clients]:
             list(pool.map(warm, range(k)))
 
 
-def run_level(url: str, clients: int, requests: int, max_tokens: int) -> dict[str, Any]:
-    """`clients` threads each sending `requests` requests in turn: tokens/s over the wall time, the request
-    latencies, and the server's decode steps and graphs built meanwhile (from /health)."""
+def run_level(url: str, clients: int, requests: int, max_tokens: int,
+              extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`clients` threads each sending `requests` requests in turn (with the `extra` fields): tokens/s over the wall
+    time, the request latencies, and the server's decode steps and graphs built meanwhile (from /health)."""
     def client(c: int) -> list[tuple[float, int]]:
         with httpx.Client() as http:
-            return [one_request(http, url, max_tokens, c * requests + k) for k in range(requests)]
+            return [one_request(http, url, max_tokens, c * requests + k, extra) for k in range(requests)]
 
     before = httpx.get(url + "/health", timeout=10).json()
     t0 = time.perf_counter()
@@ -186,6 +200,26 @@ def serve_levels(url: str, levels: list[int], rounds: int, requests: int,
     return {c: [r["tok_s"] for r in runs[c]] for c in levels}
 
 
+def constrained_vs_free(url: str, levels: list[int], rounds: int, requests: int, max_tokens: int) -> None:
+    """Each level warmed up both ways, then `rounds` pairs of rounds, free and constrained in turn (every other
+    pair constrained first); prints both medians and the median of the pairs' ratios."""
+    for c in levels:
+        warm_up(url, c, max_tokens)
+        warm_up(url, c, max_tokens, CONSTRAINED)
+    print(f"{'clients':>8} {'free tok/s':>11} {'JSON tok/s':>11} {'JSON/free':>10} {'(min-max)':>12}")
+    for c in levels:
+        free: list[float] = []
+        json_rates: list[float] = []
+        for i in range(rounds):
+            for constrained in ((False, True) if i % 2 == 0 else (True, False)):
+                rate = run_level(url, c, requests, max_tokens, CONSTRAINED if constrained else None)["tok_s"]
+                (json_rates if constrained else free).append(rate)
+        ratios = [j / f for j, f in zip(json_rates, free, strict=True)]
+        spread = f"({min(ratios):.2f}-{max(ratios):.2f})"
+        print(f"{c:8d} {statistics.median(free):11.1f} {statistics.median(json_rates):11.1f} "
+              f"{statistics.median(ratios):9.2f}x {spread:>12}")
+
+
 def decode_steps(name: str, path: Path, steps: int, threads: int | None) -> None:
     """Median ms of a decode step of 1 sequence and of 4 sequences in one batch (alternating, after 3 of each
     to warm up): the 4-sequence step's cost in 1-sequence steps bounds what serve's batching can gain."""
@@ -224,6 +258,8 @@ def main() -> int:
     ap.add_argument("-t", "--threads", type=int, default=None, help="the server's CPU threads (default: all)")
     ap.add_argument("--decode-steps", type=int, default=0,
                     help="no server: time this many Model.decode steps of 1 and of 4 sequences")
+    ap.add_argument("--json-schema", action="store_true",
+                    help="JSON-schema-constrained requests against free ones, alternating rounds, at each level")
     args = ap.parse_args()
     levels = [int(x) for x in args.clients.split(",")]
     models = {"builtin": builtin_model_path(), "smollm2": smollm2_path()}
@@ -239,6 +275,9 @@ def main() -> int:
         try:
             print(f"\n{name} ({Path(path).name}), {args.requests} requests/client of {args.max_tokens} tokens, "
                   f"{max(levels)} slots, {args.rounds} rounds")
+            if args.json_schema:
+                constrained_vs_free(url, levels, args.rounds, args.requests, args.max_tokens)
+                continue
             rates = serve_levels(url, levels, args.rounds, args.requests, args.max_tokens)
             if 1 in rates and 4 in rates:
                 # paired: each round's 4 clients against the same round's one client

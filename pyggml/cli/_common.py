@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import json
 import math
 import re
 import sys
@@ -265,6 +266,50 @@ def add_check_finite(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-check-finite", dest="check_finite", action="store_false",
                         help="do not check that the logits are finite (by default NaN or inf stops with an error "
                              "naming the first tensor where it appears)")
+
+
+def add_chat_template(parser: argparse.ArgumentParser) -> None:
+    """--chat-template-file and --chat-template-kwargs (llama.cpp's)."""
+    parser.add_argument("--chat-template-file", default=None, metavar="FILE",
+                        help="a jinja chat template to use instead of the file's (as llama.cpp's option)")
+    parser.add_argument("--chat-template-kwargs", default=None, metavar="JSON",
+                        help='more template variables, a JSON object (e.g. \'{"enable_thinking": false}\')')
+
+
+@dataclass
+class ChatTemplateArgs:
+    """What --chat-template-file and --chat-template-kwargs give: the template's text and name (None: the
+    file's own template) and the variables."""
+
+    source: str | None = None
+    name: str | None = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+def chat_template_args(args: argparse.Namespace) -> ChatTemplateArgs:
+    """The options of `add_chat_template`, read and checked (CLIError naming the option)."""
+    out = ChatTemplateArgs()
+    if args.chat_template_kwargs is not None:
+        try:
+            value = json.loads(args.chat_template_kwargs)
+        except json.JSONDecodeError as e:
+            raise CLIError(f"--chat-template-kwargs: not JSON: {e}") from None
+        if not isinstance(value, dict):
+            raise CLIError(f"--chat-template-kwargs: expected a JSON object, got {type(value).__name__}")
+        from pyggml.models.chat import RESERVED_VARIABLES
+
+        reserved = sorted(RESERVED_VARIABLES.intersection(value))
+        if reserved:
+            raise CLIError(f"--chat-template-kwargs: {reserved[0]!r} is not a variable the command line may set")
+        out.kwargs = value
+    if args.chat_template_file is not None:
+        try:
+            with open(args.chat_template_file, encoding="utf-8") as f:
+                out.source = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise CLIError(f"--chat-template-file: cannot read '{args.chat_template_file}': {e}") from None
+        out.name = f"'{args.chat_template_file}'"
+    return out
 
 
 def add_ctx_size(parser: argparse.ArgumentParser, default: str) -> None:

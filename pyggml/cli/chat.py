@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import random
 import sys
 import time
@@ -24,12 +23,14 @@ from pyggml.cli._common import (
     GGUF_MODEL,
     CLIError,
     add_backend_options,
+    add_chat_template,
     add_check_finite,
     add_ctx_size,
     add_debug,
     add_flash_attn,
     add_model,
     builtin_model_path,
+    chat_template_args,
     check_model_path,
     context_size,
     load_model,
@@ -38,7 +39,7 @@ from pyggml.cli._common import (
     read_hparams,
     settings_from_args,
 )
-from pyggml.cli.run import add_sampling_options, make_sampler
+from pyggml.cli.run import add_grammar_options, add_sampling_options, compile_grammar, grammar_source, make_sampler
 
 DEFAULT_MAX_TOKENS = 256
 MAX_DEFAULT_CTX = 2048  # a conversation's history needs more room than run's prompt
@@ -56,10 +57,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="the first user message, answered before stdin is read (as llama-cli's -p)")
     p.add_argument("-sys", "--system-prompt", "--system", dest="system", default=None, metavar="TEXT",
                    help="a system message to start the conversation")
-    p.add_argument("--chat-template-file", default=None, metavar="FILE",
-                   help="a jinja chat template to use instead of the file's (as llama.cpp's option)")
-    p.add_argument("--chat-template-kwargs", default=None, metavar="JSON",
-                   help='more template variables, a JSON object (e.g. \'{"enable_thinking": false}\')')
+    add_chat_template(p)
     p.add_argument("-n", "--n-predict", "--predict", "--max-tokens", dest="max_tokens", type=n_predict,
                    default=DEFAULT_MAX_TOKENS, metavar="N",
                    help=f"most tokens of a reply, -1 no limit (default: {DEFAULT_MAX_TOKENS}); it ends earlier at "
@@ -67,6 +65,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     add_ctx_size(p, f"the model's training context, at most {MAX_DEFAULT_CTX}; the whole conversation's")
     add_backend_options(p)
     add_sampling_options(p)
+    add_grammar_options(p)
     add_check_finite(p)
     add_flash_attn(p)
     add_debug(p)
@@ -83,24 +82,20 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     path = builtin_model_path() if args.model is None else check_model_path(args.model)
     plan = plan_from_args(args)
     settings = settings_from_args(args)
-    template_kwargs = _template_kwargs(args.chat_template_kwargs)
-    source = None
-    if args.chat_template_file is not None:
-        try:
-            with open(args.chat_template_file, encoding="utf-8") as f:
-                source = f.read()
-        except (OSError, UnicodeDecodeError) as e:
-            raise CLIError(f"--chat-template-file: cannot read '{args.chat_template_file}': {e}") from None
+    chat_template = chat_template_args(args)
     seed = args.seed if args.seed is not None else random.randrange(2**31)
     sampler = make_sampler(args, seed)
+    grammar = grammar_source(args)
     hp = read_hparams(path)  # the header only: the training context gives the default -c
     n_ctx = context_size(args.ctx, hp.n_ctx_train, min(hp.n_ctx_train, MAX_DEFAULT_CTX))
     max_tokens = args.max_tokens if args.max_tokens >= 0 else n_ctx  # -1: until the turn ends or the context is full
 
     model = load_model(path, plan, settings, n_ctx, hp.n_layer, args.threads, err, "pyggml chat")
     try:
-        template = ChatTemplate.from_model(model, source, f"'{args.chat_template_file}'" if source else None)
-        session = ChatSession(model, system=args.system, template=template, template_kwargs=template_kwargs)
+        template = ChatTemplate.from_model(model, chat_template.source, chat_template.name)
+        session = ChatSession(model, system=args.system, template=template, template_kwargs=chat_template.kwargs)
+        if grammar is not None:
+            sampler.grammar = compile_grammar(grammar, model.tokenizer).matcher()
         interactive = inp.isatty()
         read = _line_reader(inp, out, interactive)
         if template.is_fallback:
@@ -124,6 +119,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
                 break
             if not text.strip():
                 continue
+            if grammar is not None:
+                sampler.grammar.reset()  # each reply follows the grammar from its start
             try:
                 pieces = session.send(text, max_tokens, sampler)
             except ConversationTooLongError as e:
@@ -154,18 +151,6 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     finally:
         model.free()
     return 0
-
-
-def _template_kwargs(text: str | None) -> dict[str, Any]:
-    if text is None:
-        return {}
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise CLIError(f"--chat-template-kwargs: not JSON: {e}") from None
-    if not isinstance(value, dict):
-        raise CLIError(f"--chat-template-kwargs: expected a JSON object, got {type(value).__name__}")
-    return value
 
 
 def _line_reader(inp: TextIO, out: TextIO, interactive: bool) -> Any:

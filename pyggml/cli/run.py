@@ -10,6 +10,7 @@ the model shipped inside the package.
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import sys
 import time
@@ -61,6 +62,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     add_ctx_size(p, f"the model's training context, at most {MAX_DEFAULT_CTX}")
     add_backend_options(p)
     add_sampling_options(p)
+    add_grammar_options(p)
     add_check_finite(p)
     add_flash_attn(p)
     p.add_argument("-v", "--verbose", action="store_true",
@@ -81,6 +83,58 @@ def add_sampling_options(p: argparse.ArgumentParser) -> None:
                    help="penalty of the last 64 tokens, 1.0 is off (default: 1.0, llama.cpp's)")
     p.add_argument("-s", "--seed", type=non_negative_int, default=None,
                    help="sampling seed (default: random, printed)")
+
+
+def add_grammar_options(p: argparse.ArgumentParser) -> None:
+    """--grammar, --grammar-file, -j/--json-schema, -jf/--json-schema-file (llama.cpp's; run's, chat's, serve's)."""
+    p.add_argument("--grammar", default=None, metavar="GRAMMAR",
+                   help="a GBNF grammar (llama.cpp's grammars/ syntax, start rule 'root') the output must follow")
+    p.add_argument("--grammar-file", default=None, metavar="FILE", help="read the --grammar from FILE")
+    p.add_argument("-j", "--json-schema", default=None, metavar="SCHEMA",
+                   help="a JSON schema the output must follow (JSON text; {} for any JSON object)")
+    p.add_argument("-jf", "--json-schema-file", default=None, metavar="FILE", help="read the --json-schema from FILE")
+
+
+def grammar_source(args: argparse.Namespace) -> tuple[str, Any, str] | None:
+    """The grammar the options give: ("gbnf", text, option) or ("json_schema", schema, option), files read and
+    JSON parsed; None without one. CLIError naming the option for a file that cannot be read, bad JSON or two
+    grammars."""
+    given = [(name, getattr(args, name.lstrip("-").replace("-", "_"), None))
+             for name in ("--grammar", "--grammar-file", "--json-schema", "--json-schema-file")]
+    given = [(name, value) for name, value in given if value is not None]
+    if not given:
+        return None
+    if len(given) > 1:
+        raise CLIError(f"{given[0][0]} and {given[1][0]} both constrain the output: give one")
+    name, text = given[0]
+    if name.endswith("-file"):
+        try:
+            with open(text, encoding="utf-8") as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise CLIError(f"{name}: cannot read '{text}': {e}") from None
+    if name.startswith("--grammar"):
+        return "gbnf", text, name
+    try:
+        schema = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise CLIError(f"{name}: not JSON: {e}") from None
+    return ("json_object", None, name) if schema == {} else ("json_schema", schema, name)  # llama.cpp: {} an object
+
+
+def compile_grammar(source: tuple[str, Any, str], tokenizer: Any) -> Any:
+    """The `Grammar` of grammar_source's answer for `tokenizer`'s vocabulary (CLIError naming the option)."""
+    from pyggml.models.grammar import Grammar, GrammarError
+
+    kind, spec, name = source
+    try:
+        if kind == "gbnf":
+            return Grammar.from_gbnf(tokenizer, spec, name)
+        if kind == "json_object":
+            return Grammar.json_object(tokenizer, name)
+        return Grammar.from_json_schema(tokenizer, spec, name)
+    except GrammarError as e:
+        raise CLIError(str(e)) from None
 
 
 def make_sampler(args: argparse.Namespace, seed: int) -> Any:
@@ -183,6 +237,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     settings = settings_from_args(args)
     seed = args.seed if args.seed is not None else random.randrange(2**31)
     sampler = make_sampler(args, seed)
+    grammar = grammar_source(args)
 
     hp = read_hparams(path)  # the header only: the training context gives the default -c
     n_ctx = context_size(args.ctx, hp.n_ctx_train, min(hp.n_ctx_train, MAX_DEFAULT_CTX))
@@ -191,6 +246,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     model = load_model(path, plan, settings, n_ctx, hp.n_layer, args.threads, err, "pyggml run")
     t_load = time.perf_counter() - t0
     try:
+        if grammar is not None:
+            sampler.grammar = compile_grammar(grammar, model.tokenizer).matcher()
         model.runner.report_memory = args.verbose
         t0 = time.perf_counter()
         _warm_up(model)

@@ -2,7 +2,8 @@
 `load(path, backends, n_ctx, n_layers_on)` -> `Model`;
 `builtin_model_path()` is the small LLaMA shipped in the package.
 
-The tokenizers and samplers live in `pyggml.models.tokenizer` and `pyggml.models.sampling`; chat templates
+The tokenizers and samplers live in `pyggml.models.tokenizer` and `pyggml.models.sampling`, grammars and JSON
+schemas that constrain a sampler in `pyggml.models.grammar`; chat templates
 and multi-turn chats in `pyggml.models.chat` (`Model.chat`).
 """
 

@@ -57,6 +57,10 @@ CHATML_TEMPLATE = (
 )
 TEMPLATE_KEY = "tokenizer.chat_template"
 DEFAULT_MAX_TOKENS = 256
+# template variables a caller's extra ones may not name: those the renderer sets from its own arguments, and its
+# methods' parameter names (a keyword of theirs is not a variable)
+RESERVED_VARIABLES = frozenset({"messages", "add_generation_prompt", "tools", "documents", "name", "source",
+                                "tokenizer", "special_in_content", "self"})
 
 
 class ChatTemplateError(GGMLError, ValueError):
@@ -87,8 +91,14 @@ def _raise_exception(message: str) -> None:
 
 def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
             sort_keys: bool = False) -> str:
-    # jinja's own tojson escapes <, >, & and ' for HTML: chat templates want the JSON as it is
-    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    # jinja's own tojson escapes <, >, & and ' for HTML: chat templates want the JSON as it is; a filter's
+    # generator (`tools | map(attribute='function')`, llama.cpp's DeepSeek R1 template) is the list it yields
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys,
+                      default=lambda v: list(v) if isinstance(v, Iterator) else _unserializable(v))
+
+
+def _unserializable(v: Any) -> Any:
+    raise TypeError(f"Object of type {type(v).__name__} is not JSON serializable")
 
 
 def _strftime_now(format: str) -> str:
@@ -401,6 +411,22 @@ Part = tuple[str, bool]  # a piece of prompt text and whether its special tokens
 _MARK_OPEN, _MARK_CLOSE = "\ue000", "\ue001"  # private-use characters around a placeholder's nonce and number
 
 
+def check_special_text(value: Any, field: str, tokenizer: Tokenizer) -> None:
+    """SpecialTextError naming the first string of `value` (its keys too, in dicts and lists) that holds a
+    special token's text: for what a template writes as its own text (the tools' JSON)."""
+    if isinstance(value, str):
+        found = tokenizer.special_text_in(value)
+        if found is not None:
+            raise SpecialTextError(f"{field} holds the special token text {found!r}", field)
+    elif isinstance(value, Mapping):
+        for k, v in value.items():
+            check_special_text(k, f"{field} key {k!r}", tokenizer)
+            check_special_text(v, f"{field}.{k}", tokenizer)
+    elif isinstance(value, list | tuple):
+        for j, v in enumerate(value):
+            check_special_text(v, f"{field}[{j}]", tokenizer)
+
+
 def _mark_strings(chat: list[dict[str, Any]], tokenizer: Tokenizer,
                   source: str) -> tuple[dict[str, tuple[str, str]], list[dict[str, Any]], re.Pattern[str]]:
     """({placeholder: (field, string)}, the messages with each non-empty string value replaced by its
@@ -412,9 +438,7 @@ def _mark_strings(chat: list[dict[str, Any]], tokenizer: Tokenizer,
     strings: dict[str, tuple[str, str]] = {}
 
     def check(value: str, field: str) -> None:
-        found = tokenizer.special_text_in(value)
-        if found is not None:
-            raise SpecialTextError(f"{field} holds the special token text {found!r}", field)
+        check_special_text(value, field, tokenizer)
 
     def mark(value: Any, field: str) -> Any:
         if isinstance(value, str):

@@ -53,7 +53,7 @@ class GraphInputs:
     tokens: Tensor  # I32 [n_tokens]
     pos: Tensor  # I32 [n_tokens]
     mask: Tensor  # F32 [n_kv, n_tokens] (F16 with flash attention): 0 where a token sees a cell, -inf elsewhere
-    logits: Tensor  # F32 [n_vocab, n_outputs]
+    logits: Tensor  # F32 [n_vocab, n_outputs]; an embeddings graph's output norm result [n_embd, n_outputs]
     k_idxs: Tensor | None  # I64 [n_tokens]: the K cache rows (cells) this batch goes to (None: CPY idiom)
     v_idxs: Tensor | None  # I64 [n_tokens] or [n_embd_gqa * n_tokens] (V transposed): the V cache rows
     kv_writes: list[Tensor]  # the SET_ROWS (or CPY) nodes storing this batch's K and V
@@ -81,8 +81,10 @@ class _Builder:
     """One batch's graph: the blocks of the module's docstring, one method each."""
 
     def __init__(self, ctx: Context, hp: HParams, w: dict[str, Tensor], kv: KVCache, n_tokens: int, n_past: int,
-                 n_kv: int, flash_attn: bool, set_rows: bool, glu: bool, n_outputs: int | None = None) -> None:
+                 n_kv: int, flash_attn: bool, set_rows: bool, glu: bool, n_outputs: int | None = None,
+                 embeddings: bool = False) -> None:
         self.ctx, self.hp, self.w, self.kv = ctx, hp, w, kv
+        self.embeddings = embeddings
         self.n_tokens, self.n_past, self.n_kv = n_tokens, n_past, n_kv
         self.flash_attn, self.glu = flash_attn, glu
         self.gf = ctx.new_graph(graph_size(hp))
@@ -225,16 +227,18 @@ class _Builder:
         x = ctx.get_rows(self.w["token_embd.weight"], self.tokens).set_name("inp_embd")
         if hp.arch.embd_scale:
             x = ctx.scale(x, _f32(math.sqrt(hp.n_embd))).set_name("inp_scaled")
-        layer_nodes: list[list[Tensor]] = []
+        self.layer_nodes: list[list[Tensor]] = []
         for il in range(hp.n_layer):
             first_tensor = len(ctx.tensors)
             x = self.layer(x, il)
-            layer_nodes.append([t for t in ctx.tensors[first_tensor:] if t.op != GGMLOp.NONE])
+            self.layer_nodes.append([t for t in ctx.tensors[first_tensor:] if t.op != GGMLOp.NONE])
         if self.out_ids is not None:  # the rows of the tokens whose logits are wanted
             x = ctx.get_rows(x, self.out_ids).set_name("out_rows")
         elif last_only and self.n_tokens > 1:
             x = ctx.view_2d(x, hp.n_embd, 1, x.nb[1], (self.n_tokens - 1) * x.nb[1]).set_name("last_token")
         cur = ctx.mul(ctx.rms_norm(x, hp.f_norm_rms_eps), self.w["output_norm.weight"]).set_name("result_norm")
+        if self.embeddings:  # llama.cpp's t_embd: the hidden states the head would read
+            return self._finish(cur)
         head = self.w.get("output.weight", self.w["token_embd.weight"])  # tied embeddings when the file has none
         logits = ctx.mul_mat(head, cur)
         if "output.bias" in self.w:
@@ -242,15 +246,18 @@ class _Builder:
         cap = hp.f_final_logit_softcapping
         if cap:  # cap * tanh(logits / cap)
             logits = ctx.scale(ctx.tanh(ctx.scale(logits, _f32(1.0 / cap))), _f32(cap))
-        logits.set_name("result_output").set_output()
-        self.gf.build_forward_expand(logits)
-        return self.gf, GraphInputs(self.tokens, self.pos, self.mask, logits, self.k_idxs, self.v_idxs, self.writes,
-                                    layer_nodes, self.norms, self.mask_swa, self.out_ids)
+        return self._finish(logits.set_name("result_output"))
+
+    def _finish(self, out: Tensor) -> tuple[Graph, GraphInputs]:
+        out.set_output()
+        self.gf.build_forward_expand(out)
+        return self.gf, GraphInputs(self.tokens, self.pos, self.mask, out, self.k_idxs, self.v_idxs, self.writes,
+                                    self.layer_nodes, self.norms, self.mask_swa, self.out_ids)
 
 
 def build_graph(ctx: Context, hp: HParams, w: dict[str, Tensor], kv: KVCache, n_tokens: int, n_past: int,
                 last_only: bool = False, n_kv: int | None = None, flash_attn: bool = False, set_rows: bool = True,
-                glu: bool = True, n_outputs: int | None = None) -> tuple[Graph, GraphInputs]:
+                glu: bool = True, n_outputs: int | None = None, embeddings: bool = False) -> tuple[Graph, GraphInputs]:
     """The graph of one batch: `n_tokens` tokens at positions n_past.., written to the KV cells the index
     inputs name (n_past.. as `kv.k_idxs` / `kv.v_idxs` give them).
 
@@ -262,6 +269,7 @@ def build_graph(ctx: Context, hp: HParams, w: dict[str, Tensor], kv: KVCache, n_
     default) writes K and V by SET_ROWS through I64 index inputs, `glu` (the default) computes the gated
     activation by GLU, as llama.cpp builds them; `Model` turns either off where a backend lacks the op, and
     the graph then writes K and V by CPY into views at n_past and computes the activation and a MUL.
+    `embeddings`: the output is the output norm's result (`result_norm`, [n_embd, n_outputs]), not the logits.
     """
     if n_kv is None:
         n_kv = n_past + n_tokens
@@ -270,7 +278,8 @@ def build_graph(ctx: Context, hp: HParams, w: dict[str, Tensor], kv: KVCache, n_
                             f"and fit n_ctx {kv.n_ctx}")
     if flash_attn == kv.v_trans:
         raise ArgumentError(f"build_graph: flash_attn={flash_attn} needs a KV cache with v_trans={not flash_attn}")
-    return _Builder(ctx, hp, w, kv, n_tokens, n_past, n_kv, flash_attn, set_rows, glu, n_outputs).build(last_only)
+    return _Builder(ctx, hp, w, kv, n_tokens, n_past, n_kv, flash_attn, set_rows, glu, n_outputs,
+                    embeddings).build(last_only)
 
 
 def graph_size(hp: HParams) -> int:

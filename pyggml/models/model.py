@@ -61,6 +61,7 @@ from pyggml.models.placement import (
     layers_by_counts,
     layers_by_split,
 )
+from pyggml.models.pooling import EMBD_NORMALIZE
 from pyggml.models.runner import Runner, is_host_backend
 
 log = logging.getLogger("pyggml.models")
@@ -73,14 +74,14 @@ FLASH_ATTN_MODES = ("on", "off", "auto")
 # prompt's...): pyggml serve with 4 clients on SmolLM2 went from 1.5x to 2.2x one client's tokens/s with 6 kept
 # instead of 2 (a graph costs ~1.2 MB of metadata, its plans and no compute memory: the buffers are shared)
 KEEP_GRAPHS = 8
-GraphKey = tuple[int, int, int, bool]  # (n_tokens, n_kv, n_outputs, last_only)
+GraphKey = tuple[int, int, int, bool, bool]  # (n_tokens, n_kv, n_outputs, last_only, embeddings)
 
 
 @dataclass
 class Batch:
     """One llama_batch as computed: tokens, their positions and sequences, the KV cells they go to, the cells
     attention reads (n_kv), and whose logits are computed: the last token's (last_only), the rows `out_rows`
-    names, or every token's (neither)."""
+    names, or every token's (neither); with `embeddings` their hidden states (the output norm's result) instead."""
 
     ids: np.ndarray  # I32 [n_tokens]
     pos: np.ndarray  # I32 [n_tokens]
@@ -89,6 +90,7 @@ class Batch:
     n_kv: int
     last_only: bool = False
     out_rows: np.ndarray | None = None  # I32 [n_outputs]
+    embeddings: bool = False
 
     @property
     def n_outputs(self) -> int:
@@ -403,7 +405,8 @@ class Model:
         return self._decode_batch(ids, pos, np.zeros(len(ids), dtype=np.int32), last_only, None)
 
     def _decode_batch(self, ids: np.ndarray, pos: np.ndarray, seq_ids: np.ndarray, last_only: bool,
-                      out_rows: np.ndarray | None, written: list[np.ndarray] | None = None) -> np.ndarray:
+                      out_rows: np.ndarray | None, written: list[np.ndarray] | None = None,
+                      embeddings: bool = False) -> np.ndarray:
         """llama_decode of one batch (at most n_batch tokens): each token's K and V go to a free cell, which
         then holds its position and sequence; logits of the last token (last_only), of `out_rows`, or of all."""
         kv = self.kv
@@ -423,7 +426,7 @@ class Model:
         if written is not None:
             written.append(cells)  # (the caller's rollback of the batches before a failed one)
         try:
-            batch = Batch(ids, pos, seq_ids, cells, self._n_kv(kv.used_end()), last_only, out_rows)
+            batch = Batch(ids, pos, seq_ids, cells, self._n_kv(kv.used_end()), last_only, out_rows, embeddings)
             logits = self._compute(batch)
         except BaseException:
             kv.free_cells(cells)  # a failed batch adds nothing to the cache
@@ -433,7 +436,7 @@ class Model:
     def _compute(self, batch: Batch) -> np.ndarray:
         """The batch's graph (kept, taken up again or built) computed; its logits, checked."""
         n_tokens, n_kv = len(batch.ids), batch.n_kv
-        key = (n_tokens, n_kv, batch.n_outputs, batch.last_only)
+        key = (n_tokens, n_kv, batch.n_outputs, batch.last_only, batch.embeddings)
         kept = self._graphs.get(key) if self.reuse_graphs else None
         if kept is not None:
             inp = kept[1]
@@ -463,7 +466,8 @@ class Model:
                 raise
             self._graphs[key] = (ctx, inp, gf)
             self._last_key = key
-        logits = tensor_get_numpy(inp.logits).reshape(-1, self.hparams.n_vocab)
+        logits = tensor_get_numpy(inp.logits).reshape(-1, self.hparams.n_embd if batch.embeddings
+                                                      else self.hparams.n_vocab)
         # one pass over the logits (n_vocab floats a token): NaN or inf anywhere upstream reaches them
         if self.check_finite and not np.isfinite(logits).all():
             raise self._non_finite_error(batch, logits)
@@ -472,7 +476,8 @@ class Model:
     def _build(self, ctx: Context, batch: Batch) -> tuple[Graph, GraphInputs]:
         return build_graph(ctx, self.hparams, self.w, self.kv, len(batch.ids), int(batch.cells.min()),
                            batch.last_only, n_kv=batch.n_kv,
-                           n_outputs=None if batch.out_rows is None else len(batch.out_rows), **self._graph_kw)
+                           n_outputs=None if batch.out_rows is None else len(batch.out_rows),
+                           embeddings=batch.embeddings, **self._graph_kw)
 
     def _pins(self, inp: GraphInputs) -> list[tuple[Any, Backend]]:
         """Each layer's norms on the layer's backend (llama.cpp's graph callback pins "norm" likewise)."""
@@ -721,12 +726,14 @@ class Model:
 
     def decode(self, tokens: Sequence[int] | np.ndarray, seq_ids: Sequence[int] | np.ndarray | int = 0,
                positions: Sequence[int] | np.ndarray | None = None,
-               outputs: Sequence[bool] | np.ndarray | None = None) -> np.ndarray:
+               outputs: Sequence[bool] | np.ndarray | None = None, embeddings: bool = False) -> np.ndarray:
         """llama_decode: evaluate `tokens`, each of sequence `seq_ids` (one id for all, or one per token), at
         `positions` (default: each sequence goes on after its last position in the cache, in batch order).
         The sequences share the KV cache's cells; a token sees its own sequence's earlier positions only.
         Returns the logits of the tokens `outputs` marks (default: the last token of each sequence in the
-        batch), in batch order: (n_outputs, n_vocab). Batches longer than n_batch are computed in pieces."""
+        batch), in batch order: (n_outputs, n_vocab); with `embeddings` their hidden states instead, the output
+        norm's result (llama.cpp's embeddings with pooling none): (n_outputs, n_embd). Batches longer than
+        n_batch are computed in pieces."""
         ids = self._check_ids(tokens)
         n = len(ids)
         if n == 0:
@@ -762,7 +769,7 @@ class Model:
                 rows = np.flatnonzero(wanted[part]).astype(np.int32)
                 # a piece without outputs computes its last token's logits (never empty), unused
                 logits = self._decode_batch(ids[part], pos[part], seqs[part], len(rows) == 0,
-                                            None if len(rows) in (0, len(ids[part])) else rows, written)
+                                            None if len(rows) in (0, len(ids[part])) else rows, written, embeddings)
                 if len(rows):
                     done.append(logits)
         except BaseException:
@@ -770,8 +777,58 @@ class Model:
                 self.kv.free_cells(cells)
             raise
         if not done:
-            return np.zeros((0, self.hparams.n_vocab), dtype=np.float32)
+            return np.zeros((0, self.hparams.n_embd if embeddings else self.hparams.n_vocab), dtype=np.float32)
         return np.concatenate(done, axis=0)
+
+    def embed(self, inputs: str | Sequence[int] | Sequence[str | Sequence[int]], pooling: str | None = None,
+              embd_normalize: int = EMBD_NORMALIZE) -> np.ndarray | list[np.ndarray]:
+        """Embeddings of a text (or token ids), or of a list of them, as llama-embedding computes them: each input
+        tokenized as llama.cpp's tools tokenize a prompt, evaluated alone in a sequence of the KV cache that no
+        other holds (removed after: the cache's other contents stay), its hidden states (`decode(...,
+        embeddings=True)`) pooled by `pooling` ("none", "mean", "cls", "last"; default the file's,
+        `pooling_type`) and normalized (`pooling.normalize`; llama.cpp leaves "none" unnormalized only in
+        llama-server). One input gives (n_embd,) ((n_tokens, n_embd) for "none"); a list gives one such array per
+        input, stacked when pooled: (n_inputs, n_embd)."""
+        from pyggml.models.pooling import check_pooling, normalize, pool
+
+        mode = check_pooling(pooling if pooling is not None else self.pooling_type)
+        single = isinstance(inputs, str) or (len(inputs) > 0 and all(isinstance(t, int | np.integer)
+                                                                     and not isinstance(t, bool) for t in inputs))
+        items: list[Any] = [inputs] if single else list(inputs)
+        if not items:
+            raise ArgumentError("embed: no inputs given")
+        out = []
+        for item in items:
+            ids = self.tokenize(item) if isinstance(item, str) else [int(t) for t in item]
+            if not ids:
+                raise ArgumentError("embed: an input has no tokens")
+            seq = self._spare_seq()
+            try:
+                hidden = self.decode(ids, seq, positions=np.arange(len(ids)), outputs=np.ones(len(ids), dtype=bool),
+                                     embeddings=True)
+            finally:
+                self.kv.seq_rm(seq)
+            out.append(normalize(pool(hidden, mode), embd_normalize))
+        if single:
+            return out[0]
+        return np.stack(out) if mode != "none" else out
+
+    @property
+    def pooling_type(self) -> str:
+        """The pooling the file names (`<arch>.pooling_type`: "none", "mean", "cls", "last", "rank"), "none"
+        without one, as llama.cpp."""
+        from pyggml.models.pooling import file_pooling
+
+        return file_pooling(self.file, self.hparams.arch.name)
+
+    def _spare_seq(self) -> int:
+        """The highest sequence id that holds no cell of the KV cache (ArgumentError when every one does)."""
+        from pyggml.models.kv_cache import N_SEQ_MAX
+
+        for seq in range(N_SEQ_MAX - 1, -1, -1):
+            if self.kv.seq_pos_max(seq) < 0:
+                return seq
+        raise ArgumentError(f"embed: all {N_SEQ_MAX} sequences of the KV cache hold tokens: none is free")
 
     def seq_rm(self, seq_id: int, p0: int = 0, p1: int = -1) -> None:
         """Remove sequence `seq_id`'s positions [p0, p1) from the KV cache (p1 < 0: to the end)."""

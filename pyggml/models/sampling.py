@@ -1,11 +1,13 @@
 """`Sampler`: the next token from a row of logits, in llama.cpp's order (common/sampling.cpp).
 
-1. repetition penalty over the last `repeat_last_n` tokens of the history
+1. logit bias (llama_sampler_init_logit_bias: added to the token's logit; -inf bans it),
+2. repetition penalty over the last `repeat_last_n` tokens of the history
    (llama_sample_repetition_penalties: a positive logit is divided by the penalty, a negative one
    multiplied, so a penalty > 1 always makes the token less likely; then the frequency and presence
    penalties are subtracted),
-2. temperature <= 0: greedy, the argmax of the penalized logits,
-3. else top-k, top-p, min-p, temperature (sampler_queue's default order), then one draw from the
+3. the grammar's mask: the tokens it does not allow next are -inf (`pyggml.models.grammar`),
+4. temperature <= 0: greedy, the argmax of what steps 1-3 left (`distribution`),
+5. else top-k, top-p, min-p, temperature (sampler_queue's default order), then one draw from the
    softmax of what is left, with a numpy Generator (seeded: the same seed gives the same tokens).
 
     sampler = Sampler(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=42)
@@ -15,7 +17,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -33,13 +36,16 @@ HEAD_FIRST = 256  # the first head of the vocabulary sorted for top-p / min-p wi
 
 def _sorted_ids(logits: np.ndarray, k: int) -> np.ndarray:
     """The ids of the k highest logits, highest first, ties by id: np.argsort(-logits, kind="stable")[:k],
-    without sorting the rest."""
+    without sorting the rest; fewer than k where fewer are above -inf (banned or masked)."""
     n = logits.shape[0]
     if k >= n:
         return np.argsort(-logits, kind="stable")
     if k <= 0:
         return np.zeros(0, np.int64)
     kth = np.partition(logits, n - k)[n - k]  # the k-th largest
+    if kth == -np.inf:  # fewer than k tokens left by a mask or a ban: those, never the banned ones
+        ids = np.flatnonzero(logits > -np.inf)
+        return ids[np.argsort(-logits[ids], kind="stable")]
     ids = np.flatnonzero(logits >= kth)  # ties with it included, in id order for the stable sort
     if len(ids) < k:  # NaN logits (never >=): the full sort puts them last
         return np.argsort(-logits, kind="stable")[:k]
@@ -52,12 +58,15 @@ class Sampler:
     temperature: <= 0 means greedy; top_k: 0 keeps every token; top_p: 1.0 disables;
     min_p: 0.0 disables; repeat_penalty: 1.0 disables; repeat_last_n: 0 disables, -1 uses the
     whole history; frequency_penalty/presence_penalty: 0.0 disables; min_keep: the candidates
-    top-k/top-p/min-p always keep.
+    top-k/top-p/min-p always keep; logit_bias: {token id: bias} added to the logits (-inf bans a token);
+    grammar: a sequence's `GrammarMatcher` (pyggml.models.grammar), or anything with its `allowed(n_vocab)`,
+    `accept(token)` and `reset()`: only the tokens it allows are sampled, and `sample` tells it each one.
     """
 
     def __init__(self, temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
                  repeat_penalty: float = 1.1, repeat_last_n: int = 64, seed: int | None = None, *,
-                 frequency_penalty: float = 0.0, presence_penalty: float = 0.0, min_keep: int = 1) -> None:
+                 frequency_penalty: float = 0.0, presence_penalty: float = 0.0, min_keep: int = 1,
+                 logit_bias: Mapping[int, float] | None = None, grammar: Any = None) -> None:
         self.temperature = _float_arg("temperature", temperature)
         self.top_k = _int_arg("top_k", top_k, 0)
         self.top_p = _float_arg("top_p", top_p)
@@ -77,6 +86,8 @@ class Sampler:
             seed = _int_arg("seed", seed, 0)
         self.seed = seed
         self.rng = np.random.default_rng(seed)
+        self.bias_ids, self.bias_values = _bias_arrays(logit_bias or {})
+        self.grammar = grammar
 
     def reset(self, seed: int | None = None) -> None:
         """Restart the random generator (from `seed`, else from the sampler's own seed)."""
@@ -157,20 +168,35 @@ class Sampler:
         while True:
             ids = _sorted_ids(logits, min(m, n_vocab))
             cur = wide[ids]
-            if len(ids) == n_vocab:
-                return ids, cur, total
+            if len(ids) == n_vocab or len(ids) < m:
+                return ids, cur, total  # the whole vocabulary, or every token a mask or a ban left
             if self.top_p < 1.0 and len(ids) >= self.min_keep and np.exp(cur - top).sum() / total >= self.top_p:
                 return ids, cur, total  # top-p cuts inside
             if self.min_p > 0.0 and not self._min_p_keeps(cur)[-1]:
                 return ids, cur, total  # min-p cuts inside: it drops the head's last token and all after it
             m *= 8
 
-    def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
-        """The next token id from `logits` (n_vocab,) given the tokens so far (`history`)."""
+    def distribution(self, logits: np.ndarray, history: Sequence[int] = ()) -> np.ndarray:
+        """The logits the next token is drawn from (a new float32 array): `logits` (n_vocab,) with the logit
+        bias, the penalties of `history` and the grammar's mask (-inf) applied, before top-k, top-p, min-p
+        and temperature. Their log-softmax is what llama-server reports as the token's probabilities."""
         logits = np.asarray(logits)
         if logits.ndim != 1 or logits.shape[0] == 0:
             raise ArgumentError(f"logits must be one row (n_vocab,), got shape {tuple(logits.shape)}")
+        if self.bias_ids.size:
+            if int(self.bias_ids[-1]) >= logits.shape[0]:
+                raise ArgumentError(f"logit_bias names token id {int(self.bias_ids[-1])}, out of the vocabulary "
+                                    f"(n_vocab {logits.shape[0]})")
+            logits = logits.astype(np.float32, copy=True)
+            logits[self.bias_ids] += self.bias_values
         cur = self.apply_penalties(logits, history)
+        if self.grammar is not None:
+            cur[~self.grammar.allowed(cur.shape[0])] = -np.inf
+        return cur
+
+    def pick(self, cur: np.ndarray) -> int:
+        """The token drawn from `distribution`'s logits: their argmax when greedy, else one draw from what
+        top-k, top-p and min-p keep, after temperature."""
         if self.temperature <= 0.0:
             return int(np.argmax(cur))  # llama_sample_token_greedy
         ids, probs = self.candidates(cur)
@@ -180,10 +206,35 @@ class Sampler:
         i = min(int(np.searchsorted(cum, u, side="right")), len(ids) - 1)
         return int(ids[i])
 
+    def accept(self, token: int) -> None:
+        """Tell the grammar (if any) the token taken."""
+        if self.grammar is not None:
+            self.grammar.accept(token)
+
+    def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
+        """The next token id from `logits` (n_vocab,) given the tokens so far (`history`); the grammar
+        follows it."""
+        tok = self.pick(self.distribution(logits, history))
+        self.accept(tok)
+        return tok
+
     def __repr__(self) -> str:
         return (f"Sampler(temperature={self.temperature}, top_k={self.top_k}, top_p={self.top_p}, "
                 f"min_p={self.min_p}, repeat_penalty={self.repeat_penalty}, repeat_last_n={self.repeat_last_n}, "
                 f"seed={self.seed})")
+
+
+def _bias_arrays(bias: Mapping[int, float]) -> tuple[np.ndarray, np.ndarray]:
+    """The logit bias as sorted ids and their float32 biases (finite, or -inf: banned)."""
+    ids = []
+    for token, value in bias.items():
+        ids.append(_int_arg("logit_bias token id", token, 0))
+        v = float(value)
+        if math.isnan(v) or v == math.inf:
+            raise ArgumentError(f"logit_bias of token {token} must be a number or -inf, got {value!r}")
+    order = np.argsort(np.asarray(ids, dtype=np.int64), kind="stable")
+    values = np.asarray([float(v) for v in bias.values()], dtype=np.float32)
+    return np.asarray(ids, dtype=np.int64)[order], values[order]
 
 
 def _float_arg(name: str, value: float) -> float:

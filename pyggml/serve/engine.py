@@ -4,14 +4,19 @@ As llama-server's `server_context`: each slot owns one KV-cache sequence id (the
 slots share the model's `n_ctx` cells, `n_ctx // n_slots` each); requests wait
 in a FIFO queue for a free slot; each step is one `Model.decode` batch holding
 the prompts of newly admitted requests and the last sampled token of every
-generating slot, then one token is sampled per slot with that slot's sampler.
+generating slot, then one token is sampled per slot with that slot's sampler
+(its grammar's mask and logit bias its own: constrained and free requests share
+a batch), with the token's log-probabilities when the request asks (`n_probs`).
 A slot keeps its tokens in the cache after its request ends, so a new request
 whose prompt starts with them evaluates only the rest (llama-server's
-`cache_prompt`) when both come from the same cache namespace (the app's: one
-per API key): a client never reuses, nor learns of, another's cached prompt.
+`cache_prompt`; a request may refuse it) when both come from the same cache
+namespace (the app's: one per API key): a client never reuses, nor learns of,
+another's cached prompt.
 Only this thread touches the model: results go back through each request's
 `sink`, a callable the caller makes thread-safe (the ASGI app hands them to
-its event loop with `call_soon_threadsafe`).
+its event loop with `call_soon_threadsafe`). An embedding request (`pooling`
+set) takes a slot too; its prompt is evaluated for its hidden states in a batch
+of embedding requests only (as llama-server batches a task type with its own).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import numpy as np
 
 from pyggml.core.errors import ArgumentError, GGMLError
 from pyggml.models.model import KEEP_GRAPHS
+from pyggml.models.pooling import EMBD_NORMALIZE, normalize, pool
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +51,22 @@ class EngineStoppedError(ServeError):
 
 
 @dataclass
+class TokenProb:
+    """A sampled token's log-probability, and the `top` most likely tokens with theirs (most likely first), in
+    the distribution it was drawn from (`Sampler.distribution`: after the logit bias, the penalties and the
+    grammar's mask, before top-k, top-p, min-p and temperature; llama-server's `n_probs`)."""
+
+    token: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+@dataclass
 class Event:
     """What the engine tells a request's sink: `text` (a piece of the answer), `done` (finish_reason
-    "stop", "length" or "cancelled", with the token counts) or `error` (message)."""
+    "stop", "length" or "cancelled", with the token counts; an embedding request's vector in `embedding`) or
+    `error` (message). With `n_probs`, `probs` holds the entries of the tokens whose text starts in the piece
+    (`done`: of those whose text never showed)."""
 
     kind: str
     text: str = ""
@@ -56,13 +75,19 @@ class Event:
     completion_tokens: int = 0
     cached_tokens: int = 0
     message: str = ""
+    embedding: Any = None
+    probs: list[TokenProb] = field(default_factory=list)
 
 
 @dataclass
 class GenRequest:
-    """One generation: prompt token ids, at most `max_tokens` new ones, `sampler` (None: greedy argmax),
-    `stop` strings (the answer ends before the first one), end-of-generation ids (not part of the answer);
-    `namespace`: the requests whose cached prompts it may reuse (the same namespace's only)."""
+    """One generation: prompt token ids, at most `max_tokens` new ones, `sampler` (None: greedy argmax; a
+    `Sampler` with a grammar ends the answer when the grammar is complete), `stop` strings (the answer ends
+    before the first one), end-of-generation ids (not part of the answer); `namespace`: the requests whose
+    cached prompts it may reuse (the same namespace's only); `cache_prompt` False: none (llama-server's field);
+    `n_probs`: each token's log-probability and the n most likely ones' (`TokenProb`; None: none). With
+    `pooling` ("none", "mean", "cls", "last") the request asks for the prompt's embedding instead, normalized
+    by `embd_normalize` (`pyggml.models.pooling`); `info`: what /slots shows of it (its sampling settings)."""
 
     prompt: list[int]
     max_tokens: int
@@ -71,7 +96,12 @@ class GenRequest:
     eog_ids: frozenset[int] = frozenset()
     sink: Callable[[Event], None] = lambda e: None
     namespace: str = ""
+    cache_prompt: bool = True
+    n_probs: int | None = None
     cancelled: threading.Event = field(default_factory=threading.Event)
+    pooling: str | None = None
+    embd_normalize: int = EMBD_NORMALIZE
+    info: dict[str, Any] = field(default_factory=dict)
 
     def cancel(self) -> None:
         """Thread-safe: the engine frees the request's slot (or drops it from the queue) at its next step."""
@@ -91,7 +121,11 @@ class _Slot:
         self.decoder: Any = None
         self.text = ""  # the answer's text so far (all of it: stop strings may span pieces)
         self.sent = 0  # how much of `text` went to the sink
+        self.probs: list[tuple[int, TokenProb]] = []  # the entries not sent yet, with where their text starts
         self.last_used = 0.0
+        self.task = -1  # the number of the request it holds (or held last)
+        self.t_start = 0.0  # when the request took the slot
+        self.t_prompt = 0.0  # when its prompt was evaluated (0: not yet)
 
 
 class Engine:
@@ -125,6 +159,17 @@ class Engine:
         self.n_prompt_reused = 0
         self.decode_seconds = 0.0  # wall time inside Model.decode (a step's batch), all steps
         self.decode_tokens = 0  # the tokens of those batches
+        # llama-server's metrics: prompt tokens evaluated (the cached ones apart) and the slots' seconds on them,
+        # tokens generated and the seconds from a prompt's end to the request's, the largest prompt + answer, the
+        # busy slots summed over decode steps
+        self.n_tasks = 0
+        self.prompt_tokens = 0
+        self.prompt_tokens_cached = 0
+        self.prompt_seconds = 0.0
+        self.predicted_tokens = 0
+        self.predicted_seconds = 0.0
+        self.n_tokens_max = 0
+        self.busy_slot_steps = 0
         # the batches of n_slots slots come in more shapes than one sequence's (1..n_slots decoding, prompts
         # beside them): keep enough graphs that none is built again (a build costs ~150 ms on SmolLM2)
         if hasattr(model, "set_keep_graphs"):
@@ -214,16 +259,23 @@ class Engine:
                 req = self.queue.popleft()
             best, best_n = None, -1
             for s in free:
-                n = _common_prefix(s.cached, req.prompt) if s.namespace == req.namespace else 0
+                same = s.namespace == req.namespace and req.cache_prompt
+                n = _common_prefix(s.cached, req.prompt) if same else 0
                 if n > best_n or (n == best_n and best is not None and s.last_used < best.last_used):
                     best, best_n = s, n
             assert best is not None
             keep = min(best_n, len(req.prompt) - 1)  # the last prompt token is evaluated again: its logits
+            if req.pooling is not None:  # every token's hidden state is wanted: nothing of the cache is reused
+                keep = 0
             self.model.seq_rm(best.id, keep, -1)
             best.cached = best.cached[:keep]
             if keep:
                 self.n_prompt_reused += 1
             best.req = req
+            best.task = self.n_tasks
+            self.n_tasks += 1
+            best.t_start = time.perf_counter()
+            best.t_prompt = 0.0
             best.namespace = req.namespace
             best.pending = req.prompt[keep:]
             best.history = list(req.prompt)
@@ -232,6 +284,7 @@ class Engine:
             best.decoder = self.model.tokenizer.stream_decoder()
             best.text = ""
             best.sent = 0
+            best.probs = []
 
     def _step(self) -> None:
         for s in self.slots:  # cancelled requests free their slots first (cells, then the slot: a slot seen
@@ -243,6 +296,10 @@ class Engine:
         # the generating slots' next tokens first, then prompts up to the batch budget: a long prompt is
         # evaluated over several steps (as llama-server's n_batch) instead of stalling every other slot
         busy = [s for s in self.slots if s.req is not None and s.pending]
+        embedding = [s for s in busy if s.req is not None and s.req.pooling is not None]
+        if embedding:
+            self._embed(embedding)
+            busy = [s for s in busy if s not in embedding]
         if not busy:
             return
         budget = max(self.max_batch, sum(len(s.pending) == 1 for s in busy))
@@ -261,23 +318,78 @@ class Engine:
         self.decode_seconds += time.perf_counter() - t0
         self.decode_tokens += len(tokens)
         self.n_steps += 1
+        self.busy_slot_steps += self.busy_slots()
         for row, (s, k) in enumerate(active):
             s.cached.extend(s.pending[:k])
             s.pending = s.pending[k:]
             if not s.pending:  # a prompt evaluated in part samples nothing yet
-                self._sample(s, logits[row])
+                try:
+                    self._sample(s, logits[row])
+                except GGMLError as e:  # this request's sampler or grammar: the others go on
+                    self._finish(s, error=f"{type(e).__name__}: {e}")
+
+    def _embed(self, slots: list[_Slot]) -> None:
+        """Evaluate the prompts of embedding requests in one batch of hidden states; each gets its pooled,
+        normalized vector (`pyggml.models.pooling`) and its slot is free again, its prompt cached."""
+        tokens = np.concatenate([np.asarray(s.pending, dtype=np.int64) for s in slots])
+        seqs = np.repeat(np.asarray([s.id for s in slots], dtype=np.int64), [len(s.pending) for s in slots])
+        pos = np.concatenate([np.arange(len(s.cached), len(s.cached) + len(s.pending)) for s in slots])
+        t0 = time.perf_counter()
+        hidden = self.model.decode(tokens, seqs, positions=pos, outputs=np.ones(len(tokens), dtype=bool),
+                                   embeddings=True)
+        self.decode_seconds += time.perf_counter() - t0
+        self.decode_tokens += len(tokens)
+        self.n_steps += 1
+        self.busy_slot_steps += self.busy_slots()
+        start = 0
+        for s in slots:
+            req = s.req
+            assert req is not None and req.pooling is not None
+            rows = hidden[start:start + len(s.pending)]
+            start += len(s.pending)
+            s.cached.extend(s.pending)
+            s.pending = []
+            vector = pool(rows, req.pooling)
+            if req.pooling != "none":  # llama-server leaves the per-token vectors as they are
+                vector = normalize(vector, req.embd_normalize)
+            self._prompt_done(s)
+            self._finish(s, reason="stop", embedding=vector)
+
+    def _prompt_done(self, s: _Slot) -> None:
+        req = s.req
+        assert req is not None
+        s.t_prompt = time.perf_counter()
+        self.prompt_tokens += len(req.prompt) - s.n_cached_prompt
+        self.prompt_tokens_cached += s.n_cached_prompt
+        self.prompt_seconds += s.t_prompt - s.t_start
 
     def _sample(self, s: _Slot, logits: np.ndarray) -> None:
         req = s.req
         assert req is not None
-        tok = int(np.argmax(logits)) if req.sampler is None else int(req.sampler.sample(logits, s.history))
+        if not s.t_prompt:
+            self._prompt_done(s)
+        sampler = req.sampler
+        if sampler is None:
+            cur, tok = logits, int(np.argmax(logits))
+        else:
+            cur = sampler.distribution(logits, s.history)  # the mask per sequence: slots differ in one batch
+            tok = sampler.pick(cur)
+            sampler.accept(tok)
         s.history.append(tok)
         if tok in req.eog_ids:  # not part of the answer, nor of its token count
             self._finish(s, reason="stop")
             return
         s.n_gen += 1
+        if req.n_probs is not None:
+            s.probs.append((len(s.text), token_prob(cur, tok, req.n_probs)))
         s.text += s.decoder.add(tok)
         if self._check_stop(s, final=False):
+            return
+        grammar = getattr(sampler, "grammar", None)
+        if grammar is not None and grammar.done:  # only an end-of-generation token could follow
+            s.text += s.decoder.flush()
+            if not self._check_stop(s, final=True):
+                self._finish(s, reason="stop")
             return
         if s.n_gen >= req.max_tokens or len(s.cached) + 1 >= self.slot_ctx:
             s.text += s.decoder.flush()
@@ -296,6 +408,7 @@ class Engine:
             hits = [i for i in (s.text.find(x, start) for x in req.stop if x) if i >= 0]
             if hits:
                 s.text = s.text[:min(hits)]
+                s.probs = [(at, p) for at, p in s.probs if at < len(s.text)]  # the tokens of the stop string go
                 self._send(s, len(s.text))
                 self._finish(s, reason="stop")
                 return True
@@ -305,10 +418,12 @@ class Engine:
 
     def _send(self, s: _Slot, end: int) -> None:
         if end > s.sent and s.req is not None:
-            s.req.sink(Event("text", text=s.text[s.sent:end]))
+            n = next((i for i, (at, _) in enumerate(s.probs) if at >= end), len(s.probs))
+            s.req.sink(Event("text", text=s.text[s.sent:end], probs=[p for _, p in s.probs[:n]]))
+            del s.probs[:n]
             s.sent = end
 
-    def _finish(self, s: _Slot, reason: str = "", error: str = "") -> None:
+    def _finish(self, s: _Slot, reason: str = "", error: str = "", embedding: Any = None) -> None:
         req = s.req
         if req is None:
             return
@@ -316,11 +431,30 @@ class Engine:
         s.pending = []
         s.last_used = time.monotonic()
         self.n_done += 1
+        if s.t_prompt:
+            self.predicted_tokens += s.n_gen
+            self.predicted_seconds += time.perf_counter() - s.t_prompt
+            self.n_tokens_max = max(self.n_tokens_max, len(req.prompt) + s.n_gen)
         if error:
             req.sink(Event("error", message=error))
         else:
             req.sink(Event("done", finish_reason=reason, prompt_tokens=len(req.prompt), completion_tokens=s.n_gen,
-                           cached_tokens=s.n_cached_prompt))
+                           cached_tokens=s.n_cached_prompt, embedding=embedding, probs=[p for _, p in s.probs]))
+        s.probs = []
+
+
+def token_prob(logits: np.ndarray, token: int, n_top: int) -> TokenProb:
+    """`token`'s log-softmax in `logits` and the `n_top` highest (ties by id; tokens at -inf are not listed)."""
+    wide = logits.astype(np.float64)
+    top = wide.max()
+    lse = top + np.log(np.exp(wide - top).sum())
+    best: list[tuple[int, float]] = []
+    if n_top > 0:
+        k = min(n_top, wide.shape[0])
+        ids = np.argpartition(-wide, k - 1)[:k] if k < wide.shape[0] else np.arange(wide.shape[0])
+        ids = ids[np.lexsort((ids, -wide[ids]))]
+        best = [(int(i), float(wide[i] - lse)) for i in ids if wide[i] > -np.inf]
+    return TokenProb(token, float(wide[token] - lse), best)
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "BINDINGS_PRELUDE",
     "DEFAULT_TARGETS",
     "models_dir",
     "source_file",
@@ -85,7 +86,8 @@ SDIST_NAME = "llama-cpp-python"
 SDIST_VERSION = "0.3.36"
 LLAMA_CPP_COMMIT = "0c1e570"  # what the sdist's vendor/llama.cpp is (its CHANGELOG and .git say so)
 
-# What the oracle tests use: the text peers, token ids, logits, quantized variants, speed and RPC peers.
+# What the oracle tests use: the text peers, token ids, logits, quantized variants, speed and RPC peers,
+# embeddings.
 DEFAULT_TARGETS: tuple[str, ...] = (
     "llama-completion",
     "llama-simple",
@@ -94,6 +96,7 @@ DEFAULT_TARGETS: tuple[str, ...] = (
     "llama-quantize",
     "llama-bench",
     "ggml-rpc-server",
+    "llama-embedding",
 )
 
 # The shared libraries of ggml that pyggml.testing.ggml_c loads with ctypes (libggml-base.so, libggml-cpu.so).
@@ -173,6 +176,20 @@ def paths(cache: str | os.PathLike[str] | None = None) -> Paths:
     return Paths(root=root, src=src, sdist=sdist, llama_cpp=sdist / "vendor" / "llama.cpp", build=build_dir,
                  bin=build_dir / "bin", stamp=build_dir / "pyggml-build.json", lock=root / "build.lock",
                  log=build_dir / "pyggml-build.log")
+
+
+# the start of a script (run as `python -c SCRIPT SDIST ...`) that imports the sdist's `llama_cpp` ctypes bindings
+# as `ll`, without the package's high-level imports; LLAMA_CPP_LIB_PATH in its environment names libllama's folder
+BINDINGS_PRELUDE = r"""
+import ctypes, importlib, json, sys, types
+import numpy as np
+sdist = sys.argv[1]
+pkg = types.ModuleType("llama_cpp")
+pkg.__path__ = [sdist + "/llama_cpp"]
+sys.modules["llama_cpp"] = pkg
+ll = importlib.import_module("llama_cpp.llama_cpp")
+ll.llama_backend_init()
+"""
 
 
 # --- the machine ---

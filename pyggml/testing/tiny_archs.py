@@ -189,15 +189,8 @@ def convert(jobs: list[tuple[Checkpoint, Path, str]]) -> None:
 
 # --- llama.cpp's logits through its ctypes bindings, in a subprocess ---
 
-_LOGITS = r"""
-import ctypes, importlib, json, sys, types
-import numpy as np
-sdist, jobs = sys.argv[1], json.loads(sys.argv[2])
-pkg = types.ModuleType("llama_cpp")  # the bindings alone, without the package's high-level imports
-pkg.__path__ = [sdist + "/llama_cpp"]
-sys.modules["llama_cpp"] = pkg
-ll = importlib.import_module("llama_cpp.llama_cpp")
-ll.llama_backend_init()
+_LOGITS = llamacpp.BINDINGS_PRELUDE + r"""
+jobs = json.loads(sys.argv[2])
 for path, ids, out, n_ctx in jobs:
     mp = ll.llama_model_default_params()
     model = ll.llama_model_load_from_file(path.encode(), mp)

@@ -39,11 +39,14 @@ def free_port() -> int:
 
 def start_server(n_slots: int, n_ctx: int, api_key: str | list[str] | None = None, step_delay: float = 0.0,
                  max_body: int | None = None, model_path: Any = None, header_timeout: float = HEADER_TIMEOUT,
-                 max_connections: int = MAX_CONNECTIONS, **app_options: Any) -> Iterator[Running]:
-    """The server as `pyggml serve` runs it (its uvicorn protocol and limits); `app_options` go to create_app."""
+                 max_connections: int = MAX_CONNECTIONS, load_options: dict[str, Any] | None = None,
+                 **app_options: Any) -> Iterator[Running]:
+    """The server as `pyggml serve` runs it (its uvicorn protocol and limits); `load_options` go to pyggml.models.load
+    (batch_invariant, ...), `app_options` to create_app."""
     # one CPU thread: the clients share the process (and 2 cores); kernel threads spinning for each other
     # while the clients want the CPU make the time swing
-    model = pm.load(model_path or builtin_model_path(), n_ctx=n_ctx, progress=False, n_threads=1)
+    model = pm.load(model_path or builtin_model_path(), n_ctx=n_ctx, progress=False, n_threads=1,
+                    **(load_options or {}))
     engine = Engine(model, n_slots=n_slots, step_delay=step_delay).start()
     kwargs = {} if max_body is None else {"max_body": max_body}
     app = create_app(engine, api_key=api_key, **kwargs, **app_options)

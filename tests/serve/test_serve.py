@@ -139,9 +139,23 @@ def test_concurrent_clients_get_their_own_answers(client: openai.OpenAI, referen
     assert got == want
 
 
-def test_unused_fields_are_accepted(client: openai.OpenAI) -> None:
+def test_hints_are_accepted_and_unimplemented_fields_refused_by_name(client: openai.OpenAI) -> None:
+    """OpenAI's hints (user, metadata, store, ...) change no answer and are accepted; a field pyggml does not
+    implement is a 400 naming it, never silently ignored."""
     r = client.chat.completions.create(
         model="whatever", messages=[{"role": "user", "content": [{"type": "text", "text": "Hi"}]}], max_tokens=3,
-        temperature=0, logit_bias={"5": 1}, user="me", tools=[{"type": "function", "function": {"name": "f"}}],
-        n=1, parallel_tool_calls=False, response_format={"type": "text"})
+        temperature=0, user="me", metadata={"k": "v"}, store=False, service_tier="auto", prompt_cache_key="c",
+        safety_identifier="s", n=1, response_format={"type": "text"}, stream_options=None)
     assert r.choices[0].finish_reason in ("stop", "length") and r.usage.completion_tokens <= 3
+    refused = {"functions": [{"name": "f"}], "audio": {"voice": "alloy", "format": "wav"}, "modalities": ["text"],
+               "prediction": {"type": "content", "content": "x"}, "typical_p": 0.5, "mirostat": 2,
+               "dry_multiplier": 0.8}
+    for name, value in refused.items():
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=2,
+                                           extra_body={name: value})
+        assert e.value.body["param"] == name and name in e.value.body["message"], name
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="m", prompt="Hi", max_tokens=2, stream=True,
+                                  stream_options={"include_usage": True, "continuous_usage_stats": True})
+    assert e.value.body["param"] == "stream_options.continuous_usage_stats"

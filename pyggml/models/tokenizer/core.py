@@ -338,19 +338,21 @@ class Tokenizer:
     # --- encode ---
 
     def encode(self, text: str, add_special: bool = True, parse_special: bool = False, *,
-               add_bos: bool | None = None) -> list[int]:
+               add_bos: bool | None = None, space_prefix: bool = True) -> list[int]:
         """Token ids of `text` (llama_tokenize).
 
         `add_special`: BOS first and EOS last when the vocab adds them (`add_bos_token`,
         `add_eos_token`: the file's flags, else llama.cpp's defaults). `add_bos` is the older name.
         `parse_special`: control tokens written in the text ("<|im_start|>") become their ids;
         otherwise they are tokenized as text (user-defined tokens are recognized either way).
+        `space_prefix` False: no SentencePiece prefix space before the text (a text that goes on other text).
         """
         if add_bos is not None:
             add_special = add_bos
-        return self.encode_parts([(text, parse_special)], add_special)
+        return self.encode_parts([(text, parse_special)], add_special, space_prefix=space_prefix)
 
-    def encode_parts(self, parts: Sequence[tuple[str, bool]], add_special: bool = True) -> list[int]:
+    def encode_parts(self, parts: Sequence[tuple[str, bool]], add_special: bool = True, *,
+                     space_prefix: bool = True) -> list[int]:
         """Token ids of the texts of `parts` joined, each (text, parse_special) part's control tokens parsed
         or left as text by its own flag: a chat template's text with its "<|im_start|>" parsed beside message
         contents whose "<|im_end|>" stays text. Text across parts is tokenized as one text (the parts' plain
@@ -361,7 +363,7 @@ class Tokenizer:
             out.append(self.bos_id)  # type: ignore[arg-type]
         fragments = _joined(partition(text, self.special_tokens, parse) for text, parse in parts if text)
         if self.vocab_type == "spm":
-            prev_special = True  # the first piece gets the prefix space, and each piece after a special token
+            prev_special = space_prefix  # the first piece gets the prefix space, and each piece after a special token
             for frag in fragments:
                 if isinstance(frag, int):
                     out.append(frag)
