@@ -28,6 +28,7 @@ from pyggml.core.errors import ArgumentError, ArgumentTypeError
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import Tensor
 from pyggml.sched.backend_sched import GGML_SCHED_MAX_BACKENDS, GGML_SCHED_MAX_COPIES, BackendSched, EvalCallback
+from pyggml.seed import capi as seed_capi
 from pyggml.seed.scheduler import GGML_MAX_BACKENDS, GGML_MAX_SPLIT_INPUTS, GGML_MAX_SPLITS, Scheduler
 
 GGML_STATUS_SUCCESS = 0
@@ -47,7 +48,7 @@ __all__ = [
 
 
 def ggml_backend_sched_new(backends: Sequence[Backend], *args: Any, **kwargs: Any) -> Scheduler | BackendSched:
-    """Today's `ggml_backend_sched_new(backends, bufts, n_backends, graph_size, parallel, op_offload)` (a
+    """`ggml_backend_sched_new(backends, bufts, n_backends, graph_size, parallel, op_offload)` (a
     `BackendSched`: bufts None for the backends' defaults), or the seed's `ggml_backend_sched_new(backends,
     n_backends)` (a `Scheduler`, the seed's assignment and API) when called with at most the count."""
     if isinstance(backends, (str, bytes)) or not isinstance(backends, Sequence):
@@ -57,8 +58,7 @@ def ggml_backend_sched_new(backends: Sequence[Backend], *args: Any, **kwargs: An
     # the seed's form: at most a count (anything but a sequence of buffer types: check_int judges it)
     seed = not kwargs and len(args) <= 1 and (not args or not isinstance(args[0], Sequence))
     if seed:
-        n_backends = _count(args[0] if args else None, len(backends))
-        return Scheduler(backends[:n_backends])
+        return seed_capi.ggml_backend_sched_new(backends, _count(args[0] if args else None, len(backends)))
     names = ("bufts", "n_backends", "graph_size", "parallel", "op_offload")
     if len(args) > len(names):
         raise ArgumentError(f"ggml_backend_sched_new: {1 + len(args)} arguments, at most 6")

@@ -1,4 +1,4 @@
-"""Today's assignment passes and split of `ggml_backend_sched_split_graph` (ggml-backend.cpp at 0c1e570).
+"""The assignment passes and split of `ggml_backend_sched_split_graph` (ggml-backend.cpp at 0c1e570).
 
 `assign_backends` gives every node, leaf and source a backend (passes 1 to 4);
 `split_graph` cuts the node list where the backend changes, makes the copies

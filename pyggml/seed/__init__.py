@@ -13,7 +13,7 @@ holds what the seed did differently, and nothing outside it (but the C API's ent
 - `assign_backends_seed`: those four passes over the engine's state, for `BackendSched(assign=...)`.
 - `Allocr` (the legacy ggml_allocr): one tensor allocator and one graph allocator over the same buffer.
 - The C API's two-argument `ggml_backend_sched_new(backends, n_backends)` gives a `Scheduler`
-  (pyggml.capi.sched).
+  (`pyggml.seed.capi`, which pyggml.capi.sched calls for that form).
 """
 
 from pyggml.seed.allocr import Allocr
