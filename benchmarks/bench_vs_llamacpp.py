@@ -43,7 +43,8 @@ CHILD = """
 import json, sys
 import numpy as np
 import pyggml.models as pm
-from pyggml.cli.bench import _time_pp, _time_tg
+import time
+from pyggml.cli.bench import _time_tg
 path, p, n, r, t, kv, fa = sys.argv[1:8]
 p, n, r, t = int(p), int(n), int(r), int(t)
 model = pm.load(path, backends=["cpu"], n_threads=t, n_ctx=p + n, n_batch=max(p, 1), kv_type=kv, flash_attn=fa,
@@ -52,9 +53,14 @@ rng = np.random.default_rng(0)
 n_vocab = model.hparams.n_vocab
 bos = model.token_bos()
 first = bos if bos is not None else 1
+def timed(run):
+    model.reset()
+    t0 = time.perf_counter()
+    run()
+    return time.perf_counter() - t0
 out = {"pp": [], "tg": []}
-for name, count, fn in (("pp", p, lambda: _time_pp(model, rng.integers(0, n_vocab, p))),
-                        ("tg", n, lambda: _time_tg(model, first, rng.integers(0, n_vocab, n)))):
+for name, count, fn in (("pp", p, lambda: timed(lambda: model.eval_last(rng.integers(0, n_vocab, p)))),
+                        ("tg", n, lambda: timed(lambda: _time_tg(model, first, rng.integers(0, n_vocab, n))))):
     fn()  # warm-up, as llama-bench's
     out[name] = [count / fn() for _ in range(r)]
 mem = model.memory()

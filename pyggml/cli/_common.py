@@ -235,7 +235,8 @@ def add_backend_options(parser: argparse.ArgumentParser, lists: bool = False) ->
                                  "their layer, as llama.cpp's -ot; repeat it, or join several with commas; the "
                                  "first that matches wins")
     parser.add_argument("-t", "--threads", **listed(thread_count, None, ranges=True), metavar="N",
-                        help=f"threads of the CPU backend, 1..{MAX_THREADS} (default: all cores){many}")
+                        help=f"threads of the CPU backend, 1..{MAX_THREADS} (default: the physical cores, as "
+                             f"llama.cpp){many}")
     parser.add_argument("-b", "--batch-size", "--batch", dest="batch_size",
                         **listed(positive_int, DEFAULT_BATCH, ranges=True), metavar="N",
                         help=f"logical batch size, as llama.cpp's (default: {DEFAULT_BATCH}); a batch is computed "
@@ -706,10 +707,11 @@ def read_hparams(path: Path) -> Any:
 
 
 def load_model(path: Path, plan: BackendPlan, settings: LoadSettings, n_ctx: int, n_layer: int,
-               n_threads: int | None, err: TextIO, prog: str, **load_extra: Any) -> Any:
+               n_threads: int | None, err: TextIO, prog: str, verbose: bool = False, **load_extra: Any) -> Any:
     """The model loaded as the options say: the backends of `plan` (-ngl's CPU appended), its placement,
     the settings (and `load_extra`, more keywords of `pyggml.models.load`); the options' checks come first,
-    so a bad one fails before any weight is read."""
+    so a bad one fails before any weight is read. The loading's progress bar shows on a terminal, or
+    elsewhere with `verbose`."""
     from pyggml.models import load
 
     load_kw = settings.load_kwargs()
@@ -718,7 +720,7 @@ def load_model(path: Path, plan: BackendPlan, settings: LoadSettings, n_ctx: int
     note = plan.offload_note(backends)
     if note:
         print(f"{prog}: warning: {note}", file=err)
-    return load(path, backends, n_ctx=n_ctx, **place_kw, **load_kw, **load_extra, progress=err.isatty())
+    return load(path, backends, n_ctx=n_ctx, **place_kw, **load_kw, **load_extra, progress=verbose or err.isatty())
 
 
 def builtin_model_path() -> Path:

@@ -14,6 +14,10 @@ import warnings
 
 from pyggml.cli import bench, chat, devices, info, rpc_server, run, serve
 from pyggml.cli._common import GGUF_MODEL, CLIError, Parser, add_debug
+from pyggml.cli._compile_notice import compile_notice
+
+# the subcommands that compute with the CPU kernels (numba compiles them on a first run)
+_COMPILING = frozenset(("run", "chat", "serve", "bench", "test-ops"))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -111,7 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     from pyggml.core.errors import GGMLError
 
     try:
-        return _dispatch(args)
+        if args.command not in _COMPILING:
+            return _dispatch(args)
+        with compile_notice(sys.stderr, prog, getattr(args, "verbose", False)):
+            return _dispatch(args)
     except KeyboardInterrupt:
         if args.debug:
             raise

@@ -243,7 +243,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     n_ctx = context_size(args.ctx, hp.n_ctx_train, min(hp.n_ctx_train, MAX_DEFAULT_CTX))
 
     t0 = time.perf_counter()
-    model = load_model(path, plan, settings, n_ctx, hp.n_layer, args.threads, err, "pyggml run")
+    model = load_model(path, plan, settings, n_ctx, hp.n_layer, args.threads, err, "pyggml run",
+                       args.verbose)
     t_load = time.perf_counter() - t0
     try:
         if grammar is not None:

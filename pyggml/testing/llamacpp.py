@@ -50,6 +50,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pyggml.cache import cache_dir
+
 __all__ = [
     "BINDINGS_PRELUDE",
     "DEFAULT_TARGETS",
@@ -160,12 +162,6 @@ class Toolchain:
     cxx: str
     cmake: str
     generator: str | None  # None: cmake's default (Unix Makefiles, needs make)
-
-
-def cache_dir() -> Path:
-    """`$PYGGML_CACHE`, or ~/.cache/pyggml."""
-    env = os.environ.get("PYGGML_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "pyggml"
 
 
 def paths(cache: str | os.PathLike[str] | None = None) -> Paths:
@@ -548,6 +544,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                  f"{SDIST_VERSION} sdist) once per machine, cached in "
                                                  "${PYGGML_CACHE:-~/.cache/pyggml}/llama.cpp.")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress messages on stderr")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="progress messages on stderr even when it is not a terminal")
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="build targets unless cached; print each one's path")
     b.add_argument("targets", nargs="*", metavar="TARGET",
@@ -557,7 +555,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     t.add_argument("tool")
     t.add_argument("--build", action="store_true", help="build it if it is not built yet")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, stream=sys.stderr,
+    progress = not args.quiet and (args.verbose or sys.stderr.isatty())  # a log file or CI: errors only
+    logging.basicConfig(level=logging.INFO if progress else logging.WARNING, stream=sys.stderr,
                         format="llama.cpp: %(message)s")
     try:
         if args.command == "build":

@@ -229,9 +229,14 @@ def test_command_line(fake: dict[str, Path], capsys: pytest.CaptureFixture[str])
 
 
 def test_command_line_in_a_fresh_process(fake: dict[str, Path]) -> None:
-    r = subprocess.run([sys.executable, "-m", "pyggml.testing.llamacpp", "build", "llama-simple"],
+    r = subprocess.run([sys.executable, "-m", "pyggml.testing.llamacpp", "-v", "build", "llama-simple"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == str(llamacpp.paths().bin / "llama-simple")
-    # progress goes to stderr: what is built, where, and the end
+    # progress goes to stderr with -v: what is built, where, and the end
     assert "targets llama-simple" in r.stderr and "build: done" in r.stderr, textwrap.shorten(r.stderr, 500)
+    # stderr not a terminal and no -v: quiet (the build is cached now: it says nothing else either)
+    (llamacpp.paths().bin / "llama-tokenize").unlink(missing_ok=True)
+    r = subprocess.run([sys.executable, "-m", "pyggml.testing.llamacpp", "build", "llama-tokenize"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stderr == "", r.stderr

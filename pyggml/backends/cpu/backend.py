@@ -1,12 +1,13 @@
 """The CPU backend (ggml-backend.c's CPU part): host memory, kernels, plans, threads.
 
-`n_threads` defaults to os.cpu_count(); it must be an int in
+`n_threads` defaults to the physical cores (llama.cpp's rule, `default_n_threads`); it must be an int in
 [1, GGML_MAX_N_THREADS] (ArgumentTypeError for 2.5 or True, ArgumentError out
 of range), checked by `cpu_init`, `cpu_set_n_threads`, `graph_compute_with_ctx`
-and assignments to `n_threads`. It is honoured twice: BLAS (numpy's
-OpenBLAS/MKL) is limited to it through threadpoolctl before each compute
-whose count differs from the library's (not per kernel); JIT kernels read
-`params.n_threads`.
+and assignments to `n_threads`. The kernels read `params.n_threads`: the
+JIT kernels' workers and the BLAS paths' Python threads (each calling BLAS
+single-threaded, see kernels.matmul) share the work from a counter, so BLAS
+(numpy's OpenBLAS/MKL) is kept at one thread of its own through threadpoolctl
+before each compute, where its count differs (not per kernel).
 
 The backend's device is the CPU device (`pyggml.backends.cpu.device`); its
 buffers are of the "CPU" buffer type, `cpu_buffer_from_ptr` buffers of
@@ -80,6 +81,30 @@ def _blas_controllers() -> list[Any]:
     return _blas_libs
 
 
+def physical_cores(sys_cpu: str = "/sys/devices/system/cpu") -> int:
+    """llama.cpp's cpu_get_num_physical_cores: the distinct thread-sibling sets of cpu0, cpu1, ... (Linux:
+    the hyperthreads of a core count once); without them the logical CPUs, halved above 4."""
+    siblings: set[bytes] = set()
+    cpu = 0
+    while True:
+        try:
+            with open(f"{sys_cpu}/cpu{cpu}/topology/thread_siblings", "rb") as f:
+                siblings.add(f.readline().strip())
+        except OSError:
+            break
+        cpu += 1
+    if siblings:
+        return len(siblings)
+    n = os.cpu_count() or 0
+    return (n if n <= 4 else n // 2) if n > 0 else 4
+
+
+def default_n_threads() -> int:
+    """The CPU backend's thread count when none is given: the physical cores, as llama.cpp's
+    cpu_get_num_math on machines whose cores are all alike."""
+    return max(1, min(physical_cores(), GGML_MAX_N_THREADS))
+
+
 def set_blas_threads(n_threads: int) -> None:
     """Limit BLAS to `n_threads` where it runs with another count.
 
@@ -102,7 +127,7 @@ class CPUBackend(Backend):
         self.buft = CPUBufferType(device, "CPU", owner=self)  # this instance's own (see CPUBufferType)
         self.mapped_buft = CPUBufferType(device, "CPU_Mapped", owner=self)
         self._n_threads = 1
-        self.n_threads = n_threads if n_threads is not None else min(os.cpu_count() or 1, GGML_MAX_N_THREADS)
+        self.n_threads = n_threads if n_threads is not None else default_n_threads()
         self.work = WorkArea()  # the seed's work_data/work_size, reused by graph_compute
         self._numerics = resolve_numerics(numerics)
         self._batch_invariant = False
@@ -192,12 +217,12 @@ class CPUBackend(Backend):
         plan.buffers = []
 
     def _graph_plan_compute(self, plan: CPUPlan) -> None:
-        set_blas_threads(plan.params.n_threads)
+        set_blas_threads(1)  # the kernels' threads share BLAS's work (kernels.matmul)
         plan_compute(plan)
 
     def _graph_compute(self, graph: Graph) -> None:
         plan = plan_create(graph, self._params(self.work))
-        set_blas_threads(self.n_threads)
+        set_blas_threads(1)
         plan_compute(plan)
 
     def _supports_op(self, op: Tensor) -> bool:

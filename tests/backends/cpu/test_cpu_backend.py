@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -256,8 +258,9 @@ def test_n_threads_default_and_validation() -> None:
 
 
 def test_blas_threads_are_set_where_they_differ(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each compute makes every BLAS library run with the backend's count, setting it only where it differs:
-    a count changed behind pyggml's back (another model, another package) is set again."""
+    """Each compute makes every BLAS library run on one thread of its own (the kernels' threads share the BLAS
+    work), setting it only where it differs: a count changed behind pyggml's back (another model, another
+    package) is set again."""
 
     class FakeBlas:
         def __init__(self, n: int) -> None:
@@ -275,24 +278,21 @@ def test_blas_threads_are_set_where_they_differ(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(cpu_backend_module, "_blas_libs", libs)
     backend = cpu_init()
     g, x, y, out = chain_graph(backend)
-    cpu_set_n_threads(backend, 1)
-    plan = backend.graph_plan_create(g)
-    for _ in range(3):
-        backend.graph_plan_compute(plan)
-    backend.graph_compute(g)
+    for n_threads in (1, 2):
+        cpu_set_n_threads(backend, n_threads)
+        plan = backend.graph_plan_create(g)
+        for _ in range(3):
+            backend.graph_plan_compute(plan)
+        backend.graph_compute(g)
     assert [lib.sets for lib in libs] == [[1], []]
-    cpu_set_n_threads(backend, 2)
-    backend.graph_compute(g)
-    backend.graph_compute(g)
-    assert [lib.sets for lib in libs] == [[1, 2], [2]]
     libs[0].n = 3  # changed by someone else
     backend.graph_compute(g)
-    assert [lib.sets for lib in libs] == [[1, 2, 2], [2]]
+    assert [lib.sets for lib in libs] == [[1, 1], []]
 
 
 def test_blas_threads_reach_numpys_blas() -> None:
     """The real libraries: after a compute with n threads, the BLAS numpy was loaded with (the libraries
-    loaded at the backend's first compute; a later one, say another package's, is not numpy's) reports n."""
+    loaded at the backend's first compute; a later one, say another package's, is not numpy's) reports 1."""
     threadpoolctl = pytest.importorskip("threadpoolctl")
     backend = cpu_init()
     g, x, y, out = chain_graph(backend)
@@ -303,7 +303,7 @@ def test_blas_threads_reach_numpys_blas() -> None:
         threadpoolctl.threadpool_limits(limits=3, user_api="blas")  # someone else's setting
         cpu_set_n_threads(backend, n)
         backend.graph_compute(g)
-        assert {i["num_threads"] for i in threadpoolctl.threadpool_info() if i["filepath"] in libs} == {n}
+        assert {i["num_threads"] for i in threadpoolctl.threadpool_info() if i["filepath"] in libs} == {1}
 
 
 def test_graph_compute_keeps_a_reusable_work_area() -> None:
@@ -381,3 +381,19 @@ def test_mul_mat_when_its_kernel_is_there() -> None:
         return
     backend.graph_compute(g)
     np.testing.assert_allclose(tensor_get_numpy(y), xv @ wv.T, rtol=1e-5, atol=1e-5)
+
+
+def test_default_threads_are_the_physical_cores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """llama.cpp's rule: the distinct thread-sibling sets (two hyperthreads of a core count once); without
+    them the logical CPUs, halved above 4. The backend's default is that count."""
+    for cpu, siblings in enumerate(["00000011", "00000011", "0000000c", "0000000c", "00000010"]):
+        (tmp_path / f"cpu{cpu}" / "topology").mkdir(parents=True)
+        (tmp_path / f"cpu{cpu}" / "topology" / "thread_siblings").write_text(siblings + "\n")
+    assert cpu_backend_module.physical_cores(str(tmp_path)) == 3
+    empty = tmp_path / "none"
+    empty.mkdir()
+    for logical, want in ((1, 1), (3, 3), (4, 4), (8, 4), (None, 4)):
+        monkeypatch.setattr(cpu_backend_module.os, "cpu_count", lambda n=logical: n)
+        assert cpu_backend_module.physical_cores(str(empty)) == want
+    monkeypatch.setattr(cpu_backend_module, "physical_cores", lambda: 3)
+    assert cpu_init().n_threads == 3

@@ -68,7 +68,7 @@ def test_small_products_stay_on_the_calling_thread(rng: np.random.Generator) -> 
 
 
 def test_late_worker_changes_nothing(rng: np.random.Generator) -> None:
-    """mul_mat_rows with an exhausted counter (its call already returned) takes no item and writes nothing."""
+    """A job whose counter is exhausted (its call already returned) takes no item and writes nothing."""
     K, M = 64, 40
     w = rng.standard_normal((M, K)).astype(np.float16)
     wb, w_off = w.view(np.uint8).reshape(-1), np.arange(M, dtype=np.int64) * 2 * K
@@ -78,12 +78,13 @@ def test_late_worker_changes_nothing(rng: np.random.Generator) -> None:
              np.zeros((0, 0), np.int32))
     base = np.zeros(1, np.int64)
     ctr = np.zeros(2, np.int64)
-    qd.mul_mat_rows(qd.F16, wb, w_off, K, x, *empty, 1, base, out, 8, ctr, True, qd.ROUND_REF)
+    desc = qd.mul_mat_desc(qd.F16, wb, w_off, K, x, *empty, 1, base, out, 8, ctr, qd.ROUND_REF)
+    qd.mul_mat_job(desc, 1)  # the caller's share: it returns when every item is done
     assert list(ctr) == [5 + 1, 5]  # 5 items of 8 rows, one failed take
     want = out.copy()
     np.testing.assert_allclose(want[0], w.astype(np.float32) @ x[0], rtol=1e-5, atol=1e-5)
     out[...] = -1
-    qd.mul_mat_rows(qd.F16, wb, w_off, K, x, *empty, 1, base, out, 8, ctr, False, qd.ROUND_REF)
+    qd.mul_mat_job(desc, 0)  # a worker's share
     assert np.all(out == -1) and ctr[1] == 5
 
 
@@ -307,3 +308,133 @@ def test_spin_time_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None
         monkeypatch.setenv(threads.ENV_SPIN_US, bad)
         with pytest.raises(ArgumentError, match=threads.ENV_SPIN_US):
             threads.spin_seconds()
+
+
+# --- the waiting caller: it spins its budget of polls, then sleeps ---
+
+
+@pytest.mark.parametrize("wait_polls", [0, 1 << 40])  # sleep at once; spin all along
+def test_caller_waits_for_a_late_worker_sleeping_or_spinning(wait_polls: int, rng: np.random.Generator) -> None:
+    """The caller's share returns only when a worker's item is done, whether it waits by sleeping or by
+    spinning: a thread holds one item (taken from the counter first) and finishes it later."""
+    K, M = 64, 40
+    w = rng.standard_normal((M, K)).astype(np.float16)
+    wb, w_off = w.view(np.uint8).reshape(-1), np.arange(M, dtype=np.int64) * 2 * K
+    x = rng.standard_normal((1, K)).astype(np.float32)
+    out = np.zeros((1, M), np.float32)
+    empty = (np.zeros((0, 0), np.int8), np.zeros((0, 0), np.float32), np.zeros((0, 0), np.float32),
+             np.zeros((0, 0), np.int32))
+    ctr = np.zeros(2, np.int64)
+    desc = qd.mul_mat_desc(qd.F16, wb, w_off, K, x, *empty, 1, np.zeros(1, np.int64), out, 8, ctr, qd.ROUND_REF)
+    desc[qd.WAIT_POLLS] = wait_polls
+    ctr[0] = 1  # item 0 is held by a late worker: rows 0..7 are its
+    returned = threading.Event()
+    caller = threading.Thread(target=lambda: (qd.mul_mat_job(desc, 1), returned.set()))
+    caller.start()
+    assert _wait_for(lambda: ctr[1] == 4)  # the caller did the 4 other items
+    time.sleep(0.05)
+    assert not returned.is_set()  # and waits for the held one
+    out[0, :8] = 7.0  # the late worker's item
+    _count_done(ctr)
+    caller.join(10)
+    assert returned.is_set() and np.all(out[0, :8] == 7.0)
+    np.testing.assert_allclose(out[0, 8:], (w.astype(np.float32) @ x[0])[8:], rtol=1e-5, atol=1e-5)
+
+
+@njit(nogil=True)
+def _count_done(ctr):
+    """A worker's item counted done (release: its writes before)."""
+    atomics.atomic_add(ctr, 1, 1)
+
+
+@pytest.mark.parametrize("spin_us", ["0", "1000"])
+def test_threaded_products_with_sleeping_or_spinning_workers(spin_us: str, rng: np.random.Generator,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """PYGGML_CPU_SPIN_US 0 (workers and the waiting caller sleep at once) and 1000 (they spin 1 ms first):
+    the same bits as one thread, call after call (a fresh pool reads the setting)."""
+    monkeypatch.setenv(threads.ENV_SPIN_US, spin_us)
+    monkeypatch.setattr(matmul, "POOL", threads.new_pool(qd.mul_mat_spin))
+    monkeypatch.setattr(matmul, "PARALLEL_MIN_WORK", 0)
+    ctx = new_ctx(8)
+    w = _weights(ctx, GGMLType.Q8_0, (1, 1, 256, 128), rng)
+    x = tensor(ctx, F32, rng.standard_normal((1, 1, 3, 128)).astype(np.float32))
+    node = ctx.mul_mat(w, x)
+    compile_node(node, ComputeParams(n_threads=1))()
+    want = node.numpy().copy()
+    fn = compile_node(node, ComputeParams(n_threads=2))
+    for _ in range(20):
+        node.numpy()[...] = 0
+        fn()
+        np.testing.assert_array_equal(node.numpy(), want)
+    assert (matmul.POOL.spins == 1) == (spin_us == "0")  # 0: one look at the slot, then sleep
+
+
+# --- ThreadTeam: the BLAS paths' Python threads ---
+
+
+def test_team_runs_every_item_once_on_its_slots() -> None:
+    team = threads.ThreadTeam()
+    for n_threads in (1, 2, 3):
+        seen: list[tuple[int, int]] = []
+        lock = threading.Lock()
+
+        def item(slot: int, i: int, seen: list[tuple[int, int]] = seen, lock: threading.Lock = lock) -> None:
+            with lock:
+                seen.append((slot, i))
+
+        team.run(item, 50, n_threads)
+        assert sorted(i for _, i in seen) == list(range(50))
+        assert {slot for slot, _ in seen} <= set(range(n_threads))
+
+
+def test_team_raises_an_items_error_after_every_item() -> None:
+    team = threads.ThreadTeam()
+    done: list[int] = []
+
+    def item(slot: int, i: int) -> None:
+        if i == 3:
+            raise ValueError("item 3")
+        done.append(i)
+
+    with pytest.raises(ValueError, match="item 3"):
+        team.run(item, 20, 2)
+    assert sorted(done) == [i for i in range(20) if i != 3]
+    team.run(lambda slot, i: done.append(100 + i), 2, 2)  # still usable
+    assert sorted(done)[-2:] == [100, 101]
+
+
+def test_team_second_caller_computes_alone() -> None:
+    team = threads.ThreadTeam()
+    inside = threading.Event()
+    release = threading.Event()
+    slots: list[int] = []
+
+    def slow(slot: int, i: int) -> None:
+        inside.set()
+        release.wait(10)
+
+    t = threading.Thread(target=team.run, args=(slow, 2, 2))
+    t.start()
+    assert inside.wait(10)
+    team.run(lambda slot, i: slots.append(slot), 3, 2)  # the helpers are taken: slot 0, this thread
+    assert slots == [0, 0, 0]
+    release.set()
+    t.join(10)
+    assert not t.is_alive()
+
+
+def test_blas_path_threaded_equals_one_thread(rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prompt-sized Q4_1 product (the BLAS path) on 2 threads of TEAM: each output the same bits as on one."""
+    monkeypatch.setattr(matmul, "BLAS_PARALLEL_MIN_WORK", 0)
+    ctx = new_ctx(8)
+    w = _weights(ctx, GGMLType.Q4_1, (1, 2, 72, 64), rng)
+    x = tensor(ctx, F32, rng.standard_normal((2, 2, 20, 64)).astype(np.float32))  # broadcast over dim 3
+    node = ctx.mul_mat(w, x)
+    compile_node(node, ComputeParams(n_threads=1))()
+    want = node.numpy().copy()
+    assert np.any(want != 0)
+    fn = compile_node(node, ComputeParams(n_threads=2))
+    for _ in range(3):
+        node.numpy()[...] = 0
+        fn()
+        np.testing.assert_array_equal(node.numpy(), want)

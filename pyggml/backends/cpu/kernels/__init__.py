@@ -29,8 +29,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pyggml.backends.cpu.jit import install_cache_locator
 from pyggml.backends.cpu.numerics import Numerics, resolve_numerics
 from pyggml.core.tensor import GGMLOp, Tensor
+
+install_cache_locator()  # before the kernel modules are decorated: where their compiled code goes
 
 
 class WorkArea:

@@ -105,6 +105,20 @@ def yield_cpu(typingctx):
     return sig, codegen
 
 
+@intrinsic
+def sleep_us(typingctx, us):
+    """usleep(3): the thread sleeps `us` microseconds, leaving its core to others (a waiter whose partner
+    thread was descheduled frees the core it could be scheduled on)."""
+    sig = types.int32(types.int64)
+
+    def codegen(context, builder, signature, args):
+        fnty = ir.FunctionType(ir.IntType(32), [ir.IntType(32)])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "usleep")
+        return builder.call(fn, [builder.trunc(args[0], ir.IntType(32))])
+
+    return sig, codegen
+
+
 def _pointer_intrinsic(element: types.Type):
     @intrinsic
     def pointer(typingctx, addr):

@@ -61,9 +61,13 @@ Threads: the direct kernels of a product smaller than `PARALLEL_MIN_WORK`
 multiply-adds run on the calling thread (a hand-off to other threads costs
 more than such a product: see there); larger ones run on `params.n_threads`
 threads, the caller and the spinning workers of `POOL` (see `threads`) taking
-chunks of weight rows from a shared counter. The numba conversions of the BLAS
-paths run on the calling thread: they are ~1 ms per 4096x4096 matrix, and
-BLAS's spinning workers would otherwise fight them for the cores.
+chunks of weight rows from a shared counter. The BLAS paths from
+`BLAS_PARALLEL_MIN_WORK` multiply-adds up share their weight rows the same
+way among the threads of `TEAM` (Python threads: each item converts its rows
+to f32 and calls BLAS on them, single-threaded, the GIL released), so that a
+thread that gets less of the machine (a core busy with another process) takes
+fewer items: BLAS's own threads split a product evenly and spin while they
+wait for the slowest (the CPU backend keeps BLAS at one thread).
 
 Batch-invariant (`params.batch_invariant`): the direct kernels at every column
 count, never BLAS or the tiles. A column's sums are then the bits it has alone
@@ -97,7 +101,7 @@ import numpy as np
 from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
 from pyggml.backends.cpu.kernels import quant_dot as qd
 from pyggml.backends.cpu.kernels._common import is_multiple, noop, reshape_view, strided_view
-from pyggml.backends.cpu.kernels.threads import new_pool
+from pyggml.backends.cpu.kernels.threads import new_pool, new_team
 from pyggml.backends.cpu.numerics import NUMERICS_CODES
 from pyggml.backends.cpu.repack import is_repacked, repack_supports_op
 from pyggml.core import quants
@@ -137,14 +141,24 @@ X8_TILE_MIN_COLS = 16
 # kernels serve several columns per pass over a weight row (quant_dot.COLS_KINDS) count their work in
 # mat-vec equivalents (see _direct_work). Measured figures: _direct_work.
 PARALLEL_MIN_WORK = 1 << 16
-# bytes of one f32 tile of converted weight rows
+# bytes of one f32 tile of converted weight rows (each thread of a product has one)
 TILE_BYTES = 8 << 20
+# multiply-adds of a BLAS-path product from which TEAM's threads share it (a hand-off to a sleeping Python
+# thread costs tens of microseconds; this is a millisecond's work on one thread)
+BLAS_PARALLEL_MIN_WORK = 1 << 22
+# work items of a BLAS-path product per weight matrix (whatever the thread count: BLAS's sums over a tile of rows
+# may depend on the tile's height, so the same tiles give every thread count the same bits), of at least
+# BLAS_MIN_ROWS rows
+BLAS_ITEMS = 16
+BLAS_MIN_ROWS = 16
 # work items per thread of a threaded direct product (see _chunk)
 ITEMS_PER_THREAD = 2
 
 _ALIGN = 64
 # the worker threads of the direct kernels (see threads)
 POOL = new_pool(qd.mul_mat_spin)
+# the threads of the BLAS paths (see threads.ThreadTeam)
+TEAM = new_team()
 
 
 # --- what the kernels accept ---
@@ -412,9 +426,15 @@ def mul_mat_f32(dst: np.ndarray, src0: np.ndarray, src1: np.ndarray, params: Com
     if dst.shape[0] * dst.shape[1] == 1:
         # one matrix (so no broadcast): 2-D operands skip numpy's batch loop
         x, wt, d = x[0, 0], wt[0, 0], d[0, 0]
+    M = wt.shape[-1]
+    n_threads = _blas_threads(params, M * src0.shape[3] * src1.shape[2] * dst.shape[0] * dst.shape[1])
+    R = _blas_rows(M, 1)  # no tiles: the rows are f32 already
+
+    def rows(slot: int, i: int) -> None:
+        np.matmul(x, wt[..., i * R:(i + 1) * R], out=d[..., i * R:(i + 1) * R])
 
     def run() -> None:
-        np.matmul(x, wt, out=d)
+        TEAM.run(rows, -(-M // R), n_threads)
 
     return run
 
@@ -458,7 +478,8 @@ def _mul_mat_numba(wtype: GGMLType, xtype: GGMLType, K: int, dst: np.ndarray, sr
     # block carries the weights' m times the difference
     mins = blas and vdt == GGMLType.Q8_1
     Kb = K + (nb if mins else 0)  # columns of the BLAS operands
-    tile_rows = max(1, min(M, TILE_BYTES // max(4 * Kb, 1)))
+    blas_threads = _blas_threads(params, M * Kb * ny)
+    tile_rows = _blas_rows(M, Kb)
 
     specs: list[tuple[tuple[int, ...], np.dtype]] = []
     x_from_src1 = not TYPE_TRAITS[xtype].is_quantized
@@ -472,7 +493,7 @@ def _mul_mat_numba(wtype: GGMLType, xtype: GGMLType, K: int, dst: np.ndarray, sr
         if blas:
             specs.append(((ny, Kb), np.dtype(np.float32)))
     if blas:
-        specs.append(((tile_rows, Kb), np.dtype(np.float32)))
+        specs.append(((blas_threads, tile_rows, Kb), np.dtype(np.float32)))  # one tile per thread
     scratch = _carve(params, specs)
     xs = scratch.pop(0) if copy_x else None
     get_x = _src1_f32_fn(src1, xtype, xs) if x_from_src1 else None
@@ -578,29 +599,51 @@ def _run_shared(desc: np.ndarray, ctr: np.ndarray, n_workers: int, operands: tup
     (`operands` keeps the job's arrays alive)."""
     ctr[0] = 0
     ctr[1] = 0
+    desc[qd.WAIT_POLLS] = POOL.spins  # the caller's wait spins as long as an idle worker, then sleeps
     POOL.run(qd.mul_mat_shared, desc, n_workers)
 
 
+def _blas_threads(params: ComputeParams, work: int) -> int:
+    """Threads of a BLAS-path product of `work` multiply-adds: 1 below BLAS_PARALLEL_MIN_WORK, else
+    params.n_threads."""
+    return 1 if work < BLAS_PARALLEL_MIN_WORK else max(1, int(params.n_threads))
+
+
+def _blas_rows(M: int, K: int) -> int:
+    """Weight rows of one work item of a BLAS-path product (rows of K columns, f32): about BLAS_ITEMS items,
+    each of at least BLAS_MIN_ROWS rows (a multiple of it) and at most TILE_BYTES; not the thread count's."""
+    per_item = -(-M // BLAS_ITEMS)
+    per_item = -(-per_item // BLAS_MIN_ROWS) * BLAS_MIN_ROWS
+    return max(1, min(M, per_item, TILE_BYTES // max(4 * K, 1)))
+
+
 def _tiled_blas(kind: int, w: np.ndarray, w_off: np.ndarray, nb: int, x: np.ndarray, out: np.ndarray, N: int,
-                n_wslices: int, M: int, r3: int, r2: int, ne12: int, tile: np.ndarray, mins: bool = False) -> None:
+                n_wslices: int, M: int, r3: int, r2: int, ne12: int, tiles: np.ndarray, mins: bool = False) -> None:
     """out[s*N:(s+1)*N, m0:m1] = x[s*N:(s+1)*N] @ rows[m0:m1].T, with weight rows converted to f32 a tile at a time.
 
     Each converted tile serves every src1 matrix that broadcasts over it. With `mins` (Q4_1, Q5_1), the last
-    nb columns of a tile row are its blocks' m (x's last nb columns: the correction of each block).
+    nb columns of a tile row are its blocks' m (x's last nb columns: the correction of each block). The
+    items, (weight slice, tile of rows), go to tiles.shape[0] threads of TEAM, each with its tile.
     """
-    R = tile.shape[0]
+    R = tiles.shape[1]
     n_w2 = ne12 // r2  # src0's ne02
-    for ws in range(n_wslices):
+    n_tiles = -(-M // R)
+
+    def item(slot: int, i: int) -> None:
+        ws, c = divmod(i, n_tiles)
         i03, i02 = divmod(ws, n_w2)
-        slices = [(i03 * r3 + j3) * ne12 + i02 * r2 + j2 for j3 in range(r3) for j2 in range(r2)]
-        for m0 in range(0, M, R):
-            m1 = min(M, m0 + R)
-            t = tile[:m1 - m0]
-            qd.rows_to_f32(kind, w, w_off, ws * M + m0, nb, t)  # the first nb * blck_size columns of each row
-            if mins:
-                qd.block_mins_to_f32(kind, w, w_off, ws * M + m0, nb, t)
-            for s in slices:
+        m0 = c * R
+        m1 = min(M, m0 + R)
+        t = tiles[slot, :m1 - m0]
+        qd.rows_to_f32(kind, w, w_off, ws * M + m0, nb, t)  # the first nb * blck_size columns of each row
+        if mins:
+            qd.block_mins_to_f32(kind, w, w_off, ws * M + m0, nb, t)
+        for j3 in range(r3):
+            for j2 in range(r2):
+                s = (i03 * r3 + j3) * ne12 + i02 * r2 + j2
                 np.matmul(x[s * N:(s + 1) * N], t.T, out=out[s * N:(s + 1) * N, m0:m1])
+
+    TEAM.run(item, n_wslices * n_tiles, tiles.shape[0])
 
 
 # --- OUT_PROD ---

@@ -16,9 +16,9 @@ BF16). This module does the same:
   Q8_1's already rounded through f16), Q8_1's `s = f16(sum * d)` in `ys`, and
   integer sums of every 16 values in `yb` (Q8_K's `bsums`; for Q8_0/Q8_1 the
   same sums, which let offsets such as Q4_0's `-8` be applied once per block).
-- `mul_mat_rows` (several threads, see `threads.py`) and
-  `mul_mat_rows_serial` compute `out[col, row] = vec_dot(weight row, src1
-  col)`, reading the weights in their compact form; for the `COLS_KINDS`
+- `mul_mat_rows` (several threads, see `threads.py`; one weight type
+  compiled at a time, see `_make_mul_mat_job`) computes
+  `out[col, row] = vec_dot(weight row, src1 col)`, reading the weights in their compact form; for the `COLS_KINDS`
   (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q6_K, IQ4_NL, MXFP4, F16, BF16) a weight block is loaded
   and unpacked once for up to `COLS` src1 columns, each with its own
   accumulators (the `*_cols` loops: the same bits per column as one column
@@ -66,6 +66,8 @@ y summed over a block; a weight value with an offset, e.g. Q4_0's
 
 from __future__ import annotations
 
+import functools
+
 import numba
 import numpy as np
 from llvmlite import binding as llvm_binding
@@ -74,6 +76,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from pyggml.backends.cpu.jit import compiled_address
 from pyggml.backends.cpu.kernels.atomics import (
     address,
     atomic_add,
@@ -83,13 +86,22 @@ from pyggml.backends.cpu.kernels.atomics import (
     pointer_i32,
     pointer_i64,
     pointer_u8,
+    sleep_us,
     spin_pause,
     yield_cpu,
 )
 from pyggml.backends.cpu.kernels.atomics import (
     element_pointer as _address,
 )
-from pyggml.backends.cpu.kernels.threads import SLOT_LEN, YIELD_POLLS, claim, finish, revoke
+from pyggml.backends.cpu.kernels.threads import (
+    SLOT_LEN,
+    WAIT_SLEEP_US,
+    YIELD_POLLS,
+    call_job,
+    claim,
+    finish,
+    revoke,
+)
 from pyggml.backends.cpu.repack import BLOCK32_FIELDS, X8_ROWS
 from pyggml.core.quants import KVALUES_IQ4NL, KVALUES_MXFP4
 from pyggml.core.types import GGMLType
@@ -2171,7 +2183,7 @@ def _dot_iq4_xs(w, o, nb, yq, yd, yb, r):
     return sumf
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, inline="always")
 def _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, s, m0, m1, rounding):
     """Weight rows m0..m1 of output slice s against that slice's n_cols src1 rows (Q8_0, Q4_0, Q5_0, Q4_1,
     Q4_K and Q6_K rows in ggml's x86 order with `rounding` ROUND_X86, see `_make_dot_q_row`).
@@ -2181,7 +2193,9 @@ def _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, 
     callee's argument references alive around the choice), 4x a 256-wide
     F16 row's arithmetic. The row-loop types' dot functions are inlined (numba
     `inline="always"`): a call with array arguments costs ~150 cycles of
-    reference counting, 20% of a 4096-wide Q8_0 row.
+    reference counting, 20% of a 4096-wide Q8_0 row. Inlined itself, into a
+    job of one weight type (`_make_mul_mat_job`), whose constant `kind` and
+    `rounding` prune the other branches before they are compiled.
     """
     base = w_base[s]
     r0 = s * n_cols
@@ -2279,8 +2293,9 @@ def _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, 
             dot_f32_cols(w, w_off, base, m0, m1, xf, r, min(COLS, r1 - r), out)
 
 
-@njit(nogil=True, cache=True)
-def mul_mat_rows(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, chunk, ctr, wait, rounding):
+@njit(nogil=True, cache=True, inline="always")
+def mul_mat_rows(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, chunk, ctr, wait, wait_polls,
+                 rounding):
     """out[s*n_cols + c, m] = vec_dot(weight row w_off[w_base[s] + m], src1 row s*n_cols + c).
 
     `w` is the weights' memory as bytes, `w_off` the byte offset of every weight
@@ -2295,7 +2310,10 @@ def mul_mat_rows(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, ch
     weight rows), are taken one at a time from the counter `ctr[0]` (atomic
     fetch-and-add) and counted done in `ctr[1]`, so a thread that starts late
     or is descheduled takes fewer items instead of holding the others up. The
-    caller's thread (`wait`) returns only when every item is done.
+    caller's thread (`wait`) returns only when every item is done: it polls
+    `wait_polls` times (the workers' spin time), then sleeps WAIT_SLEEP_US
+    between looks, so that a worker descheduled with an item (its core busy
+    with another process) can be scheduled on the caller's core.
     """
     n_slices = w_base.shape[0]
     M = out.shape[1]
@@ -2311,36 +2329,52 @@ def mul_mat_rows(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, ch
                        rounding)
         atomic_add(ctr, 1, 1)
     if wait:
+        polls = 0
         while atomic_load(ctr, 1) < total:
-            pass
-
-
-@njit(nogil=True, cache=True)
-def mul_mat_rows_serial(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, rounding):
-    """`mul_mat_rows` on the calling thread: no parallel region to launch (see matmul.PARALLEL_MIN_WORK)."""
-    for s in range(w_base.shape[0]):
-        _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, s, 0, out.shape[1], rounding)
+            if polls < wait_polls:
+                spin_pause()
+                polls += 1
+            else:
+                sleep_us(WAIT_SLEEP_US)
 
 
 # --- MUL_MAT's rows as a job of threads.WorkerPool: the operands by address ---
 
-# the fields of a job (mul_mat_desc), from element 1 of a slot (element 0 is its state)
-_JOB_FIELDS = 31
+# the fields of a job (mul_mat_desc), from element 1 of a slot (element 0 is its state); the last one is the
+# address of the compiled job of the weight type (threads.call_job calls it)
+_JOB_FIELDS = 32
 assert 1 + _JOB_FIELDS <= SLOT_LEN
+_JOB_ADDRESS = 31
+# the caller's polls before it sleeps while it waits for the workers' last items (see mul_mat_rows)
+WAIT_POLLS = 32
+# a job of one weight type: int64 job(int64 *desc, int64 shared), as threads.call_job calls it
+_JOB_SIG = types.int64(types.CPointer(types.int64), types.int64)
+ROUNDING_NAMES = {ROUND_REF: "ref", ROUND_X86: "x86"}
+
+
+def kind_name(kind: int) -> str:
+    """A kernel kind by name: the weight type's, with `_x8` for the repacked layout and `_x8_tile` for the
+    tiles repacked on the fly."""
+    if kind >= X8_TILE:
+        return f"{GGMLType(kind - X8_TILE).name}_x8_tile"
+    if kind in X8_KINDS.values():
+        return f"{GGMLType(kind - Q4_0_X8 + Q4_0).name}_x8"
+    return GGMLType(kind).name
 
 
 def mul_mat_desc(kind: int, w: np.ndarray, w_off: np.ndarray, nb: int, xf: np.ndarray, yq: np.ndarray,
                  yd: np.ndarray, ys: np.ndarray, yb: np.ndarray, n_cols: int, w_base: np.ndarray, out: np.ndarray,
                  chunk: int, ctr: np.ndarray, rounding: int) -> np.ndarray:
     """`mul_mat_rows`' arguments as a job (a slot's layout: element 0 unused): each array by its address and
-    shape (each must be C-contiguous: the job sees it as such), the rest as numbers. `chunk` 0: the whole
-    product on one thread (`ctr` unused). The arrays must outlive every call of the job."""
+    shape (each must be C-contiguous: the job sees it as such), the rest as numbers, and last the address of
+    the job compiled for `kind` and `rounding` (compiled here the first time: see `job_address`). `chunk` 0:
+    the whole product on one thread (`ctr` unused). The arrays must outlive every call of the job."""
     desc = np.zeros(SLOT_LEN, np.int64)
     fields: list[int] = [kind]
     for a, dims, dtype in ((w, 1, np.uint8), (w_off, 1, np.int64), (nb, 0, None), (xf, 2, np.float32),
                            (yq, 2, np.int8), (yd, 2, np.float32), (ys, 2, np.float32), (yb, 2, np.int32),
                            (n_cols, 0, None), (w_base, 1, np.int64), (out, 2, np.float32), (chunk, 0, None),
-                           (ctr, 1, np.int64), (rounding, 0, None)):
+                           (ctr, 1, np.int64)):
         if dims == 0:
             fields.append(int(a))
             continue
@@ -2348,17 +2382,18 @@ def mul_mat_desc(kind: int, w: np.ndarray, w_off: np.ndarray, nb: int, xf: np.nd
             raise ValueError(f"mul_mat_desc: an operand of dtype {a.dtype}, shape {a.shape} is not a C-contiguous "
                              f"{dims}-D {np.dtype(dtype)} array")
         fields += [address(a), *a.shape]
+    fields += [job_address(kind, rounding), 0]  # WAIT_POLLS: the caller sets it (matmul._run_shared)
     assert len(fields) == _JOB_FIELDS
     desc[1:1 + len(fields)] = fields
     return desc
 
 
-@njit(nogil=True, cache=True)
-def mul_mat_job(d, shared):
+@njit(nogil=True, cache=True, inline="always")
+def _run_desc(kind, d, shared, rounding):
     """The MUL_MAT rows job `d` (see mul_mat_desc): `mul_mat_rows` on its operands, items from its counter
     (`shared`: the caller's share, which returns when every item is done), or with chunk 0 the whole
     product here."""
-    kind, nb, n_cols, chunk, rounding = d[1], d[6], d[22], d[28], d[31]
+    nb, n_cols, chunk = d[6], d[22], d[28]
     w = numba.carray(pointer_u8(d[2]), (d[3],))
     w_off = numba.carray(pointer_i64(d[4]), (d[5],))
     xf = numba.carray(pointer_f32(d[7]), (d[8], d[9]))
@@ -2368,13 +2403,41 @@ def mul_mat_job(d, shared):
     yb = numba.carray(pointer_i32(d[19]), (d[20], d[21]))
     w_base = numba.carray(pointer_i64(d[23]), (d[24],))
     out = numba.carray(pointer_f32(d[25]), (d[26], d[27]))
-    if chunk == 0:
-        for s in range(w_base.shape[0]):
-            _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, s, 0, out.shape[1],
-                           rounding)
-        return
-    ctr = numba.carray(pointer_i64(d[29]), (d[30],))
-    mul_mat_rows(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, chunk, ctr, shared, rounding)
+    if chunk == 0:  # one thread: each slice whole, from a counter of its own (one copy of the inlined loops)
+        ctr = np.zeros(2, np.int64)
+        chunk = max(out.shape[1], 1)
+    else:
+        ctr = numba.carray(pointer_i64(d[29]), (d[30],))
+    mul_mat_rows(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, chunk, ctr, shared != 0,
+                 d[WAIT_POLLS], rounding)
+
+
+def _make_mul_mat_job(kind: int, rounding: int):
+    """The job of one weight type and rounding: `kind` and `rounding` are constants of its code, so numba
+    compiles that type's loop alone (the other branches of `_mul_mat_range` are pruned), and caches it under
+    the type's name."""
+
+    def job(p, shared):
+        _run_desc(kind, numba.carray(p, (SLOT_LEN,)), shared, rounding)
+        return 0
+
+    job.__name__ = job.__qualname__ = f"mul_mat_{kind_name(kind)}_{ROUNDING_NAMES[rounding]}"
+    return njit(nogil=True, cache=True)(job)
+
+
+@functools.cache
+def job_address(kind: int, rounding: int) -> int:
+    """The address of the compiled MUL_MAT job of `kind` and `rounding` (compiled, or loaded from numba's cache,
+    on the first call)."""
+    if rounding not in ROUNDING_NAMES:
+        raise ValueError(f"job_address: rounding {rounding} is not ROUND_REF or ROUND_X86")
+    return compiled_address(_make_mul_mat_job(kind, rounding), _JOB_SIG)
+
+
+@njit(nogil=True, cache=True)
+def mul_mat_job(d, shared):
+    """Run the MUL_MAT job `d` (see mul_mat_desc) by its compiled function; `shared` (0 or 1) as in `_run_desc`."""
+    call_job(d[_JOB_ADDRESS], d, shared)
 
 
 @njit(nogil=True, cache=True)
@@ -2384,7 +2447,7 @@ def mul_mat_spin(slot, spins):
     idle = 0
     while idle < spins:
         if claim(slot):
-            mul_mat_job(slot, False)
+            call_job(slot[_JOB_ADDRESS], slot, 0)
             finish(slot)
             idle = 0
         else:
@@ -2397,7 +2460,7 @@ def mul_mat_spin(slot, spins):
 @njit(nogil=True, cache=True)
 def mul_mat_shared(d, slots, n):
     """The caller's share of the job `d` posted to n workers' slots, then the slots revoked."""
-    mul_mat_job(d, True)
+    call_job(d[_JOB_ADDRESS], d, 1)
     revoke(slots, n)
 
 
@@ -2577,13 +2640,30 @@ def block_mins_to_f32(kind, w, w_off, r0, nb, out):
             out[i, K + b] = load_f16(w, o + size * b + 2)
 
 
-@njit(nogil=True, cache=True)
-def rows_to_f32(kind, w, w_off, r0, nb, out):
+def rows_to_f32(kind: int, w: np.ndarray, w_off: np.ndarray, r0: int, nb: int, out: np.ndarray) -> None:
     """out[i] = weight row w_off[r0 + i] as float32, for i < out.shape[0]; `nb` = blocks per row (a quantized
     row fills the first nb * blck_size elements of a longer out row).
 
-    One thread: it runs between BLAS calls, whose spinning workers hold the other cores (matmul.py).
+    One thread: it runs between BLAS calls, whose spinning workers hold the other cores (matmul.py). Compiled
+    per weight type (see `_rows_to_f32_of`), the first time that type comes.
     """
+    _rows_to_f32_of(kind)(w, w_off, r0, nb, out)
+
+
+@functools.cache
+def _rows_to_f32_of(kind: int):
+    """`rows_to_f32` of one weight type: `kind` is a constant of its code, so numba compiles that type's
+    dequantization alone."""
+
+    def rows_to_f32_of(w, w_off, r0, nb, out):
+        _rows_to_f32(kind, w, w_off, r0, nb, out)
+
+    rows_to_f32_of.__name__ = rows_to_f32_of.__qualname__ = f"rows_to_f32_{kind_name(kind)}"
+    return njit(nogil=True, cache=True)(rows_to_f32_of)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _rows_to_f32(kind, w, w_off, r0, nb, out):
     for i in range(out.shape[0]):
         o = w_off[r0 + i]
         if kind == Q4_0:

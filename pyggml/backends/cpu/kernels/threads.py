@@ -28,22 +28,26 @@ starts late finds fewer items, or none.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
 
-from pyggml.backends.cpu.kernels.atomics import atomic_cas, atomic_load, atomic_store, spin_pause
+from pyggml.backends.cpu.kernels.atomics import atomic_cas, atomic_load, atomic_store, element_pointer, spin_pause
 from pyggml.core.errors import ArgumentError
 
 log = logging.getLogger("pyggml.backends.cpu")
 
 IDLE, POSTED, RUNNING = 0, 1, 2  # a slot's state (its element 0)
-SLOT_LEN = 32  # int64 per slot: the state and up to 31 fields of a job (256 bytes: slots share no cache line)
+SLOT_LEN = 40  # int64 per slot: the state and up to 39 fields of a job (320 bytes: slots share no cache line)
 MAX_WORKERS = 511  # GGML_MAX_N_THREADS - 1
 # how long a worker polls after its last job before it sleeps (as llama.cpp's --poll): PYGGML_CPU_SPIN_US in
 # the environment, microseconds (0: sleep at once), else 1 ms, which covers the gaps between a decode step's
@@ -51,6 +55,8 @@ MAX_WORKERS = 511  # GGML_MAX_N_THREADS - 1
 ENV_SPIN_US = "PYGGML_CPU_SPIN_US"
 SPIN_SECONDS = 0.001
 YIELD_POLLS = 64  # a polling worker calls sched_yield every this many polls (~2 us)
+# a caller waiting for its workers' last items, after the spin time, sleeps this long between looks
+WAIT_SLEEP_US = 20
 
 
 def spin_seconds() -> float:
@@ -77,6 +83,23 @@ def claim(slot) -> bool:
 def finish(slot) -> None:
     """A worker is done with its slot's job (RUNNING -> IDLE)."""
     atomic_store(slot, 0, IDLE)
+
+
+@intrinsic
+def call_job(typingctx, fn, d, shared):
+    """Call the compiled job at address `fn`, C type int64 job(int64 *d, int64 shared), on the job `d` (a slot or
+    a descriptor: an int64 array of SLOT_LEN); returns its result. The job's code is chosen at run time, so a
+    worker's loop is compiled once for every kind of job (see quant_dot's `job_address`)."""
+    sig = types.int64(types.int64, d, types.int64)
+
+    def codegen(context, builder, signature, args):
+        i64 = ir.IntType(64)
+        fnty = ir.FunctionType(i64, [i64.as_pointer(), i64])
+        target = builder.inttoptr(args[0], fnty.as_pointer())
+        first = element_pointer(context, builder, signature.args[1], args[1], ir.Constant(i64, 0))
+        return builder.call(target, [first, args[2]])
+
+    return sig, codegen
 
 
 @njit(nogil=True, cache=True)
@@ -197,3 +220,85 @@ def new_pool(spin: Callable[[np.ndarray, int], object]) -> WorkerPool:
     if hasattr(os, "register_at_fork"):
         os.register_at_fork(after_in_child=pool._after_fork)
     return pool
+
+
+class _TeamCall:
+    """One ThreadTeam.run: its items, taken from a shared counter, and how many are done."""
+
+    def __init__(self, fn: Callable[[int, int], object], n_items: int) -> None:
+        self.fn, self.n_items = fn, n_items
+        self.items = itertools.count()  # next() is atomic under the GIL
+        self.lock = threading.Lock()
+        self.n_done = 0
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+    def work(self, slot: int) -> None:
+        """Take items until none is left; a thread that comes after the call returned finds none."""
+        while (i := next(self.items)) < self.n_items:
+            try:
+                self.fn(slot, i)
+            except BaseException as e:  # the caller raises it, after every item is accounted for
+                self.error = self.error or e
+            with self.lock:
+                self.n_done += 1
+                if self.n_done == self.n_items:
+                    self.done.set()
+
+
+class ThreadTeam:
+    """Python threads that share a call's work items with the caller, for kernels whose items run in numpy or
+    BLAS (single-threaded each: the team is their parallelism) with the GIL released.
+
+    `run(fn, n_items, n_threads)` calls fn(slot, item) for every item, on the caller (slot 0) and n_threads - 1
+    helpers (slots 1..), each taking the next item from a shared counter: a thread that gets less of the
+    machine (a core busy with another process) takes fewer items instead of holding the others up, and the
+    caller waits only for the items already taken. Helpers sleep on their queue between calls, so an idle
+    team costs nothing. A second thread calling `run` while the team is taken computes alone (slot 0)."""
+
+    def __init__(self) -> None:
+        self.queues: list[queue.SimpleQueue[_TeamCall]] = []
+        self.lock = threading.Lock()  # held by the one caller using the helpers
+
+    def _helper(self, q: queue.SimpleQueue[_TeamCall], slot: int) -> None:
+        while True:
+            q.get().work(slot)
+
+    def ensure(self, n_helpers: int) -> None:
+        """Start helpers until there are at least `n_helpers` (at most MAX_WORKERS)."""
+        while len(self.queues) < min(n_helpers, MAX_WORKERS):
+            q: queue.SimpleQueue[_TeamCall] = queue.SimpleQueue()
+            self.queues.append(q)
+            threading.Thread(target=self._helper, args=(q, len(self.queues)), daemon=True,
+                             name=f"pyggml-cpu-team-{len(self.queues)}").start()
+
+    def run(self, fn: Callable[[int, int], object], n_items: int, n_threads: int) -> None:
+        """fn(slot, item) for item in range(n_items), on up to n_threads threads (slots 0..n_threads-1)."""
+        if n_threads <= 1 or n_items <= 1 or not self.lock.acquire(blocking=False):
+            for i in range(n_items):
+                fn(0, i)
+            return
+        try:
+            self.ensure(n_threads - 1)
+            call = _TeamCall(fn, n_items)
+            for q in self.queues[:n_threads - 1]:
+                q.put(call)
+            call.work(0)
+            call.done.wait()
+        finally:
+            self.lock.release()
+        if call.error is not None:
+            raise call.error
+
+    def _after_fork(self) -> None:
+        """In a forked child the helpers do not exist: start afresh."""
+        self.__init__()  # type: ignore[misc]
+
+
+def new_team() -> ThreadTeam:
+    """A ThreadTeam that a forked child process replaces with an empty one."""
+    team = ThreadTeam()
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=team._after_fork)
+    return team
+
