@@ -47,6 +47,7 @@ def test_hidden_states_are_transformers_last_hidden_state(model: Any, tiny_llama
     model.reset()
 
 
+@pytest.mark.slow
 def test_embed_pools_and_normalizes(model: Any, tiny_llama: TinyLlama, prompt32: np.ndarray) -> None:
     ids = [int(t) for t in prompt32[:12]]
     want = _hf_hidden(tiny_llama, ids).astype(np.float64)
