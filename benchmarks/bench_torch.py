@@ -137,7 +137,7 @@ def sweep(tb: Backend, repeats: int) -> None:
 def bench_llama(tb: Backend, cpu_a: Backend, cpu_b: Backend, cpu_c: Backend, n_tokens: int,
                 repeats: int) -> None:
     try:
-        from pyggml.sched import Scheduler
+        from pyggml.seed import Scheduler
     except ImportError:
         print("(b) skipped: pyggml.sched is not available")
         return
@@ -188,7 +188,7 @@ def bench_llama(tb: Backend, cpu_a: Backend, cpu_b: Backend, cpu_c: Backend, n_t
         def graph(self, n: int, n_past: int) -> tuple:
             size = graph_size(hp)
             ctx = Context(mem_size=size * tensor_overhead() + graph_overhead(size), no_alloc=True)
-            g, inp = build_llama(ctx, hp, self.w, self.kv, n, n_past)
+            g, inp = build_llama(ctx, hp, self.w, self.kv, n, n_past, set_rows=False, glu=False)
             if self.pin:
                 # as llama.cpp's per-layer callback: every node from the layer's first named node to its last
                 # runs on the layer's backend (else ROPE and SOFT_MAX follow their CPU inputs pos and mask)

@@ -1,4 +1,9 @@
-"""Shared test fixtures."""
+"""Shared test fixtures, and the markers of the quick loop.
+
+`interop` (llama.cpp's tools, libggml or the llama-cpp-python sdist) and `models` (the installed GGUF packages)
+are set here from the fixtures a test uses and from its folder; `slow` is set by hand on the tests that take
+seconds. `python -m pytest -m "not slow and not interop and not models"` is the quick loop.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,25 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+# fixtures that build or fetch llama.cpp (its tools, libggml, the sdist): a test using one is `interop`
+INTEROP_FIXTURES = frozenset({"llamacpp_tools", "ggml_c_lib", "ggml_reference", "llamacpp_models", "clib",
+                              "ggml_c", "rpc_server_binary", "c_endpoint", "completion_tool", "typed_llamacpp"})
+# fixtures that read an installed GGUF package: a test using one is `models`
+MODELS_FIXTURES = frozenset({"smollm2_path", "gemma3_path", "smollm2_seed"})
+INTEROP_DIR = Path(__file__).parent / "interop"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        callspec = getattr(item, "callspec", None)
+        # the rpc tests' `endpoint` runs each case against the real ggml-rpc-server first
+        c_server = callspec is not None and callspec.params.get("endpoint") == "ggml-rpc-server"
+        if used & INTEROP_FIXTURES or c_server or INTEROP_DIR in item.path.parents:
+            item.add_marker(pytest.mark.interop)
+        if used & MODELS_FIXTURES:
+            item.add_marker(pytest.mark.models)
 
 
 @pytest.fixture

@@ -121,6 +121,7 @@ def docstring_nll(model: Any, text: str) -> tuple[float, int]:
     return float(-logp[np.arange(len(ids) - 1), ids[1:]].mean()), len(ids) - 1
 
 
+@pytest.mark.slow
 def test_the_builtin_model_knows_the_docstrings_it_was_trained_on() -> None:
     """What the README says it writes ("docstring-like English"), measured on the standard library's
     own docstrings against the same words in random order. Here (Python 3.11): 3.75 nats per token,

@@ -1,6 +1,6 @@
-"""Allocators (the seed's ggml-alloc.c, and today's alloc_ctx_tensors): tensors placed in backend buffers."""
+"""Allocators (ggml-alloc.c): tensors placed in backend buffers, one by one, a graph at a time, or a context's
+all at once."""
 
-from pyggml.alloc.allocr import Allocr
 from pyggml.alloc.ctx_tensors import (
     alloc_ctx_tensors,
     alloc_ctx_tensors_from_buft,
@@ -13,6 +13,6 @@ from pyggml.alloc.hash_set import HashSet
 from pyggml.alloc.report import MemoryReport, ReportEntry, memory_report
 from pyggml.alloc.tensor_allocator import MAX_FREE_BLOCKS, FreeBlock, TensorAllocator, aligned_offset
 
-__all__ = ["MAX_FREE_BLOCKS", "Allocr", "FreeBlock", "GraphAllocator", "HashNode", "HashSet", "MemoryReport",
+__all__ = ["MAX_FREE_BLOCKS", "FreeBlock", "GraphAllocator", "HashNode", "HashSet", "MemoryReport",
            "ReportEntry", "TensorAllocator", "aligned_offset", "alloc_ctx_tensors", "alloc_ctx_tensors_from_buft",
            "alloc_size", "alloc_tensors", "alloc_tensors_from_buft", "memory_report", "op_can_inplace"]

@@ -1,4 +1,4 @@
-"""Memory for a set of tensors at once: ggml_backend_alloc_ctx_tensors(_from_buft) (today's ggml-alloc).
+"""Memory for a set of tensors at once: ggml_backend_alloc_ctx_tensors(_from_buft) (ggml-alloc.c).
 
 Every tensor without memory that is not a view gets its own block of one new
 buffer, one after another in order, each block its alloc size in the buffer
@@ -8,7 +8,7 @@ tensors or of tensors with memory) then get their source's memory
 no tensor needed any.
 
 `alloc_ctx_tensors(ctx, backend)` allocates the buffer with the backend (it
-belongs to the backend, as the seed's buffers do), `..._from_buft` with a
+belongs to the backend), `..._from_buft` with a
 buffer type (a buffer of no backend). `alloc_tensors` does either for a list
 of tensors (the tensors of one backend among a context's).
 

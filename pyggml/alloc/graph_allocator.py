@@ -1,4 +1,4 @@
-"""`GraphAllocator`: the seed's `ggml_gallocr`, a graph's tensors placed so that memory is reused.
+"""`GraphAllocator`: ggml's `ggml_gallocr`, a graph's tensors placed so that memory is reused.
 
 The allocator walks the graph in execution order (or in the `parse_seq`
 order) and, before each node, gives memory to the node's sources and then to
@@ -8,7 +8,7 @@ allocator, so that later nodes reuse it. The counts come from a first pass
 over the graph: `n_children` (how many nodes read the tensor) and `n_views`
 (how many views of it exist in the graph).
 
-Decisions equal the seed's:
+Decisions equal ggml's:
 
 - A view gets its memory from its `view_src` (`init_view`), never its own.
 - In-place reuse: a node of an op that can run in place (`op_can_inplace`)
@@ -18,16 +18,16 @@ Decisions equal the seed's:
   The node then becomes a view of that source (its `view_src` is set), so the
   memory is freed once both are done. A source that is itself a view is
   reused only when it starts at its view_src's memory (offset 0) and is the
-  only view of it: the seed cannot keep the offset and still free the memory.
+  only view of it: ggml cannot keep the offset and still free the memory.
 - A view's source is freed when its last view and its last child are done.
 - Tensors with memory outside the allocator's buffer (weights, the KV cache,
   tensors of a `Context` with memory) are never freed: the tensor allocator
-  ignores tensors of other buffers. As in the seed, a tensor that was given
+  ignores tensors of other buffers. As in ggml, a tensor that was given
   memory by the same allocator before `alloc_graph` (an input allocated with
-  `Allocr.alloc`) is the allocator's, and is freed after its last consumer.
+  `TensorAllocator.alloc`) is the allocator's, and is freed after its last consumer.
 - With a parse_seq, nodes are allocated in its order and sources are freed
   only at its -1 barriers (nodes between barriers may run concurrently).
-- Buffer usage (today's ggml): a tensor allocator over a buffer marked
+- Buffer usage: a tensor allocator over a buffer marked
   WEIGHTS holds what must stay: its tensors are never freed after their last
   consumer and never overwritten by a node computed in place.
 
@@ -60,7 +60,7 @@ from pyggml.core.tensor import GGML_MAX_DIMS, GGML_MAX_SRC, GGMLOp, Tensor
 log = logging.getLogger("pyggml.alloc")
 
 # ggml_op_can_inplace as ggml-alloc.c at llama.cpp 0c1e570 lists it: ops whose kernels read each element before
-# writing it (the seed's list plus FILL, ADD_ID, ROPE_BACK, SILU_BACK, RMS_NORM_BACK, CLAMP, SOFT_MAX_BACK)
+# writing it
 INPLACE_OPS = frozenset({
     GGMLOp.FILL,
     GGMLOp.SCALE,
@@ -103,7 +103,7 @@ def are_same_layout(a: Tensor, b: Tensor) -> bool:
 
 
 class HashNode:
-    """The seed's `struct hash_node`: per-tensor counts, plus whether this pass allocated it.
+    """ggml's `struct hash_node`: per-tensor counts, plus whether this pass allocated it.
 
     `n_children`: nodes still to run that read the tensor. `n_views`: views
     of the tensor still in use (in-place reuse adds one). `allocated`: the
@@ -308,7 +308,7 @@ class GraphAllocator:
         log.debug("alloc_graph failed: %d tensors and %d allocators restored",
                   len(self._saved_tensors), len(self._saved_tallocs))
 
-    # --- the seed's static functions ---
+    # --- ggml-alloc.c's static functions ---
 
     def _hash_get(self, t: Tensor) -> HashNode:
         """hash_get: t's counts, made on first use."""

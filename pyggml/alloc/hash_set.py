@@ -1,14 +1,14 @@
-"""`HashSet`: the seed's `ggml_hash_set`, tensors indexed by identity.
+"""`HashSet`: ggml's `ggml_hash_set`, tensors indexed by identity.
 
 The graph allocator keys its per-tensor counts (`hash_node`) and, in
 `alloc_graph_n`, the per-tensor allocator map by the slot that
 `find_or_insert` gives a tensor. The scheduler builds one of these over a
-graph and passes it with a list of allocators indexed by slot, as the seed's
+graph and passes it with a list of allocators indexed by slot, as
 `ggml_gallocr_alloc_graph_n` takes a `ggml_hash_set` and a `ggml_tallocr_t *`.
 
 This is the core's graph hash set (`pyggml.core.graph.HashSet`, which keeps
-its keys alive so that `id()`s stay unique) with the seed's lookup without
-insertion, `find`.
+its keys alive so that `id()`s stay unique) with a lookup without insertion,
+`find`.
 """
 
 from __future__ import annotations

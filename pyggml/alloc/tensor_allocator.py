@@ -1,8 +1,9 @@
-"""`TensorAllocator`: the seed's `ggml_tallocr`, tensors placed in one buffer.
+"""`TensorAllocator`: ggml-alloc.c's best-fit tensor allocator (`ggml_tallocr` in the C API), tensors placed in
+one buffer.
 
 Free memory is a list of `FreeBlock`s sorted by address. `alloc` takes the
 best fitting block among all but the last one (the smallest that fits; on a
-tie the later block, as the seed's `<=` picks it) and falls back to the last
+tie the later block, as ggml's `<=` picks it) and falls back to the last
 block, the big tail of the buffer, only when no other block fits, so the
 tail stays as large as possible. `free_tensor` gives the bytes back and
 merges them with the block that ends where they start and/or the block that
@@ -13,7 +14,7 @@ A measure allocator runs the same plan over a fake address range (base
 `init_tensor`/`free_tensor` hooks: its `max_size` is the size a real buffer
 needs for the same sequence of allocations.
 
-The seed's fixed array of MAX_FREE_BLOCKS blocks is a limit here
+ggml's fixed array of MAX_FREE_BLOCKS blocks is a limit here
 (`max_free_blocks`, default MAX_FREE_BLOCKS); exceeding it raises
 `LimitExceededError`. Every error is raised before anything changes, so the
 allocator stays usable.
@@ -61,7 +62,7 @@ log = logging.getLogger("pyggml.alloc")
 
 MAX_FREE_BLOCKS = 256
 SIZE_MAX = 2**64 - 1
-MEASURE_BASE = 0x1000  # the seed's fake base address of a measure allocator
+MEASURE_BASE = 0x1000  # ggml's fake base address of a measure allocator
 
 
 def aligned_offset(buffer: int | None, offset: int, alignment: int) -> int:
@@ -75,7 +76,7 @@ def aligned_offset(buffer: int | None, offset: int, alignment: int) -> int:
 
 
 class FreeBlock:
-    """The seed's `struct free_block`: `size` free bytes from address `addr`."""
+    """ggml's `struct free_block`: `size` free bytes from address `addr`."""
 
     __slots__ = ("addr", "size")
 
@@ -90,9 +91,9 @@ class FreeBlock:
 class MeasureBuffer(Buffer):
     """The fake address range of a measure allocator: `size` bytes from `base`, no memory behind it.
 
-    The seed wraps the pointer 0x1000 in a CPU buffer of SIZE_MAX/2 bytes; a
+    ggml wraps the pointer 0x1000 in a CPU buffer of SIZE_MAX/2 bytes; a
     Python CPU buffer needs real memory, so this buffer stands in for it. It
-    has no backend (as the seed's NULL backend), hence no alignment of its own:
+    has no backend (as ggml's NULL backend), hence no alignment of its own:
     the allocator is given one.
     """
 
@@ -136,13 +137,13 @@ class TensorAllocator:
     def new(cls, data: object, size: int, alignment: int, max_free_blocks: int = MAX_FREE_BLOCKS) -> TensorAllocator:
         """ggml_tallocr_new: an allocator over `size` bytes of caller memory (an array or a host address),
         wrapped by the CPU device (the registry's device of type CPU: `buffer_from_host_ptr`)."""
-        # the seed's ggml_tallocr_new wraps the memory with ggml_backend_cpu_buffer_from_ptr: named so in errors
+        # ggml_tallocr_new wraps the memory with ggml_backend_cpu_buffer_from_ptr: named so in errors
         size = check_int(size, "cpu_buffer_from_ptr: size", minimum=0)
         device = dev_by_type(DeviceType.CPU)
         if device is None:
             raise ArgumentError("tallocr new: no CPU device is registered to wrap caller memory")
         buffer = device.buffer_from_host_ptr(data, size)
-        buffer.name = "CPU"  # caller memory is a CPU buffer (with no backend, as the seed's NULL)
+        buffer.name = "CPU"  # caller memory is a CPU buffer (with no backend, as ggml's NULL)
         return cls(buffer, buffer_owned=True, alignment=alignment, max_free_blocks=max_free_blocks)
 
     @classmethod

@@ -1,16 +1,16 @@
 """`Backend`: ggml's `ggml_backend`, something that holds memory and computes graphs.
 
-Public methods are the seed's `ggml_backend_*` functions; the `_`-prefixed
+Public methods are ggml's `ggml_backend_*` functions; the `_`-prefixed
 methods are the hooks of `ggml_backend_i` that a backend overrides. Required
-hooks: `_get_name`, `_graph_compute`, and, for a backend without a device (the
-seed's backends), `_alloc_buffer`, `_get_alignment`, `_supports_op` and
+hooks: `_get_name`, `_graph_compute`, and, for a backend without a device,
+`_alloc_buffer`, `_get_alignment`, `_supports_op` and
 either `_set_tensor_async`/`_get_tensor_async` or its buffers' `_set_tensor`/
-`_get_tensor`. A backend of a device (today's ggml: `Backend(device)`, see
+`_get_tensor`. A backend of a device (`Backend(device)`, see
 `pyggml.backend.device`) gets those from the device and its buffer type.
-Optional hooks keep the seed's defaults: `_synchronize` does nothing,
+Optional hooks default as ggml's NULL entries: `_synchronize` does nothing,
 `_cpy_tensor_from` and `_cpy_tensor_to` return False (not handled: the copy
 goes through host memory), plans default to remembering the graph and
-computing it; and today's: events recorded on a synchronous backend are
+computing it; events recorded on a synchronous backend are
 complete at once (`_event_record` synchronizes, `_event_wait` waits on the
 host), plans do not follow tensors that move (`_plans_follow_moves`), tensor reads and writes are
 not ordered after queued work (`_io_ordered`).
@@ -18,7 +18,7 @@ not ordered after queued work (`_io_ordered`).
 Buffers: `alloc_buffer` gives a buffer of the default buffer type
 (`get_default_buffer_type()`: the device's, or for a backend without a device
 one made from its `_alloc_buffer` and `_get_alignment`) that belongs to this
-backend (`buffer.backend`), as the seed's buffers do.
+backend (`buffer.backend`).
 
 Computing is asynchronous where the backend is, as in ggml: `_graph_compute`
 and plan computes may queue the work and return; `graph_compute_async` is the
@@ -194,7 +194,7 @@ class Backend:
         return self._get_alignment()
 
     def get_device(self) -> Device | None:
-        """ggml_backend_get_device: the device of this backend (None for the seed's backends, which have none)."""
+        """ggml_backend_get_device: the device of this backend (None for a backend made without one)."""
         return self._device
 
     def get_default_buffer_type(self) -> BufferType:
@@ -221,14 +221,14 @@ class Backend:
         if buffer.buft is None:
             buffer.buft = buft
         if buffer.backend is None:
-            buffer.backend = self  # the seed's buffer->backend: computed with and written through here
+            buffer.backend = self  # buffer->backend: computed with and written through here
             buffer.name = self.name()
         return buffer
 
     def buffer_from_host_ptr(self, ptr: object, size: int, max_tensor_size: int = 0) -> Buffer:
         """A buffer of this backend over `size` bytes of host memory at `ptr`, which it never frees: the
         device's `buffer_from_host_ptr` (UnsupportedOpError where the device cannot), belonging to this
-        backend as the seed's `ggml_backend_cpu_buffer_from_ptr(backend_cpu, ptr, size)` makes it."""
+        backend as `ggml_backend_cpu_buffer_from_ptr(backend_cpu, ptr, size)` makes it."""
         self.check_alive()
         if self._device is None:
             raise UnsupportedOpError(f"backend '{self.name()}' has no device to make buffers over host memory")
@@ -366,7 +366,7 @@ def _buffer_with_own_io(backend: Backend, tensor: Tensor, hook: str, buffer_hook
 
 
 class BackendBufferType(BufferType):
-    """The buffer type of a backend without a device (the seed's): allocates through the backend's
+    """The buffer type of a backend without a device: allocates through the backend's
     `_alloc_buffer`, aligns as its `_get_alignment` says, and is host memory if a 1-byte buffer of
     the backend is (asked once)."""
 

@@ -1,25 +1,25 @@
 """`Buffer`: ggml's `ggml_backend_buffer`, a block of a backend's memory.
 
-Public methods are the seed's `ggml_backend_buffer_*` functions: they check
-their arguments, apply the seed's defaults and call the hooks (the
+Public methods are ggml's `ggml_backend_buffer_*` functions: they check
+their arguments, apply ggml's defaults and call the hooks (the
 `ggml_backend_buffer_i` entries, as `_`-prefixed methods) that a backend's
 buffer class overrides. `_get_base` is required; the others are optional and
-default to what the seed does when the entry is NULL.
+default to what ggml does when the entry is NULL.
 
-Today's ggml adds to the seed's buffer: a buffer type (`buft`, see
+A buffer has a buffer type (`buft`, see
 `pyggml.backend.buffer_type`), which answers for the buffer's alignment, max
 size, alloc size and `is_host` when the buffer's class does not; a usage
 (`BufferUsage`: ANY, WEIGHTS, COMPUTE) that allocators and the scheduler read;
 and the tensor data hooks `_set_tensor`, `_get_tensor`, `_memset_tensor`,
 `_cpy_tensor` (the buffer moves its own bytes, so a buffer made by a buffer
-type needs no backend). Their defaults are the seed's: ask the buffer's
-backend (`_set_tensor_async` then `_synchronize`, ...). `backend` is the
-seed's `buffer->backend`: the backend the buffer was allocated for, or None
-for a buffer made by a buffer type or over caller memory.
+type needs no backend). Their defaults ask the buffer's backend
+(`_set_tensor_async` then `_synchronize`, ...). `backend` is the backend the
+buffer was allocated for (`Backend.alloc_buffer`), or None for a buffer made
+by a buffer type or over caller memory.
 
 `buffer_init` is `ggml_backend_buffer_init` for C-style code: a buffer made
 from an interface object of callables (`BufferInterface`), a context, and a
-backend (the seed) or a buffer type (today's ggml).
+backend or a buffer type.
 
 Freed buffers: every method that reads or writes the memory (`get_base`,
 `get_alignment`, `get_alloc_size`, `init_tensor`, `free_tensor`, `clear`)
@@ -133,7 +133,7 @@ class Buffer:
 
     def _set_tensor(self, tensor: Tensor, data: memoryview, offset: int, size: int) -> None:
         """Copy `size` bytes of `data` (1-D, format 'B') to the tensor's bytes from `offset`, complete on return
-        (checked already). Optional: the seed's way, the buffer's backend (`_set_tensor_async`, `_synchronize`)."""
+        (checked already). Optional: through the buffer's backend (`_set_tensor_async`, `_synchronize`)."""
         backend = self._io_backend("_set_tensor")
         backend._set_tensor_async(tensor, data, offset, size)
         backend._synchronize()
@@ -154,8 +154,8 @@ class Buffer:
         return False
 
     def backend_moves_bytes(self) -> bool:
-        """Whether the buffer has a backend with its own data hooks (`_set_tensor_async`): the seed's buffers
-        are read and written through it. Buffer classes that move their own bytes ask this first, so a
+        """Whether the buffer has a backend with its own data hooks (`_set_tensor_async`): a buffer a backend
+        allocated is read and written through it. Buffer classes that move their own bytes ask this first, so a
         backend that watches its transfers sees them."""
         from pyggml.backend.backend import Backend
 
@@ -184,7 +184,7 @@ class Buffer:
         self.freed = True
 
     def get_alignment(self) -> int:
-        """The seed asks the buffer's backend; a buffer without one asks its buffer type (today's ggml)."""
+        """The buffer's backend's alignment; a buffer without one asks its buffer type."""
         self.check_alive()
         if self.backend is not None:
             return self.backend.get_alignment()
@@ -199,7 +199,7 @@ class Buffer:
         return self.buft.get_max_size() if self.buft is not None else SIZE_MAX
 
     def get_type(self) -> BufferType | None:
-        """ggml_backend_buffer_get_type: the buffer type that made this buffer (None for the seed's buffers)."""
+        """ggml_backend_buffer_get_type: the buffer type that made this buffer (None for a buffer made without one)."""
         return self.buft
 
     def set_usage(self, usage: BufferUsage | int) -> None:
@@ -258,7 +258,7 @@ class Buffer:
         """ggml_backend_buffer_clear (ggml's later name): set every byte of the buffer to `value` (0..255)."""
         self.check_alive()
         value = check_int(value, f"buffer '{self.name}': clear: value", minimum=0, maximum=255)
-        if self.size == 0:  # as today's ggml: nothing to clear
+        if self.size == 0:  # nothing to clear
             return
         self._clear(value)
 
@@ -350,8 +350,8 @@ def tensor_buffer(tensor: Tensor) -> Buffer | None:
 class BufferInterface:
     """ggml's `struct ggml_backend_buffer_i`: callables taking the buffer first; None = the default.
 
-    The seed's entries (`free_buffer`, `get_base`, `get_alloc_size`, `init_tensor`, `free_tensor`)
-    and today's (`memset_tensor`, `set_tensor`, `get_tensor`, `cpy_tensor`, `clear`, `reset`).
+    Its entries: `free_buffer`, `get_base`, `get_alloc_size`, `init_tensor`, `free_tensor`, `memset_tensor`,
+    `set_tensor`, `get_tensor`, `cpy_tensor`, `clear`, `reset`.
     """
 
     free_buffer: Callable[[Buffer], None] | None = None
@@ -456,7 +456,7 @@ def buffer_init(owner: Backend | BufferType | None, iface: Any, context: Any, si
     """ggml_backend_buffer_init: a buffer of `size` bytes from `iface` (a `BufferInterface`,
     any object with those attributes, or a dict) and `context` (the buffer's `context`).
 
-    `owner` is the seed's backend, or today's buffer type (the buffer then has no backend, and
+    `owner` is a backend, or a buffer type (the buffer then has no backend, and
     its data hooks must be in `iface` or it cannot be read or written), or None.
     """
     from pyggml.backend.backend import Backend

@@ -11,8 +11,7 @@ type when the backend has no device). The buffers it allocates have no
 backend (`buffer.backend` is None): they move their own bytes (the buffer's
 `_set_tensor`/`_get_tensor` hooks), and any backend whose device
 `supports_buft` this type computes with them. `Backend.alloc_buffer` gives a
-buffer of the backend's default type that also belongs to that backend, as
-the seed's buffers do.
+buffer of the backend's default type that also belongs to that backend.
 
 The public methods check what they are given and what the hooks answer: a
 size is an int >= 0 and at most the type's max size (OutOfMemoryError naming

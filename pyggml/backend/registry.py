@@ -52,6 +52,10 @@ SET_N_THREADS = "ggml_backend_set_n_threads"  # the proc address of a backend's 
 EXTRA_BUFTS = "ggml_backend_dev_get_extra_bufts"  # the proc address of a device's extra buffer types
 # the proc address of a backend's batch-invariant switch (pyggml's: no ggml backend has one)
 SET_BATCH_INVARIANT = "pyggml_backend_set_batch_invariant"
+# the proc addresses of a registry whose kernels compile at run time: a context manager calling
+# (on_start(name, source), on_end(name, seconds)) around each compile, and the folder a source's code is kept in
+WATCH_COMPILES = "pyggml_watch_compiles"
+COMPILE_CACHE_FOLDER = "pyggml_compile_cache_folder"
 
 BackendFactory = Callable[..., Backend]
 
@@ -220,6 +224,11 @@ def _load_entry_point(key: str, ep: importlib.metadata.EntryPoint) -> Reg:
     _load_errors.pop(key, None)
     log.debug("loaded backend %s from entry point %s", reg.name(), ep.value)
     return reg
+
+
+def loaded_regs() -> list[Reg]:
+    """The registries registered or loaded so far (no entry point is loaded for this)."""
+    return list(_regs.values())
 
 
 def _iter_regs() -> Iterator[Reg]:

@@ -2,8 +2,8 @@
 
 Every allocator ends in these two (the tensor allocator, the graph allocator's
 views, `alloc_ctx_tensors_from_buft`, `graph_copy`, the model runner): they set
-`buffer` and `data` and call the buffer's `init_tensor` hook, as today's ggml
-does wherever a tensor gets memory.
+`buffer` and `data` and call the buffer's `init_tensor` hook, as ggml does
+wherever a tensor gets memory.
 """
 
 from __future__ import annotations

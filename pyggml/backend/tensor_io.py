@@ -13,9 +13,9 @@ written.
 bytearray, memoryview, array.array); the bytes are copied as they lie in
 memory, as ggml's memcpy does.
 
-The bytes move as in today's ggml, through the tensor's buffer (its
-`_set_tensor`, `_get_tensor`, `_memset_tensor` hooks, which default to the
-seed's way: the buffer's backend); the `_async` forms go through the buffer's
+The bytes move as in ggml, through the tensor's buffer (its
+`_set_tensor`, `_get_tensor`, `_memset_tensor` hooks, which default to going
+through the buffer's backend); the `_async` forms go through the buffer's
 backend when it has one.
 """
 
@@ -199,8 +199,8 @@ def tensor_get(tensor: Tensor, out: object, offset: int = 0, size: int | None = 
 def tensor_copy(src: Tensor, dst: Tensor) -> None:
     """ggml_backend_tensor_copy: copy `src` into `dst`, which must have the same type, `ne` and `nb`.
 
-    As the seed: dst's backend's `_cpy_tensor_from`, else src's backend's
-    `_cpy_tensor_to`; then today's ggml: dst's buffer's `_cpy_tensor`; else
+    dst's backend's `_cpy_tensor_from`, else src's backend's `_cpy_tensor_to`; then dst's buffer's
+    `_cpy_tensor`; else
     through host memory (get, then set).
     """
     check_instance(src, Tensor, "tensor_copy: src")

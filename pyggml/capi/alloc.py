@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pyggml.alloc.allocr import Allocr
 from pyggml.alloc.graph_allocator import GraphAllocator
 from pyggml.alloc.tensor_allocator import TensorAllocator
 from pyggml.backend.backend import Backend
@@ -24,6 +23,7 @@ from pyggml.core.checks import check_instance, check_int
 from pyggml.core.errors import InvalidStateError
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import Tensor
+from pyggml.seed.allocr import Allocr
 
 __all__ = [
     "ggml_tallocr_new", "ggml_tallocr_new_measure", "ggml_tallocr_new_from_buffer", "ggml_tallocr_new_from_backend",

@@ -11,8 +11,8 @@ Code ported from C reads the same:
 Pointers are Python objects (`struct ggml_context *` a `Context`, `struct
 ggml_tensor *` a `Tensor`, `struct ggml_cgraph *` a `Graph`); NULL is None.
 Enums are pyggml's IntEnums with ggml.h's names and numbers (GGML_OP_MUL_MAT
-== 29, GGML_UNARY_OP_SILU == 10, GGML_TYPE_I32 == 26, as today's ggml and GGUF
-files number them).
+== 29, GGML_UNARY_OP_SILU == 10, GGML_TYPE_I32 == 26, as ggml and GGUF files
+number them).
 """
 
 from __future__ import annotations
@@ -1161,7 +1161,7 @@ def ggml_hash_size(min_sz: int) -> int:
     return hash_size(min_sz)
 
 
-# --- today's small ops (pyggml.core.ops.misc) ---
+# --- small ops (pyggml.core.ops.misc) ---
 
 
 def ggml_sin(ctx: Context, a: Tensor) -> Tensor:

@@ -1,4 +1,4 @@
-"""Today's ggml-backend.h by its C names: buffer types, buffer usage, devices, registries, events, loading,
+"""ggml-backend.h by its C names: buffer types, buffer usage, devices, registries, events, loading,
 graph copies; each a thin call into the classes.
 
 Pointers are Python objects (`ggml_backend_dev_t` a `Device`, `ggml_backend_reg_t` a `Reg`,
@@ -378,7 +378,7 @@ def ggml_backend_view_init(tensor: Tensor) -> None:
     view_init(tensor)
 
 
-# --- ggml-alloc.h (today's) ---
+# --- ggml-alloc.h ---
 
 
 def ggml_backend_alloc_ctx_tensors_from_buft(ctx: Context, buft: BufferType) -> Buffer | None:

@@ -1,5 +1,6 @@
 """The scheduler's part of ggml-backend.h by its C names, each a thin call into `pyggml.sched.BackendSched`
-(today's, from the six-argument `ggml_backend_sched_new`) or `pyggml.sched.Scheduler` (the seed's).
+(from the six-argument `ggml_backend_sched_new`) or, for the two-argument form of late-2023 ggml,
+`pyggml.seed.Scheduler`.
 
 `ggml_backend_sched_t` is either. `ggml_backend_sched_new` takes the
 backends as a sequence and, like C, their count (which must not exceed the
@@ -26,8 +27,9 @@ from pyggml.core.context import GGML_DEFAULT_GRAPH_SIZE
 from pyggml.core.errors import ArgumentError, ArgumentTypeError
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import Tensor
-from pyggml.sched.sched import GGML_SCHED_MAX_BACKENDS, GGML_SCHED_MAX_COPIES, BackendSched, EvalCallback
-from pyggml.sched.scheduler import GGML_MAX_BACKENDS, GGML_MAX_SPLIT_INPUTS, GGML_MAX_SPLITS, Scheduler
+from pyggml.sched.backend_sched import GGML_SCHED_MAX_BACKENDS, GGML_SCHED_MAX_COPIES, BackendSched, EvalCallback
+from pyggml.seed import capi as seed_capi
+from pyggml.seed.scheduler import GGML_MAX_BACKENDS, GGML_MAX_SPLIT_INPUTS, GGML_MAX_SPLITS, Scheduler
 
 GGML_STATUS_SUCCESS = 0
 
@@ -46,7 +48,7 @@ __all__ = [
 
 
 def ggml_backend_sched_new(backends: Sequence[Backend], *args: Any, **kwargs: Any) -> Scheduler | BackendSched:
-    """Today's `ggml_backend_sched_new(backends, bufts, n_backends, graph_size, parallel, op_offload)` (a
+    """`ggml_backend_sched_new(backends, bufts, n_backends, graph_size, parallel, op_offload)` (a
     `BackendSched`: bufts None for the backends' defaults), or the seed's `ggml_backend_sched_new(backends,
     n_backends)` (a `Scheduler`, the seed's assignment and API) when called with at most the count."""
     if isinstance(backends, (str, bytes)) or not isinstance(backends, Sequence):
@@ -56,8 +58,7 @@ def ggml_backend_sched_new(backends: Sequence[Backend], *args: Any, **kwargs: An
     # the seed's form: at most a count (anything but a sequence of buffer types: check_int judges it)
     seed = not kwargs and len(args) <= 1 and (not args or not isinstance(args[0], Sequence))
     if seed:
-        n_backends = _count(args[0] if args else None, len(backends))
-        return Scheduler(backends[:n_backends])
+        return seed_capi.ggml_backend_sched_new(backends, _count(args[0] if args else None, len(backends)))
     names = ("bufts", "n_backends", "graph_size", "parallel", "op_offload")
     if len(args) > len(names):
         raise ArgumentError(f"ggml_backend_sched_new: {1 + len(args)} arguments, at most 6")
@@ -84,7 +85,7 @@ def _count(n_backends: int | None, n_given: int) -> int:
 
 def _today(sched: object, what: str) -> BackendSched:
     if not isinstance(sched, BackendSched):
-        raise ArgumentTypeError(f"{what}: needs a scheduler of today's ggml_backend_sched_new (6 arguments), got "
+        raise ArgumentTypeError(f"{what}: needs a scheduler of the six-argument ggml_backend_sched_new, got "
                                 f"{type(sched).__name__}")
     return sched
 
@@ -143,7 +144,7 @@ def ggml_backend_sched_reserve(sched: Scheduler | BackendSched, measure_graph: G
     return True
 
 
-# --- today's (ggml_backend_sched of llama.cpp 0c1e570: pyggml.sched.BackendSched) ---
+# --- ggml_backend_sched of llama.cpp 0c1e570 (pyggml.sched.BackendSched) ---
 
 
 def ggml_backend_sched_reserve_size(sched: BackendSched, measure_graph: Graph) -> list[int]:

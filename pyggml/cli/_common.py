@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
 from pyggml.core.errors import ArgumentError, GGUFError
+from pyggml.models.arch import ARCHS
 
 
 class CLIError(Exception):
@@ -95,6 +96,10 @@ class _ModelsAction(argparse.Action):
         items = [values] if isinstance(values, str) else list(values)
         paths = [p for item in items for p in item.split(",") if p]
         setattr(namespace, self.dest, (getattr(namespace, self.dest, None) or []) + paths)
+
+
+FAMILIES = ", ".join(ARCHS)  # the architectures (general.architecture) pyggml.models runs
+GGUF_MODEL = f"GGUF model ({FAMILIES})"
 
 
 def add_model(parser: argparse.ArgumentParser, what: str, several: bool = False) -> None:
@@ -506,10 +511,10 @@ class BackendPlan:
             return None
         if n == n_layer:
             return [0] * g + [n]
-        cpu = next((i for i, b in enumerate(backends) if is_cpu(b)), None)
+        cpu = next((i for i, b in enumerate(backends) if has_cpu_device(b)), None)
         if cpu is not None and cpu < g:
             return [0] * cpu + [n_layer - n] + [0] * (g - cpu - 1) + [n]
-        cpu = next(i for i in range(g + 1, len(backends)) if is_cpu(backends[i]))
+        cpu = next(i for i in range(g + 1, len(backends)) if has_cpu_device(backends[i]))
         return [0] * g + [n] + [0] * (cpu - g - 1)
 
     def init(self, n_threads: int | None, n_layer: int) -> list[Any]:
@@ -517,7 +522,8 @@ class BackendPlan:
         no CPU is there to take them (llama.cpp keeps them on the CPU)."""
         backends = init_backends(self.names, n_threads)
         if self.n_gpu_layers in (None, ALL_LAYERS) or int(self.n_gpu_layers) >= n_layer or self.layers_on \
-                or self.tensor_split is not None or offload_index(backends) is None or any(map(is_cpu, backends)):
+                or self.tensor_split is not None or offload_index(backends) is None \
+                or any(map(has_cpu_device, backends)):
             return backends
         self.names.append("cpu")
         return backends + init_backends(["cpu"], n_threads)
@@ -530,7 +536,7 @@ class BackendPlan:
                 f"the CPU")
 
 
-def is_cpu(backend: Any) -> bool:
+def has_cpu_device(backend: Any) -> bool:
     """Whether the backend's device is a CPU (ggml's device type; a backend without a device is not one)."""
     from pyggml.backend.device import DeviceType
 
@@ -540,7 +546,7 @@ def is_cpu(backend: Any) -> bool:
 
 def offload_index(backends: Sequence[Any]) -> int | None:
     """The position of the first backend that is not a CPU (-ngl's target), None when all are."""
-    return next((i for i, b in enumerate(backends) if not is_cpu(b)), None)
+    return next((i for i, b in enumerate(backends) if not has_cpu_device(b)), None)
 
 
 def split_overrides(value: str, aliases: Sequence[Sequence[str]]) -> list[tuple[str, str]]:
@@ -596,7 +602,7 @@ def backend_plan_of(names: Sequence[str] | None, layers_on: Sequence[str] | None
 
     Without --backend the list is the backends --n-layers-on names (NAME=N), then the CPU:
     `--n-layers-on torch=2` means torch for 2 layers, then the CPU."""
-    from pyggml.sched.sched import GGML_SCHED_MAX_BACKENDS
+    from pyggml.sched.backend_sched import GGML_SCHED_MAX_BACKENDS
 
     specs = [item for spec in layers_on or [] for item in parse_layers_on(spec)]
     if tensor_split is not None and specs:

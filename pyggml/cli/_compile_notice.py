@@ -15,14 +15,17 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import TextIO
 
+from pyggml.backend.registry import COMPILE_CACHE_FOLDER, WATCH_COMPILES, Reg, loaded_regs, reg_by_name
+
 PROGRESS_SECONDS = 5.0
+COMPILING_DEFAULT = "cpu"  # the registry listened to even before any backend is made
 
 
 class CompileNotice:
-    """Hears numba's compiles (see pyggml.backends.cpu.jit.watch_compiles) and tells `err` about them."""
+    """Hears numba's compiles (through the registries that answer WATCH_COMPILES) and tells `err` about them."""
 
     def __init__(self, err: TextIO, prog: str, verbose: bool = False, tty: bool | None = None) -> None:
         self.err, self.prog, self.verbose = err, prog, verbose
@@ -78,22 +81,33 @@ class CompileNotice:
 def _cache_folder(source: str | None) -> str | None:
     if source is None:
         return None
-    from pyggml.backends.cpu.jit import cache_folder
+    for reg in _compiling_regs():
+        folder = reg.get_proc_address(COMPILE_CACHE_FOLDER)
+        try:
+            found = folder(source) if folder is not None else None
+        except OSError:
+            found = None
+        if found:
+            return found
+    return None
 
-    try:
-        return cache_folder(source)
-    except OSError:
-        return None
+
+def _compiling_regs() -> list[Reg]:
+    """The registries whose kernels compile at run time (they answer WATCH_COMPILES): the CPU's, every
+    command's backend; the others' are asked only when already loaded (loading torch to listen costs seconds)."""
+    regs = [reg_by_name(COMPILING_DEFAULT), *loaded_regs()]
+    unique = {id(reg): reg for reg in regs if reg is not None}
+    return [reg for reg in unique.values() if reg.get_proc_address(WATCH_COMPILES) is not None]
 
 
 @contextmanager
 def compile_notice(err: TextIO, prog: str, verbose: bool = False) -> Iterator[CompileNotice]:
     """A CompileNotice listening to numba's compiles within the block."""
-    from pyggml.backends.cpu.jit import watch_compiles
-
     notice = CompileNotice(err, prog, verbose)
     try:
-        with watch_compiles(notice.start, notice.end):
+        with ExitStack() as watching:
+            for reg in _compiling_regs():
+                watching.enter_context(reg.get_proc_address(WATCH_COMPILES)(notice.start, notice.end))
             yield notice
     finally:
         notice.close()

@@ -28,6 +28,7 @@ from pyggml.cli._common import (
     ALL_LAYERS,
     DEFAULT_BATCH,
     DEFAULT_UBATCH,
+    GGUF_MODEL,
     CLIError,
     LoadSettings,
     add_backend_options,
@@ -63,7 +64,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                                    "(tg: N tokens one by one) in tokens/s, as mean ± std over repetitions after a "
                                    "warm-up run, like llama.cpp's llama-bench. Options marked 'comma list' take "
                                    "several values (or are repeated): every combination is a test.")
-    add_model(p, "GGUF model files (default: the built-in model)", several=True)
+    add_model(p, f"{GGUF_MODEL} files (default: the built-in model)", several=True)
     p.add_argument("-p", "--n-prompt", type=int_range(non_negative_int), action="extend", default=None, metavar="P",
                    help=f"prompt tokens of the pp tests, 0 none (default: {DEFAULT_N_PROMPT}); a comma list of "
                         f"values or FIRST-LAST[+STEP|*MULT] ranges, as llama-bench's")

@@ -20,6 +20,7 @@ import time
 from typing import Any, TextIO
 
 from pyggml.cli._common import (
+    GGUF_MODEL,
     CLIError,
     add_backend_options,
     add_chat_template,
@@ -52,7 +53,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                                    "streams to stdout. The file's chat template (tokenizer.chat_template; "
                                    "ChatML without one, as llama.cpp) renders the conversation, the reply stops "
                                    "at its end-of-turn token. EOF (Ctrl-D) or /exit ends the chat.")
-    add_model(p, "a LLaMA-family GGUF file (default: the built-in model, which was not trained to chat)")
+    add_model(p, f"a {GGUF_MODEL} file (default: the built-in model, which was not trained to chat)")
     p.add_argument("-p", "--prompt", default=None, metavar="TEXT",
                    help="the first user message, answered before stdin is read (as llama-cli's -p)")
     p.add_argument("-sys", "--system-prompt", "--system", dest="system", default=None, metavar="TEXT",

@@ -13,7 +13,7 @@ import sys
 import warnings
 
 from pyggml.cli import bench, chat, devices, info, rpc_server, run, serve
-from pyggml.cli._common import CLIError, Parser, add_debug
+from pyggml.cli._common import GGUF_MODEL, CLIError, Parser, add_debug
 from pyggml.cli._compile_notice import compile_notice
 
 # the subcommands that compute with the CPU kernels (numba compiles them on a first run)
@@ -22,7 +22,7 @@ _COMPILING = frozenset(("run", "chat", "serve", "bench", "test-ops"))
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="pyggml", description="ggml's backend layer in Python: run, inspect and benchmark "
-                                               "LLaMA GGUF models, test backends")
+                                               f"a {GGUF_MODEL}, test backends")
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     parser.add_argument("--debug", action="store_true", default=False,
                         help="show the traceback of an error and debug logging")

@@ -14,13 +14,13 @@ llama.cpp's rpc-server finds ggml_backend_rpc_start_server through the registry)
 from __future__ import annotations
 
 import argparse
+import inspect
 import logging
 import math
 import re
 import sys
 from typing import Any
 
-from pyggml.backends.rpc import server as rpc
 from pyggml.cli._common import CLIError, add_debug, fmt_bytes, init_backends, positive_int, thread_count
 from pyggml.core import work
 
@@ -99,18 +99,19 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                         "buffer beyond it is refused")
     p.add_argument("-t", "--threads", type=thread_count, default=None, metavar="N",
                    help="threads of the CPU backend (default: all cores)")
+    limits = server_defaults()
     g = p.add_argument_group("limits (a client past one is disconnected, with a log line naming it)")
-    g.add_argument("--max-connections", type=positive_int, default=rpc.DEFAULT_MAX_CONNECTIONS, metavar="N",
-                   help=f"clients connected at once; more are closed as they connect (default: "
-                        f"{rpc.DEFAULT_MAX_CONNECTIONS})")
-    g.add_argument("--hello-timeout", type=seconds, default=rpc.DEFAULT_HELLO_TIMEOUT, metavar="SECONDS",
-                   help=f"time from connecting to a whole HELLO (default: {rpc.DEFAULT_HELLO_TIMEOUT:g})")
-    g.add_argument("-to", "--timeout", type=seconds_or_never, default=rpc.DEFAULT_IDLE_TIMEOUT, metavar="SECONDS",
-                   help=f"time a client holding no buffer may stay silent between messages (one holding buffers "
-                        f"may think as long as it likes); 0: no limit (default: {rpc.DEFAULT_IDLE_TIMEOUT:g})")
-    g.add_argument("--message-timeout", type=seconds, default=rpc.DEFAULT_MESSAGE_TIMEOUT, metavar="SECONDS",
-                   help=f"time for the whole of a message once it started, and for an answer to be taken, plus "
-                        f"a second per MiB (default: {rpc.DEFAULT_MESSAGE_TIMEOUT:g})")
+    g.add_argument("--max-connections", type=positive_int, default=limits["max_connections"], metavar="N",
+                   help="clients connected at once; more are closed as they connect (default: "
+                        "%(default)s)")
+    g.add_argument("--hello-timeout", type=seconds, default=limits["hello_timeout"], metavar="SECONDS",
+                   help="time from connecting to a whole HELLO (default: %(default)s)")
+    g.add_argument("-to", "--timeout", type=seconds_or_never, default=limits["idle_timeout"], metavar="SECONDS",
+                   help="time a client holding no buffer may stay silent between messages (one holding buffers "
+                        "may think as long as it likes); 0: no limit (default: %(default)s)")
+    g.add_argument("--message-timeout", type=seconds, default=limits["message_timeout"], metavar="SECONDS",
+                   help="time for the whole of a message once it started, and for an answer to be taken, plus "
+                        "a second per MiB (default: %(default)s)")
     g.add_argument("--max-work", type=count, default=work.MAX_GRAPH_WORK, metavar="N",
                    help=f"a graph's work: its nodes' elements and multiply-adds; a model's batch costs about "
                         f"its parameters times its tokens (default: 2^45 = {work.MAX_GRAPH_WORK:.2g})")
@@ -123,11 +124,26 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     return p
 
 
-def run(args: argparse.Namespace) -> int:
+def server_class() -> Any:
+    """The RPC server, as the "rpc" registry hands it out ("pyggml_rpc_server"); None without one."""
     from pyggml.backend.registry import reg_by_name
 
     reg = reg_by_name("rpc")
-    server_cls = reg.get_proc_address("pyggml_rpc_server") if reg is not None else None
+    return reg.get_proc_address("pyggml_rpc_server") if reg is not None else None
+
+
+def server_defaults() -> dict[str, Any]:
+    """The server's own defaults of the connection limits (its constructor's), for the options' defaults."""
+    names = ("max_connections", "hello_timeout", "idle_timeout", "message_timeout")
+    server_cls = server_class()
+    if server_cls is None:
+        return dict.fromkeys(names)
+    params = inspect.signature(server_cls).parameters
+    return {name: params[name].default for name in names}
+
+
+def run(args: argparse.Namespace) -> int:
+    server_cls = server_class()
     if server_cls is None:
         raise CLIError("the rpc backend is not registered (no 'rpc' registry with a server): reinstall pyggml "
                        "(pip install -e .) so that its pyggml.backends entry point 'rpc' is known")

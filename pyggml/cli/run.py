@@ -17,6 +17,7 @@ import time
 from typing import Any, TextIO
 
 from pyggml.cli._common import (
+    GGUF_MODEL,
     CLIError,
     add_backend_options,
     add_check_finite,
@@ -45,12 +46,12 @@ MAX_DEFAULT_CTX = 512
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
-    p = sub.add_parser("run", help="generate text with a LLaMA GGUF model (the built-in one without MODEL)",
-                       description="Generate text with a LLaMA GGUF model: stream it, then print load time, "
+    p = sub.add_parser("run", help=f"generate text with a {GGUF_MODEL} (the built-in one without MODEL)",
+                       description=f"Generate text with a {GGUF_MODEL}: stream it, then print load time, "
                                    "prompt and generation tokens/s and memory per backend (on stderr). Without "
                                    "MODEL it runs the small model shipped with pyggml (trained on the docstrings "
                                    "of Python's standard library).")
-    add_model(p, "a LLaMA-family GGUF file (default: the built-in model)")
+    add_model(p, f"a {GGUF_MODEL} file (default: the built-in model)")
     p.add_argument("-p", "--prompt", default=None, help=f"the prompt (default: {DEFAULT_PROMPT!r} for the built-in "
                                                         f"model, the BOS token alone for a file)")
     p.add_argument("-n", "--n-predict", "--predict", type=n_predict, default=DEFAULT_N_PREDICT, metavar="N",

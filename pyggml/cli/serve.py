@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from typing import Any, TextIO
 
 from pyggml.cli._common import (
+    GGUF_MODEL,
     CLIError,
     add_backend_options,
     add_chat_template,
@@ -61,7 +62,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                                    "/slots, /metrics (--metrics). "
                                    "-np slots decode in one batch a step and share the -c cells of the KV cache. "
                                    "Needs starlette and uvicorn (pip install 'pyggml[serve]').")
-    add_model(p, "a GGUF model file (default: the built-in model)")
+    add_model(p, f"a {GGUF_MODEL} file (default: the built-in model)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
     p.add_argument("--port", type=int, default=8080, help="port (default: 8080)")
     p.add_argument("-np", "--parallel", type=positive_int, default=DEFAULT_SLOTS, metavar="N",

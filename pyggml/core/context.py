@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 GGML_MEM_ALIGN = 16
 GGML_OBJECT_SIZE = 32
-GGML_TENSOR_SIZE = 336  # sizeof(struct ggml_tensor) in ggml of late 2023
+GGML_TENSOR_SIZE = 336  # sizeof(struct ggml_tensor) on a 64-bit machine
 GGML_DEFAULT_GRAPH_SIZE = 2048
 
 

@@ -549,7 +549,7 @@ def are_same_shape(a: Tensor, b: Tensor) -> bool:
 
 
 def are_same_layout(a: Tensor, b: Tensor) -> bool:
-    """Same type, `ne` and `nb` (the seed's ggml_are_same_layout)."""
+    """Same type, `ne` and `nb` (ggml_are_same_layout)."""
     return a.type == b.type and a.ne == b.ne and a.nb == b.nb
 
 
@@ -561,7 +561,7 @@ def divides(n: int, m: int) -> bool:
 def can_repeat(a: Tensor, b: Tensor) -> bool:
     """ggml_can_repeat: `a` tiles `b` (each of b's dims a multiple of a's).
 
-    As today's ggml: an empty `a` tiles exactly the empty tensors (ggml of late 2023 divided by its 0).
+    An empty `a` tiles exactly the empty tensors.
     """
     if a.nelements() == 0:
         return b.nelements() == 0

@@ -187,8 +187,8 @@ class _Builder:
         return self.linear(b + "attn_output", cur, "attn_out", il)
 
     def ffn(self, h: Tensor, il: int) -> Tensor:
-        """The gated feed-forward: w_down @ act(gate) * up, by GLU where the backends have it (today's idiom),
-        else the activation and a MUL (2023's)."""
+        """The gated feed-forward: w_down @ act(gate) * up, by GLU where the backends have it, else the
+        activation and a MUL."""
         ctx, b, kind = self.ctx, f"blk.{il}.", self.hp.arch.ffn
         up = self.linear(b + "ffn_up", h, "ffn_up", il)
         if kind == FFN_SWIGLU_FUSED:  # phi3: up holds [gate; up] (llama.cpp's LLM_FFN_SWIGLU, LLM_FFN_SEQ)
@@ -256,8 +256,8 @@ class _Builder:
 
 
 def build_graph(ctx: Context, hp: HParams, w: dict[str, Tensor], kv: KVCache, n_tokens: int, n_past: int,
-                last_only: bool = False, n_kv: int | None = None, flash_attn: bool = False, set_rows: bool = False,
-                glu: bool = False, n_outputs: int | None = None, embeddings: bool = False) -> tuple[Graph, GraphInputs]:
+                last_only: bool = False, n_kv: int | None = None, flash_attn: bool = False, set_rows: bool = True,
+                glu: bool = True, n_outputs: int | None = None, embeddings: bool = False) -> tuple[Graph, GraphInputs]:
     """The graph of one batch: `n_tokens` tokens at positions n_past.., written to the KV cells the index
     inputs name (n_past.. as `kv.k_idxs` / `kv.v_idxs` give them).
 
@@ -265,10 +265,10 @@ def build_graph(ctx: Context, hp: HParams, w: dict[str, Tensor], kv: KVCache, n_
     cells a token must not see). `last_only` computes the logits of the last token only
     (generation needs no more); `n_outputs` < n_tokens those of the tokens an I32 input names (`out_ids`:
     several sequences' last tokens). `flash_attn` computes attention with FLASH_ATTN_EXT (F16 mask, F32
-    accumulators), which needs a cache whose V is not transposed (`kv.v_trans` False). `set_rows` writes
-    K and V by SET_ROWS through I64 index inputs, `glu` computes the gated activation by GLU (today's idiom,
-    what `Model` builds where its backends compute them); without them (the default, for callers that set only
-    tokens, positions and mask) the 2023 idiom: KV writes by CPY into views at n_past, the activation and MUL.
+    accumulators), which needs a cache whose V is not transposed (`kv.v_trans` False). `set_rows` (the
+    default) writes K and V by SET_ROWS through I64 index inputs, `glu` (the default) computes the gated
+    activation by GLU, as llama.cpp builds them; `Model` turns either off where a backend lacks the op, and
+    the graph then writes K and V by CPY into views at n_past and computes the activation and a MUL.
     `embeddings`: the output is the output norm's result (`result_norm`, [n_embd, n_outputs]), not the logits.
     """
     if n_kv is None:

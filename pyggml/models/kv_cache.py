@@ -1,7 +1,7 @@
 """The KV cache: keys and values of past tokens, per layer, in backend tensors.
 
-As llama.cpp's `llama_kv_cache` (late 2023, one tensor per layer so each
-layer's cache sits on that layer's backend): `k[il]` and `v[il]` each hold
+As llama.cpp's `llama_kv_cache` (one tensor per layer so each layer's cache
+sits on that layer's backend): `k[il]` and `v[il]` each hold
 `n_ctx * n_embd_gqa` elements. K is stored token-major (cell i at
 `i * n_embd_gqa`), so a head's keys are rows of `head_dim` with stride
 `n_embd_gqa`; V is stored transposed (channel-major, cell i at element i of
@@ -348,7 +348,7 @@ class KVCache:
 
     def store_cpy(self, ctx: Context, graph: Graph, il: int, k_cur: Tensor, v_cur: Tensor, n_tokens: int,
                   head: int) -> list[Tensor]:
-        """The 2023 idiom, for backends without SET_ROWS: CPY of this batch's K and V into views of cells
+        """For backends without SET_ROWS: CPY of this batch's K and V into views of cells
         head..head+n_tokens (the graph then serves that place only)."""
         g = self.n_embd_gqa
         k_view = ctx.view_1d(self.k[il], n_tokens * g, self.cell_bytes(self.k[il]) * head)

@@ -289,15 +289,14 @@ class Model:
         self._measure_ctxs: list[Context] = []
         kv: KVCache | None = None
         try:
-            # today's idiom (SET_ROWS KV writes, GLU) where every layer's backend computes it, else 2023's
             self.flash_attn: bool = fa
             # a layer's KV cache sits with the layer where its backend computes the attention over it (llama.cpp's
             # offload_kqv), else on the last backend, the fallback that computes everything (a MUL_MAT-only one)
             fallback = backends[-1]
             attends = {id(b): all(all_support([b], "attention", t) for t in {kv_type, kv_type_v}) for b in backends}
             self.kv_backend = [b if attends[id(b)] else fallback for b in self.layer_backend]
-            # today's idiom (SET_ROWS KV writes, GLU) where the backends that write the cache and compute the
-            # layers' elementwise ops have them, else 2023's (CPY into views, SILU * MUL): a backend without
+            # SET_ROWS KV writes and GLU where the backends that write the cache and compute the layers'
+            # elementwise ops have them, else CPY into views and SILU * MUL: a backend without
             # them keeps its layers' work instead of handing single nodes to another backend
             workers = [b for b in self.layer_backend if attends[id(b)]] or [fallback]
             self._graph_kw = {"flash_attn": self.flash_attn, "set_rows": all_support(self.kv_backend, "set_rows"),
@@ -306,7 +305,7 @@ class Model:
                                    v_trans=not self.flash_attn, ordered=batch_invariant, type_v=kv_type_v)
             # one engine for one backend or many: the scheduler, reserved once with the worst-case graph
             # the graph computed last, kept while the next batch has its shapes (llama.cpp's can_reuse): the
-            # decode graph of every token of one n_kv (the cells written are index inputs). The 2023 graph
+            # decode graph of every token of one n_kv (the cells written are index inputs). The CPY graph
             # (backends without SET_ROWS) writes the cache through views at n_past: never reused.
             self.reuse_graphs = bool(reuse_graphs) and self._graph_kw["set_rows"]
             self.runner = Runner(backends, self._measure_graphs(), graph_size(hp),

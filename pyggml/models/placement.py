@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from pyggml.core.errors import ArgumentError, LimitExceededError
-from pyggml.sched.sched import GGML_SCHED_MAX_BACKENDS
+from pyggml.sched.backend_sched import GGML_SCHED_MAX_BACKENDS
 
 _POSITION = re.compile(r"\s*(\d+)\s*")
 _NAME_AT = re.compile(r"(.*\S)\s*#\s*(\d+)\s*")

@@ -23,7 +23,7 @@ from pyggml.backend.tensor_io import tensor_set
 from pyggml.core.checks import check_host_alloc
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import Tensor
-from pyggml.sched.sched import BackendSched, EvalCallback
+from pyggml.sched.backend_sched import BackendSched, EvalCallback
 
 log = logging.getLogger("pyggml.models")
 

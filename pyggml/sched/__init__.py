@@ -1,21 +1,12 @@
-"""pyggml.sched: the scheduler. `BackendSched` is today's ggml_backend_sched, the engine every model graph runs
-through; `Scheduler` is the seed's (late 2023: its assignment passes and init_measure API), kept as the seed mode."""
+"""pyggml.sched: the scheduler. `BackendSched` is ggml_backend_sched (ggml-backend.cpp), the engine every model
+graph runs through."""
 
-from pyggml.sched.debug import fmt_size, format_assignments
+from pyggml.sched.backend_sched import GGML_SCHED_MAX_BACKENDS, GGML_SCHED_MAX_COPIES, BackendSched, SchedSplit
+from pyggml.sched.debug import DEBUG_ENV, debug_enabled, fmt_size, format_assignments
 from pyggml.sched.graphviz import sched_to_dot
-from pyggml.sched.sched import GGML_SCHED_MAX_BACKENDS, GGML_SCHED_MAX_COPIES, BackendSched, SchedSplit
-from pyggml.sched.scheduler import (
-    DEBUG_ENV,
-    GGML_MAX_BACKENDS,
-    GGML_MAX_SPLIT_INPUTS,
-    GGML_MAX_SPLITS,
-    Scheduler,
-    debug_enabled,
-    dup_tensor_layout,
-)
-from pyggml.sched.split import Split
+from pyggml.sched.passes import dup_tensor_layout
 from pyggml.sched.stats import BackendStats, SchedStats
 
-__all__ = ["DEBUG_ENV", "GGML_MAX_BACKENDS", "GGML_MAX_SPLITS", "GGML_MAX_SPLIT_INPUTS", "GGML_SCHED_MAX_BACKENDS",
-           "GGML_SCHED_MAX_COPIES", "BackendSched", "BackendStats", "SchedSplit", "SchedStats", "Scheduler", "Split",
-           "debug_enabled", "dup_tensor_layout", "fmt_size", "format_assignments", "sched_to_dot"]
+__all__ = ["DEBUG_ENV", "GGML_SCHED_MAX_BACKENDS", "GGML_SCHED_MAX_COPIES", "BackendSched", "BackendStats",
+           "SchedSplit", "SchedStats", "debug_enabled", "dup_tensor_layout", "fmt_size", "format_assignments",
+           "sched_to_dot"]

@@ -1,4 +1,4 @@
-"""The seed's assignment printout (sched_print_assignments), as text for `logging`.
+"""The scheduler's assignment printout (ggml_backend_sched_print_assignments), as text for `logging`.
 
 Set the environment variable GGML_SCHED_DEBUG (to anything but "0") and
 enable DEBUG logging for "pyggml.sched" to get it after every split, with
@@ -13,17 +13,25 @@ the cause of the assignment ("1.dst", "1.vsrc", "1.srcN", "2.srcN",
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 from pyggml.core.tensor import Tensor, is_view_op
 
 if TYPE_CHECKING:
     from pyggml.core.graph import Graph
-    from pyggml.sched.scheduler import Scheduler
+    from pyggml.sched.backend_sched import BackendSched
+
+DEBUG_ENV = "GGML_SCHED_DEBUG"
+
+
+def debug_enabled() -> bool:
+    """Whether GGML_SCHED_DEBUG asks for the assignment printout (any value but "", "0")."""
+    return os.environ.get(DEBUG_ENV, "") not in ("", "0")
 
 
 def fmt_size(size: int) -> str:
-    """The seed's fmt_size: whole MiB above 1 MiB, else whole KiB."""
+    """ggml-backend.cpp's fmt_size: whole MiB above 1 MiB, else whole KiB."""
     if size >= 1024 * 1024:
         return f"{size // 1024 // 1024}M"
     return f"{size // 1024}K"
@@ -34,7 +42,7 @@ def _fit(s: str, width: int) -> str:
     return f"{s[:width]:>{width}}"
 
 
-def format_assignments(sched: Scheduler, graph: Graph) -> str:
+def format_assignments(sched: BackendSched, graph: Graph) -> str:
     """The printout of the last split of `graph` (the graph the scheduler split last)."""
     lines: list[str] = []
 

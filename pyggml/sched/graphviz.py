@@ -15,7 +15,7 @@ from pyggml.core.tensor import Tensor
 
 if TYPE_CHECKING:
     from pyggml.core.graph import Graph
-    from pyggml.sched.scheduler import Scheduler
+    from pyggml.sched.backend_sched import BackendSched
 
 BACKEND_COLORS = ["lightskyblue", "palegreen", "lightsalmon", "plum", "khaki", "lightpink", "aquamarine", "wheat"]
 
@@ -32,7 +32,7 @@ def _label(t: Tensor, backend_name: str, cause: str) -> str:
     return f"{_escape(t.name)} ({t.type.name})|{ne}|{op}|{_escape(where)}"
 
 
-def sched_to_dot(sched: Scheduler, graph: Graph) -> str:
+def sched_to_dot(sched: BackendSched, graph: Graph) -> str:
     """Graphviz source of `graph` as the scheduler split it last."""
     ids: dict[int, str] = {}
 

@@ -1,4 +1,4 @@
-"""Today's assignment passes and split of `ggml_backend_sched_split_graph` (ggml-backend.cpp at 0c1e570).
+"""The assignment passes and split of `ggml_backend_sched_split_graph` (ggml-backend.cpp at 0c1e570).
 
 `assign_backends` gives every node, leaf and source a backend (passes 1 to 4);
 `split_graph` cuts the node list where the backend changes, makes the copies
@@ -16,12 +16,12 @@ from pyggml.backend.buffer import BufferUsage
 from pyggml.core.errors import LimitExceededError, UnsupportedOpError
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import GGML_MAX_SRC, VIEW_OPS, GGMLOp, Tensor, TensorFlag
-from pyggml.sched.scheduler import dup_tensor_layout
 
 if TYPE_CHECKING:
     from pyggml.backend.buffer import Buffer
     from pyggml.backend.buffer_type import BufferType
-    from pyggml.sched.sched import BackendSched
+    from pyggml.core.context import Context
+    from pyggml.sched.backend_sched import BackendSched
 
 GGML_MAX_SPLITS_LIMIT = 4096  # a graph cut more often than this is a mistake, not a plan
 
@@ -31,7 +31,14 @@ _INPUT = int(TensorFlag.INPUT)
 _NONE = GGMLOp.NONE
 
 
-class _Assigner:
+def dup_tensor_layout(ctx: Context, tensor: Tensor) -> Tensor:
+    """ggml_dup_tensor_layout: a new tensor of the same type, `ne` and `nb` (a copy keeps the layout)."""
+    dup = ctx.dup_tensor(tensor)
+    dup.nb = list(tensor.nb)
+    return dup
+
+
+class Assigner:
     """The state of one split_graph call: supports_op answers are asked once per (backend, node)."""
 
     def __init__(self, sched: BackendSched) -> None:
@@ -153,7 +160,7 @@ class _Assigner:
         return False
 
 
-def _expand(a: _Assigner, nodes: list[Tensor], skip_last: bool) -> None:
+def _expand(a: Assigner, nodes: list[Tensor], skip_last: bool) -> None:
     """One of pass 2's four sweeps over `nodes` (the graph's nodes that are not views, in the order given):
     unassigned nodes take the last assignment seen when that backend computes them; with `skip_last` the last
     backend's assignments do not spread."""
@@ -168,10 +175,10 @@ def _expand(a: _Assigner, nodes: list[Tensor], skip_last: bool) -> None:
             a.set_if_supported(node, cur)
 
 
-def assign_backends(sched: BackendSched, graph: Graph) -> _Assigner:
+def assign_backends(sched: BackendSched, graph: Graph) -> Assigner:
     """Passes 1 to 4: every node, and every source of one, gets a backend (user assignments are kept).
     Returns the assigner, whose supports_op answers split_graph uses."""
-    a = _Assigner(sched)
+    a = Assigner(sched)
     ids, causes = a.ids, a.causes
     get = ids.get  # (the passes below ask it ~10 times a node)
     # pass 1: assign backends to ops with pre-allocated inputs
@@ -266,87 +273,9 @@ def assign_backends(sched: BackendSched, graph: Graph) -> _Assigner:
     return a
 
 
-def assign_backends_seed(sched: BackendSched, graph: Graph) -> _Assigner:
-    """The seed's passes (ggml-backend.c of late 2023, as pyggml.sched.Scheduler runs them), over today's
-    state: (1) leafs and nodes whose memory, or whose view source's memory, is in a backend's buffer go
-    there, else nodes to the backend of their sources with memory (the lowest priority number, then the
-    largest); (2) nodes still unassigned take a source's assignment the same way, else the first backend
-    that computes them; (3) sources still unassigned take their consumer's. Where it differs from today's:
-    no expansion to neighbours, no upgrade to a backend sharing the buffer type, graph inputs are not put on
-    the last backend, and weights do not decide before other sources."""
-    a = _Assigner(sched)
-    ids, get = a.ids, a.ids.get
-
-    def buffer_backend(t: Tensor) -> int:
-        buffer = t.buffer
-        if buffer is None:
-            return -1
-        for b in range(sched.n_backends):
-            if a.supports_buffer(b, buffer):
-                return b
-        return -1
-
-    def from_sources(node: Tensor, assigned: bool, cause: str) -> int:
-        best, best_size = -1, 0
-        for j, src in enumerate(node.src):
-            if src is None:
-                break
-            b = get(id(src), -1) if assigned else buffer_backend(src)
-            if b != -1 and (best == -1 or b < best):
-                size = src.nbytes()
-                if size >= best_size and a.supports_op(b, node):
-                    best, best_size = b, size
-                    a.causes[id(node)] = f"{cause}{j}"
-        return best
-
-    for leaf in graph.leafs:
-        if get(id(leaf), -1) == -1:
-            b = buffer_backend(leaf)
-            if b == -1 and leaf.view_src is not None:
-                b = buffer_backend(leaf.view_src)
-            if b != -1:
-                ids[id(leaf)] = b
-    nodes = graph.nodes
-    for node in nodes:
-        if get(id(node), -1) != -1:
-            continue
-        b = buffer_backend(node)
-        if b != -1:
-            a.set(node, b, "1.dst")
-            continue
-        if node.view_src is not None:
-            b = buffer_backend(node.view_src)
-            if b != -1:
-                a.set(node, b, "1.vsrc")
-                continue
-        b = from_sources(node, False, "1.src")
-        if b != -1:
-            ids[id(node)] = b
-    for node in nodes:
-        if get(id(node), -1) != -1:
-            continue
-        b = from_sources(node, True, "2.src")
-        if b == -1:
-            b = next((c for c in range(sched.n_backends) if a.supports_op(c, node)), -1)
-            if b == -1:
-                names = ", ".join(f"'{x.name()}'" for x in sched.backends)
-                raise UnsupportedOpError(f"none of the scheduler's backends ({names}) supports node "
-                                         f"{sched.describe_node(node)}")
-            a.causes[id(node)] = "2.prio"
-        ids[id(node)] = b
-    for node in nodes:
-        cur = get(id(node), -1)
-        for src in node.src:
-            if src is None:
-                break
-            if get(id(src), -1) == -1:
-                ids[id(src)] = cur
-    return a
-
-
-def split_graph(sched: BackendSched, graph: Graph, a: _Assigner) -> None:
+def split_graph(sched: BackendSched, graph: Graph, a: Assigner) -> None:
     """Pass 5 (and 6): the splits, the copies of their inputs, and the allocation graph."""
-    from pyggml.sched.sched import SchedSplit  # (sched.py imports this module)
+    from pyggml.sched.backend_sched import SchedSplit  # (backend_sched.py imports this module)
 
     ctx = sched.ctx
     assert ctx is not None

@@ -57,7 +57,7 @@ class SchedStats:
         return sum(b.bytes_copied for b in self.backends)
 
     def format(self) -> str:
-        """A few lines for logs: the totals, then one line per backend (as the seed's timing printout)."""
+        """A few lines for logs: the totals, then one line per backend (as ggml's timing printout)."""
         how = "reused" if self.reused else "taken up again (kept since its last allocation)" if self.restored else (
             f"split {self.split_time * 1e3:.3f} ms, alloc {self.alloc_time * 1e3:.3f} ms")
         lines = [f"sched: {self.n_nodes} nodes in {self.n_splits} splits; {how}"]

@@ -1,4 +1,4 @@
-"""Op checker cases of today's small ops (pyggml.core.ops.misc), after test-backend-ops' own: broadcast-free
+"""Op checker cases of the small ops (pyggml.core.ops.misc), after test-backend-ops' own: broadcast-free
 shapes with sizes 1 and odd, permuted sources where ggml's kernels take them, op_params across their range."""
 
 from __future__ import annotations

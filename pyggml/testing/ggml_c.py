@@ -12,7 +12,7 @@ the graph's nodes are added in pyggml's order and the CPU backend computes
 them. Op, type and flag numbers are mapped by *name* to the values ggml.h
 declares (`parse_enums`), so the mapping is right whatever numbering pyggml
 uses; op_params are passed through untouched (pyggml's enums and op_params
-layouts are today's ggml's; `ENUM_OP_PARAMS` could translate enum words by
+layouts are this ggml's; `ENUM_OP_PARAMS` could translate enum words by
 name), so an op whose parameters differ shows up as a failed comparison,
 which is the point of an oracle.
 
@@ -875,7 +875,7 @@ def compute_like(node: Tensor, threads: int = 1, *, isolate: bool = True,
     order), rebuilt in C field by field; its leafs (and any other tensor it
     reads but does not compute) must have data in pyggml memory, which is
     copied, never written. Ops and types are mapped to C's numbers by name;
-    op_params go as they are (pyggml lays them out as today's ggml; the words
+    op_params go as they are (pyggml lays them out as ggml does; the words
     `ENUM_OP_PARAMS` lists would be translated by name). A pyggml op or type
     that C lacks raises UnsupportedOpError/UnsupportedTypeError naming it;
     a failure inside C raises GGMLCError.

@@ -2,7 +2,7 @@
 
 The llama-cpp-python 0.3.36 source package carries llama.cpp at commit 0c1e570
 (`vendor/llama.cpp`). This module downloads it, configures it with the cmake
-line of `../shared/ORACLE.md` and builds only the targets asked for, into
+line of DESIGN.md ("Oracles") and builds only the targets asked for, into
 
     ${PYGGML_CACHE:-~/.cache/pyggml}/llama.cpp/src/llama_cpp_python-0.3.36/   the extracted sdist
     ${PYGGML_CACHE:-~/.cache/pyggml}/llama.cpp/build/bin/                     the tools and shared libraries
@@ -104,7 +104,7 @@ DEFAULT_TARGETS: tuple[str, ...] = (
 # The shared libraries of ggml that pyggml.testing.ggml_c loads with ctypes (libggml-base.so, libggml-cpu.so).
 GGML_LIBS: tuple[str, ...] = ("ggml-base", "ggml-cpu")
 
-# ORACLE.md's configuration; the C/C++ flags are added by cmake_args (AMX, $CFLAGS).
+# DESIGN.md's configuration ("Oracles"); the C/C++ flags are added by cmake_args (AMX, $CFLAGS).
 BASE_CMAKE_ARGS: tuple[str, ...] = (
     "-DCMAKE_BUILD_TYPE=Release",
     "-DGGML_NATIVE=ON",
@@ -115,7 +115,7 @@ BASE_CMAKE_ARGS: tuple[str, ...] = (
     "-DLLAMA_USE_PREBUILT_UI=OFF",
     "-DLLAMA_OPENSSL=OFF",
 )
-# llama.cpp's AMX kernels crashed on q8_0/q4_0 models on these machines (ORACLE.md): build without them.
+# llama.cpp's AMX kernels crashed on q8_0/q4_0 models on these machines: build without them.
 NO_AMX_FLAGS = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 
 STAMP_FORMAT = 1

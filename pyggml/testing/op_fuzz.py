@@ -189,7 +189,7 @@ def _contiguous(t: TensorSpec) -> None:
 
 @dataclass(frozen=True)
 class Limits:
-    """How large a mutated graph may be: the fuzz's sizes, or its seed's where those are larger."""
+    """How large a mutated graph may be: the fuzz's sizes, or the seed graph's where those are larger."""
 
     elements: int = MAX_ELEMENTS
     span: int = MAX_SPAN

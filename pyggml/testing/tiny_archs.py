@@ -226,8 +226,9 @@ def llamacpp_logits(jobs: list[tuple[Path, list[int]]] | list[tuple[Path, list[i
                     n_ctx: int = 256, type_k: str = "F32", type_v: str = "F32",
                     flash_attn: bool = False) -> list[np.ndarray]:
     """llama.cpp's logits of every position of each (model, ids[, n_ctx]), by default with an f32 KV cache and
-    flash attention off (else the cache types, ggml's names, and -fa given), all in one process; builds llama.cpp
-    if this machine lacks it (NoCompilerError without a compiler)."""
+    flash attention off (the reference DESIGN.md's "Oracles" describes; else the cache types, ggml's names, and
+    -fa given), all in one process; builds llama.cpp if this machine lacks it (NoCompilerError without a
+    compiler)."""
     lib_dir = llamacpp.require_tools(["llama-debug"])["llama-debug"].parent  # libllama.so is built beside it
     outs = [tmp / f"llamacpp-logits-{i}.npy" for i in range(len(jobs))]
     args = [[str(job[0]), [int(t) for t in job[1]], str(o), int(job[2]) if len(job) > 2 else n_ctx]  # type: ignore[misc]

@@ -11,9 +11,9 @@ import pytest
 import pyggml.capi as capi
 from pyggml import Context, GGMLType
 from pyggml.alloc import GraphAllocator, HashSet, TensorAllocator
-from pyggml.alloc.allocr import Allocr
 from pyggml.backends.cpu import cpu_init
 from pyggml.core.errors import ArgumentError
+from pyggml.seed.allocr import Allocr
 
 SEED = Path(__file__).resolve().parents[3] / "shared" / "seeds" / "002_c877712a8251d4e9.code-only.c"
 

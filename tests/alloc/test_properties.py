@@ -20,13 +20,13 @@ from hypothesis import strategies as st
 
 from pyggml import Context, GGMLType
 from pyggml.alloc import MAX_FREE_BLOCKS, GraphAllocator, TensorAllocator
-from pyggml.alloc.allocr import Allocr
 from pyggml.alloc.tensor_allocator import aligned_offset
 from pyggml.backend.tensor_io import tensor_get_numpy, tensor_set_numpy
 from pyggml.backends.cpu import cpu_init
 from pyggml.backends.cpu.backend import graph_compute_with_ctx
 from pyggml.core.errors import ArgumentError, LimitExceededError, OutOfMemoryError
 from pyggml.core.tensor import VIEW_OPS, Tensor, TensorFlag
+from pyggml.seed.allocr import Allocr
 
 BACKEND = cpu_init(1)
 
@@ -236,6 +236,7 @@ def check_no_live_overlap(graph, buffer) -> None:
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow],
           phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink])
 @given(recipe=graph_recipe, seed=st.integers(0, 2**16))
+@pytest.mark.slow
 def test_random_graphs_reuse_memory_safely(recipe: tuple, seed: int) -> None:
     # reference: every tensor in memory of its own (a Context with memory), computed on the CPU
     rctx = Context(mem_size=1 << 20, no_alloc=False)

@@ -127,6 +127,7 @@ def test_the_example_loads_by_path(isolated: None) -> None:
     buf.free()
 
 
+@pytest.mark.slow
 def test_the_example_passes_test_ops_for_what_it_claims(isolated: None, capsys: pytest.CaptureFixture[str]) -> None:
     load(EXAMPLE_MODULE)
     assert main(["test-ops", "-b", "numpy"]) == 0
@@ -142,6 +143,7 @@ def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
 
 
 @pytest.mark.parametrize("split", [[], ["--n-layers-on", "numpy=2"]], ids=["all-layers", "two-layers"])
+@pytest.mark.slow
 def test_the_example_runs_the_builtin_model_split_with_the_cpu(isolated: None, split: list[str],
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     load(EXAMPLE_MODULE)
@@ -149,6 +151,7 @@ def test_the_example_runs_the_builtin_model_split_with_the_cpu(isolated: None, s
     assert _run(["--backend", "numpy", "--backend", "cpu", *split], capsys) == want
 
 
+@pytest.mark.slow
 def test_nodes_the_layer_backend_lacks_go_to_the_next_backend(isolated: None, monkeypatch: pytest.MonkeyPatch) -> None:
     """Without ROPE and SOFT_MAX in the example, the model's layers still run on it: the scheduler gives
     those nodes to the CPU (more splits), and the greedy tokens do not change."""

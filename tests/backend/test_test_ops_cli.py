@@ -873,6 +873,7 @@ def test_compare_follows_ggml() -> None:
     assert MAX_NMSE == 1e-7 and test_ops.MAX_NMSE_MUL_MAT == 5e-4 and test_ops.MAX_NMSE_ROPE == 1e-3
 
 
+@pytest.mark.slow
 def test_the_whole_table_runs_on_cpu(capsys: pytest.CaptureFixture[str]) -> None:
     """Against itself the CPU can only fail by raising, by NaN or by differing run to run: every case
     builds and computes (its values are checked against numpy below)."""
@@ -889,6 +890,7 @@ def test_the_whole_table_runs_on_cpu(capsys: pytest.CaptureFixture[str]) -> None
 ORACLE_NMSE = {"MUL_MAT": 1e-4, "MUL_MAT_ID": 1e-4, "FLASH_ATTN_EXT": 1e-4}
 
 
+@pytest.mark.slow
 def test_the_whole_table_matches_numpy(capsys: pytest.CaptureFixture[str], fake_backends: object) -> None:
     assert main(["test-ops", "-b", "numpy"]) == 0
     out = capsys.readouterr().out
@@ -929,6 +931,7 @@ def corrupt(dst: np.ndarray) -> None:
     (GGMLOp.ARGSORT, "ARGSORT"), (GGMLOp.IM2COL, "IM2COL"), (GGMLOp.CONCAT, "CONCAT"), (GGMLOp.PAD, "PAD"),
     (GGMLOp.UPSCALE, "UPSCALE"), (GGMLOp.TOP_K, "TOP_K"),
 ])
+@pytest.mark.slow
 def test_a_wrong_cpu_kernel_fails_against_numpy(ggml_op: GGMLOp, label: str, capsys: pytest.CaptureFixture[str],
                                                  fake_backends: object, monkeypatch: pytest.MonkeyPatch) -> None:
     """Break one CPU kernel: every case of its op that numpy computes fails, and the command exits 1."""

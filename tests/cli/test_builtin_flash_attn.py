@@ -15,6 +15,7 @@ BEFORE = [1922, 2, 1, 357, 264, 567, 299, 264, 552, 470] * 2
 
 
 @pytest.mark.parametrize("reuse_graphs", [True, False])
+@pytest.mark.slow
 def test_builtin_greedy_tokens_flash_attn_on_off(reuse_graphs: bool) -> None:
     got = {}
     last = {}

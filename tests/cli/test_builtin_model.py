@@ -43,6 +43,7 @@ def test_builtin_model_has_llama_cpp_metadata_and_names() -> None:
     assert [tokens[i] for i, t in enumerate(types) if t == 6] == [f"<0x{b:02X}>" for b in range(256)]  # byte fallback
 
 
+@pytest.mark.slow
 def test_transformers_reads_the_same_model() -> None:
     """transformers' GGUF loader is an independent reader of llama.cpp files: same tokens, same logits.
 

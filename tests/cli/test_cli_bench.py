@@ -41,6 +41,7 @@ def test_bench_only_one_test(tiny_model: Path, capsys: pytest.CaptureFixture[str
     assert "nothing to measure" in one_line(capsys.readouterr().err)
 
 
+@pytest.mark.slow
 def test_bench_two_backends(tiny_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Two CPU backends (one layer each, by position): the backend column says so, a layers column too."""
     assert main(["bench", str(tiny_model), "-p", "8", "-n", "2", "-r", "1", "--backend", "cpu", "--backend", "cpu",

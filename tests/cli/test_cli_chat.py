@@ -50,6 +50,7 @@ def test_chat_two_turns_through_stdin(smollm2_path: Path) -> None:
     assert f" {n_gen} generated in " in summary
 
 
+@pytest.mark.slow
 def test_chat_with_the_builtin_model(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """No MODEL: the built-in one, which has no template (ChatML, said on stderr); EOF ends the chat."""
     monkeypatch.setattr(sys, "stdin", io.StringIO("Hello\n\n   \nReturn a list\n"))

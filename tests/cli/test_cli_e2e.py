@@ -35,6 +35,7 @@ def test_builtin_model_is_shipped() -> None:
     assert 1 << 20 < path.stat().st_size < 20 << 20  # a few MB
 
 
+@pytest.mark.slow
 def test_installed_pyggml_runs_the_builtin_model() -> None:
     proc = _run(["run", "-n", "8", "--seed", "1"])
     assert proc.returncode == 0, proc.stderr
@@ -50,6 +51,7 @@ def test_installed_pyggml_runs_the_builtin_model() -> None:
     assert re.search(r"^\| CPU#0 +\| +[\d.]+ MiB \|", proc.stderr, re.M)  # the weights, a few MiB
 
 
+@pytest.mark.slow
 def test_installed_pyggml_fails_in_one_line(tmp_path: Path) -> None:
     proc = _run(["info", str(tmp_path / "missing.gguf")])
     assert proc.returncode == 1

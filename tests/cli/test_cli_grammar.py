@@ -46,6 +46,7 @@ def test_run_json_schema_and_its_file(tmp_path: Path, capsys: pytest.CaptureFixt
     assert generated(capsys.readouterr().out, "Data:").startswith("{")
 
 
+@pytest.mark.slow
 def test_chat_follows_the_grammar_in_each_reply(capsys: pytest.CaptureFixture[str],
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sys, "stdin", io.StringIO("Is water wet?\nIs fire cold?\nAnd the sky?\n"))

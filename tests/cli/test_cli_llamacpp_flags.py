@@ -366,6 +366,7 @@ def test_ngl_and_another_placement(loads: list[dict[str, Any]]) -> None:
                              "backend that is not the CPU, or --tensor-split's): give one")
 
 
+@pytest.mark.slow
 def test_ngl_end_to_end_writes_the_text_of_one_backend() -> None:
     torch_or_skip()
     greedy = ["run", "-p", "The module", "-n", "6", "--temp", "0", "-t", "1", "-v"]
@@ -389,6 +390,7 @@ def test_sampling_options_make_the_sampler() -> None:
     assert (sampler.repeat_penalty, sampler.seed) == (1.3, 9)
 
 
+@pytest.mark.slow
 def test_run_with_llama_cpp_flags_end_to_end() -> None:
     """The issue's command shape on the built-in model: -m, -p, -n, -c, -ngl 0, -t, -ctk/-ctv f16, -fa on, --temp 0
     write the model API's greedy text with the same cache type and attention."""

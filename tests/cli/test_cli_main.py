@@ -25,6 +25,20 @@ def test_every_subcommand_has_help(command: str, capsys: pytest.CaptureFixture[s
     assert "--debug" in out
 
 
+@pytest.mark.parametrize("command", [[], ["run", "--help"], ["chat", "--help"], ["serve", "--help"],
+                                     ["bench", "--help"]])
+def test_help_says_gguf_model_with_every_family(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """The model is a GGUF file of any architecture pyggml.models runs, not a LLaMA."""
+    from pyggml.models.arch import ARCHS
+
+    try:
+        main(command)
+    except SystemExit as e:
+        assert e.code == 0
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps the help
+    assert f"GGUF model ({', '.join(ARCHS)})" in out and "LLaMA" not in out
+
+
 def test_top_level_help_lists_the_subcommands(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([]) == 0
     out = capsys.readouterr().out

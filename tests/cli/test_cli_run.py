@@ -110,6 +110,7 @@ def test_run_ctx_and_n(tiny_model: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert "raise -c/--ctx-size" in one_line(capsys.readouterr().err)
 
 
+@pytest.mark.slow
 def test_run_ignore_eos_goes_on_after_the_end_of_text(capsys: pytest.CaptureFixture[str]) -> None:
     """The built-in model ends this text with its EOS token after a few dozen tokens; --ignore-eos (llama.cpp's)
     generates on until -n, and the text it wrote first is the same."""

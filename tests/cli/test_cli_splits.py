@@ -54,6 +54,7 @@ def layers_line(err: str) -> list[int]:
     (4, ["--n-layers-on", "0,2"], [1, 1, 2, 2]),  # none on the first
     (4, ["--n-layers-on", "2=3"], [2, 2, 2, 3]),  # backends 0 and 1 get none, backend 3 the rest
 ], ids=["3-counts-rest", "3-counts-all", "3-by-position", "4-one-each", "4-none-first", "4-one-position"])
+@pytest.mark.slow
 def test_counts_by_position_place_the_layers_and_keep_the_text(n_backends: int, split: list[str], want: list[int],
                                                                 one_backend_text: str) -> None:
     code, out, err = run_cli([*GREEDY, *cpus(n_backends), *split, "-v"])
@@ -86,6 +87,7 @@ def test_a_unique_name_still_gives_its_count() -> None:
     ("1,0,1", [0, 0, 0, 2]),  # points .5 .5 1
     ("1,1,1", [0, 0, 1, 1]),  # points .33 .67 1: the third backend gets only the output layer
 ], ids=["1-1-2", "slashes", "zero-first", "zero-middle", "equal"])
+@pytest.mark.slow
 def test_tensor_split_places_the_layers_as_llama_cpp(ts: str, want: list[int], one_backend_text: str) -> None:
     code, out, err = run_cli([*GREEDY, *cpus(3), "-ts", ts, "-v"])
     assert code == 0, err
@@ -95,6 +97,7 @@ def test_tensor_split_places_the_layers_as_llama_cpp(ts: str, want: list[int], o
     assert out == one_backend_text
 
 
+@pytest.mark.slow
 def test_override_tensor_moves_the_weights_and_keeps_the_text(one_backend_text: str) -> None:
     code, out, err = run_cli([*GREEDY, *cpus(2), "-ot", "ffn_down=CPU#1", "-v"])
     assert code == 0, err
@@ -156,6 +159,7 @@ THREE = cpus(3)
     (cpus(14), ["17 backends exceed GGML_SCHED_MAX_BACKENDS = 16"]),
 ])
 @pytest.mark.parametrize("command", ["run", "bench"])
+@pytest.mark.slow
 def test_bad_split_options_fail_in_one_line_naming_them(command: str, argv: list[str], words: list[str]) -> None:
     model = [] if command == "run" else [str(builtin_model_path())]
     if command == "bench" and "-ts" in argv:  # llama-bench's -ts: '/' between proportions, ',' between splits

@@ -47,6 +47,8 @@ ENUMS: list[tuple[type[IntEnum] | type[IntFlag], str, str, str | None]] = [
     (TensorFlag, "ggml_tensor_flag", "GGML_TENSOR_FLAG_", None),
 ]
 
+pytestmark = pytest.mark.interop  # ggml.h of the sdist
+
 # pyggml's module constants for the *_COUNT members
 COUNTS = {"GGML_OP_COUNT": tensor.GGML_OP_COUNT, "GGML_UNARY_OP_COUNT": tensor.GGML_UNARY_OP_COUNT,
           "GGML_GLU_OP_COUNT": tensor.GGML_GLU_OP_COUNT, "GGML_SCALE_MODE_COUNT": tensor.GGML_SCALE_MODE_COUNT,

@@ -258,6 +258,7 @@ GOLDEN_CHUNK = {T.IQ4_NL: "a2bf037c8e7238b43a49a8f8f3a2122004df109c2e6cdd9f6e0fa
 
 
 @pytest.mark.parametrize("t", QUANTIZED, ids=name)
+@pytest.mark.slow
 def test_quantizers_reproduce_ggml_reference_bytes(t: GGMLType) -> None:
     bs = TYPE_TRAITS[t].blck_size
     x = golden_input(GOLDEN_BLOCKS[bs], bs)
@@ -265,6 +266,7 @@ def test_quantizers_reproduce_ggml_reference_bytes(t: GGMLType) -> None:
 
 
 @pytest.mark.parametrize("t", QUANTIZED, ids=name)
+@pytest.mark.slow
 def test_quantize_chunk_reproduces_ggml_bytes(t: GGMLType) -> None:
     bs = TYPE_TRAITS[t].blck_size
     x = golden_input(GOLDEN_BLOCKS[bs], bs)

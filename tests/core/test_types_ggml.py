@@ -48,6 +48,7 @@ def clib() -> object:
         pytest.skip(str(e))
 
 
+@pytest.mark.interop
 def test_enum_is_ggml_h(ggml_types: dict[str, int]) -> None:
     theirs = {name.removeprefix("GGML_TYPE_"): value for name, value in ggml_types.items()}
     assert theirs.pop("COUNT") == GGML_TYPE_COUNT == 43

@@ -1,6 +1,6 @@
 """The real files people download, against real llama.cpp: SmolLM2-135M-Instruct (llama, Q4_1) and Gemma 3
 270M (gemma3, Q4_K_M). pyggml's logits of every prompt position follow llama.cpp's (f32 KV cache, flash
-attention off: ../shared/ORACLE.md's reference); SmolLM2 answers a chat question, Gemma 3 (a pretrained
+attention off: the reference of DESIGN.md's "Oracles"); SmolLM2 answers a chat question, Gemma 3 (a pretrained
 model) continues text as llama.cpp does.
 
 The logits are not bit-equal: llama.cpp rounds activations to Q8_K/Q8_0/Q8_1 per block in SIMD order and

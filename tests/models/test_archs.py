@@ -4,7 +4,7 @@ llama.cpp's, without downloads.
 The checkpoints (pyggml.testing.tiny_archs: transformers' config classes, hidden 64, 2 layers, gemma3 6 with a
 sliding window of 4 tokens so that 12 tokens cross it) are converted to GGUF by the sdist's own converter once
 per session. transformers computes in f32; llama.cpp with an f32 KV cache and flash attention off
-(../shared/ORACLE.md). The gate is the issue's: a max abs difference at most 1e-3 of the logits' scale
+(DESIGN.md, "Oracles"). The gate is the issue's: a max abs difference at most 1e-3 of the logits' scale
 (gemma3's GELU goes through ggml's f16 table in both ggml implementations, which transformers does not
 have: ~1e-4 of the scale; everything else agrees to ~1e-6).
 """

@@ -170,6 +170,7 @@ def test_errors(smollm2: pm.Model) -> None:
     assert smollm2.n_past == 3
 
 
+@pytest.mark.slow
 def test_a_file_without_template_chats_in_chatml() -> None:
     model = pm.load(pm.builtin_model_path(), n_ctx=128, progress=False)
     try:

@@ -156,6 +156,7 @@ def _texts(rng: random.Random, n: int) -> list[str]:
 
 
 @pytest.mark.parametrize("which", ["smollm2", "builtin"])
+@pytest.mark.slow
 def test_min_tokens_is_a_lower_bound(which: str, request: pytest.FixtureRequest) -> None:
     tok = request.getfixturevalue("smol" if which == "smollm2" else "builtin")[0]
     assert tok.max_token_bytes > 0

@@ -31,6 +31,7 @@ def _hf_hidden(tiny: TinyLlama, ids: list[int]) -> np.ndarray:
     return out.last_hidden_state[0].numpy()
 
 
+@pytest.mark.slow
 def test_hidden_states_are_transformers_last_hidden_state(model: Any, tiny_llama: TinyLlama,
                                                           prompt32: np.ndarray) -> None:
     ids = [int(t) for t in prompt32]
@@ -46,6 +47,7 @@ def test_hidden_states_are_transformers_last_hidden_state(model: Any, tiny_llama
     model.reset()
 
 
+@pytest.mark.slow
 def test_embed_pools_and_normalizes(model: Any, tiny_llama: TinyLlama, prompt32: np.ndarray) -> None:
     ids = [int(t) for t in prompt32[:12]]
     want = _hf_hidden(tiny_llama, ids).astype(np.float64)

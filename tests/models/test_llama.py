@@ -38,6 +38,7 @@ def test_f32_logits_match_transformers(tiny_llama: TinyLlama, tiny_gguf: object,
     model.free()
 
 
+@pytest.mark.slow
 def test_tied_embeddings_and_linear_rope_scaling(tmp_path: object, prompt32: np.ndarray) -> None:
     """No output.weight in the file: the head is token_embd (llama.cpp's tied case); RoPE positions
     scaled by 1/factor from llama.rope.scaling.factor."""
@@ -66,6 +67,7 @@ QUANT_TOL = {"F16": 3e-3, "Q8_0": 5e-2, "Q4_0": 5e-2}
 
 
 @pytest.mark.parametrize("qtype", ["F16", "Q8_0", "Q4_0"])
+@pytest.mark.slow
 def test_quantized_files_match_reference_on_their_weights(tiny_llama: TinyLlama, tiny_gguf: object,
                                                           prompt32: np.ndarray, qtype: str) -> None:
     import transformers
@@ -87,6 +89,7 @@ def test_quantized_files_match_reference_on_their_weights(tiny_llama: TinyLlama,
 
 
 @pytest.mark.parametrize("reuse_graphs", [True, False])
+@pytest.mark.slow
 def test_token_by_token_equals_whole_sequence(tiny_gguf: object, reuse_graphs: bool) -> None:
     """40 tokens one at a time (one planned graph: n_kv is n_ctx, 64, below the 256 padding) == one batch."""
     ids = np.random.default_rng(1).integers(3, 320, 40)
@@ -133,6 +136,7 @@ def test_batches_reset_and_last_only(tiny_gguf: object, prompt32: np.ndarray) ->
     assert np.abs(last - one[-1]).max() < 1e-5
 
 
+@pytest.mark.slow
 def test_generate_greedy_matches_transformers(tiny_llama: TinyLlama, tiny_gguf: object) -> None:
     prompt = [1, 40, 41, 42, 100, 7]
     model = load(tiny_gguf("F32"))
@@ -210,6 +214,7 @@ class CountingCPU(CPUBackend):
         super()._graph_plan_compute(plan)
 
 
+@pytest.mark.slow
 def test_split_over_two_backends_gives_the_same_tokens(tiny_gguf: object, prompt32: np.ndarray) -> None:
     """Layer 0 on one CPU backend, layer 1 on another (joined by the scheduler): the same logits and greedy
     tokens as on one backend."""
@@ -227,6 +232,7 @@ def test_split_over_two_backends_gives_the_same_tokens(tiny_gguf: object, prompt
     assert all(m["weights"] > 0 and m["kv_cache"] > 0 and m["compute"] > 0 for m in mem.values())
 
 
+@pytest.mark.slow
 def test_split_with_torch_backend(tiny_gguf: object, prompt32: np.ndarray) -> None:
     from pyggml.backend.registry import init_backend
 
@@ -241,6 +247,7 @@ def test_split_with_torch_backend(tiny_gguf: object, prompt32: np.ndarray) -> No
 
 
 @pytest.mark.parametrize("flash_attn", ["on", "off"])
+@pytest.mark.slow
 def test_flash_attn_logits_and_greedy_tokens(tiny_llama: TinyLlama, tiny_gguf: object, prompt32: np.ndarray,
                                              flash_attn: str) -> None:
     """FLASH_ATTN_EXT (V stored as K, F16 mask) or MUL_MAT + SOFT_MAX_EXT (V transposed): the same logits as
@@ -263,6 +270,7 @@ def test_flash_attn_logits_and_greedy_tokens(tiny_llama: TinyLlama, tiny_gguf: o
 
 
 @pytest.mark.parametrize("flash_attn", ["on", "off"])
+@pytest.mark.slow
 def test_decode_graph_in_todays_idiom(tiny_gguf: object, flash_attn: str) -> None:
     """KV writes by SET_ROWS through I64 index inputs, SwiGLU by GLU, the mask an input ([n_kv, n_tokens], F16
     with flash attention), n_kv padded as llama.cpp pads it (256, at most n_ctx): one decode graph, its

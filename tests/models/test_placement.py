@@ -87,6 +87,7 @@ def test_layers_by_counts() -> None:
 
 
 @pytest.mark.parametrize("split, layers, output", [s for s in SPLITS if len(s[0]) == 3])
+@pytest.mark.slow
 def test_tensor_split_over_three_backends_keeps_the_tokens(split: tuple[int, ...], layers: list[int], output: int,
                                                            want: list[int], loaded: Any) -> None:
     model, backends = loaded(3, tensor_split=list(split))

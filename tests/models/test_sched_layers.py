@@ -16,7 +16,7 @@ from pyggml.gguf.reader import read_gguf
 from pyggml.models.builtin import builtin_model_path
 from pyggml.models.convert import write_llama_gguf
 from pyggml.models.llama import LlamaHParams
-from pyggml.sched.sched import BackendSched
+from pyggml.sched.backend_sched import BackendSched
 
 CONFIG = dict(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5, rope_theta=10000.0)
@@ -115,6 +115,7 @@ def _splits(n_layer: int, n_backends: int) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("n_backends", [2, 3, 4])
+@pytest.mark.slow
 def test_every_layer_split_of_the_builtin_model_gives_one_backends_tokens(n_backends: int,
                                                                           builtin_greedy_tokens: list[int]) -> None:
     """One to four CPU backends, every way of giving them the built-in model's layers: the greedy tokens of

@@ -26,6 +26,7 @@ def _alone(model: pm.Model, prompt: str, n: int, sampler: Sampler | None = None)
     return list(model.generate(prompt, n, sampler=sampler))
 
 
+@pytest.mark.slow
 def test_four_prompts_together_give_each_alone_greedy_tokens(model: pm.Model) -> None:
     alone = [_alone(model, p, 24) for p in PROMPTS]
     together = model.generate_batch(PROMPTS, 24)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import pyggml.capi as capi
-from pyggml.alloc import Allocr, GraphAllocator, TensorAllocator
+from pyggml.alloc import GraphAllocator, TensorAllocator
 from pyggml.backend import tensor_get_numpy, tensor_set_numpy
 from pyggml.backends.cpu import CPUBackend, cpu_init
 from pyggml.core.context import Context
@@ -33,6 +33,7 @@ from pyggml.core.errors import (
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import GGMLOp, Tensor
 from pyggml.core.types import GGMLType
+from pyggml.seed import Allocr
 from robustness.conftest import expect_error
 
 F32 = GGMLType.F32

@@ -136,6 +136,7 @@ CASES: list[tuple[str, list[str], int, tuple[str, ...]]] = [
 
 
 @pytest.mark.parametrize("args, code, fragments", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+@pytest.mark.slow
 def test_failure_is_one_line(files: dict[str, Path], args: list[str], code: int,
                              fragments: tuple[str, ...]) -> None:
     proc = pyggml(*[a.format(**files) for a in args])
@@ -145,6 +146,7 @@ def test_failure_is_one_line(files: dict[str, Path], args: list[str], code: int,
         assert fragment in line, f"{line!r} does not name {fragment!r}"
 
 
+@pytest.mark.slow
 def test_accepted_with_a_meaning(files: dict[str, Path]) -> None:
     """What is not an error: -n beyond the context stops when it is full; --no-check-finite lets NaN
     logits through (the text is then whatever the sampler draws); a BOS id out of the vocabulary is left
@@ -165,6 +167,7 @@ def test_accepted_with_a_meaning(files: dict[str, Path]) -> None:
     assert "bos      [2 items: 1, 2]" in proc.stdout
 
 
+@pytest.mark.slow
 def test_the_command_still_works(files: dict[str, Path]) -> None:
     """After the failures above (each its own process; nothing is cached between them): the built-in
     model still runs, greedily, to the same text twice."""
@@ -173,6 +176,7 @@ def test_the_command_still_works(files: dict[str, Path]) -> None:
     assert runs[0].stdout == runs[1].stdout and runs[0].stdout.startswith("The module")
 
 
+@pytest.mark.slow
 def test_ctrl_c_exits_130(files: dict[str, Path]) -> None:
     """SIGINT while `pyggml run` generates (--ignore-eos, so it goes on for 4000 tokens, seconds; without it the
     model ends its text after a few dozen tokens, in milliseconds, and the signal could come after the run):

@@ -396,6 +396,7 @@ def test_graph_cycle_in_a_child_process_neither_hangs_nor_crashes() -> None:
     assert res.stdout.strip() == "named"
 
 
+@pytest.mark.slow
 def test_deep_graph_builds_and_computes_without_recursion() -> None:
     """A chain of 30,000 nodes (far past Python's recursion limit) builds and computes."""
     res = run_isolated("""

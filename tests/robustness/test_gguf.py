@@ -542,6 +542,7 @@ def test_writer_refuses_bad_tensors(tmp_path: Path, make: Callable[[Path], None]
 
 @pytest.mark.parametrize("command, case", [("info", "array-length-2^62"), ("run", "array-length-2^62"),
                                            ("info", "n-tensors-2^62"), ("run", "ggml-type-unknown")])
+@pytest.mark.slow
 def test_cli_on_bad_file(tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str, case: str) -> None:
     blob, fragments = next((c[1], c[2]) for c in HUGE_CASES + CASES if c[0] == case)
     path = tmp_path / "bad.gguf"

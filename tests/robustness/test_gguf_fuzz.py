@@ -259,6 +259,7 @@ def test_seeds_read(builtin_seed: Seed, tmp_path: Path) -> None:
 
 @settings(max_examples=300, **PROFILE)
 @given(data=st.data())
+@pytest.mark.slow
 def test_fuzz_builtin_model(builtin_seed: Seed, tmp_path: Path, data: st.DataObject) -> None:
     muts = data.draw(mutations(builtin_seed), label="mutations")
     cut = data.draw(st.none() | st.integers(0, len(builtin_seed.blob) + 32), label="cut")

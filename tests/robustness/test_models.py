@@ -173,6 +173,7 @@ HPARAM_CASES: list[tuple[str, dict[str, tuple[Any, ...]], tuple[str, ...], tuple
 
 @pytest.mark.parametrize("overrides, drop, fragments", [c[1:] for c in HPARAM_CASES],
                          ids=[c[0] for c in HPARAM_CASES])
+@pytest.mark.slow
 def test_bad_hyper_parameter(tmp_path: Path, reference_tokens: list[int], overrides: dict[str, tuple[Any, ...]],
                              drop: tuple[str, ...], fragments: tuple[str, ...]) -> None:
     path = copy_model(tmp_path / "bad.gguf", overrides, drop)
@@ -214,6 +215,7 @@ TENSOR_CASES: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
 
 
 @pytest.mark.parametrize("change, fragments", [c[1:] for c in TENSOR_CASES], ids=[c[0] for c in TENSOR_CASES])
+@pytest.mark.slow
 def test_tensor_against_hyper_parameters(tmp_path: Path, reference_tokens: list[int], change: dict[str, Any],
                                          fragments: tuple[str, ...]) -> None:
     path = copy_model(tmp_path / "bad.gguf", **change)
@@ -230,6 +232,7 @@ def test_tensor_against_hyper_parameters(tmp_path: Path, reference_tokens: list[
      ("'tokenizer.ggml.scores' has GGUF type ARRAY of STRING", "expected ARRAY of FLOAT32")),
     ("tokenizer.ggml.model", (3, VT.UINT32), ("'tokenizer.ggml.model' has GGUF type UINT32", "expected STRING")),
 ], ids=["scores-strings", "model-uint32"])
+@pytest.mark.slow
 def test_tokenizer_metadata_of_the_wrong_type(tmp_path: Path, reference_tokens: list[int], key: str,
                                               value: tuple[Any, ...], fragments: tuple[str, ...]) -> None:
     model = load(copy_model(tmp_path / "tok.gguf", {key: value}))
@@ -268,6 +271,7 @@ def test_context_beyond_memory_is_refused_before_allocating(reference_tokens: li
     ({"n_batch": 0}, ArgumentError, ("n_batch must be >= 1, got 0",)),
     ({"n_batch": "8"}, ArgumentTypeError, ("n_batch must be an integer", "'8'")),
 ], ids=["n_ctx-zero", "n_ctx-negative", "n_ctx-float", "n_batch-zero", "n_batch-string"])
+@pytest.mark.slow
 def test_bad_sizes(reference_tokens: list[int], kwargs: dict[str, Any], cls: type[GGMLError],
                    fragments: tuple[str, ...]) -> None:
     n_host = len(memory._bases)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import io
 
+import pytest
+
 from pyggml.core.tensor import GGMLOp, is_view_op
 from pyggml.testing.op_fuzz import USER_FUNCTION_OPS, run_fuzz
 
@@ -18,6 +20,7 @@ GRAPHS = 2000
 GRAPH_TIMEOUT = 120.0
 
 
+@pytest.mark.slow
 def test_fuzz_finds_nothing_over_every_op() -> None:
     from pyggml.backends.cpu.kernels import KERNELS
 

@@ -34,7 +34,7 @@ from pyggml.core.errors import (
 )
 from pyggml.core.graph import Graph
 from pyggml.core.types import GGMLType
-from pyggml.sched import GGML_MAX_BACKENDS, Scheduler
+from pyggml.seed import GGML_MAX_BACKENDS, Scheduler
 from robustness.conftest import expect_error
 
 F32 = GGMLType.F32

@@ -188,6 +188,7 @@ def test_negative_buffer_size(tb: TorchBackend) -> None:
     assert_works(tb)
 
 
+@pytest.mark.slow
 def test_buffer_larger_than_the_host_memory() -> None:
     """OutOfMemoryError with the bytes asked for and available, before torch touches a page."""
     proc = run_isolated("""

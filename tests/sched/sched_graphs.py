@@ -24,7 +24,7 @@ from pyggml.core.context import Context
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import Tensor
 from pyggml.core.types import GGMLType
-from pyggml.sched import Scheduler
+from pyggml.seed import Scheduler
 
 N_EMBD, N_HEAD, N_FF = 8, 2, 16
 HEAD_DIM = N_EMBD // N_HEAD

@@ -141,6 +141,7 @@ def test_forget_graph_lets_go_of_its_places() -> None:
 
 
 @pytest.mark.parametrize("n_backends", [1, 2])
+@pytest.mark.slow
 def test_a_model_keeps_its_prompt_and_token_graphs(n_backends: int) -> None:
     """Prompt, tokens, prompt, tokens: two graphs built, the second use of each taken up again by the
     scheduler, and the logits those of a model that builds a graph for every batch."""
@@ -166,6 +167,7 @@ def test_a_model_keeps_its_prompt_and_token_graphs(n_backends: int) -> None:
         fresh.free()
 
 
+@pytest.mark.slow
 def test_a_model_keeps_as_many_graphs_as_set() -> None:
     """set_keep_graphs: with 2 kept, three batch shapes in turn build a graph every time; with 3, each shape is
     built once and taken up again after. Shrinking drops the oldest; a bad count raises."""

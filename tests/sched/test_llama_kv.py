@@ -17,7 +17,7 @@ from pyggml.backend import tensor_get_numpy, tensor_set_numpy
 from pyggml.backends.cpu import cpu_init
 from pyggml.core.context import Context
 from pyggml.core.tensor import GGMLOp
-from pyggml.sched import Scheduler
+from pyggml.seed import Scheduler
 from pyggml.testing.graphs import build_llama_graph, llama_input_values
 
 DIMS = dict(n_layers=2, n_tokens=4, n_embd=32, n_head=4, n_head_kv=2, n_ff=64, n_vocab=50, n_ctx=8)

@@ -7,7 +7,8 @@ import logging
 import pytest
 from sched_graphs import small_run
 
-from pyggml.sched import Scheduler, fmt_size
+from pyggml.sched import fmt_size
+from pyggml.seed import Scheduler
 
 
 @pytest.fixture

@@ -33,7 +33,7 @@ from pyggml.core.graph import Graph
 from pyggml.core.tensor import Tensor, TensorFlag
 from pyggml.core.types import GGMLType
 from pyggml.sched import BackendSched
-from pyggml.sched.sched import GGML_SCHED_MAX_COPIES
+from pyggml.sched.backend_sched import GGML_SCHED_MAX_COPIES
 from pyggml.testing import alloc_ctx_tensors
 from pyggml.testing.async_backend import AsyncTestBackend, async_test_init
 from pyggml.testing.graphs import build_llama_graph, graph_size
@@ -223,6 +223,7 @@ def _assert_same(outs: list[np.ndarray], reference: list[np.ndarray]) -> None:
 
 @pytest.mark.parametrize("config", sorted(CONFIGS))
 @pytest.mark.parametrize("held", [False, True], ids=["free", "held"])
+@pytest.mark.slow
 def test_parallel_gives_the_results_of_serial_and_of_one_cpu(config: str, held: bool, reference: list[np.ndarray],
                                                              setups: list[Setup]) -> None:
     """Consecutive batches with parallel on give exactly the logits of parallel off and of one CPU backend,

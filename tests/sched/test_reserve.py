@@ -24,7 +24,7 @@ from pyggml.core.graph import graph_overhead
 from pyggml.core.types import GGMLType
 from pyggml.models.kv_cache import KVCache
 from pyggml.models.llama import LlamaHParams, build_llama, graph_size, tensor_names
-from pyggml.sched import Scheduler
+from pyggml.seed import Scheduler
 from pyggml.testing import alloc_ctx_tensors
 
 HP = LlamaHParams(n_vocab=32, n_ctx_train=64, n_embd=32, n_layer=1, n_ff=64, n_head=4, n_head_kv=1, n_rot=8,
@@ -54,7 +54,7 @@ class TinyLlama:
     def graph(self, kv: KVCache, n_tokens: int, n_past: int):
         size = graph_size(HP)
         ctx = Context(mem_size=size * tensor_overhead() + graph_overhead(size), no_alloc=True)
-        gf, inp = build_llama(ctx, HP, self.w, kv, n_tokens, n_past)
+        gf, inp = build_llama(ctx, HP, self.w, kv, n_tokens, n_past, set_rows=False, glu=False)
         return ctx, gf, inp
 
 

@@ -25,7 +25,7 @@ from pyggml.core.errors import (
     OutOfMemoryError,
     UnsupportedOpError,
 )
-from pyggml.sched import GGML_MAX_BACKENDS, GGML_MAX_SPLIT_INPUTS, GGML_MAX_SPLITS, Scheduler
+from pyggml.seed import GGML_MAX_BACKENDS, GGML_MAX_SPLIT_INPUTS, GGML_MAX_SPLITS, Scheduler
 
 
 def no_copies_in(graph) -> bool:

@@ -13,7 +13,7 @@ from sched_graphs import (
 )
 
 from pyggml.backend import tensor_get_numpy
-from pyggml.sched import Scheduler
+from pyggml.seed import Scheduler
 
 # --- a small graph ---
 #

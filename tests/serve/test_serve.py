@@ -80,6 +80,7 @@ def test_completion_greedy_equals_generate(client: openai.OpenAI, reference: pm.
         assert all(c.choices[0].finish_reason is None for c in pieces[:-1])
 
 
+@pytest.mark.slow
 def test_chat_streamed_and_not(client: openai.OpenAI, reference: pm.Model) -> None:
     messages = [{"role": "system", "content": "You write docstrings."}, {"role": "user", "content": "Return the"}]
     ids = reference.tokenize(ChatTemplate.from_model(reference).prompt(messages), True, True)
@@ -125,6 +126,7 @@ def test_seeded_sampling_repeats(client: openai.OpenAI) -> None:
     assert ask() == ask()
 
 
+@pytest.mark.slow
 def test_concurrent_clients_get_their_own_answers(client: openai.OpenAI, reference: pm.Model) -> None:
     want = {p: _greedy_text(reference, reference.tokenize(p), 16)[0] for p in PROMPTS}
 

@@ -45,6 +45,7 @@ def test_bad_port_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--port" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_the_command_serves_the_builtin_model(tmp_path: Path) -> None:
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}

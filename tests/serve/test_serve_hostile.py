@@ -67,6 +67,7 @@ def _port(url: str) -> int:
 # --- web pages ---
 
 
+@pytest.mark.slow
 def test_only_json_bodies_are_read(guarded: Running) -> None:
     body = json.dumps(CHAT).encode()
     done = guarded.engine.n_done
@@ -140,6 +141,7 @@ def test_the_cli_states_its_guards(capsys: pytest.CaptureFixture[str]) -> None:
 # --- clients apart ---
 
 
+@pytest.mark.slow
 def test_cached_tokens_only_for_the_same_key(guarded: Running) -> None:
     prompt = "Convert the optional argument of the path into a string"
     a, b = (openai.OpenAI(base_url=guarded.url + "/v1", api_key=k, max_retries=0, timeout=30) for k in KEYS)
@@ -275,6 +277,7 @@ def _closed(sock: socket.socket, deadline: float) -> bool:
                 return True
 
 
+@pytest.mark.slow
 def test_idle_and_slow_connections_do_not_stop_service(guarded: Running) -> None:
     port = _port(guarded.url)
     idle = [socket.create_connection(("127.0.0.1", port), timeout=WAIT) for _ in range(MAX_CONN + 6)]
@@ -306,6 +309,7 @@ def test_idle_and_slow_connections_do_not_stop_service(guarded: Running) -> None
     assert _post(guarded.url, "/v1/completions", {"prompt": "The module", "max_tokens": 1}).status_code == 200
 
 
+@pytest.mark.slow
 def test_a_body_that_does_not_come_is_cut(guarded: Running) -> None:
     with socket.create_connection(("127.0.0.1", _port(guarded.url)), timeout=WAIT) as s:
         s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer ka\r\n"

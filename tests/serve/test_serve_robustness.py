@@ -42,6 +42,7 @@ def _still_serving(client: openai.OpenAI) -> None:
     assert r.usage.completion_tokens >= 1 or r.choices[0].finish_reason == "stop"
 
 
+@pytest.mark.slow
 def test_bad_requests_get_error_objects(server: Running, client: openai.OpenAI) -> None:
     chat = {"model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
     _is_error(_post(server, "/v1/chat/completions", None, raw=b'{"model": "m", "messages": ['), 400)
@@ -108,6 +109,7 @@ def test_a_client_leaving_mid_stream_frees_its_slot(slow_server: Running) -> Non
     assert r2.usage.completion_tokens == 5
 
 
+@pytest.mark.slow
 def test_a_client_leaving_a_non_streamed_request_frees_its_slot(slow_server: Running) -> None:
     engine = slow_server.engine
     before = engine.n_cancelled
@@ -123,6 +125,7 @@ def test_a_client_leaving_a_non_streamed_request_frees_its_slot(slow_server: Run
     assert engine.busy_slots() == 0 and slow_server.model.seq_pos_max(0) == -1
 
 
+@pytest.mark.slow
 def test_load_nothing_lost(server: Running) -> None:
     """200 short requests from 8 clients (chat and completion, streamed and not): every one answered, well-formed."""
     rng = random.Random(0)

@@ -24,7 +24,14 @@ from pyggml.backend.backend import Backend
 from pyggml.backend.buffer import Buffer
 from pyggml.backend.buffer_type import BufferType
 from pyggml.backend.device import Device, DeviceCaps, DeviceType, host_cpu_name, host_memory
-from pyggml.backend.registry import EXTRA_BUFTS, SET_BATCH_INVARIANT, SET_N_THREADS, Reg
+from pyggml.backend.registry import (
+    COMPILE_CACHE_FOLDER,
+    EXTRA_BUFTS,
+    SET_BATCH_INVARIANT,
+    SET_N_THREADS,
+    WATCH_COMPILES,
+    Reg,
+)
 from pyggml.backends.cpu.buffer import TENSOR_ALIGNMENT, cpu_alloc_buffer, cpu_buffer_from_ptr
 from pyggml.backends.cpu.plan import kernel_supports
 from pyggml.backends.cpu.repack import CPURepackBufferType
@@ -136,6 +143,10 @@ class CPUReg(Reg):
             return cpu_set_batch_invariant
         if name == EXTRA_BUFTS:
             return extra_bufts
+        if name in (WATCH_COMPILES, COMPILE_CACHE_FOLDER):
+            from pyggml.backends.cpu import jit
+
+            return jit.watch_compiles if name == WATCH_COMPILES else jit.cache_folder
         return None
 
     def _init_backend(self, arg: str | None) -> Backend:

@@ -98,7 +98,7 @@ def serialize_tensor(t: Tensor | None, conn: Connection | None, extra_flags: int
     buffer = tensor_buffer(t)
     data = t.data
     # only memory inside the buffer is sent: a measure allocator places tensors at fake addresses past its
-    # 1-byte probe buffer (the seed's way), and ggml-rpc-server aborts on a tensor outside its buffer
+    # 1-byte probe buffer, and ggml-rpc-server aborts on a tensor outside its buffer
     if isinstance(buffer, RPCBuffer) and (conn is None or buffer.conn is conn) and data is not None \
             and buffer.base <= data and data + t.nbytes() <= buffer.base + buffer.size:
         remote = buffer.remote_ptr

@@ -3,7 +3,7 @@
 A buffer of `size` bytes is a uint8 tensor of `size + TORCH_ALIGNMENT` bytes
 on the backend's device (`cpu`, `cuda:N`); the extra bytes move the base to a
 multiple of TORCH_ALIGNMENT, as the CPU buffer does, so the addresses the
-allocators hand out are aligned the way the seed's arithmetic expects.
+allocators hand out are aligned the way ggml's arithmetic expects.
 `get_base()` is that aligned data pointer inside the tensor's storage: a real
 device address, so `tensor.data` means the same thing on every backend.
 

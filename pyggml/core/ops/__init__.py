@@ -240,7 +240,7 @@ class OpBuilders:
     map_custom3_inplace = custom.map_custom3_inplace
     custom_4d = custom.custom_4d
     custom_inplace = custom.custom_inplace
-    # today's small ops (misc)
+    # small ops (misc)
     sin = misc.sin
     sin_inplace = misc.sin_inplace
     cos = misc.cos

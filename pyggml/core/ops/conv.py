@@ -4,12 +4,12 @@ builds them), CONV_TRANSPOSE_1D, POOL_1D, POOL_2D.
 Layouts (ggml's, innermost first): a 1-D kernel is [K, IC, OC] and its input
 [L, IC, N]; a 2-D kernel [KW, KH, IC, OC] and its input [W, H, IC, N].
 
-op_params as today's ggml.c stores them (`pyggml.core.ops.params`):
+op_params as ggml.c stores them (`pyggml.core.ops.params`):
 - IM2COL: [s0, s1, p0, p1, d0, d1, is_2D]
 - CONV_TRANSPOSE_1D: [s0, p0, d0]
 - POOL_1D: [op, k0, s0, p0]; POOL_2D: [op, k0, k1, s0, s1, p0, p1]
 
-Where pyggml differs from today's ggml, and why:
+Where pyggml differs from ggml, and why:
 - conv_1d with a batch N > 1: ggml reshapes the MUL_MAT result [N*OL, OC]
   straight to [OL, OC, N], which mixes up batch and channel when N > 1 (conv_2d
   has the fix: a permute). For N == 1 pyggml builds exactly ggml's graph; for

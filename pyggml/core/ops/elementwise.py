@@ -1,7 +1,7 @@
 """Element-wise ops: binary arithmetic with ggml's broadcasting (b repeats to
 a's shape), ADD1, ACC, SET, SQR, SQRT, LOG, CLAMP, LEAKY_RELU, SCALE and the
 unary functions (UNARY and its shortcuts relu, gelu, silu, ...), op_params as
-today's ggml.c writes them (`pyggml.core.ops.params`).
+ggml.c writes them (`pyggml.core.ops.params`).
 
 Shape rules are ggml's. Where ggml asserts only what its own CPU kernel cannot
 do (ADD1's packed rows, ACC's F32-only), the rule is left to the backends'
@@ -195,8 +195,7 @@ def log_inplace(ctx: Context, a: Tensor) -> Tensor:
 
 
 def clamp(ctx: Context, a: Tensor, min: float, max: float, inplace: bool = False) -> Tensor:
-    """Clamp to [min, max]; op_params [min, max] as f32 (a new tensor, or a view of `a` in place, as
-    today's ggml; ggml of late 2023 always computed in place)."""
+    """Clamp to [min, max]; op_params [min, max] as f32 (a new tensor, or a view of `a` in place)."""
     return set_op(same_or_view(ctx, a, inplace), GGMLOp.CLAMP, a, params=ClampParams(min=min, max=max))
 
 

@@ -1,7 +1,7 @@
 """Ops that copy, view or rearrange data: DUP, CPY, CONT, RESHAPE, VIEW,
 PERMUTE, TRANSPOSE, GET_ROWS, REPEAT, CONCAT, DIAG, PAD, UPSCALE.
 
-Shapes and op_params as today's ggml.c builds them (CONCAT along any
+Shapes and op_params as ggml.c builds them (CONCAT along any
 dimension, PAD with left and right padding per dimension, UPSCALE with a scale
 mode); op_params through `pyggml.core.ops.params`."""
 

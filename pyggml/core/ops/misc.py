@@ -1,4 +1,4 @@
-"""Today's small ops: SIN, COS, FILL, ARANGE, TRI, CUMSUM, COUNT_EQUAL, L2_NORM, ROLL, PAD_REFLECT_1D,
+"""The small ops: SIN, COS, FILL, ARANGE, TRI, CUMSUM, COUNT_EQUAL, L2_NORM, ROLL, PAD_REFLECT_1D,
 TIMESTEP_EMBEDDING, REPEAT_BACK, SOLVE_TRI, and the direct convolutions CONV_2D, CONV_2D_DW and
 CONV_TRANSPOSE_2D (pyggml.core.ops.conv has the im2col ones: conv_2d there is IM2COL + MUL_MAT).
 

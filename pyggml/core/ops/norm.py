@@ -2,7 +2,7 @@
 SOFT_MAX (optional mask, scale, ALiBi max_bias and attention sinks, as
 ggml_soft_max_ext), DIAG_MASK_INF, DIAG_MASK_ZERO and ROPE.
 
-op_params are stored word for word as today's ggml.c stores them, through
+op_params are stored word for word as ggml.c stores them, through
 `pyggml.core.ops.params`:
 - NORM, RMS_NORM: [eps f32]; GROUP_NORM: [n_groups, eps f32]
 - SOFT_MAX: [scale f32, max_bias f32], the mask in src[1], the sinks in src[2]
@@ -182,8 +182,7 @@ def rope_impl(ctx: Context, a: Tensor, b: Tensor, c: Tensor | None, n_dims: int,
 def rope(ctx: Context, a: Tensor, b: Tensor, n_dims: int, mode: int, n_ctx: int = 0) -> Tensor:
     """RoPE with ggml's defaults: freq_base 10000, freq_scale 1, no YaRN extrapolation.
 
-    `n_ctx` is the argument ggml of late 2023 took and today's ggml does not (its word is 0): accepted for old
-    callers, unused.
+    `n_ctx` is an argument ggml no longer takes (its word is 0): accepted for old callers, unused.
     """
     return rope_impl(ctx, a, b, None, n_dims, None, mode, 0, 10000.0, 1.0, 0.0, 1.0, 0.0, 0.0, False)
 
@@ -225,7 +224,7 @@ def rope_multi_inplace(ctx: Context, a: Tensor, b: Tensor, c: Tensor | None, n_d
 def rope_custom(ctx: Context, a: Tensor, b: Tensor, n_dims: int, mode: int, n_ctx_orig: int,
                 freq_base: float, freq_scale: float, ext_factor: float, attn_factor: float,
                 beta_fast: float, beta_slow: float) -> Tensor:
-    """RoPE with frequency base and scale and YaRN parameters (today's ggml_rope_custom: rope_ext without c)."""
+    """RoPE with frequency base and scale and YaRN parameters (ggml_rope_custom: rope_ext without c)."""
     return rope_impl(ctx, a, b, None, n_dims, None, mode, n_ctx_orig, freq_base, freq_scale, ext_factor,
                      attn_factor, beta_fast, beta_slow, False)
 

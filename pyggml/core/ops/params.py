@@ -1,4 +1,4 @@
-"""op_params as today's ggml lays them: one dataclass per layout, read and written here only.
+"""op_params as ggml lays them: one dataclass per layout, read and written here only.
 
 A node's `op_params` are 16 int32 words. Each class below names the words of
 one op (or of ops that share a layout), in ggml.c's order: fields are

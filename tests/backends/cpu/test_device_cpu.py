@@ -29,7 +29,7 @@ from pyggml.core.types import GGMLType
 from pyggml.gguf.loader import load_tensors, maps_weights
 from pyggml.gguf.reader import read_gguf
 from pyggml.models import builtin_model_path
-from pyggml.sched import Scheduler
+from pyggml.seed import Scheduler
 
 F32 = GGMLType.F32
 

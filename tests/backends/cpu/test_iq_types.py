@@ -174,6 +174,7 @@ def test_mul_mat_with_today_s_q8_1_and_q8_k_matches_ggml(wtype: GGMLType, case: 
 
 
 @pytest.mark.parametrize("wtype", NEW_TYPES, ids=name)
+@pytest.mark.slow
 def test_mul_mat_on_two_threads_is_the_serial_result(wtype: GGMLType, rng: np.random.Generator) -> None:
     M, K = 2048, 2048  # 4M multiply-adds: above matmul.PARALLEL_MIN_WORK, so the direct kernels use both threads
     assert matmul._direct_work(int(wtype), M, K, 1, 1) >= matmul.PARALLEL_MIN_WORK

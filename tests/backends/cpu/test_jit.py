@@ -62,6 +62,7 @@ print(json.dumps({"q5_1": len(qd._dot_q5_1.signatures), "q2_K": len(qd._dot_q2_K
 """
 
 
+@pytest.mark.slow
 def test_a_job_compiles_its_weight_type_alone_into_the_user_cache(tmp_path: Path) -> None:
     """A fresh process with an empty cache and a read-only package: the Q5_1 job compiles Q5_1's dot and no
     other type's, and its code lands in PYGGML_CACHE/numba; a second process loads it, compiling nothing."""

@@ -152,6 +152,7 @@ def conv_outcomes() -> dict[str, list[str]]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_conv_2d_dw_stride_past_its_input_is_refused(conv_outcomes: dict[str, list[str]]) -> None:
     cls, message, status = conv_outcomes["dw_stride_16"]
     assert cls == ShapeError.__name__ and status == "refused"

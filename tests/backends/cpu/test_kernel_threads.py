@@ -252,6 +252,7 @@ def test_second_caller_computes_alone(rng: np.random.Generator, monkeypatch: pyt
 
 @pytest.mark.parametrize(("block_bytes", "values", "minus_8"), [(34, "_q8_0_values", False),
                                                                  (18, "_q4_0_nibbles", True)])
+@pytest.mark.slow
 def test_row_loops_portable_and_native_agree(block_bytes: int, values: str, minus_8: bool,
                                              rng: np.random.Generator) -> None:
     """The whole-row Q8_0/Q4_0 loops with the portable block sums and with the target's (AVX2's byte

@@ -143,6 +143,7 @@ def test_soft_max(type: GGMLType, mask_rows: int | None, rng: np.random.Generato
 
 @pytest.mark.parametrize("type", TYPES)
 @pytest.mark.parametrize("mask_shape", [None, (4, 10), (2, 6, 10), (2, 3, 5, 10)])
+@pytest.mark.slow
 def test_soft_max_strided_src_and_broadcast_masks(type: GGMLType, mask_shape: tuple[int, ...] | None,
                                                   rng: np.random.Generator) -> None:
     """A permuted src (beyond what the builder allows) and F16 masks broadcast over dims 2 and 3."""

@@ -70,6 +70,7 @@ def _product(ctx, w, x: np.ndarray, n_threads: int, numerics: str = "ref") -> np
                          + [(t, K_LEN) for t in K_SPECS])
 @pytest.mark.parametrize("n_threads", [1, 2, 3])
 @pytest.mark.parametrize("numerics", ["ref", "x86"])
+@pytest.mark.slow
 def test_columns_equal_one_column_products(wtype: GGMLType, k: int, n_threads: int, numerics: str,
                                            rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
     """k 250 (F16, BF16): 7 lane blocks of 32 and 26 elements added one by one."""
@@ -181,6 +182,7 @@ LOOP_CASES = [(t, x86, layout) for t, x86 in [(t, False) for t in SPECS] + [(t, 
 
 
 @pytest.mark.parametrize(("wtype", "x86", "layout"), LOOP_CASES)
+@pytest.mark.slow
 def test_column_loops_equal_row_loop(wtype: GGMLType, x86: bool, layout: int, rng: np.random.Generator) -> None:
     """Each column of the multi-column loops equals the one-column loop's result, for every block-sum variant
     the host runs (and the tables' portable lookup) in the default layout, and for the host's own sums in the
@@ -240,6 +242,7 @@ def _half_loops(kind: int, k: int):
 
 @pytest.mark.parametrize("wtype", (F32, *HALF_TYPES))
 @pytest.mark.parametrize("k", [64, 96, 250])
+@pytest.mark.slow
 def test_half_column_loops_equal_row_loop(wtype: GGMLType, k: int, rng: np.random.Generator) -> None:
     """Every column count gives each (row, column) the one-column loop's bits (k 64: attention's rows)."""
     n_cols = 2 * qd.COLS + 1
@@ -279,6 +282,7 @@ def _block_sums_kernel(fn):
 
 
 @pytest.mark.parametrize("unsigned", [False, True])
+@pytest.mark.slow
 def test_block_sums_are_ggml_lanes(unsigned: bool, rng: np.random.Generator) -> None:
     """Every variant the host runs gives the exact sums, in ggml's AVX2 lanes (lane i: products 4i..4i+3)
     where it claims them (all but the portable pairs-then-halves); weight values at the extremes the
@@ -345,6 +349,7 @@ def _random_k_rows(wtype: GGMLType, rng: np.random.Generator, m: int, nb: int) -
 
 @pytest.mark.parametrize("wtype", list(K_SPECS))
 @pytest.mark.parametrize("x86", [False, True])
+@pytest.mark.slow
 def test_k_column_loops_equal_row_loop(wtype: GGMLType, x86: bool, rng: np.random.Generator) -> None:
     nb = K_LEN // 256
     n_cols = 2 * qd.COLS + 1

@@ -124,6 +124,7 @@ def test_quantize_rows_with_inf_or_nan_take_the_block_by_block_loop(kind: GGMLTy
     assert yd[2, 1] == np.inf
 
 
+@pytest.mark.slow
 def test_quantize_rows_refuses_strided_rows(rng: np.random.Generator) -> None:
     x = rng.standard_normal((4, 64)).astype(np.float32)[::2]
     yq, yd, ys, yb = (np.zeros((2, 64), np.int8), np.zeros((2, 2), np.float32), np.zeros((2, 2), np.float32),

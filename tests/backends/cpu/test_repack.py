@@ -80,6 +80,7 @@ VARIANTS = [False] + ([True] if qd._HAS_VNNI else [])
 
 
 @pytest.mark.parametrize("vnni", VARIANTS, ids=lambda v: "vnni" if v else "portable")
+@pytest.mark.slow
 def test_repacked_loop_is_ggml_x86_repack_order_to_the_bit(vnni: bool) -> None:
     rng = np.random.default_rng(1)
     M = 5 * X8_ROWS

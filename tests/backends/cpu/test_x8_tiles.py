@@ -112,6 +112,7 @@ VARIANTS = [False] + ([True] if qd._HAS_VNNI else [])
 
 @pytest.mark.parametrize("vnni", VARIANTS, ids=lambda v: "vnni" if v else "portable")
 @pytest.mark.parametrize("type", [GGMLType.Q8_0, GGMLType.Q5_0], ids=lambda t: t.name)
+@pytest.mark.slow
 def test_repacked_loop_is_the_repacked_order_to_the_bit(type: GGMLType, vnni: bool) -> None:
     rng = np.random.default_rng(1)
     M = 3 * X8_ROWS

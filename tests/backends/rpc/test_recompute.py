@@ -243,6 +243,7 @@ class Recorder:
             return bytes(self.got)
 
 
+@pytest.mark.slow
 def test_deferred_commands_wait_for_the_next_one_sent_and_keep_their_bytes() -> None:
     rec = Recorder()
     conn = Connection(rec.endpoint)

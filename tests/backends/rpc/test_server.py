@@ -301,6 +301,7 @@ def _good_messages(remote: int, base: int) -> list[bytes]:
     ]
 
 
+@pytest.mark.slow
 def test_fuzzed_messages_never_stop_the_server(server: RpcServer, caplog: pytest.LogCaptureFixture) -> None:
     """Random and mutated messages for a bounded time, each connection with a buffer of its own to aim at;
     then a good client is served and no client's memory is left behind."""
@@ -340,6 +341,7 @@ def test_fuzzed_messages_never_stop_the_server(server: RpcServer, caplog: pytest
     assert not accidents, accidents[:5]
 
 
+@pytest.mark.slow
 def test_the_pyggml_rpc_server_command(tmp_path: Path) -> None:
     from rpc_util import free_port, wait_listening
 
@@ -466,6 +468,7 @@ def test_a_server_that_dies_in_the_middle_of_a_graph(monkeypatch: pytest.MonkeyP
     close_all()
 
 
+@pytest.mark.slow
 def test_random_nodes_are_computed_or_refused(server: RpcServer, caplog: pytest.LogCaptureFixture) -> None:
     """Nodes of common ops with random types, shapes and op params, each tensor inside the client's buffer:
     the server's backend computes each or refuses it (a warning naming the op), and stays up."""

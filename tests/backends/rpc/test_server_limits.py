@@ -294,6 +294,7 @@ class ServerProcess:
             self.proc.stdout.close()
 
 
+@pytest.mark.slow
 def test_a_256_mb_announcement_holds_only_the_bytes_sent(tmp_path: Path) -> None:
     """Three clients, each with a 256 MiB buffer, announce a SET_TENSOR filling it and send 1 MiB of it: the
     server's RSS grows by about the bytes sent, not by the 768 MiB announced; it was reading them (it says so
@@ -368,6 +369,7 @@ def test_an_idle_client_is_closed(quick: RpcServer, caplog: pytest.LogCaptureFix
     assert wait_for(lambda: "no message for 0.6 s; closing the connection" in caplog.text)
 
 
+@pytest.mark.slow
 def test_an_idle_client_holding_buffers_is_kept(quick: RpcServer) -> None:
     """Its buffers are its state (llama.cpp's client cannot reconnect): twice the idle timeout, then served."""
     raw = Raw(quick.endpoint)
@@ -386,6 +388,7 @@ def test_a_message_has_a_total_deadline(quick: RpcServer, caplog: pytest.LogCapt
     good_client_works(quick.endpoint)
 
 
+@pytest.mark.slow
 def test_an_answer_the_client_does_not_read_has_a_deadline() -> None:
     """1 MiB answered to a client that reads nothing: given up after message_timeout plus a second per MiB."""
     with RpcServer([cpu_init(1)], "127.0.0.1", 0, message_timeout=0.2) as server:
@@ -406,6 +409,7 @@ sys.stdin.read()
 """
 
 
+@pytest.mark.slow
 def test_2000_idle_connections_neither_stop_nor_end_the_server(caplog: pytest.LogCaptureFixture) -> None:
     """Another process holds 2000 connections open without a word. Past max_connections they are closed as they
     come (logged), those let in go at the HELLO timeout; the accept loop runs on, and a good client is served
@@ -461,6 +465,7 @@ def test_an_accept_loop_that_ends_otherwise_raises() -> None:
             server.serve_forever()
 
 
+@pytest.mark.slow
 def test_running_out_of_descriptors_does_not_end_the_server(tmp_path: Path) -> None:
     """The server's process limited to 64 descriptors, 120 connections without HELLO (within its listen backlog):
     accept() fails with EMFILE (logged), the server goes on, frees the idle ones at the HELLO timeout, and serves

@@ -57,6 +57,7 @@ def _rpc_source() -> Path | None:
     return path if path.is_file() else None
 
 
+@pytest.mark.interop
 def test_sizes_equal_what_the_c_compiler_says(tmp_path: Path) -> None:
     """The packed block of ggml-rpc.cpp compiled alone (with ggml.h's limits) prints each sizeof."""
     source = _rpc_source()

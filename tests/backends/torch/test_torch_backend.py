@@ -68,6 +68,7 @@ def test_name_alignment_and_registry_names() -> None:
         assert isinstance(got, TorchBackend) and got.name() == "Torch(cpu)"
 
 
+@pytest.mark.slow
 def test_registry_imports_torch_only_when_asked() -> None:
     code = ("import sys; from pyggml.backend import init_backend, list_backends; "
             "assert 'torch' in list_backends() and 'torch' not in sys.modules; "
@@ -102,6 +103,7 @@ def test_bad_arguments() -> None:
 
 
 @pytest.mark.parametrize("size", [0, 1, 255, 256, 1000, 4096 + 7])
+@pytest.mark.slow
 def test_buffer_is_an_aligned_torch_tensor_and_not_host(size: int) -> None:
     with torch_init() as b, b.alloc_buffer(size) as buf:
         assert isinstance(buf, TorchBuffer)

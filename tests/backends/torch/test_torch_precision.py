@@ -161,6 +161,7 @@ def test_precision_is_read_only() -> None:
     assert tb.matmul_precision == "f32"
 
 
+@pytest.mark.slow
 def test_run_verbose_shows_each_torch_backends_precision(capsys: pytest.CaptureFixture[str],
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     from pyggml.cli.main import main

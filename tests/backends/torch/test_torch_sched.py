@@ -7,7 +7,6 @@ import math
 import numpy as np
 import pytest
 
-from pyggml import sched
 from pyggml.backend import Backend, tensor_get_numpy, tensor_set, tensor_set_numpy
 from pyggml.backends.cpu import cpu_init
 from pyggml.backends.torch import torch_init
@@ -17,6 +16,7 @@ from pyggml.core.tensor import GGMLOp, Tensor
 from pyggml.core.types import GGMLType, from_float, to_float
 from pyggml.models.kv_cache import KVCache
 from pyggml.models.llama import LlamaHParams, build_llama, graph_size, layer_of, tensor_names
+from pyggml.seed import Scheduler
 from pyggml.testing import alloc_ctx_tensors
 
 HP = LlamaHParams(n_vocab=96, n_ctx_train=128, n_embd=64, n_layer=3, n_ff=128, n_head=4, n_head_kv=2, n_rot=16,
@@ -65,7 +65,7 @@ class Llama:
             self.ctxs.append(ctx)
         self.kv = KVCache(HP.n_layer, N_CTX, HP.n_embd_gqa, layer_backend)
         self.input_backend = embd
-        self.sched = sched.Scheduler(backends)
+        self.sched = Scheduler(backends)
         ctx, graph, inputs = self._graph(8, N_CTX - 8)
         talloc = self.sched.get_tallocr(embd)
         for t in inputs:
@@ -76,7 +76,8 @@ class Llama:
     def _graph(self, n_tokens: int, n_past: int) -> tuple[Context, object, list[Tensor]]:
         size = graph_size(HP)
         ctx = Context(mem_size=size * tensor_overhead() + graph_overhead(size), no_alloc=True)
-        graph, inp = build_llama(ctx, HP, self.w, self.kv, n_tokens, n_past)
+        graph, inp = build_llama(ctx, HP, self.w, self.kv, n_tokens, n_past, set_rows=False,
+                                   glu=False)
         self.last_inputs = inp
         return ctx, graph, [inp.tokens, inp.pos, inp.mask]
 
@@ -132,6 +133,7 @@ def _split_model(wtype: GGMLType, precision: str, dequantized: frozenset[str] = 
     (GGMLType.F16, "f32", 3e-7), (GGMLType.F16, "f16", 5e-6), (GGMLType.F16, "bf16", 5e-6),
     (GGMLType.BF16, "f32", 1e-10), (GGMLType.BF16, "f16", 5e-4), (GGMLType.BF16, "bf16", 5e-4),
 ])
+@pytest.mark.slow
 def test_llama_split_between_torch_and_cpu_matches_cpu_only(wtype: GGMLType, precision: str, tol: float) -> None:
     """A prompt, then two decoded tokens (reading the KV cache written on both backends)."""
     cpu_ref = cpu_init(2)
@@ -153,6 +155,7 @@ def test_llama_split_between_torch_and_cpu_matches_cpu_only(wtype: GGMLType, pre
 # activations rounded to the half type) and against the all-Q8_0 CPU run, whose activations are quantized
 # to Q8_0 in every layer (1.2e-3 to 1.3e-3 under each)
 @pytest.mark.parametrize("precision, tol_exact", [("f32", 1e-10), ("f16", 3e-4), ("bf16", 1e-3)])
+@pytest.mark.slow
 def test_llama_split_with_q8_0_weights(precision: str, tol_exact: float) -> None:
     """Q8_0 on torch is the dequantized weight times f32 activations (the CPU also quantizes the
     activations): with f32 products the split equals a CPU run of the dequantized values in F32; with half

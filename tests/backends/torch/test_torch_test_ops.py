@@ -18,6 +18,7 @@ TORCH_OPS = ["ADD", "MUL", "SCALE", "RMS_NORM", "NORM", "SOFT_MAX", "ROPE", "GET
 
 @pytest.mark.parametrize("name", ["torch:cpu,matmul_precision=f32", "torch:cpu,matmul_precision=f16",
                                   "torch:cpu,matmul_precision=bf16"])
+@pytest.mark.slow
 def test_checker_is_clean_for_the_torch_backend(name: str) -> None:
     """Under each matmul precision (MUL_MAT's NMSE threshold, 5e-4, holds bf16 products too)."""
     out = io.StringIO()

@@ -22,7 +22,7 @@ buffer size, then gives every backend a real buffer of that size. Each
 4. per split copies the inputs in and runs the split's nodes on its backend;
 5. resets the allocators (the memory is reused by the next graph).
 
-Where pyggml differs from the C seed (see DESIGN.md "Where the seed is wrong"):
+Where pyggml differs from the C seed (it follows the seed's comments where its code contradicts them):
 
 - Assignments made with `set_node_backend` hold until `reset()` (which every
   `graph_compute` and `init_measure` ends with, as the seed's `sched_reset`),
@@ -65,7 +65,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -91,8 +90,11 @@ from pyggml.core.errors import (
 from pyggml.core.graph import Graph
 from pyggml.core.graph import hash_size as graph_hash_size
 from pyggml.core.tensor import GGMLOp, Tensor, is_view_op
-from pyggml.sched.split import Split
+from pyggml.sched.backend_sched import check_backends
+from pyggml.sched.debug import DEBUG_ENV, debug_enabled
+from pyggml.sched.passes import dup_tensor_layout
 from pyggml.sched.stats import BackendStats, SchedStats
+from pyggml.seed.split import Split
 
 log = logging.getLogger("pyggml.sched")
 
@@ -100,40 +102,8 @@ GGML_MAX_BACKENDS = 4
 GGML_MAX_SPLITS = 256
 GGML_MAX_SPLIT_INPUTS = 16
 
-DEBUG_ENV = "GGML_SCHED_DEBUG"
-
 _NO_PRIO = math.inf  # the seed's INT_MAX: "not one of the scheduler's backends"
 _UNCHECKED_CAUSES = ("1.dst", "1.vsrc", "usr")  # assignments made without asking supports_op
-
-
-def debug_enabled() -> bool:
-    """Whether GGML_SCHED_DEBUG asks for the assignment printout (any value but "", "0")."""
-    return os.environ.get(DEBUG_ENV, "") not in ("", "0")
-
-
-def check_backends(backends: list[Backend], what: str, limit: int, limit_name: str) -> None:
-    """A scheduler's backends: at least one, at most `limit`, Backends, alive, each instance once."""
-    if not backends:
-        raise ArgumentError(f"{what}: at least one backend is needed")
-    for i, b in enumerate(backends):
-        check_instance(b, Backend, f"{what}: backends[{i}]")
-    if len(backends) > limit:
-        raise LimitExceededError(f"{what}: {len(backends)} backends ({', '.join(b.name() for b in backends)}) "
-                                 f"exceed {limit_name} = {limit}")
-    for i, b in enumerate(backends):
-        if b.freed:
-            raise BufferFreedError(f"{what}: backend '{b.name()}' (backends[{i}]) was freed")
-        for j in range(i):
-            if backends[j] is b:
-                raise ArgumentError(f"{what}: backend '{b.name()}' is given twice (positions {j} and {i}); "
-                                    f"two backends of one kind must be two instances")
-
-
-def dup_tensor_layout(ctx: Context, tensor: Tensor) -> Tensor:
-    """ggml_dup_tensor_layout: a new tensor of the same type, `ne` and `nb` (a copy keeps the layout)."""
-    dup = ctx.dup_tensor(tensor)
-    dup.nb = list(tensor.nb)
-    return dup
 
 
 class Scheduler:
@@ -560,13 +530,13 @@ class Scheduler:
         """The seed's sched_print_assignments as text (splits, each node's backend and cause)."""
         from pyggml.sched.debug import format_assignments
 
-        return format_assignments(self, graph)
+        return format_assignments(self, graph)  # type: ignore[arg-type]
 
     def dump_dot(self, graph: Graph, filename: str | None = None) -> str:
         """Graphviz source of the last split graph, coloured by backend, splits as clusters."""
         from pyggml.sched.graphviz import sched_to_dot
 
-        text = sched_to_dot(self, graph)
+        text = sched_to_dot(self, graph)  # type: ignore[arg-type]
         if filename is not None:
             with open(filename, "w", encoding="utf-8") as f:
                 f.write(text)

@@ -1,4 +1,4 @@
-"""`BackendSched`: today's `ggml_backend_sched` (ggml-backend.cpp at llama.cpp 0c1e570).
+"""`BackendSched`: `ggml_backend_sched` (ggml-backend.cpp at llama.cpp 0c1e570).
 
 The one engine that computes a graph, on one backend or many. The caller:
 
@@ -70,8 +70,8 @@ from pyggml.core.errors import (
 )
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import Tensor, TensorFlag
-from pyggml.sched.passes import assign_backends, assign_backends_seed, split_graph
-from pyggml.sched.scheduler import check_backends, debug_enabled
+from pyggml.sched.debug import debug_enabled
+from pyggml.sched.passes import Assigner, assign_backends, split_graph
 from pyggml.sched.stats import BackendStats, SchedStats
 
 log = logging.getLogger("pyggml.sched")
@@ -79,11 +79,11 @@ log = logging.getLogger("pyggml.sched")
 GGML_SCHED_MAX_BACKENDS = 16
 GGML_SCHED_MAX_SPLIT_INPUTS = 30
 GGML_SCHED_MAX_COPIES = 4
-ASSIGN_MODES = ("today", "seed")
 
 # ggml_backend_sched_eval_callback: (tensor, ask) -> bool. With ask=True: does the caller want to see this
 # node (compute up to it, then call again)? With ask=False the node is computed: False stops the compute.
 EvalCallback = Callable[[Tensor, bool], bool]
+AssignPasses = Callable[["BackendSched", Graph], Assigner]  # gives every node of a graph its backend
 
 
 @dataclass(eq=False)
@@ -134,16 +134,35 @@ class _KeptGraph:
     n_reserves: int  # the compute buffers' generation its places are in
 
 
+def check_backends(backends: list[Backend], what: str, limit: int, limit_name: str) -> None:
+    """A scheduler's backends: at least one, at most `limit`, Backends, alive, each instance once."""
+    if not backends:
+        raise ArgumentError(f"{what}: at least one backend is needed")
+    for i, b in enumerate(backends):
+        check_instance(b, Backend, f"{what}: backends[{i}]")
+    if len(backends) > limit:
+        raise LimitExceededError(f"{what}: {len(backends)} backends ({', '.join(b.name() for b in backends)}) "
+                                 f"exceed {limit_name} = {limit}")
+    for i, b in enumerate(backends):
+        if b.freed:
+            raise BufferFreedError(f"{what}: backend '{b.name()}' (backends[{i}]) was freed")
+        for j in range(i):
+            if backends[j] is b:
+                raise ArgumentError(f"{what}: backend '{b.name()}' is given twice (positions {j} and {i}); "
+                                    f"two backends of one kind must be two instances")
+
+
 class BackendSched:
     """ggml_backend_sched: `backends` in priority order (the first is preferred, the last is the fallback)."""
 
     def __init__(self, backends: Sequence[Backend], bufts: Sequence[BufferType] | None = None,
                  graph_size: int = GGML_DEFAULT_GRAPH_SIZE, parallel: bool = False, op_offload: bool = True,
-                 assign: str = "today") -> None:
-        """ggml_backend_sched_new(backends, bufts, n_backends, graph_size, parallel, op_offload); `assign`:
-        "today" (ggml's five passes) or "seed" (the late-2023 passes, see passes.assign_backends_seed)."""
-        if assign not in ASSIGN_MODES:
-            raise ArgumentError(f"BackendSched: assign must be one of {', '.join(ASSIGN_MODES)}, got {assign!r}")
+                 assign: AssignPasses = assign_backends) -> None:
+        """ggml_backend_sched_new(backends, bufts, n_backends, graph_size, parallel, op_offload); `assign`: the
+        passes that give each node its backend (ggml's five, `passes.assign_backends`, unless another is given)."""
+        if not callable(assign):
+            raise ArgumentTypeError(f"BackendSched: assign must be a function (sched, graph) -> Assigner, got "
+                                    f"{type(assign).__name__}")
         self.assign = assign
         if isinstance(backends, (str, bytes)) or not isinstance(backends, Sequence):
             raise ArgumentTypeError(f"BackendSched: backends must be a sequence of Backends, got "
@@ -297,7 +316,7 @@ class BackendSched:
             self._release(kept)
 
     def _kept_graph(self, graph: Graph) -> _KeptGraph | None:
-        """`graph`'s kept state if it can be taken up: the buffers it was placed in are today's, and the nodes
+        """`graph`'s kept state if it can be taken up: the buffers it was placed in are the current ones, and the nodes
         set to a backend since the last reset are the ones set when it was split (else it is let go)."""
         kept = next((k for k in self._kept if k.graph is graph), None)
         if kept is None:
@@ -435,13 +454,12 @@ class BackendSched:
         self.is_reset = False
         self.ctx = Context(mem_size=(2 * (graph.n_nodes + 16) * self.n_copies + 64) * tensor_overhead(),
                            no_alloc=True)
-        passes = assign_backends if self.assign == "today" else assign_backends_seed
-        split_graph(self, graph, passes(self, graph))
+        split_graph(self, graph, self.assign(self, graph))
         self.split_graph = graph
         if debug_enabled():
             from pyggml.sched.debug import format_assignments
 
-            log.debug("%s", format_assignments(self, graph))  # type: ignore[arg-type]
+            log.debug("%s", format_assignments(self, graph))
 
     def _tallocs(self, measure: bool) -> list[TensorAllocator]:
         out = []
@@ -582,13 +600,13 @@ class BackendSched:
         """ggml_backend_sched_alloc_splits: allocate the graph copy; reserve first when a node changed to a
         backend of another buffer type than in the last allocation, or when it no longer fits.
 
-        As today's graph allocator (ggml_gallocr_alloc_graph without needs_realloc), a graph laid out like one
+        As ggml's graph allocator (ggml_gallocr_alloc_graph without needs_realloc), a graph laid out like one
         allocated or reserved before (the same tensors in the same places, each no larger) takes that one's
         addresses: one pass, no best-fit search. Reserving the worst case therefore makes every smaller batch
         of the same shape cheap."""
         order = self._alloc_order()
         missing = any(b is None for b in self.buffers)
-        # a recorded layout of this graph's shape and assignment that fits today's buffers needs no reserve,
+        # a recorded layout of this graph's shape and assignment that fits the current buffers needs no reserve,
         # even where ggml's would reserve again for nodes changed to another buffer type than the last
         # graph's: the reserve would find the buffers large enough and the same places
         layout = self.layouts.get((len(order), tuple(self.graph_copy_backends))) \
@@ -651,7 +669,7 @@ class BackendSched:
         """Give `order` the recorded addresses if every place fits (else False, nothing changed).
 
         The tensors are placed as ggml_backend_tensor_alloc places them, without its bounds check: a place
-        fits only when it lies inside today's buffer (buffers only grow)."""
+        fits only when it lies inside the current buffer (buffers only grow)."""
         # ggml_backend_buft_get_alloc_size: a type without the hook takes ggml_nbytes
         sizes = [None if type(b)._get_alloc_size is BufferType._get_alloc_size else b.get_alloc_size
                  for b in self.bufts]
@@ -828,13 +846,13 @@ class BackendSched:
         """The GGML_SCHED_DEBUG printout of the last split (splits, each node's backend and cause)."""
         from pyggml.sched.debug import format_assignments
 
-        return format_assignments(self, graph)  # type: ignore[arg-type]
+        return format_assignments(self, graph)
 
     def dump_dot(self, graph: Graph, filename: str | None = None) -> str:
         """Graphviz source of the last split graph, coloured by backend, splits as clusters."""
         from pyggml.sched.graphviz import sched_to_dot
 
-        text = sched_to_dot(self, graph)  # type: ignore[arg-type]
+        text = sched_to_dot(self, graph)
         if filename is not None:
             with open(filename, "w", encoding="utf-8") as f:
                 f.write(text)
