@@ -578,6 +578,7 @@ class ReplyParser:
     def __init__(self) -> None:
         self.buf = ""
         self.n_calls = 0
+        self.ids: set[str] = set()  # the reply's call ids: a model that repeats one gets a fresh id instead
 
     def feed(self, text: str) -> list[Piece]:
         raise NotImplementedError
@@ -590,6 +591,9 @@ class ReplyParser:
             out.append(("content", text))
 
     def _emit(self, call: ToolCall, out: list[Piece]) -> None:
+        if call.id in self.ids:
+            call = dataclasses.replace(call, id=new_call_id())
+        self.ids.add(call.id)
         self.n_calls += 1
         out.append(("call", call))
 

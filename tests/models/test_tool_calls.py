@@ -205,6 +205,13 @@ def test_ids_are_unique() -> None:
     assert len(set(ids)) == len(ids) == 40
 
 
+def test_a_repeated_model_id_gets_a_fresh_one() -> None:
+    call = '{"name": "get_time", "arguments": {"zone": "UTC"}, "id": "same"}'
+    calls = parse(GenericParser(), '{"tool_calls": [' + call + ", " + call + "]}", 3)[1]
+    assert [c.name for c in calls] == ["get_time", "get_time"]
+    assert calls[0].id == "same" and calls[1].id.startswith("call_")
+
+
 def test_a_generic_text_response_streams_as_it_comes() -> None:
     p = GenericParser()
     assert p.feed('{"respo') == []
