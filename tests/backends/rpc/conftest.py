@@ -9,7 +9,10 @@ import pytest
 from rpc_util import c_server
 
 from pyggml.backend import registry
+from pyggml.backends.cpu import cpu_init
 from pyggml.backends.rpc.client import rpc_reg
+from pyggml.backends.rpc.connection import close_all
+from pyggml.backends.rpc.server import RpcServer
 
 
 @pytest.fixture(scope="session")
@@ -40,19 +43,26 @@ def _rpc_registered() -> None:
         registry.register(rpc_reg())
 
 
-@pytest.fixture(scope="module")
-def py_endpoint() -> Iterator[str]:
-    """`pyggml rpc-server` serving a CPU backend, in this process (a thread per client)."""
-    from pyggml.backends.cpu import cpu_init
-    from pyggml.backends.rpc.connection import close_all
-    from pyggml.backends.rpc.server import RpcServer
-
+def start_cpu_server() -> Iterator[RpcServer]:
+    """`pyggml rpc-server` serving a CPU backend, in this process (a thread per client), closed after."""
     server = RpcServer([cpu_init(1)], "127.0.0.1", 0).start()
     try:
-        yield server.endpoint
+        yield server
     finally:
         close_all()
         server.close()
+
+
+@pytest.fixture(scope="module")
+def py_endpoint() -> Iterator[str]:
+    for server in start_cpu_server():
+        yield server.endpoint
+
+
+@pytest.fixture
+def server() -> Iterator[RpcServer]:
+    """A server of one test's own."""
+    yield from start_cpu_server()
 
 
 @pytest.fixture(scope="module", params=["ggml-rpc-server", "pyggml-rpc-server"])

@@ -11,7 +11,6 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -32,16 +31,6 @@ from pyggml.testing import alloc_ctx_tensors
 
 F32 = GGMLType.F32
 LOG = "pyggml.backends.rpc.server"
-
-
-@pytest.fixture
-def server() -> Iterator[RpcServer]:
-    s = RpcServer([cpu_init(1)], "127.0.0.1", 0).start()
-    try:
-        yield s
-    finally:
-        close_all()
-        s.close()
 
 
 class Raw:

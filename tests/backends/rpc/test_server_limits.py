@@ -34,16 +34,6 @@ ADD, MUL_MAT, GET_ROWS_BACK, ARANGE = 2, 29, 41, 67
 I32 = 26
 
 
-@pytest.fixture
-def server() -> Iterator[RpcServer]:
-    s = RpcServer([cpu_init(1)], "127.0.0.1", 0).start()
-    try:
-        yield s
-    finally:
-        close_all()
-        s.close()
-
-
 def wait_for(cond: object, timeout: float = 5.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
