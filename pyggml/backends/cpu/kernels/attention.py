@@ -279,7 +279,7 @@ def supports(node: Tensor) -> bool:
         return False
     if sinks is not None and sinks.type != GGMLType.F32:
         return False
-    if not all(_rows_contiguous(t) for t in (q, k, v)):
+    if not all(_rows_contiguous(t) for t in (q, k, v, mask) if t is not None):
         return False
     try:
         return FlashAttnExtParams.of(node).prec in _PRECS
