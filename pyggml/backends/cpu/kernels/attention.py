@@ -297,8 +297,9 @@ def _to_vec_dot(q: np.ndarray, k_type: GGMLType, simd: bool) -> np.ndarray:
 
 
 def _as_f32(t: GGMLType, raw: np.ndarray) -> np.ndarray:
-    """K or V rows as f32 (a view for F32)."""
-    return raw if t == GGMLType.F32 else to_float(t, raw)
+    """K or V rows as f32 (a view for F32; else a C-contiguous copy: a converted cache of a zero row stride kept
+    its order, rows innermost, which the row walks cannot read as rows of bytes)."""
+    return raw if t == GGMLType.F32 else np.ascontiguousarray(to_float(t, raw))
 
 
 def _grouped(a: np.ndarray, n_kv_head: int) -> np.ndarray:
