@@ -108,6 +108,15 @@ def _dot_f16_values(k, q, lanes):
     return np.float32(total)
 
 
+@njit(inline="always", cache=True)
+def online_softmax_step(M, s):
+    """ggml's online softmax meeting score s with running maximum M: (new maximum, the factor the sums so far
+    take: expf(M - s) for a new maximum, else 1, the weight of s: 1 for a new maximum, else expf(s - M))."""
+    if s > M:
+        return s, np.float32(math.exp(M - s)), np.float32(1.0)
+    return M, np.float32(1.0), np.float32(math.exp(s - M))
+
+
 @njit(nogil=True, cache=True)
 def flash_attn_rows_f16(q, k, v, mask, sinks, out, scale, softcap, slopes, lanes):
     """ggml_compute_forward_flash_attn_ext_f16_one_chunk for F16 K and V, float for float.
@@ -147,31 +156,19 @@ def flash_attn_rows_f16(q, k, v, mask, sinks, out, scale, softcap, slopes, lanes
                     if softcap != 0.0:
                         s = softcap * np.float32(math.tanh(s))
                     s = s + mv
-                    ms = np.float32(1.0)
-                    vs = np.float32(1.0)
-                    if s > M:
-                        m_old = M
-                        M = s
-                        ms = np.float32(math.exp(m_old - M))
+                    M, ms, vs = online_softmax_step(M, s)
+                    if ms != 1.0:
                         for d in range(dv):
                             acc[d] = round_f16(acc[d] * ms)
-                    else:
-                        vs = np.float32(math.exp(s - M))
                     vrow = v[i3, h // rv2, ic]
                     for d in range(dv):
                         acc[d] = round_f16(fma_f32(vrow[d], vs, acc[d]))
                     S = fma_f32(S, ms, vs)
                 if sinks.shape[0] > 0:
-                    sk = sinks[h]
-                    ms = np.float32(1.0)
-                    vs = np.float32(1.0)
-                    if sk > M:
-                        ms = np.float32(math.exp(M - sk))
-                        M = sk
+                    M, ms, vs = online_softmax_step(M, sinks[h])
+                    if ms != 1.0:
                         for d in range(dv):
                             acc[d] = acc[d] * ms
-                    else:
-                        vs = np.float32(math.exp(sk - M))
                     S = S * ms + vs
                 s_inv = np.float32(0.0) if S == 0.0 else np.float32(1.0) / S
                 for d in range(dv):
@@ -225,26 +222,15 @@ def flash_attn_rows_f32(qf, nh, n, dk, kb, kf, k_off, vf, v_off, mb, m_off, n_kv
             if softcap != 0.0:
                 s = softcap * np.float32(math.tanh(s))
             s = s + mv
-            ms = np.float32(1.0)
-            vs = np.float32(1.0)
-            if s > M:
-                ms = np.float32(math.exp(M - s))
-                M = s
+            M, ms, vs = online_softmax_step(M, s)
+            if ms != 1.0:
                 scale_f32_row(acc, 0, ms, dv)
-            else:
-                vs = np.float32(math.exp(s - M))
             mad_f32_row(vf, v_off[v_row0 + ic], vs, acc, 0, dv)
             S = fma_f32(S, ms, vs)
         if sinks.shape[0] > 0:
-            sk = sinks[h]
-            ms = np.float32(1.0)
-            vs = np.float32(1.0)
-            if sk > M:
-                ms = np.float32(math.exp(M - sk))
-                M = sk
+            M, ms, vs = online_softmax_step(M, sinks[h])
+            if ms != 1.0:
                 scale_f32_row(acc, 0, ms, dv)
-            else:
-                vs = np.float32(math.exp(sk - M))
             S = S * ms + vs
         s_inv = np.float32(0.0) if S == 0.0 else np.float32(1.0) / S
         oo = ((i3 * n + i1) * nh + h) * dv
