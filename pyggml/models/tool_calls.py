@@ -579,6 +579,8 @@ class ReplyParser:
         self.buf = ""
         self.n_calls = 0
         self.ids: set[str] = set()  # the reply's call ids: a model that repeats one gets a fresh id instead
+        self.after_call = False  # no text sent since the last call (_text_to_tag's formats)
+        self.gap = ""  # the whitespace before a call's open tag, and the tag (_text_to_tag's formats)
 
     def feed(self, text: str) -> list[Piece]:
         raise NotImplementedError
@@ -589,6 +591,23 @@ class ReplyParser:
     def _content(self, text: str, out: list[Piece]) -> None:
         if text:
             out.append(("content", text))
+
+    def _text_to_tag(self, tag: str, out: list[Piece]) -> bool:
+        """In text: send the text before `tag` and take the tag (its whitespace and the tag kept in `gap`, given
+        back if no call follows): True; without the tag, send what cannot start it: False (the rest waits)."""
+        if self.after_call:
+            self.buf = self.buf.lstrip()
+        i = self.buf.find(tag)
+        if i >= 0:
+            before = self.buf[:i].rstrip()
+            self._text(before, out)
+            self.gap = self.buf[len(before):i] + tag
+            self.buf = self.buf[i + len(tag):]
+            return True
+        send = self.buf[:len(self.buf) - _partial_suffix(self.buf, tag)].rstrip()  # whitespace waits: a call may follow
+        self._text(send, out)
+        self.buf = self.buf[len(send):]
+        return False
 
     def _emit(self, call: ToolCall, out: list[Piece]) -> None:
         if call.id in self.ids:
@@ -604,28 +623,16 @@ class HermesParser(ReplyParser):
     def __init__(self) -> None:
         super().__init__()
         self.state = "text"  # "text", "call" (after <tool_call>), "close" (after a call's JSON)
-        self.after_call = False  # no text sent since the last call
-        self.gap = ""  # the whitespace before the open tag
 
     def feed(self, text: str) -> list[Piece]:
         self.buf += text
         out: list[Piece] = []
         while True:
             if self.state == "text":
-                if self.after_call:
-                    self.buf = self.buf.lstrip()
-                i = self.buf.find(HERMES_OPEN)
-                if i >= 0:
-                    before = self.buf[:i].rstrip()
-                    self._text(before, out)
-                    self.gap = self.buf[len(before):i]  # given back if no call follows
-                    self.buf, self.state = self.buf[i + len(HERMES_OPEN):], "call"
-                    continue
-                keep = _partial_suffix(self.buf, HERMES_OPEN)
-                send = self.buf[:len(self.buf) - keep].rstrip()  # whitespace waits: a call may follow it
-                self._text(send, out)
-                self.buf = self.buf[len(send):]
-                return out
+                if not self._text_to_tag(HERMES_OPEN, out):
+                    return out
+                self.state = "call"
+                continue
             if self.state == "call":
                 body = self.buf.lstrip()
                 if not body:
@@ -633,7 +640,7 @@ class HermesParser(ReplyParser):
                 end = json_end(body, 0)
                 if end is None:
                     if body[0] != "{":  # not a call: the text is content
-                        self._text(self.gap + HERMES_OPEN + self.buf, out)
+                        self._text(self.gap + self.buf, out)
                         self.buf, self.state = "", "text"
                     return out
                 try:
@@ -641,7 +648,7 @@ class HermesParser(ReplyParser):
                 except json.JSONDecodeError:
                     call = None
                 if call is None:
-                    self._text(self.gap + HERMES_OPEN + self.buf[:len(self.buf) - len(body) + end], out)
+                    self._text(self.gap + self.buf[:len(self.buf) - len(body) + end], out)
                 else:
                     self._emit(call, out)
                     self.after_call = True
@@ -665,7 +672,7 @@ class HermesParser(ReplyParser):
         out: list[Piece] = []
         held, self.buf = self.buf, ""
         if self.state == "call":
-            self._text(self.gap + HERMES_OPEN + held, out)  # an unfinished call stays text
+            self._text(self.gap + held, out)  # an unfinished call stays text
         elif self.state == "text" and not self.after_call:
             self._text(held, out)
         self.state = "text"
@@ -728,27 +735,16 @@ class DeepSeekR1Parser(ReplyParser):
     def __init__(self) -> None:
         super().__init__()
         self.state = "text"  # "text", "calls" (after <｜tool▁calls▁begin｜>)
-        self.after_call = False
-        self.gap = ""  # the whitespace before the calls' tag
 
     def feed(self, text: str) -> list[Piece]:
         self.buf += text
         out: list[Piece] = []
         while True:
             if self.state == "text":
-                if self.after_call:
-                    self.buf = self.buf.lstrip()
-                i = self.buf.find(R1_CALLS_BEGIN)
-                if i >= 0:
-                    before = self.buf[:i].rstrip()
-                    self._text(before, out)
-                    self.gap = self.buf[len(before):i] + R1_CALLS_BEGIN  # given back if nothing parses
-                    self.buf, self.state = self.buf[i + len(R1_CALLS_BEGIN):], "calls"
-                    continue
-                send = self.buf[:len(self.buf) - _partial_suffix(self.buf, R1_CALLS_BEGIN)].rstrip()
-                self._text(send, out)
-                self.buf = self.buf[len(send):]
-                return out
+                if not self._text_to_tag(R1_CALLS_BEGIN, out):
+                    return out
+                self.state = "calls"
+                continue
             body = self.buf.lstrip()
             if body.startswith(R1_CALLS_END):
                 self.buf, self.state, self.after_call = body[len(R1_CALLS_END):], "text", True
