@@ -185,7 +185,7 @@ def _bits_of(v: np.ndarray, shifts: tuple[int, ...]) -> np.ndarray:
 # These work on sub-blocks laid out as columns: x has shape (n, m) for m
 # sub-blocks of n weights, so the C loops over a sub-block's weights become
 # loops over rows, each one numpy operation over all m sub-blocks, and sums
-# run in C's order at full speed (np.cumsum along a short last axis is ~10x
+# run in C's order at full speed (np.cumsum along a short last axis is much
 # slower than adding rows).
 
 

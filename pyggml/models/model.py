@@ -71,8 +71,8 @@ KV_PAD = 256  # graphs read the cache in multiples of 256 cells, at least 256, a
 FLASH_ATTN_MODES = ("on", "off", "auto")
 # graphs kept by their shapes: a generation alternates between a prompt's graph and a token's, and a server's
 # batches among a few more (4 sequences decoding, 3 while a slot waits for its next request, 3 tokens and a new
-# prompt's...): pyggml serve with 4 clients on SmolLM2 went from 1.5x to 2.2x one client's tokens/s with 6 kept
-# instead of 2 (a graph costs ~1.2 MB of metadata, its plans and no compute memory: the buffers are shared)
+# prompt's...): rebuilding a graph costs more than keeping it (its metadata and plans, no compute memory: the
+# buffers are shared)
 KEEP_GRAPHS = 8
 GraphKey = tuple[int, int, int, bool, bool]  # (n_tokens, n_kv, n_outputs, last_only, embeddings)
 

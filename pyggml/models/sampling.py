@@ -31,7 +31,7 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
     return e / e.sum()
 
 
-HEAD_FIRST = 256  # the first head of the vocabulary sorted for top-p / min-p without top-k (then 8x longer)
+HEAD_FIRST = 256  # the first head of the vocabulary sorted for top-p / min-p without top-k (then 8 times as long)
 
 
 def _sorted_ids(logits: np.ndarray, k: int) -> np.ndarray:
@@ -132,7 +132,7 @@ class Sampler:
             total = np.exp(cur - cur[0]).sum() if len(cur) else 1.0
         else:
             # every token is a candidate, but top-p or min-p keeps a head of them: sort a head long enough for
-            # both to cut inside it (the whole vocabulary sorted is ~7 ms a token on a 49k vocabulary)
+            # both to cut inside it (sorting the whole vocabulary is a sizeable share of a decode step)
             ids, cur, total = self._head(logits)
         # llama_sample_top_p: the smallest head whose probability sum reaches p
         if self.top_p < 1.0:

@@ -171,7 +171,7 @@ class Engine:
         self.n_tokens_max = 0
         self.busy_slot_steps = 0
         # the batches of n_slots slots come in more shapes than one sequence's (1..n_slots decoding, prompts
-        # beside them): keep enough graphs that none is built again (a build costs ~150 ms on SmolLM2)
+        # beside them): keep enough graphs that none is built again (a build costs several decode steps)
         if hasattr(model, "set_keep_graphs"):
             model.set_keep_graphs(max(model.keep_graphs, KEEP_GRAPHS + 2 * n_slots))
         model.reset()

@@ -108,10 +108,10 @@ def default_n_threads() -> int:
 def set_blas_threads(n_threads: int) -> None:
     """Limit BLAS to `n_threads` where it runs with another count.
 
-    Each library's count is read (a C call, ~1 us) rather than remembered: another model's backend, another
+    Each library's count is read (a cheap C call) rather than remembered: another model's backend, another
     thread or another package may have changed it since, and OpenBLAS's results depend on it (its threads
     split the sums differently), so a remembered count let a 1-thread model's products change with what
-    ran before it in the process. Setting it costs ~40 us, so only a change sets it."""
+    ran before it in the process. Setting it costs more than reading it, so only a change sets it."""
     for lib in _blas_controllers():
         if lib.num_threads != n_threads:
             lib.set_num_threads(n_threads)

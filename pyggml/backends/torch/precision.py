@@ -18,7 +18,7 @@ four values), else "auto"; an explicit argument wins over the environment, so
 code and tests that name a precision get it on every machine.
 
 Why it is an option: bf16 products are much faster than f32 ones where the
-CPU has AMX or AVX512-BF16 (5x with AMX, measured), but keep ~3 digits; which machine a
+CPU has AMX or AVX512-BF16, but keep ~3 digits; which machine a
 test runs on must not decide what it checks. The capability probe
 (`probe_caps`) is the only place that reads hardware flags, and
 `default_matmul_precision` the only rule that turns them into a choice.
@@ -75,10 +75,10 @@ def default_matmul_precision(caps: DeviceCaps) -> Precision:
     - CUDA: f16. Tensor cores multiply f16 on every GPU torch supports (bf16
       only from Ampere on), and ggml's CUDA backend multiplies F16 weights with
       src1 converted to f16 as well.
-    - A CPU with AMX or AVX512-BF16: bf16 (5x the f32 GEMM rate with AMX;
+    - A CPU with AMX or AVX512-BF16: bf16 (much faster than f32 GEMMs there;
       bf16 keeps f32's range, so activations cannot overflow).
     - A CPU with AMX-FP16 only: f16.
-    - Any other CPU (AVX2): f32; torch's half GEMMs there are ~10x slower than f32.
+    - Any other CPU (AVX2): f32; torch's half GEMMs there are much slower than f32.
     """
     if caps.device_type == "cuda":
         return "f16"

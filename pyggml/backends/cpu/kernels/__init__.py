@@ -17,9 +17,7 @@ they run one after another).
 
 The numba kernels release the GIL (`nogil=True`): a process's other Python
 threads (pyggml serve's HTTP event loop beside its decode loop) run during a
-graph's compute instead of waiting for each kernel to return (serve, SmolLM2, 4
-clients: 218-223 -> 224-234 tokens/s, alternating runs of
-benchmarks/bench_serve.py).
+graph's compute instead of waiting for each kernel to return.
 """
 
 from __future__ import annotations

@@ -11,10 +11,8 @@ src0 matrix serves consecutive src1 matrices). By src0's type:
   as in ggml; the results differ from ggml's only in float summation order.
   With fewer than `HALF_BLAS_MIN_COLS` src1 columns (decoding), a numba
   kernel reads the weights' halves directly (widening each block once for
-  up to quant_dot.COLS columns), in parallel over rows: 0.5 ms
-  for a 4096x4096 F16 mat-vec, twice as fast as numpy's f32 mat-vec, where
-  widening the weights to f32 first (even vectorized, in cache-sized tiles)
-  and calling BLAS takes 2 ms, and numpy's own f16 cast alone 20 ms. From
+  up to quant_dot.COLS columns), in parallel over rows: faster than numpy's
+  f32 mat-vec or widening the weights to f32 for BLAS (benchmarks/README.md). From
   that many columns up, tiles of `TILE_BYTES` of weight rows are widened to
   f32 (exact) and multiplied by BLAS, so memory stays bounded.
 - Quantized (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, IQ4_NL, IQ4_XS,
@@ -42,10 +40,8 @@ src0 matrix serves consecutive src1 matrices). By src0's type:
   rows that each work item repacks as it goes (quant_dot.X8_TILE_KINDS): the
   same integer block sums, scaled per block in the repacked order instead of
   ggml's vec_dot lanes (llama.cpp's tinyBLAS for these types keeps the vec_dot
-  order: a float rounding apart). SmolLM2's 1536x576 products, 128 columns,
-  2 threads, alternating in one run: 1.63x the BLAS path for Q8_0 (1.06 ms,
-  1.73), 1.59x for Q4_0, 1.48x for Q5_0 (widened to Q8_0's blocks as its tile
-  is made); on a quieter stretch Q8_0 0.52 ms, Q5_0 0.56 (row loops: 1.91).
+  order: a float rounding apart); faster than the BLAS path and the row loops
+  on prompts (Q5_0 widened to Q8_0's blocks as its tile is made).
   Documented deviation, for prompts of the other types: with `BLAS_MIN_COLS` or more columns,
   tiles of weight rows are dequantized to f32 (ggml's dequantize_row
   arithmetic, bit for bit) and multiplied by BLAS with the dequantized q8
@@ -54,8 +50,7 @@ src0 matrix serves consecutive src1 matrices). By src0's type:
   block carries m times s - d * sum(q). The operands are the same numbers
   ggml multiplies, but products and sums are rounded in f32 instead of summed
   as integers per block: the difference to the exact path is float rounding (NMSE ~1e-13,
-  relative ~1e-7; MUL_MAT's threshold is 5e-4), at a fraction of the time
-  (512 columns: ~85 ms instead of ~0.4 s for 4096x4096).
+  relative ~1e-7; MUL_MAT's threshold is 5e-4), at a fraction of the time.
 
 Threads: the direct kernels of a product smaller than `PARALLEL_MIN_WORK`
 multiply-adds run on the calling thread (a hand-off to other threads costs
@@ -126,20 +121,17 @@ OUT_PROD_SRC1_TYPES: tuple[GGMLType, ...] = (F32, F16, BF16)
 BLAS_MIN_COLS = 16
 HALF_BLAS_MIN_COLS = 12
 # src1 columns from which F32 weights go to BLAS (fewer: the direct kernels, see mul_mat_f32). Attention's
-# KQ too (rows of 64 per head): through BLAS it was 37 us at 256 cells but 330 at 768 (SmolLM2, 4 tokens: 9
-# small gemms, each waking OpenBLAS's sleeping threads), direct 45 us at 256, linear in the cells
+# KQ too (rows of 64 per head): its small gemms each wake OpenBLAS's sleeping threads, the direct kernels scale
+# linearly in the cells (figures: benchmarks/README.md)
 F32_BLAS_MIN_COLS = 32
 # src1 columns (per matrix) from which plain Q4_0, Q8_0 and Q5_0 matrices with whole groups of 8 rows take the
-# repacked loops on tiles (quant_dot.X8_TILE_KINDS) instead of the row loops or the BLAS path. Measured, 1536x576,
-# 2 threads, tiles / row loops, us: Q8_0 N = 4: 74/43, 8: 97/89, 12: 118/131; Q5_0 102/79, 106/125, 128/171; at
-# 16 the tiles 193 and 272 against the BLAS path's 573 and 619. Decoding a few sequences keeps the row loops (and
-# ggml's vec_dot order); from 12 the tiles' lead is within this machine's noise.
+# repacked loops on tiles (quant_dot.X8_TILE_KINDS) instead of the row loops or the BLAS path: where the tiles
+# clearly lead; decoding a few sequences keeps the row loops (and ggml's vec_dot order). Figures: benchmarks/README.md
 X8_TILE_MIN_COLS = 16
 # multiply-adds (weight elements x src1 columns) of a direct-kernel product below which it runs on the
-# calling thread. With POOL's spinning workers a hand-off costs 2-4 us, so 2 threads pay from products of
-# about 12-20 us on one thread (see _direct_work's figures; 10 us ones break even). The types whose
+# calling thread: a hand-off to POOL's workers costs more than a smaller product saves. The types whose
 # kernels serve several columns per pass over a weight row (quant_dot.COLS_KINDS) count their work in
-# mat-vec equivalents (see _direct_work). Measured figures: _direct_work.
+# mat-vec equivalents (see _direct_work). Figures: benchmarks/README.md.
 PARALLEL_MIN_WORK = 1 << 16
 # bytes of one f32 tile of converted weight rows (each thread of a product has one)
 TILE_BYTES = 8 << 20
@@ -301,13 +293,10 @@ def _direct_work(kind: int, M: int, K: int, n_slices: int, N: int) -> int:
     """A direct product's work in multiply-adds of mat-vecs of the same time, for PARALLEL_MIN_WORK.
 
     Why: the quantized multi-column kernels (quant_dot.COLS_KINDS) make N columns cost about (N + 2) / 3
-    one-column products (one thread; Q4_1 1536x576: 30, 41, 54, 66 us for N = 1..4), so counting N full
+    one-column products (measured, benchmarks/README.md), so counting N full
     columns would hand products to threads that take less time than the hand-off pays for. With (N + 2) / 6
     and PARALLEL_MIN_WORK 2^16, SmolLM2's decode products go to threads from Q4_1 576x576 (one column) and
     192x576 (2 columns) on, where 2 threads start to pay with the weights coming from memory, as in decoding.
-    Measured (1 thread / 2 threads, us, medians: python benchmarks/bench_matmul.py --column-threads --cold
-    --repeats 6), N = 1, 2, 3, 4: Q4_1 1536x576 47/35, 53/46, 62/38, 80/47; 576x576 19/20, 24/19, 29/22,
-    35/27; 192x576 11/12, 14/13, 15/14, 17/15; Q8_0 49152x576 1356/909, 2004/924, 1875/1302, 2539/1308.
     """
     if kind in qd.COLS_KINDS:
         return M * K * n_slices * (N + 2) // 6
@@ -317,9 +306,7 @@ def _direct_work(kind: int, M: int, K: int, n_slices: int, N: int) -> int:
 def _chunk(M: int, n_slices: int, n_threads: int) -> int:
     """Weight rows per work item: ITEMS_PER_THREAD items per thread (taken as threads come free), at least 8 rows.
 
-    Why so few: each thread then streams long runs of weight rows, which the hardware prefetchers follow.
-    Q4_1 1536x576, one column, weights coming from memory as in decoding (a product over 80 matrices in
-    turn): one thread 44-46 us; 2 threads with 16 items each (17 KB) 54.8 us, 4 each 37.7, 2 each 30.8."""
+    Why so few: each thread then streams long runs of weight rows, which the hardware prefetchers follow."""
     per_slice = max(1, math.ceil(ITEMS_PER_THREAD * n_threads / max(n_slices, 1)))
     return max(8, math.ceil(M / per_slice))
 

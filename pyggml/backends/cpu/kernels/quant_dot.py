@@ -39,7 +39,7 @@ BF16). This module does the same:
 
 Why intrinsics: numba leaves LLVM's SLP vectorizer off and its loop
 vectorizer does nothing useful on 16- or 32-element loops, so a block's dot
-product written as a Python loop runs scalar (about 5x slower). The few
+product written as a Python loop runs scalar. The few
 primitives below (`dot_nibbles`, `dot_bits16/32`, `dot_fields16/32`,
 `dot_mask32`, and the whole-row loops `dot_q8_0_cols`, `dot_q4_0_cols`,
 `dot_f16_cols`, `dot_bf16_cols`, ...) are written in portable LLVM vector IR (no
@@ -422,10 +422,7 @@ def _prefetch(builder, p, lines: int) -> None:
 # The row loops built on _column_groups (the float kernels', and the serial quantized ones') ask for the first
 # PREFETCH_LINES cache lines of the row PREFETCH_ROWS rows ahead. Why: attention's K rows are short (64 floats, 256
 # bytes) and 768 bytes apart in the cache, fresh from memory every token (the weights streamed in between evict them),
-# and the hardware prefetcher does not run ahead of such a stream: KQ cost 34 us a layer in the model for one column
-# and 62 for four, 9-17 hot. With the prefetch (SmolLM2, 229 cells, 30 layers, 2 threads): KQ 1.02 -> 0.65 ms a token
-# for one sequence, 1.87 -> 0.77 for four; KQV 0.72 -> 0.53 and 1.11 -> 0.79; decode steps 8.5-9.1 -> 8.2-8.8 ms and
-# 12.5-12.8 -> 11.7-12.4 ms (--decode-steps 30, alternating). Distances 8 and 32 measured no better.
+# and the hardware prefetcher does not run ahead of such a stream (figures: benchmarks/README.md).
 PREFETCH_ROWS = 16
 PREFETCH_LINES = 4
 
@@ -595,8 +592,7 @@ def _q4_0_nibbles(builder, p):
     """Q4_0's 32 nibbles (0..15, the values + 8) from the 16 bytes at p: low nibbles first.
 
     The 16 bytes twice, the upper copy shifted right by 4 in 64-bit lanes, then masked: vbroadcasti128,
-    vpsrlvq, vpand on AVX2 (one op fewer than masking and shifting apart and joining the halves: Q4_1
-    1536x576, one column, x86, one thread, 33.0 -> 29.5 us)."""
+    vpsrlvq, vpand on AVX2 (one op fewer than masking and shifting apart and joining the halves)."""
     q = _load_vector(builder, p, _I8, 16)
     both = builder.shuffle_vector(q, q, ir.Constant(ir.VectorType(_I32, 32), list(range(16)) * 2))
     v4i64 = ir.VectorType(ir.IntType(64), 4)
@@ -701,12 +697,10 @@ def _target_has(*features: str) -> bool:
     return all(host.get(f, False) for f in features)
 
 
-# the integer block sums: AVX2's byte multiply-add (measured 2.3x faster on one core for Q8_0 rows,
-# 4096x4096: 0.65 ms vs 1.5 ms) where the target has it, portable vector IR elsewhere; where the target also
-# has AVX512-VNNI (with VL: its 256-bit form), one vpdpbusd instead of vpmaddubsw + vpmaddwd (the same
-# lanes; Q4_1 1536x576, x86, one thread, 1/4 columns: 39.2/99.0 -> 36.9/84.5 us; see _make_dot_q_row for
-# the signed values). The generators take the sums as an argument (`block_sums`), so tests run every
-# variant the host can.
+# the integer block sums: AVX2's byte multiply-add where the target has it, portable vector IR elsewhere; where
+# the target also has AVX512-VNNI (with VL: its 256-bit form), one vpdpbusd instead of vpmaddubsw + vpmaddwd (the
+# same lanes; see _make_dot_q_row for the signed values). The generators take the sums as an argument
+# (`block_sums`), so tests run every variant the host can.
 _HAS_AVX2 = _target_has("avx2")
 _HAS_VNNI = _HAS_AVX2 and _target_has("avx512vnni", "avx512vl")
 
@@ -721,7 +715,7 @@ def _choose_block_sums(avx2: bool, vnni: bool) -> tuple:
 
 
 _block_sums, _block_sums_unsigned = _choose_block_sums(_HAS_AVX2, _HAS_VNNI)
-_ROW_UNROLL = 4  # blocks per loop iteration, each with its own accumulator (the FMA latency chain: 1.6x)
+_ROW_UNROLL = 4  # blocks per loop iteration, each with its own accumulator (breaks the FMA latency chain)
 
 
 def _f16_pair(builder, pb):
@@ -813,7 +807,7 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
     `x86`: the float arithmetic of ggml's AVX2 vec_dot (numerics "x86", see
     `pyggml.backends.cpu.numerics`): one 8-lane accumulator, `fma(d_w * d_y, lanes, acc)` block after block,
     and for `mins` the scalar `summs = fma(m, s, summs)`. Otherwise `_ROW_UNROLL` accumulators (the FMA
-    latency chain: 1.6x faster), multiply-adds fused where LLVM finds it profitable, summs = summs + m * s.
+    latency chain), multiply-adds fused where LLVM finds it profitable, summs = summs + m * s.
 
     `minus_8`: the values read are unsigned and stand for value + 8 (Q4_0): each of the 8 lane sums
     subtracts the block's sum of y (from yb), 8 * sum(y) in all, ggml's Q4_0 offset applied exactly.
@@ -826,8 +820,7 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
     out[r + c, m] for c < n (n from 1 to ncols), m0 <= m < m1: the dots of weight row w_off[base + m] with
     src1 rows r..r+n-1 (2-D arrays). Why: decoding several
     sequences multiplies each weight row by a few columns; loading and unpacking a block once for all of
-    them, and one call per row instead of per column, saves 40% (Q4_1 1536x576, 4 columns, one thread:
-    0.105 ms instead of 0.177; one column 0.045). Each column keeps its own accumulators and
+    them, and one call per row instead of per column, saves much of the time. Each column keeps its own accumulators and
     sums its blocks in the same order as `ncols` 1 does, so its result is the same to the bit.
 
     How the multi-column loops go (each choice keeps every (row, column) pair's arithmetic, so its bits):
@@ -839,29 +832,16 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
       this many columns on as w + 128 (read unsigned) times y, vpdpbusd starting from -128 times y's lane
       sums (made once per call, `_y_offsets`): no vpsignb per column. Fewer columns take AVX2's sums
       (`_block_sums_avx2`): VNNI's, either form, made the one-column loop slower while the weights stream
-      from memory (Q8_0 49152x576, one thread: 1.30 ms with AVX2's, 1.70 with the biased VNNI form, 1.47
-      with |w| and sign), though faster on cached weights (Q8_0 1536x576: 35 -> 31 us).
+      from memory, though faster on cached weights.
     - `split_rows`: the column counts whose loop takes two weight rows a pass, m and m + h (h half the
       call's rows): two independent FMA chains (x86's one accumulator per row is a latency chain, 4 cycles
       a block), the src1 block loaded once for both. Default 1 to 4 columns for signed values, 1 to 3 for
-      Q4_0/Q4_1 (4 columns: 2.30 -> 2.47 ms, Q4_1 49152x576). Rows m and m + 1 instead were slower
-      streaming the weights from memory (their interleaved reads in the same pages defeat the prefetcher:
-      Q8_0 49152x576, one column, 1.30 -> 4.8 ms); rows half a call apart each stream from pages of their
-      own. Measured, one thread, x86, N = 1/2/3/4, against no split: cached, 1536x576, us, Q4_1
-      32.2/44.6/54.7/67.6 -> 29.0/40.1/50.8/69.1, Q8_0 33.0/42.9/56.0/70.7 -> 28.8/33.7/46.5/56.9; from
-      memory, 49152x576, ms, Q4_1 1.16/1.62 -> 1.02/1.38 (N = 1/2), Q8_0 1.38/1.93/2.77/3.09 ->
-      1.24/1.72/1.89/2.54.
+      Q4_0/Q4_1 (slower split at 4 columns). Rows m and m + 1 instead were slower streaming the weights from
+      memory (their interleaved reads in the same pages defeat the prefetcher); rows half a call apart each
+      stream from pages of their own.
     The loops are throughput-bound: about 13 instructions a block for one column, 7 a block and column
-    for four (Q4_1, x86). Measured (one thread, x86, us, N = 1/2/3/4 columns, each change against the one
-    before in one process, alternating): Q4_1 1536x576 with VNNI's sums 39.2/56.6/77.6/99.0 ->
-    36.9/50.6/67.1/84.5 (Q8_0 1536x576, |w| and sign: 33.7/51.4/72.8/95.6 -> 46.8/60.8/73.9/87.0: the f16
-    scale's false dependency, see _f16_pair; with it fixed 32.4/45.9/63.5/81.1); the nibbles by broadcast
-    (_q4_0_nibbles) 33.0/48.5/59.4/72.0 -> 29.5/45.5/56.8/69.6; gathered scales, yd once a column and a
-    lane broadcast from 3 columns: N = 3/4 65.6/82.0 -> 59.0/71.8, yd 8 times from 2 columns: N = 2/3/4
-    43.9/56.0/68.9 -> 43.2/49.9/61.2; the biased signed sums, Q8_0 1536x576 against AVX2's:
-    33.4/49.4/68.3/88.8 -> 31.7/42.8/56.4/70.9. Not kept: two columns in one 512-bit vector (one
-    vpdpbusd, vmulps, vcvtdq2ps and FMA for both; Zen 4 splits them in two halves anyway), slower: Q4_1
-    N = 2/3/4 39.8/51.1/63.3 -> 46.3/58.5/75.2, Q8_0 55.9 -> 67.4 for N = 4.
+    for four (Q4_1, x86). Not kept: two columns in one 512-bit vector (Zen 4 splits it in two halves anyway).
+    Figures for each choice: benchmarks/README.md.
     """
     if block_sums is None and x86 and not _HAS_AVX2:
         # ggml's lanes (4 consecutive products each) on any target: the float sums see the same lane values
@@ -1031,9 +1011,7 @@ def _make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = F
 
 
 # src1 columns one pass over a weight row serves (the `ncols` of the *_cols loops); more share the
-# unpacking wider but run out of vector registers (measured before the VNNI sums and gathered scales, which
-# made every count faster: Q4_1 1536x576, 8 columns, one thread: 0.36 ms one column at a time, 0.25 in
-# pairs, 0.22 in fours, 0.24 in eights)
+# unpacking wider but run out of vector registers (fours measured fastest: benchmarks/README.md)
 COLS = 4
 # the weight types whose direct kernels use the *_cols loops
 COLS_KINDS = (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q6_K, IQ4_NL, MXFP4, F16, BF16)
@@ -1428,9 +1406,7 @@ def _make_dot_q_serial(block_bytes: int, values, values_offset: int = 2, block_s
     (`sumf += (d_w * d_y) * sumi`, no FMA), for the types whose "ref" rows pyggml always summed so (Q5_0).
 
     Why not 8 lanes as the other "ref" rows: the numba loop this replaces gave these bits, which "ref"
-    keeps. Q5_0 1536x576, one thread (`python benchmarks/bench_matmul.py --shapes Q5_0 --shapes-only`, and
-    with numerics "ref"): the numba loop 104 us under either setting; this loop 69 us, the 8-lane x86 loop 49
-    (576x1536: 102 -> 69 and 48; 576x576: 40 -> 27 and 19; 49152x576: 3.4 ms -> 2.3 and 1.6).
+    keeps.
     """
     block_sums = _block_sums if block_sums is None else block_sums
 
@@ -1466,12 +1442,7 @@ dot_q5_0_cols_x86.__doc__ = ("As dot_q8_0_cols_x86 for Q5_0 weight rows (values 
 # 32 values, vpmaddwd by the 16-value sub-blocks' scales, i32 lanes). Under "ref" the float arithmetic per
 # super-block is theirs, ggml's reference vec_dot's (so the bits they gave); under "x86" ggml's AVX2 vec_dot's
 # (the *_cols_x86 loops: the same bits as libggml's mat-vec; from two columns libggml takes its tiled gemm,
-# whose order differs). x86 loops, 576x1536 one thread: Q4_K 30 us, Q6_K 31 (`benchmarks/bench_matmul.py`'s
-# Case, numerics forced).
-# Mat-vec, one thread, us, the numba loops -> these (bench_matmul's Case products, medians, the old and new
-# trees one after the other; 576x1536 is `python benchmarks/bench_matmul.py --shapes Q4_K,Q6_K`): Q4_K
-# 576x1536 78 -> 35, 1536x768 111 -> 46, 4096x4096 1385 -> 627; Q6_K 110 -> 37, 153 -> 50, 2021 -> 709;
-# 4 columns 576x1536 Q4_K 308 -> 78, Q6_K 432 -> 79.
+# whose order differs). Figures against the numba loops they replace: benchmarks/README.md.
 
 
 def _scaled_sums_avx2(builder, uv, yv, scales):
@@ -1945,7 +1916,7 @@ def _quantize_q8_row(x, yq, yd, ys, yb, r, rounding, with_s):
     and the dots read them back). Q8_0 uses ys as scratch.
 
     Why in three passes (a row's maxima, then its scales, then the values): each pass is 32 or 8 lanes at once
-    (abs_max32, the divisions of the scales, quantize_block32_*), 4x faster than block by block, and IEEE's
+    (abs_max32, the divisions of the scales, quantize_block32_*), faster than block by block, and IEEE's
     max and divisions give the same bits in any grouping. A row holding an inf or NaN takes the scalar loop
     (_q8_block_scalar), where ggml's MAX order and the conversions of non-finite products are kept."""
     nb = x.shape[1] // 32
@@ -2189,11 +2160,10 @@ def _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, 
     Q4_K and Q6_K rows in ggml's x86 order with `rounding` ROUND_X86, see `_make_dot_q_row`).
 
     One loop per weight type, each calling one dot function: choosing the
-    function per row instead cost ~150 cycles a row (numba keeps every
-    callee's argument references alive around the choice), 4x a 256-wide
-    F16 row's arithmetic. The row-loop types' dot functions are inlined (numba
-    `inline="always"`): a call with array arguments costs ~150 cycles of
-    reference counting, 20% of a 4096-wide Q8_0 row. Inlined itself, into a
+    function per row instead cost more than a short row's arithmetic (numba
+    keeps every callee's argument references alive around the choice). The
+    row-loop types' dot functions are inlined (numba `inline="always"`): a
+    call with array arguments costs reference counting on every row. Inlined itself, into a
     job of one weight type (`_make_mul_mat_job`), whose constant `kind` and
     `rounding` prune the other branches before they are compiled.
     """

@@ -11,7 +11,7 @@ gives it for a numerics setting on this machine. numba's `math.exp` on float32 i
 
 The loops compile with numba's error_model "numpy" (a division by zero gives inf or NaN, as in C): under
 the default "python" model every division checks its divisor to raise ZeroDivisionError, and that branch
-keeps LLVM from vectorizing the loop (SwiGLU of 1536 values: 5.6 us scalar, 1.4 us in 16 lanes).
+keeps LLVM from vectorizing the loop.
 """
 
 from __future__ import annotations

@@ -4,15 +4,12 @@ Why not numba's `parallel=True`: its OpenMP runtime (libgomp) makes the
 calling thread spin at the end of each parallel region until every worker has
 checked in. On a loaded machine a worker is often not scheduled for a whole
 time slice, and the region then takes milliseconds whatever its size
-(measured on 2 shared cores: 7.5 ms for a 256x256 mat-vec that takes 20 us on
-one thread, 7.5 ms for a 4096x4096 one that takes 4 ms). OMP_WAIT_POLICY=passive
+(benchmarks/README.md). OMP_WAIT_POLICY=passive
 cures it only if set before a libgomp is loaded, and `import torch` loads its
 own copy (same soname, which numba's OpenMP layer then uses).
 
-Why not Python threads woken per job (as before): a sleeping thread wakes in
-10-50 us on this VM (a futex wake of an idle vCPU, then the GIL), longer than
-most decode products take (Q4_1 1536x576, 4 columns, 2 threads: 70 us that
-way, 42 us with spinning native workers, 62 us on one thread).
+Why not Python threads woken per job: a sleeping thread's wake (a futex wake of
+an idle vCPU, then the GIL) takes longer than most decode products.
 
 Here each worker owns a slot (a row of int64: state, then the job's fields, the
 operands as addresses) and polls it from a nogil numba loop (the pool's `spin`
@@ -51,10 +48,10 @@ SLOT_LEN = 40  # int64 per slot: the state and up to 39 fields of a job (320 byt
 MAX_WORKERS = 511  # GGML_MAX_N_THREADS - 1
 # how long a worker polls after its last job before it sleeps (as llama.cpp's --poll): PYGGML_CPU_SPIN_US in
 # the environment, microseconds (0: sleep at once), else 1 ms, which covers the gaps between a decode step's
-# products (SmolLM2 Q4_1, 4 sequences a step: 12.9-13.1 ms with 1 ms, 13.1-15.0 ms with 0.2 ms)
+# products
 ENV_SPIN_US = "PYGGML_CPU_SPIN_US"
 SPIN_SECONDS = 0.001
-YIELD_POLLS = 64  # a polling worker calls sched_yield every this many polls (~2 us)
+YIELD_POLLS = 64  # a polling worker calls sched_yield every this many polls (a few microseconds)
 # a caller waiting for its workers' last items, after the spin time, sleeps this long between looks
 WAIT_SLEEP_US = 20
 

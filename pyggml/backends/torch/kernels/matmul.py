@@ -49,9 +49,8 @@ from pyggml.core.types import TYPE_TRAITS, GGMLType
 
 MUL_MAT_TYPES = (F32, F16, BF16, Q8_0, Q4_0)
 # below this many src1 columns per matrix, F16/BF16 weights are multiplied in their own type unless the precision
-# is f32 (see above); measured on 4096x4096 weights, 2 threads, AVX2 (benchmarks/bench_torch.py --sweep): the half
-# matmul wins up to 8 columns (1.3x at 1, ~2x at 2-8: it reads half the bytes, and torch's f32 GEMM is slow at small n),
-# the widened f32 GEMM from 16 on
+# is f32 (see above): the half matmul reads half the bytes and torch's f32 GEMM is slow at small n; the widened
+# f32 GEMM wins at many columns (crossover: benchmarks/README.md)
 HALF_NATIVE_MAX_COLS = 12
 
 Problem = tuple[type[GGMLError], str] | None
