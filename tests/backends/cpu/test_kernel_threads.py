@@ -67,8 +67,8 @@ def test_small_products_stay_on_the_calling_thread(rng: np.random.Generator) -> 
     assert any(getattr(f, "func", None) is matmul._run_alone for f in inner)
 
 
-def test_late_worker_changes_nothing(rng: np.random.Generator) -> None:
-    """A job whose counter is exhausted (its call already returned) takes no item and writes nothing."""
+def _f16_job(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """An F16 40x64 mat-vec as a MUL_MAT job of 5 items of 8 rows: (w, x, out, its counter, its descriptor)."""
     K, M = 64, 40
     w = rng.standard_normal((M, K)).astype(np.float16)
     wb, w_off = w.view(np.uint8).reshape(-1), np.arange(M, dtype=np.int64) * 2 * K
@@ -76,9 +76,14 @@ def test_late_worker_changes_nothing(rng: np.random.Generator) -> None:
     out = np.zeros((1, M), np.float32)
     empty = (np.zeros((0, 0), np.int8), np.zeros((0, 0), np.float32), np.zeros((0, 0), np.float32),
              np.zeros((0, 0), np.int32))
-    base = np.zeros(1, np.int64)
     ctr = np.zeros(2, np.int64)
-    desc = qd.mul_mat_desc(qd.F16, wb, w_off, K, x, *empty, 1, base, out, 8, ctr, qd.ROUND_REF)
+    desc = qd.mul_mat_desc(qd.F16, wb, w_off, K, x, *empty, 1, np.zeros(1, np.int64), out, 8, ctr, qd.ROUND_REF)
+    return w, x, out, ctr, desc
+
+
+def test_late_worker_changes_nothing(rng: np.random.Generator) -> None:
+    """A job whose counter is exhausted (its call already returned) takes no item and writes nothing."""
+    w, x, out, ctr, desc = _f16_job(rng)
     qd.mul_mat_job(desc, 1)  # the caller's share: it returns when every item is done
     assert list(ctr) == [5 + 1, 5]  # 5 items of 8 rows, one failed take
     want = out.copy()
@@ -317,15 +322,7 @@ def test_spin_time_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None
 def test_caller_waits_for_a_late_worker_sleeping_or_spinning(wait_polls: int, rng: np.random.Generator) -> None:
     """The caller's share returns only when a worker's item is done, whether it waits by sleeping or by
     spinning: a thread holds one item (taken from the counter first) and finishes it later."""
-    K, M = 64, 40
-    w = rng.standard_normal((M, K)).astype(np.float16)
-    wb, w_off = w.view(np.uint8).reshape(-1), np.arange(M, dtype=np.int64) * 2 * K
-    x = rng.standard_normal((1, K)).astype(np.float32)
-    out = np.zeros((1, M), np.float32)
-    empty = (np.zeros((0, 0), np.int8), np.zeros((0, 0), np.float32), np.zeros((0, 0), np.float32),
-             np.zeros((0, 0), np.int32))
-    ctr = np.zeros(2, np.int64)
-    desc = qd.mul_mat_desc(qd.F16, wb, w_off, K, x, *empty, 1, np.zeros(1, np.int64), out, 8, ctr, qd.ROUND_REF)
+    w, x, out, ctr, desc = _f16_job(rng)
     desc[qd.WAIT_POLLS] = wait_polls
     ctr[0] = 1  # item 0 is held by a late worker: rows 0..7 are its
     returned = threading.Event()
