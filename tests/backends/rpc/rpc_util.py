@@ -13,6 +13,16 @@ from pathlib import Path
 from pyggml.backends.rpc.connection import close_all
 
 
+def wait_for(cond: object, timeout: float = 5.0) -> bool:
+    """Whether cond() turns true within timeout seconds (polled every 10 ms)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():  # type: ignore[operator]
+            return True
+        time.sleep(0.01)
+    return False
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from rpc_util import wait_for
 
 from pyggml import Context
 from pyggml.backend import tensor_get_numpy, tensor_set_numpy
@@ -201,15 +202,6 @@ def test_the_first_message_must_be_hello(server: RpcServer, caplog: pytest.LogCa
     good_client_works(server.endpoint)
 
 
-def _wait(cond: object, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():  # type: ignore[operator]
-            return True
-        time.sleep(0.01)
-    return False
-
-
 def test_a_client_that_goes_frees_its_buffers(server: RpcServer, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger=LOG)
     raw = Raw(server.endpoint)
@@ -217,8 +209,8 @@ def test_a_client_that_goes_frees_its_buffers(server: RpcServer, caplog: pytest.
     raw.alloc(1024)
     assert server.mem_used >= 5120
     raw.sock.close()
-    assert _wait(lambda: server.mem_used == 0)
-    assert _wait(lambda: "2 buffer(s) freed" in caplog.text)
+    assert wait_for(lambda: server.mem_used == 0)
+    assert wait_for(lambda: "2 buffer(s) freed" in caplog.text)
     assert "connected" in caplog.text
 
 
@@ -324,7 +316,7 @@ def test_fuzzed_messages_never_stop_the_server(server: RpcServer, caplog: pytest
         n += 1
     assert n > 20
     good_client_works(server.endpoint)
-    assert _wait(lambda: server.mem_used == 0)
+    assert wait_for(lambda: server.mem_used == 0)
     # every message was refused by a check (a warning that says why), none by an accident of the code
     accidents = [r.getMessage() for r in caplog.records if r.name == LOG and r.levelno >= logging.ERROR]
     assert not accidents, accidents[:5]

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from rpc_util import wait_for
 from test_server import LOG, Raw, f32, good_client_works
 
 from pyggml.backends.cpu import cpu_init
@@ -32,15 +33,6 @@ ROOT = Path(__file__).resolve().parents[3]
 COMPUTE = 16  # TensorFlag.COMPUTE
 ADD, MUL_MAT, GET_ROWS_BACK, ARANGE = 2, 29, 41, 67
 I32 = 26
-
-
-def wait_for(cond: object, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():  # type: ignore[operator]
-            return True
-        time.sleep(0.01)
-    return False
 
 
 def f32_bits(x: float) -> int:
