@@ -14,10 +14,11 @@ exception and the innermost pyggml frame. Exits 1 if there is a finding.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
-from pyggml.testing.op_fuzz import Summary, replay, run_fuzz
+from pyggml.testing.op_fuzz import BATCH_INVARIANT_ENV, Summary, replay, run_fuzz
 
 
 def main() -> None:
@@ -28,8 +29,12 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2, help="worker processes")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds a graph may take before it is a hang")
     ap.add_argument("--every", type=int, default=5000, help="graphs between progress lines")
+    ap.add_argument("--batch-invariant", action="store_true",
+                    help="the workers' CPU backend batch-invariant (pyggml serve's kernels)")
     ap.add_argument("--replay", type=int, default=None, help="compute this graph here and print it")
     args = ap.parse_args()
+    if args.batch_invariant:
+        os.environ[BATCH_INVARIANT_ENV] = "1"  # the workers inherit it
     if args.replay is not None:
         spec, outcome = replay(args.seed, args.replay)
         print(spec.describe())

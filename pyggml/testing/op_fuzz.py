@@ -522,13 +522,19 @@ class Placed:
     writable: np.ndarray  # True where the node may write (dst; the sources an op updates)
 
 
+BATCH_INVARIANT_ENV = "PYGGML_FUZZ_BATCH_INVARIANT"  # "1": the workers' backend is batch-invariant
+
+
 class Runner:
     """Computes graph specs on one CPU backend (a worker's)."""
 
     def __init__(self) -> None:
+        from pyggml.backend.registry import set_batch_invariant
         from pyggml.backends.cpu import cpu_init
 
         self.backend = cpu_init(1)
+        if os.environ.get(BATCH_INVARIANT_ENV) == "1":  # the kernels pyggml serve computes with
+            set_batch_invariant(self.backend, True)
 
     @contextlib.contextmanager
     def placed(self, spec: GraphSpec) -> Iterator[Placed]:

@@ -12,7 +12,7 @@ import io
 import pytest
 
 from pyggml.core.tensor import GGMLOp, is_view_op
-from pyggml.testing.op_fuzz import USER_FUNCTION_OPS, run_fuzz
+from pyggml.testing.op_fuzz import BATCH_INVARIANT_ENV, USER_FUNCTION_OPS, run_fuzz
 
 SEED = 39
 GRAPHS = 2000
@@ -34,3 +34,14 @@ def test_fuzz_finds_nothing_over_every_op() -> None:
     # most ops' kernels ran (not only refused): a few rare ones may go without in 2,000 graphs
     assert len([op for op in ops if summary.computed_by_op[op]]) >= len(ops) - 3, report.getvalue()
     assert summary.statuses["computed"] > GRAPHS // 3, report.getvalue()
+
+
+@pytest.mark.slow
+def test_fuzz_finds_nothing_on_batch_invariant_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pyggml serve's kernels (MUL_MAT's direct loops at every width, the flash-attention row walk) too."""
+    monkeypatch.setenv(BATCH_INVARIANT_ENV, "1")  # the workers inherit it
+    summary = run_fuzz(SEED + 1, GRAPHS // 4, jobs=2, timeout=GRAPH_TIMEOUT)
+    report = io.StringIO()
+    summary.report(report)
+    assert summary.graphs == GRAPHS // 4 and not summary.findings, report.getvalue()
+    assert summary.computed_by_op["MUL_MAT"] and summary.computed_by_op["FLASH_ATTN_EXT"], report.getvalue()
