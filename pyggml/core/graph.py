@@ -13,7 +13,8 @@ from pyggml.core.tensor import GGML_MAX_SRC, GGMLOp, Tensor
 log = logging.getLogger("pyggml.graph")
 
 POINTER_SIZE = 8
-GRAPH_STRUCT_SIZE = 80  # sizeof(struct ggml_cgraph) in ggml of late 2023
+INT32_SIZE = 4
+GRAPH_STRUCT_SIZE = 96  # sizeof(struct ggml_cgraph) on a 64-bit host
 
 # ggml_hash_size's table: the smallest of these primes >= the requested size
 _PRIMES = [2, 3, 5, 11, 17, 37, 67, 131, 257, 521, 1031, 2053, 4099, 8209, 16411, 32771, 65537,
@@ -27,10 +28,23 @@ def hash_size(min_sz: int) -> int:
     return _PRIMES[i] if i < len(_PRIMES) else min_sz | 1
 
 
+def _align(offset: int, alignment: int) -> int:
+    return -(-offset // alignment) * alignment
+
+
 def graph_nbytes(size: int, grads: bool) -> int:
-    """ggml_graph_nbytes: the pool bytes of a graph of `size` nodes."""
-    n_ptrs = size * (3 if grads else 2) + hash_size(size * 2)
-    return GRAPH_STRUCT_SIZE + n_ptrs * POINTER_SIZE
+    """ggml_graph_nbytes: the pool bytes of a graph of `size` nodes (the struct, nodes, leafs, use counts,
+    hash keys, gradients and their accumulators when `grads`, the hash set's used bits), each part aligned
+    to its element as incr_ptr_aligned does."""
+    n_hash = hash_size(size * 2)
+    parts = [(size, POINTER_SIZE), (size, POINTER_SIZE), (n_hash, INT32_SIZE), (n_hash, POINTER_SIZE)]
+    if grads:
+        parts += [(n_hash, POINTER_SIZE), (n_hash, POINTER_SIZE)]
+    parts.append(((n_hash + 31) // 32, INT32_SIZE))  # ggml_bitset_size words of ggml_bitset_t
+    offset = GRAPH_STRUCT_SIZE
+    for count, item in parts:
+        offset = _align(offset, item) + count * item
+    return offset
 
 
 def graph_overhead(size: int = 2048, grads: bool = False) -> int:

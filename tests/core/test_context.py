@@ -162,9 +162,11 @@ def test_graphs_take_their_overhead_from_the_pool() -> None:
 
 
 def test_graph_overhead_is_ggmls() -> None:
-    # object header 32 + pad16(struct 80 + (2 * 2048 pointers + ggml_hash_size(4096) = 4099) * 8)
-    assert graph_overhead() == 32 + 65648  # 80 + 8195 * 8 = 65640, padded to 65648
-    assert graph_overhead(64, True) == 32 + 2672  # 80 + (3 * 64 + 131) * 8 = 2664, padded to 2672
+    # object header 32 + pad16(struct 96 + 2 * 2048 pointers + ggml_hash_size(4096) = 4099 int32 use counts
+    # and pointer keys (aligned to 8) + ceil(4099 / 32) bitset words)
+    assert graph_overhead() == 32 + 82576  # 96 + 32768 + 16396 + 4 + 32792 + 516 = 82572, padded to 82576
+    # with grads: + 2 * 131 pointers; 96 + 1024 + 524 + 4 + 1048 + 2096 + 20 = 4812, padded to 4816
+    assert graph_overhead(64, True) == 32 + 4816
 
 
 def test_free_drops_memory_and_tensors() -> None:

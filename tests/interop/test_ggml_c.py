@@ -20,6 +20,7 @@ from pyggml.backend import tensor_get_numpy, tensor_set_numpy
 from pyggml.backends.cpu import cpu_init
 from pyggml.core.context import Context
 from pyggml.core.errors import ArgumentError, NotAllocatedError, UnsupportedOpError
+from pyggml.core.graph import graph_overhead
 from pyggml.core.tensor import GGMLOp, ScaleMode, Tensor, UnaryOp
 from pyggml.core.types import GGMLType
 from pyggml.testing import alloc_ctx_tensors, ggml_c, test_ops
@@ -128,6 +129,12 @@ def test_enum_values_agree_with_the_library(ggml_c_lib: Any) -> None:
     for member, value in enums["ggml_type"].items():
         if member != "GGML_TYPE_COUNT":
             assert ggml_c_lib.ggml_type_name(value).decode().upper() == member.removeprefix("GGML_TYPE_")
+
+
+@pytest.mark.parametrize("size", [1, 7, 64, 100, 2048, 65536])
+@pytest.mark.parametrize("grads", [False, True])
+def test_graph_overhead_is_the_librarys(ggml_c_lib: Any, size: int, grads: bool) -> None:
+    assert graph_overhead(size, grads) == ggml_c_lib.ggml_graph_overhead_custom(size, grads)
 
 
 # --- the struct layout ---
