@@ -559,7 +559,7 @@ def test_views_never_reach_outside_the_source_for_any_offset(name: str) -> None:
             assert name in str(e) and "'src'" in str(e) and str(offset) in str(e)
             continue
         out = ctx.cpy(ctx.scale(v, 0.0), v)  # writes zeros through the view
-        g = ctx.new_graph()
+        g = ctx.new_graph(8)
         g.build_forward_expand(out)
         graph_compute_with_ctx(ctx, g, 1)
         ok += 1
