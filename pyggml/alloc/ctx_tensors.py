@@ -1,20 +1,8 @@
 """Memory for a set of tensors at once: ggml_backend_alloc_ctx_tensors(_from_buft) (ggml-alloc.c).
 
-Every tensor without memory that is not a view gets its own block of one new
-buffer, one after another in order, each block its alloc size in the buffer
-type (`get_alloc_size`) rounded up to the type's alignment; views (of those
-tensors or of tensors with memory) then get their source's memory
-(`view_init`). Tensors that have memory are left alone; None is returned when
-no tensor needed any.
-
-`alloc_ctx_tensors(ctx, backend)` allocates the buffer with the backend (it
-belongs to the backend), `..._from_buft` with a
-buffer type (a buffer of no backend). `alloc_tensors` does either for a list
-of tensors (the tensors of one backend among a context's).
-
-ggml splits what exceeds the buffer type's max size over several buffers; here
-that raises OutOfMemoryError naming both sizes (one buffer per call). On any
-error every tensor is as it was and the buffer is freed.
+Tensors without memory get consecutive aligned blocks of one new buffer, then views their source's; None when
+no tensor needed memory. Beyond the buffer type's max size ggml splits over buffers; here it raises
+OutOfMemoryError (one buffer per call), with every tensor as it was.
 """
 
 from __future__ import annotations
@@ -36,8 +24,7 @@ def _pad(x: int, n: int) -> int:
 
 
 def alloc_size(tensors: Sequence[Tensor], buft: BufferType) -> int:
-    """The bytes `alloc_tensors` takes for `tensors` in a buffer of `buft`
-    (ggml_backend_alloc_ctx_tensors_from_buft_size)."""
+    """ggml_backend_alloc_ctx_tensors_from_buft_size: the bytes `alloc_tensors` takes in a buffer of `buft`."""
     align = buft.get_alignment()
     return sum(_pad(buft.get_alloc_size(t), align) for t in tensors if t.data is None and t.view_src is None)
 

@@ -1,46 +1,8 @@
-"""`GraphAllocator`: ggml's `ggml_gallocr`, a graph's tensors placed so that memory is reused.
+"""`GraphAllocator`: `ggml_gallocr` (ggml-alloc.c), a graph's tensors placed so that freed memory is reused.
 
-The allocator walks the graph in execution order (or in the `parse_seq`
-order) and, before each node, gives memory to the node's sources and then to
-the node; after the node it counts one consumer off each source, and a source
-with no consumers and no views left gives its memory back to its tensor
-allocator, so that later nodes reuse it. The counts come from a first pass
-over the graph: `n_children` (how many nodes read the tensor) and `n_views`
-(how many views of it exist in the graph).
-
-Decisions equal ggml's:
-
-- A view gets its memory from its `view_src` (`init_view`), never its own.
-- In-place reuse: a node of an op that can run in place (`op_can_inplace`)
-  takes the memory of a source when the source is in this allocator's buffer
-  (`TensorAllocator.is_own`), has memory, is read only by this node
-  (`n_children == 1`), has no views, and has the node's type, `ne` and `nb`.
-  The node then becomes a view of that source (its `view_src` is set), so the
-  memory is freed once both are done. A source that is itself a view is
-  reused only when it starts at its view_src's memory (offset 0) and is the
-  only view of it: ggml cannot keep the offset and still free the memory.
-- A view's source is freed when its last view and its last child are done.
-- Tensors with memory outside the allocator's buffer (weights, the KV cache,
-  tensors of a `Context` with memory) are never freed: the tensor allocator
-  ignores tensors of other buffers. As in ggml, a tensor that was given
-  memory by the same allocator before `alloc_graph` (an input allocated with
-  `TensorAllocator.alloc`) is the allocator's, and is freed after its last consumer.
-- With a parse_seq, nodes are allocated in its order and sources are freed
-  only at its -1 barriers (nodes between barriers may run concurrently).
-- Buffer usage: a tensor allocator over a buffer marked
-  WEIGHTS holds what must stay: its tensors are never freed after their last
-  consumer and never overwritten by a node computed in place.
-
-An allocation that fails (a full buffer, too many free blocks, a view whose
-source has no memory) raises a GGMLError after putting every tensor
-allocator it used and every tensor it changed back as they were, so the
-allocator can be used again (with a bigger buffer, say).
-
-Before a pass changes anything, the graph is checked (not in the seed):
-a tensor whose memory is in a freed buffer raises BufferFreedError, and a
-tensor with memory in the allocator's buffer that the tensor allocator does
-not hold (freed, or placed before its `reset`) raises InvalidStateError: the
-seed would hand its bytes to other tensors while the graph still reads them.
+Sources are freed after their last consumer (at parse_seq's -1 barriers if one is set), nodes of in-place ops
+reuse a sole consumer's memory, WEIGHTS buffers are never freed into; DESIGN.md, "The graph allocator".
+A failed pass raises after putting every allocator and tensor back as they were.
 """
 
 from __future__ import annotations
@@ -59,8 +21,7 @@ from pyggml.core.tensor import GGML_MAX_DIMS, GGML_MAX_SRC, GGMLOp, Tensor
 
 log = logging.getLogger("pyggml.alloc")
 
-# ggml_op_can_inplace as ggml-alloc.c at llama.cpp 0c1e570 lists it: ops whose kernels read each element before
-# writing it
+# ggml_op_can_inplace's list: ops whose kernels read each element before writing it
 INPLACE_OPS = frozenset({
     GGMLOp.FILL,
     GGMLOp.SCALE,
@@ -103,13 +64,7 @@ def are_same_layout(a: Tensor, b: Tensor) -> bool:
 
 
 class HashNode:
-    """ggml's `struct hash_node`: per-tensor counts, plus whether this pass allocated it.
-
-    `n_children`: nodes still to run that read the tensor. `n_views`: views
-    of the tensor still in use (in-place reuse adds one). `allocated`: the
-    tensor got memory from a tensor allocator in this pass (not in the seed;
-    reports and tests read it).
-    """
+    """ggml's `struct hash_node` (consumers and views still to come), plus whether this pass allocated it."""
 
     __slots__ = ("allocated", "n_children", "n_views")
 
@@ -122,7 +77,6 @@ class HashNode:
         return f"HashNode(n_children={self.n_children}, n_views={self.n_views}, allocated={self.allocated})"
 
 
-# what is saved of a tensor before the allocator changes it: data, buffer, view_src, view_offs
 _TensorState = tuple[Tensor, Any, Any, Any, int]
 
 
@@ -130,18 +84,15 @@ class GraphAllocator:
     """ggml_gallocr: allocate a graph's tensors through tensor allocators, reusing freed memory."""
 
     def __init__(self) -> None:
-        """ggml_gallocr_new."""
         self.talloc: TensorAllocator | None = None
         self.hash_set: Any = None  # HashSet (or any set with find_or_insert/size) of the current pass
-        self.hash_values: dict[int, HashNode] = {}  # slot -> counts
+        self.hash_values: dict[int, HashNode] = {}
         self.hash_allocs: Any = None  # slot -> TensorAllocator | None (alloc_graph_n)
         self.parse_seq: list[int] = []
         # rollback state of the pass in progress
         self._saved_tensors: dict[int, _TensorState] = {}
         self._saved_tallocs: dict[int, tuple[TensorAllocator, Any]] = {}
         self._debug = False
-
-    # --- public API (ggml_gallocr_*) ---
 
     def free(self) -> None:
         """ggml_gallocr_free: drop the tables; the allocator can still be used (they are remade per pass)."""
@@ -152,10 +103,7 @@ class GraphAllocator:
         self.parse_seq = []
 
     def set_parse_seq(self, parse_seq: Sequence[int]) -> None:
-        """ggml_gallocr_set_parse_seq: node indices in allocation order, -1 marking barriers.
-
-        Sources are freed only at barriers; an empty list restores the graph order.
-        """
+        """ggml_gallocr_set_parse_seq: node indices in allocation order, -1 marking barriers (frees happen there)."""
         seq = [check_int(i, "parse_seq entry") for i in parse_seq]
         for i in seq:
             if i < -1:
@@ -163,18 +111,14 @@ class GraphAllocator:
         self.parse_seq = seq
 
     def alloc_graph(self, talloc: TensorAllocator, graph: Graph) -> int:
-        """ggml_gallocr_alloc_graph: allocate `graph` with `talloc`; returns talloc's max size.
-
-        With a measure allocator the result is the buffer size the graph needs.
-        """
+        """ggml_gallocr_alloc_graph: allocate `graph` with `talloc`; returns talloc's max size."""
         check_instance(talloc, TensorAllocator, "alloc_graph: talloc")
         check_instance(graph, Graph, "alloc_graph: graph")
         if talloc.buffer.freed:
             raise BufferFreedError(f"alloc_graph: buffer '{talloc.buffer.name}' ({talloc.buffer.size} bytes) of the "
                                    f"tensor allocator was freed")
         self._check_graph(graph, "alloc_graph", lambda t: talloc)
-        # the seed sizes its table as the graph's visited hash table; a graph view has none, and views of
-        # tensors outside the graph add keys, so the capacity also covers every tensor the graph can name
+        # a graph view has no visited hash table, and views of outside tensors add keys: cover every nameable one
         n_tensors = graph.n_nodes * (2 + 2 * GGML_MAX_SRC) + graph.n_leafs
         size = max(graph.visited_hash_table.size, hash_size(n_tensors))
         self.hash_set = HashSet(size)
@@ -196,12 +140,7 @@ class GraphAllocator:
         return max_size
 
     def alloc_graph_n(self, graph: Graph, hash_set: Any, hash_node_talloc: Any) -> None:
-        """ggml_gallocr_alloc_graph_n: allocate `graph` with a tensor allocator per tensor.
-
-        `hash_node_talloc[hash_set.find_or_insert(t)]` is the allocator of
-        tensor t (None: t has memory already, or no allocator). The scheduler
-        passes its hash set and the allocator of each tensor's backend.
-        """
+        """ggml_gallocr_alloc_graph_n: `hash_node_talloc[hash_set.find_or_insert(t)]` is t's allocator (or None)."""
         check_instance(graph, Graph, "alloc_graph_n: graph")
         if hash_set.size < graph.n_nodes + graph.n_leafs:
             raise GraphError(f"alloc_graph_n: hash set of size {hash_set.size} is smaller than the graph's "
@@ -228,7 +167,6 @@ class GraphAllocator:
             self._rollback()
             raise
         finally:
-            # remove unowned resources
             self.hash_set = None
             self.hash_allocs = None
             self._end()
@@ -241,11 +179,9 @@ class GraphAllocator:
         slot = find(t) if find is not None else self.hash_set.keys.get(id(t))
         return None if slot is None else self.hash_values.get(slot)
 
-    # --- checks before a pass ---
-
     @staticmethod
     def _check_graph(graph: Graph, what: str, talloc_of: Any) -> None:
-        """Refuse a graph that reads freed memory, before anything changes (see the module doc)."""
+        """Refuse a graph that reads a freed buffer, or memory its allocator does not hold, before any change."""
         seen: set[int] = set()
         for t in (*graph.leafs, *graph.nodes, *(s for n in graph.nodes for s in n.src if s is not None)):
             if t.data is None or id(t) in seen:
@@ -266,13 +202,10 @@ class GraphAllocator:
                         f"reset()): other tensors would be given its bytes; allocate it again"
                     )
 
-    # --- rollback of a failed pass ---
-
     def _begin(self) -> None:
         self._saved_tensors = {}
         self._saved_tallocs = {}
         self._debug = log.isEnabledFor(logging.DEBUG)
-        # the pass's lookups, bound once (they run a few times per node)
         self._slot_of = self.hash_set.find_or_insert
         allocs = self.hash_allocs
         if isinstance(allocs, dict):
@@ -308,8 +241,6 @@ class GraphAllocator:
         log.debug("alloc_graph failed: %d tensors and %d allocators restored",
                   len(self._saved_tensors), len(self._saved_tallocs))
 
-    # --- ggml-alloc.c's static functions ---
-
     def _hash_get(self, t: Tensor) -> HashNode:
         """hash_get: t's counts, made on first use."""
         slot = self._slot_of(t)
@@ -339,9 +270,7 @@ class GraphAllocator:
         self._save(view)
         view.buffer = view_src.buffer
         view.data = view_src.data + view.view_offs
-        # the seed initializes the view with the node's allocator's buffer and says in a FIXME that the owning
-        # buffer would be right: it is, since init_tensor checks that the view lies inside the buffer (a view
-        # of the KV cache is not inside the compute buffer)
+        # the owning buffer, not the node's allocator's (ggml's FIXME): a KV cache view is outside the compute buffer
         if alloc is not None and not alloc.measure and view.buffer is not None:
             view.buffer.init_tensor(view)
 
@@ -353,12 +282,10 @@ class GraphAllocator:
         if node.view_src is not None:
             self._init_view(node)
             return
-        # see if we can reuse a parent's buffer (inplace)
         if node.op in INPLACE_OPS:
             for parent in node.src:
                 if parent is None:
                     break
-                # if the node's data is external, then we cannot re-use it
                 if alloc is None or not alloc.is_own(parent):
                     continue
                 # nor if it is a weight
@@ -396,8 +323,7 @@ class GraphAllocator:
         self._hash_get(node).allocated = True
 
     def _free_node(self, node: Tensor) -> None:
-        """free_node: give node's memory back to its allocator (which ignores tensors of other buffers),
-        unless the allocator's buffer holds weights."""
+        """free_node: node's memory back to its allocator, unless the allocator's buffer holds weights."""
         alloc = self._node_tallocr(node)
         if alloc is not None and alloc.buffer.get_usage() != BufferUsage.WEIGHTS:
             alloc.free_tensor(node)
@@ -412,7 +338,6 @@ class GraphAllocator:
                 raise GraphError(f"parse_seq names node {i}, but the graph has {len(nodes)} nodes")
         debug = self._debug
 
-        # count number of children and views
         for node in nodes:
             view_src = node.view_src
             if view_src is not None:
@@ -427,24 +352,19 @@ class GraphAllocator:
                 if parent.view_src is not None and parent.buffer is None and parent.data is not None:
                     self._init_view(parent)
 
-        # allocate tensors
-        # if we have parse_seq then we allocate nodes following the list, and we only free nodes at barriers
         last_barrier_pos = 0
         n_nodes = parse_seq_len if parse_seq_len else len(nodes)
 
         for ind in range(n_nodes):
-            # allocate a node if there is no parse_seq or this is not a barrier
             if parse_seq_len == 0 or parse_seq[ind] != -1:
                 i = parse_seq[ind] if parse_seq_len else ind
                 node = nodes[i]
 
-                # allocate parents (leafs)
                 for parent in node.src:
                     if parent is None:
                         break
                     self._allocate_node(parent)
 
-                # allocate node
                 self._allocate_node(node)
 
                 if debug:
@@ -455,9 +375,7 @@ class GraphAllocator:
                         names.append(parent.name)
                     log.debug("exec: %s (%s) <= %s", node.op.name, node.name, ", ".join(names))
 
-            # update parents
-            # update immediately if there is no parse_seq
-            # update only at barriers if there is parse_seq
+            # update parents: at once without a parse_seq, else at its barriers
             if parse_seq_len == 0 or parse_seq[ind] == -1:
                 update_start = last_barrier_pos if parse_seq_len else ind
                 update_end = ind if parse_seq_len else ind + 1

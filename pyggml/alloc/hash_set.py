@@ -1,15 +1,4 @@
-"""`HashSet`: ggml's `ggml_hash_set`, tensors indexed by identity.
-
-The graph allocator keys its per-tensor counts (`hash_node`) and, in
-`alloc_graph_n`, the per-tensor allocator map by the slot that
-`find_or_insert` gives a tensor. The scheduler builds one of these over a
-graph and passes it with a list of allocators indexed by slot, as
-`ggml_gallocr_alloc_graph_n` takes a `ggml_hash_set` and a `ggml_tallocr_t *`.
-
-This is the core's graph hash set (`pyggml.core.graph.HashSet`, which keeps
-its keys alive so that `id()`s stay unique) with a lookup without insertion,
-`find`.
-"""
+"""`HashSet`: ggml's `ggml_hash_set` as the graph allocator keys it: the core's graph hash set plus `find`."""
 
 from __future__ import annotations
 
@@ -21,12 +10,7 @@ __all__ = ["HashSet", "hash_size"]
 
 
 class HashSet(_CoreHashSet):
-    """ggml_hash_set: a stable slot in [0, size) per tensor, by identity (not by value).
-
-    `find_or_insert(t)` returns t's slot, inserting it if needed (raises
-    GraphError when `size` tensors are already there, where the seed asserts);
-    `find(t)` returns the slot or None; `size` is the capacity.
-    """
+    """ggml_hash_set: a stable slot in [0, size) per tensor, by identity; full: GraphError (ggml asserts)."""
 
     @classmethod
     def for_graph(cls, n_tensors: int) -> HashSet:

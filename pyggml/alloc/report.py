@@ -1,15 +1,7 @@
-"""Memory report of an allocated graph: where each tensor is, the peak, and how far it is from the best.
+"""Memory report of an allocated graph: where each tensor is, the peak, and the lower bound.
 
-The peak is the highest end (from the buffer's base) of the graph's
-tensors: the buffer size the plan needs. The lower bound is what any allocator with the
-same node order needs at least: the largest total size of tensors that are
-alive at the same node step. A tensor is alive from the first step that
-produces or reads it (any of its views counting as it) to the last step that
-reads it; inputs (INPUT flag) are alive from the start, since they are written
-before the graph runs, and outputs (OUTPUT flag) to the end. A node that runs
-in place is a view of the tensor it overwrites, so the two count once.
-peak / lower_bound is the allocator's overhead for this order: alignment,
-fragmentation, and best fit's choices.
+The lower bound is the largest total of tensors alive at one node step (views count as their owner, inputs
+live from the start, outputs to the end): what any allocator needs for this node order.
 """
 
 from __future__ import annotations
@@ -27,10 +19,7 @@ __all__ = ["MemoryReport", "ReportEntry", "memory_report"]
 
 @dataclass
 class ReportEntry:
-    """One tensor in the buffer: `offset` from the base, `size` bytes it holds (aligned, for owners).
-
-    `view_of` names the tensor whose memory it is (a view, or a node run in place), else None.
-    """
+    """One tensor in the buffer; `view_of` names the owner of its memory (a view, a node run in place)."""
 
     name: str
     op: str
@@ -100,11 +89,7 @@ def _alignment(buffer: Any) -> int:
 
 def memory_report(source: Graph | Iterable[Tensor], where: TensorAllocator | Any = None) -> MemoryReport:
     """The memory report of `source` (a Graph, or tensors in execution order) in one buffer.
-
-    `where` is the TensorAllocator that allocated the graph (its alignment
-    rounds the sizes), or a Buffer, or None for the buffer holding most of
-    the nodes' bytes. The peak is the highest end of the tensors in the report.
-    """
+    `where`: the TensorAllocator, a Buffer, or None for the buffer holding most of the nodes' bytes."""
     if isinstance(source, Graph):
         steps = list(source.nodes)
     else:
@@ -171,7 +156,6 @@ def memory_report(source: Graph | Iterable[Tensor], where: TensorAllocator | Any
     sizes = {rk: owner_size(t) for rk, t in owners.items()}
     report.bytes_no_reuse = sum(sizes.values())
 
-    # the largest total alive at one step (a sweep over start/end events)
     delta = [0] * (len(steps) + 1)
     for rk, size in sizes.items():
         delta[first[rk]] += size

@@ -1,39 +1,7 @@
-"""`TensorAllocator`: ggml-alloc.c's best-fit tensor allocator (`ggml_tallocr` in the C API), tensors placed in
-one buffer.
+"""`TensorAllocator`: ggml-alloc.c's best-fit allocator (`ggml_tallocr`), tensors placed in one buffer.
 
-Free memory is a list of `FreeBlock`s sorted by address. `alloc` takes the
-best fitting block among all but the last one (the smallest that fits; on a
-tie the later block, as ggml's `<=` picks it) and falls back to the last
-block, the big tail of the buffer, only when no other block fits, so the
-tail stays as large as possible. `free_tensor` gives the bytes back and
-merges them with the block that ends where they start and/or the block that
-starts where they end.
-
-A measure allocator runs the same plan over a fake address range (base
-0x1000, SIZE_MAX/2 bytes) and never touches memory or calls the buffer's
-`init_tensor`/`free_tensor` hooks: its `max_size` is the size a real buffer
-needs for the same sequence of allocations.
-
-ggml's fixed array of MAX_FREE_BLOCKS blocks is a limit here
-(`max_free_blocks`, default MAX_FREE_BLOCKS); exceeding it raises
-`LimitExceededError`. Every error is raised before anything changes, so the
-allocator stays usable.
-
-Not in the seed: the allocator remembers which tensors it gave memory
-(`allocated`: address and size of each, until it is freed or the allocator
-reset), so that a wrong free cannot corrupt the free list:
-
-- freeing a tensor twice (the seed would add its bytes to the free list
-  again, and later tensors would overlap) raises InvalidStateError naming the
-  tensor, and the tensor that holds its bytes now if there is one;
-- freeing a tensor whose memory is in this allocator's buffer but that this
-  allocator did not allocate (another allocator over the same buffer, or an
-  allocation from before `reset`) raises InvalidStateError;
-- freeing a tensor without memory raises NotAllocatedError;
-- tensors of other buffers are ignored, as in the seed (the graph allocator
-  offers every source it is done with, weights included).
-
-A freed tensor keeps its `data`, as in the seed: the graph still reads it.
+Beyond ggml it remembers what it gave out, so a double or foreign free raises instead of corrupting the free
+list (DESIGN.md, "The graph allocator").
 """
 
 from __future__ import annotations
@@ -89,13 +57,7 @@ class FreeBlock:
 
 
 class MeasureBuffer(Buffer):
-    """The fake address range of a measure allocator: `size` bytes from `base`, no memory behind it.
-
-    ggml wraps the pointer 0x1000 in a CPU buffer of SIZE_MAX/2 bytes; a
-    Python CPU buffer needs real memory, so this buffer stands in for it. It
-    has no backend (as ggml's NULL backend), hence no alignment of its own:
-    the allocator is given one.
-    """
+    """A measure allocator's fake range (ggml's 0x1000 in a CPU buffer of SIZE_MAX/2), no memory behind it."""
 
     def __init__(self, base: int, size: int) -> None:
         super().__init__(None, size)
@@ -111,39 +73,30 @@ class TensorAllocator:
 
     def __init__(self, buffer: Buffer, buffer_owned: bool = False, alignment: int | None = None,
                  measure: bool = False, max_free_blocks: int = MAX_FREE_BLOCKS) -> None:
-        """ggml_tallocr_new_from_buffer's initialization; `alignment` None asks the buffer.
-
-        Prefer the constructors `new`, `new_measure`, `new_from_buffer`,
-        `new_from_backend`, `new_measure_from_backend`.
-        """
+        """ggml_tallocr_new_from_buffer's initialization; `alignment` None asks the buffer (prefer the `new_*`)."""
         check_instance(buffer, Buffer, "TensorAllocator: buffer")
         max_free_blocks = check_positive(max_free_blocks, "TensorAllocator: max_free_blocks")
         self.buffer = buffer
         self.buffer_owned = buffer_owned
         self.base: int = buffer.get_base()
         self.alignment: int = buffer.get_alignment() if alignment is None else check_int(alignment, "alignment")
-        aligned_offset(None, 0, self.alignment)  # checks the alignment is a power of 2
+        aligned_offset(None, 0, self.alignment)
         self.free_blocks: list[FreeBlock] = []
-        # id(tensor) -> (tensor, address, size) of every tensor this allocator gave memory and has not freed
         self.allocated: dict[int, tuple[Tensor, int, int]] = {}
         self.max_size = 0
         self.measure = measure
         self.max_free_blocks = max_free_blocks
         self.reset()
 
-    # --- constructors (ggml_tallocr_new_*) ---
-
     @classmethod
     def new(cls, data: object, size: int, alignment: int, max_free_blocks: int = MAX_FREE_BLOCKS) -> TensorAllocator:
-        """ggml_tallocr_new: an allocator over `size` bytes of caller memory (an array or a host address),
-        wrapped by the CPU device (the registry's device of type CPU: `buffer_from_host_ptr`)."""
-        # ggml_tallocr_new wraps the memory with ggml_backend_cpu_buffer_from_ptr: named so in errors
+        """ggml_tallocr_new: an allocator over `size` bytes of caller memory, wrapped by the CPU device."""
         size = check_int(size, "cpu_buffer_from_ptr: size", minimum=0)
         device = dev_by_type(DeviceType.CPU)
         if device is None:
             raise ArgumentError("tallocr new: no CPU device is registered to wrap caller memory")
         buffer = device.buffer_from_host_ptr(data, size)
-        buffer.name = "CPU"  # caller memory is a CPU buffer (with no backend, as ggml's NULL)
+        buffer.name = "CPU"
         return cls(buffer, buffer_owned=True, alignment=alignment, max_free_blocks=max_free_blocks)
 
     @classmethod
@@ -165,28 +118,18 @@ class TensorAllocator:
 
     @classmethod
     def new_measure_from_backend(cls, backend: Backend, max_free_blocks: int = MAX_FREE_BLOCKS) -> TensorAllocator:
-        """ggml_tallocr_new_measure_from_backend: a measure allocator that asks a buffer of `backend`
-        for tensor sizes (`get_alloc_size`) and alignment.
-
-        As in the seed, the buffer is a real 1-byte buffer and the fake range starts at its base.
-        """
+        """ggml_tallocr_new_measure_from_backend: sizes and alignment from a 1-byte buffer of `backend`."""
         buffer = backend.alloc_buffer(1)
         return cls(buffer, buffer_owned=True, measure=True, max_free_blocks=max_free_blocks)
-
-    # --- state ---
 
     @property
     def n_free_blocks(self) -> int:
         return len(self.free_blocks)
 
     def reset(self) -> None:
-        """ggml_tallocr_reset: one free block over the whole (aligned) buffer.
-
-        As in the seed, `max_size` is kept: it is the peak since the allocator was made.
-        """
+        """ggml_tallocr_reset: one free block over the whole (aligned) buffer; `max_size` is kept."""
         align_offset = aligned_offset(self.base, 0, self.alignment)
         if self.measure:
-            # the seed restricts a measure allocator to half of size_t to avoid overflows
             size = SIZE_MAX // 2
         else:
             # a buffer smaller than its alignment padding has no usable bytes (size_t would wrap in C)
@@ -227,8 +170,6 @@ class TensorAllocator:
         """The bytes `alloc` takes for `tensor`: the buffer's alloc size, aligned."""
         return aligned_offset(None, self.buffer.get_alloc_size(tensor), self.alignment)
 
-    # --- alloc / free ---
-
     def alloc(self, tensor: Tensor) -> None:
         """ggml_tallocr_alloc: give `tensor` memory from the best fitting free block."""
         check_instance(tensor, Tensor, "tallocr alloc: tensor")
@@ -236,7 +177,6 @@ class TensorAllocator:
             raise BufferFreedError(f"cannot allocate '{tensor.name}': buffer '{self.buffer.name}' "
                                    f"({self.buffer.size} bytes) of this allocator was freed")
         if tensor.view_src is not None:
-            # views generally get data pointer from one of their sources
             raise ArgumentError(f"cannot allocate view '{tensor.name}'; views get memory from their view_src "
                                 f"'{tensor.view_src.name}'")
         if tensor.data is not None:
@@ -284,7 +224,6 @@ class TensorAllocator:
         block.addr += size
         block.size -= size
         if block.size == 0:
-            # remove block if empty
             blocks.pop(best_fit_block)
 
         tensor.data = addr
@@ -296,14 +235,8 @@ class TensorAllocator:
         self.max_size = max(self.max_size, addr - self.base + size)
 
     def free_tensor(self, tensor: Tensor) -> None:
-        """ggml_tallocr_free_tensor: give `tensor`'s bytes back; tensors of other buffers are ignored.
-
-        The graph allocator tries to free weights and other tensors of other
-        buffers; the easiest way to deal with that is to ignore them. As in the
-        seed, `tensor.data` is left as it is (the graph still reads it).
-        A double free, or a tensor of this buffer this allocator does not hold,
-        raises InvalidStateError before anything changes (see the module doc).
-        """
+        """ggml_tallocr_free_tensor: give `tensor`'s bytes back (its `data` stays: the graph still reads it).
+        Tensors of other buffers are ignored; a double or foreign free raises InvalidStateError."""
         check_instance(tensor, Tensor, "tallocr free_tensor: tensor")
         if tensor.data is None:
             raise NotAllocatedError(f"cannot free '{tensor.name}' in buffer '{self.buffer.name}': it has no memory "
@@ -316,51 +249,43 @@ class TensorAllocator:
         entry = self._entry_of(tensor)
         if entry is None:
             raise InvalidStateError(self._not_held(tensor))
-        owner, ptr, size = entry  # the bytes given out, whatever the tensor's fields say now
+        owner, ptr, size = entry
         blocks = self.free_blocks
         n_free_blocks = len(blocks)
         log.debug("free: freeing %s at %#x (%d bytes) - n_free_blocks = %d", tensor.name, ptr, size, n_free_blocks)
 
-        # see if we can merge with an existing block
         for i in range(n_free_blocks):
             block = blocks[i]
-            # check if ptr is at the end of the block
             if block.addr + block.size == ptr:
                 self._free_tensor_hook(tensor, owner)
                 block.size += size
-                # check if we can merge with the next block
                 if i < n_free_blocks - 1 and block.addr + block.size == blocks[i + 1].addr:
                     block.size += blocks[i + 1].size
                     blocks.pop(i + 1)
                 return
-            # check if ptr is at the beginning of the block
             if ptr + size == block.addr:
                 self._free_tensor_hook(tensor, owner)
                 block.addr = ptr
                 block.size += size
-                # check if we can merge with the previous block
                 if i > 0 and blocks[i - 1].addr + blocks[i - 1].size == block.addr:
                     blocks[i - 1].size += block.size
                     blocks.pop(i)
                 return
 
-        # otherwise, add a new block; the seed asserts on its fixed array, checked here before any change
+        # ggml asserts on its fixed array; checked here before any change
         if n_free_blocks >= self.max_free_blocks:
             raise LimitExceededError(
                 f"cannot free '{tensor.name}' ({size} bytes at offset {ptr - self.base}) in buffer "
                 f"'{self.buffer.name}': out of free blocks (MAX_FREE_BLOCKS = {self.max_free_blocks})"
             )
         self._free_tensor_hook(tensor, owner)
-        # insert the new block in the correct position to keep the list sorted by address (to make merging faster)
         insert_pos = 0
         while insert_pos < n_free_blocks and blocks[insert_pos].addr < ptr:
             insert_pos += 1
         blocks.insert(insert_pos, FreeBlock(ptr, size))
 
     def _entry_of(self, tensor: Tensor) -> tuple[Tensor, int, int] | None:
-        """The allocation `tensor` frees: its own, or, for a node the graph allocator computes in place
-        (made a view of its source), the allocation of the view source whose bytes it took (same
-        address, same size), as the seed frees by address."""
+        """The allocation `tensor` frees: its own, or an in-place node's view source's (ggml frees by address)."""
         entry = self.allocated.get(id(tensor))
         if entry is not None and entry[0] is tensor:
             return entry
@@ -375,7 +300,7 @@ class TensorAllocator:
         return None
 
     def _free_tensor_hook(self, tensor: Tensor, owner: Tensor) -> None:
-        # the seed calls the buffer's free_tensor before merging; here it comes once the free cannot fail
+        # after the merge (ggml: before), once the free cannot fail
         if not self.measure:
             self.buffer.free_tensor(tensor)
         del self.allocated[id(owner)]
@@ -396,8 +321,6 @@ class TensorAllocator:
                 return f"{what}: its bytes are free already (a double free, or the allocator was reset since)"
         return (f"{what}: it was not allocated by this allocator (another allocator over the same buffer, or "
                 f"before reset())")
-
-    # --- snapshots (the graph allocator undoes a failed graph with them) ---
 
     def snapshot(self) -> tuple[list[tuple[int, int]], int, dict[int, tuple[Tensor, int, int]]]:
         """The free blocks, max_size and allocated tensors, to `restore` after a failed sequence of allocations."""

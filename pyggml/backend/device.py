@@ -1,19 +1,7 @@
-"""`Device`: ggml's `ggml_backend_device`, one piece of hardware a registry offers.
+"""`Device`: ggml's `ggml_backend_device` (ggml-backend-impl.h's ggml_backend_device_i, ggml-backend.cpp).
 
-Public methods are ggml's `ggml_backend_dev_*` functions; the `_`-prefixed
-methods are the hooks of `ggml_backend_device_i`. Required: `_get_name`,
-`_get_description`, `_get_memory`, `_get_type`, `_init_backend`,
-`_get_buffer_type`, `_supports_op`, `_supports_buft`. Optional, with ggml's
-defaults: `_get_caps` (no capabilities), `_get_device_id` (None),
-`_get_host_buffer_type` (None), `_buffer_from_host_ptr` (only asked for when
-the caps say `buffer_from_host_ptr`), `_offload_op` (False), `_event_new`
-(None: no events), `_event_free`, `_event_synchronize` (nothing: events of
-synchronous backends are complete once recorded).
-
-Code above the backends asks a device for what it can do (`get_props().caps`:
-async, host_buffer, buffer_from_host_ptr, events) and never tests which
-backend it has. `init_backend` returns a backend of this device
-(`backend.get_device() is device`).
+Public methods are ggml's `ggml_backend_dev_*`; `_`-prefixed hooks are the interface entries (an optional one's
+body is its NULL default). Code above the backends asks a device's caps and never tests which backend it has.
 """
 
 from __future__ import annotations
@@ -38,8 +26,8 @@ if TYPE_CHECKING:
 class DeviceType(IntEnum):
     """ggml_backend_dev_type."""
 
-    CPU = 0  # CPU device using system memory
-    GPU = 1  # GPU device using dedicated memory
+    CPU = 0
+    GPU = 1
     IGPU = 2  # integrated GPU device using host memory
     ACCEL = 3  # accelerator used together with the CPU backend (BLAS, AMX, ...)
     META = 4  # a device wrapping several others
@@ -49,14 +37,13 @@ class DeviceType(IntEnum):
 class DeviceCaps:
     """ggml_backend_dev_caps: what the device can do (`async` is a Python keyword: `async_`)."""
 
-    async_: bool = False  # asynchronous operations
+    async_: bool = False
     host_buffer: bool = False  # a pinned host buffer type
-    buffer_from_host_ptr: bool = False  # buffers over host memory (memory-mapped weights, no copy)
-    events: bool = False  # event synchronization
-    mmap_support: bool = False  # weights may be loaded from a memory-mapped file
+    buffer_from_host_ptr: bool = False
+    events: bool = False
+    mmap_support: bool = False
 
     def names(self) -> list[str]:
-        """The capabilities the device has, by ggml's names."""
         return [name for name, has in (("async", self.async_), ("host_buffer", self.host_buffer),
                                        ("buffer_from_host_ptr", self.buffer_from_host_ptr),
                                        ("events", self.events), ("mmap", self.mmap_support)) if has]
@@ -64,8 +51,6 @@ class DeviceCaps:
 
 @dataclass(frozen=True)
 class DeviceProps:
-    """ggml_backend_dev_props: every property of a device at once."""
-
     name: str
     description: str
     memory_free: int
@@ -107,15 +92,12 @@ class Device:
     # --- hooks (ggml_backend_device_i) ---
 
     def _get_name(self) -> str:
-        """A short name ("CPU", "Torch(cuda:0)")."""
         raise NotImplementedError(f"{type(self).__name__} must implement _get_name")
 
     def _get_description(self) -> str:
-        """A longer one (the CPU's or GPU's model name)."""
         raise NotImplementedError(f"{type(self).__name__} must implement _get_description")
 
     def _get_memory(self) -> tuple[int, int]:
-        """(free, total) bytes; (0, 0) when there is nothing to report."""
         raise NotImplementedError(f"{type(self).__name__} must implement _get_memory")
 
     def _get_type(self) -> DeviceType:
@@ -125,24 +107,19 @@ class Device:
         return DeviceCaps()
 
     def _get_device_id(self) -> str | None:
-        """The PCI bus id ("0000:c1:00.0"), or None when unknown (optional)."""
         return None
 
     def _init_backend(self, params: str | None) -> Backend:
-        """A new backend of this device; `params` as the device defines them (None: the defaults)."""
         raise NotImplementedError(f"{type(self).__name__} must implement _init_backend")
 
     def _get_buffer_type(self) -> BufferType:
-        """The device's preferred buffer type."""
         raise NotImplementedError(f"{type(self).__name__} must implement _get_buffer_type")
 
     def _get_host_buffer_type(self) -> BufferType | None:
-        """A host buffer type for faster transfers (optional: None)."""
         return None
 
     def _buffer_from_host_ptr(self, ptr: object, size: int, max_tensor_size: int) -> Buffer:
-        """A buffer over `size` bytes of host memory at `ptr` (a buffer-protocol object or an address),
-        never copied or freed; asked for only when the caps say `buffer_from_host_ptr`."""
+        """Asked for only when the caps say `buffer_from_host_ptr`."""
         raise NotImplementedError(f"{type(self).__name__} says it wraps host memory but does not implement "
                                   f"_buffer_from_host_ptr")
 
@@ -150,23 +127,19 @@ class Device:
         raise NotImplementedError(f"{type(self).__name__} must implement _supports_op")
 
     def _supports_buft(self, buft: BufferType) -> bool:
-        """Whether backends of this device compute with tensors in buffers of `buft`."""
         raise NotImplementedError(f"{type(self).__name__} must implement _supports_buft")
 
     def _offload_op(self, op: Tensor) -> bool:
-        """Whether to run `op` here although its weights are elsewhere (optional: False)."""
         return False
 
     def _event_new(self) -> Event | None:
-        """A new event of this device (optional: None, no events)."""
         return None
 
     def _event_free(self, event: Event) -> None:
-        """Release what the event holds (optional)."""
+        ...
 
     def _event_synchronize(self, event: Event) -> None:
-        """Wait on the host until the work recorded before the event is done (optional: nothing to wait
-        for, the backends of the device are synchronous)."""
+        ...
 
     # --- ggml_backend_dev_* ---
 
@@ -177,7 +150,6 @@ class Device:
         return self._get_description()
 
     def memory(self) -> tuple[int, int]:
-        """ggml_backend_dev_memory: (free, total) bytes."""
         free, total = self._get_memory()
         return (check_size(free, f"device '{self.name()}': free memory"),
                 check_size(total, f"device '{self.name()}': total memory"))
@@ -186,23 +158,20 @@ class Device:
         return DeviceType(self._get_type())
 
     def caps(self) -> DeviceCaps:
-        """The capabilities alone (get_props without asking for the memory)."""
+        """get_props' caps, without asking for the memory."""
         caps = self._get_caps()
         check_instance(caps, DeviceCaps, f"device '{self.name()}': caps")
         return caps
 
     def get_props(self) -> DeviceProps:
-        """ggml_backend_dev_get_props."""
         free, total = self.memory()
         return DeviceProps(self.name(), self.description(), free, total, self.type(), self._get_device_id(),
                            self.caps())
 
     def backend_reg(self) -> Reg | None:
-        """ggml_backend_dev_backend_reg: the registry the device belongs to."""
         return self.reg
 
     def init_backend(self, params: str | None = None) -> Backend:
-        """ggml_backend_dev_init: a new backend of this device; `params` a string the device reads, or None."""
         if params is not None and not isinstance(params, str):
             raise ArgumentTypeError(f"device '{self.name()}': init_backend: params must be a str or None, got "
                                     f"{type(params).__name__} {params!r:.80}")
@@ -215,19 +184,15 @@ class Device:
         return backend
 
     def buffer_type(self) -> BufferType:
-        """ggml_backend_dev_buffer_type: the device's preferred buffer type."""
         buft = self._get_buffer_type()
         check_instance(buft, BufferType, f"device '{self.name()}': buffer_type")
         return buft
 
     def host_buffer_type(self) -> BufferType | None:
-        """ggml_backend_dev_host_buffer_type: a pinned host buffer type, or None."""
         return self._get_host_buffer_type()
 
     def buffer_from_host_ptr(self, ptr: object, size: int, max_tensor_size: int = 0) -> Buffer:
-        """ggml_backend_dev_buffer_from_host_ptr: a buffer over `size` bytes of host memory at `ptr` (a
-        writable buffer-protocol object or a registered host address), which it never frees;
-        UnsupportedOpError where the caps do not say `buffer_from_host_ptr`."""
+        """ggml_backend_dev_buffer_from_host_ptr: over `ptr` (writable buffer or registered address), never freed."""
         size = check_size(size, f"device '{self.name()}': buffer_from_host_ptr: size")
         max_tensor_size = check_size(max_tensor_size, f"device '{self.name()}': buffer_from_host_ptr: "
                                                       f"max_tensor_size")
@@ -239,28 +204,23 @@ class Device:
         return buffer
 
     def supports_op(self, op: Tensor) -> bool:
-        """ggml_backend_dev_supports_op: whether backends of this device compute node `op`."""
         check_instance(op, Tensor, f"device '{self.name()}': supports_op: op")
         return bool(self._supports_op(op))
 
     def supports_buft(self, buft: BufferType) -> bool:
-        """ggml_backend_dev_supports_buft: whether backends of this device use tensors in buffers of `buft`."""
         check_instance(buft, BufferType, f"device '{self.name()}': supports_buft: buft")
         return bool(self._supports_buft(buft))
 
     @property
     def has_offload_op(self) -> bool:
-        """Whether this device has the offload_op hook (ggml: `dev->iface.offload_op != NULL`); without it
-        `offload_op` is False for every op, and a caller asking for each node may skip the question."""
+        """ggml's `dev->iface.offload_op != NULL`: without it a caller may skip asking per node."""
         return type(self)._offload_op is not Device._offload_op
 
     def offload_op(self, op: Tensor) -> bool:
-        """ggml_backend_dev_offload_op: whether to run `op` here although its weights are elsewhere."""
         check_instance(op, Tensor, f"device '{self.name()}': offload_op: op")
         return bool(self._offload_op(op))
 
     def event_new(self) -> Event | None:
-        """ggml_backend_event_new: a new event of this device, or None where it has no events."""
         event = self._event_new()
         if event is not None:
             check_instance(event, Event, f"device '{self.name()}': event_new's result")

@@ -1,16 +1,6 @@
 """`Event`: ggml's `ggml_backend_event`, a point in a backend's stream of work that others can wait for.
 
-A device makes events (`Device.event_new`, None where its caps do not say
-`events`). `record(backend)` marks the point after the work queued on
-`backend` so far (the backend's `_event_record` hook); `synchronize()` waits
-on the host until that work is done (the device's `_event_synchronize`);
-`wait(backend)` makes `backend` wait for it before its next work (the
-backend's `_event_wait`). Defaults fit synchronous backends: recording
-synchronizes the backend, so the event is complete at once, and waiting
-synchronizes the event on the host.
-
-Checks: an event is recorded on a backend of its own device before it is
-synchronized or waited on (InvalidStateError), and not used after `free()`.
+An event must be recorded on a backend of its own device before it is synchronized or waited on.
 """
 
 from __future__ import annotations
@@ -68,7 +58,7 @@ class Event:
         backend._event_wait(self)
 
     def free(self) -> None:
-        """ggml_backend_event_free. Idempotent, as buffers and backends are."""
+        """ggml_backend_event_free; freeing twice is harmless."""
         if self.freed:
             return
         self.device._event_free(self)

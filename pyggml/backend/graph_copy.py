@@ -1,13 +1,4 @@
-"""Copying a graph to another backend: ggml_backend_graph_copy and ggml_backend_compare_graph_backend.
-
-`graph_copy(backend, graph)` duplicates every tensor the graph's nodes reach
-(their sources and view sources, with the same type, `ne`, `nb`, op, op
-parameters, flags and name), gives the non-views memory in one new buffer of
-`backend` and copies their bytes there; the copies of views point into the
-copied sources. The graph must be allocated (every tensor it reaches has
-memory). The result holds the buffer, the two contexts of the copies (memory
-and views, as ggml's) and the new graph; `free()` releases them.
-"""
+"""Copying an allocated graph to another backend: ggml_backend_graph_copy, ggml_backend_compare_graph_backend."""
 
 from __future__ import annotations
 
@@ -35,7 +26,6 @@ class GraphCopy:
     graph: Graph
 
     def free(self) -> None:
-        """ggml_backend_graph_copy_free."""
         self.buffer.free()
         self.ctx_allocated.free()
         self.ctx_unallocated.free()
@@ -126,13 +116,8 @@ EvalCallback = Callable[[int, Tensor, Tensor], bool]
 
 def compare_graph_backend(backend1: Backend, backend2: Backend, graph: Graph, callback: EvalCallback,
                           test_nodes: Sequence[Tensor] = ()) -> bool:
-    """ggml_backend_compare_graph_backend: compute `graph` on `backend1` and a copy of it on `backend2`.
-
-    Without `test_nodes`, node by node: after each node that computes (not a view), `callback(i, t1, t2)`
-    sees both results, and returning False stops. With `test_nodes`, both whole graphs are computed and
-    the callback sees the nodes named there. Returns True (False only where ggml cannot copy the graph,
-    which raises here).
-    """
+    """ggml_backend_compare_graph_backend: `callback(i, t1, t2)` after each computing node (False stops), or with
+    `test_nodes` after both whole graphs on the nodes named; True (where ggml returns False, this raises)."""
     check_instance(backend1, Backend, "compare_graph_backend: backend1")
     if not callable(callback):
         raise ArgumentError(f"compare_graph_backend: callback must be callable, got {type(callback).__name__}")

@@ -1,30 +1,8 @@
-"""Registries of devices (`Reg`, ggml's `ggml_backend_reg`) and pyggml's one registry of them.
+"""`Reg` (ggml_backend_reg, ggml-backend-impl.h) and the registry of them (ggml-backend-reg.cpp).
 
-A `Reg` names a backend and lists its devices (`dev_count`, `dev_get`); its
-public methods are ggml's `ggml_backend_reg_*`, its hooks `_get_name`,
-`_get_device_count`, `_get_device` (required) and `_get_proc_address`
-(optional: None), which hands out a backend's extra functions by their C name
-("ggml_backend_set_n_threads", ...).
-
-The registry (ggml-backend-reg.cpp) finds registries through the Python
-entry-point group `pyggml.backends`: an entry point names a `Reg`, or a
-callable that returns one (as a C backend's `ggml_backend_init`). pyggml's
-own CPU and torch backends are found the same way as any installed package's.
-Entry points are listed when a name is first looked up and loaded (their
-module imported) only when that name is asked for, so `init_backend("cpu")`
-does not import torch; enumerating (`reg_count`, `dev_count`, `dev_by_type`,
-...) loads them all. `load(path_or_module)` (ggml_backend_load) registers a
-registry from a module name or a `.py` file or package directory, through its
-`ggml_backend_init()`.
-
-Backend names (`--backend`, `pyggml test-ops -b`, `pyggml.models.load`) go
-through `init_backend(spec)`: "NAME" or "NAME:ARG", NAME a registry's name
-(case-insensitive), ARG passed to the registry's `init_backend`: by default
-"DEVICE[,PARAMS]", a device of that registry by name and its parameters
-(none: the first device). The torch registry reads ARG as "DEVICE[,OPTIONS]"
-with torch's device names ("torch:cuda:0,matmul_precision=f32").
-`register_backend(name, factory)` keeps the seed-era way: a registry without
-devices whose `init_backend` calls the factory.
+Registries come from the entry-point group `pyggml.backends` (a `Reg` or a callable returning one); an entry
+point is imported only when its name is asked for or the registries are enumerated, so `init_backend("cpu")`
+does not import torch.
 """
 
 from __future__ import annotations
@@ -48,12 +26,12 @@ log = logging.getLogger("pyggml.backend")
 
 ENTRY_POINT_GROUP = "pyggml.backends"
 GGML_BACKEND_API_VERSION = 2  # ggml-backend-impl.h's; a registry with another version is refused
-SET_N_THREADS = "ggml_backend_set_n_threads"  # the proc address of a backend's thread count setter
-EXTRA_BUFTS = "ggml_backend_dev_get_extra_bufts"  # the proc address of a device's extra buffer types
-# the proc address of a backend's batch-invariant switch (pyggml's: no ggml backend has one)
+SET_N_THREADS = "ggml_backend_set_n_threads"
+EXTRA_BUFTS = "ggml_backend_dev_get_extra_bufts"
+# pyggml's own: no ggml backend has a batch-invariant switch
 SET_BATCH_INVARIANT = "pyggml_backend_set_batch_invariant"
-# the proc addresses of a registry whose kernels compile at run time: a context manager calling
-# (on_start(name, source), on_end(name, seconds)) around each compile, and the folder a source's code is kept in
+# a registry compiling kernels at run time: a context manager calling on_start(name, source) and
+# on_end(name, seconds) around each compile, and the folder compiled code is kept in
 WATCH_COMPILES = "pyggml_watch_compiles"
 COMPILE_CACHE_FOLDER = "pyggml_compile_cache_folder"
 
@@ -68,8 +46,6 @@ class Reg:
     def __init__(self, context: Any = None) -> None:
         self.context = context
 
-    # --- hooks (ggml_backend_reg_i) ---
-
     def _get_name(self) -> str:
         raise NotImplementedError(f"{type(self).__name__} must implement _get_name")
 
@@ -77,17 +53,13 @@ class Reg:
         raise NotImplementedError(f"{type(self).__name__} must implement _get_device_count")
 
     def _get_device(self, index: int) -> Device:
-        """Device `index` (checked: 0 <= index < the device count)."""
         raise NotImplementedError(f"{type(self).__name__} must implement _get_device")
 
     def _get_proc_address(self, name: str) -> Callable[..., Any] | None:
-        """A function of the backend by its C name, or None (optional: None)."""
         return None
 
     def _init_backend(self, arg: str | None) -> Backend:
-        """A backend for the spec "NAME:ARG" (None: no ARG). Optional: ARG is "DEVICE[,PARAMS]", a device of
-        this registry by name (case-insensitive) and the parameters for its init_backend; without ARG, the
-        first device."""
+        """A backend for "NAME:ARG"; by default ARG is "DEVICE[,PARAMS]" (None: the first device)."""
         devices = self.devices()
         if arg is None:
             if not devices:
@@ -99,8 +71,6 @@ class Reg:
                 return dev.init_backend(params if sep else None)
         names = ", ".join(dev.name() for dev in devices) or "none"
         raise ArgumentError(f"backend '{self.name()}' has no device named {dev_name!r} (devices: {names})")
-
-    # --- ggml_backend_reg_* ---
 
     def name(self) -> str:
         return self._get_name()
@@ -120,16 +90,13 @@ class Reg:
         return device
 
     def devices(self) -> list[Device]:
-        """Every device, in order."""
         return [self.dev_get(i) for i in range(self.dev_count())]
 
     def get_proc_address(self, name: str) -> Callable[..., Any] | None:
-        """ggml_backend_reg_get_proc_address: the backend's function `name`, or None."""
         check_instance(name, str, f"registry '{self.name()}': get_proc_address: name")
         return self._get_proc_address(name)
 
     def init_backend(self, arg: str | None = None) -> Backend:
-        """A new backend of this registry for the spec "NAME:ARG" (see `_init_backend`)."""
         if arg is not None:
             check_instance(arg, str, f"registry '{self.name()}': init_backend: arg")
         backend = self._init_backend(arg)
@@ -141,8 +108,7 @@ class Reg:
 
 
 class FactoryReg(Reg):
-    """`register_backend`'s registry: no devices; `init_backend(arg)` calls `factory(arg)` (`factory()`
-    without an argument)."""
+    """`register_backend`'s registry: no devices; `init_backend(arg)` calls `factory(arg)` (or `factory()`)."""
 
     def __init__(self, name: str, factory: BackendFactory) -> None:
         super().__init__()
@@ -159,12 +125,10 @@ class FactoryReg(Reg):
         return self.factory(arg) if arg is not None else self.factory()
 
 
-# --- the registry (ggml-backend-reg.cpp) ---
-
-_regs: dict[str, Reg] = {}  # lower-case name -> registry, in the order they came
-_devices: list[Device] = []  # devices registered on their own (ggml_backend_device_register)
-_entry_points: dict[str, importlib.metadata.EntryPoint] | None = None  # lower-case name -> entry point
-_load_errors: dict[str, str] = {}  # lower-case name -> why its entry point did not load
+_regs: dict[str, Reg] = {}
+_devices: list[Device] = []  # ggml_backend_device_register's
+_entry_points: dict[str, importlib.metadata.EntryPoint] | None = None
+_load_errors: dict[str, str] = {}
 
 
 def _key(name: str) -> str:
@@ -172,12 +136,8 @@ def _key(name: str) -> str:
 
 
 def _scan_entry_points() -> dict[str, importlib.metadata.EntryPoint]:
-    """The entry points of the group by lower-case name (the first one of a name wins), and remember them.
-
-    Every distribution's metadata is read, not only the first of each name as `entry_points()` does: a
-    stale `*.egg-info` next to a source tree (first on sys.path when Python runs there) would hide the
-    installed metadata that has the entry points.
-    """
+    """The group's entry points by lower-case name (the first of a name wins), remembered.
+    Every distribution is read: a stale `*.egg-info` first on sys.path would hide the installed metadata."""
     global _entry_points
     found: dict[str, importlib.metadata.EntryPoint] = {}
     for dist in importlib.metadata.distributions():
@@ -216,7 +176,7 @@ def _load_entry_point(key: str, ep: importlib.metadata.EntryPoint) -> Reg:
     where += f" of {ep.dist.name})" if ep.dist is not None else ")"
     try:
         obj = ep.load()
-    except Exception as e:  # an entry point's import can fail in any way: report it, do not crash the lookup
+    except Exception as e:  # an import can fail in any way: reported, the lookup goes on
         _load_errors[key] = f"{type(e).__name__}: {e}"
         raise ArgumentError(f"{where} cannot be loaded: {type(e).__name__}: {e}") from e
     reg = _as_reg(obj, where)
@@ -232,9 +192,7 @@ def loaded_regs() -> list[Reg]:
 
 
 def _iter_regs() -> Iterator[Reg]:
-    """The registries in order, loading each entry point not loaded yet only when the walk reaches it (a
-    search that stops early imports no more backends than it looked at). One that fails to load is logged
-    and remembered (`load_errors`), not raised."""
+    """The registries in order, each entry point loaded when the walk reaches it; failures go to `load_errors`."""
     yield from list(_regs.values())
     for key, ep in list(_known_entry_points().items()):
         if key in _regs or key in _load_errors:
@@ -258,7 +216,6 @@ def _iter_devices() -> Iterator[Device]:
 
 
 def load_errors() -> dict[str, str]:
-    """The entry points that failed to load, by name, and why."""
     return dict(_load_errors)
 
 
@@ -269,7 +226,6 @@ def register(reg: Reg) -> None:
 
 
 def device_register(device: Device) -> None:
-    """ggml_backend_device_register: add a device that no registry lists."""
     check_instance(device, Device, "device_register: device")
     if all(d is not device for d in _devices):
         _devices.append(device)
@@ -284,8 +240,7 @@ def unload(reg: Reg) -> None:
 
 
 def reg_by_name(name: str) -> Reg | None:
-    """ggml_backend_reg_by_name: the registry named `name` (case-insensitive), loading its entry point if
-    that is where it comes from; None if there is none. ArgumentError if its entry point fails to load."""
+    """ggml_backend_reg_by_name (case-insensitive), or None; ArgumentError if its entry point fails to load."""
     check_instance(name, str, "reg_by_name: name")
     key = _key(name)
     reg = _regs.get(key)
@@ -293,17 +248,16 @@ def reg_by_name(name: str) -> Reg | None:
         return reg
     ep = _known_entry_points().get(key)
     if ep is None:
-        ep = _scan_entry_points().get(key)  # installed since the last look
+        ep = _scan_entry_points().get(key)
     if ep is not None:
         return _load_entry_point(key, ep)
-    for reg in _regs.values():  # a registry found under another name (an entry point named differently)
+    for reg in _regs.values():
         if _key(reg.name()) == key:
             return reg
     return None
 
 
 def regs() -> list[Reg]:
-    """Every registry, entry points loaded."""
     return list(_iter_regs())
 
 
@@ -321,7 +275,6 @@ def reg_get(index: int) -> Reg:
 
 
 def devices() -> list[Device]:
-    """Every device: each registry's, then those registered on their own."""
     return list(_iter_devices())
 
 
@@ -348,7 +301,6 @@ def dev_by_name(name: str) -> Device | None:
 
 
 def dev_by_type(type: DeviceType | int) -> Device | None:
-    """ggml_backend_dev_by_type: the first device of `type`, or None."""
     check_int(type, "dev_by_type: type")
     try:
         want = DeviceType(type)
@@ -388,9 +340,8 @@ def init_best() -> Backend:
 
 
 def load(path_or_module: str | Path) -> Reg:
-    """ggml_backend_load: register the registry of a module, given by name ("my_backend", "pkg.mod:obj") or
-    as a path to a `.py` file or a package directory. The module's `ggml_backend_init()` (or the object after
-    ':') gives the registry; a `ggml_backend_score()` of 0 means the backend cannot run here (ArgumentError)."""
+    """ggml_backend_load: the registry of a module ("pkg.mod", "pkg.mod:obj", a `.py` file or a package folder)
+    from its `ggml_backend_init()`; a `ggml_backend_score()` of 0 raises ArgumentError."""
     if not isinstance(path_or_module, (str, Path)):
         raise ArgumentTypeError(f"load: path_or_module must be a str or a Path, got "
                                 f"{type(path_or_module).__name__} {path_or_module!r:.80}")
@@ -452,12 +403,8 @@ def load_all() -> None:
     regs()
 
 
-# --- pyggml's backend names ---
-
-
 def register_backend(name: str, factory: BackendFactory) -> None:
-    """Make `init_backend(name)` call `factory()` (and `name:arg` call `factory(arg)`); it hides an entry
-    point of the same name until `unregister_backend(name)`."""
+    """Make `init_backend(name[:arg])` call `factory([arg])`, hiding an entry point of that name."""
     check_instance(name, str, "register_backend: name")
     key = _key(name)
     if not key or ":" in key:
@@ -477,11 +424,7 @@ def list_backends() -> list[str]:
 
 
 def init_backend(spec: str) -> Backend:
-    """A new backend by name: "cpu", "CPU", "torch", "torch:cuda:0", "torch:cpu,matmul_precision=f32", ...
-
-    "NAME[:ARG]": the registry NAME (see the module doc) makes it from ARG. (A device by its own name:
-    `init_by_name`.)
-    """
+    """A backend for "NAME[:ARG]" ("cpu", "torch:cuda:0,matmul_precision=f32"): registry NAME makes it from ARG."""
     check_instance(spec, str, "init_backend: name")
     base, sep, arg = spec.partition(":")
     reg = reg_by_name(base)
@@ -491,8 +434,7 @@ def init_backend(spec: str) -> Backend:
 
 
 def set_n_threads(backend: Backend, n_threads: int) -> bool:
-    """Set `backend`'s thread count through its registry's "ggml_backend_set_n_threads", as llama.cpp does;
-    False where the backend has no such function (its threads are not the caller's to set)."""
+    """Set `backend`'s thread count through "ggml_backend_set_n_threads", as llama.cpp does; False if none."""
     check_instance(backend, Backend, "set_n_threads: backend")
     device = backend.get_device()
     reg = device.backend_reg() if device is not None else None
@@ -504,9 +446,8 @@ def set_n_threads(backend: Backend, n_threads: int) -> bool:
 
 
 def set_batch_invariant(backend: Backend, on: bool) -> bool:
-    """Ask `backend` through its registry's "pyggml_backend_set_batch_invariant" to reduce every output element
-    in one order whatever the batch around it (a sequence's results then do not depend on the other
-    sequences of its batch); False where the backend has no such switch."""
+    """Make `backend` reduce each output element in one order whatever its batch (results independent of the
+    other sequences); False where it has no "pyggml_backend_set_batch_invariant"."""
     check_instance(backend, Backend, "set_batch_invariant: backend")
     device = backend.get_device()
     reg = device.backend_reg() if device is not None else None
@@ -518,8 +459,7 @@ def set_batch_invariant(backend: Backend, on: bool) -> bool:
 
 
 def dev_extra_bufts(device: Device) -> list[BufferType]:
-    """A device's extra buffer types through its registry's "ggml_backend_dev_get_extra_bufts", as llama.cpp
-    asks for them (the CPU's CPU_REPACK); [] where the registry has none."""
+    """A device's extra buffer types (the CPU's CPU_REPACK) through "ggml_backend_dev_get_extra_bufts", or []."""
     reg = device.backend_reg()
     fn = reg.get_proc_address(EXTRA_BUFTS) if reg is not None else None
     return list(fn(device)) if fn is not None else []

@@ -1,10 +1,4 @@
-"""Giving one tensor memory: ggml_backend_tensor_alloc and ggml_backend_view_init.
-
-Every allocator ends in these two (the tensor allocator, the graph allocator's
-views, `alloc_ctx_tensors_from_buft`, `graph_copy`, the model runner): they set
-`buffer` and `data` and call the buffer's `init_tensor` hook, as ggml does
-wherever a tensor gets memory.
-"""
+"""Giving one tensor memory: ggml_backend_tensor_alloc and ggml_backend_view_init, where every allocator ends."""
 
 from __future__ import annotations
 

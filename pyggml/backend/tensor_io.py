@@ -1,22 +1,7 @@
-"""The tensor functions of ggml-backend.h: set, get, copy, and their numpy forms.
+"""ggml-backend.h's tensor functions (set, get, copy, memset) and their numpy forms.
 
-Every function checks everything before a byte moves: the tensor is a Tensor
-and offsets and sizes are ints (ArgumentTypeError); the tensor has memory
-(NotAllocatedError), in a buffer of a backend (NotAllocatedError), that is not
-freed (BufferFreedError), and lies inside that buffer (OutOfBoundsError); the
-range is inside the tensor (OutOfBoundsError, ArgumentError for a negative
-offset or size); the caller's memory is large enough (OutOfBoundsError) and
-writable where it is written (ArgumentError). On error nothing has been
-written.
-
-`data` and `out` are any buffer-protocol objects (numpy arrays, bytes,
-bytearray, memoryview, array.array); the bytes are copied as they lie in
-memory, as ggml's memcpy does.
-
-The bytes move as in ggml, through the tensor's buffer (its
-`_set_tensor`, `_get_tensor`, `_memset_tensor` hooks, which default to going
-through the buffer's backend); the `_async` forms go through the buffer's
-backend when it has one.
+Everything is checked before a byte moves (tensor, buffer alive, ranges, the caller's memory); `data` and
+`out` are any buffer-protocol objects, copied as they lie in memory, as ggml's memcpy.
 """
 
 from __future__ import annotations
@@ -48,11 +33,8 @@ def get_backend(tensor: Tensor) -> Backend | None:
     return buffer.backend if buffer is not None else None
 
 
-# --- checks ---
-
-
 def _buffer_for(tensor: Tensor, what: str) -> Buffer:
-    """The tensor's buffer, alive (and its backend, if it has one), the tensor inside it, or an error naming it."""
+    """The tensor's live buffer (and its backend, if any), the tensor inside it, or an error naming it."""
     check_instance(tensor, Tensor, f"{what}: tensor")
     if tensor.data is None:
         raise NotAllocatedError(f"{what}: tensor '{tensor.name}' is not allocated (data is None)")
@@ -69,7 +51,7 @@ def _buffer_for(tensor: Tensor, what: str) -> Buffer:
     if backend is not None and backend.freed:
         raise BufferFreedError(f"{what}: backend '{backend.name()}' was used after it was freed (tensor "
                                f"'{tensor.name}')")
-    # a tensor whose address lies outside its buffer (a corrupt view) would read or write another buffer
+    # a corrupt view outside its buffer would read or write another buffer
     buffer.check_tensor(tensor, what)
     return buffer
 
@@ -127,7 +109,6 @@ def _dest_bytes(out: object, what: str) -> np.ndarray:
 
 
 def _check_offset_size(offset: object, size: object, what: str) -> tuple[int, int | None]:
-    """`offset` and `size` (None: the default) as ints; floats and bools are refused, not truncated."""
     offset = check_int(offset, f"{what}: offset")
     return offset, None if size is None else check_int(size, f"{what}: size")
 
@@ -162,12 +143,8 @@ def _prepare_get(tensor: Tensor, out: object, offset: int, size: int | None, wha
     return buffer, dest[:size]
 
 
-# --- ggml_backend_tensor_* ---
-
-
 def tensor_set_async(tensor: Tensor, data: object, offset: int = 0, size: int | None = None) -> None:
-    """ggml_backend_tensor_set_async: write `size` bytes of `data` (default: all of it) at `offset`; through
-    the buffer's backend, which may return before the copy ends (at once for a buffer without a backend)."""
+    """ggml_backend_tensor_set_async: may return before the copy ends (not for a buffer without a backend)."""
     buffer, raw = _prepare_set(tensor, data, offset, size, "tensor_set_async")
     if buffer.backend is None:
         buffer._set_tensor(tensor, memoryview(raw), offset, raw.nbytes)
@@ -176,7 +153,6 @@ def tensor_set_async(tensor: Tensor, data: object, offset: int = 0, size: int | 
 
 
 def tensor_get_async(tensor: Tensor, out: object, offset: int = 0, size: int | None = None) -> None:
-    """ggml_backend_tensor_get_async: read `size` bytes (default: the rest of the tensor) into `out`."""
     buffer, dest = _prepare_get(tensor, out, offset, size, "tensor_get_async")
     if buffer.backend is None:
         buffer._get_tensor(tensor, memoryview(dest), offset, dest.nbytes)
@@ -185,24 +161,18 @@ def tensor_get_async(tensor: Tensor, out: object, offset: int = 0, size: int | N
 
 
 def tensor_set(tensor: Tensor, data: object, offset: int = 0, size: int | None = None) -> None:
-    """ggml_backend_tensor_set: write `size` bytes of `data` (default: all of it) at byte `offset`."""
     buffer, raw = _prepare_set(tensor, data, offset, size, "tensor_set")
     buffer._set_tensor(tensor, memoryview(raw), offset, raw.nbytes)
 
 
 def tensor_get(tensor: Tensor, out: object, offset: int = 0, size: int | None = None) -> None:
-    """ggml_backend_tensor_get: read `size` bytes from byte `offset` (default: the rest) into `out`."""
     buffer, dest = _prepare_get(tensor, out, offset, size, "tensor_get")
     buffer._get_tensor(tensor, memoryview(dest), offset, dest.nbytes)
 
 
 def tensor_copy(src: Tensor, dst: Tensor) -> None:
-    """ggml_backend_tensor_copy: copy `src` into `dst`, which must have the same type, `ne` and `nb`.
-
-    dst's backend's `_cpy_tensor_from`, else src's backend's `_cpy_tensor_to`; then dst's buffer's
-    `_cpy_tensor`; else
-    through host memory (get, then set).
-    """
+    """ggml_backend_tensor_copy: `src` into `dst` of the same layout, through the backends' or dst buffer's copy
+    hook, else through host memory."""
     check_instance(src, Tensor, "tensor_copy: src")
     check_instance(dst, Tensor, "tensor_copy: dst")
     if not are_same_layout(src, dst):
@@ -229,8 +199,7 @@ def tensor_copy(src: Tensor, dst: Tensor) -> None:
 
 
 def tensor_memset(tensor: Tensor, value: int, offset: int = 0, size: int | None = None) -> None:
-    """ggml_backend_tensor_memset (ggml's later name): set `size` bytes (default: the rest of the tensor)
-    from byte `offset` to `value` (0..255), with tensor_set's checks."""
+    """ggml_backend_tensor_memset: `size` bytes from `offset` to `value` (0..255)."""
     value = check_int(value, "tensor_memset: value", minimum=0, maximum=255)
     offset, size = _check_offset_size(offset, size, "tensor_memset")
     buffer = _buffer_for(tensor, "tensor_memset")
@@ -243,20 +212,12 @@ def tensor_memset(tensor: Tensor, value: int, offset: int = 0, size: int | None 
         buffer._memset_tensor(tensor, value, offset, size)
 
 
-# --- numpy conveniences ---
-
-
 def numpy_shape(tensor: Tensor) -> tuple[int, ...]:
-    """The numpy shape `tensor_get_numpy` returns: reversed `ne` of the tensor's ggml_n_dims dimensions.
-
-    A [4, 3] matrix is (3, 4), a vector of 5 is (5,), a [4, 1, 2] tensor is
-    (2, 1, 4): trailing 1-dimensions are dropped, inner ones kept; an empty
-    [4, 0] tensor is (0, 4). Quantized
-    types give raw blocks, so their last axis is the row's bytes.
-    """
+    """The numpy shape `tensor_get_numpy` returns: reversed `ne` of ggml_n_dims dimensions ([4, 1, 2]: (2, 1, 4));
+    quantized types as raw blocks, the last axis the row's bytes."""
     tr = TYPE_TRAITS[tensor.type]
     n = tensor.n_dims()
-    n = max([n, *(i + 1 for i, d in enumerate(tensor.ne) if d == 0)])  # an empty dim is kept: (0, 4), not (4,)
+    n = max([n, *(i + 1 for i, d in enumerate(tensor.ne) if d == 0)])  # keeps an empty dim: (0, 4), not (4,)
     ne = list(tensor.ne[:n])
     if tr.blck_size > 1:
         ne[0] = ne[0] // tr.blck_size * tr.type_size
@@ -274,12 +235,8 @@ def _element_layout(tensor: Tensor) -> tuple[np.dtype, tuple[int, ...], tuple[in
 
 
 def tensor_get_numpy(tensor: Tensor) -> np.ndarray:
-    """A copy of the tensor's elements as a new numpy array, from any backend.
-
-    dtype: the type's numpy dtype (F16 float16, BF16 as its uint16 bits, I32
-    int32, ...); quantized types as raw uint8 blocks. Shape: see `numpy_shape`.
-    Non-contiguous tensors (views) come out contiguous, in element order.
-    """
+    """A contiguous numpy copy of the tensor's elements from any backend (BF16 as uint16 bits, quantized as
+    raw blocks), shaped as `numpy_shape`."""
     _buffer_for(tensor, "tensor_get_numpy")  # check before allocating the staging copy
     dtype, shape4, strides4 = _element_layout(tensor)
     nbytes = tensor.nbytes()
@@ -325,12 +282,8 @@ def _elements_from(tensor: Tensor, values: np.ndarray, shape4: tuple[int, ...], 
 
 
 def tensor_set_numpy(tensor: Tensor, values: object) -> None:
-    """Write `values` (any array-like with the tensor's number of elements, in ggml order:
-    reversed `ne`) into the tensor, converting to its type: floats are cast, BF16 and
-    quantized types are converted from floats (uint16 / uint8 arrays are taken as raw
-    bits / blocks). Non-contiguous tensors are written element by element through
-    their strides (the bytes between elements keep their values).
-    """
+    """Write array-like `values` (reversed `ne`) converted to the tensor's type (uint16 / uint8 arrays taken as
+    raw BF16 bits / quantized blocks); strided tensors keep the bytes between elements."""
     _buffer_for(tensor, "tensor_set_numpy")  # check before converting
     arr = np.asarray(values)
     dtype, shape4, strides4 = _element_layout(tensor)

@@ -1,10 +1,5 @@
-"""Argument checks shared by every layer: one helper per kind of argument.
-
-Each raises a `GGMLError` subclass naming the argument (`what`) and the value,
-before anything is allocated or touched. Sizes are Python ints or numpy
-integers; bools and floats are refused (ggml's C would truncate 2.5 to 2 and
-take true as 1 without a word).
-"""
+"""Argument checks shared by every layer, one helper per kind; bools and floats are refused as sizes (C would
+truncate 2.5 to 2 without a word)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,4 @@
-"""`Context`: ggml's `ggml_context`, the pool that tensors and graphs come from.
-
-As in ggml, every tensor object and graph takes room in the pool
-(`tensor_overhead()`, `graph_overhead()`), and with `no_alloc=False` the
-tensor's data too, in an arena the context owns, so a short script can fill
-tensors and compute without any backend. With `no_alloc=True` tensors get
-memory later from a backend buffer.
-"""
+"""`Context`: ggml's `ggml_context` (ggml.c), the pool tensors and graphs take room in (data too unless no_alloc)."""
 
 from __future__ import annotations
 
@@ -50,9 +43,9 @@ class Context(OpBuilders):
         self.no_alloc = no_alloc
         self.tensors: list[Tensor] = []
         self.graphs: list[object] = []
-        self._used = 0  # bytes of the pool taken so far (objects and data)
-        self._offs0 = 0  # bytes skipped at the start of the arena to align the first object
-        self._limit = mem_size  # end offset of the usable pool in the arena
+        self._used = 0
+        self._offs0 = 0  # bytes skipped to align the first object
+        self._limit = mem_size
         self._arena: np.ndarray | None = None
         self._arena_owned = mem_buffer is None
         self._base: int | None = None
@@ -64,22 +57,17 @@ class Context(OpBuilders):
                 raise ArgumentError(f"mem_buffer holds {arena.nbytes} bytes, mem_size asks {mem_size}")
             self._arena = arena[:mem_size]
         elif not no_alloc and mem_size > 0:
-            # checked against the host memory available first: 1 PiB names the numbers, not numpy's MemoryError
+            # checked first, so 1 PiB names the numbers rather than numpy's MemoryError
             self._arena = memory.allocate_host(mem_size + GGML_MEM_ALIGN, f"Context(mem_size={mem_size})")
         if self._arena is not None:
             self._base = memory.register(self._arena)
-            self._offs0 = (-self._base) % GGML_MEM_ALIGN  # first object aligned like ggml's
+            self._offs0 = (-self._base) % GGML_MEM_ALIGN
             self._used = self._offs0
             if self._arena_owned:
-                self._limit = mem_size + self._offs0  # the owned arena has GGML_MEM_ALIGN spare bytes for this
-
-    # --- lifecycle ---
+                self._limit = mem_size + self._offs0
 
     def free(self) -> None:
-        """ggml_free: release the arena; tensors of this context lose their memory.
-
-        Freeing twice does nothing; making a tensor or a graph in a freed context raises InvalidStateError.
-        """
+        """ggml_free: release the arena (tensors lose their memory); freeing twice does nothing."""
         self._freed = True
         if self._arena is not None:
             memory.unregister(self._arena)
@@ -111,28 +99,19 @@ class Context(OpBuilders):
     def get_max_tensor_size(self) -> int:
         return max((t.nbytes() for t in self.tensors), default=0)
 
-    # --- pool ---
-
     def mark(self) -> tuple[int, int]:
         """The pool's state (bytes used, tensors made), for `rollback`."""
         return self._used, len(self.tensors)
 
     def rollback(self, mark: tuple[int, int]) -> None:
-        """Take back the tensors made since `mark` and their pool bytes (the pool is a bump allocator).
-
-        The op builders call it when they fail half-way, so a failed builder leaves nothing behind.
-        """
+        """Take back the tensors made since `mark` and their pool bytes (a failed op builder leaves nothing)."""
         used, n_tensors = mark
         if n_tensors <= len(self.tensors) and used <= self._used:
             del self.tensors[n_tensors:]
             self._used = used
 
     def _take(self, nbytes: int, what: str) -> int:
-        """Reserve `nbytes` of the pool, padded to GGML_MEM_ALIGN as ggml_new_object pads it.
-
-        Returns the offset of the object in the arena; base + offset is GGML_MEM_ALIGN-aligned
-        (`_used` stays `_offs0` plus a multiple of GGML_MEM_ALIGN).
-        """
+        """ggml_new_object: `nbytes` of the pool padded to GGML_MEM_ALIGN; returns its aligned arena offset."""
         if self._freed:
             raise InvalidStateError(f"cannot make {what} in a freed context (mem_size {self.mem_size})")
         start = self._used
@@ -145,19 +124,11 @@ class Context(OpBuilders):
         self._used = end
         return start
 
-    # --- tensor creation ---
-
     def new_tensor_impl(self, type: GGMLType | int | str, ne: list[int] | tuple[int, ...],
                         view_src: Tensor | None = None, view_offs: int = 0, *,
                         nb: Sequence[int] = (), what: str = "new_tensor") -> Tensor:
-        """ggml_new_tensor_impl: a new tensor, or a view of `view_src` at byte `view_offs`.
-
-        `nb` gives a view its strides nb[0], nb[1], ... as far as it goes (the rest as `strides` fills them:
-        contiguous by default), checked by the caller to be ints >= 0; `what` names the caller. Everything
-        is checked before the pool is touched: the shape (`check_ne`), whole blocks in a row, and for a view
-        that every byte it reaches lies inside the memory of its root (`check_window`), so no kernel can
-        write outside a source through a view.
-        """
+        """ggml_new_tensor_impl: a new tensor, or a view of `view_src` at `view_offs` with strides `nb` (the rest
+        as `strides` fills them); a view must lie inside its root, so no kernel writes outside a source."""
         type = as_type(type)
         ne = check_ne(ne, what)
         tr = TYPE_TRAITS[type]
@@ -167,9 +138,9 @@ class Context(OpBuilders):
         if view_src is not None:
             if not isinstance(view_src, Tensor):
                 check_instance(view_src, Tensor, f"{what}: view_src")
-            if view_offs.__class__ is not int:  # (`type` is the tensor type here)
+            if view_offs.__class__ is not int:  # (`type` is shadowed)
                 view_offs = check_int(view_offs, f"{what}: offset")
-            if view_offs < 0:  # a size_t in ggml: never before the source, even where its root has room
+            if view_offs < 0:  # a size_t in ggml
                 raise OutOfBoundsError(f"{what}: offset {view_offs} is negative: a view of '{view_src.name}' "
                                        f"({view_src.nbytes()} bytes) must start at offset >= 0")
             src = view_src
@@ -189,7 +160,7 @@ class Context(OpBuilders):
                 t.data = view_src.data + view_offs
         elif alloc_data:
             assert self._base is not None
-            t.data = self._base + offs + tensor_overhead()  # tensor_overhead() is a multiple of GGML_MEM_ALIGN
+            t.data = self._base + offs + tensor_overhead()
         self.tensors.append(t)
         return t
 
@@ -221,7 +192,6 @@ class Context(OpBuilders):
         return t
 
     def dup_tensor(self, src: Tensor) -> Tensor:
-        """A new tensor of the same type and shape (no data copied)."""
         check_instance(src, Tensor, "dup_tensor: src")
         return self.new_tensor_impl(src.type, src.ne, what="dup_tensor")
 
@@ -231,8 +201,6 @@ class Context(OpBuilders):
         t = self.new_tensor_impl(src.type, src.ne, src, 0, nb=src.nb, what="view_tensor")
         t.format_name("%s (view)", src.name)
         return t
-
-    # --- lookup and iteration ---
 
     def get_tensor(self, name: str) -> Tensor | None:
         for t in self.tensors:
@@ -252,8 +220,6 @@ class Context(OpBuilders):
     def __iter__(self) -> Iterator[Tensor]:
         return iter(list(self.tensors))
 
-    # --- graphs ---
-
     def new_graph(self, size: int = GGML_DEFAULT_GRAPH_SIZE, grads: bool = False) -> Graph:
         """ggml_new_graph / ggml_new_graph_custom: a graph of at most `size` nodes (and `size` leafs), size >= 1."""
         from pyggml.core.graph import Graph, graph_nbytes
@@ -269,6 +235,6 @@ class Context(OpBuilders):
         from pyggml.core.graph import GRAPH_STRUCT_SIZE, Graph
 
         check_instance(graph, Graph, "graph_view: graph")
-        view = graph.view(i0, i1)  # checks i0, i1 before the pool is touched
+        view = graph.view(i0, i1)
         self._take(GGML_OBJECT_SIZE + GRAPH_STRUCT_SIZE, "a graph view")
         return view

@@ -1,9 +1,4 @@
-"""The error hierarchy: every bad input raises a subclass of `GGMLError`.
-
-Each class also derives from the closest built-in exception, so code that
-catches `ValueError` or `MemoryError` keeps working. Messages name the tensor
-and the numbers involved.
-"""
+"""The error hierarchy: every bad input raises a `GGMLError`, each also the closest built-in exception."""
 
 from __future__ import annotations
 
@@ -49,7 +44,7 @@ class OutOfMemoryError(GGMLError, MemoryError):
 
 
 class LimitExceededError(GGMLError):
-    """A named limit of the seed (MAX_FREE_BLOCKS, GGML_MAX_SPLITS, ...) was exceeded."""
+    """A named limit of ggml (MAX_FREE_BLOCKS, GGML_SCHED_MAX_BACKENDS, ...) was exceeded."""
 
 
 class UnsupportedOpError(GGMLError, NotImplementedError):

@@ -33,9 +33,7 @@ def _align(offset: int, alignment: int) -> int:
 
 
 def graph_nbytes(size: int, grads: bool) -> int:
-    """ggml_graph_nbytes: the pool bytes of a graph of `size` nodes (the struct, nodes, leafs, use counts,
-    hash keys, gradients and their accumulators when `grads`, the hash set's used bits), each part aligned
-    to its element as incr_ptr_aligned does."""
+    """ggml_graph_nbytes: the pool bytes of a graph of `size` nodes, each part aligned as incr_ptr_aligned."""
     n_hash = hash_size(size * 2)
     parts = [(size, POINTER_SIZE), (size, POINTER_SIZE), (n_hash, INT32_SIZE), (n_hash, POINTER_SIZE)]
     if grads:
@@ -55,15 +53,11 @@ def graph_overhead(size: int = 2048, grads: bool = False) -> int:
 
 
 class HashSet:
-    """ggml's `ggml_hash_set`: tensors by identity, with a fixed capacity `size`.
-
-    `find_or_insert` gives each key a stable slot index in [0, size), which the
-    seed uses to index parallel arrays (the allocators' `hash_values`).
-    """
+    """ggml's `ggml_hash_set`: a stable slot in [0, size) per tensor, by identity."""
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self.keys: dict[int, int] = {}  # id(tensor) -> slot
+        self.keys: dict[int, int] = {}
         self._tensors: list[Tensor] = []  # keeps keys alive so ids stay unique
 
     def __contains__(self, t: object) -> bool:
@@ -94,7 +88,7 @@ class HashSet:
         self._tensors.clear()
 
     def truncate(self, n: int) -> None:
-        """Forget every key but the first `n` inserted (slots are insertion order, so the rest stay valid)."""
+        """Forget every key but the first `n` inserted."""
         for t in self._tensors[n:]:
             del self.keys[id(t)]
         del self._tensors[n:]
@@ -114,7 +108,6 @@ class Graph:
     """A compute graph: `nodes` (ops, in execution order) and `leafs` (constants, inputs)."""
 
     def __init__(self, size: int = 2048) -> None:
-        # 0 is a valid capacity here (the scheduler's placeholder graph); Context.new_graph asks for >= 1
         size = check_size(size, "Graph: size")
         self.size = size
         self.nodes: list[Tensor] = []
@@ -131,7 +124,6 @@ class Graph:
         return len(self.leafs)
 
     def node(self, i: int) -> Tensor:
-        """ggml_graph_node: negative indices count from the end."""
         i = check_int(i, "graph_node: i")
         n = len(self.nodes)
         if not -n <= i < n:
@@ -144,11 +136,7 @@ class Graph:
         self.visited_hash_table.reset()
 
     def build_forward_expand(self, tensor: Tensor) -> None:
-        """ggml_build_forward_expand: add `tensor` and what it depends on.
-
-        All or nothing: if the graph overflows its size or the sources form a cycle, the nodes, leafs,
-        visited set and automatic names added by this call are taken back before the error is raised.
-        """
+        """ggml_build_forward_expand; on overflow or a cycle everything this call added is taken back."""
         check_instance(tensor, Tensor, "build_forward_expand: tensor")
         n_nodes, n_leafs, n_visited = len(self.nodes), len(self.leafs), len(self.visited_hash_table)
         named: list[Tensor] = []
@@ -166,13 +154,7 @@ class Graph:
             raise
 
     def _visit_parents(self, root: Tensor, named: list[Tensor]) -> None:
-        """ggml_visit_parents without recursion (graphs can be deeper than Python's stack).
-
-        Order: a tensor is appended after all its sources, visited in src order
-        (reversed for RIGHT_TO_LEFT); a tensor seen before is skipped. A source that is
-        still on the path being visited is a cycle: InvalidStateError naming it and the path.
-        Tensors given automatic names are appended to `named` (so a failed build can undo them).
-        """
+        """ggml_visit_parents without recursion (graphs are deeper than Python's stack); a cycle raises."""
         visited = self.visited_hash_table
         if not visited.insert(root):
             return
@@ -260,8 +242,6 @@ class Graph:
                 return t
         return None
 
-    # --- printing ---
-
     def format(self) -> str:
         """The text of ggml_graph_print."""
         lines = ["=== GRAPH ===", f"n_nodes = {self.n_nodes}"]
@@ -280,10 +260,7 @@ class Graph:
         log.info("%s", self.format())
 
     def dump_dot(self, filename: str | None = None, color_of: dict[int, str] | None = None) -> str:
-        """ggml_graph_dump_dot: Graphviz source of the graph; written to `filename` if given.
-
-        `color_of` maps id(tensor) to a fill colour (the scheduler colours by backend).
-        """
+        """ggml_graph_dump_dot; `color_of` maps id(tensor) to a fill colour."""
         from pyggml.core.dot import graph_to_dot
 
         text = graph_to_dot(self, color_of or {})

@@ -1,10 +1,5 @@
-"""Host memory: a registry of numpy arrays by real address.
-
-Every host allocation (a context's arena, a CPU buffer, caller memory handed to
-`cpu_buffer_from_ptr`) registers its numpy array here, so any tensor whose
-`data` address falls inside host memory can be viewed zero-copy by address, as
-C code would dereference the pointer.
-"""
+"""Host memory: every host allocation's numpy array registered by address, so a tensor's `data` is viewed
+zero-copy, as C dereferences a pointer."""
 
 from __future__ import annotations
 
@@ -25,19 +20,13 @@ _reach: list[int] = []  # _reach[i] = max(_ends[:i + 1]): no region at or before
 
 
 def _update_reach() -> None:
-    """Recompute _reach after a region came or went (rare next to lookups)."""
     _reach[:] = _ends
     for i in range(1, len(_reach)):
         _reach[i] = max(_reach[i], _reach[i - 1])
 
 
 def allocate_host(nbytes: int, what: str) -> np.ndarray:
-    """A zeroed uint8 array of `nbytes` for `what` (a context's arena, a buffer), or OutOfMemoryError.
-
-    The size is checked against the host memory still available before numpy is
-    asked, so an absurd request names the thing and the numbers instead of
-    surfacing numpy's MemoryError (or the kernel's OOM killer) later.
-    """
+    """A zeroed uint8 array of `nbytes`; OutOfMemoryError (checked first, naming `what`) past the host's memory."""
     nbytes = check_size(nbytes, f"{what}: size")
     check_host_alloc(nbytes, what)
     try:
@@ -91,11 +80,7 @@ def is_host_address(addr: int | None, nbytes: int = 1) -> bool:
 
 
 def view(addr: int, type: GGMLType, ne: list[int], nb: list[int], name: str = "?") -> np.ndarray:
-    """A numpy view of host memory at `addr` with ggml's shape and strides.
-
-    Shape is (ne3, ne2, ne1, ne0) and strides reversed `nb`; quantized types
-    are viewed as raw blocks (ne3, ne2, ne1, row bytes) of uint8, BF16 as uint16.
-    """
+    """A numpy view of host memory at `addr`: reversed `ne` and `nb`, quantized as uint8 blocks, BF16 as uint16."""
     tr = TYPE_TRAITS[type]
     if tr.blck_size > 1:
         dtype = np.dtype(np.uint8)

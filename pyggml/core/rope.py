@@ -1,9 +1,4 @@
-"""Rope and ALiBi arithmetic every backend's kernels share: ggml's rotate pairs, YaRN dims, ALiBi slopes, checks.
-
-They follow ggml-cpu's ops.cpp (rope_yarn_corr_dims, the rotate_pairs of each
-mode, the ALiBi slopes of SOFT_MAX and FLASH_ATTN_EXT), so each backend turns
-the same elements with the same angles and raises the same errors.
-"""
+"""Rope and ALiBi arithmetic every backend shares, from ggml-cpu's ops.cpp: rotate pairs, YaRN dims, ALiBi slopes."""
 
 from __future__ import annotations
 
@@ -33,8 +28,7 @@ F32 = np.float32
 
 @functools.cache
 def _libm_powf() -> Callable[[float, float], float] | None:
-    """The C library's powf, which ggml calls (numpy's float32 power is its own and rounds some values the
-    other way: 0.8408964^3); None where no C math library is found."""
+    """The C library's powf, as ggml (numpy's float32 power rounds 0.8408964^3 the other way); None if not found."""
     name = ctypes.util.find_library("m") or ctypes.util.find_library("c")
     if name is None:
         return None
@@ -72,10 +66,7 @@ ROPE_MODES = (GGML_ROPE_TYPE_NORMAL, GGML_ROPE_TYPE_NEOX, GGML_ROPE_TYPE_MROPE, 
 
 def rope_yarn_corr_dims(n_dims: int, n_ctx_orig: int, freq_base: float, beta_fast: float,
                         beta_slow: float) -> tuple[float, float]:
-    """ggml_rope_yarn_corr_dims: the first and last dims where YaRN ramps between interpolation and extrapolation.
-
-    As in C, n_ctx_orig = 0 (test-backend-ops' value) gives log(0) = -inf, so the ramp starts at 0 and ends at
-    -inf; MAX/MIN are C's macros (a NaN passes through)."""
+    """ggml_rope_yarn_corr_dims; as in C, n_ctx_orig = 0 gives -inf and MAX/MIN let a NaN through."""
     def corr_dim(n_rot: float) -> float:
         with np.errstate(divide="ignore", invalid="ignore"):
             ratio = np.float64(n_ctx_orig) / np.float64(n_rot * 2 * math.pi)

@@ -1,8 +1,6 @@
-"""`Tensor`: ggml's `struct ggml_tensor`, with its field names and helpers.
+"""`Tensor`: ggml's `struct ggml_tensor` (ggml.h), its enums, and the layout helpers of ggml.c.
 
-`ne` counts elements per dimension (`ne[0]` innermost), `nb` strides in bytes.
-A tensor owns no memory: `data` is an integer address (or None) and `buffer`
-the backend buffer that holds it; views point into their `view_src`.
+A tensor owns no memory: `data` is an integer address (or None) in `buffer`; views point into `view_src`.
 """
 
 from __future__ import annotations
@@ -186,9 +184,6 @@ class GLUOp(IntEnum):
 GGML_GLU_OP_COUNT = 7
 
 
-# --- the small enums that travel in op_params ---
-
-
 class SortOrder(IntEnum):
     """ggml's `enum ggml_sort_order` (GGML_SORT_ORDER_<name>): ARGSORT's op_params[0]."""
 
@@ -197,10 +192,7 @@ class SortOrder(IntEnum):
 
 
 class Prec(IntEnum):
-    """ggml's `enum ggml_prec` (GGML_PREC_<name>): the precision words of MUL_MAT, MUL_MAT_ID, FLASH_ATTN_EXT.
-
-    DEFAULT is UNDEFINED's alias, as in ggml.h.
-    """
+    """ggml's `enum ggml_prec`: MUL_MAT, MUL_MAT_ID and FLASH_ATTN_EXT's precision word (DEFAULT = UNDEFINED)."""
 
     UNDEFINED = 0
     DEFAULT = 0
@@ -254,8 +246,7 @@ class OpPool(IntEnum):
 
 GGML_OP_POOL_COUNT = 2
 
-# ROPE's mode (op_params[2]): ggml.h's GGML_ROPE_TYPE_* #defines. Multi-rope modes have the MROPE bit; VISION
-# and IMROPE are MROPE with more bits.
+# ROPE's mode (op_params[2]): ggml.h's GGML_ROPE_TYPE_*; VISION and IMROPE are MROPE with more bits
 GGML_ROPE_TYPE_NORMAL = 0
 GGML_ROPE_TYPE_NEOX = 2
 GGML_ROPE_TYPE_MROPE = 8
@@ -303,18 +294,13 @@ class Tensor:
         self.view_src: Tensor | None = None
         self.view_offs: int = 0
         self.data: int | None = None
-        self.buffer: Any = None  # pyggml.backend.Buffer; typed loosely to keep core free of the backend layer
+        self.buffer: Any = None  # a Buffer: typed loosely, core does not import the backend layer
         self.name: str = ""
         self.extra: Any = None  # backend-specific per-tensor data (ggml's `extra`)
         self.ctx: Context | None = ctx
 
-    # --- op parameters (ggml's int32 words) ---
-
     def set_op_params(self, values: list[int | float] | tuple[int | float, ...]) -> None:
-        """Store ints as int32 words and floats as their float32 bits, in order.
-
-        Every value is checked before any word is written, so a bad list leaves the params as they were.
-        """
+        """Ints as int32 words, floats as their float32 bits; all checked before any word is written."""
         n_max = GGML_MAX_OP_PARAMS // 4
         if len(values) > n_max:
             raise ArgumentError(f"{len(values)} op params for '{self.name}', at most {n_max} ({self.op.name})")
@@ -324,7 +310,7 @@ class Tensor:
 
     def _op_param_word(self, i: int, v: object) -> int:
         """One op param as its int32 word: an int that fits int32, or a float that fits float32 (its bits)."""
-        if type(v) is int and _INT32_MIN <= v <= _INT32_MAX:  # the common cases first, without a message
+        if type(v) is int and _INT32_MIN <= v <= _INT32_MAX:
             return v
         if type(v) is float and (abs(v) <= _F32_MAX or not math.isfinite(v)):
             return struct.unpack("<i", struct.pack("<f", v))[0]
@@ -333,7 +319,7 @@ class Tensor:
             if not _INT32_MIN <= int(v) <= _INT32_MAX:
                 raise ArgumentError(f"{what} = {int(v)} does not fit an int32 word")
             return int(v)
-        if isinstance(v, numbers.Real):  # np.float32 is not a float: test the number tower, not the class
+        if isinstance(v, numbers.Real):  # np.float32 is not a float
             f = float(v)
             if math.isfinite(f) and abs(f) > _F32_MAX:
                 raise ArgumentError(f"{what} = {f!r} does not fit a float32")
@@ -342,7 +328,7 @@ class Tensor:
 
     def _op_param_index(self, i: object) -> int:
         n_max = GGML_MAX_OP_PARAMS // 4
-        if type(i) is int and 0 <= i < n_max:  # kernels read params while planning: keep this cheap
+        if type(i) is int and 0 <= i < n_max:
             return i
         if isinstance(i, bool) or not isinstance(i, numbers.Integral) or not 0 <= int(i) < n_max:
             raise OutOfBoundsError(f"op param index {i!r} of '{self.name}' is outside [0, {n_max})")
@@ -364,8 +350,6 @@ class Tensor:
         i = self._op_param_index(i)
         self.op_params[i] = self._op_param_word(i, float(value) if isinstance(value, numbers.Real) else value)
 
-    # --- flags ---
-
     def set_input(self) -> Tensor:
         self.flags |= TensorFlag.INPUT
         return self
@@ -382,8 +366,6 @@ class Tensor:
     def is_param(self) -> bool:
         return bool(self.flags & TensorFlag.PARAM)
 
-    # --- names ---
-
     def set_name(self, name: str) -> Tensor:
         if not isinstance(name, str):
             check_instance(name, str, f"name of tensor '{self.name}'")
@@ -395,8 +377,6 @@ class Tensor:
 
     def get_name(self) -> str:
         return self.name
-
-    # --- sizes ---
 
     def nelements(self) -> int:
         ne = self.ne
@@ -423,8 +403,6 @@ class Tensor:
             if self.ne[i] > 1:
                 return i + 1
         return 1
-
-    # --- layout predicates ---
 
     def is_contiguous(self) -> bool:
         tr = TYPE_TRAITS[self.type]
@@ -455,15 +433,8 @@ class Tensor:
     def is_view(self) -> bool:
         return self.view_src is not None
 
-    # --- data access ---
-
     def numpy(self) -> np.ndarray:
-        """A zero-copy numpy view of the tensor's memory (host memory only).
-
-        Shape is reversed `ne`, strides reversed `nb`; quantized types come as
-        raw uint8 blocks (last axis = row bytes). For other memory, use
-        `pyggml.backend.tensor_get_numpy`.
-        """
+        """A zero-copy numpy view of host memory: reversed `ne` and `nb`, quantized types as raw blocks."""
         from pyggml.core.memory import tensor_view
 
         return tensor_view(self)
@@ -474,11 +445,8 @@ class Tensor:
 
 
 def check_ne(ne: object, what: str) -> list[int]:
-    """Validate a shape (1 to 4 ints, each in [0, 2^63)) and return it padded to 4 dimensions with 1s.
-
-    A dimension of 0 is ggml's empty tensor: no elements, nbytes 0; kernels do nothing for it.
-    """
-    if type(ne) is list or type(ne) is tuple:  # the common case, checked without building any message
+    """A shape of 1 to 4 ints in [0, 2^63) padded to 4 with 1s (0: ggml's empty tensor)."""
+    if type(ne) is list or type(ne) is tuple:
         if 1 <= len(ne) <= GGML_MAX_DIMS:
             for n in ne:
                 if type(n) is not int or n < 0 or n > GGML_MAX_NE:
@@ -494,12 +462,8 @@ def check_ne(ne: object, what: str) -> list[int]:
 
 
 def strides(type: GGMLType, ne: list[int], nb_given: Sequence[int] = ()) -> list[int]:
-    """ggml's strides for `ne`: nb[0], nb[1], ... as far as `nb_given` goes, each further one the previous
-    stride times the previous dimension (nb[0] the type size; rows padded to whole blocks).
-
-    With nothing given these are a contiguous tensor's strides (ggml_new_tensor_impl); ggml_view_2d/3d
-    fill the strides they do not take the same way, so every view's layout comes from here.
-    """
+    """ggml's strides for `ne`: `nb_given`, then each the previous times the previous dimension (as
+    ggml_new_tensor_impl and ggml_view_2d/3d fill them)."""
     tr = TYPE_TRAITS[type]
     nb = list(nb_given[:GGML_MAX_DIMS]) or [tr.type_size]
     for i in range(len(nb), GGML_MAX_DIMS):
@@ -514,7 +478,7 @@ def default_strides(type: GGMLType, ne: list[int]) -> list[int]:
 
 def nbytes_of(type: GGMLType, ne: list[int], nb: list[int]) -> int:
     """ggml_nbytes for a type, shape and strides: one past the last byte touched (0 for an empty tensor)."""
-    n0, n1, n2, n3 = ne  # (unrolled: the allocators and the scheduler ask it for every tensor)
+    n0, n1, n2, n3 = ne  # unrolled: hot
     if n0 <= 0 or n1 <= 0 or n2 <= 0 or n3 <= 0:
         return 0
     tr = TYPE_TRAITS[type]
@@ -527,12 +491,8 @@ def nbytes_of(type: GGMLType, ne: list[int], nb: list[int]) -> int:
 
 def check_window(what: str, type: GGMLType, ne: list[int], nb: list[int], offset: int, src: Tensor,
                  src_nbytes: int | None = None, kind: str = "view") -> None:
-    """Raise OutOfBoundsError unless the bytes of (type, ne, nb) at `offset` lie inside `src`'s bytes.
-
-    The one bounds rule of views (ggml_view_*, view_tensor, reshape) and of the windows ACC and SET write:
-    the first byte is `offset` >= 0, the last `offset + nbytes_of(...) - 1` < `src_nbytes` (src.nbytes() by
-    default). An empty window touches nothing but must still start inside (or just past) `src`.
-    """
+    """OutOfBoundsError unless (type, ne, nb) at `offset` lies inside `src`: the bounds rule of views and of
+    ACC's and SET's windows (an empty window must start inside or just past `src`)."""
     size = src.nbytes() if src_nbytes is None else src_nbytes
     if offset < 0:
         raise OutOfBoundsError(f"{what}: offset {offset} is negative: it starts before '{src.name}' ({size} bytes)")
@@ -559,10 +519,7 @@ def divides(n: int, m: int) -> bool:
 
 
 def can_repeat(a: Tensor, b: Tensor) -> bool:
-    """ggml_can_repeat: `a` tiles `b` (each of b's dims a multiple of a's).
-
-    An empty `a` tiles exactly the empty tensors.
-    """
+    """ggml_can_repeat: `a` tiles `b` (each of b's dims a multiple of a's)."""
     if a.nelements() == 0:
         return b.nelements() == 0
     return all(b.ne[i] % a.ne[i] == 0 for i in range(GGML_MAX_DIMS))

@@ -1,16 +1,6 @@
-"""Tensor types and their traits (ggml's `enum ggml_type` and `type_traits`).
+"""Tensor types: ggml.h's `enum ggml_type` (GGUF's numbers), ggml.c's `type_traits` with ggml-cpu's `vec_dot_type`.
 
-`GGMLType` is ggml.h's `enum ggml_type` at llama.cpp 0c1e570, member for
-member (GGUF files store these numbers, so a type read from a file is a
-`GGMLType` without translation). `TYPE_TRAITS` is ggml.c's `type_traits`
-table, looked up by type id as in C: it has a row for every id below
-`GGML_TYPE_COUNT`, including the ids of removed types (4, 5, 31-33, 36-38),
-whose placeholder rows have ggml's names and a block size of 0. The
-`vec_dot_type` column is ggml-cpu's (`type_traits_cpu`).
-
-Every type has traits; which types pyggml can convert to and from float32 is
-`pyggml.core.quants.IMPLEMENTED_TYPES` (the others raise
-UnsupportedTypeError naming the type where pyggml would convert them).
+Removed ids keep placeholder rows (block size 0), as in C; `quants.IMPLEMENTED_TYPES` says which types convert.
 """
 
 from __future__ import annotations
@@ -55,7 +45,7 @@ class GGMLType(IntEnum):
     F64 = 28
     IQ1_M = 29
     BF16 = 30
-    # 31-33 (Q4_0_4_4, Q4_0_4_8, Q4_0_8_8): removed, Q4_0 is repacked at run time instead
+    # 31-33 (Q4_0_4_4, Q4_0_4_8, Q4_0_8_8): removed, Q4_0 is repacked at run time
     TQ1_0 = 34
     TQ2_0 = 35
     # 36-38 (IQ4_NL_4_4, IQ4_NL_4_8, IQ4_NL_8_8): removed likewise
@@ -66,23 +56,19 @@ class GGMLType(IntEnum):
 
 
 GGML_TYPE_COUNT = 43
-QK_K = 256  # super-block size of the K-quants and most IQ types
+QK_K = 256
 
 
 @dataclass(frozen=True)
 class TypeTraits:
     """What ggml's `struct ggml_type_traits` says of a type (and ggml-cpu's `vec_dot_type`)."""
 
-    name: str  # ggml's type_name ("q4_K"; "DEPRECATED" or "... REMOVED ..." for a removed id)
-    blck_size: int  # elements per block (0 for a removed id)
-    type_size: int  # bytes per block
+    name: str
+    blck_size: int
+    type_size: int
     is_quantized: bool
-    # numpy dtype of one element; None for block-quantized types (and BF16,
-    # which numpy lacks: its elements are read as uint16)
-    np_dtype: np.dtype | None
-    # the type ggml's CPU converts src1 to before the dot product in MUL_MAT (type_traits_cpu; F32 where
-    # the table leaves it unset, as for Q8_K)
-    vec_dot_type: GGMLType
+    np_dtype: np.dtype | None  # None for blocks, and for BF16 (read as uint16)
+    vec_dot_type: GGMLType  # F32 where ggml-cpu's table leaves it unset (Q8_K)
 
 
 def _removed(name: str) -> TypeTraits:
@@ -91,25 +77,24 @@ def _removed(name: str) -> TypeTraits:
 
 _REPACKED = "TYPE_{} REMOVED, use {} with runtime repacking"
 
-# ggml.c's type_traits (type_name, blck_size, type_size, is_quantized) and ggml-cpu.c's vec_dot_type, by id
 _T = GGMLType
 _TABLE: dict[int, TypeTraits] = {
     _T.F32: TypeTraits("f32", 1, 4, False, np.dtype(np.float32), _T.F32),
     _T.F16: TypeTraits("f16", 1, 2, False, np.dtype(np.float16), _T.F16),
     _T.Q4_0: TypeTraits("q4_0", 32, 18, True, None, _T.Q8_0),
     _T.Q4_1: TypeTraits("q4_1", 32, 20, True, None, _T.Q8_1),
-    4: _removed("DEPRECATED"),  # Q4_2
-    5: _removed("DEPRECATED"),  # Q4_3
+    4: _removed("DEPRECATED"),
+    5: _removed("DEPRECATED"),
     _T.Q5_0: TypeTraits("q5_0", 32, 22, True, None, _T.Q8_0),
     _T.Q5_1: TypeTraits("q5_1", 32, 24, True, None, _T.Q8_1),
     _T.Q8_0: TypeTraits("q8_0", 32, 34, True, None, _T.Q8_0),
-    _T.Q8_1: TypeTraits("q8_1", 32, 36, True, None, _T.Q8_1),  # d and s fp16 (40 bytes of f32 until 2024)
+    _T.Q8_1: TypeTraits("q8_1", 32, 36, True, None, _T.Q8_1),
     _T.Q2_K: TypeTraits("q2_K", QK_K, 84, True, None, _T.Q8_K),
     _T.Q3_K: TypeTraits("q3_K", QK_K, 110, True, None, _T.Q8_K),
     _T.Q4_K: TypeTraits("q4_K", QK_K, 144, True, None, _T.Q8_K),
     _T.Q5_K: TypeTraits("q5_K", QK_K, 176, True, None, _T.Q8_K),
     _T.Q6_K: TypeTraits("q6_K", QK_K, 210, True, None, _T.Q8_K),
-    _T.Q8_K: TypeTraits("q8_K", QK_K, 292, True, None, _T.F32),  # only a vec_dot partner: no vec_dot of its own
+    _T.Q8_K: TypeTraits("q8_K", QK_K, 292, True, None, _T.F32),
     _T.IQ2_XXS: TypeTraits("iq2_xxs", QK_K, 66, True, None, _T.Q8_K),
     _T.IQ2_XS: TypeTraits("iq2_xs", QK_K, 74, True, None, _T.Q8_K),
     _T.IQ3_XXS: TypeTraits("iq3_xxs", QK_K, 98, True, None, _T.Q8_K),
@@ -139,15 +124,13 @@ _TABLE: dict[int, TypeTraits] = {
     _T.Q2_0: TypeTraits("q2_0", 64, 18, True, None, _T.Q8_0),
 }
 
-# every id below GGML_TYPE_COUNT, in id order (a GGMLType looks its row up by its value)
 TYPE_TRAITS: dict[int, TypeTraits] = {i: _TABLE[i] for i in range(GGML_TYPE_COUNT)}
 assert set(_TABLE) == set(range(GGML_TYPE_COUNT))
 assert all(tr.blck_size > 0 for i, tr in TYPE_TRAITS.items() if i in GGMLType._value2member_map_)
 
 
 def as_type(t: GGMLType | int | str) -> GGMLType:
-    """Accept a GGMLType, its number, or its name ('f16', 'Q4_0'); 2.5 or True is not a type, nor is the id
-    of a type ggml has removed."""
+    """A GGMLType from itself, its number or its name ('f16', 'Q4_0'); not 2.5, True or a removed id."""
     if isinstance(t, GGMLType):
         return t
     if not isinstance(t, str) and (isinstance(t, bool) or not isinstance(t, numbers.Integral)):
@@ -208,23 +191,14 @@ def row_size(t: GGMLType, n: int) -> int:
 
 
 def to_float(t: GGMLType, raw: np.ndarray, n: int | None = None) -> np.ndarray:
-    """Convert rows of type `t` to float32.
-
-    `raw` holds whole rows: for plain types an array of the type's numpy dtype
-    (any shape), for quantized types bytes as uint8 with rows in the last axis.
-    Returns float32 with the last axis in elements.
-    """
+    """Rows of type `t` (quantized: uint8 blocks, rows in the last axis) to float32."""
     from pyggml.core import quants
 
     return quants.to_float(t, raw, n)
 
 
 def from_float(t: GGMLType, values: np.ndarray) -> np.ndarray:
-    """Convert float32 rows (last axis = elements) to type `t`.
-
-    Returns the type's numpy dtype for plain types, uint8 bytes for quantized
-    types (last axis = row bytes).
-    """
+    """float32 rows to type `t` (quantized: uint8 blocks)."""
     from pyggml.core import quants
 
     return quants.from_float(t, values)

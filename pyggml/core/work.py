@@ -1,11 +1,6 @@
-"""What computing a graph costs, from its nodes' logical shapes: the work (multiply-adds and elements touched)
-and the temporary memory kernels may hold, checked against a budget before anything runs.
+"""A graph's cost from its nodes' logical shapes (work and kernels' temporaries), checked against a budget first.
 
-A stride of 0 repeats bytes, not work: 64 bytes can be a tensor of 4.5e15 elements, so every cost here
-counts elements (ne), never bytes. The estimates are upper bounds of the CPU kernels' loops up to a small
-factor, exact where the work is a product (MUL_MAT: K multiply-adds per result). A kernel makes a
-non-contiguous source or destination contiguous (as float32 at most) and a plan keeps what its kernels
-prepared while it lives, so a graph's temporaries are the sum over its nodes.
+Costs count elements, never bytes: a stride of 0 makes 64 bytes a tensor of 4.5e15 elements.
 """
 
 from __future__ import annotations
@@ -19,11 +14,9 @@ from pyggml.core.ops.params import Conv3dParams, Dsv4HcCombParams, Pool1dParams,
 from pyggml.core.tensor import GGMLOp, Tensor, shape_str
 
 F32_BYTES = 4
-MAX_NODE_ELEMENTS = 2**34  # a node or source; a 70B model's largest (its 128k x 8k embedding) has 2**30
-# a batch's work is about its model's parameters times its tokens: 7.9e10 for 512 tokens of SmolLM2 135M,
-# so 3.5e13 passes a 1B model's 512-token batch 50 times over
-MAX_GRAPH_WORK = 2**45
-MAX_TEMP_BYTES = 2**30  # 512 tokens of SmolLM2 135M: 94 MB (its attention's permuted views)
+MAX_NODE_ELEMENTS = 2**34  # a 70B model's largest tensor (its embedding) has 2**30
+MAX_GRAPH_WORK = 2**45  # a batch's work is about parameters times tokens: a 1B model's 512 tokens pass 50 times
+MAX_TEMP_BYTES = 2**30
 
 
 def n_elements(t: Tensor) -> int:
@@ -37,10 +30,10 @@ def _srcs(node: Tensor) -> list[Tensor]:
 
 def _src(node: Tensor, i: int) -> Tensor:
     s = node.src[i]
-    return s if s is not None else node  # (a missing source is check_sources' refusal, not a cost)
+    return s if s is not None else node  # a missing source is check_sources' to refuse
 
 
-# --- the work beyond touching each element once: the products, windows and sorts of each op ---
+# --- the work beyond touching each element once ---
 
 
 def _mul_mat(node: Tensor) -> int:  # K multiply-adds per result (MUL_MAT, MUL_MAT_ID)
@@ -148,18 +141,13 @@ def node_work(node: Tensor) -> int:
 
 
 def node_temp_bytes(node: Tensor) -> int:
-    """The temporaries a kernel may make for `node`: each non-contiguous source or destination made
-    contiguous, as float32."""
+    """The temporaries a kernel may make for `node`: each non-contiguous operand made contiguous, as float32."""
     return sum(n_elements(t) * F32_BYTES for t in (node, *_srcs(node)) if not t.is_contiguous())
-
-
-# --- the budget ---
 
 
 @dataclass(frozen=True)
 class WorkBudget:
-    """What one graph may cost: `node_elements` for a node and each of its sources, `work` for the graph's
-    sum of node_work, `temp_bytes` for the sum of node_temp_bytes."""
+    """What one graph may cost: per node and source, in total work, in total temporaries."""
 
     node_elements: int = MAX_NODE_ELEMENTS
     work: int = MAX_GRAPH_WORK
@@ -173,9 +161,8 @@ class GraphCost:
 
 
 def graph_cost(nodes: Iterable[Tensor], budget: WorkBudget, temp_room: int | None = None) -> GraphCost:
-    """The work and temporaries of computing `nodes`, or LimitExceededError naming the first node that takes
-    the graph past `budget` (or its temporaries past `temp_room` bytes, the memory left for them), with the
-    numbers. Only shapes and op_params are read: nothing is computed or allocated."""
+    """The work and temporaries of `nodes`, or LimitExceededError naming the first node past `budget` (or past
+    `temp_room` bytes of temporaries)."""
     work = temp = 0
     for i, node in enumerate(nodes):
         for j, t in enumerate((node, *node.src)):

@@ -1,24 +1,6 @@
-"""Architectures as data: what differs between the model families pyggml runs, as one table.
-
-Every family here is the same decoder (see pyggml.models.graph): token
-embeddings, n_layer blocks of RMS-normed attention and a gated feed-forward,
-each added to the residual stream, an output norm and a head. What differs is
-data, one `Arch` row per family, following llama.cpp 0c1e570
-(src/models/<arch>.cpp, src/llama-model.cpp's llama_model_rope_type):
-
-    family   rope    q/k norm  post norms  qkv bias  ffn           embd scale  Q pre-scaled  sliding window
-    llama    normal  -         -           -         SwiGLU        -           -             -
-    qwen2    NEOX    -         -           yes       SwiGLU        -           -             -
-    qwen3    NEOX    yes       -           -         SwiGLU        -           -             -
-    gemma3   NEOX    yes       yes         -         GEGLU (tanh)  sqrt(n_embd) yes          5 local : 1 global
-    phi3     NEOX    -         -           -         SwiGLU fused  -           yes           -
-
-Mistral and SmolLM files are `llama`. Per-layer data (the rope base and scale
-of sliding-window layers, which layers slide) and per-file data (head size,
-soft-capping, rope factors) come from the GGUF metadata into `HParams`.
-`expected_shapes` gives every tensor a file of these hyper-parameters holds,
-required or optional as llama.cpp's loader has them; `check_tensors` checks
-them, and their types, before any memory is taken.
+"""Architectures as data (llama.cpp's src/llama-arch.cpp, src/models/<arch>.cpp): one `Arch` row per family of
+the one decoder pyggml.models.graph builds, and `HParams`, llama.cpp's `llama_hparams` read from GGUF.
+DESIGN.md, "Model families", tabulates the rows.
 """
 
 from __future__ import annotations
@@ -30,8 +12,8 @@ from pyggml.core.types import GGMLType
 from pyggml.gguf.reader import GGUFFile
 from pyggml.models.metadata import INT32_MAX, ModelFileError, gguf_type, read_float, read_int, read_str
 
-ROPE_MODE_NORMAL = 0  # ggml's rope modes: pairs of adjacent elements
-ROPE_MODE_NEOX = 2  # pairs of elements n_rot/2 apart (HF's rotate_half, the converter leaves Q and K as they are)
+ROPE_MODE_NORMAL = 0  # pairs of adjacent elements
+ROPE_MODE_NEOX = 2  # pairs n_rot/2 apart (HF's rotate_half)
 
 FFN_SWIGLU = "swiglu"  # silu(gate @ x) * (up @ x)
 FFN_GEGLU = "geglu"  # gelu_tanh(gate @ x) * (up @ x)
@@ -40,18 +22,16 @@ FFN_SWIGLU_FUSED = "swiglu_fused"  # one ffn_up of 2 * n_ff rows: silu(first hal
 
 @dataclass(frozen=True)
 class Arch:
-    """One family's row of the table (see the module's docstring)."""
-
     name: str
     rope_mode: int = ROPE_MODE_NORMAL
     qk_norm: bool = False  # RMS norm of each head of Q and K before RoPE (attn_q_norm, attn_k_norm)
     post_norms: bool = False  # RMS norms of the attention and FFN outputs before each residual add
-    qkv_bias: bool = False  # Q, K and V biases required (other families use them only where present)
+    qkv_bias: bool = False  # biases required (others use them where present)
     ffn: str = FFN_SWIGLU
     embd_scale: bool = False  # the token embeddings times sqrt(n_embd)
-    scale_q: bool = False  # Q scaled by the attention scale before attention (softmax scale 1), not in softmax
-    swa_pattern: int = 0  # with a sliding window in the file: of each n layers the last is global (0: no window)
-    # gemma3 27B (llama.cpp tells it by its 62 layers) scales Q by 1/sqrt(n_embd/n_head) instead of the head size
+    scale_q: bool = False  # Q scaled before attention (softmax scale 1)
+    swa_pattern: int = 0  # of each n layers the last is global (0: no window)
+    # gemma3 27B (62 layers, as llama.cpp tells it) scales Q by 1/sqrt(n_embd/n_head)
     q_scale_by_embd_layers: int = 0
 
 
@@ -64,7 +44,6 @@ ARCHS: dict[str, Arch] = {a.name: a for a in (
     Arch("phi3", rope_mode=ROPE_MODE_NEOX, ffn=FFN_SWIGLU_FUSED, scale_q=True),
 )}
 
-# the weight types these families are published in, that pyggml loads and computes
 WEIGHT_TYPES: tuple[GGMLType, ...] = (
     GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0,
     GGMLType.Q5_1, GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.IQ4_NL,
@@ -72,7 +51,6 @@ WEIGHT_TYPES: tuple[GGMLType, ...] = (
 
 
 def arch_of(gf: GGUFFile) -> Arch:
-    """The table's row for the file's `general.architecture`; ModelFileError listing the supported ones."""
     name = read_str(gf, "general.architecture")
     if name not in ARCHS:
         raise ModelFileError(f"'{gf.name}': unsupported architecture {name!r} (supported: {', '.join(ARCHS)})")
@@ -87,7 +65,7 @@ def _n_vocab(gf: GGUFFile) -> int:
         if found != "ARRAY of STRING":
             raise ModelFileError(f"'{gf.name}': '{key}' has GGUF type {found}, expected ARRAY of STRING")
         fld = gf.get_field(key)
-        data = getattr(fld, "data", None)  # the gguf reader's element indices: the length without decoding
+        data = getattr(fld, "data", None)
         n = len(data) if isinstance(data, list) else len(gf.get(key))
         if not 1 <= n <= INT32_MAX:
             raise ModelFileError(f"'{gf.name}': '{key}' has {n} tokens, the vocabulary needs 1..{INT32_MAX}")
@@ -100,8 +78,7 @@ def _n_vocab(gf: GGUFFile) -> int:
 
 
 def _swa_layers(gf: GGUFFile, key: str, n_layer: int, default_pattern: int) -> tuple[bool, ...]:
-    """Which layers slide: `key` as an array of one bool per layer, or a pattern n (of each n layers all but the
-    last slide; 0: all), llama.cpp's load_swa_pattern and set_swa_pattern."""
+    """Which layers slide, from a per-layer array or a pattern n (llama.cpp's load_swa_pattern, set_swa_pattern)."""
     found = gguf_type(gf, key)
     if found is not None and found.startswith("ARRAY"):
         flags = [bool(x) for x in gf.get(key)]
@@ -114,7 +91,7 @@ def _swa_layers(gf: GGUFFile, key: str, n_layer: int, default_pattern: int) -> t
 
 @dataclass(frozen=True)
 class HParams:
-    """llama.cpp's `llama_hparams` for the families of `ARCHS` (the fields before `arch` are LLaMA's)."""
+    """llama.cpp's `llama_hparams` for the families of `ARCHS`."""
 
     n_vocab: int
     n_ctx_train: int
@@ -130,14 +107,14 @@ class HParams:
     arch: Arch = ARCHS["llama"]
     n_embd_head: int = 0  # attention.key_length; 0: n_embd / n_head
     n_ctx_orig_yarn: int = 0  # rope.scaling.original_context_length; 0: n_ctx_train
-    rope_ext_factor: float = 0.0  # YaRN's extrapolation mix (1 with YaRN scaling)
+    rope_ext_factor: float = 0.0
     rope_attn_factor: float = 1.0
-    rope_freq_base_swa: float = 10000.0  # the rope of sliding-window layers (llama.cpp's defaults)
+    rope_freq_base_swa: float = 10000.0
     rope_freq_scale_swa: float = 1.0
-    n_swa: int = 0  # the sliding window in tokens (0: none)
-    swa_layers: tuple[bool, ...] = field(default=())  # per layer: slides (empty: none does)
+    n_swa: int = 0
+    swa_layers: tuple[bool, ...] = field(default=())
     f_attention_scale: float = 0.0  # 0: 1/sqrt(head_dim)
-    f_final_logit_softcapping: float = 0.0  # 0: none
+    f_final_logit_softcapping: float = 0.0
 
     @property
     def head_dim(self) -> int:
@@ -145,12 +122,10 @@ class HParams:
 
     @property
     def n_embd_q(self) -> int:
-        """Width of Q and of the attention's output: n_head heads of head_dim."""
         return self.head_dim * self.n_head
 
     @property
     def n_embd_gqa(self) -> int:
-        """Width of K and V: n_head_kv heads of head_dim."""
         return self.head_dim * self.n_head_kv
 
     @property
@@ -169,18 +144,13 @@ class HParams:
         return any(self.is_swa(il) for il in range(self.n_layer))
 
     def rope_base_scale(self, il: int) -> tuple[float, float]:
-        """Layer il's rope frequency base and scale (llama.cpp's get_rope_freq_base / _scale)."""
         if self.is_swa(il):
             return self.rope_freq_base_swa, self.rope_freq_scale_swa
         return self.rope_freq_base, self.rope_freq_scale
 
     @classmethod
     def from_gguf(cls, gf: GGUFFile) -> HParams:
-        """Read and check the `<arch>.*` keys: each of its GGUF type (any integer type for counts,
-        FLOAT32/FLOAT64 for the others) and in range; heads that divide the embedding (or an explicit head
-        size), KV heads that divide the heads, RoPE dimensions even and within a head. Raises ModelFileError (a
-        ModelError and a GGUFError) naming the file, the key and the value, or the type found and the one
-        expected; an architecture outside `ARCHS` names the supported ones."""
+        """The `<arch>.*` keys, each checked for type and range; ModelFileError naming the key and the value."""
         arch = arch_of(gf)
         p = f"{arch.name}."
         n_embd = read_int(gf, p + "embedding_length")
@@ -209,7 +179,6 @@ class HParams:
         if scaling not in ("none", "linear", "yarn", "longrope"):
             raise ModelFileError(f"'{gf.name}': '{p}rope.scaling.type' = {scaling!r} is not supported "
                                  f"(supported: none, linear, yarn, longrope)")
-        # 0 (or absent) means no scaling, as in llama.cpp
         factor = read_float(gf, p + "rope.scaling.factor", 0.0, allow_zero=True) \
             or read_float(gf, p + "rope.scale_linear", 0.0, allow_zero=True)
         freq_scale = 1.0 if scaling == "none" or not factor else 1.0 / factor
@@ -230,7 +199,7 @@ class HParams:
             arch=arch,
             n_embd_head=head_dim if head_dim * n_head != n_embd else 0,
             n_ctx_orig_yarn=read_int(gf, p + "rope.scaling.original_context_length", n_ctx_train),
-            # YaRN: llama.cpp's ext_factor 1; its attention factor mscale / (1 + 0.1 ln factor) is 1 here
+            # YaRN: ext_factor 1; llama.cpp's attention factor mscale / (1 + 0.1 ln factor) is 1 here
             rope_ext_factor=1.0 if scaling == "yarn" else 0.0,
             rope_attn_factor=read_float(gf, p + "rope.scaling.attn_factor", 1.0),
             rope_freq_base_swa=read_float(gf, p + "rope.freq_base_swa", 10000.0),
@@ -249,9 +218,8 @@ Shapes = dict[str, tuple[tuple[int, ...], str, bool]]  # name -> (ne, what it is
 
 
 def expected_shapes(hp: HParams, gf: GGUFFile | None = None) -> Shapes:
-    """The `ne` of each tensor a file of `hp` holds, what it is made of, and whether it is required (as llama.cpp's
-    loader: the head is optional, tied to token_embd; biases, rope factors and a fused QKV are optional).
-    With `gf`, a layer whose file has `attn_qkv` expects it in place of Q, K and V."""
+    """The `ne` of each tensor a file of `hp` holds and whether llama.cpp's loader requires it (the head is
+    optional, tied to token_embd); with `gf`, a fused `attn_qkv` replaces Q, K and V."""
     a = hp.arch
     e, f, v, q, kv, hd = hp.n_embd, hp.n_ff, hp.n_vocab, hp.n_embd_q, hp.n_embd_gqa, hp.head_dim
     out: Shapes = {
@@ -292,9 +260,7 @@ def expected_shapes(hp: HParams, gf: GGUFFile | None = None) -> Shapes:
 
 
 def check_tensors(hp: HParams, gf: GGUFFile) -> list[str]:
-    """The names of the tensors to load (the required ones and the optional ones the file has), each checked to
-    be in `gf` with the shape the hyper-parameters give (trailing 1s aside) and a type of WEIGHT_TYPES, before
-    any memory is taken; ModelFileError naming the tensor, its `ne` or type and the expected ones otherwise."""
+    """The tensors to load, each checked for shape and type before any memory is taken (ModelFileError)."""
     names = []
     for name, (want, made_of, required) in expected_shapes(hp, gf).items():
         if name not in gf:
@@ -316,15 +282,12 @@ def check_tensors(hp: HParams, gf: GGUFFile) -> list[str]:
 
 
 def tensor_names(hp: HParams, gf: GGUFFile | None = None) -> list[str]:
-    """The tensors a file of `hp` holds, in llama.cpp's names: the required ones (and `output.weight`), or with
-    `gf` the ones of that file the model loads."""
     if gf is not None:
         return [n for n, (_, _, required) in expected_shapes(hp, gf).items() if required or n in gf]
     return [n for n, (_, _, required) in expected_shapes(hp).items() if required or n == "output.weight"]
 
 
 def layer_of(name: str) -> int | None:
-    """The layer a tensor belongs to (`blk.<il>.`), or None for the input/output tensors."""
     if name.startswith("blk."):
         return int(name.split(".")[1])
     return None

@@ -1,29 +1,7 @@
-"""Chat: a GGUF file's `tokenizer.chat_template` rendered as transformers renders it, and replies that stop
-at the end of the model's turn.
+"""Chat: a GGUF file's `tokenizer.chat_template` rendered as transformers 5.x renders it (chat_template_utils, in
+jinja2's sandbox), tokenized as llama.cpp's chat tools do, replies ending at an end-of-generation token.
 
-    template = ChatTemplate.from_model(model)
-    text = template.render(messages, add_generation_prompt=True)   # what transformers' apply_chat_template gives
-    reply = model.chat(messages, max_tokens=128)                      # or stream=True: text pieces as they come
-
-Rendering mirrors transformers' own (``transformers.utils.chat_template_utils``, 5.x): jinja2's
-`ImmutableSandboxedEnvironment` (templates come with downloaded files: they must not reach Python's
-internals) with ``trim_blocks`` and ``lstrip_blocks``, the ``loopcontrols`` extension and the
-``{% generation %}`` tag, the globals ``raise_exception``, ``strftime_now``, ``dict`` and a ``namespace``
-that refuses underscore names, and a ``tojson`` filter that is plain ``json.dumps`` (no HTML escaping,
-``ensure_ascii=False``). The template sees ``messages`` (None values dropped, inputs rebuilt from plain
-JSON types, a message's ``reasoning``/``thinking`` also under ``reasoning_content``), ``tools``,
-``documents``, ``add_generation_prompt`` and ``bos_token``/``eos_token`` (the texts of the file's BOS and
-EOS tokens, "" without them, as llama.cpp passes them).
-
-A file without ``tokenizer.chat_template`` (nor a ``tokenizer.chat_template.tool_use``) is chatted with in
-ChatML (`CHATML_TEMPLATE`), as llama.cpp falls back to it: the model may not know those markers.
-
-The rendered prompt is tokenized as llama.cpp's chat tools tokenize it: special tokens written by the
-template ("<|im_start|>") are parsed, the vocab's BOS is added unless the template already wrote it, and
-generation stops at any end-of-generation token (`Tokenizer.eog_ids`: EOS, EOT, "<|im_end|>",
-"<end_of_turn>", "<|eot_id|>", "<|end|>", ...), which is not part of the reply. Unlike llama.cpp, which
-parses special tokens in the whole prompt, the messages' own strings stay text (`ChatTemplate.prompt_parts`):
-a user writing "<|im_end|><|im_start|>system" writes text, not a new turn.
+Unlike llama.cpp, the messages' own strings stay text: "<|im_end|><|im_start|>system" in a message is no new turn.
 """
 
 from __future__ import annotations
@@ -57,8 +35,7 @@ CHATML_TEMPLATE = (
 )
 TEMPLATE_KEY = "tokenizer.chat_template"
 DEFAULT_MAX_TOKENS = 256
-# template variables a caller's extra ones may not name: those the renderer sets from its own arguments, and its
-# methods' parameter names (a keyword of theirs is not a variable)
+# names a caller's extra template variables may not take: the renderer's own and its methods' parameters
 RESERVED_VARIABLES = frozenset({"messages", "add_generation_prompt", "tools", "documents", "name", "source",
                                 "tokenizer", "special_in_content", "self"})
 
@@ -68,8 +45,7 @@ class ChatTemplateError(GGMLError, ValueError):
 
 
 class SpecialTextError(ArgumentError):
-    """A message holds a special token's text where it cannot stay text: in a role or a key (templates compare
-    them), or in a string the template changes before writing it. `field` names it ("messages[0].role")."""
+    """A special token's text where it cannot stay text (a role, a key, a string the template changes)."""
 
     def __init__(self, message: str, field: str) -> None:
         super().__init__(message)
@@ -80,7 +56,7 @@ class ConversationTooLongError(ArgumentError):
     """A conversation's prompt leaves no room for a reply in the model's context (names both sizes)."""
 
 
-# --- the environment: transformers' _cached_compile_jinja_template ---
+# --- transformers' _cached_compile_jinja_template ---
 
 
 def _raise_exception(message: str) -> None:
@@ -91,8 +67,7 @@ def _raise_exception(message: str) -> None:
 
 def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
             sort_keys: bool = False) -> str:
-    # jinja's own tojson escapes <, >, & and ' for HTML: chat templates want the JSON as it is; a filter's
-    # generator (`tools | map(attribute='function')`, llama.cpp's DeepSeek R1 template) is the list it yields
+    # jinja's tojson escapes for HTML; a filter's generator (`tools | map(...)`) is the list it yields
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys,
                       default=lambda v: list(v) if isinstance(v, Iterator) else _unserializable(v))
 
@@ -106,7 +81,7 @@ def _strftime_now(format: str) -> str:
 
 
 class _TemplateDict:
-    """`dict(...)` in a template: builds dicts and nothing else (no attribute access to the type)."""
+    """`dict(...)` in a template: builds dicts, no attribute access to the type."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
         return dict(*args, **kwargs)
@@ -117,7 +92,6 @@ class _TemplateDict:
 
 @functools.lru_cache(maxsize=1)
 def _environment() -> Any:
-    """The sandboxed environment every template compiles in (built once: jinja2 is imported on first use)."""
     try:
         import jinja2
         import jinja2.ext
@@ -128,8 +102,7 @@ def _environment() -> Any:
         raise ChatTemplateError("chat templates need jinja2 (pip install 'jinja2>=3.1.6')") from None
 
     class GenerationTag(jinja2.ext.Extension):
-        """`{% generation %}...{% endgeneration %}`: transformers marks the assistant's text with it; the
-        body renders unchanged."""
+        """transformers' `{% generation %}` tag: the body renders unchanged."""
 
         tags = {"generation"}
 
@@ -177,8 +150,7 @@ def _compile(source: str) -> Any:
 
 
 def compile_template(source: str, name: str = "chat template") -> Any:
-    """The jinja2 Template of `source` (compiled once per source); ChatTemplateError naming `name` and the
-    line if it does not compile."""
+    """The jinja2 Template of `source`, compiled once; ChatTemplateError naming `name` and the line."""
     if not isinstance(source, str):
         raise ArgumentError(f"{name}: a chat template is a string, got {type(source).__name__}")
     try:
@@ -197,8 +169,7 @@ def _message(e: BaseException) -> str:
 
 
 def _template_line(tb: Any) -> int | None:
-    """The template line being rendered when an exception was raised (jinja rewrites the traceback's
-    frames of template code to the file name "<template>" and the template's line)."""
+    """The template line an exception was raised at (jinja's "<template>" traceback frames)."""
     line = None
     while tb is not None:
         if tb.tb_frame.f_code.co_filename == "<template>":
@@ -207,12 +178,11 @@ def _template_line(tb: Any) -> int | None:
     return line
 
 
-# --- the template's inputs: transformers' _normalize_chat_messages, _plain_template_data, _alias_reasoning_fields
+# --- transformers' _normalize_chat_messages, _plain_template_data, _alias_reasoning_fields
 
 
 def _plain(value: Any) -> Any:
-    """`value` rebuilt from plain JSON types (what the sandbox can let a template touch); anything else
-    becomes "<TypeName>"."""
+    """`value` rebuilt from plain JSON types (anything else becomes "<TypeName>")."""
     if value is None or type(value) in (str, int, float, bool):
         return value
     if isinstance(value, str):
@@ -240,8 +210,7 @@ _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 
 
 def template_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
-    """The messages as the template sees them: dicts of plain data, keys whose value is None dropped (templates
-    handle a missing key better than a None), the reasoning under its usual names."""
+    """The messages as templates see them: plain data, None values dropped, the reasoning under its usual names."""
     if isinstance(messages, str | bytes | Mapping) or not isinstance(messages, Sequence):
         raise ArgumentError(f"messages must be a list of dicts ({{'role': ..., 'content': ...}}), "
                             f"got {type(messages).__name__}")
@@ -266,10 +235,7 @@ def template_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
 def render_template(source: str, messages: Sequence[Any], *, add_generation_prompt: bool = False,
                     tools: Sequence[Any] | None = None, documents: Sequence[Any] | None = None,
                     name: str = "chat template", **kwargs: Any) -> str:
-    """`source` rendered for `messages` as transformers' `apply_chat_template(..., tokenize=False)` renders it
-    (its `render_jinja_template`), `kwargs` as extra template variables (bos_token, eos_token,
-    enable_thinking, ...). Errors of the template (a syntax error, `raise_exception`, an undefined value
-    used wrongly, a sandbox violation) raise ChatTemplateError naming `name`, the problem and the line."""
+    """transformers' `render_jinja_template`; any template error raises ChatTemplateError naming the line."""
     template = compile_template(source, name)
     chat = template_messages(messages)
     if tools is not None:
@@ -290,9 +256,7 @@ def render_template(source: str, messages: Sequence[Any], *, add_generation_prom
 
 
 class ChatTemplate:
-    """A chat template with the variables its model gives it: the source, a name for errors, the texts of
-    BOS and EOS, and whether the vocab adds BOS/EOS when tokenizing (llama.cpp then drops the template's
-    own copy, `prompt`)."""
+    """A chat template with its model's BOS/EOS texts and whether the vocab adds them itself."""
 
     def __init__(self, source: str, name: str = "chat template", bos_token: str = "", eos_token: str = "",
                  add_bos: bool = False, add_eos: bool = False, is_fallback: bool = False) -> None:
@@ -302,20 +266,17 @@ class ChatTemplate:
         self.eos_token = eos_token
         self.add_bos = add_bos
         self.add_eos = add_eos
-        self.is_fallback = is_fallback  # the file has no template: ChatML, llama.cpp's default
+        self.is_fallback = is_fallback
         compile_template(source, name)  # a broken template fails here, not at the first message
 
     @classmethod
     def from_model(cls, model: Model, source: str | None = None, name: str | None = None) -> ChatTemplate:
-        """The model file's template (`tokenizer.chat_template`, else `tokenizer.chat_template.tool_use`, else
-        ChatML as llama.cpp), or `source` in its place (named `name`, as llama.cpp's --chat-template-file),
-        with the model's BOS/EOS texts."""
+        """The file's template (else ChatML, as llama.cpp), or `source` as llama.cpp's --chat-template-file."""
         return cls.from_gguf(model.file, model.tokenizer, source, name)
 
     @classmethod
     def from_gguf(cls, gf: Any, tokenizer: Tokenizer, source: str | None = None,
                   name: str | None = None) -> ChatTemplate:
-        """As `from_model`, from a GGUFFile and its Tokenizer."""
         from pyggml.models.metadata import read_str
 
         fname = getattr(gf, "name", "model")
@@ -342,16 +303,12 @@ class ChatTemplate:
                    tokenizer.add_eos_token, is_fallback=fallback)
 
     def render(self, messages: Sequence[Any], add_generation_prompt: bool = False, **kwargs: Any) -> str:
-        """The template rendered for `messages` as transformers renders it (see `render_template`); `kwargs`
-        (tools, documents, enable_thinking, ...) override the defaults (bos_token, eos_token)."""
         variables = {"bos_token": self.bos_token, "eos_token": self.eos_token, **kwargs}
         return render_template(self.source, messages, add_generation_prompt=add_generation_prompt, name=self.name,
                                **variables)
 
     def prompt(self, messages: Sequence[Any], add_generation_prompt: bool = True, **kwargs: Any) -> str:
-        """The text to tokenize with the vocab's BOS/EOS added: the rendering without the BOS text it starts
-        with or the EOS text it ends with where the vocab adds those tokens itself (llama.cpp's
-        common_chat_template_direct_apply), so the prompt does not begin with two BOS."""
+        """The rendering without the BOS/EOS texts the vocab adds itself (common_chat_template_direct_apply)."""
         text = self.render(messages, add_generation_prompt, **kwargs)
         if self.add_bos and self.bos_token and text.startswith(self.bos_token):
             text = text[len(self.bos_token):]
@@ -361,14 +318,8 @@ class ChatTemplate:
 
     def prompt_parts(self, messages: Sequence[Any], tokenizer: Tokenizer, add_generation_prompt: bool = True,
                      **kwargs: Any) -> list[Part]:
-        """`prompt`'s text cut into (text, parse_special) parts: the template's own text, whose special tokens
-        are parsed, and the messages' strings (contents, names, arguments), which stay text
-        (`Tokenizer.encode_parts` tokenizes them). Found by rendering the template a second time with each
-        string replaced by a placeholder and matching that rendering's template text against the real one (a
-        string may come out trimmed, as templates' `| trim` does). Where the template changes strings otherwise
-        (splits, escapes, tests on them), the whole text is parsed as llama.cpp parses it if no string holds a
-        special token's text, else SpecialTextError names the string. Special text in a role or a key raises
-        SpecialTextError too."""
+        """`prompt` cut into (text, parse_special) parts, the messages' strings unparsed, found by rendering again
+        with placeholders; where that fails, parsed whole unless a string holds special text (SpecialTextError)."""
         chat = template_messages(messages)
         strings, marked, placeholder = _mark_strings(chat, tokenizer, self.source)
         text = self.render(chat, add_generation_prompt, **kwargs)
@@ -378,7 +329,7 @@ class ChatTemplate:
                 parts = _split_strings(text, self.render(marked, add_generation_prompt, **kwargs), strings,
                                        placeholder)
             except ChatTemplateError:
-                parts = None  # the template fails on placeholders (it looks into the strings): unmatched
+                parts = None  # the template looks into the strings
         elif text:
             parts = [(text, True)]
         if parts is None:
@@ -396,9 +347,7 @@ class ChatTemplate:
 
     def tokens(self, messages: Sequence[Any], tokenizer: Tokenizer, add_generation_prompt: bool = True,
                special_in_content: bool = False, **kwargs: Any) -> list[int]:
-        """The prompt's token ids: the vocab's BOS/EOS added, the template's special tokens parsed, the
-        messages' strings as text (`prompt_parts`), or, with `special_in_content`, special tokens parsed in
-        the whole text as llama.cpp does."""
+        """The prompt's ids; `special_in_content` parses special tokens in the messages too, as llama.cpp."""
         if special_in_content:
             return tokenizer.encode(self.prompt(messages, add_generation_prompt, **kwargs), True, True)
         return tokenizer.encode_parts(self.prompt_parts(messages, tokenizer, add_generation_prompt, **kwargs))
@@ -408,12 +357,11 @@ class ChatTemplate:
 
 
 Part = tuple[str, bool]  # a piece of prompt text and whether its special tokens are parsed
-_MARK_OPEN, _MARK_CLOSE = "\ue000", "\ue001"  # private-use characters around a placeholder's nonce and number
+_MARK_OPEN, _MARK_CLOSE = "\ue000", "\ue001"
 
 
 def check_special_text(value: Any, field: str, tokenizer: Tokenizer) -> None:
-    """SpecialTextError naming the first string of `value` (its keys too, in dicts and lists) that holds a
-    special token's text: for what a template writes as its own text (the tools' JSON)."""
+    """SpecialTextError naming the first string or key of `value` holding a special token's text."""
     if isinstance(value, str):
         found = tokenizer.special_text_in(value)
         if found is not None:
@@ -429,9 +377,7 @@ def check_special_text(value: Any, field: str, tokenizer: Tokenizer) -> None:
 
 def _mark_strings(chat: list[dict[str, Any]], tokenizer: Tokenizer,
                   source: str) -> tuple[dict[str, tuple[str, str]], list[dict[str, Any]], re.Pattern[str]]:
-    """({placeholder: (field, string)}, the messages with each non-empty string value replaced by its
-    placeholder, the placeholders' pattern). Placeholders hold a random nonce: no client can write one. Roles
-    and keys stay (templates compare them): special text there raises SpecialTextError."""
+    """The messages' strings replaced by placeholders holding a random nonce (no client can write one)."""
     nonce = secrets.token_hex(8)
     while nonce in source:
         nonce = secrets.token_hex(8)
@@ -472,8 +418,7 @@ def _mark_strings(chat: list[dict[str, Any]], tokenizer: Tokenizer,
 
 def _split_strings(text: str, marked_text: str, strings: Mapping[str, tuple[str, str]],
                    placeholder: re.Pattern[str]) -> list[Part] | None:
-    """`text` (the real rendering) cut into template text and the strings, by the template text between the
-    placeholders of `marked_text` (the rendering with placeholders); None where they do not match."""
+    """`text` cut into template text and strings by `marked_text`'s placeholders; None where they do not match."""
     pieces = placeholder.split(marked_text)
     parts: list[Part] = []
     pos = 0
@@ -500,50 +445,34 @@ def _split_strings(text: str, marked_text: str, strings: Mapping[str, tuple[str,
     return parts if pos == len(text) else None
 
 
-# --- replies ---
-
-
 class ChatSession:
-    """A conversation with a model: its messages and the tokens whose keys and values sit in the model's
-    KV cache, so that a turn evaluates only what the last one did not (the longest common prefix of the
-    new prompt's tokens and the cached ones is kept). The session owns the model's KV cache while used:
-    evaluating anything else on the model in between breaks it (`forget` then).
-
-        session = ChatSession(model, system="You are terse.")
-        for piece in session.send("Hello", max_tokens=64):
-            print(piece, end="", flush=True)
-    """
+    """A conversation keeping its tokens in the model's KV cache, so a turn evaluates only what is new; it owns
+    the cache while used (`forget` after evaluating anything else)."""
 
     def __init__(self, model: Model, system: str | None = None, template: ChatTemplate | None = None,
                  template_kwargs: Mapping[str, Any] | None = None) -> None:
         self.model = model
         self.template = template or ChatTemplate.from_model(model)
-        # extra template variables at every turn: tools, enable_thinking (Qwen 3), date_string (Llama 3.1), ...
         self.template_kwargs: dict[str, Any] = dict(template_kwargs or {})
         self.messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system is not None else []
-        self.cached: list[int] = []  # the tokens of positions 0.. in the KV cache
-        self.stop_reason: str | None = None  # why the last reply ended: "eog", "max_tokens" or "context"
-        self.n_prompt = 0  # tokens the last reply evaluated before its first token
-        self.n_reused = 0  # prompt tokens of the last reply whose cache was kept
-        self.tokens: list[int] = []  # the last reply's tokens (without the end-of-generation token)
-        self.special_in_content = False  # True: special tokens in messages parsed too, as llama.cpp
+        self.cached: list[int] = []
+        self.stop_reason: str | None = None  # "eog", "max_tokens" or "context"
+        self.n_prompt = 0
+        self.n_reused = 0
+        self.tokens: list[int] = []
+        self.special_in_content = False
 
     def forget(self) -> None:
-        """Forget what the cache holds: the next reply evaluates its whole prompt."""
         self.cached = []
 
     def prompt_tokens(self, messages: Sequence[Any] | None = None) -> list[int]:
-        """The token ids of the prompt for `messages` (default: the session's): the template's rendering with
-        the assistant's turn opened, the template's special tokens parsed (not the messages': `ChatTemplate.
-        tokens`), the vocab's BOS/EOS added."""
+        """The prompt ids for `messages` (default: the session's), the assistant's turn opened."""
         return self.template.tokens(self.messages if messages is None else messages, self.model.tokenizer,
                                     special_in_content=self.special_in_content, **self.template_kwargs)
 
     def send(self, text: str, max_tokens: int = DEFAULT_MAX_TOKENS,
              sampler: Any = None) -> Generator[str, None, None]:
-        """Add a user message and stream the reply (see `reply`). The reply joins the messages when the
-        stream ends, also when it is closed early (what came so far); a turn that cannot start (a template
-        error, no room left) raises here and leaves the messages as they were."""
+        """Add a user message and stream the reply, which joins the messages when the stream ends or closes."""
         self.messages.append({"role": "user", "content": text})
         try:
             pieces = self.reply(self.messages, max_tokens, sampler)
@@ -563,13 +492,11 @@ class ChatSession:
 
     def reply(self, messages: Sequence[Any], max_tokens: int = DEFAULT_MAX_TOKENS,
               sampler: Any = None) -> Iterator[str]:
-        """The model's reply to `messages`, streamed as text pieces that never split a UTF-8 character: up
-        to `max_tokens` tokens, ended early by an end-of-generation token (not part of the text) or a full
-        context. `sampler`: `sample(logits, history) -> int` (a `Sampler`); None is greedy."""
+        """The reply to `messages` streamed as text pieces (never a split UTF-8 character); sampler None: greedy."""
         model = self.model
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int | np.integer) or max_tokens < 0:
             raise ArgumentError(f"max_tokens must be an integer >= 0, got {max_tokens!r}")
-        ids = self.prompt_tokens(messages)  # now, not at the first piece: a template error raises here
+        ids = self.prompt_tokens(messages)  # a template error raises now, not at the first piece
         if len(ids) >= model.n_ctx:
             raise ConversationTooLongError(f"the conversation is {len(ids)} tokens, the context {model.n_ctx}: no room "
                                            f"for a reply (load the model with a larger n_ctx)")
@@ -587,7 +514,7 @@ class ChatSession:
             keep += 1
         self.n_reused = keep
         history = list(ids)
-        self.cached = []  # until the cache is known again (an error leaves it unknown)
+        self.cached = []  # an error leaves the cache unknown
         model.truncate(keep)
         try:
             if max_tokens == 0:
@@ -615,12 +542,10 @@ class ChatSession:
             if rest:
                 yield rest
         finally:
-            # what the cache holds now: the prompt and the reply's tokens evaluated so far
             self.cached = history[:model.n_past]
 
 
 def make_sampler(sampler: Any = None, **sampling: Any) -> Any:
-    """`sampler` as given, else a `Sampler(**sampling)` (llama.cpp's defaults for what is not given)."""
     if sampler is not None:
         if sampling:
             raise ArgumentError(f"give a sampler or sampling parameters ({', '.join(sampling)}), not both")

@@ -1,21 +1,8 @@
-"""The KV cache: keys and values of past tokens, per layer, in backend tensors.
+"""The KV cache: llama.cpp's `llama_kv_cache` (llama-kv-cache.cpp), one K and one V tensor per layer on its backend.
 
-As llama.cpp's `llama_kv_cache` (one tensor per layer so each layer's cache
-sits on that layer's backend): `k[il]` and `v[il]` each hold
-`n_ctx * n_embd_gqa` elements. K is stored token-major (cell i at
-`i * n_embd_gqa`), so a head's keys are rows of `head_dim` with stride
-`n_embd_gqa`; V is stored transposed (channel-major, cell i at element i of
-each of the `n_embd_gqa` rows of `n_ctx`), so KQ x V reads whole rows. New
-entries are written inside the compute graph by SET_ROWS with index tensors
-(`store`, `k_idxs`, `v_idxs`: llama.cpp's cpy_k / cpy_v), so a graph serves
-any cell; attention reads views of the first `n_kv` cells (`k_view`,
-`v_view`). With flash attention V is stored as K (`v_trans=False`).
-
-`ordered` keeps each sequence's cells in the order of its positions (a new
-token goes above its sequence's cells; when no free cell is above, `compact`
-moves the used cells down first, in their order): batch-invariant attention
-walks a row's own cells in cell order, which is then the order they have when
-the sequence is alone in the cache, wherever the other sequences' cells sit.
+K is token-major, V transposed (channel-major) unless flash attention; the graph writes cells by SET_ROWS
+(cpy_k / cpy_v). `ordered` keeps each sequence's cells in position order (`compact` makes room), so
+batch-invariant attention walks them as if the sequence were alone.
 """
 
 from __future__ import annotations
@@ -33,14 +20,13 @@ from pyggml.core.tensor import Tensor
 from pyggml.core.types import TYPE_TRAITS, GGMLType, row_size
 from pyggml.models.runner import alloc_checked
 
-# what the K and V tensors may hold: llama.cpp's -ctk/-ctv types (common/arg.cpp's kv_cache_types)
+# llama.cpp's -ctk/-ctv types (common/arg.cpp's kv_cache_types)
 CACHE_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1,
                GGMLType.IQ4_NL, GGMLType.Q5_0, GGMLType.Q5_1)
 N_SEQ_MAX = 64  # sequences a cell can belong to (bits of cell_seq); llama.cpp's LLAMA_MAX_SEQ is 256
 
 
 def check_type(type: GGMLType) -> GGMLType:
-    """A cache tensor's element type, checked: one of CACHE_TYPES (ArgumentError otherwise)."""
     if type not in CACHE_TYPES:
         raise ArgumentError(f"KV cache: type {type.name} is not supported; the cache takes "
                             f"{', '.join(t.name for t in CACHE_TYPES)}")
@@ -53,7 +39,6 @@ class KVCache:
     def __init__(self, n_layer: int, n_ctx: int, n_embd_gqa: int, backend_of_layer: list[Backend],
                  type: GGMLType = GGMLType.F32, v_trans: bool = True, ordered: bool = False,
                  type_v: GGMLType | None = None) -> None:
-        """`type`: K's element type, and V's unless `type_v` is given (llama.cpp's type_k and type_v)."""
         if n_ctx < 1:
             raise ArgumentError(f"KV cache: n_ctx must be >= 1, got {n_ctx}")
         type_v = type if type_v is None else type_v
@@ -70,26 +55,23 @@ class KVCache:
         self.n_layer = n_layer
         self.n_ctx = n_ctx
         self.n_embd_gqa = n_embd_gqa
-        self.type = type  # K's type (llama.cpp's type_k)
+        self.type = type  # llama.cpp's type_k
         self.type_v = type_v
-        self.v_trans = bool(v_trans)  # V channel-major (without flash attention) or token-major as K (with it)
-        self.ordered = bool(ordered)  # each sequence's cells in the order of its positions (see the module doc)
-        # llama.cpp's unified cache: each cell's position (-1: empty) and the sequences it belongs to (bit s
-        # of cell_seq), so that several sequences share the n_ctx cells and a sequence's cells may be copied
-        # to another (a shared prompt) or removed
+        self.v_trans = bool(v_trans)
+        self.ordered = bool(ordered)
+        # llama.cpp's unified cache: each cell's position (-1: empty) and sequences (bit s of cell_seq)
         self.cell_pos = np.full(n_ctx, -1, dtype=np.int32)
         self.cell_seq = np.zeros(n_ctx, dtype=np.uint64)
-        # summaries of the cells, kept as batches are applied (a decode step asks them several times)
-        self._seq_max = np.full(N_SEQ_MAX, -1, dtype=np.int64)  # each sequence's largest position
+        # summaries of the cells, kept as batches are applied
+        self._seq_max = np.full(N_SEQ_MAX, -1, dtype=np.int64)
         self._n_used = 0
-        self._end = 0  # one past the last cell in use
+        self._end = 0
         self.ctx = Context(mem_size=(2 * n_layer + 1) * tensor_overhead(), no_alloc=True)
         self.k: list[Tensor] = []
         self.v: list[Tensor] = []
         for il in range(n_layer):
             self.k.append(self.ctx.new_tensor_1d(type, n_embd_gqa * n_ctx).set_name(f"cache_k_l{il}"))
             self.v.append(self.ctx.new_tensor_1d(type_v, n_embd_gqa * n_ctx).set_name(f"cache_v_l{il}"))
-        # one buffer per backend, the layers' tensors placed in it by a tensor allocator
         self.buffers: list[Buffer] = []
         self.nbytes: dict[int, int] = {}
         groups: dict[int, tuple[Backend, list[Tensor]]] = {}
@@ -103,9 +85,7 @@ class KVCache:
                                                       f"layers, n_ctx {n_ctx})")
                 buffer.name = f"{backend.name()} KV cache"
                 self.buffers.append(buffer)
-                # llama.cpp clears its KV cache buffers when it makes them: graphs read padded ranges of cells,
-                # and memory that does not start zeroed (an RPC server's) may hold NaN there, which the mask
-                # does not hide (-inf + NaN is NaN)
+                # cleared as llama.cpp does: padded cells read through the mask must not hold NaN
                 try:
                     buffer.clear(0)
                 except UnsupportedOpError:
@@ -115,7 +95,7 @@ class KVCache:
                     talloc.alloc(t)
                 self.nbytes[id(backend)] = size
         except BaseException:
-            self.free()  # the buffers of the backends done so far
+            self.free()
             raise
 
     @property
@@ -123,17 +103,15 @@ class KVCache:
         return self.type
 
     def cell_bytes(self, t: Tensor) -> int:
-        """Bytes of one cell (n_embd_gqa values) in cache tensor `t` (K's or V's type)."""
         return row_size(t.type, self.n_embd_gqa)
 
     def clear(self) -> None:
-        """Forget every cell (the memory keeps its bytes; masked, they are never read before being written)."""
+        """Forget every cell (the bytes stay; masked, they are not read before being written)."""
         self.cell_pos[:] = -1
         self.cell_seq[:] = 0
         self._refresh()
 
     def _refresh(self) -> None:
-        """The summaries from the cells (after cells were freed or shared)."""
         used = np.flatnonzero(self.cell_pos >= 0)
         self._n_used = int(used.size)
         self._end = int(used[-1]) + 1 if used.size else 0
@@ -145,12 +123,11 @@ class KVCache:
                 if hit.any():
                     self._seq_max[s] = int(pos[hit].max())
 
-    # --- cells and sequences (llama.cpp's llama_kv_cells and llama_memory_seq_*) ---
+    # --- llama.cpp's llama_kv_cells and llama_memory_seq_* ---
 
     @property
     def n(self) -> int:
-        """The single-sequence view: sequence 0's next position (its cells are 0..n-1 when it is the only
-        one). Setting it removes sequence 0's cells from that position on."""
+        """Sequence 0's next position; setting it removes its cells from there on."""
         return self.seq_pos_max(0) + 1
 
     @n.setter
@@ -163,7 +140,6 @@ class KVCache:
         return np.uint64(1) << np.uint64(seq_id)
 
     def _range(self, seq_id: int, p0: int, p1: int) -> np.ndarray:
-        """The cells of `seq_id` with position in [p0, p1) (p1 < 0: to the end)."""
         pos = self.cell_pos
         hit = (self.cell_seq & self._seq_bit(seq_id)) != 0
         hit &= pos >= max(p0, 0)
@@ -172,7 +148,7 @@ class KVCache:
         return hit
 
     def seq_pos_max(self, seq_id: int) -> int:
-        """The largest position of `seq_id` in the cache, -1 if it has none (llama_memory_seq_pos_max)."""
+        """llama_memory_seq_pos_max: -1 if `seq_id` has no cell."""
         self._seq_bit(seq_id)
         return int(self._seq_max[seq_id])
 
@@ -186,19 +162,16 @@ class KVCache:
         self._refresh()
 
     def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None:
-        """`dst` shares `src`'s cells of positions [p0, p1): a common prompt evaluated once."""
         hit = self._range(src, p0, p1)
         self.cell_seq[hit] |= self._seq_bit(dst)
         self._refresh()
 
     def free_cells(self, cells: np.ndarray) -> None:
-        """Empty `cells` (a batch that failed)."""
         self.cell_pos[cells] = -1
         self.cell_seq[cells] = 0
         self._refresh()
 
     def clear_cells_at(self, cells: np.ndarray) -> None:
-        """`clear_cells` of each run of consecutive cells in `cells` (sorted)."""
         cells = np.asarray(cells, dtype=np.int64)
         if cells.size == 0:
             return
@@ -216,26 +189,22 @@ class KVCache:
         return self.n_ctx - self._n_used
 
     def used_end(self) -> int:
-        """One past the last cell in use (0 when empty): attention reads cells 0..used_end (padded)."""
         return self._end
 
     def find_slot(self, n_tokens: int, seq_ids: np.ndarray | None = None,
                   pos: np.ndarray | None = None) -> np.ndarray | None:
-        """The cells a batch of `n_tokens` goes to: the first free ones, lowest first (ArgumentError naming the
-        numbers when the cache is full). An `ordered` cache given the tokens' sequences and positions puts each
-        sequence's tokens, by position, in the lowest free cells above its cells; None when a sequence has not
-        enough free cells above its own (`compact` then frees them)."""
+        """The lowest free cells for a batch; `ordered`: above each sequence's own, None when `compact` must run."""
         self.check_room(n_tokens)
         if self.ordered and seq_ids is not None and pos is not None:
             return self._ordered_slot(seq_ids, pos)
-        if self._n_used == self._end:  # no free cell below the last one in use: the next ones
+        if self._n_used == self._end:
             return np.arange(self._end, self._end + n_tokens, dtype=np.int64)
         return np.flatnonzero(self.cell_pos < 0)[:n_tokens].astype(np.int64)
 
     def _ordered_slot(self, seq_ids: np.ndarray, pos: np.ndarray) -> np.ndarray | None:
         free = self.cell_pos < 0
         cells = np.empty(len(seq_ids), dtype=np.int64)
-        for s in dict.fromkeys(seq_ids.tolist()):  # the sequences in batch order
+        for s in dict.fromkeys(seq_ids.tolist()):
             tokens = np.flatnonzero(seq_ids == s)
             tokens = tokens[np.argsort(pos[tokens], kind="stable")]
             own = np.flatnonzero((self.cell_seq & self._seq_bit(s)) != 0)
@@ -247,14 +216,12 @@ class KVCache:
         return cells
 
     def compact(self) -> np.ndarray:
-        """Move the used cells down to cells 0..n_used-1, in their order (each sequence's cells keep their order;
-        the free cells are then all above): K and V copied cell by cell, byte for byte, in every layer. Returns
-        each old cell's new place (-1 for a free one)."""
+        """Move the used cells down to 0..n_used-1 in their order, K and V byte for byte; each old cell's new place."""
         used = np.flatnonzero(self.cell_pos >= 0)
         moved = np.full(self.n_ctx, -1, dtype=np.int64)
         moved[used] = np.arange(used.size)
         if used.size and used[-1] == used.size - 1:
-            return moved  # nothing to move
+            return moved
         g = self.n_embd_gqa
         for tensors, channel_major in ((self.k, False), (self.v, self.v_trans)):
             for t in tensors:
@@ -275,7 +242,6 @@ class KVCache:
         return moved
 
     def apply(self, cells: np.ndarray, pos: np.ndarray, seq_ids: np.ndarray) -> None:
-        """Cells `cells` now hold positions `pos` of sequences `seq_ids` (one each)."""
         self.cell_pos[cells] = pos
         self.cell_seq[cells] = np.left_shift(np.uint64(1), seq_ids.astype(np.uint64))
         self._n_used += len(cells)
@@ -283,9 +249,8 @@ class KVCache:
         np.maximum.at(self._seq_max, seq_ids, pos)
 
     def mask(self, pos: np.ndarray, seq_ids: np.ndarray, n_kv: int, n_swa: int = 0) -> np.ndarray:
-        """KQ_mask [n_tokens, n_kv]: 0 where token i (position pos[i] of sequence seq_ids[i]) sees cell j (the
-        cell holds its sequence at a position <= pos[i]; with a sliding window of n_swa tokens also
-        pos[i] - position < n_swa, llama.cpp's is_masked_swa), -inf elsewhere."""
+        """KQ_mask [n_tokens, n_kv]: 0 where a token sees a cell of its sequence at an earlier position (within
+        n_swa: llama.cpp's is_masked_swa), -inf elsewhere."""
         cell_pos = self.cell_pos[:n_kv]
         bits = np.left_shift(np.uint64(1), seq_ids.astype(np.uint64))
         sees = (self.cell_seq[None, :n_kv] & bits[:, None]) != 0
@@ -295,8 +260,7 @@ class KVCache:
         return np.where(sees, np.float32(0), np.float32(-np.inf)).astype(np.float32)
 
     def clear_cells(self, start: int, n: int) -> None:
-        """Zero cells start..start+n of every layer: after a batch that wrote NaN or inf there, since graphs
-        read padded ranges of cells and a masked NaN still spreads (-inf + NaN and 0 * NaN are NaN)."""
+        """Zero cells start..start+n of every layer (a batch wrote NaN there, which spreads through the mask)."""
         g = self.n_embd_gqa
         n = max(0, min(n, self.n_ctx - start))
         if n == 0:
@@ -314,13 +278,10 @@ class KVCache:
                 tensor_set(self.v[il], zeros, (row * self.n_ctx + start) * es, n * es)
 
     def k_idxs(self, cells: np.ndarray) -> np.ndarray:
-        """The rows of the K cache (as [n_embd_gqa, n_ctx]) that a batch's tokens go to: its cells, I64."""
         return cells.astype(np.int64)
 
     def v_idxs(self, cells: np.ndarray) -> np.ndarray:
-        """The rows of the V cache that this batch's values go to: the cells, as for K, when V is stored as K;
-        transposed (rows of one element, llama.cpp's cpy_v), channel j of token i goes to element
-        j * n_ctx + cell_i: I64 [n_embd_gqa * n_tokens], in v_cur's order (token-major)."""
+        """V's rows for this batch: the cells, or transposed (cpy_v) channel j of token i to j * n_ctx + cell_i."""
         cells = cells.astype(np.int64)
         if not self.v_trans:
             return cells
@@ -329,8 +290,7 @@ class KVCache:
 
     def store(self, ctx: Context, graph: Graph, il: int, k_cur: Tensor, v_cur: Tensor, n_tokens: int,
               k_idxs: Tensor, v_idxs: Tensor) -> list[Tensor]:
-        """Add to `graph` the SET_ROWS nodes writing this batch's K and V (layer `il`) into the cells
-        the index inputs name (`k_idxs`, `v_idxs`: see those methods), as llama.cpp's cpy_k / cpy_v."""
+        """SET_ROWS nodes writing layer `il`'s K and V into the cells `k_idxs`/`v_idxs` name (cpy_k / cpy_v)."""
         g = self.n_embd_gqa
         k_cache = ctx.reshape_2d(self.k[il], g, self.n_ctx).set_name(f"k_cache_view-{il}")
         k_set = ctx.set_rows(k_cache, ctx.reshape_2d(k_cur, g, n_tokens), k_idxs)
@@ -348,8 +308,7 @@ class KVCache:
 
     def store_cpy(self, ctx: Context, graph: Graph, il: int, k_cur: Tensor, v_cur: Tensor, n_tokens: int,
                   head: int) -> list[Tensor]:
-        """For backends without SET_ROWS: CPY of this batch's K and V into views of cells
-        head..head+n_tokens (the graph then serves that place only)."""
+        """Without SET_ROWS: CPY of K and V into views of cells head..head+n_tokens (a graph for that place only)."""
         g = self.n_embd_gqa
         k_view = ctx.view_1d(self.k[il], n_tokens * g, self.cell_bytes(self.k[il]) * head)
         k_view.set_name(f"k_cache_view-{il}")
@@ -367,13 +326,11 @@ class KVCache:
         return nodes
 
     def k_view(self, ctx: Context, il: int, n_kv: int, head_dim: int, n_head_kv: int) -> Tensor:
-        """Keys of cells 0..n_kv as [head_dim, n_kv, n_head_kv]."""
         t = self.k[il]
         return ctx.view_3d(t, head_dim, n_kv, n_head_kv, self.cell_bytes(t), row_size(t.type, head_dim), 0)
 
     def v_view(self, ctx: Context, il: int, n_kv: int, head_dim: int, n_head_kv: int) -> Tensor:
-        """Values of cells 0..n_kv as [n_kv, head_dim, n_head_kv] (transposed: rows are channels), or
-        as [head_dim, n_kv, n_head_kv] as the keys when V is not transposed (flash attention)."""
+        """Values of cells 0..n_kv as [n_kv, head_dim, n_head_kv] when transposed, else as the keys."""
         t = self.v[il]
         if not self.v_trans:
             return ctx.view_3d(t, head_dim, n_kv, n_head_kv, self.cell_bytes(t), row_size(t.type, head_dim), 0)

@@ -1,22 +1,8 @@
-"""`Model`: a GGUF model file (an architecture of pyggml.models.arch) loaded over backends, evaluated
-batch by batch with a KV cache.
+"""`Model`: a GGUF model loaded over backends and evaluated with a KV cache, as llama.cpp's llama-model.cpp and
+llama-context.cpp (llama_decode); layers placed as -ngl / -ts / -ot place them (`pyggml.models.placement`).
 
     model = pyggml.models.load("model.gguf", backends=["torch", "cpu"], n_layers_on=[20])
     logits = model.eval(model.tokenize("Hello"))         # (n_ids, n_vocab), extends the KV cache
-    for tok in model.generate("Once upon a time", 32, Sampler(temperature=0)):
-        print(model.detokenize([tok]), end="")
-
-Layers are placed as llama.cpp's `--n-gpu-layers` places them: the first
-`n_layers_on[0]` layers on the first backend, the next `n_layers_on[1]` on
-the second, the rest on the last; the token embeddings go with the first
-layer, the output norm and head with the last. Or by proportions, as
-llama.cpp's `--tensor-split` (`tensor_split=[1, 1, 2]`; the output norm and
-head then go where llama.cpp puts its output layer). `override_tensor=[(regex,
-backend)]` puts the weights a regex finds on a backend whatever their layer,
-as llama.cpp's `--override-tensor` (see pyggml.models.placement). Weights, the
-KV cache of a layer and the layer's compute sit on the same backend (an
-overridden weight's nodes compute on its backend); with more than one backend
-the scheduler joins them.
 """
 
 from __future__ import annotations
@@ -66,30 +52,24 @@ from pyggml.models.runner import Runner, is_host_backend
 
 log = logging.getLogger("pyggml.models")
 
-KV_PAD = 256  # graphs read the cache in multiples of 256 cells, at least 256, at most n_ctx (llama.cpp's n_kv,
-# llama_kv_cache::get_n_kv), so one decode graph, the same shapes, serves 256 consecutive tokens
+KV_PAD = 256  # llama_kv_cache::get_n_kv's padding: one decode graph serves 256 consecutive tokens
 FLASH_ATTN_MODES = ("on", "off", "auto")
-# graphs kept by their shapes: a generation alternates between a prompt's graph and a token's, and a server's
-# batches among a few more (4 sequences decoding, 3 while a slot waits for its next request, 3 tokens and a new
-# prompt's...): rebuilding a graph costs more than keeping it (its metadata and plans, no compute memory: the
-# buffers are shared)
+# a server's batches come in a few shapes; rebuilding a graph costs more than keeping it (no compute memory)
 KEEP_GRAPHS = 8
 GraphKey = tuple[int, int, int, bool, bool]  # (n_tokens, n_kv, n_outputs, last_only, embeddings)
 
 
 @dataclass
 class Batch:
-    """One llama_batch as computed: tokens, their positions and sequences, the KV cells they go to, the cells
-    attention reads (n_kv), and whose logits are computed: the last token's (last_only), the rows `out_rows`
-    names, or every token's (neither); with `embeddings` their hidden states (the output norm's result) instead."""
+    """One llama_batch as computed; logits of the last token (last_only), of `out_rows`, or of all."""
 
-    ids: np.ndarray  # I32 [n_tokens]
-    pos: np.ndarray  # I32 [n_tokens]
-    seq_ids: np.ndarray  # I32 [n_tokens]
-    cells: np.ndarray  # I64 [n_tokens]
+    ids: np.ndarray
+    pos: np.ndarray
+    seq_ids: np.ndarray
+    cells: np.ndarray
     n_kv: int
     last_only: bool = False
-    out_rows: np.ndarray | None = None  # I32 [n_outputs]
+    out_rows: np.ndarray | None = None
     embeddings: bool = False
 
     @property
@@ -98,18 +78,14 @@ class Batch:
 
 
 def resolve_flash_attn(mode: str | bool, batch_invariant: bool = False, quantized_v: bool = False) -> bool:
-    """`flash_attn` as llama.cpp's -fa: "on" / True, "off" / False, or "auto". llama.cpp's auto turns it on
-    where every layer's backend computes FLASH_ATTN_EXT; here auto is off for now, because on the CPU
-    backend it measured no faster (built-in model, 2 threads, pyggml bench -p 64 -n 32 -r 3 -fa on/off
-    alternated: within the machine's noise, decode rather slower). With `batch_invariant` auto is on and
-    off is refused: batch-invariant attention is FLASH_ATTN_EXT's walk over a row's own cells. With
-    `quantized_v` (a quantized V cache) auto is on and off is refused, as llama_init_from_model does."""
+    """`flash_attn` as llama.cpp's -fa. "auto" is off (on the CPU backend it is no faster, benchmarks/README.md),
+    but on, and "off" refused, with `batch_invariant` or a quantized V cache (as llama_init_from_model)."""
     if isinstance(mode, bool):
         on = mode
     elif not isinstance(mode, str) or mode.lower() not in FLASH_ATTN_MODES:
         raise ArgumentError(f"flash_attn must be one of {', '.join(FLASH_ATTN_MODES)} (or a bool), got {mode!r}")
     else:
-        on = mode.lower() == "on" or (batch_invariant and mode.lower() == "auto")  # "auto": see above
+        on = mode.lower() == "on" or (batch_invariant and mode.lower() == "auto")
         if quantized_v and mode.lower() == "auto" and not on:
             log.info("enabling flash_attn since it is required for quantized V cache")  # llama.cpp's words
             on = True
@@ -123,10 +99,8 @@ def resolve_flash_attn(mode: str | bool, batch_invariant: bool = False, quantize
 
 def all_support(backends: Sequence[Backend], op: str, kv_type: GGMLType = GGMLType.F32,
                 ffn: str = FFN_SWIGLU) -> bool:
-    """Whether every one of `backends` computes `op` ("set_rows": F32 rows into the F32 or F16 cache by I64
-    indices; "glu": the GLU of FFN kind `ffn` on F32 tensors; "flash_attn": FLASH_ATTN_EXT over a cache of `kv_type`;
-    "attention": MUL_MAT and SOFT_MAX_EXT over such a cache),
-    asked of each backend with a small node of that kind."""
+    """Whether every one of `backends` computes `op` ("set_rows", "glu", "flash_attn", "attention"), asked with a
+    small node of that kind."""
     ctx = Context(mem_size=16 * tensor_overhead(), no_alloc=True)
     try:
         a = ctx.new_tensor_2d(GGMLType.F32, 8, 4)
@@ -135,7 +109,7 @@ def all_support(backends: Sequence[Backend], op: str, kv_type: GGMLType = GGMLTy
             q = ctx.new_tensor_3d(GGMLType.F32, 64, 1, 4)
             k, v = (ctx.new_tensor_3d(kv_type, 64, 256, 2) for _ in range(2))
             nodes = [ctx.flash_attn_ext(q, k, v, ctx.new_tensor_2d(GGMLType.F16, 256, 1), 0.125)]
-        elif op == "attention":  # KQ and KQV products over a cache of `kv_type`, and the softmax between them
+        elif op == "attention":
             q = ctx.new_tensor_3d(GGMLType.F32, 64, 1, 4)
             k = ctx.new_tensor_3d(kv_type, 64, 256, 2)
             kq = ctx.mul_mat(k, q)
@@ -144,7 +118,7 @@ def all_support(backends: Sequence[Backend], op: str, kv_type: GGMLType = GGMLTy
         elif op == "set_rows":
             nodes = [ctx.set_rows(ctx.new_tensor_2d(t, 8, 4), b, ctx.new_tensor_1d(GGMLType.I64, 1))
                      for t in (GGMLType.F32, GGMLType.F16)]
-        else:  # the GLU of the family's FFN (SwiGLU, GEGLU or phi3's fused SwiGLU)
+        else:
             b2 = ctx.new_tensor_2d(GGMLType.F32, 8, 4)
             nodes = [ctx.geglu_split(a, b2) if ffn == FFN_GEGLU else ctx.swiglu(a) if ffn == FFN_SWIGLU_FUSED
                      else ctx.swiglu_split(a, b2)]
@@ -162,8 +136,7 @@ def _placement(n_layer: int, backends: list[Backend], n_layers_on: int | Sequenc
                tensor_split: Sequence[float] | None,
                override_tensor: Sequence[tuple[Any, Any]] | None) -> tuple[list[Backend], Backend,
                                                                           list[tuple[re.Pattern[str], Backend]]]:
-    """(backend of each layer, backend of the output norm and head, overrides as (regex, backend)) from
-    layer counts or proportions (see pyggml.models.placement) and the overrides of single weights."""
+    """(backend of each layer, of the output norm and head, overrides as (regex, backend))."""
     check_backend_count(len(backends))
     if tensor_split is not None and n_layers_on is not None:
         raise ArgumentError("load: give n_layers_on or tensor_split, not both (llama.cpp's -ngl per device or -ts)")
@@ -190,10 +163,8 @@ def _placement(n_layer: int, backends: list[Backend], n_layers_on: int | Sequenc
 
 
 def _extra_buft(weight: Tensor, backend: Backend) -> BufferType | None:
-    """The buffer type a weight goes to instead of its backend's default (llama.cpp's extra buffer types, which
-    its --no-repack turns off): the first of the device's extra ones (the CPU's CPU_REPACK) that multiplies
-    it. Only matrices that the graphs use as MUL_MAT weights alone: every 2-D weight but the token embedding
-    (GET_ROWS reads it; a tied output reuses it)."""
+    """The device's first extra buffer type (CPU_REPACK) that multiplies a MUL_MAT-only weight, as llama.cpp's
+    extra buffer types; the token embedding stays (GET_ROWS reads it)."""
     device = backend.get_device()
     if device is None or weight.name == "token_embd.weight" or weight.ne[2] != 1 or weight.ne[3] != 1 \
             or weight.ne[1] == 1:
@@ -205,23 +176,11 @@ def _extra_buft(weight: Tensor, backend: Backend) -> BufferType | None:
 
 
 class Model:
-    """A loaded model: weights in backend buffers, a KV cache, a runner that computes its graphs.
+    """A loaded model; the file, its shapes and host memory are checked before anything is allocated.
 
-    Loading checks the file before it takes memory: the hyper-parameters (types and ranges, see
-    `HParams.from_gguf`), every tensor's shape against them (`check_tensors`), and that the KV
-    cache and compute buffers of `n_ctx` fit in host memory (OutOfMemoryError with the numbers).
-    With `check_finite` (the default) every batch's logits are checked: NaN or infinity raises
-    NonFiniteError naming the first tensor where it appears (found by computing the batch again with the
-    scheduler's eval callback reading each node), and the batch is not added to the KV cache. The check costs one pass
-    over the logits; `check_finite=False` (an attribute too) skips it.
-    With `repack` (the default, as llama.cpp) the layer matrices a device's extra buffer type multiplies
-    faster go there (the CPU's CPU_REPACK: Q4_0 matrices, 8 rows interleaved, copied out of the mapped file);
-    `repack=False` keeps every weight in its backend's default buffer type (llama.cpp's --no-repack).
-    With `batch_invariant` a sequence's logits do not depend on the batch it is computed in nor on where its
-    cells sit in the KV cache: every backend is asked to reduce each output element in one order whatever
-    the batch (`pyggml.backend.registry.set_batch_invariant`; ArgumentError for a backend that cannot),
-    attention is flash attention, and the cache keeps each sequence's cells in the order of its positions
-    (KVCache's `ordered`).
+    `check_finite`: NaN or inf in a batch's logits raises NonFiniteError naming the first tensor where it appears.
+    `repack`: weights go to the device's extra buffer type (llama.cpp's default; --no-repack). `batch_invariant`:
+    a sequence's logits depend neither on its batch nor on its cells (flash attention, an ordered cache).
     """
 
     def __init__(self, gf: GGUFFile, backends: list[Backend], n_ctx: int = 512,
@@ -235,7 +194,7 @@ class Model:
             raise ArgumentError("load: no backends given")
         if not isinstance(batch_invariant, bool):
             raise ArgumentError(f"load: batch_invariant must be a bool, got {batch_invariant!r}")
-        kv_type = check_type(as_type(kv_type))  # K's type (llama.cpp's type_k)
+        kv_type = check_type(as_type(kv_type))  # llama.cpp's type_k
         kv_type_v = kv_type if kv_type_v is None else check_type(as_type(kv_type_v))
         fa = resolve_flash_attn(flash_attn, batch_invariant, TYPE_TRAITS[kv_type_v].is_quantized)
         if batch_invariant:
@@ -254,12 +213,12 @@ class Model:
         self.layer_backend, self.output_backend, overrides = _placement(hp.n_layer, backends, n_layers_on,
                                                                         tensor_split, override_tensor)
         first = self.layer_backend[0]
-        # the special tokens, checked now so that a mistyped id fails the load, not the first generation
+        # a mistyped special token id fails the load, not the first generation
         self._bos: int | None = read_int(gf, "tokenizer.ggml.bos_token_id", None, minimum=-1)
         self._eos: int | None = read_int(gf, "tokenizer.ggml.eos_token_id", None, minimum=-1)
 
         def backend_of(name: str) -> Backend:
-            for rx, b in overrides:  # the first override that finds the name wins, as in llama.cpp's loader
+            for rx, b in overrides:  # the first match wins, as in llama.cpp's loader
                 if rx.search(name):
                     return b
             il = layer_of(name)
@@ -268,15 +227,13 @@ class Model:
             return first if name == "token_embd.weight" else self.output_backend
 
         names = check_tensors(hp, gf)
-        # the weights an override placed, name -> backend (the rest went with their layer)
         self.overridden = {n: backend_of(n) for n in names if any(rx.search(n) for rx, _ in overrides)}
         for rx, _ in overrides:
-            if not any(rx.search(n) for n in names):  # llama.cpp says nothing; a mistyped pattern would go unseen
+            if not any(rx.search(n) for n in names):  # llama.cpp says nothing: a mistyped pattern would go unseen
                 log.warning("override_tensor %r matches no weight of '%s'", rx.pattern, gf.name)
         chosen: dict[str, BufferType | None] = {}
 
         def extra_buft(weight: Tensor, backend: Backend) -> BufferType | None:
-            # each weight's device asked once: the memory check asks first, the loader takes the same answer
             if weight.name not in chosen:
                 chosen[weight.name] = _extra_buft(weight, backend)
             return chosen[weight.name]
@@ -290,60 +247,44 @@ class Model:
         kv: KVCache | None = None
         try:
             self.flash_attn: bool = fa
-            # a layer's KV cache sits with the layer where its backend computes the attention over it (llama.cpp's
-            # offload_kqv), else on the last backend, the fallback that computes everything (a MUL_MAT-only one)
+            # a layer's KV cache sits where its attention is computed (offload_kqv), else on the fallback
             fallback = backends[-1]
             attends = {id(b): all(all_support([b], "attention", t) for t in {kv_type, kv_type_v}) for b in backends}
             self.kv_backend = [b if attends[id(b)] else fallback for b in self.layer_backend]
-            # SET_ROWS KV writes and GLU where the backends that write the cache and compute the layers'
-            # elementwise ops have them, else CPY into views and SILU * MUL: a backend without
-            # them keeps its layers' work instead of handing single nodes to another backend
+            # SET_ROWS and GLU only where every backend has them, so no backend hands single nodes away
             workers = [b for b in self.layer_backend if attends[id(b)]] or [fallback]
             self._graph_kw = {"flash_attn": self.flash_attn, "set_rows": all_support(self.kv_backend, "set_rows"),
                               "glu": all_support(workers, "glu", ffn=hp.arch.ffn)}
             kv = self.kv = KVCache(hp.n_layer, self.n_ctx, hp.n_embd_gqa, self.kv_backend, kv_type,
                                    v_trans=not self.flash_attn, ordered=batch_invariant, type_v=kv_type_v)
-            # one engine for one backend or many: the scheduler, reserved once with the worst-case graph
-            # the graph computed last, kept while the next batch has its shapes (llama.cpp's can_reuse): the
-            # decode graph of every token of one n_kv (the cells written are index inputs). The CPY graph
-            # (backends without SET_ROWS) writes the cache through views at n_past: never reused.
+            # graphs are reused while the shapes match (llama.cpp's can_reuse), not the CPY graph (views at n_past)
             self.reuse_graphs = bool(reuse_graphs) and self._graph_kw["set_rows"]
             self.runner = Runner(backends, self._measure_graphs(), graph_size(hp),
                                  keep_graphs=KEEP_GRAPHS if self.reuse_graphs else 1)
         except BaseException:
-            # nothing of a failed load stays behind (host buffers are registered by address until freed)
+            # nothing of a failed load stays behind
             if kv is not None:
                 kv.free()
             self.weights.free()
             raise
         finally:
             for ctx in self._measure_ctxs:
-                ctx.free()  # the measure graphs were only for sizes
+                ctx.free()
             self._measure_ctxs = []
         self._tokenizer: Any = None
-        # Beyond llama.cpp, which keeps only the last graph: the last KEEP_GRAPHS graphs by their shapes, each
-        # kept by the scheduler with its splits and plans, so that a token's graph survives a prompt's
-        self._graphs: dict[GraphKey, tuple[Context, GraphInputs, Graph]] = {}  # least recently used first
-        self.keep_graphs = KEEP_GRAPHS if self.reuse_graphs else 1  # see set_keep_graphs
+        # beyond llama.cpp (the last graph only): KEEP_GRAPHS graphs by shape, least recently used first
+        self._graphs: dict[GraphKey, tuple[Context, GraphInputs, Graph]] = {}
+        self.keep_graphs = KEEP_GRAPHS if self.reuse_graphs else 1
         self._last_key: GraphKey | None = None
-        self.n_graphs_built = 0  # graphs built (the rest of the batches reused one)
-
-    # --- checks ---
+        self.n_graphs_built = 0
 
     def _check_memory(self, names: list[str], backend_of: Any, kv_types: tuple[GGMLType, GGMLType], use_mmap: bool,
                       buft_of: Callable[[Tensor, Backend], BufferType | None] | None = None) -> None:
-        """Refuse (OutOfMemoryError with the bytes requested and available) a context whose KV cache and
-        compute buffers cannot fit in host memory, before anything is allocated.
-
-        Counted on host backends: the KV cache (K and V of n_ctx cells per layer), a lower bound of the
-        compute buffers (one layer's attention scores and the mask for a batch of n_batch tokens at the
-        end of the context are alive together) and the weights that are copied rather than mapped: those of
-        a backend that does not map the file, and those `buft_of` sends to an extra buffer type (the CPU's
-        repacked copies). Device backends are left to their own allocator.
-        """
+        """OutOfMemoryError before anything is allocated when the host backends' KV cache, a lower bound of the
+        compute buffers and the copied (not mapped) weights exceed host memory."""
         hp = self.hparams
         host = {id(b): is_host_backend(b) for b in self.backends}
-        cell_bytes = sum(row_size(t, hp.n_embd_gqa) for t in kv_types)  # K and V of one cell of one layer
+        cell_bytes = sum(row_size(t, hp.n_embd_gqa) for t in kv_types)
         kv_bytes = sum(self.n_ctx * cell_bytes for b in self.layer_backend if host[id(b)])
         compute = 0
         if any(host[id(b)] for b in self.layer_backend):
@@ -371,15 +312,12 @@ class Model:
                                 f"compute buffers at least {compute} bytes"
                          + (f" + copied weights {weights} bytes)" if weights else ")"))
 
-    # --- graphs ---
-
     def _new_ctx(self) -> Context:
         size = graph_size(self.hparams)
         return Context(mem_size=size * tensor_overhead() + graph_overhead(size), no_alloc=True)
 
     def _measure_graphs(self) -> list[tuple[Any, list[tuple[Any, Backend]]]]:
-        """The largest graphs a batch makes (n_batch tokens at the end of the context), every logit and the last
-        one's: the scheduler reserves both, so a prompt of either kind is laid out as they were."""
+        """The worst-case graphs (n_batch tokens at the end of the context; all logits, the last) to reserve."""
         self._measure_ctxs = [self._new_ctx(), self._new_ctx()]
         out = []
         for ctx, last_only in zip(self._measure_ctxs, (False, True), strict=True):
@@ -389,8 +327,7 @@ class Model:
         return out
 
     def _inputs(self, inp: GraphInputs, batch: Batch) -> list[tuple[Any, np.ndarray]]:
-        """The values of a batch's graph inputs: tokens, positions, the masks (F16 with flash attention) from
-        the cells' positions and sequences, the cache rows K and V go to, the rows whose logits are wanted."""
+        """The values of a batch's graph inputs (the masks F16 with flash attention)."""
         kv = self.kv
         masks = [(inp.mask, kv.mask(batch.pos, batch.seq_ids, batch.n_kv))]
         if inp.mask_swa is not None:
@@ -413,8 +350,7 @@ class Model:
     def _decode_batch(self, ids: np.ndarray, pos: np.ndarray, seq_ids: np.ndarray, last_only: bool,
                       out_rows: np.ndarray | None, written: list[np.ndarray] | None = None,
                       embeddings: bool = False) -> np.ndarray:
-        """llama_decode of one batch (at most n_batch tokens): each token's K and V go to a free cell, which
-        then holds its position and sequence; logits of the last token (last_only), of `out_rows`, or of all."""
+        """llama_decode of one batch of at most n_batch tokens, each to a free cell."""
         kv = self.kv
         n_tokens = len(ids)
         cells = kv.find_slot(n_tokens, seq_ids, pos)
@@ -423,14 +359,14 @@ class Model:
             if written is not None:
                 written[:] = [moved[c] for c in written]
             cells = kv.find_slot(n_tokens, seq_ids, pos)
-            assert cells is not None  # every free cell is above every used one now
+            assert cells is not None
         head = int(cells[0])
         if not self._graph_kw["set_rows"] and int(cells[-1]) != head + n_tokens - 1:
             raise UnsupportedOpError(f"a batch of {n_tokens} tokens goes to cells {cells.tolist()[:8]}...: cells that "
                                      f"are not one run need SET_ROWS, which a backend holding the cache lacks")
         kv.apply(cells, pos, seq_ids)
         if written is not None:
-            written.append(cells)  # (the caller's rollback of the batches before a failed one)
+            written.append(cells)
         try:
             batch = Batch(ids, pos, seq_ids, cells, self._n_kv(kv.used_end()), last_only, out_rows, embeddings)
             logits = self._compute(batch)
@@ -440,7 +376,6 @@ class Model:
         return logits
 
     def _compute(self, batch: Batch) -> np.ndarray:
-        """The batch's graph (kept, taken up again or built) computed; its logits, checked."""
         n_tokens, n_kv = len(batch.ids), batch.n_kv
         key = (n_tokens, n_kv, batch.n_outputs, batch.last_only, batch.embeddings)
         kept = self._graphs.get(key) if self.reuse_graphs else None
@@ -449,7 +384,7 @@ class Model:
             try:
                 if key == self._last_key:
                     self.runner.run_again(self._inputs(inp, batch))
-                else:  # taken up again by the scheduler, as it was
+                else:
                     self._graphs[key] = self._graphs.pop(key)
                     self._last_key = key
                     self.runner.run(kept[2], self._inputs(inp, batch), self._pins(inp))
@@ -474,7 +409,7 @@ class Model:
             self._last_key = key
         logits = tensor_get_numpy(inp.logits).reshape(-1, self.hparams.n_embd if batch.embeddings
                                                       else self.hparams.n_vocab)
-        # one pass over the logits (n_vocab floats a token): NaN or inf anywhere upstream reaches them
+        # NaN or inf anywhere upstream reaches the logits
         if self.check_finite and not np.isfinite(logits).all():
             raise self._non_finite_error(batch, logits)
         return logits
@@ -490,7 +425,6 @@ class Model:
         return [(norm, self.layer_backend[il]) for il, norm in inp.norms]
 
     def _forget_graph(self) -> None:
-        """Drop every kept graph: the scheduler lets go of them, then their contexts are freed."""
         self.runner.forget()
         for ctx, _, _ in self._graphs.values():
             ctx.free()
@@ -498,10 +432,7 @@ class Model:
         self._last_key = None
 
     def set_keep_graphs(self, n: int) -> None:
-        """Keep the last `n` graphs by their shapes (default KEEP_GRAPHS; 1 where graphs are not reused): a
-        caller whose batches come in more shapes keeps more, so that none is built again (pyggml serve with
-        -np 8 sees up to 8 decoding sequences, and prompts beside them). Each costs ~1.2 MB of metadata
-        (SmolLM2-135M), no compute memory."""
+        """Keep the last `n` graphs by their shapes (default KEEP_GRAPHS; 1 where graphs are not reused)."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ArgumentError(f"keep_graphs must be an int >= 1, got {n!r}")
         if not self.reuse_graphs:
@@ -522,13 +453,9 @@ class Model:
         """llama.cpp's n_kv for `used` cells: min(n_ctx, max(256, GGML_PAD(used, 256)))."""
         return min(self.n_ctx, max(KV_PAD, (used + KV_PAD - 1) // KV_PAD * KV_PAD))
 
-    # --- non-finite logits ---
-
     def _non_finite_error(self, batch: Batch, logits: np.ndarray) -> NonFiniteError:
-        """The error for a batch whose logits are not all finite, naming the first tensor where NaN or inf
-        appears. The batch's cells and the free ones are zeroed after: graphs read padded ranges of cells,
-        where a NaN hidden by the mask still spreads (-inf + NaN and 0 * NaN are NaN), and nothing there is
-        read before it is written otherwise."""
+        """NonFiniteError naming the first tensor with NaN or inf; the batch's and free cells are zeroed, since a
+        masked NaN in padded cells still spreads (0 * NaN is NaN)."""
         n_bad = int((~np.isfinite(logits)).sum())
         kind = "NaN" if np.isnan(logits).any() else "inf"
         try:
@@ -544,9 +471,7 @@ class Model:
             f"--no-check-finite, skips this check)")
 
     def _first_non_finite(self, batch: Batch) -> str:
-        """Compute the batch again, as the same graph, with the scheduler's eval callback looking at every
-        node as soon as it is computed (llama.cpp's eval-callback), and describe the first one, in graph
-        order, whose values are not all finite; the compute stops there. Only on the error path."""
+        """The batch computed again under the eval callback, describing the first node not all finite."""
         self._forget_graph()
         ctx = self._new_ctx()
         found: list[tuple[int, Any, int, int]] = []
@@ -558,15 +483,14 @@ class Model:
             built_views = {id(n) for n in gf.nodes if n.view_src is not None}
 
             def observe(node: Any, ask: bool) -> bool:
-                if ask:  # a view op shows its source's values, checked before it (an op the allocator put in
-                    # its source's memory, view_src set, computes values of its own)
+                if ask:  # a view op shows its source's values (not an in-place op, which has view_src too)
                     return (not is_view_op(node.op) and id(node) not in built_views
                             and node.type in (GGMLType.F32, GGMLType.F16))
                 values = tensor_get_numpy(node)
                 n_nan, n_inf = int(np.isnan(values).sum()), int(np.isinf(values).sum())
                 if n_nan or n_inf:
                     found.append((order.get(id(node), -1), node, n_nan, n_inf))
-                    return False  # stop: nothing after it is needed
+                    return False
                 return True
 
             self.runner.set_eval_callback(observe)
@@ -593,8 +517,7 @@ class Model:
             ctx.free()
 
     def _bad_sources(self, node: Any, w: dict[str, Any], kv: KVCache) -> str:
-        """What is not finite among the node's sources: weights (their values in the file) and views of
-        the KV cache (cells an earlier batch left, e.g. one evaluated with check_finite off)."""
+        """What is not finite among the node's weights and KV cache views."""
         cache = {id(t) for t in (*kv.k, *kv.v)}
         out = ""
         for s in node.src:
@@ -613,11 +536,8 @@ class Model:
                 out += f"; {what} holds {n_nan} NaN and {n_inf} inf"
         return out
 
-    # --- the API ---
-
     def eval(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
-        """Evaluate `ids` after the tokens already in the KV cache (in batches of n_batch);
-        returns the logits of every id, shape (len(ids), n_vocab)."""
+        """Evaluate `ids` after the KV cache's tokens; logits (len(ids), n_vocab)."""
         arr = self._check_ids(ids)
         start = self.kv.n
         try:
@@ -630,7 +550,7 @@ class Model:
         return np.concatenate(out, axis=0)
 
     def eval_last(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
-        """As `eval`, but only the logits of the last id are computed (what generation needs)."""
+        """As `eval`, the last id's logits only."""
         arr = self._check_ids(ids)
         if len(arr) == 0:
             raise ArgumentError("eval_last: no ids given")
@@ -658,8 +578,7 @@ class Model:
         self.kv.clear()
 
     def truncate(self, n_keep: int) -> None:
-        """Keep the first `n_keep` tokens of the KV cache (llama.cpp's llama_memory_seq_rm from n_keep on): the
-        next eval goes on at position n_keep; the cells after are free."""
+        """Keep the first `n_keep` tokens of the KV cache (llama_memory_seq_rm from n_keep on)."""
         if isinstance(n_keep, bool) or not isinstance(n_keep, int | np.integer) or not 0 <= n_keep <= self.kv.n:
             raise ArgumentError(f"truncate: n_keep must be an integer in [0, {self.kv.n}] (the tokens in the KV "
                                 f"cache), got {n_keep!r}")
@@ -677,21 +596,18 @@ class Model:
             try:
                 self._tokenizer = Tokenizer.from_gguf(self.file)  # reads like a gguf.GGUFReader (fields, get_field)
             except (AttributeError, TypeError):
-                self._tokenizer = Tokenizer.from_gguf(self.file.reader)  # the package's own reader
+                self._tokenizer = Tokenizer.from_gguf(self.file.reader)
         return self._tokenizer
 
     def tokenize(self, text: str, add_bos: bool = True, parse_special: bool = True) -> list[int]:
-        """Token ids of `text`, as llama.cpp's tools tokenize a prompt: BOS (and EOS) as the file says when
-        `add_bos`, and special tokens written in the text ("<|im_start|>") as their ids unless
-        `parse_special` is False (then they are plain text)."""
+        """Token ids of `text` as llama.cpp's tools tokenize a prompt (BOS/EOS as the file says, special tokens)."""
         return list(self.tokenizer.encode(text, add_bos, parse_special))
 
     def detokenize(self, ids: Sequence[int]) -> str:
         return str(self.tokenizer.decode(list(ids)))
 
     def token_eos(self) -> int | None:
-        """The file's end-of-sequence id (tokenizer.ggml.eos_token_id); None if absent, -1 or out of the
-        vocabulary (llama.cpp warns about such an id and does not use it)."""
+        """tokenizer.ggml.eos_token_id; None if absent, -1 or out of the vocabulary (llama.cpp ignores it)."""
         return self._eos if self._eos is not None and 0 <= self._eos < self.hparams.n_vocab else None
 
     def token_bos(self) -> int | None:
@@ -699,8 +615,7 @@ class Model:
         return self._bos if self._bos is not None and 0 <= self._bos < self.hparams.n_vocab else None
 
     def eog_ids(self) -> frozenset[int]:
-        """The tokens that end a generation (llama_vocab_is_eog: EOS, EOT, "<|im_end|>", ...), from the
-        tokenizer; EOS alone for a file whose vocabulary pyggml cannot read."""
+        """llama_vocab_is_eog's tokens; EOS alone for a vocabulary pyggml cannot read."""
         try:
             return self.tokenizer.eog_ids
         except GGMLError:
@@ -709,11 +624,7 @@ class Model:
 
     def generate(self, prompt: str | Sequence[int], max_tokens: int, sampler: Any = None,
                  stop_at_eos: bool = True) -> Iterator[int]:
-        """Yield up to `max_tokens` new token ids after `prompt` (text or ids), continuing the KV cache.
-
-        `sampler` has `sample(logits, history) -> int` (None: greedy). Stops after an end-of-generation
-        token (`eog_ids`, as llama.cpp) when `stop_at_eos`, and when the KV cache is full.
-        """
+        """Yield up to `max_tokens` token ids after `prompt`, continuing the KV cache (sampler None: greedy)."""
         ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(i) for i in prompt]
         history = list(ids)
         if max_tokens <= 0:
@@ -725,7 +636,7 @@ class Model:
             history.append(tok)
             yield tok
             if tok in stop or n == max_tokens - 1 or self.kv.n >= self.n_ctx:
-                return  # done, or the context is full (the last token is yielded, not evaluated)
+                return  # the last token is yielded, not evaluated
             logits = self.eval_last([tok])
 
     # --- several sequences (llama.cpp's llama_decode over a unified KV cache, llama_memory_seq_*) ---
@@ -733,13 +644,8 @@ class Model:
     def decode(self, tokens: Sequence[int] | np.ndarray, seq_ids: Sequence[int] | np.ndarray | int = 0,
                positions: Sequence[int] | np.ndarray | None = None,
                outputs: Sequence[bool] | np.ndarray | None = None, embeddings: bool = False) -> np.ndarray:
-        """llama_decode: evaluate `tokens`, each of sequence `seq_ids` (one id for all, or one per token), at
-        `positions` (default: each sequence goes on after its last position in the cache, in batch order).
-        The sequences share the KV cache's cells; a token sees its own sequence's earlier positions only.
-        Returns the logits of the tokens `outputs` marks (default: the last token of each sequence in the
-        batch), in batch order: (n_outputs, n_vocab); with `embeddings` their hidden states instead, the output
-        norm's result (llama.cpp's embeddings with pooling none): (n_outputs, n_embd). Batches longer than
-        n_batch are computed in pieces."""
+        """llama_decode over the shared KV cache: logits (n_outputs, n_vocab) of the tokens `outputs` marks
+        (default: each sequence's last), or with `embeddings` their hidden states (n_outputs, n_embd)."""
         ids = self._check_ids(tokens)
         n = len(ids)
         if n == 0:
@@ -747,7 +653,7 @@ class Model:
         seqs = np.broadcast_to(np.asarray(seq_ids, dtype=np.int64), (n,)).astype(np.int32)
         present = np.unique(seqs)
         for s in present:
-            self.kv.seq_pos_max(int(s))  # checks the id
+            self.kv.seq_pos_max(int(s))
         if positions is None:
             pos = np.empty(n, dtype=np.int32)
             for s in present:
@@ -773,7 +679,6 @@ class Model:
             for i in range(0, n, self.n_batch):
                 part = slice(i, i + self.n_batch)
                 rows = np.flatnonzero(wanted[part]).astype(np.int32)
-                # a piece without outputs computes its last token's logits (never empty), unused
                 logits = self._decode_batch(ids[part], pos[part], seqs[part], len(rows) == 0,
                                             None if len(rows) in (0, len(ids[part])) else rows, written, embeddings)
                 if len(rows):
@@ -788,13 +693,8 @@ class Model:
 
     def embed(self, inputs: str | Sequence[int] | Sequence[str | Sequence[int]], pooling: str | None = None,
               embd_normalize: int = EMBD_NORMALIZE) -> np.ndarray | list[np.ndarray]:
-        """Embeddings of a text (or token ids), or of a list of them, as llama-embedding computes them: each input
-        tokenized as llama.cpp's tools tokenize a prompt, evaluated alone in a sequence of the KV cache that no
-        other holds (removed after: the cache's other contents stay), its hidden states (`decode(...,
-        embeddings=True)`) pooled by `pooling` ("none", "mean", "cls", "last"; default the file's,
-        `pooling_type`) and normalized (`pooling.normalize`; llama.cpp leaves "none" unnormalized only in
-        llama-server). One input gives (n_embd,) ((n_tokens, n_embd) for "none"); a list gives one such array per
-        input, stacked when pooled: (n_inputs, n_embd)."""
+        """Embeddings of a text or ids (or a list of them) as llama-embedding computes them, each input in a free
+        sequence, pooled by `pooling` (default the file's) and normalized."""
         from pyggml.models.pooling import check_pooling, normalize, pool
 
         mode = check_pooling(pooling if pooling is not None else self.pooling_type)
@@ -821,14 +721,12 @@ class Model:
 
     @property
     def pooling_type(self) -> str:
-        """The pooling the file names (`<arch>.pooling_type`: "none", "mean", "cls", "last", "rank"), "none"
-        without one, as llama.cpp."""
+        """`<arch>.pooling_type`'s name, "none" without one, as llama.cpp."""
         from pyggml.models.pooling import file_pooling
 
         return file_pooling(self.file, self.hparams.arch.name)
 
     def _spare_seq(self) -> int:
-        """The highest sequence id that holds no cell of the KV cache (ArgumentError when every one does)."""
         from pyggml.models.kv_cache import N_SEQ_MAX
 
         for seq in range(N_SEQ_MAX - 1, -1, -1):
@@ -850,11 +748,7 @@ class Model:
 
     def generate_batch(self, prompts: Sequence[str | Sequence[int]], max_tokens: int,
                        samplers: Sequence[Any] | None = None, stop_at_eos: bool = True) -> list[list[int]]:
-        """Several sequences decoded together from an empty KV cache: every prompt in one batch (sequence i is
-        prompt i), then each step one batch of the next token of every sequence still going, each sampled
-        by its own sampler (`samplers[i]`, None: greedy). Returns the new token ids of each sequence (a
-        sequence ends after an end-of-generation token with `stop_at_eos`, after `max_tokens`, or when the
-        cache is full)."""
+        """Sequences decoded together from an empty KV cache, one batch per step; the new ids of each."""
         ids = [self.tokenize(p) if isinstance(p, str) else [int(t) for t in p] for p in prompts]
         if not ids or any(not x for x in ids):
             raise ArgumentError(f"generate_batch: {len(ids)} prompts, each needs at least one token")
@@ -889,30 +783,15 @@ class Model:
     def chat(self, messages: Sequence[Mapping[str, Any]], *, max_tokens: int = 256, stream: bool = False,
              sampler: Any = None, template: Any = None, template_kwargs: Mapping[str, Any] | None = None,
              **sampling: Any) -> str | Iterator[str]:
-        """The model's reply to `messages` ([{"role": "user", "content": "Hi"}, ...]): the file's chat template
-        (`tokenizer.chat_template`; ChatML where the file has none, as llama.cpp) rendered as transformers
-        renders it (`template`: a `ChatTemplate` in its place; `template_kwargs`: more variables, e.g. tools,
-        enable_thinking), the assistant's turn opened, then up to `max_tokens` tokens generated from an empty
-        KV cache until an end-of-generation token ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", EOS, ...; not
-        part of the reply).
-
-        Returns the reply's text, or with `stream=True` an iterator of text pieces (never a split UTF-8
-        character). Sampling: `sampler` (a `Sampler`), or its parameters as keywords (temperature, top_k,
-        top_p, min_p, repeat_penalty, seed, ...; the Sampler's defaults otherwise); temperature=0 with
-        repeat_penalty=1.0 is greedy, what generate() gives without a sampler. A template that fails to
-        render raises `pyggml.models.chat.ChatTemplateError`. Multi-turn chats that keep the KV cache between
-        turns: `pyggml.models.chat.ChatSession`.
-        """
+        """The reply to `messages` through the file's chat template (ChatML without one), from an empty KV cache;
+        text, or with `stream=True` pieces. Sampler keywords as `Sampler`'s; multi-turn: `chat.ChatSession`."""
         from pyggml.models.chat import chat
 
         return chat(self, messages, max_tokens=max_tokens, stream=stream, sampler=sampler, template=template,
                     template_kwargs=template_kwargs, **sampling)
 
-    # --- memory ---
-
     def memory(self) -> dict[str, dict[str, int]]:
-        """Bytes per backend ("<name>#<index>"): weights (its weight buffers: the file's mapped range, copies,
-        repacked copies, as llama.cpp's load log counts them), KV cache, compute buffer."""
+        """Bytes per backend ("<name>#<index>"): weights (as llama.cpp's load log counts them), KV cache, compute."""
         compute = self.runner.buffer_sizes()
         out: dict[str, dict[str, int]] = {}
         for i, b in enumerate(self.backends):
@@ -935,18 +814,8 @@ class Model:
 
 def load(path: str | os.PathLike[str], backends: Sequence[Backend | str] | None = None, n_ctx: int = 512,
          n_layers_on: int | Sequence[int] | None = None, n_threads: int | None = None, **kwargs: Any) -> Model:
-    """Load a GGUF model file (llama, qwen2, qwen3, gemma3, phi3) over `backends` (Backend objects or registry
-    names; default one CPU backend).
-
-    `n_layers_on`: layer counts of the first backends (the rest on the last); or the keyword
-    `tensor_split`: one proportion per backend, layers placed as llama.cpp's -ts places them;
-    `override_tensor`: (regex, backend) pairs, backend a Backend of `backends`, a position, "NAME" or
-    "NAME#I": the weights a regex finds (re.search) go to that backend (llama.cpp's -ot);
-    `n_threads`: thread count of the backends whose registry sets one ("ggml_backend_set_n_threads":
-    the CPU backend's). Names go through `pyggml.backend.init_backend`. Further keywords go to
-    `Model` (n_batch, kv_type, use_mmap, repack, progress, reuse_graphs, check_finite, flash_attn: "on",
-    "off" or "auto" as llama.cpp's -fa, batch_invariant).
-    """
+    """Load a GGUF model (llama, qwen2, qwen3, gemma3, phi3) over `backends` (Backends or registry names; default
+    CPU): `n_layers_on` as -ngl, `tensor_split` as -ts, `override_tensor` as -ot; other keywords go to `Model`."""
     if n_threads is not None:
         check_positive(n_threads, "load: n_threads")
     bs: list[Backend] = []
@@ -959,5 +828,5 @@ def load(path: str | os.PathLike[str], backends: Sequence[Backend | str] | None 
     try:
         return Model(gf, bs, n_ctx=n_ctx, n_layers_on=n_layers_on, **kwargs)
     except BaseException:
-        gf.close()  # a failed load keeps no mapping of the file
+        gf.close()
         raise

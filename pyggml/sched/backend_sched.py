@@ -1,42 +1,7 @@
-"""`BackendSched`: `ggml_backend_sched` (ggml-backend.cpp at llama.cpp 0c1e570).
+"""`BackendSched`: ggml_backend_sched (ggml-backend.cpp at llama.cpp 0c1e570), the engine that computes graphs.
 
-The one engine that computes a graph, on one backend or many. The caller:
-
-1. makes it once with the backends in priority order (the last one the
-   fallback that computes everything, as ggml's CPU is), and `reserve`s the
-   worst-case graph, which sizes each backend's compute buffer;
-2. per batch: `reset()`, builds a graph, `alloc_graph(graph)`, writes the
-   inputs, `graph_compute(graph)`;
-3. reuses a graph as llama.cpp does (llama-context's `can_reuse`): when the
-   next batch has the same shapes it keeps the graph and skips steps 2's
-   reset and alloc_graph, writes the new inputs and calls `graph_compute`
-   again. Assignment, splits, input copies, memory and each split's compute
-   plan are kept: a reused step costs the copies and the kernels.
-   Beyond ggml, `keep_graphs` > 1 lets `reset()` put the allocated graph
-   aside, and `alloc_graph` take it up again as it was (a model alternating
-   between a prompt's graph and a token's builds and plans each once).
-
-Assignment is ggml's five passes (`passes.assign_backends`): nodes using a
-weight go where the weight is; assignments expand to neighbours; nodes move
-to a higher-priority backend with the same buffer type, unassigned ones to
-the backend holding most of their inputs; sources follow their consumers;
-then the graph is cut where the backend changes and every source of another
-backend gets a copy per split (`n_copies` of them with `parallel`, so that
-consecutive batches of asynchronous backends use different memory, ordered
-by events). A node a backend cannot compute falls to another that can.
-
-Memory: each backend has one compute buffer, allocated by the graph
-allocator over a graph that holds each split's input copies ahead of its
-nodes; graph inputs (INPUT-flagged leafs) are placed before anything else so
-nothing computed earlier overwrites them. A graph that no longer fits is
-reserved again (the buffers grow) and allocated once more; the
-GGML_SCHED_DEBUG printout says so.
-
-Where pyggml differs from the C code: errors are GGMLError subclasses
-raised before anything is computed (a node no backend supports, a tensor
-pinned to a backend that cannot compute it, too many backends, a graph
-larger than `graph_size`), and ggml's asserts on internal state are checks
-that name the tensor. `graph_size` only bounds a graph (Python's tables grow).
+Beyond ggml: `keep_graphs` > 1 lets `reset()` put an allocated graph aside for `alloc_graph` to take up, and a
+graph laid out like a recorded one takes its addresses (DESIGN.md, "The scheduler").
 """
 
 from __future__ import annotations
@@ -80,17 +45,14 @@ GGML_SCHED_MAX_BACKENDS = 16
 GGML_SCHED_MAX_SPLIT_INPUTS = 30
 GGML_SCHED_MAX_COPIES = 4
 
-# ggml_backend_sched_eval_callback: (tensor, ask) -> bool. With ask=True: does the caller want to see this
-# node (compute up to it, then call again)? With ask=False the node is computed: False stops the compute.
+# ggml_backend_sched_eval_callback(tensor, ask): ask=True: observe this node? ask=False: it is computed; False stops
 EvalCallback = Callable[[Tensor, bool], bool]
-AssignPasses = Callable[["BackendSched", Graph], Assigner]  # gives every node of a graph its backend
+AssignPasses = Callable[["BackendSched", Graph], Assigner]
 
 
 @dataclass(eq=False)
 class SchedSplit:
-    """struct ggml_backend_sched_split: nodes i_start..i_end of the graph, computed on backend `backend_id`,
-    after its `inputs` (tensors of other backends) are copied in. `plan` is the backend's compute plan of
-    `graph`, made at the first compute after an allocation and reused until the next one."""
+    """ggml_backend_sched_split: nodes i_start..i_end on `backend_id`, after its `inputs` are copied in."""
 
     sched: BackendSched
     backend_id: int
@@ -99,8 +61,7 @@ class SchedSplit:
     inputs: list[Tensor] = field(default_factory=list)
     graph: Graph | None = None
     plan: Any = None
-    # per input, (source bytes, copy bytes) where both are host memory: the copy is a numpy copy (made with the
-    # plan, after an allocation; None for a pair a backend copies)
+    # per input, the (source, copy) host arrays numpy copies (None: the backends copy); made with the plan
     host_copies: list[tuple[np.ndarray, np.ndarray] | None] | None = None
 
     @property
@@ -118,8 +79,7 @@ class SchedSplit:
 
 @dataclass(eq=False)
 class _KeptGraph:
-    """A split and allocated graph put aside by `reset()` (keep_graphs > 1) for `alloc_graph` to take up again:
-    its assignment, splits (with their plans), copies and graph copy; its tensors keep their places."""
+    """A graph `reset()` put aside (keep_graphs > 1); its tensors keep their places."""
 
     graph: Graph
     backend_ids: dict[int, int]
@@ -158,8 +118,7 @@ class BackendSched:
     def __init__(self, backends: Sequence[Backend], bufts: Sequence[BufferType] | None = None,
                  graph_size: int = GGML_DEFAULT_GRAPH_SIZE, parallel: bool = False, op_offload: bool = True,
                  assign: AssignPasses = assign_backends) -> None:
-        """ggml_backend_sched_new(backends, bufts, n_backends, graph_size, parallel, op_offload); `assign`: the
-        passes that give each node its backend (ggml's five, `passes.assign_backends`, unless another is given)."""
+        """ggml_backend_sched_new; `assign` gives each node its backend (default: ggml's five passes)."""
         if not callable(assign):
             raise ArgumentTypeError(f"BackendSched: assign must be a function (sched, graph) -> Assigner, got "
                                     f"{type(assign).__name__}")
@@ -190,12 +149,10 @@ class BackendSched:
         self.events: list[list[Event | None]] = [
             [_event_new(b) if self.n_copies > 1 else None for _ in range(self.n_copies)] for b in backends]
         self.galloc = GraphAllocator()
-        self.buffers: list[Buffer | None] = [None] * self.n_backends  # the compute buffers, made by reserve
+        self.buffers: list[Buffer | None] = [None] * self.n_backends
         self.callback_eval: EvalCallback | None = None
 
-        # per split graph (rebuilt by split_graph)
-        # ggml's hash set of the split graph's tensors, by identity: the split graph, its copies and the caller's
-        # pinned nodes are alive while the entries are used (a Python dict in place of a fixed-size table)
+        # the split graph's state, by id(tensor) (ggml's hash set; the tensors are alive while it is used)
         self.backend_ids: dict[int, int] = {}  # id(tensor) -> backend index (absent: not assigned)
         self.causes: dict[int, str] = {}  # id(tensor) -> why it got its backend (the debug printout)
         self.copies: dict[tuple[int, int, int], Tensor] = {}  # (id(tensor), backend, copy) -> the tensor's copy
@@ -204,26 +161,23 @@ class BackendSched:
         self.graph_copy_backends: list[int] = []  # backend of each node of self.graph (prev_: the last allocated)
         self.prev_graph_copy_backends: list[int] = []
         self.first_allocs: list[tuple[Tensor, int]] = []  # placed before the graph: inputs and kept copies
-        self.split_graph: Graph | None = None  # the caller's graph that was split last
-        self.ctx: Context | None = None  # the copies' tensors
+        self.split_graph: Graph | None = None
+        self.ctx: Context | None = None
         self._rewired: list[tuple[Tensor, int, Tensor]] = []  # (node, j, its own source j) replaced by a copy
 
         self.is_reset = False
         self.is_alloc = False
-        self.last_tallocs: list[TensorAllocator] = []  # the allocators of the last allocation
-        # the places of the graphs allocated or reserved, by (number of places, backend of each graph node);
-        # layout_reuse False: every graph through the graph allocator (whose allocators a memory report reads)
+        self.last_tallocs: list[TensorAllocator] = []
+        # recorded places by (number of places, backend of each node); False: every graph through the gallocr
         self.layout_reuse = True
-        self.replayed = False  # whether the last allocation took a recorded layout
+        self.replayed = False
         self.layouts: dict[tuple[int, tuple[int, ...]], list[tuple[int, int, int] | int]] = {}
         self.n_reserves = 0  # buffers grown (by reserve or by a graph that no longer fit)
-        # Where pyggml goes beyond ggml: `reset()` may put the allocated graph aside instead of forgetting it, so
-        # that a caller alternating between a few graphs (a prompt's and a token's) takes one up again without
-        # the full path. 1: ggml's behaviour (only the allocated graph is kept, until reset). Not with n_copies > 1.
+        # beyond ggml: graphs reset() puts aside (1: ggml's behaviour; not with n_copies > 1)
         self.keep_graphs = 1
         self._kept: list[_KeptGraph] = []  # oldest first, at most keep_graphs
         self.stats = SchedStats(backends=[BackendStats(b.name()) for b in backends])
-        self.n_computes = 0  # computes of the allocated graph
+        self.n_computes = 0
         self.freed = False
         self.reset()
 
@@ -242,8 +196,7 @@ class BackendSched:
                                        f"(backend {i}) was freed; nothing was computed")
 
     def reset(self) -> None:
-        """ggml_backend_sched_reset: forget the assignments (also set_tensor_backend's) and the allocation;
-        the next graph goes the full path. Call it before building a graph that is not the previous one."""
+        """ggml_backend_sched_reset: forget the assignments and the allocation (before building another graph)."""
         if self.freed:
             return
         if not self.is_reset:
@@ -295,8 +248,7 @@ class BackendSched:
         self.prev_graph_copy_backends = kept.graph_copy_backends
 
     def _release(self, kept: _KeptGraph) -> None:
-        """Let a kept graph go: its nodes read their own sources again, its plans are freed, and its tensors in
-        the compute buffers lose their places (allocated again, they must not be taken as placed elsewhere)."""
+        """Let a kept graph go: sources restored, plans freed, its tensors in our buffers unplaced."""
         for node, j, src in reversed(kept.rewired):
             node.src[j] = src
         for split in kept.splits:
@@ -316,8 +268,7 @@ class BackendSched:
             self._release(kept)
 
     def _kept_graph(self, graph: Graph) -> _KeptGraph | None:
-        """`graph`'s kept state if it can be taken up: the buffers it was placed in are the current ones, and the nodes
-        set to a backend since the last reset are the ones set when it was split (else it is let go)."""
+        """`graph`'s kept state if its buffers are the current ones and its pins match (else it is let go)."""
         kept = next((k for k in self._kept if k.graph is graph), None)
         if kept is None:
             return None
@@ -415,7 +366,6 @@ class BackendSched:
         index = self.backend_ids.get(id(node), -1)
         return self.backends[index] if index >= 0 else None
 
-    # the debug printout's and graphviz's names
     tensor_backend = get_tensor_backend
 
     def _index(self, backend: Backend | None) -> int:
@@ -471,8 +421,7 @@ class BackendSched:
         return out
 
     def _alloc(self, tallocs: list[TensorAllocator], order: list[Tensor] | None = None) -> None:
-        """The graph copy into `tallocs` (one per backend): inputs and kept copies first, then the graph; the
-        places are recorded for `_replay`."""
+        """The graph copy into `tallocs`, first allocs first; the places are recorded for `_replay`."""
         assert self.graph is not None
         if order is None:
             order = self._alloc_order()
@@ -486,7 +435,7 @@ class BackendSched:
             talloc_of = {key: tallocs[bid] for key, bid in self.backend_ids.items() if bid >= 0}
             self.galloc.alloc_graph_n(self.graph, _ID_SET, talloc_of)
         except BaseException:
-            for t in placed:  # (the graph allocator rolls its own work back)
+            for t in placed:
                 t.data = None
                 t.buffer = None
             raise
@@ -535,9 +484,8 @@ class BackendSched:
             log.debug("sched: compute buffers reserved: %s", ", ".join(grown))
 
     def reserve(self, measure_graph: Graph) -> None:
-        """ggml_backend_sched_reserve: size the compute buffers for `measure_graph` (the worst case), which is
-        split but not computed; the scheduler is reset after. Buffers only grow. As in ggml, nodes set to a
-        backend since the last reset keep it (an allocated graph is let go first)."""
+        """ggml_backend_sched_reserve: grow the compute buffers for the worst-case `measure_graph`, then reset.
+        As in ggml, nodes pinned since the last reset keep their backend."""
         self._check_alive("reserve")
         self._check_graph(measure_graph, "reserve")
         self.synchronize()
@@ -551,8 +499,7 @@ class BackendSched:
             self.reset()
 
     def reserve_size(self, measure_graph: Graph) -> list[int]:
-        """ggml_backend_sched_reserve_size: the bytes each backend's compute buffer needs for `measure_graph`
-        (nothing is allocated)."""
+        """ggml_backend_sched_reserve_size: each backend's compute buffer bytes for `measure_graph`."""
         self._check_alive("reserve_size")
         self._check_graph(measure_graph, "reserve_size")
         self.reset()
@@ -571,8 +518,7 @@ class BackendSched:
             self.reset()
 
     def alloc_graph(self, graph: Graph) -> None:
-        """ggml_backend_sched_alloc_graph: split and allocate `graph` (reserving again when it does not fit).
-        Then write its inputs and `graph_compute` it, as many times as its shapes serve."""
+        """ggml_backend_sched_alloc_graph: split and allocate `graph`, reserving again if it does not fit."""
         self._check_alive("alloc_graph")
         self._check_graph(graph, "alloc_graph")
         if self.is_alloc:
@@ -591,24 +537,17 @@ class BackendSched:
             t1 = time.perf_counter()
             self._alloc_splits()
         self.is_alloc = True
-        self.n_computes = 0  # of this allocation
+        self.n_computes = 0
         self._new_stats(graph, t1 - t0, time.perf_counter() - t1)
         self.stats.sched_cpu_time = time.thread_time() - c0
         self.stats.restored = kept is not None
 
     def _alloc_splits(self) -> None:
-        """ggml_backend_sched_alloc_splits: allocate the graph copy; reserve first when a node changed to a
-        backend of another buffer type than in the last allocation, or when it no longer fits.
-
-        As ggml's graph allocator (ggml_gallocr_alloc_graph without needs_realloc), a graph laid out like one
-        allocated or reserved before (the same tensors in the same places, each no larger) takes that one's
-        addresses: one pass, no best-fit search. Reserving the worst case therefore makes every smaller batch
-        of the same shape cheap."""
+        """ggml_backend_sched_alloc_splits; reserve when a node moved to another buffer type or it does not fit.
+        Beyond ggml, a graph laid out like a recorded one takes its addresses (`_replay`)."""
         order = self._alloc_order()
         missing = any(b is None for b in self.buffers)
-        # a recorded layout of this graph's shape and assignment that fits the current buffers needs no reserve,
-        # even where ggml's would reserve again for nodes changed to another buffer type than the last
-        # graph's: the reserve would find the buffers large enough and the same places
+        # a recorded layout that fits needs no reserve, even where ggml's would (it would find the same places)
         layout = self.layouts.get((len(order), tuple(self.graph_copy_backends))) \
             if self.layout_reuse and not missing else None
         self.replayed = layout is not None and self._replay(order, layout)
@@ -623,18 +562,17 @@ class BackendSched:
         tallocs = self._tallocs(measure=False)
         try:
             self._alloc(tallocs, order)
-        except OutOfMemoryError as e:  # (the allocator rolled its work back)
+        except OutOfMemoryError as e:
             log.debug("sched: the graph no longer fits the compute buffers (%s): reserving again", e)
             self.synchronize()
             self._reserve_split()
             tallocs = self._tallocs(measure=False)
             self._alloc(tallocs, order)
-        self.last_tallocs = tallocs  # what the memory report reads
+        self.last_tallocs = tallocs
         self.prev_graph_copy_backends = self.graph_copy_backends
 
     def _alloc_order(self) -> list[Tensor]:
-        """Every tensor the allocation touches, in ggml's order: the inputs placed first, then for each node
-        of the graph copy its sources and itself (a tensor once per place it appears)."""
+        """Every tensor the allocation touches, in ggml's order: first allocs, then per node its sources, itself."""
         assert self.graph is not None
         order = [t for t, _ in self.first_allocs]
         for node in self.graph.nodes:
@@ -643,9 +581,8 @@ class BackendSched:
         return order
 
     def _record(self, order: list[Tensor], tallocs: list[TensorAllocator], views: set[int]) -> None:
-        """ggml_gallocr's node_allocs: where each place of `order` got its memory (buffer, offset from the
-        base, bytes), or that it is a view or has memory of its own (weights, the KV cache). A tensor's later
-        places (it is the source of several nodes) name its first: replaying them is an identity check."""
+        """ggml_gallocr's node_allocs: each place of `order` as (buffer, offset, bytes), _VIEW or _EXTERNAL; a
+        tensor's later places name its first."""
         index = {id(t.get_buffer()): i for i, t in enumerate(tallocs)}
         bases = [t.base for t in tallocs]
         entries: list[tuple[int, int, int] | int] = []
@@ -666,10 +603,7 @@ class BackendSched:
             self.layouts[key] = entries  # keep the larger of two layouts of one shape (the reserved worst case)
 
     def _replay(self, order: list[Tensor], layout: list[tuple[int, int, int] | int]) -> bool:
-        """Give `order` the recorded addresses if every place fits (else False, nothing changed).
-
-        The tensors are placed as ggml_backend_tensor_alloc places them, without its bounds check: a place
-        fits only when it lies inside the current buffer (buffers only grow)."""
+        """Give `order` the recorded addresses if every place fits the current buffers (else False, no change)."""
         # ggml_backend_buft_get_alloc_size: a type without the hook takes ggml_nbytes
         sizes = [None if type(b)._get_alloc_size is BufferType._get_alloc_size else b.get_alloc_size
                  for b in self.bufts]
@@ -682,7 +616,7 @@ class BackendSched:
                 elif e == _VIEW:
                     if t.view_src is None:
                         return False
-                elif t.data is None and t.view_src is None:  # _EXTERNAL
+                elif t.data is None and t.view_src is None:
                     return False
                 continue
             if t.data is not None or t.view_src is not None:
@@ -711,8 +645,7 @@ class BackendSched:
         self.synchronize()
 
     def graph_compute_async(self, graph: Graph) -> None:
-        """ggml_backend_sched_graph_compute_async: allocate `graph` if it is not the allocated one, then
-        compute its splits (copies in, then each split's plan)."""
+        """ggml_backend_sched_graph_compute_async: allocate `graph` if needed, then compute its splits."""
         t0 = time.perf_counter()
         self._check_alive("graph_compute")
         check_instance(graph, Graph, "graph_compute: graph")
@@ -732,8 +665,7 @@ class BackendSched:
             log.debug("%s", self.stats.format())
 
     def synchronize(self) -> None:
-        """ggml_backend_sched_synchronize: wait for every backend; without an allocated graph, the next one
-        uses copy 0 (so that decoding uses the same copy every time)."""
+        """ggml_backend_sched_synchronize; with no allocated graph, the next one uses copy 0 (as ggml)."""
         for b in self.backends:
             if not b.freed:
                 b.synchronize()
@@ -745,8 +677,7 @@ class BackendSched:
                                 alloc_time=alloc_time, backends=[BackendStats(b.name()) for b in self.backends])
 
     def _sync_split(self, backend_id: int) -> None:
-        """Wait on the host until backend `backend_id` is done with the current copy (its event), or with
-        everything (no events)."""
+        """Wait until backend `backend_id` is done with the current copy (its event), or with everything."""
         event = self.events[backend_id][self.cur_copy]
         if event is not None:
             # an event never recorded (the first use of a copy) has nothing to wait for, as in CUDA
@@ -779,8 +710,7 @@ class BackendSched:
                     bstats.bytes_copied += host[1].nbytes
                     continue
                 cpy = self.copies[(id(inp), bid, self.cur_copy)]
-                # a backend whose writes and reads queue behind its work (io_ordered: an RPC server's) needs no
-                # wait before a copy into or out of it: the wait would be a round trip, the copy is ordered anyway
+                # io_ordered backends (an RPC server's) queue copies behind their work: a wait is a needless round trip
                 ordered = backend.io_ordered()
                 if inp.flags & TensorFlag.INPUT:
                     if not ordered:
@@ -793,8 +723,7 @@ class BackendSched:
                             event.wait(backend)
                     elif not ordered:
                         backend.synchronize()
-                    # no asynchronous copy: the copy below is made from the host at once, so the source must be
-                    # computed and the split backend done with this copy (ggml's fallback: both synchronized)
+                    # no async copy: the source must be computed and the split backend done (ggml's fallback)
                     src_backend = self.get_tensor_backend(inp)
                     if src_backend is not None and not src_backend.io_ordered():
                         src_backend.synchronize()
@@ -821,8 +750,7 @@ class BackendSched:
 
     @staticmethod
     def _compute_observed(split: SchedSplit, backend: Backend, callback: EvalCallback) -> bool:
-        """A split computed in runs that end at each node the callback asks for, each observed after it is
-        computed; False when the callback stops the compute."""
+        """A split computed in runs ending at each node the callback asks for; False if the callback stops."""
         graph = split.graph
         assert graph is not None
         nodes = graph.nodes
@@ -891,8 +819,7 @@ _ID_SET = _IdSet()
 
 
 def _host_pair(src: Tensor, dst: Tensor) -> tuple[np.ndarray, np.ndarray] | None:
-    """The bytes of `src` and of its copy `dst` when both are in host memory of backends that compute
-    synchronously (no events: the CPU's), else None (the backends copy)."""
+    """The host arrays of `src` and its copy `dst` when both are on synchronous host backends, else None."""
     arrays = []
     for t in (src, dst):
         buffer = t.buffer if t.buffer is not None else (t.view_src.buffer if t.view_src is not None else None)

@@ -1,14 +1,6 @@
 """The scheduler's assignment printout (ggml_backend_sched_print_assignments), as text for `logging`.
 
-Set the environment variable GGML_SCHED_DEBUG (to anything but "0") and
-enable DEBUG logging for "pyggml.sched" to get it after every split, with
-the per-backend timings after every compute. One line per split start:
-
-    ## SPLIT #1: CPU # 2 inputs: [attn_norm-0 (   0K)] [x (   0K)]
-
-and one per node that is not a view op: index, op, name, size, backend and
-the cause of the assignment ("1.dst", "1.vsrc", "1.srcN", "2.srcN",
-"2.prio", "usr"), then the same for each source.
+GGML_SCHED_DEBUG (anything but "0") with DEBUG logging of "pyggml.sched" prints it after every split.
 """
 
 from __future__ import annotations

@@ -1,11 +1,5 @@
-"""Graphviz export of a split graph: nodes coloured by backend, each split a cluster.
-
-Each split is a `subgraph cluster_<i>` labelled with its index, backend and
-inputs; it holds the copies of its inputs (dashed edges from the tensor
-copied) and its nodes. Leafs sit outside the clusters, coloured by the
-backend they were assigned. The legend names the colour of each backend
-by its index in priority order (two CPU backends are two colours).
-"""
+"""Graphviz export of a split graph: nodes coloured by backend (by priority index), each split a cluster
+holding its input copies (dashed edges) and nodes; leafs outside the clusters."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""The assignment passes and split of `ggml_backend_sched_split_graph` (ggml-backend.cpp at 0c1e570).
+"""The passes of `ggml_backend_sched_split_graph` (ggml-backend.cpp at 0c1e570): assignment (1-4), splits (5, 6).
 
-`assign_backends` gives every node, leaf and source a backend (passes 1 to 4);
-`split_graph` cuts the node list where the backend changes, makes the copies
-of each split's inputs and builds the graph the allocator sees (pass 5, and
-pass 6's graph inputs with several copies). Causes ("1.wgt0", "2.sup",
-"3.upg", ...) are kept for the GGML_SCHED_DEBUG printout, as ggml's SET_CAUSE.
+Causes ("1.wgt0", "2.sup", ...) are kept for the GGML_SCHED_DEBUG printout, as ggml's SET_CAUSE.
 """
 
 from __future__ import annotations
@@ -45,14 +41,12 @@ class Assigner:
         self.sched = sched
         self.ids = sched.backend_ids
         self.causes = sched.causes
-        # keyed by id * 16 + backend (GGML_SCHED_MAX_BACKENDS = 16): ints, not tuples, so that a graph's
-        # thousand answers allocate nothing the cyclic garbage collector tracks (a collection it would start
-        # in the middle of the passes costs more than the passes)
+        # keyed by id * 16 + backend: ints, not tuples, so the answers start no cyclic garbage collection
         self._supports: dict[int, bool] = {}
-        self._bufts: dict[int, bool] = {}  # supports_buft, asked once
+        self._bufts: dict[int, bool] = {}
         self._ask = [b.supports_op for b in sched.backends]
         self._buffer_backend: dict[int, int] = {}  # id(buffer): its first backend (for tensors computing nothing)
-        # the backends op offload can move a node to (ggml asks every one; a device without the hook says no)
+        # ggml asks every backend; one without the offload_op hook says no
         self.offloaders = [b for b, backend in enumerate(sched.backends) if backend.has_offload_op] \
             if sched.op_offload else []
 
@@ -73,7 +67,7 @@ class Assigner:
         return ok
 
     def supports_buffer(self, b: int, buffer: Buffer) -> bool:
-        """ggml_backend_supports_buft(backends[b], buffer->buft) (a buffer without a type: its own backend's)."""
+        """ggml_backend_supports_buft(backends[b], buffer->buft); a buffer without a type: its own backend's."""
         buft = buffer.buft
         if buft is None:
             return buffer.backend is self.sched.backends[b]
@@ -119,7 +113,7 @@ class Assigner:
         sched = self.sched
         view_src = t.view_src
         buffer = view_src.buffer if view_src is not None else t.buffer
-        if buffer is not None:  # (most nodes have no memory yet: skip the lookups)
+        if buffer is not None:
             b = self.backend_from_buffer(t, t)
             if b != -1:
                 self.causes[id(t)] = "1.dst"
@@ -134,8 +128,7 @@ class Assigner:
         if int(t.flags) & _INPUT:
             self.causes[id(t)] = "1.inp"
             return sched.n_backends - 1  # the last backend (ggml: assumed the CPU)
-        # ops with weights run where the weights are; not ROPE (its frequency factors are too small to decide)
-        # nor FLASH_ATTN_EXT (its sinks)
+        # as ggml: ROPE's frequency factors and FLASH_ATTN_EXT's sinks do not decide the backend
         if t.op in (GGMLOp.ROPE, GGMLOp.FLASH_ATTN_EXT):
             return -1
         last = sched.n_backends - 1
@@ -143,7 +136,6 @@ class Assigner:
             if src is None or src.buffer is None or src.buffer.usage != BufferUsage.WEIGHTS:
                 continue
             b = self.backend_from_buffer(src, t)
-            # a backend of higher priority may want the op although the weight is in the last one's memory
             if self.offloaders and b == last and src.buffer.buft is not None and src.buffer.buft.is_host():
                 for hb in self.offloaders:
                     if hb < b and self.supports_op(hb, t) and sched.backends[hb].offload_op(t):
@@ -161,9 +153,8 @@ class Assigner:
 
 
 def _expand(a: Assigner, nodes: list[Tensor], skip_last: bool) -> None:
-    """One of pass 2's four sweeps over `nodes` (the graph's nodes that are not views, in the order given):
-    unassigned nodes take the last assignment seen when that backend computes them; with `skip_last` the last
-    backend's assignments do not spread."""
+    """One of pass 2's four sweeps: unassigned nodes take the last assignment seen (not the last backend's
+    with `skip_last`) when that backend computes them."""
     last = a.sched.n_backends - 1
     cur = -1
     get = a.ids.get
@@ -176,11 +167,10 @@ def _expand(a: Assigner, nodes: list[Tensor], skip_last: bool) -> None:
 
 
 def assign_backends(sched: BackendSched, graph: Graph) -> Assigner:
-    """Passes 1 to 4: every node, and every source of one, gets a backend (user assignments are kept).
-    Returns the assigner, whose supports_op answers split_graph uses."""
+    """Passes 1 to 4: every node and source gets a backend (user assignments are kept)."""
     a = Assigner(sched)
     ids, causes = a.ids, a.causes
-    get = ids.get  # (the passes below ask it ~10 times a node)
+    get = ids.get
     # pass 1: assign backends to ops with pre-allocated inputs
     nodes = graph.nodes
     weights = BufferUsage.WEIGHTS
@@ -193,7 +183,6 @@ def assign_backends(sched: BackendSched, graph: Graph) -> Assigner:
                 ids[id(t)] = b
                 causes[id(t)] = "1.dst"
                 continue
-        # most nodes have no memory, are no input and read no weight: nothing for from_cur to decide
         if t.buffer is None and t.view_src is None and not t.flags:
             for src in t.src:
                 if src is not None and src.buffer is not None and src.buffer.usage == weights:
@@ -204,17 +193,15 @@ def assign_backends(sched: BackendSched, graph: Graph) -> Assigner:
         if b != -1:
             ids[id(t)] = b
 
-    # pass 2: expand current backend assignments to adjacent nodes: the backends of higher priority down and up
-    # (the last backend, the fallback, never spreads there), then every backend down and up
-    computed = [node for node in nodes if node.op not in VIEW_OPS]  # (views are skipped by passes 2 and 3)
+    # pass 2: expand assignments to adjacent nodes, first without the fallback's, then all; views are skipped
+    computed = [node for node in nodes if node.op not in VIEW_OPS]
     backwards = computed[::-1]
     _expand(a, computed, skip_last=True)
     _expand(a, backwards, skip_last=True)
     _expand(a, computed, skip_last=False)
     _expand(a, backwards, skip_last=False)
 
-    # pass 3: upgrade nodes to higher prio backends with the same buffer type; unassigned nodes (no neighbour's
-    # backend computes them) go to the backend that can read the most of their inputs
+    # pass 3: upgrade to higher prio backends of the same buffer type; unassigned: most inputs readable
     bufts = sched.bufts
     for node in computed:
         b = get(id(node), -1)
@@ -251,7 +238,7 @@ def assign_backends(sched: BackendSched, graph: Graph) -> Assigner:
             if src is None or get(id(src), -1) != -1:
                 continue
             if src.view_src is not None:
-                ids[id(src)] = get(id(src.view_src), -1)  # views are on their source's backend
+                ids[id(src)] = get(id(src.view_src), -1)
                 causes[id(src)] = "4.vsrc"
             else:
                 ids[id(src)] = cur
@@ -275,7 +262,7 @@ def assign_backends(sched: BackendSched, graph: Graph) -> Assigner:
 
 def split_graph(sched: BackendSched, graph: Graph, a: Assigner) -> None:
     """Pass 5 (and 6): the splits, the copies of their inputs, and the allocation graph."""
-    from pyggml.sched.backend_sched import SchedSplit  # (backend_sched.py imports this module)
+    from pyggml.sched.backend_sched import SchedSplit  # (an import cycle)
 
     ctx = sched.ctx
     assert ctx is not None
@@ -284,8 +271,7 @@ def split_graph(sched: BackendSched, graph: Graph, a: Assigner) -> None:
     sched.splits = splits
     rewired = sched._rewired
     n_copies = sched.n_copies
-    # the backend of the first split: the first node's that is not a view
-    get = a.ids.get  # (a.bid, inlined: several times a node)
+    get = a.ids.get
     first = next((get(id(node), -1) for node in nodes if node.op not in VIEW_OPS), 0)
     split = SchedSplit(sched, max(first, 0), 0)
     splits.append(split)
@@ -294,8 +280,7 @@ def split_graph(sched: BackendSched, graph: Graph, a: Assigner) -> None:
         if node.op in VIEW_OPS:
             continue
         nb = get(id(node), -1)
-        # a weight of another, incompatible backend starts a new split: the memory of the weights copied
-        # for the previous one can be reused
+        # a weight of an incompatible backend starts a split, so the previous weight copies' memory is reused
         need_new = False
         if nb == cur and split.inputs:
             for src in node.src:
@@ -311,7 +296,6 @@ def split_graph(sched: BackendSched, graph: Graph, a: Assigner) -> None:
             split = SchedSplit(sched, nb, i)
             splits.append(split)
             cur = nb
-        # inputs that are not on the same backend
         for j, src in enumerate(node.src):
             if src is None:
                 continue
@@ -328,13 +312,12 @@ def split_graph(sched: BackendSched, graph: Graph, a: Assigner) -> None:
                             cpy.flags |= TensorFlag.INPUT | TensorFlag.OUTPUT
                         sched.copies[(src_slot, cur, c)] = cpy
                         a.set(cpy, cur, "4.cpy")
-                    split.inputs.append(src)  # (a later split of this backend reads the same copy)
+                    split.inputs.append(src)
                 rewired.append((node, j, src))
                 node.src[j] = sched.copies[(src_slot, cur, sched.cur_copy)]
     split.i_end = len(nodes)
 
-    # the graph the allocator sees: each split's input copies (reading their source, so that it is kept until
-    # the copy is made) ahead of its nodes; graph inputs and, with several copies, every copy placed first
+    # the allocator's graph: each split's input copies (reading their source, kept until copied) ahead of its nodes
     first_allocs: list[tuple[Tensor, int]] = []
     graph_copy = Graph(len(nodes) + 2 * sum(len(s.inputs) for s in splits) + 1)
     copy_backends: list[int] = []
@@ -358,16 +341,11 @@ def split_graph(sched: BackendSched, graph: Graph, a: Assigner) -> None:
             first_allocs.append((leaf, lb))
             continue
         if lb not in waited:
-            # Where pyggml differs from ggml: the caller writes the inputs right after this allocation, into the
-            # places of copy cur_copy, which the batch n_copies back used. A backend that reads them in place
-            # (an asynchronous last backend) may still have that batch queued: wait for its event of this copy
-            # (ggml waits only before copying an input to another backend, so n_copies batches in flight would
-            # let the caller overwrite the inputs of the oldest).
+            # beyond ggml: an async backend reading inputs in place may still queue the batch n_copies back,
+            # whose input places the caller overwrites next; ggml waits only before copying to another backend
             sched._sync_split(lb)
             waited.add(lb)
-        # pass 6: a place per copy for each graph input, the leaf itself in the current copy's, so that its
-        # address changes with cur_copy: the caller may write the next batch's inputs while an asynchronous
-        # backend still reads this batch's
+        # pass 6: a place per copy for each graph input, so the next batch's inputs go elsewhere
         for c in range(n_copies):
             if c == sched.cur_copy:
                 t = leaf

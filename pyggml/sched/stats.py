@@ -1,10 +1,4 @@
-"""What the scheduler measures on each compute: its own time, and per backend copies and compute.
-
-The seed measures copy and compute time per backend in `sched_compute_splits`
-(and prints them under `#if 0`); here they are kept in `Scheduler.stats`
-after every `graph_compute`, with the time the scheduler itself took to
-split the graph and to allocate it, and the bytes each backend received.
-"""
+"""`BackendSched.stats`: the scheduler's own time per compute, and per backend its copies and compute time."""
 
 from __future__ import annotations
 
@@ -31,8 +25,7 @@ class SchedStats:
     n_splits: int = 0
     split_time: float = 0.0  # seconds in the assignment passes and the split
     alloc_time: float = 0.0  # seconds in the graph allocator
-    # this thread's CPU seconds in split and alloc: the wall times above also count what preempts the thread
-    # (other processes on a loaded machine, a pool worker waking late and taking the GIL)
+    # CPU seconds: the wall times also count what preempts the thread (other processes, a late pool worker)
     sched_cpu_time: float = 0.0
     reused: bool = False  # the graph was allocated before: no split, no allocation
     restored: bool = False  # the graph was kept aside since its last allocation (BackendSched.keep_graphs)

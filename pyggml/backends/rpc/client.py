@@ -1,49 +1,8 @@
-"""The `rpc` backend: devices of a remote ggml RPC server (ggml-rpc-server, or `pyggml rpc-server`).
+"""The `rpc` backend: devices of a remote ggml RPC server, as ggml-rpc.cpp's client (llama.cpp 0c1e570).
 
-Registry "rpc" (`rpc_reg`, the entry point `pyggml.backends: rpc`). It lists no device until a server
-is added (`add_server(endpoint)`, ggml_backend_rpc_add_server, or `init_backend("rpc://HOST:PORT")`),
-since enumerating must not connect anywhere. A server gives one device per remote device
-(DEVICE_COUNT): "RPC<d>[HOST:PORT]", type GPU as in the C client, memory asked of the server
-(GET_DEVICE_MEMORY). Specs: "rpc://HOST:PORT" (device 0), "rpc://HOST:PORT/DEVICE", and without
-"//" ("rpc:HOST:PORT").
-
-Buffers live on the server: ALLOC_BUFFER gives a remote id and size, BUFFER_GET_BASE its base
-address, so `tensor.data` is the server's address, as in ggml. Data moves with SET_TENSOR
-(SET_TENSOR_HASH first for WEIGHTS data over 10 MiB, which a server with a cache directory may
-already hold), GET_TENSOR, MEMSET_TENSOR, BUFFER_CLEAR and COPY_TENSOR (between buffers of the same
-server). INIT_TENSOR and GET_ALLOC_SIZE are asked only where the C client asks them (quantized
-tensors whose rows are not a multiple of 512, and ops whose size may expand).
-
-Graphs: the backend serializes a graph as the C client does (every node and, depth first, its
-sources and view sources; each tensor once; the nodes flagged COMPUTE, as ggml_build_forward_expand
-flags them and ggml's backends require; a leaf's own sources left off) and sends GRAPH_COMPUTE, which
-has no answer; a tensor whose memory is not on that server is refused before anything is sent. When
-the bytes equal those of the graph the server last computed on that device, it sends
-GRAPH_RECOMPUTE (4 bytes) instead. The C client compares graph uids, which ggml's scheduler renews
-whenever it splits a graph; pyggml's graphs have none. `graph_compute` compares the bytes (right
-whatever changed, a reused graph's tensors that moved included). A plan (`RPCPlan`, what the
-scheduler computes, made once per allocation) is serialized once: computed again while the server
-holds its bytes, with the same nodes and every tensor where it was, it sends GRAPH_RECOMPUTE without
-serializing (ggml's uid check, plus the moves). `use_count` travels as 0: the server's backend then
-fuses no nodes, which is always correct (counts taken from one split alone could be too low and let a
-fused node skip writing a result another split reads).
-
-Per decode step the commands are the C client's: the split's input copies (SET_TENSOR, deferred
-until the graph goes, see `connection`), GRAPH_RECOMPUTE, and the GET_TENSOR of the next split's
-input. The backend's tensor I/O is ordered after its queued work (`io_ordered`), so the scheduler
-sends no synchronizing request before those copies.
-
-supports_op: unlike the C client (true for everything), pyggml answers only what it knows a
-server can run: an op and types of ggml at 0c1e570 that pyggml knows (`GGMLOp`, `GGMLType` with a
-block size), shapes and strides that fit the protocol's u32 fields, and no op that carries a host
-function pointer (MAP_CUSTOM1..3, CUSTOM), which cannot cross machines. The scheduler keeps the
-rest local.
-
-Faults: see `connection`: a server that goes away raises `RpcConnectionError` naming the endpoint;
-freeing buffers and backends afterwards works (nothing is sent on a broken connection). A backend keeps
-the connection of its first compute; a device connects again (a restarted server) for new buffers.
-A graph's wait (`synchronize`) is one small request after GRAPH_COMPUTE, so a server that fails or dies
-while computing shows there.
+Registry "rpc" lists no device until a server is added ("rpc://HOST:PORT[/DEVICE]"); buffers, addresses and
+graphs live on the server. Where it goes beyond the C client (GRAPH_RECOMPUTE by bytes, supports_op, faults):
+DESIGN.md, "The RPC backend".
 """
 
 from __future__ import annotations
@@ -77,7 +36,7 @@ ALLOC_SIZE_MAY_EXPAND = frozenset({GGMLOp.FLASH_ATTN_EXT, GGMLOp.MUL_MAT, GGMLOp
 U32_MAX = 2**32 - 1
 COMPUTE_FLAG = int(TensorFlag.COMPUTE)
 NO_SRC = [0] * 10
-EMPTY_BASE = 0x1000  # the base of an empty buffer (nothing is ever addressed in it)
+EMPTY_BASE = 0x1000  # ggml's is NULL; pyggml's bases never are
 
 
 def _needs_server_init(t: Tensor) -> bool:
@@ -86,19 +45,14 @@ def _needs_server_init(t: Tensor) -> bool:
     return TYPE_TRAITS[t.type].is_quantized and t.ne[0] % 512 != 0 and t.view_src is None
 
 
-# --- serialization ---
-
-
 def serialize_tensor(t: Tensor | None, conn: Connection | None, extra_flags: int = 0, strict: bool = False) -> bytes:
-    """serialize_tensor: the rpc_tensor of `t` (all zero for None). Its buffer and data are sent only for
-    a buffer of this connection's server (ggml's rule: other memory means nothing there); `strict` (graphs)
-    refuses a tensor with memory elsewhere, which the server would compute with a NULL address."""
+    """serialize_tensor: the rpc_tensor of `t` (zeros for None), buffer and data only if on this server;
+    `strict` (graphs) refuses memory elsewhere, which the server would compute at NULL."""
     if t is None:
         return wire.NULL_TENSOR
     buffer = tensor_buffer(t)
     data = t.data
-    # only memory inside the buffer is sent: a measure allocator places tensors at fake addresses past its
-    # 1-byte probe buffer, and ggml-rpc-server aborts on a tensor outside its buffer
+    # ggml-rpc-server aborts on a tensor outside its buffer (a measure allocator's fake addresses)
     if isinstance(buffer, RPCBuffer) and (conn is None or buffer.conn is conn) and data is not None \
             and buffer.base <= data and data + t.nbytes() <= buffer.base + buffer.size:
         remote = buffer.remote_ptr
@@ -110,8 +64,7 @@ def serialize_tensor(t: Tensor | None, conn: Connection | None, extra_flags: int
             raise RpcError(f"graph for RPC server {conn.endpoint if conn else '?'}: tensor '{t.name}' "
                            f"({t.op.name}) has its memory in {where}, not on that server")
         remote, data = 0, 0
-    # a leaf (op NONE) is data, not work: its sources (pyggml's scheduler links an input copy to the tensor it
-    # copies, to keep that alive) are not the server's business and do not travel
+    # a leaf's sources (the scheduler links an input copy to its source) do not travel
     src = [id(s) if s is not None else 0 for s in t.src] if t.op != GGMLOp.NONE else NO_SRC
     view_src = id(t.view_src) if t.view_src is not None else 0
     return wire.pack_tensor(id(t), int(t.type), remote, t.ne, t.nb, int(t.op), t.op_params,
@@ -119,21 +72,18 @@ def serialize_tensor(t: Tensor | None, conn: Connection | None, extra_flags: int
 
 
 def serialize_graph(device: int, nodes: list[Tensor], conn: Connection) -> bytes:
-    """serialize_graph: device, node ids, then each tensor the nodes reach (sources and view sources
-    first, depth first, each once), as the C client's add_tensor orders them."""
+    """serialize_graph: device, node ids, then the tensors reached, depth first, in add_tensor's order."""
     return _serialize_graph(device, nodes, conn)[0]
 
 
 def _serialize_graph(device: int, nodes: list[Tensor], conn: Connection) -> tuple[bytes, list[Tensor]]:
-    """`serialize_graph`'s bytes and the tensors they describe, in their order (what a plan watches)."""
     visited: set[int] = set()
     out: list[bytes] = []
     tensors: list[Tensor] = []
-    # ggml_build_forward_expand marks every node it lists COMPUTE, and ggml's CPU backend skips nodes without
-    # it; pyggml's graphs list their nodes without the flag, so the nodes get it on the wire
+    # ggml's backends skip nodes without ggml_build_forward_expand's COMPUTE flag; pyggml's set it on the wire
     node_ids = {id(n) for n in nodes if n.op != GGMLOp.NONE}
     for node in nodes:
-        # iterative post-order: a long chain of views or ops must not hit Python's recursion limit
+        # iterative: long chains must not hit Python's recursion limit
         stack: list[tuple[Tensor, int]] = [(node, 0)]
         while stack:
             t, i = stack.pop()
@@ -156,16 +106,8 @@ def _serialize_graph(device: int, nodes: list[Tensor], conn: Connection) -> tupl
 
 
 class RPCPlan:
-    """A graph as `graph_plan_create` serialized it: its bytes, the node list and tensors they were made from,
-    and each tensor's `data` then.
-
-    A plan computed again while the server holds its bytes, its graph lists the same nodes and no tensor
-    moved, sends GRAPH_RECOMPUTE without serializing anything: the check is one list of addresses, far cheaper
-    than serializing. This is how pyggml's scheduler tells that a split's
-    graph is unchanged (ggml's sched gives each new split graph a new `uid`; the C client compares uids): it
-    makes a plan per allocation and keeps it while the graph is reused. Other changes to a planned graph
-    (shapes, op_params, sources) need a new plan, as other backends' plans do; `graph_compute` without a
-    plan compares the bytes and sees any change."""
+    """A graph as `graph_plan_create` serialized it, with its tensors' `data` then: unchanged nodes and
+    addresses send GRAPH_RECOMPUTE unserialized (in place of the C client's graph uids)."""
 
     __slots__ = ("graph", "nodes", "tensors", "datas", "payload", "n_buffers_freed")
 
@@ -174,7 +116,6 @@ class RPCPlan:
         self.update(payload, tensors, n_buffers_freed)
 
     def update(self, payload: bytes, tensors: list[Tensor], n_buffers_freed: int) -> None:
-        """The graph serialized (again) as it is now."""
         self.nodes = list(self.graph.nodes)
         self.payload = payload
         self.tensors = tensors
@@ -182,12 +123,7 @@ class RPCPlan:
         self.n_buffers_freed = n_buffers_freed
 
     def unchanged(self) -> bool:
-        """The graph lists the nodes it listed and every tensor is where it was (then the bytes are the same
-        under the plan contract above)."""
         return self.graph.nodes == self.nodes and [t.data for t in self.tensors] == self.datas
-
-
-# --- buffers ---
 
 
 class RPCBuffer(Buffer):
@@ -201,7 +137,7 @@ class RPCBuffer(Buffer):
                            wire.BUFFER_GET_BASE_RSP.size)
         (self.base,) = wire.BUFFER_GET_BASE_RSP.unpack(rsp)
         if not self.base and size == 0:
-            self.base = EMPTY_BASE  # ggml gives an empty buffer base NULL; pyggml's bases are never NULL
+            self.base = EMPTY_BASE
         if not self.base:
             raise RpcError(f"RPC server {conn.endpoint}: buffer {remote_ptr:#x} of {size} bytes has base address 0")
 
@@ -212,9 +148,8 @@ class RPCBuffer(Buffer):
         conn = self.conn
         with conn.lock:
             if conn.broken is not None:
-                return  # the server's memory went with the connection: nothing to free, nothing to raise
-            # the server drops its stored graphs when a buffer goes (their tensors may point into it), and plans
-            # serialized before name a buffer id that is no more
+                return  # the server's memory went with the connection
+            # the server drops its stored graphs when a buffer goes (they may point into it)
             conn.last_graph.clear()
             conn.n_buffers_freed += 1
             conn.send(RpcCmd.FREE_BUFFER, wire.FREE_BUFFER_REQ.pack(self.remote_ptr), defer=True)
@@ -240,9 +175,8 @@ class RPCBuffer(Buffer):
                                     wire.SET_TENSOR_HASH_RSP.size)
             if rsp[0]:
                 return  # the server had the bytes in its cache
-            cache_flag = 1  # ask it to keep them
-        # as two parts: a large payload (weights) goes from the caller's memory without a joined copy; a small one
-        # (an input copy of a decode step) waits for the step's graph and crosses with it
+            cache_flag = 1
+        # two parts: a large payload goes from the caller's memory uncopied; a small one waits for the step's graph
         self.conn.send(RpcCmd.SET_TENSOR, rt + wire.SET_TENSOR_HEAD_TAIL.pack(cache_flag, offset), payload,
                        defer=True)
 
@@ -253,7 +187,7 @@ class RPCBuffer(Buffer):
     def _cpy_tensor(self, src: Tensor, dst: Tensor) -> bool:
         src_buffer = tensor_buffer(src)
         if not isinstance(src_buffer, RPCBuffer) or src_buffer.conn is not self.conn:
-            return False  # other memory: the caller copies through the host
+            return False
         rsp = self.conn.request(RpcCmd.COPY_TENSOR, serialize_tensor(src, self.conn)
                                 + serialize_tensor(dst, self.conn), wire.COPY_TENSOR_RSP.size)
         return bool(rsp[0])
@@ -263,7 +197,7 @@ class RPCBuffer(Buffer):
 
 
 class RPCBufferType(BufferType):
-    """The memory of one remote device; alignment and max size asked of the server once."""
+    """The memory of one remote device; alignment and max size asked once."""
 
     def __init__(self, device: RPCDevice) -> None:
         super().__init__(device)
@@ -323,9 +257,6 @@ class RPCBufferType(BufferType):
         return False
 
 
-# --- the backend ---
-
-
 class RPCBackend(Backend):
     """A backend computing on device `device.index` of the server."""
 
@@ -334,14 +265,13 @@ class RPCBackend(Backend):
         self.rpc_device = device
         self.n_computes = 0
         self.n_recomputes = 0
-        self._conn: Connection | None = None  # the connection of its first compute, for good (as C's dispatcher)
+        self._conn: Connection | None = None  # the first compute's, for good (as C's dispatcher)
 
     def _get_name(self) -> str:
         return self.rpc_device.name()
 
     def conn(self) -> Connection:
-        """The connection this backend computes on: once it breaks, every compute raises (a new connection
-        would be a server without this backend's buffers)."""
+        """Once it breaks every compute raises (a new connection would lack this backend's buffers)."""
         if self._conn is None:
             self._conn = self.rpc_device.conn()
         return self._conn
@@ -353,17 +283,16 @@ class RPCBackend(Backend):
         self._send_graph(conn, serialize_graph(self.rpc_device.index, graph.nodes, conn))
 
     def _send_graph(self, conn: Connection, payload: bytes) -> bool:
-        """GRAPH_RECOMPUTE when the server holds these bytes on this device, else GRAPH_COMPUTE; True when it
-        recomputed."""
+        """GRAPH_RECOMPUTE when the server holds these bytes on this device (True), else GRAPH_COMPUTE."""
         index = self.rpc_device.index
         with conn.lock:
             last = conn.last_graph.get(index)
             if last is payload or last == payload:
                 conn.send(RpcCmd.GRAPH_RECOMPUTE, wire.GRAPH_RECOMPUTE_REQ.pack(index))
-                conn.last_graph[index] = payload  # (equal bytes: a plan's own object passes `is` next time)
+                conn.last_graph[index] = payload  # a plan's own object passes `is` next time
                 self.n_recomputes += 1
                 return True
-            conn.last_graph.pop(index, None)  # if the send fails, the server holds no graph we know
+            conn.last_graph.pop(index, None)
             conn.send(RpcCmd.GRAPH_COMPUTE, payload)
             conn.last_graph[index] = payload
             self.n_computes += 1
@@ -387,11 +316,10 @@ class RPCBackend(Backend):
         self._send_graph(conn, plan.payload)
 
     def _plans_follow_moves(self) -> bool:
-        return True  # a plan whose tensors moved is serialized again (RPCPlan.unchanged)
+        return True
 
     def _io_ordered(self) -> bool:
-        # the server serves commands in order, so a SET_TENSOR or GET_TENSOR comes after the graph sent before it;
-        # a deferred SET_TENSOR took a copy of its bytes: the scheduler's copies need no synchronizing request
+        # the server serves commands in order and a deferred SET_TENSOR copied its bytes: no sync before copies
         return True
 
     def _synchronize(self) -> None:
@@ -399,7 +327,7 @@ class RPCBackend(Backend):
             self._conn.synchronize()
 
     def _free(self) -> None:
-        """Nothing of the server's is the backend's own (buffers are freed with their buffers)."""
+        ...  # buffers are freed with their buffers
 
     def describe(self) -> str:
         conn = self.rpc_device.conn_if_open()
@@ -407,9 +335,6 @@ class RPCBackend(Backend):
             return f"RPC server {self.rpc_device.endpoint} (not connected)"
         version = ".".join(map(str, conn.version))
         return f"RPC server {conn.endpoint}, protocol {version}, device {self.rpc_device.index}"
-
-
-# --- devices and the registry ---
 
 
 class RPCDevice(Device):
@@ -423,13 +348,11 @@ class RPCDevice(Device):
         self.buft = RPCBufferType(self)
 
     def conn(self) -> Connection:
-        """The connection to the server: the endpoint's open one (made again if the last one broke and
-        no buffer of this device used it; one that broke under live buffers stays broken for them)."""
+        """The endpoint's open connection, made again if the last broke under no live buffer of this device."""
         conn = self._conn
         if conn is None or conn.broken is not None:
             conn = connect(self.endpoint)
             if self._conn is not None and self._conn is not conn:
-                # a new connection is a new session: the server forgot our graphs and buffer type answers
                 self.buft._alignment = self.buft._max_size = None
                 self.buft._alloc_sizes.clear()
             self._conn = conn
@@ -445,9 +368,7 @@ class RPCDevice(Device):
         return f"device {self.index} of RPC server {self.endpoint}"
 
     def _get_memory(self) -> tuple[int, int]:
-        """The server's answer; (0, 0), nothing to report, for a server that cannot be reached (listing
-        devices, `pyggml devices`, must not fail for a server that went away; `rpc_get_device_memory` and
-        everything that uses the device raise)."""
+        """(0, 0) for a server that cannot be reached: listing devices must not fail."""
         try:
             return self.server_memory()
         except RpcConnectionError as e:
@@ -455,7 +376,6 @@ class RPCDevice(Device):
             return 0, 0
 
     def server_memory(self) -> tuple[int, int]:
-        """(free, total) bytes, asked of the server (GET_DEVICE_MEMORY)."""
         rsp = self.conn().request(RpcCmd.GET_DEVICE_MEMORY, wire.GET_DEVICE_MEMORY_REQ.pack(self.index),
                                   wire.GET_DEVICE_MEMORY_RSP.size)
         free, total = wire.GET_DEVICE_MEMORY_RSP.unpack(rsp)
@@ -489,8 +409,7 @@ def _wire_ok(t: Tensor) -> bool:
 
 
 def rpc_supports_op(op: Tensor) -> bool:
-    """What pyggml knows a server can run (see the module doc): a known op without host function pointers,
-    and every tensor of known type and of a layout the wire carries."""
+    """Unlike the C client (all true): known ops without host function pointers, known types, u32 layouts."""
     if op.op not in GGMLOp._value2member_map_ or op.op in HOST_FUNCTION_OPS:
         return False
     return _wire_ok(op) and all(_wire_ok(s) for s in op.src if s is not None)
@@ -574,12 +493,10 @@ def rpc_init(endpoint: str, device: int = 0) -> RPCBackend:
 
 
 def is_rpc(backend: object) -> bool:
-    """ggml_backend_is_rpc."""
     return isinstance(backend, RPCBackend)
 
 
 def rpc_buffer_type(endpoint: str, device: int = 0) -> RPCBufferType:
-    """ggml_backend_rpc_buffer_type."""
     host, port, _ = parse_endpoint(endpoint)
     return rpc_reg().device(f"{host}:{port}/{device}").buft
 

@@ -1,21 +1,8 @@
-"""One TCP connection to an RPC server: HELLO, then requests one at a time.
+"""One TCP connection per RPC endpoint, as the C client's `rpc_dispatcher`: HELLO, then requests under a lock.
 
-The C client keeps one connection per endpoint (its `rpc_dispatcher`), and ggml-rpc-server serves
-one client at a time, so pyggml does the same: `connect(endpoint)` returns the live connection of
-an endpoint or makes one. Requests are serialized by a lock (the scheduler and a loader may share
-a connection from different threads).
-
-Small commands without an answer may be deferred (`send(..., defer=True)`: the client's SET_TENSOR,
-MEMSET_TENSOR, BUFFER_CLEAR, INIT_TENSOR, FREE_BUFFER): they wait in a queue, their bytes copied, until
-a command that goes at once (a request, a graph, `synchronize`, `flush`, `close`), and all cross in one
-sendmsg. A decode step's input copies and its GRAPH_RECOMPUTE thus wake the server once, as the C
-client's dispatcher thread sends its queue; the order of commands is the order they were given.
-
-Faults: every socket operation has a timeout (`PYGGML_RPC_TIMEOUT` seconds, default 120: a large
-graph computes before the next answer comes). A peer that closes, resets or stays silent past the
-timeout breaks the connection: the request raises `RpcConnectionError` naming the endpoint and the
-command, and every later request raises the same at once, without touching the socket. Nothing
-aborts the process, unlike the C client.
+Small commands without an answer may be deferred and cross with the next one sent at once (as the dispatcher's
+queue). A socket timeout (`PYGGML_RPC_TIMEOUT`, 120 s) or a closed peer breaks the connection for good:
+`RpcConnectionError` naming the endpoint, never an abort as in C.
 """
 
 from __future__ import annotations
@@ -46,8 +33,8 @@ log = logging.getLogger("pyggml.backends.rpc")
 Payload = bytes | bytearray | memoryview
 
 ENV_TIMEOUT = "PYGGML_RPC_TIMEOUT"
-DEFER_MAX = 64 * 1024  # a deferred command above this many bytes is sent at once (see Connection.send)
-MAX_QUEUED = 256  # parts in the queue before it is sent (sendmsg takes at most IOV_MAX = 1024)
+DEFER_MAX = 64 * 1024  # larger deferred commands go at once, uncopied
+MAX_QUEUED = 256  # sendmsg takes at most IOV_MAX = 1024 parts
 DEFAULT_TIMEOUT = 120.0
 CONNECT_TIMEOUT = 10.0
 
@@ -98,9 +85,9 @@ class Connection:
         self.lock = threading.RLock()
         self.broken: str | None = None  # why the connection is unusable, once it is
         self.pending = False  # a command without an answer was sent since the last answer
-        self._out: list[Payload] = []  # framed commands not sent yet (see `send`'s defer)
+        self._out: list[Payload] = []
         self.last_graph: dict[int, bytes] = {}  # device -> the graph the server holds for GRAPH_RECOMPUTE
-        self.n_buffers_freed = 0  # FREE_BUFFERs sent (graph plans serialized before one are made again)
+        self.n_buffers_freed = 0  # plans serialized before a FREE_BUFFER are made again
         self.bytes_sent = 0
         self.bytes_received = 0
         self.version: tuple[int, int, int] = (0, 0, 0)
@@ -118,7 +105,6 @@ class Connection:
         log.debug("connected to RPC server %s (protocol %d.%d.%d)", self.endpoint, *self.version)
 
     def set_timeout(self, seconds: float) -> None:
-        """The timeout of every socket operation from now on (`PYGGML_RPC_TIMEOUT` sets the first)."""
         self.timeout = seconds
         self.sock.settimeout(seconds)
 
@@ -129,10 +115,7 @@ class Connection:
         self.version = (major, minor, patch)
         check_version(major, minor, patch, self.endpoint)
 
-    # --- the socket ---
-
     def _fail(self, cmd: RpcCmd, why: str) -> RpcConnectionError:
-        """Break the connection for good and the error to raise."""
         if self.broken is None:
             self.broken = f"{why} (during {cmd.name})"
             log.warning("RPC server %s: %s", self.endpoint, self.broken)
@@ -154,10 +137,9 @@ class Connection:
         size = sum(len(p) for p in parts)
         self._out.append(CMD_HEADER.pack(int(cmd), size))
         self._out.extend(bytes(p) if copy and not isinstance(p, bytes) else p for p in parts if len(p))
-        self.bytes_sent += CMD_HEADER.size + size  # counted as given: a deferred one is sent or the connection breaks
+        self.bytes_sent += CMD_HEADER.size + size
 
     def _flush(self, cmd: RpcCmd) -> None:
-        """Send the queued commands: one sendmsg for all of them (gathered, not joined), `cmd` named if it fails."""
         out = self._out
         if not out:
             return
@@ -169,16 +151,9 @@ class Connection:
         except OSError as e:
             raise self._fail(cmd, f"send failed: {e}") from None
 
-    # --- requests ---
-
     def send(self, cmd: RpcCmd, *parts: Payload, defer: bool = False) -> None:
-        """A command without a response (FREE_BUFFER, SET_TENSOR, GRAPH_COMPUTE, ...), its payload in `parts`
-        (sent one after the other, not joined).
-
-        `defer`: the command may wait in the queue for the next one that is sent at once (a request, a graph,
-        `synchronize`, `flush`), so that the small commands of a step (a split's input copies) cross in one
-        send and wake the server once; the bytes are copied, the caller may reuse its buffers. Commands above
-        DEFER_MAX bytes (weights) go at once, without a copy."""
+        """A command without a response; `defer`: queued (its bytes copied) for the next command sent at once,
+        so a step's small commands wake the server once."""
         with self.lock:
             self._check(cmd)
             size = sum(len(p) for p in parts)
@@ -189,7 +164,6 @@ class Connection:
                 self._flush(cmd)
 
     def flush(self) -> None:
-        """Send the deferred commands now."""
         with self.lock:
             if self._out and self.broken is None:
                 self._flush(RpcCmd.NONE)
@@ -229,13 +203,10 @@ class Connection:
         self.bytes_received += n
 
     def synchronize(self) -> None:
-        """Wait until the server has done every command sent (it serves them in order): one cheap request
-        when a command without an answer is outstanding. A graph that failed on the server shows here."""
+        """Wait for every command sent (one cheap request if any is unanswered); a failed graph shows here."""
         with self.lock:
             if self.pending and self.broken is None:
                 self.request(RpcCmd.GET_ALIGNMENT, GET_ALIGNMENT_REQ.pack(0), GET_ALIGNMENT_RSP.size)
-
-    # --- lifetime ---
 
     def _close_socket(self) -> None:
         try:
@@ -247,7 +218,7 @@ class Connection:
         with self.lock:
             if self.broken is None:
                 try:
-                    self._flush(RpcCmd.NONE)  # what was deferred reaches the server, as it would have at once
+                    self._flush(RpcCmd.NONE)
                 except RpcConnectionError:
                     pass
             if self.broken is None:
@@ -268,12 +239,10 @@ _connect_lock = threading.Lock()
 
 
 def connect(endpoint: str, timeout: float | None = None) -> Connection:
-    """The open connection to `endpoint`, or a new one (a broken one is replaced: its buffers are gone,
-    but a server that came back is usable again)."""
+    """The open connection to `endpoint`, or a new one (a broken one is replaced)."""
     host, port, _ = parse_endpoint(endpoint)
     key = f"{host}:{port}"
-    # held while connecting: two connections to ggml-rpc-server, which serves one client at a time, would
-    # leave the second waiting for the first to close
+    # held while connecting: ggml-rpc-server serves one client at a time, a second would wait for the first
     with _connect_lock:
         with _lock:
             conn = _connections.get(key)

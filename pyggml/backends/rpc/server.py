@@ -1,47 +1,8 @@
-"""`pyggml rpc-server`: any pyggml backend served with ggml's RPC protocol 7.0.0.
+"""`pyggml rpc-server`: any pyggml backend served with ggml's RPC protocol 7.0.0, as ggml-rpc-server on the wire.
 
-What ggml-rpc-server does, byte for byte on the wire (see `wire`), so llama.cpp (`--rpc HOST:PORT`)
-and pyggml's `rpc` backend offload to it alike. Each remote device is one pyggml backend (cpu, torch,
-torch:cuda:N, ...), in the order given.
-
-Differences from the C server, all on the side of safety:
-- Clients are served at once, a thread each (the C server serves one at a time); each has its own
-  buffers and stored graphs, freed when it disconnects. Commands run under one lock, so backends
-  never compute for two clients at once.
-- Every message is checked before anything is done: the command number, the exact size of
-  fixed-size requests, the size of variable ones (SET_TENSOR no larger than the client's largest
-  buffer, a graph at most MAX_GRAPH_BYTES), buffer ids (only the client's own), tensor types and ops
-  (ggml's at 0c1e570 that pyggml knows), every tensor's bytes inside its buffer, a view inside its
-  source's buffer at its source's address plus view_offs, a graph's ids unique and present, no
-  cycles, each node's sources and derived sizes against its op (`node_check`). A check that fails, a
-  request the server cannot serve (where the C server asserts and dies) or a node the backend cannot
-  compute closes that connection and logs why (the op's name for a node); the server keeps serving
-  the others.
-- A graph's cost is checked before it is computed (`pyggml.core.work`): each node's and source's
-  element count, the graph's total work and the temporaries its kernels may hold are bounded by the
-  server's `WorkBudget`; a graph beyond it is refused as above, naming the node and the numbers.
-- `mem_limit` caps the bytes of all clients' buffers and stored graphs' temporaries: an ALLOC_BUFFER
-  beyond it is answered with a null buffer (the client's out-of-memory), a graph beyond it is refused,
-  and GET_DEVICE_MEMORY reports the limit.
-- Connections are a bounded resource: at most `max_connections` at once (more are closed at once,
-  logged); HELLO must come within `hello_timeout` seconds of connecting, a message must arrive whole
-  within `message_timeout` seconds plus one per MiB it announces (a total per message, not per
-  receive), and so must an answer be taken. A client holding no buffer must send its next message
-  within `idle_timeout` seconds; one holding buffers may think as long as it likes (llama.cpp's client
-  cannot reconnect: its buffers are its model), and TCP keepalive finds it gone if its machine goes.
-  A payload is received in chunks as it arrives, never reserved from its announced size. Running out
-  of file descriptors or buffers while accepting is logged and retried; the accept loop ends only when
-  the server is closed, and `serve_forever` raises when it ends otherwise.
-- It binds 127.0.0.1 unless told otherwise; another address is logged as a warning (the protocol
-  has no authentication: whoever connects can read and write the server's buffers).
-- Nodes: ggml's backends compute only the nodes flagged COMPUTE (ggml_build_forward_expand sets
-  it); so does this server. The graph's use counts are not used (pyggml fuses no nodes).
-
-Per decode step a client sends a few small SET_TENSORs, GRAPH_RECOMPUTE (the graph planned when it
-came, computed again) and a GET_TENSOR. A client's bytes are read through one buffer (the commands
-that come together cost one receive), and a small SET_TENSOR or GET_TENSOR keeps its checked range
-by its request's bytes until the client frees a buffer (the checks are not made again for the same
-request; answers are sent without a copy).
+Beyond the C server, on the side of safety: a thread per client, every message checked before anything is
+done (a failed check closes that connection, not the server), graphs' cost and memory bounded, connections
+and timeouts bounded, 127.0.0.1 by default (the protocol has no authentication). DESIGN.md, "The RPC backend".
 """
 
 from __future__ import annotations
@@ -125,12 +86,7 @@ class Session:
 
 
 class RpcServer:
-    """Serves `backends` (device i = backends[i]) on host:port. `start()` listens in a thread;
-    `serve_forever()` in the caller's. `close()` stops and frees every client's buffers.
-
-    Limits (see the module's docstring): `mem_limit` bytes of buffers and graph temporaries, `budget` per
-    graph, `max_connections` clients at once, and the timeouts in seconds (`idle_timeout` None: none; it
-    applies to clients holding no buffer)."""
+    """Serves `backends` (device i = backends[i]) on host:port; `idle_timeout` applies to clients without buffers."""
 
     def __init__(self, backends: list[Backend], host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
                  cache_dir: str | os.PathLike[str] | None = None, mem_limit: int | None = None,
@@ -189,18 +145,14 @@ class RpcServer:
     def version(self) -> str:
         return f"{wire.RPC_PROTO_MAJOR_VERSION}.{wire.RPC_PROTO_MINOR_VERSION}.{wire.RPC_PROTO_PATCH_VERSION}"
 
-    # --- lifetime ---
-
     def start(self) -> RpcServer:
-        """Accept clients in a background thread."""
         self._accept_thread = threading.Thread(target=self.serve_forever, name=f"rpc-server {self.endpoint}",
                                                daemon=True)
         self._accept_thread.start()
         return self
 
     def serve_forever(self) -> None:
-        """Accept clients until `close()`; GGMLError when accept() fails otherwise than for want of descriptors or
-        memory (retried) or by a connection lost before it was accepted (skipped)."""
+        """Accept clients until `close()`; GGMLError when accept() fails for a reason that is not retried."""
         log.info("rpc-server: protocol %d.%d.%d on %s, devices: %s", wire.RPC_PROTO_MAJOR_VERSION,
                  wire.RPC_PROTO_MINOR_VERSION, wire.RPC_PROTO_PATCH_VERSION, self.endpoint,
                  ", ".join(f"{i}: {b.name()}" for i, b in enumerate(self.backends)))
@@ -224,8 +176,6 @@ class RpcServer:
             self._start_client(conn, f"{addr[0]}:{addr[1]}")
 
     def _start_client(self, conn: socket.socket, peer: str) -> None:
-        """A thread for the new connection, or the connection closed at once when max_connections are open
-        (or no thread can be started)."""
         if len(self._clients) >= self.max_connections:
             self._refuse(conn, peer, f"{len(self._clients)} connections are open (the most allowed)")
             return
@@ -242,8 +192,7 @@ class RpcServer:
         self._threads.append(t)
 
     def _refuse(self, conn: socket.socket, peer: str, why: str) -> None:
-        """Close a connection as it comes; logged at most once per REFUSAL_LOG_INTERVAL (a flood of connections
-        is not a flood of log lines)."""
+        """Close a connection as it comes; logged at most once per REFUSAL_LOG_INTERVAL."""
         conn.close()
         self.n_refused += 1
         now = time.monotonic()
@@ -274,8 +223,6 @@ class RpcServer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    # --- a connection ---
 
     def _serve_client(self, conn: socket.socket, peer: str) -> None:
         session = Session(peer)
@@ -324,9 +271,7 @@ class RpcServer:
         return n
 
     def _send(self, conn: socket.socket, payload: bytes | bytearray | memoryview) -> None:
-        """| size | payload |, gathered in one system call without joining them (an answer of a GET_TENSOR may
-        be large); taken by the client within message_timeout plus a second per MESSAGE_RATE bytes, or
-        Malformed (a client that does not read its answers holds the connection no longer)."""
+        """| size | payload | in one uncopied send, taken within the message deadline or Malformed."""
         seconds = self.message_timeout + len(payload) / MESSAGE_RATE
         conn.settimeout(seconds)
         try:
@@ -376,8 +321,6 @@ class RpcServer:
         if response is not None:
             self._send(conn, response)
 
-    # --- commands ---
-
     def _handle(self, s: Session, cmd: RpcCmd, p: bytearray) -> bytes | None:
         if cmd == RpcCmd.DEVICE_COUNT:
             return wire.DEVICE_COUNT_RSP.pack(len(self.backends))
@@ -400,7 +343,7 @@ class RpcServer:
             (remote,) = wire.FREE_BUFFER_REQ.unpack(p)
             buffer = self._buffer(s, remote, cmd)
             self._drop_graphs(s)  # as the C server: stored graphs may point into the buffer
-            s.ranges.clear()  # (checked ranges too)
+            s.ranges.clear()
             del s.buffers[remote]
             self.mem_used -= buffer.size
             buffer.free()
@@ -425,7 +368,7 @@ class RpcServer:
             out = np.empty(size, dtype=np.uint8)
             if size:
                 tensor_get(raw, out)
-            return memoryview(out)  # (sent as it is: no copy into bytes)
+            return memoryview(out)
         if cmd == RpcCmd.MEMSET_TENSOR:
             t = self._tensor(s, RpcTensor.unpack(p), cmd, need_buffer=True)
             offset, size, value = wire.MEMSET_TENSOR_REQ_TAIL.unpack_from(p, wire.RPC_TENSOR_SIZE)
@@ -482,8 +425,6 @@ class RpcServer:
             self._compute(backend, sg)
             return None
         raise Malformed(f"command {cmd.name} is not served")  # pragma: no cover - every command is above
-
-    # --- pieces ---
 
     def _backend(self, device: int, cmd: RpcCmd) -> Backend:
         if device >= len(self.backends):
@@ -578,7 +519,6 @@ class RpcServer:
     def _set_tensor(self, s: Session, p: bytearray) -> None:
         size = len(p) - wire.SET_TENSOR_HEADER_SIZE
         if 0 <= size <= FAST_RANGE_MAX and (self.cache_dir is None or not p[wire.RPC_TENSOR_SIZE]):
-            # (the size is part of the key: the same header with another payload length is another range)
             key = bytes(memoryview(p)[:wire.SET_TENSOR_HEADER_SIZE]) + size.to_bytes(8, "little")
             raw = s.ranges.get(key)
             if raw is None:
@@ -600,7 +540,6 @@ class RpcServer:
         return None
 
     def _set_range(self, s: Session, p: bytearray) -> Tensor:
-        """The checked bytes a SET_TENSOR writes."""
         rt, _, offset, data = wire.unpack_set_tensor(p)
         t = self._tensor(s, rt, RpcCmd.SET_TENSOR, need_buffer=True)
         return self._raw(t, offset, len(data), RpcCmd.SET_TENSOR)
@@ -623,8 +562,6 @@ class RpcServer:
         if data:
             tensor_set(raw, np.frombuffer(data, dtype=np.uint8))
         return wire.SET_TENSOR_HASH_RSP.pack(1)
-
-    # --- graphs ---
 
     def _graph_compute(self, s: Session, p: bytearray) -> None:
         try:
@@ -675,8 +612,7 @@ class RpcServer:
         self._compute(backend, sg)
 
     def _make(self, s: Session, root: int, by_id: dict[int, RpcTensor], made: dict[int, Tensor]) -> None:
-        """create_node without recursion: sources and view sources first; a tensor reached again while it is
-        being made closes a cycle."""
+        """create_node without recursion; a tensor reached again while it is being made is a cycle."""
         building: set[int] = set()
         stack: list[tuple[int, int]] = [(root, 0)]
         while stack:
@@ -731,13 +667,8 @@ class RpcServer:
 
 
 class _Reader:
-    """A client's bytes through one buffer: a receive takes whatever has arrived, so the commands a client sends
-    together (a decode step's input copies, then its graph) cost one system call, not three each (command
-    byte, size, payload).
-
-    Time: `next_command` waits up to the idle timeout for a message to start; the rest of it (and HELLO,
-    from the connection) must come before the deadline `start` set, whatever the pace of the bytes. Memory:
-    a payload grows with the bytes received, whatever size it announced."""
+    """A client's bytes through one buffer (commands sent together cost one receive); a message must be whole
+    by its deadline, and a payload grows as received, never from its announced size."""
 
     CHUNK = 64 * 1024  # what one receive asks for while reading commands
     LARGE_CHUNK = 1 << 20  # what one receive asks for in the middle of a large payload
@@ -747,16 +678,14 @@ class _Reader:
         self.buf = bytearray()
         self.pos = 0
         self.deadline = 0.0
-        self.allowed = 0.0  # seconds from start to the deadline (for the messages)
-        self._large: bytearray | None = None  # the receive buffer of large payloads, made at the first
+        self.allowed = 0.0
+        self._large: bytearray | None = None
 
     def start(self, seconds: float) -> None:
-        """The rest of the current message must come within `seconds` from now."""
         self.deadline = time.monotonic() + seconds
         self.allowed = seconds
 
     def extend(self, seconds: float) -> None:
-        """`seconds` more for the current message (a large one's transfer)."""
         self.deadline += seconds
         self.allowed += seconds
 
@@ -776,7 +705,6 @@ class _Reader:
         return cmd
 
     def _receive(self) -> int:
-        """One receive appended to the buffer (emptied first when all of it was read); the bytes got."""
         if self.pos == len(self.buf):
             self.buf.clear()
             self.pos = 0
@@ -785,7 +713,6 @@ class _Reader:
         return len(chunk)
 
     def _wait(self, what: str, got: int, n: int) -> None:
-        """The socket's timeout set to what is left before the deadline; Malformed when nothing is."""
         left = self.deadline - time.monotonic()
         if left <= 0:
             raise Malformed(f"{what}: {got} of {n} bytes came within {self.allowed:g} s")
@@ -822,8 +749,7 @@ class _Reader:
 
 
 def _keepalive(conn: socket.socket) -> None:
-    """TCP keepalive probes on `conn` (KEEPALIVE's timing where the platform names the options): a client whose
-    machine went away is found gone, not waited for."""
+    """TCP keepalive on `conn`: a client whose machine went away is found gone."""
     conn.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
     for name, value in zip(("TCP_KEEPIDLE", "TCP_KEEPINTVL", "TCP_KEEPCNT"), KEEPALIVE, strict=True):
         option = getattr(socket, name, None)

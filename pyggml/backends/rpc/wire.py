@@ -1,18 +1,7 @@
-"""ggml's RPC wire format, protocol 7.0.0 (ggml/src/ggml-rpc/ggml-rpc.cpp of llama.cpp 0c1e570).
+"""ggml's RPC wire format, protocol 7.0.0 (ggml-rpc.cpp of llama.cpp 0c1e570): packed little-endian C structs.
 
-Pure functions and constants: no sockets here. Everything is little-endian and packed
-(`#pragma pack(push, 1)` in the C source), so `struct` formats with '<' are the C structs
-byte for byte; each size is checked below against the C `sizeof` read from the source.
-
-Framing:
-
-    request : | cmd (u8) | size (u64) | payload (size bytes) |
-    response: | size (u64) | payload (size bytes) |
-
-HELLO (command 14 in every version) comes first on a connection and carries 24 bytes of
-transport capabilities ("conn_caps") both ways; all zero means plain TCP. Commands without a
-response: FREE_BUFFER, BUFFER_CLEAR, SET_TENSOR, INIT_TENSOR, GRAPH_COMPUTE, GRAPH_RECOMPUTE,
-MEMSET_TENSOR. A server answers a request it cannot serve by closing the connection.
+Request | cmd (u8) | size (u64) | payload |, response | size (u64) | payload |; HELLO (command 14) comes first.
+A server answers a request it cannot serve by closing the connection.
 """
 
 from __future__ import annotations
@@ -30,14 +19,14 @@ from pyggml.core.errors import GGMLError
 RPC_PROTO_MAJOR_VERSION = 7
 RPC_PROTO_MINOR_VERSION = 0
 RPC_PROTO_PATCH_VERSION = 0
-RPC_CONN_CAPS_SIZE = 24  # transport.h
-HASH_THRESHOLD = 10 * 1024 * 1024  # SET_TENSOR_HASH is tried for WEIGHTS data larger than this
-GGML_RPC_MAX_SERVERS = 16  # ggml-rpc.h
+RPC_CONN_CAPS_SIZE = 24
+HASH_THRESHOLD = 10 * 1024 * 1024  # SET_TENSOR_HASH is tried for larger WEIGHTS data
+GGML_RPC_MAX_SERVERS = 16
 
 GGML_MAX_DIMS = 4
 GGML_MAX_SRC = 10
 GGML_MAX_NAME = 64
-GGML_MAX_OP_PARAMS_WORDS = 16  # GGML_MAX_OP_PARAMS (64 bytes) / sizeof(int32_t)
+GGML_MAX_OP_PARAMS_WORDS = 16
 
 
 class RpcError(GGMLError):
@@ -53,8 +42,6 @@ class RpcVersionError(RpcError):
 
 
 class RpcCmd(IntEnum):
-    """enum rpc_cmd."""
-
     ALLOC_BUFFER = 0
     GET_ALIGNMENT = 1
     GET_MAX_SIZE = 2
@@ -73,26 +60,24 @@ class RpcCmd(IntEnum):
     DEVICE_COUNT = 15
     GRAPH_RECOMPUTE = 16
     MEMSET_TENSOR = 17
-    NONE = 18  # the client's local marker (never sent)
+    NONE = 18  # the client's local marker, never sent
 
 
 RPC_CMD_COUNT = 19
-assert RpcCmd.HELLO == 14  # static_assert(RPC_CMD_HELLO == 14) in the C source
+assert RpcCmd.HELLO == 14
 
-# --- rpc_tensor ---
 
 # id, type, buffer, ne[4], nb[4], op, op_params[16], flags, src[10], view_src, view_offs, data, name[64], use_count
 RPC_TENSOR = struct.Struct("<QIQ4I4II16ii10QQQQ64si")
-RPC_TENSOR_SIZE = 296  # sizeof(rpc_tensor): 8+4+8+16+16+4+64+4+80+8+8+8+64+4
-assert RPC_TENSOR.size == RPC_TENSOR_SIZE and RPC_TENSOR_SIZE % 8 == 0  # the C static_assert: multiple of 8
+RPC_TENSOR_SIZE = 296
+assert RPC_TENSOR.size == RPC_TENSOR_SIZE and RPC_TENSOR_SIZE % 8 == 0
 
 U32_MAX = 2**32 - 1
 
 
 @dataclass
 class RpcTensor:
-    """struct rpc_tensor: a ggml_tensor on the wire. Pointers (id, buffer, src, view_src, data) are the
-    sender's numbers: ids name tensors within one message, buffer and data are the server's."""
+    """struct rpc_tensor; ids name tensors within one message, buffer and data are the server's addresses."""
 
     id: int = 0
     type: int = 0
@@ -126,19 +111,17 @@ class RpcTensor:
         return self.name.decode("utf-8", "replace")
 
 
-NULL_TENSOR = bytes(RPC_TENSOR_SIZE)  # serialize_tensor(nullptr): all zero
+NULL_TENSOR = bytes(RPC_TENSOR_SIZE)
 
 
 def _name_bytes(name: bytes) -> bytes:
-    """The name as C's snprintf(name, 64, "%s") leaves it: at most 63 bytes and a NUL (struct pads with 0)."""
     return name[: GGML_MAX_NAME - 1]
 
 
 def pack_tensor(id: int, type: int, buffer: int, ne: list[int], nb: list[int], op: int, op_params: np.ndarray,
                 flags: int, src: list[int], view_src: int, view_offs: int, data: int, name: str,
                 use_count: int = 0) -> bytes:
-    """One rpc_tensor from a tensor's fields (the client's serialize_tensor). ne and nb travel as u32 (the
-    protocol's limit): a larger value raises RpcError naming the tensor instead of wrapping silently."""
+    """serialize_tensor's rpc_tensor; ne and nb past u32 raise RpcError where C would wrap."""
     try:
         return RPC_TENSOR.pack(id, type, buffer, *ne, *nb, op, *op_params.tolist(), flags, *src, view_src,
                                view_offs, data, name.encode("utf-8")[: GGML_MAX_NAME - 1], use_count)
@@ -147,37 +130,35 @@ def pack_tensor(id: int, type: int, buffer: int, ne: list[int], nb: list[int], o
                        f"carries ne and nb as u32): {e}") from None
 
 
-# --- request and response structs (each `rpc_msg_*`; the name says which) ---
-
-HELLO_REQ = struct.Struct(f"<{RPC_CONN_CAPS_SIZE}s")  # conn_caps
+HELLO_REQ = struct.Struct(f"<{RPC_CONN_CAPS_SIZE}s")
 HELLO_RSP = struct.Struct(f"<BBBB{RPC_CONN_CAPS_SIZE}s")  # major, minor, patch, padding, conn_caps
 DEVICE_COUNT_RSP = struct.Struct("<I")
 GET_ALLOC_SIZE_REQ_HEAD = struct.Struct("<I")  # device, then rpc_tensor tensor, rpc_tensor srcs[GGML_MAX_SRC]
 GET_ALLOC_SIZE_REQ_SIZE = 4 + RPC_TENSOR_SIZE * (1 + GGML_MAX_SRC)
-GET_ALLOC_SIZE_RSP = struct.Struct("<Q")  # alloc_size
+GET_ALLOC_SIZE_RSP = struct.Struct("<Q")
 INIT_TENSOR_REQ_SIZE = RPC_TENSOR_SIZE
-ALLOC_BUFFER_REQ = struct.Struct("<IQ")  # device, size
+ALLOC_BUFFER_REQ = struct.Struct("<IQ")
 ALLOC_BUFFER_RSP = struct.Struct("<QQ")  # remote_ptr, remote_size
-GET_ALIGNMENT_REQ = struct.Struct("<I")  # device
-GET_ALIGNMENT_RSP = struct.Struct("<Q")  # alignment
-GET_MAX_SIZE_REQ = struct.Struct("<I")  # device
-GET_MAX_SIZE_RSP = struct.Struct("<Q")  # max_size
-BUFFER_GET_BASE_REQ = struct.Struct("<Q")  # remote_ptr
-BUFFER_GET_BASE_RSP = struct.Struct("<Q")  # base_ptr
-FREE_BUFFER_REQ = struct.Struct("<Q")  # remote_ptr
-BUFFER_CLEAR_REQ = struct.Struct("<QB")  # remote_ptr, value
+GET_ALIGNMENT_REQ = struct.Struct("<I")
+GET_ALIGNMENT_RSP = struct.Struct("<Q")
+GET_MAX_SIZE_REQ = struct.Struct("<I")
+GET_MAX_SIZE_RSP = struct.Struct("<Q")
+BUFFER_GET_BASE_REQ = struct.Struct("<Q")
+BUFFER_GET_BASE_RSP = struct.Struct("<Q")
+FREE_BUFFER_REQ = struct.Struct("<Q")
+BUFFER_CLEAR_REQ = struct.Struct("<QB")
 MEMSET_TENSOR_REQ_TAIL = struct.Struct("<QQB")  # after the rpc_tensor: offset, size, value
 SET_TENSOR_HASH_REQ_TAIL = struct.Struct("<QQ")  # after the rpc_tensor: offset, hash
-SET_TENSOR_HASH_RSP = struct.Struct("<B")  # result
+SET_TENSOR_HASH_RSP = struct.Struct("<B")
 GET_TENSOR_REQ_TAIL = struct.Struct("<QQ")  # after the rpc_tensor: offset, size
-COPY_TENSOR_REQ_SIZE = 2 * RPC_TENSOR_SIZE  # src, dst
-COPY_TENSOR_RSP = struct.Struct("<B")  # result
-GET_DEVICE_MEMORY_REQ = struct.Struct("<I")  # device
+COPY_TENSOR_REQ_SIZE = 2 * RPC_TENSOR_SIZE
+COPY_TENSOR_RSP = struct.Struct("<B")
+GET_DEVICE_MEMORY_REQ = struct.Struct("<I")
 GET_DEVICE_MEMORY_RSP = struct.Struct("<QQ")  # free_mem, total_mem
-GRAPH_RECOMPUTE_REQ = struct.Struct("<I")  # device
-SET_TENSOR_HEAD_TAIL = struct.Struct("<BQ")  # after the rpc_tensor: cache_flag, offset; then the data
+GRAPH_RECOMPUTE_REQ = struct.Struct("<I")
+SET_TENSOR_HEAD_TAIL = struct.Struct("<BQ")
 
-# sizeof of each packed C struct, read from ggml-rpc.cpp (the tests check them against these structs)
+
 C_SIZEOF = {
     "rpc_tensor": 296,
     "rpc_msg_hello_req": 24,
@@ -210,9 +191,9 @@ C_SIZEOF = {
 MEMSET_TENSOR_REQ_SIZE = RPC_TENSOR_SIZE + MEMSET_TENSOR_REQ_TAIL.size
 SET_TENSOR_HASH_REQ_SIZE = RPC_TENSOR_SIZE + SET_TENSOR_HASH_REQ_TAIL.size
 GET_TENSOR_REQ_SIZE = RPC_TENSOR_SIZE + GET_TENSOR_REQ_TAIL.size
-SET_TENSOR_HEADER_SIZE = RPC_TENSOR_SIZE + SET_TENSOR_HEAD_TAIL.size  # 305
+SET_TENSOR_HEADER_SIZE = RPC_TENSOR_SIZE + SET_TENSOR_HEAD_TAIL.size
 
-# the exact request size of each command with a fixed-size request (None: variable size)
+
 REQUEST_SIZE: dict[RpcCmd, int | None] = {
     RpcCmd.ALLOC_BUFFER: ALLOC_BUFFER_REQ.size,
     RpcCmd.GET_ALIGNMENT: GET_ALIGNMENT_REQ.size,
@@ -234,23 +215,17 @@ REQUEST_SIZE: dict[RpcCmd, int | None] = {
     RpcCmd.MEMSET_TENSOR: MEMSET_TENSOR_REQ_SIZE,
 }
 
-# --- framing ---
 
-CMD_HEADER = struct.Struct("<BQ")  # cmd, payload size
+CMD_HEADER = struct.Struct("<BQ")
 SIZE_HEADER = struct.Struct("<Q")
 
 
 def frame_request(cmd: RpcCmd | int, payload: bytes | bytearray | memoryview = b"") -> bytes:
-    """| cmd (1 byte) | size (8 bytes) | payload |."""
     return CMD_HEADER.pack(int(cmd), len(payload)) + bytes(payload)
 
 
 def frame_response(payload: bytes | bytearray | memoryview) -> bytes:
-    """| size (8 bytes) | payload |."""
     return SIZE_HEADER.pack(len(payload)) + bytes(payload)
-
-
-# --- messages with a layout of their own ---
 
 
 def pack_set_tensor(tensor: bytes, cache_flag: int, offset: int, data: bytes | memoryview) -> bytes:
@@ -259,7 +234,6 @@ def pack_set_tensor(tensor: bytes, cache_flag: int, offset: int, data: bytes | m
 
 
 def unpack_set_tensor(payload: bytes | memoryview) -> tuple[RpcTensor, int, int, memoryview]:
-    """(tensor, cache_flag, offset, data) of a SET_TENSOR payload; RpcError if shorter than its header."""
     if len(payload) < SET_TENSOR_HEADER_SIZE:
         raise RpcError(f"SET_TENSOR: payload of {len(payload)} bytes is shorter than its {SET_TENSOR_HEADER_SIZE}-"
                        f"byte header")
@@ -275,8 +249,7 @@ def pack_graph(device: int, node_ids: list[int], tensors: list[bytes]) -> bytes:
 
 
 def unpack_graph(payload: bytes | memoryview) -> tuple[int, list[int], list[RpcTensor]]:
-    """(device, node ids, tensors) of a GRAPH_COMPUTE payload; RpcError naming the sizes when it is short
-    or has bytes left over."""
+    """(device, node ids, tensors) of a GRAPH_COMPUTE payload; RpcError naming the sizes if short or long."""
     n = len(payload)
     if n < 8:
         raise RpcError(f"GRAPH_COMPUTE: payload of {n} bytes is shorter than its 8-byte header")
@@ -289,7 +262,7 @@ def unpack_graph(payload: bytes | memoryview) -> tuple[int, list[int], list[RpcT
     if n != total:
         raise RpcError(f"GRAPH_COMPUTE: {n_nodes} nodes and {n_tensors} tensors make {total} bytes, the payload "
                        f"has {n}")
-    if n_nodes > n_tensors:  # (before the ids become Python ints: each node is one of the tensors)
+    if n_nodes > n_tensors:
         raise RpcError(f"GRAPH_COMPUTE: {n_nodes} nodes, more than its {n_tensors} tensors")
     node_ids = list(struct.unpack_from(f"<{n_nodes}Q", payload, 8))
     tensors = [RpcTensor.unpack(payload, need + i * RPC_TENSOR_SIZE) for i in range(n_tensors)]
@@ -335,15 +308,14 @@ def fnv_hash(data: bytes | memoryview | np.ndarray, hash: int = FNV_OFFSET) -> i
 
 
 def fnv_hash_py(data: bytes, hash: int = FNV_OFFSET) -> int:
-    """FNV-1a in plain Python (the reference the tests compare the compiled one with)."""
+    """FNV-1a in plain Python (the tests' reference)."""
     for b in data:
         hash = ((hash ^ b) * FNV_PRIME) & 0xFFFFFFFFFFFFFFFF
     return hash
 
 
 def send_parts(sock: socket.socket, parts: Sequence[bytes | bytearray | memoryview]) -> None:
-    """Send `parts` one after the other in one sendmsg (gathered, not joined into a copy); what a full socket
-    buffer did not take goes by sendall, from where it stopped."""
+    """Send `parts` in one gathered sendmsg (no joined copy); the rest by sendall from where it stopped."""
     parts = [p for p in parts if len(p)]
     if not parts:
         return

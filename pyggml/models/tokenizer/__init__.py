@@ -1,12 +1,4 @@
-"""Tokenizers from a GGUF file's `tokenizer.ggml.*` metadata, tokenizing as llama.cpp does.
-
-- `core`: the `Tokenizer` (encode, decode, token_to_piece)
-- `vocab`: token types, attributes, GPT-2's byte table, the GGUF keys
-- `pretokenize`: the BPE pre-tokenizers `tokenizer.ggml.pre` names
-- `special`: special tokens cut out of text
-- `spm`, `bpe`: the two merge loops
-- `stream`: streamed detokenization
-"""
+"""Tokenizers from a GGUF file's `tokenizer.ggml.*` metadata, tokenizing as llama.cpp's llama-vocab.cpp does."""
 
 from pyggml.models.tokenizer.core import Tokenizer
 from pyggml.models.tokenizer.pretokenize import (
@@ -35,7 +27,7 @@ from pyggml.models.tokenizer.vocab import (
     bytes_to_unicode,
 )
 
-GPT2_PATTERN = GPT2  # the older name
+GPT2_PATTERN = GPT2  # an alias
 
 __all__ = [
     "ATTR_CONTROL",

@@ -1,19 +1,7 @@
-"""The Tokenizer: a GGUF file's `tokenizer.ggml.*` vocab, tokenizing and detokenizing as llama.cpp does.
+"""The Tokenizer: a GGUF file's `tokenizer.ggml.*` vocab as llama.cpp's llama-vocab.cpp reads and applies it.
 
-Two vocab types, chosen by `tokenizer.ggml.model`:
-
-- ``llama``: SentencePiece-style (`spm`): spaces escaped to U+2581, a space put in front of the
-  text (and after each special token), bigrams merged by score, byte fallback.
-- ``gpt2``: byte-level BPE (`bpe`): the text is cut into words by the pre-tokenizer
-  `tokenizer.ggml.pre` names (`pretokenize`), each word's bytes mapped to GPT-2's printable
-  characters and merged by merge rank.
-
-Special tokens in the text are cut out first (`special.partition`): with ``parse_special=True``
-"<|im_start|>" is one token; without, control tokens are plain text (user-defined ones still count).
-
-    tok = Tokenizer.from_gguf(read_gguf("model.gguf"))
-    ids = tok.encode("Hello world")          # [bos, ...] if the vocab adds BOS
-    text = tok.decode(ids)                   # "Hello world"
+`tokenizer.ggml.model` chooses SentencePiece-style ("llama", `spm`) or byte-level BPE ("gpt2", `bpe`, after the
+pre-tokenizer `pretokenize`); special tokens are cut out first (`special.partition`).
 """
 
 from __future__ import annotations
@@ -57,15 +45,12 @@ from pyggml.models.tokenizer.vocab import (
 
 log = logging.getLogger("pyggml.models.tokenizer")
 
-_NOT_IN_UTF8 = frozenset((0xC0, 0xC1, *range(0xF5, 0x100)))  # bytes no UTF-8 text holds
+_NOT_IN_UTF8 = frozenset((0xC0, 0xC1, *range(0xF5, 0x100)))
 _CACHE_LIMIT = 100_000  # words (BPE) or pieces (SPM) remembered with their ids
 
 
 class Tokenizer:
-    """A llama.cpp vocab: `tokens`, `scores`, `token_types`, BPE `merges` and the special ids.
-
-    Build it with `from_gguf(reader)` or `from_gguf_fields({key: value})`.
-    """
+    """A llama.cpp vocab (llama_vocab), built by `from_gguf` or `from_gguf_fields`."""
 
     def __init__(self, model: str, tokens: Sequence[str], scores: Sequence[float] | None = None,
                  token_types: Sequence[int] | None = None, merges: Sequence[str] | None = None,
@@ -98,9 +83,8 @@ class Tokenizer:
                                     else [0.0] * n)
         self.token_types: list[int] = ([int(t) for t in token_types] if token_types is not None
                                        else [TOKEN_TYPE_NORMAL] * n)
-        self.token_to_id: dict[str, int] = {t: i for i, t in enumerate(self.tokens)}  # duplicates: last wins
+        self.token_to_id: dict[str, int] = {t: i for i, t in enumerate(self.tokens)}
 
-        # the pre-tokenizer and the flags that come with it (BPE only: SentencePiece has none)
         self.pre: PreTokenizer | None = None
         if self.vocab_type == "bpe":
             self.pre = pre_tokenizer(pre)
@@ -115,7 +99,6 @@ class Tokenizer:
             self.add_bos_token = True  # llama.cpp's Gemma 4 workaround: BOS whatever the file says
         self.add_eos_token = bool(add_eos_token) if add_eos_token is not None else False
 
-        # special ids; llama.cpp's defaults when a key is absent
         if self.vocab_type == "spm":
             defaults = {"bos": 1, "eos": 2, "unk": 0, "pad": None}
         elif model == "gemma4":
@@ -136,18 +119,16 @@ class Tokenizer:
             ids[key] = None if value is None else int(value)
         self.bos_id, self.eos_id, self.unk_id, self.pad_id = ids["bos"], ids["eos"], ids["unk"], ids["pad"]
 
-        # the ids the file names by key ("eot", "eom", "fim_pad", ...), without llama.cpp's defaults
         self.special_ids: dict[str, int] = dict(special_ids or {})
         self.attrs: list[int] = self._attributes(name, self.special_ids)
         self._eog: frozenset[int] | None = None
-        # the tokens cut out of text before tokenizing, longest text first (tokenizer_st_partition)
+        # longest text first, as tokenizer_st_partition
         self.special_tokens: list[tuple[int, str, int]] = sorted(
             ((i, self.tokens[i], self.attrs[i]) for i in range(n)
              if self.attrs[i] & (ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN)),
             key=lambda s: (-len(s[1].encode("utf-8")), s[0]))
 
         if self.vocab_type == "spm":
-            # byte fallback tokens; None where the vocab lacks one
             self._byte_ids: list[int | None] = spm_byte_ids(self.token_to_id)
             self._spm_unk_runs = self.unk_id is not None and any(b is None for b in self._byte_ids)
             # every two characters that stand side by side in some token: text is cut elsewhere
@@ -164,15 +145,13 @@ class Tokenizer:
                     raise GGUFError(f"tokenizer.ggml.merges[{rank}] = {m!r} is not 'left right'")
                 self.bpe_ranks.setdefault((m[:pos], m[pos + 1:]), rank)  # std::map::emplace keeps the first
             self._bpe_cache: dict[str, list[int]] = {}
-        # token_to_piece's bytes, made on first use (a 256k vocab takes seconds to decode in full)
+        # made on first use: a 256k vocab takes seconds to decode in full
         self._pieces: list[bytes | None] = [None] * n
         self._max_token_bytes: int | None = None
-        self._dropped: re.Pattern[str] | None = None  # see max_token_bytes
+        self._dropped: re.Pattern[str] | None = None
 
     def _attributes(self, name: str | None, special_ids: dict[str, int]) -> list[int]:
-        """Per-token attributes as llama_vocab::impl::load leaves them: the file's token types, then
-        llama.cpp's by-text fixes (end-of-generation and FIM tokens are CONTROL, control tokens named
-        "unused" are UNUSED, gpt-oss's channel tokens USER_DEFINED, Phi-3's specials RSTRIP)."""
+        """Token attributes as llama_vocab::impl::load leaves them: the file's types, then its by-text fixes."""
         attrs = [TYPE_TO_ATTR.get(t, 0) for t in self.token_types]
         tid = self.token_to_id
         for key, texts in AUTO_SPECIAL_TEXTS.items():
@@ -201,8 +180,7 @@ class Tokenizer:
         return attrs
 
     def _auto_special(self, key: str) -> int | None:
-        """The id of special token `key` ("eot", "fim_pad", ...): the file's, else the first token llama.cpp
-        finds by its text (AUTO_SPECIAL_TEXTS), else None."""
+        """Special token `key` ("eot", ...): the file's id, else the first found by text as llama.cpp, else None."""
         if key in self.special_ids:
             return self.special_ids[key]
         tid = self.token_to_id
@@ -211,11 +189,7 @@ class Tokenizer:
 
     @property
     def eog_ids(self) -> frozenset[int]:
-        """The end-of-generation ids (llama_vocab_is_eog), built as llama_vocab::impl::load builds
-        special_eog_ids: the FIM pad/repo/separator tokens, every token whose text is one of EOG_TEXTS
-        ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|end|>", ...), and EOS, EOT and EOM; then
-        "<|end|>" leaves when "<|return|>"/"<|call|>" (gpt-oss) or "<|calls|>"/"<|flush|>" (Solar Open) are
-        there, and "</s>" when "<|tool_response>" or "<|plamo:eos|>" is (a normal token there)."""
+        """The end-of-generation ids, as llama_vocab::impl::load builds special_eog_ids."""
         if self._eog is None:
             eog = {i for i in (self._auto_special(k) for k in ("fim_pad", "fim_rep", "fim_sep")) if i is not None}
             eog |= {self.token_to_id[t] for t in EOG_TEXTS if t in self.token_to_id}
@@ -230,10 +204,8 @@ class Tokenizer:
         return self._eog
 
     def is_eog(self, token: int) -> bool:
-        """Whether `token` ends a generation (llama_vocab_is_eog): EOS, EOT, "<|im_end|>", ... (`eog_ids`)."""
+        """llama_vocab_is_eog."""
         return int(token) in self.eog_ids
-
-    # --- construction from GGUF ---
 
     @classmethod
     def from_gguf_fields(cls, fields: Mapping[str, Any]) -> Tokenizer:
@@ -247,8 +219,7 @@ class Tokenizer:
         tokens = get("tokens")
         if tokens is None:
             raise GGUFError("tokenizer.ggml.tokens is missing")
-        # the ids the file names (an out-of-range one counts as absent, as in llama.cpp); the deprecated
-        # prefix/suffix/middle keys are the FIM ones
+        # an out-of-range id counts as absent, as in llama.cpp; prefix/suffix/middle are the FIM keys
         aliases = {"prefix": "fim_pre", "suffix": "fim_suf", "middle": "fim_mid"}
         special_ids: dict[str, int] = {}
         for k, v in fields.items():
@@ -266,8 +237,7 @@ class Tokenizer:
 
     @classmethod
     def from_gguf(cls, reader: Any) -> Tokenizer:
-        """A tokenizer from a GGUF reader: pyggml's `GGUFFile` or a `gguf.GGUFReader` (anything with
-        `fields`, a mapping of key -> ReaderField)."""
+        """A tokenizer from pyggml's `GGUFFile` or a `gguf.GGUFReader`."""
         fields = getattr(reader, "fields", None)
         if fields is None:
             raise TypeError(f"{type(reader).__name__} has no 'fields': pass a GGUFFile or a gguf.GGUFReader")
@@ -276,9 +246,9 @@ class Tokenizer:
             if key.startswith(PREFIX) or key == "general.name":
                 name = key[len(PREFIX):]
                 rule = KEY_TYPES.get(name) or (ID_TYPES if name.endswith("_token_id") else None)
-                found = field_type(field)  # None from a reader without per-field types: nothing to check
+                found = field_type(field)
                 if key.startswith(PREFIX) and rule is not None and found is not None and found not in rule[0]:
-                    fname = getattr(reader, "name", None)  # a GGUFFile's file name
+                    fname = getattr(reader, "name", None)
                     where = f"'{fname}': " if isinstance(fname, str) else ""
                     raise ModelFileError(f"{where}metadata key '{key}' has GGUF type {found}, expected {rule[1]}")
                 try:
@@ -286,8 +256,6 @@ class Tokenizer:
                 except Exception as e:
                     raise GGUFError(f"metadata key '{key}' cannot be read: {e}") from None
         return cls.from_gguf_fields(values)
-
-    # --- vocab ---
 
     @property
     def n_vocab(self) -> int:
@@ -317,12 +285,10 @@ class Tokenizer:
         return b""  # UNUSED, UNDEFINED print nothing
 
     def is_special(self, token: int) -> bool:
-        """A control or unknown token: printed only when asked for (llama_token_to_piece's `special`)."""
         return bool(self.attrs[self._check_id(token)] & (ATTR_CONTROL | ATTR_UNKNOWN))
 
     def token_to_bytes(self, token: int, special: bool = False) -> bytes:
-        """The bytes of one token; control and unknown tokens give b"" unless `special`. A byte token
-        is one byte of a UTF-8 character: join several before decoding (or use `stream_decoder`)."""
+        """The bytes of one token (control and unknown tokens b"" unless `special`)."""
         t = self._check_id(token)
         if not special and self.attrs[t] & (ATTR_CONTROL | ATTR_UNKNOWN):
             return b""
@@ -335,35 +301,23 @@ class Tokenizer:
         """The text of one token (llama_token_to_piece); a lone byte token shows as U+FFFD."""
         return self.token_to_bytes(token, special).decode("utf-8", errors="replace")
 
-    # --- encode ---
-
     def encode(self, text: str, add_special: bool = True, parse_special: bool = False, *,
                add_bos: bool | None = None, space_prefix: bool = True) -> list[int]:
-        """Token ids of `text` (llama_tokenize).
-
-        `add_special`: BOS first and EOS last when the vocab adds them (`add_bos_token`,
-        `add_eos_token`: the file's flags, else llama.cpp's defaults). `add_bos` is the older name.
-        `parse_special`: control tokens written in the text ("<|im_start|>") become their ids;
-        otherwise they are tokenized as text (user-defined tokens are recognized either way).
-        `space_prefix` False: no SentencePiece prefix space before the text (a text that goes on other text).
-        """
+        """llama_tokenize; `parse_special`: control tokens in the text become their ids (user-defined ones always)."""
         if add_bos is not None:
             add_special = add_bos
         return self.encode_parts([(text, parse_special)], add_special, space_prefix=space_prefix)
 
     def encode_parts(self, parts: Sequence[tuple[str, bool]], add_special: bool = True, *,
                      space_prefix: bool = True) -> list[int]:
-        """Token ids of the texts of `parts` joined, each (text, parse_special) part's control tokens parsed
-        or left as text by its own flag: a chat template's text with its "<|im_start|>" parsed beside message
-        contents whose "<|im_end|>" stays text. Text across parts is tokenized as one text (the parts' plain
-        text joined), so parts whose texts hold no special token give exactly `encode` of the joined text."""
+        """`encode` of the parts' texts joined, each (text, parse_special) part parsing special tokens or not."""
         out: list[int] = []
         add_bos_now = add_special and self.add_bos_token and self.bos_id is not None
         if add_bos_now:
             out.append(self.bos_id)  # type: ignore[arg-type]
         fragments = _joined(partition(text, self.special_tokens, parse) for text, parse in parts if text)
         if self.vocab_type == "spm":
-            prev_special = space_prefix  # the first piece gets the prefix space, and each piece after a special token
+            prev_special = space_prefix  # the prefix space goes first and after each special token
             for frag in fragments:
                 if isinstance(frag, int):
                     out.append(frag)
@@ -387,38 +341,30 @@ class Tokenizer:
         return out
 
     def special_text_in(self, text: str) -> str | None:
-        """The text of the first control or unknown token (longest first) that `text` holds, None if none:
-        what parsing special tokens would turn into an id that plain text would not."""
+        """The text of the first control or unknown token (longest first) in `text`, or None."""
         for _, tok_text, attr in self.special_tokens:
             if attr & (ATTR_CONTROL | ATTR_UNKNOWN) and tok_text in text:
                 return tok_text
         return None
 
     def min_tokens(self, text: str) -> int:
-        """A lower bound on the tokens of `text` (without BOS/EOS), from its UTF-8 size alone: each token
-        stands for at most `max_token_bytes` bytes of it, and every byte but those of the few characters the
-        vocab has no token for (dropped, as llama.cpp drops them) ends up in some token; 0 for vocabs where
-        bytes may become no token otherwise (no byte tokens, UNK for a run, tokens that eat whitespace). A
-        prompt that cannot fit is refused from this before it is tokenized."""
+        """A lower bound on the tokens of `text` from its UTF-8 size, to refuse a prompt before tokenizing it."""
         limit = self.max_token_bytes
         if not limit:
             return 0
         n = len(text.encode("utf-8", errors="surrogatepass"))
         if self._dropped is not None:
-            n -= self._dropped.subn("", text)[1]  # one byte of each such character
+            n -= self._dropped.subn("", text)[1]
         return -(-n // limit)
 
     @property
     def max_token_bytes(self) -> int:
-        """The most bytes of text one token can stand for; 0 when bytes of text other than those of
-        characters without a token may become no token at all (see `min_tokens`). Computed once."""
+        """The most text bytes one token stands for (0: see `min_tokens`)."""
         if self._max_token_bytes is None:
             self._dropped, self._max_token_bytes = self._text_bytes_per_token()
         return self._max_token_bytes
 
     def _text_bytes_per_token(self) -> tuple[re.Pattern[str] | None, int]:
-        """(the characters one of whose bytes becomes no token, the most text bytes a token stands for), or
-        (None, 0) when other bytes may become no token."""
         if any(attr & (ATTR_LSTRIP | ATTR_RSTRIP) for _, _, attr in self.special_tokens):
             return None, 0  # the whitespace they eat becomes no token
         byte_table = self.pre is not None and self.pre.byte_encode
@@ -426,8 +372,7 @@ class Tokenizer:
         if self.vocab_type == "spm":
             covered = all(b is not None for b in self._byte_ids)
         elif byte_table:
-            # a byte whose character of GPT-2's table is no token is dropped: counted where it is ASCII or a UTF-8
-            # lead byte (one byte of each character it starts); a merge must give a token (else its bytes go)
+            # a GPT-2 table character with no token is dropped; a merge must give a token
             missing = [b for b, c in enumerate(BYTE_TRANSLATE) if c not in self.token_to_id]
             ranges = [_utf8_lead_range(b) for b in missing if b not in _NOT_IN_UTF8]
             covered = (all(r is not None for r in ranges)
@@ -441,8 +386,8 @@ class Tokenizer:
         most = 1
         for text, attr in zip(self.tokens, self.attrs, strict=True):
             if attr & ATTR_BYTE:
-                continue  # one byte
-            if byte_table and attr & ATTR_NORMAL:  # one byte a character of GPT-2's table
+                continue
+            if byte_table and attr & ATTR_NORMAL:
                 n = sum(1 if c in BYTE_DECODER else len(c.encode("utf-8")) for c in text)
             else:  # "▁" counts its 3 bytes: it stands for a space or for itself
                 n = len(text.encode("utf-8"))
@@ -450,17 +395,11 @@ class Tokenizer:
         return dropped, most
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
-        """llama_tokenize's argument order: the same as `encode`."""
         return self.encode(text, add_special, parse_special)
 
     def _spm_tokenize(self, text: str, out: list[int]) -> None:
-        """llm_tokenizer_spm::tokenize, run on independent pieces of `text`.
-
-        Cut between two characters that no token has side by side, no merge can join the two
-        sides: each side's merges only ever look at that side, in the same relative order
-        (score, then position). The pieces (words, mostly, for SentencePiece vocabs) are encoded
-        on their own and cached, which gives the ids of encoding the whole text at once.
-        """
+        """llm_tokenizer_spm::tokenize on pieces cut where no token spans the cut (no merge can cross it), each
+        cached: the same ids as the whole text at once."""
         pairs = self._spm_pairs
         cache = self._spm_cache
         collapse = self._spm_unk_runs
@@ -484,7 +423,6 @@ class Tokenizer:
                 out.extend(ids)
 
     def _spm_segment(self, text: str) -> list[int]:
-        """llm_tokenizer_spm::tokenize of one piece (escaped text), uncached."""
         return spm_segment(text, self.token_to_id, self.scores, self._byte_ids, self.unk_id)
 
     def _bpe_tokenize(self, text: str, out: list[int]) -> None:
@@ -515,9 +453,7 @@ class Tokenizer:
             if tid is not None:
                 out.append(tid)
                 continue
-            # a symbol without a token: llama.cpp looks its UTF-8 bytes up one by one (<0xXX> tokens
-            # without the byte table) and drops those without a token (only an ASCII byte can be a
-            # token's whole text)
+            # a symbol without a token: its UTF-8 bytes looked up one by one, those without a token dropped
             for b in s.encode("utf-8", errors="surrogatepass"):
                 if pre.byte_encode:
                     bid = token_to_id.get(chr(b)) if b < 0x80 else None
@@ -527,14 +463,8 @@ class Tokenizer:
                     out.append(bid)
         return out
 
-    # --- decode ---
-
     def decode_bytes(self, ids: Iterable[int], special: bool = False, clean_spaces: bool | None = None) -> bytes:
-        """The bytes of `ids` joined; for SentencePiece vocabs the leading space of the first token
-        after BOS (or of the first token, without BOS) is dropped: it is the space the encoder put
-        in front. Control and unknown tokens print only with `special`. `clean_spaces` (default: the
-        pre-tokenizer's flag, as llama_detokenize) drops the spaces BPE words carry before ".,!?" and
-        contractions."""
+        """The bytes of `ids` as llama_detokenize joins them (SentencePiece's prefix space dropped)."""
         ids = [self._check_id(t) for t in ids]
         pieces = [self.token_to_bytes(t, special) for t in ids]
         if self.vocab_type == "spm" and self.add_space_prefix and ids:
@@ -551,7 +481,7 @@ class Tokenizer:
         return self.decode_bytes(ids, special, clean_spaces).decode("utf-8", errors="replace")
 
     def stream_decoder(self, special: bool = False) -> StreamDecoder:
-        """An incremental decoder: feed it ids one at a time, get text that never splits a character."""
+        """An incremental decoder whose text never splits a character."""
         return StreamDecoder(self, special)
 
     def __repr__(self) -> str:
@@ -574,8 +504,7 @@ def _utf8_lead_range(b: int) -> tuple[int, int] | None:
 
 
 def _joined(partitions: Iterable[list[Fragment]]) -> list[Fragment]:
-    """The fragments of consecutive partitions with neighbouring raw texts joined (one text, as `partition`
-    of the joined text leaves it)."""
+    """Consecutive partitions' fragments with neighbouring raw texts joined."""
     out: list[Fragment] = []
     for fragments in partitions:
         for frag in fragments:
@@ -587,12 +516,11 @@ def _joined(partitions: Iterable[list[Fragment]]) -> list[Fragment]:
 
 
 def _clean_spaces(text: bytes) -> bytes:
-    """llama_detokenize's clean_spaces passes: no space before ?!., ; " ' " loses its spaces; no space
-    before 's 'm 're 've."""
+    """llama_detokenize's clean_spaces passes."""
     if not text:
         return text
     out = bytearray(text[:1])
-    for i in range(1, len(text)):  # " ?", " !", " .", " ,"
+    for i in range(1, len(text)):
         x = text[i]
         if text[i - 1] == 0x20 and x in b"?!.,":
             out.pop()

@@ -1,12 +1,6 @@
-"""BPE pre-tokenizers: the regexes `tokenizer.ggml.pre` names, applied as llama.cpp's `unicode_regex_split`.
-
-llama.cpp splits text with a list of regexes, one after the other: each regex cuts every piece the
-previous ones left into its matches *and* the stretches between matches (nothing is dropped), so
-"default" first isolates punctuation runs, then applies GPT-2's pattern inside each piece, and so on.
-llama.cpp runs its common patterns through hand-written matchers and the rest through std::regex on
-text whose non-ASCII characters are collapsed to their Unicode category; both agree with the `regex`
-package on the same pattern (its ``\\s`` is llama.cpp's whitespace set, ``\\p{L}`` and ``\\p{N}`` its
-letter and number categories), which is what runs here.
+"""BPE pre-tokenizers: the regexes `tokenizer.ggml.pre` names, applied as llama.cpp's `unicode_regex_split`
+(each regex cuts the previous pieces into matches and the stretches between), run by the `regex` package,
+which agrees with llama.cpp's matchers and std::regex on these patterns.
 """
 
 from __future__ import annotations

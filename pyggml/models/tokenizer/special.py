@@ -1,11 +1,5 @@
-"""Special tokens found in text (llama.cpp's `tokenizer_st_partition`).
-
-Before any pre-tokenizing, the text is cut around the special tokens it contains: each special
-token (CONTROL, USER_DEFINED or UNKNOWN), longest text first, is searched in every piece of raw
-text still left, and each occurrence becomes that token's id. With ``parse_special=False`` the
-CONTROL and UNKNOWN tokens are left as plain text, but USER_DEFINED ones are still cut out, as HF
-tokenizers do with added tokens. A token marked LSTRIP/RSTRIP eats the whitespace on that side.
-"""
+"""Special tokens cut out of text before pre-tokenizing (llama.cpp's `tokenizer_st_partition`); without
+``parse_special`` only USER_DEFINED ones are, as HF tokenizers treat added tokens."""
 
 from __future__ import annotations
 
@@ -18,11 +12,7 @@ _C_SPACE = " \t\n\v\f\r"  # C isspace(), what llama.cpp strips next to an LSTRIP
 
 
 def partition(text: str, specials: Sequence[tuple[int, str, int]], parse_special: bool) -> list[Fragment]:
-    """`text` cut into raw-text pieces and special-token ids.
-
-    `specials`: (id, text, attributes) of every special token, longest text first (ties by id,
-    where llama.cpp's unstable sort leaves the order open).
-    """
+    """`text` cut into raw-text pieces and special-token ids; `specials` longest text first, ties by id."""
     fragments: list[Fragment] = [text] if text else []
     skip = ATTR_CONTROL | ATTR_UNKNOWN
     for tid, tok_text, attr in specials:

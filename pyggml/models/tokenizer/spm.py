@@ -1,10 +1,4 @@
-"""SentencePiece-style merging (llama.cpp's `llm_tokenizer_spm_session`).
-
-The text (spaces already escaped to U+2581) is split into characters, and adjacent symbols are
-merged best-score-first: a priority queue of bigrams whose concatenation is a token, highest score
-first, then leftmost. A merged symbol is always a token; a single character without a token becomes
-its UTF-8 bytes as ``<0xXX>`` byte tokens (byte fallback), or UNK when the vocab has no byte tokens.
-"""
+"""SentencePiece-style merging, best score first (llama.cpp's `llm_tokenizer_spm_session`), with byte fallback."""
 
 from __future__ import annotations
 
@@ -16,8 +10,7 @@ from pyggml.core.errors import ArgumentError
 
 def spm_segment(text: str, token_to_id: Mapping[str, int], scores: Sequence[float],
                 byte_ids: Sequence[int | None], unk_id: int | None) -> list[int]:
-    """The ids of one piece of text. Symbol i starts at character i and covers n[i] characters; a
-    symbol merged into its left neighbour has n = 0."""
+    """The ids of one piece of text; symbol i covers n[i] characters (0: merged into its left neighbour)."""
     n_sym = len(text)
     if n_sym == 0:
         return []
@@ -35,7 +28,6 @@ def spm_segment(text: str, token_to_id: Mapping[str, int], scores: Sequence[floa
             push(work, (-scores[tid], left, left + 1, 2))
     while work:
         _, left, right, size = pop(work)
-        # one of the symbols already got merged: skip
         if n[left] == 0 or n[right] == 0 or n[left] + n[right] != size:
             continue
         n[left] = size
@@ -55,8 +47,7 @@ def spm_segment(text: str, token_to_id: Mapping[str, int], scores: Sequence[floa
             if tid is not None:
                 push(work, (-scores[tid], left, after, size + n[after]))
 
-    # resegment: every merged symbol is a token (merges only make tokens), so llama.cpp's
-    # rev_merge split never applies here; a lone character without a token falls back to bytes
+    # every merged symbol is a token, so llama.cpp's rev_merge split never applies here
     out: list[int] = []
     i = 0
     while i != -1:

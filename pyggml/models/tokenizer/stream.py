@@ -1,10 +1,5 @@
-"""Streamed detokenization: text out as tokens come in, never a UTF-8 character cut in two.
-
-A character can be spread over several tokens (byte-fallback ``<0xE6><0x97><0xA5>`` or a byte-level
-BPE token ending mid-character): the decoder keeps the incomplete bytes until the rest arrives.
-SentencePiece's prefix space is dropped from the first piece, as `Tokenizer.decode` does, so the
-concatenated output equals `decode` of all the ids.
-"""
+"""Streamed detokenization: text out as tokens come in, a character's bytes kept until complete; the pieces
+joined equal `Tokenizer.decode` of all the ids."""
 
 from __future__ import annotations
 
@@ -16,13 +11,7 @@ if TYPE_CHECKING:
 
 
 class StreamDecoder:
-    """Incremental `Tokenizer.decode`: ``add(id)`` returns the text that became complete.
-
-        dec = tok.stream_decoder()
-        for t in generated:
-            print(dec.add(t), end="", flush=True)
-        print(dec.flush())
-    """
+    """Incremental `Tokenizer.decode`: ``add(id)`` returns the text that became complete."""
 
     def __init__(self, tokenizer: Tokenizer, special: bool = False) -> None:
         self.tokenizer = tokenizer
@@ -45,7 +34,6 @@ class StreamDecoder:
         return self._utf8.decode(piece)
 
     def add_many(self, tokens: list[int]) -> str:
-        """The text completed by several tokens."""
         return "".join(self.add(t) for t in tokens)
 
     def flush(self) -> str:
