@@ -302,7 +302,8 @@ class Model:
             self._graph_kw = {"flash_attn": self.flash_attn, "set_rows": all_support(self.kv_backend, "set_rows"),
                               "glu": all_support(workers, "glu", ffn=hp.arch.ffn)}
             kv = self.kv = KVCache(hp.n_layer, self.n_ctx, hp.n_embd_gqa, self.kv_backend, kv_type,
-                                   v_trans=not self.flash_attn, ordered=batch_invariant, type_v=kv_type_v)
+                                   v_trans=not self.flash_attn, ordered=batch_invariant, type_v=kv_type_v,
+                                   head_dim=hp.head_dim)
             # one engine for one backend or many: the scheduler, reserved once with the worst-case graph
             # the graph computed last, kept while the next batch has its shapes (llama.cpp's can_reuse): the
             # decode graph of every token of one n_kv (the cells written are index inputs). The CPY graph
