@@ -22,7 +22,8 @@ import numpy as np
 
 from pyggml.core.context import Context
 from pyggml.core.errors import ArgumentError
-from pyggml.core.tensor import Tensor
+from pyggml.core.ops.matmul import mul_mat_set_hint
+from pyggml.core.tensor import OpHint, Tensor
 from pyggml.core.types import TYPE_TRAITS, GGMLType
 
 ATTN_ROT_DISABLE_ENV = "LLAMA_ATTN_ROT_DISABLE"
@@ -77,8 +78,10 @@ def hadamard(n: int) -> np.ndarray:
 
 def mul_mat_hadamard(ctx: Context, cur: Tensor, rot: Tensor) -> Tensor:
     """llama.cpp's llama_mul_mat_hadamard: every run of rot.ne[0] values of `cur` (a head, or a part of one)
-    times `rot`, in `cur`'s shape."""
+    times `rot`, in `cur`'s shape; the MUL_MAT hinted SRC0_IS_HADAMARD, as llama.cpp hints it."""
     n = rot.ne[0]
     flat = (ctx.reshape_2d(cur, n, cur.nelements() // n) if cur.is_contiguous()
             else ctx.cont_2d(cur, n, cur.nelements() // n))
-    return ctx.reshape_4d(ctx.mul_mat(rot, flat), cur.ne[0], cur.ne[1], cur.ne[2], cur.ne[3])
+    res = ctx.mul_mat(rot, flat)
+    mul_mat_set_hint(res, OpHint.SRC0_IS_HADAMARD)
+    return ctx.reshape_4d(res, cur.ne[0], cur.ne[1], cur.ne[2], cur.ne[3])

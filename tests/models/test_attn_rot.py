@@ -14,7 +14,8 @@ from pyggml.core import quants
 from pyggml.core.context import Context
 from pyggml.core.errors import ArgumentError
 from pyggml.core.graph import Graph
-from pyggml.core.tensor import GGMLOp
+from pyggml.core.ops.params import MulMatParams
+from pyggml.core.tensor import GGMLOp, OpHint
 from pyggml.core.types import GGMLType
 from pyggml.models import load
 from pyggml.models.attn_rot import (
@@ -201,7 +202,7 @@ def test_a_quantized_cache_holds_the_rotated_k_and_v(monkeypatch: pytest.MonkeyP
 
 def test_the_rotation_is_in_the_graph_only_for_a_quantized_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     """Per layer: Q and K by K's matrix, V and the attention's output by V's (four MUL_MATs by a rotation
-    matrix); none with an F16 cache."""
+    matrix, hinted SRC0_IS_HADAMARD as llama.cpp hints them); none with an F16 cache."""
     monkeypatch.delenv(ATTN_ROT_DISABLE_ENV, raising=False)
     for kv_type, per_layer in (("q4_0", 4), ("f16", 0)):
         model = load(builtin_model_path(), n_ctx=64, progress=False, kv_type=kv_type, kv_type_v=kv_type,
@@ -212,6 +213,7 @@ def test_the_rotation_is_in_the_graph_only_for_a_quantized_cache(monkeypatch: py
             rots = {id(t) for m in model.kv.rot.values() for t in m.values()}
             rotations = [n for n in graph.nodes if n.op == GGMLOp.MUL_MAT and id(n.src[0]) in rots]
             assert len(rotations) == per_layer * model.hparams.n_layer, kv_type
+            assert all(MulMatParams.of(n).hint is OpHint.SRC0_IS_HADAMARD for n in rotations)
         finally:
             ctx.free()
             model.free()
