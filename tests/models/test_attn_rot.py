@@ -17,15 +17,7 @@ from pyggml.core.graph import Graph
 from pyggml.core.ops.params import MulMatParams
 from pyggml.core.tensor import GGMLOp, OpHint
 from pyggml.core.types import GGMLType
-from pyggml.models import load
-from pyggml.models.attn_rot import (
-    ATTN_ROT_DISABLE_ENV,
-    attn_rot_disabled,
-    c_atoi,
-    hadamard,
-    mul_mat_hadamard,
-    rot_sizes,
-)
+from pyggml.models import attn_rot, load
 from pyggml.models.builtin import builtin_model_path
 from pyggml.models.graph import build_graph
 from pyggml.models.kv_cache import KVCache
@@ -45,7 +37,7 @@ def sylvester(n: int) -> np.ndarray:
 
 @pytest.mark.parametrize("n", [1, 2, 64, 128, 256])
 def test_the_matrix_is_the_orthonormal_walsh_hadamard_matrix(n: int) -> None:
-    h = hadamard(n)
+    h = attn_rot.hadamard(n)
     assert h.dtype == np.float32 and h.shape == (n, n)
     assert np.array_equal(h, sylvester(n).astype(np.float32))  # +-1/sqrt(n) exactly: the sign pattern and value
     assert np.allclose(h @ h, np.eye(n), atol=1e-6)  # its own inverse
@@ -54,7 +46,7 @@ def test_the_matrix_is_the_orthonormal_walsh_hadamard_matrix(n: int) -> None:
 @pytest.mark.parametrize("n", [0, 3, 96])
 def test_an_order_that_is_not_a_power_of_two_is_refused(n: int) -> None:
     with pytest.raises(ArgumentError, match=f"hadamard: order {n} is not a power of two"):
-        hadamard(n)
+        attn_rot.hadamard(n)
 
 
 def _rotate(x: np.ndarray, n: int, permuted: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -70,12 +62,12 @@ def _rotate(x: np.ndarray, n: int, permuted: bool) -> tuple[np.ndarray, np.ndarr
             assert not cur.is_contiguous()
         else:
             src = cur = ctx.new_tensor_2d(F32, x.shape[1], x.shape[0])
-        once = mul_mat_hadamard(ctx, cur, rot)
-        twice = mul_mat_hadamard(ctx, once, rot)
+        once = attn_rot.mul_mat_hadamard(ctx, cur, rot)
+        twice = attn_rot.mul_mat_hadamard(ctx, once, rot)
         graph = Graph()
         graph.build_forward_expand(twice)
         buf = alloc_ctx_tensors(ctx, backend)
-        tensor_set(rot, hadamard(n))
+        tensor_set(rot, attn_rot.hadamard(n))
         tensor_set(src, np.ascontiguousarray(x.T) if permuted else x)
         backend.graph_compute(graph)
         assert once.ne[:2] == [x.shape[1], x.shape[0]]
@@ -112,22 +104,22 @@ def test_the_rotation_rotates_each_run_of_n_values_and_undoes_itself(permuted: b
 ])
 def test_the_rotations_follow_llamacpps_conditions(head_dim: int, type_k: GGMLType, type_v: GGMLType,
                                                    disabled: bool, sizes: tuple[int, int]) -> None:
-    assert rot_sizes(head_dim, type_k, type_v, disabled) == sizes
+    assert attn_rot.rot_sizes(head_dim, type_k, type_v, disabled) == sizes
 
 
 @pytest.mark.parametrize(("value", "disabled"), [
     (None, False), ("", False), ("0", False), ("1", True), ("2", True), ("-1", True), (" 1", True),
     ("1x", True), ("x1", False), ("00", False), ("true", False), ("+0", False)])
 def test_the_switch_is_read_as_c_atoi(value: str | None, disabled: bool) -> None:
-    env = {} if value is None else {ATTN_ROT_DISABLE_ENV: value}
-    assert attn_rot_disabled(env) is disabled
-    assert c_atoi("  -42abc") == -42 and c_atoi("abc") == 0
+    env = {} if value is None else {attn_rot.ATTN_ROT_DISABLE_ENV: value}
+    assert attn_rot.attn_rot_disabled(env) is disabled
+    assert attn_rot.c_atoi("  -42abc") == -42 and attn_rot.c_atoi("abc") == 0
 
 
 def test_the_cache_makes_each_matrix_once_on_each_backend(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two backends, one layer each: K's 128-matrix and V's 64-matrix on each, holding hadamard(n); an F16
+    """Two backends, one layer each: K's 128-matrix and V's 64-matrix on each, holding attn_rot.hadamard(n); an F16
     cache, the switch, or no head size: none."""
-    monkeypatch.delenv(ATTN_ROT_DISABLE_ENV, raising=False)
+    monkeypatch.delenv(attn_rot.ATTN_ROT_DISABLE_ENV, raising=False)
     a, b = cpu_init(1), cpu_init(1)
     kv = KVCache(2, 8, 256, [a, b], Q8, v_trans=False, head_dim=128)
     try:
@@ -139,14 +131,14 @@ def test_the_cache_makes_each_matrix_once_on_each_backend(monkeypatch: pytest.Mo
             assert k_rot.buffer is kv.k[il].buffer and v_rot.buffer is kv.k[il].buffer  # the layer's KV buffer
             for rot in (k_rot, v_rot):
                 assert rot.type == F32 and np.array_equal(tensor_get_numpy(rot).reshape(rot.ne[1], rot.ne[0]),
-                                                          hadamard(rot.ne[0]))
+                                                          attn_rot.hadamard(rot.ne[0]))
     finally:
         kv.free()
     for kw in ({"type": F16}, {"type": Q8, "head_dim": 0}):
         kv = KVCache(2, 8, 256, [a, b], v_trans=False, **{"head_dim": 128, **kw})  # type: ignore[arg-type]
         assert kv.k_rot(0) is None and kv.v_rot(1) is None and not any(kv.rot[id(a)])
         kv.free()
-    monkeypatch.setenv(ATTN_ROT_DISABLE_ENV, "1")
+    monkeypatch.setenv(attn_rot.ATTN_ROT_DISABLE_ENV, "1")
     kv = KVCache(1, 8, 256, [a], Q8, v_trans=False, head_dim=128)
     assert kv.k_rot(0) is None and kv.v_rot(0) is None
     kv.free()
@@ -179,7 +171,7 @@ def test_a_quantized_cache_holds_the_rotated_k_and_v(monkeypatch: pytest.MonkeyP
     """Layer 0's K and V (computed before any cache is read, so the same in every run): an F16 cache holds
     them as they are; a Q8_0 cache holds H k and H v per head of 64 (un-rotated, they are the F16 cache's
     within Q8_0's rounding), and with LLAMA_ATTN_ROT_DISABLE the plain values."""
-    monkeypatch.delenv(ATTN_ROT_DISABLE_ENV, raising=False)
+    monkeypatch.delenv(attn_rot.ATTN_ROT_DISABLE_ENV, raising=False)
     k16, v16, *rot16 = _layer0_cache("f16")
     assert rot16 == [0, 0]
     k8, v8, *rot8 = _layer0_cache("q8_0")
@@ -193,7 +185,7 @@ def test_a_quantized_cache_holds_the_rotated_k_and_v(monkeypatch: pytest.MonkeyP
         tol = 0.02 * np.abs(plain).max()  # Q8_0: a step of amax / 127 per block of 32
         assert np.abs(unrotated(ours) - plain).max() <= tol, name
         assert np.abs(ours - plain).max() > 10 * tol, name  # stored rotated, not as they are
-    monkeypatch.setenv(ATTN_ROT_DISABLE_ENV, "1")
+    monkeypatch.setenv(attn_rot.ATTN_ROT_DISABLE_ENV, "1")
     k8, v8, *rot8 = _layer0_cache("q8_0")
     assert rot8 == [0, 0]
     for ours, plain in ((k8, k16), (v8, v16)):
@@ -203,7 +195,7 @@ def test_a_quantized_cache_holds_the_rotated_k_and_v(monkeypatch: pytest.MonkeyP
 def test_the_rotation_is_in_the_graph_only_for_a_quantized_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     """Per layer: Q and K by K's matrix, V and the attention's output by V's (four MUL_MATs by a rotation
     matrix, hinted SRC0_IS_HADAMARD as llama.cpp hints them); none with an F16 cache."""
-    monkeypatch.delenv(ATTN_ROT_DISABLE_ENV, raising=False)
+    monkeypatch.delenv(attn_rot.ATTN_ROT_DISABLE_ENV, raising=False)
     for kv_type, per_layer in (("q4_0", 4), ("f16", 0)):
         model = load(builtin_model_path(), n_ctx=64, progress=False, kv_type=kv_type, kv_type_v=kv_type,
                      flash_attn="on")
