@@ -209,3 +209,23 @@ def test_the_rotation_is_in_the_graph_only_for_a_quantized_cache(monkeypatch: py
         finally:
             ctx.free()
             model.free()
+
+
+def test_layers_over_two_backends_rotate_with_their_own_matrices(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The builtin model with a Q8_0 cache, its layers over two CPU backends: each backend's layers read the
+    matrices in its own KV buffer, and the logits are the one-backend model's."""
+    monkeypatch.delenv(attn_rot.ATTN_ROT_DISABLE_ENV, raising=False)
+    kw = {"n_ctx": 64, "progress": False, "kv_type": "q8_0", "kv_type_v": "q8_0", "flash_attn": "on"}
+    one = load(builtin_model_path(), **kw)  # type: ignore[arg-type]
+    a, b = cpu_init(1), cpu_init(1)
+    two = load(builtin_model_path(), backends=[a, b], n_layers_on=[1], **kw)  # type: ignore[arg-type]
+    try:
+        ids = one.tokenize(PROMPT)
+        assert two.layer_backend[0] is a and two.layer_backend[-1] is b
+        for il, backend in enumerate(two.layer_backend):
+            k_rot = two.kv.k_rot(il)
+            assert k_rot is not None and k_rot is two.kv.rot[id(backend)][64]
+        assert np.array_equal(one.eval(ids), two.eval(ids))
+    finally:
+        one.free()
+        two.free()
