@@ -864,6 +864,10 @@ def ggml_mul_mat(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     return ops.mul_mat(ctx, a, b)
 
 
+def ggml_mul_mat_set_hint(a: Tensor, hint: int) -> None:
+    ops.mul_mat_set_hint(a, hint)
+
+
 def ggml_out_prod(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     return ops.out_prod(ctx, a, b)
 

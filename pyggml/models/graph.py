@@ -10,10 +10,12 @@ family's row of the table (`hp.arch`) says which optional steps are there:
         q, k, v = wq @ h + bq, wk @ h + bk, wv @ h + bv       (one fused wqkv; biases where the file has them)
         q, k = norm(q) * q_norm, norm(k) * k_norm            per head (qk_norm)
         q, k = rope(q), rope(k)                              normal or NEOX; the layer's base and scale
+        q, k, v = H q, H k, H v                              quantized cache: Hadamard rotations (attn_rot)
         cache[cells] = k, v
         a = softmax(K^T q * scale + mask) V                  the sliding-window mask on sliding layers;
                                                              q * scale before it instead (scale_q)
-        a = wo @ a                                           (norm(a) * post_attention_norm: post_norms)
+        a = wo @ (H a)                                       H a: V's rotation undone (quantized V)
+                                                             (norm(a) * post_attention_norm: post_norms)
         x = x + a
         h = norm(x) * ffn_norm
         f = w_down @ act(w_gate @ h, w_up @ h)               SwiGLU or GEGLU, or one fused up of [gate; up]
@@ -41,6 +43,7 @@ from pyggml.core.ops.attention import flash_attn_ext_set_prec
 from pyggml.core.tensor import GGMLOp, Prec, Tensor
 from pyggml.core.types import GGMLType
 from pyggml.models.arch import FFN_GEGLU, FFN_SWIGLU_FUSED, HParams
+from pyggml.models.attn_rot import mul_mat_hadamard
 from pyggml.models.kv_cache import KVCache
 
 CTX_PAD = 256  # llama.cpp pads the context to a multiple of 256 (llama_context: GGML_PAD(n_ctx, 256))
@@ -161,15 +164,22 @@ class _Builder:
             k = self.norm(k, b + "attn_k_norm.weight", "Kcur_normed", il)
         q = self.rope(q, il).set_name(f"Qcur-rope-{il}")
         k = self.rope(k, il).set_name(f"Kcur-rope-{il}")
-        if self.k_idxs is not None and self.v_idxs is not None:
-            self.writes += kv.store(ctx, self.gf, il, k, v, n_tokens, self.k_idxs, self.v_idxs)
-        else:
-            self.writes += kv.store_cpy(ctx, self.gf, il, k, v, n_tokens, self.n_past)
         if hp.arch.scale_q:  # gemma3, phi3: Q scaled before attention, the softmax's scale 1
             q = ctx.scale(q, _f32(hp.f_attention_scale)).set_name(f"Qcur_scaled-{il}")
             kq_scale = 1.0
         else:
             kq_scale = hp.f_attention_scale or 1.0 / math.sqrt(head_dim)
+        # a quantized cache's Hadamard rotations (pyggml.models.attn_rot): Q and K alike, V undone after
+        k_rot, v_rot = kv.k_rot(il), kv.v_rot(il)
+        if k_rot is not None:
+            q = mul_mat_hadamard(ctx, q, k_rot).set_name(f"Qcur_rot-{il}")
+            k = mul_mat_hadamard(ctx, k, k_rot).set_name(f"Kcur_rot-{il}")
+        if v_rot is not None:
+            v = mul_mat_hadamard(ctx, v, v_rot).set_name(f"Vcur_rot-{il}")
+        if self.k_idxs is not None and self.v_idxs is not None:
+            self.writes += kv.store(ctx, self.gf, il, k, v, n_tokens, self.k_idxs, self.v_idxs)
+        else:
+            self.writes += kv.store_cpy(ctx, self.gf, il, k, v, n_tokens, self.n_past)
         mask = self.mask_swa if hp.is_swa(il) and self.mask_swa is not None else self.mask
 
         q = ctx.permute(q, 0, 2, 1, 3)  # [head_dim, n_tokens, n_head]
@@ -184,6 +194,8 @@ class _Builder:
             kq = ctx.soft_max_ext(kq, mask, kq_scale).set_name(f"kq_soft_max-{il}")
             kqv = ctx.mul_mat(values, kq).set_name(f"kqv-{il}")  # [head_dim, n_tokens, n_head]
             cur = ctx.cont_2d(ctx.permute(kqv, 0, 2, 1, 3), hp.n_embd_q, n_tokens).set_name(f"kqv_merged-{il}")
+        if v_rot is not None:
+            cur = mul_mat_hadamard(ctx, cur, v_rot).set_name(f"kqv_out_rot-{il}")
         return self.linear(b + "attn_output", cur, "attn_out", il)
 
     def ffn(self, h: Tensor, il: int) -> Tensor:

@@ -7,6 +7,8 @@ batch-invariant attention walks them as if the sequence were alone.
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from pyggml.alloc.tensor_allocator import TensorAllocator
@@ -18,9 +20,12 @@ from pyggml.core.errors import ArgumentError, UnsupportedOpError
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import Tensor
 from pyggml.core.types import TYPE_TRAITS, GGMLType, row_size
+from pyggml.models.attn_rot import ATTN_ROT_DISABLE_ENV, attn_rot_disabled, hadamard, rot_sizes
 from pyggml.models.runner import alloc_checked
 
-# llama.cpp's -ctk/-ctv types (common/arg.cpp's kv_cache_types)
+log = logging.getLogger("pyggml.models")
+
+# what the K and V tensors may hold: llama.cpp's -ctk/-ctv types (common/arg.cpp's kv_cache_types)
 CACHE_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1,
                GGMLType.IQ4_NL, GGMLType.Q5_0, GGMLType.Q5_1)
 N_SEQ_MAX = 64  # sequences a cell can belong to (bits of cell_seq); llama.cpp's LLAMA_MAX_SEQ is 256
@@ -38,9 +43,12 @@ class KVCache:
 
     def __init__(self, n_layer: int, n_ctx: int, n_embd_gqa: int, backend_of_layer: list[Backend],
                  type: GGMLType = GGMLType.F32, v_trans: bool = True, ordered: bool = False,
-                 type_v: GGMLType | None = None) -> None:
+                 type_v: GGMLType | None = None, head_dim: int = 0) -> None:
+        """`head_dim` decides the Hadamard rotations of quantized K and V (attn_rot); 0 rotates nothing."""
         if n_ctx < 1:
             raise ArgumentError(f"KV cache: n_ctx must be >= 1, got {n_ctx}")
+        if head_dim < 0 or (head_dim and n_embd_gqa % head_dim):
+            raise ArgumentError(f"KV cache: head_dim {head_dim} does not divide a cell of {n_embd_gqa} values")
         type_v = type if type_v is None else type_v
         check_type(type)
         check_type(type_v)
@@ -66,23 +74,39 @@ class KVCache:
         self._seq_max = np.full(N_SEQ_MAX, -1, dtype=np.int64)
         self._n_used = 0
         self._end = 0
-        self.ctx = Context(mem_size=(2 * n_layer + 1) * tensor_overhead(), no_alloc=True)
+        disabled = attn_rot_disabled()
+        if disabled:
+            log.warning("attention rotation force disabled (%s)", ATTN_ROT_DISABLE_ENV)  # llama.cpp's words
+        # llama.cpp's attn_rot_k / attn_rot_v: the sizes of the Hadamard rotations of K and V (0: none)
+        self.n_rot_k, self.n_rot_v = rot_sizes(head_dim, type, type_v, disabled)
+        log.info("attn_rot_k = %d, attn_rot_v = %d, head_dim = %d", self.n_rot_k, self.n_rot_v, head_dim)
+        rot_orders = sorted({n for n in (self.n_rot_k, self.n_rot_v) if n})
+        backends = list({id(b): b for b in backend_of_layer}.values())
+        self.ctx = Context(mem_size=(2 * n_layer + len(rot_orders) * len(backends) + 1) * tensor_overhead(),
+                           no_alloc=True)
         self.k: list[Tensor] = []
         self.v: list[Tensor] = []
         for il in range(n_layer):
             self.k.append(self.ctx.new_tensor_1d(type, n_embd_gqa * n_ctx).set_name(f"cache_k_l{il}"))
             self.v.append(self.ctx.new_tensor_1d(type_v, n_embd_gqa * n_ctx).set_name(f"cache_v_l{il}"))
+        # backend id -> order -> F32 [n, n]: made once per backend (llama.cpp copies them in every batch)
+        self.rot: dict[int, dict[int, Tensor]] = {
+            id(b): {n: self.ctx.new_tensor_2d(GGMLType.F32, n, n).set_name(f"attn_rot_hadamard_{n}")
+                    for n in rot_orders} for b in backends}
+        self._backend_of_layer = list(backend_of_layer)
         self.buffers: list[Buffer] = []
         self.nbytes: dict[int, int] = {}
-        groups: dict[int, tuple[Backend, list[Tensor]]] = {}
+        groups: dict[int, tuple[Backend, list[Tensor]]] = {id(b): (b, list(self.rot[id(b)].values()))
+                                                          for b in backends}
         for il, backend in enumerate(backend_of_layer):
-            groups.setdefault(id(backend), (backend, []))[1].extend((self.k[il], self.v[il]))
+            groups[id(backend)][1].extend((self.k[il], self.v[il]))
         try:
             for backend, tensors in groups.values():
                 align = backend.get_alignment()
                 size = sum((t.nbytes() + align - 1) // align * align for t in tensors)
-                buffer = alloc_checked(backend, size, f"KV cache on '{backend.name()}' ({len(tensors) // 2} "
-                                                      f"layers, n_ctx {n_ctx})")
+                n_layers = (len(tensors) - len(rot_orders)) // 2
+                buffer = alloc_checked(backend, size, f"KV cache on '{backend.name()}' ({n_layers} layers, "
+                                                      f"n_ctx {n_ctx})")
                 buffer.name = f"{backend.name()} KV cache"
                 self.buffers.append(buffer)
                 # cleared as llama.cpp does: padded cells read through the mask must not hold NaN
@@ -93,6 +117,8 @@ class KVCache:
                 talloc = TensorAllocator.new_from_buffer(buffer)
                 for t in tensors:
                     talloc.alloc(t)
+                for n, rot in self.rot[id(backend)].items():
+                    tensor_set(rot, hadamard(n))
                 self.nbytes[id(backend)] = size
         except BaseException:
             self.free()
@@ -101,6 +127,14 @@ class KVCache:
     @property
     def type_k(self) -> GGMLType:
         return self.type
+
+    def k_rot(self, il: int) -> Tensor | None:
+        """The Hadamard matrix that rotates layer `il`'s Q and K (on its cache's backend); None: not rotated."""
+        return self.rot[id(self._backend_of_layer[il])][self.n_rot_k] if self.n_rot_k else None
+
+    def v_rot(self, il: int) -> Tensor | None:
+        """The Hadamard matrix that rotates layer `il`'s V, and the attention's output back; None: not rotated."""
+        return self.rot[id(self._backend_of_layer[il])][self.n_rot_v] if self.n_rot_v else None
 
     def cell_bytes(self, t: Tensor) -> int:
         return row_size(t.type, self.n_embd_gqa)

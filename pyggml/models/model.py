@@ -256,7 +256,8 @@ class Model:
             self._graph_kw = {"flash_attn": self.flash_attn, "set_rows": all_support(self.kv_backend, "set_rows"),
                               "glu": all_support(workers, "glu", ffn=hp.arch.ffn)}
             kv = self.kv = KVCache(hp.n_layer, self.n_ctx, hp.n_embd_gqa, self.kv_backend, kv_type,
-                                   v_trans=not self.flash_attn, ordered=batch_invariant, type_v=kv_type_v)
+                                   v_trans=not self.flash_attn, ordered=batch_invariant, type_v=kv_type_v,
+                                   head_dim=hp.head_dim)
             # graphs are reused while the shapes match (llama.cpp's can_reuse), not the CPY graph (views at n_past)
             self.reuse_graphs = bool(reuse_graphs) and self._graph_kw["set_rows"]
             self.runner = Runner(backends, self._measure_graphs(), graph_size(hp),

@@ -7,7 +7,7 @@ import struct
 import pytest
 
 from pyggml.core.context import Context
-from pyggml.core.errors import ArgumentError
+from pyggml.core.errors import ArgumentError, ShapeError
 from pyggml.core.ops.params import (
     OP_PARAMS,
     CustomParams,
@@ -80,3 +80,27 @@ def test_set_op_refuses_a_layout_of_another_op(node: Tensor) -> None:
 
     with pytest.raises(TypeError, match="RopeParams is not the op_params layout of SCALE"):
         set_op(node, GGMLOp.SCALE, node, params=RopeParams(n_dims=2, mode=0))
+
+
+def test_mul_mat_hint_is_word_1_as_ggml_mul_mat_set_hint() -> None:
+    """ggml.c's ggml_mul_mat_set_hint writes op_params[1] of a MUL_MAT and nothing else; a node of another op or a
+    hint that is no GGML_HINT_ is refused before any word changes."""
+    from pyggml.capi import ggml_mul_mat_set_hint
+    from pyggml.core.ops.matmul import mul_mat_set_hint
+    from pyggml.core.ops.params import MulMatParams
+    from pyggml.core.tensor import OpHint
+
+    ctx = Context(mem_size=1 << 16, no_alloc=True)
+    a, b = ctx.new_tensor_2d(GGMLType.F32, 4, 4), ctx.new_tensor_2d(GGMLType.F32, 4, 3)
+    node = ctx.mul_mat(a, b)
+    assert op_params_of(node) == MulMatParams()
+    mul_mat_set_hint(node, OpHint.SRC0_IS_HADAMARD)
+    assert [int(w) for w in node.op_params[:3]] == [0, 1, 0]
+    assert MulMatParams.of(node).hint is OpHint.SRC0_IS_HADAMARD
+    ggml_mul_mat_set_hint(node, 0)
+    assert not node.op_params.any()
+    with pytest.raises(ArgumentError, match=r"mul_mat_set_hint: argument 'hint' = 2 is not a OpHint"):
+        mul_mat_set_hint(node, 2)
+    with pytest.raises(ShapeError, match="mul_mat_set_hint: a must be a MUL_MAT node"):
+        mul_mat_set_hint(ctx.add(a, a), OpHint.SRC0_IS_HADAMARD)
+    assert not node.op_params.any()

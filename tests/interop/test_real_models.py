@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from pyggml.models import load
+from pyggml.models.attn_rot import ATTN_ROT_DISABLE_ENV
 from pyggml.testing.tiny_archs import llamacpp_logits
 
 PROMPTS = ("The capital of France is Paris, and the capital of Germany is",
@@ -94,16 +95,18 @@ def test_gemma3_run_continues_text_as_llamacpp(gemma3_path: Path, llamacpp_tools
         model.free()
 
 
-def test_smollm2_q8_0_cache_follows_llamacpp_as_closely_as_its_f16_cache(smollm2_path: Path, tmp_path: Path,
-                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    """-ctk q8_0 -ctv q8_0 -fa on over every prompt: pyggml's logits are as close to llama.cpp's (same flags) as
-    llama.cpp's q8_0 cache is to its f16 cache, by NMSE. llama.cpp's Hadamard rotation of quantized K and V
-    (llama-kv-cache.cpp's attn_rot_k/attn_rot_v) is turned off by its own switch: pyggml does not rotate."""
-    monkeypatch.setenv("LLAMA_ATTN_ROT_DISABLE", "1")
-    model = load(smollm2_path, n_ctx=256, n_threads=2, progress=False, kv_type="q8_0", kv_type_v="q8_0",
+@pytest.mark.parametrize("cache_type", ["q8_0", "q4_0"])
+def test_smollm2_quantized_cache_follows_llamacpp_as_closely_as_its_f16_cache(
+        cache_type: str, smollm2_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """-ctk T -ctv T -fa on over every prompt, T q8_0 or q4_0: pyggml's logits are as close to llama.cpp's (same
+    flags, llama.cpp's defaults otherwise) as llama.cpp's T cache is to its f16 cache, by NMSE. Both rotate K and
+    V by Hadamard matrices (llama-kv-cache.cpp's attn_rot_k/attn_rot_v; SmolLM2's heads are 64 wide)."""
+    monkeypatch.delenv(ATTN_ROT_DISABLE_ENV, raising=False)  # llama.cpp's default run, and pyggml's
+    model = load(smollm2_path, n_ctx=256, n_threads=2, progress=False, kv_type=cache_type, kv_type_v=cache_type,
                  flash_attn="on")
     try:
-        assert (model.kv.k[0].type.name, model.kv.v[0].type.name) == ("Q8_0", "Q8_0")
+        assert (model.kv.k[0].type.name, model.kv.v[0].type.name) == (cache_type.upper(),) * 2
+        assert (model.kv.n_rot_k, model.kv.n_rot_v) == (64, 64)
         id_lists = [model.tokenize(p) for p in (*PROMPTS, TURNS["llama"])]
         ours = []
         for ids in id_lists:
@@ -112,12 +115,12 @@ def test_smollm2_q8_0_cache_follows_llamacpp_as_closely_as_its_f16_cache(smollm2
     finally:
         model.free()
     jobs = [(smollm2_path, ids) for ids in id_lists]
-    q8 = np.concatenate(llamacpp_logits(jobs, tmp_path, type_k="q8_0", type_v="q8_0", flash_attn=True))
+    quantized = np.concatenate(llamacpp_logits(jobs, tmp_path, type_k=cache_type, type_v=cache_type, flash_attn=True))
     f16 = np.concatenate(llamacpp_logits(jobs, tmp_path, type_k="f16", type_v="f16", flash_attn=True))
 
     def nmse(a: np.ndarray, b: np.ndarray) -> float:
         return float(np.mean((a - b) ** 2) / np.mean(b**2))
 
-    ours_to_theirs, theirs_q8_to_f16 = nmse(np.concatenate(ours), q8), nmse(q8, f16)
-    assert theirs_q8_to_f16 > 0  # llama.cpp's q8_0 cache is not its f16 cache
-    assert ours_to_theirs <= theirs_q8_to_f16, (ours_to_theirs, theirs_q8_to_f16)
+    ours_to_theirs, theirs_to_f16 = nmse(np.concatenate(ours), quantized), nmse(quantized, f16)
+    assert theirs_to_f16 > 0  # llama.cpp's quantized cache is not its f16 cache
+    assert ours_to_theirs <= theirs_to_f16, (ours_to_theirs, theirs_to_f16)

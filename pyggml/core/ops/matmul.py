@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
-from pyggml.core.ops._build import require, set_op
-from pyggml.core.tensor import GGMLOp, Tensor, divides
+from pyggml.core.ops._build import as_enum, require, set_op
+from pyggml.core.ops.params import MulMatParams
+from pyggml.core.tensor import GGMLOp, OpHint, Tensor, divides
 from pyggml.core.types import GGMLType
 
 if TYPE_CHECKING:
@@ -23,6 +25,15 @@ def mul_mat(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     require(not a.is_transposed(), "mul_mat", "a must not be transposed", a)
     result = ctx.new_tensor_4d(GGMLType.F32, a.ne[1], b.ne[1], b.ne[2], b.ne[3])
     return set_op(result, GGMLOp.MUL_MAT, a, b)
+
+
+def mul_mat_set_hint(a: Tensor, hint: OpHint | int) -> None:
+    """ggml_mul_mat_set_hint: what src0 of MUL_MAT `a` is (SRC0_IS_HADAMARD: an orthonormal Walsh-Hadamard
+    matrix, which a backend may apply as a fast transform), op_params word 1."""
+    require(isinstance(a, Tensor) and a.op == GGMLOp.MUL_MAT, "mul_mat_set_hint", "a must be a MUL_MAT node",
+            *([a] if isinstance(a, Tensor) else []))
+    h = as_enum(OpHint, hint, "mul_mat_set_hint", "hint")
+    dataclasses.replace(MulMatParams.of(a), hint=h).store(a)
 
 
 def can_out_prod(a: Tensor, b: Tensor) -> bool:

@@ -28,6 +28,7 @@ from pyggml.core.tensor import (
     GGML_MROPE_SECTIONS,
     GGMLOp,
     GLUOp,
+    OpHint,
     OpPool,
     Prec,
     ScaleFlag,
@@ -41,7 +42,7 @@ int64: TypeAlias = int  # a field of two words (size_t, pointers), low word firs
 Sections: TypeAlias = tuple[int, int, int, int]  # GGML_MROPE_SECTIONS words
 
 _N_WORDS = GGML_MAX_OP_PARAMS // 4
-_ENUMS: dict[str, type[IntEnum]] = {e.__name__: e for e in (UnaryOp, GLUOp, SortOrder, OpPool, Prec)}
+_ENUMS: dict[str, type[IntEnum]] = {e.__name__: e for e in (UnaryOp, GLUOp, SortOrder, OpPool, Prec, OpHint)}
 _WIDTH = {"int": 1, "bool": 1, "float": 1, "int64": 2, "Sections": GGML_MROPE_SECTIONS}
 
 
@@ -303,6 +304,15 @@ class SoftMaxParams(OpParams):
 
 
 @dataclass(frozen=True, kw_only=True)
+class MulMatParams(OpParams):
+    """MUL_MAT: the accumulator precision (ggml_prec_set_acc) and what src0 is (ggml_mul_mat_set_hint)."""
+
+    ops: ClassVar[tuple[GGMLOp, ...]] = (GGMLOp.MUL_MAT,)
+    prec: Prec = Prec.DEFAULT
+    hint: OpHint = OpHint.NONE
+
+
+@dataclass(frozen=True, kw_only=True)
 class FlashAttnExtParams(OpParams):
     """FLASH_ATTN_EXT (ggml_flash_attn_ext): scale, ALiBi max_bias, logit_softcap (0: none); prec in word 3
     (ggml_prec_set_acc); n_kv_max in word 4 (ggml_flash_attn_ext_set_n_kv_max, 0: dense; ggml's CPU ignores it)."""
@@ -484,7 +494,7 @@ OP_PARAMS: dict[GGMLOp, type[OpParams]] = {
     for cls in (ViewParams, PermuteParams, AccParams, ConcatParams, PadParams, UpscaleParams, UnaryParams,
                 GLUParams, LeakyReluParams, ScaleParams, ClampParams, NormParams, GroupNormParams, SoftMaxParams,
                 DiagMaskParams, RopeParams, ArgsortParams, Im2colParams, ConvTranspose1dParams, Pool1dParams,
-                FlashAttnExtParams,
+                FlashAttnExtParams, MulMatParams,
                 Pool2dParams, CustomParams, FillParams, ArangeParams, TriParams, RollParams, PadReflect1dParams,
                 TimestepEmbeddingParams, Conv2dParams, ConvTranspose2dParams)
     for op in cls.ops
@@ -502,7 +512,7 @@ __all__ = [
     "TimestepEmbeddingParams", "TriParams", "Conv2dParams", "ConvTranspose2dParams",
     "ArgsortParams", "ClampParams", "ConcatParams", "ConvTranspose1dParams",
     "CustomParams", "DiagMaskParams", "GLUParams", "GroupNormParams", "Im2colParams", "LeakyReluParams",
-    "FlashAttnExtParams",
+    "FlashAttnExtParams", "MulMatParams",
     "NormParams", "OpParams", "PadParams", "PermuteParams", "Pool1dParams", "Pool2dParams", "RopeParams",
     "ScaleParams", "SoftMaxParams", "UnaryParams", "UpscaleParams", "ViewParams", "op_params_of",
 ]

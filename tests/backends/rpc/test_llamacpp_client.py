@@ -78,17 +78,19 @@ def completion(tool: Path, model: Path, flash_attn: str, rpc: str | None, kv_typ
     pytest.fail(f"llama-completion never printed all of its output in {ATTEMPTS} runs: {cmd}")
 
 
-@pytest.mark.parametrize("flash_attn", ["off", "on"])
+# q8_0: llama.cpp rotates K and V by Hadamard products hinted SRC0_IS_HADAMARD, which the server computes as
+# ggml's CPU does
+@pytest.mark.parametrize(("flash_attn", "kv_type"), [("off", "f16"), ("on", "f16"), ("on", "q8_0")])
 def test_llamacpp_offloads_the_builtin_model_to_pyggml(completion_tool: Path, server: RpcServer,
-                                                        flash_attn: str) -> None:
+                                                        flash_attn: str, kv_type: str) -> None:
     model = builtin_model_path()
     before = server.counts.copy()
-    remote = completion(completion_tool, model, flash_attn, server.endpoint)
+    remote = completion(completion_tool, model, flash_attn, server.endpoint, kv_type)
     served = server.counts - before
     assert served["ALLOC_BUFFER"] >= 2 and served["SET_TENSOR"] > 20  # weights, KV cache and compute buffer
     assert served["GRAPH_COMPUTE"] >= 1 and served["GRAPH_RECOMPUTE"] >= N_PREDICT // 2  # decode reuses the graph
     assert remote, "llama.cpp generated nothing"
-    assert remote == completion(completion_tool, model, flash_attn, None)
+    assert remote == completion(completion_tool, model, flash_attn, None, kv_type)
 
 
 @pytest.mark.parametrize("flash_attn", ["off", "on"])

@@ -73,7 +73,9 @@ speed instead of the tiles' or BLAS's.
 
 src1 may be F32 (any strides: permuted and transposed views are copied to
 rows first) or already the vec_dot_type (F16 for F16 weights, Q8_0 for
-Q4_0, ...), as ggml allows. dst must be F32.
+Q4_0, ...), as ggml allows. dst must be F32. A product of F32 weights hinted
+SRC0_IS_HADAMARD (ggml_mul_mat_set_hint) is ggml's fast Walsh-Hadamard
+transform of src1's rows instead, src0 unread (kernels.fwht).
 
 OUT_PROD (ggml_compute_forward_out_prod): dst[ne00, ne10, ne02, ne13], for
 every (i2, i3), dst[i1, i0] = sum_k src0[k, i0] * src1[k, i1] with src0's
@@ -96,6 +98,7 @@ import numpy as np
 from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
 from pyggml.backends.cpu.kernels import quant_dot as qd
 from pyggml.backends.cpu.kernels._common import is_multiple, noop, reshape_view, strided_view
+from pyggml.backends.cpu.kernels.fwht import fwht_kernel, hadamard_problem, is_hadamard
 from pyggml.backends.cpu.kernels.threads import new_pool, new_team
 from pyggml.backends.cpu.numerics import NUMERICS_CODES
 from pyggml.backends.cpu.repack import is_repacked, repack_supports_op
@@ -173,7 +176,8 @@ def _mul_mat_problem(node: Tensor) -> Problem:
         return ShapeError, "needs two sources"
     if a.type not in MUL_MAT_TYPES:
         return UnsupportedTypeError, _src0_type_reason(a, "which has no dot product (vec_dot)")
-    vdt = TYPE_TRAITS[a.type].vec_dot_type
+    hadamard = is_hadamard(node)  # ggml's fast transform (kernels.fwht), which takes an F16 src1 too
+    vdt = GGMLType.F16 if hadamard else TYPE_TRAITS[a.type].vec_dot_type
     if b.type not in (F32, vdt):
         return (UnsupportedTypeError,
                 f"src1 '{b.name}' has type {b.type.name}; with {a.type.name} weights it must be F32 or {vdt.name}")
@@ -189,7 +193,8 @@ def _mul_mat_problem(node: Tensor) -> Problem:
     if not repack_supports_op(node):
         return UnsupportedOpError, (f"src0 '{a.name}' is in a CPU_REPACK buffer: MUL_MAT reads a repacked Q4_0 "
                                     f"matrix there whole, with an F32 src1 (src1 '{b.name}' is {b.type.name})")
-    return None
+    why = hadamard_problem(node) if hadamard else None
+    return None if why is None else (ShapeError, why)
 
 
 def _out_prod_problem(node: Tensor) -> Problem:
@@ -377,6 +382,8 @@ def mul_mat_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None],
         return noop
     if a.ne[0] == 0:
         return lambda: dst.fill(0)
+    if is_hadamard(node):
+        return fwht_kernel(dst, src1)
     if a.type == F32:
         return mul_mat_f32(dst, src0, src1, params)
     return _mul_mat_numba(a.type, b.type, a.ne[0], dst, src0, src1, params, repacked=is_repacked(a))
