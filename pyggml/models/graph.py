@@ -1,33 +1,6 @@
-"""The decoder graph of every family in pyggml.models.arch, as llama.cpp 0c1e570 builds it.
-
-For a batch of n_tokens tokens at positions n_past.., reading n_kv cells of cache
-(the model pads n_kv as llama.cpp: to a multiple of 256, at most n_ctx); the
-family's row of the table (`hp.arch`) says which optional steps are there:
-
-    x = token_embd[tokens]                                   (* sqrt(n_embd): embd_scale)
-    for each layer:
-        h = norm(x) * attn_norm                              norm = RMS norm
-        q, k, v = wq @ h + bq, wk @ h + bk, wv @ h + bv       (one fused wqkv; biases where the file has them)
-        q, k = norm(q) * q_norm, norm(k) * k_norm            per head (qk_norm)
-        q, k = rope(q), rope(k)                              normal or NEOX; the layer's base and scale
-        q, k, v = H q, H k, H v                              quantized cache: Hadamard rotations (attn_rot)
-        cache[cells] = k, v
-        a = softmax(K^T q * scale + mask) V                  the sliding-window mask on sliding layers;
-                                                             q * scale before it instead (scale_q)
-        a = wo @ (H a)                                       H a: V's rotation undone (quantized V)
-                                                             (norm(a) * post_attention_norm: post_norms)
-        x = x + a
-        h = norm(x) * ffn_norm
-        f = w_down @ act(w_gate @ h, w_up @ h)               SwiGLU or GEGLU, or one fused up of [gate; up]
-        x = x + f                                            (norm(f) * post_ffw_norm first: post_norms)
-    logits = output @ (norm(x) * output_norm) + b            output = token_embd when the file has none
-                                                             (cap * tanh(logits / cap): soft-capping)
-
-llama.cpp's converter permutes the rows of LLaMA's wq and wk (HF's rotate-half
-layout to interleaved pairs), so RoPE's normal mode (pairs of adjacent
-elements) is the right one for LLaMA files; the other families keep HF's
-layout and use the NEOX mode.
-"""
+"""The decoder graph of every family in pyggml.models.arch, as llama.cpp 0c1e570 builds it (DESIGN.md,
+"The decoder graph", has it as pseudo-code). LLaMA files use RoPE's normal mode because llama.cpp's converter
+permutes their wq/wk rows to interleaved pairs; the other families keep HF's layout and use NEOX."""
 
 from __future__ import annotations
 
@@ -60,28 +33,19 @@ class GraphInputs:
     k_idxs: Tensor | None  # I64 [n_tokens]: the K cache rows (cells) this batch goes to (None: CPY idiom)
     v_idxs: Tensor | None  # I64 [n_tokens] or [n_embd_gqa * n_tokens] (V transposed): the V cache rows
     kv_writes: list[Tensor]  # the SET_ROWS (or CPY) nodes storing this batch's K and V
-    # per layer, the nodes built for it (views, reshapes and unnamed ones too): where a non-finite value
-    # starts is named by layer
-    layer_nodes: list[list[Tensor]] = field(default_factory=list)
-    # (layer, node) of each layer's RMS_NORMs ("norm-<il>", as llama.cpp names them): the model pins them to
-    # the layer's backend, as llama.cpp's graph callback does, else the scheduler leaves a layer's first norm
-    # on the previous layer's backend and copies both the residual and its norm
+    layer_nodes: list[list[Tensor]] = field(default_factory=list)  # per layer, to name where a NaN starts
+    # each layer's RMS_NORMs, pinned to the layer's backend as llama.cpp's graph callback pins them
     norms: list[tuple[int, Tensor]] = field(default_factory=list)
-    # the sliding-window layers' mask (as `mask`, and cells more than n_swa - 1 positions back hidden too);
-    # None when no layer slides
-    mask_swa: Tensor | None = None
-    # I32 [n_outputs]: the tokens whose logits are computed (llama.cpp's inp_out_ids), None: every token (or
-    # the last one, last_only)
-    out_ids: Tensor | None = None
+    mask_swa: Tensor | None = None  # the sliding-window layers' mask; None when no layer slides
+    out_ids: Tensor | None = None  # I32 [n_outputs] (llama.cpp's inp_out_ids); None: every token
 
 
 def _f32(x: float) -> float:
-    """x rounded to float32, as llama.cpp computes its scale factors (sqrtf, 1.0f / x)."""
+    """x rounded to float32, as llama.cpp computes its scale factors."""
     return float(np.float32(x))
 
 
 class _Builder:
-    """One batch's graph: the blocks of the module's docstring, one method each."""
 
     def __init__(self, ctx: Context, hp: HParams, w: dict[str, Tensor], kv: KVCache, n_tokens: int, n_past: int,
                  n_kv: int, flash_attn: bool, set_rows: bool, glu: bool, n_outputs: int | None = None,
@@ -107,9 +71,7 @@ class _Builder:
             self.k_idxs = ctx.new_tensor_1d(GGMLType.I64, n_tokens).set_name("inp_k_idxs").set_input()
             n_v_idxs = n_tokens * hp.n_embd_gqa if kv.v_trans else n_tokens
             self.v_idxs = ctx.new_tensor_1d(GGMLType.I64, n_v_idxs).set_name("inp_v_idxs").set_input()
-        # llama.cpp's get_rope_factors: the file's rope_freqs (llama3), else phi3's long factors when the
-        # context (as llama.cpp pads it, to a multiple of 256) is longer than the one trained without them, else
-        # its short ones (or none)
+        # llama.cpp's get_rope_factors: rope_freqs (llama3), else phi3's long or short factors by padded n_ctx
         factors = w.get("rope_freqs.weight")
         n_ctx_seq = -(-kv.n_ctx // CTX_PAD) * CTX_PAD
         self.rope_factors = factors if factors is not None else w.get(
@@ -118,14 +80,12 @@ class _Builder:
     # --- the shared blocks ---
 
     def linear(self, name: str, x: Tensor, out_name: str, il: int) -> Tensor:
-        """w[name] @ x, plus the bias where the file has one."""
         y = self.ctx.mul_mat(self.w[name + ".weight"], x).set_name(f"{out_name}-{il}")
         bias = self.w.get(name + ".bias")
         return y if bias is None else self.ctx.add(y, bias).set_name(f"{out_name}-{il}")
 
     def norm(self, x: Tensor, weight: str, out_name: str, il: int, pin: bool = True) -> Tensor:
-        """RMS norm times the weight. `pin`: the norm computes on the layer's backend (llama.cpp pins the
-        norms its graph callback sees with a layer index)."""
+        """RMS norm times the weight; `pin`: computed on the layer's backend (see GraphInputs.norms)."""
         n = self.ctx.rms_norm(x, self.hp.f_norm_rms_eps).set_name(f"norm-{il}")
         if pin:
             self.norms.append((il, n))
@@ -138,7 +98,6 @@ class _Builder:
                                  scale, hp.rope_ext_factor, hp.rope_attn_factor, 32.0, 1.0)
 
     def qkv(self, h: Tensor, il: int) -> tuple[Tensor, Tensor, Tensor]:
-        """Q, K, V of the layer ([n_embd_q or n_embd_gqa, n_tokens]): three products, or views of one (wqkv)."""
         b, ctx, hp = f"blk.{il}.", self.ctx, self.hp
         if b + "attn_qkv.weight" not in self.w:
             return (self.linear(b + "attn_q", h, "Qcur", il), self.linear(b + "attn_k", h, "Kcur", il),
@@ -153,7 +112,6 @@ class _Builder:
         return parts[0], parts[1], parts[2]
 
     def attention(self, h: Tensor, il: int) -> Tensor:
-        """Self-attention over the cache (this batch's K and V written to it first), then the output product."""
         ctx, hp, kv, b = self.ctx, self.hp, self.kv, f"blk.{il}."
         head_dim, n_head, n_head_kv, n_tokens = hp.head_dim, hp.n_head, hp.n_head_kv, self.n_tokens
         q, k, v = self.qkv(h, il)
@@ -199,8 +157,6 @@ class _Builder:
         return self.linear(b + "attn_output", cur, "attn_out", il)
 
     def ffn(self, h: Tensor, il: int) -> Tensor:
-        """The gated feed-forward: w_down @ act(gate) * up, by GLU where the backends have it, else the
-        activation and a MUL."""
         ctx, b, kind = self.ctx, f"blk.{il}.", self.hp.arch.ffn
         up = self.linear(b + "ffn_up", h, "ffn_up", il)
         if kind == FFN_SWIGLU_FUSED:  # phi3: up holds [gate; up] (llama.cpp's LLM_FFN_SWIGLU, LLM_FFN_SEQ)
@@ -223,7 +179,6 @@ class _Builder:
         return self.linear(b + "ffn_down", cur, "ffn_out", il)
 
     def layer(self, x: Tensor, il: int) -> Tensor:
-        """One block: x + attention(norm(x)), then + ffn(norm(.)), with the family's post norms."""
         b, post = f"blk.{il}.", self.hp.arch.post_norms
         a = self.attention(self.norm(x, b + "attn_norm.weight", "attn_norm", il), il)
         if post:
@@ -244,7 +199,7 @@ class _Builder:
             first_tensor = len(ctx.tensors)
             x = self.layer(x, il)
             self.layer_nodes.append([t for t in ctx.tensors[first_tensor:] if t.op != GGMLOp.NONE])
-        if self.out_ids is not None:  # the rows of the tokens whose logits are wanted
+        if self.out_ids is not None:
             x = ctx.get_rows(x, self.out_ids).set_name("out_rows")
         elif last_only and self.n_tokens > 1:
             x = ctx.view_2d(x, hp.n_embd, 1, x.nb[1], (self.n_tokens - 1) * x.nb[1]).set_name("last_token")
@@ -256,7 +211,7 @@ class _Builder:
         if "output.bias" in self.w:
             logits = ctx.add(logits, self.w["output.bias"])
         cap = hp.f_final_logit_softcapping
-        if cap:  # cap * tanh(logits / cap)
+        if cap:
             logits = ctx.scale(ctx.tanh(ctx.scale(logits, _f32(1.0 / cap))), _f32(cap))
         return self._finish(logits.set_name("result_output"))
 
@@ -270,19 +225,12 @@ class _Builder:
 def build_graph(ctx: Context, hp: HParams, w: dict[str, Tensor], kv: KVCache, n_tokens: int, n_past: int,
                 last_only: bool = False, n_kv: int | None = None, flash_attn: bool = False, set_rows: bool = True,
                 glu: bool = True, n_outputs: int | None = None, embeddings: bool = False) -> tuple[Graph, GraphInputs]:
-    """The graph of one batch: `n_tokens` tokens at positions n_past.., written to the KV cells the index
-    inputs name (n_past.. as `kv.k_idxs` / `kv.v_idxs` give them).
+    """The graph of one batch of `n_tokens` at positions n_past.., attending to cells 0..n_kv.
 
-    Attention reads cells 0..n_kv (default n_past + n_tokens; more is allowed, the mask hides
-    cells a token must not see). `last_only` computes the logits of the last token only
-    (generation needs no more); `n_outputs` < n_tokens those of the tokens an I32 input names (`out_ids`:
-    several sequences' last tokens). `flash_attn` computes attention with FLASH_ATTN_EXT (F16 mask, F32
-    accumulators), which needs a cache whose V is not transposed (`kv.v_trans` False). `set_rows` (the
-    default) writes K and V by SET_ROWS through I64 index inputs, `glu` (the default) computes the gated
-    activation by GLU, as llama.cpp builds them; `Model` turns either off where a backend lacks the op, and
-    the graph then writes K and V by CPY into views at n_past and computes the activation and a MUL.
-    `embeddings`: the output is the output norm's result (`result_norm`, [n_embd, n_outputs]), not the logits.
-    """
+    `last_only`/`n_outputs`: logits of the last token / of the tokens `out_ids` names; `flash_attn` needs
+    `kv.v_trans` False; without `set_rows` K and V are written by CPY into views at n_past, without `glu`
+    the activation is a unary op and a MUL (for backends lacking SET_ROWS or GLU); `embeddings`: the output
+    is `result_norm`, not the logits."""
     if n_kv is None:
         n_kv = n_past + n_tokens
     if not n_past + n_tokens <= n_kv <= kv.n_ctx:
@@ -295,5 +243,5 @@ def build_graph(ctx: Context, hp: HParams, w: dict[str, Tensor], kv: KVCache, n_
 
 
 def graph_size(hp: HParams) -> int:
-    """Nodes + leafs a graph needs at most (about 40 nodes and 25 leafs a LLaMA layer, more with gemma3's norms)."""
+    """Nodes + leafs a graph needs at most."""
     return max(2048, 96 * hp.n_layer + 64)
