@@ -29,6 +29,39 @@ def test_the_package_locator_comes_right_after_the_in_tree_one() -> None:
     locators = _CacheImpl._locator_classes
     assert locators.count(jit.PackageCacheLocator) == 1
     assert locators.index(jit.PackageCacheLocator) == locators.index(_InTree) + 1
+    assert locators.index(jit.BackendInTreeLocator) == locators.index(_InTree) - 1
+    assert locators.index(jit.BackendUserProvidedLocator) < locators.index(jit.BackendInTreeLocator)
+
+
+def test_a_backend_source_is_stamped_with_the_backend_modules_it_imports(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kernel inlines functions of the modules it imports: editing one of them, directly imported or not,
+    makes its cached code stale; editing a module it does not import does not; other sources keep numba's
+    own stamp."""
+    backend = tmp_path / "pyggml" / "backends" / "cpu"
+    (backend / "kernels").mkdir(parents=True)
+    (backend / "kernels" / "__init__.py").write_text("")
+    (backend / "kernels" / "job.py").write_text("from pyggml.backends.cpu.kernels import loops\nimport numpy\n")
+    (backend / "kernels" / "loops.py").write_text("from pyggml.backends.cpu.kernels.ir import load\n")
+    (backend / "kernels" / "ir.py").write_text("def load(): pass\n")
+    (backend / "kernels" / "other.py").write_text("X = 1\n")
+    monkeypatch.setattr(jit, "_BACKEND_ROOT", backend)
+
+    def job() -> None:
+        pass
+
+    locator = jit.BackendInTreeLocator.from_function(job, str(backend / "kernels" / "job.py"))
+    assert locator is not None
+    stamps = [locator.get_source_stamp()]
+    (backend / "kernels" / "other.py").write_text("X = 2\n")  # not imported by job.py
+    stamps.append(locator.get_source_stamp())
+    (backend / "kernels" / "ir.py").write_text("def load(): return 1\n")  # imported through loops.py
+    stamps.append(locator.get_source_stamp())
+    assert stamps[0] == stamps[1] != stamps[2]
+    assert stamps[2] == jit.sources_stamp(str(backend / "kernels" / "job.py"))
+    assert jit.BackendInTreeLocator.from_function(job, np.__file__) is None  # others' files: numba's locators
+    outside = jit.PackageCacheLocator.from_function(jit._probe, jit.__file__)  # jit.py is outside tmp_path
+    assert outside is not None and outside.get_source_stamp() != stamps[2]
 
 
 def test_a_read_only_package_caches_in_the_user_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
