@@ -3,6 +3,7 @@ supports_op answers: a list that disagrees with the table fails here."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from numba import types
 
@@ -11,7 +12,9 @@ from pyggml.backends.cpu.kernels import _common, matmul, matmul_id
 from pyggml.backends.cpu.kernels.vec_dot import kquant_loops, mul_mat_job, quant_loops, quantize_src1, to_float
 from pyggml.backends.cpu.kernels.vec_dot import type_table as tt
 from pyggml.backends.cpu.kernels.vec_dot.kinds import X8_REPACKED, X8_TILE
+from pyggml.core import types as core_types
 from pyggml.core.context import Context
+from pyggml.core.errors import ShapeError, UnsupportedTypeError
 from pyggml.core.quants import BLOCK_DTYPES, is_implemented
 from pyggml.core.tensor import Tensor
 from pyggml.core.types import TYPE_TRAITS, GGMLType
@@ -119,3 +122,21 @@ def test_supports_op_answers_from_the_table() -> None:
             want = t in tt.CPU_TYPE_TRAITS
             assert answers["GET_ROWS"] == want and answers["CPY from"] == want and answers["CPY to"] == want, \
                 (t, answers)
+
+
+@pytest.mark.parametrize("t", list(tt.CPU_TYPE_TRAITS), ids=lambda t: t.name)
+def test_the_cpu_dequantizer_gives_the_core_s_bits(t: GGMLType) -> None:
+    """to_f32 (the table's to_float, compiled) against the core's numpy to_float, both ggml's arithmetic: rows
+    of whole blocks, 3-D, bit for bit."""
+    x = (np.random.default_rng(int(t)).standard_normal((2, 3, 512)) * 4).astype(np.float32)
+    raw = core_types.from_float(t, x)
+    got = to_float.to_f32(t, raw)
+    assert got.shape == (2, 3, 512)
+    np.testing.assert_array_equal(got.view(np.uint32), core_types.to_float(t, raw).view(np.uint32))
+
+
+def test_the_cpu_dequantizer_refuses_what_it_cannot_read() -> None:
+    with pytest.raises(UnsupportedTypeError, match="IQ2_XXS"):
+        to_float.to_f32(T.IQ2_XXS, np.zeros(66, np.uint8))
+    with pytest.raises(ShapeError, match="35 bytes .* 34-byte blocks of Q8_0"):
+        to_float.to_f32(T.Q8_0, np.zeros(35, np.uint8))

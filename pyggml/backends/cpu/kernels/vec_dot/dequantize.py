@@ -73,6 +73,11 @@ deq_mxfp4_32 = _make_deq_table32(MXFP4)
 deq_mxfp4_32.__doc__ = "out[j+t] = d * kvalues_mxfp4[nibble t of the 16 bytes at w[i]], t < 32."
 
 
+# the bias of the types whose values are q * d alone: x + (-0.0) is x, a zero's sign included (+0.0 would turn
+# ggml's -0.0 into +0.0)
+NO_BIAS = np.float32(-0.0)
+
+
 def _store_scaled(builder, context, signature, args, v, n: int, d, bias, out_arg: int):
     """out[j+t] = float(v[t]) * d + bias (an fmul then an fadd, as ggml's dequantize_row code)."""
     vf = ir.VectorType(IR_F32, n)
@@ -141,12 +146,11 @@ def deq_q5(typingctx, w, i, bits, off, d, bias, out, j):
 @njit(nogil=True, cache=True)
 def dequantize_row_q4_0(w, o, nb, out, i):
     oo = i * out.shape[1]
-    zero = np.float32(0.0)
     for b in range(nb):
         ob = o + 18 * b
         d = load_f16(w, ob)
-        deq_fields16(w, ob + 2, 0, 15, ob, 0, 0, 0, -8, d, zero, out, oo + 32 * b)
-        deq_fields16(w, ob + 2, 4, 15, ob, 0, 0, 0, -8, d, zero, out, oo + 32 * b + 16)
+        deq_fields16(w, ob + 2, 0, 15, ob, 0, 0, 0, -8, d, NO_BIAS, out, oo + 32 * b)
+        deq_fields16(w, ob + 2, 4, 15, ob, 0, 0, 0, -8, d, NO_BIAS, out, oo + 32 * b + 16)
 
 
 @njit(nogil=True, cache=True)
@@ -170,17 +174,16 @@ def dequantize_row_q5(w, o, nb, out, i, with_min):
             deq_q5(w, ob + 8, load_u32(w, ob + 4), 0, load_f16(w, ob), load_f16(w, ob + 2), out, oo + 32 * b)
         else:
             ob = o + 22 * b
-            deq_q5(w, ob + 6, load_u32(w, ob + 2), -16, load_f16(w, ob), np.float32(0.0), out, oo + 32 * b)
+            deq_q5(w, ob + 6, load_u32(w, ob + 2), -16, load_f16(w, ob), NO_BIAS, out, oo + 32 * b)
 
 
 @njit(nogil=True, cache=True)
 def dequantize_row_q8_0(w, o, nb, out, i):
     # int8 = byte - 256 * (byte >> 7)
     oo = i * out.shape[1]
-    zero = np.float32(0.0)
     for b in range(nb):
         ob = o + 34 * b
-        deq_fields32(w, ob + 2, 0, 255, ob + 2, 7, 1, -256, 0, load_f16(w, ob), zero, out, oo + 32 * b)
+        deq_fields32(w, ob + 2, 0, 255, ob + 2, 7, 1, -256, 0, load_f16(w, ob), NO_BIAS, out, oo + 32 * b)
 
 
 @njit(nogil=True, cache=True)
@@ -204,7 +207,6 @@ def dequantize_row_q2_K(w, o, nb, out, i):
 def dequantize_row_q3_K(w, o, nb, out, i):
     # value = low2 - (high bit ? 0 : 4) = low2 + 4 * high bit - 4
     oo = i * out.shape[1]
-    zero = np.float32(0.0)
     for b in range(nb):
         ob = o + 110 * b
         d = load_f16(w, ob + 108)
@@ -212,7 +214,7 @@ def dequantize_row_q3_K(w, o, nb, out, i):
             for s in range(4):
                 for t in range(2):
                     dl = d * np.float32(q3_K_scale(w, ob + 96, 8 * h + 2 * s + t))
-                    deq_fields16(w, ob + 32 + 32 * h + 16 * t, 2 * s, 3, ob + 16 * t, 4 * h + s, 1, 4, -4, dl, zero,
+                    deq_fields16(w, ob + 32 + 32 * h + 16 * t, 2 * s, 3, ob + 16 * t, 4 * h + s, 1, 4, -4, dl, NO_BIAS,
                                  out, oo + 256 * b + 128 * h + 32 * s + 16 * t)
 
 
@@ -238,7 +240,6 @@ def dequantize_row_q45_K(w, o, nb, out, i, five):
 @njit(nogil=True, cache=True)
 def dequantize_row_q6_K(w, o, nb, out, i):
     oo = i * out.shape[1]
-    zero = np.float32(0.0)
     for b in range(nb):
         ob = o + 210 * b
         d = load_f16(w, ob + 208)
@@ -248,7 +249,7 @@ def dequantize_row_q6_K(w, o, nb, out, i):
                     sub = 8 * n + 2 * q + t
                     ds = d * np.float32(i8(np.int64(w[ob + 192 + sub])))
                     deq_fields16(w, ob + 64 * n + 32 * (q & 1) + 16 * t, 4 * (q >> 1), 15,
-                                 ob + 128 + 32 * n + 16 * t, 2 * q, 3, 16, -32, ds, zero,
+                                 ob + 128 + 32 * n + 16 * t, 2 * q, 3, 16, -32, ds, NO_BIAS,
                                  out, oo + 256 * b + 128 * n + 32 * q + 16 * t)
 
 

@@ -86,20 +86,20 @@ def _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, 
         return float_cols
     if loop is not None:
         def cols(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, s, m0, m1, rounding):
-            base, r0 = w_base[s], s * n_cols
+            base, r0, sums = w_base[s], s * n_cols, column_sums(kind, ys, yb)
             r1 = r0 + n_cols
             for r in range(r0, r1, COLS):
-                loop(w, w_off, base, m0, m1, nb, yq, yd, column_sums(kind, ys, yb), r, min(COLS, r1 - r), out)
+                loop(w, w_off, base, m0, m1, nb, yq, yd, sums, r, min(COLS, r1 - r), out)
 
         return cols
     dot = row.reference_dot
 
     def dots(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, s, m0, m1, rounding):
-        base, r0 = w_base[s], s * n_cols
+        base, r0, sums = w_base[s], s * n_cols, column_sums(kind, ys, yb)
         for m in range(m0, m1):
             o = w_off[base + m]
             for r in range(r0, r0 + n_cols):
-                out[r, m] = dot(w, o, nb, yq, yd, column_sums(kind, ys, yb), r)
+                out[r, m] = dot(w, o, nb, yq, yd, sums, r)
 
     return dots
 

@@ -14,7 +14,7 @@ from numba.extending import overload
 from pyggml.backends.cpu.kernels.vec_dot.ir import load_f16
 from pyggml.backends.cpu.kernels.vec_dot.kinds import Q4_1, kind_name
 from pyggml.backends.cpu.kernels.vec_dot.type_table import CPU_TYPE_TRAITS, row_of_kind
-from pyggml.core.errors import UnsupportedTypeError
+from pyggml.core.errors import ShapeError, UnsupportedTypeError
 from pyggml.core.types import TYPE_TRAITS, GGMLType
 
 
@@ -52,8 +52,7 @@ def to_f32(t: GGMLType, raw: np.ndarray) -> np.ndarray:
     rows = (rows.reshape(1) if rows.ndim == 0 else rows).view(np.uint8)
     row_bytes = rows.shape[-1]
     if row_bytes % tr.type_size:
-        raise UnsupportedTypeError(f"to_f32: a row of {row_bytes} bytes is not whole {tr.type_size}-byte blocks "
-                                   f"of {t.name}")
+        raise ShapeError(f"to_f32: a row of {row_bytes} bytes is not whole {tr.type_size}-byte blocks of {t.name}")
     nb = row_bytes // tr.type_size
     flat = rows.reshape(-1, row_bytes)
     out = np.empty((flat.shape[0], nb * tr.blck_size), np.float32)
