@@ -10,6 +10,11 @@ kernels to `kernel_cache_dir()` (~/.cache/pyggml/numba) instead of numba's
 own user folder, so that one folder holds them. NUMBA_CACHE_DIR, when set,
 still wins for every function, as numba documents.
 
+A kernel's compiled code inlines functions of other modules (the MUL_MAT job inlines the row loops of
+`kernels.vec_dot`), while numba stamps a cached function with its own source file only: for the CPU
+backend's sources the stamp covers the source and every backend module it imports, directly or not
+(`sources_stamp`), so a change to any of them makes the cached code stale.
+
 A compile takes seconds (a MUL_MAT job of one weight type, ~5-15 s on a
 loaded machine): `watch_compiles` tells a caller (the command line's notice
 and progress) when one starts and ends, and only when numba's cache did not
@@ -18,6 +23,9 @@ have it.
 
 from __future__ import annotations
 
+import ast
+import functools
+import hashlib
 import inspect
 import threading
 import time
@@ -31,8 +39,11 @@ from numba.core import caching, event
 from pyggml.cache import cache_dir
 
 _PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the pyggml package folder
+_BACKEND_ROOT = Path(__file__).resolve().parent  # the CPU backend's folder: what its kernels inline
 _CacheImpl: Any = getattr(caching, "CacheImpl", None) or caching._CacheImpl
 _InTreeLocator: Any = getattr(caching, "InTreeCacheLocator", None) or caching._InTreeCacheLocator
+_UserProvidedLocator: Any = (getattr(caching, "UserProvidedCacheLocator", None)
+                             or caching._UserProvidedCacheLocator)
 
 
 def kernel_cache_dir() -> Path:
@@ -40,15 +51,91 @@ def kernel_cache_dir() -> Path:
     return cache_dir() / "numba"
 
 
-def _in_package(py_file: str) -> bool:
+def _in_package(py_file: str, root: Path = _PACKAGE_ROOT) -> bool:
     try:
-        return Path(py_file).resolve().is_relative_to(_PACKAGE_ROOT)
+        return Path(py_file).resolve().is_relative_to(root)
     except OSError:
         return False
 
 
-class PackageCacheLocator(caching._SourceFileBackedLocatorMixin, caching._CacheLocator):
-    """numba's cache locator for pyggml's own sources, in `kernel_cache_dir()` (for other sources: none)."""
+def sources_stamp(py_file: str) -> bytes:
+    """The hash of the CPU backend source `py_file` and of every backend module it imports at module level,
+    directly or not (relative paths and contents), read again only when a file's size or modification time
+    changes."""
+    files, todo = set(), [Path(py_file).resolve()]
+    while todo:
+        path = todo.pop()
+        if path not in files:
+            files.add(path)
+            todo.extend(_backend_imports(path, *_size_time(path)))
+    return _hash_sources(tuple((f, *_size_time(f)) for f in sorted(files)))
+
+
+def _size_time(path: Path) -> tuple[int, int]:
+    st = path.stat()
+    return st.st_size, st.st_mtime_ns
+
+
+@functools.lru_cache(maxsize=256)
+def _backend_imports(path: Path, size: int, mtime_ns: int) -> tuple[Path, ...]:
+    """The backend's source files `path` imports at module level."""
+    package = _BACKEND_ROOT.parents[2]  # the folder holding the pyggml package
+    prefix = ".".join(_BACKEND_ROOT.relative_to(package).parts)
+    names: list[str] = []
+    for node in ast.parse(path.read_bytes()).body:
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names += [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+    out = []
+    for name in names:
+        if name == prefix or name.startswith(prefix + "."):
+            base = package.joinpath(*name.split("."))
+            out += [p for p in (base.with_suffix(".py"), base / "__init__.py") if p.is_file()]
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=256)
+def _hash_sources(files: tuple[tuple[Path, int, int], ...]) -> bytes:
+    h = hashlib.sha256()
+    for path, _, _ in files:
+        h.update(path.relative_to(_BACKEND_ROOT).as_posix().encode())
+        h.update(path.read_bytes())
+    return h.digest()
+
+
+class _BackendStamp:
+    """A locator's source stamp: for a source of the CPU backend, that of it and its imports (`sources_stamp`)."""
+
+    _py_file: str
+
+    def get_source_stamp(self) -> Any:
+        if _in_package(self._py_file, _BACKEND_ROOT):
+            return sources_stamp(self._py_file)
+        return super().get_source_stamp()  # type: ignore[misc]
+
+
+class _BackendOnly(_BackendStamp):
+    """A locator for the CPU backend's sources only."""
+
+    @classmethod
+    def from_function(cls, py_func: Any, py_file: str) -> Any:
+        if not _in_package(py_file, _BACKEND_ROOT):
+            return None
+        return super().from_function(py_func, py_file)  # type: ignore[misc]
+
+
+class BackendUserProvidedLocator(_BackendOnly, _UserProvidedLocator):
+    """numba's NUMBA_CACHE_DIR locator with the backend's stamp."""
+
+
+class BackendInTreeLocator(_BackendOnly, _InTreeLocator):
+    """numba's locator beside the source (`__pycache__`) with the backend's stamp."""
+
+
+class PackageCacheLocator(_BackendStamp, caching._SourceFileBackedLocatorMixin, caching._CacheLocator):
+    """numba's cache locator for pyggml's own sources, in `kernel_cache_dir()` (for other sources: none), with
+    the backend's stamp for its sources."""
 
     def __init__(self, py_func: Any, py_file: str) -> None:
         self._py_file = py_file
@@ -66,11 +153,14 @@ class PackageCacheLocator(caching._SourceFileBackedLocatorMixin, caching._CacheL
 
 
 def install_cache_locator() -> None:
-    """Put PackageCacheLocator right after numba's in-tree one (the package's __pycache__, when writable) in
-    the locators numba tries for a `cache=True` function; before the first kernel is decorated."""
+    """Put the backend's locators first for its sources, each right before the numba locator it stamps anew
+    (NUMBA_CACHE_DIR's, then the source's __pycache__ when writable), then PackageCacheLocator; before the
+    first kernel is decorated."""
     locators: list[Any] = _CacheImpl._locator_classes
     if PackageCacheLocator in locators:
         return
+    for ours, theirs in ((BackendUserProvidedLocator, _UserProvidedLocator), (BackendInTreeLocator, _InTreeLocator)):
+        locators.insert(locators.index(theirs) if theirs in locators else 0, ours)
     at = locators.index(_InTreeLocator) + 1 if _InTreeLocator in locators else len(locators)
     locators.insert(at, PackageCacheLocator)
 

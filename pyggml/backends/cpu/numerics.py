@@ -73,7 +73,7 @@ def host_numerics() -> Numerics:
     import numba
 
     if numba.config.CPU_NAME:
-        return "ref"  # a chosen (e.g. generic) target: no x86 SIMD assumed, as quant_dot's portable code
+        return "ref"  # a chosen (e.g. generic) target: no x86 SIMD assumed, as vec_dot's portable code
     features = llvm_binding.get_host_cpu_features()
     return "x86" if features.get("avx2", False) and features.get("fma", False) else "ref"
 

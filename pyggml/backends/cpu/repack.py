@@ -3,7 +3,7 @@
 ggml's CPU backend repacks some weight types at load (its "extra" buffer type CPU_REPACK, ggml-cpu/repack.cpp:
 on a CPU with AVX2, Q4_0 to block_q4_0x8, Q4_K to block_q4_Kx8) so that one SIMD instruction works on several
 rows at once. pyggml does the same for Q4_0 matrices whose row count is a multiple of 8 (X8_ROWS), in a layout
-of its own made for vpdpbusd's 32-bit lanes (see quant_dot's "repacked" section), with the float order of
+of its own made for vpdpbusd's 32-bit lanes (see `kernels.vec_dot.tiles_x8`), with the float order of
 ggml's x86 repack kernels, so that a product gives the bits llama.cpp's repacked Q4_0 gives on an AVX2
 machine. A group of 8 rows takes the bytes its rows took, so a repacked matrix has the size of the original.
 Q4_K is not repacked yet: a loop in the order of ggml_gemv_q4_K_8x8_q8_K as read moved SmolLM2's and Gemma 3's
@@ -106,8 +106,9 @@ def unpack_q4_0(packed: np.ndarray) -> np.ndarray:
     return unpack_block32(packed, GGMLType.Q4_0)
 
 
-# the repacked types: their marker (the tensor's `extra`), repack and unpack functions
-_LAYOUTS = {
+# the layouts a type can be held in: its marker (the tensor's `extra`), repack and unpack functions; which types
+# the repack buffer type holds so is the CPU type table's `repack` column
+LAYOUTS = {
     GGMLType.Q4_0: (REPACKED_Q4_0, repack_q4_0, unpack_q4_0),
 }
 
@@ -115,7 +116,10 @@ _LAYOUTS = {
 def repackable(tensor: Tensor) -> bool:
     """Whether the repack buffer type holds `tensor` repacked: a contiguous Q4_0 matrix (ne2 = ne3 = 1) with a
     multiple of 8 rows, as ggml's ggml_repack_get_optimal_repack_type asks of Q4_0 on x86 with AVX2."""
-    return (tensor.type in _LAYOUTS and tensor.ne[1] % X8_ROWS == 0 and tensor.ne[2] == 1
+    from pyggml.backends.cpu.kernels.vec_dot.type_table import CPU_TYPE_TRAITS  # its kernels import this module
+
+    row = CPU_TYPE_TRAITS.get(tensor.type)
+    return (row is not None and row.repack and tensor.ne[1] % X8_ROWS == 0 and tensor.ne[2] == 1
             and tensor.ne[3] == 1 and tensor.is_contiguous())
 
 
@@ -150,7 +154,7 @@ class CPURepackBuffer(CPUBuffer):
 
     def _init_tensor(self, tensor: Tensor) -> None:
         if tensor.view_src is None and repackable(tensor):
-            tensor.extra = _LAYOUTS[tensor.type][0]
+            tensor.extra = LAYOUTS[tensor.type][0]
 
     def _whole(self, tensor: Tensor, offset: int, size: int, what: str) -> None:
         if offset != 0 or size != tensor.nbytes():
@@ -164,7 +168,7 @@ class CPURepackBuffer(CPUBuffer):
             return
         self._whole(tensor, offset, size, "tensor_set")
         rows = np.frombuffer(data, np.uint8, count=size).reshape(tensor.ne[1], -1)
-        host_bytes(tensor, "tensor_set")[:] = _LAYOUTS[tensor.type][1](rows).reshape(-1)
+        host_bytes(tensor, "tensor_set")[:] = LAYOUTS[tensor.type][1](rows).reshape(-1)
 
     def _get_tensor(self, tensor: Tensor, data: memoryview, offset: int, size: int) -> None:
         if not is_repacked(tensor):
@@ -172,7 +176,7 @@ class CPURepackBuffer(CPUBuffer):
             return
         self._whole(tensor, offset, size, "tensor_get")
         packed = host_bytes(tensor, "tensor_get").reshape(tensor.ne[1], -1)
-        np.frombuffer(data, np.uint8, count=size)[:] = _LAYOUTS[tensor.type][2](packed).reshape(-1)
+        np.frombuffer(data, np.uint8, count=size)[:] = LAYOUTS[tensor.type][2](packed).reshape(-1)
 
     def _cpy_tensor(self, src: Tensor, dst: Tensor) -> bool:
         # a raw copy into a repacked tensor would skip the repacking: the caller's get and set do it

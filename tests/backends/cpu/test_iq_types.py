@@ -23,8 +23,8 @@ import pytest
 from pyggml.backend.tensor_io import tensor_get_numpy, tensor_set, tensor_set_numpy
 from pyggml.backends.cpu import cpu_init
 from pyggml.backends.cpu.backend import CPUBackend
-from pyggml.backends.cpu.kernels import matmul
-from pyggml.backends.cpu.kernels import quant_dot as qd
+from pyggml.backends.cpu.kernels import atomics, matmul
+from pyggml.backends.cpu.kernels.vec_dot import block_sums, kinds, table_lookup, to_float
 from pyggml.core import quants
 from pyggml.core.context import Context
 from pyggml.core.errors import UnsupportedOpError, UnsupportedTypeError
@@ -226,7 +226,7 @@ def test_blas_path_dequantizes_as_ggml(wtype: GGMLType, rng: np.random.Generator
     out = np.zeros((M, K), np.float32)
     offsets = np.arange(M, dtype=np.int64) * raw.shape[1]
     with np.errstate(over="ignore"):
-        qd.rows_to_f32(int(wtype), raw.reshape(-1), offsets, 0, K // tr.blck_size, out)
+        to_float.rows_to_f32(int(wtype), raw.reshape(-1), offsets, 0, K // tr.blck_size, out)
         np.testing.assert_array_equal(out, quants.to_float(wtype, raw))
 
 
@@ -239,9 +239,9 @@ def _lookup_kernel(lookup: Callable[..., object], table: list[int]) -> Callable[
     @intrinsic
     def lookup32(typingctx, w, out):  # type: ignore[no-untyped-def]
         def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-            pw = qd._address(context, builder, signature.args[0], args[0], ir.Constant(ir.IntType(64), 0))
-            v = lookup(builder, table, qd._q4_0_nibbles(builder, pw))
-            po = qd._address(context, builder, signature.args[1], args[1], ir.Constant(ir.IntType(64), 0))
+            pw = atomics.element_pointer(context, builder, signature.args[0], args[0], ir.Constant(ir.IntType(64), 0))
+            v = lookup(builder, table, block_sums.q4_0_nibbles(builder, pw))
+            po = atomics.element_pointer(context, builder, signature.args[1], args[1], ir.Constant(ir.IntType(64), 0))
             builder.store(v, builder.bitcast(po, v.type.as_pointer()), align=1)
             return context.get_dummy_value()
 
@@ -254,13 +254,13 @@ def _lookup_kernel(lookup: Callable[..., object], table: list[int]) -> Callable[
     return run
 
 
-@pytest.mark.parametrize("kind", [qd.IQ4_NL, qd.MXFP4])
+@pytest.mark.parametrize("kind", [kinds.IQ4_NL, kinds.MXFP4])
 def test_table_lookups_are_the_table(kind: int) -> None:
     """The vpshufb lookup (AVX2) and the portable compare-and-select chain give the table's values."""
-    table = qd._TABLES[kind]
+    table = kinds.KVALUES[kind]
     w = np.arange(16, dtype=np.uint8) | (np.arange(15, -1, -1, dtype=np.uint8) << 4)  # every nibble, both halves
     want = np.array([table[v & 15] for v in w] + [table[v >> 4] for v in w], np.int8)
-    lookups = [qd._lookup_portable] + ([qd._lookup_avx2] if qd._HAS_AVX2 else [])
+    lookups = [table_lookup.lookup16_portable] + ([table_lookup.lookup16_avx2] if block_sums.HAS_AVX2 else [])
     for lookup in lookups:
         out = np.zeros(32, np.int8)
         _lookup_kernel(lookup, table)(w, out)

@@ -17,7 +17,7 @@ from numba import njit, types
 from numba.core import caching, config
 
 from pyggml.backends.cpu import jit
-from pyggml.backends.cpu.kernels import quant_dot as qd
+from pyggml.backends.cpu.kernels.vec_dot import mul_mat_job
 
 _InTree = getattr(caching, "InTreeCacheLocator", None) or caching._InTreeCacheLocator
 _CacheImpl = getattr(caching, "CacheImpl", None) or caching._CacheImpl
@@ -29,22 +29,55 @@ def test_the_package_locator_comes_right_after_the_in_tree_one() -> None:
     locators = _CacheImpl._locator_classes
     assert locators.count(jit.PackageCacheLocator) == 1
     assert locators.index(jit.PackageCacheLocator) == locators.index(_InTree) + 1
+    assert locators.index(jit.BackendInTreeLocator) == locators.index(_InTree) - 1
+    assert locators.index(jit.BackendUserProvidedLocator) < locators.index(jit.BackendInTreeLocator)
+
+
+def test_a_backend_source_is_stamped_with_the_backend_modules_it_imports(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kernel inlines functions of the modules it imports: editing one of them, directly imported or not,
+    makes its cached code stale; editing a module it does not import does not; other sources keep numba's
+    own stamp."""
+    backend = tmp_path / "pyggml" / "backends" / "cpu"
+    (backend / "kernels").mkdir(parents=True)
+    (backend / "kernels" / "__init__.py").write_text("")
+    (backend / "kernels" / "job.py").write_text("from pyggml.backends.cpu.kernels import loops\nimport numpy\n")
+    (backend / "kernels" / "loops.py").write_text("from pyggml.backends.cpu.kernels.ir import load\n")
+    (backend / "kernels" / "ir.py").write_text("def load(): pass\n")
+    (backend / "kernels" / "other.py").write_text("X = 1\n")
+    monkeypatch.setattr(jit, "_BACKEND_ROOT", backend)
+
+    def job() -> None:
+        pass
+
+    locator = jit.BackendInTreeLocator.from_function(job, str(backend / "kernels" / "job.py"))
+    assert locator is not None
+    stamps = [locator.get_source_stamp()]
+    (backend / "kernels" / "other.py").write_text("X = 2\n")  # not imported by job.py
+    stamps.append(locator.get_source_stamp())
+    (backend / "kernels" / "ir.py").write_text("def load(): return 1\n")  # imported through loops.py
+    stamps.append(locator.get_source_stamp())
+    assert stamps[0] == stamps[1] != stamps[2]
+    assert stamps[2] == jit.sources_stamp(str(backend / "kernels" / "job.py"))
+    assert jit.BackendInTreeLocator.from_function(job, np.__file__) is None  # others' files: numba's locators
+    outside = jit.PackageCacheLocator.from_function(jit._probe, jit.__file__)  # jit.py is outside tmp_path
+    assert outside is not None and outside.get_source_stamp() != stamps[2]
 
 
 def test_a_read_only_package_caches_in_the_user_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYGGML_CACHE", str(tmp_path))
     monkeypatch.setattr(config, "CACHE_DIR", "")
-    writable = jit.cache_folder(qd.__file__)
-    assert writable == str(Path(qd.__file__).parent / "__pycache__")  # a clone: beside the source
+    writable = jit.cache_folder(mul_mat_job.__file__)
+    assert writable == str(Path(mul_mat_job.__file__).parent / "__pycache__")  # a clone: beside the source
     monkeypatch.setattr(_InTree, "from_function", classmethod(lambda cls, fn, path: None))  # read-only
-    folder = jit.cache_folder(qd.__file__)
+    folder = jit.cache_folder(mul_mat_job.__file__)
     assert folder is not None and Path(folder).parent == tmp_path / "numba"
     assert jit.PackageCacheLocator.from_function(jit._probe, np.__file__) is None  # others' files: numba's
 
 
 def test_numba_cache_dir_wins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(config, "CACHE_DIR", str(tmp_path))
-    folder = jit.cache_folder(qd.__file__)
+    folder = jit.cache_folder(mul_mat_job.__file__)
     assert folder is not None and Path(folder).parent == tmp_path
 
 
@@ -54,11 +87,11 @@ import numpy as np
 from numba.core import caching
 intree = getattr(caching, "InTreeCacheLocator", None) or caching._InTreeCacheLocator
 intree.from_function = classmethod(lambda cls, fn, path: None)  # as if the package were read-only
-from pyggml.backends.cpu.kernels import quant_dot as qd
-qd.job_address(qd.Q5_1, qd.ROUND_REF)
-print(json.dumps({"q5_1": len(qd._dot_q5_1.signatures), "q2_K": len(qd._dot_q2_K.signatures),
-                  "q3_K": len(qd._dot_q3_K.signatures), "q5_K": len(qd._dot_q5_K.signatures),
-                  "iq4_xs": len(qd._dot_iq4_xs.signatures)}))
+from pyggml.backends.cpu.kernels.vec_dot import kinds, mul_mat_job, quantize_src1, reference_dots
+mul_mat_job.job_address(kinds.Q5_1, quantize_src1.ROUND_REF)
+print(json.dumps({"q5_1": len(reference_dots.dot_q5_1.signatures), "q2_K": len(reference_dots.dot_q2_K.signatures),
+                  "q3_K": len(reference_dots.dot_q3_K.signatures), "q5_K": len(reference_dots.dot_q5_K.signatures),
+                  "iq4_xs": len(reference_dots.dot_iq4_xs.signatures)}))
 """
 
 
@@ -73,7 +106,7 @@ def test_a_job_compiles_its_weight_type_alone_into_the_user_cache(tmp_path: Path
                                       timeout=600).stdout)
     assert first == {"q5_1": 1, "q2_K": 0, "q3_K": 0, "q5_K": 0, "iq4_xs": 0}
     cached = [p.name for p in (tmp_path / "numba").rglob("*.nbi")]
-    assert any(name.startswith("quant_dot.mul_mat_Q5_1_ref-") for name in cached), cached
+    assert any(name.startswith("mul_mat_job.mul_mat_Q5_1_ref-") for name in cached), cached
     second = json.loads(subprocess.run(cmd, env=env, capture_output=True, text=True, check=True,
                                        timeout=600).stdout)
     assert second["q5_1"] == 0  # the job came from the cache: its callee was not compiled either

@@ -18,7 +18,7 @@ from kernel_helpers import F16, F32, compile_node, new_ctx, tensor
 from numba import njit
 
 from pyggml.backends.cpu.kernels import ComputeParams, atomics, matmul, threads
-from pyggml.backends.cpu.kernels import quant_dot as qd
+from pyggml.backends.cpu.kernels.vec_dot import block_sums, kinds, mul_mat_job, quant_loops, quantize_src1
 from pyggml.core.errors import ArgumentError
 from pyggml.core.types import GGMLType
 
@@ -77,19 +77,20 @@ def _f16_job(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarr
     empty = (np.zeros((0, 0), np.int8), np.zeros((0, 0), np.float32), np.zeros((0, 0), np.float32),
              np.zeros((0, 0), np.int32))
     ctr = np.zeros(2, np.int64)
-    desc = qd.mul_mat_desc(qd.F16, wb, w_off, K, x, *empty, 1, np.zeros(1, np.int64), out, 8, ctr, qd.ROUND_REF)
+    desc = mul_mat_job.mul_mat_desc(kinds.F16, wb, w_off, K, x, *empty, 1, np.zeros(1, np.int64), out, 8, ctr,
+                                    quantize_src1.ROUND_REF)
     return w, x, out, ctr, desc
 
 
 def test_late_worker_changes_nothing(rng: np.random.Generator) -> None:
     """A job whose counter is exhausted (its call already returned) takes no item and writes nothing."""
     w, x, out, ctr, desc = _f16_job(rng)
-    qd.mul_mat_job(desc, 1)  # the caller's share: it returns when every item is done
+    mul_mat_job.mul_mat_job(desc, 1)  # the caller's share: it returns when every item is done
     assert list(ctr) == [5 + 1, 5]  # 5 items of 8 rows, one failed take
     want = out.copy()
     np.testing.assert_allclose(want[0], w.astype(np.float32) @ x[0], rtol=1e-5, atol=1e-5)
     out[...] = -1
-    qd.mul_mat_job(desc, 0)  # a worker's share
+    mul_mat_job.mul_mat_job(desc, 0)  # a worker's share
     assert np.all(out == -1) and ctr[1] == 5
 
 
@@ -97,12 +98,13 @@ def test_mul_mat_desc_takes_contiguous_operands_only() -> None:
     f32, i8, i32 = np.zeros((0, 0), np.float32), np.zeros((0, 0), np.int8), np.zeros((0, 0), np.int32)
     w, w_off, base, ctr = np.zeros(64, np.uint8), np.zeros(2, np.int64), np.zeros(1, np.int64), np.zeros(2, np.int64)
     out = np.zeros((4, 2), np.float32)
-    desc = qd.mul_mat_desc(qd.F16, w, w_off, 16, f32, i8, f32, f32, i32, 1, base, out, 0, ctr, 0)
-    assert desc.shape == (threads.SLOT_LEN,) and desc[1] == qd.F16 and desc[0] == threads.IDLE
+    desc = mul_mat_job.mul_mat_desc(kinds.F16, w, w_off, 16, f32, i8, f32, f32, i32, 1, base, out, 0, ctr, 0)
+    assert desc.shape == (threads.SLOT_LEN,) and desc[1] == kinds.F16 and desc[0] == threads.IDLE
     with pytest.raises(ValueError, match="not a C-contiguous"):
-        qd.mul_mat_desc(qd.F16, w, w_off, 16, f32, i8, f32, f32, i32, 1, base, out[:, :1], 0, ctr, 0)
+        mul_mat_job.mul_mat_desc(kinds.F16, w, w_off, 16, f32, i8, f32, f32, i32, 1, base, out[:, :1], 0, ctr, 0)
     with pytest.raises(ValueError, match="float32"):
-        qd.mul_mat_desc(qd.F16, w, w_off, 16, f32, i8, f32, f32, i32, 1, base, out.astype(np.float64), 0, ctr, 0)
+        mul_mat_job.mul_mat_desc(kinds.F16, w, w_off, 16, f32, i8, f32, f32, i32, 1, base, out.astype(np.float64),
+                                 0, ctr, 0)
 
 
 # --- the pool's protocol, with a job of its own: add d[2] to the int64 at address d[1] ---
@@ -255,8 +257,8 @@ def test_second_caller_computes_alone(rng: np.random.Generator, monkeypatch: pyt
     assert not errors and not any(t.is_alive() for t in ts)
 
 
-@pytest.mark.parametrize(("block_bytes", "values", "minus_8"), [(34, "_q8_0_values", False),
-                                                                 (18, "_q4_0_nibbles", True)])
+@pytest.mark.parametrize(("block_bytes", "values", "minus_8"), [(34, "q8_0_values", False),
+                                                                 (18, "q4_0_nibbles", True)])
 @pytest.mark.slow
 def test_row_loops_portable_and_native_agree(block_bytes: int, values: str, minus_8: bool,
                                              rng: np.random.Generator) -> None:
@@ -280,7 +282,7 @@ def test_row_loops_portable_and_native_agree(block_bytes: int, values: str, minu
     want = (q.reshape(M, -1) @ yq[0].astype(np.float64)) * 0.03125 * 0.5
 
     def row_loop(sums):
-        dot = qd._make_dot_q_row(block_bytes, getattr(qd, values), sums, minus_8)
+        dot = quant_loops.make_dot_q_row(block_bytes, getattr(block_sums, values), sums, minus_8)
 
         @njit
         def rows(w, yq, yd, yb, out):
@@ -289,8 +291,8 @@ def test_row_loops_portable_and_native_agree(block_bytes: int, values: str, minu
 
         return rows
 
-    pairs = ((qd._block_sums_unsigned_portable, qd._block_sums_unsigned) if minus_8
-             else (qd._block_sums_portable, qd._block_sums))
+    pairs = ((block_sums.block_sums_unsigned_portable, block_sums.target_block_sums_unsigned) if minus_8
+             else (block_sums.block_sums_portable, block_sums.target_block_sums))
     for sums in pairs:
         out = np.zeros(M, np.float32)
         row_loop(sums)(w, yq, yd, yb, out)
@@ -323,10 +325,10 @@ def test_caller_waits_for_a_late_worker_sleeping_or_spinning(wait_polls: int, rn
     """The caller's share returns only when a worker's item is done, whether it waits by sleeping or by
     spinning: a thread holds one item (taken from the counter first) and finishes it later."""
     w, x, out, ctr, desc = _f16_job(rng)
-    desc[qd.WAIT_POLLS] = wait_polls
+    desc[mul_mat_job.WAIT_POLLS] = wait_polls
     ctr[0] = 1  # item 0 is held by a late worker: rows 0..7 are its
     returned = threading.Event()
-    caller = threading.Thread(target=lambda: (qd.mul_mat_job(desc, 1), returned.set()))
+    caller = threading.Thread(target=lambda: (mul_mat_job.mul_mat_job(desc, 1), returned.set()))
     caller.start()
     assert _wait_for(lambda: ctr[1] == 4)  # the caller did the 4 other items
     time.sleep(0.05)
@@ -350,7 +352,7 @@ def test_threaded_products_with_sleeping_or_spinning_workers(spin_us: str, rng: 
     """PYGGML_CPU_SPIN_US 0 (workers and the waiting caller sleep at once) and 1000 (they spin 1 ms first):
     the same bits as one thread, call after call (a fresh pool reads the setting)."""
     monkeypatch.setenv(threads.ENV_SPIN_US, spin_us)
-    monkeypatch.setattr(matmul, "POOL", threads.new_pool(qd.mul_mat_spin))
+    monkeypatch.setattr(matmul, "POOL", threads.new_pool(mul_mat_job.mul_mat_spin))
     monkeypatch.setattr(matmul, "PARALLEL_MIN_WORK", 0)
     ctx = new_ctx(8)
     w = _weights(ctx, GGMLType.Q8_0, (1, 1, 256, 128), rng)

@@ -17,7 +17,7 @@ from gguf import GGMLQuantizationType
 from kernel_helpers import BF16, F16, F32, bf16_bits, bf16_values, compile_node, new_ctx, permuted, run, tensor
 
 from pyggml.backends.cpu.kernels import ComputeParams, matmul
-from pyggml.backends.cpu.kernels import quant_dot as qd
+from pyggml.backends.cpu.kernels.vec_dot import kinds, quantize_src1
 from pyggml.backends.cpu.numerics import ENV_NUMERICS
 from pyggml.core.context import Context
 from pyggml.core.errors import GGMLError, UnsupportedTypeError
@@ -303,7 +303,7 @@ def test_src1_already_in_vec_dot_type(wtype: GGMLType, rng: np.random.Generator)
         nb = K // TYPE_TRAITS[vdt].blck_size
         yq, yd, ys, yb = (np.zeros((N, K), np.int8), np.zeros((N, nb), np.float32),
                           np.zeros((N, nb), np.float32), np.zeros((N, K // 16), np.int32))
-        qd.quantize_rows(int(vdt), x[0, 0].copy(), yq, yd, ys, yb, qd.ROUND_REF)
+        quantize_src1.quantize_rows(int(vdt), x[0, 0].copy(), yq, yd, ys, yb, quantize_src1.ROUND_REF)
         if vdt == Q.Q8_1:
             blocks = np.zeros((N, nb), matmul._Q8_DTYPES[vdt])
             blocks["d"], blocks["s"], blocks["qs"] = yd, ys, yq.reshape(N, nb, 32)
@@ -345,7 +345,7 @@ def test_quantize_rows_q8_0_is_ggml_reference(rng: np.random.Generator) -> None:
     x[1, :32] = np.arange(32) - 15.5  # halves after scaling: roundf rounds them away from zero
     yq, yd, ys, yb = (np.zeros((5, 256), np.int8), np.zeros((5, 8), np.float32), np.zeros((5, 8), np.float32),
                       np.zeros((5, 16), np.int32))
-    qd.quantize_rows(int(Q.Q8_0), x, yq, yd, ys, yb, qd.ROUND_REF)
+    quantize_src1.quantize_rows(int(Q.Q8_0), x, yq, yd, ys, yb, quantize_src1.ROUND_REF)
     want = gguf.quants.quantize(x, GGMLQuantizationType.Q8_0).reshape(5, 8, 34)
     np.testing.assert_array_equal(yq.reshape(5, 8, 32), want[:, :, 2:].view(np.int8))
     np.testing.assert_array_equal(yd, want[:, :, :2].copy().view(np.float16)[..., 0].astype(np.float32))
@@ -359,7 +359,7 @@ def test_quantize_rows_q8_1_and_q8_K_are_ggml_reference(rng: np.random.Generator
     for vdt, values, nb in ((Q.Q8_1, q8_1_values, 16), (Q.Q8_K, q8_K_values, 2)):
         yq, yd, ys, yb = (np.zeros((3, 512), np.int8), np.zeros((3, nb), np.float32),
                           np.zeros((3, nb), np.float32), np.zeros((3, 32), np.int32))
-        qd.quantize_rows(int(vdt), x, yq, yd, ys, yb, qd.ROUND_REF)
+        quantize_src1.quantize_rows(int(vdt), x, yq, yd, ys, yb, quantize_src1.ROUND_REF)
         bs = 512 // nb
         got = (yq.reshape(3, nb, bs).astype(np.float32) * yd[:, :, None]).reshape(3, 512)
         np.testing.assert_array_equal(got, values(x))
@@ -375,10 +375,10 @@ def test_round_rows_to_f16_and_bf16(rng: np.random.Generator) -> None:
     x = (rng.standard_normal(1000) * 100).astype(np.float32)
     x[:3] = [np.nan, np.inf, -np.inf]
     h = x.copy()
-    qd.round_rows(qd.F16, h)
+    quantize_src1.round_rows(kinds.F16, h)
     np.testing.assert_array_equal(h, x.astype(np.float16).astype(np.float32))
     b = x.copy()
-    qd.round_rows(qd.BF16, b)
+    quantize_src1.round_rows(kinds.BF16, b)
     np.testing.assert_array_equal(b[3:], bf16_values(bf16_bits(x[3:])))
     assert np.isnan(b[0]) and b[1] == np.inf and b[2] == -np.inf
 

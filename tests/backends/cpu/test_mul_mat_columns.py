@@ -1,5 +1,5 @@
 """The MUL_MAT direct kernels' multi-column loops (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K, IQ4_NL, MXFP4, F16,
-BF16): a weight row dotted with up to `quant_dot.COLS` src1 columns in one pass must give every column the
+BF16): a weight row dotted with up to `ir.COLS` src1 columns in one pass must give every column the
 bits the one-column loop gives it.
 
 Checked three ways: (1) through the kernel, an N-column product (N = 1..15: whole groups of COLS and every
@@ -24,25 +24,37 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-from pyggml.backends.cpu.kernels import ComputeParams, matmul
-from pyggml.backends.cpu.kernels import quant_dot as qd
+from pyggml.backends.cpu.kernels import ComputeParams, atomics, matmul
+from pyggml.backends.cpu.kernels.vec_dot import (
+    block_sums,
+    float_loops,
+    kinds,
+    kquant_loops,
+    mul_mat_job,
+    quant_loops,
+    quantize_src1,
+    reference_dots,
+    table_lookup,
+)
+from pyggml.backends.cpu.kernels.vec_dot import ir as vd_ir
 from pyggml.core.types import TYPE_TRAITS, GGMLType
 
 # the weight types with a multi-column loop, and the arguments of their row-loop generator
 SPECS: dict[GGMLType, dict] = {
-    GGMLType.Q4_0: qd._Q4_0_SPEC,
-    GGMLType.Q4_1: qd._Q4_1_SPEC,
-    GGMLType.Q5_0: qd._Q5_0_SPEC,
-    GGMLType.Q8_0: qd._Q8_0_SPEC,
-    GGMLType.IQ4_NL: qd._IQ4_NL_SPEC,
-    GGMLType.MXFP4: qd._MXFP4_SPEC,
+    GGMLType.Q4_0: quant_loops.Q4_0_SPEC,
+    GGMLType.Q4_1: quant_loops.Q4_1_SPEC,
+    GGMLType.Q5_0: quant_loops.Q5_0_SPEC,
+    GGMLType.Q8_0: quant_loops.Q8_0_SPEC,
+    GGMLType.IQ4_NL: quant_loops.IQ4_NL_SPEC,
+    GGMLType.MXFP4: quant_loops.MXFP4_SPEC,
 }
 HALF_TYPES = (F16, BF16)
-# the K-quants with a multi-column loop (quant_dot._make_dot_k_row), and their row length here
-K_SPECS: dict[GGMLType, dict] = {GGMLType.Q4_K: qd._Q4_K_SPEC, GGMLType.Q6_K: qd._Q6_K_SPEC}
-K_X86: dict[GGMLType, tuple] = {GGMLType.Q4_K: qd._Q4_K_X86, GGMLType.Q6_K: qd._Q6_K_X86}  # ggml's AVX2 order
+# the K-quants with a multi-column loop (kquant_loops.make_dot_k_row), and their row length here
+K_SPECS: dict[GGMLType, dict] = {GGMLType.Q4_K: kquant_loops.Q4_K_SPEC, GGMLType.Q6_K: kquant_loops.Q6_K_SPEC}
+# ggml's AVX2 order
+K_X86: dict[GGMLType, tuple] = {GGMLType.Q4_K: kquant_loops.Q4_K_X86, GGMLType.Q6_K: kquant_loops.Q6_K_X86}
 K_LEN = 768  # 3 super-blocks
-# the types whose "ref" rows sum one scalar in ggml's reference order (quant_dot._make_dot_q_serial)
+# the types whose "ref" rows sum one scalar in ggml's reference order (vec_dot.quant_loops.make_dot_q_serial)
 SERIAL_TYPES = (GGMLType.Q5_0,)
 MAX_N = 15  # below BLAS_MIN_COLS: every column count the direct kernels see
 K = 224  # 7 blocks of 32: the 4-block unrolled loop and its 3-block tail
@@ -106,8 +118,8 @@ def test_columns_per_slice(wtype: GGMLType, n_threads: int, rng: np.random.Gener
 def _sums(unsigned: bool) -> list:
     """Every block-sum variant the host can run: portable vector IR always; AVX2's vpmaddubsw + vpmaddwd
     and AVX512-VNNI's vpdpbusd only on CPUs that have them (a hardware condition, not a choice)."""
-    names = ["portable"] + (["avx2"] if qd._HAS_AVX2 else []) + (["vnni"] if qd._HAS_VNNI else [])
-    return [getattr(qd, f"_block_sums{'_unsigned' if unsigned else ''}_{name}") for name in names]
+    names = ["portable"] + (["avx2"] if block_sums.HAS_AVX2 else []) + (["vnni"] if block_sums.HAS_VNNI else [])
+    return [getattr(block_sums, f"block_sums{'_unsigned' if unsigned else ''}_{name}") for name in names]
 
 
 def _settings(wtype: GGMLType, spec: dict) -> list[tuple[dict, str]]:
@@ -116,22 +128,23 @@ def _settings(wtype: GGMLType, spec: dict) -> list[tuple[dict, str]]:
     sums = _sums(bool(spec.get("minus_8") or spec.get("mins")))
     out = [(dict(spec, block_sums=s), s.__name__) for s in sums]
     if wtype in (GGMLType.IQ4_NL, GGMLType.MXFP4):
-        table = qd._TABLES[int(wtype)]
+        table = kinds.KVALUES[int(wtype)]
 
         def portable(builder, p):
-            return qd._lookup_portable(builder, table, qd._q4_0_nibbles(builder, p))
+            return table_lookup.lookup16_portable(builder, table, block_sums.q4_0_nibbles(builder, p))
 
         out += [(dict(spec, block_sums=s, values=portable), s.__name__ + " + portable lookup") for s in sums]
     return out
 
 
-def _src1(vdt: GGMLType, x: np.ndarray, rounding: int = qd.ROUND_REF) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _src1(vdt: GGMLType, x: np.ndarray,
+          rounding: int = quantize_src1.ROUND_REF) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """x quantized to vdt (Q8_0 or Q8_1), as the arrays the row loops read: values, scales, and Q8_0's
     16-value sums or Q8_1's block sums s."""
     n, k = x.shape
     yq, yd, ys = np.zeros((n, k), np.int8), np.zeros((n, k // 32), np.float32), np.zeros((n, k // 32), np.float32)
     yb = np.zeros((n, k // 16), np.int32)
-    qd.quantize_rows(int(vdt), x, yq, yd, ys, yb, rounding)
+    quantize_src1.quantize_rows(int(vdt), x, yq, yd, ys, yb, rounding)
     return yq, yd, ys if vdt == GGMLType.Q8_1 else yb
 
 
@@ -140,8 +153,10 @@ def _loops(spec: dict, row_bytes: int, nb: int, layout: dict, serial: bool = Fal
     multi-column loop (with the `layout` options) in groups of n (`serial`: the generator of the
     reference-order rows, which has no layout options)."""
     if serial:
-        return _kernels(qd._make_dot_q_serial(**spec), qd._make_dot_q_serial(**spec, ncols=qd.COLS), row_bytes, nb)
-    return _kernels(qd._make_dot_q_row(**spec), qd._make_dot_q_row(**spec, **layout, ncols=qd.COLS), row_bytes, nb)
+        return _kernels(quant_loops.make_dot_q_serial(**spec), quant_loops.make_dot_q_serial(**spec, ncols=vd_ir.COLS),
+                        row_bytes, nb)
+    return _kernels(quant_loops.make_dot_q_row(**spec), quant_loops.make_dot_q_row(**spec, **layout, ncols=vd_ir.COLS),
+                    row_bytes, nb)
 
 
 def _kernels(row, cols, row_bytes: int, nb: int):
@@ -165,18 +180,18 @@ def _kernels(row, cols, row_bytes: int, nb: int):
 # the x86 numerics' row loops (ggml's AVX2 float order: one FMA accumulator) exist for these; the spec of
 # those that read their values otherwise than their "ref" rows
 X86_TYPES = (GGMLType.Q8_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q4_0)
-X86_SPECS: dict[GGMLType, dict] = {GGMLType.Q4_0: qd._Q4_0_X86_SPEC}
+X86_SPECS: dict[GGMLType, dict] = {GGMLType.Q4_0: quant_loops.Q4_0_X86_SPEC}
 
 
-# the multi-column loops' options (_make_dot_q_row's gather_min, signed_vnni_min, split_rows): the defaults
+# the multi-column loops' options (make_dot_q_row's gather_min, signed_vnni_min, split_rows): the defaults
 # (scales gathered per block from 2 columns on; signed values with VNNI's biased sums from 2 columns on,
 # where the sums are VNNI's; two rows a pass for 1 to 3 or 4 columns); gathered, biased sums and two rows a
 # pass for every count; none of them (M = 37 rows: an odd one after the pairs)
-LAYOUTS: list[dict] = [{}, {"gather_min": 1, "signed_vnni_min": 1, "split_rows": tuple(range(1, qd.COLS + 1))},
-                       {"gather_min": qd.COLS + 1, "signed_vnni_min": qd.COLS + 1, "split_rows": ()}]
+LAYOUTS: list[dict] = [{}, {"gather_min": 1, "signed_vnni_min": 1, "split_rows": tuple(range(1, vd_ir.COLS + 1))},
+                       {"gather_min": vd_ir.COLS + 1, "signed_vnni_min": vd_ir.COLS + 1, "split_rows": ()}]
 
 
-# (type, x86, layout): every layout of _make_dot_q_row's loops; the serial rows (Q5_0's "ref") have none
+# (type, x86, layout): every layout of make_dot_q_row's loops; the serial rows (Q5_0's "ref") have none
 LOOP_CASES = [(t, x86, layout) for t, x86 in [(t, False) for t in SPECS] + [(t, True) for t in X86_TYPES]
               for layout in range(len(LAYOUTS)) if layout == 0 or x86 or t not in SERIAL_TYPES]
 
@@ -188,16 +203,16 @@ def test_column_loops_equal_row_loop(wtype: GGMLType, x86: bool, layout: int, rn
     the host runs (and the tables' portable lookup) in the default layout, and for the host's own sums in the
     other layouts (the layout options do not touch the sums)."""
     nb = 9  # two unrolled iterations and a 1-block tail
-    n_cols = 2 * qd.COLS + 1
+    n_cols = 2 * vd_ir.COLS + 1
     raw = tensor(new_ctx(1), wtype, rng.standard_normal((M, 32 * nb)).astype(np.float32)).numpy()
     w = np.ascontiguousarray(raw).reshape(-1).view(np.uint8)
-    rounding = qd.ROUND_X86 if x86 else qd.ROUND_REF
+    rounding = quantize_src1.ROUND_X86 if x86 else quantize_src1.ROUND_REF
     yq, yd, yb = _src1(TYPE_TRAITS[wtype].vec_dot_type, _src1_values(rng, (n_cols, 32 * nb)), rounding)
     serial = wtype in SERIAL_TYPES and not x86
     settings = _settings(wtype, X86_SPECS.get(wtype, SPECS[wtype]) if x86 else SPECS[wtype])
     if layout:
         settings = [(spec, setting) for spec, setting in settings if "portable lookup" not in setting
-                    and spec["block_sums"] in (qd._block_sums, qd._block_sums_unsigned)]
+                    and spec["block_sums"] in (block_sums.target_block_sums, block_sums.target_block_sums_unsigned)]
         assert len(settings) == 1
     for spec, setting in settings:
         spec = spec if serial else dict(spec, x86=x86)
@@ -205,7 +220,7 @@ def test_column_loops_equal_row_loop(wtype: GGMLType, x86: bool, layout: int, rn
         want = np.zeros((n_cols, M), np.float32)
         by_rows(w, yq, yd, yb, want)
         assert np.all(np.isfinite(want)) and np.any(want != 0)
-        for n in range(1, qd.COLS + 1):  # groups of n, then what remains
+        for n in range(1, vd_ir.COLS + 1):  # groups of n, then what remains
             got = np.full((n_cols, M), np.nan, np.float32)
             by_cols(w, yq, yd, yb, got, n)
             assert np.array_equal(got, want), (setting, n)
@@ -214,12 +229,12 @@ def test_column_loops_equal_row_loop(wtype: GGMLType, x86: bool, layout: int, rn
 def _half_loops(kind: int, k: int):
     """As _loops for F32/F16/BF16 weight rows of k elements: the row loop then the tail one by one (the
     one-column kernel's order), and the multi-column loop."""
-    row = qd._make_dot_half_row(kind)
-    cols = qd._make_dot_half_row(kind, qd.COLS)
+    row = float_loops.make_dot_half_row(kind)
+    cols = float_loops.make_dot_half_row(kind, vd_ir.COLS)
     k32 = k // 32 * 32
-    size = 4 if kind == qd.F32 else 2
-    load = qd.load_f16 if kind == qd.F16 else qd.load_bf16
-    f32 = kind == qd.F32
+    size = 4 if kind == kinds.F32 else 2
+    load = vd_ir.load_f16 if kind == kinds.F16 else vd_ir.load_bf16
+    f32 = kind == kinds.F32
 
     @njit
     def by_rows(w, x, out):
@@ -245,7 +260,7 @@ def _half_loops(kind: int, k: int):
 @pytest.mark.slow
 def test_half_column_loops_equal_row_loop(wtype: GGMLType, k: int, rng: np.random.Generator) -> None:
     """Every column count gives each (row, column) the one-column loop's bits (k 64: attention's rows)."""
-    n_cols = 2 * qd.COLS + 1
+    n_cols = 2 * vd_ir.COLS + 1
     w = tensor(new_ctx(1), wtype, rng.standard_normal((M, k)).astype(np.float32)).numpy()
     w = np.ascontiguousarray(w).reshape(-1).view(np.uint8)
     x = _src1_values(rng, (n_cols, k))
@@ -253,7 +268,7 @@ def test_half_column_loops_equal_row_loop(wtype: GGMLType, k: int, rng: np.rando
     want = np.zeros((n_cols, M), np.float32)
     by_rows(w, x, want)
     assert np.all(np.isfinite(want)) and np.any(want != 0)
-    for n in range(1, qd.COLS + 1):
+    for n in range(1, vd_ir.COLS + 1):
         got = np.full((n_cols, M), np.nan, np.float32)
         by_cols(w, x, got, n)
         assert np.array_equal(got, want), n
@@ -267,9 +282,11 @@ def _block_sums_kernel(fn):
 
         def codegen(context, builder, signature, args):
             zero = ir.Constant(ir.IntType(64), 0)
-            pa, pb, po = (qd._address(context, builder, t, v, zero) for t, v in zip(signature.args, args, strict=True))
-            v = fn(builder, qd._load_vector(builder, pa, qd._I8, 32), qd._load_vector(builder, pb, qd._I8, 32))
-            builder.store(v, builder.bitcast(po, ir.VectorType(qd._I32, 8).as_pointer()), align=1)
+            pa, pb, po = (atomics.element_pointer(context, builder, t, v, zero)
+                          for t, v in zip(signature.args, args, strict=True))
+            v = fn(builder, vd_ir.load_vector(builder, pa, vd_ir.IR_I8, 32),
+                   vd_ir.load_vector(builder, pb, vd_ir.IR_I8, 32))
+            builder.store(v, builder.bitcast(po, ir.VectorType(vd_ir.IR_I32, 8).as_pointer()), align=1)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -310,25 +327,27 @@ def test_block_sums_are_ggml_lanes(unsigned: bool, rng: np.random.Generator) -> 
 def test_block_sums_by_hardware() -> None:
     """VNNI's vpdpbusd where the target has it, AVX2's vpmaddubsw + vpmaddwd on AVX2-only CPUs, portable IR
     elsewhere; the host's pick is the default of every generator."""
-    assert qd._choose_block_sums(True, True) == (qd._block_sums_vnni, qd._block_sums_unsigned_vnni)
-    assert qd._choose_block_sums(True, False) == (qd._block_sums_avx2, qd._block_sums_unsigned_avx2)
-    assert qd._choose_block_sums(False, False) == (qd._block_sums_portable, qd._block_sums_unsigned_portable)
-    assert (qd._block_sums, qd._block_sums_unsigned) == qd._choose_block_sums(qd._HAS_AVX2, qd._HAS_VNNI)
+    bs = block_sums
+    assert bs.choose_block_sums(True, True) == (bs.block_sums_vnni, bs.block_sums_unsigned_vnni)
+    assert bs.choose_block_sums(True, False) == (bs.block_sums_avx2, bs.block_sums_unsigned_avx2)
+    assert bs.choose_block_sums(False, False) == (bs.block_sums_portable, bs.block_sums_unsigned_portable)
+    assert (bs.target_block_sums, bs.target_block_sums_unsigned) == bs.choose_block_sums(bs.HAS_AVX2, bs.HAS_VNNI)
 
 
 # --- K-quants ---
 
 
 def _k_loops(spec: dict, row_bytes: int, nb: int):
-    """As _loops for a K-quant's generator (_make_dot_k_row)."""
-    return _kernels(qd._make_dot_k_row(**spec), qd._make_dot_k_row(**spec, ncols=qd.COLS), row_bytes, nb)
+    """As _loops for a K-quant's generator (make_dot_k_row)."""
+    return _kernels(kquant_loops.make_dot_k_row(**spec), kquant_loops.make_dot_k_row(**spec, ncols=vd_ir.COLS),
+                    row_bytes, nb)
 
 
 def _q8_K(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     n, k = x.shape
     yq, yd, ys = np.zeros((n, k), np.int8), np.zeros((n, k // 256), np.float32), np.zeros((n, 0), np.float32)
     yb = np.zeros((n, k // 16), np.int32)
-    qd.quantize_rows(qd.Q8_K, x, yq, yd, ys, yb, qd.ROUND_REF)
+    quantize_src1.quantize_rows(kinds.Q8_K, x, yq, yd, ys, yb, quantize_src1.ROUND_REF)
     return yq, yd, yb
 
 
@@ -352,22 +371,22 @@ def _random_k_rows(wtype: GGMLType, rng: np.random.Generator, m: int, nb: int) -
 @pytest.mark.slow
 def test_k_column_loops_equal_row_loop(wtype: GGMLType, x86: bool, rng: np.random.Generator) -> None:
     nb = K_LEN // 256
-    n_cols = 2 * qd.COLS + 1
+    n_cols = 2 * vd_ir.COLS + 1
     w = _random_k_rows(wtype, rng, M, nb)
     yq, yd, yb = _q8_K(_src1_values(rng, (n_cols, K_LEN)))
-    for sums in (qd._scaled_sums_portable, qd._scaled_sums):
+    for sums in (kquant_loops.scaled_sums_portable, kquant_loops.target_scaled_sums):
         spec = dict(K_SPECS[wtype], scaled_sums=sums, x86=K_X86[wtype] if x86 else None)
         by_rows, by_cols = _k_loops(spec, nb * TYPE_TRAITS[wtype].type_size, nb)
         want = np.zeros((n_cols, M), np.float32)
         by_rows(w, yq, yd, yb, want)
         assert np.all(np.isfinite(want)) and np.any(want != 0)
-        for n in range(1, qd.COLS + 1):
+        for n in range(1, vd_ir.COLS + 1):
             got = np.full((n_cols, M), np.nan, np.float32)
             by_cols(w, yq, yd, yb, got, n)
             assert np.array_equal(got, want), (sums.__name__, n)
 
 
-# the numba loops the K-quant row loops replaced (quant_dot's _dot_q4_K and _dot_q6_K, verbatim but for the
+# the numba loops the K-quant row loops replaced (the former _dot_q4_K and _dot_q6_K, verbatim but for the
 # module prefix): ggml's reference arithmetic per super-block, whose bits the row loops keep
 
 
@@ -382,14 +401,14 @@ def _old_dot_q4_K(w, o, nb, yq, yd, yb, r):
         isum = 0
         summs = 0
         for k in range(4):
-            sc0, m0 = qd._scale_min_k4(w, ob + 4, 2 * k)
-            sc1, m1 = qd._scale_min_k4(w, ob + 4, 2 * k + 1)
-            isum += sc0 * qd.dot_bits32(w, ob + 16 + 32 * k, 0, 15, yq, j0 + 64 * k)
-            isum += sc1 * qd.dot_bits32(w, ob + 16 + 32 * k, 4, 15, yq, j0 + 64 * k + 32)
+            sc0, m0 = reference_dots.scale_min_k4(w, ob + 4, 2 * k)
+            sc1, m1 = reference_dots.scale_min_k4(w, ob + 4, 2 * k + 1)
+            isum += sc0 * vd_ir.dot_bits32(w, ob + 16 + 32 * k, 0, 15, yq, j0 + 64 * k)
+            isum += sc1 * vd_ir.dot_bits32(w, ob + 16 + 32 * k, 4, 15, yq, j0 + 64 * k + 32)
             g = 16 * b + 4 * k
             summs += m0 * (yb[r, g] + yb[r, g + 1]) + m1 * (yb[r, g + 2] + yb[r, g + 3])
-        d = qd.load_f16(w, ob) * yd[r, b]
-        dmin = qd.load_f16(w, ob + 2) * yd[r, b]
+        d = vd_ir.load_f16(w, ob) * yd[r, b]
+        dmin = vd_ir.load_f16(w, ob + 2) * yd[r, b]
         sumf += d * np.float32(isum) - dmin * np.float32(summs)
     return sumf
 
@@ -408,10 +427,10 @@ def _old_dot_q6_K(w, o, nb, yq, yd, yb, r):
                 for t in range(2):
                     sub = 8 * n + 2 * q + t
                     j = j0 + 128 * n + 32 * q + 16 * t
-                    v = (qd.dot_fields16(w, ob + 64 * n + 32 * (q & 1) + 16 * t, 4 * (q >> 1), 15,
+                    v = (vd_ir.dot_fields16(w, ob + 64 * n + 32 * (q & 1) + 16 * t, 4 * (q >> 1), 15,
                                          ob + 128 + 32 * n + 16 * t, 2 * q, 3, 16, yq, j) - 32 * yb[r, 16 * b + sub])
-                    isum += qd._i8(np.int64(w[ob + 192 + sub])) * v
-        sumf += (qd.load_f16(w, ob + 208) * yd[r, b]) * np.float32(isum)
+                    isum += reference_dots.i8(np.int64(w[ob + 192 + sub])) * v
+        sumf += (vd_ir.load_f16(w, ob + 208) * yd[r, b]) * np.float32(isum)
     return sumf
 
 
@@ -450,7 +469,7 @@ def _guarded(nbytes: int) -> tuple[np.ndarray, object]:
 
 
 @pytest.mark.parametrize("wtype", [t for t in SPECS] + list(K_SPECS))
-@pytest.mark.parametrize("rounding", [qd.ROUND_REF, qd.ROUND_X86])
+@pytest.mark.parametrize("rounding", [quantize_src1.ROUND_REF, quantize_src1.ROUND_X86])
 def test_row_loops_read_no_byte_past_the_weights(wtype: GGMLType, rounding: int, rng: np.random.Generator) -> None:
     """The loops load a block's scales as wider vectors (a vcvtph2ps of 8 bytes): weights whose last block
     ends at an inaccessible page must compute without a fault, and equal the same weights elsewhere."""
@@ -462,15 +481,16 @@ def test_row_loops_read_no_byte_past_the_weights(wtype: GGMLType, rounding: int,
     nb = k // TYPE_TRAITS[wtype].blck_size
     w_off = np.arange(M, dtype=np.int64) * (raw.size // M)
     vdt = TYPE_TRAITS[wtype].vec_dot_type
-    n = qd.COLS + 1
+    n = vd_ir.COLS + 1
     yq, yd, ys, yb = (np.zeros((n, k), np.int8), np.zeros((n, k // 32), np.float32), np.zeros((n, k // 32), np.float32),
                       np.zeros((n, k // 16), np.int32))
-    qd.quantize_rows(int(vdt), _src1_values(rng, (n, k)), yq, yd, ys, yb, rounding)
+    quantize_src1.quantize_rows(int(vdt), _src1_values(rng, (n, k)), yq, yd, ys, yb, rounding)
     outs = []
     for weights in (w, raw):
         out = np.zeros((n, M), np.float32)
-        qd.mul_mat_job(qd.mul_mat_desc(int(wtype), weights, w_off, nb, np.zeros((0, 0), np.float32), yq, yd, ys, yb,
-                                       n, np.zeros(1, np.int64), out, 0, np.zeros(2, np.int64), rounding), False)
+        desc = mul_mat_job.mul_mat_desc(int(wtype), weights, w_off, nb, np.zeros((0, 0), np.float32), yq, yd, ys, yb,
+                                        n, np.zeros(1, np.int64), out, 0, np.zeros(2, np.int64), rounding)
+        mul_mat_job.mul_mat_job(desc, False)
         outs.append(out)
     assert np.array_equal(outs[0], outs[1]) and np.any(outs[0] != 0)
     del w

@@ -26,7 +26,7 @@ from kernel_helpers import F32, new_ctx, run, tensor
 from pyggml.backend import Backend
 from pyggml.backends.cpu import CPUBackend, cpu_init
 from pyggml.backends.cpu.kernels import ComputeParams
-from pyggml.backends.cpu.kernels import quant_dot as qd
+from pyggml.backends.cpu.kernels.vec_dot import quantize_src1
 from pyggml.backends.cpu.numerics import (
     ENV_NUMERICS,
     NUMERICS_CHOICES,
@@ -37,7 +37,7 @@ from pyggml.core.errors import ArgumentError
 from pyggml.core.types import GGMLType
 from pyggml.testing.test_ops import OpCase
 
-CODES = {"ref": qd.ROUND_REF, "x86": qd.ROUND_X86}
+CODES = {"ref": quantize_src1.ROUND_REF, "x86": quantize_src1.ROUND_X86}
 
 
 # --- numpy references of the two quantizers (per block of 32, float32 arithmetic) ---
@@ -62,11 +62,11 @@ def q8_blocks(x: np.ndarray, rounding: str) -> tuple[np.ndarray, np.ndarray, np.
 
 
 def quantize(kind: GGMLType, x: np.ndarray, rounding: str) -> tuple[np.ndarray, ...]:
-    """quant_dot.quantize_rows' split arrays for float32 rows x."""
+    """quantize_src1.quantize_rows' split arrays for float32 rows x."""
     n, k = x.shape
     yq, yd, ys, yb = (np.zeros((n, k), np.int8), np.zeros((n, k // 32), np.float32),
                       np.zeros((n, k // 32), np.float32), np.zeros((n, k // 16), np.int32))
-    qd.quantize_rows(int(kind), np.ascontiguousarray(x), yq, yd, ys, yb, CODES[rounding])
+    quantize_src1.quantize_rows(int(kind), np.ascontiguousarray(x), yq, yd, ys, yb, CODES[rounding])
     return yq, yd, ys, yb
 
 
@@ -107,7 +107,7 @@ def test_quantize_rows_with_inf_or_nan_take_the_block_by_block_loop(kind: GGMLTy
     want_q, want_b = np.zeros_like(yq), np.zeros_like(yb)
     for r in (2, 3, 4):
         for b in range(8):
-            d, total = qd._q8_block_scalar(x, want_q, want_b, r, b, CODES[rounding])
+            d, total = quantize_src1.q8_block_scalar(x, want_q, want_b, r, b, CODES[rounding])
             np.testing.assert_array_equal(yd[r, b], np.float32(np.float16(d)))
             if kind == GGMLType.Q8_1:
                 with np.errstate(over="ignore", invalid="ignore"):  # f16(inf * ...) as ggml's conversion
@@ -130,7 +130,7 @@ def test_quantize_rows_refuses_strided_rows(rng: np.random.Generator) -> None:
     yq, yd, ys, yb = (np.zeros((2, 64), np.int8), np.zeros((2, 2), np.float32), np.zeros((2, 2), np.float32),
                       np.zeros((2, 4), np.int32))
     with pytest.raises(ValueError, match="C-contiguous"):
-        qd.quantize_rows(int(GGMLType.Q8_0), x, yq, yd, ys, yb, qd.ROUND_X86)
+        quantize_src1.quantize_rows(int(GGMLType.Q8_0), x, yq, yd, ys, yb, quantize_src1.ROUND_X86)
 
 
 def test_the_two_roundings_differ_where_expected(rng: np.random.Generator) -> None:
@@ -208,7 +208,7 @@ def _f16_field(blocks: np.ndarray, at: int) -> np.ndarray:
     return blocks[..., at:at + 2].copy().view(np.float16)[..., 0].astype(np.float32)
 
 
-def _q5_0_values(blocks: np.ndarray) -> np.ndarray:
+def q5_0_values(blocks: np.ndarray) -> np.ndarray:
     """The values (-16..15, value t: nibble t | bit t of qh << 4, minus 16) of Q5_0 blocks (..., 22)."""
     qh = blocks[..., 2:6].copy().view("<u4")[..., 0].astype(np.int64)
     qs = blocks[..., 6:].astype(np.int64)
@@ -218,7 +218,7 @@ def _q5_0_values(blocks: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("wtype", [GGMLType.Q8_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q4_0])
 def test_x86_products_equal_ggml_avx2_arithmetic_bit_for_bit(wtype: GGMLType, rng: np.random.Generator) -> None:
-    M, N, K = 7, 3, 512  # 16 blocks: also more than quant_dot's 4-block unroll of the "ref" path
+    M, N, K = 7, 3, 512  # 16 blocks: also more than quant_loops' 4-block unroll of the "ref" path
     qt = GGMLQuantizationType(int(wtype))
     stored = gguf.quants.quantize(rng.standard_normal((M, K)).astype(np.float32), qt)
     x = src1_rows(rng, N, K)
@@ -236,7 +236,7 @@ def test_x86_products_equal_ggml_avx2_arithmetic_bit_for_bit(wtype: GGMLType, rn
         values = blocks[..., 2:].copy().view(np.int8)
         mins = None
     elif wtype == GGMLType.Q5_0:  # ggml_vec_dot_q5_0_q8_0: values nibble | 0xF0 where the bit is clear, as Q8_0's
-        values = _q5_0_values(blocks)
+        values = q5_0_values(blocks)
         mins = None
     elif wtype == GGMLType.Q4_0:  # ggml_vec_dot_q4_0_q8_0: values nibble - 8, as Q8_0's
         qs = blocks[..., 2:].astype(np.int64)
@@ -270,7 +270,7 @@ def test_q5_0_ref_products_sum_in_ggml_reference_order(rng: np.random.Generator)
     got = run(ctx.mul_mat(w, tensor(ctx, F32, x[None, None])), ComputeParams(numerics="ref"))[0, 0]
     yq, yd, _, _ = quantize(GGMLType.Q8_0, x, "ref")
     blocks = stored.reshape(M, K // 32, 22)
-    values, dw = _q5_0_values(blocks), _f16_field(blocks, 0)
+    values, dw = q5_0_values(blocks), _f16_field(blocks, 0)
     want = np.zeros((N, M), np.float32)
     for n in range(N):
         sumi = (values * yq[n].reshape(-1, 32).astype(np.int64)).sum(axis=-1)  # (M, blocks), exact
@@ -448,7 +448,7 @@ BIT_EXACT = {
     "SWIGLU": lambda d: "[1,3,1,1]" not in d,
     "RMS_NORM": lambda d: d.startswith("type=f32"),
     "FLASH_ATTN_EXT": _row_by_row_fa,
-    # the weight types whose rows follow ggml's AVX2 vec_dot (quant_dot's *_cols_x86), src1 F32 quantized here;
+    # the weight types whose rows follow ggml's AVX2 vec_dot (the type table's cols_x86), src1 F32 quantized here;
     # Q4_K and Q6_K one column only: from two, ggml-cpu multiplies them by its tiled gemm, in another order
     # (its own columns then differ from the same products one at a time)
     "MUL_MAT": lambda d: "type_b=f32" in d

@@ -1,4 +1,4 @@
-"""Q4_0 weights repacked for the CPU kernels (pyggml.backends.cpu.repack, quant_dot's "Q4_0 repacked" loop).
+"""Q4_0 weights repacked for the CPU kernels (pyggml.backends.cpu.repack, vec_dot's "Q4_0 repacked" loop).
 
 The layout: repack and unpack are inverse, each byte lands where the layout says, bad shapes are refused.
 The loop: its dots against an independent scalar loop in the float order of ggml's x86 repack kernels
@@ -13,7 +13,7 @@ import pytest
 from kernel_helpers import backend_mul_mat
 from numba import njit
 
-from pyggml.backends.cpu.kernels import quant_dot as qd
+from pyggml.backends.cpu.kernels.vec_dot import block_sums, ir, kinds, quantize_src1, tiles_x8
 from pyggml.backends.cpu.repack import REPACKED_Q4_0, X8_ROWS, repack_q4_0, unpack_q4_0
 from pyggml.core.errors import GGMLError
 
@@ -35,7 +35,7 @@ def _src1(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray, np.
     x = np.ascontiguousarray(x.reshape(n, K).astype(np.float32))
     yq, yd = np.zeros((n, K), np.int8), np.zeros((n, NB), np.float32)
     ys, yb = np.zeros((n, NB), np.float32), np.zeros((n, K // 16), np.int32)
-    qd.quantize_rows(qd.Q8_0, x, yq, yd, ys, yb, qd.ROUND_X86)
+    quantize_src1.quantize_rows(kinds.Q8_0, x, yq, yd, ys, yb, quantize_src1.ROUND_X86)
     return yq, yd, ys, yb
 
 
@@ -52,7 +52,7 @@ def _reference(raw, yq, yd, out):
                     q = raw[m, o + 2 + j]
                     isum += (np.int32(q & 15) - 8) * np.int32(yq[c, 32 * b + j])
                     isum += (np.int32(q >> 4) - 8) * np.int32(yq[c, 32 * b + 16 + j])
-                acc = qd.fma_f32(np.float32(isum), qd.load_f16(raw[m], o) * yd[c, b], acc)
+                acc = ir.fma_f32(np.float32(isum), ir.load_f16(raw[m], o) * yd[c, b], acc)
             out[c, m] = acc
 
 
@@ -76,7 +76,7 @@ def test_repack_refuses_other_shapes(shape: tuple[int, ...]) -> None:
         repack_q4_0(np.zeros(shape, np.uint8))
 
 
-VARIANTS = [False] + ([True] if qd._HAS_VNNI else [])
+VARIANTS = [False] + ([True] if block_sums.HAS_VNNI else [])
 
 
 @pytest.mark.parametrize("vnni", VARIANTS, ids=lambda v: "vnni" if v else "portable")
@@ -87,7 +87,7 @@ def test_repacked_loop_is_ggml_x86_repack_order_to_the_bit(vnni: bool) -> None:
     raw = _q4_0_rows(rng, M, NB)
     packed = repack_q4_0(raw).reshape(-1)
     w_off = np.arange(M, dtype=np.int64) * raw.shape[1]
-    dot = qd._make_dot_q4_0_x8(vnni, qd.COLS)
+    dot = tiles_x8.make_dot_q4_0_x8(vnni, ir.COLS)
 
     @njit
     def run(w, w_off, m0, m1, yq, yd, yb, out):
@@ -184,7 +184,8 @@ def test_mul_mat_of_a_repacked_matrix_is_the_repack_order_for_any_batch(n_thread
             for n in (1, 5, matmul.BLAS_MIN_COLS + 4):  # a token, a few, a prompt (no BLAS path)
                 x = (rng.standard_normal((n, K)) * 3).astype(np.float32)
                 yq, yd = np.zeros((n, K), np.int8), np.zeros((n, NB), np.float32)
-                qd.quantize_rows(qd.Q8_0, x, yq, yd, np.zeros_like(yd), np.zeros((n, K // 16), np.int32), qd.ROUND_X86)
+                quantize_src1.quantize_rows(kinds.Q8_0, x, yq, yd, np.zeros_like(yd), np.zeros((n, K // 16), np.int32),
+                                            quantize_src1.ROUND_X86)
                 want = np.zeros((n, M), np.float32)
                 _reference(raw, yq, yd, want)
                 assert np.array_equal(backend_mul_mat(backend, w, x).view(np.uint32), want.view(np.uint32)), n

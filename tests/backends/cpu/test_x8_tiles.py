@@ -1,8 +1,8 @@
-"""Prompts of plain Q4_0, Q8_0 and Q5_0 matrices: the repacked loops on tiles (quant_dot.X8_TILE_KINDS).
+"""Prompts of plain Q4_0, Q8_0 and Q5_0 matrices: the repacked loops on tiles (type_table.X8_TILE_KINDS).
 
 The Q8_0 and Q5_0 (widened to Q8_0's blocks) repacked loops against an independent scalar loop in the
 repacked order (acc = fma(float(block sum of value * y), d_w * d_y, acc), block after block), to the bit, with
-the portable sums and with VNNI's where the host has it; _tile_x8 against repack_block32 (of the widened rows
+the portable sums and with VNNI's where the host has it; tile_x8 against repack_block32 (of the widened rows
 for Q5_0); then MUL_MAT of a plain matrix with a prompt's columns (the tiles, 1 and 2 threads) against the
 same reference, and with fewer columns against the row loops (which keep ggml's vec_dot order).
 """
@@ -15,7 +15,7 @@ from kernel_helpers import backend_mul_mat
 from numba import njit
 
 from pyggml.backends.cpu.kernels import matmul
-from pyggml.backends.cpu.kernels import quant_dot as qd
+from pyggml.backends.cpu.kernels.vec_dot import block_sums, ir, kinds, quantize_src1, tiles_x8
 from pyggml.backends.cpu.repack import X8_ROWS, repack_block32, unpack_block32
 from pyggml.core.types import GGMLType
 
@@ -59,7 +59,7 @@ def _src1(rng: np.random.Generator, x: np.ndarray) -> tuple[np.ndarray, np.ndarr
     n = x.shape[0]
     yq, yd = np.zeros((n, K), np.int8), np.zeros((n, NB), np.float32)
     yb = np.zeros((n, K // 16), np.int32)
-    qd.quantize_rows(qd.Q8_0, x, yq, yd, np.zeros_like(yd), yb, qd.ROUND_X86)
+    quantize_src1.quantize_rows(kinds.Q8_0, x, yq, yd, np.zeros_like(yd), yb, quantize_src1.ROUND_X86)
     return yq, yd, yb
 
 
@@ -73,7 +73,7 @@ def _reference(values, d, yq, yd, out):
                 isum = 0
                 for j in range(32):
                     isum += values[m, 32 * b + j] * np.int32(yq[c, 32 * b + j])
-                acc = qd.fma_f32(np.float32(isum), d[m, b] * yd[c, b], acc)
+                acc = ir.fma_f32(np.float32(isum), d[m, b] * yd[c, b], acc)
             out[c, m] = acc
 
 
@@ -102,12 +102,12 @@ def test_the_tiles_are_the_repacked_layout(type: GGMLType) -> None:
     packed = repack_block32(plain, layout)
     assert np.array_equal(unpack_block32(packed, layout), plain)
     w_off = np.arange(raw.shape[0], dtype=np.int64) * raw.shape[1]
-    tile, offs = qd._tile_x8(raw.reshape(-1), w_off, 0, X8_ROWS, 3 * X8_ROWS, NB, int(type))
+    tile, offs = tiles_x8.tile_x8(raw.reshape(-1), w_off, 0, X8_ROWS, 3 * X8_ROWS, NB, int(type))
     assert np.array_equal(tile, packed[X8_ROWS:].reshape(-1))  # rows 8..23: groups 1 and 2
     assert list(offs[::X8_ROWS]) == [0, X8_ROWS * plain.shape[1]]
 
 
-VARIANTS = [False] + ([True] if qd._HAS_VNNI else [])
+VARIANTS = [False] + ([True] if block_sums.HAS_VNNI else [])
 
 
 @pytest.mark.parametrize("vnni", VARIANTS, ids=lambda v: "vnni" if v else "portable")
@@ -120,7 +120,7 @@ def test_repacked_loop_is_the_repacked_order_to_the_bit(type: GGMLType, vnni: bo
     plain = _widened(raw) if type == GGMLType.Q5_0 else raw
     packed = repack_block32(plain, GGMLType.Q8_0).reshape(-1)
     w_off = np.arange(M, dtype=np.int64) * plain.shape[1]
-    dot = qd._make_dot_x8(vnni, qd.COLS, *qd.X8_BLOCK_QUANTS[int(type)])
+    dot = tiles_x8.make_dot_x8(vnni, ir.COLS, *tiles_x8.X8_BLOCK_QUANTS[int(type)])
 
     @njit
     def run(w, w_off, yq, yd, yb, out):

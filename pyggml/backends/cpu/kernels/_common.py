@@ -13,9 +13,9 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from pyggml.backends.cpu.kernels import ComputeParams
+from pyggml.backends.cpu.kernels.vec_dot.type_table import CONVERTIBLE_TYPES
 from pyggml.core.checks import check_host_alloc
 from pyggml.core.errors import OutOfBoundsError, OutOfMemoryError, ShapeError, UnsupportedTypeError
-from pyggml.core.quants import is_implemented
 from pyggml.core.tensor import Tensor
 from pyggml.core.types import TYPE_TRAITS, GGMLType
 
@@ -230,5 +230,5 @@ def is_plain_float(t: GGMLType) -> bool:
 
 
 def is_convertible(t: GGMLType) -> bool:
-    """Types CPY/DUP/GET_ROWS can read and write: F32, F16, BF16 and the quantized ones pyggml implements."""
-    return t in (GGMLType.F32, GGMLType.F16, GGMLType.BF16) or (TYPE_TRAITS[t].is_quantized and is_implemented(t))
+    """Types CPY/DUP/GET_ROWS can read and write: those of the CPU's type table."""
+    return t in CONVERTIBLE_TYPES

@@ -39,18 +39,14 @@ from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
 from pyggml.backends.cpu.kernels._common import F32, noop, reshape_view
 from pyggml.backends.cpu.kernels.matmul import _weight_rows, mul_mat_f32
 from pyggml.backends.cpu.kernels.norm import softmax_rows
-from pyggml.backends.cpu.kernels.quant_dot import (
-    dot_f32_row,
-    fma_f32,
-    load_f16,
-    mad_f32_row,
-    round_f16,
-    scale_f32_row,
-)
 from pyggml.backends.cpu.kernels.simd_math import host_lanes
+from pyggml.backends.cpu.kernels.vec_dot.float_loops import dot_f32_row, mad_f32_row, scale_f32_row
+from pyggml.backends.cpu.kernels.vec_dot.ir import fma_f32, load_f16, round_f16
+from pyggml.backends.cpu.kernels.vec_dot.to_float import to_f32
+from pyggml.backends.cpu.kernels.vec_dot.type_table import CPU_TYPE_TRAITS
 from pyggml.core.errors import GGMLError, ShapeError, UnsupportedTypeError
 from pyggml.core.ops.params import FlashAttnExtParams
-from pyggml.core.quants import from_float_cpu, is_implemented, to_float
+from pyggml.core.quants import from_float_cpu
 from pyggml.core.rope import alibi_slopes
 from pyggml.core.tensor import GGMLOp, Prec, Tensor
 from pyggml.core.types import TYPE_TRAITS, GGMLType
@@ -186,7 +182,7 @@ def flash_attn_rows_f32(qf, nh, n, dk, kb, kf, k_off, vf, v_off, mb, m_off, n_kv
     offsets m_off of mb in (i3 % nm3, h % nm2, i1) order (m_off empty: no mask); sinks (nh,) or empty; out
     of, out (ne3, n, nh, DV) flat; acc (DV,) scratch. Per row the cells go in order and a cell whose mask is -inf is
     skipped, so cells of other sequences between a row's own change nothing: the score q.k in 32 lanes
-    (quant_dot.dot_f32_row; a tail past the last 32 one by one) times scale (softcap * tanhf(s) when softcap is
+    (vec_dot's dot_f32_row; a tail past the last 32 one by one) times scale (softcap * tanhf(s) when softcap is
     not 0) plus slope * mask; an online softmax (a new maximum scales acc by expf(old - new), else the cell
     weighs expf(s - M)); acc = fma(v, weight, acc) and S = fma(S, ms, vs); the sink; out = acc * 1/S (0 if S
     is 0)."""
@@ -243,11 +239,8 @@ _FLOAT_KV = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)  # K and V types compute
 
 def _kv_type_ok(t: GGMLType, vec_dot: bool) -> bool:
     """Whether K (vec_dot: q is converted to its vec_dot_type) or V rows of type `t` can be read."""
-    if t in (GGMLType.F32, GGMLType.F16, GGMLType.BF16):
-        return True
-    if not TYPE_TRAITS[t].is_quantized or not is_implemented(t):
-        return False
-    return not vec_dot or is_implemented(TYPE_TRAITS[t].vec_dot_type)
+    row = CPU_TYPE_TRAITS.get(t)
+    return row is not None and (not vec_dot or row.vec_dot_type is not None)
 
 
 def _rows_contiguous(t: Tensor) -> bool:
@@ -276,16 +269,16 @@ def supports(node: Tensor) -> bool:
 def _to_vec_dot(q: np.ndarray, k_type: GGMLType, simd: bool) -> np.ndarray:
     """q (f32 rows) as ggml's q_to_vec_dot leaves it: rounded to K's vec_dot_type by the CPU's from_float (`simd`:
     Q8_0 by ggml's SIMD row), read back as f32."""
-    vdt = TYPE_TRAITS[k_type].vec_dot_type
+    vdt = CPU_TYPE_TRAITS[k_type].vec_dot_type
     if vdt == GGMLType.F32:
         return q
-    return to_float(vdt, from_float_cpu(vdt, q, simd))
+    return to_f32(vdt, from_float_cpu(vdt, q, simd))
 
 
 def _as_f32(t: GGMLType, raw: np.ndarray) -> np.ndarray:
     """K or V rows as f32 (a view for F32; else a C-contiguous copy: a converted cache of a zero row stride kept
     its order, rows innermost, which the row walks cannot read as rows of bytes)."""
-    return raw if t == GGMLType.F32 else np.ascontiguousarray(to_float(t, raw))
+    return raw if t == GGMLType.F32 else to_f32(t, raw)
 
 
 def _grouped(a: np.ndarray, n_kv_head: int) -> np.ndarray:

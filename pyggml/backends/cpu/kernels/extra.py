@@ -15,9 +15,10 @@ from numba import njit
 
 from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
 from pyggml.backends.cpu.kernels._common import F32, is_multiple, noop, require_types, same_memory
+from pyggml.backends.cpu.kernels.vec_dot.to_float import to_f32
+from pyggml.backends.cpu.kernels.vec_dot.type_table import CPU_TYPE_TRAITS
 from pyggml.core.errors import ArgumentError, ShapeError
 from pyggml.core.ops.params import AddRelPosParams, Dsv4HcCombParams, Dsv4HcPreParams, WinPartParams, WinUnpartParams
-from pyggml.core.quants import is_implemented, to_float
 from pyggml.core.tensor import GGMLOp, Tensor
 from pyggml.core.types import GGMLType
 
@@ -176,7 +177,7 @@ def lightning_indexer_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarra
     assert q_t is not None and k_t is not None and w_t is not None and m_t is not None
     require_types(node, _F32_ONLY, node, q_t, w_t)
     require_types(node, (GGMLType.F16,), m_t)
-    if k_t.type != GGMLType.F32 and not is_implemented(k_t.type):
+    if k_t.type not in CPU_TYPE_TRAITS:
         raise ShapeError(f"CPU LIGHTNING_INDEXER '{node.name}': K type {k_t.type.name} has no to_float")
     q, k, w, m = srcs[:4]
     assert q is not None and k is not None and w is not None and m is not None
@@ -191,7 +192,7 @@ def lightning_indexer_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarra
     k_type = k_t.type
 
     def run() -> None:
-        kf = (k if k_type == GGMLType.F32 else to_float(k_type, np.ascontiguousarray(k)))[:, :, 0, :d]
+        kf = (k if k_type == GGMLType.F32 else to_f32(k_type, k))[:, :, 0, :d]
         for s in range(n_s):
             qk = np.matmul(q[s], kf[s].T)  # (T, H, KV) f32
             np.maximum(qk, F32.type(0.0), out=qk)
@@ -339,7 +340,7 @@ def supports(node: Tensor) -> bool:
         q, k, w, m = node.src[:4]
         return (node.type == GGMLType.F32 and q is not None and q.type == GGMLType.F32 and w is not None
                 and w.type == GGMLType.F32 and m is not None and m.type == GGMLType.F16 and k is not None
-                and (k.type == GGMLType.F32 or is_implemented(k.type)))
+                and k.type in CPU_TYPE_TRAITS)
     src0 = node.src[0]
     if src0 is None or not src0.is_contiguous():
         return False

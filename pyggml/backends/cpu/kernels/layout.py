@@ -32,11 +32,12 @@ from pyggml.backends.cpu.kernels._common import (
     strided_view,
 )
 from pyggml.backends.cpu.kernels.elementwise import acc_view
+from pyggml.backends.cpu.kernels.vec_dot.to_float import to_f32
 from pyggml.core.errors import ArgumentError, GGMLError, OutOfBoundsError, ShapeError, UnsupportedTypeError
 from pyggml.core.ops.params import ConcatParams, PadParams, UpscaleParams
 from pyggml.core.quants import from_float_cpu
 from pyggml.core.tensor import GGML_MAX_DIMS, GGMLOp, ScaleFlag, ScaleMode, Tensor
-from pyggml.core.types import TYPE_TRAITS, GGMLType, to_float
+from pyggml.core.types import TYPE_TRAITS, GGMLType
 
 _NUMPY_FLOATS = (GGMLType.F32, GGMLType.F16)
 
@@ -100,7 +101,7 @@ def _to_f32_fn(type: GGMLType, src: np.ndarray, shape: tuple[int, ...],
         return bf16
 
     def quantized() -> np.ndarray:
-        return to_float(type, np.ascontiguousarray(src)).reshape(shape)
+        return to_f32(type, src).reshape(shape)
 
     return quantized
 
@@ -215,7 +216,7 @@ def get_rows_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None]
             np.copyto(dst, (rows.astype(np.uint32) << 16).view(np.float32))
     elif TYPE_TRAITS[st].is_quantized:
         def convert(rows: np.ndarray) -> None:
-            np.copyto(dst, to_float(st, rows).reshape(dst.shape))
+            np.copyto(dst, to_f32(st, rows).reshape(dst.shape))
     else:
         def convert(rows: np.ndarray) -> None:
             np.copyto(dst, rows)

@@ -11,7 +11,7 @@ src0 matrix serves consecutive src1 matrices). By src0's type:
   as in ggml; the results differ from ggml's only in float summation order.
   With fewer than `HALF_BLAS_MIN_COLS` src1 columns (decoding), a numba
   kernel reads the weights' halves directly (widening each block once for
-  up to quant_dot.COLS columns), in parallel over rows: faster than numpy's
+  up to ir.COLS columns), in parallel over rows: faster than numpy's
   f32 mat-vec or widening the weights to f32 for BLAS (benchmarks/README.md). From
   that many columns up, tiles of `TILE_BYTES` of weight rows are widened to
   f32 (exact) and multiplied by BLAS, so memory stays bounded.
@@ -24,20 +24,20 @@ src0 matrix serves consecutive src1 matrices). By src0's type:
   `BLAS_MIN_COLS` columns, numba kernels compute ggml's vec_dot on the raw
   blocks: exact integer block dot products scaled by the blocks' scales
   (see Threads below; Q8_0, Q4_0, Q5_0, Q4_1, Q4_K and Q6_K rows under "x86" in the float order of
-  ggml's AVX2 vec_dot, see quant_dot). The weights are
+  ggml's AVX2 vec_dot, see vec_dot). The weights are
   read in their compact form, never dequantized. For Q8_0, Q4_0, Q4_1,
-  Q5_0, Q4_K, Q6_K, IQ4_NL and MXFP4 (in quant_dot.COLS_KINDS) one pass over a weight row serves
-  up to quant_dot.COLS src1 columns (decoding several sequences), each
+  Q5_0, Q4_K, Q6_K, IQ4_NL and MXFP4 (in type_table.COLS_KINDS) one pass over a weight row serves
+  up to ir.COLS src1 columns (decoding several sequences), each
   column's sum the same bits as alone. Q8_1 and Q8_K have no
   vec_dot in ggml (they are only dot-product partners) and are not accepted
   as src0, as in ggml's type_traits.
   Q4_0 matrices held repacked (the CPU_REPACK buffer type, see
-  pyggml.backends.cpu.repack) take quant_dot's repacked loop for every column
+  pyggml.backends.cpu.repack) take vec_dot's repacked loop for every column
   count, 8 rows a pass, in the float order of ggml's x86 repack kernels
   (ggml_gemv/gemm_q4_0_8x8_q8_0): faster than the row loops and the BLAS path.
   Prompts of plain Q4_0, Q8_0 and Q5_0 matrices (`X8_TILE_MIN_COLS` or more
   columns, rows a multiple of 8) take the same repacked loops on tiles of 64
-  rows that each work item repacks as it goes (quant_dot.X8_TILE_KINDS): the
+  rows that each work item repacks as it goes (type_table.X8_TILE_KINDS): the
   same integer block sums, scaled per block in the repacked order instead of
   ggml's vec_dot lanes (llama.cpp's tinyBLAS for these types keeps the vec_dot
   order: a float rounding apart); faster than the BLAS path and the row loops
@@ -95,11 +95,20 @@ from collections.abc import Callable
 
 import numpy as np
 
+from pyggml.backends.cpu import repack
 from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
-from pyggml.backends.cpu.kernels import quant_dot as qd
 from pyggml.backends.cpu.kernels._common import is_multiple, noop, reshape_view, strided_view
 from pyggml.backends.cpu.kernels.fwht import fwht_kernel, hadamard_problem, is_hadamard
 from pyggml.backends.cpu.kernels.threads import new_pool, new_team
+from pyggml.backends.cpu.kernels.vec_dot import mul_mat_job, quantize_src1, to_float
+from pyggml.backends.cpu.kernels.vec_dot.type_table import (
+    COLS_KINDS,
+    CPU_TYPE_TRAITS,
+    MUL_MAT_TYPES,
+    X8_GROUP_KINDS,
+    X8_KINDS,
+    X8_TILE_KINDS,
+)
 from pyggml.backends.cpu.numerics import NUMERICS_CODES
 from pyggml.backends.cpu.repack import is_repacked, repack_supports_op
 from pyggml.core import quants
@@ -109,14 +118,6 @@ from pyggml.core.types import TYPE_TRAITS, GGMLType
 
 F32, F16, BF16 = GGMLType.F32, GGMLType.F16, GGMLType.BF16
 
-# src0 types with a vec_dot in ggml that pyggml implements
-MUL_MAT_TYPES: tuple[GGMLType, ...] = (
-    F32, F16, BF16,
-    GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
-    GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,
-    GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.MXFP4,
-)
-QUANT_TYPES: tuple[GGMLType, ...] = MUL_MAT_TYPES[3:]
 OUT_PROD_SRC1_TYPES: tuple[GGMLType, ...] = (F32, F16, BF16)
 
 # src1 columns (per matrix) from which tiles of f32 weights go through BLAS: the crossover measured on
@@ -128,12 +129,12 @@ HALF_BLAS_MIN_COLS = 12
 # linearly in the cells (figures: benchmarks/README.md)
 F32_BLAS_MIN_COLS = 32
 # src1 columns (per matrix) from which plain Q4_0, Q8_0 and Q5_0 matrices with whole groups of 8 rows take the
-# repacked loops on tiles (quant_dot.X8_TILE_KINDS) instead of the row loops or the BLAS path: where the tiles
+# repacked loops on tiles (type_table.X8_TILE_KINDS) instead of the row loops or the BLAS path: where the tiles
 # clearly lead; decoding a few sequences keeps the row loops (and ggml's vec_dot order). Figures: benchmarks/README.md
 X8_TILE_MIN_COLS = 16
 # multiply-adds (weight elements x src1 columns) of a direct-kernel product below which it runs on the
 # calling thread: a hand-off to POOL's workers costs more than a smaller product saves. The types whose
-# kernels serve several columns per pass over a weight row (quant_dot.COLS_KINDS) count their work in
+# kernels serve several columns per pass over a weight row (type_table.COLS_KINDS) count their work in
 # mat-vec equivalents (see _direct_work). Figures: benchmarks/README.md.
 PARALLEL_MIN_WORK = 1 << 16
 # bytes of one f32 tile of converted weight rows (each thread of a product has one)
@@ -151,7 +152,7 @@ ITEMS_PER_THREAD = 2
 
 _ALIGN = 64
 # the worker threads of the direct kernels (see threads)
-POOL = new_pool(qd.mul_mat_spin)
+POOL = new_pool(mul_mat_job.mul_mat_spin)
 # the threads of the BLAS paths (see threads.ThreadTeam)
 TEAM = new_team()
 
@@ -177,7 +178,7 @@ def _mul_mat_problem(node: Tensor) -> Problem:
     if a.type not in MUL_MAT_TYPES:
         return UnsupportedTypeError, _src0_type_reason(a, "which has no dot product (vec_dot)")
     hadamard = is_hadamard(node)  # ggml's fast transform (kernels.fwht), which takes an F16 src1 too
-    vdt = GGMLType.F16 if hadamard else TYPE_TRAITS[a.type].vec_dot_type
+    vdt = GGMLType.F16 if hadamard else CPU_TYPE_TRAITS[a.type].vec_dot_type
     if b.type not in (F32, vdt):
         return (UnsupportedTypeError,
                 f"src1 '{b.name}' has type {b.type.name}; with {a.type.name} weights it must be F32 or {vdt.name}")
@@ -297,13 +298,13 @@ def _kernel_threads(params: ComputeParams, work: int) -> int:
 def _direct_work(kind: int, M: int, K: int, n_slices: int, N: int) -> int:
     """A direct product's work in multiply-adds of mat-vecs of the same time, for PARALLEL_MIN_WORK.
 
-    Why: the quantized multi-column kernels (quant_dot.COLS_KINDS) make N columns cost about (N + 2) / 3
+    Why: the quantized multi-column kernels (type_table.COLS_KINDS) make N columns cost about (N + 2) / 3
     one-column products (measured, benchmarks/README.md), so counting N full
     columns would hand products to threads that take less time than the hand-off pays for. With (N + 2) / 6
     and PARALLEL_MIN_WORK 2^16, SmolLM2's decode products go to threads from Q4_1 576x576 (one column) and
     192x576 (2 columns) on, where 2 threads start to pay with the weights coming from memory, as in decoding.
     """
-    if kind in qd.COLS_KINDS:
+    if kind in COLS_KINDS:
         return M * K * n_slices * (N + 2) // 6
     return M * K * n_slices * N
 
@@ -355,7 +356,7 @@ _Q8_DTYPES = {
 
 def _unpack_q8(type: GGMLType, src1: np.ndarray, yq: np.ndarray, yd: np.ndarray, ys: np.ndarray,
                yb: np.ndarray) -> None:
-    """src1 already in the vec_dot_type: split its raw blocks into the arrays quant_dot reads."""
+    """src1 already in the vec_dot_type: split its raw blocks into the arrays the vec_dot kernels read."""
     ny = yq.shape[0]
     blocks = np.ascontiguousarray(src1).reshape(ny, -1).view(_Q8_DTYPES[type])
     np.copyto(yq, blocks["qs"].reshape(ny, -1))
@@ -442,16 +443,16 @@ def _mul_mat_numba(wtype: GGMLType, xtype: GGMLType, K: int, dst: np.ndarray, sr
     ny = n_slices * N
     # Q4_0 repacked (the CPU_REPACK buffer type): its own loop, for every column count (one pass over 8 rows serves
     # 4 columns with a fraction of the instructions of the row loops, faster than the BLAS path too)
-    kind = qd.X8_KINDS[int(wtype)] if repacked else int(wtype)
+    kind = X8_KINDS[int(wtype)] if repacked else int(wtype)
     # prompts of plain Q4_0, Q8_0 and Q5_0 matrices: the repacked loops on tiles each work item repacks (faster
     # than the BLAS path, see X8_TILE_MIN_COLS)
     # (not batch-invariant: the tiles scale a column's block sums in another order than the row loops)
     tiles = not params.batch_invariant and N >= X8_TILE_MIN_COLS
-    if not repacked and kind in qd.X8_TILE_KINDS and tiles and M % qd.X8_ROWS == 0:
-        kind = qd.X8_TILE_KINDS[kind]
+    if not repacked and kind in X8_TILE_KINDS and tiles and M % repack.X8_ROWS == 0:
+        kind = X8_TILE_KINDS[kind]
     wt = TYPE_TRAITS[wtype]
     quantized = wt.is_quantized
-    vdt = wt.vec_dot_type
+    vdt = CPU_TYPE_TRAITS[wtype].vec_dot_type
     nb = K // wt.blck_size  # blocks per row (elements for F16/BF16)
 
     w, w_off = _weight_rows(src0)
@@ -465,7 +466,7 @@ def _mul_mat_numba(wtype: GGMLType, xtype: GGMLType, K: int, dst: np.ndarray, sr
         raise ShapeError(f"CPU MUL_MAT: dst with shape {dst.shape} and strides {dst.strides} is not contiguous")
 
     # F32: see mul_mat_f32; batch-invariant: the direct kernels at every column count
-    blas = (kind not in qd.X8_GROUP_KINDS and wtype != F32 and not params.batch_invariant
+    blas = (kind not in X8_GROUP_KINDS and wtype != F32 and not params.batch_invariant
             and N >= (BLAS_MIN_COLS if quantized else HALF_BLAS_MIN_COLS))
     # Q4_1/Q5_1 (vec_dot_type Q8_1): ggml's dot adds m * s per block, s = f16(d * sum(q)) from the unrounded
     # d, which differs from the q * f16(d) the dequantized product gives: on the BLAS path one more column per
@@ -502,7 +503,7 @@ def _mul_mat_numba(wtype: GGMLType, xtype: GGMLType, K: int, dst: np.ndarray, sr
             if get_x is None:
                 _unpack_q8(xtype, src1, yq, yd, ys, yb)
             else:
-                qd.quantize_rows(int(vdt), get_x(), yq, yd, ys, yb, rounding)
+                quantize_src1.quantize_rows(int(vdt), get_x(), yq, yd, ys, yb, rounding)
 
         if not blas:
             direct = _direct(kind, w, w_off, nb, np.zeros((0, 0), np.float32), yq, yd, ys, yb, N, w_base, out,
@@ -538,7 +539,7 @@ def _mul_mat_numba(wtype: GGMLType, xtype: GGMLType, K: int, dst: np.ndarray, sr
     def half_x() -> np.ndarray:
         x = get_x()
         if round_x:
-            qd.round_rows(kind, x)
+            quantize_src1.round_rows(kind, x)
         return x
 
     if not blas:
@@ -569,14 +570,15 @@ def _direct(kind: int, w: np.ndarray, w_off: np.ndarray, nb: int, xf: np.ndarray
     nt = _kernel_threads(params, work)
     rounding = NUMERICS_CODES[params.numerics]
     if nt == 1:
-        desc = qd.mul_mat_desc(kind, w, w_off, nb, xf, yq, yd, ys, yb, N, w_base, out, 0, _NO_COUNTER, rounding)
+        desc = mul_mat_job.mul_mat_desc(kind, w, w_off, nb, xf, yq, yd, ys, yb, N, w_base, out, 0, _NO_COUNTER,
+                                        rounding)
         # the operands stay referenced here: the job holds only their addresses
         return functools.partial(_run_alone, desc, (w, w_off, xf, yq, yd, ys, yb, w_base, out))
     chunk = _chunk(out.shape[1], w_base.shape[0], nt)
-    if kind in qd.X8_GROUP_KINDS:  # whole groups of repacked rows
-        chunk = -(-chunk // qd.X8_ROWS) * qd.X8_ROWS
+    if kind in X8_GROUP_KINDS:  # whole groups of repacked rows
+        chunk = -(-chunk // repack.X8_ROWS) * repack.X8_ROWS
     ctr = np.zeros(2, np.int64)  # items taken, items done: reset by each call
-    desc = qd.mul_mat_desc(kind, w, w_off, nb, xf, yq, yd, ys, yb, N, w_base, out, chunk, ctr, rounding)
+    desc = mul_mat_job.mul_mat_desc(kind, w, w_off, nb, xf, yq, yd, ys, yb, N, w_base, out, chunk, ctr, rounding)
     return functools.partial(_run_shared, desc, ctr, nt - 1, (w, w_off, xf, yq, yd, ys, yb, w_base, out))
 
 
@@ -585,7 +587,7 @@ _NO_COUNTER = np.zeros(2, np.int64)
 
 def _run_alone(desc: np.ndarray, operands: tuple[np.ndarray, ...]) -> None:
     """A direct product on the calling thread (`operands` keeps the job's arrays alive)."""
-    qd.mul_mat_job(desc, False)
+    mul_mat_job.mul_mat_job(desc, False)
 
 
 def _run_shared(desc: np.ndarray, ctr: np.ndarray, n_workers: int, operands: tuple[np.ndarray, ...]) -> None:
@@ -593,8 +595,8 @@ def _run_shared(desc: np.ndarray, ctr: np.ndarray, n_workers: int, operands: tup
     (`operands` keeps the job's arrays alive)."""
     ctr[0] = 0
     ctr[1] = 0
-    desc[qd.WAIT_POLLS] = POOL.spins  # the caller's wait spins as long as an idle worker, then sleeps
-    POOL.run(qd.mul_mat_shared, desc, n_workers)
+    desc[mul_mat_job.WAIT_POLLS] = POOL.spins  # the caller's wait spins as long as an idle worker, then sleeps
+    POOL.run(mul_mat_job.mul_mat_shared, desc, n_workers)
 
 
 def _blas_threads(params: ComputeParams, work: int) -> int:
@@ -629,9 +631,9 @@ def _tiled_blas(kind: int, w: np.ndarray, w_off: np.ndarray, nb: int, x: np.ndar
         m0 = c * R
         m1 = min(M, m0 + R)
         t = tiles[slot, :m1 - m0]
-        qd.rows_to_f32(kind, w, w_off, ws * M + m0, nb, t)  # the first nb * blck_size columns of each row
+        to_float.rows_to_f32(kind, w, w_off, ws * M + m0, nb, t)  # the first nb * blck_size columns of each row
         if mins:
-            qd.block_mins_to_f32(kind, w, w_off, ws * M + m0, nb, t)
+            to_float.block_mins_to_f32(kind, w, w_off, ws * M + m0, nb, t)
         for j3 in range(r3):
             for j2 in range(r2):
                 s = (i03 * r3 + j3) * ne12 + i02 * r2 + j2
@@ -704,7 +706,7 @@ def out_prod_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None]
                 for k0 in range(0, K, tile_rows):
                     k1 = min(K, k0 + tile_rows)
                     t = tile[:k1 - k0]
-                    qd.rows_to_f32(kind, w, w_off, ws * K + k0, nb, t)
+                    to_float.rows_to_f32(kind, w, w_off, ws * K + k0, nb, t)
                     if k0 == 0:
                         np.matmul(x[k0:k1].T, t, out=d)
                     else:

@@ -4,7 +4,7 @@ MUL_MAT_ID: dst[:, e, t] = as[:, :, ids[e, t]] x src1[:, e % ne11, t] (ggml's ne
 MUL_MAT's two paths (matmul.py), chosen per compute since ids are data:
 
 - direct (fewer than `matmul.BLAS_MIN_COLS` src1 rows per used expert on average, i.e. decoding): the
-  src1 rows routed to experts are gathered, converted to the weights' vec_dot_type (`quant_dot.quantize_rows`
+  src1 rows routed to experts are gathered, converted to the weights' vec_dot_type (`quantize_src1.quantize_rows`
   for Q8_0/Q8_1/Q8_K with the backend's `numerics`, `round_rows` for F16/BF16), and MUL_MAT's numba kernels
   compute ggml's vec_dot of each (token, slot) row with the rows of its expert, reading the weights in
   their compact form (`w_base` points each output row at its expert's first weight row);
@@ -15,7 +15,7 @@ MUL_MAT's two paths (matmul.py), chosen per compute since ids are data:
   the block term m * s uses d * sum(q) for Q8_1's stored s).
 
 F32 weights always take the grouped BLAS path (no conversion). src0 types: MUL_MAT's
-(`matmul.MUL_MAT_TYPES`); src1 F32; ids I32.
+(`type_table.MUL_MAT_TYPES`); src1 F32; ids I32.
 
 ADD_ID: dst[:, i1, i2, i3] = src0[:, i1, i2, i3] + src1[:, ids[i1, i2]], all F32 (ggml's CPU has F32 only).
 """
@@ -27,13 +27,15 @@ from collections.abc import Callable
 import numpy as np
 
 from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
-from pyggml.backends.cpu.kernels import quant_dot as qd
 from pyggml.backends.cpu.kernels._common import bf16_to_f32, f32_to_bf16, noop
-from pyggml.backends.cpu.kernels.matmul import BLAS_MIN_COLS, MUL_MAT_TYPES, _carve, _direct, _weight_rows
+from pyggml.backends.cpu.kernels.matmul import BLAS_MIN_COLS, _carve, _direct, _weight_rows
+from pyggml.backends.cpu.kernels.vec_dot import quantize_src1
+from pyggml.backends.cpu.kernels.vec_dot.to_float import to_f32
+from pyggml.backends.cpu.kernels.vec_dot.type_table import CPU_TYPE_TRAITS, MUL_MAT_TYPES
 from pyggml.backends.cpu.numerics import NUMERICS_CODES
 from pyggml.core.errors import GGMLError, OutOfBoundsError, ShapeError, UnsupportedTypeError
 from pyggml.core.tensor import GGMLOp, Tensor
-from pyggml.core.types import TYPE_TRAITS, GGMLType, from_float, to_float
+from pyggml.core.types import TYPE_TRAITS, GGMLType, from_float
 
 F32, F16, BF16, I32 = GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.I32
 
@@ -89,7 +91,7 @@ def _expert_f32(type: GGMLType) -> Callable[[np.ndarray], np.ndarray]:
             return out
 
         return bf16
-    return lambda w: to_float(type, np.ascontiguousarray(w))
+    return lambda w: to_f32(type, w)
 
 
 def _vec_dot_round(vdt: GGMLType) -> Callable[[np.ndarray], np.ndarray]:
@@ -107,7 +109,7 @@ def _vec_dot_round(vdt: GGMLType) -> Callable[[np.ndarray], np.ndarray]:
             return out
 
         return bf16
-    return lambda x: to_float(vdt, from_float(vdt, np.ascontiguousarray(x)))
+    return lambda x: to_f32(vdt, from_float(vdt, np.ascontiguousarray(x)))
 
 
 def mul_mat_id_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None],
@@ -141,7 +143,7 @@ def _grouped(name: str, type: GGMLType, w: np.ndarray, xs: np.ndarray, ids2: np.
     """The grouped path: per used expert, its f32 matrix times its rows (rounded to the vec_dot_type) by BLAS.
     w (1, n_as, M, row), xs (tokens, ne11, K), ids2 (tokens, n_used), out (tokens, n_used, M)."""
     expert = _expert_f32(type)
-    round_x = _vec_dot_round(TYPE_TRAITS[type].vec_dot_type)
+    round_x = _vec_dot_round(CPU_TYPE_TRAITS[type].vec_dot_type)
     ne11 = xs.shape[1]
 
     def run() -> None:
@@ -162,7 +164,7 @@ def _direct_rows(type: GGMLType, w: np.ndarray, xs: np.ndarray, ids2: np.ndarray
     M = out.shape[2]
     ny = n_tok * n_used
     tr = TYPE_TRAITS[type]
-    vdt = tr.vec_dot_type
+    vdt = CPU_TYPE_TRAITS[type].vec_dot_type
     nb = K // tr.blck_size
     quantized = tr.is_quantized
     wb, w_off = _weight_rows(w)
@@ -191,9 +193,9 @@ def _direct_rows(type: GGMLType, w: np.ndarray, xs: np.ndarray, ids2: np.ndarray
     def run() -> None:
         np.copyto(xg, xs[tok, slot])
         if quantized:
-            qd.quantize_rows(int(vdt), xg, yq, yd, ys, yb, rounding)
+            quantize_src1.quantize_rows(int(vdt), xg, yq, yd, ys, yb, rounding)
         else:
-            qd.round_rows(kind, xg)
+            quantize_src1.round_rows(kind, xg)
         np.multiply(ids2.reshape(-1), M, out=w_base)  # each output row's first weight row: its expert's
         direct()
 

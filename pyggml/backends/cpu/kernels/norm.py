@@ -24,7 +24,6 @@ from pyggml.backends.cpu.kernels._common import (
     same_memory,
     scratch,
 )
-from pyggml.backends.cpu.kernels.quant_dot import fma_f32
 from pyggml.backends.cpu.kernels.simd_math import (
     expf_inplace,
     host_lanes,
@@ -32,6 +31,7 @@ from pyggml.backends.cpu.kernels.simd_math import (
     softmax_exp_row,
     softmax_exp_rows,
 )
+from pyggml.backends.cpu.kernels.vec_dot.ir import fma_f32
 from pyggml.core.errors import ArgumentError, GGMLError, ShapeError
 from pyggml.core.ops.params import DiagMaskParams, GroupNormParams, NormParams, RopeParams, SoftMaxParams
 from pyggml.core.rope import (  # shared with other backends' kernels

@@ -18,7 +18,7 @@ from numba import njit
 
 from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
 from pyggml.backends.cpu.kernels._common import f32_to_bf16, is_convertible, noop
-from pyggml.backends.cpu.kernels.quant_dot import f16_bits
+from pyggml.backends.cpu.kernels.vec_dot.ir import f16_bits
 from pyggml.core import quants
 from pyggml.core.errors import GGMLError, OutOfBoundsError, ShapeError, UnsupportedTypeError
 from pyggml.core.ops.rows import ROW_INDEX_TYPES, SET_ROWS_SRC_TYPES

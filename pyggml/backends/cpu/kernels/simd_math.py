@@ -25,7 +25,8 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from pyggml.backends.cpu.kernels.quant_dot import _F32, _address, _load_vector, _sum_f32_tree, fma_f32
+from pyggml.backends.cpu.kernels.atomics import element_pointer
+from pyggml.backends.cpu.kernels.vec_dot.ir import IR_F32, fma_f32, load_vector, sum_f32_tree
 
 _F = np.float32
 _R = _F(float.fromhex("0x1.8p23"))
@@ -131,8 +132,8 @@ def _make_tree_sum(lanes: int):
     @intrinsic
     def tree_sum(typingctx, a, i):
         def codegen(context, builder, signature, args):
-            p = _address(context, builder, signature.args[0], args[0], args[1])
-            return _sum_f32_tree(builder, _load_vector(builder, p, _F32, lanes), lanes)
+            p = element_pointer(context, builder, signature.args[0], args[0], args[1])
+            return sum_f32_tree(builder, load_vector(builder, p, IR_F32, lanes), lanes)
 
         return types.float32(a, types.intp), codegen
 
@@ -160,16 +161,16 @@ def _lanes_max(typingctx, a, n):
         def or_into(ptr, flag) -> None:
             builder.store(builder.or_(builder.load(ptr), flag), ptr)
 
-        v16 = ir.VectorType(_F32, 16)
+        v16 = ir.VectorType(IR_F32, 16)
         i32 = ir.IntType(32)
-        base = _address(context, builder, signature.args[0], args[0], ir.Constant(args[1].type, 0))
+        base = element_pointer(context, builder, signature.args[0], args[0], ir.Constant(args[1].type, 0))
         n = args[1]
         sixteen = ir.Constant(n.type, 16)
         n_blocks = builder.sdiv(n, sixteen)
         acc = cgutils.alloca_once_value(builder, ir.Constant(v16, [float("-inf")] * 16))
         nan = cgutils.alloca_once_value(builder, ir.Constant(ir.VectorType(ir.IntType(1), 16), [0] * 16))
         with cgutils.for_range(builder, n_blocks) as loop:
-            v = _load_vector(builder, builder.gep(base, [builder.mul(loop.index, sixteen)]), _F32, 16)
+            v = load_vector(builder, builder.gep(base, [builder.mul(loop.index, sixteen)]), IR_F32, 16)
             max_into(acc, v)
             or_into(nan, builder.fcmp_unordered("uno", v, v))
         lanes, nans = builder.load(acc), builder.load(nan)
@@ -182,7 +183,7 @@ def _lanes_max(typingctx, a, n):
             x = builder.load(builder.gep(base, [loop.index]))
             max_into(best, x)
             or_into(any_nan, builder.fcmp_unordered("uno", x, x))
-        return builder.select(builder.load(any_nan), ir.Constant(_F32, float("nan")), builder.load(best))
+        return builder.select(builder.load(any_nan), ir.Constant(IR_F32, float("nan")), builder.load(best))
 
     return types.float32(a, types.intp), codegen
 

@@ -86,7 +86,7 @@ def finish(slot) -> None:
 def call_job(typingctx, fn, d, shared):
     """Call the compiled job at address `fn`, C type int64 job(int64 *d, int64 shared), on the job `d` (a slot or
     a descriptor: an int64 array of SLOT_LEN); returns its result. The job's code is chosen at run time, so a
-    worker's loop is compiled once for every kind of job (see quant_dot's `job_address`)."""
+    worker's loop is compiled once for every kind of job (see `vec_dot.mul_mat_job.job_address`)."""
     sig = types.int64(types.int64, d, types.int64)
 
     def codegen(context, builder, signature, args):

@@ -1,0 +1,47 @@
+"""The kinds the MUL_MAT kernels compile for: the weight types as numba constants, the repacked layouts' kinds, and
+the 16-value tables of IQ4_NL, IQ4_XS and MXFP4.
+"""
+
+from __future__ import annotations
+
+from pyggml.core.quants import KVALUES_IQ4NL, KVALUES_MXFP4
+from pyggml.core.types import GGMLType
+
+# kinds: the GGMLType numbers (module-level ints are compile-time constants in numba)
+F32 = int(GGMLType.F32)
+F16 = int(GGMLType.F16)
+BF16 = int(GGMLType.BF16)
+Q4_0 = int(GGMLType.Q4_0)
+Q4_1 = int(GGMLType.Q4_1)
+Q5_0 = int(GGMLType.Q5_0)
+Q5_1 = int(GGMLType.Q5_1)
+Q8_0 = int(GGMLType.Q8_0)
+Q8_1 = int(GGMLType.Q8_1)
+Q2_K = int(GGMLType.Q2_K)
+Q3_K = int(GGMLType.Q3_K)
+Q4_K = int(GGMLType.Q4_K)
+Q5_K = int(GGMLType.Q5_K)
+Q6_K = int(GGMLType.Q6_K)
+Q8_K = int(GGMLType.Q8_K)
+IQ4_NL = int(GGMLType.IQ4_NL)
+IQ4_XS = int(GGMLType.IQ4_XS)
+MXFP4 = int(GGMLType.MXFP4)
+
+# the 16 values a 4-bit quant of these types indexes (ggml-common.h's kvalues_iq4nl, kvalues_mxfp4)
+KVALUES: dict[int, list[int]] = {IQ4_NL: [int(v) for v in KVALUES_IQ4NL], MXFP4: [int(v) for v in KVALUES_MXFP4]}
+KVALUES[IQ4_XS] = KVALUES[IQ4_NL]
+
+# a matrix's kernel kind is its weight type's number, plus one of these for the layouts of 8 interleaved rows:
+# X8_REPACKED held so by the repack buffer type, X8_TILE repacked into tiles as each work item goes (prompts)
+X8_REPACKED = 1024
+X8_TILE = 2048
+
+
+def kind_name(kind: int) -> str:
+    """A kernel kind by name: the weight type's, with `_x8` for the repacked layout and `_x8_tile` for the
+    tiles repacked on the fly."""
+    if kind >= X8_TILE:
+        return f"{GGMLType(kind - X8_TILE).name}_x8_tile"
+    if kind >= X8_REPACKED:
+        return f"{GGMLType(kind - X8_REPACKED).name}_x8"
+    return GGMLType(kind).name

@@ -1,0 +1,244 @@
+"""Row loops of the K-quants Q4_K and Q6_K against Q8_K src1 rows, in ggml's reference or AVX2 float order."""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba.core import cgutils
+
+from pyggml.backends.cpu.kernels.vec_dot.block_sums import HAS_AVX2
+from pyggml.backends.cpu.kernels.vec_dot.ir import (
+    COLS,
+    IR_F32,
+    IR_I8,
+    IR_I16,
+    IR_I32,
+    fma,
+    load_vector,
+    pair_sums,
+    reduce_add_i32,
+    shuffle,
+    splat,
+    sum_f32_tree,
+)
+from pyggml.backends.cpu.kernels.vec_dot.quant_loops import block_row_intrinsic
+
+# --- K-quants: Q4_K and Q6_K super-blocks of 256 values, against Q8_K ---
+#
+# A super-block's integer sum is exact (vpmaddubsw pairs of a group's 32 values, vpmaddwd by the 16-value
+# sub-blocks' scales, i32 lanes). Under "ref" the float arithmetic per super-block is ggml's reference
+# vec_dot's; under "x86" ggml's AVX2 vec_dot's (the *_cols_x86 loops: the same bits as libggml's mat-vec; from
+# two columns libggml takes its tiled gemm, whose order differs). Figures: benchmarks/README.md.
+
+
+def scaled_sums_avx2(builder, uv, yv, scales):
+    """8 exact int32 partial sums of sum_t uv[t] * yv[t] * scales[t // 2] over a group of 32 values: uv read
+    unsigned (0..63), yv signed (Q8_K's -127..127, so a pair is at most 2 * 63 * 127 = 16002: no int16
+    saturation), `scales` a <16 x i16> of -128..127 (each pair's sub-block scale): ggml's vpmaddubsw, then
+    vpmaddwd by the scales."""
+    v16i16, v8i32, v32i8 = ir.VectorType(IR_I16, 16), ir.VectorType(IR_I32, 8), ir.VectorType(IR_I8, 32)
+    module = builder.module
+    maddubs = module.declare_intrinsic("llvm.x86.avx2.pmadd.ub.sw", fnty=ir.FunctionType(v16i16, [v32i8, v32i8]))
+    maddwd = module.declare_intrinsic("llvm.x86.avx2.pmadd.wd", fnty=ir.FunctionType(v8i32, [v16i16, v16i16]))
+    return builder.call(maddwd, [builder.call(maddubs, [uv, yv]), scales])
+
+
+def scaled_sums_portable(builder, uv, yv, scales):
+    """As scaled_sums_avx2 in portable vector IR (the same pairs, in int32)."""
+    v32, v16 = ir.VectorType(IR_I32, 32), ir.VectorType(IR_I32, 16)
+    prod = builder.mul(builder.zext(uv, v32), builder.sext(yv, v32), flags=["nsw"])
+    pairs = pair_sums(builder, prod)
+    pairs = builder.mul(pairs, builder.sext(scales, v16), flags=["nsw"])
+    return pair_sums(builder, pairs)
+
+
+target_scaled_sums = scaled_sums_avx2 if HAS_AVX2 else scaled_sums_portable
+
+
+def _f16_lanes(builder, p):
+    """The 4 halves at p as <4 x float>: one vcvtph2ps from memory, behind an arithmetic fence (without it
+    LLVM narrows the load back to scalar half loads, vpinsrw merges with the false dependency _f16_pair
+    describes)."""
+    v4f = ir.VectorType(IR_F32, 4)
+    wide = builder.fpext(load_vector(builder, p, ir.HalfType(), 4), v4f)
+    fence = builder.module.declare_intrinsic("llvm.arithmetic.fence.v4f32", fnty=ir.FunctionType(v4f, [v4f]))
+    return builder.call(fence, [wide])
+
+
+def _const(builder, n: int, values: list[int], bits: int = 8):
+    return ir.Constant(ir.VectorType(ir.IntType(bits), n), values)
+
+
+def _q4_K_unpack(builder, pb):
+    """A Q4_K super-block's d, dmin (f32) and its 8 6-bit scales and mins (<8 x i8>) from the 12 bytes at
+    pb + 4, as ggml's get_scale_min_k4: sub-block j < 4: q[j] & 63, q[j + 4] & 63; j >= 4:
+    (q[j + 4] & 15) | (q[j - 4] >> 6) << 4 and (q[j + 4] >> 4) | (q[j] >> 6) << 4."""
+    halves = _f16_lanes(builder, pb)
+    d, dmin = (builder.extract_element(halves, ir.Constant(IR_I32, i)) for i in (0, 1))
+    q = load_vector(builder, builder.gep(pb, [ir.Constant(IR_I32, 4)]), IR_I8, 16)  # scales[12], then qs
+    top = [0, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF]  # the high 2 bits exist for j >= 4 only
+
+    def high(idx: list[int]):
+        h = builder.lshr(shuffle(builder, q, idx), _const(builder, 8, [6] * 8))
+        return builder.and_(builder.shl(h, _const(builder, 8, [4] * 8)), _const(builder, 8, top))
+
+    low6 = _const(builder, 8, [63] * 4 + [15] * 4)
+    low_sc = shuffle(builder, q, [0, 1, 2, 3, 8, 9, 10, 11])
+    sc = builder.or_(builder.and_(low_sc, low6), high([0, 1, 2, 3, 0, 1, 2, 3]))
+    low_m = builder.lshr(shuffle(builder, q, [4, 5, 6, 7, 8, 9, 10, 11]), _const(builder, 8, [0] * 4 + [4] * 4))
+    mins = builder.or_(builder.and_(low_m, low6), high([4, 5, 6, 7, 4, 5, 6, 7]))
+    return d, dmin, sc, mins
+
+
+def _q4_K_group(builder, pb, unpacked, g: int):
+    """Group g (0..7) of a Q4_K super-block: its 32 values (nibbles of qs[32 (g // 2):][:32], low for even g)
+    and its scale for every pair."""
+    sc = builder.zext(unpacked[2], ir.VectorType(IR_I16, 8))
+    qs = load_vector(builder, builder.gep(pb, [ir.Constant(IR_I32, 16 + 32 * (g // 2))]), IR_I8, 32)
+    if g % 2 == 0:
+        return builder.and_(qs, _const(builder, 32, [15] * 32)), shuffle(builder, sc, [g] * 16)
+    return builder.lshr(qs, _const(builder, 32, [4] * 32)), shuffle(builder, sc, [g] * 16)
+
+
+def _q4_K_finish(builder, unpacked, total, isum, bsums, yd):
+    """sumf + (d * yd * isum - dmin * yd * summs), summs = sum_j mins[j] * (y's sum over sub-block j), in the
+    order of ggml's reference `sumf += d * sumi - dmin * summs`."""
+    v8 = ir.VectorType(IR_I32, 8)
+    pair = pair_sums(builder, bsums)
+    summs = reduce_add_i32(builder, builder.mul(builder.zext(unpacked[3], v8), pair, flags=["nsw"]), 8)
+    d, dmin = builder.fmul(unpacked[0], yd), builder.fmul(unpacked[1], yd)
+    part = builder.fsub(builder.fmul(d, builder.sitofp(isum, IR_F32)),
+                        builder.fmul(dmin, builder.sitofp(summs, IR_F32)))
+    return builder.fadd(total, part)
+
+
+def _q6_K_unpack(builder, pb):
+    """A Q6_K super-block's d (f32, the half at byte 208, its last: read with the 6 bytes of scales before
+    it, the 8 bytes ending with the block) and its 16 int8 scales (at 192) as i16."""
+    lanes = _f16_lanes(builder, builder.gep(pb, [ir.Constant(IR_I32, 202)]))
+    d = builder.extract_element(lanes, ir.Constant(IR_I32, 3))
+    scales = load_vector(builder, builder.gep(pb, [ir.Constant(IR_I32, 192)]), IR_I8, 16)
+    return d, builder.sext(scales, ir.VectorType(IR_I16, 16))
+
+
+def _q6_K_group(builder, pb, unpacked, g: int):
+    """Group g = 4n + q (0..7) of a Q6_K super-block: values low4 | high2 << 4 (0..63, the value + 32), low4
+    from ql[64n + 32 (q & 1):][:32] >> 4 (q >> 1), high2 from qh[32n:][:32] >> 2q; sub-blocks 2g and 2g + 1."""
+    n, q = divmod(g, 4)
+    ql = load_vector(builder, builder.gep(pb, [ir.Constant(IR_I32, 64 * n + 32 * (q & 1))]), IR_I8, 32)
+    qh = load_vector(builder, builder.gep(pb, [ir.Constant(IR_I32, 128 + 32 * n)]), IR_I8, 32)
+    low = builder.and_(builder.lshr(ql, _const(builder, 32, [4 * (q >> 1)] * 32)), _const(builder, 32, [15] * 32))
+    high = builder.and_(builder.lshr(qh, _const(builder, 32, [2 * q] * 32)), _const(builder, 32, [3] * 32))
+    v = builder.or_(low, builder.shl(high, _const(builder, 32, [4] * 32)))
+    return v, shuffle(builder, unpacked[1], [2 * g] * 8 + [2 * g + 1] * 8)
+
+
+def _q6_K_finish(builder, unpacked, total, isum, bsums, yd):
+    """sumf + (d * yd) * (isum - 32 * sum_j scales[j] * (y's sum over sub-block j)), the numba loop's order."""
+    v16 = ir.VectorType(IR_I32, 16)
+    offset = reduce_add_i32(builder, builder.mul(builder.sext(unpacked[1], v16), bsums, flags=["nsw"]), 16)
+    isum = builder.sub(isum, builder.shl(offset, ir.Constant(IR_I32, 5)))
+    return builder.fadd(total, builder.fmul(builder.fmul(unpacked[0], yd), builder.sitofp(isum, IR_F32)))
+
+
+# ggml's AVX2 ggml_vec_dot_q4_K_q8_K / q6_K_q8_K float order (numerics "x86"): the 8 int32 lanes of a
+# super-block's scaled sums (the lanes target_scaled_sums makes, 4 consecutive products of every group each) times
+# d = y.d * x.d into one 8-lane FMA accumulator, hsum_float_8 at the end; Q4_K's mins apart, 4 lanes.
+_Q4_K_X86_STATE = (8, 4)  # acc, acc_m
+_Q6_K_X86_STATE = (8,)
+
+
+def _q4_K_x86_block(builder, unpacked, state, iacc, bsums, yd):
+    """acc = fma(d, lanes, acc); acc_m = fma(-y.d * x.dmin, prod, acc_m), prod lane k = mins[2k] * q8s[2k] +
+    mins[2k + 1] * q8s[2k + 1], q8s[j] = bsums[2j] + bsums[2j + 1] (_mm_hadd_epi16, _mm_madd_epi16)."""
+    v8f, v4f, v8 = ir.VectorType(IR_F32, 8), ir.VectorType(IR_F32, 4), ir.VectorType(IR_I32, 8)
+    d = builder.fmul(yd, unpacked[0])
+    acc = fma(builder, splat(builder, d, 8), builder.sitofp(iacc, v8f), state[0])
+    products = builder.mul(builder.zext(unpacked[3], v8), pair_sums(builder, bsums), flags=["nsw"])
+    prod = builder.add(shuffle(builder, products, [0, 2, 4, 6]), shuffle(builder, products, [1, 3, 5, 7]))
+    dmin = builder.fmul(builder.fneg(yd), unpacked[1])
+    acc_m = fma(builder, splat(builder, dmin, 4), builder.sitofp(prod, v4f), state[1])
+    return [acc, acc_m]
+
+
+def _q4_K_x86_result(builder, state):
+    """hsum_float_8(acc) + acc_m's 4 lanes summed as ggml (movehl, then movehdup)."""
+    return builder.fadd(sum_f32_tree(builder, state[0], 8), sum_f32_tree(builder, state[1], 4))
+
+
+def _q6_K_x86_block(builder, unpacked, state, iacc, bsums, yd):
+    """acc = fma(d, lanes - 32 * q8sclsub, acc), q8sclsub lane k = bsums[2k] * scales[2k] + bsums[2k + 1] *
+    scales[2k + 1] (_mm256_madd_epi16), as ggml subtracts the offset lane by lane."""
+    v8f, v16 = ir.VectorType(IR_F32, 8), ir.VectorType(IR_I32, 16)
+    sub = pair_sums(builder, builder.mul(builder.sext(unpacked[1], v16), bsums, flags=["nsw"]))
+    lanes = builder.sub(iacc, builder.shl(sub, ir.Constant(ir.VectorType(IR_I32, 8), [5] * 8)))
+    d = builder.fmul(yd, unpacked[0])
+    return [fma(builder, splat(builder, d, 8), builder.sitofp(lanes, v8f), state[0])]
+
+
+def _q6_K_x86_result(builder, state):
+    return sum_f32_tree(builder, state[0], 8)
+
+
+def make_dot_k_row(block_bytes: int, unpack, group, finish, scaled_sums=None, x86=None, ncols: int = 1):
+    """The row loop of a K-quant (super-blocks of 256 values, `block_bytes` each) against Q8_K: per
+    super-block `unpack(builder, pb)` once, then for each of its 8 groups of 32 values `group(builder, pb,
+    unpacked, g)` -> (values 0..63 as <32 x i8>, <16 x i16> pair scales), exact int32 lanes of scaled sums
+    per column, and `finish(builder, unpacked, sumf, isum, bsums, yd)` -> the column's new float sum (bsums:
+    Q8_K's 16 sums of 16 as <16 x i32>).
+
+    Signatures as make_dot_q_row's (yb: Q8_K's bsums, 16 per super-block). Each column's sum is the same
+    bits as with `ncols` 1. `scaled_sums`: the group's integer sums (the target's target_scaled_sums if None).
+    `x86`: (state lane counts, block, result), ggml's AVX2 float order instead of `finish`: float vector
+    accumulators per column, `block(builder, unpacked, state, lanes, bsums, yd)` -> the new state per
+    super-block (lanes: the 8 int32 lanes of its scaled sums), `result(builder, state)` -> the dot.
+    """
+    v8i32 = ir.VectorType(IR_I32, 8)
+    scaled_sums = target_scaled_sums if scaled_sums is None else scaled_sums
+
+    def row_loop(builder, pw, nb, cols):
+        if x86 is not None:
+            widths, x86_block, x86_result = x86
+            states = [[cgutils.alloca_once_value(builder, ir.Constant(ir.VectorType(IR_F32, n), [0.0] * n))
+                       for n in widths] for _ in cols]
+        sums = [cgutils.alloca_once_value(builder, ir.Constant(IR_F32, 0.0)) for _ in cols]
+        with cgutils.for_range(builder, nb) as loop:
+            b = loop.index
+            pb = builder.gep(pw, [builder.mul(b, ir.Constant(b.type, block_bytes))])
+            unpacked = unpack(builder, pb)
+            iacc = [ir.Constant(v8i32, [0] * 8) for _ in cols]
+            for g in range(8):
+                v, scales = group(builder, pb, unpacked, g)
+                for c, (py, _, _) in enumerate(cols):
+                    at = builder.add(builder.shl(b, ir.Constant(b.type, 8)), ir.Constant(b.type, 32 * g))
+                    yv = load_vector(builder, builder.gep(py, [at]), IR_I8, 32)
+                    iacc[c] = builder.add(iacc[c], scaled_sums(builder, v, yv, scales))
+            for c, (_, pd, ps) in enumerate(cols):
+                bsums = load_vector(builder, builder.gep(ps, [builder.shl(b, ir.Constant(b.type, 4))]), IR_I32, 16)
+                yd = builder.load(builder.gep(pd, [b]))
+                if x86 is not None:
+                    state = x86_block(builder, unpacked, [builder.load(a) for a in states[c]], iacc[c], bsums, yd)
+                    for a, v in zip(states[c], state, strict=True):
+                        builder.store(v, a)
+                    continue
+                isum = reduce_add_i32(builder, iacc[c], 8)
+                builder.store(finish(builder, unpacked, builder.load(sums[c]), isum, bsums, yd), sums[c])
+        if x86 is not None:
+            return [x86_result(builder, [builder.load(a) for a in state]) for state in states]
+        return [builder.load(total) for total in sums]
+
+    return block_row_intrinsic(row_loop, ncols)
+
+
+Q4_K_SPEC = {"block_bytes": 144, "unpack": _q4_K_unpack, "group": _q4_K_group, "finish": _q4_K_finish}
+Q6_K_SPEC = {"block_bytes": 210, "unpack": _q6_K_unpack, "group": _q6_K_group, "finish": _q6_K_finish}
+dot_q4_K_cols = make_dot_k_row(**Q4_K_SPEC, ncols=COLS)
+dot_q4_K_cols.__doc__ = "Q4_K weight rows times Q8_K src1 rows (see make_dot_k_row): 8 scales and mins a super-block."
+dot_q6_K_cols = make_dot_k_row(**Q6_K_SPEC, ncols=COLS)
+dot_q6_K_cols.__doc__ = "Q6_K weight rows times Q8_K src1 rows (see make_dot_k_row): 16 int8 scales, values - 32."
+Q4_K_X86 = (_Q4_K_X86_STATE, _q4_K_x86_block, _q4_K_x86_result)
+Q6_K_X86 = (_Q6_K_X86_STATE, _q6_K_x86_block, _q6_K_x86_result)
+dot_q4_K_cols_x86 = make_dot_k_row(**Q4_K_SPEC, x86=Q4_K_X86, ncols=COLS)
+dot_q4_K_cols_x86.__doc__ = "dot_q4_K_cols in the order of ggml's AVX2 ggml_vec_dot_q4_K_q8_K (FMA lanes, mins apart)."
+dot_q6_K_cols_x86 = make_dot_k_row(**Q6_K_SPEC, x86=Q6_K_X86, ncols=COLS)
+dot_q6_K_cols_x86.__doc__ = "dot_q6_K_cols in the order of ggml's AVX2 ggml_vec_dot_q6_K_q8_K (FMA lanes)."
+

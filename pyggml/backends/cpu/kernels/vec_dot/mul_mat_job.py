@@ -1,0 +1,283 @@
+"""MUL_MAT's rows as a job of the worker threads: the work items, the operands by address, and the job compiled per
+weight type.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numba
+import numpy as np
+from numba import njit, types
+from numba.extending import overload
+
+from pyggml.backends.cpu.jit import compiled_address
+from pyggml.backends.cpu.kernels.atomics import (
+    address,
+    atomic_add,
+    atomic_load,
+    pointer_f32,
+    pointer_i8,
+    pointer_i32,
+    pointer_i64,
+    pointer_u8,
+    sleep_us,
+    spin_pause,
+    yield_cpu,
+)
+from pyggml.backends.cpu.kernels.threads import (
+    SLOT_LEN,
+    WAIT_SLEEP_US,
+    YIELD_POLLS,
+    call_job,
+    claim,
+    finish,
+    revoke,
+)
+from pyggml.backends.cpu.kernels.vec_dot.ir import COLS
+from pyggml.backends.cpu.kernels.vec_dot.kinds import X8_REPACKED, X8_TILE, kind_name
+from pyggml.backends.cpu.kernels.vec_dot.quantize_src1 import ROUND_REF, ROUND_X86
+from pyggml.backends.cpu.kernels.vec_dot.tiles_x8 import TILE_ROWS, tile_x8
+from pyggml.backends.cpu.kernels.vec_dot.type_table import row_of_kind
+from pyggml.core.errors import UnsupportedTypeError
+from pyggml.core.types import GGMLType
+
+
+def mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, s, m0, m1, rounding):
+    """Weight rows m0..m1 of output slice s against that slice's n_cols src1 rows, by the kernel the type
+    table gives `kind` (a constant) under `rounding` (a constant: ROUND_X86 takes a row's `cols_x86`)."""
+    raise NotImplementedError("mul_mat_range runs compiled only")
+
+
+@overload(mul_mat_range, prefer_literal=True, inline="always")
+def _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, s, m0, m1, rounding):
+    """The loop of one kind, chosen while numba types the caller (ggml's type_traits_cpu[type].vec_dot): the
+    other types' kernels are never compiled into it. One loop per kind, each calling one dot function:
+    choosing the function per row instead costs more than a short row's arithmetic (numba keeps every
+    callee's argument references alive around the choice). Inlined (`inline="always"`): a call with array
+    arguments costs reference counting on every work item."""
+    if not (isinstance(kind, types.IntegerLiteral) and isinstance(rounding, types.IntegerLiteral)):
+        raise numba.errors.TypingError(f"mul_mat_range: kind and rounding must be constants, not {kind}, {rounding}")
+    k, x86 = kind.literal_value, rounding.literal_value == ROUND_X86
+    row = row_of_kind(k)
+    if row.vec_dot_type is None:
+        raise UnsupportedTypeError(f"mul_mat_range: {row.type.name} has no vec_dot")
+    if k >= X8_TILE:  # this item's rows repacked into a tile, whose row m0 is at offs[0]
+        t, loop = int(row.type), row.x8
+
+        def tiles(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, s, m0, m1, rounding):
+            base, r0 = w_base[s], s * n_cols
+            r1 = r0 + n_cols
+            for t0 in range(m0, m1, TILE_ROWS):
+                t1 = min(m1, t0 + TILE_ROWS)
+                tile, offs = tile_x8(w, w_off, base, t0, t1, nb, t)
+                for r in range(r0, r1, COLS):
+                    loop(tile, offs, -t0, t0, t1, nb, yq, yd, yb, r, min(COLS, r1 - r), out)
+
+        return tiles
+    loop = row.x8 if k >= X8_REPACKED else row.cols_for(x86)
+    if loop is not None and row.float_src1:
+        def float_cols(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, s, m0, m1, rounding):
+            base, r0 = w_base[s], s * n_cols
+            r1 = r0 + n_cols
+            for r in range(r0, r1, COLS):
+                loop(w, w_off, base, m0, m1, xf, r, min(COLS, r1 - r), out)
+
+        return float_cols
+    if loop is not None:
+        def cols(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, s, m0, m1, rounding):
+            base, r0, sums = w_base[s], s * n_cols, column_sums(kind, ys, yb)
+            r1 = r0 + n_cols
+            for r in range(r0, r1, COLS):
+                loop(w, w_off, base, m0, m1, nb, yq, yd, sums, r, min(COLS, r1 - r), out)
+
+        return cols
+    dot = row.reference_dot
+
+    def dots(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, s, m0, m1, rounding):
+        base, r0, sums = w_base[s], s * n_cols, column_sums(kind, ys, yb)
+        for m in range(m0, m1):
+            o = w_off[base + m]
+            for r in range(r0, r0 + n_cols):
+                out[r, m] = dot(w, o, nb, yq, yd, sums, r)
+
+    return dots
+
+
+def column_sums(kind, ys, yb):
+    """The src1 block sums the kernels of `kind` (a constant) read: Q8_1's s (`ys`), whose products with the
+    weights' mins ggml adds per block, else the 16-value sums (`yb`)."""
+    raise NotImplementedError("column_sums runs compiled only")
+
+
+@overload(column_sums, prefer_literal=True, inline="always")
+def _column_sums(kind, ys, yb):
+    if row_of_kind(kind.literal_value).vec_dot_type == GGMLType.Q8_1:
+        return lambda kind, ys, yb: ys
+    return lambda kind, ys, yb: yb
+
+
+@njit(nogil=True, cache=True, inline="always")
+def mul_mat_rows(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, chunk, ctr, wait, wait_polls,
+                 rounding):
+    """out[s*n_cols + c, m] = vec_dot(weight row w_off[w_base[s] + m], src1 row s*n_cols + c).
+
+    `w` is the weights' memory as bytes, `w_off` the byte offset of every weight
+    row, `w_base[s]` the first weight row (index into w_off) of output slice s,
+    `nb` the blocks per row. src1 rows come as `xf` (F16/BF16 weights) or as the
+    split quantized arrays. `rounding` (ROUND_REF or ROUND_X86) picks the float
+    order of the Q8_0, Q4_0, Q5_0, Q4_1, Q4_K and Q6_K dots (see `make_dot_q_row`,
+    `make_dot_k_row`).
+
+    Several threads call this at once with the same arguments (see
+    `pyggml.backends.cpu.kernels.threads`): work items, (slice, chunk of `chunk`
+    weight rows), are taken one at a time from the counter `ctr[0]` (atomic
+    fetch-and-add) and counted done in `ctr[1]`, so a thread that starts late
+    or is descheduled takes fewer items instead of holding the others up. The
+    caller's thread (`wait`) returns only when every item is done: it polls
+    `wait_polls` times (the workers' spin time), then sleeps WAIT_SLEEP_US
+    between looks, so that a worker descheduled with an item (its core busy
+    with another process) can be scheduled on the caller's core.
+    """
+    n_slices = w_base.shape[0]
+    M = out.shape[1]
+    n_chunks = (M + chunk - 1) // chunk
+    total = n_slices * n_chunks
+    while True:
+        item = atomic_add(ctr, 0, 1)
+        if item >= total:
+            break
+        s = item // n_chunks
+        m0 = (item % n_chunks) * chunk
+        mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, s, m0, min(M, m0 + chunk),
+                       rounding)
+        atomic_add(ctr, 1, 1)
+    if wait:
+        polls = 0
+        while atomic_load(ctr, 1) < total:
+            if polls < wait_polls:
+                spin_pause()
+                polls += 1
+            else:
+                sleep_us(WAIT_SLEEP_US)
+
+
+# --- MUL_MAT's rows as a job of threads.WorkerPool: the operands by address ---
+
+# the fields of a job (mul_mat_desc), from element 1 of a slot (element 0 is its state); the last one is the
+# address of the compiled job of the weight type (threads.call_job calls it)
+_JOB_FIELDS = 32
+assert 1 + _JOB_FIELDS <= SLOT_LEN
+_JOB_ADDRESS = 31
+# the caller's polls before it sleeps while it waits for the workers' last items (see mul_mat_rows)
+WAIT_POLLS = 32
+# a job of one weight type: int64 job(int64 *desc, int64 shared), as threads.call_job calls it
+_JOB_SIG = types.int64(types.CPointer(types.int64), types.int64)
+ROUNDING_NAMES = {ROUND_REF: "ref", ROUND_X86: "x86"}
+
+
+
+
+
+def mul_mat_desc(kind: int, w: np.ndarray, w_off: np.ndarray, nb: int, xf: np.ndarray, yq: np.ndarray,
+                 yd: np.ndarray, ys: np.ndarray, yb: np.ndarray, n_cols: int, w_base: np.ndarray, out: np.ndarray,
+                 chunk: int, ctr: np.ndarray, rounding: int) -> np.ndarray:
+    """`mul_mat_rows`' arguments as a job (a slot's layout: element 0 unused): each array by its address and
+    shape (each must be C-contiguous: the job sees it as such), the rest as numbers, and last the address of
+    the job compiled for `kind` and `rounding` (compiled here the first time: see `job_address`). `chunk` 0:
+    the whole product on one thread (`ctr` unused). The arrays must outlive every call of the job."""
+    desc = np.zeros(SLOT_LEN, np.int64)
+    fields: list[int] = [kind]
+    for a, dims, dtype in ((w, 1, np.uint8), (w_off, 1, np.int64), (nb, 0, None), (xf, 2, np.float32),
+                           (yq, 2, np.int8), (yd, 2, np.float32), (ys, 2, np.float32), (yb, 2, np.int32),
+                           (n_cols, 0, None), (w_base, 1, np.int64), (out, 2, np.float32), (chunk, 0, None),
+                           (ctr, 1, np.int64)):
+        if dims == 0:
+            fields.append(int(a))
+            continue
+        if a.dtype != dtype or a.ndim != dims or not a.flags.c_contiguous:
+            raise ValueError(f"mul_mat_desc: an operand of dtype {a.dtype}, shape {a.shape} is not a C-contiguous "
+                             f"{dims}-D {np.dtype(dtype)} array")
+        fields += [address(a), *a.shape]
+    fields += [job_address(kind, rounding), 0]  # WAIT_POLLS: the caller sets it (matmul._run_shared)
+    assert len(fields) == _JOB_FIELDS
+    desc[1:1 + len(fields)] = fields
+    return desc
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _run_desc(kind, d, shared, rounding):
+    """The MUL_MAT rows job `d` (see mul_mat_desc): `mul_mat_rows` on its operands, items from its counter
+    (`shared`: the caller's share, which returns when every item is done), or with chunk 0 the whole
+    product here."""
+    nb, n_cols, chunk = d[6], d[22], d[28]
+    w = numba.carray(pointer_u8(d[2]), (d[3],))
+    w_off = numba.carray(pointer_i64(d[4]), (d[5],))
+    xf = numba.carray(pointer_f32(d[7]), (d[8], d[9]))
+    yq = numba.carray(pointer_i8(d[10]), (d[11], d[12]))
+    yd = numba.carray(pointer_f32(d[13]), (d[14], d[15]))
+    ys = numba.carray(pointer_f32(d[16]), (d[17], d[18]))
+    yb = numba.carray(pointer_i32(d[19]), (d[20], d[21]))
+    w_base = numba.carray(pointer_i64(d[23]), (d[24],))
+    out = numba.carray(pointer_f32(d[25]), (d[26], d[27]))
+    if chunk == 0:  # one thread: each slice whole, from a counter of its own (one copy of the inlined loops)
+        ctr = np.zeros(2, np.int64)
+        chunk = max(out.shape[1], 1)
+    else:
+        ctr = numba.carray(pointer_i64(d[29]), (d[30],))
+    mul_mat_rows(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, chunk, ctr, shared != 0,
+                 d[WAIT_POLLS], rounding)
+
+
+def _make_mul_mat_job(kind: int, rounding: int):
+    """The job of one weight type and rounding: `kind` and `rounding` are constants of its code, so numba
+    compiles that type's loop alone (`mul_mat_range` picks it from the type table), and caches it under the
+    type's name."""
+
+    def job(p, shared):
+        _run_desc(kind, numba.carray(p, (SLOT_LEN,)), shared, rounding)
+        return 0
+
+    job.__name__ = job.__qualname__ = f"mul_mat_{kind_name(kind)}_{ROUNDING_NAMES[rounding]}"
+    return njit(nogil=True, cache=True)(job)
+
+
+@functools.cache
+def job_address(kind: int, rounding: int) -> int:
+    """The address of the compiled MUL_MAT job of `kind` and `rounding` (compiled, or loaded from numba's cache,
+    on the first call)."""
+    if rounding not in ROUNDING_NAMES:
+        raise ValueError(f"job_address: rounding {rounding} is not ROUND_REF or ROUND_X86")
+    return compiled_address(_make_mul_mat_job(kind, rounding), _JOB_SIG)
+
+
+@njit(nogil=True, cache=True)
+def mul_mat_job(d, shared):
+    """Run the MUL_MAT job `d` (see mul_mat_desc) by its compiled function; `shared` (0 or 1) as in `_run_desc`."""
+    call_job(d[_JOB_ADDRESS], d, shared)
+
+
+@njit(nogil=True, cache=True)
+def mul_mat_spin(slot, spins):
+    """A worker's loop (threads.WorkerPool's `spin`): runs the MUL_MAT jobs posted to `slot` until `spins`
+    polls pass without one."""
+    idle = 0
+    while idle < spins:
+        if claim(slot):
+            call_job(slot[_JOB_ADDRESS], slot, 0)
+            finish(slot)
+            idle = 0
+        else:
+            spin_pause()
+            idle += 1
+            if idle % YIELD_POLLS == 0:
+                yield_cpu()
+
+
+@njit(nogil=True, cache=True)
+def mul_mat_shared(d, slots, n):
+    """The caller's share of the job `d` posted to n workers' slots, then the slots revoked."""
+    call_job(d[_JOB_ADDRESS], d, 1)
+    revoke(slots, n)
+
+

@@ -1,0 +1,175 @@
+"""The scalar vec_dot of the weight types without a row loop (Q5_1, Q2_K, Q3_K, Q5_K, IQ4_XS): one weight row times
+one quantized src1 row, as ggml's reference C.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, types
+from numba.extending import intrinsic
+
+from pyggml.backends.cpu.kernels.atomics import (
+    element_pointer,
+)
+from pyggml.backends.cpu.kernels.vec_dot.block_sums import q4_0_nibbles, target_block_sums
+from pyggml.backends.cpu.kernels.vec_dot.ir import (
+    IR_I8,
+    dot_bits16,
+    dot_fields16,
+    dot_fields32,
+    dot_mask32,
+    dot_nibbles,
+    load_f16,
+    load_u32,
+    load_vector,
+    reduce_add_i32,
+)
+from pyggml.backends.cpu.kernels.vec_dot.kinds import IQ4_XS, KVALUES
+from pyggml.backends.cpu.kernels.vec_dot.table_lookup import lookup16
+
+# --- vec_dot per weight type: one weight row (at byte o of w) times src1 row r ---
+
+
+@njit(nogil=True, cache=True)
+
+def i8(v: int) -> int:
+    """A byte read as int8."""
+    return v - 256 if v > 127 else v
+
+
+@njit(nogil=True, cache=True)
+def dot_q5_1(w, o, nb, yq, yd, ys, r):
+    sumf = np.float32(0.0)
+    yo = r * yq.shape[1]
+    for b in range(nb):
+        ob = o + 24 * b
+        j = yo + 32 * b
+        sumi = dot_nibbles(w, ob + 8, yq, j) + 16 * dot_mask32(load_u32(w, ob + 4), yq, j)
+        sumf += (load_f16(w, ob) * yd[r, b]) * np.float32(sumi) + load_f16(w, ob + 2) * ys[r, b]
+    return sumf
+
+
+@njit(nogil=True, cache=True)
+def dot_q2_K(w, o, nb, yq, yd, yb, r):
+    # block_q2_K: scales[16] (low 4 bits scale, high 4 bits min), qs[64], d, dmin
+    sumf = np.float32(0.0)
+    yo = r * yq.shape[1]
+    for b in range(nb):
+        ob = o + 84 * b
+        j0 = yo + 256 * b
+        summs = 0
+        for t in range(16):
+            summs += yb[r, 16 * b + t] * (np.int64(w[ob + t]) >> 4)
+        isum = 0
+        for k in range(2):
+            for f in range(4):
+                for h in range(2):
+                    sc = np.int64(w[ob + 8 * k + 2 * f + h]) & 15
+                    isum += sc * dot_bits16(w, ob + 16 + 32 * k + 16 * h, 2 * f, 3, yq, j0 + 128 * k + 32 * f + 16 * h)
+        dall = yd[r, b] * load_f16(w, ob + 80)
+        dmin = yd[r, b] * load_f16(w, ob + 82)
+        sumf += dall * np.float32(isum) - dmin * np.float32(summs)
+    return sumf
+
+
+@njit(nogil=True, cache=True)
+def q3_K_scale(w, os, sub):
+    """The 6-bit scale `sub` (0..15) of a Q3_K block whose scales start at byte os, minus 32."""
+    low = (np.int64(w[os + (sub & 7)]) >> (4 * (sub >> 3))) & 15  # sub < 8: low nibble of byte sub, else high
+    high = (np.int64(w[os + 8 + (sub & 3)]) >> (2 * (sub >> 2))) & 3
+    return (low | (high << 4)) - 32
+
+
+@njit(nogil=True, cache=True)
+def dot_q3_K(w, o, nb, yq, yd, yb, r):
+    # block_q3_K: hmask[32], qs[64], scales[12], d; value = low2 - (high bit ? 0 : 4)
+    sumf = np.float32(0.0)
+    yo = r * yq.shape[1]
+    for b in range(nb):
+        ob = o + 110 * b
+        j0 = yo + 256 * b
+        isum = 0
+        for h in range(2):
+            for s in range(4):
+                for t in range(2):
+                    sub = 8 * h + 2 * s + t
+                    j = j0 + 128 * h + 32 * s + 16 * t
+                    v = (dot_fields16(w, ob + 32 + 32 * h + 16 * t, 2 * s, 3, ob + 16 * t, 4 * h + s, 1, 4, yq, j)
+                         - 4 * yb[r, 16 * b + sub])
+                    isum += q3_K_scale(w, ob + 96, sub) * v
+        sumf += (load_f16(w, ob + 108) * yd[r, b]) * np.float32(isum)
+    return sumf
+
+
+@njit(nogil=True, cache=True)
+def scale_min_k4(w, os, j):
+    """ggml's get_scale_min_k4: the 6-bit scale and min of sub-block j (0..7), scales starting at byte os."""
+    if j < 4:
+        return np.int64(w[os + j]) & 63, np.int64(w[os + j + 4]) & 63
+    sc = (np.int64(w[os + j + 4]) & 15) | ((np.int64(w[os + j - 4]) >> 6) << 4)
+    mn = (np.int64(w[os + j + 4]) >> 4) | ((np.int64(w[os + j]) >> 6) << 4)
+    return sc, mn
+
+
+@njit(nogil=True, cache=True)
+def dot_q5_K(w, o, nb, yq, yd, yb, r):
+    # block_q5_K: d, dmin, scales[12], qh[32], qs[128]; fifth bit of element 64k+32h+l is bit 2k+h of qh[l]
+    sumf = np.float32(0.0)
+    yo = r * yq.shape[1]
+    for b in range(nb):
+        ob = o + 176 * b
+        j0 = yo + 256 * b
+        isum = 0
+        summs = 0
+        for k in range(4):
+            sc0, m0 = scale_min_k4(w, ob + 4, 2 * k)
+            sc1, m1 = scale_min_k4(w, ob + 4, 2 * k + 1)
+            j = j0 + 64 * k
+            isum += sc0 * dot_fields32(w, ob + 48 + 32 * k, 0, 15, ob + 16, 2 * k, 1, 16, yq, j)
+            isum += sc1 * dot_fields32(w, ob + 48 + 32 * k, 4, 15, ob + 16, 2 * k + 1, 1, 16, yq, j + 32)
+            g = 16 * b + 4 * k
+            summs += m0 * (yb[r, g] + yb[r, g + 1]) + m1 * (yb[r, g + 2] + yb[r, g + 3])
+        d = load_f16(w, ob) * yd[r, b]
+        dmin = load_f16(w, ob + 2) * yd[r, b]
+        sumf += d * np.float32(isum) - dmin * np.float32(summs)
+    return sumf
+
+
+@njit(nogil=True, cache=True)
+def iq4_xs_scale(w, ob, ib):
+    """The 6-bit scale of sub-block ib (0..7) of the IQ4_XS block at byte ob, minus 32."""
+    low = (np.int64(w[ob + 4 + (ib >> 1)]) >> (4 * (ib & 1))) & 15
+    high = ((np.int64(w[ob + 2]) | (np.int64(w[ob + 3]) << 8)) >> (2 * ib)) & 3
+    return (low | (high << 4)) - 32
+
+
+@njit(nogil=True, cache=True)
+def dot_iq4_xs(w, o, nb, yq, yd, yb, r):
+    # block_iq4_xs: d, scales_h (u16), scales_l[4], qs[128]; 8 sub-blocks of 32 (ggml_vec_dot_iq4_xs_q8_K)
+    sumf = np.float32(0.0)
+    yo = r * yq.shape[1]
+    for b in range(nb):
+        ob = o + 136 * b
+        d4d8 = load_f16(w, ob) * yd[r, b]
+        for ib in range(8):
+            sumi = dot_iq4_32(w, ob + 8 + 16 * ib, yq, yo + 256 * b + 32 * ib)
+            sumf += (d4d8 * np.float32(iq4_xs_scale(w, ob, ib))) * np.float32(sumi)
+    return sumf
+
+
+
+
+@intrinsic
+def dot_iq4_32(typingctx, w, i, yq, j):
+    """sum_t kvalues_iq4nl[nibble t of the 16 bytes at w[i]] * yq[j+t], t < 32 (exact int32): an IQ4_XS
+    sub-block."""
+    sig = types.int32(w, types.intp, yq, types.intp)
+
+    def codegen(context, builder, signature, args):
+        pw = element_pointer(context, builder, signature.args[0], args[0], args[1])
+        py = element_pointer(context, builder, signature.args[2], args[2], args[3])
+        wv = lookup16(builder, KVALUES[IQ4_XS], q4_0_nibbles(builder, pw))
+        return reduce_add_i32(builder, target_block_sums(builder, wv, load_vector(builder, py, IR_I8, 32)), 8)
+
+    return sig, codegen
+

@@ -1,0 +1,120 @@
+"""The CPU's per-type table (ggml's `type_traits_cpu`): for each type the CPU converts, its vec_dot type and the
+kernels MUL_MAT, MUL_MAT_ID, GET_ROWS and CPY take; the dispatch and every CPU type list derive from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pyggml.backends.cpu.kernels.vec_dot import dequantize as dq
+from pyggml.backends.cpu.kernels.vec_dot import float_loops as fl
+from pyggml.backends.cpu.kernels.vec_dot import kquant_loops as kl
+from pyggml.backends.cpu.kernels.vec_dot import quant_loops as ql
+from pyggml.backends.cpu.kernels.vec_dot import reference_dots as rd
+from pyggml.backends.cpu.kernels.vec_dot import tiles_x8 as x8
+from pyggml.backends.cpu.kernels.vec_dot.kinds import X8_REPACKED, X8_TILE
+from pyggml.core.types import TYPE_TRAITS, GGMLType
+
+Kernel = Callable[..., Any]
+FLOAT_VEC_DOT_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
+
+
+@dataclass(frozen=True)
+class CPUTypeTraits:
+    """One row of the table. Kernels (numba functions, None where the type has none):
+
+    - `cols`: the row loop over weight rows m0..m1 against up to `COLS` src1 columns (ggml's reference float
+      order); `cols_x86` its variant in ggml's AVX2 float order (numerics "x86"), None: `cols` serves both.
+    - `reference_dot`: one weight row times one src1 row, for a type without `cols`.
+    - `x8`: the loop over 8 interleaved rows, for tiles repacked as a work item goes (`X8_TILE_KINDS`), and for
+      matrices the repack buffer type holds repacked where `repack` is set.
+    - `to_float`: a weight row to float32 (ggml's dequantize_row_<type>): `to_float(w, o, nb, out, i)`, or
+      `to_float(w, o, nb, out, i, to_float_arg)` for a function that serves several types.
+
+    `vec_dot_type` None: not a MUL_MAT weight type (Q8_1, Q8_K: only what src1 becomes).
+    """
+
+    type: GGMLType
+    vec_dot_type: GGMLType | None
+    to_float: Kernel
+    cols: Kernel | None = None
+    cols_x86: Kernel | None = None
+    reference_dot: Kernel | None = None
+    x8: Kernel | None = None
+    repack: bool = False
+    to_float_arg: int | None = None
+
+    @property
+    def block_bytes(self) -> int:
+        return TYPE_TRAITS[self.type].type_size
+
+    @property
+    def block_size(self) -> int:
+        return TYPE_TRAITS[self.type].blck_size
+
+    @property
+    def float_src1(self) -> bool:
+        """Whether src1 stays float32 (rounded to the vec_dot type) rather than quantized."""
+        return self.vec_dot_type in FLOAT_VEC_DOT_TYPES
+
+    def cols_for(self, x86: bool) -> Kernel | None:
+        """The row loop for numerics "x86" (`x86`) or "ref"."""
+        return self.cols_x86 if x86 and self.cols_x86 is not None else self.cols
+
+
+_T = GGMLType
+# in ggml's enum order
+CPU_TYPE_TRAITS: dict[GGMLType, CPUTypeTraits] = {row.type: row for row in (
+    CPUTypeTraits(_T.F32, _T.F32, dq.f32_row_to_f32, cols=fl.dot_f32_cols),
+    CPUTypeTraits(_T.F16, _T.F16, dq.half_row_to_f32, cols=fl.dot_f16_cols, to_float_arg=int(_T.F16)),
+    CPUTypeTraits(_T.Q4_0, _T.Q8_0, dq.dequantize_row_q4_0, cols=ql.dot_q4_0_cols, cols_x86=ql.dot_q4_0_cols_x86,
+                  x8=x8.dot_q4_0_x8_cols, repack=True),
+    CPUTypeTraits(_T.Q4_1, _T.Q8_1, dq.dequantize_row_q4_1, cols=ql.dot_q4_1_cols, cols_x86=ql.dot_q4_1_cols_x86),
+    CPUTypeTraits(_T.Q5_0, _T.Q8_0, dq.dequantize_row_q5, cols=ql.dot_q5_0_cols, cols_x86=ql.dot_q5_0_cols_x86,
+                  x8=x8.dot_q5_0_x8_cols, to_float_arg=0),
+    CPUTypeTraits(_T.Q5_1, _T.Q8_1, dq.dequantize_row_q5, reference_dot=rd.dot_q5_1, to_float_arg=1),
+    CPUTypeTraits(_T.Q8_0, _T.Q8_0, dq.dequantize_row_q8_0, cols=ql.dot_q8_0_cols, cols_x86=ql.dot_q8_0_cols_x86,
+                  x8=x8.dot_q8_0_x8_cols),
+    CPUTypeTraits(_T.Q8_1, None, dq.dequantize_row_q8, to_float_arg=0),
+    CPUTypeTraits(_T.Q2_K, _T.Q8_K, dq.dequantize_row_q2_K, reference_dot=rd.dot_q2_K),
+    CPUTypeTraits(_T.Q3_K, _T.Q8_K, dq.dequantize_row_q3_K, reference_dot=rd.dot_q3_K),
+    CPUTypeTraits(_T.Q4_K, _T.Q8_K, dq.dequantize_row_q45_K, cols=kl.dot_q4_K_cols, cols_x86=kl.dot_q4_K_cols_x86,
+                  to_float_arg=0),
+    CPUTypeTraits(_T.Q5_K, _T.Q8_K, dq.dequantize_row_q45_K, reference_dot=rd.dot_q5_K, to_float_arg=1),
+    CPUTypeTraits(_T.Q6_K, _T.Q8_K, dq.dequantize_row_q6_K, cols=kl.dot_q6_K_cols, cols_x86=kl.dot_q6_K_cols_x86),
+    CPUTypeTraits(_T.Q8_K, None, dq.dequantize_row_q8, to_float_arg=1),
+    CPUTypeTraits(_T.IQ4_NL, _T.Q8_0, dq.dequantize_row_iq4_nl, cols=ql.dot_iq4_nl_cols),
+    CPUTypeTraits(_T.IQ4_XS, _T.Q8_K, dq.dequantize_row_iq4_xs, reference_dot=rd.dot_iq4_xs),
+    CPUTypeTraits(_T.BF16, _T.BF16, dq.half_row_to_f32, cols=fl.dot_bf16_cols, to_float_arg=int(_T.BF16)),
+    CPUTypeTraits(_T.MXFP4, _T.Q8_0, dq.dequantize_row_mxfp4, cols=ql.dot_mxfp4_cols),
+)}
+
+# --- the lists the CPU backend asks, derived ---
+
+# what GET_ROWS, CPY and DUP read and write (besides F32 to F32 copies of any type pair the kernels allow)
+CONVERTIBLE_TYPES: tuple[GGMLType, ...] = tuple(CPU_TYPE_TRAITS)
+# MUL_MAT's and MUL_MAT_ID's src0 types
+MUL_MAT_TYPES: tuple[GGMLType, ...] = tuple(t for t, row in CPU_TYPE_TRAITS.items() if row.vec_dot_type is not None)
+# the quantized ones
+QUANT_MUL_MAT_TYPES: tuple[GGMLType, ...] = tuple(t for t in MUL_MAT_TYPES if TYPE_TRAITS[t].is_quantized)
+# the weight types whose direct kernels use the multi-column row loops
+COLS_KINDS: frozenset[int] = frozenset(int(t) for t, row in CPU_TYPE_TRAITS.items() if row.cols is not None)
+# the kind of each repacked type's matrices (a repacked src0 takes its x8 loop for every column count)
+X8_KINDS: dict[int, int] = {int(t): X8_REPACKED + int(t) for t, row in CPU_TYPE_TRAITS.items() if row.repack}
+# the kind of the tiles of each type with an x8 loop (prompts of plain matrices)
+X8_TILE_KINDS: dict[int, int] = {int(t): X8_TILE + int(t) for t, row in CPU_TYPE_TRAITS.items()
+                                 if row.x8 is not None}
+# the kinds whose loops take whole groups of X8_ROWS rows (a work item's rows are a multiple of them)
+X8_GROUP_KINDS: frozenset[int] = frozenset((*X8_KINDS.values(), *X8_TILE_KINDS.values()))
+# the vec_dot types src1 is quantized to (quantize_src1.quantize_rows) and those it is rounded to (round_rows)
+QUANTIZED_SRC1_TYPES: frozenset[GGMLType] = frozenset(
+    row.vec_dot_type for row in CPU_TYPE_TRAITS.values() if row.vec_dot_type is not None and not row.float_src1)
+ROUNDED_SRC1_TYPES: frozenset[GGMLType] = frozenset(
+    row.vec_dot_type for row in CPU_TYPE_TRAITS.values() if row.float_src1 and row.vec_dot_type != GGMLType.F32)
+
+
+def row_of_kind(kind: int) -> CPUTypeTraits:
+    """The table row of a kernel kind (a weight type, or one of its x8 layouts)."""
+    return CPU_TYPE_TRAITS[GGMLType(kind % X8_REPACKED)]
