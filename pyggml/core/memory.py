@@ -91,7 +91,9 @@ def view(addr: int, type: GGMLType, ne: list[int], nb: list[int], name: str = "?
         shape = (ne[3], ne[2], ne[1], ne[0])
         strides = (nb[3], nb[2], nb[1], nb[0])
     extent = nbytes_of(type, ne, nb)
-    found = find(addr, max(extent, 1))
+    if extent == 0:  # an empty tensor reads and writes nothing (ggml places it anywhere, a buffer's end too)
+        return np.empty(shape, dtype=dtype)
+    found = find(addr, extent)
     if found is None:
         raise OutOfBoundsError(
             f"tensor '{name}': {extent} bytes at address {addr:#x} are not inside any host memory"

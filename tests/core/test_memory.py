@@ -4,8 +4,11 @@ pointer into a larger mapping, as the model loader makes one per backend out of 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from pyggml.core import memory
+from pyggml.core.errors import OutOfBoundsError
+from pyggml.core.types import GGMLType
 
 
 def test_nested_regions_are_found_whatever_comes_after_them() -> None:
@@ -29,3 +32,18 @@ def test_nested_regions_are_found_whatever_comes_after_them() -> None:
         for a in (later, big):
             memory.unregister(a)
     assert memory.find(base + 300) is None
+
+
+def test_an_empty_tensor_views_no_memory_wherever_it_is() -> None:
+    """ggml places a tensor of 0 bytes at any offset, a buffer's end too: its view is empty, one byte further
+    is refused."""
+    buf = np.zeros(64, np.uint8)
+    memory.register(buf)
+    try:
+        end = memory.address_of(buf) + 64
+        empty = memory.view(end, GGMLType.F32, [0, 3, 1, 1], [4, 0, 0, 0], "node_0")
+        assert empty.size == 0 and empty.shape == (1, 1, 3, 0)
+        with pytest.raises(OutOfBoundsError, match="'one': 4 bytes"):
+            memory.view(end, GGMLType.F32, [1, 1, 1, 1], [4, 4, 4, 4], "one")
+    finally:
+        memory.unregister(buf)
