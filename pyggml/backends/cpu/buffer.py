@@ -1,6 +1,5 @@
-"""CPU buffers: host memory in numpy arrays, registered by real address; size + TENSOR_ALIGNMENT bytes whose base is
-aligned (as ggml_backend_cpu_buffer_get_base pads its pointer), or memory the caller owns (`cpu_buffer_from_ptr`).
-A buffer moves its own bytes; one that belongs to a backend with data hooks of its own is written through it."""
+"""CPU buffers: host memory in numpy arrays, registered by real address, aligned as ggml_backend_cpu_buffer_get_base
+aligns (DESIGN.md, "The backend, its plans and its memory"), or memory the caller owns (`cpu_buffer_from_ptr`)."""
 
 from __future__ import annotations
 
@@ -30,8 +29,8 @@ class CPUBuffer(Buffer):
         super().__init__(backend, size, context=array, buft=buft)
         self.array = array
         self.base = base
-        self.owned = owned  # the memory is ours (alloc_buffer), not the caller's (from_ptr)
-        self.registered = registered  # `array` is registered in pyggml.core.memory until freed
+        self.owned = owned
+        self.registered = registered
         self.owner = owner  # the caller's object for from_ptr buffers, kept alive while the buffer lives
 
     def _get_base(self) -> int:
@@ -73,7 +72,6 @@ class CPUBuffer(Buffer):
 
 
 def host_bytes(t: Tensor, what: str) -> np.ndarray:
-    """A writable uint8 view of a host tensor's nbytes from its data address."""
     assert t.data is not None
     nbytes = t.nbytes()
     found = memory.find(t.data, max(nbytes, 1))
@@ -84,7 +82,6 @@ def host_bytes(t: Tensor, what: str) -> np.ndarray:
 
 
 def _host_range(tensor: Tensor, offset: int, size: int, what: str) -> np.ndarray:
-    """The uint8 view of bytes [offset, offset + size) of a host tensor."""
     assert tensor.data is not None
     found = memory.find(tensor.data + offset, size)
     if found is None:

@@ -31,7 +31,6 @@ REPACKED_Q4_0 = Repacked("Q4_0 8x4")
 
 
 def _check(raw: np.ndarray, what: str, type: GGMLType) -> tuple[int, int]:
-    """(row groups, blocks per row) of a matrix of `type`'s rows as a 2-D uint8 array."""
     block_bytes = TYPE_TRAITS[type].type_size
     if raw.ndim != 2 or raw.dtype != np.uint8:
         raise ShapeError(f"{what}: expected a 2-D uint8 array of {type.name} rows, got {raw.dtype} with shape "
@@ -59,12 +58,12 @@ def repack_block32(raw: np.ndarray, type: GGMLType) -> np.ndarray:
         out[:, :, at:at + X8_ROWS * size] = blocks[:, :, :, src:src + size].reshape(groups, nb, X8_ROWS * size)
         at, src = at + X8_ROWS * size, src + size
     qs = blocks[:, :, :, src:].reshape(groups, nb, X8_ROWS, -1, 4)
-    out[:, :, at:] = qs.transpose(0, 1, 3, 2, 4).reshape(groups, nb, -1)  # (group, block, v, row, i)
+    out[:, :, at:] = qs.transpose(0, 1, 3, 2, 4).reshape(groups, nb, -1)
     return out.reshape(raw.shape)
 
 
 def unpack_block32(packed: np.ndarray, type: GGMLType) -> np.ndarray:
-    """The rows of a repacked matrix of a 32-value block type (the inverse of repack_block32)."""
+    """The inverse of repack_block32."""
     fields, block_bytes = BLOCK32_FIELDS[type]
     groups, nb = _check(packed, f"unpack {type.name}", type)
     blocks = packed.reshape(groups, nb, X8_ROWS * block_bytes)
@@ -102,7 +101,6 @@ def repackable(tensor: Tensor) -> bool:
 
 
 def is_repacked(tensor: Tensor | None) -> bool:
-    """Whether `tensor` (or the tensor it views) is held repacked."""
     if tensor is None:
         return False
     base = tensor.view_src if tensor.view_src is not None else tensor
@@ -110,8 +108,7 @@ def is_repacked(tensor: Tensor | None) -> bool:
 
 
 def repack_supports_op(op: Tensor) -> bool:
-    """ggml's repack extra_buffer_type::supports_op: of a repack buffer's tensors, only a whole repackable MUL_MAT
-    src0 with an F32 src1 (judged by buffer, so before the tensor is written)."""
+    """ggml's repack extra_buffer_type::supports_op: only a whole repackable MUL_MAT src0 with an F32 src1."""
     for i, src in enumerate(op.src):
         buffer = tensor_buffer(src) if src is not None else None
         if src is None or buffer is None or not isinstance(buffer.buft, CPURepackBufferType):

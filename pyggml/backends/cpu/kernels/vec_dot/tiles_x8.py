@@ -1,5 +1,5 @@
-"""Loops over 8 weight rows interleaved (ggml's x86 repack layout, DESIGN.md "Repacked rows"): repacked matrices,
-and tiles of plain Q4_0, Q8_0 and Q5_0 rows repacked as a work item goes."""
+"""Loops over 8 weight rows interleaved (ggml's x86 repack layout, DESIGN.md "Repacked rows (x8)"): repacked
+matrices, and tiles of plain Q4_0, Q8_0 and Q5_0 rows repacked as a work item goes."""
 
 from __future__ import annotations
 
