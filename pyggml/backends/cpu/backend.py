@@ -1,29 +1,5 @@
-"""The CPU backend (ggml-backend.c's CPU part): host memory, kernels, plans, threads.
-
-`n_threads` defaults to the physical cores (llama.cpp's rule, `default_n_threads`); it must be an int in
-[1, GGML_MAX_N_THREADS] (ArgumentTypeError for 2.5 or True, ArgumentError out
-of range), checked by `cpu_init`, `cpu_set_n_threads`, `graph_compute_with_ctx`
-and assignments to `n_threads`. The kernels read `params.n_threads`: the
-JIT kernels' workers and the BLAS paths' Python threads (each calling BLAS
-single-threaded, see kernels.matmul) share the work from a counter, so BLAS
-(numpy's OpenBLAS/MKL) is kept at one thread of its own through threadpoolctl
-before each compute, where its count differs (not per kernel).
-
-The backend's device is the CPU device (`pyggml.backends.cpu.device`); its
-buffers are of the "CPU" buffer type, `cpu_buffer_from_ptr` buffers of
-"CPU_Mapped". Its plans follow tensors whose memory moved after the plan was
-made (`plans_follow_moves`: each compute reads `data` anew, as ggml's kernels do).
-
-`numerics` ("x86" or "ref"; None: `PYGGML_CPU_NUMERICS`, else
-"x86" on AVX2+FMA machines) picks which of ggml's CPU code paths the
-kernels reproduce (`pyggml.backends.cpu.numerics`); plans made
-after an assignment use the new value.
-
-`batch_invariant` (False by default) makes the kernels reduce every output
-element in one order whatever the batch around it (see ComputeParams): set
-by `cpu_set_batch_invariant`, the registry's
-"pyggml_backend_set_batch_invariant"; plans made after it follow it.
-"""
+"""The CPU backend (ggml-cpu.cpp's backend part): host memory, kernels, plans, threads, and its settings
+`n_threads`, `numerics` and `batch_invariant` (DESIGN.md, "The backend, its plans and its memory")."""
 
 from __future__ import annotations
 
@@ -56,15 +32,14 @@ from pyggml.core.tensor import Tensor
 
 log = logging.getLogger("pyggml.backends.cpu")
 
-GGML_MAX_N_THREADS = 512  # ggml's limit of a CPU compute's threads
+GGML_MAX_N_THREADS = 512
 
 
 def check_n_threads(n_threads: object, what: str) -> int:
     """`n_threads` as an int in [1, GGML_MAX_N_THREADS]: C would truncate 2.5 and spin up 0 or -3 threads."""
     return check_int(n_threads, f"{what}: n_threads", minimum=1, maximum=GGML_MAX_N_THREADS)
 
-# threadpoolctl's controllers of the BLAS libraries loaded when the CPU backend first computed (numpy's among
-# them); None until then, [] without threadpoolctl
+# threadpoolctl's BLAS controllers as of the first compute; [] without threadpoolctl
 _blas_libs: list[Any] | None = None
 
 
@@ -82,8 +57,7 @@ def _blas_controllers() -> list[Any]:
 
 
 def physical_cores(sys_cpu: str = "/sys/devices/system/cpu") -> int:
-    """llama.cpp's cpu_get_num_physical_cores: the distinct thread-sibling sets of cpu0, cpu1, ... (Linux:
-    the hyperthreads of a core count once); without them the logical CPUs, halved above 4."""
+    """llama.cpp's cpu_get_num_physical_cores: distinct thread-sibling sets, else the logical CPUs halved above 4."""
     siblings: set[bytes] = set()
     cpu = 0
     while True:
@@ -100,18 +74,12 @@ def physical_cores(sys_cpu: str = "/sys/devices/system/cpu") -> int:
 
 
 def default_n_threads() -> int:
-    """The CPU backend's thread count when none is given: the physical cores, as llama.cpp's
-    cpu_get_num_math on machines whose cores are all alike."""
+    """The physical cores, as llama.cpp's cpu_get_num_math on machines whose cores are all alike."""
     return max(1, min(physical_cores(), GGML_MAX_N_THREADS))
 
 
 def set_blas_threads(n_threads: int) -> None:
-    """Limit BLAS to `n_threads` where it runs with another count.
-
-    Each library's count is read (a cheap C call) rather than remembered: another model's backend, another
-    thread or another package may have changed it since, and OpenBLAS's results depend on it (its threads
-    split the sums differently), so a remembered count let a 1-thread model's products change with what
-    ran before it in the process. Setting it costs more than reading it, so only a change sets it."""
+    """Limit BLAS to `n_threads`, read each time: another package may have changed it, and OpenBLAS's sums follow it."""
     for lib in _blas_controllers():
         if lib.num_threads != n_threads:
             lib.set_num_threads(n_threads)
@@ -124,11 +92,11 @@ class CPUBackend(Backend):
                  batch_invariant: bool = False) -> None:
         super().__init__(cpu_device())
         device = cpu_device()
-        self.buft = CPUBufferType(device, "CPU", owner=self)  # this instance's own (see CPUBufferType)
+        self.buft = CPUBufferType(device, "CPU", owner=self)
         self.mapped_buft = CPUBufferType(device, "CPU_Mapped", owner=self)
         self._n_threads = 1
         self.n_threads = n_threads if n_threads is not None else default_n_threads()
-        self.work = WorkArea()  # the seed's work_data/work_size, reused by graph_compute
+        self.work = WorkArea()  # ggml_backend_cpu_context's work_data, reused by graph_compute
         self._numerics = resolve_numerics(numerics)
         self._batch_invariant = False
         self.batch_invariant = batch_invariant
@@ -165,8 +133,6 @@ class CPUBackend(Backend):
     def n_threads(self, n_threads: int) -> None:
         self._n_threads = check_n_threads(n_threads, "CPU backend")
 
-    # --- hooks ---
-
     def _get_name(self) -> str:
         return "CPU"
 
@@ -198,17 +164,15 @@ class CPUBackend(Backend):
         host_read(tensor, data, offset, size)
 
     def _cpy_tensor_from(self, src: Tensor, dst: Tensor) -> bool:
-        # the seed: ggml_backend_tensor_get(src, dst->data, 0, ggml_nbytes(src))
         tensor_get(src, host_bytes(dst, "cpy_tensor_from"), 0, src.nbytes())
         return True
 
     def _cpy_tensor_to(self, src: Tensor, dst: Tensor) -> bool:
-        # the seed: ggml_backend_tensor_set(dst, src->data, 0, ggml_nbytes(src))
         tensor_set(dst, host_bytes(src, "cpy_tensor_to"), 0, src.nbytes())
         return True
 
     def _graph_plan_create(self, graph: Graph) -> CPUPlan:
-        # each plan has its own work area, as the seed mallocs work_data per plan
+        # each plan owns its work area, as ggml_backend_cpu_graph_plan_create allocates cplan.work_data
         return plan_create(graph, self._params(WorkArea()))
 
     def _graph_plan_free(self, plan: CPUPlan) -> None:
@@ -233,7 +197,7 @@ class CPUBackend(Backend):
 
 
 def cpu_init(n_threads: int | None = None, numerics: str | None = None, batch_invariant: bool = False) -> CPUBackend:
-    """ggml_backend_cpu_init (`numerics`: see `pyggml.backends.cpu.numerics`; `batch_invariant`: see ComputeParams)."""
+    """ggml_backend_cpu_init."""
     return CPUBackend(n_threads, numerics, batch_invariant)
 
 
@@ -254,8 +218,7 @@ def cpu_set_n_threads(backend_cpu: Backend, n_threads: int) -> None:
 
 
 def cpu_set_batch_invariant(backend_cpu: Backend, on: bool) -> None:
-    """The registry's "pyggml_backend_set_batch_invariant": plans made after this reduce every output element
-    in one order whatever the batch (`on`) or take the fastest kernel for each shape (see ComputeParams)."""
+    """The registry's "pyggml_backend_set_batch_invariant", for plans made after this (see ComputeParams)."""
     check_instance(backend_cpu, Backend, "cpu_set_batch_invariant: backend_cpu")
     if not is_cpu(backend_cpu):
         raise ArgumentError(f"cpu_set_batch_invariant: backend '{backend_cpu.name()}' is not the CPU backend")
@@ -265,7 +228,7 @@ def cpu_set_batch_invariant(backend_cpu: Backend, on: bool) -> None:
 
 
 def cpu_backend_buffer_from_ptr(backend_cpu: Backend, ptr: object, size: int) -> CPUBuffer:
-    """ggml_backend_cpu_buffer_from_ptr (see `pyggml.backends.cpu.buffer.cpu_buffer_from_ptr`)."""
+    """ggml_backend_cpu_buffer_from_ptr."""
     check_instance(backend_cpu, Backend, "cpu_buffer_from_ptr: backend_cpu")
     if not is_cpu(backend_cpu):
         raise ArgumentError(f"cpu_buffer_from_ptr: backend '{backend_cpu.name()}' is not the CPU backend")
@@ -274,8 +237,7 @@ def cpu_backend_buffer_from_ptr(backend_cpu: Backend, ptr: object, size: int) ->
 
 
 def graph_compute_with_ctx(ctx: Context, graph: Graph, n_threads: int | None = None) -> None:
-    """ggml_graph_compute_with_ctx: compute a graph whose tensors live in a Context's memory
-    (`no_alloc=False`), with no buffer, on a CPU backend of `n_threads`."""
+    """ggml_graph_compute_with_ctx: a graph whose tensors live in a Context's memory, on a CPU backend."""
     if n_threads is not None:
         n_threads = check_n_threads(n_threads, "graph_compute_with_ctx")
     backend = CPUBackend(n_threads)

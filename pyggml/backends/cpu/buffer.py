@@ -1,24 +1,5 @@
-"""CPU buffers: host memory in numpy arrays, registered by real address.
-
-`alloc_buffer` memory is a numpy uint8 array of size + TENSOR_ALIGNMENT bytes,
-as the seed mallocs size + TENSOR_ALIGNMENT. The seed keeps malloc's (maybe
-unaligned) pointer as the base and leaves the allocator to align; here the
-extra bytes align the base itself, so `get_base()` is a multiple of
-TENSOR_ALIGNMENT and all `size` bytes from it are usable (`get_size()` is the
-size asked for).
-
-`cpu_buffer_from_ptr` wraps memory the caller owns; freeing such a buffer only
-forgets the memory, it never releases it.
-
-A CPU buffer moves its own bytes (`_set_tensor`, `_get_tensor`, `_cpy_tensor`:
-copies by address in host memory), so buffers of the CPU buffer types need no
-backend; a buffer that belongs to a backend with data hooks of its own (the
-seed's way) is read and written through that backend.
-
-A size larger than the host memory still available raises OutOfMemoryError
-with the bytes requested and available before numpy is asked
-(`pyggml.core.memory.allocate_host`).
-"""
+"""CPU buffers: host memory in numpy arrays, registered by real address, aligned as ggml_backend_cpu_buffer_get_base
+aligns (DESIGN.md, "The backend, its plans and its memory"), or memory the caller owns (`cpu_buffer_from_ptr`)."""
 
 from __future__ import annotations
 
@@ -37,7 +18,7 @@ if TYPE_CHECKING:
     from pyggml.backend.backend import Backend
     from pyggml.backend.buffer_type import BufferType
 
-TENSOR_ALIGNMENT = 64  # should be enough for AVX 512 (the seed)
+TENSOR_ALIGNMENT = 64  # enough for AVX-512 (ggml's is 32: what mmapped GGUF data guarantees)
 
 
 class CPUBuffer(Buffer):
@@ -48,8 +29,8 @@ class CPUBuffer(Buffer):
         super().__init__(backend, size, context=array, buft=buft)
         self.array = array
         self.base = base
-        self.owned = owned  # the memory is ours (alloc_buffer), not the caller's (from_ptr)
-        self.registered = registered  # we registered `array` in pyggml.core.memory and must unregister it
+        self.owned = owned
+        self.registered = registered
         self.owner = owner  # the caller's object for from_ptr buffers, kept alive while the buffer lives
 
     def _get_base(self) -> int:
@@ -83,8 +64,7 @@ class CPUBuffer(Buffer):
             host_read(tensor, data, offset, size)
 
     def _cpy_tensor(self, src: Tensor, dst: Tensor) -> bool:
-        """dst (here) <- src from any buffer: src's bytes read straight into dst's memory (left to the
-        backend when the buffer is written through one)."""
+        """dst (here) <- src from any buffer, read straight into dst's memory unless a backend writes it."""
         if self.backend_moves_bytes():
             return False
         tensor_get(src, host_bytes(dst, "cpy_tensor"), 0, src.nbytes())
@@ -92,7 +72,6 @@ class CPUBuffer(Buffer):
 
 
 def host_bytes(t: Tensor, what: str) -> np.ndarray:
-    """A writable uint8 view of a host tensor's nbytes from its data address."""
     assert t.data is not None
     nbytes = t.nbytes()
     found = memory.find(t.data, max(nbytes, 1))
@@ -103,7 +82,6 @@ def host_bytes(t: Tensor, what: str) -> np.ndarray:
 
 
 def _host_range(tensor: Tensor, offset: int, size: int, what: str) -> np.ndarray:
-    """The uint8 view of bytes [offset, offset + size) of a host tensor."""
     assert tensor.data is not None
     found = memory.find(tensor.data + offset, size)
     if found is None:
@@ -114,13 +92,11 @@ def _host_range(tensor: Tensor, offset: int, size: int, what: str) -> np.ndarray
 
 
 def host_write(tensor: Tensor, data: memoryview, offset: int, size: int) -> None:
-    """Copy `size` bytes of `data` to bytes `offset`.. of a tensor in host memory."""
     if size:
         _host_range(tensor, offset, size, "tensor_set")[:] = np.frombuffer(data, dtype=np.uint8, count=size)
 
 
 def host_read(tensor: Tensor, data: memoryview, offset: int, size: int) -> None:
-    """Copy `size` bytes from byte `offset` of a tensor in host memory into `data`."""
     if size:
         np.frombuffer(data, dtype=np.uint8, count=size)[:] = _host_range(tensor, offset, size, "tensor_get")
 
@@ -140,13 +116,8 @@ def cpu_alloc_buffer(backend: Backend | None, size: int, buft: BufferType | None
 
 def cpu_buffer_from_ptr(backend: Backend | None, ptr: object, size: int,
                         buft: BufferType | None = None) -> CPUBuffer:
-    """ggml_backend_cpu_buffer_from_ptr: a buffer over `size` bytes of memory the caller owns.
-
-    `ptr` is a writable, C-contiguous buffer-protocol object (a numpy array, a
-    bytearray, ...) whose first `size` bytes become the buffer, or an int
-    address inside host memory that is already registered (a context's arena,
-    another buffer). The memory is never released by the buffer.
-    """
+    """ggml_backend_cpu_buffer_from_ptr: a buffer over `size` bytes the caller owns (never released): a writable,
+    C-contiguous buffer-protocol object, or an int address inside registered host memory."""
     size = check_size(size, "cpu_buffer_from_ptr: size")
     if isinstance(ptr, (int, np.integer)) and not isinstance(ptr, bool):
         addr = int(ptr)

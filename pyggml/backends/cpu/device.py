@@ -1,19 +1,5 @@
-"""The CPU backend's registry, device and buffer types (ggml-cpu.cpp's reg and device, ggml-backend.cpp's
-CPU buffer types).
-
-One registry "CPU" with one device "CPU" (type CPU; description: the CPU's
-model name; memory: the host's, available and total). Its capabilities are
-ggml's: buffers over host memory (`buffer_from_host_ptr`, what memory-mapped
-weights use) and mmap support; no async, no host buffer type, no events.
-Buffer types: "CPU" (aligned host memory) and "CPU_Mapped" (caller memory),
-both host, and the extra one "CPU_REPACK" (Q4_0 matrices repacked for the
-kernels, see pyggml.backends.cpu.repack). The device computes with any host
-buffer type and its repack one. The registry hands out
-"ggml_backend_set_n_threads", "ggml_backend_dev_get_extra_bufts" and pyggml's
-"pyggml_backend_set_batch_invariant" (`get_proc_address`).
-
-`cpu_reg` is the entry point `pyggml.backends: cpu` (see pyproject.toml).
-"""
+"""The CPU backend's registry, device and buffer types (ggml-cpu.cpp's reg and device, ggml-backend.cpp's CPU buffer
+types; DESIGN.md, "The CPU device"). `cpu_reg` is the entry point `pyggml.backends: cpu`."""
 
 from __future__ import annotations
 
@@ -44,12 +30,8 @@ if TYPE_CHECKING:
 
 
 class CPUBufferType(BufferType):
-    """Host memory in aligned numpy arrays ("CPU"), or the caller's ("CPU_Mapped").
-
-    The device has one of each, which every CPU backend computes with; each CPU backend instance also has
-    its own (`owner`), which only it computes with, as ggml gives each device its own buffer types: weights
-    placed in one CPU backend's buffers stay with it in the scheduler, so a model split over several CPU
-    backends stays split (the test double of several devices)."""
+    """Host memory in aligned numpy arrays ("CPU"), or the caller's ("CPU_Mapped"): the device's, or one CPU
+    backend's own (`owner`), which only it computes with."""
 
     def __init__(self, device: CPUDevice, name: str, owner: CPUBackend | None = None) -> None:
         super().__init__(device)
@@ -77,7 +59,7 @@ class CPUDevice(Device):
         self._description = host_cpu_name()
         self.buft = CPUBufferType(self, "CPU")
         self.mapped_buft = CPUBufferType(self, "CPU_Mapped")
-        self.repack_buft = CPURepackBufferType(self)  # the extra buffer type (see pyggml.backends.cpu.repack)
+        self.repack_buft = CPURepackBufferType(self)  # the extra buffer type
 
     def _get_name(self) -> str:
         return "CPU"
@@ -172,8 +154,7 @@ def cpu_device() -> CPUDevice:
 
 
 def extra_bufts(device: Device) -> list[BufferType]:
-    """ggml_backend_dev_get_extra_bufts (the CPU registry's function of that name): the device's extra buffer
-    types, CPU_REPACK (ggml's list ends with NULL; this one is a list)."""
+    """ggml_backend_dev_get_extra_bufts: the device's extra buffer types, CPU_REPACK (a list, not NULL-ended)."""
     check_instance(device, CPUDevice, f"{EXTRA_BUFTS}: device")
     return [device.repack_buft]
 

@@ -1,25 +1,5 @@
-"""Numba's compilation of the CPU kernels: where the compiled code is kept, who hears of a compile, and the
-native address of a compiled function.
-
-Numba compiles a kernel the first time it is called with new argument types
-and keeps the machine code on disk (`cache=True`), so a compile happens once
-per machine and source version. It keeps it beside the source (`__pycache__`)
-where that folder is writable (a clone, an editable install); where it is not
-(a package installed read-only), `install_cache_locator` sends pyggml's
-kernels to `kernel_cache_dir()` (~/.cache/pyggml/numba) instead of numba's
-own user folder, so that one folder holds them. NUMBA_CACHE_DIR, when set,
-still wins for every function, as numba documents.
-
-A kernel's compiled code inlines functions of other modules (the MUL_MAT job inlines the row loops of
-`kernels.vec_dot`), while numba stamps a cached function with its own source file only: for the CPU
-backend's sources the stamp covers the source and every backend module it imports, directly or not
-(`sources_stamp`), so a change to any of them makes the cached code stale.
-
-A compile takes seconds (a MUL_MAT job of one weight type, ~5-15 s on a
-loaded machine): `watch_compiles` tells a caller (the command line's notice
-and progress) when one starts and ends, and only when numba's cache did not
-have it.
-"""
+"""Numba's compilation of the CPU kernels: where the compiled code is kept, stamped with every backend module a
+kernel imports (it may inline them), who hears of a compile, a function's address (DESIGN.md, "Compiled kernels")."""
 
 from __future__ import annotations
 
@@ -38,8 +18,8 @@ from numba.core import caching, event
 
 from pyggml.cache import cache_dir
 
-_PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the pyggml package folder
-_BACKEND_ROOT = Path(__file__).resolve().parent  # the CPU backend's folder: what its kernels inline
+_PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+_BACKEND_ROOT = Path(__file__).resolve().parent
 _CacheImpl: Any = getattr(caching, "CacheImpl", None) or caching._CacheImpl
 _InTreeLocator: Any = getattr(caching, "InTreeCacheLocator", None) or caching._InTreeCacheLocator
 _UserProvidedLocator: Any = (getattr(caching, "UserProvidedCacheLocator", None)
@@ -59,9 +39,7 @@ def _in_package(py_file: str, root: Path = _PACKAGE_ROOT) -> bool:
 
 
 def sources_stamp(py_file: str) -> bytes:
-    """The hash of the CPU backend source `py_file` and of every backend module it imports at module level,
-    directly or not (relative paths and contents), read again only when a file's size or modification time
-    changes."""
+    """The hash of backend source `py_file` and every backend module it imports, directly or not."""
     files, todo = set(), [Path(py_file).resolve()]
     while todo:
         path = todo.pop()
@@ -79,7 +57,7 @@ def _size_time(path: Path) -> tuple[int, int]:
 @functools.lru_cache(maxsize=256)
 def _backend_imports(path: Path, size: int, mtime_ns: int) -> tuple[Path, ...]:
     """The backend's source files `path` imports at module level."""
-    package = _BACKEND_ROOT.parents[2]  # the folder holding the pyggml package
+    package = _BACKEND_ROOT.parents[2]
     prefix = ".".join(_BACKEND_ROOT.relative_to(package).parts)
     names: list[str] = []
     for node in ast.parse(path.read_bytes()).body:
@@ -105,7 +83,7 @@ def _hash_sources(files: tuple[tuple[Path, int, int], ...]) -> bytes:
 
 
 class _BackendStamp:
-    """A locator's source stamp: for a source of the CPU backend, that of it and its imports (`sources_stamp`)."""
+    """A locator's source stamp: `sources_stamp` for a source of the CPU backend."""
 
     _py_file: str
 
@@ -116,7 +94,6 @@ class _BackendStamp:
 
 
 class _BackendOnly(_BackendStamp):
-    """A locator for the CPU backend's sources only."""
 
     @classmethod
     def from_function(cls, py_func: Any, py_file: str) -> Any:
@@ -134,8 +111,7 @@ class BackendInTreeLocator(_BackendOnly, _InTreeLocator):
 
 
 class PackageCacheLocator(_BackendStamp, caching._SourceFileBackedLocatorMixin, caching._CacheLocator):
-    """numba's cache locator for pyggml's own sources, in `kernel_cache_dir()` (for other sources: none), with
-    the backend's stamp for its sources."""
+    """numba's cache locator for pyggml's own sources, in `kernel_cache_dir()`."""
 
     def __init__(self, py_func: Any, py_file: str) -> None:
         self._py_file = py_file
@@ -153,9 +129,7 @@ class PackageCacheLocator(_BackendStamp, caching._SourceFileBackedLocatorMixin, 
 
 
 def install_cache_locator() -> None:
-    """Put the backend's locators first for its sources, each right before the numba locator it stamps anew
-    (NUMBA_CACHE_DIR's, then the source's __pycache__ when writable), then PackageCacheLocator; before the
-    first kernel is decorated."""
+    """Put the backend's locators before the numba ones they stamp anew, then PackageCacheLocator."""
     locators: list[Any] = _CacheImpl._locator_classes
     if PackageCacheLocator in locators:
         return
@@ -166,9 +140,7 @@ def install_cache_locator() -> None:
 
 
 def cache_folder(source: str) -> str | None:
-    """The folder where numba keeps the compiled code of the functions of the Python file `source`: that of
-    the first locator numba would take (NUMBA_CACHE_DIR's, the source's __pycache__, kernel_cache_dir(), ...);
-    None if none would."""
+    """The folder of the first locator numba would take for the functions of `source`, or None."""
     for cls in _CacheImpl._locator_classes:
         locator = cls.from_function(_probe, source)  # a locator reads only the function's first line number
         if locator is not None:
@@ -177,12 +149,11 @@ def cache_folder(source: str) -> str | None:
 
 
 def _probe() -> None:
-    """A function for cache_folder to show numba's locators."""
+    """cache_folder's probe."""
 
 
 def compiled_address(fn: Any, sig: Any) -> int:
-    """The C-callable address of the dispatcher `fn` compiled for `sig` (compiled, or loaded from numba's
-    cache, now if not yet): numba's C wrapper of it, the one its first-class functions call."""
+    """The C-callable address (numba's cfunc wrapper) of dispatcher `fn` compiled for `sig`, compiled if not yet."""
     cres = fn.get_compile_result(sig)
     return int(cres.library.get_pointer_to_function(cres.fndesc.llvm_cfunc_wrapper_name))
 
@@ -224,9 +195,7 @@ def _source(fn: Any) -> str | None:
 @contextmanager
 def watch_compiles(on_start: Callable[[str, str | None], None],
                    on_end: Callable[[str, float], None]) -> Iterator[None]:
-    """Within the block, `on_start(name, source file)` before numba compiles a function its cache does not
-    have, and `on_end(name, seconds)` after it (the outermost compile only: it compiles its callees inside
-    it)."""
+    """Within the block, `on_start(name, source file)` and `on_end(name, seconds)` around each outermost compile."""
     listener = _Listener(on_start, on_end)
     event.register("numba:compile", listener)
     try:

@@ -1,21 +1,5 @@
-"""CPU graph plans: each node's kernel prepared once, computed many times.
-
-`plan_create` walks the graph's nodes, skips those with nothing to compute
-(view ops, NONE, as ggml's compute loop does cheaply), makes numpy views of
-each node's destination and sources, and asks the node's kernel for its
-compute function. `plan_compute` only calls those functions in order, so the
-Python cost per node is one call plus whatever the kernel does.
-
-Every tensor a plan reads or writes is checked, once when it is prepared,
-to lie inside its buffer (OutOfBoundsError naming the tensor, its offset and
-the buffer's size): a view outside its source's buffer would otherwise let a
-kernel write another buffer's bytes. A node must have the sources its op reads
-(`check_sources`) and rows of whole blocks (a quantized tensor's nb[0] is its
-block's size). What a kernel derives from the node (windows, strides, the
-views of `_common.strided_view`, sizes from op_params) is checked by the
-kernel as it prepares the node; an error that does not name the node gets its
-op, index and name.
-"""
+"""CPU graph plans: each node's kernel prepared once, computed many times; every tensor checked inside its buffer when
+prepared, and nodes prepared again when their tensors move (DESIGN.md, "The backend, its plans and its memory")."""
 
 from __future__ import annotations
 
@@ -51,9 +35,7 @@ def _op_supports(op: GGMLOp) -> Supports | bool:
 
 
 def kernel_supports(node: Tensor) -> bool:
-    """Whether the CPU kernels compute `node`: its op has a kernel, the kernel's module (if it exposes
-    `supports(node)`) accepts the node's types and parameters, and it reads no tensor of a CPU_REPACK buffer
-    but as MUL_MAT's src0 (see repack.repack_supports_op)."""
+    """Whether a CPU kernel's `supports` accepts `node`, reading no repacked tensor but as MUL_MAT's src0."""
     if not repack_supports_op(node) or not _has_sources(node):
         return False
     supports = _supports_of.get(node.op)
@@ -72,8 +54,7 @@ def _has_sources(node: Tensor) -> bool:
 
 
 def check_layout(t: Tensor, what: str) -> None:
-    """LayoutError unless a quantized tensor's rows are whole blocks one after another (nb[0] its block's size):
-    its bytes are viewed as rows of blocks, which is what its bounds were checked as."""
+    """LayoutError unless a quantized tensor's rows are whole blocks one after another (as its bounds were checked)."""
     tr = TYPE_TRAITS[t.type]
     if tr.blck_size > 1 and t.nb[0] != tr.type_size:
         raise LayoutError(f"{what}: tensor '{t.name}' of type {t.type.name} has nb[0] = {t.nb[0]}, not its block's "
@@ -81,13 +62,11 @@ def check_layout(t: Tensor, what: str) -> None:
 
 
 def check_distinct_elements(t: Tensor, what: str) -> None:
-    """LayoutError unless a node's elements (blocks, for a quantized type) lie at distinct bytes: a stride of 0
-    or rows over rows make one byte several elements, which a kernel writes in an order of its own (and BLAS
-    refuses to write at all)."""
+    """LayoutError unless a node's elements (or blocks) lie at distinct bytes: kernels and BLAS write each once."""
     tr = TYPE_TRAITS[t.type]
     counts = [t.ne[0] // tr.blck_size, *t.ne[1:]]
     if min(counts) <= 0:
-        return  # no elements
+        return
     strides = [tr.type_size if tr.blck_size > 1 else t.nb[0], *t.nb[1:]]
     reach = tr.type_size  # bytes the dims so far span, from the innermost
     for nb, n in sorted((nb, n) for n, nb in zip(counts, strides, strict=True) if n > 1):
@@ -141,14 +120,7 @@ class _Seen:
 
 
 class CPUPlan:
-    """ggml_backend_plan_cpu: the compute functions of a graph's nodes, in order.
-
-    As in ggml, where kernels read `tensor->data` when they run, a plan follows
-    tensors whose memory moved after it was made (a KV-cache write moved to the
-    next cell, a graph allocated again): `plan_compute` compares every tensor's
-    `data` with the one it prepared (a few microseconds for a LLaMA layer's
-    graph) and prepares again the nodes that read or write a moved tensor.
-    """
+    """ggml_backend_plan_cpu: the compute functions of a graph's nodes, in order, following moved tensors."""
 
     __slots__ = ("graph", "computes", "params", "buffers", "n_nodes", "freed", "nodes", "seen", "watch", "datas",
                  "by_id")
@@ -255,8 +227,7 @@ def _follow(plan: CPUPlan, datas: list[int | None]) -> None:
 
 
 def plan_computes(plan: CPUPlan) -> list[Compute]:
-    """The compute functions `plan_compute` runs, prepared for the tensors where they are now (after the
-    checks): an asynchronous backend takes them when it queues the plan, as a GPU launch takes pointers."""
+    """The compute functions prepared for the tensors where they are now (an asynchronous backend queues them)."""
     check_plan_buffers(plan.freed, plan.n_nodes, [])  # a freed plan first: its tensors may be gone
     datas = [t.data for t in plan.watch]
     if datas != plan.datas:

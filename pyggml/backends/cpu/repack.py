@@ -1,22 +1,5 @@
-"""Weights repacked for the CPU kernels: Q4_0 matrices as groups of 8 rows interleaved 4 bytes at a time.
-
-ggml's CPU backend repacks some weight types at load (its "extra" buffer type CPU_REPACK, ggml-cpu/repack.cpp:
-on a CPU with AVX2, Q4_0 to block_q4_0x8, Q4_K to block_q4_Kx8) so that one SIMD instruction works on several
-rows at once. pyggml does the same for Q4_0 matrices whose row count is a multiple of 8 (X8_ROWS), in a layout
-of its own made for vpdpbusd's 32-bit lanes (see `kernels.vec_dot.tiles_x8`), with the float order of
-ggml's x86 repack kernels, so that a product gives the bits llama.cpp's repacked Q4_0 gives on an AVX2
-machine. A group of 8 rows takes the bytes its rows took, so a repacked matrix has the size of the original.
-Q4_K is not repacked yet: a loop in the order of ggml_gemv_q4_K_8x8_q8_K as read moved SmolLM2's and Gemma 3's
-logits away from llama.cpp's (which its plain rows' order matches), so the order is not yet understood.
-
-Q4_0, per group of 8 rows (r = 0..7) and per block (32 values, 18 bytes in Q4_0): the 8 rows' f16 scales d
-(16 bytes), then 4 times 32 bytes: byte 4r + i of the v-th holds row r's quant byte 4v + i (its values 4v + i
-in the low nibble and 16 + 4v + i in the high one).
-
-Q8_0 and Q5_0 are not held repacked (ggml does not repack them on x86), but prompts multiply them in the same
-kind of layout, repacked a tile at a time by the kernels: Q8_0's 32 bytes of quants as 8 times 32
-(repack_block32), Q5_0 widened to Q8_0's blocks first (each value + 16 as a byte).
-"""
+"""Weights repacked for the CPU kernels (ggml's CPU_REPACK, repack.cpp): Q4_0 matrices as groups of 8 rows interleaved
+4 bytes at a time, ggml's x86 repack kernels' order (DESIGN.md, "Repacked rows (x8)")."""
 
 from __future__ import annotations
 
@@ -30,8 +13,8 @@ from pyggml.core.tensor import GGMLOp, Tensor
 from pyggml.core.types import TYPE_TRAITS, GGMLType
 
 X8_ROWS = 8
-Q4_0_BLOCK_BYTES = 18  # block_q4_0: f16 d, 16 bytes of nibbles
-REPACK_BUFT_NAME = "CPU_REPACK"  # ggml's name of its repack buffer type
+Q4_0_BLOCK_BYTES = 18
+REPACK_BUFT_NAME = "CPU_REPACK"
 
 
 class Repacked:
@@ -48,7 +31,6 @@ REPACKED_Q4_0 = Repacked("Q4_0 8x4")
 
 
 def _check(raw: np.ndarray, what: str, type: GGMLType) -> tuple[int, int]:
-    """(row groups, blocks per row) of a matrix of `type`'s rows as a 2-D uint8 array."""
     block_bytes = TYPE_TRAITS[type].type_size
     if raw.ndim != 2 or raw.dtype != np.uint8:
         raise ShapeError(f"{what}: expected a 2-D uint8 array of {type.name} rows, got {raw.dtype} with shape "
@@ -60,14 +42,13 @@ def _check(raw: np.ndarray, what: str, type: GGMLType) -> tuple[int, int]:
     return rows // X8_ROWS, row_bytes // block_bytes
 
 
-# 32-value block types in the repacked layout: the bytes of each field before the quants, and the block's bytes
+# 32-value block types: the bytes of each field before the quants, and the block's bytes
 BLOCK32_FIELDS = {GGMLType.Q4_0: ((2,), Q4_0_BLOCK_BYTES), GGMLType.Q8_0: ((2,), 34)}
 
 
 def repack_block32(raw: np.ndarray, type: GGMLType) -> np.ndarray:
-    """Rows of a 32-value block type (Q4_0, Q8_0; 2-D uint8, rows a multiple of 8) in the repacked layout: per
-    group of 8 rows and block, each field before the quants for the 8 rows in turn (d), then the quants, byte
-    4r + i of the v-th 32 bytes holding row r's quant byte 4v + i. Same shape."""
+    """Rows of Q4_0 or Q8_0 (2-D uint8) repacked: per group of 8 rows and block, the 8 rows' d, then the quants,
+    byte 4r + i of the v-th 32 holding row r's byte 4v + i."""
     fields, block_bytes = BLOCK32_FIELDS[type]
     groups, nb = _check(raw, f"repack {type.name}", type)
     blocks = raw.reshape(groups, X8_ROWS, nb, block_bytes).transpose(0, 2, 1, 3)  # (group, block, row, byte)
@@ -76,13 +57,13 @@ def repack_block32(raw: np.ndarray, type: GGMLType) -> np.ndarray:
     for size in fields:
         out[:, :, at:at + X8_ROWS * size] = blocks[:, :, :, src:src + size].reshape(groups, nb, X8_ROWS * size)
         at, src = at + X8_ROWS * size, src + size
-    qs = blocks[:, :, :, src:].reshape(groups, nb, X8_ROWS, -1, 4)  # (group, block, row, v, i)
-    out[:, :, at:] = qs.transpose(0, 1, 3, 2, 4).reshape(groups, nb, -1)  # (group, block, v, row, i)
+    qs = blocks[:, :, :, src:].reshape(groups, nb, X8_ROWS, -1, 4)
+    out[:, :, at:] = qs.transpose(0, 1, 3, 2, 4).reshape(groups, nb, -1)
     return out.reshape(raw.shape)
 
 
 def unpack_block32(packed: np.ndarray, type: GGMLType) -> np.ndarray:
-    """The rows of a repacked matrix of a 32-value block type (the inverse of repack_block32)."""
+    """The inverse of repack_block32."""
     fields, block_bytes = BLOCK32_FIELDS[type]
     groups, nb = _check(packed, f"unpack {type.name}", type)
     blocks = packed.reshape(groups, nb, X8_ROWS * block_bytes)
@@ -91,31 +72,27 @@ def unpack_block32(packed: np.ndarray, type: GGMLType) -> np.ndarray:
     for size in fields:
         out[:, :, :, src:src + size] = blocks[:, :, at:at + X8_ROWS * size].reshape(groups, nb, X8_ROWS, size)
         at, src = at + X8_ROWS * size, src + size
-    qs = blocks[:, :, at:].reshape(groups, nb, -1, X8_ROWS, 4)  # (group, block, v, row, i)
+    qs = blocks[:, :, at:].reshape(groups, nb, -1, X8_ROWS, 4)
     out[:, :, :, src:] = qs.transpose(0, 1, 3, 2, 4).reshape(groups, nb, X8_ROWS, -1)
     return out.transpose(0, 2, 1, 3).reshape(packed.shape)
 
 
 def repack_q4_0(raw: np.ndarray) -> np.ndarray:
-    """Q4_0 rows (2-D uint8, rows a multiple of 8) in the repacked layout: an array of the same shape."""
     return repack_block32(raw, GGMLType.Q4_0)
 
 
 def unpack_q4_0(packed: np.ndarray) -> np.ndarray:
-    """The Q4_0 rows of a repacked matrix (the inverse of repack_q4_0)."""
     return unpack_block32(packed, GGMLType.Q4_0)
 
 
-# the layouts a type can be held in: its marker (the tensor's `extra`), repack and unpack functions; which types
-# the repack buffer type holds so is the CPU type table's `repack` column
+# a type's marker (the tensor's `extra`), repack and unpack; the type table's `repack` column says which are held so
 LAYOUTS = {
     GGMLType.Q4_0: (REPACKED_Q4_0, repack_q4_0, unpack_q4_0),
 }
 
 
 def repackable(tensor: Tensor) -> bool:
-    """Whether the repack buffer type holds `tensor` repacked: a contiguous Q4_0 matrix (ne2 = ne3 = 1) with a
-    multiple of 8 rows, as ggml's ggml_repack_get_optimal_repack_type asks of Q4_0 on x86 with AVX2."""
+    """Whether the repack buffer holds `tensor` repacked, as ggml_repack_get_optimal_repack_type asks of Q4_0."""
     from pyggml.backends.cpu.kernels.vec_dot.type_table import CPU_TYPE_TRAITS  # its kernels import this module
 
     row = CPU_TYPE_TRAITS.get(tensor.type)
@@ -124,7 +101,6 @@ def repackable(tensor: Tensor) -> bool:
 
 
 def is_repacked(tensor: Tensor | None) -> bool:
-    """Whether `tensor` (or the tensor it views) is held repacked."""
     if tensor is None:
         return False
     base = tensor.view_src if tensor.view_src is not None else tensor
@@ -132,10 +108,7 @@ def is_repacked(tensor: Tensor | None) -> bool:
 
 
 def repack_supports_op(op: Tensor) -> bool:
-    """The ops the CPU computes on tensors of a repack buffer (ggml's repack extra_buffer_type::supports_op):
-    MUL_MAT with a `repackable` matrix of it as src0, whole (not a view), and an F32 src1. Any other use reads
-    the layout as if it were plain rows, and is refused. Asked of the buffer a source sits in, so a tensor
-    placed in a buffer of the type but not yet written (llama.cpp's loader asks so) is judged as it will be."""
+    """ggml's repack extra_buffer_type::supports_op: only a whole repackable MUL_MAT src0 with an F32 src1."""
     for i, src in enumerate(op.src):
         buffer = tensor_buffer(src) if src is not None else None
         if src is None or buffer is None or not isinstance(buffer.buft, CPURepackBufferType):
@@ -148,9 +121,7 @@ def repack_supports_op(op: Tensor) -> bool:
 
 
 class CPURepackBuffer(CPUBuffer):
-    """Host memory whose Q4_0 matrices (see `repackable`) are held repacked: written whole, repacked on the
-    way in, unpacked on the way out, so `tensor_set`/`tensor_get` see plain rows. Other tensors are
-    held as in a CPU buffer."""
+    """Host memory whose repackable matrices are held repacked, written and read whole as plain rows."""
 
     def _init_tensor(self, tensor: Tensor) -> None:
         if tensor.view_src is None and repackable(tensor):
@@ -179,14 +150,12 @@ class CPURepackBuffer(CPUBuffer):
         np.frombuffer(data, np.uint8, count=size)[:] = LAYOUTS[tensor.type][2](packed).reshape(-1)
 
     def _cpy_tensor(self, src: Tensor, dst: Tensor) -> bool:
-        # a raw copy into a repacked tensor would skip the repacking: the caller's get and set do it
+        # a raw copy would skip the repacking: the caller's get and set do it
         return False if is_repacked(dst) else super()._cpy_tensor(src, dst)
 
 
 class CPURepackBufferType(BufferType):
-    """ggml's CPU_REPACK: the CPU device's extra buffer type (listed by the registry's
-    ggml_backend_dev_get_extra_bufts). Not host memory, as in ggml: other devices do not read its tensors in
-    place, and what reads them goes through tensor_get (plain rows)."""
+    """ggml's CPU_REPACK, the CPU device's extra buffer type; not host memory, as in ggml."""
 
     def _get_name(self) -> str:
         return REPACK_BUFT_NAME

@@ -1,24 +1,5 @@
-"""The CPU backend's kernel table: one kernel per op.
-
-A kernel *prepares* one node. It gets the node, numpy views of its destination
-and sources, and the compute settings, and returns a function of no arguments
-that computes the node into `dst` (writing into dst's memory: `out=`, slice
-assignment; never rebinding). Preparing once and calling many times is what
-makes a graph plan cheap to recompute.
-
-Views (made by `pyggml.core.memory.view`): 4-D, shape (ne3, ne2, ne1, ne0),
-strides reversed `nb`, so permuted and transposed sources arrive as strided
-views. Quantized types come as raw blocks (ne3, ne2, ne1, row bytes) of uint8,
-BF16 as uint16. `srcs[i]` is None where `node.src[i]` is None.
-
-Kernels read their parameters from `node.op_params` at prepare time and may
-take scratch memory from `params.work` (shared by all nodes of a graph, since
-they run one after another).
-
-The numba kernels release the GIL (`nogil=True`): a process's other Python
-threads (pyggml serve's HTTP event loop beside its decode loop) run during a
-graph's compute instead of waiting for each kernel to return.
-"""
+"""The CPU backend's kernel table: one kernel per op, each preparing a node into a compute function (DESIGN.md,
+"The kernel contract")."""
 
 from __future__ import annotations
 
@@ -53,11 +34,8 @@ class WorkArea:
 
 @dataclass
 class ComputeParams:
-    """What every kernel of a plan shares: threads, scratch, which of ggml's CPU code paths they follow
-    (`numerics`, see `pyggml.backends.cpu.numerics`: by default from the environment, else the host's), and
-    `batch_invariant`: each output element reduced in one order whatever the batch around it (MUL_MAT's
-    direct kernels at every column count, attention walking a row's own KV cells in order, see matmul and
-    attention), so a sequence's results do not depend on the other sequences of its batch."""
+    """What every kernel of a plan shares: threads, scratch, ggml's CPU code path (`numerics`), and
+    `batch_invariant`: each output element reduced in one order whatever the batch around it."""
 
     n_threads: int = 1
     work: WorkArea = field(default_factory=WorkArea)

@@ -1,8 +1,4 @@
-"""Helpers the CPU kernels share: strided views, ggml broadcasting, scratch, BF16.
-
-Everything here runs at prepare time (shape logic, views) except the small
-conversion helpers, which kernels call from their compute functions.
-"""
+"""Helpers the CPU kernels share at prepare time: checks, strided views, ggml broadcasting, scratch, BF16."""
 
 from __future__ import annotations
 
@@ -21,15 +17,13 @@ from pyggml.core.types import TYPE_TRAITS, GGMLType
 
 F32 = np.dtype(np.float32)
 FLOAT_TYPES = (GGMLType.F32, GGMLType.F16)
-# a node's temporaries whose size its op_params set (padded copies, scatter sums) may take this many bytes, or
-# TEMPORARY_RATIO times the bytes of its tensors' elements where that is more: a padding or a stride in the op_params
-# cannot make a few bytes of tensors take the host's memory
+# a temporary sized by op_params is bounded: a padding or stride cannot make a few bytes take the host's memory
 TEMPORARY_FLOOR = 64 << 20
 TEMPORARY_RATIO = 16
 
 
 def noop() -> None:
-    """The compute function of a node with nothing to do (empty tensors)."""
+    """The compute function of a node with nothing to do."""
 
 
 def require_types(node: Tensor, allowed: Sequence[GGMLType], *tensors: Tensor | None) -> None:
@@ -43,8 +37,7 @@ def require_types(node: Tensor, allowed: Sequence[GGMLType], *tensors: Tensor | 
 
 
 def check_temporary(node: Tensor, what: str, shape: Sequence[int], itemsize: int = 4) -> None:
-    """OutOfMemoryError naming the node unless a temporary of `shape` (made at the size its op_params say) is
-    within TEMPORARY_FLOOR bytes, or TEMPORARY_RATIO times its tensors' element bytes, and the host's memory."""
+    """OutOfMemoryError naming the node unless a temporary of `shape` is within the TEMPORARY_ bounds and the host's."""
     nbytes = math.prod(max(int(n), 0) for n in shape) * itemsize
     held = sum(t.nelements() * TYPE_TRAITS[t.type].type_size // TYPE_TRAITS[t.type].blck_size
                for t in (node, *node.src) if t is not None)
@@ -61,18 +54,13 @@ def is_multiple(n: int, m: int) -> bool:
 
 
 def check_same_shape(node: Tensor, dst: np.ndarray, src: np.ndarray) -> None:
-    """ShapeError naming the node unless src0's elements are laid out as dst's (shape, ggml's ne order)."""
     if src.shape != dst.shape:
         raise ShapeError(f"CPU {node.op.name} '{node.name}': src0 ne {list(src.shape[::-1])} and dst ne "
                          f"{list(dst.shape[::-1])} differ")
 
 
 def all_float(*tensors: Tensor | None) -> bool:
-    """True if every given tensor is F32 or F16 (the types every math kernel takes)."""
     return all(t is None or t.type in FLOAT_TYPES for t in tensors)
-
-
-# --- views ---
 
 
 def byte_span(shape: Sequence[int], strides: Sequence[int], itemsize: int) -> tuple[int, int]:
@@ -90,11 +78,8 @@ def byte_span(shape: Sequence[int], strides: Sequence[int], itemsize: int) -> tu
 
 def strided_view(a: np.ndarray, shape: Sequence[int], strides: Sequence[int], what: str,
                  writeable: bool | None = None) -> np.ndarray:
-    """`a`'s memory seen with `shape` and byte `strides` from its first element: the kernels' one way to make a
-    strided view (as_strided checks nothing), refused with OutOfBoundsError naming `what` and the numbers
-    unless every byte the view reaches is a byte `a` reaches. A view is made of a node's tensors or of a
-    kernel's own copies when the node is prepared, so a view inside its array keeps the kernel inside the
-    node's bytes."""
+    """`a`'s memory with `shape` and byte `strides`: the kernels' one strided view (as_strided checks nothing),
+    OutOfBoundsError naming `what` unless every byte it reaches is one `a` reaches."""
     shape, strides = tuple(int(n) for n in shape), tuple(int(s) for s in strides)
     if len(shape) != len(strides) or min(shape, default=0) < 0:
         raise ShapeError(f"{what}: a view of shape {shape} with strides {strides}")
@@ -108,7 +93,6 @@ def strided_view(a: np.ndarray, shape: Sequence[int], strides: Sequence[int], wh
 
 
 def split_axis(a: np.ndarray, axis: int, outer: int, inner: int) -> np.ndarray:
-    """View axis `axis` of `a` (size outer*inner) as two axes (outer, inner); never copies."""
     if outer * inner != a.shape[axis] or min(outer, inner) < 0:
         raise ShapeError(f"axis {axis} of shape {list(a.shape)} does not split into {outer} x {inner}")
     s = a.strides[axis]
@@ -118,13 +102,8 @@ def split_axis(a: np.ndarray, axis: int, outer: int, inner: int) -> np.ndarray:
 
 
 def ggml_broadcast(big: Sequence[np.ndarray], small: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
-    """Views that make `small` repeat over the arrays in `big` the way ggml tiles.
-
-    ggml repeats src1 along every dimension where src0.ne[i] is a multiple of
-    src1.ne[i]: element i maps to i % ne1. numpy broadcasts only size-1 axes, so
-    an axis of size n in `big` against size m (1 < m < n) in `small` becomes
-    (n/m, m) in `big` and (1, m) in `small`. All arrays share `big[0]`'s shape.
-    """
+    """Views that make `small` repeat over the same-shape arrays in `big` as ggml tiles (element i at i % m): an
+    axis n against m (1 < m < n) becomes (n/m, m) and (1, m), numpy broadcasting only size-1 axes."""
     big = list(big)
     shape = big[0].shape
     axis = len(shape) - 1
@@ -138,17 +117,11 @@ def ggml_broadcast(big: Sequence[np.ndarray], small: np.ndarray) -> tuple[list[n
 
 
 def collapse(*arrays: np.ndarray) -> list[np.ndarray]:
-    """Same-shape views with size-1 axes dropped and adjacent axes merged where every array allows.
-
-    A contiguous tensor becomes 1-D, a row-broadcast becomes 2-D: fewer axes
-    make numpy's inner loops longer and its per-call overhead smaller.
-    Broadcast inputs (stride 0) are fine; all arrays must have the same shape.
-    """
+    """Same-shape views, size-1 axes dropped and adjacent axes merged: longer numpy inner loops."""
     shape = arrays[0].shape
     axes = [i for i, n in enumerate(shape) if n != 1]
     if not axes:
-        return [np.reshape(a, (1,)) for a in arrays]  # one element: always a view
-    # merge from the innermost axis outwards
+        return [np.reshape(a, (1,)) for a in arrays]
     sizes = [shape[axes[-1]]]
     strides = [[a.strides[axes[-1]]] for a in arrays]
     for i in reversed(axes[:-1]):
@@ -173,7 +146,6 @@ def collapse(*arrays: np.ndarray) -> list[np.ndarray]:
 
 
 def reshape_view(a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
-    """`a` reshaped (row-major element order) without copying, or None if that needs a copy."""
     try:
         return np.reshape(a, shape, copy=False)
     except ValueError:
@@ -181,7 +153,7 @@ def reshape_view(a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
 
 
 def same_memory(a: np.ndarray, b: np.ndarray) -> bool:
-    """True if `a` and `b` view the very same elements (in-place ops: dst is a view of src0)."""
+    """True if `a` and `b` view the very same elements (in-place ops)."""
     return (
         a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
         and a.shape == b.shape
@@ -191,12 +163,9 @@ def same_memory(a: np.ndarray, b: np.ndarray) -> bool:
 
 
 def scratch(params: ComputeParams, *shapes: tuple[int, ...]) -> list[np.ndarray]:
-    """Float32 scratch arrays of the given shapes, carved from the backend's shared work area.
-
-    Valid while this node computes (nodes run one after another, so sharing is safe).
-    """
+    """Float32 scratch arrays from the backend's work area, valid while this node computes (nodes run in turn)."""
     sizes = [int(np.prod(s, dtype=np.int64)) for s in shapes]
-    # round each piece up to 16 floats so every array starts 64-byte aligned within the area
+    # 16 floats: every array starts 64-byte aligned
     padded = [(n + 15) // 16 * 16 for n in sizes]
     raw = params.work.get(4 * sum(padded)).view(np.float32)
     out = []
@@ -207,11 +176,10 @@ def scratch(params: ComputeParams, *shapes: tuple[int, ...]) -> list[np.ndarray]
     return out
 
 
-# --- BF16 (numpy has no bfloat16: the elements are uint16) ---
+# numpy has no bfloat16: the elements are uint16
 
 
 def bf16_to_f32(src: np.ndarray, out: np.ndarray) -> None:
-    """Widen bf16 bits (uint16) to float32 into `out` (same shape): the bits are the top half."""
     np.left_shift(src, 16, out=out.view(np.uint32), dtype=np.uint32)
 
 
@@ -230,5 +198,4 @@ def is_plain_float(t: GGMLType) -> bool:
 
 
 def is_convertible(t: GGMLType) -> bool:
-    """Types CPY/DUP/GET_ROWS can read and write: those of the CPU's type table."""
     return t in CONVERTIBLE_TYPES

@@ -1,12 +1,5 @@
-"""Atomic operations, spin-wait hints and raw-address arrays for numba kernels shared between threads.
-
-The work counters of threaded kernels (`atomic_add`, `atomic_load`) and the job
-slots of `threads.WorkerPool` (`atomic_cas`, `atomic_store`, `spin_pause`) are
-int64 elements of numpy arrays. A job hands its operands to a worker thread as
-their addresses (`address` in Python), which the worker's kernel turns back
-into arrays (`carray` of `pointer_u8` and the like): a worker spinning in
-native code starts a job without taking the GIL.
-"""
+"""Atomics on int64 array elements, spin-wait hints, and operands by address (so a worker spinning in native code
+starts a job without the GIL), for numba kernels shared between threads."""
 
 from __future__ import annotations
 
@@ -78,8 +71,7 @@ def atomic_cas(typingctx, a, i, expected, new):
 
 @intrinsic
 def spin_pause(typingctx):
-    """x86's `pause` (a spin-wait hint: the polling core yields to its sibling and saves power); nothing
-    elsewhere."""
+    """x86's `pause` (the polling core yields to its sibling); nothing elsewhere."""
     sig = types.void()
 
     def codegen(context, builder, signature, args):
@@ -93,8 +85,7 @@ def spin_pause(typingctx):
 
 @intrinsic
 def yield_cpu(typingctx):
-    """sched_yield(2): the OS runs another thread that is ready on this CPU, if any (a poll loop that
-    calls it now and then leaves the core to the process's other threads and to other processes)."""
+    """sched_yield(2): a poll loop leaves the core to other ready threads now and then."""
     sig = types.int32()
 
     def codegen(context, builder, signature, args):
@@ -107,8 +98,7 @@ def yield_cpu(typingctx):
 
 @intrinsic
 def sleep_us(typingctx, us):
-    """usleep(3): the thread sleeps `us` microseconds, leaving its core to others (a waiter whose partner
-    thread was descheduled frees the core it could be scheduled on)."""
+    """usleep(3): a waiter frees the core its descheduled partner could run on."""
     sig = types.int32(types.int64)
 
     def codegen(context, builder, signature, args):

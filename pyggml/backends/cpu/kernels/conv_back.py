@@ -1,12 +1,5 @@
-"""CPU kernels of IM2COL_BACK, IM2COL_3D, COL2IM_1D, CONV_3D and POOL_2D_BACK (parameters from
-`pyggml.core.ops.params`), with the types ggml-cpu's ops.cpp takes: IM2COL_BACK an F32 gradient and an
-F32/F16 kernel (its shape only); IM2COL_3D an F32 input into F16/F32; COL2IM_1D F32, F16 or BF16 in and
-out; CONV_3D an F32/F16 kernel and F32 input; POOL_2D_BACK F32.
-
-Windows are the strided views of `conv._windows` over zero-padded copies (`conv._padded`). The scatters
-(the backward ops, COL2IM_1D) add one kernel tap at a time in float32, taps ordered so that every element
-receives its terms in the order ggml's loops add them: the same float32 sums, to the bit.
-"""
+"""CPU kernels of IM2COL_BACK, IM2COL_3D, COL2IM_1D, CONV_3D and POOL_2D_BACK with ggml-cpu's types (see `supports`).
+The scatters add one tap at a time in float32, in the order ggml's loops add each element's terms: the same bits."""
 
 from __future__ import annotations
 
@@ -36,7 +29,6 @@ FLT_MAX = float(np.finfo(np.float32).max)
 
 
 def _split_last(a: np.ndarray, sizes: tuple[int, ...]) -> np.ndarray:
-    """View the last axis of `a` (size prod(sizes)) as len(sizes) axes; never copies."""
     for i in range(len(sizes) - 1):
         axis = a.ndim - 1
         a = split_axis(a, axis, sizes[i], int(np.prod(sizes[i + 1:], dtype=np.int64)))
@@ -45,12 +37,8 @@ def _split_last(a: np.ndarray, sizes: tuple[int, ...]) -> np.ndarray:
 
 def im2col_back_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None],
                        params: ComputeParams) -> Compute:
-    """dst[n, c, ih, iw] = sum over the taps (kh, kw) whose output position (oh, ow) reads input (ih, iw) in IM2COL
-    of grad[n, oh, ow, (c, kh, kw)].
-
-    src[0] the gradient [IC*KH*KW, OW, OH, N] (1-D: [IC*K, OL, N]), src[1] the kernel (its shape only),
-    dst [W, H, IC, N] (1-D: [L, IC, N]); op_params Im2colParams.
-    """
+    """dst[n, c, ih, iw] = sum of grad[n, oh, ow, (c, kh, kw)] over the taps whose (oh, ow) reads (ih, iw) in
+    IM2COL; src[1] the kernel (its shape only)."""
     g_t, k_t = node.src[0], node.src[1]
     g = srcs[0]
     assert g_t is not None and k_t is not None and g is not None
@@ -97,8 +85,7 @@ def im2col_back_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | No
 
 def im2col_3d_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
     """dst[(n, od), oh, ow, (c, kd, kh, kw)] = input[(n, c), od*s2 + kd*d2 - p2, oh*s1 + kh*d1 - p1,
-    ow*s0 + kw*d0 - p0] (zero outside); src[0] the kernel [KW, KH, KD, ...] (its shape only), src[1] the
-    input [W, H, D, IC*N]; op_params Im2col3dParams."""
+    ow*s0 + kw*d0 - p0] (zero outside); src[0] the kernel (its shape only)."""
     k_t, x_t = node.src[0], node.src[1]
     x = srcs[1]
     assert k_t is not None and x_t is not None and x is not None
@@ -120,7 +107,7 @@ def im2col_3d_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None
         raise ShapeError(f"CPU IM2COL_3D '{node.name}': kernel {k_t.ne}, input {x_t.ne} (IC={ic}) and dst "
                          f"{node.ne} do not fit")
     check_conv_shape(node, x.shape[1:], (kd, kh, kw), s, p, d, (od, oh, ow))
-    x5 = split_axis(x, 0, n, ic)  # (N, IC, D, H, W)
+    x5 = split_axis(x, 0, n, ic)
     padded, refresh = _padded(x5, p, 0.0, False, node)
     win = _windows(padded, (od, oh, ow), (kd, kh, kw), s, d, node)  # (N, IC, OD, OH, OW, KD, KH, KW)
     src = win.transpose(0, 2, 3, 4, 1, 5, 6, 7)
@@ -180,9 +167,8 @@ def col2im_1d_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None
 
 
 def conv_3d_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
-    """dst[(n, o), z, y, x] = sum over c, kz, ky, kx of kernel[(o, c), kz, ky, kx] * input[(n, c), z*s2 + kz*d2 - p2,
-    y*s1 + ky*d1 - p1, x*s0 + kx*d0 - p0] (zero outside); with an F16 kernel the input is rounded to f16
-    first, as ggml's patches are; op_params Conv3dParams."""
+    """dst[(n, o), z, y, x] = sum over c, kz, ky, kx of kernel * the input window (zero outside); with an F16
+    kernel the input rounded to f16 first, as ggml's patches are."""
     k_t, x_t = node.src[0], node.src[1]
     k, x = srcs[0], srcs[1]
     assert k_t is not None and x_t is not None and k is not None and x is not None
@@ -201,7 +187,7 @@ def conv_3d_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None],
     check_conv_shape(node, x.shape[1:], (kd, kh, kw), s, p, d, dst.shape[1:])
     padded, refresh = _padded(split_axis(x, 0, n, c), p, 0.0, f16, node)  # (N, C, D, H, W)
     win = _windows(padded, tuple(dst.shape[1:]), (kd, kh, kw), s, d, node)  # (N, C, OD, OH, OW, KD, KH, KW)
-    k5 = split_axis(k, 0, oc, c)  # (OC, C, KD, KH, KW)
+    k5 = split_axis(k, 0, oc, c)
     d5 = split_axis(dst, 0, n, oc).transpose(0, 2, 3, 4, 1)  # (N, OD, OH, OW, OC)
 
     def run() -> None:
@@ -216,9 +202,8 @@ def conv_3d_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None],
 
 def pool_2d_back_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None],
                         params: ComputeParams) -> Compute:
-    """The gradient of POOL_2D's input: grad[.., oy, ox] goes to the first largest element of its window in af
-    (MAX; a window with nothing above -FLT_MAX gives nothing) or grad / (k0*k1) to each of its elements inside
-    the plane (AVG). src[0] the gradient [OW, OH, ne2, ne3], src[1] af (POOL_2D's input), dst af's shape."""
+    """POOL_2D's input gradient: grad to the first largest element of its window (MAX; nothing above -FLT_MAX:
+    nothing) or grad / (k0*k1) to each element inside the plane (AVG); src[1] POOL_2D's input."""
     g_t, f_t = node.src[0], node.src[1]
     g, f = srcs[0], srcs[1]
     assert g_t is not None and f_t is not None and g is not None and f is not None

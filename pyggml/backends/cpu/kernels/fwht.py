@@ -1,9 +1,5 @@
-"""CPU kernel: a MUL_MAT hinted SRC0_IS_HADAMARD (ggml_mul_mat_set_hint) as ggml's CPU computes it,
-ggml_compute_forward_fwht: src0 is an orthonormal Walsh-Hadamard matrix of order n (a power of two) and is
-not read; each row of n values of src1 (F32 or F16) is scaled by 1 / sqrtf(n) and then transformed in place
-by log2(n) passes of butterflies (u, v -> u + v, u - v), pairs 1 apart first. ggml's SIMD passes compute
-u - v as fma(u, v, -1), the same bits, so every CPU gives these.
-"""
+"""CPU kernel of a MUL_MAT hinted SRC0_IS_HADAMARD, as ggml_compute_forward_fwht: src0 is not read; each row of src1
+is scaled by 1 / sqrtf(n), then log2(n) passes of butterflies, pairs 1 apart first (ggml's SIMD gives the same bits)."""
 
 from __future__ import annotations
 
@@ -54,8 +50,7 @@ def _fwht_rows(x: np.ndarray, out: np.ndarray, scale: np.float32) -> None:
 
 
 def fwht_kernel(dst: np.ndarray, src1: np.ndarray) -> Compute:
-    """dst's rows = the orthonormal Walsh-Hadamard transforms of src1's rows (arrays in ggml's (ne3, ne2, ne1,
-    ne0) order; src1 F32 or F16, any strides: widened and packed into rows first where they are not)."""
+    """dst's rows = the orthonormal Walsh-Hadamard transforms of src1's rows (F32 or F16, any strides)."""
     n = src1.shape[-1]
     scale = np.float32(1.0) / np.sqrt(np.float32(n))
     out = reshape_view(dst, (-1, n))

@@ -1,24 +1,5 @@
-"""CPU kernels of mixture of experts: MUL_MAT_ID and ADD_ID (ggml-cpu.c, ops.cpp).
-
-MUL_MAT_ID: dst[:, e, t] = as[:, :, ids[e, t]] x src1[:, e % ne11, t] (ggml's ne order), dst F32. Through
-MUL_MAT's two paths (matmul.py), chosen per compute since ids are data:
-
-- direct (fewer than `matmul.BLAS_MIN_COLS` src1 rows per used expert on average, i.e. decoding): the
-  src1 rows routed to experts are gathered, converted to the weights' vec_dot_type (`quantize_src1.quantize_rows`
-  for Q8_0/Q8_1/Q8_K with the backend's `numerics`, `round_rows` for F16/BF16), and MUL_MAT's numba kernels
-  compute ggml's vec_dot of each (token, slot) row with the rows of its expert, reading the weights in
-  their compact form (`w_base` points each output row at its expert's first weight row);
-- grouped (many rows per expert: prompts): as ggml groups src1's rows by expert, each used expert's matrix is
-  converted to f32 (F16/BF16 exactly, quantized by ggml's dequantize rows, `types.to_float`) and multiplied
-  by BLAS with its rows rounded through the vec_dot_type (MUL_MAT's documented BLAS deviation: products and
-  sums rounded in f32; Q8_0/Q8_1 by the reference rounding whatever `numerics` says; for Q4_1/Q5_1
-  the block term m * s uses d * sum(q) for Q8_1's stored s).
-
-F32 weights always take the grouped BLAS path (no conversion). src0 types: MUL_MAT's
-(`type_table.MUL_MAT_TYPES`); src1 F32; ids I32.
-
-ADD_ID: dst[:, i1, i2, i3] = src0[:, i1, i2, i3] + src1[:, ids[i1, i2]], all F32 (ggml's CPU has F32 only).
-"""
+"""CPU kernels of mixture of experts: MUL_MAT_ID through MUL_MAT's direct or grouped BLAS path, chosen per compute
+since ids are data (DESIGN.md, "MUL_MAT_ID"), and ADD_ID, F32 only as ggml's CPU (ggml-cpu.c, ops.cpp)."""
 
 from __future__ import annotations
 
@@ -114,7 +95,7 @@ def _vec_dot_round(vdt: GGMLType) -> Callable[[np.ndarray], np.ndarray]:
 
 def mul_mat_id_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None],
                       params: ComputeParams) -> Compute:
-    """MUL_MAT_ID: each (token, slot) row of src1 times its expert's matrix (see the module docstring)."""
+    """MUL_MAT_ID: each (token, slot) row of src1 times its expert's matrix."""
     _raise(node, _mul_mat_id_problem(node))
     a_t = node.src[0]
     assert a_t is not None

@@ -1,11 +1,5 @@
-"""CPU kernels: normalization and attention ops.
-
-NORM, RMS_NORM, GROUP_NORM, SOFT_MAX (mask in src[1], sinks in src[2], scale
-and ALiBi's max_bias in op_params), DIAG_MASK_INF/ZERO and ROPE (normal and
-NeoX modes with YaRN, frequency factors and an offset), on F32 and F16
-(computed in f32 scratch, stored in dst's type). Parameters come from
-`pyggml.core.ops.params`.
-"""
+"""CPU kernels of NORM, RMS_NORM, GROUP_NORM, SOFT_MAX, DIAG_MASK_INF/ZERO and ROPE on F32 and F16 (in f32 scratch),
+in ggml's arithmetic (DESIGN.md, "Norms, softmax and RoPE")."""
 
 from __future__ import annotations
 
@@ -95,12 +89,8 @@ def _rms_scale(total, n, eps):
 
 @njit(nogil=True, cache=True, error_model="numpy")
 def _rms_scales(x, eps, out):
-    """out[..., 0] = 1.0f / sqrtf((float)(sum / n) + eps) per row of x (4-D), the sum of the float squares
-    taken in double one by one: ggml_compute_forward_rms_norm_f32's arithmetic (numpy's float32 dot rounds
-    the mean the other way now and then, and the whole row with it).
-
-    Rows go 4 at a time, each its own chain of adds (each row's sum keeps its order, so its bits): a row's
-    chain is bound by the add's latency, and 4 chains fill the pipeline."""
+    """out[..., 0] = 1.0f / sqrtf((float)(sum / n) + eps) per row of x, the squares summed in double in order,
+    4 rows at a time (each its own chain of adds)."""
     n = x.shape[3]
     n1 = x.shape[2]
     for i3 in range(x.shape[0]):
@@ -168,10 +158,7 @@ def _normalize_groups(v: np.ndarray, eps: np.float32) -> None:
 
 def group_norm_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None],
                       params: ComputeParams) -> Compute:
-    """Normalize groups of ceil(ne2 / n_groups) channels (dim 2) over dims 0, 1 and the group, per ne3.
-
-    n_groups and eps from GroupNormParams.
-    """
+    """Normalize groups of ceil(ne2 / n_groups) channels (dim 2) over dims 0, 1 and the group, per ne3."""
     x = _src0(node, dst, srcs)
     p = GroupNormParams.of(node)
     n_groups = p.n_groups
@@ -202,8 +189,7 @@ def group_norm_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | Non
 
 
 def _mask_rows(node: Tensor, x: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """The mask's rows for x's rows (row i1 for row i1: the mask may have more rows), checked to fit: same ne0,
-    its dims 2 and 3 dividing x's (ggml tiles them: i12 = i02 % ne12, i13 = i03 % ne13)."""
+    """The mask's rows for x's rows, checked to fit: same ne0, its dims 2 and 3 dividing x's (ggml tiles them)."""
     m3, m2, m1, m0 = mask.shape
     n3, n2, n1, n0 = x.shape
     if m0 != n0 or m1 < n1 or m2 == 0 or m3 == 0 or n2 % m2 or n3 % m3:
@@ -213,13 +199,8 @@ def _mask_rows(node: Tensor, x: np.ndarray, mask: np.ndarray) -> np.ndarray:
 
 
 def soft_max_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
-    """Each row: softmax(x * scale + slope * mask), with an extra logit per head from the sinks (src[2]).
-
-    SoftMaxParams: scale, and max_bias (> 0: ALiBi, the slope of head i2); the mask (src[1], F32 or F16, row
-    i1 for row i1, dims 2 and 3 tiled) and the sinks (src[2], F32, one per head) are optional. Computed in f32
-    as ggml's kernel (_soft_max_rows): its exp and sums per `numerics`, the ALiBi slopes by libm's powf, and
-    under "x86" `slope * mask` added by FMA as gcc compiles it.
-    """
+    """Each row: softmax(x * scale + slope * mask) (ALiBi where max_bias > 0), with an extra logit per head from
+    the optional sinks (src[2]); the mask (src[1]) is optional."""
     x = _src0(node, dst, srcs)
     require_types(node, FLOAT_TYPES, node.src[1])
     p = SoftMaxParams.of(node)
@@ -240,8 +221,7 @@ def soft_max_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None]
     # x86: gcc contracts ggml's `wp[i] += slope*mask[i]` into an FMA (exact either way when slope is 1)
     fma = p.max_bias > 0.0 and params.numerics == "x86"
     lanes = host_lanes(params.numerics)
-    # F16 src, dst and mask go through f32 scratch (exact widening; dst rounded once), and so does a dst whose
-    # rows are strided (the rows' sums read 16 or 8 adjacent floats)
+    # F16 and strided rows go through f32 scratch (exact widening; dst rounded once; the sums read adjacent floats)
     direct_out = dst.dtype == F32 and dst.strides[3] == 4
     t, xs, out, m32 = scratch(params, (ne0,), x.shape if x.dtype != F32 else (0,),
                               (0,) if direct_out else dst.shape, rows.shape if rows.dtype != F32 else (0,))
@@ -267,10 +247,8 @@ _NO_SINKS = np.zeros(0, F32)
 
 @njit(nogil=True, cache=True, error_model="numpy")
 def _soft_max_rows(x, scale, mask, slopes, fma, sinks, out, t, lanes):
-    """ggml_compute_forward_soft_max_f32 row by row: t = x * scale, plus slope * mask (the mask's dims 2 and
-    3 tiled; fused by FMA under `fma`, as gcc compiles ggml's `wp[i] += slope*mp[i]`), the maximum by ggml's
-    MAX (so NaN behaves as in ggml), then exp and sum (softmax_exp_row), the sink's libm expf, and a multiply
-    by the reciprocal in f32. mask: 4-D f32 or shape (0, 0, 0, 0); sinks: one per head or empty."""
+    """ggml_compute_forward_soft_max_f32 row by row (`fma`: slope * mask fused as gcc does). mask: 4-D f32 or
+    shape (0, 0, 0, 0); sinks: one per head or empty."""
     n3, n2, n1, n0 = x.shape
     m3, m2 = max(mask.shape[0], 1), max(mask.shape[1], 1)
     has_mask = mask.shape[3] > 0
@@ -304,15 +282,8 @@ def _soft_max_rows(x, scale, mask, slopes, fma, sinks, out, t, lanes):
 
 def softmax_rows(t: np.ndarray, mask: np.ndarray | None, sink4: np.ndarray | None, out: np.ndarray, lanes: int,
                  empty_rows_zero: bool = False) -> None:
-    """out = softmax of each row of t + mask (t: scaled f32 logits, C-contiguous, overwritten), with one more
-    logit per head from sink4 (shape (1, heads, 1, 1)) that takes weight but has no value.
-
-    As ggml's soft_max: max, exp(x - max) and its sum in double by ggml_vec_soft_max_f32 (`lanes`: its
-    vector exp on blocks of 16 or 8, or libm's expf alone: see simd_math), the sink's libm expf added, then a
-    multiply by the reciprocal in f32. FLASH_ATTN_EXT computes its weights here too, so that attention gives
-    the same bits with and without flash attention; it asks `empty_rows_zero` (a row of only -inf weighs
-    nothing, where softmax gives NaN).
-    """
+    """out = ggml's softmax of each row of t + mask (t overwritten), with one more logit per head from sink4 that
+    takes weight but has no value; FLASH_ATTN_EXT's weights too (`empty_rows_zero`: a row of -inf weighs nothing)."""
     if mask is not None:
         np.add(t, mask, out=t, dtype=F32)
     mx = np.max(t, axis=-1, keepdims=True)
@@ -366,8 +337,7 @@ def diag_mask_zero_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray |
 
 @njit(nogil=True, cache=True)
 def _libm_cos_sin(ang, c, s):
-    """c, s = cosf(ang), sinf(ang) elementwise: numba calls libm's cosf and sinf, as ggml does (numpy's
-    float32 SIMD cos/sin round a third of the values the other way)."""
+    """c, s = cosf(ang), sinf(ang) elementwise by libm, as ggml (not numpy's float32 SIMD cos/sin)."""
     a, cf, sf = ang.reshape(-1), c.reshape(-1), s.reshape(-1)
     for i in range(a.shape[0]):
         cf[i] = math.cos(a[i])
@@ -376,9 +346,8 @@ def _libm_cos_sin(ang, c, s):
 
 @njit(nogil=True, cache=True)
 def _rotate_fma(x0, x1, c, s, d0, d1):
-    """ggml's rotate_pairs as gcc compiles it for x86 with FMA (-march=native, contraction on): each pair
-    (x0, x1) turns into fma(x0, cos, -(x1 * sin)) and fma(x0, sin, x1 * cos), in every mode (checked bit for
-    bit against libggml). x0, x1, d0, d1 (ne3, ne2, ne1, pairs); c, s (ne2, pairs)."""
+    """ggml's rotate_pairs as gcc contracts it into FMAs on x86. x0, x1, d0, d1 (ne3, ne2, ne1, pairs); c, s
+    (ne2, pairs)."""
     for i3 in range(x0.shape[0]):
         for i2 in range(x0.shape[1]):
             for i1 in range(x0.shape[2]):
@@ -435,10 +404,7 @@ def _c_log(x: float) -> float:
 def rope_cos_sin(p: RopeParams, n_pairs: int, positions: np.ndarray,
                  freq_factors: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     """cos and sin (times mscale) of each token's angle for each pair, f32 (tokens, n_pairs), as ggml's rope
-    cache: theta = position * theta_scale^k (a running f32 product), divided by the frequency factor, YaRN's
-    ramp between interpolation (freq_scale) and extrapolation when ext_factor != 0.
-
-    `positions` (streams, tokens): one stream, or multi-rope's four."""
+    cache; `positions` (streams, tokens): one stream, or multi-rope's four."""
     f32 = np.float32
     theta_scale = powf(f32(p.freq_base), f32(-2.0) / f32(p.n_dims))  # libm's, as ggml
     stream, power = _theta_sources(p, n_pairs)
@@ -472,8 +438,7 @@ def rope_cos_sin(p: RopeParams, n_pairs: int, positions: np.ndarray,
     return c, s
 
 
-# the last angles computed: every layer's Q and K ropes use the same positions and parameters, so a model's
-# step computes them once instead of twice a layer (a few small numpy calls each: ~20% of a small model's step)
+# the last angles computed: every layer's Q and K ropes use the same positions, so a step computes them once
 _COS_SIN: dict[tuple[object, ...], tuple[np.ndarray, np.ndarray]] = {}
 _COS_SIN_KEEP = 8
 
@@ -495,9 +460,8 @@ def _cached_cos_sin(p: RopeParams, n_pairs: int, positions: np.ndarray,
 
 
 def rope_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
-    """Rotate pairs of each row by position-dependent angles (RopeParams; positions in src[1], optional
-    frequency factors in src[2]), as ggml's ROPE: modes NORMAL, NEOX, MROPE, IMROPE and VISION (`rope_pairs`,
-    `rope_cos_sin`); the elements outside the turned ones are copied."""
+    """ROPE in modes NORMAL, NEOX, MROPE, IMROPE and VISION (positions src[1], frequency factors src[2]); the
+    elements outside the turned ones are copied."""
     return _rope(node, dst, srcs, params, forward=True)
 
 

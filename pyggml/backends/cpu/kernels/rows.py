@@ -1,13 +1,5 @@
-"""CPU kernel: SET_ROWS (ggml_compute_forward_set_rows in ggml-cpu/ops.cpp).
-
-dst is a view of a (src[2]): for every (i3, i2) and row i of src0 (the values, F32 or F16),
-dst[:, c[i, i2 % ne11, i3 % ne12], i2, i3] = src0[:, i, i2, i3] converted to dst's type (ggml's ne order;
-c the I64 or I32 indices, src[1], broadcast over dims 2 and 3 by modulo as ggml does). Conversion: F32,
-F16 (numpy's nearest-even, ggml's), BF16 (`f32_to_bf16`) and the quantized types pyggml implements by
-`quants.from_float_cpu` (the CPU backend's from_float: ggml's reference rows, but Q8_0 rounded as ggml-cpu's
-SIMD row rounds it under "x86" numerics, see `pyggml.backends.cpu.numerics`). Rows not indexed keep a's
-bytes. A repeated index keeps the last row written, as ggml's single-threaded loop does.
-"""
+"""CPU kernel of SET_ROWS (ggml_compute_forward_set_rows): src0's rows, converted by the CPU's from_float, into dst
+(a view of src[2]) at the indices src1, broadcast by modulo as ggml; a repeated index keeps the last row written."""
 
 from __future__ import annotations
 
@@ -69,7 +61,7 @@ def _converter(t: GGMLType, simd: bool) -> Callable[[np.ndarray], np.ndarray]:
 
 def set_rows_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None],
                     params: ComputeParams) -> Compute:
-    """SET_ROWS: the rows of src0 into dst (a view of a) at the indices src1 (see the module docstring)."""
+    """SET_ROWS: the rows of src0 into dst at the indices src1."""
     problem = _set_rows_problem(node)
     if problem is not None:
         cls, reason = problem
@@ -105,11 +97,8 @@ def _out_of_bounds(name: str, row: int, n_rows: int) -> OutOfBoundsError:
 
 
 def _set_rows_2d(idx: np.ndarray, values: np.ndarray, dst: np.ndarray, n_rows: int, name: str) -> Compute:
-    """One matrix into F32 or F16 rows (a decode step's KV-cache writes): dst[idx[i]] = values[i] in one numba
-    call (f32 -> f16 by the CPU's conversion, which equals numpy's astype on every number). Why: the general
-    path's index grids, copies and fancy assignment cost more than the write itself on a decode step's small
-    rows (K: one row of 192, V transposed: 192 rows of one per token). Every index is checked before any row is
-    written."""
+    """One matrix into F32 or F16 rows in one numba call (a decode step's small KV-cache writes, where the general
+    path's index grids cost more than the write), every index checked before any row is written."""
     to_f16 = dst.dtype == np.float16 and values.dtype != np.float16
     into = dst.view(np.uint16) if dst.dtype == np.float16 else dst
     src = values.view(np.uint16) if values.dtype == np.float16 else values

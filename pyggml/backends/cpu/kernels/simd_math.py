@@ -1,18 +1,5 @@
-"""ggml's vector exp and what it builds (softmax rows, SiLU, SwiGLU), float for float, per `numerics`.
-
-ggml-cpu computes exp in SOFT_MAX and SiLU/SwiGLU with `ggml_v_expf` (vec.h), a polynomial of FMAs, on
-blocks of 16 values (AVX512F + AVX512DQ) or 8 (AVX2 + FMA), and with libm's `expf` on the rest of a row
-(and everywhere in its scalar build). The two x86 variants round differently: AVX512 adds the polynomial's
-1 inside and scales by `_mm512_scalef_ps`; AVX2 scales by `fma(j, 2^n, 2^n)` and splits the scale for
-large |n|. numpy's float32 exp is neither (its own SIMD code: a third of the values differ from libm).
-
-`lanes` below: 16 (ggml's AVX512 code), 8 (its AVX2 code) or 0 (its scalar code: libm only); `host_lanes`
-gives it for a numerics setting on this machine. numba's `math.exp` on float32 is libm's `expf`.
-
-The loops compile with numba's error_model "numpy" (a division by zero gives inf or NaN, as in C): under
-the default "python" model every division checks its divisor to raise ZeroDivisionError, and that branch
-keeps LLVM from vectorizing the loop.
-"""
+"""ggml's vector exp and what it builds (softmax rows, SiLU, SwiGLU), float for float, per `numerics`: ggml_v_expf
+in blocks of `lanes` (16: AVX512, 8: AVX2, 0: libm only), libm's expf on the rest (DESIGN.md, "ggml's vector exp")."""
 
 from __future__ import annotations
 
@@ -41,8 +28,7 @@ _P1 = _F(float.fromhex("0x1.ffffecp-1"))
 
 
 def host_lanes(numerics: str) -> int:
-    """The lanes of ggml's vector exp for `numerics` on this host: "ref" 0; "x86" 16 with AVX512F and
-    AVX512DQ (ggml's condition), else 8."""
+    """The lanes of ggml's vector exp for `numerics` here: "ref" 0; "x86" 16 with AVX512F and AVX512DQ, else 8."""
     if numerics != "x86":
         return 0
     features = llvm_binding.get_host_cpu_features()
@@ -149,10 +135,7 @@ _tree_sum8 = _make_tree_sum(8)
 
 @intrinsic
 def _lanes_max(typingctx, a, n):
-    """The maximum of a[:n] (a float32 row, unit stride) as MAX(x, y) = x > y ? x : y in 16 lanes, then over
-    the lanes and the tail; NaN if any value is NaN (the caller then takes ggml's left-to-right order, which
-    a NaN makes matter: MAX forgets a NaN unless it comes last). Without NaN any order gives the same
-    maximum (a -0/+0 tie only changes the zero's sign, which x - max does not see)."""
+    """The maximum of a[:n] as MAX(x, y) = x > y ? x : y in 16 lanes, then the tail; NaN if any value is NaN."""
     def codegen(context, builder, signature, args):
         def max_into(ptr, x) -> None:  # *ptr = MAX(*ptr, x), ggml's x > y ? x : y (lanes or scalars)
             old = builder.load(ptr)
@@ -201,10 +184,7 @@ def row_max(t, n):
 
 @njit(nogil=True, cache=True, inline="always", error_model="numpy")
 def softmax_exp_row(t, out, m, lanes):
-    """ggml_vec_soft_max_f32 on one row: out = exp(t - m) (1-D rows; out may be t), returning the sum in
-    double: blocks of `lanes` by ggml_v_expf, each block's lanes summed in float then added in double, the
-    rest by libm's expf added one by one. The exps of the blocks come first in one loop (it vectorizes),
-    then their sums block by block."""
+    """ggml_vec_soft_max_f32 on one row: out = exp(t - m) (out may be t), returning ggml's sum in double."""
     n = t.shape[0]
     n_simd = n - n % lanes if lanes > 0 else 0
     if lanes == 16:
@@ -236,8 +216,7 @@ def softmax_exp_rows(t, mx, sums, lanes):
 
 @njit(nogil=True, cache=True, error_model="numpy")
 def silu_rows(x, out, g, lanes):
-    """ggml_vec_silu_f32 (g empty) or ggml_vec_swiglu_f32 on each row of x (2-D): blocks of `lanes` by
-    ggml_v_silu, x / (1 + v_expf(0 - x)), times g; the rest by ggml_silu_f32, x / (1 + expf(-x)) (libm)."""
+    """ggml_vec_silu_f32 (g empty) or ggml_vec_swiglu_f32 on each row of x: ggml_v_silu, then libm on the rest."""
     gated = g.shape[0] > 0
     one = np.float32(1.0)
     zero = np.float32(0.0)

@@ -1,9 +1,5 @@
-"""CPU kernels of the recurrent-state ops: SSM_CONV, SSM_SCAN, RWKV_WKV6, GATED_LINEAR_ATTN, RWKV_WKV7 and
-GATED_DELTA_NET (F32 only, as ggml-cpu's ops.cpp).
-
-Each walks the tokens in order (the state of token t is the input of token t + 1) and computes every sequence
-and head of a token at once in float32 numpy. The results are packed as ggml's: outputs first, then the states.
-"""
+"""CPU kernels of SSM_CONV, SSM_SCAN, RWKV_WKV6, GATED_LINEAR_ATTN, RWKV_WKV7 and GATED_DELTA_NET (F32, as ggml-cpu's
+ops.cpp): tokens in order, every sequence and head of a token at once; outputs packed first, then the states."""
 
 from __future__ import annotations
 
@@ -22,7 +18,6 @@ _SOFTPLUS_LINEAR = np.float32(20.0)
 
 
 def _srcs(node: Tensor, srcs: list[np.ndarray | None], n: int) -> list[np.ndarray]:
-    """The first n source views; ShapeError naming the node if one is missing."""
     out = []
     for i in range(n):
         a = srcs[i]
@@ -49,9 +44,6 @@ def _rows_contiguous(a: np.ndarray) -> bool:
     return a.shape[-1] <= 1 or a.strides[-1] == a.itemsize
 
 
-# --- SSM_CONV ---
-
-
 def ssm_conv_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
     """dst[s, t, i] = sum_k sx[s, i, t + k] * c[i, k], summed over k in order in float32 (as ggml's loop)."""
     require_types(node, _F32, node, node.src[0], node.src[1])
@@ -65,7 +57,7 @@ def ssm_conv_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None]
     if dst.size == 0:
         return noop
     x = sx[0]  # (n_s, d_inner, ncs)
-    w = c[0, 0]  # (d_inner, nc)
+    w = c[0, 0]
     out = dst[0].transpose(0, 2, 1)  # (n_s, d_inner, n_t), dst's memory
     acc = np.empty(out.shape, dtype=F32)
     tmp = np.empty(out.shape, dtype=F32)
@@ -78,9 +70,6 @@ def ssm_conv_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None]
         out[...] = acc
 
     return run
-
-
-# --- SSM_SCAN ---
 
 
 def softplus(x: np.ndarray) -> np.ndarray:
@@ -111,8 +100,8 @@ def ssm_scan_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None]
     y = flat[:n_y].reshape(ns, nt, nh, nr)
     states = flat[n_y:].reshape(K, ns, nh, nr, nc)
     group = np.arange(nh) // (nh // ng)  # ggml's repeat_interleave of the groups over the heads
-    a = A[0, 0]  # (nh, 1 or nc)
-    dts = dt[0]  # (ns, nt, nh)
+    a = A[0, 0]
+    dts = dt[0]
     idx = ids[0, 0, 0]
 
     def run() -> None:
@@ -124,9 +113,9 @@ def ssm_scan_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None]
             return  # ggml writes no state without a token
         state = s[seq]  # (ns, nh, nr, nc), a copy: the sources stay as they are
         for t in range(nt):
-            sp = softplus(dts[:, t])  # (ns, nh)
-            x_dt = x[:, t] * sp[:, :, None]  # (ns, nh, nr)
-            b = B[:, t][:, group]  # (ns, nh, nc)
+            sp = softplus(dts[:, t])
+            x_dt = x[:, t] * sp[:, :, None]
+            b = B[:, t][:, group]
             cc = C[:, t][:, group]
             if a0 == 1:
                 decay = np.exp(sp * a[:, 0])[:, :, None, None]  # Mamba-2: one decay per head
@@ -148,8 +137,7 @@ def ssm_scan_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None]
 
 def _linear_attn_views(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], n_src: int,
                        state_src: int) -> tuple[list[np.ndarray], np.ndarray, np.ndarray, np.ndarray, int, int, int]:
-    """The token inputs as (n_seqs, n_seq_tokens, H, S), the input state (n_seqs, H, S, S), dst's outputs
-    (n_seqs, n_seq_tokens, H, S) and new states (n_seqs, H, S, S); and S, H, n_seq_tokens."""
+    """Token inputs and outputs as (n_seqs, n_seq_tokens, H, S), states as (n_seqs, H, S, S); and S, H, n_seq_tokens."""
     require_types(node, _F32, node, *node.src[:n_src])
     arrays = _srcs(node, srcs, n_src)
     v = arrays[1] if node.op != GGMLOp.RWKV_WKV7 else arrays[3]
@@ -231,9 +219,6 @@ def rwkv_wkv7_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None
     return run
 
 
-# --- GATED_DELTA_NET ---
-
-
 def gated_delta_net_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None],
                            params: ComputeParams) -> Compute:
     """Per token and head, on M = S^T (ggml keeps the state transposed: M[j, i] = S[i, j]):
@@ -265,7 +250,7 @@ def gated_delta_net_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray 
     def run() -> None:
         m = state.copy()  # (n_seqs, H, S_v (j), S_v (i))
         for t in range(n_tokens):
-            qt = q[:, t][qi]  # (n_seqs, H, S_v)
+            qt = q[:, t][qi]
             kt = k[:, t][ki]
             decay = np.exp(g[:, t])  # (n_seqs, H, 1 or S_v)
             m *= decay[:, :, None, :] if kda else decay[:, :, :, None]
@@ -296,8 +281,7 @@ _N_SRC: dict[GGMLOp, int] = {GGMLOp.SSM_CONV: 2, GGMLOp.SSM_SCAN: 7, GGMLOp.RWKV
 
 
 def supports(node: Tensor) -> bool:
-    """F32 sources and result (SSM_SCAN's ids I32), every source present, and the layouts ggml-cpu's kernels
-    assert (rows of contiguous floats; SSM_SCAN's K > 1 only with a scalar decay, as ggml-cpu's supports_op)."""
+    """F32 (SSM_SCAN's ids I32), every source present, in the layouts ggml-cpu's kernels and supports_op assert."""
     n = _N_SRC.get(node.op)
     if n is None or node.type != GGMLType.F32:
         return False

@@ -17,10 +17,7 @@ def q8_0_values(builder, p):
 
 
 def q4_0_nibbles(builder, p):
-    """Q4_0's 32 nibbles (0..15, the values + 8) from the 16 bytes at p: low nibbles first.
-
-    The 16 bytes twice, the upper copy shifted right by 4 in 64-bit lanes, then masked: vbroadcasti128,
-    vpsrlvq, vpand on AVX2 (one op fewer than masking and shifting apart and joining the halves)."""
+    """Q4_0's 32 nibbles (0..15) from the 16 bytes at p, low first: the bytes twice, one copy shifted, masked."""
     q = load_vector(builder, p, IR_I8, 16)
     both = builder.shuffle_vector(q, q, ir.Constant(ir.VectorType(IR_I32, 32), list(range(16)) * 2))
     v4i64 = ir.VectorType(ir.IntType(64), 4)
@@ -30,8 +27,7 @@ def q4_0_nibbles(builder, p):
 
 
 def block_sums_portable(builder, wv, yv):
-    """8 exact int32 partial sums of the products of two <32 x i8> vectors: products of pairs (the shape
-    of vpmaddwd), then halves."""
+    """8 exact int32 partial sums of the products of two <32 x i8> vectors (pairs, then halves)."""
     v32 = ir.VectorType(IR_I32, 32)
     prod = builder.mul(builder.sext(wv, v32), builder.sext(yv, v32), flags=["nsw"])
     return _pairs_then_halves(builder, prod)
@@ -61,9 +57,7 @@ def block_sums_unsigned_quads(builder, uv, yv):
 
 
 def block_sums_avx2(builder, wv, yv):
-    """As block_sums_portable with ggml's AVX2 sequence: |w| (unsigned) times y with w's sign by
-    vpmaddubsw, pairs of int16 by vpmaddwd. Exact: |w| <= 128 and |y| <= 127 (q8 values are
-    -127..127), so a pair is at most 2 * 128 * 127 = 32512 and the int16 sums never saturate."""
+    """As block_sums_portable by ggml's AVX2 vpsignb, vpmaddubsw, vpmaddwd (exact: |y| <= 127, no saturation)."""
     v32i8, v16i16, v8i32 = ir.VectorType(IR_I8, 32), ir.VectorType(IR_I16, 16), ir.VectorType(IR_I32, 8)
     module = builder.module
     absb = module.declare_intrinsic("llvm.abs.v32i8", fnty=ir.FunctionType(v32i8, [v32i8, ir.IntType(1)]))
@@ -92,8 +86,7 @@ def block_sums_unsigned_avx2(builder, uv, yv):
 
 
 def vpdpbusd(builder, acc, uv, yv):
-    """acc + the 8 sums of 4 consecutive products uv[4i+k] (unsigned) * yv[4i+k] (signed), <8 x i32>: AVX512-VNNI's
-    vpdpbusd, ggml's AVX2 lane layout (lane i: products 4i..4i+3) in one instruction, exact (no saturation)."""
+    """acc + the 8 sums of 4 consecutive products uv (unsigned) * yv (signed): AVX512-VNNI's vpdpbusd."""
     v8i32 = ir.VectorType(IR_I32, 8)
     fn = builder.module.declare_intrinsic("llvm.x86.avx512.vpdpbusd.256",
                                           fnty=ir.FunctionType(v8i32, [v8i32, v8i32, v8i32]))
@@ -117,18 +110,14 @@ def block_sums_unsigned_vnni(builder, uv, yv):
 
 
 def _target_has(*features: str) -> bool:
-    """Whether numba compiles for a CPU with all these LLVM features (the host's, unless NUMBA_CPU_NAME
-    names another)."""
+    """Whether numba compiles for a CPU with all these LLVM features."""
     if numba.config.CPU_NAME:
         return False  # a chosen (e.g. generic) target: portable code only
     host = llvm_binding.get_host_cpu_features()
     return all(host.get(f, False) for f in features)
 
 
-# the integer block sums: AVX2's byte multiply-add where the target has it, portable vector IR elsewhere; where
-# the target also has AVX512-VNNI (with VL: its 256-bit form), one vpdpbusd instead of vpmaddubsw + vpmaddwd (the
-# same lanes; see make_dot_q_row for the signed values). The generators take the sums as an argument
-# (`block_sums`), so tests run every variant the host can.
+# the target's block sums; the generators take them as an argument, so tests run every variant the host can
 HAS_AVX2 = _target_has("avx2")
 HAS_VNNI = HAS_AVX2 and _target_has("avx512vnni", "avx512vl")
 

@@ -51,22 +51,14 @@ def _float_value(builder, pw, k, kind: int):
 
 
 def make_dot_half_row(kind: int, ncols: int = 1):
-    """F32, F16 or BF16 (`kind`) weight rows times float32 rows, in 32 lanes summed at the end.
-
-    `ncols` 1: `dot(w, o, x, j, n)` = sum_t value(w, t) * x[j+t], t < n, n a multiple of 32 (value t at byte
-    o+2t for halves, o+4t for F32).
-    `ncols` > 1: `dot(w, w_off, base, m0, m1, x, r, n, out)` writes out[r + c, m] for c < n (n from 1 to
-    ncols), m0 <= m < m1: weight row w_off[base + m] times x's rows r..r+n-1, whole: the elements after
-    the last multiple of 32 are added one by one after the lanes' sum. A block of halves is widened once
-    for all columns; each column's sum is the same bits as with `ncols` 1 (and its tail added after).
-    F32 weights come here for products of a few columns (see matmul.F32_BLAS_MIN_COLS): streaming rows on
-    the kernel threads instead of BLAS's mat-vec.
+    """F32, F16 or BF16 (`kind`) weight rows times float32 rows, in 32 lanes summed at the end. `ncols` 1:
+    `dot(w, o, x, j, n)`, n a multiple of 32. `ncols` > 1: `dot(w, w_off, base, m0, m1, x, r, n, out)` writes
+    out[r + c, m] for c < n, whole rows (the tail after the lanes' sum), each column's bits those of `ncols` 1.
     """
     vf = ir.VectorType(IR_F32, 32)
 
     def row_loop(builder, pw, n, cols, K=None):
-        """The dots of the weight row at pw with the x rows at `cols` over n (a multiple of 32) elements,
-        then, given K, elements n..K-1 one by one."""
+        """The dots of the weight row at pw with the x rows at `cols` over n elements, then n..K-1 one by one."""
         accs = [cgutils.alloca_once_value(builder, ir.Constant(vf, [0.0] * 32)) for _ in cols]
         n_blocks = builder.ashr(n, ir.Constant(n.type, 5))
         with cgutils.for_range(builder, n_blocks) as loop:
@@ -142,8 +134,7 @@ dot_f32_row.__doc__ = ("dot(w, o, x, j, n): the F32 row at byte o of w times x[j
 
 
 def _each_f32(builder, n, update) -> None:
-    """`update(t, width)` for t = 0, 32, 64, ... below n's last multiple of 32 (width 32: <32 x float>), then for
-    each element after it (width 1: a float)."""
+    """`update(t, width)` for t = 0, 32, ... (width 32), then for each element of the tail (width 1)."""
     five = ir.Constant(n.type, 5)
     with cgutils.for_range(builder, builder.ashr(n, five)) as loop:
         update(builder.shl(loop.index, five), 32)
@@ -163,8 +154,7 @@ def _store_f32(builder, v, p, t, width: int) -> None:
 
 @intrinsic
 def mad_f32_row(typingctx, x, i, a, y, j, n):
-    """y[j+t] = fma(x[i+t], a, y[j+t]) for t < n (ggml_vec_mad_f32 on an FMA machine), 32 lanes at a time: numba
-    gathers such a loop element by element (it cannot tell the indices are consecutive)."""
+    """y[j+t] = fma(x[i+t], a, y[j+t]) for t < n (ggml_vec_mad_f32 with FMA), 32 lanes at a time (numba gathers)."""
     sig = types.void(x, types.intp, types.float32, y, types.intp, types.intp)
 
     def codegen(context, builder, signature, args):

@@ -1,6 +1,5 @@
 """LLVM vector IR primitives the kernels are written in: loads, exact integer block dots, widening, FMA, prefetch,
-and the weight-row and column-group scaffolding of the row loops.
-"""
+and the weight-row and column-group scaffolding of the row loops."""
 
 from __future__ import annotations
 
@@ -14,11 +13,7 @@ from pyggml.backends.cpu.kernels.atomics import (
 )
 from pyggml.backends.cpu.kernels.vec_dot.kinds import BF16, F16
 
-# --- LLVM vector primitives ---
-#
-# Arrays are passed whole with an element offset, so no array views are made in
-# the hot loops. Byte offsets address uint8 weight rows; src1 offsets count
-# int8 (or float32) elements.
+# arrays come whole with an element offset (no views in the hot loops): bytes of uint8 weights, src1 elements
 
 IR_I8 = ir.IntType(8)
 IR_I16 = ir.IntType(16)
@@ -56,11 +51,7 @@ def sum_f32_tree(builder, v, n: int):
 
 
 def _dot_u8_i8(builder, u, y, n: int):
-    """Exact integer dot of an <n x i8> vector read unsigned (0..255) and one read signed.
-
-    Written as i32 products of zero- and sign-extended bytes, the form LLVM
-    turns into vpdpbusd / pmaddwd (multiply and add groups), not 32-bit multiplies.
-    """
+    """Exact dot of <n x i8> u (unsigned) and y (signed), as the extended products LLVM makes vpdpbusd/pmaddwd."""
     v32 = ir.VectorType(IR_I32, n)
     prod = builder.mul(builder.zext(u, v32), builder.sext(y, v32), flags=["nsw"])
     return reduce_add_i32(builder, prod, n)
@@ -128,8 +119,7 @@ def round_f16(typingctx, x):
 
 @intrinsic
 def f16_bits(typingctx, x):
-    """float32 -> the bits of the nearest f16 (ties to even; the CPU's conversion, as ggml's F16C
-    GGML_FP32_TO_FP16), as uint16."""
+    """float32 -> the bits of the nearest f16 (ties to even, as ggml's F16C GGML_FP32_TO_FP16), as uint16."""
     sig = types.uint16(types.float32)
 
     def codegen(context, builder, signature, args):
@@ -269,13 +259,7 @@ widen_bf16x32 = _make_widen_half(BF16)
 widen_bf16x32.__doc__ = "out[j+t] = bf16(w at byte i+2t), t < 32."
 
 
-# --- whole rows: one vector accumulator per row, reduced once at its end ---
-#
-# The per-block primitives above reduce every block to a scalar, a chain of
-# shuffles per 32 values that costs more than the block's arithmetic. The row
-# loops below keep the lanes' sums in a vector for the whole row (AVX2: a
-# vpmaddwd per 16 int8 pairs, a vfmadd per 8 floats) and sum the lanes once.
-# Integer block sums stay exact; only the float summation order changes.
+# --- whole rows: one vector accumulator per row, its lanes summed once at the end ---
 
 
 def fmuladd(builder, a, b, c):
@@ -313,18 +297,13 @@ def _prefetch(builder, p, lines: int) -> None:
         builder.call(fn, [builder.gep(p, [ir.Constant(ir.IntType(64), 64 * k)]), read, keep, data])
 
 
-# The row loops built on column_groups (the float kernels', and the serial quantized ones') ask for the first
-# PREFETCH_LINES cache lines of the row PREFETCH_ROWS rows ahead. Why: attention's K rows are short (64 floats, 256
-# bytes) and 768 bytes apart in the cache, fresh from memory every token (the weights streamed in between evict them),
-# and the hardware prefetcher does not run ahead of such a stream (figures: benchmarks/README.md).
+# column_groups' loops prefetch rows ahead: the hardware prefetcher misses short, far-apart rows (attention's K)
 PREFETCH_ROWS = 16
 PREFETCH_LINES = 4
 
 
 def per_count(builder, n, ncols: int, body) -> None:
-    """A switch on the column count n (1..ncols): `body(count)` emitted once per count, in a block of its own,
-    each then joining the block after the switch (where the builder is left). Why one loop per count: see
-    column_groups."""
+    """A switch on the column count n (1..ncols): `body(count)` once per count, each joining the block after it."""
     done = builder.append_basic_block("cols.done")
     switch = builder.switch(n, done)
     for count in range(1, ncols + 1):
@@ -337,21 +316,15 @@ def per_count(builder, n, ncols: int, body) -> None:
 
 
 def weight_pointers(context, builder, signature, args, w: int = 0, w_off: int = 1, base: int = 2):
-    """The byte pointer of the weights (argument `w`) and the pointer to w_off[base:] (arguments `w_off`,
-    `base`): what every multi-row intrinsic reads its weight rows through."""
+    """The byte pointer of the weights (argument `w`) and the pointer to w_off[base:]."""
     ty = signature.args
     w_data = element_pointer(context, builder, ty[w], args[w], ir.Constant(args[base].type, 0))
     return w_data, element_pointer(context, builder, ty[w_off], args[w_off], args[base])
 
 
 def column_groups(context, builder, signature, args, ncols: int, pos: dict[str, int], columns, row) -> None:
-    """The body of a multi-column intrinsic: for weight rows m0 <= m < m1 (rows w_off[base + m]), `row(pw, m,
-    cols)` with `cols = columns(count)` made once for the n (1..ncols) src1 rows from r. `pos` gives the
-    argument positions of w, w_off, base, m0, m1, r and n.
-
-    One loop over the rows per column count, chosen once: inside one loop over the rows, the loops of every
-    count made LLVM keep all their addresses live across it, in spilled registers reloaded every row (one
-    column 40% slower), and a call per row costs as much.
+    """A multi-column intrinsic's body: `row(pw, m, columns(count))` for weight rows m0 <= m < m1, one loop per
+    column count n (DESIGN.md, "The CPU kernels"); `pos` gives the argument positions of w, w_off, base, m0, m1, n.
     """
     w_data, offsets = weight_pointers(context, builder, signature, args, pos["w"], pos["w_off"], pos["base"])
     m0, m1 = args[pos["m0"]], args[pos["m1"]]
@@ -377,13 +350,11 @@ def store_columns(context, builder, arrty, out, r, m, dots) -> None:
 
 
 def fma(builder, a, b, c):
-    """a * b + c with one rounding (llvm.fma: the FMA instruction, as ggml's _mm256_fmadd_ps / gcc's
-    contracted scalar multiply-adds), for float32 scalars and vectors."""
+    """a * b + c rounded once (llvm.fma), as ggml's _mm256_fmadd_ps and gcc's contracted multiply-adds."""
     fnty = ir.FunctionType(a.type, [a.type, a.type, a.type])
     name = f"llvm.fma.v{a.type.count}f32" if isinstance(a.type, ir.VectorType) else "llvm.fma.f32"
     return builder.call(builder.module.declare_intrinsic(name, fnty=fnty), [a, b, c])
 
 
-# src1 columns one pass over a weight row serves (the `ncols` of the *_cols loops); more share the
-# unpacking wider but run out of vector registers (fours measured fastest: benchmarks/README.md)
+# src1 columns one pass over a weight row serves (more run out of vector registers)
 COLS = 4

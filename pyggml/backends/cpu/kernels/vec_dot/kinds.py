@@ -1,6 +1,4 @@
-"""The kinds the MUL_MAT kernels compile for: the weight types as numba constants, the repacked layouts' kinds, and
-the 16-value tables of IQ4_NL, IQ4_XS and MXFP4.
-"""
+"""The kinds the MUL_MAT kernels compile for (weight types, repacked layouts) and the 16-value tables."""
 
 from __future__ import annotations
 
@@ -38,8 +36,7 @@ X8_TILE = 2048
 
 
 def kind_name(kind: int) -> str:
-    """A kernel kind by name: the weight type's, with `_x8` for the repacked layout and `_x8_tile` for the
-    tiles repacked on the fly."""
+    """A kernel kind by name: the weight type's, with `_x8` or `_x8_tile` for the repacked layouts."""
     if kind >= X8_TILE:
         return f"{GGMLType(kind - X8_TILE).name}_x8_tile"
     if kind >= X8_REPACKED:

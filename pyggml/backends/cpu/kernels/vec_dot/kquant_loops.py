@@ -22,19 +22,10 @@ from pyggml.backends.cpu.kernels.vec_dot.ir import (
 )
 from pyggml.backends.cpu.kernels.vec_dot.quant_loops import block_row_intrinsic
 
-# --- K-quants: Q4_K and Q6_K super-blocks of 256 values, against Q8_K ---
-#
-# A super-block's integer sum is exact (vpmaddubsw pairs of a group's 32 values, vpmaddwd by the 16-value
-# sub-blocks' scales, i32 lanes). Under "ref" the float arithmetic per super-block is ggml's reference
-# vec_dot's; under "x86" ggml's AVX2 vec_dot's (the *_cols_x86 loops: the same bits as libggml's mat-vec; from
-# two columns libggml takes its tiled gemm, whose order differs). Figures: benchmarks/README.md.
-
 
 def scaled_sums_avx2(builder, uv, yv, scales):
-    """8 exact int32 partial sums of sum_t uv[t] * yv[t] * scales[t // 2] over a group of 32 values: uv read
-    unsigned (0..63), yv signed (Q8_K's -127..127, so a pair is at most 2 * 63 * 127 = 16002: no int16
-    saturation), `scales` a <16 x i16> of -128..127 (each pair's sub-block scale): ggml's vpmaddubsw, then
-    vpmaddwd by the scales."""
+    """8 exact int32 partial sums of uv[t] * yv[t] * scales[t // 2] (uv 0..63, so no int16 saturation): ggml's
+    vpmaddubsw, then vpmaddwd by the scales."""
     v16i16, v8i32, v32i8 = ir.VectorType(IR_I16, 16), ir.VectorType(IR_I32, 8), ir.VectorType(IR_I8, 32)
     module = builder.module
     maddubs = module.declare_intrinsic("llvm.x86.avx2.pmadd.ub.sw", fnty=ir.FunctionType(v16i16, [v32i8, v32i8]))
@@ -55,9 +46,7 @@ target_scaled_sums = scaled_sums_avx2 if HAS_AVX2 else scaled_sums_portable
 
 
 def _f16_lanes(builder, p):
-    """The 4 halves at p as <4 x float>: one vcvtph2ps from memory, behind an arithmetic fence (without it
-    LLVM narrows the load back to scalar half loads, vpinsrw merges with the false dependency _f16_pair
-    describes)."""
+    """The 4 halves at p as <4 x float>: one vcvtph2ps, fenced so LLVM keeps the load a vector."""
     v4f = ir.VectorType(IR_F32, 4)
     wide = builder.fpext(load_vector(builder, p, ir.HalfType(), 4), v4f)
     fence = builder.module.declare_intrinsic("llvm.arithmetic.fence.v4f32", fnty=ir.FunctionType(v4f, [v4f]))
@@ -69,9 +58,7 @@ def _const(builder, n: int, values: list[int], bits: int = 8):
 
 
 def _q4_K_unpack(builder, pb):
-    """A Q4_K super-block's d, dmin (f32) and its 8 6-bit scales and mins (<8 x i8>) from the 12 bytes at
-    pb + 4, as ggml's get_scale_min_k4: sub-block j < 4: q[j] & 63, q[j + 4] & 63; j >= 4:
-    (q[j + 4] & 15) | (q[j - 4] >> 6) << 4 and (q[j + 4] >> 4) | (q[j] >> 6) << 4."""
+    """A Q4_K super-block's d, dmin and its 8 6-bit scales and mins (<8 x i8>), as ggml's get_scale_min_k4."""
     halves = _f16_lanes(builder, pb)
     d, dmin = (builder.extract_element(halves, ir.Constant(IR_I32, i)) for i in (0, 1))
     q = load_vector(builder, builder.gep(pb, [ir.Constant(IR_I32, 4)]), IR_I8, 16)  # scales[12], then qs
@@ -90,8 +77,7 @@ def _q4_K_unpack(builder, pb):
 
 
 def _q4_K_group(builder, pb, unpacked, g: int):
-    """Group g (0..7) of a Q4_K super-block: its 32 values (nibbles of qs[32 (g // 2):][:32], low for even g)
-    and its scale for every pair."""
+    """Group g (0..7) of a Q4_K super-block: its 32 values and its scale for every pair."""
     sc = builder.zext(unpacked[2], ir.VectorType(IR_I16, 8))
     qs = load_vector(builder, builder.gep(pb, [ir.Constant(IR_I32, 16 + 32 * (g // 2))]), IR_I8, 32)
     if g % 2 == 0:
@@ -100,8 +86,7 @@ def _q4_K_group(builder, pb, unpacked, g: int):
 
 
 def _q4_K_finish(builder, unpacked, total, isum, bsums, yd):
-    """sumf + (d * yd * isum - dmin * yd * summs), summs = sum_j mins[j] * (y's sum over sub-block j), in the
-    order of ggml's reference `sumf += d * sumi - dmin * summs`."""
+    """sumf + (d * yd * isum - dmin * yd * summs), ggml's reference `sumf += d * sumi - dmin * summs`."""
     v8 = ir.VectorType(IR_I32, 8)
     pair = pair_sums(builder, bsums)
     summs = reduce_add_i32(builder, builder.mul(builder.zext(unpacked[3], v8), pair, flags=["nsw"]), 8)
@@ -112,8 +97,7 @@ def _q4_K_finish(builder, unpacked, total, isum, bsums, yd):
 
 
 def _q6_K_unpack(builder, pb):
-    """A Q6_K super-block's d (f32, the half at byte 208, its last: read with the 6 bytes of scales before
-    it, the 8 bytes ending with the block) and its 16 int8 scales (at 192) as i16."""
+    """A Q6_K super-block's d (its last half, read as lane 3 of the 8 bytes ending the block) and 16 scales."""
     lanes = _f16_lanes(builder, builder.gep(pb, [ir.Constant(IR_I32, 202)]))
     d = builder.extract_element(lanes, ir.Constant(IR_I32, 3))
     scales = load_vector(builder, builder.gep(pb, [ir.Constant(IR_I32, 192)]), IR_I8, 16)
@@ -121,8 +105,7 @@ def _q6_K_unpack(builder, pb):
 
 
 def _q6_K_group(builder, pb, unpacked, g: int):
-    """Group g = 4n + q (0..7) of a Q6_K super-block: values low4 | high2 << 4 (0..63, the value + 32), low4
-    from ql[64n + 32 (q & 1):][:32] >> 4 (q >> 1), high2 from qh[32n:][:32] >> 2q; sub-blocks 2g and 2g + 1."""
+    """Group g (0..7) of a Q6_K super-block: values low4 | high2 << 4 (the value + 32), sub-blocks 2g and 2g + 1."""
     n, q = divmod(g, 4)
     ql = load_vector(builder, builder.gep(pb, [ir.Constant(IR_I32, 64 * n + 32 * (q & 1))]), IR_I8, 32)
     qh = load_vector(builder, builder.gep(pb, [ir.Constant(IR_I32, 128 + 32 * n)]), IR_I8, 32)
@@ -140,16 +123,12 @@ def _q6_K_finish(builder, unpacked, total, isum, bsums, yd):
     return builder.fadd(total, builder.fmul(builder.fmul(unpacked[0], yd), builder.sitofp(isum, IR_F32)))
 
 
-# ggml's AVX2 ggml_vec_dot_q4_K_q8_K / q6_K_q8_K float order (numerics "x86"): the 8 int32 lanes of a
-# super-block's scaled sums (the lanes target_scaled_sums makes, 4 consecutive products of every group each) times
-# d = y.d * x.d into one 8-lane FMA accumulator, hsum_float_8 at the end; Q4_K's mins apart, 4 lanes.
-_Q4_K_X86_STATE = (8, 4)  # acc, acc_m
+_Q4_K_X86_STATE = (8, 4)  # ggml's AVX2 acc (8 lanes) and acc_m (Q4_K's mins, 4 lanes)
 _Q6_K_X86_STATE = (8,)
 
 
 def _q4_K_x86_block(builder, unpacked, state, iacc, bsums, yd):
-    """acc = fma(d, lanes, acc); acc_m = fma(-y.d * x.dmin, prod, acc_m), prod lane k = mins[2k] * q8s[2k] +
-    mins[2k + 1] * q8s[2k + 1], q8s[j] = bsums[2j] + bsums[2j + 1] (_mm_hadd_epi16, _mm_madd_epi16)."""
+    """acc = fma(d, lanes, acc); acc_m = fma(-y.d * x.dmin, mins by pairs of bsums, acc_m), as ggml's AVX2."""
     v8f, v4f, v8 = ir.VectorType(IR_F32, 8), ir.VectorType(IR_F32, 4), ir.VectorType(IR_I32, 8)
     d = builder.fmul(yd, unpacked[0])
     acc = fma(builder, splat(builder, d, 8), builder.sitofp(iacc, v8f), state[0])
@@ -166,8 +145,7 @@ def _q4_K_x86_result(builder, state):
 
 
 def _q6_K_x86_block(builder, unpacked, state, iacc, bsums, yd):
-    """acc = fma(d, lanes - 32 * q8sclsub, acc), q8sclsub lane k = bsums[2k] * scales[2k] + bsums[2k + 1] *
-    scales[2k + 1] (_mm256_madd_epi16), as ggml subtracts the offset lane by lane."""
+    """acc = fma(d, lanes - 32 * q8sclsub, acc): ggml's offset subtracted lane by lane."""
     v8f, v16 = ir.VectorType(IR_F32, 8), ir.VectorType(IR_I32, 16)
     sub = pair_sums(builder, builder.mul(builder.sext(unpacked[1], v16), bsums, flags=["nsw"]))
     lanes = builder.sub(iacc, builder.shl(sub, ir.Constant(ir.VectorType(IR_I32, 8), [5] * 8)))
@@ -180,18 +158,9 @@ def _q6_K_x86_result(builder, state):
 
 
 def make_dot_k_row(block_bytes: int, unpack, group, finish, scaled_sums=None, x86=None, ncols: int = 1):
-    """The row loop of a K-quant (super-blocks of 256 values, `block_bytes` each) against Q8_K: per
-    super-block `unpack(builder, pb)` once, then for each of its 8 groups of 32 values `group(builder, pb,
-    unpacked, g)` -> (values 0..63 as <32 x i8>, <16 x i16> pair scales), exact int32 lanes of scaled sums
-    per column, and `finish(builder, unpacked, sumf, isum, bsums, yd)` -> the column's new float sum (bsums:
-    Q8_K's 16 sums of 16 as <16 x i32>).
-
-    Signatures as make_dot_q_row's (yb: Q8_K's bsums, 16 per super-block). Each column's sum is the same
-    bits as with `ncols` 1. `scaled_sums`: the group's integer sums (the target's target_scaled_sums if None).
-    `x86`: (state lane counts, block, result), ggml's AVX2 float order instead of `finish`: float vector
-    accumulators per column, `block(builder, unpacked, state, lanes, bsums, yd)` -> the new state per
-    super-block (lanes: the 8 int32 lanes of its scaled sums), `result(builder, state)` -> the dot.
-    """
+    """The row loop of a K-quant against Q8_K, signatures as make_dot_q_row's (yb: Q8_K's bsums). Per super-block
+    `unpack` once, `group(builder, pb, unpacked, g)` -> (values, pair scales) for its 8 groups, then `finish`
+    (ref) or `x86` = (state lane counts, block, result) in ggml's AVX2 order."""
     v8i32 = ir.VectorType(IR_I32, 8)
     scaled_sums = target_scaled_sums if scaled_sums is None else scaled_sums
 

@@ -1,6 +1,4 @@
-"""MUL_MAT's rows as a job of the worker threads: the work items, the operands by address, and the job compiled per
-weight type.
-"""
+"""MUL_MAT's rows as a job of the worker threads: the work items, the operands by address, the job per weight type."""
 
 from __future__ import annotations
 
@@ -44,18 +42,13 @@ from pyggml.core.types import GGMLType
 
 
 def mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, s, m0, m1, rounding):
-    """Weight rows m0..m1 of output slice s against that slice's n_cols src1 rows, by the kernel the type
-    table gives `kind` (a constant) under `rounding` (a constant: ROUND_X86 takes a row's `cols_x86`)."""
+    """Weight rows m0..m1 of output slice s against its n_cols src1 rows, by the type table's kernel of `kind`."""
     raise NotImplementedError("mul_mat_range runs compiled only")
 
 
 @overload(mul_mat_range, prefer_literal=True, inline="always")
 def _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, s, m0, m1, rounding):
-    """The loop of one kind, chosen while numba types the caller (ggml's type_traits_cpu[type].vec_dot): the
-    other types' kernels are never compiled into it. One loop per kind, each calling one dot function:
-    choosing the function per row instead costs more than a short row's arithmetic (numba keeps every
-    callee's argument references alive around the choice). Inlined (`inline="always"`): a call with array
-    arguments costs reference counting on every work item."""
+    """The loop of one constant kind, chosen at typing (DESIGN.md, "The MUL_MAT job"); inlined: no refcounts."""
     if not (isinstance(kind, types.IntegerLiteral) and isinstance(rounding, types.IntegerLiteral)):
         raise numba.errors.TypingError(f"mul_mat_range: kind and rounding must be constants, not {kind}, {rounding}")
     k, x86 = kind.literal_value, rounding.literal_value == ROUND_X86
@@ -105,8 +98,7 @@ def _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, 
 
 
 def column_sums(kind, ys, yb):
-    """The src1 block sums the kernels of `kind` (a constant) read: Q8_1's s (`ys`), whose products with the
-    weights' mins ggml adds per block, else the 16-value sums (`yb`)."""
+    """The src1 block sums the kernels of `kind` read: Q8_1's s (`ys`) for the mins, else the 16-value sums."""
     raise NotImplementedError("column_sums runs compiled only")
 
 
@@ -120,25 +112,9 @@ def _column_sums(kind, ys, yb):
 @njit(nogil=True, cache=True, inline="always")
 def mul_mat_rows(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, chunk, ctr, wait, wait_polls,
                  rounding):
-    """out[s*n_cols + c, m] = vec_dot(weight row w_off[w_base[s] + m], src1 row s*n_cols + c).
-
-    `w` is the weights' memory as bytes, `w_off` the byte offset of every weight
-    row, `w_base[s]` the first weight row (index into w_off) of output slice s,
-    `nb` the blocks per row. src1 rows come as `xf` (F16/BF16 weights) or as the
-    split quantized arrays. `rounding` (ROUND_REF or ROUND_X86) picks the float
-    order of the Q8_0, Q4_0, Q5_0, Q4_1, Q4_K and Q6_K dots (see `make_dot_q_row`,
-    `make_dot_k_row`).
-
-    Several threads call this at once with the same arguments (see
-    `pyggml.backends.cpu.kernels.threads`): work items, (slice, chunk of `chunk`
-    weight rows), are taken one at a time from the counter `ctr[0]` (atomic
-    fetch-and-add) and counted done in `ctr[1]`, so a thread that starts late
-    or is descheduled takes fewer items instead of holding the others up. The
-    caller's thread (`wait`) returns only when every item is done: it polls
-    `wait_polls` times (the workers' spin time), then sleeps WAIT_SLEEP_US
-    between looks, so that a worker descheduled with an item (its core busy
-    with another process) can be scheduled on the caller's core.
-    """
+    """out[s*n_cols + c, m] = vec_dot(weight row w_off[w_base[s] + m], src1 row s*n_cols + c), `w` the weights'
+    bytes, src1 as `xf` (float weights) or the quantized arrays. Threads take work items from `ctr`; the caller
+    (`wait`) returns when all are done (DESIGN.md, "The MUL_MAT job")."""
     n_slices = w_base.shape[0]
     M = out.shape[1]
     n_chunks = (M + chunk - 1) // chunk
@@ -162,16 +138,11 @@ def mul_mat_rows(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, ch
                 sleep_us(WAIT_SLEEP_US)
 
 
-# --- MUL_MAT's rows as a job of threads.WorkerPool: the operands by address ---
-
-# the fields of a job (mul_mat_desc), from element 1 of a slot (element 0 is its state); the last one is the
-# address of the compiled job of the weight type (threads.call_job calls it)
+# the fields of a job (mul_mat_desc) from element 1 of a slot (element 0: its state); the last, the job's address
 _JOB_FIELDS = 32
 assert 1 + _JOB_FIELDS <= SLOT_LEN
 _JOB_ADDRESS = 31
-# the caller's polls before it sleeps while it waits for the workers' last items (see mul_mat_rows)
 WAIT_POLLS = 32
-# a job of one weight type: int64 job(int64 *desc, int64 shared), as threads.call_job calls it
 _JOB_SIG = types.int64(types.CPointer(types.int64), types.int64)
 ROUNDING_NAMES = {ROUND_REF: "ref", ROUND_X86: "x86"}
 
@@ -182,10 +153,8 @@ ROUNDING_NAMES = {ROUND_REF: "ref", ROUND_X86: "x86"}
 def mul_mat_desc(kind: int, w: np.ndarray, w_off: np.ndarray, nb: int, xf: np.ndarray, yq: np.ndarray,
                  yd: np.ndarray, ys: np.ndarray, yb: np.ndarray, n_cols: int, w_base: np.ndarray, out: np.ndarray,
                  chunk: int, ctr: np.ndarray, rounding: int) -> np.ndarray:
-    """`mul_mat_rows`' arguments as a job (a slot's layout: element 0 unused): each array by its address and
-    shape (each must be C-contiguous: the job sees it as such), the rest as numbers, and last the address of
-    the job compiled for `kind` and `rounding` (compiled here the first time: see `job_address`). `chunk` 0:
-    the whole product on one thread (`ctr` unused). The arrays must outlive every call of the job."""
+    """`mul_mat_rows`' arguments as a slot: each C-contiguous array by address and shape, then the compiled job's
+    address. `chunk` 0: the whole product on one thread. The arrays must outlive every call of the job."""
     desc = np.zeros(SLOT_LEN, np.int64)
     fields: list[int] = [kind]
     for a, dims, dtype in ((w, 1, np.uint8), (w_off, 1, np.int64), (nb, 0, None), (xf, 2, np.float32),
@@ -207,9 +176,7 @@ def mul_mat_desc(kind: int, w: np.ndarray, w_off: np.ndarray, nb: int, xf: np.nd
 
 @njit(nogil=True, cache=True, inline="always")
 def _run_desc(kind, d, shared, rounding):
-    """The MUL_MAT rows job `d` (see mul_mat_desc): `mul_mat_rows` on its operands, items from its counter
-    (`shared`: the caller's share, which returns when every item is done), or with chunk 0 the whole
-    product here."""
+    """`mul_mat_rows` on the operands of job `d` (`shared`: the caller's share, which waits for every item)."""
     nb, n_cols, chunk = d[6], d[22], d[28]
     w = numba.carray(pointer_u8(d[2]), (d[3],))
     w_off = numba.carray(pointer_i64(d[4]), (d[5],))
@@ -230,9 +197,7 @@ def _run_desc(kind, d, shared, rounding):
 
 
 def _make_mul_mat_job(kind: int, rounding: int):
-    """The job of one weight type and rounding: `kind` and `rounding` are constants of its code, so numba
-    compiles that type's loop alone (`mul_mat_range` picks it from the type table), and caches it under the
-    type's name."""
+    """The job of one weight type and rounding, both constants: numba compiles that type's loop alone."""
 
     def job(p, shared):
         _run_desc(kind, numba.carray(p, (SLOT_LEN,)), shared, rounding)
@@ -244,8 +209,7 @@ def _make_mul_mat_job(kind: int, rounding: int):
 
 @functools.cache
 def job_address(kind: int, rounding: int) -> int:
-    """The address of the compiled MUL_MAT job of `kind` and `rounding` (compiled, or loaded from numba's cache,
-    on the first call)."""
+    """The address of the compiled MUL_MAT job of `kind` and `rounding` (compiled on the first call)."""
     if rounding not in ROUNDING_NAMES:
         raise ValueError(f"job_address: rounding {rounding} is not ROUND_REF or ROUND_X86")
     return compiled_address(_make_mul_mat_job(kind, rounding), _JOB_SIG)
@@ -259,8 +223,7 @@ def mul_mat_job(d, shared):
 
 @njit(nogil=True, cache=True)
 def mul_mat_spin(slot, spins):
-    """A worker's loop (threads.WorkerPool's `spin`): runs the MUL_MAT jobs posted to `slot` until `spins`
-    polls pass without one."""
+    """A worker's loop: runs the MUL_MAT jobs posted to `slot` until `spins` polls pass without one."""
     idle = 0
     while idle < spins:
         if claim(slot):

@@ -48,19 +48,15 @@ _ROW_UNROLL = 4  # blocks per loop iteration, each with its own accumulator (bre
 
 
 def _f16_pair(builder, pb):
-    """The two f16 at the start of a block (Q4_1's scale and min), as float32, from one 4-byte load.
-
-    Why a pair: a lone f16 load becomes vpinsrw into whatever register LLVM picks, a false dependency on
-    its old value (it picked the x86 loop's FMA accumulator: the scale then waited for the previous
-    block's FMA, Q8_0 40% slower); a 4-byte vector load (vmovss) zeroes the rest of its register."""
+    """The two f16 at the start of a block, as float32, by one 4-byte load (a lone f16 load's vpinsrw
+    depends on its register's old value: DESIGN.md, "The CPU kernels")."""
     v = builder.load(builder.bitcast(pb, ir.VectorType(ir.HalfType(), 2).as_pointer()), align=1)
     f = builder.fpext(v, ir.VectorType(IR_F32, 2))
     return builder.extract_element(f, ir.Constant(IR_I32, 0)), builder.extract_element(f, ir.Constant(IR_I32, 1))
 
 
 def _f16_scale(builder, pb):
-    """The f16 scale at the start of a block, as float32 (Q8_0, Q4_0, IQ4_NL; the load takes the next two
-    bytes too, see _f16_pair)."""
+    """The f16 scale at the start of a block, as float32 (by _f16_pair's load)."""
     return _f16_pair(builder, pb)[0]
 
 
@@ -80,9 +76,8 @@ def _e8m0_scale(builder, pb):
 
 
 def _y_offsets(builder, py, nb):
-    """-128 times the lane sums (4 consecutive values each) of every 32-value block of the int8 row at py: a
-    stack buffer of nb * 8 int32, the start of vpdpbusd for w + 128 (signed w read unsigned) times y, whose
-    lanes then hold the exact sums of w times y. Dynamic alloca (see _gather_scales)."""
+    """-128 times the lane sums of every block of the int8 row at py (nb * 8 int32 on the stack): vpdpbusd's
+    start for signed w read as w + 128."""
     v8i32 = ir.VectorType(IR_I32, 8)
     buf = builder.alloca(IR_I32, size=builder.shl(nb, ir.Constant(nb.type, 3)))
     zero = ir.Constant(v8i32, [0] * 8)
@@ -96,10 +91,8 @@ def _y_offsets(builder, py, nb):
 
 
 def _gather_scales(builder, cols, nb, mins: bool):
-    """The columns' block scales yd, each 8 times, copied to a stack buffer block by block (8 * count floats
-    a block), and for `mins` Q8_1's sums s (`width` floats a block, the column count rounded up to a power of
-    two, zeros after it): (yd8, ys, width). Dynamic allocas, freed when the function of the row loop
-    (see make_dot_q_row's rows_function) returns (with _y_offsets', 4 columns of 16384 values: 128 KB)."""
+    """(yd8, ys, width): the columns' block scales, each 8 times, and for `mins` Q8_1's sums s (`width` a power
+    of two, zero-padded), on the stack of rows_function (freed when it returns)."""
     count = len(cols)
     width = 1 << (count - 1).bit_length()
     v8f = ir.VectorType(IR_F32, 8)
@@ -123,47 +116,13 @@ def _gather_scales(builder, cols, nb, mins: bool):
 def make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = False, scale=_f16_scale,
                     values_offset: int = 2, mins: bool = False, x86: bool = False, ncols: int = 1,
                     gather_min: int = 2, signed_vnni_min: int = 2, split_rows: tuple[int, ...] | None = None):
-    """The row loop of a 32-value block type of `block_bytes`: the block's scale (`scale` reads it), then at
-    `values_offset` the values `values` reads.
+    """The row loop of a 32-value block type of `block_bytes`: `scale` reads the block's scale, `values` its
+    values at `values_offset`. `x86`: ggml's AVX2 float order; `minus_8` (Q4_0) and `mins` (Q4_1) apply the
+    offsets by exact identities; the multi-column options are DESIGN.md's ("The CPU kernels").
 
-    `x86`: the float arithmetic of ggml's AVX2 vec_dot (numerics "x86", see
-    `pyggml.backends.cpu.numerics`): one 8-lane accumulator, `fma(d_w * d_y, lanes, acc)` block after block,
-    and for `mins` the scalar `summs = fma(m, s, summs)`. Otherwise `_ROW_UNROLL` accumulators (the FMA
-    latency chain), multiply-adds fused where LLVM finds it profitable, summs = summs + m * s.
-
-    `minus_8`: the values read are unsigned and stand for value + 8 (Q4_0): each of the 8 lane sums
-    subtracts the block's sum of y (from yb), 8 * sum(y) in all, ggml's Q4_0 offset applied exactly.
-    `mins`: the values are unsigned and each block has an f16 min after its scale (Q4_1, against Q8_1): the
-    per-block m * s (s the src1 block's f32 sum, passed in yb's place) is summed apart and added at the end,
-    as ggml's ggml_vec_dot_q4_1_q8_1 (`hsum(acc) + summs`).
-
-    `ncols` 1: `dot(w, o, nb, yq, j, yd, k, yb, kb)` returns the row's dot with the src1 row at yq[j:],
-    yd[k:], yb[kb:]. `ncols` > 1: `dot(w, w_off, base, m0, m1, nb, yq, yd, yb, r, n, out)` writes
-    out[r + c, m] for c < n (n from 1 to ncols), m0 <= m < m1: the dots of weight row w_off[base + m] with
-    src1 rows r..r+n-1 (2-D arrays). Why: decoding several
-    sequences multiplies each weight row by a few columns; loading and unpacking a block once for all of
-    them, and one call per row instead of per column, saves much of the time. Each column keeps its own accumulators and
-    sums its blocks in the same order as `ncols` 1 does, so its result is the same to the bit.
-
-    How the multi-column loops go (each choice keeps every (row, column) pair's arithmetic, so its bits):
-    - each column count's loop over the rows is a function of its own (see rows_function).
-    - `gather_min`: from this many columns on, each column's block scales yd are copied 8 times (and
-      Q4_1's s once) to a stack buffer once per call, so that a column's d_w * d_y is one vmulps of wd's
-      broadcast and the copies, and the summs of all columns one FMA.
-    - `signed_vnni_min`: with VNNI's sums (`block_sums_vnni`), signed values (Q8_0, IQ4_NL, MXFP4) from
-      this many columns on as w + 128 (read unsigned) times y, vpdpbusd starting from -128 times y's lane
-      sums (made once per call, `_y_offsets`): no vpsignb per column. Fewer columns take AVX2's sums
-      (`block_sums_avx2`): VNNI's, either form, made the one-column loop slower while the weights stream
-      from memory, though faster on cached weights.
-    - `split_rows`: the column counts whose loop takes two weight rows a pass, m and m + h (h half the
-      call's rows): two independent FMA chains (x86's one accumulator per row is a latency chain, 4 cycles
-      a block), the src1 block loaded once for both. Default 1 to 4 columns for signed values, 1 to 3 for
-      Q4_0/Q4_1 (slower split at 4 columns). Rows m and m + 1 instead were slower streaming the weights from
-      memory (their interleaved reads in the same pages defeat the prefetcher); rows half a call apart each
-      stream from pages of their own.
-    The loops are throughput-bound: about 13 instructions a block for one column, 7 a block and column
-    for four (Q4_1, x86). Not kept: two columns in one 512-bit vector (Zen 4 splits it in two halves anyway).
-    Figures for each choice: benchmarks/README.md.
+    `ncols` 1: `dot(w, o, nb, yq, j, yd, k, yb, kb)` returns the row's dot with the src1 row at yq[j:], yd[k:],
+    yb[kb:]. `ncols` > 1: `dot(w, w_off, base, m0, m1, nb, yq, yd, yb, r, n, out)` writes out[r + c, m] for
+    c < n <= ncols, m0 <= m < m1, each column's bits those of `ncols` 1.
     """
     if block_sums is None and x86 and not HAS_AVX2:
         # ggml's lanes (4 consecutive products each) on any target: the float sums see the same lane values
@@ -175,15 +134,11 @@ def make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = Fa
     if split_rows is None:
         split_rows = (1, 2, 3) if minus_8 or mins else (1, 2, 3, 4)
 
-    # signed values with vpdpbusd: w + 128 (unsigned) times y, minus 128 * y's lane sums made once per call (see
-    # _y_offsets), instead of |w| times y with w's sign: no vpsignb per column; from `signed_vnni_min` columns
-    # on, AVX2's sums below (see the docstring)
+    # VNNI's signed values as w + 128 times y minus _y_offsets: no vpsignb per column
     biased = block_sums is block_sums_vnni
 
     def row_loop(builder, pws, nb, cols, gathered=None, offsets=None, sums=block_sums):
-        """The dots of the weight rows at `pws` with each src1 row of `cols` (pointers to its yq, yd, yb), as
-        results[row][col]. `gathered`: (yd8, ys, width), the columns' scales (and Q4_1's sums s) gathered
-        per block (see _gather_scales)."""
+        """results[row][col]: the dots of the weight rows at `pws` with each src1 row of `cols` (its yq, yd, yb)."""
         v8f = ir.VectorType(IR_F32, 8)
         accs = [[[cgutils.alloca_once_value(builder, ir.Constant(v8f, [0.0] * 8)) for _ in range(unroll)]
                  for _ in cols] for _ in pws]
@@ -206,7 +161,6 @@ def make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = Fa
             if offsets is not None:
                 wv = builder.xor(wv, ir.Constant(ir.VectorType(IR_I8, 32), [0x80] * 32))  # w + 128, read unsigned
             if gathered is not None:
-                # a column's d_w * d_y is one vmulps of yd8's copies, and the summs of all columns one FMA
                 yd8, ys, width = gathered
                 wd8 = splat(builder, wd, 8)
                 b8 = builder.mul(b, ir.Constant(b.type, 8 * len(cols)))
@@ -269,11 +223,8 @@ def make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = Fa
         return block_row_intrinsic(lambda builder, pw, nb, cols: row_loop(builder, [pw], nb, cols)[0], 1)
 
     def rows_function(module, count: int, values: list) -> ir.Function:
-        """A function of its own (not inlined) for weight rows m0..m1-1 times `count` src1 rows: (w, w_off[base:],
-        m0, m1, nb, then per column its yq, yd, yb and out rows), writing out[m] of each column.
-
-        Why its own function: the scale buffers (dynamic allocas) stay out of the caller (there, they cost the
-        one-column loop 13%: Q8_0 49152x576, one thread), and each count's loop has the registers to itself."""
+        """A noinline function for weight rows m0..m1-1 times `count` src1 rows (w, w_off[base:], m0, m1, nb, then
+        per column its yq, yd, yb and out rows): its allocas stay out of the caller."""
         fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [v.type for v in values]),
                          name=module.get_unique_name(f"dot_q_cols_{count}"))
         fn.linkage = "internal"
@@ -292,7 +243,6 @@ def make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = Fa
 
         tail = m0
         if count in split_rows:
-            # rows m and m + h together (h half the rows): two FMA chains, each row read from its own pages
             h = fb.sdiv(fb.sub(m1, m0), ir.Constant(m1.type, 2))
             with cgutils.for_range(fb, fb.add(m0, h), start=m0) as loop:
                 m = loop.index
@@ -335,8 +285,6 @@ def make_dot_q_row(block_bytes: int, values, block_sums=None, minus_8: bool = Fa
 Q8_0_SPEC = {"block_bytes": 34, "values": q8_0_values}
 Q4_0_SPEC = {"block_bytes": 18, "values": q4_0_nibbles, "minus_8": True}
 Q4_1_SPEC = {"block_bytes": 20, "values": q4_0_nibbles, "values_offset": 4, "mins": True}
-# the row loops the direct kernels call: weight rows m0..m1-1 against src1 rows r..r+n-1 (n <= COLS), see
-# make_dot_q_row (its one-column form, ncols=1, is the tests' reference for each column's bits)
 dot_q8_0_cols = make_dot_q_row(**Q8_0_SPEC, ncols=COLS)
 dot_q8_0_cols.__doc__ = ("Q8_0 weight rows times Q8_0 src1 rows (values yq, scales yd; yb unused): each block's exact "
                          "int32 sums scaled by d_w * d_y, accumulated in 8 lanes.")
@@ -352,8 +300,7 @@ dot_q4_1_cols_x86.__doc__ = "dot_q4_1_cols in the order of ggml's AVX2 ggml_vec_
 
 
 def q4_0_values(builder, p):
-    """Q4_0's 32 values as int8 (-8..7) from the 16 bytes at p: the nibbles minus 8, as ggml's AVX2 code
-    (its lane sums, 4 consecutive products each, are then the same numbers)."""
+    """Q4_0's 32 values as int8 (-8..7) from the 16 bytes at p, as ggml's AVX2 code reads them."""
     return builder.sub(q4_0_nibbles(builder, p), ir.Constant(ir.VectorType(IR_I8, 32), [8] * 32))
 
 
@@ -366,8 +313,7 @@ dot_q4_0_cols_x86.__doc__ = ("As dot_q8_0_cols_x86 for Q4_0 weight rows (values 
 
 
 def q5_0_values(builder, p):
-    """Q5_0's 32 values as int8 (-16..15) from its qh (4 bytes) at p and the 16 nibble bytes after: ggml's
-    AVX2 form, nibble | 0xF0 where the value's fifth bit (bit t of qh for value t) is clear."""
+    """Q5_0's 32 values as int8 (-16..15) from qh at p and the nibbles after: nibble | 0xF0 where bit t is clear."""
     qh = builder.load(builder.bitcast(p, IR_I32.as_pointer()), align=1)
     bits = builder.bitcast(qh, ir.VectorType(ir.IntType(1), 32))  # element t: bit t (AVX512: one kmov)
     v32i8 = ir.VectorType(IR_I8, 32)
@@ -376,10 +322,7 @@ def q5_0_values(builder, p):
 
 
 def block_row_intrinsic(row_loop, ncols: int):
-    """The intrinsic of a block-quantized type's row loop `row_loop(builder, pw, nb, cols)` (cols: pointers
-    to each src1 row's yq, yd, yb), in the forms of make_dot_q_row: `ncols` 1, `dot(w, o, nb, yq, j, yd, k,
-    yb, kb)` returning one row's dot; `ncols` > 1, `dot(w, w_off, base, m0, m1, nb, yq, yd, yb, r, n, out)`
-    writing out[r + c, m] for c < n."""
+    """The intrinsic of `row_loop(builder, pw, nb, cols)` in the forms (and signatures) of make_dot_q_row."""
     if ncols == 1:
         @intrinsic
         def dot_q_row(typingctx, w, o, nb, yq, j, yd, k, yb, kb):
@@ -420,10 +363,7 @@ def block_row_intrinsic(row_loop, ncols: int):
 
 
 def make_dot_q_serial(block_bytes: int, values, values_offset: int = 2, block_sums=None, ncols: int = 1):
-    """As make_dot_q_row (same signatures; yb unused) in the float order of ggml's reference vec_dot: each
-    block's exact int32 sum as a float times d_w * d_y, added to one scalar block after block
-    (`sumf += (d_w * d_y) * sumi`, no FMA), ggml's reference order, for Q5_0's "ref" rows.
-    """
+    """As make_dot_q_row (yb unused) in ggml's reference order: `sumf += (d_w * d_y) * sumi`, no FMA."""
     block_sums = target_block_sums if block_sums is None else block_sums
 
     def row_loop(builder, pw, nb, cols):

@@ -1,13 +1,5 @@
-"""src1 rows converted to the weights' vec_dot_type, as ggml does.
-
-Q8_0/Q8_1 by the path `rounding` names (the CPU backend's numerics): ROUND_X86, ggml's AVX2
-`quantize_row_q8_0/q8_1` (each value times 127/amax, rounded half to even), or ROUND_REF, its reference
-`quantize_row_q8_0/q8_1_ref` (each value times 1/d, `roundf`); both in float32 with the scales rounded to f16.
-Q8_K as `quantize_row_q8_K_ref`, which ggml's x86 code matches. The blocks are kept split: values `yq` (int8),
-scales `yd` (float32), Q8_1's `s = f16(sum * d)` in `ys`, and integer sums of every 16 values in `yb` (Q8_K's
-`bsums`; for Q8_0/Q8_1 the same sums, which let offsets such as Q4_0's `-8` be applied once per block).
-F16 and BF16 src1 is rounded in place (`round_rows`).
-"""
+"""src1 rows converted to the weights' vec_dot_type as ggml's quantize_row_q8_0/q8_1 (x86 or _ref) and q8_K do,
+split into values yq, scales yd, Q8_1's sums ys and 16-value sums yb (DESIGN.md, "src1 to the vec_dot type")."""
 
 from __future__ import annotations
 
@@ -22,9 +14,7 @@ from pyggml.backends.cpu.kernels.atomics import (
 from pyggml.backends.cpu.kernels.vec_dot.ir import IR_F32, IR_I8, IR_I32, load_vector, reduce_add_i32, round_f16, splat
 from pyggml.backends.cpu.kernels.vec_dot.kinds import F16, Q8_0, Q8_1
 
-# --- src1 -> vec_dot_type (ggml's quantize_row_q8_0 / q8_1: reference or x86; q8_K) ---
-
-# numerics codes (pyggml.backends.cpu.numerics.NUMERICS_CODES): numba compiles on ints
+# numerics codes (numerics.NUMERICS_CODES): numba compiles on ints
 ROUND_REF = 0
 ROUND_X86 = 1
 
@@ -38,9 +28,7 @@ def _roundf(v: float) -> int:
 
 @intrinsic
 def abs_max32(typingctx, x, i):
-    """max |x[i+t]|, t < 32 (float32 array, flat index), as the integer maximum of the bit patterns with the sign
-    cleared: for floats that are not NaN the order of their bits, so the exact max in any order; a NaN among
-    them gives a NaN (the callers then take ggml's left-to-right MAX, where the order matters)."""
+    """max |x[i+t]|, t < 32, as the integer max of the bits without sign: exact for non-NaN, else a NaN."""
     sig = types.float32(x, types.intp)
 
     def codegen(context, builder, signature, args):
@@ -91,12 +79,8 @@ quantize_block32_ref.__doc__ = "As quantize_block32_x86, rounded halves away fro
 
 @njit(nogil=True, cache=True)
 def q8_block_scalar(x, yq, yb, r, b, rounding):
-    """Quantize block b (32 values) of row r into yq and yb, one value at a time; returns (amax / 127, sum of
-    the quants). ggml's MAX left to right: rows holding an inf or NaN come here (see _quantize_q8_row).
-
-    ROUND_REF, quantize_row_q8_0_ref: v * (1 / d), roundf. ROUND_X86, the AVX2 quantize_row_q8_0/q8_1:
-    v * (127 / amax) in float32, rounded half to even (_mm256_round_ps, _MM_ROUND_NEAREST).
-    """
+    """(amax / 127, sum of the quants): block b of row r into yq and yb one value at a time, ggml's MAX left to
+    right (rows holding an inf or NaN)."""
     k0 = b * 32
     amax = np.float32(0.0)
     for t in range(32):
@@ -124,14 +108,8 @@ def q8_block_scalar(x, yq, yb, r, b, rounding):
 
 @njit(nogil=True, cache=True)
 def _quantize_q8_row(x, yq, yd, ys, yb, r, rounding, with_s):
-    """Row r of x (C-contiguous, as yq and yb) to Q8_0 blocks, or Q8_1 (`with_s`: ys = f16(sum * d) from the
-    unrounded d, on both paths); the scales d = amax / 127 rounded through f16 (as block_q8_0/q8_1 store them,
-    and the dots read them back). Q8_0 uses ys as scratch.
-
-    Why in three passes (a row's maxima, then its scales, then the values): each pass is 32 or 8 lanes at once
-    (abs_max32, the divisions of the scales, quantize_block32_*), faster than block by block, and IEEE's
-    max and divisions give the same bits in any grouping. A row holding an inf or NaN takes the scalar loop
-    (q8_block_scalar), where ggml's MAX order and the conversions of non-finite products are kept."""
+    """Row r of x to Q8_0 blocks, or Q8_1 (`with_s`), in three vector passes; a non-finite row block by block
+    (q8_block_scalar). Q8_0 uses ys as scratch."""
     nb = x.shape[1] // 32
     o = r * x.shape[1]
     finite = True
@@ -164,8 +142,7 @@ def _quantize_q8_row(x, yq, yd, ys, yb, r, rounding, with_s):
 
 @njit(nogil=True, cache=True, inline="always")
 def _store_scales(yd, ys, r, b, d, total, with_s):
-    """Block b's d rounded through f16 into yd, and for Q8_1 (`with_s`) s = f16(sum * d) from the unrounded d
-    into ys: what block_q8_0/q8_1 store and the dots read back."""
+    """Block b's d rounded through f16, and for Q8_1 s = f16(sum * d) from the unrounded d: what the blocks store."""
     yd[r, b] = round_f16(d)
     if with_s:
         ys[r, b] = round_f16(np.float32(total) * d)
@@ -190,7 +167,7 @@ def _quantize_q8_K_row(x, yq, yd, yb, r):
             for t in range(16):
                 yb[r, 16 * b + t] = 0
             continue
-        iscale = np.float32(-127.0) / vmax  # -128 until 2024
+        iscale = np.float32(-127.0) / vmax  # as quantize_row_q8_K_ref
         for t in range(256):
             # nearest_int: the float32 product rounded half to even
             q = int(np.rint(np.float64(iscale * x[r, k0 + t])))
@@ -205,13 +182,8 @@ def _quantize_q8_K_row(x, yq, yd, yb, r):
 
 @njit(nogil=True, cache=True)
 def quantize_rows(kind, x, yq, yd, ys, yb, rounding):
-    """Quantize float32 rows x (n, K) to `kind` (Q8_0, Q8_1 or Q8_K), split as the module doc says;
-    Q8_0 and Q8_1 with `rounding` (ROUND_REF or ROUND_X86), Q8_K as ggml does on every path.
-
-    One thread: the rows of one MUL_MAT's src1 are few when its direct kernels run (fewer than
-    BLAS_MIN_COLS columns per matrix), and on the BLAS path numba stays on one thread (see matmul.py).
-    x, yq and yb must be C-contiguous (the blocks are read and written 32 values at once).
-    """
+    """Quantize float32 rows x (n, K) to `kind` (Q8_0, Q8_1 with `rounding`, or Q8_K), on one thread; x, yq and yb
+    C-contiguous (read and written 32 values at once)."""
     if not (x.flags.c_contiguous and yq.flags.c_contiguous and yb.flags.c_contiguous):
         raise ValueError("quantize_rows: x, yq and yb must be C-contiguous")
     for r in range(x.shape[0]):

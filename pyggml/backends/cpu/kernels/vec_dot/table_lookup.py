@@ -1,6 +1,4 @@
-"""The 16-value table lookup of IQ4_NL, IQ4_XS and MXFP4 quants: one vpshufb on AVX2, a compare-and-select chain
-elsewhere.
-"""
+"""The 16-value table lookup of IQ4_NL, IQ4_XS and MXFP4: one vpshufb on AVX2, compare-and-select elsewhere."""
 
 from __future__ import annotations
 
@@ -31,8 +29,7 @@ lookup16 = lookup16_avx2 if HAS_AVX2 else lookup16_portable
 
 
 def table_values(table: list[int]):
-    """A `values` reader for make_dot_q_row: the 32 table values of the 16 nibble bytes at p (low nibbles
-    first, as Q4_0's)."""
+    """A `values` reader for make_dot_q_row: the table values of the 32 nibbles at p."""
     def values(builder, p):
         return lookup16(builder, table, q4_0_nibbles(builder, p))
 

@@ -1,6 +1,5 @@
-"""Loops over 8 weight rows interleaved (ggml's x86 repack layout): repacked Q4_0 matrices, and tiles of plain
-Q4_0, Q8_0 and Q5_0 rows repacked as a work item goes.
-"""
+"""Loops over 8 weight rows interleaved (ggml's x86 repack layout, DESIGN.md "Repacked rows (x8)"): repacked
+matrices, and tiles of plain Q4_0, Q8_0 and Q5_0 rows repacked as a work item goes."""
 
 from __future__ import annotations
 
@@ -30,25 +29,9 @@ from pyggml.backends.cpu.kernels.vec_dot.kinds import Q4_0, Q5_0, Q8_0
 from pyggml.backends.cpu.repack import BLOCK32_FIELDS, X8_ROWS
 from pyggml.core.types import GGMLType
 
-# --- Q4_0 repacked: 8 weight rows interleaved 4 bytes at a time (the CPU's repack buffer type) ---
-#
-# A matrix of Q4_0 rows in the layout of pyggml.backends.cpu.repack: per group of 8 rows and per block, the 8
-# rows' f16 scales (16 bytes), then 4 x 32 bytes of nibbles, byte 4r + i of the v-th 32 holding row r's byte
-# 4v + i (values 4v + i and 16 + 4v + i). Masked, a 32-byte vector then has values 4v..4v+3 of every row in
-# one 32-bit lane, so one vpdpbusd with 4 values of y broadcast sums 4 products for each of the 8 rows: a
-# block's exact sums of all 8 rows come in one vector, and scaling them costs one vcvtdq2ps, vmulps and FMA
-# for 8 rows instead of for each (about a quarter of the instructions of make_dot_q_row's Q4_0 loop).
-# The float order is ggml's x86 repack kernels' (ggml_gemv/gemm_q4_0_8x8_q8_0, AVX2/AVX512): per row and
-# column, acc = fma(float(block sum), d_w * d_y, acc) block after block, from 0; d_w * d_y is exact (two
-# f16). The sums use the nibbles read unsigned, starting from -8 times the y block's sum: the same integers
-# as (nibble - 8) * y.
-
-
-
 
 def _sums_u4_lanes(builder, acc, u, y4, vnni: bool):
-    """acc (<8 x i32>) + for each lane i the sum of u[4i+k] * y4[4i+k], k < 4 (u unsigned, y4 signed, <32 x i8>):
-    vpdpbusd with VNNI, else portable vector IR (exact either way)."""
+    """acc + per lane i the sum of u[4i+k] * y4[4i+k], k < 4 (u unsigned): vpdpbusd with VNNI, else portable."""
     if vnni:
         return vpdpbusd(builder, acc, u, y4)
     v32 = ir.VectorType(IR_I32, 32)
@@ -56,10 +39,8 @@ def _sums_u4_lanes(builder, acc, u, y4, vnni: bool):
 
 
 def _x8_intrinsic(group_loop, ncols: int):
-    """The intrinsic `dot(w, w_off, base, m0, m1, nb, yq, yd, yb, r, n, out)` of a repacked type whose
-    `group_loop(builder, pg, nb, cols)` gives the <8 x float> dots of the group at byte pointer pg with the
-    src1 rows of `cols` (pointers to each one's yq, yd, yb): out[r + c, m..m+7] for c < n (1..ncols) and each
-    group m0 <= m < m1."""
+    """The intrinsic of make_dot_x8's signature over `group_loop(builder, pg, nb, cols)`, the <8 x float> dots of a
+    group with each src1 row of `cols`."""
     v8f = ir.VectorType(IR_F32, 8)
 
     @intrinsic
@@ -93,8 +74,7 @@ def _x8_intrinsic(group_loop, ncols: int):
 
 
 def _x8_q4_0_quants(builder, pb):
-    """A repacked Q4_0 block's quants (8 rows' d, then 4 x 32 bytes of nibbles at pb + 16): (unsigned vector,
-    index of the 4 y values it multiplies) pairs, and the offset of the values (value = nibble - 8)."""
+    """(unsigned vector, index of the 4 y values it multiplies) pairs of a repacked Q4_0 block, and offset -8."""
     v32b = ir.VectorType(IR_I8, 32)
     low = ir.Constant(v32b, [15] * 32)
     pairs = []
@@ -113,19 +93,14 @@ def _x8_q8_0_quants(builder, pb):
 
 
 def _x8_q5_0_wide_quants(builder, pb):
-    """A Q5_0 block widened to Q8_0's repacked layout (_widen_q5_0: the 8 rows' d, then 8 x 32 bytes of value +
-    16, 0..31): read as they are, offset -16."""
+    """A Q5_0 block widened to Q8_0's repacked layout (value + 16, by _widen_q5_0): offset -16."""
     return [(load_vector(builder, builder.gep(pb, [ir.Constant(IR_I32, 16 + 32 * v)]), IR_I8, 32), v)
             for v in range(8)], -16
 
 
 def make_dot_x8(vnni: bool, ncols: int, block_bytes: int, quants):
-    """`dot(w, w_off, base, m0, m1, nb, yq, yd, yb, r, n, out)`: out[r + c, m] for c < n (1..ncols), m0 <= m <
-    m1 (multiples of X8_ROWS), the dots of a repacked 32-value block type's rows (group of row m at byte
-    w_off[base + m]; a group's block of `block_bytes` bytes starts with the 8 rows' f16 d, `quants(builder,
-    pb)` reads its values) with src1 rows r..r+n-1 (Q8_0: values yq, scales yd, sums of 16 values yb), in
-    ggml's x86 repack order: acc = fma(float(block sum), d_w * d_y, acc). The values are read unsigned
-    (value - offset), the sums starting from offset times the y block's sum: the same integers."""
+    """`dot(w, w_off, base, m0, m1, nb, yq, yd, yb, r, n, out)`: out[r + c, m] for c < n, m0 <= m < m1 (multiples of
+    X8_ROWS), in ggml's x86 repack order; `quants(builder, pb)` reads a group's block of `block_bytes`."""
     v8f, v32b = ir.VectorType(IR_F32, 8), ir.VectorType(IR_I8, 32)
 
     def group_loop(builder, pg, nb, cols):
@@ -170,10 +145,8 @@ dot_q5_0_x8_cols = make_dot_x8(HAS_VNNI, COLS, *X8_BLOCK_QUANTS[Q5_0])
 
 
 
-# the block bytes of Q4_0 and Q8_0 (BLOCK32_FIELDS: each an f16 d, then the quants), as constants numba reads
 _Q4_0_BYTES, _Q8_0_BYTES = BLOCK32_FIELDS[GGMLType.Q4_0][1], BLOCK32_FIELDS[GGMLType.Q8_0][1]
-# weight rows per tile: a tile (64 rows: 39 KB of Q8_0 576-wide rows) stays in the caches while every column
-# goes over it, and comes from the allocator's reused memory, not from fresh pages
+# weight rows per tile: it stays in the caches while every column goes over it
 TILE_ROWS = 64
 
 
@@ -195,9 +168,7 @@ def _copy4(typingctx, src, i, dst, j):
 
 @intrinsic
 def _widen_q5_0(typingctx, w, o, tile, at):
-    """The Q5_0 block at byte o of w (d, qh, 16 bytes of nibbles) as its 32 values + 16 (0..31: nibble | bit t of
-    qh << 4), written 4 at a time: values 4v..4v+3 at byte at + 32v of tile (v < 8), as one row of a group in
-    Q8_0's repacked layout."""
+    """The Q5_0 block at byte o of w as its 32 values + 16, one row of a group in Q8_0's repacked layout at `at`."""
     sig = types.void(w, types.intp, tile, types.intp)
 
     def codegen(context, builder, signature, args):
@@ -222,10 +193,8 @@ def _widen_q5_0(typingctx, w, o, tile, at):
 
 @njit(nogil=True, cache=True)
 def tile_x8(w, w_off, base, m0, m1, nb, kind):
-    """Weight rows m0..m1 (m1 - m0 a multiple of X8_ROWS; row m at byte w_off[base + m]) of Q4_0, Q8_0 or Q5_0
-    (`kind`) in the repacked layout (see pyggml.backends.cpu.repack): per group and block, the 8 rows' d, then
-    their quants 4 bytes a row at a time; Q5_0 widened to Q8_0's blocks (_widen_q5_0). Returns the tile and the
-    byte offset of each row's group, as the repacked loops read them."""
+    """(tile, byte offset of each row's group): weight rows m0..m1 (a multiple of X8_ROWS) of Q4_0, Q8_0 or Q5_0
+    in the repacked layout, Q5_0 widened to Q8_0's blocks."""
     block_bytes = _Q4_0_BYTES if kind == Q4_0 else (_Q8_0_BYTES if kind == Q8_0 else 22)
     out_bytes = _Q4_0_BYTES if kind == Q4_0 else _Q8_0_BYTES
     n_groups = (m1 - m0) // X8_ROWS

@@ -1,6 +1,4 @@
-"""Rows of any type the CPU converts to float32 by the type table's `to_float` (ggml's dequantize_row_<type>),
-compiled per type: the CPU backend's one dequantizer, for MUL_MAT's BLAS path, MUL_MAT_ID, GET_ROWS and CPY.
-"""
+"""The CPU backend's one dequantizer: rows to float32 by the type table's `to_float`, compiled per type."""
 
 from __future__ import annotations
 
@@ -20,8 +18,7 @@ from pyggml.core.types import TYPE_TRAITS, GGMLType
 
 @njit(nogil=True, cache=True)
 def block_mins_to_f32(kind, w, w_off, r0, nb, out):
-    """out[i, K + b] = the min m (f16 at byte 2) of block b of Q4_1/Q5_1 weight row w_off[r0 + i], b < nb, where
-    K = out.shape[1] - nb (matmul's BLAS path puts them after the row's dequantized values)."""
+    """out[i, K + b] = the min of block b of Q4_1/Q5_1 row w_off[r0 + i], after the row's values (K = width - nb)."""
     size = 20 if kind == Q4_1 else 24
     K = out.shape[1] - nb
     for i in range(out.shape[0]):
@@ -31,19 +28,12 @@ def block_mins_to_f32(kind, w, w_off, r0, nb, out):
 
 
 def rows_to_f32(kind: int, w: np.ndarray, w_off: np.ndarray, r0: int, nb: int, out: np.ndarray) -> None:
-    """out[i] = weight row w_off[r0 + i] as float32, for i < out.shape[0]; `nb` = blocks per row (a quantized
-    row fills the first nb * blck_size elements of a longer out row).
-
-    One thread: it runs between BLAS calls, whose spinning workers hold the other cores (matmul.py). Compiled
-    per weight type (see `_rows_to_f32_of`), the first time that type comes.
-    """
+    """out[i] = weight row w_off[r0 + i] (nb blocks) as float32; one thread (it runs between BLAS calls)."""
     _rows_to_f32_of(kind)(w, w_off, r0, nb, out)
 
 
 def to_f32(t: GGMLType, raw: np.ndarray) -> np.ndarray:
-    """Rows of type `t` as float32 (the CPU's counterpart of `pyggml.core.types.to_float`): `raw` holds whole
-    rows in its last axis, as bytes (uint8) or, for plain types, as the type's numpy dtype; the result's last
-    axis counts elements."""
+    """Rows of type `t` (whole rows in `raw`'s last axis, as bytes or the type's dtype) as float32."""
     t = GGMLType(t)
     if t not in CPU_TYPE_TRAITS:
         raise UnsupportedTypeError(f"to_f32: the CPU has no to_float for type {t.name}")
@@ -63,8 +53,7 @@ def to_f32(t: GGMLType, raw: np.ndarray) -> np.ndarray:
 
 
 def dequantize_row(kind, w, o, nb, out, i):
-    """out[i] = the weight row at byte o of w as float32, by the type table's `to_float` of `kind` (a
-    constant)."""
+    """out[i] = the weight row at byte o of w as float32, by the type table's `to_float` of constant `kind`."""
     raise NotImplementedError("dequantize_row runs compiled only")
 
 
@@ -88,8 +77,7 @@ def _dequantize_row(kind, w, o, nb, out, i):
 
 @functools.cache
 def _rows_to_f32_of(kind: int):
-    """`rows_to_f32` of one weight type: `kind` is a constant of its code, so numba compiles that type's
-    dequantization alone."""
+    """`rows_to_f32` of one weight type, compiled alone."""
 
     def rows_to_f32_of(w, w_off, r0, nb, out):
         for i in range(out.shape[0]):

@@ -1,6 +1,4 @@
-"""The CPU's per-type table (ggml's `type_traits_cpu`): for each type the CPU converts, its vec_dot type and the
-kernels MUL_MAT, MUL_MAT_ID, GET_ROWS and CPY take; the dispatch and every CPU type list derive from it.
-"""
+"""The CPU's per-type table (ggml's `type_traits_cpu`): the dispatch and every CPU type list derive from it."""
 
 from __future__ import annotations
 
@@ -23,18 +21,10 @@ FLOAT_VEC_DOT_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
 
 @dataclass(frozen=True)
 class CPUTypeTraits:
-    """One row of the table. Kernels (numba functions, None where the type has none):
-
-    - `cols`: the row loop over weight rows m0..m1 against up to `COLS` src1 columns (ggml's reference float
-      order); `cols_x86` its variant in ggml's AVX2 float order (numerics "x86"), None: `cols` serves both.
-    - `reference_dot`: one weight row times one src1 row, for a type without `cols`.
-    - `x8`: the loop over 8 interleaved rows, for tiles repacked as a work item goes (`X8_TILE_KINDS`), and for
-      matrices the repack buffer type holds repacked where `repack` is set.
-    - `to_float`: a weight row to float32 (ggml's dequantize_row_<type>): `to_float(w, o, nb, out, i)`, or
-      `to_float(w, o, nb, out, i, to_float_arg)` for a function that serves several types.
-
-    `vec_dot_type` None: not a MUL_MAT weight type (Q8_1, Q8_K: only what src1 becomes).
-    """
+    """One type's row: `cols` the row loop against up to COLS src1 columns (`cols_x86` in ggml's AVX2 order),
+    `reference_dot` one row's dot for a type without `cols`, `x8` the loop over 8 interleaved rows (`repack`: the
+    repack buffer type holds it so), `to_float` dequantize_row_<type> (given `to_float_arg` if set).
+    `vec_dot_type` None: not a MUL_MAT weight type (Q8_1, Q8_K)."""
 
     type: GGMLType
     vec_dot_type: GGMLType | None
@@ -56,7 +46,7 @@ class CPUTypeTraits:
 
     @property
     def float_src1(self) -> bool:
-        """Whether src1 stays float32 (rounded to the vec_dot type) rather than quantized."""
+        """Whether src1 stays float32 (rounded to the vec_dot type)."""
         return self.vec_dot_type in FLOAT_VEC_DOT_TYPES
 
     def cols_for(self, x86: bool) -> Kernel | None:
@@ -91,13 +81,10 @@ CPU_TYPE_TRAITS: dict[GGMLType, CPUTypeTraits] = {row.type: row for row in (
     CPUTypeTraits(_T.MXFP4, _T.Q8_0, dq.dequantize_row_mxfp4, cols=ql.dot_mxfp4_cols),
 )}
 
-# --- the lists the CPU backend asks, derived ---
-
 # what GET_ROWS, CPY and DUP read and write (besides F32 to F32 copies of any type pair the kernels allow)
 CONVERTIBLE_TYPES: tuple[GGMLType, ...] = tuple(CPU_TYPE_TRAITS)
 # MUL_MAT's and MUL_MAT_ID's src0 types
 MUL_MAT_TYPES: tuple[GGMLType, ...] = tuple(t for t, row in CPU_TYPE_TRAITS.items() if row.vec_dot_type is not None)
-# the quantized ones
 QUANT_MUL_MAT_TYPES: tuple[GGMLType, ...] = tuple(t for t in MUL_MAT_TYPES if TYPE_TRAITS[t].is_quantized)
 # the weight types whose direct kernels use the multi-column row loops
 COLS_KINDS: frozenset[int] = frozenset(int(t) for t, row in CPU_TYPE_TRAITS.items() if row.cols is not None)
@@ -108,7 +95,7 @@ X8_TILE_KINDS: dict[int, int] = {int(t): X8_TILE + int(t) for t, row in CPU_TYPE
                                  if row.x8 is not None}
 # the kinds whose loops take whole groups of X8_ROWS rows (a work item's rows are a multiple of them)
 X8_GROUP_KINDS: frozenset[int] = frozenset((*X8_KINDS.values(), *X8_TILE_KINDS.values()))
-# the vec_dot types src1 is quantized to (quantize_src1.quantize_rows) and those it is rounded to (round_rows)
+# the vec_dot types src1 is quantized to, and those it is rounded to
 QUANTIZED_SRC1_TYPES: frozenset[GGMLType] = frozenset(
     row.vec_dot_type for row in CPU_TYPE_TRAITS.values() if row.vec_dot_type is not None and not row.float_src1)
 ROUNDED_SRC1_TYPES: frozenset[GGMLType] = frozenset(
