@@ -118,6 +118,23 @@ def online_softmax_step(M, s):
     return M, np.float32(1.0), np.float32(math.exp(s - M))
 
 
+@njit(inline="always", cache=True)
+def _cell_step(s, scale, softcap, mv, M):
+    """A KV cell's dot product s as ggml scores it (times scale; softcap * tanhf of that when softcap is not 0;
+    plus slope * mask `mv`) met by the online softmax of running maximum M (`online_softmax_step`)."""
+    s = s * scale
+    if softcap != 0.0:
+        s = softcap * np.float32(math.tanh(s))
+    return online_softmax_step(M, s + mv)
+
+
+@njit(inline="always", cache=True)
+def _row_start(r, n, nh, acc):
+    """Q row r's (i3, head, i1) in (ne3, nh, n) order, and the online softmax's start: S = 0, M = -inf, acc = 0."""
+    acc[:] = 0.0
+    return r // (n * nh), (r // n) % nh, r % n, np.float32(0.0), np.float32(-np.inf)
+
+
 @njit(nogil=True, cache=True)
 def flash_attn_rows_f16(q, k, v, mask, sinks, out, scale, softcap, slopes, lanes, acc, r0, r1):
     """ggml_compute_forward_flash_attn_ext_f16_one_chunk for F16 K and V, float for float, for the q rows r0..r1
@@ -139,14 +156,9 @@ def flash_attn_rows_f16(q, k, v, mask, sinks, out, scale, softcap, slopes, lanes
     rv2 = nh // v.shape[1]
     has_mask = mask.shape[3] > 0
     for r in range(r0, r1):
-        i1 = r % n
-        h = (r // n) % nh
-        i3 = r // (n * nh)
+        i3, h, i1, S, M = _row_start(r, n, nh, acc)
         slope = slopes[h]
         qrow = q[i3, h, i1]
-        S = np.float32(0.0)
-        M = np.float32(-np.inf)
-        acc[:] = 0.0
         for ic in range(n_kv):
             mv = np.float32(0.0)
             if has_mask:
@@ -154,11 +166,7 @@ def flash_attn_rows_f16(q, k, v, mask, sinks, out, scale, softcap, slopes, lanes
                 if mv == -np.inf:
                     continue
             s = _dot_f16_values(k[i3, h // rk2, ic], qrow, lanes)
-            s = s * scale
-            if softcap != 0.0:
-                s = softcap * np.float32(math.tanh(s))
-            s = s + mv
-            M, ms, vs = online_softmax_step(M, s)
+            M, ms, vs = _cell_step(s, scale, softcap, mv, M)
             if ms != 1.0:
                 for d in range(dv):
                     acc[d] = round_f16(acc[d] * ms)
@@ -198,17 +206,12 @@ def flash_attn_rows_f32(qf, nh, n, dk, kb, kf, k_off, vf, v_off, mb, m_off, n_kv
     rv2 = nh // nv2
     has_mask = m_off.shape[0] > 0
     for r in range(r0, r1):
-        i1 = r % n
-        h = (r // n) % nh
-        i3 = r // (n * nh)
+        i3, h, i1, S, M = _row_start(r, n, nh, acc)
         qo = r * dk
         k_row0 = (i3 * nk2 + h // rk2) * n_kv
         v_row0 = (i3 * nv2 + h // rv2) * n_kv
         mo = m_off[((i3 % nm3) * nm2 + h % nm2) * n + i1] if has_mask else 0
         slope = slopes[h]
-        S = np.float32(0.0)
-        M = np.float32(-np.inf)
-        acc[:] = 0.0
         for ic in range(n_kv):
             mv = np.float32(0.0)
             if has_mask:
@@ -220,11 +223,7 @@ def flash_attn_rows_f32(qf, nh, n, dk, kb, kf, k_off, vf, v_off, mb, m_off, n_kv
             kfo = ko // 4
             for e in range(dk32, dk):
                 s += kf[kfo + e] * qf[qo + e]
-            s = s * scale
-            if softcap != 0.0:
-                s = softcap * np.float32(math.tanh(s))
-            s = s + mv
-            M, ms, vs = online_softmax_step(M, s)
+            M, ms, vs = _cell_step(s, scale, softcap, mv, M)
             if ms != 1.0:
                 scale_f32_row(acc, 0, ms, dv)
             mad_f32_row(vf, v_off[v_row0 + ic], vs, acc, 0, dv)
