@@ -6,6 +6,14 @@ line of DESIGN.md ("Oracles") and builds only the targets asked for, into
 
     ${PYGGML_CACHE:-~/.cache/pyggml}/llama.cpp/src/llama_cpp_python-0.3.36/   the extracted sdist
     ${PYGGML_CACHE:-~/.cache/pyggml}/llama.cpp/build/bin/                     the tools and shared libraries
+    ${PYGGML_CACHE:-~/.cache/pyggml}/llama.cpp/build-tests/bin/               llama.cpp's tests (TEST_TARGETS)
+
+llama.cpp's tests (test-backend-ops) are built in their own folder, configured
+with LLAMA_BUILD_TESTS=ON, so asking for them never reconfigures the tools'
+build; before configuring it, test-backend-ops' `main` is patched in the
+extracted source (`apply_rpc_devices_patch`) to add the RPC servers named by
+$PYGGML_RPC_SERVERS as devices, so that `test-backend-ops test -b RPC0` runs
+ggml's op cases on any RPC server.
 
 A file lock keeps two processes from building at once (the second waits, then
 finds the work done); a stamp file in the build folder records the sdist, the
@@ -22,6 +30,7 @@ loads them), and `include_dir()` gives ggml's headers.
 Command line::
 
     python -m pyggml.testing.llamacpp build [TARGET ...]   # default: DEFAULT_TARGETS; prints each path
+    python -m pyggml.testing.llamacpp build test-backend-ops  # a test target: built in build-tests/
     python -m pyggml.testing.llamacpp path TOOL [--build]  # prints the tool's path
 
 Exit status: 0 done, 1 build or download failure, 2 bad usage, 3 no C/C++ compiler.
@@ -31,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -65,7 +75,10 @@ __all__ = [
     "LlamaCppError",
     "NoCompilerError",
     "Paths",
+    "RPC_SERVERS_ENV",
+    "TEST_TARGETS",
     "Toolchain",
+    "apply_rpc_devices_patch",
     "build",
     "cache_dir",
     "cmake_args",
@@ -100,6 +113,9 @@ DEFAULT_TARGETS: tuple[str, ...] = (
     "ggml-rpc-server",
     "llama-embedding",
 )
+
+# llama.cpp's test programs: built in the build-tests folder (LLAMA_BUILD_TESTS=ON, the RPC-devices patch).
+TEST_TARGETS: tuple[str, ...] = ("test-backend-ops",)
 
 # The shared libraries of ggml that pyggml.testing.ggml_c loads with ctypes (libggml-base.so, libggml-cpu.so).
 GGML_LIBS: tuple[str, ...] = ("ggml-base", "ggml-cpu")
@@ -164,11 +180,13 @@ class Toolchain:
     generator: str | None  # None: cmake's default (Unix Makefiles, needs make)
 
 
-def paths(cache: str | os.PathLike[str] | None = None) -> Paths:
+def paths(cache: str | os.PathLike[str] | None = None, tests: bool = False) -> Paths:
+    """The cache layout; `tests`: the folder of TEST_TARGETS' build (build-tests) instead of the tools' (build).
+    Both share the source and the lock."""
     root = (Path(cache).expanduser() if cache is not None else cache_dir()) / "llama.cpp"
     src = root / "src"
     sdist = src / f"{SDIST_NAME.replace('-', '_')}-{SDIST_VERSION}"
-    build_dir = root / "build"
+    build_dir = root / ("build-tests" if tests else "build")
     return Paths(root=root, src=src, sdist=sdist, llama_cpp=sdist / "vendor" / "llama.cpp", build=build_dir,
                  bin=build_dir / "bin", stamp=build_dir / "pyggml-build.json", lock=root / "build.lock",
                  log=build_dir / "pyggml-build.log")
@@ -209,8 +227,8 @@ def _is_x86() -> bool:
     return platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 
 
-def cmake_args(amx: bool | None = None) -> list[str]:
-    """The cmake arguments of a build on this machine (without -S/-B/-G).
+def cmake_args(amx: bool | None = None, tests: bool = False) -> list[str]:
+    """The cmake arguments of a build on this machine (without -S/-B/-G); `tests`: with LLAMA_BUILD_TESTS=ON.
 
     CMAKE_C_FLAGS/CMAKE_CXX_FLAGS are always given, from $CFLAGS/$CXXFLAGS plus
     the no-AMX flags when the CPU has AMX, so that a changed environment resets
@@ -221,7 +239,8 @@ def cmake_args(amx: bool | None = None) -> list[str]:
     extra = [NO_AMX_FLAGS] if amx else []
     cflags = " ".join([*shlex.split(os.environ.get("CFLAGS", "")), *extra])
     cxxflags = " ".join([*shlex.split(os.environ.get("CXXFLAGS", "")), *extra])
-    return [*BASE_CMAKE_ARGS, f"-DCMAKE_C_FLAGS={cflags}", f"-DCMAKE_CXX_FLAGS={cxxflags}"]
+    base = [("-DLLAMA_BUILD_TESTS=ON" if tests and a == "-DLLAMA_BUILD_TESTS=OFF" else a) for a in BASE_CMAKE_ARGS]
+    return [*base, f"-DCMAKE_C_FLAGS={cflags}", f"-DCMAKE_CXX_FLAGS={cxxflags}"]
 
 
 def _find_program(env: str, candidates: Sequence[str]) -> str | None:
@@ -331,6 +350,65 @@ def ensure_source(p: Paths) -> Path:
     return p.llama_cpp
 
 
+# --- the patch of test-backend-ops ---
+
+RPC_SERVERS_ENV = "PYGGML_RPC_SERVERS"
+_PATCHED_FILE = "tests/test-backend-ops.cpp"
+_PATCH_ANCHOR = "    // load and enumerate backends\n    ggml_backend_load_all();\n"
+_PATCH_MARKER = "// pyggml patch: RPC devices"
+# C++ added to test-backend-ops' main after its backends are loaded: what common/arg.cpp does for --rpc
+_PATCH = f"""
+    {_PATCH_MARKER} of ${RPC_SERVERS_ENV} (HOST:PORT,..., as --rpc), so that -b RPC0 tests a server
+    if (const char * pyggml_rpc_servers = getenv("{RPC_SERVERS_ENV}")) {{
+        ggml_backend_reg_t rpc_reg = ggml_backend_reg_by_name("RPC");
+        if (rpc_reg == NULL) {{
+            GGML_ABORT("{RPC_SERVERS_ENV} is set but this build has no RPC backend (GGML_RPC=OFF)");
+        }}
+        typedef ggml_backend_reg_t (*rpc_add_server_t)(const char * endpoint);
+        auto rpc_add_server =
+            (rpc_add_server_t) ggml_backend_reg_get_proc_address(rpc_reg, "ggml_backend_rpc_add_server");
+        if (rpc_add_server == NULL) {{
+            GGML_ABORT("the RPC backend has no ggml_backend_rpc_add_server");
+        }}
+        std::stringstream endpoints(pyggml_rpc_servers);
+        std::string endpoint;
+        while (std::getline(endpoints, endpoint, ',')) {{
+            if (endpoint.empty()) {{
+                continue;
+            }}
+            ggml_backend_reg_t server_reg = rpc_add_server(endpoint.c_str());
+            if (server_reg == NULL) {{
+                GGML_ABORT("RPC server %s of {RPC_SERVERS_ENV} has no devices (is it running?)", endpoint.c_str());
+            }}
+            ggml_backend_register(server_reg);
+        }}
+    }}
+"""
+
+
+def apply_rpc_devices_patch(llama_cpp: Path) -> bool:
+    """Patch `tests/test-backend-ops.cpp` of the source folder `llama_cpp` so that its `main` adds the RPC
+    servers of $PYGGML_RPC_SERVERS as devices (RPC0, RPC1, ...); idempotent. Whether it changed the file.
+
+    The file is replaced through a rename, so a killed process leaves it whole. Raises BuildError if the
+    file or the line the patch follows is missing (another llama.cpp version).
+    """
+    target = llama_cpp / _PATCHED_FILE
+    try:
+        text = target.read_text()
+    except OSError as e:
+        raise BuildError(f"cannot read {target} to patch it: {e}") from e
+    if _PATCH_MARKER in text:
+        return False
+    if text.count(_PATCH_ANCHOR) != 1:
+        raise BuildError(f"{target} has {text.count(_PATCH_ANCHOR)} places for the RPC-devices patch (its "
+                         f"`ggml_backend_load_all();` in main), not 1: not llama.cpp {LLAMA_CPP_COMMIT}?")
+    tmp = target.with_suffix(".cpp.pyggml-tmp")
+    tmp.write_text(text.replace(_PATCH_ANCHOR, _PATCH_ANCHOR + _PATCH))
+    tmp.replace(target)
+    return True
+
+
 # --- the build ---
 
 
@@ -344,9 +422,17 @@ def output_path(bin_dir: Path, target: str) -> Path | None:
     return None
 
 
-def _config(amx: bool | None) -> dict[str, Any]:
-    """What a build depends on: a stamp with another config is stale."""
-    return {"format": STAMP_FORMAT, "sdist": f"{SDIST_NAME}=={SDIST_VERSION}", "cmake_args": cmake_args(amx)}
+def _config(amx: bool | None, tests: bool = False) -> dict[str, Any]:
+    """What a build depends on: a stamp with another config is stale (the tests' build: also the patch)."""
+    config: dict[str, Any] = {"format": STAMP_FORMAT, "sdist": f"{SDIST_NAME}=={SDIST_VERSION}",
+                              "cmake_args": cmake_args(amx, tests)}
+    if tests:
+        config["patch"] = hashlib.sha256(_PATCH.encode()).hexdigest()[:16]
+    return config
+
+
+def _is_test(target: str) -> bool:
+    return target in TEST_TARGETS
 
 
 def _read_stamp(p: Paths) -> dict[str, Any]:
@@ -433,14 +519,23 @@ def build(targets: Sequence[str] = DEFAULT_TARGETS, *, cache: str | os.PathLike[
     "ggml-base") unless the cache has them already; return each target's output path.
 
     `jobs`: parallel compile jobs (default: the number of CPUs); `amx`: force
-    the no-AMX flags on or off (default: from /proc/cpuinfo). Raises
-    NoCompilerError or BuildError.
+    the no-AMX flags on or off (default: from /proc/cpuinfo). TEST_TARGETS
+    are built in their own folder (see `paths`). Raises NoCompilerError or
+    BuildError.
     """
     targets = list(dict.fromkeys(targets))
     if not targets:
         raise ValueError("build: no targets given")
-    p = paths(cache)
-    config = _config(amx)
+    found: dict[str, Path] = {}
+    for tests in (False, True):
+        group = [t for t in targets if _is_test(t) == tests]
+        if group:
+            found.update(_build_folder(paths(cache, tests), group, _config(amx, tests), jobs))
+    return {t: found[t] for t in targets}
+
+
+def _build_folder(p: Paths, targets: list[str], config: dict[str, Any], jobs: int | None) -> dict[str, Path]:
+    """`build` of targets that share one build folder (`p.build`) and configuration."""
     found = _built(p, targets, config)
     if found is not None:
         return found
@@ -450,6 +545,8 @@ def build(targets: Sequence[str] = DEFAULT_TARGETS, *, cache: str | os.PathLike[
             return found
         toolchain = find_toolchain()
         source = ensure_source(p)
+        if "patch" in config and apply_rpc_devices_patch(source):
+            log.info("patched %s: RPC servers of $%s become devices", _PATCHED_FILE, RPC_SERVERS_ENV)
         commit = _git_commit(source)
         p.build.mkdir(parents=True, exist_ok=True)
         log.info("building llama.cpp %s (%s %s) targets %s into %s (a build from scratch takes 6-10 minutes on "
@@ -480,8 +577,8 @@ def build(targets: Sequence[str] = DEFAULT_TARGETS, *, cache: str | os.PathLike[
 
 def find_tool(name: str, cache: str | os.PathLike[str] | None = None) -> Path | None:
     """The path of a target built with this machine's current configuration, or None (no build)."""
-    p = paths(cache)
-    found = _built(p, [name], _config(None))
+    tests = _is_test(name)
+    found = _built(paths(cache, tests), [name], _config(None, tests))
     return found[name] if found else None
 
 
@@ -489,12 +586,13 @@ def require_tools(names: Sequence[str], *, cache: str | os.PathLike[str] | None 
                   build_missing: bool = True) -> dict[str, Path]:
     """For tests: the paths of `names`, building what is missing (unless `build_missing` is False, when a
     missing tool raises BuildError). Raises NoCompilerError only when there is no compiler to build with."""
-    p = paths(cache)
-    found = _built(p, list(names), _config(None))
-    if found is not None:
+    found = {name: path for name in names if (path := find_tool(name, cache)) is not None}
+    missing = [name for name in names if name not in found]
+    if not missing:
         return found
     if not build_missing:
-        raise BuildError(f"llama.cpp {', '.join(names)} not built in {p.bin}; run "
+        where = paths(cache, _is_test(missing[0])).bin
+        raise BuildError(f"llama.cpp {', '.join(missing)} not built in {where}; run "
                          f"`python -m pyggml.testing.llamacpp build {' '.join(names)}`")
     return build(names, cache=cache)
 

@@ -78,6 +78,13 @@ def read(t: Tensor) -> np.ndarray:
     return v.astype(np.float64)
 
 
+def ggml_rows(t: Tensor) -> np.ndarray:
+    """A float tensor's values as ggml's SUM, MEAN and ARGMAX kernels read them, as float64: each row's ne0
+    elements one after another from the row's first, whatever its nb0 (their assert on it is compiled out)."""
+    v = memory.tensor_view(t)
+    return np.lib.stride_tricks.as_strided(v, v.shape, v.strides[:3] + (v.itemsize,)).astype(np.float64)
+
+
 def write(t: Tensor, values: np.ndarray) -> None:
     """Round `values` to t's type once (BF16 to nearest even, Q8_0 as ggml-cpu, other quantized by gguf) and
     store them."""
@@ -463,7 +470,11 @@ def _conv_2d_direct(node: Tensor, k: np.ndarray, x: np.ndarray, shape: tuple[int
     depthwise = node.op == GGMLOp.CONV_2D_DW
     if node.src[0] is not None and node.src[0].type == GGMLType.F16 and not depthwise:
         x = x.astype(np.float16).astype(np.float64)  # ggml rounds the input to the kernel's f16
-    xp = np.pad(x, ((0, 0), (0, 0), (p1, p1), (p0, p0)))
+    # ggml's output size rounds toward zero: the last window's taps may reach past the padding (zeros there)
+    reach = [(o - 1) * s + (kk - 1) * d + 1 for o, kk, s, d in ((shape[2], k.shape[2], s1, d1),
+                                                                (shape[3], k.shape[3], s0, d0))]
+    after = [max(p, r - n - p) for p, r, n in ((p1, reach[0], x.shape[2]), (p0, reach[1], x.shape[3]))]
+    xp = np.pad(x, ((0, 0), (0, 0), (p1, after[0]), (p0, after[1])))
     out = np.zeros(shape)
     for i in range(k.shape[2]):
         for j in range(k.shape[3]):
@@ -672,10 +683,10 @@ FORMULAS: dict[GGMLOp, Formula] = {
     GGMLOp.CLAMP: lambda n, a, b, shape: np.clip(a, n.get_op_params_f32(0), n.get_op_params_f32(1)),
     GGMLOp.LEAKY_RELU: lambda n, a, b, shape: np.where(a > 0, a, n.get_op_params_f32(0) * a),
     GGMLOp.UNARY: _unary,
-    GGMLOp.SUM: lambda n, a, b, shape: np.full(shape, a.sum()),
+    GGMLOp.SUM: lambda n, a, b, shape: np.full(shape, ggml_rows(n.src[0]).sum()),
     GGMLOp.SUM_ROWS: lambda n, a, b, shape: a.sum(-1, keepdims=True),
-    GGMLOp.MEAN: lambda n, a, b, shape: a.mean(-1, keepdims=True),
-    GGMLOp.ARGMAX: lambda n, a, b, shape: a.argmax(-1).reshape(shape),
+    GGMLOp.MEAN: lambda n, a, b, shape: ggml_rows(n.src[0]).mean(-1, keepdims=True),
+    GGMLOp.ARGMAX: lambda n, a, b, shape: ggml_rows(n.src[0]).argmax(-1).reshape(shape),
     GGMLOp.ARGSORT: _argsort,
     GGMLOp.TOP_K: lambda n, a, b, shape: a.argsort(-1, kind="stable")[..., ::-1][..., : shape[-1]],
     GGMLOp.REPEAT: lambda n, a, b, shape: tile_to(a, shape),

@@ -11,6 +11,7 @@ import pytest
 from pyggml.core import ops
 from pyggml.core.context import Context
 from pyggml.core.errors import ArgumentError, GGMLError, ShapeError
+from pyggml.core.ops.conv import calc_conv_output_size
 from pyggml.core.ops.custom import custom_op_params
 from pyggml.core.tensor import GGMLOp, OpPool, ScaleMode, SortOrder, Tensor, UnaryOp
 from pyggml.core.types import GGMLType
@@ -567,6 +568,14 @@ def test_conv_2d_shapes(ctx: Context) -> None:
     assert sk.ne == [4, 3, 8, 1]
     s1 = ctx.conv_2d_s1_ph(k, x1)
     assert s1.ne == [10, 9, 8, 1]
+
+
+def test_conv_output_size_divides_as_c_does() -> None:
+    # ggml_calc_conv_output_size is C integer division: toward zero, so a kernel (taps, dilation) up to
+    # stride - 1 wider than the padded input still has one output
+    assert calc_conv_output_size(1, 3, 5, 2, 4) == 1  # (1 + 4 - 8 - 1) / 5 + 1: -4 / 5 is 0
+    assert calc_conv_output_size(1, 3, 2, 0, 4) == -3  # (1 - 8 - 1) / 2 + 1: no output, the builders refuse it
+    assert calc_conv_output_size(141, 11, 3, 5, 2) == 44  # (141 + 10 - 20 - 1) / 3 + 1
 
 
 def f16(x: np.ndarray) -> np.ndarray:

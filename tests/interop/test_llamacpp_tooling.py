@@ -240,3 +240,54 @@ def test_command_line_in_a_fresh_process(fake: dict[str, Path]) -> None:
     r = subprocess.run([sys.executable, "-m", "pyggml.testing.llamacpp", "build", "llama-tokenize"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stderr == "", r.stderr
+
+
+# --- llama.cpp's tests: their own build folder, the RPC-devices patch ---
+
+MAIN_OF_TEST_BACKEND_OPS = """int main(int argc, char ** argv) {
+    // load and enumerate backends
+    ggml_backend_load_all();
+
+    return 0;
+}
+"""
+
+
+def _with_test_source(fake: dict[str, Path]) -> Path:
+    source = llamacpp.paths().llama_cpp / "tests" / "test-backend-ops.cpp"
+    source.parent.mkdir(parents=True, exist_ok=True)
+    source.write_text(MAIN_OF_TEST_BACKEND_OPS)
+    return source
+
+
+def test_a_test_target_builds_in_its_own_folder_with_tests_on_and_the_patch(fake: dict[str, Path]) -> None:
+    source = _with_test_source(fake)
+    tools, tests = llamacpp.paths(), llamacpp.paths(tests=True)
+    assert tests.build == tools.build.parent / "build-tests" and tests.llama_cpp == tools.llama_cpp
+    found = llamacpp.build(["llama-simple", "test-backend-ops"], amx=False)
+    assert found == {"llama-simple": tools.bin / "llama-simple", "test-backend-ops": tests.bin / "test-backend-ops"}
+    configures = [c for c in _calls(fake) if c[0] == "-S"]
+    assert [c[3] for c in configures] == [str(tools.build), str(tests.build)]
+    assert "-DLLAMA_BUILD_TESTS=OFF" in configures[0] and "-DLLAMA_BUILD_TESTS=ON" in configures[1]
+    assert json.loads(tools.stamp.read_text())["targets"] == ["llama-simple"]  # the tools' build is left alone
+    assert json.loads(tests.stamp.read_text())["targets"] == ["test-backend-ops"]
+    patched = source.read_text()
+    assert patched.count(f'getenv("{llamacpp.RPC_SERVERS_ENV}")') == 1
+    assert patched.index("ggml_backend_load_all();") < patched.index("ggml_backend_rpc_add_server")
+    assert llamacpp.find_tool("test-backend-ops") == tests.bin / "test-backend-ops"
+    assert llamacpp.require_tools(["test-backend-ops", "llama-simple"]) == found  # cached: nothing run
+    assert len(_calls(fake)) == 4
+
+
+def test_the_patch_is_applied_once_and_refuses_another_source(fake: dict[str, Path]) -> None:
+    source = _with_test_source(fake)
+    root = llamacpp.paths().llama_cpp
+    assert llamacpp.apply_rpc_devices_patch(root) is True
+    once = source.read_text()
+    assert llamacpp.apply_rpc_devices_patch(root) is False and source.read_text() == once
+    source.write_text("int main() { return 0; }\n")
+    with pytest.raises(BuildError, match="0 places for the RPC-devices patch"):
+        llamacpp.apply_rpc_devices_patch(root)
+    source.unlink()
+    with pytest.raises(BuildError, match="cannot read"):
+        llamacpp.apply_rpc_devices_patch(root)

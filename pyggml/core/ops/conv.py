@@ -35,8 +35,10 @@ if TYPE_CHECKING:
 
 
 def calc_conv_output_size(ins: int, ks: int, s: int, p: int, d: int) -> int:
-    """ggml_calc_conv_output_size: (ins + 2p - d(ks - 1) - 1) / s + 1."""
-    return (ins + 2 * p - d * (ks - 1) - 1) // s + 1
+    """ggml_calc_conv_output_size: (ins + 2p - d(ks - 1) - 1) / s + 1, C's division (toward zero: a kernel up to
+    s - 1 taps wider than the padded input still gives one output, its taps past the input reading zeros)."""
+    span = ins + 2 * p - d * (ks - 1) - 1
+    return (span // s if span >= 0 else -(-span // s)) + 1
 
 
 def calc_conv_transpose_1d_output_size(ins: int, ks: int, s: int, p: int, d: int) -> int:

@@ -12,6 +12,7 @@ from kernel_helpers import new_ctx, run, tensor
 
 from pyggml.backend import Backend
 from pyggml.backends.cpu import cpu_init
+from pyggml.backends.cpu.kernels import ComputeParams
 from pyggml.capi import core as capi
 from pyggml.core import ops
 from pyggml.core.context import Context
@@ -153,6 +154,22 @@ def test_kernel_matches_numpy(type_kv: GGMLType, n_head: int, n_head_kv: int, n_
     want = reference(qv, stored(type_kv, kv_), stored(type_kv, vv), mv, 1 / 8)
     # ggml rounds q to K's vec_dot_type (f16, bf16, q8_0) before the products: within 5e-4, like test-backend-ops
     assert nmse(run(out), want) < (1e-10 if type_kv == F32 else 1e-4)
+
+
+@pytest.mark.parametrize("type_kv", [F16, Q8_0])
+def test_the_row_walks_share_rows_among_threads_with_the_same_bits(type_kv: GGMLType) -> None:
+    # F16 K and V under 64 q rows and any quantized K and V walk row by row: every thread count gives each row
+    # the bits of its own walk
+    ctx = new_ctx(32)
+    qv, kv_, vv = rand(2, 6, 5, 64), rand(2, 2, 45, 64), rand(2, 2, 45, 64)
+    mv = rand(1, 1, 8, 45).astype(np.float16)
+    out = fa(ctx, tensor(ctx, F32, qv), tensor(ctx, type_kv, kv_), tensor(ctx, type_kv, vv), tensor(ctx, F16, mv),
+             1 / 8, sinks=tensor(ctx, F32, rand(6)))
+    one = run(out, ComputeParams(n_threads=1))
+    assert np.isfinite(one).all()
+    for n_threads in (2, 3, 7):
+        out.numpy()[...] = np.nan  # a row no thread writes stays NaN
+        np.testing.assert_array_equal(run(out, ComputeParams(n_threads=n_threads)), one)
 
 
 def test_sinks_alibi_softcap_and_empty_rows() -> None:

@@ -172,8 +172,8 @@ def _conv2d_ref(k: np.ndarray, x: np.ndarray, s: tuple[int, int], p: tuple[int, 
     """Loops over output positions (numpy order: k [OC, IC, KH, KW], x [N, IC, H, W])."""
     n, c, h, w = x.shape
     oc, _, kh, kw = k.shape
-    oh = (h + 2 * p[1] - d[1] * (kh - 1) - 1) // s[1] + 1
-    ow = (w + 2 * p[0] - d[0] * (kw - 1) - 1) // s[0] + 1
+    oh = int((h + 2 * p[1] - d[1] * (kh - 1) - 1) / s[1]) + 1  # C's division, toward zero (ggml.c)
+    ow = int((w + 2 * p[0] - d[0] * (kw - 1) - 1) / s[0]) + 1
     out = np.zeros((n, c if depthwise else oc, oh, ow))
     for y in range(oh):
         for xx in range(ow):
@@ -198,6 +198,22 @@ def test_conv_2d_direct_and_dw() -> None:
     assert out.ne == [11, 5, 3, 2] and out.is_contiguous()
     np.testing.assert_allclose(run(out), _conv2d_ref(kd, x, (1, 2), (1, 1), (2, 1), depthwise=True), rtol=1e-4,
                                atol=1e-5)
+
+
+@pytest.mark.parametrize("kernel_type", [F32, F16])
+def test_conv_2d_direct_with_a_kernel_past_the_padded_input(kernel_type: GGMLType) -> None:
+    # test-backend-ops' CONV_2D(ne_input=[141,1,1,2],ne_kernel=[1,3,1,1],...,stride1=5,padding1=2,dilation1=4):
+    # the dilated kernel spans 9 rows of a padded input of 5; ggml's output size rounds (5 - 9) / 5 toward zero,
+    # so there is one output row, its taps past the input reading zeros
+    ctx = new_ctx()
+    k, x = rand(1, 1, 3, 1), rand(2, 1, 1, 141)
+    node = ctx.conv_2d_direct(tensor(ctx, kernel_type, k), tensor(ctx, F32, x), 1, 5, 5, 2, 2, 4)
+    assert node.ne == [151, 1, 1, 2]
+    got = run(node)
+    assert np.isfinite(got).all()
+    want = _conv2d_ref(stored(kernel_type, k), stored(kernel_type, x) if kernel_type == F16 else x, (1, 5), (5, 2),
+                       (2, 4))
+    np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-5)
 
 
 def test_conv_2d_dw_keeps_channels_innermost() -> None:

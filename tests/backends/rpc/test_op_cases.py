@@ -24,11 +24,14 @@ ROOT = Path(__file__).resolve().parents[3]
 def test_the_op_cases_through_ggmls_rpc_server(c_endpoint: str) -> None:
     env = dict(os.environ, PYTHONPATH=str(ROOT))  # this tree's pyggml, whatever is installed
     r = subprocess.run([sys.executable, "-m", "pyggml.cli", "test-ops", "-b", f"rpc://{c_endpoint}",
-                        "--against", "ggml"], capture_output=True, text=True, timeout=900, env=env)
+                        "--against", "ggml"], capture_output=True, text=True, timeout=1800, env=env)
     text = r.stdout
     summary = re.search(r"(\d+)/(\d+) passed, (\d+) failed, (\d+) not supported", text)
     assert summary is not None, (text[-2000:], r.stderr[-2000:])
     passed, total, failed, unsupported = map(int, summary.groups())
     assert r.returncode == 0 and failed == 0, "\n".join(line for line in text.splitlines() if "FAIL" in line)
     assert total == len(test_ops.all_cases()) and passed + unsupported == total
-    assert passed >= 0.95 * total  # only what ggml's own kernels abort on is left out
+    # only what ggml's CPU refuses is left out: what its kernels abort on, and CONV_2D's channels-innermost cases
+    # (test-backend-ops' own) whose kernel is not contiguous, which its supports_op refuses
+    channels_innermost = sum(c.label == "CONV_2D" and "cwhn=1" in c.desc for c in test_ops.all_cases())
+    assert passed >= 0.95 * (total - channels_innermost)

@@ -30,6 +30,7 @@ sequence's own shift which lane each of its cells lands in.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 from llvmlite import binding as llvm_binding
@@ -37,7 +38,7 @@ from numba import njit
 
 from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
 from pyggml.backends.cpu.kernels._common import F32, noop, reshape_view
-from pyggml.backends.cpu.kernels.matmul import _weight_rows, mul_mat_f32
+from pyggml.backends.cpu.kernels.matmul import TEAM, _weight_rows, mul_mat_f32
 from pyggml.backends.cpu.kernels.norm import softmax_rows
 from pyggml.backends.cpu.kernels.simd_math import host_lanes
 from pyggml.backends.cpu.kernels.vec_dot.float_loops import dot_f32_row, mad_f32_row, scale_f32_row
@@ -113,62 +114,71 @@ def online_softmax_step(M, s):
     return M, np.float32(1.0), np.float32(math.exp(s - M))
 
 
+@njit(inline="always", cache=True)
+def _cell_step(s, scale, softcap, mv, M):
+    """A KV cell's dot product s as ggml scores it (times scale; softcap * tanhf of that when softcap is not 0;
+    plus slope * mask `mv`) met by the online softmax of running maximum M (`online_softmax_step`)."""
+    s = s * scale
+    if softcap != 0.0:
+        s = softcap * np.float32(math.tanh(s))
+    return online_softmax_step(M, s + mv)
+
+
+@njit(inline="always", cache=True)
+def _row_start(r, n, nh, acc):
+    """Q row r's (i3, head, i1) in (ne3, nh, n) order, and the online softmax's start: S = 0, M = -inf, acc = 0."""
+    acc[:] = 0.0
+    return r // (n * nh), (r // n) % nh, r % n, np.float32(0.0), np.float32(-np.inf)
+
+
 @njit(nogil=True, cache=True)
-def flash_attn_rows_f16(q, k, v, mask, sinks, out, scale, softcap, slopes, lanes):
-    """ggml_compute_forward_flash_attn_ext_f16_one_chunk for F16 K and V, float for float.
+def flash_attn_rows_f16(q, k, v, mask, sinks, out, scale, softcap, slopes, lanes, acc, r0, r1):
+    """ggml_compute_forward_flash_attn_ext_f16_one_chunk for F16 K and V, float for float, for the q rows r0..r1
+    (row r being (i3, h, i1) in that order).
 
     q (ne3, nh, N, DK) rounded to f16, k (ne3, nk2, n_kv, DK) and v (ne3, nv2, n_kv, DV) as float32 (f16
     values), mask (nm3, nm2, N, n_kv) float32 or empty, sinks (nh,) or empty, slopes (nh,), out (ne3, nh, N,
-    DV). Per q row: scores by ggml_vec_dot_f16 (`lanes`, see _dot_f16_values) times scale (softcap *
+    DV), acc (DV,) scratch. Per q row: scores by ggml_vec_dot_f16 (`lanes`, see _dot_f16_values) times scale (softcap *
     tanhf(score) when softcap is not 0) plus slope * mask, KV rows whose mask is -inf skipped; an online
     softmax whose V accumulator is f16 (each rescale `f16(acc * ms)` and each step `f16(fma(v, vs, acc))`,
     as ggml_vec_scale_f16/ggml_vec_mad_f16), S = fma(S, ms, vs) (gcc's contraction), libm's expf; then the
     sink (S * ms + vs, not contracted there: both checked bit for bit against libggml), and the accumulator
     times 1/S.
     """
-    ne3, nh, n, dk = q.shape
+    nh, n = q.shape[1], q.shape[2]
     n_kv = k.shape[2]
     dv = v.shape[3]
     rk2 = nh // k.shape[1]
     rv2 = nh // v.shape[1]
     has_mask = mask.shape[3] > 0
-    acc = np.empty(dv, np.float32)
-    for i3 in range(ne3):
-        for h in range(nh):
-            slope = slopes[h]
-            for i1 in range(n):
-                qrow = q[i3, h, i1]
-                S = np.float32(0.0)
-                M = np.float32(-np.inf)
-                acc[:] = 0.0
-                for ic in range(n_kv):
-                    mv = np.float32(0.0)
-                    if has_mask:
-                        mv = slope * mask[i3 % mask.shape[0], h % mask.shape[1], i1, ic]
-                        if mv == -np.inf:
-                            continue
-                    s = _dot_f16_values(k[i3, h // rk2, ic], qrow, lanes)
-                    s = s * scale
-                    if softcap != 0.0:
-                        s = softcap * np.float32(math.tanh(s))
-                    s = s + mv
-                    M, ms, vs = online_softmax_step(M, s)
-                    if ms != 1.0:
-                        for d in range(dv):
-                            acc[d] = round_f16(acc[d] * ms)
-                    vrow = v[i3, h // rv2, ic]
-                    for d in range(dv):
-                        acc[d] = round_f16(fma_f32(vrow[d], vs, acc[d]))
-                    S = fma_f32(S, ms, vs)
-                if sinks.shape[0] > 0:
-                    M, ms, vs = online_softmax_step(M, sinks[h])
-                    if ms != 1.0:
-                        for d in range(dv):
-                            acc[d] = acc[d] * ms
-                    S = S * ms + vs
-                s_inv = np.float32(0.0) if S == 0.0 else np.float32(1.0) / S
+    for r in range(r0, r1):
+        i3, h, i1, S, M = _row_start(r, n, nh, acc)
+        slope = slopes[h]
+        qrow = q[i3, h, i1]
+        for ic in range(n_kv):
+            mv = np.float32(0.0)
+            if has_mask:
+                mv = slope * mask[i3 % mask.shape[0], h % mask.shape[1], i1, ic]
+                if mv == -np.inf:
+                    continue
+            s = _dot_f16_values(k[i3, h // rk2, ic], qrow, lanes)
+            M, ms, vs = _cell_step(s, scale, softcap, mv, M)
+            if ms != 1.0:
                 for d in range(dv):
-                    out[i3, h, i1, d] = acc[d] * s_inv
+                    acc[d] = round_f16(acc[d] * ms)
+            vrow = v[i3, h // rv2, ic]
+            for d in range(dv):
+                acc[d] = round_f16(fma_f32(vrow[d], vs, acc[d]))
+            S = fma_f32(S, ms, vs)
+        if sinks.shape[0] > 0:
+            M, ms, vs = online_softmax_step(M, sinks[h])
+            if ms != 1.0:
+                for d in range(dv):
+                    acc[d] = acc[d] * ms
+            S = S * ms + vs
+        s_inv = np.float32(0.0) if S == 0.0 else np.float32(1.0) / S
+        for d in range(dv):
+            out[i3, h, i1, d] = acc[d] * s_inv
 
 
 @njit(nogil=True, cache=True)
@@ -192,17 +202,12 @@ def flash_attn_rows_f32(qf, nh, n, dk, kb, kf, k_off, vf, v_off, mb, m_off, n_kv
     rv2 = nh // nv2
     has_mask = m_off.shape[0] > 0
     for r in range(r0, r1):
-        i1 = r % n
-        h = (r // n) % nh
-        i3 = r // (n * nh)
+        i3, h, i1, S, M = _row_start(r, n, nh, acc)
         qo = r * dk
         k_row0 = (i3 * nk2 + h // rk2) * n_kv
         v_row0 = (i3 * nv2 + h // rv2) * n_kv
         mo = m_off[((i3 % nm3) * nm2 + h % nm2) * n + i1] if has_mask else 0
         slope = slopes[h]
-        S = np.float32(0.0)
-        M = np.float32(-np.inf)
-        acc[:] = 0.0
         for ic in range(n_kv):
             mv = np.float32(0.0)
             if has_mask:
@@ -214,11 +219,7 @@ def flash_attn_rows_f32(qf, nh, n, dk, kb, kf, k_off, vf, v_off, mb, m_off, n_kv
             kfo = ko // 4
             for e in range(dk32, dk):
                 s += kf[kfo + e] * qf[qo + e]
-            s = s * scale
-            if softcap != 0.0:
-                s = softcap * np.float32(math.tanh(s))
-            s = s + mv
-            M, ms, vs = online_softmax_step(M, s)
+            M, ms, vs = _cell_step(s, scale, softcap, mv, M)
             if ms != 1.0:
                 scale_f32_row(acc, 0, ms, dv)
             mad_f32_row(vf, v_off[v_row0 + ic], vs, acc, 0, dv)
@@ -302,11 +303,22 @@ def _mask_of(mask: np.ndarray, ne3: int, nh: int, n: int, n_kv: int, slopes: np.
     return m
 
 
+def _rows_on_threads(n_rows: int, dv: int, params: ComputeParams,
+                     walk: Callable[[np.ndarray, int, int], object]) -> None:
+    """walk(acc, r0, r1) over the q rows 0..n_rows in chunks that params.n_threads threads share (TEAM), each
+    thread with its own accumulator acc (dv,): a row's result is its own walk's, whichever thread takes it."""
+    n_threads = max(1, min(params.n_threads, n_rows))
+    accs = np.empty((n_threads, dv), F32)
+    chunk = max(1, -(-n_rows // (4 * n_threads)))  # a few chunks a thread: a busier core takes fewer
+    TEAM.run(lambda slot, i: walk(accs[slot], i * chunk, min(n_rows, (i + 1) * chunk)), -(-n_rows // chunk),
+             n_threads)
+
+
 def _walk_f32(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None, k_type: GGMLType,
               v_type: GGMLType, dv: int, dst: np.ndarray, scale: np.float32, softcap: np.float32,
-              slopes: np.ndarray | None, sink4: np.ndarray | None, simd: bool) -> Compute:
+              slopes: np.ndarray | None, sink4: np.ndarray | None, simd: bool, params: ComputeParams) -> Compute:
     """FLASH_ATTN_EXT by `flash_attn_rows_f32`: K and V (raw, `dv` values a V row) read as f32 (F32 ones in
-    place), q rounded to K's vec_dot_type, every q row on the calling thread."""
+    place), q rounded to K's vec_dot_type, the q rows shared by the threads (`_rows_on_threads`)."""
     ne3, nh, n, dk = q.shape
     n_kv, nk2, nv2 = k.shape[2], k.shape[1], v.shape[1]
     out = reshape_view(dst, (-1,))
@@ -319,7 +331,6 @@ def _walk_f32(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | No
         nm3, nm2 = mask.shape[0], mask.shape[1]
     else:
         mb, m_off, nm3, nm2 = np.zeros(0, np.uint8), np.zeros(0, np.int64), 1, 1
-    acc = np.empty(dv, F32)
 
     def operands() -> tuple[np.ndarray, ...]:
         """K's memory as bytes and as float32 and its rows' byte offsets; V's as float32 and its rows' offsets."""
@@ -331,9 +342,13 @@ def _walk_f32(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | No
 
     def run() -> None:
         kb, kf, k_off, vf, v_off = in_place if in_place is not None else operands()
-        qv = np.ascontiguousarray(_to_vec_dot(q, k_type, simd), dtype=F32)
-        flash_attn_rows_f32(qv.reshape(-1), nh, n, dk, kb, kf, k_off, vf, v_off, mb, m_off, n_kv, nk2, nv2, nm3, nm2,
-                            sinks_f, out, scale, softcap, slopes_f, acc, 0, ne3 * nh * n)
+        qv = np.ascontiguousarray(_to_vec_dot(q, k_type, simd), dtype=F32).reshape(-1)
+
+        def walk(acc: np.ndarray, r0: int, r1: int) -> None:
+            flash_attn_rows_f32(qv, nh, n, dk, kb, kf, k_off, vf, v_off, mb, m_off, n_kv, nk2, nv2, nm3, nm2, sinks_f,
+                                out, scale, softcap, slopes_f, acc, r0, r1)
+
+        _rows_on_threads(ne3 * nh * n, dv, params, walk)
 
     return run
 
@@ -410,14 +425,19 @@ def flash_attn_ext_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray |
         def run_rows() -> None:
             qh = q.astype(np.float16).astype(F32)  # ggml's q_to_vec_dot for F16 K (round to nearest even)
             mf = mask_view.astype(F32) if mask_view is not None else np.zeros((1, 1, 1, 0), F32)
-            flash_attn_rows_f16(qh, k.astype(F32), v.astype(F32), mf, sinks_f, out, np.float32(scale),
-                                np.float32(softcap), slopes_f, lanes)
+            kf, vf = k.astype(F32), v.astype(F32)
+
+            def walk(acc: np.ndarray, r0: int, r1: int) -> None:
+                flash_attn_rows_f16(qh, kf, vf, mf, sinks_f, out, np.float32(scale), np.float32(softcap), slopes_f,
+                                    lanes, acc, r0, r1)
+
+            _rows_on_threads(ne3 * nh * n, dv, params, walk)
 
         return run_rows
     simd = params.numerics == "x86"
     if params.batch_invariant or not (k_type == v_type and k_type in _FLOAT_KV):
         # a quantized K or V, or two types: ggml walks every shape row by row (one_chunk), f32 V accumulator
-        return _walk_f32(q, k, v, mask, k_type, v_type, dv, dst, scale, softcap, slopes, sink4, simd)
+        return _walk_f32(q, k, v, mask, k_type, v_type, dv, dst, scale, softcap, slopes, sink4, simd, params)
 
     lanes_exp = host_lanes(params.numerics)  # SOFT_MAX's exp: the same bits as MUL_MAT -> SOFT_MAX -> MUL_MAT
 

@@ -31,18 +31,20 @@ FLT_MAX = float(np.finfo(np.float32).max)
 
 
 def _padded(x: np.ndarray, pads: tuple[int, ...], fill: float, force_copy: bool,
-            node: Tensor) -> tuple[np.ndarray, Compute | None]:
-    """x (..., *spatial) with pads[i] elements of `fill` on both sides of its i-th trailing (spatial) axis.
+            node: Tensor, after: tuple[int, ...] | None = None) -> tuple[np.ndarray, Compute | None]:
+    """x (..., *spatial) with pads[i] elements of `fill` before its i-th trailing (spatial) axis and after[i]
+    (default pads[i]) after it.
 
     Returns the array to read windows from and the function that refreshes it
     from x each run (None when x itself can be read: no padding, f32).
     The copy's size is checked first (`check_temporary`): the paddings are the node's op_params.
     """
-    if not any(pads) and x.dtype == F32 and not force_copy:
+    after = pads if after is None else after
+    if not any(pads) and not any(after) and x.dtype == F32 and not force_copy:
         return x, None
     n = len(pads)
     spatial = x.shape[x.ndim - n:]
-    shape = x.shape[:x.ndim - n] + tuple(m + 2 * q for m, q in zip(spatial, pads, strict=True))
+    shape = x.shape[:x.ndim - n] + tuple(m + q + r for m, q, r in zip(spatial, pads, after, strict=True))
     check_temporary(node, f"the input padded by {list(pads)}", shape)
     p = np.full(shape, fill, F32)
     inner = p[(...,) + tuple(slice(q, q + m) for m, q in zip(spatial, pads, strict=True))]

@@ -296,7 +296,10 @@ def _conv_windows(node: Tensor, x: np.ndarray, k_hw: tuple[int, int], out_hw: tu
     p = Conv2dParams.of(node)
     s, pad, d = (p.s1, p.s0), (p.p1, p.p0), (p.d1, p.d0)
     check_conv_shape(node, x.shape[2:], k_hw, s, pad, d, out_hw)
-    padded, refresh = _padded(x, pad, 0.0, True, node)
+    # the last window's taps may reach past the padded input (ggml's output sizes round toward zero): zeros there
+    reach = [(o - 1) * si + (kk - 1) * di + 1 for o, kk, si, di in zip(out_hw, k_hw, s, d, strict=True)]
+    after = tuple(max(q, r - n - q) for q, r, n in zip(pad, reach, x.shape[2:], strict=True))
+    padded, refresh = _padded(x, pad, 0.0, True, node, after)
     assert refresh is not None
 
     def refresh_f16() -> None:

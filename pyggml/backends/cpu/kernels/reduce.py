@@ -2,6 +2,12 @@
 
 F32 and F16 sources; sums accumulate in f32 with numpy's pairwise summation
 (SUM, one value over the whole tensor, in f64 as ggml's ggml_float).
+
+A source is read as ggml's kernels read it (`ggml_rows`): each row's ne0
+elements one after another from the row's first, whatever its nb0 (ggml's
+SUM, MEAN, ARGMAX, ARGSORT and TOP_K assert nb0 = the element size only in
+debug builds), so a permuted source gives ggml's result. SUM_ROWS, whose
+ggml kernel refuses such a source, sums it along its strides.
 """
 
 from __future__ import annotations
@@ -11,7 +17,15 @@ import functools
 import numpy as np
 
 from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
-from pyggml.backends.cpu.kernels._common import F32, FLOAT_TYPES, all_float, noop, require_types, scratch
+from pyggml.backends.cpu.kernels._common import (
+    F32,
+    FLOAT_TYPES,
+    all_float,
+    noop,
+    require_types,
+    scratch,
+    strided_view,
+)
 from pyggml.core.errors import ShapeError, UnsupportedTypeError
 from pyggml.core.ops.params import ArgsortParams
 from pyggml.core.tensor import GGMLOp, SortOrder, Tensor
@@ -25,6 +39,18 @@ def _src(node: Tensor, srcs: list[np.ndarray | None]) -> np.ndarray:
     return x
 
 
+def ggml_rows(node: Tensor, x: np.ndarray, flat: bool = False) -> np.ndarray:
+    """src0 `x` as ggml's row kernels read it: row (i1, i2, i3) at i1 nb1 + i2 nb2 + i3 nb3, or with `flat` (its
+    ARGSORT, TOP_K) row i = i1 + ne1 (i2 + ne2 i3) at i nb1; a row's ne0 elements at the element size apart.
+    The same view for a row-contiguous source; OutOfBoundsError if rows so read leave src0's bytes."""
+    s1 = x.strides[2]
+    rows = (x.shape[1] * x.shape[2] * s1, x.shape[2] * s1, s1) if flat else x.strides[:3]
+    strides = (*rows, x.itemsize)
+    if strides == x.strides or x.size == 0:
+        return x
+    return strided_view(x, x.shape, strides, f"CPU {node.op.name} '{node.name}': the rows of src0 as ggml reads them")
+
+
 def _require_int_dst(node: Tensor) -> None:
     if node.type != GGMLType.I32:
         raise UnsupportedTypeError(f"CPU {node.op.name} '{node.name}': dst must be I32, not {node.type.name}")
@@ -32,7 +58,7 @@ def _require_int_dst(node: Tensor) -> None:
 
 def sum_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
     """dst[0] = the sum of all of src0's elements."""
-    x = _src(node, srcs)
+    x = ggml_rows(node, _src(node, srcs))
     require_types(node, FLOAT_TYPES, node)
     if dst.size != 1:
         raise ShapeError(f"CPU SUM '{node.name}': dst must hold one element, has ne {list(dst.shape[::-1])}")
@@ -57,7 +83,7 @@ def sum_rows_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None]
 
 def mean_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
     """dst[0, i1, i2, i3] = the mean of row (i1, i2, i3) of src0."""
-    x = _src(node, srcs)
+    x = ggml_rows(node, _src(node, srcs))
     require_types(node, FLOAT_TYPES, node)
     if dst.shape != x.shape[:3] + (1,):
         raise ShapeError(f"CPU MEAN '{node.name}': dst ne {list(dst.shape[::-1])} for src ne {list(x.shape[::-1])}")
@@ -85,7 +111,7 @@ def argmax_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], 
                          f"(src ne {list(x.shape[::-1])}, dst ne {list(dst.shape[::-1])})")
     if dst.size == 0:
         return noop
-    m = x[0, 0]
+    m = ggml_rows(node, x)[0, 0]
     d = dst.reshape(-1)
 
     def run() -> None:
@@ -106,6 +132,7 @@ def argsort_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None],
         raise ShapeError(f"CPU ARGSORT '{node.name}': dst ne {list(dst.shape[::-1])} for src ne {list(x.shape[::-1])}")
     if dst.size == 0:
         return noop
+    x = ggml_rows(node, x, flat=True)
 
     if order == SortOrder.ASC:
         def run() -> None:
@@ -129,6 +156,7 @@ def top_k_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], p
         raise ShapeError(f"CPU TOP_K '{node.name}': dst ne {list(dst.shape[::-1])} for src ne {list(x.shape[::-1])}")
     if dst.size == 0:
         return noop
+    x = ggml_rows(node, x, flat=True)
 
     def run() -> None:
         np.copyto(dst, np.argsort(np.negative(x), axis=-1, kind="stable")[..., :k], casting="same_kind")

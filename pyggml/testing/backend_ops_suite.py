@@ -1,0 +1,341 @@
+"""llama.cpp's test-backend-ops, op by op, on an RPC device served by `pyggml rpc-server` or ggml-rpc-server.
+
+test-backend-ops (0c1e570, built by `pyggml.testing.llamacpp` in its tests folder with the patch that makes the
+RPC servers of $PYGGML_RPC_SERVERS devices) runs every case of an op on device RPC0 and compares it with
+llama.cpp's own CPU backend, each case against its own error bound, as for any ggml backend. This module runs
+it once per op of `--list-ops`, each op in a process of its own with a time limit, and records every case's
+verdict and the time the op took. An RPC device claims every op (ggml's RPC client has no supports_op call),
+so a case the server cannot compute ends its op's run; a server such a run ended is started again for the next op.
+
+Command line::
+
+    python -m pyggml.testing.backend_ops_suite [--server pyggml|ggml ...] [-o OP,...] [--timeout S] [-j N]
+
+prints, for each server, the table op | cases | passed | failed | time and the whole run's time; exit status 1
+when a case fails or a run does not finish on any server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from pyggml.testing import llamacpp
+
+__all__ = ["SERVERS", "OpRun", "RPCServer", "format_table", "list_ops", "main", "parse_cases", "run_op",
+           "run_suite"]
+
+SERVERS = ("pyggml", "ggml")  # `pyggml rpc-server`, llama.cpp's ggml-rpc-server
+DEFAULT_TIMEOUT = 900.0  # seconds an op's run may take
+_LISTEN_TIMEOUT = 60.0  # seconds a server may take to listen (pyggml's imports and backends)
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# a case's line: "  OP(params): ... OK" (or FAIL, "not supported [...]", "skipping large tensors for speed")
+_CASE = re.compile(r"^  ([A-Z][A-Z0-9_]*\(.*?\)): (.*)$")
+_ERROR = re.compile(r"error|failed|abort|GGML_ASSERT", re.IGNORECASE)
+
+OK, FAIL, NOT_SUPPORTED, SKIPPED = "OK", "FAIL", "not supported", "skipped"
+
+
+@dataclass
+class OpRun:
+    """One op's run of test-backend-ops on one server."""
+
+    op: str
+    server: str
+    verdicts: dict[str, str]  # case -> OK, FAIL, "not supported", "skipped", in the order run
+    seconds: float
+    finished: bool  # the run printed its summary and exited (not killed by the time limit, not aborted)
+    detail: str = ""  # why it did not finish: the end of its output and the server's
+
+    @property
+    def cases(self) -> int:
+        return len(self.verdicts)
+
+    def count(self, verdict: str) -> int:
+        return sum(v == verdict for v in self.verdicts.values())
+
+    @property
+    def passed(self) -> int:
+        return self.count(OK)
+
+    @property
+    def failed(self) -> list[str]:
+        return [case for case, v in self.verdicts.items() if v == FAIL]
+
+    @property
+    def ok(self) -> bool:
+        return self.finished and not self.failed
+
+
+def parse_cases(output: str) -> dict[str, str]:
+    """The verdict of every case a test-backend-ops `test` run printed (console format)."""
+    verdicts: dict[str, str] = {}
+    for raw in output.splitlines():
+        m = _CASE.match(_ANSI.sub("", raw).rstrip())
+        if m is None:
+            continue
+        case, rest = m.groups()
+        if rest.endswith(OK):
+            verdicts[case] = OK
+        elif rest.endswith(FAIL):
+            verdicts[case] = FAIL
+        elif rest.startswith(NOT_SUPPORTED):
+            verdicts[case] = NOT_SUPPORTED
+        elif rest.startswith("skipping"):
+            verdicts[case] = SKIPPED
+    return verdicts
+
+
+def list_ops(binary: Path) -> list[str]:
+    """The ops of `test-backend-ops --list-ops` (ggml's ops, unary ops and GLU ops by name)."""
+    r = subprocess.run([str(binary), "--list-ops"], capture_output=True, text=True, timeout=60)
+    if r.returncode != 0:
+        raise RuntimeError(f"{binary} --list-ops failed (exit {r.returncode}): {r.stderr[-2000:]}")
+    ops = [line.strip() for line in r.stdout.splitlines() if line.startswith("  ") and line.strip()]
+    if not ops:
+        raise RuntimeError(f"{binary} --list-ops listed no ops:\n{r.stdout[-2000:]}")
+    return ops
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RPCServer:
+    """An RPC server process on a free 127.0.0.1 port, its output in a log file; `ensure()` (re)starts it."""
+
+    def __init__(self, kind: str, threads: int | None = None, ggml_rpc_server: Path | None = None) -> None:
+        if kind not in SERVERS:
+            raise ValueError(f"unknown RPC server {kind!r}: one of {', '.join(SERVERS)}")
+        if kind == "ggml" and ggml_rpc_server is None:
+            raise ValueError("the ggml server needs the path of ggml-rpc-server")
+        self.kind, self.threads, self.binary = kind, threads, ggml_rpc_server
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.endpoint = ""
+        self.starts = 0
+        self._log: IO[bytes] = tempfile.TemporaryFile()
+
+    def _command(self, port: int) -> list[str]:
+        threads = ["-t", str(self.threads)] if self.threads else []
+        if self.kind == "pyggml":
+            # no idle limit: test-backend-ops computes its CPU reference between messages
+            return [sys.executable, "-m", "pyggml.cli", "rpc-server", "-H", "127.0.0.1", "-p", str(port),
+                    "--timeout", "0", *threads]
+        return [str(self.binary), "-H", "127.0.0.1", "-p", str(port), *threads]
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def ensure(self) -> str:
+        """The endpoint of a running server, starting one if there is none or it exited."""
+        if self.alive():
+            return self.endpoint
+        self.stop()
+        port = _free_port()
+        self._log.write(f"\n--- start {self.starts + 1}: port {port}\n".encode())
+        self._log.flush()
+        self.proc = subprocess.Popen(self._command(port), stdout=self._log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL)
+        self.starts += 1
+        deadline = time.monotonic() + _LISTEN_TIMEOUT
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the {self.kind} RPC server exited with {self.proc.returncode} before "
+                                   f"listening:\n{self.log_tail()}")
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1.0):
+                self.endpoint = f"127.0.0.1:{port}"
+                return self.endpoint
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"the {self.kind} RPC server did not listen on port {port} within {_LISTEN_TIMEOUT} s")
+
+    def log_tail(self, n: int = 4000) -> str:
+        self._log.flush()
+        self._log.seek(0, os.SEEK_END)
+        size = self._log.tell()
+        self._log.seek(max(0, size - n))
+        text = self._log.read().decode(errors="replace")
+        self._log.seek(0, os.SEEK_END)
+        return text
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            self.proc.wait(timeout=30)
+            self.proc = None
+
+    def close(self) -> None:
+        self.stop()
+        self._log.close()
+
+    def __enter__(self) -> RPCServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def run_op(binary: Path, server: RPCServer, op: str, timeout: float = DEFAULT_TIMEOUT) -> OpRun:
+    """Every case of `op` through `server` (started if it is not running): test-backend-ops test -b RPC0 -o OP."""
+    endpoint = server.ensure()
+    env = {**os.environ, llamacpp.RPC_SERVERS_ENV: endpoint}
+    t0 = time.monotonic()
+    with tempfile.TemporaryFile() as out:
+        proc = subprocess.Popen([str(binary), "test", "-b", "RPC0", "-o", op], stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=env)
+        try:
+            rc: int | None = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            rc = None
+        seconds = time.monotonic() - t0
+        out.seek(0)
+        text = out.read().decode(errors="replace")
+    verdicts = parse_cases(text)
+    summary = re.search(r"^\s*(\d+)/(\d+) tests passed", _ANSI.sub("", text), re.MULTILINE)
+    finished = rc is not None and summary is not None
+    detail = ""
+    if not finished:
+        why = f"killed after {timeout:g} s" if rc is None else f"exit status {rc}"
+        # what test-backend-ops said of the error (before gdb's backtrace of an abort), or its last lines
+        lines = [line for line in _ANSI.sub("", text).splitlines() if line.strip() and not parse_cases(line)]
+        ours = [line for line in lines if _ERROR.search(line)] or lines
+        theirs = [line for line in server.log_tail(3000).splitlines() if line.strip()]
+        state = "running" if server.alive() else "exited"
+        detail = f"{why}; test-backend-ops: {' | '.join(ours[-2:])}; the server ({state}): {' | '.join(theirs[-1:])}"
+    return OpRun(op, server.kind, verdicts, seconds, finished, detail)
+
+
+@dataclass
+class SuiteResult:
+    """The runs of every op on every server, and the whole run's time."""
+
+    runs: dict[str, list[OpRun]] = field(default_factory=dict)  # server -> its runs, in the order of the ops
+    seconds: float = 0.0
+
+
+def run_suite(binary: Path, servers: Sequence[str], ops: Sequence[str] | None = None, *,
+              timeout: float = DEFAULT_TIMEOUT, jobs: int = 1, threads: int | None = None,
+              ggml_rpc_server: Path | None = None, progress: IO[str] | None = None) -> SuiteResult:
+    """Run every op (default: all of --list-ops) on each server in turn; `jobs` ops at once, each job with a
+    server of its own."""
+    if jobs < 1:
+        raise ValueError(f"jobs must be >= 1, got {jobs}")
+    ops = list(ops) if ops is not None else list_ops(binary)
+    result = SuiteResult()
+    t_all = time.monotonic()
+    lock = threading.Lock()
+    for kind in servers:
+        pool = [RPCServer(kind, threads, ggml_rpc_server) for _ in range(jobs)]
+        free = list(pool)
+        done: dict[str, OpRun] = {}
+
+        def one(op: str, kind: str = kind, free: list[RPCServer] = free, done: dict[str, OpRun] = done) -> None:
+            with lock:
+                server = free.pop()
+            try:
+                run = run_op(binary, server, op, timeout)
+            finally:
+                with lock:
+                    free.append(server)
+            with lock:
+                done[op] = run
+                if progress is not None:
+                    state = "" if run.finished else f"  (did not finish: {run.detail[:300]})"
+                    progress.write(f"[{kind} {len(done)}/{len(ops)}] {op}: {run.passed}/{run.cases} passed, "
+                                   f"{len(run.failed)} failed, {run.seconds:.1f} s{state}\n")
+                    progress.flush()
+
+        try:
+            with ThreadPoolExecutor(max_workers=jobs) as ex:
+                for f in [ex.submit(one, op) for op in ops]:
+                    f.result()
+        finally:
+            for s in pool:
+                s.close()
+        result.runs[kind] = [done[op] for op in ops]
+    result.seconds = time.monotonic() - t_all
+    return result
+
+
+def format_table(result: SuiteResult) -> str:
+    """op | cases | passed | failed | time, one column group per server (a run that did not finish is marked
+    "!"), then each server's totals and the whole run's time."""
+    servers = list(result.runs)
+    by_op: dict[str, dict[str, OpRun]] = {}
+    for kind, runs in result.runs.items():
+        for run in runs:
+            by_op.setdefault(run.op, {})[kind] = run
+    head = "| op | " + " | ".join(f"{k}: cases | passed | failed | time (s)" for k in servers) + " |"
+    rule = "|---|" + "|".join("---:|---:|---:|---:" for _ in servers) + "|"
+    lines = [head, rule]
+    for op, runs in by_op.items():
+        cells = []
+        for k in servers:
+            r = runs.get(k)
+            if r is None:
+                cells.append(" | | | ")
+                continue
+            mark = "" if r.finished else " !"
+            cells.append(f"{r.cases}{mark} | {r.passed} | {len(r.failed)} | {r.seconds:.1f}")
+        lines.append(f"| {op} | " + " | ".join(cells) + " |")
+    for k in servers:
+        runs = result.runs[k]
+        lines.append(f"{k}: {len(runs)} ops, {sum(r.ok for r in runs)} pass every case; "
+                     f"{sum(r.cases for r in runs)} cases, {sum(r.passed for r in runs)} passed, "
+                     f"{sum(len(r.failed) for r in runs)} failed; {sum(not r.finished for r in runs)} runs did "
+                     f"not finish; {sum(r.seconds for r in runs):.0f} s of runs")
+    lines.append(f"whole run: {result.seconds:.0f} s")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pyggml.testing.backend_ops_suite",
+                                     description="Run llama.cpp's test-backend-ops op by op on an RPC device "
+                                                 "served by pyggml rpc-server and/or ggml-rpc-server.")
+    parser.add_argument("--server", action="append", choices=SERVERS, default=None,
+                        help="the servers to test, in order (default: pyggml, then ggml)")
+    parser.add_argument("-o", "--ops", default=None, help="comma-separated ops (default: all of --list-ops)")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds an op may take "
+                        "(default: %(default)s)")
+    parser.add_argument("-j", "--jobs", type=int, default=1, help="ops run at once, each with its own server")
+    parser.add_argument("-t", "--threads", type=int, default=None, help="the servers' threads (default: theirs)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="a line per op on stderr as it ends")
+    args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error(f"--jobs must be >= 1, got {args.jobs}")
+    servers = args.server or list(SERVERS)
+    tools = llamacpp.require_tools(["test-backend-ops", "ggml-rpc-server"])
+    ops = [o for o in args.ops.split(",") if o] if args.ops else None
+    result = run_suite(tools["test-backend-ops"], servers, ops, timeout=args.timeout, jobs=args.jobs,
+                       threads=args.threads, ggml_rpc_server=tools["ggml-rpc-server"],
+                       progress=sys.stderr if args.verbose else None)
+    print(format_table(result))
+    for kind, runs in result.runs.items():
+        for run in runs:
+            for case in run.failed:
+                print(f"{kind} FAIL {case}")
+            if not run.finished:
+                print(f"{kind} {run.op} did not finish: {run.detail}")
+    return 0 if all(r.ok for runs in result.runs.values() for r in runs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
