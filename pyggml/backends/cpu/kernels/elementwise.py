@@ -345,7 +345,8 @@ def _gelu_quick(d: np.ndarray, x: np.ndarray, params: ComputeParams) -> Compute:
 
 
 def _direct(fn: Callable[[np.ndarray, np.ndarray], None]) -> Callable[[np.ndarray, np.ndarray, ComputeParams], Compute]:
-    """d = fn(x) in f32 without ggml's f16 tables, as its BF16 rows compute GELU and GELU_QUICK."""
+    """d = fn(x) computed into f32 scratch, then stored (so d may be x itself); GELU and GELU_QUICK this way are
+    ggml's BF16 rows, without its f16 tables."""
 
     def prepare(d: np.ndarray, x: np.ndarray, params: ComputeParams) -> Compute:
         (t,) = scratch(params, x.shape)
@@ -393,32 +394,12 @@ def _hardswish(d: np.ndarray, x: np.ndarray, params: ComputeParams) -> Compute:
     return run
 
 
-def _hardsigmoid(d: np.ndarray, x: np.ndarray, params: ComputeParams) -> Compute:
-    (t,) = scratch(params, x.shape)
-
-    def run() -> None:
-        _hardsigmoid_into(t, x)
-        np.copyto(d, t)
-
-    return run
-
-
 def _sigmoid_into(t: np.ndarray, x: np.ndarray) -> None:
     """t = 1 / (1 + exp(-x)) in f32."""
     np.negative(x, out=t, dtype=F32)
     np.exp(t, out=t)
     np.add(t, 1.0, out=t)
     np.reciprocal(t, out=t)
-
-
-def _sigmoid(d: np.ndarray, x: np.ndarray, params: ComputeParams) -> Compute:
-    (t,) = scratch(params, x.shape)
-
-    def run() -> None:
-        _sigmoid_into(t, x)
-        np.copyto(d, t)
-
-    return run
 
 
 def _gelu_erf(d: np.ndarray, x: np.ndarray, params: ComputeParams) -> Compute:
@@ -537,12 +518,12 @@ _UNARY: dict[UnaryOp, Callable[[np.ndarray, np.ndarray, ComputeParams], Compute]
     UnaryOp.TANH: _one_call(np.tanh),
     UnaryOp.ELU: _elu,
     UnaryOp.RELU: _one_call(np.maximum, 0.0),
-    UnaryOp.SIGMOID: _sigmoid,
+    UnaryOp.SIGMOID: _direct(_sigmoid_into),
     UnaryOp.GELU: _gelu,
     UnaryOp.GELU_QUICK: _gelu_quick,
     UnaryOp.SILU: _silu,
     UnaryOp.HARDSWISH: _hardswish,
-    UnaryOp.HARDSIGMOID: _hardsigmoid,
+    UnaryOp.HARDSIGMOID: _direct(_hardsigmoid_into),
     UnaryOp.EXP: _one_call(np.exp),
     UnaryOp.EXPM1: _expm1,
     UnaryOp.SOFTPLUS: _softplus,
