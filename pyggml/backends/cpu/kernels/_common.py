@@ -198,12 +198,12 @@ def through_f32(dst: np.ndarray, srcs: Sequence[np.ndarray],
     """The compute of `prepare(dst, *srcs)` with every BF16 array (uint16 bits) among them replaced by an f32
     copy: BF16 sources widened before it runs, a BF16 dst rounded once after, as ggml's BF16 kernels convert
     around f32 arithmetic. Without BF16 it is `prepare`'s own compute, untouched."""
+    if dst.dtype != np.uint16 and all(s.dtype != np.uint16 for s in srcs):
+        return prepare(dst, *srcs)
     wide = [np.empty(s.shape, F32) if s.dtype == np.uint16 else s for s in srcs]
     d = np.empty(dst.shape, F32) if dst.dtype == np.uint16 else dst
     inner = prepare(d, *wide)
     loads = [(s, w) for s, w in zip(srcs, wide, strict=True) if w is not s]
-    if not loads and d is dst:
-        return inner
 
     def run() -> None:
         for s, w in loads:
