@@ -96,7 +96,7 @@ def im2col_3d_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None
     ic = ip.IC
     if ic < 1:
         raise ArgumentError(f"CPU IM2COL_3D '{node.name}': IC={ic} must be >= 1")
-    n = x_t.ne[3] // ic  # ggml's N: channels past N*IC are not read
+    n = x_t.ne[3] // ic
     kd, kh, kw = k_t.ne[2], k_t.ne[1], k_t.ne[0]
     if dst.size == 0:
         return noop
