@@ -678,7 +678,8 @@ def all_cases() -> list[OpCase]:
             + _conv_back_cases()
             + _ssm_cases()
             + _extra_cases()
-            + _backend_ops_cases())
+            + _backend_ops_cases()
+            + _ggml_suite_cases())
 
 
 def _backend_ops_cases() -> list[OpCase]:
@@ -715,6 +716,12 @@ def _extra_cases() -> list[OpCase]:
     from pyggml.testing.cases_extra import extra_cases  # it builds on this module's helpers
 
     return extra_cases()
+
+
+def _ggml_suite_cases() -> list[OpCase]:
+    from pyggml.testing.cases_ggml_suite import ggml_suite_cases  # it builds on this module's helpers
+
+    return ggml_suite_cases()
 
 
 def _flash_attn_cases() -> list[OpCase]:

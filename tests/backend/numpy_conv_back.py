@@ -51,19 +51,21 @@ def _im2col_3d(node: Tensor, k: np.ndarray, x: np.ndarray, shape: tuple[int, ...
     kt = node.src[0]
     assert kt is not None
     kw, kh, kd = kt.ne[0], kt.ne[1], kt.ne[2]
-    n = x.shape[0] // ic
-    x5 = x.reshape(n, ic, *x.shape[1:])
+    n = x.shape[0] // ic  # ggml's N: whole images of ic channels
+    x5 = x[: n * ic].reshape(n, ic, *x.shape[1:])
     od, oh, ow = shape[0] // max(n, 1), shape[1], shape[2]
     out = np.zeros((n, od, oh, ow, ic, kd, kh, kw))
-    for a in range(od):
-        for b in range(oh):
-            for c in range(ow):
-                for i in range(kd):
-                    for j in range(kh):
-                        for m in range(kw):
-                            z, y, xx = a * s2 + i * d2 - p2, b * s1 + j * d1 - p1, c * s0 + m * d0 - p0
-                            if 0 <= z < x5.shape[2] and 0 <= y < x5.shape[3] and 0 <= xx < x5.shape[4]:
-                                out[:, a, b, c, :, i, j, m] = x5[:, :, z, y, xx]
+    for i in range(kd):  # each kernel tap: the input positions of every output position at once
+        for j in range(kh):
+            for m in range(kw):
+                z = np.arange(od) * s2 + i * d2 - p2
+                y = np.arange(oh) * s1 + j * d1 - p1
+                xx = np.arange(ow) * s0 + m * d0 - p0
+                zi, yi, xi = (np.flatnonzero((t >= 0) & (t < size)) for t, size in zip((z, y, xx), x5.shape[2:],
+                                                                                      strict=True))
+                taps = x5[:, :, z[zi]][:, :, :, y[yi]][:, :, :, :, xx[xi]]  # (n, ic, od', oh', ow')
+                tap = out[..., i, j, m]  # (n, od, oh, ow, ic), a view
+                tap[:, zi[:, None, None], yi[None, :, None], xi[None, None, :]] = taps.transpose(0, 2, 3, 4, 1)
     return out.reshape(shape)
 
 

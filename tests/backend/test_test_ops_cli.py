@@ -365,9 +365,10 @@ def _diag(node: Tensor, a: np.ndarray, b: None, shape: tuple[int, ...]) -> np.nd
     return out
 
 
-def _resample_1d(n_out: int, n_in: int, mode: int, align_corners: bool) -> np.ndarray:
+def _resample_1d(n_out: int, n_in: int, mode: int, align_corners: bool, antialias: bool = False) -> np.ndarray:
     """The (n_out, n_in) matrix of weights giving each output position from the inputs (nearest, linear or cubic
-    with a = -0.75, edges clamped), pixel centres at +0.5 unless align_corners."""
+    with a = -0.75, edges clamped), pixel centres at +0.5 unless align_corners; linear with antialias: a
+    triangle filter widened to 1/sf when shrinking, over the inputs within reach, normalized (PyTorch's)."""
     sf = n_out / n_in
     offset = 0.5
     if align_corners:
@@ -378,6 +379,14 @@ def _resample_1d(n_out: int, n_in: int, mode: int, align_corners: bool) -> np.nd
     for i in range(n_out):
         if mode == ScaleMode.NEAREST:
             w[i, int(i / sf)] = 1.0
+            continue
+        if mode == ScaleMode.BILINEAR and antialias:
+            support = max(1.0, 1.0 / sf)
+            centre = (i + offset) / sf
+            lo, hi = max(int(centre - support + offset), 0), min(int(centre + support + offset), n_in)
+            for j in range(lo, hi):
+                w[i, j] = max(0.0, 1.0 - abs((j - centre + offset) / support))
+            w[i] /= max(w[i].sum(), np.finfo(float).tiny)
             continue
         x = (i + offset) / sf - offset
         x0 = math.floor(x)
@@ -400,10 +409,12 @@ def _upscale(node: Tensor, a: np.ndarray, b: None, shape: tuple[int, ...]) -> np
     # word 0: the scale mode in the low byte, ALIGN_CORNERS (0x100) above it; dims 2 and 3 nearest
     mode_flags = node.get_op_params_i32(0)
     mode, align = mode_flags & 0xFF, bool(mode_flags & ScaleFlag.ALIGN_CORNERS)
+    aa = bool(mode_flags & ScaleFlag.ANTIALIAS)
     a = a[[int(i * a.shape[0] / shape[0]) for i in range(shape[0])]]
     a = a[:, [int(i * a.shape[1] / shape[1]) for i in range(shape[1])]]
-    wy, wx = _resample_1d(shape[2], a.shape[2], mode, align), _resample_1d(shape[3], a.shape[3], mode, align)
-    return np.einsum("yh,nchw,xw->ncyx", wy, a, wx)
+    wy, wx = (_resample_1d(shape[2], a.shape[2], mode, align, aa),
+              _resample_1d(shape[3], a.shape[3], mode, align, aa))
+    return wy @ a @ wx.T  # rows by wy, columns by wx: out[n, c, y, x] = sum_h,w wy[y, h] a[n, c, h, w] wx[x, w]
 
 
 def _argsort(node: Tensor, a: np.ndarray, b: None, shape: tuple[int, ...]) -> np.ndarray:
@@ -701,7 +712,9 @@ FORMULAS: dict[GGMLOp, Formula] = {
     GGMLOp.ADD_REL_POS: _add_rel_pos, GGMLOp.LIGHTNING_INDEXER: _lightning_indexer,
     GGMLOp.DSV4_HC_COMB: _dsv4_hc_comb, GGMLOp.DSV4_HC_PRE: _dsv4_hc_pre, GGMLOp.DSV4_HC_POST: _dsv4_hc_post,
     GGMLOp.MUL_MAT: _mul_mat,
-    GGMLOp.OUT_PROD: lambda n, a, b, shape: np.swapaxes(b, -1, -2) @ a,  # out[n, m] = sum_k b[k, n] a[k, m]
+    # out[n, m] = sum_k b[k, n] a[k, m]; a's matrix i2 // (ne12 / ne02), i3 // (ne13 / ne03) for b's (i2, i3)
+    GGMLOp.OUT_PROD: lambda n, a, b, shape: np.swapaxes(b, -1, -2) @ np.repeat(
+        np.repeat(a, b.shape[0] // a.shape[0], axis=0), b.shape[1] // a.shape[1], axis=1),
     GGMLOp.GET_ROWS: _get_rows,
     GGMLOp.IM2COL: _im2col, GGMLOp.CONV_TRANSPOSE_1D: _conv_transpose_1d,
     GGMLOp.POOL_1D: _pool_1d, GGMLOp.POOL_2D: _pool_2d,

@@ -13,7 +13,7 @@ from pyggml.core.context import Context
 from pyggml.core.errors import ArgumentError, GGMLError, ShapeError
 from pyggml.core.ops.conv import calc_conv_output_size
 from pyggml.core.ops.custom import custom_op_params
-from pyggml.core.tensor import GGMLOp, OpPool, ScaleMode, SortOrder, Tensor, UnaryOp
+from pyggml.core.tensor import GGMLOp, OpPool, ScaleFlag, ScaleMode, SortOrder, Tensor, UnaryOp
 from pyggml.core.types import GGMLType
 
 F32, F16, I32, Q4_0, Q8_0 = GGMLType.F32, GGMLType.F16, GGMLType.I32, GGMLType.Q4_0, GGMLType.Q8_0
@@ -332,6 +332,9 @@ def test_repeat_concat_diag_pad_upscale(ctx: Context) -> None:
     check(up, GGMLOp.UPSCALE, [12, 9, 2, 1], F32, [c1])
     assert words(up, 2) == [int(ScaleMode.NEAREST), 0]  # op_params[0]: the scale mode
     assert words(ctx.upscale(c1, 2, ScaleMode.BICUBIC), 1) == [2]
+    assert words(ctx.upscale(c1, 2, ScaleMode.BILINEAR | ScaleFlag.ANTIALIAS), 1) == [513]  # flags as ggml_upscale
+    with pytest.raises(ArgumentError, match="interpolate: ANTIALIAS works with BILINEAR only"):
+        ctx.upscale(c1, 2, ScaleMode.NEAREST | ScaleFlag.ANTIALIAS)
     ue = ctx.upscale_ext(c1, 5, 7, 3, 2, ScaleMode.BILINEAR)
     check(ue, GGMLOp.UPSCALE, [5, 7, 3, 2], F32, [c1])
     assert words(ctx.interpolate(c1, 5, 7, 2, 1, ScaleMode.BILINEAR | 256), 1) == [257]  # | ALIGN_CORNERS
@@ -373,7 +376,7 @@ def test_mul_mat_errors(ctx: Context) -> None:
 def test_out_prod(ctx: Context) -> None:
     a = new(ctx, F32, 6, 8, 2)
     b = new(ctx, F32, 5, 8, 4)
-    check(ctx.out_prod(a, b), GGMLOp.OUT_PROD, [6, 5, 2, 1], F32, [a, b])  # ggml's ne2 = a.ne[2]
+    check(ctx.out_prod(a, b), GGMLOp.OUT_PROD, [6, 5, 4, 1], F32, [a, b])  # ggml 0c1e570: ne2 = b.ne[2], a broadcast
     with pytest.raises(ShapeError, match=r"out_prod: a.ne\[1\] must equal b.ne\[1\]"):
         ctx.out_prod(a, new(ctx, F32, 5, 7, 4))
 

@@ -11,10 +11,11 @@ Shapes, op_params and asserts as llama.cpp 0c1e570's ggml.c builds them (`pyggml
 [W, H, D, IC*N] (channel index n*IC + ic).
 
 Where pyggml checks more than ggml's builders (whose kernels would read outside a tensor otherwise):
-IM2COL_BACK's gradient must have the shape IM2COL gives for the input shape `ne`; IM2COL_3D and conv_3d
-take an input whose ne[3] is a whole number of IC channels; CONV_3D and POOL_2D_BACK check their
-windows and planes. ggml.h names IM2COL_BACK's a "convolution kernel" and b "gradient", but ggml's
-backward pass and CPU kernel use them the other way round: a is the gradient, b the kernel, as here.
+IM2COL_BACK's gradient must have the shape IM2COL gives for the input shape `ne`; CONV_3D and
+POOL_2D_BACK check their windows and planes. IM2COL_3D takes N = ne[3] // IC images of the input, as
+ggml does (channels past N*IC are not read; N 0 gives an empty result). ggml.h names IM2COL_BACK's a
+"convolution kernel" and b "gradient", but ggml's backward pass and CPU kernel use them the other way
+round: a is the gradient, b the kernel, as here.
 """
 
 from __future__ import annotations
@@ -87,7 +88,6 @@ def _check_3d(fn: str, a: Tensor, b: Tensor, spd: tuple[int, ...]) -> list[int]:
 
 def _check_channels(fn: str, a: Tensor, b: Tensor, IC: int) -> None:
     require_arg(IC >= 1, fn, f"IC={IC} must be >= 1", a, b)
-    require(b.ne[3] % IC == 0, fn, f"the input's b.ne[3] must be a whole number of IC={IC} channels", a, b)
 
 
 def im2col_3d(ctx: Context, a: Tensor, b: Tensor, IC: int, s0: int, s1: int, s2: int, p0: int, p1: int, p2: int,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pyggml.core.checks import check_int
-from pyggml.core.ops._build import as_enum, require, require_arg, same_or_view, set_op
+from pyggml.core.ops._build import require, require_arg, same_or_view, set_op
 from pyggml.core.ops.params import ConcatParams, PadParams, PermuteParams, UpscaleParams, ViewParams
 from pyggml.core.tensor import GGML_MAX_DIMS, GGMLOp, ScaleFlag, ScaleMode, Tensor, can_repeat, check_ne
 from pyggml.core.types import GGMLType
@@ -244,14 +244,15 @@ def interpolate(ctx: Context, a: Tensor, ne0: int, ne1: int, ne2: int, ne3: int,
 
 
 def upscale(ctx: Context, a: Tensor, scale_factor: int, mode: ScaleMode | int = ScaleMode.NEAREST) -> Tensor:
-    """Dimensions 0 and 1 times an integer factor > 1 (ggml_upscale)."""
-    mode = as_enum(ScaleMode, mode, "upscale", "mode")
+    """Dimensions 0 and 1 times an integer factor > 1 (ggml_upscale): `mode` a ScaleMode, or'd with ScaleFlag
+    bits as interpolate takes them."""
+    mode = check_int(mode, "upscale: argument 'mode'")
     require_arg(scale_factor > 1, "upscale", f"scale factor must be > 1, got {scale_factor}", a)
     return interpolate(ctx, a, a.ne[0] * scale_factor, a.ne[1] * scale_factor, a.ne[2], a.ne[3], mode)
 
 
 def upscale_ext(ctx: Context, a: Tensor, ne0: int, ne1: int, ne2: int, ne3: int,
                 mode: ScaleMode | int = ScaleMode.NEAREST) -> Tensor:
-    """a resized to [ne0, ne1, ne2, ne3] (ggml_upscale_ext)."""
-    mode = as_enum(ScaleMode, mode, "upscale_ext", "mode")
+    """a resized to [ne0, ne1, ne2, ne3] (ggml_upscale_ext): `mode` as interpolate takes it."""
+    mode = check_int(mode, "upscale_ext: argument 'mode'")
     return interpolate(ctx, a, ne0, ne1, ne2, ne3, mode)

@@ -45,5 +45,5 @@ def out_prod(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     require(can_out_prod(a, b), "out_prod", "a.ne[1] must equal b.ne[1], and b.ne[2], b.ne[3] be multiples of a's",
             a, b)
     require(not a.is_transposed(), "out_prod", "a must not be transposed", a)
-    result = ctx.new_tensor_4d(GGMLType.F32, a.ne[0], b.ne[0], a.ne[2], b.ne[3])
+    result = ctx.new_tensor_4d(GGMLType.F32, a.ne[0], b.ne[0], b.ne[2], b.ne[3])  # a broadcast over b's dims 2, 3
     return set_op(result, GGMLOp.OUT_PROD, a, b)

@@ -85,7 +85,6 @@ def test_builder_errors_name_the_op() -> None:
         (ArgumentError, "im2col_back", lambda: ctx.im2col_back(g2, k2, [8, 6, 2, 1], 0, 1, 1, 1, 1, 1, True)),
         (ArgumentError, "im2col_back", lambda: ctx.im2col_back(g2, k2, [8, 6, 2, 1, 1], 1, 1, 1, 1, 1, 1, True)),
         (ArgumentError, "im2col_back", lambda: ctx.im2col_back(g2, k2, [8, -6, 2, 1], 1, 1, 1, 1, 1, 1, True)),
-        (ShapeError, "im2col_3d", lambda: ctx.im2col_3d(k3, x3, 3, *spd)),  # 4 channels are not IC 3 ones
         (ShapeError, "im2col_3d", lambda: ctx.im2col_3d(ctx.new_tensor_4d(F32, 7, 3, 3, 4), x3, 2, *spd)),
         (ArgumentError, "im2col_3d", lambda: ctx.im2col_3d(k3, x3, 0, *spd)),
         (ShapeError, "conv_3d", lambda: ctx.conv_3d(ctx.new_tensor_4d(F32, 3, 3, 3, 3), x3, 2, *spd)),
@@ -202,6 +201,17 @@ def test_im2col_3d(dst_type: GGMLType) -> None:
     if dst_type == F16:
         want = stored(F16, want)
     np.testing.assert_array_equal(got, want)
+
+
+def test_im2col_3d_takes_whole_images_of_ic_channels() -> None:
+    """As ggml: N = ne[3] // IC images, the channels past N*IC unread; no whole image gives an empty result."""
+    ctx = new_ctx()
+    x = rand(4, 5, 6, 7)
+    spd = (1, 1, 1, 0, 0, 0, 1, 1, 1)
+    got = run(ctx.im2col_3d(ctx.new_tensor_4d(F32, 2, 2, 2, 3), tensor(ctx, F32, x), 3, *spd, F32))
+    np.testing.assert_array_equal(got, im2col_3d_ref(x[:3], 3, (2, 2, 2), spd))
+    empty = ctx.im2col_3d(ctx.new_tensor_4d(F32, 2, 2, 2, 3), ctx.new_tensor_4d(F32, 7, 6, 5, 1), 3, *spd, F32)
+    assert empty.ne[3] == 0 and run(empty).size == 0
 
 
 def test_im2col_3d_reads_a_strided_view() -> None:
@@ -365,7 +375,7 @@ def test_kernels_refuse_bad_nodes_before_computing() -> None:
         manual_node(ctx, GGMLOp.IM2COL_BACK, [g, k], [0, 1, 1, 1, 1, 1, 1], type=F32, ne=[4, 4, 1, 1]),  # s0 = 0
         manual_node(ctx, GGMLOp.IM2COL_BACK, [g, k], [1, 1, 1, 1, 1, 1, 1], type=F32, ne=[4, 4, 2, 1]),
         manual_node(ctx, GGMLOp.IM2COL_3D, [ctx.new_tensor_4d(F32, 2, 2, 2, 1), ctx.new_tensor_4d(F32, 4, 4, 4, 3)],
-                    [1, 1, 1, 0, 0, 0, 1, 1, 1, 2], type=F32, ne=[16, 3, 3, 3]),  # IC 2 of 3 channels
+                    [1, 1, 1, 0, 0, 0, 1, 1, 1, 2], type=F32, ne=[16, 3, 3, 6]),  # 2 images of IC 2 in 3 channels
         manual_node(ctx, GGMLOp.CONV_3D, [ctx.new_tensor_4d(F32, 2, 2, 2, 2), ctx.new_tensor_4d(F32, 4, 4, 4, 2)],
                     [1, 1, 1, 0, 0, 0, 1, 1, 1, 1, 2, 2], type=F32, ne=[5, 3, 3, 4]),  # windows past the input
         manual_node(ctx, GGMLOp.COL2IM_1D, [ctx.new_tensor_2d(F32, 6, 2)], [1, 4, 0], type=F32, ne=[3, 4, 1, 1]),

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 from kernel_helpers import (
+    BF16,
     F16,
     F32,
     as4,
@@ -295,6 +296,87 @@ def test_leaky_relu(type: GGMLType, rng: np.random.Generator) -> None:
         node = manual_node(ctx, GGMLOp.LEAKY_RELU, [t], [0.05])
     xs = stored(type, x).astype(np.float64)
     assert_close(run(node), stored(type, np.where(xs > 0, xs, 0.05 * xs)), type)
+
+
+# --- BF16, as ggml-cpu's binary_op and unary_op take it ---
+
+
+@pytest.mark.parametrize("op", list(BINARY))
+@pytest.mark.parametrize("types", [(BF16, BF16, BF16), (BF16, F32, BF16), (BF16, F32, F32)])
+def test_binary_bf16_as_ggml(op: GGMLOp, types: tuple, rng: np.random.Generator) -> None:
+    """src0 (src1) widened, the f32 arithmetic, its result rounded once to dst's type (nearest even)."""
+    ta, tb, td = types
+    sa, sb = (2, 3, 4, 8), (1, 3, 1, 4)
+    a = rng.uniform(0.5, 2.0, sa).astype(np.float32)
+    b = (rng.uniform(0.5, 2.0, sb) * rng.choice([-1, 1], sb)).astype(np.float32)
+    ctx = new_ctx()
+    node = manual_node(ctx, op, [tensor(ctx, ta, a), transposed(ctx, tb, b)], type=td)
+    assert ew.supports(node)
+    want = BINARY[op][1](stored(ta, a), tile_to(stored(tb, b), sa))  # float32 arithmetic
+    np.testing.assert_array_equal(run(node), stored(td, want))
+
+
+@pytest.mark.parametrize("uop", list(UNARY_REF))
+@pytest.mark.parametrize("dst_type", [BF16, F32])
+def test_unary_bf16(uop: UnaryOp, dst_type: GGMLType, rng: np.random.Generator) -> None:
+    x = (rng.standard_normal((3, 4, 10)) * 3).astype(np.float32)
+    ctx = new_ctx()
+    node = manual_node(ctx, GGMLOp.UNARY, [transposed(ctx, BF16, x)], [int(uop)], type=dst_type)
+    assert ew.supports(node)
+    xs = stored(BF16, x).astype(np.float64)
+    assert_close(run(node), stored(dst_type, UNARY_REF[uop](xs)), BF16)
+
+
+@pytest.mark.parametrize("uop", [UnaryOp.GELU, UnaryOp.GELU_QUICK])
+def test_bf16_gelu_is_computed_directly(uop: UnaryOp) -> None:
+    """As ggml_vec_gelu_bf16: the formula in f32, not ggml's f16 tables (whose f16 results keep a few bits of
+    the tiny values at -5.40625 and -9.875: f16 subnormals)."""
+    x = np.array([[-5.40625, -9.875, -1.5, 0.75, 3.0]], np.float32)
+    ctx = new_ctx()
+    got = run(ctx.unary(tensor(ctx, BF16, x), uop))
+    fn = ew._gelu_into if uop == UnaryOp.GELU else ew._gelu_quick_into
+    t = x.copy()
+    fn(t, x)
+    np.testing.assert_array_equal(got, as4(stored(BF16, t)))
+    table = x.astype(np.float16).astype(np.float32)
+    fn(table, table.copy())
+    assert (got[0, 0, 0, :2] != stored(BF16, stored(F16, table))[0, :2]).any()
+
+
+@pytest.mark.parametrize("op", list(SIMPLE))
+def test_sqr_sqrt_log_bf16(op: GGMLOp, rng: np.random.Generator) -> None:
+    x = rng.uniform(0.1, 4.0, (2, 3, 5)).astype(np.float32)
+    ctx = new_ctx()
+    name, fn = SIMPLE[op]
+    node = build(ctx, name, transposed(ctx, BF16, x), op=op)
+    np.testing.assert_array_equal(run(node), as4(stored(BF16, fn(stored(BF16, x)))))
+
+
+def test_scale_bf16(rng: np.random.Generator) -> None:
+    """ggml's scale_bf16: x * s + b in f32, rounded once."""
+    x = rng.standard_normal((2, 3, 5)).astype(np.float32)
+    ctx = new_ctx()
+    node = ctx.scale_bias(tensor(ctx, BF16, x), 0.375, -1.25)
+    xs = stored(BF16, x)
+    np.testing.assert_array_equal(run(node), as4(stored(BF16, xs * np.float32(0.375) + np.float32(-1.25))))
+
+
+def test_bf16_combinations_ggml_does_not_compute_are_refused() -> None:
+    ctx = new_ctx()
+    f32, f16, bf16 = (ctx.new_tensor_2d(t, 8, 2) for t in (F32, F16, BF16))
+    nodes = [manual_node(ctx, GGMLOp.ADD, [f32, bf16], type=F32),  # a BF16 src1 with another src0
+             manual_node(ctx, GGMLOp.MUL, [bf16, bf16], type=F32),
+             manual_node(ctx, GGMLOp.SUB, [bf16, f16], type=BF16),
+             manual_node(ctx, GGMLOp.UNARY, [f32], [int(UnaryOp.TANH)], type=BF16),  # into BF16 from F32
+             manual_node(ctx, GGMLOp.UNARY, [bf16], [int(UnaryOp.TANH)], type=F16),
+             manual_node(ctx, GGMLOp.CLAMP, [bf16], [-1.0, 1.0]),  # ggml's CLAMP: F32, F16
+             manual_node(ctx, GGMLOp.ADD1, [bf16, ctx.new_tensor_1d(F32, 1)])]
+    for node in nodes:
+        before = node.numpy().copy()
+        assert not ew.supports(node), node.op
+        with pytest.raises(UnsupportedTypeError, match=node.op.name):
+            compile_node(node)
+        assert np.array_equal(node.numpy(), before)
 
 
 def test_supports_and_type_errors() -> None:

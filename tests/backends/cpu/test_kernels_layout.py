@@ -24,7 +24,7 @@ from pyggml.backends.cpu.kernels import ComputeParams, layout
 from pyggml.core import quants
 from pyggml.core.errors import GGMLError, OutOfBoundsError
 from pyggml.core.quants import IMPLEMENTED_TYPES
-from pyggml.core.tensor import GGMLOp
+from pyggml.core.tensor import GGMLOp, ScaleFlag, ScaleMode
 from pyggml.core.types import TYPE_TRAITS, GGMLType
 
 TYPES = [F32, F16]
@@ -224,6 +224,21 @@ def test_concat_along_each_dim(dim: int, rng: np.random.Generator) -> None:
     np.testing.assert_array_equal(run(node), np.concatenate([a, b], axis=3 - dim))
 
 
+@pytest.mark.parametrize("qtype", [GGMLType.Q4_0, GGMLType.Q8_0, GGMLType.Q4_K])
+@pytest.mark.parametrize("dim", [0, 1, 3])
+def test_concat_quantized_joins_blocks(qtype: GGMLType, dim: int, rng: np.random.Generator) -> None:
+    """As ggml's concat_any: rows of blocks copied as bytes, along dim 0 src1's blocks after src0's."""
+    ctx = new_ctx()
+    a = tensor(ctx, qtype, rng.standard_normal((2, 1, 3, 256)).astype(np.float32))
+    shape_b = [2, 1, 3, 256]
+    shape_b[3 - dim] = 512 if dim == 0 else 1
+    b = tensor(ctx, qtype, rng.standard_normal(shape_b).astype(np.float32))
+    node = ctx.concat(a, b, dim)
+    assert layout.supports(node)
+    run(node)
+    np.testing.assert_array_equal(node.numpy(), np.concatenate([a.numpy(), b.numpy()], axis=3 - dim))
+
+
 @pytest.mark.parametrize("type", TYPES)
 def test_diag(type: GGMLType, rng: np.random.Generator) -> None:
     x = rng.standard_normal((2, 3, 1, 4)).astype(np.float32)
@@ -273,6 +288,39 @@ def test_upscale(rng: np.random.Generator) -> None:
         for i0 in range(12):
             want[:, :, i1, i0] = stored(type, x)[:, :, i1 // 3, i0 // 3]
     np.testing.assert_array_equal(run(node), want)
+
+
+def antialias_ref(x: np.ndarray, n1: int, n0: int) -> np.ndarray:
+    """ggml's BILINEAR | ANTIALIAS over dims 0 and 1, its loops as written (2-D weights, their sum divided
+    out), in float64."""
+    s1, s0 = x.shape[-2:]
+    sf1, sf0 = n1 / s1, n0 / s0
+    sup1, sup0 = max(1.0, 1.0 / sf1), max(1.0, 1.0 / sf0)
+    out = np.zeros(x.shape[:-2] + (n1, n0))
+    for i1 in range(n1):
+        y = (i1 + 0.5) / sf1
+        for i0 in range(n0):
+            c = (i0 + 0.5) / sf0
+            val, total = np.zeros(x.shape[:-2]), 0.0
+            for sy in range(max(int(y - sup1 + 0.5), 0), min(int(y + sup1 + 0.5), s1)):
+                wy = max(1.0 - abs((sy - y + 0.5) / sup1), 0.0)
+                for sx in range(max(int(c - sup0 + 0.5), 0), min(int(c + sup0 + 0.5), s0)):
+                    w = max(1.0 - abs((sx - c + 0.5) / sup0), 0.0) * wy
+                    if w > 0:
+                        val += x[..., sy, sx] * w
+                        total += w
+            out[..., i1, i0] = val / total if total > 0 else val
+    return out
+
+
+@pytest.mark.parametrize("shape", [(3, 4), (5, 17), (9, 12)])
+def test_upscale_bilinear_antialias(shape: tuple[int, int], rng: np.random.Generator) -> None:
+    x = rng.standard_normal((2, 3, 7, 11)).astype(np.float32)
+    ctx = new_ctx()
+    mode = int(ScaleMode.BILINEAR) | int(ScaleFlag.ANTIALIAS)
+    node = ctx.interpolate(transposed(ctx, F32, x), shape[1], shape[0], 3, 2, mode)
+    assert layout.supports(node)
+    np.testing.assert_allclose(run(node), antialias_ref(x, *shape), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("type", TYPES)

@@ -387,21 +387,23 @@ def test_round_rows_to_f16_and_bf16(rng: np.random.Generator) -> None:
 
 
 def out_prod_reference(w: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """w (ne03, ne02, K, ne00), x (ne13, ne12=ne02, K, ne10) -> (ne13, ne02, ne10, ne00)."""
-    r3 = x.shape[0] // w.shape[0]
-    out = np.zeros((x.shape[0], w.shape[1], x.shape[3], w.shape[3]))
+    """w (ne03, ne02, K, ne00), x (ne13, ne12, K, ne10), ne12 and ne13 multiples of w's -> (ne13, ne12, ne10,
+    ne00)."""
+    r3, r2 = x.shape[0] // w.shape[0], x.shape[1] // w.shape[1]
+    out = np.zeros((x.shape[0], x.shape[1], x.shape[3], w.shape[3]))
     for i3 in range(x.shape[0]):
-        for i2 in range(w.shape[1]):
-            out[i3, i2] = x[i3, i2].T.astype(np.float64) @ w[i3 // r3, i2].astype(np.float64)
+        for i2 in range(x.shape[1]):
+            out[i3, i2] = x[i3, i2].T.astype(np.float64) @ w[i3 // r3, i2 // r2].astype(np.float64)
     return out
 
 
 @pytest.mark.parametrize("wtype", ALL)
-@pytest.mark.parametrize("layout", ["contiguous", "broadcast", "permuted"])
+@pytest.mark.parametrize("layout", ["contiguous", "broadcast", "broadcast_dim2", "permuted"])
 def test_out_prod(wtype: GGMLType, layout: str, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
     ne00 = 256
     K, ne10 = 20, 7
-    dims = {"contiguous": ((1, 2), (1, 2)), "broadcast": ((1, 2), (3, 2)), "permuted": ((1, 3), (1, 3))}
+    dims = {"contiguous": ((1, 2), (1, 2)), "broadcast": ((1, 2), (3, 2)), "broadcast_dim2": ((1, 2), (2, 6)),
+            "permuted": ((1, 3), (1, 3))}
     w_dims, x_dims = dims[layout]
     monkeypatch.setattr(matmul, "TILE_BYTES", 4 * ne00 * 8)  # 8 rows per tile: K=20 takes 3, summed
     ctx = new_ctx(32)
@@ -450,12 +452,14 @@ def test_supports_follows_ggml_types() -> None:
     # dst must be F32
     a, b = ctx.new_tensor_2d(F16, 32, 4), ctx.new_tensor_2d(F32, 32, 2)
     assert not matmul.supports(_node(ctx, GGMLOp.MUL_MAT, a, b, [4, 2], F16))
-    # OUT_PROD: src1 F32/F16/BF16, src0 any type with rows, dim 2 equal
+    # OUT_PROD: src1 F32/F16/BF16, src0 any type with rows, broadcast over src1's dims 2 and 3
     a, b = ctx.new_tensor_3d(Q.Q4_K, 256, 6, 2), ctx.new_tensor_3d(F32, 5, 6, 2)
     assert matmul.supports(ctx.out_prod(a, b))
     assert not matmul.supports(ctx.out_prod(ctx.new_tensor_2d(F32, 8, 6), ctx.new_tensor_2d(Q.Q8_0, 32, 6)))
-    a, b = ctx.new_tensor_3d(F32, 8, 6, 1), ctx.new_tensor_3d(F32, 5, 6, 2)
-    assert not matmul.supports(ctx.out_prod(a, b))  # ggml asserts ne02 == ne12
+    node = ctx.out_prod(ctx.new_tensor_3d(F32, 8, 6, 1), ctx.new_tensor_3d(F32, 5, 6, 2))
+    assert node.ne == [8, 5, 2, 1] and matmul.supports(node)  # ggml's dst takes src1's ne2
+    node.ne[2] = 1
+    assert not matmul.supports(node)
 
 
 def test_unsupported_node_raises_naming_op_and_types() -> None:

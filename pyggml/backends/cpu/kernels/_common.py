@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from pyggml.backends.cpu.kernels import ComputeParams
+from pyggml.backends.cpu.kernels import Compute, ComputeParams
 from pyggml.backends.cpu.kernels.vec_dot.type_table import CONVERTIBLE_TYPES
 from pyggml.core.checks import check_host_alloc
 from pyggml.core.errors import OutOfBoundsError, OutOfMemoryError, ShapeError, UnsupportedTypeError
@@ -191,6 +191,28 @@ def f32_to_bf16(src: np.ndarray, out: np.ndarray) -> None:
     if nan.any():
         rounded = np.where(nan, (u >> np.uint32(16)) | np.uint32(64), rounded)
     np.copyto(out, rounded, casting="unsafe")
+
+
+def through_f32(dst: np.ndarray, srcs: Sequence[np.ndarray],
+                prepare: Callable[..., Compute]) -> Compute:
+    """The compute of `prepare(dst, *srcs)` with every BF16 array (uint16 bits) among them replaced by an f32
+    copy: BF16 sources widened before it runs, a BF16 dst rounded once after, as ggml's BF16 kernels convert
+    around f32 arithmetic. Without BF16 it is `prepare`'s own compute, untouched."""
+    if dst.dtype != np.uint16 and all(s.dtype != np.uint16 for s in srcs):
+        return prepare(dst, *srcs)
+    wide = [np.empty(s.shape, F32) if s.dtype == np.uint16 else s for s in srcs]
+    d = np.empty(dst.shape, F32) if dst.dtype == np.uint16 else dst
+    inner = prepare(d, *wide)
+    loads = [(s, w) for s, w in zip(srcs, wide, strict=True) if w is not s]
+
+    def run() -> None:
+        for s, w in loads:
+            bf16_to_f32(s, w)
+        inner()
+        if d is not dst:
+            f32_to_bf16(d, dst)
+
+    return run
 
 
 def is_plain_float(t: GGMLType) -> bool:

@@ -94,20 +94,21 @@ def im2col_3d_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None
     ip = Im2col3dParams.of(node)
     s, p, d = (ip.s2, ip.s1, ip.s0), (ip.p2, ip.p1, ip.p0), (ip.d2, ip.d1, ip.d0)
     ic = ip.IC
-    if ic < 1 or x_t.ne[3] % ic:
-        raise ShapeError(f"CPU IM2COL_3D '{node.name}': IC={ic} does not divide the input's ne[3] ({x_t.ne})")
+    if ic < 1:
+        raise ArgumentError(f"CPU IM2COL_3D '{node.name}': IC={ic} must be >= 1")
     n = x_t.ne[3] // ic
     kd, kh, kw = k_t.ne[2], k_t.ne[1], k_t.ne[0]
     if dst.size == 0:
         return noop
     if n == 0:
-        raise ShapeError(f"CPU IM2COL_3D '{node.name}': an empty input {x_t.ne} for dst {node.ne}")
+        raise ShapeError(f"CPU IM2COL_3D '{node.name}': an input {x_t.ne} of no image of IC={ic} channels for "
+                         f"dst {node.ne}")
     od, oh, ow = node.ne[3] // n, node.ne[2], node.ne[1]
     if node.ne[0] != ic * kd * kh * kw or node.ne[3] != od * n:
         raise ShapeError(f"CPU IM2COL_3D '{node.name}': kernel {k_t.ne}, input {x_t.ne} (IC={ic}) and dst "
                          f"{node.ne} do not fit")
     check_conv_shape(node, x.shape[1:], (kd, kh, kw), s, p, d, (od, oh, ow))
-    x5 = split_axis(x, 0, n, ic)
+    x5 = split_axis(x[:n * ic], 0, n, ic)
     padded, refresh = _padded(x5, p, 0.0, False, node)
     win = _windows(padded, (od, oh, ow), (kd, kh, kw), s, d, node)  # (N, IC, OD, OH, OW, KD, KH, KW)
     src = win.transpose(0, 2, 3, 4, 1, 5, 6, 7)

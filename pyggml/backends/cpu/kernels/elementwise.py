@@ -3,8 +3,10 @@
 Binary arithmetic (ADD, SUB, MUL, DIV, ADD1) with ggml's broadcasting (src1
 tiles over src0), ACC, the unary math ops (SQR, SQRT, LOG, SCALE, CLAMP,
 LEAKY_RELU) and UNARY's functions (today's ggml_unary_op). F32 and F16 operands
-in any mix; values are computed in f32 and stored in dst's type, as ggml
-converts. Parameters come from `pyggml.core.ops.params`.
+in any mix, and BF16 where ggml-cpu's binary_op and unary_op take it (`BF16_BINARY`,
+`BF16_UNARY`); values are computed in f32 and stored in dst's type, as ggml
+converts (BF16 widened and rounded around the f32 arithmetic by `through_f32`).
+Parameters come from `pyggml.core.ops.params`.
 
 Each kernel does its shape work once and returns a compute function that is a
 single numpy call where it can be (`functools.partial` of a ufunc with
@@ -34,11 +36,20 @@ from pyggml.backends.cpu.kernels._common import (
     require_types,
     same_memory,
     scratch,
+    through_f32,
 )
 from pyggml.backends.cpu.kernels.simd_math import host_lanes, silu_rows
-from pyggml.core.errors import ArgumentError, GGMLError, LayoutError, OutOfBoundsError, ShapeError
+from pyggml.core.errors import (
+    ArgumentError,
+    GGMLError,
+    LayoutError,
+    OutOfBoundsError,
+    ShapeError,
+    UnsupportedTypeError,
+)
 from pyggml.core.ops.params import AccParams, ClampParams, LeakyReluParams, ScaleParams, UnaryParams
 from pyggml.core.tensor import GGMLOp, Tensor, UnaryOp
+from pyggml.core.types import GGMLType
 
 # ggml-cpu's constants (vec.h)
 GELU_COEF_A = 0.044715
@@ -47,13 +58,42 @@ SQRT_2_OVER_PI = 0.79788456080286535587989211986876
 SQRT_2_INV = 0.70710678118654752440084436210484
 SOFTPLUS_THRESHOLD = 20.0  # softplus(x) is x above it (unary-ops.cpp)
 
+BF16 = GGMLType.BF16
+# the (src0, src1, dst) types with BF16 that ggml-cpu's binary_op computes (binary-ops.cpp)
+BF16_BINARY = frozenset({(BF16, BF16, BF16), (BF16, GGMLType.F32, BF16), (BF16, GGMLType.F32, GGMLType.F32)})
+# the (src0, dst) types with BF16 that ggml-cpu's unary_op computes (unary-ops.cpp)
+BF16_UNARY = frozenset({(BF16, BF16), (BF16, GGMLType.F32)})
+# the ops whose operands follow BF16_BINARY, the ones that follow BF16_UNARY; the others take F32 and F16 only
+_BINARY_OPS = (GGMLOp.ADD, GGMLOp.SUB, GGMLOp.MUL, GGMLOp.DIV)
+_UNARY_OPS = (GGMLOp.UNARY, GGMLOp.SQR, GGMLOp.SQRT, GGMLOp.LOG, GGMLOp.SCALE)
+
+
+def types_ok(node: Tensor) -> bool:
+    """Whether these kernels take the node's operand types: F32 and F16 in any mix, BF16 as ggml-cpu takes it."""
+    a, b = node.src[0], node.src[1]
+    if all_float(node, a, b):
+        return True
+    if a is None:
+        return False
+    if node.op in _BINARY_OPS:
+        return b is not None and (a.type, b.type, node.type) in BF16_BINARY
+    return node.op in _UNARY_OPS and (a.type, node.type) in BF16_UNARY
+
+
+def check_types(node: Tensor) -> None:
+    """UnsupportedTypeError naming the node and its types unless `types_ok`."""
+    if not types_ok(node):
+        types = ", ".join(t.type.name for t in (*node.src[:2], node) if t is not None)
+        raise UnsupportedTypeError(f"CPU {node.op.name} '{node.name}': types {types} (src0, src1, dst); these "
+                                   "kernels take F32 and F16 in any mix, BF16 as ggml-cpu's binary_op/unary_op")
+
 
 # --- binary ops with broadcasting ---
 
 
 def _binary(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], ufunc: np.ufunc) -> Compute:
     """dst = ufunc(src0, src1) with src1 tiled over src0 (each src0.ne[i] a multiple of src1.ne[i])."""
-    require_types(node, FLOAT_TYPES, node, node.src[0], node.src[1])
+    check_types(node)
     a, b = srcs[0], srcs[1]
     assert a is not None and b is not None
     if a.shape == dst.shape and dst.size == 0:
@@ -63,7 +103,7 @@ def _binary(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], ufunc:
                          f"{a.shape[::-1]} into dst {dst.shape[::-1]} (ne order)")
     (d, a), b = ggml_broadcast([dst, a], b)
     d, a, b = collapse(d, a, np.broadcast_to(b, d.shape))
-    return functools.partial(ufunc, a, b, out=d)
+    return through_f32(d, [a, b], lambda d, a, b: functools.partial(ufunc, a, b, out=d))
 
 
 def add_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
@@ -140,11 +180,12 @@ def _unary_ufunc(node: Tensor, dst: np.ndarray, x: np.ndarray, ufunc: np.ufunc, 
     if dst.size == 0:
         return noop
     d, x = collapse(dst, x)
-    return functools.partial(ufunc, x, *args, out=d)
+    return through_f32(d, [x], lambda d, x: functools.partial(ufunc, x, *args, out=d))
 
 
 def _src0(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None]) -> np.ndarray:
-    require_types(node, FLOAT_TYPES, node, node.src[0])
+    """src0, of dst's shape and of types `types_ok` takes."""
+    check_types(node)
     x = srcs[0]
     assert x is not None
     if x.shape != dst.shape:
@@ -175,13 +216,17 @@ def scale_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], p
     if dst.size == 0:
         return noop
     d, x = collapse(dst, x)
-    (t,) = scratch(params, x.shape)
 
-    def run() -> None:
-        np.multiply(x, s, out=t, dtype=F32)
-        np.add(t, b, out=d)
+    def prepare(d: np.ndarray, x: np.ndarray) -> Compute:
+        (t,) = scratch(params, x.shape)
 
-    return run
+        def run() -> None:
+            np.multiply(x, s, out=t, dtype=F32)
+            np.add(t, b, out=d)
+
+        return run
+
+    return through_f32(d, [x], prepare)
 
 
 def clamp_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
@@ -299,12 +344,28 @@ def _gelu_quick(d: np.ndarray, x: np.ndarray, params: ComputeParams) -> Compute:
     return _through_f16(d, x, params, _gelu_quick_into, clamp=False)
 
 
-def _silu(d: np.ndarray, x: np.ndarray, params: ComputeParams) -> Compute:
+def _direct(fn: Callable[[np.ndarray, np.ndarray], None]) -> Callable[[np.ndarray, np.ndarray, ComputeParams], Compute]:
+    """d = fn(x) computed into f32 scratch, then stored (so d may be x itself); GELU and GELU_QUICK this way are
+    ggml's BF16 rows, without its f16 tables."""
+
+    def prepare(d: np.ndarray, x: np.ndarray, params: ComputeParams) -> Compute:
+        (t,) = scratch(params, x.shape)
+
+        def run() -> None:
+            fn(t, x)
+            np.copyto(d, t)
+
+        return run
+
+    return prepare
+
+
+def _silu(d: np.ndarray, x: np.ndarray, params: ComputeParams, vector_exp: bool = True) -> Compute:
     """x / (1 + exp(-x)) in f32 row by row, as ggml_vec_silu_f32 (its vector exp on blocks, libm's expf on
-    the rest: see simd_math)."""
+    the rest: see simd_math); without `vector_exp` libm's expf throughout, as ggml's F16 and BF16 rows."""
     (t,) = scratch(params, x.shape)
     t2 = t.reshape(-1, x.shape[-1]) if x.ndim else t.reshape(1, 1)
-    lanes = host_lanes(params.numerics)
+    lanes = host_lanes(params.numerics) if vector_exp else 0
     no_gate = np.zeros((0, 0), F32)
 
     def run() -> None:
@@ -333,32 +394,12 @@ def _hardswish(d: np.ndarray, x: np.ndarray, params: ComputeParams) -> Compute:
     return run
 
 
-def _hardsigmoid(d: np.ndarray, x: np.ndarray, params: ComputeParams) -> Compute:
-    (t,) = scratch(params, x.shape)
-
-    def run() -> None:
-        _hardsigmoid_into(t, x)
-        np.copyto(d, t)
-
-    return run
-
-
 def _sigmoid_into(t: np.ndarray, x: np.ndarray) -> None:
     """t = 1 / (1 + exp(-x)) in f32."""
     np.negative(x, out=t, dtype=F32)
     np.exp(t, out=t)
     np.add(t, 1.0, out=t)
     np.reciprocal(t, out=t)
-
-
-def _sigmoid(d: np.ndarray, x: np.ndarray, params: ComputeParams) -> Compute:
-    (t,) = scratch(params, x.shape)
-
-    def run() -> None:
-        _sigmoid_into(t, x)
-        np.copyto(d, t)
-
-    return run
 
 
 def _gelu_erf(d: np.ndarray, x: np.ndarray, params: ComputeParams) -> Compute:
@@ -477,12 +518,12 @@ _UNARY: dict[UnaryOp, Callable[[np.ndarray, np.ndarray, ComputeParams], Compute]
     UnaryOp.TANH: _one_call(np.tanh),
     UnaryOp.ELU: _elu,
     UnaryOp.RELU: _one_call(np.maximum, 0.0),
-    UnaryOp.SIGMOID: _sigmoid,
+    UnaryOp.SIGMOID: _direct(_sigmoid_into),
     UnaryOp.GELU: _gelu,
     UnaryOp.GELU_QUICK: _gelu_quick,
     UnaryOp.SILU: _silu,
     UnaryOp.HARDSWISH: _hardswish,
-    UnaryOp.HARDSIGMOID: _hardsigmoid,
+    UnaryOp.HARDSIGMOID: _direct(_hardsigmoid_into),
     UnaryOp.EXP: _one_call(np.exp),
     UnaryOp.EXPM1: _expm1,
     UnaryOp.SOFTPLUS: _softplus,
@@ -492,6 +533,19 @@ _UNARY: dict[UnaryOp, Callable[[np.ndarray, np.ndarray, ComputeParams], Compute]
     UnaryOp.ROUND: _round,
     UnaryOp.TRUNC: _one_call(np.trunc),
 }
+
+
+# where ggml's F16 and BF16 rows compute differently from its F32 rows (ops.cpp, vec.h): SILU with libm's expf
+# only; GELU and GELU_QUICK of BF16 directly in f32 (F16 data goes through the tables as F32 data does)
+_UNARY_F16: dict[UnaryOp, Callable[[np.ndarray, np.ndarray, ComputeParams], Compute]] = {
+    UnaryOp.SILU: functools.partial(_silu, vector_exp=False),
+}
+_UNARY_BF16: dict[UnaryOp, Callable[[np.ndarray, np.ndarray, ComputeParams], Compute]] = {
+    **_UNARY_F16,
+    UnaryOp.GELU: _direct(_gelu_into),
+    UnaryOp.GELU_QUICK: _direct(_gelu_quick_into),
+}
+_UNARY_OF_TYPE = {GGMLType.F16: _UNARY_F16, BF16: _UNARY_BF16}
 
 
 def unary_op_of(node: Tensor) -> UnaryOp | None:
@@ -509,8 +563,10 @@ def unary_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], p
     if dst.size == 0:
         return noop
     d, x = collapse(dst, x)
-    prepare = _xielu(node) if op == UnaryOp.XIELU else _UNARY[op]
-    return prepare(d, x, params)
+    assert node.src[0] is not None
+    by_type = _UNARY_OF_TYPE.get(node.src[0].type, {})
+    prepare = _xielu(node) if op == UnaryOp.XIELU else by_type.get(op, _UNARY[op])
+    return through_f32(d, [x], lambda d, x: prepare(d, x, params))
 
 
 KERNELS: dict[GGMLOp, Kernel] = {
@@ -531,10 +587,10 @@ KERNELS: dict[GGMLOp, Kernel] = {
 
 
 def supports(node: Tensor) -> bool:
-    """Whether these kernels compute `node`: F32/F16 operands and a known unary function."""
+    """Whether these kernels compute `node`: operand types `types_ok` takes and a known unary function."""
     if node.op not in KERNELS:
         return False
-    if not all_float(node, node.src[0], node.src[1]):
+    if not types_ok(node):
         return False
     if node.op == GGMLOp.UNARY:
         return unary_op_of(node) is not None

@@ -4,8 +4,8 @@ DUP, CPY and CONT copy src0's elements in row-major order of src0's `ne` into
 dst's elements in row-major order of dst's `ne` (ggml's dup), converting
 between F32, F16, BF16 and the quantized types (through f32 rows with
 `pyggml.core.types.to_float`/`from_float`). GET_ROWS picks rows of any of
-those types (dequantizing only the picked rows) into F32. REPEAT, CONCAT,
-DIAG, PAD, UPSCALE and SET move F32/F16 (or any plain type) data as today's
+those types (dequantizing only the picked rows) into F32. REPEAT, DIAG, PAD,
+UPSCALE and SET move F32/F16 (or any plain type) data, CONCAT any type, as
 ggml does, their parameters from `pyggml.core.ops.params`.
 """
 
@@ -231,11 +231,14 @@ def get_rows_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None]
 # --- REPEAT, CONCAT, DIAG, PAD, UPSCALE, SET ---
 
 
-def _same_type(node: Tensor, *srcs: Tensor | None) -> None:
+def _same_type(node: Tensor, *srcs: Tensor | None, quantized: bool = False) -> None:
+    """UnsupportedTypeError unless every src has dst's type (a quantized one only if `quantized`: a kernel that
+    moves whole rows of blocks)."""
     for s in srcs:
-        if s is not None and (s.type != node.type or TYPE_TRAITS[s.type].is_quantized):
+        if s is not None and (s.type != node.type or (TYPE_TRAITS[s.type].is_quantized and not quantized)):
             raise UnsupportedTypeError(f"CPU {node.op.name} '{node.name}': '{s.name}' is {s.type.name}, "
-                                       f"dst is {node.type.name}; this kernel copies one non-quantized type")
+                                       f"dst is {node.type.name}; this kernel copies one "
+                                       f"{'' if quantized else 'non-quantized '}type")
 
 
 def repeat_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
@@ -254,8 +257,9 @@ def repeat_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], 
 
 
 def concat_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
-    """src0 then src1 along dimension ConcatParams.dim."""
-    _same_type(node, node.src[0], node.src[1])
+    """src0 then src1 along dimension ConcatParams.dim, any one type: quantized rows are their bytes (dst's last
+    axis), so along dim 0 their blocks are joined as ggml's concat_any copies them."""
+    _same_type(node, node.src[0], node.src[1], quantized=True)
     a, b = srcs[0], srcs[1]
     assert a is not None and b is not None
     dim = ConcatParams.of(node).dim
@@ -358,6 +362,28 @@ def _upscale_taps(mode: int, n_dst: int, n_src: int, sf: np.float32, pixel_offse
     return [(np.clip(x0 + k - 1, 0, last), w.astype(np.float32)) for k, w in enumerate(weights)]
 
 
+def _antialias_taps(n_dst: int, n_src: int, sf: np.float32, pixel_offset: np.float32
+                    ) -> list[tuple[np.ndarray, np.ndarray | None]]:
+    """(source index, weight) pairs of BILINEAR with ANTIALIAS along one axis, as ggml's upscale kernel weighs
+    them (PyTorch's antialiased bilinear): a triangle filter over the sources within `support` of each
+    position, its weights normalized to sum 1. ggml divides the 2-D weighted sum by the product of the two
+    axes' weight sums, which is this per-axis normalization (the weights of one position are products)."""
+    f32 = np.float32
+    support = max(f32(1.0), f32(1.0) / sf)
+    invscale = f32(1.0) / support
+    x = (np.arange(n_dst, dtype=f32) + pixel_offset) / sf
+    lo = np.maximum((x - support + pixel_offset).astype(np.int64), 0)  # C's casts truncate toward zero
+    hi = np.minimum((x + support + pixel_offset).astype(np.int64), n_src)
+    count = int((hi - lo).max(initial=0))
+    index = lo[None, :] + np.arange(count, dtype=np.int64)[:, None]  # (tap, position)
+    weight = np.maximum(f32(1.0) - np.abs((index.astype(f32) - x + pixel_offset) * invscale), f32(0.0))
+    weight[index >= hi] = 0
+    total = weight.sum(axis=0, dtype=f32)
+    weight = np.divide(weight, total, out=np.zeros_like(weight), where=total > 0).astype(f32)
+    index = np.minimum(index, n_src - 1)
+    return [(index[t], weight[t]) for t in range(count)]
+
+
 def _resample(x: np.ndarray, axis: int, taps: list[tuple[np.ndarray, np.ndarray | None]]) -> np.ndarray:
     """x resampled along `axis`: the sum over taps of weight * x[index] (f32)."""
     out: np.ndarray | None = None
@@ -374,15 +400,16 @@ def _resample(x: np.ndarray, axis: int, taps: list[tuple[np.ndarray, np.ndarray 
 
 def upscale_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
     """Resize src0 to dst's shape (UpscaleParams' mode: NEAREST, BILINEAR or BICUBIC over dims 0 and 1, the
-    nearest element over dims 2 and 3; ALIGN_CORNERS), as ggml's upscale kernel, in f32."""
+    nearest element over dims 2 and 3; ALIGN_CORNERS; ANTIALIAS, which only BILINEAR heeds), as ggml's upscale
+    kernel, in f32."""
     _same_type(node, node.src[0])
     src = srcs[0]
     assert src is not None
     p = UpscaleParams.of(node)
     mode = p.scale_mode
-    if not p.known or p.flags & ScaleFlag.ANTIALIAS:
+    if not p.known:
         raise UnsupportedTypeError(f"CPU UPSCALE '{node.name}': mode {p.mode:#x} is not supported (NEAREST, "
-                                   "BILINEAR, BICUBIC with ALIGN_CORNERS)")
+                                   "BILINEAR, BICUBIC with ALIGN_CORNERS and ANTIALIAS flags)")
     if dst.size == 0:
         return noop
     if src.size == 0:
@@ -402,8 +429,12 @@ def upscale_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None],
     # (the last source index at most: a float quotient may round up to ne itself)
     i3 = np.minimum((np.arange(n3, dtype=f32) / sf[3]).astype(np.int64), s3 - 1)
     i2 = np.minimum((np.arange(n2, dtype=f32) / sf[2]).astype(np.int64), s2 - 1)
-    taps1 = _upscale_taps(mode, n1, s1, sf[1], pixel_offset)
-    taps0 = _upscale_taps(mode, n0, s0, sf[0], pixel_offset)
+    if mode == ScaleMode.BILINEAR and p.flags & ScaleFlag.ANTIALIAS:
+        taps1 = _antialias_taps(n1, s1, sf[1], pixel_offset)
+        taps0 = _antialias_taps(n0, s0, sf[0], pixel_offset)
+    else:
+        taps1 = _upscale_taps(mode, n1, s1, sf[1], pixel_offset)
+        taps0 = _upscale_taps(mode, n0, s0, sf[0], pixel_offset)
     if mode == ScaleMode.NEAREST:
         index = np.ix_(i3, i2, taps1[0][0], taps0[0][0])
 
@@ -477,9 +508,10 @@ def supports(node: Tensor) -> bool:
             p = UpscaleParams.of(node)
         except GGMLError:
             return False
-        if not p.known or p.flags & ScaleFlag.ANTIALIAS:
+        if not p.known:
             return False
     srcs = [s for s in node.src[:2] if s is not None]
     if op == GGMLOp.SET:
         srcs = srcs[:1]
-    return all(s.type == node.type and not TYPE_TRAITS[s.type].is_quantized for s in srcs)
+    quantized_ok = op == GGMLOp.CONCAT
+    return all(s.type == node.type and (quantized_ok or not TYPE_TRAITS[s.type].is_quantized) for s in srcs)

@@ -83,8 +83,8 @@ rows indexed by k = i01 = i11; src0 matrix (i2, i3 / (ne13/ne03)). ggml
 zeroes dst and accumulates, so dst is overwritten. src0 F32 goes to BLAS in
 one call; F16, BF16 and quantized src0 are converted to f32 in tiles of rows
 (late-2023 ggml has no F16 out_prod; the conversion is exact). src1 F32
-(F16 and BF16 are widened). As in ggml, dim 2 does not broadcast: dst's
-ne2 is src0's, and src1's ne2 must equal it.
+(F16 and BF16 are widened). As in ggml, src0 broadcasts over src1's dims 2
+and 3: dst's ne2 and ne3 are src1's, multiples of src0's.
 """
 
 from __future__ import annotations
@@ -211,11 +211,11 @@ def _out_prod_problem(node: Tensor) -> Problem:
         return UnsupportedTypeError, f"dst has type {node.type.name}, must be F32"
     if a.nb[0] != TYPE_TRAITS[a.type].type_size:
         return ShapeError, f"src0 rows must be contiguous (nb {a.nb})"
-    if a.ne[1] != b.ne[1] or a.ne[2] != b.ne[2] or not is_multiple(b.ne[3], a.ne[3]):
-        return ShapeError, (f"src0 ne {a.ne} and src1 ne {b.ne} do not fit (ne1 and ne2 equal, "
-                            "src1 ne3 a multiple of src0's)")
-    if node.ne != [a.ne[0], b.ne[0], a.ne[2], b.ne[3]]:
-        return ShapeError, f"dst ne {node.ne} is not [{a.ne[0]}, {b.ne[0]}, {a.ne[2]}, {b.ne[3]}]"
+    if a.ne[1] != b.ne[1] or not is_multiple(b.ne[2], a.ne[2]) or not is_multiple(b.ne[3], a.ne[3]):
+        return ShapeError, (f"src0 ne {a.ne} and src1 ne {b.ne} do not fit (ne1 equal, src1 ne2 and ne3 "
+                            "multiples of src0's)")
+    if node.ne != [a.ne[0], b.ne[0], b.ne[2], b.ne[3]]:
+        return ShapeError, f"dst ne {node.ne} is not [{a.ne[0]}, {b.ne[0]}, {b.ne[2]}, {b.ne[3]}]"
     return None
 
 
@@ -657,7 +657,7 @@ def out_prod_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None]
         return noop
     if a.ne[1] == 0:
         return lambda: dst.fill(0)
-    r3 = src1.shape[0] // src0.shape[0]
+    r3, r2 = src1.shape[0] // src0.shape[0], src1.shape[1] // src0.shape[1]
     K, ne00 = a.ne[1], a.ne[0]
     f32 = np.dtype(np.float32)
     tile_rows = max(1, min(K, TILE_BYTES // max(4 * ne00, 1)))
@@ -680,9 +680,9 @@ def out_prod_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None]
         get_x = _src1_f32_fn(src1, b.type, x4.reshape(-1, src1.shape[3]))
 
     if a.type == F32:
-        w6 = _repeat_dims(src0, r3, 1)
-        x6 = np.swapaxes(_split_dims(x4, r3, 1), -1, -2)
-        d6 = _split_dims(dst, r3, 1)
+        w6 = _repeat_dims(src0, r3, r2)
+        x6 = np.swapaxes(_split_dims(x4, r3, r2), -1, -2)
+        d6 = _split_dims(dst, r3, r2)
 
         def run_f32() -> None:
             get_x()
@@ -700,7 +700,7 @@ def out_prod_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None]
         get_x()
         for i3 in range(dst.shape[0]):
             for i2 in range(dst.shape[1]):
-                ws = (i3 // r3) * ne02 + i2
+                ws = (i3 // r3) * ne02 + i2 // r2
                 x = x4[i3, i2]  # (K, ne10)
                 d = dst[i3, i2]  # (ne10, ne00)
                 for k0 in range(0, K, tile_rows):

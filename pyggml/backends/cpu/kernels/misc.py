@@ -17,12 +17,11 @@ from pyggml.backends.cpu.kernels._common import (
     F32,
     FLOAT_TYPES,
     all_float,
-    bf16_to_f32,
     collapse,
-    f32_to_bf16,
     is_multiple,
     noop,
     require_types,
+    through_f32,
 )
 from pyggml.backends.cpu.kernels.conv import _padded, _windows, check_conv_shape
 from pyggml.core.errors import ArgumentError, ShapeError, UnsupportedTypeError
@@ -82,24 +81,7 @@ def _ufunc_kernel(ufunc: np.ufunc) -> Kernel:
         if dst.size == 0:
             return noop
         d, x = collapse(dst, x)
-        bf16_in = node.src[0] is not None and node.src[0].type == GGMLType.BF16
-        bf16_out = node.type == GGMLType.BF16
-        if not (bf16_in or bf16_out):
-            return functools.partial(ufunc, x, out=d, dtype=F32, casting="unsafe")
-        t = np.empty(x.shape, dtype=F32)
-
-        def run() -> None:
-            if bf16_in:
-                bf16_to_f32(x, t)
-                ufunc(t, out=t)
-            else:
-                ufunc(x, out=t, dtype=F32)
-            if bf16_out:
-                f32_to_bf16(t, d)
-            else:
-                np.copyto(d, t)
-
-        return run
+        return through_f32(d, [x], lambda d, x: functools.partial(ufunc, x, out=d, dtype=F32, casting="unsafe"))
 
     return kernel
 
