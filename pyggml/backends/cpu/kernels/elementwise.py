@@ -562,7 +562,8 @@ def unary_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], p
     op = UnaryParams.of(node).op
     if dst.size == 0:
         return noop
-    d, x = collapse(dst, x)
+    # SILU keeps ggml's rows: its vector exp stops where a row's last block of lanes ends
+    d, x = (dst, x) if op == UnaryOp.SILU else collapse(dst, x)
     assert node.src[0] is not None
     by_type = _UNARY_OF_TYPE.get(node.src[0].type, {})
     prepare = _xielu(node) if op == UnaryOp.XIELU else by_type.get(op, _UNARY[op])
