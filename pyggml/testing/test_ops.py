@@ -670,7 +670,8 @@ def custom_cases() -> list[OpCase]:
 
 
 def all_cases() -> list[OpCase]:
-    return (copy_cases() + view_op_cases() + bin_bcast_cases() + layout_cases() + simple_unary_cases()
+    """Every case once: test-backend-ops lists a few twice, and a case is named by its op and desc."""
+    cases = (copy_cases() + view_op_cases() + bin_bcast_cases() + layout_cases() + simple_unary_cases()
             + unary_cases() + reduce_cases() + get_rows_cases() + norm_cases() + attention_cases()
             + matmul_cases() + conv_cases() + custom_cases() + _misc_cases()
             + _flash_attn_cases()
@@ -680,6 +681,10 @@ def all_cases() -> list[OpCase]:
             + _extra_cases()
             + _backend_ops_cases()
             + _ggml_suite_cases())
+    unique: dict[tuple[str, str], OpCase] = {}
+    for c in cases:
+        unique.setdefault((c.label, c.desc), c)
+    return list(unique.values())
 
 
 def _backend_ops_cases() -> list[OpCase]:
