@@ -107,7 +107,6 @@ SEED_WORDS_ALLOWED = {
     "pyggml/capi/sched.py": "the C API's two-argument ggml_backend_sched_new is the seed's entry point",
     "pyggml/capi/alloc.py": "the C API's legacy ggml_allocr_* and the seed's static helpers are entry points",
     "pyggml/testing/graphs.py": "the late-2023 LLaMA graph the seed-exact allocation tests pin",
-    "pyggml/backends/cpu/": "TODO(issue 42): the CPU kernels' docstrings, once their split (points 3 and 4) lands",
 }
 
 

@@ -105,7 +105,7 @@ def ggml_tallocr_free_tensor(alloc: TensorAllocator, tensor: Tensor) -> None:
 
 
 def ggml_tallocr_alloc_graph_impl(galloc: GraphAllocator, gf: Graph) -> None:
-    """The seed's static pass over a graph; the allocator(s) must be set on `galloc` (talloc or hash_allocs)."""
+    """The static pass over a graph; the allocator(s) must be set on `galloc` (talloc or hash_allocs)."""
     check_instance(galloc, GraphAllocator, "ggml_tallocr_alloc_graph_impl: galloc")
     check_instance(gf, Graph, "ggml_tallocr_alloc_graph_impl: graph")
     if galloc.hash_set is None or (galloc.talloc is None and galloc.hash_allocs is None):

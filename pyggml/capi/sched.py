@@ -49,13 +49,13 @@ __all__ = [
 
 def ggml_backend_sched_new(backends: Sequence[Backend], *args: Any, **kwargs: Any) -> Scheduler | BackendSched:
     """`ggml_backend_sched_new(backends, bufts, n_backends, graph_size, parallel, op_offload)` (a
-    `BackendSched`: bufts None for the backends' defaults), or the seed's `ggml_backend_sched_new(backends,
-    n_backends)` (a `Scheduler`, the seed's assignment and API) when called with at most the count."""
+    `BackendSched`: bufts None for the backends' defaults), or the two-argument form
+    `ggml_backend_sched_new(backends, n_backends)` (a `pyggml.seed.Scheduler`) when called with at most the count."""
     if isinstance(backends, (str, bytes)) or not isinstance(backends, Sequence):
         raise ArgumentTypeError(f"ggml_backend_sched_new: backends must be a sequence of Backends, got "
                                 f"{type(backends).__name__}")
     backends = list(backends)
-    # the seed's form: at most a count (anything but a sequence of buffer types: check_int judges it)
+    # the two-argument form: at most a count (anything but a sequence of buffer types: check_int judges it)
     seed = not kwargs and len(args) <= 1 and (not args or not isinstance(args[0], Sequence))
     if seed:
         return seed_capi.ggml_backend_sched_new(backends, _count(args[0] if args else None, len(backends)))

@@ -82,7 +82,7 @@ every (i2, i3), dst[i1, i0] = sum_k src0[k, i0] * src1[k, i1] with src0's
 rows indexed by k = i01 = i11; src0 matrix (i2, i3 / (ne13/ne03)). ggml
 zeroes dst and accumulates, so dst is overwritten. src0 F32 goes to BLAS in
 one call; F16, BF16 and quantized src0 are converted to f32 in tiles of rows
-(late-2023 ggml has no F16 out_prod; the conversion is exact). src1 F32
+(the conversion is exact). src1 F32
 (F16 and BF16 are widened). As in ggml, src0 broadcasts over src1's dims 2
 and 3: dst's ne2 and ne3 are src1's, multiples of src0's.
 """

@@ -50,7 +50,7 @@ from pyggml.core.tensor import (
 from pyggml.core.types import TYPE_TRAITS, GGMLType
 from pyggml.testing import alloc_ctx_tensors
 
-log = logging.getLogger("pyggml.test_ops")
+log = logging.getLogger("pyggml.op_check")
 
 F32, F16, BF16, I32 = GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.I32
 QUANT_TYPES = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0, GGMLType.MXFP4,
