@@ -46,6 +46,7 @@ HOT_FILES = (
     "pyggml/backends/cpu/kernels/conv_back.py",
     "pyggml/backends/cpu/kernels/matmul_id.py",
     "pyggml/backends/cpu/kernels/norm.py",
+    "pyggml/backends/cpu/kernels/matmul.py",
     "pyggml/backends/cpu/kernels/simd_math.py",
     "pyggml/backends/cpu/kernels/ssm.py",
     "pyggml/backends/cpu/kernels/threads.py",
