@@ -17,12 +17,12 @@ from typing import Any
 
 from pyggml.alloc.graph_allocator import GraphAllocator
 from pyggml.alloc.tensor_allocator import TensorAllocator
-from pyggml.backend.backend import Backend
-from pyggml.backend.buffer import Buffer
 from pyggml.core.checks import check_instance, check_int
 from pyggml.core.errors import InvalidStateError
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import Tensor
+from pyggml.ggml_backend.backend import Backend
+from pyggml.ggml_backend.buffer import Buffer
 from pyggml.seed.allocr import Allocr
 
 __all__ = [

@@ -19,14 +19,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from pyggml.alloc.tensor_allocator import TensorAllocator
-from pyggml.backend.backend import Backend
-from pyggml.backend.buffer import Buffer
-from pyggml.backend.buffer_type import BufferType
 from pyggml.core.checks import check_int
 from pyggml.core.context import GGML_DEFAULT_GRAPH_SIZE
 from pyggml.core.errors import ArgumentError, ArgumentTypeError
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import Tensor
+from pyggml.ggml_backend.backend import Backend
+from pyggml.ggml_backend.buffer import Buffer
+from pyggml.ggml_backend.buffer_type import BufferType
 from pyggml.sched.backend_sched import GGML_SCHED_MAX_BACKENDS, GGML_SCHED_MAX_COPIES, BackendSched, EvalCallback
 from pyggml.seed import capi as seed_capi
 from pyggml.seed.scheduler import GGML_MAX_BACKENDS, GGML_MAX_SPLIT_INPUTS, GGML_MAX_SPLITS, Scheduler

@@ -54,8 +54,6 @@ from typing import Any
 
 import numpy as np
 
-from pyggml.backend.buffer import tensor_buffer
-from pyggml.backend.tensor_io import numpy_shape, tensor_get, tensor_set
 from pyggml.backends.cpu.backend import GGML_MAX_N_THREADS, CPUBackend
 from pyggml.core import memory
 from pyggml.core.checks import check_int
@@ -80,6 +78,8 @@ from pyggml.core.tensor import (
     shape_str,
 )
 from pyggml.core.types import TYPE_TRAITS, GGMLType
+from pyggml.ggml_backend.buffer import tensor_buffer
+from pyggml.ggml_backend.tensor_io import numpy_shape, tensor_get, tensor_set
 from pyggml.testing import llamacpp
 
 __all__ = [

@@ -46,10 +46,10 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from pyggml.backend.buffer import tensor_span as buffer_tensor_span
 from pyggml.core.errors import GGMLError
 from pyggml.core.tensor import GGML_MAX_OP_PARAMS, GGMLOp, Tensor, default_strides, is_view_op
 from pyggml.core.types import TYPE_TRAITS, GGMLType
+from pyggml.ggml_backend.buffer import tensor_span as buffer_tensor_span
 
 FINDINGS = ("crash", "hang", "bare", "oob-write", "oob-read", "unstable")
 
@@ -529,8 +529,8 @@ class Runner:
     """Computes graph specs on one CPU backend (a worker's)."""
 
     def __init__(self) -> None:
-        from pyggml.backend.registry import set_batch_invariant
         from pyggml.backends.cpu import cpu_init
+        from pyggml.ggml_backend.registry import set_batch_invariant
 
         self.backend = cpu_init(1)
         if os.environ.get(BATCH_INVARIANT_ENV) == "1":  # the kernels pyggml serve computes with

@@ -17,7 +17,6 @@ import pytest
 from numpy_conv_back import CONV_BACK_FORMULAS
 from ssm_formulas import SSM_FORMULAS
 
-from pyggml.backend import register_backend, tensor_get_numpy, tensor_set_numpy, unregister_backend
 from pyggml.backends.cpu import CPUBackend
 from pyggml.backends.cpu.kernels import KERNELS
 from pyggml.cli.main import main
@@ -26,6 +25,7 @@ from pyggml.core.graph import Graph
 from pyggml.core.ops.custom import custom_op_params
 from pyggml.core.tensor import GGMLOp, OpPool, ScaleFlag, ScaleMode, SortOrder, Tensor, UnaryOp, is_view_op
 from pyggml.core.types import TYPE_TRAITS, GGMLType
+from pyggml.ggml_backend import register_backend, tensor_get_numpy, tensor_set_numpy, unregister_backend
 from pyggml.testing import op_check
 from pyggml.testing.op_check import MAX_NMSE, OpCase, compare, new, op, run_case
 

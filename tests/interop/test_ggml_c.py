@@ -16,13 +16,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pyggml.backend import tensor_get_numpy, tensor_set_numpy
 from pyggml.backends.cpu import cpu_init
 from pyggml.core.context import Context
 from pyggml.core.errors import ArgumentError, NotAllocatedError, UnsupportedOpError
 from pyggml.core.graph import graph_overhead
 from pyggml.core.tensor import GGMLOp, ScaleMode, Tensor, UnaryOp
 from pyggml.core.types import GGMLType
+from pyggml.ggml_backend import tensor_get_numpy, tensor_set_numpy
 from pyggml.testing import alloc_ctx_tensors, ggml_c, op_check
 from pyggml.testing.ggml_c import CTensor, GGMLCError, parse_enums
 from pyggml.testing.op_check import MAX_NMSE, MAX_NMSE_MUL_MAT, compare, new, op, permuted, to_f64, transposed

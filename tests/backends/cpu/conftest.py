@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from pyggml.backend import Backend
+from pyggml.ggml_backend import Backend
 from pyggml.testing import llamacpp, op_check
 
 

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 from kernel_helpers import compile_node, manual_node, new_ctx, run, stored, tensor
 
-from pyggml.backend import Backend
 from pyggml.backends.cpu import cpu_init, graph_compute_with_ctx
 from pyggml.capi import core as capi
 from pyggml.core.context import Context
@@ -17,6 +16,7 @@ from pyggml.core.errors import ArgumentError, GGMLError, ShapeError, Unsupported
 from pyggml.core.ops.params import Col2im1dParams, Conv3dParams, Im2col3dParams, Im2colParams, Pool2dParams
 from pyggml.core.tensor import GGMLOp, OpPool, Tensor
 from pyggml.core.types import GGMLType
+from pyggml.ggml_backend import Backend
 from pyggml.testing import op_check
 from pyggml.testing.cases_conv_back import conv_back_cases
 

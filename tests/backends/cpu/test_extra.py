@@ -11,13 +11,13 @@ import pytest
 from kernel_helpers import bf16_bits, compile_node, new_ctx, run, stored, tensor
 
 from pyggml.alloc import GraphAllocator, TensorAllocator, op_can_inplace
-from pyggml.backend import Backend, tensor_get_numpy, tensor_set_numpy
 from pyggml.backends.cpu import cpu_init, kernel_supports
 from pyggml.capi import core as capi
 from pyggml.core.context import Context
 from pyggml.core.errors import ArgumentError, GGMLError, ShapeError, UnsupportedTypeError
 from pyggml.core.tensor import GGML_ROPE_TYPE_NEOX, GGML_ROPE_TYPE_NORMAL, GGMLOp
 from pyggml.core.types import GGMLType, to_float
+from pyggml.ggml_backend import Backend, tensor_get_numpy, tensor_set_numpy
 from pyggml.testing import op_check
 from pyggml.testing.cases_extra import extra_cases
 

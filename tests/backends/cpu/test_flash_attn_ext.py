@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from kernel_helpers import new_ctx, run, tensor
 
-from pyggml.backend import Backend
 from pyggml.backends.cpu import cpu_init
 from pyggml.backends.cpu.kernels import ComputeParams
 from pyggml.capi import core as capi
@@ -20,6 +19,7 @@ from pyggml.core.errors import ArgumentError, ShapeError
 from pyggml.core.ops.params import FlashAttnExtParams
 from pyggml.core.tensor import GGMLOp, Prec, Tensor
 from pyggml.core.types import GGMLType, from_float, to_float
+from pyggml.ggml_backend import Backend
 from pyggml.testing import op_check
 from pyggml.testing.cases_flash_attn import flash_attn_ext_cases
 

@@ -23,7 +23,6 @@ import pytest
 from gguf import GGMLQuantizationType
 from kernel_helpers import F32, new_ctx, run, tensor
 
-from pyggml.backend import Backend
 from pyggml.backends.cpu import CPUBackend, cpu_init
 from pyggml.backends.cpu.kernels import ComputeParams
 from pyggml.backends.cpu.kernels.vec_dot import quantize_src1
@@ -35,6 +34,7 @@ from pyggml.backends.cpu.numerics import (
 )
 from pyggml.core.errors import ArgumentError
 from pyggml.core.types import GGMLType
+from pyggml.ggml_backend import Backend
 from pyggml.testing.op_check import OpCase
 
 CODES = {"ref": quantize_src1.ROUND_REF, "x86": quantize_src1.ROUND_X86}
@@ -406,8 +406,8 @@ def _bits_differ(case: OpCase, backend: Backend, reference: Backend) -> tuple[in
     """(elements whose bits differ, elements) of one op_check case on `backend` and `reference`; None if
     either cannot compute it."""
     from pyggml.alloc import alloc_ctx_tensors
-    from pyggml.backend.tensor_io import tensor_get_numpy, tensor_set_numpy
     from pyggml.core.context import Context
+    from pyggml.ggml_backend.tensor_io import tensor_get_numpy, tensor_set_numpy
     from pyggml.testing import op_check as T
 
     ctx1, ctx2 = Context(mem_size=1 << 22, no_alloc=True), Context(mem_size=1 << 22, no_alloc=True)

@@ -11,7 +11,6 @@ import pytest
 from kernel_helpers import compile_node, new_ctx, run, stored, tensor, values_of
 
 from pyggml.alloc import GraphAllocator, TensorAllocator
-from pyggml.backend import Backend, tensor_get_numpy, tensor_set_numpy
 from pyggml.backends.cpu import cpu_init
 from pyggml.capi import core as capi
 from pyggml.core.context import Context
@@ -19,6 +18,7 @@ from pyggml.core.errors import OutOfBoundsError, ShapeError, UnsupportedTypeErro
 from pyggml.core.ops.params import GLUParams
 from pyggml.core.tensor import GGMLOp, GLUOp
 from pyggml.core.types import GGMLType, from_float, to_float
+from pyggml.ggml_backend import Backend, tensor_get_numpy, tensor_set_numpy
 from pyggml.testing import op_check
 from pyggml.testing.cases_glu_rows_moe import glu_rows_moe_cases
 

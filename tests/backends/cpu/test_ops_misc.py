@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 from kernel_helpers import new_ctx, permuted, run, stored, tensor
 
-from pyggml.backend import Backend
 from pyggml.backends.cpu import cpu_init
 from pyggml.capi import core as capi
 from pyggml.core.errors import ArgumentError, ShapeError, UnsupportedTypeError
 from pyggml.core.tensor import GGMLOp, TriType
 from pyggml.core.types import GGMLType
+from pyggml.ggml_backend import Backend
 from pyggml.testing import op_check
 from pyggml.testing.cases_misc import misc_cases
 

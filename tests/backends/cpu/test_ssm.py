@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from kernel_helpers import new_ctx, run, tensor
 
-from pyggml.backend import Backend
 from pyggml.backends.cpu import cpu_init
 from pyggml.capi import core as capi
 from pyggml.core.context import Context
@@ -18,6 +17,7 @@ from pyggml.core.errors import ArgumentError, GGMLError, OutOfBoundsError, Shape
 from pyggml.core.ops.params import GatedDeltaNetParams, GatedLinearAttnParams, SsmScanParams, op_params_of
 from pyggml.core.tensor import GGMLOp, Tensor
 from pyggml.core.types import GGMLType
+from pyggml.ggml_backend import Backend
 from pyggml.testing import op_check
 from pyggml.testing.cases_ssm import ssm_cases
 
