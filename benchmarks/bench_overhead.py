@@ -17,10 +17,10 @@ import time
 import numpy as np
 from timing import median_time
 
-from pyggml.backend import tensor_get_numpy, tensor_set
 from pyggml.backends.cpu import cpu_init
 from pyggml.core.context import Context
 from pyggml.core.types import GGMLType
+from pyggml.ggml_backend import tensor_get_numpy, tensor_set
 from pyggml.testing import alloc_ctx_tensors
 
 

@@ -31,13 +31,13 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from pyggml.backend import Backend, tensor_get_numpy, tensor_set, tensor_set_numpy
 from pyggml.backends.cpu import cpu_init
 from pyggml.backends.torch import torch_init
 from pyggml.backends.torch.kernels import matmul as torch_matmul
 from pyggml.core.context import Context, tensor_overhead
 from pyggml.core.graph import graph_overhead
 from pyggml.core.types import GGMLType
+from pyggml.ggml_backend import Backend, tensor_get_numpy, tensor_set, tensor_set_numpy
 from pyggml.testing import alloc_ctx_tensors
 
 M = K = 4096

@@ -1,7 +1,7 @@
 """pyggml: ggml's backend layer in Python.
 
 Tensors and graphs (`pyggml.core`), backend buffers and backends
-(`pyggml.backend`, `pyggml.backends.*`), allocators (`pyggml.alloc`), the
+(`pyggml.ggml_backend`, `pyggml.backends.*`), allocators (`pyggml.alloc`), the
 multi-backend scheduler (`pyggml.sched`), and ggml's C API by name
 (`pyggml.capi`).
 """

@@ -28,14 +28,14 @@ PACKAGE = Path(__file__).resolve().parents[1] / "pyggml"
 # each layer and the layers it may import (besides itself and the standard library)
 LAYERS = {
     "core": set(),
-    "backend": {"core"},
-    "alloc": {"core", "backend"},
-    "sched": {"core", "backend", "alloc"},
-    "seed": {"core", "backend", "alloc", "sched"},
+    "ggml_backend": {"core"},
+    "alloc": {"core", "ggml_backend"},
+    "sched": {"core", "ggml_backend", "alloc"},
+    "seed": {"core", "ggml_backend", "alloc", "sched"},
 }
 # the packages that may import the seed besides itself: the C API, whose seed-form entry points return it
 SEED_IMPORTERS = ("seed", "capi")
-NO_CONCRETE_BACKEND = ("core", "backend", "alloc", "sched", "gguf", "models", "cli")
+NO_CONCRETE_BACKEND = ("core", "ggml_backend", "alloc", "sched", "gguf", "models", "cli")
 
 # Known imports that break the rules above, each with why it is still there. Nothing else may be added:
 # a new entry needs its TODO and an issue.
@@ -107,7 +107,6 @@ SEED_WORDS_ALLOWED = {
     "pyggml/capi/sched.py": "the C API's two-argument ggml_backend_sched_new is the seed's entry point",
     "pyggml/capi/alloc.py": "the C API's legacy ggml_allocr_* and the seed's static helpers are entry points",
     "pyggml/testing/graphs.py": "the late-2023 LLaMA graph the seed-exact allocation tests pin",
-    "pyggml/backends/cpu/": "TODO(issue 42): the CPU kernels' docstrings, once their split (points 3 and 4) lands",
 }
 
 
@@ -204,14 +203,14 @@ def test_known_violations_are_still_there() -> None:
     ("from pyggml.backends.cpu import cpu_init\n", "imports the concrete backend pyggml.backends.cpu"),
     ("import pyggml.backends.torch.buffer\n", "imports the concrete backend pyggml.backends.torch"),
     ("def f():\n    from pyggml.backends import cpu\n", "imports the concrete backend pyggml.backends.cpu"),
-    ("from pyggml.sched import BackendSched\n", "(layer backend) imports layer sched, below it"),
+    ("from pyggml.sched import BackendSched\n", "(layer ggml_backend) imports layer sched, below it"),
 ])
 def test_the_checker_finds_a_new_import(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str,
                                         want: str) -> None:
     """The checks fail on an import they must catch (a module written into a copy of the layer layout)."""
     fake = tmp_path / "pyggml"
-    (fake / "backend").mkdir(parents=True)
-    (fake / "backend" / "bad.py").write_text(source, encoding="utf-8")
+    (fake / "ggml_backend").mkdir(parents=True)
+    (fake / "ggml_backend" / "bad.py").write_text(source, encoding="utf-8")
     monkeypatch.setitem(globals(), "PACKAGE", fake)
     found = violations()
     assert len(found) == 1 and want in found[0], found

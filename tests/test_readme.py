@@ -75,6 +75,7 @@ def test_ci_runs_exactly_the_readme_test_command() -> None:
 def test_pyggml_run_writes_what_the_library_generates(capsys: pytest.CaptureFixture[str]) -> None:
     """The README's first command as written: the built-in model, the default prompt and sampling,
     a random seed (printed); the same generation through the library must give the same text."""
+    from pyggml.cli._common import DEFAULT_CACHE_TYPE
     from pyggml.cli.run import DEFAULT_N_PREDICT, MAX_DEFAULT_CTX
     from pyggml.gguf.reader import read_gguf
     from pyggml.models import LlamaHParams, Sampler, builtin_model_path, load
@@ -97,7 +98,7 @@ def test_pyggml_run_writes_what_the_library_generates(capsys: pytest.CaptureFixt
         n_ctx = min(LlamaHParams.from_gguf(gf).n_ctx_train, MAX_DEFAULT_CTX)  # the command's default context
     finally:
         gf.close()
-    model = load(builtin_model_path(), n_ctx=n_ctx, progress=False)
+    model = load(builtin_model_path(), n_ctx=n_ctx, progress=False, kv_type=DEFAULT_CACHE_TYPE)  # the command's
     try:
         ids = model.tokenize(prompt.group(1))
         sampler = Sampler(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=penalty,

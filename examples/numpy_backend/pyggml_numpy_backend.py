@@ -2,7 +2,7 @@
 
 A registry "numpy" with one device "numpy" whose buffers are host memory in numpy arrays and whose
 backend computes each node with a numpy expression. Found by pyggml through the entry point
-`pyggml.backends: numpy` once installed, or loaded by path: `pyggml.backend.load("pyggml_numpy_backend.py")`.
+`pyggml.backends: numpy` once installed, or loaded by path: `pyggml.ggml_backend.load("pyggml_numpy_backend.py")`.
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from collections.abc import Callable
 
 import numpy as np
 
-from pyggml.backend import Backend, Buffer, BufferType, Device, DeviceType, Reg, host_memory
 from pyggml.core import memory
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import GGMLOp, Tensor, UnaryOp, is_view_op
 from pyggml.core.types import GGMLType
+from pyggml.ggml_backend import Backend, Buffer, BufferType, Device, DeviceType, Reg, host_memory
 
 ALIGNMENT = 64
 F32, F16, I32 = GGMLType.F32, GGMLType.F16, GGMLType.I32
@@ -261,7 +261,7 @@ _reg: NumpyReg | None = None
 
 
 def ggml_backend_init() -> NumpyReg:
-    """The registry (one per process): the entry point, and what `pyggml.backend.load` looks for."""
+    """The registry (one per process): the entry point, and what `pyggml.ggml_backend.load` looks for."""
     global _reg
     if _reg is None:
         _reg = NumpyReg()

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from pyggml.backend.backend import Backend
-from pyggml.backend.buffer import Buffer
-from pyggml.backend.buffer_type import BufferType
-from pyggml.backend.tensor_alloc import tensor_alloc, view_init
 from pyggml.core.checks import check_instance
 from pyggml.core.context import Context
 from pyggml.core.errors import OutOfMemoryError
 from pyggml.core.tensor import Tensor
+from pyggml.ggml_backend.backend import Backend
+from pyggml.ggml_backend.buffer import Buffer
+from pyggml.ggml_backend.buffer_type import BufferType
+from pyggml.ggml_backend.tensor_alloc import tensor_alloc, view_init
 
 
 def _pad(x: int, n: int) -> int:

@@ -13,11 +13,11 @@ from typing import Any
 
 from pyggml.alloc.hash_set import HashSet, hash_size
 from pyggml.alloc.tensor_allocator import TensorAllocator
-from pyggml.backend.buffer import BufferUsage
 from pyggml.core.checks import check_instance, check_int
 from pyggml.core.errors import ArgumentError, BufferFreedError, GGMLError, GraphError, InvalidStateError
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import GGML_MAX_DIMS, GGML_MAX_SRC, GGMLOp, Tensor
+from pyggml.ggml_backend.buffer import BufferUsage
 
 log = logging.getLogger("pyggml.alloc")
 

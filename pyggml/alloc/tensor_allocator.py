@@ -9,9 +9,6 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from pyggml.backend.buffer import Buffer
-from pyggml.backend.device import DeviceType
-from pyggml.backend.registry import dev_by_type
 from pyggml.core.checks import check_instance, check_int, check_positive
 from pyggml.core.errors import (
     ArgumentError,
@@ -22,9 +19,12 @@ from pyggml.core.errors import (
     OutOfMemoryError,
 )
 from pyggml.core.tensor import Tensor
+from pyggml.ggml_backend.buffer import Buffer
+from pyggml.ggml_backend.device import DeviceType
+from pyggml.ggml_backend.registry import dev_by_type
 
 if TYPE_CHECKING:
-    from pyggml.backend.backend import Backend
+    from pyggml.ggml_backend.backend import Backend
 
 log = logging.getLogger("pyggml.alloc")
 

@@ -17,12 +17,12 @@ from typing import Any
 
 from pyggml.alloc.graph_allocator import GraphAllocator
 from pyggml.alloc.tensor_allocator import TensorAllocator
-from pyggml.backend.backend import Backend
-from pyggml.backend.buffer import Buffer
 from pyggml.core.checks import check_instance, check_int
 from pyggml.core.errors import InvalidStateError
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import Tensor
+from pyggml.ggml_backend.backend import Backend
+from pyggml.ggml_backend.buffer import Buffer
 from pyggml.seed.allocr import Allocr
 
 __all__ = [
@@ -105,7 +105,7 @@ def ggml_tallocr_free_tensor(alloc: TensorAllocator, tensor: Tensor) -> None:
 
 
 def ggml_tallocr_alloc_graph_impl(galloc: GraphAllocator, gf: Graph) -> None:
-    """The seed's static pass over a graph; the allocator(s) must be set on `galloc` (talloc or hash_allocs)."""
+    """The static pass over a graph; the allocator(s) must be set on `galloc` (talloc or hash_allocs)."""
     check_instance(galloc, GraphAllocator, "ggml_tallocr_alloc_graph_impl: galloc")
     check_instance(gf, Graph, "ggml_tallocr_alloc_graph_impl: graph")
     if galloc.hash_set is None or (galloc.talloc is None and galloc.hash_allocs is None):

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from pyggml.backend import tensor_io
-from pyggml.backend.backend import Backend
-from pyggml.backend.buffer import Buffer, BufferInterface, buffer_init
 from pyggml.backends import cpu
 from pyggml.core.context import Context
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import Tensor
+from pyggml.ggml_backend import tensor_io
+from pyggml.ggml_backend.backend import Backend
+from pyggml.ggml_backend.buffer import Buffer, BufferInterface, buffer_init
 
 __all__ = [
     "ggml_backend_buffer_i", "ggml_backend_buffer_init", "ggml_backend_buffer_free",

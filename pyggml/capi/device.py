@@ -17,21 +17,21 @@ from pathlib import Path
 from typing import Any
 
 from pyggml.alloc import ctx_tensors
-from pyggml.backend import registry
-from pyggml.backend.backend import Backend
-from pyggml.backend.buffer import Buffer, BufferUsage
-from pyggml.backend.buffer_type import BufferType
-from pyggml.backend.device import Device, DeviceCaps, DeviceProps, DeviceType
-from pyggml.backend.event import Event
-from pyggml.backend.graph_copy import GraphCopy, compare_graph_backend, graph_copy
-from pyggml.backend.registry import Reg
-from pyggml.backend.tensor_alloc import tensor_alloc, view_init
-from pyggml.backend.tensor_io import tensor_copy
 from pyggml.backends.cpu import device as cpu_device
 from pyggml.core.context import Context
 from pyggml.core.errors import GGMLError
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import Tensor
+from pyggml.ggml_backend import registry
+from pyggml.ggml_backend.backend import Backend
+from pyggml.ggml_backend.buffer import Buffer, BufferUsage
+from pyggml.ggml_backend.buffer_type import BufferType
+from pyggml.ggml_backend.device import Device, DeviceCaps, DeviceProps, DeviceType
+from pyggml.ggml_backend.event import Event
+from pyggml.ggml_backend.graph_copy import GraphCopy, compare_graph_backend, graph_copy
+from pyggml.ggml_backend.registry import Reg
+from pyggml.ggml_backend.tensor_alloc import tensor_alloc, view_init
+from pyggml.ggml_backend.tensor_io import tensor_copy
 
 log = logging.getLogger("pyggml.capi")
 
@@ -339,7 +339,7 @@ def ggml_backend_init_best() -> Backend | None:
 
 
 def ggml_backend_load(path: str | Path) -> Reg | None:
-    """A module name, or a path to a `.py` file or package directory (see `pyggml.backend.registry.load`)."""
+    """A module name, or a path to a `.py` file or package directory (see `pyggml.ggml_backend.registry.load`)."""
     return _or_none("ggml_backend_load", lambda: registry.load(path))
 
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pyggml.backend.backend import Backend
-from pyggml.backend.buffer_type import BufferType
-from pyggml.backend.registry import Reg
 from pyggml.backends.rpc import client, server, wire
+from pyggml.ggml_backend.backend import Backend
+from pyggml.ggml_backend.buffer_type import BufferType
+from pyggml.ggml_backend.registry import Reg
 
 __all__ = [
     "RPC_PROTO_MAJOR_VERSION", "RPC_PROTO_MINOR_VERSION", "RPC_PROTO_PATCH_VERSION", "GGML_RPC_MAX_SERVERS",

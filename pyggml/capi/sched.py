@@ -19,14 +19,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from pyggml.alloc.tensor_allocator import TensorAllocator
-from pyggml.backend.backend import Backend
-from pyggml.backend.buffer import Buffer
-from pyggml.backend.buffer_type import BufferType
 from pyggml.core.checks import check_int
 from pyggml.core.context import GGML_DEFAULT_GRAPH_SIZE
 from pyggml.core.errors import ArgumentError, ArgumentTypeError
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import Tensor
+from pyggml.ggml_backend.backend import Backend
+from pyggml.ggml_backend.buffer import Buffer
+from pyggml.ggml_backend.buffer_type import BufferType
 from pyggml.sched.backend_sched import GGML_SCHED_MAX_BACKENDS, GGML_SCHED_MAX_COPIES, BackendSched, EvalCallback
 from pyggml.seed import capi as seed_capi
 from pyggml.seed.scheduler import GGML_MAX_BACKENDS, GGML_MAX_SPLIT_INPUTS, GGML_MAX_SPLITS, Scheduler
@@ -49,13 +49,13 @@ __all__ = [
 
 def ggml_backend_sched_new(backends: Sequence[Backend], *args: Any, **kwargs: Any) -> Scheduler | BackendSched:
     """`ggml_backend_sched_new(backends, bufts, n_backends, graph_size, parallel, op_offload)` (a
-    `BackendSched`: bufts None for the backends' defaults), or the seed's `ggml_backend_sched_new(backends,
-    n_backends)` (a `Scheduler`, the seed's assignment and API) when called with at most the count."""
+    `BackendSched`: bufts None for the backends' defaults), or the two-argument form
+    `ggml_backend_sched_new(backends, n_backends)` (a `pyggml.seed.Scheduler`) when called with at most the count."""
     if isinstance(backends, (str, bytes)) or not isinstance(backends, Sequence):
         raise ArgumentTypeError(f"ggml_backend_sched_new: backends must be a sequence of Backends, got "
                                 f"{type(backends).__name__}")
     backends = list(backends)
-    # the seed's form: at most a count (anything but a sequence of buffer types: check_int judges it)
+    # the two-argument form: at most a count (anything but a sequence of buffer types: check_int judges it)
     seed = not kwargs and len(args) <= 1 and (not args or not isinstance(args[0], Sequence))
     if seed:
         return seed_capi.ggml_backend_sched_new(backends, _count(args[0] if args else None, len(backends)))

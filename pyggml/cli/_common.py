@@ -538,7 +538,7 @@ class BackendPlan:
 
 def has_cpu_device(backend: Any) -> bool:
     """Whether the backend's device is a CPU (ggml's device type; a backend without a device is not one)."""
-    from pyggml.backend.device import DeviceType
+    from pyggml.ggml_backend.device import DeviceType
 
     device = backend.get_device()
     return device is not None and device.type() == DeviceType.CPU
@@ -642,7 +642,7 @@ def backend_plan(names: Sequence[str] | None, layers_on: Sequence[str] | None) -
 def init_backends(names: Sequence[str], n_threads: int | None) -> list[Any]:
     """Backend objects for registry names (a CLIError for an unknown or unavailable one); `n_threads` is
     set on those whose registry sets a thread count (the CPU's)."""
-    from pyggml.backend.registry import init_backend, set_n_threads
+    from pyggml.ggml_backend.registry import init_backend, set_n_threads
 
     out = []
     for name in names:

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from typing import TextIO
 
-from pyggml.backend.registry import COMPILE_CACHE_FOLDER, WATCH_COMPILES, Reg, loaded_regs, reg_by_name
+from pyggml.ggml_backend.registry import COMPILE_CACHE_FOLDER, WATCH_COMPILES, Reg, loaded_regs, reg_by_name
 
 PROGRESS_SECONDS = 5.0
 COMPILING_DEFAULT = "cpu"  # the registry listened to even before any backend is made

@@ -212,7 +212,7 @@ def _layer_counts(model: Any) -> str:
 
 def _device_info(model: Any, cpu: bool) -> str:
     """llama-bench's cpu_info (the CPU and ACCEL devices' descriptions) or gpu_info (the others')."""
-    from pyggml.backend.device import DeviceType
+    from pyggml.ggml_backend.device import DeviceType
 
     out: list[str] = []
     for b in model.backends:
@@ -345,7 +345,7 @@ def _csv(value: Any) -> str:
 def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
     out = out or sys.stdout  # looked up per call: tests and callers swap sys.stdout
     err = err or sys.stderr
-    from pyggml.backend.registry import set_n_threads
+    from pyggml.ggml_backend.registry import set_n_threads
 
     models = args.model or [str(builtin_model_path())]
     paths = {m: check_model_path(m) for m in models}

@@ -28,7 +28,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout  # looked up per call: tests and callers swap sys.stdout
-    from pyggml.backend import registry
+    from pyggml.ggml_backend import registry
 
     registry.load_all()
     rows = [["registry", "device", "type", "free", "total", "caps", "description"]]

@@ -34,16 +34,16 @@ def build_parser() -> argparse.ArgumentParser:
     devices.add_parser(sub)
     rpc_server.add_parser(sub)
     serve.add_parser(sub)
-    test_ops = sub.add_parser("test-ops", help="check every op of a backend against the CPU backend or real ggml "
+    ops_parser = sub.add_parser("test-ops", help="check every op of a backend against the CPU backend or real ggml "
                                                "(like ggml's test-backend-ops)")
-    test_ops.add_argument("-b", "--backend", default="cpu", help="backend to test, by registry name (default: cpu)")
-    test_ops.add_argument("--against", choices=("cpu", "ggml"), default="cpu",
+    ops_parser.add_argument("-b", "--backend", default="cpu", help="backend to test, by registry name (default: cpu)")
+    ops_parser.add_argument("--against", choices=("cpu", "ggml"), default="cpu",
                           help="the reference: pyggml's CPU backend, or real ggml (llama.cpp's libggml, built from "
                                "source on first use; needs a C compiler) (default: cpu)")
-    test_ops.add_argument("-o", "--op", default=None, help="only the cases of this op (ggml's op name, e.g. ADD, "
+    ops_parser.add_argument("-o", "--op", default=None, help="only the cases of this op (ggml's op name, e.g. ADD, "
                                                            "MUL_MAT, GELU)")
-    test_ops.add_argument("-v", "--verbose", action="store_true", help="say why a case is not supported")
-    add_debug(test_ops)
+    ops_parser.add_argument("-v", "--verbose", action="store_true", help="say why a case is not supported")
+    add_debug(ops_parser)
     return parser
 
 
@@ -64,11 +64,11 @@ def _dispatch(args: argparse.Namespace) -> int:
         return rpc_server.run(args)
     if args.command == "test-ops":
         from pyggml.core.errors import GGMLError
-        from pyggml.testing import test_ops
+        from pyggml.testing import op_check
         from pyggml.testing.llamacpp import LlamaCppError, NoCompilerError
 
         try:
-            code = test_ops.run(args.backend, args.op, sys.stdout, args.verbose, against=args.against)
+            code = op_check.run(args.backend, args.op, sys.stdout, args.verbose, against=args.against)
         except GGMLError as e:  # an unknown backend name, a backend that cannot start (exit code 2, as before)
             if args.debug:
                 raise
@@ -85,9 +85,9 @@ def _dispatch(args: argparse.Namespace) -> int:
                 raise
             print(f"pyggml test-ops: --against ggml: real ggml is not available: {_one_line(e)}", file=sys.stderr)
             return 1
-        if args.op is not None and not test_ops.select(test_ops.all_cases(), args.op):
+        if args.op is not None and not op_check.select(op_check.all_cases(), args.op):
             # the table said so on stdout; a failure is also one line on stderr, as everywhere else
-            labels = sorted({c.label for c in test_ops.all_cases()})
+            labels = sorted({c.label for c in op_check.all_cases()})
             print(f"pyggml test-ops: error: --op {args.op}: no test case for this op (ops: {', '.join(labels)})",
                   file=sys.stderr)
         return code

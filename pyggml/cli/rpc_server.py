@@ -126,7 +126,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 def server_class() -> Any:
     """The RPC server, as the "rpc" registry hands it out ("pyggml_rpc_server"); None without one."""
-    from pyggml.backend.registry import reg_by_name
+    from pyggml.ggml_backend.registry import reg_by_name
 
     reg = reg_by_name("rpc")
     return reg.get_proc_address("pyggml_rpc_server") if reg is not None else None

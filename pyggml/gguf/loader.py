@@ -21,18 +21,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from pyggml.alloc.ctx_tensors import alloc_tensors, alloc_tensors_from_buft
-from pyggml.backend.backend import Backend
-from pyggml.backend.buffer import Buffer, BufferUsage
-from pyggml.backend.buffer_type import BufferType
-from pyggml.backend.device import Device
-from pyggml.backend.tensor_alloc import tensor_alloc
-from pyggml.backend.tensor_io import tensor_set
 from pyggml.core import memory
 from pyggml.core.checks import check_instance
 from pyggml.core.context import Context, tensor_overhead
 from pyggml.core.errors import ArgumentError, ArgumentTypeError
 from pyggml.core.tensor import Tensor
 from pyggml.core.types import GGMLType
+from pyggml.ggml_backend.backend import Backend
+from pyggml.ggml_backend.buffer import Buffer, BufferUsage
+from pyggml.ggml_backend.buffer_type import BufferType
+from pyggml.ggml_backend.device import Device
+from pyggml.ggml_backend.tensor_alloc import tensor_alloc
+from pyggml.ggml_backend.tensor_io import tensor_set
 from pyggml.gguf.reader import GGUFFile, TensorInfo
 
 ZERO_COPY_ALIGNMENT = 32  # what the CPU kernels' numpy views need at least (AVX2 loads of whole blocks)

@@ -12,14 +12,14 @@ import logging
 import numpy as np
 
 from pyggml.alloc.tensor_allocator import TensorAllocator
-from pyggml.backend.backend import Backend
-from pyggml.backend.buffer import Buffer
-from pyggml.backend.tensor_io import tensor_get, tensor_set
 from pyggml.core.context import Context, tensor_overhead
 from pyggml.core.errors import ArgumentError, UnsupportedOpError
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import Tensor
 from pyggml.core.types import TYPE_TRAITS, GGMLType, row_size
+from pyggml.ggml_backend.backend import Backend
+from pyggml.ggml_backend.buffer import Buffer
+from pyggml.ggml_backend.tensor_io import tensor_get, tensor_set
 from pyggml.models.attn_rot import ATTN_ROT_DISABLE_ENV, attn_rot_disabled, hadamard, rot_sizes
 from pyggml.models.runner import alloc_checked
 

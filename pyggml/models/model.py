@@ -16,22 +16,22 @@ from typing import Any
 
 import numpy as np
 
-from pyggml.backend.backend import Backend
-from pyggml.backend.buffer_type import BufferType
-from pyggml.backend.registry import (
-    SET_BATCH_INVARIANT,
-    dev_extra_bufts,
-    init_backend,
-    set_batch_invariant,
-    set_n_threads,
-)
-from pyggml.backend.tensor_io import tensor_get_numpy
 from pyggml.core.checks import check_host_alloc, check_positive
 from pyggml.core.context import Context, tensor_overhead
 from pyggml.core.errors import ArgumentError, GGMLError, NonFiniteError, UnsupportedOpError
 from pyggml.core.graph import Graph, graph_overhead
 from pyggml.core.tensor import Tensor, is_view_op
 from pyggml.core.types import TYPE_TRAITS, GGMLType, as_type, row_size
+from pyggml.ggml_backend.backend import Backend
+from pyggml.ggml_backend.buffer_type import BufferType
+from pyggml.ggml_backend.registry import (
+    SET_BATCH_INVARIANT,
+    dev_extra_bufts,
+    init_backend,
+    set_batch_invariant,
+    set_n_threads,
+)
+from pyggml.ggml_backend.tensor_io import tensor_get_numpy
 from pyggml.gguf.loader import LoadedTensors, load_tensors, maps_weights, weight_buft_supported
 from pyggml.gguf.reader import GGUFFile, read_gguf
 from pyggml.models.arch import FFN_GEGLU, FFN_SWIGLU, FFN_SWIGLU_FUSED, HParams, check_tensors, layer_of

@@ -17,12 +17,12 @@ from collections.abc import Sequence
 import numpy as np
 
 from pyggml.alloc.report import MemoryReport, memory_report
-from pyggml.backend.backend import Backend
-from pyggml.backend.buffer import Buffer
-from pyggml.backend.tensor_io import tensor_set
 from pyggml.core.checks import check_host_alloc
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import Tensor
+from pyggml.ggml_backend.backend import Backend
+from pyggml.ggml_backend.buffer import Buffer
+from pyggml.ggml_backend.tensor_io import tensor_set
 from pyggml.sched.backend_sched import BackendSched, EvalCallback
 
 log = logging.getLogger("pyggml.models")

@@ -16,12 +16,6 @@ import numpy as np
 
 from pyggml.alloc.graph_allocator import GraphAllocator
 from pyggml.alloc.tensor_allocator import TensorAllocator
-from pyggml.backend.backend import Backend, op_desc
-from pyggml.backend.buffer import Buffer, BufferUsage
-from pyggml.backend.buffer_type import BufferType
-from pyggml.backend.event import Event
-from pyggml.backend.tensor_alloc import view_init
-from pyggml.backend.tensor_io import tensor_copy
 from pyggml.core import memory
 from pyggml.core.checks import check_instance, check_positive
 from pyggml.core.context import GGML_DEFAULT_GRAPH_SIZE, Context, tensor_overhead
@@ -35,6 +29,12 @@ from pyggml.core.errors import (
 )
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import Tensor, TensorFlag
+from pyggml.ggml_backend.backend import Backend, op_desc
+from pyggml.ggml_backend.buffer import Buffer, BufferUsage
+from pyggml.ggml_backend.buffer_type import BufferType
+from pyggml.ggml_backend.event import Event
+from pyggml.ggml_backend.tensor_alloc import view_init
+from pyggml.ggml_backend.tensor_io import tensor_copy
 from pyggml.sched.debug import debug_enabled
 from pyggml.sched.passes import Assigner, assign_backends, split_graph
 from pyggml.sched.stats import BackendStats, SchedStats

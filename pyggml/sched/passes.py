@@ -7,16 +7,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pyggml.backend.backend import op_desc
-from pyggml.backend.buffer import BufferUsage
 from pyggml.core.errors import LimitExceededError, UnsupportedOpError
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import GGML_MAX_SRC, VIEW_OPS, GGMLOp, Tensor, TensorFlag
+from pyggml.ggml_backend.backend import op_desc
+from pyggml.ggml_backend.buffer import BufferUsage
 
 if TYPE_CHECKING:
-    from pyggml.backend.buffer import Buffer
-    from pyggml.backend.buffer_type import BufferType
     from pyggml.core.context import Context
+    from pyggml.ggml_backend.buffer import Buffer
+    from pyggml.ggml_backend.buffer_type import BufferType
     from pyggml.sched.backend_sched import BackendSched
 
 GGML_MAX_SPLITS_LIMIT = 4096  # a graph cut more often than this is a mistake, not a plan

@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING
 
 from pyggml.alloc.graph_allocator import GraphAllocator
 from pyggml.alloc.tensor_allocator import TensorAllocator
-from pyggml.backend.buffer import Buffer
 from pyggml.core.checks import check_instance
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import Tensor
+from pyggml.ggml_backend.buffer import Buffer
 
 if TYPE_CHECKING:
-    from pyggml.backend.backend import Backend
+    from pyggml.ggml_backend.backend import Backend
 
 
 class Allocr:

@@ -6,7 +6,7 @@ makes a `pyggml.sched.BackendSched`); the other `ggml_backend_sched_*` functions
 
 from __future__ import annotations
 
-from pyggml.backend.backend import Backend
+from pyggml.ggml_backend.backend import Backend
 from pyggml.seed.scheduler import Scheduler
 
 

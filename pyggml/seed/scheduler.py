@@ -72,9 +72,6 @@ from typing import Any
 from pyggml.alloc.graph_allocator import GraphAllocator
 from pyggml.alloc.hash_set import HashSet
 from pyggml.alloc.tensor_allocator import SIZE_MAX, FreeBlock, TensorAllocator
-from pyggml.backend.backend import Backend, op_desc
-from pyggml.backend.buffer import Buffer, BufferUsage
-from pyggml.backend.tensor_io import tensor_copy, tensor_get, tensor_set
 from pyggml.core.checks import check_instance, check_positive
 from pyggml.core.context import Context, tensor_overhead
 from pyggml.core.errors import (
@@ -90,6 +87,9 @@ from pyggml.core.errors import (
 from pyggml.core.graph import Graph
 from pyggml.core.graph import hash_size as graph_hash_size
 from pyggml.core.tensor import GGMLOp, Tensor, is_view_op
+from pyggml.ggml_backend.backend import Backend, op_desc
+from pyggml.ggml_backend.buffer import Buffer, BufferUsage
+from pyggml.ggml_backend.tensor_io import tensor_copy, tensor_get, tensor_set
 from pyggml.sched.backend_sched import check_backends
 from pyggml.sched.debug import DEBUG_ENV, debug_enabled
 from pyggml.sched.passes import dup_tensor_layout

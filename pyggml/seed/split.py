@@ -10,7 +10,7 @@ from pyggml.core.tensor import Tensor
 
 if TYPE_CHECKING:
     from pyggml.alloc.tensor_allocator import TensorAllocator
-    from pyggml.backend.backend import Backend
+    from pyggml.ggml_backend.backend import Backend
 
 
 @dataclass(eq=False)

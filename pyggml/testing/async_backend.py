@@ -51,17 +51,17 @@ from collections.abc import Callable
 
 import numpy as np
 
-from pyggml.backend.backend import Backend
-from pyggml.backend.buffer import Buffer
-from pyggml.backend.buffer_type import BufferType
-from pyggml.backend.device import Device, DeviceCaps, DeviceType, host_memory
-from pyggml.backend.event import Event
 from pyggml.backends.cpu.buffer import TENSOR_ALIGNMENT, CPUBuffer, cpu_alloc_buffer, host_bytes
 from pyggml.backends.cpu.kernels import ComputeParams, WorkArea
 from pyggml.backends.cpu.plan import CPUPlan, kernel_supports, plan_computes, plan_create
 from pyggml.core.errors import GGMLError, InvalidStateError
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import Tensor
+from pyggml.ggml_backend.backend import Backend
+from pyggml.ggml_backend.buffer import Buffer
+from pyggml.ggml_backend.buffer_type import BufferType
+from pyggml.ggml_backend.device import Device, DeviceCaps, DeviceType, host_memory
+from pyggml.ggml_backend.event import Event
 
 DEFAULT_TIMEOUT = 60.0  # seconds any wait may take before it is taken for a hang
 

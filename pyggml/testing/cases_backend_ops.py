@@ -12,7 +12,7 @@ from pyggml.core.context import Context
 from pyggml.core.ops.conv import calc_conv_output_size
 from pyggml.core.tensor import Tensor
 from pyggml.core.types import GGMLType
-from pyggml.testing.test_ops import F16, F32, OpCase, _ne, _t, distinct, new, op, uniform
+from pyggml.testing.op_check import F16, F32, OpCase, _ne, _t, distinct, new, op, uniform
 
 MAX_NMSE_CONV_2D = 5e-4
 _SUM_VALUES = {"a": uniform(-0.9, 1.1)}  # test_sum, test_mean: away from zero, against cancellation

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pyggml.core.context import Context
 from pyggml.core.tensor import OpPool, Tensor
 from pyggml.core.types import GGMLType
-from pyggml.testing.test_ops import BF16, F16, F32, MAX_NMSE_MUL_MAT, OpCase, _ne, _t, new, op
+from pyggml.testing.op_check import BF16, F16, F32, MAX_NMSE_MUL_MAT, OpCase, _ne, _t, new, op
 
 MAX_NMSE_CONV_3D = 5e-4  # test_conv_3d::max_nmse_err
 

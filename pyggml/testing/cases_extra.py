@@ -17,7 +17,7 @@ from pyggml.core.tensor import (
 )
 from pyggml.core.types import GGMLType
 from pyggml.testing.cases_flash_attn import kq_mask
-from pyggml.testing.test_ops import BF16, F16, F32, I32, MAX_NMSE_ROPE, OpCase, _ne, _t, indices, new, op, uniform
+from pyggml.testing.op_check import BF16, F16, F32, I32, MAX_NMSE_ROPE, OpCase, _ne, _t, indices, new, op, uniform
 
 NORMAL, NEOX, MROPE, IMROPE, VISION = (GGML_ROPE_TYPE_NORMAL, GGML_ROPE_TYPE_NEOX, GGML_ROPE_TYPE_MROPE,
                                        GGML_ROPE_TYPE_IMROPE, GGML_ROPE_TYPE_VISION)

@@ -17,7 +17,7 @@ import numpy as np
 from pyggml.core.context import Context
 from pyggml.core.tensor import Prec, Tensor
 from pyggml.core.types import TYPE_TRAITS, GGMLType
-from pyggml.testing.test_ops import F16, F32, OpCase, op
+from pyggml.testing.op_check import F16, F32, OpCase, op
 
 BF16 = GGMLType.BF16
 Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL = (GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0,

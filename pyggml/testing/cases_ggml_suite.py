@@ -1,4 +1,4 @@
-"""The op checker's cases (`test_ops.OpCase`) that llama.cpp's test-backend-ops (0c1e570, make_test_cases_eval)
+"""The op checker's cases (`op_check.OpCase`) that llama.cpp's test-backend-ops (0c1e570, make_test_cases_eval)
 runs for UNARY's functions (test_unary, test_xielu), GLU's (test_glu, test_glu_split, test_swiglu_oai,
 test_swiglu_clamp), ADD, SUB, MUL and DIV (test_bin_bcast), SCALE (test_scale),
 CONCAT (test_concat), OUT_PROD (test_out_prod), UPSCALE (test_upscale, test_interpolate) and IM2COL_3D
@@ -18,7 +18,7 @@ from pyggml.core.context import Context
 from pyggml.core.quants import is_implemented
 from pyggml.core.tensor import GLUOp, ScaleFlag, ScaleMode, Tensor, UnaryOp
 from pyggml.core.types import GGMLType
-from pyggml.testing.test_ops import BF16, F16, F32, I32, MAX_NMSE_MUL_MAT, OpCase, _ne, _t, new, op, uniform
+from pyggml.testing.op_check import BF16, F16, F32, I32, MAX_NMSE_MUL_MAT, OpCase, _ne, _t, new, op, uniform
 
 I8, I16, I64 = GGMLType.I8, GGMLType.I16, GGMLType.I64
 Q = GGMLType

@@ -1,4 +1,4 @@
-"""The op checker's cases (`test_ops.OpCase`) of GLU, SET_ROWS, ADD_ID and MUL_MAT_ID, in the spirit of
+"""The op checker's cases (`op_check.OpCase`) of GLU, SET_ROWS, ADD_ID and MUL_MAT_ID, in the spirit of
 test-backend-ops' test_glu, test_glu_split, test_swiglu_oai, test_set_rows, test_add_id and test_mul_mat_id:
 every GLU function on each type ggml's CPU takes, fused (swapped or not) and split, odd ne0, padded rows;
 SET_ROWS into every type with a from_float, I64 and I32 indices, indices broadcast over dims 2 and 3,
@@ -11,7 +11,7 @@ import numpy as np
 from pyggml.core.context import Context
 from pyggml.core.tensor import GLUOp, Tensor
 from pyggml.core.types import TYPE_TRAITS, GGMLType
-from pyggml.testing.test_ops import (
+from pyggml.testing.op_check import (
     ALL_TYPES,
     BF16,
     F16,

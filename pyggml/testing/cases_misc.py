@@ -8,7 +8,7 @@ import numpy as np
 from pyggml.core.context import Context
 from pyggml.core.tensor import Tensor, TriType
 from pyggml.core.types import GGMLType
-from pyggml.testing.test_ops import BF16, F16, F32, I32, Init, OpCase, _ne, _t, indices, new, op, permuted, uniform
+from pyggml.testing.op_check import BF16, F16, F32, I32, Init, OpCase, _ne, _t, indices, new, op, permuted, uniform
 
 
 def lower_tri_system(rng: np.random.Generator, t: Tensor) -> np.ndarray:

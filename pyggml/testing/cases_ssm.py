@@ -7,7 +7,7 @@ import numpy as np
 
 from pyggml.core.context import Context
 from pyggml.core.tensor import Tensor
-from pyggml.testing.test_ops import F32, I32, Init, OpCase, new, op, permuted, uniform
+from pyggml.testing.op_check import F32, I32, Init, OpCase, new, op, permuted, uniform
 
 
 def permutation(rng: np.random.Generator, t: Tensor) -> np.ndarray:

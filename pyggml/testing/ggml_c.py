@@ -54,8 +54,6 @@ from typing import Any
 
 import numpy as np
 
-from pyggml.backend.buffer import tensor_buffer
-from pyggml.backend.tensor_io import numpy_shape, tensor_get, tensor_set
 from pyggml.backends.cpu.backend import GGML_MAX_N_THREADS, CPUBackend
 from pyggml.core import memory
 from pyggml.core.checks import check_int
@@ -80,6 +78,8 @@ from pyggml.core.tensor import (
     shape_str,
 )
 from pyggml.core.types import TYPE_TRAITS, GGMLType
+from pyggml.ggml_backend.buffer import tensor_buffer
+from pyggml.ggml_backend.tensor_io import numpy_shape, tensor_get, tensor_set
 from pyggml.testing import llamacpp
 
 __all__ = [
@@ -882,7 +882,7 @@ def compute_like(node: Tensor, threads: int = 1, *, isolate: bool = True,
 
     Returns what `tensor_get_numpy(node)` returns for pyggml's result: the
     type's numpy dtype (BF16 as uint16 bits, quantized as raw blocks),
-    contiguous, shape `numpy_shape(node)`; `test_ops.to_f64` makes float64.
+    contiguous, shape `numpy_shape(node)`; `op_check.to_f64` makes float64.
 
     A graph that writes into its inputs (in-place ops, CPY into a leaf) reads
     them from pyggml's memory: call this before pyggml computes such a graph.
@@ -904,7 +904,7 @@ class GGMLCBackend(CPUBackend):
     CPU backend on `n_threads` threads (1 by default: deterministic), and writes every computed node's
     bytes back into its pyggml buffer. `supports_op` is true when the op, its types (and unary op) have
     C counterparts and ggml's CPU backend says it supports the node. The reference of
-    `test_ops.run_case` for `pyggml test-ops --against ggml`.
+    `op_check.run_case` for `pyggml test-ops --against ggml`.
 
     ggml's CPU supports_op says yes to many nodes its kernels then refuse with GGML_ABORT (F16 for
     SCALE, NORM, SOFT_MAX, ...) or GGML_ASSERT (non-contiguous sources). With `probe=True`,

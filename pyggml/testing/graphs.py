@@ -19,12 +19,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from pyggml.alloc.tensor_allocator import MEASURE_BASE, SIZE_MAX, MeasureBuffer, TensorAllocator, aligned_offset
-from pyggml.backend.backend import Backend
 from pyggml.core.context import Context
 from pyggml.core.errors import ArgumentError
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import Tensor
 from pyggml.core.types import GGMLType
+from pyggml.ggml_backend.backend import Backend
 
 __all__ = ["LlamaDims", "build_llama_graph", "llama_input_values", "place_weights"]
 
@@ -191,7 +191,7 @@ def place_weights(weights: list[Tensor], backend: Backend | None = None, seed: i
             talloc.alloc(w)
         return talloc
 
-    from pyggml.backend.tensor_io import tensor_set_numpy
+    from pyggml.ggml_backend.tensor_io import tensor_set_numpy
 
     probe = backend.alloc_buffer(1)
     try:

@@ -2,7 +2,7 @@
 
 Graph `index` of seed `seed` is one node, made reproducibly from `(seed, index)` alone: an op drawn
 uniformly among those the CPU backend has a kernel for, one of the op checker's nodes of that op
-(`test_ops.all_cases`) as its start, then a few mutations (op_params words set to extreme ints, NaN and
+(`op_check.all_cases`) as its start, then a few mutations (op_params words set to extreme ints, NaN and
 infinity bit patterns or negative values; a dimension or a stride changed, zero and overlapping strides
 included; a type changed; a source dropped, added or repeated; a source made to share the node's memory;
 tensors misaligned). Element counts and byte spans stay small: the fuzz looks for bounds, not for work.
@@ -46,10 +46,10 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from pyggml.backend.buffer import tensor_span as buffer_tensor_span
 from pyggml.core.errors import GGMLError
 from pyggml.core.tensor import GGML_MAX_OP_PARAMS, GGMLOp, Tensor, default_strides, is_view_op
 from pyggml.core.types import TYPE_TRAITS, GGMLType
+from pyggml.ggml_backend.buffer import tensor_span as buffer_tensor_span
 
 FINDINGS = ("crash", "hang", "bare", "oob-write", "oob-read", "unstable")
 
@@ -150,14 +150,14 @@ def _root_of(t: Tensor) -> tuple[Tensor, int]:
 def load_seeds() -> dict[int, list[Seed]]:
     """The op checker's nodes by op (every op with a CPU kernel has at least one), user functions left out."""
     from pyggml.core.context import Context
-    from pyggml.testing import test_ops
+    from pyggml.testing import op_check
 
     seeds: dict[int, list[Seed]] = {}
-    for case in test_ops.all_cases():
+    for case in op_check.all_cases():
         ctx = Context(mem_size=1 << 22, no_alloc=True)
         try:
-            graph, _ = test_ops._graph_of(case, ctx)
-        except test_ops.MissingBuilder:
+            graph, _ = op_check._graph_of(case, ctx)
+        except op_check.MissingBuilder:
             continue
         for node in graph.nodes:
             if node.op == GGMLOp.NONE or is_view_op(node.op) or node.op in USER_FUNCTION_OPS:
@@ -529,8 +529,8 @@ class Runner:
     """Computes graph specs on one CPU backend (a worker's)."""
 
     def __init__(self) -> None:
-        from pyggml.backend.registry import set_batch_invariant
         from pyggml.backends.cpu import cpu_init
+        from pyggml.ggml_backend.registry import set_batch_invariant
 
         self.backend = cpu_init(1)
         if os.environ.get(BATCH_INVARIANT_ENV) == "1":  # the kernels pyggml serve computes with

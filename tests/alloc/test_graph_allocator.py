@@ -345,7 +345,7 @@ def test_view_of_unallocated_source_is_an_error(ctx: Context) -> None:
 @pytest.mark.slow
 def test_measure_then_exact_real_buffer_computes(ctx: Context, rng: np.random.Generator) -> None:
     """A small attention block: measured, allocated in exactly that many bytes, computed right."""
-    from pyggml.backend.tensor_io import tensor_get_numpy, tensor_set
+    from pyggml.ggml_backend.tensor_io import tensor_get_numpy, tensor_set
 
     backend = cpu_init()
     n_embd, n_tok = 16, 4

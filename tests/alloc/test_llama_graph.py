@@ -9,9 +9,9 @@ import pytest
 
 from pyggml import Context
 from pyggml.alloc import GraphAllocator, TensorAllocator
-from pyggml.backend.tensor_io import tensor_get_numpy, tensor_set_numpy
 from pyggml.backends.cpu import cpu_init
 from pyggml.core.tensor import GGMLOp
+from pyggml.ggml_backend.tensor_io import tensor_get_numpy, tensor_set_numpy
 from pyggml.testing import alloc_ctx_tensors
 from pyggml.testing.graphs import LlamaDims, build_llama_graph, llama_input_values, place_weights
 

@@ -21,11 +21,11 @@ from hypothesis import strategies as st
 from pyggml import Context, GGMLType
 from pyggml.alloc import MAX_FREE_BLOCKS, GraphAllocator, TensorAllocator
 from pyggml.alloc.tensor_allocator import aligned_offset
-from pyggml.backend.tensor_io import tensor_get_numpy, tensor_set_numpy
 from pyggml.backends.cpu import cpu_init
 from pyggml.backends.cpu.backend import graph_compute_with_ctx
 from pyggml.core.errors import ArgumentError, LimitExceededError, OutOfMemoryError
 from pyggml.core.tensor import VIEW_OPS, Tensor, TensorFlag
+from pyggml.ggml_backend.tensor_io import tensor_get_numpy, tensor_set_numpy
 from pyggml.seed.allocr import Allocr
 
 BACKEND = cpu_init(1)

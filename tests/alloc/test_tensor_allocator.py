@@ -7,9 +7,9 @@ import pytest
 
 from pyggml import Context, GGMLError, GGMLType
 from pyggml.alloc import TensorAllocator, aligned_offset
-from pyggml.backend.tensor_io import tensor_get, tensor_set
 from pyggml.backends.cpu import cpu_init
 from pyggml.core.errors import LimitExceededError, OutOfMemoryError
+from pyggml.ggml_backend.tensor_io import tensor_get, tensor_set
 
 
 def f32(ctx: Context, n: int, name: str):

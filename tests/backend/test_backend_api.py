@@ -5,7 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pyggml.backend import (
+from pyggml.backends.cpu import CPUBackend, CPUBuffer, cpu_init
+from pyggml.backends.cpu.buffer import cpu_alloc_buffer
+from pyggml.core.context import Context
+from pyggml.core.errors import ArgumentError, BufferFreedError, GGMLError, NotAllocatedError, UnsupportedOpError
+from pyggml.core.graph import Graph
+from pyggml.core.tensor import Tensor, UnaryOp
+from pyggml.core.types import GGMLType
+from pyggml.ggml_backend import (
     Backend,
     BufferInterface,
     buffer_init,
@@ -16,13 +23,6 @@ from pyggml.backend import (
     tensor_set,
     unregister_backend,
 )
-from pyggml.backends.cpu import CPUBackend, CPUBuffer, cpu_init
-from pyggml.backends.cpu.buffer import cpu_alloc_buffer
-from pyggml.core.context import Context
-from pyggml.core.errors import ArgumentError, BufferFreedError, GGMLError, NotAllocatedError, UnsupportedOpError
-from pyggml.core.graph import Graph
-from pyggml.core.tensor import Tensor, UnaryOp
-from pyggml.core.types import GGMLType
 from pyggml.testing import alloc_ctx_tensors
 
 F32 = GGMLType.F32

@@ -7,11 +7,11 @@ import logging
 import numpy as np
 import pytest
 
-from pyggml.backend import tensor_get_numpy, tensor_set_numpy
 from pyggml.capi import device as capi
 from pyggml.core.context import Context
 from pyggml.core.errors import ArgumentError
 from pyggml.core.types import GGMLType
+from pyggml.ggml_backend import tensor_get_numpy, tensor_set_numpy
 
 F32 = GGMLType.F32
 

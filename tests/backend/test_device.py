@@ -10,21 +10,6 @@ import numpy as np
 import pytest
 from tiny_backend import TinyBackend, TinyBuffer, TinyBufferType, TinyDevice
 
-from pyggml.backend import (
-    SIZE_MAX,
-    Backend,
-    BackendBufferType,
-    Buffer,
-    BufferUsage,
-    Device,
-    DeviceCaps,
-    DeviceType,
-    Event,
-    tensor_get_numpy,
-    tensor_memset,
-    tensor_set,
-    tensor_set_numpy,
-)
 from pyggml.backends.cpu import cpu_init
 from pyggml.backends.cpu.buffer import cpu_alloc_buffer
 from pyggml.core.context import Context
@@ -39,6 +24,21 @@ from pyggml.core.errors import (
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import Tensor
 from pyggml.core.types import GGMLType
+from pyggml.ggml_backend import (
+    SIZE_MAX,
+    Backend,
+    BackendBufferType,
+    Buffer,
+    BufferUsage,
+    Device,
+    DeviceCaps,
+    DeviceType,
+    Event,
+    tensor_get_numpy,
+    tensor_memset,
+    tensor_set,
+    tensor_set_numpy,
+)
 from pyggml.testing import alloc_ctx_tensors
 
 F32 = GGMLType.F32

@@ -21,10 +21,10 @@ import pytest
 from tiny_backend import REG_MODULE
 
 import pyggml.models as pm
-from pyggml.backend import init_backend, list_backends, load, load_all, registry
 from pyggml.cli import devices
 from pyggml.cli.main import main
 from pyggml.core.errors import ArgumentError
+from pyggml.ggml_backend import init_backend, list_backends, load, load_all, registry
 from pyggml.models import builtin_model_path
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "numpy_backend"

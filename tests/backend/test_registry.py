@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 from tiny_backend import REG_MODULE, TinyDevice
 
-from pyggml.backend import (
+from pyggml.backends.cpu import CPUBackend, cpu_device, cpu_init, cpu_reg
+from pyggml.core.errors import ArgumentError, ArgumentTypeError, OutOfBoundsError
+from pyggml.ggml_backend import (
     Backend,
     Device,
     DeviceType,
@@ -36,8 +38,6 @@ from pyggml.backend import (
     regs,
     set_n_threads,
 )
-from pyggml.backends.cpu import CPUBackend, cpu_device, cpu_init, cpu_reg
-from pyggml.core.errors import ArgumentError, ArgumentTypeError, OutOfBoundsError
 
 
 @pytest.fixture
@@ -115,7 +115,7 @@ def test_a_registry_makes_backends_of_its_devices_by_spec(isolated: None) -> Non
 
 def test_a_registry_of_another_api_version_is_refused(isolated: None, tmp_path: Path) -> None:
     (tmp_path / "old_backend.py").write_text(textwrap.dedent("""
-        from pyggml.backend import Reg
+        from pyggml.ggml_backend import Reg
 
         class Old(Reg):
             api_version = 1
@@ -174,7 +174,7 @@ def test_load_errors_name_what_is_wrong(isolated: None, tmp_path: Path) -> None:
     with pytest.raises(ArgumentError, match="has no 'ggml_backend_init'"):
         load(str(tmp_path / "empty_backend.py"))
     (tmp_path / "wrong_backend.py").write_text("def ggml_backend_init():\n    return 42\n")
-    with pytest.raises(ArgumentError, match="gives int 42, not a pyggml.backend.registry.Reg"):
+    with pytest.raises(ArgumentError, match="gives int 42, not a pyggml.ggml_backend.registry.Reg"):
         load(str(tmp_path / "wrong_backend.py"))
     (tmp_path / "scored_backend.py").write_text("def ggml_backend_score():\n    return 0\n")
     with pytest.raises(ArgumentError, match="not supported on this system"):

@@ -10,17 +10,6 @@ import array
 import numpy as np
 import pytest
 
-from pyggml.backend import (
-    Backend,
-    get_backend,
-    tensor_copy,
-    tensor_get,
-    tensor_get_async,
-    tensor_get_numpy,
-    tensor_set,
-    tensor_set_async,
-    tensor_set_numpy,
-)
 from pyggml.backends.cpu import CPUBuffer, cpu_init
 from pyggml.backends.cpu.buffer import cpu_alloc_buffer
 from pyggml.core.context import Context
@@ -35,6 +24,17 @@ from pyggml.core.errors import (
 )
 from pyggml.core.tensor import Tensor
 from pyggml.core.types import GGMLType
+from pyggml.ggml_backend import (
+    Backend,
+    get_backend,
+    tensor_copy,
+    tensor_get,
+    tensor_get_async,
+    tensor_get_numpy,
+    tensor_set,
+    tensor_set_async,
+    tensor_set_numpy,
+)
 from pyggml.testing import alloc_ctx_tensors
 
 F32, F16, BF16, Q8_0, I32 = GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.I32

@@ -17,7 +17,6 @@ import pytest
 from numpy_conv_back import CONV_BACK_FORMULAS
 from ssm_formulas import SSM_FORMULAS
 
-from pyggml.backend import register_backend, tensor_get_numpy, tensor_set_numpy, unregister_backend
 from pyggml.backends.cpu import CPUBackend
 from pyggml.backends.cpu.kernels import KERNELS
 from pyggml.cli.main import main
@@ -26,8 +25,9 @@ from pyggml.core.graph import Graph
 from pyggml.core.ops.custom import custom_op_params
 from pyggml.core.tensor import GGMLOp, OpPool, ScaleFlag, ScaleMode, SortOrder, Tensor, UnaryOp, is_view_op
 from pyggml.core.types import TYPE_TRAITS, GGMLType
-from pyggml.testing import test_ops
-from pyggml.testing.test_ops import MAX_NMSE, OpCase, compare, new, op, run_case
+from pyggml.ggml_backend import register_backend, tensor_get_numpy, tensor_set_numpy, unregister_backend
+from pyggml.testing import op_check
+from pyggml.testing.op_check import MAX_NMSE, OpCase, compare, new, op, run_case
 
 # the ops of the core, by the label test-ops shows (ggml's op desc: UNARY shows its function)
 CORE_OPS = [
@@ -147,10 +147,10 @@ def _unary(node: Tensor, a: np.ndarray, b: None, shape: tuple[int, ...]) -> np.n
     return np.where(a > 0, alpha_p * a * a + beta * a, (np.expm1(np.minimum(a, eps)) - a) * alpha_n + beta * a)
 # the MAP_CUSTOM functions of the table, restated
 CUSTOM: dict[Callable[..., None], Callable[..., np.ndarray]] = {
-    test_ops._custom1: lambda a: 2 * a + 1,
-    test_ops._custom2: lambda a, b: a * b - 1,
-    test_ops._custom3: lambda a, b, c: a + b * c,
-    test_ops._custom: lambda a, b: a - 2 * b,
+    op_check._custom1: lambda a: 2 * a + 1,
+    op_check._custom2: lambda a, b: a * b - 1,
+    op_check._custom3: lambda a, b, c: a + b * c,
+    op_check._custom: lambda a, b: a - 2 * b,
 }
 
 
@@ -794,9 +794,9 @@ def summary_line(text: str, label: str) -> list[int]:
 
 
 def test_cases_cover_every_op_of_the_core() -> None:
-    labels = {c.label for c in test_ops.all_cases()}
+    labels = {c.label for c in op_check.all_cases()}
     assert set(CORE_OPS) <= labels, sorted(set(CORE_OPS) - labels)
-    descs = [c.desc for c in test_ops.all_cases()]
+    descs = [c.desc for c in op_check.all_cases()]
     assert any("permuted" in d for d in descs) and any("transposed" in d for d in descs)
     assert any("nr=[2,2,2,2]" in d for d in descs)  # broadcast
 
@@ -834,7 +834,7 @@ def test_against_ggml_without_a_compiler_or_a_build(capsys: pytest.CaptureFixtur
     def no_compiler(against: str) -> object:
         raise NoCompilerError("no C compiler (cc, gcc, clang) found")
 
-    monkeypatch.setattr(test_ops, "reference_backend", no_compiler)
+    monkeypatch.setattr(op_check, "reference_backend", no_compiler)
     assert main(["test-ops", "--against", "ggml", "-o", "ADD"]) == 3
     err = capsys.readouterr().err
     assert "--against ggml needs real ggml" in err and "no C compiler" in err
@@ -842,7 +842,7 @@ def test_against_ggml_without_a_compiler_or_a_build(capsys: pytest.CaptureFixtur
     def build_fails(against: str) -> object:
         raise BuildError("cmake failed")
 
-    monkeypatch.setattr(test_ops, "reference_backend", build_fails)
+    monkeypatch.setattr(op_check, "reference_backend", build_fails)
     assert main(["test-ops", "--against", "ggml", "-o", "ADD"]) == 1
     assert "real ggml is not available: cmake failed" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:
@@ -852,14 +852,14 @@ def test_against_ggml_without_a_compiler_or_a_build(capsys: pytest.CaptureFixtur
 
 def test_reference_cases_of_ggml_limits_are_not_supported() -> None:
     """The cases ggml cannot be trusted with are few, each has a reason, and each is a case of the table."""
-    keys = {(c.label, c.desc) for c in test_ops.all_cases()}
-    assert set(test_ops.GGML_LIMITS) <= keys
-    assert 0 < len(test_ops.GGML_LIMITS) <= 10 and all(test_ops.GGML_LIMITS.values())
+    keys = {(c.label, c.desc) for c in op_check.all_cases()}
+    assert set(op_check.GGML_LIMITS) <= keys
+    assert 0 < len(op_check.GGML_LIMITS) <= 10 and all(op_check.GGML_LIMITS.values())
     from pyggml.backends.cpu import cpu_init
 
-    case = next(c for c in test_ops.all_cases() if (c.label, c.desc) in test_ops.GGML_LIMITS)
-    r = run_case(case, cpu_init(), cpu_init(), test_ops.GGML_LIMITS)
-    assert r.status == "not supported" and test_ops.GGML_LIMITS[case.label, case.desc] in r.detail
+    case = next(c for c in op_check.all_cases() if (c.label, c.desc) in op_check.GGML_LIMITS)
+    r = run_case(case, cpu_init(), cpu_init(), op_check.GGML_LIMITS)
+    assert r.status == "not supported" and op_check.GGML_LIMITS[case.label, case.desc] in r.detail
 
 
 def test_unknown_backend_and_op(capsys: pytest.CaptureFixture[str]) -> None:
@@ -894,7 +894,7 @@ def test_compare_follows_ggml() -> None:
     assert "inf mismatch at index 1" in compare(inf, np.array([1.0, np.inf, 2.0]))[1]
     assert "inf mismatch" in compare(inf, np.array([1.0, 5.0, 2.0]))[1]
     assert compare(np.zeros(3), np.zeros(3)) == (0.0, "")
-    assert MAX_NMSE == 1e-7 and test_ops.MAX_NMSE_MUL_MAT == 5e-4 and test_ops.MAX_NMSE_ROPE == 1e-3
+    assert MAX_NMSE == 1e-7 and op_check.MAX_NMSE_MUL_MAT == 5e-4 and op_check.MAX_NMSE_ROPE == 1e-3
 
 
 @pytest.mark.slow
@@ -903,7 +903,7 @@ def test_the_whole_table_runs_on_cpu(capsys: pytest.CaptureFixture[str]) -> None
     builds and computes (its values are checked against numpy below)."""
     assert main(["test-ops", "-b", "cpu"]) == 0
     out = capsys.readouterr().out
-    n = len(test_ops.all_cases())
+    n = len(op_check.all_cases())
     assert f"{n}/{n} passed, 0 failed, 0 not supported" in out
 
 
@@ -918,7 +918,7 @@ ORACLE_NMSE = {"MUL_MAT": 1e-4, "MUL_MAT_ID": 1e-4, "FLASH_ATTN_EXT": 1e-4}
 def test_the_whole_table_matches_numpy(capsys: pytest.CaptureFixture[str], fake_backends: object) -> None:
     assert main(["test-ops", "-b", "numpy"]) == 0
     out = capsys.readouterr().out
-    cases = test_ops.all_cases()
+    cases = op_check.all_cases()
     width = max(len(c.desc) for c in cases)  # the table's CASE column
     lines = out.splitlines()
     results = {}
@@ -985,9 +985,9 @@ def test_parameters_get_the_case_values_too() -> None:
     only zeroed host memory made look right)."""
     from pyggml.core.context import Context
 
-    case = next(c for c in test_ops.all_cases() if c.label == "OPT_STEP_ADAMW")
-    g, _ = test_ops._graph_of(case, Context(mem_size=1 << 22, no_alloc=True))
+    case = next(c for c in op_check.all_cases() if c.label == "OPT_STEP_ADAMW")
+    g, _ = op_check._graph_of(case, Context(mem_size=1 << 22, no_alloc=True))
     params = [n for n in g.nodes if n.op == GGMLOp.NONE]
     assert params and all(p not in g.leafs for p in params)
-    inputs = test_ops._inputs(g)
+    inputs = op_check._inputs(g)
     assert all(p in inputs for p in params) and all(leaf in inputs for leaf in g.leafs)

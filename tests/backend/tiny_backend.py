@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from pyggml.backend import SIZE_MAX, Backend, Buffer, BufferType, Device, DeviceCaps, DeviceType, Event
 from pyggml.core import memory
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import GGMLOp, Tensor
 from pyggml.core.types import GGMLType
+from pyggml.ggml_backend import SIZE_MAX, Backend, Buffer, BufferType, Device, DeviceCaps, DeviceType, Event
 
 F32 = GGMLType.F32
 
@@ -119,7 +119,7 @@ class TinyDevice(Device):
 # the source of a module that ggml_backend_load (and an entry point) can load: one TinyDevice in a Reg named
 # {name}
 REG_MODULE = """
-from pyggml.backend import Reg
+from pyggml.ggml_backend import Reg
 import tiny_backend
 
 class FileReg(Reg):

@@ -14,7 +14,7 @@ from pyggml.core.errors import ArgumentError
 from pyggml.core.ops.node_check import OP_SOURCES, check_node, check_sources
 from pyggml.core.tensor import GGML_MAX_SRC, GGMLOp, Tensor
 from pyggml.core.types import GGMLType
-from pyggml.testing import test_ops
+from pyggml.testing import op_check
 
 
 def test_every_op_has_its_sources() -> None:
@@ -31,7 +31,7 @@ def test_every_node_the_op_cases_build_passes_and_the_table_is_tight() -> None:
     count is the fewest sources a case gives it and its most the highest source a case sets (CUSTOM takes any)."""
     fewest: dict[GGMLOp, int] = {}
     highest: dict[GGMLOp, int] = defaultdict(int)
-    for case in test_ops.all_cases():
+    for case in op_check.all_cases():
         ctx = Context(mem_size=64 << 20, no_alloc=True)
         g = ctx.new_graph()
         g.build_forward_expand(case.build(ctx))

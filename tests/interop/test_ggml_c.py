@@ -16,16 +16,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pyggml.backend import tensor_get_numpy, tensor_set_numpy
 from pyggml.backends.cpu import cpu_init
 from pyggml.core.context import Context
 from pyggml.core.errors import ArgumentError, NotAllocatedError, UnsupportedOpError
 from pyggml.core.graph import graph_overhead
 from pyggml.core.tensor import GGMLOp, ScaleMode, Tensor, UnaryOp
 from pyggml.core.types import GGMLType
-from pyggml.testing import alloc_ctx_tensors, ggml_c, test_ops
+from pyggml.ggml_backend import tensor_get_numpy, tensor_set_numpy
+from pyggml.testing import alloc_ctx_tensors, ggml_c, op_check
 from pyggml.testing.ggml_c import CTensor, GGMLCError, parse_enums
-from pyggml.testing.test_ops import MAX_NMSE, MAX_NMSE_MUL_MAT, compare, new, op, permuted, to_f64, transposed
+from pyggml.testing.op_check import MAX_NMSE, MAX_NMSE_MUL_MAT, compare, new, op, permuted, to_f64, transposed
 
 F32, F16, BF16, I32 = GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.I32
 Q4_0, Q8_0, Q8_1, I64 = GGMLType.Q4_0, GGMLType.Q8_0, GGMLType.Q8_1, GGMLType.I64
@@ -214,7 +214,7 @@ def _pyggml_and_c(build: Build, inits: dict[str, Init] | None = None, threads: i
     try:
         rng = np.random.default_rng(1234)
         for leaf in g.leafs:
-            tensor_set_numpy(leaf, (inits or {}).get(leaf.name, test_ops.default_values)(rng, leaf))
+            tensor_set_numpy(leaf, (inits or {}).get(leaf.name, op_check.default_values)(rng, leaf))
         want = ggml_c.compute_like(out, threads, isolate=isolate)  # first: some graphs write into their leafs
         cpu.graph_compute(g)
         return out, tensor_get_numpy(out), want
@@ -284,8 +284,8 @@ CASES: dict[str, tuple[Build, dict[str, Init], float]] = {
     "MUL_MAT permuted b": (lambda ctx: op(ctx, "mul_mat")(new(ctx, "a", F32, [32, 16, 2, 1]),
                                                           permuted(ctx, "b", F32, [32, 8, 2, 1], (0, 2, 1, 3))),
                            {}, MAX_NMSE_MUL_MAT),
-    "GET_ROWS f32": (_get_rows(F32), {"idx": test_ops.indices(5)}, MAX_NMSE),
-    "GET_ROWS q4_0": (_get_rows(Q4_0), {"idx": test_ops.indices(5)}, MAX_NMSE),
+    "GET_ROWS f32": (_get_rows(F32), {"idx": op_check.indices(5)}, MAX_NMSE),
+    "GET_ROWS q4_0": (_get_rows(Q4_0), {"idx": op_check.indices(5)}, MAX_NMSE),
     "SCALE": (lambda ctx: op(ctx, "scale")(new(ctx, "a", F32, [10, 10, 10, 10]), 0.75), {}, MAX_NMSE),
     "RMS_NORM": (lambda ctx: op(ctx, "rms_norm")(new(ctx, "a", F32, [64, 10, 4, 1]), 1e-6), {}, MAX_NMSE),
     "RMS_NORM permuted": (lambda ctx: op(ctx, "rms_norm")(permuted(ctx, "a", F32, [32, 6, 4, 1], (0, 2, 1, 3)),
@@ -314,9 +314,9 @@ CASES: dict[str, tuple[Build, dict[str, Init], float]] = {
     "UPSCALE bilinear": (lambda ctx: op(ctx, "upscale_ext")(new(ctx, "a", F32, [16, 8, 3, 2]), 23, 13, 3, 2,
                                                             ScaleMode.BILINEAR), {}, MAX_NMSE),
     "ROPE neox partial": (lambda ctx: op(ctx, "rope")(new(ctx, "a", F32, [64, 4, 10, 1]), new(ctx, "pos", I32, [10]),
-                                                      32, 2), {"pos": test_ops.indices(512)}, test_ops.MAX_NMSE_ROPE),
+                                                      32, 2), {"pos": op_check.indices(512)}, op_check.MAX_NMSE_ROPE),
     "ROPE normal partial": (lambda ctx: op(ctx, "rope")(new(ctx, "a", F32, [64, 4, 10, 1]), new(ctx, "pos", I32, [10]),
-                                                        32, 0), {"pos": test_ops.indices(512)}, test_ops.MAX_NMSE_ROPE),
+                                                        32, 0), {"pos": op_check.indices(512)}, op_check.MAX_NMSE_ROPE),
     "SOFT_MAX ALiBi": (lambda ctx: op(ctx, "soft_max_ext")(new(ctx, "a", F32, [32, 8, 4, 1]),
                                                            new(ctx, "mask", F32, [32, 8, 1, 1]), 0.125, 8.0),
                        {}, MAX_NMSE),
@@ -423,7 +423,7 @@ def test_an_input_without_memory_is_named(ggml_c_lib: Any) -> None:
 
 def test_an_op_c_cannot_run_is_named_before_any_c_runs(ggml_c_lib: Any) -> None:
     ctx = Context(mem_size=1 << 20, no_alloc=True)
-    out = op(ctx, "map_custom1")(new(ctx, "kq", F32, [10, 10, 8, 1]), test_ops._custom1, 1, None).set_name("f")
+    out = op(ctx, "map_custom1")(new(ctx, "kq", F32, [10, 10, 8, 1]), op_check._custom1, 1, None).set_name("f")
     with pytest.raises(UnsupportedOpError, match="MAP_CUSTOM1 of 'f' calls a Python function"):
         ggml_c.compute_like(out)
 
@@ -439,7 +439,7 @@ def test_a_ggml_abort_becomes_an_error(ggml_c_lib: Any) -> None:
     assert os.getpid() == pid  # still here
 
 
-# --- the "ggml-c" backend as test_ops' reference ---
+# --- the "ggml-c" backend as op_check' reference ---
 
 
 def test_backend_as_test_ops_reference(ggml_c_lib: Any) -> None:
@@ -447,7 +447,7 @@ def test_backend_as_test_ops_reference(ggml_c_lib: Any) -> None:
     ref = ggml_c.ggml_c_init()
     try:
         assert ref.name() == "ggml-c"
-        cases = [c for c in test_ops.all_cases()
+        cases = [c for c in op_check.all_cases()
                  if (c.label, c.desc) in {("ADD", "type=f32,ne=[16,10,10,10],nr=[2,2,2,2]"),
                                           ("MUL_MAT", "type_a=q4_0,type_b=f32,m=16,n=8,k=256,bs=[3,2],nr=[2,2]"),
                                           ("GET_ROWS", "type=q8_0,n=256,m=5,r=3,b=3"),
@@ -456,12 +456,12 @@ def test_backend_as_test_ops_reference(ggml_c_lib: Any) -> None:
                                            "type=f32,ne=[32,8,4,2],mask=f32[32,8,1,1],scale=0.125,max_bias=0")}]
         assert len(cases) == 5
         for case in cases:
-            r = test_ops.run_case(case, cpu, ref)
+            r = op_check.run_case(case, cpu, ref)
             assert r.status == "OK", (case.label, case.desc, r.detail)
-        custom = [c for c in test_ops.all_cases() if c.label == "MAP_CUSTOM1"]
-        assert [test_ops.run_case(c, cpu, ref).status for c in custom] == ["not supported"]  # a Python function
-        limited = next(c for c in test_ops.all_cases() if (c.label, c.desc) in test_ops.GGML_LIMITS)
-        r = test_ops.run_case(limited, cpu, ref, test_ops.GGML_LIMITS)
+        custom = [c for c in op_check.all_cases() if c.label == "MAP_CUSTOM1"]
+        assert [op_check.run_case(c, cpu, ref).status for c in custom] == ["not supported"]  # a Python function
+        limited = next(c for c in op_check.all_cases() if (c.label, c.desc) in op_check.GGML_LIMITS)
+        r = op_check.run_case(limited, cpu, ref, op_check.GGML_LIMITS)
         assert r.status == "not supported" and "ggml's kernel" in r.detail
     finally:
         cpu.free()
@@ -477,7 +477,7 @@ def test_backend_probe_turns_aborts_into_not_supported(ggml_c_lib: Any) -> None:
         assert not probing.supports_op(node)  # ...its kernel aborts
         assert any("fatal error" in reason for reason in probing.probed.values())
         assert probing.supports_op(op(ctx, "scale")(new(ctx, "b", F32, [10, 10, 1, 1]), 0.75))
-        assert not plain.supports_op(op(ctx, "map_custom1")(new(ctx, "c", F32, [4, 1, 1, 1]), test_ops._custom1))
+        assert not plain.supports_op(op(ctx, "map_custom1")(new(ctx, "c", F32, [4, 1, 1, 1]), op_check._custom1))
     finally:
         plain.free()
         probing.free()
@@ -493,7 +493,7 @@ def test_backend_writes_results_into_its_buffers(ggml_c_lib: Any) -> None:
     try:
         rng = np.random.default_rng(7)
         for leaf in g.leafs:
-            tensor_set_numpy(leaf, test_ops.default_values(rng, leaf))
+            tensor_set_numpy(leaf, op_check.default_values(rng, leaf))
         want = ggml_c.compute_like(out)
         ref.graph_compute(g)
         assert np.array_equal(tensor_get_numpy(out), want)
@@ -512,7 +512,7 @@ def test_cli_test_ops_against_ggml(ggml_c_lib: Any, capsys: pytest.CaptureFixtur
     assert main(["test-ops", "--against", "ggml", "-o", "ROPE"]) == 0
     out = capsys.readouterr().out
     assert "Testing backend CPU against ggml-c" in out
-    n = sum(c.label == "ROPE" for c in test_ops.all_cases())
+    n = sum(c.label == "ROPE" for c in op_check.all_cases())
     assert f"{n}/{n} passed, 0 failed, 0 not supported" in out
     assert main(["test-ops", "--against", "ggml", "-o", "GELU", "-v"]) == 0
     out = capsys.readouterr().out

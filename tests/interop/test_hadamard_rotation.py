@@ -9,13 +9,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pyggml.backend.tensor_io import tensor_get_numpy, tensor_set
 from pyggml.backends.cpu import cpu_init
 from pyggml.core.context import Context
 from pyggml.core.graph import Graph
 from pyggml.core.ops.params import MulMatParams
 from pyggml.core.tensor import OpHint
 from pyggml.core.types import GGMLType
+from pyggml.ggml_backend.tensor_io import tensor_get_numpy, tensor_set
 from pyggml.models.attn_rot import hadamard, mul_mat_hadamard
 from pyggml.testing import alloc_ctx_tensors, ggml_c
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pyggml.backend.tensor_io import tensor_get, tensor_get_numpy, tensor_set
 from pyggml.backends.cpu import cpu_init
 from pyggml.core import quants
 from pyggml.core.context import Context
@@ -17,6 +16,7 @@ from pyggml.core.graph import Graph
 from pyggml.core.ops.params import MulMatParams
 from pyggml.core.tensor import GGMLOp, OpHint
 from pyggml.core.types import GGMLType
+from pyggml.ggml_backend.tensor_io import tensor_get, tensor_get_numpy, tensor_set
 from pyggml.models import attn_rot, load
 from pyggml.models.builtin import builtin_model_path
 from pyggml.models.graph import build_graph

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 import pyggml.models as pm
-from pyggml.backend.tensor_io import tensor_get_numpy
 from pyggml.core import memory
 from pyggml.core.errors import GGMLError, GGUFError
 from pyggml.core.quants import from_float, to_float
 from pyggml.core.types import GGMLType
+from pyggml.ggml_backend.tensor_io import tensor_get_numpy
 from pyggml.gguf import RawTensor, load_tensors, read_gguf, write_gguf
 from pyggml.models.convert import permute, unpermute, write_llama_gguf
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pyggml.backend.tensor_io import tensor_get, tensor_set
 from pyggml.backends.cpu.backend import cpu_init
 from pyggml.core import quants
 from pyggml.core.context import Context
 from pyggml.core.errors import ArgumentError
 from pyggml.core.graph import Graph
 from pyggml.core.types import TYPE_TRAITS, GGMLType, row_size
+from pyggml.ggml_backend.tensor_io import tensor_get, tensor_set
 from pyggml.models import load
 from pyggml.models.builtin import builtin_model_path
 from pyggml.models.kv_cache import CACHE_TYPES, KVCache

@@ -234,7 +234,7 @@ def test_split_over_two_backends_gives_the_same_tokens(tiny_gguf: object, prompt
 
 @pytest.mark.slow
 def test_split_with_torch_backend(tiny_gguf: object, prompt32: np.ndarray) -> None:
-    from pyggml.backend.registry import init_backend
+    from pyggml.ggml_backend.registry import init_backend
 
     one = load(tiny_gguf("F32"))
     split = pm.load(tiny_gguf("F32"), backends=[init_backend("torch"), cpu_init(2)], n_layers_on=[1], n_ctx=64,

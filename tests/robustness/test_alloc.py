@@ -15,7 +15,6 @@ import pytest
 
 import pyggml.capi as capi
 from pyggml.alloc import GraphAllocator, TensorAllocator
-from pyggml.backend import tensor_get_numpy, tensor_set_numpy
 from pyggml.backends.cpu import CPUBackend, cpu_init
 from pyggml.core.context import Context
 from pyggml.core.errors import (
@@ -33,6 +32,7 @@ from pyggml.core.errors import (
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import GGMLOp, Tensor
 from pyggml.core.types import GGMLType
+from pyggml.ggml_backend import tensor_get_numpy, tensor_set_numpy
 from pyggml.seed import Allocr
 from robustness.conftest import expect_error
 

@@ -16,18 +16,6 @@ import numpy as np
 import pytest
 
 import pyggml.capi as capi
-from pyggml.backend import (
-    Backend,
-    Buffer,
-    BufferInterface,
-    buffer_init,
-    tensor_copy,
-    tensor_get,
-    tensor_get_numpy,
-    tensor_memset,
-    tensor_set,
-    tensor_set_numpy,
-)
 from pyggml.backends.cpu import CPUBackend, cpu_buffer_from_ptr, cpu_init, cpu_set_n_threads, graph_compute_with_ctx
 from pyggml.core import checks
 from pyggml.core.context import Context
@@ -46,6 +34,18 @@ from pyggml.core.errors import (
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import GGMLOp, Tensor
 from pyggml.core.types import GGMLType
+from pyggml.ggml_backend import (
+    Backend,
+    Buffer,
+    BufferInterface,
+    buffer_init,
+    tensor_copy,
+    tensor_get,
+    tensor_get_numpy,
+    tensor_memset,
+    tensor_set,
+    tensor_set_numpy,
+)
 from pyggml.testing import alloc_ctx_tensors
 from robustness.conftest import expect_error, run_isolated
 

@@ -16,8 +16,6 @@ import pytest
 
 import pyggml.capi as capi
 from pyggml.alloc import TensorAllocator
-from pyggml.backend import tensor_get_numpy, tensor_set_numpy
-from pyggml.backend.backend import Backend
 from pyggml.backends.cpu import CPUBackend, cpu_init
 from pyggml.backends.testing_blas import TestingBLASBackend
 from pyggml.core.context import Context
@@ -34,6 +32,8 @@ from pyggml.core.errors import (
 )
 from pyggml.core.graph import Graph
 from pyggml.core.types import GGMLType
+from pyggml.ggml_backend import tensor_get_numpy, tensor_set_numpy
+from pyggml.ggml_backend.backend import Backend
 from pyggml.seed import GGML_MAX_BACKENDS, Scheduler
 from robustness.conftest import expect_error
 

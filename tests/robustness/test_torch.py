@@ -15,15 +15,6 @@ import numpy as np
 import pytest
 import torch
 
-from pyggml.backend import (
-    init_backend,
-    tensor_copy,
-    tensor_get,
-    tensor_get_numpy,
-    tensor_set,
-    tensor_set_numpy,
-)
-from pyggml.backend.buffer import Buffer
 from pyggml.backends.cpu import cpu_init
 from pyggml.backends.torch import ENV_MATMUL_PRECISION, TorchBackend, torch_init, torch_set_n_threads
 from pyggml.backends.torch.plan import plan_create
@@ -43,6 +34,15 @@ from pyggml.core.errors import (
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import Tensor, UnaryOp
 from pyggml.core.types import GGMLType
+from pyggml.ggml_backend import (
+    init_backend,
+    tensor_copy,
+    tensor_get,
+    tensor_get_numpy,
+    tensor_set,
+    tensor_set_numpy,
+)
+from pyggml.ggml_backend.buffer import Buffer
 from pyggml.testing import alloc_ctx_tensors
 from robustness.conftest import expect_error, run_isolated
 

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 from pyggml.alloc.tensor_allocator import TensorAllocator
-from pyggml.backend import tensor_set
 from pyggml.backends.cpu import CPUBackend
 from pyggml.backends.testing_blas import TestingBLASBackend
 from pyggml.core.context import Context
 from pyggml.core.types import GGMLType
+from pyggml.ggml_backend import tensor_set
 
 
 class CountingCPU(CPUBackend):

@@ -17,13 +17,13 @@ import numpy as np
 
 from pyggml.alloc.graph_allocator import GraphAllocator
 from pyggml.alloc.tensor_allocator import TensorAllocator
-from pyggml.backend import tensor_get_numpy, tensor_set, tensor_set_numpy
-from pyggml.backend.backend import Backend
-from pyggml.backend.buffer import Buffer
 from pyggml.core.context import Context
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import Tensor
 from pyggml.core.types import GGMLType
+from pyggml.ggml_backend import tensor_get_numpy, tensor_set, tensor_set_numpy
+from pyggml.ggml_backend.backend import Backend
+from pyggml.ggml_backend.buffer import Buffer
 from pyggml.seed import Scheduler
 
 N_EMBD, N_HEAD, N_FF = 8, 2, 16

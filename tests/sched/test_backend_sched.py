@@ -14,8 +14,6 @@ import pytest
 
 import pyggml.models as pm
 from pyggml.alloc.tensor_allocator import TensorAllocator
-from pyggml.backend import tensor_get_numpy, tensor_set_numpy
-from pyggml.backend.buffer import BufferUsage
 from pyggml.backends import testing_blas
 from pyggml.backends.cpu import cpu_init
 from pyggml.capi import sched as capi
@@ -23,6 +21,8 @@ from pyggml.core.context import Context
 from pyggml.core.errors import ArgumentError, ArgumentTypeError, LimitExceededError, UnsupportedOpError
 from pyggml.core.tensor import GGMLOp, is_view_op
 from pyggml.core.types import GGMLType
+from pyggml.ggml_backend import tensor_get_numpy, tensor_set_numpy
+from pyggml.ggml_backend.buffer import BufferUsage
 from pyggml.models.builtin import builtin_model_path
 from pyggml.models.llama import build_llama
 from pyggml.models.model import Batch
@@ -113,7 +113,7 @@ def test_eval_callback_reads_every_intermediate() -> None:
             talloc.alloc(t)
         for t in (*gf2.leafs, *gf2.nodes):
             if t.data is None and t.view_src is not None:
-                from pyggml.backend import view_init
+                from pyggml.ggml_backend import view_init
 
                 view_init(t)
         for t, v in inputs2:
@@ -337,7 +337,7 @@ def test_op_offload_asks_only_devices_with_the_hook(monkeypatch: pytest.MonkeyPa
     backend whose device wants it (cause 1.off); a device without the offload_op hook is not asked (it would
     say no), and with op_offload off nobody is."""
     from pyggml.alloc.ctx_tensors import alloc_ctx_tensors
-    from pyggml.backend.device import Device
+    from pyggml.ggml_backend.device import Device
 
     first, last = cpu_init(1), cpu_init(1)
     ctx = Context(mem_size=1 << 20, no_alloc=True)

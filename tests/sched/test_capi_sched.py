@@ -7,9 +7,9 @@ import pytest
 from sched_graphs import build_block, compute_on_one_backend, input_values, make_weights, set_inputs
 
 import pyggml.capi as C
-from pyggml.backend import tensor_get_numpy
 from pyggml.backends.cpu import cpu_init
 from pyggml.core.errors import ArgumentError
+from pyggml.ggml_backend import tensor_get_numpy
 
 
 def test_capi_scheduler_computes_a_block(cpu_a, cpu_b) -> None:

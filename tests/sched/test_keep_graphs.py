@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 import pyggml.models as pm
-from pyggml.backend import tensor_get_numpy, tensor_set_numpy
 from pyggml.backends.cpu import cpu_init
 from pyggml.core.context import Context
 from pyggml.core.errors import ArgumentError
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import Tensor
+from pyggml.ggml_backend import tensor_get_numpy, tensor_set_numpy
 from pyggml.models.builtin import builtin_model_path
 from pyggml.sched import BackendSched
 

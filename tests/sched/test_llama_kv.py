@@ -13,10 +13,10 @@ import numpy as np
 
 from pyggml.alloc.graph_allocator import GraphAllocator
 from pyggml.alloc.tensor_allocator import TensorAllocator
-from pyggml.backend import tensor_get_numpy, tensor_set_numpy
 from pyggml.backends.cpu import cpu_init
 from pyggml.core.context import Context
 from pyggml.core.tensor import GGMLOp
+from pyggml.ggml_backend import tensor_get_numpy, tensor_set_numpy
 from pyggml.seed import Scheduler
 from pyggml.testing.graphs import build_llama_graph, llama_input_values
 

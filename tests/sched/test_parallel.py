@@ -23,15 +23,15 @@ import numpy as np
 import pytest
 
 from pyggml.alloc.tensor_allocator import TensorAllocator
-from pyggml.backend import tensor_get_numpy, tensor_set_numpy
-from pyggml.backend.backend import Backend
-from pyggml.backend.buffer import BufferUsage
-from pyggml.backend.tensor_io import tensor_get_async, tensor_set_async
 from pyggml.backends.cpu import cpu_init
 from pyggml.core.context import Context
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import Tensor, TensorFlag
 from pyggml.core.types import GGMLType
+from pyggml.ggml_backend import tensor_get_numpy, tensor_set_numpy
+from pyggml.ggml_backend.backend import Backend
+from pyggml.ggml_backend.buffer import BufferUsage
+from pyggml.ggml_backend.tensor_io import tensor_get_async, tensor_set_async
 from pyggml.sched import BackendSched
 from pyggml.sched.backend_sched import GGML_SCHED_MAX_COPIES
 from pyggml.testing import alloc_ctx_tensors

@@ -15,13 +15,13 @@ from sched_graphs import build_block, compute_on_one_backend, input_values, make
 
 from pyggml.alloc.graph_allocator import GraphAllocator
 from pyggml.alloc.tensor_allocator import TensorAllocator
-from pyggml.backend import tensor_get_numpy, tensor_set_numpy
 from pyggml.backends.cpu import cpu_init
 from pyggml.capi.sched import ggml_backend_sched_reserve
 from pyggml.core.context import Context, tensor_overhead
 from pyggml.core.errors import GraphError, OutOfMemoryError
 from pyggml.core.graph import graph_overhead
 from pyggml.core.types import GGMLType
+from pyggml.ggml_backend import tensor_get_numpy, tensor_set_numpy
 from pyggml.models.kv_cache import KVCache
 from pyggml.models.llama import LlamaHParams, build_llama, graph_size, tensor_names
 from pyggml.seed import Scheduler

@@ -15,7 +15,6 @@ from sched_graphs import (
     split_table,
 )
 
-from pyggml.backend import tensor_get_numpy, tensor_set
 from pyggml.backends.cpu import cpu_init
 from pyggml.core.errors import (
     ArgumentError,
@@ -25,6 +24,7 @@ from pyggml.core.errors import (
     OutOfMemoryError,
     UnsupportedOpError,
 )
+from pyggml.ggml_backend import tensor_get_numpy, tensor_set
 from pyggml.seed import GGML_MAX_BACKENDS, GGML_MAX_SPLIT_INPUTS, GGML_MAX_SPLITS, Scheduler
 
 

@@ -12,7 +12,7 @@ from sched_graphs import (
     split_table,
 )
 
-from pyggml.backend import tensor_get_numpy
+from pyggml.ggml_backend import tensor_get_numpy
 from pyggml.seed import Scheduler
 
 # --- a small graph ---

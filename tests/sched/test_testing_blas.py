@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 
 from pyggml.alloc.tensor_allocator import TensorAllocator
-from pyggml.backend import tensor_copy, tensor_get_numpy, tensor_set_numpy
 from pyggml.backends import testing_blas
 from pyggml.backends.testing_blas import TestingBLASBackend
 from pyggml.core import memory
 from pyggml.core.context import Context
 from pyggml.core.errors import ArgumentError, GGMLError, UnsupportedOpError
 from pyggml.core.types import GGMLType
+from pyggml.ggml_backend import tensor_copy, tensor_get_numpy, tensor_set_numpy
 
 
 def alloc_all(backend, *tensors):

@@ -26,12 +26,12 @@ import pytest
 from serve_util import free_port
 
 import pyggml.models as pm
-from pyggml.backend.tensor_io import tensor_get, tensor_set
 from pyggml.backends import testing_blas
 from pyggml.backends.cpu import cpu_init
 from pyggml.cli.main import build_parser
 from pyggml.cli.serve import BATCH_INVARIANT
 from pyggml.core.errors import ArgumentError
+from pyggml.ggml_backend.tensor_io import tensor_get, tensor_set
 from pyggml.models.builtin import builtin_model_path
 from pyggml.models.kv_cache import KVCache
 from pyggml.serve.engine import Engine, Event, GenRequest

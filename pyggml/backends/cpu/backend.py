@@ -7,9 +7,6 @@ import logging
 import os
 from typing import Any
 
-from pyggml.backend.backend import Backend
-from pyggml.backend.buffer_type import BufferType
-from pyggml.backend.tensor_io import tensor_get, tensor_set
 from pyggml.backends.cpu.buffer import (
     TENSOR_ALIGNMENT,
     CPUBuffer,
@@ -29,6 +26,9 @@ from pyggml.core.context import Context
 from pyggml.core.errors import ArgumentError, ArgumentTypeError
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import Tensor
+from pyggml.ggml_backend.backend import Backend
+from pyggml.ggml_backend.buffer_type import BufferType
+from pyggml.ggml_backend.tensor_io import tensor_get, tensor_set
 
 log = logging.getLogger("pyggml.backends.cpu")
 

@@ -7,16 +7,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pyggml.backend.buffer import Buffer
-from pyggml.backend.tensor_io import tensor_get
 from pyggml.core import memory
 from pyggml.core.checks import check_size
 from pyggml.core.errors import ArgumentError, OutOfBoundsError
 from pyggml.core.tensor import Tensor
+from pyggml.ggml_backend.buffer import Buffer
+from pyggml.ggml_backend.tensor_io import tensor_get
 
 if TYPE_CHECKING:
-    from pyggml.backend.backend import Backend
-    from pyggml.backend.buffer_type import BufferType
+    from pyggml.ggml_backend.backend import Backend
+    from pyggml.ggml_backend.buffer_type import BufferType
 
 TENSOR_ALIGNMENT = 64  # enough for AVX-512 (ggml's is 32: what mmapped GGUF data guarantees)
 

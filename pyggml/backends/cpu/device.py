@@ -6,11 +6,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from pyggml.backend.backend import Backend
-from pyggml.backend.buffer import Buffer
-from pyggml.backend.buffer_type import BufferType
-from pyggml.backend.device import Device, DeviceCaps, DeviceType, host_cpu_name, host_memory
-from pyggml.backend.registry import (
+from pyggml.backends.cpu.buffer import TENSOR_ALIGNMENT, cpu_alloc_buffer, cpu_buffer_from_ptr
+from pyggml.backends.cpu.plan import kernel_supports
+from pyggml.backends.cpu.repack import CPURepackBufferType
+from pyggml.core.checks import check_instance
+from pyggml.core.errors import ArgumentError
+from pyggml.core.tensor import Tensor
+from pyggml.ggml_backend.backend import Backend
+from pyggml.ggml_backend.buffer import Buffer
+from pyggml.ggml_backend.buffer_type import BufferType
+from pyggml.ggml_backend.device import Device, DeviceCaps, DeviceType, host_cpu_name, host_memory
+from pyggml.ggml_backend.registry import (
     COMPILE_CACHE_FOLDER,
     EXTRA_BUFTS,
     SET_BATCH_INVARIANT,
@@ -18,12 +24,6 @@ from pyggml.backend.registry import (
     WATCH_COMPILES,
     Reg,
 )
-from pyggml.backends.cpu.buffer import TENSOR_ALIGNMENT, cpu_alloc_buffer, cpu_buffer_from_ptr
-from pyggml.backends.cpu.plan import kernel_supports
-from pyggml.backends.cpu.repack import CPURepackBufferType
-from pyggml.core.checks import check_instance
-from pyggml.core.errors import ArgumentError
-from pyggml.core.tensor import Tensor
 
 if TYPE_CHECKING:
     from pyggml.backends.cpu.backend import CPUBackend

@@ -8,7 +8,6 @@ from collections.abc import Callable
 
 import numpy as np
 
-from pyggml.backend.buffer import Buffer, check_plan_buffers, tensor_buffer
 from pyggml.backends.cpu import kernels
 from pyggml.backends.cpu.kernels import KERNELS, Compute, ComputeParams, _common
 from pyggml.backends.cpu.repack import repack_supports_op
@@ -18,6 +17,7 @@ from pyggml.core.graph import Graph
 from pyggml.core.ops.node_check import check_sources
 from pyggml.core.tensor import GGMLOp, Tensor, is_view_op, nbytes_of
 from pyggml.core.types import TYPE_TRAITS
+from pyggml.ggml_backend.buffer import Buffer, check_plan_buffers, tensor_buffer
 
 Supports = Callable[[Tensor], bool]
 

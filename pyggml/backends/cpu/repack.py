@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from pyggml.backend.buffer import Buffer, tensor_buffer
-from pyggml.backend.buffer_type import BufferType
 from pyggml.backends.cpu.buffer import TENSOR_ALIGNMENT, CPUBuffer, cpu_alloc_buffer, host_bytes
 from pyggml.core.errors import ArgumentError, ShapeError
 from pyggml.core.tensor import GGMLOp, Tensor
 from pyggml.core.types import TYPE_TRAITS, GGMLType
+from pyggml.ggml_backend.buffer import Buffer, tensor_buffer
+from pyggml.ggml_backend.buffer_type import BufferType
 
 X8_ROWS = 8
 Q4_0_BLOCK_BYTES = 18

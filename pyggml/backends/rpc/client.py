@@ -13,11 +13,6 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from pyggml.backend.backend import Backend
-from pyggml.backend.buffer import Buffer, BufferUsage, tensor_buffer
-from pyggml.backend.buffer_type import BufferType
-from pyggml.backend.device import Device, DeviceCaps, DeviceType
-from pyggml.backend.registry import Reg
 from pyggml.backends.rpc import wire
 from pyggml.backends.rpc.connection import Connection, connect, parse_endpoint
 from pyggml.backends.rpc.wire import RpcCmd, RpcConnectionError, RpcError
@@ -25,6 +20,11 @@ from pyggml.core.errors import ArgumentError, OutOfMemoryError
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import GGMLOp, Tensor, TensorFlag
 from pyggml.core.types import TYPE_TRAITS, GGMLType
+from pyggml.ggml_backend.backend import Backend
+from pyggml.ggml_backend.buffer import Buffer, BufferUsage, tensor_buffer
+from pyggml.ggml_backend.buffer_type import BufferType
+from pyggml.ggml_backend.device import Device, DeviceCaps, DeviceType
+from pyggml.ggml_backend.registry import Reg
 
 log = logging.getLogger("pyggml.backends.rpc")
 

@@ -21,9 +21,6 @@ from typing import Any
 
 import numpy as np
 
-from pyggml.backend.backend import Backend
-from pyggml.backend.buffer import Buffer
-from pyggml.backend.tensor_io import tensor_get, tensor_memset, tensor_set
 from pyggml.backends.rpc import wire
 from pyggml.backends.rpc.wire import RpcCmd, RpcError, RpcTensor
 from pyggml.core.errors import ArgumentError, GGMLError
@@ -32,6 +29,9 @@ from pyggml.core.ops.node_check import check_node
 from pyggml.core.tensor import VIEW_OPS, GGMLOp, Tensor, TensorFlag, nbytes_of
 from pyggml.core.types import TYPE_TRAITS, GGMLType
 from pyggml.core.work import WorkBudget, graph_cost
+from pyggml.ggml_backend.backend import Backend
+from pyggml.ggml_backend.buffer import Buffer
+from pyggml.ggml_backend.tensor_io import tensor_get, tensor_memset, tensor_set
 
 log = logging.getLogger("pyggml.backends.rpc.server")
 
@@ -770,8 +770,8 @@ def _failing_node(e: Exception, graph: Graph) -> str:
 def start_server(endpoint: str, cache_dir: str | None, n_threads: int, n_devices: int,
                  devices: list[Any]) -> None:
     """ggml_backend_rpc_start_server: serve `devices` (pyggml devices) on endpoint "HOST:PORT", forever."""
-    from pyggml.backend.registry import set_n_threads
     from pyggml.backends.rpc.connection import parse_endpoint
+    from pyggml.ggml_backend.registry import set_n_threads
 
     host, port, _ = parse_endpoint(endpoint)
     backends = []

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from pyggml.backend.backend import Backend
-from pyggml.backend.buffer import tensor_buffer
 from pyggml.backends.testing_blas.buffer import TESTING_BLAS_ALIGNMENT, TestingBLASBuffer
 from pyggml.core.errors import ArgumentError, UnsupportedOpError
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import GGMLOp, Tensor, is_view_op
 from pyggml.core.types import GGMLType
+from pyggml.ggml_backend.backend import Backend
+from pyggml.ggml_backend.buffer import tensor_buffer
 
 _DTYPES = {GGMLType.F32: np.float32, GGMLType.F16: np.float16}
 

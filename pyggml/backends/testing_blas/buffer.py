@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pyggml.backend.buffer import Buffer
 from pyggml.core.errors import ArgumentError, OutOfBoundsError
 from pyggml.core.tensor import Tensor
+from pyggml.ggml_backend.buffer import Buffer
 
 if TYPE_CHECKING:
-    from pyggml.backend.backend import Backend
+    from pyggml.ggml_backend.backend import Backend
 
 TESTING_BLAS_ALIGNMENT = 32
 FAKE_BASE = 0xB1A5_0000_0000_0000  # not a canonical user-space address: never host memory

@@ -32,9 +32,6 @@ import logging
 
 import torch
 
-from pyggml.backend.backend import Backend
-from pyggml.backend.buffer import Buffer, tensor_buffer
-from pyggml.backend.event import Event
 from pyggml.backends.torch.buffer import (
     TORCH_ALIGNMENT,
     TorchBuffer,
@@ -59,6 +56,9 @@ from pyggml.core.checks import check_instance, check_positive, check_size
 from pyggml.core.errors import ArgumentError, NotAllocatedError
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import Tensor
+from pyggml.ggml_backend.backend import Backend
+from pyggml.ggml_backend.buffer import Buffer, tensor_buffer
+from pyggml.ggml_backend.event import Event
 
 log = logging.getLogger("pyggml.backends.torch")
 

@@ -40,17 +40,17 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from pyggml.backend.buffer import Buffer, tensor_buffer
 from pyggml.core import memory
 from pyggml.core.checks import check_host_alloc
 from pyggml.core.errors import LayoutError, OutOfBoundsError, OutOfMemoryError, UnsupportedTypeError
 from pyggml.core.tensor import Tensor, nbytes_of
 from pyggml.core.types import TYPE_TRAITS, GGMLType
+from pyggml.ggml_backend.buffer import Buffer, tensor_buffer
 
 if TYPE_CHECKING:
-    from pyggml.backend.backend import Backend
-    from pyggml.backend.buffer_type import BufferType
     from pyggml.backends.torch.cache import WeightCache
+    from pyggml.ggml_backend.backend import Backend
+    from pyggml.ggml_backend.buffer_type import BufferType
 
 log = logging.getLogger("pyggml.backends.torch")
 

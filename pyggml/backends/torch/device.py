@@ -22,16 +22,16 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from pyggml.backend.buffer import Buffer
-from pyggml.backend.buffer_type import BufferType
-from pyggml.backend.device import Device, DeviceType, host_cpu_name, host_memory
-from pyggml.backend.device import DeviceCaps as BackendDeviceCaps
-from pyggml.backend.event import Event
-from pyggml.backend.registry import Reg
 from pyggml.backends.torch.buffer import TORCH_ALIGNMENT, torch_alloc_buffer
 from pyggml.backends.torch.kernels import supports
 from pyggml.core.errors import ArgumentError
 from pyggml.core.tensor import Tensor
+from pyggml.ggml_backend.buffer import Buffer
+from pyggml.ggml_backend.buffer_type import BufferType
+from pyggml.ggml_backend.device import Device, DeviceType, host_cpu_name, host_memory
+from pyggml.ggml_backend.device import DeviceCaps as BackendDeviceCaps
+from pyggml.ggml_backend.event import Event
+from pyggml.ggml_backend.registry import Reg
 
 if TYPE_CHECKING:
     from pyggml.backends.torch.backend import TorchBackend

@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from pyggml.backend.buffer import check_plan_buffers, tensor_buffer
 from pyggml.backends.torch.buffer import TorchBuffer
 from pyggml.backends.torch.kernels import KERNELS, Compute, is_noop
 from pyggml.core.errors import ArgumentError, NotAllocatedError, UnsupportedOpError
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import GGMLOp, Tensor, is_view_op
+from pyggml.ggml_backend.buffer import check_plan_buffers, tensor_buffer
 
 if TYPE_CHECKING:
     from pyggml.backends.torch.backend import TorchBackend

@@ -6,8 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from pyggml.backend import Backend
-from pyggml.testing import llamacpp, test_ops
+from pyggml.ggml_backend import Backend
+from pyggml.testing import llamacpp, op_check
 
 
 @pytest.fixture(scope="session")
@@ -18,6 +18,6 @@ def ggml_reference() -> Iterator[Backend]:
             llamacpp.require_libs(llamacpp.GGML_LIBS)
         except llamacpp.NoCompilerError as e:
             pytest.skip(str(e))  # the one reason to skip: no compiler to build ggml with
-    reference, _ = test_ops.reference_backend("ggml")
+    reference, _ = op_check.reference_backend("ggml")
     yield reference
     reference.free()

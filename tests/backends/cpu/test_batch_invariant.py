@@ -15,12 +15,12 @@ import pytest
 from kernel_helpers import backend_mul_mat, compile_node, new_ctx, tensor, values_of
 from test_flash_attn_ext import fa, nmse, reference, stored
 
-from pyggml.backend.registry import SET_BATCH_INVARIANT, set_batch_invariant
 from pyggml.backends.cpu import cpu_init
 from pyggml.backends.cpu.device import cpu_reg
 from pyggml.backends.cpu.kernels import ComputeParams, matmul
 from pyggml.core.errors import ArgumentTypeError
 from pyggml.core.types import GGMLType
+from pyggml.ggml_backend.registry import SET_BATCH_INVARIANT, set_batch_invariant
 
 F32, F16, Q8_0, Q4_0 = GGMLType.F32, GGMLType.F16, GGMLType.Q8_0, GGMLType.Q4_0
 WEIGHT_TYPES = [F32, F16, Q8_0, Q4_0, GGMLType.Q4_1, GGMLType.Q4_K, GGMLType.Q6_K]

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 from kernel_helpers import compile_node, manual_node, new_ctx, run, stored, tensor
 
-from pyggml.backend import Backend
 from pyggml.backends.cpu import cpu_init, graph_compute_with_ctx
 from pyggml.capi import core as capi
 from pyggml.core.context import Context
@@ -17,7 +16,8 @@ from pyggml.core.errors import ArgumentError, GGMLError, ShapeError, Unsupported
 from pyggml.core.ops.params import Col2im1dParams, Conv3dParams, Im2col3dParams, Im2colParams, Pool2dParams
 from pyggml.core.tensor import GGMLOp, OpPool, Tensor
 from pyggml.core.types import GGMLType
-from pyggml.testing import test_ops
+from pyggml.ggml_backend import Backend
+from pyggml.testing import op_check
 from pyggml.testing.cases_conv_back import conv_back_cases
 
 F32, F16, BF16 = GGMLType.F32, GGMLType.F16, GGMLType.BF16
@@ -395,7 +395,7 @@ def test_kernels_refuse_bad_nodes_before_computing() -> None:
 @pytest.mark.parametrize("label", ["IM2COL_BACK", "IM2COL_3D", "COL2IM_1D", "CONV_3D", "POOL_2D_BACK"])
 def test_every_case_against_ggml(label: str, ggml_reference: Backend) -> None:
     cases = [c for c in conv_back_cases() if c.label == label]
-    results = test_ops.run_cases(cases, ggml_reference)
+    results = op_check.run_cases(cases, ggml_reference)
     bad = [(r.case.desc, r.status, r.detail) for r in results if r.status != "OK"]
     assert not bad, bad
     assert len(results) >= 12

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 import pyggml.backends.cpu.backend as cpu_backend_module
-from pyggml.backend import Backend, get_backend, tensor_get, tensor_get_numpy, tensor_set
 from pyggml.backends.cpu import (
     TENSOR_ALIGNMENT,
     CPUBackend,
@@ -32,6 +31,7 @@ from pyggml.core.errors import (
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import GGMLOp, Tensor, UnaryOp
 from pyggml.core.types import GGMLType
+from pyggml.ggml_backend import Backend, get_backend, tensor_get, tensor_get_numpy, tensor_set
 from pyggml.testing import alloc_ctx_tensors
 
 F32 = GGMLType.F32

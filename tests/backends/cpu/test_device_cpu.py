@@ -8,7 +8,12 @@ import pytest
 
 from pyggml.alloc import alloc_ctx_tensors, alloc_ctx_tensors_from_buft
 from pyggml.alloc.ctx_tensors import alloc_size
-from pyggml.backend import (
+from pyggml.backends.cpu import CPUBackend, CPUBuffer, cpu_buffer_type, cpu_device, cpu_init, cpu_reg
+from pyggml.core.context import Context
+from pyggml.core.errors import ArgumentError, NotAllocatedError, OutOfBoundsError
+from pyggml.core.tensor import Tensor
+from pyggml.core.types import GGMLType
+from pyggml.ggml_backend import (
     SIZE_MAX,
     BufferUsage,
     DeviceType,
@@ -21,11 +26,6 @@ from pyggml.backend import (
     tensor_set_numpy,
     view_init,
 )
-from pyggml.backends.cpu import CPUBackend, CPUBuffer, cpu_buffer_type, cpu_device, cpu_init, cpu_reg
-from pyggml.core.context import Context
-from pyggml.core.errors import ArgumentError, NotAllocatedError, OutOfBoundsError
-from pyggml.core.tensor import Tensor
-from pyggml.core.types import GGMLType
 from pyggml.gguf.loader import load_tensors, maps_weights
 from pyggml.gguf.reader import read_gguf
 from pyggml.models import builtin_model_path

@@ -8,10 +8,10 @@ import pytest
 
 import pyggml.models as pm
 from pyggml.alloc import GraphAllocator, TensorAllocator
-from pyggml.backend import BufferUsage, tensor_get_numpy, tensor_set_numpy
 from pyggml.backends.cpu import cpu_init
 from pyggml.core.context import Context
 from pyggml.core.types import GGMLType
+from pyggml.ggml_backend import BufferUsage, tensor_get_numpy, tensor_set_numpy
 from pyggml.models import builtin_model_path
 
 F32 = GGMLType.F32

@@ -11,14 +11,14 @@ import pytest
 from kernel_helpers import bf16_bits, compile_node, new_ctx, run, stored, tensor
 
 from pyggml.alloc import GraphAllocator, TensorAllocator, op_can_inplace
-from pyggml.backend import Backend, tensor_get_numpy, tensor_set_numpy
 from pyggml.backends.cpu import cpu_init, kernel_supports
 from pyggml.capi import core as capi
 from pyggml.core.context import Context
 from pyggml.core.errors import ArgumentError, GGMLError, ShapeError, UnsupportedTypeError
 from pyggml.core.tensor import GGML_ROPE_TYPE_NEOX, GGML_ROPE_TYPE_NORMAL, GGMLOp
 from pyggml.core.types import GGMLType, to_float
-from pyggml.testing import test_ops
+from pyggml.ggml_backend import Backend, tensor_get_numpy, tensor_set_numpy
+from pyggml.testing import op_check
 from pyggml.testing.cases_extra import extra_cases
 
 F32, F16, BF16, I32 = GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.I32
@@ -415,7 +415,7 @@ def test_dsv4_hc_post(identity: bool) -> None:
 
 @pytest.mark.parametrize("label", sorted({c.label for c in extra_cases()}))
 def test_against_ggml(label: str, ggml_reference: Backend) -> None:
-    results = test_ops.run_cases([c for c in extra_cases() if c.label == label], ggml_reference)
+    results = op_check.run_cases([c for c in extra_cases() if c.label == label], ggml_reference)
     bad = [(r.case.desc, r.status, r.detail) for r in results if r.status != "OK"]
     assert not bad, bad
     assert len(results) >= 5

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from kernel_helpers import new_ctx, run, tensor
 
-from pyggml.backend import Backend
 from pyggml.backends.cpu import cpu_init
 from pyggml.backends.cpu.kernels import ComputeParams
 from pyggml.capi import core as capi
@@ -20,7 +19,8 @@ from pyggml.core.errors import ArgumentError, ShapeError
 from pyggml.core.ops.params import FlashAttnExtParams
 from pyggml.core.tensor import GGMLOp, Prec, Tensor
 from pyggml.core.types import GGMLType, from_float, to_float
-from pyggml.testing import test_ops
+from pyggml.ggml_backend import Backend
+from pyggml.testing import op_check
 from pyggml.testing.cases_flash_attn import flash_attn_ext_cases
 
 F32, F16, BF16, Q8_0, Q4_0 = GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_0
@@ -251,7 +251,7 @@ def test_cpu_refuses_what_ggml_cpu_refuses() -> None:
 
 
 def test_every_case_against_ggml(ggml_reference: Backend) -> None:
-    results = test_ops.run_cases(flash_attn_ext_cases(), ggml_reference)
+    results = op_check.run_cases(flash_attn_ext_cases(), ggml_reference)
     bad = [(r.case.desc, r.status, r.detail) for r in results if r.status != "OK"]
     assert not bad, bad
     assert len(results) >= 60

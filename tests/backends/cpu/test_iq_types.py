@@ -20,7 +20,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pyggml.backend.tensor_io import tensor_get_numpy, tensor_set, tensor_set_numpy
 from pyggml.backends.cpu import cpu_init
 from pyggml.backends.cpu.backend import CPUBackend
 from pyggml.backends.cpu.kernels import atomics, matmul
@@ -30,6 +29,7 @@ from pyggml.core.context import Context
 from pyggml.core.errors import UnsupportedOpError, UnsupportedTypeError
 from pyggml.core.tensor import Tensor
 from pyggml.core.types import TYPE_TRAITS, GGMLType
+from pyggml.ggml_backend.tensor_io import tensor_get_numpy, tensor_set, tensor_set_numpy
 from pyggml.testing import alloc_ctx_tensors, llamacpp
 
 T = GGMLType

@@ -23,7 +23,6 @@ import pytest
 from gguf import GGMLQuantizationType
 from kernel_helpers import F32, new_ctx, run, tensor
 
-from pyggml.backend import Backend
 from pyggml.backends.cpu import CPUBackend, cpu_init
 from pyggml.backends.cpu.kernels import ComputeParams
 from pyggml.backends.cpu.kernels.vec_dot import quantize_src1
@@ -35,7 +34,8 @@ from pyggml.backends.cpu.numerics import (
 )
 from pyggml.core.errors import ArgumentError
 from pyggml.core.types import GGMLType
-from pyggml.testing.test_ops import OpCase
+from pyggml.ggml_backend import Backend
+from pyggml.testing.op_check import OpCase
 
 CODES = {"ref": quantize_src1.ROUND_REF, "x86": quantize_src1.ROUND_X86}
 
@@ -403,12 +403,12 @@ def test_softmax_row_sums_in_ggml_order(lanes: int, rng: np.random.Generator) ->
 
 
 def _bits_differ(case: OpCase, backend: Backend, reference: Backend) -> tuple[int, int] | None:
-    """(elements whose bits differ, elements) of one test_ops case on `backend` and `reference`; None if
+    """(elements whose bits differ, elements) of one op_check case on `backend` and `reference`; None if
     either cannot compute it."""
     from pyggml.alloc import alloc_ctx_tensors
-    from pyggml.backend.tensor_io import tensor_get_numpy, tensor_set_numpy
     from pyggml.core.context import Context
-    from pyggml.testing import test_ops as T
+    from pyggml.ggml_backend.tensor_io import tensor_get_numpy, tensor_set_numpy
+    from pyggml.testing import op_check as T
 
     ctx1, ctx2 = Context(mem_size=1 << 22, no_alloc=True), Context(mem_size=1 << 22, no_alloc=True)
     g1, out1 = T._graph_of(case, ctx1)
@@ -459,7 +459,7 @@ BIT_EXACT = {
 
 @pytest.mark.parametrize("label", sorted(BIT_EXACT))
 def test_x86_ops_equal_libggml_bit_for_bit(label: str, ggml_reference: Backend) -> None:
-    from pyggml.testing import test_ops as T
+    from pyggml.testing import op_check as T
 
     if host_numerics() != "x86":
         pytest.skip("libggml takes its x86 SIMD paths only on AVX2+FMA hosts")

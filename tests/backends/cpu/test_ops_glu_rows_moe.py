@@ -11,7 +11,6 @@ import pytest
 from kernel_helpers import compile_node, new_ctx, run, stored, tensor, values_of
 
 from pyggml.alloc import GraphAllocator, TensorAllocator
-from pyggml.backend import Backend, tensor_get_numpy, tensor_set_numpy
 from pyggml.backends.cpu import cpu_init
 from pyggml.capi import core as capi
 from pyggml.core.context import Context
@@ -19,7 +18,8 @@ from pyggml.core.errors import OutOfBoundsError, ShapeError, UnsupportedTypeErro
 from pyggml.core.ops.params import GLUParams
 from pyggml.core.tensor import GGMLOp, GLUOp
 from pyggml.core.types import GGMLType, from_float, to_float
-from pyggml.testing import test_ops
+from pyggml.ggml_backend import Backend, tensor_get_numpy, tensor_set_numpy
+from pyggml.testing import op_check
 from pyggml.testing.cases_glu_rows_moe import glu_rows_moe_cases
 
 F32, F16, BF16, I32, I64 = GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.I32, GGMLType.I64
@@ -356,6 +356,6 @@ def test_set_rows_in_allocated_graph() -> None:
 
 @pytest.mark.parametrize("label", sorted({c.label for c in glu_rows_moe_cases()}))
 def test_against_ggml(label: str, ggml_reference: Backend) -> None:
-    results = test_ops.run_cases([c for c in glu_rows_moe_cases() if c.label == label], ggml_reference)
+    results = op_check.run_cases([c for c in glu_rows_moe_cases() if c.label == label], ggml_reference)
     bad = [(r.case.desc, r.status, r.detail) for r in results if r.status != "OK"]
     assert not bad, bad

@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 from kernel_helpers import new_ctx, permuted, run, stored, tensor
 
-from pyggml.backend import Backend
 from pyggml.backends.cpu import cpu_init
 from pyggml.capi import core as capi
 from pyggml.core.errors import ArgumentError, ShapeError, UnsupportedTypeError
 from pyggml.core.tensor import GGMLOp, TriType
 from pyggml.core.types import GGMLType
-from pyggml.testing import test_ops
+from pyggml.ggml_backend import Backend
+from pyggml.testing import op_check
 from pyggml.testing.cases_misc import misc_cases
 
 F32, F16, I32, I64 = GGMLType.F32, GGMLType.F16, GGMLType.I32, GGMLType.I64
@@ -159,7 +159,7 @@ def test_supports_types() -> None:
 
 @pytest.mark.parametrize("label", sorted({c.label for c in misc_cases()}))
 def test_against_ggml(label: str, ggml_reference: Backend) -> None:
-    results = test_ops.run_cases([c for c in misc_cases() if c.label == label], ggml_reference)
+    results = op_check.run_cases([c for c in misc_cases() if c.label == label], ggml_reference)
     bad = [(r.case.desc, r.status, r.detail) for r in results if r.status != "OK"]
     assert not bad, bad
 

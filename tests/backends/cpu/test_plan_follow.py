@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from pyggml.backend import tensor_get_numpy, tensor_set
 from pyggml.backends.cpu import cpu_init
 from pyggml.core.context import Context
 from pyggml.core.types import GGMLType
+from pyggml.ggml_backend import tensor_get_numpy, tensor_set
 from pyggml.testing import alloc_ctx_tensors
 
 F32 = GGMLType.F32

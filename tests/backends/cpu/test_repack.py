@@ -114,11 +114,11 @@ def test_repacked_loop_is_ggml_x86_repack_order_to_the_bit(vnni: bool) -> None:
 def _weights_in_repack_buffer(raw: np.ndarray, k: int, extra_f32: bool = False):
     """A context with a Q4_0 matrix of `raw`'s rows (and an F32 tensor) in one CPU_REPACK buffer."""
     from pyggml.alloc.ctx_tensors import alloc_ctx_tensors_from_buft
-    from pyggml.backend.registry import dev_extra_bufts
-    from pyggml.backend.tensor_io import tensor_set
     from pyggml.backends.cpu.device import cpu_device
     from pyggml.core.context import Context
     from pyggml.core.types import GGMLType
+    from pyggml.ggml_backend.registry import dev_extra_bufts
+    from pyggml.ggml_backend.tensor_io import tensor_set
 
     (buft,) = dev_extra_bufts(cpu_device())
     ctx = Context(mem_size=1 << 20, no_alloc=True)
@@ -131,9 +131,9 @@ def _weights_in_repack_buffer(raw: np.ndarray, k: int, extra_f32: bool = False):
 
 
 def test_the_registry_lists_cpu_repack_and_the_cpu_computes_with_it() -> None:
-    from pyggml.backend.registry import dev_extra_bufts
     from pyggml.backends.cpu.backend import cpu_init
     from pyggml.backends.cpu.device import cpu_device
+    from pyggml.ggml_backend.registry import dev_extra_bufts
 
     (buft,) = dev_extra_bufts(cpu_device())
     assert buft.name() == "CPU_REPACK"
@@ -144,8 +144,8 @@ def test_the_registry_lists_cpu_repack_and_the_cpu_computes_with_it() -> None:
 
 
 def test_a_repacked_matrix_reads_back_as_its_q4_0_bytes_and_is_written_whole() -> None:
-    from pyggml.backend.tensor_io import tensor_get, tensor_set
     from pyggml.backends.cpu.buffer import host_bytes
+    from pyggml.ggml_backend.tensor_io import tensor_get, tensor_set
 
     rng = np.random.default_rng(2)
     raw = _q4_0_rows(rng, 2 * X8_ROWS, NB)
@@ -223,10 +223,10 @@ def test_other_ops_on_a_repacked_matrix_are_refused() -> None:
 
 @pytest.mark.parametrize(("type_name", "rows", "held"), [("Q4_0", 16, True), ("Q4_0", 12, False), ("Q8_0", 16, False)])
 def test_weight_buft_supported_asks_the_device(type_name: str, rows: int, held: bool) -> None:
-    from pyggml.backend.registry import dev_extra_bufts
     from pyggml.backends.cpu.device import cpu_device
     from pyggml.core.context import Context
     from pyggml.core.types import GGMLType
+    from pyggml.ggml_backend.registry import dev_extra_bufts
     from pyggml.gguf.loader import weight_buft_supported
 
     ctx = Context(mem_size=1 << 16, no_alloc=True)

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from kernel_helpers import new_ctx, run, tensor
 
-from pyggml.backend import Backend
 from pyggml.backends.cpu import cpu_init
 from pyggml.capi import core as capi
 from pyggml.core.context import Context
@@ -18,7 +17,8 @@ from pyggml.core.errors import ArgumentError, GGMLError, OutOfBoundsError, Shape
 from pyggml.core.ops.params import GatedDeltaNetParams, GatedLinearAttnParams, SsmScanParams, op_params_of
 from pyggml.core.tensor import GGMLOp, Tensor
 from pyggml.core.types import GGMLType
-from pyggml.testing import test_ops
+from pyggml.ggml_backend import Backend
+from pyggml.testing import op_check
 from pyggml.testing.cases_ssm import ssm_cases
 
 F32, F16, I32 = GGMLType.F32, GGMLType.F16, GGMLType.I32
@@ -346,7 +346,7 @@ def test_bad_node_raises_before_computing() -> None:
 
 
 def test_every_case_against_ggml(ggml_reference: Backend) -> None:
-    results = test_ops.run_cases(ssm_cases(), ggml_reference)
+    results = op_check.run_cases(ssm_cases(), ggml_reference)
     bad = [(r.case.label, r.case.desc, r.status, r.detail) for r in results if r.status != "OK"]
     assert not bad, bad
     labels = {r.case.label for r in results}

@@ -18,7 +18,7 @@ from pyggml.core.errors import ShapeError, UnsupportedTypeError
 from pyggml.core.quants import BLOCK_DTYPES, is_implemented
 from pyggml.core.tensor import Tensor
 from pyggml.core.types import TYPE_TRAITS, GGMLType
-from pyggml.testing import test_ops
+from pyggml.testing import op_check
 
 T = GGMLType
 K = 256  # a whole block of every type
@@ -70,7 +70,7 @@ def test_the_derived_lists_match_the_rows() -> None:
 def test_the_backend_s_type_lists_are_the_table_s() -> None:
     assert matmul_id.MUL_MAT_TYPES is tt.MUL_MAT_TYPES and matmul.COLS_KINDS is tt.COLS_KINDS
     assert matmul.X8_KINDS is tt.X8_KINDS and matmul.X8_TILE_KINDS is tt.X8_TILE_KINDS
-    assert set(test_ops.QUANT_TYPES) == set(tt.QUANT_MUL_MAT_TYPES)  # the op tests' quantized types
+    assert set(op_check.QUANT_TYPES) == set(tt.QUANT_MUL_MAT_TYPES)  # the op tests' quantized types
     for t in GGMLType:
         assert _common.is_convertible(t) == (t in tt.CPU_TYPE_TRAITS), t
         if TYPE_TRAITS[t].is_quantized:  # what the CPU converts, the core converts too

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from rpc_util import c_server
 
-from pyggml.backend import registry
 from pyggml.backends.cpu import cpu_init
 from pyggml.backends.rpc.client import rpc_reg
 from pyggml.backends.rpc.connection import close_all
 from pyggml.backends.rpc.server import RpcServer
+from pyggml.ggml_backend import registry
 
 
 @pytest.fixture(scope="session")

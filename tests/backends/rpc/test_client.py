@@ -13,7 +13,14 @@ from rpc_util import c_server
 
 from pyggml import Context
 from pyggml.alloc import GraphAllocator, TensorAllocator
-from pyggml.backend import (
+from pyggml.backends.cpu import cpu_init
+from pyggml.backends.rpc import wire
+from pyggml.backends.rpc.client import RPCBackend, RPCBuffer, is_rpc, rpc_get_device_memory, rpc_init
+from pyggml.backends.rpc.connection import close_all, connect, parse_endpoint
+from pyggml.backends.rpc.wire import RpcConnectionError
+from pyggml.core.errors import ArgumentError, GGMLError
+from pyggml.core.types import GGMLType
+from pyggml.ggml_backend import (
     init_backend,
     registry,
     tensor_copy,
@@ -23,14 +30,7 @@ from pyggml.backend import (
     tensor_set,
     tensor_set_numpy,
 )
-from pyggml.backend.buffer import BufferUsage
-from pyggml.backends.cpu import cpu_init
-from pyggml.backends.rpc import wire
-from pyggml.backends.rpc.client import RPCBackend, RPCBuffer, is_rpc, rpc_get_device_memory, rpc_init
-from pyggml.backends.rpc.connection import close_all, connect, parse_endpoint
-from pyggml.backends.rpc.wire import RpcConnectionError
-from pyggml.core.errors import ArgumentError, GGMLError
-from pyggml.core.types import GGMLType
+from pyggml.ggml_backend.buffer import BufferUsage
 from pyggml.testing import alloc_ctx_tensors
 from pyggml.testing.graphs import build_llama_graph, llama_input_values, place_weights
 

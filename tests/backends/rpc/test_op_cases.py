@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pyggml.testing import test_ops
+from pyggml.testing import op_check
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -30,8 +30,8 @@ def test_the_op_cases_through_ggmls_rpc_server(c_endpoint: str) -> None:
     assert summary is not None, (text[-2000:], r.stderr[-2000:])
     passed, total, failed, unsupported = map(int, summary.groups())
     assert r.returncode == 0 and failed == 0, "\n".join(line for line in text.splitlines() if "FAIL" in line)
-    assert total == len(test_ops.all_cases()) and passed + unsupported == total
+    assert total == len(op_check.all_cases()) and passed + unsupported == total
     # only what ggml's CPU refuses is left out: what its kernels abort on, and CONV_2D's channels-innermost cases
     # (test-backend-ops' own) whose kernel is not contiguous, which its supports_op refuses
-    channels_innermost = sum(c.label == "CONV_2D" and "cwhn=1" in c.desc for c in test_ops.all_cases())
+    channels_innermost = sum(c.label == "CONV_2D" and "cwhn=1" in c.desc for c in op_check.all_cases())
     assert passed >= 0.95 * (total - channels_innermost)

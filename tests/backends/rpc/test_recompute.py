@@ -18,9 +18,6 @@ import numpy as np
 import pytest
 
 from pyggml import Context
-from pyggml.backend import tensor_get_numpy, tensor_set_numpy
-from pyggml.backend.backend import Backend
-from pyggml.backend.buffer import Buffer
 from pyggml.backends.cpu import cpu_init
 from pyggml.backends.rpc import client, wire
 from pyggml.backends.rpc.client import RPCBackend, RPCPlan, rpc_init
@@ -29,6 +26,9 @@ from pyggml.backends.rpc.wire import RpcCmd
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import Tensor
 from pyggml.core.types import GGMLType
+from pyggml.ggml_backend import tensor_get_numpy, tensor_set_numpy
+from pyggml.ggml_backend.backend import Backend
+from pyggml.ggml_backend.buffer import Buffer
 from pyggml.sched import BackendSched
 from pyggml.testing import alloc_ctx_tensors
 

@@ -18,8 +18,6 @@ import pytest
 from rpc_util import wait_for
 
 from pyggml import Context
-from pyggml.backend import tensor_get_numpy, tensor_set_numpy
-from pyggml.backend.buffer import BufferUsage
 from pyggml.backends.cpu import cpu_init
 from pyggml.backends.rpc import wire
 from pyggml.backends.rpc.client import rpc_init
@@ -28,6 +26,8 @@ from pyggml.backends.rpc.server import RpcServer
 from pyggml.backends.rpc.wire import RpcCmd, RpcConnectionError, RpcTensor
 from pyggml.core.errors import OutOfMemoryError
 from pyggml.core.types import GGMLType
+from pyggml.ggml_backend import tensor_get_numpy, tensor_set_numpy
+from pyggml.ggml_backend.buffer import BufferUsage
 from pyggml.testing import alloc_ctx_tensors
 
 F32 = GGMLType.F32
@@ -341,7 +341,7 @@ def test_the_pyggml_rpc_server_command(tmp_path: Path) -> None:
 
 def test_a_torch_backend_served(rng: np.random.Generator) -> None:
     pytest.importorskip("torch")
-    from pyggml.backend.registry import init_backend
+    from pyggml.ggml_backend.registry import init_backend
 
     with RpcServer([init_backend("torch")], "127.0.0.1", 0).start() as server:
         backend = rpc_init(server.endpoint)

@@ -9,18 +9,6 @@ import pytest
 import torch
 
 from pyggml.alloc import alloc_ctx_tensors, alloc_ctx_tensors_from_buft
-from pyggml.backend import (
-    SIZE_MAX,
-    DeviceType,
-    graph_copy,
-    host_memory,
-    init_backend,
-    init_by_name,
-    reg_by_name,
-    tensor_copy,
-    tensor_get_numpy,
-    tensor_set_numpy,
-)
 from pyggml.backends.cpu import cpu_buffer_type, cpu_device, cpu_init
 from pyggml.backends.torch import (
     TORCH_ALIGNMENT,
@@ -34,6 +22,18 @@ from pyggml.backends.torch import (
 from pyggml.core.context import Context
 from pyggml.core.errors import UnsupportedOpError
 from pyggml.core.types import GGMLType
+from pyggml.ggml_backend import (
+    SIZE_MAX,
+    DeviceType,
+    graph_copy,
+    host_memory,
+    init_backend,
+    init_by_name,
+    reg_by_name,
+    tensor_copy,
+    tensor_get_numpy,
+    tensor_set_numpy,
+)
 from pyggml.gguf.loader import maps_weights
 
 F32, F16 = GGMLType.F32, GGMLType.F16

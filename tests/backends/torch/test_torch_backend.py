@@ -10,17 +10,6 @@ import numpy as np
 import pytest
 import torch
 
-from pyggml.backend import (
-    get_backend,
-    init_backend,
-    tensor_copy,
-    tensor_get,
-    tensor_get_async,
-    tensor_get_numpy,
-    tensor_set,
-    tensor_set_async,
-    tensor_set_numpy,
-)
 from pyggml.backends.cpu import cpu_init
 from pyggml.backends.torch import (
     TORCH_ALIGNMENT,
@@ -44,6 +33,17 @@ from pyggml.core.errors import (
 )
 from pyggml.core.tensor import Tensor
 from pyggml.core.types import GGMLType
+from pyggml.ggml_backend import (
+    get_backend,
+    init_backend,
+    tensor_copy,
+    tensor_get,
+    tensor_get_async,
+    tensor_get_numpy,
+    tensor_set,
+    tensor_set_async,
+    tensor_set_numpy,
+)
 from pyggml.testing import alloc_ctx_tensors
 
 F32, F16, BF16, I32, Q8_0 = GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.I32, GGMLType.Q8_0
@@ -70,7 +70,7 @@ def test_name_alignment_and_registry_names() -> None:
 
 @pytest.mark.slow
 def test_registry_imports_torch_only_when_asked() -> None:
-    code = ("import sys; from pyggml.backend import init_backend, list_backends; "
+    code = ("import sys; from pyggml.ggml_backend import init_backend, list_backends; "
             "assert 'torch' in list_backends() and 'torch' not in sys.modules; "
             "init_backend('cpu'); assert 'torch' not in sys.modules; "
             "print(init_backend('torch').name(), 'torch' in sys.modules)")
@@ -207,7 +207,7 @@ def test_copies_between_torch_and_cpu_buffers_are_direct(caplog: pytest.LogCaptu
     _, _, (c1,) = _tensors(cb, ("c1", F32, [6, 2]))
     values = np.arange(12, dtype=np.float32).reshape(2, 6)
     tensor_set_numpy(c1, values)
-    with caplog.at_level(logging.DEBUG, logger="pyggml.backend"):
+    with caplog.at_level(logging.DEBUG, logger="pyggml.ggml_backend"):
         tensor_copy(c1, t1)  # CPU -> torch: the torch backend's cpy_tensor_from
         assert np.array_equal(tensor_get_numpy(t1), values)
         tensor_copy(t1, t2)  # torch -> torch
@@ -236,7 +236,7 @@ def test_copy_between_two_torch_backends() -> None:
 
 def test_copy_to_an_unknown_buffer_kind_is_not_handled() -> None:
     """A buffer that is neither host memory nor torch's: the hooks decline (the caller goes through host)."""
-    from pyggml.backend.buffer import BufferInterface, buffer_init
+    from pyggml.ggml_backend.buffer import BufferInterface, buffer_init
 
     tb = torch_init()
     _, _, (t,) = _tensors(tb, ("t", F32, [4]))

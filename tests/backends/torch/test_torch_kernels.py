@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import torch
 
-from pyggml.backend import tensor_get_numpy, tensor_set, tensor_set_numpy
 from pyggml.backends.torch import TorchBackend, torch_init
 from pyggml.backends.torch.kernels.matmul import HALF_NATIVE_MAX_COLS, product_dtype
 from pyggml.backends.torch.precision import PRECISION_DTYPES
@@ -15,6 +14,7 @@ from pyggml.core.errors import OutOfBoundsError, ShapeError, UnsupportedTypeErro
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import GGMLOp, Tensor, UnaryOp
 from pyggml.core.types import GGMLType, from_float, to_float
+from pyggml.ggml_backend import tensor_get_numpy, tensor_set, tensor_set_numpy
 from pyggml.testing import alloc_ctx_tensors
 
 F32, F16, BF16, I32, Q8_0, Q4_0 = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.I32, GGMLType.Q8_0,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pyggml.backend import init_backend
 from pyggml.backends.torch import (
     ENV_MATMUL_PRECISION,
     DeviceCaps,
@@ -17,6 +16,7 @@ from pyggml.backends.torch import (
 )
 from pyggml.backends.torch.precision import resolve_matmul_precision
 from pyggml.core.errors import ArgumentError, ArgumentTypeError
+from pyggml.ggml_backend import init_backend
 
 AMX_CPU = DeviceCaps("cpu", amx=True, avx512_bf16=True)  # Intel Sapphire Rapids and later
 ZEN4_CPU = DeviceCaps("cpu", avx512_bf16=True)  # AMD with AVX512-BF16, no AMX

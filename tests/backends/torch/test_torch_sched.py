@@ -7,13 +7,13 @@ import math
 import numpy as np
 import pytest
 
-from pyggml.backend import Backend, tensor_get_numpy, tensor_set, tensor_set_numpy
 from pyggml.backends.cpu import cpu_init
 from pyggml.backends.torch import torch_init
 from pyggml.core.context import Context, tensor_overhead
 from pyggml.core.graph import graph_overhead
 from pyggml.core.tensor import GGMLOp, Tensor
 from pyggml.core.types import GGMLType, from_float, to_float
+from pyggml.ggml_backend import Backend, tensor_get_numpy, tensor_set, tensor_set_numpy
 from pyggml.models.kv_cache import KVCache
 from pyggml.models.llama import LlamaHParams, build_llama, graph_size, layer_of, tensor_names
 from pyggml.seed import Scheduler

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from pyggml.testing import test_ops
+from pyggml.testing import op_check
 
 # the ops the torch backend implements: each must have passing cases, none failing
 TORCH_OPS = ["ADD", "MUL", "SCALE", "RMS_NORM", "NORM", "SOFT_MAX", "ROPE", "GET_ROWS", "CPY", "CONT", "DUP", "VIEW",
@@ -22,7 +22,7 @@ TORCH_OPS = ["ADD", "MUL", "SCALE", "RMS_NORM", "NORM", "SOFT_MAX", "ROPE", "GET
 def test_checker_is_clean_for_the_torch_backend(name: str) -> None:
     """Under each matmul precision (MUL_MAT's NMSE threshold, 5e-4, holds bf16 products too)."""
     out = io.StringIO()
-    code = test_ops.run(name, None, out, verbose=False)
+    code = op_check.run(name, None, out, verbose=False)
     text = out.getvalue()
     assert text.startswith("Testing backend Torch(cpu) against CPU")
     failures = [line for line in text.splitlines() if line.rstrip().endswith("FAIL") or " FAIL (" in line]

@@ -2,7 +2,7 @@
 
 Binary arithmetic (ADD, SUB, MUL, DIV, ADD1) with ggml's broadcasting (src1
 tiles over src0), ACC, the unary math ops (SQR, SQRT, LOG, SCALE, CLAMP,
-LEAKY_RELU) and UNARY's functions (today's ggml_unary_op). F32 and F16 operands
+LEAKY_RELU) and UNARY's functions (ggml_unary_op). F32 and F16 operands
 in any mix, and BF16 where ggml-cpu's binary_op and unary_op take it (`BF16_BINARY`,
 `BF16_UNARY`); values are computed in f32 and stored in dst's type, as ggml
 converts (BF16 widened and rounded around the f32 arithmetic by `through_f32`).

@@ -1,91 +1,7 @@
-"""CPU kernels: MUL_MAT and OUT_PROD.
-
-MUL_MAT (ggml_compute_forward_mul_mat): dst[M, N, ne2, ne3] (F32), for every
-(i2, i3), dst[n, m] = sum_k src0[m, k] * src1[n, k], where src0 broadcasts
-over dims 2 and 3: i02 = i2 / (ne12/ne02), i03 = i3 / (ne13/ne03) (each
-src0 matrix serves consecutive src1 matrices). By src0's type:
-
-- F32: numpy matmul (BLAS) into dst, one call over all matrices.
-- F16, BF16: src1 is rounded to the weight type (ggml's vec_dot_type) and
-  back to f32, so every product is the exact product of two f16 (bf16) values
-  as in ggml; the results differ from ggml's only in float summation order.
-  With fewer than `HALF_BLAS_MIN_COLS` src1 columns (decoding), a numba
-  kernel reads the weights' halves directly (widening each block once for
-  up to ir.COLS columns), in parallel over rows: faster than numpy's
-  f32 mat-vec or widening the weights to f32 for BLAS (benchmarks/README.md). From
-  that many columns up, tiles of `TILE_BYTES` of weight rows are widened to
-  f32 (exact) and multiplied by BLAS, so memory stays bounded.
-- Quantized (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, IQ4_NL, IQ4_XS,
-  MXFP4): src1 rows are quantized to the vec_dot_type (Q8_0 for Q4_0, Q5_0,
-  Q8_0, IQ4_NL, MXFP4; Q8_1 for Q4_1, Q5_1; Q8_K for the K-quants and
-  IQ4_XS) exactly as ggml's quantize_row_q8_* of the path `params.numerics`
-  names (see `pyggml.backends.cpu.numerics`: "x86", ggml's AVX2 rounding, on
-  x86 machines by default; "ref", its reference C), then, with fewer than
-  `BLAS_MIN_COLS` columns, numba kernels compute ggml's vec_dot on the raw
-  blocks: exact integer block dot products scaled by the blocks' scales
-  (see Threads below; Q8_0, Q4_0, Q5_0, Q4_1, Q4_K and Q6_K rows under "x86" in the float order of
-  ggml's AVX2 vec_dot, see vec_dot). The weights are
-  read in their compact form, never dequantized. For Q8_0, Q4_0, Q4_1,
-  Q5_0, Q4_K, Q6_K, IQ4_NL and MXFP4 (in type_table.COLS_KINDS) one pass over a weight row serves
-  up to ir.COLS src1 columns (decoding several sequences), each
-  column's sum the same bits as alone. Q8_1 and Q8_K have no
-  vec_dot in ggml (they are only dot-product partners) and are not accepted
-  as src0, as in ggml's type_traits.
-  Q4_0 matrices held repacked (the CPU_REPACK buffer type, see
-  pyggml.backends.cpu.repack) take vec_dot's repacked loop for every column
-  count, 8 rows a pass, in the float order of ggml's x86 repack kernels
-  (ggml_gemv/gemm_q4_0_8x8_q8_0): faster than the row loops and the BLAS path.
-  Prompts of plain Q4_0, Q8_0 and Q5_0 matrices (`X8_TILE_MIN_COLS` or more
-  columns, rows a multiple of 8) take the same repacked loops on tiles of 64
-  rows that each work item repacks as it goes (type_table.X8_TILE_KINDS): the
-  same integer block sums, scaled per block in the repacked order instead of
-  ggml's vec_dot lanes (llama.cpp's tinyBLAS for these types keeps the vec_dot
-  order: a float rounding apart); faster than the BLAS path and the row loops
-  on prompts (Q5_0 widened to Q8_0's blocks as its tile is made).
-  Documented deviation, for prompts of the other types: with `BLAS_MIN_COLS` or more columns,
-  tiles of weight rows are dequantized to f32 (ggml's dequantize_row
-  arithmetic, bit for bit) and multiplied by BLAS with the dequantized q8
-  src1 values (q * d); for Q4_1/Q5_1, whose vec_dot adds m * s per block
-  with Q8_1's s = f16(d * sum(q)) from the unrounded d, one more column per
-  block carries m times s - d * sum(q). The operands are the same numbers
-  ggml multiplies, but products and sums are rounded in f32 instead of summed
-  as integers per block: the difference to the exact path is float rounding (NMSE ~1e-13,
-  relative ~1e-7; MUL_MAT's threshold is 5e-4), at a fraction of the time.
-
-Threads: the direct kernels of a product smaller than `PARALLEL_MIN_WORK`
-multiply-adds run on the calling thread (a hand-off to other threads costs
-more than such a product: see there); larger ones run on `params.n_threads`
-threads, the caller and the spinning workers of `POOL` (see `threads`) taking
-chunks of weight rows from a shared counter. The BLAS paths from
-`BLAS_PARALLEL_MIN_WORK` multiply-adds up share their weight rows the same
-way among the threads of `TEAM` (Python threads: each item converts its rows
-to f32 and calls BLAS on them, single-threaded, the GIL released), so that a
-thread that gets less of the machine (a core busy with another process) takes
-fewer items: BLAS's own threads split a product evenly and spin while they
-wait for the slowest (the CPU backend keeps BLAS at one thread).
-
-Batch-invariant (`params.batch_invariant`): the direct kernels at every column
-count, never BLAS or the tiles. A column's sums are then the bits it has alone
-(the multi-column loops keep each column's accumulators apart) and the threads
-split weight rows, never a sum, so a sequence's products do not depend on the
-other columns of its batch nor on the thread count; prompts pay the row loops'
-speed instead of the tiles' or BLAS's.
-
-src1 may be F32 (any strides: permuted and transposed views are copied to
-rows first) or already the vec_dot_type (F16 for F16 weights, Q8_0 for
-Q4_0, ...), as ggml allows. dst must be F32. A product of F32 weights hinted
-SRC0_IS_HADAMARD (ggml_mul_mat_set_hint) is ggml's fast Walsh-Hadamard
-transform of src1's rows instead, src0 unread (kernels.fwht).
-
-OUT_PROD (ggml_compute_forward_out_prod): dst[ne00, ne10, ne02, ne13], for
-every (i2, i3), dst[i1, i0] = sum_k src0[k, i0] * src1[k, i1] with src0's
-rows indexed by k = i01 = i11; src0 matrix (i2, i3 / (ne13/ne03)). ggml
-zeroes dst and accumulates, so dst is overwritten. src0 F32 goes to BLAS in
-one call; F16, BF16 and quantized src0 are converted to f32 in tiles of rows
-(late-2023 ggml has no F16 out_prod; the conversion is exact). src1 F32
-(F16 and BF16 are widened). As in ggml, src0 broadcasts over src1's dims 2
-and 3: dst's ne2 and ne3 are src1's, multiples of src0's.
-"""
+"""CPU kernels: MUL_MAT (ggml_compute_forward_mul_mat) and OUT_PROD (ggml_compute_forward_out_prod), by src0's
+type: BLAS for F32, half rows or widened tiles for F16/BF16, vec_dot on raw blocks, repacked x8 loops or
+dequantized tiles for the quantized types. DESIGN.md, "MUL_MAT and OUT_PROD", says which path runs when and
+why its results are ggml's."""
 
 from __future__ import annotations
 
@@ -120,44 +36,26 @@ F32, F16, BF16 = GGMLType.F32, GGMLType.F16, GGMLType.BF16
 
 OUT_PROD_SRC1_TYPES: tuple[GGMLType, ...] = (F32, F16, BF16)
 
-# src1 columns (per matrix) from which tiles of f32 weights go through BLAS: the crossover measured on
-# 4096x4096 weights, 2 threads (python benchmarks/bench_matmul.py --sweep)
+# src1 columns (per matrix) from which widened weight tiles go through BLAS (bench_matmul.py --sweep)
 BLAS_MIN_COLS = 16
 HALF_BLAS_MIN_COLS = 12
-# src1 columns from which F32 weights go to BLAS (fewer: the direct kernels, see mul_mat_f32). Attention's
-# KQ too (rows of 64 per head): its small gemms each wake OpenBLAS's sleeping threads, the direct kernels scale
-# linearly in the cells (figures: benchmarks/README.md)
+# src1 columns from which F32 weights go to BLAS: below, waking OpenBLAS's threads costs more (attention's KQ)
 F32_BLAS_MIN_COLS = 32
-# src1 columns (per matrix) from which plain Q4_0, Q8_0 and Q5_0 matrices with whole groups of 8 rows take the
-# repacked loops on tiles (type_table.X8_TILE_KINDS) instead of the row loops or the BLAS path: where the tiles
-# clearly lead; decoding a few sequences keeps the row loops (and ggml's vec_dot order). Figures: benchmarks/README.md
+# src1 columns from which X8_TILE_KINDS matrices take the repacked tiles (fewer keep vec_dot's row order)
 X8_TILE_MIN_COLS = 16
-# multiply-adds (weight elements x src1 columns) of a direct-kernel product below which it runs on the
-# calling thread: a hand-off to POOL's workers costs more than a smaller product saves. The types whose
-# kernels serve several columns per pass over a weight row (type_table.COLS_KINDS) count their work in
-# mat-vec equivalents (see _direct_work). Figures: benchmarks/README.md.
+# multiply-adds (mat-vec equivalents, _direct_work) below which a direct product stays on the calling thread
 PARALLEL_MIN_WORK = 1 << 16
-# bytes of one f32 tile of converted weight rows (each thread of a product has one)
 TILE_BYTES = 8 << 20
-# multiply-adds of a BLAS-path product from which TEAM's threads share it (a hand-off to a sleeping Python
-# thread costs tens of microseconds; this is a millisecond's work on one thread)
+# multiply-adds from which TEAM's threads share a BLAS-path product (a hand-off costs tens of microseconds)
 BLAS_PARALLEL_MIN_WORK = 1 << 22
-# work items of a BLAS-path product per weight matrix (whatever the thread count: BLAS's sums over a tile of rows
-# may depend on the tile's height, so the same tiles give every thread count the same bits), of at least
-# BLAS_MIN_ROWS rows
+# BLAS-path items per weight matrix, whatever the thread count: the same tiles give every count the same bits
 BLAS_ITEMS = 16
 BLAS_MIN_ROWS = 16
-# work items per thread of a threaded direct product (see _chunk)
 ITEMS_PER_THREAD = 2
 
 _ALIGN = 64
-# the worker threads of the direct kernels (see threads)
 POOL = new_pool(mul_mat_job.mul_mat_spin)
-# the threads of the BLAS paths (see threads.ThreadTeam)
 TEAM = new_team()
-
-
-# --- what the kernels accept ---
 
 
 Problem = tuple[type[GGMLError], str] | None
@@ -238,9 +136,6 @@ def _check(node: Tensor, problem: Problem) -> None:
     raise cls(f"CPU {node.op.name} '{node.name}' ({types}): {reason}")
 
 
-# --- helpers (prepare time) ---
-
-
 def _carve(params: ComputeParams, specs: list[tuple[tuple[int, ...], np.dtype]]) -> list[np.ndarray]:
     """Arrays of the given shapes and dtypes from the backend's shared work area, each 64-byte aligned."""
     sizes = [int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize for shape, dt in specs]
@@ -290,29 +185,18 @@ def _repeat_dims(a: np.ndarray, r3: int, r2: int) -> np.ndarray:
 
 
 def _kernel_threads(params: ComputeParams, work: int) -> int:
-    """Threads of a direct-kernel product of `work` multiply-adds: 1 below PARALLEL_MIN_WORK, else
-    params.n_threads."""
     return 1 if work < PARALLEL_MIN_WORK else max(1, int(params.n_threads))
 
 
 def _direct_work(kind: int, M: int, K: int, n_slices: int, N: int) -> int:
-    """A direct product's work in multiply-adds of mat-vecs of the same time, for PARALLEL_MIN_WORK.
-
-    Why: the quantized multi-column kernels (type_table.COLS_KINDS) make N columns cost about (N + 2) / 3
-    one-column products (measured, benchmarks/README.md), so counting N full
-    columns would hand products to threads that take less time than the hand-off pays for. With (N + 2) / 6
-    and PARALLEL_MIN_WORK 2^16, SmolLM2's decode products go to threads from Q4_1 576x576 (one column) and
-    192x576 (2 columns) on, where 2 threads start to pay with the weights coming from memory, as in decoding.
-    """
+    """A direct product's work in mat-vec multiply-adds: COLS_KINDS' N columns cost about (N + 2) / 3 mat-vecs."""
     if kind in COLS_KINDS:
         return M * K * n_slices * (N + 2) // 6
     return M * K * n_slices * N
 
 
 def _chunk(M: int, n_slices: int, n_threads: int) -> int:
-    """Weight rows per work item: ITEMS_PER_THREAD items per thread (taken as threads come free), at least 8 rows.
-
-    Why so few: each thread then streams long runs of weight rows, which the hardware prefetchers follow."""
+    """Weight rows per work item: few items per thread, so each streams long runs the prefetchers follow."""
     per_slice = max(1, math.ceil(ITEMS_PER_THREAD * n_threads / max(n_slices, 1)))
     return max(8, math.ceil(M / per_slice))
 
@@ -369,9 +253,6 @@ def _unpack_q8(type: GGMLType, src1: np.ndarray, yq: np.ndarray, yd: np.ndarray,
         np.sum(yq.reshape(ny, -1, 16), axis=-1, dtype=np.int32, out=yb)
 
 
-# --- MUL_MAT ---
-
-
 def mul_mat_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
     """MUL_MAT for F32, F16, BF16 and quantized src0 (see the module docstring for the arithmetic)."""
     _check(node, _mul_mat_problem(node))
@@ -391,13 +272,8 @@ def mul_mat_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None],
 
 
 def mul_mat_f32(dst: np.ndarray, src0: np.ndarray, src1: np.ndarray, params: ComputeParams) -> Compute:
-    """dst = src1 · src0^T for F32 arrays in ggml's (ne3, ne2, ne1, ne0) order, src0 broadcast over
-    src1's dims 2 and 3; FLASH_ATTN_EXT's two products go through here too (the same bits as MUL_MAT).
-
-    Fewer than F32_BLAS_MIN_COLS src1 columns (decoding), or any count with `params.batch_invariant`, with
-    src0's rows contiguous: the direct kernels, which stream the weight rows on the kernel threads (into dst,
-    or into a scratch copied to a dst they cannot write in place: the same bits either way); else BLAS, one
-    call over all matrices."""
+    """dst = src1 · src0^T for F32 arrays in ggml's order, src0 broadcast (FLASH_ATTN_EXT's products too): the
+    direct kernels below F32_BLAS_MIN_COLS columns or batch-invariant, else one BLAS call."""
     if (params.batch_invariant or src1.shape[2] < F32_BLAS_MIN_COLS) and src0.strides[3] == 4 \
             and src1.dtype == np.float32:
         out = reshape_view(dst, (-1, dst.shape[-1]))
@@ -419,7 +295,6 @@ def mul_mat_f32(dst: np.ndarray, src0: np.ndarray, src1: np.ndarray, params: Com
         w, x, d = _repeat_dims(src0, r3, r2), _split_dims(src1, r3, r2), _split_dims(dst, r3, r2)
     wt = np.swapaxes(w, -1, -2)
     if dst.shape[0] * dst.shape[1] == 1:
-        # one matrix (so no broadcast): 2-D operands skip numpy's batch loop
         x, wt, d = x[0, 0], wt[0, 0], d[0, 0]
     M = wt.shape[-1]
     n_threads = _blas_threads(params, M * src0.shape[3] * src1.shape[2] * dst.shape[0] * dst.shape[1])
@@ -441,12 +316,9 @@ def _mul_mat_numba(wtype: GGMLType, xtype: GGMLType, K: int, dst: np.ndarray, sr
     r3, r2 = ne13 // ne03, ne12 // ne02
     n_slices = ne13 * ne12
     ny = n_slices * N
-    # Q4_0 repacked (the CPU_REPACK buffer type): its own loop, for every column count (one pass over 8 rows serves
-    # 4 columns with a fraction of the instructions of the row loops, faster than the BLAS path too)
+    # Q4_0 repacked (CPU_REPACK): its own loop at every column count
     kind = X8_KINDS[int(wtype)] if repacked else int(wtype)
-    # prompts of plain Q4_0, Q8_0 and Q5_0 matrices: the repacked loops on tiles each work item repacks (faster
-    # than the BLAS path, see X8_TILE_MIN_COLS)
-    # (not batch-invariant: the tiles scale a column's block sums in another order than the row loops)
+    # prompts of X8_TILE_KINDS: tiles repacked per work item (not batch-invariant: another scaling order)
     tiles = not params.batch_invariant and N >= X8_TILE_MIN_COLS
     if not repacked and kind in X8_TILE_KINDS and tiles and M % repack.X8_ROWS == 0:
         kind = X8_TILE_KINDS[kind]
@@ -465,12 +337,9 @@ def _mul_mat_numba(wtype: GGMLType, xtype: GGMLType, K: int, dst: np.ndarray, sr
     if out is None or not out.flags.c_contiguous:
         raise ShapeError(f"CPU MUL_MAT: dst with shape {dst.shape} and strides {dst.strides} is not contiguous")
 
-    # F32: see mul_mat_f32; batch-invariant: the direct kernels at every column count
     blas = (kind not in X8_GROUP_KINDS and wtype != F32 and not params.batch_invariant
             and N >= (BLAS_MIN_COLS if quantized else HALF_BLAS_MIN_COLS))
-    # Q4_1/Q5_1 (vec_dot_type Q8_1): ggml's dot adds m * s per block, s = f16(d * sum(q)) from the unrounded
-    # d, which differs from the q * f16(d) the dequantized product gives: on the BLAS path one more column per
-    # block carries the weights' m times the difference
+    # Q4_1/Q5_1: one more column per block carries m * (s - d * sum(q)) (DESIGN.md, MUL_MAT and OUT_PROD)
     mins = blas and vdt == GGMLType.Q8_1
     Kb = K + (nb if mins else 0)  # columns of the BLAS operands
     blas_threads = _blas_threads(params, M * Kb * ny)
@@ -522,7 +391,6 @@ def _mul_mat_numba(wtype: GGMLType, xtype: GGMLType, K: int, dst: np.ndarray, sr
 
         def run_qb() -> None:
             prepare_y()
-            # the q8 values ggml multiplies: q * d
             np.multiply(yq.reshape(ny, -1, qk), yd[:, :, None], out=yv)
             if mins:  # s - d * sum(q), the weights' m multiplies it (the sums of 16 are exact in float32)
                 np.add(yb[:, 0::2], yb[:, 1::2], out=yc, casting="unsafe")
@@ -565,8 +433,6 @@ def _mul_mat_numba(wtype: GGMLType, xtype: GGMLType, K: int, dst: np.ndarray, sr
 def _direct(kind: int, w: np.ndarray, w_off: np.ndarray, nb: int, xf: np.ndarray, yq: np.ndarray, yd: np.ndarray,
             ys: np.ndarray, yb: np.ndarray, N: int, w_base: np.ndarray, out: np.ndarray, params: ComputeParams,
             work: int) -> Compute:
-    """The direct kernels' call for these operands: on the calling thread below PARALLEL_MIN_WORK, else
-    on params.n_threads threads (the caller and POOL's workers sharing the rows, see `threads`)."""
     nt = _kernel_threads(params, work)
     rounding = NUMERICS_CODES[params.numerics]
     if nt == 1:
@@ -586,13 +452,11 @@ _NO_COUNTER = np.zeros(2, np.int64)
 
 
 def _run_alone(desc: np.ndarray, operands: tuple[np.ndarray, ...]) -> None:
-    """A direct product on the calling thread (`operands` keeps the job's arrays alive)."""
     mul_mat_job.mul_mat_job(desc, False)
 
 
 def _run_shared(desc: np.ndarray, ctr: np.ndarray, n_workers: int, operands: tuple[np.ndarray, ...]) -> None:
-    """A direct product on the calling thread and n_workers of POOL's, the counter `ctr` reset first
-    (`operands` keeps the job's arrays alive)."""
+    """A direct product on the calling thread and n_workers of POOL's (`operands` keeps its arrays alive)."""
     ctr[0] = 0
     ctr[1] = 0
     desc[mul_mat_job.WAIT_POLLS] = POOL.spins  # the caller's wait spins as long as an idle worker, then sleeps
@@ -600,14 +464,11 @@ def _run_shared(desc: np.ndarray, ctr: np.ndarray, n_workers: int, operands: tup
 
 
 def _blas_threads(params: ComputeParams, work: int) -> int:
-    """Threads of a BLAS-path product of `work` multiply-adds: 1 below BLAS_PARALLEL_MIN_WORK, else
-    params.n_threads."""
     return 1 if work < BLAS_PARALLEL_MIN_WORK else max(1, int(params.n_threads))
 
 
 def _blas_rows(M: int, K: int) -> int:
-    """Weight rows of one work item of a BLAS-path product (rows of K columns, f32): about BLAS_ITEMS items,
-    each of at least BLAS_MIN_ROWS rows (a multiple of it) and at most TILE_BYTES; not the thread count's."""
+    """Weight rows of one BLAS-path item: about BLAS_ITEMS items of BLAS_MIN_ROWS multiples, within TILE_BYTES."""
     per_item = -(-M // BLAS_ITEMS)
     per_item = -(-per_item // BLAS_MIN_ROWS) * BLAS_MIN_ROWS
     return max(1, min(M, per_item, TILE_BYTES // max(4 * K, 1)))
@@ -615,12 +476,8 @@ def _blas_rows(M: int, K: int) -> int:
 
 def _tiled_blas(kind: int, w: np.ndarray, w_off: np.ndarray, nb: int, x: np.ndarray, out: np.ndarray, N: int,
                 n_wslices: int, M: int, r3: int, r2: int, ne12: int, tiles: np.ndarray, mins: bool = False) -> None:
-    """out[s*N:(s+1)*N, m0:m1] = x[s*N:(s+1)*N] @ rows[m0:m1].T, with weight rows converted to f32 a tile at a time.
-
-    Each converted tile serves every src1 matrix that broadcasts over it. With `mins` (Q4_1, Q5_1), the last
-    nb columns of a tile row are its blocks' m (x's last nb columns: the correction of each block). The
-    items, (weight slice, tile of rows), go to tiles.shape[0] threads of TEAM, each with its tile.
-    """
+    """out[s*N:(s+1)*N, m0:m1] = x[s*N:(s+1)*N] @ rows[m0:m1].T, weight rows widened a tile at a time on TEAM's
+    threads; with `mins` (Q4_1, Q5_1) a tile row's last nb columns are its blocks' m."""
     R = tiles.shape[1]
     n_w2 = ne12 // r2  # src0's ne02
     n_tiles = -(-M // R)
@@ -640,9 +497,6 @@ def _tiled_blas(kind: int, w: np.ndarray, w_off: np.ndarray, nb: int, x: np.ndar
                 np.matmul(x[s * N:(s + 1) * N], t.T, out=out[s * N:(s + 1) * N, m0:m1])
 
     TEAM.run(item, n_wslices * n_tiles, tiles.shape[0])
-
-
-# --- OUT_PROD ---
 
 
 def out_prod_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None],

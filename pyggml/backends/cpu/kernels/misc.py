@@ -1,4 +1,4 @@
-"""CPU kernels of today's small ops: SIN, COS, FILL, ARANGE, TRI, CUMSUM, COUNT_EQUAL, L2_NORM, ROLL,
+"""CPU kernels of the small ops: SIN, COS, FILL, ARANGE, TRI, CUMSUM, COUNT_EQUAL, L2_NORM, ROLL,
 PAD_REFLECT_1D, TIMESTEP_EMBEDDING, REPEAT_BACK, SOLVE_TRI, and the direct convolutions CONV_2D, CONV_2D_DW,
 CONV_TRANSPOSE_2D (F32 or F16 kernels, F32 inputs and results).
 

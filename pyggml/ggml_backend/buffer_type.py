@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pyggml.backend.buffer import Buffer
 from pyggml.core.checks import check_instance, check_size
 from pyggml.core.errors import GGMLError, OutOfMemoryError
 from pyggml.core.tensor import Tensor
+from pyggml.ggml_backend.buffer import Buffer
 
 if TYPE_CHECKING:
-    from pyggml.backend.device import Device
+    from pyggml.ggml_backend.device import Device
 
 SIZE_MAX = 2**64 - 1  # ggml's default max size: no limit
 

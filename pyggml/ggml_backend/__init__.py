@@ -1,13 +1,13 @@
-"""pyggml.backend: buffer types, buffers, backends, devices, registries, events, and the functions of
+"""pyggml.ggml_backend: buffer types, buffers, backends, devices, registries, events, and the functions of
 ggml-backend.h."""
 
-from pyggml.backend.backend import Backend, BackendBufferType, op_desc
-from pyggml.backend.buffer import Buffer, BufferInterface, BufferUsage, IfaceBuffer, buffer_init, tensor_buffer
-from pyggml.backend.buffer_type import SIZE_MAX, BufferType
-from pyggml.backend.device import Device, DeviceCaps, DeviceProps, DeviceType, host_cpu_name, host_memory
-from pyggml.backend.event import Event
-from pyggml.backend.graph_copy import GraphCopy, compare_graph_backend, graph_copy
-from pyggml.backend.registry import (
+from pyggml.ggml_backend.backend import Backend, BackendBufferType, op_desc
+from pyggml.ggml_backend.buffer import Buffer, BufferInterface, BufferUsage, IfaceBuffer, buffer_init, tensor_buffer
+from pyggml.ggml_backend.buffer_type import SIZE_MAX, BufferType
+from pyggml.ggml_backend.device import Device, DeviceCaps, DeviceProps, DeviceType, host_cpu_name, host_memory
+from pyggml.ggml_backend.event import Event
+from pyggml.ggml_backend.graph_copy import GraphCopy, compare_graph_backend, graph_copy
+from pyggml.ggml_backend.registry import (
     ENTRY_POINT_GROUP,
     Reg,
     dev_by_name,
@@ -31,8 +31,8 @@ from pyggml.backend.registry import (
     set_n_threads,
     unregister_backend,
 )
-from pyggml.backend.tensor_alloc import tensor_alloc, view_init
-from pyggml.backend.tensor_io import (
+from pyggml.ggml_backend.tensor_alloc import tensor_alloc, view_init
+from pyggml.ggml_backend.tensor_io import (
     get_backend,
     numpy_shape,
     tensor_copy,

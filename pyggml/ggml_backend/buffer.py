@@ -28,8 +28,8 @@ from pyggml.core.tensor import Tensor
 from pyggml.core.types import TYPE_TRAITS
 
 if TYPE_CHECKING:
-    from pyggml.backend.backend import Backend
-    from pyggml.backend.buffer_type import BufferType
+    from pyggml.ggml_backend.backend import Backend
+    from pyggml.ggml_backend.buffer_type import BufferType
 
 
 class BufferUsage(IntEnum):
@@ -116,7 +116,7 @@ class Buffer:
 
     def backend_moves_bytes(self) -> bool:
         """Whether the buffer's backend has its own data hooks; buffers moving their own bytes defer to it."""
-        from pyggml.backend.backend import Backend
+        from pyggml.ggml_backend.backend import Backend
 
         backend = self.backend
         return backend is not None and type(backend)._set_tensor_async is not Backend._set_tensor_async
@@ -148,7 +148,7 @@ class Buffer:
         raise GGMLError(f"buffer '{self.name}' has no backend and no buffer type to ask for its alignment")
 
     def get_max_size(self) -> int:
-        from pyggml.backend.buffer_type import SIZE_MAX
+        from pyggml.ggml_backend.buffer_type import SIZE_MAX
 
         return self.buft.get_max_size() if self.buft is not None else SIZE_MAX
 
@@ -388,8 +388,8 @@ class IfaceBuffer(Buffer):
 def buffer_init(owner: Backend | BufferType | None, iface: Any, context: Any, size: int) -> Buffer:
     """ggml_backend_buffer_init: a buffer of `size` bytes from `iface` (a `BufferInterface`, an object, a dict);
     `owner` is a backend, a buffer type (no backend: the data hooks must be in `iface`) or None."""
-    from pyggml.backend.backend import Backend
-    from pyggml.backend.buffer_type import BufferType
+    from pyggml.ggml_backend.backend import Backend
+    from pyggml.ggml_backend.buffer_type import BufferType
 
     get_base = _entry(iface, "get_base")
     if get_base is None or not callable(get_base):

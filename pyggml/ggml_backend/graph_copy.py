@@ -5,15 +5,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from pyggml.backend.backend import Backend
-from pyggml.backend.buffer import Buffer
-from pyggml.backend.tensor_alloc import tensor_alloc, view_init
-from pyggml.backend.tensor_io import tensor_copy
 from pyggml.core.checks import check_instance
 from pyggml.core.context import Context, tensor_overhead
 from pyggml.core.errors import ArgumentError, NotAllocatedError
 from pyggml.core.graph import Graph, graph_overhead
 from pyggml.core.tensor import Tensor, is_view_op
+from pyggml.ggml_backend.backend import Backend
+from pyggml.ggml_backend.buffer import Buffer
+from pyggml.ggml_backend.tensor_alloc import tensor_alloc, view_init
+from pyggml.ggml_backend.tensor_io import tensor_copy
 
 
 @dataclass

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from pyggml.backend.buffer import Buffer
 from pyggml.core.checks import check_instance, check_int
 from pyggml.core.errors import ArgumentError, BufferFreedError, NotAllocatedError, OutOfBoundsError
 from pyggml.core.tensor import Tensor
+from pyggml.ggml_backend.buffer import Buffer
 
 
 def tensor_alloc(buffer: Buffer, tensor: Tensor, addr: int) -> None:

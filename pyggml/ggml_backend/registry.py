@@ -16,13 +16,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from pyggml.backend.backend import Backend
-from pyggml.backend.buffer_type import BufferType
-from pyggml.backend.device import Device, DeviceType
 from pyggml.core.checks import check_instance, check_int
 from pyggml.core.errors import ArgumentError, ArgumentTypeError, OutOfBoundsError
+from pyggml.ggml_backend.backend import Backend
+from pyggml.ggml_backend.buffer_type import BufferType
+from pyggml.ggml_backend.device import Device, DeviceType
 
-log = logging.getLogger("pyggml.backend")
+log = logging.getLogger("pyggml.ggml_backend")
 
 ENTRY_POINT_GROUP = "pyggml.backends"
 GGML_BACKEND_API_VERSION = 2  # ggml-backend-impl.h's; a registry with another version is refused
@@ -163,7 +163,7 @@ def _as_reg(obj: object, where: str) -> Reg:
     if not isinstance(obj, Reg) and callable(obj):
         obj = obj()
     if not isinstance(obj, Reg):
-        raise ArgumentError(f"{where} gives {type(obj).__name__} {obj!r:.80}, not a pyggml.backend.registry.Reg "
+        raise ArgumentError(f"{where} gives {type(obj).__name__} {obj!r:.80}, not a pyggml.ggml_backend.registry.Reg "
                             f"(or a function returning one)")
     if obj.api_version != GGML_BACKEND_API_VERSION:
         raise ArgumentError(f"{where}: registry '{obj.name()}' has API version {obj.api_version}, pyggml's is "

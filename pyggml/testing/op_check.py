@@ -27,7 +27,6 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from pyggml.backend import Backend, init_backend, op_desc, tensor_get_numpy, tensor_set_numpy
 from pyggml.backends.cpu import cpu_init
 from pyggml.core.context import Context
 from pyggml.core.errors import ArgumentError
@@ -48,9 +47,10 @@ from pyggml.core.tensor import (
     is_view_op,
 )
 from pyggml.core.types import TYPE_TRAITS, GGMLType
+from pyggml.ggml_backend import Backend, init_backend, op_desc, tensor_get_numpy, tensor_set_numpy
 from pyggml.testing import alloc_ctx_tensors
 
-log = logging.getLogger("pyggml.test_ops")
+log = logging.getLogger("pyggml.op_check")
 
 F32, F16, BF16, I32 = GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.I32
 QUANT_TYPES = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0, GGMLType.MXFP4,

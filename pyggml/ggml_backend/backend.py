@@ -8,16 +8,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pyggml.backend.buffer import Buffer, tensor_buffer
-from pyggml.backend.buffer_type import BufferType, check_max_size
 from pyggml.core.checks import check_instance, check_int
 from pyggml.core.errors import ArgumentError, BufferFreedError, NotAllocatedError, UnsupportedOpError
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import GGMLOp, Tensor, is_view_op
+from pyggml.ggml_backend.buffer import Buffer, tensor_buffer
+from pyggml.ggml_backend.buffer_type import BufferType, check_max_size
 
 if TYPE_CHECKING:
-    from pyggml.backend.device import Device
-    from pyggml.backend.event import Event
+    from pyggml.ggml_backend.device import Device
+    from pyggml.ggml_backend.event import Event
 
 
 def op_desc(node: Tensor) -> str:

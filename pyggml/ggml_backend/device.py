@@ -11,16 +11,16 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
-from pyggml.backend.backend import Backend
-from pyggml.backend.buffer import Buffer
-from pyggml.backend.buffer_type import BufferType
-from pyggml.backend.event import Event
 from pyggml.core.checks import available_host_memory, check_instance, check_size
 from pyggml.core.errors import ArgumentTypeError, GGMLError, InvalidStateError, UnsupportedOpError
 from pyggml.core.tensor import Tensor
+from pyggml.ggml_backend.backend import Backend
+from pyggml.ggml_backend.buffer import Buffer
+from pyggml.ggml_backend.buffer_type import BufferType
+from pyggml.ggml_backend.event import Event
 
 if TYPE_CHECKING:
-    from pyggml.backend.registry import Reg
+    from pyggml.ggml_backend.registry import Reg
 
 
 class DeviceType(IntEnum):

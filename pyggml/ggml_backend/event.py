@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pyggml.backend.backend import Backend
 from pyggml.core.checks import check_instance
 from pyggml.core.errors import ArgumentError, InvalidStateError
+from pyggml.ggml_backend.backend import Backend
 
 if TYPE_CHECKING:
-    from pyggml.backend.device import Device
+    from pyggml.ggml_backend.device import Device
 
 
 class Event:

@@ -10,8 +10,6 @@ import logging
 
 import numpy as np
 
-from pyggml.backend.backend import Backend
-from pyggml.backend.buffer import Buffer, tensor_buffer
 from pyggml.core.checks import check_instance, check_int
 from pyggml.core.errors import (
     ArgumentError,
@@ -23,8 +21,10 @@ from pyggml.core.errors import (
 )
 from pyggml.core.tensor import Tensor, are_same_layout
 from pyggml.core.types import TYPE_TRAITS, GGMLType
+from pyggml.ggml_backend.backend import Backend
+from pyggml.ggml_backend.buffer import Buffer, tensor_buffer
 
-log = logging.getLogger("pyggml.backend")
+log = logging.getLogger("pyggml.ggml_backend")
 
 
 def get_backend(tensor: Tensor) -> Backend | None:
