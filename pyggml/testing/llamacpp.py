@@ -101,14 +101,15 @@ SDIST_NAME = "llama-cpp-python"
 SDIST_VERSION = "0.3.36"
 LLAMA_CPP_COMMIT = "0c1e570"  # what the sdist's vendor/llama.cpp is (its CHANGELOG and .git say so)
 
-# What the oracle tests use: the text peers, token ids, logits, quantized variants, speed and RPC peers,
-# embeddings.
+# What the oracle tests use: the text peers, token ids, logits, quantized variants (and the importance
+# matrices some types need), speed and RPC peers, embeddings.
 DEFAULT_TARGETS: tuple[str, ...] = (
     "llama-completion",
     "llama-simple",
     "llama-tokenize",
     "llama-debug",
     "llama-quantize",
+    "llama-imatrix",
     "llama-bench",
     "ggml-rpc-server",
     "llama-embedding",

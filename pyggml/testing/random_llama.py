@@ -4,7 +4,8 @@
 
 The file is llama.cpp's LLaMA layout (F16 or F32 matrices, F32 norms) with the tokenizer of llama.cpp's
 `ggml-vocab-llama-spm.gguf` (32000 tokens), so llama.cpp and pyggml load the same bytes; `--quantize` makes
-each listed type from it with llama-quantize (`--imatrix` passes an importance matrix where a type needs one).
+each listed type from it with llama-quantize (`--imatrix FILE` passes an importance matrix where a type needs
+one, `--imatrix auto` makes one with llama-imatrix).
 Weights are N(0, 1/fan_in) matrices, N(0, 1) embeddings and norms 1 + N(0, 0.1), so activations keep their
 scale through the layers as a trained model's do.
 """
@@ -118,6 +119,29 @@ def quantize(src: Path, dst: Path, type_name: str, imatrix: Path | None = None) 
     return dst
 
 
+def _calibration_text(n_words: int, seed: int) -> str:
+    """Words of the SPM vocabulary in a seeded random order: llama-imatrix only needs activations of a typical scale."""
+    rng = np.random.default_rng(seed)
+    words = ("the of and to in a is that for it as was with be by on not he this are or his from at which but "
+             "have an they you were her she there been one all we their has would when if so no what up out more "
+             "time model layer weight value matrix token number first people water after other called").split()
+    return " ".join(words[i] for i in rng.integers(0, len(words), n_words)) + "\n"
+
+
+def make_imatrix(model: Path, dst: Path, *, n_ctx: int = 128, chunks: int = 8, seed: int = 0) -> Path:
+    """`dst`: llama-imatrix's importance matrix of `model` over `chunks` chunks of `n_ctx` tokens of seeded text
+    (what llama-quantize needs for IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS and IQ2_S)."""
+    tool = llamacpp.require_tools(["llama-imatrix"])["llama-imatrix"]
+    text = dst.with_suffix(".txt")
+    text.write_text(_calibration_text(n_ctx * chunks * 2, seed))
+    cmd = [str(tool), "-m", str(model), "-f", str(text), "-o", str(dst), "-c", str(n_ctx),
+           "--chunks", str(chunks), "--no-ppl", "-t", "2"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0 or not dst.exists():
+        raise ArgumentError(f"llama-imatrix of '{model}' failed (exit {r.returncode}): {r.stderr.strip()[-1500:]}")
+    return dst
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pyggml.testing.random_llama", description=__doc__.split("\n")[0])
     parser.add_argument("--shape", choices=sorted(SHAPES), default="tinyllama-1.1b")
@@ -127,15 +151,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quantize", default="", help="comma-separated llama-quantize types made from the file, "
                                                        "each written beside it as <output stem>-<TYPE>.gguf")
-    parser.add_argument("--imatrix", type=Path, default=None, help="importance matrix for --quantize")
+    parser.add_argument("--imatrix", type=Path, default=None, help="importance matrix for --quantize ('auto': "
+                                                                    "made by llama-imatrix beside the output)")
     args = parser.parse_args(argv)
     shape = SHAPES[args.shape]
     if args.layers is not None:
         shape = replace(shape, n_layer=args.layers)
     src = write_random_llama(args.output, shape, GGMLType[args.type.upper()], args.seed)
     print(f"wrote {src} ({src.stat().st_size / 2**20:.0f} MiB)", file=sys.stderr)
+    imatrix = args.imatrix
+    if imatrix is not None and str(imatrix) == "auto":
+        imatrix = make_imatrix(src, src.with_name(f"{src.stem}-imatrix.gguf"))
+        print(f"wrote {imatrix}", file=sys.stderr)
     for name in filter(None, args.quantize.split(",")):
-        dst = quantize(src, src.with_name(f"{src.stem}-{name}.gguf"), name, args.imatrix)
+        dst = quantize(src, src.with_name(f"{src.stem}-{name}.gguf"), name, imatrix)
         print(f"wrote {dst} ({dst.stat().st_size / 2**20:.0f} MiB)", file=sys.stderr)
     return 0
 
