@@ -33,6 +33,7 @@ class Arch:
     swa_pattern: int = 0  # of each n layers the last is global (0: no window)
     # gemma3 27B (62 layers, as llama.cpp tells it) scales Q by 1/sqrt(n_embd/n_head)
     q_scale_by_embd_layers: int = 0
+    experts: bool = False  # every layer's FFN is a mixture of experts (others: where the file counts experts)
 
 
 ARCHS: dict[str, Arch] = {a.name: a for a in (
@@ -42,6 +43,7 @@ ARCHS: dict[str, Arch] = {a.name: a for a in (
     Arch("gemma3", rope_mode=ROPE_MODE_NEOX, qk_norm=True, post_norms=True, ffn=FFN_GEGLU, embd_scale=True,
          scale_q=True, swa_pattern=6, q_scale_by_embd_layers=62),
     Arch("phi3", rope_mode=ROPE_MODE_NEOX, ffn=FFN_SWIGLU_FUSED, scale_q=True),
+    Arch("qwen3moe", rope_mode=ROPE_MODE_NEOX, qk_norm=True, experts=True),
 )}
 
 WEIGHT_TYPES: tuple[GGMLType, ...] = (
@@ -89,6 +91,32 @@ def _swa_layers(gf: GGUFFile, key: str, n_layer: int, default_pattern: int) -> t
     return tuple(n == 0 or il % n < n - 1 for il in range(n_layer))
 
 
+MAX_EXPERTS = 512  # llama.cpp's LLAMA_MAX_EXPERTS
+
+
+def _experts(gf: GGUFFile, arch: Arch, n_ff: int) -> tuple[int, int, int]:
+    """(n_expert, n_expert_used, n_ff_exp), checked as llama.cpp's load_hparams asserts them."""
+    p = f"{arch.name}."
+    n_expert = read_int(gf, p + "expert_count", 0, minimum=0, maximum=MAX_EXPERTS)
+    n_used = read_int(gf, p + "expert_used_count", 0, minimum=0, maximum=MAX_EXPERTS)
+    if arch.experts and not n_expert:
+        found = "missing" if gguf_type(gf, p + "expert_count") is None else "0"
+        raise ModelFileError(f"'{gf.name}': '{p}expert_count' is {found}; {arch.name} needs experts")
+    if n_used > n_expert or (n_expert and not n_used):
+        raise ModelFileError(f"'{gf.name}': '{p}expert_used_count' = {n_used} must be in 1..'{p}expert_count' = "
+                             f"{n_expert}" if n_expert else f"'{gf.name}': '{p}expert_used_count' = {n_used} "
+                             f"without experts ('{p}expert_count' is 0)")
+    groups = read_int(gf, p + "expert_group_count", 0, minimum=0)
+    if groups > 1:
+        raise ModelFileError(f"'{gf.name}': '{p}expert_group_count' = {groups}: pyggml does not select experts by "
+                             f"groups (DeepSeek V3's routing)")
+    if not n_expert:
+        return 0, 0, 0
+    # qwen3moe's files without the key: the FFN's width shared among the experts used (llama.cpp's loader)
+    n_ff_exp = read_int(gf, p + "expert_feed_forward_length", n_ff // n_used if arch.experts else n_ff)
+    return n_expert, n_used, n_ff_exp
+
+
 @dataclass(frozen=True)
 class HParams:
     """llama.cpp's `llama_hparams` for the families of `ARCHS`."""
@@ -115,6 +143,9 @@ class HParams:
     swa_layers: tuple[bool, ...] = field(default=())
     f_attention_scale: float = 0.0  # 0: 1/sqrt(head_dim)
     f_final_logit_softcapping: float = 0.0
+    n_expert: int = 0  # 0: a dense FFN
+    n_expert_used: int = 0
+    n_ff_exp: int = 0  # the rows of each expert's gate and up
 
     @property
     def head_dim(self) -> int:
@@ -184,12 +215,14 @@ class HParams:
         freq_scale = 1.0 if scaling == "none" or not factor else 1.0 / factor
         n_swa = read_int(gf, p + "attention.sliding_window", 0, minimum=0) if arch.swa_pattern else 0
         n_ctx_train = read_int(gf, p + "context_length", 2048)
+        n_ff = read_int(gf, p + "feed_forward_length")
+        n_expert, n_expert_used, n_ff_exp = _experts(gf, arch, n_ff)
         hp = cls(
             n_vocab=_n_vocab(gf),
             n_ctx_train=n_ctx_train,
             n_embd=n_embd,
             n_layer=n_layer,
-            n_ff=read_int(gf, p + "feed_forward_length"),
+            n_ff=n_ff,
             n_head=n_head,
             n_head_kv=n_head_kv,
             n_rot=n_rot,
@@ -207,6 +240,9 @@ class HParams:
             swa_layers=_swa_layers(gf, p + "attention.sliding_window_pattern", n_layer, arch.swa_pattern)
             if n_swa else (),
             f_final_logit_softcapping=read_float(gf, p + "final_logit_softcapping", 0.0, allow_zero=True),
+            n_expert=n_expert,
+            n_expert_used=n_expert_used,
+            n_ff_exp=n_ff_exp,
         )
         if arch.scale_q:  # llama.cpp: gemma3's f_attention_scale (its 27B by n_embd / n_head), phi3's head size
             by_embd = arch.q_scale_by_embd_layers and n_layer == arch.q_scale_by_embd_layers
@@ -249,13 +285,32 @@ def expected_shapes(hp: HParams, gf: GGUFFile | None = None) -> Shapes:
             out[b + "post_attention_norm.weight"] = ((e,), "n_embd", True)
             out[b + "post_ffw_norm.weight"] = ((e,), "n_embd", True)
         out[b + "ffn_norm.weight"] = ((e,), "n_embd", True)
-        if a.ffn == FFN_SWIGLU_FUSED:
+        if hp.n_expert:
+            out.update(_expert_shapes(hp, b, gf))
+        elif a.ffn == FFN_SWIGLU_FUSED:
             linear("ffn_up", e, 2 * f, "n_embd, 2 n_ff")
+            linear("ffn_down", f, e, "n_ff, n_embd")
         else:
             linear("ffn_gate", e, f, "n_embd, n_ff")
-        linear("ffn_down", f, e, "n_ff, n_embd")
-        if a.ffn != FFN_SWIGLU_FUSED:
+            linear("ffn_down", f, e, "n_ff, n_embd")
             linear("ffn_up", e, f, "n_embd, n_ff")
+    return out
+
+
+def _expert_shapes(hp: HParams, b: str, gf: GGUFFile | None) -> Shapes:
+    """A layer's mixture of experts: the router, each expert's gate, up and down (a fused gate_up where the
+    file has it), their optional biases (llama.cpp's build_moe_ffn)."""
+    e, f, n = hp.n_embd, hp.n_ff_exp, hp.n_expert
+    fused = gf is not None and b + "ffn_gate_up_exps.weight" in gf
+    out: Shapes = {b + "ffn_gate_inp.weight": ((e, n), "n_embd, n_expert", True),
+                   b + "ffn_gate_inp.bias": ((n,), "n_expert", False)}
+    for name, rows, made_of, required in (("ffn_gate_up_exps", 2 * f, "2 n_ff_exp", fused),
+                                          ("ffn_gate_exps", f, "n_ff_exp", not fused),
+                                          ("ffn_up_exps", f, "n_ff_exp", not fused)):
+        out[b + name + ".weight"] = ((e, rows, n), f"n_embd, {made_of}, n_expert", required)
+        out[b + name + ".bias"] = ((rows, n), f"{made_of}, n_expert", False)
+    out[b + "ffn_down_exps.weight"] = ((f, e, n), "n_ff_exp, n_embd, n_expert", True)
+    out[b + "ffn_down_exps.bias"] = ((e, n), "n_embd, n_expert", False)
     return out
 
 

@@ -168,15 +168,64 @@ class _Builder:
                 rest = ctx.cont(ctx.view_2d(up, half, up.ne[1], up.nb[1], half * up.nb[0]))
                 cur = ctx.mul(ctx.silu(gate).set_name(f"ffn_silu-{il}"), rest)
         else:
-            gate = self.linear(b + "ffn_gate", h, "ffn_gate", il)
-            gelu = kind == FFN_GEGLU
-            if self.glu:
-                cur = (ctx.geglu_split(gate, up).set_name(f"ffn_geglu-{il}") if gelu
-                       else ctx.swiglu_split(gate, up).set_name(f"ffn_swiglu-{il}"))
-            else:
-                act = ctx.gelu(gate).set_name(f"ffn_gelu-{il}") if gelu else ctx.silu(gate).set_name(f"ffn_silu-{il}")
-                cur = ctx.mul(act, up)
+            cur = self.glu_split(self.linear(b + "ffn_gate", h, "ffn_gate", il), up, "ffn", il)
         return self.linear(b + "ffn_down", cur, "ffn_out", il)
+
+    def glu_split(self, gate: Tensor, up: Tensor, name: str, il: int) -> Tensor:
+        """The family's activation of `gate` times `up`: one GLU op, or the unary op and a MUL."""
+        ctx, gelu = self.ctx, self.hp.arch.ffn == FFN_GEGLU
+        if self.glu:
+            return (ctx.geglu_split(gate, up).set_name(f"{name}_geglu-{il}") if gelu
+                    else ctx.swiglu_split(gate, up).set_name(f"{name}_swiglu-{il}"))
+        act = ctx.gelu(gate).set_name(f"{name}_gelu-{il}") if gelu else ctx.silu(gate).set_name(f"{name}_silu-{il}")
+        return ctx.mul(act, up)
+
+    def experts(self, name: str, x: Tensor, selected: Tensor, out_name: str, il: int) -> Tensor:
+        """MUL_MAT_ID of each token's chosen experts' matrices, plus their biases (ADD_ID) where the file has them."""
+        y = self.ctx.mul_mat_id(self.w[name + ".weight"], x, selected).set_name(f"{out_name}-{il}")
+        bias = self.w.get(name + ".bias")
+        return y if bias is None else self.ctx.add_id(y, bias, selected).set_name(f"{out_name}_biased-{il}")
+
+    def moe(self, h: Tensor, il: int) -> Tensor:
+        """llama.cpp's build_moe_ffn as its families call it: softmax over the router's logits, the n_expert_used
+        largest (ARGSORT), their probabilities renormalized to sum 1, each token through its experts, summed."""
+        ctx, hp, b = self.ctx, self.hp, f"blk.{il}."
+        n_embd, n_tokens, n_used = hp.n_embd, h.ne[1], hp.n_expert_used
+        logits = self.linear(b + "ffn_gate_inp", h, "ffn_moe_logits", il)  # [n_expert, n_tokens]
+        probs = ctx.soft_max(logits).set_name(f"ffn_moe_probs-{il}")
+        selected = ctx.argsort_top_k(probs, n_used).set_name(f"ffn_moe_topk-{il}")  # [n_used, n_tokens]
+        weights = ctx.get_rows(ctx.reshape_3d(probs, 1, hp.n_expert, n_tokens), selected)  # [1, n_used, n_tokens]
+        weights = ctx.reshape_2d(weights.set_name(f"ffn_moe_weights-{il}"), n_used, n_tokens)
+        # F16's smallest normal number: a row of zero weights stays finite (llama.cpp's clamp)
+        total = ctx.clamp(ctx.sum_rows(weights), 6.103515625e-5, math.inf).set_name(f"ffn_moe_weights_sum-{il}")
+        weights = ctx.reshape_3d(ctx.div(weights, total).set_name(f"ffn_moe_weights_norm-{il}"), 1, n_used,
+                                 n_tokens)
+        self.gf.build_forward_expand(weights)
+        cur = ctx.reshape_3d(h, n_embd, 1, n_tokens)
+        if b + "ffn_gate_up_exps.weight" in self.w:  # one MUL_MAT_ID, split into gate and up views
+            gate_up = self.experts(b + "ffn_gate_up_exps", cur, selected, "ffn_moe_gate_up", il)
+            n_ff = gate_up.ne[0] // 2
+            gate = ctx.view_3d(gate_up, n_ff, gate_up.ne[1], gate_up.ne[2], gate_up.nb[1], gate_up.nb[2], 0)
+            up = ctx.view_3d(gate_up, n_ff, gate_up.ne[1], gate_up.ne[2], gate_up.nb[1], gate_up.nb[2],
+                             n_ff * gate_up.nb[0])
+        else:
+            up = self.experts(b + "ffn_up_exps", cur, selected, "ffn_moe_up", il)
+            gate = self.experts(b + "ffn_gate_exps", cur, selected, "ffn_moe_gate", il)
+        act = self.glu_split(gate, up, "ffn_moe", il)
+        experts = self.experts(b + "ffn_down_exps", act, selected, "ffn_moe_down", il)  # [n_embd, n_used, n_tokens]
+        experts = ctx.mul(experts, weights).set_name(f"ffn_moe_weighted-{il}")
+        self.gf.build_forward_expand(experts)
+        # the views first, then the adds (llama.cpp's order)
+        views = [ctx.view_2d(experts, n_embd, n_tokens, experts.nb[2], i * experts.nb[1]) for i in range(n_used)]
+        for v in views:
+            self.gf.build_forward_expand(v)
+        out = views[0]
+        for v in views[1:]:
+            out = ctx.add(out, v)
+            self.gf.build_forward_expand(out)
+        if n_used == 1:  # a view of one expert's rows is not contiguous
+            out = ctx.cont(out)
+        return out.set_name(f"ffn_moe_out-{il}")
 
     def layer(self, x: Tensor, il: int) -> Tensor:
         b, post = f"blk.{il}.", self.hp.arch.post_norms
@@ -184,7 +233,8 @@ class _Builder:
         if post:
             a = self.norm(a, b + "post_attention_norm.weight", "attn_post_norm", il)
         x = self.ctx.add(a, x).set_name(f"ffn_inp-{il}")
-        f = self.ffn(self.norm(x, b + "ffn_norm.weight", "ffn_norm", il), il)
+        h = self.norm(x, b + "ffn_norm.weight", "ffn_norm", il)
+        f = self.moe(h, il) if self.hp.n_expert else self.ffn(h, il)
         if post:  # llama.cpp builds this norm without a layer index: its callback does not pin it
             f = self.norm(f, b + "post_ffw_norm.weight", "ffn_post_norm", il, pin=False)
         return self.ctx.add(f, x).set_name(f"l_out-{il}")
@@ -244,4 +294,4 @@ def build_graph(ctx: Context, hp: HParams, w: dict[str, Tensor], kv: KVCache, n_
 
 def graph_size(hp: HParams) -> int:
     """Nodes + leafs a graph needs at most."""
-    return max(2048, 96 * hp.n_layer + 64)
+    return max(2048, (96 + 4 * hp.n_expert_used) * hp.n_layer + 64)

@@ -63,6 +63,15 @@ SPECS: dict[str, Spec] = {
                    {"vocab_size": 32000, "num_hidden_layers": 6, "head_dim": 32, "query_pre_attn_scalar": 32,
                     "sliding_window": 4, "final_logit_softcapping": 30.0, "rms_norm_eps": 1e-6}),
     "phi3": Spec("Phi3Config", "Phi3ForCausalLM", "phi-3", _PHI3),
+    # mixtures of experts: 8 experts, 2 a token (qwen3moe: renormalized as llama.cpp always does; Mixtral: llama's
+    # file with expert tensors)
+    "qwen3moe": Spec("Qwen3MoeConfig", "Qwen3MoeForCausalLM", "qwen2",
+                     {"vocab_size": 151936, "num_hidden_layers": 2, "head_dim": 32, "tie_word_embeddings": False,
+                      "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                      "norm_topk_prob": True}),
+    "mixtral": Spec("MixtralConfig", "MixtralForCausalLM", "llama-spm",
+                    {"vocab_size": 32000, "num_hidden_layers": 2, "tie_word_embeddings": False,
+                     "num_local_experts": 8, "num_experts_per_tok": 2}),
     # Llama 3's rope: the converter's rope_freqs tensor of frequency factors
     "llama3": Spec("LlamaConfig", "LlamaForCausalLM", "llama-spm",
                    {"vocab_size": 32000, "num_hidden_layers": 2, "tie_word_embeddings": True,

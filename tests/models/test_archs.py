@@ -19,11 +19,12 @@ import pytest
 import pyggml.models as pm
 from pyggml.models.metadata import ModelFileError
 
-ARCH_NAMES = ("llama", "qwen2", "qwen3", "gemma3", "phi3")
-# rope variants of real files: Llama 3's rope_freqs, Phi-3 128k's LongRoPE (the family of each)
-VARIANTS = {"llama3": "llama", "phi3_longrope": "phi3"}
+ARCH_NAMES = ("llama", "qwen2", "qwen3", "gemma3", "phi3", "qwen3moe")
+# variants of real files: Llama 3's rope_freqs, Phi-3 128k's LongRoPE, Mixtral's experts (the family of each)
+VARIANTS = {"llama3": "llama", "phi3_longrope": "phi3", "mixtral": "llama"}
 CHECKPOINTS = (*ARCH_NAMES, *VARIANTS)
 N_TOKENS = 12
+PROMPT_LENGTHS = (1, 7, 33)
 TOL = 1e-3  # of the logits' scale (max |logit|)
 
 
@@ -31,6 +32,16 @@ def _close(ours: np.ndarray, ref: np.ndarray, what: str, tol: float = TOL) -> No
     scale = float(np.abs(ref).max())
     diff = float(np.abs(ours - ref).max())
     assert diff <= tol * scale, f"{what}: max abs difference {diff:.3g} > {tol:g} x scale {scale:.3g}"
+
+
+def _same_greedy_tokens(ours: np.ndarray, ref: np.ndarray, what: str) -> None:
+    """Each position's most likely token is the reference's wherever the reference's top two logits are further
+    apart than twice the difference of the two (elsewhere either token is within the rounding)."""
+    top2 = np.sort(ref, axis=-1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] > 2 * np.abs(ours - ref).max(axis=-1)
+    assert clear.any(), f"{what}: no position's top two logits are apart enough to compare greedy tokens"
+    ours_tok, ref_tok = ours.argmax(-1)[clear], ref.argmax(-1)[clear]
+    assert (ours_tok == ref_tok).all(), f"{what}: greedy tokens {ours_tok.tolist()} differ from {ref_tok.tolist()}"
 
 
 class Tiny:
@@ -47,6 +58,8 @@ class Tiny:
         self.ids = {a: [1] + rng.integers(0, c.model.config.vocab_size, N_TOKENS - 1).tolist()
                     for a, c in self.ckpt.items()}
         self.ref = {a: self.ckpt[a].logits(self.ids[a]) for a in CHECKPOINTS}
+        self.prompts = {(a, n): [1] + rng.integers(0, c.model.config.vocab_size, n - 1).tolist()
+                        for a, c in self.ckpt.items() for n in PROMPT_LENGTHS}
         self._cpp: dict[str, np.ndarray] | None = None
 
     def llamacpp(self) -> dict[str, np.ndarray]:
@@ -57,11 +70,13 @@ class Tiny:
             try:
                 # and LongRoPE in a context past the original one: the long factors
                 jobs = [(self.path[a], self.ids[a], 256) for a in CHECKPOINTS]
-                out = tiny_archs.llamacpp_logits([*jobs, (self.path["phi3_longrope"], self.ids["phi3"], 512)],
-                                                 self.root)
+                jobs.append((self.path["phi3_longrope"], self.ids["phi3"], 512))
+                jobs += [(self.path[a], ids, 256) for (a, _), ids in self.prompts.items()]
+                out = tiny_archs.llamacpp_logits(jobs, self.root)
             except llamacpp.NoCompilerError as e:
                 pytest.skip(str(e))  # the one reason to skip: no compiler to build llama.cpp with
-            self._cpp = dict(zip([*CHECKPOINTS, "phi3_longrope_long"], out, strict=True))
+            names = [*CHECKPOINTS, "phi3_longrope_long", *(f"{a}/{n}" for a, n in self.prompts)]
+            self._cpp = dict(zip(names, out, strict=True))
         return self._cpp
 
 
@@ -77,7 +92,8 @@ def tiny(tmp_path_factory: pytest.TempPathFactory, llamacpp_models: Path) -> Tin
 # a tensor of each file that shows the family's row of the table is exercised
 SHOWN_BY = {"llama": "blk.1.attn_q.weight", "qwen2": "blk.1.attn_q.bias", "qwen3": "blk.1.attn_k_norm.weight",
             "gemma3": "blk.5.post_ffw_norm.weight", "phi3": "blk.1.attn_qkv.weight", "llama3": "rope_freqs.weight",
-            "phi3_longrope": "rope_factors_long.weight"}
+            "phi3_longrope": "rope_factors_long.weight", "qwen3moe": "blk.1.ffn_gate_exps.weight",
+            "mixtral": "blk.1.ffn_down_exps.weight"}
 
 
 @pytest.mark.parametrize("arch", CHECKPOINTS)
@@ -90,6 +106,23 @@ def test_f32_logits_match_transformers_and_llamacpp(tiny: Tiny, arch: str) -> No
         model.free()
     _close(ours, tiny.ref[arch], f"{arch} vs transformers")
     _close(ours, tiny.llamacpp()[arch], f"{arch} vs llama.cpp")
+
+
+@pytest.mark.parametrize("arch", CHECKPOINTS)
+def test_prompts_of_1_7_and_33_tokens(tiny: Tiny, arch: str) -> None:
+    """Each prompt from an empty cache: logits as transformers' and llama.cpp's, llama.cpp's greedy tokens."""
+    model = pm.load(tiny.path[arch], n_ctx=256, progress=False)
+    try:
+        for n in PROMPT_LENGTHS:
+            model.reset()
+            ids = tiny.prompts[arch, n]
+            ours = model.eval(ids)
+            cpp = tiny.llamacpp()[f"{arch}/{n}"]
+            _close(ours, tiny.ckpt[arch].logits(ids), f"{arch}, {n} tokens, vs transformers")
+            _close(ours, cpp, f"{arch}, {n} tokens, vs llama.cpp")
+            _same_greedy_tokens(ours, cpp, f"{arch}, {n} tokens")
+    finally:
+        model.free()
 
 
 def test_longrope_takes_the_long_factors_past_the_original_context(tiny: Tiny) -> None:
