@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from pyggml.core.types import GGMLType
 from pyggml.gguf.reader import GGUFFile
-from pyggml.models.metadata import INT32_MAX, ModelFileError, gguf_type, read_float, read_int, read_str
+from pyggml.models.metadata import INT32_MAX, ModelFileError, gguf_type, read_bool, read_float, read_int, read_str
 
 ROPE_MODE_NORMAL = 0  # pairs of adjacent elements
 ROPE_MODE_NEOX = 2  # pairs n_rot/2 apart (HF's rotate_half)
@@ -19,18 +20,28 @@ FFN_SWIGLU = "swiglu"  # silu(gate @ x) * (up @ x)
 FFN_GEGLU = "geglu"  # gelu_tanh(gate @ x) * (up @ x)
 FFN_SWIGLU_FUSED = "swiglu_fused"  # one ffn_up of 2 * n_ff rows: silu(first half) * second half (phi3)
 
+# RMS norms of Q and K before RoPE: of each head (attn_q_norm of head_dim), of whole rows (of n_embd_q: olmo2)
+QK_NORM_HEAD = "head"
+QK_NORM_ALL = "all"
+
 
 @dataclass(frozen=True)
 class Arch:
     name: str
     rope_mode: int = ROPE_MODE_NORMAL
-    qk_norm: bool = False  # RMS norm of each head of Q and K before RoPE (attn_q_norm, attn_k_norm)
+    qk_norm: str = ""
+    pre_norms: bool = True
     post_norms: bool = False  # RMS norms of the attention and FFN outputs before each residual add
     qkv_bias: bool = False  # biases required (others use them where present)
     ffn: str = FFN_SWIGLU
     embd_scale: bool = False  # the token embeddings times sqrt(n_embd)
     scale_q: bool = False  # Q scaled before attention (softmax scale 1)
     swa_pattern: int = 0  # of each n layers the last is global (0: no window)
+    n_swa_default: int = 0
+    swa_rope_is_global: bool = False  # the sliding layers' rope defaults to the global one (else base 10000)
+    attn_softcap: bool = False  # cap * tanh(kq / cap); gemma2's caps default to llama.cpp's 50 and 30
+    no_rope_layer_step: int = 0
+    granite_scales: bool = False
     # gemma3 27B (62 layers, as llama.cpp tells it) scales Q by 1/sqrt(n_embd/n_head)
     q_scale_by_embd_layers: int = 0
     experts: bool = False  # every layer's FFN is a mixture of experts (others: where the file counts experts)
@@ -39,11 +50,16 @@ class Arch:
 ARCHS: dict[str, Arch] = {a.name: a for a in (
     Arch("llama"),
     Arch("qwen2", rope_mode=ROPE_MODE_NEOX, qkv_bias=True),
-    Arch("qwen3", rope_mode=ROPE_MODE_NEOX, qk_norm=True),
-    Arch("gemma3", rope_mode=ROPE_MODE_NEOX, qk_norm=True, post_norms=True, ffn=FFN_GEGLU, embd_scale=True,
+    Arch("qwen3", rope_mode=ROPE_MODE_NEOX, qk_norm=QK_NORM_HEAD),
+    Arch("gemma3", rope_mode=ROPE_MODE_NEOX, qk_norm=QK_NORM_HEAD, post_norms=True, ffn=FFN_GEGLU, embd_scale=True,
          scale_q=True, swa_pattern=6, q_scale_by_embd_layers=62),
     Arch("phi3", rope_mode=ROPE_MODE_NEOX, ffn=FFN_SWIGLU_FUSED, scale_q=True),
-    Arch("qwen3moe", rope_mode=ROPE_MODE_NEOX, qk_norm=True, experts=True),
+    Arch("qwen3moe", rope_mode=ROPE_MODE_NEOX, qk_norm=QK_NORM_HEAD, experts=True),
+    Arch("olmo2", rope_mode=ROPE_MODE_NEOX, qk_norm=QK_NORM_ALL, pre_norms=False, post_norms=True),
+    Arch("gemma2", rope_mode=ROPE_MODE_NEOX, post_norms=True, ffn=FFN_GEGLU, embd_scale=True, scale_q=True,
+         swa_pattern=2, n_swa_default=4096, swa_rope_is_global=True, attn_softcap=True, q_scale_by_embd_layers=46),
+    Arch("smollm3", no_rope_layer_step=4),
+    Arch("granite", granite_scales=True),
 )}
 
 WEIGHT_TYPES: tuple[GGMLType, ...] = (
@@ -117,6 +133,21 @@ def _experts(gf: GGUFFile, arch: Arch, n_ff: int) -> tuple[int, int, int]:
     return n_expert, n_used, n_ff_exp
 
 
+def _family_scales(gf: GGUFFile, arch: Arch, n_layer: int) -> dict[str, Any]:
+    """HParams fields: the layers that rope (smollm3's, granite's by rope.scaling.finetuned), granite's scales."""
+    p = f"{arch.name}."
+    out: dict[str, Any] = {}
+    if arch.no_rope_layer_step:
+        out["rope_layers"] = tuple((il + 1) % arch.no_rope_layer_step != 0 for il in range(n_layer))
+    if arch.granite_scales:
+        out["rope_layers"] = (read_bool(gf, p + "rope.scaling.finetuned", True),) * n_layer
+        out["f_logit_scale"] = read_float(gf, p + "logit_scale")
+        out["f_residual_scale"] = read_float(gf, p + "residual_scale", 0.0, allow_zero=True)
+        out["f_embedding_scale"] = read_float(gf, p + "embedding_scale", 0.0, allow_zero=True)
+        out["f_attention_scale"] = read_float(gf, p + "attention.scale", 0.0, allow_zero=True)
+    return out
+
+
 @dataclass(frozen=True)
 class HParams:
     """llama.cpp's `llama_hparams` for the families of `ARCHS`."""
@@ -143,9 +174,14 @@ class HParams:
     swa_layers: tuple[bool, ...] = field(default=())
     f_attention_scale: float = 0.0  # 0: 1/sqrt(head_dim)
     f_final_logit_softcapping: float = 0.0
-    n_expert: int = 0  # 0: a dense FFN
+    f_attn_logit_softcapping: float = 0.0
+    f_embedding_scale: float = 0.0
+    f_residual_scale: float = 0.0
+    f_logit_scale: float = 0.0  # the logits divided by it (0: none)
+    rope_layers: tuple[bool, ...] = field(default=())  # which layers rope Q and K (empty: every layer)
+    n_expert: int = 0
     n_expert_used: int = 0
-    n_ff_exp: int = 0  # the rows of each expert's gate and up
+    n_ff_exp: int = 0
 
     @property
     def head_dim(self) -> int:
@@ -166,6 +202,9 @@ class HParams:
     @property
     def n_ctx_orig(self) -> int:
         return self.n_ctx_orig_yarn or self.n_ctx_train
+
+    def has_rope(self, il: int) -> bool:
+        return not self.rope_layers or self.rope_layers[il]
 
     def is_swa(self, il: int) -> bool:
         return self.n_swa > 0 and bool(self.swa_layers) and self.swa_layers[il]
@@ -213,7 +252,9 @@ class HParams:
         factor = read_float(gf, p + "rope.scaling.factor", 0.0, allow_zero=True) \
             or read_float(gf, p + "rope.scale_linear", 0.0, allow_zero=True)
         freq_scale = 1.0 if scaling == "none" or not factor else 1.0 / factor
-        n_swa = read_int(gf, p + "attention.sliding_window", 0, minimum=0) if arch.swa_pattern else 0
+        n_swa = read_int(gf, p + "attention.sliding_window", arch.n_swa_default, minimum=0) if arch.swa_pattern \
+            else 0
+        rope_base = read_float(gf, p + "rope.freq_base", 10000.0)
         n_ctx_train = read_int(gf, p + "context_length", 2048)
         n_ff = read_int(gf, p + "feed_forward_length")
         n_expert, n_expert_used, n_ff_exp = _experts(gf, arch, n_ff)
@@ -227,7 +268,7 @@ class HParams:
             n_head_kv=n_head_kv,
             n_rot=n_rot,
             f_norm_rms_eps=read_float(gf, p + "attention.layer_norm_rms_epsilon", 1e-5),
-            rope_freq_base=read_float(gf, p + "rope.freq_base", 10000.0),
+            rope_freq_base=rope_base,
             rope_freq_scale=freq_scale,
             arch=arch,
             n_embd_head=head_dim if head_dim * n_head != n_embd else 0,
@@ -235,14 +276,19 @@ class HParams:
             # YaRN: ext_factor 1; llama.cpp's attention factor mscale / (1 + 0.1 ln factor) is 1 here
             rope_ext_factor=1.0 if scaling == "yarn" else 0.0,
             rope_attn_factor=read_float(gf, p + "rope.scaling.attn_factor", 1.0),
-            rope_freq_base_swa=read_float(gf, p + "rope.freq_base_swa", 10000.0),
+            rope_freq_base_swa=read_float(gf, p + "rope.freq_base_swa",
+                                          rope_base if arch.swa_rope_is_global else 10000.0),
+            rope_freq_scale_swa=freq_scale if arch.swa_rope_is_global else 1.0,
             n_swa=n_swa,
             swa_layers=_swa_layers(gf, p + "attention.sliding_window_pattern", n_layer, arch.swa_pattern)
             if n_swa else (),
-            f_final_logit_softcapping=read_float(gf, p + "final_logit_softcapping", 0.0, allow_zero=True),
+            f_final_logit_softcapping=read_float(gf, p + "final_logit_softcapping", 30.0 if arch.attn_softcap else 0.0,
+                                                 allow_zero=True),
             n_expert=n_expert,
             n_expert_used=n_expert_used,
             n_ff_exp=n_ff_exp,
+            f_attn_logit_softcapping=read_float(gf, p + "attn_logit_softcapping", 50.0) if arch.attn_softcap else 0.0,
+            **_family_scales(gf, arch, n_layer),
         )
         if arch.scale_q:  # llama.cpp: gemma3's f_attention_scale (its 27B by n_embd / n_head), phi3's head size
             by_embd = arch.q_scale_by_embd_layers and n_layer == arch.q_scale_by_embd_layers
@@ -271,20 +317,25 @@ def expected_shapes(hp: HParams, gf: GGUFFile | None = None) -> Shapes:
             out[b + name + ".weight"] = ((n_in, n_out), made_of, required)
             out[b + name + ".bias"] = ((n_out,), made_of.split(", ")[-1], bias and required)
 
-        out[b + "attn_norm.weight"] = ((e,), "n_embd", True)
+        if a.pre_norms:
+            out[b + "attn_norm.weight"] = ((e,), "n_embd", True)
         fused = gf is not None and b + "attn_qkv.weight" in gf
         linear("attn_qkv", e, q + 2 * kv, "n_embd, n_embd_q + 2 n_embd_gqa", required=fused)
         linear("attn_q", e, q, "n_embd, n_embd_q", a.qkv_bias, not fused)
         linear("attn_k", e, kv, "n_embd, n_embd_gqa", a.qkv_bias, not fused)
         linear("attn_v", e, kv, "n_embd, n_embd_gqa", a.qkv_bias, not fused)
         linear("attn_output", q, e, "n_embd_q, n_embd")
-        if a.qk_norm:
+        if a.qk_norm == QK_NORM_HEAD:
             out[b + "attn_q_norm.weight"] = ((hd,), "head_dim", True)
             out[b + "attn_k_norm.weight"] = ((hd,), "head_dim", True)
+        elif a.qk_norm == QK_NORM_ALL:
+            out[b + "attn_q_norm.weight"] = ((q,), "n_embd_q", True)
+            out[b + "attn_k_norm.weight"] = ((kv,), "n_embd_gqa", True)
         if a.post_norms:
             out[b + "post_attention_norm.weight"] = ((e,), "n_embd", True)
             out[b + "post_ffw_norm.weight"] = ((e,), "n_embd", True)
-        out[b + "ffn_norm.weight"] = ((e,), "n_embd", True)
+        if a.pre_norms:
+            out[b + "ffn_norm.weight"] = ((e,), "n_embd", True)
         if hp.n_expert:
             out.update(_expert_shapes(hp, b, gf))
         elif a.ffn == FFN_SWIGLU_FUSED:
@@ -298,8 +349,7 @@ def expected_shapes(hp: HParams, gf: GGUFFile | None = None) -> Shapes:
 
 
 def _expert_shapes(hp: HParams, b: str, gf: GGUFFile | None) -> Shapes:
-    """A layer's mixture of experts: the router, each expert's gate, up and down (a fused gate_up where the
-    file has it), their optional biases (llama.cpp's build_moe_ffn)."""
+    """A layer's router and experts' gate, up (or fused gate_up) and down, biases optional (build_moe_ffn)."""
     e, f, n = hp.n_embd, hp.n_ff_exp, hp.n_expert
     fused = gf is not None and b + "ffn_gate_up_exps.weight" in gf
     out: Shapes = {b + "ffn_gate_inp.weight": ((e, n), "n_embd, n_expert", True),

@@ -15,7 +15,7 @@ from pyggml.core.graph import Graph
 from pyggml.core.ops.attention import flash_attn_ext_set_prec
 from pyggml.core.tensor import GGMLOp, Prec, Tensor
 from pyggml.core.types import GGMLType
-from pyggml.models.arch import FFN_GEGLU, FFN_SWIGLU_FUSED, HParams
+from pyggml.models.arch import FFN_GEGLU, FFN_SWIGLU_FUSED, QK_NORM_ALL, QK_NORM_HEAD, HParams
 from pyggml.models.attn_rot import mul_mat_hadamard
 from pyggml.models.kv_cache import KVCache
 
@@ -111,17 +111,25 @@ class _Builder:
             off += width
         return parts[0], parts[1], parts[2]
 
+    def softcap(self, x: Tensor, cap: float) -> Tensor:
+        """cap * tanh(x / cap), as llama.cpp soft-caps logits."""
+        return self.ctx.scale(self.ctx.tanh(self.ctx.scale(x, _f32(1.0 / cap))), _f32(cap))
+
     def attention(self, h: Tensor, il: int) -> Tensor:
         ctx, hp, kv, b = self.ctx, self.hp, self.kv, f"blk.{il}."
         head_dim, n_head, n_head_kv, n_tokens = hp.head_dim, hp.n_head, hp.n_head_kv, self.n_tokens
         q, k, v = self.qkv(h, il)
-        q = ctx.reshape_3d(q, head_dim, n_head, n_tokens)
-        k = ctx.reshape_3d(k, head_dim, n_head_kv, n_tokens)
-        if hp.arch.qk_norm:
+        if hp.arch.qk_norm == QK_NORM_ALL:  # olmo2: Q's and K's whole rows, before the split into heads
             q = self.norm(q, b + "attn_q_norm.weight", "Qcur_normed", il)
             k = self.norm(k, b + "attn_k_norm.weight", "Kcur_normed", il)
-        q = self.rope(q, il).set_name(f"Qcur-rope-{il}")
-        k = self.rope(k, il).set_name(f"Kcur-rope-{il}")
+        q = ctx.reshape_3d(q, head_dim, n_head, n_tokens)
+        k = ctx.reshape_3d(k, head_dim, n_head_kv, n_tokens)
+        if hp.arch.qk_norm == QK_NORM_HEAD:
+            q = self.norm(q, b + "attn_q_norm.weight", "Qcur_normed", il)
+            k = self.norm(k, b + "attn_k_norm.weight", "Kcur_normed", il)
+        if hp.has_rope(il):
+            q = self.rope(q, il).set_name(f"Qcur-rope-{il}")
+            k = self.rope(k, il).set_name(f"Kcur-rope-{il}")
         if hp.arch.scale_q:  # gemma3, phi3: Q scaled before attention, the softmax's scale 1
             q = ctx.scale(q, _f32(hp.f_attention_scale)).set_name(f"Qcur_scaled-{il}")
             kq_scale = 1.0
@@ -144,11 +152,14 @@ class _Builder:
         keys = kv.k_view(ctx, il, self.n_kv, head_dim, n_head_kv).set_name(f"k-{il}")
         values = kv.v_view(ctx, il, self.n_kv, head_dim, n_head_kv).set_name(f"v-{il}")
         if self.flash_attn:
-            kqv = ctx.flash_attn_ext(q, keys, values, mask, kq_scale).set_name(f"fattn-{il}")
+            kqv = ctx.flash_attn_ext(q, keys, values, mask, kq_scale,
+                                     logit_softcap=hp.f_attn_logit_softcapping).set_name(f"fattn-{il}")
             flash_attn_ext_set_prec(kqv, Prec.F32)
             cur = ctx.reshape_2d(kqv, hp.n_embd_q, n_tokens).set_name(f"kqv_merged-{il}")  # [head_dim, n_head, ..]
         else:
             kq = ctx.mul_mat(keys, q).set_name(f"kq-{il}")  # [n_kv, n_tokens, n_head], KV heads broadcast (GQA)
+            if hp.f_attn_logit_softcapping:
+                kq = self.softcap(kq, hp.f_attn_logit_softcapping).set_name(f"kq_scaled_2-{il}")
             kq = ctx.soft_max_ext(kq, mask, kq_scale).set_name(f"kq_soft_max-{il}")
             kqv = ctx.mul_mat(values, kq).set_name(f"kqv-{il}")  # [head_dim, n_tokens, n_head]
             cur = ctx.cont_2d(ctx.permute(kqv, 0, 2, 1, 3), hp.n_embd_q, n_tokens).set_name(f"kqv_merged-{il}")
@@ -228,15 +239,20 @@ class _Builder:
         return out.set_name(f"ffn_moe_out-{il}")
 
     def layer(self, x: Tensor, il: int) -> Tensor:
-        b, post = f"blk.{il}.", self.hp.arch.post_norms
-        a = self.attention(self.norm(x, b + "attn_norm.weight", "attn_norm", il), il)
+        b, hp = f"blk.{il}.", self.hp
+        pre, post, residual_scale = hp.arch.pre_norms, hp.arch.post_norms, hp.f_residual_scale
+        a = self.attention(self.norm(x, b + "attn_norm.weight", "attn_norm", il) if pre else x, il)
         if post:
             a = self.norm(a, b + "post_attention_norm.weight", "attn_post_norm", il)
+        if residual_scale:  # granite
+            a = self.ctx.scale(a, _f32(residual_scale))
         x = self.ctx.add(a, x).set_name(f"ffn_inp-{il}")
-        h = self.norm(x, b + "ffn_norm.weight", "ffn_norm", il)
-        f = self.moe(h, il) if self.hp.n_expert else self.ffn(h, il)
+        h = self.norm(x, b + "ffn_norm.weight", "ffn_norm", il) if pre else x
+        f = self.moe(h, il) if hp.n_expert else self.ffn(h, il)
         if post:  # llama.cpp builds this norm without a layer index: its callback does not pin it
             f = self.norm(f, b + "post_ffw_norm.weight", "ffn_post_norm", il, pin=False)
+        if residual_scale:
+            f = self.ctx.scale(f, _f32(residual_scale))
         return self.ctx.add(f, x).set_name(f"l_out-{il}")
 
     def build(self, last_only: bool) -> tuple[Graph, GraphInputs]:
@@ -244,6 +260,8 @@ class _Builder:
         x = ctx.get_rows(self.w["token_embd.weight"], self.tokens).set_name("inp_embd")
         if hp.arch.embd_scale:
             x = ctx.scale(x, _f32(math.sqrt(hp.n_embd))).set_name("inp_scaled")
+        if hp.f_embedding_scale:  # granite
+            x = ctx.scale(x, _f32(hp.f_embedding_scale)).set_name("inp_scaled")
         self.layer_nodes: list[list[Tensor]] = []
         for il in range(hp.n_layer):
             first_tensor = len(ctx.tensors)
@@ -260,9 +278,10 @@ class _Builder:
         logits = ctx.mul_mat(head, cur)
         if "output.bias" in self.w:
             logits = ctx.add(logits, self.w["output.bias"])
-        cap = hp.f_final_logit_softcapping
-        if cap:
-            logits = ctx.scale(ctx.tanh(ctx.scale(logits, _f32(1.0 / cap))), _f32(cap))
+        if hp.f_final_logit_softcapping:
+            logits = self.softcap(logits, hp.f_final_logit_softcapping)
+        if hp.f_logit_scale:  # granite
+            logits = ctx.scale(logits, _f32(1.0 / hp.f_logit_scale))
         return self._finish(logits.set_name("result_output"))
 
     def _finish(self, out: Tensor) -> tuple[Graph, GraphInputs]:

@@ -72,6 +72,23 @@ SPECS: dict[str, Spec] = {
     "mixtral": Spec("MixtralConfig", "MixtralForCausalLM", "llama-spm",
                     {"vocab_size": 32000, "num_hidden_layers": 2, "tie_word_embeddings": False,
                      "num_local_experts": 8, "num_experts_per_tok": 2}),
+    # norms of the attention's and FFN's outputs only, Q and K normed over all heads
+    "olmo2": Spec("Olmo2Config", "Olmo2ForCausalLM", "llama-spm",
+                  {"vocab_size": 32000, "num_hidden_layers": 2, "tie_word_embeddings": False, "eos_token_id": 2}),
+    # four layers alternating a window of 4 tokens and global attention; attention logits capped at 4 (so the
+    # cap shows), the output at 30
+    "gemma2": Spec("Gemma2Config", "Gemma2ForCausalLM", "llama-spm",
+                   {"vocab_size": 32000, "num_hidden_layers": 4, "head_dim": 32, "query_pre_attn_scalar": 32,
+                    "sliding_window": 4, "attn_logit_softcapping": 4.0, "final_logit_softcapping": 30.0,
+                    "rms_norm_eps": 1e-6}),
+    # four layers: the fourth attends without RoPE
+    "smollm3": Spec("SmolLM3Config", "SmolLM3ForCausalLM", "llama-bpe",
+                    {"vocab_size": 128256, "num_hidden_layers": 4, "tie_word_embeddings": True}),
+    # Granite's embedding, residual, attention and logit multipliers
+    "granite": Spec("GraniteConfig", "GraniteForCausalLM", "llama-spm",
+                    {"vocab_size": 32000, "num_hidden_layers": 2, "tie_word_embeddings": False,
+                     "embedding_multiplier": 12.0, "residual_multiplier": 0.22, "attention_multiplier": 0.0078125,
+                     "logits_scaling": 8.0}),
     # Llama 3's rope: the converter's rope_freqs tensor of frequency factors
     "llama3": Spec("LlamaConfig", "LlamaForCausalLM", "llama-spm",
                    {"vocab_size": 32000, "num_hidden_layers": 2, "tie_word_embeddings": True,

@@ -1,11 +1,12 @@
 """Every family of pyggml.models.arch on a tiny random checkpoint: pyggml's f32 logits against transformers' and
 llama.cpp's, without downloads.
 
-The checkpoints (pyggml.testing.tiny_archs: transformers' config classes, hidden 64, 2 layers, gemma3 6 with a
-sliding window of 4 tokens so that 12 tokens cross it) are converted to GGUF by the sdist's own converter once
+The checkpoints (pyggml.testing.tiny_archs: transformers' config classes, hidden 64, 2 layers, gemma3 6 and gemma2
+4 with a sliding window of 4 tokens so that 12 tokens cross it, smollm3 4 so that one layer goes without RoPE;
+qwen3moe and Mixtral 8 experts, 2 a token) are converted to GGUF by the sdist's own converter once
 per session. transformers computes in f32; llama.cpp with an f32 KV cache and flash attention off
 (DESIGN.md, "Oracles"). The gate is the issue's: a max abs difference at most 1e-3 of the logits' scale
-(gemma3's GELU goes through ggml's f16 table in both ggml implementations, which transformers does not
+(gemma3's and gemma2's GELU goes through ggml's f16 table in both ggml implementations, which transformers does not
 have: ~1e-4 of the scale; everything else agrees to ~1e-6).
 """
 
@@ -19,7 +20,7 @@ import pytest
 import pyggml.models as pm
 from pyggml.models.metadata import ModelFileError
 
-ARCH_NAMES = ("llama", "qwen2", "qwen3", "gemma3", "phi3", "qwen3moe")
+ARCH_NAMES = ("llama", "qwen2", "qwen3", "gemma3", "phi3", "qwen3moe", "olmo2", "gemma2", "smollm3", "granite")
 # variants of real files: Llama 3's rope_freqs, Phi-3 128k's LongRoPE, Mixtral's experts (the family of each)
 VARIANTS = {"llama3": "llama", "phi3_longrope": "phi3", "mixtral": "llama"}
 CHECKPOINTS = (*ARCH_NAMES, *VARIANTS)
@@ -93,7 +94,9 @@ def tiny(tmp_path_factory: pytest.TempPathFactory, llamacpp_models: Path) -> Tin
 SHOWN_BY = {"llama": "blk.1.attn_q.weight", "qwen2": "blk.1.attn_q.bias", "qwen3": "blk.1.attn_k_norm.weight",
             "gemma3": "blk.5.post_ffw_norm.weight", "phi3": "blk.1.attn_qkv.weight", "llama3": "rope_freqs.weight",
             "phi3_longrope": "rope_factors_long.weight", "qwen3moe": "blk.1.ffn_gate_exps.weight",
-            "mixtral": "blk.1.ffn_down_exps.weight"}
+            "mixtral": "blk.1.ffn_down_exps.weight", "olmo2": "blk.1.post_ffw_norm.weight",
+            "gemma2": "blk.3.post_attention_norm.weight", "smollm3": "blk.3.attn_q.weight",
+            "granite": "blk.1.ffn_up.weight"}
 
 
 @pytest.mark.parametrize("arch", CHECKPOINTS)
@@ -137,7 +140,7 @@ def test_longrope_takes_the_long_factors_past_the_original_context(tiny: Tiny) -
     assert np.abs(ours - tiny.ckpt["phi3_longrope"].logits(tiny.ids["phi3"])).max() > 0.1
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "gemma3", "phi3"])
+@pytest.mark.parametrize("arch", ["qwen2", "gemma3", "phi3", "gemma2", "qwen3moe"])
 def test_token_by_token_and_flash_attention(tiny: Tiny, arch: str) -> None:
     """Decoding one token at a time (the KV cache, gemma3's window sliding past the first cells) and flash
     attention give the whole prompt's logits."""
@@ -307,6 +310,22 @@ def test_gemma3_sliding_layers_from_the_file(tmp_path: Path, meta: dict[str, obj
     assert [hp.rope_base_scale(il)[0] for il in range(6)] == [5e3 if s else 1e6 for s in sliding or (False,) * 6]
 
 
+def test_gemma2_defaults_as_llamacpp(tmp_path: Path) -> None:
+    """Without the keys: a window of 4096 on every other layer, the sliding layers' rope the global one, the
+    attention logits capped at 50 and the output at 30 (llama.cpp's llama_hparams defaults)."""
+    hp = _hparams(tmp_path, "gemma2", {"rope.freq_base": 2e4, "rope.scaling.factor": 2.0})
+    assert hp.n_swa == 4096 and hp.swa_layers == (True, False) * 3
+    assert hp.rope_base_scale(0) == hp.rope_base_scale(1) == (2e4, 0.5)
+    assert hp.f_attn_logit_softcapping == 50.0 and hp.f_final_logit_softcapping == 30.0
+
+
+def test_smollm3_and_granite_layers_without_rope(tmp_path: Path) -> None:
+    assert [_hparams(tmp_path, "smollm3", {}).has_rope(il) for il in range(6)] == [True] * 3 + [False] + [True] * 2
+    granite = {"logit_scale": 8.0, "rope.scaling.finetuned": False}
+    assert not any(_hparams(tmp_path, "granite", granite).has_rope(il) for il in range(6))
+    assert all(_hparams(tmp_path, "granite", {"logit_scale": 8.0}).has_rope(il) for il in range(6))
+
+
 def test_phi3_ignores_a_sliding_window_as_llamacpp(tmp_path: Path) -> None:
     assert not _hparams(tmp_path, "phi3", {"attention.sliding_window": 2047}).any_swa
 
@@ -319,3 +338,26 @@ def test_phi3_ignores_a_sliding_window_as_llamacpp(tmp_path: Path) -> None:
 def test_hparams_pyggml_lacks_are_named(tmp_path: Path, meta: dict[str, object], message: str) -> None:
     with pytest.raises(ModelFileError, match=message):
         _hparams(tmp_path, "qwen3", meta)
+
+
+@pytest.mark.parametrize(("arch", "meta", "message"), [
+    ("qwen3moe", {}, r"'qwen3moe.expert_count' is missing; qwen3moe needs experts"),
+    ("qwen3moe", {"expert_count": 8, "expert_used_count": 9},
+     r"'qwen3moe.expert_used_count' = 9 must be in 1..'qwen3moe.expert_count' = 8"),
+    ("qwen3moe", {"expert_count": 8}, r"'qwen3moe.expert_used_count' = 0 must be in 1..'qwen3moe.expert_count' = 8"),
+    ("llama", {"expert_used_count": 2}, r"'llama.expert_used_count' = 2 without experts"),
+    ("llama", {"expert_count": 8, "expert_used_count": 2, "expert_group_count": 4},
+     r"'llama.expert_group_count' = 4: pyggml does not select experts by groups"),
+])
+def test_expert_counts_llamacpp_refuses_are_named(tmp_path: Path, arch: str, meta: dict[str, object],
+                                                  message: str) -> None:
+    with pytest.raises(ModelFileError, match=message):
+        _hparams(tmp_path, arch, meta)
+
+
+def test_expert_widths(tmp_path: Path) -> None:
+    """An expert's width: the file's key, else qwen3moe's FFN width shared among the experts used, llama's n_ff."""
+    moe = {"expert_count": 8, "expert_used_count": 2}
+    assert _hparams(tmp_path, "qwen3moe", {**moe, "expert_feed_forward_length": 48}).n_ff_exp == 48
+    assert _hparams(tmp_path, "qwen3moe", moe).n_ff_exp == 64
+    assert _hparams(tmp_path, "llama", moe).n_ff_exp == 128
