@@ -19,6 +19,11 @@ ROPE_MODE_NEOX = 2  # pairs n_rot/2 apart (HF's rotate_half)
 FFN_SWIGLU = "swiglu"  # silu(gate @ x) * (up @ x)
 FFN_GEGLU = "geglu"  # gelu_tanh(gate @ x) * (up @ x)
 FFN_SWIGLU_FUSED = "swiglu_fused"  # one ffn_up of 2 * n_ff rows: silu(first half) * second half (phi3)
+FFN_SWIGLU_OAI = "swiglu_oai"  # ggml_swiglu_oai(gate, up, 1.702, 7): gpt-oss's clamped SwiGLU
+SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT = 1.702, 7.0
+
+GATING_SOFTMAX = "softmax"
+GATING_SOFTMAX_WEIGHT = "softmax_weight"
 
 # RMS norms of Q and K before RoPE: of each head (attn_q_norm of head_dim), of whole rows (of n_embd_q: olmo2)
 QK_NORM_HEAD = "head"
@@ -45,6 +50,10 @@ class Arch:
     # gemma3 27B (62 layers, as llama.cpp tells it) scales Q by 1/sqrt(n_embd/n_head)
     q_scale_by_embd_layers: int = 0
     experts: bool = False  # every layer's FFN is a mixture of experts (others: where the file counts experts)
+    gating: str = GATING_SOFTMAX
+    norm_experts: bool = True
+    ffn_norm: str = "ffn_norm"  # the FFN's input norm (gpt-oss: post_attention_norm)
+    attn_sinks: bool = False  # attn_sinks of n_head: one more logit per head in each softmax row
 
 
 ARCHS: dict[str, Arch] = {a.name: a for a in (
@@ -60,12 +69,15 @@ ARCHS: dict[str, Arch] = {a.name: a for a in (
          swa_pattern=2, n_swa_default=4096, swa_rope_is_global=True, attn_softcap=True, q_scale_by_embd_layers=46),
     Arch("smollm3", no_rope_layer_step=4),
     Arch("granite", granite_scales=True),
+    Arch("gpt-oss", rope_mode=ROPE_MODE_NEOX, qkv_bias=True, ffn=FFN_SWIGLU_OAI, swa_pattern=2,
+         swa_rope_is_global=True, experts=True, gating=GATING_SOFTMAX_WEIGHT, norm_experts=False,
+         ffn_norm="post_attention_norm", attn_sinks=True),
 )}
 
 WEIGHT_TYPES: tuple[GGMLType, ...] = (
     GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0,
     GGMLType.Q5_1, GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.IQ4_NL,
-    GGMLType.IQ4_XS)
+    GGMLType.IQ4_XS, GGMLType.MXFP4)
 
 
 def arch_of(gf: GGUFFile) -> Arch:
@@ -325,6 +337,8 @@ def expected_shapes(hp: HParams, gf: GGUFFile | None = None) -> Shapes:
         linear("attn_k", e, kv, "n_embd, n_embd_gqa", a.qkv_bias, not fused)
         linear("attn_v", e, kv, "n_embd, n_embd_gqa", a.qkv_bias, not fused)
         linear("attn_output", q, e, "n_embd_q, n_embd")
+        if a.attn_sinks:
+            out[b + "attn_sinks.weight"] = ((hp.n_head,), "n_head", True)
         if a.qk_norm == QK_NORM_HEAD:
             out[b + "attn_q_norm.weight"] = ((hd,), "head_dim", True)
             out[b + "attn_k_norm.weight"] = ((hd,), "head_dim", True)
@@ -335,7 +349,7 @@ def expected_shapes(hp: HParams, gf: GGUFFile | None = None) -> Shapes:
             out[b + "post_attention_norm.weight"] = ((e,), "n_embd", True)
             out[b + "post_ffw_norm.weight"] = ((e,), "n_embd", True)
         if a.pre_norms:
-            out[b + "ffn_norm.weight"] = ((e,), "n_embd", True)
+            out[b + a.ffn_norm + ".weight"] = ((e,), "n_embd", True)
         if hp.n_expert:
             out.update(_expert_shapes(hp, b, gf))
         elif a.ffn == FFN_SWIGLU_FUSED:

@@ -12,10 +12,21 @@ import numpy as np
 from pyggml.core.context import Context
 from pyggml.core.errors import ArgumentError
 from pyggml.core.graph import Graph
-from pyggml.core.ops.attention import flash_attn_ext_set_prec
+from pyggml.core.ops.attention import flash_attn_ext_add_sinks, flash_attn_ext_set_prec
+from pyggml.core.ops.norm import soft_max_add_sinks
 from pyggml.core.tensor import GGMLOp, Prec, Tensor
 from pyggml.core.types import GGMLType
-from pyggml.models.arch import FFN_GEGLU, FFN_SWIGLU_FUSED, QK_NORM_ALL, QK_NORM_HEAD, HParams
+from pyggml.models.arch import (
+    FFN_GEGLU,
+    FFN_SWIGLU_FUSED,
+    FFN_SWIGLU_OAI,
+    GATING_SOFTMAX,
+    QK_NORM_ALL,
+    QK_NORM_HEAD,
+    SWIGLU_OAI_ALPHA,
+    SWIGLU_OAI_LIMIT,
+    HParams,
+)
 from pyggml.models.attn_rot import mul_mat_hadamard
 from pyggml.models.kv_cache import KVCache
 
@@ -154,6 +165,7 @@ class _Builder:
         if self.flash_attn:
             kqv = ctx.flash_attn_ext(q, keys, values, mask, kq_scale,
                                      logit_softcap=hp.f_attn_logit_softcapping).set_name(f"fattn-{il}")
+            flash_attn_ext_add_sinks(kqv, self.w.get(b + "attn_sinks.weight"))
             flash_attn_ext_set_prec(kqv, Prec.F32)
             cur = ctx.reshape_2d(kqv, hp.n_embd_q, n_tokens).set_name(f"kqv_merged-{il}")  # [head_dim, n_head, ..]
         else:
@@ -161,6 +173,7 @@ class _Builder:
             if hp.f_attn_logit_softcapping:
                 kq = self.softcap(kq, hp.f_attn_logit_softcapping).set_name(f"kq_scaled_2-{il}")
             kq = ctx.soft_max_ext(kq, mask, kq_scale).set_name(f"kq_soft_max-{il}")
+            soft_max_add_sinks(kq, self.w.get(b + "attn_sinks.weight"))
             kqv = ctx.mul_mat(values, kq).set_name(f"kqv-{il}")  # [head_dim, n_tokens, n_head]
             cur = ctx.cont_2d(ctx.permute(kqv, 0, 2, 1, 3), hp.n_embd_q, n_tokens).set_name(f"kqv_merged-{il}")
         if v_rot is not None:
@@ -183,8 +196,14 @@ class _Builder:
         return self.linear(b + "ffn_down", cur, "ffn_out", il)
 
     def glu_split(self, gate: Tensor, up: Tensor, name: str, il: int) -> Tensor:
-        """The family's activation of `gate` times `up`: one GLU op, or the unary op and a MUL."""
+        """The family's activation of `gate` times `up`: one GLU op, or unary ops and a MUL."""
         ctx, gelu = self.ctx, self.hp.arch.ffn == FFN_GEGLU
+        if self.hp.arch.ffn == FFN_SWIGLU_OAI:
+            if self.glu:
+                return ctx.swiglu_oai(gate, up, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT).set_name(f"{name}_swiglu_oai-{il}")
+            x = ctx.clamp(gate, -math.inf, SWIGLU_OAI_LIMIT)
+            y = ctx.clamp(up, -SWIGLU_OAI_LIMIT, SWIGLU_OAI_LIMIT)
+            return ctx.mul(ctx.mul(x, ctx.sigmoid(ctx.scale(x, SWIGLU_OAI_ALPHA))), ctx.scale_bias(y, 1.0, 1.0))
         if self.glu:
             return (ctx.geglu_split(gate, up).set_name(f"{name}_geglu-{il}") if gelu
                     else ctx.swiglu_split(gate, up).set_name(f"{name}_swiglu-{il}"))
@@ -198,19 +217,24 @@ class _Builder:
         return y if bias is None else self.ctx.add_id(y, bias, selected).set_name(f"{out_name}_biased-{il}")
 
     def moe(self, h: Tensor, il: int) -> Tensor:
-        """llama.cpp's build_moe_ffn as its families call it: softmax over the router's logits, the n_expert_used
-        largest (ARGSORT), their probabilities renormalized to sum 1, each token through its experts, summed."""
+        """llama.cpp's build_moe_ffn as its families call it: the n_expert_used largest of the router's softmax
+        (or logits, then the softmax of those: GATING_SOFTMAX_WEIGHT) by ARGSORT, their weights renormalized to
+        sum 1 where the family does, each token through its experts, weighted and summed."""
         ctx, hp, b = self.ctx, self.hp, f"blk.{il}."
         n_embd, n_tokens, n_used = hp.n_embd, h.ne[1], hp.n_expert_used
         logits = self.linear(b + "ffn_gate_inp", h, "ffn_moe_logits", il)  # [n_expert, n_tokens]
-        probs = ctx.soft_max(logits).set_name(f"ffn_moe_probs-{il}")
+        softmax_first = hp.arch.gating == GATING_SOFTMAX
+        probs = ctx.soft_max(logits).set_name(f"ffn_moe_probs-{il}") if softmax_first else logits
         selected = ctx.argsort_top_k(probs, n_used).set_name(f"ffn_moe_topk-{il}")  # [n_used, n_tokens]
         weights = ctx.get_rows(ctx.reshape_3d(probs, 1, hp.n_expert, n_tokens), selected)  # [1, n_used, n_tokens]
         weights = ctx.reshape_2d(weights.set_name(f"ffn_moe_weights-{il}"), n_used, n_tokens)
-        # F16's smallest normal number: a row of zero weights stays finite (llama.cpp's clamp)
-        total = ctx.clamp(ctx.sum_rows(weights), 6.103515625e-5, math.inf).set_name(f"ffn_moe_weights_sum-{il}")
-        weights = ctx.reshape_3d(ctx.div(weights, total).set_name(f"ffn_moe_weights_norm-{il}"), 1, n_used,
-                                 n_tokens)
+        if not softmax_first:
+            weights = ctx.soft_max(weights).set_name(f"ffn_moe_weights_softmax-{il}")
+        if hp.arch.norm_experts:
+            # F16's smallest normal number: a row of zero weights stays finite (llama.cpp's clamp)
+            total = ctx.clamp(ctx.sum_rows(weights), 6.103515625e-5, math.inf).set_name(f"ffn_moe_weights_sum-{il}")
+            weights = ctx.div(weights, total).set_name(f"ffn_moe_weights_norm-{il}")
+        weights = ctx.reshape_3d(weights, 1, n_used, n_tokens)
         self.gf.build_forward_expand(weights)
         cur = ctx.reshape_3d(h, n_embd, 1, n_tokens)
         if b + "ffn_gate_up_exps.weight" in self.w:  # one MUL_MAT_ID, split into gate and up views
@@ -247,7 +271,7 @@ class _Builder:
         if residual_scale:  # granite
             a = self.ctx.scale(a, _f32(residual_scale))
         x = self.ctx.add(a, x).set_name(f"ffn_inp-{il}")
-        h = self.norm(x, b + "ffn_norm.weight", "ffn_norm", il) if pre else x
+        h = self.norm(x, b + hp.arch.ffn_norm + ".weight", "ffn_norm", il) if pre else x
         f = self.moe(h, il) if hp.n_expert else self.ffn(h, il)
         if post:  # llama.cpp builds this norm without a layer index: its callback does not pin it
             f = self.norm(f, b + "post_ffw_norm.weight", "ffn_post_norm", il, pin=False)

@@ -89,6 +89,16 @@ SPECS: dict[str, Spec] = {
                     {"vocab_size": 32000, "num_hidden_layers": 2, "tie_word_embeddings": False,
                      "embedding_multiplier": 12.0, "residual_multiplier": 0.22, "attention_multiplier": 0.0078125,
                      "logits_scaling": 8.0}),
+    # 8 experts with biases, 2 a token weighted by the softmax of their logits, the clamped SwiGLU; attention
+    # sinks; a window of 4 tokens then global; YaRN (factor 4 over 64 positions) with its correction dims rounded
+    # as ggml rounds them (truncate: the real files' False is transformers' alone)
+    "gpt-oss": Spec("GptOssConfig", "GptOssForCausalLM", "qwen2",
+                    {"vocab_size": 151936, "num_hidden_layers": 2, "head_dim": 16, "intermediate_size": 32,
+                     "num_local_experts": 8, "num_experts_per_tok": 2, "sliding_window": 4,
+                     "layer_types": ["sliding_attention", "full_attention"],
+                     "rope_parameters": {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0,
+                                         "original_max_position_embeddings": 64, "beta_fast": 32.0,
+                                         "beta_slow": 1.0, "truncate": True}}),
     # Llama 3's rope: the converter's rope_freqs tensor of frequency factors
     "llama3": Spec("LlamaConfig", "LlamaForCausalLM", "llama-spm",
                    {"vocab_size": 32000, "num_hidden_layers": 2, "tie_word_embeddings": True,

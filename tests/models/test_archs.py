@@ -20,7 +20,8 @@ import pytest
 import pyggml.models as pm
 from pyggml.models.metadata import ModelFileError
 
-ARCH_NAMES = ("llama", "qwen2", "qwen3", "gemma3", "phi3", "qwen3moe", "olmo2", "gemma2", "smollm3", "granite")
+ARCH_NAMES = ("llama", "qwen2", "qwen3", "gemma3", "phi3", "qwen3moe", "olmo2", "gemma2", "smollm3", "granite",
+              "gpt-oss")
 # variants of real files: Llama 3's rope_freqs, Phi-3 128k's LongRoPE, Mixtral's experts (the family of each)
 VARIANTS = {"llama3": "llama", "phi3_longrope": "phi3", "mixtral": "llama"}
 CHECKPOINTS = (*ARCH_NAMES, *VARIANTS)
@@ -96,7 +97,7 @@ SHOWN_BY = {"llama": "blk.1.attn_q.weight", "qwen2": "blk.1.attn_q.bias", "qwen3
             "phi3_longrope": "rope_factors_long.weight", "qwen3moe": "blk.1.ffn_gate_exps.weight",
             "mixtral": "blk.1.ffn_down_exps.weight", "olmo2": "blk.1.post_ffw_norm.weight",
             "gemma2": "blk.3.post_attention_norm.weight", "smollm3": "blk.3.attn_q.weight",
-            "granite": "blk.1.ffn_up.weight"}
+            "granite": "blk.1.ffn_up.weight", "gpt-oss": "blk.1.attn_sinks.weight"}
 
 
 @pytest.mark.parametrize("arch", CHECKPOINTS)
@@ -140,7 +141,7 @@ def test_longrope_takes_the_long_factors_past_the_original_context(tiny: Tiny) -
     assert np.abs(ours - tiny.ckpt["phi3_longrope"].logits(tiny.ids["phi3"])).max() > 0.1
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "gemma3", "phi3", "gemma2", "qwen3moe"])
+@pytest.mark.parametrize("arch", ["qwen2", "gemma3", "phi3", "gemma2", "qwen3moe", "gpt-oss"])
 def test_token_by_token_and_flash_attention(tiny: Tiny, arch: str) -> None:
     """Decoding one token at a time (the KV cache, gemma3's window sliding past the first cells) and flash
     attention give the whole prompt's logits."""
@@ -154,7 +155,7 @@ def test_token_by_token_and_flash_attention(tiny: Tiny, arch: str) -> None:
         _close(np.concatenate(steps), ref, f"{arch} token by token, flash attention {fa}")
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "gemma3", "phi3"])
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3", "phi3", "gpt-oss"])
 def test_the_2023_idiom_for_backends_without_set_rows_and_glu(tiny: Tiny, arch: str,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """The graph pyggml builds for backends without SET_ROWS and GLU (CPY KV writes, the activation and a MUL,
@@ -206,11 +207,11 @@ def test_a_weight_type_outside_the_models_is_named(tiny: Tiny, tmp_path: Path) -
     meta = {k: gf.get(k) for k in gf.keys() if not k.startswith("GGUF.") and k != "general.architecture"}
     tensors = {t.name: gf.tensor_float(t.name).reshape(tuple(reversed(t.ne))) for t in gf}
     src.free()
-    assert GGMLType.MXFP4 not in WEIGHT_TYPES
-    write_gguf(tmp_path / "mx.gguf", "llama", meta, tensors, types={"blk.1.ffn_up.weight": GGMLType.MXFP4})
-    with pytest.raises(ModelFileError, match=r"'mx.gguf': tensor 'blk.1.ffn_up.weight' has type MXFP4, which "
+    assert GGMLType.F64 not in WEIGHT_TYPES
+    write_gguf(tmp_path / "f64.gguf", "llama", meta, tensors, types={"blk.1.ffn_up.weight": GGMLType.F64})
+    with pytest.raises(ModelFileError, match=r"'f64.gguf': tensor 'blk.1.ffn_up.weight' has type F64, which "
                                              r"pyggml does not compute in models \(supported: F32, F16, BF16, "):
-        pm.load(tmp_path / "mx.gguf", n_ctx=64, progress=False)
+        pm.load(tmp_path / "f64.gguf", n_ctx=64, progress=False)
 
 
 # --- weight types: one tiny LLaMA per type, every 2-D weight (token_embd's GET_ROWS too) in it ---
@@ -264,7 +265,7 @@ TYPE_IDS = [1, 40, 7, 299, 120, 3, 88, 251]
 
 
 @pytest.mark.parametrize("type_name", ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K",
-                                       "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"])
+                                       "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4"])
 def test_every_weight_type_loads_and_computes_as_llamacpp(typed_files: dict[str, Path],
                                                           typed_llamacpp: dict[str, np.ndarray],
                                                           type_name: str) -> None:
