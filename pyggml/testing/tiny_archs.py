@@ -69,6 +69,11 @@ SPECS: dict[str, Spec] = {
                      {"vocab_size": 151936, "num_hidden_layers": 2, "head_dim": 32, "tie_word_embeddings": False,
                       "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                       "norm_topk_prob": True}),
+    # rows of 256 (K-quant blocks) for llama-quantize's Q4_K_M experts
+    "qwen3moe_wide": Spec("Qwen3MoeConfig", "Qwen3MoeForCausalLM", "llama-spm",
+                          {"vocab_size": 32000, "num_hidden_layers": 2, "hidden_size": 256, "head_dim": 64,
+                           "tie_word_embeddings": False, "num_experts": 8, "num_experts_per_tok": 2,
+                           "moe_intermediate_size": 256, "norm_topk_prob": True}),
     "mixtral": Spec("MixtralConfig", "MixtralForCausalLM", "llama-spm",
                     {"vocab_size": 32000, "num_hidden_layers": 2, "tie_word_embeddings": False,
                      "num_local_experts": 8, "num_experts_per_tok": 2}),

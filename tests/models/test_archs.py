@@ -129,6 +129,54 @@ def test_prompts_of_1_7_and_33_tokens(tiny: Tiny, arch: str) -> None:
         model.free()
 
 
+# each mixture of experts as llama-quantize makes it: experts MXFP4 (gpt-oss) or Q4_K_M's mix (qwen3moe)
+QUANTIZED = {"gpt-oss": "MXFP4_MOE", "qwen3moe_wide": "Q4_K_M"}
+
+
+@pytest.fixture(scope="session")
+def quantized(tiny: Tiny) -> dict[str, tuple[Path, Path, dict[int, list[int]]]]:
+    """Per family: its f32 file, the file llama-quantize made of it, prompts of PROMPT_LENGTHS tokens."""
+    from pyggml.testing import tiny_archs
+    from pyggml.testing.random_llama import quantize
+
+    wide = tiny_archs.make_checkpoint("qwen3moe_wide", tiny.root / "qwen3moe_wide")
+    tiny_archs.convert([(wide, tiny.root / "qwen3moe_wide.gguf", "f32")])
+    rng = np.random.default_rng(5)
+    out = {}
+    for arch, qtype in QUANTIZED.items():
+        f32 = tiny.root / f"{arch}.gguf"
+        prompts = {n: [1] + rng.integers(0, 32000, n - 1).tolist() for n in PROMPT_LENGTHS}
+        out[arch] = (f32, quantize(f32, tiny.root / f"{arch}-{qtype}.gguf", qtype), prompts)
+    return out
+
+
+@pytest.mark.parametrize("arch", QUANTIZED)
+def test_quantized_experts_follow_llamacpp(tiny: Tiny, quantized: dict[str, tuple[Path, Path, dict[int, list[int]]]],
+                                           arch: str) -> None:
+    """The quantized file's logits as llama.cpp's of it, far closer than llama.cpp's of the f32 file are."""
+    from pyggml.core.types import GGMLType
+    from pyggml.testing import llamacpp, tiny_archs
+
+    f32, qfile, prompts = quantized[arch]
+    try:
+        cpp = tiny_archs.llamacpp_logits([(f, ids) for ids in prompts.values() for f in (f32, qfile)], tiny.root)
+    except llamacpp.NoCompilerError as e:
+        pytest.skip(str(e))
+    model = pm.load(qfile, n_ctx=256, progress=False)
+    try:
+        expert_type = model.file.tensor("blk.1.ffn_gate_exps.weight").type
+        assert expert_type == (GGMLType.MXFP4 if arch == "gpt-oss" else GGMLType.Q4_K)
+        for i, (n, ids) in enumerate(prompts.items()):
+            model.reset()
+            ours, cpp_f32, cpp_q = model.eval(ids), cpp[2 * i], cpp[2 * i + 1]
+            _close(ours, cpp_q, f"{arch} {QUANTIZED[arch]}, {n} tokens, vs llama.cpp")
+            _same_greedy_tokens(ours, cpp_q, f"{arch} {QUANTIZED[arch]}, {n} tokens")
+            # the quantization moves llama.cpp's own logits by far more than the gate
+            assert np.abs(cpp_f32 - cpp_q).max() > 10 * TOL * np.abs(cpp_q).max()
+    finally:
+        model.free()
+
+
 def test_longrope_takes_the_long_factors_past_the_original_context(tiny: Tiny) -> None:
     """A context longer than the original one (as llama.cpp pads it) ropes with the long factors: llama.cpp's
     logits, and no longer transformers' of a short sequence (its short factors)."""
