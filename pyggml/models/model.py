@@ -826,7 +826,7 @@ class Model:
 
 def load(path: str | os.PathLike[str], backends: Sequence[Backend | str] | None = None, n_ctx: int = 512,
          n_layers_on: int | Sequence[int] | None = None, n_threads: int | None = None, **kwargs: Any) -> Model:
-    """Load a GGUF model (llama, qwen2, qwen3, gemma3, phi3) over `backends` (Backends or registry names; default
+    """Load a GGUF model (a family of `ARCHS`) over `backends` (Backends or registry names; default
     CPU): `n_layers_on` as -ngl, `tensor_split` as -ts, `override_tensor` as -ot; other keywords go to `Model`."""
     if n_threads is not None:
         check_positive(n_threads, "load: n_threads")
