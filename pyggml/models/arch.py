@@ -69,6 +69,7 @@ ARCHS: dict[str, Arch] = {a.name: a for a in (
          swa_pattern=2, n_swa_default=4096, swa_rope_is_global=True, attn_softcap=True, q_scale_by_embd_layers=46),
     Arch("smollm3", no_rope_layer_step=4),
     Arch("granite", granite_scales=True),
+    Arch("granitemoe", granite_scales=True),
     Arch("gpt-oss", rope_mode=ROPE_MODE_NEOX, qkv_bias=True, ffn=FFN_SWIGLU_OAI, swa_pattern=2,
          swa_rope_is_global=True, experts=True, gating=GATING_SOFTMAX_WEIGHT, norm_experts=False,
          ffn_norm="post_attention_norm", attn_sinks=True),
@@ -157,6 +158,7 @@ def _family_scales(gf: GGUFFile, arch: Arch, n_layer: int) -> dict[str, Any]:
         out["f_residual_scale"] = read_float(gf, p + "residual_scale", 0.0, allow_zero=True)
         out["f_embedding_scale"] = read_float(gf, p + "embedding_scale", 0.0, allow_zero=True)
         out["f_attention_scale"] = read_float(gf, p + "attention.scale", 0.0, allow_zero=True)
+        out["n_ff_shexp"] = read_int(gf, p + "expert_shared_feed_forward_length", 0, minimum=0)
     return out
 
 
@@ -194,6 +196,7 @@ class HParams:
     n_expert: int = 0
     n_expert_used: int = 0
     n_ff_exp: int = 0
+    n_ff_shexp: int = 0
 
     @property
     def head_dim(self) -> int:
@@ -375,6 +378,11 @@ def _expert_shapes(hp: HParams, b: str, gf: GGUFFile | None) -> Shapes:
         out[b + name + ".bias"] = ((rows, n), f"{made_of}, n_expert", False)
     out[b + "ffn_down_exps.weight"] = ((f, e, n), "n_ff_exp, n_embd, n_expert", True)
     out[b + "ffn_down_exps.bias"] = ((e, n), "n_embd, n_expert", False)
+    if hp.n_ff_shexp:
+        s = hp.n_ff_shexp
+        out[b + "ffn_gate_shexp.weight"] = ((e, s), "n_embd, n_ff_shexp", True)
+        out[b + "ffn_up_shexp.weight"] = ((e, s), "n_embd, n_ff_shexp", True)
+        out[b + "ffn_down_shexp.weight"] = ((s, e), "n_ff_shexp, n_embd", True)
     return out
 
 

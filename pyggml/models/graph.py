@@ -180,9 +180,10 @@ class _Builder:
             cur = mul_mat_hadamard(ctx, cur, v_rot).set_name(f"kqv_out_rot-{il}")
         return self.linear(b + "attn_output", cur, "attn_out", il)
 
-    def ffn(self, h: Tensor, il: int) -> Tensor:
+    def ffn(self, h: Tensor, il: int, suffix: str = "") -> Tensor:
+        """The dense FFN of ffn_{gate,up,down}`suffix` (a mixture's shared expert: "_shexp")."""
         ctx, b, kind = self.ctx, f"blk.{il}.", self.hp.arch.ffn
-        up = self.linear(b + "ffn_up", h, "ffn_up", il)
+        up = self.linear(b + "ffn_up" + suffix, h, "ffn_up" + suffix, il)
         if kind == FFN_SWIGLU_FUSED:  # phi3: up holds [gate; up] (llama.cpp's LLM_FFN_SWIGLU, LLM_FFN_SEQ)
             if self.glu:
                 cur = ctx.swiglu(up).set_name(f"ffn_swiglu-{il}")
@@ -192,8 +193,8 @@ class _Builder:
                 rest = ctx.cont(ctx.view_2d(up, half, up.ne[1], up.nb[1], half * up.nb[0]))
                 cur = ctx.mul(ctx.silu(gate).set_name(f"ffn_silu-{il}"), rest)
         else:
-            cur = self.glu_split(self.linear(b + "ffn_gate", h, "ffn_gate", il), up, "ffn", il)
-        return self.linear(b + "ffn_down", cur, "ffn_out", il)
+            cur = self.glu_split(self.linear(b + "ffn_gate" + suffix, h, "ffn_gate" + suffix, il), up, "ffn", il)
+        return self.linear(b + "ffn_down" + suffix, cur, "ffn_out" + suffix, il)
 
     def glu_split(self, gate: Tensor, up: Tensor, name: str, il: int) -> Tensor:
         """The family's activation of `gate` times `up`: one GLU op, or unary ops and a MUL."""
@@ -260,6 +261,8 @@ class _Builder:
             self.gf.build_forward_expand(out)
         if n_used == 1:  # a view of one expert's rows is not contiguous
             out = ctx.cont(out)
+        if hp.n_ff_shexp:  # granitemoe's shared expert, beside the chosen ones
+            out = ctx.add(out.set_name(f"ffn_moe_out-{il}"), self.ffn(h, il, "_shexp"))
         return out.set_name(f"ffn_moe_out-{il}")
 
     def layer(self, x: Tensor, il: int) -> Tensor:

@@ -94,6 +94,12 @@ SPECS: dict[str, Spec] = {
                     {"vocab_size": 32000, "num_hidden_layers": 2, "tie_word_embeddings": False,
                      "embedding_multiplier": 12.0, "residual_multiplier": 0.22, "attention_multiplier": 0.0078125,
                      "logits_scaling": 8.0}),
+    # Granite's scales, 8 experts (2 a token) and a shared expert
+    "granitemoe": Spec("GraniteMoeSharedConfig", "GraniteMoeSharedForCausalLM", "llama-spm",
+                       {"vocab_size": 32000, "num_hidden_layers": 2, "tie_word_embeddings": False,
+                        "intermediate_size": 32, "shared_intermediate_size": 48, "num_local_experts": 8,
+                        "num_experts_per_tok": 2, "embedding_multiplier": 12.0, "residual_multiplier": 0.22,
+                        "attention_multiplier": 0.0078125, "logits_scaling": 8.0}),
     # 8 experts with biases, 2 a token weighted by the softmax of their logits, the clamped SwiGLU; attention
     # sinks; a window of 4 tokens then global; YaRN (factor 4 over 64 positions) with its correction dims rounded
     # as ggml rounds them (truncate: the real files' False is transformers' alone)

@@ -21,7 +21,7 @@ import pyggml.models as pm
 from pyggml.models.metadata import ModelFileError
 
 ARCH_NAMES = ("llama", "qwen2", "qwen3", "gemma3", "phi3", "qwen3moe", "olmo2", "gemma2", "smollm3", "granite",
-              "gpt-oss")
+              "granitemoe", "gpt-oss")
 # variants of real files: Llama 3's rope_freqs, Phi-3 128k's LongRoPE, Mixtral's experts (the family of each)
 VARIANTS = {"llama3": "llama", "phi3_longrope": "phi3", "mixtral": "llama"}
 CHECKPOINTS = (*ARCH_NAMES, *VARIANTS)
@@ -97,7 +97,8 @@ SHOWN_BY = {"llama": "blk.1.attn_q.weight", "qwen2": "blk.1.attn_q.bias", "qwen3
             "phi3_longrope": "rope_factors_long.weight", "qwen3moe": "blk.1.ffn_gate_exps.weight",
             "mixtral": "blk.1.ffn_down_exps.weight", "olmo2": "blk.1.post_ffw_norm.weight",
             "gemma2": "blk.3.post_attention_norm.weight", "smollm3": "blk.3.attn_q.weight",
-            "granite": "blk.1.ffn_up.weight", "gpt-oss": "blk.1.attn_sinks.weight"}
+            "granite": "blk.1.ffn_up.weight", "gpt-oss": "blk.1.attn_sinks.weight",
+            "granitemoe": "blk.1.ffn_down_shexp.weight"}
 
 
 @pytest.mark.parametrize("arch", CHECKPOINTS)
