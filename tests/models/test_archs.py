@@ -221,7 +221,7 @@ def test_the_2023_idiom_for_backends_without_set_rows_and_glu(tiny: Tiny, arch: 
     _close(ours, tiny.ref[arch], f"{arch} in the 2023 idiom vs transformers")
 
 
-@pytest.mark.parametrize("arch", ["gemma3", "phi3"])
+@pytest.mark.parametrize("arch", ["gemma3", "phi3", "qwen3moe", "gpt-oss"])
 def test_split_over_torch_and_cpu_by_the_scheduler(tiny: Tiny, arch: str) -> None:
     """The first layer on the torch backend, the rest on the CPU, token by token: the same logits."""
     model = pm.load(tiny.path[arch], backends=["torch", "cpu"], n_layers_on=[1], n_ctx=256, progress=False)
