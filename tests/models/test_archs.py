@@ -151,6 +151,7 @@ def quantized(tiny: Tiny) -> dict[str, tuple[Path, Path, dict[int, list[int]]]]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", QUANTIZED)
 def test_quantized_experts_follow_llamacpp(tiny: Tiny, quantized: dict[str, tuple[Path, Path, dict[int, list[int]]]],
                                            arch: str) -> None:
