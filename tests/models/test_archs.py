@@ -264,6 +264,33 @@ def test_a_weight_type_outside_the_models_is_named(tiny: Tiny, tmp_path: Path) -
         pm.load(tmp_path / "f64.gguf", n_ctx=64, progress=False)
 
 
+def test_fused_gate_up_experts_compute_as_the_separate_ones(tiny: Tiny, tmp_path: Path) -> None:
+    """A file with ffn_gate_up_exps (each expert's gate rows, then its up rows) instead of ffn_gate_exps and
+    ffn_up_exps: one MUL_MAT_ID split into two views, the same logits."""
+    from pyggml.gguf.writer import write_gguf
+
+    src = pm.load(tiny.path["qwen3moe"], n_ctx=64, progress=False)
+    try:
+        ref = src.eval(tiny.ids["qwen3moe"])
+        gf = src.file
+        meta = {k: gf.get(k) for k in gf.keys() if not k.startswith("GGUF.") and k != "general.architecture"}
+        tensors = {t.name: gf.tensor_float(t.name).reshape(tuple(reversed(t.ne))) for t in gf}
+    finally:
+        src.free()
+    for il in range(2):
+        b = f"blk.{il}."
+        gate, up = tensors.pop(b + "ffn_gate_exps.weight"), tensors.pop(b + "ffn_up_exps.weight")
+        tensors[b + "ffn_gate_up_exps.weight"] = np.concatenate([gate, up], axis=1)  # [n_expert, 2 n_ff, n_embd]
+    write_gguf(tmp_path / "fused.gguf", "qwen3moe", meta, tensors)
+    model = pm.load(tmp_path / "fused.gguf", n_ctx=64, progress=False)
+    try:
+        assert "blk.1.ffn_gate_up_exps.weight" in model.w and "blk.1.ffn_up_exps.weight" not in model.w
+        ours = model.eval(tiny.ids["qwen3moe"])
+    finally:
+        model.free()
+    _close(ours, ref, "qwen3moe with fused gate_up experts vs separate", tol=1e-5)
+
+
 # --- weight types: one tiny LLaMA per type, every 2-D weight (token_embd's GET_ROWS too) in it ---
 
 TYPE_DIMS = dict(vocab_size=300, hidden_size=256, intermediate_size=256, num_hidden_layers=1, num_attention_heads=4,
