@@ -3,7 +3,8 @@
 The architecture and its hyper-parameters (`<arch>.*`), the tokenizer
 (`tokenizer.ggml.*`: model, vocabulary size, BOS/EOS/UNK), the remaining
 metadata, then every tensor with its type, shape (ggml's `ne`, innermost
-first, as llama.cpp prints it) and size in the file.
+first, as llama.cpp prints it) and size in the file; for a mixture of
+experts, the experts and the parameters a token uses.
 """
 
 from __future__ import annotations
@@ -61,6 +62,17 @@ def _token(tokens: Any, tid: Any) -> str:
 def _count(value: Any) -> str:
     """The length of an array value; its value when it is not an array."""
     return str(len(value)) if isinstance(value, list) else f"? (not an array: {_short(value)})"
+
+
+def _experts_line(gf: Any, arch: Any, infos: list[Any]) -> str:
+    """A mixture of experts' counts and the parameters one token goes through: every tensor but the experts'
+    (`*_exps`, one slice per expert), and of those the share of the experts used; "" without experts."""
+    n_expert = gf.get(f"{arch}.expert_count", None) if isinstance(arch, str) else None
+    n_used = gf.get(f"{arch}.expert_used_count", None) if isinstance(arch, str) else None
+    if not (isinstance(n_expert, int) and isinstance(n_used, int) and 0 < n_used <= n_expert):
+        return ""
+    active = sum(t.nelements() // n_expert * n_used if "_exps." in t.name else t.nelements() for t in infos)
+    return f"experts: {n_expert}, {n_used} used a token; active parameters {fmt_count(active)} a token"
 
 
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
@@ -136,6 +148,9 @@ def _print_info(gf: Any, path: Any, args: argparse.Namespace, out: TextIO) -> No
     n_bytes = sum(t.nbytes for t in infos)
     w()
     w(f"tensors: {len(infos)}, {fmt_count(n_params)} parameters, {fmt_bytes(n_bytes)}")
+    experts = _experts_line(gf, arch, infos)
+    if experts:
+        w(experts)
     if infos and not args.no_tensors:
         rows = [["#", "name", "type", "shape", "size"]]
         for i, t in enumerate(infos):

@@ -1,4 +1,4 @@
-"""Models from GGUF files (llama, qwen2, qwen3, gemma3, phi3: the table of pyggml.models.arch):
+"""Models from GGUF files (the families of the table in pyggml.models.arch):
 `load(path, backends, n_ctx, n_layers_on)` -> `Model`;
 `builtin_model_path()` is the small LLaMA shipped in the package.
 

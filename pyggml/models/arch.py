@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from pyggml.core.types import GGMLType
 from pyggml.gguf.reader import GGUFFile
-from pyggml.models.metadata import INT32_MAX, ModelFileError, gguf_type, read_float, read_int, read_str
+from pyggml.models.metadata import INT32_MAX, ModelFileError, gguf_type, read_bool, read_float, read_int, read_str
 
 ROPE_MODE_NORMAL = 0  # pairs of adjacent elements
 ROPE_MODE_NEOX = 2  # pairs n_rot/2 apart (HF's rotate_half)
@@ -18,36 +19,66 @@ ROPE_MODE_NEOX = 2  # pairs n_rot/2 apart (HF's rotate_half)
 FFN_SWIGLU = "swiglu"  # silu(gate @ x) * (up @ x)
 FFN_GEGLU = "geglu"  # gelu_tanh(gate @ x) * (up @ x)
 FFN_SWIGLU_FUSED = "swiglu_fused"  # one ffn_up of 2 * n_ff rows: silu(first half) * second half (phi3)
+FFN_SWIGLU_OAI = "swiglu_oai"  # ggml_swiglu_oai(gate, up, 1.702, 7): gpt-oss's clamped SwiGLU
+SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT = 1.702, 7.0
+
+GATING_SOFTMAX = "softmax"
+GATING_SOFTMAX_WEIGHT = "softmax_weight"
+
+# RMS norms of Q and K before RoPE: of each head (attn_q_norm of head_dim), of whole rows (of n_embd_q: olmo2)
+QK_NORM_HEAD = "head"
+QK_NORM_ALL = "all"
 
 
 @dataclass(frozen=True)
 class Arch:
     name: str
     rope_mode: int = ROPE_MODE_NORMAL
-    qk_norm: bool = False  # RMS norm of each head of Q and K before RoPE (attn_q_norm, attn_k_norm)
+    qk_norm: str = ""
+    pre_norms: bool = True
     post_norms: bool = False  # RMS norms of the attention and FFN outputs before each residual add
     qkv_bias: bool = False  # biases required (others use them where present)
     ffn: str = FFN_SWIGLU
     embd_scale: bool = False  # the token embeddings times sqrt(n_embd)
     scale_q: bool = False  # Q scaled before attention (softmax scale 1)
     swa_pattern: int = 0  # of each n layers the last is global (0: no window)
+    n_swa_default: int = 0
+    swa_rope_is_global: bool = False  # the sliding layers' rope defaults to the global one (else base 10000)
+    attn_softcap: bool = False  # cap * tanh(kq / cap); gemma2's caps default to llama.cpp's 50 and 30
+    no_rope_layer_step: int = 0
+    granite_scales: bool = False
     # gemma3 27B (62 layers, as llama.cpp tells it) scales Q by 1/sqrt(n_embd/n_head)
     q_scale_by_embd_layers: int = 0
+    experts: bool = False  # every layer's FFN is a mixture of experts (others: where the file counts experts)
+    gating: str = GATING_SOFTMAX
+    norm_experts: bool = True
+    ffn_norm: str = "ffn_norm"  # the FFN's input norm (gpt-oss: post_attention_norm)
+    attn_sinks: bool = False  # attn_sinks of n_head: one more logit per head in each softmax row
 
 
 ARCHS: dict[str, Arch] = {a.name: a for a in (
     Arch("llama"),
     Arch("qwen2", rope_mode=ROPE_MODE_NEOX, qkv_bias=True),
-    Arch("qwen3", rope_mode=ROPE_MODE_NEOX, qk_norm=True),
-    Arch("gemma3", rope_mode=ROPE_MODE_NEOX, qk_norm=True, post_norms=True, ffn=FFN_GEGLU, embd_scale=True,
+    Arch("qwen3", rope_mode=ROPE_MODE_NEOX, qk_norm=QK_NORM_HEAD),
+    Arch("gemma3", rope_mode=ROPE_MODE_NEOX, qk_norm=QK_NORM_HEAD, post_norms=True, ffn=FFN_GEGLU, embd_scale=True,
          scale_q=True, swa_pattern=6, q_scale_by_embd_layers=62),
     Arch("phi3", rope_mode=ROPE_MODE_NEOX, ffn=FFN_SWIGLU_FUSED, scale_q=True),
+    Arch("qwen3moe", rope_mode=ROPE_MODE_NEOX, qk_norm=QK_NORM_HEAD, experts=True),
+    Arch("olmo2", rope_mode=ROPE_MODE_NEOX, qk_norm=QK_NORM_ALL, pre_norms=False, post_norms=True),
+    Arch("gemma2", rope_mode=ROPE_MODE_NEOX, post_norms=True, ffn=FFN_GEGLU, embd_scale=True, scale_q=True,
+         swa_pattern=2, n_swa_default=4096, swa_rope_is_global=True, attn_softcap=True, q_scale_by_embd_layers=46),
+    Arch("smollm3", no_rope_layer_step=4),
+    Arch("granite", granite_scales=True),
+    Arch("granitemoe", granite_scales=True),
+    Arch("gpt-oss", rope_mode=ROPE_MODE_NEOX, qkv_bias=True, ffn=FFN_SWIGLU_OAI, swa_pattern=2,
+         swa_rope_is_global=True, experts=True, gating=GATING_SOFTMAX_WEIGHT, norm_experts=False,
+         ffn_norm="post_attention_norm", attn_sinks=True),
 )}
 
 WEIGHT_TYPES: tuple[GGMLType, ...] = (
     GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0,
     GGMLType.Q5_1, GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.IQ4_NL,
-    GGMLType.IQ4_XS)
+    GGMLType.IQ4_XS, GGMLType.MXFP4)
 
 
 def arch_of(gf: GGUFFile) -> Arch:
@@ -89,6 +120,48 @@ def _swa_layers(gf: GGUFFile, key: str, n_layer: int, default_pattern: int) -> t
     return tuple(n == 0 or il % n < n - 1 for il in range(n_layer))
 
 
+MAX_EXPERTS = 512  # llama.cpp's LLAMA_MAX_EXPERTS
+
+
+def _experts(gf: GGUFFile, arch: Arch, n_ff: int) -> tuple[int, int, int]:
+    """(n_expert, n_expert_used, n_ff_exp), checked as llama.cpp's load_hparams asserts them."""
+    p = f"{arch.name}."
+    n_expert = read_int(gf, p + "expert_count", 0, minimum=0, maximum=MAX_EXPERTS)
+    n_used = read_int(gf, p + "expert_used_count", 0, minimum=0, maximum=MAX_EXPERTS)
+    if arch.experts and not n_expert:
+        found = "missing" if gguf_type(gf, p + "expert_count") is None else "0"
+        raise ModelFileError(f"'{gf.name}': '{p}expert_count' is {found}; {arch.name} needs experts")
+    if n_used > n_expert or (n_expert and not n_used):
+        raise ModelFileError(f"'{gf.name}': '{p}expert_used_count' = {n_used} must be in 1..'{p}expert_count' = "
+                             f"{n_expert}" if n_expert else f"'{gf.name}': '{p}expert_used_count' = {n_used} "
+                             f"without experts ('{p}expert_count' is 0)")
+    groups = read_int(gf, p + "expert_group_count", 0, minimum=0)
+    if groups > 1:
+        raise ModelFileError(f"'{gf.name}': '{p}expert_group_count' = {groups}: pyggml does not select experts by "
+                             f"groups (DeepSeek V3's routing)")
+    if not n_expert:
+        return 0, 0, 0
+    # qwen3moe's files without the key: the FFN's width shared among the experts used (llama.cpp's loader)
+    n_ff_exp = read_int(gf, p + "expert_feed_forward_length", n_ff // n_used if arch.experts else n_ff)
+    return n_expert, n_used, n_ff_exp
+
+
+def _family_scales(gf: GGUFFile, arch: Arch, n_layer: int) -> dict[str, Any]:
+    """HParams fields: the layers that rope (smollm3's, granite's by rope.scaling.finetuned), granite's scales."""
+    p = f"{arch.name}."
+    out: dict[str, Any] = {}
+    if arch.no_rope_layer_step:
+        out["rope_layers"] = tuple((il + 1) % arch.no_rope_layer_step != 0 for il in range(n_layer))
+    if arch.granite_scales:
+        out["rope_layers"] = (read_bool(gf, p + "rope.scaling.finetuned", True),) * n_layer
+        out["f_logit_scale"] = read_float(gf, p + "logit_scale")
+        out["f_residual_scale"] = read_float(gf, p + "residual_scale", 0.0, allow_zero=True)
+        out["f_embedding_scale"] = read_float(gf, p + "embedding_scale", 0.0, allow_zero=True)
+        out["f_attention_scale"] = read_float(gf, p + "attention.scale", 0.0, allow_zero=True)
+        out["n_ff_shexp"] = read_int(gf, p + "expert_shared_feed_forward_length", 0, minimum=0)
+    return out
+
+
 @dataclass(frozen=True)
 class HParams:
     """llama.cpp's `llama_hparams` for the families of `ARCHS`."""
@@ -115,6 +188,15 @@ class HParams:
     swa_layers: tuple[bool, ...] = field(default=())
     f_attention_scale: float = 0.0  # 0: 1/sqrt(head_dim)
     f_final_logit_softcapping: float = 0.0
+    f_attn_logit_softcapping: float = 0.0
+    f_embedding_scale: float = 0.0
+    f_residual_scale: float = 0.0
+    f_logit_scale: float = 0.0  # the logits divided by it (0: none)
+    rope_layers: tuple[bool, ...] = field(default=())  # which layers rope Q and K (empty: every layer)
+    n_expert: int = 0
+    n_expert_used: int = 0
+    n_ff_exp: int = 0
+    n_ff_shexp: int = 0
 
     @property
     def head_dim(self) -> int:
@@ -135,6 +217,9 @@ class HParams:
     @property
     def n_ctx_orig(self) -> int:
         return self.n_ctx_orig_yarn or self.n_ctx_train
+
+    def has_rope(self, il: int) -> bool:
+        return not self.rope_layers or self.rope_layers[il]
 
     def is_swa(self, il: int) -> bool:
         return self.n_swa > 0 and bool(self.swa_layers) and self.swa_layers[il]
@@ -182,19 +267,23 @@ class HParams:
         factor = read_float(gf, p + "rope.scaling.factor", 0.0, allow_zero=True) \
             or read_float(gf, p + "rope.scale_linear", 0.0, allow_zero=True)
         freq_scale = 1.0 if scaling == "none" or not factor else 1.0 / factor
-        n_swa = read_int(gf, p + "attention.sliding_window", 0, minimum=0) if arch.swa_pattern else 0
+        n_swa = read_int(gf, p + "attention.sliding_window", arch.n_swa_default, minimum=0) if arch.swa_pattern \
+            else 0
+        rope_base = read_float(gf, p + "rope.freq_base", 10000.0)
         n_ctx_train = read_int(gf, p + "context_length", 2048)
+        n_ff = read_int(gf, p + "feed_forward_length")
+        n_expert, n_expert_used, n_ff_exp = _experts(gf, arch, n_ff)
         hp = cls(
             n_vocab=_n_vocab(gf),
             n_ctx_train=n_ctx_train,
             n_embd=n_embd,
             n_layer=n_layer,
-            n_ff=read_int(gf, p + "feed_forward_length"),
+            n_ff=n_ff,
             n_head=n_head,
             n_head_kv=n_head_kv,
             n_rot=n_rot,
             f_norm_rms_eps=read_float(gf, p + "attention.layer_norm_rms_epsilon", 1e-5),
-            rope_freq_base=read_float(gf, p + "rope.freq_base", 10000.0),
+            rope_freq_base=rope_base,
             rope_freq_scale=freq_scale,
             arch=arch,
             n_embd_head=head_dim if head_dim * n_head != n_embd else 0,
@@ -202,11 +291,19 @@ class HParams:
             # YaRN: ext_factor 1; llama.cpp's attention factor mscale / (1 + 0.1 ln factor) is 1 here
             rope_ext_factor=1.0 if scaling == "yarn" else 0.0,
             rope_attn_factor=read_float(gf, p + "rope.scaling.attn_factor", 1.0),
-            rope_freq_base_swa=read_float(gf, p + "rope.freq_base_swa", 10000.0),
+            rope_freq_base_swa=read_float(gf, p + "rope.freq_base_swa",
+                                          rope_base if arch.swa_rope_is_global else 10000.0),
+            rope_freq_scale_swa=freq_scale if arch.swa_rope_is_global else 1.0,
             n_swa=n_swa,
             swa_layers=_swa_layers(gf, p + "attention.sliding_window_pattern", n_layer, arch.swa_pattern)
             if n_swa else (),
-            f_final_logit_softcapping=read_float(gf, p + "final_logit_softcapping", 0.0, allow_zero=True),
+            f_final_logit_softcapping=read_float(gf, p + "final_logit_softcapping", 30.0 if arch.attn_softcap else 0.0,
+                                                 allow_zero=True),
+            n_expert=n_expert,
+            n_expert_used=n_expert_used,
+            n_ff_exp=n_ff_exp,
+            f_attn_logit_softcapping=read_float(gf, p + "attn_logit_softcapping", 50.0) if arch.attn_softcap else 0.0,
+            **_family_scales(gf, arch, n_layer),
         )
         if arch.scale_q:  # llama.cpp: gemma3's f_attention_scale (its 27B by n_embd / n_head), phi3's head size
             by_embd = arch.q_scale_by_embd_layers and n_layer == arch.q_scale_by_embd_layers
@@ -235,27 +332,57 @@ def expected_shapes(hp: HParams, gf: GGUFFile | None = None) -> Shapes:
             out[b + name + ".weight"] = ((n_in, n_out), made_of, required)
             out[b + name + ".bias"] = ((n_out,), made_of.split(", ")[-1], bias and required)
 
-        out[b + "attn_norm.weight"] = ((e,), "n_embd", True)
+        if a.pre_norms:
+            out[b + "attn_norm.weight"] = ((e,), "n_embd", True)
         fused = gf is not None and b + "attn_qkv.weight" in gf
         linear("attn_qkv", e, q + 2 * kv, "n_embd, n_embd_q + 2 n_embd_gqa", required=fused)
         linear("attn_q", e, q, "n_embd, n_embd_q", a.qkv_bias, not fused)
         linear("attn_k", e, kv, "n_embd, n_embd_gqa", a.qkv_bias, not fused)
         linear("attn_v", e, kv, "n_embd, n_embd_gqa", a.qkv_bias, not fused)
         linear("attn_output", q, e, "n_embd_q, n_embd")
-        if a.qk_norm:
+        if a.attn_sinks:
+            out[b + "attn_sinks.weight"] = ((hp.n_head,), "n_head", True)
+        if a.qk_norm == QK_NORM_HEAD:
             out[b + "attn_q_norm.weight"] = ((hd,), "head_dim", True)
             out[b + "attn_k_norm.weight"] = ((hd,), "head_dim", True)
+        elif a.qk_norm == QK_NORM_ALL:
+            out[b + "attn_q_norm.weight"] = ((q,), "n_embd_q", True)
+            out[b + "attn_k_norm.weight"] = ((kv,), "n_embd_gqa", True)
         if a.post_norms:
             out[b + "post_attention_norm.weight"] = ((e,), "n_embd", True)
             out[b + "post_ffw_norm.weight"] = ((e,), "n_embd", True)
-        out[b + "ffn_norm.weight"] = ((e,), "n_embd", True)
-        if a.ffn == FFN_SWIGLU_FUSED:
+        if a.pre_norms:
+            out[b + a.ffn_norm + ".weight"] = ((e,), "n_embd", True)
+        if hp.n_expert:
+            out.update(_expert_shapes(hp, b, gf))
+        elif a.ffn == FFN_SWIGLU_FUSED:
             linear("ffn_up", e, 2 * f, "n_embd, 2 n_ff")
+            linear("ffn_down", f, e, "n_ff, n_embd")
         else:
             linear("ffn_gate", e, f, "n_embd, n_ff")
-        linear("ffn_down", f, e, "n_ff, n_embd")
-        if a.ffn != FFN_SWIGLU_FUSED:
+            linear("ffn_down", f, e, "n_ff, n_embd")
             linear("ffn_up", e, f, "n_embd, n_ff")
+    return out
+
+
+def _expert_shapes(hp: HParams, b: str, gf: GGUFFile | None) -> Shapes:
+    """A layer's router and experts' gate, up (or fused gate_up) and down, biases optional (build_moe_ffn)."""
+    e, f, n = hp.n_embd, hp.n_ff_exp, hp.n_expert
+    fused = gf is not None and b + "ffn_gate_up_exps.weight" in gf
+    out: Shapes = {b + "ffn_gate_inp.weight": ((e, n), "n_embd, n_expert", True),
+                   b + "ffn_gate_inp.bias": ((n,), "n_expert", False)}
+    for name, rows, made_of, required in (("ffn_gate_up_exps", 2 * f, "2 n_ff_exp", fused),
+                                          ("ffn_gate_exps", f, "n_ff_exp", not fused),
+                                          ("ffn_up_exps", f, "n_ff_exp", not fused)):
+        out[b + name + ".weight"] = ((e, rows, n), f"n_embd, {made_of}, n_expert", required)
+        out[b + name + ".bias"] = ((rows, n), f"{made_of}, n_expert", False)
+    out[b + "ffn_down_exps.weight"] = ((f, e, n), "n_ff_exp, n_embd, n_expert", True)
+    out[b + "ffn_down_exps.bias"] = ((e, n), "n_embd, n_expert", False)
+    if hp.n_ff_shexp:
+        s = hp.n_ff_shexp
+        out[b + "ffn_gate_shexp.weight"] = ((e, s), "n_embd, n_ff_shexp", True)
+        out[b + "ffn_up_shexp.weight"] = ((e, s), "n_embd, n_ff_shexp", True)
+        out[b + "ffn_down_shexp.weight"] = ((s, e), "n_ff_shexp, n_embd", True)
     return out
 
 

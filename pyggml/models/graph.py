@@ -12,10 +12,21 @@ import numpy as np
 from pyggml.core.context import Context
 from pyggml.core.errors import ArgumentError
 from pyggml.core.graph import Graph
-from pyggml.core.ops.attention import flash_attn_ext_set_prec
+from pyggml.core.ops.attention import flash_attn_ext_add_sinks, flash_attn_ext_set_prec
+from pyggml.core.ops.norm import soft_max_add_sinks
 from pyggml.core.tensor import GGMLOp, Prec, Tensor
 from pyggml.core.types import GGMLType
-from pyggml.models.arch import FFN_GEGLU, FFN_SWIGLU_FUSED, HParams
+from pyggml.models.arch import (
+    FFN_GEGLU,
+    FFN_SWIGLU_FUSED,
+    FFN_SWIGLU_OAI,
+    GATING_SOFTMAX,
+    QK_NORM_ALL,
+    QK_NORM_HEAD,
+    SWIGLU_OAI_ALPHA,
+    SWIGLU_OAI_LIMIT,
+    HParams,
+)
 from pyggml.models.attn_rot import mul_mat_hadamard
 from pyggml.models.kv_cache import KVCache
 
@@ -111,17 +122,25 @@ class _Builder:
             off += width
         return parts[0], parts[1], parts[2]
 
+    def softcap(self, x: Tensor, cap: float) -> Tensor:
+        """cap * tanh(x / cap), as llama.cpp soft-caps logits."""
+        return self.ctx.scale(self.ctx.tanh(self.ctx.scale(x, _f32(1.0 / cap))), _f32(cap))
+
     def attention(self, h: Tensor, il: int) -> Tensor:
         ctx, hp, kv, b = self.ctx, self.hp, self.kv, f"blk.{il}."
         head_dim, n_head, n_head_kv, n_tokens = hp.head_dim, hp.n_head, hp.n_head_kv, self.n_tokens
         q, k, v = self.qkv(h, il)
-        q = ctx.reshape_3d(q, head_dim, n_head, n_tokens)
-        k = ctx.reshape_3d(k, head_dim, n_head_kv, n_tokens)
-        if hp.arch.qk_norm:
+        if hp.arch.qk_norm == QK_NORM_ALL:  # olmo2: Q's and K's whole rows, before the split into heads
             q = self.norm(q, b + "attn_q_norm.weight", "Qcur_normed", il)
             k = self.norm(k, b + "attn_k_norm.weight", "Kcur_normed", il)
-        q = self.rope(q, il).set_name(f"Qcur-rope-{il}")
-        k = self.rope(k, il).set_name(f"Kcur-rope-{il}")
+        q = ctx.reshape_3d(q, head_dim, n_head, n_tokens)
+        k = ctx.reshape_3d(k, head_dim, n_head_kv, n_tokens)
+        if hp.arch.qk_norm == QK_NORM_HEAD:
+            q = self.norm(q, b + "attn_q_norm.weight", "Qcur_normed", il)
+            k = self.norm(k, b + "attn_k_norm.weight", "Kcur_normed", il)
+        if hp.has_rope(il):
+            q = self.rope(q, il).set_name(f"Qcur-rope-{il}")
+            k = self.rope(k, il).set_name(f"Kcur-rope-{il}")
         if hp.arch.scale_q:  # gemma3, phi3: Q scaled before attention, the softmax's scale 1
             q = ctx.scale(q, _f32(hp.f_attention_scale)).set_name(f"Qcur_scaled-{il}")
             kq_scale = 1.0
@@ -144,21 +163,27 @@ class _Builder:
         keys = kv.k_view(ctx, il, self.n_kv, head_dim, n_head_kv).set_name(f"k-{il}")
         values = kv.v_view(ctx, il, self.n_kv, head_dim, n_head_kv).set_name(f"v-{il}")
         if self.flash_attn:
-            kqv = ctx.flash_attn_ext(q, keys, values, mask, kq_scale).set_name(f"fattn-{il}")
+            kqv = ctx.flash_attn_ext(q, keys, values, mask, kq_scale,
+                                     logit_softcap=hp.f_attn_logit_softcapping).set_name(f"fattn-{il}")
+            flash_attn_ext_add_sinks(kqv, self.w.get(b + "attn_sinks.weight"))
             flash_attn_ext_set_prec(kqv, Prec.F32)
             cur = ctx.reshape_2d(kqv, hp.n_embd_q, n_tokens).set_name(f"kqv_merged-{il}")  # [head_dim, n_head, ..]
         else:
             kq = ctx.mul_mat(keys, q).set_name(f"kq-{il}")  # [n_kv, n_tokens, n_head], KV heads broadcast (GQA)
+            if hp.f_attn_logit_softcapping:
+                kq = self.softcap(kq, hp.f_attn_logit_softcapping).set_name(f"kq_scaled_2-{il}")
             kq = ctx.soft_max_ext(kq, mask, kq_scale).set_name(f"kq_soft_max-{il}")
+            soft_max_add_sinks(kq, self.w.get(b + "attn_sinks.weight"))
             kqv = ctx.mul_mat(values, kq).set_name(f"kqv-{il}")  # [head_dim, n_tokens, n_head]
             cur = ctx.cont_2d(ctx.permute(kqv, 0, 2, 1, 3), hp.n_embd_q, n_tokens).set_name(f"kqv_merged-{il}")
         if v_rot is not None:
             cur = mul_mat_hadamard(ctx, cur, v_rot).set_name(f"kqv_out_rot-{il}")
         return self.linear(b + "attn_output", cur, "attn_out", il)
 
-    def ffn(self, h: Tensor, il: int) -> Tensor:
+    def ffn(self, h: Tensor, il: int, suffix: str = "") -> Tensor:
+        """The dense FFN of ffn_{gate,up,down}`suffix` (a mixture's shared expert: "_shexp")."""
         ctx, b, kind = self.ctx, f"blk.{il}.", self.hp.arch.ffn
-        up = self.linear(b + "ffn_up", h, "ffn_up", il)
+        up = self.linear(b + "ffn_up" + suffix, h, "ffn_up" + suffix, il)
         if kind == FFN_SWIGLU_FUSED:  # phi3: up holds [gate; up] (llama.cpp's LLM_FFN_SWIGLU, LLM_FFN_SEQ)
             if self.glu:
                 cur = ctx.swiglu(up).set_name(f"ffn_swiglu-{il}")
@@ -168,25 +193,93 @@ class _Builder:
                 rest = ctx.cont(ctx.view_2d(up, half, up.ne[1], up.nb[1], half * up.nb[0]))
                 cur = ctx.mul(ctx.silu(gate).set_name(f"ffn_silu-{il}"), rest)
         else:
-            gate = self.linear(b + "ffn_gate", h, "ffn_gate", il)
-            gelu = kind == FFN_GEGLU
+            cur = self.glu_split(self.linear(b + "ffn_gate" + suffix, h, "ffn_gate" + suffix, il), up, "ffn", il)
+        return self.linear(b + "ffn_down" + suffix, cur, "ffn_out" + suffix, il)
+
+    def glu_split(self, gate: Tensor, up: Tensor, name: str, il: int) -> Tensor:
+        """The family's activation of `gate` times `up`: one GLU op, or unary ops and a MUL."""
+        ctx, gelu = self.ctx, self.hp.arch.ffn == FFN_GEGLU
+        if self.hp.arch.ffn == FFN_SWIGLU_OAI:
             if self.glu:
-                cur = (ctx.geglu_split(gate, up).set_name(f"ffn_geglu-{il}") if gelu
-                       else ctx.swiglu_split(gate, up).set_name(f"ffn_swiglu-{il}"))
-            else:
-                act = ctx.gelu(gate).set_name(f"ffn_gelu-{il}") if gelu else ctx.silu(gate).set_name(f"ffn_silu-{il}")
-                cur = ctx.mul(act, up)
-        return self.linear(b + "ffn_down", cur, "ffn_out", il)
+                return ctx.swiglu_oai(gate, up, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT).set_name(f"{name}_swiglu_oai-{il}")
+            x = ctx.clamp(gate, -math.inf, SWIGLU_OAI_LIMIT)
+            y = ctx.clamp(up, -SWIGLU_OAI_LIMIT, SWIGLU_OAI_LIMIT)
+            return ctx.mul(ctx.mul(x, ctx.sigmoid(ctx.scale(x, SWIGLU_OAI_ALPHA))), ctx.scale_bias(y, 1.0, 1.0))
+        if self.glu:
+            return (ctx.geglu_split(gate, up).set_name(f"{name}_geglu-{il}") if gelu
+                    else ctx.swiglu_split(gate, up).set_name(f"{name}_swiglu-{il}"))
+        act = ctx.gelu(gate).set_name(f"{name}_gelu-{il}") if gelu else ctx.silu(gate).set_name(f"{name}_silu-{il}")
+        return ctx.mul(act, up)
+
+    def experts(self, name: str, x: Tensor, selected: Tensor, out_name: str, il: int) -> Tensor:
+        """MUL_MAT_ID of each token's chosen experts' matrices, plus their biases (ADD_ID) where the file has them."""
+        y = self.ctx.mul_mat_id(self.w[name + ".weight"], x, selected).set_name(f"{out_name}-{il}")
+        bias = self.w.get(name + ".bias")
+        return y if bias is None else self.ctx.add_id(y, bias, selected).set_name(f"{out_name}_biased-{il}")
+
+    def moe(self, h: Tensor, il: int) -> Tensor:
+        """llama.cpp's build_moe_ffn as its families call it: the n_expert_used largest of the router's softmax
+        (or logits, then the softmax of those: GATING_SOFTMAX_WEIGHT) by ARGSORT, their weights renormalized to
+        sum 1 where the family does, each token through its experts, weighted and summed."""
+        ctx, hp, b = self.ctx, self.hp, f"blk.{il}."
+        n_embd, n_tokens, n_used = hp.n_embd, h.ne[1], hp.n_expert_used
+        logits = self.linear(b + "ffn_gate_inp", h, "ffn_moe_logits", il)  # [n_expert, n_tokens]
+        softmax_first = hp.arch.gating == GATING_SOFTMAX
+        probs = ctx.soft_max(logits).set_name(f"ffn_moe_probs-{il}") if softmax_first else logits
+        selected = ctx.argsort_top_k(probs, n_used).set_name(f"ffn_moe_topk-{il}")  # [n_used, n_tokens]
+        weights = ctx.get_rows(ctx.reshape_3d(probs, 1, hp.n_expert, n_tokens), selected)  # [1, n_used, n_tokens]
+        weights = ctx.reshape_2d(weights.set_name(f"ffn_moe_weights-{il}"), n_used, n_tokens)
+        if not softmax_first:
+            weights = ctx.soft_max(weights).set_name(f"ffn_moe_weights_softmax-{il}")
+        if hp.arch.norm_experts:
+            # F16's smallest normal number: a row of zero weights stays finite (llama.cpp's clamp)
+            total = ctx.clamp(ctx.sum_rows(weights), 6.103515625e-5, math.inf).set_name(f"ffn_moe_weights_sum-{il}")
+            weights = ctx.div(weights, total).set_name(f"ffn_moe_weights_norm-{il}")
+        weights = ctx.reshape_3d(weights, 1, n_used, n_tokens)
+        self.gf.build_forward_expand(weights)
+        cur = ctx.reshape_3d(h, n_embd, 1, n_tokens)
+        if b + "ffn_gate_up_exps.weight" in self.w:  # one MUL_MAT_ID, split into gate and up views
+            gate_up = self.experts(b + "ffn_gate_up_exps", cur, selected, "ffn_moe_gate_up", il)
+            n_ff = gate_up.ne[0] // 2
+            gate = ctx.view_3d(gate_up, n_ff, gate_up.ne[1], gate_up.ne[2], gate_up.nb[1], gate_up.nb[2], 0)
+            up = ctx.view_3d(gate_up, n_ff, gate_up.ne[1], gate_up.ne[2], gate_up.nb[1], gate_up.nb[2],
+                             n_ff * gate_up.nb[0])
+        else:
+            up = self.experts(b + "ffn_up_exps", cur, selected, "ffn_moe_up", il)
+            gate = self.experts(b + "ffn_gate_exps", cur, selected, "ffn_moe_gate", il)
+        act = self.glu_split(gate, up, "ffn_moe", il)
+        experts = self.experts(b + "ffn_down_exps", act, selected, "ffn_moe_down", il)  # [n_embd, n_used, n_tokens]
+        experts = ctx.mul(experts, weights).set_name(f"ffn_moe_weighted-{il}")
+        self.gf.build_forward_expand(experts)
+        # the views first, then the adds (llama.cpp's order)
+        views = [ctx.view_2d(experts, n_embd, n_tokens, experts.nb[2], i * experts.nb[1]) for i in range(n_used)]
+        for v in views:
+            self.gf.build_forward_expand(v)
+        out = views[0]
+        for v in views[1:]:
+            out = ctx.add(out, v)
+            self.gf.build_forward_expand(out)
+        if n_used == 1:  # a view of one expert's rows is not contiguous
+            out = ctx.cont(out)
+        if hp.n_ff_shexp:  # granitemoe's shared expert, beside the chosen ones
+            out = ctx.add(out.set_name(f"ffn_moe_out-{il}"), self.ffn(h, il, "_shexp"))
+        return out.set_name(f"ffn_moe_out-{il}")
 
     def layer(self, x: Tensor, il: int) -> Tensor:
-        b, post = f"blk.{il}.", self.hp.arch.post_norms
-        a = self.attention(self.norm(x, b + "attn_norm.weight", "attn_norm", il), il)
+        b, hp = f"blk.{il}.", self.hp
+        pre, post, residual_scale = hp.arch.pre_norms, hp.arch.post_norms, hp.f_residual_scale
+        a = self.attention(self.norm(x, b + "attn_norm.weight", "attn_norm", il) if pre else x, il)
         if post:
             a = self.norm(a, b + "post_attention_norm.weight", "attn_post_norm", il)
+        if residual_scale:  # granite
+            a = self.ctx.scale(a, _f32(residual_scale))
         x = self.ctx.add(a, x).set_name(f"ffn_inp-{il}")
-        f = self.ffn(self.norm(x, b + "ffn_norm.weight", "ffn_norm", il), il)
+        h = self.norm(x, b + hp.arch.ffn_norm + ".weight", "ffn_norm", il) if pre else x
+        f = self.moe(h, il) if hp.n_expert else self.ffn(h, il)
         if post:  # llama.cpp builds this norm without a layer index: its callback does not pin it
             f = self.norm(f, b + "post_ffw_norm.weight", "ffn_post_norm", il, pin=False)
+        if residual_scale:
+            f = self.ctx.scale(f, _f32(residual_scale))
         return self.ctx.add(f, x).set_name(f"l_out-{il}")
 
     def build(self, last_only: bool) -> tuple[Graph, GraphInputs]:
@@ -194,6 +287,8 @@ class _Builder:
         x = ctx.get_rows(self.w["token_embd.weight"], self.tokens).set_name("inp_embd")
         if hp.arch.embd_scale:
             x = ctx.scale(x, _f32(math.sqrt(hp.n_embd))).set_name("inp_scaled")
+        if hp.f_embedding_scale:  # granite
+            x = ctx.scale(x, _f32(hp.f_embedding_scale)).set_name("inp_scaled")
         self.layer_nodes: list[list[Tensor]] = []
         for il in range(hp.n_layer):
             first_tensor = len(ctx.tensors)
@@ -210,9 +305,10 @@ class _Builder:
         logits = ctx.mul_mat(head, cur)
         if "output.bias" in self.w:
             logits = ctx.add(logits, self.w["output.bias"])
-        cap = hp.f_final_logit_softcapping
-        if cap:
-            logits = ctx.scale(ctx.tanh(ctx.scale(logits, _f32(1.0 / cap))), _f32(cap))
+        if hp.f_final_logit_softcapping:
+            logits = self.softcap(logits, hp.f_final_logit_softcapping)
+        if hp.f_logit_scale:  # granite
+            logits = ctx.scale(logits, _f32(1.0 / hp.f_logit_scale))
         return self._finish(logits.set_name("result_output"))
 
     def _finish(self, out: Tensor) -> tuple[Graph, GraphInputs]:
@@ -244,4 +340,4 @@ def build_graph(ctx: Context, hp: HParams, w: dict[str, Tensor], kv: KVCache, n_
 
 def graph_size(hp: HParams) -> int:
     """Nodes + leafs a graph needs at most."""
-    return max(2048, 96 * hp.n_layer + 64)
+    return max(2048, (96 + 4 * hp.n_expert_used) * hp.n_layer + 64)

@@ -104,6 +104,12 @@ def read_float(gf: GGUFFile, key: str, default: Any = _MISSING, allow_zero: bool
     return v
 
 
+def read_bool(gf: GGUFFile, key: str, default: Any = _MISSING) -> Any:
+    """Boolean metadata `key`, or `default` when absent; else ModelFileError naming the key and the type found."""
+    present, value = _typed(gf, key, frozenset({"BOOL"}), "BOOL", default)
+    return bool(value) if present else value
+
+
 def read_str(gf: GGUFFile, key: str, default: Any = _MISSING) -> Any:
     """String metadata `key`, or `default` when absent; else ModelFileError naming the key and the type found."""
     return _typed(gf, key, frozenset({"STRING"}), "STRING", default)[1]

@@ -34,7 +34,17 @@ from pyggml.ggml_backend.registry import (
 from pyggml.ggml_backend.tensor_io import tensor_get_numpy
 from pyggml.gguf.loader import LoadedTensors, load_tensors, maps_weights, weight_buft_supported
 from pyggml.gguf.reader import GGUFFile, read_gguf
-from pyggml.models.arch import FFN_GEGLU, FFN_SWIGLU, FFN_SWIGLU_FUSED, HParams, check_tensors, layer_of
+from pyggml.models.arch import (
+    FFN_GEGLU,
+    FFN_SWIGLU,
+    FFN_SWIGLU_FUSED,
+    FFN_SWIGLU_OAI,
+    SWIGLU_OAI_ALPHA,
+    SWIGLU_OAI_LIMIT,
+    HParams,
+    check_tensors,
+    layer_of,
+)
 from pyggml.models.graph import GraphInputs, build_graph, graph_size
 from pyggml.models.kv_cache import KVCache, check_type
 from pyggml.models.metadata import read_int
@@ -120,8 +130,9 @@ def all_support(backends: Sequence[Backend], op: str, kv_type: GGMLType = GGMLTy
                      for t in (GGMLType.F32, GGMLType.F16)]
         else:
             b2 = ctx.new_tensor_2d(GGMLType.F32, 8, 4)
-            nodes = [ctx.geglu_split(a, b2) if ffn == FFN_GEGLU else ctx.swiglu(a) if ffn == FFN_SWIGLU_FUSED
-                     else ctx.swiglu_split(a, b2)]
+            glu_of = {FFN_GEGLU: lambda: ctx.geglu_split(a, b2), FFN_SWIGLU_FUSED: lambda: ctx.swiglu(a),
+                      FFN_SWIGLU_OAI: lambda: ctx.swiglu_oai(a, b2, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT)}
+            nodes = [glu_of.get(ffn, lambda: ctx.swiglu_split(a, b2))()]
         return all(backend.supports_op(n) for backend in {id(x): x for x in backends}.values() for n in nodes)
     finally:
         ctx.free()
@@ -815,7 +826,7 @@ class Model:
 
 def load(path: str | os.PathLike[str], backends: Sequence[Backend | str] | None = None, n_ctx: int = 512,
          n_layers_on: int | Sequence[int] | None = None, n_threads: int | None = None, **kwargs: Any) -> Model:
-    """Load a GGUF model (llama, qwen2, qwen3, gemma3, phi3) over `backends` (Backends or registry names; default
+    """Load a GGUF model (a family of `ARCHS`) over `backends` (Backends or registry names; default
     CPU): `n_layers_on` as -ngl, `tensor_split` as -ts, `override_tensor` as -ot; other keywords go to `Model`."""
     if n_threads is not None:
         check_positive(n_threads, "load: n_threads")

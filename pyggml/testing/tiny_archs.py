@@ -63,6 +63,53 @@ SPECS: dict[str, Spec] = {
                    {"vocab_size": 32000, "num_hidden_layers": 6, "head_dim": 32, "query_pre_attn_scalar": 32,
                     "sliding_window": 4, "final_logit_softcapping": 30.0, "rms_norm_eps": 1e-6}),
     "phi3": Spec("Phi3Config", "Phi3ForCausalLM", "phi-3", _PHI3),
+    # mixtures of experts: 8 experts, 2 a token (qwen3moe: renormalized as llama.cpp always does; Mixtral: llama's
+    # file with expert tensors)
+    "qwen3moe": Spec("Qwen3MoeConfig", "Qwen3MoeForCausalLM", "qwen2",
+                     {"vocab_size": 151936, "num_hidden_layers": 2, "head_dim": 32, "tie_word_embeddings": False,
+                      "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                      "norm_topk_prob": True}),
+    # rows of 256 (K-quant blocks) for llama-quantize's Q4_K_M experts
+    "qwen3moe_wide": Spec("Qwen3MoeConfig", "Qwen3MoeForCausalLM", "llama-spm",
+                          {"vocab_size": 32000, "num_hidden_layers": 2, "hidden_size": 256, "head_dim": 64,
+                           "tie_word_embeddings": False, "num_experts": 8, "num_experts_per_tok": 2,
+                           "moe_intermediate_size": 256, "norm_topk_prob": True}),
+    "mixtral": Spec("MixtralConfig", "MixtralForCausalLM", "llama-spm",
+                    {"vocab_size": 32000, "num_hidden_layers": 2, "tie_word_embeddings": False,
+                     "num_local_experts": 8, "num_experts_per_tok": 2}),
+    # norms of the attention's and FFN's outputs only, Q and K normed over all heads
+    "olmo2": Spec("Olmo2Config", "Olmo2ForCausalLM", "llama-spm",
+                  {"vocab_size": 32000, "num_hidden_layers": 2, "tie_word_embeddings": False, "eos_token_id": 2}),
+    # four layers alternating a window of 4 tokens and global attention; attention logits capped at 4 (so the
+    # cap shows), the output at 30
+    "gemma2": Spec("Gemma2Config", "Gemma2ForCausalLM", "llama-spm",
+                   {"vocab_size": 32000, "num_hidden_layers": 4, "head_dim": 32, "query_pre_attn_scalar": 32,
+                    "sliding_window": 4, "attn_logit_softcapping": 4.0, "final_logit_softcapping": 30.0,
+                    "rms_norm_eps": 1e-6}),
+    # four layers: the fourth attends without RoPE
+    "smollm3": Spec("SmolLM3Config", "SmolLM3ForCausalLM", "llama-bpe",
+                    {"vocab_size": 128256, "num_hidden_layers": 4, "tie_word_embeddings": True}),
+    # Granite's embedding, residual, attention and logit multipliers
+    "granite": Spec("GraniteConfig", "GraniteForCausalLM", "llama-spm",
+                    {"vocab_size": 32000, "num_hidden_layers": 2, "tie_word_embeddings": False,
+                     "embedding_multiplier": 12.0, "residual_multiplier": 0.22, "attention_multiplier": 0.0078125,
+                     "logits_scaling": 8.0}),
+    # Granite's scales, 8 experts (2 a token) and a shared expert
+    "granitemoe": Spec("GraniteMoeSharedConfig", "GraniteMoeSharedForCausalLM", "llama-spm",
+                       {"vocab_size": 32000, "num_hidden_layers": 2, "tie_word_embeddings": False,
+                        "intermediate_size": 32, "shared_intermediate_size": 48, "num_local_experts": 8,
+                        "num_experts_per_tok": 2, "embedding_multiplier": 12.0, "residual_multiplier": 0.22,
+                        "attention_multiplier": 0.0078125, "logits_scaling": 8.0}),
+    # 8 experts with biases, 2 a token weighted by the softmax of their logits, the clamped SwiGLU; attention
+    # sinks; a window of 4 tokens then global; YaRN (factor 4 over 64 positions) with its correction dims rounded
+    # as ggml rounds them (truncate: the real files' False is transformers' alone)
+    "gpt-oss": Spec("GptOssConfig", "GptOssForCausalLM", "qwen2",
+                    {"vocab_size": 151936, "num_hidden_layers": 2, "head_dim": 16, "intermediate_size": 32,
+                     "num_local_experts": 8, "num_experts_per_tok": 2, "sliding_window": 4,
+                     "layer_types": ["sliding_attention", "full_attention"],
+                     "rope_parameters": {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0,
+                                         "original_max_position_embeddings": 64, "beta_fast": 32.0,
+                                         "beta_slow": 1.0, "truncate": True}}),
     # Llama 3's rope: the converter's rope_freqs tensor of frequency factors
     "llama3": Spec("LlamaConfig", "LlamaForCausalLM", "llama-spm",
                    {"vocab_size": 32000, "num_hidden_layers": 2, "tie_word_embeddings": True,

@@ -65,3 +65,24 @@ def test_info_of_other_architecture(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "[5 items: 1, 2, 3, 4, ...]" in out
     assert "x" * 90 not in out  # long strings are cut
     assert re.search(r"^\|\s+0 \| w\s+\| F32\s+\| \[32, 4\]\s+\|\s+512 B \|$", out, re.M)
+
+
+def test_info_counts_experts_and_active_parameters(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A token goes through every tensor but the experts', and through 1 of the 4 experts' slices of those."""
+    import numpy as np
+
+    from pyggml.gguf.writer import write_gguf
+
+    path = tmp_path / "moe.gguf"
+    tensors = {"token_embd.weight": np.zeros((10, 8), np.float32),
+               "blk.0.ffn_up_exps.weight": np.zeros((4, 6, 8), np.float32),
+               "blk.0.ffn_down_exps.bias": np.zeros((4, 8), np.float32)}
+    write_gguf(path, "qwen3moe", {"qwen3moe.expert_count": 4, "qwen3moe.expert_used_count": 1}, tensors)
+    assert main(["info", str(path), "--no-tensors"]) == 0
+    out = capsys.readouterr().out
+    assert "tensors: 3, 304 parameters," in out
+    assert re.search(r"^experts: 4, 1 used a token; active parameters 136 a token$", out, re.M)
+    dense = tmp_path / "dense.gguf"
+    write_gguf(dense, "qwen3", {}, {"token_embd.weight": np.zeros((10, 8), np.float32)})
+    assert main(["info", str(dense), "--no-tensors"]) == 0
+    assert "experts:" not in capsys.readouterr().out
