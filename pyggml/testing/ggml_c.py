@@ -97,12 +97,14 @@ __all__ = [
     "c_type",
     "compute_like",
     "compute_nodes",
+    "extra_bufts",
     "eval_c_int",
     "forward_nodes",
     "ggml_c_init",
     "header_struct",
     "header_text",
     "load",
+    "mul_mat_repacked",
     "parse_defines",
     "parse_enums",
 ]
@@ -450,10 +452,22 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "ggml_backend_free": (None, [_P]),
     "ggml_backend_graph_compute": (ctypes.c_int, [_P, _P]),
     "ggml_backend_supports_op": (ctypes.c_bool, [_P, _P]),
+    "ggml_new_tensor_2d": (_P, [_P, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]),
+    "ggml_mul_mat": (_P, [_P, _P, _P]),
+    "ggml_new_graph": (_P, [_P]),
+    "ggml_backend_reg_dev_get": (_P, [_P, ctypes.c_size_t]),
+    "ggml_backend_reg_get_proc_address": (_P, [_P, ctypes.c_char_p]),
+    "ggml_backend_buft_name": (ctypes.c_char_p, [_P]),
+    "ggml_backend_cpu_buffer_type": (_P, []),
+    "ggml_backend_alloc_ctx_tensors_from_buft": (_P, [_P, _P]),
+    "ggml_backend_buffer_free": (None, [_P]),
+    "ggml_backend_tensor_set": (None, [_P, _P, ctypes.c_size_t, ctypes.c_size_t]),
+    "ggml_backend_tensor_get": (None, [_P, _P, ctypes.c_size_t, ctypes.c_size_t]),
     # ggml-cpu (ggml-cpu.h)
     "ggml_cpu_init": (None, []),
     "ggml_backend_cpu_init": (_P, []),
     "ggml_backend_cpu_set_n_threads": (None, [_P, ctypes.c_int]),
+    "ggml_backend_cpu_reg": (_P, []),
 }
 
 
@@ -988,6 +1002,88 @@ def _c_supports(lib: GGMLLib, plan: _Plan) -> bool:
 def ggml_c_init(n_threads: int = 1, **kwargs: Any) -> GGMLCBackend:
     """A "ggml-c" backend (see GGMLCBackend); NoCompilerError if libggml cannot be built on this machine."""
     return GGMLCBackend(n_threads, **kwargs)
+
+
+# --- MUL_MAT of a weight held in the CPU's extra buffer type (CPU_REPACK: ggml-cpu/repack.cpp) ---
+
+
+def extra_bufts(lib: GGMLLib) -> dict[str, int]:
+    """The CPU device's extra buffer types by name (ggml_backend_dev_get_extra_bufts, as llama.cpp's loader asks)."""
+    reg = lib.ggml_backend_cpu_reg()
+    fn = lib.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_dev_get_extra_bufts")
+    if not fn:
+        raise GGMLCError("the CPU registry has no ggml_backend_dev_get_extra_bufts")
+    get = ctypes.CFUNCTYPE(ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)(fn)
+    listed = get(lib.ggml_backend_reg_dev_get(reg, 0))
+    out: dict[str, int] = {}
+    i = 0
+    while listed[i]:
+        out[(lib.ggml_backend_buft_name(listed[i]) or b"?").decode()] = listed[i]
+        i += 1
+    return out
+
+
+def _mul_mat_in_buft(lib: GGMLLib, buft: int, type_id: int, raw: np.ndarray, x: np.ndarray, out: Any) -> None:
+    """In C: the weight in a buffer of `buft` (written by ggml_backend_tensor_set, which repacks it), x and the
+    product in a CPU buffer, computed by the CPU backend on one thread; writes int32 `extra != NULL`, then
+    the product's floats, to `out`."""
+    (M, _), (N, K) = raw.shape, x.shape
+    f32 = c_enums()["ggml_type"]["GGML_TYPE_F32"]
+    ctx_w = lib.ggml_init(CInitParams(lib.ggml_tensor_overhead() * 2 + 1024, None, True))
+    ctx_x = lib.ggml_init(CInitParams(lib.ggml_tensor_overhead() * 4 + lib.ggml_graph_overhead_custom(2048, False)
+                                      + 1024, None, True))
+    if not ctx_w or not ctx_x:
+        raise GGMLCError("ggml_init failed")
+    w = lib.ggml_new_tensor_2d(ctx_w, type_id, K, M)
+    buf_w = lib.ggml_backend_alloc_ctx_tensors_from_buft(ctx_w, buft)
+    xt = lib.ggml_new_tensor_2d(ctx_x, f32, K, N)
+    prod = lib.ggml_mul_mat(ctx_x, w, xt)
+    graph = lib.ggml_new_graph(ctx_x)
+    lib.ggml_build_forward_expand(graph, prod)
+    buf_x = lib.ggml_backend_alloc_ctx_tensors_from_buft(ctx_x, lib.ggml_backend_cpu_buffer_type())
+    if not buf_w or not buf_x:
+        raise GGMLCError("ggml_backend_alloc_ctx_tensors_from_buft failed")
+    lib.ggml_backend_tensor_set(w, raw.ctypes.data, 0, raw.nbytes)
+    lib.ggml_backend_tensor_set(xt, x.ctypes.data, 0, x.nbytes)
+    backend = lib.ggml_backend_cpu_init()
+    lib.ggml_backend_cpu_set_n_threads(backend, 1)
+    status = lib.ggml_backend_graph_compute(backend, graph)
+    lib.ggml_backend_free(backend)
+    if status != 0:
+        raise GGMLCError(f"ggml_backend_graph_compute returned {status}")
+    dst = np.frombuffer(out, dtype=np.uint8)
+    dst[:4] = np.frombuffer(np.int32(lib.tensor(w).extra is not None).tobytes(), np.uint8)
+    lib.ggml_backend_tensor_get(prod, dst[4:].ctypes.data, 0, 4 * M * N)
+    for buffer in (buf_w, buf_x):
+        lib.ggml_backend_buffer_free(buffer)
+    lib.ggml_free(ctx_w)
+    lib.ggml_free(ctx_x)
+
+
+def mul_mat_repacked(type: GGMLType, raw: np.ndarray, x: np.ndarray, buft_name: str = "CPU_REPACK",
+                     timeout: float = DEFAULT_TIMEOUT) -> tuple[np.ndarray, bool]:
+    """libggml's MUL_MAT of the weight rows `raw` (uint8 (M, row bytes) of `type`) held in the CPU's extra buffer
+    type `buft_name`, times the F32 rows `x` (N, K), as llama.cpp's default run computes a layer's matrix: the
+    (N, M) float32 product and whether ggml held the weight repacked (its init_tensor set `extra`). In a forked
+    child, on one thread."""
+    tr = TYPE_TRAITS[type]
+    if raw.dtype != np.uint8 or raw.ndim != 2 or x.dtype != np.float32 or x.ndim != 2:
+        raise ArgumentError(f"mul_mat_repacked: weights must be 2-D uint8 and x 2-D float32, got {raw.dtype} "
+                            f"{raw.shape} and {x.dtype} {x.shape}")
+    K = x.shape[1]
+    if K % tr.blck_size or raw.shape[1] != K // tr.blck_size * tr.type_size:
+        raise ArgumentError(f"mul_mat_repacked: rows of {raw.shape[1]} bytes are not {K} {type.name} values")
+    lib = load()
+    bufts = extra_bufts(lib)
+    if buft_name not in bufts:
+        raise UnsupportedOpError(f"mul_mat_repacked: the CPU has no extra buffer type {buft_name!r} "
+                                 f"(it lists {sorted(bufts)})")
+    raw, x = np.ascontiguousarray(raw), np.ascontiguousarray(x)
+    M, N = raw.shape[0], x.shape[0]
+    got = _run_forked(lambda shared: _mul_mat_in_buft(lib, bufts[buft_name], c_type(type), raw, x, shared),
+                      4 + 4 * M * N, timeout, f"{_ORACLE}: MUL_MAT of {type.name} [{K}, {M}] in {buft_name}")
+    held = bool(np.frombuffer(got[:4], np.int32)[0])
+    return np.frombuffer(got[4:], np.float32).reshape(N, M).copy(), held
 
 
 # --- type traits and row conversions of the C library (the oracle of pyggml.core.types and quants) ---

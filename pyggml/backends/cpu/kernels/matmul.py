@@ -21,6 +21,7 @@ from pyggml.backends.cpu.kernels.vec_dot.type_table import (
     COLS_KINDS,
     CPU_TYPE_TRAITS,
     MUL_MAT_TYPES,
+    X8_GEMV_KINDS,
     X8_GROUP_KINDS,
     X8_KINDS,
     X8_TILE_KINDS,
@@ -316,8 +317,10 @@ def _mul_mat_numba(wtype: GGMLType, xtype: GGMLType, K: int, dst: np.ndarray, sr
     r3, r2 = ne13 // ne03, ne12 // ne02
     n_slices = ne13 * ne12
     ny = n_slices * N
-    # Q4_0 repacked (CPU_REPACK): its own loop at every column count
-    kind = X8_KINDS[int(wtype)] if repacked else int(wtype)
+    # repacked (CPU_REPACK): its own loops at every column count; batch-invariant: one order for every column
+    kind = int(wtype)
+    if repacked:
+        kind = X8_GEMV_KINDS.get(kind, X8_KINDS[kind]) if params.batch_invariant else X8_KINDS[kind]
     # prompts of X8_TILE_KINDS: tiles repacked per work item (not batch-invariant: another scaling order)
     tiles = not params.batch_invariant and N >= X8_TILE_MIN_COLS
     if not repacked and kind in X8_TILE_KINDS and tiles and M % repack.X8_ROWS == 0:
