@@ -1,5 +1,5 @@
 """Weights repacked for the CPU kernels (ggml's CPU_REPACK, repack.cpp): Q4_0 and Q4_K matrices as groups of 8 rows
-interleaved 4 bytes at a time, for loops in ggml's x86 repack kernels' order (DESIGN.md, "Repacked rows (x8)")."""
+interleaved 4 bytes at a time (DESIGN.md, "Repacked rows (x8)")."""
 
 from __future__ import annotations
 
@@ -78,15 +78,13 @@ def unpack_block32(packed: np.ndarray, type: GGMLType) -> np.ndarray:
     return out.transpose(0, 2, 1, 3).reshape(packed.shape)
 
 
-# a group's Q4_K super-block: the 8 rows' d, dmin, then scales and mins (entry 8j + r: row r's sub-block j) as
-# scale | (min >> 4) << 6 and the mins' low nibbles (entries e and 32 + e in byte e), then the quants
 Q4_K_X8_SCALES, Q4_K_X8_MINS, Q4_K_X8_QS = 32, 96, 128
 Q4_K_BLOCK_BYTES = 144
 Q4_K_X8_BYTES = X8_ROWS * Q4_K_BLOCK_BYTES
 
 
 def _q4_K_scales_mins(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """A Q4_K block's 12 scale bytes (last axis) as its 8 6-bit scales and 8 mins (ggml's get_scale_min_k4)."""
+    """A Q4_K block's 12 scale bytes (last axis) as its 8 scales and 8 mins (ggml's get_scale_min_k4)."""
     lo, hi = q[..., 0:4], q[..., 4:8]
     sc = np.concatenate([lo & 63, (q[..., 8:12] & 15) | ((lo >> 6) << 4)], axis=-1)
     mn = np.concatenate([hi & 63, (q[..., 8:12] >> 4) | ((hi >> 6) << 4)], axis=-1)
@@ -100,9 +98,7 @@ def _q4_K_scale_bytes(sc: np.ndarray, mn: np.ndarray) -> np.ndarray:
 
 
 def repack_q4_K(raw: np.ndarray) -> np.ndarray:
-    """Rows of Q4_K (2-D uint8) repacked: per group of 8 rows and super-block (Q4_K_X8_BYTES), the rows' d and
-    dmin, scales and mins by sub-block, then per 64 values p the quants, byte 4r + i of the v-th 32 holding row r's
-    qs[32p + 4v + i] (low nibble: sub-block 2p, high: 2p + 1)."""
+    """Rows of Q4_K (2-D uint8) repacked: per group of 8 rows and super-block, d, dmin, scales, mins, quants."""
     groups, nb = _check(raw, "repack Q4_K", GGMLType.Q4_K)
     blocks = raw.reshape(groups, X8_ROWS, nb, Q4_K_BLOCK_BYTES).transpose(0, 2, 1, 3)  # (group, block, row, byte)
     out = np.empty((groups, nb, Q4_K_X8_BYTES), np.uint8)
@@ -149,8 +145,7 @@ LAYOUTS = {
 
 
 def repackable(tensor: Tensor) -> bool:
-    """Whether the repack buffer holds `tensor` repacked, as ggml_repack_get_optimal_repack_type asks of Q4_0 and
-    Q4_K on x86 (rows a multiple of 8)."""
+    """Whether the repack buffer holds `tensor` repacked, as ggml_repack_get_optimal_repack_type asks on x86."""
     from pyggml.backends.cpu.kernels.vec_dot.type_table import CPU_TYPE_TRAITS  # its kernels import this module
 
     row = CPU_TYPE_TRAITS.get(tensor.type)

@@ -1,6 +1,6 @@
 """Q4_K weights repacked for the CPU kernels (pyggml.backends.cpu.repack, vec_dot's kquant_x8 loops).
 
-The layout: repack and unpack are inverse and place each byte where the layout says; bad shapes are refused.
+The layout: repack and unpack are inverse and place each byte where the layout says (bad shapes: test_repack).
 The loops and MUL_MAT of a matrix in the CPU_REPACK buffer: against an independent scalar loop from the plain
 Q4_K rows in the float order of ggml's x86 repack kernels (per row and column acc = fma(float(scaled sums),
 f32(d) * y.d, acc) and accm likewise with the mins and dmin, the result acc - accm; ggml_gemm_q4_K_8x8_q8_K
@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from kernel_helpers import backend_mul_mat
 from numba import njit
+from test_repack import VARIANTS
 
-from pyggml.backends.cpu.kernels.vec_dot import block_sums, ir, kinds, kquant_x8, quantize_src1
+from pyggml.backends.cpu.kernels.vec_dot import ir, kinds, kquant_x8, quantize_src1
 from pyggml.backends.cpu.repack import REPACKED_Q4_K, X8_ROWS, repack_q4_K, unpack_q4_K
-from pyggml.core.errors import GGMLError
 from pyggml.core.types import GGMLType
 
 QK = 256
@@ -113,15 +113,6 @@ def test_repack_and_unpack_are_inverse_and_place_each_byte() -> None:
     sc, mn = _scale_min(row[4:16], 6)
     assert block[32 + e] & 63 == sc
     assert ((block[96 + e - 32] >> 4) | ((block[32 + e] >> 6) << 4)) == mn
-
-
-@pytest.mark.parametrize("shape", [(12, 144), (16, 145), (8,)])
-def test_repack_refuses_other_shapes(shape: tuple[int, ...]) -> None:
-    with pytest.raises(GGMLError, match="repack Q4_K"):
-        repack_q4_K(np.zeros(shape, np.uint8))
-
-
-VARIANTS = [False] + ([True] if block_sums.HAS_VNNI else [])
 
 
 @pytest.mark.parametrize("vnni", VARIANTS, ids=lambda v: "vnni" if v else "portable")
