@@ -90,6 +90,7 @@ __all__ = [
     "GGMLCBackend",
     "GGMLCError",
     "GGMLLib",
+    "MulMatInBuft",
     "c_enums",
     "c_flags",
     "c_op",
@@ -1023,41 +1024,63 @@ def extra_bufts(lib: GGMLLib) -> dict[str, int]:
     return out
 
 
+class MulMatInBuft:
+    """In C: a weight matrix in a buffer of `buft` (written by ggml_backend_tensor_set, which repacks it), x and
+    their MUL_MAT in a CPU buffer and a CPU backend on `threads` threads, kept for `compute` to run again (a
+    benchmark's peer); `free` releases them. Threads > 1 only outside a forked child (see compute_nodes)."""
+
+    def __init__(self, lib: GGMLLib, buft: int, type_id: int, raw: np.ndarray, x: np.ndarray,
+                 threads: int = 1) -> None:
+        (M, _), (N, K) = raw.shape, x.shape
+        self.lib, self.nbytes = lib, 4 * M * N
+        f32 = c_enums()["ggml_type"]["GGML_TYPE_F32"]
+        self.ctx_w = lib.ggml_init(CInitParams(lib.ggml_tensor_overhead() * 2 + 1024, None, True))
+        self.ctx_x = lib.ggml_init(CInitParams(lib.ggml_tensor_overhead() * 4
+                                               + lib.ggml_graph_overhead_custom(2048, False) + 1024, None, True))
+        if not self.ctx_w or not self.ctx_x:
+            raise GGMLCError("ggml_init failed")
+        self.w = lib.ggml_new_tensor_2d(self.ctx_w, type_id, K, M)
+        self.buf_w = lib.ggml_backend_alloc_ctx_tensors_from_buft(self.ctx_w, buft)
+        xt = lib.ggml_new_tensor_2d(self.ctx_x, f32, K, N)
+        self.prod = lib.ggml_mul_mat(self.ctx_x, self.w, xt)
+        self.graph = lib.ggml_new_graph(self.ctx_x)
+        lib.ggml_build_forward_expand(self.graph, self.prod)
+        self.buf_x = lib.ggml_backend_alloc_ctx_tensors_from_buft(self.ctx_x, lib.ggml_backend_cpu_buffer_type())
+        if not self.buf_w or not self.buf_x:
+            raise GGMLCError("ggml_backend_alloc_ctx_tensors_from_buft failed")
+        lib.ggml_backend_tensor_set(self.w, raw.ctypes.data, 0, raw.nbytes)
+        lib.ggml_backend_tensor_set(xt, x.ctypes.data, 0, x.nbytes)
+        self.held = lib.tensor(self.w).extra is not None  # ggml's init_tensor set its tensor_traits
+        self.backend = lib.ggml_backend_cpu_init()
+        lib.ggml_backend_cpu_set_n_threads(self.backend, threads)
+
+    def compute(self) -> None:
+        status = self.lib.ggml_backend_graph_compute(self.backend, self.graph)
+        if status != 0:
+            raise GGMLCError(f"ggml_backend_graph_compute returned {status}")
+
+    def result(self, out: np.ndarray) -> None:
+        """The product's floats into `out` (a C-contiguous float32 array of M * N)."""
+        self.lib.ggml_backend_tensor_get(self.prod, out.ctypes.data, 0, self.nbytes)
+
+    def free(self) -> None:
+        self.lib.ggml_backend_free(self.backend)
+        for buffer in (self.buf_w, self.buf_x):
+            self.lib.ggml_backend_buffer_free(buffer)
+        self.lib.ggml_free(self.ctx_w)
+        self.lib.ggml_free(self.ctx_x)
+
+
 def _mul_mat_in_buft(lib: GGMLLib, buft: int, type_id: int, raw: np.ndarray, x: np.ndarray, out: Any) -> None:
-    """In C: the weight in a buffer of `buft` (written by ggml_backend_tensor_set, which repacks it), x and the
-    product in a CPU buffer, computed by the CPU backend on one thread; writes int32 `extra != NULL`, then
-    the product's floats, to `out`."""
-    (M, _), (N, K) = raw.shape, x.shape
-    f32 = c_enums()["ggml_type"]["GGML_TYPE_F32"]
-    ctx_w = lib.ggml_init(CInitParams(lib.ggml_tensor_overhead() * 2 + 1024, None, True))
-    ctx_x = lib.ggml_init(CInitParams(lib.ggml_tensor_overhead() * 4 + lib.ggml_graph_overhead_custom(2048, False)
-                                      + 1024, None, True))
-    if not ctx_w or not ctx_x:
-        raise GGMLCError("ggml_init failed")
-    w = lib.ggml_new_tensor_2d(ctx_w, type_id, K, M)
-    buf_w = lib.ggml_backend_alloc_ctx_tensors_from_buft(ctx_w, buft)
-    xt = lib.ggml_new_tensor_2d(ctx_x, f32, K, N)
-    prod = lib.ggml_mul_mat(ctx_x, w, xt)
-    graph = lib.ggml_new_graph(ctx_x)
-    lib.ggml_build_forward_expand(graph, prod)
-    buf_x = lib.ggml_backend_alloc_ctx_tensors_from_buft(ctx_x, lib.ggml_backend_cpu_buffer_type())
-    if not buf_w or not buf_x:
-        raise GGMLCError("ggml_backend_alloc_ctx_tensors_from_buft failed")
-    lib.ggml_backend_tensor_set(w, raw.ctypes.data, 0, raw.nbytes)
-    lib.ggml_backend_tensor_set(xt, x.ctypes.data, 0, x.nbytes)
-    backend = lib.ggml_backend_cpu_init()
-    lib.ggml_backend_cpu_set_n_threads(backend, 1)
-    status = lib.ggml_backend_graph_compute(backend, graph)
-    lib.ggml_backend_free(backend)
-    if status != 0:
-        raise GGMLCError(f"ggml_backend_graph_compute returned {status}")
-    dst = np.frombuffer(out, dtype=np.uint8)
-    dst[:4] = np.frombuffer(np.int32(lib.tensor(w).extra is not None).tobytes(), np.uint8)
-    lib.ggml_backend_tensor_get(prod, dst[4:].ctypes.data, 0, 4 * M * N)
-    for buffer in (buf_w, buf_x):
-        lib.ggml_backend_buffer_free(buffer)
-    lib.ggml_free(ctx_w)
-    lib.ggml_free(ctx_x)
+    """MulMatInBuft computed once on one thread: int32 `held`, then the product's floats, into `out`."""
+    product = MulMatInBuft(lib, buft, type_id, raw, x)
+    try:
+        product.compute()
+        dst = np.frombuffer(out, dtype=np.uint8)
+        dst[:4] = np.frombuffer(np.int32(product.held).tobytes(), np.uint8)
+        product.result(dst[4:].view(np.float32))
+    finally:
+        product.free()
 
 
 def mul_mat_repacked(type: GGMLType, raw: np.ndarray, x: np.ndarray, buft_name: str = "CPU_REPACK",

@@ -123,6 +123,25 @@ def _q6_K_finish(builder, unpacked, total, isum, bsums, yd):
     return builder.fadd(total, builder.fmul(builder.fmul(unpacked[0], yd), builder.sitofp(isum, IR_F32)))
 
 
+def _q4_K_tiled_finish(builder, unpacked, total, isum, bsums, yd):
+    """ggml-cpu's tiled matmul per super-block: res = float(isum) * d, res = fma(-dmin, float(mins' sum), res),
+    total = fma(res, y.d, total) (AVX2's FMA; gcc contracts the AVX512-VNNI kernel's product and sum alike)."""
+    v8 = ir.VectorType(IR_I32, 8)
+    summs = reduce_add_i32(builder, builder.mul(builder.zext(unpacked[3], v8), pair_sums(builder, bsums),
+                                                flags=["nsw"]), 8)
+    res = builder.fmul(builder.sitofp(isum, IR_F32), unpacked[0])
+    res = fma(builder, builder.fneg(unpacked[1]), builder.sitofp(summs, IR_F32), res)
+    return fma(builder, res, yd, total)
+
+
+def _q6_K_tiled_finish(builder, unpacked, total, isum, bsums, yd):
+    """ggml-cpu's tiled matmul per super-block: total = fma(float(isum - 32 * offset) * d, y.d, total)."""
+    v16 = ir.VectorType(IR_I32, 16)
+    offset = reduce_add_i32(builder, builder.mul(builder.sext(unpacked[1], v16), bsums, flags=["nsw"]), 16)
+    s1 = builder.sub(isum, builder.shl(offset, ir.Constant(IR_I32, 5)))
+    return fma(builder, builder.fmul(builder.sitofp(s1, IR_F32), unpacked[0]), yd, total)
+
+
 _Q4_K_X86_STATE = (8, 4)  # ggml's AVX2 acc (8 lanes) and acc_m (Q4_K's mins, 4 lanes)
 _Q6_K_X86_STATE = (8,)
 
@@ -210,4 +229,7 @@ dot_q4_K_cols_x86 = make_dot_k_row(**Q4_K_SPEC, x86=Q4_K_X86, ncols=COLS)
 dot_q4_K_cols_x86.__doc__ = "dot_q4_K_cols in the order of ggml's AVX2 ggml_vec_dot_q4_K_q8_K (FMA lanes, mins apart)."
 dot_q6_K_cols_x86 = make_dot_k_row(**Q6_K_SPEC, x86=Q6_K_X86, ncols=COLS)
 dot_q6_K_cols_x86.__doc__ = "dot_q6_K_cols in the order of ggml's AVX2 ggml_vec_dot_q6_K_q8_K (FMA lanes)."
-
+dot_q4_K_cols_tiled = make_dot_k_row(**{**Q4_K_SPEC, "finish": _q4_K_tiled_finish}, ncols=COLS)
+dot_q4_K_cols_tiled.__doc__ = "dot_q4_K_cols in the order of ggml-cpu's tiled matmul (tiled/tiled-kernel.cpp)."
+dot_q6_K_cols_tiled = make_dot_k_row(**{**Q6_K_SPEC, "finish": _q6_K_tiled_finish}, ncols=COLS)
+dot_q6_K_cols_tiled.__doc__ = "dot_q6_K_cols in the order of ggml-cpu's tiled matmul (tiled/tiled-kernel.cpp)."

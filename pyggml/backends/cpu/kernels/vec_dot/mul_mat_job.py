@@ -33,7 +33,7 @@ from pyggml.backends.cpu.kernels.threads import (
     revoke,
 )
 from pyggml.backends.cpu.kernels.vec_dot.ir import COLS
-from pyggml.backends.cpu.kernels.vec_dot.kinds import X8_GEMV, X8_REPACKED, X8_TILE, kind_name
+from pyggml.backends.cpu.kernels.vec_dot.kinds import TILED, X8_GEMV, X8_REPACKED, X8_TILE, kind_name
 from pyggml.backends.cpu.kernels.vec_dot.quantize_src1 import ROUND_REF, ROUND_X86
 from pyggml.backends.cpu.kernels.vec_dot.tiles_x8 import TILE_ROWS, tile_x8
 from pyggml.backends.cpu.kernels.vec_dot.type_table import row_of_kind
@@ -84,7 +84,10 @@ def _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, 
                 gemv(w, w_off, base, m0, m1, nb, yq, yd, sums, r, min(COLS, r1 - r), out)
 
         return gemm_then_gemv
-    loop = row.x8_gemv if k >= X8_GEMV else row.x8 if k >= X8_REPACKED else row.cols_for(x86)
+    if k >= TILED:
+        loop = row.cols_tiled
+    else:
+        loop = row.x8_gemv if k >= X8_GEMV else row.x8 if k >= X8_REPACKED else row.cols_for(x86)
     if loop is not None and row.float_src1:
         def float_cols(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, s, m0, m1, rounding):
             base, r0 = w_base[s], s * n_cols
