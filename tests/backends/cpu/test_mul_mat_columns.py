@@ -50,9 +50,11 @@ SPECS: dict[GGMLType, dict] = {
 }
 HALF_TYPES = (F16, BF16)
 # the K-quants with a multi-column loop (kquant_loops.make_dot_k_row), and their row length here
-K_SPECS: dict[GGMLType, dict] = {GGMLType.Q4_K: kquant_loops.Q4_K_SPEC, GGMLType.Q6_K: kquant_loops.Q6_K_SPEC}
+K_SPECS: dict[GGMLType, dict] = {GGMLType.Q4_K: kquant_loops.Q4_K_SPEC, GGMLType.Q5_K: kquant_loops.Q5_K_SPEC,
+                                  GGMLType.Q6_K: kquant_loops.Q6_K_SPEC}
 # ggml's AVX2 order
-K_X86: dict[GGMLType, tuple] = {GGMLType.Q4_K: kquant_loops.Q4_K_X86, GGMLType.Q6_K: kquant_loops.Q6_K_X86}
+K_X86: dict[GGMLType, tuple] = {GGMLType.Q4_K: kquant_loops.Q4_K_X86, GGMLType.Q5_K: kquant_loops.Q5_K_X86,
+                                GGMLType.Q6_K: kquant_loops.Q6_K_X86}
 K_LEN = 768  # 3 super-blocks
 # the types whose "ref" rows sum one scalar in ggml's reference order (vec_dot.quant_loops.make_dot_q_serial)
 SERIAL_TYPES = (GGMLType.Q5_0,)
@@ -356,7 +358,7 @@ def _q8_K(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 # the f16 fields (d, dmin) of each K-quant block: random bytes elsewhere, sane scales here
-K_SCALE_FIELDS = {GGMLType.Q4_K: (0, 2), GGMLType.Q6_K: (208,)}
+K_SCALE_FIELDS = {GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,)}
 
 
 def _random_k_rows(wtype: GGMLType, rng: np.random.Generator, m: int, nb: int) -> np.ndarray:
@@ -390,27 +392,32 @@ def test_k_column_loops_equal_row_loop(wtype: GGMLType, x86: bool, rng: np.rando
             assert np.array_equal(got, want), (sums.__name__, n)
 
 
-# the numba loops the K-quant row loops replaced (the former _dot_q4_K and _dot_q6_K, verbatim but for the
-# module prefix): ggml's reference arithmetic per super-block, whose bits the row loops keep
+# the numba loops the K-quant row loops replaced (the former _dot_q4_K, _dot_q6_K and reference_dots.dot_q5_K,
+# Q4_K's and Q5_K's in one): ggml's reference arithmetic per super-block, whose bits the row loops keep
 
 
 @njit
-def _old_dot_q4_K(w, o, nb, yq, yd, yb, r):
-    # block_q4_K: d, dmin, scales[12], qs[128]; 32-element sub-blocks
+def _old_dot_q45_K(w, o, nb, yq, yd, yb, r, q5):
+    # block_q4_K: d, dmin, scales[12], qs[128]; block_q5_K (q5): qh[32] before qs, the fifth bit of element
+    # 64k+32h+l bit 2k+h of qh[l]; 32-element sub-blocks
     sumf = np.float32(0.0)
     yo = r * yq.shape[1]
+    size, at = (176, 48) if q5 else (144, 16)
     for b in range(nb):
-        ob = o + 144 * b
+        ob = o + size * b
         j0 = yo + 256 * b
         isum = 0
         summs = 0
         for k in range(4):
-            sc0, m0 = reference_dots.scale_min_k4(w, ob + 4, 2 * k)
-            sc1, m1 = reference_dots.scale_min_k4(w, ob + 4, 2 * k + 1)
-            isum += sc0 * vd_ir.dot_bits32(w, ob + 16 + 32 * k, 0, 15, yq, j0 + 64 * k)
-            isum += sc1 * vd_ir.dot_bits32(w, ob + 16 + 32 * k, 4, 15, yq, j0 + 64 * k + 32)
-            g = 16 * b + 4 * k
-            summs += m0 * (yb[r, g] + yb[r, g + 1]) + m1 * (yb[r, g + 2] + yb[r, g + 3])
+            for h in range(2):
+                sc, mn = reference_dots.scale_min_k4(w, ob + 4, 2 * k + h)
+                j = j0 + 64 * k + 32 * h
+                if q5:
+                    isum += sc * vd_ir.dot_fields32(w, ob + at + 32 * k, 4 * h, 15, ob + 16, 2 * k + h, 1, 16, yq, j)
+                else:
+                    isum += sc * vd_ir.dot_bits32(w, ob + at + 32 * k, 4 * h, 15, yq, j)
+                g = 16 * b + 4 * k + 2 * h
+                summs += mn * (yb[r, g] + yb[r, g + 1])
         d = vd_ir.load_f16(w, ob) * yd[r, b]
         dmin = vd_ir.load_f16(w, ob + 2) * yd[r, b]
         sumf += d * np.float32(isum) - dmin * np.float32(summs)
@@ -449,8 +456,12 @@ def test_k_rows_equal_the_numba_loops_they_replace(wtype: GGMLType, n_threads: i
     w = _random_k_rows(wtype, rng, M, nb)
     x = _src1_values(rng, (9, K_LEN))
     yq, yd, yb = _q8_K(x)
-    old = _old_dot_q4_K if wtype == GGMLType.Q4_K else _old_dot_q6_K
-    want = np.array([[old(w, m * nb * size, nb, yq, yd, yb, r) for m in range(M)] for r in range(9)], np.float32)
+    def old(m: int, r: int) -> float:
+        if wtype == GGMLType.Q6_K:
+            return _old_dot_q6_K(w, m * nb * size, nb, yq, yd, yb, r)
+        return _old_dot_q45_K(w, m * nb * size, nb, yq, yd, yb, r, wtype == GGMLType.Q5_K)
+
+    want = np.array([[old(m, r) for m in range(M)] for r in range(9)], np.float32)
     assert np.all(np.isfinite(want)) and np.any(want != 0)
     ctx = new_ctx(8)
     wt = ctx.new_tensor(wtype, [K_LEN, M])

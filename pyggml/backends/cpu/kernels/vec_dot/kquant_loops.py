@@ -85,6 +85,15 @@ def _q4_K_group(builder, pb, unpacked, g: int):
     return builder.lshr(qs, _const(builder, 32, [4] * 32)), shuffle(builder, sc, [g] * 16)
 
 
+def _q5_K_group(builder, pb, unpacked, g: int):
+    """Group g (0..7) of a Q5_K super-block: Q4_K's nibbles (from byte 48) with bit g of qh[t] as their fifth."""
+    values, scales = _q4_K_group(builder, builder.gep(pb, [ir.Constant(IR_I32, 32)]), unpacked, g)
+    qh = load_vector(builder, builder.gep(pb, [ir.Constant(IR_I32, 16)]), IR_I8, 32)
+    high = builder.shl(builder.and_(builder.lshr(qh, _const(builder, 32, [g] * 32)), _const(builder, 32, [1] * 32)),
+                       _const(builder, 32, [4] * 32))
+    return builder.or_(values, high), scales
+
+
 def _q4_K_finish(builder, unpacked, total, isum, bsums, yd):
     """sumf + (d * yd * isum - dmin * yd * summs), ggml's reference `sumf += d * sumi - dmin * summs`."""
     v8 = ir.VectorType(IR_I32, 8)
@@ -124,8 +133,7 @@ def _q6_K_finish(builder, unpacked, total, isum, bsums, yd):
 
 
 def _q4_K_tiled_finish(builder, unpacked, total, isum, bsums, yd):
-    """ggml-cpu's tiled matmul per super-block: res = float(isum) * d, res = fma(-dmin, float(mins' sum), res),
-    total = fma(res, y.d, total) (AVX2's FMA; gcc contracts the AVX512-VNNI kernel's product and sum alike)."""
+    """ggml-cpu's tiled matmul per super-block (DESIGN.md, "K-quants")."""
     v8 = ir.VectorType(IR_I32, 8)
     summs = reduce_add_i32(builder, builder.mul(builder.zext(unpacked[3], v8), pair_sums(builder, bsums),
                                                 flags=["nsw"]), 8)
@@ -156,6 +164,22 @@ def _q4_K_x86_block(builder, unpacked, state, iacc, bsums, yd):
     dmin = builder.fmul(builder.fneg(yd), unpacked[1])
     acc_m = fma(builder, splat(builder, dmin, 4), builder.sitofp(prod, v4f), state[1])
     return [acc, acc_m]
+
+
+def _q5_K_x86_block(builder, unpacked, state, iacc, bsums, yd):
+    """acc = fma(d, lanes, acc); summs = fma(-y.d * x.dmin, float(mins' sum), summs), gcc's contraction."""
+    v8f, v8, v1f = ir.VectorType(IR_F32, 8), ir.VectorType(IR_I32, 8), ir.VectorType(IR_F32, 1)
+    d = builder.fmul(yd, unpacked[0])
+    acc = fma(builder, splat(builder, d, 8), builder.sitofp(iacc, v8f), state[0])
+    summs = reduce_add_i32(builder, builder.mul(builder.zext(unpacked[3], v8), pair_sums(builder, bsums),
+                                                flags=["nsw"]), 8)
+    dmin = builder.fmul(builder.fneg(yd), unpacked[1])
+    mins = builder.insert_element(ir.Constant(v1f, None), builder.sitofp(summs, IR_F32), ir.Constant(IR_I32, 0))
+    return [acc, fma(builder, splat(builder, dmin, 1), mins, state[1])]
+
+
+def _q5_K_x86_result(builder, state):
+    return builder.fadd(sum_f32_tree(builder, state[0], 8), builder.extract_element(state[1], ir.Constant(IR_I32, 0)))
 
 
 def _q4_K_x86_result(builder, state):
@@ -218,12 +242,14 @@ def make_dot_k_row(block_bytes: int, unpack, group, finish, scaled_sums=None, x8
 
 
 Q4_K_SPEC = {"block_bytes": 144, "unpack": _q4_K_unpack, "group": _q4_K_group, "finish": _q4_K_finish}
+Q5_K_SPEC = {"block_bytes": 176, "unpack": _q4_K_unpack, "group": _q5_K_group, "finish": _q4_K_finish}
 Q6_K_SPEC = {"block_bytes": 210, "unpack": _q6_K_unpack, "group": _q6_K_group, "finish": _q6_K_finish}
 dot_q4_K_cols = make_dot_k_row(**Q4_K_SPEC, ncols=COLS)
 dot_q4_K_cols.__doc__ = "Q4_K weight rows times Q8_K src1 rows (see make_dot_k_row): 8 scales and mins a super-block."
 dot_q6_K_cols = make_dot_k_row(**Q6_K_SPEC, ncols=COLS)
 dot_q6_K_cols.__doc__ = "Q6_K weight rows times Q8_K src1 rows (see make_dot_k_row): 16 int8 scales, values - 32."
 Q4_K_X86 = (_Q4_K_X86_STATE, _q4_K_x86_block, _q4_K_x86_result)
+Q5_K_X86 = ((8, 1), _q5_K_x86_block, _q5_K_x86_result)
 Q6_K_X86 = (_Q6_K_X86_STATE, _q6_K_x86_block, _q6_K_x86_result)
 dot_q4_K_cols_x86 = make_dot_k_row(**Q4_K_SPEC, x86=Q4_K_X86, ncols=COLS)
 dot_q4_K_cols_x86.__doc__ = "dot_q4_K_cols in the order of ggml's AVX2 ggml_vec_dot_q4_K_q8_K (FMA lanes, mins apart)."
@@ -231,5 +257,11 @@ dot_q6_K_cols_x86 = make_dot_k_row(**Q6_K_SPEC, x86=Q6_K_X86, ncols=COLS)
 dot_q6_K_cols_x86.__doc__ = "dot_q6_K_cols in the order of ggml's AVX2 ggml_vec_dot_q6_K_q8_K (FMA lanes)."
 dot_q4_K_cols_tiled = make_dot_k_row(**{**Q4_K_SPEC, "finish": _q4_K_tiled_finish}, ncols=COLS)
 dot_q4_K_cols_tiled.__doc__ = "dot_q4_K_cols in the order of ggml-cpu's tiled matmul (tiled/tiled-kernel.cpp)."
+dot_q5_K_cols = make_dot_k_row(**Q5_K_SPEC, ncols=COLS)
+dot_q5_K_cols.__doc__ = "Q5_K weight rows times Q8_K src1 rows (see make_dot_k_row): Q4_K's with a fifth bit."
+dot_q5_K_cols_x86 = make_dot_k_row(**Q5_K_SPEC, x86=Q5_K_X86, ncols=COLS)
+dot_q5_K_cols_x86.__doc__ = "dot_q5_K_cols in the order of ggml's AVX2 ggml_vec_dot_q5_K_q8_K (FMA lanes, scalar mins)."
+dot_q5_K_cols_tiled = make_dot_k_row(**{**Q5_K_SPEC, "finish": _q4_K_tiled_finish}, ncols=COLS)
+dot_q5_K_cols_tiled.__doc__ = "dot_q5_K_cols in the order of ggml-cpu's tiled matmul (Q4_K's)."
 dot_q6_K_cols_tiled = make_dot_k_row(**{**Q6_K_SPEC, "finish": _q6_K_tiled_finish}, ncols=COLS)
 dot_q6_K_cols_tiled.__doc__ = "dot_q6_K_cols in the order of ggml-cpu's tiled matmul (tiled/tiled-kernel.cpp)."

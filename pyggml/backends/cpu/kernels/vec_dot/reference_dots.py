@@ -16,7 +16,6 @@ from pyggml.backends.cpu.kernels.vec_dot.ir import (
     IR_I8,
     dot_bits16,
     dot_fields16,
-    dot_fields32,
     dot_mask32,
     dot_nibbles,
     load_f16,
@@ -109,30 +108,6 @@ def scale_min_k4(w, os, j):
     sc = (np.int64(w[os + j + 4]) & 15) | ((np.int64(w[os + j - 4]) >> 6) << 4)
     mn = (np.int64(w[os + j + 4]) >> 4) | ((np.int64(w[os + j]) >> 6) << 4)
     return sc, mn
-
-
-@njit(nogil=True, cache=True)
-def dot_q5_K(w, o, nb, yq, yd, yb, r):
-    # block_q5_K: d, dmin, scales[12], qh[32], qs[128]; fifth bit of element 64k+32h+l is bit 2k+h of qh[l]
-    sumf = np.float32(0.0)
-    yo = r * yq.shape[1]
-    for b in range(nb):
-        ob = o + 176 * b
-        j0 = yo + 256 * b
-        isum = 0
-        summs = 0
-        for k in range(4):
-            sc0, m0 = scale_min_k4(w, ob + 4, 2 * k)
-            sc1, m1 = scale_min_k4(w, ob + 4, 2 * k + 1)
-            j = j0 + 64 * k
-            isum += sc0 * dot_fields32(w, ob + 48 + 32 * k, 0, 15, ob + 16, 2 * k, 1, 16, yq, j)
-            isum += sc1 * dot_fields32(w, ob + 48 + 32 * k, 4, 15, ob + 16, 2 * k + 1, 1, 16, yq, j + 32)
-            g = 16 * b + 4 * k
-            summs += m0 * (yb[r, g] + yb[r, g + 1]) + m1 * (yb[r, g + 2] + yb[r, g + 3])
-        d = load_f16(w, ob) * yd[r, b]
-        dmin = load_f16(w, ob + 2) * yd[r, b]
-        sumf += d * np.float32(isum) - dmin * np.float32(summs)
-    return sumf
 
 
 @njit(nogil=True, cache=True)
