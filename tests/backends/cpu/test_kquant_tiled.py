@@ -1,6 +1,6 @@
-"""Plain K-quant matrices (Q4_K not repacked, Q5_K, Q6_K) under numerics "x86": from 8 src1 columns ggml-cpu
+"""Plain K-quant matrices (Q2_K, Q4_K not repacked, Q5_K, Q6_K) under numerics "x86": from 8 src1 columns ggml-cpu
 multiplies them by its tiled matmul (ggml-cpu/tiled), whose float order per super-block is res = float(scaled
-sums) * d, res = fma(-dmin, float(mins' sums), res) (Q4_K, Q5_K), total = fma(res, y.d, total); fewer columns
+sums) * d, res = fma(-dmin, float(mins' sums), res) (Q2_K, Q4_K, Q5_K), total = fma(res, y.d, total); fewer columns
 take its AVX2 vec_dot rows. pyggml's row loops in those orders (type table `cols_tiled`, `cols_x86`) against libggml's
 product, bit for bit; batch-invariant, every column keeps the rows' order.
 """
@@ -33,7 +33,15 @@ def q5_K_rows(rng: np.random.Generator, rows: int, nb: int) -> np.ndarray:
     return raw.reshape(rows, nb * 176)
 
 
-ROWS = {GGMLType.Q4_K: q4_K_rows, GGMLType.Q5_K: q5_K_rows, GGMLType.Q6_K: q6_K_rows}
+def q2_K_rows(rng: np.random.Generator, rows: int, nb: int) -> np.ndarray:
+    """Random Q2_K rows: every code, scale and min, f16 d and dmin of far apart magnitudes."""
+    raw = rng.integers(0, 256, (rows, nb, 84), dtype=np.uint8)
+    d = (rng.uniform(0.5, 1.0, (rows, nb, 2)) * np.exp2(rng.integers(-14, -5, (rows, nb, 2)))).astype(np.float16)
+    raw[:, :, 80:] = d.view(np.uint8).reshape(rows, nb, 4)
+    return raw.reshape(rows, nb * 84)
+
+
+ROWS = {GGMLType.Q2_K: q2_K_rows, GGMLType.Q4_K: q4_K_rows, GGMLType.Q5_K: q5_K_rows, GGMLType.Q6_K: q6_K_rows}
 
 
 @pytest.mark.parametrize("wtype", list(ROWS), ids=lambda t: t.name)

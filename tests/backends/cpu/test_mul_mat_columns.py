@@ -50,11 +50,11 @@ SPECS: dict[GGMLType, dict] = {
 }
 HALF_TYPES = (F16, BF16)
 # the K-quants with a multi-column loop (kquant_loops.make_dot_k_row), and their row length here
-K_SPECS: dict[GGMLType, dict] = {GGMLType.Q4_K: kquant_loops.Q4_K_SPEC, GGMLType.Q5_K: kquant_loops.Q5_K_SPEC,
-                                  GGMLType.Q6_K: kquant_loops.Q6_K_SPEC}
+K_SPECS: dict[GGMLType, dict] = {GGMLType.Q2_K: kquant_loops.Q2_K_SPEC, GGMLType.Q4_K: kquant_loops.Q4_K_SPEC,
+                                  GGMLType.Q5_K: kquant_loops.Q5_K_SPEC, GGMLType.Q6_K: kquant_loops.Q6_K_SPEC}
 # ggml's AVX2 order
-K_X86: dict[GGMLType, tuple] = {GGMLType.Q4_K: kquant_loops.Q4_K_X86, GGMLType.Q5_K: kquant_loops.Q5_K_X86,
-                                GGMLType.Q6_K: kquant_loops.Q6_K_X86}
+K_X86: dict[GGMLType, tuple] = {GGMLType.Q2_K: kquant_loops.Q2_K_X86, GGMLType.Q4_K: kquant_loops.Q4_K_X86,
+                                GGMLType.Q5_K: kquant_loops.Q5_K_X86, GGMLType.Q6_K: kquant_loops.Q6_K_X86}
 K_LEN = 768  # 3 super-blocks
 # the types whose "ref" rows sum one scalar in ggml's reference order (vec_dot.quant_loops.make_dot_q_serial)
 SERIAL_TYPES = (GGMLType.Q5_0,)
@@ -358,7 +358,7 @@ def _q8_K(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 # the f16 fields (d, dmin) of each K-quant block: random bytes elsewhere, sane scales here
-K_SCALE_FIELDS = {GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,)}
+K_SCALE_FIELDS = {GGMLType.Q2_K: (80, 82), GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,)}
 
 
 def _random_k_rows(wtype: GGMLType, rng: np.random.Generator, m: int, nb: int) -> np.ndarray:
@@ -393,7 +393,8 @@ def test_k_column_loops_equal_row_loop(wtype: GGMLType, x86: bool, rng: np.rando
 
 
 # the numba loops the K-quant row loops replaced (the former _dot_q4_K, _dot_q6_K and reference_dots.dot_q5_K,
-# Q4_K's and Q5_K's in one): ggml's reference arithmetic per super-block, whose bits the row loops keep
+# Q4_K's and Q5_K's in one): ggml's reference arithmetic per super-block, whose bits the row loops keep (Q2_K's
+# share Q4_K's finish; their integers are checked against libggml, test_kquant_tiled)
 
 
 @njit
@@ -445,7 +446,7 @@ def _old_dot_q6_K(w, o, nb, yq, yd, yb, r):
     return sumf
 
 
-@pytest.mark.parametrize("wtype", list(K_SPECS))
+@pytest.mark.parametrize("wtype", [GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K])
 @pytest.mark.parametrize("n_threads", [1, 2])
 def test_k_rows_equal_the_numba_loops_they_replace(wtype: GGMLType, n_threads: int, rng: np.random.Generator,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:

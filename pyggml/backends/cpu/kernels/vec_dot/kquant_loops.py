@@ -1,6 +1,8 @@
-"""Row loops of the K-quants Q4_K and Q6_K against Q8_K src1 rows, in ggml's reference or AVX2 float order."""
+"""Row loops of the K-quants Q2_K, Q4_K, Q5_K and Q6_K against Q8_K src1 rows, in ggml's float orders."""
 
 from __future__ import annotations
+
+from typing import Any, NamedTuple
 
 from llvmlite import ir
 from numba.core import cgutils
@@ -94,15 +96,36 @@ def _q5_K_group(builder, pb, unpacked, g: int):
     return builder.or_(values, high), scales
 
 
-def _q4_K_finish(builder, unpacked, total, isum, bsums, yd):
+def _mins_sum(builder, mins, bsums):
+    n = mins.type.count
+    ys = pair_sums(builder, bsums) if n == 8 else bsums
+    return reduce_add_i32(builder, builder.mul(builder.zext(mins, ir.VectorType(IR_I32, n)), ys, flags=["nsw"]), n)
+
+
+def _min_finish(builder, unpacked, total, isum, bsums, yd):
     """sumf + (d * yd * isum - dmin * yd * summs), ggml's reference `sumf += d * sumi - dmin * summs`."""
-    v8 = ir.VectorType(IR_I32, 8)
-    pair = pair_sums(builder, bsums)
-    summs = reduce_add_i32(builder, builder.mul(builder.zext(unpacked[3], v8), pair, flags=["nsw"]), 8)
+    summs = _mins_sum(builder, unpacked[3], bsums)
     d, dmin = builder.fmul(unpacked[0], yd), builder.fmul(unpacked[1], yd)
     part = builder.fsub(builder.fmul(d, builder.sitofp(isum, IR_F32)),
                         builder.fmul(dmin, builder.sitofp(summs, IR_F32)))
     return builder.fadd(total, part)
+
+
+def _q2_K_unpack(builder, pb):
+    """A Q2_K super-block's d and dmin (lanes 2, 3 of the 8 bytes ending the block), 16 scales and mins."""
+    lanes = _f16_lanes(builder, builder.gep(pb, [ir.Constant(IR_I32, 76)]))
+    d, dmin = (builder.extract_element(lanes, ir.Constant(IR_I32, i)) for i in (2, 3))
+    raw = load_vector(builder, pb, IR_I8, 16)
+    return d, dmin, builder.and_(raw, _const(builder, 16, [15] * 16)), builder.lshr(raw, _const(builder, 16, [4] * 16))
+
+
+def _q2_K_group(builder, pb, unpacked, g: int):
+    """Group g (0..7) of a Q2_K super-block: bits 2l of qs[32j + t] (j, l = divmod(g, 4)), sub-blocks 2g, 2g + 1."""
+    j, shift = g // 4, 2 * (g % 4)
+    q = load_vector(builder, builder.gep(pb, [ir.Constant(IR_I32, 16 + 32 * j)]), IR_I8, 32)
+    v = builder.and_(builder.lshr(q, _const(builder, 32, [shift] * 32)), _const(builder, 32, [3] * 32))
+    sc = builder.zext(unpacked[2], ir.VectorType(IR_I16, 16))
+    return v, shuffle(builder, sc, [2 * g] * 8 + [2 * g + 1] * 8)
 
 
 def _q6_K_unpack(builder, pb):
@@ -132,18 +155,14 @@ def _q6_K_finish(builder, unpacked, total, isum, bsums, yd):
     return builder.fadd(total, builder.fmul(builder.fmul(unpacked[0], yd), builder.sitofp(isum, IR_F32)))
 
 
-def _q4_K_tiled_finish(builder, unpacked, total, isum, bsums, yd):
+def _min_tiled_finish(builder, unpacked, total, isum, bsums, yd):
     """ggml-cpu's tiled matmul per super-block (DESIGN.md, "K-quants")."""
-    v8 = ir.VectorType(IR_I32, 8)
-    summs = reduce_add_i32(builder, builder.mul(builder.zext(unpacked[3], v8), pair_sums(builder, bsums),
-                                                flags=["nsw"]), 8)
     res = builder.fmul(builder.sitofp(isum, IR_F32), unpacked[0])
-    res = fma(builder, builder.fneg(unpacked[1]), builder.sitofp(summs, IR_F32), res)
+    res = fma(builder, builder.fneg(unpacked[1]), builder.sitofp(_mins_sum(builder, unpacked[3], bsums), IR_F32), res)
     return fma(builder, res, yd, total)
 
 
 def _q6_K_tiled_finish(builder, unpacked, total, isum, bsums, yd):
-    """ggml-cpu's tiled matmul per super-block: total = fma(float(isum - 32 * offset) * d, y.d, total)."""
     v16 = ir.VectorType(IR_I32, 16)
     offset = reduce_add_i32(builder, builder.mul(builder.sext(unpacked[1], v16), bsums, flags=["nsw"]), 16)
     s1 = builder.sub(isum, builder.shl(offset, ir.Constant(IR_I32, 5)))
@@ -168,14 +187,23 @@ def _q4_K_x86_block(builder, unpacked, state, iacc, bsums, yd):
 
 def _q5_K_x86_block(builder, unpacked, state, iacc, bsums, yd):
     """acc = fma(d, lanes, acc); summs = fma(-y.d * x.dmin, float(mins' sum), summs), gcc's contraction."""
-    v8f, v8, v1f = ir.VectorType(IR_F32, 8), ir.VectorType(IR_I32, 8), ir.VectorType(IR_F32, 1)
+    v8f, v1f = ir.VectorType(IR_F32, 8), ir.VectorType(IR_F32, 1)
     d = builder.fmul(yd, unpacked[0])
     acc = fma(builder, splat(builder, d, 8), builder.sitofp(iacc, v8f), state[0])
-    summs = reduce_add_i32(builder, builder.mul(builder.zext(unpacked[3], v8), pair_sums(builder, bsums),
-                                                flags=["nsw"]), 8)
     dmin = builder.fmul(builder.fneg(yd), unpacked[1])
-    mins = builder.insert_element(ir.Constant(v1f, None), builder.sitofp(summs, IR_F32), ir.Constant(IR_I32, 0))
+    summs = builder.sitofp(_mins_sum(builder, unpacked[3], bsums), IR_F32)
+    mins = builder.insert_element(ir.Constant(v1f, None), summs, ir.Constant(IR_I32, 0))
     return [acc, fma(builder, splat(builder, dmin, 1), mins, state[1])]
+
+
+def _q2_K_x86_block(builder, unpacked, state, iacc, bsums, yd):
+    """acc = fma(-y.d * x.dmin, mins by pairs of sub-blocks, acc), then acc = fma(d, lanes, acc), as ggml's AVX2."""
+    v8f, v16 = ir.VectorType(IR_F32, 8), ir.VectorType(IR_I32, 16)
+    prod = pair_sums(builder, builder.mul(builder.zext(unpacked[3], v16), bsums, flags=["nsw"]))
+    dmin = builder.fmul(builder.fneg(yd), unpacked[1])
+    acc = fma(builder, splat(builder, dmin, 8), builder.sitofp(prod, v8f), state[0])
+    d = builder.fmul(yd, unpacked[0])
+    return [fma(builder, splat(builder, d, 8), builder.sitofp(iacc, v8f), acc)]
 
 
 def _q5_K_x86_result(builder, state):
@@ -241,27 +269,30 @@ def make_dot_k_row(block_bytes: int, unpack, group, finish, scaled_sums=None, x8
     return block_row_intrinsic(row_loop, ncols)
 
 
-Q4_K_SPEC = {"block_bytes": 144, "unpack": _q4_K_unpack, "group": _q4_K_group, "finish": _q4_K_finish}
-Q5_K_SPEC = {"block_bytes": 176, "unpack": _q4_K_unpack, "group": _q5_K_group, "finish": _q4_K_finish}
+Q2_K_SPEC = {"block_bytes": 84, "unpack": _q2_K_unpack, "group": _q2_K_group, "finish": _min_finish}
+Q4_K_SPEC = {"block_bytes": 144, "unpack": _q4_K_unpack, "group": _q4_K_group, "finish": _min_finish}
+Q5_K_SPEC = {"block_bytes": 176, "unpack": _q4_K_unpack, "group": _q5_K_group, "finish": _min_finish}
 Q6_K_SPEC = {"block_bytes": 210, "unpack": _q6_K_unpack, "group": _q6_K_group, "finish": _q6_K_finish}
-dot_q4_K_cols = make_dot_k_row(**Q4_K_SPEC, ncols=COLS)
-dot_q4_K_cols.__doc__ = "Q4_K weight rows times Q8_K src1 rows (see make_dot_k_row): 8 scales and mins a super-block."
-dot_q6_K_cols = make_dot_k_row(**Q6_K_SPEC, ncols=COLS)
-dot_q6_K_cols.__doc__ = "Q6_K weight rows times Q8_K src1 rows (see make_dot_k_row): 16 int8 scales, values - 32."
+Q2_K_X86 = (_Q6_K_X86_STATE, _q2_K_x86_block, _q6_K_x86_result)
 Q4_K_X86 = (_Q4_K_X86_STATE, _q4_K_x86_block, _q4_K_x86_result)
 Q5_K_X86 = ((8, 1), _q5_K_x86_block, _q5_K_x86_result)
 Q6_K_X86 = (_Q6_K_X86_STATE, _q6_K_x86_block, _q6_K_x86_result)
-dot_q4_K_cols_x86 = make_dot_k_row(**Q4_K_SPEC, x86=Q4_K_X86, ncols=COLS)
-dot_q4_K_cols_x86.__doc__ = "dot_q4_K_cols in the order of ggml's AVX2 ggml_vec_dot_q4_K_q8_K (FMA lanes, mins apart)."
-dot_q6_K_cols_x86 = make_dot_k_row(**Q6_K_SPEC, x86=Q6_K_X86, ncols=COLS)
-dot_q6_K_cols_x86.__doc__ = "dot_q6_K_cols in the order of ggml's AVX2 ggml_vec_dot_q6_K_q8_K (FMA lanes)."
-dot_q4_K_cols_tiled = make_dot_k_row(**{**Q4_K_SPEC, "finish": _q4_K_tiled_finish}, ncols=COLS)
-dot_q4_K_cols_tiled.__doc__ = "dot_q4_K_cols in the order of ggml-cpu's tiled matmul (tiled/tiled-kernel.cpp)."
-dot_q5_K_cols = make_dot_k_row(**Q5_K_SPEC, ncols=COLS)
-dot_q5_K_cols.__doc__ = "Q5_K weight rows times Q8_K src1 rows (see make_dot_k_row): Q4_K's with a fifth bit."
-dot_q5_K_cols_x86 = make_dot_k_row(**Q5_K_SPEC, x86=Q5_K_X86, ncols=COLS)
-dot_q5_K_cols_x86.__doc__ = "dot_q5_K_cols in the order of ggml's AVX2 ggml_vec_dot_q5_K_q8_K (FMA lanes, scalar mins)."
-dot_q5_K_cols_tiled = make_dot_k_row(**{**Q5_K_SPEC, "finish": _q4_K_tiled_finish}, ncols=COLS)
-dot_q5_K_cols_tiled.__doc__ = "dot_q5_K_cols in the order of ggml-cpu's tiled matmul (Q4_K's)."
-dot_q6_K_cols_tiled = make_dot_k_row(**{**Q6_K_SPEC, "finish": _q6_K_tiled_finish}, ncols=COLS)
-dot_q6_K_cols_tiled.__doc__ = "dot_q6_K_cols in the order of ggml-cpu's tiled matmul (tiled/tiled-kernel.cpp)."
+
+
+class KRowLoops(NamedTuple):
+    """A K-quant's row loops (the type table's columns of the same names; DESIGN.md, "K-quants")."""
+
+    cols: Any
+    cols_x86: Any
+    cols_tiled: Any
+
+
+def k_row_loops(spec: dict, x86: tuple, tiled_finish) -> KRowLoops:
+    return KRowLoops(make_dot_k_row(**spec, ncols=COLS), make_dot_k_row(**spec, x86=x86, ncols=COLS),
+                     make_dot_k_row(**{**spec, "finish": tiled_finish}, ncols=COLS))
+
+
+Q2_K_LOOPS = k_row_loops(Q2_K_SPEC, Q2_K_X86, _min_tiled_finish)
+Q4_K_LOOPS = k_row_loops(Q4_K_SPEC, Q4_K_X86, _min_tiled_finish)
+Q5_K_LOOPS = k_row_loops(Q5_K_SPEC, Q5_K_X86, _min_tiled_finish)
+Q6_K_LOOPS = k_row_loops(Q6_K_SPEC, Q6_K_X86, _q6_K_tiled_finish)

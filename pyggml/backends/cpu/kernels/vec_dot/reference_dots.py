@@ -14,7 +14,6 @@ from pyggml.backends.cpu.kernels.atomics import (
 from pyggml.backends.cpu.kernels.vec_dot.block_sums import q4_0_nibbles, target_block_sums
 from pyggml.backends.cpu.kernels.vec_dot.ir import (
     IR_I8,
-    dot_bits16,
     dot_fields16,
     dot_mask32,
     dot_nibbles,
@@ -45,29 +44,6 @@ def dot_q5_1(w, o, nb, yq, yd, ys, r):
         j = yo + 32 * b
         sumi = dot_nibbles(w, ob + 8, yq, j) + 16 * dot_mask32(load_u32(w, ob + 4), yq, j)
         sumf += (load_f16(w, ob) * yd[r, b]) * np.float32(sumi) + load_f16(w, ob + 2) * ys[r, b]
-    return sumf
-
-
-@njit(nogil=True, cache=True)
-def dot_q2_K(w, o, nb, yq, yd, yb, r):
-    # block_q2_K: scales[16] (low 4 bits scale, high 4 bits min), qs[64], d, dmin
-    sumf = np.float32(0.0)
-    yo = r * yq.shape[1]
-    for b in range(nb):
-        ob = o + 84 * b
-        j0 = yo + 256 * b
-        summs = 0
-        for t in range(16):
-            summs += yb[r, 16 * b + t] * (np.int64(w[ob + t]) >> 4)
-        isum = 0
-        for k in range(2):
-            for f in range(4):
-                for h in range(2):
-                    sc = np.int64(w[ob + 8 * k + 2 * f + h]) & 15
-                    isum += sc * dot_bits16(w, ob + 16 + 32 * k + 16 * h, 2 * f, 3, yq, j0 + 128 * k + 32 * f + 16 * h)
-        dall = yd[r, b] * load_f16(w, ob + 80)
-        dmin = yd[r, b] * load_f16(w, ob + 82)
-        sumf += dall * np.float32(isum) - dmin * np.float32(summs)
     return sumf
 
 
