@@ -1,4 +1,4 @@
-"""Plain K-quant matrices (Q2_K, Q4_K not repacked, Q5_K, Q6_K) under numerics "x86": from 8 src1 columns ggml-cpu
+"""Plain K-quant matrices (Q2_K, Q3_K, Q4_K not repacked, Q5_K, Q6_K) under numerics "x86": from 8 src1 columns ggml-cpu
 multiplies them by its tiled matmul (ggml-cpu/tiled), whose float order per super-block is res = float(scaled
 sums) * d, res = fma(-dmin, float(mins' sums), res) (Q2_K, Q4_K, Q5_K), total = fma(res, y.d, total); fewer columns
 take its AVX2 vec_dot rows. pyggml's row loops in those orders (type table `cols_tiled`, `cols_x86`) against libggml's
@@ -41,7 +41,16 @@ def q2_K_rows(rng: np.random.Generator, rows: int, nb: int) -> np.ndarray:
     return raw.reshape(rows, nb * 84)
 
 
-ROWS = {GGMLType.Q2_K: q2_K_rows, GGMLType.Q4_K: q4_K_rows, GGMLType.Q5_K: q5_K_rows, GGMLType.Q6_K: q6_K_rows}
+def q3_K_rows(rng: np.random.Generator, rows: int, nb: int) -> np.ndarray:
+    """Random Q3_K rows: every code, high bit and scale, f16 d of far apart magnitudes."""
+    raw = rng.integers(0, 256, (rows, nb, 110), dtype=np.uint8)
+    d = (rng.uniform(0.5, 1.0, (rows, nb)) * np.exp2(rng.integers(-14, -6, (rows, nb)))).astype(np.float16)
+    raw[:, :, 108:] = d.view(np.uint8).reshape(rows, nb, 2)
+    return raw.reshape(rows, nb * 110)
+
+
+ROWS = {GGMLType.Q2_K: q2_K_rows, GGMLType.Q3_K: q3_K_rows, GGMLType.Q4_K: q4_K_rows, GGMLType.Q5_K: q5_K_rows,
+        GGMLType.Q6_K: q6_K_rows}
 
 
 @pytest.mark.parametrize("wtype", list(ROWS), ids=lambda t: t.name)

@@ -358,7 +358,8 @@ def _q8_K(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 # the f16 fields (d, dmin) of each K-quant block: random bytes elsewhere, sane scales here
-K_SCALE_FIELDS = {GGMLType.Q2_K: (80, 82), GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,)}
+K_SCALE_FIELDS = {GGMLType.Q2_K: (80, 82), GGMLType.Q3_K: (108,), GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2),
+                  GGMLType.Q6_K: (208,)}
 
 
 def _random_k_rows(wtype: GGMLType, rng: np.random.Generator, m: int, nb: int) -> np.ndarray:
@@ -392,9 +393,10 @@ def test_k_column_loops_equal_row_loop(wtype: GGMLType, x86: bool, rng: np.rando
             assert np.array_equal(got, want), (sums.__name__, n)
 
 
-# the numba loops the K-quant row loops replaced (the former _dot_q4_K, _dot_q6_K and reference_dots.dot_q5_K,
-# Q4_K's and Q5_K's in one): ggml's reference arithmetic per super-block, whose bits the row loops keep (Q2_K's
-# share Q4_K's finish; their integers are checked against libggml, test_kquant_tiled)
+# the numba loops the K-quant row loops replaced (the former _dot_q4_K, _dot_q6_K, reference_dots.dot_q3_K and
+# dot_q5_K; Q4_K's and Q5_K's in one, Q3_K's and Q6_K's in one): ggml's reference arithmetic per super-block,
+# whose bits the row loops keep (Q2_K's share Q4_K's finish; their integers are checked against libggml,
+# test_kquant_tiled)
 
 
 @njit
@@ -426,12 +428,14 @@ def _old_dot_q45_K(w, o, nb, yq, yd, yb, r, q5):
 
 
 @njit
-def _old_dot_q6_K(w, o, nb, yq, yd, yb, r):
+def _old_dot_q36_K(w, o, nb, yq, yd, yb, r, q3):
     # block_q6_K: ql[128], qh[64], scales[16] (int8), d; value = (low4 | high2 << 4) - 32
+    # block_q3_K (q3): hmask[32], qs[64], scales[12], d; value = low2 - (high bit ? 0 : 4)
     sumf = np.float32(0.0)
     yo = r * yq.shape[1]
+    size, at_d, offset = (110, 108, 4) if q3 else (210, 208, 32)
     for b in range(nb):
-        ob = o + 210 * b
+        ob = o + size * b
         j0 = yo + 256 * b
         isum = 0
         for n in range(2):
@@ -439,14 +443,20 @@ def _old_dot_q6_K(w, o, nb, yq, yd, yb, r):
                 for t in range(2):
                     sub = 8 * n + 2 * q + t
                     j = j0 + 128 * n + 32 * q + 16 * t
-                    v = (vd_ir.dot_fields16(w, ob + 64 * n + 32 * (q & 1) + 16 * t, 4 * (q >> 1), 15,
-                                         ob + 128 + 32 * n + 16 * t, 2 * q, 3, 16, yq, j) - 32 * yb[r, 16 * b + sub])
-                    isum += reference_dots.i8(np.int64(w[ob + 192 + sub])) * v
-        sumf += (vd_ir.load_f16(w, ob + 208) * yd[r, b]) * np.float32(isum)
+                    if q3:
+                        v = vd_ir.dot_fields16(w, ob + 32 + 32 * n + 16 * t, 2 * q, 3, ob + 16 * t, 4 * n + q, 1, 4,
+                                               yq, j)
+                        sc = reference_dots.q3_K_scale(w, ob + 96, sub)
+                    else:
+                        v = vd_ir.dot_fields16(w, ob + 64 * n + 32 * (q & 1) + 16 * t, 4 * (q >> 1), 15,
+                                               ob + 128 + 32 * n + 16 * t, 2 * q, 3, 16, yq, j)
+                        sc = reference_dots.i8(np.int64(w[ob + 192 + sub]))
+                    isum += sc * (v - offset * yb[r, 16 * b + sub])
+        sumf += (vd_ir.load_f16(w, ob + at_d) * yd[r, b]) * np.float32(isum)
     return sumf
 
 
-@pytest.mark.parametrize("wtype", [GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K])
+@pytest.mark.parametrize("wtype", [GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K])
 @pytest.mark.parametrize("n_threads", [1, 2])
 def test_k_rows_equal_the_numba_loops_they_replace(wtype: GGMLType, n_threads: int, rng: np.random.Generator,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
@@ -458,8 +468,8 @@ def test_k_rows_equal_the_numba_loops_they_replace(wtype: GGMLType, n_threads: i
     x = _src1_values(rng, (9, K_LEN))
     yq, yd, yb = _q8_K(x)
     def old(m: int, r: int) -> float:
-        if wtype == GGMLType.Q6_K:
-            return _old_dot_q6_K(w, m * nb * size, nb, yq, yd, yb, r)
+        if wtype in (GGMLType.Q3_K, GGMLType.Q6_K):
+            return _old_dot_q36_K(w, m * nb * size, nb, yq, yd, yb, r, wtype == GGMLType.Q3_K)
         return _old_dot_q45_K(w, m * nb * size, nb, yq, yd, yb, r, wtype == GGMLType.Q5_K)
 
     want = np.array([[old(m, r) for m in range(M)] for r in range(9)], np.float32)

@@ -128,6 +128,62 @@ def _q2_K_group(builder, pb, unpacked, g: int):
     return v, shuffle(builder, sc, [2 * g] * 8 + [2 * g + 1] * 8)
 
 
+def _q3_K_unpack(builder, pb):
+    """A Q3_K super-block's d (lane 3 of the 8 bytes ending the block) and its 16 6-bit scales - 32 (<16 x i16>)."""
+    d = builder.extract_element(_f16_lanes(builder, builder.gep(pb, [ir.Constant(IR_I32, 102)])),
+                                ir.Constant(IR_I32, 3))
+    raw = load_vector(builder, builder.gep(pb, [ir.Constant(IR_I32, 96)]), IR_I8, 16)
+    low = builder.lshr(shuffle(builder, raw, [*range(8), *range(8)]), _const(builder, 16, [0] * 8 + [4] * 8))
+    high = builder.lshr(shuffle(builder, raw, [8, 9, 10, 11] * 4), _const(builder, 16, [0, 0, 0, 0, 2, 2, 2, 2,
+                                                                                      4, 4, 4, 4, 6, 6, 6, 6]))
+    high = builder.shl(builder.and_(high, _const(builder, 16, [3] * 16)), _const(builder, 16, [4] * 16))
+    scales = builder.or_(builder.and_(low, _const(builder, 16, [15] * 16)), high)
+    scales = builder.sub(scales, _const(builder, 16, [32] * 16))
+    return d, builder.sext(scales, ir.VectorType(IR_I16, 16))
+
+
+def _q3_K_group(builder, pb, unpacked, g: int):
+    """Group g (0..7) of a Q3_K super-block: (bits 2l of qs[32j + t], 4 where bit 4j + l of hmask[t] is clear),
+    j, l = divmod(g, 4): the value is their difference, as ggml's AVX2 multiplies them apart."""
+    j, l = divmod(g, 4)
+    q = load_vector(builder, builder.gep(pb, [ir.Constant(IR_I32, 32 + 32 * j)]), IR_I8, 32)
+    low = builder.and_(builder.lshr(q, _const(builder, 32, [2 * l] * 32)), _const(builder, 32, [3] * 32))
+    clear = builder.lshr(builder.not_(load_vector(builder, pb, IR_I8, 32)), _const(builder, 32, [g] * 32))
+    clear = builder.and_(clear, _const(builder, 32, [1] * 32))
+    scales = shuffle(builder, unpacked[1], [2 * g] * 8 + [2 * g + 1] * 8)
+    return (low, builder.shl(clear, _const(builder, 32, [2] * 32))), scales
+
+
+def _q3_K_scaled_sums(builder, v, yv, scales):
+    """Scaled sums of low - high4 by pairs, as ggml's AVX2 (two vpmaddubsw subtracted, then vpmaddwd)."""
+    module = builder.module
+    v16i16, v8i32, v32i8 = ir.VectorType(IR_I16, 16), ir.VectorType(IR_I32, 8), ir.VectorType(IR_I8, 32)
+    if not HAS_AVX2:
+        v32, v16 = ir.VectorType(IR_I32, 32), ir.VectorType(IR_I32, 16)
+        diff = builder.sub(builder.zext(v[0], v32), builder.zext(v[1], v32))
+        pairs = pair_sums(builder, builder.mul(diff, builder.sext(yv, v32), flags=["nsw"]))
+        return pair_sums(builder, builder.mul(pairs, builder.sext(scales, v16), flags=["nsw"]))
+    maddubs = module.declare_intrinsic("llvm.x86.avx2.pmadd.ub.sw", fnty=ir.FunctionType(v16i16, [v32i8, v32i8]))
+    maddwd = module.declare_intrinsic("llvm.x86.avx2.pmadd.wd", fnty=ir.FunctionType(v8i32, [v16i16, v16i16]))
+    p16 = builder.sub(builder.call(maddubs, [v[0], yv]), builder.call(maddubs, [v[1], yv]))
+    return builder.call(maddwd, [p16, scales])
+
+
+def _d_finish(builder, unpacked, total, isum, bsums, yd):
+    """sumf + (d * yd) * isum (Q3_K's values already signed), ggml's reference order."""
+    return builder.fadd(total, builder.fmul(builder.fmul(unpacked[0], yd), builder.sitofp(isum, IR_F32)))
+
+
+def _d_tiled_finish(builder, unpacked, total, isum, bsums, yd):
+    return fma(builder, builder.fmul(builder.sitofp(isum, IR_F32), unpacked[0]), yd, total)
+
+
+def _d_x86_block(builder, unpacked, state, iacc, bsums, yd):
+    """acc = fma(y.d * x.d, lanes, acc), as ggml's AVX2 Q3_K."""
+    d = builder.fmul(yd, unpacked[0])
+    return [fma(builder, splat(builder, d, 8), builder.sitofp(iacc, ir.VectorType(IR_F32, 8)), state[0])]
+
+
 def _q6_K_unpack(builder, pb):
     """A Q6_K super-block's d (its last half, read as lane 3 of the 8 bytes ending the block) and 16 scales."""
     lanes = _f16_lanes(builder, builder.gep(pb, [ir.Constant(IR_I32, 202)]))
@@ -270,10 +326,13 @@ def make_dot_k_row(block_bytes: int, unpack, group, finish, scaled_sums=None, x8
 
 
 Q2_K_SPEC = {"block_bytes": 84, "unpack": _q2_K_unpack, "group": _q2_K_group, "finish": _min_finish}
+Q3_K_SPEC = {"block_bytes": 110, "unpack": _q3_K_unpack, "group": _q3_K_group, "finish": _d_finish,
+             "scaled_sums": _q3_K_scaled_sums}
 Q4_K_SPEC = {"block_bytes": 144, "unpack": _q4_K_unpack, "group": _q4_K_group, "finish": _min_finish}
 Q5_K_SPEC = {"block_bytes": 176, "unpack": _q4_K_unpack, "group": _q5_K_group, "finish": _min_finish}
 Q6_K_SPEC = {"block_bytes": 210, "unpack": _q6_K_unpack, "group": _q6_K_group, "finish": _q6_K_finish}
 Q2_K_X86 = (_Q6_K_X86_STATE, _q2_K_x86_block, _q6_K_x86_result)
+Q3_K_X86 = (_Q6_K_X86_STATE, _d_x86_block, _q6_K_x86_result)
 Q4_K_X86 = (_Q4_K_X86_STATE, _q4_K_x86_block, _q4_K_x86_result)
 Q5_K_X86 = ((8, 1), _q5_K_x86_block, _q5_K_x86_result)
 Q6_K_X86 = (_Q6_K_X86_STATE, _q6_K_x86_block, _q6_K_x86_result)
@@ -293,6 +352,7 @@ def k_row_loops(spec: dict, x86: tuple, tiled_finish) -> KRowLoops:
 
 
 Q2_K_LOOPS = k_row_loops(Q2_K_SPEC, Q2_K_X86, _min_tiled_finish)
+Q3_K_LOOPS = k_row_loops(Q3_K_SPEC, Q3_K_X86, _d_tiled_finish)
 Q4_K_LOOPS = k_row_loops(Q4_K_SPEC, Q4_K_X86, _min_tiled_finish)
 Q5_K_LOOPS = k_row_loops(Q5_K_SPEC, Q5_K_X86, _min_tiled_finish)
 Q6_K_LOOPS = k_row_loops(Q6_K_SPEC, Q6_K_X86, _q6_K_tiled_finish)

@@ -14,7 +14,6 @@ from pyggml.backends.cpu.kernels.atomics import (
 from pyggml.backends.cpu.kernels.vec_dot.block_sums import q4_0_nibbles, target_block_sums
 from pyggml.backends.cpu.kernels.vec_dot.ir import (
     IR_I8,
-    dot_fields16,
     dot_mask32,
     dot_nibbles,
     load_f16,
@@ -53,27 +52,6 @@ def q3_K_scale(w, os, sub):
     low = (np.int64(w[os + (sub & 7)]) >> (4 * (sub >> 3))) & 15  # sub < 8: low nibble of byte sub, else high
     high = (np.int64(w[os + 8 + (sub & 3)]) >> (2 * (sub >> 2))) & 3
     return (low | (high << 4)) - 32
-
-
-@njit(nogil=True, cache=True)
-def dot_q3_K(w, o, nb, yq, yd, yb, r):
-    # block_q3_K: hmask[32], qs[64], scales[12], d; value = low2 - (high bit ? 0 : 4)
-    sumf = np.float32(0.0)
-    yo = r * yq.shape[1]
-    for b in range(nb):
-        ob = o + 110 * b
-        j0 = yo + 256 * b
-        isum = 0
-        for h in range(2):
-            for s in range(4):
-                for t in range(2):
-                    sub = 8 * h + 2 * s + t
-                    j = j0 + 128 * h + 32 * s + 16 * t
-                    v = (dot_fields16(w, ob + 32 + 32 * h + 16 * t, 2 * s, 3, ob + 16 * t, 4 * h + s, 1, 4, yq, j)
-                         - 4 * yb[r, 16 * b + sub])
-                    isum += q3_K_scale(w, ob + 96, sub) * v
-        sumf += (load_f16(w, ob + 108) * yd[r, b]) * np.float32(isum)
-    return sumf
 
 
 @njit(nogil=True, cache=True)

@@ -74,7 +74,7 @@ CPU_TYPE_TRAITS: dict[GGMLType, CPUTypeTraits] = {row.type: row for row in (
                   x8=x8.dot_q8_0_x8_cols),
     CPUTypeTraits(_T.Q8_1, None, dq.dequantize_row_q8, to_float_arg=0),
     CPUTypeTraits(_T.Q2_K, _T.Q8_K, dq.dequantize_row_q2_K, **kl.Q2_K_LOOPS._asdict()),
-    CPUTypeTraits(_T.Q3_K, _T.Q8_K, dq.dequantize_row_q3_K, reference_dot=rd.dot_q3_K),
+    CPUTypeTraits(_T.Q3_K, _T.Q8_K, dq.dequantize_row_q3_K, **kl.Q3_K_LOOPS._asdict()),
     CPUTypeTraits(_T.Q4_K, _T.Q8_K, dq.dequantize_row_q45_K, **kl.Q4_K_LOOPS._asdict(), x8=kx8.dot_q4_K_x8_cols,
                   x8_gemv=kx8.dot_q4_K_x8_gemv_cols, repack=True, to_float_arg=0),
     CPUTypeTraits(_T.Q5_K, _T.Q8_K, dq.dequantize_row_q45_K, **kl.Q5_K_LOOPS._asdict(), to_float_arg=1),
