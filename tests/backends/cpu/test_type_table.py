@@ -9,9 +9,16 @@ from numba import types
 
 from pyggml.backends.cpu import cpu_init, repack
 from pyggml.backends.cpu.kernels import _common, matmul, matmul_id
-from pyggml.backends.cpu.kernels.vec_dot import kquant_loops, mul_mat_job, quant_loops, quantize_src1, to_float
+from pyggml.backends.cpu.kernels.vec_dot import (
+    kquant_loops,
+    mul_mat_job,
+    quant_loops,
+    quantize_src1,
+    tiles_x8,
+    to_float,
+)
 from pyggml.backends.cpu.kernels.vec_dot import type_table as tt
-from pyggml.backends.cpu.kernels.vec_dot.kinds import X8_REPACKED, X8_TILE
+from pyggml.backends.cpu.kernels.vec_dot.kinds import TILED, X8_GEMV, X8_REPACKED, X8_TILE
 from pyggml.core import types as core_types
 from pyggml.core.context import Context
 from pyggml.core.errors import ShapeError, UnsupportedTypeError
@@ -40,8 +47,10 @@ def test_each_weight_type_has_one_dot_and_its_vec_dot_type_is_ggml_s() -> None:
         assert row.vec_dot_type == TYPE_TRAITS[t].vec_dot_type, t
         assert (row.cols is None) != (row.reference_dot is None), t  # a row loop or a scalar dot, not both
         assert row.cols_x86 is None or row.cols is not None, t
+        assert row.cols_tiled is None or (row.cols is not None and row.vec_dot_type == T.Q8_K), t
         assert not row.repack or row.x8 is not None, t
-        assert row.x8 is None or row.block_size == 32, t
+        assert row.x8 is None or row.block_size == 32 or row.repack, t  # tiles of 32-value blocks, or held
+        assert row.x8_gemv is None or row.repack, t
 
 
 def test_the_kernels_block_bytes_are_the_table_s() -> None:
@@ -60,7 +69,10 @@ def test_the_derived_lists_match_the_rows() -> None:
     assert set(tt.QUANT_MUL_MAT_TYPES) == {t for t in tt.MUL_MAT_TYPES if TYPE_TRAITS[t].is_quantized}
     assert tt.COLS_KINDS == {int(t) for t, r in rows.items() if r.cols is not None}
     assert tt.X8_KINDS == {int(t): X8_REPACKED + int(t) for t, r in rows.items() if r.repack}
-    assert tt.X8_TILE_KINDS == {int(t): X8_TILE + int(t) for t, r in rows.items() if r.x8 is not None}
+    assert tt.X8_TILE_KINDS == {int(t): X8_TILE + int(t) for t, r in rows.items()
+                                if r.x8 is not None and t in tiles_x8.TILE_TYPES}
+    assert tt.X8_GEMV_KINDS == {int(t): X8_GEMV + int(t) for t, r in rows.items() if r.x8_gemv is not None}
+    assert tt.TILED_KINDS == {int(t): TILED + int(t) for t, r in rows.items() if r.cols_tiled is not None}
     assert set(repack.LAYOUTS) == {t for t, r in rows.items() if r.repack}  # every held layout has its loop
     assert tt.QUANTIZED_SRC1_TYPES == {T.Q8_0, T.Q8_1, T.Q8_K}
     assert tt.QUANTIZED_SRC1_TYPES <= set(rows)  # src1's types convert back too
@@ -82,7 +94,8 @@ def test_the_dispatch_has_a_kernel_for_every_kind(rounding: int) -> None:
     """mul_mat_range's choice (made while numba types a job) gives a loop for each weight type and x8 kind,
     and refuses a type without a vec_dot; to_float's for every row."""
     args = [types.none] * 14
-    kinds = [*map(int, tt.MUL_MAT_TYPES), *tt.X8_KINDS.values(), *tt.X8_TILE_KINDS.values()]
+    kinds = [*map(int, tt.MUL_MAT_TYPES), *tt.X8_KINDS.values(), *tt.X8_TILE_KINDS.values(),
+             *tt.X8_GEMV_KINDS.values(), *tt.TILED_KINDS.values()]
     for kind in kinds:
         impl = mul_mat_job._mul_mat_range(types.IntegerLiteral(kind), *args, types.IntegerLiteral(rounding))
         assert callable(impl), kind
