@@ -1,7 +1,11 @@
-"""One lattice IQ block's exact integer dot with a Q8_K block, in vector IR: each sub-block of 32 values is its grid
-points (4 of 8 bytes, or IQ3's 8 of 4) gathered from the grid into one vector, its sign groups applied to the Q8_K
-values, the byte products summed in lanes of 4 (values 0-15 in lanes 0-3, 16-31 in 4-7) and scaled; the sums of the
-block's 8 sub-blocks are added in a vector and reduced once.
+"""One lattice IQ block in vector IR: its exact integer dot with a Q8_K block, and its values as float32.
+
+Each sub-block of 32 values is its grid points (4 of 8 bytes, or IQ3's 8 of 4) gathered from the grid into one vector
+and its sign groups. The dot applies the signs to the Q8_K values, sums the byte products in lanes of 4 (values 0-15
+in lanes 0-3, 16-31 in 4-7) and scales them; the sums of the block's 8 sub-blocks are added in a vector and reduced
+once. The float values are ggml's dequantize_row_*: `db * grid[j] * sign` with db = d * (0.5 + s) * 0.25 (IQ2) is
+`(d * ls) * 0.125 * (sign * grid[j])` with ls = 2s + 1, the same float32 roundings (a factor 2 moves between exact
+steps; negation is exact); IQ3_XXS's factor is 0.25, IQ3_S's and IQ1's 1, and IQ1 adds its shift before the scale.
 
 A type is its `decode(field, ib)`: the IR of sub-block ib's point indices, its signs (a list of 4 indices into a table
 of 8 sign-mask bytes per index; one u32 of its 4 sign bytes, bit j of byte l negating value 8l + j; or None) and the
@@ -27,7 +31,7 @@ from pyggml.backends.cpu.kernels.vec_dot.block_sums import (
     target_block_sums,
     target_block_sums_unsigned,
 )
-from pyggml.backends.cpu.kernels.vec_dot.ir import IR_I8, IR_I32, load_vector, reduce_add_i32
+from pyggml.backends.cpu.kernels.vec_dot.ir import IR_F32, IR_I8, IR_I32, load_vector, reduce_add_i32, splat
 
 I64 = ir.IntType(64)
 # the 32-value sums with lane i holding products 4i..4i+3
@@ -97,6 +101,24 @@ def _scales(builder, lo: Any, hi: Any):
     return v
 
 
+def _signs(context, builder, signature, args, signs: list[Any] | Any):
+    """<32 x i8> sign masks (-1: negate) of `decode`'s signs: gathered from the masks table (args[1]) or expanded."""
+    if isinstance(signs, list):
+        return _gather(context, builder, signature.args[1], args[1], signs)
+    return _sign_bytes_mask(builder, signs)
+
+
+def _field_reader(context, builder, signature, args):
+    """`field(offset, bits)` of the block at byte args[3] of args[2], and the Ops of `builder`."""
+    base = element_pointer(context, builder, signature.args[2], args[2], args[3])
+
+    def field(offset: int, bits: int) -> Any:
+        p = builder.gep(base, [ir.Constant(I64, offset)])
+        return builder.zext(builder.load(builder.bitcast(p, ir.IntType(bits).as_pointer()), align=1), I64)
+
+    return field, Ops(builder)
+
+
 def make_block_dot(decode: Callable[[Ops, Field, int], Decoded], shifts: bool = False):
     """An intrinsic `block_dot(grid, masks, w, ob, yq, j)`: the block at byte ob of w against yq[j..j+256) (flat),
     int32. `grid`: the points, one row each; `masks`: 8 sign-mask bytes (0 or 0xff) per sign index (any table when
@@ -110,23 +132,14 @@ def make_block_dot(decode: Callable[[Ops, Field, int], Decoded], shifts: bool = 
         sig = ret(grid, masks, w, types.intp, yq, types.intp)
 
         def codegen(context, builder, signature, args):
-            ops = Ops(builder)
-            base = element_pointer(context, builder, signature.args[2], args[2], args[3])
-
-            def field(offset: int, bits: int) -> Any:
-                p = builder.gep(base, [ir.Constant(I64, offset)])
-                return builder.zext(builder.load(builder.bitcast(p, ir.IntType(bits).as_pointer()), align=1), I64)
-
+            field, ops = _field_reader(context, builder, signature, args)
             acc = acc2 = ir.Constant(ir.VectorType(IR_I32, 8), [0] * 8)
             for ib in range(8):
                 points, signs, lo, hi = decode(ops, field, ib)
                 vp = _gather(context, builder, signature.args[0], args[0], points)
                 j = builder.add(args[5], ir.Constant(I64, 32 * ib))
                 y = load_vector(builder, element_pointer(context, builder, signature.args[4], args[4], j), IR_I8, 32)
-                m = None
-                if signs is not None:
-                    m = (_gather(context, builder, signature.args[1], args[1], signs) if isinstance(signs, list)
-                         else _sign_bytes_mask(builder, signs))
+                m = None if signs is None else _signs(context, builder, signature, args, signs)
                 scales = _scales(builder, lo, hi)
                 if shifts:
                     acc = builder.add(acc, builder.mul(QUAD_SUMS(builder, vp, y), scales))
@@ -145,6 +158,47 @@ def make_block_dot(decode: Callable[[Ops, Field, int], Decoded], shifts: bool = 
         return sig, codegen
 
     return block_dot
+
+
+def make_block_to_float(decode: Callable[[Ops, Field, int], Decoded], factor: float, shifts: bool = False):
+    """An intrinsic `block_to_float(grid, masks, w, ob, d, out, j)`: out[j..j+256) (flat) = the values of the block at
+    byte ob of w with scale d (float32), as ggml's dequantize_row. `factor`: ggml's scale of (d * ls), 0.125 (IQ2),
+    0.25 (IQ3_XXS) or 1; `shifts`: as make_block_dot's (IQ1: the values are (point + shift) * d * ls)."""
+
+    @intrinsic
+    def block_to_float(typingctx, grid, masks, w, ob, d, out, j):
+        sig = types.void(grid, masks, w, types.intp, types.float32, out, types.intp)
+
+        def codegen(context, builder, signature, args):
+            field, ops = _field_reader(context, builder, signature, args)
+            vf = ir.VectorType(IR_F32, 32)
+            for ib in range(8):
+                points, signs, lo, hi = decode(ops, field, ib)
+                vp = _gather(context, builder, signature.args[0], args[0], points)
+                scale = ir.Constant(vf, None)
+                for half, ls in enumerate((lo, hi)):
+                    dl = builder.fmul(builder.fmul(args[4], builder.sitofp(ls, IR_F32)), ir.Constant(IR_F32, factor))
+                    for k in range(16):
+                        scale = builder.insert_element(scale, dl, ir.Constant(IR_I32, 16 * half + k))
+                if shifts:  # ggml: dl * (grid[j] + delta), delta -0.125 where the group's sign is set
+                    m = _signs(context, builder, signature, args, signs)
+                    delta = builder.select(builder.icmp_signed("<", m, ir.Constant(m.type, [0] * 32)),
+                                           splat(builder, ir.Constant(IR_F32, -0.125), 32),
+                                           splat(builder, ir.Constant(IR_F32, 0.125), 32))
+                    v = builder.fmul(scale, builder.fadd(builder.sitofp(vp, vf), delta))
+                else:
+                    if signs is not None:
+                        m = _signs(context, builder, signature, args, signs)
+                        vp = builder.sub(builder.xor(vp, m), m)  # the points are <= 62: their negation fits int8
+                    v = builder.fmul(scale, builder.sitofp(vp, vf))
+                k = builder.add(args[6], ir.Constant(I64, 32 * ib))
+                po = element_pointer(context, builder, signature.args[5], args[5], k)
+                builder.store(v, builder.bitcast(po, vf.as_pointer()), align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return block_to_float
 
 
 def _signs7(o: Ops, aux: Any) -> list[Any]:
@@ -219,3 +273,11 @@ dot_block_iq1_s = make_block_dot(decode_iq1_s, shifts=True)
 dot_block_iq3_s = make_block_dot(decode_iq3_s)
 dot_block_iq2_s = make_block_dot(decode_iq2_s)
 dot_block_iq1_m = make_block_dot(decode_iq1_m, shifts=True)
+
+to_float_iq2_xxs = make_block_to_float(decode_iq2_xxs, 0.125)
+to_float_iq2_xs = make_block_to_float(decode_iq2_xs, 0.125)
+to_float_iq3_xxs = make_block_to_float(decode_iq3_xxs, 0.25)
+to_float_iq1_s = make_block_to_float(decode_iq1_s, 1.0, shifts=True)
+to_float_iq3_s = make_block_to_float(decode_iq3_s, 1.0)
+to_float_iq2_s = make_block_to_float(decode_iq2_s, 0.125)
+to_float_iq1_m = make_block_to_float(decode_iq1_m, 1.0, shifts=True)
