@@ -14,11 +14,9 @@ call's setup small), for ggml's own ratio to Q4_K.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
-from collections.abc import Callable
 
 import numpy as np
+from bench_matmul import medians
 
 from pyggml.backends.cpu.kernels import KERNELS, ComputeParams
 from pyggml.core import memory, quants
@@ -28,22 +26,6 @@ from pyggml.core.types import GGMLType
 from pyggml.testing.random_blocks import random_blocks
 
 PEER = GGMLType.Q4_K
-
-
-def medians(fns: list[Callable[[], None]], repeats: int, rounds: int = 5) -> list[float]:
-    """Median seconds of each function over `repeats` calls, the functions taking turns in `rounds` blocks."""
-    for fn in fns:
-        fn()  # warm up: numba compiles or loads its cache
-    times: list[list[float]] = [[] for _ in fns]
-    per_round = max(1, repeats // rounds)
-    for _ in range(rounds):
-        for fn, ts in zip(fns, times, strict=True):
-            time.sleep(0.1)  # the previous case's worker threads stop spinning
-            for _ in range(per_round):
-                t0 = time.perf_counter()
-                fn()
-                ts.append(time.perf_counter() - t0)
-    return [statistics.median(ts) for ts in times]
 
 
 class Product:

@@ -634,24 +634,20 @@ def test_the_grids_are_lattices() -> None:
 @pytest.mark.interop
 def test_the_grids_file_is_ggml_common_h() -> None:
     """pyggml/data/iq_grids.npz holds exactly the tables of llama.cpp 0c1e570's ggml-common.h."""
-    import importlib.util
+    import runpy
     from pathlib import Path
 
     from pyggml.core import iq_grids
     from pyggml.testing import llamacpp
 
-    script = Path(__file__).resolve().parents[2] / "tools" / "make_iq_grids.py"
-    spec = importlib.util.spec_from_file_location("make_iq_grids", script)
-    assert spec is not None and spec.loader is not None
-    make = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(make)
-    header = llamacpp.source_file(make.HEADER_IN_SOURCE).read_text(encoding="utf-8")
+    make = runpy.run_path(str(Path(__file__).resolve().parents[2] / "tools" / "make_iq_grids.py"))
+    header = llamacpp.source_file(make["HEADER_IN_SOURCE"]).read_text(encoding="utf-8")
     with np.load(iq_grids.GRIDS_FILE) as stored:
-        assert sorted(stored.files) == sorted(make.TABLES)
-        for table, dtype in make.TABLES.items():
+        assert sorted(stored.files) == sorted(make["TABLES"])
+        for table, dtype in make["TABLES"].items():
             got = stored[table]
             assert got.dtype == dtype
-            np.testing.assert_array_equal(got, make.read_table(header, table, dtype))
+            np.testing.assert_array_equal(got, make["read_table"](header, table, dtype))
 
 
 def test_lattice_blocks_decode_by_their_layout() -> None:

@@ -18,6 +18,7 @@ an UnsupportedTypeError naming the type, also when they come from a GGUF file.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +34,9 @@ from pyggml.core.errors import UnsupportedOpError, UnsupportedTypeError
 from pyggml.core.tensor import Tensor
 from pyggml.core.types import TYPE_TRAITS, GGMLType
 from pyggml.ggml_backend.tensor_io import tensor_get_numpy, tensor_set, tensor_set_numpy
+from pyggml.gguf.loader import load_tensors
+from pyggml.gguf.reader import GGUFFile, read_gguf
+from pyggml.gguf.writer import RawTensor, write_gguf
 from pyggml.testing import alloc_ctx_tensors, llamacpp
 from pyggml.testing.random_blocks import random_blocks
 
@@ -86,7 +90,7 @@ def compute(build: Build, leafs: dict[str, np.ndarray], cpu: CPUBackend,
                 tensor_set(leaf, values)
             else:
                 tensor_set_numpy(leaf, values)
-        want = ggml_c.compute_like(out) if ggml_c is not None else None  # type: ignore[attr-defined]
+        want = ggml_c.compute_like(out) if ggml_c is not None else None
         cpu.graph_compute(g)
         return out, tensor_get_numpy(out), want
     finally:
@@ -387,85 +391,74 @@ def test_unimplemented_weights_are_refused_by_name(cpu: CPUBackend) -> None:
                 cpu)
 
 
-def test_a_gguf_file_with_unimplemented_types_loads_and_refuses_to_compute(tmp_path: Path,
-                                                                           cpu: CPUBackend) -> None:
-    from pyggml.gguf.loader import load_tensors
-    from pyggml.gguf.reader import read_gguf
-    from pyggml.gguf.writer import RawTensor, write_gguf
-
-    K = 256
-    path = tmp_path / "iq.gguf"
-    nv = np.arange(TYPE_TRAITS[T.NVFP4].type_size * 2 * K // 64, dtype=np.uint8)
-    iq4 = quants.from_float(T.IQ4_XS, np.linspace(-1, 1, 2 * K, dtype=np.float32).reshape(2, K))
-    write_gguf(path, "llama", {}, {"w_nv": RawTensor(nv, T.NVFP4, (K, 2)),
-                                   "w_iq4": RawTensor(iq4, T.IQ4_XS, (K, 2))})
+@contextmanager
+def gguf_on_cpu(path: Path, tensors: dict[str, RawTensor],
+                cpu: CPUBackend) -> Iterator[tuple[GGUFFile, dict[str, Tensor]]]:
+    """`tensors` (RawTensor by name) written to a GGUF file at `path`, read back, and loaded to `cpu`: (the file,
+    the loaded tensors by name)."""
+    write_gguf(path, "llama", {}, tensors)
     gf = read_gguf(path)
     try:
-        assert gf.tensor("w_nv").type == T.NVFP4 and gf.tensor("w_nv").nbytes == nv.nbytes
-        np.testing.assert_array_equal(gf.tensor_float("w_iq4"), quants.to_float(T.IQ4_XS, iq4))
-        with pytest.raises(UnsupportedTypeError, match=NOT_IMPLEMENTED):
-            gf.tensor_float("w_nv")
-        loaded = load_tensors(gf, ["w_nv", "w_iq4"], {"w_nv": cpu, "w_iq4": cpu}, progress=False)
+        loaded = load_tensors(gf, list(tensors), dict.fromkeys(tensors, cpu), progress=False)
         try:
-            wn, w4 = loaded.tensors["w_nv"], loaded.tensors["w_iq4"]
-            ctx = Context(mem_size=1 << 22, no_alloc=True)
-            x = ctx.new_tensor(T.F32, [K, 1]).set_name("x")
-            good, bad = ctx.mul_mat(w4, x), ctx.mul_mat(wn, x)
-            assert cpu.supports_op(good) and not cpu.supports_op(bad)
-            buffer = alloc_ctx_tensors(ctx, cpu)
-            try:
-                tensor_set_numpy(x, np.ones(K, np.float32))
-                g = ctx.new_graph()
-                g.build_forward_expand(good)
-                cpu.graph_compute(g)
-                assert np.all(np.isfinite(tensor_get_numpy(good)))
-                g = ctx.new_graph()
-                g.build_forward_expand(bad)
-                with pytest.raises((UnsupportedOpError, UnsupportedTypeError), match="NVFP4"):
-                    cpu.graph_compute(g)
-            finally:
-                buffer.free()
-                ctx.free()
+            yield gf, loaded.tensors
         finally:
             loaded.free()
     finally:
         gf.close()
+
+
+def test_a_gguf_file_with_unimplemented_types_loads_and_refuses_to_compute(tmp_path: Path,
+                                                                           cpu: CPUBackend) -> None:
+    K = 256
+    nv = np.arange(TYPE_TRAITS[T.NVFP4].type_size * 2 * K // 64, dtype=np.uint8)
+    iq4 = quants.from_float(T.IQ4_XS, np.linspace(-1, 1, 2 * K, dtype=np.float32).reshape(2, K))
+    with gguf_on_cpu(tmp_path / "iq.gguf", {"w_nv": RawTensor(nv, T.NVFP4, (K, 2)),
+                                            "w_iq4": RawTensor(iq4, T.IQ4_XS, (K, 2))}, cpu) as (gf, tensors):
+        assert gf.tensor("w_nv").type == T.NVFP4 and gf.tensor("w_nv").nbytes == nv.nbytes
+        np.testing.assert_array_equal(gf.tensor_float("w_iq4"), quants.to_float(T.IQ4_XS, iq4))
+        with pytest.raises(UnsupportedTypeError, match=NOT_IMPLEMENTED):
+            gf.tensor_float("w_nv")
+        ctx = Context(mem_size=1 << 22, no_alloc=True)
+        x = ctx.new_tensor(T.F32, [K, 1]).set_name("x")
+        good, bad = ctx.mul_mat(tensors["w_iq4"], x), ctx.mul_mat(tensors["w_nv"], x)
+        assert cpu.supports_op(good) and not cpu.supports_op(bad)
+        buffer = alloc_ctx_tensors(ctx, cpu)
+        try:
+            tensor_set_numpy(x, np.ones(K, np.float32))
+            g = ctx.new_graph()
+            g.build_forward_expand(good)
+            cpu.graph_compute(g)
+            assert np.all(np.isfinite(tensor_get_numpy(good)))
+            g = ctx.new_graph()
+            g.build_forward_expand(bad)
+            with pytest.raises((UnsupportedOpError, UnsupportedTypeError), match="NVFP4"):
+                cpu.graph_compute(g)
+        finally:
+            buffer.free()
+            ctx.free()
 
 
 @pytest.mark.parametrize("wtype", LATTICE, ids=name)
 def test_a_gguf_file_of_lattice_weights_loads_and_multiplies_as_ggml(wtype: GGMLType, tmp_path: Path,
                                                                       cpu: CPUBackend, ggml_c: object,
                                                                       rng: np.random.Generator) -> None:
-    from pyggml.gguf.loader import load_tensors
-    from pyggml.gguf.reader import read_gguf
-    from pyggml.gguf.writer import RawTensor, write_gguf
-
     K, M = 512, 3
     raw = random_blocks(wtype, (M, K), rng)
-    path = tmp_path / "lattice.gguf"
-    write_gguf(path, "llama", {}, {"w": RawTensor(raw, wtype, (K, M))})
-    gf = read_gguf(path)
-    try:
+    with gguf_on_cpu(tmp_path / "lattice.gguf", {"w": RawTensor(raw, wtype, (K, M))}, cpu) as (gf, tensors):
         assert gf.tensor("w").type == wtype
         np.testing.assert_array_equal(gf.tensor_float("w"), quants.to_float(wtype, raw))
-        loaded = load_tensors(gf, ["w"], {"w": cpu}, progress=False)
+        ctx = Context(mem_size=1 << 22, no_alloc=True)
+        x = ctx.new_tensor(T.F32, [K, 2]).set_name("x")
+        mm = ctx.mul_mat(tensors["w"], x)
+        buffer = alloc_ctx_tensors(ctx, cpu)
         try:
-            ctx = Context(mem_size=1 << 22, no_alloc=True)
-            x = ctx.new_tensor(T.F32, [K, 2]).set_name("x")
-            mm = ctx.mul_mat(loaded.tensors["w"], x)
-            buffer = alloc_ctx_tensors(ctx, cpu)
-            try:
-                xv = rng.uniform(-1, 1, (2, K)).astype(np.float32)
-                tensor_set_numpy(x, xv)
-                want = ggml_c.compute_like(mm)  # type: ignore[attr-defined]
-                g = ctx.new_graph()
-                g.build_forward_expand(mm)
-                cpu.graph_compute(g)
-                assert_close(tensor_get_numpy(mm).astype(np.float64), want.astype(np.float64))
-            finally:
-                buffer.free()
-                ctx.free()
+            tensor_set_numpy(x, rng.uniform(-1, 1, (2, K)).astype(np.float32))
+            want = ggml_c.compute_like(mm)  # type: ignore[attr-defined]
+            g = ctx.new_graph()
+            g.build_forward_expand(mm)
+            cpu.graph_compute(g)
+            assert_close(tensor_get_numpy(mm).astype(np.float64), want.astype(np.float64))
         finally:
-            loaded.free()
-    finally:
-        gf.close()
+            buffer.free()
+            ctx.free()
