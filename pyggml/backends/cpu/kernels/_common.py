@@ -224,5 +224,4 @@ def is_convertible(t: GGMLType) -> bool:
 
 
 def is_writable(t: GGMLType) -> bool:
-    """Whether float32 converts to `t` here (not the lattice IQ types: ggml's CPU has no from_float for them)."""
     return t in WRITABLE_TYPES
