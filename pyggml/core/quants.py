@@ -1,11 +1,13 @@
 """Row conversion between ggml types and float32: ggml's `to_float` / `from_float`.
 
-The types of `IMPLEMENTED_TYPES` convert to float32 (ggml's dequantize_row_*)
-and from float32 (ggml's type_traits from_float_ref, quantize_row_*_ref of
-ggml-quants.c at llama.cpp 0c1e570, with the helpers make_qx_quants,
-make_q3_quants, make_qkx2_quants and quantize_row_iq4_nl_impl); the other
-quantized types of ggml (IQ2/IQ3/IQ1, TQ, NVFP4, Q1_0, Q2_0) raise
-UnsupportedTypeError naming the type. `quantize_chunk` is what
+The types of `IMPLEMENTED_TYPES` convert to float32 (ggml's dequantize_row_*);
+those of `FROM_FLOAT_TYPES` convert from float32 too (ggml's type_traits
+from_float_ref, quantize_row_*_ref of ggml-quants.c at llama.cpp 0c1e570, with
+the helpers make_qx_quants, make_q3_quants, make_qkx2_quants and
+quantize_row_iq4_nl_impl). The lattice types (IQ2/IQ3/IQ1, pyggml.core.quants_iq)
+convert to float32 only, as ggml's CPU has no from_float for them; the other
+quantized types of ggml (TQ, NVFP4, Q1_0, Q2_0) raise UnsupportedTypeError
+naming the type. `quantize_chunk` is what
 ggml_quantize_chunk writes without an importance matrix (llama-quantize's
 bytes): the same as from_float except for IQ4_NL, whose file quantizer
 searches more scales.
@@ -38,6 +40,7 @@ from collections.abc import Callable
 import numpy as np
 
 from pyggml.core.errors import ArgumentError, GGMLError, UnsupportedTypeError
+from pyggml.core.quants_iq import IQ_TYPES, no_from_float_error
 from pyggml.core.types import QK_K, TYPE_TRAITS, GGMLType, as_type
 
 F32 = np.float32
@@ -64,6 +67,7 @@ BLOCK_DTYPES: dict[GGMLType, np.dtype] = {
     GGMLType.IQ4_XS: np.dtype([("d", "<f2"), ("scales_h", "<u2"), ("scales_l", "u1", 4), ("qs", "u1", 128)]),
     GGMLType.MXFP4: np.dtype([("e", "u1"), ("qs", "u1", 16)]),
 }
+BLOCK_DTYPES |= {t: row.dtype for t, row in IQ_TYPES.items()}
 
 
 def block_dtype(t: GGMLType) -> np.dtype:
@@ -1022,16 +1026,19 @@ _DEQUANTIZE: dict[GGMLType, Callable[[np.ndarray], np.ndarray]] = {
     GGMLType.IQ4_XS: _dequantize_iq4_xs,
     GGMLType.MXFP4: _dequantize_mxfp4,
 }
+_DEQUANTIZE |= {t: row.dequantize for t, row in IQ_TYPES.items()}
 
-assert set(_QUANTIZE) == set(_DEQUANTIZE) == set(BLOCK_DTYPES)
+assert set(_QUANTIZE) | set(IQ_TYPES) == set(_DEQUANTIZE) == set(BLOCK_DTYPES)
 
-# the types pyggml converts to and from float32, in ggml's order: every plain type and BLOCK_DTYPES' types
+# the types pyggml converts to float32, in ggml's order: every plain type and BLOCK_DTYPES' types
 IMPLEMENTED_TYPES: tuple[GGMLType, ...] = tuple(
     t for t in GGMLType if not TYPE_TRAITS[t].is_quantized or t in BLOCK_DTYPES)
+# those it converts from float32 too: all but the lattice types, for which ggml's CPU has no from_float
+FROM_FLOAT_TYPES: tuple[GGMLType, ...] = tuple(t for t in IMPLEMENTED_TYPES if t not in IQ_TYPES)
 
 
 def is_implemented(t: GGMLType | int | str) -> bool:
-    """Whether pyggml converts type `t` to and from float32 (False for unknown and removed ids)."""
+    """Whether pyggml converts type `t` to float32 (False for unknown and removed ids)."""
     try:
         return as_type(t) in IMPLEMENTED_TYPES
     except GGMLError:
@@ -1050,6 +1057,14 @@ def _implemented(t: GGMLType | int | str, what: str) -> GGMLType:
     t = as_type(t)
     if t not in IMPLEMENTED_TYPES:
         raise not_implemented_error(t, what)
+    return t
+
+
+def _writable(t: GGMLType | int | str, what: str) -> GGMLType:
+    """`t` as a GGMLType, or UnsupportedTypeError if pyggml cannot convert float32 to it."""
+    t = _implemented(t, what)
+    if t in IQ_TYPES:
+        raise UnsupportedTypeError(no_from_float_error(t, what))
     return t
 
 assert all(BLOCK_DTYPES[t].itemsize == TYPE_TRAITS[t].type_size for t in BLOCK_DTYPES)
@@ -1083,7 +1098,7 @@ def dequantize_blocks(t: GGMLType, raw: np.ndarray) -> np.ndarray:
 
 def quantize_blocks(t: GGMLType, values: np.ndarray) -> np.ndarray:
     """float32 (nb, blck_size) -> blocks of quantized type `t`, uint8 (nb, type_size)."""
-    t = _implemented(t, "quantize_blocks")
+    t = _writable(t, "quantize_blocks")
     if t not in _QUANTIZE:
         raise UnsupportedTypeError(f"quantize_blocks: {t.name.lower()} is not a block-quantized type")
     return _quantize_blocks_with(_QUANTIZE[t], t, values)
@@ -1174,7 +1189,7 @@ def from_float(t: GGMLType, values: np.ndarray) -> np.ndarray:
     by a plain C-style cast); quantized types give uint8 with the last axis
     in bytes. The last axis must be a whole number of blocks.
     """
-    t = _implemented(t, "from_float")
+    t = _writable(t, "from_float")
     tr = TYPE_TRAITS[t]
     x = np.ascontiguousarray(values, dtype=F32)
     if not tr.is_quantized:
@@ -1251,7 +1266,7 @@ def quantize_chunk(t: GGMLType, values: np.ndarray) -> np.ndarray:
     llama-quantize stores in a file): from_float's result, except IQ4_NL, whose file quantizer tries 15
     more scales per block and then redoes every quant. Q8_1, Q8_K and the integer types are not
     among its types (UnsupportedTypeError)."""
-    t = _implemented(t, "quantize_chunk")
+    t = _writable(t, "quantize_chunk")
     if t in _NOT_CHUNKED:
         raise UnsupportedTypeError(f"quantize_chunk: ggml_quantize_chunk does not convert to {t.name}")
     if t not in _QUANTIZE_CHUNK:

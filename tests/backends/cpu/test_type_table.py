@@ -22,10 +22,11 @@ from pyggml.backends.cpu.kernels.vec_dot.kinds import TILED, X8_GEMV, X8_REPACKE
 from pyggml.core import types as core_types
 from pyggml.core.context import Context
 from pyggml.core.errors import ShapeError, UnsupportedTypeError
-from pyggml.core.quants import BLOCK_DTYPES, is_implemented
+from pyggml.core.quants import BLOCK_DTYPES, FROM_FLOAT_TYPES, is_implemented
 from pyggml.core.tensor import Tensor
 from pyggml.core.types import TYPE_TRAITS, GGMLType
 from pyggml.testing import op_check
+from pyggml.testing.random_blocks import random_blocks
 
 T = GGMLType
 K = 256  # a whole block of every type
@@ -87,6 +88,7 @@ def test_the_backend_s_type_lists_are_the_table_s() -> None:
         assert _common.is_convertible(t) == (t in tt.CPU_TYPE_TRAITS), t
         if TYPE_TRAITS[t].is_quantized:  # what the CPU converts, the core converts too
             assert (t in tt.CPU_TYPE_TRAITS) == is_implemented(t), t
+            assert _common.is_writable(t) == (t in tt.CPU_TYPE_TRAITS and t in FROM_FLOAT_TYPES), t
 
 
 @pytest.mark.parametrize("rounding", [quantize_src1.ROUND_REF, quantize_src1.ROUND_X86])
@@ -120,8 +122,9 @@ def _nodes(ctx: Context, t: GGMLType) -> dict[str, Tensor]:
 
 
 def test_supports_op_answers_from_the_table() -> None:
-    """For every ggml type: the CPU device takes MUL_MAT and MUL_MAT_ID of the table's weight types, and GET_ROWS
-    and CPY of the types it converts (besides the plain integer types, which GET_ROWS and CPY copy as they are)."""
+    """For every ggml type: the CPU device takes MUL_MAT and MUL_MAT_ID of the table's weight types, GET_ROWS and
+    CPY from the types it converts, CPY to those it writes (ggml's CPU: not the lattice IQ types), besides the plain
+    integer types, which GET_ROWS and CPY copy as they are."""
     backend = cpu_init()
     plain_ints = {T.I8, T.I16, T.I32, T.I64, T.F64}
     for t in GGMLType:
@@ -133,23 +136,26 @@ def test_supports_op_answers_from_the_table() -> None:
         assert answers["MUL_MAT"] == want_mm and answers["MUL_MAT_ID"] == want_mm, (t, answers)
         if t not in plain_ints:
             want = t in tt.CPU_TYPE_TRAITS
-            assert answers["GET_ROWS"] == want and answers["CPY from"] == want and answers["CPY to"] == want, \
-                (t, answers)
+            assert answers["GET_ROWS"] == want and answers["CPY from"] == want, (t, answers)
+            assert answers["CPY to"] == (want and tt.CPU_TYPE_TRAITS[t].from_float), (t, answers)
 
 
 @pytest.mark.parametrize("t", list(tt.CPU_TYPE_TRAITS), ids=lambda t: t.name)
 def test_the_cpu_dequantizer_gives_the_core_s_bits(t: GGMLType) -> None:
     """to_f32 (the table's to_float, compiled) against the core's numpy to_float, both ggml's arithmetic: rows
     of whole blocks, 3-D, bit for bit."""
-    x = (np.random.default_rng(int(t)).standard_normal((2, 3, 512)) * 4).astype(np.float32)
-    raw = core_types.from_float(t, x)
+    rng = np.random.default_rng(int(t))
+    if t in FROM_FLOAT_TYPES:
+        raw = core_types.from_float(t, (rng.standard_normal((2, 3, 512)) * 4).astype(np.float32))
+    else:
+        raw = random_blocks(t, (2, 3, 512), rng)
     got = to_float.to_f32(t, raw)
     assert got.shape == (2, 3, 512)
     np.testing.assert_array_equal(got.view(np.uint32), core_types.to_float(t, raw).view(np.uint32))
 
 
 def test_the_cpu_dequantizer_refuses_what_it_cannot_read() -> None:
-    with pytest.raises(UnsupportedTypeError, match="IQ2_XXS"):
-        to_float.to_f32(T.IQ2_XXS, np.zeros(66, np.uint8))
+    with pytest.raises(UnsupportedTypeError, match="NVFP4"):
+        to_float.to_f32(T.NVFP4, np.zeros(TYPE_TRAITS[T.NVFP4].type_size, np.uint8))
     with pytest.raises(ShapeError, match="35 bytes .* 34-byte blocks of Q8_0"):
         to_float.to_f32(T.Q8_0, np.zeros(35, np.uint8))

@@ -10,6 +10,7 @@ from pyggml.backends.cpu.kernels.vec_dot import dequantize as dq
 from pyggml.backends.cpu.kernels.vec_dot import float_loops as fl
 from pyggml.backends.cpu.kernels.vec_dot import kquant_loops as kl
 from pyggml.backends.cpu.kernels.vec_dot import kquant_x8 as kx8
+from pyggml.backends.cpu.kernels.vec_dot import lattice as lat
 from pyggml.backends.cpu.kernels.vec_dot import quant_loops as ql
 from pyggml.backends.cpu.kernels.vec_dot import reference_dots as rd
 from pyggml.backends.cpu.kernels.vec_dot import tiles_x8 as x8
@@ -27,7 +28,8 @@ class CPUTypeTraits:
     repack buffer type holds it so; `x8_gemv` for the last n % 4 columns of a src1 matrix, which ggml's repack
     kernels compute by their gemv in another order), `cols_tiled` the row loop in the order of ggml-cpu's tiled
     matmul (x86: prompts of plain K-quant matrices), `to_float` dequantize_row_<type> (given `to_float_arg` if set).
-    `vec_dot_type` None: not a MUL_MAT weight type (Q8_1, Q8_K)."""
+    `vec_dot_type` None: not a MUL_MAT weight type (Q8_1, Q8_K). `from_float` False: ggml's CPU cannot convert float32
+    to the type (the lattice IQ types), so CPY and SET_ROWS do not write it."""
 
     type: GGMLType
     vec_dot_type: GGMLType | None
@@ -40,6 +42,7 @@ class CPUTypeTraits:
     x8_gemv: Kernel | None = None
     repack: bool = False
     to_float_arg: int | None = None
+    from_float: bool = True
 
     @property
     def block_bytes(self) -> int:
@@ -80,14 +83,30 @@ CPU_TYPE_TRAITS: dict[GGMLType, CPUTypeTraits] = {row.type: row for row in (
     CPUTypeTraits(_T.Q5_K, _T.Q8_K, dq.dequantize_row_q45_K, **kl.Q5_K_LOOPS._asdict(), to_float_arg=1),
     CPUTypeTraits(_T.Q6_K, _T.Q8_K, dq.dequantize_row_q6_K, **kl.Q6_K_LOOPS._asdict()),
     CPUTypeTraits(_T.Q8_K, None, dq.dequantize_row_q8, to_float_arg=1),
+    CPUTypeTraits(_T.IQ2_XXS, _T.Q8_K, lat.dequantize_row_iq2_xxs, reference_dot=lat.dot_iq2_xxs,
+                  from_float=False),
+    CPUTypeTraits(_T.IQ2_XS, _T.Q8_K, lat.dequantize_row_iq2_xs, reference_dot=lat.dot_iq2_xs,
+                  from_float=False),
+    CPUTypeTraits(_T.IQ3_XXS, _T.Q8_K, lat.dequantize_row_iq3_xxs, reference_dot=lat.dot_iq3_xxs,
+                  from_float=False),
+    CPUTypeTraits(_T.IQ1_S, _T.Q8_K, lat.dequantize_row_iq1_s, reference_dot=lat.dot_iq1_s,
+                  from_float=False),
     CPUTypeTraits(_T.IQ4_NL, _T.Q8_0, dq.dequantize_row_iq4_nl, cols=ql.dot_iq4_nl_cols),
+    CPUTypeTraits(_T.IQ3_S, _T.Q8_K, lat.dequantize_row_iq3_s, reference_dot=lat.dot_iq3_s,
+                  from_float=False),
+    CPUTypeTraits(_T.IQ2_S, _T.Q8_K, lat.dequantize_row_iq2_s, reference_dot=lat.dot_iq2_s,
+                  from_float=False),
     CPUTypeTraits(_T.IQ4_XS, _T.Q8_K, dq.dequantize_row_iq4_xs, reference_dot=rd.dot_iq4_xs),
+    CPUTypeTraits(_T.IQ1_M, _T.Q8_K, lat.dequantize_row_iq1_m, reference_dot=lat.dot_iq1_m,
+                  from_float=False),
     CPUTypeTraits(_T.BF16, _T.BF16, dq.half_row_to_f32, cols=fl.dot_bf16_cols, to_float_arg=int(_T.BF16)),
     CPUTypeTraits(_T.MXFP4, _T.Q8_0, dq.dequantize_row_mxfp4, cols=ql.dot_mxfp4_cols),
 )}
 
 # what GET_ROWS, CPY and DUP read and write (besides F32 to F32 copies of any type pair the kernels allow)
 CONVERTIBLE_TYPES: tuple[GGMLType, ...] = tuple(CPU_TYPE_TRAITS)
+# what CPY, DUP and SET_ROWS write from float32
+WRITABLE_TYPES: tuple[GGMLType, ...] = tuple(t for t, row in CPU_TYPE_TRAITS.items() if row.from_float)
 # MUL_MAT's and MUL_MAT_ID's src0 types
 MUL_MAT_TYPES: tuple[GGMLType, ...] = tuple(t for t, row in CPU_TYPE_TRAITS.items() if row.vec_dot_type is not None)
 QUANT_MUL_MAT_TYPES: tuple[GGMLType, ...] = tuple(t for t in MUL_MAT_TYPES if TYPE_TRAITS[t].is_quantized)
