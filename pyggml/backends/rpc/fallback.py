@@ -3,10 +3,10 @@
 A client (llama.cpp's RPC backend claims every op) may send nodes the served backend does not compute. The
 graph is cut into runs of consecutive nodes: a run the served backend computes is one graph plan of it, as
 without fallback; a run it lacks is computed by the scheduler (`pyggml.sched`) over the served backend and
-the host CPU. Each lacking node n gets a stand-in n' of n's type and layout in the scheduler's memory, pinned
-to the CPU; the scheduler copies what n' reads from the served memory, and after the run each n' is copied
-into n's bytes, in node order, before any later node reads them. A node that writes into existing memory (a
-view: SET_ROWS, CPY, in-place ops) has its stand-in filled with n's bytes first.
+the host CPU. Each lacking node n gets a stand-in n' of n's type and layout in a host buffer of the run's own
+(so the CPU computes it); the scheduler copies what n' reads from the served memory, and after the run each n'
+is copied into n's bytes, in node order, before any later node reads them. A node that writes into existing
+memory (a view: SET_ROWS, CPY, in-place ops) has its stand-in filled with n's bytes first.
 
 A host run ends before a node that reads bytes an earlier node of the run writes other than through its own
 sources (the KV cache a SET_ROWS fills, read through another view of the cache): those bytes are right only
@@ -18,11 +18,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from pyggml.alloc.tensor_allocator import TensorAllocator
 from pyggml.core.errors import LimitExceededError
 from pyggml.core.graph import Graph
-from pyggml.core.tensor import Tensor, TensorFlag, nbytes_of
+from pyggml.core.tensor import Tensor, nbytes_of
 from pyggml.core.work import WorkBudget
 from pyggml.ggml_backend.backend import Backend
+from pyggml.ggml_backend.buffer import Buffer
 from pyggml.ggml_backend.tensor_io import tensor_copy
 from pyggml.sched.backend_sched import BackendSched
 
@@ -49,7 +51,6 @@ def stand_in(node: Tensor, replaced: dict[int, Tensor], leafs: dict[int, Tensor]
     t.op_params[:] = node.op_params
     t.name = node.name
     t.src = [None if s is None else replaced.get(id(s)) or _leaf(s, leafs) for s in node.src]
-    t.flags = TensorFlag.OUTPUT | (TensorFlag.INPUT if node.view_src is not None else TensorFlag(0))
     return t
 
 
@@ -85,6 +86,7 @@ class HostRun:
 
     sched: BackendSched
     graph: Graph
+    buffer: Buffer  # the stand-ins' memory
     prefill: list[tuple[Tensor, Tensor]]  # (node, stand-in) of the nodes writing into existing memory
     results: list[tuple[Tensor, Tensor]]  # (stand-in, node) of every node, in node order
 
@@ -97,6 +99,7 @@ class HostRun:
 
     def free(self) -> None:
         self.sched.free()
+        self.buffer.free()
 
 
 Step = ServedRun | HostRun
@@ -121,18 +124,9 @@ class FallbackPlan:
         self.steps = []
 
 
-def host_run_bytes(nodes: list[Tensor], alignment: int) -> int:
-    """What a host run may allocate: every stand-in and every source it reads from elsewhere, each aligned."""
-    ids = {id(n) for n in nodes}
-    seen: set[int] = set()
-    total = 0
-    for n in nodes:
-        for t in (n, *n.src):
-            if t is None or id(t) in seen or (t is not n and id(t) in ids):
-                continue
-            seen.add(id(t))
-            total += -(-nbytes_of(t.type, t.ne, t.nb) // alignment) * alignment
-    return total
+def aligned_bytes(tensors: list[Tensor], alignment: int) -> int:
+    """The bytes of `tensors`, each rounded up to `alignment`."""
+    return sum(-(-nbytes_of(t.type, t.ne, t.nb) // alignment) * alignment for t in tensors)
 
 
 def plan_fallback(nodes: list[Tensor], served: Backend, host: Callable[[], Backend], budget: WorkBudget,
@@ -189,24 +183,28 @@ def _host_run(run: list[Tensor], served: Backend, cpu: Backend, budget: WorkBudg
             prefill.append((node, s))
         results.append((s, node))
     stand_ins = [s for s, _ in results]
-    need = host_run_bytes(stand_ins, cpu.get_alignment())
+    own = aligned_bytes(stand_ins, cpu.get_alignment())
+    need = own + aligned_bytes(list(leafs.values()), cpu.get_alignment())  # and the scheduler's copies at most
     plan.temp_bytes = max(plan.temp_bytes, need)
     limit = budget.temp_bytes if room is None else min(budget.temp_bytes, room)
     if plan.temp_bytes > limit:
         raise LimitExceededError(f"the nodes '{served.name()}' lacks ({', '.join(n.name for n in run[:4])}"
                                  f"{', ...' if len(run) > 4 else ''}) need {need} bytes on the host, more than the "
                                  f"{limit} bytes a graph's temporaries may hold")
+    buffer = cpu.alloc_buffer(max(own, 1))
     sched = BackendSched([served, cpu])
     try:
+        talloc = TensorAllocator.new_from_buffer(buffer)
+        for s in stand_ins:
+            talloc.alloc(s)
         graph = _graph(stand_ins)
         graph.leafs = list(leafs.values())
-        for s in stand_ins:
-            sched.set_tensor_backend(s, cpu)
         sched.alloc_graph(graph)
     except BaseException:
         sched.free()
+        buffer.free()
         raise
-    return HostRun(sched, graph, prefill, results)
+    return HostRun(sched, graph, buffer, prefill, results)
 
 
-__all__ = ["FallbackPlan", "HostRun", "ServedRun", "host_run_bytes", "plan_fallback", "span", "stand_in"]
+__all__ = ["FallbackPlan", "HostRun", "ServedRun", "aligned_bytes", "plan_fallback", "span", "stand_in"]

@@ -117,7 +117,7 @@ def test_a_host_run_ends_before_a_node_reading_what_it_wrote_through_another_vie
     from pyggml.core.ops.matmul import mul_mat
     from pyggml.core.ops.rows import set_rows
 
-    served = lacking_torch(["SET_ROWS", "MUL_MAT"])
+    served = LackingCPU(["SET_ROWS", "MUL_MAT"])
     ctx = Context(mem_size=1 << 20, no_alloc=True)
     cache = ctx.new_tensor_2d(F32, 8, 6).set_name("cache")
     rows = ctx.new_tensor_2d(F32, 8, 2).set_name("rows")
@@ -142,6 +142,41 @@ def test_a_host_run_ends_before_a_node_reading_what_it_wrote_through_another_vie
         c[[4, 1]] = r
         np.testing.assert_array_equal(tensor_get_numpy(cache), c)
         np.testing.assert_allclose(tensor_get_numpy(kq), qv @ c.T, rtol=1e-5, atol=1e-6)
+    finally:
+        plan.free()
+        buf.free()
+
+
+@pytest.mark.parametrize("kind", ["cpu", "torch"])
+def test_two_caches_filled_in_one_host_run(kind: str) -> None:
+    """K and V SET_ROWS (F16 caches, I64 indices, as llama.cpp's) in one host run: each stand-in starts from its
+    own cache's bytes and ends in it."""
+    from pyggml.backends.cpu import cpu_init
+    from pyggml.backends.rpc.fallback import plan_fallback
+    from pyggml.core.ops.rows import set_rows
+
+    served = LackingCPU(["SET_ROWS"]) if kind == "cpu" else lacking_torch(["SET_ROWS"])
+    ctx = Context(mem_size=1 << 20, no_alloc=True)
+    caches = [ctx.new_tensor_2d(GGMLType.F16, 8, 6) for _ in range(2)]
+    rows = [ctx.new_tensor_2d(F32, 8, 2) for _ in range(2)]
+    idx = ctx.new_tensor_1d(GGMLType.I64, 2)
+    g = ctx.new_graph()
+    for c, r in zip(caches, rows, strict=True):
+        g.build_forward_expand(set_rows(ctx, c, r, idx))
+    buf = alloc_ctx_tensors(ctx, served)
+    rng = np.random.default_rng(0)
+    cv = [rng.standard_normal((6, 8)).astype(np.float16) for _ in range(2)]
+    rv = [rng.standard_normal((2, 8)).astype(np.float32) for _ in range(2)]
+    for t, v in zip([*caches, *rows], [*cv, *rv], strict=True):
+        tensor_set_numpy(t, v)
+    tensor_set_numpy(idx, np.array([4, 1], np.int64))
+    plan = plan_fallback(list(g.nodes), served, lambda: cpu_init(1), WorkBudget(), None)
+    try:
+        assert [type(s).__name__ for s in plan.steps] == ["HostRun"]
+        plan.compute()
+        for c, want, r in zip(caches, cv, rv, strict=True):
+            want[[4, 1]] = r.astype(np.float16)
+            np.testing.assert_array_equal(tensor_get_numpy(c), want)
     finally:
         plan.free()
         buf.free()
