@@ -20,8 +20,6 @@ from pyggml.backends.torch.kernels._common import (
     F32,
     FLOAT_TYPES,
     I32,
-    Q4_0,
-    Q8_0,
     all_of,
     copy_fn,
     ggml_tile,
@@ -29,12 +27,12 @@ from pyggml.backends.torch.kernels._common import (
     tiles,
     unary_operands,
 )
-from pyggml.backends.torch.kernels.quants import dequantize
+from pyggml.backends.torch.kernels.quants import DEQUANT_TYPES, dequantize
 from pyggml.core.errors import ArgumentError, GGMLError, OutOfBoundsError, ShapeError, UnsupportedTypeError
 from pyggml.core.ops.params import ScaleParams, UnaryParams
 from pyggml.core.tensor import GGMLOp, Tensor, UnaryOp
 
-GET_ROWS_TYPES = (F32, F16, BF16, Q8_0, Q4_0)
+GET_ROWS_TYPES = (F32, F16, BF16, *DEQUANT_TYPES)
 UNARY_OPS = (UnaryOp.GELU, UnaryOp.SILU, UnaryOp.RELU)
 
 
@@ -154,7 +152,7 @@ def get_rows_kernel(node: Tensor, pc: PlanContext) -> Compute:
     ids = idx[0]  # (ne12, ne11, ne10)
     n_rows = a_t.ne[1]
     name = node.name
-    quantized = a_t.type in (Q8_0, Q4_0)
+    quantized = a_t.type in DEQUANT_TYPES
     st = a_t.type
 
     def check() -> None:

@@ -21,8 +21,9 @@ whole rule, the dtype the product is formed in (the "compute dtype"):
     and the rounded src1 is widened too: an f32 matmul of exactly ggml's
     operands. Always with P = "f32"; never a conversion between the two half
     types (F16 -> BF16 drops 3 mantissa bits, BF16 -> F16 the range).
-- Q8_0, Q4_0: the weight is dequantized (ggml's dequantize_row arithmetic,
-  exact in f32) into P through the weight cache; src1 is converted to P.
+- quantized (Q8_0, Q4_0 on the device; the other types pyggml converts through
+  ggml's to_float on the host, see `quants`): the weight is dequantized
+  (exact in f32) into P through the weight cache; src1 is converted to P.
   Documented deviation: ggml quantizes src1 to Q8_0 and sums integer block
   products; here src1 keeps its f32 values, so results differ from ggml's by
   src1's quantization error (NMSE ~1e-5, MUL_MAT's threshold is 5e-4).
@@ -40,14 +41,14 @@ from collections.abc import Callable
 import torch
 
 from pyggml.backends.torch.kernels import Compute, Kernel, PlanContext, noop
-from pyggml.backends.torch.kernels._common import BF16, F16, F32, Q4_0, Q8_0
-from pyggml.backends.torch.kernels.quants import dequantize
+from pyggml.backends.torch.kernels._common import BF16, F16, F32
+from pyggml.backends.torch.kernels.quants import DEQUANT_TYPES, dequantize
 from pyggml.backends.torch.precision import PRECISION_DTYPES
 from pyggml.core.errors import GGMLError, ShapeError, UnsupportedTypeError
 from pyggml.core.tensor import GGMLOp, Tensor
 from pyggml.core.types import TYPE_TRAITS, GGMLType
 
-MUL_MAT_TYPES = (F32, F16, BF16, Q8_0, Q4_0)
+MUL_MAT_TYPES = (F32, F16, BF16, *DEQUANT_TYPES)
 # below this many src1 columns per matrix, F16/BF16 weights are multiplied in their own type unless the precision
 # is f32 (see above): the half matmul reads half the bytes and torch's f32 GEMM is slow at small n; the widened
 # f32 GEMM wins at many columns (crossover: benchmarks/README.md)
