@@ -62,6 +62,7 @@ SERVED: dict[str, tuple[Callable[[], Backend], set[str]]] = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", sorted(SERVED))
 def test_a_backend_lacking_ops_serves_the_builtin_model(kind: str, builtin_greedy_tokens: list[int],
                                                         caplog: pytest.LogCaptureFixture) -> None:
