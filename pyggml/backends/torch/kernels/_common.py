@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import torch
 
 from pyggml.backends.torch.kernels import Compute, PlanContext
-from pyggml.core.errors import ShapeError, UnsupportedTypeError
+from pyggml.core.errors import GGMLError, ShapeError, UnsupportedTypeError
 from pyggml.core.tensor import Tensor
 from pyggml.core.types import GGMLType
 
@@ -16,6 +16,16 @@ F32, F16, BF16, I32 = GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.I32
 Q8_0, Q4_0 = GGMLType.Q8_0, GGMLType.Q4_0
 FLOAT_TYPES = (F32, F16)  # what the math kernels take, as the CPU's
 COPY_TYPES = (F32, F16, BF16)  # what CPY/CONT/DUP convert between
+
+
+Problem = tuple[type[GGMLError], str] | None  # why a kernel cannot compute a node (error class, reason)
+
+
+def raise_problem(node: Tensor, problem: Problem) -> None:
+    """The problem's error, naming the op and node, unless there is none."""
+    if problem is not None:
+        cls, reason = problem
+        raise cls(f"torch {node.op.name} '{node.name}': {reason}")
 
 
 def all_of(types: Sequence[GGMLType], *tensors: Tensor | None) -> bool:

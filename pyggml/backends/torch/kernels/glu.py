@@ -15,7 +15,7 @@ from collections.abc import Callable
 import torch
 
 from pyggml.backends.torch.kernels import Compute, Kernel, PlanContext, noop
-from pyggml.backends.torch.kernels._common import BF16, F16, F32, require
+from pyggml.backends.torch.kernels._common import BF16, F16, F32, raise_problem
 from pyggml.core.errors import GGMLError, ShapeError
 from pyggml.core.ops.params import GLUParams
 from pyggml.core.tensor import GGMLOp, GLUOp, Tensor
@@ -23,16 +23,9 @@ from pyggml.core.types import GGMLType
 
 GELU_QUICK_COEF = -1.702
 
-# the types each function takes, as ggml-cpu's
-GLU_TYPES: dict[GLUOp, tuple[GGMLType, ...]] = {
-    GLUOp.REGLU: (F32, F16, BF16),
-    GLUOp.GEGLU: (F32, F16, BF16),
-    GLUOp.SWIGLU: (F32, F16, BF16),
-    GLUOp.SWIGLU_OAI: (F32,),
-    GLUOp.GEGLU_ERF: (F32, F16, BF16),
-    GLUOp.GEGLU_QUICK: (F32, F16, BF16),
-    GLUOp.SWIGLU_CLAMP: (F32, F16),
-}
+# the types each function takes, as ggml-cpu's: F32/F16/BF16 but for SWIGLU_OAI and SWIGLU_CLAMP
+GLU_TYPES: dict[GLUOp, tuple[GGMLType, ...]] = {**dict.fromkeys(GLUOp, (F32, F16, BF16)),
+                                               GLUOp.SWIGLU_OAI: (F32,), GLUOp.SWIGLU_CLAMP: (F32, F16)}
 
 
 def _through_f16(x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor], shortcuts: bool) -> torch.Tensor:
@@ -87,11 +80,7 @@ def glu_problem(node: Tensor) -> tuple[type[GGMLError], str] | None:
 
 
 def glu_kernel(node: Tensor, pc: PlanContext) -> Compute:
-    problem = glu_problem(node)
-    if problem is not None:
-        cls, reason = problem
-        raise cls(f"torch GLU '{node.name}': {reason}")
-    require(node, GLU_TYPES[GLUParams.of(node).op], node)
+    raise_problem(node, glu_problem(node))
     p = GLUParams.of(node)
     a_t, b_t = node.src[0], node.src[1]
     assert a_t is not None

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from pyggml.backends.torch.kernels import Compute, Kernel, PlanContext, noop
-from pyggml.backends.torch.kernels._common import BF16, F16, F32, Q8_0
+from pyggml.backends.torch.kernels._common import BF16, F16, F32, Q8_0, Problem, raise_problem
 from pyggml.core.errors import OutOfBoundsError, ShapeError, UnsupportedTypeError
 from pyggml.core.tensor import GGMLOp, Tensor
 from pyggml.core.types import TYPE_TRAITS, GGMLType
@@ -33,27 +33,25 @@ def quantize_q8_0(x: torch.Tensor) -> torch.Tensor:
     return out.flatten(-2)
 
 
-def set_rows_problem(node: Tensor) -> str | None:
+def set_rows_problem(node: Tensor) -> Problem:
+    """Why this kernel cannot compute the SET_ROWS node (error class and reason), or None."""
     b, c = node.src[0], node.src[1]
     if b is None or c is None:
-        return "needs rows and indices"
+        return ShapeError, "needs rows and indices"
     if node.type not in SET_ROWS_DST_TYPES or b.type not in SET_ROWS_SRC_TYPES or c.type not in INDEX_TYPES:
-        return (f"types {b.type.name} rows, {c.type.name} indices -> {node.type.name} (takes "
+        return UnsupportedTypeError, (f"types {b.type.name} rows, {c.type.name} indices -> {node.type.name} (takes "
                 f"{'/'.join(t.name for t in SET_ROWS_SRC_TYPES)} rows, I32/I64 indices, "
                 f"{'/'.join(t.name for t in SET_ROWS_DST_TYPES)} destinations)")
     if (node.ne[0] != b.ne[0] or node.ne[2:] != b.ne[2:] or b.ne[1] != c.ne[0] or c.ne[3] != 1
             or c.ne[1] == 0 or c.ne[2] == 0 or b.ne[2] % c.ne[1] or b.ne[3] % c.ne[2]):
-        return f"dst ne {node.ne}, rows ne {b.ne}, indices ne {c.ne} do not fit"
+        return ShapeError, f"dst ne {node.ne}, rows ne {b.ne}, indices ne {c.ne} do not fit"
     if node.nb[0] != TYPE_TRAITS[node.type].type_size or b.nb[0] != TYPE_TRAITS[b.type].type_size:
-        return "rows must be contiguous"
+        return ShapeError, "rows must be contiguous"
     return None
 
 
 def set_rows_kernel(node: Tensor, pc: PlanContext) -> Compute:
-    problem = set_rows_problem(node)
-    if problem is not None:
-        cls = UnsupportedTypeError if problem.startswith("types") else ShapeError
-        raise cls(f"torch SET_ROWS '{node.name}': {problem}")
+    raise_problem(node, set_rows_problem(node))
     b_t, c_t = node.src[0], node.src[1]
     assert b_t is not None and c_t is not None
     d, b, idx = pc.view(node), pc.view(b_t), pc.view(c_t)
