@@ -97,6 +97,20 @@ def copy_fn(d: torch.Tensor, s: torch.Tensor) -> Compute:
     return run
 
 
+def softmax_rows(t: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
+    """softmax of t's rows (f32) with the sinks' extra logit per row (broadcast; no value of its own); a row of
+    -inf only gives zeros, as ggml's (its sum is 0)."""
+    mx = torch.amax(t, dim=-1, keepdim=True)
+    if sinks is not None:
+        mx = torch.maximum(mx, sinks)
+    mx = torch.where(torch.isinf(mx) & (mx < 0), torch.zeros_like(mx), mx)
+    e = torch.exp(t - mx)
+    total = e.sum(dim=-1, keepdim=True)
+    if sinks is not None:
+        total = total + torch.exp(sinks - mx)
+    return torch.where(total > 0, e / total, torch.zeros_like(e))
+
+
 def _reshape_view(t: torch.Tensor, shape: torch.Size) -> torch.Tensor | None:
     """`t` in `shape` (row-major) without a copy, or None if that needs one."""
     try:

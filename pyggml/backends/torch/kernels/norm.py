@@ -16,6 +16,7 @@ from pyggml.backends.torch.kernels._common import (
     FLOAT_TYPES,
     all_of,
     require,
+    softmax_rows,
     unary_operands,
 )
 from pyggml.core.errors import GGMLError, ShapeError
@@ -105,13 +106,7 @@ def soft_max_kernel(node: Tensor, pc: PlanContext) -> Compute:
             if slopes is not None:
                 m = m * slopes
             t = t + m
-        if sinks is None:
-            d.copy_(torch.softmax(t, dim=-1))
-            return
-        mx = torch.maximum(torch.amax(t, dim=-1, keepdim=True), sinks)
-        e = torch.exp(t - mx)
-        total = e.sum(dim=-1, keepdim=True) + torch.exp(sinks - mx)
-        d.copy_(e / total)
+        d.copy_(softmax_rows(t, sinks))
 
     return run
 
