@@ -14,7 +14,8 @@ from pyggml.testing import op_check
 # the ops the torch backend implements: each must have passing cases, none failing
 TORCH_OPS = ["ADD", "MUL", "SCALE", "RMS_NORM", "NORM", "SOFT_MAX", "ROPE", "GET_ROWS", "CPY", "CONT", "DUP", "VIEW",
              "RESHAPE", "PERMUTE", "TRANSPOSE", "GELU", "SILU", "RELU", "MUL_MAT", "SET_ROWS", "REGLU", "GEGLU",
-             "SWIGLU", "SWIGLU_OAI", "GEGLU_ERF", "GEGLU_QUICK", "SWIGLU_CLAMP", "FLASH_ATTN_EXT"]
+             "SWIGLU", "SWIGLU_OAI", "GEGLU_ERF", "GEGLU_QUICK", "SWIGLU_CLAMP", "FLASH_ATTN_EXT",
+             "MUL_MAT_ID", "ADD_ID"]
 
 
 @pytest.mark.parametrize("name", ["torch:cpu,matmul_precision=f32", "torch:cpu,matmul_precision=f16",

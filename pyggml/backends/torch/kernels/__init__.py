@@ -18,11 +18,13 @@ compute, so the scheduler sends everything else to the CPU:
 | SCALE, RMS_NORM, NORM | F32/F16 src0 and dst |
 | UNARY GELU, SILU, RELU | F32/F16 src0 and dst |
 | SOFT_MAX | F32/F16 src0 and dst, optional F32/F16 mask; scale in op_params |
-| ROPE | F32/F16 src0 and dst, I32 positions; normal and NeoX modes (not GLM) |
+| ROPE | F32/F16 src0 and dst, I32 positions, F32 frequency factors; every mode of ggml's CPU |
 | GET_ROWS | F32/F16/BF16 and every quantized type pyggml converts as rows, I32 indices, F32/F16 dst |
 | CPY, CONT, DUP | F32/F16/BF16 to F32/F16/BF16 (never a quantized destination: see the weight cache) |
 | GLU | all seven functions: F32/F16/BF16 (SWIGLU_OAI F32, SWIGLU_CLAMP F32/F16), src0, src1, dst of one type |
 | SET_ROWS | F32/F16 rows, I32/I64 indices, F32/F16/BF16/Q8_0 dst |
+| MUL_MAT_ID | MUL_MAT's weight types as `as`, F32 b, I32 ids, F32 dst |
+| ADD_ID | F32 a, b, dst, I32 ids |
 | FLASH_ATTN_EXT | F32 q and dst, F32/F16/BF16/Q8_0/Q4_0 k and v, F16 mask, F32 sinks; GQA, ALiBi, softcap |
 | MUL_MAT | F32/F16/BF16 or any quantized type pyggml converts; F32 src1 (or src0's F16/BF16); F32 dst |
 """
@@ -73,11 +75,11 @@ def view_kernel(node: Tensor, pc: PlanContext) -> Compute:
 
 
 def _table() -> tuple[dict[GGMLOp, Kernel], dict[GGMLOp, Callable[[Tensor], bool]]]:
-    from pyggml.backends.torch.kernels import attention, elementwise, glu, matmul, norm, set_rows
+    from pyggml.backends.torch.kernels import attention, elementwise, glu, matmul, moe, norm, set_rows
 
     kernels: dict[GGMLOp, Kernel] = {}
     supports: dict[GGMLOp, Callable[[Tensor], bool]] = {}
-    for module in (elementwise, norm, matmul, glu, set_rows, attention):
+    for module in (elementwise, norm, matmul, glu, set_rows, attention, moe):
         kernels.update(module.KERNELS)
         supports.update(dict.fromkeys(module.KERNELS, module.supports))
     return kernels, supports
