@@ -14,9 +14,10 @@ compute, so the scheduler sends everything else to the CPU:
 | op | types |
 |---|---|
 | NONE, VIEW, RESHAPE, PERMUTE, TRANSPOSE | any (nothing to compute) |
-| ADD, MUL | F32/F16 src0, src1, dst (src1 tiles over src0 as in ggml) |
-| SCALE, RMS_NORM, NORM | F32/F16 src0 and dst |
-| UNARY GELU, SILU, RELU | F32/F16 src0 and dst |
+| ADD, MUL | F32/F16/BF16 src0, src1, dst (src1 tiles over src0 as in ggml) |
+| SCALE | F32/F16/BF16 src0 and dst |
+| RMS_NORM, NORM | F32/F16 src0 and dst |
+| UNARY GELU, SILU, RELU | F32/F16/BF16 src0 and dst |
 | SOFT_MAX | F32/F16 src0 and dst, optional F32/F16 mask; scale in op_params |
 | ROPE | F32/F16 src0 and dst, I32 positions, F32 frequency factors; every mode of ggml's CPU |
 | GET_ROWS | F32/F16/BF16 and every quantized type pyggml converts as rows, I32 indices, F32/F16 dst |

@@ -15,6 +15,7 @@ from pyggml.core.types import GGMLType
 F32, F16, BF16, I32 = GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.I32
 Q8_0, Q4_0 = GGMLType.Q8_0, GGMLType.Q4_0
 FLOAT_TYPES = (F32, F16)  # what the math kernels take, as the CPU's
+ARITH_TYPES = (F32, F16, BF16)  # what ADD, MUL, SCALE and the unary kernels take, as the CPU's
 COPY_TYPES = (F32, F16, BF16)  # what CPY/CONT/DUP convert between
 
 
@@ -48,9 +49,10 @@ def same_shape(node: Tensor, x: torch.Tensor, d: torch.Tensor) -> None:
                          f"{list(d.shape)[::-1]} differ")
 
 
-def unary_operands(node: Tensor, pc: PlanContext) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dst, src0) views of a node whose one float source has dst's shape (SCALE, UNARY, the norms)."""
-    require(node, FLOAT_TYPES, node, node.src[0])
+def unary_operands(node: Tensor, pc: PlanContext, types: Sequence[GGMLType] = FLOAT_TYPES
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dst, src0) views of a node whose one float source (of `types`) has dst's shape (SCALE, UNARY, the norms)."""
+    require(node, types, node, node.src[0])
     assert node.src[0] is not None
     d, x = pc.view(node), pc.view(node.src[0])
     same_shape(node, x, d)

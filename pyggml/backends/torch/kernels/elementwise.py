@@ -14,6 +14,7 @@ import torch
 
 from pyggml.backends.torch.kernels import Compute, Kernel, PlanContext, noop
 from pyggml.backends.torch.kernels._common import (
+    ARITH_TYPES,
     BF16,
     COPY_TYPES,
     F16,
@@ -41,7 +42,7 @@ UNARY_OPS = (UnaryOp.GELU, UnaryOp.SILU, UnaryOp.RELU)
 
 def _binary(node: Tensor, pc: PlanContext, fn: object) -> Compute:
     """dst = fn(src0, src1) with src1 tiled over src0 (each src0.ne[i] a multiple of src1.ne[i])."""
-    require(node, FLOAT_TYPES, node, node.src[0], node.src[1])
+    require(node, ARITH_TYPES, node, node.src[0], node.src[1])
     assert node.src[0] is not None and node.src[1] is not None
     d, a, b = pc.view(node), pc.view(node.src[0]), pc.view(node.src[1])
     if a.shape != d.shape or not tiles(node, a, b):
@@ -66,7 +67,7 @@ def mul_kernel(node: Tensor, pc: PlanContext) -> Compute:
 
 def scale_kernel(node: Tensor, pc: PlanContext) -> Compute:
     """dst = src0 * s + b (ScaleParams)."""
-    d, x = unary_operands(node, pc)
+    d, x = unary_operands(node, pc, ARITH_TYPES)
     p = ScaleParams.of(node)
     if d.numel() == 0:
         return noop
@@ -89,7 +90,7 @@ def unary_op_of(node: Tensor) -> UnaryOp | None:
 
 def unary_kernel(node: Tensor, pc: PlanContext) -> Compute:
     """UNARY GELU (tanh approximation), SILU (x / (1 + exp(-x))) and RELU (max(x, 0))."""
-    d, x = unary_operands(node, pc)
+    d, x = unary_operands(node, pc, ARITH_TYPES)
     op = unary_op_of(node)
     if op not in UNARY_OPS:
         raise ArgumentError(f"torch UNARY '{node.name}': unary op {node.get_op_params_i32(0)} is not one of "
@@ -208,11 +209,11 @@ def supports(node: Tensor) -> bool:
     if s0 is None:
         return False
     if op in (GGMLOp.ADD, GGMLOp.MUL):
-        return s1 is not None and all_of(FLOAT_TYPES, node, s0, s1)
+        return s1 is not None and all_of(ARITH_TYPES, node, s0, s1)
     if op == GGMLOp.SCALE:
-        return all_of(FLOAT_TYPES, node, s0)
+        return all_of(ARITH_TYPES, node, s0)
     if op == GGMLOp.UNARY:
-        return all_of(FLOAT_TYPES, node, s0) and s0.type == node.type and unary_op_of(node) in UNARY_OPS
+        return all_of(ARITH_TYPES, node, s0) and s0.type == node.type and unary_op_of(node) in UNARY_OPS
     if op in (GGMLOp.DUP, GGMLOp.CONT, GGMLOp.CPY):
         return all_of(COPY_TYPES, node, s0)
     if op == GGMLOp.GET_ROWS:
