@@ -21,12 +21,12 @@ compute, so the scheduler sends everything else to the CPU:
 | SOFT_MAX | F32/F16 src0 and dst, optional F32/F16 mask; scale in op_params |
 | ROPE | F32/F16 src0 and dst, I32 positions, F32 frequency factors; every mode of ggml's CPU |
 | GET_ROWS | F32/F16/BF16 and every quantized type pyggml converts as rows, I32 indices, F32/F16 dst |
-| CPY, CONT, DUP | F32/F16/BF16 to F32/F16/BF16 (never a quantized destination: see the weight cache) |
+| CPY, CONT, DUP | F32/F16/BF16 to F32/F16/BF16, I32 to I32 (never a quantized destination: see the weight cache) |
 | GLU | all seven functions: F32/F16/BF16 (SWIGLU_OAI F32, SWIGLU_CLAMP F32/F16), src0, src1, dst of one type |
 | SET_ROWS | F32/F16 rows, I32/I64 indices, F32/F16/BF16/Q8_0 dst |
 | MUL_MAT_ID | MUL_MAT's weight types as `as`, F32 b, I32 ids, F32 dst |
 | ADD_ID | F32 a, b, dst, I32 ids |
-| FLASH_ATTN_EXT | F32 q and dst, F32/F16/BF16/Q8_0/Q4_0 k and v, F16 mask, F32 sinks; GQA, ALiBi, softcap |
+| FLASH_ATTN_EXT | F32 q, dst; F32/F16/BF16/Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/IQ4_NL k, v; F16 mask, F32 sinks, softcap |
 | MUL_MAT | F32/F16/BF16 or any quantized type pyggml converts; F32 src1 (or src0's F16/BF16); F32 dst |
 """
 

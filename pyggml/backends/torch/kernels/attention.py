@@ -3,8 +3,9 @@
 q [D, n_q, n_head, ne3] over k [D, n_kv, n_head_kv, ne3] and v [Dv, n_kv, n_head_kv, ne3] (GQA: q head h
 reads kv head h / (n_head / n_head_kv)); dst [Dv, n_head, n_q, ne3] F32. As ggml-cpu (and the CPU kernel,
 pyggml.backends.cpu.kernels.attention):
-- q is rounded to K's vec_dot type first (F16 for F16 K, BF16 for BF16 K, Q8_0 for Q8_0 and Q4_0 K); K and V
-  are read as f32 (quantized rows dequantized on every compute: the cache changes between computes).
+- q is rounded to K's vec_dot type first (F16 for F16 K, BF16 for BF16 K, Q8_0/Q8_1 for the quantized K taken:
+  Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL); K and V are read as f32 (quantized rows dequantized on every compute:
+  the cache changes between computes; see `quants` for where).
 - scale is divided by logit_softcap (when not 0) and the scores become softcap * tanh(s * scale).
 - the mask (F16, rows for q's rows, tiled over heads and ne3) times the head's ALiBi slope is added.
 - sinks (src[4], F32 per head): one more logit per row with no value; a row of -inf only (no sinks) gives 0.
@@ -17,15 +18,17 @@ import torch
 
 from pyggml.backends.torch.kernels import Compute, Kernel, PlanContext, noop
 from pyggml.backends.torch.kernels._common import BF16, F16, F32, Problem, raise_problem, softmax_rows
-from pyggml.backends.torch.kernels.quants import DEVICE_TYPES, dequantize
+from pyggml.backends.torch.kernels.quants import DEQUANT_TYPES, dequantize
 from pyggml.backends.torch.kernels.set_rows import quantize_q8_0
 from pyggml.core.errors import GGMLError, ShapeError, UnsupportedTypeError
 from pyggml.core.ops.params import FlashAttnExtParams
 from pyggml.core.rope import alibi_slopes
 from pyggml.core.tensor import GGMLOp, Prec, Tensor
-from pyggml.core.types import GGMLType
+from pyggml.core.types import TYPE_TRAITS, GGMLType
 
-KV_TYPES = (F32, F16, BF16, *DEVICE_TYPES)
+# quantized K and V whose q goes through Q8_0 or Q8_1 (the same values): the legacy blocks and IQ4_NL
+Q8_KV_TYPES = tuple(t for t in DEQUANT_TYPES if TYPE_TRAITS[t].vec_dot_type in (GGMLType.Q8_0, GGMLType.Q8_1))
+KV_TYPES = (F32, F16, BF16, *Q8_KV_TYPES)
 
 
 def flash_attn_problem(node: Tensor) -> Problem:
@@ -62,13 +65,13 @@ def _rounded_q(q: torch.Tensor, ktype: GGMLType) -> torch.Tensor:
         return q.to(torch.float16).to(torch.float32)
     if ktype == BF16:
         return q.to(torch.bfloat16).to(torch.float32)
-    if ktype in DEVICE_TYPES:  # vec_dot_type Q8_0
+    if ktype in Q8_KV_TYPES:
         return dequantize(GGMLType.Q8_0, quantize_q8_0(q))
     return q
 
 
 def _as_f32(t: torch.Tensor, type: GGMLType) -> torch.Tensor:
-    return dequantize(type, t) if type in DEVICE_TYPES else t.to(torch.float32)
+    return dequantize(type, t) if type in Q8_KV_TYPES else t.to(torch.float32)
 
 
 def flash_attn_ext_kernel(node: Tensor, pc: PlanContext) -> Compute:

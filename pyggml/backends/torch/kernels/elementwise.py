@@ -120,13 +120,19 @@ def dup_kernel(node: Tensor, pc: PlanContext) -> Compute:
     """DUP, CONT and CPY (dst a view of src1): src0's elements in row-major order into dst's, converted."""
     src = node.src[0]
     assert src is not None
-    require(node, COPY_TYPES, node, src)
+    if not copies(node, src):
+        require(node, COPY_TYPES, node, src)
     if src.nelements() != node.nelements():
         raise ShapeError(f"torch {node.op.name} '{node.name}': {src.nelements()} elements in '{src.name}' but "
                          f"{node.nelements()} in dst")
     if node.nelements() == 0:
         return noop
     return copy_fn(pc.view(node), pc.view(src))
+
+
+def copies(node: Tensor, src: Tensor) -> bool:
+    """Whether the copy kernel takes these types: between F32/F16/BF16, or I32 to I32."""
+    return all_of(COPY_TYPES, node, src) or node.type == src.type == I32
 
 
 # --- GET_ROWS ---
@@ -215,7 +221,7 @@ def supports(node: Tensor) -> bool:
     if op == GGMLOp.UNARY:
         return all_of(ARITH_TYPES, node, s0) and s0.type == node.type and unary_op_of(node) in UNARY_OPS
     if op in (GGMLOp.DUP, GGMLOp.CONT, GGMLOp.CPY):
-        return all_of(COPY_TYPES, node, s0)
+        return copies(node, s0)
     if op == GGMLOp.GET_ROWS:
         return s1 is not None and s1.type == I32 and s0.type in GET_ROWS_TYPES and node.type in FLOAT_TYPES
     return False
