@@ -13,9 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from rpc_util import free_port, wait_listening
-from test_llamacpp_client import completion
+from test_llamacpp_client import completion, completion_tool  # noqa: F401 (a fixture)
 
 from pyggml.models.builtin import builtin_model_path
+from pyggml.testing import llamacpp
 
 pytest.importorskip("torch")
 
@@ -23,26 +24,13 @@ PROMPT = "The module is a string"
 NMSE = 1e-5
 
 
-def _tool(name: str) -> Path:
-    from pyggml.testing import llamacpp
-
-    found = llamacpp.find_tool(name)
-    if found is not None:
-        return found
+@pytest.fixture(scope="module")
+def tools(completion_tool: Path) -> dict[str, Path]:  # noqa: F811 (the imported fixture)
+    """llama-debug and llama-quantize beside llama-completion (built where missing)."""
     try:
-        return llamacpp.require_tool(name)
+        return llamacpp.require_tools(["llama-debug", "llama-quantize"])
     except llamacpp.NoCompilerError as e:
         pytest.skip(str(e))
-
-
-@pytest.fixture(scope="module")
-def completion_tool() -> Path:
-    return _tool("llama-completion")
-
-
-@pytest.fixture(scope="module")
-def debug_tool() -> Path:
-    return _tool("llama-debug")
 
 
 @pytest.fixture(scope="module")
@@ -62,10 +50,10 @@ def torch_server() -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> dict[str, Path]:
+def models(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path, tools: dict[str, Path]) -> dict[str, Path]:
     """The built-in model, and SmolLM2 requantized to F32 by llama-quantize."""
     f32 = tmp_path_factory.mktemp("smollm2") / "SmolLM2-F32.gguf"
-    subprocess.run([str(_tool("llama-quantize")), "--allow-requantize", str(smollm2_path), str(f32), "F32"],
+    subprocess.run([str(tools["llama-quantize"]), "--allow-requantize", str(smollm2_path), str(f32), "F32"],
                    check=True, capture_output=True)
     return {"builtin": builtin_model_path(), "smollm2-f32": f32}
 
@@ -82,15 +70,15 @@ def last_logits(tool: Path, model: Path, flash_attn: str, rpc: str | None, out: 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["builtin", "smollm2-f32"])
 @pytest.mark.parametrize("flash_attn", ["off", "on"])
-def test_llamacpp_offloads_every_layer_to_the_torch_backend(completion_tool: Path, debug_tool: Path, torch_server: str,
-                                                            models: dict[str, Path], name: str, flash_attn: str,
-                                                            tmp_path: Path) -> None:
+def test_llamacpp_offloads_every_layer_to_the_torch_backend(completion_tool: Path, tools: dict[str, Path],  # noqa: F811
+                                                            torch_server: str, models: dict[str, Path], name: str,
+                                                            flash_attn: str, tmp_path: Path) -> None:
     model = models[name]
     remote = completion(completion_tool, model, flash_attn, torch_server)
     assert remote, "llama.cpp generated nothing"
     assert remote == completion(completion_tool, model, flash_attn, None)
-    theirs = last_logits(debug_tool, model, flash_attn, None, tmp_path / "alone")
-    ours = last_logits(debug_tool, model, flash_attn, torch_server, tmp_path / "rpc")
+    theirs = last_logits(tools["llama-debug"], model, flash_attn, None, tmp_path / "alone")
+    ours = last_logits(tools["llama-debug"], model, flash_attn, torch_server, tmp_path / "rpc")
     assert ours.shape == theirs.shape and np.abs(theirs).max() > 1
     nmse = float(np.sum((ours - theirs) ** 2) / np.sum(theirs**2))
     assert nmse < NMSE, nmse

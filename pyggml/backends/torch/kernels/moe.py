@@ -36,6 +36,14 @@ def mul_mat_id_problem(node: Tensor) -> Problem:
     return None
 
 
+def _views(node: Tensor, pc: PlanContext, problem: Problem) -> tuple[Tensor, Tensor, Tensor, list[torch.Tensor]]:
+    """(src0, src1, ids) and the views of dst and the three, once the node has no problem."""
+    raise_problem(node, problem)
+    a_t, b_t, i_t = node.src[0], node.src[1], node.src[2]
+    assert a_t is not None and b_t is not None and i_t is not None
+    return a_t, b_t, i_t, [pc.view(t) for t in (node, a_t, b_t, i_t)]
+
+
 def _check_ids(ids: torch.Tensor, n: int, what: str) -> None:
     lo, hi = torch.aminmax(ids)
     if int(lo) < 0 or int(hi) >= n:
@@ -43,10 +51,7 @@ def _check_ids(ids: torch.Tensor, n: int, what: str) -> None:
 
 
 def mul_mat_id_kernel(node: Tensor, pc: PlanContext) -> Compute:
-    raise_problem(node, mul_mat_id_problem(node))
-    a_t, b_t, i_t = node.src[0], node.src[1], node.src[2]
-    assert a_t is not None and b_t is not None and i_t is not None
-    d, a, b, idx = pc.view(node), pc.view(a_t), pc.view(b_t), pc.view(i_t)
+    a_t, b_t, i_t, (d, a, b, idx) = _views(node, pc, mul_mat_id_problem(node))
     if d.numel() == 0:
         return noop
     n_expert, n_used, n_b = a_t.ne[2], i_t.ne[0], b_t.ne[1]
@@ -80,10 +85,7 @@ def add_id_problem(node: Tensor) -> Problem:
 
 
 def add_id_kernel(node: Tensor, pc: PlanContext) -> Compute:
-    raise_problem(node, add_id_problem(node))
-    a_t, b_t, i_t = node.src[0], node.src[1], node.src[2]
-    assert a_t is not None and b_t is not None and i_t is not None
-    d, a, b, idx = pc.view(node), pc.view(a_t), pc.view(b_t), pc.view(i_t)
+    _, b_t, _, (d, a, b, idx) = _views(node, pc, add_id_problem(node))
     if d.numel() == 0:
         return noop
     n_rows, what = b_t.ne[1], f"torch ADD_ID '{node.name}'"
