@@ -45,6 +45,7 @@ __all__ = ["SERVERS", "OpRun", "RPCServer", "format_table", "list_ops", "main", 
 SERVERS = ("pyggml", "ggml")  # `pyggml rpc-server`, llama.cpp's ggml-rpc-server
 DEFAULT_TIMEOUT = 900.0  # seconds an op's run may take
 _LISTEN_TIMEOUT = 60.0  # seconds a server may take to listen (pyggml's imports and backends)
+_SETTLE_TIMEOUT = 5.0  # seconds a server brought down by a run may take to exit
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # a case's line: "  OP(params): ... OK" (or FAIL, "not supported [...]", "skipping large tensors for speed")
 _CASE = re.compile(r"^  ([A-Z][A-Z0-9_]*\(.*?\)): (.*)$")
@@ -147,6 +148,14 @@ class RPCServer:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def settle(self, seconds: float = _SETTLE_TIMEOUT) -> bool:
+        """Whether the server still runs after a run ended early, given `seconds` to exit if it is going to (a
+        server the run brought down is then restarted by the next `ensure`, never sent the next op)."""
+        if self.proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=seconds)
+        return self.alive()
+
     def ensure(self) -> str:
         """The endpoint of a running server, starting one if there is none or it exited."""
         if self.alive():
@@ -224,7 +233,7 @@ def run_op(binary: Path, server: RPCServer, op: str, timeout: float = DEFAULT_TI
         lines = [line for line in _ANSI.sub("", text).splitlines() if line.strip() and not parse_cases(line)]
         ours = [line for line in lines if _ERROR.search(line)] or lines
         theirs = [line for line in server.log_tail(3000).splitlines() if line.strip()]
-        state = "running" if server.alive() else "exited"
+        state = "running" if server.settle() else "exited"
         detail = f"{why}; test-backend-ops: {' | '.join(ours[-2:])}; the server ({state}): {' | '.join(theirs[-1:])}"
     return OpRun(op, server.kind, verdicts, seconds, finished, detail)
 
