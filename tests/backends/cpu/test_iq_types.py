@@ -33,7 +33,7 @@ from pyggml.ggml_backend.tensor_io import tensor_get_numpy, tensor_set, tensor_s
 from pyggml.testing import alloc_ctx_tensors, llamacpp
 
 T = GGMLType
-NEW_TYPES = [T.IQ4_NL, T.IQ4_XS, T.MXFP4]
+NEW_TYPES = [T.IQ4_NL, T.IQ4_XS, T.MXFP4, T.TQ1_0, T.TQ2_0, T.NVFP4, T.Q1_0, T.Q2_0]
 MAX_NMSE_MUL_MAT = 5e-4  # test-backend-ops' threshold for MUL_MAT
 TIGHT = 3e-6  # max |error| / max |reference|: float rounding only
 

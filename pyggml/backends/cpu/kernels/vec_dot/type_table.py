@@ -9,6 +9,7 @@ from typing import Any
 from pyggml.backends.cpu.kernels.vec_dot import dequantize as dq
 from pyggml.backends.cpu.kernels.vec_dot import float_loops as fl
 from pyggml.backends.cpu.kernels.vec_dot import kquant_loops as kl
+from pyggml.backends.cpu.kernels.vec_dot import low_bit as lb
 from pyggml.backends.cpu.kernels.vec_dot import quant_loops as ql
 from pyggml.backends.cpu.kernels.vec_dot import reference_dots as rd
 from pyggml.backends.cpu.kernels.vec_dot import tiles_x8 as x8
@@ -78,7 +79,12 @@ CPU_TYPE_TRAITS: dict[GGMLType, CPUTypeTraits] = {row.type: row for row in (
     CPUTypeTraits(_T.IQ4_NL, _T.Q8_0, dq.dequantize_row_iq4_nl, cols=ql.dot_iq4_nl_cols),
     CPUTypeTraits(_T.IQ4_XS, _T.Q8_K, dq.dequantize_row_iq4_xs, reference_dot=rd.dot_iq4_xs),
     CPUTypeTraits(_T.BF16, _T.BF16, dq.half_row_to_f32, cols=fl.dot_bf16_cols, to_float_arg=int(_T.BF16)),
+    CPUTypeTraits(_T.TQ1_0, _T.Q8_K, lb.dequantize_row_tq1_0, reference_dot=lb.dot_tq1_0),
+    CPUTypeTraits(_T.TQ2_0, _T.Q8_K, lb.dequantize_row_tq2_0, reference_dot=lb.dot_tq2_0),
     CPUTypeTraits(_T.MXFP4, _T.Q8_0, dq.dequantize_row_mxfp4, cols=ql.dot_mxfp4_cols),
+    CPUTypeTraits(_T.NVFP4, _T.Q8_0, lb.dequantize_row_nvfp4, reference_dot=lb.dot_nvfp4),
+    CPUTypeTraits(_T.Q1_0, _T.Q8_0, lb.dequantize_row_q1_0, reference_dot=lb.dot_q1_0),
+    CPUTypeTraits(_T.Q2_0, _T.Q8_0, lb.dequantize_row_q2_0, reference_dot=lb.dot_q2_0),
 )}
 
 # what GET_ROWS, CPY and DUP read and write (besides F32 to F32 copies of any type pair the kernels allow)
