@@ -14,47 +14,147 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 from pyggml.backends.cpu.kernels.atomics import element_pointer
+from pyggml.backends.cpu.kernels.vec_dot.block_sums import (
+    HAS_AVX2,
+    block_sums_quads,
+    q4_0_nibbles,
+    target_block_sums,
+    target_block_sums_unsigned,
+)
 from pyggml.backends.cpu.kernels.vec_dot.ir import (
     IR_I8,
     IR_I16,
-    _dot_u8_i8,
-    dot_bits32,
+    IR_I32,
     dot_mask32,
     load_f16,
     load_u32,
     load_vector,
-    splat,
+    reduce_add_i32,
+    shuffle,
 )
+from pyggml.backends.cpu.kernels.vec_dot.kinds import KVALUES, MXFP4
+from pyggml.backends.cpu.kernels.vec_dot.table_lookup import lookup16
 from pyggml.core.quants import _UE4M3, KVALUES_MXFP4
 
 UE4M3 = _UE4M3  # ggml_ue4m3_to_fp32 of every byte
 KVALUES_FP4 = KVALUES_MXFP4.astype(np.int64)
+# signed block sums whose lane k holds products 4k .. 4k + 3 (the target's AVX2 or VNNI sums have that layout)
+block_quads = target_block_sums if HAS_AVX2 else block_sums_quads
 POW3 = np.array([1, 3, 9, 27, 81], np.int64)
 
 
-def _make_dot_trits(n: int):
-    @intrinsic
-    def dot_trits(typingctx, w, i, p, y, j):
-        sig = types.int32(w, types.intp, types.intp, y, types.intp)
-
-        def codegen(context, builder, signature, args):
-            pw = element_pointer(context, builder, signature.args[0], args[0], args[1])
-            py = element_pointer(context, builder, signature.args[3], args[3], args[4])
-            q = builder.mul(load_vector(builder, pw, IR_I8, n), splat(builder, builder.trunc(args[2], IR_I8), n))
-            v16 = ir.VectorType(IR_I16, n)
-            t = builder.lshr(builder.mul(builder.zext(q, v16), ir.Constant(v16, [3] * n)), ir.Constant(v16, [8] * n))
-            return _dot_u8_i8(builder, builder.trunc(t, ir.VectorType(IR_I8, n)), load_vector(builder, py, IR_I8, n), n)
-
-        return sig, codegen
-
-    return dot_trits
+def _times3(builder, q):
+    """q * 3 in each byte lane, wrapping as uint8_t (two adds: x86 has no byte multiply)."""
+    return builder.add(builder.add(q, q), q)
 
 
-dot_trits32 = _make_dot_trits(32)
-_TRITS_DOC = "sum_t trit(w[i+t], p) * y[j+t], t < {}: TQ1_0's trit ((q * p mod 256) * 3) >> 8 of weight p = 3^k."
-dot_trits32.__doc__ = _TRITS_DOC.format(32)
-dot_trits16 = _make_dot_trits(16)
-dot_trits16.__doc__ = _TRITS_DOC.format(16)
+def _trits(builder, q):
+    """TQ1_0's trit ((q * 3) >> 8, 0..2) of each byte lane of q: 3q reaches 256 from q = 86 and 512 from q = 171."""
+    v8 = q.type
+    n = v8.count
+    one = builder.zext(builder.icmp_unsigned(">=", q, ir.Constant(v8, [86] * n)), v8)
+    two = builder.zext(builder.icmp_unsigned(">=", q, ir.Constant(v8, [171] * n)), v8)
+    return builder.add(one, two)
+
+
+def _powers(builder, q, n: int) -> list:
+    """q * 3^k for k < n, each wrapping as uint8_t: the bytes TQ1_0 reads its k-th trits from."""
+    out = [q]
+    for _ in range(n - 1):
+        out.append(_times3(builder, out[-1]))
+    return out
+
+
+def _concat(builder, a, b):
+    n = a.type.count
+    return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(IR_I32, 2 * n), list(range(2 * n))))
+
+
+@intrinsic
+def dot_tq1_0_trits(typingctx, w, i, y, j):
+    """sum_t trit_t * y[j+t] over the 256 weights of the TQ1_0 block at w[i] (trits 0..2, exact int32)."""
+    sig = types.int32(w, types.intp, y, types.intp)
+
+    def codegen(context, builder, signature, args):
+        def at(arr: int, pos: int, off: int, n: int):
+            p = element_pointer(context, builder, signature.args[arr], args[arr],
+                                builder.add(args[pos], ir.Constant(args[pos].type, off)))
+            return load_vector(builder, p, IR_I8, n)
+
+        qs32, qs16, qh = (_powers(builder, at(0, 1, off, n), 5) for off, n in ((0, 32), (32, 16), (48, 4)))
+        qh16 = _concat(builder, _concat(builder, qh[0], qh[1]), _concat(builder, qh[2], qh[3]))  # 4k + j: qh[j] 3^k
+        # the bytes of src1 values 32k .. 32k + 31
+        parts = [*qs32, _concat(builder, qs16[0], qs16[1]), _concat(builder, qs16[2], qs16[3]),
+                 _concat(builder, qs16[4], qh16)]
+        acc = None
+        for k, q in enumerate(parts):
+            part = target_block_sums_unsigned(builder, _trits(builder, q), at(2, 3, 32 * k, 32))
+            acc = part if acc is None else builder.add(acc, part)
+        return reduce_add_i32(builder, acc, 8)
+
+    return sig, codegen
+
+
+@intrinsic
+def dot_tq2_0_fields(typingctx, w, i, y, j):
+    """sum_t q_t * y[j+t] over the 256 weights of the TQ2_0 block at w[i] (2-bit fields 0..3, exact int32)."""
+    sig = types.int32(w, types.intp, y, types.intp)
+
+    def codegen(context, builder, signature, args):
+        v8 = ir.VectorType(IR_I8, 32)
+        acc = None
+        for h in range(2):
+            pw = element_pointer(context, builder, signature.args[0], args[0],
+                                 builder.add(args[1], ir.Constant(args[1].type, 32 * h)))
+            q = load_vector(builder, pw, IR_I8, 32)
+            for l in range(4):
+                fields = builder.and_(builder.lshr(q, ir.Constant(v8, [2 * l] * 32)), ir.Constant(v8, [3] * 32))
+                py = element_pointer(context, builder, signature.args[2], args[2],
+                                     builder.add(args[3], ir.Constant(args[3].type, 128 * h + 32 * l)))
+                part = target_block_sums_unsigned(builder, fields, load_vector(builder, py, IR_I8, 32))
+                acc = part if acc is None else builder.add(acc, part)
+        return reduce_add_i32(builder, acc, 8)
+
+    return sig, codegen
+
+
+@intrinsic
+def dot_q2_0_32(typingctx, w, i, y, j):
+    """sum_t ((w[i + t/4] >> 2(t%4)) & 3) * y[j+t], t < 32: half a Q2_0 block's fields times a Q8_0 block (exact)."""
+    sig = types.int32(w, types.intp, y, types.intp)
+
+    def codegen(context, builder, signature, args):
+        v16 = ir.VectorType(IR_I16, 32)
+        q = load_vector(builder, element_pointer(context, builder, signature.args[0], args[0], args[1]), IR_I8, 8)
+        wide = builder.zext(shuffle(builder, q, [t >> 2 for t in range(32)]), v16)
+        # field k of a byte is bits 6..7 of the byte times 2^(6 - 2k): a multiply, not a per-lane shift
+        up = builder.mul(wide, ir.Constant(v16, [1 << (6 - 2 * (t & 3)) for t in range(32)]))
+        fields = builder.and_(builder.lshr(up, ir.Constant(v16, [6] * 32)), ir.Constant(v16, [3] * 32))
+        py = element_pointer(context, builder, signature.args[2], args[2], args[3])
+        sums = target_block_sums_unsigned(builder, builder.trunc(fields, ir.VectorType(IR_I8, 32)),
+                                          load_vector(builder, py, IR_I8, 32))
+        return reduce_add_i32(builder, sums, 8)
+
+    return sig, codegen
+
+
+@intrinsic
+def dot_fp4_pair(typingctx, w, i, y, j):
+    """Two NVFP4 sub-blocks (16 bytes at w[i]) times y[j : j+32]: (sum of the first 16 products, of the last 16),
+    each sub-block's values kvalues_fp4 of its 8 bytes' low nibbles, then of their high nibbles."""
+    sig = types.UniTuple(types.int32, 2)(w, types.intp, y, types.intp)
+
+    def codegen(context, builder, signature, args):
+        nib = q4_0_nibbles(builder, element_pointer(context, builder, signature.args[0], args[0], args[1]))
+        nib = shuffle(builder, nib, [*range(8), *range(16, 24), *range(8, 16), *range(24, 32)])
+        vals = lookup16(builder, KVALUES[MXFP4], nib)
+        py = element_pointer(context, builder, signature.args[2], args[2], args[3])
+        sums = block_quads(builder, vals, load_vector(builder, py, IR_I8, 32))  # lane k: products 4k .. 4k + 3
+        lo = reduce_add_i32(builder, shuffle(builder, sums, list(range(4))), 4)
+        hi = reduce_add_i32(builder, shuffle(builder, sums, list(range(4, 8))), 4)
+        return context.make_tuple(builder, signature.return_type, [lo, hi])
+
+    return sig, codegen
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -146,15 +246,7 @@ def dot_tq1_0(w, o, nb, yq, yd, yb, r):
     yo = r * yq.shape[1]
     for b in range(nb):
         ob = o + 54 * b
-        j0 = yo + 256 * b
-        s = 0
-        for n in range(5):
-            s += dot_trits32(w, ob, POW3[n], yq, j0 + 32 * n)
-            s += dot_trits16(w, ob + 32, POW3[n], yq, j0 + 160 + 16 * n)
-        for n in range(4):
-            for j in range(4):
-                s += trit(w[ob + 48 + j], POW3[n]) * np.int64(yq[r, 256 * b + 240 + 4 * n + j])
-        s -= block_sum(yb, r, 16 * b, 16)
+        s = dot_tq1_0_trits(w, ob, yq, yo + 256 * b) - block_sum(yb, r, 16 * b, 16)
         sumf += np.float32(s) * (load_f16(w, ob + 52) * yd[r, b])
     return sumf
 
@@ -165,12 +257,7 @@ def dot_tq2_0(w, o, nb, yq, yd, yb, r):
     yo = r * yq.shape[1]
     for b in range(nb):
         ob = o + 66 * b
-        j0 = yo + 256 * b
-        s = 0
-        for h in range(2):
-            for l in range(4):
-                s += dot_bits32(w, ob + 32 * h, 2 * l, 3, yq, j0 + 128 * h + 32 * l)
-        s -= block_sum(yb, r, 16 * b, 16)
+        s = dot_tq2_0_fields(w, ob, yq, yo + 256 * b) - block_sum(yb, r, 16 * b, 16)
         sumf += np.float32(s) * (yd[r, b] * load_f16(w, ob + 64))
     return sumf
 
@@ -178,17 +265,14 @@ def dot_tq2_0(w, o, nb, yq, yd, yb, r):
 @njit(nogil=True, cache=True)
 def dot_nvfp4(w, o, nb, yq, yd, yb, r):
     sumf = np.float32(0.0)
+    yo = r * yq.shape[1]
     for b in range(nb):
         ob = o + 36 * b
-        for s in range(4):
-            d = UE4M3[w[ob + s]]
-            dy = yd[r, 2 * b + (s >> 1)]
-            j = 64 * b + 16 * s
-            sumi = 0
-            for t in range(8):
-                q = np.int64(w[ob + 4 + 8 * s + t])
-                sumi += np.int64(yq[r, j + t]) * KVALUES_FP4[q & 15] + np.int64(yq[r, j + 8 + t]) * KVALUES_FP4[q >> 4]
-            sumf += dy * d * np.float32(sumi)
+        for p in range(2):  # sub-blocks 2p and 2p + 1 share src1's Q8_0 block 2b + p
+            dy = yd[r, 2 * b + p]
+            s0, s1 = dot_fp4_pair(w, ob + 4 + 16 * p, yq, yo + 64 * b + 32 * p)
+            sumf += dy * UE4M3[w[ob + 2 * p]] * np.float32(s0)
+            sumf += dy * UE4M3[w[ob + 2 * p + 1]] * np.float32(s1)
     return sumf
 
 
@@ -210,16 +294,13 @@ def dot_q1_0(w, o, nb, yq, yd, yb, r):
 @njit(nogil=True, cache=True)
 def dot_q2_0(w, o, nb, yq, yd, yb, r):
     sumf = np.float32(0.0)
+    yo = r * yq.shape[1]
     for b in range(nb):
         ob = o + 18 * b
         sumi = np.float32(0.0)
         for k in range(2):
             yk = 2 * b + k
-            j = 32 * yk
-            s = 0
-            for t in range(32):
-                s += ((np.int64(w[ob + 2 + 8 * k + (t >> 2)]) >> (2 * (t & 3))) & 3) * np.int64(yq[r, j + t])
-            s -= block_sum(yb, r, 2 * yk, 2)
+            s = dot_q2_0_32(w, ob + 2 + 8 * k, yq, yo + 32 * yk) - block_sum(yb, r, 2 * yk, 2)
             sumi += yd[r, yk] * np.float32(s)
         sumf += load_f16(w, ob) * sumi
     return sumf
