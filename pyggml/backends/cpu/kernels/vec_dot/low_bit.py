@@ -8,6 +8,9 @@ then per weight block for Q1_0/Q2_0, per 16-value sub-block for NVFP4. A weight 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
@@ -38,8 +41,6 @@ from pyggml.core.quants import _UE4M3, KVALUES_MXFP4
 
 UE4M3 = _UE4M3  # ggml_ue4m3_to_fp32 of every byte
 KVALUES_FP4 = KVALUES_MXFP4.astype(np.int64)
-# signed block sums whose lane k holds products 4k .. 4k + 3 (the target's AVX2 or VNNI sums have that layout)
-block_quads = target_block_sums if HAS_AVX2 else block_sums_quads
 POW3 = np.array([1, 3, 9, 27, 81], np.int64)
 
 
@@ -70,91 +71,110 @@ def _concat(builder, a, b):
     return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(IR_I32, 2 * n), list(range(2 * n))))
 
 
-@intrinsic
-def dot_tq1_0_trits(typingctx, w, i, y, j):
-    """sum_t trit_t * y[j+t] over the 256 weights of the TQ1_0 block at w[i] (trits 0..2, exact int32)."""
-    sig = types.int32(w, types.intp, y, types.intp)
+class LowBitDots(NamedTuple):
+    """The exact block sums of the low-bit vec_dots (intrinsics)."""
 
-    def codegen(context, builder, signature, args):
-        def at(arr: int, pos: int, off: int, n: int):
-            p = element_pointer(context, builder, signature.args[arr], args[arr],
-                                builder.add(args[pos], ir.Constant(args[pos].type, off)))
-            return load_vector(builder, p, IR_I8, n)
-
-        qs32, qs16, qh = (_powers(builder, at(0, 1, off, n), 5) for off, n in ((0, 32), (32, 16), (48, 4)))
-        qh16 = _concat(builder, _concat(builder, qh[0], qh[1]), _concat(builder, qh[2], qh[3]))  # 4k + j: qh[j] 3^k
-        # the bytes of src1 values 32k .. 32k + 31
-        parts = [*qs32, _concat(builder, qs16[0], qs16[1]), _concat(builder, qs16[2], qs16[3]),
-                 _concat(builder, qs16[4], qh16)]
-        acc = None
-        for k, q in enumerate(parts):
-            part = target_block_sums_unsigned(builder, _trits(builder, q), at(2, 3, 32 * k, 32))
-            acc = part if acc is None else builder.add(acc, part)
-        return reduce_add_i32(builder, acc, 8)
-
-    return sig, codegen
+    tq1_0: Any
+    tq2_0: Any
+    q2_0_32: Any
+    fp4_pair: Any
 
 
-@intrinsic
-def dot_tq2_0_fields(typingctx, w, i, y, j):
-    """sum_t q_t * y[j+t] over the 256 weights of the TQ2_0 block at w[i] (2-bit fields 0..3, exact int32)."""
-    sig = types.int32(w, types.intp, y, types.intp)
+def make_low_bit_dots(sums_unsigned: Callable, sums_quads: Callable, lookup: Callable) -> LowBitDots:
+    """The block sums with these block-sum generators (unsigned values; signed with lane k holding products
+    4k .. 4k + 3) and 16-value table lookup: the target's, or any variant the host runs (tests force each)."""
 
-    def codegen(context, builder, signature, args):
-        v8 = ir.VectorType(IR_I8, 32)
-        acc = None
-        for h in range(2):
-            pw = element_pointer(context, builder, signature.args[0], args[0],
-                                 builder.add(args[1], ir.Constant(args[1].type, 32 * h)))
-            q = load_vector(builder, pw, IR_I8, 32)
-            for l in range(4):
-                fields = builder.and_(builder.lshr(q, ir.Constant(v8, [2 * l] * 32)), ir.Constant(v8, [3] * 32))
-                py = element_pointer(context, builder, signature.args[2], args[2],
-                                     builder.add(args[3], ir.Constant(args[3].type, 128 * h + 32 * l)))
-                part = target_block_sums_unsigned(builder, fields, load_vector(builder, py, IR_I8, 32))
+    @intrinsic
+    def dot_tq1_0_trits(typingctx, w, i, y, j):
+        """sum_t trit_t * y[j+t] over the 256 weights of the TQ1_0 block at w[i] (trits 0..2, exact int32)."""
+        sig = types.int32(w, types.intp, y, types.intp)
+
+        def codegen(context, builder, signature, args):
+            def at(arr: int, pos: int, off: int, n: int):
+                p = element_pointer(context, builder, signature.args[arr], args[arr],
+                                    builder.add(args[pos], ir.Constant(args[pos].type, off)))
+                return load_vector(builder, p, IR_I8, n)
+
+            qs32, qs16, qh = (_powers(builder, at(0, 1, off, n), 5) for off, n in ((0, 32), (32, 16), (48, 4)))
+            # lane 4k + j: qh[j] * 3^k
+            qh16 = _concat(builder, _concat(builder, qh[0], qh[1]), _concat(builder, qh[2], qh[3]))
+            # the bytes of src1 values 32k .. 32k + 31
+            parts = [*qs32, _concat(builder, qs16[0], qs16[1]), _concat(builder, qs16[2], qs16[3]),
+                     _concat(builder, qs16[4], qh16)]
+            acc = None
+            for k, q in enumerate(parts):
+                part = sums_unsigned(builder, _trits(builder, q), at(2, 3, 32 * k, 32))
                 acc = part if acc is None else builder.add(acc, part)
-        return reduce_add_i32(builder, acc, 8)
+            return reduce_add_i32(builder, acc, 8)
 
-    return sig, codegen
+        return sig, codegen
+
+    @intrinsic
+    def dot_tq2_0_fields(typingctx, w, i, y, j):
+        """sum_t q_t * y[j+t] over the 256 weights of the TQ2_0 block at w[i] (2-bit fields 0..3, exact int32)."""
+        sig = types.int32(w, types.intp, y, types.intp)
+
+        def codegen(context, builder, signature, args):
+            v8 = ir.VectorType(IR_I8, 32)
+            acc = None
+            for h in range(2):
+                pw = element_pointer(context, builder, signature.args[0], args[0],
+                                     builder.add(args[1], ir.Constant(args[1].type, 32 * h)))
+                q = load_vector(builder, pw, IR_I8, 32)
+                for l in range(4):
+                    fields = builder.and_(builder.lshr(q, ir.Constant(v8, [2 * l] * 32)), ir.Constant(v8, [3] * 32))
+                    py = element_pointer(context, builder, signature.args[2], args[2],
+                                         builder.add(args[3], ir.Constant(args[3].type, 128 * h + 32 * l)))
+                    part = sums_unsigned(builder, fields, load_vector(builder, py, IR_I8, 32))
+                    acc = part if acc is None else builder.add(acc, part)
+            return reduce_add_i32(builder, acc, 8)
+
+        return sig, codegen
+
+    @intrinsic
+    def dot_q2_0_32(typingctx, w, i, y, j):
+        """sum_t ((w[i + t/4] >> 2(t%4)) & 3) * y[j+t], t < 32: half a Q2_0 block times a Q8_0 block (exact)."""
+        sig = types.int32(w, types.intp, y, types.intp)
+
+        def codegen(context, builder, signature, args):
+            v16 = ir.VectorType(IR_I16, 32)
+            q = load_vector(builder, element_pointer(context, builder, signature.args[0], args[0], args[1]), IR_I8, 8)
+            wide = builder.zext(shuffle(builder, q, [t >> 2 for t in range(32)]), v16)
+            # field k of a byte is bits 6..7 of the byte times 2^(6 - 2k): a multiply, not a per-lane shift
+            up = builder.mul(wide, ir.Constant(v16, [1 << (6 - 2 * (t & 3)) for t in range(32)]))
+            fields = builder.and_(builder.lshr(up, ir.Constant(v16, [6] * 32)), ir.Constant(v16, [3] * 32))
+            py = element_pointer(context, builder, signature.args[2], args[2], args[3])
+            fields = builder.trunc(fields, ir.VectorType(IR_I8, 32))
+            sums = sums_unsigned(builder, fields, load_vector(builder, py, IR_I8, 32))
+            return reduce_add_i32(builder, sums, 8)
+
+        return sig, codegen
+
+    @intrinsic
+    def dot_fp4_pair(typingctx, w, i, y, j):
+        """Two NVFP4 sub-blocks (16 bytes at w[i]) times y[j : j+32]: (sum of the first 16 products, of the last 16),
+        each sub-block's values kvalues_fp4 of its 8 bytes' low nibbles, then of their high nibbles."""
+        sig = types.UniTuple(types.int32, 2)(w, types.intp, y, types.intp)
+
+        def codegen(context, builder, signature, args):
+            nib = q4_0_nibbles(builder, element_pointer(context, builder, signature.args[0], args[0], args[1]))
+            nib = shuffle(builder, nib, [*range(8), *range(16, 24), *range(8, 16), *range(24, 32)])
+            vals = lookup(builder, KVALUES[MXFP4], nib)
+            py = element_pointer(context, builder, signature.args[2], args[2], args[3])
+            sums = sums_quads(builder, vals, load_vector(builder, py, IR_I8, 32))  # lane k: products 4k .. 4k + 3
+            lo = reduce_add_i32(builder, shuffle(builder, sums, list(range(4))), 4)
+            hi = reduce_add_i32(builder, shuffle(builder, sums, list(range(4, 8))), 4)
+            return context.make_tuple(builder, signature.return_type, [lo, hi])
+
+        return sig, codegen
+
+    return LowBitDots(dot_tq1_0_trits, dot_tq2_0_fields, dot_q2_0_32, dot_fp4_pair)
 
 
-@intrinsic
-def dot_q2_0_32(typingctx, w, i, y, j):
-    """sum_t ((w[i + t/4] >> 2(t%4)) & 3) * y[j+t], t < 32: half a Q2_0 block's fields times a Q8_0 block (exact)."""
-    sig = types.int32(w, types.intp, y, types.intp)
-
-    def codegen(context, builder, signature, args):
-        v16 = ir.VectorType(IR_I16, 32)
-        q = load_vector(builder, element_pointer(context, builder, signature.args[0], args[0], args[1]), IR_I8, 8)
-        wide = builder.zext(shuffle(builder, q, [t >> 2 for t in range(32)]), v16)
-        # field k of a byte is bits 6..7 of the byte times 2^(6 - 2k): a multiply, not a per-lane shift
-        up = builder.mul(wide, ir.Constant(v16, [1 << (6 - 2 * (t & 3)) for t in range(32)]))
-        fields = builder.and_(builder.lshr(up, ir.Constant(v16, [6] * 32)), ir.Constant(v16, [3] * 32))
-        py = element_pointer(context, builder, signature.args[2], args[2], args[3])
-        sums = target_block_sums_unsigned(builder, builder.trunc(fields, ir.VectorType(IR_I8, 32)),
-                                          load_vector(builder, py, IR_I8, 32))
-        return reduce_add_i32(builder, sums, 8)
-
-    return sig, codegen
-
-
-@intrinsic
-def dot_fp4_pair(typingctx, w, i, y, j):
-    """Two NVFP4 sub-blocks (16 bytes at w[i]) times y[j : j+32]: (sum of the first 16 products, of the last 16),
-    each sub-block's values kvalues_fp4 of its 8 bytes' low nibbles, then of their high nibbles."""
-    sig = types.UniTuple(types.int32, 2)(w, types.intp, y, types.intp)
-
-    def codegen(context, builder, signature, args):
-        nib = q4_0_nibbles(builder, element_pointer(context, builder, signature.args[0], args[0], args[1]))
-        nib = shuffle(builder, nib, [*range(8), *range(16, 24), *range(8, 16), *range(24, 32)])
-        vals = lookup16(builder, KVALUES[MXFP4], nib)
-        py = element_pointer(context, builder, signature.args[2], args[2], args[3])
-        sums = block_quads(builder, vals, load_vector(builder, py, IR_I8, 32))  # lane k: products 4k .. 4k + 3
-        lo = reduce_add_i32(builder, shuffle(builder, sums, list(range(4))), 4)
-        hi = reduce_add_i32(builder, shuffle(builder, sums, list(range(4, 8))), 4)
-        return context.make_tuple(builder, signature.return_type, [lo, hi])
-
-    return sig, codegen
+# the target's: AVX2's (or VNNI's) sums have the quads layout, the portable signed sums need it asked for
+TARGET_DOTS = make_low_bit_dots(target_block_sums_unsigned, target_block_sums if HAS_AVX2 else block_sums_quads,
+                                lookup16)
+dot_tq1_0_trits, dot_tq2_0_fields, dot_q2_0_32, dot_fp4_pair = TARGET_DOTS
 
 
 @njit(nogil=True, cache=True, inline="always")
