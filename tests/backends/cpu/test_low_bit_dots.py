@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from numba import njit
 
-from pyggml.backends.cpu.kernels.vec_dot import block_sums, low_bit, table_lookup
+from pyggml.backends.cpu.kernels.vec_dot import block_sums, low_bit, quantize_src1, table_lookup
 from pyggml.core import quants
 from pyggml.core.types import TYPE_TRAITS, GGMLType
 
@@ -24,8 +24,8 @@ ONE_UE4M3 = 0x40  # ggml_ue4m3_to_fp32(0x40) = 1.0: NVFP4's values are then kval
 
 
 def variants() -> dict[str, tuple[Callable, Callable, Callable]]:
-    """(unsigned sums, signed sums with the quads layout, table lookup) of every variant this host runs."""
-    out = {"portable": (block_sums.block_sums_unsigned_portable, block_sums.block_sums_quads,
+    """(unsigned and signed sums with the quads layout, table lookup) of every variant this host runs."""
+    out = {"portable": (block_sums.block_sums_unsigned_quads, block_sums.block_sums_quads,
                         table_lookup.lookup16_portable)}
     if block_sums.HAS_AVX2:
         out["avx2"] = (block_sums.block_sums_unsigned_avx2, block_sums.block_sums_avx2, table_lookup.lookup16_avx2)
@@ -70,9 +70,16 @@ def test_ternary_block_sums(dots: low_bit.LowBitDots, rng: np.random.Generator) 
         np.testing.assert_array_equal(got, ((values + 1) * y).sum(axis=1), err_msg=t.name)
 
 
-def test_q2_0_and_nvfp4_block_sums(dots: low_bit.LowBitDots, rng: np.random.Generator) -> None:
-    """Q2_0's fields (value + 1) by halves of 32, NVFP4's kvalues_fp4 by sub-blocks of 16."""
-    q2, fp4 = dots.q2_0_32, dots.fp4_pair
+def test_q1_0_q2_0_and_nvfp4_block_sums(dots: low_bit.LowBitDots, rng: np.random.Generator) -> None:
+    """Q1_0's signs by quarters of 32, Q2_0's fields (value + 1) by halves of 32, NVFP4's kvalues_fp4 by sub-blocks
+    of 16."""
+    q1, q2, fp4 = dots.q1_0_32, dots.q2_0_32, dots.fp4_pair
+
+    @njit
+    def run_q1(w: np.ndarray, y: np.ndarray, out: np.ndarray) -> None:
+        for b in range(out.shape[0]):
+            for k in range(4):
+                out[b, k] = q1(w, 18 * b + 2 + 4 * k, y, 128 * b + 32 * k)
 
     @njit
     def run_q2(w: np.ndarray, y: np.ndarray, out: np.ndarray) -> None:
@@ -86,7 +93,12 @@ def test_q2_0_and_nvfp4_block_sums(dots: low_bit.LowBitDots, rng: np.random.Gene
             for p in range(2):
                 out[b, 2 * p], out[b, 2 * p + 1] = fp4(w, 36 * b + 4 + 16 * p, y, 64 * b + 32 * p)
 
-    y = rng.integers(-127, 128, (NB, 64), dtype=np.int8)
+    y = rng.integers(-127, 128, (NB, 128), dtype=np.int8)
+    raw, values = unit_blocks(T.Q1_0, rng)
+    got = np.zeros((NB, 4), np.int32)
+    run_q1(raw.reshape(-1), y.reshape(-1), got)
+    np.testing.assert_array_equal(got, (values * y).reshape(NB, 4, 32).sum(axis=2))
+    y = y[:, :64].copy()
     raw, values = unit_blocks(T.Q2_0, rng)
     got = np.zeros((NB, 2), np.int32)
     run_q2(raw.reshape(-1), y.reshape(-1), got)
@@ -95,3 +107,102 @@ def test_q2_0_and_nvfp4_block_sums(dots: low_bit.LowBitDots, rng: np.random.Gene
     got = np.zeros((NB, 4), np.int32)
     run_fp4(raw.reshape(-1), y.reshape(-1), got)
     np.testing.assert_array_equal(got, (values * y).reshape(NB, 4, 16).sum(axis=2))
+
+
+def rows_of(dot: Callable) -> Callable:
+    """A compiled out[r, m] = dot(weight row m, src1 row r) over all rows, for a row-dot intrinsic."""
+
+    @njit
+    def run(w: np.ndarray, row_bytes: int, nb: int, yq: np.ndarray, yd: np.ndarray, yb: np.ndarray,
+            out: np.ndarray) -> None:
+        for m in range(out.shape[1]):
+            for r in range(out.shape[0]):
+                out[r, m] = dot(w, m * row_bytes, nb, yq, yd, yb, r)
+
+    return run
+
+
+X86_ROWS = {T.TQ1_0: "tq1_0_x86", T.TQ2_0: "tq2_0_x86", T.Q1_0: "q1_0_x86", T.NVFP4: "nvfp4_x86"}
+
+
+@pytest.mark.parametrize("wtype", list(X86_ROWS), ids=lambda t: t.name)
+def test_x86_rows_of_every_variant_are_the_target_s(wtype: GGMLType, dots: low_bit.LowBitDots,
+                                                    rng: np.random.Generator) -> None:
+    """The rows in ggml's AVX2 order (which test_numerics compares with libggml bit for bit on x86 hosts) give the
+    same floats from every variant's sums: the integers are exact, the float steps the same."""
+    mine, target = (rows_of(getattr(d, X86_ROWS[wtype])) for d in (dots, low_bit.TARGET_DOTS))
+
+    M, K, N = 8, 1024, 3
+    raw = quants.from_float(wtype, rng.standard_normal((M, K)).astype(np.float32))
+    vdt = TYPE_TRAITS[wtype].vec_dot_type
+    qk = TYPE_TRAITS[vdt].blck_size
+    x = rng.standard_normal((N, K)).astype(np.float32)
+    yq, yd = np.zeros((N, K), np.int8), np.zeros((N, K // qk), np.float32)
+    ys, yb = np.zeros((N, K // qk), np.float32), np.zeros((N, K // 16), np.int32)
+    quantize_src1.quantize_rows(int(vdt), x, yq, yd, ys, yb, quantize_src1.ROUND_REF)
+    nb = K // TYPE_TRAITS[wtype].blck_size
+    got, want = np.zeros((N, M), np.float32), np.zeros((N, M), np.float32)
+    mine(raw.reshape(-1), raw.shape[1], nb, yq, yd, yb, got)
+    target(raw.reshape(-1), raw.shape[1], nb, yq, yd, yb, want)
+    np.testing.assert_array_equal(got, want)
+    values = quants.to_float(wtype, raw).astype(np.float64)
+    y = quants.to_float(vdt, quants.from_float(vdt, x)).astype(np.float64)
+    assert np.max(np.abs(got - y @ values.T)) < 1e-4 * np.max(np.abs(y @ values.T))
+
+
+# per type: (weight values per scale, src1 blocks per weight block) of ggml's generic vec_dot (ggml-cpu/quants.c)
+GENERIC = {T.TQ1_0: (256, 1), T.TQ2_0: (256, 1), T.NVFP4: (16, 2), T.Q1_0: (32, 4), T.Q2_0: (32, 2)}
+
+
+def _scales_and_values(t: GGMLType, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the scales as float32 (M, blocks or sub-blocks), the integer values (M, K)) of rows of t."""
+    M = raw.shape[0]
+    blocks = raw.reshape(M, -1, TYPE_TRAITS[t].type_size).copy()
+    if t == T.NVFP4:
+        scales = low_bit.UE4M3[blocks[:, :, :4]].reshape(M, -1)
+        blocks[:, :, :4] = ONE_UE4M3
+    else:
+        off = quants.BLOCK_DTYPES[t].fields["d"][1]
+        scales = blocks[:, :, off:off + 2].copy().view("<f2").astype(np.float32)[..., 0]
+        blocks[:, :, off:off + 2] = ONE_F16
+    return scales, quants.to_float(t, blocks.reshape(M, -1)).astype(np.int64)
+
+
+@pytest.mark.parametrize("wtype", list(GENERIC), ids=lambda t: t.name)
+def test_ref_products_sum_in_ggml_generic_order(wtype: GGMLType, rng: np.random.Generator) -> None:
+    """MUL_MAT under numerics "ref": ggml's generic vec_dot in float32, step by step (TQ: sum * (d_x * d_y) per
+    block; Q1_0/Q2_0: d_y * sum per Q8_0 block into the block's sum, times d_x; NVFP4: d_y * d_s * sum per
+    sub-block)."""
+    from kernel_helpers import F32, new_ctx, run, tensor
+
+    from pyggml.backends.cpu.kernels import ComputeParams
+
+    M, N, K = 6, 3, 1024
+    raw = quants.from_float(wtype, rng.standard_normal((M, K)).astype(np.float32))
+    x = rng.standard_normal((N, K)).astype(np.float32)
+    ctx = new_ctx(8)
+    w = ctx.new_tensor(wtype, [K, M])
+    w.numpy()[...] = raw.reshape(w.numpy().shape)
+    got = run(ctx.mul_mat(w, tensor(ctx, F32, x[None, None])), ComputeParams(numerics="ref"))[0, 0]
+    vdt = TYPE_TRAITS[wtype].vec_dot_type
+    qk = TYPE_TRAITS[vdt].blck_size
+    yq, yd = np.zeros((N, K), np.int8), np.zeros((N, K // qk), np.float32)
+    ys, yb = np.zeros((N, K // qk), np.float32), np.zeros((N, K // 16), np.int32)
+    quantize_src1.quantize_rows(int(vdt), x, yq, yd, ys, yb, quantize_src1.ROUND_REF)
+    scales, values = _scales_and_values(wtype, raw)
+    per, y_per = GENERIC[wtype]
+    want = np.zeros((N, M), np.float32)
+    for n in range(N):
+        sums = (values * yq[n]).reshape(M, -1, per).sum(axis=-1).astype(np.float32)  # exact, per scale
+        for b in range(K // TYPE_TRAITS[wtype].blck_size):
+            if wtype in (T.TQ1_0, T.TQ2_0):
+                want[n] += sums[:, b] * (scales[:, b] * yd[n, b])
+            elif wtype == T.NVFP4:
+                for s in range(4):
+                    want[n] += (yd[n, 2 * b + s // 2] * scales[:, 4 * b + s]) * sums[:, 4 * b + s]
+            else:
+                inner = np.zeros(M, np.float32)
+                for k in range(y_per):
+                    inner += yd[n, y_per * b + k] * sums[:, y_per * b + k]
+                want[n] += scales[:, b] * inner
+    np.testing.assert_array_equal(got, want)

@@ -35,11 +35,13 @@ def test_rows_come_in_ggml_enum_order_with_ggml_block_sizes() -> None:
 def test_each_weight_type_has_one_dot_and_its_vec_dot_type_is_ggml_s() -> None:
     for t, row in tt.CPU_TYPE_TRAITS.items():
         if row.vec_dot_type is None:
-            assert row.cols is row.cols_x86 is row.reference_dot is row.x8 is None and not row.repack, t
+            assert row.cols is row.cols_x86 is row.reference_dot is row.reference_dot_x86 is row.x8 is None, t
+            assert not row.repack, t
             continue
         assert row.vec_dot_type == TYPE_TRAITS[t].vec_dot_type, t
         assert (row.cols is None) != (row.reference_dot is None), t  # a row loop or a scalar dot, not both
         assert row.cols_x86 is None or row.cols is not None, t
+        assert row.reference_dot_x86 is None or row.reference_dot is not None, t
         assert not row.repack or row.x8 is not None, t
         assert row.x8 is None or row.block_size == 32, t
 

@@ -14,26 +14,32 @@ from typing import Any, NamedTuple
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 from pyggml.backends.cpu.kernels.atomics import element_pointer
 from pyggml.backends.cpu.kernels.vec_dot.block_sums import (
     HAS_AVX2,
     block_sums_quads,
+    block_sums_unsigned_quads,
     q4_0_nibbles,
     target_block_sums,
     target_block_sums_unsigned,
 )
 from pyggml.backends.cpu.kernels.vec_dot.ir import (
+    IR_F32,
     IR_I8,
     IR_I16,
     IR_I32,
-    dot_mask32,
+    fma,
     load_f16,
-    load_u32,
     load_vector,
+    pair_sums,
     reduce_add_i32,
+    row_pointer,
     shuffle,
+    splat,
+    sum_f32_tree,
 )
 from pyggml.backends.cpu.kernels.vec_dot.kinds import KVALUES, MXFP4
 from pyggml.backends.cpu.kernels.vec_dot.table_lookup import lookup16
@@ -71,65 +77,185 @@ def _concat(builder, a, b):
     return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(IR_I32, 2 * n), list(range(2 * n))))
 
 
+def _load_at(builder, p, off: int, elem: ir.Type, n: int):
+    """<n x elem> at element `off` of pointer p."""
+    return load_vector(builder, builder.gep(p, [ir.Constant(ir.IntType(64), off)]), elem, n)
+
+
+def _f16_at(builder, p, off: int):
+    """The IEEE half at byte `off` of byte pointer p, as float."""
+    h = builder.load(builder.bitcast(builder.gep(p, [ir.Constant(ir.IntType(64), off)]), IR_I16.as_pointer()), align=1)
+    return builder.fpext(builder.bitcast(h, ir.HalfType()), IR_F32)
+
+
+def _tq1_0_lanes(builder, sums, pw, py):
+    """8 lanes of trit * y sums over the TQ1_0 block at byte pointer pw and its 256 src1 values at py (`sums`'s
+    layout: lane k of the quads layout holds the products whose index mod 32 is 4k .. 4k + 3)."""
+    qs32, qs16, qh = (_powers(builder, _load_at(builder, pw, off, IR_I8, n), 5) for off, n in ((0, 32), (32, 16),
+                                                                                                (48, 4)))
+    # lane 4k + j: qh[j] * 3^k
+    qh16 = _concat(builder, _concat(builder, qh[0], qh[1]), _concat(builder, qh[2], qh[3]))
+    # the bytes of src1 values 32k .. 32k + 31
+    parts = [*qs32, _concat(builder, qs16[0], qs16[1]), _concat(builder, qs16[2], qs16[3]),
+             _concat(builder, qs16[4], qh16)]
+    acc = None
+    for k, q in enumerate(parts):
+        part = sums(builder, _trits(builder, q), _load_at(builder, py, 32 * k, IR_I8, 32))
+        acc = part if acc is None else builder.add(acc, part)
+    return acc
+
+
+def _tq2_0_lanes(builder, sums, pw, py):
+    """As _tq1_0_lanes for TQ2_0's 2-bit fields (0..3)."""
+    v8 = ir.VectorType(IR_I8, 32)
+    acc = None
+    for h in range(2):
+        q = _load_at(builder, pw, 32 * h, IR_I8, 32)
+        for l in range(4):
+            fields = builder.and_(builder.lshr(q, ir.Constant(v8, [2 * l] * 32)), ir.Constant(v8, [3] * 32))
+            part = sums(builder, fields, _load_at(builder, py, 128 * h + 32 * l, IR_I8, 32))
+            acc = part if acc is None else builder.add(acc, part)
+    return acc
+
+
+def _fp4_pair_lanes(builder, sums, lookup, pw, py):
+    """Two NVFP4 sub-blocks (16 bytes at pw) times the 32 src1 values at py: 8 lanes, the first 4 the sums of
+    the first sub-block (its values kvalues_fp4 of its 8 bytes' low nibbles, then their high nibbles)."""
+    nib = shuffle(builder, q4_0_nibbles(builder, pw), [*range(8), *range(16, 24), *range(8, 16), *range(24, 32)])
+    return sums(builder, lookup(builder, KVALUES[MXFP4], nib), load_vector(builder, py, IR_I8, 32))
+
+
+def _q1_0_lanes(builder, sums, pw, py):
+    """Q1_0's 32 signs (the bits of the 4 bytes at pw, low first; set: +1, clear: -1) times the 32 src1 values at
+    py: 8 lanes (`sums`' layout), each byte's bits spread over 8 lanes and tested as ggml's AVX2 code does."""
+    v8 = ir.VectorType(IR_I8, 32)
+    spread = shuffle(builder, load_vector(builder, pw, IR_I8, 4), [t >> 3 for t in range(32)])
+    on = builder.icmp_unsigned("!=", builder.and_(spread, ir.Constant(v8, [1 << (t & 7) for t in range(32)])),
+                               ir.Constant(v8, [0] * 32))
+    signs = builder.select(on, ir.Constant(v8, [1] * 32), ir.Constant(v8, [0xFF] * 32))
+    return sums(builder, signs, load_vector(builder, py, IR_I8, 32))
+
+
+def _block_intrinsic(lanes_of):
+    """An intrinsic f(w, i, y, j) -> int32: the sum of the lanes `lanes_of(builder, pw, py)` of w[i:], y[j:]."""
+
+    @intrinsic
+    def block_sum_of(typingctx, w, i, y, j):
+        sig = types.int32(w, types.intp, y, types.intp)
+
+        def codegen(context, builder, signature, args):
+            pw = element_pointer(context, builder, signature.args[0], args[0], args[1])
+            py = element_pointer(context, builder, signature.args[2], args[2], args[3])
+            return reduce_add_i32(builder, lanes_of(builder, pw, py), 8)
+
+        return sig, codegen
+
+    return block_sum_of
+
+
+def _x86_row(block_bytes: int, block):
+    """An intrinsic dot(w, o, nb, yq, yd, yb, r) -> float32 in the order of ggml's AVX2 vec_dots: 8 float lanes
+    `block(builder, pw, py, pd, pb, b, acc)` updates for each block b (pointers: the block's bytes, src1 row r's
+    values, scales and 16-value sums), added at the end as hsum_float_8 does."""
+
+    @intrinsic
+    def dot(typingctx, w, o, nb, yq, yd, yb, r):
+        sig = types.float32(w, types.intp, types.intp, yq, yd, yb, types.intp)
+
+        def codegen(context, builder, signature, args):
+            tw, _, _, tyq, tyd, tyb, _ = signature.args
+            w_arr, o, nb, yq_arr, yd_arr, yb_arr, r = args
+            v8f = ir.VectorType(IR_F32, 8)
+            acc = cgutils.alloca_once_value(builder, ir.Constant(v8f, [0.0] * 8))
+            pw0 = element_pointer(context, builder, tw, w_arr, o)
+            py, pd, pb = (row_pointer(context, builder, t, a, r)[0]
+                          for t, a in ((tyq, yq_arr), (tyd, yd_arr), (tyb, yb_arr)))
+            with cgutils.for_range(builder, nb) as loop:
+                b = loop.index
+                pw = builder.gep(pw0, [builder.mul(b, ir.Constant(b.type, block_bytes))])
+                builder.store(block(builder, pw, py, pd, pb, b, builder.load(acc)), acc)
+            return sum_f32_tree(builder, builder.load(acc), 8)
+
+        return sig, codegen
+
+    return dot
+
+
+def _at(builder, p, b, per_block: int, off: int = 0):
+    """Pointer p advanced to element per_block * b + off."""
+    return builder.gep(p, [builder.add(builder.mul(b, ir.Constant(b.type, per_block)), ir.Constant(b.type, off))])
+
+
+def _ternary_x86_block(lanes_of, d_off: int):
+    """ggml's AVX2 TQ1_0/TQ2_0 block: lanes minus src1's 16-value sums in pairs, times y.d * x.d into the lanes."""
+
+    def block(builder, pw, py, pd, pb, b, acc):
+        lanes = lanes_of(builder, pw, _at(builder, py, b, 256))
+        lanes = builder.sub(lanes, pair_sums(builder, load_vector(builder, _at(builder, pb, b, 16), IR_I32, 16)))
+        d = builder.fmul(builder.load(_at(builder, pd, b, 1)), _f16_at(builder, pw, d_off))
+        return fma(builder, builder.sitofp(lanes, acc.type), splat(builder, d, 8), acc)
+
+    return block
+
+
+def _q1_0_x86_block(sums):
+    """ggml's AVX2 Q1_0 block: its 4 Q8_0 blocks' lanes by their scales (a product, then 3 FMAs), by d."""
+
+    def block(builder, pw, py, pd, pb, b, acc):
+        part = None
+        for k in range(4):
+            pk = builder.gep(pw, [ir.Constant(ir.IntType(64), 2 + 4 * k)])
+            lanes = builder.sitofp(_q1_0_lanes(builder, sums, pk, _at(builder, py, b, 128, 32 * k)), acc.type)
+            dy = splat(builder, builder.load(_at(builder, pd, b, 4, k)), 8)
+            part = builder.fmul(dy, lanes) if part is None else fma(builder, dy, lanes, part)
+        return fma(builder, splat(builder, _f16_at(builder, pw, 0), 8), part, acc)
+
+    return block
+
+
+def _ue4m3(builder, byte):
+    """ggml_ue4m3_to_fp32 of an i8 value, from a constant table."""
+    table = cgutils.global_constant(builder, "ue4m3", ir.Constant(ir.ArrayType(IR_F32, 256), [float(v) for v in UE4M3]))
+    return builder.load(builder.gep(table, [ir.Constant(IR_I32, 0), builder.zext(byte, IR_I32)]))
+
+
+def _nvfp4_x86_block(sums, lookup):
+    """ggml's AVX2 NVFP4 block: each pair of sub-blocks' lanes by their scales ue4m3(d[s]) * y.d (4 lanes each)."""
+
+    def block(builder, pw, py, pd, pb, b, acc):
+        for p in range(2):
+            lanes = _fp4_pair_lanes(builder, sums, lookup, builder.gep(pw, [ir.Constant(ir.IntType(64), 4 + 16 * p)]),
+                                    _at(builder, py, b, 64, 32 * p))
+            dy = builder.load(_at(builder, pd, b, 2, p))
+            s = [builder.fmul(_ue4m3(builder, builder.load(builder.gep(pw, [ir.Constant(ir.IntType(64), 2 * p + h)]))),
+                              dy) for h in range(2)]
+            scales = builder.shuffle_vector(splat(builder, s[0], 4), splat(builder, s[1], 4),
+                                            ir.Constant(ir.VectorType(IR_I32, 8), list(range(8))))
+            acc = fma(builder, scales, builder.sitofp(lanes, acc.type), acc)
+        return acc
+
+    return block
+
+
 class LowBitDots(NamedTuple):
-    """The exact block sums of the low-bit vec_dots (intrinsics)."""
+    """The low-bit types' exact block sums (intrinsics f(w, i, y, j)) and their rows in ggml's AVX2 order
+    (intrinsics dot(w, o, nb, yq, yd, yb, r), the type table's x86 dots)."""
 
     tq1_0: Any
     tq2_0: Any
+    q1_0_32: Any
     q2_0_32: Any
     fp4_pair: Any
+    tq1_0_x86: Any
+    tq2_0_x86: Any
+    q1_0_x86: Any
+    nvfp4_x86: Any
 
 
-def make_low_bit_dots(sums_unsigned: Callable, sums_quads: Callable, lookup: Callable) -> LowBitDots:
-    """The block sums with these block-sum generators (unsigned values; signed with lane k holding products
-    4k .. 4k + 3) and 16-value table lookup: the target's, or any variant the host runs (tests force each)."""
-
-    @intrinsic
-    def dot_tq1_0_trits(typingctx, w, i, y, j):
-        """sum_t trit_t * y[j+t] over the 256 weights of the TQ1_0 block at w[i] (trits 0..2, exact int32)."""
-        sig = types.int32(w, types.intp, y, types.intp)
-
-        def codegen(context, builder, signature, args):
-            def at(arr: int, pos: int, off: int, n: int):
-                p = element_pointer(context, builder, signature.args[arr], args[arr],
-                                    builder.add(args[pos], ir.Constant(args[pos].type, off)))
-                return load_vector(builder, p, IR_I8, n)
-
-            qs32, qs16, qh = (_powers(builder, at(0, 1, off, n), 5) for off, n in ((0, 32), (32, 16), (48, 4)))
-            # lane 4k + j: qh[j] * 3^k
-            qh16 = _concat(builder, _concat(builder, qh[0], qh[1]), _concat(builder, qh[2], qh[3]))
-            # the bytes of src1 values 32k .. 32k + 31
-            parts = [*qs32, _concat(builder, qs16[0], qs16[1]), _concat(builder, qs16[2], qs16[3]),
-                     _concat(builder, qs16[4], qh16)]
-            acc = None
-            for k, q in enumerate(parts):
-                part = sums_unsigned(builder, _trits(builder, q), at(2, 3, 32 * k, 32))
-                acc = part if acc is None else builder.add(acc, part)
-            return reduce_add_i32(builder, acc, 8)
-
-        return sig, codegen
-
-    @intrinsic
-    def dot_tq2_0_fields(typingctx, w, i, y, j):
-        """sum_t q_t * y[j+t] over the 256 weights of the TQ2_0 block at w[i] (2-bit fields 0..3, exact int32)."""
-        sig = types.int32(w, types.intp, y, types.intp)
-
-        def codegen(context, builder, signature, args):
-            v8 = ir.VectorType(IR_I8, 32)
-            acc = None
-            for h in range(2):
-                pw = element_pointer(context, builder, signature.args[0], args[0],
-                                     builder.add(args[1], ir.Constant(args[1].type, 32 * h)))
-                q = load_vector(builder, pw, IR_I8, 32)
-                for l in range(4):
-                    fields = builder.and_(builder.lshr(q, ir.Constant(v8, [2 * l] * 32)), ir.Constant(v8, [3] * 32))
-                    py = element_pointer(context, builder, signature.args[2], args[2],
-                                         builder.add(args[3], ir.Constant(args[3].type, 128 * h + 32 * l)))
-                    part = sums_unsigned(builder, fields, load_vector(builder, py, IR_I8, 32))
-                    acc = part if acc is None else builder.add(acc, part)
-            return reduce_add_i32(builder, acc, 8)
-
-        return sig, codegen
+def make_low_bit_dots(sums_unsigned: Callable, sums_signed: Callable, lookup: Callable) -> LowBitDots:
+    """The low-bit dots with these block-sum generators (unsigned and signed values, both with lane k holding
+    products 4k .. 4k + 3) and 16-value table lookup: the target's, or any variant the host runs (tests force
+    each)."""
 
     @intrinsic
     def dot_q2_0_32(typingctx, w, i, y, j):
@@ -152,29 +278,43 @@ def make_low_bit_dots(sums_unsigned: Callable, sums_quads: Callable, lookup: Cal
 
     @intrinsic
     def dot_fp4_pair(typingctx, w, i, y, j):
-        """Two NVFP4 sub-blocks (16 bytes at w[i]) times y[j : j+32]: (sum of the first 16 products, of the last 16),
-        each sub-block's values kvalues_fp4 of its 8 bytes' low nibbles, then of their high nibbles."""
+        """Two NVFP4 sub-blocks (16 bytes at w[i]) times y[j : j+32]: (sum of the first 16 products, of the last
+        16)."""
         sig = types.UniTuple(types.int32, 2)(w, types.intp, y, types.intp)
 
         def codegen(context, builder, signature, args):
-            nib = q4_0_nibbles(builder, element_pointer(context, builder, signature.args[0], args[0], args[1]))
-            nib = shuffle(builder, nib, [*range(8), *range(16, 24), *range(8, 16), *range(24, 32)])
-            vals = lookup(builder, KVALUES[MXFP4], nib)
+            pw = element_pointer(context, builder, signature.args[0], args[0], args[1])
             py = element_pointer(context, builder, signature.args[2], args[2], args[3])
-            sums = sums_quads(builder, vals, load_vector(builder, py, IR_I8, 32))  # lane k: products 4k .. 4k + 3
-            lo = reduce_add_i32(builder, shuffle(builder, sums, list(range(4))), 4)
-            hi = reduce_add_i32(builder, shuffle(builder, sums, list(range(4, 8))), 4)
+            lanes = _fp4_pair_lanes(builder, sums_signed, lookup, pw, py)
+            lo = reduce_add_i32(builder, shuffle(builder, lanes, list(range(4))), 4)
+            hi = reduce_add_i32(builder, shuffle(builder, lanes, list(range(4, 8))), 4)
             return context.make_tuple(builder, signature.return_type, [lo, hi])
 
         return sig, codegen
 
-    return LowBitDots(dot_tq1_0_trits, dot_tq2_0_fields, dot_q2_0_32, dot_fp4_pair)
+    def tq1(builder, pw, py):
+        return _tq1_0_lanes(builder, sums_unsigned, pw, py)
+
+    def tq2(builder, pw, py):
+        return _tq2_0_lanes(builder, sums_unsigned, pw, py)
+
+    def q1(builder, pw, py):
+        return _q1_0_lanes(builder, sums_signed, pw, py)
+
+    tq1_sum, tq2_sum, q1_sum = _block_intrinsic(tq1), _block_intrinsic(tq2), _block_intrinsic(q1)
+    q1_sum.__doc__ = "sum_t (bit t of w[i:i+4] ? y[j+t] : -y[j+t]), t < 32: a quarter Q1_0 block (exact)."
+    tq1_sum.__doc__ = "sum_t trit_t * y[j+t] over the 256 weights of the TQ1_0 block at w[i] (trits 0..2, exact)."
+    tq2_sum.__doc__ = "sum_t q_t * y[j+t] over the 256 weights of the TQ2_0 block at w[i] (fields 0..3, exact)."
+    return LowBitDots(tq1_sum, tq2_sum, q1_sum, dot_q2_0_32, dot_fp4_pair,
+                      _x86_row(54, _ternary_x86_block(tq1, 52)), _x86_row(66, _ternary_x86_block(tq2, 64)),
+                      _x86_row(18, _q1_0_x86_block(sums_signed)), _x86_row(36, _nvfp4_x86_block(sums_signed, lookup)))
 
 
-# the target's: AVX2's (or VNNI's) sums have the quads layout, the portable signed sums need it asked for
-TARGET_DOTS = make_low_bit_dots(target_block_sums_unsigned, target_block_sums if HAS_AVX2 else block_sums_quads,
-                                lookup16)
-dot_tq1_0_trits, dot_tq2_0_fields, dot_q2_0_32, dot_fp4_pair = TARGET_DOTS
+# the target's sums with lane k holding products 4k .. 4k + 3: AVX2's and VNNI's have that layout
+TARGET_DOTS = (make_low_bit_dots(target_block_sums_unsigned, target_block_sums, lookup16) if HAS_AVX2 else
+               make_low_bit_dots(block_sums_unsigned_quads, block_sums_quads, lookup16))
+dot_tq1_0_trits, dot_tq2_0_fields, dot_q1_0_signs, dot_q2_0_32, dot_fp4_pair = TARGET_DOTS[:5]
+dot_tq1_0_x86, dot_tq2_0_x86, dot_q1_0_x86, dot_nvfp4_x86 = TARGET_DOTS[5:]
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -305,7 +445,7 @@ def dot_q1_0(w, o, nb, yq, yd, yb, r):
         sumi = np.float32(0.0)
         for k in range(4):
             yk = 4 * b + k
-            s = 2 * dot_mask32(load_u32(w, ob + 2 + 4 * k), yq, yo + 32 * yk) - block_sum(yb, r, 2 * yk, 2)
+            s = dot_q1_0_signs(w, ob + 2 + 4 * k, yq, yo + 32 * yk)
             sumi += yd[r, yk] * np.float32(s)
         sumf += load_f16(w, ob) * sumi
     return sumf

@@ -23,8 +23,9 @@ FLOAT_VEC_DOT_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
 @dataclass(frozen=True)
 class CPUTypeTraits:
     """One type's row: `cols` the row loop against up to COLS src1 columns (`cols_x86` in ggml's AVX2 order),
-    `reference_dot` one row's dot for a type without `cols`, `x8` the loop over 8 interleaved rows (`repack`: the
-    repack buffer type holds it so), `to_float` dequantize_row_<type> (given `to_float_arg` if set).
+    `reference_dot` one row's dot for a type without `cols` (`reference_dot_x86` in ggml's AVX2 order), `x8` the
+    loop over 8 interleaved rows (`repack`: the repack buffer type holds it so), `to_float` dequantize_row_<type>
+    (given `to_float_arg` if set).
     `vec_dot_type` None: not a MUL_MAT weight type (Q8_1, Q8_K)."""
 
     type: GGMLType
@@ -33,6 +34,7 @@ class CPUTypeTraits:
     cols: Kernel | None = None
     cols_x86: Kernel | None = None
     reference_dot: Kernel | None = None
+    reference_dot_x86: Kernel | None = None
     x8: Kernel | None = None
     repack: bool = False
     to_float_arg: int | None = None
@@ -53,6 +55,10 @@ class CPUTypeTraits:
     def cols_for(self, x86: bool) -> Kernel | None:
         """The row loop for numerics "x86" (`x86`) or "ref"."""
         return self.cols_x86 if x86 and self.cols_x86 is not None else self.cols
+
+    def dot_for(self, x86: bool) -> Kernel | None:
+        """The one-row dot for numerics "x86" (`x86`) or "ref"."""
+        return self.reference_dot_x86 if x86 and self.reference_dot_x86 is not None else self.reference_dot
 
 
 _T = GGMLType
@@ -79,11 +85,15 @@ CPU_TYPE_TRAITS: dict[GGMLType, CPUTypeTraits] = {row.type: row for row in (
     CPUTypeTraits(_T.IQ4_NL, _T.Q8_0, dq.dequantize_row_iq4_nl, cols=ql.dot_iq4_nl_cols),
     CPUTypeTraits(_T.IQ4_XS, _T.Q8_K, dq.dequantize_row_iq4_xs, reference_dot=rd.dot_iq4_xs),
     CPUTypeTraits(_T.BF16, _T.BF16, dq.half_row_to_f32, cols=fl.dot_bf16_cols, to_float_arg=int(_T.BF16)),
-    CPUTypeTraits(_T.TQ1_0, _T.Q8_K, lb.dequantize_row_tq1_0, reference_dot=lb.dot_tq1_0),
-    CPUTypeTraits(_T.TQ2_0, _T.Q8_K, lb.dequantize_row_tq2_0, reference_dot=lb.dot_tq2_0),
+    CPUTypeTraits(_T.TQ1_0, _T.Q8_K, lb.dequantize_row_tq1_0, reference_dot=lb.dot_tq1_0,
+                  reference_dot_x86=lb.dot_tq1_0_x86),
+    CPUTypeTraits(_T.TQ2_0, _T.Q8_K, lb.dequantize_row_tq2_0, reference_dot=lb.dot_tq2_0,
+                  reference_dot_x86=lb.dot_tq2_0_x86),
     CPUTypeTraits(_T.MXFP4, _T.Q8_0, dq.dequantize_row_mxfp4, cols=ql.dot_mxfp4_cols),
-    CPUTypeTraits(_T.NVFP4, _T.Q8_0, lb.dequantize_row_nvfp4, reference_dot=lb.dot_nvfp4),
-    CPUTypeTraits(_T.Q1_0, _T.Q8_0, lb.dequantize_row_q1_0, reference_dot=lb.dot_q1_0),
+    CPUTypeTraits(_T.NVFP4, _T.Q8_0, lb.dequantize_row_nvfp4, reference_dot=lb.dot_nvfp4,
+                  reference_dot_x86=lb.dot_nvfp4_x86),
+    CPUTypeTraits(_T.Q1_0, _T.Q8_0, lb.dequantize_row_q1_0, reference_dot=lb.dot_q1_0,
+                  reference_dot_x86=lb.dot_q1_0_x86),
     CPUTypeTraits(_T.Q2_0, _T.Q8_0, lb.dequantize_row_q2_0, reference_dot=lb.dot_q2_0),
 )}
 
