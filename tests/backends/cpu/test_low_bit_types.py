@@ -1,13 +1,18 @@
-"""The block sums of the TQ1_0, TQ2_0, Q2_0 and NVFP4 vec_dots (vec_dot.low_bit) in every variant the host runs
-(portable vector IR always, AVX2 and AVX512-VNNI where the CPU has them), against integer sums in numpy.
+"""The CPU kernels of TQ1_0, TQ2_0, NVFP4, Q1_0 and Q2_0 (vec_dot.low_bit), and GGUF files of these types.
 
-The weights' values come from the core's dequantizer (bit-exact with ggml) of the same bytes with a scale of 1, so
-a wrong field, trit or table entry in any variant fails here, whatever CPU the tests run on.
+The block sums in every variant the host runs (portable vector IR always, AVX2 and AVX512-VNNI where the CPU has
+them) against integer sums in numpy: the weights' values come from the core's dequantizer (bit-exact with ggml) of
+the same bytes with a scale of 1, so a wrong field, trit or table entry in any variant fails here, whatever CPU the
+tests run on. The rows in ggml's AVX2 order from every variant equal the target's (test_numerics compares those with
+libggml bit for bit), and the rows under numerics "ref" follow ggml's generic vec_dot step by step. MUL_MAT, GET_ROWS
+and CPY against libggml are in test_iq_types.
 """
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -206,3 +211,56 @@ def test_ref_products_sum_in_ggml_generic_order(wtype: GGMLType, rng: np.random.
                     inner += yd[n, y_per * b + k] * sums[:, y_per * b + k]
                 want[n] += scales[:, b] * inner
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("wtype", list(GENERIC), ids=lambda t: t.name)
+def test_a_gguf_file_of_the_type_loads_and_computes(wtype: GGMLType, tmp_path: Path, rng: np.random.Generator) -> None:
+    from pyggml.backends.cpu import cpu_init
+    from pyggml.core.context import Context
+    from pyggml.ggml_backend.tensor_io import tensor_get_numpy, tensor_set_numpy
+    from pyggml.gguf.loader import load_tensors
+    from pyggml.gguf.reader import read_gguf
+    from pyggml.gguf.writer import RawTensor, write_gguf
+    from pyggml.testing import alloc_ctx_tensors
+
+    K, M = 512, 3
+    raw = quants.from_float(wtype, rng.standard_normal((M, K)).astype(np.float32))
+    path = tmp_path / "w.gguf"
+    if wtype == T.Q2_0:
+        # the gguf package's writer has no Q2_0: write the same bytes as Q4_0 (18-byte blocks of 32), then
+        # give the tensor info Q2_0's type and element count
+        write_gguf(path, "llama", {}, {"w": RawTensor(raw, T.Q4_0, (K // 2, M))})
+        info = struct.pack("<Q", 1) + b"w" + struct.pack("<IQQI", 2, K // 2, M, int(T.Q4_0))
+        data = path.read_bytes()
+        assert data.count(info) == 1
+        path.write_bytes(data.replace(info, struct.pack("<Q", 1) + b"w" + struct.pack("<IQQI", 2, K, M, int(wtype))))
+    else:
+        write_gguf(path, "llama", {}, {"w": RawTensor(raw, wtype, (K, M))})
+    gf = read_gguf(path)
+    cpu = cpu_init(n_threads=1)
+    try:
+        assert gf.tensor("w").type == wtype and gf.tensor("w").nbytes == raw.nbytes
+        values = quants.to_float(wtype, raw)
+        np.testing.assert_array_equal(gf.tensor_float("w").reshape(M, K), values)
+        loaded = load_tensors(gf, ["w"], {"w": cpu}, progress=False)
+        ctx = Context(mem_size=1 << 20, no_alloc=True)
+        try:
+            x = ctx.new_tensor(T.F32, [K, 1]).set_name("x")
+            out = ctx.mul_mat(loaded.tensors["w"], x)
+            buffer = alloc_ctx_tensors(ctx, cpu)
+            try:
+                tensor_set_numpy(x, np.ones(K, np.float32))
+                g = ctx.new_graph()
+                g.build_forward_expand(out)
+                cpu.graph_compute(g)
+                want = values.astype(np.float64).sum(axis=1)  # src1 of ones is exact in Q8_0 and Q8_K
+                np.testing.assert_allclose(tensor_get_numpy(out).reshape(M), want, rtol=1e-5,
+                                           atol=1e-5 * np.abs(values).sum())
+            finally:
+                buffer.free()
+        finally:
+            ctx.free()
+            loaded.free()
+    finally:
+        cpu.free()
+        gf.close()
