@@ -136,6 +136,18 @@ def _q1_0_lanes(builder, sums, pw, py):
     return sums(builder, signs, load_vector(builder, py, IR_I8, 32))
 
 
+def _q2_0_lanes(builder, sums, pw, py):
+    """Q2_0's values (2-bit field - 1; field k of byte t/4 for lane t) of the 8 bytes at pw times the 32 src1 values
+    at py: 8 lanes (`sums`' layout)."""
+    v16 = ir.VectorType(IR_I16, 32)
+    wide = builder.zext(shuffle(builder, load_vector(builder, pw, IR_I8, 8), [t >> 2 for t in range(32)]), v16)
+    # field k of a byte is bits 6..7 of the byte times 2^(6 - 2k): a multiply, not a per-lane shift
+    up = builder.mul(wide, ir.Constant(v16, [1 << (6 - 2 * (t & 3)) for t in range(32)]))
+    fields = builder.and_(builder.lshr(up, ir.Constant(v16, [6] * 32)), ir.Constant(v16, [3] * 32))
+    values = builder.trunc(builder.sub(fields, ir.Constant(v16, [1] * 32)), ir.VectorType(IR_I8, 32))
+    return sums(builder, values, load_vector(builder, py, IR_I8, 32))
+
+
 def _block_intrinsic(lanes_of):
     """An intrinsic f(w, i, y, j) -> int32: the sum of the lanes `lanes_of(builder, pw, py)` of w[i:], y[j:]."""
 
@@ -258,25 +270,6 @@ def make_low_bit_dots(sums_unsigned: Callable, sums_signed: Callable, lookup: Ca
     each)."""
 
     @intrinsic
-    def dot_q2_0_32(typingctx, w, i, y, j):
-        """sum_t ((w[i + t/4] >> 2(t%4)) & 3) * y[j+t], t < 32: half a Q2_0 block times a Q8_0 block (exact)."""
-        sig = types.int32(w, types.intp, y, types.intp)
-
-        def codegen(context, builder, signature, args):
-            v16 = ir.VectorType(IR_I16, 32)
-            q = load_vector(builder, element_pointer(context, builder, signature.args[0], args[0], args[1]), IR_I8, 8)
-            wide = builder.zext(shuffle(builder, q, [t >> 2 for t in range(32)]), v16)
-            # field k of a byte is bits 6..7 of the byte times 2^(6 - 2k): a multiply, not a per-lane shift
-            up = builder.mul(wide, ir.Constant(v16, [1 << (6 - 2 * (t & 3)) for t in range(32)]))
-            fields = builder.and_(builder.lshr(up, ir.Constant(v16, [6] * 32)), ir.Constant(v16, [3] * 32))
-            py = element_pointer(context, builder, signature.args[2], args[2], args[3])
-            fields = builder.trunc(fields, ir.VectorType(IR_I8, 32))
-            sums = sums_unsigned(builder, fields, load_vector(builder, py, IR_I8, 32))
-            return reduce_add_i32(builder, sums, 8)
-
-        return sig, codegen
-
-    @intrinsic
     def dot_fp4_pair(typingctx, w, i, y, j):
         """Two NVFP4 sub-blocks (16 bytes at w[i]) times y[j : j+32]: (sum of the first 16 products, of the last
         16)."""
@@ -301,11 +294,15 @@ def make_low_bit_dots(sums_unsigned: Callable, sums_signed: Callable, lookup: Ca
     def q1(builder, pw, py):
         return _q1_0_lanes(builder, sums_signed, pw, py)
 
-    tq1_sum, tq2_sum, q1_sum = _block_intrinsic(tq1), _block_intrinsic(tq2), _block_intrinsic(q1)
+    def q2(builder, pw, py):
+        return _q2_0_lanes(builder, sums_signed, pw, py)
+
+    tq1_sum, tq2_sum, q1_sum, q2_sum = (_block_intrinsic(f) for f in (tq1, tq2, q1, q2))
     q1_sum.__doc__ = "sum_t (bit t of w[i:i+4] ? y[j+t] : -y[j+t]), t < 32: a quarter Q1_0 block (exact)."
+    q2_sum.__doc__ = "sum_t (((w[i + t/4] >> 2(t%4)) & 3) - 1) * y[j+t], t < 32: half a Q2_0 block (exact)."
     tq1_sum.__doc__ = "sum_t trit_t * y[j+t] over the 256 weights of the TQ1_0 block at w[i] (trits 0..2, exact)."
     tq2_sum.__doc__ = "sum_t q_t * y[j+t] over the 256 weights of the TQ2_0 block at w[i] (fields 0..3, exact)."
-    return LowBitDots(tq1_sum, tq2_sum, q1_sum, dot_q2_0_32, dot_fp4_pair,
+    return LowBitDots(tq1_sum, tq2_sum, q1_sum, q2_sum, dot_fp4_pair,
                       _x86_row(54, _ternary_x86_block(tq1, 52)), _x86_row(66, _ternary_x86_block(tq2, 64)),
                       _x86_row(18, _q1_0_x86_block(sums_signed)), _x86_row(36, _nvfp4_x86_block(sums_signed, lookup)))
 
@@ -313,7 +310,7 @@ def make_low_bit_dots(sums_unsigned: Callable, sums_signed: Callable, lookup: Ca
 # the target's sums with lane k holding products 4k .. 4k + 3: AVX2's and VNNI's have that layout
 TARGET_DOTS = (make_low_bit_dots(target_block_sums_unsigned, target_block_sums, lookup16) if HAS_AVX2 else
                make_low_bit_dots(block_sums_unsigned_quads, block_sums_quads, lookup16))
-dot_tq1_0_trits, dot_tq2_0_fields, dot_q1_0_signs, dot_q2_0_32, dot_fp4_pair = TARGET_DOTS[:5]
+dot_tq1_0_trits, dot_tq2_0_fields, dot_q1_0_signs, dot_q2_0_values, dot_fp4_pair = TARGET_DOTS[:5]
 dot_tq1_0_x86, dot_tq2_0_x86, dot_q1_0_x86, dot_nvfp4_x86 = TARGET_DOTS[5:]
 
 
@@ -379,47 +376,65 @@ def dequantize_row_nvfp4(w, o, nb, out, i):
 
 
 @njit(nogil=True, cache=True)
-def dequantize_row_q1_0(w, o, nb, out, i):
+def dequantize_row_q12_0(w, o, nb, out, i, bits):
+    """Q1_0 (`bits` 1: 128 weights a block, d where bit j % 8 of qs[j / 8] is set, else -d) and Q2_0 (`bits` 2: 64
+    weights, (field j % 4 of qs[j / 4] - 1) * d), both f16 d and 16 bytes of qs."""
+    n, per, mask = 128 // bits, 8 // bits, (1 << bits) - 1
     for b in range(nb):
         ob = o + 18 * b
         d = load_f16(w, ob)
-        for j in range(128):
-            out[i, 128 * b + j] = d if (np.int64(w[ob + 2 + (j >> 3)]) >> (j & 7)) & 1 else -d
-
-
-@njit(nogil=True, cache=True)
-def dequantize_row_q2_0(w, o, nb, out, i):
-    for b in range(nb):
-        ob = o + 18 * b
-        d = load_f16(w, ob)
-        for j in range(64):
-            q = (np.int64(w[ob + 2 + (j >> 2)]) >> (2 * (j & 3))) & 3
-            out[i, 64 * b + j] = np.float32(q - 1) * d
+        for j in range(n):
+            q = (np.int64(w[ob + 2 + j // per]) >> (bits * (j % per))) & mask
+            out[i, n * b + j] = np.float32(q - 1) * d if bits == 2 else (d if q else -d)
 
 
 # --- vec_dot per weight type: one weight row (at byte o of w) times src1 row r (ggml's generic order) ---
 
 
-@njit(nogil=True, cache=True)
-def dot_tq1_0(w, o, nb, yq, yd, yb, r):
-    sumf = np.float32(0.0)
-    yo = r * yq.shape[1]
-    for b in range(nb):
-        ob = o + 54 * b
-        s = dot_tq1_0_trits(w, ob, yq, yo + 256 * b) - block_sum(yb, r, 16 * b, 16)
-        sumf += np.float32(s) * (load_f16(w, ob + 52) * yd[r, b])
-    return sumf
+def _named(fn, name: str):
+    """fn compiled as `name` (numba caches each generated dot under its own name)."""
+    fn.__name__ = fn.__qualname__ = name
+    return njit(nogil=True, cache=True)(fn)
 
 
-@njit(nogil=True, cache=True)
-def dot_tq2_0(w, o, nb, yq, yd, yb, r):
-    sumf = np.float32(0.0)
-    yo = r * yq.shape[1]
-    for b in range(nb):
-        ob = o + 66 * b
-        s = dot_tq2_0_fields(w, ob, yq, yo + 256 * b) - block_sum(yb, r, 16 * b, 16)
-        sumf += np.float32(s) * (yd[r, b] * load_f16(w, ob + 64))
-    return sumf
+def _make_dot_ternary(block_bytes: int, d_off: int, block_sum_of, name: str):
+    """ggml's generic TQ1_0/TQ2_0 vec_dot: per block, (the values' sum with src1, minus src1's sum) * (d_x * d_y)."""
+
+    def dot(w, o, nb, yq, yd, yb, r):
+        sumf = np.float32(0.0)
+        yo = r * yq.shape[1]
+        for b in range(nb):
+            ob = o + block_bytes * b
+            s = block_sum_of(w, ob, yq, yo + 256 * b) - block_sum(yb, r, 16 * b, 16)
+            sumf += np.float32(s) * (load_f16(w, ob + d_off) * yd[r, b])
+        return sumf
+
+    return _named(dot, name)
+
+
+def _make_dot_per_q8_0(block_bytes: int, parts: int, part_bytes: int, part_sum, name: str):
+    """ggml's generic Q1_0/Q2_0 vec_dot: a block spans `parts` Q8_0 blocks of src1; each part's exact sum times its
+    d_y goes into the block's float sum, which d_x multiplies."""
+
+    def dot(w, o, nb, yq, yd, yb, r):
+        sumf = np.float32(0.0)
+        yo = r * yq.shape[1]
+        for b in range(nb):
+            ob = o + block_bytes * b
+            sumi = np.float32(0.0)
+            for k in range(parts):
+                yk = parts * b + k
+                sumi += yd[r, yk] * np.float32(part_sum(w, ob + 2 + part_bytes * k, yq, yo + 32 * yk))
+            sumf += load_f16(w, ob) * sumi
+        return sumf
+
+    return _named(dot, name)
+
+
+dot_tq1_0 = _make_dot_ternary(54, 52, dot_tq1_0_trits, "dot_tq1_0")
+dot_tq2_0 = _make_dot_ternary(66, 64, dot_tq2_0_fields, "dot_tq2_0")
+dot_q1_0 = _make_dot_per_q8_0(18, 4, 4, dot_q1_0_signs, "dot_q1_0")
+dot_q2_0 = _make_dot_per_q8_0(18, 2, 8, dot_q2_0_values, "dot_q2_0")
 
 
 @njit(nogil=True, cache=True)
@@ -434,34 +449,3 @@ def dot_nvfp4(w, o, nb, yq, yd, yb, r):
             sumf += dy * UE4M3[w[ob + 2 * p]] * np.float32(s0)
             sumf += dy * UE4M3[w[ob + 2 * p + 1]] * np.float32(s1)
     return sumf
-
-
-@njit(nogil=True, cache=True)
-def dot_q1_0(w, o, nb, yq, yd, yb, r):
-    sumf = np.float32(0.0)
-    yo = r * yq.shape[1]
-    for b in range(nb):
-        ob = o + 18 * b
-        sumi = np.float32(0.0)
-        for k in range(4):
-            yk = 4 * b + k
-            s = dot_q1_0_signs(w, ob + 2 + 4 * k, yq, yo + 32 * yk)
-            sumi += yd[r, yk] * np.float32(s)
-        sumf += load_f16(w, ob) * sumi
-    return sumf
-
-
-@njit(nogil=True, cache=True)
-def dot_q2_0(w, o, nb, yq, yd, yb, r):
-    sumf = np.float32(0.0)
-    yo = r * yq.shape[1]
-    for b in range(nb):
-        ob = o + 18 * b
-        sumi = np.float32(0.0)
-        for k in range(2):
-            yk = 2 * b + k
-            s = dot_q2_0_32(w, ob + 2 + 8 * k, yq, yo + 32 * yk) - block_sum(yb, r, 2 * yk, 2)
-            sumi += yd[r, yk] * np.float32(s)
-        sumf += load_f16(w, ob) * sumi
-    return sumf
-

@@ -92,9 +92,9 @@ CPU_TYPE_TRAITS: dict[GGMLType, CPUTypeTraits] = {row.type: row for row in (
     CPUTypeTraits(_T.MXFP4, _T.Q8_0, dq.dequantize_row_mxfp4, cols=ql.dot_mxfp4_cols),
     CPUTypeTraits(_T.NVFP4, _T.Q8_0, lb.dequantize_row_nvfp4, reference_dot=lb.dot_nvfp4,
                   reference_dot_x86=lb.dot_nvfp4_x86),
-    CPUTypeTraits(_T.Q1_0, _T.Q8_0, lb.dequantize_row_q1_0, reference_dot=lb.dot_q1_0,
-                  reference_dot_x86=lb.dot_q1_0_x86),
-    CPUTypeTraits(_T.Q2_0, _T.Q8_0, lb.dequantize_row_q2_0, reference_dot=lb.dot_q2_0),
+    CPUTypeTraits(_T.Q1_0, _T.Q8_0, lb.dequantize_row_q12_0, reference_dot=lb.dot_q1_0,
+                  reference_dot_x86=lb.dot_q1_0_x86, to_float_arg=1),
+    CPUTypeTraits(_T.Q2_0, _T.Q8_0, lb.dequantize_row_q12_0, reference_dot=lb.dot_q2_0, to_float_arg=2),
 )}
 
 # what GET_ROWS, CPY and DUP read and write (besides F32 to F32 copies of any type pair the kernels allow)
