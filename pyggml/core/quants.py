@@ -1094,7 +1094,7 @@ def _ue4m3_table() -> np.ndarray:
     return np.where((x == 0) | (x == 0x7F), 0.0, v).astype(F32)
 
 
-_UE4M3 = _ue4m3_table()
+UE4M3 = _ue4m3_table()  # ggml_ue4m3_to_fp32 of every byte (NVFP4's scales)
 
 
 def _fp32_to_ue4m3(x: np.ndarray) -> np.ndarray:
@@ -1130,7 +1130,7 @@ def _quantize_nvfp4(x: np.ndarray) -> np.ndarray:
     xs = x.reshape(nb * 4, 16)
     amax = np.fmax.reduce(np.abs(xs), axis=1, initial=F32(0))  # C's `if (amax < fabsf(v))` skips NaN
     ue = _fp32_to_ue4m3(amax / F32(6))
-    L = _best_index_fp4(xs, _UE4M3[ue][:, None]).reshape(nb, 4, 2, 8)
+    L = _best_index_fp4(xs, UE4M3[ue][:, None]).reshape(nb, 4, 2, 8)
     out = np.empty((nb, 36), np.uint8)
     out[:, :4] = ue.reshape(nb, 4)
     out[:, 4:] = (L[:, :, 0] | (L[:, :, 1] << 4)).reshape(nb, 32)
@@ -1148,7 +1148,7 @@ def _dequantize_nvfp4(b: np.ndarray) -> np.ndarray:
     out = np.empty((nb, 4, 16), F32)
     np.take(_MXFP4_F, qs & 15, out=out[:, :, :8])
     np.take(_MXFP4_F, qs >> 4, out=out[:, :, 8:])
-    out *= _UE4M3[b[:, :4]][:, :, None]
+    out *= UE4M3[b[:, :4]][:, :, None]
     return out.reshape(nb, 64)
 
 

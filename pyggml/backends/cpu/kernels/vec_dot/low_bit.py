@@ -1,9 +1,11 @@
 """The ternary, 1-bit, 2-bit and NVFP4 weight types (TQ1_0, TQ2_0, NVFP4, Q1_0, Q2_0): rows to float32 as ggml's
-dequantize_row_<type>, and one weight row times one quantized src1 row as ggml's generic vec_dot (ggml-cpu/quants.c).
+dequantize_row_<type>, and one weight row times one quantized src1 row, as ggml's generic vec_dot (ggml-cpu/quants.c,
+numerics "ref") and as its AVX2 vec_dot (arch/x86/quants.c, numerics "x86"; Q2_0 has none, its generic one serves).
 
-The integer sums are exact, so only the float steps follow C's order: per block for TQ1_0/TQ2_0, per Q8_0 block and
-then per weight block for Q1_0/Q2_0, per 16-value sub-block for NVFP4. A weight value v - 1 (TQ1_0, TQ2_0, Q2_0) or
-+-1 (Q1_0) times src1 is v * y minus y's sum, which src1's 16-value block sums give.
+The integer sums are exact, so only the float steps follow C's order: the generic rows per block (TQ1_0, TQ2_0), per
+Q8_0 block then per weight block (Q1_0, Q2_0), per 16-value sub-block (NVFP4); the AVX2 rows in 8 float lanes, one
+per 4 consecutive values of each 32, with ggml's FMAs, added at the end as hsum_float_8. A TQ value v - 1 times src1
+is v * y minus y's sum, which src1's 16-value block sums give (AVX2's lanes subtract them in pairs).
 """
 
 from __future__ import annotations
@@ -43,9 +45,8 @@ from pyggml.backends.cpu.kernels.vec_dot.ir import (
 )
 from pyggml.backends.cpu.kernels.vec_dot.kinds import KVALUES, MXFP4
 from pyggml.backends.cpu.kernels.vec_dot.table_lookup import lookup16
-from pyggml.core.quants import _UE4M3, KVALUES_MXFP4
+from pyggml.core.quants import KVALUES_MXFP4, UE4M3
 
-UE4M3 = _UE4M3  # ggml_ue4m3_to_fp32 of every byte
 KVALUES_FP4 = KVALUES_MXFP4.astype(np.int64)
 POW3 = np.array([1, 3, 9, 27, 81], np.int64)
 
