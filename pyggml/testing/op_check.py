@@ -55,10 +55,12 @@ from pyggml.testing.random_blocks import random_blocks
 log = logging.getLogger("pyggml.op_check")
 
 F32, F16, BF16, I32 = GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.I32
-QUANT_TYPES = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0, GGMLType.MXFP4,
+QUANT_TYPES = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0, GGMLType.Q1_0,
+               GGMLType.Q2_0, GGMLType.MXFP4, GGMLType.NVFP4,
                GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,
-               GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.IQ2_XXS, GGMLType.IQ2_XS, GGMLType.IQ3_XXS, GGMLType.IQ1_S,
-               GGMLType.IQ3_S, GGMLType.IQ2_S, GGMLType.IQ1_M]
+               GGMLType.TQ2_0, GGMLType.TQ1_0,
+               GGMLType.IQ2_XXS, GGMLType.IQ2_XS, GGMLType.IQ2_S, GGMLType.IQ3_XXS, GGMLType.IQ1_S, GGMLType.IQ1_M,
+               GGMLType.IQ4_NL, GGMLType.IQ3_S, GGMLType.IQ4_XS]
 # ggml's all_types of test-backend-ops, and BF16
 ALL_TYPES = [F32, F16, BF16, *QUANT_TYPES]
 

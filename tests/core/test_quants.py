@@ -37,10 +37,10 @@ WRITTEN = [t for t in quants.FROM_FLOAT_TYPES if TYPE_TRAITS[t].is_quantized]
 LATTICE = list(IQ_TYPES)
 PLAIN = [t for t in IMPLEMENTED if not TYPE_TRAITS[t].is_quantized]
 # gguf has no Q8_1, Q8_K, K-quant or IQ4 quantizers
-GGUF_QUANTIZES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.MXFP4]
+GGUF_QUANTIZES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.TQ1_0, T.TQ2_0, T.MXFP4]
 GGUF_DEQUANTIZES = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K,
                     T.Q6_K, T.IQ2_XXS, T.IQ2_XS, T.IQ3_XXS, T.IQ1_S, T.IQ4_NL, T.IQ3_S, T.IQ2_S, T.IQ4_XS, T.IQ1_M,
-                    T.MXFP4]
+                    T.TQ1_0, T.TQ2_0, T.MXFP4, T.NVFP4]
 
 # (elements, bytes) per block, from the static_asserts of ggml-common.h and ggml.c's type_traits (0c1e570)
 GGML_SIZES = {
@@ -50,7 +50,7 @@ GGML_SIZES = {
     T.Q2_K: (256, 84), T.Q3_K: (256, 110), T.Q4_K: (256, 144), T.Q5_K: (256, 176), T.Q6_K: (256, 210),
     T.Q8_K: (256, 292), T.IQ2_XXS: (256, 66), T.IQ2_XS: (256, 74), T.IQ3_XXS: (256, 98), T.IQ1_S: (256, 50),
     T.IQ4_NL: (32, 18), T.IQ3_S: (256, 110), T.IQ2_S: (256, 82), T.IQ4_XS: (256, 136), T.IQ1_M: (256, 56),
-    T.MXFP4: (32, 17),
+    T.TQ1_0: (256, 54), T.TQ2_0: (256, 66), T.MXFP4: (32, 17), T.NVFP4: (64, 36), T.Q1_0: (128, 18), T.Q2_0: (64, 18),
 }
 
 
@@ -106,6 +106,13 @@ def golden_input(n_blocks: int, bs: int) -> np.ndarray:
 # 4M weights each: the K-quant searches take rare branches (a fifth pass of make_q3_quants,
 # a last-bit difference deciding between two scales) about once in a thousand super-blocks
 GOLDEN_BLOCKS = {32: 1 << 17, 256: 1 << 14}
+
+
+def golden_blocks(bs: int) -> np.ndarray:
+    """The golden input in blocks of bs: its own signal for 32 and 256, the 256 one's blocks split for 64 and 128."""
+    if bs in GOLDEN_BLOCKS:
+        return golden_input(GOLDEN_BLOCKS[bs], bs)
+    return golden_input(GOLDEN_BLOCKS[256], 256).reshape(-1, bs)
 GOLDEN: dict[GGMLType, str] = {}  # filled below
 
 
@@ -135,7 +142,8 @@ def valid_random_blocks(t: GGMLType, nb: int, rng: np.random.Generator) -> np.nd
 def test_traits_match_ggml_and_gguf(t: GGMLType) -> None:
     tr = TYPE_TRAITS[t]
     assert (tr.blck_size, tr.type_size) == GGML_SIZES[t]
-    if t != T.Q8_1:  # the gguf package still has Q8_1's old layout (f32 d and s, 40 bytes); no file holds it
+    # the gguf package still has Q8_1's old layout (f32 d and s, 40 bytes; no file holds it), and no Q2_0
+    if t not in (T.Q8_1, T.Q2_0):
         assert (tr.blck_size, tr.type_size) == tuple(GGML_QUANT_SIZES[gq_type(t)])
     assert row_size(t, 3 * tr.blck_size) == 3 * tr.type_size
     if t in quants.BLOCK_DTYPES:
@@ -260,7 +268,12 @@ GOLDEN.update({
     T.Q8_K: "7c584fde3f45976904d92d61909128f5f6acbf357922eac9f0fd0f7b407e11d3",
     T.IQ4_NL: "db8bf36871170125536c1efbf5376719bcce4fcca3b54b39ae43d2771532ea4b",
     T.IQ4_XS: "a13a1a258aec3764e42ff2bd4d57e2304a40b0ee978fd1178d3448698e713935",
+    T.TQ1_0: "ab3ce7196efdad2f00eb60f651d5d43b8b455dfc6a16b5b16041272089a28cc9",
+    T.TQ2_0: "6543a69b20e135a5773ed4d474f3ec792a4b7204bbf4a3940dc1f31b217bea8d",
     T.MXFP4: "64cddaccfbb1eaa9dd9036005cec6405cf10f10d1fefdbb1d42d3c55677bc815",
+    T.NVFP4: "5505ef621e1e90fb1c80df717b330188334f741968624a808b81f679df1cfd94",
+    T.Q1_0: "f2b92142edcdd85c525925485edb601c8b5eadce9c3a69ea30e6fd0daf241d60",
+    T.Q2_0: "daab5c783125214c76a0b8f32e8d5783c3f19f3d54839fea3525d957aa63757d",
 })
 # ggml_quantize_chunk's bytes where they are not from_float's: IQ4_NL's file quantizer
 GOLDEN_CHUNK = {T.IQ4_NL: "a2bf037c8e7238b43a49a8f8f3a2122004df109c2e6cdd9f6e0fac6d5ae0d7d7"}
@@ -269,16 +282,14 @@ GOLDEN_CHUNK = {T.IQ4_NL: "a2bf037c8e7238b43a49a8f8f3a2122004df109c2e6cdd9f6e0fa
 @pytest.mark.parametrize("t", WRITTEN, ids=name)
 @pytest.mark.slow
 def test_quantizers_reproduce_ggml_reference_bytes(t: GGMLType) -> None:
-    bs = TYPE_TRAITS[t].blck_size
-    x = golden_input(GOLDEN_BLOCKS[bs], bs)
+    x = golden_blocks(TYPE_TRAITS[t].blck_size)
     assert sha(from_float(t, x)) == GOLDEN[t]
 
 
 @pytest.mark.parametrize("t", WRITTEN, ids=name)
 @pytest.mark.slow
 def test_quantize_chunk_reproduces_ggml_bytes(t: GGMLType) -> None:
-    bs = TYPE_TRAITS[t].blck_size
-    x = golden_input(GOLDEN_BLOCKS[bs], bs)
+    x = golden_blocks(TYPE_TRAITS[t].blck_size)
     if t in (T.Q8_1, T.Q8_K):  # ggml_quantize_chunk has no case for them
         with pytest.raises(UnsupportedTypeError, match=f"ggml_quantize_chunk does not convert to {t.name}"):
             quants.quantize_chunk(t, x)

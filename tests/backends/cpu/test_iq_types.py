@@ -1,5 +1,5 @@
-"""The CPU backend with IQ4_NL, IQ4_XS, MXFP4 and the lattice IQ types (IQ2_XXS, IQ2_XS, IQ3_XXS, IQ1_S, IQ3_S,
-IQ2_S, IQ1_M) tensors: MUL_MAT, GET_ROWS and CPY.
+"""The CPU backend with IQ4_NL, IQ4_XS, MXFP4, TQ1_0, TQ2_0, NVFP4, Q1_0, Q2_0 and the lattice IQ types (IQ2_XXS,
+IQ2_XS, IQ3_XXS, IQ1_S, IQ3_S, IQ2_S, IQ1_M) tensors: MUL_MAT, GET_ROWS and CPY.
 
 Each graph is computed by pyggml's CPU backend and by real ggml (the C
 library of llama.cpp 0c1e570, `ggml_c.compute_like`) from the same leafs, and
@@ -10,9 +10,6 @@ MUL_MAT must be within test-backend-ops' NMSE (5e-4) of C, and in fact agrees
 to float rounding; GET_ROWS and CPY agree bit for bit. The lattice types'
 weights are random blocks (pyggml, like ggml's CPU, does not write them), and
 CPY and SET_ROWS to them are refused, as ggml's CPU refuses them.
-
-Types ggml has and pyggml has not implemented (NVFP4, ...) are refused with
-an UnsupportedTypeError naming the type, also when they come from a GGUF file.
 """
 
 from __future__ import annotations
@@ -30,7 +27,7 @@ from pyggml.backends.cpu.kernels import atomics, matmul
 from pyggml.backends.cpu.kernels.vec_dot import block_sums, kinds, table_lookup, to_float
 from pyggml.core import quants
 from pyggml.core.context import Context
-from pyggml.core.errors import UnsupportedOpError, UnsupportedTypeError
+from pyggml.core.errors import UnsupportedTypeError
 from pyggml.core.tensor import Tensor
 from pyggml.core.types import TYPE_TRAITS, GGMLType
 from pyggml.ggml_backend.tensor_io import tensor_get_numpy, tensor_set, tensor_set_numpy
@@ -42,7 +39,7 @@ from pyggml.testing.random_blocks import random_blocks
 
 T = GGMLType
 LATTICE = [T.IQ2_XXS, T.IQ2_XS, T.IQ3_XXS, T.IQ1_S, T.IQ3_S, T.IQ2_S, T.IQ1_M]
-NEW_TYPES = [T.IQ4_NL, T.IQ4_XS, T.MXFP4, *LATTICE]
+NEW_TYPES = [T.IQ4_NL, T.IQ4_XS, T.MXFP4, T.TQ1_0, T.TQ2_0, T.NVFP4, T.Q1_0, T.Q2_0, *LATTICE]
 WRITTEN_TYPES = [t for t in NEW_TYPES if t not in LATTICE]
 MAX_NMSE_MUL_MAT = 5e-4  # test-backend-ops' threshold for MUL_MAT
 TIGHT = 3e-6  # max |error| / max |reference|: float rounding only
@@ -360,37 +357,6 @@ def test_lattice_cpy_to_f32_is_ggmls_and_from_f32_is_refused(wtype: GGMLType, cp
         compile_node(to_type)
 
 
-# --- types ggml has and pyggml has not implemented ---
-
-
-NOT_IMPLEMENTED = r"NVFP4 is not implemented in pyggml \(implemented: F32, "
-
-
-def test_unimplemented_weights_are_refused_by_name(cpu: CPUBackend) -> None:
-    """supports_op says no; the kernels refuse them naming the type (the backend's graph_compute refuses
-    such a node before its kernel is reached, naming the sources' types)."""
-    from kernel_helpers import compile_node, new_ctx
-
-    K = 256
-    ctx = new_ctx(1)
-    w = ctx.new_tensor(T.NVFP4, [K, 4]).set_name("w")
-    mm = ctx.mul_mat(w, ctx.new_tensor(T.F32, [K, 1]).set_name("x"))
-    rows = ctx.get_rows(w, ctx.new_tensor(T.I32, [2]).set_name("i"))
-    to_f32 = ctx.cpy(w, ctx.new_tensor(T.F32, [K, 4]).set_name("f"))
-    for node in (mm, rows, to_f32):
-        assert not cpu.supports_op(node), node.op.name
-    with pytest.raises(UnsupportedTypeError, match=r"CPU MUL_MAT .*src0 'w': " + NOT_IMPLEMENTED):
-        compile_node(mm)
-    with pytest.raises(UnsupportedTypeError, match=r"CPU GET_ROWS .*NVFP4"):
-        compile_node(rows)
-    with pytest.raises(UnsupportedTypeError, match=r"CPU CPY .*NVFP4"):
-        compile_node(to_f32)
-    with pytest.raises((UnsupportedOpError, UnsupportedTypeError), match="w:NVFP4|NVFP4 is not implemented"):
-        compute(lambda c: c.mul_mat(c.new_tensor(T.NVFP4, [K, 4]).set_name("w"), c.new_tensor(T.F32, [K, 1])
-                                    .set_name("x")), {"w": np.zeros(36 * 4 * 4, np.uint8), "x": np.ones(K, np.float32)},
-                cpu)
-
-
 @contextmanager
 def gguf_on_cpu(path: Path, tensors: dict[str, RawTensor],
                 cpu: CPUBackend) -> Iterator[tuple[GGUFFile, dict[str, Tensor]]]:
@@ -406,37 +372,6 @@ def gguf_on_cpu(path: Path, tensors: dict[str, RawTensor],
             loaded.free()
     finally:
         gf.close()
-
-
-def test_a_gguf_file_with_unimplemented_types_loads_and_refuses_to_compute(tmp_path: Path,
-                                                                           cpu: CPUBackend) -> None:
-    K = 256
-    nv = np.arange(TYPE_TRAITS[T.NVFP4].type_size * 2 * K // 64, dtype=np.uint8)
-    iq4 = quants.from_float(T.IQ4_XS, np.linspace(-1, 1, 2 * K, dtype=np.float32).reshape(2, K))
-    with gguf_on_cpu(tmp_path / "iq.gguf", {"w_nv": RawTensor(nv, T.NVFP4, (K, 2)),
-                                            "w_iq4": RawTensor(iq4, T.IQ4_XS, (K, 2))}, cpu) as (gf, tensors):
-        assert gf.tensor("w_nv").type == T.NVFP4 and gf.tensor("w_nv").nbytes == nv.nbytes
-        np.testing.assert_array_equal(gf.tensor_float("w_iq4"), quants.to_float(T.IQ4_XS, iq4))
-        with pytest.raises(UnsupportedTypeError, match=NOT_IMPLEMENTED):
-            gf.tensor_float("w_nv")
-        ctx = Context(mem_size=1 << 22, no_alloc=True)
-        x = ctx.new_tensor(T.F32, [K, 1]).set_name("x")
-        good, bad = ctx.mul_mat(tensors["w_iq4"], x), ctx.mul_mat(tensors["w_nv"], x)
-        assert cpu.supports_op(good) and not cpu.supports_op(bad)
-        buffer = alloc_ctx_tensors(ctx, cpu)
-        try:
-            tensor_set_numpy(x, np.ones(K, np.float32))
-            g = ctx.new_graph()
-            g.build_forward_expand(good)
-            cpu.graph_compute(g)
-            assert np.all(np.isfinite(tensor_get_numpy(good)))
-            g = ctx.new_graph()
-            g.build_forward_expand(bad)
-            with pytest.raises((UnsupportedOpError, UnsupportedTypeError), match="NVFP4"):
-                cpu.graph_compute(g)
-        finally:
-            buffer.free()
-            ctx.free()
 
 
 @pytest.mark.parametrize("wtype", LATTICE, ids=name)

@@ -43,12 +43,14 @@ def test_rows_come_in_ggml_enum_order_with_ggml_block_sizes() -> None:
 def test_each_weight_type_has_one_dot_and_its_vec_dot_type_is_ggml_s() -> None:
     for t, row in tt.CPU_TYPE_TRAITS.items():
         if row.vec_dot_type is None:
-            assert row.cols is row.cols_x86 is row.reference_dot is row.x8 is None and not row.repack, t
+            assert row.cols is row.cols_x86 is row.reference_dot is row.reference_dot_x86 is row.x8 is None, t
+            assert not row.repack, t
             continue
         assert row.vec_dot_type == TYPE_TRAITS[t].vec_dot_type, t
         assert (row.cols is None) != (row.reference_dot is None), t  # a row loop or a scalar dot, not both
         assert row.cols_x86 is None or row.cols is not None, t
         assert row.cols_tiled is None or (row.cols is not None and row.vec_dot_type == T.Q8_K), t
+        assert row.reference_dot_x86 is None or row.reference_dot is not None, t
         assert not row.repack or row.x8 is not None, t
         assert row.x8 is None or row.block_size == 32 or row.repack, t  # tiles of 32-value blocks, or held
         assert row.x8_gemv is None or row.repack, t
@@ -155,7 +157,7 @@ def test_the_cpu_dequantizer_gives_the_core_s_bits(t: GGMLType) -> None:
 
 
 def test_the_cpu_dequantizer_refuses_what_it_cannot_read() -> None:
-    with pytest.raises(UnsupportedTypeError, match="NVFP4"):
-        to_float.to_f32(T.NVFP4, np.zeros(TYPE_TRAITS[T.NVFP4].type_size, np.uint8))
+    with pytest.raises(UnsupportedTypeError, match="I32"):
+        to_float.to_f32(T.I32, np.zeros(4, np.uint8))
     with pytest.raises(ShapeError, match="35 bytes .* 34-byte blocks of Q8_0"):
         to_float.to_f32(T.Q8_0, np.zeros(35, np.uint8))

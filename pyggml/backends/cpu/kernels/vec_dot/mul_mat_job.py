@@ -104,7 +104,7 @@ def _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, 
                 loop(w, w_off, base, m0, m1, nb, yq, yd, sums, r, min(COLS, r1 - r), out)
 
         return cols
-    dot = row.reference_dot
+    dot = row.dot_for(x86)
 
     def dots(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, s, m0, m1, rounding):
         base, r0, sums = w_base[s], s * n_cols, column_sums(kind, ys, yb)

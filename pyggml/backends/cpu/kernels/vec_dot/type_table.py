@@ -11,6 +11,7 @@ from pyggml.backends.cpu.kernels.vec_dot import float_loops as fl
 from pyggml.backends.cpu.kernels.vec_dot import kquant_loops as kl
 from pyggml.backends.cpu.kernels.vec_dot import kquant_x8 as kx8
 from pyggml.backends.cpu.kernels.vec_dot import lattice as lat
+from pyggml.backends.cpu.kernels.vec_dot import low_bit as lb
 from pyggml.backends.cpu.kernels.vec_dot import quant_loops as ql
 from pyggml.backends.cpu.kernels.vec_dot import reference_dots as rd
 from pyggml.backends.cpu.kernels.vec_dot import tiles_x8 as x8
@@ -24,12 +25,13 @@ FLOAT_VEC_DOT_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
 @dataclass(frozen=True)
 class CPUTypeTraits:
     """One type's row: `cols` the row loop against up to COLS src1 columns (`cols_x86` in ggml's AVX2 order),
-    `reference_dot` one row's dot for a type without `cols`, `x8` the loop over 8 interleaved rows (`repack`: the
-    repack buffer type holds it so; `x8_gemv` for the last n % 4 columns of a src1 matrix, which ggml's repack
-    kernels compute by their gemv in another order), `cols_tiled` the row loop in the order of ggml-cpu's tiled
-    matmul (x86: prompts of plain K-quant matrices), `to_float` dequantize_row_<type> (given `to_float_arg` if set).
-    `vec_dot_type` None: not a MUL_MAT weight type (Q8_1, Q8_K). `from_float` False: ggml's CPU cannot convert float32
-    to the type (the lattice IQ types), so CPY and SET_ROWS do not write it."""
+    `reference_dot` one row's dot for a type without `cols` (`reference_dot_x86` in ggml's AVX2 order), `x8` the
+    loop over 8 interleaved rows (`repack`: the repack buffer type holds it so; `x8_gemv` for the last n % 4
+    columns of a src1 matrix, which ggml's repack kernels compute by their gemv in another order), `cols_tiled` the
+    row loop in the order of ggml-cpu's tiled matmul (x86: prompts of plain K-quant matrices), `to_float`
+    dequantize_row_<type> (given `to_float_arg` if set). `vec_dot_type` None: not a MUL_MAT weight type (Q8_1,
+    Q8_K). `from_float` False: ggml's CPU cannot convert float32 to the type (the lattice IQ types), so CPY and
+    SET_ROWS do not write it."""
 
     type: GGMLType
     vec_dot_type: GGMLType | None
@@ -38,6 +40,7 @@ class CPUTypeTraits:
     cols_x86: Kernel | None = None
     cols_tiled: Kernel | None = None
     reference_dot: Kernel | None = None
+    reference_dot_x86: Kernel | None = None
     x8: Kernel | None = None
     x8_gemv: Kernel | None = None
     repack: bool = False
@@ -60,6 +63,10 @@ class CPUTypeTraits:
     def cols_for(self, x86: bool) -> Kernel | None:
         """The row loop for numerics "x86" (`x86`) or "ref"."""
         return self.cols_x86 if x86 and self.cols_x86 is not None else self.cols
+
+    def dot_for(self, x86: bool) -> Kernel | None:
+        """The one-row dot for numerics "x86" (`x86`) or "ref"."""
+        return self.reference_dot_x86 if x86 and self.reference_dot_x86 is not None else self.reference_dot
 
 
 _T = GGMLType
@@ -100,7 +107,16 @@ CPU_TYPE_TRAITS: dict[GGMLType, CPUTypeTraits] = {row.type: row for row in (
     CPUTypeTraits(_T.IQ1_M, _T.Q8_K, lat.dequantize_row_iq1_m, reference_dot=lat.dot_iq1_m,
                   from_float=False),
     CPUTypeTraits(_T.BF16, _T.BF16, dq.half_row_to_f32, cols=fl.dot_bf16_cols, to_float_arg=int(_T.BF16)),
+    CPUTypeTraits(_T.TQ1_0, _T.Q8_K, lb.dequantize_row_tq1_0, reference_dot=lb.dot_tq1_0,
+                  reference_dot_x86=lb.dot_tq1_0_x86),
+    CPUTypeTraits(_T.TQ2_0, _T.Q8_K, lb.dequantize_row_tq2_0, reference_dot=lb.dot_tq2_0,
+                  reference_dot_x86=lb.dot_tq2_0_x86),
     CPUTypeTraits(_T.MXFP4, _T.Q8_0, dq.dequantize_row_mxfp4, cols=ql.dot_mxfp4_cols),
+    CPUTypeTraits(_T.NVFP4, _T.Q8_0, lb.dequantize_row_nvfp4, reference_dot=lb.dot_nvfp4,
+                  reference_dot_x86=lb.dot_nvfp4_x86),
+    CPUTypeTraits(_T.Q1_0, _T.Q8_0, lb.dequantize_row_q12_0, reference_dot=lb.dot_q1_0,
+                  reference_dot_x86=lb.dot_q1_0_x86, to_float_arg=1),
+    CPUTypeTraits(_T.Q2_0, _T.Q8_0, lb.dequantize_row_q12_0, reference_dot=lb.dot_q2_0, to_float_arg=2),
 )}
 
 # what GET_ROWS, CPY and DUP read and write (besides F32 to F32 copies of any type pair the kernels allow)
