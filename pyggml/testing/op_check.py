@@ -549,7 +549,8 @@ def matmul_cases() -> list[OpCase]:
     cases = []
     for type_a in ALL_TYPES:
         k = 256 if TYPE_TRAITS[type_a].is_quantized else 32
-        type_bs = (F32, F16) if type_a == F16 else (F32,)
+        # F16 src1 with F16 weights; a BF16 src1 (widened, as ggml_conv_1d_dw emits it) with F32 weights
+        type_bs = (F32, F16) if type_a == F16 else (F32, BF16) if type_a == F32 else (F32,)
         for type_b in type_bs:
             for m, n, bs, nr in ((16, 1, [1, 1], [1, 1]), (16, 8, [1, 1], [1, 1]), (16, 8, [3, 2], [1, 1]),
                                  (16, 8, [3, 2], [2, 2])):

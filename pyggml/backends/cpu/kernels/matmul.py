@@ -81,9 +81,10 @@ def _mul_mat_problem(node: Tensor) -> Problem:
         return UnsupportedTypeError, _src0_type_reason(a, "which has no dot product (vec_dot)")
     hadamard = is_hadamard(node)  # ggml's fast transform (kernels.fwht), which takes an F16 src1 too
     vdt = GGMLType.F16 if hadamard else CPU_TYPE_TRAITS[a.type].vec_dot_type
-    if b.type not in (F32, vdt):
-        return (UnsupportedTypeError,
-                f"src1 '{b.name}' has type {b.type.name}; with {a.type.name} weights it must be F32 or {vdt.name}")
+    if b.type not in (F32, vdt) and not (b.type == BF16 and vdt == F32):
+        also = " (or BF16, widened)" if vdt == F32 else ""
+        return (UnsupportedTypeError, f"src1 '{b.name}' has type {b.type.name}; with {a.type.name} weights it must be "
+                                      f"F32 or {vdt.name}{also}")
     if node.type != F32:
         return UnsupportedTypeError, f"dst has type {node.type.name}, must be F32"
     if a.nb[0] != TYPE_TRAITS[a.type].type_size or (TYPE_TRAITS[b.type].is_quantized
@@ -270,6 +271,16 @@ def mul_mat_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None],
         return lambda: dst.fill(0)
     if is_hadamard(node):
         return fwht_kernel(dst, src1)
+    if a.type == F32 and b.type == BF16:  # ggml widens a BF16 src1 to F32 first (as ggml_conv_1d_dw emits it)
+        widened = np.empty(src1.shape, np.float32)
+        widen = _src1_f32_fn(src1, BF16, widened.reshape(-1, src1.shape[3]))
+        product = mul_mat_f32(dst, src0, widened, params)
+
+        def run_widened() -> None:
+            widen()
+            product()
+
+        return run_widened
     if a.type == F32:
         return mul_mat_f32(dst, src0, src1, params)
     return _mul_mat_numba(a.type, b.type, a.ne[0], dst, src0, src1, params, repacked=is_repacked(a))
