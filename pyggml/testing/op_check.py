@@ -267,15 +267,15 @@ def copy_cases() -> list[OpCase]:
             return op(ctx, "dup")(permuted(ctx, "a", type, [10, 8, 3, 1], (0, 2, 1, 3)))
 
         cases.append(OpCase("DUP", f"type={_t(type)},ne=[10,8,3,1],permuted", build_dup_nc))
-    # CPY between F32, F16, BF16 and the quantized types
+    # CPY between F32, F16, BF16 and the quantized types, and F32 to I32 and back
     pairs = ([(s, d) for s in (F32, F16, BF16) for d in ALL_TYPES if d in FROM_FLOAT_TYPES]
-             + [(q, F32) for q in QUANT_TYPES])
+             + [(q, F32) for q in QUANT_TYPES] + [(F32, I32), (I32, F32)])
     for src, dst in pairs:
         def build_cpy(ctx: Context, src: GGMLType = src, dst: GGMLType = dst) -> Tensor:
             return op(ctx, "cpy")(new(ctx, "a", src, [256, 4, 2, 1]), new(ctx, "b", dst, [256, 4, 2, 1]))
 
         cases.append(OpCase("CPY", f"type_src={_t(src)},type_dst={_t(dst)},ne=[256,4,2,1]", build_cpy))
-    for src, dst in ((F32, F32), (F32, F16), (F16, F32)):
+    for src, dst in ((F32, F32), (F32, F16), (F16, F32), (F32, I32)):
         def build_cpy_nc(ctx: Context, src: GGMLType = src, dst: GGMLType = dst) -> Tensor:
             a = permuted(ctx, "a", src, [16, 6, 4, 1], (0, 2, 1, 3))
             return op(ctx, "cpy")(a, new(ctx, "b", dst, [16, 6, 4, 1]))

@@ -41,6 +41,8 @@ from pyggml.core.tensor import GGML_MAX_DIMS, GGMLOp, ScaleFlag, ScaleMode, Tens
 from pyggml.core.types import TYPE_TRAITS, GGMLType
 
 _NUMPY_FLOATS = (GGMLType.F32, GGMLType.F16)
+# the integer copies of ggml's CPU dup: F32 to I32 and back
+_INT_CASTS = ((GGMLType.F32, GGMLType.I32), (GGMLType.I32, GGMLType.F32))
 
 
 def _is_plain(t: GGMLType) -> bool:
@@ -58,23 +60,35 @@ def _as_blocks(raw: np.ndarray, type: GGMLType) -> np.ndarray:
     return raw.view(np.dtype((np.void, ts)))
 
 
-def _copy_fn(d: np.ndarray, s: np.ndarray) -> Compute:
+def _copy_fn(d: np.ndarray, s: np.ndarray, casting: str = "same_kind") -> Compute:
     """Copy (with numpy casting) s's elements in row-major order into d's, without a copy at prepare time."""
     if d.shape == s.shape:
         d, s = collapse(d, s)
-        return functools.partial(np.copyto, d, s)
+        return functools.partial(np.copyto, d, s, casting=casting)
     dv = reshape_view(d, s.shape)
     if dv is not None:
         dv, s = collapse(dv, s)
-        return functools.partial(np.copyto, dv, s)
+        return functools.partial(np.copyto, dv, s, casting=casting)
     sv = reshape_view(s, d.shape)
     if sv is not None:
         d, sv = collapse(d, sv)
-        return functools.partial(np.copyto, d, sv)
+        return functools.partial(np.copyto, d, sv, casting=casting)
 
     def run() -> None:
         # both sides strided in incompatible ways: numpy's reshape copies src at run time
-        np.copyto(d, np.reshape(s, d.shape))
+        np.copyto(d, np.reshape(s, d.shape), casting=casting)
+
+    return run
+
+
+def _int_cast_fn(d: np.ndarray, s: np.ndarray) -> Compute:
+    """ggml's dup_flt<float, int32_t> and <int32_t, float>: C's conversions (toward zero; NaN and values out of
+    range are x86's INT32_MIN, as numpy's cast on x86 gives them)."""
+    copy = _copy_fn(d, s, casting="unsafe")
+
+    def run() -> None:
+        with np.errstate(invalid="ignore"):
+            copy()
 
     return run
 
@@ -140,6 +154,8 @@ def copy_prepare(node: Tensor, src_t: Tensor, dst: np.ndarray, src: np.ndarray, 
         return _copy_fn(_as_blocks(dst, dt), _as_blocks(src, st))
     if st == dt or (_is_plain(st) and _is_plain(dt) and st in _NUMPY_FLOATS and dt in _NUMPY_FLOATS):
         return _copy_fn(dst, src)
+    if (st, dt) in _INT_CASTS:
+        return _int_cast_fn(dst, src)
     if not (is_convertible(st) and is_writable(dt)):
         raise UnsupportedTypeError(f"CPU {node.op.name} '{node.name}': cannot convert {st.name} "
                                    f"('{src_t.name}') to {dt.name}")
@@ -496,7 +512,7 @@ def supports(node: Tensor) -> bool:
         return False
     if op in (GGMLOp.DUP, GGMLOp.CONT, GGMLOp.CPY):
         st, dt = src0.type, node.type
-        return st == dt or (is_convertible(st) and is_writable(dt))
+        return st == dt or (st, dt) in _INT_CASTS or (is_convertible(st) and is_writable(dt))
     if op == GGMLOp.GET_ROWS:
         idx = node.src[1]
         if idx is None or idx.type != GGMLType.I32:
