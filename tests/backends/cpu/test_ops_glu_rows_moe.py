@@ -286,6 +286,31 @@ def test_mul_mat_id_kernel(type_a: GGMLType, b_rows: int, n_tok: int) -> None:
     assert nmse < 5e-4, nmse  # src1 goes through the weights' vec_dot_type, as in ggml
 
 
+@pytest.mark.parametrize("type_a", [F16, GGMLType.Q4_0, GGMLType.Q8_0, GGMLType.Q4_K])
+def test_mul_mat_id_groups_rows_by_expert_as_mul_mat(type_a: GGMLType) -> None:
+    """A prompt's rows grouped by expert: an expert with fewer than BLAS_MIN_COLS rows gives exactly MUL_MAT of
+    its matrix and those rows (MUL_MAT's vec_dot loops over that many columns); one with more goes by BLAS."""
+    ctx = new_ctx()
+    k, m, n_as, n_tok = 256, 24, 5, 20
+    wv = rand(1, n_as, m, k)
+    w = ctx.new_tensor_4d(type_a, k, m, n_as, 1)
+    w.numpy()[...] = wv.astype(np.float16) if type_a == F16 else from_float(type_a, wv)
+    w_vals = stored(F16, wv) if type_a == F16 else to_float(type_a, from_float(type_a, wv))
+    xv = rand(1, n_tok, 1, k)
+    # expert 3 on every token (20 rows: BLAS); experts 0, 1, 4 share the second slot (7, 7, 6 rows); 2 unused
+    ids = np.stack([np.full(n_tok, 3), np.array([0, 1, 4] * 6 + [0, 1])], axis=1).astype(np.int32)
+    got = run(ctx.mul_mat_id(w, tensor(ctx, F32, xv), tensor(ctx, I32, ids)))[0]
+    for e in (0, 1, 4):
+        t, j = np.nonzero(ids == e)
+        we = ctx.new_tensor_2d(type_a, k, m)
+        we.numpy()[...] = w.numpy()[0, e]
+        want = run(ctx.mul_mat(we, tensor(ctx, F32, xv[0, t, 0])))[0, 0]
+        np.testing.assert_array_equal(got[t, j], want, err_msg=f"expert {e}")
+    want3 = xv[0, :, 0].astype(np.float64) @ w_vals[0, 3].astype(np.float64).T
+    nmse = float(np.sum((got[:, 0] - want3) ** 2) / np.sum(want3 ** 2))
+    assert nmse < 5e-4, nmse
+
+
 def test_add_id_kernel() -> None:
     ctx = new_ctx()
     av, bv = rand(1, 3, 2, 6), rand(1, 1, 5, 6)

@@ -9,7 +9,7 @@ import numpy as np
 
 from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
 from pyggml.backends.cpu.kernels._common import bf16_to_f32, f32_to_bf16, noop
-from pyggml.backends.cpu.kernels.matmul import BLAS_MIN_COLS, _carve, _direct, _weight_rows
+from pyggml.backends.cpu.kernels.matmul import BLAS_MIN_COLS, _carve, _direct, _direct_work, _weight_rows
 from pyggml.backends.cpu.kernels.vec_dot import quantize_src1
 from pyggml.backends.cpu.kernels.vec_dot.to_float import to_f32
 from pyggml.backends.cpu.kernels.vec_dot.type_table import CPU_TYPE_TRAITS, MUL_MAT_TYPES
@@ -106,43 +106,55 @@ def mul_mat_id_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | Non
     if a_t.ne[0] == 0:
         return lambda: dst.fill(0)
     ids2 = ids[0, 0]  # (tokens, n_used)
-    grouped = _grouped(node.name, a_t.type, w, x[0], ids2, dst[0])
+    blas = _blas_expert(a_t.type, w, x[0], ids2.shape[1])
+    out = np.reshape(dst[0], (ids2.size, a_t.ne[1]), copy=False)
+    name, n_as = node.name, w.shape[1]
     if a_t.type == F32:
-        return grouped
-    direct = _direct_rows(a_t.type, w, x[0], ids2, dst[0], params)
-    n_rows = ids2.size
+        def run_f32() -> None:
+            _check_ids(name, "MUL_MAT_ID", ids2, n_as)
+            flat = ids2.reshape(-1)
+            order = np.argsort(flat, kind="stable")
+            counts = np.bincount(flat, minlength=n_as)
+            for e, start, count in _expert_runs(counts):
+                blas(e, order[start:start + count], out)
 
-    def run() -> None:
-        _check_ids(node.name, "MUL_MAT_ID", ids2, w.shape[1])
-        n_used_experts = len(np.unique(ids2))
-        (grouped if n_rows >= BLAS_MIN_COLS * n_used_experts else direct)()
-
-    return run
+        return run_f32
+    return _direct_rows(name, a_t.type, w, x[0], ids2, out, params, blas)
 
 
-def _grouped(name: str, type: GGMLType, w: np.ndarray, xs: np.ndarray, ids2: np.ndarray, out: np.ndarray) -> Compute:
-    """The grouped path: per used expert, its f32 matrix times its rows (rounded to the vec_dot_type) by BLAS.
-    w (1, n_as, M, row), xs (tokens, ne11, K), ids2 (tokens, n_used), out (tokens, n_used, M)."""
+def _expert_runs(counts: np.ndarray) -> list[tuple[int, int, int]]:
+    """(expert, first sorted row, rows) of each used expert, in expert order."""
+    starts = np.cumsum(counts) - counts
+    return [(int(e), int(starts[e]), int(counts[e])) for e in np.flatnonzero(counts)]
+
+
+ExpertProduct = Callable[[int, np.ndarray, np.ndarray], None]
+
+
+def _blas_expert(type: GGMLType, w: np.ndarray, xs: np.ndarray, n_used: int) -> ExpertProduct:
+    """One expert by BLAS: its f32 matrix times its rows (rounded to the vec_dot type), into out[rows].
+    w (1, n_as, M, row), xs (tokens, ne11, K); rows are flat (token, slot) indices; out (tokens * n_used, M)."""
     expert = _expert_f32(type)
     round_x = _vec_dot_round(CPU_TYPE_TRAITS[type].vec_dot_type)
     ne11 = xs.shape[1]
 
-    def run() -> None:
-        _check_ids(name, "MUL_MAT_ID", ids2, w.shape[1])
-        for e in np.unique(ids2):
-            t, j = np.nonzero(ids2 == e)
-            rows = round_x(xs[t, j % ne11].astype(np.float32, copy=False))
-            out[t, j] = rows @ expert(w[0, int(e)]).T
+    def product(e: int, rows: np.ndarray, out: np.ndarray) -> None:
+        t, j = np.divmod(rows, n_used)
+        out[rows] = round_x(xs[t, j % ne11].astype(np.float32, copy=False)) @ expert(w[0, e]).T
 
-    return run
+    return product
 
 
-def _direct_rows(type: GGMLType, w: np.ndarray, xs: np.ndarray, ids2: np.ndarray, out: np.ndarray,
-                 params: ComputeParams) -> Compute:
-    """The direct path: MUL_MAT's vec_dot kernels with one output row per (token, slot), `w_base` its expert."""
+def _direct_rows(name: str, type: GGMLType, w: np.ndarray, xs: np.ndarray, ids2: np.ndarray, out: np.ndarray,
+                 params: ComputeParams, blas: ExpertProduct) -> Compute:
+    """As ggml_compute_forward_mul_mat_id: src1's rows grouped by expert (sorted, converted to the vec_dot type
+    once), then each expert's product over its rows as MUL_MAT's (BLAS from BLAS_MIN_COLS rows, else MUL_MAT's
+    vec_dot loops over that many columns, reading the expert's weights once per row block). A decode step (one
+    row per expert) takes the loops once over all rows, `w_base` pointing each at its expert.
+    out (tokens * n_used, M)."""
     n_tok, n_used = ids2.shape
     ne11, K = xs.shape[1], xs.shape[2]
-    M = out.shape[2]
+    M = out.shape[1]
     ny = n_tok * n_used
     tr = TYPE_TRAITS[type]
     vdt = CPU_TYPE_TRAITS[type].vec_dot_type
@@ -150,35 +162,63 @@ def _direct_rows(type: GGMLType, w: np.ndarray, xs: np.ndarray, ids2: np.ndarray
     quantized = tr.is_quantized
     wb, w_off = _weight_rows(w)
     f32, empty_f = np.dtype(np.float32), np.zeros((0, 0), np.float32)
-    specs: list[tuple[tuple[int, ...], np.dtype]] = [((ny, K), f32)]
+    specs: list[tuple[tuple[int, ...], np.dtype]] = [((ny, K), f32), ((ny, M), f32)]
     if quantized:
         qk = TYPE_TRAITS[vdt].blck_size
         specs += [((ny, K), np.dtype(np.int8)), ((ny, K // qk), f32), ((ny, K // qk), f32),
                   ((ny, K // 16), np.dtype(np.int32))]
     scratch = _carve(params, specs)
-    xg = scratch[0]
+    xg, sorted_out = scratch[0], scratch[1]
     if quantized:
-        yq, yd, ys, yb = scratch[1:]
+        yq, yd, ys, yb = scratch[2:]
         xf = empty_f
     else:
         yq, yd, ys, yb = np.zeros((0, 0), np.int8), empty_f, empty_f, np.zeros((0, 0), np.int32)
         xf = xg
     w_base = np.zeros(ny, np.int64)
-    rows_out = np.reshape(out, (ny, M), copy=False)
     kind = int(type)
     slot = np.tile(np.arange(n_used) % ne11, n_tok)
     tok = np.repeat(np.arange(n_tok), n_used)
-    direct = _direct(kind, wb, w_off, nb, xf, yq, yd, ys, yb, 1, w_base, rows_out, params, M * K * ny)
+    each_row = _direct(kind, wb, w_off, nb, xf, yq, yd, ys, yb, 1, w_base, out, params, M * K * ny)
     rounding = NUMERICS_CODES[params.numerics]
+    n_as = w.shape[1]
 
-    def run() -> None:
-        np.copyto(xg, xs[tok, slot])
+    def convert(rows: np.ndarray) -> None:
+        np.copyto(xg, xs[tok[rows], slot[rows]])
         if quantized:
             quantize_src1.quantize_rows(int(vdt), xg, yq, yd, ys, yb, rounding)
         else:
             quantize_src1.round_rows(kind, xg)
-        np.multiply(ids2.reshape(-1), M, out=w_base)  # each output row's first weight row: its expert's
-        direct()
+
+    def expert(e: int, start: int, count: int) -> None:
+        """MUL_MAT's direct loops over the sorted rows start..start+count, all of expert e."""
+        rows = slice(start, start + count)
+        x_rows = xf[rows] if xf.size else xf
+        q = [a[rows] if a.size else a for a in (yq, yd, ys, yb)]
+        _direct(kind, wb, w_off, nb, x_rows, *q, count, np.array([e * M], np.int64), sorted_out[rows], params,
+                _direct_work(kind, M, K, 1, count))()
+
+    def run() -> None:
+        _check_ids(name, "MUL_MAT_ID", ids2, n_as)
+        flat = ids2.reshape(-1)
+        counts = np.bincount(flat, minlength=n_as)
+        if counts.max() <= 1:
+            convert(np.arange(ny))
+            np.multiply(flat, M, out=w_base)  # each output row's first weight row: its expert's
+            each_row()
+            return
+        order = np.argsort(flat, kind="stable")
+        convert(order)
+        runs = _expert_runs(counts)
+        for e, start, count in runs:
+            if count < BLAS_MIN_COLS:
+                expert(e, start, count)
+        used = counts[counts > 0]
+        is_direct = np.repeat(used < BLAS_MIN_COLS, used)  # per sorted row: its expert went the direct way
+        out[order[is_direct]] = sorted_out[is_direct]
+        for e, start, count in runs:
+            if count >= BLAS_MIN_COLS:
+                blas(e, order[start:start + count], out)
 
     return run
 
