@@ -1,22 +1,20 @@
-"""CPU kernels of mixture of experts: MUL_MAT_ID through MUL_MAT's direct or grouped BLAS path, chosen per compute
-since ids are data (DESIGN.md, "MUL_MAT_ID"), and ADD_ID, F32 only as ggml's CPU (ggml-cpu.c, ops.cpp)."""
+"""CPU kernels of mixture of experts: MUL_MAT_ID through MUL_MAT's vec_dot loops, one pass for a decode step or
+src1's rows grouped by expert for prompts, chosen per compute since ids are data (DESIGN.md, "MUL_MAT_ID"), and
+ADD_ID, F32 only as ggml's CPU (ggml-cpu.c, ops.cpp)."""
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import numpy as np
 
 from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
-from pyggml.backends.cpu.kernels._common import bf16_to_f32, f32_to_bf16, noop
-from pyggml.backends.cpu.kernels.matmul import BLAS_MIN_COLS, _carve, _direct, _direct_work, _weight_rows
+from pyggml.backends.cpu.kernels._common import noop
+from pyggml.backends.cpu.kernels.matmul import _carve, _direct, _direct_work, _weight_rows
 from pyggml.backends.cpu.kernels.vec_dot import quantize_src1
-from pyggml.backends.cpu.kernels.vec_dot.to_float import to_f32
 from pyggml.backends.cpu.kernels.vec_dot.type_table import CPU_TYPE_TRAITS, MUL_MAT_TYPES
 from pyggml.backends.cpu.numerics import NUMERICS_CODES
 from pyggml.core.errors import GGMLError, OutOfBoundsError, ShapeError, UnsupportedTypeError
 from pyggml.core.tensor import GGMLOp, Tensor
-from pyggml.core.types import TYPE_TRAITS, GGMLType, from_float
+from pyggml.core.types import TYPE_TRAITS, GGMLType
 
 F32, F16, BF16, I32 = GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.I32
 
@@ -59,40 +57,6 @@ def _mul_mat_id_problem(node: Tensor) -> Problem:
     return None
 
 
-def _expert_f32(type: GGMLType) -> Callable[[np.ndarray], np.ndarray]:
-    """One expert's matrix (M, K elements; quantized: M rows of bytes) -> f32 (M, K), exactly."""
-    if type == F32:
-        return lambda w: w
-    if type == F16:
-        return lambda w: w.astype(np.float32)
-    if type == BF16:
-        def bf16(w: np.ndarray) -> np.ndarray:
-            out = np.empty(w.shape, np.float32)
-            bf16_to_f32(w, out)
-            return out
-
-        return bf16
-    return lambda w: to_f32(type, w)
-
-
-def _vec_dot_round(vdt: GGMLType) -> Callable[[np.ndarray], np.ndarray]:
-    """f32 rows -> the values ggml's vec_dot reads after converting them to `vdt` (as f32)."""
-    if vdt == F32:
-        return lambda x: x
-    if vdt == F16:
-        return lambda x: x.astype(np.float16).astype(np.float32)
-    if vdt == BF16:
-        def bf16(x: np.ndarray) -> np.ndarray:
-            h = np.empty(x.shape, np.uint16)
-            f32_to_bf16(x, h)
-            out = np.empty(x.shape, np.float32)
-            bf16_to_f32(h, out)
-            return out
-
-        return bf16
-    return lambda x: to_f32(vdt, from_float(vdt, np.ascontiguousarray(x)))
-
-
 def mul_mat_id_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None],
                       params: ComputeParams) -> Compute:
     """MUL_MAT_ID: each (token, slot) row of src1 times its expert's matrix."""
@@ -106,20 +70,10 @@ def mul_mat_id_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | Non
     if a_t.ne[0] == 0:
         return lambda: dst.fill(0)
     ids2 = ids[0, 0]  # (tokens, n_used)
-    blas = _blas_expert(a_t.type, w, x[0], ids2.shape[1])
     out = np.reshape(dst[0], (ids2.size, a_t.ne[1]), copy=False)
-    name, n_as = node.name, w.shape[1]
     if a_t.type == F32:
-        def run_f32() -> None:
-            _check_ids(name, "MUL_MAT_ID", ids2, n_as)
-            flat = ids2.reshape(-1)
-            order = np.argsort(flat, kind="stable")
-            counts = np.bincount(flat, minlength=n_as)
-            for e, start, count in _expert_runs(counts):
-                blas(e, order[start:start + count], out)
-
-        return run_f32
-    return _direct_rows(name, a_t.type, w, x[0], ids2, out, params, blas)
+        return _f32_experts(node.name, w, x[0], ids2, out)
+    return _direct_rows(node.name, a_t.type, w, x[0], ids2, out, params)
 
 
 def _expert_runs(counts: np.ndarray) -> list[tuple[int, int, int]]:
@@ -128,30 +82,30 @@ def _expert_runs(counts: np.ndarray) -> list[tuple[int, int, int]]:
     return [(int(e), int(starts[e]), int(counts[e])) for e in np.flatnonzero(counts)]
 
 
-ExpertProduct = Callable[[int, np.ndarray, np.ndarray], None]
+def _f32_experts(name: str, w: np.ndarray, xs: np.ndarray, ids2: np.ndarray, out: np.ndarray) -> Compute:
+    """F32 experts: per used expert, its matrix times its rows by BLAS (as MUL_MAT's F32 weights).
+    w (1, n_as, M, K), xs (tokens, ne11, K), ids2 (tokens, n_used), out (tokens * n_used, M)."""
+    n_used, ne11, n_as = ids2.shape[1], xs.shape[1], w.shape[1]
 
+    def run() -> None:
+        _check_ids(name, "MUL_MAT_ID", ids2, n_as)
+        flat = ids2.reshape(-1)
+        order = np.argsort(flat, kind="stable")
+        for e, start, count in _expert_runs(np.bincount(flat, minlength=n_as)):
+            rows = order[start:start + count]
+            t, j = np.divmod(rows, n_used)
+            out[rows] = xs[t, j % ne11] @ w[0, e].T
 
-def _blas_expert(type: GGMLType, w: np.ndarray, xs: np.ndarray, n_used: int) -> ExpertProduct:
-    """One expert by BLAS: its f32 matrix times its rows (rounded to the vec_dot type), into out[rows].
-    w (1, n_as, M, row), xs (tokens, ne11, K); rows are flat (token, slot) indices; out (tokens * n_used, M)."""
-    expert = _expert_f32(type)
-    round_x = _vec_dot_round(CPU_TYPE_TRAITS[type].vec_dot_type)
-    ne11 = xs.shape[1]
-
-    def product(e: int, rows: np.ndarray, out: np.ndarray) -> None:
-        t, j = np.divmod(rows, n_used)
-        out[rows] = round_x(xs[t, j % ne11].astype(np.float32, copy=False)) @ expert(w[0, e]).T
-
-    return product
+    return run
 
 
 def _direct_rows(name: str, type: GGMLType, w: np.ndarray, xs: np.ndarray, ids2: np.ndarray, out: np.ndarray,
-                 params: ComputeParams, blas: ExpertProduct) -> Compute:
+                 params: ComputeParams) -> Compute:
     """As ggml_compute_forward_mul_mat_id: src1's rows grouped by expert (sorted, converted to the vec_dot type
-    once), then each expert's product over its rows as MUL_MAT's (BLAS from BLAS_MIN_COLS rows, else MUL_MAT's
-    vec_dot loops over that many columns, reading the expert's weights once per row block). A decode step (one
-    row per expert) takes the loops once over all rows, `w_base` pointing each at its expert.
-    out (tokens * n_used, M)."""
+    once), then each used expert's product over its rows by MUL_MAT's vec_dot loops over that many columns,
+    reading the expert's weights once per row block (faster than widening the expert for BLAS at every row
+    count measured: benchmarks/README.md). A decode step (one row per expert) takes the loops once over all rows,
+    `w_base` pointing each at its expert. out (tokens * n_used, M)."""
     n_tok, n_used = ids2.shape
     ne11, K = xs.shape[1], xs.shape[2]
     M = out.shape[1]
@@ -209,16 +163,9 @@ def _direct_rows(name: str, type: GGMLType, w: np.ndarray, xs: np.ndarray, ids2:
             return
         order = np.argsort(flat, kind="stable")
         convert(order)
-        runs = _expert_runs(counts)
-        for e, start, count in runs:
-            if count < BLAS_MIN_COLS:
-                expert(e, start, count)
-        used = counts[counts > 0]
-        is_direct = np.repeat(used < BLAS_MIN_COLS, used)  # per sorted row: its expert went the direct way
-        out[order[is_direct]] = sorted_out[is_direct]
-        for e, start, count in runs:
-            if count >= BLAS_MIN_COLS:
-                blas(e, order[start:start + count], out)
+        for e, start, count in _expert_runs(counts):
+            expert(e, start, count)
+        out[order] = sorted_out
 
     return run
 
