@@ -101,11 +101,8 @@ def _f32_experts(name: str, w: np.ndarray, xs: np.ndarray, ids2: np.ndarray, out
 
 def _direct_rows(name: str, type: GGMLType, w: np.ndarray, xs: np.ndarray, ids2: np.ndarray, out: np.ndarray,
                  params: ComputeParams) -> Compute:
-    """As ggml_compute_forward_mul_mat_id: src1's rows grouped by expert (sorted, converted to the vec_dot type
-    once), then each used expert's product over its rows by MUL_MAT's vec_dot loops over that many columns,
-    reading the expert's weights once per row block (faster than widening the expert for BLAS at every row
-    count measured: benchmarks/README.md). A decode step (one row per expert) takes the loops once over all rows,
-    `w_base` pointing each at its expert. out (tokens * n_used, M)."""
+    """As ggml_compute_forward_mul_mat_id: rows grouped by expert, each expert's by MUL_MAT's vec_dot loops over
+    that many columns; a decode step in one pass, `w_base` pointing each row at its expert (DESIGN.md)."""
     n_tok, n_used = ids2.shape
     ne11, K = xs.shape[1], xs.shape[2]
     M = out.shape[1]
