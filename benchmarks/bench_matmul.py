@@ -103,8 +103,9 @@ class Case:
     """One MUL_MAT node (weights x N columns) prepared through the kernel, plus its numpy peer."""
 
     def __init__(self, wtype: GGMLType, n: int, rng: np.random.Generator, n_threads: int,
-                 shape: tuple[int, int] = (M, K)) -> None:
-        stored, self.wf = weights(wtype, rng, shape)
+                 shape: tuple[int, int] = (M, K), made: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+        """`made`: (stored weights, their f32 values) of `shape` to use instead of `weights`' ones."""
+        stored, self.wf = made if made is not None else weights(wtype, rng, shape)
         self.wtype, self.n = wtype, n
         m, k = shape
         self.ctx = Context(mem_size=stored.nbytes + 4 * k * n + 4 * m * n + (1 << 20), no_alloc=False)

@@ -99,6 +99,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                         "buffer beyond it is refused")
     p.add_argument("-t", "--threads", type=thread_count, default=None, metavar="N",
                    help="threads of the CPU backend (default: all cores)")
+    p.add_argument("--no-fallback", action="store_true",
+                   help="refuse a graph with a node the served backend does not compute (default: such nodes run "
+                        "on the host CPU, each op named once in the log); for testing a backend alone")
     limits = server_defaults()
     g = p.add_argument_group("limits (a client past one is disconnected, with a log line naming it)")
     g.add_argument("--max-connections", type=positive_int, default=limits["max_connections"], metavar="N",
@@ -158,9 +161,11 @@ def run(args: argparse.Namespace) -> int:
     budget = work.WorkBudget(node_elements=args.max_node_elements, work=args.max_work, temp_bytes=args.max_temp)
     server = server_cls(backends, args.host, args.port, cache_dir=args.cache, mem_limit=args.mem, budget=budget,
                         max_connections=args.max_connections, hello_timeout=args.hello_timeout,
-                        idle_timeout=args.timeout, message_timeout=args.message_timeout)
+                        idle_timeout=args.timeout, message_timeout=args.message_timeout,
+                        fallback=not args.no_fallback, host_threads=args.threads)
     print(f"pyggml RPC server, protocol {server.version}, listening on {server.endpoint}", flush=True)
-    print(f"  cache: {args.cache or 'n/a'}; memory limit: {fmt_bytes(args.mem) if args.mem else 'none'}")
+    print(f"  cache: {args.cache or 'n/a'}; memory limit: {fmt_bytes(args.mem) if args.mem else 'none'}; nodes a "
+          f"backend lacks: {'refused' if args.no_fallback else 'on the host CPU'}")
     idle = f"{args.timeout:g} s" if args.timeout is not None else "none"
     print(f"  per client: {args.max_connections} connections, HELLO within {args.hello_timeout:g} s, idle "
           f"{idle}, a message {args.message_timeout:g} s; a graph: work {args.max_work:.3g}, "

@@ -1,11 +1,12 @@
 """Row conversion between ggml types and float32: ggml's `to_float` / `from_float`.
 
-The types of `IMPLEMENTED_TYPES` convert to float32 (ggml's dequantize_row_*)
-and from float32 (ggml's type_traits from_float_ref, quantize_row_*_ref of
-ggml-quants.c at llama.cpp 0c1e570, with the helpers make_qx_quants,
-make_q3_quants, make_qkx2_quants and quantize_row_iq4_nl_impl); the other
-quantized types of ggml (IQ2/IQ3/IQ1, TQ, NVFP4, Q1_0, Q2_0) raise
-UnsupportedTypeError naming the type. `quantize_chunk` is what
+The types of `IMPLEMENTED_TYPES` convert to float32 (ggml's dequantize_row_*);
+those of `FROM_FLOAT_TYPES` convert from float32 too (ggml's type_traits
+from_float_ref, quantize_row_*_ref of ggml-quants.c at llama.cpp 0c1e570, with
+the helpers make_qx_quants, make_q3_quants, make_qkx2_quants and
+quantize_row_iq4_nl_impl): all but the lattice types (IQ2/IQ3/IQ1,
+pyggml.core.quants_iq), which convert to float32 only, as ggml's CPU has no
+from_float for them. `quantize_chunk` is what
 ggml_quantize_chunk writes without an importance matrix (llama-quantize's
 bytes): the same as from_float except for IQ4_NL, whose file quantizer
 searches more scales.
@@ -38,6 +39,7 @@ from collections.abc import Callable
 import numpy as np
 
 from pyggml.core.errors import ArgumentError, GGMLError, UnsupportedTypeError
+from pyggml.core.quants_iq import IQ_TYPES, no_from_float_error
 from pyggml.core.types import QK_K, TYPE_TRAITS, GGMLType, as_type
 
 F32 = np.float32
@@ -62,8 +64,14 @@ BLOCK_DTYPES: dict[GGMLType, np.dtype] = {
     GGMLType.Q8_K: np.dtype([("d", "<f4"), ("qs", "i1", 256), ("bsums", "<i2", 16)]),
     GGMLType.IQ4_NL: np.dtype([("d", "<f2"), ("qs", "u1", 16)]),
     GGMLType.IQ4_XS: np.dtype([("d", "<f2"), ("scales_h", "<u2"), ("scales_l", "u1", 4), ("qs", "u1", 128)]),
+    GGMLType.TQ1_0: np.dtype([("qs", "u1", 48), ("qh", "u1", 4), ("d", "<f2")]),
+    GGMLType.TQ2_0: np.dtype([("qs", "u1", 64), ("d", "<f2")]),
     GGMLType.MXFP4: np.dtype([("e", "u1"), ("qs", "u1", 16)]),
+    GGMLType.NVFP4: np.dtype([("d", "u1", 4), ("qs", "u1", 32)]),
+    GGMLType.Q1_0: np.dtype([("d", "<f2"), ("qs", "u1", 16)]),
+    GGMLType.Q2_0: np.dtype([("d", "<f2"), ("qs", "u1", 16)]),
 }
+BLOCK_DTYPES |= {t: row.dtype for t, row in IQ_TYPES.items()}
 
 
 def block_dtype(t: GGMLType) -> np.dtype:
@@ -919,6 +927,97 @@ def _dequantize_iq4_xs(b: np.ndarray) -> np.ndarray:
     return out.reshape(nb, 256)
 
 
+# --- ternary quants: TQ1_0 TQ2_0 ------------------------------------------------------
+
+
+def _ternary_scale(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(d, 1/d or 0) of TQ1_0/TQ2_0 blocks: d = amax by C's `amax = MAX(amax, fabsf(v))` scan, where a NaN
+    wins only as the last value and otherwise restarts the maximum at the value after it."""
+    ax = np.abs(x)
+    nan = np.isnan(ax)
+    n = x.shape[1]
+    last_nan = np.where(nan.any(axis=1), n - 1 - nan[:, ::-1].argmax(axis=1), -1)
+    after = np.arange(n) > last_nan[:, None]
+    d = np.max(np.where(after, ax, F32(0)), axis=1, initial=F32(0))
+    d = np.where(last_nan == n - 1, F32(np.nan), d).astype(F32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(d == 0, F32(0), F32(1) / d).astype(F32)  # C's `d ? 1.0f/d : 0.0f` (NaN is true)
+    return d, inv
+
+
+def _trits(x: np.ndarray, inv: np.ndarray) -> np.ndarray:
+    """lroundf(x * id) + 1 as int32 (0, 1, 2): a non-finite product is glibc's LONG_MIN, whose int is 0."""
+    v = x * inv[:, None]
+    return np.where(np.isfinite(v), _roundf(v), F32(0)).astype(np.int32) + 1
+
+
+def _pack_trits(t: np.ndarray) -> np.ndarray:
+    """(..., 5, m) trits, most significant first -> (..., m) bytes: their base-3 number q scaled to
+    ceil(q * 256 / 243), the byte whose top trits ((byte * 3^n) mod 256 * 3) >> 8 reads back."""
+    q = np.zeros(t.shape[:-2] + t.shape[-1:], np.int32)
+    for n in range(t.shape[-2]):
+        q = (q * 3 + t[..., n, :]) & 0xFF  # uint8_t q in C
+    return ((q * 256 + 242) // 243).astype(np.uint8)
+
+
+def _quantize_tq1_0(x: np.ndarray) -> np.ndarray:
+    nb = x.shape[0]
+    d, inv = _ternary_scale(x)
+    t = _trits(x, inv)
+    out = np.empty((nb, 54), np.uint8)
+    out[:, :32] = _pack_trits(t[:, :160].reshape(nb, 5, 32))
+    out[:, 32:48] = _pack_trits(t[:, 160:240].reshape(nb, 5, 16))
+    qh = np.concatenate([t[:, 240:].reshape(nb, 4, 4), np.zeros((nb, 1, 4), np.int32)], axis=1)  # q *= 3 last
+    out[:, 48:52] = _pack_trits(qh)
+    out[:, 52:54] = _f16_bytes(d)
+    return out
+
+
+_POW3 = np.array([1, 3, 9, 27, 81], np.int32)
+
+
+def _unpack_trits(q: np.ndarray, n: int) -> np.ndarray:
+    """(nb, m) bytes -> (nb, n, m) trit values - 1 as float32: ((q * 3^k) mod 256 * 3) >> 8, k < n."""
+    p = (q[:, None, :].astype(np.int32) * _POW3[:n, None]) & 0xFF
+    return ((p * 3) >> 8).astype(F32) - F32(1)
+
+
+def _dequantize_tq1_0(b: np.ndarray) -> np.ndarray:
+    """TQ1_0, 256 weights in 54 bytes: qs u8[48] @0, qh u8[4] @48, d fp16 @52.
+
+    Each qs byte holds 5 trits, qh bytes 4 (read as their byte times 3^n, top trit by (q * 3) >> 8):
+    weight 32n + m is trit n of qs[m] (m < 32), 160 + 16n + m trit n of qs[32 + m], 240 + 4n + j trit n
+    of qh[j]; x = (trit - 1) * d.
+    """
+    nb = b.shape[0]
+    out = np.empty((nb, 256), F32)
+    out[:, :160] = _unpack_trits(b[:, :32], 5).reshape(nb, 160)
+    out[:, 160:240] = _unpack_trits(b[:, 32:48], 5).reshape(nb, 80)
+    out[:, 240:] = _unpack_trits(b[:, 48:52], 4).reshape(nb, 16)
+    out *= _f16_at(b, 52)
+    return out
+
+
+def _quantize_tq2_0(x: np.ndarray) -> np.ndarray:
+    nb = x.shape[0]
+    d, inv = _ternary_scale(x)
+    out = np.empty((nb, 66), np.uint8)
+    out[:, :64] = _pack_2bit(_trits(x, inv) & 3)
+    out[:, 64:66] = _f16_bytes(d)
+    return out
+
+
+def _dequantize_tq2_0(b: np.ndarray) -> np.ndarray:
+    """TQ2_0, 256 weights in 66 bytes: qs u8[64] @0, d fp16 @64.
+
+    Weight 128h + 32l + m is bits 2l..2l+1 of qs[32h + m] (Q2_K's layout), x = (q - 1) * d.
+    """
+    out = _unpack_2bit(b[:, :64]).astype(F32)
+    out -= F32(1)
+    out *= _f16_at(b, 64)
+    return out
+
+
 def _e8m0_half(e: np.ndarray) -> np.ndarray:
     """ggml_e8m0_to_fp32_half: 2^(e - 128) as float32, exact (subnormal for e < 2)."""
     e = e.astype(np.uint32)
@@ -987,6 +1086,119 @@ def _dequantize_mxfp4(b: np.ndarray) -> np.ndarray:
     return out
 
 
+# --- NVFP4 -------------------------------------------------------------------------
+
+
+def _ue4m3_table() -> np.ndarray:
+    """ggml_ue4m3_to_fp32 of every byte (bit 7 ignored; 0 and 0x7F are 0): the E4M3 value, halved."""
+    x = np.arange(256)
+    e, m = (x >> 3) & 15, (x & 7).astype(np.float64)
+    v = np.where(e == 0, np.ldexp(m, -9), np.ldexp(1 + m / 8, e - 7)) * 0.5
+    return np.where((x == 0) | (x == 0x7F), 0.0, v).astype(F32)
+
+
+UE4M3 = _ue4m3_table()  # ggml_ue4m3_to_fp32 of every byte (NVFP4's scales)
+
+
+def _fp32_to_ue4m3(x: np.ndarray) -> np.ndarray:
+    """ggml_fp32_to_ue4m3: positive x (clamped to 448) to E4M3 rounding the mantissa half up, 0x7E past
+    the top; NaN, zero and negative x give 0."""
+    pos = x > 0
+    x = np.minimum(np.where(pos, x, F32(1)), F32(448)).astype(F32)
+    bits = x.view(np.uint32).astype(np.int64)
+    e = ((bits >> 23) & 0xFF) - 127 + 7
+    m = ((bits >> 20) & 7) + ((bits >> 19) & 1)
+    e = e + (m > 7)
+    normal = np.where(e >= 15, 0x7E, (e << 3) | np.where(m > 7, 0, m))
+    sub_m = np.minimum((x * F32(512) + F32(0.5)).astype(np.int64), 7)  # C's (int) truncation
+    sub = np.where(sub_m < 1, 0, sub_m)
+    return np.where(pos, np.where(((bits >> 23) & 0xFF) - 120 <= 0, sub, normal), 0).astype(np.uint8)
+
+
+def _best_index_fp4(x: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """ggml's best_index_mxfp4(x, d) for any scale d (rows of x, one d per row): the first of the 16 values
+    with the least |kvalues_mxfp4[i] * d - x| in float32."""
+    best_err = np.abs(_MXFP4_F[0] * d - x)
+    best = np.zeros(x.shape, np.uint8)
+    for i in range(1, 16):
+        err = np.abs(_MXFP4_F[i] * d - x)
+        better = err < best_err
+        best[better] = i
+        np.copyto(best_err, err, where=better)
+    return best
+
+
+def _quantize_nvfp4(x: np.ndarray) -> np.ndarray:
+    nb = x.shape[0]
+    xs = x.reshape(nb * 4, 16)
+    amax = np.fmax.reduce(np.abs(xs), axis=1, initial=F32(0))  # C's `if (amax < fabsf(v))` skips NaN
+    ue = _fp32_to_ue4m3(amax / F32(6))
+    L = _best_index_fp4(xs, UE4M3[ue][:, None]).reshape(nb, 4, 2, 8)
+    out = np.empty((nb, 36), np.uint8)
+    out[:, :4] = ue.reshape(nb, 4)
+    out[:, 4:] = (L[:, :, 0] | (L[:, :, 1] << 4)).reshape(nb, 32)
+    return out
+
+
+def _dequantize_nvfp4(b: np.ndarray) -> np.ndarray:
+    """NVFP4, 64 weights in 36 bytes: d u8[4] (UE4M3 scales) @0, qs u8[32] @4.
+
+    Four sub-blocks of 16: sub-block s reads qs[8s : 8s + 8], low nibbles for its first 8 weights and
+    high nibbles for the last 8; x = kvalues_mxfp4[q] * ue4m3(d[s]) (the scale halved, the table doubled).
+    """
+    nb = b.shape[0]
+    qs = b[:, 4:].reshape(nb, 4, 8)
+    out = np.empty((nb, 4, 16), F32)
+    np.take(_MXFP4_F, qs & 15, out=out[:, :, :8])
+    np.take(_MXFP4_F, qs >> 4, out=out[:, :, 8:])
+    out *= UE4M3[b[:, :4]][:, :, None]
+    return out.reshape(nb, 64)
+
+
+# --- 1- and 2-bit quants: Q1_0 Q2_0 -------------------------------------------------------
+
+
+def _quantize_q1_0(x: np.ndarray) -> np.ndarray:
+    nb = x.shape[0]
+    d = _colsum(np.abs(np.ascontiguousarray(x.T))) / F32(128)  # sum_abs in C's order
+    bits = (x >= 0).reshape(nb, 16, 8).astype(np.uint8) << np.arange(8, dtype=np.uint8)
+    out = np.empty((nb, 18), np.uint8)
+    out[:, :2] = _f16_bytes(d.astype(F32))
+    out[:, 2:] = np.bitwise_or.reduce(bits, axis=2)
+    return out
+
+
+def _dequantize_q1_0(b: np.ndarray) -> np.ndarray:
+    """Q1_0, 128 weights in 18 bytes: d fp16 @0, qs u8[16] @2; weight j is bit j % 8 of qs[j // 8]:
+    x = d if set, else -d."""
+    d = _f16_at(b, 0)
+    bits = np.unpackbits(b[:, 2:], axis=1, bitorder="little").astype(bool)
+    return np.where(bits, d, -d)
+
+
+def _quantize_q2_0(x: np.ndarray) -> np.ndarray:
+    nb = x.shape[0]
+    d = _max0(np.abs(x))
+    v = x * _safe_inv(d)[:, None]
+    # (int)roundf(v) + 1 clamped to 0..3; a non-finite v converts to INT_MIN, so 0
+    q = np.where(np.isfinite(v), np.clip(_roundf(v) + F32(1), 0, 3), F32(0)).astype(np.uint8).reshape(nb, 16, 4)
+    out = np.empty((nb, 18), np.uint8)
+    out[:, :2] = _f16_bytes(d)
+    out[:, 2:] = q[:, :, 0] | (q[:, :, 1] << 2) | (q[:, :, 2] << 4) | (q[:, :, 3] << 6)
+    return out
+
+
+def _dequantize_q2_0(b: np.ndarray) -> np.ndarray:
+    """Q2_0, 64 weights in 18 bytes: d fp16 @0, qs u8[16] @2; weight j is bits 2(j % 4).. of qs[j // 4]:
+    x = (q - 1) * d."""
+    nb = b.shape[0]
+    q = (b[:, 2:, None] >> np.array([0, 2, 4, 6], np.uint8)) & 3
+    out = q.reshape(nb, 64).astype(F32)
+    out -= F32(1)
+    out *= _f16_at(b, 0)
+    return out
+
+
 _QUANTIZE: dict[GGMLType, Callable[[np.ndarray], np.ndarray]] = {
     GGMLType.Q4_0: _quantize_q4_0,
     GGMLType.Q4_1: _quantize_q4_1,
@@ -1002,7 +1214,12 @@ _QUANTIZE: dict[GGMLType, Callable[[np.ndarray], np.ndarray]] = {
     GGMLType.Q8_K: _quantize_q8_k,
     GGMLType.IQ4_NL: _quantize_iq4_nl,
     GGMLType.IQ4_XS: _quantize_iq4_xs,
+    GGMLType.TQ1_0: _quantize_tq1_0,
+    GGMLType.TQ2_0: _quantize_tq2_0,
     GGMLType.MXFP4: _quantize_mxfp4,
+    GGMLType.NVFP4: _quantize_nvfp4,
+    GGMLType.Q1_0: _quantize_q1_0,
+    GGMLType.Q2_0: _quantize_q2_0,
 }
 
 _DEQUANTIZE: dict[GGMLType, Callable[[np.ndarray], np.ndarray]] = {
@@ -1020,18 +1237,26 @@ _DEQUANTIZE: dict[GGMLType, Callable[[np.ndarray], np.ndarray]] = {
     GGMLType.Q8_K: _dequantize_q8_k,
     GGMLType.IQ4_NL: _dequantize_iq4_nl,
     GGMLType.IQ4_XS: _dequantize_iq4_xs,
+    GGMLType.TQ1_0: _dequantize_tq1_0,
+    GGMLType.TQ2_0: _dequantize_tq2_0,
     GGMLType.MXFP4: _dequantize_mxfp4,
+    GGMLType.NVFP4: _dequantize_nvfp4,
+    GGMLType.Q1_0: _dequantize_q1_0,
+    GGMLType.Q2_0: _dequantize_q2_0,
 }
+_DEQUANTIZE |= {t: row.dequantize for t, row in IQ_TYPES.items()}
 
-assert set(_QUANTIZE) == set(_DEQUANTIZE) == set(BLOCK_DTYPES)
+assert set(_QUANTIZE) | set(IQ_TYPES) == set(_DEQUANTIZE) == set(BLOCK_DTYPES)
 
-# the types pyggml converts to and from float32, in ggml's order: every plain type and BLOCK_DTYPES' types
+# the types pyggml converts to float32, in ggml's order: every plain type and BLOCK_DTYPES' types
 IMPLEMENTED_TYPES: tuple[GGMLType, ...] = tuple(
     t for t in GGMLType if not TYPE_TRAITS[t].is_quantized or t in BLOCK_DTYPES)
+# those it converts from float32 too: all but the lattice types, for which ggml's CPU has no from_float
+FROM_FLOAT_TYPES: tuple[GGMLType, ...] = tuple(t for t in IMPLEMENTED_TYPES if t not in IQ_TYPES)
 
 
 def is_implemented(t: GGMLType | int | str) -> bool:
-    """Whether pyggml converts type `t` to and from float32 (False for unknown and removed ids)."""
+    """Whether pyggml converts type `t` to float32 (False for unknown and removed ids)."""
     try:
         return as_type(t) in IMPLEMENTED_TYPES
     except GGMLError:
@@ -1050,6 +1275,14 @@ def _implemented(t: GGMLType | int | str, what: str) -> GGMLType:
     t = as_type(t)
     if t not in IMPLEMENTED_TYPES:
         raise not_implemented_error(t, what)
+    return t
+
+
+def _writable(t: GGMLType | int | str, what: str) -> GGMLType:
+    """`t` as a GGMLType, or UnsupportedTypeError if pyggml cannot convert float32 to it."""
+    t = _implemented(t, what)
+    if t in IQ_TYPES:
+        raise UnsupportedTypeError(no_from_float_error(t, what))
     return t
 
 assert all(BLOCK_DTYPES[t].itemsize == TYPE_TRAITS[t].type_size for t in BLOCK_DTYPES)
@@ -1083,7 +1316,7 @@ def dequantize_blocks(t: GGMLType, raw: np.ndarray) -> np.ndarray:
 
 def quantize_blocks(t: GGMLType, values: np.ndarray) -> np.ndarray:
     """float32 (nb, blck_size) -> blocks of quantized type `t`, uint8 (nb, type_size)."""
-    t = _implemented(t, "quantize_blocks")
+    t = _writable(t, "quantize_blocks")
     if t not in _QUANTIZE:
         raise UnsupportedTypeError(f"quantize_blocks: {t.name.lower()} is not a block-quantized type")
     return _quantize_blocks_with(_QUANTIZE[t], t, values)
@@ -1174,7 +1407,7 @@ def from_float(t: GGMLType, values: np.ndarray) -> np.ndarray:
     by a plain C-style cast); quantized types give uint8 with the last axis
     in bytes. The last axis must be a whole number of blocks.
     """
-    t = _implemented(t, "from_float")
+    t = _writable(t, "from_float")
     tr = TYPE_TRAITS[t]
     x = np.ascontiguousarray(values, dtype=F32)
     if not tr.is_quantized:
@@ -1251,7 +1484,7 @@ def quantize_chunk(t: GGMLType, values: np.ndarray) -> np.ndarray:
     llama-quantize stores in a file): from_float's result, except IQ4_NL, whose file quantizer tries 15
     more scales per block and then redoes every quant. Q8_1, Q8_K and the integer types are not
     among its types (UnsupportedTypeError)."""
-    t = _implemented(t, "quantize_chunk")
+    t = _writable(t, "quantize_chunk")
     if t in _NOT_CHUNKED:
         raise UnsupportedTypeError(f"quantize_chunk: ggml_quantize_chunk does not convert to {t.name}")
     if t not in _QUANTIZE_CHUNK:

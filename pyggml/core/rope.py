@@ -100,6 +100,34 @@ def rope_pairs(p: RopeParams, ne0: int) -> RopePairs:
     return RopePairs(slice(o, o + n // 2), slice(o + n // 2, o + n), n // 2, kept)
 
 
+def rope_theta_sources(p: RopeParams, n_pairs: int) -> tuple[np.ndarray, np.ndarray]:
+    """For each pair k: which position stream turns it (0 for plain rope; multi-rope's t, h, w, e) and the
+    power of theta_scale it has (k, or k since its section began for VISION, whose thetas restart)."""
+    k = np.arange(n_pairs)
+    if not p.mode & GGML_ROPE_TYPE_MROPE:
+        return np.zeros(n_pairs, np.int64), k
+    s0, s1, s2, s3 = p.sections
+    sect_dims = s0 + s1 + s2 + s3
+    sector = k % sect_dims
+    if p.mode == GGML_ROPE_TYPE_IMROPE:
+        stream = np.full(n_pairs, 3)
+        stream = np.where((sector % 3 == 0) & (sector < 3 * s0), 0, stream)
+        stream = np.where((sector % 3 == 2) & (sector < 3 * s2), 2, stream)
+        stream = np.where((sector % 3 == 1) & (sector < 3 * s1), 1, stream)
+    else:
+        stream = np.select([sector < s0, sector < s0 + s1, sector < s0 + s1 + s2], [0, 1, 2], 3)
+    power = k
+    if p.mode == GGML_ROPE_TYPE_VISION:  # thetas restart where their section begins (every sect_dims pairs)
+        begin = np.array([0, s0, s0 + s1, s0 + s1 + s2])
+        last_reset = np.zeros(n_pairs, np.int64)
+        for j in range(4):
+            resets = (k - k % sect_dims) + begin[j]  # this cycle's reset of stream j
+            resets = np.where(resets > k, resets - sect_dims, resets)
+            last_reset = np.where(stream == j, np.maximum(resets, 0), last_reset)
+        power = k - last_reset
+    return stream, power
+
+
 def rope_check(node: Tensor, p: RopeParams, ne0: int, ne2: int, backend: str) -> None:
     """ggml's asserts of the ROPE kernel, as errors naming the node."""
     who = f"{backend} {node.op.name} '{node.name}'"  # ROPE or ROPE_BACK

@@ -21,15 +21,15 @@ if TYPE_CHECKING:
 
 
 def op_desc(node: Tensor) -> str:
-    """The op's name as ggml_op_desc gives it (UNARY shows its function)."""
-    if node.op == GGMLOp.UNARY:
-        from pyggml.core.tensor import UnaryOp
+    """The op's name as ggml_op_desc gives it (UNARY and GLU show their function)."""
+    if node.op in (GGMLOp.UNARY, GGMLOp.GLU):
+        from pyggml.core.tensor import GLUOp, UnaryOp
 
         code = node.get_op_params_i32(0)
         try:
-            return UnaryOp(code).name
+            return UnaryOp(code).name if node.op == GGMLOp.UNARY else GLUOp(code).name
         except ValueError:
-            return f"UNARY({code})"
+            return f"{node.op.name}({code})"
     return node.op.name
 
 

@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from pyggml.core.types import GGMLType
+from pyggml.core.types import TYPE_TRAITS, GGMLType
 from pyggml.gguf.reader import GGUFFile
 from pyggml.models.metadata import INT32_MAX, ModelFileError, gguf_type, read_bool, read_float, read_int, read_str
 
@@ -75,10 +75,9 @@ ARCHS: dict[str, Arch] = {a.name: a for a in (
          ffn_norm="post_attention_norm", attn_sinks=True),
 )}
 
-WEIGHT_TYPES: tuple[GGMLType, ...] = (
-    GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0,
-    GGMLType.Q5_1, GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.IQ4_NL,
-    GGMLType.IQ4_XS, GGMLType.MXFP4)
+# the types ggml's CPU multiplies by: the float types and every quantized type but src1's partners Q8_1 and Q8_K
+WEIGHT_TYPES: tuple[GGMLType, ...] = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, *(
+    t for t in GGMLType if TYPE_TRAITS[t].is_quantized and t not in (GGMLType.Q8_1, GGMLType.Q8_K)))
 
 
 def arch_of(gf: GGUFFile) -> Arch:

@@ -10,6 +10,10 @@ so a case the server cannot compute ends its op's run; a server such a run ended
 Command line::
 
     python -m pyggml.testing.backend_ops_suite [--server pyggml|ggml ...] [-o OP,...] [--timeout S] [-j N]
+        [-b BACKEND] [--no-fallback]
+
+(`-b` and `--no-fallback` are `pyggml rpc-server`'s: the backend it serves, and refusing a graph with a node that
+backend lacks instead of computing that node on the host CPU)
 
 prints, for each server, the table op | cases | passed | failed | time and the whole run's time; exit status 1
 when a case fails or a run does not finish on any server.
@@ -41,6 +45,7 @@ __all__ = ["SERVERS", "OpRun", "RPCServer", "format_table", "list_ops", "main", 
 SERVERS = ("pyggml", "ggml")  # `pyggml rpc-server`, llama.cpp's ggml-rpc-server
 DEFAULT_TIMEOUT = 900.0  # seconds an op's run may take
 _LISTEN_TIMEOUT = 60.0  # seconds a server may take to listen (pyggml's imports and backends)
+_SETTLE_TIMEOUT = 5.0  # seconds a server brought down by a run may take to exit
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # a case's line: "  OP(params): ... OK" (or FAIL, "not supported [...]", "skipping large tensors for speed")
 _CASE = re.compile(r"^  ([A-Z][A-Z0-9_]*\(.*?\)): (.*)$")
@@ -119,12 +124,14 @@ def _free_port() -> int:
 class RPCServer:
     """An RPC server process on a free 127.0.0.1 port, its output in a log file; `ensure()` (re)starts it."""
 
-    def __init__(self, kind: str, threads: int | None = None, ggml_rpc_server: Path | None = None) -> None:
+    def __init__(self, kind: str, threads: int | None = None, ggml_rpc_server: Path | None = None,
+                 pyggml_args: Sequence[str] = ()) -> None:
         if kind not in SERVERS:
             raise ValueError(f"unknown RPC server {kind!r}: one of {', '.join(SERVERS)}")
         if kind == "ggml" and ggml_rpc_server is None:
             raise ValueError("the ggml server needs the path of ggml-rpc-server")
         self.kind, self.threads, self.binary = kind, threads, ggml_rpc_server
+        self.pyggml_args = list(pyggml_args)  # more options of `pyggml rpc-server` ("-b", "torch", "--no-fallback")
         self.proc: subprocess.Popen[bytes] | None = None
         self.endpoint = ""
         self.starts = 0
@@ -135,11 +142,19 @@ class RPCServer:
         if self.kind == "pyggml":
             # no idle limit: test-backend-ops computes its CPU reference between messages
             return [sys.executable, "-m", "pyggml.cli", "rpc-server", "-H", "127.0.0.1", "-p", str(port),
-                    "--timeout", "0", *threads]
+                    "--timeout", "0", *threads, *self.pyggml_args]
         return [str(self.binary), "-H", "127.0.0.1", "-p", str(port), *threads]
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def settle(self, seconds: float = _SETTLE_TIMEOUT) -> bool:
+        """Whether the server still runs after a run ended early, given `seconds` to exit if it is going to (a
+        server the run brought down is then restarted by the next `ensure`, never sent the next op)."""
+        if self.proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=seconds)
+        return self.alive()
 
     def ensure(self) -> str:
         """The endpoint of a running server, starting one if there is none or it exited."""
@@ -218,7 +233,7 @@ def run_op(binary: Path, server: RPCServer, op: str, timeout: float = DEFAULT_TI
         lines = [line for line in _ANSI.sub("", text).splitlines() if line.strip() and not parse_cases(line)]
         ours = [line for line in lines if _ERROR.search(line)] or lines
         theirs = [line for line in server.log_tail(3000).splitlines() if line.strip()]
-        state = "running" if server.alive() else "exited"
+        state = "running" if server.settle() else "exited"
         detail = f"{why}; test-backend-ops: {' | '.join(ours[-2:])}; the server ({state}): {' | '.join(theirs[-1:])}"
     return OpRun(op, server.kind, verdicts, seconds, finished, detail)
 
@@ -233,9 +248,10 @@ class SuiteResult:
 
 def run_suite(binary: Path, servers: Sequence[str], ops: Sequence[str] | None = None, *,
               timeout: float = DEFAULT_TIMEOUT, jobs: int = 1, threads: int | None = None,
-              ggml_rpc_server: Path | None = None, progress: IO[str] | None = None) -> SuiteResult:
+              ggml_rpc_server: Path | None = None, progress: IO[str] | None = None,
+              pyggml_args: Sequence[str] = ()) -> SuiteResult:
     """Run every op (default: all of --list-ops) on each server in turn; `jobs` ops at once, each job with a
-    server of its own."""
+    server of its own; `pyggml_args` are more options of `pyggml rpc-server`."""
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
     ops = list(ops) if ops is not None else list_ops(binary)
@@ -243,7 +259,7 @@ def run_suite(binary: Path, servers: Sequence[str], ops: Sequence[str] | None = 
     t_all = time.monotonic()
     lock = threading.Lock()
     for kind in servers:
-        pool = [RPCServer(kind, threads, ggml_rpc_server) for _ in range(jobs)]
+        pool = [RPCServer(kind, threads, ggml_rpc_server, pyggml_args) for _ in range(jobs)]
         free = list(pool)
         done: dict[str, OpRun] = {}
 
@@ -318,6 +334,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("-j", "--jobs", type=int, default=1, help="ops run at once, each with its own server")
     parser.add_argument("-t", "--threads", type=int, default=None, help="the servers' threads (default: theirs)")
     parser.add_argument("-v", "--verbose", action="store_true", help="a line per op on stderr as it ends")
+    parser.add_argument("-b", "--backend", default=None, metavar="NAME",
+                        help="the backend pyggml rpc-server serves (torch, torch:cpu,matmul_precision=f32; "
+                             "default: its own, cpu)")
+    parser.add_argument("--no-fallback", action="store_true",
+                        help="pyggml rpc-server refuses a node its backend lacks (a case of an op it does not "
+                             "claim ends that op's run) instead of computing it on the host CPU")
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error(f"--jobs must be >= 1, got {args.jobs}")
@@ -326,7 +348,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ops = [o for o in args.ops.split(",") if o] if args.ops else None
     result = run_suite(tools["test-backend-ops"], servers, ops, timeout=args.timeout, jobs=args.jobs,
                        threads=args.threads, ggml_rpc_server=tools["ggml-rpc-server"],
-                       progress=sys.stderr if args.verbose else None)
+                       progress=sys.stderr if args.verbose else None,
+                       pyggml_args=(["-b", args.backend] if args.backend else []) + (["--no-fallback"] if
+                                                                                      args.no_fallback else []))
     print(format_table(result))
     for kind, runs in result.runs.items():
         for run in runs:

@@ -90,6 +90,7 @@ __all__ = [
     "GGMLCBackend",
     "GGMLCError",
     "GGMLLib",
+    "MulMatInBuft",
     "c_enums",
     "c_flags",
     "c_op",
@@ -97,12 +98,14 @@ __all__ = [
     "c_type",
     "compute_like",
     "compute_nodes",
+    "extra_bufts",
     "eval_c_int",
     "forward_nodes",
     "ggml_c_init",
     "header_struct",
     "header_text",
     "load",
+    "mul_mat_repacked",
     "parse_defines",
     "parse_enums",
 ]
@@ -450,10 +453,22 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "ggml_backend_free": (None, [_P]),
     "ggml_backend_graph_compute": (ctypes.c_int, [_P, _P]),
     "ggml_backend_supports_op": (ctypes.c_bool, [_P, _P]),
+    "ggml_new_tensor_2d": (_P, [_P, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]),
+    "ggml_mul_mat": (_P, [_P, _P, _P]),
+    "ggml_new_graph": (_P, [_P]),
+    "ggml_backend_reg_dev_get": (_P, [_P, ctypes.c_size_t]),
+    "ggml_backend_reg_get_proc_address": (_P, [_P, ctypes.c_char_p]),
+    "ggml_backend_buft_name": (ctypes.c_char_p, [_P]),
+    "ggml_backend_cpu_buffer_type": (_P, []),
+    "ggml_backend_alloc_ctx_tensors_from_buft": (_P, [_P, _P]),
+    "ggml_backend_buffer_free": (None, [_P]),
+    "ggml_backend_tensor_set": (None, [_P, _P, ctypes.c_size_t, ctypes.c_size_t]),
+    "ggml_backend_tensor_get": (None, [_P, _P, ctypes.c_size_t, ctypes.c_size_t]),
     # ggml-cpu (ggml-cpu.h)
     "ggml_cpu_init": (None, []),
     "ggml_backend_cpu_init": (_P, []),
     "ggml_backend_cpu_set_n_threads": (None, [_P, ctypes.c_int]),
+    "ggml_backend_cpu_reg": (_P, []),
 }
 
 
@@ -988,6 +1003,110 @@ def _c_supports(lib: GGMLLib, plan: _Plan) -> bool:
 def ggml_c_init(n_threads: int = 1, **kwargs: Any) -> GGMLCBackend:
     """A "ggml-c" backend (see GGMLCBackend); NoCompilerError if libggml cannot be built on this machine."""
     return GGMLCBackend(n_threads, **kwargs)
+
+
+# --- MUL_MAT of a weight held in the CPU's extra buffer type (CPU_REPACK: ggml-cpu/repack.cpp) ---
+
+
+def extra_bufts(lib: GGMLLib) -> dict[str, int]:
+    """The CPU device's extra buffer types by name (ggml_backend_dev_get_extra_bufts, as llama.cpp's loader asks)."""
+    reg = lib.ggml_backend_cpu_reg()
+    fn = lib.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_dev_get_extra_bufts")
+    if not fn:
+        raise GGMLCError("the CPU registry has no ggml_backend_dev_get_extra_bufts")
+    get = ctypes.CFUNCTYPE(ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)(fn)
+    listed = get(lib.ggml_backend_reg_dev_get(reg, 0))
+    out: dict[str, int] = {}
+    i = 0
+    while listed[i]:
+        out[(lib.ggml_backend_buft_name(listed[i]) or b"?").decode()] = listed[i]
+        i += 1
+    return out
+
+
+class MulMatInBuft:
+    """In C: a weight matrix in a buffer of `buft` (written by ggml_backend_tensor_set, which repacks it), x and
+    their MUL_MAT in a CPU buffer and a CPU backend on `threads` threads, kept for `compute` to run again (a
+    benchmark's peer); `free` releases them. Threads > 1 only outside a forked child (see compute_nodes)."""
+
+    def __init__(self, lib: GGMLLib, buft: int, type_id: int, raw: np.ndarray, x: np.ndarray,
+                 threads: int = 1) -> None:
+        (M, _), (N, K) = raw.shape, x.shape
+        self.lib, self.nbytes = lib, 4 * M * N
+        f32 = c_enums()["ggml_type"]["GGML_TYPE_F32"]
+        self.ctx_w = lib.ggml_init(CInitParams(lib.ggml_tensor_overhead() * 2 + 1024, None, True))
+        self.ctx_x = lib.ggml_init(CInitParams(lib.ggml_tensor_overhead() * 4
+                                               + lib.ggml_graph_overhead_custom(2048, False) + 1024, None, True))
+        if not self.ctx_w or not self.ctx_x:
+            raise GGMLCError("ggml_init failed")
+        self.w = lib.ggml_new_tensor_2d(self.ctx_w, type_id, K, M)
+        self.buf_w = lib.ggml_backend_alloc_ctx_tensors_from_buft(self.ctx_w, buft)
+        xt = lib.ggml_new_tensor_2d(self.ctx_x, f32, K, N)
+        self.prod = lib.ggml_mul_mat(self.ctx_x, self.w, xt)
+        self.graph = lib.ggml_new_graph(self.ctx_x)
+        lib.ggml_build_forward_expand(self.graph, self.prod)
+        self.buf_x = lib.ggml_backend_alloc_ctx_tensors_from_buft(self.ctx_x, lib.ggml_backend_cpu_buffer_type())
+        if not self.buf_w or not self.buf_x:
+            raise GGMLCError("ggml_backend_alloc_ctx_tensors_from_buft failed")
+        lib.ggml_backend_tensor_set(self.w, raw.ctypes.data, 0, raw.nbytes)
+        lib.ggml_backend_tensor_set(xt, x.ctypes.data, 0, x.nbytes)
+        self.held = lib.tensor(self.w).extra is not None  # ggml's init_tensor set its tensor_traits
+        self.backend = lib.ggml_backend_cpu_init()
+        lib.ggml_backend_cpu_set_n_threads(self.backend, threads)
+
+    def compute(self) -> None:
+        status = self.lib.ggml_backend_graph_compute(self.backend, self.graph)
+        if status != 0:
+            raise GGMLCError(f"ggml_backend_graph_compute returned {status}")
+
+    def result(self, out: np.ndarray) -> None:
+        """The product's floats into `out` (a C-contiguous float32 array of M * N)."""
+        self.lib.ggml_backend_tensor_get(self.prod, out.ctypes.data, 0, self.nbytes)
+
+    def free(self) -> None:
+        self.lib.ggml_backend_free(self.backend)
+        for buffer in (self.buf_w, self.buf_x):
+            self.lib.ggml_backend_buffer_free(buffer)
+        self.lib.ggml_free(self.ctx_w)
+        self.lib.ggml_free(self.ctx_x)
+
+
+def _mul_mat_in_buft(lib: GGMLLib, buft: int, type_id: int, raw: np.ndarray, x: np.ndarray, out: Any) -> None:
+    """MulMatInBuft computed once on one thread: int32 `held`, then the product's floats, into `out`."""
+    product = MulMatInBuft(lib, buft, type_id, raw, x)
+    try:
+        product.compute()
+        dst = np.frombuffer(out, dtype=np.uint8)
+        dst[:4] = np.frombuffer(np.int32(product.held).tobytes(), np.uint8)
+        product.result(dst[4:].view(np.float32))
+    finally:
+        product.free()
+
+
+def mul_mat_repacked(type: GGMLType, raw: np.ndarray, x: np.ndarray, buft_name: str = "CPU_REPACK",
+                     timeout: float = DEFAULT_TIMEOUT) -> tuple[np.ndarray, bool]:
+    """libggml's MUL_MAT of the weight rows `raw` (uint8 (M, row bytes) of `type`) held in the CPU's extra buffer
+    type `buft_name`, times the F32 rows `x` (N, K), as llama.cpp's default run computes a layer's matrix: the
+    (N, M) float32 product and whether ggml held the weight repacked (its init_tensor set `extra`). In a forked
+    child, on one thread."""
+    tr = TYPE_TRAITS[type]
+    if raw.dtype != np.uint8 or raw.ndim != 2 or x.dtype != np.float32 or x.ndim != 2:
+        raise ArgumentError(f"mul_mat_repacked: weights must be 2-D uint8 and x 2-D float32, got {raw.dtype} "
+                            f"{raw.shape} and {x.dtype} {x.shape}")
+    K = x.shape[1]
+    if K % tr.blck_size or raw.shape[1] != K // tr.blck_size * tr.type_size:
+        raise ArgumentError(f"mul_mat_repacked: rows of {raw.shape[1]} bytes are not {K} {type.name} values")
+    lib = load()
+    bufts = extra_bufts(lib)
+    if buft_name not in bufts:
+        raise UnsupportedOpError(f"mul_mat_repacked: the CPU has no extra buffer type {buft_name!r} "
+                                 f"(it lists {sorted(bufts)})")
+    raw, x = np.ascontiguousarray(raw), np.ascontiguousarray(x)
+    M, N = raw.shape[0], x.shape[0]
+    got = _run_forked(lambda shared: _mul_mat_in_buft(lib, bufts[buft_name], c_type(type), raw, x, shared),
+                      4 + 4 * M * N, timeout, f"{_ORACLE}: MUL_MAT of {type.name} [{K}, {M}] in {buft_name}")
+    held = bool(np.frombuffer(got[:4], np.int32)[0])
+    return np.frombuffer(got[4:], np.float32).reshape(N, M).copy(), held
 
 
 # --- type traits and row conversions of the C library (the oracle of pyggml.core.types and quants) ---

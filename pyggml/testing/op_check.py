@@ -31,6 +31,7 @@ from pyggml.backends.cpu import cpu_init
 from pyggml.core.context import Context
 from pyggml.core.errors import ArgumentError
 from pyggml.core.graph import Graph
+from pyggml.core.quants import FROM_FLOAT_TYPES
 from pyggml.core.tensor import (
     GGML_ROPE_TYPE_IMROPE,
     GGML_ROPE_TYPE_MROPE,
@@ -49,13 +50,17 @@ from pyggml.core.tensor import (
 from pyggml.core.types import TYPE_TRAITS, GGMLType
 from pyggml.ggml_backend import Backend, init_backend, op_desc, tensor_get_numpy, tensor_set_numpy
 from pyggml.testing import alloc_ctx_tensors
+from pyggml.testing.random_blocks import random_blocks
 
 log = logging.getLogger("pyggml.op_check")
 
 F32, F16, BF16, I32 = GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.I32
-QUANT_TYPES = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0, GGMLType.MXFP4,
+QUANT_TYPES = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0, GGMLType.Q1_0,
+               GGMLType.Q2_0, GGMLType.MXFP4, GGMLType.NVFP4,
                GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,
-               GGMLType.IQ4_NL, GGMLType.IQ4_XS]
+               GGMLType.TQ2_0, GGMLType.TQ1_0,
+               GGMLType.IQ2_XXS, GGMLType.IQ2_XS, GGMLType.IQ2_S, GGMLType.IQ3_XXS, GGMLType.IQ1_S, GGMLType.IQ1_M,
+               GGMLType.IQ4_NL, GGMLType.IQ3_S, GGMLType.IQ4_XS]
 # ggml's all_types of test-backend-ops, and BF16
 ALL_TYPES = [F32, F16, BF16, *QUANT_TYPES]
 
@@ -144,6 +149,8 @@ def distinct(rng: np.random.Generator, t: Tensor) -> np.ndarray:
 
 
 def default_values(rng: np.random.Generator, t: Tensor) -> np.ndarray:
+    if t.type not in FROM_FLOAT_TYPES:  # the lattice types: random blocks, as bytes
+        return random_blocks(t.type, (t.nelements(),), rng)
     if TYPE_TRAITS[t.type].np_dtype is not None and np.issubdtype(TYPE_TRAITS[t.type].np_dtype, np.integer) \
             and t.type != BF16:
         return rng.integers(0, 8, t.nelements()).astype(np.int32)
@@ -261,7 +268,8 @@ def copy_cases() -> list[OpCase]:
 
         cases.append(OpCase("DUP", f"type={_t(type)},ne=[10,8,3,1],permuted", build_dup_nc))
     # CPY between F32, F16, BF16 and the quantized types
-    pairs = [(s, d) for s in (F32, F16, BF16) for d in ALL_TYPES] + [(q, F32) for q in QUANT_TYPES]
+    pairs = ([(s, d) for s in (F32, F16, BF16) for d in ALL_TYPES if d in FROM_FLOAT_TYPES]
+             + [(q, F32) for q in QUANT_TYPES])
     for src, dst in pairs:
         def build_cpy(ctx: Context, src: GGMLType = src, dst: GGMLType = dst) -> Tensor:
             return op(ctx, "cpy")(new(ctx, "a", src, [256, 4, 2, 1]), new(ctx, "b", dst, [256, 4, 2, 1]))

@@ -26,16 +26,21 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from pyggml.core import quants
 from pyggml.core.errors import ArgumentError, GGMLError, UnsupportedTypeError
+from pyggml.core.quants_iq import IQ_TYPES
 from pyggml.core.types import TYPE_TRAITS, GGMLType, from_float, row_size, to_float
 
 T = GGMLType
 IMPLEMENTED = list(quants.IMPLEMENTED_TYPES)
 QUANTIZED = [t for t in IMPLEMENTED if TYPE_TRAITS[t].is_quantized]
+# the quantized types pyggml writes too (all but the lattice types, which only ggml_quantize_chunk writes)
+WRITTEN = [t for t in quants.FROM_FLOAT_TYPES if TYPE_TRAITS[t].is_quantized]
+LATTICE = list(IQ_TYPES)
 PLAIN = [t for t in IMPLEMENTED if not TYPE_TRAITS[t].is_quantized]
 # gguf has no Q8_1, Q8_K, K-quant or IQ4 quantizers
-GGUF_QUANTIZES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.MXFP4]
+GGUF_QUANTIZES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.TQ1_0, T.TQ2_0, T.MXFP4]
 GGUF_DEQUANTIZES = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K,
-                    T.Q6_K, T.IQ4_NL, T.IQ4_XS, T.MXFP4]
+                    T.Q6_K, T.IQ2_XXS, T.IQ2_XS, T.IQ3_XXS, T.IQ1_S, T.IQ4_NL, T.IQ3_S, T.IQ2_S, T.IQ4_XS, T.IQ1_M,
+                    T.TQ1_0, T.TQ2_0, T.MXFP4, T.NVFP4]
 
 # (elements, bytes) per block, from the static_asserts of ggml-common.h and ggml.c's type_traits (0c1e570)
 GGML_SIZES = {
@@ -43,7 +48,9 @@ GGML_SIZES = {
     T.I8: (1, 1), T.I16: (1, 2), T.I32: (1, 4), T.I64: (1, 8),
     T.Q4_0: (32, 18), T.Q4_1: (32, 20), T.Q5_0: (32, 22), T.Q5_1: (32, 24), T.Q8_0: (32, 34), T.Q8_1: (32, 36),
     T.Q2_K: (256, 84), T.Q3_K: (256, 110), T.Q4_K: (256, 144), T.Q5_K: (256, 176), T.Q6_K: (256, 210),
-    T.Q8_K: (256, 292), T.IQ4_NL: (32, 18), T.IQ4_XS: (256, 136), T.MXFP4: (32, 17),
+    T.Q8_K: (256, 292), T.IQ2_XXS: (256, 66), T.IQ2_XS: (256, 74), T.IQ3_XXS: (256, 98), T.IQ1_S: (256, 50),
+    T.IQ4_NL: (32, 18), T.IQ3_S: (256, 110), T.IQ2_S: (256, 82), T.IQ4_XS: (256, 136), T.IQ1_M: (256, 56),
+    T.TQ1_0: (256, 54), T.TQ2_0: (256, 66), T.MXFP4: (32, 17), T.NVFP4: (64, 36), T.Q1_0: (128, 18), T.Q2_0: (64, 18),
 }
 
 
@@ -99,6 +106,13 @@ def golden_input(n_blocks: int, bs: int) -> np.ndarray:
 # 4M weights each: the K-quant searches take rare branches (a fifth pass of make_q3_quants,
 # a last-bit difference deciding between two scales) about once in a thousand super-blocks
 GOLDEN_BLOCKS = {32: 1 << 17, 256: 1 << 14}
+
+
+def golden_blocks(bs: int) -> np.ndarray:
+    """The golden input in blocks of bs: its own signal for 32 and 256, the 256 one's blocks split for 64 and 128."""
+    if bs in GOLDEN_BLOCKS:
+        return golden_input(GOLDEN_BLOCKS[bs], bs)
+    return golden_input(GOLDEN_BLOCKS[256], 256).reshape(-1, bs)
 GOLDEN: dict[GGMLType, str] = {}  # filled below
 
 
@@ -128,7 +142,8 @@ def valid_random_blocks(t: GGMLType, nb: int, rng: np.random.Generator) -> np.nd
 def test_traits_match_ggml_and_gguf(t: GGMLType) -> None:
     tr = TYPE_TRAITS[t]
     assert (tr.blck_size, tr.type_size) == GGML_SIZES[t]
-    if t != T.Q8_1:  # the gguf package still has Q8_1's old layout (f32 d and s, 40 bytes); no file holds it
+    # the gguf package still has Q8_1's old layout (f32 d and s, 40 bytes; no file holds it), and no Q2_0
+    if t not in (T.Q8_1, T.Q2_0):
         assert (tr.blck_size, tr.type_size) == tuple(GGML_QUANT_SIZES[gq_type(t)])
     assert row_size(t, 3 * tr.blck_size) == 3 * tr.type_size
     if t in quants.BLOCK_DTYPES:
@@ -141,12 +156,13 @@ def test_partial_blocks_are_rejected_with_the_numbers(t: GGMLType) -> None:
     tr = TYPE_TRAITS[t]
     with pytest.raises(ArgumentError, match=str(tr.blck_size + 1)):
         row_size(t, tr.blck_size + 1)
-    with pytest.raises(ArgumentError, match=rf"{tr.blck_size + 1}.*{tr.blck_size}"):
-        from_float(t, np.zeros((2, tr.blck_size + 1), np.float32))
     with pytest.raises(ArgumentError, match=rf"{tr.type_size - 1}.*{tr.type_size}"):
         to_float(t, np.zeros((2, tr.type_size - 1), np.uint8))
-    with pytest.raises(ArgumentError):
-        from_float(t, np.float32(1.0))
+    if t in WRITTEN:
+        with pytest.raises(ArgumentError, match=rf"{tr.blck_size + 1}.*{tr.blck_size}"):
+            from_float(t, np.zeros((2, tr.blck_size + 1), np.float32))
+        with pytest.raises(ArgumentError):
+            from_float(t, np.float32(1.0))
     with pytest.raises(UnsupportedTypeError, match="uint8"):
         to_float(t, np.zeros(tr.type_size, np.float32))
 
@@ -205,9 +221,10 @@ def test_to_float_equals_gguf_dequantize(t: GGMLType, rng: np.random.Generator) 
     if tr.is_quantized:
         random_raw = valid_random_blocks(t, 64, rng).reshape(4, 16 * tr.type_size)
         x = rng.standard_normal((4, 16 * tr.blck_size)).astype(np.float32)
-        quantized = from_float(t, x)
+        quantized = from_float(t, x) if t in WRITTEN else random_raw  # the lattice types: bytes only
         for raw in (random_raw, quantized):
-            with np.errstate(over="ignore"):  # random MXFP4 exponents overflow to inf (in both)
+            # random MXFP4 exponents overflow to inf, random IQ1_M scale bits are inf or NaN (in both)
+            with np.errstate(over="ignore", invalid="ignore"):
                 np.testing.assert_array_equal(to_float(t, raw), gq.dequantize(raw, gq_type(t)))
     else:
         bits = rng.integers(0, 1 << (8 * tr.type_size), 300, dtype=np.uint64).astype(f"<u{tr.type_size}")
@@ -251,25 +268,28 @@ GOLDEN.update({
     T.Q8_K: "7c584fde3f45976904d92d61909128f5f6acbf357922eac9f0fd0f7b407e11d3",
     T.IQ4_NL: "db8bf36871170125536c1efbf5376719bcce4fcca3b54b39ae43d2771532ea4b",
     T.IQ4_XS: "a13a1a258aec3764e42ff2bd4d57e2304a40b0ee978fd1178d3448698e713935",
+    T.TQ1_0: "ab3ce7196efdad2f00eb60f651d5d43b8b455dfc6a16b5b16041272089a28cc9",
+    T.TQ2_0: "6543a69b20e135a5773ed4d474f3ec792a4b7204bbf4a3940dc1f31b217bea8d",
     T.MXFP4: "64cddaccfbb1eaa9dd9036005cec6405cf10f10d1fefdbb1d42d3c55677bc815",
+    T.NVFP4: "5505ef621e1e90fb1c80df717b330188334f741968624a808b81f679df1cfd94",
+    T.Q1_0: "f2b92142edcdd85c525925485edb601c8b5eadce9c3a69ea30e6fd0daf241d60",
+    T.Q2_0: "daab5c783125214c76a0b8f32e8d5783c3f19f3d54839fea3525d957aa63757d",
 })
 # ggml_quantize_chunk's bytes where they are not from_float's: IQ4_NL's file quantizer
 GOLDEN_CHUNK = {T.IQ4_NL: "a2bf037c8e7238b43a49a8f8f3a2122004df109c2e6cdd9f6e0fac6d5ae0d7d7"}
 
 
-@pytest.mark.parametrize("t", QUANTIZED, ids=name)
+@pytest.mark.parametrize("t", WRITTEN, ids=name)
 @pytest.mark.slow
 def test_quantizers_reproduce_ggml_reference_bytes(t: GGMLType) -> None:
-    bs = TYPE_TRAITS[t].blck_size
-    x = golden_input(GOLDEN_BLOCKS[bs], bs)
+    x = golden_blocks(TYPE_TRAITS[t].blck_size)
     assert sha(from_float(t, x)) == GOLDEN[t]
 
 
-@pytest.mark.parametrize("t", QUANTIZED, ids=name)
+@pytest.mark.parametrize("t", WRITTEN, ids=name)
 @pytest.mark.slow
 def test_quantize_chunk_reproduces_ggml_bytes(t: GGMLType) -> None:
-    bs = TYPE_TRAITS[t].blck_size
-    x = golden_input(GOLDEN_BLOCKS[bs], bs)
+    x = golden_blocks(TYPE_TRAITS[t].blck_size)
     if t in (T.Q8_1, T.Q8_K):  # ggml_quantize_chunk has no case for them
         with pytest.raises(UnsupportedTypeError, match=f"ggml_quantize_chunk does not convert to {t.name}"):
             quants.quantize_chunk(t, x)
@@ -343,7 +363,7 @@ def tiny_blocks(x: np.ndarray, bs: int) -> np.ndarray:
     return np.abs(x.reshape(-1, bs)).max(axis=1) < quants.GROUP_MAX_EPS
 
 
-@pytest.mark.parametrize("t", QUANTIZED + [T.F16, T.BF16], ids=name)
+@pytest.mark.parametrize("t", WRITTEN + [T.F16, T.BF16], ids=name)
 def test_from_float_is_the_c_librarys(t: GGMLType, clib: object, rng: np.random.Generator) -> None:
     from pyggml.testing import ggml_c
 
@@ -359,7 +379,7 @@ def test_from_float_is_the_c_librarys(t: GGMLType, clib: object, rng: np.random.
     np.testing.assert_array_equal(ours, theirs)
 
 
-@pytest.mark.parametrize("t", [q for q in QUANTIZED if q not in (T.Q8_1, T.Q8_K)], ids=name)
+@pytest.mark.parametrize("t", [q for q in WRITTEN if q not in (T.Q8_1, T.Q8_K)], ids=name)
 def test_quantize_chunk_is_the_c_librarys(t: GGMLType, clib: object, rng: np.random.Generator) -> None:
     from pyggml.testing import ggml_c
 
@@ -373,7 +393,13 @@ def test_to_float_is_the_c_librarys(t: GGMLType, clib: object, rng: np.random.Ge
 
     tr = TYPE_TRAITS[t]
     if tr.is_quantized:
-        raws = [valid_random_blocks(t, 256, rng).reshape(8, -1), from_float(t, c_input(rng))]
+        if t in WRITTEN:
+            quantized = from_float(t, c_input(rng))
+        else:  # C's file quantizer writes them (with an importance matrix: some need one); it asserts on edge rows
+            x = rng.standard_normal((8, 1024)).astype(np.float32) * np.exp2(rng.integers(-8, 8, (8, 1)))
+            quantized = ggml_c.c_quantize_chunk(t, x.astype(np.float32),
+                                                imatrix=rng.uniform(0.5, 2, 1024).astype(np.float32))
+        raws = [valid_random_blocks(t, 256, rng).reshape(8, -1), quantized]
         if t == T.MXFP4:  # every exponent, subnormal scales and inf included
             raws[0].reshape(-1, 17)[:, 0] = np.arange(256)
     else:
@@ -571,6 +597,99 @@ def test_integer_types_are_a_plain_cast() -> None:
         assert got.dtype == dt
         assert got.tolist() == [1, -1, 100, 0]
     assert from_float(T.F64, x).dtype == np.float64
+
+
+# --- the lattice types (IQ2/IQ3/IQ1): read, not written ---------------------------------------
+
+
+@pytest.mark.parametrize("t", LATTICE, ids=name)
+def test_lattice_types_are_not_written_and_say_why(t: GGMLType) -> None:
+    x = np.zeros((2, 256), np.float32)
+    for fn in (from_float, quants.quantize_chunk, quants.quantize_blocks):
+        with pytest.raises(UnsupportedTypeError, match=rf"ggml's CPU has no from_float for {t.name}") as e:
+            fn(t, x)
+        assert ("importance matrix" in str(e.value)) == (t in (T.IQ2_XXS, T.IQ2_XS, T.IQ1_S))
+    assert t not in quants.FROM_FLOAT_TYPES and quants.is_implemented(t)
+
+
+@pytest.mark.parametrize("t", LATTICE, ids=name)
+def test_lattice_imatrix_need_is_the_c_librarys(t: GGMLType, clib: object) -> None:
+    """IQType.requires_imatrix is ggml_quantize_requires_imatrix: C's file quantizer refuses those types alone."""
+    from pyggml.testing import ggml_c
+
+    x = np.ones((1, 256), np.float32)
+    if IQ_TYPES[t].requires_imatrix:
+        with pytest.raises(ArgumentError, match="needs an importance matrix"):
+            ggml_c.c_quantize_chunk(t, x)
+    else:
+        assert ggml_c.c_quantize_chunk(t, x).shape == (1, TYPE_TRAITS[t].type_size)
+
+
+def test_the_grids_are_lattices() -> None:
+    """The grids' coordinates are ggml's few values, and ksigns_iq2xs gives 7 sign bits an eighth of even parity."""
+    from pyggml.core import iq_grids as g
+
+    want = {"IQ2XXS_GRID": ((256, 8), {8, 25, 43}), "IQ2XS_GRID": ((512, 8), {8, 25, 43}),
+            "IQ2S_GRID": ((1024, 8), {8, 25, 43}), "IQ3XXS_GRID": ((256, 4), {4, 12, 20, 28, 36, 44, 52, 62}),
+            "IQ3S_GRID": ((512, 4), {1, 3, 5, 7, 9, 11, 13, 15}), "IQ1S_GRID": ((2048, 8), {-1, 0, 1})}
+    for grid, (shape, values) in want.items():
+        points = getattr(g, grid)
+        assert points.shape == shape and set(np.unique(points).tolist()) == values, grid
+        assert len(np.unique(points, axis=0)) == shape[0], grid  # distinct points
+    k = g.KSIGNS_IQ2XS.astype(np.int64)
+    assert (k & 127).tolist() == list(range(128))
+    assert all(bin(v).count("1") % 2 == 0 for v in k.tolist())
+    assert g.KMASK_IQ2XS.tolist() == [1 << j for j in range(8)]
+
+
+@pytest.mark.interop
+def test_the_grids_file_is_ggml_common_h() -> None:
+    """pyggml/data/iq_grids.npz holds exactly the tables of llama.cpp 0c1e570's ggml-common.h."""
+    import runpy
+    from pathlib import Path
+
+    from pyggml.core import iq_grids
+    from pyggml.testing import llamacpp
+
+    make = runpy.run_path(str(Path(__file__).resolve().parents[2] / "tools" / "make_iq_grids.py"))
+    header = llamacpp.source_file(make["HEADER_IN_SOURCE"]).read_text(encoding="utf-8")
+    with np.load(iq_grids.GRIDS_FILE) as stored:
+        assert sorted(stored.files) == sorted(make["TABLES"])
+        for table, dtype in make["TABLES"].items():
+            got = stored[table]
+            assert got.dtype == dtype
+            np.testing.assert_array_equal(got, make["read_table"](header, table, dtype))
+
+
+def test_lattice_blocks_decode_by_their_layout() -> None:
+    """Blocks built by hand from ggml-common.h's layouts: IQ2_XXS (grid indices, 7-bit sign indices, 4-bit scale)
+    and IQ1_M (d spread over the top nibbles of its four u16 scales)."""
+    from pyggml.core import iq_grids as g
+
+    b = np.zeros(66, np.uint8)
+    b[0:2] = np.array([2.0], "<f2").view(np.uint8)
+    b[2:6] = [1, 0, 0, 0]  # sub-block 0: group 0 is grid point 1
+    b[6:10] = np.array([(3 << 28) | 1], "<u4").view(np.uint8)  # scale 3, group 0's signs ksigns[1] = 129
+    x = to_float(T.IQ2_XXS, b)
+    db = 2.0 * (0.5 + 3) * 0.25
+    sign = np.where(np.array([129 >> j & 1 for j in range(8)]), -1, 1)
+    np.testing.assert_array_equal(x[:8], db * g.IQ2XXS_GRID[1] * sign)
+    np.testing.assert_array_equal(x[8:32], np.tile(db * g.IQ2XXS_GRID[0], 3))
+    np.testing.assert_array_equal(x[32:], np.tile(2.0 * 0.5 * 0.25 * g.IQ2XXS_GRID[0], 28))
+
+    m = np.zeros(56, np.uint8)
+    d_bits = int(np.array([0.5], "<f2").view("<u2")[0])
+    sc = np.array([(d_bits & 0xF) << 12, ((d_bits >> 4) & 0xF) << 12, ((d_bits >> 8) & 0xF) << 12,
+                   (d_bits >> 12) << 12], "<u2")
+    sc[0] |= 2 | (5 << 3)  # sub-block 0: scales 2 (groups 0-1) and 5 (groups 2-3)
+    m[48:56] = sc.view(np.uint8)
+    m[32] = 0x8  # sub-block 0, group 0: shift -1/8
+    x = to_float(T.IQ1_M, m)
+    p0 = g.IQ1S_GRID[0].astype(np.float64)
+    np.testing.assert_array_equal(x[:8], 0.5 * 5 * (p0 - 0.125))
+    np.testing.assert_array_equal(x[8:16], 0.5 * 5 * (p0 + 0.125))
+    np.testing.assert_array_equal(x[16:32], np.tile(0.5 * 11 * (p0 + 0.125), 2))
+    np.testing.assert_array_equal(x[32:], np.tile(0.5 * 1 * (p0 + 0.125), 28))
 
 
 def test_errors_are_ggml_errors() -> None:

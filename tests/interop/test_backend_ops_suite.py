@@ -25,12 +25,7 @@ OPS = sorted({op.name for op in GGMLOp if op != GGMLOp.NONE} | {u.name for u in 
 # seconds an op's cases may take
 OP_TIMEOUT = 1800.0
 
-_TYPES = "the types IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M, TQ1_0, TQ2_0, Q1_0 are not implemented"
-KNOWN_GAPS: dict[str, str] = {
-    **dict.fromkeys(["CPY", "GET_ROWS", "SET_ROWS", "MUL_MAT", "MUL_MAT_ID"], _TYPES),
-    "OUT_PROD": "src0 of type Q1_0 (not implemented) ends the run after its first 96 cases",
-    "FLASH_ATTN_EXT": "K and V of type Q1_0 (not implemented) end the run after its 5246 cases of other types",
-}
+KNOWN_GAPS: dict[str, str] = {}
 
 
 @pytest.fixture(scope="module")

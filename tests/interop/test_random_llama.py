@@ -88,3 +88,24 @@ def test_iq_and_tq_files_compute_as_llamacpp(iq_files: dict[str, Path], tmp_path
 def test_random_llama_refuses_what_llama_quantize_makes(tmp_path: Path) -> None:
     with pytest.raises(ArgumentError, match="F16 or F32.*Q4_0"):
         write_random_llama(tmp_path / "x.gguf", SHAPES["llama-w1024"], GGMLType.Q4_0)
+
+
+def test_q4_K_m_layer_matrices_are_repacked_and_give_llamacpp_s_default_logits(files: dict[str, Path],
+                                                                              tmp_path: Path) -> None:
+    """llama.cpp's default run repacks Q4_K on x86 (CPU_REPACK, block_q4_Kx8); pyggml holds the same matrices
+    repacked and computes them in the order of ggml's repack gemm (the prompt's columns in fours) and gemv (the
+    last two), so the logits are llama.cpp's up to the last bits of the other ops."""
+    ids = [*IDS, 1701, 432]  # 14 tokens: 3 fours and a tail of 2
+    model = pm.load(files["Q4_K_M"], n_ctx=64, progress=False)
+    try:
+        held = {n for n, t in model.w.items() if t.buffer is not None and t.buffer.buft is not None
+                and t.buffer.buft.name() == "CPU_REPACK"}
+        want = {n for n, t in model.w.items() if n.startswith("blk.") and t.type == GGMLType.Q4_K
+                and len(model.file.tensor(n).ne) == 2 and t.ne[1] % 8 == 0}
+        assert want and held == want
+        ours = model.eval(ids)
+    finally:
+        model.free()
+    theirs = tiny_archs.llamacpp_logits([(files["Q4_K_M"], ids)], tmp_path)[0]
+    nmse = float(np.mean((ours - theirs) ** 2) / np.mean(theirs ** 2))
+    assert nmse < 1e-12, nmse  # measured 7.1e-15 (6.1e-7 with Q4_K in vec_dot's row order, Q6_K by BLAS)

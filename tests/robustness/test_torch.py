@@ -355,17 +355,17 @@ UNSUPPORTED_CASES: list[tuple[str, Callable[[Context], Tensor], tuple[str, ...]]
      ("op TANH of node 0 'bad'",)),
     ("sub", lambda c: c.sub(c.new_tensor_1d(F32, 4).set_name("s0"), c.new_tensor_1d(F32, 4).set_name("s1")),
      ("op SUB of node 0 'bad'", "sources s0:F32, s1:F32")),
-    ("mul_mat-q4_1", lambda c: c.mul_mat(c.new_tensor_2d(GGMLType.Q4_1, 32, 2).set_name("w"),
-                                         c.new_tensor_2d(F32, 32, 3).set_name("x")),
-     ("op MUL_MAT of node 0 'bad'", "F32[2, 3, 1, 1]", "sources w:Q4_1, x:F32")),
+    ("mul_mat-q8_K", lambda c: c.mul_mat(c.new_tensor_2d(GGMLType.Q8_K, 256, 2).set_name("w"),
+                                          c.new_tensor_2d(F32, 256, 3).set_name("x")),
+     ("op MUL_MAT of node 0 'bad'", "F32[2, 3, 1, 1]", "sources w:Q8_K, x:F32")),
     ("mul_mat-q8_0-f16-src1", lambda c: c.mul_mat(c.new_tensor_2d(Q8_0, 32, 2).set_name("w"),
                                                   c.new_tensor_2d(F16, 32, 3).set_name("x")),
      ("op MUL_MAT", "sources w:Q8_0, x:F16")),
     ("cpy-to-q8_0", lambda c: c.cpy(c.new_tensor_1d(F32, 32).set_name("src"), c.new_tensor_1d(Q8_0, 32)),
      ("op CPY of node 0 'bad'", "(Q8_0[32, 1, 1, 1]; sources src:F32")),
-    ("get_rows-q5_0", lambda c: c.get_rows(c.new_tensor_2d(GGMLType.Q5_0, 32, 4).set_name("table"),
-                                           c.new_tensor_1d(I32, 2).set_name("idx")),
-     ("op GET_ROWS", "sources table:Q5_0, idx:I32")),
+    ("get_rows-q8_K", lambda c: c.get_rows(c.new_tensor_2d(GGMLType.Q8_K, 256, 4).set_name("table"),
+                                            c.new_tensor_1d(I32, 2).set_name("idx")),
+     ("op GET_ROWS", "sources table:Q8_K, idx:I32")),
 ]
 
 
@@ -381,10 +381,10 @@ def test_unsupported_op_asked_to_compute(tb: TorchBackend, build: Callable[[Cont
 
 def test_kernel_refuses_what_supports_op_refuses(tb: TorchBackend) -> None:
     """The plan maker itself (below graph_compute's check) names the tensor and the types it takes."""
-    g, _ = _alloc_graph(tb, lambda c: c.mul_mat(c.new_tensor_2d(GGMLType.Q4_1, 32, 2).set_name("w"),
-                                                c.new_tensor_2d(F32, 32, 3).set_name("x")))
-    expect_error(lambda: plan_create(tb, g), UnsupportedTypeError, "torch MUL_MAT 'bad' (Q4_1 x F32 -> F32)",
-                 "src0 'w' has type Q4_1", "F32, F16, BF16, Q8_0, Q4_0")
+    g, _ = _alloc_graph(tb, lambda c: c.mul_mat(c.new_tensor_2d(GGMLType.Q8_K, 256, 2).set_name("w"),
+                                                c.new_tensor_2d(F32, 256, 3).set_name("x")))
+    expect_error(lambda: plan_create(tb, g), UnsupportedTypeError, "torch MUL_MAT 'bad' (Q8_K x F32 -> F32)",
+                 "src0 'w' has type Q8_K", "F32, F16, BF16, Q4_0, Q4_1")
     assert_works(tb)
 
 

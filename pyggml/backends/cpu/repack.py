@@ -1,5 +1,5 @@
-"""Weights repacked for the CPU kernels (ggml's CPU_REPACK, repack.cpp): Q4_0 matrices as groups of 8 rows interleaved
-4 bytes at a time, ggml's x86 repack kernels' order (DESIGN.md, "Repacked rows (x8)")."""
+"""Weights repacked for the CPU kernels (ggml's CPU_REPACK, repack.cpp): Q4_0 and Q4_K matrices as groups of 8 rows
+interleaved 4 bytes at a time (DESIGN.md, "Repacked rows (x8)")."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ class Repacked:
 
 
 REPACKED_Q4_0 = Repacked("Q4_0 8x4")
+REPACKED_Q4_K = Repacked("Q4_K 8x4")
 
 
 def _check(raw: np.ndarray, what: str, type: GGMLType) -> tuple[int, int]:
@@ -77,6 +78,57 @@ def unpack_block32(packed: np.ndarray, type: GGMLType) -> np.ndarray:
     return out.transpose(0, 2, 1, 3).reshape(packed.shape)
 
 
+Q4_K_X8_SCALES, Q4_K_X8_MINS, Q4_K_X8_QS = 32, 96, 128
+Q4_K_BLOCK_BYTES = 144
+Q4_K_X8_BYTES = X8_ROWS * Q4_K_BLOCK_BYTES
+
+
+def _q4_K_scales_mins(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A Q4_K block's 12 scale bytes (last axis) as its 8 scales and 8 mins (ggml's get_scale_min_k4)."""
+    lo, hi = q[..., 0:4], q[..., 4:8]
+    sc = np.concatenate([lo & 63, (q[..., 8:12] & 15) | ((lo >> 6) << 4)], axis=-1)
+    mn = np.concatenate([hi & 63, (q[..., 8:12] >> 4) | ((hi >> 6) << 4)], axis=-1)
+    return sc, mn
+
+
+def _q4_K_scale_bytes(sc: np.ndarray, mn: np.ndarray) -> np.ndarray:
+    """The inverse of _q4_K_scales_mins."""
+    return np.concatenate([sc[..., :4] | ((sc[..., 4:] >> 4) << 6), mn[..., :4] | ((mn[..., 4:] >> 4) << 6),
+                           (sc[..., 4:] & 15) | ((mn[..., 4:] & 15) << 4)], axis=-1).astype(np.uint8)
+
+
+def repack_q4_K(raw: np.ndarray) -> np.ndarray:
+    """Rows of Q4_K (2-D uint8) repacked: per group of 8 rows and super-block, d, dmin, scales, mins, quants."""
+    groups, nb = _check(raw, "repack Q4_K", GGMLType.Q4_K)
+    blocks = raw.reshape(groups, X8_ROWS, nb, Q4_K_BLOCK_BYTES).transpose(0, 2, 1, 3)  # (group, block, row, byte)
+    out = np.empty((groups, nb, Q4_K_X8_BYTES), np.uint8)
+    out[:, :, :16] = blocks[:, :, :, 0:2].reshape(groups, nb, 16)
+    out[:, :, 16:Q4_K_X8_SCALES] = blocks[:, :, :, 2:4].reshape(groups, nb, 16)
+    sc, mn = (a.transpose(0, 1, 3, 2).reshape(groups, nb, 64) for a in _q4_K_scales_mins(blocks[:, :, :, 4:16]))
+    out[:, :, Q4_K_X8_SCALES:Q4_K_X8_MINS] = sc | ((mn >> 4) << 6)
+    out[:, :, Q4_K_X8_MINS:Q4_K_X8_QS] = (mn[:, :, :32] & 15) | ((mn[:, :, 32:] & 15) << 4)
+    qs = blocks[:, :, :, 16:].reshape(groups, nb, X8_ROWS, 4, 8, 4)
+    out[:, :, Q4_K_X8_QS:] = qs.transpose(0, 1, 3, 4, 2, 5).reshape(groups, nb, -1)
+    return out.reshape(raw.shape)
+
+
+def unpack_q4_K(packed: np.ndarray) -> np.ndarray:
+    """The inverse of repack_q4_K."""
+    groups, nb = _check(packed, "unpack Q4_K", GGMLType.Q4_K)
+    blocks = packed.reshape(groups, nb, Q4_K_X8_BYTES)
+    out = np.empty((groups, nb, X8_ROWS, Q4_K_BLOCK_BYTES), np.uint8)
+    out[:, :, :, 0:2] = blocks[:, :, :16].reshape(groups, nb, X8_ROWS, 2)
+    out[:, :, :, 2:4] = blocks[:, :, 16:Q4_K_X8_SCALES].reshape(groups, nb, X8_ROWS, 2)
+    packed_sc = blocks[:, :, Q4_K_X8_SCALES:Q4_K_X8_MINS]
+    low = blocks[:, :, Q4_K_X8_MINS:Q4_K_X8_QS]
+    mn = np.concatenate([low & 15, low >> 4], axis=-1) | ((packed_sc >> 6) << 4)
+    by_row = [a.reshape(groups, nb, 8, X8_ROWS).transpose(0, 1, 3, 2) for a in (packed_sc & 63, mn)]
+    out[:, :, :, 4:16] = _q4_K_scale_bytes(*by_row)
+    qs = blocks[:, :, Q4_K_X8_QS:].reshape(groups, nb, 4, 8, X8_ROWS, 4)
+    out[:, :, :, 16:] = qs.transpose(0, 1, 4, 2, 3, 5).reshape(groups, nb, X8_ROWS, -1)
+    return out.transpose(0, 2, 1, 3).reshape(packed.shape)
+
+
 def repack_q4_0(raw: np.ndarray) -> np.ndarray:
     return repack_block32(raw, GGMLType.Q4_0)
 
@@ -88,11 +140,12 @@ def unpack_q4_0(packed: np.ndarray) -> np.ndarray:
 # a type's marker (the tensor's `extra`), repack and unpack; the type table's `repack` column says which are held so
 LAYOUTS = {
     GGMLType.Q4_0: (REPACKED_Q4_0, repack_q4_0, unpack_q4_0),
+    GGMLType.Q4_K: (REPACKED_Q4_K, repack_q4_K, unpack_q4_K),
 }
 
 
 def repackable(tensor: Tensor) -> bool:
-    """Whether the repack buffer holds `tensor` repacked, as ggml_repack_get_optimal_repack_type asks of Q4_0."""
+    """Whether the repack buffer holds `tensor` repacked, as ggml_repack_get_optimal_repack_type asks on x86."""
     from pyggml.backends.cpu.kernels.vec_dot.type_table import CPU_TYPE_TRAITS  # its kernels import this module
 
     row = CPU_TYPE_TRAITS.get(tensor.type)

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from pyggml.backends.rpc import wire
+from pyggml.backends.rpc.fallback import FallbackPlan, plan_fallback
 from pyggml.backends.rpc.wire import RpcCmd, RpcError, RpcTensor
 from pyggml.core.errors import ArgumentError, GGMLError
 from pyggml.core.graph import Graph
@@ -29,7 +30,7 @@ from pyggml.core.ops.node_check import check_node
 from pyggml.core.tensor import VIEW_OPS, GGMLOp, Tensor, TensorFlag, nbytes_of
 from pyggml.core.types import TYPE_TRAITS, GGMLType
 from pyggml.core.work import WorkBudget, graph_cost
-from pyggml.ggml_backend.backend import Backend
+from pyggml.ggml_backend.backend import Backend, op_desc
 from pyggml.ggml_backend.buffer import Buffer
 from pyggml.ggml_backend.tensor_io import tensor_get, tensor_memset, tensor_set
 
@@ -69,8 +70,20 @@ class _Idle(Exception):
 class StoredGraph:
     backend: Backend
     graph: Graph
-    plan: Any
+    plan: Any  # the backend's graph plan, or a FallbackPlan when the backend lacks some of the nodes
     temp_bytes: int = 0  # what its kernels may hold while it is stored (counted in mem_used)
+
+    def compute(self) -> None:
+        if isinstance(self.plan, FallbackPlan):
+            self.plan.compute()
+        else:
+            self.backend.graph_plan_compute(self.plan)
+
+    def free(self) -> None:
+        if isinstance(self.plan, FallbackPlan):
+            self.plan.free()
+        else:
+            self.backend.graph_plan_free(self.plan)
 
 
 @dataclass
@@ -86,13 +99,19 @@ class Session:
 
 
 class RpcServer:
-    """Serves `backends` (device i = backends[i]) on host:port; `idle_timeout` applies to clients without buffers."""
+    """Serves `backends` (device i = backends[i]) on host:port; `idle_timeout` applies to clients without buffers.
+
+    With `fallback`, a graph node a served backend lacks is computed on the host CPU (`host_cpu`, else the registry's
+    "cpu" with `host_threads`, made when first needed; see `fallback`), each op named once in the log; without
+    it such a graph is refused.
+    """
 
     def __init__(self, backends: list[Backend], host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
                  cache_dir: str | os.PathLike[str] | None = None, mem_limit: int | None = None,
                  budget: WorkBudget | None = None, max_connections: int = DEFAULT_MAX_CONNECTIONS,
                  hello_timeout: float = DEFAULT_HELLO_TIMEOUT, idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
-                 message_timeout: float = DEFAULT_MESSAGE_TIMEOUT) -> None:
+                 message_timeout: float = DEFAULT_MESSAGE_TIMEOUT, fallback: bool = True,
+                 host_cpu: Backend | None = None, host_threads: int | None = None) -> None:
         if not backends:
             raise GGMLError("rpc-server: no backend to serve")
         if max_connections < 1:
@@ -102,6 +121,10 @@ class RpcServer:
             if value is not None and not value > 0:
                 raise ArgumentError(f"rpc-server: {name} = {value} seconds, must be > 0")
         self.budget = budget if budget is not None else WorkBudget()
+        self.fallback = fallback
+        self._host_cpu = host_cpu
+        self.host_threads = host_threads
+        self.fell_back: set[str] = set()  # the ops computed on the host so far (each logged once)
         self.max_connections = max_connections
         self.hello_timeout = hello_timeout
         self.idle_timeout = idle_timeout
@@ -603,10 +626,16 @@ class RpcServer:
         graph = Graph(max(len(nodes), 1))
         graph.nodes = nodes
         try:
-            plan = backend.graph_plan_create(graph)
+            if self.fallback and not all(backend.supports_op(n) for n in nodes):
+                room = None if room is None else room - cost.temp_bytes
+                plan: Any = plan_fallback(nodes, backend, self.host_cpu, self.budget, room)
+                self._log_fallback(backend, plan)
+            else:
+                plan = backend.graph_plan_create(graph)
         except GGMLError as e:
             raise Malformed(f"GRAPH_COMPUTE on '{backend.name()}': {e}") from None
-        sg = StoredGraph(backend, graph, plan, cost.temp_bytes)
+        extra = plan.temp_bytes if isinstance(plan, FallbackPlan) else 0
+        sg = StoredGraph(backend, graph, plan, cost.temp_bytes + extra)
         self.mem_used += sg.temp_bytes
         s.graphs[device] = sg  # (stored first: a failed compute closes the connection, which frees it)
         self._compute(backend, sg)
@@ -648,16 +677,34 @@ class RpcServer:
             building.discard(tid)
             made[tid] = t
 
+    def host_cpu(self) -> Backend:
+        """The host CPU backend that computes what a served backend lacks (made when first asked for)."""
+        if self._host_cpu is None:
+            from pyggml.ggml_backend.registry import init_backend, set_n_threads
+
+            self._host_cpu = init_backend("cpu")
+            if self.host_threads is not None:
+                set_n_threads(self._host_cpu, self.host_threads)
+        return self._host_cpu
+
+    def _log_fallback(self, backend: Backend, plan: FallbackPlan) -> None:
+        for node in plan.lacking:
+            op = op_desc(node)
+            if op not in self.fell_back:
+                self.fell_back.add(op)
+                log.warning("rpc-server: '%s' does not compute op %s (node '%s'); such nodes run on the host "
+                            "CPU ('%s')", backend.name(), op, node.name, self.host_cpu().name())
+
     def _compute(self, backend: Backend, sg: StoredGraph) -> None:
         try:
-            backend.graph_plan_compute(sg.plan)
+            sg.compute()
             backend.synchronize()
         except Exception as e:
             node = _failing_node(e, sg.graph)
             raise Malformed(f"'{backend.name()}' cannot compute the graph{node}: {type(e).__name__}: {e}") from None
 
     def _free_plan(self, sg: StoredGraph) -> None:
-        sg.backend.graph_plan_free(sg.plan)
+        sg.free()
         self.mem_used -= sg.temp_bytes
 
     def _drop_graphs(self, s: Session) -> None:

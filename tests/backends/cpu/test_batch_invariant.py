@@ -1,7 +1,8 @@
 """The CPU backend's batch-invariant mode: a column's MUL_MAT result and a q row's attention are the bits they
 have alone, whatever the other columns, rows and KV cells of their node, and whatever the thread count.
 
-MUL_MAT: for every weight type pyggml serve meets (F32, F16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, and Q4_0 held repacked),
+MUL_MAT: for every weight type pyggml serve meets (F32, F16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, Q4_0 and Q4_K held
+repacked),
 one column alone against the same column at the start, middle and end of 1..130 others (across the direct
 kernels' groups of 4, BLAS_MIN_COLS, X8_TILE_MIN_COLS, F32_BLAS_MIN_COLS), on 1 and 2 threads. FLASH_ATTN_EXT: a
 sequence's rows over its own cells alone against the same rows beside other sequences' rows, its cells
@@ -86,12 +87,18 @@ def test_without_it_a_prompt_beside_changes_a_column(wtype: GGMLType) -> None:
         ctx.free()
 
 
-def test_a_repacked_q4_0_column_is_its_bits_alone() -> None:
-    """Q4_0 layer matrices held in CPU_REPACK (the models' default) go through the repacked loop at every count."""
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_K"])
+def test_a_repacked_column_is_its_bits_alone(type_name: str) -> None:
+    """Q4_0 and Q4_K layer matrices held in CPU_REPACK (the models' default) go through the repacked loops at every
+    count; Q4_K's in the order of ggml's gemv for every column (its gemm, on columns in fours, rounds otherwise)."""
     from test_repack import _q4_0_rows, _weights_in_repack_buffer
+    from test_repack_q4_K import _in_repack_buffer, q4_K_rows
 
     rng = np.random.default_rng(5)
-    ctx, buffer, w, _ = _weights_in_repack_buffer(_q4_0_rows(rng, M, K // 32), K)
+    if type_name == "Q4_0":
+        ctx, buffer, w, _ = _weights_in_repack_buffer(_q4_0_rows(rng, M, K // 32), K)
+    else:
+        ctx, buffer, w = _in_repack_buffer(q4_K_rows(rng, M, K // 256), K)
     x = _columns(rng, 1 + max(OTHERS))
     try:
         with cpu_init(n_threads=2, batch_invariant=True) as backend:

@@ -1,4 +1,5 @@
-"""The CPU backend with IQ4_NL, IQ4_XS and MXFP4 tensors: MUL_MAT, GET_ROWS and CPY.
+"""The CPU backend with IQ4_NL, IQ4_XS, MXFP4, TQ1_0, TQ2_0, NVFP4, Q1_0, Q2_0 and the lattice IQ types (IQ2_XXS,
+IQ2_XS, IQ3_XXS, IQ1_S, IQ3_S, IQ2_S, IQ1_M) tensors: MUL_MAT, GET_ROWS and CPY.
 
 Each graph is computed by pyggml's CPU backend and by real ggml (the C
 library of llama.cpp 0c1e570, `ggml_c.compute_like`) from the same leafs, and
@@ -6,15 +7,15 @@ checked against a numpy reference written here: the weights dequantized
 (`quants.to_float`, itself bit-exact with ggml's dequantize_row_*), src1
 quantized to the weight type's vec_dot_type and back, the product in float64.
 MUL_MAT must be within test-backend-ops' NMSE (5e-4) of C, and in fact agrees
-to float rounding; GET_ROWS and CPY agree bit for bit.
-
-Types ggml has and pyggml has not implemented (IQ2_XXS, ...) are refused with
-an UnsupportedTypeError naming the type, also when they come from a GGUF file.
+to float rounding; GET_ROWS and CPY agree bit for bit. The lattice types'
+weights are random blocks (pyggml, like ggml's CPU, does not write them), and
+CPY and SET_ROWS to them are refused, as ggml's CPU refuses them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -26,14 +27,20 @@ from pyggml.backends.cpu.kernels import atomics, matmul
 from pyggml.backends.cpu.kernels.vec_dot import block_sums, kinds, table_lookup, to_float
 from pyggml.core import quants
 from pyggml.core.context import Context
-from pyggml.core.errors import UnsupportedOpError, UnsupportedTypeError
+from pyggml.core.errors import UnsupportedTypeError
 from pyggml.core.tensor import Tensor
 from pyggml.core.types import TYPE_TRAITS, GGMLType
 from pyggml.ggml_backend.tensor_io import tensor_get_numpy, tensor_set, tensor_set_numpy
+from pyggml.gguf.loader import load_tensors
+from pyggml.gguf.reader import GGUFFile, read_gguf
+from pyggml.gguf.writer import RawTensor, write_gguf
 from pyggml.testing import alloc_ctx_tensors, llamacpp
+from pyggml.testing.random_blocks import random_blocks
 
 T = GGMLType
-NEW_TYPES = [T.IQ4_NL, T.IQ4_XS, T.MXFP4]
+LATTICE = [T.IQ2_XXS, T.IQ2_XS, T.IQ3_XXS, T.IQ1_S, T.IQ3_S, T.IQ2_S, T.IQ1_M]
+NEW_TYPES = [T.IQ4_NL, T.IQ4_XS, T.MXFP4, T.TQ1_0, T.TQ2_0, T.NVFP4, T.Q1_0, T.Q2_0, *LATTICE]
+WRITTEN_TYPES = [t for t in NEW_TYPES if t not in LATTICE]
 MAX_NMSE_MUL_MAT = 5e-4  # test-backend-ops' threshold for MUL_MAT
 TIGHT = 3e-6  # max |error| / max |reference|: float rounding only
 
@@ -80,7 +87,7 @@ def compute(build: Build, leafs: dict[str, np.ndarray], cpu: CPUBackend,
                 tensor_set(leaf, values)
             else:
                 tensor_set_numpy(leaf, values)
-        want = ggml_c.compute_like(out) if ggml_c is not None else None  # type: ignore[attr-defined]
+        want = ggml_c.compute_like(out) if ggml_c is not None else None
         cpu.graph_compute(g)
         return out, tensor_get_numpy(out), want
     finally:
@@ -119,7 +126,10 @@ def reference(w: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 def weights(wtype: GGMLType, shape: tuple[int, ...], rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """(raw blocks, their float32 values) of random weights; shape in numpy order (..., M, K)."""
-    raw = quants.from_float(wtype, rng.uniform(-1, 1, shape).astype(np.float32))
+    if wtype in LATTICE:
+        raw = random_blocks(wtype, shape, rng)
+    else:
+        raw = quants.from_float(wtype, rng.uniform(-1, 1, shape).astype(np.float32))
     return raw, quants.to_float(wtype, raw)
 
 
@@ -218,14 +228,17 @@ def test_blas_path_dequantizes_as_ggml(wtype: GGMLType, rng: np.random.Generator
     """The numba dequantizer of the BLAS path (rows_to_f32) is ggml's dequantize_row, bit for bit."""
     tr = TYPE_TRAITS[wtype]
     K, M = 1024, 6
-    raw = quants.from_float(wtype, (rng.standard_normal((M, K)) * np.exp2(rng.integers(-20, 20, (M, 1))))
-                            .astype(np.float32))
+    if wtype in LATTICE:
+        raw = random_blocks(wtype, (M, K), rng)
+    else:
+        raw = quants.from_float(wtype, (rng.standard_normal((M, K)) * np.exp2(rng.integers(-20, 20, (M, 1))))
+                                .astype(np.float32))
     raw[1] = rng.integers(0, 256, raw.shape[1], dtype=np.uint8)  # any bytes (random scales, huge and tiny)
     if wtype == T.IQ4_XS:
         raw[1].reshape(-1, tr.type_size)[:, :2] = np.array([0.01], np.float16).view(np.uint8)
     out = np.zeros((M, K), np.float32)
     offsets = np.arange(M, dtype=np.int64) * raw.shape[1]
-    with np.errstate(over="ignore"):
+    with np.errstate(over="ignore", invalid="ignore"):
         to_float.rows_to_f32(int(wtype), raw.reshape(-1), offsets, 0, K // tr.blck_size, out)
         np.testing.assert_array_equal(out, quants.to_float(wtype, raw))
 
@@ -285,7 +298,7 @@ def test_get_rows_is_ggmls(wtype: GGMLType, cpu: CPUBackend, ggml_c: object, rng
     np.testing.assert_array_equal(got.reshape(b, r, n), np.take_along_axis(wvals, idx[:, :, None], axis=1))
 
 
-@pytest.mark.parametrize("wtype", NEW_TYPES, ids=name)
+@pytest.mark.parametrize("wtype", WRITTEN_TYPES, ids=name)
 def test_cpy_to_and_from_f32_is_ggmls(wtype: GGMLType, cpu: CPUBackend, ggml_c: object,
                                       rng: np.random.Generator) -> None:
     """CPY F32 -> type quantizes as ggml's CPU (its from_float: the _ref quantizers for these types), and
@@ -317,77 +330,70 @@ def test_cpy_to_and_from_f32_is_ggmls(wtype: GGMLType, cpu: CPUBackend, ggml_c: 
     np.testing.assert_array_equal(back.reshape(2, 4, 256), quants.to_float(wtype, got.reshape(2, 4, -1)))
 
 
-# --- types ggml has and pyggml has not implemented ---
-
-
-NOT_IMPLEMENTED = r"IQ2_XXS is not implemented in pyggml \(implemented: F32, "
-
-
-def test_unimplemented_weights_are_refused_by_name(cpu: CPUBackend) -> None:
-    """supports_op says no; the kernels refuse them naming the type (the backend's graph_compute refuses
-    such a node before its kernel is reached, naming the sources' types)."""
+@pytest.mark.parametrize("wtype", LATTICE, ids=name)
+def test_lattice_cpy_to_f32_is_ggmls_and_from_f32_is_refused(wtype: GGMLType, cpu: CPUBackend, ggml_c: object,
+                                                             rng: np.random.Generator) -> None:
+    """CPY of a lattice type to F32 dequantizes as ggml; CPY and SET_ROWS from F32 to it are refused, as ggml's CPU
+    refuses them (it has no from_float for these types)."""
     from kernel_helpers import compile_node, new_ctx
 
-    K = 256
+    ne = [256, 4, 2, 1]
+    raw = random_blocks(wtype, (2, 4, 256), rng)
+
+    def to_f32(ctx: Context) -> Tensor:
+        return ctx.cpy(ctx.new_tensor(wtype, ne).set_name("a"), ctx.new_tensor(T.F32, ne).set_name("b"))
+
+    out, back, want = compute(to_f32, {"a": raw.reshape(-1), "b": np.zeros((2, 4, 256), np.float32)}, cpu, ggml_c)
+    np.testing.assert_array_equal(back, want)
+    np.testing.assert_array_equal(back.reshape(2, 4, 256), quants.to_float(wtype, raw))
+
     ctx = new_ctx(1)
-    w = ctx.new_tensor(T.IQ2_XXS, [K, 4]).set_name("w")
-    mm = ctx.mul_mat(w, ctx.new_tensor(T.F32, [K, 1]).set_name("x"))
-    rows = ctx.get_rows(w, ctx.new_tensor(T.I32, [2]).set_name("i"))
-    to_f32 = ctx.cpy(w, ctx.new_tensor(T.F32, [K, 4]).set_name("f"))
-    for node in (mm, rows, to_f32):
+    dst = ctx.new_tensor(wtype, [256, 4])
+    to_type = ctx.cpy(ctx.new_tensor(T.F32, [256, 4]).set_name("x"), dst)
+    set_rows = ctx.set_rows(dst, ctx.new_tensor(T.F32, [256, 2]).set_name("r"), ctx.new_tensor(T.I64, [2]))
+    for node in (to_type, set_rows):
         assert not cpu.supports_op(node), node.op.name
-    with pytest.raises(UnsupportedTypeError, match=r"CPU MUL_MAT .*src0 'w': " + NOT_IMPLEMENTED):
-        compile_node(mm)
-    with pytest.raises(UnsupportedTypeError, match=r"CPU GET_ROWS .*IQ2_XXS"):
-        compile_node(rows)
-    with pytest.raises(UnsupportedTypeError, match=r"CPU CPY .*IQ2_XXS"):
-        compile_node(to_f32)
-    with pytest.raises((UnsupportedOpError, UnsupportedTypeError), match="w:IQ2_XXS|IQ2_XXS is not implemented"):
-        compute(lambda c: c.mul_mat(c.new_tensor(T.IQ2_XXS, [K, 4]).set_name("w"), c.new_tensor(T.F32, [K, 1])
-                                    .set_name("x")), {"w": np.zeros(66 * 4, np.uint8), "x": np.ones(K, np.float32)},
-                cpu)
+    with pytest.raises(UnsupportedTypeError, match=rf"cannot convert F32 \('x'\) to {wtype.name}"):
+        compile_node(to_type)
 
 
-def test_a_gguf_file_with_unimplemented_types_loads_and_refuses_to_compute(tmp_path: Path,
-                                                                           cpu: CPUBackend) -> None:
-    from pyggml.gguf.loader import load_tensors
-    from pyggml.gguf.reader import read_gguf
-    from pyggml.gguf.writer import RawTensor, write_gguf
-
-    K = 256
-    path = tmp_path / "iq.gguf"
-    iq2 = np.arange(TYPE_TRAITS[T.IQ2_XXS].type_size * 2, dtype=np.uint8)
-    iq4 = quants.from_float(T.IQ4_XS, np.linspace(-1, 1, 2 * K, dtype=np.float32).reshape(2, K))
-    write_gguf(path, "llama", {}, {"w_iq2": RawTensor(iq2, T.IQ2_XXS, (K, 2)),
-                                   "w_iq4": RawTensor(iq4, T.IQ4_XS, (K, 2))})
+@contextmanager
+def gguf_on_cpu(path: Path, tensors: dict[str, RawTensor],
+                cpu: CPUBackend) -> Iterator[tuple[GGUFFile, dict[str, Tensor]]]:
+    """`tensors` (RawTensor by name) written to a GGUF file at `path`, read back, and loaded to `cpu`: (the file,
+    the loaded tensors by name)."""
+    write_gguf(path, "llama", {}, tensors)
     gf = read_gguf(path)
     try:
-        assert gf.tensor("w_iq2").type == T.IQ2_XXS and gf.tensor("w_iq2").nbytes == iq2.nbytes
-        np.testing.assert_array_equal(gf.tensor_float("w_iq4"), quants.to_float(T.IQ4_XS, iq4))
-        with pytest.raises(UnsupportedTypeError, match=NOT_IMPLEMENTED):
-            gf.tensor_float("w_iq2")
-        loaded = load_tensors(gf, ["w_iq2", "w_iq4"], {"w_iq2": cpu, "w_iq4": cpu}, progress=False)
+        loaded = load_tensors(gf, list(tensors), dict.fromkeys(tensors, cpu), progress=False)
         try:
-            w2, w4 = loaded.tensors["w_iq2"], loaded.tensors["w_iq4"]
-            ctx = Context(mem_size=1 << 22, no_alloc=True)
-            x = ctx.new_tensor(T.F32, [K, 1]).set_name("x")
-            good, bad = ctx.mul_mat(w4, x), ctx.mul_mat(w2, x)
-            assert cpu.supports_op(good) and not cpu.supports_op(bad)
-            buffer = alloc_ctx_tensors(ctx, cpu)
-            try:
-                tensor_set_numpy(x, np.ones(K, np.float32))
-                g = ctx.new_graph()
-                g.build_forward_expand(good)
-                cpu.graph_compute(g)
-                assert np.all(np.isfinite(tensor_get_numpy(good)))
-                g = ctx.new_graph()
-                g.build_forward_expand(bad)
-                with pytest.raises((UnsupportedOpError, UnsupportedTypeError), match="IQ2_XXS"):
-                    cpu.graph_compute(g)
-            finally:
-                buffer.free()
-                ctx.free()
+            yield gf, loaded.tensors
         finally:
             loaded.free()
     finally:
         gf.close()
+
+
+@pytest.mark.parametrize("wtype", LATTICE, ids=name)
+def test_a_gguf_file_of_lattice_weights_loads_and_multiplies_as_ggml(wtype: GGMLType, tmp_path: Path,
+                                                                      cpu: CPUBackend, ggml_c: object,
+                                                                      rng: np.random.Generator) -> None:
+    K, M = 512, 3
+    raw = random_blocks(wtype, (M, K), rng)
+    with gguf_on_cpu(tmp_path / "lattice.gguf", {"w": RawTensor(raw, wtype, (K, M))}, cpu) as (gf, tensors):
+        assert gf.tensor("w").type == wtype
+        np.testing.assert_array_equal(gf.tensor_float("w"), quants.to_float(wtype, raw))
+        ctx = Context(mem_size=1 << 22, no_alloc=True)
+        x = ctx.new_tensor(T.F32, [K, 2]).set_name("x")
+        mm = ctx.mul_mat(tensors["w"], x)
+        buffer = alloc_ctx_tensors(ctx, cpu)
+        try:
+            tensor_set_numpy(x, rng.uniform(-1, 1, (2, K)).astype(np.float32))
+            want = ggml_c.compute_like(mm)  # type: ignore[attr-defined]
+            g = ctx.new_graph()
+            g.build_forward_expand(mm)
+            cpu.graph_compute(g)
+            assert_close(tensor_get_numpy(mm).astype(np.float64), want.astype(np.float64))
+        finally:
+            buffer.free()
+            ctx.free()

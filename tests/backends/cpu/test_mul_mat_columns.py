@@ -50,9 +50,11 @@ SPECS: dict[GGMLType, dict] = {
 }
 HALF_TYPES = (F16, BF16)
 # the K-quants with a multi-column loop (kquant_loops.make_dot_k_row), and their row length here
-K_SPECS: dict[GGMLType, dict] = {GGMLType.Q4_K: kquant_loops.Q4_K_SPEC, GGMLType.Q6_K: kquant_loops.Q6_K_SPEC}
+K_SPECS: dict[GGMLType, dict] = {GGMLType.Q2_K: kquant_loops.Q2_K_SPEC, GGMLType.Q4_K: kquant_loops.Q4_K_SPEC,
+                                  GGMLType.Q5_K: kquant_loops.Q5_K_SPEC, GGMLType.Q6_K: kquant_loops.Q6_K_SPEC}
 # ggml's AVX2 order
-K_X86: dict[GGMLType, tuple] = {GGMLType.Q4_K: kquant_loops.Q4_K_X86, GGMLType.Q6_K: kquant_loops.Q6_K_X86}
+K_X86: dict[GGMLType, tuple] = {GGMLType.Q2_K: kquant_loops.Q2_K_X86, GGMLType.Q4_K: kquant_loops.Q4_K_X86,
+                                GGMLType.Q5_K: kquant_loops.Q5_K_X86, GGMLType.Q6_K: kquant_loops.Q6_K_X86}
 K_LEN = 768  # 3 super-blocks
 # the types whose "ref" rows sum one scalar in ggml's reference order (vec_dot.quant_loops.make_dot_q_serial)
 SERIAL_TYPES = (GGMLType.Q5_0,)
@@ -95,9 +97,13 @@ def test_columns_equal_one_column_products(wtype: GGMLType, k: int, n_threads: i
     x = _src1_values(rng, (MAX_N, k))
     one = np.concatenate([_product(ctx, w, x[c:c + 1], n_threads, numerics)[0, 0] for c in range(MAX_N)])
     assert np.all(np.isfinite(one)) and np.any(one != 0)
+    # K-quants under "x86": from TILED_MIN_COLS columns ggml-cpu's tiled order, each column's the same in any batch
+    tiled = numerics == "x86" and int(wtype) in matmul.TILED_KINDS
+    last = _product(ctx, w, x, n_threads, numerics)[0, 0]
     for n in range(1, MAX_N + 1):
         got = _product(ctx, w, x[:n], n_threads, numerics)[0, 0]
-        assert np.array_equal(got, one[:n]), n
+        assert np.array_equal(got, (last if tiled and n >= matmul.TILED_MIN_COLS else one)[:n]), n
+    assert not tiled or not np.array_equal(last, one)
 
 
 @pytest.mark.parametrize("wtype", [GGMLType.Q4_1, GGMLType.Q8_0, F16])
@@ -352,7 +358,8 @@ def _q8_K(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 # the f16 fields (d, dmin) of each K-quant block: random bytes elsewhere, sane scales here
-K_SCALE_FIELDS = {GGMLType.Q4_K: (0, 2), GGMLType.Q6_K: (208,)}
+K_SCALE_FIELDS = {GGMLType.Q2_K: (80, 82), GGMLType.Q3_K: (108,), GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2),
+                  GGMLType.Q6_K: (208,)}
 
 
 def _random_k_rows(wtype: GGMLType, rng: np.random.Generator, m: int, nb: int) -> np.ndarray:
@@ -386,27 +393,34 @@ def test_k_column_loops_equal_row_loop(wtype: GGMLType, x86: bool, rng: np.rando
             assert np.array_equal(got, want), (sums.__name__, n)
 
 
-# the numba loops the K-quant row loops replaced (the former _dot_q4_K and _dot_q6_K, verbatim but for the
-# module prefix): ggml's reference arithmetic per super-block, whose bits the row loops keep
+# the numba loops the K-quant row loops replaced (the former _dot_q4_K, _dot_q6_K, reference_dots.dot_q3_K and
+# dot_q5_K; Q4_K's and Q5_K's in one, Q3_K's and Q6_K's in one): ggml's reference arithmetic per super-block,
+# whose bits the row loops keep (Q2_K's share Q4_K's finish; their integers are checked against libggml,
+# test_kquant_tiled)
 
 
 @njit
-def _old_dot_q4_K(w, o, nb, yq, yd, yb, r):
-    # block_q4_K: d, dmin, scales[12], qs[128]; 32-element sub-blocks
+def _old_dot_q45_K(w, o, nb, yq, yd, yb, r, q5):
+    # block_q4_K: d, dmin, scales[12], qs[128]; block_q5_K (q5): qh[32] before qs, the fifth bit of element
+    # 64k+32h+l bit 2k+h of qh[l]; 32-element sub-blocks
     sumf = np.float32(0.0)
     yo = r * yq.shape[1]
+    size, at = (176, 48) if q5 else (144, 16)
     for b in range(nb):
-        ob = o + 144 * b
+        ob = o + size * b
         j0 = yo + 256 * b
         isum = 0
         summs = 0
         for k in range(4):
-            sc0, m0 = reference_dots.scale_min_k4(w, ob + 4, 2 * k)
-            sc1, m1 = reference_dots.scale_min_k4(w, ob + 4, 2 * k + 1)
-            isum += sc0 * vd_ir.dot_bits32(w, ob + 16 + 32 * k, 0, 15, yq, j0 + 64 * k)
-            isum += sc1 * vd_ir.dot_bits32(w, ob + 16 + 32 * k, 4, 15, yq, j0 + 64 * k + 32)
-            g = 16 * b + 4 * k
-            summs += m0 * (yb[r, g] + yb[r, g + 1]) + m1 * (yb[r, g + 2] + yb[r, g + 3])
+            for h in range(2):
+                sc, mn = reference_dots.scale_min_k4(w, ob + 4, 2 * k + h)
+                j = j0 + 64 * k + 32 * h
+                if q5:
+                    isum += sc * vd_ir.dot_fields32(w, ob + at + 32 * k, 4 * h, 15, ob + 16, 2 * k + h, 1, 16, yq, j)
+                else:
+                    isum += sc * vd_ir.dot_bits32(w, ob + at + 32 * k, 4 * h, 15, yq, j)
+                g = 16 * b + 4 * k + 2 * h
+                summs += mn * (yb[r, g] + yb[r, g + 1])
         d = vd_ir.load_f16(w, ob) * yd[r, b]
         dmin = vd_ir.load_f16(w, ob + 2) * yd[r, b]
         sumf += d * np.float32(isum) - dmin * np.float32(summs)
@@ -414,12 +428,14 @@ def _old_dot_q4_K(w, o, nb, yq, yd, yb, r):
 
 
 @njit
-def _old_dot_q6_K(w, o, nb, yq, yd, yb, r):
+def _old_dot_q36_K(w, o, nb, yq, yd, yb, r, q3):
     # block_q6_K: ql[128], qh[64], scales[16] (int8), d; value = (low4 | high2 << 4) - 32
+    # block_q3_K (q3): hmask[32], qs[64], scales[12], d; value = low2 - (high bit ? 0 : 4)
     sumf = np.float32(0.0)
     yo = r * yq.shape[1]
+    size, at_d, offset = (110, 108, 4) if q3 else (210, 208, 32)
     for b in range(nb):
-        ob = o + 210 * b
+        ob = o + size * b
         j0 = yo + 256 * b
         isum = 0
         for n in range(2):
@@ -427,14 +443,20 @@ def _old_dot_q6_K(w, o, nb, yq, yd, yb, r):
                 for t in range(2):
                     sub = 8 * n + 2 * q + t
                     j = j0 + 128 * n + 32 * q + 16 * t
-                    v = (vd_ir.dot_fields16(w, ob + 64 * n + 32 * (q & 1) + 16 * t, 4 * (q >> 1), 15,
-                                         ob + 128 + 32 * n + 16 * t, 2 * q, 3, 16, yq, j) - 32 * yb[r, 16 * b + sub])
-                    isum += reference_dots.i8(np.int64(w[ob + 192 + sub])) * v
-        sumf += (vd_ir.load_f16(w, ob + 208) * yd[r, b]) * np.float32(isum)
+                    if q3:
+                        v = vd_ir.dot_fields16(w, ob + 32 + 32 * n + 16 * t, 2 * q, 3, ob + 16 * t, 4 * n + q, 1, 4,
+                                               yq, j)
+                        sc = reference_dots.q3_K_scale(w, ob + 96, sub)
+                    else:
+                        v = vd_ir.dot_fields16(w, ob + 64 * n + 32 * (q & 1) + 16 * t, 4 * (q >> 1), 15,
+                                               ob + 128 + 32 * n + 16 * t, 2 * q, 3, 16, yq, j)
+                        sc = reference_dots.i8(np.int64(w[ob + 192 + sub]))
+                    isum += sc * (v - offset * yb[r, 16 * b + sub])
+        sumf += (vd_ir.load_f16(w, ob + at_d) * yd[r, b]) * np.float32(isum)
     return sumf
 
 
-@pytest.mark.parametrize("wtype", list(K_SPECS))
+@pytest.mark.parametrize("wtype", [GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K])
 @pytest.mark.parametrize("n_threads", [1, 2])
 def test_k_rows_equal_the_numba_loops_they_replace(wtype: GGMLType, n_threads: int, rng: np.random.Generator,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
@@ -445,8 +467,12 @@ def test_k_rows_equal_the_numba_loops_they_replace(wtype: GGMLType, n_threads: i
     w = _random_k_rows(wtype, rng, M, nb)
     x = _src1_values(rng, (9, K_LEN))
     yq, yd, yb = _q8_K(x)
-    old = _old_dot_q4_K if wtype == GGMLType.Q4_K else _old_dot_q6_K
-    want = np.array([[old(w, m * nb * size, nb, yq, yd, yb, r) for m in range(M)] for r in range(9)], np.float32)
+    def old(m: int, r: int) -> float:
+        if wtype in (GGMLType.Q3_K, GGMLType.Q6_K):
+            return _old_dot_q36_K(w, m * nb * size, nb, yq, yd, yb, r, wtype == GGMLType.Q3_K)
+        return _old_dot_q45_K(w, m * nb * size, nb, yq, yd, yb, r, wtype == GGMLType.Q5_K)
+
+    want = np.array([[old(m, r) for m in range(M)] for r in range(9)], np.float32)
     assert np.all(np.isfinite(want)) and np.any(want != 0)
     ctx = new_ctx(8)
     wt = ctx.new_tensor(wtype, [K_LEN, M])

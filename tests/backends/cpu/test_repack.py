@@ -14,7 +14,7 @@ from kernel_helpers import backend_mul_mat
 from numba import njit
 
 from pyggml.backends.cpu.kernels.vec_dot import block_sums, ir, kinds, quantize_src1, tiles_x8
-from pyggml.backends.cpu.repack import REPACKED_Q4_0, X8_ROWS, repack_q4_0, unpack_q4_0
+from pyggml.backends.cpu.repack import REPACKED_Q4_0, X8_ROWS, repack_q4_0, repack_q4_K, unpack_q4_0
 from pyggml.core.errors import GGMLError
 
 K = 224  # 7 blocks
@@ -70,10 +70,12 @@ def test_repack_and_unpack_are_inverse_and_place_each_byte() -> None:
         assert block[16 + 32 * v + 4 * r + i] == row[2 + 4 * v + i]
 
 
-@pytest.mark.parametrize("shape", [(12, 18), (16, 17), (8,)])
-def test_repack_refuses_other_shapes(shape: tuple[int, ...]) -> None:
-    with pytest.raises(GGMLError, match="repack Q4_0"):
-        repack_q4_0(np.zeros(shape, np.uint8))
+@pytest.mark.parametrize(("type_name", "shape"), [("Q4_0", (12, 18)), ("Q4_0", (16, 17)), ("Q4_0", (8,)),
+                                                  ("Q4_K", (12, 144)), ("Q4_K", (16, 145)), ("Q4_K", (8,))])
+def test_repack_refuses_other_shapes(type_name: str, shape: tuple[int, ...]) -> None:
+    repack = {"Q4_0": repack_q4_0, "Q4_K": repack_q4_K}[type_name]
+    with pytest.raises(GGMLError, match=f"repack {type_name}"):
+        repack(np.zeros(shape, np.uint8))
 
 
 VARIANTS = [False] + ([True] if block_sums.HAS_VNNI else [])

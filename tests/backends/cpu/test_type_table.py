@@ -9,16 +9,24 @@ from numba import types
 
 from pyggml.backends.cpu import cpu_init, repack
 from pyggml.backends.cpu.kernels import _common, matmul, matmul_id
-from pyggml.backends.cpu.kernels.vec_dot import kquant_loops, mul_mat_job, quant_loops, quantize_src1, to_float
+from pyggml.backends.cpu.kernels.vec_dot import (
+    kquant_loops,
+    mul_mat_job,
+    quant_loops,
+    quantize_src1,
+    tiles_x8,
+    to_float,
+)
 from pyggml.backends.cpu.kernels.vec_dot import type_table as tt
-from pyggml.backends.cpu.kernels.vec_dot.kinds import X8_REPACKED, X8_TILE
+from pyggml.backends.cpu.kernels.vec_dot.kinds import TILED, X8_GEMV, X8_REPACKED, X8_TILE
 from pyggml.core import types as core_types
 from pyggml.core.context import Context
 from pyggml.core.errors import ShapeError, UnsupportedTypeError
-from pyggml.core.quants import BLOCK_DTYPES, is_implemented
+from pyggml.core.quants import BLOCK_DTYPES, FROM_FLOAT_TYPES, is_implemented
 from pyggml.core.tensor import Tensor
 from pyggml.core.types import TYPE_TRAITS, GGMLType
 from pyggml.testing import op_check
+from pyggml.testing.random_blocks import random_blocks
 
 T = GGMLType
 K = 256  # a whole block of every type
@@ -35,13 +43,17 @@ def test_rows_come_in_ggml_enum_order_with_ggml_block_sizes() -> None:
 def test_each_weight_type_has_one_dot_and_its_vec_dot_type_is_ggml_s() -> None:
     for t, row in tt.CPU_TYPE_TRAITS.items():
         if row.vec_dot_type is None:
-            assert row.cols is row.cols_x86 is row.reference_dot is row.x8 is None and not row.repack, t
+            assert row.cols is row.cols_x86 is row.reference_dot is row.reference_dot_x86 is row.x8 is None, t
+            assert not row.repack, t
             continue
         assert row.vec_dot_type == TYPE_TRAITS[t].vec_dot_type, t
         assert (row.cols is None) != (row.reference_dot is None), t  # a row loop or a scalar dot, not both
         assert row.cols_x86 is None or row.cols is not None, t
+        assert row.cols_tiled is None or (row.cols is not None and row.vec_dot_type == T.Q8_K), t
+        assert row.reference_dot_x86 is None or row.reference_dot is not None, t
         assert not row.repack or row.x8 is not None, t
-        assert row.x8 is None or row.block_size == 32, t
+        assert row.x8 is None or row.block_size == 32 or row.repack, t  # tiles of 32-value blocks, or held
+        assert row.x8_gemv is None or row.repack, t
 
 
 def test_the_kernels_block_bytes_are_the_table_s() -> None:
@@ -60,7 +72,10 @@ def test_the_derived_lists_match_the_rows() -> None:
     assert set(tt.QUANT_MUL_MAT_TYPES) == {t for t in tt.MUL_MAT_TYPES if TYPE_TRAITS[t].is_quantized}
     assert tt.COLS_KINDS == {int(t) for t, r in rows.items() if r.cols is not None}
     assert tt.X8_KINDS == {int(t): X8_REPACKED + int(t) for t, r in rows.items() if r.repack}
-    assert tt.X8_TILE_KINDS == {int(t): X8_TILE + int(t) for t, r in rows.items() if r.x8 is not None}
+    assert tt.X8_TILE_KINDS == {int(t): X8_TILE + int(t) for t, r in rows.items()
+                                if r.x8 is not None and t in tiles_x8.TILE_TYPES}
+    assert tt.X8_GEMV_KINDS == {int(t): X8_GEMV + int(t) for t, r in rows.items() if r.x8_gemv is not None}
+    assert tt.TILED_KINDS == {int(t): TILED + int(t) for t, r in rows.items() if r.cols_tiled is not None}
     assert set(repack.LAYOUTS) == {t for t, r in rows.items() if r.repack}  # every held layout has its loop
     assert tt.QUANTIZED_SRC1_TYPES == {T.Q8_0, T.Q8_1, T.Q8_K}
     assert tt.QUANTIZED_SRC1_TYPES <= set(rows)  # src1's types convert back too
@@ -75,6 +90,7 @@ def test_the_backend_s_type_lists_are_the_table_s() -> None:
         assert _common.is_convertible(t) == (t in tt.CPU_TYPE_TRAITS), t
         if TYPE_TRAITS[t].is_quantized:  # what the CPU converts, the core converts too
             assert (t in tt.CPU_TYPE_TRAITS) == is_implemented(t), t
+            assert _common.is_writable(t) == (t in tt.CPU_TYPE_TRAITS and t in FROM_FLOAT_TYPES), t
 
 
 @pytest.mark.parametrize("rounding", [quantize_src1.ROUND_REF, quantize_src1.ROUND_X86])
@@ -82,7 +98,8 @@ def test_the_dispatch_has_a_kernel_for_every_kind(rounding: int) -> None:
     """mul_mat_range's choice (made while numba types a job) gives a loop for each weight type and x8 kind,
     and refuses a type without a vec_dot; to_float's for every row."""
     args = [types.none] * 14
-    kinds = [*map(int, tt.MUL_MAT_TYPES), *tt.X8_KINDS.values(), *tt.X8_TILE_KINDS.values()]
+    kinds = [*map(int, tt.MUL_MAT_TYPES), *tt.X8_KINDS.values(), *tt.X8_TILE_KINDS.values(),
+             *tt.X8_GEMV_KINDS.values(), *tt.TILED_KINDS.values()]
     for kind in kinds:
         impl = mul_mat_job._mul_mat_range(types.IntegerLiteral(kind), *args, types.IntegerLiteral(rounding))
         assert callable(impl), kind
@@ -107,8 +124,9 @@ def _nodes(ctx: Context, t: GGMLType) -> dict[str, Tensor]:
 
 
 def test_supports_op_answers_from_the_table() -> None:
-    """For every ggml type: the CPU device takes MUL_MAT and MUL_MAT_ID of the table's weight types, and GET_ROWS
-    and CPY of the types it converts (besides the plain integer types, which GET_ROWS and CPY copy as they are)."""
+    """For every ggml type: the CPU device takes MUL_MAT and MUL_MAT_ID of the table's weight types, GET_ROWS and
+    CPY from the types it converts, CPY to those it writes (ggml's CPU: not the lattice IQ types), besides the plain
+    integer types, which GET_ROWS and CPY copy as they are."""
     backend = cpu_init()
     plain_ints = {T.I8, T.I16, T.I32, T.I64, T.F64}
     for t in GGMLType:
@@ -120,23 +138,26 @@ def test_supports_op_answers_from_the_table() -> None:
         assert answers["MUL_MAT"] == want_mm and answers["MUL_MAT_ID"] == want_mm, (t, answers)
         if t not in plain_ints:
             want = t in tt.CPU_TYPE_TRAITS
-            assert answers["GET_ROWS"] == want and answers["CPY from"] == want and answers["CPY to"] == want, \
-                (t, answers)
+            assert answers["GET_ROWS"] == want and answers["CPY from"] == want, (t, answers)
+            assert answers["CPY to"] == (want and tt.CPU_TYPE_TRAITS[t].from_float), (t, answers)
 
 
 @pytest.mark.parametrize("t", list(tt.CPU_TYPE_TRAITS), ids=lambda t: t.name)
 def test_the_cpu_dequantizer_gives_the_core_s_bits(t: GGMLType) -> None:
     """to_f32 (the table's to_float, compiled) against the core's numpy to_float, both ggml's arithmetic: rows
     of whole blocks, 3-D, bit for bit."""
-    x = (np.random.default_rng(int(t)).standard_normal((2, 3, 512)) * 4).astype(np.float32)
-    raw = core_types.from_float(t, x)
+    rng = np.random.default_rng(int(t))
+    if t in FROM_FLOAT_TYPES:
+        raw = core_types.from_float(t, (rng.standard_normal((2, 3, 512)) * 4).astype(np.float32))
+    else:
+        raw = random_blocks(t, (2, 3, 512), rng)
     got = to_float.to_f32(t, raw)
     assert got.shape == (2, 3, 512)
     np.testing.assert_array_equal(got.view(np.uint32), core_types.to_float(t, raw).view(np.uint32))
 
 
 def test_the_cpu_dequantizer_refuses_what_it_cannot_read() -> None:
-    with pytest.raises(UnsupportedTypeError, match="IQ2_XXS"):
-        to_float.to_f32(T.IQ2_XXS, np.zeros(66, np.uint8))
+    with pytest.raises(UnsupportedTypeError, match="I32"):
+        to_float.to_f32(T.I32, np.zeros(4, np.uint8))
     with pytest.raises(ShapeError, match="35 bytes .* 34-byte blocks of Q8_0"):
         to_float.to_f32(T.Q8_0, np.zeros(35, np.uint8))

@@ -103,3 +103,23 @@ def test_llamacpp_offloads_smollm2_to_pyggml(completion_tool: Path, x86_server: 
     assert served["GRAPH_RECOMPUTE"] >= N_PREDICT // 2
     assert remote, "llama.cpp generated nothing"
     assert remote == completion(completion_tool, smollm2_path, flash_attn, None)
+
+
+@pytest.mark.parametrize("flash_attn", ["off", "on"])
+def test_llamacpp_offloads_to_a_server_lacking_ops(completion_tool: Path, flash_attn: str,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """The served backend lacks SET_ROWS (the KV cache's writes) and SWIGLU: the server computes them on the host
+    CPU, llama.cpp writes its own text, and the log names both ops once."""
+    import logging
+
+    from lacking import LackingCPU
+
+    caplog.set_level(logging.WARNING, "pyggml.backends.rpc.server")
+    model = builtin_model_path()
+    with RpcServer([LackingCPU(["SET_ROWS", "SWIGLU"], 2)], "127.0.0.1", 0).start() as server:
+        remote = completion(completion_tool, model, flash_attn, server.endpoint)
+    assert server.fell_back == {"SET_ROWS", "SWIGLU"}
+    lines = [r.getMessage() for r in caplog.records if "does not compute op" in r.getMessage()]
+    assert sorted(line.split(" op ")[1].split()[0] for line in lines) == ["SET_ROWS", "SWIGLU"]
+    assert remote, "llama.cpp generated nothing"
+    assert remote == completion(completion_tool, model, flash_attn, None)

@@ -240,12 +240,14 @@ def test_supports_op_types() -> None:
     ctx = _ctx()
     f32 = ctx.new_tensor_2d(F32, 64, 4)
     assert tb.supports_op(ctx.mul_mat(ctx.new_tensor_2d(Q8_0, 64, 4), f32))
-    assert not tb.supports_op(ctx.mul_mat(ctx.new_tensor_2d(GGMLType.Q4_1, 64, 4), f32))
+    assert tb.supports_op(ctx.mul_mat(ctx.new_tensor_2d(GGMLType.Q4_1, 64, 4), f32))  # host to_float
+    assert not tb.supports_op(ctx.mul_mat(ctx.new_tensor_2d(GGMLType.Q8_K, 256, 4), ctx.new_tensor_2d(F32, 256, 4)))
     assert not tb.supports_op(ctx.mul_mat(ctx.new_tensor_2d(Q8_0, 64, 4), ctx.new_tensor_2d(F16, 64, 4)))
     assert tb.supports_op(ctx.mul_mat(ctx.new_tensor_2d(F16, 64, 4), ctx.new_tensor_2d(F16, 64, 4)))
     assert tb.supports_op(ctx.cpy(f32, ctx.new_tensor_2d(BF16, 64, 4)))
     assert not tb.supports_op(ctx.cpy(f32, ctx.new_tensor_2d(Q8_0, 64, 4)))
-    assert not tb.supports_op(ctx.get_rows(ctx.new_tensor_2d(GGMLType.Q5_0, 64, 4), ctx.new_tensor_1d(I32, 2)))
+    assert tb.supports_op(ctx.get_rows(ctx.new_tensor_2d(GGMLType.Q5_0, 64, 4), ctx.new_tensor_1d(I32, 2)))
+    assert not tb.supports_op(ctx.get_rows(ctx.new_tensor_2d(GGMLType.Q8_K, 256, 4), ctx.new_tensor_1d(I32, 2)))
     assert not tb.supports_op(ctx.unary(f32, UnaryOp.TANH))
     assert tb.supports_op(ctx.unary(f32, UnaryOp.SILU))
     assert not tb.supports_op(ctx.sub(f32, f32))
@@ -258,9 +260,9 @@ def test_kernels_raise_their_error_classes() -> None:
     from pyggml.backends.torch.kernels.matmul import mul_mat_problem
 
     ctx = _ctx()
-    node = ctx.mul_mat(ctx.new_tensor_2d(GGMLType.Q6_K, 256, 4), ctx.new_tensor_2d(F32, 256, 2))
+    node = ctx.mul_mat(ctx.new_tensor_2d(GGMLType.Q8_K, 256, 4), ctx.new_tensor_2d(F32, 256, 2))
     cls, reason = mul_mat_problem(node)  # type: ignore[misc]
-    assert cls is UnsupportedTypeError and "Q6_K" in reason
+    assert cls is UnsupportedTypeError and "Q8_K" in reason
     node = ctx.mul_mat(ctx.new_tensor_2d(F32, 8, 4), ctx.new_tensor_2d(F32, 8, 2))
     node.ne = [4, 3, 1, 1]
     cls, reason = mul_mat_problem(node)  # type: ignore[misc]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -205,5 +206,23 @@ def test_torch_computes_the_ops_of_its_layer() -> None:
         assert layer1 and all(model.sched.get_node_backend(n) is tb or model.sched.tensor_backend(n) is tb
                               for n in layer1)
         ctx.free()
+    finally:
+        model.free()
+
+
+@pytest.mark.slow
+def test_smollm2_runs_todays_graph_on_torch_alone(smollm2_path: Path) -> None:
+    """SmolLM2 (Q4_1 weights) on the torch backend alone: its graph has SET_ROWS and GLU, and is one split (no
+    node on the CPU)."""
+    import pyggml.models as pm
+    model = pm.load(smollm2_path, backends=[torch_init("cpu", matmul_precision="f32")], n_ctx=64, progress=False)
+    try:
+        tokens = list(model.generate(model.tokenize("Hello"), 3, stop_at_eos=False))
+        assert len(tokens) == 3
+        graph = model.runner.graph
+        assert graph is not None
+        ops = {n.op.name for n in graph.nodes}
+        assert {"SET_ROWS", "GLU", "MUL_MAT", "ROPE"} <= ops, ops
+        assert model.runner.sched.n_splits == 1
     finally:
         model.free()

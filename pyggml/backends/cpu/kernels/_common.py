@@ -9,7 +9,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from pyggml.backends.cpu.kernels import Compute, ComputeParams
-from pyggml.backends.cpu.kernels.vec_dot.type_table import CONVERTIBLE_TYPES
+from pyggml.backends.cpu.kernels.vec_dot.type_table import CONVERTIBLE_TYPES, WRITABLE_TYPES
 from pyggml.core.checks import check_host_alloc
 from pyggml.core.errors import OutOfBoundsError, OutOfMemoryError, ShapeError, UnsupportedTypeError
 from pyggml.core.tensor import Tensor
@@ -221,3 +221,7 @@ def is_plain_float(t: GGMLType) -> bool:
 
 def is_convertible(t: GGMLType) -> bool:
     return t in CONVERTIBLE_TYPES
+
+
+def is_writable(t: GGMLType) -> bool:
+    return t in WRITABLE_TYPES

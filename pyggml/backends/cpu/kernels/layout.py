@@ -25,6 +25,7 @@ from pyggml.backends.cpu.kernels._common import (
     ggml_broadcast,
     is_convertible,
     is_multiple,
+    is_writable,
     noop,
     reshape_view,
     same_memory,
@@ -139,7 +140,7 @@ def copy_prepare(node: Tensor, src_t: Tensor, dst: np.ndarray, src: np.ndarray, 
         return _copy_fn(_as_blocks(dst, dt), _as_blocks(src, st))
     if st == dt or (_is_plain(st) and _is_plain(dt) and st in _NUMPY_FLOATS and dt in _NUMPY_FLOATS):
         return _copy_fn(dst, src)
-    if not (is_convertible(st) and is_convertible(dt)):
+    if not (is_convertible(st) and is_writable(dt)):
         raise UnsupportedTypeError(f"CPU {node.op.name} '{node.name}': cannot convert {st.name} "
                                    f"('{src_t.name}') to {dt.name}")
     src_shape, dst_shape = _logical_shape(src_t), _logical_shape(node)
@@ -495,7 +496,7 @@ def supports(node: Tensor) -> bool:
         return False
     if op in (GGMLOp.DUP, GGMLOp.CONT, GGMLOp.CPY):
         st, dt = src0.type, node.type
-        return st == dt or (is_convertible(st) and is_convertible(dt))
+        return st == dt or (is_convertible(st) and is_writable(dt))
     if op == GGMLOp.GET_ROWS:
         idx = node.src[1]
         if idx is None or idx.type != GGMLType.I32:

@@ -21,6 +21,8 @@ from pyggml.backends.cpu.kernels.vec_dot.type_table import (
     COLS_KINDS,
     CPU_TYPE_TRAITS,
     MUL_MAT_TYPES,
+    TILED_KINDS,
+    X8_GEMV_KINDS,
     X8_GROUP_KINDS,
     X8_KINDS,
     X8_TILE_KINDS,
@@ -43,6 +45,8 @@ HALF_BLAS_MIN_COLS = 12
 F32_BLAS_MIN_COLS = 32
 # src1 columns from which X8_TILE_KINDS matrices take the repacked tiles (fewer keep vec_dot's row order)
 X8_TILE_MIN_COLS = 16
+# src1 columns from which ggml-cpu takes its tiled matmul for K-quants (ggml_tiled_min_batch)
+TILED_MIN_COLS = 8
 # multiply-adds (mat-vec equivalents, _direct_work) below which a direct product stays on the calling thread
 PARALLEL_MIN_WORK = 1 << 16
 TILE_BYTES = 8 << 20
@@ -316,8 +320,14 @@ def _mul_mat_numba(wtype: GGMLType, xtype: GGMLType, K: int, dst: np.ndarray, sr
     r3, r2 = ne13 // ne03, ne12 // ne02
     n_slices = ne13 * ne12
     ny = n_slices * N
-    # Q4_0 repacked (CPU_REPACK): its own loop at every column count
-    kind = X8_KINDS[int(wtype)] if repacked else int(wtype)
+    # repacked (CPU_REPACK): its own loops at every column count; batch-invariant: one order for every column
+    kind = int(wtype)
+    if repacked:
+        kind = X8_GEMV_KINDS.get(kind, X8_KINDS[kind]) if params.batch_invariant else X8_KINDS[kind]
+    # prompts of plain K-quants under "x86": ggml-cpu's tiled order (not batch-invariant: another from 8 columns)
+    if (not repacked and kind in TILED_KINDS and not params.batch_invariant and N >= TILED_MIN_COLS
+            and NUMERICS_CODES[params.numerics] == quantize_src1.ROUND_X86):
+        kind = TILED_KINDS[kind]
     # prompts of X8_TILE_KINDS: tiles repacked per work item (not batch-invariant: another scaling order)
     tiles = not params.batch_invariant and N >= X8_TILE_MIN_COLS
     if not repacked and kind in X8_TILE_KINDS and tiles and M % repack.X8_ROWS == 0:
@@ -337,8 +347,8 @@ def _mul_mat_numba(wtype: GGMLType, xtype: GGMLType, K: int, dst: np.ndarray, sr
     if out is None or not out.flags.c_contiguous:
         raise ShapeError(f"CPU MUL_MAT: dst with shape {dst.shape} and strides {dst.strides} is not contiguous")
 
-    blas = (kind not in X8_GROUP_KINDS and wtype != F32 and not params.batch_invariant
-            and N >= (BLAS_MIN_COLS if quantized else HALF_BLAS_MIN_COLS))
+    blas = (kind not in X8_GROUP_KINDS and int(wtype) not in TILED_KINDS and wtype != F32
+            and not params.batch_invariant and N >= (BLAS_MIN_COLS if quantized else HALF_BLAS_MIN_COLS))
     # Q4_1/Q5_1: one more column per block carries m * (s - d * sum(q)) (DESIGN.md, MUL_MAT and OUT_PROD)
     mins = blas and vdt == GGMLType.Q8_1
     Kb = K + (nb if mins else 0)  # columns of the BLAS operands

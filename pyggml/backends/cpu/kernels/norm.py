@@ -33,12 +33,11 @@ from pyggml.core.rope import (  # shared with other backends' kernels
     powf,
     rope_check,
     rope_pairs,
+    rope_theta_sources,
     rope_yarn_corr_dims,
 )
 from pyggml.core.tensor import (
-    GGML_ROPE_TYPE_IMROPE,
     GGML_ROPE_TYPE_MROPE,
-    GGML_ROPE_TYPE_VISION,
     GGMLOp,
     Tensor,
 )
@@ -360,34 +359,6 @@ def _rotate_fma(x0, x1, c, s, d0, d1):
                     d1[i3, i2, i1, k] = fma_f32(a, ss, b * cc)
 
 
-def _theta_sources(p: RopeParams, n_pairs: int) -> tuple[np.ndarray, np.ndarray]:
-    """For each pair k: which position stream turns it (0 for plain rope; multi-rope's t, h, w, e) and the
-    power of theta_scale it has (k, or k since its section began for VISION, whose thetas restart)."""
-    k = np.arange(n_pairs)
-    if not p.mode & GGML_ROPE_TYPE_MROPE:
-        return np.zeros(n_pairs, np.int64), k
-    s0, s1, s2, s3 = p.sections
-    sect_dims = s0 + s1 + s2 + s3
-    sector = k % sect_dims
-    if p.mode == GGML_ROPE_TYPE_IMROPE:
-        stream = np.full(n_pairs, 3)
-        stream = np.where((sector % 3 == 0) & (sector < 3 * s0), 0, stream)
-        stream = np.where((sector % 3 == 2) & (sector < 3 * s2), 2, stream)
-        stream = np.where((sector % 3 == 1) & (sector < 3 * s1), 1, stream)
-    else:
-        stream = np.select([sector < s0, sector < s0 + s1, sector < s0 + s1 + s2], [0, 1, 2], 3)
-    power = k
-    if p.mode == GGML_ROPE_TYPE_VISION:  # thetas restart where their section begins (every sect_dims pairs)
-        begin = np.array([0, s0, s0 + s1, s0 + s1 + s2])
-        last_reset = np.zeros(n_pairs, np.int64)
-        for j in range(4):
-            resets = (k - k % sect_dims) + begin[j]  # this cycle's reset of stream j
-            resets = np.where(resets > k, resets - sect_dims, resets)
-            last_reset = np.where(stream == j, np.maximum(resets, 0), last_reset)
-        power = k - last_reset
-    return stream, power
-
-
 def _c_div(a: float, b: float) -> float:
     """a / b as C divides doubles: a zero divisor gives an infinity (or NaN), not an error."""
     with np.errstate(all="ignore"):
@@ -407,7 +378,7 @@ def rope_cos_sin(p: RopeParams, n_pairs: int, positions: np.ndarray,
     cache; `positions` (streams, tokens): one stream, or multi-rope's four."""
     f32 = np.float32
     theta_scale = powf(f32(p.freq_base), f32(-2.0) / f32(p.n_dims))  # libm's, as ggml
-    stream, power = _theta_sources(p, n_pairs)
+    stream, power = rope_theta_sources(p, n_pairs)
     n_tok = positions.shape[1]
     # theta_scale^j as ggml's running product, for every power used
     steps = np.full(int(power.max(initial=0)) + 1, theta_scale, F32)

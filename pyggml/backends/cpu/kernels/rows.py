@@ -9,7 +9,7 @@ import numpy as np
 from numba import njit
 
 from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
-from pyggml.backends.cpu.kernels._common import f32_to_bf16, is_convertible, noop
+from pyggml.backends.cpu.kernels._common import f32_to_bf16, is_writable, noop
 from pyggml.backends.cpu.kernels.vec_dot.ir import f16_bits
 from pyggml.core import quants
 from pyggml.core.errors import GGMLError, OutOfBoundsError, ShapeError, UnsupportedTypeError
@@ -27,7 +27,7 @@ def _set_rows_problem(node: Tensor) -> tuple[type[GGMLError], str] | None:
         return UnsupportedTypeError, f"rows '{b.name}' have type {b.type.name}, not F32 or F16"
     if c.type not in ROW_INDEX_TYPES:
         return UnsupportedTypeError, f"indices '{c.name}' have type {c.type.name}, not I64 or I32"
-    if not is_convertible(node.type):
+    if not is_writable(node.type):
         return UnsupportedTypeError, f"dst type {node.type.name} has no conversion from f32 here"
     ne11, ne12 = max(c.ne[1], 1), max(c.ne[2], 1)
     if (node.ne[0] != b.ne[0] or node.ne[2] != b.ne[2] or node.ne[3] != b.ne[3] or c.ne[0] != b.ne[1]

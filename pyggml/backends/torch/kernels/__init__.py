@@ -14,14 +14,20 @@ compute, so the scheduler sends everything else to the CPU:
 | op | types |
 |---|---|
 | NONE, VIEW, RESHAPE, PERMUTE, TRANSPOSE | any (nothing to compute) |
-| ADD, MUL | F32/F16 src0, src1, dst (src1 tiles over src0 as in ggml) |
-| SCALE, RMS_NORM, NORM | F32/F16 src0 and dst |
-| UNARY GELU, SILU, RELU | F32/F16 src0 and dst |
+| ADD, MUL | F32/F16/BF16 src0, src1, dst (src1 tiles over src0 as in ggml) |
+| SCALE | F32/F16/BF16 src0 and dst |
+| RMS_NORM, NORM | F32/F16 src0 and dst |
+| UNARY GELU, SILU, RELU | F32/F16/BF16 src0 and dst |
 | SOFT_MAX | F32/F16 src0 and dst, optional F32/F16 mask; scale in op_params |
-| ROPE | F32/F16 src0 and dst, I32 positions; normal and NeoX modes (not GLM) |
-| GET_ROWS | F32/F16/BF16/Q8_0/Q4_0 rows, I32 indices, F32/F16 dst |
-| CPY, CONT, DUP | F32/F16/BF16 to F32/F16/BF16 (never a quantized destination: see the weight cache) |
-| MUL_MAT | F32/F16/BF16/Q8_0/Q4_0 src0 with contiguous rows; F32 src1 (or src0's F16/BF16 type); F32 dst |
+| ROPE | F32/F16 src0 and dst, I32 positions, F32 frequency factors; every mode of ggml's CPU |
+| GET_ROWS | F32/F16/BF16 and every quantized type pyggml converts as rows, I32 indices, F32/F16 dst |
+| CPY, CONT, DUP | F32/F16/BF16 to F32/F16/BF16, I32 to I32 (never a quantized destination: see the weight cache) |
+| GLU | all seven functions: F32/F16/BF16 (SWIGLU_OAI F32, SWIGLU_CLAMP F32/F16), src0, src1, dst of one type |
+| SET_ROWS | F32/F16 rows, I32/I64 indices, F32/F16/BF16/Q8_0 dst |
+| MUL_MAT_ID | MUL_MAT's weight types as `as`, F32 b, I32 ids, F32 dst |
+| ADD_ID | F32 a, b, dst, I32 ids |
+| FLASH_ATTN_EXT | F32 q, dst; F32/F16/BF16/Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/IQ4_NL k, v; F16 mask, F32 sinks, softcap |
+| MUL_MAT | F32/F16/BF16 or any quantized type pyggml converts; F32 src1 (or src0's F16/BF16); F32 dst |
 """
 
 from __future__ import annotations
@@ -70,11 +76,11 @@ def view_kernel(node: Tensor, pc: PlanContext) -> Compute:
 
 
 def _table() -> tuple[dict[GGMLOp, Kernel], dict[GGMLOp, Callable[[Tensor], bool]]]:
-    from pyggml.backends.torch.kernels import elementwise, matmul, norm
+    from pyggml.backends.torch.kernels import attention, elementwise, glu, matmul, moe, norm, set_rows
 
     kernels: dict[GGMLOp, Kernel] = {}
     supports: dict[GGMLOp, Callable[[Tensor], bool]] = {}
-    for module in (elementwise, norm, matmul):
+    for module in (elementwise, norm, matmul, glu, set_rows, attention, moe):
         kernels.update(module.KERNELS)
         supports.update(dict.fromkeys(module.KERNELS, module.supports))
     return kernels, supports

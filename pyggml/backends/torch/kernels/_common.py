@@ -8,14 +8,25 @@ from collections.abc import Sequence
 import torch
 
 from pyggml.backends.torch.kernels import Compute, PlanContext
-from pyggml.core.errors import ShapeError, UnsupportedTypeError
+from pyggml.core.errors import GGMLError, ShapeError, UnsupportedTypeError
 from pyggml.core.tensor import Tensor
 from pyggml.core.types import GGMLType
 
 F32, F16, BF16, I32 = GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.I32
 Q8_0, Q4_0 = GGMLType.Q8_0, GGMLType.Q4_0
 FLOAT_TYPES = (F32, F16)  # what the math kernels take, as the CPU's
+ARITH_TYPES = (F32, F16, BF16)  # what ADD, MUL, SCALE and the unary kernels take, as the CPU's
 COPY_TYPES = (F32, F16, BF16)  # what CPY/CONT/DUP convert between
+
+
+Problem = tuple[type[GGMLError], str] | None  # why a kernel cannot compute a node (error class, reason)
+
+
+def raise_problem(node: Tensor, problem: Problem) -> None:
+    """The problem's error, naming the op and node, unless there is none."""
+    if problem is not None:
+        cls, reason = problem
+        raise cls(f"torch {node.op.name} '{node.name}': {reason}")
 
 
 def all_of(types: Sequence[GGMLType], *tensors: Tensor | None) -> bool:
@@ -38,9 +49,10 @@ def same_shape(node: Tensor, x: torch.Tensor, d: torch.Tensor) -> None:
                          f"{list(d.shape)[::-1]} differ")
 
 
-def unary_operands(node: Tensor, pc: PlanContext) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dst, src0) views of a node whose one float source has dst's shape (SCALE, UNARY, the norms)."""
-    require(node, FLOAT_TYPES, node, node.src[0])
+def unary_operands(node: Tensor, pc: PlanContext, types: Sequence[GGMLType] = FLOAT_TYPES
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dst, src0) views of a node whose one float source (of `types`) has dst's shape (SCALE, UNARY, the norms)."""
+    require(node, types, node, node.src[0])
     assert node.src[0] is not None
     d, x = pc.view(node), pc.view(node.src[0])
     same_shape(node, x, d)
@@ -85,6 +97,20 @@ def copy_fn(d: torch.Tensor, s: torch.Tensor) -> Compute:
         d.copy_(s.reshape(d.shape))
 
     return run
+
+
+def softmax_rows(t: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
+    """softmax of t's rows (f32) with the sinks' extra logit per row (broadcast; no value of its own); a row of
+    -inf only gives zeros, as ggml's (its sum is 0)."""
+    mx = torch.amax(t, dim=-1, keepdim=True)
+    if sinks is not None:
+        mx = torch.maximum(mx, sinks)
+    mx = torch.where(torch.isinf(mx) & (mx < 0), torch.zeros_like(mx), mx)
+    e = torch.exp(t - mx)
+    total = e.sum(dim=-1, keepdim=True)
+    if sinks is not None:
+        total = total + torch.exp(sinks - mx)
+    return torch.where(total > 0, e / total, torch.zeros_like(e))
 
 
 def _reshape_view(t: torch.Tensor, shape: torch.Size) -> torch.Tensor | None:

@@ -14,14 +14,13 @@ import torch
 
 from pyggml.backends.torch.kernels import Compute, Kernel, PlanContext, noop
 from pyggml.backends.torch.kernels._common import (
+    ARITH_TYPES,
     BF16,
     COPY_TYPES,
     F16,
     F32,
     FLOAT_TYPES,
     I32,
-    Q4_0,
-    Q8_0,
     all_of,
     copy_fn,
     ggml_tile,
@@ -29,12 +28,12 @@ from pyggml.backends.torch.kernels._common import (
     tiles,
     unary_operands,
 )
-from pyggml.backends.torch.kernels.quants import dequantize
+from pyggml.backends.torch.kernels.quants import DEQUANT_TYPES, dequantize
 from pyggml.core.errors import ArgumentError, GGMLError, OutOfBoundsError, ShapeError, UnsupportedTypeError
 from pyggml.core.ops.params import ScaleParams, UnaryParams
 from pyggml.core.tensor import GGMLOp, Tensor, UnaryOp
 
-GET_ROWS_TYPES = (F32, F16, BF16, Q8_0, Q4_0)
+GET_ROWS_TYPES = (F32, F16, BF16, *DEQUANT_TYPES)
 UNARY_OPS = (UnaryOp.GELU, UnaryOp.SILU, UnaryOp.RELU)
 
 
@@ -43,7 +42,7 @@ UNARY_OPS = (UnaryOp.GELU, UnaryOp.SILU, UnaryOp.RELU)
 
 def _binary(node: Tensor, pc: PlanContext, fn: object) -> Compute:
     """dst = fn(src0, src1) with src1 tiled over src0 (each src0.ne[i] a multiple of src1.ne[i])."""
-    require(node, FLOAT_TYPES, node, node.src[0], node.src[1])
+    require(node, ARITH_TYPES, node, node.src[0], node.src[1])
     assert node.src[0] is not None and node.src[1] is not None
     d, a, b = pc.view(node), pc.view(node.src[0]), pc.view(node.src[1])
     if a.shape != d.shape or not tiles(node, a, b):
@@ -68,7 +67,7 @@ def mul_kernel(node: Tensor, pc: PlanContext) -> Compute:
 
 def scale_kernel(node: Tensor, pc: PlanContext) -> Compute:
     """dst = src0 * s + b (ScaleParams)."""
-    d, x = unary_operands(node, pc)
+    d, x = unary_operands(node, pc, ARITH_TYPES)
     p = ScaleParams.of(node)
     if d.numel() == 0:
         return noop
@@ -91,7 +90,7 @@ def unary_op_of(node: Tensor) -> UnaryOp | None:
 
 def unary_kernel(node: Tensor, pc: PlanContext) -> Compute:
     """UNARY GELU (tanh approximation), SILU (x / (1 + exp(-x))) and RELU (max(x, 0))."""
-    d, x = unary_operands(node, pc)
+    d, x = unary_operands(node, pc, ARITH_TYPES)
     op = unary_op_of(node)
     if op not in UNARY_OPS:
         raise ArgumentError(f"torch UNARY '{node.name}': unary op {node.get_op_params_i32(0)} is not one of "
@@ -121,13 +120,19 @@ def dup_kernel(node: Tensor, pc: PlanContext) -> Compute:
     """DUP, CONT and CPY (dst a view of src1): src0's elements in row-major order into dst's, converted."""
     src = node.src[0]
     assert src is not None
-    require(node, COPY_TYPES, node, src)
+    if not copies(node, src):
+        require(node, COPY_TYPES, node, src)
     if src.nelements() != node.nelements():
         raise ShapeError(f"torch {node.op.name} '{node.name}': {src.nelements()} elements in '{src.name}' but "
                          f"{node.nelements()} in dst")
     if node.nelements() == 0:
         return noop
     return copy_fn(pc.view(node), pc.view(src))
+
+
+def copies(node: Tensor, src: Tensor) -> bool:
+    """Whether the copy kernel takes these types: between F32/F16/BF16, or I32 to I32."""
+    return all_of(COPY_TYPES, node, src) or node.type == src.type == I32
 
 
 # --- GET_ROWS ---
@@ -154,7 +159,7 @@ def get_rows_kernel(node: Tensor, pc: PlanContext) -> Compute:
     ids = idx[0]  # (ne12, ne11, ne10)
     n_rows = a_t.ne[1]
     name = node.name
-    quantized = a_t.type in (Q8_0, Q4_0)
+    quantized = a_t.type in DEQUANT_TYPES
     st = a_t.type
 
     def check() -> None:
@@ -210,13 +215,13 @@ def supports(node: Tensor) -> bool:
     if s0 is None:
         return False
     if op in (GGMLOp.ADD, GGMLOp.MUL):
-        return s1 is not None and all_of(FLOAT_TYPES, node, s0, s1)
+        return s1 is not None and all_of(ARITH_TYPES, node, s0, s1)
     if op == GGMLOp.SCALE:
-        return all_of(FLOAT_TYPES, node, s0)
+        return all_of(ARITH_TYPES, node, s0)
     if op == GGMLOp.UNARY:
-        return all_of(FLOAT_TYPES, node, s0) and s0.type == node.type and unary_op_of(node) in UNARY_OPS
+        return all_of(ARITH_TYPES, node, s0) and s0.type == node.type and unary_op_of(node) in UNARY_OPS
     if op in (GGMLOp.DUP, GGMLOp.CONT, GGMLOp.CPY):
-        return all_of(COPY_TYPES, node, s0)
+        return copies(node, s0)
     if op == GGMLOp.GET_ROWS:
         return s1 is not None and s1.type == I32 and s0.type in GET_ROWS_TYPES and node.type in FLOAT_TYPES
     return False

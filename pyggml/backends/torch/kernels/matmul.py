@@ -21,8 +21,9 @@ whole rule, the dtype the product is formed in (the "compute dtype"):
     and the rounded src1 is widened too: an f32 matmul of exactly ggml's
     operands. Always with P = "f32"; never a conversion between the two half
     types (F16 -> BF16 drops 3 mantissa bits, BF16 -> F16 the range).
-- Q8_0, Q4_0: the weight is dequantized (ggml's dequantize_row arithmetic,
-  exact in f32) into P through the weight cache; src1 is converted to P.
+- quantized (Q8_0, Q4_0 on the device; the other types pyggml converts through
+  ggml's to_float on the host, see `quants`): the weight is dequantized
+  (exact in f32) into P through the weight cache; src1 is converted to P.
   Documented deviation: ggml quantizes src1 to Q8_0 and sums integer block
   products; here src1 keeps its f32 values, so results differ from ggml's by
   src1's quantization error (NMSE ~1e-5, MUL_MAT's threshold is 5e-4).
@@ -40,14 +41,14 @@ from collections.abc import Callable
 import torch
 
 from pyggml.backends.torch.kernels import Compute, Kernel, PlanContext, noop
-from pyggml.backends.torch.kernels._common import BF16, F16, F32, Q4_0, Q8_0
-from pyggml.backends.torch.kernels.quants import dequantize
+from pyggml.backends.torch.kernels._common import BF16, F16, F32
+from pyggml.backends.torch.kernels.quants import DEQUANT_TYPES, dequantize
 from pyggml.backends.torch.precision import PRECISION_DTYPES
 from pyggml.core.errors import GGMLError, ShapeError, UnsupportedTypeError
 from pyggml.core.tensor import GGMLOp, Tensor
 from pyggml.core.types import TYPE_TRAITS, GGMLType
 
-MUL_MAT_TYPES = (F32, F16, BF16, Q8_0, Q4_0)
+MUL_MAT_TYPES = (F32, F16, BF16, *DEQUANT_TYPES)
 # below this many src1 columns per matrix, F16/BF16 weights are multiplied in their own type unless the precision
 # is f32 (see above): the half matmul reads half the bytes and torch's f32 GEMM is slow at small n; the widened
 # f32 GEMM wins at many columns (crossover: benchmarks/README.md)
@@ -93,25 +94,13 @@ def product_dtype(wtype: GGMLType, n_cols: int, precision: str) -> torch.dtype:
     return wanted  # quantized: dequantized into the precision's dtype
 
 
-def mul_mat_kernel(node: Tensor, pc: PlanContext) -> Compute:
-    """dst = src1 x src0^T per matrix, with the weight policy of the module docstring."""
-    problem = mul_mat_problem(node)
-    if problem is not None:
-        cls, reason = problem
-        a_t, b_t = node.src[0], node.src[1]
-        types = f"{a_t.type.name if a_t else None} x {b_t.type.name if b_t else None} -> {node.type.name}"
-        raise cls(f"torch MUL_MAT '{node.name}' ({types}): {reason}")
-    a_t, b_t = node.src[0], node.src[1]
-    assert a_t is not None and b_t is not None
-    d, a, b = pc.view(node), pc.view(a_t), pc.view(b_t)
-    if d.numel() == 0:
-        return noop
-    if a_t.ne[0] == 0:
-        return d.zero_  # k == 0: empty sums
-
+def operands(pc: PlanContext, a_t: Tensor, a: torch.Tensor, b: torch.Tensor, n_cols: int
+             ) -> tuple[Callable[[], torch.Tensor], Callable[[], torch.Tensor], torch.dtype]:
+    """(weight, input, dtype) of a product of weight `a_t` (view `a`) and `n_cols` columns of `b`: functions giving
+    both converted to the product dtype as the module docstring says (the weight through the weight cache)."""
     wtype = a_t.type
     f32 = torch.float32
-    cdt = product_dtype(wtype, b_t.ne[1], pc.backend.matmul_precision)
+    cdt = product_dtype(wtype, n_cols, pc.backend.matmul_precision)
     convert_w: Callable[[], torch.Tensor] | None = None
     if wtype == F32:
         def convert_x() -> torch.Tensor:
@@ -132,6 +121,27 @@ def mul_mat_kernel(node: Tensor, pc: PlanContext) -> Compute:
             return b.to(cdt)
 
     get_w: Callable[[], torch.Tensor] = (lambda: a) if convert_w is None else pc.derived(a_t, cdt, convert_w)
+    return get_w, convert_x, cdt
+
+
+def mul_mat_kernel(node: Tensor, pc: PlanContext) -> Compute:
+    """dst = src1 x src0^T per matrix, with the weight policy of the module docstring."""
+    problem = mul_mat_problem(node)
+    if problem is not None:
+        cls, reason = problem
+        a_t, b_t = node.src[0], node.src[1]
+        types = f"{a_t.type.name if a_t else None} x {b_t.type.name if b_t else None} -> {node.type.name}"
+        raise cls(f"torch MUL_MAT '{node.name}' ({types}): {reason}")
+    a_t, b_t = node.src[0], node.src[1]
+    assert a_t is not None and b_t is not None
+    d, a, b = pc.view(node), pc.view(a_t), pc.view(b_t)
+    if d.numel() == 0:
+        return noop
+    if a_t.ne[0] == 0:
+        return d.zero_  # k == 0: empty sums
+
+    get_w, convert_x, cdt = operands(pc, a_t, a, b, b_t.ne[1])
+    f32 = torch.float32
 
     ne02, ne03 = a_t.ne[2], a_t.ne[3]
     ne12, ne13 = b_t.ne[2], b_t.ne[3]

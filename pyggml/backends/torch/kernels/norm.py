@@ -1,4 +1,4 @@
-"""Torch kernels: RMS_NORM, NORM, SOFT_MAX (mask, scale, ALiBi, sinks) and ROPE (normal and NeoX, YaRN).
+"""Torch kernels: RMS_NORM, NORM, SOFT_MAX (mask, scale, ALiBi, sinks) and ROPE (every mode, YaRN).
 
 Everything is computed in f32 and stored once into dst's type, with the CPU
 kernels' formulas (pyggml.backends.cpu.kernels.norm), so the two backends
@@ -16,12 +16,13 @@ from pyggml.backends.torch.kernels._common import (
     FLOAT_TYPES,
     all_of,
     require,
+    softmax_rows,
     unary_operands,
 )
 from pyggml.core.errors import GGMLError, ShapeError
 from pyggml.core.ops.params import NormParams, RopeParams, SoftMaxParams
-from pyggml.core.rope import alibi_slopes, rope_check, rope_pairs, rope_yarn_corr_dims
-from pyggml.core.tensor import GGML_ROPE_TYPE_NEOX, GGML_ROPE_TYPE_NORMAL, GGMLOp, Tensor
+from pyggml.core.rope import alibi_slopes, rope_check, rope_pairs, rope_theta_sources, rope_yarn_corr_dims
+from pyggml.core.tensor import GGML_ROPE_TYPE_MROPE, GGMLOp, Tensor
 from pyggml.core.types import GGMLType
 
 F32 = torch.float32
@@ -105,13 +106,7 @@ def soft_max_kernel(node: Tensor, pc: PlanContext) -> Compute:
             if slopes is not None:
                 m = m * slopes
             t = t + m
-        if sinks is None:
-            d.copy_(torch.softmax(t, dim=-1))
-            return
-        mx = torch.maximum(torch.amax(t, dim=-1, keepdim=True), sinks)
-        e = torch.exp(t - mx)
-        total = e.sum(dim=-1, keepdim=True) + torch.exp(sinks - mx)
-        d.copy_(e / total)
+        d.copy_(softmax_rows(t, sinks))
 
     return run
 
@@ -120,17 +115,16 @@ def soft_max_kernel(node: Tensor, pc: PlanContext) -> Compute:
 
 
 def rope_kernel(node: Tensor, pc: PlanContext) -> Compute:
-    """Rotate pairs of each row by position-dependent angles, as the CPU kernel: NORMAL and NEOX modes, YaRN,
-    an offset (RopeParams; positions I32 in src[1], read at compute time). Pair k turns by
-    p * freq_base^(-2k/n_dims) * freq_scale (mixed by YaRN's ramp when ext_factor != 0); the angles' powers
+    """Rotate pairs of each row by position-dependent angles, as the CPU kernel: the modes NORMAL, NEOX, MROPE,
+    IMROPE and VISION (pyggml.core.rope: which pairs turn, which position stream turns each), frequency factors
+    (src[2]), YaRN, an offset (RopeParams; positions I32 in src[1], read at compute time). Pair k turns by
+    p * freq_base^(-2k/n_dims) / ff[k] * freq_scale (mixed by YaRN's ramp when ext_factor != 0); the powers
     are made once, in f32 by repeated multiplication as ggml makes theta."""
     d, x = unary_operands(node, pc)
     p = RopeParams.of(node)
     ne3, ne2, ne1, ne0 = x.shape
     rope_check(node, p, ne0, ne2, "torch")
-    if p.mode not in (GGML_ROPE_TYPE_NORMAL, GGML_ROPE_TYPE_NEOX) or node.src[2] is not None:
-        raise ShapeError(f"torch ROPE '{node.name}': only NORMAL and NEOX modes without frequency factors")
-    pos_t = node.src[1]
+    pos_t, ff_t = node.src[1], node.src[2]
     assert pos_t is not None
     if d.numel() == 0:
         return noop
@@ -145,7 +139,10 @@ def rope_kernel(node: Tensor, pc: PlanContext) -> Compute:
     # ts^k as ggml's running product theta *= theta_scale, in f32
     powers = torch.full((n_pairs,), theta_scale, dtype=F32)
     powers[0] = 1.0
-    powers = torch.cumprod(powers, 0, dtype=F32).to(dev)
+    powers = torch.cumprod(powers, 0, dtype=F32)
+    stream, power = rope_theta_sources(p, n_pairs)
+    scales = powers[torch.from_numpy(power)].to(dev)
+    streams = torch.from_numpy(stream).to(dev)
     k = torch.arange(n_pairs, dtype=F32, device=dev)
     mscale = p.attn_factor
     ramp_mix = None
@@ -154,10 +151,14 @@ def rope_kernel(node: Tensor, pc: PlanContext) -> Compute:
         y = (k - low) / max(0.001, high - low)
         ramp_mix = (1 - torch.clamp(y, 0, 1)) * p.ext_factor
         mscale = mscale * (1.0 + 0.1 * math.log(1.0 / p.freq_scale))
-    positions = pc.view(pos_t)[0, 0, 0, :ne2]  # a view: the positions are read at compute time
+    n_streams = 4 if p.mode & GGML_ROPE_TYPE_MROPE else 1
+    positions = pc.view(pos_t).reshape(-1)[:n_streams * ne2].view(n_streams, ne2)  # read at compute time
+    freq_factors = None if ff_t is None else pc.view(ff_t).reshape(-1)[:n_pairs]
 
     def run() -> None:
-        theta = positions.to(F32)[:, None] * powers[None, :]
+        theta = positions.to(F32)[streams].t() * scales[None, :]  # (ne2, n_pairs)
+        if freq_factors is not None:
+            theta = theta / freq_factors[None, :]
         ang = theta * p.freq_scale
         if ramp_mix is not None:
             ang = ang * (1 - ramp_mix) + theta * ramp_mix
@@ -191,8 +192,8 @@ KERNELS: dict[GGMLOp, Kernel] = {
 
 
 def supports(node: Tensor) -> bool:
-    """F32/F16 data; SOFT_MAX's mask F32/F16, sinks F32; ROPE's positions I32, NORMAL or NEOX mode, no
-    frequency factors."""
+    """F32/F16 data; SOFT_MAX's mask F32/F16, sinks F32; ROPE's positions I32, any of ggml's modes, F32 frequency
+    factors."""
     src0 = node.src[0]
     if node.op not in KERNELS or not all_of(FLOAT_TYPES, node, src0) or src0 is None:
         return False
@@ -202,7 +203,7 @@ def supports(node: Tensor) -> bool:
             rope_check(node, p, src0.ne[0], src0.ne[2], "torch")
         except GGMLError:
             return False
-        return p.mode in (GGML_ROPE_TYPE_NORMAL, GGML_ROPE_TYPE_NEOX) and node.src[2] is None
+        return not (p.mode & GGML_ROPE_TYPE_MROPE and min(p.sections) < 0)
     if node.op == GGMLOp.SOFT_MAX:
         sinks = node.src[2]
         return all_of(FLOAT_TYPES, node.src[1]) and (sinks is None or sinks.type == GGMLType.F32)

@@ -1,4 +1,6 @@
-"""Q8_0 and Q4_0 rows to floats on the device, with ggml's dequantize_row arithmetic.
+"""Quantized rows to floats: Q8_0 and Q4_0 on the device with ggml's dequantize_row arithmetic, every other
+quantized type pyggml converts through ggml's to_float on the host (`pyggml.core.quants`), then moved to the
+device (MUL_MAT's weights are converted once, through the weight cache; GET_ROWS converts the rows it picks).
 
 Both are exact in f32: a block's value is an int (|q| <= 127 for Q8_0, -8..7
 for Q4_0) times the block's f16 scale `d`, at most 7 + 11 significant bits.
@@ -10,11 +12,15 @@ from __future__ import annotations
 import torch
 
 from pyggml.core.errors import UnsupportedTypeError
+from pyggml.core.quants import IMPLEMENTED_TYPES, to_float
 from pyggml.core.types import TYPE_TRAITS, GGMLType
 
 QK8_0 = 32
 QK4_0 = 32
-DEQUANT_TYPES = (GGMLType.Q8_0, GGMLType.Q4_0)
+DEVICE_TYPES = (GGMLType.Q8_0, GGMLType.Q4_0)  # dequantized on the device
+# the quantized weight types (not Q8_1 and Q8_K: only src1's partners in ggml, never a weight)
+DEQUANT_TYPES = tuple(t for t in IMPLEMENTED_TYPES
+                      if TYPE_TRAITS[t].is_quantized and t not in (GGMLType.Q8_1, GGMLType.Q8_K))
 
 
 def _scales(blocks: torch.Tensor) -> torch.Tensor:
@@ -45,5 +51,9 @@ def dequantize(type: GGMLType, raw: torch.Tensor) -> torch.Tensor:
         return dequantize_q8_0(raw)
     if type == GGMLType.Q4_0:
         return dequantize_q4_0(raw)
+    if type in DEQUANT_TYPES:
+        rows = raw.reshape(-1, raw.shape[-1]).cpu().numpy()
+        out = torch.from_numpy(to_float(type, rows)).to(raw.device)
+        return out.view(*raw.shape[:-1], out.shape[-1])
     raise UnsupportedTypeError(f"torch backend: no dequantization for type {type.name} "
                                f"(takes {', '.join(t.name for t in DEQUANT_TYPES)})")

@@ -85,7 +85,7 @@ def load_bf16(typingctx, w, i):
 
 
 def _make_load32(numba_type: types.Type, ir_type: ir.Type):
-    """An intrinsic `load(w, i)`: the little-endian 4-byte value at byte offset `i` of uint8 array `w`."""
+    """An intrinsic `load(w, i)`: the little-endian value of `ir_type` at byte offset `i` of uint8 array `w`."""
 
     @intrinsic
     def load32(typingctx, w, i):
@@ -100,6 +100,8 @@ def _make_load32(numba_type: types.Type, ir_type: ir.Type):
     return load32
 
 
+load_u16 = _make_load32(types.uint16, IR_I16)
+load_u16.__doc__ = "The little-endian uint16 at byte offset `i` of uint8 array `w` (IQ1_M's scales)."
 load_u32 = _make_load32(types.uint32, IR_I32)
 load_u32.__doc__ = "The little-endian uint32 at byte offset `i` of uint8 array `w` (Q5's `qh`)."
 load_f32 = _make_load32(types.float32, IR_F32)

@@ -30,13 +30,21 @@ KVALUES: dict[int, list[int]] = {IQ4_NL: [int(v) for v in KVALUES_IQ4NL], MXFP4:
 KVALUES[IQ4_XS] = KVALUES[IQ4_NL]
 
 # a matrix's kernel kind is its weight type's number, plus one of these for the layouts of 8 interleaved rows:
-# X8_REPACKED held so by the repack buffer type, X8_TILE repacked into tiles as each work item goes (prompts)
+# X8_REPACKED held so by the repack buffer type, X8_TILE repacked into tiles as each work item goes (prompts),
+# X8_GEMV held repacked with every column in the order of ggml's repack gemv (batch-invariant); TILED: plain rows
+# in the order of ggml-cpu's tiled matmul (its K-quant prompts)
 X8_REPACKED = 1024
 X8_TILE = 2048
+X8_GEMV = 3072
+TILED = 4096
 
 
 def kind_name(kind: int) -> str:
     """A kernel kind by name: the weight type's, with `_x8` or `_x8_tile` for the repacked layouts."""
+    if kind >= TILED:
+        return f"{GGMLType(kind - TILED).name}_tiled"
+    if kind >= X8_GEMV:
+        return f"{GGMLType(kind - X8_GEMV).name}_x8_gemv"
     if kind >= X8_TILE:
         return f"{GGMLType(kind - X8_TILE).name}_x8_tile"
     if kind >= X8_REPACKED:

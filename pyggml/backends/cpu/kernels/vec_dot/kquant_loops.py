@@ -1,6 +1,8 @@
-"""Row loops of the K-quants Q4_K and Q6_K against Q8_K src1 rows, in ggml's reference or AVX2 float order."""
+"""Row loops of the K-quants Q2_K, Q4_K, Q5_K and Q6_K against Q8_K src1 rows, in ggml's float orders."""
 
 from __future__ import annotations
+
+from typing import Any, NamedTuple
 
 from llvmlite import ir
 from numba.core import cgutils
@@ -85,15 +87,101 @@ def _q4_K_group(builder, pb, unpacked, g: int):
     return builder.lshr(qs, _const(builder, 32, [4] * 32)), shuffle(builder, sc, [g] * 16)
 
 
-def _q4_K_finish(builder, unpacked, total, isum, bsums, yd):
+def _q5_K_group(builder, pb, unpacked, g: int):
+    """Group g (0..7) of a Q5_K super-block: Q4_K's nibbles (from byte 48) with bit g of qh[t] as their fifth."""
+    values, scales = _q4_K_group(builder, builder.gep(pb, [ir.Constant(IR_I32, 32)]), unpacked, g)
+    qh = load_vector(builder, builder.gep(pb, [ir.Constant(IR_I32, 16)]), IR_I8, 32)
+    high = builder.shl(builder.and_(builder.lshr(qh, _const(builder, 32, [g] * 32)), _const(builder, 32, [1] * 32)),
+                       _const(builder, 32, [4] * 32))
+    return builder.or_(values, high), scales
+
+
+def _mins_sum(builder, mins, bsums):
+    n = mins.type.count
+    ys = pair_sums(builder, bsums) if n == 8 else bsums
+    return reduce_add_i32(builder, builder.mul(builder.zext(mins, ir.VectorType(IR_I32, n)), ys, flags=["nsw"]), n)
+
+
+def _min_finish(builder, unpacked, total, isum, bsums, yd):
     """sumf + (d * yd * isum - dmin * yd * summs), ggml's reference `sumf += d * sumi - dmin * summs`."""
-    v8 = ir.VectorType(IR_I32, 8)
-    pair = pair_sums(builder, bsums)
-    summs = reduce_add_i32(builder, builder.mul(builder.zext(unpacked[3], v8), pair, flags=["nsw"]), 8)
+    summs = _mins_sum(builder, unpacked[3], bsums)
     d, dmin = builder.fmul(unpacked[0], yd), builder.fmul(unpacked[1], yd)
     part = builder.fsub(builder.fmul(d, builder.sitofp(isum, IR_F32)),
                         builder.fmul(dmin, builder.sitofp(summs, IR_F32)))
     return builder.fadd(total, part)
+
+
+def _q2_K_unpack(builder, pb):
+    """A Q2_K super-block's d and dmin (lanes 2, 3 of the 8 bytes ending the block), 16 scales and mins."""
+    lanes = _f16_lanes(builder, builder.gep(pb, [ir.Constant(IR_I32, 76)]))
+    d, dmin = (builder.extract_element(lanes, ir.Constant(IR_I32, i)) for i in (2, 3))
+    raw = load_vector(builder, pb, IR_I8, 16)
+    return d, dmin, builder.and_(raw, _const(builder, 16, [15] * 16)), builder.lshr(raw, _const(builder, 16, [4] * 16))
+
+
+def _q2_K_group(builder, pb, unpacked, g: int):
+    """Group g (0..7) of a Q2_K super-block: bits 2l of qs[32j + t] (j, l = divmod(g, 4)), sub-blocks 2g, 2g + 1."""
+    j, shift = g // 4, 2 * (g % 4)
+    q = load_vector(builder, builder.gep(pb, [ir.Constant(IR_I32, 16 + 32 * j)]), IR_I8, 32)
+    v = builder.and_(builder.lshr(q, _const(builder, 32, [shift] * 32)), _const(builder, 32, [3] * 32))
+    sc = builder.zext(unpacked[2], ir.VectorType(IR_I16, 16))
+    return v, shuffle(builder, sc, [2 * g] * 8 + [2 * g + 1] * 8)
+
+
+def _q3_K_unpack(builder, pb):
+    """A Q3_K super-block's d (lane 3 of the 8 bytes ending the block) and its 16 6-bit scales - 32 (<16 x i16>)."""
+    d = builder.extract_element(_f16_lanes(builder, builder.gep(pb, [ir.Constant(IR_I32, 102)])),
+                                ir.Constant(IR_I32, 3))
+    raw = load_vector(builder, builder.gep(pb, [ir.Constant(IR_I32, 96)]), IR_I8, 16)
+    low = builder.lshr(shuffle(builder, raw, [*range(8), *range(8)]), _const(builder, 16, [0] * 8 + [4] * 8))
+    high = builder.lshr(shuffle(builder, raw, [8, 9, 10, 11] * 4), _const(builder, 16, [0, 0, 0, 0, 2, 2, 2, 2,
+                                                                                      4, 4, 4, 4, 6, 6, 6, 6]))
+    high = builder.shl(builder.and_(high, _const(builder, 16, [3] * 16)), _const(builder, 16, [4] * 16))
+    scales = builder.or_(builder.and_(low, _const(builder, 16, [15] * 16)), high)
+    scales = builder.sub(scales, _const(builder, 16, [32] * 16))
+    return d, builder.sext(scales, ir.VectorType(IR_I16, 16))
+
+
+def _q3_K_group(builder, pb, unpacked, g: int):
+    """Group g (0..7) of a Q3_K super-block: (bits 2l of qs[32j + t], 4 where bit 4j + l of hmask[t] is clear),
+    j, l = divmod(g, 4): the value is their difference, as ggml's AVX2 multiplies them apart."""
+    j, l = divmod(g, 4)
+    q = load_vector(builder, builder.gep(pb, [ir.Constant(IR_I32, 32 + 32 * j)]), IR_I8, 32)
+    low = builder.and_(builder.lshr(q, _const(builder, 32, [2 * l] * 32)), _const(builder, 32, [3] * 32))
+    clear = builder.lshr(builder.not_(load_vector(builder, pb, IR_I8, 32)), _const(builder, 32, [g] * 32))
+    clear = builder.and_(clear, _const(builder, 32, [1] * 32))
+    scales = shuffle(builder, unpacked[1], [2 * g] * 8 + [2 * g + 1] * 8)
+    return (low, builder.shl(clear, _const(builder, 32, [2] * 32))), scales
+
+
+def _q3_K_scaled_sums(builder, v, yv, scales):
+    """Scaled sums of low - high4 by pairs, as ggml's AVX2 (two vpmaddubsw subtracted, then vpmaddwd)."""
+    module = builder.module
+    v16i16, v8i32, v32i8 = ir.VectorType(IR_I16, 16), ir.VectorType(IR_I32, 8), ir.VectorType(IR_I8, 32)
+    if not HAS_AVX2:
+        v32, v16 = ir.VectorType(IR_I32, 32), ir.VectorType(IR_I32, 16)
+        diff = builder.sub(builder.zext(v[0], v32), builder.zext(v[1], v32))
+        pairs = pair_sums(builder, builder.mul(diff, builder.sext(yv, v32), flags=["nsw"]))
+        return pair_sums(builder, builder.mul(pairs, builder.sext(scales, v16), flags=["nsw"]))
+    maddubs = module.declare_intrinsic("llvm.x86.avx2.pmadd.ub.sw", fnty=ir.FunctionType(v16i16, [v32i8, v32i8]))
+    maddwd = module.declare_intrinsic("llvm.x86.avx2.pmadd.wd", fnty=ir.FunctionType(v8i32, [v16i16, v16i16]))
+    p16 = builder.sub(builder.call(maddubs, [v[0], yv]), builder.call(maddubs, [v[1], yv]))
+    return builder.call(maddwd, [p16, scales])
+
+
+def _d_finish(builder, unpacked, total, isum, bsums, yd):
+    """sumf + (d * yd) * isum (Q3_K's values already signed), ggml's reference order."""
+    return builder.fadd(total, builder.fmul(builder.fmul(unpacked[0], yd), builder.sitofp(isum, IR_F32)))
+
+
+def _d_tiled_finish(builder, unpacked, total, isum, bsums, yd):
+    return fma(builder, builder.fmul(builder.sitofp(isum, IR_F32), unpacked[0]), yd, total)
+
+
+def _d_x86_block(builder, unpacked, state, iacc, bsums, yd):
+    """acc = fma(y.d * x.d, lanes, acc), as ggml's AVX2 Q3_K."""
+    d = builder.fmul(yd, unpacked[0])
+    return [fma(builder, splat(builder, d, 8), builder.sitofp(iacc, ir.VectorType(IR_F32, 8)), state[0])]
 
 
 def _q6_K_unpack(builder, pb):
@@ -123,6 +211,20 @@ def _q6_K_finish(builder, unpacked, total, isum, bsums, yd):
     return builder.fadd(total, builder.fmul(builder.fmul(unpacked[0], yd), builder.sitofp(isum, IR_F32)))
 
 
+def _min_tiled_finish(builder, unpacked, total, isum, bsums, yd):
+    """ggml-cpu's tiled matmul per super-block (DESIGN.md, "K-quants")."""
+    res = builder.fmul(builder.sitofp(isum, IR_F32), unpacked[0])
+    res = fma(builder, builder.fneg(unpacked[1]), builder.sitofp(_mins_sum(builder, unpacked[3], bsums), IR_F32), res)
+    return fma(builder, res, yd, total)
+
+
+def _q6_K_tiled_finish(builder, unpacked, total, isum, bsums, yd):
+    v16 = ir.VectorType(IR_I32, 16)
+    offset = reduce_add_i32(builder, builder.mul(builder.sext(unpacked[1], v16), bsums, flags=["nsw"]), 16)
+    s1 = builder.sub(isum, builder.shl(offset, ir.Constant(IR_I32, 5)))
+    return fma(builder, builder.fmul(builder.sitofp(s1, IR_F32), unpacked[0]), yd, total)
+
+
 _Q4_K_X86_STATE = (8, 4)  # ggml's AVX2 acc (8 lanes) and acc_m (Q4_K's mins, 4 lanes)
 _Q6_K_X86_STATE = (8,)
 
@@ -137,6 +239,31 @@ def _q4_K_x86_block(builder, unpacked, state, iacc, bsums, yd):
     dmin = builder.fmul(builder.fneg(yd), unpacked[1])
     acc_m = fma(builder, splat(builder, dmin, 4), builder.sitofp(prod, v4f), state[1])
     return [acc, acc_m]
+
+
+def _q5_K_x86_block(builder, unpacked, state, iacc, bsums, yd):
+    """acc = fma(d, lanes, acc); summs = fma(-y.d * x.dmin, float(mins' sum), summs), gcc's contraction."""
+    v8f, v1f = ir.VectorType(IR_F32, 8), ir.VectorType(IR_F32, 1)
+    d = builder.fmul(yd, unpacked[0])
+    acc = fma(builder, splat(builder, d, 8), builder.sitofp(iacc, v8f), state[0])
+    dmin = builder.fmul(builder.fneg(yd), unpacked[1])
+    summs = builder.sitofp(_mins_sum(builder, unpacked[3], bsums), IR_F32)
+    mins = builder.insert_element(ir.Constant(v1f, None), summs, ir.Constant(IR_I32, 0))
+    return [acc, fma(builder, splat(builder, dmin, 1), mins, state[1])]
+
+
+def _q2_K_x86_block(builder, unpacked, state, iacc, bsums, yd):
+    """acc = fma(-y.d * x.dmin, mins by pairs of sub-blocks, acc), then acc = fma(d, lanes, acc), as ggml's AVX2."""
+    v8f, v16 = ir.VectorType(IR_F32, 8), ir.VectorType(IR_I32, 16)
+    prod = pair_sums(builder, builder.mul(builder.zext(unpacked[3], v16), bsums, flags=["nsw"]))
+    dmin = builder.fmul(builder.fneg(yd), unpacked[1])
+    acc = fma(builder, splat(builder, dmin, 8), builder.sitofp(prod, v8f), state[0])
+    d = builder.fmul(yd, unpacked[0])
+    return [fma(builder, splat(builder, d, 8), builder.sitofp(iacc, v8f), acc)]
+
+
+def _q5_K_x86_result(builder, state):
+    return builder.fadd(sum_f32_tree(builder, state[0], 8), builder.extract_element(state[1], ir.Constant(IR_I32, 0)))
 
 
 def _q4_K_x86_result(builder, state):
@@ -198,16 +325,34 @@ def make_dot_k_row(block_bytes: int, unpack, group, finish, scaled_sums=None, x8
     return block_row_intrinsic(row_loop, ncols)
 
 
-Q4_K_SPEC = {"block_bytes": 144, "unpack": _q4_K_unpack, "group": _q4_K_group, "finish": _q4_K_finish}
+Q2_K_SPEC = {"block_bytes": 84, "unpack": _q2_K_unpack, "group": _q2_K_group, "finish": _min_finish}
+Q3_K_SPEC = {"block_bytes": 110, "unpack": _q3_K_unpack, "group": _q3_K_group, "finish": _d_finish,
+             "scaled_sums": _q3_K_scaled_sums}
+Q4_K_SPEC = {"block_bytes": 144, "unpack": _q4_K_unpack, "group": _q4_K_group, "finish": _min_finish}
+Q5_K_SPEC = {"block_bytes": 176, "unpack": _q4_K_unpack, "group": _q5_K_group, "finish": _min_finish}
 Q6_K_SPEC = {"block_bytes": 210, "unpack": _q6_K_unpack, "group": _q6_K_group, "finish": _q6_K_finish}
-dot_q4_K_cols = make_dot_k_row(**Q4_K_SPEC, ncols=COLS)
-dot_q4_K_cols.__doc__ = "Q4_K weight rows times Q8_K src1 rows (see make_dot_k_row): 8 scales and mins a super-block."
-dot_q6_K_cols = make_dot_k_row(**Q6_K_SPEC, ncols=COLS)
-dot_q6_K_cols.__doc__ = "Q6_K weight rows times Q8_K src1 rows (see make_dot_k_row): 16 int8 scales, values - 32."
+Q2_K_X86 = (_Q6_K_X86_STATE, _q2_K_x86_block, _q6_K_x86_result)
+Q3_K_X86 = (_Q6_K_X86_STATE, _d_x86_block, _q6_K_x86_result)
 Q4_K_X86 = (_Q4_K_X86_STATE, _q4_K_x86_block, _q4_K_x86_result)
+Q5_K_X86 = ((8, 1), _q5_K_x86_block, _q5_K_x86_result)
 Q6_K_X86 = (_Q6_K_X86_STATE, _q6_K_x86_block, _q6_K_x86_result)
-dot_q4_K_cols_x86 = make_dot_k_row(**Q4_K_SPEC, x86=Q4_K_X86, ncols=COLS)
-dot_q4_K_cols_x86.__doc__ = "dot_q4_K_cols in the order of ggml's AVX2 ggml_vec_dot_q4_K_q8_K (FMA lanes, mins apart)."
-dot_q6_K_cols_x86 = make_dot_k_row(**Q6_K_SPEC, x86=Q6_K_X86, ncols=COLS)
-dot_q6_K_cols_x86.__doc__ = "dot_q6_K_cols in the order of ggml's AVX2 ggml_vec_dot_q6_K_q8_K (FMA lanes)."
 
+
+class KRowLoops(NamedTuple):
+    """A K-quant's row loops (the type table's columns of the same names; DESIGN.md, "K-quants")."""
+
+    cols: Any
+    cols_x86: Any
+    cols_tiled: Any
+
+
+def k_row_loops(spec: dict, x86: tuple, tiled_finish) -> KRowLoops:
+    return KRowLoops(make_dot_k_row(**spec, ncols=COLS), make_dot_k_row(**spec, x86=x86, ncols=COLS),
+                     make_dot_k_row(**{**spec, "finish": tiled_finish}, ncols=COLS))
+
+
+Q2_K_LOOPS = k_row_loops(Q2_K_SPEC, Q2_K_X86, _min_tiled_finish)
+Q3_K_LOOPS = k_row_loops(Q3_K_SPEC, Q3_K_X86, _d_tiled_finish)
+Q4_K_LOOPS = k_row_loops(Q4_K_SPEC, Q4_K_X86, _min_tiled_finish)
+Q5_K_LOOPS = k_row_loops(Q5_K_SPEC, Q5_K_X86, _min_tiled_finish)
+Q6_K_LOOPS = k_row_loops(Q6_K_SPEC, Q6_K_X86, _q6_K_tiled_finish)

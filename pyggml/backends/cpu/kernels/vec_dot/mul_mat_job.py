@@ -33,12 +33,15 @@ from pyggml.backends.cpu.kernels.threads import (
     revoke,
 )
 from pyggml.backends.cpu.kernels.vec_dot.ir import COLS
-from pyggml.backends.cpu.kernels.vec_dot.kinds import X8_REPACKED, X8_TILE, kind_name
+from pyggml.backends.cpu.kernels.vec_dot.kinds import TILED, X8_GEMV, X8_REPACKED, X8_TILE, kind_name
 from pyggml.backends.cpu.kernels.vec_dot.quantize_src1 import ROUND_REF, ROUND_X86
 from pyggml.backends.cpu.kernels.vec_dot.tiles_x8 import TILE_ROWS, tile_x8
 from pyggml.backends.cpu.kernels.vec_dot.type_table import row_of_kind
 from pyggml.core.errors import UnsupportedTypeError
 from pyggml.core.types import GGMLType
+
+# the src1 columns ggml's repack gemm takes at once (forward_mul_mat_one_chunk: the rest go to its gemv)
+GEMM_COLS = 4
 
 
 def mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, s, m0, m1, rounding):
@@ -55,7 +58,7 @@ def _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, 
     row = row_of_kind(k)
     if row.vec_dot_type is None:
         raise UnsupportedTypeError(f"mul_mat_range: {row.type.name} has no vec_dot")
-    if k >= X8_TILE:  # this item's rows repacked into a tile, whose row m0 is at offs[0]
+    if X8_TILE <= k < X8_GEMV:  # this item's rows repacked into a tile, whose row m0 is at offs[0]
         t, loop = int(row.type), row.x8
 
         def tiles(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, s, m0, m1, rounding):
@@ -68,7 +71,23 @@ def _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, 
                     loop(tile, offs, -t0, t0, t1, nb, yq, yd, yb, r, min(COLS, r1 - r), out)
 
         return tiles
-    loop = row.x8 if k >= X8_REPACKED else row.cols_for(x86)
+    if X8_REPACKED <= k < X8_TILE and row.x8_gemv is not None:  # as ggml's repack: gemm on columns in fours, gemv after
+        gemm, gemv = row.x8, row.x8_gemv
+
+        def gemm_then_gemv(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, s, m0, m1, rounding):
+            base, r0, sums = w_base[s], s * n_cols, column_sums(kind, ys, yb)
+            r1 = r0 + n_cols
+            r4 = r1 - n_cols % GEMM_COLS
+            for r in range(r0, r4, COLS):
+                gemm(w, w_off, base, m0, m1, nb, yq, yd, sums, r, min(COLS, r4 - r), out)
+            for r in range(r4, r1, COLS):
+                gemv(w, w_off, base, m0, m1, nb, yq, yd, sums, r, min(COLS, r1 - r), out)
+
+        return gemm_then_gemv
+    if k >= TILED:
+        loop = row.cols_tiled
+    else:
+        loop = row.x8_gemv if k >= X8_GEMV else row.x8 if k >= X8_REPACKED else row.cols_for(x86)
     if loop is not None and row.float_src1:
         def float_cols(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, s, m0, m1, rounding):
             base, r0 = w_base[s], s * n_cols
@@ -85,7 +104,7 @@ def _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, 
                 loop(w, w_off, base, m0, m1, nb, yq, yd, sums, r, min(COLS, r1 - r), out)
 
         return cols
-    dot = row.reference_dot
+    dot = row.dot_for(x86)
 
     def dots(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, s, m0, m1, rounding):
         base, r0, sums = w_base[s], s * n_cols, column_sums(kind, ys, yb)

@@ -14,9 +14,6 @@ from pyggml.backends.cpu.kernels.atomics import (
 from pyggml.backends.cpu.kernels.vec_dot.block_sums import q4_0_nibbles, target_block_sums
 from pyggml.backends.cpu.kernels.vec_dot.ir import (
     IR_I8,
-    dot_bits16,
-    dot_fields16,
-    dot_fields32,
     dot_mask32,
     dot_nibbles,
     load_f16,
@@ -50,55 +47,11 @@ def dot_q5_1(w, o, nb, yq, yd, ys, r):
 
 
 @njit(nogil=True, cache=True)
-def dot_q2_K(w, o, nb, yq, yd, yb, r):
-    # block_q2_K: scales[16] (low 4 bits scale, high 4 bits min), qs[64], d, dmin
-    sumf = np.float32(0.0)
-    yo = r * yq.shape[1]
-    for b in range(nb):
-        ob = o + 84 * b
-        j0 = yo + 256 * b
-        summs = 0
-        for t in range(16):
-            summs += yb[r, 16 * b + t] * (np.int64(w[ob + t]) >> 4)
-        isum = 0
-        for k in range(2):
-            for f in range(4):
-                for h in range(2):
-                    sc = np.int64(w[ob + 8 * k + 2 * f + h]) & 15
-                    isum += sc * dot_bits16(w, ob + 16 + 32 * k + 16 * h, 2 * f, 3, yq, j0 + 128 * k + 32 * f + 16 * h)
-        dall = yd[r, b] * load_f16(w, ob + 80)
-        dmin = yd[r, b] * load_f16(w, ob + 82)
-        sumf += dall * np.float32(isum) - dmin * np.float32(summs)
-    return sumf
-
-
-@njit(nogil=True, cache=True)
 def q3_K_scale(w, os, sub):
     """The 6-bit scale `sub` (0..15) of a Q3_K block whose scales start at byte os, minus 32."""
     low = (np.int64(w[os + (sub & 7)]) >> (4 * (sub >> 3))) & 15  # sub < 8: low nibble of byte sub, else high
     high = (np.int64(w[os + 8 + (sub & 3)]) >> (2 * (sub >> 2))) & 3
     return (low | (high << 4)) - 32
-
-
-@njit(nogil=True, cache=True)
-def dot_q3_K(w, o, nb, yq, yd, yb, r):
-    # block_q3_K: hmask[32], qs[64], scales[12], d; value = low2 - (high bit ? 0 : 4)
-    sumf = np.float32(0.0)
-    yo = r * yq.shape[1]
-    for b in range(nb):
-        ob = o + 110 * b
-        j0 = yo + 256 * b
-        isum = 0
-        for h in range(2):
-            for s in range(4):
-                for t in range(2):
-                    sub = 8 * h + 2 * s + t
-                    j = j0 + 128 * h + 32 * s + 16 * t
-                    v = (dot_fields16(w, ob + 32 + 32 * h + 16 * t, 2 * s, 3, ob + 16 * t, 4 * h + s, 1, 4, yq, j)
-                         - 4 * yb[r, 16 * b + sub])
-                    isum += q3_K_scale(w, ob + 96, sub) * v
-        sumf += (load_f16(w, ob + 108) * yd[r, b]) * np.float32(isum)
-    return sumf
 
 
 @njit(nogil=True, cache=True)
@@ -109,30 +62,6 @@ def scale_min_k4(w, os, j):
     sc = (np.int64(w[os + j + 4]) & 15) | ((np.int64(w[os + j - 4]) >> 6) << 4)
     mn = (np.int64(w[os + j + 4]) >> 4) | ((np.int64(w[os + j]) >> 6) << 4)
     return sc, mn
-
-
-@njit(nogil=True, cache=True)
-def dot_q5_K(w, o, nb, yq, yd, yb, r):
-    # block_q5_K: d, dmin, scales[12], qh[32], qs[128]; fifth bit of element 64k+32h+l is bit 2k+h of qh[l]
-    sumf = np.float32(0.0)
-    yo = r * yq.shape[1]
-    for b in range(nb):
-        ob = o + 176 * b
-        j0 = yo + 256 * b
-        isum = 0
-        summs = 0
-        for k in range(4):
-            sc0, m0 = scale_min_k4(w, ob + 4, 2 * k)
-            sc1, m1 = scale_min_k4(w, ob + 4, 2 * k + 1)
-            j = j0 + 64 * k
-            isum += sc0 * dot_fields32(w, ob + 48 + 32 * k, 0, 15, ob + 16, 2 * k, 1, 16, yq, j)
-            isum += sc1 * dot_fields32(w, ob + 48 + 32 * k, 4, 15, ob + 16, 2 * k + 1, 1, 16, yq, j + 32)
-            g = 16 * b + 4 * k
-            summs += m0 * (yb[r, g] + yb[r, g + 1]) + m1 * (yb[r, g + 2] + yb[r, g + 3])
-        d = load_f16(w, ob) * yd[r, b]
-        dmin = load_f16(w, ob + 2) * yd[r, b]
-        sumf += d * np.float32(isum) - dmin * np.float32(summs)
-    return sumf
 
 
 @njit(nogil=True, cache=True)

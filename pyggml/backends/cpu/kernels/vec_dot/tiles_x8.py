@@ -148,6 +148,7 @@ dot_q5_0_x8_cols = make_dot_x8(HAS_VNNI, COLS, *X8_BLOCK_QUANTS[Q5_0])
 _Q4_0_BYTES, _Q8_0_BYTES = BLOCK32_FIELDS[GGMLType.Q4_0][1], BLOCK32_FIELDS[GGMLType.Q8_0][1]
 # weight rows per tile: it stays in the caches while every column goes over it
 TILE_ROWS = 64
+TILE_TYPES = (GGMLType.Q4_0, GGMLType.Q8_0, GGMLType.Q5_0)
 
 
 @intrinsic
