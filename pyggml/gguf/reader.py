@@ -28,6 +28,7 @@ use, after these checks have passed.
 from __future__ import annotations
 
 import math
+import mmap
 import os
 import struct
 from collections import OrderedDict
@@ -317,6 +318,7 @@ class GGUFFile:
         if self.file_size < GGUF_HEADER_SIZE:
             raise GGUFError(f"'{self.name}' is truncated: {self.file_size} bytes is shorter than a GGUF header "
                             f"({GGUF_HEADER_SIZE} bytes)")
+        self._advise("MADV_RANDOM")  # the header page by page: no read-around into the tensors behind it
         base = self.data.view(np.ndarray)
         magic = bytes(base[:4])
         if magic != GGUF_MAGIC:
@@ -357,6 +359,7 @@ class GGUFFile:
                                 f"{self.file_size} bytes")
             self.tensors[name] = TensorInfo(name, t, ne, begin, nbytes, info_offset)
         self._values: dict[str, Any] = {}
+        self._advise("MADV_NORMAL")
 
     @property
     def reader(self) -> Any:
@@ -409,6 +412,18 @@ class GGUFFile:
 
     def __iter__(self) -> Iterator[TensorInfo]:
         return iter(self.tensors.values())
+
+    def read_pages_on_demand(self) -> None:
+        """A page fault in the mapping reads that page's neighbourhood alone (MADV_RANDOM), not the kernel's
+        read-around of megabytes, which from any tensor's page would pull in the experts beside it: the experts
+        a token does not use stay on disk."""
+        self._advise("MADV_RANDOM")
+
+    def _advise(self, advice: str) -> None:
+        """madvise the whole mapping, where the platform has `advice`."""
+        mapping = getattr(self.data, "_mmap", None)  # numpy.memmap's mmap.mmap of the whole file
+        if mapping is not None and hasattr(mmap, advice):
+            mapping.madvise(getattr(mmap, advice))
 
     def tensor(self, name: str) -> TensorInfo:
         """The info of tensor `name`, or GGUFError naming the file and tensor."""

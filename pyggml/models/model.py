@@ -254,6 +254,8 @@ class Model:
         self.weights: LoadedTensors = load_tensors(gf, names, backend_of, use_mmap=use_mmap, progress=progress,
                                                    buft_of=buft_of)
         self.w = self.weights.tensors
+        if any("_exps." in name for name in names):  # a token reads n_expert_used of n_expert experts
+            gf.read_pages_on_demand()
         self._measure_ctxs: list[Context] = []
         kv: KVCache | None = None
         try:

@@ -47,7 +47,7 @@ SHAPES = {
 }
 
 
-def _vocab_metadata(n_vocab: int) -> dict[str, Any]:
+def vocab_metadata(n_vocab: int) -> dict[str, Any]:
     """The `tokenizer.*` keys of llama.cpp's SPM vocabulary file, with their GGUF types."""
     from pyggml.gguf.reader import read_gguf
     from pyggml.models.metadata import gguf_type
@@ -102,7 +102,7 @@ def write_random_llama(path: str | Path, shape: LlamaShape, type: GGMLType = GGM
               "num_hidden_layers": shape.n_layer, "num_attention_heads": shape.n_head,
               "num_key_value_heads": shape.n_head_kv, "intermediate_size": n_ff, "vocab_size": shape.n_vocab,
               "max_position_embeddings": shape.n_ctx_train}
-    write_llama_gguf(path, config, state, type=type, vocab=_vocab_metadata(shape.n_vocab))
+    write_llama_gguf(path, config, state, type=type, vocab=vocab_metadata(shape.n_vocab))
     return Path(path)
 
 

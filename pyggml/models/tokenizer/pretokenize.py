@@ -34,6 +34,11 @@ REGEXES: dict[str, tuple[str, ...]] = {
     "starcoder": (r"\p{N}", GPT2),
     "qwen2": (QWEN2,),
     "qwen35": (QWEN35,),
+    # o200k (gpt-oss, Llama 4): llama.cpp's form of the file's regex, a letter "upper" unless a-z and "lower"
+    # unless A-Z (so any other letter is both, as llama.cpp's collapsed categories make it)
+    "gpt4o": (r"[^\r\n\p{L}\p{N}]?(?:(?=\p{L})[^a-z])*(?:(?=\p{L})[^A-Z])+" + _CONTRACTIONS + "?"
+              r"|[^\r\n\p{L}\p{N}]?(?:(?=\p{L})[^a-z])+(?:(?=\p{L})[^A-Z])*" + _CONTRACTIONS + "?"
+              r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",),
     "falcon": (r"[\p{P}\$\+<=>\^~\|`]+", GPT2, r"[0-9][0-9][0-9]"),
     # llama.cpp writes these classes with literal characters; escaped here so that no editor or tool
     # normalizes them (U+2126 OHM SIGN is not U+03A9, and the ranges depend on it)
@@ -123,6 +128,7 @@ _NAMES: dict[str, tuple[str, bool, bool, bool]] = {
     "stablelm2": ("qwen2", True, False, False),
     "megrez": ("qwen2", True, False, False),
     "qwen35": ("qwen35", False, False, False),
+    **{n: ("gpt4o", False, False, False) for n in ("gpt-4o", "llama4", "kanana2", "talkie")},
     "poro-chat": ("bloom", False, False, False),
     "bloom": ("bloom", True, False, False),
     "gpt3-finnish": ("bloom", True, False, False),

@@ -261,7 +261,7 @@ def test_set_rows_out_of_range(bad: int, matrices: int) -> None:
 
 @pytest.mark.parametrize("type_a", [F32, F16, BF16, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0, GGMLType.Q4_K])
 @pytest.mark.parametrize("b_rows", [1, 2])
-@pytest.mark.parametrize("n_tok", [5, 40])  # few rows per expert: the direct vec_dot path; many: grouped BLAS
+@pytest.mark.parametrize("n_tok", [5, 40])  # few rows per expert and many (F32: BLAS; else vec_dot loops)
 def test_mul_mat_id_kernel(type_a: GGMLType, b_rows: int, n_tok: int) -> None:
     ctx = new_ctx()
     k, m, n_as, n_used = 256, 7, 4, 2
@@ -284,6 +284,32 @@ def test_mul_mat_id_kernel(type_a: GGMLType, b_rows: int, n_tok: int) -> None:
             want[0, t, e] = w_vals[0, ids[t, e]].astype(np.float64) @ xv[0, t, e % b_rows].astype(np.float64)
     nmse = float(np.sum((got - want) ** 2) / np.sum(want ** 2))
     assert nmse < 5e-4, nmse  # src1 goes through the weights' vec_dot_type, as in ggml
+
+
+@pytest.mark.parametrize("type_a", [F16, GGMLType.Q4_0, GGMLType.Q8_0, GGMLType.Q4_K])
+def test_mul_mat_id_groups_rows_by_expert_as_mul_mat(type_a: GGMLType) -> None:
+    """A prompt's rows grouped by expert: each expert's rows go through MUL_MAT's vec_dot loops over that many
+    columns, so an expert with fewer rows than MUL_MAT's BLAS_MIN_COLS gives exactly MUL_MAT of its matrix and
+    those rows; one with more (where MUL_MAT would take BLAS) is checked against float64."""
+    ctx = new_ctx()
+    k, m, n_as, n_tok = 256, 24, 5, 20
+    wv = rand(1, n_as, m, k)
+    w = ctx.new_tensor_4d(type_a, k, m, n_as, 1)
+    w.numpy()[...] = wv.astype(np.float16) if type_a == F16 else from_float(type_a, wv)
+    w_vals = stored(F16, wv) if type_a == F16 else to_float(type_a, from_float(type_a, wv))
+    xv = rand(1, n_tok, 1, k)
+    # expert 3 on every token (20 rows); experts 0, 1, 4 share the second slot (7, 7, 6 rows); 2 unused
+    ids = np.stack([np.full(n_tok, 3), np.array([0, 1, 4] * 6 + [0, 1])], axis=1).astype(np.int32)
+    got = run(ctx.mul_mat_id(w, tensor(ctx, F32, xv), tensor(ctx, I32, ids)))[0]
+    for e in (0, 1, 4):
+        t, j = np.nonzero(ids == e)
+        we = ctx.new_tensor_2d(type_a, k, m)
+        we.numpy()[...] = w.numpy()[0, e]
+        want = run(ctx.mul_mat(we, tensor(ctx, F32, xv[0, t, 0])))[0, 0]
+        np.testing.assert_array_equal(got[t, j], want, err_msg=f"expert {e}")
+    want3 = xv[0, :, 0].astype(np.float64) @ w_vals[0, 3].astype(np.float64).T
+    nmse = float(np.sum((got[:, 0] - want3) ** 2) / np.sum(want3 ** 2))
+    assert nmse < 5e-4, nmse
 
 
 def test_add_id_kernel() -> None:

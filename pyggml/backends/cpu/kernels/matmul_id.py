@@ -1,22 +1,20 @@
-"""CPU kernels of mixture of experts: MUL_MAT_ID through MUL_MAT's direct or grouped BLAS path, chosen per compute
-since ids are data (DESIGN.md, "MUL_MAT_ID"), and ADD_ID, F32 only as ggml's CPU (ggml-cpu.c, ops.cpp)."""
+"""CPU kernels of mixture of experts: MUL_MAT_ID through MUL_MAT's vec_dot loops, one pass for a decode step or
+src1's rows grouped by expert for prompts, chosen per compute since ids are data (DESIGN.md, "MUL_MAT_ID"), and
+ADD_ID, F32 only as ggml's CPU (ggml-cpu.c, ops.cpp)."""
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import numpy as np
 
 from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
-from pyggml.backends.cpu.kernels._common import bf16_to_f32, f32_to_bf16, noop
-from pyggml.backends.cpu.kernels.matmul import BLAS_MIN_COLS, _carve, _direct, _weight_rows
+from pyggml.backends.cpu.kernels._common import noop
+from pyggml.backends.cpu.kernels.matmul import _carve, _direct, _direct_work, _weight_rows
 from pyggml.backends.cpu.kernels.vec_dot import quantize_src1
-from pyggml.backends.cpu.kernels.vec_dot.to_float import to_f32
 from pyggml.backends.cpu.kernels.vec_dot.type_table import CPU_TYPE_TRAITS, MUL_MAT_TYPES
 from pyggml.backends.cpu.numerics import NUMERICS_CODES
 from pyggml.core.errors import GGMLError, OutOfBoundsError, ShapeError, UnsupportedTypeError
 from pyggml.core.tensor import GGMLOp, Tensor
-from pyggml.core.types import TYPE_TRAITS, GGMLType, from_float
+from pyggml.core.types import TYPE_TRAITS, GGMLType
 
 F32, F16, BF16, I32 = GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.I32
 
@@ -59,40 +57,6 @@ def _mul_mat_id_problem(node: Tensor) -> Problem:
     return None
 
 
-def _expert_f32(type: GGMLType) -> Callable[[np.ndarray], np.ndarray]:
-    """One expert's matrix (M, K elements; quantized: M rows of bytes) -> f32 (M, K), exactly."""
-    if type == F32:
-        return lambda w: w
-    if type == F16:
-        return lambda w: w.astype(np.float32)
-    if type == BF16:
-        def bf16(w: np.ndarray) -> np.ndarray:
-            out = np.empty(w.shape, np.float32)
-            bf16_to_f32(w, out)
-            return out
-
-        return bf16
-    return lambda w: to_f32(type, w)
-
-
-def _vec_dot_round(vdt: GGMLType) -> Callable[[np.ndarray], np.ndarray]:
-    """f32 rows -> the values ggml's vec_dot reads after converting them to `vdt` (as f32)."""
-    if vdt == F32:
-        return lambda x: x
-    if vdt == F16:
-        return lambda x: x.astype(np.float16).astype(np.float32)
-    if vdt == BF16:
-        def bf16(x: np.ndarray) -> np.ndarray:
-            h = np.empty(x.shape, np.uint16)
-            f32_to_bf16(x, h)
-            out = np.empty(x.shape, np.float32)
-            bf16_to_f32(h, out)
-            return out
-
-        return bf16
-    return lambda x: to_f32(vdt, from_float(vdt, np.ascontiguousarray(x)))
-
-
 def mul_mat_id_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None],
                       params: ComputeParams) -> Compute:
     """MUL_MAT_ID: each (token, slot) row of src1 times its expert's matrix."""
@@ -106,43 +70,42 @@ def mul_mat_id_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | Non
     if a_t.ne[0] == 0:
         return lambda: dst.fill(0)
     ids2 = ids[0, 0]  # (tokens, n_used)
-    grouped = _grouped(node.name, a_t.type, w, x[0], ids2, dst[0])
+    out = np.reshape(dst[0], (ids2.size, a_t.ne[1]), copy=False)
     if a_t.type == F32:
-        return grouped
-    direct = _direct_rows(a_t.type, w, x[0], ids2, dst[0], params)
-    n_rows = ids2.size
+        return _f32_experts(node.name, w, x[0], ids2, out)
+    return _direct_rows(node.name, a_t.type, w, x[0], ids2, out, params)
+
+
+def _expert_runs(counts: np.ndarray) -> list[tuple[int, int, int]]:
+    """(expert, first sorted row, rows) of each used expert, in expert order."""
+    starts = np.cumsum(counts) - counts
+    return [(int(e), int(starts[e]), int(counts[e])) for e in np.flatnonzero(counts)]
+
+
+def _f32_experts(name: str, w: np.ndarray, xs: np.ndarray, ids2: np.ndarray, out: np.ndarray) -> Compute:
+    """F32 experts: per used expert, its matrix times its rows by BLAS (as MUL_MAT's F32 weights).
+    w (1, n_as, M, K), xs (tokens, ne11, K), ids2 (tokens, n_used), out (tokens * n_used, M)."""
+    n_used, ne11, n_as = ids2.shape[1], xs.shape[1], w.shape[1]
 
     def run() -> None:
-        _check_ids(node.name, "MUL_MAT_ID", ids2, w.shape[1])
-        n_used_experts = len(np.unique(ids2))
-        (grouped if n_rows >= BLAS_MIN_COLS * n_used_experts else direct)()
+        _check_ids(name, "MUL_MAT_ID", ids2, n_as)
+        flat = ids2.reshape(-1)
+        order = np.argsort(flat, kind="stable")
+        for e, start, count in _expert_runs(np.bincount(flat, minlength=n_as)):
+            rows = order[start:start + count]
+            t, j = np.divmod(rows, n_used)
+            out[rows] = xs[t, j % ne11] @ w[0, e].T
 
     return run
 
 
-def _grouped(name: str, type: GGMLType, w: np.ndarray, xs: np.ndarray, ids2: np.ndarray, out: np.ndarray) -> Compute:
-    """The grouped path: per used expert, its f32 matrix times its rows (rounded to the vec_dot_type) by BLAS.
-    w (1, n_as, M, row), xs (tokens, ne11, K), ids2 (tokens, n_used), out (tokens, n_used, M)."""
-    expert = _expert_f32(type)
-    round_x = _vec_dot_round(CPU_TYPE_TRAITS[type].vec_dot_type)
-    ne11 = xs.shape[1]
-
-    def run() -> None:
-        _check_ids(name, "MUL_MAT_ID", ids2, w.shape[1])
-        for e in np.unique(ids2):
-            t, j = np.nonzero(ids2 == e)
-            rows = round_x(xs[t, j % ne11].astype(np.float32, copy=False))
-            out[t, j] = rows @ expert(w[0, int(e)]).T
-
-    return run
-
-
-def _direct_rows(type: GGMLType, w: np.ndarray, xs: np.ndarray, ids2: np.ndarray, out: np.ndarray,
+def _direct_rows(name: str, type: GGMLType, w: np.ndarray, xs: np.ndarray, ids2: np.ndarray, out: np.ndarray,
                  params: ComputeParams) -> Compute:
-    """The direct path: MUL_MAT's vec_dot kernels with one output row per (token, slot), `w_base` its expert."""
+    """As ggml_compute_forward_mul_mat_id: rows grouped by expert, each expert's by MUL_MAT's vec_dot loops over
+    that many columns; a decode step in one pass, `w_base` pointing each row at its expert (DESIGN.md)."""
     n_tok, n_used = ids2.shape
     ne11, K = xs.shape[1], xs.shape[2]
-    M = out.shape[2]
+    M = out.shape[1]
     ny = n_tok * n_used
     tr = TYPE_TRAITS[type]
     vdt = CPU_TYPE_TRAITS[type].vec_dot_type
@@ -150,35 +113,56 @@ def _direct_rows(type: GGMLType, w: np.ndarray, xs: np.ndarray, ids2: np.ndarray
     quantized = tr.is_quantized
     wb, w_off = _weight_rows(w)
     f32, empty_f = np.dtype(np.float32), np.zeros((0, 0), np.float32)
-    specs: list[tuple[tuple[int, ...], np.dtype]] = [((ny, K), f32)]
+    specs: list[tuple[tuple[int, ...], np.dtype]] = [((ny, K), f32), ((ny, M), f32)]
     if quantized:
         qk = TYPE_TRAITS[vdt].blck_size
         specs += [((ny, K), np.dtype(np.int8)), ((ny, K // qk), f32), ((ny, K // qk), f32),
                   ((ny, K // 16), np.dtype(np.int32))]
     scratch = _carve(params, specs)
-    xg = scratch[0]
+    xg, sorted_out = scratch[0], scratch[1]
     if quantized:
-        yq, yd, ys, yb = scratch[1:]
+        yq, yd, ys, yb = scratch[2:]
         xf = empty_f
     else:
         yq, yd, ys, yb = np.zeros((0, 0), np.int8), empty_f, empty_f, np.zeros((0, 0), np.int32)
         xf = xg
     w_base = np.zeros(ny, np.int64)
-    rows_out = np.reshape(out, (ny, M), copy=False)
     kind = int(type)
     slot = np.tile(np.arange(n_used) % ne11, n_tok)
     tok = np.repeat(np.arange(n_tok), n_used)
-    direct = _direct(kind, wb, w_off, nb, xf, yq, yd, ys, yb, 1, w_base, rows_out, params, M * K * ny)
+    each_row = _direct(kind, wb, w_off, nb, xf, yq, yd, ys, yb, 1, w_base, out, params, M * K * ny)
     rounding = NUMERICS_CODES[params.numerics]
+    n_as = w.shape[1]
 
-    def run() -> None:
-        np.copyto(xg, xs[tok, slot])
+    def convert(rows: np.ndarray) -> None:
+        np.copyto(xg, xs[tok[rows], slot[rows]])
         if quantized:
             quantize_src1.quantize_rows(int(vdt), xg, yq, yd, ys, yb, rounding)
         else:
             quantize_src1.round_rows(kind, xg)
-        np.multiply(ids2.reshape(-1), M, out=w_base)  # each output row's first weight row: its expert's
-        direct()
+
+    def expert(e: int, start: int, count: int) -> None:
+        """MUL_MAT's direct loops over the sorted rows start..start+count, all of expert e."""
+        rows = slice(start, start + count)
+        x_rows = xf[rows] if xf.size else xf
+        q = [a[rows] if a.size else a for a in (yq, yd, ys, yb)]
+        _direct(kind, wb, w_off, nb, x_rows, *q, count, np.array([e * M], np.int64), sorted_out[rows], params,
+                _direct_work(kind, M, K, 1, count))()
+
+    def run() -> None:
+        _check_ids(name, "MUL_MAT_ID", ids2, n_as)
+        flat = ids2.reshape(-1)
+        counts = np.bincount(flat, minlength=n_as)
+        if counts.max() <= 1:
+            convert(np.arange(ny))
+            np.multiply(flat, M, out=w_base)  # each output row's first weight row: its expert's
+            each_row()
+            return
+        order = np.argsort(flat, kind="stable")
+        convert(order)
+        for e, start, count in _expert_runs(counts):
+            expert(e, start, count)
+        out[order] = sorted_out
 
     return run
 
