@@ -371,7 +371,8 @@ def test_supports() -> None:
     assert layout.supports(ctx.get_rows(q, i))
     assert layout.supports(ctx.cpy(f, q)) and layout.supports(ctx.cpy(q, ctx.new_tensor_2d(BF16, 32, 4)))
     assert not layout.supports(ctx.repeat(q, q))
-    bad = ctx.cpy(ctx.new_tensor_1d(GGMLType.I32, 128), f)
+    assert layout.supports(ctx.cpy(ctx.new_tensor_1d(GGMLType.I32, 128), f))  # ggml's dup: I32 to F32 only
+    bad = ctx.cpy(ctx.new_tensor_1d(GGMLType.I32, 128), ctx.new_tensor_2d(GGMLType.F16, 32, 4))
     assert not layout.supports(bad)
     with pytest.raises(GGMLError, match="CPY"):
         compile_node(bad)
