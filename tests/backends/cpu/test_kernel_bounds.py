@@ -20,6 +20,7 @@ import pytest
 
 from pyggml.backends.cpu.kernels import ComputeParams
 from pyggml.backends.cpu.kernels._common import strided_view
+from pyggml.backends.cpu.kernels.vec_dot.type_table import QUANT_MUL_MAT_TYPES
 from pyggml.backends.cpu.plan import plan_compute, plan_create
 from pyggml.core.errors import (
     ArgumentError,
@@ -312,3 +313,23 @@ def test_a_destination_whose_elements_overlap_is_refused(runner: Runner) -> None
     for fragment in ("MUL_MAT", "'dst'", "overlap", "[4, 0, 16, 16]"):
         assert fragment in str(info.value), str(info.value)
     still_adds(runner)
+
+
+# --- every weight type, its blocks random bytes (a client's) ---
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("wtype", list(QUANT_MUL_MAT_TYPES), ids=lambda t: t.name)
+def test_every_quantized_weight_type_computes_within_its_bytes(runner: Runner, wtype: GGMLType) -> None:
+    """MUL_MAT (1 and 9 columns: row loops, tiles) and GET_ROWS over blocks of random bytes, as a client may send:
+    every scale, grid index and sign any byte can say; the result depends only on the tensors' bytes."""
+    k = 512
+    w = tensor(wtype, [k, 16, 1, 1], 1)
+    for n in (1, 9):
+        spec = node(GGMLOp.MUL_MAT, tensor(F32, [16, n, 1, 1], 0), [], w, tensor(F32, [k, n, 1, 1], 2))
+        assert runner.run(spec).status == "computed", (wtype.name, n)
+    # the indices are random too: computed, or refused for an index outside the rows, never read outside
+    rows = node(GGMLOp.GET_ROWS, tensor(F32, [k, 3, 1, 1], 0), [], w, tensor(I32, [3, 1, 1, 1], 2))
+    outcome = runner.run(rows)
+    assert outcome.status == "computed" or (outcome.status == "refused" and "outside [0, 16)" in outcome.message), \
+        (wtype.name, outcome.status, outcome.message)

@@ -15,18 +15,29 @@ from pyggml.backends.rpc.server import RpcServer
 from pyggml.ggml_backend import registry
 
 
-@pytest.fixture(scope="session")
-def rpc_server_binary(pytestconfig: pytest.Config) -> Path:
-    """ggml-rpc-server of llama.cpp 0c1e570, built if missing (skip only without a C compiler)."""
+def _llamacpp_tool(name: str) -> Path:
+    """A tool of llama.cpp 0c1e570, built if missing (skip only without a C compiler)."""
     from pyggml.testing import llamacpp
 
-    found = llamacpp.find_tool("ggml-rpc-server")
+    found = llamacpp.find_tool(name)
     if found is not None:
         return found
     try:
-        return llamacpp.require_tool("ggml-rpc-server")
+        return llamacpp.require_tool(name)
     except llamacpp.NoCompilerError as e:
         pytest.skip(str(e))
+
+
+@pytest.fixture(scope="session")
+def rpc_server_binary(pytestconfig: pytest.Config) -> Path:
+    """ggml-rpc-server (built if missing)."""
+    return _llamacpp_tool("ggml-rpc-server")
+
+
+@pytest.fixture(scope="module")
+def completion_tool(pytestconfig: pytest.Config) -> Path:
+    """llama-completion (built if missing)."""
+    return _llamacpp_tool("llama-completion")
 
 
 @pytest.fixture(scope="module")

@@ -35,19 +35,6 @@ ATTEMPTS = 10
 
 
 @pytest.fixture(scope="module")
-def completion_tool(pytestconfig: pytest.Config) -> Path:
-    from pyggml.testing import llamacpp
-
-    found = llamacpp.find_tool("llama-completion")
-    if found is not None:
-        return found
-    try:
-        return llamacpp.require_tool("llama-completion")
-    except llamacpp.NoCompilerError as e:
-        pytest.skip(str(e))
-
-
-@pytest.fixture(scope="module")
 def server() -> Iterator[RpcServer]:
     with RpcServer([cpu_init(2)], "127.0.0.1", 0).start() as s:
         yield s

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from rpc_util import free_port, wait_listening
-from test_llamacpp_client import completion, completion_tool  # noqa: F401 (a fixture)
+from test_llamacpp_client import completion
 
 from pyggml.models.builtin import builtin_model_path
 from pyggml.testing import llamacpp
@@ -25,7 +25,7 @@ NMSE = 1e-5
 
 
 @pytest.fixture(scope="module")
-def tools(completion_tool: Path) -> dict[str, Path]:  # noqa: F811 (the imported fixture)
+def tools(completion_tool: Path) -> dict[str, Path]:
     """llama-debug and llama-quantize beside llama-completion (built where missing)."""
     try:
         return llamacpp.require_tools(["llama-debug", "llama-quantize"])
@@ -70,7 +70,7 @@ def last_logits(tool: Path, model: Path, flash_attn: str, rpc: str | None, out: 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["builtin", "smollm2-f32"])
 @pytest.mark.parametrize("flash_attn", ["off", "on"])
-def test_llamacpp_offloads_every_layer_to_the_torch_backend(completion_tool: Path, tools: dict[str, Path],  # noqa: F811
+def test_llamacpp_offloads_every_layer_to_the_torch_backend(completion_tool: Path, tools: dict[str, Path],
                                                             torch_server: str, models: dict[str, Path], name: str,
                                                             flash_attn: str, tmp_path: Path) -> None:
     model = models[name]
