@@ -129,6 +129,11 @@ assert set(_TABLE) == set(range(GGML_TYPE_COUNT))
 assert all(tr.blck_size > 0 for i, tr in TYPE_TRAITS.items() if i in GGMLType._value2member_map_)
 
 
+# the quantized types of weights: all but Q8_1 and Q8_K, which are only src1's partners in ggml's dot products
+QUANT_WEIGHT_TYPES: tuple[GGMLType, ...] = tuple(
+    t for t in GGMLType if TYPE_TRAITS[t].is_quantized and t not in (GGMLType.Q8_1, GGMLType.Q8_K))
+
+
 def as_type(t: GGMLType | int | str) -> GGMLType:
     """A GGMLType from itself, its number or its name ('f16', 'Q4_0'); not 2.5, True or a removed id."""
     if isinstance(t, GGMLType):

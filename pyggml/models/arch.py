@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from pyggml.core.types import TYPE_TRAITS, GGMLType
+from pyggml.core.types import QUANT_WEIGHT_TYPES, GGMLType
 from pyggml.gguf.reader import GGUFFile
 from pyggml.models.metadata import INT32_MAX, ModelFileError, gguf_type, read_bool, read_float, read_int, read_str
 
@@ -76,8 +76,7 @@ ARCHS: dict[str, Arch] = {a.name: a for a in (
 )}
 
 # the types ggml's CPU multiplies by: the float types and every quantized type but src1's partners Q8_1 and Q8_K
-WEIGHT_TYPES: tuple[GGMLType, ...] = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, *(
-    t for t in GGMLType if TYPE_TRAITS[t].is_quantized and t not in (GGMLType.Q8_1, GGMLType.Q8_K)))
+WEIGHT_TYPES: tuple[GGMLType, ...] = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, *QUANT_WEIGHT_TYPES)
 
 
 def arch_of(gf: GGUFFile) -> Arch:

@@ -161,3 +161,10 @@ def test_the_cpu_dequantizer_refuses_what_it_cannot_read() -> None:
         to_float.to_f32(T.I32, np.zeros(4, np.uint8))
     with pytest.raises(ShapeError, match="35 bytes .* 34-byte blocks of Q8_0"):
         to_float.to_f32(T.Q8_0, np.zeros(35, np.uint8))
+
+
+def test_the_cpu_multiplies_by_every_quantized_weight_type() -> None:
+    from pyggml.backends.cpu.kernels.vec_dot.type_table import QUANT_MUL_MAT_TYPES
+    from pyggml.core.types import QUANT_WEIGHT_TYPES
+
+    assert QUANT_MUL_MAT_TYPES == QUANT_WEIGHT_TYPES

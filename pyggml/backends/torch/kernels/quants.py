@@ -13,14 +13,12 @@ import torch
 
 from pyggml.core.errors import UnsupportedTypeError
 from pyggml.core.quants import IMPLEMENTED_TYPES, to_float
-from pyggml.core.types import TYPE_TRAITS, GGMLType
+from pyggml.core.types import QUANT_WEIGHT_TYPES, TYPE_TRAITS, GGMLType
 
 QK8_0 = 32
 QK4_0 = 32
 DEVICE_TYPES = (GGMLType.Q8_0, GGMLType.Q4_0)  # dequantized on the device
-# the quantized weight types (not Q8_1 and Q8_K: only src1's partners in ggml, never a weight)
-DEQUANT_TYPES = tuple(t for t in IMPLEMENTED_TYPES
-                      if TYPE_TRAITS[t].is_quantized and t not in (GGMLType.Q8_1, GGMLType.Q8_K))
+DEQUANT_TYPES = tuple(t for t in QUANT_WEIGHT_TYPES if t in IMPLEMENTED_TYPES)
 
 
 def _scales(blocks: torch.Tensor) -> torch.Tensor:
