@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
+from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel, element_math
 from pyggml.backends.cpu.kernels._common import (
     F32,
     FLOAT_TYPES,
@@ -50,13 +50,6 @@ from pyggml.core.errors import (
 from pyggml.core.ops.params import AccParams, ClampParams, LeakyReluParams, ScaleParams, UnaryParams
 from pyggml.core.tensor import GGMLOp, Tensor, UnaryOp
 from pyggml.core.types import GGMLType
-
-# ggml-cpu's constants (vec.h)
-GELU_COEF_A = 0.044715
-GELU_QUICK_COEF = -1.702
-SQRT_2_OVER_PI = 0.79788456080286535587989211986876
-SQRT_2_INV = 0.70710678118654752440084436210484
-SOFTPLUS_THRESHOLD = 20.0  # softplus(x) is x above it (unary-ops.cpp)
 
 BF16 = GGMLType.BF16
 # the (src0, src1, dst) types with BF16 that ggml-cpu's binary_op computes (binary-ops.cpp)
@@ -203,7 +196,7 @@ def sqrt_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], pa
 
 
 def log_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
-    return _unary_ufunc(node, dst, _src0(node, dst, srcs), np.log)
+    return _unary_ufunc(node, dst, _src0(node, dst, srcs), element_math.ufunc("log"))
 
 
 def scale_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
@@ -273,54 +266,29 @@ def leaky_relu_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | Non
 # --- UNARY: one prepare function per ggml_unary_op ---
 
 
-def _elu(d: np.ndarray, x: np.ndarray, params: ComputeParams) -> Compute:
-    """x > 0 ? x : exp(x) - 1, computed as expm1(min(x, 0)) + max(x, 0)."""
-    t, u = scratch(params, x.shape, x.shape)
+def _element(name: str) -> Callable[[np.ndarray, np.ndarray, ComputeParams], Compute]:
+    """d = ggml-cpu's per-element function `name` of x, in one call (element_math)."""
 
-    def run() -> None:
-        np.minimum(x, 0.0, out=t, dtype=F32)
-        np.expm1(t, out=t)
-        np.maximum(x, 0.0, out=u, dtype=F32)
-        np.add(t, u, out=d)
+    def prepare(d: np.ndarray, x: np.ndarray, params: ComputeParams) -> Compute:
+        return functools.partial(element_math.ufunc(name), x, out=d)
 
-    return run
+    return prepare
 
 
-def _gelu_into(t: np.ndarray, x: np.ndarray) -> None:
-    """t = 0.5 x (1 + tanh(sqrt(2/pi) x (1 + a x^2))) in f32 (t and x may be the same array)."""
-    u = np.multiply(x, x, dtype=F32)
-    u *= np.float32(GELU_COEF_A)
-    u += 1.0
-    u *= x
-    u *= np.float32(SQRT_2_OVER_PI)
-    np.tanh(u, out=u)
-    u += 1.0
-    u *= x
-    np.multiply(u, 0.5, out=t)
-
-
-def _through_f16(d: np.ndarray, x: np.ndarray, params: ComputeParams,
-                 fn: Callable[[np.ndarray, np.ndarray], None], clamp: bool) -> Compute:
-    """d = fn(x) as ggml's f16 tables give it: x rounded to f16, fn computed in f32, the result rounded to f16
-    (F16 data is f16 already; for f32 data this is ggml's GGML_GELU_FP16 / GGML_GELU_QUICK_FP16 path). With
-    `clamp`, GELU's shortcuts: 0 at x <= -10, x itself at x >= 10."""
+def _through_f16(d: np.ndarray, x: np.ndarray, params: ComputeParams, table: str, clamp: bool) -> Compute:
+    """d = ggml's f16 table `table` at x rounded to f16 (F16 data is f16 already; for f32 data this is ggml's
+    GGML_GELU_FP16 / GGML_GELU_QUICK_FP16 path). With `clamp`, GELU's shortcuts: 0 at x <= -10, x itself at
+    x >= 10."""
     (t,) = scratch(params, x.shape)
-    rounds = x.dtype == F32
-    h = np.empty(x.shape, np.float16) if rounds else None
+    values = element_math.f16_table(table)
+    h = np.empty(x.shape, np.float16)
 
     def run() -> None:
-        if h is not None:
-            np.copyto(h, x, casting="same_kind")
-            np.copyto(t, h)
-        else:
-            np.copyto(t, x)
-        fn(t, t)
-        if h is not None:
-            np.copyto(h, t, casting="same_kind")
-            np.copyto(t, h)
-            if clamp:
-                np.copyto(t, 0.0, where=x <= -10.0)
-                np.copyto(t, x, where=x >= 10.0)
+        np.copyto(h, x, casting="same_kind")
+        np.take(values, h.view(np.uint16), out=t)
+        if clamp and x.dtype == F32:
+            np.copyto(t, 0.0, where=x <= -10.0)
+            np.copyto(t, x, where=x >= 10.0)
         np.copyto(d, t)
 
     return run
@@ -328,36 +296,12 @@ def _through_f16(d: np.ndarray, x: np.ndarray, params: ComputeParams,
 
 def _gelu(d: np.ndarray, x: np.ndarray, params: ComputeParams) -> Compute:
     """ggml's GELU (tanh approximation) through its f16 table, as ggml's CPU computes it."""
-    return _through_f16(d, x, params, _gelu_into, clamp=True)
-
-
-def _gelu_quick_into(t: np.ndarray, x: np.ndarray) -> None:
-    """t = x / (1 + exp(-1.702 x)) in f32 (t and x may be the same array)."""
-    u = np.multiply(x, np.float32(GELU_QUICK_COEF), dtype=F32)
-    np.exp(u, out=u)
-    u += 1.0
-    np.divide(x, u, out=t, dtype=F32)
+    return _through_f16(d, x, params, "gelu", clamp=True)
 
 
 def _gelu_quick(d: np.ndarray, x: np.ndarray, params: ComputeParams) -> Compute:
     """ggml's GELU_QUICK through its f16 table, as ggml's CPU computes it."""
-    return _through_f16(d, x, params, _gelu_quick_into, clamp=False)
-
-
-def _direct(fn: Callable[[np.ndarray, np.ndarray], None]) -> Callable[[np.ndarray, np.ndarray, ComputeParams], Compute]:
-    """d = fn(x) computed into f32 scratch, then stored (so d may be x itself); GELU and GELU_QUICK this way are
-    ggml's BF16 rows, without its f16 tables."""
-
-    def prepare(d: np.ndarray, x: np.ndarray, params: ComputeParams) -> Compute:
-        (t,) = scratch(params, x.shape)
-
-        def run() -> None:
-            fn(t, x)
-            np.copyto(d, t)
-
-        return run
-
-    return prepare
+    return _through_f16(d, x, params, "gelu_quick", clamp=False)
 
 
 def _silu(d: np.ndarray, x: np.ndarray, params: ComputeParams, vector_exp: bool = True) -> Compute:
@@ -372,76 +316,6 @@ def _silu(d: np.ndarray, x: np.ndarray, params: ComputeParams, vector_exp: bool 
         np.copyto(t, x, casting="same_kind")
         silu_rows(t2, t2, no_gate, lanes)
         np.copyto(d, t, casting="same_kind")
-
-    return run
-
-
-def _hardsigmoid_into(t: np.ndarray, x: np.ndarray) -> None:
-    """t = min(1, max(0, (x + 3) / 6))."""
-    np.add(x, 3.0, out=t, dtype=F32)
-    np.divide(t, 6.0, out=t)
-    np.clip(t, 0.0, 1.0, out=t)
-
-
-def _hardswish(d: np.ndarray, x: np.ndarray, params: ComputeParams) -> Compute:
-    """x * min(1, max(0, (x + 3) / 6))."""
-    (t,) = scratch(params, x.shape)
-
-    def run() -> None:
-        _hardsigmoid_into(t, x)
-        np.multiply(x, t, out=d, dtype=F32)
-
-    return run
-
-
-def _sigmoid_into(t: np.ndarray, x: np.ndarray) -> None:
-    """t = 1 / (1 + exp(-x)) in f32."""
-    np.negative(x, out=t, dtype=F32)
-    np.exp(t, out=t)
-    np.add(t, 1.0, out=t)
-    np.reciprocal(t, out=t)
-
-
-def _gelu_erf(d: np.ndarray, x: np.ndarray, params: ComputeParams) -> Compute:
-    """0.5 x (1 + erf(x / sqrt(2))), in f32 (erf from math.erf, compiled by numba)."""
-    (t,) = scratch(params, x.shape)
-    erf = _erf_f32()
-    c = np.float32(SQRT_2_INV)
-
-    def run() -> None:
-        np.multiply(x, c, out=t, dtype=F32)
-        erf(t, out=t)
-        np.add(t, 1.0, out=t)
-        np.multiply(t, x, out=t, dtype=F32)
-        np.multiply(t, 0.5, out=d)
-
-    return run
-
-
-def _expm1(d: np.ndarray, x: np.ndarray, params: ComputeParams) -> Compute:
-    """exp(x) - 1 as ggml computes it (expf(x) - 1, not expm1f)."""
-    (t,) = scratch(params, x.shape)
-
-    def run() -> None:
-        np.exp(x, out=t, dtype=F32)
-        np.subtract(t, 1.0, out=d)
-
-    return run
-
-
-def _softplus(d: np.ndarray, x: np.ndarray, params: ComputeParams) -> Compute:
-    """log(1 + exp(x)), x itself above 20."""
-    t, u = scratch(params, x.shape, x.shape)
-    threshold = np.float32(SOFTPLUS_THRESHOLD)
-
-    def run() -> None:
-        np.minimum(x, threshold, out=t, dtype=F32)
-        np.exp(t, out=t)
-        np.add(t, 1.0, out=t)
-        np.log(t, out=t)
-        np.copyto(u, x)
-        np.copyto(t, u, where=u > threshold)
-        np.copyto(d, t)
 
     return run
 
@@ -496,38 +370,24 @@ def _one_call(ufunc: np.ufunc, *args: object) -> Callable[[np.ndarray, np.ndarra
     return prepare
 
 
-@functools.cache
-def _erf_f32() -> np.ufunc:
-    """erf as a float32 ufunc (numba; compiled at the first GELU_ERF)."""
-    import math
-
-    import numba
-
-    @numba.vectorize(["float32(float32)"], cache=True)
-    def erf(x: float) -> float:  # pragma: no cover - compiled
-        return math.erf(x)
-
-    return erf
-
-
 _UNARY: dict[UnaryOp, Callable[[np.ndarray, np.ndarray, ComputeParams], Compute]] = {
     UnaryOp.ABS: _one_call(np.absolute),
-    UnaryOp.SGN: _one_call(np.sign),
+    UnaryOp.SGN: _element("sgn"),
     UnaryOp.NEG: _one_call(np.negative),
     UnaryOp.STEP: _one_call(np.greater, 0.0),
-    UnaryOp.TANH: _one_call(np.tanh),
-    UnaryOp.ELU: _elu,
-    UnaryOp.RELU: _one_call(np.maximum, 0.0),
-    UnaryOp.SIGMOID: _direct(_sigmoid_into),
+    UnaryOp.TANH: _element("tanh"),
+    UnaryOp.ELU: _element("elu"),
+    UnaryOp.RELU: _element("relu"),
+    UnaryOp.SIGMOID: _element("sigmoid"),
     UnaryOp.GELU: _gelu,
     UnaryOp.GELU_QUICK: _gelu_quick,
     UnaryOp.SILU: _silu,
-    UnaryOp.HARDSWISH: _hardswish,
-    UnaryOp.HARDSIGMOID: _direct(_hardsigmoid_into),
-    UnaryOp.EXP: _one_call(np.exp),
-    UnaryOp.EXPM1: _expm1,
-    UnaryOp.SOFTPLUS: _softplus,
-    UnaryOp.GELU_ERF: _gelu_erf,
+    UnaryOp.HARDSWISH: _element("hardswish"),
+    UnaryOp.HARDSIGMOID: _element("hardsigmoid"),
+    UnaryOp.EXP: _element("exp"),
+    UnaryOp.EXPM1: _element("expm1"),
+    UnaryOp.SOFTPLUS: _element("softplus"),
+    UnaryOp.GELU_ERF: _element("gelu_erf"),
     UnaryOp.FLOOR: _one_call(np.floor),
     UnaryOp.CEIL: _one_call(np.ceil),
     UnaryOp.ROUND: _round,
@@ -542,8 +402,8 @@ _UNARY_F16: dict[UnaryOp, Callable[[np.ndarray, np.ndarray, ComputeParams], Comp
 }
 _UNARY_BF16: dict[UnaryOp, Callable[[np.ndarray, np.ndarray, ComputeParams], Compute]] = {
     **_UNARY_F16,
-    UnaryOp.GELU: _direct(_gelu_into),
-    UnaryOp.GELU_QUICK: _direct(_gelu_quick_into),
+    UnaryOp.GELU: _element("gelu"),
+    UnaryOp.GELU_QUICK: _element("gelu_quick"),
 }
 _UNARY_OF_TYPE = {GGMLType.F16: _UNARY_F16, BF16: _UNARY_BF16}
 

@@ -16,9 +16,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
+from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel, element_math
 from pyggml.backends.cpu.kernels._common import bf16_to_f32, f32_to_bf16, noop, reshape_view, scratch
-from pyggml.backends.cpu.kernels.elementwise import SQRT_2_INV, _erf_f32, _gelu_into, _gelu_quick_into
 from pyggml.backends.cpu.kernels.simd_math import host_lanes, silu_rows
 from pyggml.core.errors import GGMLError, ShapeError, UnsupportedTypeError
 from pyggml.core.ops.params import GLUParams
@@ -63,13 +62,11 @@ def _swiglu(x: np.ndarray, g: np.ndarray, p: GLUParams, type: GGMLType, lanes: i
     silu_rows(x2, x2, g.reshape(-1, nc), lanes)
 
 
-def _through_f16_table(x: np.ndarray, fn: Callable[[np.ndarray, np.ndarray], None], shortcuts: bool) -> None:
-    """x = fn(x) as ggml's f16 table gives it: fn of x rounded to f16, rounded to f16. With `shortcuts`
-    (GEGLU on F32 data), 0 at x <= -10 and x itself at x >= 10, as ggml_vec_geglu_f32."""
+def _through_f16_table(x: np.ndarray, table: str, shortcuts: bool) -> None:
+    """x = ggml's f16 table `table` at x rounded to f16. With `shortcuts` (GEGLU on F32 data), 0 at x <= -10 and
+    x itself at x >= 10, as ggml_vec_geglu_f32."""
     orig = x.copy() if shortcuts else None
-    t = x.astype(np.float16).astype(np.float32)
-    fn(t, t)
-    np.copyto(x, t.astype(np.float16))
+    np.take(element_math.f16_table(table), x.astype(np.float16).view(np.uint16), out=x)
     if orig is not None:
         np.copyto(x, np.float32(0.0), where=orig <= -10.0)
         np.copyto(x, orig, where=orig >= 10.0)
@@ -77,27 +74,23 @@ def _through_f16_table(x: np.ndarray, fn: Callable[[np.ndarray, np.ndarray], Non
 
 def _geglu(x: np.ndarray, g: np.ndarray, p: GLUParams, type: GGMLType) -> None:
     if type == BF16:
-        _gelu_into(x, x)
+        element_math.ufunc("gelu")(x, out=x)
     else:
-        _through_f16_table(x, _gelu_into, shortcuts=type == F32)
+        _through_f16_table(x, "gelu", shortcuts=type == F32)
     x *= g
 
 
 def _geglu_quick(x: np.ndarray, g: np.ndarray, p: GLUParams, type: GGMLType) -> None:
     if type == BF16:
-        _gelu_quick_into(x, x)
+        element_math.ufunc("gelu_quick")(x, out=x)
     else:
-        _through_f16_table(x, _gelu_quick_into, shortcuts=False)
+        _through_f16_table(x, "gelu_quick", shortcuts=False)
     x *= g
 
 
 def _geglu_erf(x: np.ndarray, g: np.ndarray, p: GLUParams, type: GGMLType) -> None:
     """0.5 x (1 + erf(x / sqrt(2))) * g."""
-    e = np.multiply(x, np.float32(SQRT_2_INV))
-    _erf_f32()(e, out=e)
-    e += np.float32(1.0)
-    x *= np.float32(0.5)
-    x *= e
+    element_math.ufunc("gelu_erf")(x, out=x)
     x *= g
 
 
