@@ -49,7 +49,7 @@ def _reglu(x: np.ndarray, g: np.ndarray, p: GLUParams, type: GGMLType) -> None:
 def _silu_into(x: np.ndarray) -> None:
     """x = x / (1 + exp(-x)) in place (f32)."""
     e = np.negative(x)
-    np.exp(e, out=e)
+    element_math.ufunc("exp")(e, out=e)
     e += np.float32(1.0)
     np.divide(x, e, out=x)
 
@@ -100,7 +100,7 @@ def _swiglu_oai(x: np.ndarray, g: np.ndarray, p: GLUParams, type: GGMLType) -> N
     np.minimum(x, limit, out=x)
     np.clip(g, -limit, limit, out=g)
     e = np.multiply(x, -np.float32(p.alpha))
-    np.exp(e, out=e)
+    element_math.ufunc("exp")(e, out=e)
     e += np.float32(1.0)
     np.divide(x, e, out=x)
     g += np.float32(1.0)

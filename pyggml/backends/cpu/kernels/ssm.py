@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
+from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel, element_math
 from pyggml.backends.cpu.kernels._common import F32, noop, require_types
 from pyggml.core.errors import OutOfBoundsError, ShapeError
 from pyggml.core.ops.params import GatedDeltaNetParams, GatedLinearAttnParams, SsmScanParams
@@ -13,8 +13,6 @@ from pyggml.core.tensor import GGMLOp, Tensor
 from pyggml.core.types import GGMLType
 
 _F32 = (GGMLType.F32,)
-_ONE = np.float32(1.0)
-_SOFTPLUS_LINEAR = np.float32(20.0)
 
 
 def _srcs(node: Tensor, srcs: list[np.ndarray | None], n: int) -> list[np.ndarray]:
@@ -74,8 +72,7 @@ def ssm_conv_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None]
 
 def softplus(x: np.ndarray) -> np.ndarray:
     """ggml_compute_softplus_f32: x above 20, else logf(1 + expf(x)), in float32."""
-    soft = np.log(_ONE + np.exp(np.minimum(x, _SOFTPLUS_LINEAR)))
-    return np.where(x > _SOFTPLUS_LINEAR, x, soft).astype(F32, copy=False)
+    return element_math.ufunc("softplus")(x)
 
 
 def ssm_scan_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
@@ -118,9 +115,9 @@ def ssm_scan_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None]
             b = B[:, t][:, group]
             cc = C[:, t][:, group]
             if a0 == 1:
-                decay = np.exp(sp * a[:, 0])[:, :, None, None]  # Mamba-2: one decay per head
+                decay = element_math.ufunc("exp")(sp * a[:, 0])[:, :, None, None]  # Mamba-2: one decay per head
             else:
-                decay = np.exp(sp[:, :, None] * a)[:, :, None, :]  # Mamba-1: one per state element
+                decay = element_math.ufunc("exp")(sp[:, :, None] * a)[:, :, None, :]  # Mamba-1: one per state element
             state *= decay
             state += b[:, :, None, :] * x_dt[:, :, :, None]
             np.matmul(state, cc[:, :, :, None], out=y[:, t, :, :, None])
@@ -252,7 +249,7 @@ def gated_delta_net_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray 
         for t in range(n_tokens):
             qt = q[:, t][qi]
             kt = k[:, t][ki]
-            decay = np.exp(g[:, t])  # (n_seqs, H, 1 or S_v)
+            decay = element_math.ufunc("exp")(g[:, t])  # (n_seqs, H, 1 or S_v)
             m *= decay[:, :, None, :] if kda else decay[:, :, :, None]
             delta = (v[:, t] - np.matmul(m, kt[..., None])[..., 0]) * beta[:, t]
             m += delta[..., :, None] * kt[..., None, :]
