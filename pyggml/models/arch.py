@@ -31,6 +31,7 @@ QK_NORM_ALL = "all"
 
 # the block of the layers whose head_count_kv is 0 (llama.cpp's is_recr), state in pyggml.models.recurrent_state
 RECURRENT_SHORTCONV = "shortconv"  # lfm2: in_proj to B, C, x; C * conv(B * x) over a window of l_cache tokens
+RECURRENT_MAMBA2 = "mamba2"  # granitehybrid: Mamba-2's SSM_CONV, SSM_SCAN with groups, D, a gated grouped RMS norm
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,7 @@ ARCHS: dict[str, Arch] = {a.name: a for a in (
     Arch("granitemoe", granite_scales=True),
     Arch("lfm2", rope_mode=ROPE_MODE_NEOX, qk_norm=QK_NORM_HEAD, recurrent=RECURRENT_SHORTCONV,
          output_norm="token_embd_norm"),
+    Arch("granitehybrid", granite_scales=True, recurrent=RECURRENT_MAMBA2),
     Arch("gpt-oss", rope_mode=ROPE_MODE_NEOX, qkv_bias=True, ffn=FFN_SWIGLU_OAI, swa_pattern=2,
          swa_rope_is_global=True, experts=True, gating=GATING_SOFTMAX_WEIGHT, norm_experts=False,
          ffn_norm="post_attention_norm", attn_sinks=True),
@@ -159,7 +161,8 @@ def _family_scales(gf: GGUFFile, arch: Arch, n_layer: int) -> dict[str, Any]:
         out["rope_layers"] = tuple((il + 1) % arch.no_rope_layer_step != 0 for il in range(n_layer))
     if arch.granite_scales:
         out["rope_layers"] = (read_bool(gf, p + "rope.scaling.finetuned", True),) * n_layer
-        out["f_logit_scale"] = read_float(gf, p + "logit_scale")
+        # granitehybrid's keys are optional (llama.cpp's loader), granite's logit scale is not
+        out["f_logit_scale"] = read_float(gf, p + "logit_scale", *((0.0, True) if arch.recurrent else ()))
         out["f_residual_scale"] = read_float(gf, p + "residual_scale", 0.0, allow_zero=True)
         out["f_embedding_scale"] = read_float(gf, p + "embedding_scale", 0.0, allow_zero=True)
         out["f_attention_scale"] = read_float(gf, p + "attention.scale", 0.0, allow_zero=True)
@@ -188,10 +191,23 @@ def _head_count_kv(gf: GGUFFile, arch: Arch, n_layer: int, n_head: int) -> tuple
 
 
 def _recurrent(gf: GGUFFile, arch: Arch) -> dict[str, int]:
-    """HParams fields of the recurrent blocks: lfm2's conv window."""
+    """HParams fields of the recurrent blocks: lfm2's conv window, Mamba-2's sizes (llama.cpp's ssm_* keys)."""
     p = f"{arch.name}."
     if arch.recurrent == RECURRENT_SHORTCONV:
         return {"n_shortconv_l_cache": read_int(gf, p + "shortconv.l_cache", minimum=2)}
+    if arch.recurrent == RECURRENT_MAMBA2:
+        out = {"ssm_d_conv": read_int(gf, p + "ssm.conv_kernel"), "ssm_d_inner": read_int(gf, p + "ssm.inner_size"),
+               "ssm_d_state": read_int(gf, p + "ssm.state_size"),
+               "ssm_dt_rank": read_int(gf, p + "ssm.time_step_rank"),
+               "ssm_n_group": read_int(gf, p + "ssm.group_count")}
+        for what, n in (("ssm.time_step_rank", out["ssm_dt_rank"]), ("ssm.group_count", out["ssm_n_group"])):
+            if out["ssm_d_inner"] % n:
+                raise ModelFileError(f"'{gf.name}': '{p}ssm.inner_size' = {out['ssm_d_inner']} is not a multiple "
+                                     f"of '{p}{what}' = {n}")
+        if out["ssm_dt_rank"] % out["ssm_n_group"]:
+            raise ModelFileError(f"'{gf.name}': '{p}ssm.time_step_rank' = {out['ssm_dt_rank']} heads are not a "
+                                 f"multiple of '{p}ssm.group_count' = {out['ssm_n_group']}")
+        return out
     return {}
 
 
@@ -447,13 +463,23 @@ def _attention_shapes(hp: HParams, b: str, gf: GGUFFile | None) -> Shapes:
 
 
 def _recurrent_shapes(hp: HParams, b: str) -> Shapes:
-    """A recurrent layer's block: lfm2's short convolution (llama.cpp's load_arch_tensors)."""
+    """A recurrent layer's block: lfm2's short convolution, or Mamba-2's (llama.cpp's load_arch_tensors)."""
     e = hp.n_embd
     if hp.arch.recurrent == RECURRENT_SHORTCONV:
         return {b + "shortconv.conv.weight": ((hp.n_shortconv_l_cache, e), "l_cache, n_embd", True),
                 b + "shortconv.in_proj.weight": ((e, 3 * e), "n_embd, 3 n_embd", True),
                 b + "shortconv.out_proj.weight": ((e, e), "n_embd, n_embd", True)}
-    raise AssertionError(f"{hp.arch.name}: no recurrent block {hp.arch.recurrent!r}")
+    d_inner, n_head, n_group = hp.ssm_d_inner, hp.ssm_dt_rank, hp.ssm_n_group
+    d_xbc = d_inner + 2 * n_group * hp.ssm_d_state
+    return {b + "ssm_in.weight": ((e, d_inner + d_xbc + n_head), "n_embd, 2 d_inner + 2 n_group d_state + n_head",
+                                  True),
+            b + "ssm_conv1d.weight": ((hp.ssm_d_conv, d_xbc), "d_conv, d_inner + 2 n_group d_state", True),
+            b + "ssm_conv1d.bias": ((d_xbc,), "d_inner + 2 n_group d_state", False),
+            b + "ssm_dt.bias": ((n_head,), "n_head", True),
+            b + "ssm_a": ((1, n_head), "1, n_head", True),
+            b + "ssm_d": ((1, n_head), "1, n_head", True),
+            b + "ssm_norm.weight": ((d_inner // n_group, n_group), "d_inner / n_group, n_group", True),
+            b + "ssm_out.weight": ((d_inner, e), "d_inner, n_embd", True)}
 
 
 def _expert_shapes(hp: HParams, b: str, gf: GGUFFile | None) -> Shapes:

@@ -272,8 +272,7 @@ class _Builder:
 
     def recurrent(self, h: Tensor, il: int) -> Tensor:
         """The family's block of a layer without attention, over the batch's one sequence and its state."""
-        assert self.hp.arch.recurrent == RECURRENT_SHORTCONV
-        return self.shortconv(h, il)
+        return self.shortconv(h, il) if self.hp.arch.recurrent == RECURRENT_SHORTCONV else self.mamba2(h, il)
 
     def conv_window(self, cur: Tensor, il: int, d_conv: int) -> Tensor:
         """The state's last `d_conv` inputs then the batch's `cur` [n_tokens, channels, 1], the new state (the
@@ -299,6 +298,45 @@ class _Builder:
         conv = ctx.ssm_conv(window, self.w[b + "shortconv.conv.weight"]).set_name(f"model.layers.{il}.conv.conv")
         y = ctx.mul_mat(self.w[b + "shortconv.out_proj.weight"], ctx.mul(c, conv))
         return ctx.reshape_2d(y, y.ne[0], n_tokens).set_name(f"model.layers.{il}.conv.out_proj")
+
+    def mamba2(self, h: Tensor, il: int) -> Tensor:
+        """Mamba-2 (llama.cpp's build_mamba2_layer, one sequence): z, xBC, dt = ssm_in(h); xBC through the causal
+        conv and SiLU; SSM_SCAN of x, dt, A, B, C by groups from the state; + D x; gated by z; grouped RMS norm."""
+        ctx, hp, w, b, n_tokens = self.ctx, self.hp, self.w, f"blk.{il}.", self.n_tokens
+        rs, inp = self.rs, self.rs_inp
+        assert rs is not None and inp is not None
+        d_inner, d_state, n_head, n_group = hp.ssm_d_inner, hp.ssm_d_state, hp.ssm_dt_rank, hp.ssm_n_group
+        head_dim, d_xbc = d_inner // n_head, d_inner + 2 * n_group * d_state
+        zxbcdt = ctx.reshape_3d(ctx.mul_mat(w[b + "ssm_in.weight"], h), d_xbc + d_inner + n_head, n_tokens, 1)
+        nb1, nb2, es = zxbcdt.nb[1], zxbcdt.nb[2], zxbcdt.nb[0]
+        z = ctx.view_4d(zxbcdt, head_dim, n_head, n_tokens, 1, head_dim * es, nb1, nb2, 0)
+        xbc = ctx.view_3d(zxbcdt, d_xbc, n_tokens, 1, nb1, nb2, d_inner * es)
+        dt = ctx.view_3d(zxbcdt, n_head, n_tokens, 1, nb1, nb2, (d_inner + d_xbc) * es)
+        window = self.conv_window(ctx.transpose(xbc), il, hp.ssm_d_conv - 1)
+        xbc = ctx.ssm_conv(window, w[b + "ssm_conv1d.weight"])
+        if b + "ssm_conv1d.bias" in w:
+            xbc = ctx.add(xbc, w[b + "ssm_conv1d.bias"])
+        xbc = ctx.silu(xbc)
+        nb1, nb2, es = xbc.nb[1], xbc.nb[2], xbc.nb[0]
+        x = ctx.view_4d(xbc, head_dim, n_head, n_tokens, 1, head_dim * es, nb1, nb2, 0)
+        B = ctx.view_4d(xbc, d_state, n_group, n_tokens, 1, d_state * es, nb1, nb2, d_inner * es)
+        C = ctx.view_4d(xbc, d_state, n_group, n_tokens, 1, d_state * es, nb1, nb2, (d_inner + n_group * d_state) * es)
+        dt = ctx.add(ctx.cont(dt), w[b + "ssm_dt.bias"])
+
+        def scan(ctx: Context, states: Tensor, ids: Tensor) -> Tensor:
+            s = ctx.reshape_4d(states, d_state, head_dim, n_head, states.ne[1])
+            return ctx.ssm_scan(s, x, dt, w[b + "ssm_a"], B, C, ids, 1)
+
+        y_ssm = rs.read(ctx, self.gf, rs.s[il], inp, scan)
+        rs.write(ctx, self.gf, rs.s[il], ctx.view_1d(y_ssm, hp.n_embd_s, x.nelements() * y_ssm.nb[0]), inp)
+        xs = x.nb[1]
+        y = ctx.view_4d(y_ssm, head_dim, n_head, n_tokens, 1, xs, n_head * xs, n_tokens * n_head * xs, 0)
+        y = ctx.add(y, ctx.mul(x, w[b + "ssm_d"])).set_name(f"mamba2_y_add_d-{il}")
+        z = ctx.cont(z)
+        y = ctx.swiglu_split(z, y) if self.glu else ctx.mul(ctx.silu(z), y)
+        y = self.norm(ctx.reshape_4d(y, d_inner // n_group, n_group, n_tokens, 1), b + "ssm_norm.weight",
+                      "ssm_norm", il)
+        return ctx.mul_mat(w[b + "ssm_out.weight"], ctx.reshape_2d(y, d_inner, n_tokens)).set_name(f"mamba_out-{il}")
 
     def layer(self, x: Tensor, il: int) -> Tensor:
         b, hp = f"blk.{il}.", self.hp

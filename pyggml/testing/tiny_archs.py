@@ -116,6 +116,16 @@ SPECS: dict[str, Spec] = {
     "lfm2": Spec("Lfm2Config", "Lfm2ForCausalLM", "llama-spm",
                  {"vocab_size": 32000, "num_hidden_layers": 3, "layer_types": ["conv", "full_attention", "conv"],
                   "block_auto_adjust_ff_dim": False, "norm_eps": 1e-5, "tie_word_embeddings": True}),
+    # Mamba-2 blocks (8 heads of 16 in 2 groups, a state of 16, a window of 4) beside attention, Granite's scales,
+    # 8 experts (2 a token) and a shared expert
+    "granitehybrid": Spec("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM", "llama-spm",
+                          {"vocab_size": 32000, "num_hidden_layers": 3, "layer_types": ["mamba", "attention", "mamba"],
+                           "tie_word_embeddings": False, "intermediate_size": 32, "shared_intermediate_size": 48,
+                           "num_local_experts": 8, "num_experts_per_tok": 2, "embedding_multiplier": 12.0,
+                           "residual_multiplier": 0.22, "attention_multiplier": 0.0078125, "logits_scaling": 8.0,
+                           "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_n_groups": 2, "mamba_d_state": 16,
+                           "mamba_d_conv": 4, "mamba_expand": 2},
+                          file_config={"layer_types": ["mamba", "attention", "mamba"]}),
     # Llama 3's rope: the converter's rope_freqs tensor of frequency factors
     "llama3": Spec("LlamaConfig", "LlamaForCausalLM", "llama-spm",
                    {"vocab_size": 32000, "num_hidden_layers": 2, "tie_word_embeddings": True,

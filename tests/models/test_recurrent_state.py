@@ -1,5 +1,5 @@
-"""The recurrent state beside the KV cache (pyggml.models.recurrent_state) under the sequence API, on a tiny lfm2
-checkpoint: what a sequence's logits are when it is alone is what they are when it shares batches,
+"""The recurrent state beside the KV cache (pyggml.models.recurrent_state) under the sequence API, on tiny lfm2 and
+granitehybrid checkpoints: what a sequence's logits are when it is alone is what they are when it shares batches,
 is copied, or is removed and evaluated again; what llama.cpp's recurrent memory refuses raises a typed error and
 changes nothing."""
 
@@ -16,7 +16,7 @@ from pyggml.models.metadata import ModelFileError
 from pyggml.models.recurrent_state import RecurrentStateError
 from pyggml.testing.tiny_archs import hparams_of
 
-HYBRIDS = ("lfm2",)
+HYBRIDS = ("lfm2", "granitehybrid")
 TOL = 1e-5  # of the logits' scale: the same arithmetic in other batches
 
 
@@ -133,10 +133,17 @@ def _hparams(tmp_path: Path, arch: str, meta: dict[str, object]) -> pm.HParams:
     return hparams_of(tmp_path / "h.gguf", arch, meta, block_count=3)
 
 
+MAMBA2 = {"ssm.conv_kernel": 4, "ssm.inner_size": 128, "ssm.state_size": 16, "ssm.time_step_rank": 8,
+          "ssm.group_count": 2}
+
+
 def test_recurrent_layers_and_state_sizes_from_the_file(tmp_path: Path) -> None:
     lfm2 = _hparams(tmp_path, "lfm2", {"attention.head_count_kv": [0, 2, 0], "shortconv.l_cache": 3})
     assert lfm2.recurrent_layers == (True, False, True) and lfm2.n_head_kv == 2
     assert (lfm2.n_embd_r, lfm2.n_embd_s) == (2 * 64, 0)
+    granite = _hparams(tmp_path, "granitehybrid", {"attention.head_count_kv": [0, 0, 4], **MAMBA2})
+    assert granite.recurrent_layers == (True, True, False) and granite.f_logit_scale == 0.0
+    assert (granite.n_embd_r, granite.n_embd_s) == (3 * (128 + 2 * 2 * 16), 16 * 128)
     assert _hparams(tmp_path, "llama", {"attention.head_count_kv": [2, 2, 2]}).recurrent_layers == ()
 
 
@@ -148,6 +155,11 @@ def test_recurrent_layers_and_state_sizes_from_the_file(tmp_path: Path) -> None:
     ("lfm2", {"attention.head_count_kv": [0, 2], "shortconv.l_cache": 3},
      r"'lfm2.attention.head_count_kv' has 2 entries, block_count is 3"),
     ("lfm2", {"attention.head_count_kv": [0, 2, 0]}, r"metadata key 'lfm2.shortconv.l_cache' is missing"),
+    ("granitehybrid", {"attention.head_count_kv": [0, 2, 0], **MAMBA2, "ssm.time_step_rank": 6},
+     r"'granitehybrid.ssm.inner_size' = 128 is not a multiple of 'granitehybrid.ssm.time_step_rank' = 6"),
+    ("granitehybrid", {"attention.head_count_kv": [0, 2, 0], **MAMBA2, "ssm.time_step_rank": 4,
+                       "ssm.group_count": 8},
+     r"'granitehybrid.ssm.time_step_rank' = 4 heads are not a multiple of 'granitehybrid.ssm.group_count' = 8"),
 ])
 def test_recurrent_hparams_pyggml_cannot_run_are_named(tmp_path: Path, arch: str, meta: dict[str, object],
                                                        message: str) -> None:
