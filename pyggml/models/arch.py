@@ -76,12 +76,12 @@ ARCHS: dict[str, Arch] = {a.name: a for a in (
     Arch("smollm3", no_rope_layer_step=4),
     Arch("granite", granite_scales=True),
     Arch("granitemoe", granite_scales=True),
-    Arch("lfm2", rope_mode=ROPE_MODE_NEOX, qk_norm=QK_NORM_HEAD, recurrent=RECURRENT_SHORTCONV,
-         output_norm="token_embd_norm"),
-    Arch("granitehybrid", granite_scales=True, recurrent=RECURRENT_MAMBA2),
     Arch("gpt-oss", rope_mode=ROPE_MODE_NEOX, qkv_bias=True, ffn=FFN_SWIGLU_OAI, swa_pattern=2,
          swa_rope_is_global=True, experts=True, gating=GATING_SOFTMAX_WEIGHT, norm_experts=False,
          ffn_norm="post_attention_norm", attn_sinks=True),
+    Arch("lfm2", rope_mode=ROPE_MODE_NEOX, qk_norm=QK_NORM_HEAD, recurrent=RECURRENT_SHORTCONV,
+         output_norm="token_embd_norm"),
+    Arch("granitehybrid", granite_scales=True, recurrent=RECURRENT_MAMBA2),
 )}
 
 # the types ggml's CPU multiplies by: the float types and every quantized type but src1's partners Q8_1 and Q8_K
