@@ -29,7 +29,6 @@ GATING_SOFTMAX_WEIGHT = "softmax_weight"
 QK_NORM_HEAD = "head"
 QK_NORM_ALL = "all"
 
-# the block of the layers whose head_count_kv is 0 (llama.cpp's is_recr), state in pyggml.models.recurrent_state
 RECURRENT_SHORTCONV = "shortconv"  # lfm2: in_proj to B, C, x; C * conv(B * x) over a window of l_cache tokens
 RECURRENT_MAMBA2 = "mamba2"  # granitehybrid: Mamba-2's SSM_CONV, SSM_SCAN with groups, D, a gated grouped RMS norm
 
@@ -58,7 +57,7 @@ class Arch:
     norm_experts: bool = True
     ffn_norm: str = "ffn_norm"  # the FFN's input norm (gpt-oss: post_attention_norm)
     attn_sinks: bool = False  # attn_sinks of n_head: one more logit per head in each softmax row
-    recurrent: str = ""  # the block of layers without attention (head_count_kv 0), RECURRENT_*
+    recurrent: str = ""  # RECURRENT_*: the block of the layers of 0 KV heads (llama.cpp's is_recr)
     output_norm: str = "output_norm"  # the final norm's tensor (lfm2: token_embd_norm)
 
 
@@ -171,8 +170,7 @@ def _family_scales(gf: GGUFFile, arch: Arch, n_layer: int) -> dict[str, Any]:
 
 
 def _head_count_kv(gf: GGUFFile, arch: Arch, n_layer: int, n_head: int) -> tuple[int, tuple[bool, ...]]:
-    """(n_head_kv, the recurrent layers): a per-layer head_count_kv array marks with 0 the layers of the family's
-    recurrent block (llama.cpp's is_recr); pyggml's KV cache takes one width, so the others must agree."""
+    """(n_head_kv, the recurrent layers: 0 in a per-layer array); the KV cache takes one width for the others."""
     key = f"{arch.name}.attention.head_count_kv"
     found = gguf_type(gf, key)
     if found is None or not found.startswith("ARRAY"):
@@ -267,7 +265,6 @@ class HParams:
 
     @property
     def any_rope(self) -> bool:
-        """Whether the graph reads the positions: some attention layer ropes."""
         return any(self.has_rope(il) and not self.is_recurrent(il) for il in range(self.n_layer))
 
     @property
@@ -433,7 +430,6 @@ def expected_shapes(hp: HParams, gf: GGUFFile | None = None) -> Shapes:
 
 
 def _linear(name: str, n_in: int, n_out: int, made_of: str, bias: bool = False, required: bool = True) -> Shapes:
-    """A weight [n_in, n_out] and its bias [n_out] (required with `bias` where the weight is)."""
     return {name + ".weight": ((n_in, n_out), made_of, required),
             name + ".bias": ((n_out,), made_of.split(", ")[-1], bias and required)}
 

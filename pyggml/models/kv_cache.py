@@ -102,7 +102,6 @@ class KVCache:
         try:
             for backend, tensors in groups.values():
                 n_layers = (len(tensors) - len(rot_orders)) // 2
-                # zeroed: padded cells read through the mask must not hold NaN
                 buffer, size = alloc_zeroed(backend, tensors, f"KV cache on '{backend.name()}' ({n_layers} layers, "
                                                               f"n_ctx {n_ctx})")
                 buffer.name = f"{backend.name()} KV cache"

@@ -47,8 +47,8 @@ def alloc_checked(backend: Backend, size: int, what: str) -> Buffer:
 
 
 def alloc_zeroed(backend: Backend, tensors: Sequence[Tensor], what: str) -> tuple[Buffer, int]:
-    """One buffer of `backend` holding `tensors` (each at the backend's alignment), zeroed as llama.cpp clears
-    its caches' buffers; (the buffer, its size). OutOfMemoryError as `alloc_checked`."""
+    """One buffer of `backend` holding `tensors` (each at the backend's alignment), zeroed as llama.cpp clears its
+    caches' (a KV cache's padded cells are read through the mask: NaN there would spread); (buffer, size)."""
     align = backend.get_alignment()
     size = sum((t.nbytes() + align - 1) // align * align for t in tensors)
     buffer = alloc_checked(backend, size, what)
