@@ -192,6 +192,10 @@ def _recurrent(gf: GGUFFile, arch: Arch) -> dict[str, int]:
     """HParams fields of the recurrent blocks: lfm2's conv window, Mamba-2's sizes (llama.cpp's ssm_* keys)."""
     p = f"{arch.name}."
     if arch.recurrent == RECURRENT_SHORTCONV:
+        if read_int(gf, p + "attention.sliding_window", 0, minimum=0) or not read_bool(gf, p + "attention.causal",
+                                                                                      True):
+            raise ModelFileError(f"'{gf.name}': '{p}attention.sliding_window' or '{p}attention.causal' = false: "
+                                 f"pyggml's lfm2 has causal global attention only (llama.cpp's other lfm2 graphs)")
         return {"n_shortconv_l_cache": read_int(gf, p + "shortconv.l_cache", minimum=2)}
     if arch.recurrent == RECURRENT_MAMBA2:
         out = {"ssm_d_conv": read_int(gf, p + "ssm.conv_kernel"), "ssm_d_inner": read_int(gf, p + "ssm.inner_size"),

@@ -155,6 +155,11 @@ def test_recurrent_layers_and_state_sizes_from_the_file(tmp_path: Path) -> None:
     ("lfm2", {"attention.head_count_kv": [0, 2], "shortconv.l_cache": 3},
      r"'lfm2.attention.head_count_kv' has 2 entries, block_count is 3"),
     ("lfm2", {"attention.head_count_kv": [0, 2, 0]}, r"metadata key 'lfm2.shortconv.l_cache' is missing"),
+    ("lfm2", {"attention.head_count_kv": [0, 2, 0], "shortconv.l_cache": 3, "attention.sliding_window": 512},
+     r"'lfm2.attention.sliding_window' or 'lfm2.attention.causal' = false: pyggml's lfm2 has causal global "
+     r"attention only"),
+    ("lfm2", {"attention.head_count_kv": [0, 2, 0], "shortconv.l_cache": 3, "attention.causal": False},
+     r"pyggml's lfm2 has causal global attention only"),
     ("granitehybrid", {"attention.head_count_kv": [0, 2, 0], **MAMBA2, "ssm.time_step_rank": 6},
      r"'granitehybrid.ssm.inner_size' = 128 is not a multiple of 'granitehybrid.ssm.time_step_rank' = 6"),
     ("granitehybrid", {"attention.head_count_kv": [0, 2, 0], **MAMBA2, "ssm.time_step_rank": 4,
