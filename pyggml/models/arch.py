@@ -29,6 +29,9 @@ GATING_SOFTMAX_WEIGHT = "softmax_weight"
 QK_NORM_HEAD = "head"
 QK_NORM_ALL = "all"
 
+RECURRENT_SHORTCONV = "shortconv"  # lfm2: in_proj to B, C, x; C * conv(B * x) over a window of l_cache tokens
+RECURRENT_MAMBA2 = "mamba2"  # granitehybrid: Mamba-2's SSM_CONV, SSM_SCAN with groups, D, a gated grouped RMS norm
+
 
 @dataclass(frozen=True)
 class Arch:
@@ -54,6 +57,8 @@ class Arch:
     norm_experts: bool = True
     ffn_norm: str = "ffn_norm"  # the FFN's input norm (gpt-oss: post_attention_norm)
     attn_sinks: bool = False  # attn_sinks of n_head: one more logit per head in each softmax row
+    recurrent: str = ""  # RECURRENT_*: the block of the layers of 0 KV heads (llama.cpp's is_recr)
+    output_norm: str = "output_norm"  # the final norm's tensor (lfm2: token_embd_norm)
 
 
 ARCHS: dict[str, Arch] = {a.name: a for a in (
@@ -73,6 +78,9 @@ ARCHS: dict[str, Arch] = {a.name: a for a in (
     Arch("gpt-oss", rope_mode=ROPE_MODE_NEOX, qkv_bias=True, ffn=FFN_SWIGLU_OAI, swa_pattern=2,
          swa_rope_is_global=True, experts=True, gating=GATING_SOFTMAX_WEIGHT, norm_experts=False,
          ffn_norm="post_attention_norm", attn_sinks=True),
+    Arch("lfm2", rope_mode=ROPE_MODE_NEOX, qk_norm=QK_NORM_HEAD, recurrent=RECURRENT_SHORTCONV,
+         output_norm="token_embd_norm"),
+    Arch("granitehybrid", granite_scales=True, recurrent=RECURRENT_MAMBA2),
 )}
 
 # the types ggml's CPU multiplies by: the float types and every quantized type but src1's partners Q8_1 and Q8_K
@@ -152,12 +160,57 @@ def _family_scales(gf: GGUFFile, arch: Arch, n_layer: int) -> dict[str, Any]:
         out["rope_layers"] = tuple((il + 1) % arch.no_rope_layer_step != 0 for il in range(n_layer))
     if arch.granite_scales:
         out["rope_layers"] = (read_bool(gf, p + "rope.scaling.finetuned", True),) * n_layer
-        out["f_logit_scale"] = read_float(gf, p + "logit_scale")
+        # granitehybrid's keys are optional (llama.cpp's loader), granite's logit scale is not
+        out["f_logit_scale"] = read_float(gf, p + "logit_scale", *((0.0, True) if arch.recurrent else ()))
         out["f_residual_scale"] = read_float(gf, p + "residual_scale", 0.0, allow_zero=True)
         out["f_embedding_scale"] = read_float(gf, p + "embedding_scale", 0.0, allow_zero=True)
         out["f_attention_scale"] = read_float(gf, p + "attention.scale", 0.0, allow_zero=True)
         out["n_ff_shexp"] = read_int(gf, p + "expert_shared_feed_forward_length", 0, minimum=0)
     return out
+
+
+def _head_count_kv(gf: GGUFFile, arch: Arch, n_layer: int, n_head: int) -> tuple[int, tuple[bool, ...]]:
+    """(n_head_kv, the recurrent layers: 0 in a per-layer array); the KV cache takes one width for the others."""
+    key = f"{arch.name}.attention.head_count_kv"
+    found = gguf_type(gf, key)
+    if found is None or not found.startswith("ARRAY"):
+        return read_int(gf, key, n_head), ()
+    counts = [int(x) for x in gf.get(key)]
+    if len(counts) != n_layer:
+        raise ModelFileError(f"'{gf.name}': '{key}' has {len(counts)} entries, block_count is {n_layer}")
+    if not arch.recurrent and 0 in counts:
+        raise ModelFileError(f"'{gf.name}': '{key}' = {counts} has layers of 0 KV heads; {arch.name} has no "
+                             f"recurrent layers")
+    widths = sorted({n for n in counts if n})
+    if len(widths) > 1 or any(n < 0 for n in counts):
+        raise ModelFileError(f"'{gf.name}': '{key}' = {counts}: pyggml's attention layers need one KV head count "
+                             f"(and recurrent layers 0)")
+    return (widths[0] if widths else n_head), tuple(n == 0 for n in counts) if arch.recurrent else ()
+
+
+def _recurrent(gf: GGUFFile, arch: Arch) -> dict[str, int]:
+    """HParams fields of the recurrent blocks: lfm2's conv window, Mamba-2's sizes (llama.cpp's ssm_* keys)."""
+    p = f"{arch.name}."
+    if arch.recurrent == RECURRENT_SHORTCONV:
+        if read_int(gf, p + "attention.sliding_window", 0, minimum=0) or not read_bool(gf, p + "attention.causal",
+                                                                                      True):
+            raise ModelFileError(f"'{gf.name}': '{p}attention.sliding_window' or '{p}attention.causal' = false: "
+                                 f"pyggml's lfm2 has causal global attention only (llama.cpp's other lfm2 graphs)")
+        return {"n_shortconv_l_cache": read_int(gf, p + "shortconv.l_cache", minimum=2)}
+    if arch.recurrent == RECURRENT_MAMBA2:
+        out = {"ssm_d_conv": read_int(gf, p + "ssm.conv_kernel"), "ssm_d_inner": read_int(gf, p + "ssm.inner_size"),
+               "ssm_d_state": read_int(gf, p + "ssm.state_size"),
+               "ssm_dt_rank": read_int(gf, p + "ssm.time_step_rank"),
+               "ssm_n_group": read_int(gf, p + "ssm.group_count")}
+        for what, n in (("ssm.time_step_rank", out["ssm_dt_rank"]), ("ssm.group_count", out["ssm_n_group"])):
+            if out["ssm_d_inner"] % n:
+                raise ModelFileError(f"'{gf.name}': '{p}ssm.inner_size' = {out['ssm_d_inner']} is not a multiple "
+                                     f"of '{p}{what}' = {n}")
+        if out["ssm_dt_rank"] % out["ssm_n_group"]:
+            raise ModelFileError(f"'{gf.name}': '{p}ssm.time_step_rank' = {out['ssm_dt_rank']} heads are not a "
+                                 f"multiple of '{p}ssm.group_count' = {out['ssm_n_group']}")
+        return out
+    return {}
 
 
 @dataclass(frozen=True)
@@ -195,6 +248,40 @@ class HParams:
     n_expert_used: int = 0
     n_ff_exp: int = 0
     n_ff_shexp: int = 0
+    recurrent_layers: tuple[bool, ...] = field(default=())  # llama.cpp's is_recr (empty: none)
+    n_shortconv_l_cache: int = 0
+    ssm_d_conv: int = 0
+    ssm_d_inner: int = 0
+    ssm_d_state: int = 0
+    ssm_dt_rank: int = 0  # Mamba-2's heads
+    ssm_n_group: int = 0
+
+    def is_recurrent(self, il: int) -> bool:
+        return bool(self.recurrent_layers) and self.recurrent_layers[il]
+
+    @property
+    def any_recurrent(self) -> bool:
+        return any(self.recurrent_layers)
+
+    @property
+    def any_attention(self) -> bool:
+        return not all(self.recurrent_layers or (False,))
+
+    @property
+    def any_rope(self) -> bool:
+        return any(self.has_rope(il) and not self.is_recurrent(il) for il in range(self.n_layer))
+
+    @property
+    def n_embd_r(self) -> int:
+        """A sequence's conv state per layer (llama.cpp's n_embd_r): the last l_cache - 1 or d_conv - 1 inputs."""
+        if self.n_shortconv_l_cache:
+            return self.n_embd * (self.n_shortconv_l_cache - 1)
+        return max(self.ssm_d_conv - 1, 0) * (self.ssm_d_inner + 2 * self.ssm_n_group * self.ssm_d_state)
+
+    @property
+    def n_embd_s(self) -> int:
+        """A sequence's SSM state per layer (llama.cpp's n_embd_s): d_state x d_inner (0 without one)."""
+        return self.ssm_d_state * self.ssm_d_inner
 
     @property
     def head_dim(self) -> int:
@@ -239,7 +326,7 @@ class HParams:
         n_embd = read_int(gf, p + "embedding_length")
         n_layer = read_int(gf, p + "block_count")
         n_head = read_int(gf, p + "attention.head_count")
-        n_head_kv = read_int(gf, p + "attention.head_count_kv", n_head)
+        n_head_kv, recurrent_layers = _head_count_kv(gf, arch, n_layer, n_head)
         head_dim = read_int(gf, p + "attention.key_length", 0, minimum=0)
         if not head_dim and n_embd % n_head:
             raise ModelFileError(f"'{gf.name}': '{p}embedding_length' = {n_embd} is not a multiple of "
@@ -301,7 +388,9 @@ class HParams:
             n_expert_used=n_expert_used,
             n_ff_exp=n_ff_exp,
             f_attn_logit_softcapping=read_float(gf, p + "attn_logit_softcapping", 50.0) if arch.attn_softcap else 0.0,
+            recurrent_layers=recurrent_layers,
             **_family_scales(gf, arch, n_layer),
+            **_recurrent(gf, arch),
         )
         if arch.scale_q:  # llama.cpp: gemma3's f_attention_scale (its 27B by n_embd / n_head), phi3's head size
             by_embd = arch.q_scale_by_embd_layers and n_layer == arch.q_scale_by_embd_layers
@@ -316,51 +405,81 @@ def expected_shapes(hp: HParams, gf: GGUFFile | None = None) -> Shapes:
     """The `ne` of each tensor a file of `hp` holds and whether llama.cpp's loader requires it (the head is
     optional, tied to token_embd); with `gf`, a fused `attn_qkv` replaces Q, K and V."""
     a = hp.arch
-    e, f, v, q, kv, hd = hp.n_embd, hp.n_ff, hp.n_vocab, hp.n_embd_q, hp.n_embd_gqa, hp.head_dim
+    e, f, v = hp.n_embd, hp.n_ff, hp.n_vocab
     out: Shapes = {
-        "token_embd.weight": ((e, v), "n_embd, n_vocab", True), "output_norm.weight": ((e,), "n_embd", True),
+        "token_embd.weight": ((e, v), "n_embd, n_vocab", True), a.output_norm + ".weight": ((e,), "n_embd", True),
         "output.weight": ((e, v), "n_embd, n_vocab", False), "output.bias": ((v,), "n_vocab", False)}
     for name in ("rope_freqs", "rope_factors_long", "rope_factors_short"):
         out[f"{name}.weight"] = ((hp.n_rot // 2,), "n_rot / 2", False)
     for il in range(hp.n_layer):
         b = f"blk.{il}."
-
-        def linear(name: str, n_in: int, n_out: int, made_of: str, bias: bool = False, required: bool = True,
-                   b: str = b) -> None:
-            out[b + name + ".weight"] = ((n_in, n_out), made_of, required)
-            out[b + name + ".bias"] = ((n_out,), made_of.split(", ")[-1], bias and required)
-
         if a.pre_norms:
             out[b + "attn_norm.weight"] = ((e,), "n_embd", True)
-        fused = gf is not None and b + "attn_qkv.weight" in gf
-        linear("attn_qkv", e, q + 2 * kv, "n_embd, n_embd_q + 2 n_embd_gqa", required=fused)
-        linear("attn_q", e, q, "n_embd, n_embd_q", a.qkv_bias, not fused)
-        linear("attn_k", e, kv, "n_embd, n_embd_gqa", a.qkv_bias, not fused)
-        linear("attn_v", e, kv, "n_embd, n_embd_gqa", a.qkv_bias, not fused)
-        linear("attn_output", q, e, "n_embd_q, n_embd")
-        if a.attn_sinks:
-            out[b + "attn_sinks.weight"] = ((hp.n_head,), "n_head", True)
-        if a.qk_norm == QK_NORM_HEAD:
-            out[b + "attn_q_norm.weight"] = ((hd,), "head_dim", True)
-            out[b + "attn_k_norm.weight"] = ((hd,), "head_dim", True)
-        elif a.qk_norm == QK_NORM_ALL:
-            out[b + "attn_q_norm.weight"] = ((q,), "n_embd_q", True)
-            out[b + "attn_k_norm.weight"] = ((kv,), "n_embd_gqa", True)
-        if a.post_norms:
-            out[b + "post_attention_norm.weight"] = ((e,), "n_embd", True)
-            out[b + "post_ffw_norm.weight"] = ((e,), "n_embd", True)
+        if hp.is_recurrent(il):
+            out.update(_recurrent_shapes(hp, b))
+        else:
+            out.update(_attention_shapes(hp, b, gf))
         if a.pre_norms:
             out[b + a.ffn_norm + ".weight"] = ((e,), "n_embd", True)
         if hp.n_expert:
             out.update(_expert_shapes(hp, b, gf))
         elif a.ffn == FFN_SWIGLU_FUSED:
-            linear("ffn_up", e, 2 * f, "n_embd, 2 n_ff")
-            linear("ffn_down", f, e, "n_ff, n_embd")
+            out.update(_linear(b + "ffn_up", e, 2 * f, "n_embd, 2 n_ff"))
+            out.update(_linear(b + "ffn_down", f, e, "n_ff, n_embd"))
         else:
-            linear("ffn_gate", e, f, "n_embd, n_ff")
-            linear("ffn_down", f, e, "n_ff, n_embd")
-            linear("ffn_up", e, f, "n_embd, n_ff")
+            out.update(_linear(b + "ffn_gate", e, f, "n_embd, n_ff"))
+            out.update(_linear(b + "ffn_down", f, e, "n_ff, n_embd"))
+            out.update(_linear(b + "ffn_up", e, f, "n_embd, n_ff"))
     return out
+
+
+def _linear(name: str, n_in: int, n_out: int, made_of: str, bias: bool = False, required: bool = True) -> Shapes:
+    return {name + ".weight": ((n_in, n_out), made_of, required),
+            name + ".bias": ((n_out,), made_of.split(", ")[-1], bias and required)}
+
+
+def _attention_shapes(hp: HParams, b: str, gf: GGUFFile | None) -> Shapes:
+    """An attention layer's Q, K, V (or fused QKV), output, sinks, Q/K norms and post-norms."""
+    a, e, q, kv, hd = hp.arch, hp.n_embd, hp.n_embd_q, hp.n_embd_gqa, hp.head_dim
+    out: Shapes = {}
+    fused = gf is not None and b + "attn_qkv.weight" in gf
+    out.update(_linear(b + "attn_qkv", e, q + 2 * kv, "n_embd, n_embd_q + 2 n_embd_gqa", required=fused))
+    out.update(_linear(b + "attn_q", e, q, "n_embd, n_embd_q", a.qkv_bias, not fused))
+    out.update(_linear(b + "attn_k", e, kv, "n_embd, n_embd_gqa", a.qkv_bias, not fused))
+    out.update(_linear(b + "attn_v", e, kv, "n_embd, n_embd_gqa", a.qkv_bias, not fused))
+    out.update(_linear(b + "attn_output", q, e, "n_embd_q, n_embd"))
+    if a.attn_sinks:
+        out[b + "attn_sinks.weight"] = ((hp.n_head,), "n_head", True)
+    if a.qk_norm == QK_NORM_HEAD:
+        out[b + "attn_q_norm.weight"] = ((hd,), "head_dim", True)
+        out[b + "attn_k_norm.weight"] = ((hd,), "head_dim", True)
+    elif a.qk_norm == QK_NORM_ALL:
+        out[b + "attn_q_norm.weight"] = ((q,), "n_embd_q", True)
+        out[b + "attn_k_norm.weight"] = ((kv,), "n_embd_gqa", True)
+    if a.post_norms:
+        out[b + "post_attention_norm.weight"] = ((e,), "n_embd", True)
+        out[b + "post_ffw_norm.weight"] = ((e,), "n_embd", True)
+    return out
+
+
+def _recurrent_shapes(hp: HParams, b: str) -> Shapes:
+    """A recurrent layer's block: lfm2's short convolution, or Mamba-2's (llama.cpp's load_arch_tensors)."""
+    e = hp.n_embd
+    if hp.arch.recurrent == RECURRENT_SHORTCONV:
+        return {b + "shortconv.conv.weight": ((hp.n_shortconv_l_cache, e), "l_cache, n_embd", True),
+                b + "shortconv.in_proj.weight": ((e, 3 * e), "n_embd, 3 n_embd", True),
+                b + "shortconv.out_proj.weight": ((e, e), "n_embd, n_embd", True)}
+    d_inner, n_head, n_group = hp.ssm_d_inner, hp.ssm_dt_rank, hp.ssm_n_group
+    d_xbc = d_inner + 2 * n_group * hp.ssm_d_state
+    return {b + "ssm_in.weight": ((e, d_inner + d_xbc + n_head), "n_embd, 2 d_inner + 2 n_group d_state + n_head",
+                                  True),
+            b + "ssm_conv1d.weight": ((hp.ssm_d_conv, d_xbc), "d_conv, d_inner + 2 n_group d_state", True),
+            b + "ssm_conv1d.bias": ((d_xbc,), "d_inner + 2 n_group d_state", False),
+            b + "ssm_dt.bias": ((n_head,), "n_head", True),
+            b + "ssm_a": ((1, n_head), "1, n_head", True),
+            b + "ssm_d": ((1, n_head), "1, n_head", True),
+            b + "ssm_norm.weight": ((d_inner // n_group, n_group), "d_inner / n_group, n_group", True),
+            b + "ssm_out.weight": ((d_inner, e), "d_inner, n_embd", True)}
 
 
 def _expert_shapes(hp: HParams, b: str, gf: GGUFFile | None) -> Shapes:

@@ -23,12 +23,14 @@ from pyggml.models.arch import (
     GATING_SOFTMAX,
     QK_NORM_ALL,
     QK_NORM_HEAD,
+    RECURRENT_SHORTCONV,
     SWIGLU_OAI_ALPHA,
     SWIGLU_OAI_LIMIT,
     HParams,
 )
 from pyggml.models.attn_rot import mul_mat_hadamard
 from pyggml.models.kv_cache import KVCache
+from pyggml.models.recurrent_state import RecurrentState, StateInputs
 
 CTX_PAD = 256  # llama.cpp pads the context to a multiple of 256 (llama_context: GGML_PAD(n_ctx, 256))
 
@@ -49,6 +51,7 @@ class GraphInputs:
     norms: list[tuple[int, Tensor]] = field(default_factory=list)
     mask_swa: Tensor | None = None  # the sliding-window layers' mask; None when no layer slides
     out_ids: Tensor | None = None  # I32 [n_outputs] (llama.cpp's inp_out_ids); None: every token
+    rs: StateInputs | None = None  # the recurrent state's cell of the batch's sequence; None: no recurrent layer
 
 
 def _f32(x: float) -> float:
@@ -60,8 +63,9 @@ class _Builder:
 
     def __init__(self, ctx: Context, hp: HParams, w: dict[str, Tensor], kv: KVCache, n_tokens: int, n_past: int,
                  n_kv: int, flash_attn: bool, set_rows: bool, glu: bool, n_outputs: int | None = None,
-                 embeddings: bool = False) -> None:
-        self.ctx, self.hp, self.w, self.kv = ctx, hp, w, kv
+                 embeddings: bool = False, rs: RecurrentState | None = None, rs_cell: tuple[int, int] = (0, -1)
+                 ) -> None:
+        self.ctx, self.hp, self.w, self.kv, self.rs = ctx, hp, w, kv, rs
         self.embeddings = embeddings
         self.n_tokens, self.n_past, self.n_kv = n_tokens, n_past, n_kv
         self.flash_attn, self.glu = flash_attn, glu
@@ -76,6 +80,7 @@ class _Builder:
                          if hp.any_swa else None)
         self.out_ids = (ctx.new_tensor_1d(GGMLType.I32, n_outputs).set_name("inp_out_ids").set_input()
                         if n_outputs is not None and n_outputs < n_tokens else None)
+        self.rs_inp = rs.inputs(ctx, *rs_cell) if rs is not None else None
         self.k_idxs: Tensor | None = None
         self.v_idxs: Tensor | None = None
         if set_rows:
@@ -265,10 +270,79 @@ class _Builder:
             out = ctx.add(out.set_name(f"ffn_moe_out-{il}"), self.ffn(h, il, "_shexp"))
         return out.set_name(f"ffn_moe_out-{il}")
 
+    def recurrent(self, h: Tensor, il: int) -> Tensor:
+        """The family's block of a layer without attention, over the batch's one sequence and its state."""
+        return self.shortconv(h, il) if self.hp.arch.recurrent == RECURRENT_SHORTCONV else self.mamba2(h, il)
+
+    def conv_window(self, cur: Tensor, il: int, d_conv: int) -> Tensor:
+        """The state's last `d_conv` inputs then the batch's `cur` [n_tokens, channels, 1], the new state (the
+        last `d_conv` columns) written back: [d_conv + n_tokens, channels, 1]."""
+        ctx, rs, inp = self.ctx, self.rs, self.rs_inp
+        assert rs is not None and inp is not None
+        conv = ctx.reshape_3d(rs.read(ctx, self.gf, rs.r[il], inp), d_conv, cur.ne[1], 1)
+        window = ctx.concat(conv, cur, 0)
+        last = ctx.view_3d(window, d_conv, window.ne[1], window.ne[2], window.nb[1], window.nb[2],
+                           (window.ne[0] - d_conv) * window.nb[0])
+        rs.write(ctx, self.gf, rs.r[il], last, inp)
+        return window
+
+    def shortconv(self, h: Tensor, il: int) -> Tensor:
+        """lfm2's short convolution (llama.cpp's build_shortconv_block): B, C, x = in_proj(h); C * conv(B * x)."""
+        ctx, b, n_tokens = self.ctx, f"blk.{il}.", self.n_tokens
+        bcx = ctx.mul_mat(self.w[b + "shortconv.in_proj.weight"], ctx.reshape_3d(h, h.ne[0], n_tokens, 1))
+        bcx.set_name(f"model.layers.{il}.conv.in_proj")
+        n = bcx.ne[0] // 3
+        gate, c, x = (ctx.view_3d(bcx, n, bcx.ne[1], bcx.ne[2], bcx.nb[1], bcx.nb[2], i * n * bcx.nb[0])
+                      for i in range(3))
+        window = self.conv_window(ctx.transpose(ctx.mul(gate, x)), il, self.hp.n_shortconv_l_cache - 1)
+        conv = ctx.ssm_conv(window, self.w[b + "shortconv.conv.weight"]).set_name(f"model.layers.{il}.conv.conv")
+        y = ctx.mul_mat(self.w[b + "shortconv.out_proj.weight"], ctx.mul(c, conv))
+        return ctx.reshape_2d(y, y.ne[0], n_tokens).set_name(f"model.layers.{il}.conv.out_proj")
+
+    def mamba2(self, h: Tensor, il: int) -> Tensor:
+        """Mamba-2 (llama.cpp's build_mamba2_layer, one sequence): z, xBC, dt = ssm_in(h); xBC through the causal
+        conv and SiLU; SSM_SCAN of x, dt, A, B, C by groups from the state; + D x; gated by z; grouped RMS norm."""
+        ctx, hp, w, b, n_tokens = self.ctx, self.hp, self.w, f"blk.{il}.", self.n_tokens
+        rs, inp = self.rs, self.rs_inp
+        assert rs is not None and inp is not None
+        d_inner, d_state, n_head, n_group = hp.ssm_d_inner, hp.ssm_d_state, hp.ssm_dt_rank, hp.ssm_n_group
+        head_dim, d_xbc = d_inner // n_head, d_inner + 2 * n_group * d_state
+        zxbcdt = ctx.reshape_3d(ctx.mul_mat(w[b + "ssm_in.weight"], h), d_xbc + d_inner + n_head, n_tokens, 1)
+        nb1, nb2, es = zxbcdt.nb[1], zxbcdt.nb[2], zxbcdt.nb[0]
+        z = ctx.view_4d(zxbcdt, head_dim, n_head, n_tokens, 1, head_dim * es, nb1, nb2, 0)
+        xbc = ctx.view_3d(zxbcdt, d_xbc, n_tokens, 1, nb1, nb2, d_inner * es)
+        dt = ctx.view_3d(zxbcdt, n_head, n_tokens, 1, nb1, nb2, (d_inner + d_xbc) * es)
+        window = self.conv_window(ctx.transpose(xbc), il, hp.ssm_d_conv - 1)
+        xbc = ctx.ssm_conv(window, w[b + "ssm_conv1d.weight"])
+        if b + "ssm_conv1d.bias" in w:
+            xbc = ctx.add(xbc, w[b + "ssm_conv1d.bias"])
+        xbc = ctx.silu(xbc)
+        nb1, nb2, es = xbc.nb[1], xbc.nb[2], xbc.nb[0]
+        x = ctx.view_4d(xbc, head_dim, n_head, n_tokens, 1, head_dim * es, nb1, nb2, 0)
+        B = ctx.view_4d(xbc, d_state, n_group, n_tokens, 1, d_state * es, nb1, nb2, d_inner * es)
+        C = ctx.view_4d(xbc, d_state, n_group, n_tokens, 1, d_state * es, nb1, nb2, (d_inner + n_group * d_state) * es)
+        dt = ctx.add(ctx.cont(dt), w[b + "ssm_dt.bias"])
+
+        def scan(ctx: Context, states: Tensor, ids: Tensor) -> Tensor:
+            s = ctx.reshape_4d(states, d_state, head_dim, n_head, states.ne[1])
+            return ctx.ssm_scan(s, x, dt, w[b + "ssm_a"], B, C, ids, 1)
+
+        y_ssm = rs.read(ctx, self.gf, rs.s[il], inp, scan)
+        rs.write(ctx, self.gf, rs.s[il], ctx.view_1d(y_ssm, hp.n_embd_s, x.nelements() * y_ssm.nb[0]), inp)
+        xs = x.nb[1]
+        y = ctx.view_4d(y_ssm, head_dim, n_head, n_tokens, 1, xs, n_head * xs, n_tokens * n_head * xs, 0)
+        y = ctx.add(y, ctx.mul(x, w[b + "ssm_d"])).set_name(f"mamba2_y_add_d-{il}")
+        z = ctx.cont(z)
+        y = ctx.swiglu_split(z, y) if self.glu else ctx.mul(ctx.silu(z), y)
+        y = self.norm(ctx.reshape_4d(y, d_inner // n_group, n_group, n_tokens, 1), b + "ssm_norm.weight",
+                      "ssm_norm", il)
+        return ctx.mul_mat(w[b + "ssm_out.weight"], ctx.reshape_2d(y, d_inner, n_tokens)).set_name(f"mamba_out-{il}")
+
     def layer(self, x: Tensor, il: int) -> Tensor:
         b, hp = f"blk.{il}.", self.hp
         pre, post, residual_scale = hp.arch.pre_norms, hp.arch.post_norms, hp.f_residual_scale
-        a = self.attention(self.norm(x, b + "attn_norm.weight", "attn_norm", il) if pre else x, il)
+        h = self.norm(x, b + "attn_norm.weight", "attn_norm", il) if pre else x
+        a = self.recurrent(h, il) if hp.is_recurrent(il) else self.attention(h, il)
         if post:
             a = self.norm(a, b + "post_attention_norm.weight", "attn_post_norm", il)
         if residual_scale:  # granite
@@ -298,7 +372,8 @@ class _Builder:
             x = ctx.get_rows(x, self.out_ids).set_name("out_rows")
         elif last_only and self.n_tokens > 1:
             x = ctx.view_2d(x, hp.n_embd, 1, x.nb[1], (self.n_tokens - 1) * x.nb[1]).set_name("last_token")
-        cur = ctx.mul(ctx.rms_norm(x, hp.f_norm_rms_eps), self.w["output_norm.weight"]).set_name("result_norm")
+        cur = ctx.mul(ctx.rms_norm(x, hp.f_norm_rms_eps), self.w[hp.arch.output_norm + ".weight"]).set_name(
+            "result_norm")
         if self.embeddings:  # llama.cpp's t_embd: the hidden states the head would read
             return self._finish(cur)
         head = self.w.get("output.weight", self.w["token_embd.weight"])  # tied embeddings when the file has none
@@ -315,18 +390,20 @@ class _Builder:
         out.set_output()
         self.gf.build_forward_expand(out)
         return self.gf, GraphInputs(self.tokens, self.pos, self.mask, out, self.k_idxs, self.v_idxs, self.writes,
-                                    self.layer_nodes, self.norms, self.mask_swa, self.out_ids)
+                                    self.layer_nodes, self.norms, self.mask_swa, self.out_ids, self.rs_inp)
 
 
 def build_graph(ctx: Context, hp: HParams, w: dict[str, Tensor], kv: KVCache, n_tokens: int, n_past: int,
                 last_only: bool = False, n_kv: int | None = None, flash_attn: bool = False, set_rows: bool = True,
-                glu: bool = True, n_outputs: int | None = None, embeddings: bool = False) -> tuple[Graph, GraphInputs]:
+                glu: bool = True, n_outputs: int | None = None, embeddings: bool = False,
+                rs: RecurrentState | None = None, rs_cell: tuple[int, int] = (0, -1)) -> tuple[Graph, GraphInputs]:
     """The graph of one batch of `n_tokens` at positions n_past.., attending to cells 0..n_kv.
 
     `last_only`/`n_outputs`: logits of the last token / of the tokens `out_ids` names; `flash_attn` needs
     `kv.v_trans` False; without `set_rows` K and V are written by CPY into views at n_past, without `glu`
     the activation is a unary op and a MUL (for backends lacking SET_ROWS or GLU); `embeddings`: the output
-    is `result_norm`, not the logits."""
+    is `result_norm`, not the logits. A model with recurrent layers takes its state `rs` and the batch's one
+    sequence's (cell, cell to zero or -1)."""
     if n_kv is None:
         n_kv = n_past + n_tokens
     if not n_past + n_tokens <= n_kv <= kv.n_ctx:
@@ -334,8 +411,10 @@ def build_graph(ctx: Context, hp: HParams, w: dict[str, Tensor], kv: KVCache, n_
                             f"and fit n_ctx {kv.n_ctx}")
     if flash_attn == kv.v_trans:
         raise ArgumentError(f"build_graph: flash_attn={flash_attn} needs a KV cache with v_trans={not flash_attn}")
+    if hp.any_recurrent and rs is None:
+        raise ArgumentError(f"build_graph: {hp.arch.name}'s recurrent layers need a recurrent state")
     return _Builder(ctx, hp, w, kv, n_tokens, n_past, n_kv, flash_attn, set_rows, glu, n_outputs,
-                    embeddings).build(last_only)
+                    embeddings, rs, rs_cell).build(last_only)
 
 
 def graph_size(hp: HParams) -> int:

@@ -11,9 +11,8 @@ import logging
 
 import numpy as np
 
-from pyggml.alloc.tensor_allocator import TensorAllocator
 from pyggml.core.context import Context, tensor_overhead
-from pyggml.core.errors import ArgumentError, UnsupportedOpError
+from pyggml.core.errors import ArgumentError
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import Tensor
 from pyggml.core.types import TYPE_TRAITS, GGMLType, row_size
@@ -21,7 +20,7 @@ from pyggml.ggml_backend.backend import Backend
 from pyggml.ggml_backend.buffer import Buffer
 from pyggml.ggml_backend.tensor_io import tensor_get, tensor_set
 from pyggml.models.attn_rot import ATTN_ROT_DISABLE_ENV, attn_rot_disabled, hadamard, rot_sizes
-from pyggml.models.runner import alloc_checked
+from pyggml.models.runner import alloc_zeroed
 
 log = logging.getLogger("pyggml.models")
 
@@ -102,21 +101,11 @@ class KVCache:
             groups[id(backend)][1].extend((self.k[il], self.v[il]))
         try:
             for backend, tensors in groups.values():
-                align = backend.get_alignment()
-                size = sum((t.nbytes() + align - 1) // align * align for t in tensors)
                 n_layers = (len(tensors) - len(rot_orders)) // 2
-                buffer = alloc_checked(backend, size, f"KV cache on '{backend.name()}' ({n_layers} layers, "
-                                                      f"n_ctx {n_ctx})")
+                buffer, size = alloc_zeroed(backend, tensors, f"KV cache on '{backend.name()}' ({n_layers} layers, "
+                                                              f"n_ctx {n_ctx})")
                 buffer.name = f"{backend.name()} KV cache"
                 self.buffers.append(buffer)
-                # cleared as llama.cpp does: padded cells read through the mask must not hold NaN
-                try:
-                    buffer.clear(0)
-                except UnsupportedOpError:
-                    pass  # a buffer that cannot clear itself is host memory, which starts zeroed
-                talloc = TensorAllocator.new_from_buffer(buffer)
-                for t in tensors:
-                    talloc.alloc(t)
                 for n, rot in self.rot[id(backend)].items():
                     tensor_set(rot, hadamard(n))
                 self.nbytes[id(backend)] = size

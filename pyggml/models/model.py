@@ -58,6 +58,7 @@ from pyggml.models.placement import (
     layers_by_split,
 )
 from pyggml.models.pooling import EMBD_NORMALIZE
+from pyggml.models.recurrent_state import RecurrentState, state_bytes
 from pyggml.models.runner import Runner, is_host_backend
 
 log = logging.getLogger("pyggml.models")
@@ -66,7 +67,8 @@ KV_PAD = 256  # llama_kv_cache::get_n_kv's padding: one decode graph serves 256 
 FLASH_ATTN_MODES = ("on", "off", "auto")
 # a server's batches come in a few shapes; rebuilding a graph costs more than keeping it (no compute memory)
 KEEP_GRAPHS = 8
-GraphKey = tuple[int, int, int, bool, bool]  # (n_tokens, n_kv, n_outputs, last_only, embeddings)
+# (n_tokens, n_kv, n_outputs, last_only, embeddings, recurrent state's cell, cell zeroed)
+GraphKey = tuple[int, int, int, bool, bool, int, int]
 
 
 @dataclass
@@ -81,6 +83,7 @@ class Batch:
     last_only: bool = False
     out_rows: np.ndarray | None = None
     embeddings: bool = False
+    rs_cell: tuple[int, int] = (0, -1)  # the recurrent state's cell of the batch's sequence, the cell zeroed (-1)
 
     @property
     def n_outputs(self) -> int:
@@ -192,6 +195,8 @@ class Model:
     `check_finite`: NaN or inf in a batch's logits raises NonFiniteError naming the first tensor where it appears.
     `repack`: weights go to the device's extra buffer type (llama.cpp's default; --no-repack). `batch_invariant`:
     a sequence's logits depend neither on its batch nor on its cells (flash attention, an ordered cache).
+    `n_seq_max`: the sequences a model with recurrent layers keeps a state for (llama.cpp's n_seq_max); a failed
+    batch of such a model ends its sequence, whose state the graph wrote in place.
     """
 
     def __init__(self, gf: GGUFFile, backends: list[Backend], n_ctx: int = 512,
@@ -200,7 +205,7 @@ class Model:
                  reuse_graphs: bool = True, check_finite: bool = True,
                  flash_attn: str | bool = "auto", tensor_split: Sequence[float] | None = None,
                  override_tensor: Sequence[tuple[Any, Any]] | None = None, repack: bool = True,
-                 batch_invariant: bool = False, kv_type_v: GGMLType | str | None = None) -> None:
+                 batch_invariant: bool = False, kv_type_v: GGMLType | str | None = None, n_seq_max: int = 1) -> None:
         if not backends:
             raise ArgumentError("load: no backends given")
         if not isinstance(batch_invariant, bool):
@@ -250,6 +255,7 @@ class Model:
             return chosen[weight.name]
 
         buft_of = extra_buft if repack else None
+        self.n_seq_max = check_positive(n_seq_max, "load: n_seq_max")
         self._check_memory(names, backend_of, (kv_type, kv_type_v), use_mmap, buft_of)
         self.weights: LoadedTensors = load_tensors(gf, names, backend_of, use_mmap=use_mmap, progress=progress,
                                                    buft_of=buft_of)
@@ -258,6 +264,7 @@ class Model:
             gf.read_pages_on_demand()
         self._measure_ctxs: list[Context] = []
         kv: KVCache | None = None
+        self.rs: RecurrentState | None = None
         try:
             self.flash_attn: bool = fa
             # a layer's KV cache sits where its attention is computed (offload_kqv), else on the fallback
@@ -271,6 +278,8 @@ class Model:
             kv = self.kv = KVCache(hp.n_layer, self.n_ctx, hp.n_embd_gqa, self.kv_backend, kv_type,
                                    v_trans=not self.flash_attn, ordered=batch_invariant, type_v=kv_type_v,
                                    head_dim=hp.head_dim)
+            if hp.any_recurrent:
+                self.rs = RecurrentState(hp, self.n_seq_max, self.kv_backend)
             # graphs are reused while the shapes match (llama.cpp's can_reuse), not the CPY graph (views at n_past)
             self.reuse_graphs = bool(reuse_graphs) and self._graph_kw["set_rows"]
             self.runner = Runner(backends, self._measure_graphs(), graph_size(hp),
@@ -279,6 +288,8 @@ class Model:
             # nothing of a failed load stays behind
             if kv is not None:
                 kv.free()
+            if self.rs is not None:
+                self.rs.free()
             self.weights.free()
             raise
         finally:
@@ -300,6 +311,8 @@ class Model:
         host = {id(b): is_host_backend(b) for b in self.backends}
         cell_bytes = sum(row_size(t, hp.n_embd_gqa) for t in kv_types)
         kv_bytes = sum(self.n_ctx * cell_bytes for b in self.layer_backend if host[id(b)])
+        if hp.any_recurrent and any(host[id(b)] for b in self.layer_backend):
+            kv_bytes += state_bytes(hp, self.n_seq_max)  # counted whole on the host, an upper bound
         compute = 0
         if any(host[id(b)] for b in self.layer_backend):
             compute = 4 * self.n_ctx * self.n_batch * (hp.n_head + 1)  # F32 KQ of n_head heads + KQ_mask
@@ -322,7 +335,8 @@ class Model:
             if probe is not None:
                 probe.free()
         total = kv_bytes + compute + weights
-        check_host_alloc(total, f"'{self.file.name}' with n_ctx {self.n_ctx} (KV cache {kv_bytes} bytes + "
+        check_host_alloc(total, f"'{self.file.name}' with n_ctx {self.n_ctx} (KV cache"
+                                f"{' and recurrent state' if hp.any_recurrent else ''} {kv_bytes} bytes + "
                                 f"compute buffers at least {compute} bytes"
                          + (f" + copied weights {weights} bytes)" if weights else ")"))
 
@@ -336,23 +350,26 @@ class Model:
         out = []
         for ctx, last_only in zip(self._measure_ctxs, (False, True), strict=True):
             gf, inp = build_graph(ctx, self.hparams, self.w, self.kv, self.n_batch, self.n_ctx - self.n_batch,
-                                  last_only, **self._graph_kw)
+                                  last_only, rs=self.rs, rs_cell=(0, 0), **self._graph_kw)
             out.append((gf, self._pins(inp)))
         return out
 
     def _inputs(self, inp: GraphInputs, batch: Batch) -> list[tuple[Any, np.ndarray]]:
         """The values of a batch's graph inputs (the masks F16 with flash attention)."""
-        kv = self.kv
-        masks = [(inp.mask, kv.mask(batch.pos, batch.seq_ids, batch.n_kv))]
+        kv, hp = self.kv, self.hparams
+        masks = [(inp.mask, kv.mask(batch.pos, batch.seq_ids, batch.n_kv))] if hp.any_attention else []
         if inp.mask_swa is not None:
-            masks.append((inp.mask_swa, kv.mask(batch.pos, batch.seq_ids, batch.n_kv, self.hparams.n_swa)))
-        out = [(inp.tokens, batch.ids), (inp.pos, batch.pos)]
+            masks.append((inp.mask_swa, kv.mask(batch.pos, batch.seq_ids, batch.n_kv, hp.n_swa)))
+        # what the graph does not read is not allocated (the positions where no layer ropes)
+        out = [(inp.tokens, batch.ids)] + ([(inp.pos, batch.pos)] if hp.any_rope else [])
         out += [(t, m.astype(np.float16) if self.flash_attn else m) for t, m in masks]
         if inp.k_idxs is not None and inp.v_idxs is not None:
             out += [(inp.k_idxs, kv.k_idxs(batch.cells)), (inp.v_idxs, kv.v_idxs(batch.cells))]
         if inp.out_ids is not None:
             assert batch.out_rows is not None
             out.append((inp.out_ids, batch.out_rows))
+        if inp.rs is not None and self.rs is not None:
+            out += self.rs.input_values(inp.rs)
         return out
 
     def _decode(self, ids: np.ndarray, last_only: bool) -> np.ndarray:
@@ -365,6 +382,12 @@ class Model:
                       out_rows: np.ndarray | None, written: list[np.ndarray] | None = None,
                       embeddings: bool = False) -> np.ndarray:
         """llama_decode of one batch of at most n_batch tokens, each to a free cell."""
+        if self.rs is not None:
+            if len(np.unique(seq_ids)) > 1:
+                return self._decode_by_sequence(ids, pos, seq_ids, last_only, out_rows, written, embeddings)
+            rs_cell = self.rs.slot(int(seq_ids[0]), pos)
+        else:
+            rs_cell = (0, -1)
         kv = self.kv
         n_tokens = len(ids)
         cells = kv.find_slot(n_tokens, seq_ids, pos)
@@ -382,16 +405,43 @@ class Model:
         if written is not None:
             written.append(cells)
         try:
-            batch = Batch(ids, pos, seq_ids, cells, self._n_kv(kv.used_end()), last_only, out_rows, embeddings)
+            batch = Batch(ids, pos, seq_ids, cells, self._n_kv(kv.used_end()), last_only, out_rows, embeddings,
+                          rs_cell)
             logits = self._compute(batch)
         except BaseException:
             kv.free_cells(cells)  # a failed batch adds nothing to the cache
+            if self.rs is not None:  # its state may be written: the sequence ends
+                self._seq_rm(int(seq_ids[0]))
             raise
+        if self.rs is not None:
+            self.rs.apply(int(seq_ids[0]), int(pos[-1]))
         return logits
+
+    def _decode_by_sequence(self, ids: np.ndarray, pos: np.ndarray, seq_ids: np.ndarray, last_only: bool,
+                            out_rows: np.ndarray | None, written: list[np.ndarray] | None,
+                            embeddings: bool) -> np.ndarray:
+        """A batch of several sequences as one batch per sequence (a recurrent state is read and written one
+        sequence at a time, as llama.cpp's equal-length splits of one sequence each); the rows in token order."""
+        wanted = np.zeros(len(ids), dtype=bool)
+        if not last_only:
+            wanted[np.arange(len(ids)) if out_rows is None else out_rows] = True
+        parts, order = [], []
+        for s in dict.fromkeys(seq_ids.tolist()):
+            tokens = np.flatnonzero(seq_ids == s)
+            rows = np.flatnonzero(wanted[tokens]).astype(np.int32)
+            out = self._decode_batch(ids[tokens], pos[tokens], seq_ids[tokens], len(rows) == 0,
+                                     None if len(rows) in (0, len(tokens)) else rows, written, embeddings)
+            if len(rows):
+                parts.append(out)
+                order.append(tokens[rows])
+        width = self.hparams.n_embd if embeddings else self.hparams.n_vocab
+        if not parts:
+            return np.zeros((0, width), dtype=np.float32)
+        return np.concatenate(parts)[np.argsort(np.concatenate(order), kind="stable")]
 
     def _compute(self, batch: Batch) -> np.ndarray:
         n_tokens, n_kv = len(batch.ids), batch.n_kv
-        key = (n_tokens, n_kv, batch.n_outputs, batch.last_only, batch.embeddings)
+        key = (n_tokens, n_kv, batch.n_outputs, batch.last_only, batch.embeddings, *batch.rs_cell)
         kept = self._graphs.get(key) if self.reuse_graphs else None
         if kept is not None:
             inp = kept[1]
@@ -432,7 +482,7 @@ class Model:
         return build_graph(ctx, self.hparams, self.w, self.kv, len(batch.ids), int(batch.cells.min()),
                            batch.last_only, n_kv=batch.n_kv,
                            n_outputs=None if batch.out_rows is None else len(batch.out_rows),
-                           embeddings=batch.embeddings, **self._graph_kw)
+                           embeddings=batch.embeddings, rs=self.rs, rs_cell=batch.rs_cell, **self._graph_kw)
 
     def _pins(self, inp: GraphInputs) -> list[tuple[Any, Backend]]:
         """Each layer's norms on the layer's backend (llama.cpp's graph callback pins "norm" likewise)."""
@@ -557,7 +607,7 @@ class Model:
         try:
             out = [self._decode(arr[i: i + self.n_batch], False) for i in range(0, len(arr), self.n_batch)]
         except BaseException:
-            self.kv.n = start  # a failed call adds nothing to the cache
+            self._seq_rm(0, start)  # a failed call adds nothing to the cache
             raise
         if not out:
             return np.zeros((0, self.hparams.n_vocab), dtype=np.float32)
@@ -574,7 +624,7 @@ class Model:
             for i in range(0, len(arr), self.n_batch):
                 logits = self._decode(arr[i: i + self.n_batch], True)
         except BaseException:
-            self.kv.n = start  # a failed call adds nothing to the cache
+            self._seq_rm(0, start)  # a failed call adds nothing to the cache
             raise
         assert logits is not None
         return logits[-1]
@@ -588,15 +638,17 @@ class Model:
         return arr.astype(np.int32)
 
     def reset(self) -> None:
-        """Empty the KV cache: the next eval starts at position 0."""
+        """Empty the KV cache (and recurrent state): the next eval starts at position 0."""
         self.kv.clear()
+        if self.rs is not None:
+            self.rs.clear()
 
     def truncate(self, n_keep: int) -> None:
         """Keep the first `n_keep` tokens of the KV cache (llama_memory_seq_rm from n_keep on)."""
         if isinstance(n_keep, bool) or not isinstance(n_keep, int | np.integer) or not 0 <= n_keep <= self.kv.n:
             raise ArgumentError(f"truncate: n_keep must be an integer in [0, {self.kv.n}] (the tokens in the KV "
                                 f"cache), got {n_keep!r}")
-        self.kv.n = int(n_keep)
+        self._seq_rm(0, int(n_keep))
 
     @property
     def n_past(self) -> int:
@@ -687,6 +739,9 @@ class Model:
             wanted = np.asarray(outputs, dtype=bool).reshape(-1)
             if wanted.shape != (n,):
                 raise ArgumentError(f"decode: outputs must be {n} flags, got shape {wanted.shape}")
+        if self.rs is not None:  # each sequence's tokens continue its state: checked before any is computed
+            for s in present:
+                self.rs.slot(int(s), pos[seqs == s])
         done: list[np.ndarray] = []
         written: list[np.ndarray] = []
         try:
@@ -700,6 +755,9 @@ class Model:
         except BaseException:
             for cells in written:  # a failed call adds nothing to the cache
                 self.kv.free_cells(cells)
+            if self.rs is not None and written:  # states the call may have written: their sequences end
+                for s in present:
+                    self._seq_rm(int(s))
             raise
         if not done:
             return np.zeros((0, self.hparams.n_embd if embeddings else self.hparams.n_vocab), dtype=np.float32)
@@ -727,7 +785,7 @@ class Model:
                 hidden = self.decode(ids, seq, positions=np.arange(len(ids)), outputs=np.ones(len(ids), dtype=bool),
                                      embeddings=True)
             finally:
-                self.kv.seq_rm(seq)
+                self._seq_rm(seq)
             out.append(normalize(pool(hidden, mode), embd_normalize))
         if single:
             return out[0]
@@ -743,17 +801,27 @@ class Model:
     def _spare_seq(self) -> int:
         from pyggml.models.kv_cache import N_SEQ_MAX
 
-        for seq in range(N_SEQ_MAX - 1, -1, -1):
+        for seq in range((N_SEQ_MAX if self.rs is None else self.n_seq_max) - 1, -1, -1):
             if self.kv.seq_pos_max(seq) < 0:
                 return seq
         raise ArgumentError(f"embed: all {N_SEQ_MAX} sequences of the KV cache hold tokens: none is free")
 
     def seq_rm(self, seq_id: int, p0: int = 0, p1: int = -1) -> None:
-        """Remove sequence `seq_id`'s positions [p0, p1) from the KV cache (p1 < 0: to the end)."""
+        """Remove sequence `seq_id`'s positions [p0, p1) from the KV cache (p1 < 0: to the end); a recurrent state
+        is dropped whole or kept (RecurrentStateError for a range that would cut it, nothing changed)."""
+        self._seq_rm(seq_id, p0, p1)
+
+    def _seq_rm(self, seq_id: int, p0: int = 0, p1: int = -1) -> None:
+        """llama_memory_hybrid's seq_rm: the recurrent state first (it may refuse), then the KV cache."""
+        if self.rs is not None:
+            self.rs.seq_rm(seq_id, p0, p1)
         self.kv.seq_rm(seq_id, p0, p1)
 
     def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None:
-        """Let sequence `dst` share `src`'s cached positions [p0, p1) (a prompt evaluated once for both)."""
+        """Let sequence `dst` share `src`'s cached positions [p0, p1) (a prompt evaluated once for both); a
+        recurrent state is copied whole, as llama.cpp copies it."""
+        if self.rs is not None:
+            self.rs.seq_cp(src, dst)
         self.kv.seq_cp(src, dst, p0, p1)
 
     def seq_pos_max(self, seq_id: int) -> int:
@@ -805,12 +873,14 @@ class Model:
                     template_kwargs=template_kwargs, **sampling)
 
     def memory(self) -> dict[str, dict[str, int]]:
-        """Bytes per backend ("<name>#<index>"): weights (as llama.cpp's load log counts them), KV cache, compute."""
+        """Bytes per backend ("<name>#<index>"): weights (as llama.cpp's load log counts them), KV cache (with the
+        recurrent state), compute."""
         compute = self.runner.buffer_sizes()
         out: dict[str, dict[str, int]] = {}
         for i, b in enumerate(self.backends):
             out[f"{b.name()}#{i}"] = {"weights": self.weights.nbytes.get(id(b), 0),
-                                      "kv_cache": self.kv.nbytes.get(id(b), 0),
+                                      "kv_cache": self.kv.nbytes.get(id(b), 0)
+                                      + (self.rs.nbytes.get(id(b), 0) if self.rs is not None else 0),
                                       "compute": compute.get(id(b), 0)}
         return out
 
@@ -818,6 +888,8 @@ class Model:
         self._forget_graph()
         self.runner.free()
         self.kv.free()
+        if self.rs is not None:
+            self.rs.free()
         self.weights.free()
 
     def __repr__(self) -> str:

@@ -17,7 +17,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from pyggml.alloc.report import MemoryReport, memory_report
+from pyggml.alloc.tensor_allocator import TensorAllocator
 from pyggml.core.checks import check_host_alloc
+from pyggml.core.errors import UnsupportedOpError
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import Tensor
 from pyggml.ggml_backend.backend import Backend
@@ -42,6 +44,22 @@ def alloc_checked(backend: Backend, size: int, what: str) -> Buffer:
     if is_host_backend(backend):
         check_host_alloc(size, what)
     return backend.alloc_buffer(size)
+
+
+def alloc_zeroed(backend: Backend, tensors: Sequence[Tensor], what: str) -> tuple[Buffer, int]:
+    """One buffer of `backend` holding `tensors` (each at the backend's alignment), zeroed as llama.cpp clears its
+    caches' (a KV cache's padded cells are read through the mask: NaN there would spread); (buffer, size)."""
+    align = backend.get_alignment()
+    size = sum((t.nbytes() + align - 1) // align * align for t in tensors)
+    buffer = alloc_checked(backend, size, what)
+    try:
+        buffer.clear(0)
+    except UnsupportedOpError:
+        pass  # a buffer that cannot clear itself is host memory, which starts zeroed
+    talloc = TensorAllocator.new_from_buffer(buffer)
+    for t in tensors:
+        talloc.alloc(t)
+    return buffer, size
 
 
 class Runner:

@@ -40,6 +40,8 @@ class Spec:
     model: str
     vocab: str  # the ggml-vocab-<vocab>.gguf of the sdist's models folder
     kwargs: dict[str, Any] = field(default_factory=dict)
+    # config.json's values as the real files spell them, where transformers saves its own names
+    file_config: dict[str, Any] = field(default_factory=dict)
 
 
 _COMMON = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -110,6 +112,20 @@ SPECS: dict[str, Spec] = {
                      "rope_parameters": {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0,
                                          "original_max_position_embeddings": 64, "beta_fast": 32.0,
                                          "beta_slow": 1.0, "truncate": True}}),
+    # short-convolution blocks (a window of 3) beside attention: conv, attention, conv
+    "lfm2": Spec("Lfm2Config", "Lfm2ForCausalLM", "llama-spm",
+                 {"vocab_size": 32000, "num_hidden_layers": 3, "layer_types": ["conv", "full_attention", "conv"],
+                  "block_auto_adjust_ff_dim": False, "norm_eps": 1e-5, "tie_word_embeddings": True}),
+    # Mamba-2 blocks (8 heads of 16 in 2 groups, a state of 16, a window of 4) beside attention, Granite's scales,
+    # 8 experts (2 a token) and a shared expert
+    "granitehybrid": Spec("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM", "llama-spm",
+                          {"vocab_size": 32000, "num_hidden_layers": 3, "layer_types": ["mamba", "attention", "mamba"],
+                           "tie_word_embeddings": False, "intermediate_size": 32, "shared_intermediate_size": 48,
+                           "num_local_experts": 8, "num_experts_per_tok": 2, "embedding_multiplier": 12.0,
+                           "residual_multiplier": 0.22, "attention_multiplier": 0.0078125, "logits_scaling": 8.0,
+                           "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_n_groups": 2, "mamba_d_state": 16,
+                           "mamba_d_conv": 4, "mamba_expand": 2},
+                          file_config={"layer_types": ["mamba", "attention", "mamba"]}),
     # Llama 3's rope: the converter's rope_freqs tensor of frequency factors
     "llama3": Spec("LlamaConfig", "LlamaForCausalLM", "llama-spm",
                    {"vocab_size": 32000, "num_hidden_layers": 2, "tie_word_embeddings": True,
@@ -170,11 +186,32 @@ def make_checkpoint(arch: str, path: Path, seed: int = 0) -> Checkpoint:
                 p.copy_(torch.randn_like(p) / p.shape[1] ** 0.5)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)
+    if spec.file_config:
+        saved = json.loads((path / "config.json").read_text())
+        (path / "config.json").write_text(json.dumps({**saved, **spec.file_config}))
     # gemma3's converter cuts token_embd to the tokenizer's size, read from tokenizer.json: the full vocabulary
     n = int(config.vocab_size)
     (path / "tokenizer.json").write_text(json.dumps({"model": {"vocab": {f"t{i}": i for i in range(n)}},
                                                      "added_tokens": []}))
     return Checkpoint(arch, path, model)
+
+
+def hparams_of(path: Path, arch: str, meta: dict[str, Any], block_count: int = 6) -> Any:
+    """pyggml's HParams of a file at `path` holding `arch`'s keys `meta` (without the "<arch>." prefix) beside
+    hidden 64, 4 heads, an FFN of 128, `block_count` layers, and a token embedding alone."""
+    from pyggml.gguf.reader import read_gguf
+    from pyggml.gguf.writer import write_gguf
+    from pyggml.models.arch import HParams
+
+    base = {"embedding_length": 64, "block_count": block_count, "feed_forward_length": 128,
+            "attention.head_count": 4}
+    write_gguf(path, arch, {f"{arch}.{k}": v for k, v in {**base, **meta}.items()},
+               {"token_embd.weight": np.zeros((10, 64), np.float32)})
+    gf = read_gguf(path)
+    try:
+        return HParams.from_gguf(gf)
+    finally:
+        gf.close()
 
 
 # --- the converter, in a subprocess (its gguf-py must not shadow the installed gguf package here) ---
@@ -290,4 +327,5 @@ def llamacpp_logits(jobs: list[tuple[Path, list[int]]] | list[tuple[Path, list[i
     return [np.load(o) for o in outs]
 
 
-__all__ = ["SPECS", "Checkpoint", "Spec", "convert", "llamacpp_logits", "make_checkpoint", "vocab_path"]
+__all__ = ["SPECS", "Checkpoint", "Spec", "convert", "hparams_of", "llamacpp_logits", "make_checkpoint",
+           "vocab_path"]

@@ -24,7 +24,7 @@ from pyggml.models.arch import WEIGHT_TYPES
 from pyggml.models.metadata import ModelFileError
 
 ARCH_NAMES = ("llama", "qwen2", "qwen3", "gemma3", "phi3", "qwen3moe", "olmo2", "gemma2", "smollm3", "granite",
-              "granitemoe", "gpt-oss")
+              "granitemoe", "gpt-oss", "lfm2", "granitehybrid")
 # variants of real files: Llama 3's rope_freqs, Phi-3 128k's LongRoPE, Mixtral's experts (the family of each)
 VARIANTS = {"llama3": "llama", "phi3_longrope": "phi3", "mixtral": "llama"}
 CHECKPOINTS = (*ARCH_NAMES, *VARIANTS)
@@ -101,7 +101,8 @@ SHOWN_BY = {"llama": "blk.1.attn_q.weight", "qwen2": "blk.1.attn_q.bias", "qwen3
             "mixtral": "blk.1.ffn_down_exps.weight", "olmo2": "blk.1.post_ffw_norm.weight",
             "gemma2": "blk.3.post_attention_norm.weight", "smollm3": "blk.3.attn_q.weight",
             "granite": "blk.1.ffn_up.weight", "gpt-oss": "blk.1.attn_sinks.weight",
-            "granitemoe": "blk.1.ffn_down_shexp.weight"}
+            "granitemoe": "blk.1.ffn_down_shexp.weight", "lfm2": "blk.2.shortconv.conv.weight",
+            "granitehybrid": "blk.2.ssm_norm.weight"}
 
 
 @pytest.mark.parametrize("arch", CHECKPOINTS)
@@ -194,10 +195,11 @@ def test_longrope_takes_the_long_factors_past_the_original_context(tiny: Tiny) -
     assert np.abs(ours - tiny.ckpt["phi3_longrope"].logits(tiny.ids["phi3"])).max() > 0.1
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "gemma3", "phi3", "gemma2", "qwen3moe", "gpt-oss"])
+@pytest.mark.parametrize("arch", ["qwen2", "gemma3", "phi3", "gemma2", "qwen3moe", "gpt-oss", "lfm2",
+                                  "granitehybrid"])
 def test_token_by_token_and_flash_attention(tiny: Tiny, arch: str) -> None:
-    """Decoding one token at a time (the KV cache, gemma3's window sliding past the first cells) and flash
-    attention give the whole prompt's logits."""
+    """Decoding one token at a time (the KV cache, gemma3's window sliding past the first cells, lfm2's and
+    granitehybrid's recurrent state kept across steps) and flash attention give the whole prompt's logits."""
     ids, ref = tiny.ids[arch], tiny.ref[arch]
     for fa in ("off", "on"):
         model = pm.load(tiny.path[arch], n_ctx=256, progress=False, flash_attn=fa)
@@ -367,17 +369,9 @@ def test_every_weight_type_loads_and_computes_as_llamacpp(typed_files: dict[str,
 
 
 def _hparams(tmp_path: Path, arch: str, meta: dict[str, object]) -> pm.HParams:
-    from pyggml.gguf.reader import read_gguf
-    from pyggml.gguf.writer import write_gguf
+    from pyggml.testing.tiny_archs import hparams_of
 
-    base = {"embedding_length": 64, "block_count": 6, "feed_forward_length": 128, "attention.head_count": 4}
-    write_gguf(tmp_path / "h.gguf", arch, {f"{arch}.{k}": v for k, v in {**base, **meta}.items()},
-               {"token_embd.weight": np.zeros((10, 64), np.float32)})
-    gf = read_gguf(tmp_path / "h.gguf")
-    try:
-        return pm.HParams.from_gguf(gf)
-    finally:
-        gf.close()
+    return hparams_of(tmp_path / "h.gguf", arch, meta)
 
 
 @pytest.mark.parametrize(("meta", "sliding"), [

@@ -168,7 +168,7 @@ def test_unsupported_architecture(tmp_path: Path) -> None:
     write_gguf(tmp_path / "g.gguf", "gpt2", {"gpt2.block_count": 1}, {"x": np.zeros(4, np.float32)})
     with pytest.raises(GGUFError, match=r"'g.gguf': unsupported architecture 'gpt2' "
                                         r"\(supported: llama, qwen2, qwen3, gemma3, phi3, qwen3moe, olmo2, gemma2, "
-                                        r"smollm3, granite, granitemoe, gpt-oss\)"):
+                                        r"smollm3, granite, granitemoe, gpt-oss, lfm2, granitehybrid\)"):
         pm.load(tmp_path / "g.gguf", progress=False)
 
 
