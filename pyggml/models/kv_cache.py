@@ -8,6 +8,7 @@ batch-invariant attention walks them as if the sequence were alone.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -38,12 +39,14 @@ def check_type(type: GGMLType) -> GGMLType:
 
 
 class KVCache:
-    """Per-layer K and V tensors of `n_ctx` cells, placed on `backend_of_layer[il]`."""
+    """Per-layer K and V tensors of `n_ctx` cells, placed on `backend_of_layer[il]`, for the layers that attend
+    (`k` and `v` by layer index; llama.cpp's hybrid memory gives the recurrent layers none)."""
 
     def __init__(self, n_layer: int, n_ctx: int, n_embd_gqa: int, backend_of_layer: list[Backend],
                  type: GGMLType = GGMLType.F32, v_trans: bool = True, ordered: bool = False,
-                 type_v: GGMLType | None = None, head_dim: int = 0) -> None:
-        """`head_dim` decides the Hadamard rotations of quantized K and V (attn_rot); 0 rotates nothing."""
+                 type_v: GGMLType | None = None, head_dim: int = 0, layers: Sequence[int] | None = None) -> None:
+        """`head_dim` decides the Hadamard rotations of quantized K and V (attn_rot); 0 rotates nothing. `layers`:
+        the layers with K and V (default all)."""
         if n_ctx < 1:
             raise ArgumentError(f"KV cache: n_ctx must be >= 1, got {n_ctx}")
         if head_dim < 0 or (head_dim and n_embd_gqa % head_dim):
@@ -81,13 +84,16 @@ class KVCache:
         log.info("attn_rot_k = %d, attn_rot_v = %d, head_dim = %d", self.n_rot_k, self.n_rot_v, head_dim)
         rot_orders = sorted({n for n in (self.n_rot_k, self.n_rot_v) if n})
         backends = list({id(b): b for b in backend_of_layer}.values())
-        self.ctx = Context(mem_size=(2 * n_layer + len(rot_orders) * len(backends) + 1) * tensor_overhead(),
+        attending = list(range(n_layer)) if layers is None else sorted(set(layers))
+        if any(not 0 <= il < n_layer for il in attending):
+            raise ArgumentError(f"KV cache: layers {attending} are not all within the {n_layer} layers")
+        self.ctx = Context(mem_size=(2 * len(attending) + len(rot_orders) * len(backends) + 1) * tensor_overhead(),
                            no_alloc=True)
-        self.k: list[Tensor] = []
-        self.v: list[Tensor] = []
-        for il in range(n_layer):
-            self.k.append(self.ctx.new_tensor_1d(type, n_embd_gqa * n_ctx).set_name(f"cache_k_l{il}"))
-            self.v.append(self.ctx.new_tensor_1d(type_v, n_embd_gqa * n_ctx).set_name(f"cache_v_l{il}"))
+        self.k: dict[int, Tensor] = {}
+        self.v: dict[int, Tensor] = {}
+        for il in attending:
+            self.k[il] = self.ctx.new_tensor_1d(type, n_embd_gqa * n_ctx).set_name(f"cache_k_l{il}")
+            self.v[il] = self.ctx.new_tensor_1d(type_v, n_embd_gqa * n_ctx).set_name(f"cache_v_l{il}")
         # backend id -> order -> F32 [n, n]: made once per backend (llama.cpp copies them in every batch)
         self.rot: dict[int, dict[int, Tensor]] = {
             id(b): {n: self.ctx.new_tensor_2d(GGMLType.F32, n, n).set_name(f"attn_rot_hadamard_{n}")
@@ -97,8 +103,8 @@ class KVCache:
         self.nbytes: dict[int, int] = {}
         groups: dict[int, tuple[Backend, list[Tensor]]] = {id(b): (b, list(self.rot[id(b)].values()))
                                                           for b in backends}
-        for il, backend in enumerate(backend_of_layer):
-            groups[id(backend)][1].extend((self.k[il], self.v[il]))
+        for il in attending:
+            groups[id(backend_of_layer[il])][1].extend((self.k[il], self.v[il]))
         try:
             for backend, tensors in groups.values():
                 n_layers = (len(tensors) - len(rot_orders)) // 2
@@ -247,7 +253,7 @@ class KVCache:
             return moved
         g = self.n_embd_gqa
         for tensors, channel_major in ((self.k, False), (self.v, self.v_trans)):
-            for t in tensors:
+            for t in tensors.values():
                 data = np.empty(t.nbytes(), dtype=np.uint8)
                 tensor_get(t, data)
                 if channel_major:  # V transposed (never quantized): the cells are columns of its n_embd_gqa rows
@@ -288,7 +294,7 @@ class KVCache:
         n = max(0, min(n, self.n_ctx - start))
         if n == 0:
             return
-        for il in range(self.n_layer):
+        for il in self.k:
             # zero bytes are zeros in every cache type (a quantized block's scale 0)
             for t in (self.k[il],) if self.v_trans else (self.k[il], self.v[il]):
                 cb = self.cell_bytes(t)

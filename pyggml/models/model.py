@@ -277,7 +277,8 @@ class Model:
                               "glu": all_support(workers, "glu", ffn=hp.arch.ffn)}
             kv = self.kv = KVCache(hp.n_layer, self.n_ctx, hp.n_embd_gqa, self.kv_backend, kv_type,
                                    v_trans=not self.flash_attn, ordered=batch_invariant, type_v=kv_type_v,
-                                   head_dim=hp.head_dim)
+                                   head_dim=hp.head_dim,
+                                   layers=[il for il in range(hp.n_layer) if not hp.is_recurrent(il)])
             if hp.any_recurrent:
                 self.rs = RecurrentState(hp, self.n_seq_max, self.kv_backend)
             # graphs are reused while the shapes match (llama.cpp's can_reuse), not the CPY graph (views at n_past)
@@ -310,7 +311,8 @@ class Model:
         hp = self.hparams
         host = {id(b): is_host_backend(b) for b in self.backends}
         cell_bytes = sum(row_size(t, hp.n_embd_gqa) for t in kv_types)
-        kv_bytes = sum(self.n_ctx * cell_bytes for b in self.layer_backend if host[id(b)])
+        kv_bytes = sum(self.n_ctx * cell_bytes for il, b in enumerate(self.layer_backend)
+                       if host[id(b)] and not hp.is_recurrent(il))
         if hp.any_recurrent and any(host[id(b)] for b in self.layer_backend):
             kv_bytes += state_bytes(hp, self.n_seq_max)  # counted whole on the host, an upper bound
         compute = 0
@@ -582,7 +584,7 @@ class Model:
 
     def _bad_sources(self, node: Any, w: dict[str, Any], kv: KVCache) -> str:
         """What is not finite among the node's weights and KV cache views."""
-        cache = {id(t) for t in (*kv.k, *kv.v)}
+        cache = {id(t) for t in (*kv.k.values(), *kv.v.values())}
         out = ""
         for s in node.src:
             if s is None:

@@ -122,6 +122,7 @@ def test_the_state_is_counted_in_memory(hybrid_files: dict[str, Path]) -> None:
     try:
         assert one.rs is not None and four.rs is not None
         assert sorted(one.rs.r) == [0, 2] and not one.rs.s
+        assert sorted(one.kv.k) == sorted(one.kv.v) == [1]  # K and V for the attention layer only, as llama.cpp
         grown = four.memory()["CPU#0"]["kv_cache"] - one.memory()["CPU#0"]["kv_cache"]
         assert 3 * 2 * 2 * 64 * 4 <= grown < 3 * 2 * 2 * 64 * 4 + 2 * 4096  # the rows, and the buffer's alignment
     finally:
