@@ -216,7 +216,7 @@ def run(args: argparse.Namespace, err: TextIO | None = None) -> int:
         print(f"pyggml serve: warning: the open-file limit is under the {needed} that --max-connections "
               f"{args.max_connections} may need (ulimit -n)", file=err)
     model = load_model(path, plan, settings, n_ctx, hp.n_layer, args.threads, err, "pyggml serve",
-                       batch_invariant=args.batch_invariant)
+                       batch_invariant=args.batch_invariant, n_seq_max=args.parallel)
     engine = Engine(model, n_slots=args.parallel)
     try:
         if grammar is not None:

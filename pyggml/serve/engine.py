@@ -34,6 +34,7 @@ import numpy as np
 from pyggml.core.errors import ArgumentError, GGMLError
 from pyggml.models.model import KEEP_GRAPHS
 from pyggml.models.pooling import EMBD_NORMALIZE, normalize, pool
+from pyggml.models.recurrent_state import RecurrentStateError
 
 log = logging.getLogger(__name__)
 
@@ -267,7 +268,11 @@ class Engine:
             keep = min(best_n, len(req.prompt) - 1)  # the last prompt token is evaluated again: its logits
             if req.pooling is not None:  # every token's hidden state is wanted: nothing of the cache is reused
                 keep = 0
-            self.model.seq_rm(best.id, keep, -1)
+            try:
+                self.model.seq_rm(best.id, keep, -1)
+            except RecurrentStateError:  # a state holds all its tokens: llama-server clears the sequence then
+                self.model.seq_rm(best.id)
+                keep = 0
             best.cached = best.cached[:keep]
             if keep:
                 self.n_prompt_reused += 1

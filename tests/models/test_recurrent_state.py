@@ -171,3 +171,39 @@ def test_recurrent_hparams_pyggml_cannot_run_are_named(tmp_path: Path, arch: str
                                                        message: str) -> None:
     with pytest.raises(ModelFileError, match=message):
         _hparams(tmp_path, arch, meta)
+
+
+def test_served_slots_keep_a_state_each_and_reuse_none_of_a_cut_one(hybrid_files: dict[str, Path]) -> None:
+    """pyggml serve's engine over lfm2 with 2 slots (n_seq_max 2): two requests at once, then one sharing a
+    prompt's prefix (a state cannot be cut there: the slot starts again, as llama-server clears it), each the
+    text of the same request alone."""
+    import queue
+
+    from pyggml.serve.engine import Engine, GenRequest
+
+    def run(engine: Engine, prompts: list[list[int]]) -> list[str]:
+        sinks = [queue.SimpleQueue() for _ in prompts]
+        for ids, q in zip(prompts, sinks, strict=True):
+            engine.submit(GenRequest(prompt=ids, max_tokens=5, sink=q.put, eog_ids=frozenset()))
+        texts = []
+        for q in sinks:
+            text = ""
+            while (ev := q.get(timeout=60)).kind == "text":
+                text += ev.text
+            assert ev.kind == "done" and ev.finish_reason == "length", ev
+            texts.append(text)
+        return texts
+
+    a, b = PROMPT + TAIL_A, PROMPT[:3] + TAIL_B
+    model = pm.load(hybrid_files["lfm2"], n_ctx=64, progress=False, n_seq_max=2)
+    try:
+        engine = Engine(model, n_slots=2).start()
+        try:
+            alone = [run(engine, [ids])[0] for ids in (a, b, PROMPT)]
+            together = run(engine, [a, b])
+            again = run(engine, [PROMPT])  # a prefix of a slot's cached tokens
+        finally:
+            engine.stop()
+    finally:
+        model.free()
+    assert together == alone[:2] and again == alone[2:]
