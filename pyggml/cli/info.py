@@ -4,7 +4,8 @@ The architecture and its hyper-parameters (`<arch>.*`), the tokenizer
 (`tokenizer.ggml.*`: model, vocabulary size, BOS/EOS/UNK), the remaining
 metadata, then every tensor with its type, shape (ggml's `ne`, innermost
 first, as llama.cpp prints it) and size in the file; for a mixture of
-experts, the experts and the parameters a token uses.
+experts, the experts and the parameters a token uses; for a hybrid, its
+recurrent layers.
 """
 
 from __future__ import annotations
@@ -73,6 +74,17 @@ def _experts_line(gf: Any, arch: Any, infos: list[Any]) -> str:
         return ""
     active = sum(t.nelements() // n_expert * n_used if "_exps." in t.name else t.nelements() for t in infos)
     return f"experts: {n_expert}, {n_used} used a token; active parameters {fmt_count(active)} a token"
+
+
+def _layers_line(gf: Any, arch: Any) -> str:
+    """A hybrid model's layers: those of 0 KV heads in the per-layer head_count_kv array are recurrent (llama.cpp's
+    is_recr); "" when every layer attends."""
+    counts = gf.get(f"{arch}.attention.head_count_kv", None) if isinstance(arch, str) else None
+    if not isinstance(counts, list) or 0 not in counts:
+        return ""
+    recurrent = [il for il, n in enumerate(counts) if n == 0]
+    return (f"layers: {len(counts)}, {len(counts) - len(recurrent)} attention and {len(recurrent)} recurrent "
+            f"({', '.join(str(il) for il in recurrent)})")
 
 
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
@@ -148,9 +160,9 @@ def _print_info(gf: Any, path: Any, args: argparse.Namespace, out: TextIO) -> No
     n_bytes = sum(t.nbytes for t in infos)
     w()
     w(f"tensors: {len(infos)}, {fmt_count(n_params)} parameters, {fmt_bytes(n_bytes)}")
-    experts = _experts_line(gf, arch, infos)
-    if experts:
-        w(experts)
+    for line in (_layers_line(gf, arch), _experts_line(gf, arch, infos)):
+        if line:
+            w(line)
     if infos and not args.no_tensors:
         rows = [["#", "name", "type", "shape", "size"]]
         for i, t in enumerate(infos):

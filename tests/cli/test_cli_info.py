@@ -86,3 +86,20 @@ def test_info_counts_experts_and_active_parameters(tmp_path: Path, capsys: pytes
     write_gguf(dense, "qwen3", {}, {"token_embd.weight": np.zeros((10, 8), np.float32)})
     assert main(["info", str(dense), "--no-tensors"]) == 0
     assert "experts:" not in capsys.readouterr().out
+
+
+def test_info_names_the_recurrent_layers_of_a_hybrid(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import numpy as np
+
+    from pyggml.gguf.writer import write_gguf
+
+    path = tmp_path / "lfm2.gguf"
+    write_gguf(path, "lfm2", {"lfm2.attention.head_count_kv": [0, 0, 8, 0, 8]},
+               {"token_embd.weight": np.zeros((10, 8), np.float32)})
+    assert main(["info", str(path), "--no-tensors"]) == 0
+    assert re.search(r"^layers: 5, 2 attention and 3 recurrent \(0, 1, 3\)$", capsys.readouterr().out, re.M)
+    dense = tmp_path / "dense.gguf"
+    write_gguf(dense, "qwen3", {"qwen3.attention.head_count_kv": 8},
+               {"token_embd.weight": np.zeros((10, 8), np.float32)})
+    assert main(["info", str(dense), "--no-tensors"]) == 0
+    assert "layers:" not in capsys.readouterr().out
