@@ -148,13 +148,19 @@ def mul_mat_rows(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, ch
                        rounding)
         atomic_add(ctr, 1, 1)
     if wait:
-        polls = 0
-        while atomic_load(ctr, 1) < total:
-            if polls < wait_polls:
-                spin_pause()
-                polls += 1
-            else:
-                sleep_us(WAIT_SLEEP_US)
+        wait_for_items(ctr, total, wait_polls)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def wait_for_items(ctr, total, wait_polls):
+    """Until `total` items are done (ctr[1]): spinning `wait_polls` polls, then sleeping between polls."""
+    polls = 0
+    while atomic_load(ctr, 1) < total:
+        if polls < wait_polls:
+            spin_pause()
+            polls += 1
+        else:
+            sleep_us(WAIT_SLEEP_US)
 
 
 # the fields of a job (mul_mat_desc) from element 1 of a slot (element 0: its state); the last, the job's address
