@@ -34,14 +34,21 @@ from pyggml.backends.cpu.kernels.vec_dot.mul_mat_job import (
 RUN_FIELDS = 3
 # the desc's fields that change with each compute (the ids are data)
 N_RUNS, CHUNK = 23, 28
+# after the job's address and WAIT_POLLS: dst (rows of `out` in the op's order) and each sorted row's row there
+DST, ORDER = WAIT_POLLS + 1, WAIT_POLLS + 2
 
 
 def runs_desc(w: np.ndarray, w_off: np.ndarray, nb: int, xf: np.ndarray, yq: np.ndarray, yd: np.ndarray,
               ys: np.ndarray, yb: np.ndarray, runs: np.ndarray, out: np.ndarray, min_cols: int, ctr: np.ndarray,
-              job: int) -> np.ndarray:
+              job: int, dst: np.ndarray, order: np.ndarray) -> np.ndarray:
     """The job's operands as a slot: each C-contiguous array by address and shape, `min_cols` (the rows from which a
-    run takes the job's first kind), then `job`'s address (job_address). The caller sets N_RUNS and CHUNK (0: one
-    thread) before each call; the arrays must outlive every call."""
+    run takes the job's first kind), `job`'s address (job_address), then `dst` (`out`'s shape: each item's rows
+    of `out`, sorted by expert, go to row order[r] there). The caller sets N_RUNS and CHUNK (0: one thread) before
+    each call; the arrays must outlive every call."""
+    if dst.shape != out.shape or dst.dtype != np.float32 or not dst.flags.c_contiguous or order.dtype != np.int64 \
+            or order.shape != (out.shape[0],) or not order.flags.c_contiguous:
+        raise ValueError(f"runs_desc: dst {dst.dtype} {dst.shape} and order {order.dtype} {order.shape} must be "
+                         f"C-contiguous float32 {out.shape} and int64 ({out.shape[0]},)")
     desc = np.zeros(SLOT_LEN, np.int64)
     fields: list[int] = [min_cols]
     for a, dtype in ((w, np.uint8), (w_off, np.int64), (nb, None), (xf, np.float32), (yq, np.int8),
@@ -57,13 +64,15 @@ def runs_desc(w: np.ndarray, w_off: np.ndarray, nb: int, xf: np.ndarray, yq: np.
     assert len(fields) == _JOB_ADDRESS - 1
     desc[1:_JOB_ADDRESS] = fields
     desc[_JOB_ADDRESS] = job
+    desc[DST], desc[ORDER] = address(dst), address(order)
     return desc
 
 
 @njit(nogil=True, cache=True, inline="always")
 def _run_runs(kind_many, kind_few, d, shared, rounding):
     """Items (run, rows m0..m1) from the counter until none is left; a run of d[1] rows or more by `kind_many`,
-    shorter ones by `kind_few`. `shared`: the caller's share, which waits for every item."""
+    shorter ones by `kind_few`, each item's results then copied to dst. `shared`: the caller's share, which waits
+    for every item."""
     min_cols, nb, chunk = d[1], d[6], d[CHUNK]
     w = numba.carray(pointer_u8(d[2]), (d[3],))
     w_off = numba.carray(pointer_i64(d[4]), (d[5],))
@@ -74,6 +83,8 @@ def _run_runs(kind_many, kind_few, d, shared, rounding):
     yb = numba.carray(pointer_i32(d[19]), (d[20], d[21]))
     runs = numba.carray(pointer_i64(d[22]), (d[N_RUNS], RUN_FIELDS))
     out = numba.carray(pointer_f32(d[25]), (d[26], d[27]))
+    dst = numba.carray(pointer_f32(d[DST]), (d[26], d[27]))
+    order = numba.carray(pointer_i64(d[ORDER]), (d[26],))
     M = out.shape[1]
     if chunk == 0:  # one thread: each run whole, from a counter of its own
         ctr = np.zeros(2, np.int64)
@@ -98,9 +109,48 @@ def _run_runs(kind_many, kind_few, d, shared, rounding):
         else:
             mul_mat_range(kind_few, w, w_off, nb, xf[r0:r1], yq[r0:r1], yd[r0:r1], ys[r0:r1], yb[r0:r1], n, base,
                           out[r0:r1], 0, m0, m1, rounding)
+        for r in range(r0, r1):  # while the rows are in cache
+            dst[order[r], m0:m1] = out[r, m0:m1]
         atomic_add(ctr, 1, 1)
     if shared != 0:
         wait_for_items(ctr, total, d[WAIT_POLLS])
+
+
+@njit(nogil=True, cache=True)
+def route(ids, n_as, M, n_used, ne11, order, src_of, runs):
+    """ggml's grouping of rows by expert (matrix_row_counts, matrix_rows), as a counting sort: order[i] the (token,
+    slot) row of sorted row i, src_of[i] the src1 row it reads, runs[:n] (expert's first weight row, first sorted
+    row, rows) of the n used experts in expert order; returns n, or -1 - i for the first id i outside [0, n_as)."""
+    counts = np.zeros(n_as + 1, np.int64)
+    for i in range(ids.shape[0]):
+        e = ids[i]
+        if e < 0 or e >= n_as:
+            return -1 - i
+        counts[e + 1] += 1
+    n = 0
+    for e in range(n_as):
+        if counts[e + 1]:
+            runs[n, 0], runs[n, 1], runs[n, 2] = e * M, counts[e], counts[e + 1]
+            n += 1
+        counts[e + 1] += counts[e]  # now the first sorted row of expert e + 1
+    for i in range(ids.shape[0]):
+        j = counts[ids[i]]
+        counts[ids[i]] = j + 1
+        order[j] = i
+        src_of[j] = i // n_used * ne11 + i % n_used % ne11
+    return n
+
+
+@njit(nogil=True, cache=True)
+def gather_rows(rows, yq, yd, ys, yb, gq, gd, gs, gb):
+    """The quantized src1 rows `rows` names, in that order: (yq, yd, ys, yb)[rows] into (gq, gd, gs, gb)."""
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        gq[i] = yq[r]
+        gd[i] = yd[r]
+        if gs.size:
+            gs[i] = ys[r]
+        gb[i] = yb[r]
 
 
 def _make_runs_job(kind_many: int, kind_few: int, rounding: int):
