@@ -20,14 +20,8 @@ from pyggml.backends.cpu.kernels.matmul import (
     _weight_rows,
 )
 from pyggml.backends.cpu.kernels.vec_dot import mul_mat_id_job, quantize_src1
-from pyggml.backends.cpu.kernels.vec_dot.type_table import (
-    CPU_TYPE_TRAITS,
-    MUL_MAT_TYPES,
-    TILED_KINDS,
-    X8_GEMV_KINDS,
-    X8_GROUP_KINDS,
-    X8_KINDS,
-)
+from pyggml.backends.cpu.kernels.vec_dot import type_table as tt
+from pyggml.backends.cpu.kernels.vec_dot.type_table import MUL_MAT_TYPES
 from pyggml.backends.cpu.numerics import NUMERICS_CODES
 from pyggml.core.errors import GGMLError, OutOfBoundsError, ShapeError, UnsupportedOpError, UnsupportedTypeError
 from pyggml.core.tensor import GGMLOp, Tensor
@@ -125,11 +119,11 @@ def _expert_kinds(type: GGMLType, repacked: bool, params: ComputeParams) -> tupl
     tiled order from TILED_MIN_COLS rows (ggml_compute_forward_mul_mat_id_tiled), vec_dot's below."""
     kind = int(type)
     if repacked:
-        gemv = X8_GEMV_KINDS.get(kind, X8_KINDS[kind])
+        gemv = tt.X8_GEMV_KINDS.get(kind, tt.X8_KINDS[kind])
         return gemv, gemv, 0
-    if (kind in TILED_KINDS and not params.batch_invariant
+    if (kind in tt.TILED_KINDS and not params.batch_invariant
             and NUMERICS_CODES[params.numerics] == quantize_src1.ROUND_X86):
-        return TILED_KINDS[kind], kind, TILED_MIN_COLS
+        return tt.TILED_KINDS[kind], kind, TILED_MIN_COLS
     return kind, kind, 0
 
 
@@ -144,7 +138,7 @@ def _expert_rows(name: str, type: GGMLType, repacked: bool, w: np.ndarray, xs: n
     ny, n_src = n_tok * n_used, n_tok * ne11
     n_as = w.shape[1]
     tr = TYPE_TRAITS[type]
-    vdt = CPU_TYPE_TRAITS[type].vec_dot_type
+    vdt = tt.CPU_TYPE_TRAITS[type].vec_dot_type
     nb = K // tr.blck_size
     quantized = tr.is_quantized
     wb, w_off = _weight_rows(w)
@@ -171,7 +165,7 @@ def _expert_rows(name: str, type: GGMLType, repacked: bool, w: np.ndarray, xs: n
         xf = x_rows
     kind = int(type)
     kind_many, kind_few, min_cols = _expert_kinds(type, repacked, params)
-    group = repack.X8_ROWS if kind_many in X8_GROUP_KINDS or kind_few in X8_GROUP_KINDS else 1
+    group = repack.X8_ROWS if kind_many in tt.X8_GROUP_KINDS or kind_few in tt.X8_GROUP_KINDS else 1
     rounding = NUMERICS_CODES[params.numerics]
     runs = np.zeros((n_as, mul_mat_id_job.RUN_FIELDS), np.int64)
     order, src_of = np.zeros(ny, np.int64), np.zeros(ny, np.int64)

@@ -10,15 +10,7 @@ import numpy as np
 from numba import njit
 
 from pyggml.backends.cpu.jit import compiled_address
-from pyggml.backends.cpu.kernels.atomics import (
-    address,
-    atomic_add,
-    pointer_f32,
-    pointer_i8,
-    pointer_i32,
-    pointer_i64,
-    pointer_u8,
-)
+from pyggml.backends.cpu.kernels.atomics import address, atomic_add, pointer_f32, pointer_i64
 from pyggml.backends.cpu.kernels.threads import SLOT_LEN
 from pyggml.backends.cpu.kernels.vec_dot.kinds import kind_name
 from pyggml.backends.cpu.kernels.vec_dot.mul_mat_job import (
@@ -26,13 +18,16 @@ from pyggml.backends.cpu.kernels.vec_dot.mul_mat_job import (
     _JOB_SIG,
     ROUNDING_NAMES,
     WAIT_POLLS,
+    desc_counter,
+    desc_operands,
     mul_mat_range,
+    take_item,
     wait_for_items,
 )
 
 # a run: its expert's first weight row, its first sorted src1 row, its rows
 RUN_FIELDS = 3
-# the desc's fields that change with each compute (the ids are data)
+# the desc's fields that change with each compute (the ids are data); the others as mul_mat_desc's where shared
 N_RUNS, CHUNK = 23, 28
 # after the job's address and WAIT_POLLS: dst (rows of `out` in the op's order) and each sorted row's row there
 DST, ORDER = WAIT_POLLS + 1, WAIT_POLLS + 2
@@ -73,33 +68,18 @@ def _run_runs(kind_many, kind_few, d, shared, rounding):
     """Items (run, rows m0..m1) from the counter until none is left; a run of d[1] rows or more by `kind_many`,
     shorter ones by `kind_few`, each item's results then copied to dst. `shared`: the caller's share, which waits
     for every item."""
-    min_cols, nb, chunk = d[1], d[6], d[CHUNK]
-    w = numba.carray(pointer_u8(d[2]), (d[3],))
-    w_off = numba.carray(pointer_i64(d[4]), (d[5],))
-    xf = numba.carray(pointer_f32(d[7]), (d[8], d[9]))
-    yq = numba.carray(pointer_i8(d[10]), (d[11], d[12]))
-    yd = numba.carray(pointer_f32(d[13]), (d[14], d[15]))
-    ys = numba.carray(pointer_f32(d[16]), (d[17], d[18]))
-    yb = numba.carray(pointer_i32(d[19]), (d[20], d[21]))
+    w, w_off, nb, xf, yq, yd, ys, yb, out = desc_operands(d)
     runs = numba.carray(pointer_i64(d[22]), (d[N_RUNS], RUN_FIELDS))
-    out = numba.carray(pointer_f32(d[25]), (d[26], d[27]))
     dst = numba.carray(pointer_f32(d[DST]), (d[26], d[27]))
     order = numba.carray(pointer_i64(d[ORDER]), (d[26],))
-    M = out.shape[1]
-    if chunk == 0:  # one thread: each run whole, from a counter of its own
-        ctr = np.zeros(2, np.int64)
-        chunk = max(M, 1)
-    else:
-        ctr = numba.carray(pointer_i64(d[29]), (d[30],))
+    ctr, chunk = desc_counter(d)
+    min_cols, M = d[1], out.shape[1]
     n_chunks = (M + chunk - 1) // chunk
     total = runs.shape[0] * n_chunks
     while True:
-        item = atomic_add(ctr, 0, 1)
-        if item >= total:
+        i, m0, m1 = take_item(ctr, total, n_chunks, chunk, M)
+        if i < 0:
             break
-        i = item // n_chunks
-        m0 = (item % n_chunks) * chunk
-        m1 = min(M, m0 + chunk)
         r0, n = runs[i, 1], runs[i, 2]
         r1 = r0 + n
         base = runs[i, 0:1]  # the loops' w_base of slice 0: the run's expert
