@@ -153,10 +153,6 @@ def repackable(tensor: Tensor) -> bool:
             and tensor.is_contiguous())
 
 
-def _rows(tensor: Tensor) -> int:
-    """The rows of a matrix or of a 3-D stack of them (MUL_MAT_ID's experts), repacked in groups of X8_ROWS."""
-    return tensor.ne[1] * tensor.ne[2]
-
 
 def is_repacked(tensor: Tensor | None) -> bool:
     if tensor is None:
@@ -166,8 +162,7 @@ def is_repacked(tensor: Tensor | None) -> bool:
 
 
 def repack_supports_op(op: Tensor) -> bool:
-    """ggml's repack extra_buffer_type::supports_op: only a whole repackable src0 with an F32 src1, a matrix of
-    MUL_MAT or a 3-D stack of MUL_MAT_ID's experts."""
+    """ggml's repack extra_buffer_type::supports_op: a whole repackable src0 of MUL_MAT (2-D) or MUL_MAT_ID (3-D)."""
     for i, src in enumerate(op.src):
         buffer = tensor_buffer(src) if src is not None else None
         if src is None or buffer is None or not isinstance(buffer.buft, CPURepackBufferType):
@@ -198,7 +193,7 @@ class CPURepackBuffer(CPUBuffer):
             super()._set_tensor(tensor, data, offset, size)
             return
         self._whole(tensor, offset, size, "tensor_set")
-        rows = np.frombuffer(data, np.uint8, count=size).reshape(_rows(tensor), -1)
+        rows = np.frombuffer(data, np.uint8, count=size).reshape(tensor.ne[1] * tensor.ne[2], -1)
         host_bytes(tensor, "tensor_set")[:] = LAYOUTS[tensor.type][1](rows).reshape(-1)
 
     def _get_tensor(self, tensor: Tensor, data: memoryview, offset: int, size: int) -> None:
@@ -206,7 +201,7 @@ class CPURepackBuffer(CPUBuffer):
             super()._get_tensor(tensor, data, offset, size)
             return
         self._whole(tensor, offset, size, "tensor_get")
-        packed = host_bytes(tensor, "tensor_get").reshape(_rows(tensor), -1)
+        packed = host_bytes(tensor, "tensor_get").reshape(tensor.ne[1] * tensor.ne[2], -1)
         np.frombuffer(data, np.uint8, count=size)[:] = LAYOUTS[tensor.type][2](packed).reshape(-1)
 
     def _cpy_tensor(self, src: Tensor, dst: Tensor) -> bool:
