@@ -136,18 +136,22 @@ def load_tensors(gf: GGUFFile, names: list[str], backend_of: Mapping[str, Backen
 
 def weight_buft_supported(device: Device, buft: BufferType, weight: Tensor) -> bool:
     """Whether `device` multiplies `weight` held in `buft` (llama.cpp's weight_buft_supported for a MUL_MAT
-    weight): a MUL_MAT of a copy of it, placed in an empty buffer of `buft`, by an F32 batch, asked of the
-    device's supports_op."""
+    weight, or a MUL_MAT_ID one where it is 3-D): the op of a copy of it, placed in an empty buffer of `buft`, by
+    an F32 batch, asked of the device's supports_op."""
     if not device.supports_buft(buft):
         return False
-    ctx = Context(mem_size=3 * tensor_overhead(), no_alloc=True)
+    ctx = Context(mem_size=4 * tensor_overhead(), no_alloc=True)
     buffer = buft.alloc_buffer(0)
     try:
         w = ctx.new_tensor(weight.type, list(weight.ne))
         w.set_name(weight.name)
         w.buffer = buffer
         buffer.init_tensor(w)
-        op = ctx.mul_mat(w, ctx.new_tensor_2d(GGMLType.F32, weight.ne[0], 512))
+        if weight.ne[2] > 1:  # experts: one routed slot per token (supports_op does not look at the count)
+            ids = ctx.new_tensor_2d(GGMLType.I32, 1, 512)
+            op = ctx.mul_mat_id(w, ctx.new_tensor_3d(GGMLType.F32, weight.ne[0], 1, 512), ids)
+        else:
+            op = ctx.mul_mat(w, ctx.new_tensor_2d(GGMLType.F32, weight.ne[0], 512))
         return device.supports_op(op)
     finally:
         buffer.free()

@@ -177,11 +177,10 @@ def _placement(n_layer: int, backends: list[Backend], n_layers_on: int | Sequenc
 
 
 def _extra_buft(weight: Tensor, backend: Backend) -> BufferType | None:
-    """The device's first extra buffer type (CPU_REPACK) that multiplies a MUL_MAT-only weight, as llama.cpp's
-    extra buffer types; the token embedding stays (GET_ROWS reads it)."""
+    """The device's first extra buffer type (CPU_REPACK) that multiplies a MUL_MAT-only weight or a 3-D stack of
+    MUL_MAT_ID's experts, as llama.cpp's extra buffer types; the token embedding stays (GET_ROWS reads it)."""
     device = backend.get_device()
-    if device is None or weight.name == "token_embd.weight" or weight.ne[2] != 1 or weight.ne[3] != 1 \
-            or weight.ne[1] == 1:
+    if device is None or weight.name == "token_embd.weight" or weight.ne[3] != 1 or weight.ne[1] == 1:
         return None
     for buft in dev_extra_bufts(device):
         if weight_buft_supported(device, buft, weight):

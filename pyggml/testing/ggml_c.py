@@ -455,6 +455,8 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "ggml_backend_supports_op": (ctypes.c_bool, [_P, _P]),
     "ggml_new_tensor_2d": (_P, [_P, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]),
     "ggml_mul_mat": (_P, [_P, _P, _P]),
+    "ggml_mul_mat_id": (_P, [_P, _P, _P, _P]),
+    "ggml_new_tensor_3d": (_P, [_P, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]),
     "ggml_new_graph": (_P, [_P]),
     "ggml_backend_reg_dev_get": (_P, [_P, ctypes.c_size_t]),
     "ggml_backend_reg_get_proc_address": (_P, [_P, ctypes.c_char_p]),
@@ -1027,22 +1029,32 @@ def extra_bufts(lib: GGMLLib) -> dict[str, int]:
 class MulMatInBuft:
     """In C: a weight matrix in a buffer of `buft` (written by ggml_backend_tensor_set, which repacks it), x and
     their MUL_MAT in a CPU buffer and a CPU backend on `threads` threads, kept for `compute` to run again (a
-    benchmark's peer); `free` releases them. Threads > 1 only outside a forked child (see compute_nodes)."""
+    benchmark's peer); `free` releases them. Threads > 1 only outside a forked child (see compute_nodes).
+    With `ids` (int32 (N, n_used)): `raw` is a stack of experts (n_as, M, row bytes), x (N, ne11, K) and the op
+    their MUL_MAT_ID, each token's n_used slots through the experts `ids` names (result (N, n_used, M))."""
 
     def __init__(self, lib: GGMLLib, buft: int, type_id: int, raw: np.ndarray, x: np.ndarray,
-                 threads: int = 1) -> None:
-        (M, _), (N, K) = raw.shape, x.shape
-        self.lib, self.nbytes = lib, 4 * M * N
+                 threads: int = 1, ids: np.ndarray | None = None) -> None:
+        M, K = raw.shape[-2], x.shape[-1]
+        n_rows = x.shape[0] if ids is None else ids.size
+        self.lib, self.nbytes = lib, 4 * M * n_rows
         f32 = c_enums()["ggml_type"]["GGML_TYPE_F32"]
         self.ctx_w = lib.ggml_init(CInitParams(lib.ggml_tensor_overhead() * 2 + 1024, None, True))
-        self.ctx_x = lib.ggml_init(CInitParams(lib.ggml_tensor_overhead() * 4
+        self.ctx_x = lib.ggml_init(CInitParams(lib.ggml_tensor_overhead() * 5
                                                + lib.ggml_graph_overhead_custom(2048, False) + 1024, None, True))
         if not self.ctx_w or not self.ctx_x:
             raise GGMLCError("ggml_init failed")
-        self.w = lib.ggml_new_tensor_2d(self.ctx_w, type_id, K, M)
+        if ids is None:
+            self.w = lib.ggml_new_tensor_2d(self.ctx_w, type_id, K, M)
+            xt = lib.ggml_new_tensor_2d(self.ctx_x, f32, K, x.shape[0])
+            self.prod = lib.ggml_mul_mat(self.ctx_x, self.w, xt)
+        else:
+            self.w = lib.ggml_new_tensor_3d(self.ctx_w, type_id, K, M, raw.shape[0])
+            xt = lib.ggml_new_tensor_3d(self.ctx_x, f32, K, x.shape[1], x.shape[0])
+            it = lib.ggml_new_tensor_2d(self.ctx_x, c_enums()["ggml_type"]["GGML_TYPE_I32"], ids.shape[1],
+                                        ids.shape[0])
+            self.prod = lib.ggml_mul_mat_id(self.ctx_x, self.w, xt, it)
         self.buf_w = lib.ggml_backend_alloc_ctx_tensors_from_buft(self.ctx_w, buft)
-        xt = lib.ggml_new_tensor_2d(self.ctx_x, f32, K, N)
-        self.prod = lib.ggml_mul_mat(self.ctx_x, self.w, xt)
         self.graph = lib.ggml_new_graph(self.ctx_x)
         lib.ggml_build_forward_expand(self.graph, self.prod)
         self.buf_x = lib.ggml_backend_alloc_ctx_tensors_from_buft(self.ctx_x, lib.ggml_backend_cpu_buffer_type())
@@ -1050,6 +1062,8 @@ class MulMatInBuft:
             raise GGMLCError("ggml_backend_alloc_ctx_tensors_from_buft failed")
         lib.ggml_backend_tensor_set(self.w, raw.ctypes.data, 0, raw.nbytes)
         lib.ggml_backend_tensor_set(xt, x.ctypes.data, 0, x.nbytes)
+        if ids is not None:
+            lib.ggml_backend_tensor_set(it, ids.ctypes.data, 0, ids.nbytes)
         self.held = lib.tensor(self.w).extra is not None  # ggml's init_tensor set its tensor_traits
         self.backend = lib.ggml_backend_cpu_init()
         lib.ggml_backend_cpu_set_n_threads(self.backend, threads)
@@ -1071,9 +1085,10 @@ class MulMatInBuft:
         self.lib.ggml_free(self.ctx_x)
 
 
-def _mul_mat_in_buft(lib: GGMLLib, buft: int, type_id: int, raw: np.ndarray, x: np.ndarray, out: Any) -> None:
+def _mul_mat_in_buft(lib: GGMLLib, buft: int, type_id: int, raw: np.ndarray, x: np.ndarray, out: Any,
+                     ids: np.ndarray | None = None) -> None:
     """MulMatInBuft computed once on one thread: int32 `held`, then the product's floats, into `out`."""
-    product = MulMatInBuft(lib, buft, type_id, raw, x)
+    product = MulMatInBuft(lib, buft, type_id, raw, x, ids=ids)
     try:
         product.compute()
         dst = np.frombuffer(out, dtype=np.uint8)
@@ -1107,6 +1122,34 @@ def mul_mat_repacked(type: GGMLType, raw: np.ndarray, x: np.ndarray, buft_name: 
                       4 + 4 * M * N, timeout, f"{_ORACLE}: MUL_MAT of {type.name} [{K}, {M}] in {buft_name}")
     held = bool(np.frombuffer(got[:4], np.int32)[0])
     return np.frombuffer(got[4:], np.float32).reshape(N, M).copy(), held
+
+
+def mul_mat_id_in_buft(type: GGMLType, raw: np.ndarray, x: np.ndarray, ids: np.ndarray,
+                       buft_name: str = "CPU_REPACK", timeout: float = DEFAULT_TIMEOUT) -> tuple[np.ndarray, bool]:
+    """libggml's MUL_MAT_ID of the experts `raw` (uint8 (n_as, M, row bytes) of `type`) held in the CPU's buffer
+    type `buft_name` (an extra one, or "CPU" for plain host memory), times the F32 rows `x` (N, ne11, K) routed by
+    `ids` (int32 (N, n_used)): the (N, n_used, M) float32 product and whether ggml held the experts repacked. In a
+    forked child, on one thread."""
+    tr = TYPE_TRAITS[type]
+    if raw.dtype != np.uint8 or raw.ndim != 3 or x.dtype != np.float32 or x.ndim != 3 or ids.dtype != np.int32 \
+            or ids.ndim != 2 or ids.shape[0] != x.shape[0]:
+        raise ArgumentError(f"mul_mat_id_in_buft: experts must be 3-D uint8, x 3-D float32 and ids 2-D int32 of "
+                            f"x's tokens, got {raw.dtype} {raw.shape}, {x.dtype} {x.shape} and {ids.dtype} "
+                            f"{ids.shape}")
+    K = x.shape[2]
+    if K % tr.blck_size or raw.shape[2] != K // tr.blck_size * tr.type_size:
+        raise ArgumentError(f"mul_mat_id_in_buft: rows of {raw.shape[2]} bytes are not {K} {type.name} values")
+    lib = load()
+    bufts = {**extra_bufts(lib), "CPU": lib.ggml_backend_cpu_buffer_type()}
+    if buft_name not in bufts:
+        raise UnsupportedOpError(f"mul_mat_id_in_buft: the CPU has no buffer type {buft_name!r} "
+                                 f"(it lists {sorted(bufts)})")
+    raw, x, ids = np.ascontiguousarray(raw), np.ascontiguousarray(x), np.ascontiguousarray(ids)
+    M, n = raw.shape[1], ids.size
+    got = _run_forked(lambda shared: _mul_mat_in_buft(lib, bufts[buft_name], c_type(type), raw, x, shared, ids),
+                      4 + 4 * M * n, timeout, f"{_ORACLE}: MUL_MAT_ID of {type.name} {list(raw.shape)} in {buft_name}")
+    held = bool(np.frombuffer(got[:4], np.int32)[0])
+    return np.frombuffer(got[4:], np.float32).reshape(*ids.shape, M).copy(), held
 
 
 # --- type traits and row conversions of the C library (the oracle of pyggml.core.types and quants) ---

@@ -149,8 +149,9 @@ def repackable(tensor: Tensor) -> bool:
     from pyggml.backends.cpu.kernels.vec_dot.type_table import CPU_TYPE_TRAITS  # its kernels import this module
 
     row = CPU_TYPE_TRAITS.get(tensor.type)
-    return (row is not None and row.repack and tensor.ne[1] % X8_ROWS == 0 and tensor.ne[2] == 1
-            and tensor.ne[3] == 1 and tensor.is_contiguous())
+    return (row is not None and row.repack and tensor.ne[1] % X8_ROWS == 0 and tensor.ne[3] == 1
+            and tensor.is_contiguous())
+
 
 
 def is_repacked(tensor: Tensor | None) -> bool:
@@ -161,13 +162,14 @@ def is_repacked(tensor: Tensor | None) -> bool:
 
 
 def repack_supports_op(op: Tensor) -> bool:
-    """ggml's repack extra_buffer_type::supports_op: only a whole repackable MUL_MAT src0 with an F32 src1."""
+    """ggml's repack extra_buffer_type::supports_op: a whole repackable src0 of MUL_MAT (2-D) or MUL_MAT_ID (3-D)."""
     for i, src in enumerate(op.src):
         buffer = tensor_buffer(src) if src is not None else None
         if src is None or buffer is None or not isinstance(buffer.buft, CPURepackBufferType):
             continue
         b = op.src[1]
-        if not (op.op == GGMLOp.MUL_MAT and i == 0 and src.view_src is None and repackable(src)
+        dims_fit = (op.op == GGMLOp.MUL_MAT and src.ne[2] == 1) or (op.op == GGMLOp.MUL_MAT_ID and src.ne[2] > 1)
+        if not (dims_fit and i == 0 and src.view_src is None and repackable(src)
                 and b is not None and b.type == GGMLType.F32):
             return False
     return True
@@ -191,7 +193,7 @@ class CPURepackBuffer(CPUBuffer):
             super()._set_tensor(tensor, data, offset, size)
             return
         self._whole(tensor, offset, size, "tensor_set")
-        rows = np.frombuffer(data, np.uint8, count=size).reshape(tensor.ne[1], -1)
+        rows = np.frombuffer(data, np.uint8, count=size).reshape(tensor.ne[1] * tensor.ne[2], -1)
         host_bytes(tensor, "tensor_set")[:] = LAYOUTS[tensor.type][1](rows).reshape(-1)
 
     def _get_tensor(self, tensor: Tensor, data: memoryview, offset: int, size: int) -> None:
@@ -199,7 +201,7 @@ class CPURepackBuffer(CPUBuffer):
             super()._get_tensor(tensor, data, offset, size)
             return
         self._whole(tensor, offset, size, "tensor_get")
-        packed = host_bytes(tensor, "tensor_get").reshape(tensor.ne[1], -1)
+        packed = host_bytes(tensor, "tensor_get").reshape(tensor.ne[1] * tensor.ne[2], -1)
         np.frombuffer(data, np.uint8, count=size)[:] = LAYOUTS[tensor.type][2](packed).reshape(-1)
 
     def _cpy_tensor(self, src: Tensor, dst: Tensor) -> bool:

@@ -6,13 +6,24 @@ from __future__ import annotations
 
 import numpy as np
 
+from pyggml.backends.cpu import repack
 from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
-from pyggml.backends.cpu.kernels._common import noop
-from pyggml.backends.cpu.kernels.matmul import _carve, _direct, _direct_work, _weight_rows
-from pyggml.backends.cpu.kernels.vec_dot import quantize_src1
-from pyggml.backends.cpu.kernels.vec_dot.type_table import CPU_TYPE_TRAITS, MUL_MAT_TYPES
+from pyggml.backends.cpu.kernels._common import noop, reshape_view
+from pyggml.backends.cpu.kernels.matmul import (
+    TILED_MIN_COLS,
+    _carve,
+    _chunk,
+    _direct_work,
+    _kernel_threads,
+    _run_alone,
+    _run_shared,
+    _weight_rows,
+)
+from pyggml.backends.cpu.kernels.vec_dot import mul_mat_id_job, quantize_src1
+from pyggml.backends.cpu.kernels.vec_dot import type_table as tt
+from pyggml.backends.cpu.kernels.vec_dot.type_table import MUL_MAT_TYPES
 from pyggml.backends.cpu.numerics import NUMERICS_CODES
-from pyggml.core.errors import GGMLError, OutOfBoundsError, ShapeError, UnsupportedTypeError
+from pyggml.core.errors import GGMLError, OutOfBoundsError, ShapeError, UnsupportedOpError, UnsupportedTypeError
 from pyggml.core.tensor import GGMLOp, Tensor
 from pyggml.core.types import TYPE_TRAITS, GGMLType
 
@@ -54,6 +65,9 @@ def _mul_mat_id_problem(node: Tensor) -> Problem:
         return ShapeError, f"as ne {a.ne}, b ne {b.ne}, ids ne {ids.ne}, dst ne {node.ne} do not fit"
     if not node.is_contiguous():
         return ShapeError, f"dst must be contiguous (nb {node.nb})"  # the direct kernels write its rows whole
+    if not repack.repack_supports_op(node):
+        return UnsupportedOpError, (f"as '{a.name}' is in a CPU_REPACK buffer: MUL_MAT_ID reads a repacked 3-D "
+                                    f"expert tensor there whole")
     return None
 
 
@@ -73,7 +87,7 @@ def mul_mat_id_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | Non
     out = np.reshape(dst[0], (ids2.size, a_t.ne[1]), copy=False)
     if a_t.type == F32:
         return _f32_experts(node.name, w, x[0], ids2, out)
-    return _direct_rows(node.name, a_t.type, w, x[0], ids2, out, params)
+    return _expert_rows(node.name, a_t.type, repack.is_repacked(a_t), w, x[0], ids2, out, params)
 
 
 def _expert_runs(counts: np.ndarray) -> list[tuple[int, int, int]]:
@@ -99,70 +113,92 @@ def _f32_experts(name: str, w: np.ndarray, xs: np.ndarray, ids2: np.ndarray, out
     return run
 
 
-def _direct_rows(name: str, type: GGMLType, w: np.ndarray, xs: np.ndarray, ids2: np.ndarray, out: np.ndarray,
-                 params: ComputeParams) -> Compute:
-    """As ggml_compute_forward_mul_mat_id: rows grouped by expert, each expert's by MUL_MAT's vec_dot loops over
-    that many columns; a decode step in one pass, `w_base` pointing each row at its expert (DESIGN.md)."""
+def _expert_kinds(type: GGMLType, repacked: bool, params: ComputeParams) -> tuple[int, int, int]:
+    """The kernel kinds of an expert's rows: (kind from `min_cols` rows, kind below, min_cols). Repacked experts
+    take the gemv order for every row (repack.cpp's forward_mul_mat_id); plain K-quants under "x86" take ggml-cpu's
+    tiled order from TILED_MIN_COLS rows (ggml_compute_forward_mul_mat_id_tiled), vec_dot's below."""
+    kind = int(type)
+    if repacked:
+        gemv = tt.X8_GEMV_KINDS.get(kind, tt.X8_KINDS[kind])
+        return gemv, gemv, 0
+    if (kind in tt.TILED_KINDS and not params.batch_invariant
+            and NUMERICS_CODES[params.numerics] == quantize_src1.ROUND_X86):
+        return tt.TILED_KINDS[kind], kind, TILED_MIN_COLS
+    return kind, kind, 0
+
+
+def _expert_rows(name: str, type: GGMLType, repacked: bool, w: np.ndarray, xs: np.ndarray, ids2: np.ndarray,
+                 out: np.ndarray, params: ComputeParams) -> Compute:
+    """As ggml_compute_forward_mul_mat_id: src1's rows converted to the vec_dot type once and grouped by expert,
+    then one job whose items (expert, weight rows) every thread takes, each expert's rows by MUL_MAT's loops over
+    that many columns; only the chosen experts' weights are read (DESIGN.md, "MUL_MAT_ID")."""
     n_tok, n_used = ids2.shape
     ne11, K = xs.shape[1], xs.shape[2]
     M = out.shape[1]
-    ny = n_tok * n_used
+    ny, n_src = n_tok * n_used, n_tok * ne11
+    n_as = w.shape[1]
     tr = TYPE_TRAITS[type]
-    vdt = CPU_TYPE_TRAITS[type].vec_dot_type
+    vdt = tt.CPU_TYPE_TRAITS[type].vec_dot_type
     nb = K // tr.blck_size
     quantized = tr.is_quantized
     wb, w_off = _weight_rows(w)
-    f32, empty_f = np.dtype(np.float32), np.zeros((0, 0), np.float32)
-    specs: list[tuple[tuple[int, ...], np.dtype]] = [((ny, K), f32), ((ny, M), f32)]
+    f32, i8, i32 = np.dtype(np.float32), np.dtype(np.int8), np.dtype(np.int32)
+    src_rows = reshape_view(xs, (n_src, K))
+    copy_src = src_rows is None or not src_rows.flags.c_contiguous
+    specs: list[tuple[tuple[int, ...], np.dtype]] = [((ny, M), f32)]
     if quantized:
         qk = TYPE_TRAITS[vdt].blck_size
-        specs += [((ny, K), np.dtype(np.int8)), ((ny, K // qk), f32), ((ny, K // qk), f32),
-                  ((ny, K // 16), np.dtype(np.int32))]
+        shapes = [((K,), i8), ((K // qk,), f32), ((K // qk,), f32), ((K // 16,), i32)]
+        specs += [((n, *shape), dt) for n in (n_src, ny) for shape, dt in shapes]  # src1's rows, then routed
+    if copy_src or not quantized:
+        specs.append(((n_src if quantized else ny, K), f32))
     scratch = _carve(params, specs)
-    xg, sorted_out = scratch[0], scratch[1]
+    sorted_out = scratch.pop(0)
+    x_rows = scratch.pop() if copy_src or not quantized else src_rows
+    assert x_rows is not None
+    empty_f = np.zeros((0, 0), np.float32)
     if quantized:
-        yq, yd, ys, yb = scratch[2:]
+        y_src, y_routed = scratch[:4], scratch[4:]
         xf = empty_f
     else:
-        yq, yd, ys, yb = np.zeros((0, 0), np.int8), empty_f, empty_f, np.zeros((0, 0), np.int32)
-        xf = xg
-    w_base = np.zeros(ny, np.int64)
+        y_src, y_routed = [], [np.zeros((0, 0), np.int8), empty_f, empty_f, np.zeros((0, 0), np.int32)]
+        xf = x_rows
     kind = int(type)
-    slot = np.tile(np.arange(n_used) % ne11, n_tok)
-    tok = np.repeat(np.arange(n_tok), n_used)
-    each_row = _direct(kind, wb, w_off, nb, xf, yq, yd, ys, yb, 1, w_base, out, params, M * K * ny)
+    kind_many, kind_few, min_cols = _expert_kinds(type, repacked, params)
+    group = repack.X8_ROWS if kind_many in tt.X8_GROUP_KINDS or kind_few in tt.X8_GROUP_KINDS else 1
     rounding = NUMERICS_CODES[params.numerics]
-    n_as = w.shape[1]
+    runs = np.zeros((n_as, mul_mat_id_job.RUN_FIELDS), np.int64)
+    order, src_of = np.zeros(ny, np.int64), np.zeros(ny, np.int64)
+    nt = _kernel_threads(params, _direct_work(kind, M, K, 1, ny))
+    ctr = np.zeros(2, np.int64)
+    desc = mul_mat_id_job.runs_desc(wb, w_off, nb, xf, *y_routed, runs, sorted_out, min_cols, ctr,
+                                    mul_mat_id_job.job_address(kind_many, kind_few, rounding), out, order)
+    operands = (wb, w_off, xf, *y_routed, runs, sorted_out, out, order)  # the job holds only their addresses
 
-    def convert(rows: np.ndarray) -> None:
-        np.copyto(xg, xs[tok[rows], slot[rows]])
-        if quantized:
-            quantize_src1.quantize_rows(int(vdt), xg, yq, yd, ys, yb, rounding)
-        else:
-            quantize_src1.round_rows(kind, xg)
-
-    def expert(e: int, start: int, count: int) -> None:
-        """MUL_MAT's direct loops over the sorted rows start..start+count, all of expert e."""
-        rows = slice(start, start + count)
-        x_rows = xf[rows] if xf.size else xf
-        q = [a[rows] if a.size else a for a in (yq, yd, ys, yb)]
-        _direct(kind, wb, w_off, nb, x_rows, *q, count, np.array([e * M], np.int64), sorted_out[rows], params,
-                _direct_work(kind, M, K, 1, count))()
+    def convert() -> None:
+        """src1's rows to the vec_dot type once each (as ggml's wdata), then gathered in the sorted order."""
+        if not quantized:
+            np.take(xs.reshape(n_src, K), src_of, axis=0, out=xf)
+            quantize_src1.round_rows(kind, xf)
+            return
+        if copy_src:
+            np.copyto(x_rows.reshape(xs.shape), xs)
+        quantize_src1.quantize_rows(int(vdt), x_rows, *y_src, rounding)
+        mul_mat_id_job.gather_rows(src_of, *y_src, *y_routed)
 
     def run() -> None:
-        _check_ids(name, "MUL_MAT_ID", ids2, n_as)
-        flat = ids2.reshape(-1)
-        counts = np.bincount(flat, minlength=n_as)
-        if counts.max() <= 1:
-            convert(np.arange(ny))
-            np.multiply(flat, M, out=w_base)  # each output row's first weight row: its expert's
-            each_row()
-            return
-        order = np.argsort(flat, kind="stable")
-        convert(order)
-        for e, start, count in _expert_runs(counts):
-            expert(e, start, count)
-        out[order] = sorted_out
+        n_runs = mul_mat_id_job.route(ids2.reshape(-1), n_as, M, n_used, ne11, order, src_of, runs)
+        if n_runs < 0:
+            bad = int(ids2.reshape(-1)[-1 - n_runs])
+            raise OutOfBoundsError(f"CPU MUL_MAT_ID '{name}': id {bad} outside [0, {n_as})")
+        convert()
+        desc[mul_mat_id_job.N_RUNS] = n_runs
+        if nt == 1:
+            desc[mul_mat_id_job.CHUNK] = 0
+            _run_alone(desc, operands)
+        else:
+            desc[mul_mat_id_job.CHUNK] = -(-_chunk(M, n_runs, nt) // group) * group
+            _run_shared(desc, ctr, nt - 1, operands)
 
     return run
 

@@ -139,22 +139,36 @@ def mul_mat_rows(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, ch
     n_chunks = (M + chunk - 1) // chunk
     total = n_slices * n_chunks
     while True:
-        item = atomic_add(ctr, 0, 1)
-        if item >= total:
+        s, m0, m1 = take_item(ctr, total, n_chunks, chunk, M)
+        if s < 0:
             break
-        s = item // n_chunks
-        m0 = (item % n_chunks) * chunk
-        mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, s, m0, min(M, m0 + chunk),
-                       rounding)
+        mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, s, m0, m1, rounding)
         atomic_add(ctr, 1, 1)
     if wait:
-        polls = 0
-        while atomic_load(ctr, 1) < total:
-            if polls < wait_polls:
-                spin_pause()
-                polls += 1
-            else:
-                sleep_us(WAIT_SLEEP_US)
+        wait_for_items(ctr, total, wait_polls)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def take_item(ctr, total, n_chunks, chunk, M):
+    """The next of `total` work items from the counter ctr[0]: (slice, first row, end row) of n_chunks per slice,
+    or slice -1 when none is left."""
+    item = atomic_add(ctr, 0, 1)
+    if item >= total:
+        return -1, 0, 0
+    m0 = (item % n_chunks) * chunk
+    return item // n_chunks, m0, min(M, m0 + chunk)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def wait_for_items(ctr, total, wait_polls):
+    """Until `total` items are done (ctr[1]): spinning `wait_polls` polls, then sleeping between polls."""
+    polls = 0
+    while atomic_load(ctr, 1) < total:
+        if polls < wait_polls:
+            spin_pause()
+            polls += 1
+        else:
+            sleep_us(WAIT_SLEEP_US)
 
 
 # the fields of a job (mul_mat_desc) from element 1 of a slot (element 0: its state); the last, the job's address
@@ -194,9 +208,9 @@ def mul_mat_desc(kind: int, w: np.ndarray, w_off: np.ndarray, nb: int, xf: np.nd
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _run_desc(kind, d, shared, rounding):
-    """`mul_mat_rows` on the operands of job `d` (`shared`: the caller's share, which waits for every item)."""
-    nb, n_cols, chunk = d[6], d[22], d[28]
+def desc_operands(d):
+    """The operands a MUL_MAT job's slot holds at fields shared with MUL_MAT_ID's (mul_mat_id_job): w, w_off, nb,
+    xf, yq, yd, ys, yb and out."""
     w = numba.carray(pointer_u8(d[2]), (d[3],))
     w_off = numba.carray(pointer_i64(d[4]), (d[5],))
     xf = numba.carray(pointer_f32(d[7]), (d[8], d[9]))
@@ -204,14 +218,27 @@ def _run_desc(kind, d, shared, rounding):
     yd = numba.carray(pointer_f32(d[13]), (d[14], d[15]))
     ys = numba.carray(pointer_f32(d[16]), (d[17], d[18]))
     yb = numba.carray(pointer_i32(d[19]), (d[20], d[21]))
-    w_base = numba.carray(pointer_i64(d[23]), (d[24],))
     out = numba.carray(pointer_f32(d[25]), (d[26], d[27]))
-    if chunk == 0:  # one thread: each slice whole, from a counter of its own (one copy of the inlined loops)
-        ctr = np.zeros(2, np.int64)
-        chunk = max(out.shape[1], 1)
-    else:
-        ctr = numba.carray(pointer_i64(d[29]), (d[30],))
-    mul_mat_rows(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, chunk, ctr, shared != 0,
+    return w, w_off, d[6], xf, yq, yd, ys, yb, out
+
+
+@njit(nogil=True, cache=True, inline="always")
+def desc_counter(d):
+    """The job's item counter and weight rows per item; chunk 0 (one thread): a counter of its own and every row
+    of out in one item (one copy of the inlined loops)."""
+    chunk = d[28]
+    if chunk == 0:
+        return np.zeros(2, np.int64), max(d[27], 1)
+    return numba.carray(pointer_i64(d[29]), (d[30],)), chunk
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _run_desc(kind, d, shared, rounding):
+    """`mul_mat_rows` on the operands of job `d` (`shared`: the caller's share, which waits for every item)."""
+    w, w_off, nb, xf, yq, yd, ys, yb, out = desc_operands(d)
+    w_base = numba.carray(pointer_i64(d[23]), (d[24],))
+    ctr, chunk = desc_counter(d)
+    mul_mat_rows(kind, w, w_off, nb, xf, yq, yd, ys, yb, d[22], w_base, out, chunk, ctr, shared != 0,
                  d[WAIT_POLLS], rounding)
 
 
