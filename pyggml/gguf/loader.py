@@ -196,6 +196,7 @@ def _copy_in(gf: GGUFFile, backend: Backend, items: list[tuple[TensorInfo, Tenso
     try:
         for info, t in items:
             tensor_set(t, gf.tensor_bytes(info.name))
+            gf.release_pages(info.name)
             progress(info.nbytes)
     except BaseException:
         buffer.free()

@@ -419,6 +419,19 @@ class GGUFFile:
         a token does not use stay on disk."""
         self._advise("MADV_RANDOM")
 
+    def release_pages(self, name: str) -> None:
+        """Drop from this process the mapping's pages wholly inside tensor `name` (MADV_DONTNEED), once its bytes
+        are copied elsewhere (a repacked weight): they would stay resident beside the copy; a later read of them
+        faults them in again from the file."""
+        mapping = getattr(self.data, "_mmap", None)
+        if mapping is None or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        info = self.tensor(name)
+        start = -(-info.offset // mmap.PAGESIZE) * mmap.PAGESIZE
+        end = (info.offset + info.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+        if end > start:
+            mapping.madvise(mmap.MADV_DONTNEED, start, end - start)
+
     def _advise(self, advice: str) -> None:
         """madvise the whole mapping, where the platform has `advice`."""
         mapping = getattr(self.data, "_mmap", None)  # numpy.memmap's mmap.mmap of the whole file

@@ -241,3 +241,36 @@ def test_model_placement_and_empty_eval(llama_file: Path) -> None:
     assert model.n_past == 0
     with pytest.raises(GGMLError, match="no ids"):
         model.eval_last([])
+
+
+def _mapping_rss_kib(address: int) -> int:
+    """The resident size of the mapping holding `address`, from /proc/self/smaps."""
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and ":" not in head:
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= address < hi
+        elif inside and line.startswith("Rss:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads resident sizes from Linux's smaps")
+def test_a_copied_tensor_s_pages_leave_the_process(tmp_path: Path) -> None:
+    """release_pages (the loader's, after a weight is copied out, e.g. repacked): the mapping's pages wholly
+    inside the tensor are no longer resident in the process; its bytes read the same afterwards."""
+    path = tmp_path / "big.gguf"
+    values = np.arange(1 << 20, dtype=np.float32)  # 4 MiB
+    write_gguf(path, "llama", {}, {"a": values[:1000], "w": values})
+    gf = read_gguf(path)
+    try:
+        address = gf.data.ctypes.data
+        assert float(gf.tensor_bytes("w").view(np.float32).sum()) > 0  # every page of w faulted in
+        before = _mapping_rss_kib(address)
+        gf.release_pages("w")
+        after = _mapping_rss_kib(address)
+        assert before >= 4096 and before - after >= 4096 - 8, (before, after)
+        assert np.array_equal(gf.tensor_bytes("w").view(np.float32), values)
+    finally:
+        gf.close()
