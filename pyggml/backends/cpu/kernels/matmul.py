@@ -16,7 +16,7 @@ from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
 from pyggml.backends.cpu.kernels._common import is_multiple, noop, reshape_view, strided_view
 from pyggml.backends.cpu.kernels.fwht import fwht_kernel, hadamard_problem, is_hadamard
 from pyggml.backends.cpu.kernels.threads import new_pool, new_team
-from pyggml.backends.cpu.kernels.vec_dot import mul_mat_job, quantize_src1, to_float
+from pyggml.backends.cpu.kernels.vec_dot import half_orders, mul_mat_job, quantize_src1, to_float
 from pyggml.backends.cpu.kernels.vec_dot.type_table import (
     COLS_KINDS,
     CPU_TYPE_TRAITS,
@@ -343,6 +343,11 @@ def _mul_mat_numba(wtype: GGMLType, xtype: GGMLType, K: int, dst: np.ndarray, sr
     tiles = not params.batch_invariant and N >= X8_TILE_MIN_COLS
     if not repacked and kind in X8_TILE_KINDS and tiles and M % repack.X8_ROWS == 0:
         kind = X8_TILE_KINDS[kind]
+    half = wtype in (F16, BF16)
+    if half:  # tinyBLAS takes src1 converted to the weight type, or already of it and contiguous
+        gemm = not params.batch_invariant and (xtype != wtype or bool(src1.flags.c_contiguous))
+        kind = half_orders.half_kind(kind, NUMERICS_CODES[params.numerics] == quantize_src1.ROUND_X86,
+                                     params.x86_level, N, M, K, gemm)
     wt = TYPE_TRAITS[wtype]
     quantized = wt.is_quantized
     vdt = CPU_TYPE_TRAITS[wtype].vec_dot_type
@@ -358,7 +363,7 @@ def _mul_mat_numba(wtype: GGMLType, xtype: GGMLType, K: int, dst: np.ndarray, sr
     if out is None or not out.flags.c_contiguous:
         raise ShapeError(f"CPU MUL_MAT: dst with shape {dst.shape} and strides {dst.strides} is not contiguous")
 
-    blas = (kind not in X8_GROUP_KINDS and int(wtype) not in TILED_KINDS and wtype != F32
+    blas = (kind not in X8_GROUP_KINDS and int(wtype) not in TILED_KINDS and wtype != F32 and not half
             and not params.batch_invariant and N >= (BLAS_MIN_COLS if quantized else HALF_BLAS_MIN_COLS))
     # Q4_1/Q5_1: one more column per block carries m * (s - d * sum(q)) (DESIGN.md, MUL_MAT and OUT_PROD)
     mins = blas and vdt == GGMLType.Q8_1
@@ -428,7 +433,7 @@ def _mul_mat_numba(wtype: GGMLType, xtype: GGMLType, K: int, dst: np.ndarray, sr
     def half_x() -> np.ndarray:
         x = get_x()
         if round_x:
-            quantize_src1.round_rows(kind, x)
+            quantize_src1.round_rows(int(wtype), x)
         return x
 
     if not blas:

@@ -33,7 +33,8 @@ from pyggml.backends.cpu.kernels.threads import (
     revoke,
 )
 from pyggml.backends.cpu.kernels.vec_dot.ir import COLS
-from pyggml.backends.cpu.kernels.vec_dot.kinds import TILED, X8_GEMV, X8_REPACKED, X8_TILE, kind_name
+from pyggml.backends.cpu.kernels.vec_dot.half_orders import half_cols
+from pyggml.backends.cpu.kernels.vec_dot.kinds import HALF_ORDER, TILED, X8_GEMV, X8_REPACKED, X8_TILE, kind_name
 from pyggml.backends.cpu.kernels.vec_dot.quantize_src1 import ROUND_REF, ROUND_X86
 from pyggml.backends.cpu.kernels.vec_dot.tiles_x8 import TILE_ROWS, tile_x8
 from pyggml.backends.cpu.kernels.vec_dot.type_table import row_of_kind
@@ -84,7 +85,9 @@ def _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, 
                 gemv(w, w_off, base, m0, m1, nb, yq, yd, sums, r, min(COLS, r1 - r), out)
 
         return gemm_then_gemv
-    if k >= TILED:
+    if k >= HALF_ORDER:
+        loop = half_cols(k)
+    elif k >= TILED:
         loop = row.cols_tiled
     else:
         loop = row.x8_gemv if k >= X8_GEMV else row.x8 if k >= X8_REPACKED else row.cols_for(x86)

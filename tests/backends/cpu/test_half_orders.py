@@ -1,0 +1,55 @@
+"""F16 and BF16 MUL_MAT in ggml-cpu's float orders (vec_dot.half_orders): src1 rounded to the weight type, decode
+rows in ggml_vec_dot_f16/bf16's order and prompts in llamafile tinyBLAS's, at the x86 level libggml is built for,
+against libggml's product bit for bit; and each order against an independent scalar reading of its C code.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from kernel_helpers import bf16_bits, new_ctx, run, tensor
+from test_kernels_matmul import weight_tensor
+
+from pyggml.backends.cpu.kernels import ComputeParams
+from pyggml.core.types import GGMLType
+
+HALF_TYPES = (GGMLType.F16, GGMLType.BF16)
+
+
+def half_rows(rng: np.random.Generator, wtype: GGMLType, rows: int, k: int) -> np.ndarray:
+    """Random weight rows of `wtype` (as uint16 bits) whose magnitudes differ row to row."""
+    v = (rng.standard_normal((rows, k)) * np.exp(rng.standard_normal((rows, 1)))).astype(np.float32)
+    return v.astype(np.float16).view(np.uint16) if wtype == GGMLType.F16 else bf16_bits(v)
+
+
+def src1_rows(rng: np.random.Generator, n: int, k: int) -> np.ndarray:
+    return (rng.standard_normal((n, k)) * np.exp(rng.standard_normal((n, 1)))).astype(np.float32)
+
+
+# (M, K): rows a multiple of tinyBLAS's 4 or not; K a multiple of every step, of 16 only, of neither
+SHAPES = [(64, 256), (40, 832), (30, 96), (20, 200)]
+
+
+@pytest.mark.parametrize("wtype", HALF_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("n", [1, 7, 8, 20, 128])
+def test_half_products_are_libggml_s_bit_for_bit(ggml_reference: object, wtype: GGMLType, shape: tuple[int, int],
+                                                 n: int) -> None:
+    """ggml_reference: libggml built; its x86 level is the level forced here."""
+    from pyggml.testing import ggml_c
+
+    level = ggml_c.x86_level()
+    rng = np.random.default_rng(n * 1000 + shape[1])
+    M, K = shape
+    raw = half_rows(rng, wtype, M, K)
+    x = src1_rows(rng, n, K)
+    ctx = new_ctx(64)
+    try:
+        w = weight_tensor(ctx, wtype, (raw.view(np.float16) if wtype == GGMLType.F16 else raw)[None, None])
+        node = ctx.mul_mat(w, tensor(ctx, GGMLType.F32, x[None, None]))
+        want = ggml_c.compute_like(node).reshape(n, M)
+        got = run(node, ComputeParams(n_threads=2, numerics="x86", x86_level=level)).reshape(n, M)
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), \
+            f"{level}: {np.count_nonzero(got != want)} of {got.size} differ"
+    finally:
+        ctx.free()
