@@ -34,10 +34,12 @@ class Ours:
         m, (n, k) = raw.shape[0], x.shape
         self.ctx = Context(mem_size=raw.nbytes + 4 * (k + m) * n + (1 << 20), no_alloc=False)
         w = self.ctx.new_tensor_2d(wtype, k, m)
-        marker, repack, _ = LAYOUTS[wtype]
-        w.numpy()[0, 0] = repack(raw) if repacked else raw
         if repacked:
+            marker, repack, _ = LAYOUTS[wtype]
+            w.numpy()[0, 0] = repack(raw)
             w.extra = marker
+        else:
+            w.numpy()[0, 0] = raw
         xt = self.ctx.new_tensor_2d(GGMLType.F32, k, n)
         xt.numpy()[0, 0] = x
         self.node = self.ctx.mul_mat(w, xt)

@@ -53,3 +53,29 @@ def test_half_products_are_libggml_s_bit_for_bit(ggml_reference: object, wtype: 
             f"{level}: {np.count_nonzero(got != want)} of {got.size} differ"
     finally:
         ctx.free()
+
+
+@pytest.mark.parametrize("wtype", HALF_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("n", [1, 8])
+def test_denormal_operands_are_libggml_s(ggml_reference: object, wtype: GGMLType, n: int) -> None:
+    """Weights and src1 near and below the smallest normal float: AVX512_BF16's dpbf16 reads denormals as zero
+    and flushes its results (DAZ, FTZ), the other orders keep them."""
+    from pyggml.testing import ggml_c
+
+    rng = np.random.default_rng(7 + n)
+    M, K = 16, 128
+    f16 = wtype == GGMLType.F16  # F16: its own denormals (below 2**-14) in both operands
+    w_exp, x_exp = ((-20, -12), (-24, -12)) if f16 else ((-70, -50), (-90, -60))
+    w = (rng.standard_normal((M, K)) * np.exp2(rng.integers(*w_exp, (M, K)))).astype(np.float32)
+    raw = w.astype(np.float16).view(np.uint16) if f16 else bf16_bits(w)
+    x = (rng.standard_normal((n, K)) * np.exp2(rng.integers(*x_exp, (n, K)))).astype(np.float32)
+    ctx = new_ctx(16)
+    try:
+        wt = weight_tensor(ctx, wtype, (raw.view(np.float16) if wtype == GGMLType.F16 else raw)[None, None])
+        node = ctx.mul_mat(wt, tensor(ctx, GGMLType.F32, x[None, None]))
+        want = ggml_c.compute_like(node).reshape(n, M)
+        got = run(node, ComputeParams(numerics="x86", x86_level=ggml_c.x86_level())).reshape(n, M)
+        assert np.any(want != 0)
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    finally:
+        ctx.free()

@@ -40,7 +40,6 @@ OUT_PROD_SRC1_TYPES: tuple[GGMLType, ...] = (F32, F16, BF16)
 
 # src1 columns (per matrix) from which widened weight tiles go through BLAS (bench_matmul.py --sweep)
 BLAS_MIN_COLS = 16
-HALF_BLAS_MIN_COLS = 12
 # src1 columns from which F32 weights go to BLAS: below, waking OpenBLAS's threads costs more (attention's KQ)
 F32_BLAS_MIN_COLS = 32
 # src1 columns from which X8_TILE_KINDS matrices take the repacked tiles (fewer keep vec_dot's row order)
@@ -364,7 +363,7 @@ def _mul_mat_numba(wtype: GGMLType, xtype: GGMLType, K: int, dst: np.ndarray, sr
         raise ShapeError(f"CPU MUL_MAT: dst with shape {dst.shape} and strides {dst.strides} is not contiguous")
 
     blas = (kind not in X8_GROUP_KINDS and int(wtype) not in TILED_KINDS and wtype != F32 and not half
-            and not params.batch_invariant and N >= (BLAS_MIN_COLS if quantized else HALF_BLAS_MIN_COLS))
+            and not params.batch_invariant and N >= BLAS_MIN_COLS)
     # Q4_1/Q5_1: one more column per block carries m * (s - d * sum(q)) (DESIGN.md, MUL_MAT and OUT_PROD)
     mins = blas and vdt == GGMLType.Q8_1
     Kb = K + (nb if mins else 0)  # columns of the BLAS operands
@@ -429,11 +428,14 @@ def _mul_mat_numba(wtype: GGMLType, xtype: GGMLType, K: int, dst: np.ndarray, sr
     # F16 / BF16 weights: src1 rounded to the weight type (unless it already is that type)
     assert get_x is not None
     round_x = xtype == F32 and wtype != F32
+    flush_x = half_orders.order_of_kind(kind).pairs
 
     def half_x() -> np.ndarray:
         x = get_x()
         if round_x:
             quantize_src1.round_rows(int(wtype), x)
+        if flush_x:
+            quantize_src1.flush_denormals(x)
         return x
 
     if not blas:

@@ -34,7 +34,8 @@ IR_F64 = ir.DoubleType()
 class HalfOrder:
     """One float order of a dot of F16/BF16 values. `lanes` 0: ggml's generic C loop (a double sum of float
     products). Else `lanes` float accumulators, element e of a step into lane e % lanes (`pairs`: AVX512_BF16's
-    dpbf16, lane j takes elements 2j + 1 then 2j, inputs and results with denormals as zero), `fused` FMA or a
+    dpbf16, lane j takes elements 2j + 1 then 2j, inputs and results with denormals as zero; src1's denormals the
+    caller flushes, quantize_src1.flush_denormals), `fused` FMA or a
     multiply then an add; at the end `groups` runs of lanes each summed by halving (`hadd`: its last 4 lanes as
     _mm_hadd_ps does, (0 + 1) + (2 + 3)); `wide` (vec_dot): the group sums and the elements after the last whole
     step added in double, else (tinyBLAS) the one group's sum, K a multiple of the step."""
@@ -194,8 +195,8 @@ def _row_dots(builder, pw, cols, K, kind: int, order: HalfOrder) -> list:
             xv = load_vector(builder, builder.gep(px, [e]), IR_F32, step)
             a = builder.load(acc)
             if order.pairs:
-                a = _flush(builder, fma(builder, w_odd, _flush(builder, _strided(builder, xv, 1)), a))
-                a = _flush(builder, fma(builder, w_even, _flush(builder, _strided(builder, xv, 0)), a))
+                a = _flush(builder, fma(builder, w_odd, _strided(builder, xv, 1), a))
+                a = _flush(builder, fma(builder, w_even, _strided(builder, xv, 0), a))
             elif order.fused:
                 a = fma(builder, wv, xv, a)
             else:

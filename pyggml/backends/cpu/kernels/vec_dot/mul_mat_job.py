@@ -32,8 +32,8 @@ from pyggml.backends.cpu.kernels.threads import (
     finish,
     revoke,
 )
-from pyggml.backends.cpu.kernels.vec_dot.ir import COLS
 from pyggml.backends.cpu.kernels.vec_dot.half_orders import half_cols
+from pyggml.backends.cpu.kernels.vec_dot.ir import COLS
 from pyggml.backends.cpu.kernels.vec_dot.kinds import HALF_ORDER, TILED, X8_GEMV, X8_REPACKED, X8_TILE, kind_name
 from pyggml.backends.cpu.kernels.vec_dot.quantize_src1 import ROUND_REF, ROUND_X86
 from pyggml.backends.cpu.kernels.vec_dot.tiles_x8 import TILE_ROWS, tile_x8
