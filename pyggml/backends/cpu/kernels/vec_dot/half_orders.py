@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llvmlite import binding as llvm_binding
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
@@ -176,8 +177,32 @@ def _scalar_sums(builder, pw, cols, start, K, kind: int, totals) -> None:
             builder.store(builder.fadd(builder.load(total), product), total)
 
 
-def _row_dots(builder, pw, cols, K, kind: int, order: HalfOrder) -> list:
-    """The dots of the F16/BF16 (`kind`) row at byte pointer pw with the float rows at `cols`, K elements each."""
+def _dpbf16(builder, acc, w_bits, x):
+    """AVX512_BF16's vdpbf16ps on 16-lane runs: acc (<lanes x float>) with bf16 pairs w_bits (<2 lanes x i16>) and
+    the bf16-valued floats x (their high halves are the bf16 bits)."""
+    n = x.type.count
+    vi32 = ir.VectorType(IR_I32, n)
+    x_bits = builder.trunc(builder.lshr(builder.bitcast(x, vi32), ir.Constant(vi32, [16] * n)),
+                           ir.VectorType(IR_I16, n))
+    vf, vp = ir.VectorType(IR_F32, 16), ir.VectorType(IR_I32, 16)
+    fn = builder.module.declare_intrinsic("llvm.x86.avx512bf16.dpbf16ps.512", fnty=ir.FunctionType(vf, [vf, vp, vp]))
+    runs = []
+    for r in range(acc.type.count // 16):
+        def pairs(v, r: int = r):
+            return builder.bitcast(_lanes(builder, v, 32 * r, 32), vp)
+
+        runs.append(builder.call(fn, [_lanes(builder, acc, 16 * r, 16), pairs(w_bits), pairs(x_bits)]))
+    while len(runs) > 1:  # concatenate the runs back into one vector
+        runs = [builder.shuffle_vector(runs[i], runs[i + 1],
+                                       ir.Constant(ir.VectorType(IR_I32, 2 * runs[i].type.count),
+                                                   list(range(2 * runs[i].type.count))))
+                for i in range(0, len(runs), 2)]
+    return runs[0]
+
+
+def _row_dots(builder, pw, cols, K, kind: int, order: HalfOrder, native: bool = False) -> list:
+    """The dots of the F16/BF16 (`kind`) row at byte pointer pw with the float rows at `cols`, K elements each;
+    `native`: `pairs` by the CPU's own vdpbf16ps (the same bits)."""
     if order.lanes == 0:
         totals = [cgutils.alloca_once_value(builder, ir.Constant(IR_F64, 0.0)) for _ in cols]
         _scalar_sums(builder, pw, cols, ir.Constant(K.type, 0), K, kind, totals)
@@ -188,13 +213,16 @@ def _row_dots(builder, pw, cols, K, kind: int, order: HalfOrder) -> list:
     n_steps = builder.ashr(K, shift)
     with cgutils.for_range(builder, n_steps) as loop:
         e = builder.shl(loop.index, shift)
-        wv = _widen(builder, load_vector(builder, builder.gep(pw, [builder.add(e, e)]), IR_I16, step), kind)
-        if order.pairs:
+        w_bits = load_vector(builder, builder.gep(pw, [builder.add(e, e)]), IR_I16, step)
+        wv = _widen(builder, w_bits, kind)
+        if order.pairs and not native:
             w_odd, w_even = _flush(builder, _strided(builder, wv, 1)), _flush(builder, _strided(builder, wv, 0))
         for px, acc in zip(cols, accs, strict=True):
             xv = load_vector(builder, builder.gep(px, [e]), IR_F32, step)
             a = builder.load(acc)
-            if order.pairs:
+            if order.pairs and native:
+                a = _dpbf16(builder, a, w_bits, xv)
+            elif order.pairs:
                 a = _flush(builder, fma(builder, w_odd, _strided(builder, xv, 1), a))
                 a = _flush(builder, fma(builder, w_even, _strided(builder, xv, 0), a))
             elif order.fused:
@@ -217,10 +245,10 @@ def _row_dots(builder, pw, cols, K, kind: int, order: HalfOrder) -> list:
     return [builder.fptrunc(builder.load(total), IR_F32) for total in totals]
 
 
-def make_half_cols(kind: int, order: HalfOrder):
+def make_half_cols(kind: int, order: HalfOrder, native: bool = False):
     """F16 or BF16 (`kind`) weight rows times float32 rows holding values of that type, in `order`:
     `dot(w, w_off, base, m0, m1, x, r, n, out)` writes out[r + c, m] for c < n <= COLS and m0 <= m < m1, the
-    weight row at byte w[w_off[base + m]], whole rows of x (K = its row length)."""
+    weight row at byte w[w_off[base + m]], whole rows of x (K = its row length). `native`: see _row_dots."""
 
     @intrinsic
     def dot_half_order(typingctx, w, w_off, base, m0, m1, x, r, n, out):
@@ -240,7 +268,8 @@ def make_half_cols(kind: int, order: HalfOrder):
                 return ptrs
 
             def row(pw, m, cols) -> None:
-                store_columns(context, builder, ty[8], args[8], r, m, _row_dots(builder, pw, cols, K, kind, order))
+                store_columns(context, builder, ty[8], args[8], r, m,
+                              _row_dots(builder, pw, cols, K, kind, order, native))
 
             pos = {"w": 0, "w_off": 1, "base": 2, "m0": 3, "m1": 4, "n": 7}
             column_groups(context, builder, signature, args, COLS, pos, columns, row)
@@ -251,6 +280,8 @@ def make_half_cols(kind: int, order: HalfOrder):
     return dot_half_order
 
 
+# the host runs vdpbf16ps itself (numba compiles for the host): the dpbf16 orders take it, bits unchanged
+HOST_DPBF16 = bool(llvm_binding.get_host_cpu_features().get("avx512bf16", False))
 # the loops by kind (compiled on first use)
 _LOOPS: dict[int, object] = {}
 
@@ -258,5 +289,6 @@ _LOOPS: dict[int, object] = {}
 def half_cols(kind: int):
     """The row loop of half-order kind `kind` (see make_half_cols)."""
     if kind not in _LOOPS:
-        _LOOPS[kind] = make_half_cols(kind % X8_REPACKED, order_of_kind(kind))
+        order = order_of_kind(kind)
+        _LOOPS[kind] = make_half_cols(kind % X8_REPACKED, order, order.pairs and HOST_DPBF16)
     return _LOOPS[kind]
