@@ -19,11 +19,12 @@ from pyggml.backends.cpu.kernels.vec_dot.ir import (
     IR_F32,
     IR_I16,
     IR_I32,
-    column_groups,
     fma,
     load_vector,
+    per_count,
     row_pointer,
     store_columns,
+    weight_pointers,
 )
 from pyggml.backends.cpu.kernels.vec_dot.kinds import BF16, F16, HALF_ORDER, X8_REPACKED
 from pyggml.core.errors import ArgumentError
@@ -177,13 +178,15 @@ def _scalar_sums(builder, pw, cols, start, K, kind: int, totals) -> None:
             builder.store(builder.fadd(builder.load(total), product), total)
 
 
-def _dpbf16(builder, acc, w_bits, x):
-    """AVX512_BF16's vdpbf16ps on 16-lane runs: acc (<lanes x float>) with bf16 pairs w_bits (<2 lanes x i16>) and
-    the bf16-valued floats x (their high halves are the bf16 bits)."""
+def _bf16_bits(builder, x):
+    """The bf16 bits of bf16-valued floats x (their high halves), <n x i16>."""
     n = x.type.count
     vi32 = ir.VectorType(IR_I32, n)
-    x_bits = builder.trunc(builder.lshr(builder.bitcast(x, vi32), ir.Constant(vi32, [16] * n)),
-                           ir.VectorType(IR_I16, n))
+    return builder.trunc(builder.lshr(builder.bitcast(x, vi32), ir.Constant(vi32, [16] * n)), ir.VectorType(IR_I16, n))
+
+
+def _dpbf16(builder, acc, w_bits, x_bits):
+    """AVX512_BF16's vdpbf16ps on 16-lane runs: acc (<lanes x float>) with the bf16 pairs w_bits and x_bits."""
     vf, vp = ir.VectorType(IR_F32, 16), ir.VectorType(IR_I32, 16)
     fn = builder.module.declare_intrinsic("llvm.x86.avx512bf16.dpbf16ps.512", fnty=ir.FunctionType(vf, [vf, vp, vp]))
     runs = []
@@ -200,55 +203,72 @@ def _dpbf16(builder, acc, w_bits, x):
     return runs[0]
 
 
-def _row_dots(builder, pw, cols, K, kind: int, order: HalfOrder, native: bool = False) -> list:
-    """The dots of the F16/BF16 (`kind`) row at byte pointer pw with the float rows at `cols`, K elements each;
-    `native`: `pairs` by the CPU's own vdpbf16ps (the same bits)."""
+def _block_dots(builder, pws, cols, K, kind: int, order: HalfOrder, native: bool = False) -> list[list]:
+    """The dots [row][column] of the F16/BF16 (`kind`) rows at byte pointers pws with the float rows at `cols`, K
+    elements each; `native`: `pairs` by the CPU's own vdpbf16ps (the same bits)."""
     if order.lanes == 0:
-        totals = [cgutils.alloca_once_value(builder, ir.Constant(IR_F64, 0.0)) for _ in cols]
-        _scalar_sums(builder, pw, cols, ir.Constant(K.type, 0), K, kind, totals)
-        return [builder.fptrunc(builder.load(total), IR_F32) for total in totals]
+        return [_wide_totals(builder, pw, cols, [[] for _ in cols], ir.Constant(K.type, 0), K, kind) for pw in pws]
     step, vf = order.step, ir.VectorType(IR_F32, order.lanes)
     shift = ir.Constant(K.type, step.bit_length() - 1)
-    accs = [cgutils.alloca_once_value(builder, ir.Constant(vf, [0.0] * order.lanes)) for _ in cols]
+    accs = [[cgutils.alloca_once_value(builder, ir.Constant(vf, [0.0] * order.lanes)) for _ in cols] for _ in pws]
     n_steps = builder.ashr(K, shift)
     with cgutils.for_range(builder, n_steps) as loop:
         e = builder.shl(loop.index, shift)
-        w_bits = load_vector(builder, builder.gep(pw, [builder.add(e, e)]), IR_I16, step)
-        wv = _widen(builder, w_bits, kind)
+        w_bits = [load_vector(builder, builder.gep(pw, [builder.add(e, e)]), IR_I16, step) for pw in pws]
+        wv = [_widen(builder, bits, kind) for bits in w_bits]
         if order.pairs and not native:
-            w_odd, w_even = _flush(builder, _strided(builder, wv, 1)), _flush(builder, _strided(builder, wv, 0))
-        for px, acc in zip(cols, accs, strict=True):
+            w_odd = [_flush(builder, _strided(builder, v, 1)) for v in wv]
+            w_even = [_flush(builder, _strided(builder, v, 0)) for v in wv]
+        for c, px in enumerate(cols):
             xv = load_vector(builder, builder.gep(px, [e]), IR_F32, step)
-            a = builder.load(acc)
             if order.pairs and native:
-                a = _dpbf16(builder, a, w_bits, xv)
+                x_bits = _bf16_bits(builder, xv)
             elif order.pairs:
-                a = _flush(builder, fma(builder, w_odd, _strided(builder, xv, 1), a))
-                a = _flush(builder, fma(builder, w_even, _strided(builder, xv, 0), a))
-            elif order.fused:
-                a = fma(builder, wv, xv, a)
-            else:
-                a = builder.fadd(builder.fmul(wv, xv), a)
-            builder.store(a, acc)
+                x_odd, x_even = _strided(builder, xv, 1), _strided(builder, xv, 0)
+            for i in range(len(pws)):
+                acc = accs[i][c]
+                a = builder.load(acc)
+                if order.pairs and native:
+                    a = _dpbf16(builder, a, w_bits[i], x_bits)
+                elif order.pairs:
+                    a = _flush(builder, fma(builder, w_odd[i], x_odd, a))
+                    a = _flush(builder, fma(builder, w_even[i], x_even, a))
+                elif order.fused:
+                    a = fma(builder, wv[i], xv, a)
+                else:
+                    a = builder.fadd(builder.fmul(wv[i], xv), a)
+                builder.store(a, acc)
     width = order.lanes // order.groups
-    sums = [[_tree(builder, _lanes(builder, builder.load(acc), g * width, width), order.hadd)
-             for g in range(order.groups)] for acc in accs]
+    sums = [[[_tree(builder, _lanes(builder, builder.load(acc), g * width, width), order.hadd)
+              for g in range(order.groups)] for acc in row] for row in accs]
     if not order.wide:
-        return [group[0] for group in sums]
+        return [[groups[0] for groups in row] for row in sums]
+    return [_wide_totals(builder, pw, cols, row, builder.shl(n_steps, shift), K, kind) for pw, row in zip(pws, sums,
+                                                                                                       strict=True)]
+
+
+def _wide_totals(builder, pw, cols, group_sums, start, K, kind: int) -> list:
+    """vec_dot's end: per column the group sums added in double, then the elements start..K-1, rounded to float."""
     totals = []
-    for group in sums:
+    for groups in group_sums:
         total = ir.Constant(IR_F64, 0.0)
-        for s in group:
+        for s in groups:
             total = builder.fadd(total, builder.fpext(s, IR_F64))
         totals.append(cgutils.alloca_once_value(builder, total))
-    _scalar_sums(builder, pw, cols, builder.shl(n_steps, shift), K, kind, totals)
+    _scalar_sums(builder, pw, cols, start, K, kind, totals)
     return [builder.fptrunc(builder.load(total), IR_F32) for total in totals]
+
+
+# weight rows one pass of the tinyBLAS orders takes (their accumulators fit the vector registers)
+ROW_BLOCK = 4
 
 
 def make_half_cols(kind: int, order: HalfOrder, native: bool = False):
     """F16 or BF16 (`kind`) weight rows times float32 rows holding values of that type, in `order`:
     `dot(w, w_off, base, m0, m1, x, r, n, out)` writes out[r + c, m] for c < n <= COLS and m0 <= m < m1, the
-    weight row at byte w[w_off[base + m]], whole rows of x (K = its row length). `native`: see _row_dots."""
+    weight row at byte w[w_off[base + m]], whole rows of x (K = its row length); the tinyBLAS orders ROW_BLOCK rows
+    at a time. `native`: see _block_dots."""
+    block_rows = 1 if order.wide else ROW_BLOCK
 
     @intrinsic
     def dot_half_order(typingctx, w, w_off, base, m0, m1, x, r, n, out):
@@ -256,23 +276,30 @@ def make_half_cols(kind: int, order: HalfOrder, native: bool = False):
         sig = types.void(w, w_off, ip, ip, ip, x, ip, ip, out)
 
         def codegen(context, builder, signature, args):
-            ty, r = signature.args, args[6]
-            K = None
+            ty, r, m0, m1 = signature.args, args[6], args[3], args[4]
+            w_data, offsets = weight_pointers(context, builder, signature, args)
 
-            def columns(count: int) -> list:
-                nonlocal K
-                ptrs = []
+            def rows(count: int) -> None:
+                cols, K = [], None
                 for c in range(count):
                     p, K = row_pointer(context, builder, ty[5], args[5], builder.add(r, ir.Constant(r.type, c)))
-                    ptrs.append(p)
-                return ptrs
+                    cols.append(p)
 
-            def row(pw, m, cols) -> None:
-                store_columns(context, builder, ty[8], args[8], r, m,
-                              _row_dots(builder, pw, cols, K, kind, order, native))
+                def block(m, n_rows: int) -> None:
+                    pws = [builder.gep(w_data, [builder.load(builder.gep(offsets, [builder.add(
+                        m, ir.Constant(m.type, i))]))]) for i in range(n_rows)]
+                    for i, dots in enumerate(_block_dots(builder, pws, cols, K, kind, order, native)):
+                        store_columns(context, builder, ty[8], args[8], r, builder.add(m, ir.Constant(m.type, i)),
+                                      dots)
 
-            pos = {"w": 0, "w_off": 1, "base": 2, "m0": 3, "m1": 4, "n": 7}
-            column_groups(context, builder, signature, args, COLS, pos, columns, row)
+                n_blocks = builder.sdiv(builder.sub(m1, m0), ir.Constant(m0.type, block_rows))
+                with cgutils.for_range(builder, n_blocks) as loop:
+                    block(builder.add(m0, builder.mul(loop.index, ir.Constant(m0.type, block_rows))), block_rows)
+                rest = builder.add(m0, builder.mul(n_blocks, ir.Constant(m0.type, block_rows)))
+                with cgutils.for_range(builder, m1, start=rest) as loop:
+                    block(loop.index, 1)
+
+            per_count(builder, args[7], COLS, rows)
             return context.get_dummy_value()
 
         return sig, codegen
