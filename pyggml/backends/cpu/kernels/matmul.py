@@ -1,7 +1,7 @@
 """CPU kernels: MUL_MAT (ggml_compute_forward_mul_mat) and OUT_PROD (ggml_compute_forward_out_prod), by src0's
-type: BLAS for F32, half rows or widened tiles for F16/BF16, vec_dot on raw blocks, repacked x8 loops or
-dequantized tiles for the quantized types. DESIGN.md, "MUL_MAT and OUT_PROD", says which path runs when and
-why its results are ggml's."""
+type: BLAS for F32, rows in ggml-cpu's float orders for F16/BF16 (vec_dot.half_orders), vec_dot on raw blocks,
+repacked x8 loops or dequantized tiles for the quantized types. DESIGN.md, "MUL_MAT and OUT_PROD", says which
+path runs when and why its results are ggml's."""
 
 from __future__ import annotations
 
