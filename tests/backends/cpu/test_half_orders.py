@@ -82,34 +82,37 @@ def test_denormal_operands_are_libggml_s(ggml_reference: object, wtype: GGMLType
 
 
 @pytest.mark.parametrize("name", ["vec_dot_bf16_avx512bf16", "tinyblas_avx512bf16"])
-def test_native_dpbf16_gives_the_emulated_bits(name: str) -> None:
-    """Where the host has AVX512_BF16 the dpbf16 orders run its vdpbf16ps; its bits are the emulation's (FMAs of the
-    odd then the even products, denormals flushed), denormal operands and results included."""
+def test_dpbf16_loops_agree_packed_or_not_native_or_not(name: str) -> None:
+    """The dpbf16 orders read src1 packed as bf16 bits and flushed (MUL_MAT) or as float32 values (MUL_MAT_ID's
+    experts), and run vdpbf16ps itself where the host has AVX512_BF16: every variant gives the emulation's bits
+    (FMAs of the odd then the even products, denormals flushed), denormal operands and results included."""
     from numba import njit
 
     from pyggml.backends.cpu.kernels.vec_dot import half_orders, kinds, quantize_src1
 
-    if not half_orders.HOST_DPBF16:
-        pytest.skip("this CPU has no vdpbf16ps to compare with (the emulation is checked against libggml)")
     order = half_orders.HALF_ORDERS[[o.name for o in half_orders.HALF_ORDERS].index(name)]
     rng = np.random.default_rng(3)
-    M, K, n = 12, 320, 4
+    M, K, n = 13, 352, 4  # K: vec_dot's 64-element steps and a tail
     w = (rng.standard_normal((M, K)) * np.exp2(rng.integers(-70, 0, (M, K)))).astype(np.float32)
     raw = bf16_bits(w).view(np.uint8)
     x = (rng.standard_normal((n, K)) * np.exp2(rng.integers(-90, 0, (n, K)))).astype(np.float32)
     quantize_src1.round_rows(kinds.BF16, x)
-    quantize_src1.flush_denormals(x)
+    packed_x = x.copy()
+    quantize_src1.flush_denormals(packed_x)
+    quantize_src1.pack_bf16_rows(packed_x)
     w_off = np.arange(M, dtype=np.int64) * 2 * K
     outs = []
-    for native in (False, True):
-        loop = half_orders.make_half_cols(kinds.BF16, order, native)
+    for native in (False, True) if half_orders.HOST_DPBF16 else (False,):
+        for packed in (False, True):
+            loop = half_orders.make_half_cols(kinds.BF16, order, native, packed)
 
-        @njit
-        def product(w, w_off, x, out, loop=loop):
-            loop(w, w_off, 0, 0, w_off.shape[0], x, 0, x.shape[0], out)
+            @njit
+            def product(w, w_off, x, out, loop=loop):
+                loop(w, w_off, 0, 0, w_off.shape[0], x, 0, x.shape[0], out)
 
-        out = np.zeros((n, M), np.float32)
-        product(raw.reshape(-1), w_off, x, out)
-        outs.append(out)
+            out = np.zeros((n, M), np.float32)
+            product(raw.reshape(-1), w_off, packed_x if packed else x, out)
+            outs.append(out)
     assert np.any(outs[0] != 0)
-    assert np.array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))
+    for out in outs[1:]:
+        assert np.array_equal(outs[0].view(np.uint32), out.view(np.uint32))

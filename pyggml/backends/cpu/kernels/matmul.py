@@ -434,8 +434,9 @@ def _mul_mat_numba(wtype: GGMLType, xtype: GGMLType, K: int, dst: np.ndarray, sr
         x = get_x()
         if round_x:
             quantize_src1.round_rows(int(wtype), x)
-        if flush_x:
+        if flush_x:  # dpbf16's orders: src1 as bf16 bits, denormals as zero
             quantize_src1.flush_denormals(x)
+            quantize_src1.pack_bf16_rows(x)
         return x
 
     if not blas:

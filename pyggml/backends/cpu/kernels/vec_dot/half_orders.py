@@ -17,6 +17,7 @@ from numba.extending import intrinsic
 from pyggml.backends.cpu.kernels.vec_dot.ir import (
     COLS,
     IR_F32,
+    IR_I8,
     IR_I16,
     IR_I32,
     fma,
@@ -37,7 +38,8 @@ class HalfOrder:
     """One float order of a dot of F16/BF16 values. `lanes` 0: ggml's generic C loop (a double sum of float
     products). Else `lanes` float accumulators, element e of a step into lane e % lanes (`pairs`: AVX512_BF16's
     dpbf16, lane j takes elements 2j + 1 then 2j, inputs and results with denormals as zero; src1's denormals the
-    caller flushes, quantize_src1.flush_denormals), `fused` FMA or a
+    caller flushes, and packs each src1 row as bf16 bits in its first half, quantize_src1.pack_bf16_rows, as ggml's
+    vec_dot_type data), `fused` FMA or a
     multiply then an add; at the end `groups` runs of lanes each summed by halving (`hadd`: its last 4 lanes as
     _mm_hadd_ps does, (0 + 1) + (2 + 3)); `wide` (vec_dot): the group sums and the elements after the last whole
     step added in double, else (tinyBLAS) the one group's sum, K a multiple of the step."""
@@ -168,13 +170,15 @@ def _tree(builder, v, hadd: bool):
     return builder.fadd(builder.fadd(lane(0), lane(1)), builder.fadd(lane(2), lane(3)))
 
 
-def _scalar_sums(builder, pw, cols, start, K, kind: int, totals) -> None:
-    """totals[c] (double) += double(float w[k] * x_c[k]) for start <= k < K: ggml's leftovers and generic loop."""
+def _scalar_sums(builder, pw, cols, start, K, kind: int, totals, packed: bool = False) -> None:
+    """totals[c] (double) += double(float w[k] * x_c[k]) for start <= k < K: ggml's leftovers and generic loop
+    (`packed`: the x rows hold bf16 bits, see HalfOrder)."""
     with cgutils.for_range(builder, K, start=start) as loop:
         k = loop.index
         wk = _value(builder, pw, k, kind)
         for px, total in zip(cols, totals, strict=True):
-            product = builder.fpext(builder.fmul(wk, builder.load(builder.gep(px, [k]))), IR_F64)
+            xk = _value(builder, px, k, BF16) if packed else builder.load(builder.gep(px, [k]))
+            product = builder.fpext(builder.fmul(wk, xk), IR_F64)
             builder.store(builder.fadd(builder.load(total), product), total)
 
 
@@ -203,11 +207,16 @@ def _dpbf16(builder, acc, w_bits, x_bits):
     return runs[0]
 
 
-def _block_dots(builder, pws, cols, K, kind: int, order: HalfOrder, native: bool = False) -> list[list]:
+def _block_dots(builder, pws, cols, K, kind: int, order: HalfOrder, native: bool = False,
+                 packed: bool = False) -> list[list]:
     """The dots [row][column] of the F16/BF16 (`kind`) rows at byte pointers pws with the float rows at `cols`, K
-    elements each; `native`: `pairs` by the CPU's own vdpbf16ps (the same bits)."""
+    elements each; `native`: `pairs` by the CPU's own vdpbf16ps (the same bits); `packed` (`pairs` only): src1 rows
+    packed and flushed by the caller (see HalfOrder), else float32 values read and flushed here."""
     if order.lanes == 0:
         return [_wide_totals(builder, pw, cols, [[] for _ in cols], ir.Constant(K.type, 0), K, kind) for pw in pws]
+    packed = packed and order.pairs
+    if packed:  # src1 rows packed as bf16 bits: byte pointers
+        cols = [builder.bitcast(px, IR_I8.as_pointer()) for px in cols]
     step, vf = order.step, ir.VectorType(IR_F32, order.lanes)
     shift = ir.Constant(K.type, step.bit_length() - 1)
     accs = [[cgutils.alloca_once_value(builder, ir.Constant(vf, [0.0] * order.lanes)) for _ in cols] for _ in pws]
@@ -220,11 +229,16 @@ def _block_dots(builder, pws, cols, K, kind: int, order: HalfOrder, native: bool
             w_odd = [_flush(builder, _strided(builder, v, 1)) for v in wv]
             w_even = [_flush(builder, _strided(builder, v, 0)) for v in wv]
         for c, px in enumerate(cols):
-            xv = load_vector(builder, builder.gep(px, [e]), IR_F32, step)
-            if order.pairs and native:
-                x_bits = _bf16_bits(builder, xv)
-            elif order.pairs:
+            if packed:
+                x_bits = load_vector(builder, builder.gep(px, [builder.add(e, e)]), IR_I16, step)
+                xv = _widen(builder, x_bits, BF16)
                 x_odd, x_even = _strided(builder, xv, 1), _strided(builder, xv, 0)
+            else:
+                xv = load_vector(builder, builder.gep(px, [e]), IR_F32, step)
+                if order.pairs and native:
+                    x_bits = _bf16_bits(builder, xv)
+                elif order.pairs:
+                    x_odd, x_even = _flush(builder, _strided(builder, xv, 1)), _flush(builder, _strided(builder, xv, 0))
             for i in range(len(pws)):
                 acc = accs[i][c]
                 a = builder.load(acc)
@@ -243,11 +257,11 @@ def _block_dots(builder, pws, cols, K, kind: int, order: HalfOrder, native: bool
               for g in range(order.groups)] for acc in row] for row in accs]
     if not order.wide:
         return [[groups[0] for groups in row] for row in sums]
-    return [_wide_totals(builder, pw, cols, row, builder.shl(n_steps, shift), K, kind) for pw, row in zip(pws, sums,
-                                                                                                       strict=True)]
+    return [_wide_totals(builder, pw, cols, row, builder.shl(n_steps, shift), K, kind, packed)
+            for pw, row in zip(pws, sums, strict=True)]
 
 
-def _wide_totals(builder, pw, cols, group_sums, start, K, kind: int) -> list:
+def _wide_totals(builder, pw, cols, group_sums, start, K, kind: int, packed: bool = False) -> list:
     """vec_dot's end: per column the group sums added in double, then the elements start..K-1, rounded to float."""
     totals = []
     for groups in group_sums:
@@ -255,7 +269,7 @@ def _wide_totals(builder, pw, cols, group_sums, start, K, kind: int) -> list:
         for s in groups:
             total = builder.fadd(total, builder.fpext(s, IR_F64))
         totals.append(cgutils.alloca_once_value(builder, total))
-    _scalar_sums(builder, pw, cols, start, K, kind, totals)
+    _scalar_sums(builder, pw, cols, start, K, kind, totals, packed)
     return [builder.fptrunc(builder.load(total), IR_F32) for total in totals]
 
 
@@ -263,11 +277,11 @@ def _wide_totals(builder, pw, cols, group_sums, start, K, kind: int) -> list:
 ROW_BLOCK = 4
 
 
-def make_half_cols(kind: int, order: HalfOrder, native: bool = False):
+def make_half_cols(kind: int, order: HalfOrder, native: bool = False, packed: bool = False):
     """F16 or BF16 (`kind`) weight rows times float32 rows holding values of that type, in `order`:
     `dot(w, w_off, base, m0, m1, x, r, n, out)` writes out[r + c, m] for c < n <= COLS and m0 <= m < m1, the
     weight row at byte w[w_off[base + m]], whole rows of x (K = its row length); the tinyBLAS orders ROW_BLOCK rows
-    at a time. `native`: see _block_dots."""
+    at a time. `native`, `packed`: see _block_dots."""
     block_rows = 1 if order.wide else ROW_BLOCK
 
     @intrinsic
@@ -288,7 +302,7 @@ def make_half_cols(kind: int, order: HalfOrder, native: bool = False):
                 def block(m, n_rows: int) -> None:
                     pws = [builder.gep(w_data, [builder.load(builder.gep(offsets, [builder.add(
                         m, ir.Constant(m.type, i))]))]) for i in range(n_rows)]
-                    for i, dots in enumerate(_block_dots(builder, pws, cols, K, kind, order, native)):
+                    for i, dots in enumerate(_block_dots(builder, pws, cols, K, kind, order, native, packed)):
                         store_columns(context, builder, ty[8], args[8], r, builder.add(m, ir.Constant(m.type, i)),
                                       dots)
 
@@ -309,13 +323,13 @@ def make_half_cols(kind: int, order: HalfOrder, native: bool = False):
 
 # the host runs vdpbf16ps itself (numba compiles for the host): the dpbf16 orders take it, bits unchanged
 HOST_DPBF16 = bool(llvm_binding.get_host_cpu_features().get("avx512bf16", False))
-# the loops by kind (compiled on first use)
-_LOOPS: dict[int, object] = {}
+# the loops by kind and packing (compiled on first use)
+_LOOPS: dict[tuple[int, bool], object] = {}
 
 
-def half_cols(kind: int):
-    """The row loop of half-order kind `kind` (see make_half_cols)."""
-    if kind not in _LOOPS:
+def half_cols(kind: int, packed: bool):
+    """The row loop of half-order kind `kind`, src1 `packed` or float32 (see make_half_cols)."""
+    if (kind, packed) not in _LOOPS:
         order = order_of_kind(kind)
-        _LOOPS[kind] = make_half_cols(kind % X8_REPACKED, order, order.pairs and HOST_DPBF16)
-    return _LOOPS[kind]
+        _LOOPS[(kind, packed)] = make_half_cols(kind % X8_REPACKED, order, order.pairs and HOST_DPBF16, packed)
+    return _LOOPS[(kind, packed)]

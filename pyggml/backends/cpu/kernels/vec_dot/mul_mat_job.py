@@ -96,10 +96,10 @@ def _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, 
                 gemv(w, w_off, base, m0, m1, nb, yq, yd, sums, r, min(COLS, r1 - r), out)
 
         return gemm_then_gemv
-    if k >= HALF_ORDER:
-        loop = half_cols(k)
-    elif k in (F16, BF16):  # MUL_MAT_ID's experts: ggml's vec_dot rows, at the host's x86 level
-        loop = half_cols(half_kind(k, x86, HOST_X86_LEVEL, 1, 0, 0, False))
+    if k >= HALF_ORDER:  # MUL_MAT packs src1 for the orders that read it as bf16
+        loop = half_cols(k, True)
+    elif k in (F16, BF16):  # MUL_MAT_ID's experts: ggml's vec_dot rows, at the host's x86 level, src1 float32
+        loop = half_cols(half_kind(k, x86, HOST_X86_LEVEL, 1, 0, 0, False), False)
     elif k >= TILED:
         loop = row.cols_tiled
     else:

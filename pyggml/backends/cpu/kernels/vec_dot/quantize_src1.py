@@ -218,3 +218,14 @@ def flush_denormals(x):
     for k in range(bits.shape[0]):
         if bits[k] & np.uint32(0x7F800000) == 0:
             bits[k] &= np.uint32(0x80000000)
+
+
+@njit(nogil=True, cache=True)
+def pack_bf16_rows(x):
+    """Each row of bf16-valued float32s x (2-D, C-contiguous) as its bf16 bits in the row's first half, in place
+    (forward: a row's bits land at or before the floats still to read)."""
+    bits = x.view(np.uint32)
+    for i in range(x.shape[0]):
+        row = x[i].view(np.uint16)
+        for k in range(x.shape[1]):
+            row[k] = np.uint16(bits[i, k] >> np.uint32(16))
