@@ -10,11 +10,9 @@ of --repeats runs, the two alternating; whether the results are libggml's bit fo
 
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
 from bench_matmul import medians
-from bench_repack import Ours
+from bench_repack import Ours, bench_args
 
 from pyggml.core.types import GGMLType
 from pyggml.testing import ggml_c
@@ -31,10 +29,7 @@ def half_weights(rng: np.random.Generator, wtype: GGMLType, m: int, k: int) -> n
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
+    args = bench_args(__doc__)
     lib = ggml_c.load()
     buft = lib.ggml_backend_cpu_buffer_type()
     rng = np.random.default_rng(0)

@@ -59,11 +59,16 @@ def q4_K_weights(rng: np.random.Generator, m: int, k: int) -> np.ndarray:
     return raw.reshape(m, -1)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def bench_args(doc: str) -> argparse.Namespace:
+    """--repeats and --threads of a libggml-against-pyggml product benchmark described by `doc`."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = bench_args(__doc__)
     lib = ggml_c.load()
     buft = ggml_c.extra_bufts(lib)["CPU_REPACK"]
     rng = np.random.default_rng(0)

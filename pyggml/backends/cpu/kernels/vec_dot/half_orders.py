@@ -14,19 +14,8 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from pyggml.backends.cpu.kernels.vec_dot.ir import (
-    COLS,
-    IR_F32,
-    IR_I8,
-    IR_I16,
-    IR_I32,
-    fma,
-    load_vector,
-    per_count,
-    row_pointer,
-    store_columns,
-    weight_pointers,
-)
+from pyggml.backends.cpu.kernels.vec_dot import ir as vir
+from pyggml.backends.cpu.kernels.vec_dot.ir import COLS, IR_F32, IR_I8, IR_I16, IR_I32
 from pyggml.backends.cpu.kernels.vec_dot.kinds import BF16, F16, HALF_ORDER, X8_REPACKED
 from pyggml.core.errors import ArgumentError
 
@@ -223,18 +212,18 @@ def _block_dots(builder, pws, cols, K, kind: int, order: HalfOrder, native: bool
     n_steps = builder.ashr(K, shift)
     with cgutils.for_range(builder, n_steps) as loop:
         e = builder.shl(loop.index, shift)
-        w_bits = [load_vector(builder, builder.gep(pw, [builder.add(e, e)]), IR_I16, step) for pw in pws]
+        w_bits = [vir.load_vector(builder, builder.gep(pw, [builder.add(e, e)]), IR_I16, step) for pw in pws]
         wv = [_widen(builder, bits, kind) for bits in w_bits]
         if order.pairs and not native:
             w_odd = [_flush(builder, _strided(builder, v, 1)) for v in wv]
             w_even = [_flush(builder, _strided(builder, v, 0)) for v in wv]
         for c, px in enumerate(cols):
             if packed:
-                x_bits = load_vector(builder, builder.gep(px, [builder.add(e, e)]), IR_I16, step)
+                x_bits = vir.load_vector(builder, builder.gep(px, [builder.add(e, e)]), IR_I16, step)
                 xv = _widen(builder, x_bits, BF16)
                 x_odd, x_even = _strided(builder, xv, 1), _strided(builder, xv, 0)
             else:
-                xv = load_vector(builder, builder.gep(px, [e]), IR_F32, step)
+                xv = vir.load_vector(builder, builder.gep(px, [e]), IR_F32, step)
                 if order.pairs and native:
                     x_bits = _bf16_bits(builder, xv)
                 elif order.pairs:
@@ -245,10 +234,10 @@ def _block_dots(builder, pws, cols, K, kind: int, order: HalfOrder, native: bool
                 if order.pairs and native:
                     a = _dpbf16(builder, a, w_bits[i], x_bits)
                 elif order.pairs:
-                    a = _flush(builder, fma(builder, w_odd[i], x_odd, a))
-                    a = _flush(builder, fma(builder, w_even[i], x_even, a))
+                    a = _flush(builder, vir.fma(builder, w_odd[i], x_odd, a))
+                    a = _flush(builder, vir.fma(builder, w_even[i], x_even, a))
                 elif order.fused:
-                    a = fma(builder, wv[i], xv, a)
+                    a = vir.fma(builder, wv[i], xv, a)
                 else:
                     a = builder.fadd(builder.fmul(wv[i], xv), a)
                 builder.store(a, acc)
@@ -291,19 +280,19 @@ def make_half_cols(kind: int, order: HalfOrder, native: bool = False, packed: bo
 
         def codegen(context, builder, signature, args):
             ty, r, m0, m1 = signature.args, args[6], args[3], args[4]
-            w_data, offsets = weight_pointers(context, builder, signature, args)
+            w_data, offsets = vir.weight_pointers(context, builder, signature, args)
 
             def rows(count: int) -> None:
                 cols, K = [], None
                 for c in range(count):
-                    p, K = row_pointer(context, builder, ty[5], args[5], builder.add(r, ir.Constant(r.type, c)))
+                    p, K = vir.row_pointer(context, builder, ty[5], args[5], builder.add(r, ir.Constant(r.type, c)))
                     cols.append(p)
 
                 def block(m, n_rows: int) -> None:
                     pws = [builder.gep(w_data, [builder.load(builder.gep(offsets, [builder.add(
                         m, ir.Constant(m.type, i))]))]) for i in range(n_rows)]
                     for i, dots in enumerate(_block_dots(builder, pws, cols, K, kind, order, native, packed)):
-                        store_columns(context, builder, ty[8], args[8], r, builder.add(m, ir.Constant(m.type, i)),
+                        vir.store_columns(context, builder, ty[8], args[8], r, builder.add(m, ir.Constant(m.type, i)),
                                       dots)
 
                 n_blocks = builder.sdiv(builder.sub(m1, m0), ir.Constant(m0.type, block_rows))
@@ -313,7 +302,7 @@ def make_half_cols(kind: int, order: HalfOrder, native: bool = False, packed: bo
                 with cgutils.for_range(builder, m1, start=rest) as loop:
                     block(loop.index, 1)
 
-            per_count(builder, args[7], COLS, rows)
+            vir.per_count(builder, args[7], COLS, rows)
             return context.get_dummy_value()
 
         return sig, codegen
