@@ -434,7 +434,7 @@ def _mul_mat_numba(wtype: GGMLType, xtype: GGMLType, K: int, dst: np.ndarray, sr
         x = get_x()
         if round_x:
             quantize_src1.round_rows(int(wtype), x)
-        if flush_x:  # dpbf16's orders: src1 as bf16 bits, denormals as zero
+        if flush_x:
             quantize_src1.flush_denormals(x)
             quantize_src1.pack_bf16_rows(x)
         return x

@@ -222,8 +222,7 @@ def flush_denormals(x):
 
 @njit(nogil=True, cache=True)
 def pack_bf16_rows(x):
-    """Each row of bf16-valued float32s x (2-D, C-contiguous) as its bf16 bits in the row's first half, in place
-    (forward: a row's bits land at or before the floats still to read)."""
+    """Each row of bf16-valued float32s x as its bf16 bits in its first half, in place (bits land behind reads)."""
     bits = x.view(np.uint32)
     for i in range(x.shape[0]):
         row = x[i].view(np.uint16)
