@@ -19,7 +19,7 @@
     row length is a multiple of 256.
 Also shown: the other weight types' mat-vec, 512 columns through the
 dequantized-tile BLAS path, and (--sweep) the direct kernels against the
-BLAS path by column count, which sets BLAS_MIN_COLS / HALF_BLAS_MIN_COLS.
+BLAS path by column count, which sets BLAS_MIN_COLS.
 
 Each kernel is prepared once and computed many times, as a graph plan does;
 times are medians of `--repeats` runs, ours and the peer's alternating.
@@ -290,19 +290,19 @@ def main() -> None:
         if args.sweep:
             print()
             print("direct kernels vs dequantized tiles + BLAS, by columns (ms; thresholds: "
-                  f"BLAS_MIN_COLS={matmul.BLAS_MIN_COLS}, HALF_BLAS_MIN_COLS={matmul.HALF_BLAS_MIN_COLS})")
-            saved = (matmul.BLAS_MIN_COLS, matmul.HALF_BLAS_MIN_COLS)
+                  f"BLAS_MIN_COLS={matmul.BLAS_MIN_COLS})")
+            saved = matmul.BLAS_MIN_COLS
             print(f"  {'type':>6} {'columns':>8} {'direct':>9} {'BLAS':>9}")
-            for wtype in (GGMLType.F16, GGMLType.Q4_0, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q6_K):
+            for wtype in (GGMLType.Q4_0, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q6_K):
                 for n in (2, 4, 8, 16, 32):
                     row = []
                     for min_cols in (10**9, 1):
-                        matmul.BLAS_MIN_COLS = matmul.HALF_BLAS_MIN_COLS = min_cols
+                        matmul.BLAS_MIN_COLS = min_cols
                         case = Case(wtype, n, rng, nt)
                         row.append(medians([case.compute], max(3, args.repeats // 3))[0])
                         case.close()
                     print(f"  {wtype.name:>6} {n:>8} {row[0] * 1e3:9.3f} {row[1] * 1e3:9.3f}")
-            matmul.BLAS_MIN_COLS, matmul.HALF_BLAS_MIN_COLS = saved
+            matmul.BLAS_MIN_COLS = saved
 
         if args.thread_sweep:
             print()

@@ -34,10 +34,12 @@ class Ours:
         m, (n, k) = raw.shape[0], x.shape
         self.ctx = Context(mem_size=raw.nbytes + 4 * (k + m) * n + (1 << 20), no_alloc=False)
         w = self.ctx.new_tensor_2d(wtype, k, m)
-        marker, repack, _ = LAYOUTS[wtype]
-        w.numpy()[0, 0] = repack(raw) if repacked else raw
         if repacked:
+            marker, repack, _ = LAYOUTS[wtype]
+            w.numpy()[0, 0] = repack(raw)
             w.extra = marker
+        else:
+            w.numpy()[0, 0] = raw
         xt = self.ctx.new_tensor_2d(GGMLType.F32, k, n)
         xt.numpy()[0, 0] = x
         self.node = self.ctx.mul_mat(w, xt)
@@ -57,11 +59,16 @@ def q4_K_weights(rng: np.random.Generator, m: int, k: int) -> np.ndarray:
     return raw.reshape(m, -1)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def bench_args(doc: str) -> argparse.Namespace:
+    """--repeats and --threads of a libggml-against-pyggml product benchmark described by `doc`."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = bench_args(__doc__)
     lib = ggml_c.load()
     buft = ggml_c.extra_bufts(lib)["CPU_REPACK"]
     rng = np.random.default_rng(0)

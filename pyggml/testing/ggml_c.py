@@ -471,6 +471,8 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "ggml_backend_cpu_init": (_P, []),
     "ggml_backend_cpu_set_n_threads": (None, [_P, ctypes.c_int]),
     "ggml_backend_cpu_reg": (_P, []),
+    "ggml_cpu_has_avx512": (ctypes.c_int, []),
+    "ggml_cpu_has_avx512_bf16": (ctypes.c_int, []),
 }
 
 
@@ -545,6 +547,14 @@ class GGMLLib:
         if self._supports_backend is None:
             self._supports_backend = self.ggml_backend_cpu_init()
         return self._supports_backend
+
+
+def x86_level() -> str:
+    """The x86 level libggml-cpu is built for, by pyggml's names (numerics.X86_LEVELS)."""
+    lib = load()
+    if not lib.ggml_cpu_has_avx512():
+        return "avx2"
+    return "avx512bf16" if lib.ggml_cpu_has_avx512_bf16() else "avx512"
 
 
 @functools.cache

@@ -51,3 +51,37 @@ def resolve_numerics(value: object = None, environ: Mapping[str, str] | None = N
 
 
 _HOST: Numerics = host_numerics()
+
+
+# the x86 level ggml-cpu is built for where products differ by it (F16/BF16 MUL_MAT): AVX2+F16C+FMA, AVX512F,
+# AVX512F with AVX512_BF16; a named option of its own (ComputeParams.x86_level), so tests force each
+X86Level = Literal["avx2", "avx512", "avx512bf16"]
+X86_LEVELS: tuple[X86Level, ...] = ("avx2", "avx512", "avx512bf16")
+ENV_X86_LEVEL = "PYGGML_CPU_X86_LEVEL"
+
+
+def host_x86_level() -> X86Level:
+    """The level a -march=native build of ggml-cpu has here (numba's CPU features), "avx2" below AVX512F."""
+    features = llvm_binding.get_host_cpu_features()
+    if not features.get("avx512f", False):
+        return "avx2"
+    return "avx512bf16" if features.get("avx512bf16", False) else "avx512"
+
+
+def resolve_x86_level(value: object = None, environ: Mapping[str, str] | None = None) -> X86Level:
+    """The level for an argument `value`: itself if given, else PYGGML_CPU_X86_LEVEL, else the host's."""
+    if value is None:
+        env = os.environ if environ is None else environ
+        value = env.get(ENV_X86_LEVEL, "").strip() or None
+        where = ENV_X86_LEVEL
+    else:
+        where = "x86 level"
+    if value is None:
+        return _HOST_LEVEL
+    name = value.strip().lower() if isinstance(value, str) else value
+    if name not in X86_LEVELS:
+        raise ArgumentError(f"CPU backend: {where} {value!r} is not an x86 level; allowed: {', '.join(X86_LEVELS)}")
+    return cast(X86Level, name)
+
+
+_HOST_LEVEL: X86Level = host_x86_level()

@@ -237,7 +237,7 @@ def test_q4_0_q8_0_exact_block_arithmetic(wtype: GGMLType, n: int, rng: np.rando
     assert np.all(np.abs(got - want) <= 1e-6 * np.abs(want).max())
 
 
-@pytest.mark.parametrize("wtype", [Q.Q4_1, Q.Q5_0, Q.Q5_1, F16, BF16, F32])
+@pytest.mark.parametrize("wtype", [Q.Q4_1, Q.Q5_0, Q.Q5_1, F32])
 def test_exact_and_blas_paths_agree(wtype: GGMLType, rng: np.random.Generator,
                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """The same product through the direct kernels and through dequantized tiles + BLAS (several tiles)."""
@@ -247,7 +247,6 @@ def test_exact_and_blas_paths_agree(wtype: GGMLType, rng: np.random.Generator,
     results = []
     for min_cols, tile_bytes in ((10**9, matmul.TILE_BYTES), (1, 4 * K * 16)):
         monkeypatch.setattr(matmul, "BLAS_MIN_COLS", min_cols)
-        monkeypatch.setattr(matmul, "HALF_BLAS_MIN_COLS", min_cols)
         monkeypatch.setattr(matmul, "F32_BLAS_MIN_COLS", min_cols)
         monkeypatch.setattr(matmul, "TILE_BYTES", tile_bytes)  # 16 rows per tile: 50 rows take 4 tiles
         ctx = new_ctx(32)

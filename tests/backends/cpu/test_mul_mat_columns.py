@@ -89,7 +89,6 @@ def test_columns_equal_one_column_products(wtype: GGMLType, k: int, n_threads: i
                                            rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
     """k 250 (F16, BF16): 7 lane blocks of 32 and 26 elements added one by one."""
     assert matmul.BLAS_MIN_COLS > MAX_N
-    monkeypatch.setattr(matmul, "HALF_BLAS_MIN_COLS", MAX_N + 1)  # the direct F16/BF16 kernels up to MAX_N too
     # threads from the smallest product up, or none at all
     monkeypatch.setattr(matmul, "PARALLEL_MIN_WORK", 0 if n_threads > 1 else 1 << 62)
     ctx = new_ctx(8)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pyggml.backends.cpu.jit import install_cache_locator
-from pyggml.backends.cpu.numerics import Numerics, resolve_numerics
+from pyggml.backends.cpu.numerics import Numerics, X86Level, resolve_numerics, resolve_x86_level
 from pyggml.core.tensor import GGMLOp, Tensor
 
 install_cache_locator()  # before the kernel modules are decorated: where their compiled code goes
@@ -35,12 +35,14 @@ class WorkArea:
 @dataclass
 class ComputeParams:
     """What every kernel of a plan shares: threads, scratch, ggml's CPU code path (`numerics`), and
-    `batch_invariant`: each output element reduced in one order whatever the batch around it."""
+    `batch_invariant`: each output element reduced in one order whatever the batch around it; `x86_level`: which
+    build of ggml-cpu's x86 code the products that differ by it follow (numerics.X86_LEVELS)."""
 
     n_threads: int = 1
     work: WorkArea = field(default_factory=WorkArea)
     numerics: Numerics = field(default_factory=resolve_numerics)
     batch_invariant: bool = False
+    x86_level: X86Level = field(default_factory=resolve_x86_level)
 
 
 Compute = Callable[[], None]

@@ -1,7 +1,7 @@
 """CPU kernels: MUL_MAT (ggml_compute_forward_mul_mat) and OUT_PROD (ggml_compute_forward_out_prod), by src0's
-type: BLAS for F32, half rows or widened tiles for F16/BF16, vec_dot on raw blocks, repacked x8 loops or
-dequantized tiles for the quantized types. DESIGN.md, "MUL_MAT and OUT_PROD", says which path runs when and
-why its results are ggml's."""
+type: BLAS for F32, rows in ggml-cpu's float orders for F16/BF16 (vec_dot.half_orders), vec_dot on raw blocks,
+repacked x8 loops or dequantized tiles for the quantized types. DESIGN.md, "MUL_MAT and OUT_PROD", says which
+path runs when and why its results are ggml's."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
 from pyggml.backends.cpu.kernels._common import is_multiple, noop, reshape_view, strided_view
 from pyggml.backends.cpu.kernels.fwht import fwht_kernel, hadamard_problem, is_hadamard
 from pyggml.backends.cpu.kernels.threads import new_pool, new_team
-from pyggml.backends.cpu.kernels.vec_dot import mul_mat_job, quantize_src1, to_float
+from pyggml.backends.cpu.kernels.vec_dot import half_orders, mul_mat_job, quantize_src1, to_float
 from pyggml.backends.cpu.kernels.vec_dot.type_table import (
     COLS_KINDS,
     CPU_TYPE_TRAITS,
@@ -40,7 +40,6 @@ OUT_PROD_SRC1_TYPES: tuple[GGMLType, ...] = (F32, F16, BF16)
 
 # src1 columns (per matrix) from which widened weight tiles go through BLAS (bench_matmul.py --sweep)
 BLAS_MIN_COLS = 16
-HALF_BLAS_MIN_COLS = 12
 # src1 columns from which F32 weights go to BLAS: below, waking OpenBLAS's threads costs more (attention's KQ)
 F32_BLAS_MIN_COLS = 32
 # src1 columns from which X8_TILE_KINDS matrices take the repacked tiles (fewer keep vec_dot's row order)
@@ -343,6 +342,11 @@ def _mul_mat_numba(wtype: GGMLType, xtype: GGMLType, K: int, dst: np.ndarray, sr
     tiles = not params.batch_invariant and N >= X8_TILE_MIN_COLS
     if not repacked and kind in X8_TILE_KINDS and tiles and M % repack.X8_ROWS == 0:
         kind = X8_TILE_KINDS[kind]
+    half = wtype in (F16, BF16)
+    if half:  # tinyBLAS takes src1 converted to the weight type, or already of it and contiguous
+        gemm = not params.batch_invariant and (xtype != wtype or bool(src1.flags.c_contiguous))
+        kind = half_orders.half_kind(kind, NUMERICS_CODES[params.numerics] == quantize_src1.ROUND_X86,
+                                     params.x86_level, N, M, K, gemm)
     wt = TYPE_TRAITS[wtype]
     quantized = wt.is_quantized
     vdt = CPU_TYPE_TRAITS[wtype].vec_dot_type
@@ -358,8 +362,8 @@ def _mul_mat_numba(wtype: GGMLType, xtype: GGMLType, K: int, dst: np.ndarray, sr
     if out is None or not out.flags.c_contiguous:
         raise ShapeError(f"CPU MUL_MAT: dst with shape {dst.shape} and strides {dst.strides} is not contiguous")
 
-    blas = (kind not in X8_GROUP_KINDS and int(wtype) not in TILED_KINDS and wtype != F32
-            and not params.batch_invariant and N >= (BLAS_MIN_COLS if quantized else HALF_BLAS_MIN_COLS))
+    blas = (kind not in X8_GROUP_KINDS and int(wtype) not in TILED_KINDS and wtype != F32 and not half
+            and not params.batch_invariant and N >= BLAS_MIN_COLS)
     # Q4_1/Q5_1: one more column per block carries m * (s - d * sum(q)) (DESIGN.md, MUL_MAT and OUT_PROD)
     mins = blas and vdt == GGMLType.Q8_1
     Kb = K + (nb if mins else 0)  # columns of the BLAS operands
@@ -424,11 +428,15 @@ def _mul_mat_numba(wtype: GGMLType, xtype: GGMLType, K: int, dst: np.ndarray, sr
     # F16 / BF16 weights: src1 rounded to the weight type (unless it already is that type)
     assert get_x is not None
     round_x = xtype == F32 and wtype != F32
+    flush_x = half_orders.order_of_kind(kind).pairs
 
     def half_x() -> np.ndarray:
         x = get_x()
         if round_x:
-            quantize_src1.round_rows(kind, x)
+            quantize_src1.round_rows(int(wtype), x)
+        if flush_x:
+            quantize_src1.flush_denormals(x)
+            quantize_src1.pack_bf16_rows(x)
         return x
 
     if not blas:

@@ -37,10 +37,14 @@ X8_REPACKED = 1024
 X8_TILE = 2048
 X8_GEMV = 3072
 TILED = 4096
+# F16/BF16 rows in one of ggml's float dot orders (half_orders.HALF_ORDERS), X8_REPACKED apart per order
+HALF_ORDER = 8192
 
 
 def kind_name(kind: int) -> str:
     """A kernel kind by name: the weight type's, with `_x8` or `_x8_tile` for the repacked layouts."""
+    if kind >= HALF_ORDER:
+        return f"{GGMLType(kind % X8_REPACKED).name}_order{(kind - HALF_ORDER) // X8_REPACKED}"
     if kind >= TILED:
         return f"{GGMLType(kind - TILED).name}_tiled"
     if kind >= X8_GEMV:

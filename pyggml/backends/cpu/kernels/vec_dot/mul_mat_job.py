@@ -32,14 +32,26 @@ from pyggml.backends.cpu.kernels.threads import (
     finish,
     revoke,
 )
+from pyggml.backends.cpu.kernels.vec_dot.half_orders import half_cols, half_kind
 from pyggml.backends.cpu.kernels.vec_dot.ir import COLS
-from pyggml.backends.cpu.kernels.vec_dot.kinds import TILED, X8_GEMV, X8_REPACKED, X8_TILE, kind_name
+from pyggml.backends.cpu.kernels.vec_dot.kinds import (
+    BF16,
+    F16,
+    HALF_ORDER,
+    TILED,
+    X8_GEMV,
+    X8_REPACKED,
+    X8_TILE,
+    kind_name,
+)
 from pyggml.backends.cpu.kernels.vec_dot.quantize_src1 import ROUND_REF, ROUND_X86
 from pyggml.backends.cpu.kernels.vec_dot.tiles_x8 import TILE_ROWS, tile_x8
 from pyggml.backends.cpu.kernels.vec_dot.type_table import row_of_kind
+from pyggml.backends.cpu.numerics import host_x86_level
 from pyggml.core.errors import UnsupportedTypeError
 from pyggml.core.types import GGMLType
 
+HOST_X86_LEVEL = host_x86_level()
 # the src1 columns ggml's repack gemm takes at once (forward_mul_mat_one_chunk: the rest go to its gemv)
 GEMM_COLS = 4
 
@@ -84,7 +96,11 @@ def _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, 
                 gemv(w, w_off, base, m0, m1, nb, yq, yd, sums, r, min(COLS, r1 - r), out)
 
         return gemm_then_gemv
-    if k >= TILED:
+    if k >= HALF_ORDER:  # MUL_MAT packs src1 for the orders that read it as bf16
+        loop = half_cols(k, True)
+    elif k in (F16, BF16):  # MUL_MAT_ID's experts: ggml's vec_dot rows, at the host's x86 level, src1 float32
+        loop = half_cols(half_kind(k, x86, HOST_X86_LEVEL, 1, 0, 0, False), False)
+    elif k >= TILED:
         loop = row.cols_tiled
     else:
         loop = row.x8_gemv if k >= X8_GEMV else row.x8 if k >= X8_REPACKED else row.cols_for(x86)

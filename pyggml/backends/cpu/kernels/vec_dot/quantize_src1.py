@@ -209,3 +209,22 @@ def round_rows(kind, x):
         else:
             bits[k] = (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
 
+
+
+@njit(nogil=True, cache=True)
+def flush_denormals(x):
+    """Denormal float32 values of x as zeros of their sign, in place (AVX512_BF16's dpbf16 reads its inputs so)."""
+    bits = x.reshape(-1).view(np.uint32)
+    for k in range(bits.shape[0]):
+        if bits[k] & np.uint32(0x7F800000) == 0:
+            bits[k] &= np.uint32(0x80000000)
+
+
+@njit(nogil=True, cache=True)
+def pack_bf16_rows(x):
+    """Each row of bf16-valued float32s x as its bf16 bits in its first half, in place (bits land behind reads)."""
+    bits = x.view(np.uint32)
+    for i in range(x.shape[0]):
+        row = x[i].view(np.uint16)
+        for k in range(x.shape[1]):
+            row[k] = np.uint16(bits[i, k] >> np.uint32(16))

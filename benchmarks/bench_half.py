@@ -1,0 +1,60 @@
+"""MUL_MAT of F16 and BF16 matrices: pyggml's CPU kernels against libggml's product in the same run.
+
+TinyLlama-1.1B's shapes (weight rows x row length: 2048x2048 attention, 5632x2048 ffn_gate/up) times 1 column
+(decode) and 128 (a prompt), both on --threads threads: libggml (llama.cpp 0c1e570, its CPU buffer and backend,
+`ggml_c.MulMatInBuft`) and pyggml (the kernel prepared once as a graph plan does, at libggml's x86 level). Medians
+of --repeats runs, the two alternating; whether the results are libggml's bit for bit is printed beside them.
+
+    python benchmarks/bench_half.py [--repeats 20] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from bench_matmul import medians
+from bench_repack import Ours, bench_args
+
+from pyggml.core.types import GGMLType
+from pyggml.testing import ggml_c
+
+SHAPES = ((2048, 2048), (5632, 2048))
+
+
+def half_weights(rng: np.random.Generator, wtype: GGMLType, m: int, k: int) -> np.ndarray:
+    """Random rows of `wtype` as raw bytes (m, 2k)."""
+    v = rng.standard_normal((m, k), dtype=np.float32) * np.float32(0.02)
+    bits = v.astype(np.float16).view(np.uint16) if wtype == GGMLType.F16 else (v.view(np.uint32) >> 16).astype(
+        np.uint16)
+    return bits.view(np.uint8)
+
+
+def main() -> None:
+    args = bench_args(__doc__)
+    lib = ggml_c.load()
+    buft = lib.ggml_backend_cpu_buffer_type()
+    rng = np.random.default_rng(0)
+    print(f"F16/BF16 MUL_MAT, {args.threads} threads, medians of {args.repeats} (ms); ratio: libggml's time / ours")
+    print(f"{'type':>5} {'shape':>10} {'cols':>5} {'libggml':>9} {'pyggml':>9} {'ratio':>6} {'bits':>5}")
+    for wtype in (GGMLType.F16, GGMLType.BF16):
+        for m, k in SHAPES:
+            raw = half_weights(rng, wtype, m, k)
+            for n in (1, 128):
+                x = rng.standard_normal((n, k), dtype=np.float32)
+                theirs = ggml_c.MulMatInBuft(lib, buft, ggml_c.c_type(wtype), raw, x, args.threads)
+                ours = Ours(wtype, raw.view(np.float16 if wtype == GGMLType.F16 else np.uint16), x, args.threads,
+                            repacked=False)
+                try:
+                    theirs.compute()
+                    want = np.empty((n, m), np.float32)
+                    theirs.result(want)
+                    same = np.array_equal(ours.result().view(np.uint32), want.view(np.uint32))
+                    t_c, t_o = medians([theirs.compute, ours.compute], args.repeats)
+                    print(f"{wtype.name:>5} {m:>5}x{k:<5} {n:>4} {t_c * 1e3:>9.3f} {t_o * 1e3:>9.3f} "
+                          f"{t_c / t_o:>5.2f}x {'equal' if same else 'differ':>6}")
+                finally:
+                    theirs.free()
+                    ours.ctx.free()
+
+
+if __name__ == "__main__":
+    main()

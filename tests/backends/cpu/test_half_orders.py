@@ -1,0 +1,118 @@
+"""F16 and BF16 MUL_MAT in ggml-cpu's float orders (vec_dot.half_orders): src1 rounded to the weight type, decode
+rows in ggml_vec_dot_f16/bf16's order and prompts in llamafile tinyBLAS's, at the x86 level libggml is built for,
+against libggml's product bit for bit; and each order against an independent scalar reading of its C code.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from kernel_helpers import bf16_bits, new_ctx, run, tensor
+from test_kernels_matmul import weight_tensor
+
+from pyggml.backends.cpu.kernels import ComputeParams
+from pyggml.core.types import GGMLType
+
+HALF_TYPES = (GGMLType.F16, GGMLType.BF16)
+
+
+def half_rows(rng: np.random.Generator, wtype: GGMLType, rows: int, k: int) -> np.ndarray:
+    """Random weight rows of `wtype` (as uint16 bits) whose magnitudes differ row to row."""
+    v = (rng.standard_normal((rows, k)) * np.exp(rng.standard_normal((rows, 1)))).astype(np.float32)
+    return v.astype(np.float16).view(np.uint16) if wtype == GGMLType.F16 else bf16_bits(v)
+
+
+def src1_rows(rng: np.random.Generator, n: int, k: int) -> np.ndarray:
+    return (rng.standard_normal((n, k)) * np.exp(rng.standard_normal((n, 1)))).astype(np.float32)
+
+
+# (M, K): rows a multiple of tinyBLAS's 4 or not; K a multiple of every step, of 16 only, of neither
+SHAPES = [(64, 256), (40, 832), (30, 96), (20, 200)]
+
+
+@pytest.mark.parametrize("wtype", HALF_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("n", [1, 7, 8, 20, 128])
+def test_half_products_are_libggml_s_bit_for_bit(ggml_reference: object, wtype: GGMLType, shape: tuple[int, int],
+                                                 n: int) -> None:
+    """ggml_reference: libggml built; its x86 level is the level forced here."""
+    from pyggml.testing import ggml_c
+
+    level = ggml_c.x86_level()
+    rng = np.random.default_rng(n * 1000 + shape[1])
+    M, K = shape
+    raw = half_rows(rng, wtype, M, K)
+    x = src1_rows(rng, n, K)
+    ctx = new_ctx(64)
+    try:
+        w = weight_tensor(ctx, wtype, (raw.view(np.float16) if wtype == GGMLType.F16 else raw)[None, None])
+        node = ctx.mul_mat(w, tensor(ctx, GGMLType.F32, x[None, None]))
+        want = ggml_c.compute_like(node).reshape(n, M)
+        got = run(node, ComputeParams(n_threads=2, numerics="x86", x86_level=level)).reshape(n, M)
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), \
+            f"{level}: {np.count_nonzero(got != want)} of {got.size} differ"
+    finally:
+        ctx.free()
+
+
+@pytest.mark.parametrize("wtype", HALF_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("n", [1, 8])
+def test_denormal_operands_are_libggml_s(ggml_reference: object, wtype: GGMLType, n: int) -> None:
+    """Weights and src1 near and below the smallest normal float: AVX512_BF16's dpbf16 reads denormals as zero
+    and flushes its results (DAZ, FTZ), the other orders keep them."""
+    from pyggml.testing import ggml_c
+
+    rng = np.random.default_rng(7 + n)
+    M, K = 16, 128
+    f16 = wtype == GGMLType.F16  # F16: its own denormals (below 2**-14) in both operands
+    w_exp, x_exp = ((-20, -12), (-24, -12)) if f16 else ((-70, -50), (-90, -60))
+    w = (rng.standard_normal((M, K)) * np.exp2(rng.integers(*w_exp, (M, K)))).astype(np.float32)
+    raw = w.astype(np.float16).view(np.uint16) if f16 else bf16_bits(w)
+    x = (rng.standard_normal((n, K)) * np.exp2(rng.integers(*x_exp, (n, K)))).astype(np.float32)
+    ctx = new_ctx(16)
+    try:
+        wt = weight_tensor(ctx, wtype, (raw.view(np.float16) if wtype == GGMLType.F16 else raw)[None, None])
+        node = ctx.mul_mat(wt, tensor(ctx, GGMLType.F32, x[None, None]))
+        want = ggml_c.compute_like(node).reshape(n, M)
+        got = run(node, ComputeParams(numerics="x86", x86_level=ggml_c.x86_level())).reshape(n, M)
+        assert np.any(want != 0)
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    finally:
+        ctx.free()
+
+
+@pytest.mark.parametrize("name", ["vec_dot_bf16_avx512bf16", "tinyblas_avx512bf16"])
+def test_dpbf16_loops_agree_packed_or_not_native_or_not(name: str) -> None:
+    """The dpbf16 orders read src1 packed as bf16 bits and flushed (MUL_MAT) or as float32 values (MUL_MAT_ID's
+    experts), and run vdpbf16ps itself where the host has AVX512_BF16: every variant gives the emulation's bits
+    (FMAs of the odd then the even products, denormals flushed), denormal operands and results included."""
+    from numba import njit
+
+    from pyggml.backends.cpu.kernels.vec_dot import half_orders, kinds, quantize_src1
+
+    order = half_orders.HALF_ORDERS[[o.name for o in half_orders.HALF_ORDERS].index(name)]
+    rng = np.random.default_rng(3)
+    M, K, n = 13, 352, 4  # K: vec_dot's 64-element steps and a tail
+    w = (rng.standard_normal((M, K)) * np.exp2(rng.integers(-70, 0, (M, K)))).astype(np.float32)
+    raw = bf16_bits(w).view(np.uint8)
+    x = (rng.standard_normal((n, K)) * np.exp2(rng.integers(-90, 0, (n, K)))).astype(np.float32)
+    quantize_src1.round_rows(kinds.BF16, x)
+    packed_x = x.copy()
+    quantize_src1.flush_denormals(packed_x)
+    quantize_src1.pack_bf16_rows(packed_x)
+    w_off = np.arange(M, dtype=np.int64) * 2 * K
+    outs = []
+    for native in (False, True) if half_orders.HOST_DPBF16 else (False,):
+        for packed in (False, True):
+            loop = half_orders.make_half_cols(kinds.BF16, order, native, packed)
+
+            @njit
+            def product(w, w_off, x, out, loop=loop):
+                loop(w, w_off, 0, 0, w_off.shape[0], x, 0, x.shape[0], out)
+
+            out = np.zeros((n, M), np.float32)
+            product(raw.reshape(-1), w_off, packed_x if packed else x, out)
+            outs.append(out)
+    assert np.any(outs[0] != 0)
+    for out in outs[1:]:
+        assert np.array_equal(outs[0].view(np.uint32), out.view(np.uint32))
