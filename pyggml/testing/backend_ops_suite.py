@@ -14,10 +14,11 @@ for the next op.
 Command line::
 
     python -m pyggml.testing.backend_ops_suite [--server pyggml|ggml ...] [-o OP,...] [--timeout S] [-j N]
-        [-b BACKEND] [--no-fallback]
+        [-b BACKEND] [--no-fallback] [--max-refusals N] [-p REGEX]
 
 (`-b` and `--no-fallback` are `pyggml rpc-server`'s: the backend it serves, and refusing a graph with a node that
-backend lacks instead of computing that node on the host CPU)
+backend lacks instead of computing that node on the host CPU; `--max-refusals` and `-p` leave cases out, as
+"not run": an op's cases after N refused in a row, the cases whose parameters REGEX does not find)
 
 prints, for each server, the table op | cases | claimed | passed | failed | time (claimed: the cases the server did
 not refuse) and the whole run's time; exit status 1 when a case fails or a run does not finish on any server.
@@ -130,11 +131,12 @@ def list_ops(binary: Path) -> list[str]:
     return ops
 
 
-def list_cases(binary: Path, op: str) -> list[str]:
-    """The cases of `op` in the order test-backend-ops runs them (its patch's list mode, on its own CPU)."""
+def list_cases(binary: Path, op: str, params: str | None = None) -> list[str]:
+    """The cases of `op` (whose parameters the regex `params` finds) in the order test-backend-ops runs them (its
+    patch's list mode, on its own CPU)."""
     env = {**os.environ, llamacpp.SKIP_CASES_ENV: "0", llamacpp.LIST_CASES_ENV: "1"}
-    r = subprocess.run([str(binary), "test", "-b", "CPU", "-o", op], capture_output=True, text=True, timeout=120,
-                       env=env, stdin=subprocess.DEVNULL)
+    r = subprocess.run([str(binary), "test", "-b", "CPU", *_case_filter(op, params)], capture_output=True, text=True,
+                       timeout=120, env=env, stdin=subprocess.DEVNULL)
     if r.returncode != 0:
         raise RuntimeError(f"listing the cases of {op} failed (exit {r.returncode}): {r.stdout[-2000:]}")
     return [m.group(2) for line in r.stdout.splitlines() if (m := _ANNOUNCED.match(line))]
@@ -254,13 +256,18 @@ class _Attempt:
     refused: tuple[int, str, str] | None  # (the case's index, its name, the op refused) when the server refused it
 
 
-def _attempt(binary: Path, server: RPCServer, op: str, skip: int, timeout: float) -> _Attempt:
+def _case_filter(op: str, params: str | None) -> list[str]:
+    """test-backend-ops' arguments selecting the cases of `op` whose parameters `params` (a regex) finds."""
+    return ["-o", op, *(["-p", params] if params is not None else [])]
+
+
+def _attempt(binary: Path, server: RPCServer, op: str, params: str | None, skip: int, timeout: float) -> _Attempt:
     endpoint = server.ensure()
     log_start = server.log_size()
     env = {**os.environ, llamacpp.RPC_SERVERS_ENV: endpoint, llamacpp.SKIP_CASES_ENV: str(skip)}
     with tempfile.TemporaryFile() as out:
-        proc = subprocess.Popen([str(binary), "test", "-b", "RPC0", "-o", op], stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=env)
+        proc = subprocess.Popen([str(binary), "test", "-b", "RPC0", *_case_filter(op, params)], stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
         try:
             rc: int | None = proc.wait(timeout=max(timeout, 0.0))
         except subprocess.TimeoutExpired:
@@ -290,12 +297,13 @@ def _attempt(binary: Path, server: RPCServer, op: str, skip: int, timeout: float
 
 
 def run_op(binary: Path, server: RPCServer, op: str, timeout: float = DEFAULT_TIMEOUT,
-           max_refusals: int | None = None) -> OpRun:
+           max_refusals: int | None = None, params: str | None = None) -> OpRun:
     """Every case of `op` through `server` (started if it is not running): test-backend-ops test -b RPC0 -o OP,
     again from the case after each one the server refuses (recorded as unclaimed), within `timeout` in all.
 
-    `max_refusals`: after that many refusals in a row, the op's later cases are not run (recorded as such: each
-    refusal costs a test-backend-ops process, and an op the backend lacks is refused case by case)."""
+    Each refusal costs a test-backend-ops process, and an op the backend lacks is refused case by case, so cases
+    can be left out (recorded as "not run"): after `max_refusals` refusals in a row the op's later cases, and
+    with `params` (test-backend-ops' -p: a regex its parameters must match) the cases it does not find."""
     if max_refusals is not None and max_refusals < 1:
         raise ValueError(f"max_refusals must be >= 1, got {max_refusals}")
     t0 = time.monotonic()
@@ -303,9 +311,12 @@ def run_op(binary: Path, server: RPCServer, op: str, timeout: float = DEFAULT_TI
     refusals: dict[str, str] = {}
     skip = streak = 0
     while True:
-        attempt = _attempt(binary, server, op, skip, timeout - (time.monotonic() - t0))
+        attempt = _attempt(binary, server, op, params, skip, timeout - (time.monotonic() - t0))
         verdicts.update(attempt.verdicts)
         if attempt.refused is None:
+            if params is not None and attempt.finished:
+                for case in list_cases(binary, op):
+                    verdicts.setdefault(case, NOT_RUN)
             return OpRun(op, server.kind, verdicts, time.monotonic() - t0, attempt.finished, attempt.detail,
                          refusals)
         index, case, refused_op = attempt.refused
@@ -314,7 +325,7 @@ def run_op(binary: Path, server: RPCServer, op: str, timeout: float = DEFAULT_TI
         skip = index + 1
         streak = 1 if attempt.verdicts else streak + 1
         if max_refusals is not None and streak >= max_refusals:
-            for later in list_cases(binary, op)[skip:]:
+            for later in [*list_cases(binary, op, params)[skip:], *(list_cases(binary, op) if params else [])]:
                 verdicts.setdefault(later, NOT_RUN)
             return OpRun(op, server.kind, verdicts, time.monotonic() - t0, True, "", refusals)
 
@@ -330,9 +341,11 @@ class SuiteResult:
 def run_suite(binary: Path, servers: Sequence[str], ops: Sequence[str] | None = None, *,
               timeout: float = DEFAULT_TIMEOUT, jobs: int = 1, threads: int | None = None,
               ggml_rpc_server: Path | None = None, progress: IO[str] | None = None,
-              pyggml_args: Sequence[str] = (), max_refusals: int | None = None) -> SuiteResult:
+              pyggml_args: Sequence[str] = (), max_refusals: int | None = None,
+              params: str | None = None) -> SuiteResult:
     """Run every op (default: all of --list-ops) on each server in turn; `jobs` ops at once, each job with a
-    server of its own; `pyggml_args` are more options of `pyggml rpc-server`; `max_refusals` as `run_op`'s."""
+    server of its own; `pyggml_args` are more options of `pyggml rpc-server`; `max_refusals` and `params` as
+    `run_op`'s."""
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
     ops = list(ops) if ops is not None else list_ops(binary)
@@ -348,7 +361,7 @@ def run_suite(binary: Path, servers: Sequence[str], ops: Sequence[str] | None = 
             with lock:
                 server = free.pop()
             try:
-                run = run_op(binary, server, op, timeout, max_refusals)
+                run = run_op(binary, server, op, timeout, max_refusals, params)
             finally:
                 with lock:
                     free.append(server)
@@ -432,6 +445,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-refusals", type=int, default=None, metavar="N",
                         help="after N cases of an op refused in a row, leave its later cases out (\"not run\"; "
                              "default: run every case)")
+    parser.add_argument("-p", "--params", default=None, metavar="REGEX",
+                        help="only the cases whose parameters this regex finds (test-backend-ops' -p; the others "
+                             "are \"not run\")")
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error(f"--jobs must be >= 1, got {args.jobs}")
@@ -445,7 +461,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                        progress=sys.stderr if args.verbose else None,
                        pyggml_args=(["-b", args.backend] if args.backend else []) + (["--no-fallback"] if
                                                                                       args.no_fallback else []),
-                       max_refusals=args.max_refusals)
+                       max_refusals=args.max_refusals, params=args.params)
     print(format_table(result))
     for kind, runs in result.runs.items():
         for run in runs:

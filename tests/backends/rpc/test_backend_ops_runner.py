@@ -55,7 +55,7 @@ while True:
 """
 
 FAKE_TEST_BACKEND_OPS = """\
-import os, socket, sys, time
+import os, re, socket, sys, time
 OPS = ["ABORT", "BAD", "DIE", "GOOD", "MIXED", "SLOW"]
 if sys.argv[1:] == ["--list-ops"]:
     print("GGML operations:")
@@ -64,25 +64,27 @@ if sys.argv[1:] == ["--list-ops"]:
     print("\\nTotal: %d operations" % len(OPS))
     sys.exit(0)
 op = sys.argv[5]
+params = sys.argv[7] if sys.argv[6:7] == ["-p"] else ""
 skip = int(os.environ["PYGGML_SKIP_CASES"])
+cases = [i for i in range(5 if op == "MIXED" else 2) if re.search(params, "v=%d" % i)]
 if os.environ.get("PYGGML_LIST_CASES"):  # the patch's list mode
     assert sys.argv[1:4] == ["test", "-b", "CPU"], sys.argv
-    for i in range(5 if op == "MIXED" else 2):
-        print("  pyggml case %d: %s(v=%d)" % (i, op, i))
+    for n, i in enumerate(cases):
+        print("  pyggml case %d: %s(v=%d)" % (n, op, i))
     sys.exit(0)
 assert sys.argv[1:4] == ["test", "-b", "RPC0"], sys.argv
 host, port = os.environ["PYGGML_RPC_SERVERS"].split(":")
 conn = socket.create_connection((host, int(port)))  # refused if the server is gone
 if op == "MIXED":  # cases 1 and 2 are refused (the server says so), the others pass
-    for i in range(skip, 5):
-        print("  pyggml case %d: MIXED(v=%d)" % (i, i), flush=True)
+    for n, i in enumerate(cases[skip:], skip):
+        print("  pyggml case %d: MIXED(v=%d)" % (n, i), flush=True)
         if i in (1, 2):
             conn.sendall(b"refuse MIXED")
             time.sleep(0.2)
             print("RPC: remote_graph_compute failed", flush=True)
             os.abort()
         print("  MIXED(v=%d): \\x1b[1;32mOK\\x1b[0m" % i, flush=True)
-    print("  %d/%d tests passed" % (5 - skip, 5 - skip))
+    print("  %d/%d tests passed" % (len(cases) - skip, len(cases) - skip))
     sys.exit(0)
 print("  pyggml case 0: %s(v=0)" % op, flush=True)
 if op == "ABORT":  # the client aborts, the server says nothing of a refusal
@@ -147,6 +149,7 @@ def test_a_refused_case_is_unclaimed_and_the_run_resumes_after_it(fakes: tuple[P
     with suite.RPCServer("ggml", ggml_rpc_server=server) as rpc:
         mixed = suite.run_op(binary, rpc, "MIXED", timeout=30.0)
         cut = suite.run_op(binary, rpc, "MIXED", timeout=30.0, max_refusals=2)
+        chosen = suite.run_op(binary, rpc, "MIXED", timeout=30.0, params="v=[24]")
         aborted = suite.run_op(binary, rpc, "ABORT", timeout=30.0)
         assert rpc.starts == 1  # a refusal leaves the server running
     assert mixed.finished and mixed.ok and mixed.verdicts == {
@@ -157,6 +160,10 @@ def test_a_refused_case_is_unclaimed_and_the_run_resumes_after_it(fakes: tuple[P
     # two refusals in a row: the later cases are left out, and said to be
     assert cut.verdicts["MIXED(v=3)"] == cut.verdicts["MIXED(v=4)"] == suite.NOT_RUN
     assert (cut.claimed, cut.count(suite.UNCLAIMED), cut.count(suite.NOT_RUN)) == (1, 2, 2)
+    # -p: the cases it does not find are not run; the refused one among those it finds is unclaimed
+    assert chosen.finished and chosen.verdicts == {
+        "MIXED(v=2)": suite.UNCLAIMED, "MIXED(v=4)": suite.OK, "MIXED(v=0)": suite.NOT_RUN,
+        "MIXED(v=1)": suite.NOT_RUN, "MIXED(v=3)": suite.NOT_RUN}
     # an abort the server did not ask for is not a refusal: the op's run ends there, unfinished
     assert not aborted.finished and aborted.verdicts == {} and "exit status" in aborted.detail
     with pytest.raises(ValueError, match="max_refusals"):
