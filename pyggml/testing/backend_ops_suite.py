@@ -162,7 +162,11 @@ class RPCServer:
         self.proc: subprocess.Popen[bytes] | None = None
         self.endpoint = ""
         self.starts = 0
-        self._log: IO[bytes] = tempfile.TemporaryFile()
+        # appended to by the server (O_APPEND: its writes never land where this process reads), read by path
+        fd, log_path = tempfile.mkstemp(prefix="rpc-server-", suffix=".log")
+        os.close(fd)
+        self._log_path = Path(log_path)
+        self._log: IO[bytes] = open(log_path, "ab")  # closed by close()
 
     def _command(self, port: int) -> list[str]:
         threads = ["-t", str(self.threads)] if self.threads else []
@@ -209,24 +213,17 @@ class RPCServer:
     def log_size(self) -> int:
         """Where the log ends now (for `log_since`)."""
         self._log.flush()
-        return self._log.seek(0, os.SEEK_END)
+        return self._log_path.stat().st_size
 
     def log_since(self, offset: int) -> str:
         """The server's output from `offset` (a `log_size`) on."""
         self._log.flush()
-        self._log.seek(offset)
-        text = self._log.read().decode(errors="replace")
-        self._log.seek(0, os.SEEK_END)
-        return text
+        with open(self._log_path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode(errors="replace")
 
     def log_tail(self, n: int = 4000) -> str:
-        self._log.flush()
-        self._log.seek(0, os.SEEK_END)
-        size = self._log.tell()
-        self._log.seek(max(0, size - n))
-        text = self._log.read().decode(errors="replace")
-        self._log.seek(0, os.SEEK_END)
-        return text
+        return self.log_since(max(0, self.log_size() - n))
 
     def stop(self) -> None:
         if self.proc is not None:
@@ -238,6 +235,7 @@ class RPCServer:
     def close(self) -> None:
         self.stop()
         self._log.close()
+        self._log_path.unlink(missing_ok=True)
 
     def __enter__(self) -> RPCServer:
         return self
