@@ -20,8 +20,9 @@ Command line::
 backend lacks instead of computing that node on the host CPU; `--max-refusals` and `-p` leave cases out, as
 "not run": an op's cases after N refused in a row, the cases whose parameters REGEX does not find)
 
-prints, for each server, the table op | cases | claimed | passed | failed | time (claimed: the cases the server did
-not refuse) and the whole run's time; exit status 1 when a case fails or a run does not finish on any server.
+prints, for each server, the table op | cases | claimed | passed | failed | unclaimed | not run | time (claimed: the
+cases run that the server did not refuse), the whole run's time, then each failed and each unclaimed case (with
+the op the server refused); exit status 1 when a case fails or a run does not finish on any server.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ class OpRun:
     server: str
     verdicts: dict[str, str]  # case -> OK, FAIL, "not supported", "skipped", "unclaimed", "not run", in order
     seconds: float
-    finished: bool  # the last run printed its summary and exited (not killed by the time limit, not aborted)
+    finished: bool  # its last process printed its summary and exited (not killed by the time limit, not aborted)
     detail: str = ""  # why it did not finish: the end of its output and the server's
     refusals: dict[str, str] = field(default_factory=dict)  # unclaimed case -> the op the server refused
 
