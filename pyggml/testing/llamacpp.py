@@ -13,7 +13,9 @@ with LLAMA_BUILD_TESTS=ON, so asking for them never reconfigures the tools'
 build; before configuring it, test-backend-ops' `main` is patched in the
 extracted source (`apply_rpc_devices_patch`) to add the RPC servers named by
 $PYGGML_RPC_SERVERS as devices, so that `test-backend-ops test -b RPC0` runs
-ggml's op cases on any RPC server.
+ggml's op cases on any RPC server, and to name each case before it runs, skip
+the first $PYGGML_SKIP_CASES (a run resumes after a case a server refused) or
+only list them ($PYGGML_LIST_CASES).
 
 A file lock keeps two processes from building at once (the second waits, then
 finds the work done); a stamp file in the build folder records the sdist, the
@@ -75,7 +77,10 @@ __all__ = [
     "LlamaCppError",
     "NoCompilerError",
     "Paths",
+    "CASE_ANNOUNCE",
+    "LIST_CASES_ENV",
     "RPC_SERVERS_ENV",
+    "SKIP_CASES_ENV",
     "TEST_TARGETS",
     "Toolchain",
     "apply_rpc_devices_patch",
@@ -354,12 +359,14 @@ def ensure_source(p: Paths) -> Path:
 # --- the patch of test-backend-ops ---
 
 RPC_SERVERS_ENV = "PYGGML_RPC_SERVERS"
+SKIP_CASES_ENV = "PYGGML_SKIP_CASES"
+LIST_CASES_ENV = "PYGGML_LIST_CASES"
+CASE_ANNOUNCE = "  pyggml case "  # the patch's line before each case it runs: "  pyggml case INDEX: OP(PARAMS)"
 _PATCHED_FILE = "tests/test-backend-ops.cpp"
-_PATCH_ANCHOR = "    // load and enumerate backends\n    ggml_backend_load_all();\n"
-_PATCH_MARKER = "// pyggml patch: RPC devices"
+_PATCH_MARKER = "// pyggml patch:"
 # C++ added to test-backend-ops' main after its backends are loaded: what common/arg.cpp does for --rpc
-_PATCH = f"""
-    {_PATCH_MARKER} of ${RPC_SERVERS_ENV} (HOST:PORT,..., as --rpc), so that -b RPC0 tests a server
+_RPC_DEVICES = f"""
+    {_PATCH_MARKER} RPC devices of ${RPC_SERVERS_ENV} (HOST:PORT,..., as --rpc), so that -b RPC0 tests a server
     if (const char * pyggml_rpc_servers = getenv("{RPC_SERVERS_ENV}")) {{
         ggml_backend_reg_t rpc_reg = ggml_backend_reg_by_name("RPC");
         if (rpc_reg == NULL) {{
@@ -385,29 +392,79 @@ _PATCH = f"""
         }}
     }}
 """
+# C++ added to test_case::eval after the op filter: a run that an RPC server ended names the case it ended at
+# (flushed before the case runs) and the next run starts after it
+_SKIP_CASES = f"""
+        {_PATCH_MARKER} ${SKIP_CASES_ENV}=N skips the first N cases the op filter selects and announces each later one
+        // (and with ${LIST_CASES_ENV} skips it too: the announcements list the cases)
+        if (const char * pyggml_skip_cases = getenv("{SKIP_CASES_ENV}")) {{
+            static long pyggml_cases_seen = 0;
+            const long pyggml_case = pyggml_cases_seen++;
+            if (pyggml_case < atol(pyggml_skip_cases)) {{
+                return test_status_t::SKIPPED;
+            }}
+            printf("{CASE_ANNOUNCE}%ld: %s(%s)\\n", pyggml_case, current_op_name.c_str(), vars().c_str());
+            fflush(stdout);
+            if (getenv("{LIST_CASES_ENV}")) {{
+                return test_status_t::SKIPPED;
+            }}
+        }}
+"""
+# (the line each hunk follows, the hunk)
+_PATCH_HUNKS: tuple[tuple[str, str], ...] = (
+    ("    // load and enumerate backends\n    ggml_backend_load_all();\n", _RPC_DEVICES),
+    ("        if (!matches_filter(out, op_names_filter)) {\n"
+     "            //printf(\"  %s: skipping\\n\", op_desc(out).c_str());\n"
+     "            return test_status_t::SKIPPED;\n"
+     "        }\n\n        // check if the backends support the ops\n", _SKIP_CASES),
+)
+_PATCH = "".join(hunk for _, hunk in _PATCH_HUNKS)
 
 
-def apply_rpc_devices_patch(llama_cpp: Path) -> bool:
+def apply_rpc_devices_patch(llama_cpp: Path, tarball: Path | None = None) -> bool:
     """Patch `tests/test-backend-ops.cpp` of the source folder `llama_cpp` so that its `main` adds the RPC
-    servers of $PYGGML_RPC_SERVERS as devices (RPC0, RPC1, ...); idempotent. Whether it changed the file.
+    servers of $PYGGML_RPC_SERVERS as devices (RPC0, RPC1, ...), its cases can be resumed after the first
+    $PYGGML_SKIP_CASES and listed (with $PYGGML_LIST_CASES); idempotent. Whether it changed the file.
 
-    The file is replaced through a rename, so a killed process leaves it whole. Raises BuildError if the
-    file or the line the patch follows is missing (another llama.cpp version).
+    A file with another version of the patch is first restored from the sdist `tarball` (BuildError without
+    one). The file is replaced through a rename, so a killed process leaves it whole. Raises BuildError if the
+    file or a line a hunk follows is missing (another llama.cpp version).
     """
     target = llama_cpp / _PATCHED_FILE
     try:
         text = target.read_text()
     except OSError as e:
         raise BuildError(f"cannot read {target} to patch it: {e}") from e
-    if _PATCH_MARKER in text:
+    if all(anchor + hunk in text for anchor, hunk in _PATCH_HUNKS):
         return False
-    if text.count(_PATCH_ANCHOR) != 1:
-        raise BuildError(f"{target} has {text.count(_PATCH_ANCHOR)} places for the RPC-devices patch (its "
-                         f"`ggml_backend_load_all();` in main), not 1: not llama.cpp {LLAMA_CPP_COMMIT}?")
+    if _PATCH_MARKER in text:
+        text = _pristine(target, llama_cpp, tarball)
+    for anchor, hunk in _PATCH_HUNKS:
+        if text.count(anchor) != 1:
+            raise BuildError(f"{target} has {text.count(anchor)} places for the pyggml patch's hunk after "
+                             f"{anchor.strip().splitlines()[-1].strip()!r}, not 1: not llama.cpp {LLAMA_CPP_COMMIT}?")
+        text = text.replace(anchor, anchor + hunk)
     tmp = target.with_suffix(".cpp.pyggml-tmp")
-    tmp.write_text(text.replace(_PATCH_ANCHOR, _PATCH_ANCHOR + _PATCH))
+    tmp.write_text(text)
     tmp.replace(target)
     return True
+
+
+def _pristine(target: Path, llama_cpp: Path, tarball: Path | None) -> str:
+    """The sdist's own copy of `target` (a file in the source folder `llama_cpp`), read from `tarball`."""
+    if tarball is None:
+        raise BuildError(f"{target} carries another version of the pyggml patch and no sdist was given to "
+                         f"restore it from")
+    sdist = llama_cpp.parent.parent
+    member = f"{sdist.name}/{target.relative_to(sdist).as_posix()}"
+    try:
+        with tarfile.open(tarball) as tar:
+            f = tar.extractfile(member)
+            if f is None:
+                raise BuildError(f"{tarball} has no file {member}")
+            return f.read().decode()
+    except (tarfile.TarError, OSError, KeyError) as e:
+        raise BuildError(f"cannot read {member} from {tarball} to restore it: {e}") from e
 
 
 # --- the build ---
@@ -546,8 +603,9 @@ def _build_folder(p: Paths, targets: list[str], config: dict[str, Any], jobs: in
             return found
         toolchain = find_toolchain()
         source = ensure_source(p)
-        if "patch" in config and apply_rpc_devices_patch(source):
-            log.info("patched %s: RPC servers of $%s become devices", _PATCHED_FILE, RPC_SERVERS_ENV)
+        if "patch" in config and apply_rpc_devices_patch(source, p.tarball):
+            log.info("patched %s: RPC servers of $%s become devices, $%s resumes cases", _PATCHED_FILE,
+                     RPC_SERVERS_ENV, SKIP_CASES_ENV)
         commit = _git_commit(source)
         p.build.mkdir(parents=True, exist_ok=True)
         log.info("building llama.cpp %s (%s %s) targets %s into %s (a build from scratch takes 6-10 minutes on "

@@ -244,7 +244,19 @@ def test_command_line_in_a_fresh_process(fake: dict[str, Path]) -> None:
 
 # --- llama.cpp's tests: their own build folder, the RPC-devices patch ---
 
-MAIN_OF_TEST_BACKEND_OPS = """int main(int argc, char ** argv) {
+MAIN_OF_TEST_BACKEND_OPS = """struct test_case {
+    test_status_t eval(ggml_backend_t backend1, ggml_backend_t backend2, const char * op_names_filter) {
+        if (!matches_filter(out, op_names_filter)) {
+            //printf("  %s: skipping\\n", op_desc(out).c_str());
+            return test_status_t::SKIPPED;
+        }
+
+        // check if the backends support the ops
+        return test_status_t::OK;
+    }
+};
+
+int main(int argc, char ** argv) {
     // load and enumerate backends
     ggml_backend_load_all();
 
@@ -274,6 +286,10 @@ def test_a_test_target_builds_in_its_own_folder_with_tests_on_and_the_patch(fake
     patched = source.read_text()
     assert patched.count(f'getenv("{llamacpp.RPC_SERVERS_ENV}")') == 1
     assert patched.index("ggml_backend_load_all();") < patched.index("ggml_backend_rpc_add_server")
+    assert patched.count(f'getenv("{llamacpp.SKIP_CASES_ENV}")') == 1
+    # after the op filter, before the backends' support check
+    assert patched.index("// check if the backends support the ops") < patched.index(llamacpp.SKIP_CASES_ENV)
+    assert patched.index(llamacpp.SKIP_CASES_ENV) < patched.index("return test_status_t::OK;")
     assert llamacpp.find_tool("test-backend-ops") == tests.bin / "test-backend-ops"
     assert llamacpp.require_tools(["test-backend-ops", "llama-simple"]) == found  # cached: nothing run
     assert len(_calls(fake)) == 4
@@ -286,8 +302,26 @@ def test_the_patch_is_applied_once_and_refuses_another_source(fake: dict[str, Pa
     once = source.read_text()
     assert llamacpp.apply_rpc_devices_patch(root) is False and source.read_text() == once
     source.write_text("int main() { return 0; }\n")
-    with pytest.raises(BuildError, match="0 places for the RPC-devices patch"):
+    with pytest.raises(BuildError, match="0 places for the pyggml patch's hunk after 'ggml_backend_load_all"):
         llamacpp.apply_rpc_devices_patch(root)
     source.unlink()
     with pytest.raises(BuildError, match="cannot read"):
         llamacpp.apply_rpc_devices_patch(root)
+
+
+def test_another_version_of_the_patch_is_replaced_from_the_sdist(fake: dict[str, Path], tmp_path: Path) -> None:
+    """A source patched by another pyggml (its marker, not this patch) is restored from the sdist's copy first."""
+    source = _with_test_source(fake)
+    p = llamacpp.paths()
+    tarball = tmp_path / "sdist.tar.gz"
+    with tarfile.open(tarball, "w:gz") as tar:
+        tar.add(source, arcname=f"{p.sdist.name}/vendor/llama.cpp/tests/test-backend-ops.cpp")
+    older = MAIN_OF_TEST_BACKEND_OPS.replace("ggml_backend_load_all();\n",
+                                             "ggml_backend_load_all();\n    // pyggml patch: an older one\n")
+    source.write_text(older)
+    with pytest.raises(BuildError, match="another version of the pyggml patch"):
+        llamacpp.apply_rpc_devices_patch(p.llama_cpp)
+    assert llamacpp.apply_rpc_devices_patch(p.llama_cpp, tarball) is True
+    patched = source.read_text()
+    assert "an older one" not in patched and patched.count(llamacpp.SKIP_CASES_ENV) >= 1
+    assert llamacpp.apply_rpc_devices_patch(p.llama_cpp, tarball) is False
