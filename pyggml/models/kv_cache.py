@@ -39,14 +39,12 @@ def check_type(type: GGMLType) -> GGMLType:
 
 
 class KVCache:
-    """Per-layer K and V tensors of `n_ctx` cells, placed on `backend_of_layer[il]`, for the layers that attend
-    (`k` and `v` by layer index; llama.cpp's hybrid memory gives the recurrent layers none)."""
+    """K and V of `n_ctx` cells by layer index, placed on `backend_of_layer[il]`, for the layers that attend."""
 
     def __init__(self, n_layer: int, n_ctx: int, n_embd_gqa: int, backend_of_layer: list[Backend],
                  type: GGMLType = GGMLType.F32, v_trans: bool = True, ordered: bool = False,
                  type_v: GGMLType | None = None, head_dim: int = 0, layers: Sequence[int] | None = None) -> None:
-        """`head_dim` decides the Hadamard rotations of quantized K and V (attn_rot); 0 rotates nothing. `layers`:
-        the layers with K and V (default all)."""
+        """`head_dim`: the Hadamard rotations of quantized K and V (attn_rot, 0: none); `layers`: default all."""
         if n_ctx < 1:
             raise ArgumentError(f"KV cache: n_ctx must be >= 1, got {n_ctx}")
         if head_dim < 0 or (head_dim and n_embd_gqa % head_dim):
