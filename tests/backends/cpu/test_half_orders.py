@@ -1,6 +1,6 @@
-"""F16 and BF16 MUL_MAT in ggml-cpu's float orders (vec_dot.half_orders): src1 rounded to the weight type, decode
-rows in ggml_vec_dot_f16/bf16's order and prompts in llamafile tinyBLAS's, at the x86 level libggml is built for,
-against libggml's product bit for bit; and each order against an independent scalar reading of its C code.
+"""F32, F16 and BF16 MUL_MAT in ggml-cpu's float orders (vec_dot.half_orders): src1 rounded to the weight type,
+decode rows in ggml_vec_dot_f32/f16/bf16's order and prompts in llamafile tinyBLAS's (src1 contiguous), at the x86
+level libggml is built for, against libggml's product bit for bit.
 """
 
 from __future__ import annotations
@@ -14,11 +14,14 @@ from pyggml.backends.cpu.kernels import ComputeParams
 from pyggml.core.types import GGMLType
 
 HALF_TYPES = (GGMLType.F16, GGMLType.BF16)
+FLOAT_TYPES = (GGMLType.F32, *HALF_TYPES)
 
 
 def half_rows(rng: np.random.Generator, wtype: GGMLType, rows: int, k: int) -> np.ndarray:
-    """Random weight rows of `wtype` (as uint16 bits) whose magnitudes differ row to row."""
+    """Random weight rows of `wtype` (F32 values, else uint16 bits) whose magnitudes differ row to row."""
     v = (rng.standard_normal((rows, k)) * np.exp(rng.standard_normal((rows, 1)))).astype(np.float32)
+    if wtype == GGMLType.F32:
+        return v
     return v.astype(np.float16).view(np.uint16) if wtype == GGMLType.F16 else bf16_bits(v)
 
 
@@ -30,7 +33,7 @@ def src1_rows(rng: np.random.Generator, n: int, k: int) -> np.ndarray:
 SHAPES = [(64, 256), (40, 832), (30, 96), (20, 200)]
 
 
-@pytest.mark.parametrize("wtype", HALF_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("wtype", FLOAT_TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("n", [1, 7, 8, 20, 128])
 def test_half_products_are_libggml_s_bit_for_bit(ggml_reference: object, wtype: GGMLType, shape: tuple[int, int],
@@ -116,3 +119,29 @@ def test_dpbf16_loops_agree_packed_or_not_native_or_not(name: str) -> None:
     assert np.any(outs[0] != 0)
     for out in outs[1:]:
         assert np.array_equal(outs[0].view(np.uint32), out.view(np.uint32))
+
+
+@pytest.mark.parametrize("n", [1, 10, 40])
+def test_attention_s_f32_products_are_libggml_s_bit_for_bit(ggml_reference: object, n: int) -> None:
+    """KQ as llama.cpp's graph has it with an f32 cache: a view of K's cells times the permuted Q of 4 heads sharing
+    one KV head (src1 not contiguous: ggml's vec_dot_f32 rows at every column count), then KQ's softmax-sized
+    result times V transposed (contiguous: tinyBLAS from 2 columns)."""
+    from pyggml.testing import ggml_c
+
+    rng = np.random.default_rng(n)
+    D, n_kv, H = 256, 96, 4
+    ctx = new_ctx(64)
+    try:
+        k = tensor(ctx, GGMLType.F32, rng.standard_normal((1, 1, n_kv, D)).astype(np.float32))
+        q = tensor(ctx, GGMLType.F32, rng.standard_normal((1, n, H, D)).astype(np.float32))
+        kq = ctx.mul_mat(k, ctx.permute(q, 0, 2, 1, 3))
+        v = tensor(ctx, GGMLType.F32, rng.standard_normal((1, 1, D, n_kv)).astype(np.float32))
+        w = tensor(ctx, GGMLType.F32, rng.standard_normal((1, H, n, n_kv)).astype(np.float32))
+        kqv = ctx.mul_mat(v, w)
+        for node in (kq, kqv):
+            want = ggml_c.compute_like(node)
+            got = run(node, ComputeParams(n_threads=2, numerics="x86", x86_level=ggml_c.x86_level()))
+            assert np.array_equal(got.reshape(want.shape).view(np.uint32), want.view(np.uint32)), \
+                f"{node.op.name}: {np.count_nonzero(got.reshape(want.shape) != want)} of {want.size} differ"
+    finally:
+        ctx.free()

@@ -266,20 +266,31 @@ def test_thread_counts_give_identical_results(wtype: GGMLType, rng: np.random.Ge
     np.testing.assert_array_equal(got[0], got[1])  # each output is one row's dot: chunking cannot change it
 
 
-def test_f32_weights_take_the_direct_kernels_for_few_columns(rng: np.random.Generator) -> None:
-    """F32 weights: fewer than F32_BLAS_MIN_COLS columns go to the direct kernels (decoding streams the rows on
-    the kernel threads), more to BLAS; a dst the direct kernels cannot write in place goes to BLAS too."""
+def test_f32_weights_take_ggml_s_float_orders(rng: np.random.Generator) -> None:
+    """F32 weights as ggml-cpu: llamafile's tinyBLAS where llamafile_sgemm takes the product (2+ columns of a
+    contiguous src1, K a multiple of its step, rows a multiple of 4), else ggml_vec_dot_f32's rows (with a tail after
+    the last whole step here: K = 100); "ref" the generic loop. Each close to the float64 product."""
+    from pyggml.backends.cpu.kernels.vec_dot import half_orders as ho
+    from pyggml.backends.cpu.kernels.vec_dot.kinds import F32 as F32_KIND
+
+    def order(x86: bool, n: int, M: int, K: int, gemm: bool) -> str:
+        return ho.order_of_kind(ho.half_kind(F32_KIND, x86, "avx512", n, M, K, gemm)).name
+
+    assert order(True, 1, 40, 128, True) == "vec_dot_f32_avx512"
+    assert order(True, 8, 40, 128, True) == "tinyblas_avx512"
+    assert order(True, 8, 40, 100, True) == order(True, 8, 42, 128, True) == "vec_dot_f32_avx512"
+    assert order(True, 8, 40, 128, False) == "vec_dot_f32_avx512"  # src1 not contiguous
+    assert order(False, 8, 40, 128, True) == "generic"
     ctx = new_ctx(16)
-    K = 100  # a tail after the last 32 values
+    K = 100
     w = tensor(ctx, F32, rng.standard_normal((1, 1, 40, K)).astype(np.float32))
-    for n, direct in ((1, True), (matmul.F32_BLAS_MIN_COLS - 1, True), (matmul.F32_BLAS_MIN_COLS, False)):
+    for n in (1, 31, 32):
         x = rng.standard_normal((1, 1, n, K)).astype(np.float32)
         node = ctx.mul_mat(w, tensor(ctx, F32, x))
-        fn = compile_node(node, ComputeParams(n_threads=2))
-        assert fn.__qualname__.startswith("_mul_mat_numba." if direct else "mul_mat_f32."), (n, fn.__qualname__)
-        fn()
-        want = x[0, 0].astype(np.float64) @ w.numpy()[0, 0].astype(np.float64).T
-        np.testing.assert_allclose(node.numpy()[0, 0], want, rtol=1e-5, atol=1e-4)
+        for numerics in ("x86", "ref"):
+            compile_node(node, ComputeParams(n_threads=2, numerics=numerics))()
+            want = x[0, 0].astype(np.float64) @ w.numpy()[0, 0].astype(np.float64).T
+            np.testing.assert_allclose(node.numpy()[0, 0], want, rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize("wtype", [Q.Q8_0, Q.Q5_1, Q.Q4_K, F16, BF16])

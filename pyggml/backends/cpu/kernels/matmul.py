@@ -1,5 +1,5 @@
 """CPU kernels: MUL_MAT (ggml_compute_forward_mul_mat) and OUT_PROD (ggml_compute_forward_out_prod), by src0's
-type: BLAS for F32, rows in ggml-cpu's float orders for F16/BF16 (vec_dot.half_orders), vec_dot on raw blocks,
+type: rows in ggml-cpu's float orders for F32/F16/BF16 (vec_dot.half_orders), vec_dot on raw blocks,
 repacked x8 loops or dequantized tiles for the quantized types. DESIGN.md, "MUL_MAT and OUT_PROD", says which
 path runs when and why its results are ggml's."""
 
@@ -273,21 +273,19 @@ def mul_mat_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None],
     if a.type == F32 and b.type == BF16:  # ggml widens a BF16 src1 to F32 first (as ggml_conv_1d_dw emits it)
         widened = np.empty(src1.shape, np.float32)
         widen = _src1_f32_fn(src1, BF16, widened.reshape(-1, src1.shape[3]))
-        product = mul_mat_f32(dst, src0, widened, params)
+        product = _mul_mat_numba(F32, F32, a.ne[0], dst, src0, widened, params)
 
         def run_widened() -> None:
             widen()
             product()
 
         return run_widened
-    if a.type == F32:
-        return mul_mat_f32(dst, src0, src1, params)
     return _mul_mat_numba(a.type, b.type, a.ne[0], dst, src0, src1, params, repacked=is_repacked(a))
 
 
 def mul_mat_f32(dst: np.ndarray, src0: np.ndarray, src1: np.ndarray, params: ComputeParams) -> Compute:
-    """dst = src1 · src0^T for F32 arrays in ggml's order, src0 broadcast (FLASH_ATTN_EXT's products too): the
-    direct kernels below F32_BLAS_MIN_COLS columns or batch-invariant, else one BLAS call."""
+    """dst = src1 · src0^T for F32 arrays, src0 broadcast (FLASH_ATTN_EXT's tiled products): the direct kernels
+    below F32_BLAS_MIN_COLS columns or batch-invariant, else one BLAS call."""
     if (params.batch_invariant or src1.shape[2] < F32_BLAS_MIN_COLS) and src0.strides[3] == 4 \
             and src1.dtype == np.float32:
         out = reshape_view(dst, (-1, dst.shape[-1]))
@@ -342,7 +340,7 @@ def _mul_mat_numba(wtype: GGMLType, xtype: GGMLType, K: int, dst: np.ndarray, sr
     tiles = not params.batch_invariant and N >= X8_TILE_MIN_COLS
     if not repacked and kind in X8_TILE_KINDS and tiles and M % repack.X8_ROWS == 0:
         kind = X8_TILE_KINDS[kind]
-    half = wtype in (F16, BF16)
+    half = wtype in (F32, F16, BF16)
     if half:  # tinyBLAS takes src1 converted to the weight type, or already of it and contiguous
         gemm = not params.batch_invariant and (xtype != wtype or bool(src1.flags.c_contiguous))
         kind = half_orders.half_kind(kind, NUMERICS_CODES[params.numerics] == quantize_src1.ROUND_X86,
@@ -425,7 +423,7 @@ def _mul_mat_numba(wtype: GGMLType, xtype: GGMLType, K: int, dst: np.ndarray, sr
 
         return run_qb
 
-    # F16 / BF16 weights: src1 rounded to the weight type (unless it already is that type)
+    # F32 / F16 / BF16 weights: src1 rounded to the weight type (unless it already is that type)
     assert get_x is not None
     round_x = xtype == F32 and wtype != F32
     flush_x = half_orders.order_of_kind(kind).pairs

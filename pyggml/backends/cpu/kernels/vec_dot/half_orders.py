@@ -1,6 +1,6 @@
-"""F16 and BF16 weight rows times src1 rows rounded to the weight type, in the float orders of ggml-cpu's products
-for those types: ggml_vec_dot_f16 / ggml_vec_dot_bf16 (vec.cpp: decode, and every product ggml does not hand to
-llamafile) and llamafile's tinyBLAS (sgemm.cpp: prompts), per x86 level (numerics.X86_LEVELS), and ggml's
+"""F32, F16 and BF16 weight rows times src1 rows rounded to the weight type, in the float orders of ggml-cpu's
+products for those types: ggml_vec_dot_f32 / _f16 / _bf16 (vec.cpp: decode, and every product ggml does not hand
+to llamafile) and llamafile's tinyBLAS (sgemm.cpp: prompts), per x86 level (numerics.X86_LEVELS), and ggml's
 generic C loop (numerics "ref"). Each order is one table row (HalfOrder); `half_kind` picks the row ggml takes.
 """
 
@@ -16,7 +16,7 @@ from numba.extending import intrinsic
 
 from pyggml.backends.cpu.kernels.vec_dot import ir as vir
 from pyggml.backends.cpu.kernels.vec_dot.ir import COLS, IR_F32, IR_I8, IR_I16, IR_I32
-from pyggml.backends.cpu.kernels.vec_dot.kinds import BF16, F16, HALF_ORDER, X8_REPACKED
+from pyggml.backends.cpu.kernels.vec_dot.kinds import BF16, F16, F32, HALF_ORDER, X8_REPACKED
 from pyggml.core.errors import ArgumentError
 
 IR_F64 = ir.DoubleType()
@@ -40,6 +40,7 @@ class HalfOrder:
     groups: int = 1
     hadd: bool = False
     wide: bool = True
+    float_tail: bool = False  # vec_dot_f32: the tree's float sum, then the elements after it added in float
 
     @property
     def step(self) -> int:
@@ -61,11 +62,18 @@ HALF_ORDERS: tuple[HalfOrder, ...] = (
     HalfOrder("tinyblas_avx2", 8, wide=False),
     HalfOrder("tinyblas_avx512", 16, wide=False),
     HalfOrder("tinyblas_avx512bf16", 16, pairs=True, wide=False),
+    # vec.cpp ggml_vec_dot_f32: GGML_F32_STEP elements in GGML_F32_ARR vectors, GGML_F32_VEC_REDUCE into a float,
+    # then `sumf += x[i]*y[i]` (a multiply and an add each: not contracted in libggml's build, checked)
+    HalfOrder("vec_dot_f32_avx2", 32, hadd=True, wide=False, float_tail=True),
+    HalfOrder("vec_dot_f32_avx512", 64, wide=False, float_tail=True),
 )
 _ORDER = {order.name: i for i, order in enumerate(HALF_ORDERS)}
 
 # (weight type, x86 level) -> ggml's vec_dot order, tinyBLAS order (ggml-cpu built for that level)
 X86_ORDERS: dict[tuple[int, str], tuple[str, str]] = {
+    (F32, "avx2"): ("vec_dot_f32_avx2", "tinyblas_avx2"),
+    (F32, "avx512"): ("vec_dot_f32_avx512", "tinyblas_avx512"),
+    (F32, "avx512bf16"): ("vec_dot_f32_avx512", "tinyblas_avx512"),
     (F16, "avx2"): ("vec_dot_f16_avx2", "tinyblas_avx2"),
     (F16, "avx512"): ("vec_dot_f16_avx512", "tinyblas_avx512"),
     (F16, "avx512bf16"): ("vec_dot_f16_avx512", "tinyblas_avx512"),
@@ -89,11 +97,11 @@ def order_of_kind(kind: int) -> HalfOrder:
 
 
 def half_kind(wtype: int, x86: bool, level: str, n_cols: int, M: int, K: int, gemm: bool) -> int:
-    """The kind ggml-cpu's MUL_MAT of an F16/BF16 matrix (M rows of K) by n_cols src1 columns per matrix computes
-    in: numerics "ref" (`x86` False) the generic loop; x86 tinyBLAS where llamafile_sgemm takes the product
-    (`gemm`: src1 contiguous or converted, not batch-invariant), else the level's vec_dot."""
-    if wtype not in (F16, BF16):
-        raise ArgumentError(f"half_kind: weight type {wtype} is not F16 ({F16}) or BF16 ({BF16})")
+    """The kind ggml-cpu's MUL_MAT of an F32/F16/BF16 matrix (M rows of K) by n_cols src1 columns per matrix
+    computes in: numerics "ref" (`x86` False) the generic loop; x86 tinyBLAS where llamafile_sgemm takes the
+    product (`gemm`: src1 contiguous or converted, not batch-invariant), else the level's vec_dot."""
+    if wtype not in (F32, F16, BF16):
+        raise ArgumentError(f"half_kind: weight type {wtype} is not F32 ({F32}), F16 ({F16}) or BF16 ({BF16})")
     if not x86:
         return order_kind(wtype, "generic")
     if (wtype, level) not in X86_ORDERS:
@@ -114,8 +122,19 @@ def _widen(builder, h, kind: int):
     return builder.bitcast(builder.shl(builder.zext(h, vi), ir.Constant(vi, [16] * n)), ir.VectorType(IR_F32, n))
 
 
+def _weights(builder, pw, e, n: int, kind: int):
+    """Elements e..e+n-1 of an F32/F16/BF16 row at byte pointer pw, as <n x float>, and their f16/bf16 bits."""
+    if kind == F32:
+        return vir.load_vector(builder, builder.gep(pw, [builder.shl(e, ir.Constant(e.type, 2))]), IR_F32, n), None
+    bits = vir.load_vector(builder, builder.gep(pw, [builder.add(e, e)]), IR_I16, n)
+    return _widen(builder, bits, kind), bits
+
+
 def _value(builder, pw, k, kind: int):
-    """Element k of an F16/BF16 row at byte pointer pw, as float."""
+    """Element k of an F32/F16/BF16 row at byte pointer pw, as float."""
+    if kind == F32:
+        return builder.load(builder.bitcast(builder.gep(pw, [builder.shl(k, ir.Constant(k.type, 2))]),
+                                            IR_F32.as_pointer()), align=1)
     h = builder.load(builder.bitcast(builder.gep(pw, [builder.shl(k, ir.Constant(k.type, 1))]), IR_I16.as_pointer()),
                      align=1)
     if kind == F16:
@@ -212,8 +231,8 @@ def _block_dots(builder, pws, cols, K, kind: int, order: HalfOrder, native: bool
     n_steps = builder.ashr(K, shift)
     with cgutils.for_range(builder, n_steps) as loop:
         e = builder.shl(loop.index, shift)
-        w_bits = [vir.load_vector(builder, builder.gep(pw, [builder.add(e, e)]), IR_I16, step) for pw in pws]
-        wv = [_widen(builder, bits, kind) for bits in w_bits]
+        loaded = [_weights(builder, pw, e, step, kind) for pw in pws]
+        wv, w_bits = [v for v, _ in loaded], [bits for _, bits in loaded]
         if order.pairs and not native:
             w_odd = [_flush(builder, _strided(builder, v, 1)) for v in wv]
             w_even = [_flush(builder, _strided(builder, v, 0)) for v in wv]
@@ -244,10 +263,25 @@ def _block_dots(builder, pws, cols, K, kind: int, order: HalfOrder, native: bool
     width = order.lanes // order.groups
     sums = [[[_tree(builder, _lanes(builder, builder.load(acc), g * width, width), order.hadd)
               for g in range(order.groups)] for acc in row] for row in accs]
+    if order.float_tail:
+        return [_float_tails(builder, pw, cols, [groups[0] for groups in row], builder.shl(n_steps, shift), K, kind)
+                for pw, row in zip(pws, sums, strict=True)]
     if not order.wide:
         return [[groups[0] for groups in row] for row in sums]
     return [_wide_totals(builder, pw, cols, row, builder.shl(n_steps, shift), K, kind, packed)
             for pw, row in zip(pws, sums, strict=True)]
+
+
+def _float_tails(builder, pw, cols, sums, start, K, kind: int) -> list:
+    """vec_dot_f32's end: per column its float sum, then sum += w[k] * x[k] in float for start <= k < K."""
+    totals = [cgutils.alloca_once_value(builder, s) for s in sums]
+    with cgutils.for_range(builder, K, start=start) as loop:
+        k = loop.index
+        wk = _value(builder, pw, k, kind)
+        for px, total in zip(cols, totals, strict=True):
+            product = builder.fmul(wk, builder.load(builder.gep(px, [k])))
+            builder.store(builder.fadd(builder.load(total), product), total)
+    return [builder.load(total) for total in totals]
 
 
 def _wide_totals(builder, pw, cols, group_sums, start, K, kind: int, packed: bool = False) -> list:
