@@ -1,4 +1,4 @@
-"""MUL_MAT of F16 and BF16 matrices: pyggml's CPU kernels against libggml's product in the same run.
+"""MUL_MAT of F32, F16 and BF16 matrices: pyggml's CPU kernels against libggml's product in the same run.
 
 TinyLlama-1.1B's shapes (weight rows x row length: 2048x2048 attention, 5632x2048 ffn_gate/up) times 1 column
 (decode) and 128 (a prompt), both on --threads threads: libggml (llama.cpp 0c1e570, its CPU buffer and backend,
@@ -21,8 +21,10 @@ SHAPES = ((2048, 2048), (5632, 2048))
 
 
 def half_weights(rng: np.random.Generator, wtype: GGMLType, m: int, k: int) -> np.ndarray:
-    """Random rows of `wtype` as raw bytes (m, 2k)."""
+    """Random rows of `wtype` as raw bytes (m, k times the type's size)."""
     v = rng.standard_normal((m, k), dtype=np.float32) * np.float32(0.02)
+    if wtype == GGMLType.F32:
+        return v.view(np.uint8)
     bits = v.astype(np.float16).view(np.uint16) if wtype == GGMLType.F16 else (v.view(np.uint32) >> 16).astype(
         np.uint16)
     return bits.view(np.uint8)
@@ -33,16 +35,16 @@ def main() -> None:
     lib = ggml_c.load()
     buft = lib.ggml_backend_cpu_buffer_type()
     rng = np.random.default_rng(0)
-    print(f"F16/BF16 MUL_MAT, {args.threads} threads, medians of {args.repeats} (ms); ratio: libggml's time / ours")
+    print(f"F32/F16/BF16 MUL_MAT, {args.threads} threads, medians of {args.repeats} (ms); ratio: libggml's time / ours")
     print(f"{'type':>5} {'shape':>10} {'cols':>5} {'libggml':>9} {'pyggml':>9} {'ratio':>6} {'bits':>5}")
-    for wtype in (GGMLType.F16, GGMLType.BF16):
+    for wtype in (GGMLType.F32, GGMLType.F16, GGMLType.BF16):
         for m, k in SHAPES:
             raw = half_weights(rng, wtype, m, k)
             for n in (1, 128):
                 x = rng.standard_normal((n, k), dtype=np.float32)
                 theirs = ggml_c.MulMatInBuft(lib, buft, ggml_c.c_type(wtype), raw, x, args.threads)
-                ours = Ours(wtype, raw.view(np.float16 if wtype == GGMLType.F16 else np.uint16), x, args.threads,
-                            repacked=False)
+                values = raw.view({GGMLType.F32: np.float32, GGMLType.F16: np.float16}.get(wtype, np.uint16))
+                ours = Ours(wtype, values, x, args.threads, repacked=False)
                 try:
                     theirs.compute()
                     want = np.empty((n, m), np.float32)
