@@ -38,7 +38,7 @@ def _float_block(builder, pw, i, kind: int):
                                                IR_I16, 32), kind)
 
 
-def _float_value(builder, pw, k, kind: int):
+def float_value(builder, pw, k, kind: int):
     """Weight value k of an F32, F16 or BF16 row at byte pointer pw, as float."""
     if kind == F32:
         return builder.load(builder.bitcast(builder.gep(pw, [builder.shl(k, ir.Constant(k.type, 2))]),
@@ -48,6 +48,16 @@ def _float_value(builder, pw, k, kind: int):
     if kind == F16:
         return builder.fpext(builder.bitcast(h, ir.HalfType()), IR_F32)
     return builder.bitcast(builder.shl(builder.zext(h, IR_I32), ir.Constant(IR_I32, 16)), IR_F32)
+
+
+def add_float_products(builder, pw, cols, totals, start, K, kind: int) -> None:
+    """totals[c] += w[k] * x_c[k] in float (a multiply, then an add) for start <= k < K, w the row at pw."""
+    with cgutils.for_range(builder, K, start=start) as loop:
+        k = loop.index
+        wk = float_value(builder, pw, k, kind)
+        for px, total in zip(cols, totals, strict=True):
+            product = builder.fmul(wk, builder.load(builder.gep(px, [k])))
+            builder.store(builder.fadd(builder.load(total), product), total)
 
 
 def make_dot_half_row(kind: int, ncols: int = 1):
@@ -69,12 +79,7 @@ def make_dot_half_row(kind: int, ncols: int = 1):
                 builder.store(fmuladd(builder, wf, xv, builder.load(acc)), acc)
         sums = [cgutils.alloca_once_value(builder, sum_f32_tree(builder, builder.load(acc), 32)) for acc in accs]
         if K is not None:
-            with cgutils.for_range(builder, K, start=n) as loop:
-                k = loop.index
-                wk = _float_value(builder, pw, k, kind)
-                for px, total in zip(cols, sums, strict=True):
-                    product = builder.fmul(wk, builder.load(builder.gep(px, [k])))
-                    builder.store(builder.fadd(builder.load(total), product), total)
+            add_float_products(builder, pw, cols, sums, n, K, kind)
         return [builder.load(total) for total in sums]
 
     if ncols == 1:

@@ -15,6 +15,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from pyggml.backends.cpu.kernels.vec_dot import ir as vir
+from pyggml.backends.cpu.kernels.vec_dot.float_loops import add_float_products, float_value
 from pyggml.backends.cpu.kernels.vec_dot.ir import COLS, IR_F32, IR_I8, IR_I16, IR_I32
 from pyggml.backends.cpu.kernels.vec_dot.kinds import BF16, F16, F32, HALF_ORDER, X8_REPACKED
 from pyggml.core.errors import ArgumentError
@@ -130,18 +131,6 @@ def _weights(builder, pw, e, n: int, kind: int):
     return _widen(builder, bits, kind), bits
 
 
-def _value(builder, pw, k, kind: int):
-    """Element k of an F32/F16/BF16 row at byte pointer pw, as float."""
-    if kind == F32:
-        return builder.load(builder.bitcast(builder.gep(pw, [builder.shl(k, ir.Constant(k.type, 2))]),
-                                            IR_F32.as_pointer()), align=1)
-    h = builder.load(builder.bitcast(builder.gep(pw, [builder.shl(k, ir.Constant(k.type, 1))]), IR_I16.as_pointer()),
-                     align=1)
-    if kind == F16:
-        return builder.fpext(builder.bitcast(h, ir.HalfType()), IR_F32)
-    return builder.bitcast(builder.shl(builder.zext(h, IR_I32), ir.Constant(IR_I32, 16)), IR_F32)
-
-
 def _flush(builder, v):
     """Denormals of float vector v as zeros of their sign (dpbf16's DAZ inputs and FTZ results)."""
     n = v.type.count
@@ -183,9 +172,9 @@ def _scalar_sums(builder, pw, cols, start, K, kind: int, totals, packed: bool = 
     (`packed`: the x rows hold bf16 bits, see HalfOrder)."""
     with cgutils.for_range(builder, K, start=start) as loop:
         k = loop.index
-        wk = _value(builder, pw, k, kind)
+        wk = float_value(builder, pw, k, kind)
         for px, total in zip(cols, totals, strict=True):
-            xk = _value(builder, px, k, BF16) if packed else builder.load(builder.gep(px, [k]))
+            xk = float_value(builder, px, k, BF16) if packed else builder.load(builder.gep(px, [k]))
             product = builder.fpext(builder.fmul(wk, xk), IR_F64)
             builder.store(builder.fadd(builder.load(total), product), total)
 
@@ -275,12 +264,7 @@ def _block_dots(builder, pws, cols, K, kind: int, order: HalfOrder, native: bool
 def _float_tails(builder, pw, cols, sums, start, K, kind: int) -> list:
     """vec_dot_f32's end: per column its float sum, then sum += w[k] * x[k] in float for start <= k < K."""
     totals = [cgutils.alloca_once_value(builder, s) for s in sums]
-    with cgutils.for_range(builder, K, start=start) as loop:
-        k = loop.index
-        wk = _value(builder, pw, k, kind)
-        for px, total in zip(cols, totals, strict=True):
-            product = builder.fmul(wk, builder.load(builder.gep(px, [k])))
-            builder.store(builder.fadd(builder.load(total), product), total)
+    add_float_products(builder, pw, cols, totals, start, K, kind)
     return [builder.load(total) for total in totals]
 
 
