@@ -879,7 +879,7 @@ def compute_nodes(nodes: Sequence[Tensor], outputs: Sequence[Tensor], threads: i
     return [raw[bounds[k]: bounds[k + 1]].copy() for k in range(len(sizes))]
 
 
-def _values(t: Tensor, raw: np.ndarray) -> np.ndarray:
+def node_values(t: Tensor, raw: np.ndarray) -> np.ndarray:
     """The elements of `t` from its raw bytes, as tensor_get_numpy gives them (contiguous, numpy_shape)."""
     tr = TYPE_TRAITS[t.type]
     ne, nb = t.ne, t.nb
@@ -918,7 +918,7 @@ def compute_like(node: Tensor, threads: int = 1, *, isolate: bool = True,
     if not nodes:
         raise ArgumentError(f"compute_like: '{node.name}' is a leaf (op NONE): there is nothing to compute")
     (raw,) = compute_nodes(nodes, [node], threads, isolate=isolate, timeout=timeout)
-    return _values(node, raw)
+    return node_values(node, raw)
 
 
 # --- a pyggml backend computing in C ---
