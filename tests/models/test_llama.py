@@ -285,7 +285,8 @@ def test_decode_graph_in_todays_idiom(tiny_gguf: object, flash_attn: str) -> Non
         model.eval([50 + t])
     # two graphs built: the prompt's, and one decode graph the scheduler reused for tokens 4..62
     assert model.n_graphs_built == 2 and model.runner.sched.reused
-    assert model._last_key == (1, 256, 1, False, False)  # tokens, cells, outputs, last only, embeddings
+    # tokens, cells, outputs, last only, embeddings, recurrent state cell and cell zeroed (none: 0, -1)
+    assert model._last_key == (1, 256, 1, False, False, 0, -1)
     inp = model._graphs[model._last_key][1]
     ops = {n.op for n in model.runner.graph.nodes}
     assert GGMLOp.SET_ROWS in ops and GGMLOp.GLU in ops and GGMLOp.CPY not in ops
