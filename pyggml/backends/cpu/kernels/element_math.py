@@ -118,3 +118,19 @@ def f16_table(name: str) -> np.ndarray:
         table = ufunc(name)(x).astype(np.float16).astype(np.float32)
     table.flags.writeable = False
     return table
+
+
+def take_f16_table(name: str, x: np.ndarray, out: np.ndarray, shortcuts: bool, h: np.ndarray | None = None) -> None:
+    """out = ggml's f16 table `name` at x rounded to f16 (out may be x; `h`: float16 scratch of x's shape). With
+    `shortcuts` (GELU and GEGLU of F32 data, ggml_vec_gelu_f32 / ggml_vec_geglu_f32), 0 where x <= -10 and x
+    itself where x >= 10."""
+    if h is None:
+        h = np.empty(x.shape, np.float16)
+    np.copyto(h, x, casting="same_kind")
+    if shortcuts:
+        low, high = x <= -10.0, x >= 10.0
+        kept = x[high]
+    np.take(f16_table(name), h.view(np.uint16), out=out)
+    if shortcuts:
+        out[low] = 0.0
+        out[high] = kept

@@ -280,15 +280,12 @@ def _through_f16(d: np.ndarray, x: np.ndarray, params: ComputeParams, table: str
     GGML_GELU_FP16 / GGML_GELU_QUICK_FP16 path). With `clamp`, GELU's shortcuts: 0 at x <= -10, x itself at
     x >= 10."""
     (t,) = scratch(params, x.shape)
-    values = element_math.f16_table(table)
     h = np.empty(x.shape, np.float16)
 
+    shortcuts = clamp and x.dtype == F32
+
     def run() -> None:
-        np.copyto(h, x, casting="same_kind")
-        np.take(values, h.view(np.uint16), out=t)
-        if clamp and x.dtype == F32:
-            np.copyto(t, 0.0, where=x <= -10.0)
-            np.copyto(t, x, where=x >= 10.0)
+        element_math.take_f16_table(table, x, t, shortcuts, h)
         np.copyto(d, t)
 
     return run

@@ -62,21 +62,11 @@ def _swiglu(x: np.ndarray, g: np.ndarray, p: GLUParams, type: GGMLType, lanes: i
     silu_rows(x2, x2, g.reshape(-1, nc), lanes)
 
 
-def _through_f16_table(x: np.ndarray, table: str, shortcuts: bool) -> None:
-    """x = ggml's f16 table `table` at x rounded to f16. With `shortcuts` (GEGLU on F32 data), 0 at x <= -10 and
-    x itself at x >= 10, as ggml_vec_geglu_f32."""
-    orig = x.copy() if shortcuts else None
-    np.take(element_math.f16_table(table), x.astype(np.float16).view(np.uint16), out=x)
-    if orig is not None:
-        np.copyto(x, np.float32(0.0), where=orig <= -10.0)
-        np.copyto(x, orig, where=orig >= 10.0)
-
-
 def _geglu(x: np.ndarray, g: np.ndarray, p: GLUParams, type: GGMLType) -> None:
     if type == BF16:
         element_math.ufunc("gelu")(x, out=x)
     else:
-        _through_f16_table(x, "gelu", shortcuts=type == F32)
+        element_math.take_f16_table("gelu", x, x, shortcuts=type == F32)
     x *= g
 
 
@@ -84,7 +74,7 @@ def _geglu_quick(x: np.ndarray, g: np.ndarray, p: GLUParams, type: GGMLType) -> 
     if type == BF16:
         element_math.ufunc("gelu_quick")(x, out=x)
     else:
-        _through_f16_table(x, "gelu_quick", shortcuts=False)
+        element_math.take_f16_table("gelu_quick", x, x, shortcuts=False)
     x *= g
 
 
