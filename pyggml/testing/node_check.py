@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pyggml.backends.cpu.repack import is_repacked
-from pyggml.backends.rpc.fallback import span
+from pyggml.backends.rpc.fallback import overlaps, span
 from pyggml.core.tensor import GGMLOp, Tensor, is_view_op
 from pyggml.core.types import GGMLType
 from pyggml.ggml_backend.tensor_io import tensor_get_numpy
@@ -46,12 +46,7 @@ class NodeDiff:
 def _in_place(node: Tensor) -> bool:
     """Whether the node's memory overlaps a source's (then the source's values are gone once it is computed)."""
     mine = span(node)
-    for s in node.src:
-        theirs = span(s) if s is not None else None
-        if mine is not None and theirs is not None and mine[0] == theirs[0] and mine[1] < theirs[2] \
-                and theirs[1] < mine[2]:
-            return True
-    return False
+    return mine is not None and any(overlaps(span(s), [mine]) for s in node.src if s is not None)
 
 
 def _ggml_value(node: Tensor, shape: tuple[int, ...]) -> np.ndarray:

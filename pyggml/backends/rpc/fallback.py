@@ -39,7 +39,8 @@ def span(t: Tensor) -> Span | None:
     return id(buffer), t.data, t.data + nbytes_of(t.type, t.ne, t.nb)
 
 
-def _overlaps(s: Span | None, written: list[Span]) -> bool:
+def overlaps(s: Span | None, written: list[Span]) -> bool:
+    """Whether span s shares bytes with any of `written` (None: no memory, no overlap)."""
     return s is not None and any(s[0] == w[0] and s[1] < w[2] and w[1] < s[2] for w in written)
 
 
@@ -142,7 +143,7 @@ def plan_fallback(nodes: list[Tensor], served: Backend, host: Callable[[], Backe
             reads = [span(s) for s in node.src if s is not None]
             if node.view_src is not None:
                 reads.append(span(node))
-            if not runs or not runs[-1][0] or any(_overlaps(s, written) for s in reads):
+            if not runs or not runs[-1][0] or any(overlaps(s, written) for s in reads):
                 runs.append((True, []))
                 written = []
             s = span(node)
