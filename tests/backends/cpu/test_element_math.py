@@ -109,3 +109,5 @@ def test_gelu_tables_are_gelu_of_every_f16_rounded_to_f16() -> None:
         assert not table.flags.writeable
     with pytest.raises(ArgumentError, match="silu"):
         element_math.f16_table("silu")
+    with pytest.raises(ArgumentError, match="'gelu_fast'"):
+        element_math.ufunc("gelu_fast")

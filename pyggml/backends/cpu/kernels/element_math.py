@@ -98,12 +98,13 @@ def _log(x):  # pragma: no cover - compiled
 _FUNCTIONS = {"gelu": _gelu, "gelu_quick": _gelu_quick, "gelu_erf": _gelu_erf, "sgn": _sgn, "relu": _relu,
               "hardsigmoid": _hardsigmoid, "hardswish": _hardswish, "tanh": _tanh, "elu": _elu, "sigmoid": _sigmoid,
               "exp": _exp, "expm1": _expm1, "softplus": _softplus, "log": _log}
-NAMES = tuple(_FUNCTIONS)
 
 
 @functools.cache
 def ufunc(name: str) -> np.ufunc:
-    """The float32 ufunc of ggml-cpu's function `name` (one of NAMES)."""
+    """The float32 ufunc of ggml-cpu's function `name` (a key of _FUNCTIONS)."""
+    if name not in _FUNCTIONS:
+        raise ArgumentError(f"ggml-cpu has no per-element function {name!r} here (there are {', '.join(_FUNCTIONS)})")
     return vectorize(_SIG, cache=True)(_FUNCTIONS[name])
 
 
