@@ -40,7 +40,7 @@ OUT_PROD_SRC1_TYPES: tuple[GGMLType, ...] = (F32, F16, BF16)
 
 # src1 columns (per matrix) from which widened weight tiles go through BLAS (bench_matmul.py --sweep)
 BLAS_MIN_COLS = 16
-# src1 columns from which F32 weights go to BLAS: below, waking OpenBLAS's threads costs more (attention's KQ)
+# src1 columns from which FLASH_ATTN_EXT's F32 tile products (mul_mat_f32) go to BLAS: below, waking OpenBLAS costs more
 F32_BLAS_MIN_COLS = 32
 # src1 columns from which X8_TILE_KINDS matrices take the repacked tiles (fewer keep vec_dot's row order)
 X8_TILE_MIN_COLS = 16
