@@ -1,18 +1,21 @@
 """MUL_MAT of F32, F16 and BF16 matrices: pyggml's CPU kernels against libggml's product in the same run.
 
-TinyLlama-1.1B's shapes (weight rows x row length: 2048x2048 attention, 5632x2048 ffn_gate/up) times 1 column
-(decode) and 128 (a prompt), both on --threads threads: libggml (llama.cpp 0c1e570, its CPU buffer and backend,
-`ggml_c.MulMatInBuft`) and pyggml (the kernel prepared once as a graph plan does, at libggml's x86 level). Medians
-of --repeats runs, the two alternating; whether the results are libggml's bit for bit is printed beside them.
+TinyLlama-1.1B's shapes (weight rows x row length: 2048x2048 attention, 5632x2048 ffn_gate/up), or --shapes
+(SmolLM2's output matrix: 49152x576), times 1 column (decode) and 128 (a prompt), both on --threads threads:
+libggml (llama.cpp 0c1e570, its CPU buffer and backend, `ggml_c.MulMatInBuft`) and pyggml (the kernel prepared
+once as a graph plan does, at libggml's x86 level). Medians of --repeats runs, the two alternating; whether the
+results are libggml's bit for bit is printed beside them.
 
-    python benchmarks/bench_half.py [--repeats 20] [--threads 2]
+    python benchmarks/bench_half.py [--repeats 20] [--threads 2] [--shapes 2048x2048,49152x576] [--types F32]
 """
 
 from __future__ import annotations
 
+import argparse
+
 import numpy as np
 from bench_matmul import medians
-from bench_repack import Ours, bench_args
+from bench_repack import Ours
 
 from pyggml.core.types import GGMLType
 from pyggml.testing import ggml_c
@@ -30,15 +33,32 @@ def half_weights(rng: np.random.Generator, wtype: GGMLType, m: int, k: int) -> n
     return bits.view(np.uint8)
 
 
+def parse_shapes(text: str) -> list[tuple[int, int]]:
+    """'MxK,...' as (rows, row length) pairs."""
+    shapes = []
+    for part in text.split(","):
+        m, _, k = part.strip().lower().partition("x")
+        if not (m.isdigit() and k.isdigit()):
+            raise SystemExit(f"--shapes: {part!r} is not ROWSxLENGTH")
+        shapes.append((int(m), int(k)))
+    return shapes
+
+
 def main() -> None:
-    args = bench_args(__doc__)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--shapes", type=parse_shapes, default=list(SHAPES), help="ROWSxLENGTH,... (default: "
+                        + ",".join(f"{m}x{k}" for m, k in SHAPES) + ")")
+    parser.add_argument("--types", default="F32,F16,BF16")
+    args = parser.parse_args()
     lib = ggml_c.load()
     buft = lib.ggml_backend_cpu_buffer_type()
     rng = np.random.default_rng(0)
     print(f"F32/F16/BF16 MUL_MAT, {args.threads} threads, medians of {args.repeats} (ms); ratio: libggml's time / ours")
     print(f"{'type':>5} {'shape':>10} {'cols':>5} {'libggml':>9} {'pyggml':>9} {'ratio':>6} {'bits':>5}")
-    for wtype in (GGMLType.F32, GGMLType.F16, GGMLType.BF16):
-        for m, k in SHAPES:
+    for wtype in (GGMLType[name.strip()] for name in args.types.split(",")):
+        for m, k in args.shapes:
             raw = half_weights(rng, wtype, m, k)
             for n in (1, 128):
                 x = rng.standard_normal((n, k), dtype=np.float32)

@@ -289,7 +289,7 @@ def make_half_cols(kind: int, order: HalfOrder, native: bool = False, packed: bo
     `dot(w, w_off, base, m0, m1, x, r, n, out)` writes out[r + c, m] for c < n <= COLS and m0 <= m < m1, the
     weight row at byte w[w_off[base + m]], whole rows of x (K = its row length); the tinyBLAS orders ROW_BLOCK rows
     at a time. `native`, `packed`: see _block_dots."""
-    block_rows = 1 if order.wide else ROW_BLOCK
+    block_rows = 1 if order.wide or order.float_tail else ROW_BLOCK
 
     @intrinsic
     def dot_half_order(typingctx, w, w_off, base, m0, m1, x, r, n, out):
