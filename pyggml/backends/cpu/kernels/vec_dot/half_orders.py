@@ -289,6 +289,7 @@ def make_half_cols(kind: int, order: HalfOrder, native: bool = False, packed: bo
     `dot(w, w_off, base, m0, m1, x, r, n, out)` writes out[r + c, m] for c < n <= COLS and m0 <= m < m1, the
     weight row at byte w[w_off[base + m]], whole rows of x (K = its row length); the tinyBLAS orders ROW_BLOCK rows
     at a time. `native`, `packed`: see _block_dots."""
+    # vec_dot's accumulators fill several vector registers a row: more rows a pass would spill them
     block_rows = 1 if order.wide or order.float_tail else ROW_BLOCK
 
     @intrinsic
