@@ -3,9 +3,9 @@ by part, medians over the steps printed.
 
 Parts of a step (ms, medians over the steps; the parts' medians need not add up to the step's):
 
-- `products`: the MUL_MAT jobs in native code, on the caller and the kernel threads (from the job's start on the
-  caller to its last item done), and the MUL_MAT nodes computed on the caller alone;
-- `mul_mat prep`: the rest of a threaded MUL_MAT node's compute: src1 quantized or copied, and its Python;
+- `products`: the MUL_MAT and MUL_MAT_ID jobs in native code, on the caller and the kernel threads (from the job's
+  start on the caller to its last item done), and those nodes computed on the caller alone;
+- `mul_mat prep`: the rest of a threaded product node's compute: src1 quantized, copied or routed, and its Python;
 - `hand-offs`: posting a threaded product to the kernel threads and waking them (POOL.run around the job);
 - `other kernels`: every other node's compute (for one token these are small: mostly their Python dispatch);
 - `node loop`: the graph compute's Python between the nodes (the plan's checks, the loop);
@@ -42,6 +42,7 @@ from pyggml.models.sampling import Sampler
 from pyggml.testing import llamacpp
 
 Replay = dict[str, tuple[int, float]]
+PRODUCT_OPS = ("MUL_MAT", "MUL_MAT_ID")  # nodes whose native jobs count as `products`
 PARTS = ("products", "mul_mat prep", "hand-offs", "other kernels", "node loop", "model", "sampler")
 
 
@@ -104,15 +105,17 @@ class Probe:
             for node, t0, t1 in zip(nodes, stamps[1:-1], stamps[2:], strict=True):
                 dt = t1 - t0
                 step.ops[node.op.name].append(dt)
-                if node.op.name != "MUL_MAT":
-                    step.parts["other kernels"] += dt
-                    continue
+                while p < len(starts) and starts[p] < t0:  # posted outside any node's compute
+                    p += 1
                 pooled = job = 0.0
-                while p < len(starts) and starts[p] < t1:
+                while p < len(starts) and starts[p] < t1:  # the hand-offs inside this node's compute
                     run0, job0, job1, run1 = pool[4 * p:4 * p + 4]
                     pooled += run1 - run0
                     job += job1 - job0
                     p += 1
+                if node.op.name not in PRODUCT_OPS:
+                    step.parts["other kernels"] += dt
+                    continue
                 step.parts["products"] += job if pooled else dt
                 if pooled:
                     step.handoffs.append(pooled - job)
