@@ -3,6 +3,8 @@ by part, medians over the steps printed.
 
 Parts of a step (ms, medians over the steps; the parts' medians need not add up to the step's):
 
+- `runner`: the runs of nodes the graph runner computes in one native call (kernels.graph_runner; products, their
+  src1 conversion and the small ops with job forms inside);
 - `products`: the MUL_MAT and MUL_MAT_ID jobs in native code, on the caller and the kernel threads (from the job's
   start on the caller to its last item done), and those nodes computed on the caller alone;
 - `mul_mat prep`: the rest of a threaded product node's compute: src1 quantized, copied or routed, and its Python;
@@ -12,9 +14,9 @@ Parts of a step (ms, medians over the steps; the parts' medians need not add up 
 - `model`: the step outside the graph compute (the batch's inputs, the scheduler, the logits);
 - `sampler`: the default `Sampler` on the step's logits.
 
-`outside products` is the step's share outside `products`. Per op kind: calls and ms per step, us per call.
-A split the native runner computes (pyggml.backends.cpu.runner) counts as one node of kind RUNNER; its products
-are timed as `products` and its other nodes under `other kernels` by op kind, measured inside the runner.
+`outside products and runner` is the step's share outside those two. Per op kind: calls and ms per step, us per
+call; a run of the graph runner counts as one call of kind RUNNER. PYGGML_CPU_GRAPH_RUNNER=0 profiles the step
+without the runner.
 
     python benchmarks/profile_decode_step.py [--model PATH] [--tokens 32] [--threads 2]
 
@@ -38,12 +40,14 @@ import pyggml.models as pm
 from pyggml.backends.cpu import backend as cpu_backend
 from pyggml.backends.cpu import plan as cpu_plan
 from pyggml.backends.cpu.kernels import matmul
+from pyggml.backends.cpu.kernels.graph_runner import GraphRun
 from pyggml.models.sampling import Sampler
 from pyggml.testing import llamacpp
 
 Replay = dict[str, tuple[int, float]]
 PRODUCT_OPS = ("MUL_MAT", "MUL_MAT_ID")  # nodes whose native jobs count as `products`
-PARTS = ("products", "mul_mat prep", "hand-offs", "other kernels", "node loop", "model", "sampler")
+RUNNER = "RUNNER"  # the op kind of a run of nodes the graph runner computes in one native call
+PARTS = ("products", "runner", "mul_mat prep", "hand-offs", "other kernels", "node loop", "model", "sampler")
 
 
 class StepTimes:
@@ -54,6 +58,7 @@ class StepTimes:
         self.ops: dict[str, list[float]] = collections.defaultdict(list)
         self.handoffs: list[float] = []
         self.preps: list[float] = []
+        self.run_nodes: list[int] = []  # the nodes of each run the graph runner computed
         self.graph = 0.0
 
 
@@ -92,7 +97,9 @@ class Probe:
         for fn in computes:
             fn()
             stamps.append(clock())
-        self.runs.append((plan.nodes, stamps))
+        self.runs.append(([len(n) if isinstance(fn, GraphRun) else 0 for n, fn in zip(plan.run_nodes, computes,
+                                                                                        strict=True)],
+                          [n[0] for n in plan.run_nodes], stamps))
 
     def close_step(self) -> StepTimes:
         """The timestamps since the last call as a StepTimes (model and sampler left to the caller)."""
@@ -100,10 +107,15 @@ class Probe:
         pool = self.pool
         starts = pool[0::4]
         p = 0
-        for nodes, stamps in self.runs:
+        for native, nodes, stamps in self.runs:
             step.graph += stamps[-1] - stamps[0]
-            for node, t0, t1 in zip(nodes, stamps[1:-1], stamps[2:], strict=True):
+            for n_native, node, t0, t1 in zip(native, nodes, stamps[1:-1], stamps[2:], strict=True):
                 dt = t1 - t0
+                if n_native:
+                    step.ops[RUNNER].append(dt)
+                    step.parts["runner"] += dt
+                    step.run_nodes.append(n_native)
+                    continue
                 step.ops[node.op.name].append(dt)
                 while p < len(starts) and starts[p] < t0:  # posted outside any node's compute
                     p += 1
@@ -134,14 +146,16 @@ class Probe:
         clock = time.perf_counter
 
         def plan_compute(plan: cpu_plan.CPUPlan) -> None:
-            for node, fn in zip(plan.nodes, cpu_plan.plan_computes(plan), strict=True):
+            for nodes, fn in zip(plan.run_nodes, cpu_plan.plan_computes(plan), strict=True):
+                node = nodes[0] if len(nodes) == 1 and not isinstance(fn, GraphRun) else None
                 times = []
                 for _ in range(repeats):
                     t = clock()
                     fn()
                     times.append(clock() - t)
-                n, total = out.get(node.op.name, (0, 0.0))
-                out[node.op.name] = (n + 1, total + statistics.median(times))
+                kind = RUNNER if node is None else node.op.name
+                n, total = out.get(kind, (0, 0.0))
+                out[kind] = (n + 1, total + statistics.median(times))
 
         cpu_backend.plan_compute = plan_compute
         try:
@@ -193,8 +207,12 @@ def report(steps: list[tuple[float, StepTimes]], replayed: Replay) -> None:
           f"max {max(totals) * 1e3:.2f})")
     for part in PARTS:
         print(f"  {part:16s} {ms([s.parts[part] for _, s in steps]):8.3f} ms")
-    outside = [1 - s.parts["products"] / t for t, s in steps]
-    print(f"outside products: {statistics.median(outside) * 100:.1f}% of the step (median of the steps' shares)")
+    outside = [1 - (s.parts["products"] + s.parts["runner"]) / t for t, s in steps]
+    print(f"outside products and runner: {statistics.median(outside) * 100:.1f}% of the step (median of the steps' "
+          "shares)")
+    runs = [len(s.run_nodes) for _, s in steps]
+    print(f"graph runner: {statistics.median(runs):.0f} runs per step, "
+          f"{statistics.median([sum(s.run_nodes) for _, s in steps]):.0f} nodes in them")
     handoffs = [h for _, s in steps for h in s.handoffs]
     preps = [p for _, s in steps for p in s.preps]
     print(f"threaded products: {len(handoffs) / len(steps):.0f} per step; per product (median of all): "

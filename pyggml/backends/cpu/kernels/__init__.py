@@ -4,15 +4,27 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from pyggml.backends.cpu.jit import install_cache_locator
 from pyggml.backends.cpu.numerics import Numerics, X86Level, resolve_numerics, resolve_x86_level
+from pyggml.core.errors import ArgumentError
 from pyggml.core.tensor import GGMLOp, Tensor
 
 install_cache_locator()  # before the kernel modules are decorated: where their compiled code goes
+
+ENV_GRAPH_RUNNER = "PYGGML_CPU_GRAPH_RUNNER"
+
+
+def graph_runner_default() -> bool:
+    """PYGGML_CPU_GRAPH_RUNNER (0 or 1) if set, else on."""
+    raw = (os.environ.get(ENV_GRAPH_RUNNER) or "").strip()
+    if raw not in ("", "0", "1"):
+        raise ArgumentError(f"{ENV_GRAPH_RUNNER}={raw!r}: must be 0 or 1")
+    return raw != "0"
 
 
 class WorkArea:
@@ -36,13 +48,15 @@ class WorkArea:
 class ComputeParams:
     """What every kernel of a plan shares: threads, scratch, ggml's CPU code path (`numerics`), and
     `batch_invariant`: each output element reduced in one order whatever the batch around it; `x86_level`: which
-    build of ggml-cpu's x86 code the products that differ by it follow (numerics.X86_LEVELS)."""
+    build of ggml-cpu's x86 code the products that differ by it follow (numerics.X86_LEVELS); `graph_runner`:
+    runs of nodes with job forms computed by the kernel threads in one native call (kernels.graph_runner)."""
 
     n_threads: int = 1
     work: WorkArea = field(default_factory=WorkArea)
     numerics: Numerics = field(default_factory=resolve_numerics)
     batch_invariant: bool = False
     x86_level: X86Level = field(default_factory=resolve_x86_level)
+    graph_runner: bool = field(default_factory=graph_runner_default)
 
 
 Compute = Callable[[], None]

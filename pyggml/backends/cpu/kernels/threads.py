@@ -23,6 +23,7 @@ log = logging.getLogger("pyggml.backends.cpu")
 
 IDLE, POSTED, RUNNING = 0, 1, 2  # a slot's state (its element 0)
 SLOT_LEN = 40  # int64 per slot: the state and up to 39 fields of a job (320 bytes: slots share no cache line)
+N_THREADS = SLOT_LEN - 1  # a slot's field with the threads a `run_all` job has (the caller and its workers)
 MAX_WORKERS = 511  # GGML_MAX_N_THREADS - 1
 ENV_SPIN_US = "PYGGML_CPU_SPIN_US"
 SPIN_SECONDS = 0.001  # a worker's polling after its last job (llama.cpp's --poll): covers a decode step's gaps
@@ -155,15 +156,34 @@ class WorkerPool:
         try:
             self.ensure(n_workers)
             n = min(n_workers, len(self.workers))
-            _post(self.slots, desc, n)
-            # under the GIL: either a worker sees POSTED or this sees it asleep (DESIGN.md, "Threads")
-            for i in range(n):
-                if self.sleeping[i]:
-                    with self.conds[i]:
-                        self.conds[i].notify()
+            self._post_and_wake(desc, n)
             shared(desc, self.slots, n)
         finally:
             self.lock.release()
+
+    def run_all(self, shared: Callable[[np.ndarray, np.ndarray, int], object], desc: np.ndarray,
+                n_workers: int) -> None:
+        """As `run`, for a job every posted worker must take part in (barriers): desc[N_THREADS] says how many
+        threads it has, 1 when another caller holds the pool."""
+        if not self.lock.acquire(blocking=False):
+            desc[N_THREADS] = 1
+            shared(desc, self.slots, 0)
+            return
+        try:
+            self.ensure(n_workers)
+            desc[N_THREADS] = min(n_workers, len(self.workers)) + 1
+            self._post_and_wake(desc, int(desc[N_THREADS]) - 1)
+            shared(desc, self.slots, int(desc[N_THREADS]) - 1)
+        finally:
+            self.lock.release()
+
+    def _post_and_wake(self, desc: np.ndarray, n: int) -> None:
+        _post(self.slots, desc, n)
+        # under the GIL: either a worker sees POSTED or this sees it asleep (DESIGN.md, "Threads")
+        for i in range(n):
+            if self.sleeping[i]:
+                with self.conds[i]:
+                    self.conds[i].notify()
 
     def _after_fork(self) -> None:
         self.__init__(self.spin)  # type: ignore[misc]

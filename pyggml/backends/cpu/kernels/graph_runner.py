@@ -1,0 +1,172 @@
+"""A run of a plan's nodes computed by the kernel threads in one native call, node after node with a barrier between,
+as ggml_graph_compute_thread: each node's job form is its steps, each step a compiled job by address and its
+descriptor (DESIGN.md, "The graph runner")."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
+
+from pyggml.backends.cpu.jit import compiled_address
+from pyggml.backends.cpu.kernels import Compute
+from pyggml.backends.cpu.kernels.atomics import (
+    address,
+    atomic_add,
+    atomic_load,
+    atomic_store,
+    pointer_i64,
+    spin_pause,
+    yield_cpu,
+)
+from pyggml.backends.cpu.kernels.threads import N_THREADS, SLOT_LEN, YIELD_POLLS, WorkerPool, call_job, revoke
+
+# how the threads share a step: thread 0 calls job(d, 0); every thread calls job(d, 0), taking work items from the
+# step's counter; every thread calls job(d, ith, nth) for its own share
+ALONE, ITEMS, SPLIT = 0, 1, 2
+# a step's row in the table: how, the job's address, its descriptor's address, its item counter's address (or 0)
+STEP_FIELDS = 4
+# the run's state: threads joined, threads at the barrier, barriers passed (each on its own cache line)
+JOINED, ARRIVED, PASSED = 0, 8, 16
+STATE_LEN = 24
+# the run's descriptor as a worker slot: the table's address and rows, the state's address; the runner's address
+TABLE, N_STEPS, STATE, RUNNER = 1, 2, 3, 31
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of a node's job form: `job` (address) on `desc`'s operands, shared as `how` (ALONE, ITEMS, SPLIT);
+    `counter`: ITEMS' int64[2] (items taken, done), zeroed after each run; `keep`: the arrays `desc` points into."""
+
+    how: int
+    job: int
+    desc: np.ndarray
+    counter: np.ndarray | None = None
+    keep: tuple[object, ...] = ()
+
+
+def with_steps(fn: Compute, steps: Sequence[Step]) -> Compute:
+    """`fn` marked with its job form: the graph runner runs `steps` in its place (the same arithmetic)."""
+    fn.graph_steps = tuple(steps)  # type: ignore[attr-defined]
+    return fn
+
+
+def steps_of(fn: Compute) -> tuple[Step, ...] | None:
+    """The job form `with_steps` gave `fn`, or None."""
+    return getattr(fn, "graph_steps", None)
+
+
+@intrinsic
+def call_split(typingctx, fn, d, ith, nth):
+    """int64 job(int64 *d, int64 ith, int64 nth) at address `fn` on the descriptor at address `d`."""
+    sig = types.int64(types.int64, types.int64, types.int64, types.int64)
+
+    def codegen(context, builder, signature, args):
+        i64 = ir.IntType(64)
+        fnty = ir.FunctionType(i64, [i64.as_pointer(), i64, i64])
+        target = builder.inttoptr(args[0], fnty.as_pointer())
+        return builder.call(target, [builder.inttoptr(args[1], i64.as_pointer()), args[2], args[3]])
+
+    return sig, codegen
+
+
+SPLIT_SIG = types.int64(types.CPointer(types.int64), types.int64, types.int64)
+
+
+def split_job(fn: object) -> int:
+    """The address of SPLIT job `fn(p, ith, nth)` (an njit function), compiled for SPLIT_SIG."""
+    return compiled_address(fn, SPLIT_SIG)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def thread_rows(n, ith, nth):
+    """Thread ith's rows of n, in nth contiguous shares (ggml's dr = (nr + nth - 1) / nth)."""
+    per = (n + nth - 1) // nth
+    r0 = min(n, per * ith)
+    return r0, min(n, r0 + per)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def barrier(state, nth):
+    """ggml_barrier: the last thread to arrive lets the others on."""
+    if nth == 1:
+        return
+    passed = atomic_load(state, PASSED)
+    if atomic_add(state, ARRIVED, 1) == nth - 1:
+        atomic_store(state, ARRIVED, 0)
+        atomic_add(state, PASSED, 1)
+        return
+    polls = 0
+    while atomic_load(state, PASSED) == passed:
+        spin_pause()
+        polls += 1
+        if polls % YIELD_POLLS == 0:
+            yield_cpu()
+
+
+@njit(nogil=True, cache=True)
+def run_table(p, shared):
+    """The runner (a worker's job, or the caller's with `shared` 1): every step of the table in order, a barrier
+    after each; thread 0 then zeroes the steps' counters for the next run."""
+    d = numba.carray(p, (SLOT_LEN,))
+    table = numba.carray(pointer_i64(d[TABLE]), (d[N_STEPS], STEP_FIELDS))
+    state = numba.carray(pointer_i64(d[STATE]), (STATE_LEN,))
+    nth = d[N_THREADS]
+    ith = 0 if shared else 1 + atomic_add(state, JOINED, 1)
+    for i in range(table.shape[0]):
+        how, job, at = table[i, 0], table[i, 1], table[i, 2]
+        if how == SPLIT:
+            call_split(job, at, ith, nth)
+        elif how == ITEMS or ith == 0:
+            call_job(job, numba.carray(pointer_i64(at), (SLOT_LEN,)), 0)
+        barrier(state, nth)
+    if ith == 0:
+        for i in range(table.shape[0]):
+            if table[i, 3] != 0:
+                ctr = numba.carray(pointer_i64(table[i, 3]), (2,))
+                ctr[0] = 0
+                ctr[1] = 0
+        state[JOINED] = 0
+    return 0
+
+
+@functools.cache
+def runner_address() -> int:
+    return compiled_address(run_table, types.int64(types.CPointer(types.int64), types.int64))
+
+
+@njit(nogil=True, cache=True)
+def run_shared(d, slots, n):
+    """The caller's share of a run posted to n workers' slots (thread 0)."""
+    call_job(d[RUNNER], d, 1)
+    revoke(slots, n)  # every worker passed the last barrier: none is POSTED, each RUNNING one returns
+
+
+class GraphRun:
+    """Consecutive computes with job forms, as one table the kernel threads run in one native call."""
+
+    def __init__(self, steps: Sequence[Step], pool: WorkerPool, n_threads: int) -> None:
+        self.steps = tuple(steps)
+        self.pool = pool
+        self.n_workers = max(0, n_threads - 1)
+        self.table = np.zeros((len(self.steps), STEP_FIELDS), np.int64)
+        for i, s in enumerate(self.steps):
+            self.table[i] = (s.how, s.job, address(s.desc), 0 if s.counter is None else address(s.counter))
+        self.state = np.zeros(STATE_LEN, np.int64)
+        self.desc = np.zeros(SLOT_LEN, np.int64)
+        self.desc[TABLE], self.desc[N_STEPS], self.desc[STATE] = address(self.table), len(self.steps), \
+            address(self.state)
+        self.desc[RUNNER] = runner_address()
+
+    def __call__(self) -> None:
+        if self.n_workers == 0:
+            self.desc[N_THREADS] = 1
+            run_shared(self.desc, self.pool.slots, 0)
+            return
+        self.pool.run_all(run_shared, self.desc, self.n_workers)
