@@ -12,8 +12,7 @@ from collections.abc import Callable
 import numpy as np
 
 from pyggml.backends.cpu import repack
-from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
-from pyggml.backends.cpu.kernels import graph_runner, src1_steps
+from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel, graph_runner, src1_steps
 from pyggml.backends.cpu.kernels._common import is_multiple, noop, reshape_view, strided_view
 from pyggml.backends.cpu.kernels.fwht import fwht_kernel, hadamard_problem, is_hadamard
 from pyggml.backends.cpu.kernels.threads import new_pool, new_team
