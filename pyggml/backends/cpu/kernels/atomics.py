@@ -125,6 +125,7 @@ def _pointer_intrinsic(element: types.Type):
 
 pointer_u8 = _pointer_intrinsic(types.uint8)
 pointer_i8 = _pointer_intrinsic(types.int8)
+pointer_u16 = _pointer_intrinsic(types.uint16)
 pointer_i32 = _pointer_intrinsic(types.int32)
 pointer_i64 = _pointer_intrinsic(types.int64)
 pointer_f32 = _pointer_intrinsic(types.float32)

@@ -5,7 +5,7 @@ descriptor (DESIGN.md, "The graph runner")."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numba
@@ -21,7 +21,11 @@ from pyggml.backends.cpu.kernels.atomics import (
     atomic_add,
     atomic_load,
     atomic_store,
+    pointer_f32,
+    pointer_i32,
     pointer_i64,
+    pointer_u8,
+    pointer_u16,
     spin_pause,
     yield_cpu,
 )
@@ -42,13 +46,67 @@ TABLE, N_STEPS, STATE, RUNNER = 1, 2, 3, 31
 @dataclass(frozen=True)
 class Step:
     """One step of a node's job form: `job` (address) on `desc`'s operands, shared as `how` (ALONE, ITEMS, SPLIT);
-    `counter`: ITEMS' int64[2] (items taken, done), zeroed after each run; `keep`: the arrays `desc` points into."""
+    `counter`: ITEMS' int64[2] (items taken, done), zeroed after each run; `keep`: the arrays `desc` points into;
+    `before`: Python run before the run's native call, on inputs no node of the run writes (`reads`); `after`: Python
+    run after it (a check that raises)."""
 
     how: int
     job: int
     desc: np.ndarray
     counter: np.ndarray | None = None
     keep: tuple[object, ...] = ()
+    before: Callable[[], None] | None = None
+    reads: tuple[np.ndarray, ...] = ()
+    after: Callable[[], None] | None = None
+
+
+# a strided operand in a descriptor: its address, then 4 sizes and 4 byte strides, outermost first
+VIEW_FIELDS = 9
+
+
+def view_fields(a: np.ndarray) -> list[int] | None:
+    """`a`'s VIEW_FIELDS (fewer dims padded in front), or None unless it has at most 4 dims, no negative stride
+    and whole elements between its elements."""
+    item = a.dtype.itemsize
+    if a.ndim > 4 or any(st < 0 or st % item for st in a.strides):
+        return None
+    pad = 4 - a.ndim
+    return [address(a), *([1] * pad), *a.shape, *([0] * pad), *a.strides]
+
+
+def descriptor(head: Sequence[int], views: Sequence[np.ndarray]) -> np.ndarray | None:
+    """A step's descriptor: the `head` fields, then each of `views` as VIEW_FIELDS (None if one cannot be)."""
+    fields = list(head)
+    for v in views:
+        f = view_fields(v)
+        if f is None:
+            return None
+        fields += f
+    return np.array(fields, np.int64)
+
+
+def _make_view(pointer, dtype):
+    item = dtype.itemsize
+
+    @njit(nogil=True, cache=True, inline="always")
+    def view(d, at):
+        shape = (d[at + 1], d[at + 2], d[at + 3], d[at + 4])
+        strides = (d[at + 5], d[at + 6], d[at + 7], d[at + 8])
+        extent = 1
+        for k in range(4):
+            extent += (shape[k] - 1) * (strides[k] // item)
+        base = numba.carray(pointer(d[at]), (max(extent, 0),))
+        return np.lib.stride_tricks.as_strided(base, shape=shape, strides=strides)
+
+    return view
+
+
+# a descriptor's operand at field `at` as a 4-D strided array of float32, int32, int64, uint8 or uint16
+view_f32 = _make_view(pointer_f32, np.dtype(np.float32))
+view_i32 = _make_view(pointer_i32, np.dtype(np.int32))
+view_i64 = _make_view(pointer_i64, np.dtype(np.int64))
+view_u8 = _make_view(pointer_u8, np.dtype(np.uint8))
+view_u16 = _make_view(pointer_u16, np.dtype(np.uint16))
 
 
 def with_steps(fn: Compute, steps: Sequence[Step]) -> Compute:
@@ -82,6 +140,14 @@ SPLIT_SIG = types.int64(types.CPointer(types.int64), types.int64, types.int64)
 def split_job(fn: object) -> int:
     """The address of SPLIT job `fn(p, ith, nth)` (an njit function), compiled for SPLIT_SIG."""
     return compiled_address(fn, SPLIT_SIG)
+
+
+ALONE_SIG = types.int64(types.CPointer(types.int64), types.int64)
+
+
+def alone_job(fn: object) -> int:
+    """The address of ALONE (or ITEMS) job `fn(p, shared)` (an njit function), compiled for ALONE_SIG."""
+    return compiled_address(fn, ALONE_SIG)
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -138,7 +204,7 @@ def run_table(p, shared):
 
 @functools.cache
 def runner_address() -> int:
-    return compiled_address(run_table, types.int64(types.CPointer(types.int64), types.int64))
+    return compiled_address(run_table, ALONE_SIG)
 
 
 @njit(nogil=True, cache=True)
@@ -153,6 +219,8 @@ class GraphRun:
 
     def __init__(self, steps: Sequence[Step], pool: WorkerPool, n_threads: int) -> None:
         self.steps = tuple(steps)
+        self.befores = [s.before for s in self.steps if s.before is not None]
+        self.afters = [s.after for s in self.steps if s.after is not None]
         self.pool = pool
         self.n_workers = max(0, n_threads - 1)
         self.table = np.zeros((len(self.steps), STEP_FIELDS), np.int64)
@@ -165,8 +233,12 @@ class GraphRun:
         self.desc[RUNNER] = runner_address()
 
     def __call__(self) -> None:
+        for before in self.befores:
+            before()
         if self.n_workers == 0:
             self.desc[N_THREADS] = 1
             run_shared(self.desc, self.pool.slots, 0)
-            return
-        self.pool.run_all(run_shared, self.desc, self.n_workers)
+        else:
+            self.pool.run_all(run_shared, self.desc, self.n_workers)
+        for after in self.afters:
+            after()

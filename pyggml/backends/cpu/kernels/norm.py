@@ -3,12 +3,14 @@ in ggml's arithmetic (DESIGN.md, "Norms, softmax and RoPE")."""
 
 from __future__ import annotations
 
+import functools
 import math
 
+import numba
 import numpy as np
 from numba import njit
 
-from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
+from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel, graph_runner
 from pyggml.backends.cpu.kernels._common import (
     F32,
     FLOAT_TYPES,
@@ -138,7 +140,41 @@ def rms_norm_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None]
         _rms_scales(xf, eps, scale)
         np.multiply(xf, scale, out=dst)
 
-    return run
+    if t is not None or dst.dtype != F32 or (np.may_share_memory(x, dst) and not same_memory(x, dst)):
+        return run
+    consts = np.array([eps], F32)
+    desc = graph_runner.descriptor([], [x, dst, consts])
+    if desc is None:
+        return run
+    return graph_runner.with_steps(run, (graph_runner.Step(graph_runner.SPLIT, _rms_norm_job(), desc,
+                                                           keep=(x, dst, consts)),))
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def rms_norm_step(p, ith, nth):
+    """Thread ith's rows of RMS_NORM: each row's scale as `_rms_scales`' (the squares in double, in order), then
+    dst = x * scale in f32."""
+    v = graph_runner.VIEW_FIELDS
+    d = numba.carray(p, (3 * v,))
+    x, dst, eps = graph_runner.view_f32(d, 0), graph_runner.view_f32(d, v), graph_runner.view_f32(d, 2 * v)[0, 0, 0, 0]
+    n3, n2, n1, n = x.shape
+    r0, r1 = graph_runner.thread_rows(n3 * n2 * n1, ith, nth)
+    for r in range(r0, r1):
+        i3, i2, i1 = r // (n2 * n1), (r // n1) % n2, r % n1
+        xr, dr = x[i3, i2, i1], dst[i3, i2, i1]
+        total = 0.0
+        for i0 in range(n):
+            u = xr[i0]
+            total += np.float64(u * u)
+        scale = _rms_scale(total, n, eps)
+        for i0 in range(n):
+            dr[i0] = xr[i0] * scale
+    return 0
+
+
+@functools.cache
+def _rms_norm_job() -> int:
+    return graph_runner.split_job(rms_norm_step)
 
 
 def _normalize_groups(v: np.ndarray, eps: np.float32) -> None:
