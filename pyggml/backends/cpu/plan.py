@@ -151,12 +151,14 @@ def group_runs(computes: list[Compute], nodes: list[Tensor],
     runs: list[Compute] = []
     run_nodes: list[list[Tensor]] = []
     steps: list[graph_runner.Step] = []
+    written: list[tuple[int, int]] = []  # the bytes the run's nodes so far write
     for fn, node in zip(computes, nodes, strict=True):
         form = graph_runner.steps_of(fn) if params.graph_runner else None
+        # a node whose `before` reads what the run writes earlier starts a run of its own
+        if steps and (form is None or _reads_written(form, written)):
+            runs.append(graph_runner.GraphRun(steps, matmul.POOL, params.n_threads))
+            steps, written = [], []
         if form is None:
-            if steps:
-                runs.append(graph_runner.GraphRun(steps, matmul.POOL, params.n_threads))
-                steps = []
             runs.append(fn)
             run_nodes.append([node])
             continue
@@ -164,9 +166,21 @@ def group_runs(computes: list[Compute], nodes: list[Tensor],
             run_nodes.append([])
         steps += form
         run_nodes[-1].append(node)
+        assert node.data is not None
+        written.append((node.data, node.data + nbytes_of(node.type, node.ne, node.nb)))
     if steps:
         runs.append(graph_runner.GraphRun(steps, matmul.POOL, params.n_threads))
     return runs, run_nodes
+
+
+def _reads_written(form: tuple[graph_runner.Step, ...], written: list[tuple[int, int]]) -> bool:
+    """Whether a step's `reads` (read before the run) overlap bytes the run writes before it."""
+    for step in form:
+        for a in step.reads:
+            lo, hi = np.lib.array_utils.byte_bounds(a)
+            if any(lo < end and start < hi for start, end in written):
+                return True
+    return False
 
 
 def _prepare(node: Tensor, index: int, view_of: Callable[[Tensor], np.ndarray], params: ComputeParams) -> Compute:

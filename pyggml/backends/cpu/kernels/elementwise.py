@@ -129,7 +129,7 @@ def binary_step(p, ith, nth):
     n3, n2, n1, n0 = dst.shape
     r0, r1 = graph_runner.thread_rows(n3 * n2 * n1, ith, nth)
     for r in range(r0, r1):
-        i3, i2, i1 = r // (n2 * n1), (r // n1) % n2, r % n1
+        i3, i2, i1 = graph_runner.row_of(r, n2, n1)
         dr, ar, br = dst[i3, i2, i1], a[i3, i2, i1], b[i3, i2, i1]
         if op == 0:
             for i in range(n0):

@@ -159,6 +159,12 @@ def thread_rows(n, ith, nth):
 
 
 @njit(nogil=True, cache=True, inline="always")
+def row_of(r, n2, n1):
+    """Row r of a 4-D array's n3 * n2 * n1 rows as (i3, i2, i1)."""
+    return r // (n2 * n1), (r // n1) % n2, r % n1
+
+
+@njit(nogil=True, cache=True, inline="always")
 def barrier(state, nth):
     """ggml_barrier: the last thread to arrive lets the others on."""
     if nth == 1:

@@ -14,9 +14,11 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
+import numba
 import numpy as np
+from numba import njit
 
-from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
+from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel, graph_runner
 from pyggml.backends.cpu.kernels._common import (
     bf16_to_f32,
     check_same_shape,
@@ -64,21 +66,52 @@ def _copy_fn(d: np.ndarray, s: np.ndarray, casting: str = "same_kind") -> Comput
     """Copy (with numpy casting) s's elements in row-major order into d's, without a copy at prepare time."""
     if d.shape == s.shape:
         d, s = collapse(d, s)
-        return functools.partial(np.copyto, d, s, casting=casting)
+        return _with_copy_step(functools.partial(np.copyto, d, s, casting=casting), d, s)
     dv = reshape_view(d, s.shape)
     if dv is not None:
         dv, s = collapse(dv, s)
-        return functools.partial(np.copyto, dv, s, casting=casting)
+        return _with_copy_step(functools.partial(np.copyto, dv, s, casting=casting), dv, s)
     sv = reshape_view(s, d.shape)
     if sv is not None:
         d, sv = collapse(d, sv)
-        return functools.partial(np.copyto, d, sv, casting=casting)
+        return _with_copy_step(functools.partial(np.copyto, d, sv, casting=casting), d, sv)
 
     def run() -> None:
         # both sides strided in incompatible ways: numpy's reshape copies src at run time
         np.copyto(d, np.reshape(s, d.shape), casting=casting)
 
     return run
+
+
+def _with_copy_step(fn: Compute, d: np.ndarray, s: np.ndarray) -> Compute:
+    """`fn` (d = s, same shapes) with its job form when both are F32 and d is apart from s."""
+    if d.dtype != np.float32 or s.dtype != np.float32 or np.may_share_memory(d, s):
+        return fn
+    desc = graph_runner.descriptor([], [d, s])
+    if desc is None:
+        return fn
+    return graph_runner.with_steps(fn, (graph_runner.Step(graph_runner.SPLIT, _copy_job(), desc, keep=(d, s)),))
+
+
+@njit(nogil=True, cache=True)
+def copy_step(p, ith, nth):
+    """Thread ith's rows of d = s (f32, strided)."""
+    v = graph_runner.VIEW_FIELDS
+    desc = numba.carray(p, (2 * v,))
+    d, s = graph_runner.view_f32(desc, 0), graph_runner.view_f32(desc, v)
+    n3, n2, n1, n0 = d.shape
+    r0, r1 = graph_runner.thread_rows(n3 * n2 * n1, ith, nth)
+    for r in range(r0, r1):
+        i3, i2, i1 = graph_runner.row_of(r, n2, n1)
+        dr, sr = d[i3, i2, i1], s[i3, i2, i1]
+        for i in range(n0):
+            dr[i] = sr[i]
+    return 0
+
+
+@functools.cache
+def _copy_job() -> int:
+    return graph_runner.split_job(copy_step)
 
 
 def _int_cast_fn(d: np.ndarray, s: np.ndarray) -> Compute:
