@@ -146,17 +146,17 @@ class CPUPlan:
 
 def group_runs(computes: list[Compute], nodes: list[Tensor],
                params: ComputeParams) -> tuple[list[Compute], list[list[Tensor]]]:
-    """What plan_compute calls in order, and the nodes of each: with `params.graph_runner`, each run of consecutive
-    computes with job forms as one GraphRun, the others as they are."""
+    """What plan_compute calls in order, and the nodes of each: unless `params.graph_runner` is "off", each run of
+    consecutive computes with job forms as one GraphRun, the others as they are."""
     runs: list[Compute] = []
     run_nodes: list[list[Tensor]] = []
     steps: list[graph_runner.Step] = []
     written: list[tuple[int, int]] = []  # the bytes the run's nodes so far write
     for fn, node in zip(computes, nodes, strict=True):
-        form = graph_runner.steps_of(fn) if params.graph_runner else None
+        form = graph_runner.steps_of(fn) if params.graph_runner != "off" else None
         # a node whose `before` reads what the run writes earlier starts a run of its own
         if steps and (form is None or _reads_written(form, written)):
-            runs.append(graph_runner.GraphRun(steps, matmul.POOL, params.n_threads))
+            runs.append(graph_runner.GraphRun(steps, matmul.POOL, params.n_threads, params.graph_runner))
             steps, written = [], []
         if form is None:
             runs.append(fn)
@@ -169,7 +169,7 @@ def group_runs(computes: list[Compute], nodes: list[Tensor],
         assert node.data is not None
         written.append((node.data, node.data + nbytes_of(node.type, node.ne, node.nb)))
     if steps:
-        runs.append(graph_runner.GraphRun(steps, matmul.POOL, params.n_threads))
+        runs.append(graph_runner.GraphRun(steps, matmul.POOL, params.n_threads, params.graph_runner))
     return runs, run_nodes
 
 

@@ -51,7 +51,7 @@ def test_barrier_between_steps(n_threads: int) -> None:
     job = graph_runner.split_job(_stamp_step)
     steps = [graph_runner.Step(graph_runner.SPLIT, job, np.array([graph_runner.address(out), k], np.int64),
                                keep=(out,)) for k in range(8)]
-    run = graph_runner.GraphRun(steps, matmul.POOL, n_threads)
+    run = graph_runner.GraphRun(steps, matmul.POOL, n_threads, graph_runner.BARRIER)
     for _ in range(3):  # the run's state is ready for the next run
         out[:] = 0
         run()
@@ -79,9 +79,9 @@ def _weights(type: GGMLType, rng: np.random.Generator) -> np.ndarray:
     return quants.from_float_cpu(type, values, True)
 
 
-def _compute(type: GGMLType, n_threads: int, runner: bool, monkeypatch: pytest.MonkeyPatch,
+def _compute(type: GGMLType, n_threads: int, runner: str, monkeypatch: pytest.MonkeyPatch,
              rows: np.ndarray | None = None) -> tuple[np.ndarray, CPUPlan]:
-    monkeypatch.setenv(ENV_GRAPH_RUNNER, "1" if runner else "0")
+    monkeypatch.setenv(ENV_GRAPH_RUNNER, runner)
     rng = np.random.default_rng(3)
     backend = cpu_init(n_threads)
     ctx = Context(mem_size=1 << 22, no_alloc=True)
@@ -106,9 +106,11 @@ def _compute(type: GGMLType, n_threads: int, runner: bool, monkeypatch: pytest.M
 
 @pytest.mark.parametrize("type", [F32, GGMLType.F16, GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_K])
 @pytest.mark.parametrize("n_threads", [1, 2, 3])
-def test_runner_gives_the_node_by_node_bits(type: GGMLType, n_threads: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    want, plain = _compute(type, n_threads, False, monkeypatch)
-    got, plan = _compute(type, n_threads, True, monkeypatch)
+@pytest.mark.parametrize("mode", ["lead", "barrier"])
+def test_runner_gives_the_node_by_node_bits(type: GGMLType, n_threads: int, mode: str,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    want, plain = _compute(type, n_threads, "off", monkeypatch)
+    got, plan = _compute(type, n_threads, mode, monkeypatch)
     assert not any(isinstance(r, graph_runner.GraphRun) for r in plain.runs)
     assert any(isinstance(r, graph_runner.GraphRun) for r in plan.runs)
     assert np.array_equal(want.view(np.uint32), got.view(np.uint32))
@@ -117,17 +119,18 @@ def test_runner_gives_the_node_by_node_bits(type: GGMLType, n_threads: int, monk
 
 def test_long_runs_cover_the_chain(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every node of the chain has a job form: one native run."""
-    _, plan = _compute(GGMLType.Q8_0, 2, True, monkeypatch)
+    _, plan = _compute(GGMLType.Q8_0, 2, "lead", monkeypatch)
     assert len(plan.runs) == 1 and isinstance(plan.runs[0], graph_runner.GraphRun)
     assert len(plan.run_nodes[0]) == len(plan.nodes)
 
 
-def test_a_failing_node_leaves_the_pool_usable(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("mode", ["lead", "barrier"])
+def test_a_failing_node_leaves_the_pool_usable(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """SET_ROWS' bad index inside a run raises after the run; the next runs compute the right bits."""
     with pytest.raises(OutOfBoundsError, match="row index 9"):
-        _compute(GGMLType.Q8_0, 2, True, monkeypatch, rows=np.array([1, 9, 2], np.int64))
-    want, _ = _compute(GGMLType.Q8_0, 2, False, monkeypatch)
-    got, _ = _compute(GGMLType.Q8_0, 2, True, monkeypatch)
+        _compute(GGMLType.Q8_0, 2, mode, monkeypatch, rows=np.array([1, 9, 2], np.int64))
+    want, _ = _compute(GGMLType.Q8_0, 2, "off", monkeypatch)
+    got, _ = _compute(GGMLType.Q8_0, 2, mode, monkeypatch)
     assert np.array_equal(want.view(np.uint32), got.view(np.uint32))
 
 
@@ -159,10 +162,9 @@ def test_moved_tensors_are_followed(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_switch_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(ENV_GRAPH_RUNNER, "0")
-    assert not ComputeParams().graph_runner
-    monkeypatch.setenv(ENV_GRAPH_RUNNER, "1")
-    assert ComputeParams().graph_runner
+    for raw, setting in (("0", "off"), ("1", "lead"), ("barrier", "barrier"), ("", "lead")):
+        monkeypatch.setenv(ENV_GRAPH_RUNNER, raw)
+        assert ComputeParams().graph_runner == setting
     monkeypatch.setenv(ENV_GRAPH_RUNNER, "yes")
     with pytest.raises(ArgumentError, match=ENV_GRAPH_RUNNER):
         graph_runner_default()
@@ -182,7 +184,7 @@ def test_model_decode_same_bits_either_way(type: GGMLType, tmp_path_factory: pyt
     """A mixture of experts' prompt and decode steps, 2 threads: the runner changes no bit of the logits."""
     path = _moe_file(tmp_path_factory.getbasetemp(), type)
     logits = {}
-    for runner in ("0", "1"):
+    for runner in ("off", "lead", "barrier"):
         monkeypatch.setenv(ENV_GRAPH_RUNNER, runner)
         model = pm.load(path, backends=["cpu"], n_ctx=32, n_threads=2, progress=False)
         try:
@@ -192,4 +194,5 @@ def test_model_decode_same_bits_either_way(type: GGMLType, tmp_path_factory: pyt
         finally:
             model.free()
         logits[runner] = np.stack(steps)
-    assert np.array_equal(logits["0"].view(np.uint32), logits["1"].view(np.uint32))
+    assert np.array_equal(logits["off"].view(np.uint32), logits["lead"].view(np.uint32))
+    assert np.array_equal(logits["off"].view(np.uint32), logits["barrier"].view(np.uint32))

@@ -19,12 +19,16 @@ install_cache_locator()  # before the kernel modules are decorated: where their 
 ENV_GRAPH_RUNNER = "PYGGML_CPU_GRAPH_RUNNER"
 
 
-def graph_runner_default() -> bool:
-    """PYGGML_CPU_GRAPH_RUNNER (0 or 1) if set, else on."""
-    raw = (os.environ.get(ENV_GRAPH_RUNNER) or "").strip()
-    if raw not in ("", "0", "1"):
-        raise ArgumentError(f"{ENV_GRAPH_RUNNER}={raw!r}: must be 0 or 1")
-    return raw != "0"
+# the graph runner's settings (kernels.graph_runner's LEAD and BARRIER, or off) by PYGGML_CPU_GRAPH_RUNNER's values
+GRAPH_RUNNER_SETTINGS = {"0": "off", "off": "off", "1": "lead", "lead": "lead", "barrier": "barrier"}
+
+
+def graph_runner_default() -> str:
+    """PYGGML_CPU_GRAPH_RUNNER's setting if set (0 or off, 1 or lead, barrier), else "lead"."""
+    raw = (os.environ.get(ENV_GRAPH_RUNNER) or "").strip() or "lead"
+    if raw not in GRAPH_RUNNER_SETTINGS:
+        raise ArgumentError(f"{ENV_GRAPH_RUNNER}={raw!r}: must be one of {', '.join(GRAPH_RUNNER_SETTINGS)}")
+    return GRAPH_RUNNER_SETTINGS[raw]
 
 
 class WorkArea:
@@ -49,14 +53,15 @@ class ComputeParams:
     """What every kernel of a plan shares: threads, scratch, ggml's CPU code path (`numerics`), and
     `batch_invariant`: each output element reduced in one order whatever the batch around it; `x86_level`: which
     build of ggml-cpu's x86 code the products that differ by it follow (numerics.X86_LEVELS); `graph_runner`:
-    runs of nodes with job forms computed by the kernel threads in one native call (kernels.graph_runner)."""
+    "off", or how runs of nodes with job forms are computed in one native call (kernels.graph_runner: "lead" or
+    "barrier")."""
 
     n_threads: int = 1
     work: WorkArea = field(default_factory=WorkArea)
     numerics: Numerics = field(default_factory=resolve_numerics)
     batch_invariant: bool = False
     x86_level: X86Level = field(default_factory=resolve_x86_level)
-    graph_runner: bool = field(default_factory=graph_runner_default)
+    graph_runner: str = field(default_factory=graph_runner_default)
 
 
 Compute = Callable[[], None]

@@ -22,6 +22,7 @@ from pyggml.backends.cpu.kernels.atomics import (
     atomic_load,
     atomic_store,
     pointer_f32,
+    pointer_i8,
     pointer_i32,
     pointer_i64,
     pointer_u8,
@@ -29,7 +30,19 @@ from pyggml.backends.cpu.kernels.atomics import (
     spin_pause,
     yield_cpu,
 )
-from pyggml.backends.cpu.kernels.threads import N_THREADS, SLOT_LEN, YIELD_POLLS, WorkerPool, call_job, revoke
+from pyggml.backends.cpu.kernels.threads import (
+    LEAD_SLOTS,
+    LEAD_SPINS,
+    N_THREADS,
+    SLOT_LEN,
+    YIELD_POLLS,
+    WorkerPool,
+    call_job,
+    post,
+    revoke,
+)
+from pyggml.backends.cpu.kernels.vec_dot.mul_mat_job import WAIT_POLLS
+from pyggml.core.errors import ArgumentError
 
 # how the threads share a step: thread 0 calls job(d, 0); every thread calls job(d, 0), taking work items from the
 # step's counter; every thread calls job(d, ith, nth) for its own share
@@ -39,8 +52,13 @@ STEP_FIELDS = 4
 # the run's state: threads joined, threads at the barrier, barriers passed (each on its own cache line)
 JOINED, ARRIVED, PASSED = 0, 8, 16
 STATE_LEN = 24
-# the run's descriptor as a worker slot: the table's address and rows, the state's address; the runner's address
-TABLE, N_STEPS, STATE, RUNNER = 1, 2, 3, 31
+# the run's descriptor as a worker slot: the table's address and rows, the state's address, LEAD's slots (address,
+# workers) and polls of a waiting caller; the runner's address
+TABLE, N_STEPS, STATE, SLOTS, N_SLOTS, SPINS, RUNNER = 1, 2, 3, 4, LEAD_SLOTS, LEAD_SPINS, 31
+# how the threads go through a run: the caller steps through it, posting each ITEMS step to the workers as a lone
+# product is posted (no barrier: a worker late or asleep is not waited for); or every thread steps through every
+# step, a barrier after each (ggml_graph_compute_thread)
+LEAD, BARRIER = "lead", "barrier"
 
 
 @dataclass(frozen=True)
@@ -101,8 +119,23 @@ def _make_view(pointer, dtype):
     return view
 
 
-# a descriptor's operand at field `at` as a 4-D strided array of float32, int32, int64, uint8 or uint16
+def _make_rows(pointer):
+    @njit(nogil=True, cache=True, inline="always")
+    def rows(d, at):
+        return numba.carray(pointer(d[at]), (d[at + 3], d[at + 4]))
+
+    return rows
+
+
+# a descriptor's C-contiguous operand at field `at` as its last two dims (a C-contiguous 2-D array)
+rows_f32 = _make_rows(pointer_f32)
+rows_i8 = _make_rows(pointer_i8)
+rows_i32 = _make_rows(pointer_i32)
+rows_i64 = _make_rows(pointer_i64)
+
+# a descriptor's operand at field `at` as a 4-D strided array of float32, int8, int32, int64, uint8 or uint16
 view_f32 = _make_view(pointer_f32, np.dtype(np.float32))
+view_i8 = _make_view(pointer_i8, np.dtype(np.int8))
 view_i32 = _make_view(pointer_i32, np.dtype(np.int32))
 view_i64 = _make_view(pointer_i64, np.dtype(np.int64))
 view_u8 = _make_view(pointer_u8, np.dtype(np.uint8))
@@ -183,9 +216,36 @@ def barrier(state, nth):
 
 
 @njit(nogil=True, cache=True)
+def lead_table(p, shared):
+    """LEAD's runner, on the caller: every step in order, an ITEMS step posted to the workers' slots, shared, and
+    taken back (as POOL.run with matmul's job), the others on the caller alone."""
+    d = numba.carray(p, (SLOT_LEN,))
+    table = numba.carray(pointer_i64(d[TABLE]), (d[N_STEPS], STEP_FIELDS))
+    n = d[N_SLOTS]
+    slots = numba.carray(pointer_i64(d[SLOTS]), (max(n, 1), SLOT_LEN))
+    for i in range(table.shape[0]):
+        how, job, at = table[i, 0], table[i, 1], table[i, 2]
+        if how == SPLIT:
+            call_split(job, at, 0, 1)
+            continue
+        step = numba.carray(pointer_i64(at), (SLOT_LEN,))
+        if how == ALONE:
+            call_job(job, step, 0)
+            continue
+        ctr = numba.carray(pointer_i64(table[i, 3]), (2,))
+        ctr[0] = 0
+        ctr[1] = 0
+        step[WAIT_POLLS] = d[SPINS]
+        post(slots, step, n)
+        call_job(job, step, 1)
+        revoke(slots, n)
+    return 0
+
+
+@njit(nogil=True, cache=True)
 def run_table(p, shared):
-    """The runner (a worker's job, or the caller's with `shared` 1): every step of the table in order, a barrier
-    after each; thread 0 then zeroes the steps' counters for the next run."""
+    """BARRIER's runner (a worker's job, or the caller's with `shared` 1): every step of the table in order, a
+    barrier after each; thread 0 then zeroes the steps' counters for the next run."""
     d = numba.carray(p, (SLOT_LEN,))
     table = numba.carray(pointer_i64(d[TABLE]), (d[N_STEPS], STEP_FIELDS))
     state = numba.carray(pointer_i64(d[STATE]), (STATE_LEN,))
@@ -209,8 +269,8 @@ def run_table(p, shared):
 
 
 @functools.cache
-def runner_address() -> int:
-    return compiled_address(run_table, ALONE_SIG)
+def runner_address(mode: str) -> int:
+    return compiled_address(lead_table if mode == LEAD else run_table, ALONE_SIG)
 
 
 @njit(nogil=True, cache=True)
@@ -220,10 +280,18 @@ def run_shared(d, slots, n):
     revoke(slots, n)  # every worker passed the last barrier: none is POSTED, each RUNNING one returns
 
 
+@njit(nogil=True, cache=True)
+def run_lead(d, shared):
+    """LEAD's run on the caller (its runner by address: one compiled copy)."""
+    call_job(d[RUNNER], d, 1)
+
+
 class GraphRun:
     """Consecutive computes with job forms, as one table the kernel threads run in one native call."""
 
-    def __init__(self, steps: Sequence[Step], pool: WorkerPool, n_threads: int) -> None:
+    def __init__(self, steps: Sequence[Step], pool: WorkerPool, n_threads: int, mode: str = LEAD) -> None:
+        if mode not in (LEAD, BARRIER):
+            raise ArgumentError(f"graph runner: mode {mode!r} is not {LEAD!r} or {BARRIER!r}")
         self.steps = tuple(steps)
         self.befores = [s.before for s in self.steps if s.before is not None]
         self.afters = [s.after for s in self.steps if s.after is not None]
@@ -236,14 +304,20 @@ class GraphRun:
         self.desc = np.zeros(SLOT_LEN, np.int64)
         self.desc[TABLE], self.desc[N_STEPS], self.desc[STATE] = address(self.table), len(self.steps), \
             address(self.state)
-        self.desc[RUNNER] = runner_address()
+        self.desc[SLOTS] = address(pool.slots)
+        self.desc[RUNNER] = runner_address(mode)
+        self.mode = mode
+        if mode == LEAD and not any(s.how == ITEMS for s in self.steps):
+            self.n_workers = 0  # no step the workers could share: the caller runs it alone, posting nothing
 
     def __call__(self) -> None:
         for before in self.befores:
             before()
         if self.n_workers == 0:
-            self.desc[N_THREADS] = 1
+            self.desc[N_THREADS], self.desc[N_SLOTS] = 1, 0
             run_shared(self.desc, self.pool.slots, 0)
+        elif self.mode == LEAD:
+            self.pool.lead(run_lead, self.desc, self.n_workers)
         else:
             self.pool.run_all(run_shared, self.desc, self.n_workers)
         for after in self.afters:

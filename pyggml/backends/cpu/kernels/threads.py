@@ -23,6 +23,7 @@ log = logging.getLogger("pyggml.backends.cpu")
 
 IDLE, POSTED, RUNNING = 0, 1, 2  # a slot's state (its element 0)
 SLOT_LEN = 40  # int64 per slot: the state and up to 39 fields of a job (320 bytes: slots share no cache line)
+LEAD_SLOTS, LEAD_SPINS = 5, 6  # a `lead` job's fields: the slots it may post to, an idle worker's polls
 N_THREADS = SLOT_LEN - 1  # a slot's field with the threads a `run_all` job has (the caller and its workers)
 MAX_WORKERS = 511  # GGML_MAX_N_THREADS - 1
 ENV_SPIN_US = "PYGGML_CPU_SPIN_US"
@@ -80,13 +81,19 @@ def _idle_poll(slot, spins):
     return n
 
 
-@njit(cache=True)
-def _post(slots, desc, n):
-    """Copy the job `desc` to slots 0..n-1, then mark them POSTED; not nogil: a sleeping worker checks under the GIL."""
+@njit(inline="always")
+def post(slots, desc, n) -> None:
+    """Copy the job `desc` to slots 0..n-1, then mark them POSTED."""
     for i in range(n):
         for k in range(1, desc.shape[0]):
             slots[i, k] = desc[k]
         atomic_store(slots, i * slots.shape[1], POSTED)
+
+
+@njit(cache=True)
+def _post(slots, desc, n):
+    """`post`; not nogil: a sleeping worker checks under the GIL."""
+    post(slots, desc, n)
 
 
 @njit(inline="always")
@@ -108,6 +115,7 @@ class WorkerPool:
         self.workers: list[threading.Thread] = []
         self.conds: list[threading.Condition] = []
         self.sleeping: list[bool] = []
+        self.woken: list[bool] = []  # told to spin again (`lead`: jobs posted from native code wake no one)
         self.lock = threading.Lock()
         self.spins = 0
 
@@ -131,9 +139,9 @@ class WorkerPool:
                 slot[0] = IDLE
             with cond:
                 self.sleeping[i] = True
-                while slot[0] != POSTED:
+                while slot[0] != POSTED and not self.woken[i]:
                     cond.wait()
-                self.sleeping[i] = False
+                self.sleeping[i] = self.woken[i] = False
 
     def ensure(self, n_workers: int) -> None:
         n_workers = min(n_workers, MAX_WORKERS)
@@ -145,6 +153,7 @@ class WorkerPool:
             i = len(self.workers)
             self.conds.append(threading.Condition())
             self.sleeping.append(False)
+            self.woken.append(False)
             t = threading.Thread(target=self._loop, args=(i,), name=f"pyggml-cpu-{i}", daemon=True)
             self.workers.append(t)
             t.start()
@@ -174,6 +183,27 @@ class WorkerPool:
             desc[N_THREADS] = min(n_workers, len(self.workers)) + 1
             self._post_and_wake(desc, int(desc[N_THREADS]) - 1)
             shared(desc, self.slots, int(desc[N_THREADS]) - 1)
+        finally:
+            self.lock.release()
+
+    def lead(self, leader: Callable[[np.ndarray, int], object], desc: np.ndarray, n_workers: int) -> None:
+        """`leader(desc, 1)` on the caller, which posts jobs to the first desc[LEAD_SLOTS] slots itself (their
+        workers woken to spin first; 0 slots when another caller holds the pool); desc[LEAD_SPINS]: the polls of an
+        idle worker."""
+        if not self.lock.acquire(blocking=False):
+            desc[LEAD_SLOTS] = 0
+            leader(desc, 1)
+            return
+        try:
+            self.ensure(n_workers)
+            n = min(n_workers, len(self.workers))
+            for i in range(n):
+                if self.sleeping[i]:
+                    with self.conds[i]:
+                        self.woken[i] = True
+                        self.conds[i].notify()
+            desc[LEAD_SLOTS], desc[LEAD_SPINS] = n, self.spins
+            leader(desc, 1)
         finally:
             self.lock.release()
 
