@@ -15,7 +15,7 @@ from numba import njit
 import pyggml.models as pm
 from pyggml.backends.cpu import cpu_init
 from pyggml.backends.cpu.kernels import ENV_GRAPH_RUNNER, ComputeParams, graph_runner, graph_runner_default, matmul
-from pyggml.backends.cpu.plan import CPUPlan
+from pyggml.backends.cpu.plan import CPUPlan, group_runs
 from pyggml.core import quants
 from pyggml.core.context import Context
 from pyggml.core.errors import ArgumentError, OutOfBoundsError
@@ -196,3 +196,18 @@ def test_model_decode_same_bits_either_way(type: GGMLType, tmp_path_factory: pyt
         logits[runner] = np.stack(steps)
     assert np.array_equal(logits["off"].view(np.uint32), logits["lead"].view(np.uint32))
     assert np.array_equal(logits["off"].view(np.uint32), logits["barrier"].view(np.uint32))
+
+
+def test_one_plan_regrouped_between_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plan computed in each setting in turn (its runs made again each time): the same bits every time, whatever
+    state the last setting left the products' item counters in."""
+    want, _ = _compute(GGMLType.Q4_0, 2, "off", monkeypatch)
+    _, plan = _compute(GGMLType.Q4_0, 2, "lead", monkeypatch)
+    backend = cpu_init(2)
+    out = plan.nodes[-1]
+    for setting in ("barrier", "lead", "barrier", "off", "barrier"):
+        plan.params.graph_runner = setting
+        plan.runs, plan.run_nodes = group_runs(plan.computes, plan.nodes, plan.params)
+        tensor_set(out, np.zeros((CACHE_ROWS, K // 2), np.float32))
+        backend.graph_plan_compute(plan)
+        assert np.array_equal(tensor_get_numpy(out).view(np.uint32), want.view(np.uint32)), setting

@@ -245,7 +245,7 @@ def lead_table(p, shared):
 @njit(nogil=True, cache=True)
 def run_table(p, shared):
     """BARRIER's runner (a worker's job, or the caller's with `shared` 1): every step of the table in order, a
-    barrier after each; thread 0 then zeroes the steps' counters for the next run."""
+    barrier after each (the steps' counters zeroed before: zero_counters)."""
     d = numba.carray(p, (SLOT_LEN,))
     table = numba.carray(pointer_i64(d[TABLE]), (d[N_STEPS], STEP_FIELDS))
     state = numba.carray(pointer_i64(d[STATE]), (STATE_LEN,))
@@ -259,13 +259,18 @@ def run_table(p, shared):
             call_job(job, numba.carray(pointer_i64(at), (SLOT_LEN,)), 0)
         barrier(state, nth)
     if ith == 0:
-        for i in range(table.shape[0]):
-            if table[i, 3] != 0:
-                ctr = numba.carray(pointer_i64(table[i, 3]), (2,))
-                ctr[0] = 0
-                ctr[1] = 0
         state[JOINED] = 0
     return 0
+
+
+@njit(nogil=True, cache=True)
+def zero_counters(table):
+    """The item counters of a table's steps zeroed, before its threads start."""
+    for i in range(table.shape[0]):
+        if table[i, 3] != 0:
+            ctr = numba.carray(pointer_i64(table[i, 3]), (2,))
+            ctr[0] = 0
+            ctr[1] = 0
 
 
 @functools.cache
@@ -313,6 +318,8 @@ class GraphRun:
     def __call__(self) -> None:
         for before in self.befores:
             before()
+        if self.mode == BARRIER:
+            zero_counters(self.table)
         if self.n_workers == 0:
             self.desc[N_THREADS], self.desc[N_SLOTS] = 1, 0
             run_shared(self.desc, self.pool.slots, 0)
