@@ -127,24 +127,26 @@ def _set_rows_2d(idx: np.ndarray, values: np.ndarray, dst: np.ndarray, n_rows: i
 _BAD = 3  # the set-rows step's field for the first bad index's position (-1: none)
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _write_into(d, into, to_f16):
+    """_write_rows into `into` with the step's indices (I64 or I32) and values; the first bad position in d[_BAD]."""
+    v = graph_runner.VIEW_FIELDS
+    src = graph_runner.view_f32(d, 4 + v)[0, 0]
+    if d[2]:
+        d[_BAD] = _write_rows(graph_runner.view_i64(d, 4)[0, 0, 0], src, into, d[1], to_f16)
+    else:
+        d[_BAD] = _write_rows(graph_runner.view_i32(d, 4)[0, 0, 0], src, into, d[1], to_f16)
+
+
 @njit(nogil=True, cache=True)
 def set_rows_step(p, shared):
     """_write_rows on the step's operands (thread 0 alone), the first bad position in d[_BAD] (rows left unwritten)."""
     v = graph_runner.VIEW_FIELDS
     d = numba.carray(p, (4 + 3 * v,))
-    src = graph_runner.view_f32(d, 4 + v)[0, 0]
     if d[0]:
-        into_h = graph_runner.view_u16(d, 4 + 2 * v)[0, 0]
-        if d[2]:
-            d[_BAD] = _write_rows(graph_runner.view_i64(d, 4)[0, 0, 0], src, into_h, d[1], True)
-        else:
-            d[_BAD] = _write_rows(graph_runner.view_i32(d, 4)[0, 0, 0], src, into_h, d[1], True)
-        return 0
-    into_f = graph_runner.view_f32(d, 4 + 2 * v)[0, 0]
-    if d[2]:
-        d[_BAD] = _write_rows(graph_runner.view_i64(d, 4)[0, 0, 0], src, into_f, d[1], False)
+        _write_into(d, graph_runner.view_u16(d, 4 + 2 * v)[0, 0], True)
     else:
-        d[_BAD] = _write_rows(graph_runner.view_i32(d, 4)[0, 0, 0], src, into_f, d[1], False)
+        _write_into(d, graph_runner.view_f32(d, 4 + 2 * v)[0, 0], False)
     return 0
 
 
