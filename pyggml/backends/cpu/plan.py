@@ -146,15 +146,13 @@ class CPUPlan:
 
 def group_runs(computes: list[Compute], nodes: list[Tensor],
                params: ComputeParams) -> tuple[list[Compute], list[list[Tensor]]]:
-    """What plan_compute calls in order, and the nodes of each: unless `params.graph_runner` is "off", each run of
-    consecutive computes with job forms as one GraphRun, the others as they are."""
+    """What plan_compute calls, and their nodes: runs of computes with job forms as GraphRuns (DESIGN.md)."""
     runs: list[Compute] = []
     run_nodes: list[list[Tensor]] = []
     steps: list[graph_runner.Step] = []
-    written: list[tuple[int, int]] = []  # the bytes the run's nodes so far write
+    written: list[tuple[int, int]] = []
     for fn, node in zip(computes, nodes, strict=True):
         form = graph_runner.steps_of(fn) if params.graph_runner != "off" else None
-        # a node whose `before` reads what the run writes earlier starts a run of its own
         if steps and (form is None or _reads_written(form, written)):
             runs.append(graph_runner.GraphRun(steps, matmul.POOL, params.n_threads, params.graph_runner))
             steps, written = [], []
@@ -269,8 +267,7 @@ def _follow(plan: CPUPlan, datas: list[int | None]) -> None:
 
 
 def plan_computes(plan: CPUPlan) -> list[Compute]:
-    """The compute functions prepared for the tensors where they are now, runs of job forms grouped (see
-    group_runs; an asynchronous backend queues them)."""
+    """The computes (group_runs') prepared for the tensors where they are now (an asynchronous backend queues them)."""
     check_plan_buffers(plan.freed, plan.n_nodes, [])  # a freed plan first: its tensors may be gone
     datas = [t.data for t in plan.watch]
     if datas != plan.datas:

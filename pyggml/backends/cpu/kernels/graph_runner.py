@@ -25,7 +25,6 @@ from pyggml.backends.cpu.kernels.atomics import (
     pointer_i8,
     pointer_i32,
     pointer_i64,
-    pointer_u8,
     pointer_u16,
     spin_pause,
     yield_cpu,
@@ -133,12 +132,10 @@ rows_i8 = _make_rows(pointer_i8)
 rows_i32 = _make_rows(pointer_i32)
 rows_i64 = _make_rows(pointer_i64)
 
-# a descriptor's operand at field `at` as a 4-D strided array of float32, int8, int32, int64, uint8 or uint16
+# a descriptor's operand at field `at` as a 4-D strided array of float32, int32, int64 or uint16
 view_f32 = _make_view(pointer_f32, np.dtype(np.float32))
-view_i8 = _make_view(pointer_i8, np.dtype(np.int8))
 view_i32 = _make_view(pointer_i32, np.dtype(np.int32))
 view_i64 = _make_view(pointer_i64, np.dtype(np.int64))
-view_u8 = _make_view(pointer_u8, np.dtype(np.uint8))
 view_u16 = _make_view(pointer_u16, np.dtype(np.uint16))
 
 

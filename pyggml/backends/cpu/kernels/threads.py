@@ -115,7 +115,7 @@ class WorkerPool:
         self.workers: list[threading.Thread] = []
         self.conds: list[threading.Condition] = []
         self.sleeping: list[bool] = []
-        self.woken: list[bool] = []  # told to spin again (`lead`: jobs posted from native code wake no one)
+        self.woken: list[bool] = []
         self.lock = threading.Lock()
         self.spins = 0
 
@@ -172,8 +172,7 @@ class WorkerPool:
 
     def run_all(self, shared: Callable[[np.ndarray, np.ndarray, int], object], desc: np.ndarray,
                 n_workers: int) -> None:
-        """As `run`, for a job every posted worker must take part in (barriers): desc[N_THREADS] says how many
-        threads it has, 1 when another caller holds the pool."""
+        """As `run`, for a job all threads take part in (barriers): desc[N_THREADS] says how many."""
         if not self.lock.acquire(blocking=False):
             desc[N_THREADS] = 1
             shared(desc, self.slots, 0)
@@ -187,9 +186,7 @@ class WorkerPool:
             self.lock.release()
 
     def lead(self, leader: Callable[[np.ndarray, int], object], desc: np.ndarray, n_workers: int) -> None:
-        """`leader(desc, 1)` on the caller, which posts jobs to the first desc[LEAD_SLOTS] slots itself (their
-        workers woken to spin first; 0 slots when another caller holds the pool); desc[LEAD_SPINS]: the polls of an
-        idle worker."""
+        """`leader(desc, 1)` on the caller, posting to desc[LEAD_SLOTS] slots itself (DESIGN.md, "The graph runner")."""
         if not self.lock.acquire(blocking=False):
             desc[LEAD_SLOTS] = 0
             leader(desc, 1)
