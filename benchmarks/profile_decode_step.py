@@ -3,8 +3,9 @@ by part, medians over the steps printed.
 
 Parts of a step (ms, medians over the steps; the parts' medians need not add up to the step's):
 
-- `runner`: the runs of nodes the graph runner computes in one native call (kernels.graph_runner; products, their
-  src1 conversion and the small ops with job forms inside);
+- `runner calls`: the graph runner's calls (kernels.graph_runner) beyond its steps, which are timed in native code
+  (the cycle counter) and counted under the parts below: a product's last step under `products`, the steps
+  before it (src1 converted, MUL_MAT_ID's routing) under `mul_mat prep`, the other nodes' under `other kernels`;
 - `products`: the MUL_MAT and MUL_MAT_ID jobs in native code, on the caller and the kernel threads (from the job's
   start on the caller to its last item done), and those nodes computed on the caller alone;
 - `mul_mat prep`: the rest of a threaded product node's compute: src1 quantized, copied or routed, and its Python;
@@ -14,9 +15,9 @@ Parts of a step (ms, medians over the steps; the parts' medians need not add up 
 - `model`: the step outside the graph compute (the batch's inputs, the scheduler, the logits);
 - `sampler`: the default `Sampler` on the step's logits.
 
-`outside products and runner` is the step's share outside those two. Per op kind: calls and ms per step, us per
-call; a run of the graph runner counts as one call of kind RUNNER. PYGGML_CPU_GRAPH_RUNNER=0 profiles the step
-without the runner.
+`outside products` is the step's share outside `products`. Per op kind: calls and ms per step, us per call (a
+node in a graph runner's run: its steps' native time). PYGGML_CPU_GRAPH_RUNNER=0 profiles the step without the
+runner; "barrier" runs are timed whole, as kind RUNNER.
 
     python benchmarks/profile_decode_step.py [--model PATH] [--tokens 32] [--threads 2]
 
@@ -35,19 +36,21 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numba import njit
 
 import pyggml.models as pm
 from pyggml.backends.cpu import backend as cpu_backend
 from pyggml.backends.cpu import plan as cpu_plan
 from pyggml.backends.cpu.kernels import matmul
-from pyggml.backends.cpu.kernels.graph_runner import GraphRun
+from pyggml.backends.cpu.kernels.atomics import cycle_counter
+from pyggml.backends.cpu.kernels.graph_runner import LEAD, GraphRun
 from pyggml.models.sampling import Sampler
 from pyggml.testing import llamacpp
 
 Replay = dict[str, tuple[int, float]]
 PRODUCT_OPS = ("MUL_MAT", "MUL_MAT_ID")  # nodes whose native jobs count as `products`
 RUNNER = "RUNNER"  # the op kind of a run of nodes the graph runner computes in one native call
-PARTS = ("products", "runner", "mul_mat prep", "hand-offs", "other kernels", "node loop", "model", "sampler")
+PARTS = ("products", "runner calls", "mul_mat prep", "hand-offs", "other kernels", "node loop", "model", "sampler")
 
 
 class StepTimes:
@@ -70,7 +73,9 @@ class Probe:
         self.pool_run = matmul.POOL.run
         matmul.POOL.run = self._pool_run  # type: ignore[method-assign]
         cpu_backend.plan_compute = self._plan_compute
-        self.runs: list[tuple[list[Any], list[float]]] = []  # per plan compute: its nodes, then its timestamps
+        # per plan compute: its runs' nodes, its timestamps, the graph runner's per step (cycles)
+        self.runs: list[tuple[list[list[Any]], list[float], list[tuple[tuple[int, ...], np.ndarray] | None]]] = []
+        self.cycle_seconds = 1 / cycles_per_second()
         self.pool: list[float] = []  # per POOL.run: its start, the job's start and end, its end
 
     def _timed(self, native: Callable[..., None]) -> Callable[..., None]:
@@ -94,12 +99,17 @@ class Probe:
         stamps = [clock()]
         computes = cpu_plan.plan_computes(plan)
         stamps.append(clock())
+        native: list[tuple[tuple[int, ...], np.ndarray] | None] = []
         for fn in computes:
+            cycles = fn.record() if isinstance(fn, GraphRun) and fn.mode == LEAD else None
             fn()
             stamps.append(clock())
-        self.runs.append(([len(n) if isinstance(fn, GraphRun) else 0 for n, fn in zip(plan.run_nodes, computes,
-                                                                                        strict=True)],
-                          [n[0] for n in plan.run_nodes], stamps))
+            if isinstance(fn, GraphRun):  # "barrier" runs untimed inside: no steps
+                seconds = np.zeros(0) if cycles is None else np.diff(cycles) * self.cycle_seconds
+                native.append(((), seconds) if cycles is None else (fn.node_steps, seconds))
+            else:
+                native.append(None)
+        self.runs.append((plan.run_nodes, stamps, native))
 
     def close_step(self) -> StepTimes:
         """The timestamps since the last call as a StepTimes (model and sampler left to the caller)."""
@@ -107,15 +117,14 @@ class Probe:
         pool = self.pool
         starts = pool[0::4]
         p = 0
-        for native, nodes, stamps in self.runs:
+        for run_nodes, stamps, native in self.runs:
             step.graph += stamps[-1] - stamps[0]
-            for n_native, node, t0, t1 in zip(native, nodes, stamps[1:-1], stamps[2:], strict=True):
+            for nodes, timed, t0, t1 in zip(run_nodes, native, stamps[1:-1], stamps[2:], strict=True):
                 dt = t1 - t0
-                if n_native:
-                    step.ops[RUNNER].append(dt)
-                    step.parts["runner"] += dt
-                    step.run_nodes.append(n_native)
+                if timed is not None:
+                    self._runner_nodes(step, nodes, *timed, dt)
                     continue
+                node = nodes[0]
                 step.ops[node.op.name].append(dt)
                 while p < len(starts) and starts[p] < t0:  # posted outside any node's compute
                     p += 1
@@ -134,9 +143,31 @@ class Probe:
                     step.preps.append(dt - pooled)
         step.parts["hand-offs"] = sum(step.handoffs)
         step.parts["mul_mat prep"] = sum(step.preps)
-        step.parts["node loop"] = step.graph - sum(sum(times) for times in step.ops.values())
+        step.parts["node loop"] = (step.graph - sum(sum(times) for times in step.ops.values() if times)
+                                   - step.parts["runner calls"] + sum(step.ops.get(RUNNER, [])))
         self.runs, self.pool = [], []
         return step
+
+    @staticmethod
+    def _runner_nodes(step: StepTimes, nodes: list[Any], counts: tuple[int, ...], seconds: np.ndarray,
+                      dt: float) -> None:
+        """A graph runner's run: each node's steps timed in native code (a product's last step the product, the
+        ones before it src1's conversion), the rest of the call `runner calls`."""
+        step.run_nodes.append(len(nodes))
+        step.parts["runner calls"] += dt - float(seconds.sum())
+        if not counts:
+            step.ops[RUNNER].append(dt)
+            return
+        at = 0
+        for node, n in zip(nodes, counts, strict=True):
+            node_seconds = seconds[at:at + n]
+            at += n
+            step.ops[node.op.name].append(float(node_seconds.sum()))
+            if node.op.name in PRODUCT_OPS:
+                step.parts["products"] += float(node_seconds[-1])
+                step.preps.append(float(node_seconds[:-1].sum()))
+            else:
+                step.parts["other kernels"] += float(node_seconds.sum())
 
     def replay_step(self, model: Any, token: int, repeats: int) -> Replay:
         """One more step, each node computed `repeats` times in a row as it comes (its inputs as the step has
@@ -163,6 +194,19 @@ class Probe:
         finally:
             cpu_backend.plan_compute = self._plan_compute
         return out
+
+
+@njit
+def _cycles() -> int:
+    return cycle_counter()
+
+
+def cycles_per_second() -> float:
+    """The cycle counter's rate, against perf_counter over 50 ms."""
+    _cycles()
+    c0, t0 = _cycles(), time.perf_counter()
+    time.sleep(0.05)
+    return (_cycles() - c0) / (time.perf_counter() - t0)
 
 
 def default_model() -> Path:
@@ -207,9 +251,8 @@ def report(steps: list[tuple[float, StepTimes]], replayed: Replay) -> None:
           f"max {max(totals) * 1e3:.2f})")
     for part in PARTS:
         print(f"  {part:16s} {ms([s.parts[part] for _, s in steps]):8.3f} ms")
-    outside = [1 - (s.parts["products"] + s.parts["runner"]) / t for t, s in steps]
-    print(f"outside products and runner: {statistics.median(outside) * 100:.1f}% of the step (median of the steps' "
-          "shares)")
+    outside = [1 - s.parts["products"] / t for t, s in steps]
+    print(f"outside products: {statistics.median(outside) * 100:.1f}% of the step (median of the steps' shares)")
     runs = [len(s.run_nodes) for _, s in steps]
     print(f"graph runner: {statistics.median(runs):.0f} runs per step, "
           f"{statistics.median([sum(s.run_nodes) for _, s in steps]):.0f} nodes in them")

@@ -151,11 +151,12 @@ def group_runs(computes: list[Compute], nodes: list[Tensor],
     run_nodes: list[list[Tensor]] = []
     steps: list[graph_runner.Step] = []
     written: list[tuple[int, int]] = []
+    counts: list[int] = []
     for fn, node in zip(computes, nodes, strict=True):
         form = graph_runner.steps_of(fn) if params.graph_runner != "off" else None
         if steps and (form is None or _reads_written(form, written)):
-            runs.append(graph_runner.GraphRun(steps, matmul.POOL, params.n_threads, params.graph_runner))
-            steps, written = [], []
+            runs.append(graph_runner.GraphRun(steps, matmul.POOL, params.n_threads, params.graph_runner, counts))
+            steps, written, counts = [], [], []
         if form is None:
             runs.append(fn)
             run_nodes.append([node])
@@ -163,11 +164,12 @@ def group_runs(computes: list[Compute], nodes: list[Tensor],
         if not steps:
             run_nodes.append([])
         steps += form
+        counts.append(len(form))
         run_nodes[-1].append(node)
         assert node.data is not None
         written.append((node.data, node.data + nbytes_of(node.type, node.ne, node.nb)))
     if steps:
-        runs.append(graph_runner.GraphRun(steps, matmul.POOL, params.n_threads, params.graph_runner))
+        runs.append(graph_runner.GraphRun(steps, matmul.POOL, params.n_threads, params.graph_runner, counts))
     return runs, run_nodes
 
 

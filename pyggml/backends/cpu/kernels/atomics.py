@@ -109,6 +109,18 @@ def sleep_us(typingctx, us):
     return sig, codegen
 
 
+@intrinsic
+def cycle_counter(typingctx):
+    """The CPU's cycle counter (llvm.readcyclecounter: rdtsc on x86): timestamps a profile takes in native code."""
+    sig = types.int64()
+
+    def codegen(context, builder, signature, args):
+        fn = builder.module.declare_intrinsic("llvm.readcyclecounter", fnty=ir.FunctionType(ir.IntType(64), []))
+        return builder.call(fn, [])
+
+    return sig, codegen
+
+
 def _pointer_intrinsic(element: types.Type):
     @intrinsic
     def pointer(typingctx, addr):

@@ -21,6 +21,7 @@ from pyggml.backends.cpu.kernels.atomics import (
     atomic_add,
     atomic_load,
     atomic_store,
+    cycle_counter,
     pointer_f32,
     pointer_i8,
     pointer_i32,
@@ -53,7 +54,7 @@ JOINED, ARRIVED, PASSED = 0, 8, 16
 STATE_LEN = 24
 # the run's descriptor as a worker slot: the table's address and rows, the state's address, LEAD's slots (address,
 # workers) and polls of a waiting caller; the runner's address
-TABLE, N_STEPS, STATE, SLOTS, N_SLOTS, SPINS, RUNNER = 1, 2, 3, 4, LEAD_SLOTS, LEAD_SPINS, 31
+TABLE, N_STEPS, STATE, SLOTS, N_SLOTS, SPINS, STAMPS, RUNNER = 1, 2, 3, 4, LEAD_SLOTS, LEAD_SPINS, 7, 31
 # how the threads go through a run: the caller steps through it, posting each ITEMS step to the workers as a lone
 # product is posted (no barrier: a worker late or asleep is not waited for); or every thread steps through every
 # step, a barrier after each (ggml_graph_compute_thread)
@@ -220,22 +221,26 @@ def lead_table(p, shared):
     table = numba.carray(pointer_i64(d[TABLE]), (d[N_STEPS], STEP_FIELDS))
     n = d[N_SLOTS]
     slots = numba.carray(pointer_i64(d[SLOTS]), (max(n, 1), SLOT_LEN))
+    stamps = numba.carray(pointer_i64(d[STAMPS]), (table.shape[0] + 1 if d[STAMPS] else 0,))
+    if stamps.shape[0]:
+        stamps[0] = cycle_counter()
     for i in range(table.shape[0]):
         how, job, at = table[i, 0], table[i, 1], table[i, 2]
         if how == SPLIT:
             call_split(job, at, 0, 1)
-            continue
-        step = numba.carray(pointer_i64(at), (SLOT_LEN,))
-        if how == ALONE:
-            call_job(job, step, 0)
-            continue
-        ctr = numba.carray(pointer_i64(table[i, 3]), (2,))
-        ctr[0] = 0
-        ctr[1] = 0
-        step[WAIT_POLLS] = d[SPINS]
-        post(slots, step, n)
-        call_job(job, step, 1)
-        revoke(slots, n)
+        elif how == ALONE:
+            call_job(job, numba.carray(pointer_i64(at), (SLOT_LEN,)), 0)
+        else:
+            step = numba.carray(pointer_i64(at), (SLOT_LEN,))
+            ctr = numba.carray(pointer_i64(table[i, 3]), (2,))
+            ctr[0] = 0
+            ctr[1] = 0
+            step[WAIT_POLLS] = d[SPINS]
+            post(slots, step, n)
+            call_job(job, step, 1)
+            revoke(slots, n)
+        if stamps.shape[0]:
+            stamps[i + 1] = cycle_counter()
     return 0
 
 
@@ -291,7 +296,8 @@ def run_lead(d, shared):
 class GraphRun:
     """Consecutive computes with job forms, as one table the kernel threads run in one native call."""
 
-    def __init__(self, steps: Sequence[Step], pool: WorkerPool, n_threads: int, mode: str = LEAD) -> None:
+    def __init__(self, steps: Sequence[Step], pool: WorkerPool, n_threads: int, mode: str = LEAD,
+                 node_steps: Sequence[int] = ()) -> None:
         if mode not in (LEAD, BARRIER):
             raise ArgumentError(f"graph runner: mode {mode!r} is not {LEAD!r} or {BARRIER!r}")
         self.steps = tuple(steps)
@@ -309,8 +315,17 @@ class GraphRun:
         self.desc[SLOTS] = address(pool.slots)
         self.desc[RUNNER] = runner_address(mode)
         self.mode = mode
+        self.node_steps = tuple(node_steps)  # how many of the steps each node of the run has, in order
+        self.stamps: np.ndarray | None = None
         if mode == LEAD and not any(s.how == ITEMS for s in self.steps):
             self.n_workers = 0  # no step the workers could share: the caller runs it alone, posting nothing
+
+    def record(self) -> np.ndarray:
+        """LEAD's cycle counter read before the run and after each step from now on (a profile's): the array."""
+        if self.stamps is None:
+            self.stamps = np.zeros(len(self.steps) + 1, np.int64)
+            self.desc[STAMPS] = address(self.stamps)
+        return self.stamps
 
     def __call__(self) -> None:
         for before in self.befores:
