@@ -206,20 +206,25 @@ def _swiglu_step(x: np.ndarray, g: np.ndarray, dst: np.ndarray, lanes: int) -> g
     """The job form of F32 SwiGLU on rows (x, g and dst (rows, nc)), dst apart from x and g."""
     if any(np.may_share_memory(dst, v) for v in (x, g)):
         return None
-    desc = graph_runner.descriptor([lanes], [x, g, dst])
+    desc = graph_runner.descriptor([lanes, all(v.flags.c_contiguous for v in (x, g, dst))], [x, g, dst])
     return None if desc is None else graph_runner.Step(graph_runner.SPLIT, _swiglu_job(), desc, keep=(x, g, dst))
 
 
 @njit(nogil=True, cache=True)
 def swiglu_step(p, ith, nth):
-    """Thread ith's rows of silu_rows(x, dst, g, lanes)."""
+    """Thread ith's rows of silu_rows(x, dst, g, lanes), as C-contiguous arrays where they are (they vectorize)."""
     v = graph_runner.VIEW_FIELDS
-    d = numba.carray(p, (1 + 3 * v,))
-    x, g, dst = graph_runner.view_f32(d, 1)[0, 0], graph_runner.view_f32(d, 1 + v)[0, 0], \
-        graph_runner.view_f32(d, 1 + 2 * v)[0, 0]
-    r0, r1 = graph_runner.thread_rows(x.shape[0], ith, nth)
-    if r0 < r1:
+    d = numba.carray(p, (2 + 3 * v,))
+    r0, r1 = graph_runner.thread_rows(d[2 + 3], ith, nth)
+    if r0 >= r1:
+        return 0
+    if d[1]:
+        x, g, dst = graph_runner.rows_f32(d, 2), graph_runner.rows_f32(d, 2 + v), graph_runner.rows_f32(d, 2 + 2 * v)
         silu_rows(x[r0:r1], dst[r0:r1], g[r0:r1], d[0])
+    else:
+        xs, gs, ds = graph_runner.view_f32(d, 2)[0, 0], graph_runner.view_f32(d, 2 + v)[0, 0], \
+            graph_runner.view_f32(d, 2 + 2 * v)[0, 0]
+        silu_rows(xs[r0:r1], ds[r0:r1], gs[r0:r1], d[0])
     return 0
 
 
