@@ -32,6 +32,7 @@ from pyggml.backends.cpu.kernels.atomics import (
 )
 from pyggml.backends.cpu.kernels.threads import (
     LEAD_SLOTS,
+    LEAD_SLOTS_AT,
     LEAD_SPINS,
     N_THREADS,
     SLOT_LEN,
@@ -54,7 +55,7 @@ JOINED, ARRIVED, PASSED = 0, 8, 16
 STATE_LEN = 24
 # the run's descriptor as a worker slot: the table's address and rows, the state's address, LEAD's slots (address,
 # workers) and polls of a waiting caller; the runner's address
-TABLE, N_STEPS, STATE, SLOTS, N_SLOTS, SPINS, STAMPS, RUNNER = 1, 2, 3, 4, LEAD_SLOTS, LEAD_SPINS, 7, 31
+TABLE, N_STEPS, STATE, SLOTS, N_SLOTS, SPINS, STAMPS, RUNNER = 1, 2, 3, LEAD_SLOTS_AT, LEAD_SLOTS, LEAD_SPINS, 7, 31
 # how the threads go through a run: the caller steps through it, posting each ITEMS step to the workers as a lone
 # product is posted (no barrier: a worker late or asleep is not waited for); or every thread steps through every
 # step, a barrier after each (ggml_graph_compute_thread)
@@ -312,7 +313,6 @@ class GraphRun:
         self.desc = np.zeros(SLOT_LEN, np.int64)
         self.desc[TABLE], self.desc[N_STEPS], self.desc[STATE] = address(self.table), len(self.steps), \
             address(self.state)
-        self.desc[SLOTS] = address(pool.slots)
         self.desc[RUNNER] = runner_address(mode)
         self.mode = mode
         self.node_steps = tuple(node_steps)  # how many of the steps each node of the run has, in order

@@ -16,14 +16,21 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-from pyggml.backends.cpu.kernels.atomics import atomic_cas, atomic_load, atomic_store, element_pointer, spin_pause
+from pyggml.backends.cpu.kernels.atomics import (
+    address,
+    atomic_cas,
+    atomic_load,
+    atomic_store,
+    element_pointer,
+    spin_pause,
+)
 from pyggml.core.errors import ArgumentError
 
 log = logging.getLogger("pyggml.backends.cpu")
 
 IDLE, POSTED, RUNNING = 0, 1, 2  # a slot's state (its element 0)
 SLOT_LEN = 40  # int64 per slot: the state and up to 39 fields of a job (320 bytes: slots share no cache line)
-LEAD_SLOTS, LEAD_SPINS = 5, 6  # a `lead` job's fields: the slots it may post to, an idle worker's polls
+LEAD_SLOTS_AT, LEAD_SLOTS, LEAD_SPINS = 4, 5, 6  # a `lead` job's fields: its slots, how many, idle polls
 N_THREADS = SLOT_LEN - 1  # a slot's field with the threads a `run_all` job has (the caller and its workers)
 MAX_WORKERS = 511  # GGML_MAX_N_THREADS - 1
 ENV_SPIN_US = "PYGGML_CPU_SPIN_US"
@@ -199,7 +206,7 @@ class WorkerPool:
                     with self.conds[i]:
                         self.woken[i] = True
                         self.conds[i].notify()
-            desc[LEAD_SLOTS], desc[LEAD_SPINS] = n, self.spins
+            desc[LEAD_SLOTS_AT], desc[LEAD_SLOTS], desc[LEAD_SPINS] = address(self.slots), n, self.spins
             leader(desc, 1)
         finally:
             self.lock.release()
