@@ -19,7 +19,7 @@ from pyggml.backends.cpu.plan import CPUPlan, group_runs
 from pyggml.core import quants
 from pyggml.core.context import Context
 from pyggml.core.errors import ArgumentError, OutOfBoundsError
-from pyggml.core.tensor import Tensor
+from pyggml.core.tensor import SortOrder, Tensor
 from pyggml.core.types import GGMLType
 from pyggml.ggml_backend import tensor_get_numpy, tensor_set
 from pyggml.models.convert import simple_vocab
@@ -211,3 +211,95 @@ def test_one_plan_regrouped_between_settings(monkeypatch: pytest.MonkeyPatch) ->
         tensor_set(out, np.zeros((CACHE_ROWS, K // 2), np.float32))
         backend.graph_plan_compute(plan)
         assert np.array_equal(tensor_get_numpy(out).view(np.uint32), want.view(np.uint32)), setting
+
+
+def _routing(setting: str, n_expert: int, logits: np.ndarray, monkeypatch: pytest.MonkeyPatch) -> tuple[
+        np.ndarray, np.ndarray, CPUPlan]:
+    """A mixture of experts' routing (build_moe_ffn's): argsort of the probabilities, the chosen ones' weights by
+    GET_ROWS, normalized by their SUM_ROWS, CLAMPed; per token, 4 experts of n_expert."""
+    monkeypatch.setenv(ENV_GRAPH_RUNNER, setting)
+    backend = cpu_init(2)
+    ctx = Context(mem_size=1 << 20, no_alloc=True)
+    n_tok = logits.shape[0]
+    x = ctx.new_tensor_2d(F32, n_expert, n_tok)
+    probs = ctx.soft_max(x)
+    order = ctx.argsort(probs, SortOrder.DESC)
+    chosen = ctx.view_2d(order, 4, n_tok, order.nb[1], 0)
+    weights = ctx.get_rows(ctx.reshape_3d(probs, 1, n_expert, n_tok), chosen)  # (1, 4, n_tok)
+    total = ctx.clamp(ctx.sum_rows(ctx.reshape_2d(weights, 4, n_tok)), 6.103515625e-5, np.inf)
+    out = ctx.div(ctx.reshape_2d(weights, 4, n_tok), total)
+    graph = ctx.new_graph()
+    graph.build_forward_expand(out)
+    graph.build_forward_expand(order)
+    alloc_ctx_tensors(ctx, backend)
+    tensor_set(x, logits)
+    plan = backend.graph_plan_create(graph)
+    backend.graph_plan_compute(plan)
+    return tensor_get_numpy(out).copy(), tensor_get_numpy(order).copy(), plan
+
+
+@pytest.mark.parametrize("n_expert", [4, 8, 37, 200])
+@pytest.mark.parametrize("row", [0, 1, 2, 3])
+def test_routing_ops_give_the_node_by_node_bits(n_expert: int, row: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ARGSORT (ties and a NaN too), GET_ROWS, SUM_ROWS (numpy's pairwise order), CLAMP and DIV of one token: one
+    run; of four tokens: GET_ROWS of several tokens in Python between two runs."""
+    rng = np.random.default_rng(n_expert)
+    logits = (rng.standard_normal((4, n_expert)) * 4).astype(np.float32)
+    logits[1] = np.round(logits[1])  # ties: the stable order
+    logits[2, 1] = np.nan
+    logits[3, ::2] = -0.0
+    for tokens in (logits[row:row + 1], logits):
+        want_w, want_ids, _ = _routing("off", n_expert, tokens, monkeypatch)
+        got_w, got_ids, plan = _routing("lead", n_expert, tokens, monkeypatch)
+        assert np.array_equal(want_ids, got_ids)
+        assert np.array_equal(want_w.view(np.uint32), got_w.view(np.uint32), equal_nan=False)
+    assert len(plan.runs) == 3
+    _, _, plan = _routing("lead", n_expert, logits[row:row + 1], monkeypatch)
+    assert len(plan.runs) == 1 and isinstance(plan.runs[0], graph_runner.GraphRun)
+
+
+def test_get_rows_bad_index_raises_after_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENV_GRAPH_RUNNER, "lead")
+    backend = cpu_init(2)
+    ctx = Context(mem_size=1 << 20, no_alloc=True)
+    a = ctx.new_tensor_2d(F32, 8, 4)
+    ids = ctx.new_tensor_1d(GGMLType.I32, 2)
+    out = ctx.add(ctx.get_rows(ctx.mul(a, a), ids), ctx.get_rows(a, ids))
+    graph = ctx.new_graph()
+    graph.build_forward_expand(out)
+    alloc_ctx_tensors(ctx, backend)
+    tensor_set(a, np.arange(32, dtype=np.float32).reshape(4, 8))
+    tensor_set(ids, np.array([3, 4], np.int32))
+    plan = backend.graph_plan_create(graph)
+    assert isinstance(plan.runs[0], graph_runner.GraphRun)
+    with pytest.raises(OutOfBoundsError, match="row index 4"):
+        backend.graph_plan_compute(plan)
+    tensor_set(ids, np.array([3, 0], np.int32))
+    backend.graph_plan_compute(plan)
+    rows = np.arange(32, dtype=np.float32).reshape(4, 8)[[3, 0]]
+    np.testing.assert_array_equal(tensor_get_numpy(out).reshape(2, 8), rows * rows + rows)
+
+
+@pytest.mark.parametrize("n", [3, 8, 37, 128, 129])
+def test_sum_rows_in_numpys_order(n: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SUM_ROWS' step sums as numpy's add.reduce (pairwise in 8 lanes from 8 values); rows over 128 stay numpy's."""
+    rng = np.random.default_rng(n)
+    values = (rng.standard_normal((6, n)) * rng.uniform(1, 1e4, (6, 1))).astype(np.float32)
+    values[0] = -0.0
+    got = {}
+    for setting in ("off", "lead"):
+        monkeypatch.setenv(ENV_GRAPH_RUNNER, setting)
+        backend = cpu_init(2)
+        ctx = Context(mem_size=1 << 20, no_alloc=True)
+        x = ctx.new_tensor_2d(F32, n, 6)
+        out = ctx.sum_rows(ctx.add(x, x))
+        graph = ctx.new_graph()
+        graph.build_forward_expand(out)
+        alloc_ctx_tensors(ctx, backend)
+        tensor_set(x, values)
+        plan = backend.graph_plan_create(graph)
+        backend.graph_plan_compute(plan)
+        got[setting] = tensor_get_numpy(out).copy()
+        if setting == "lead":
+            assert (len(plan.runs) == 1) == (n <= 128)
+    assert np.array_equal(got["off"].view(np.uint32), got["lead"].view(np.uint32))

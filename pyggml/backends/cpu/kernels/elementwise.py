@@ -126,11 +126,10 @@ def binary_step(p, ith, nth):
     d = numba.carray(p, (1 + 3 * v,))
     op = d[0]
     dst, a, b = graph_runner.view_f32(d, 1), graph_runner.view_f32(d, 1 + v), graph_runner.view_f32(d, 1 + 2 * v)
-    n3, n2, n1, n0 = dst.shape
-    r0, r1 = graph_runner.thread_rows(n3 * n2 * n1, ith, nth)
+    n0 = dst.shape[3]
+    r0, r1 = graph_runner.share_of(dst, ith, nth)
     for r in range(r0, r1):
-        i3, i2, i1 = graph_runner.row_of(r, n2, n1)
-        dr, ar, br = dst[i3, i2, i1], a[i3, i2, i1], b[i3, i2, i1]
+        dr, ar, br = graph_runner.row_at(dst, r), graph_runner.row_at(a, r), graph_runner.row_at(b, r)
         if op == 0:
             for i in range(n0):
                 dr[i] = ar[i] + br[i]
@@ -287,7 +286,31 @@ def clamp_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], p
         np.minimum(x, hi, out=d)
         np.maximum(d, lo, out=d)
 
-    return run
+    if d.dtype != F32 or x.dtype != F32 or (np.may_share_memory(d, x) and not same_memory(d, x)):
+        return run
+    return graph_runner.with_split_step(run, _clamp_job(), [], [d, x, np.array([lo, hi], F32)])
+
+
+@njit(nogil=True, cache=True)
+def clamp_step(p, ith, nth):
+    """Thread ith's rows of dst = maximum(minimum(x, hi), lo) as numpy's (a NaN stays NaN)."""
+    v = graph_runner.VIEW_FIELDS
+    d = numba.carray(p, (3 * v,))
+    dst, x, consts = graph_runner.view_f32(d, 0), graph_runner.view_f32(d, v), graph_runner.view_f32(d, 2 * v)
+    lo, hi = consts[0, 0, 0, 0], consts[0, 0, 0, 1]
+    r0, r1 = graph_runner.share_of(dst, ith, nth)
+    for r in range(r0, r1):
+        dr, xr = graph_runner.row_at(dst, r), graph_runner.row_at(x, r)
+        for i in range(dr.shape[0]):  # numpy's: the first operand if below (above) or NaN (v != v), else the second
+            v = xr[i]
+            m = v if v < hi or v != v else hi
+            dr[i] = m if m > lo or m != m else lo
+    return 0
+
+
+@functools.cache
+def _clamp_job() -> int:
+    return graph_runner.split_job(clamp_step)
 
 
 def _leaky(d: np.ndarray, x: np.ndarray, slope: float, params: ComputeParams) -> Compute:

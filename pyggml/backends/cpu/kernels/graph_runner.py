@@ -93,6 +93,12 @@ def view_fields(a: np.ndarray) -> list[int] | None:
     return [address(a), *([1] * pad), *a.shape, *([0] * pad), *a.strides]
 
 
+def with_split_step(fn: Compute, job: int, head: Sequence[int], views: Sequence[np.ndarray]) -> Compute:
+    """`fn` with a job form of one SPLIT step, `job` on `descriptor(head, views)`; `fn` as it is if views cannot be."""
+    desc = descriptor(head, views)
+    return fn if desc is None else with_steps(fn, (Step(SPLIT, job, desc, keep=tuple(views)),))
+
+
 def descriptor(head: Sequence[int], views: Sequence[np.ndarray]) -> np.ndarray | None:
     """A step's descriptor: the `head` fields, then each of `views` as VIEW_FIELDS (None if one cannot be)."""
     fields = list(head)
@@ -191,9 +197,23 @@ def thread_rows(n, ith, nth):
 
 
 @njit(nogil=True, cache=True, inline="always")
-def row_of(r, n2, n1):
-    """Row r of a 4-D array's n3 * n2 * n1 rows as (i3, i2, i1)."""
-    return r // (n2 * n1), (r // n1) % n2, r % n1
+def two_f32(p):
+    """The two f32 operands of a descriptor of only them, at p."""
+    d = numba.carray(p, (2 * VIEW_FIELDS,))
+    return view_f32(d, 0), view_f32(d, VIEW_FIELDS)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def share_of(a, ith, nth):
+    """Thread ith's range of a 4-D array's rows (thread_rows of all of them)."""
+    return thread_rows(a.shape[0] * a.shape[1] * a.shape[2], ith, nth)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def row_at(a, r):
+    """Row r of a 4-D array (rows in i3, i2, i1 order)."""
+    n2, n1 = a.shape[1], a.shape[2]
+    return a[r // (n2 * n1), (r // n1) % n2, r % n1]
 
 
 @njit(nogil=True, cache=True, inline="always")

@@ -87,31 +87,44 @@ def _with_copy_step(fn: Compute, d: np.ndarray, s: np.ndarray) -> Compute:
     """`fn` (d = s, same shapes) with its job form when both are F32 and d is apart from s."""
     if d.dtype != np.float32 or s.dtype != np.float32 or np.may_share_memory(d, s):
         return fn
-    desc = graph_runner.descriptor([], [d, s])
-    if desc is None:
-        return fn
-    return graph_runner.with_steps(fn, (graph_runner.Step(graph_runner.SPLIT, _copy_job(), desc, keep=(d, s)),))
+    return graph_runner.with_split_step(fn, _copy_job(), [], [d, s])
 
 
 @njit(nogil=True, cache=True)
 def copy_step(p, ith, nth):
     """Thread ith's rows of d = s (f32, strided)."""
-    v = graph_runner.VIEW_FIELDS
-    desc = numba.carray(p, (2 * v,))
-    d, s = graph_runner.view_f32(desc, 0), graph_runner.view_f32(desc, v)
-    n3, n2, n1, n0 = d.shape
-    r0, r1 = graph_runner.thread_rows(n3 * n2 * n1, ith, nth)
+    d, s = graph_runner.two_f32(p)
+    r0, r1 = graph_runner.share_of(d, ith, nth)
     for r in range(r0, r1):
-        i3, i2, i1 = graph_runner.row_of(r, n2, n1)
-        dr, sr = d[i3, i2, i1], s[i3, i2, i1]
-        for i in range(n0):
-            dr[i] = sr[i]
+        graph_runner.row_at(d, r)[:] = graph_runner.row_at(s, r)
     return 0
 
 
 @functools.cache
 def _copy_job() -> int:
     return graph_runner.split_job(copy_step)
+
+
+@njit(nogil=True, cache=True)
+def take_step(p, shared):
+    """d[j] = a[ids[j]] (f32 rows) once every id is in [0, n_rows); else d[1] = 1 and nothing is written."""
+    v = graph_runner.VIEW_FIELDS
+    desc = numba.carray(p, (2 + 3 * v,))
+    a, ids, d = graph_runner.view_f32(desc, 2)[0, 0], graph_runner.view_i32(desc, 2 + v)[0, 0, 0], \
+        graph_runner.view_f32(desc, 2 + 2 * v)[0, 0]
+    desc[1] = 0
+    for j in range(ids.shape[0]):
+        if ids[j] < 0 or ids[j] >= desc[0]:
+            desc[1] = 1
+            return 0
+    for j in range(ids.shape[0]):
+        d[j] = a[ids[j]]
+    return 0
+
+
+@functools.cache
+def _take_job() -> int:
+    return graph_runner.alone_job(take_step)
 
 
 def _int_cast_fn(d: np.ndarray, s: np.ndarray) -> Compute:
@@ -257,7 +270,16 @@ def get_rows_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None]
             check()
             np.take(a2, i1, axis=0, out=d2, mode="clip")  # indices are checked, so 'clip' never clips
 
-        return take
+        desc = graph_runner.descriptor([n_rows, 0], [a2, i1, d2]) if a2.dtype == np.float32 else None
+        if desc is None or np.may_share_memory(d2, a2) or np.may_share_memory(d2, i1):
+            return take
+
+        def check_step() -> None:
+            if desc[1]:
+                check()
+
+        step = graph_runner.Step(graph_runner.ALONE, _take_job(), desc, keep=(a2, i1, d2), after=check_step)
+        return graph_runner.with_steps(take, (step,))
 
     i3 = np.arange(ne12).reshape(ne12, 1, 1)
     i2 = np.arange(ne11).reshape(1, ne11, 1)

@@ -142,12 +142,7 @@ def rms_norm_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None]
 
     if t is not None or dst.dtype != F32 or (np.may_share_memory(x, dst) and not same_memory(x, dst)):
         return run
-    consts = np.array([eps], F32)
-    desc = graph_runner.descriptor([], [x, dst, consts])
-    if desc is None:
-        return run
-    return graph_runner.with_steps(run, (graph_runner.Step(graph_runner.SPLIT, _rms_norm_job(), desc,
-                                                           keep=(x, dst, consts)),))
+    return graph_runner.with_split_step(run, _rms_norm_job(), [], [x, dst, np.array([eps], F32)])
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
@@ -157,11 +152,10 @@ def rms_norm_step(p, ith, nth):
     v = graph_runner.VIEW_FIELDS
     d = numba.carray(p, (3 * v,))
     x, dst, eps = graph_runner.view_f32(d, 0), graph_runner.view_f32(d, v), graph_runner.view_f32(d, 2 * v)[0, 0, 0, 0]
-    n3, n2, n1, n = x.shape
-    r0, r1 = graph_runner.thread_rows(n3 * n2 * n1, ith, nth)
+    n = x.shape[3]
+    r0, r1 = graph_runner.share_of(x, ith, nth)
     for r in range(r0, r1):
-        i3, i2, i1 = graph_runner.row_of(r, n2, n1)
-        xr, dr = x[i3, i2, i1], dst[i3, i2, i1]
+        xr, dr = graph_runner.row_at(x, r), graph_runner.row_at(dst, r)
         total = 0.0
         for i0 in range(n):
             u = xr[i0]
