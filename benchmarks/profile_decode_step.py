@@ -3,18 +3,21 @@ by part, medians over the steps printed.
 
 Parts of a step (ms, medians over the steps; the parts' medians need not add up to the step's):
 
-- `products`: the MUL_MAT jobs in native code, on the caller and the kernel threads (from the job's start on the
-  caller to its last item done), and the MUL_MAT nodes computed on the caller alone;
-- `mul_mat prep`: the rest of a threaded MUL_MAT node's compute: src1 quantized or copied, and its Python;
+- `runner calls`: the graph runner's calls (kernels.graph_runner) beyond its steps, which are timed in native code
+  (the cycle counter) and counted under the parts below: a product's last step under `products`, the steps
+  before it (src1 converted, MUL_MAT_ID's routing) under `mul_mat prep`, the other nodes' under `other kernels`;
+- `products`: the MUL_MAT and MUL_MAT_ID jobs in native code, on the caller and the kernel threads (from the job's
+  start on the caller to its last item done), and those nodes computed on the caller alone;
+- `mul_mat prep`: the rest of a threaded product node's compute: src1 quantized, copied or routed, and its Python;
 - `hand-offs`: posting a threaded product to the kernel threads and waking them (POOL.run around the job);
 - `other kernels`: every other node's compute (for one token these are small: mostly their Python dispatch);
 - `node loop`: the graph compute's Python between the nodes (the plan's checks, the loop);
 - `model`: the step outside the graph compute (the batch's inputs, the scheduler, the logits);
 - `sampler`: the default `Sampler` on the step's logits.
 
-`outside products` is the step's share outside `products`. Per op kind: calls and ms per step, us per call.
-A split the native runner computes (pyggml.backends.cpu.runner) counts as one node of kind RUNNER; its products
-are timed as `products` and its other nodes under `other kernels` by op kind, measured inside the runner.
+`outside products` is the step's share outside `products`. Per op kind: calls and ms per step, us per call (a
+node in a graph runner's run: its steps' native time). PYGGML_CPU_GRAPH_RUNNER=0 profiles the step without the
+runner; "barrier" runs are timed whole, as kind RUNNER.
 
     python benchmarks/profile_decode_step.py [--model PATH] [--tokens 32] [--threads 2]
 
@@ -33,16 +36,21 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numba import njit
 
 import pyggml.models as pm
 from pyggml.backends.cpu import backend as cpu_backend
 from pyggml.backends.cpu import plan as cpu_plan
 from pyggml.backends.cpu.kernels import matmul
+from pyggml.backends.cpu.kernels.atomics import cycle_counter
+from pyggml.backends.cpu.kernels.graph_runner import LEAD, GraphRun
 from pyggml.models.sampling import Sampler
 from pyggml.testing import llamacpp
 
 Replay = dict[str, tuple[int, float]]
-PARTS = ("products", "mul_mat prep", "hand-offs", "other kernels", "node loop", "model", "sampler")
+PRODUCT_OPS = ("MUL_MAT", "MUL_MAT_ID")  # nodes whose native jobs count as `products`
+RUNNER = "RUNNER"  # the op kind of a run of nodes the graph runner computes in one native call
+PARTS = ("products", "runner calls", "mul_mat prep", "hand-offs", "other kernels", "node loop", "model", "sampler")
 
 
 class StepTimes:
@@ -53,6 +61,7 @@ class StepTimes:
         self.ops: dict[str, list[float]] = collections.defaultdict(list)
         self.handoffs: list[float] = []
         self.preps: list[float] = []
+        self.run_nodes: list[int] = []  # the nodes of each run the graph runner computed
         self.graph = 0.0
 
 
@@ -64,7 +73,9 @@ class Probe:
         self.pool_run = matmul.POOL.run
         matmul.POOL.run = self._pool_run  # type: ignore[method-assign]
         cpu_backend.plan_compute = self._plan_compute
-        self.runs: list[tuple[list[Any], list[float]]] = []  # per plan compute: its nodes, then its timestamps
+        # per plan compute: its runs' nodes, its timestamps, the graph runner's per step (cycles)
+        self.runs: list[tuple[list[list[Any]], list[float], list[tuple[tuple[int, ...], np.ndarray] | None]]] = []
+        self.cycle_seconds = 1 / cycles_per_second()
         self.pool: list[float] = []  # per POOL.run: its start, the job's start and end, its end
 
     def _timed(self, native: Callable[..., None]) -> Callable[..., None]:
@@ -88,10 +99,17 @@ class Probe:
         stamps = [clock()]
         computes = cpu_plan.plan_computes(plan)
         stamps.append(clock())
+        native: list[tuple[tuple[int, ...], np.ndarray] | None] = []
         for fn in computes:
+            cycles = fn.record() if isinstance(fn, GraphRun) and fn.mode == LEAD else None
             fn()
             stamps.append(clock())
-        self.runs.append((plan.nodes, stamps))
+            if isinstance(fn, GraphRun):  # "barrier" runs untimed inside: no steps
+                seconds = np.zeros(0) if cycles is None else np.diff(cycles) * self.cycle_seconds
+                native.append(((), seconds) if cycles is None else (fn.node_steps, seconds))
+            else:
+                native.append(None)
+        self.runs.append((plan.run_nodes, stamps, native))
 
     def close_step(self) -> StepTimes:
         """The timestamps since the last call as a StepTimes (model and sampler left to the caller)."""
@@ -99,29 +117,57 @@ class Probe:
         pool = self.pool
         starts = pool[0::4]
         p = 0
-        for nodes, stamps in self.runs:
+        for run_nodes, stamps, native in self.runs:
             step.graph += stamps[-1] - stamps[0]
-            for node, t0, t1 in zip(nodes, stamps[1:-1], stamps[2:], strict=True):
+            for nodes, timed, t0, t1 in zip(run_nodes, native, stamps[1:-1], stamps[2:], strict=True):
                 dt = t1 - t0
-                step.ops[node.op.name].append(dt)
-                if node.op.name != "MUL_MAT":
-                    step.parts["other kernels"] += dt
+                if timed is not None:
+                    self._runner_nodes(step, nodes, *timed, dt)
                     continue
+                node = nodes[0]
+                step.ops[node.op.name].append(dt)
+                while p < len(starts) and starts[p] < t0:  # posted outside any node's compute
+                    p += 1
                 pooled = job = 0.0
-                while p < len(starts) and starts[p] < t1:
+                while p < len(starts) and starts[p] < t1:  # the hand-offs inside this node's compute
                     run0, job0, job1, run1 = pool[4 * p:4 * p + 4]
                     pooled += run1 - run0
                     job += job1 - job0
                     p += 1
+                if node.op.name not in PRODUCT_OPS:
+                    step.parts["other kernels"] += dt
+                    continue
                 step.parts["products"] += job if pooled else dt
                 if pooled:
                     step.handoffs.append(pooled - job)
                     step.preps.append(dt - pooled)
         step.parts["hand-offs"] = sum(step.handoffs)
         step.parts["mul_mat prep"] = sum(step.preps)
-        step.parts["node loop"] = step.graph - sum(sum(times) for times in step.ops.values())
+        step.parts["node loop"] = (step.graph - sum(sum(times) for times in step.ops.values() if times)
+                                   - step.parts["runner calls"] + sum(step.ops.get(RUNNER, [])))
         self.runs, self.pool = [], []
         return step
+
+    @staticmethod
+    def _runner_nodes(step: StepTimes, nodes: list[Any], counts: tuple[int, ...], seconds: np.ndarray,
+                      dt: float) -> None:
+        """A graph runner's run: each node's steps timed in native code (a product's last step the product, the
+        ones before it src1's conversion), the rest of the call `runner calls`."""
+        step.run_nodes.append(len(nodes))
+        step.parts["runner calls"] += dt - float(seconds.sum())
+        if not counts:
+            step.ops[RUNNER].append(dt)
+            return
+        at = 0
+        for node, n in zip(nodes, counts, strict=True):
+            node_seconds = seconds[at:at + n]
+            at += n
+            step.ops[node.op.name].append(float(node_seconds.sum()))
+            if node.op.name in PRODUCT_OPS:
+                step.parts["products"] += float(node_seconds[-1])
+                step.preps.append(float(node_seconds[:-1].sum()))
+            else:
+                step.parts["other kernels"] += float(node_seconds.sum())
 
     def replay_step(self, model: Any, token: int, repeats: int) -> Replay:
         """One more step, each node computed `repeats` times in a row as it comes (its inputs as the step has
@@ -131,14 +177,16 @@ class Probe:
         clock = time.perf_counter
 
         def plan_compute(plan: cpu_plan.CPUPlan) -> None:
-            for node, fn in zip(plan.nodes, cpu_plan.plan_computes(plan), strict=True):
+            for nodes, fn in zip(plan.run_nodes, cpu_plan.plan_computes(plan), strict=True):
+                node = nodes[0] if len(nodes) == 1 and not isinstance(fn, GraphRun) else None
                 times = []
                 for _ in range(repeats):
                     t = clock()
                     fn()
                     times.append(clock() - t)
-                n, total = out.get(node.op.name, (0, 0.0))
-                out[node.op.name] = (n + 1, total + statistics.median(times))
+                kind = RUNNER if node is None else node.op.name
+                n, total = out.get(kind, (0, 0.0))
+                out[kind] = (n + 1, total + statistics.median(times))
 
         cpu_backend.plan_compute = plan_compute
         try:
@@ -146,6 +194,19 @@ class Probe:
         finally:
             cpu_backend.plan_compute = self._plan_compute
         return out
+
+
+@njit
+def _cycles() -> int:
+    return cycle_counter()
+
+
+def cycles_per_second() -> float:
+    """The cycle counter's rate, against perf_counter over 50 ms."""
+    _cycles()
+    c0, t0 = _cycles(), time.perf_counter()
+    time.sleep(0.05)
+    return (_cycles() - c0) / (time.perf_counter() - t0)
 
 
 def default_model() -> Path:
@@ -192,6 +253,9 @@ def report(steps: list[tuple[float, StepTimes]], replayed: Replay) -> None:
         print(f"  {part:16s} {ms([s.parts[part] for _, s in steps]):8.3f} ms")
     outside = [1 - s.parts["products"] / t for t, s in steps]
     print(f"outside products: {statistics.median(outside) * 100:.1f}% of the step (median of the steps' shares)")
+    runs = [len(s.run_nodes) for _, s in steps]
+    print(f"graph runner: {statistics.median(runs):.0f} runs per step, "
+          f"{statistics.median([sum(s.run_nodes) for _, s in steps]):.0f} nodes in them")
     handoffs = [h for _, s in steps for h in s.handoffs]
     preps = [p for _, s in steps for p in s.preps]
     print(f"threaded products: {len(handoffs) / len(steps):.0f} per step; per product (median of all): "

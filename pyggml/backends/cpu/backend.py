@@ -178,6 +178,7 @@ class CPUBackend(Backend):
     def _graph_plan_free(self, plan: CPUPlan) -> None:
         plan.freed = True
         plan.computes = []
+        plan.runs = []
         plan.buffers = []
 
     def _graph_plan_compute(self, plan: CPUPlan) -> None:

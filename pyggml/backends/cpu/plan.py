@@ -9,7 +9,7 @@ from collections.abc import Callable
 import numpy as np
 
 from pyggml.backends.cpu import kernels
-from pyggml.backends.cpu.kernels import KERNELS, Compute, ComputeParams, _common
+from pyggml.backends.cpu.kernels import KERNELS, Compute, ComputeParams, _common, graph_runner, matmul
 from pyggml.backends.cpu.repack import repack_supports_op
 from pyggml.core import memory
 from pyggml.core.errors import GGMLError, GraphError, LayoutError, UnsupportedOpError
@@ -123,7 +123,7 @@ class CPUPlan:
     """ggml_backend_plan_cpu: the compute functions of a graph's nodes, in order, following moved tensors."""
 
     __slots__ = ("graph", "computes", "params", "buffers", "n_nodes", "freed", "nodes", "seen", "watch", "datas",
-                 "by_id")
+                 "by_id", "runs", "run_nodes")
 
     def __init__(self, graph: Graph, computes: list[Compute], params: ComputeParams, buffers: list[Buffer],
                  nodes: list[Tensor] | None = None, seen: list[_Seen] | None = None) -> None:
@@ -138,9 +138,49 @@ class CPUPlan:
         self.watch = [r.tensor for r in self.seen]
         self.datas = [r.data for r in self.seen]
         self.by_id = {id(r.tensor): r for r in self.seen}
+        self.runs, self.run_nodes = group_runs(self.computes, self.nodes, params)
 
     def __repr__(self) -> str:
         return f"CPUPlan(n_nodes={self.n_nodes}, computes={len(self.computes)}, n_threads={self.params.n_threads})"
+
+
+def group_runs(computes: list[Compute], nodes: list[Tensor],
+               params: ComputeParams) -> tuple[list[Compute], list[list[Tensor]]]:
+    """What plan_compute calls, and their nodes: runs of computes with job forms as GraphRuns (DESIGN.md)."""
+    runs: list[Compute] = []
+    run_nodes: list[list[Tensor]] = []
+    steps: list[graph_runner.Step] = []
+    written: list[tuple[int, int]] = []
+    counts: list[int] = []
+    for fn, node in zip(computes, nodes, strict=True):
+        form = graph_runner.steps_of(fn) if params.graph_runner != "off" else None
+        if steps and (form is None or _reads_written(form, written)):
+            runs.append(graph_runner.GraphRun(steps, matmul.POOL, params.n_threads, params.graph_runner, counts))
+            steps, written, counts = [], [], []
+        if form is None:
+            runs.append(fn)
+            run_nodes.append([node])
+            continue
+        if not steps:
+            run_nodes.append([])
+        steps += form
+        counts.append(len(form))
+        run_nodes[-1].append(node)
+        assert node.data is not None
+        written.append((node.data, node.data + nbytes_of(node.type, node.ne, node.nb)))
+    if steps:
+        runs.append(graph_runner.GraphRun(steps, matmul.POOL, params.n_threads, params.graph_runner, counts))
+    return runs, run_nodes
+
+
+def _reads_written(form: tuple[graph_runner.Step, ...], written: list[tuple[int, int]]) -> bool:
+    """Whether a step's `reads` (read before the run) overlap bytes the run writes before it."""
+    for step in form:
+        for a in step.reads:
+            lo, hi = np.lib.array_utils.byte_bounds(a)
+            if any(lo < end and start < hi for start, end in written):
+                return True
+    return False
 
 
 def _prepare(node: Tensor, index: int, view_of: Callable[[Tensor], np.ndarray], params: ComputeParams) -> Compute:
@@ -223,17 +263,19 @@ def _follow(plan: CPUPlan, datas: list[int | None]) -> None:
     by_id = plan.by_id
     for i in sorted(redo):
         plan.computes[i] = _prepare(plan.nodes[i], i, lambda t: by_id[id(t)].view, plan.params)
+    if redo:
+        plan.runs, plan.run_nodes = group_runs(plan.computes, plan.nodes, plan.params)
     plan.datas = datas
 
 
 def plan_computes(plan: CPUPlan) -> list[Compute]:
-    """The compute functions prepared for the tensors where they are now (an asynchronous backend queues them)."""
+    """The computes (group_runs') prepared for the tensors where they are now (an asynchronous backend queues them)."""
     check_plan_buffers(plan.freed, plan.n_nodes, [])  # a freed plan first: its tensors may be gone
     datas = [t.data for t in plan.watch]
     if datas != plan.datas:
         _follow(plan, datas)
     check_plan_buffers(False, plan.n_nodes, plan.buffers)
-    return plan.computes
+    return plan.runs
 
 
 def plan_compute(plan: CPUPlan) -> None:

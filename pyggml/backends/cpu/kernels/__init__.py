@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -10,9 +11,24 @@ import numpy as np
 
 from pyggml.backends.cpu.jit import install_cache_locator
 from pyggml.backends.cpu.numerics import Numerics, X86Level, resolve_numerics, resolve_x86_level
+from pyggml.core.errors import ArgumentError
 from pyggml.core.tensor import GGMLOp, Tensor
 
 install_cache_locator()  # before the kernel modules are decorated: where their compiled code goes
+
+ENV_GRAPH_RUNNER = "PYGGML_CPU_GRAPH_RUNNER"
+
+
+# the graph runner's settings (kernels.graph_runner's LEAD and BARRIER, or off) by PYGGML_CPU_GRAPH_RUNNER's values
+GRAPH_RUNNER_SETTINGS = {"0": "off", "off": "off", "1": "lead", "lead": "lead", "barrier": "barrier"}
+
+
+def graph_runner_default() -> str:
+    """PYGGML_CPU_GRAPH_RUNNER's setting if set (0 or off, 1 or lead, barrier), else "lead"."""
+    raw = (os.environ.get(ENV_GRAPH_RUNNER) or "").strip() or "lead"
+    if raw not in GRAPH_RUNNER_SETTINGS:
+        raise ArgumentError(f"{ENV_GRAPH_RUNNER}={raw!r}: must be one of {', '.join(GRAPH_RUNNER_SETTINGS)}")
+    return GRAPH_RUNNER_SETTINGS[raw]
 
 
 class WorkArea:
@@ -36,13 +52,16 @@ class WorkArea:
 class ComputeParams:
     """What every kernel of a plan shares: threads, scratch, ggml's CPU code path (`numerics`), and
     `batch_invariant`: each output element reduced in one order whatever the batch around it; `x86_level`: which
-    build of ggml-cpu's x86 code the products that differ by it follow (numerics.X86_LEVELS)."""
+    build of ggml-cpu's x86 code the products that differ by it follow (numerics.X86_LEVELS); `graph_runner`:
+    "off", or how runs of nodes with job forms are computed in one native call (kernels.graph_runner: "lead" or
+    "barrier")."""
 
     n_threads: int = 1
     work: WorkArea = field(default_factory=WorkArea)
     numerics: Numerics = field(default_factory=resolve_numerics)
     batch_invariant: bool = False
     x86_level: X86Level = field(default_factory=resolve_x86_level)
+    graph_runner: str = field(default_factory=graph_runner_default)
 
 
 Compute = Callable[[], None]

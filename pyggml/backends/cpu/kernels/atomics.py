@@ -109,6 +109,18 @@ def sleep_us(typingctx, us):
     return sig, codegen
 
 
+@intrinsic
+def cycle_counter(typingctx):
+    """The CPU's cycle counter (llvm.readcyclecounter: rdtsc on x86): timestamps a profile takes in native code."""
+    sig = types.int64()
+
+    def codegen(context, builder, signature, args):
+        fn = builder.module.declare_intrinsic("llvm.readcyclecounter", fnty=ir.FunctionType(ir.IntType(64), []))
+        return builder.call(fn, [])
+
+    return sig, codegen
+
+
 def _pointer_intrinsic(element: types.Type):
     @intrinsic
     def pointer(typingctx, addr):
@@ -125,6 +137,7 @@ def _pointer_intrinsic(element: types.Type):
 
 pointer_u8 = _pointer_intrinsic(types.uint8)
 pointer_i8 = _pointer_intrinsic(types.int8)
+pointer_u16 = _pointer_intrinsic(types.uint16)
 pointer_i32 = _pointer_intrinsic(types.int32)
 pointer_i64 = _pointer_intrinsic(types.int64)
 pointer_f32 = _pointer_intrinsic(types.float32)

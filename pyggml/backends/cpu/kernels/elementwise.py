@@ -21,9 +21,11 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
+import numba
 import numpy as np
+from numba import njit
 
-from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel, element_math
+from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel, element_math, graph_runner
 from pyggml.backends.cpu.kernels._common import (
     F32,
     FLOAT_TYPES,
@@ -96,7 +98,56 @@ def _binary(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], ufunc:
                          f"{a.shape[::-1]} into dst {dst.shape[::-1]} (ne order)")
     (d, a), b = ggml_broadcast([dst, a], b)
     d, a, b = collapse(d, a, np.broadcast_to(b, d.shape))
-    return through_f32(d, [a, b], lambda d, a, b: functools.partial(ufunc, a, b, out=d))
+    fn = through_f32(d, [a, b], lambda d, a, b: functools.partial(ufunc, a, b, out=d))
+    step = _binary_step(ufunc, d, a, b)
+    return fn if step is None else graph_runner.with_steps(fn, (step,))
+
+
+# the graph runner's codes of the binary ufuncs
+_BINARY_CODES = {np.add: 0, np.subtract: 1, np.multiply: 2, np.divide: 3}
+
+
+def _binary_step(ufunc: np.ufunc, d: np.ndarray, a: np.ndarray, b: np.ndarray) -> graph_runner.Step | None:
+    """The job form of an F32 binary op whose dst is its sources' memory element for element or none of it."""
+    if any(v.dtype != F32 for v in (d, a, b)):
+        return None
+    if any(np.may_share_memory(d, v) and not same_memory(d, v) for v in (a, b)):
+        return None
+    desc = graph_runner.descriptor([_BINARY_CODES[ufunc]], [d, a, b])
+    if desc is None:
+        return None
+    return graph_runner.Step(graph_runner.SPLIT, _binary_job(), desc, keep=(d, a, b))
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def binary_step(p, ith, nth):
+    """Thread ith's rows of dst = a op b (op: _BINARY_CODES), f32 as numpy's ufuncs compute it."""
+    v = graph_runner.VIEW_FIELDS
+    d = numba.carray(p, (1 + 3 * v,))
+    op = d[0]
+    dst, a, b = graph_runner.view_f32(d, 1), graph_runner.view_f32(d, 1 + v), graph_runner.view_f32(d, 1 + 2 * v)
+    n0 = dst.shape[3]
+    r0, r1 = graph_runner.share_of(dst, ith, nth)
+    for r in range(r0, r1):
+        dr, ar, br = graph_runner.row_at(dst, r), graph_runner.row_at(a, r), graph_runner.row_at(b, r)
+        if op == 0:
+            for i in range(n0):
+                dr[i] = ar[i] + br[i]
+        elif op == 1:
+            for i in range(n0):
+                dr[i] = ar[i] - br[i]
+        elif op == 2:
+            for i in range(n0):
+                dr[i] = ar[i] * br[i]
+        else:
+            for i in range(n0):
+                dr[i] = ar[i] / br[i]
+    return 0
+
+
+@functools.cache
+def _binary_job() -> int:
+    return graph_runner.split_job(binary_step)
 
 
 def add_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
@@ -235,7 +286,31 @@ def clamp_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], p
         np.minimum(x, hi, out=d)
         np.maximum(d, lo, out=d)
 
-    return run
+    if d.dtype != F32 or x.dtype != F32 or (np.may_share_memory(d, x) and not same_memory(d, x)):
+        return run
+    return graph_runner.with_split_step(run, _clamp_job(), [], [d, x, np.array([lo, hi], F32)])
+
+
+@njit(nogil=True, cache=True)
+def clamp_step(p, ith, nth):
+    """Thread ith's rows of dst = maximum(minimum(x, hi), lo) as numpy's (a NaN stays NaN)."""
+    v = graph_runner.VIEW_FIELDS
+    d = numba.carray(p, (3 * v,))
+    dst, x, consts = graph_runner.view_f32(d, 0), graph_runner.view_f32(d, v), graph_runner.view_f32(d, 2 * v)
+    lo, hi = consts[0, 0, 0, 0], consts[0, 0, 0, 1]
+    r0, r1 = graph_runner.share_of(dst, ith, nth)
+    for r in range(r0, r1):
+        dr, xr = graph_runner.row_at(dst, r), graph_runner.row_at(x, r)
+        for i in range(dr.shape[0]):  # numpy's: the first operand if below (above) or NaN (v != v), else the second
+            v = xr[i]
+            m = v if v < hi or v != v else hi
+            dr[i] = m if m > lo or m != m else lo
+    return 0
+
+
+@functools.cache
+def _clamp_job() -> int:
+    return graph_runner.split_job(clamp_step)
 
 
 def _leaky(d: np.ndarray, x: np.ndarray, slope: float, params: ComputeParams) -> Compute:

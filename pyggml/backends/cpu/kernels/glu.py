@@ -14,9 +14,11 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
+import numba
 import numpy as np
+from numba import njit
 
-from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel, element_math
+from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel, element_math, graph_runner
 from pyggml.backends.cpu.kernels._common import bf16_to_f32, f32_to_bf16, noop, reshape_view, scratch
 from pyggml.backends.cpu.kernels.simd_math import host_lanes, silu_rows
 from pyggml.core.errors import GGMLError, ShapeError, UnsupportedTypeError
@@ -183,7 +185,9 @@ def glu_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], par
         # arithmetic of a decode step's row
         rows = [reshape_view(v, (-1, nc)) for v in (x, g, dst)]
         if all(r is not None for r in rows):
-            return functools.partial(silu_rows, rows[0], rows[2], rows[1], host_lanes(params.numerics))
+            fn = functools.partial(silu_rows, rows[0], rows[2], rows[1], host_lanes(params.numerics))
+            step = _swiglu_step(*rows, host_lanes(params.numerics))  # type: ignore[arg-type]
+            return fn if step is None else graph_runner.with_steps(fn, (step,))
     tx, tg = scratch(params, dst.shape, dst.shape)
     act = _ACTS[p.op]
     if p.op == GLUOp.SWIGLU:  # the one act whose arithmetic follows `numerics`
@@ -196,6 +200,37 @@ def glu_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], par
         _store(tx, dst)
 
     return run
+
+
+def _swiglu_step(x: np.ndarray, g: np.ndarray, dst: np.ndarray, lanes: int) -> graph_runner.Step | None:
+    """The job form of F32 SwiGLU on rows (x, g and dst (rows, nc)), dst apart from x and g."""
+    if any(np.may_share_memory(dst, v) for v in (x, g)):
+        return None
+    desc = graph_runner.descriptor([lanes, all(v.flags.c_contiguous for v in (x, g, dst))], [x, g, dst])
+    return None if desc is None else graph_runner.Step(graph_runner.SPLIT, _swiglu_job(), desc, keep=(x, g, dst))
+
+
+@njit(nogil=True, cache=True)
+def swiglu_step(p, ith, nth):
+    """Thread ith's rows of silu_rows(x, dst, g, lanes), as C-contiguous arrays where they are (they vectorize)."""
+    v = graph_runner.VIEW_FIELDS
+    d = numba.carray(p, (2 + 3 * v,))
+    r0, r1 = graph_runner.thread_rows(d[2 + 3], ith, nth)
+    if r0 >= r1:
+        return 0
+    if d[1]:
+        x, g, dst = graph_runner.rows_f32(d, 2), graph_runner.rows_f32(d, 2 + v), graph_runner.rows_f32(d, 2 + 2 * v)
+        silu_rows(x[r0:r1], dst[r0:r1], g[r0:r1], d[0])
+    else:
+        xs, gs, ds = graph_runner.view_f32(d, 2)[0, 0], graph_runner.view_f32(d, 2 + v)[0, 0], \
+            graph_runner.view_f32(d, 2 + 2 * v)[0, 0]
+        silu_rows(xs[r0:r1], ds[r0:r1], gs[r0:r1], d[0])
+    return 0
+
+
+@functools.cache
+def _swiglu_job() -> int:
+    return graph_runner.split_job(swiglu_step)
 
 
 KERNELS: dict[GGMLOp, Kernel] = {GGMLOp.GLU: glu_kernel}

@@ -14,9 +14,11 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
+import numba
 import numpy as np
+from numba import njit
 
-from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
+from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel, graph_runner
 from pyggml.backends.cpu.kernels._common import (
     bf16_to_f32,
     check_same_shape,
@@ -64,21 +66,65 @@ def _copy_fn(d: np.ndarray, s: np.ndarray, casting: str = "same_kind") -> Comput
     """Copy (with numpy casting) s's elements in row-major order into d's, without a copy at prepare time."""
     if d.shape == s.shape:
         d, s = collapse(d, s)
-        return functools.partial(np.copyto, d, s, casting=casting)
+        return _with_copy_step(functools.partial(np.copyto, d, s, casting=casting), d, s)
     dv = reshape_view(d, s.shape)
     if dv is not None:
         dv, s = collapse(dv, s)
-        return functools.partial(np.copyto, dv, s, casting=casting)
+        return _with_copy_step(functools.partial(np.copyto, dv, s, casting=casting), dv, s)
     sv = reshape_view(s, d.shape)
     if sv is not None:
         d, sv = collapse(d, sv)
-        return functools.partial(np.copyto, d, sv, casting=casting)
+        return _with_copy_step(functools.partial(np.copyto, d, sv, casting=casting), d, sv)
 
     def run() -> None:
         # both sides strided in incompatible ways: numpy's reshape copies src at run time
         np.copyto(d, np.reshape(s, d.shape), casting=casting)
 
     return run
+
+
+def _with_copy_step(fn: Compute, d: np.ndarray, s: np.ndarray) -> Compute:
+    """`fn` (d = s, same shapes) with its job form when both are F32 and d is apart from s."""
+    if d.dtype != np.float32 or s.dtype != np.float32 or np.may_share_memory(d, s):
+        return fn
+    return graph_runner.with_split_step(fn, _copy_job(), [], [d, s])
+
+
+@njit(nogil=True, cache=True)
+def copy_step(p, ith, nth):
+    """Thread ith's rows of d = s (f32, strided)."""
+    d, s = graph_runner.two_f32(p)
+    r0, r1 = graph_runner.share_of(d, ith, nth)
+    for r in range(r0, r1):
+        graph_runner.row_at(d, r)[:] = graph_runner.row_at(s, r)
+    return 0
+
+
+@functools.cache
+def _copy_job() -> int:
+    return graph_runner.split_job(copy_step)
+
+
+@njit(nogil=True, cache=True)
+def take_step(p, shared):
+    """d[j] = a[ids[j]] (f32 rows) once every id is in [0, n_rows); else d[1] = 1 and nothing is written."""
+    v = graph_runner.VIEW_FIELDS
+    desc = numba.carray(p, (2 + 3 * v,))
+    a, ids, d = graph_runner.view_f32(desc, 2)[0, 0], graph_runner.view_i32(desc, 2 + v)[0, 0, 0], \
+        graph_runner.view_f32(desc, 2 + 2 * v)[0, 0]
+    desc[1] = 0
+    for j in range(ids.shape[0]):
+        if ids[j] < 0 or ids[j] >= desc[0]:
+            desc[1] = 1
+            return 0
+    for j in range(ids.shape[0]):
+        d[j] = a[ids[j]]
+    return 0
+
+
+@functools.cache
+def _take_job() -> int:
+    return graph_runner.alone_job(take_step)
 
 
 def _int_cast_fn(d: np.ndarray, s: np.ndarray) -> Compute:
@@ -224,7 +270,16 @@ def get_rows_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None]
             check()
             np.take(a2, i1, axis=0, out=d2, mode="clip")  # indices are checked, so 'clip' never clips
 
-        return take
+        desc = graph_runner.descriptor([n_rows, 0], [a2, i1, d2]) if a2.dtype == np.float32 else None
+        if desc is None or np.may_share_memory(d2, a2) or np.may_share_memory(d2, i1):
+            return take
+
+        def check_step() -> None:
+            if desc[1]:
+                check()
+
+        step = graph_runner.Step(graph_runner.ALONE, _take_job(), desc, keep=(a2, i1, d2), after=check_step)
+        return graph_runner.with_steps(take, (step,))
 
     i3 = np.arange(ne12).reshape(ne12, 1, 1)
     i2 = np.arange(ne11).reshape(1, ne11, 1)

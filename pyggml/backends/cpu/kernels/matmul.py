@@ -12,7 +12,7 @@ from collections.abc import Callable
 import numpy as np
 
 from pyggml.backends.cpu import repack
-from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
+from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel, graph_runner, src1_steps
 from pyggml.backends.cpu.kernels._common import is_multiple, noop, reshape_view, strided_view
 from pyggml.backends.cpu.kernels.fwht import fwht_kernel, hadamard_problem, is_hadamard
 from pyggml.backends.cpu.kernels.threads import new_pool, new_team
@@ -405,7 +405,11 @@ def _mul_mat_numba(wtype: GGMLType, xtype: GGMLType, K: int, dst: np.ndarray, sr
                 prepare_y()
                 direct()
 
-            return run_q
+            x_rows = get_x() if get_x is not None and xs is None else None  # src1's own f32 rows
+            if x_rows is None:
+                return run_q
+            return _with_src1_step(run_q, direct, src1_steps.quantize_src1_step(int(vdt), rounding, x_rows, yq, yd,
+                                                                                ys, yb))
 
         assert yf is not None and tile is not None
         qk = TYPE_TRAITS[vdt].blck_size
@@ -446,7 +450,11 @@ def _mul_mat_numba(wtype: GGMLType, xtype: GGMLType, K: int, dst: np.ndarray, sr
             half_x()
             direct()
 
-        return run_h
+        rows = reshape_view(src1, (ny, K)) if xtype == F32 else None
+        if flush_x or rows is None or not rows.flags.c_contiguous:
+            return run_h
+        step = src1_steps.half_src1_step(int(wtype) if round_x else src1_steps.NO_ROUNDING, rows, xs)
+        return _with_src1_step(run_h, direct, step)
 
     assert tile is not None
 
@@ -455,6 +463,13 @@ def _mul_mat_numba(wtype: GGMLType, xtype: GGMLType, K: int, dst: np.ndarray, sr
         _tiled_blas(kind, w, w_off, nb, x, out, N, ne03 * ne02, M, r3, r2, ne12, tile)
 
     return run_hb
+
+
+def _with_src1_step(run: Compute, direct: Compute, convert: graph_runner.Step) -> Compute:
+    """`run` with its job form: src1's conversion, then the product's step (`direct`'s)."""
+    product = graph_runner.steps_of(direct)
+    assert product is not None
+    return graph_runner.with_steps(run, (convert, *product))
 
 
 def _direct(kind: int, w: np.ndarray, w_off: np.ndarray, nb: int, xf: np.ndarray, yq: np.ndarray, yd: np.ndarray,
@@ -466,13 +481,19 @@ def _direct(kind: int, w: np.ndarray, w_off: np.ndarray, nb: int, xf: np.ndarray
         desc = mul_mat_job.mul_mat_desc(kind, w, w_off, nb, xf, yq, yd, ys, yb, N, w_base, out, 0, _NO_COUNTER,
                                         rounding)
         # the operands stay referenced here: the job holds only their addresses
-        return functools.partial(_run_alone, desc, (w, w_off, xf, yq, yd, ys, yb, w_base, out))
+        operands = (w, w_off, xf, yq, yd, ys, yb, w_base, out)
+        return graph_runner.with_steps(functools.partial(_run_alone, desc, operands),
+                                       (graph_runner.Step(graph_runner.ALONE, int(desc[mul_mat_job._JOB_ADDRESS]),
+                                                          desc, keep=operands),))
     chunk = _chunk(out.shape[1], w_base.shape[0], nt)
     if kind in X8_GROUP_KINDS:  # whole groups of repacked rows
         chunk = -(-chunk // repack.X8_ROWS) * repack.X8_ROWS
     ctr = np.zeros(2, np.int64)  # items taken, items done: reset by each call
     desc = mul_mat_job.mul_mat_desc(kind, w, w_off, nb, xf, yq, yd, ys, yb, N, w_base, out, chunk, ctr, rounding)
-    return functools.partial(_run_shared, desc, ctr, nt - 1, (w, w_off, xf, yq, yd, ys, yb, w_base, out))
+    operands = (w, w_off, xf, yq, yd, ys, yb, w_base, out)
+    return graph_runner.with_steps(functools.partial(_run_shared, desc, ctr, nt - 1, operands),
+                                   (graph_runner.Step(graph_runner.ITEMS, int(desc[mul_mat_job._JOB_ADDRESS]), desc,
+                                                      ctr, operands),))
 
 
 _NO_COUNTER = np.zeros(2, np.int64)

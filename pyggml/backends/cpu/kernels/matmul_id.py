@@ -4,12 +4,18 @@ ADD_ID, F32 only as ggml's CPU (ggml-cpu.c, ops.cpp)."""
 
 from __future__ import annotations
 
+import functools
+
+import numba
 import numpy as np
+from numba import njit
 
 from pyggml.backends.cpu import repack
-from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
+from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel, graph_runner
 from pyggml.backends.cpu.kernels._common import noop, reshape_view
+from pyggml.backends.cpu.kernels.atomics import address
 from pyggml.backends.cpu.kernels.matmul import (
+    ITEMS_PER_THREAD,
     TILED_MIN_COLS,
     _carve,
     _chunk,
@@ -19,6 +25,7 @@ from pyggml.backends.cpu.kernels.matmul import (
     _run_shared,
     _weight_rows,
 )
+from pyggml.backends.cpu.kernels.threads import SLOT_LEN
 from pyggml.backends.cpu.kernels.vec_dot import mul_mat_id_job, quantize_src1
 from pyggml.backends.cpu.kernels.vec_dot import type_table as tt
 from pyggml.backends.cpu.kernels.vec_dot.type_table import MUL_MAT_TYPES
@@ -189,8 +196,7 @@ def _expert_rows(name: str, type: GGMLType, repacked: bool, w: np.ndarray, xs: n
     def run() -> None:
         n_runs = mul_mat_id_job.route(ids2.reshape(-1), n_as, M, n_used, ne11, order, src_of, runs)
         if n_runs < 0:
-            bad = int(ids2.reshape(-1)[-1 - n_runs])
-            raise OutOfBoundsError(f"CPU MUL_MAT_ID '{name}': id {bad} outside [0, {n_as})")
+            raise _bad_id(name, ids2, n_runs, n_as)
         convert()
         desc[mul_mat_id_job.N_RUNS] = n_runs
         if nt == 1:
@@ -200,7 +206,76 @@ def _expert_rows(name: str, type: GGMLType, repacked: bool, w: np.ndarray, xs: n
             desc[mul_mat_id_job.CHUNK] = -(-_chunk(M, n_runs, nt) // group) * group
             _run_shared(desc, ctr, nt - 1, operands)
 
-    return run
+    flat_ids = reshape_view(ids2, (-1,))
+    if copy_src or flat_ids is None:
+        return run
+    head = [n_as, M, n_used, ne11, int(quantized), int(vdt), rounding, kind, nt, group, address(desc), 0]
+    assert src_rows is not None  # src1's own rows: not copied
+    views = [flat_ids, order, src_of, runs, src_rows, *(y_src if quantized else y_routed), *y_routed, xf]
+    route_desc = graph_runner.descriptor(head, views)
+    if route_desc is None or not all(a.flags.c_contiguous for a in views):
+        return run
+
+    def check() -> None:
+        if route_desc[_BAD] < 0:
+            raise _bad_id(name, ids2, int(route_desc[_BAD]), n_as)
+
+    route_step = graph_runner.Step(graph_runner.ALONE, _route_job(), route_desc, keep=tuple(views) + (desc,),
+                                   after=check)
+    product = graph_runner.Step(graph_runner.ALONE if nt == 1 else graph_runner.ITEMS,
+                                int(desc[mul_mat_id_job._JOB_ADDRESS]), desc, None if nt == 1 else ctr, operands)
+    return graph_runner.with_steps(run, (route_step, product))
+
+
+_BAD = 11  # the route step's field for route's result when an id is outside [0, n_as) (else 0)
+
+
+def _bad_id(name: str, ids2: np.ndarray, n_runs: int, n_as: int) -> OutOfBoundsError:
+    bad = int(ids2.reshape(-1)[-1 - n_runs])
+    return OutOfBoundsError(f"CPU MUL_MAT_ID '{name}': id {bad} outside [0, {n_as})")
+
+
+@njit(nogil=True, cache=True)
+def route_step(p, shared):
+    """`run`'s routing and conversion on thread 0: route, src1 to the vec_dot type and gathered (or rounded), the
+    product's runs and chunk set; a bad id leaves the product nothing to do."""
+    v = graph_runner.VIEW_FIELDS
+    d = numba.carray(p, (12 + 14 * v,))
+    n_as, M, n_used, ne11, quantized, vdt, rounding, kind, nt, group = d[0], d[1], d[2], d[3], d[4], d[5], d[6], \
+        d[7], d[8], d[9]
+    job = numba.carray(graph_runner.pointer_i64(d[10]), (SLOT_LEN,))
+    at = 12
+    ids = graph_runner.rows_i32(d, at)[0]
+    order, src_of = graph_runner.rows_i64(d, at + v)[0], graph_runner.rows_i64(d, at + 2 * v)[0]
+    runs, x_rows = graph_runner.rows_i64(d, at + 3 * v), graph_runner.rows_f32(d, at + 4 * v)
+    n_runs = mul_mat_id_job.route(ids, n_as, M, n_used, ne11, order, src_of, runs)
+    d[_BAD] = min(n_runs, 0)
+    job[mul_mat_id_job.N_RUNS] = max(n_runs, 0)
+    job[mul_mat_id_job.CHUNK] = 0
+    if n_runs <= 0:
+        return 0
+    if nt > 1:
+        per_slice = max(1, (ITEMS_PER_THREAD * nt + n_runs - 1) // n_runs)  # matmul._chunk's
+        chunk = max(8, (M + per_slice - 1) // per_slice)
+        job[mul_mat_id_job.CHUNK] = (chunk + group - 1) // group * group
+    yq, yd = graph_runner.rows_i8(d, at + 5 * v), graph_runner.rows_f32(d, at + 6 * v)
+    ys, yb = graph_runner.rows_f32(d, at + 7 * v), graph_runner.rows_i32(d, at + 8 * v)
+    gq, gd = graph_runner.rows_i8(d, at + 9 * v), graph_runner.rows_f32(d, at + 10 * v)
+    gs, gb = graph_runner.rows_f32(d, at + 11 * v), graph_runner.rows_i32(d, at + 12 * v)
+    xf = graph_runner.rows_f32(d, at + 13 * v)
+    if quantized:
+        quantize_src1.quantize_rows(vdt, x_rows, yq, yd, ys, yb, rounding)
+        mul_mat_id_job.gather_rows(src_of, yq, yd, ys, yb, gq, gd, gs, gb)
+        return 0
+    for i in range(src_of.shape[0]):
+        xf[i] = x_rows[src_of[i]]
+    quantize_src1.round_rows(kind, xf)
+    return 0
+
+
+@functools.cache
+def _route_job() -> int:
+    return graph_runner.alone_job(route_step)
 
 
 # --- ADD_ID ---

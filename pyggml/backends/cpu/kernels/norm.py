@@ -3,12 +3,14 @@ in ggml's arithmetic (DESIGN.md, "Norms, softmax and RoPE")."""
 
 from __future__ import annotations
 
+import functools
 import math
 
+import numba
 import numpy as np
 from numba import njit
 
-from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
+from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel, graph_runner
 from pyggml.backends.cpu.kernels._common import (
     F32,
     FLOAT_TYPES,
@@ -138,7 +140,35 @@ def rms_norm_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None]
         _rms_scales(xf, eps, scale)
         np.multiply(xf, scale, out=dst)
 
-    return run
+    if t is not None or dst.dtype != F32 or (np.may_share_memory(x, dst) and not same_memory(x, dst)):
+        return run
+    return graph_runner.with_split_step(run, _rms_norm_job(), [], [x, dst, np.array([eps], F32)])
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def rms_norm_step(p, ith, nth):
+    """Thread ith's rows of RMS_NORM: each row's scale as `_rms_scales`' (the squares in double, in order), then
+    dst = x * scale in f32."""
+    v = graph_runner.VIEW_FIELDS
+    d = numba.carray(p, (3 * v,))
+    x, dst, eps = graph_runner.view_f32(d, 0), graph_runner.view_f32(d, v), graph_runner.view_f32(d, 2 * v)[0, 0, 0, 0]
+    n = x.shape[3]
+    r0, r1 = graph_runner.share_of(x, ith, nth)
+    for r in range(r0, r1):
+        xr, dr = graph_runner.row_at(x, r), graph_runner.row_at(dst, r)
+        total = 0.0
+        for i0 in range(n):
+            u = xr[i0]
+            total += np.float64(u * u)
+        scale = _rms_scale(total, n, eps)
+        for i0 in range(n):
+            dr[i0] = xr[i0] * scale
+    return 0
+
+
+@functools.cache
+def _rms_norm_job() -> int:
+    return graph_runner.split_job(rms_norm_step)
 
 
 def _normalize_groups(v: np.ndarray, eps: np.float32) -> None:
@@ -237,7 +267,33 @@ def soft_max_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None]
         if out_f32 is not dst:
             np.copyto(dst, out, casting="same_kind")
 
-    return run
+    if x_f32 is not x or mask_f32 is not rows or out_f32 is not dst or \
+            (np.may_share_memory(x, dst) and not same_memory(x, dst)):
+        return run
+    consts = np.array([scale], F32)
+    views = [x, mask_f32, slopes.astype(F32), sinks, dst, t, consts]
+    desc = graph_runner.descriptor([int(fma), lanes], views)
+    if desc is None:
+        return run
+    step = graph_runner.Step(graph_runner.ALONE, _soft_max_job(), desc, keep=tuple(views))
+    return graph_runner.with_steps(run, (step,))
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def soft_max_step(p, shared):
+    """_soft_max_rows on the step's operands (thread 0 alone)."""
+    v = graph_runner.VIEW_FIELDS
+    d = numba.carray(p, (2 + 7 * v,))
+    x, mask, dst = graph_runner.view_f32(d, 2), graph_runner.view_f32(d, 2 + v), graph_runner.view_f32(d, 2 + 4 * v)
+    slopes, sinks = graph_runner.view_f32(d, 2 + 2 * v)[0, 0, 0], graph_runner.view_f32(d, 2 + 3 * v)[0, 0, 0]
+    t, scale = graph_runner.view_f32(d, 2 + 5 * v)[0, 0, 0], graph_runner.view_f32(d, 2 + 6 * v)[0, 0, 0, 0]
+    _soft_max_rows(x, scale, mask, slopes, d[0] != 0, sinks, dst, t, d[1])
+    return 0
+
+
+@functools.cache
+def _soft_max_job() -> int:
+    return graph_runner.alone_job(soft_max_step)
 
 
 _NO_MASK = np.zeros((0, 0, 0, 0), F32)
@@ -492,7 +548,42 @@ def _rope(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: 
         for d, src in copies:
             np.copyto(d, src)
 
-    return run
+    if not (fused and forward) or copies or (np.may_share_memory(x, dst) and not same_memory(x, dst)):
+        return run
+    c_now = np.empty((ne2, pairs.n_pairs), F32)  # the step's angles, computed before the run (positions are inputs)
+    s_now = np.empty((ne2, pairs.n_pairs), F32)
+
+    def angles() -> None:
+        c, s = _cached_cos_sin(p, pairs.n_pairs, positions, freq_factors)
+        np.copyto(c_now, c)
+        np.copyto(s_now, s)
+
+    desc = graph_runner.descriptor([], [x0, x1, c_now, s_now, d0, d1])
+    if desc is None:
+        return run
+    reads = (positions,) if freq_factors is None else (positions, freq_factors)
+    step = graph_runner.Step(graph_runner.SPLIT, _rope_job(), desc, keep=(x0, x1, c_now, s_now, d0, d1),
+                             before=angles, reads=reads)
+    return graph_runner.with_steps(run, (step,))
+
+
+@njit(nogil=True, cache=True)
+def rope_step(p, ith, nth):
+    """Thread ith's share of the rows (dim 1) of the fused rotation (_rotate_fma), angles given."""
+    v = graph_runner.VIEW_FIELDS
+    d = numba.carray(p, (6 * v,))
+    x0, x1, d0, d1 = graph_runner.view_f32(d, 0), graph_runner.view_f32(d, v), graph_runner.view_f32(d, 4 * v), \
+        graph_runner.view_f32(d, 5 * v)
+    c, s = graph_runner.view_f32(d, 2 * v)[0, 0], graph_runner.view_f32(d, 3 * v)[0, 0]
+    r0, r1 = graph_runner.thread_rows(x0.shape[2], ith, nth)
+    if r0 < r1:
+        _rotate_fma(x0[:, :, r0:r1], x1[:, :, r0:r1], c, s, d0[:, :, r0:r1], d1[:, :, r0:r1])
+    return 0
+
+
+@functools.cache
+def _rope_job() -> int:
+    return graph_runner.split_job(rope_step)
 
 
 KERNELS: dict[GGMLOp, Kernel] = {

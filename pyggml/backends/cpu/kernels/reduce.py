@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import functools
 
+import numba
 import numpy as np
+from numba import njit
 
-from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
+from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel, graph_runner
 from pyggml.backends.cpu.kernels._common import (
     F32,
     FLOAT_TYPES,
@@ -78,7 +80,50 @@ def sum_rows_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None]
         raise ShapeError(f"CPU SUM_ROWS '{node.name}': dst ne {list(dst.shape[::-1])} for src ne {list(x.shape[::-1])}")
     if dst.size == 0:
         return noop
-    return functools.partial(np.add.reduce, x, axis=-1, dtype=F32, out=dst, keepdims=True)
+    fn = functools.partial(np.add.reduce, x, axis=-1, dtype=F32, out=dst, keepdims=True)
+    if x.dtype != F32 or dst.dtype != F32 or x.strides[3] != 4 or x.shape[3] > PAIRWISE_BLOCK:
+        return fn
+    return graph_runner.with_split_step(fn, _sum_rows_job(), [], [x, dst])
+
+
+PAIRWISE_BLOCK = 128  # numpy's PW_BLOCKSIZE: rows up to it are summed without its recursion (numba caches none)
+
+
+@njit(nogil=True, cache=True)
+def pairwise_sum(a, i0, n):
+    """numpy's pairwise summation of float32 a[i0:i0 + n], n <= PAIRWISE_BLOCK (add.reduce's inner loop)."""
+    if n < 8:
+        res = np.float32(0.0)
+        for i in range(n):
+            res += a[i0 + i]
+        return res
+    r0, r1, r2, r3 = a[i0], a[i0 + 1], a[i0 + 2], a[i0 + 3]
+    r4, r5, r6, r7 = a[i0 + 4], a[i0 + 5], a[i0 + 6], a[i0 + 7]
+    i = 8
+    while i < n - n % 8:
+        r0, r1, r2, r3 = r0 + a[i0 + i], r1 + a[i0 + i + 1], r2 + a[i0 + i + 2], r3 + a[i0 + i + 3]
+        r4, r5, r6, r7 = r4 + a[i0 + i + 4], r5 + a[i0 + i + 5], r6 + a[i0 + i + 6], r7 + a[i0 + i + 7]
+        i += 8
+    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    while i < n:
+        res += a[i0 + i]
+        i += 1
+    return res
+
+
+@njit(nogil=True, cache=True)
+def sum_rows_step(p, ith, nth):
+    """Thread ith's rows of SUM_ROWS, each summed as numpy's add.reduce (0 plus the pairwise sum)."""
+    x, dst = graph_runner.two_f32(p)
+    r0, r1 = graph_runner.share_of(x, ith, nth)
+    for r in range(r0, r1):
+        graph_runner.row_at(dst, r)[0] = np.float32(0.0) + pairwise_sum(graph_runner.row_at(x, r), 0, x.shape[3])
+    return 0
+
+
+@functools.cache
+def _sum_rows_job() -> int:
+    return graph_runner.split_job(sum_rows_step)
 
 
 def mean_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
@@ -141,7 +186,27 @@ def argsort_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None],
         def run() -> None:
             np.copyto(dst, np.argsort(np.negative(x), axis=-1, kind="stable"), casting="same_kind")
 
-    return run
+    if x.dtype != F32:
+        return run
+    return graph_runner.with_split_step(run, _argsort_job(), [int(order != SortOrder.ASC)], [x, dst])
+
+
+@njit(nogil=True, cache=True)
+def argsort_step(p, ith, nth):
+    """Thread ith's rows of ARGSORT: numba's stable mergesort (NaNs last, as numpy's), descending on -x."""
+    v = graph_runner.VIEW_FIELDS
+    d = numba.carray(p, (1 + 2 * v,))
+    x, dst = graph_runner.view_f32(d, 1), graph_runner.view_i32(d, 1 + v)
+    r0, r1 = graph_runner.share_of(x, ith, nth)
+    for r in range(r0, r1):
+        row = -graph_runner.row_at(x, r) if d[0] else graph_runner.row_at(x, r).copy()
+        graph_runner.row_at(dst, r)[:] = np.argsort(row, kind="mergesort")
+    return 0
+
+
+@functools.cache
+def _argsort_job() -> int:
+    return graph_runner.split_job(argsort_step)
 
 
 def top_k_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:

@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
+import numba
 import numpy as np
 from numba import njit
 
-from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
+from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel, graph_runner
 from pyggml.backends.cpu.kernels._common import f32_to_bf16, is_writable, noop
 from pyggml.backends.cpu.kernels.vec_dot.ir import f16_bits
 from pyggml.core import quants
@@ -108,7 +110,49 @@ def _set_rows_2d(idx: np.ndarray, values: np.ndarray, dst: np.ndarray, n_rows: i
         if bad >= 0:
             raise _out_of_bounds(name, int(idx[bad]), n_rows)
 
-    return run
+    if src.dtype != np.float32 or np.may_share_memory(into, src) or np.may_share_memory(into, idx):
+        return run
+    desc = graph_runner.descriptor([int(to_f16), n_rows, idx.dtype == np.int64, -1], [idx, src, into])
+    if desc is None:
+        return run
+
+    def check() -> None:
+        if desc[_BAD] >= 0:
+            raise _out_of_bounds(name, int(idx[desc[_BAD]]), n_rows)
+
+    step = graph_runner.Step(graph_runner.ALONE, _set_rows_job(), desc, keep=(idx, src, into), after=check)
+    return graph_runner.with_steps(run, (step,))
+
+
+_BAD = 3  # the set-rows step's field for the first bad index's position (-1: none)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _write_into(d, into, to_f16):
+    """_write_rows into `into` with the step's indices (I64 or I32) and values; the first bad position in d[_BAD]."""
+    v = graph_runner.VIEW_FIELDS
+    src = graph_runner.view_f32(d, 4 + v)[0, 0]
+    if d[2]:
+        d[_BAD] = _write_rows(graph_runner.view_i64(d, 4)[0, 0, 0], src, into, d[1], to_f16)
+    else:
+        d[_BAD] = _write_rows(graph_runner.view_i32(d, 4)[0, 0, 0], src, into, d[1], to_f16)
+
+
+@njit(nogil=True, cache=True)
+def set_rows_step(p, shared):
+    """_write_rows on the step's operands (thread 0 alone), the first bad position in d[_BAD] (rows left unwritten)."""
+    v = graph_runner.VIEW_FIELDS
+    d = numba.carray(p, (4 + 3 * v,))
+    if d[0]:
+        _write_into(d, graph_runner.view_u16(d, 4 + 2 * v)[0, 0], True)
+    else:
+        _write_into(d, graph_runner.view_f32(d, 4 + 2 * v)[0, 0], False)
+    return 0
+
+
+@functools.cache
+def _set_rows_job() -> int:
+    return graph_runner.alone_job(set_rows_step)
 
 
 @njit(nogil=True, cache=True)

@@ -16,13 +16,22 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-from pyggml.backends.cpu.kernels.atomics import atomic_cas, atomic_load, atomic_store, element_pointer, spin_pause
+from pyggml.backends.cpu.kernels.atomics import (
+    address,
+    atomic_cas,
+    atomic_load,
+    atomic_store,
+    element_pointer,
+    spin_pause,
+)
 from pyggml.core.errors import ArgumentError
 
 log = logging.getLogger("pyggml.backends.cpu")
 
 IDLE, POSTED, RUNNING = 0, 1, 2  # a slot's state (its element 0)
 SLOT_LEN = 40  # int64 per slot: the state and up to 39 fields of a job (320 bytes: slots share no cache line)
+LEAD_SLOTS_AT, LEAD_SLOTS, LEAD_SPINS = 4, 5, 6  # a `lead` job's fields: its slots, how many, idle polls
+N_THREADS = SLOT_LEN - 1  # a slot's field with the threads a `run_all` job has (the caller and its workers)
 MAX_WORKERS = 511  # GGML_MAX_N_THREADS - 1
 ENV_SPIN_US = "PYGGML_CPU_SPIN_US"
 SPIN_SECONDS = 0.001  # a worker's polling after its last job (llama.cpp's --poll): covers a decode step's gaps
@@ -79,13 +88,19 @@ def _idle_poll(slot, spins):
     return n
 
 
-@njit(cache=True)
-def _post(slots, desc, n):
-    """Copy the job `desc` to slots 0..n-1, then mark them POSTED; not nogil: a sleeping worker checks under the GIL."""
+@njit(inline="always")
+def post(slots, desc, n) -> None:
+    """Copy the job `desc` to slots 0..n-1, then mark them POSTED."""
     for i in range(n):
         for k in range(1, desc.shape[0]):
             slots[i, k] = desc[k]
         atomic_store(slots, i * slots.shape[1], POSTED)
+
+
+@njit(cache=True)
+def _post(slots, desc, n):
+    """`post`; not nogil: a sleeping worker checks under the GIL."""
+    post(slots, desc, n)
 
 
 @njit(inline="always")
@@ -107,6 +122,7 @@ class WorkerPool:
         self.workers: list[threading.Thread] = []
         self.conds: list[threading.Condition] = []
         self.sleeping: list[bool] = []
+        self.woken: list[bool] = []
         self.lock = threading.Lock()
         self.spins = 0
 
@@ -130,9 +146,9 @@ class WorkerPool:
                 slot[0] = IDLE
             with cond:
                 self.sleeping[i] = True
-                while slot[0] != POSTED:
+                while slot[0] != POSTED and not self.woken[i]:
                     cond.wait()
-                self.sleeping[i] = False
+                self.sleeping[i] = self.woken[i] = False
 
     def ensure(self, n_workers: int) -> None:
         n_workers = min(n_workers, MAX_WORKERS)
@@ -144,6 +160,7 @@ class WorkerPool:
             i = len(self.workers)
             self.conds.append(threading.Condition())
             self.sleeping.append(False)
+            self.woken.append(False)
             t = threading.Thread(target=self._loop, args=(i,), name=f"pyggml-cpu-{i}", daemon=True)
             self.workers.append(t)
             t.start()
@@ -155,15 +172,52 @@ class WorkerPool:
         try:
             self.ensure(n_workers)
             n = min(n_workers, len(self.workers))
-            _post(self.slots, desc, n)
-            # under the GIL: either a worker sees POSTED or this sees it asleep (DESIGN.md, "Threads")
-            for i in range(n):
-                if self.sleeping[i]:
-                    with self.conds[i]:
-                        self.conds[i].notify()
+            self._post_and_wake(desc, n)
             shared(desc, self.slots, n)
         finally:
             self.lock.release()
+
+    def run_all(self, shared: Callable[[np.ndarray, np.ndarray, int], object], desc: np.ndarray,
+                n_workers: int) -> None:
+        """As `run`, for a job all threads take part in (barriers): desc[N_THREADS] says how many."""
+        if not self.lock.acquire(blocking=False):
+            desc[N_THREADS] = 1
+            shared(desc, self.slots, 0)
+            return
+        try:
+            self.ensure(n_workers)
+            desc[N_THREADS] = min(n_workers, len(self.workers)) + 1
+            self._post_and_wake(desc, int(desc[N_THREADS]) - 1)
+            shared(desc, self.slots, int(desc[N_THREADS]) - 1)
+        finally:
+            self.lock.release()
+
+    def lead(self, leader: Callable[[np.ndarray, int], object], desc: np.ndarray, n_workers: int) -> None:
+        """`leader(desc, 1)` on the caller, posting to desc[LEAD_SLOTS] slots itself (DESIGN.md, "The graph runner")."""
+        if not self.lock.acquire(blocking=False):
+            desc[LEAD_SLOTS] = 0
+            leader(desc, 1)
+            return
+        try:
+            self.ensure(n_workers)
+            n = min(n_workers, len(self.workers))
+            for i in range(n):
+                if self.sleeping[i]:
+                    with self.conds[i]:
+                        self.woken[i] = True
+                        self.conds[i].notify()
+            desc[LEAD_SLOTS_AT], desc[LEAD_SLOTS], desc[LEAD_SPINS] = address(self.slots), n, self.spins
+            leader(desc, 1)
+        finally:
+            self.lock.release()
+
+    def _post_and_wake(self, desc: np.ndarray, n: int) -> None:
+        _post(self.slots, desc, n)
+        # under the GIL: either a worker sees POSTED or this sees it asleep (DESIGN.md, "Threads")
+        for i in range(n):
+            if self.sleeping[i]:
+                with self.conds[i]:
+                    self.conds[i].notify()
 
     def _after_fork(self) -> None:
         self.__init__(self.spin)  # type: ignore[misc]
