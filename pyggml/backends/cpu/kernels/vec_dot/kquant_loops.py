@@ -174,10 +174,6 @@ def _d_finish(builder, unpacked, total, isum, bsums, yd):
     return builder.fadd(total, builder.fmul(builder.fmul(unpacked[0], yd), builder.sitofp(isum, IR_F32)))
 
 
-def _d_tiled_finish(builder, unpacked, total, isum, bsums, yd):
-    return fma(builder, builder.fmul(builder.sitofp(isum, IR_F32), unpacked[0]), yd, total)
-
-
 def _d_x86_block(builder, unpacked, state, iacc, bsums, yd):
     """acc = fma(y.d * x.d, lanes, acc), as ggml's AVX2 Q3_K."""
     d = builder.fmul(yd, unpacked[0])
@@ -209,20 +205,6 @@ def _q6_K_finish(builder, unpacked, total, isum, bsums, yd):
     offset = reduce_add_i32(builder, builder.mul(builder.sext(unpacked[1], v16), bsums, flags=["nsw"]), 16)
     isum = builder.sub(isum, builder.shl(offset, ir.Constant(IR_I32, 5)))
     return builder.fadd(total, builder.fmul(builder.fmul(unpacked[0], yd), builder.sitofp(isum, IR_F32)))
-
-
-def _min_tiled_finish(builder, unpacked, total, isum, bsums, yd):
-    """ggml-cpu's tiled matmul per super-block (DESIGN.md, "K-quants")."""
-    res = builder.fmul(builder.sitofp(isum, IR_F32), unpacked[0])
-    res = fma(builder, builder.fneg(unpacked[1]), builder.sitofp(_mins_sum(builder, unpacked[3], bsums), IR_F32), res)
-    return fma(builder, res, yd, total)
-
-
-def _q6_K_tiled_finish(builder, unpacked, total, isum, bsums, yd):
-    v16 = ir.VectorType(IR_I32, 16)
-    offset = reduce_add_i32(builder, builder.mul(builder.sext(unpacked[1], v16), bsums, flags=["nsw"]), 16)
-    s1 = builder.sub(isum, builder.shl(offset, ir.Constant(IR_I32, 5)))
-    return fma(builder, builder.fmul(builder.sitofp(s1, IR_F32), unpacked[0]), yd, total)
 
 
 _Q4_K_X86_STATE = (8, 4)  # ggml's AVX2 acc (8 lanes) and acc_m (Q4_K's mins, 4 lanes)
@@ -343,16 +325,14 @@ class KRowLoops(NamedTuple):
 
     cols: Any
     cols_x86: Any
-    cols_tiled: Any
 
 
-def k_row_loops(spec: dict, x86: tuple, tiled_finish) -> KRowLoops:
-    return KRowLoops(make_dot_k_row(**spec, ncols=COLS), make_dot_k_row(**spec, x86=x86, ncols=COLS),
-                     make_dot_k_row(**{**spec, "finish": tiled_finish}, ncols=COLS))
+def k_row_loops(spec: dict, x86: tuple) -> KRowLoops:
+    return KRowLoops(make_dot_k_row(**spec, ncols=COLS), make_dot_k_row(**spec, x86=x86, ncols=COLS))
 
 
-Q2_K_LOOPS = k_row_loops(Q2_K_SPEC, Q2_K_X86, _min_tiled_finish)
-Q3_K_LOOPS = k_row_loops(Q3_K_SPEC, Q3_K_X86, _d_tiled_finish)
-Q4_K_LOOPS = k_row_loops(Q4_K_SPEC, Q4_K_X86, _min_tiled_finish)
-Q5_K_LOOPS = k_row_loops(Q5_K_SPEC, Q5_K_X86, _min_tiled_finish)
-Q6_K_LOOPS = k_row_loops(Q6_K_SPEC, Q6_K_X86, _q6_K_tiled_finish)
+Q2_K_LOOPS = k_row_loops(Q2_K_SPEC, Q2_K_X86)
+Q3_K_LOOPS = k_row_loops(Q3_K_SPEC, Q3_K_X86)
+Q4_K_LOOPS = k_row_loops(Q4_K_SPEC, Q4_K_X86)
+Q5_K_LOOPS = k_row_loops(Q5_K_SPEC, Q5_K_X86)
+Q6_K_LOOPS = k_row_loops(Q6_K_SPEC, Q6_K_X86)
