@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 from pyggml.backends.cpu.kernels.atomics import element_pointer
@@ -152,24 +153,42 @@ def make_microkernel(spec: TiledSpec, vnni: bool):
             def scalar(p, i: int):
                 return builder.load(builder.gep(p, [ir.Constant(IR_I32, i)]))
 
-            s1 = [zero] * TILE_ROWS
-            for s in range(nsub):
-                start = builder.load(builder.gep(psub, [ir.Constant(IR_I32, s)]), align=4) if spec.bias else zero
+            def scaled(index):
+                return splat(builder, builder.load(builder.gep(pwsc, [index])), 16)
+
+            def per_sub_block(body):
+                """body(s, totals) -> totals over the sub-blocks s, as a loop: one sub-block's vpdpbusd at a
+                time (unrolled, LLVM interleaves them and spills)."""
+                slots = [cgutils.alloca_once_value(builder, zero) for _ in range(TILE_ROWS)]
+                with cgutils.for_range(builder, ir.Constant(IR_I32, nsub)) as loop:
+                    totals = body(loop.index, [builder.load(a) for a in slots])
+                    for a, v in zip(slots, totals, strict=True):
+                        builder.store(v, a)
+                return [builder.load(a) for a in slots]
+
+            def scaled_sums(s, s1):
+                start = builder.load(builder.gep(psub, [s]), align=4) if spec.bias else zero
                 sums = [start] * TILE_ROWS
+                q0 = builder.mul(s, ir.Constant(IR_I32, per_sub))
                 for g in range(per_sub):
-                    q = s * per_sub + g
-                    codes = load_vector(builder, builder.gep(pyt, [ir.Constant(IR_I32, 64 * q)]), IR_I8, 64)
+                    q = builder.add(q0, ir.Constant(IR_I32, g))
+                    codes = load_vector(builder, builder.gep(pyt, [builder.mul(q, ir.Constant(IR_I32, 64))]), IR_I8,
+                                        64)
                     for t in range(TILE_ROWS):
-                        u4 = builder.load(builder.gep(pwq, [ir.Constant(IR_I32, QUADS * t + q)]), align=1)
-                        sums[t] = _dot_quads(builder, sums[t], u4, codes, vnni)
-                for t in range(TILE_ROWS):
-                    s1[t] = builder.add(s1[t], builder.mul(sums[t], splat(builder, scalar(pwsc, nsub * t + s), 16)))
-            s2 = [zero] * TILE_ROWS
-            if spec.has_min:  # after the sums, as ggml: they do not hold registers during the vpdpbusd
-                for s in range(nsub):
-                    ysums = builder.load(builder.gep(psub, [ir.Constant(IR_I32, s)]), align=4)
-                    for t in range(TILE_ROWS):
-                        s2[t] = builder.add(s2[t], builder.mul(splat(builder, scalar(pwmin, nsub * t + s), 16), ysums))
+                        at = builder.add(q, ir.Constant(IR_I32, QUADS * t))
+                        sums[t] = _dot_quads(builder, sums[t], builder.load(builder.gep(pwq, [at]), align=1), codes,
+                                             vnni)
+                return [builder.add(s1[t], builder.mul(sums[t], scaled(builder.add(s, ir.Constant(IR_I32, nsub * t)))))
+                        for t in range(TILE_ROWS)]
+
+            def min_sums(s, s2):
+                ysums = builder.load(builder.gep(psub, [s]), align=4)
+                return [builder.add(s2[t], builder.mul(splat(builder, builder.load(builder.gep(
+                    pwmin, [builder.add(s, ir.Constant(IR_I32, nsub * t))])), 16), ysums)) for t in range(TILE_ROWS)]
+
+            s1 = per_sub_block(scaled_sums)
+            # the mins after the sums, as ggml: they hold no registers during the vpdpbusd
+            s2 = per_sub_block(min_sums) if spec.has_min else None
             yd = load_vector(builder, ptr(9, args[10]), IR_F32, 16)
             stride = args[13]
             for t in range(TILE_ROWS):
@@ -251,8 +270,8 @@ def make_tiled_rows(spec: TiledSpec, vnni: bool):
                     blk = band * nb + b
                     micro(wq, wsc, wmin, wd, wdmin, b * TILE_ROWS, yt, blk * BAND_BYTES, ysub, blk * nsub * TILE_COLS,
                           ydt, blk * TILE_COLS, acc, band * TILE_COLS, width)
-            for t in range(rows):
-                for c in range(n):
+            for c in range(n):  # each column's rows side by side in out
+                for t in range(rows):
                     out[r0 + c, g0 + t] = acc[t * width + c]
 
     return tiled
