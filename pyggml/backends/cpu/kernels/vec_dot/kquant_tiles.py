@@ -206,48 +206,93 @@ def make_microkernel(spec: TiledSpec, vnni: bool):
     return micro
 
 
-@intrinsic
-def _interleave(typingctx, yq, r, b, yt, at):
-    """The 256 codes of super-block b of src1 row r as one column of a band: their 64 groups of 4 at yt[at + 64q]."""
-    sig = types.void(yq, types.intp, types.intp, yt, types.intp)
+def _transpose16(builder, rows):
+    """The 16 <16 x i32> rows transposed: blocks of 8, 4, 2, 1 lanes exchanged between row pairs (vpermt2d)."""
+    rows = list(rows)
+    for half in (8, 4, 2, 1):
+        low = [j if j & half == 0 else 16 + j - half for j in range(16)]
+        high = [j + half if j & half == 0 else 16 + j for j in range(16)]
+        for i in (i for i in range(16) if i & half == 0):
+            a, b = rows[i], rows[i + half]
+            rows[i] = builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(IR_I32, 16), low))
+            rows[i + half] = builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(IR_I32, 16), high))
+    return rows
 
-    def codegen(context, builder, signature, args):
-        ty = signature.args
-        col = builder.mul(args[2], ir.Constant(args[2].type, QK_K))
-        src = builder.bitcast(row_pointer(context, builder, ty[0], args[0], args[1], col)[0], IR_I32.as_pointer())
-        dst = builder.bitcast(element_pointer(context, builder, ty[3], args[3], args[4]), IR_I32.as_pointer())
-        for q in range(QUADS):
-            word = builder.load(builder.gep(src, [ir.Constant(IR_I32, q)]), align=1)
-            builder.store(word, builder.gep(dst, [ir.Constant(IR_I32, TILE_COLS * q)]), align=1)
-        return context.get_dummy_value()
 
-    return sig, codegen
+def make_prepare_band(spec: TiledSpec):
+    """`prepare(yq, yd, yb, r0, n, b, yt, yo, ysub, so, ydt, do)`: super-block b of src1 rows r0..r0+n (n <= 16, the
+    band's columns; the lanes past n repeat row r0+n-1) as the microkernel reads it: the codes interleaved at yt[yo:]
+    ([quad][column][4]), per sub-block the columns' code sums (times -bias for a type with a bias) at ysub[so:],
+    their d at ydt[do:]."""
+    nsub, sub16 = QK_K // spec.subblock, spec.subblock // 16
+    v16 = ir.VectorType(IR_I32, 16)
+
+    @intrinsic
+    def prepare(typingctx, yq, yd, yb, r0, n, b, yt, yo, ysub, so, ydt, do):
+        ip = types.intp
+        sig = types.void(yq, yd, yb, ip, ip, ip, yt, ip, ysub, ip, ydt, ip)
+
+        def codegen(context, builder, signature, args):
+            ty, r0, n, b = signature.args, args[3], args[4], args[5]
+            last = builder.sub(n, ir.Constant(n.type, 1))
+            rows = [builder.add(r0, builder.select(builder.icmp_signed("<", ir.Constant(n.type, c), n),
+                                                   ir.Constant(n.type, c), last)) for c in range(TILE_COLS)]
+
+            def row_words(i: int, at):
+                return [builder.bitcast(row_pointer(context, builder, ty[i], args[i], r, at)[0], IR_I32.as_pointer())
+                        for r in rows]
+
+            def out(i: int, at, elem):
+                return builder.bitcast(element_pointer(context, builder, ty[i], args[i], at), elem.as_pointer())
+
+            codes = row_words(0, builder.mul(b, ir.Constant(b.type, QK_K)))
+            pyt = out(6, args[7], v16)
+            for h in range(QUADS // TILE_COLS):
+                loaded = [load_vector(builder, builder.gep(p, [ir.Constant(IR_I32, 16 * h)]), IR_I32, 16)
+                          for p in codes]
+                for q, v in enumerate(_transpose16(builder, loaded)):
+                    builder.store(v, builder.gep(pyt, [ir.Constant(IR_I32, 16 * h + q)]), align=1)
+            sums = _transpose16(builder, [load_vector(builder, p, IR_I32, 16)
+                                          for p in row_words(2, builder.mul(b, ir.Constant(b.type, 16)))])
+            psub = out(8, args[9], v16)
+            for s in range(nsub):
+                v = sums[sub16 * s]
+                for u in range(1, sub16):
+                    v = builder.add(v, sums[sub16 * s + u])
+                if spec.bias:
+                    v = builder.mul(v, ir.Constant(v16, [-spec.bias] * 16))
+                builder.store(v, builder.gep(psub, [ir.Constant(IR_I32, s)]), align=4)
+            d = ir.Constant(ir.VectorType(IR_F32, 16), None)
+            for c, r in enumerate(rows):
+                yd_c = builder.load(row_pointer(context, builder, ty[1], args[1], r, b)[0])
+                d = builder.insert_element(d, yd_c, ir.Constant(IR_I32, c))
+            builder.store(d, out(10, args[11], ir.VectorType(IR_F32, 16)), align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return prepare
 
 
 def make_tiled_rows(spec: TiledSpec, vnni: bool):
     """`tiled(w, w_off, base, m0, m1, nb, yq, yd, yb, r0, n, out)`: out[r0 + c, m] for c < n, m0 <= m < m1 in the
     order of ggml-cpu's tiled matmul (yb: Q8_K's sums of 16)."""
-    unpack, micro = make_unpack(spec), make_microkernel(spec, vnni)
-    nsub, sub16, bias, block_bytes = QK_K // spec.subblock, spec.subblock // 16, spec.bias, spec.block_bytes
+    unpack, micro, prepare = make_unpack(spec), make_microkernel(spec, vnni), make_prepare_band(spec)
+    nsub, block_bytes = QK_K // spec.subblock, spec.block_bytes
 
     @njit(nogil=True, cache=True)
     def tiled(w, w_off, base, m0, m1, nb, yq, yd, yb, r0, n, out):
         nbands = (n + TILE_COLS - 1) // TILE_COLS
         width = nbands * TILE_COLS
-        yt = np.zeros(nbands * nb * BAND_BYTES, np.int8)
-        ysub = np.zeros(nbands * nb * nsub * TILE_COLS, np.int32)
-        ydt = np.zeros(nbands * nb * TILE_COLS, np.float32)
-        for c in range(n):
-            band, lane = divmod(c, TILE_COLS)
+        yt = np.empty(nbands * nb * BAND_BYTES, np.int8)
+        ysub = np.empty(nbands * nb * nsub * TILE_COLS, np.int32)
+        ydt = np.empty(nbands * nb * TILE_COLS, np.float32)
+        for band in range(nbands):
+            c0 = band * TILE_COLS
             for b in range(nb):
                 blk = band * nb + b
-                _interleave(yq, r0 + c, b, yt, blk * BAND_BYTES + 4 * lane)
-                ydt[blk * TILE_COLS + lane] = yd[r0 + c, b]
-                for s in range(nsub):
-                    v = 0
-                    for u in range(sub16):
-                        v += yb[r0 + c, 16 * b + sub16 * s + u]
-                    ysub[(blk * nsub + s) * TILE_COLS + lane] = -bias * v if bias else v
+                prepare(yq, yd, yb, r0 + c0, min(TILE_COLS, n - c0), b, yt, blk * BAND_BYTES, ysub,
+                        blk * nsub * TILE_COLS, ydt, blk * TILE_COLS)
         tile_rows = TILE_ROWS * nb  # a tile: TILE_ROWS rows' super-blocks, by super-block, then row
         wq = np.zeros(tile_rows * QK_K, np.uint8)
         wsc = np.zeros(tile_rows * nsub, np.int32)
