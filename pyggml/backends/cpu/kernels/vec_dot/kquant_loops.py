@@ -267,9 +267,8 @@ def _q6_K_x86_result(builder, state):
 
 
 def make_dot_k_row(block_bytes: int, unpack, group, finish, scaled_sums=None, x86=None, ncols: int = 1):
-    """The row loop of a K-quant against Q8_K, signatures as make_dot_q_row's (yb: Q8_K's bsums). Per super-block
-    `unpack` once, `group(builder, pb, unpacked, g)` -> (values, pair scales) for its 8 groups, then `finish`
-    (ref) or `x86` = (state lane counts, block, result) in ggml's AVX2 order."""
+    """A K-quant's row loop against Q8_K (make_dot_q_row's signatures; yb: bsums): per super-block `unpack`, its 8
+    groups' (values, pair scales) by `group`, then `finish` (ref) or `x86` = (state lanes, block, result)."""
     v8i32 = ir.VectorType(IR_I32, 8)
     scaled_sums = target_scaled_sums if scaled_sums is None else scaled_sums
 

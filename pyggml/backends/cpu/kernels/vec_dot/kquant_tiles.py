@@ -1,7 +1,5 @@
-"""Prompts of plain K-quant matrices as ggml-cpu's tiled matmul computes them (ggml-cpu/tiled): src1's Q8_K codes
-interleaved in bands of TILE_COLS columns, TILE_ROWS weight rows unpacked to byte codes per super-block, and a
-microkernel of exact integer sums per sub-block ending each super-block in the tiled float order (DESIGN.md,
-"K-quants")."""
+"""Prompts of plain K-quant matrices as ggml-cpu's tiled matmul computes them, in its AVX512-VNNI kernel's layout
+(DESIGN.md, "K-quants")."""
 
 from __future__ import annotations
 
@@ -26,10 +24,8 @@ BAND_BYTES = QUADS * TILE_COLS * 4  # a band's interleaved codes of one super-bl
 
 
 class TiledSpec(NamedTuple):
-    """One type's tile: its block's bytes, kquant_loops' `unpack` and `group` readers, `meta(builder, unpacked)`
-    -> (d, dmin or None, sub-block scales, mins or None) as int32 vectors, `codes(values)` the unsigned codes of a
-    group's values, the sub-block length, `bias`: the codes' offset from the values (ggml's BIAS), and `has_min`
-    (ggml's HAS_MIN: dmin times the mins' sums comes off each super-block)."""
+    """One type's tile: kquant_loops' readers, `meta` -> (d, dmin, scales, mins) and `codes`, the sub-block length,
+    ggml's BIAS (the codes' offset from the values) and HAS_MIN."""
 
     block_bytes: int
     unpack: Any
@@ -75,9 +71,8 @@ TILED_SPECS: dict[str, TiledSpec] = {
 
 
 def make_unpack(spec: TiledSpec):
-    """`unpack(w, o, wq, wsc, wmin, wd, wdmin, t)`: the super-block at byte o of w as tile row t (flat index over the
-    tile's super-blocks and rows): its 256 codes at wq[256t:], sub-block scales at wsc[nsub*t:], mins at
-    wmin[nsub*t:], d and dmin at wd[t], wdmin[t]."""
+    """`unpack(w, o, wq, wsc, wmin, wd, wdmin, t)`: the super-block at byte o of w as tile row t: its codes at
+    wq[256t:], sub-block scales and mins at wsc[nsub*t:], wmin[nsub*t:], d and dmin at wd[t], wdmin[t]."""
     nsub = QK_K // spec.subblock
 
     @intrinsic
@@ -121,12 +116,9 @@ def _dot_quads(builder, acc, u4, codes, vnni: bool):
 
 
 def make_microkernel(spec: TiledSpec, vnni: bool):
-    """`micro(wq, wsc, wmin, wd, wdmin, wt, yt, yo, ysub, so, ydt, do, acc, ao, stride)`: TILE_ROWS rows of the
-    weight tile from row wt (make_unpack's arrays) times the band of one super-block at yt[yo:] (codes), ysub[so:]
-    (per sub-block and column: the sums of the column's codes, times -bias for a type with a bias) and ydt[do:]
-    (the columns' d): acc[ao + stride*t + c] = fma(res, y.d, acc) with res = float(s1) * d (then fma(-dmin,
-    float(s2), res)), s1 the scaled integer sums (codes minus bias), s2 the mins times the sums: ggml's
-    tiled_run_micro_vnni_8x16."""
+    """`micro(wq, wsc, wmin, wd, wdmin, wt, yt, yo, ysub, so, ydt, do, acc, ao, stride)`: TILE_ROWS tile rows from
+    wt times one super-block of a band (make_prepare_band's arrays), acc[ao + stride*t + c] = fma(res, y.d, acc) in
+    the order of ggml's tiled_run_micro_vnni_8x16."""
     nsub, per_sub = QK_K // spec.subblock, spec.subblock // 4
     v16, v16f = ir.VectorType(IR_I32, 16), ir.VectorType(IR_F32, 16)
     zero = ir.Constant(v16, [0] * 16)
@@ -157,8 +149,7 @@ def make_microkernel(spec: TiledSpec, vnni: bool):
                 return splat(builder, builder.load(builder.gep(pwsc, [index])), 16)
 
             def per_sub_block(body):
-                """body(s, totals) -> totals over the sub-blocks s, as a loop: one sub-block's vpdpbusd at a
-                time (unrolled, LLVM interleaves them and spills)."""
+                """body(s, totals) -> totals over the sub-blocks, a loop (unrolled, LLVM interleaves and spills)."""
                 slots = [cgutils.alloca_once_value(builder, zero) for _ in range(TILE_ROWS)]
                 with cgutils.for_range(builder, ir.Constant(IR_I32, nsub)) as loop:
                     totals = body(loop.index, [builder.load(a) for a in slots])
@@ -220,10 +211,8 @@ def _transpose16(builder, rows):
 
 
 def make_prepare_band(spec: TiledSpec):
-    """`prepare(yq, yd, yb, r0, n, b, yt, yo, ysub, so, ydt, do)`: super-block b of src1 rows r0..r0+n (n <= 16, the
-    band's columns; the lanes past n repeat row r0+n-1) as the microkernel reads it: the codes interleaved at yt[yo:]
-    ([quad][column][4]), per sub-block the columns' code sums (times -bias for a type with a bias) at ysub[so:],
-    their d at ydt[do:]."""
+    """`prepare(yq, yd, yb, r0, n, b, yt, yo, ysub, so, ydt, do)`: super-block b of src1 rows r0..r0+n (n <= 16; the
+    lanes past n repeat the last row) as codes by quad and column, sub-block sums (times -bias) and d."""
     nsub, sub16 = QK_K // spec.subblock, spec.subblock // 16
     v16 = ir.VectorType(IR_I32, 16)
 
