@@ -213,13 +213,11 @@ def _transpose16(builder, rows):
 def make_prepare_band(spec: TiledSpec):
     """`prepare(yq, yd, yb, r0, n, b, yt, yo, ysub, so, ydt, do)`: super-block b of src1 rows r0..r0+n (n <= 16; the
     lanes past n repeat the last row) as codes by quad and column, sub-block sums (times -bias) and d."""
-    nsub, sub16 = QK_K // spec.subblock, spec.subblock // 16
-    v16 = ir.VectorType(IR_I32, 16)
+    nsub, sub16, v16 = QK_K // spec.subblock, spec.subblock // 16, ir.VectorType(IR_I32, 16)
 
     @intrinsic
     def prepare(typingctx, yq, yd, yb, r0, n, b, yt, yo, ysub, so, ydt, do):
-        ip = types.intp
-        sig = types.void(yq, yd, yb, ip, ip, ip, yt, ip, ysub, ip, ydt, ip)
+        sig = types.void(yq, yd, yb, *[types.intp] * 3, yt, types.intp, ysub, types.intp, ydt, types.intp)
 
         def codegen(context, builder, signature, args):
             ty, r0, n, b = signature.args, args[3], args[4], args[5]
