@@ -381,6 +381,29 @@ def test_quantize_rows_q8_1_and_q8_K_are_ggml_reference(rng: np.random.Generator
     assert yq[1, 7] == -127 and yq[1, 9] == 127
 
 
+def test_quantize_rows_q8_K_vector_passes_match_the_block_by_block_quantizer(rng: np.random.Generator) -> None:
+    """The row quantizer's vectorized passes against its value-by-value block path (quantize_row_q8_K_ref's loop),
+    bit for bit, on ties of magnitude, infinities, NaNs and zero blocks."""
+    x = (rng.standard_normal((6, 1024)) * 3).astype(np.float32)
+    x[0, 5], x[0, 7] = 100.0, -100.0  # the first of the largest magnitudes sets the sign
+    x[1, 9], x[1, 3] = -100.0, 100.0
+    x[2, 300] = np.inf
+    x[3, 10], x[3, 600] = np.nan, -np.inf  # a NaN block, and an infinite one
+    x[4, :256] = -0.0
+    x[5, 256:512] = np.nan
+    shapes = (((6, 1024), np.int8), ((6, 4), np.float32), ((6, 4), np.float32), ((6, 64), np.int32))
+    yq, yd, ys, yb = (np.full(shape, 7, dtype) for shape, dtype in shapes)
+    quantize_src1.quantize_rows(int(Q.Q8_K), x, yq, yd, ys, yb, quantize_src1.ROUND_X86)
+    wq, wd, wb = (np.full(shape, 7, dtype) for shape, dtype in (shapes[0], shapes[1], shapes[3]))
+    for r in range(6):
+        for b in range(4):
+            quantize_src1._quantize_q8_K_block_scalar(x, wq, wd, wb, r, b)
+    np.testing.assert_array_equal(yq, wq)
+    np.testing.assert_array_equal(yd.view(np.uint32), wd.view(np.uint32))
+    np.testing.assert_array_equal(yb, wb)
+    assert yq[0, 5] == -127 and yq[0, 7] == 127 and yq[1, 3] == -127 and yq[1, 9] == 127
+
+
 def test_round_rows_to_f16_and_bf16(rng: np.random.Generator) -> None:
     x = (rng.standard_normal(1000) * 100).astype(np.float32)
     x[:3] = [np.nan, np.inf, -np.inf]

@@ -1,7 +1,7 @@
 """Plain K-quant matrices (Q2_K, Q3_K, Q4_K not repacked, Q5_K, Q6_K) under numerics "x86": from 8 src1 columns ggml-cpu
 multiplies them by its tiled matmul (ggml-cpu/tiled), whose float order per super-block is res = float(scaled
 sums) * d, res = fma(-dmin, float(mins' sums), res) (Q2_K, Q4_K, Q5_K), total = fma(res, y.d, total); fewer columns
-take its AVX2 vec_dot rows. pyggml's row loops in those orders (type table `cols_tiled`, `cols_x86`) against libggml's
+take its AVX2 vec_dot rows. pyggml's loops in those orders (type table `tiled`, `cols_x86`) against libggml's
 product, bit for bit; batch-invariant, every column keeps the rows' order.
 """
 
@@ -77,3 +77,30 @@ def test_plain_k_quant_products_are_libggml_s_bit_for_bit(ggml_reference: object
                                       ComputeParams(numerics="x86")).reshape(1, M).view(np.uint32))
     finally:
         ctx.free()
+
+
+@pytest.mark.parametrize("wtype", list(ROWS), ids=lambda t: t.name)
+def test_the_portable_tiles_give_the_product_s_bits(wtype: GGMLType) -> None:
+    """kquant_tiles without VNNI (portable vector IR) against the MUL_MAT kernel (the host's tiles, which the test
+    above holds to libggml's bits): the integer sums are exact either way, so every bit is the same."""
+    from pyggml.backends.cpu.kernels.vec_dot import kquant_tiles as kt
+    from pyggml.backends.cpu.kernels.vec_dot.quantize_src1 import ROUND_X86, quantize_rows
+
+    rng = np.random.default_rng(5)
+    M, K, n = 13, 512, 21  # a ragged tile of rows and a ragged band of columns
+    raw = ROWS[wtype](rng, M, K // 256)
+    x = src1_f32(rng, n, K)
+    ctx = new_ctx(64)
+    try:
+        node = ctx.mul_mat(weight_tensor(ctx, wtype, raw[None, None]), tensor(ctx, GGMLType.F32, x[None, None]))
+        want = run(node, ComputeParams(n_threads=1, numerics="x86")).reshape(n, M)
+    finally:
+        ctx.free()
+    yq, yd = np.empty((n, K), np.int8), np.empty((n, K // 256), np.float32)
+    ys, yb = np.empty((n, K // 256), np.float32), np.empty((n, K // 16), np.int32)
+    quantize_rows(int(GGMLType.Q8_K), x, yq, yd, ys, yb, ROUND_X86)
+    w_off = np.arange(M, dtype=np.int64) * raw.shape[1]
+    got = np.full((n, M), np.nan, np.float32)
+    kt.make_tiled_rows(kt.TILED_SPECS[wtype.name], vnni=False)(raw.reshape(-1), w_off, 0, 0, M, K // 256, yq, yd, yb,
+                                                                0, n, got)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))

@@ -450,7 +450,7 @@ BIT_EXACT = {
     "FLASH_ATTN_EXT": _row_by_row_fa,
     # the weight types whose rows follow ggml's AVX2 vec_dot (the type table's cols_x86 and reference_dot_x86; Q2_0's
     # x86 vec_dot is the generic one), src1 F32 quantized here; Q4_K and Q6_K from 8 columns in the order of
-    # ggml-cpu's tiled matmul (cols_tiled)
+    # ggml-cpu's tiled matmul (tiled)
     "MUL_MAT": lambda d: "type_b=f32" in d
     and d.split(",type_b=")[0] in ("type_a=q8_0", "type_a=q4_0", "type_a=q4_1", "type_a=q5_0", "type_a=q4_K",
                                    "type_a=q6_K", "type_a=q1_0", "type_a=q2_0", "type_a=nvfp4", "type_a=tq2_0",

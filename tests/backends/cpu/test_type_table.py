@@ -11,6 +11,7 @@ from pyggml.backends.cpu import cpu_init, repack
 from pyggml.backends.cpu.kernels import _common, matmul, matmul_id
 from pyggml.backends.cpu.kernels.vec_dot import (
     kquant_loops,
+    kquant_tiles,
     mul_mat_job,
     quant_loops,
     quantize_src1,
@@ -49,7 +50,7 @@ def test_each_weight_type_has_one_dot_and_its_vec_dot_type_is_ggml_s() -> None:
         assert row.vec_dot_type == TYPE_TRAITS[t].vec_dot_type, t
         assert (row.cols is None) != (row.reference_dot is None), t  # a row loop or a scalar dot, not both
         assert row.cols_x86 is None or row.cols is not None, t
-        assert row.cols_tiled is None or (row.cols is not None and row.vec_dot_type == T.Q8_K), t
+        assert row.tiled is None or (row.cols is not None and row.vec_dot_type == T.Q8_K), t
         assert row.reference_dot_x86 is None or row.reference_dot is not None, t
         assert not row.repack or row.x8 is not None, t
         assert row.x8 is None or row.block_size == 32 or row.repack, t  # tiles of 32-value blocks, or held
@@ -62,6 +63,8 @@ def test_the_kernels_block_bytes_are_the_table_s() -> None:
              T.Q4_K: kquant_loops.Q4_K_SPEC, T.Q6_K: kquant_loops.Q6_K_SPEC}
     for t, spec in specs.items():
         assert spec["block_bytes"] == tt.CPU_TYPE_TRAITS[t].block_bytes, t
+    for name, spec in kquant_tiles.TILED_SPECS.items():
+        assert spec.block_bytes == tt.CPU_TYPE_TRAITS[T[name]].block_bytes, name
     for t, (_, block_bytes) in repack.BLOCK32_FIELDS.items():
         assert block_bytes == tt.CPU_TYPE_TRAITS[t].block_bytes, t
 
@@ -75,7 +78,7 @@ def test_the_derived_lists_match_the_rows() -> None:
     assert tt.X8_TILE_KINDS == {int(t): X8_TILE + int(t) for t, r in rows.items()
                                 if r.x8 is not None and t in tiles_x8.TILE_TYPES}
     assert tt.X8_GEMV_KINDS == {int(t): X8_GEMV + int(t) for t, r in rows.items() if r.x8_gemv is not None}
-    assert tt.TILED_KINDS == {int(t): TILED + int(t) for t, r in rows.items() if r.cols_tiled is not None}
+    assert tt.TILED_KINDS == {int(t): TILED + int(t) for t, r in rows.items() if r.tiled is not None}
     assert set(repack.LAYOUTS) == {t for t, r in rows.items() if r.repack}  # every held layout has its loop
     assert tt.QUANTIZED_SRC1_TYPES == {T.Q8_0, T.Q8_1, T.Q8_K}
     assert tt.QUANTIZED_SRC1_TYPES <= set(rows)  # src1's types convert back too

@@ -174,10 +174,6 @@ def _d_finish(builder, unpacked, total, isum, bsums, yd):
     return builder.fadd(total, builder.fmul(builder.fmul(unpacked[0], yd), builder.sitofp(isum, IR_F32)))
 
 
-def _d_tiled_finish(builder, unpacked, total, isum, bsums, yd):
-    return fma(builder, builder.fmul(builder.sitofp(isum, IR_F32), unpacked[0]), yd, total)
-
-
 def _d_x86_block(builder, unpacked, state, iacc, bsums, yd):
     """acc = fma(y.d * x.d, lanes, acc), as ggml's AVX2 Q3_K."""
     d = builder.fmul(yd, unpacked[0])
@@ -209,20 +205,6 @@ def _q6_K_finish(builder, unpacked, total, isum, bsums, yd):
     offset = reduce_add_i32(builder, builder.mul(builder.sext(unpacked[1], v16), bsums, flags=["nsw"]), 16)
     isum = builder.sub(isum, builder.shl(offset, ir.Constant(IR_I32, 5)))
     return builder.fadd(total, builder.fmul(builder.fmul(unpacked[0], yd), builder.sitofp(isum, IR_F32)))
-
-
-def _min_tiled_finish(builder, unpacked, total, isum, bsums, yd):
-    """ggml-cpu's tiled matmul per super-block (DESIGN.md, "K-quants")."""
-    res = builder.fmul(builder.sitofp(isum, IR_F32), unpacked[0])
-    res = fma(builder, builder.fneg(unpacked[1]), builder.sitofp(_mins_sum(builder, unpacked[3], bsums), IR_F32), res)
-    return fma(builder, res, yd, total)
-
-
-def _q6_K_tiled_finish(builder, unpacked, total, isum, bsums, yd):
-    v16 = ir.VectorType(IR_I32, 16)
-    offset = reduce_add_i32(builder, builder.mul(builder.sext(unpacked[1], v16), bsums, flags=["nsw"]), 16)
-    s1 = builder.sub(isum, builder.shl(offset, ir.Constant(IR_I32, 5)))
-    return fma(builder, builder.fmul(builder.sitofp(s1, IR_F32), unpacked[0]), yd, total)
 
 
 _Q4_K_X86_STATE = (8, 4)  # ggml's AVX2 acc (8 lanes) and acc_m (Q4_K's mins, 4 lanes)
@@ -272,9 +254,15 @@ def _q4_K_x86_result(builder, state):
 
 
 def _q6_K_x86_block(builder, unpacked, state, iacc, bsums, yd):
-    """acc = fma(d, lanes - 32 * q8sclsub, acc): ggml's offset subtracted lane by lane."""
-    v8f, v16 = ir.VectorType(IR_F32, 8), ir.VectorType(IR_I32, 16)
-    sub = pair_sums(builder, builder.mul(builder.sext(unpacked[1], v16), bsums, flags=["nsw"]))
+    """acc = fma(d, lanes - 32 * q8sclsub, acc): ggml's offset subtracted lane by lane (its pairs by vpmaddwd: the
+    sums of 16 fit int16)."""
+    v8f, v16, v16i16, v8 = (ir.VectorType(IR_F32, 8), ir.VectorType(IR_I32, 16), ir.VectorType(IR_I16, 16),
+                            ir.VectorType(IR_I32, 8))
+    if HAS_AVX2:
+        maddwd = builder.module.declare_intrinsic("llvm.x86.avx2.pmadd.wd", fnty=ir.FunctionType(v8, [v16i16] * 2))
+        sub = builder.call(maddwd, [builder.trunc(bsums, v16i16), unpacked[1]])
+    else:
+        sub = pair_sums(builder, builder.mul(builder.sext(unpacked[1], v16), bsums, flags=["nsw"]))
     lanes = builder.sub(iacc, builder.shl(sub, ir.Constant(ir.VectorType(IR_I32, 8), [5] * 8)))
     d = builder.fmul(yd, unpacked[0])
     return [fma(builder, splat(builder, d, 8), builder.sitofp(lanes, v8f), state[0])]
@@ -285,9 +273,8 @@ def _q6_K_x86_result(builder, state):
 
 
 def make_dot_k_row(block_bytes: int, unpack, group, finish, scaled_sums=None, x86=None, ncols: int = 1):
-    """The row loop of a K-quant against Q8_K, signatures as make_dot_q_row's (yb: Q8_K's bsums). Per super-block
-    `unpack` once, `group(builder, pb, unpacked, g)` -> (values, pair scales) for its 8 groups, then `finish`
-    (ref) or `x86` = (state lane counts, block, result) in ggml's AVX2 order."""
+    """A K-quant's row loop against Q8_K (make_dot_q_row's signatures; yb: bsums): per super-block `unpack`, its 8
+    groups' (values, pair scales) by `group`, then `finish` (ref) or `x86` = (state lanes, block, result)."""
     v8i32 = ir.VectorType(IR_I32, 8)
     scaled_sums = target_scaled_sums if scaled_sums is None else scaled_sums
 
@@ -343,16 +330,14 @@ class KRowLoops(NamedTuple):
 
     cols: Any
     cols_x86: Any
-    cols_tiled: Any
 
 
-def k_row_loops(spec: dict, x86: tuple, tiled_finish) -> KRowLoops:
-    return KRowLoops(make_dot_k_row(**spec, ncols=COLS), make_dot_k_row(**spec, x86=x86, ncols=COLS),
-                     make_dot_k_row(**{**spec, "finish": tiled_finish}, ncols=COLS))
+def k_row_loops(spec: dict, x86: tuple) -> KRowLoops:
+    return KRowLoops(make_dot_k_row(**spec, ncols=COLS), make_dot_k_row(**spec, x86=x86, ncols=COLS))
 
 
-Q2_K_LOOPS = k_row_loops(Q2_K_SPEC, Q2_K_X86, _min_tiled_finish)
-Q3_K_LOOPS = k_row_loops(Q3_K_SPEC, Q3_K_X86, _d_tiled_finish)
-Q4_K_LOOPS = k_row_loops(Q4_K_SPEC, Q4_K_X86, _min_tiled_finish)
-Q5_K_LOOPS = k_row_loops(Q5_K_SPEC, Q5_K_X86, _min_tiled_finish)
-Q6_K_LOOPS = k_row_loops(Q6_K_SPEC, Q6_K_X86, _q6_K_tiled_finish)
+Q2_K_LOOPS = k_row_loops(Q2_K_SPEC, Q2_K_X86)
+Q3_K_LOOPS = k_row_loops(Q3_K_SPEC, Q3_K_X86)
+Q4_K_LOOPS = k_row_loops(Q4_K_SPEC, Q4_K_X86)
+Q5_K_LOOPS = k_row_loops(Q5_K_SPEC, Q5_K_X86)
+Q6_K_LOOPS = k_row_loops(Q6_K_SPEC, Q6_K_X86)

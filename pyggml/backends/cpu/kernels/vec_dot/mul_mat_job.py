@@ -96,12 +96,17 @@ def _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, 
                 gemv(w, w_off, base, m0, m1, nb, yq, yd, sums, r, min(COLS, r1 - r), out)
 
         return gemm_then_gemv
+    if TILED <= k < HALF_ORDER:  # ggml-cpu's tiled matmul: the item's rows against all its columns at once
+        tiled = row.tiled
+
+        def tiled_rows(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, s, m0, m1, rounding):
+            tiled(w, w_off, w_base[s], m0, m1, nb, yq, yd, yb, s * n_cols, n_cols, out)
+
+        return tiled_rows
     if k >= HALF_ORDER:  # MUL_MAT packs src1 for the orders that read it as bf16
         loop = half_cols(k, True)
     elif k in (F16, BF16):  # MUL_MAT_ID's experts: ggml's vec_dot rows, at the host's x86 level, src1 float32
         loop = half_cols(half_kind(k, x86, HOST_X86_LEVEL, 1, 0, 0, False), False)
-    elif k >= TILED:
-        loop = row.cols_tiled
     else:
         loop = row.x8_gemv if k >= X8_GEMV else row.x8 if k >= X8_REPACKED else row.cols_for(x86)
     if loop is not None and row.float_src1:

@@ -148,36 +148,75 @@ def _store_scales(yd, ys, r, b, d, total, with_s):
         ys[r, b] = round_f16(np.float32(total) * d)
 
 
+_NEAREST_MAGIC = np.float32(12582912.0)  # 1.5 * 2^23: ggml's nearest_int adds it and reads the low mantissa bits
+
+
 @njit(nogil=True, cache=True, error_model="numpy")  # C's division: an infinite value's scale is 1/-0.0, not an error
 def _quantize_q8_K_row(x, yq, yd, yb, r):
+    """Row r of x to Q8_K blocks as quantize_row_q8_K_ref, in passes LLVM vectorizes: the largest magnitude by its
+    bits (a NaN's are larger than every number's: such a block goes through _quantize_q8_K_block_scalar)."""
     nb = x.shape[1] // 256
+    xr, qr = x[r], yq[r]
+    bits = xr.view(np.int32)
+    scaled = np.empty(256, np.float32)
+    near = scaled.view(np.int32)
     for b in range(nb):
         k0 = b * 256
-        amax = np.float32(0.0)
-        vmax = np.float32(0.0)
+        top = 0
         for t in range(256):
-            v = abs(x[r, k0 + t])
-            if v > amax:
-                amax = v
-                vmax = x[r, k0 + t]
-        if amax == 0:
-            yd[r, b] = 0.0
-            for t in range(256):
-                yq[r, k0 + t] = 0
-            for t in range(16):
-                yb[r, 16 * b + t] = 0
+            top = max(top, bits[k0 + t] & 0x7FFFFFFF)
+        if top > 0x7F800000:
+            _quantize_q8_K_block_scalar(x, yq, yd, yb, r, b)
             continue
-        iscale = np.float32(-127.0) / vmax  # as quantize_row_q8_K_ref
+        if top == 0:
+            yd[r, b] = 0.0
+            yq[r, k0:k0 + 256] = 0
+            yb[r, 16 * b:16 * b + 16] = 0
+            continue
+        first = 256
+        for t in range(256):  # the first value of that magnitude, as ggml's `ax > amax`
+            first = min(first, t if bits[k0 + t] & 0x7FFFFFFF == top else 256)
+        iscale = np.float32(-127.0) / xr[k0 + first]
         for t in range(256):
-            # nearest_int: the float32 product rounded half to even
-            q = int(np.rint(np.float64(iscale * x[r, k0 + t])))
-            yq[r, k0 + t] = min(127, q)
+            scaled[t] = iscale * xr[k0 + t] + _NEAREST_MAGIC
+        for t in range(256):
+            near[t] = min(127, (near[t] & 0x007FFFFF) - 0x00400000)
+            qr[k0 + t] = near[t]
         for g in range(16):
             s = 0
             for t in range(16):
-                s += yq[r, k0 + 16 * g + t]
+                s += near[16 * g + t]
             yb[r, 16 * b + g] = s
         yd[r, b] = np.float32(1.0) / iscale
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def _quantize_q8_K_block_scalar(x, yq, yd, yb, r, b):
+    """Block b of row r to Q8_K value by value, as quantize_row_q8_K_ref (its NaNs never the largest magnitude)."""
+    k0 = b * 256
+    amax = np.float32(0.0)
+    vmax = np.float32(0.0)
+    for t in range(256):
+        v = abs(x[r, k0 + t])
+        if v > amax:
+            amax = v
+            vmax = x[r, k0 + t]
+    if amax == 0:
+        yd[r, b] = 0.0
+        yq[r, k0:k0 + 256] = 0
+        yb[r, 16 * b:16 * b + 16] = 0
+        return
+    iscale = np.float32(-127.0) / vmax
+    for t in range(256):
+        # nearest_int: the float32 product rounded half to even
+        q = int(np.rint(np.float64(iscale * x[r, k0 + t])))
+        yq[r, k0 + t] = min(127, q)
+    for g in range(16):
+        s = 0
+        for t in range(16):
+            s += yq[r, k0 + 16 * g + t]
+        yb[r, 16 * b + g] = s
+    yd[r, b] = np.float32(1.0) / iscale
 
 
 @njit(nogil=True, cache=True)

@@ -9,6 +9,7 @@ from typing import Any
 from pyggml.backends.cpu.kernels.vec_dot import dequantize as dq
 from pyggml.backends.cpu.kernels.vec_dot import float_loops as fl
 from pyggml.backends.cpu.kernels.vec_dot import kquant_loops as kl
+from pyggml.backends.cpu.kernels.vec_dot import kquant_tiles as kt
 from pyggml.backends.cpu.kernels.vec_dot import kquant_x8 as kx8
 from pyggml.backends.cpu.kernels.vec_dot import lattice as lat
 from pyggml.backends.cpu.kernels.vec_dot import low_bit as lb
@@ -27,8 +28,8 @@ class CPUTypeTraits:
     """One type's row: `cols` the row loop against up to COLS src1 columns (`cols_x86` in ggml's AVX2 order),
     `reference_dot` one row's dot for a type without `cols` (`reference_dot_x86` in ggml's AVX2 order), `x8` the
     loop over 8 interleaved rows (`repack`: the repack buffer type holds it so; `x8_gemv` for the last n % 4
-    columns of a src1 matrix, which ggml's repack kernels compute by their gemv in another order), `cols_tiled` the
-    row loop in the order of ggml-cpu's tiled matmul (x86: prompts of plain K-quant matrices), `to_float`
+    columns of a src1 matrix, which ggml's repack kernels compute by their gemv in another order), `tiled` the rows of
+    a work item in the order of ggml-cpu's tiled matmul (x86: prompts of plain K-quant matrices), `to_float`
     dequantize_row_<type> (given `to_float_arg` if set). `vec_dot_type` None: not a MUL_MAT weight type (Q8_1,
     Q8_K). `from_float` False: ggml's CPU cannot convert float32 to the type (the lattice IQ types), so CPY and
     SET_ROWS do not write it."""
@@ -38,7 +39,7 @@ class CPUTypeTraits:
     to_float: Kernel
     cols: Kernel | None = None
     cols_x86: Kernel | None = None
-    cols_tiled: Kernel | None = None
+    tiled: Kernel | None = None
     reference_dot: Kernel | None = None
     reference_dot_x86: Kernel | None = None
     x8: Kernel | None = None
@@ -83,12 +84,17 @@ CPU_TYPE_TRAITS: dict[GGMLType, CPUTypeTraits] = {row.type: row for row in (
     CPUTypeTraits(_T.Q8_0, _T.Q8_0, dq.dequantize_row_q8_0, cols=ql.dot_q8_0_cols, cols_x86=ql.dot_q8_0_cols_x86,
                   x8=x8.dot_q8_0_x8_cols),
     CPUTypeTraits(_T.Q8_1, None, dq.dequantize_row_q8, to_float_arg=0),
-    CPUTypeTraits(_T.Q2_K, _T.Q8_K, dq.dequantize_row_q2_K, **kl.Q2_K_LOOPS._asdict()),
-    CPUTypeTraits(_T.Q3_K, _T.Q8_K, dq.dequantize_row_q3_K, **kl.Q3_K_LOOPS._asdict()),
-    CPUTypeTraits(_T.Q4_K, _T.Q8_K, dq.dequantize_row_q45_K, **kl.Q4_K_LOOPS._asdict(), x8=kx8.dot_q4_K_x8_cols,
+    CPUTypeTraits(_T.Q2_K, _T.Q8_K, dq.dequantize_row_q2_K, **kl.Q2_K_LOOPS._asdict(),
+                  tiled=kt.TILED_ROWS["Q2_K"]),
+    CPUTypeTraits(_T.Q3_K, _T.Q8_K, dq.dequantize_row_q3_K, **kl.Q3_K_LOOPS._asdict(),
+                  tiled=kt.TILED_ROWS["Q3_K"]),
+    CPUTypeTraits(_T.Q4_K, _T.Q8_K, dq.dequantize_row_q45_K, **kl.Q4_K_LOOPS._asdict(),
+                  tiled=kt.TILED_ROWS["Q4_K"], x8=kx8.dot_q4_K_x8_cols,
                   x8_gemv=kx8.dot_q4_K_x8_gemv_cols, repack=True, to_float_arg=0),
-    CPUTypeTraits(_T.Q5_K, _T.Q8_K, dq.dequantize_row_q45_K, **kl.Q5_K_LOOPS._asdict(), to_float_arg=1),
-    CPUTypeTraits(_T.Q6_K, _T.Q8_K, dq.dequantize_row_q6_K, **kl.Q6_K_LOOPS._asdict()),
+    CPUTypeTraits(_T.Q5_K, _T.Q8_K, dq.dequantize_row_q45_K, **kl.Q5_K_LOOPS._asdict(),
+                  tiled=kt.TILED_ROWS["Q5_K"], to_float_arg=1),
+    CPUTypeTraits(_T.Q6_K, _T.Q8_K, dq.dequantize_row_q6_K, **kl.Q6_K_LOOPS._asdict(),
+                  tiled=kt.TILED_ROWS["Q6_K"]),
     CPUTypeTraits(_T.Q8_K, None, dq.dequantize_row_q8, to_float_arg=1),
     CPUTypeTraits(_T.IQ2_XXS, _T.Q8_K, lat.dequantize_row_iq2_xxs, reference_dot=lat.dot_iq2_xxs,
                   from_float=False),
@@ -141,7 +147,7 @@ X8_GROUP_KINDS: frozenset[int] = frozenset((*X8_KINDS.values(), *X8_TILE_KINDS.v
 # the types whose prompts take the row loops, in the order of ggml-cpu's tiled matmul under "x86" (its kind here)
 # and of its vec_dot rows under "ref" (no tiled kernel without SIMD); faster than BLAS on dequantized tiles
 TILED_KINDS: dict[int, int] = {int(t): TILED + int(t) for t, row in CPU_TYPE_TRAITS.items()
-                               if row.cols_tiled is not None}
+                               if row.tiled is not None}
 # the vec_dot types src1 is quantized to, and those it is rounded to
 QUANTIZED_SRC1_TYPES: frozenset[GGMLType] = frozenset(
     row.vec_dot_type for row in CPU_TYPE_TRAITS.values() if row.vec_dot_type is not None and not row.float_src1)
