@@ -153,7 +153,7 @@ def group_runs(computes: list[Compute], nodes: list[Tensor],
     written: list[tuple[int, int]] = []
     counts: list[int] = []
     for fn, node in zip(computes, nodes, strict=True):
-        form = graph_runner.steps_of(fn) if params.graph_runner != "off" else None
+        form = graph_runner.steps_of(fn) if _joins_runs(node, params) else None
         if steps and (form is None or _reads_written(form, written)):
             runs.append(graph_runner.GraphRun(steps, matmul.POOL, params.n_threads, params.graph_runner, counts))
             steps, written, counts = [], [], []
@@ -171,6 +171,19 @@ def group_runs(computes: list[Compute], nodes: list[Tensor],
     if steps:
         runs.append(graph_runner.GraphRun(steps, matmul.POOL, params.n_threads, params.graph_runner, counts))
     return runs, run_nodes
+
+
+# LEAD's caller computes the other steps alone while the workers spin for their next product: a node of more
+# elements (a prompt's) runs from Python, so the workers do not fall asleep inside a run (DESIGN.md)
+LEAD_MAX_ELEMENTS = 1 << 16
+_PRODUCTS = (GGMLOp.MUL_MAT, GGMLOp.MUL_MAT_ID)
+
+
+def _joins_runs(node: Tensor, params: ComputeParams) -> bool:
+    """Whether the node's job form (if it has one) goes into the graph runner's runs."""
+    if params.graph_runner == "off":
+        return False
+    return params.graph_runner != graph_runner.LEAD or node.op in _PRODUCTS or node.nelements() <= LEAD_MAX_ELEMENTS
 
 
 def _reads_written(form: tuple[graph_runner.Step, ...], written: list[tuple[int, int]]) -> bool:

@@ -14,6 +14,7 @@ from numba import njit
 
 import pyggml.models as pm
 from pyggml.backends.cpu import cpu_init
+from pyggml.backends.cpu import plan as plan_module
 from pyggml.backends.cpu.kernels import ENV_GRAPH_RUNNER, ComputeParams, graph_runner, graph_runner_default, matmul
 from pyggml.backends.cpu.plan import CPUPlan, group_runs
 from pyggml.core import quants
@@ -122,6 +123,21 @@ def test_long_runs_cover_the_chain(monkeypatch: pytest.MonkeyPatch) -> None:
     _, plan = _compute(GGMLType.Q8_0, 2, "lead", monkeypatch)
     assert len(plan.runs) == 1 and isinstance(plan.runs[0], graph_runner.GraphRun)
     assert len(plan.run_nodes[0]) == len(plan.nodes)
+
+
+@pytest.mark.parametrize("mode", ["lead", "barrier"])
+def test_lead_runs_take_small_nodes_and_every_product(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under LEAD a node of more than LEAD_MAX_ELEMENTS elements (a prompt's) runs from Python between runs, a product
+    of any size joins them; BARRIER takes every node; the bits are the same."""
+    want, _ = _compute(GGMLType.Q8_0, 2, "off", monkeypatch)
+    monkeypatch.setattr(plan_module, "LEAD_MAX_ELEMENTS", K * N - 1)  # the chain's (K, N) results are too big
+    got, plan = _compute(GGMLType.Q8_0, 2, mode, monkeypatch)
+    in_runs = {id(n) for nodes, r in zip(plan.run_nodes, plan.runs, strict=True)
+               if isinstance(r, graph_runner.GraphRun) for n in nodes}
+    for node in plan.nodes:
+        small = node.op in plan_module._PRODUCTS or node.nelements() < K * N
+        assert (id(node) in in_runs) == (mode == "barrier" or small), (node.op, node.ne)
+    assert np.array_equal(want.view(np.uint32), got.view(np.uint32))
 
 
 @pytest.mark.parametrize("mode", ["lead", "barrier"])
