@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from pyggml.backends.torch.buffer import TorchBuffer
+from pyggml.backends.torch.cache import CacheKey
 from pyggml.backends.torch.kernels import KERNELS, Compute, is_noop
 from pyggml.core.errors import ArgumentError, NotAllocatedError, UnsupportedOpError
 from pyggml.core.graph import Graph
-from pyggml.core.tensor import GGMLOp, Tensor, is_view_op
+from pyggml.core.tensor import GGMLOp, Tensor, is_view_op, nbytes_of
 from pyggml.ggml_backend.buffer import check_plan_buffers, tensor_buffer
 
 if TYPE_CHECKING:
@@ -118,6 +119,33 @@ class _Context:
             return cache.get(key, buffer, start, end, make)
 
         return cached
+
+    def derived_matrices(self, t: Tensor, dtype: torch.dtype, make: Callable[[list[int]], torch.Tensor]
+                         ) -> Callable[[list[int]], list[torch.Tensor]]:
+        """A function giving matrices `i2s` (along dim 2) of t converted to `dtype`, each cached on its own while its
+        bytes stay; `make(i2s)` converts the given ones at once (stacked), called with the cache's misses only."""
+        if self.written_by_plan(t):
+            return lambda i2s: list(make(i2s).unbind(0))
+        buffer, start, _ = self.locate(t)
+        ne, nb = t.ne, t.nb
+        # the bytes of one matrix: a 2-D tensor of t's rows (nbytes_of over ne0, ne1)
+        size = nbytes_of(t.type, [ne[0], ne[1], 1, 1], nb)
+        cache = self.backend.weight_cache
+
+        def key(i2: int) -> CacheKey:
+            return (id(buffer), start + i2 * nb[2], int(t.type), (ne[0], ne[1]), (nb[0], nb[1]), dtype)
+
+        def matrices(i2s: list[int]) -> list[torch.Tensor]:
+            found = {i2: cache.lookup(key(i2)) for i2 in dict.fromkeys(i2s)}
+            missing = [i2 for i2, value in found.items() if value is None]
+            if missing:
+                for i2, value in zip(missing, make(missing).unbind(0), strict=True):
+                    first = start + i2 * nb[2]
+                    cache.put(key(i2), buffer, first, first + size, value)
+                    found[i2] = value
+            return [found[i2] for i2 in i2s]  # type: ignore[misc]
+
+        return matrices
 
 
 def plan_create(backend: TorchBackend, graph: Graph) -> TorchPlan:
