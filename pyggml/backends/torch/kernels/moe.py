@@ -58,7 +58,7 @@ def mul_mat_id_kernel(node: Tensor, pc: PlanContext) -> Compute:
     if d.numel() == 0:
         return noop
     n_expert, n_used, n_b, n_tokens = a_t.ne[2], i_t.ne[0], b_t.ne[1], b_t.ne[2]
-    k, m = a_t.ne[0], a_t.ne[1]
+    m = a_t.ne[1]
     cdt = product_dtype(a_t.type, n_tokens * n_used, pc.backend.matmul_precision)
     convert_w, convert_x = conversions(a_t.type, cdt)
     experts = a[0]  # (n_expert, M, K), or raw rows (n_expert, M, row bytes)
@@ -67,7 +67,6 @@ def mul_mat_id_kernel(node: Tensor, pc: PlanContext) -> Compute:
         (lambda es: [experts[e] for e in es]) if convert_w is None
         else pc.derived_matrices(a_t, cdt, lambda es: convert_w(experts[es])))
     what = f"torch MUL_MAT_ID '{node.name}'"
-    used = torch.arange(n_used, device=d.device) % n_b
     f32 = torch.float32
     direct = d[0].is_contiguous()  # dst rows are the (token, slot) pairs' rows: written by index
 
@@ -78,7 +77,7 @@ def mul_mat_id_kernel(node: Tensor, pc: PlanContext) -> Compute:
         order = torch.argsort(ids, stable=True)
         counts = torch.bincount(ids, minlength=n_expert).tolist()
         picked = [e for e in range(n_expert) if counts[e]]
-        x = convert_x(b[0][:, used].reshape(-1, k)[order])  # (pairs, K) in expert order
+        x = convert_x(b[0][order // n_used, order % n_used % n_b])  # (pairs, K) in expert order
         y = torch.empty((x.shape[0], m), dtype=f32, device=d.device)
         first = 0
         for e, w in zip(picked, weights(picked), strict=True):
