@@ -62,37 +62,25 @@ class WeightCache:
     def get(self, key: CacheKey, buffer: TorchBuffer, start: int, end: int,
             make: Callable[[], torch.Tensor]) -> torch.Tensor:
         """The cached value of `key`, or `make()` (kept if it fits) for bytes [start, end) of `buffer`."""
-        value = self.lookup(key)
-        if value is None:
-            value = make()
-            self.put(key, buffer, start, end, value)
-        return value
-
-    def lookup(self, key: CacheKey) -> torch.Tensor | None:
-        """The cached value of `key` (now the most recently used), or None (a miss)."""
         entry = self.entries.get(key)
-        if entry is None:
-            self.misses += 1
-            return None
-        self.entries.move_to_end(key)
-        self.hits += 1
-        return entry.value
-
-    def put(self, key: CacheKey, buffer: TorchBuffer, start: int, end: int, value: torch.Tensor) -> None:
-        """Keep `value`, made from bytes [start, end) of `buffer`, as `key`'s if it fits the limit."""
+        if entry is not None:
+            self.entries.move_to_end(key)
+            self.hits += 1
+            return entry.value
+        self.misses += 1
+        value = make()
         entry = _Entry(buffer, start, end, value)
         if entry.nbytes > self.limit:
             log.debug("weight cache: %d bytes for offset %d of '%s' exceed the limit %d; not kept",
                       entry.nbytes, start, buffer.name, self.limit)
-            return
-        if key in self.entries:
-            self._remove(key)
+            return value
         while self.nbytes + entry.nbytes > self.limit and self.entries:
             old_key = next(iter(self.entries))
             self._remove(old_key)
         self.entries[key] = entry
         self.by_buffer.setdefault(key[0], set()).add(key)
         self.nbytes += entry.nbytes
+        return value
 
     def _remove(self, key: CacheKey) -> None:
         entry = self.entries.pop(key)

@@ -9,13 +9,13 @@ which bytes changed.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
 
 from pyggml.backends.torch.buffer import TorchBuffer
-from pyggml.backends.torch.cache import CacheKey
 from pyggml.backends.torch.kernels import KERNELS, Compute, is_noop
 from pyggml.core.errors import ArgumentError, NotAllocatedError, UnsupportedOpError
 from pyggml.core.graph import Graph
@@ -120,32 +120,23 @@ class _Context:
 
         return cached
 
-    def derived_matrices(self, t: Tensor, dtype: torch.dtype, make: Callable[[list[int]], torch.Tensor]
-                         ) -> Callable[[list[int]], list[torch.Tensor]]:
-        """A function giving matrices `i2s` (along dim 2) of t converted to `dtype`, each cached on its own while its
-        bytes stay; `make(i2s)` converts the given ones at once (stacked), called with the cache's misses only."""
+    def derived_matrices(self, t: Tensor, dtype: torch.dtype, make: Callable[[int], torch.Tensor]
+                         ) -> Callable[[int], torch.Tensor]:
+        """A function giving matrix i2 (along dim 2) of t converted to `dtype` (`make(i2)`), each matrix cached on its
+        own while its bytes stay (MUL_MAT_ID converts the experts its ids pick, not all)."""
         if self.written_by_plan(t):
-            return lambda i2s: list(make(i2s).unbind(0))
+            return make
         buffer, start, _ = self.locate(t)
         ne, nb = t.ne, t.nb
-        # the bytes of one matrix: a 2-D tensor of t's rows (nbytes_of over ne0, ne1)
-        size = nbytes_of(t.type, [ne[0], ne[1], 1, 1], nb)
+        size = nbytes_of(t.type, [ne[0], ne[1], 1, 1], nb)  # the bytes of one matrix
         cache = self.backend.weight_cache
 
-        def key(i2: int) -> CacheKey:
-            return (id(buffer), start + i2 * nb[2], int(t.type), (ne[0], ne[1]), (nb[0], nb[1]), dtype)
+        def matrix(i2: int) -> torch.Tensor:
+            first = start + i2 * nb[2]
+            return cache.get((id(buffer), first, int(t.type), (ne[0], ne[1]), (nb[0], nb[1]), dtype), buffer, first,
+                             first + size, functools.partial(make, i2))
 
-        def matrices(i2s: list[int]) -> list[torch.Tensor]:
-            found = {i2: cache.lookup(key(i2)) for i2 in dict.fromkeys(i2s)}
-            missing = [i2 for i2, value in found.items() if value is None]
-            if missing:
-                for i2, value in zip(missing, make(missing).unbind(0), strict=True):
-                    first = start + i2 * nb[2]
-                    cache.put(key(i2), buffer, first, first + size, value)
-                    found[i2] = value
-            return [found[i2] for i2 in i2s]  # type: ignore[misc]
-
-        return matrices
+        return matrix
 
 
 def plan_create(backend: TorchBackend, graph: Graph) -> TorchPlan:

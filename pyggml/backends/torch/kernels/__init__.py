@@ -66,10 +66,10 @@ class PlanContext(Protocol):
         """A function giving `make()` (t's bytes converted to `dtype`) through the backend's weight cache."""
         ...
 
-    def derived_matrices(self, t: Tensor, dtype: torch.dtype, make: Callable[[list[int]], torch.Tensor]
-                         ) -> Callable[[list[int]], list[torch.Tensor]]:
-        """A function giving matrices i2s of t (along dim 2) converted to `dtype`, each through the weight cache;
-        `make(i2s)` converts those missing from it, stacked."""
+    def derived_matrices(self, t: Tensor, dtype: torch.dtype, make: Callable[[int], torch.Tensor]
+                         ) -> Callable[[int], torch.Tensor]:
+        """A function giving matrix i2 of t (along dim 2) converted to `dtype` (`make(i2)`), each matrix through the
+        weight cache on its own."""
         ...
 
 

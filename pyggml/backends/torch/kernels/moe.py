@@ -63,9 +63,8 @@ def mul_mat_id_kernel(node: Tensor, pc: PlanContext) -> Compute:
     convert_w, convert_x = conversions(a_t.type, cdt)
     experts = a[0]  # (n_expert, M, K), or raw rows (n_expert, M, row bytes)
     # only the experts the ids pick are converted, each once while its bytes stay (the weight cache)
-    weights: Callable[[list[int]], list[torch.Tensor]] = (
-        (lambda es: [experts[e] for e in es]) if convert_w is None
-        else pc.derived_matrices(a_t, cdt, lambda es: convert_w(experts[es])))
+    weight: Callable[[int], torch.Tensor] = (
+        experts.__getitem__ if convert_w is None else pc.derived_matrices(a_t, cdt, lambda e: convert_w(experts[e])))
     what = f"torch MUL_MAT_ID '{node.name}'"
     f32 = torch.float32
     direct = d[0].is_contiguous()  # dst rows are the (token, slot) pairs' rows: written by index
@@ -80,9 +79,9 @@ def mul_mat_id_kernel(node: Tensor, pc: PlanContext) -> Compute:
         x = convert_x(b[0][order // n_used, order % n_used % n_b])  # (pairs, K) in expert order
         y = torch.empty((x.shape[0], m), dtype=f32, device=d.device)
         first = 0
-        for e, w in zip(picked, weights(picked), strict=True):
+        for e in picked:
             last = first + counts[e]
-            y[first:last] = torch.mm(x[first:last], w.t())
+            y[first:last] = torch.mm(x[first:last], weight(e).t())
             first = last
         out = d[0].view(-1, m) if direct else torch.empty_like(y)
         out[order] = y
