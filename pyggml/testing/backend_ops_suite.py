@@ -9,7 +9,7 @@ so a case the server refuses (`pyggml rpc-server --no-fallback` with a backend t
 says which) ends its op's run: that case is recorded as unclaimed and the op runs again from the case after it
 ($PYGGML_SKIP_CASES of the patch, whose line before each case names it). A run ended any other way (a crash,
 an abort without the server's refusal, the time limit) ends the op; a server such a run ended is started again
-for the next op.
+for the next op. A case test-backend-ops lists twice with the same parameters has a verdict each time ("NAME #2").
 
 Command line::
 
@@ -45,7 +45,7 @@ from typing import IO
 
 from pyggml.testing import llamacpp
 
-__all__ = ["SERVERS", "OpRun", "RPCServer", "format_table", "list_ops", "main", "parse_cases", "run_op",
+__all__ = ["SERVERS", "OpRun", "RPCServer", "format_table", "list_ops", "main", "numbered", "parse_cases", "run_op",
            "run_suite", "list_cases"]
 
 SERVERS = ("pyggml", "ggml")  # `pyggml rpc-server`, llama.cpp's ggml-rpc-server
@@ -102,23 +102,40 @@ class OpRun:
         return self.finished and not self.failed
 
 
-def parse_cases(output: str) -> dict[str, str]:
-    """The verdict of every case a test-backend-ops `test` run printed (console format)."""
-    verdicts: dict[str, str] = {}
+def numbered(cases: Sequence[str]) -> list[str]:
+    """The case names with each repeat marked by its occurrence ("NAME #2", ...): test-backend-ops lists a few cases
+    twice with the same parameters, and each has a verdict of its own."""
+    seen: dict[str, int] = {}
+    out = []
+    for case in cases:
+        seen[case] = seen.get(case, 0) + 1
+        out.append(case if seen[case] == 1 else f"{case} #{seen[case]}")
+    return out
+
+
+def _case_lines(output: str) -> list[tuple[str, str]]:
+    """(case, verdict) of every case line of a test-backend-ops `test` run's output (console format), in order."""
+    found = []
     for raw in output.splitlines():
         m = _CASE.match(_ANSI.sub("", raw).rstrip())
         if m is None:
             continue
         case, rest = m.groups()
         if rest.endswith(OK):
-            verdicts[case] = OK
+            found.append((case, OK))
         elif rest.endswith(FAIL):
-            verdicts[case] = FAIL
+            found.append((case, FAIL))
         elif rest.startswith(NOT_SUPPORTED):
-            verdicts[case] = NOT_SUPPORTED
+            found.append((case, NOT_SUPPORTED))
         elif rest.startswith("skipping"):
-            verdicts[case] = SKIPPED
-    return verdicts
+            found.append((case, SKIPPED))
+    return found
+
+
+def parse_cases(output: str) -> dict[str, str]:
+    """The verdict of every case a test-backend-ops `test` run printed (console format), repeats `numbered`."""
+    found = _case_lines(output)
+    return dict(zip(numbered([case for case, _ in found]), [v for _, v in found], strict=True))
 
 
 def list_ops(binary: Path) -> list[str]:
@@ -249,7 +266,7 @@ class RPCServer:
 class _Attempt:
     """One test-backend-ops process of an op's run: from case `skip` on."""
 
-    verdicts: dict[str, str]
+    verdicts: list[tuple[str, str]]  # (case, verdict) in the order run
     finished: bool
     detail: str
     refused: tuple[int, str, str] | None  # (the case's index, its name, the op refused) when the server refused it
@@ -275,7 +292,7 @@ def _attempt(binary: Path, server: RPCServer, op: str, params: str | None, skip:
             rc = None
         out.seek(0)
         text = _ANSI.sub("", out.read().decode(errors="replace"))
-    verdicts = parse_cases(text)
+    verdicts = _case_lines(text)
     summary = re.search(r"^\s*(\d+)/(\d+) tests passed", text, re.MULTILINE)
     if rc is not None and summary is not None:
         return _Attempt(verdicts, True, "", None)
@@ -287,7 +304,7 @@ def _attempt(binary: Path, server: RPCServer, op: str, params: str | None, skip:
     why = f"killed after {timeout:g} s" if rc is None else f"exit status {rc}"
     # what test-backend-ops said of the error (before gdb's backtrace of an abort), or its last lines
     lines = [line for line in text.splitlines()
-             if line.strip() and not parse_cases(line) and not _ANNOUNCED.match(line)]
+             if line.strip() and not _case_lines(line) and not _ANNOUNCED.match(line)]
     ours = [line for line in lines if _ERROR.search(line)] or lines
     theirs = [line for line in server.log_tail(3000).splitlines() if line.strip()]
     state = "running" if server.settle() else "exited"
@@ -306,27 +323,33 @@ def run_op(binary: Path, server: RPCServer, op: str, timeout: float = DEFAULT_TI
     if max_refusals is not None and max_refusals < 1:
         raise ValueError(f"max_refusals must be >= 1, got {max_refusals}")
     t0 = time.monotonic()
-    verdicts: dict[str, str] = {}
-    refusals: dict[str, str] = {}
+    ran: list[tuple[str, str]] = []  # (case, verdict) in the order run, repeats not yet numbered
+    refused: dict[int, str] = {}  # the place in `ran` of each case the server refused -> the op it refused
+
+    def result(finished: bool, detail: str, left_out: Sequence[str]) -> OpRun:
+        """The run so far, with the cases of `left_out` (numbered as listed) it did not reach recorded as not run."""
+        cases = numbered([case for case, _ in ran])
+        verdicts = dict(zip(cases, [v for _, v in ran], strict=True))
+        for case in left_out:
+            verdicts.setdefault(case, NOT_RUN)
+        return OpRun(op, server.kind, verdicts, time.monotonic() - t0, finished, detail,
+                     {cases[i]: refused_op for i, refused_op in refused.items()})
+
     skip = streak = 0
     while True:
         attempt = _attempt(binary, server, op, params, skip, timeout - (time.monotonic() - t0))
-        verdicts.update(attempt.verdicts)
+        ran.extend(attempt.verdicts)
         if attempt.refused is None:
-            if params is not None and attempt.finished:
-                for case in list_cases(binary, op):
-                    verdicts.setdefault(case, NOT_RUN)
-            return OpRun(op, server.kind, verdicts, time.monotonic() - t0, attempt.finished, attempt.detail,
-                         refusals)
+            left_out = numbered(list_cases(binary, op)) if params is not None and attempt.finished else []
+            return result(attempt.finished, attempt.detail, left_out)
         index, case, refused_op = attempt.refused
-        verdicts[case] = UNCLAIMED
-        refusals[case] = refused_op
+        refused[len(ran)] = refused_op
+        ran.append((case, UNCLAIMED))
         skip = index + 1
         streak = 1 if attempt.verdicts else streak + 1
         if max_refusals is not None and streak >= max_refusals:
-            for later in [*list_cases(binary, op, params)[skip:], *(list_cases(binary, op) if params else [])]:
-                verdicts.setdefault(later, NOT_RUN)
-            return OpRun(op, server.kind, verdicts, time.monotonic() - t0, True, "", refusals)
+            return result(True, "", [*numbered(list_cases(binary, op, params))[skip:],
+                                     *(numbered(list_cases(binary, op)) if params else [])])
 
 
 @dataclass

@@ -9,6 +9,7 @@ which bytes changed.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -18,7 +19,7 @@ from pyggml.backends.torch.buffer import TorchBuffer
 from pyggml.backends.torch.kernels import KERNELS, Compute, is_noop
 from pyggml.core.errors import ArgumentError, NotAllocatedError, UnsupportedOpError
 from pyggml.core.graph import Graph
-from pyggml.core.tensor import GGMLOp, Tensor, is_view_op
+from pyggml.core.tensor import GGMLOp, Tensor, is_view_op, nbytes_of
 from pyggml.ggml_backend.buffer import check_plan_buffers, tensor_buffer
 
 if TYPE_CHECKING:
@@ -118,6 +119,24 @@ class _Context:
             return cache.get(key, buffer, start, end, make)
 
         return cached
+
+    def derived_matrices(self, t: Tensor, dtype: torch.dtype, make: Callable[[int], torch.Tensor]
+                         ) -> Callable[[int], torch.Tensor]:
+        """A function giving matrix i2 (along dim 2) of t converted to `dtype` (`make(i2)`), each matrix cached on its
+        own while its bytes stay (MUL_MAT_ID converts the experts its ids pick, not all)."""
+        if self.written_by_plan(t):
+            return make
+        buffer, start, _ = self.locate(t)
+        ne, nb = t.ne, t.nb
+        size = nbytes_of(t.type, [ne[0], ne[1], 1, 1], nb)  # the bytes of one matrix
+        cache = self.backend.weight_cache
+
+        def matrix(i2: int) -> torch.Tensor:
+            first = start + i2 * nb[2]
+            return cache.get((id(buffer), first, int(t.type), (ne[0], ne[1]), (nb[0], nb[1]), dtype), buffer, first,
+                             first + size, functools.partial(make, i2))
+
+        return matrix
 
 
 def plan_create(backend: TorchBackend, graph: Graph) -> TorchPlan:

@@ -56,7 +56,7 @@ while True:
 
 FAKE_TEST_BACKEND_OPS = """\
 import os, re, socket, sys, time
-OPS = ["ABORT", "BAD", "DIE", "GOOD", "MIXED", "SLOW"]
+OPS = ["ABORT", "BAD", "DIE", "GOOD", "MIXED", "SLOW", "TWICE"]
 if sys.argv[1:] == ["--list-ops"]:
     print("GGML operations:")
     for op in OPS:
@@ -66,7 +66,8 @@ if sys.argv[1:] == ["--list-ops"]:
 op = sys.argv[5]
 params = sys.argv[7] if sys.argv[6:7] == ["-p"] else ""
 skip = int(os.environ["PYGGML_SKIP_CASES"])
-cases = [i for i in range(5 if op == "MIXED" else 2) if re.search(params, "v=%d" % i)]
+values = {"MIXED": [0, 1, 2, 3, 4], "TWICE": [0, 1, 0, 1]}.get(op, [0, 1])  # TWICE lists its cases twice
+cases = [i for i in values if re.search(params, "v=%d" % i)]
 if os.environ.get("PYGGML_LIST_CASES"):  # the patch's list mode
     assert sys.argv[1:4] == ["test", "-b", "CPU"], sys.argv
     for n, i in enumerate(cases):
@@ -75,15 +76,16 @@ if os.environ.get("PYGGML_LIST_CASES"):  # the patch's list mode
 assert sys.argv[1:4] == ["test", "-b", "RPC0"], sys.argv
 host, port = os.environ["PYGGML_RPC_SERVERS"].split(":")
 conn = socket.create_connection((host, int(port)))  # refused if the server is gone
-if op == "MIXED":  # cases 1 and 2 are refused (the server says so), the others pass
-    for n, i in enumerate(cases[skip:], skip):
-        print("  pyggml case %d: MIXED(v=%d)" % (n, i), flush=True)
-        if i in (1, 2):
-            conn.sendall(b"refuse MIXED")
+if op in ("MIXED", "TWICE"):  # MIXED: cases 1 and 2 refused (the server says so); TWICE: its second refused, its
+    for n, i in enumerate(cases[skip:], skip):  # first failed; the others pass
+        print("  pyggml case %d: %s(v=%d)" % (n, op, i), flush=True)
+        if (i in (1, 2)) if op == "MIXED" else n == 1:
+            conn.sendall(b"refuse " + op.encode())
             time.sleep(0.2)
             print("RPC: remote_graph_compute failed", flush=True)
             os.abort()
-        print("  MIXED(v=%d): \\x1b[1;32mOK\\x1b[0m" % i, flush=True)
+        verdict = "FAIL" if op == "TWICE" and n == 0 else "\\x1b[1;32mOK\\x1b[0m"
+        print("  %s(v=%d): %s" % (op, i, verdict), flush=True)
     print("  %d/%d tests passed" % (len(cases) - skip, len(cases) - skip))
     sys.exit(0)
 print("  pyggml case 0: %s(v=0)" % op, flush=True)
@@ -116,7 +118,7 @@ def fakes(tmp_path: Path) -> tuple[Path, Path]:
 
 def test_the_runner_restarts_a_server_a_run_ended_and_stops_a_run_at_its_time_limit(fakes: tuple[Path, Path]) -> None:
     binary, server = fakes
-    assert suite.list_ops(binary) == ["ABORT", "BAD", "DIE", "GOOD", "MIXED", "SLOW"]
+    assert suite.list_ops(binary) == ["ABORT", "BAD", "DIE", "GOOD", "MIXED", "SLOW", "TWICE"]
     with suite.RPCServer("ggml", ggml_rpc_server=server) as rpc:
         runs = {op: suite.run_op(binary, rpc, op, timeout=3.0) for op in ("GOOD", "DIE", "GOOD", "SLOW", "BAD")}
         assert rpc.starts == 2  # DIE ended the first server; the next GOOD started another
@@ -168,6 +170,25 @@ def test_a_refused_case_is_unclaimed_and_the_run_resumes_after_it(fakes: tuple[P
     assert not aborted.finished and aborted.verdicts == {} and "exit status" in aborted.detail
     with pytest.raises(ValueError, match="max_refusals"):
         suite.run_op(binary, rpc, "MIXED", max_refusals=0)
+
+
+def test_a_case_listed_twice_has_a_verdict_each_time(fakes: tuple[Path, Path]) -> None:
+    """TWICE lists v=0 and v=1 twice: the first v=0 fails, the first v=1 is refused, the repeats pass. Each is
+    counted, across the resume after the refusal too (a repeat's pass never hides the first one's failure)."""
+    binary, server = fakes
+    assert suite.numbered(suite.list_cases(binary, "TWICE")) == ["TWICE(v=0)", "TWICE(v=1)", "TWICE(v=0) #2",
+                                                                 "TWICE(v=1) #2"]
+    with suite.RPCServer("ggml", ggml_rpc_server=server) as rpc:
+        twice = suite.run_op(binary, rpc, "TWICE", timeout=30.0)
+        chosen = suite.run_op(binary, rpc, "TWICE", timeout=30.0, params="v=1")
+    assert twice.finished and twice.verdicts == {"TWICE(v=0)": suite.FAIL, "TWICE(v=1)": suite.UNCLAIMED,
+                                                 "TWICE(v=0) #2": suite.OK, "TWICE(v=1) #2": suite.OK}
+    assert twice.failed == ["TWICE(v=0)"] and twice.refusals == {"TWICE(v=1)": "TWICE"}
+    assert (twice.cases, twice.claimed, twice.passed) == (4, 3, 2)
+    # -p finds both v=1: the first (case 0 of the filtered list) fails, the second is refused; both v=0 are not run
+    assert chosen.verdicts == {"TWICE(v=1)": suite.FAIL, "TWICE(v=1) #2": suite.UNCLAIMED,
+                               "TWICE(v=0)": suite.NOT_RUN, "TWICE(v=0) #2": suite.NOT_RUN}
+    assert suite.parse_cases("  A(x=1): OK\n  A(x=1): FAIL\n") == {"A(x=1)": suite.OK, "A(x=1) #2": suite.FAIL}
 
 
 LACKING_SERVER = """\

@@ -401,3 +401,74 @@ def test_views_only_graph_computes_nothing() -> None:
     alloc_ctx_tensors(ctx, tb)
     plan = tb.graph_plan_create(_graph(ctx, v))
     assert plan.computes == [] and v.op == GGMLOp.TRANSPOSE
+
+
+# --- MUL_MAT_ID: the experts the ids pick, each converted once ---
+
+
+def _mul_mat_id_setup(tb: TorchBackend, rng: np.random.Generator, ids: np.ndarray
+                      ) -> tuple[Context, Tensor, Tensor, Tensor, np.ndarray, np.ndarray]:
+    """Six Q8_0 experts [64, 4], src1 [64, 1, n_tokens] (one row for every slot), ids [n_used, n_tokens]."""
+    n_tokens, n_used = ids.shape
+    ctx = _ctx()
+    w = ctx.new_tensor_3d(Q8_0, 64, 4, 6).set_name("experts")
+    x = ctx.new_tensor_3d(F32, 64, 1, n_tokens).set_name("x")
+    i = ctx.new_tensor_2d(I32, n_used, n_tokens).set_name("ids")
+    out = ctx.mul_mat_id(w, x, i)
+    alloc_ctx_tensors(ctx, tb)
+    wv = rng.standard_normal((6, 4, 64)).astype(np.float32)
+    xv = rng.standard_normal((n_tokens, 1, 64)).astype(np.float32)
+    tensor_set_numpy(w, wv)
+    tensor_set_numpy(x, xv)
+    tensor_set_numpy(i, ids.astype(np.int32))
+    return ctx, w, i, out, _quantized_values(Q8_0, wv.reshape(24, 64)).reshape(6, 4, 64), xv
+
+
+def _mul_mat_id_want(experts: np.ndarray, xv: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """dst [n_tokens, n_used, M]: token t's slot s is expert ids[t, s] times the token's row."""
+    return np.stack([[experts[e] @ xv[t, 0] for e in row] for t, row in enumerate(ids)])
+
+
+def test_mul_mat_id_converts_only_the_picked_experts_each_once(rng: np.random.Generator) -> None:
+    tb = torch_init(matmul_precision="f32")
+    ids = np.array([[4, 1], [1, 0], [4, 1]])  # experts 0, 1, 4; 1 and 4 twice
+    ctx, w, i, out, experts, xv = _mul_mat_id_setup(tb, rng, ids)
+    plan = tb.graph_plan_create(_graph(ctx, out))
+    cache = tb.weight_cache
+    tb.graph_plan_compute(plan)
+    assert (cache.misses, cache.hits) == (3, 0)
+    assert sorted(e.start for e in cache.entries.values()) == [k * w.nb[2] for k in (0, 1, 4)]
+    _assert_product(tensor_get_numpy(out), _mul_mat_id_want(experts, xv, ids), torch.float32)
+    ids2 = np.array([[5, 4], [0, 4], [1, 5]])  # 0, 1, 4 cached; 5 new
+    tensor_set_numpy(i, ids2.astype(np.int32))
+    tb.graph_plan_compute(plan)
+    assert (cache.misses, cache.hits, len(cache.entries)) == (4, 3, 4)
+    _assert_product(tensor_get_numpy(out), _mul_mat_id_want(experts, xv, ids2), torch.float32)
+    # new bytes in expert 4 drop its conversion only
+    new4 = rng.standard_normal((4, 64)).astype(np.float32)
+    tensor_set(w, np.asarray(from_float(Q8_0, new4), dtype=np.uint8), offset=4 * w.nb[2])
+    assert sorted(e.start for e in cache.entries.values()) == [k * w.nb[2] for k in (0, 1, 5)]
+    tb.graph_plan_compute(plan)
+    experts[4] = _quantized_values(Q8_0, new4)
+    _assert_product(tensor_get_numpy(out), _mul_mat_id_want(experts, xv, ids2), torch.float32)
+
+
+def test_mul_mat_id_experts_a_plan_writes_are_converted_each_time(rng: np.random.Generator) -> None:
+    """SET_ROWS into expert 2's rows and MUL_MAT_ID with the experts in one graph: never from the cache."""
+    tb = torch_init(matmul_precision="f32")
+    ids = np.array([[2, 3], [3, 2]])
+    ctx, w, i, out, experts, xv = _mul_mat_id_setup(tb, rng, ids)
+    src = ctx.new_tensor_2d(F32, 64, 4).set_name("src")
+    rows = ctx.new_tensor_1d(I32, 4).set_name("rows")
+    written = ctx.set_rows(ctx.reshape_2d(w, 64, 24), src, rows)
+    out2 = ctx.mul_mat_id(ctx.reshape_3d(written, 64, 4, 6), out.src[1], i)
+    alloc_ctx_tensors(ctx, tb)
+    tensor_set_numpy(rows, np.arange(8, 12, dtype=np.int32))
+    plan = tb.graph_plan_create(_graph(ctx, out2))
+    for k in (1.0, -3.0):
+        new2 = k * rng.standard_normal((4, 64)).astype(np.float32)
+        tensor_set_numpy(src, new2)
+        tb.graph_plan_compute(plan)
+        assert len(tb.weight_cache.entries) == 0
+        experts[2] = _quantized_values(Q8_0, new2)
+        _assert_product(tensor_get_numpy(out2), _mul_mat_id_want(experts, xv, ids), torch.float32)

@@ -66,6 +66,12 @@ class PlanContext(Protocol):
         """A function giving `make()` (t's bytes converted to `dtype`) through the backend's weight cache."""
         ...
 
+    def derived_matrices(self, t: Tensor, dtype: torch.dtype, make: Callable[[int], torch.Tensor]
+                         ) -> Callable[[int], torch.Tensor]:
+        """A function giving matrix i2 of t (along dim 2) converted to `dtype` (`make(i2)`), each matrix through the
+        weight cache on its own."""
+        ...
+
 
 Kernel = Callable[[Tensor, PlanContext], Compute]
 

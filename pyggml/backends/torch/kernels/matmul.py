@@ -36,6 +36,7 @@ read right after the CPY into it) is converted on every compute instead.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -94,34 +95,29 @@ def product_dtype(wtype: GGMLType, n_cols: int, precision: str) -> torch.dtype:
     return wanted  # quantized: dequantized into the precision's dtype
 
 
+def conversions(wtype: GGMLType, cdt: torch.dtype
+                ) -> tuple[Callable[[torch.Tensor], torch.Tensor] | None, Callable[[torch.Tensor], torch.Tensor]]:
+    """(weight, input) conversions to the product dtype `cdt` of a `wtype` weight's view and of src1's, as the
+    module docstring says; the weight's is None when its view is used as it is."""
+    f32 = torch.float32
+    if wtype == F32:
+        return None, lambda x: x if x.dtype == f32 else x.to(f32)
+    if wtype in (F16, BF16):
+        half = _half_dtype(wtype)
+        # src1 rounded to the weight's type (ggml's vec_dot_type)
+        return (None if cdt == half else lambda w: w.to(cdt)), lambda x: x.to(half).to(cdt)
+    return lambda w: dequantize(wtype, w).to(cdt), lambda x: x.to(cdt)
+
+
 def operands(pc: PlanContext, a_t: Tensor, a: torch.Tensor, b: torch.Tensor, n_cols: int
              ) -> tuple[Callable[[], torch.Tensor], Callable[[], torch.Tensor], torch.dtype]:
     """(weight, input, dtype) of a product of weight `a_t` (view `a`) and `n_cols` columns of `b`: functions giving
     both converted to the product dtype as the module docstring says (the weight through the weight cache)."""
-    wtype = a_t.type
-    f32 = torch.float32
-    cdt = product_dtype(wtype, n_cols, pc.backend.matmul_precision)
-    convert_w: Callable[[], torch.Tensor] | None = None
-    if wtype == F32:
-        def convert_x() -> torch.Tensor:
-            return b if b.dtype == f32 else b.to(f32)
-    elif wtype in (F16, BF16):
-        half = _half_dtype(wtype)
-        if cdt != half:
-            def convert_w() -> torch.Tensor:
-                return a.to(cdt)
-
-        def convert_x() -> torch.Tensor:
-            return b.to(half).to(cdt)  # rounded to the weight's type (ggml's vec_dot_type)
-    else:
-        def convert_w() -> torch.Tensor:
-            return dequantize(wtype, a).to(cdt)
-
-        def convert_x() -> torch.Tensor:
-            return b.to(cdt)
-
-    get_w: Callable[[], torch.Tensor] = (lambda: a) if convert_w is None else pc.derived(a_t, cdt, convert_w)
-    return get_w, convert_x, cdt
+    cdt = product_dtype(a_t.type, n_cols, pc.backend.matmul_precision)
+    convert_w, convert_x = conversions(a_t.type, cdt)
+    get_w: Callable[[], torch.Tensor] = (lambda: a) if convert_w is None else pc.derived(
+        a_t, cdt, functools.partial(convert_w, a))
+    return get_w, functools.partial(convert_x, b), cdt
 
 
 def mul_mat_kernel(node: Tensor, pc: PlanContext) -> Compute:

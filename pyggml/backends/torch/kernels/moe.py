@@ -1,19 +1,22 @@
 """Torch kernels of mixture of experts: MUL_MAT_ID and ADD_ID (ggml_compute_forward_mul_mat_id, _add_id).
 
 MUL_MAT_ID: as [K, M, n_expert], b [K, n_b, n_tokens], ids [n_used, n_tokens] I32 -> dst [M, n_used, n_tokens]
-F32: dst[:, e, t] = as[:, :, ids[e, t]] x b[:, e % n_b, t]. Each expert's rows are one GEMM; the weights are
-converted as MUL_MAT's (the same dtype policy and weight cache, pyggml.backends.torch.kernels.matmul).
+F32: dst[:, e, t] = as[:, :, ids[e, t]] x b[:, e % n_b, t]. The (token, slot) pairs are sorted by expert and
+each expert's rows are one GEMM. The weights are converted as MUL_MAT's (the same dtype policy,
+pyggml.backends.torch.kernels.matmul), but only the experts the ids pick, each kept in the weight cache on its own.
 ADD_ID: dst[:, i1, i2] = a[:, i1, i2] + b[:, ids[i1, i2]], F32 as ggml-cpu's.
 The ids are checked on every compute (OutOfBoundsError).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from pyggml.backends.torch.kernels import Compute, Kernel, PlanContext, noop
 from pyggml.backends.torch.kernels._common import F32, I32, Problem, raise_problem
-from pyggml.backends.torch.kernels.matmul import MUL_MAT_TYPES, operands
+from pyggml.backends.torch.kernels.matmul import MUL_MAT_TYPES, conversions, product_dtype
 from pyggml.core.errors import OutOfBoundsError, ShapeError, UnsupportedTypeError
 from pyggml.core.tensor import GGMLOp, Tensor
 from pyggml.core.types import TYPE_TRAITS
@@ -54,21 +57,36 @@ def mul_mat_id_kernel(node: Tensor, pc: PlanContext) -> Compute:
     a_t, b_t, i_t, (d, a, b, idx) = _views(node, pc, mul_mat_id_problem(node))
     if d.numel() == 0:
         return noop
-    n_expert, n_used, n_b = a_t.ne[2], i_t.ne[0], b_t.ne[1]
-    get_w, convert_x, _ = operands(pc, a_t, a, b, b_t.ne[2] * n_used)
+    n_expert, n_used, n_b, n_tokens = a_t.ne[2], i_t.ne[0], b_t.ne[1], b_t.ne[2]
+    m = a_t.ne[1]
+    cdt = product_dtype(a_t.type, n_tokens * n_used, pc.backend.matmul_precision)
+    convert_w, convert_x = conversions(a_t.type, cdt)
+    experts = a[0]  # (n_expert, M, K), or raw rows (n_expert, M, row bytes)
+    # only the experts the ids pick are converted, each once while its bytes stay (the weight cache)
+    weight: Callable[[int], torch.Tensor] = (
+        experts.__getitem__ if convert_w is None else pc.derived_matrices(a_t, cdt, lambda e: convert_w(experts[e])))
     what = f"torch MUL_MAT_ID '{node.name}'"
-    used = torch.arange(n_used, device=d.device) % n_b
+    f32 = torch.float32
+    direct = d[0].is_contiguous()  # dst rows are the (token, slot) pairs' rows: written by index
 
     def run() -> None:
-        ids = idx[0, 0, :, :n_used].long()  # (n_tokens, n_used)
+        ids = idx[0, 0, :, :n_used].reshape(-1).long()  # the (token, slot) pairs' experts, token-major
         _check_ids(ids, n_expert, what)
-        w = get_w()[0]  # (n_expert, M, K)
-        x = convert_x()[0][:, used]  # (n_tokens, n_used, K)
-        out = torch.empty(d.shape[1:], dtype=torch.float32, device=d.device)  # (n_tokens, n_used, M)
-        for e in torch.unique(ids).tolist():
-            sel = ids == e
-            out[sel] = torch.mm(x[sel], w[e].t()).to(torch.float32)
-        d[0].copy_(out)
+        # the pairs grouped by expert (a stable sort): one GEMM of each expert's rows, no per-pair work in Python
+        order = torch.argsort(ids, stable=True)
+        counts = torch.bincount(ids, minlength=n_expert).tolist()
+        picked = [e for e in range(n_expert) if counts[e]]
+        x = convert_x(b[0][order // n_used, order % n_used % n_b])  # (pairs, K) in expert order
+        y = torch.empty((x.shape[0], m), dtype=f32, device=d.device)
+        first = 0
+        for e in picked:
+            last = first + counts[e]
+            y[first:last] = torch.mm(x[first:last], weight(e).t())
+            first = last
+        out = d[0].view(-1, m) if direct else torch.empty_like(y)
+        out[order] = y
+        if not direct:
+            d[0].copy_(out.view(d[0].shape))
 
     return run
 
