@@ -105,7 +105,7 @@ def _compute(type: GGMLType, n_threads: int, runner: str, monkeypatch: pytest.Mo
     return tensor_get_numpy(cache).copy(), plan
 
 
-@pytest.mark.parametrize("type", [F32, GGMLType.F16, GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_K])
+@pytest.mark.parametrize("type", [F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_K])
 @pytest.mark.parametrize("n_threads", [1, 2, 3])
 @pytest.mark.parametrize("mode", ["lead", "barrier"])
 def test_runner_gives_the_node_by_node_bits(type: GGMLType, n_threads: int, mode: str,

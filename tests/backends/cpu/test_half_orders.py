@@ -84,30 +84,40 @@ def test_denormal_operands_are_libggml_s(ggml_reference: object, wtype: GGMLType
         ctx.free()
 
 
-@pytest.mark.parametrize("name", ["vec_dot_bf16_avx512bf16", "tinyblas_avx512bf16"])
-def test_dpbf16_loops_agree_packed_or_not_native_or_not(name: str) -> None:
-    """The dpbf16 orders read src1 packed as bf16 bits and flushed (MUL_MAT) or as float32 values (MUL_MAT_ID's
-    experts), and run vdpbf16ps itself where the host has AVX512_BF16: every variant gives the emulation's bits
-    (FMAs of the odd then the even products, denormals flushed), denormal operands and results included."""
+# (weight type, order) of every order MUL_MAT hands src1 packed as 16-bit values (half_orders.src1_bits)
+PACKED_ORDERS = [(GGMLType.BF16, "vec_dot_bf16_avx512bf16"), (GGMLType.BF16, "tinyblas_avx512bf16"),
+                 (GGMLType.BF16, "vec_dot_bf16_avx512"), (GGMLType.BF16, "vec_dot_bf16_avx2"),
+                 (GGMLType.BF16, "generic"), (GGMLType.F16, "vec_dot_f16_avx512"),
+                 (GGMLType.F16, "vec_dot_f16_avx2"), (GGMLType.F16, "generic")]
+
+
+@pytest.mark.parametrize(("wtype", "name"), PACKED_ORDERS, ids=lambda v: getattr(v, "name", v))
+def test_packed_src1_loops_agree_with_float_src1(wtype: GGMLType, name: str) -> None:
+    """MUL_MAT hands these orders src1 as the bits of the weights' type (bf16 pairs, flushed, for dpbf16), MUL_MAT_ID's
+    experts as float32 values; the dpbf16 orders also run vdpbf16ps itself where the host has AVX512_BF16: every
+    variant gives the same bits (for dpbf16, the emulation's: FMAs of the odd then the even products, denormals
+    flushed), denormal operands and results included."""
     from numba import njit
 
-    from pyggml.backends.cpu.kernels.vec_dot import half_orders, kinds, quantize_src1
+    from pyggml.backends.cpu.kernels.vec_dot import half_orders, quantize_src1
 
     order = half_orders.HALF_ORDERS[[o.name for o in half_orders.HALF_ORDERS].index(name)]
+    kind = int(wtype)
+    assert half_orders.src1_bits(half_orders.order_kind(kind, name)) == kind
     rng = np.random.default_rng(3)
     M, K, n = 13, 352, 4  # K: vec_dot's 64-element steps and a tail
-    w = (rng.standard_normal((M, K)) * np.exp2(rng.integers(-70, 0, (M, K)))).astype(np.float32)
-    raw = bf16_bits(w).view(np.uint8)
-    x = (rng.standard_normal((n, K)) * np.exp2(rng.integers(-90, 0, (n, K)))).astype(np.float32)
-    quantize_src1.round_rows(kinds.BF16, x)
+    low = -70 if wtype == GGMLType.BF16 else -20  # magnitudes down to the type's denormals
+    w = (rng.standard_normal((M, K)) * np.exp2(rng.integers(low, 0, (M, K)))).astype(np.float32)
+    raw = (bf16_bits(w) if wtype == GGMLType.BF16 else w.astype(np.float16).view(np.uint16)).view(np.uint8)
+    x = (rng.standard_normal((n, K)) * np.exp2(rng.integers(low - 20, 0, (n, K)))).astype(np.float32)
     packed_x = x.copy()
-    quantize_src1.flush_denormals(packed_x)
-    quantize_src1.pack_bf16_rows(packed_x)
+    quantize_src1.pack_half_rows(kind, order.pairs, packed_x, packed_x)
+    quantize_src1.round_rows(kind, x)
     w_off = np.arange(M, dtype=np.int64) * 2 * K
     outs = []
-    for native in (False, True) if half_orders.HOST_DPBF16 else (False,):
+    for native in (False, True) if order.pairs and half_orders.HOST_DPBF16 else (False,):
         for packed in (False, True):
-            loop = half_orders.make_half_cols(kinds.BF16, order, native, packed)
+            loop = half_orders.make_half_cols(kind, order, native, kind if packed else 0)
 
             @njit
             def product(w, w_off, x, out, loop=loop):
@@ -119,6 +129,34 @@ def test_dpbf16_loops_agree_packed_or_not_native_or_not(name: str) -> None:
     assert np.any(outs[0] != 0)
     for out in outs[1:]:
         assert np.array_equal(outs[0].view(np.uint32), out.view(np.uint32))
+
+
+def test_packed_rows_are_the_rounded_values_bits() -> None:
+    """pack_half_rows writes each row's values rounded as round_rows rounds them, as the type's bits, in place or
+    into another array; `flush` zeroes bf16 denormals keeping their sign."""
+    from pyggml.backends.cpu.kernels.vec_dot import kinds, quantize_src1
+
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((3, 100)) * np.exp2(rng.integers(-140, 20, (3, 100)))).astype(np.float32)
+    x[0, :4] = [np.nan, np.inf, -np.inf, -0.0]
+    for kind in (kinds.F16, kinds.BF16):
+        rounded = x.copy()
+        quantize_src1.round_rows(kind, rounded)
+        want = rounded.view(np.uint32) >> 16 if kind == kinds.BF16 else rounded.astype(np.float16).view(np.uint16)
+        for flush in (False, True):
+            into, inplace = np.zeros_like(x), x.copy()
+            quantize_src1.pack_half_rows(kind, flush, x, into)
+            quantize_src1.pack_half_rows(kind, flush, inplace, inplace)
+            expect = want.astype(np.uint16)
+            if flush and kind == kinds.BF16:
+                denormal = (expect & 0x7F80) == 0
+                expect = np.where(denormal, expect & 0x8000, expect)
+            for got in (into, inplace):
+                bits = got.view(np.uint16).reshape(3, 200)[:, :100]
+                assert np.array_equal(bits[:, 1:], expect[:, 1:]), kind
+                assert np.isnan(x[0, 0]) and (bits[0, 0] & 0x7FFF) > (0x7F80 if kind == kinds.BF16 else 0x7C00)
+        if kind == kinds.BF16:  # the data has bf16 denormals for `flush` to zero
+            assert np.any(((want & 0x7F80) == 0) & ((want & 0x7F) != 0))
 
 
 @pytest.mark.parametrize("n", [1, 10, 40])

@@ -254,16 +254,31 @@ def test_exact_and_blas_paths_agree(wtype: GGMLType, rng: np.random.Generator,
     assert nmse(results[1], results[0]) < 1e-11
 
 
-@pytest.mark.parametrize("wtype", [Q.Q4_0, Q.Q4_K, F16, F32])
-def test_thread_counts_give_identical_results(wtype: GGMLType, rng: np.random.Generator) -> None:
-    stored, _ = random_weights(wtype, (1, 1, 100, 256), rng)
-    x = rng.standard_normal((1, 1, 3, 256)).astype(np.float32)
+@pytest.mark.parametrize("wtype", [Q.Q4_0, Q.Q4_K, F16, BF16, F32])
+@pytest.mark.parametrize(("M", "N"), [(100, 3), (1000, 1), (200, 1)])
+def test_thread_counts_give_identical_results(wtype: GGMLType, M: int, N: int, rng: np.random.Generator) -> None:
+    """1000 rows of one column: ggml's 64-row chunks (a partial one last) taken by 2 and 3 threads; 200: too few
+    chunks, a chunk a thread."""
+    stored, _ = random_weights(wtype, (1, 1, M, 256), rng)
+    x = rng.standard_normal((1, 1, N, 256)).astype(np.float32)
     got = []
-    for n_threads in (1, 2):
+    for n_threads in (1, 2, 3):
         ctx = new_ctx(16)
         got.append(run(ctx.mul_mat(weight_tensor(ctx, wtype, stored), tensor(ctx, F32, x)),
                        ComputeParams(n_threads=n_threads)))
-    np.testing.assert_array_equal(got[0], got[1])  # each output is one row's dot: chunking cannot change it
+    assert np.any(got[0] != 0)
+    for other in got[1:]:  # each output is one row's dot: chunking cannot change it
+        np.testing.assert_array_equal(got[0], other)
+
+
+def test_mat_vec_chunks_are_ggml_s() -> None:
+    """ggml_compute_forward_mul_mat's chunking of a mat-vec: 64 rows while there are 4 chunks a thread, else one
+    chunk a thread; products of more columns keep a few long items a thread."""
+    assert matmul._chunk(2048, 1, 2, 1) == matmul.DECODE_CHUNK == 64
+    assert matmul._chunk(449, 1, 2, 1) == 64  # 8 chunks, the last partial
+    assert matmul._chunk(448, 1, 2, 1) == 224  # 7 chunks: too few for 2 threads
+    assert matmul._chunk(256, 1, 3, 1) == 86
+    assert matmul._chunk(2048, 1, 2, 8) == 2048 // (2 * matmul.ITEMS_PER_THREAD)
 
 
 def test_f32_weights_take_ggml_s_float_orders(rng: np.random.Generator) -> None:

@@ -55,6 +55,8 @@ BLAS_PARALLEL_MIN_WORK = 1 << 22
 BLAS_ITEMS = 16
 BLAS_MIN_ROWS = 16
 ITEMS_PER_THREAD = 2
+# a mat-vec's rows per work item (ggml_compute_forward_mul_mat's chunk_size when nr1 == 1)
+DECODE_CHUNK = 64
 
 _ALIGN = 64
 POOL = new_pool(mul_mat_job.mul_mat_spin)
@@ -199,8 +201,10 @@ def _direct_work(kind: int, M: int, K: int, n_slices: int, N: int) -> int:
     return M * K * n_slices * N
 
 
-def _chunk(M: int, n_slices: int, n_threads: int) -> int:
-    """Weight rows per work item: few items per thread, so each streams long runs the prefetchers follow."""
+def _chunk(M: int, n_slices: int, n_threads: int, n_cols: int = 0) -> int:
+    """Weight rows per work item: ggml's for a mat-vec, else a few long runs a thread (DESIGN.md, "The MUL_MAT job")."""
+    if n_cols * n_slices == 1:
+        return DECODE_CHUNK if math.ceil(M / DECODE_CHUNK) >= 4 * n_threads else math.ceil(M / n_threads)
     per_slice = max(1, math.ceil(ITEMS_PER_THREAD * n_threads / max(n_slices, 1)))
     return max(8, math.ceil(M / per_slice))
 
@@ -427,18 +431,18 @@ def _mul_mat_numba(wtype: GGMLType, xtype: GGMLType, K: int, dst: np.ndarray, sr
 
         return run_qb
 
-    # F32 / F16 / BF16 weights: src1 rounded to the weight type (unless it already is that type)
+    # F32 / F16 / BF16 weights: src1 rounded to the weight type, packed as its bits where the order reads them
     assert get_x is not None
     round_x = xtype == F32 and wtype != F32
+    x_bits = half_orders.src1_bits(kind)
     flush_x = half_orders.order_of_kind(kind).pairs
 
     def half_x() -> np.ndarray:
         x = get_x()
-        if round_x:
+        if x_bits:
+            quantize_src1.pack_half_rows(x_bits, flush_x, x, x)
+        elif round_x:
             quantize_src1.round_rows(int(wtype), x)
-        if flush_x:
-            quantize_src1.flush_denormals(x)
-            quantize_src1.pack_bf16_rows(x)
         return x
 
     if not blas:
@@ -451,9 +455,10 @@ def _mul_mat_numba(wtype: GGMLType, xtype: GGMLType, K: int, dst: np.ndarray, sr
             direct()
 
         rows = reshape_view(src1, (ny, K)) if xtype == F32 else None
-        if flush_x or rows is None or not rows.flags.c_contiguous:
+        if rows is None or not rows.flags.c_contiguous:
             return run_h
-        step = src1_steps.half_src1_step(int(wtype) if round_x else src1_steps.NO_ROUNDING, rows, xs)
+        step = src1_steps.half_src1_step(int(wtype) if round_x else src1_steps.NO_ROUNDING, rows, xs, x_bits,
+                                         flush_x)
         return _with_src1_step(run_h, direct, step)
 
     assert tile is not None
@@ -485,7 +490,7 @@ def _direct(kind: int, w: np.ndarray, w_off: np.ndarray, nb: int, xf: np.ndarray
         return graph_runner.with_steps(functools.partial(_run_alone, desc, operands),
                                        (graph_runner.Step(graph_runner.ALONE, int(desc[mul_mat_job._JOB_ADDRESS]),
                                                           desc, keep=operands),))
-    chunk = _chunk(out.shape[1], w_base.shape[0], nt)
+    chunk = _chunk(out.shape[1], w_base.shape[0], nt, N)
     if kind in X8_GROUP_KINDS:  # whole groups of repacked rows
         chunk = -(-chunk // repack.X8_ROWS) * repack.X8_ROWS
     ctr = np.zeros(2, np.int64)  # items taken, items done: reset by each call

@@ -27,9 +27,7 @@ IR_F64 = ir.DoubleType()
 class HalfOrder:
     """One float order of a dot of F16/BF16 values. `lanes` 0: ggml's generic C loop (a double sum of float
     products). Else `lanes` float accumulators, element e of a step into lane e % lanes (`pairs`: AVX512_BF16's
-    dpbf16, lane j takes elements 2j + 1 then 2j, inputs and results with denormals as zero; src1's denormals the
-    caller flushes, and packs each src1 row as bf16 bits in its first half, quantize_src1.pack_bf16_rows, as ggml's
-    vec_dot_type data), `fused` FMA or a
+    dpbf16, lane j takes elements 2j + 1 then 2j, inputs and results with denormals as zero), `fused` FMA or a
     multiply then an add; at the end `groups` runs of lanes each summed by halving (`hadd`: its last 4 lanes as
     _mm_hadd_ps does, (0 + 1) + (2 + 3)); `wide` (vec_dot): the group sums and the elements after the last whole
     step added in double, else (tinyBLAS) the one group's sum, K a multiple of the step."""
@@ -167,14 +165,14 @@ def _tree(builder, v, hadd: bool):
     return builder.fadd(builder.fadd(lane(0), lane(1)), builder.fadd(lane(2), lane(3)))
 
 
-def _scalar_sums(builder, pw, cols, start, K, kind: int, totals, packed: bool = False) -> None:
+def _scalar_sums(builder, pw, cols, start, K, kind: int, totals, x_bits: int = 0) -> None:
     """totals[c] (double) += double(float w[k] * x_c[k]) for start <= k < K: ggml's leftovers and generic loop
-    (`packed`: the x rows hold bf16 bits, see HalfOrder)."""
+    (`x_bits`: the x rows hold the bits of that type, see src1_bits)."""
     with cgutils.for_range(builder, K, start=start) as loop:
         k = loop.index
         wk = float_value(builder, pw, k, kind)
         for px, total in zip(cols, totals, strict=True):
-            xk = float_value(builder, px, k, BF16) if packed else builder.load(builder.gep(px, [k]))
+            xk = float_value(builder, px, k, x_bits) if x_bits else builder.load(builder.gep(px, [k]))
             product = builder.fpext(builder.fmul(wk, xk), IR_F64)
             builder.store(builder.fadd(builder.load(total), product), total)
 
@@ -205,15 +203,17 @@ def _dpbf16(builder, acc, w_bits, x_bits):
 
 
 def _block_dots(builder, pws, cols, K, kind: int, order: HalfOrder, native: bool = False,
-                 packed: bool = False) -> list[list]:
-    """The dots [row][column] of the F16/BF16 (`kind`) rows at byte pointers pws with the float rows at `cols`, K
-    elements each; `native`: `pairs` by the CPU's own vdpbf16ps (the same bits); `packed` (`pairs` only): src1 rows
-    packed and flushed by the caller (see HalfOrder), else float32 values read and flushed here."""
-    if order.lanes == 0:
-        return [_wide_totals(builder, pw, cols, [[] for _ in cols], ir.Constant(K.type, 0), K, kind) for pw in pws]
-    packed = packed and order.pairs
-    if packed:  # src1 rows packed as bf16 bits: byte pointers
+                x_bits: int = 0) -> list[list]:
+    """The dots [row][column] of the F16/BF16 (`kind`) rows at byte pointers pws with the src1 rows at `cols`, K
+    elements each; `native`: `pairs` by the CPU's own vdpbf16ps (the same bits); `x_bits` F16 or BF16: src1 rows
+    packed as that type's bits (and flushed for `pairs`) by the caller (see src1_bits), 0: float32 values, read
+    (and flushed for `pairs`) here."""
+    packed = x_bits != 0
+    if packed:  # src1 rows packed as 16-bit values: byte pointers
         cols = [builder.bitcast(px, IR_I8.as_pointer()) for px in cols]
+    if order.lanes == 0:
+        return [_wide_totals(builder, pw, cols, [[] for _ in cols], ir.Constant(K.type, 0), K, kind, x_bits)
+                for pw in pws]
     step, vf = order.step, ir.VectorType(IR_F32, order.lanes)
     shift = ir.Constant(K.type, step.bit_length() - 1)
     accs = [[cgutils.alloca_once_value(builder, ir.Constant(vf, [0.0] * order.lanes)) for _ in cols] for _ in pws]
@@ -227,20 +227,21 @@ def _block_dots(builder, pws, cols, K, kind: int, order: HalfOrder, native: bool
             w_even = [_flush(builder, _strided(builder, v, 0)) for v in wv]
         for c, px in enumerate(cols):
             if packed:
-                x_bits = vir.load_vector(builder, builder.gep(px, [builder.add(e, e)]), IR_I16, step)
-                xv = _widen(builder, x_bits, BF16)
-                x_odd, x_even = _strided(builder, xv, 1), _strided(builder, xv, 0)
+                x_raw = vir.load_vector(builder, builder.gep(px, [builder.add(e, e)]), IR_I16, step)
+                xv = _widen(builder, x_raw, x_bits)
+                if order.pairs:
+                    x_odd, x_even = _strided(builder, xv, 1), _strided(builder, xv, 0)
             else:
                 xv = vir.load_vector(builder, builder.gep(px, [e]), IR_F32, step)
                 if order.pairs and native:
-                    x_bits = _bf16_bits(builder, xv)
+                    x_raw = _bf16_bits(builder, xv)
                 elif order.pairs:
                     x_odd, x_even = _flush(builder, _strided(builder, xv, 1)), _flush(builder, _strided(builder, xv, 0))
             for i in range(len(pws)):
                 acc = accs[i][c]
                 a = builder.load(acc)
                 if order.pairs and native:
-                    a = _dpbf16(builder, a, w_bits[i], x_bits)
+                    a = _dpbf16(builder, a, w_bits[i], x_raw)
                 elif order.pairs:
                     a = _flush(builder, vir.fma(builder, w_odd[i], x_odd, a))
                     a = _flush(builder, vir.fma(builder, w_even[i], x_even, a))
@@ -257,7 +258,7 @@ def _block_dots(builder, pws, cols, K, kind: int, order: HalfOrder, native: bool
                 for pw, row in zip(pws, sums, strict=True)]
     if not order.wide:
         return [[groups[0] for groups in row] for row in sums]
-    return [_wide_totals(builder, pw, cols, row, builder.shl(n_steps, shift), K, kind, packed)
+    return [_wide_totals(builder, pw, cols, row, builder.shl(n_steps, shift), K, kind, x_bits)
             for pw, row in zip(pws, sums, strict=True)]
 
 
@@ -268,7 +269,7 @@ def _float_tails(builder, pw, cols, sums, start, K, kind: int) -> list:
     return [builder.load(total) for total in totals]
 
 
-def _wide_totals(builder, pw, cols, group_sums, start, K, kind: int, packed: bool = False) -> list:
+def _wide_totals(builder, pw, cols, group_sums, start, K, kind: int, x_bits: int = 0) -> list:
     """vec_dot's end: per column the group sums added in double, then the elements start..K-1, rounded to float."""
     totals = []
     for groups in group_sums:
@@ -276,7 +277,7 @@ def _wide_totals(builder, pw, cols, group_sums, start, K, kind: int, packed: boo
         for s in groups:
             total = builder.fadd(total, builder.fpext(s, IR_F64))
         totals.append(cgutils.alloca_once_value(builder, total))
-    _scalar_sums(builder, pw, cols, start, K, kind, totals, packed)
+    _scalar_sums(builder, pw, cols, start, K, kind, totals, x_bits)
     return [builder.fptrunc(builder.load(total), IR_F32) for total in totals]
 
 
@@ -284,11 +285,11 @@ def _wide_totals(builder, pw, cols, group_sums, start, K, kind: int, packed: boo
 ROW_BLOCK = 4
 
 
-def make_half_cols(kind: int, order: HalfOrder, native: bool = False, packed: bool = False):
-    """F16 or BF16 (`kind`) weight rows times float32 rows holding values of that type, in `order`:
+def make_half_cols(kind: int, order: HalfOrder, native: bool = False, x_bits: int = 0):
+    """F16 or BF16 (`kind`) weight rows times src1 rows holding values of that type, in `order`:
     `dot(w, w_off, base, m0, m1, x, r, n, out)` writes out[r + c, m] for c < n <= COLS and m0 <= m < m1, the
     weight row at byte w[w_off[base + m]], whole rows of x (K = its row length); the tinyBLAS orders ROW_BLOCK rows
-    at a time. `native`, `packed`: see _block_dots."""
+    at a time. `native`, `x_bits`: see _block_dots."""
     # vec_dot's accumulators fill several vector registers a row: more rows a pass would spill them
     block_rows = 1 if order.wide or order.float_tail else ROW_BLOCK
 
@@ -310,7 +311,7 @@ def make_half_cols(kind: int, order: HalfOrder, native: bool = False, packed: bo
                 def block(m, n_rows: int) -> None:
                     pws = [builder.gep(w_data, [builder.load(builder.gep(offsets, [builder.add(
                         m, ir.Constant(m.type, i))]))]) for i in range(n_rows)]
-                    for i, dots in enumerate(_block_dots(builder, pws, cols, K, kind, order, native, packed)):
+                    for i, dots in enumerate(_block_dots(builder, pws, cols, K, kind, order, native, x_bits)):
                         vir.store_columns(context, builder, ty[8], args[8], r, builder.add(m, ir.Constant(m.type, i)),
                                       dots)
 
@@ -335,9 +336,20 @@ HOST_DPBF16 = bool(llvm_binding.get_host_cpu_features().get("avx512bf16", False)
 _LOOPS: dict[tuple[int, bool], object] = {}
 
 
+def src1_bits(kind: int) -> int:
+    """The type whose bits MUL_MAT packs src1's rows in for half-order kind `kind`, 0 for float32 rows: the dpbf16
+    orders read bf16 pairs; ggml's vec_dot rows of F16/BF16 weights read src1 in the weights' type (ggml's
+    vec_dot_type data), half the bytes of float32, so a long row of src1 stays in L1 beside the weight stream."""
+    order, wtype = order_of_kind(kind), kind % X8_REPACKED
+    if order.pairs:
+        return BF16
+    return wtype if wtype in (F16, BF16) and order.wide else 0
+
+
 def half_cols(kind: int, packed: bool):
-    """The row loop of half-order kind `kind`, src1 `packed` or float32 (see make_half_cols)."""
+    """The row loop of half-order kind `kind`: src1 `packed` as src1_bits says, or float32 rows."""
     if (kind, packed) not in _LOOPS:
         order = order_of_kind(kind)
-        _LOOPS[(kind, packed)] = make_half_cols(kind % X8_REPACKED, order, order.pairs and HOST_DPBF16, packed)
+        _LOOPS[(kind, packed)] = make_half_cols(kind % X8_REPACKED, order, order.pairs and HOST_DPBF16,
+                                                src1_bits(kind) if packed else 0)
     return _LOOPS[(kind, packed)]

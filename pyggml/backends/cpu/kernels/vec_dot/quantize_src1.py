@@ -11,7 +11,16 @@ from numba.extending import intrinsic
 from pyggml.backends.cpu.kernels.atomics import (
     element_pointer,
 )
-from pyggml.backends.cpu.kernels.vec_dot.ir import IR_F32, IR_I8, IR_I32, load_vector, reduce_add_i32, round_f16, splat
+from pyggml.backends.cpu.kernels.vec_dot.ir import (
+    IR_F32,
+    IR_I8,
+    IR_I32,
+    f16_bits,
+    load_vector,
+    reduce_add_i32,
+    round_f16,
+    splat,
+)
 from pyggml.backends.cpu.kernels.vec_dot.kinds import F16, Q8_0, Q8_1
 
 # numerics codes (numerics.NUMERICS_CODES): numba compiles on ints
@@ -232,6 +241,14 @@ def quantize_rows(kind, x, yq, yd, ys, yb, rounding):
             _quantize_q8_K_row(x, yq, yd, yb, r)
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _bf16_rounded(u):
+    """The float32 bits u rounded to bf16 (ties to even, as GGML_FP32_TO_BF16), low half zero."""
+    if (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):
+        return (u | np.uint32(0x400000)) & np.uint32(0xFFFF0000)  # NaN stays a quiet NaN
+    return (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
+
+
 @njit(nogil=True, cache=True)
 def round_rows(kind, x):
     """Round float32 values in place to `kind` (F16 or BF16) and back: src1 converted to vec_dot_type."""
@@ -242,28 +259,24 @@ def round_rows(kind, x):
         return
     bits = flat.view(np.uint32)
     for k in range(bits.shape[0]):
-        u = bits[k]
-        if (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):
-            bits[k] = (u | np.uint32(0x400000)) & np.uint32(0xFFFF0000)  # NaN stays a quiet NaN
-        else:
-            bits[k] = (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
-
+        bits[k] = _bf16_rounded(bits[k])
 
 
 @njit(nogil=True, cache=True)
-def flush_denormals(x):
-    """Denormal float32 values of x as zeros of their sign, in place (AVX512_BF16's dpbf16 reads its inputs so)."""
-    bits = x.reshape(-1).view(np.uint32)
-    for k in range(bits.shape[0]):
-        if bits[k] & np.uint32(0x7F800000) == 0:
-            bits[k] &= np.uint32(0x80000000)
-
-
-@njit(nogil=True, cache=True)
-def pack_bf16_rows(x):
-    """Each row of bf16-valued float32s x as its bf16 bits in its first half, in place (bits land behind reads)."""
-    bits = x.view(np.uint32)
-    for i in range(x.shape[0]):
-        row = x[i].view(np.uint16)
-        for k in range(x.shape[1]):
-            row[k] = np.uint16(bits[i, k] >> np.uint32(16))
+def pack_half_rows(kind, flush, src, x):
+    """Each float32 row of src rounded to `kind` (F16 or BF16), as that type's bits in the first half of x's row
+    (src1 as ggml's vec_dot_type data); `flush`: bf16 denormals as zeros of their sign (AVX512_BF16's dpbf16 reads
+    its inputs so). src may be x: the bits land behind the reads."""
+    for i in range(src.shape[0]):
+        out = x[i].view(np.uint16)
+        row = src[i]
+        if kind == F16:
+            for k in range(row.shape[0]):
+                out[k] = f16_bits(row[k])
+            continue
+        bits = row.view(np.uint32)
+        for k in range(row.shape[0]):
+            u = _bf16_rounded(bits[k])
+            if flush and u & np.uint32(0x7F800000) == 0:
+                u &= np.uint32(0x80000000)
+            out[k] = np.uint16(u >> np.uint32(16))
