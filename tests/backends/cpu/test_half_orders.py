@@ -183,3 +183,33 @@ def test_attention_s_f32_products_are_libggml_s_bit_for_bit(ggml_reference: obje
                 f"{node.op.name}: {np.count_nonzero(got.reshape(want.shape) != want)} of {want.size} differ"
     finally:
         ctx.free()
+
+
+@pytest.mark.parametrize("wtype", HALF_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize(("numerics", "level"), [("x86", "avx2"), ("x86", "avx512"), ("x86", "avx512bf16"),
+                                                 ("ref", "avx2")])
+def test_expert_rows_take_mul_mat_s_order(wtype: GGMLType, numerics: str, level: str) -> None:
+    """MUL_MAT_ID's F16/BF16 experts are summed in the order MUL_MAT's decode rows take at the same numerics and
+    x86 level (ggml_vec_dot_f16/bf16; ggml's MUL_MAT_ID takes no llamafile): each (token, slot) row is, bit for
+    bit, the MUL_MAT of its expert and the token's src1 row."""
+    rng = np.random.default_rng(11)
+    n_as, M, K, n_tok, n_used = 4, 24, 352, 5, 2
+    raw = half_rows(rng, wtype, n_as * M, K).reshape(1, n_as, M, K)
+    x = src1_rows(rng, n_tok, K)
+    ids = np.stack([rng.permutation(n_as)[:n_used] for _ in range(n_tok)]).astype(np.int32)
+    params = ComputeParams(n_threads=2, numerics=numerics, x86_level=level)
+    half = (lambda a: a.view(np.float16)) if wtype == GGMLType.F16 else (lambda a: a)
+    ctx = new_ctx(32)
+    try:
+        w = weight_tensor(ctx, wtype, half(raw))
+        node = ctx.mul_mat_id(w, tensor(ctx, GGMLType.F32, x.reshape(1, n_tok, 1, K)),
+                              tensor(ctx, GGMLType.I32, ids.reshape(1, 1, n_tok, n_used)))
+        got = run(node, params).reshape(n_tok, n_used, M)
+        assert np.any(got != 0)
+        for t in range(n_tok):
+            for j in range(n_used):
+                expert = weight_tensor(ctx, wtype, half(raw[:, ids[t, j]][None]), name=f"e{t}{j}")
+                want = run(ctx.mul_mat(expert, tensor(ctx, GGMLType.F32, x[t].reshape(1, 1, 1, K))), params)
+                assert np.array_equal(got[t, j].view(np.uint32), want.reshape(M).view(np.uint32)), (t, j)
+    finally:
+        ctx.free()

@@ -26,7 +26,7 @@ from pyggml.backends.cpu.kernels.matmul import (
     _weight_rows,
 )
 from pyggml.backends.cpu.kernels.threads import SLOT_LEN
-from pyggml.backends.cpu.kernels.vec_dot import mul_mat_id_job, quantize_src1
+from pyggml.backends.cpu.kernels.vec_dot import half_orders, mul_mat_id_job, quantize_src1
 from pyggml.backends.cpu.kernels.vec_dot import type_table as tt
 from pyggml.backends.cpu.kernels.vec_dot.type_table import MUL_MAT_TYPES
 from pyggml.backends.cpu.numerics import NUMERICS_CODES
@@ -128,9 +128,11 @@ def _expert_kinds(type: GGMLType, repacked: bool, params: ComputeParams) -> tupl
     if repacked:
         gemv = tt.X8_GEMV_KINDS.get(kind, tt.X8_KINDS[kind])
         return gemv, gemv, 0
-    if (kind in tt.TILED_KINDS and not params.batch_invariant
-            and NUMERICS_CODES[params.numerics] == quantize_src1.ROUND_X86):
+    x86 = NUMERICS_CODES[params.numerics] == quantize_src1.ROUND_X86
+    if kind in tt.TILED_KINDS and not params.batch_invariant and x86:
         return tt.TILED_KINDS[kind], kind, TILED_MIN_COLS
+    if type in (F16, BF16):  # ggml_vec_dot_f16/bf16 at the params' x86 level (MUL_MAT_ID takes no llamafile)
+        kind = half_orders.half_kind(kind, x86, params.x86_level, 1, 0, 0, False)
     return kind, kind, 0
 
 
@@ -172,6 +174,10 @@ def _expert_rows(name: str, type: GGMLType, repacked: bool, w: np.ndarray, xs: n
         xf = x_rows
     kind = int(type)
     kind_many, kind_few, min_cols = _expert_kinds(type, repacked, params)
+    # F16/BF16 experts (the only float ones here): src1 packed as their type's bits, as MUL_MAT's vec_dot rows
+    x_bits = 0 if quantized else half_orders.src1_bits(kind_many)
+    flush_x = not quantized and half_orders.order_of_kind(kind_many).pairs
+    assert quantized or x_bits, kind_many
     group = repack.X8_ROWS if kind_many in tt.X8_GROUP_KINDS or kind_few in tt.X8_GROUP_KINDS else 1
     rounding = NUMERICS_CODES[params.numerics]
     runs = np.zeros((n_as, mul_mat_id_job.RUN_FIELDS), np.int64)
@@ -186,7 +192,7 @@ def _expert_rows(name: str, type: GGMLType, repacked: bool, w: np.ndarray, xs: n
         """src1's rows to the vec_dot type once each (as ggml's wdata), then gathered in the sorted order."""
         if not quantized:
             np.take(xs.reshape(n_src, K), src_of, axis=0, out=xf)
-            quantize_src1.round_rows(kind, xf)
+            quantize_src1.pack_half_rows(x_bits, flush_x, xf, xf)
             return
         if copy_src:
             np.copyto(x_rows.reshape(xs.shape), xs)
@@ -209,7 +215,8 @@ def _expert_rows(name: str, type: GGMLType, repacked: bool, w: np.ndarray, xs: n
     flat_ids = reshape_view(ids2, (-1,))
     if copy_src or flat_ids is None:
         return run
-    head = [n_as, M, n_used, ne11, int(quantized), int(vdt), rounding, kind, nt, group, address(desc), 0]
+    head = [n_as, M, n_used, ne11, int(quantized), int(vdt), rounding, x_bits, nt, group, address(desc), 0,
+            int(flush_x)]
     assert src_rows is not None  # src1's own rows: not copied
     views = [flat_ids, order, src_of, runs, src_rows, *(y_src if quantized else y_routed), *y_routed, xf]
     route_desc = graph_runner.descriptor(head, views)
@@ -228,6 +235,7 @@ def _expert_rows(name: str, type: GGMLType, repacked: bool, w: np.ndarray, xs: n
 
 
 _BAD = 11  # the route step's field for route's result when an id is outside [0, n_as) (else 0)
+_HEAD = 13  # the route step's fields before its views
 
 
 def _bad_id(name: str, ids2: np.ndarray, n_runs: int, n_as: int) -> OutOfBoundsError:
@@ -240,11 +248,11 @@ def route_step(p, shared):
     """`run`'s routing and conversion on thread 0: route, src1 to the vec_dot type and gathered (or rounded), the
     product's runs and chunk set; a bad id leaves the product nothing to do."""
     v = graph_runner.VIEW_FIELDS
-    d = numba.carray(p, (12 + 14 * v,))
-    n_as, M, n_used, ne11, quantized, vdt, rounding, kind, nt, group = d[0], d[1], d[2], d[3], d[4], d[5], d[6], \
+    d = numba.carray(p, (_HEAD + 14 * v,))
+    n_as, M, n_used, ne11, quantized, vdt, rounding, x_bits, nt, group = d[0], d[1], d[2], d[3], d[4], d[5], d[6], \
         d[7], d[8], d[9]
     job = numba.carray(graph_runner.pointer_i64(d[10]), (SLOT_LEN,))
-    at = 12
+    at = _HEAD
     ids = graph_runner.rows_i32(d, at)[0]
     order, src_of = graph_runner.rows_i64(d, at + v)[0], graph_runner.rows_i64(d, at + 2 * v)[0]
     runs, x_rows = graph_runner.rows_i64(d, at + 3 * v), graph_runner.rows_f32(d, at + 4 * v)
@@ -269,7 +277,7 @@ def route_step(p, shared):
         return 0
     for i in range(src_of.shape[0]):
         xf[i] = x_rows[src_of[i]]
-    quantize_src1.round_rows(kind, xf)
+    quantize_src1.pack_half_rows(x_bits, d[12] != 0, xf, xf)
     return 0
 
 

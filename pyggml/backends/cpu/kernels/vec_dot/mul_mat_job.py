@@ -103,9 +103,9 @@ def _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, 
             tiled(w, w_off, w_base[s], m0, m1, nb, yq, yd, yb, s * n_cols, n_cols, out)
 
         return tiled_rows
-    if k >= HALF_ORDER:  # MUL_MAT packs src1 for the orders that read it as bf16
+    if k >= HALF_ORDER:  # MUL_MAT and MUL_MAT_ID pack src1 as half_orders.src1_bits says
         loop = half_cols(k, True)
-    elif k in (F16, BF16):  # MUL_MAT_ID's experts: ggml's vec_dot rows, at the host's x86 level, src1 float32
+    elif k in (F16, BF16):  # a plain half kind (the products take HALF_ORDER kinds): the host's vec_dot rows
         loop = half_cols(half_kind(k, x86, HOST_X86_LEVEL, 1, 0, 0, False), False)
     else:
         loop = row.x8_gemv if k >= X8_GEMV else row.x8 if k >= X8_REPACKED else row.cols_for(x86)
