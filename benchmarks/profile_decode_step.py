@@ -44,6 +44,7 @@ from pyggml.backends.cpu import plan as cpu_plan
 from pyggml.backends.cpu.kernels import matmul
 from pyggml.backends.cpu.kernels.atomics import cycle_counter
 from pyggml.backends.cpu.kernels.graph_runner import LEAD, GraphRun
+from pyggml.ggml_backend import tensor_get_numpy, tensor_set
 from pyggml.models.sampling import Sampler
 from pyggml.testing import llamacpp
 
@@ -172,15 +173,19 @@ class Probe:
     def replay_step(self, model: Any, token: int, repeats: int) -> Replay:
         """One more step, each node computed `repeats` times in a row as it comes (its inputs as the step has
         them): per op kind, nodes and the sum of their medians (s). The node's data hot in this core's caches, no
-        other node between: its cost alone."""
+        other node between: its cost alone. The nodes' results are put back after each untimed, so a node that
+        writes into its source (an in-place ADD) computes the same sum every time."""
         out: Replay = {}
         clock = time.perf_counter
 
         def plan_compute(plan: cpu_plan.CPUPlan) -> None:
             for nodes, fn in zip(plan.run_nodes, cpu_plan.plan_computes(plan), strict=True):
                 node = nodes[0] if len(nodes) == 1 and not isinstance(fn, GraphRun) else None
+                before = [(n, tensor_get_numpy(n).copy()) for n in nodes]
                 times = []
                 for _ in range(repeats):
+                    for n, values in before:
+                        tensor_set(n, values)
                     t = clock()
                     fn()
                     times.append(clock() - t)
