@@ -84,7 +84,7 @@ def test_denormal_operands_are_libggml_s(ggml_reference: object, wtype: GGMLType
         ctx.free()
 
 
-# (weight type, order) of every order MUL_MAT hands src1 packed as 16-bit values (half_orders.src1_bits)
+# (weight type, order): every vec_dot order and the dpbf16 tinyBLAS one, src1 packed or not
 PACKED_ORDERS = [(GGMLType.BF16, "vec_dot_bf16_avx512bf16"), (GGMLType.BF16, "tinyblas_avx512bf16"),
                  (GGMLType.BF16, "vec_dot_bf16_avx512"), (GGMLType.BF16, "vec_dot_bf16_avx2"),
                  (GGMLType.BF16, "generic"), (GGMLType.F16, "vec_dot_f16_avx512"),
@@ -93,17 +93,17 @@ PACKED_ORDERS = [(GGMLType.BF16, "vec_dot_bf16_avx512bf16"), (GGMLType.BF16, "ti
 
 @pytest.mark.parametrize(("wtype", "name"), PACKED_ORDERS, ids=lambda v: getattr(v, "name", v))
 def test_packed_src1_loops_agree_with_float_src1(wtype: GGMLType, name: str) -> None:
-    """MUL_MAT hands these orders src1 as the bits of the weights' type (bf16 pairs, flushed, for dpbf16), MUL_MAT_ID's
-    experts as float32 values; the dpbf16 orders also run vdpbf16ps itself where the host has AVX512_BF16: every
-    variant gives the same bits (for dpbf16, the emulation's: FMAs of the odd then the even products, denormals
-    flushed), denormal operands and results included."""
+    """The loops read src1 as float32 values or packed as the bits of the weights' type (MUL_MAT and MUL_MAT_ID
+    pack bf16 pairs, flushed, for the dpbf16 orders: half_orders.src1_bits); the dpbf16 orders also run vdpbf16ps
+    itself where the host has AVX512_BF16: every variant gives the same bits (for dpbf16, the emulation's: FMAs of
+    the odd then the even products, denormals flushed), denormal operands and results included."""
     from numba import njit
 
-    from pyggml.backends.cpu.kernels.vec_dot import half_orders, quantize_src1
+    from pyggml.backends.cpu.kernels.vec_dot import half_orders, kinds, quantize_src1
 
     order = half_orders.HALF_ORDERS[[o.name for o in half_orders.HALF_ORDERS].index(name)]
     kind = int(wtype)
-    assert half_orders.src1_bits(half_orders.order_kind(kind, name)) == kind
+    assert half_orders.src1_bits(half_orders.order_kind(kind, name)) == (kinds.BF16 if order.pairs else 0)
     rng = np.random.default_rng(3)
     M, K, n = 13, 352, 4  # K: vec_dot's 64-element steps and a tail
     low = -70 if wtype == GGMLType.BF16 else -20  # magnitudes down to the type's denormals

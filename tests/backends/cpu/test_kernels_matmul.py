@@ -257,8 +257,7 @@ def test_exact_and_blas_paths_agree(wtype: GGMLType, rng: np.random.Generator,
 @pytest.mark.parametrize("wtype", [Q.Q4_0, Q.Q4_K, F16, BF16, F32])
 @pytest.mark.parametrize(("M", "N"), [(100, 3), (1000, 1), (200, 1)])
 def test_thread_counts_give_identical_results(wtype: GGMLType, M: int, N: int, rng: np.random.Generator) -> None:
-    """1000 rows of one column: ggml's 64-row chunks (a partial one last) taken by 2 and 3 threads; 200: too few
-    chunks, a chunk a thread."""
+    """Rows split in work items the 2 and 3 threads take: decode columns and a few, rows not a multiple of it."""
     stored, _ = random_weights(wtype, (1, 1, M, 256), rng)
     x = rng.standard_normal((1, 1, N, 256)).astype(np.float32)
     got = []
@@ -269,16 +268,6 @@ def test_thread_counts_give_identical_results(wtype: GGMLType, M: int, N: int, r
     assert np.any(got[0] != 0)
     for other in got[1:]:  # each output is one row's dot: chunking cannot change it
         np.testing.assert_array_equal(got[0], other)
-
-
-def test_mat_vec_chunks_are_ggml_s() -> None:
-    """ggml_compute_forward_mul_mat's chunking of a mat-vec: 64 rows while there are 4 chunks a thread, else one
-    chunk a thread; products of more columns keep a few long items a thread."""
-    assert matmul._chunk(2048, 1, 2, 1) == matmul.DECODE_CHUNK == 64
-    assert matmul._chunk(449, 1, 2, 1) == 64  # 8 chunks, the last partial
-    assert matmul._chunk(448, 1, 2, 1) == 224  # 7 chunks: too few for 2 threads
-    assert matmul._chunk(256, 1, 3, 1) == 86
-    assert matmul._chunk(2048, 1, 2, 8) == 2048 // (2 * matmul.ITEMS_PER_THREAD)
 
 
 def test_f32_weights_take_ggml_s_float_orders(rng: np.random.Generator) -> None:

@@ -55,8 +55,6 @@ BLAS_PARALLEL_MIN_WORK = 1 << 22
 BLAS_ITEMS = 16
 BLAS_MIN_ROWS = 16
 ITEMS_PER_THREAD = 2
-# a mat-vec's rows per work item (ggml_compute_forward_mul_mat's chunk_size when nr1 == 1)
-DECODE_CHUNK = 64
 
 _ALIGN = 64
 POOL = new_pool(mul_mat_job.mul_mat_spin)
@@ -201,10 +199,8 @@ def _direct_work(kind: int, M: int, K: int, n_slices: int, N: int) -> int:
     return M * K * n_slices * N
 
 
-def _chunk(M: int, n_slices: int, n_threads: int, n_cols: int = 0) -> int:
-    """Weight rows per work item: ggml's for a mat-vec, else a few long runs a thread (DESIGN.md, "The MUL_MAT job")."""
-    if n_cols * n_slices == 1:
-        return DECODE_CHUNK if math.ceil(M / DECODE_CHUNK) >= 4 * n_threads else math.ceil(M / n_threads)
+def _chunk(M: int, n_slices: int, n_threads: int) -> int:
+    """Weight rows per work item: few items per thread, so each streams long runs the prefetchers follow."""
     per_slice = max(1, math.ceil(ITEMS_PER_THREAD * n_threads / max(n_slices, 1)))
     return max(8, math.ceil(M / per_slice))
 
@@ -490,7 +486,7 @@ def _direct(kind: int, w: np.ndarray, w_off: np.ndarray, nb: int, xf: np.ndarray
         return graph_runner.with_steps(functools.partial(_run_alone, desc, operands),
                                        (graph_runner.Step(graph_runner.ALONE, int(desc[mul_mat_job._JOB_ADDRESS]),
                                                           desc, keep=operands),))
-    chunk = _chunk(out.shape[1], w_base.shape[0], nt, N)
+    chunk = _chunk(out.shape[1], w_base.shape[0], nt)
     if kind in X8_GROUP_KINDS:  # whole groups of repacked rows
         chunk = -(-chunk // repack.X8_ROWS) * repack.X8_ROWS
     ctr = np.zeros(2, np.int64)  # items taken, items done: reset by each call

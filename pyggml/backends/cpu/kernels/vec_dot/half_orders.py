@@ -338,12 +338,9 @@ _LOOPS: dict[tuple[int, bool], object] = {}
 
 def src1_bits(kind: int) -> int:
     """The type whose bits MUL_MAT packs src1's rows in for half-order kind `kind`, 0 for float32 rows: the dpbf16
-    orders read bf16 pairs; ggml's vec_dot rows of F16/BF16 weights read src1 in the weights' type (ggml's
-    vec_dot_type data), half the bytes of float32, so a long row of src1 stays in L1 beside the weight stream."""
-    order, wtype = order_of_kind(kind), kind % X8_REPACKED
-    if order.pairs:
-        return BF16
-    return wtype if wtype in (F16, BF16) and order.wide else 0
+    orders read bf16 pairs (ggml's vec_dot_type data); the others read float32 values of the weights' type (an F16
+    row's conversion of src1 costs more than its float32 row's reads: benchmarks/README.md)."""
+    return BF16 if order_of_kind(kind).pairs else 0
 
 
 def half_cols(kind: int, packed: bool):
