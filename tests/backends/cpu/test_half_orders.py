@@ -111,8 +111,12 @@ def test_packed_src1_loops_agree_with_float_src1(wtype: GGMLType, name: str) -> 
     raw = (bf16_bits(w) if wtype == GGMLType.BF16 else w.astype(np.float16).view(np.uint16)).view(np.uint8)
     x = (rng.standard_normal((n, K)) * np.exp2(rng.integers(low - 20, 0, (n, K)))).astype(np.float32)
     packed_x = x.copy()
-    quantize_src1.pack_half_rows(kind, order.pairs, packed_x, packed_x)
     quantize_src1.round_rows(kind, x)
+    if order.pairs:  # as MUL_MAT hands them src1: rounded, flushed, packed
+        quantize_src1.pack_bf16_pairs(packed_x, packed_x)
+    else:  # the loops take any type's bits (MUL_MAT packs only the pairs')
+        bits = x.view(np.uint32) >> 16 if wtype == GGMLType.BF16 else x.astype(np.float16).view(np.uint16)
+        packed_x.view(np.uint16).reshape(n, 2 * K)[:, :K] = bits
     w_off = np.arange(M, dtype=np.int64) * 2 * K
     outs = []
     for native in (False, True) if order.pairs and half_orders.HOST_DPBF16 else (False,):
@@ -132,31 +136,33 @@ def test_packed_src1_loops_agree_with_float_src1(wtype: GGMLType, name: str) -> 
 
 
 def test_packed_rows_are_the_rounded_values_bits() -> None:
-    """pack_half_rows writes each row's values rounded as round_rows rounds them, as the type's bits, in place or
-    into another array; `flush` zeroes bf16 denormals keeping their sign."""
+    """pack_bf16_pairs writes each row's values rounded as round_rows rounds them to bf16, denormals zeroed keeping
+    their sign, as bf16 bits in the row's first half, in place or into another array; half_rows_in_place packs or
+    rounds as asked."""
     from pyggml.backends.cpu.kernels.vec_dot import kinds, quantize_src1
 
     rng = np.random.default_rng(5)
     x = (rng.standard_normal((3, 100)) * np.exp2(rng.integers(-140, 20, (3, 100)))).astype(np.float32)
     x[0, :4] = [np.nan, np.inf, -np.inf, -0.0]
-    for kind in (kinds.F16, kinds.BF16):
-        rounded = x.copy()
-        quantize_src1.round_rows(kind, rounded)
-        want = rounded.view(np.uint32) >> 16 if kind == kinds.BF16 else rounded.astype(np.float16).view(np.uint16)
-        for flush in (False, True):
-            into, inplace = np.zeros_like(x), x.copy()
-            quantize_src1.pack_half_rows(kind, flush, x, into)
-            quantize_src1.pack_half_rows(kind, flush, inplace, inplace)
-            expect = want.astype(np.uint16)
-            if flush and kind == kinds.BF16:
-                denormal = (expect & 0x7F80) == 0
-                expect = np.where(denormal, expect & 0x8000, expect)
-            for got in (into, inplace):
-                bits = got.view(np.uint16).reshape(3, 200)[:, :100]
-                assert np.array_equal(bits[:, 1:], expect[:, 1:]), kind
-                assert np.isnan(x[0, 0]) and (bits[0, 0] & 0x7FFF) > (0x7F80 if kind == kinds.BF16 else 0x7C00)
-        if kind == kinds.BF16:  # the data has bf16 denormals for `flush` to zero
-            assert np.any(((want & 0x7F80) == 0) & ((want & 0x7F) != 0))
+    rounded = x.copy()
+    quantize_src1.round_rows(kinds.BF16, rounded)
+    want = (rounded.view(np.uint32) >> 16).astype(np.uint16)
+    assert np.any(((want & 0x7F80) == 0) & ((want & 0x7F) != 0))  # the data has bf16 denormals to zero
+    expect = np.where((want & 0x7F80) == 0, want & 0x8000, want)
+    into, inplace, helper = np.zeros_like(x), x.copy(), x.copy()
+    quantize_src1.pack_bf16_pairs(x, into)
+    quantize_src1.pack_bf16_pairs(inplace, inplace)
+    quantize_src1.half_rows_in_place(kinds.F16, True, helper)
+    for got in (into, inplace, helper):
+        bits = got.view(np.uint16).reshape(3, 200)[:, :100]
+        assert np.array_equal(bits[:, 1:], expect[:, 1:])
+        assert (bits[0, 0] & 0x7FFF) > 0x7F80  # NaN stays NaN
+    for kind in (kinds.F16, kinds.BF16, quantize_src1.NO_ROUNDING):
+        got, want_values = x.copy(), x.copy()
+        quantize_src1.half_rows_in_place(kind, False, got)
+        if kind != quantize_src1.NO_ROUNDING:
+            quantize_src1.round_rows(kind, want_values)
+        assert np.array_equal(got.view(np.uint32), want_values.view(np.uint32)), kind
 
 
 @pytest.mark.parametrize("n", [1, 10, 40])

@@ -430,15 +430,12 @@ def _mul_mat_numba(wtype: GGMLType, xtype: GGMLType, K: int, dst: np.ndarray, sr
     # F32 / F16 / BF16 weights: src1 rounded to the weight type, packed as its bits where the order reads them
     assert get_x is not None
     round_x = xtype == F32 and wtype != F32
-    x_bits = half_orders.src1_bits(kind)
-    flush_x = half_orders.order_of_kind(kind).pairs
+    rounding_kind = int(wtype) if round_x else quantize_src1.NO_ROUNDING
+    pack_x = half_orders.src1_bits(kind) != 0
 
     def half_x() -> np.ndarray:
         x = get_x()
-        if x_bits:
-            quantize_src1.pack_half_rows(x_bits, flush_x, x, x)
-        elif round_x:
-            quantize_src1.round_rows(int(wtype), x)
+        quantize_src1.half_rows_in_place(rounding_kind, pack_x, x)
         return x
 
     if not blas:
@@ -453,8 +450,7 @@ def _mul_mat_numba(wtype: GGMLType, xtype: GGMLType, K: int, dst: np.ndarray, sr
         rows = reshape_view(src1, (ny, K)) if xtype == F32 else None
         if rows is None or not rows.flags.c_contiguous:
             return run_h
-        step = src1_steps.half_src1_step(int(wtype) if round_x else src1_steps.NO_ROUNDING, rows, xs, x_bits,
-                                         flush_x)
+        step = src1_steps.half_src1_step(rounding_kind, rows, xs, pack_x)
         return _with_src1_step(run_h, direct, step)
 
     assert tile is not None

@@ -175,8 +175,7 @@ def _expert_rows(name: str, type: GGMLType, repacked: bool, w: np.ndarray, xs: n
     kind = int(type)
     kind_many, kind_few, min_cols = _expert_kinds(type, repacked, params)
     # F16/BF16 experts (the only float ones here): src1 rounded to their type, packed where the order reads bits
-    x_bits = 0 if quantized else half_orders.src1_bits(kind_many)
-    flush_x = x_bits != 0 and half_orders.order_of_kind(kind_many).pairs
+    pack_x = not quantized and half_orders.src1_bits(kind_many) != 0
     group = repack.X8_ROWS if kind_many in tt.X8_GROUP_KINDS or kind_few in tt.X8_GROUP_KINDS else 1
     rounding = NUMERICS_CODES[params.numerics]
     runs = np.zeros((n_as, mul_mat_id_job.RUN_FIELDS), np.int64)
@@ -191,7 +190,7 @@ def _expert_rows(name: str, type: GGMLType, repacked: bool, w: np.ndarray, xs: n
         """src1's rows to the vec_dot type once each (as ggml's wdata), then gathered in the sorted order."""
         if not quantized:
             np.take(xs.reshape(n_src, K), src_of, axis=0, out=xf)
-            _to_half(kind, x_bits, flush_x, xf)
+            quantize_src1.half_rows_in_place(kind, pack_x, xf)
             return
         if copy_src:
             np.copyto(x_rows.reshape(xs.shape), xs)
@@ -214,8 +213,8 @@ def _expert_rows(name: str, type: GGMLType, repacked: bool, w: np.ndarray, xs: n
     flat_ids = reshape_view(ids2, (-1,))
     if copy_src or flat_ids is None:
         return run
-    head = [n_as, M, n_used, ne11, int(quantized), int(vdt), rounding, kind, nt, group, address(desc), 0, x_bits,
-            int(flush_x)]
+    head = [n_as, M, n_used, ne11, int(quantized), int(vdt), rounding, kind, nt, group, address(desc), 0,
+            int(pack_x)]
     assert src_rows is not None  # src1's own rows: not copied
     views = [flat_ids, order, src_of, runs, src_rows, *(y_src if quantized else y_routed), *y_routed, xf]
     route_desc = graph_runner.descriptor(head, views)
@@ -234,17 +233,7 @@ def _expert_rows(name: str, type: GGMLType, repacked: bool, w: np.ndarray, xs: n
 
 
 _BAD = 11  # the route step's field for route's result when an id is outside [0, n_as) (else 0)
-_HEAD = 14  # the route step's fields before its views
-
-
-@njit(nogil=True, cache=True)
-def _to_half(kind, x_bits, flush, xf):
-    """Routed float rows xf in the F16/BF16 experts' type `kind`: packed as the bits of x_bits (see
-    half_orders.src1_bits), else rounded in place."""
-    if x_bits != 0:
-        quantize_src1.pack_half_rows(x_bits, flush, xf, xf)
-    else:
-        quantize_src1.round_rows(kind, xf)
+_HEAD = 13  # the route step's fields before its views
 
 
 def _bad_id(name: str, ids2: np.ndarray, n_runs: int, n_as: int) -> OutOfBoundsError:
@@ -286,7 +275,7 @@ def route_step(p, shared):
         return 0
     for i in range(src_of.shape[0]):
         xf[i] = x_rows[src_of[i]]
-    _to_half(kind, d[12], d[13] != 0, xf)
+    quantize_src1.half_rows_in_place(kind, d[12] != 0, xf)
     return 0
 
 

@@ -15,9 +15,9 @@ from pyggml.backends.cpu.kernels.vec_dot import quantize_src1
 
 # a step's descriptor: kind, rounding, rows, K, then addresses: src1's f32 rows, and yq, yd, ys, yb or the rounded x
 KIND, ROUNDING, ROWS, K, X, YQ, YD, YS, YB, BLOCKS = range(10)
-PACK, FLUSH = YD, YS  # the half step's: the type whose bits it packs (0: none), whether it flushes bf16 denormals
+PACK = YD  # the half step's: 1 to pack bf16 pairs (quantize_src1.pack_bf16_pairs), 0 to copy and round
 DESC_LEN = 10
-NO_ROUNDING = -1  # the half step's kind when the rows are copied as they are (F32 weights)
+NO_ROUNDING = quantize_src1.NO_ROUNDING
 
 
 @njit(nogil=True, cache=True)
@@ -39,7 +39,7 @@ def quantize_step(p, ith, nth):
 @njit(nogil=True, cache=True)
 def half_step(p, ith, nth):
     """Thread ith's rows of src1 copied into x and rounded to the weights' type (quantize_src1.round_rows), or
-    packed as the bits of type d[PACK] (quantize_src1.pack_half_rows, d[FLUSH] its `flush`)."""
+    packed as bf16 pairs (d[PACK], quantize_src1.pack_bf16_pairs)."""
     d = numba.carray(p, (DESC_LEN,))
     r0, r1 = thread_rows(d[ROWS], ith, nth)
     if r0 < r1:
@@ -47,7 +47,7 @@ def half_step(p, ith, nth):
         src = numba.carray(pointer_f32(d[X]), (ny, k))
         x = numba.carray(pointer_f32(d[YQ]), (ny, k))
         if d[PACK] != 0:
-            quantize_src1.pack_half_rows(d[PACK], d[FLUSH] != 0, src[r0:r1], x[r0:r1])
+            quantize_src1.pack_bf16_pairs(src[r0:r1], x[r0:r1])
             return 0
         x[r0:r1] = src[r0:r1]
         if d[KIND] != NO_ROUNDING:
@@ -74,9 +74,9 @@ def quantize_src1_step(kind: int, rounding: int, x: np.ndarray, yq: np.ndarray, 
     return Step(SPLIT, _quantize_address(), desc, keep=(x, yq, yd, ys, yb))
 
 
-def half_src1_step(kind: int, src: np.ndarray, x: np.ndarray, pack: int = 0, flush: bool = False) -> Step:
+def half_src1_step(kind: int, src: np.ndarray, x: np.ndarray, pack: bool = False) -> Step:
     """The step copying C-contiguous f32 rows `src` (ny, K) into x, rounded to `kind` (F16, BF16 or NO_ROUNDING);
-    `pack` F16 or BF16: rounded to that type and packed as its bits instead (`flush`: see pack_half_rows)."""
+    `pack`: packed as bf16 pairs instead (quantize_src1.pack_bf16_pairs)."""
     desc = np.zeros(DESC_LEN, np.int64)
-    desc[:] = (kind, 0, src.shape[0], src.shape[1], address(src), address(x), pack, int(flush), 0, 0)
+    desc[:] = (kind, 0, src.shape[0], src.shape[1], address(src), address(x), int(pack), 0, 0, 0)
     return Step(SPLIT, _half_address(), desc, keep=(src, x))

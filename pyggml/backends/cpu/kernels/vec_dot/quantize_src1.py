@@ -11,21 +11,13 @@ from numba.extending import intrinsic
 from pyggml.backends.cpu.kernels.atomics import (
     element_pointer,
 )
-from pyggml.backends.cpu.kernels.vec_dot.ir import (
-    IR_F32,
-    IR_I8,
-    IR_I32,
-    f16_bits,
-    load_vector,
-    reduce_add_i32,
-    round_f16,
-    splat,
-)
+from pyggml.backends.cpu.kernels.vec_dot.ir import IR_F32, IR_I8, IR_I32, load_vector, reduce_add_i32, round_f16, splat
 from pyggml.backends.cpu.kernels.vec_dot.kinds import F16, Q8_0, Q8_1
 
 # numerics codes (numerics.NUMERICS_CODES): numba compiles on ints
 ROUND_REF = 0
 ROUND_X86 = 1
+NO_ROUNDING = -1
 
 
 @njit(nogil=True, cache=True)
@@ -243,10 +235,9 @@ def quantize_rows(kind, x, yq, yd, ys, yb, rounding):
 
 @njit(nogil=True, cache=True, inline="always")
 def _bf16_rounded(u):
-    """The float32 bits u rounded to bf16 (ties to even, as GGML_FP32_TO_BF16), low half zero."""
-    if (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):
-        return (u | np.uint32(0x400000)) & np.uint32(0xFFFF0000)  # NaN stays a quiet NaN
-    return (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
+    if (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):  # GGML_FP32_TO_BF16: a NaN stays a quiet NaN
+        return (u | np.uint32(0x400000)) & np.uint32(0xFFFF0000)
+    return (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)  # ties to even
 
 
 @njit(nogil=True, cache=True)
@@ -263,20 +254,22 @@ def round_rows(kind, x):
 
 
 @njit(nogil=True, cache=True)
-def pack_half_rows(kind, flush, src, x):
-    """Each float32 row of src rounded to `kind` (F16 or BF16), as that type's bits in the first half of x's row
-    (src1 as ggml's vec_dot_type data); `flush`: bf16 denormals as zeros of their sign (AVX512_BF16's dpbf16 reads
-    its inputs so). src may be x: the bits land behind the reads."""
+def pack_bf16_pairs(src, x):
+    """src's rows as dpbf16 reads them (bf16, denormals zeroed) packed in x's first halves; src may be x."""
     for i in range(src.shape[0]):
         out = x[i].view(np.uint16)
-        row = src[i]
-        if kind == F16:
-            for k in range(row.shape[0]):
-                out[k] = f16_bits(row[k])
-            continue
-        bits = row.view(np.uint32)
-        for k in range(row.shape[0]):
+        bits = src[i].view(np.uint32)
+        for k in range(bits.shape[0]):
             u = _bf16_rounded(bits[k])
-            if flush and u & np.uint32(0x7F800000) == 0:
+            if u & np.uint32(0x7F800000) == 0:
                 u &= np.uint32(0x80000000)
             out[k] = np.uint16(u >> np.uint32(16))
+
+
+@njit(nogil=True, cache=True)
+def half_rows_in_place(kind, pack, x):
+    """x's rows as a half order reads them: packed (pack_bf16_pairs), or rounded to `kind` (NO_ROUNDING: kept)."""
+    if pack:
+        pack_bf16_pairs(x, x)
+    elif kind != NO_ROUNDING:
+        round_rows(kind, x)
