@@ -197,7 +197,7 @@ class RPCBuffer(Buffer):
 
 
 class RPCBufferType(BufferType):
-    """The memory of one remote device; alignment and max size asked once."""
+    """The memory of one remote device; alignment, max size and alloc sizes asked once per connection."""
 
     def __init__(self, device: RPCDevice) -> None:
         super().__init__(device)
@@ -212,17 +212,20 @@ class RPCBufferType(BufferType):
     def _conn(self) -> Connection:
         return self.rpc_device.conn()
 
+    # each getter asks for the connection first: a new one (a server restarted on the port) clears the answers
     def _get_alignment(self) -> int:
+        conn = self._conn()
         if self._alignment is None:
-            rsp = self._conn().request(RpcCmd.GET_ALIGNMENT, wire.GET_ALIGNMENT_REQ.pack(self.rpc_device.index),
-                                       wire.GET_ALIGNMENT_RSP.size)
+            rsp = conn.request(RpcCmd.GET_ALIGNMENT, wire.GET_ALIGNMENT_REQ.pack(self.rpc_device.index),
+                               wire.GET_ALIGNMENT_RSP.size)
             (self._alignment,) = wire.GET_ALIGNMENT_RSP.unpack(rsp)
         return self._alignment
 
     def _get_max_size(self) -> int:
+        conn = self._conn()
         if self._max_size is None:
-            rsp = self._conn().request(RpcCmd.GET_MAX_SIZE, wire.GET_MAX_SIZE_REQ.pack(self.rpc_device.index),
-                                       wire.GET_MAX_SIZE_RSP.size)
+            rsp = conn.request(RpcCmd.GET_MAX_SIZE, wire.GET_MAX_SIZE_REQ.pack(self.rpc_device.index),
+                               wire.GET_MAX_SIZE_RSP.size)
             (self._max_size,) = wire.GET_MAX_SIZE_RSP.unpack(rsp)
         return self._max_size
 
@@ -233,9 +236,9 @@ class RPCBufferType(BufferType):
         # alloc sizes depend on the tensor's layout and op, not its sources' sizes (the C client's key)
         key = struct.pack("<II", int(tensor.type), int(tensor.op)) + tensor.op_params.tobytes() \
             + struct.pack("<4q4q", *tensor.ne, *tensor.nb)
+        conn = self._conn()
         size = self._alloc_sizes.get(key)
         if size is None:
-            conn = self._conn()
             req = b"".join((wire.GET_ALLOC_SIZE_REQ_HEAD.pack(self.rpc_device.index),
                             serialize_tensor(tensor, conn), *(serialize_tensor(s, conn) for s in tensor.src)))
             rsp = conn.request(RpcCmd.GET_ALLOC_SIZE, req, wire.GET_ALLOC_SIZE_RSP.size)

@@ -543,3 +543,18 @@ def test_the_commands_options_parse() -> None:
     args = build_parser().parse_args(["rpc-server", "-b", "cpu", "-b", "torch", "--mem", "1G", "-c", "/tmp/x"])
     assert (args.backend, args.host, args.port, args.mem, args.cache) == (["cpu", "torch"], "127.0.0.1", 50052,
                                                                           1 << 30, "/tmp/x")
+
+
+def test_a_server_restarted_on_the_port_is_asked_again() -> None:
+    """The answers a buffer type keeps (max size, alignment) belong to the connection they came on: a server
+    started on the same port after the first is gone is asked again, not taken for the first."""
+    with RpcServer([cpu_init(1)], "127.0.0.1", 0, mem_limit=1 << 20).start() as first:
+        endpoint, port = first.endpoint, first.port
+        assert rpc_init(endpoint).get_default_buffer_type().get_max_size() == 1 << 20
+        close_all()
+    with RpcServer([cpu_init(1)], "127.0.0.1", port, mem_limit=3 << 20).start() as second:
+        assert second.endpoint == endpoint
+        buft = rpc_init(endpoint).get_default_buffer_type()
+        assert buft.get_max_size() == 3 << 20
+        rpc_init(endpoint).alloc_buffer(2 << 20).free()
+        close_all()
