@@ -32,6 +32,7 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
 
 
 HEAD_FIRST = 256  # the first head of the vocabulary sorted for top-p / min-p without top-k (then 8 times as long)
+HEAD_SAMPLE = 4096  # the logits whose k-th largest bounds the vocabulary's from below (at least 16 k)
 
 
 def _sorted_ids(logits: np.ndarray, k: int) -> np.ndarray:
@@ -42,14 +43,31 @@ def _sorted_ids(logits: np.ndarray, k: int) -> np.ndarray:
         return np.argsort(-logits, kind="stable")
     if k <= 0:
         return np.zeros(0, np.int64)
-    kth = np.partition(logits, n - k)[n - k]  # the k-th largest
-    if kth == -np.inf:  # fewer than k tokens left by a mask or a ban: those, never the banned ones
-        ids = np.flatnonzero(logits > -np.inf)
-        return ids[np.argsort(-logits[ids], kind="stable")]
-    ids = np.flatnonzero(logits >= kth)  # ties with it included, in id order for the stable sort
-    if len(ids) < k:  # NaN logits (never >=): the full sort puts them last
-        return np.argsort(-logits, kind="stable")[:k]
+    ids = _ids_above_a_bound(logits, k)
+    if ids is None:
+        kth = np.partition(logits, n - k)[n - k]  # the k-th largest
+        if kth == -np.inf:  # fewer than k tokens left by a mask or a ban: those, never the banned ones
+            ids = np.flatnonzero(logits > -np.inf)
+        else:
+            ids = np.flatnonzero(logits >= kth)  # ties with it included, in id order for the stable sort
+            if len(ids) < k:  # NaN logits (never >=): the full sort puts them last
+                return np.argsort(-logits, kind="stable")[:k]
     return ids[np.argsort(-logits[ids], kind="stable")][:k]
+
+
+def _ids_above_a_bound(logits: np.ndarray, k: int) -> np.ndarray | None:
+    """The ids (in id order) of the logits at or above the k-th largest of the first HEAD_SAMPLE (at least 16 k):
+    a bound on the k-th largest of all from below, found without partitioning the whole vocabulary; None when the
+    head is the vocabulary, its bound is -inf or NaN, or too many logits pass it."""
+    n = logits.shape[0]
+    m = max(HEAD_SAMPLE, 16 * k)
+    if m >= n:
+        return None
+    bound = np.partition(logits[:m], m - k)[m - k]
+    if not bound > -np.inf:
+        return None
+    ids = np.flatnonzero(logits >= bound)
+    return ids if k <= len(ids) <= n // 4 else None
 
 
 class Sampler:

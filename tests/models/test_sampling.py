@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from pyggml.core.errors import ArgumentError
-from pyggml.models.sampling import Sampler
+from pyggml.models.sampling import Sampler, _sorted_ids
 
 
 def draws(s: Sampler, logits: np.ndarray, n: int = 400, history: list[int] | None = None) -> list[int]:
@@ -173,3 +173,33 @@ def test_candidates_equal_the_whole_vocabulary_sorted(scale: float) -> None:
                     want_ids, want_probs = _reference_candidates(s, logits)
                     assert np.array_equal(ids, want_ids), (top_k, top_p, min_p, min_keep)
                     assert np.allclose(probs, want_probs, rtol=1e-12, atol=0)
+
+
+def _vocabularies(n: int) -> dict[str, np.ndarray]:
+    """Logits whose top is anywhere: random, sorted either way, few distinct values (ties at every boundary),
+    masks leaving fewer than k tokens, NaNs."""
+    rng = np.random.default_rng(7)
+    x = (rng.normal(size=n) * 3).astype(np.float32)
+    masked = np.full(n, -np.inf, np.float32)
+    masked[rng.integers(0, n, 30)] = x[:30]
+    nans = x.copy()
+    nans[rng.integers(0, n, 50)] = np.nan
+    nans[:5] = np.nan
+    return {"random": x, "ascending": np.sort(x), "descending": np.sort(x)[::-1].copy(),
+            "ties": np.round(x).astype(np.float32), "masked": masked, "nans": nans,
+            "top at the end": np.concatenate([x[: n - 100] - 50, x[n - 100:]]).astype(np.float32)}
+
+
+@pytest.mark.parametrize("n", [49152, 5000, 300])
+def test_sorted_ids_equal_a_stable_sort_of_the_whole_vocabulary(n: int) -> None:
+    """The k highest logits' ids, highest first, ties by id, NaNs last, as np.argsort(-logits, kind="stable")
+    gives them; never a token at -inf where fewer than k are above it (k below the vocabulary: the whole
+    vocabulary is all of it)."""
+    for name, logits in _vocabularies(n).items():
+        full = np.argsort(-logits, kind="stable")
+        for k in (1, 40, 300, 4000):
+            want = full[:k]
+            if k < n and np.count_nonzero(logits > -np.inf) < k:
+                want = full[logits[full] > -np.inf][:k]
+            got = _sorted_ids(logits, k)
+            assert np.array_equal(got, want), (name, n, k)
