@@ -183,7 +183,14 @@ def _joins_runs(node: Tensor, params: ComputeParams) -> bool:
     """Whether the node's job form (if it has one) goes into the graph runner's runs."""
     if params.graph_runner == "off":
         return False
-    return params.graph_runner != graph_runner.LEAD or node.op in _PRODUCTS or node.nelements() <= LEAD_MAX_ELEMENTS
+    return (params.graph_runner != graph_runner.LEAD or node.op in _PRODUCTS
+            or _elements_written(node) <= LEAD_MAX_ELEMENTS)
+
+
+def _elements_written(node: Tensor) -> int:
+    """The elements a node computes: SET_ROWS writes its source's rows into a destination (a whole KV cache's
+    view) of any size."""
+    return node.src[0].nelements() if node.op == GGMLOp.SET_ROWS else node.nelements()
 
 
 def _reads_written(form: tuple[graph_runner.Step, ...], written: list[tuple[int, int]]) -> bool:

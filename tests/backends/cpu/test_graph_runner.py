@@ -20,7 +20,7 @@ from pyggml.backends.cpu.plan import CPUPlan, group_runs
 from pyggml.core import quants
 from pyggml.core.context import Context
 from pyggml.core.errors import ArgumentError, OutOfBoundsError
-from pyggml.core.tensor import SortOrder, Tensor
+from pyggml.core.tensor import GGMLOp, SortOrder, Tensor
 from pyggml.core.types import GGMLType
 from pyggml.ggml_backend import tensor_get_numpy, tensor_set
 from pyggml.models.convert import simple_vocab
@@ -135,8 +135,20 @@ def test_lead_runs_take_small_nodes_and_every_product(mode: str, monkeypatch: py
     in_runs = {id(n) for nodes, r in zip(plan.run_nodes, plan.runs, strict=True)
                if isinstance(r, graph_runner.GraphRun) for n in nodes}
     for node in plan.nodes:
-        small = node.op in plan_module._PRODUCTS or node.nelements() < K * N
+        written = node.src[0] if node.op == GGMLOp.SET_ROWS else node
+        small = node.op in plan_module._PRODUCTS or written.nelements() < K * N
         assert (id(node) in in_runs) == (mode == "barrier" or small), (node.op, node.ne)
+    assert np.array_equal(want.view(np.uint32), got.view(np.uint32))
+
+
+def test_a_set_rows_into_a_big_cache_joins_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SET_ROWS' work is the rows it writes: a KV cache larger than LEAD_MAX_ELEMENTS does not break a decode step's
+    run in two around each cache write."""
+    want, _ = _compute(GGMLType.Q8_0, 2, "off", monkeypatch)
+    monkeypatch.setattr(plan_module, "LEAD_MAX_ELEMENTS", CACHE_ROWS * K // 2 - 1)  # the cache, not its rows
+    got, plan = _compute(GGMLType.Q8_0, 2, "lead", monkeypatch)
+    assert [len(nodes) for nodes in plan.run_nodes] == [len(plan.nodes)]
+    assert plan.nodes[-1].op == GGMLOp.SET_ROWS
     assert np.array_equal(want.view(np.uint32), got.view(np.uint32))
 
 
