@@ -331,3 +331,35 @@ def test_sum_rows_in_numpys_order(n: int, monkeypatch: pytest.MonkeyPatch) -> No
         if setting == "lead":
             assert (len(plan.runs) == 1) == (n <= 128)
     assert np.array_equal(got["off"].view(np.uint32), got["lead"].view(np.uint32))
+
+
+def test_ropes_of_the_same_positions_share_one_fill(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run's ROPE steps read angles filled before it, once per positions tensor and parameters: four ropes (two
+    alike, one of another base, one of other positions) fill three times, and give the node-by-node bits."""
+    out: dict[str, np.ndarray] = {}
+    for runner in ("off", "lead"):
+        monkeypatch.setenv(ENV_GRAPH_RUNNER, runner)
+        rng = np.random.default_rng(5)
+        backend = cpu_init(2)
+        ctx = Context(mem_size=1 << 22, no_alloc=True)
+        x = ctx.new_tensor_3d(F32, 64, 4, 3)
+        pos_a, pos_b = ctx.new_tensor_1d(GGMLType.I32, 3), ctx.new_tensor_1d(GGMLType.I32, 3)
+        ropes = [ctx.rope_ext(x, pos, None, 64, 2, 4096, base, 1.0, 0.0, 1.0, 0.0, 0.0)
+                 for pos, base in ((pos_a, 10000.0), (pos_a, 10000.0), (pos_a, 500000.0), (pos_b, 10000.0))]
+        total = ropes[0]
+        for r in ropes[1:]:
+            total = ctx.add(total, r)
+        graph = ctx.new_graph()
+        graph.build_forward_expand(total)
+        alloc_ctx_tensors(ctx, backend)
+        tensor_set(x, rng.standard_normal((3, 4, 64)).astype(np.float32))
+        tensor_set(pos_a, np.array([3, 17, 250], np.int32))
+        tensor_set(pos_b, np.array([0, 1, 2], np.int32))
+        plan = backend.graph_plan_create(graph)
+        backend.graph_plan_compute(plan)
+        out[runner] = tensor_get_numpy(total).copy()
+        if runner == "lead":
+            (run,) = plan.runs
+            assert isinstance(run, graph_runner.GraphRun) and len(run.befores) == 3
+    assert np.array_equal(out["off"].view(np.uint32), out["lead"].view(np.uint32))
+    assert np.any(out["off"] != 0)

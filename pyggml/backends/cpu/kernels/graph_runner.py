@@ -322,7 +322,8 @@ class GraphRun:
         if mode not in (LEAD, BARRIER):
             raise ArgumentError(f"graph runner: mode {mode!r} is not {LEAD!r} or {BARRIER!r}")
         self.steps = tuple(steps)
-        self.befores = [s.before for s in self.steps if s.before is not None]
+        # each before once (the same fill may serve many steps: every layer's ropes)
+        self.befores = list(dict.fromkeys(s.before for s in self.steps if s.before is not None))
         self.afters = [s.after for s in self.steps if s.after is not None]
         self.pool = pool
         self.n_workers = max(0, n_threads - 1)

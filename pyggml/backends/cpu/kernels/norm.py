@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import math
+import weakref
 
 import numba
 import numpy as np
@@ -486,6 +487,37 @@ def _cached_cos_sin(p: RopeParams, n_pairs: int, positions: np.ndarray,
     return hit
 
 
+class RunAngles:
+    """The cos and sin a graph runner's ROPE steps read, filled before the run (positions are inputs): one per
+    positions tensor and parameters, shared by every layer's Q and K ropes, so a run fills it once."""
+
+    def __init__(self, p: RopeParams, n_pairs: int, positions: np.ndarray, freq_factors: np.ndarray | None) -> None:
+        self.p, self.n_pairs, self.positions, self.freq_factors = p, n_pairs, positions, freq_factors
+        self.c = np.empty((positions.shape[1], n_pairs), F32)
+        self.s = np.empty((positions.shape[1], n_pairs), F32)
+
+    def fill(self) -> None:
+        c, s = _cached_cos_sin(self.p, self.n_pairs, self.positions, self.freq_factors)
+        np.copyto(self.c, c)
+        np.copyto(self.s, s)
+
+
+# the live RunAngles by what they are computed from (positions and frequency factors by their memory)
+_RUN_ANGLES: weakref.WeakValueDictionary[tuple[object, ...], RunAngles] = weakref.WeakValueDictionary()
+
+
+def _memory_key(a: np.ndarray | None) -> tuple[object, ...] | None:
+    return None if a is None else (a.__array_interface__["data"][0], a.shape, a.strides, a.dtype.str)
+
+
+def _run_angles(p: RopeParams, n_pairs: int, positions: np.ndarray, freq_factors: np.ndarray | None) -> RunAngles:
+    key = (p, n_pairs, _memory_key(positions), _memory_key(freq_factors))
+    angles = _RUN_ANGLES.get(key)
+    if angles is None:
+        angles = _RUN_ANGLES[key] = RunAngles(p, n_pairs, positions, freq_factors)
+    return angles
+
+
 def rope_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: ComputeParams) -> Compute:
     """ROPE in modes NORMAL, NEOX, MROPE, IMROPE and VISION (positions src[1], frequency factors src[2]); the
     elements outside the turned ones are copied."""
@@ -550,20 +582,13 @@ def _rope(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray | None], params: 
 
     if not (fused and forward) or copies or (np.may_share_memory(x, dst) and not same_memory(x, dst)):
         return run
-    c_now = np.empty((ne2, pairs.n_pairs), F32)  # the step's angles, computed before the run (positions are inputs)
-    s_now = np.empty((ne2, pairs.n_pairs), F32)
-
-    def angles() -> None:
-        c, s = _cached_cos_sin(p, pairs.n_pairs, positions, freq_factors)
-        np.copyto(c_now, c)
-        np.copyto(s_now, s)
-
-    desc = graph_runner.descriptor([], [x0, x1, c_now, s_now, d0, d1])
+    angles = _run_angles(p, pairs.n_pairs, positions, freq_factors)
+    desc = graph_runner.descriptor([], [x0, x1, angles.c, angles.s, d0, d1])
     if desc is None:
         return run
     reads = (positions,) if freq_factors is None else (positions, freq_factors)
-    step = graph_runner.Step(graph_runner.SPLIT, _rope_job(), desc, keep=(x0, x1, c_now, s_now, d0, d1),
-                             before=angles, reads=reads)
+    step = graph_runner.Step(graph_runner.SPLIT, _rope_job(), desc, keep=(x0, x1, angles, d0, d1),
+                             before=angles.fill, reads=reads)
     return graph_runner.with_steps(run, (step,))
 
 
