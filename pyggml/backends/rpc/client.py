@@ -424,6 +424,7 @@ class RPCReg(Reg):
     def __init__(self) -> None:
         super().__init__()
         self._servers: dict[str, list[RPCDevice]] = {}
+        self._listed_on: dict[str, Connection] = {}  # the connection each server's devices were counted on
         self._lock = threading.Lock()
 
     def _get_name(self) -> str:
@@ -446,18 +447,22 @@ class RPCReg(Reg):
                 "pyggml_rpc_server": server.RpcServer}.get(name)
 
     def add_server(self, endpoint: str) -> list[RPCDevice]:
-        """ggml_backend_rpc_add_server: connect to `endpoint` ("HOST:PORT") and list its devices (once)."""
+        """ggml_backend_rpc_add_server: connect to `endpoint` ("HOST:PORT") and list its devices, again only once
+        the connection they were counted on is gone (the server there now may have other devices)."""
         host, port, _ = parse_endpoint(endpoint)
         key = f"{host}:{port}"
         with self._lock:
             devs = self._servers.get(key)
-            if devs is not None:
+            listed_on = self._listed_on.get(key)
+            if devs is not None and listed_on is not None and listed_on.broken is None:
                 return devs
         conn = connect(key)
         rsp = conn.request(RpcCmd.DEVICE_COUNT, b"", wire.DEVICE_COUNT_RSP.size)
         (count,) = wire.DEVICE_COUNT_RSP.unpack(rsp)
         with self._lock:
-            devs = self._servers.setdefault(key, [RPCDevice(self, key, i) for i in range(count)])
+            kept = self._servers.get(key, [])[:count]  # the devices already handed out keep their objects
+            devs = self._servers[key] = kept + [RPCDevice(self, key, i) for i in range(len(kept), count)]
+            self._listed_on[key] = conn
         return devs
 
     def device(self, endpoint: str) -> RPCDevice:

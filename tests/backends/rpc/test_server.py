@@ -558,3 +558,17 @@ def test_a_server_restarted_on_the_port_is_asked_again() -> None:
         assert buft.get_max_size() == 3 << 20
         rpc_init(endpoint).alloc_buffer(2 << 20).free()
         close_all()
+
+
+def test_a_server_restarted_with_other_devices_is_listed_again() -> None:
+    """The devices of an endpoint are counted again once the connection they were counted on is gone: a server
+    of two devices started on the port a one-device server left serves its second device."""
+    with RpcServer([cpu_init(1)], "127.0.0.1", 0).start() as first:
+        endpoint, port = first.endpoint, first.port
+        assert rpc_init(endpoint, 0).name() == f"RPC0[{endpoint}]"
+        close_all()
+    with RpcServer([cpu_init(1), cpu_init(1)], "127.0.0.1", port).start():
+        b1 = rpc_init(endpoint, 1)
+        assert b1.name() == f"RPC1[{endpoint}]"
+        b1.alloc_buffer(1024).free()
+        close_all()
