@@ -8,8 +8,10 @@ request), a variant of the model is made once with llama.cpp's `llama-quantize -
 to the llama.cpp build; the IQ types with the model's importance matrix from llama-imatrix). Then, repetition by
 repetition, alternating, llama.cpp's `llama-bench` and pyggml (a child process, the same tests as `pyggml
 bench`) measure prompt processing (ppP: P random tokens in one batch) and text generation (tgN: N tokens one
-by one), with the same threads, context (P + N, as llama-bench sizes it), KV cache type and flash-attention
-setting. The table gives tokens/s as medians of the repetitions and pyggml / llama.cpp.
+by one), with the same threads, context (D + P + N, as llama-bench sizes it), KV cache type and flash-attention
+setting; `-d D` (llama-bench's depth) fills D random tokens of the cache, untimed, before each test, so a
+decode step reads and writes a cache the size of a chat's. The table gives tokens/s as medians of the
+repetitions and pyggml / llama.cpp.
 
 Memory, per variant: weights, KV cache and compute buffers, llama.cpp's as its load log reports them
 (`llama-completion -v` with the same context, one token; its weights include the copies its CPU backend
@@ -17,7 +19,7 @@ repacks at load, and it pads the context to 256 cells) and pyggml's from `Model.
 process's peak resident set.
 
     python benchmarks/bench_vs_llamacpp.py [--model smollm2,random-1b,random-moe] [--types F16,Q4_K] [-p 128] \
-        [-n 32] [-r 3]
+        [-n 32] [-d 0] [-r 3]
 
 The tools are found or built with pyggml.testing.llamacpp (a first build takes 6-10 minutes).
 """
@@ -57,9 +59,9 @@ import numpy as np
 import pyggml.models as pm
 import time
 from pyggml.cli.bench import _time_tg
-path, p, n, r, t, kv, fa = sys.argv[1:8]
-p, n, r, t = int(p), int(n), int(r), int(t)
-model = pm.load(path, backends=["cpu"], n_threads=t, n_ctx=p + n, n_batch=max(p, 1), kv_type=kv, flash_attn=fa,
+path, p, n, d, r, t, kv, fa = sys.argv[1:9]
+p, n, d, r, t = int(p), int(n), int(d), int(r), int(t)
+model = pm.load(path, backends=["cpu"], n_threads=t, n_ctx=d + p + n, n_batch=max(p, 1), kv_type=kv, flash_attn=fa,
                 progress=False)
 rng = np.random.default_rng(0)
 n_vocab = model.hparams.n_vocab
@@ -67,6 +69,8 @@ bos = model.token_bos()
 first = bos if bos is not None else 1
 def timed(run):
     model.reset()
+    if d:
+        model.eval_last(rng.integers(0, n_vocab, d))  # llama-bench's depth, untimed
     t0 = time.perf_counter()
     run()
     return time.perf_counter() - t0
@@ -124,7 +128,8 @@ def source_model(name: str) -> Path:
 
 def llama_bench(bench: Path, model: Path, args: argparse.Namespace) -> dict[str, float]:
     """One repetition of llama-bench's pp and tg tests: tokens/s of each."""
-    cmd = [str(bench), "-m", str(model), "-p", str(args.n_prompt), "-n", str(args.n_gen), "-r", "1",
+    cmd = [str(bench), "-m", str(model), "-p", str(args.n_prompt), "-n", str(args.n_gen), "-d", str(args.n_depth),
+           "-r", "1",
            "-t", str(args.threads), "-ctk", args.kv_type, "-ctv", args.kv_type,
            "-fa", args.flash_attn, "-o", "json"]
     rows = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
@@ -154,7 +159,7 @@ def run_measured(cmd: list[str], timeout: float = 600) -> tuple[str, int]:
 
 def llama_memory(completion: Path, model: Path, args: argparse.Namespace) -> dict[str, int]:
     """Weights, KV cache and compute buffer bytes from llama.cpp's load log, and the process's peak RSS."""
-    n_ctx = args.n_prompt + args.n_gen
+    n_ctx = args.n_depth + args.n_prompt + args.n_gen
     cmd = [str(completion), "-m", str(model), "-p", "Hello", "-n", "1", "-c", str(n_ctx), "-b", str(args.n_prompt),
            "-t", str(args.threads), "-ctk", args.kv_type, "-ctv", args.kv_type,
            "-fa", "on" if args.flash_attn == "on" else "off", "--no-warmup", "-no-cnv", "--temp", "0", "-v"]
@@ -170,7 +175,7 @@ def llama_memory(completion: Path, model: Path, args: argparse.Namespace) -> dic
 
 
 def pyggml_run(model: Path, args: argparse.Namespace, reps: int) -> dict:
-    cmd = [sys.executable, "-c", CHILD, str(model), str(args.n_prompt), str(args.n_gen), str(reps),
+    cmd = [sys.executable, "-c", CHILD, str(model), str(args.n_prompt), str(args.n_gen), str(args.n_depth), str(reps),
            str(args.threads), args.kv_type, args.flash_attn]
     text, maxrss = run_measured(cmd)
     result = json.loads(text.strip().splitlines()[-1])
@@ -229,6 +234,8 @@ def main() -> None:
                         help=f"comma-separated (default: {','.join(TYPES)}; also {','.join(MORE_TYPES)})")
     parser.add_argument("-p", "--n-prompt", type=int, default=128)
     parser.add_argument("-n", "--n-gen", type=int, default=32)
+    parser.add_argument("-d", "--n-depth", type=int, default=0,
+                        help="tokens in the KV cache before each test, untimed (llama-bench's -d; default 0)")
     parser.add_argument("-r", "--repetitions", type=int, default=3)
     parser.add_argument("-t", "--threads", type=int, default=2)
     parser.add_argument("--kv-type", default="f16", choices=("f16", "f32"), help="both sides' KV cache type")
@@ -242,8 +249,10 @@ def main() -> None:
     bins = tools()
     for source in sources:
         results = [measure(source, type_name, bins, args) for type_name in types]
-        print(f"\n{source.name}: pp{args.n_prompt} and tg{args.n_gen}, {args.threads} threads, KV {args.kv_type}, "
-              f"flash attention {args.flash_attn}, {args.repetitions} alternating repetitions, medians (tokens/s)\n")
+        depth = f" after {args.n_depth} tokens" if args.n_depth else ""
+        print(f"\n{source.name}: pp{args.n_prompt} and tg{args.n_gen}{depth}, {args.threads} threads, "
+              f"KV {args.kv_type}, flash attention {args.flash_attn}, {args.repetitions} alternating repetitions, "
+              "medians (tokens/s)\n")
         print_tables(results, args)
 
 
