@@ -433,37 +433,79 @@ def rope_cos_sin(p: RopeParams, n_pairs: int, positions: np.ndarray,
                  freq_factors: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     """cos and sin (times mscale) of each token's angle for each pair, f32 (tokens, n_pairs), as ggml's rope
     cache; `positions` (streams, tokens): one stream, or multi-rope's four."""
-    f32 = np.float32
-    theta_scale = powf(f32(p.freq_base), f32(-2.0) / f32(p.n_dims))  # libm's, as ggml
-    stream, power = rope_theta_sources(p, n_pairs)
-    n_tok = positions.shape[1]
-    # theta_scale^j as ggml's running product, for every power used
-    steps = np.full(int(power.max(initial=0)) + 1, theta_scale, F32)
-    theta = np.empty((n_tok, n_pairs), F32)
-    for j in np.unique(stream):
-        run = np.empty((n_tok, steps.size), F32)
-        run[:, 0] = positions[j]
-        run[:, 1:] = steps[1:]
-        np.cumprod(run, axis=1, out=run)
-        cols = stream == j
-        theta[:, cols] = run[:, power[cols]]
-    if freq_factors is not None:
-        theta /= freq_factors[:n_pairs].astype(F32)
-    ang = theta * f32(p.freq_scale)
-    mscale = f32(p.attn_factor)
-    if p.ext_factor != 0.0:
-        low, high = rope_yarn_corr_dims(p.n_dims, p.n_ctx_orig, p.freq_base, p.beta_fast, p.beta_slow)
-        y = (np.arange(n_pairs, dtype=F32) - f32(low)) / f32(max(0.001, high - low))
-        ramp_mix = ((1 - np.clip(y, 0, 1)) * f32(p.ext_factor)).astype(F32)
-        ang = ang * (1 - ramp_mix) + theta * ramp_mix
-        mscale = f32(mscale * f32(1.0 + 0.1 * _c_log(_c_div(1.0, p.freq_scale))))
-    ang = np.ascontiguousarray(ang, dtype=F32)
-    c = np.empty_like(ang)
-    s = np.empty_like(ang)
-    _libm_cos_sin(ang, c, s)
-    c *= mscale
-    s *= mscale
+    c = np.empty((positions.shape[1], n_pairs), F32)
+    s = np.empty((positions.shape[1], n_pairs), F32)
+    rope_cos_sin_into(p, n_pairs, positions, freq_factors, c, s)
     return c, s
+
+
+def rope_cos_sin_into(p: RopeParams, n_pairs: int, positions: np.ndarray, freq_factors: np.ndarray | None,
+                      c: np.ndarray, s: np.ndarray) -> None:
+    """rope_cos_sin into c and s (tokens, n_pairs)."""
+    theta_scale, stream, power, low, span, mscale = _angle_constants(p, n_pairs)
+    ff = _NO_FACTORS if freq_factors is None else np.ascontiguousarray(freq_factors[:n_pairs], dtype=F32)
+    _rope_angles(positions, stream, power, theta_scale, ff, np.float32(p.freq_scale), np.float32(p.ext_factor), low,
+                 span, mscale, c, s)
+
+
+_NO_FACTORS = np.zeros(0, F32)
+
+
+@functools.lru_cache(maxsize=64)
+def _angle_constants(p: RopeParams, n_pairs: int) -> tuple[np.float32, np.ndarray, np.ndarray, np.float32,
+                                                            np.float32, np.float32]:
+    """What a rope's angles take besides the positions: theta_scale (libm's powf, as ggml), each pair's stream
+    and power of it, YaRN's ramp start and width, and mscale."""
+    f32 = np.float32
+    theta_scale = powf(f32(p.freq_base), f32(-2.0) / f32(p.n_dims))
+    stream, power = rope_theta_sources(p, n_pairs)
+    mscale = f32(p.attn_factor)
+    low, span = f32(0.0), f32(1.0)
+    if p.ext_factor != 0.0:
+        lo, hi = rope_yarn_corr_dims(p.n_dims, p.n_ctx_orig, p.freq_base, p.beta_fast, p.beta_slow)
+        low, span = f32(lo), f32(max(0.001, hi - lo))
+        mscale = f32(mscale * f32(1.0 + 0.1 * _c_log(_c_div(1.0, p.freq_scale))))
+    return theta_scale, stream.astype(np.int64), power.astype(np.int64), low, span, mscale
+
+
+@njit(nogil=True, cache=True)
+def _rope_angles(positions, stream, power, theta_scale, ff, freq_scale, ext_factor, low, span, mscale, c, s):
+    """c, s = cosf, sinf of each token's angle for each pair, times mscale: theta = position * theta_scale^power
+    as ggml's running product, over the frequency factor, times freq_scale, YaRN's ramp mixed in; float32
+    throughout, as ggml's rope cache."""
+    one, zero = np.float32(1.0), np.float32(0.0)
+    n_tok, n_pairs = c.shape
+    n_streams = positions.shape[0]
+    top = 0
+    for k in range(n_pairs):
+        top = max(top, power[k])
+    run = np.empty((n_streams, top + 1), np.float32)
+    for t in range(n_tok):
+        for j in range(n_streams):
+            v = np.float32(positions[j, t])
+            run[j, 0] = v
+            for q in range(1, top + 1):
+                v = v * theta_scale
+                run[j, q] = v
+        for k in range(n_pairs):
+            theta = run[stream[k], power[k]]
+            if ff.shape[0]:
+                theta = theta / ff[k]
+            ang = theta * freq_scale
+            if ext_factor != zero:
+                y = (np.float32(k) - low) / span
+                if y < zero:
+                    y = zero
+                elif y > one:
+                    y = one
+                ramp = (one - y) * ext_factor
+                ang = ang * (one - ramp) + theta * ramp
+            c[t, k] = ang
+    _libm_cos_sin(c.copy(), c, s)
+    for t in range(n_tok):
+        for k in range(n_pairs):
+            c[t, k] = c[t, k] * mscale
+            s[t, k] = s[t, k] * mscale
 
 
 # the last angles computed: every layer's Q and K ropes use the same positions, so a step computes them once
@@ -497,9 +539,7 @@ class RunAngles:
         self.s = np.empty((positions.shape[1], n_pairs), F32)
 
     def fill(self) -> None:
-        c, s = _cached_cos_sin(self.p, self.n_pairs, self.positions, self.freq_factors)
-        np.copyto(self.c, c)
-        np.copyto(self.s, s)
+        rope_cos_sin_into(self.p, self.n_pairs, self.positions, self.freq_factors, self.c, self.s)
 
 
 # the live RunAngles by what they are computed from (positions and frequency factors by their memory)
