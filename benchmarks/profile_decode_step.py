@@ -19,7 +19,7 @@ Parts of a step (ms, medians over the steps; the parts' medians need not add up 
 node in a graph runner's run: its steps' native time). PYGGML_CPU_GRAPH_RUNNER=0 profiles the step without the
 runner; "barrier" runs are timed whole, as kind RUNNER.
 
-    python benchmarks/profile_decode_step.py [--model PATH] [--tokens 32] [--threads 2]
+    python benchmarks/profile_decode_step.py [--model PATH] [--tokens 32] [--threads 2] [--ctx N] [--kv-type f16]
 
 The default model is the random LLaMA at TinyLlama-1.1B's shapes in Q4_0 (random_1b_model.py's F16 file made
 into Q4_0 by bench_vs_llamacpp.py); a machine shared with other jobs moves absolute times: read the shares.
@@ -218,10 +218,11 @@ def default_model() -> Path:
     return llamacpp.paths().root / "variants" / "random-tinyllama-1.1b-Q4_0.gguf"
 
 
-def profile(path: Path, n_tokens: int, n_threads: int, n_warmup: int,
-            replays: int) -> tuple[list[tuple[float, StepTimes]], Replay]:
+def profile(path: Path, n_tokens: int, n_threads: int, n_warmup: int, replays: int, n_ctx: int | None = None,
+            kv_type: str = "f32") -> tuple[list[tuple[float, StepTimes]], Replay]:
     """The timed steps (seconds, parts), then the last step's nodes replayed (Probe.replay; {} with 0 replays)."""
-    model = pm.load(path, n_ctx=n_tokens + n_warmup + 9, n_threads=n_threads, progress=False)
+    model = pm.load(path, n_ctx=n_ctx or n_tokens + n_warmup + 9, n_threads=n_threads, kv_type=kv_type,
+                    progress=False)
     probe = Probe()
     sampler = Sampler(seed=1)
     history = [1]
@@ -284,12 +285,16 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=32, help="decode steps timed (default 32)")
     parser.add_argument("--warmup", type=int, default=3, help="decode steps before the timed ones (default 3)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--ctx", type=int, default=None,
+                        help="the context, as -c (default: the steps' tokens and a few more)")
+    parser.add_argument("--kv-type", default="f32", help="the KV cache's type, as -ctk and -ctv (default f32)")
     parser.add_argument("--replays", type=int, default=50,
                         help="times each node of one more step is computed in a row (default 50; 0: none)")
     args = parser.parse_args()
     path = args.model or default_model()
-    print(f"{path.name}, {args.threads} threads, {args.tokens} tokens")
-    report(*profile(path, args.tokens, args.threads, args.warmup, args.replays))
+    print(f"{path.name}, {args.threads} threads, {args.tokens} tokens"
+          + (f", context {args.ctx}" if args.ctx else "") + f", KV {args.kv_type}")
+    report(*profile(path, args.tokens, args.threads, args.warmup, args.replays, args.ctx, args.kv_type))
 
 
 if __name__ == "__main__":
