@@ -188,8 +188,7 @@ def _joins_runs(node: Tensor, params: ComputeParams) -> bool:
 
 
 def _elements_written(node: Tensor) -> int:
-    """The elements a node computes: SET_ROWS writes its source's rows into a destination (a whole KV cache's
-    view) of any size."""
+    """The elements a node computes (SET_ROWS: its source's rows, not the KV cache it writes into)."""
     return node.src[0].nelements() if node.op == GGMLOp.SET_ROWS else node.nelements()
 
 

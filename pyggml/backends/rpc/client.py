@@ -212,7 +212,6 @@ class RPCBufferType(BufferType):
     def _conn(self) -> Connection:
         return self.rpc_device.conn()
 
-    # each getter asks for the connection first: a new one (a server restarted on the port) clears the answers
     def _get_alignment(self) -> int:
         conn = self._conn()
         if self._alignment is None:
@@ -447,8 +446,7 @@ class RPCReg(Reg):
                 "pyggml_rpc_server": server.RpcServer}.get(name)
 
     def add_server(self, endpoint: str) -> list[RPCDevice]:
-        """ggml_backend_rpc_add_server: connect to `endpoint` ("HOST:PORT") and list its devices, again only once
-        the connection they were counted on is gone (the server there now may have other devices)."""
+        """ggml_backend_rpc_add_server: `endpoint`'s devices, counted again once their connection is gone."""
         host, port, _ = parse_endpoint(endpoint)
         key = f"{host}:{port}"
         with self._lock:
