@@ -23,6 +23,8 @@ from kernel_helpers import (
 from pyggml.backends.cpu.kernels import norm
 from pyggml.core import ops
 from pyggml.core.errors import GGMLError
+from pyggml.core.ops.params import RopeParams
+from pyggml.core.rope import powf, rope_theta_sources, rope_yarn_corr_dims
 from pyggml.core.tensor import GGMLOp
 from pyggml.core.types import GGMLType
 
@@ -295,6 +297,55 @@ def test_rope_inplace(rng: np.random.Generator) -> None:
     run(node)
     want = rope_ref(x, positions, 8, 2, 64, 10000.0, 1.0, 0.0, 1.0, 32.0, 1.0)
     assert_close(t.numpy(), want, F32, atol=2e-5)
+
+
+def _angles_ref(p: RopeParams, n_pairs: int, positions: np.ndarray, ff: np.ndarray | None) -> np.ndarray:
+    """The angles of ggml's rope cache in float32 numpy, before cosf/sinf: theta_scale's running product per
+    pair's stream and power, over the frequency factor, times freq_scale, YaRN's ramp mixed in."""
+    f32 = np.float32
+    theta_scale = powf(f32(p.freq_base), f32(-2.0) / f32(p.n_dims))
+    stream, power = rope_theta_sources(p, n_pairs)
+    n_tok = positions.shape[1]
+    theta = np.empty((n_tok, n_pairs), f32)
+    for j in np.unique(stream):
+        run_ = np.empty((n_tok, int(power.max(initial=0)) + 1), f32)
+        run_[:, 0] = positions[j]
+        run_[:, 1:] = theta_scale
+        np.cumprod(run_, axis=1, out=run_)
+        theta[:, stream == j] = run_[:, power[stream == j]]
+    if ff is not None:
+        theta /= ff[:n_pairs].astype(f32)
+    ang = theta * f32(p.freq_scale)
+    if p.ext_factor != 0.0:
+        low, high = rope_yarn_corr_dims(p.n_dims, p.n_ctx_orig, p.freq_base, p.beta_fast, p.beta_slow)
+        y = (np.arange(n_pairs, dtype=f32) - f32(low)) / f32(max(0.001, high - low))
+        ramp = ((1 - np.clip(y, 0, 1)) * f32(p.ext_factor)).astype(f32)
+        ang = ang * (1 - ramp) + theta * ramp
+    return ang.astype(f32)
+
+
+@pytest.mark.parametrize("mode", [0, 2, 8, 24, 40])
+@pytest.mark.parametrize("ext_factor", [0.0, 1.0, 0.5])
+@pytest.mark.parametrize("factors", [False, True])
+def test_rope_angles_are_the_float32_formula_s(mode: int, ext_factor: float, factors: bool,
+                                               rng: np.random.Generator) -> None:
+    """The compiled angles (norm.rope_cos_sin) of every mode, YaRN on or off, with or without frequency factors, are
+    the float32 formula's bit for bit: cos and sin of the reference angles by the same libm cosf/sinf, times
+    mscale."""
+    sections = (4, 6, 6, 0) if mode & 8 else (0, 0, 0, 0)
+    p = RopeParams(n_dims=64, mode=mode, n_ctx_orig=4096, freq_base=500000.0, freq_scale=0.25, ext_factor=ext_factor,
+                   attn_factor=0.7, beta_fast=32.0, beta_slow=1.0, sections=sections)
+    positions = rng.integers(0, 100000, (4 if mode & 8 else 1, 9)).astype(np.int32)
+    ff = (rng.random(32) * 4 + 0.5).astype(np.float32) if factors else None
+    c, s = norm.rope_cos_sin(p, 32, positions, ff)
+    ang = _angles_ref(p, 32, positions, ff)
+    want_c, want_s = np.empty_like(ang), np.empty_like(ang)
+    norm._libm_cos_sin(ang, want_c, want_s)
+    mscale = np.float32(0.7)
+    if ext_factor:
+        mscale = np.float32(mscale * np.float32(1.0 + 0.1 * math.log(1.0 / 0.25)))
+    assert np.array_equal(c.view(np.uint32), (want_c * mscale).view(np.uint32))
+    assert np.array_equal(s.view(np.uint32), (want_s * mscale).view(np.uint32))
 
 
 def test_rope_rejects_unknown_modes_and_bad_dims() -> None:
