@@ -150,6 +150,7 @@ def rope_check(node: Tensor, p: RopeParams, ne0: int, ne2: int, backend: str) ->
         raise ShapeError(f"{who}: positions must be a vector of at least {per_token} x "
                          f"ne2={ne2}, got ne {pos_t.ne}")
     ff = node.src[2]
-    if ff is not None and (ff.type != GGMLType.F32 or ff.ne[0] < p.n_dims // 2):
-        raise ShapeError(f"{who}: frequency factors (src[2]) must be F32 with at least "
-                         f"n_dims/2={p.n_dims // 2} of them, got {ff.type.name} {ff.ne}")
+    n_pairs = rope_pairs(p, ne0).n_pairs  # one factor a pair: VISION turns n_dims pairs, the others n_dims/2
+    if ff is not None and (ff.type != GGMLType.F32 or ff.ne[0] < n_pairs):
+        raise ShapeError(f"{who}: frequency factors (src[2]) must be F32 with one per turned pair, at least "
+                         f"{n_pairs}, got {ff.type.name} {ff.ne}")

@@ -22,7 +22,7 @@ from kernel_helpers import (
 
 from pyggml.backends.cpu.kernels import norm
 from pyggml.core import ops
-from pyggml.core.errors import GGMLError
+from pyggml.core.errors import GGMLError, ShapeError
 from pyggml.core.ops.params import RopeParams
 from pyggml.core.rope import powf, rope_theta_sources, rope_yarn_corr_dims
 from pyggml.core.tensor import GGMLOp
@@ -362,6 +362,23 @@ def test_rope_rejects_unknown_modes_and_bad_dims() -> None:
     no_sections = manual_node(ctx, GGMLOp.ROPE, [t, tensor(ctx, I32, np.arange(12, dtype=np.int32))],
                               [0, 8, 8, 0, 64, 10000.0, 1.0, 0.0, 1.0, 32.0, 1.0])  # MROPE without sections
     assert not norm.supports(no_sections)
+
+
+def test_rope_frequency_factors_cover_every_turned_pair(rng: np.random.Generator) -> None:
+    """VISION turns n_dims pairs and reads a factor for each: fewer factors (ggml's graph check asks n_dims/2) are a
+    ShapeError naming the count before anything is read, not a read past the tensor; enough of them compute."""
+    x = rng.standard_normal((1, 3, 2, 8)).astype(np.float32)  # VISION: ne0 = 2 n_dims
+    words = [0, 4, 24, 0, 64, 10000.0, 1.0, 0.0, 1.0, 32.0, 1.0, 1, 1, 0, 0, 0]
+    for n_factors, ok in ((2, False), (4, True)):
+        ctx = new_ctx()
+        t, tp = tensor(ctx, F32, x), tensor(ctx, I32, np.arange(12, dtype=np.int32))
+        ff = tensor(ctx, F32, np.ones(n_factors, np.float32))
+        node = manual_node(ctx, GGMLOp.ROPE, [t, tp, ff], words)
+        if ok:
+            assert np.all(np.isfinite(run(node)))
+        else:
+            with pytest.raises(ShapeError, match="one per turned pair, at least 4"):
+                compile_node(node)
 
 
 def test_prepared_nodes_read_new_inputs_on_each_run(rng: np.random.Generator) -> None:
