@@ -422,15 +422,14 @@ class RPCReg(Reg):
 
     def __init__(self) -> None:
         super().__init__()
-        self._servers: dict[str, list[RPCDevice]] = {}
-        self._listed_on: dict[str, Connection] = {}  # the connection each server's devices were counted on
+        self._servers: dict[str, tuple[Connection, list[RPCDevice]]] = {}  # the connection devices were counted on
         self._lock = threading.Lock()
 
     def _get_name(self) -> str:
         return "rpc"
 
     def _all(self) -> list[RPCDevice]:
-        return [d for devs in self._servers.values() for d in devs]
+        return [d for _, devs in self._servers.values() for d in devs]
 
     def _get_device_count(self) -> int:
         return len(self._all())
@@ -450,17 +449,16 @@ class RPCReg(Reg):
         host, port, _ = parse_endpoint(endpoint)
         key = f"{host}:{port}"
         with self._lock:
-            devs = self._servers.get(key)
-            listed_on = self._listed_on.get(key)
-            if devs is not None and listed_on is not None and listed_on.broken is None:
+            listed_on, devs = self._servers.get(key, (None, []))
+            if listed_on is not None and listed_on.broken is None:
                 return devs
         conn = connect(key)
         rsp = conn.request(RpcCmd.DEVICE_COUNT, b"", wire.DEVICE_COUNT_RSP.size)
         (count,) = wire.DEVICE_COUNT_RSP.unpack(rsp)
         with self._lock:
-            kept = self._servers.get(key, [])[:count]  # the devices already handed out keep their objects
-            devs = self._servers[key] = kept + [RPCDevice(self, key, i) for i in range(len(kept), count)]
-            self._listed_on[key] = conn
+            kept = self._servers.get(key, (None, []))[1][:count]  # the devices handed out keep their objects
+            devs = kept + [RPCDevice(self, key, i) for i in range(len(kept), count)]
+            self._servers[key] = (conn, devs)
         return devs
 
     def device(self, endpoint: str) -> RPCDevice:

@@ -500,8 +500,8 @@ def _rope_angles(positions, stream, power, theta_scale, ff, freq_scale, ext_fact
                     y = one
                 ramp = (one - y) * ext_factor
                 ang = ang * (one - ramp) + theta * ramp
-            c[t, k] = ang
-    _libm_cos_sin(c.copy(), c, s)
+            s[t, k] = ang
+    _libm_cos_sin(s, c, s)  # element by element: each angle is read before its sine replaces it
     for t in range(n_tok):
         for k in range(n_pairs):
             c[t, k] = c[t, k] * mscale
