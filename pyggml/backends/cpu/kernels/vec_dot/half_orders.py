@@ -290,8 +290,12 @@ def make_half_cols(kind: int, order: HalfOrder, native: bool = False, x_bits: in
     `dot(w, w_off, base, m0, m1, x, r, n, out)` writes out[r + c, m] for c < n <= COLS and m0 <= m < m1, the
     weight row at byte w[w_off[base + m]], whole rows of x (K = its row length); the tinyBLAS orders ROW_BLOCK rows
     at a time. `native`, `x_bits`: see _block_dots."""
-    # vec_dot's accumulators fill several vector registers a row: more rows a pass would spill them
-    block_rows = 1 if order.wide or order.float_tail else ROW_BLOCK
+    # vec_dot's accumulators fill several vector registers a row: more rows a pass would spill them, but one
+    # column leaves room for two (src1's row is read once for both: a long row no longer fits L1 beside it)
+    def block_rows(count: int) -> int:
+        if order.wide or order.float_tail:
+            return 2 if count == 1 else 1
+        return ROW_BLOCK
 
     @intrinsic
     def dot_half_order(typingctx, w, w_off, base, m0, m1, x, r, n, out):
@@ -315,10 +319,11 @@ def make_half_cols(kind: int, order: HalfOrder, native: bool = False, x_bits: in
                         vir.store_columns(context, builder, ty[8], args[8], r, builder.add(m, ir.Constant(m.type, i)),
                                       dots)
 
-                n_blocks = builder.sdiv(builder.sub(m1, m0), ir.Constant(m0.type, block_rows))
+                step = block_rows(count)
+                n_blocks = builder.sdiv(builder.sub(m1, m0), ir.Constant(m0.type, step))
                 with cgutils.for_range(builder, n_blocks) as loop:
-                    block(builder.add(m0, builder.mul(loop.index, ir.Constant(m0.type, block_rows))), block_rows)
-                rest = builder.add(m0, builder.mul(n_blocks, ir.Constant(m0.type, block_rows)))
+                    block(builder.add(m0, builder.mul(loop.index, ir.Constant(m0.type, step))), step)
+                rest = builder.add(m0, builder.mul(n_blocks, ir.Constant(m0.type, step)))
                 with cgutils.for_range(builder, m1, start=rest) as loop:
                     block(loop.index, 1)
 
