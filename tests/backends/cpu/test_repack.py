@@ -81,15 +81,16 @@ def test_repack_refuses_other_shapes(type_name: str, shape: tuple[int, ...]) -> 
 VARIANTS = [False] + ([True] if block_sums.HAS_VNNI else [])
 
 
+@pytest.mark.parametrize("groups", [1, 2], ids=lambda g: f"{g}-groups")
 @pytest.mark.parametrize("vnni", VARIANTS, ids=lambda v: "vnni" if v else "portable")
 @pytest.mark.slow
-def test_repacked_loop_is_ggml_x86_repack_order_to_the_bit(vnni: bool) -> None:
+def test_repacked_loop_is_ggml_x86_repack_order_to_the_bit(vnni: bool, groups: int) -> None:
     rng = np.random.default_rng(1)
     M = 5 * X8_ROWS
     raw = _q4_0_rows(rng, M, NB)
     packed = repack_q4_0(raw).reshape(-1)
     w_off = np.arange(M, dtype=np.int64) * raw.shape[1]
-    dot = tiles_x8.make_dot_q4_0_x8(vnni, ir.COLS)
+    dot = tiles_x8.make_dot_q4_0_x8(vnni, ir.COLS, groups)
 
     @njit
     def run(w, w_off, m0, m1, yq, yd, yb, out):

@@ -117,14 +117,15 @@ def test_repack_and_unpack_are_inverse_and_place_each_byte() -> None:
 
 @pytest.mark.parametrize("vnni", VARIANTS, ids=lambda v: "vnni" if v else "portable")
 @pytest.mark.parametrize("per_pair", [True, False], ids=["gemm", "gemv"])
+@pytest.mark.parametrize("groups", [1, 2], ids=lambda g: f"{g}-groups")
 @pytest.mark.slow
-def test_repacked_loops_are_ggml_x86_repack_orders_to_the_bit(vnni: bool, per_pair: bool) -> None:
+def test_repacked_loops_are_ggml_x86_repack_orders_to_the_bit(vnni: bool, per_pair: bool, groups: int) -> None:
     rng = np.random.default_rng(1)
     M, nb = 3 * X8_ROWS, 2
     raw = q4_K_rows(rng, M, nb)
     packed = repack_q4_K(raw).reshape(-1)
     w_off = np.arange(M, dtype=np.int64) * raw.shape[1]
-    dot = kquant_x8.make_dot_q4_K_x8(vnni, ir.COLS, per_pair)
+    dot = kquant_x8.make_dot_q4_K_x8(vnni, ir.COLS, per_pair, groups)
 
     @njit
     def run(w, w_off, m0, m1, yq, yd, yb, out):

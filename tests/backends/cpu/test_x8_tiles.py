@@ -110,17 +110,18 @@ def test_the_tiles_are_the_repacked_layout(type: GGMLType) -> None:
 VARIANTS = [False] + ([True] if block_sums.HAS_VNNI else [])
 
 
+@pytest.mark.parametrize("groups", [1, 2], ids=lambda g: f"{g}-groups")
 @pytest.mark.parametrize("vnni", VARIANTS, ids=lambda v: "vnni" if v else "portable")
 @pytest.mark.parametrize("type", [GGMLType.Q8_0, GGMLType.Q5_0], ids=lambda t: t.name)
 @pytest.mark.slow
-def test_repacked_loop_is_the_repacked_order_to_the_bit(type: GGMLType, vnni: bool) -> None:
+def test_repacked_loop_is_the_repacked_order_to_the_bit(type: GGMLType, vnni: bool, groups: int) -> None:
     rng = np.random.default_rng(1)
     M = 3 * X8_ROWS
     raw = _rows(rng, type, M)
     plain = _widened(raw) if type == GGMLType.Q5_0 else raw
     packed = repack_block32(plain, GGMLType.Q8_0).reshape(-1)
     w_off = np.arange(M, dtype=np.int64) * plain.shape[1]
-    dot = tiles_x8.make_dot_x8(vnni, ir.COLS, *tiles_x8.X8_BLOCK_QUANTS[int(type)])
+    dot = tiles_x8.make_dot_x8(vnni, ir.COLS, *tiles_x8.X8_BLOCK_QUANTS[int(type)], groups=groups)
 
     @njit
     def run(w, w_off, yq, yd, yb, out):

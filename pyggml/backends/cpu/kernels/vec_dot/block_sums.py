@@ -40,7 +40,7 @@ def _pairs_then_halves(builder, prod):
 
 
 def quads(builder, prod):
-    """8 sums of 4 consecutive lanes of a <32 x i32> (lane i: elements 4i..4i+3, ggml's AVX2 layout)."""
+    """The sums of 4 consecutive lanes of an <n x i32> (lane i: elements 4i..4i+3, ggml's AVX2 layout)."""
     return pair_sums(builder, pair_sums(builder, prod))
 
 
@@ -86,11 +86,13 @@ def block_sums_unsigned_avx2(builder, uv, yv):
 
 
 def vpdpbusd(builder, acc, uv, yv):
-    """acc + the 8 sums of 4 consecutive products uv (unsigned) * yv (signed): AVX512-VNNI's vpdpbusd."""
-    v8i32 = ir.VectorType(IR_I32, 8)
-    fn = builder.module.declare_intrinsic("llvm.x86.avx512.vpdpbusd.256",
-                                          fnty=ir.FunctionType(v8i32, [v8i32, v8i32, v8i32]))
-    return builder.call(fn, [acc, builder.bitcast(uv, v8i32), builder.bitcast(yv, v8i32)])
+    """acc + the sums of 4 consecutive products uv (unsigned) * yv (signed), one per lane of acc (<8 x i32> or
+    <16 x i32>): AVX512-VNNI's vpdpbusd."""
+    lanes = acc.type.count
+    vi32 = ir.VectorType(IR_I32, lanes)
+    fn = builder.module.declare_intrinsic(f"llvm.x86.avx512.vpdpbusd.{32 * lanes}",
+                                          fnty=ir.FunctionType(vi32, [vi32, vi32, vi32]))
+    return builder.call(fn, [acc, builder.bitcast(uv, vi32), builder.bitcast(yv, vi32)])
 
 
 def block_sums_vnni(builder, wv, yv):
@@ -120,6 +122,7 @@ def _target_has(*features: str) -> bool:
 # the target's block sums; the generators take them as an argument, so tests run every variant the host can
 HAS_AVX2 = _target_has("avx2")
 HAS_VNNI = HAS_AVX2 and _target_has("avx512vnni", "avx512vl")
+HAS_AVX512 = HAS_AVX2 and _target_has("avx512f", "avx512bw")
 
 
 def choose_block_sums(avx2: bool, vnni: bool) -> tuple:

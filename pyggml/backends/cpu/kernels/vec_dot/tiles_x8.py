@@ -12,7 +12,7 @@ from numba.extending import intrinsic
 from pyggml.backends.cpu.kernels.atomics import (
     element_pointer,
 )
-from pyggml.backends.cpu.kernels.vec_dot.block_sums import HAS_VNNI, quads, vpdpbusd
+from pyggml.backends.cpu.kernels.vec_dot.block_sums import HAS_AVX512, HAS_VNNI, quads, vpdpbusd
 from pyggml.backends.cpu.kernels.vec_dot.ir import (
     COLS,
     IR_F32,
@@ -27,6 +27,7 @@ from pyggml.backends.cpu.kernels.vec_dot.ir import (
 )
 from pyggml.backends.cpu.kernels.vec_dot.kinds import Q4_0, Q5_0, Q8_0
 from pyggml.backends.cpu.repack import BLOCK32_FIELDS, X8_ROWS
+from pyggml.core.errors import ArgumentError
 from pyggml.core.types import GGMLType
 
 
@@ -34,14 +35,30 @@ def _sums_u4_lanes(builder, acc, u, y4, vnni: bool):
     """acc + per lane i the sum of u[4i+k] * y4[4i+k], k < 4 (u unsigned): vpdpbusd with VNNI, else portable."""
     if vnni:
         return vpdpbusd(builder, acc, u, y4)
-    v32 = ir.VectorType(IR_I32, 32)
-    return builder.add(acc, quads(builder, builder.mul(builder.zext(u, v32), builder.sext(y4, v32), flags=["nsw"])))
+    wide = ir.VectorType(IR_I32, u.type.count)
+    return builder.add(acc, quads(builder, builder.mul(builder.zext(u, wide), builder.sext(y4, wide), flags=["nsw"])))
 
 
-def _x8_intrinsic(group_loop, ncols: int):
-    """The intrinsic of make_dot_x8's signature over `group_loop(builder, pg, nb, cols)`, the <8 x float> dots of a
-    group with each src1 row of `cols`."""
-    v8f = ir.VectorType(IR_F32, 8)
+def joined(builder, parts: list):
+    """The vectors `parts` (one type) end to end: one group's lanes, or two groups' in one wider vector."""
+    v = parts[0]
+    for part in parts[1:]:
+        n = v.type.count + part.type.count
+        v = builder.shuffle_vector(v, part, ir.Constant(ir.VectorType(IR_I32, n), list(range(n))))
+    return v
+
+
+# groups of 8 rows one pass of the repacked loops takes: two fill a 512-bit vector (ggml's AVX512 repack kernels
+# take two blocks of 8 a pass), the lanes' arithmetic the same either way
+X8_GROUPS_A_PASS = 2 if HAS_AVX512 else 1
+
+
+def _x8_intrinsic(group_loop, ncols: int, groups: int = X8_GROUPS_A_PASS):
+    """The intrinsic of make_dot_x8's signature over `group_loop(builder, pgs, nb, cols)`, the <8 * len(pgs) x
+    float> dots of the groups at byte pointers pgs (consecutive) with each src1 row of `cols`; `groups` (1 or 2)
+    groups a pass, then the one left over."""
+    if groups not in (1, 2):
+        raise ArgumentError(f"repacked loops: {groups} groups of {X8_ROWS} rows a pass, not 1 or 2")
 
     @intrinsic
     def dot_x8_cols(typingctx, w, w_off, base, m0, m1, nb, yq, yd, yb, r, n, out):
@@ -54,18 +71,28 @@ def _x8_intrinsic(group_loop, ncols: int):
             eight = ir.Constant(r.type, X8_ROWS)
             g0, g1 = builder.sdiv(args[3], eight), builder.sdiv(args[4], eight)
 
-            def groups(count: int) -> None:
+            def groups_of(count: int) -> None:
                 rows = [builder.add(r, ir.Constant(r.type, c)) for c in range(count)]
                 cols = [tuple(row_pointer(context, builder, ty[i], args[i], row)[0] for i in (6, 7, 8))
                         for row in rows]
-                with cgutils.for_range(builder, g1, start=g0) as loop:
-                    m = builder.mul(loop.index, eight)
-                    pg = builder.gep(w_data, [builder.load(builder.gep(offsets, [m]))])
-                    for row, dots in zip(rows, group_loop(builder, pg, args[5], cols), strict=True):
-                        po = row_pointer(context, builder, ty[11], args[11], row, m)[0]
-                        builder.store(dots, builder.bitcast(po, v8f.as_pointer()), align=4)
 
-            per_count(builder, args[10], ncols, groups)
+                def run(g, n_groups: int) -> None:
+                    m = builder.mul(g, eight)
+                    pgs = [builder.gep(w_data, [builder.load(builder.gep(offsets, [builder.add(
+                        m, ir.Constant(m.type, X8_ROWS * i))]))]) for i in range(n_groups)]
+                    vf = ir.VectorType(IR_F32, X8_ROWS * n_groups)
+                    for row, dots in zip(rows, group_loop(builder, pgs, args[5], cols), strict=True):
+                        po = row_pointer(context, builder, ty[11], args[11], row, m)[0]
+                        builder.store(dots, builder.bitcast(po, vf.as_pointer()), align=4)
+
+                n_passes = builder.sdiv(builder.sub(g1, g0), ir.Constant(g0.type, groups))
+                with cgutils.for_range(builder, n_passes) as loop:
+                    run(builder.add(g0, builder.mul(loop.index, ir.Constant(g0.type, groups))), groups)
+                rest = builder.add(g0, builder.mul(n_passes, ir.Constant(g0.type, groups)))
+                with cgutils.for_range(builder, g1, start=rest) as loop:
+                    run(loop.index, 1)
+
+            per_count(builder, args[10], ncols, groups_of)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -98,33 +125,38 @@ def _x8_q5_0_wide_quants(builder, pb):
             for v in range(8)], -16
 
 
-def make_dot_x8(vnni: bool, ncols: int, block_bytes: int, quants):
+def make_dot_x8(vnni: bool, ncols: int, block_bytes: int, quants, groups: int = X8_GROUPS_A_PASS):
     """`dot(w, w_off, base, m0, m1, nb, yq, yd, yb, r, n, out)`: out[r + c, m] for c < n, m0 <= m < m1 (multiples of
-    X8_ROWS), in ggml's x86 repack order; `quants(builder, pb)` reads a group's block of `block_bytes`."""
-    v8f, v32b = ir.VectorType(IR_F32, 8), ir.VectorType(IR_I8, 32)
+    X8_ROWS), in ggml's x86 repack order; `quants(builder, pb)` reads a group's block of `block_bytes`; `groups`
+    groups a pass (_x8_intrinsic)."""
 
-    def group_loop(builder, pg, nb, cols):
-        """The <8 x float> dots of the 8 rows of the group at byte pointer pg with each src1 row of `cols`."""
-        accs = [cgutils.alloca_once_value(builder, ir.Constant(v8f, [0.0] * 8)) for _ in cols]
+    def group_loop(builder, pgs, nb, cols):
+        """The dots of the 8-row groups at byte pointers pgs with each src1 row of `cols`, lanes group by group."""
+        lanes = X8_ROWS * len(pgs)
+        vf, vb = ir.VectorType(IR_F32, lanes), ir.VectorType(IR_I8, 4 * lanes)
+        accs = [cgutils.alloca_once_value(builder, ir.Constant(vf, [0.0] * lanes)) for _ in cols]
         with cgutils.for_range(builder, nb) as loop:
             b = loop.index
-            pb = builder.gep(pg, [builder.mul(b, ir.Constant(b.type, block_bytes))])
-            dw = builder.fpext(load_vector(builder, pb, ir.HalfType(), 8), v8f)
-            pairs, offset = quants(builder, pb)
+            pbs = [builder.gep(pg, [builder.mul(b, ir.Constant(b.type, block_bytes))]) for pg in pgs]
+            dw = builder.fpext(joined(builder, [load_vector(builder, pb, ir.HalfType(), X8_ROWS) for pb in pbs]), vf)
+            per_group = [quants(builder, pb) for pb in pbs]
+            offset = per_group[0][1]
+            pairs = [(joined(builder, [q[0][i][0] for q in per_group]), at)
+                     for i, (_, at) in enumerate(per_group[0][0])]
             for acc, (py, pd, ps) in zip(accs, cols, strict=True):
                 y32 = builder.bitcast(builder.gep(py, [builder.shl(b, ir.Constant(b.type, 5))]), IR_I32.as_pointer())
                 b2 = builder.shl(b, ir.Constant(b.type, 1))
                 ysum = builder.add(builder.load(builder.gep(ps, [b2])),
                                    builder.load(builder.gep(ps, [builder.add(b2, ir.Constant(b.type, 1))])))
-                isum = splat(builder, builder.mul(ysum, ir.Constant(IR_I32, offset)), 8)
+                isum = splat(builder, builder.mul(ysum, ir.Constant(IR_I32, offset)), lanes)
                 for u, at in pairs:
                     y4 = builder.load(builder.gep(y32, [ir.Constant(b.type, at)]), align=1)
-                    isum = _sums_u4_lanes(builder, isum, u, builder.bitcast(splat(builder, y4, 8), v32b), vnni)
-                d = builder.fmul(dw, splat(builder, builder.load(builder.gep(pd, [b])), 8))
-                builder.store(fma(builder, builder.sitofp(isum, v8f), d, builder.load(acc)), acc)
+                    isum = _sums_u4_lanes(builder, isum, u, builder.bitcast(splat(builder, y4, lanes), vb), vnni)
+                d = builder.fmul(dw, splat(builder, builder.load(builder.gep(pd, [b])), lanes))
+                builder.store(fma(builder, builder.sitofp(isum, vf), d, builder.load(acc)), acc)
         return [builder.load(acc) for acc in accs]
 
-    return _x8_intrinsic(group_loop, ncols)
+    return _x8_intrinsic(group_loop, ncols, groups)
 
 
 # the repacked 32-value block types: their group's block bytes and quants
@@ -133,9 +165,9 @@ X8_BLOCK_QUANTS = {int(t): (X8_ROWS * BLOCK32_FIELDS[t][1], quants) for t, quant
 X8_BLOCK_QUANTS[Q5_0] = (X8_BLOCK_QUANTS[Q8_0][0], _x8_q5_0_wide_quants)  # widened to Q8_0's blocks
 
 
-def make_dot_q4_0_x8(vnni: bool, ncols: int):
+def make_dot_q4_0_x8(vnni: bool, ncols: int, groups: int = X8_GROUPS_A_PASS):
     """The repacked Q4_0 loop (see make_dot_x8)."""
-    return make_dot_x8(vnni, ncols, *X8_BLOCK_QUANTS[Q4_0])
+    return make_dot_x8(vnni, ncols, *X8_BLOCK_QUANTS[Q4_0], groups=groups)
 
 
 dot_q4_0_x8_cols = make_dot_q4_0_x8(HAS_VNNI, COLS)
