@@ -61,23 +61,23 @@ def make_dot_q4_K_x8(vnni: bool, ncols: int, per_pair: bool, groups: int = X8_GR
             for _, pd, _ in cols:
                 yd = splat(builder, builder.load(builder.gep(pd, [b])), lanes)
                 factors.append((builder.fmul(dw, yd), builder.fmul(dmw, yd)))
+            y32s = [builder.bitcast(builder.gep(py, [builder.shl(b, ir.Constant(b.type, 8))]), IR_I32.as_pointer())
+                    for py, _, _ in cols]
             for p in range(4):
-                nibbles = []
+                # one 32-byte run of quants at a time, into every column's sums (few registers live)
+                sums = [[zero_i, zero_i] for _ in cols]
                 for v in range(8):
                     raw = joined(builder, [load_vector(builder, builder.gep(pb, [ir.Constant(
                         IR_I32, Q4_K_X8_QS + 256 * p + 32 * v)]), IR_I8, 32) for pb in pbs])
-                    nibbles.append((builder.and_(raw, _const(4 * lanes, 15)),
-                                    builder.and_(builder.lshr(raw, _const(4 * lanes, 4)), _const(4 * lanes, 15))))
-                for c, (py, _, ps) in enumerate(cols):
-                    y32 = builder.bitcast(builder.gep(py, [builder.shl(b, ir.Constant(b.type, 8))]),
-                                          IR_I32.as_pointer())
-                    sums = [zero_i, zero_i]
-                    for v, pair in enumerate(nibbles):
+                    pair = (builder.and_(raw, _const(4 * lanes, 15)),
+                            builder.and_(builder.lshr(raw, _const(4 * lanes, 4)), _const(4 * lanes, 15)))
+                    for y32, col_sums in zip(y32s, sums, strict=True):
                         for h, u in enumerate(pair):
                             y4 = builder.load(builder.gep(y32, [ir.Constant(b.type, 16 * p + 8 * h + v)]), align=1)
-                            sums[h] = _sums_u4_lanes(builder, sums[h], u,
-                                                     builder.bitcast(splat(builder, y4, lanes), vb), vnni)
-                    isum = builder.add(builder.mul(sums[0], scales[2 * p]), builder.mul(sums[1], scales[2 * p + 1]))
+                            col_sums[h] = _sums_u4_lanes(builder, col_sums[h], u,
+                                                         builder.bitcast(splat(builder, y4, lanes), vb), vnni)
+                for c, ((_, _, ps), (low, high)) in enumerate(zip(cols, sums, strict=True)):
+                    isum = builder.add(builder.mul(low, scales[2 * p]), builder.mul(high, scales[2 * p + 1]))
                     msum = zero_i
                     for j in (2 * p, 2 * p + 1):  # the mins times y's sums of 32 (two sums of 16)
                         at = builder.add(builder.shl(b, ir.Constant(b.type, 4)), ir.Constant(b.type, 2 * j))
