@@ -276,7 +276,7 @@ def test_a_test_target_builds_in_its_own_folder_with_tests_on_and_the_patch(fake
     source = _with_test_source(fake)
     tools, tests = llamacpp.paths(), llamacpp.paths(tests=True)
     assert tests.build == tools.build.parent / "build-tests" and tests.llama_cpp == tools.llama_cpp
-    found = llamacpp.build(["llama-simple", "test-backend-ops"], amx=False)
+    found = llamacpp.build(["llama-simple", "test-backend-ops"])  # this machine's configuration, as find_tool's
     assert found == {"llama-simple": tools.bin / "llama-simple", "test-backend-ops": tests.bin / "test-backend-ops"}
     configures = [c for c in _calls(fake) if c[0] == "-S"]
     assert [c[3] for c in configures] == [str(tools.build), str(tests.build)]

@@ -48,15 +48,13 @@ def joined(builder, parts: list):
     return v
 
 
-# groups of 8 rows one pass of the repacked loops takes: two fill a 512-bit vector (ggml's AVX512 repack kernels
-# take two blocks of 8 a pass), the lanes' arithmetic the same either way
+# groups of 8 rows a pass: two fill a 512-bit vector, as ggml's AVX512 repack kernels (each lane's arithmetic alike)
 X8_GROUPS_A_PASS = 2 if HAS_AVX512 else 1
 
 
 def _x8_intrinsic(group_loop, ncols: int, groups: int = X8_GROUPS_A_PASS):
-    """The intrinsic of make_dot_x8's signature over `group_loop(builder, pgs, nb, cols)`, the <8 * len(pgs) x
-    float> dots of the groups at byte pointers pgs (consecutive) with each src1 row of `cols`; `groups` (1 or 2)
-    groups a pass, then the one left over."""
+    """The intrinsic of make_dot_x8's signature over `group_loop(builder, pgs, nb, cols)` (the dots of the
+    consecutive groups at pgs with each src1 row of `cols`), `groups` groups a pass, then the one left over."""
     if groups not in (1, 2):
         raise ArgumentError(f"repacked loops: {groups} groups of {X8_ROWS} rows a pass, not 1 or 2")
 
@@ -127,8 +125,7 @@ def _x8_q5_0_wide_quants(builder, pb):
 
 def make_dot_x8(vnni: bool, ncols: int, block_bytes: int, quants, groups: int = X8_GROUPS_A_PASS):
     """`dot(w, w_off, base, m0, m1, nb, yq, yd, yb, r, n, out)`: out[r + c, m] for c < n, m0 <= m < m1 (multiples of
-    X8_ROWS), in ggml's x86 repack order; `quants(builder, pb)` reads a group's block of `block_bytes`; `groups`
-    groups a pass (_x8_intrinsic)."""
+    X8_ROWS), in ggml's x86 repack order; `quants(builder, pb)` reads a group's block of `block_bytes`."""
 
     def group_loop(builder, pgs, nb, cols):
         """The dots of the 8-row groups at byte pointers pgs with each src1 row of `cols`, lanes group by group."""
