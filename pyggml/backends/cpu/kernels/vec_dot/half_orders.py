@@ -319,13 +319,7 @@ def make_half_cols(kind: int, order: HalfOrder, native: bool = False, x_bits: in
                         vir.store_columns(context, builder, ty[8], args[8], r, builder.add(m, ir.Constant(m.type, i)),
                                       dots)
 
-                step = block_rows(count)
-                n_blocks = builder.sdiv(builder.sub(m1, m0), ir.Constant(m0.type, step))
-                with cgutils.for_range(builder, n_blocks) as loop:
-                    block(builder.add(m0, builder.mul(loop.index, ir.Constant(m0.type, step))), step)
-                rest = builder.add(m0, builder.mul(n_blocks, ir.Constant(m0.type, step)))
-                with cgutils.for_range(builder, m1, start=rest) as loop:
-                    block(loop.index, 1)
+                vir.in_blocks(builder, m0, m1, block_rows(count), block)
 
             vir.per_count(builder, args[7], COLS, rows)
             return context.get_dummy_value()

@@ -304,6 +304,17 @@ PREFETCH_ROWS = 16
 PREFETCH_LINES = 4
 
 
+def in_blocks(builder, start, end, size: int, body) -> None:
+    """`body(i, size)` for i = start, start + size, ... while a whole block fits before `end`, then `body(i, 1)`
+    for the rest."""
+    n_blocks = builder.sdiv(builder.sub(end, start), ir.Constant(start.type, size))
+    with cgutils.for_range(builder, n_blocks) as loop:
+        body(builder.add(start, builder.mul(loop.index, ir.Constant(start.type, size))), size)
+    rest = builder.add(start, builder.mul(n_blocks, ir.Constant(start.type, size)))
+    with cgutils.for_range(builder, end, start=rest) as loop:
+        body(loop.index, 1)
+
+
 def per_count(builder, n, ncols: int, body) -> None:
     """A switch on the column count n (1..ncols): `body(count)` once per count, each joining the block after it."""
     done = builder.append_basic_block("cols.done")

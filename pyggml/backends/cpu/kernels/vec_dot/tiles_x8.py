@@ -19,6 +19,7 @@ from pyggml.backends.cpu.kernels.vec_dot.ir import (
     IR_I8,
     IR_I32,
     fma,
+    in_blocks,
     load_vector,
     per_count,
     row_pointer,
@@ -83,12 +84,7 @@ def _x8_intrinsic(group_loop, ncols: int, groups: int = X8_GROUPS_A_PASS):
                         po = row_pointer(context, builder, ty[11], args[11], row, m)[0]
                         builder.store(dots, builder.bitcast(po, vf.as_pointer()), align=4)
 
-                n_passes = builder.sdiv(builder.sub(g1, g0), ir.Constant(g0.type, groups))
-                with cgutils.for_range(builder, n_passes) as loop:
-                    run(builder.add(g0, builder.mul(loop.index, ir.Constant(g0.type, groups))), groups)
-                rest = builder.add(g0, builder.mul(n_passes, ir.Constant(g0.type, groups)))
-                with cgutils.for_range(builder, g1, start=rest) as loop:
-                    run(loop.index, 1)
+                in_blocks(builder, g0, g1, groups, run)
 
             per_count(builder, args[10], ncols, groups_of)
             return context.get_dummy_value()
