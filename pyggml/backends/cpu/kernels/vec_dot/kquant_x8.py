@@ -9,7 +9,13 @@ from numba.core import cgutils
 
 from pyggml.backends.cpu.kernels.vec_dot.block_sums import HAS_VNNI
 from pyggml.backends.cpu.kernels.vec_dot.ir import COLS, IR_F32, IR_I8, IR_I32, fma, load_vector, shuffle, splat
-from pyggml.backends.cpu.kernels.vec_dot.tiles_x8 import X8_GROUPS_A_PASS, _sums_u4_lanes, _x8_intrinsic, joined
+from pyggml.backends.cpu.kernels.vec_dot.tiles_x8 import (
+    X8_GROUPS_A_PASS,
+    _sums_u4_lanes,
+    _x8_intrinsic,
+    group_halves,
+    joined,
+)
 from pyggml.backends.cpu.repack import Q4_K_X8_BYTES, Q4_K_X8_MINS, Q4_K_X8_QS, Q4_K_X8_SCALES, X8_ROWS
 
 
@@ -45,13 +51,7 @@ def make_dot_q4_K_x8(vnni: bool, ncols: int, per_pair: bool, groups: int = X8_GR
         with cgutils.for_range(builder, nb) as loop:
             b = loop.index
             pbs = [builder.gep(pg, [builder.mul(b, ir.Constant(b.type, Q4_K_X8_BYTES))]) for pg in pgs]
-
-            def halves(at: int):
-                """The groups' 8 f16 values at byte `at` of their blocks, as floats."""
-                return builder.fpext(joined(builder, [load_vector(builder, builder.gep(pb, [ir.Constant(IR_I32, at)]),
-                                                                  ir.HalfType(), 8) for pb in pbs]), vf)
-
-            dw, dmw = halves(0), halves(16)
+            dw, dmw = group_halves(builder, pbs, 0), group_halves(builder, pbs, 16)
             per_group = [_scales_and_mins(builder, pb) for pb in pbs]
             scales = [joined(builder, [sm[0][j] for sm in per_group]) for j in range(8)]
             mins = [joined(builder, [sm[1][j] for sm in per_group]) for j in range(8)]

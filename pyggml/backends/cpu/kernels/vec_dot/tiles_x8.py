@@ -49,6 +49,12 @@ def joined(builder, parts: list):
     return v
 
 
+def group_halves(builder, pbs: list, at: int = 0):
+    """The groups' 8 f16 values each at byte `at` of their blocks (pbs), joined, as floats."""
+    parts = [load_vector(builder, builder.gep(pb, [ir.Constant(IR_I32, at)]), ir.HalfType(), X8_ROWS) for pb in pbs]
+    return builder.fpext(joined(builder, parts), ir.VectorType(IR_F32, X8_ROWS * len(pbs)))
+
+
 # groups of 8 rows a pass: two fill a 512-bit vector, as ggml's AVX512 repack kernels (each lane's arithmetic alike)
 X8_GROUPS_A_PASS = 2 if HAS_AVX512 else 1
 
@@ -131,7 +137,7 @@ def make_dot_x8(vnni: bool, ncols: int, block_bytes: int, quants, groups: int = 
         with cgutils.for_range(builder, nb) as loop:
             b = loop.index
             pbs = [builder.gep(pg, [builder.mul(b, ir.Constant(b.type, block_bytes))]) for pg in pgs]
-            dw = builder.fpext(joined(builder, [load_vector(builder, pb, ir.HalfType(), X8_ROWS) for pb in pbs]), vf)
+            dw = group_halves(builder, pbs)
             per_group = [quants(builder, pb) for pb in pbs]
             offset = per_group[0][1]
             pairs = [(joined(builder, [q[0][i][0] for q in per_group]), at)
