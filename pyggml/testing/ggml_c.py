@@ -554,7 +554,10 @@ def x86_level() -> str:
     lib = load()
     if not lib.ggml_cpu_has_avx512():
         return "avx2"
-    return "avx512bf16" if lib.ggml_cpu_has_avx512_bf16() else "avx512"
+    if not lib.ggml_cpu_has_avx512_bf16():
+        return "avx512"
+    # the library has no AVX512_FP16 query: its -march=native build has it where this host and compiler do
+    return "avx512fp16" if llamacpp.compiler_defines("__AVX512FP16__") else "avx512bf16"
 
 
 @functools.cache

@@ -229,6 +229,17 @@ def cpu_has_amx(cpuinfo: str | None = None) -> bool:
     return False
 
 
+def compiler_defines(macro: str) -> bool:
+    """Whether this machine's C compiler defines `macro` for a -march=native build (with $CFLAGS), as the one
+    that builds llama.cpp here does: what the build's `#if defined(...)` paths see."""
+    cc = _find_program("CC", ("cc", "gcc", "clang"))
+    if cc is None:
+        return False
+    cmd = [cc, *shlex.split(os.environ.get("CFLAGS", "")), "-march=native", "-dM", "-E", "-x", "c", os.devnull]
+    r = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    return r.returncode == 0 and any(line.split()[1:2] == [macro] for line in r.stdout.splitlines())
+
+
 def _is_x86() -> bool:
     return platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 

@@ -53,10 +53,11 @@ def resolve_numerics(value: object = None, environ: Mapping[str, str] | None = N
 _HOST: Numerics = host_numerics()
 
 
-# the x86 level ggml-cpu is built for where products differ by it (F16/BF16 MUL_MAT): AVX2+F16C+FMA, AVX512F,
-# AVX512F with AVX512_BF16; a named option of its own (ComputeParams.x86_level), so tests force each
-X86Level = Literal["avx2", "avx512", "avx512bf16"]
-X86_LEVELS: tuple[X86Level, ...] = ("avx2", "avx512", "avx512bf16")
+# the x86 level ggml-cpu is built for where results differ by it (F16/BF16 MUL_MAT; F16 FLASH_ATTN_EXT's V sums, in
+# half precision with AVX512-FP16): AVX2+F16C+FMA, AVX512F, AVX512F with AVX512_BF16, and with AVX512_FP16 too
+# (Sapphire Rapids); a named option of its own (ComputeParams.x86_level), so tests force each
+X86Level = Literal["avx2", "avx512", "avx512bf16", "avx512fp16"]
+X86_LEVELS: tuple[X86Level, ...] = ("avx2", "avx512", "avx512bf16", "avx512fp16")
 ENV_X86_LEVEL = "PYGGML_CPU_X86_LEVEL"
 
 
@@ -65,7 +66,9 @@ def host_x86_level() -> X86Level:
     features = llvm_binding.get_host_cpu_features()
     if not features.get("avx512f", False):
         return "avx2"
-    return "avx512bf16" if features.get("avx512bf16", False) else "avx512"
+    if not features.get("avx512bf16", False):
+        return "avx512"
+    return "avx512fp16" if features.get("avx512fp16", False) else "avx512bf16"
 
 
 def resolve_x86_level(value: object = None, environ: Mapping[str, str] | None = None) -> X86Level:
@@ -85,3 +88,24 @@ def resolve_x86_level(value: object = None, environ: Mapping[str, str] | None = 
 
 
 _HOST_LEVEL: X86Level = host_x86_level()
+
+
+# gcc's -march=native contracts a loop's `acc += a * b` into an FMA, except where it tunes for AMD Zen (its
+# avoid_fma_chains): ggml's generic C loops that its x86 build runs (Q2_0's vec_dot) round as the host's build
+# does; PYGGML_CPU_FMA_CHAINS ("1" or "0") overrides the host's, read once at import
+ENV_FMA_CHAINS = "PYGGML_CPU_FMA_CHAINS"
+
+
+def host_fma_chains(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ggml's x86 build here fuses its generic loops' multiply-adds: PYGGML_CPU_FMA_CHAINS if set, else
+    not on a Zen CPU (LLVM's host CPU name "znver*"), else yes."""
+    env = os.environ if environ is None else environ
+    text = env.get(ENV_FMA_CHAINS, "").strip()
+    if text:
+        if text not in ("0", "1"):
+            raise ArgumentError(f"CPU backend: {ENV_FMA_CHAINS} {text!r} is not 0 or 1")
+        return text == "1"
+    return not llvm_binding.get_host_cpu_name().startswith("znver")
+
+
+FMA_CHAINS: bool = host_fma_chains()

@@ -4,6 +4,8 @@ only without a C compiler); and a decode step of SmolLM2-135M's size fast enough
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import math
 
 import numpy as np
@@ -255,3 +257,97 @@ def test_every_case_against_ggml(ggml_reference: Backend) -> None:
     bad = [(r.case.desc, r.status, r.detail) for r in results if r.status != "OK"]
     assert not bad, bad
     assert len(results) >= 60
+
+
+# --- the F16 row walk's V sums at each x86 level (AVX512-FP16 sums in half precision) ---
+
+_LIBM = ctypes.CDLL(ctypes.util.find_library("m"))
+_LIBM.expf.restype = _LIBM.fmaf.restype = ctypes.c_float
+_LIBM.expf.argtypes = [ctypes.c_float]
+_LIBM.fmaf.argtypes = [ctypes.c_float] * 3
+
+
+def _f16(x: float) -> np.float32:
+    """x (a double, or a float32) rounded once to f16 (numpy's double-to-half conversion), as float32."""
+    return np.float32(np.float16(x))
+
+
+def _one_chunk_row(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, half: int) -> np.ndarray:
+    """ggml_compute_forward_flash_attn_ext_f16_one_chunk for one q row of F16 K and V, written with libm's expf
+    and fmaf: the scalar dot (float products summed in double); the accumulator's first `half` values scaled and
+    summed in half precision (ms, vs rounded to f16; one rounding of the exact result), the rest through f32."""
+    S, M = np.float32(0.0), np.float32(-np.inf)
+    acc = np.zeros(v.shape[1], np.float32)
+    for ic in range(k.shape[0]):
+        total = 0.0
+        for a, b in zip(k[ic], q, strict=True):
+            total += float(np.float32(a * b))
+        s = np.float32(np.float32(total) * np.float32(scale))
+        ms, vs = np.float32(1.0), np.float32(1.0)
+        if s > M:
+            ms, M = np.float32(_LIBM.expf(M - s)), s
+            acc[:half] = [_f16(a * _f16(ms)) for a in acc[:half]]
+            acc[half:] = [_f16(np.float32(a * ms)) for a in acc[half:]]
+        else:
+            vs = np.float32(_LIBM.expf(s - M))
+        vs_half = float(_f16(vs))
+        acc[:half] = [_f16(float(x) * vs_half + float(a)) for x, a in zip(v[ic, :half], acc[:half], strict=True)]
+        acc[half:] = [_f16(_LIBM.fmaf(x, vs, a)) for x, a in zip(v[ic, half:], acc[half:], strict=True)]
+        S = np.float32(_LIBM.fmaf(S, ms, vs))
+    return acc * (np.float32(1.0) / S)
+
+
+@pytest.mark.parametrize(("numerics", "level"), [("ref", "avx2"), ("x86", "avx2"), ("x86", "avx512bf16"),
+                                                 ("x86", "avx512fp16")])
+def test_f16_row_walk_sums_v_as_each_x86_level(numerics: str, level: str) -> None:
+    """The "avx512fp16" level sums V in half precision (the first 128 of 160 values), every other level and ggml's
+    scalar code through f32; the scores are the scalar dot's (lanes 0) here."""
+    from pyggml.backends.cpu.kernels.attention import _f16_row_settings, flash_attn_rows_f16
+
+    lanes, half_step = _f16_row_settings(ComputeParams(numerics=numerics, x86_level=level))
+    assert lanes == {"ref": 0, "avx2": 8}.get(numerics if numerics == "ref" else level, 16)
+    assert half_step == (128 if level == "avx512fp16" else 0)
+
+    g = np.random.default_rng(5)
+    dk, dv, n_kv, n = 32, 160, 48, 2
+    q = g.standard_normal((1, 1, n, dk)).astype(np.float16).astype(np.float32)
+    k = g.standard_normal((1, 1, n_kv, dk)).astype(np.float16).astype(np.float32)
+    v = (g.standard_normal((1, 1, n_kv, dv)) * 3).astype(np.float16).astype(np.float32)
+    out = np.empty((1, 1, n, dv), np.float32)
+    empty_mask, no_sinks, slopes = np.zeros((1, 1, 1, 0), np.float32), np.zeros(0, np.float32), np.ones(1, np.float32)
+    flash_attn_rows_f16(q, k, v, empty_mask, no_sinks, out, np.float32(0.5), np.float32(0.0), slopes, 0, half_step,
+                        np.empty(dv, np.float32), 0, n)
+    half = dv - dv % half_step if half_step else 0
+    want = np.stack([_one_chunk_row(q[0, 0, i], k[0, 0], v[0, 0], 0.5, half) for i in range(n)])
+    np.testing.assert_array_equal(out[0, 0].view(np.uint32), want.view(np.uint32))
+    if half_step:  # the level changes the bits: the other setting's walk gives others
+        other = np.stack([_one_chunk_row(q[0, 0, i], k[0, 0], v[0, 0], 0.5, 0) for i in range(n)])
+        assert np.count_nonzero(other[:, :half] != want[:, :half]) > 0
+        np.testing.assert_array_equal(other[:, half:], want[:, half:])
+
+
+def test_fma_f16_rounds_the_exact_result_once() -> None:
+    """ir.fma_f16 against numpy's double-to-half rounding of a * b + c (exact in double for f16 operands), on
+    operands of overlapping magnitudes (and ties); double rounding through float32 would differ on some."""
+    from numba import njit
+
+    from pyggml.backends.cpu.kernels.vec_dot.ir import fma_f16
+
+    @njit
+    def fmas(a: np.ndarray, b: np.ndarray, c: np.ndarray, out: np.ndarray) -> None:
+        for i in range(a.size):
+            out[i] = fma_f16(a[i], b[i], c[i])
+
+    g = np.random.default_rng(3)
+    size = 400_000
+    a = (g.standard_normal(size) * 4).astype(np.float16)
+    b = np.exp2(g.integers(-14, 2, size)).astype(np.float16) * g.integers(1, 2048, size).astype(np.float16) / 1024
+    c = (g.standard_normal(size) * 8).astype(np.float16)
+    a, b, c = (x.astype(np.float32) for x in (a, b, c))
+    got = np.empty(size, np.float32)
+    fmas(a, b, c, got)
+    exact = a.astype(np.float64) * b.astype(np.float64) + c.astype(np.float64)
+    want = exact.astype(np.float16).astype(np.float32)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    twice = (a * b + c).astype(np.float16).astype(np.float32)  # float32's rounding, then f16's
+    assert np.count_nonzero(twice != want) > 0

@@ -193,7 +193,7 @@ def test_attention_s_f32_products_are_libggml_s_bit_for_bit(ggml_reference: obje
 
 @pytest.mark.parametrize("wtype", HALF_TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize(("numerics", "level"), [("x86", "avx2"), ("x86", "avx512"), ("x86", "avx512bf16"),
-                                                 ("ref", "avx2")])
+                                                 ("x86", "avx512fp16"), ("ref", "avx2")])
 def test_expert_rows_take_mul_mat_s_order(wtype: GGMLType, numerics: str, level: str) -> None:
     """MUL_MAT_ID's F16/BF16 experts are summed in the order MUL_MAT's decode rows take at the same numerics and
     x86 level (ggml_vec_dot_f16/bf16; ggml's MUL_MAT_ID takes no llamafile): each (token, slot) row is, bit for

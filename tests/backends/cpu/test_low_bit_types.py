@@ -10,6 +10,8 @@ and CPY against libggml are in test_iq_types.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -255,3 +257,38 @@ def test_a_gguf_file_of_the_type_loads(wtype: GGMLType, tmp_path: Path, rng: np.
     finally:
         cpu.free()
         gf.close()
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["separate", "fused"])
+def test_q2_0_x86_rows_are_the_generic_loop_as_gcc_compiles_it(fused: bool, rng: np.random.Generator) -> None:
+    """x86 has no Q2_0 vec_dot: ggml's generic loop serves, with its two multiply-adds (d_y * sum into the block's
+    sum, d_x * that into the row's) fused where gcc contracts them (numerics.FMA_CHAINS: not on Zen), else a
+    multiply and an add; each against the loop written with libm's fmaf or numpy's float32 steps."""
+    libm = ctypes.CDLL(ctypes.util.find_library("m"))
+    libm.fmaf.restype, libm.fmaf.argtypes = ctypes.c_float, [ctypes.c_float] * 3
+
+    def mad(a: np.float32, b: np.float32, c: np.float32) -> np.float32:
+        return np.float32(libm.fmaf(a, b, c)) if fused else np.float32(c + a * b)
+
+    M, K, N = 8, 1024, 3
+    raw = quants.from_float(T.Q2_0, rng.standard_normal((M, K)).astype(np.float32))
+    x = rng.standard_normal((N, K)).astype(np.float32)
+    yq, yd = np.zeros((N, K), np.int8), np.zeros((N, K // 32), np.float32)
+    ys, yb = np.zeros((N, K // 32), np.float32), np.zeros((N, K // 16), np.int32)
+    quantize_src1.quantize_rows(int(T.Q8_0), x, yq, yd, ys, yb, quantize_src1.ROUND_REF)
+    got = np.zeros((N, M), np.float32)
+    dot = low_bit.dot_q2_0_fused if fused else low_bit.dot_q2_0
+    rows_of(dot)(raw.reshape(-1), raw.shape[1], K // 64, yq, yd, yb, got)
+    scales, values = _scales_and_values(T.Q2_0, raw)
+    sums = (values[None] * yq[:, None]).reshape(N, M, -1, 32).sum(axis=-1).astype(np.float32)  # exact
+    want = np.zeros((N, M), np.float32)
+    for n, m in np.ndindex(N, M):
+        for b in range(K // 64):
+            inner = mad(yd[n, 2 * b], sums[n, m, 2 * b], np.float32(0.0))
+            inner = mad(yd[n, 2 * b + 1], sums[n, m, 2 * b + 1], inner)
+            want[n, m] = mad(scales[m, b], inner, want[n, m])
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    other = np.zeros((N, M), np.float32)
+    rows_of(low_bit.dot_q2_0 if fused else low_bit.dot_q2_0_fused)(raw.reshape(-1), raw.shape[1], K // 64, yq, yd,
+                                                                  yb, other)
+    assert np.count_nonzero(other != got) > 0  # the setting changes the bits

@@ -27,10 +27,14 @@ from pyggml.backends.cpu import CPUBackend, cpu_init
 from pyggml.backends.cpu.kernels import ComputeParams
 from pyggml.backends.cpu.kernels.vec_dot import quantize_src1
 from pyggml.backends.cpu.numerics import (
+    ENV_FMA_CHAINS,
     ENV_NUMERICS,
     NUMERICS_CHOICES,
+    host_fma_chains,
     host_numerics,
+    host_x86_level,
     resolve_numerics,
+    resolve_x86_level,
 )
 from pyggml.core.errors import ArgumentError
 from pyggml.core.types import GGMLType
@@ -292,6 +296,27 @@ def test_resolution_argument_then_environment_then_host(monkeypatch: pytest.Monk
     assert ComputeParams().numerics == "ref"
     assert CPUBackend(1).numerics == "ref"
     assert cpu_init(1, numerics="x86").numerics == "x86"
+
+
+def test_fma_chains_follow_the_host_s_gcc_tuning_unless_set() -> None:
+    from llvmlite import binding
+
+    assert host_fma_chains({ENV_FMA_CHAINS: "0"}) is False
+    assert host_fma_chains({ENV_FMA_CHAINS: " 1"}) is True
+    assert host_fma_chains({}) is not binding.get_host_cpu_name().startswith("znver")
+    with pytest.raises(ArgumentError, match=ENV_FMA_CHAINS):
+        host_fma_chains({ENV_FMA_CHAINS: "yes"})
+
+
+def test_the_host_x86_level_names_avx512_fp16_above_bf16() -> None:
+    from llvmlite import binding
+
+    features = binding.get_host_cpu_features()
+    level = host_x86_level()
+    assert (level == "avx512fp16") == bool(features.get("avx512f") and features.get("avx512bf16")
+                                           and features.get("avx512fp16"))
+    assert resolve_x86_level("AVX512FP16") == "avx512fp16"
+    assert ComputeParams(x86_level="avx512fp16").x86_level == "avx512fp16"
 
 
 def test_host_default_is_x86_where_numba_targets_avx2_and_fma() -> None:

@@ -33,7 +33,6 @@ import math
 from collections.abc import Callable
 
 import numpy as np
-from llvmlite import binding as llvm_binding
 from numba import njit
 
 from pyggml.backends.cpu.kernels import Compute, ComputeParams, Kernel
@@ -42,7 +41,7 @@ from pyggml.backends.cpu.kernels.matmul import TEAM, _weight_rows, mul_mat_f32
 from pyggml.backends.cpu.kernels.norm import softmax_rows
 from pyggml.backends.cpu.kernels.simd_math import host_lanes
 from pyggml.backends.cpu.kernels.vec_dot.float_loops import dot_f32_row, mad_f32_row, scale_f32_row
-from pyggml.backends.cpu.kernels.vec_dot.ir import fma_f32, load_f16, round_f16
+from pyggml.backends.cpu.kernels.vec_dot.ir import fma_f16, fma_f32, load_f16, round_f16
 from pyggml.backends.cpu.kernels.vec_dot.to_float import to_f32
 from pyggml.backends.cpu.kernels.vec_dot.type_table import CPU_TYPE_TRAITS
 from pyggml.core.errors import GGMLError, ShapeError, UnsupportedTypeError
@@ -61,12 +60,17 @@ GGML_FA_TILE_Q = 64
 GGML_FA_SPLIT_KV = 512
 
 
-def _f16_dot_lanes() -> int:
-    """f32 lanes of ggml's F16 dot (GGML_F16_EPR) in an x86 build for this host: 16 with AVX512F, else 8."""
-    return 16 if llvm_binding.get_host_cpu_features().get("avx512f", False) else 8
+# GGML_F16_STEP of an AVX512-FP16 build (x86 level "avx512fp16"): ggml_vec_mad_f16 and ggml_vec_scale_f16 then
+# compute in half precision (_mm512_fmadd_ph, _mm512_mul_ph) by steps of 128 values, the rest in f32
+_F16_HALF_STEP = 128
 
 
-_X86_LANES = _f16_dot_lanes()
+def _f16_row_settings(params: ComputeParams) -> tuple[int, int]:
+    """(f32 lanes of ggml's F16 dot, GGML_F16_DOT_EPR: 8 at x86 level "avx2", else 16; `_F16_HALF_STEP` at level
+    "avx512fp16", else 0) for the x86 build of params.x86_level; (0, 0) for ggml's scalar code."""
+    if params.numerics != "x86":
+        return 0, 0
+    return (8 if params.x86_level == "avx2" else 16), (_F16_HALF_STEP if params.x86_level == "avx512fp16" else 0)
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -132,7 +136,7 @@ def _row_start(r, n, nh, acc):
 
 
 @njit(nogil=True, cache=True)
-def flash_attn_rows_f16(q, k, v, mask, sinks, out, scale, softcap, slopes, lanes, acc, r0, r1):
+def flash_attn_rows_f16(q, k, v, mask, sinks, out, scale, softcap, slopes, lanes, half_step, acc, r0, r1):
     """ggml_compute_forward_flash_attn_ext_f16_one_chunk for F16 K and V, float for float, for the q rows r0..r1
     (row r being (i3, h, i1) in that order).
 
@@ -143,7 +147,8 @@ def flash_attn_rows_f16(q, k, v, mask, sinks, out, scale, softcap, slopes, lanes
     softmax whose V accumulator is f16 (each rescale `f16(acc * ms)` and each step `f16(fma(v, vs, acc))`,
     as ggml_vec_scale_f16/ggml_vec_mad_f16), S = fma(S, ms, vs) (gcc's contraction), libm's expf; then the
     sink (S * ms + vs, not contracted there: both checked bit for bit against libggml), and the accumulator
-    times 1/S.
+    times 1/S. `half_step` > 0 (GGML_F16_STEP of an AVX512-FP16 build): those two compute the accumulator's
+    first DV - DV % half_step values in half precision, with ms and vs rounded to f16 (`_F16_HALF_STEP`).
     """
     nh, n = q.shape[1], q.shape[2]
     n_kv = k.shape[2]
@@ -151,6 +156,7 @@ def flash_attn_rows_f16(q, k, v, mask, sinks, out, scale, softcap, slopes, lanes
     rk2 = nh // k.shape[1]
     rv2 = nh // v.shape[1]
     has_mask = mask.shape[3] > 0
+    n_half = dv - dv % half_step if half_step > 0 else 0
     for r in range(r0, r1):
         i3, h, i1, S, M = _row_start(r, n, nh, acc)
         slope = slopes[h]
@@ -164,10 +170,16 @@ def flash_attn_rows_f16(q, k, v, mask, sinks, out, scale, softcap, slopes, lanes
             s = _dot_f16_values(k[i3, h // rk2, ic], qrow, lanes)
             M, ms, vs = _cell_step(s, scale, softcap, mv, M)
             if ms != 1.0:
-                for d in range(dv):
+                ms_half = round_f16(ms)
+                for d in range(n_half):
+                    acc[d] = round_f16(acc[d] * ms_half)  # f16 x f16 is exact in f32: one rounding
+                for d in range(n_half, dv):
                     acc[d] = round_f16(acc[d] * ms)
             vrow = v[i3, h // rv2, ic]
-            for d in range(dv):
+            vs_half = round_f16(vs)
+            for d in range(n_half):
+                acc[d] = fma_f16(vrow[d], vs_half, acc[d])
+            for d in range(n_half, dv):
                 acc[d] = round_f16(fma_f32(vrow[d], vs, acc[d]))
             S = fma_f32(S, ms, vs)
         if sinks.shape[0] > 0:
@@ -417,7 +429,7 @@ def flash_attn_ext_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray |
     walk = params.batch_invariant or (n < GGML_FA_TILE_Q and not (n == 1 and ne3 == 1 and n_kv >= GGML_FA_SPLIT_KV))
     if k_type == v_type == GGMLType.F16 and walk:
         # ggml's arithmetic, f16 V accumulator included
-        lanes = _X86_LANES if params.numerics == "x86" else 0
+        lanes, half_step = _f16_row_settings(params)
         slopes_f = (slopes if slopes is not None else np.ones(nh)).astype(F32)
         sinks_f = (sink4.reshape(-1) if sink4 is not None else np.zeros(0)).astype(F32)
         mask_view = mask[:, :, :n, :n_kv] if mask is not None else None
@@ -429,7 +441,7 @@ def flash_attn_ext_kernel(node: Tensor, dst: np.ndarray, srcs: list[np.ndarray |
 
             def walk(acc: np.ndarray, r0: int, r1: int) -> None:
                 flash_attn_rows_f16(qh, kf, vf, mf, sinks_f, out, np.float32(scale), np.float32(softcap), slopes_f,
-                                    lanes, acc, r0, r1)
+                                    lanes, half_step, acc, r0, r1)
 
             _rows_on_threads(ne3 * nh * n, dv, params, walk)
 

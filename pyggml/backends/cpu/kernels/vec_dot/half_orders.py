@@ -80,6 +80,8 @@ X86_ORDERS: dict[tuple[int, str], tuple[str, str]] = {
     (BF16, "avx512"): ("vec_dot_bf16_avx512", "tinyblas_avx512"),
     (BF16, "avx512bf16"): ("vec_dot_bf16_avx512bf16", "tinyblas_avx512bf16"),
 }
+# AVX512-FP16 changes no product's order (its dot products still sum in f32): the AVX512_BF16 level's rows
+X86_ORDERS.update({(wtype, "avx512fp16"): X86_ORDERS[(wtype, "avx512bf16")] for wtype in (F32, F16, BF16)})
 # tinyBLAS::matmul takes a matrix whose rows are a multiple of this (its smallest tile height), else ggml's rows
 TINYBLAS_ROW_MULTIPLE = 4
 # llamafile_sgemm leaves products of fewer src1 columns to vec_dot ("only enable sgemm for prompt processing")

@@ -142,6 +142,30 @@ def fma_f32(typingctx, a, b, c):
 
 
 @intrinsic
+def fma_f16(typingctx, a, b, c):
+    """a * b + c for f16 values (held as float32) rounded once to f16, as AVX512-FP16's vfmadd*ph, as float32.
+
+    In double a * b is exact and so is the sum (for finite f16 results); it goes to float32 rounded to odd (towards
+    zero, then the last bit set where inexact), which keeps the one f16 rounding after it exact (24 >= 11 + 2)."""
+    sig = types.float32(types.float32, types.float32, types.float32)
+
+    def codegen(context, builder, signature, args):
+        f64 = ir.DoubleType()
+        a64, b64, c64 = (builder.fpext(x, f64) for x in args)
+        exact = builder.fadd(builder.fmul(a64, b64), c64)
+        near = builder.fptrunc(exact, IR_F32)
+        fabs = builder.module.declare_intrinsic("llvm.fabs", [f64])
+        away = builder.fcmp_ordered(">", builder.call(fabs, [builder.fpext(near, f64)]), builder.call(fabs, [exact]))
+        inexact = builder.fcmp_unordered("!=", builder.fpext(near, f64), exact)
+        bits = builder.bitcast(near, IR_I32)
+        bits = builder.select(away, builder.sub(bits, ir.Constant(IR_I32, 1)), bits)
+        bits = builder.select(inexact, builder.or_(bits, ir.Constant(IR_I32, 1)), bits)
+        return builder.fpext(builder.fptrunc(builder.bitcast(bits, IR_F32), ir.HalfType()), IR_F32)
+
+    return sig, codegen
+
+
+@intrinsic
 def dot_nibbles(typingctx, w, i, y, j):
     """sum_t (w[i+t] & 15) * y[j+t] + (w[i+t] >> 4) * y[j+16+t], t < 16: the Q4/Q5 block layout."""
     sig = types.int32(w, types.intp, y, types.intp)

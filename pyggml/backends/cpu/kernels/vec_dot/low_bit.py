@@ -34,6 +34,7 @@ from pyggml.backends.cpu.kernels.vec_dot.ir import (
     IR_I16,
     IR_I32,
     fma,
+    fma_f32,
     load_f16,
     load_vector,
     pair_sums,
@@ -413,9 +414,10 @@ def _make_dot_ternary(block_bytes: int, d_off: int, block_sum_of, name: str):
     return _named(dot, name)
 
 
-def _make_dot_per_q8_0(block_bytes: int, parts: int, part_bytes: int, part_sum, name: str):
+def _make_dot_per_q8_0(block_bytes: int, parts: int, part_bytes: int, part_sum, name: str, fused: bool = False):
     """ggml's generic Q1_0/Q2_0 vec_dot: a block spans `parts` Q8_0 blocks of src1; each part's exact sum times its
-    d_y goes into the block's float sum, which d_x multiplies."""
+    d_y goes into the block's float sum, which d_x multiplies. `fused`: both multiply-adds rounded once, as gcc
+    contracts them (numerics.FMA_CHAINS)."""
 
     def dot(w, o, nb, yq, yd, yb, r):
         sumf = np.float32(0.0)
@@ -425,8 +427,9 @@ def _make_dot_per_q8_0(block_bytes: int, parts: int, part_bytes: int, part_sum, 
             sumi = np.float32(0.0)
             for k in range(parts):
                 yk = parts * b + k
-                sumi += yd[r, yk] * np.float32(part_sum(w, ob + 2 + part_bytes * k, yq, yo + 32 * yk))
-            sumf += load_f16(w, ob) * sumi
+                part = np.float32(part_sum(w, ob + 2 + part_bytes * k, yq, yo + 32 * yk))
+                sumi = fma_f32(yd[r, yk], part, sumi) if fused else sumi + yd[r, yk] * part
+            sumf = fma_f32(load_f16(w, ob), sumi, sumf) if fused else sumf + load_f16(w, ob) * sumi
         return sumf
 
     return _named(dot, name)
@@ -436,6 +439,7 @@ dot_tq1_0 = _make_dot_ternary(54, 52, dot_tq1_0_trits, "dot_tq1_0")
 dot_tq2_0 = _make_dot_ternary(66, 64, dot_tq2_0_fields, "dot_tq2_0")
 dot_q1_0 = _make_dot_per_q8_0(18, 4, 4, dot_q1_0_signs, "dot_q1_0")
 dot_q2_0 = _make_dot_per_q8_0(18, 2, 8, dot_q2_0_values, "dot_q2_0")
+dot_q2_0_fused = _make_dot_per_q8_0(18, 2, 8, dot_q2_0_values, "dot_q2_0_fused", fused=True)
 
 
 @njit(nogil=True, cache=True)

@@ -17,6 +17,7 @@ from pyggml.backends.cpu.kernels.vec_dot import quant_loops as ql
 from pyggml.backends.cpu.kernels.vec_dot import reference_dots as rd
 from pyggml.backends.cpu.kernels.vec_dot import tiles_x8 as x8
 from pyggml.backends.cpu.kernels.vec_dot.kinds import TILED, X8_GEMV, X8_REPACKED, X8_TILE
+from pyggml.backends.cpu.numerics import FMA_CHAINS
 from pyggml.core.types import TYPE_TRAITS, GGMLType
 
 Kernel = Callable[..., Any]
@@ -122,7 +123,9 @@ CPU_TYPE_TRAITS: dict[GGMLType, CPUTypeTraits] = {row.type: row for row in (
                   reference_dot_x86=lb.dot_nvfp4_x86),
     CPUTypeTraits(_T.Q1_0, _T.Q8_0, lb.dequantize_row_q12_0, reference_dot=lb.dot_q1_0,
                   reference_dot_x86=lb.dot_q1_0_x86, to_float_arg=1),
-    CPUTypeTraits(_T.Q2_0, _T.Q8_0, lb.dequantize_row_q12_0, reference_dot=lb.dot_q2_0, to_float_arg=2),
+    # x86 has no Q2_0 vec_dot of its own: the generic C loop, as the host's gcc compiles it
+    CPUTypeTraits(_T.Q2_0, _T.Q8_0, lb.dequantize_row_q12_0, reference_dot=lb.dot_q2_0,
+                  reference_dot_x86=lb.dot_q2_0_fused if FMA_CHAINS else lb.dot_q2_0, to_float_arg=2),
 )}
 
 # what GET_ROWS, CPY and DUP read and write (besides F32 to F32 copies of any type pair the kernels allow)
