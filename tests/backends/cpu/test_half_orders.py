@@ -29,8 +29,9 @@ def src1_rows(rng: np.random.Generator, n: int, k: int) -> np.ndarray:
     return (rng.standard_normal((n, k)) * np.exp(rng.standard_normal((n, 1)))).astype(np.float32)
 
 
-# (M, K): rows a multiple of tinyBLAS's 4 or not; K a multiple of every step, of 16 only, of neither
-SHAPES = [(64, 256), (40, 832), (30, 96), (20, 200)]
+# (M, K): rows a multiple of tinyBLAS's 4 or not; K a multiple of every step, of 16 only, of neither; and rows
+# whose work items span several panels of rows (mul_mat_job.PANEL_BYTES), the last one short
+SHAPES = [(64, 256), (40, 832), (30, 96), (20, 200), (520, 2048)]
 
 
 @pytest.mark.parametrize("wtype", FLOAT_TYPES, ids=lambda t: t.name)

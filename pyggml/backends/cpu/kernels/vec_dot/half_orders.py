@@ -285,17 +285,28 @@ def _wide_totals(builder, pw, cols, group_sums, start, K, kind: int, x_bits: int
 
 # weight rows one pass of the tinyBLAS orders takes (their accumulators fit the vector registers)
 ROW_BLOCK = 4
+# src1 columns a pass of the tinyBLAS orders takes: ROW_BLOCK x 6 accumulators with AVX512's 32 vector registers
+# (sgemm.cpp's RM 4 x RN 6 tile there), ir.COLS with 16
+TINYBLAS_COLS = 6 if llvm_binding.get_host_cpu_features().get("avx512f", False) else COLS
+
+
+def cols_per_pass(kind: int) -> int:
+    """The most src1 columns one call of half-order kind `kind`'s loop (half_cols) takes."""
+    order = order_of_kind(kind)
+    return COLS if order.wide or order.float_tail else TINYBLAS_COLS
 
 
 def make_half_cols(kind: int, order: HalfOrder, native: bool = False, x_bits: int = 0):
     """F16 or BF16 (`kind`) weight rows times src1 rows holding values of that type, in `order`:
-    `dot(w, w_off, base, m0, m1, x, r, n, out)` writes out[r + c, m] for c < n <= COLS and m0 <= m < m1, the
-    weight row at byte w[w_off[base + m]], whole rows of x (K = its row length); the tinyBLAS orders ROW_BLOCK rows
-    at a time. `native`, `x_bits`: see _block_dots."""
+    `dot(w, w_off, base, m0, m1, x, r, n, out)` writes out[r + c, m] for c < n <= COLS (TINYBLAS_COLS for the
+    tinyBLAS orders) and m0 <= m < m1, the weight row at byte w[w_off[base + m]], whole rows of x (K = its row
+    length); the tinyBLAS orders ROW_BLOCK rows at a time. `native`, `x_bits`: see _block_dots."""
+    tinyblas = not (order.wide or order.float_tail)
+
     # vec_dot's accumulators fill several vector registers a row: more rows a pass would spill them, but one
     # column leaves room for two (src1's row is read once for both: a long row no longer fits L1 beside it)
     def block_rows(count: int) -> int:
-        if order.wide or order.float_tail:
+        if not tinyblas:
             return 2 if count == 1 else 1
         return ROW_BLOCK
 
@@ -323,7 +334,7 @@ def make_half_cols(kind: int, order: HalfOrder, native: bool = False, x_bits: in
 
                 vir.in_blocks(builder, m0, m1, block_rows(count), block)
 
-            vir.per_count(builder, args[7], COLS, rows)
+            vir.per_count(builder, args[7], TINYBLAS_COLS if tinyblas else COLS, rows)
             return context.get_dummy_value()
 
         return sig, codegen

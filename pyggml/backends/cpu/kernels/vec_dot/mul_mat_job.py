@@ -32,7 +32,7 @@ from pyggml.backends.cpu.kernels.threads import (
     finish,
     revoke,
 )
-from pyggml.backends.cpu.kernels.vec_dot.half_orders import half_cols, half_kind
+from pyggml.backends.cpu.kernels.vec_dot.half_orders import ROW_BLOCK, cols_per_pass, half_cols, half_kind
 from pyggml.backends.cpu.kernels.vec_dot.ir import COLS
 from pyggml.backends.cpu.kernels.vec_dot.kinds import (
     BF16,
@@ -49,11 +49,22 @@ from pyggml.backends.cpu.kernels.vec_dot.tiles_x8 import TILE_ROWS, tile_x8
 from pyggml.backends.cpu.kernels.vec_dot.type_table import row_of_kind
 from pyggml.backends.cpu.numerics import host_x86_level
 from pyggml.core.errors import UnsupportedTypeError
-from pyggml.core.types import GGMLType
+from pyggml.core.types import TYPE_TRAITS, GGMLType
 
 HOST_X86_LEVEL = host_x86_level()
 # the src1 columns ggml's repack gemm takes at once (forward_mul_mat_one_chunk: the rest go to its gemv)
 GEMM_COLS = 4
+
+
+# weight bytes of a panel of rows, which every group of src1 columns passes over before the next panel: it stays
+# in L2 meanwhile (a whole item's rows would stream from memory once per group)
+PANEL_BYTES = 1 << 19
+
+
+@njit(inline="always", cache=True)
+def panel_rows(row_bytes):
+    """Weight rows of a panel of rows `row_bytes` long: about PANEL_BYTES, whole ROW_BLOCKs (the tinyBLAS passes)."""
+    return max(ROW_BLOCK, PANEL_BYTES // max(1, row_bytes) // ROW_BLOCK * ROW_BLOCK)
 
 
 def mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, s, m0, m1, rounding):
@@ -103,18 +114,24 @@ def _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, 
             tiled(w, w_off, w_base[s], m0, m1, nb, yq, yd, yb, s * n_cols, n_cols, out)
 
         return tiled_rows
+    step = COLS  # src1 columns a call of `loop`
     if k >= HALF_ORDER:  # MUL_MAT and MUL_MAT_ID pack src1 as half_orders.src1_bits says
-        loop = half_cols(k, True)
+        loop, step = half_cols(k, True), cols_per_pass(k)
     elif k in (F16, BF16):  # a plain half kind (the products take HALF_ORDER kinds): the host's vec_dot rows
         loop = half_cols(half_kind(k, x86, HOST_X86_LEVEL, 1, 0, 0, False), False)
     else:
         loop = row.x8_gemv if k >= X8_GEMV else row.x8 if k >= X8_REPACKED else row.cols_for(x86)
     if loop is not None and row.float_src1:
+        elem_bytes = TYPE_TRAITS[row.type].type_size
+
         def float_cols(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, s, m0, m1, rounding):
             base, r0 = w_base[s], s * n_cols
             r1 = r0 + n_cols
-            for r in range(r0, r1, COLS):
-                loop(w, w_off, base, m0, m1, xf, r, min(COLS, r1 - r), out)
+            panel = panel_rows(xf.shape[1] * elem_bytes)
+            for p0 in range(m0, m1, panel):
+                p1 = min(m1, p0 + panel)
+                for r in range(r0, r1, step):
+                    loop(w, w_off, base, p0, p1, xf, r, min(step, r1 - r), out)
 
         return float_cols
     if loop is not None:
