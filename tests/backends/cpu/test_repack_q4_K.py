@@ -194,8 +194,9 @@ def test_mul_mat_of_a_repacked_q4_K_matrix_is_gemm_on_fours_then_gemv(n_threads:
         ctx.free()
 
 
-# shapes (rows, K, columns): decode, and prompts of 4, 7, 32 and 128 columns
-LIBGGML_SHAPES = [(64, 512, 1), (40, 256, 4), (128, 768, 7), (64, 1024, 32), (256, 512, 128)]
+# shapes (rows, K, columns): decode, and prompts of 4, 7, 32 and 128 columns; and long rows whose work items span
+# two panels of rows (mul_mat_job.PANEL_BYTES), the second short
+LIBGGML_SHAPES = [(64, 512, 1), (40, 256, 4), (128, 768, 7), (64, 1024, 32), (256, 512, 128), (640, 8192, 9)]
 
 
 @pytest.mark.parametrize(("M", "K", "N"), LIBGGML_SHAPES, ids=lambda v: str(v))

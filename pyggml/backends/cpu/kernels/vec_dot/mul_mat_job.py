@@ -45,7 +45,7 @@ from pyggml.backends.cpu.kernels.vec_dot.kinds import (
     kind_name,
 )
 from pyggml.backends.cpu.kernels.vec_dot.quantize_src1 import ROUND_REF, ROUND_X86
-from pyggml.backends.cpu.kernels.vec_dot.tiles_x8 import TILE_ROWS, tile_x8
+from pyggml.backends.cpu.kernels.vec_dot.tiles_x8 import TILE_ROWS, X8_GROUPS_A_PASS, tile_x8
 from pyggml.backends.cpu.kernels.vec_dot.type_table import row_of_kind
 from pyggml.backends.cpu.numerics import host_x86_level
 from pyggml.core.errors import UnsupportedTypeError
@@ -62,9 +62,10 @@ PANEL_BYTES = 1 << 19
 
 
 @njit(inline="always", cache=True)
-def panel_rows(row_bytes):
-    """Weight rows of a panel of rows `row_bytes` long: about PANEL_BYTES, whole ROW_BLOCKs (the tinyBLAS passes)."""
-    return max(ROW_BLOCK, PANEL_BYTES // max(1, row_bytes) // ROW_BLOCK * ROW_BLOCK)
+def panel_rows(row_bytes, multiple):
+    """Weight rows of a panel of rows `row_bytes` long: about PANEL_BYTES, a multiple of `multiple` (the rows a
+    pass of the loop takes: ROW_BLOCK for the tinyBLAS orders, whole passes of groups of 8 for the repacked)."""
+    return max(multiple, PANEL_BYTES // max(1, row_bytes) // multiple * multiple)
 
 
 def mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, s, m0, m1, rounding):
@@ -97,14 +98,19 @@ def _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, 
     if X8_REPACKED <= k < X8_TILE and row.x8_gemv is not None:  # as ggml's repack: gemm on columns in fours, gemv after
         gemm, gemv = row.x8, row.x8_gemv
 
+        block_bytes, pass_rows = TYPE_TRAITS[row.type].type_size, TILE_ROWS * X8_GROUPS_A_PASS
+
         def gemm_then_gemv(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, s, m0, m1, rounding):
             base, r0, sums = w_base[s], s * n_cols, column_sums(kind, ys, yb)
             r1 = r0 + n_cols
             r4 = r1 - n_cols % GEMM_COLS
-            for r in range(r0, r4, COLS):
-                gemm(w, w_off, base, m0, m1, nb, yq, yd, sums, r, min(COLS, r4 - r), out)
-            for r in range(r4, r1, COLS):
-                gemv(w, w_off, base, m0, m1, nb, yq, yd, sums, r, min(COLS, r1 - r), out)
+            panel = panel_rows(nb * block_bytes, pass_rows)
+            for p0 in range(m0, m1, panel):
+                p1 = min(m1, p0 + panel)
+                for r in range(r0, r4, COLS):
+                    gemm(w, w_off, base, p0, p1, nb, yq, yd, sums, r, min(COLS, r4 - r), out)
+                for r in range(r4, r1, COLS):
+                    gemv(w, w_off, base, p0, p1, nb, yq, yd, sums, r, min(COLS, r1 - r), out)
 
         return gemm_then_gemv
     if TILED <= k < HALF_ORDER:  # ggml-cpu's tiled matmul: the item's rows against all its columns at once
@@ -127,7 +133,7 @@ def _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, 
         def float_cols(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, s, m0, m1, rounding):
             base, r0 = w_base[s], s * n_cols
             r1 = r0 + n_cols
-            panel = panel_rows(xf.shape[1] * elem_bytes)
+            panel = panel_rows(xf.shape[1] * elem_bytes, ROW_BLOCK)
             for p0 in range(m0, m1, panel):
                 p1 = min(m1, p0 + panel)
                 for r in range(r0, r1, step):
