@@ -143,10 +143,7 @@ def fma_f32(typingctx, a, b, c):
 
 @intrinsic
 def fma_f16(typingctx, a, b, c):
-    """a * b + c for f16 values (held as float32) rounded once to f16, as AVX512-FP16's vfmadd*ph, as float32.
-
-    In double a * b is exact and so is the sum (for finite f16 results); it goes to float32 rounded to odd (towards
-    zero, then the last bit set where inexact), which keeps the one f16 rounding after it exact (24 >= 11 + 2)."""
+    """a * b + c of f16 values (as float32) rounded once to f16, as vfmadd*ph (DESIGN.md: exact sum, round to odd)."""
     sig = types.float32(types.float32, types.float32, types.float32)
 
     def codegen(context, builder, signature, args):

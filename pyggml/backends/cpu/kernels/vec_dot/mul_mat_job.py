@@ -56,15 +56,13 @@ HOST_X86_LEVEL = host_x86_level()
 GEMM_COLS = 4
 
 
-# weight bytes of a panel of rows, which every group of src1 columns passes over before the next panel: it stays
-# in L2 meanwhile (a whole item's rows would stream from memory once per group)
+# weight bytes of a panel of rows, which every group of src1 columns passes over before the next: it stays in L2
 PANEL_BYTES = 1 << 19
 
 
 @njit(inline="always", cache=True)
 def panel_rows(row_bytes, multiple):
-    """Weight rows of a panel of rows `row_bytes` long: about PANEL_BYTES, a multiple of `multiple` (the rows a
-    pass of the loop takes: ROW_BLOCK for the tinyBLAS orders, whole passes of groups of 8 for the repacked)."""
+    """Rows of about PANEL_BYTES of `row_bytes` each, a multiple of `multiple` (the rows a pass of the loop takes)."""
     return max(multiple, PANEL_BYTES // max(1, row_bytes) // multiple * multiple)
 
 
@@ -120,7 +118,7 @@ def _mul_mat_range(kind, w, w_off, nb, xf, yq, yd, ys, yb, n_cols, w_base, out, 
             tiled(w, w_off, w_base[s], m0, m1, nb, yq, yd, yb, s * n_cols, n_cols, out)
 
         return tiled_rows
-    step = COLS  # src1 columns a call of `loop`
+    step = COLS
     if k >= HALF_ORDER:  # MUL_MAT and MUL_MAT_ID pack src1 as half_orders.src1_bits says
         loop, step = half_cols(k, True), cols_per_pass(k)
     elif k in (F16, BF16):  # a plain half kind (the products take HALF_ORDER kinds): the host's vec_dot rows
