@@ -29,9 +29,10 @@ def src1_rows(rng: np.random.Generator, n: int, k: int) -> np.ndarray:
     return (rng.standard_normal((n, k)) * np.exp(rng.standard_normal((n, 1)))).astype(np.float32)
 
 
-# (M, K): rows a multiple of tinyBLAS's 4 or not; K a multiple of every step, of 16 only, of neither; and rows
-# whose work items span several panels of rows (mul_mat_job.PANEL_BYTES), the last one short
-SHAPES = [(64, 256), (40, 832), (30, 96), (20, 200), (520, 2048)]
+# (M, K): rows a multiple of tinyBLAS's 4 or not; K a multiple of every step, of 16 only, of neither (F32's tail
+# of 6 and of 16 + 8 + 5: gcc fuses the last K % 8 where numerics.FMA_CHAINS); and rows whose work items span
+# several panels of rows (mul_mat_job.PANEL_BYTES), the last one short
+SHAPES = [(64, 256), (40, 832), (30, 96), (20, 200), (12, 70), (12, 93), (520, 2048)]
 
 
 @pytest.mark.parametrize("wtype", FLOAT_TYPES, ids=lambda t: t.name)
@@ -220,3 +221,39 @@ def test_expert_rows_take_mul_mat_s_order(wtype: GGMLType, numerics: str, level:
                 assert np.array_equal(got[t, j].view(np.uint32), want.reshape(M).view(np.uint32)), (t, j)
     finally:
         ctx.free()
+
+
+@pytest.mark.parametrize("fma_chains", [False, True], ids=["separate", "fused"])
+def test_f32_vec_dot_tail_fuses_its_last_k_mod_8_as_the_setting_says(fma_chains: bool) -> None:
+    """ggml_vec_dot_f32 of fewer than 64 values is its tail alone: gcc takes it by 8 (products, then adds in
+    order) and fuses the last K % 8 where it contracts loop chains (numerics.FMA_CHAINS); each setting against
+    that loop written with numpy's float32 steps and libm's fmaf."""
+    import ctypes
+    import ctypes.util
+
+    from numba import njit
+
+    from pyggml.backends.cpu.kernels.vec_dot import half_orders as ho
+
+    libm = ctypes.CDLL(ctypes.util.find_library("m"))
+    libm.fmaf.restype, libm.fmaf.argtypes = ctypes.c_float, [ctypes.c_float] * 3
+    loop = ho.make_half_cols(GGMLType.F32, ho.HALF_ORDERS[ho._ORDER["vec_dot_f32_avx512"]], fma_chains=fma_chains)
+
+    @njit
+    def rows(w: np.ndarray, w_off: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
+        loop(w, w_off, 0, 0, w_off.size, x, 0, x.shape[0], out)
+
+    rng = np.random.default_rng(13)
+    M, K, n = 6, 29, 3  # 24 values by 8, then 5
+    w = rng.standard_normal((M, K)).astype(np.float32)
+    x = rng.standard_normal((n, K)).astype(np.float32)
+    got = np.zeros((n, M), np.float32)
+    rows(w.view(np.uint8).reshape(-1), np.arange(M, dtype=np.int64) * 4 * K, x, got)
+    want = np.zeros((n, M), np.float32)
+    for c, m in np.ndindex(n, M):
+        total = np.float32(0.0)
+        for k in range(K):
+            fused = fma_chains and k >= K - K % 8
+            total = np.float32(libm.fmaf(w[m, k], x[c, k], total)) if fused else np.float32(total + w[m, k] * x[c, k])
+        want[c, m] = total
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))

@@ -50,14 +50,22 @@ def float_value(builder, pw, k, kind: int):
     return builder.bitcast(builder.shl(builder.zext(h, IR_I32), ir.Constant(IR_I32, 16)), IR_F32)
 
 
-def add_float_products(builder, pw, cols, totals, start, K, kind: int) -> None:
-    """totals[c] += w[k] * x_c[k] in float (a multiply, then an add) for start <= k < K, w the row at pw."""
-    with cgutils.for_range(builder, K, start=start) as loop:
+def add_float_products(builder, pw, cols, totals, start, K, kind: int, fused_from=None) -> None:
+    """totals[c] += w[k] * x_c[k] in float (a multiply, then an add) for start <= k < K, w the row at pw; from
+    `fused_from` on as one FMA each."""
+    end = K if fused_from is None else fused_from
+    with cgutils.for_range(builder, end, start=start) as loop:
         k = loop.index
         wk = float_value(builder, pw, k, kind)
         for px, total in zip(cols, totals, strict=True):
             product = builder.fmul(wk, builder.load(builder.gep(px, [k])))
             builder.store(builder.fadd(builder.load(total), product), total)
+    if fused_from is not None:
+        with cgutils.for_range(builder, K, start=fused_from) as loop:
+            k = loop.index
+            wk = float_value(builder, pw, k, kind)
+            for px, total in zip(cols, totals, strict=True):
+                builder.store(fma(builder, wk, builder.load(builder.gep(px, [k])), builder.load(total)), total)
 
 
 def make_dot_half_row(kind: int, ncols: int = 1):

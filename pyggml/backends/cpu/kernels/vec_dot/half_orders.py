@@ -18,6 +18,7 @@ from pyggml.backends.cpu.kernels.vec_dot import ir as vir
 from pyggml.backends.cpu.kernels.vec_dot.float_loops import add_float_products, float_value
 from pyggml.backends.cpu.kernels.vec_dot.ir import COLS, IR_F32, IR_I8, IR_I16, IR_I32
 from pyggml.backends.cpu.kernels.vec_dot.kinds import BF16, F16, F32, HALF_ORDER, X8_REPACKED
+from pyggml.backends.cpu.numerics import FMA_CHAINS
 from pyggml.core.errors import ArgumentError
 
 IR_F64 = ir.DoubleType()
@@ -62,7 +63,7 @@ HALF_ORDERS: tuple[HalfOrder, ...] = (
     HalfOrder("tinyblas_avx512", 16, wide=False),
     HalfOrder("tinyblas_avx512bf16", 16, pairs=True, wide=False),
     # vec.cpp ggml_vec_dot_f32: GGML_F32_STEP elements in GGML_F32_ARR vectors, GGML_F32_VEC_REDUCE into a float,
-    # then `sumf += x[i]*y[i]` (a multiply and an add each: not contracted in libggml's build, checked)
+    # then `sumf += x[i]*y[i]` (gcc: by 8 a multiply and an add each, the last K % 8 fused under FMA_CHAINS)
     HalfOrder("vec_dot_f32_avx2", 32, hadd=True, wide=False, float_tail=True),
     HalfOrder("vec_dot_f32_avx512", 64, wide=False, float_tail=True),
 )
@@ -205,11 +206,11 @@ def _dpbf16(builder, acc, w_bits, x_bits):
 
 
 def _block_dots(builder, pws, cols, K, kind: int, order: HalfOrder, native: bool = False,
-                x_bits: int = 0) -> list[list]:
+                x_bits: int = 0, fma_chains: bool = FMA_CHAINS) -> list[list]:
     """The dots [row][column] of the F16/BF16 (`kind`) rows at byte pointers pws with the src1 rows at `cols`, K
     elements each; `native`: `pairs` by the CPU's own vdpbf16ps (the same bits); `x_bits` F16 or BF16: src1 rows
     packed as that type's bits (and flushed for `pairs`) by the caller (see src1_bits), 0: float32 values, read
-    (and flushed for `pairs`) here."""
+    (and flushed for `pairs`) here; `fma_chains`: the float tail's last K % 8 fused (numerics.FMA_CHAINS)."""
     packed = x_bits != 0
     if packed:  # src1 rows packed as 16-bit values: byte pointers
         cols = [builder.bitcast(px, IR_I8.as_pointer()) for px in cols]
@@ -256,7 +257,8 @@ def _block_dots(builder, pws, cols, K, kind: int, order: HalfOrder, native: bool
     sums = [[[_tree(builder, _lanes(builder, builder.load(acc), g * width, width), order.hadd)
               for g in range(order.groups)] for acc in row] for row in accs]
     if order.float_tail:
-        return [_float_tails(builder, pw, cols, [groups[0] for groups in row], builder.shl(n_steps, shift), K, kind)
+        return [_float_tails(builder, pw, cols, [groups[0] for groups in row], builder.shl(n_steps, shift), K, kind,
+                             fma_chains)
                 for pw, row in zip(pws, sums, strict=True)]
     if not order.wide:
         return [[groups[0] for groups in row] for row in sums]
@@ -264,10 +266,12 @@ def _block_dots(builder, pws, cols, K, kind: int, order: HalfOrder, native: bool
             for pw, row in zip(pws, sums, strict=True)]
 
 
-def _float_tails(builder, pw, cols, sums, start, K, kind: int) -> list:
-    """vec_dot_f32's end: per column its float sum, then sum += w[k] * x[k] in float for start <= k < K."""
+def _float_tails(builder, pw, cols, sums, start, K, kind: int, fma_chains: bool) -> list:
+    """vec_dot_f32's end: per column its float sum, then sum += w[k] * x[k] in float for start <= k < K; gcc
+    vectorizes that loop by 8 (products, then adds in order) and, with `fma_chains`, fuses the last K % 8."""
     totals = [cgutils.alloca_once_value(builder, s) for s in sums]
-    add_float_products(builder, pw, cols, totals, start, K, kind)
+    fused_from = builder.sub(K, builder.and_(builder.sub(K, start), ir.Constant(K.type, 7))) if fma_chains else None
+    add_float_products(builder, pw, cols, totals, start, K, kind, fused_from)
     return [builder.load(total) for total in totals]
 
 
@@ -296,11 +300,12 @@ def cols_per_pass(kind: int) -> int:
     return COLS if order.wide or order.float_tail else TINYBLAS_COLS
 
 
-def make_half_cols(kind: int, order: HalfOrder, native: bool = False, x_bits: int = 0):
+def make_half_cols(kind: int, order: HalfOrder, native: bool = False, x_bits: int = 0,
+                   fma_chains: bool = FMA_CHAINS):
     """F16 or BF16 (`kind`) weight rows times src1 rows holding values of that type, in `order`:
     `dot(w, w_off, base, m0, m1, x, r, n, out)` writes out[r + c, m] for c < n <= COLS (TINYBLAS_COLS for the
     tinyBLAS orders) and m0 <= m < m1, the weight row at byte w[w_off[base + m]], whole rows of x (K = its row
-    length); the tinyBLAS orders ROW_BLOCK rows at a time. `native`, `x_bits`: see _block_dots."""
+    length); the tinyBLAS orders ROW_BLOCK rows at a time. `native`, `x_bits`, `fma_chains`: see _block_dots."""
     tinyblas = not (order.wide or order.float_tail)
 
     # vec_dot's accumulators fill several vector registers a row: more rows a pass would spill them, but one
@@ -328,7 +333,8 @@ def make_half_cols(kind: int, order: HalfOrder, native: bool = False, x_bits: in
                 def block(m, n_rows: int) -> None:
                     pws = [builder.gep(w_data, [builder.load(builder.gep(offsets, [builder.add(
                         m, ir.Constant(m.type, i))]))]) for i in range(n_rows)]
-                    for i, dots in enumerate(_block_dots(builder, pws, cols, K, kind, order, native, x_bits)):
+                    for i, dots in enumerate(_block_dots(builder, pws, cols, K, kind, order, native, x_bits,
+                                                         fma_chains)):
                         vir.store_columns(context, builder, ty[8], args[8], r, builder.add(m, ir.Constant(m.type, i)),
                                       dots)
 
