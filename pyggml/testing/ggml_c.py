@@ -549,6 +549,7 @@ class GGMLLib:
         return self._supports_backend
 
 
+@functools.cache
 def x86_level() -> str:
     """The x86 level libggml-cpu is built for, by pyggml's names (numerics.X86_LEVELS)."""
     lib = load()

@@ -7,6 +7,11 @@ reversed `ne`, (ne3, ne2, ne1, ne0), and may have fewer than 4 axes.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
+from collections.abc import Callable
+
 import numpy as np
 
 from pyggml.backends.cpu.kernels import KERNELS, ComputeParams
@@ -19,6 +24,14 @@ F32, F16, BF16 = GGMLType.F32, GGMLType.F16, GGMLType.BF16
 
 # relative tolerance by storage type
 RTOL = {F32: 1e-5, F16: 2e-3, BF16: 1e-2}
+
+
+@functools.cache
+def libm_f32(name: str, n_args: int) -> Callable[..., float]:
+    """The C library's float function `name` (expf, fmaf, ...) of `n_args` floats, as ggml's C calls it."""
+    fn = getattr(ctypes.CDLL(ctypes.util.find_library("m")), name)
+    fn.restype, fn.argtypes = ctypes.c_float, [ctypes.c_float] * n_args
+    return fn  # type: ignore[no-any-return]
 
 
 def new_ctx(mb: int = 16) -> Context:

@@ -4,13 +4,11 @@ only without a C compiler); and a decode step of SmolLM2-135M's size fast enough
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import math
 
 import numpy as np
 import pytest
-from kernel_helpers import new_ctx, run, tensor
+from kernel_helpers import libm_f32, new_ctx, run, tensor
 
 from pyggml.backends.cpu import cpu_init
 from pyggml.backends.cpu.kernels import ComputeParams
@@ -261,12 +259,6 @@ def test_every_case_against_ggml(ggml_reference: Backend) -> None:
 
 # --- the F16 row walk's V sums at each x86 level (AVX512-FP16 sums in half precision) ---
 
-_LIBM = ctypes.CDLL(ctypes.util.find_library("m"))
-_LIBM.expf.restype = _LIBM.fmaf.restype = ctypes.c_float
-_LIBM.expf.argtypes = [ctypes.c_float]
-_LIBM.fmaf.argtypes = [ctypes.c_float] * 3
-
-
 def _f16(x: float) -> np.float32:
     """x (a double, or a float32) rounded once to f16 (numpy's double-to-half conversion), as float32."""
     return np.float32(np.float16(x))
@@ -276,6 +268,7 @@ def _one_chunk_row(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, ha
     """ggml_compute_forward_flash_attn_ext_f16_one_chunk for one q row of F16 K and V, written with libm's expf
     and fmaf: the scalar dot (float products summed in double); the accumulator's first `half` values scaled and
     summed in half precision (ms, vs rounded to f16; one rounding of the exact result), the rest through f32."""
+    expf, fmaf = libm_f32("expf", 1), libm_f32("fmaf", 3)
     S, M = np.float32(0.0), np.float32(-np.inf)
     acc = np.zeros(v.shape[1], np.float32)
     for ic in range(k.shape[0]):
@@ -285,15 +278,15 @@ def _one_chunk_row(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, ha
         s = np.float32(np.float32(total) * np.float32(scale))
         ms, vs = np.float32(1.0), np.float32(1.0)
         if s > M:
-            ms, M = np.float32(_LIBM.expf(M - s)), s
+            ms, M = np.float32(expf(M - s)), s
             acc[:half] = [_f16(a * _f16(ms)) for a in acc[:half]]
             acc[half:] = [_f16(np.float32(a * ms)) for a in acc[half:]]
         else:
-            vs = np.float32(_LIBM.expf(s - M))
+            vs = np.float32(expf(s - M))
         vs_half = float(_f16(vs))
         acc[:half] = [_f16(float(x) * vs_half + float(a)) for x, a in zip(v[ic, :half], acc[:half], strict=True)]
-        acc[half:] = [_f16(_LIBM.fmaf(x, vs, a)) for x, a in zip(v[ic, half:], acc[half:], strict=True)]
-        S = np.float32(_LIBM.fmaf(S, ms, vs))
+        acc[half:] = [_f16(fmaf(x, vs, a)) for x, a in zip(v[ic, half:], acc[half:], strict=True)]
+        S = np.float32(fmaf(S, ms, vs))
     return acc * (np.float32(1.0) / S)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from kernel_helpers import bf16_bits, new_ctx, run, tensor
+from kernel_helpers import bf16_bits, libm_f32, new_ctx, run, tensor
 from test_kernels_matmul import weight_tensor
 
 from pyggml.backends.cpu.kernels import ComputeParams
@@ -228,15 +228,11 @@ def test_f32_vec_dot_tail_fuses_its_last_k_mod_8_as_the_setting_says(fma_chains:
     """ggml_vec_dot_f32 of fewer than 64 values is its tail alone: gcc takes it by 8 (products, then adds in
     order) and fuses the last K % 8 where it contracts loop chains (numerics.FMA_CHAINS); each setting against
     that loop written with numpy's float32 steps and libm's fmaf."""
-    import ctypes
-    import ctypes.util
-
     from numba import njit
 
     from pyggml.backends.cpu.kernels.vec_dot import half_orders as ho
 
-    libm = ctypes.CDLL(ctypes.util.find_library("m"))
-    libm.fmaf.restype, libm.fmaf.argtypes = ctypes.c_float, [ctypes.c_float] * 3
+    fmaf = libm_f32("fmaf", 3)
     loop = ho.make_half_cols(GGMLType.F32, ho.HALF_ORDERS[ho._ORDER["vec_dot_f32_avx512"]], fma_chains=fma_chains)
 
     @njit
@@ -254,6 +250,6 @@ def test_f32_vec_dot_tail_fuses_its_last_k_mod_8_as_the_setting_says(fma_chains:
         total = np.float32(0.0)
         for k in range(K):
             fused = fma_chains and k >= K - K % 8
-            total = np.float32(libm.fmaf(w[m, k], x[c, k], total)) if fused else np.float32(total + w[m, k] * x[c, k])
+            total = np.float32(fmaf(w[m, k], x[c, k], total)) if fused else np.float32(total + w[m, k] * x[c, k])
         want[c, m] = total
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))

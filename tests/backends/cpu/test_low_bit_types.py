@@ -10,8 +10,6 @@ and CPY against libggml are in test_iq_types.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -264,11 +262,12 @@ def test_q2_0_x86_rows_are_the_generic_loop_as_gcc_compiles_it(fused: bool, rng:
     """x86 has no Q2_0 vec_dot: ggml's generic loop serves, with its two multiply-adds (d_y * sum into the block's
     sum, d_x * that into the row's) fused where gcc contracts them (numerics.FMA_CHAINS: not on Zen), else a
     multiply and an add; each against the loop written with libm's fmaf or numpy's float32 steps."""
-    libm = ctypes.CDLL(ctypes.util.find_library("m"))
-    libm.fmaf.restype, libm.fmaf.argtypes = ctypes.c_float, [ctypes.c_float] * 3
+    from kernel_helpers import libm_f32
+
+    fmaf = libm_f32("fmaf", 3)
 
     def mad(a: np.float32, b: np.float32, c: np.float32) -> np.float32:
-        return np.float32(libm.fmaf(a, b, c)) if fused else np.float32(c + a * b)
+        return np.float32(fmaf(a, b, c)) if fused else np.float32(c + a * b)
 
     M, K, N = 8, 1024, 3
     raw = quants.from_float(T.Q2_0, rng.standard_normal((M, K)).astype(np.float32))

@@ -53,19 +53,14 @@ def float_value(builder, pw, k, kind: int):
 def add_float_products(builder, pw, cols, totals, start, K, kind: int, fused_from=None) -> None:
     """totals[c] += w[k] * x_c[k] in float (a multiply, then an add) for start <= k < K, w the row at pw; from
     `fused_from` on as one FMA each."""
-    end = K if fused_from is None else fused_from
-    with cgutils.for_range(builder, end, start=start) as loop:
-        k = loop.index
-        wk = float_value(builder, pw, k, kind)
-        for px, total in zip(cols, totals, strict=True):
-            product = builder.fmul(wk, builder.load(builder.gep(px, [k])))
-            builder.store(builder.fadd(builder.load(total), product), total)
-    if fused_from is not None:
-        with cgutils.for_range(builder, K, start=fused_from) as loop:
+    for lo, hi, fused in ((start, K, False),) if fused_from is None else ((start, fused_from, False),
+                                                                         (fused_from, K, True)):
+        with cgutils.for_range(builder, hi, start=lo) as loop:
             k = loop.index
             wk = float_value(builder, pw, k, kind)
             for px, total in zip(cols, totals, strict=True):
-                builder.store(fma(builder, wk, builder.load(builder.gep(px, [k])), builder.load(total)), total)
+                xk, acc = builder.load(builder.gep(px, [k])), builder.load(total)
+                builder.store(fma(builder, wk, xk, acc) if fused else builder.fadd(acc, builder.fmul(wk, xk)), total)
 
 
 def make_dot_half_row(kind: int, ncols: int = 1):

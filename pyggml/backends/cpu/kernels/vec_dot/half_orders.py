@@ -15,6 +15,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from pyggml.backends.cpu.kernels.vec_dot import ir as vir
+from pyggml.backends.cpu.kernels.vec_dot.block_sums import HAS_AVX512
 from pyggml.backends.cpu.kernels.vec_dot.float_loops import add_float_products, float_value
 from pyggml.backends.cpu.kernels.vec_dot.ir import COLS, IR_F32, IR_I8, IR_I16, IR_I32
 from pyggml.backends.cpu.kernels.vec_dot.kinds import BF16, F16, F32, HALF_ORDER, X8_REPACKED
@@ -291,7 +292,7 @@ def _wide_totals(builder, pw, cols, group_sums, start, K, kind: int, x_bits: int
 ROW_BLOCK = 4
 # src1 columns a pass of the tinyBLAS orders takes: ROW_BLOCK x 6 accumulators with AVX512's 32 vector registers
 # (sgemm.cpp's RM 4 x RN 6 tile there), ir.COLS with 16
-TINYBLAS_COLS = 6 if llvm_binding.get_host_cpu_features().get("avx512f", False) else COLS
+TINYBLAS_COLS = 6 if HAS_AVX512 else COLS
 
 
 def cols_per_pass(kind: int) -> int:
